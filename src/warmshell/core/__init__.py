@@ -1,0 +1,1 @@
+"""Pure domain: identifiers, quantities, validation, fingerprints, models and phases (no I/O)."""

@@ -1,0 +1,157 @@
+"""Gateway configuration: defaults < TOML file < environment (WARMSHELL_*) < CLI flags.
+
+Also where the well-known paths under the state directory are decided, so the gateway, the CLI
+and the tests agree on them.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from warmshell.core.errors import InvalidArgumentError
+
+__all__ = [
+    "GatewayConfig",
+    "KubernetesDriverConfig",
+    "LocalDriverConfig",
+    "StatePaths",
+    "default_state_dir",
+    "load_config",
+]
+
+
+def default_state_dir() -> Path:
+    """$WARMSHELL_STATE_DIR, else $XDG_STATE_HOME/warmshell, else ~/.local/state/warmshell."""
+    explicit = os.environ.get("WARMSHELL_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
+    return base / "warmshell"
+
+
+class StatePaths:
+    """Well-known files under a gateway state directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def socket(self) -> Path:
+        """The public API socket (0600)."""
+        return self.root / "gateway.sock"
+
+    @property
+    def supervisor_socket(self) -> Path:
+        """The socket bind-mounted into local sandboxes for the supervisor API."""
+        return self.root / "supervisor.sock"
+
+    @property
+    def api_token(self) -> Path:
+        """The bearer token clients present (0600, created on first start)."""
+        return self.root / "api-token"
+
+    @property
+    def signing_key(self) -> Path:
+        """The Ed25519 key that signs sandbox tokens (0600)."""
+        return self.root / "signing-key.pem"
+
+    @property
+    def database(self) -> Path:
+        """The SQLite store."""
+        return self.root / "warmshell.db"
+
+    @property
+    def runtime_info(self) -> Path:
+        """JSON written by a running gateway: pid, addresses, HTTP port."""
+        return self.root / "gateway.json"
+
+    @property
+    def sandboxes(self) -> Path:
+        """Per-sandbox working directories of the local driver."""
+        return self.root / "sandboxes"
+
+    @property
+    def instances(self) -> Path:
+        """The local driver's instance records (survive gateway restarts)."""
+        return self.root / "instances"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalDriverConfig(_Section):
+    """The embedded default driver: sandboxes are supervisor processes under bubblewrap."""
+
+    bwrap: str = "bwrap"
+    # Without bubblewrap the driver refuses to start unless the operator opts in to running
+    # supervisors as plain processes (no isolation at all).
+    allow_unisolated: bool = False
+    pools_dir: Path | None = None
+    max_pool_replicas: int = Field(default=64, ge=1)
+    # Python used inside sandboxes to run the supervisor; default: the gateway's own.
+    python: str = ""
+    pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
+
+
+class KubernetesDriverConfig(_Section):
+    """The scale-out driver on agent-sandbox (filled in by the Kubernetes driver issues)."""
+
+    kubeconfig: str = ""
+    namespace: str = "warmshell"
+    gateway_address: str = ""
+    service_account: str = "warmshell-sandbox"
+    image: str = "ghcr.io/warmshell/warmshell:0.1.0"
+
+
+class GatewayConfig(_Section):
+    """Everything `warmshell gateway start` needs."""
+
+    state_dir: Path = Field(default_factory=default_state_dir)
+    listen_tcp: str = ""  # "host:port"; the Unix socket is always served
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=9464, ge=0, le=65535)  # 0 = pick a free port
+    driver: Literal["local", "kubernetes"] = "local"
+    sandbox_token_ttl_seconds: int = Field(default=3600, ge=60)
+    orphan_grace_seconds: float = Field(default=30.0, ge=0)
+    reconcile_interval_seconds: float = Field(default=10.0, gt=0)
+    heartbeat_interval_seconds: float = Field(default=5.0, gt=0)
+    max_request_bytes: int = Field(default=1024 * 1024, ge=4096)
+    log_level: str = "INFO"
+    local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
+    kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
+
+    @property
+    def paths(self) -> StatePaths:
+        """The well-known files under `state_dir`."""
+        return StatePaths(self.state_dir)
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> GatewayConfig:
+    """Read a TOML file (if given) and apply overrides (None values are ignored)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidArgumentError(str(path), f"cannot read gateway config: {exc}") from exc
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        target = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidArgumentError(f"{path or 'config'}: {where}", first["msg"]) from exc

@@ -1,0 +1,143 @@
+"""The sandbox as the gateway stores it: spec, status, conditions and timeline."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from warmshell.core.ids import SandboxId
+
+__all__ = [
+    "Allocation",
+    "Condition",
+    "Phase",
+    "Resources",
+    "SandboxRecord",
+    "SandboxSpec",
+    "SandboxStatus",
+    "Timeline",
+    "now_ms",
+    "now_us",
+]
+
+DEFAULT_WORKSPACE = "default"
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def now_us() -> int:
+    """Wall-clock microseconds since the epoch (timelines resolve single milliseconds)."""
+    return time.time_ns() // 1_000
+
+
+class Phase(StrEnum):
+    """PROVISIONING -> READY -> (ERROR | DELETING); ERROR is sticky."""
+
+    PROVISIONING = "Provisioning"
+    READY = "Ready"
+    ERROR = "Error"
+    DELETING = "Deleting"
+
+
+class Allocation(StrEnum):
+    """How a sandbox was obtained."""
+
+    COLD = "cold"
+    WARM = "warm"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Condition(_Model):
+    """Why a sandbox is in its phase (Kubernetes condition conventions)."""
+
+    type: str
+    status: str = "True"
+    reason: str = ""
+    message: str = ""
+    last_transition_ms: int = Field(default_factory=now_ms)
+
+
+class Timeline(_Model):
+    """When each step on the way to Ready happened (unix microseconds; 0 = not yet)."""
+
+    requested_us: int = 0
+    backend_created_us: int = 0
+    claimed_us: int = 0
+    registered_us: int = 0
+    activated_us: int = 0
+    ready_us: int = 0
+    exited_us: int = 0
+
+
+class Resources(_Model):
+    """Normalised quantities ("" = no request)."""
+
+    cpu: str = ""
+    memory: str = ""
+
+
+class SandboxSpec(_Model):
+    """What was asked for, after validation and normalisation."""
+
+    image: str = ""
+    environment: dict[str, str] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    command: list[str] = Field(default_factory=list)
+    runtime_class_name: str = ""
+
+
+class SandboxStatus(_Model):
+    """What the gateway knows about a sandbox now."""
+
+    phase: Phase = Phase.PROVISIONING
+    conditions: list[Condition] = Field(default_factory=list)
+    allocation: Allocation = Allocation.COLD
+    pool: str = ""
+    exit_code: int | None = None
+    timeline: Timeline = Field(default_factory=Timeline)
+    instance_id: str = ""
+    # Inputs of phase composition (see warmshell.core.phases): what the backend reports and
+    # whether the supervisor holds a live session.
+    backend_state: str = ""
+    supervisor_connected: bool = False
+    backend_seen_ms: int = 0
+
+    def condition(self, type_: str) -> Condition | None:
+        """The condition of that type, if any."""
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def set_condition(self, condition: Condition) -> None:
+        """Add or replace the condition of the same type (transition time kept when unchanged)."""
+        for index, existing in enumerate(self.conditions):
+            if existing.type == condition.type:
+                if (existing.status, existing.reason, existing.message) == (
+                    condition.status,
+                    condition.reason,
+                    condition.message,
+                ):
+                    return
+                self.conditions[index] = condition
+                return
+        self.conditions.append(condition)
+
+
+class SandboxRecord(_Model):
+    """The stored sandbox. `activation_proof_hash` never leaves the gateway."""
+
+    id: SandboxId
+    name: str
+    workspace: str = DEFAULT_WORKSPACE
+    labels: dict[str, str] = Field(default_factory=dict)
+    created_at_ms: int = Field(default_factory=now_ms)
+    resource_version: int = 0
+    spec: SandboxSpec = Field(default_factory=SandboxSpec)
+    status: SandboxStatus = Field(default_factory=SandboxStatus)
+    activation_proof_hash: str = ""

@@ -1,0 +1,131 @@
+"""Validation of user input: every rule names the field it guards, so errors read
+"environment["1X"]: must match [A-Za-z_][A-Za-z0-9_]*" rather than "invalid request"."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from warmshell.core.errors import InvalidArgumentError
+
+__all__ = [
+    "MAX_COMMAND_ARGS",
+    "MAX_COMMAND_BYTES",
+    "MAX_ENV_BYTES",
+    "MAX_ENV_VARS",
+    "MAX_LABELS",
+    "MAX_NAME_LENGTH",
+    "MAX_WORKSPACE_LENGTH",
+    "RESERVED_ENV_PREFIX",
+    "validate_command",
+    "validate_environment",
+    "validate_image",
+    "validate_labels",
+    "validate_name",
+    "validate_workspace",
+]
+
+# Object names on Kubernetes are "{workspace}--{name}" and also travel as label values
+# (at most 63 characters), so the two limits together stay within one DNS label.
+MAX_NAME_LENGTH = 40
+MAX_WORKSPACE_LENGTH = 20
+MAX_ENV_VARS = 128
+MAX_ENV_BYTES = 64 * 1024
+MAX_COMMAND_ARGS = 256
+MAX_COMMAND_BYTES = 128 * 1024
+MAX_LABELS = 32
+MAX_IMAGE_LENGTH = 512
+RESERVED_ENV_PREFIX = "WARMSHELL_"
+RESERVED_LABEL_PREFIX = "warmshell.dev/"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _dns_label(field: str, value: str, limit: int) -> None:
+    if not value:
+        raise InvalidArgumentError(field, "must not be empty")
+    if len(value) > limit:
+        raise InvalidArgumentError(field, f"{value[:20]!r}... is {len(value)} characters; at most {limit}")
+    if not _DNS_LABEL.match(value):
+        raise InvalidArgumentError(
+            field,
+            f"{value!r} must be a DNS-1123 label: lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit",
+        )
+
+
+def validate_name(name: str, *, field: str = "name") -> None:
+    """A sandbox name: a DNS-1123 label of at most MAX_NAME_LENGTH characters."""
+    _dns_label(field, name, MAX_NAME_LENGTH)
+
+
+def validate_workspace(workspace: str, *, field: str = "workspace") -> None:
+    """A workspace: a DNS-1123 label of at most MAX_WORKSPACE_LENGTH characters."""
+    _dns_label(field, workspace, MAX_WORKSPACE_LENGTH)
+
+
+def validate_environment(env: Mapping[str, str], *, field: str = "environment") -> None:
+    """Environment names are POSIX-style identifiers; WARMSHELL_* is reserved for the system."""
+    if len(env) > MAX_ENV_VARS:
+        raise InvalidArgumentError(field, f"{len(env)} variables; at most {MAX_ENV_VARS}")
+    total = 0
+    for key, value in env.items():
+        if not _ENV_NAME.match(key):
+            raise InvalidArgumentError(f"{field}[{key!r}]", "name must match [A-Za-z_][A-Za-z0-9_]*")
+        if key.upper().startswith(RESERVED_ENV_PREFIX):
+            raise InvalidArgumentError(f"{field}[{key!r}]", f"names starting with {RESERVED_ENV_PREFIX} are reserved")
+        if "\x00" in value:
+            raise InvalidArgumentError(f"{field}[{key!r}]", "value must not contain NUL")
+        total += len(key) + len(value.encode())
+    if total > MAX_ENV_BYTES:
+        raise InvalidArgumentError(field, f"{total} bytes in total; at most {MAX_ENV_BYTES}")
+
+
+def validate_command(command: Sequence[str], *, field: str = "command") -> None:
+    """An argv: bounded in count and size, no NUL bytes, a non-empty program name."""
+    if len(command) > MAX_COMMAND_ARGS:
+        raise InvalidArgumentError(field, f"{len(command)} arguments; at most {MAX_COMMAND_ARGS}")
+    if command and not command[0]:
+        raise InvalidArgumentError(f"{field}[0]", "the program must not be empty")
+    total = 0
+    for index, arg in enumerate(command):
+        if "\x00" in arg:
+            raise InvalidArgumentError(f"{field}[{index}]", "must not contain NUL")
+        total += len(arg.encode())
+    if total > MAX_COMMAND_BYTES:
+        raise InvalidArgumentError(field, f"{total} bytes in total; at most {MAX_COMMAND_BYTES}")
+
+
+def validate_labels(labels: Mapping[str, str], *, field: str = "labels") -> None:
+    """Kubernetes label syntax ([prefix/]name=value, 63-character parts); warmshell.dev/ is reserved."""
+    if len(labels) > MAX_LABELS:
+        raise InvalidArgumentError(field, f"{len(labels)} labels; at most {MAX_LABELS}")
+    for key, value in labels.items():
+        where = f"{field}[{key!r}]"
+        prefix, _, name = key.rpartition("/")
+        if key.startswith(RESERVED_LABEL_PREFIX):
+            raise InvalidArgumentError(where, f"the {RESERVED_LABEL_PREFIX} prefix is reserved")
+        if prefix and (len(prefix) > 253 or not _LABEL_PREFIX.match(prefix)):
+            raise InvalidArgumentError(where, "prefix must be a DNS-1123 subdomain")
+        if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+            raise InvalidArgumentError(
+                where,
+                "name must be 1-63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric",
+            )
+        if len(value) > 63 or not _LABEL_NAME.match(value):
+            raise InvalidArgumentError(
+                where,
+                "value must be at most 63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric",
+            )
+
+
+def validate_image(image: str, *, field: str = "image") -> None:
+    """Driver-neutral checks of an image reference; drivers add their own meaning."""
+    if len(image) > MAX_IMAGE_LENGTH:
+        raise InvalidArgumentError(field, f"{len(image)} characters; at most {MAX_IMAGE_LENGTH}")
+    if _CONTROL.search(image) or any(ch.isspace() for ch in image):
+        raise InvalidArgumentError(field, "must not contain whitespace or control characters")

@@ -1,0 +1,1 @@
+"""Compute drivers: where sandboxes actually run (local processes, Kubernetes)."""

@@ -1,0 +1,241 @@
+"""The seam between the gateway and a compute backend.
+
+A driver speaks driver types only (never the public protobuf `Sandbox`); the gateway composes the
+public phase from what drivers report. Shaped like an httpx transport: a small protocol, used as
+an async context manager, passed into the gateway. A driver also answers "who is this supervisor?"
+(`IdentityProvider`) and, for warm pools, calls the gateway's `Activator` when a create selects one
+of its pre-started instances.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
+from warmshell.core.models import Allocation, SandboxSpec
+
+__all__ = [
+    "Activator",
+    "BackendState",
+    "Bound",
+    "ComputeDriver",
+    "CreateRequest",
+    "DriverCondition",
+    "DriverEvent",
+    "DriverSandbox",
+    "IdentityProvider",
+    "MissReason",
+    "PoolView",
+    "ProgressLine",
+    "SupervisorIdentity",
+    "WarmPending",
+]
+
+
+class BackendState(StrEnum):
+    """The backend's view of one sandbox, before the gateway adds the supervisor session."""
+
+    PENDING = "Pending"  # accepted, not running yet (spawning, scheduling, pulling)
+    RUNNING = "Running"  # the sandbox's main process / pod is up
+    EXITED = "Exited"  # the sandbox ended on its own (the supervisor reports the workload exit)
+    FAILED = "Failed"  # the backend cannot run it (see conditions)
+
+
+class MissReason(StrEnum):
+    """Why a create went cold; only an exact single match goes warm."""
+
+    NOT_READY = "NotReady"
+    NO_MATCH = "NoMatch"
+    AMBIGUOUS = "Ambiguous"
+    EMPTY = "Empty"  # matched a pool that had no idle member
+    DISABLED = "Disabled"
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """What the gateway asks a driver to create; `activation_proof` is a secret the driver
+    attaches to what it creates and hands back to the Activator."""
+
+    sandbox_id: SandboxId
+    name: str
+    workspace: str
+    spec: SandboxSpec
+    activation_proof: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # keep the proof out of logs and tracebacks
+        return f"CreateRequest(sandbox_id={self.sandbox_id!r}, name={self.name!r}, workspace={self.workspace!r})"
+
+
+@dataclass(frozen=True)
+class DriverCondition:
+    """A backend condition, e.g. ("ResourceLimits", "False", "CgroupV2Unavailable", "...")."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class DriverSandbox:
+    """One sandbox as the backend sees it."""
+
+    sandbox_id: SandboxId
+    instance_id: str
+    state: BackendState
+    conditions: tuple[DriverCondition, ...] = ()
+    allocation: Allocation = Allocation.COLD
+    pool: str = ""
+    miss_reason: str = ""
+    message: str = ""
+    created_us: int = 0
+
+
+@dataclass(frozen=True)
+class ProgressLine:
+    """A human-readable step on the way to Ready (image pull, scheduling, pool hit...)."""
+
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class DriverEvent:
+    """A change the driver observed: an update, a removal, or a progress line."""
+
+    sandbox_id: SandboxId
+    sandbox: DriverSandbox | None = None
+    deleted: bool = False
+    progress: ProgressLine | None = None
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The instance was created for this sandbox; `proof` is the activation proof the driver
+    attached to it at create time."""
+
+    sandbox_id: SandboxId
+    proof: str
+
+    def __repr__(self) -> str:
+        return f"Bound(sandbox_id={self.sandbox_id!r})"
+
+
+@dataclass(frozen=True)
+class WarmPending:
+    """A pre-started pool member with no sandbox yet."""
+
+    pool: Fingerprint
+
+
+@dataclass(frozen=True)
+class SupervisorIdentity:
+    """Who a registering supervisor is, as its driver verified it."""
+
+    driver: str
+    instance_id: InstanceId
+    instance_name: str
+    workspace: str
+    binding: Bound | WarmPending
+
+
+class IdentityProvider(Protocol):
+    """Verifies bootstrap credentials presented by supervisors, fail-closed."""
+
+    async def authenticate(self, credential: str) -> SupervisorIdentity | None:
+        """The identity behind `credential`; None when it is not a credential of this driver.
+        Raises PermissionDeniedError when it is one but fails a check."""
+        ...
+
+
+class Activator(Protocol):
+    """The gateway side of activation: bind a registered instance to a sandbox."""
+
+    async def activate(self, *, instance_id: InstanceId, sandbox_id: SandboxId, proof: str, reason: str) -> None:
+        """Deliver the sandbox's activation to the instance's open registration stream.
+        Raises NotFoundError (not registered yet), AlreadyExistsError (already activated),
+        PermissionDeniedError (proof or identity mismatch), UnavailableError (stream gone)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """A warm pool as `warmshell pool list` shows it."""
+
+    name: str
+    workspace: str
+    fingerprint: Fingerprint
+    image: str
+    environment: Mapping[str, str]
+    cpu: str
+    memory: str
+    desired: int
+    ready: int
+    idle: int
+    hits: int
+    misses: int
+    source: str
+    conditions: tuple[DriverCondition, ...] = ()
+
+
+@runtime_checkable
+class ComputeDriver(Protocol):
+    """A compute backend. Use as `async with driver:`; `start()` hands it the Activator."""
+
+    name: str
+
+    @property
+    def identity(self) -> IdentityProvider:
+        """Verifies this driver's bootstrap credentials."""
+        ...
+
+    async def start(self, activator: Activator) -> None:
+        """Begin background work (pools, watches); called once, after the gateway is listening."""
+        ...
+
+    def default_image(self) -> str:
+        """The image an empty request resolves to (part of every fingerprint)."""
+        ...
+
+    def validate(self, workspace: str, spec: SandboxSpec) -> None:
+        """Driver-specific checks of a request (e.g. what an image means); raises
+        InvalidArgumentError naming the field."""
+        ...
+
+    async def create(self, request: CreateRequest) -> DriverSandbox:
+        """Create (idempotently) the backend for a persisted sandbox."""
+        ...
+
+    async def get(self, sandbox_id: SandboxId) -> DriverSandbox | None:
+        """The backend's current view, or None if it has no such sandbox."""
+        ...
+
+    async def list(self) -> list[DriverSandbox]:
+        """Every sandbox this driver manages."""
+        ...
+
+    async def delete(self, sandbox_id: SandboxId) -> bool:
+        """Remove the backend; False when it was already gone."""
+        ...
+
+    def watch(self) -> AsyncIterator[DriverEvent]:
+        """Changes as they happen, until the driver is closed."""
+        ...
+
+    def pools(self) -> builtins.list[PoolView]:
+        """The driver's warm pools (empty when it has none)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop background work; sandboxes keep running unless the driver says otherwise."""
+        ...
+
+    async def __aenter__(self) -> ComputeDriver: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...

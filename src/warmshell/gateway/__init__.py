@@ -1,0 +1,1 @@
+"""The gateway: public API, supervisor API, store, registry, activation, reconcilers, metrics."""

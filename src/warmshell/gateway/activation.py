@@ -1,0 +1,137 @@
+"""The Activator drivers call: bind a registered supervisor instance to a persisted sandbox.
+
+Checks, in order and fail-closed: the instance has a live registration (not tombstoned), its
+identity (as the driver validated it) is consistent with this sandbox, the sandbox still exists
+and is not going away, and the caller's proof matches the activation token generated at create.
+Only then is a sandbox token minted and sent down the registration's stream.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core.errors import (
+    ConflictError,
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+    WarmshellError,
+)
+from warmshell.core.ids import InstanceId, SandboxId
+from warmshell.core.models import Phase, SandboxRecord, now_us
+from warmshell.drivers.base import Bound, WarmPending
+from warmshell.gateway import metrics
+from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.registry import Registration, Registry
+from warmshell.gateway.tokens import SandboxTokenIssuer, proof_matches
+
+__all__ = ["ACTIVATION_ATTEMPTS", "GatewayActivator"]
+
+log = logging.getLogger(__name__)
+
+ACTIVATION_ATTEMPTS = 3
+WORKLOAD_DIR = "/workspace"
+
+
+def _check_identity(registration: Registration[spb.SupervisorActivationMessage], record: SandboxRecord) -> None:
+    identity = registration.identity
+    binding = identity.binding
+    if isinstance(binding, Bound) and binding.sandbox_id != record.id:
+        raise PermissionDeniedError(f"instance {identity.instance_id} is bound to another sandbox")
+    if not isinstance(binding, Bound | WarmPending):  # pragma: no cover - exhaustive
+        raise PermissionDeniedError("unknown binding")
+    if identity.workspace != record.workspace:
+        raise PermissionDeniedError(
+            f"instance {identity.instance_id} belongs to workspace {identity.workspace!r}, not {record.workspace!r}"
+        )
+
+
+class GatewayActivator:
+    """`drivers.base.Activator` backed by the registry, the store and the token issuer."""
+
+    def __init__(
+        self,
+        registry: Registry[spb.SupervisorActivationMessage],
+        records: SandboxRecords,
+        issuer: SandboxTokenIssuer,
+    ) -> None:
+        self._registry = registry
+        self._records = records
+        self._issuer = issuer
+
+    async def activate(self, *, instance_id: InstanceId, sandbox_id: SandboxId, proof: str, reason: str) -> None:
+        """See `drivers.base.Activator.activate`."""
+        for _attempt in range(1, ACTIVATION_ATTEMPTS + 1):
+            registration = self._registry.pending(instance_id)
+            try:
+                message = await self._prepare(registration, sandbox_id, proof)
+            except (PermissionDeniedError, NotFoundError, FailedPreconditionError) as exc:
+                metrics.ACTIVATIONS.labels(result="refused").inc()
+                # The supervisor learns why; a refused instance must start over.
+                self._registry.fail_if_session(instance_id, registration.session_id, exc)
+                raise
+            try:
+                self._registry.activate_if_session(instance_id, registration.session_id, message)
+            except ConflictError:
+                continue  # replaced while we validated: re-read the new registration
+            metrics.ACTIVATIONS.labels(result="activated").inc()
+            await self._record(sandbox_id, instance_id, registration)
+            log.debug("activated instance %s for sandbox %s (%s)", instance_id, sandbox_id, reason)
+            return
+        metrics.ACTIVATIONS.labels(result="aborted").inc()
+        log.warning(
+            "registration of instance %s changed repeatedly while activating sandbox %s; gave up after %d attempts",
+            instance_id,
+            sandbox_id,
+            ACTIVATION_ATTEMPTS,
+        )
+        raise ConflictError(f"registration of instance {instance_id} kept changing during activation")
+
+    async def _prepare(
+        self,
+        registration: Registration[spb.SupervisorActivationMessage],
+        sandbox_id: SandboxId,
+        proof: str,
+    ) -> spb.SupervisorActivationMessage:
+        record = await self._records.get(sandbox_id)
+        if record is None:
+            raise NotFoundError(f"sandbox {sandbox_id} does not exist")
+        if record.status.phase in (Phase.DELETING, Phase.ERROR):
+            raise FailedPreconditionError(f"sandbox {sandbox_id} is {record.status.phase.value}")
+        if not proof_matches(proof, record.activation_proof_hash):
+            raise PermissionDeniedError(f"activation proof does not match sandbox {sandbox_id}")
+        _check_identity(registration, record)
+        token, expires_ms = self._issuer.mint(record.id, registration.identity.instance_id)
+        return spb.SupervisorActivationMessage(
+            sandbox_id=record.id,
+            sandbox_name=record.name,
+            workspace=record.workspace,
+            token=token,
+            token_expires_at_ms=expires_ms,
+            workload=spb.Workload(
+                command=record.spec.command,
+                environment=record.spec.environment,
+                workdir=WORKLOAD_DIR,
+            ),
+            session_id=registration.session_id,
+        )
+
+    async def _record(
+        self,
+        sandbox_id: SandboxId,
+        instance_id: InstanceId,
+        registration: Registration[spb.SupervisorActivationMessage],
+    ) -> None:
+        activated = now_us()
+
+        def change(record: SandboxRecord) -> None:
+            timeline = record.status.timeline
+            timeline.registered_us = timeline.registered_us or registration.registered_us
+            timeline.activated_us = activated
+            record.status.instance_id = instance_id
+
+        try:
+            await self._records.mutate(sandbox_id, change)
+        except WarmshellError as exc:  # the activation itself went out; the timeline is best effort
+            log.warning("could not record activation of sandbox %s: %s", sandbox_id, exc)

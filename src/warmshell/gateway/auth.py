@@ -1,0 +1,91 @@
+"""Who is calling: a client with the API token, a sandbox with its JWT, or a supervisor with a
+bootstrap credential. Each principal may call only its own RPCs; anything else is refused."""
+
+from __future__ import annotations
+
+import hmac
+from enum import Enum
+
+import grpc
+
+from warmshell.core.errors import PermissionDeniedError
+from warmshell.drivers.base import IdentityProvider
+from warmshell.gateway.tokens import SandboxClaims, SandboxTokenIssuer
+
+__all__ = ["Authenticator", "Principal", "Unauthenticated", "bearer_token"]
+
+
+class Principal(Enum):
+    """Kinds of callers."""
+
+    CLIENT = "client"
+    SANDBOX = "sandbox"
+    SUPERVISOR_BOOTSTRAP = "supervisor-bootstrap"
+
+
+class Unauthenticated(Exception):
+    """No usable credential (maps to UNAUTHENTICATED)."""
+
+
+def bearer_token(context: grpc.aio.ServicerContext[object, object]) -> str:
+    """The bearer token from the call's `authorization` metadata ("" when absent)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            text = value.decode() if isinstance(value, bytes) else value
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+    return ""
+
+
+class Authenticator:
+    """Classifies bearer tokens and enforces which principal may call what."""
+
+    def __init__(self, *, api_token: str, issuer: SandboxTokenIssuer, identity: IdentityProvider) -> None:
+        self._api_token = api_token
+        self._issuer = issuer
+        self._identity = identity
+
+    async def _classify(self, token: str) -> Principal | None:
+        if not token:
+            return None
+        if hmac.compare_digest(token.encode(), self._api_token.encode()):
+            return Principal.CLIENT
+        if token.count(".") == 2 and token.startswith("eyJ"):
+            try:
+                self._issuer.verify(token)
+            except PermissionDeniedError:
+                return None
+            return Principal.SANDBOX
+        try:
+            identity = await self._identity.authenticate(token)
+        except PermissionDeniedError:
+            return None
+        return Principal.SUPERVISOR_BOOTSTRAP if identity is not None else None
+
+    async def require_client(self, context: grpc.aio.ServicerContext[object, object]) -> None:
+        """Only the API token may use the public API."""
+        token = bearer_token(context)
+        if token and hmac.compare_digest(token.encode(), self._api_token.encode()):
+            return
+        principal = await self._classify(token)
+        if principal is Principal.SUPERVISOR_BOOTSTRAP:
+            raise PermissionDeniedError("supervisor bootstrap principals may only register supervisors")
+        if principal is Principal.SANDBOX:
+            raise PermissionDeniedError("sandbox principals may not call the public API")
+        raise Unauthenticated("missing or invalid API token (see <state-dir>/api-token)")
+
+    async def require_sandbox(self, context: grpc.aio.ServicerContext[object, object]) -> SandboxClaims:
+        """Only a valid sandbox JWT may use the supervisor session RPCs."""
+        token = bearer_token(context)
+        if token.count(".") == 2:
+            try:
+                return self._issuer.verify(token)
+            except PermissionDeniedError:
+                raise Unauthenticated("invalid or expired sandbox token") from None
+        principal = await self._classify(token)
+        if principal is Principal.SUPERVISOR_BOOTSTRAP:
+            raise PermissionDeniedError("supervisor bootstrap principals may only register supervisors")
+        if principal is Principal.CLIENT:
+            raise PermissionDeniedError("client principals may not call supervisor session RPCs")
+        raise Unauthenticated("missing or invalid sandbox token")

@@ -1,0 +1,18 @@
+"""Choosing and constructing the compute driver named in the config."""
+
+from __future__ import annotations
+
+from warmshell.core.config import GatewayConfig
+from warmshell.core.errors import InvalidArgumentError
+from warmshell.drivers.base import ComputeDriver
+
+__all__ = ["build_driver"]
+
+
+def build_driver(config: GatewayConfig) -> ComputeDriver:
+    """The driver for `config.driver` (imported lazily: each pulls in its own dependencies)."""
+    if config.driver == "local":
+        from warmshell.drivers.local import LocalDriver
+
+        return LocalDriver(config.local, config.paths)
+    raise InvalidArgumentError("driver", f"driver {config.driver!r} is not available in this build")

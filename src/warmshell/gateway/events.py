@@ -1,0 +1,109 @@
+"""Per-sandbox event fan-out for WatchSandbox: record changes, progress lines and workload output.
+
+Output and progress are kept in bounded in-memory buffers so a watcher that arrives late (the
+CLI right after CreateSandbox) still sees everything from the start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from warmshell.core.ids import SandboxId
+
+__all__ = ["Changed", "Deleted", "EventBus", "Output", "Progress", "SandboxEventItem"]
+
+OUTPUT_BUFFER_BYTES = 1024 * 1024
+PROGRESS_HISTORY = 64
+SUBSCRIBER_QUEUE = 4096
+
+
+@dataclass(frozen=True)
+class Changed:
+    """The stored record changed; re-read it."""
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """The sandbox is gone."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A step on the way to Ready."""
+
+    timestamp_ms: int
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class Output:
+    """A chunk of the workload's output."""
+
+    stderr: bool
+    data: bytes
+
+
+SandboxEventItem = Changed | Deleted | Progress | Output
+
+
+@dataclass
+class _Channel:
+    subscribers: set[asyncio.Queue[SandboxEventItem]] = field(default_factory=set)
+    output: deque[Output] = field(default_factory=deque)
+    output_bytes: int = 0
+    progress: deque[Progress] = field(default_factory=lambda: deque(maxlen=PROGRESS_HISTORY))
+
+
+class EventBus:
+    """Fan-out of sandbox events to watchers, with replay buffers."""
+
+    def __init__(self) -> None:
+        self._channels: dict[SandboxId, _Channel] = {}
+
+    def publish(self, sandbox_id: SandboxId, item: SandboxEventItem) -> None:
+        """Deliver to every watcher of the sandbox (and buffer progress and output)."""
+        channel = self._channels.setdefault(sandbox_id, _Channel())
+        if isinstance(item, Output):
+            channel.output.append(item)
+            channel.output_bytes += len(item.data)
+            while channel.output_bytes > OUTPUT_BUFFER_BYTES and len(channel.output) > 1:
+                channel.output_bytes -= len(channel.output.popleft().data)
+        elif isinstance(item, Progress):
+            channel.progress.append(item)
+        for queue in list(channel.subscribers):
+            try:
+                queue.put_nowait(item)
+            except asyncio.QueueFull:
+                # A watcher this far behind gets a re-read instead of every intermediate change.
+                continue
+
+    def forget(self, sandbox_id: SandboxId) -> None:
+        """Drop buffers of a deleted sandbox (after telling watchers)."""
+        self.publish(sandbox_id, Deleted())
+        self._channels.pop(sandbox_id, None)
+
+    @asynccontextmanager
+    async def subscribe(
+        self, sandbox_id: SandboxId, *, replay_output: bool
+    ) -> AsyncIterator[asyncio.Queue[SandboxEventItem]]:
+        """A queue of events for one sandbox, pre-filled with buffered progress (and output)."""
+        channel = self._channels.setdefault(sandbox_id, _Channel())
+        queue: asyncio.Queue[SandboxEventItem] = asyncio.Queue(SUBSCRIBER_QUEUE)
+        for progress in channel.progress:
+            queue.put_nowait(progress)
+        if replay_output:
+            for chunk in channel.output:
+                if queue.full():
+                    break
+                queue.put_nowait(chunk)
+        channel.subscribers.add(queue)
+        try:
+            yield queue
+        finally:
+            channel.subscribers.discard(queue)

@@ -1,0 +1,276 @@
+"""Sandbox lifecycle in the gateway: persist-then-provision creates, deletes, and folding what
+drivers and supervisors report into the stored record (phase, conditions, timeline, metrics)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from warmshell.core import phases, validation
+from warmshell.core.errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    UnavailableError,
+    WarmshellError,
+)
+from warmshell.core.ids import SandboxId, new_sandbox_id, random_name
+from warmshell.core.models import (
+    DEFAULT_WORKSPACE,
+    Allocation,
+    Condition,
+    Phase,
+    SandboxRecord,
+    SandboxSpec,
+    now_ms,
+    now_us,
+)
+from warmshell.core.specs import build_spec
+from warmshell.drivers.base import (
+    BackendState,
+    ComputeDriver,
+    CreateRequest,
+    DriverEvent,
+    DriverSandbox,
+)
+from warmshell.gateway import metrics
+from warmshell.gateway.events import EventBus, Output, Progress
+from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.sessions import SessionTable
+from warmshell.gateway.tokens import new_activation_token
+
+__all__ = ["SandboxManager"]
+
+log = logging.getLogger(__name__)
+
+_NAME_ATTEMPTS = 5
+_BACKEND_ORDER = {
+    "": 0,
+    BackendState.PENDING: 1,
+    BackendState.RUNNING: 2,
+    BackendState.EXITED: 3,
+    BackendState.FAILED: 3,
+}
+
+
+def _apply_driver_view(record: SandboxRecord, view: DriverSandbox) -> None:
+    status = record.status
+    if view.instance_id and not status.instance_id:
+        status.instance_id = view.instance_id
+    # Never step back (a late "Pending" from create must not undo a "Running" the watch saw).
+    if _BACKEND_ORDER.get(view.state, 0) >= _BACKEND_ORDER.get(status.backend_state, 0):
+        phases.mark_backend(status, view.state.value, message=view.message)
+    else:
+        status.backend_seen_ms = now_ms()
+    for condition in view.conditions:
+        status.set_condition(
+            Condition(
+                type=condition.type,
+                status=condition.status,
+                reason=condition.reason,
+                message=condition.message,
+            )
+        )
+
+
+class SandboxManager:
+    """Creates and deletes sandboxes and keeps their records in step with reality."""
+
+    def __init__(
+        self,
+        *,
+        records: SandboxRecords,
+        driver: ComputeDriver,
+        bus: EventBus,
+        sessions: SessionTable,
+    ) -> None:
+        self.records = records
+        self.driver = driver
+        self.bus = bus
+        self.sessions = sessions
+        self._misses: Counter[str] = Counter()
+
+    def miss_counts(self) -> dict[str, int]:
+        """Creates that went cold since start, by reason."""
+        return dict(self._misses)
+
+    async def create(
+        self,
+        *,
+        name: str,
+        workspace: str,
+        image: str,
+        environment: Mapping[str, str],
+        cpu: str,
+        memory: str,
+        command: Sequence[str],
+        runtime_class_name: str,
+        labels: Mapping[str, str],
+    ) -> SandboxRecord:
+        """Validate, persist (Provisioning), then ask the driver; a driver failure leaves nothing."""
+        requested = now_us()
+        workspace = workspace or DEFAULT_WORKSPACE
+        validation.validate_workspace(workspace)
+        if name:
+            validation.validate_name(name)
+        validation.validate_labels(labels)
+        spec = build_spec(
+            image=image,
+            environment=environment,
+            cpu=cpu,
+            memory=memory,
+            command=command,
+            runtime_class_name=runtime_class_name,
+        )
+        self.driver.validate(workspace, spec)
+        proof, proof_hash = new_activation_token()
+        record = await self._insert(name, workspace, labels, spec, proof_hash, requested)
+        try:
+            view = await self.driver.create(
+                CreateRequest(
+                    sandbox_id=record.id,
+                    name=record.name,
+                    workspace=workspace,
+                    spec=spec,
+                    activation_proof=proof,
+                    labels=dict(labels),
+                )
+            )
+        except UnavailableError:
+            # The outcome is unknown (the backend may have it): keep the Provisioning record for
+            # the reconciler to settle rather than risk an untracked backend object.
+            raise
+        except BaseException:
+            await self.records.remove(record.id)
+            raise
+        record = await self.records.mutate(record.id, lambda r: self._created(r, view))
+        reason = "" if view.allocation == Allocation.WARM else view.miss_reason or "Cold"
+        metrics.CREATES.labels(path=view.allocation.value, reason=reason).inc()
+        if reason:
+            self._misses[reason] += 1
+        return record
+
+    async def _insert(
+        self,
+        name: str,
+        workspace: str,
+        labels: Mapping[str, str],
+        spec: SandboxSpec,
+        proof_hash: str,
+        requested: int,
+    ) -> SandboxRecord:
+        for _ in range(_NAME_ATTEMPTS):
+            record = SandboxRecord(
+                id=new_sandbox_id(),
+                name=name or random_name(),
+                workspace=workspace,
+                labels=dict(labels),
+                spec=spec,
+                activation_proof_hash=proof_hash,
+            )
+            record.status.timeline.requested_us = requested
+            record.status.set_condition(Condition(type="Ready", status="False", reason="Provisioning"))
+            try:
+                return await self.records.insert(record)
+            except AlreadyExistsError:
+                if name:
+                    raise AlreadyExistsError(f"sandbox {workspace}/{name} already exists") from None
+        raise AlreadyExistsError("could not generate a unique sandbox name; pass --name")
+
+    @staticmethod
+    def _created(record: SandboxRecord, view: DriverSandbox) -> None:
+        status = record.status
+        status.allocation = view.allocation
+        status.pool = view.pool
+        status.timeline.backend_created_us = view.created_us or now_us()
+        if view.allocation == Allocation.WARM:
+            status.set_condition(Condition(type="Allocated", status="True", reason="PoolHit", message=view.pool))
+        else:
+            status.set_condition(
+                Condition(
+                    type="Allocated",
+                    status="True",
+                    reason="PoolMiss",
+                    message=view.miss_reason or "Cold",
+                )
+            )
+        _apply_driver_view(record, view)
+
+    async def delete(self, workspace: str, name: str) -> bool:
+        """Mark Deleting, end the supervisor session, remove the backend, then the record."""
+        record = await self.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+        await self.records.mutate(record.id, lambda r: phases.mark_deleting(r.status))
+        session = self.sessions.get(record.id)
+        if session is not None:
+            self.sessions.close_if_current(session)
+        await self.finish_delete(record.id)
+        return True
+
+    async def finish_delete(self, sandbox_id: SandboxId) -> None:
+        """Remove the backend and the record of a Deleting sandbox (also used for crash repair)."""
+        try:
+            await self.driver.delete(sandbox_id)
+        except WarmshellError as exc:
+            log.warning("backend delete of sandbox %s failed (will retry): %s", sandbox_id, exc)
+            raise
+        await self.records.remove(sandbox_id)
+
+    async def on_driver_event(self, event: DriverEvent) -> None:
+        """Fold one driver event into the record."""
+        if event.progress is not None:
+            self.bus.publish(
+                event.sandbox_id,
+                Progress(now_ms(), event.progress.reason, event.progress.message, event.progress.warning),
+            )
+        if event.sandbox is None and not event.deleted:
+            return
+        record = await self.records.get(event.sandbox_id)
+        if record is None:
+            return
+        if event.deleted:
+            if record.status.phase != Phase.DELETING:
+                await self.records.mutate(
+                    record.id,
+                    lambda r: phases.mark_backend_vanished(r.status, "the backend removed the sandbox"),
+                )
+            return
+        assert event.sandbox is not None
+        await self.on_driver_event_view(event.sandbox)
+
+    async def on_driver_event_view(self, view: DriverSandbox) -> None:
+        """Fold a backend view into the record (if the sandbox still has one)."""
+        with contextlib.suppress(NotFoundError):
+            await self.records.mutate(view.sandbox_id, lambda r: _apply_driver_view(r, view))
+
+    async def on_session(self, sandbox_id: SandboxId, *, connected: bool) -> None:
+        """A supervisor session opened or closed."""
+
+        def change(record: SandboxRecord) -> None:
+            status = record.status
+            if connected and _BACKEND_ORDER.get(status.backend_state, 0) < _BACKEND_ORDER[BackendState.RUNNING]:
+                # A live supervisor proves the backend is running, whatever the watch says yet.
+                status.backend_state = BackendState.RUNNING.value
+            phases.mark_session(status, connected)
+            if status.phase == Phase.READY and not status.timeline.ready_us:
+                status.timeline.ready_us = now_us()
+                metrics.CREATE_READY_SECONDS.labels(path=status.allocation.value).observe(
+                    (status.timeline.ready_us - status.timeline.requested_us) / 1e6
+                )
+
+        with contextlib.suppress(NotFoundError):
+            await self.records.mutate(sandbox_id, change)
+
+    async def on_workload_exit(self, sandbox_id: SandboxId, exit_code: int) -> None:
+        """The workload ended: record the code; the sandbox is terminal."""
+
+        def change(record: SandboxRecord) -> None:
+            record.status.timeline.exited_us = record.status.timeline.exited_us or now_us()
+            phases.mark_workload_exit(record.status, exit_code)
+
+        with contextlib.suppress(NotFoundError):
+            await self.records.mutate(sandbox_id, change)
+
+    def on_output(self, sandbox_id: SandboxId, *, stderr: bool, data: bytes) -> None:
+        """Workload output for watchers."""
+        self.bus.publish(sandbox_id, Output(stderr=stderr, data=data))

@@ -1,0 +1,54 @@
+"""Prometheus metrics of the gateway (served on /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = [
+    "ACTIVATIONS",
+    "CREATES",
+    "CREATE_READY_SECONDS",
+    "EXECS",
+    "POOL_MEMBERS",
+    "REGISTRATIONS_PENDING",
+    "REGISTRY",
+    "SANDBOXES",
+    "SESSIONS",
+]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# Fine enough to resolve single milliseconds at the warm end, wide enough for cold Kubernetes.
+_LATENCY_BUCKETS = (
+    0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.010, 0.012, 0.015, 0.020, 0.025, 0.030,
+    0.040, 0.050, 0.075, 0.100, 0.150, 0.200, 0.300, 0.500, 0.750, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+CREATES = Counter(
+    "warmshell_sandbox_creates",
+    "Sandbox creates by allocation path (warm|cold) and pool miss reason",
+    ["path", "reason"],
+    registry=REGISTRY,
+)
+CREATE_READY_SECONDS = Histogram(
+    "warmshell_sandbox_create_ready_seconds",
+    "Time from CreateSandbox to Ready",
+    ["path"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+SANDBOXES = Gauge("warmshell_sandboxes", "Sandboxes by phase", ["phase"], registry=REGISTRY)
+POOL_MEMBERS = Gauge(
+    "warmshell_pool_members",
+    "Warm pool members by pool and state (desired|ready|idle)",
+    ["pool", "state"],
+    registry=REGISTRY,
+)
+REGISTRATIONS_PENDING = Gauge(
+    "warmshell_registrations_pending",
+    "Supervisor registrations waiting for activation",
+    registry=REGISTRY,
+)
+SESSIONS = Gauge("warmshell_supervisor_sessions", "Live supervisor sessions", registry=REGISTRY)
+ACTIVATIONS = Counter("warmshell_activations", "Activation attempts by result", ["result"], registry=REGISTRY)
+EXECS = Counter("warmshell_execs", "Exec requests by result", ["result"], registry=REGISTRY)

@@ -1,0 +1,106 @@
+"""Keeps stored sandboxes in step with the backend: follows the driver's watch, relists
+periodically, repairs what a crash left half-done, and settles orphans after a grace period."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from warmshell.core import phases
+from warmshell.core.errors import WarmshellError
+from warmshell.core.models import Phase, SandboxRecord, now_ms
+from warmshell.gateway import metrics
+from warmshell.gateway.manager import SandboxManager
+
+__all__ = ["Reconciler"]
+
+log = logging.getLogger(__name__)
+
+WATCH_RETRY_SECONDS = 1.0
+
+
+class Reconciler:
+    """Background loops of one gateway."""
+
+    def __init__(self, manager: SandboxManager, *, interval_seconds: float, orphan_grace_seconds: float) -> None:
+        self._manager = manager
+        self._interval = interval_seconds
+        self._grace_ms = orphan_grace_seconds * 1000
+
+    async def startup(self) -> None:
+        """Before serving: sessions from a previous run are gone, Deleting rows finish deleting."""
+        for record in await self._manager.records.list():
+            if record.status.phase == Phase.DELETING:
+                try:
+                    await self._manager.finish_delete(record.id)
+                except WarmshellError:
+                    continue
+            elif record.status.supervisor_connected:
+                await self._manager.records.mutate(record.id, lambda r: phases.mark_session(r.status, False))
+
+    async def run_watch(self) -> None:
+        """Follow the driver's events, reopening the stream when it ends."""
+        while True:
+            try:
+                async for event in self._manager.driver.watch():
+                    await self._manager.on_driver_event(event)
+            except WarmshellError as exc:
+                log.warning("driver watch failed; retrying: %s", exc)
+            await asyncio.sleep(WATCH_RETRY_SECONDS)
+
+    async def run_relist(self) -> None:
+        """Relist every interval; compare store and backend."""
+        while True:
+            try:
+                await self.reconcile_once()
+            except WarmshellError as exc:
+                log.warning("reconcile failed; retrying: %s", exc)
+            await asyncio.sleep(self._interval)
+
+    async def reconcile_once(self) -> None:
+        """One pass: apply backend views, settle vanished backends and orphans, update gauges."""
+        manager = self._manager
+        backend = {view.sandbox_id: view for view in await manager.driver.list()}
+        records = await manager.records.list()
+        known = {r.id for r in records}
+        by_phase: dict[str, int] = dict.fromkeys((p.value for p in Phase), 0)
+        for record in records:
+            by_phase[record.status.phase.value] += 1
+            view = backend.get(record.id)
+            if record.status.phase == Phase.DELETING:
+                await self._retry_delete(record)
+            elif view is not None:
+                if view.state.value != record.status.backend_state:
+                    await manager.on_driver_event_view(view)
+            elif record.status.phase != Phase.ERROR:
+                await self._maybe_vanished(record)
+        for sandbox_id in backend.keys() - known:
+            log.info("deleting backend sandbox %s: no record of it", sandbox_id)
+            try:
+                await manager.driver.delete(sandbox_id)
+            except WarmshellError as exc:
+                log.warning("could not delete orphan backend sandbox %s: %s", sandbox_id, exc)
+        for phase, count in by_phase.items():
+            metrics.SANDBOXES.labels(phase=phase).set(count)
+        for pool in manager.driver.pools():
+            metrics.POOL_MEMBERS.labels(pool=pool.name, state="desired").set(pool.desired)
+            metrics.POOL_MEMBERS.labels(pool=pool.name, state="ready").set(pool.ready)
+            metrics.POOL_MEMBERS.labels(pool=pool.name, state="idle").set(pool.idle)
+
+    async def _retry_delete(self, record: SandboxRecord) -> None:
+        with contextlib.suppress(WarmshellError):
+            await self._manager.finish_delete(record.id)
+
+    async def _maybe_vanished(self, record: SandboxRecord) -> None:
+        seen = max(record.created_at_ms, record.status.backend_seen_ms)
+        if now_ms() - seen < self._grace_ms:
+            return
+        # Re-check directly: a list can race a create that has not shown up yet.
+        if await self._manager.driver.get(record.id) is not None:
+            return
+        log.warning("sandbox %s/%s: backend vanished; marking Error", record.workspace, record.name)
+        await self._manager.records.mutate(
+            record.id,
+            lambda r: phases.mark_backend_vanished(r.status, "the backend no longer has this sandbox"),
+        )

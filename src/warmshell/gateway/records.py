@@ -1,0 +1,102 @@
+"""Sandbox records in the store: typed reads, and serialised compare-and-swap mutations that tell
+watchers about every change."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from weakref import WeakValueDictionary
+
+from warmshell.core.errors import ConflictError, NotFoundError
+from warmshell.core.ids import SandboxId
+from warmshell.core.models import SandboxRecord
+from warmshell.gateway.events import Changed, EventBus
+from warmshell.gateway.store.base import Store, StoredObject
+
+__all__ = ["KIND_SANDBOX", "SandboxRecords"]
+
+KIND_SANDBOX = "sandbox"
+_CAS_ATTEMPTS = 8
+
+
+def _decode(row: StoredObject) -> SandboxRecord:
+    record = SandboxRecord.model_validate_json(row.payload)
+    record.resource_version = row.resource_version
+    return record
+
+
+def _encode(record: SandboxRecord) -> str:
+    return record.model_dump_json(exclude={"resource_version"})
+
+
+class SandboxRecords:
+    """The gateway's access to stored sandboxes."""
+
+    def __init__(self, store: Store, bus: EventBus) -> None:
+        self._store = store
+        self._bus = bus
+        # One lock per sandbox: mutations inside this gateway queue up instead of racing each
+        # other into CAS conflicts; CAS still guards against other replicas.
+        self._locks: WeakValueDictionary[SandboxId, asyncio.Lock] = WeakValueDictionary()
+
+    async def insert(self, record: SandboxRecord) -> SandboxRecord:
+        """Persist a new record (AlreadyExistsError on a duplicate name)."""
+        row = await self._store.create(
+            kind=KIND_SANDBOX,
+            id=record.id,
+            name=record.name,
+            workspace=record.workspace,
+            payload=_encode(record),
+        )
+        record.resource_version = row.resource_version
+        return record
+
+    async def get(self, sandbox_id: SandboxId) -> SandboxRecord | None:
+        """By id."""
+        row = await self._store.get(KIND_SANDBOX, sandbox_id)
+        return _decode(row) if row else None
+
+    async def get_by_name(self, workspace: str, name: str) -> SandboxRecord:
+        """By name; NotFoundError names what was looked for."""
+        row = await self._store.get_by_name(KIND_SANDBOX, workspace, name)
+        if row is None:
+            raise NotFoundError(f"sandbox {workspace}/{name} not found")
+        return _decode(row)
+
+    async def list(self, workspace: str | None = None) -> list[SandboxRecord]:
+        """All sandboxes (in one workspace, or all)."""
+        return [_decode(r) for r in await self._store.list(KIND_SANDBOX, workspace)]
+
+    async def mutate(self, sandbox_id: SandboxId, change: Callable[[SandboxRecord], bool | None]) -> SandboxRecord:
+        """Apply `change` to the current record and write it back (retrying lost CAS races).
+
+        `change` edits the record in place; returning False means "nothing to write"."""
+        lock = self._locks.get(sandbox_id)
+        if lock is None:
+            lock = self._locks[sandbox_id] = asyncio.Lock()
+        async with lock:
+            for _ in range(_CAS_ATTEMPTS):
+                record = await self.get(sandbox_id)
+                if record is None:
+                    raise NotFoundError(f"sandbox {sandbox_id} not found")
+                if change(record) is False:
+                    return record
+                try:
+                    row = await self._store.update(
+                        kind=KIND_SANDBOX,
+                        id=sandbox_id,
+                        expected_version=record.resource_version,
+                        payload=_encode(record),
+                    )
+                except ConflictError:
+                    continue
+                record.resource_version = row.resource_version
+                self._bus.publish(sandbox_id, Changed())
+                return record
+        raise ConflictError(f"sandbox {sandbox_id} kept changing; gave up after {_CAS_ATTEMPTS} attempts")
+
+    async def remove(self, sandbox_id: SandboxId) -> bool:
+        """Delete the row and tell watchers."""
+        removed = await self._store.delete(KIND_SANDBOX, sandbox_id)
+        self._bus.forget(sandbox_id)
+        return removed

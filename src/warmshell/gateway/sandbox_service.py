@@ -1,0 +1,206 @@
+"""The public SandboxService: create, get, list, delete, watch and exec."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.api.v1 import sandbox_pb2_grpc
+from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
+from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
+from warmshell.core.validation import validate_command, validate_environment, validate_workspace
+from warmshell.gateway import metrics
+from warmshell.gateway.auth import Authenticator
+from warmshell.gateway.calls import streaming, unary
+from warmshell.gateway.convert import pool_to_proto, sandbox_to_proto
+from warmshell.gateway.events import Changed, Deleted, Output, Progress
+from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.sessions import ExecChannel
+
+__all__ = ["SandboxService", "parse_label_selector"]
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+MAX_EXEC_TIMEOUT_SECONDS = 24 * 3600
+
+
+def parse_label_selector(selector: str) -> dict[str, str]:
+    """ "k1=v1,k2=v2" -> {"k1": "v1", "k2": "v2"} (equality only)."""
+    result: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in selector.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise InvalidArgumentError("label_selector", f"{part!r} must look like key=value")
+        result[key.strip()] = value.strip().removeprefix("=")
+    return result
+
+
+def _terminal(record: SandboxRecord) -> bool:
+    return record.status.phase in (Phase.ERROR, Phase.DELETING)
+
+
+class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
+    """gRPC handlers; the logic lives in SandboxManager."""
+
+    def __init__(self, manager: SandboxManager, auth: Authenticator) -> None:
+        self._manager = manager
+        self._records = manager.records
+        self._auth = auth
+
+    @unary
+    async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: Ctx) -> pb.Sandbox:
+        await self._auth.require_client(context)
+        spec = request.spec
+        record = await self._manager.create(
+            name=request.name,
+            workspace=request.workspace,
+            image=spec.image,
+            environment=dict(spec.environment),
+            cpu=spec.resources.cpu,
+            memory=spec.resources.memory,
+            command=list(spec.command),
+            runtime_class_name=spec.runtime_class_name,
+            labels=dict(request.labels),
+        )
+        return sandbox_to_proto(record)
+
+    @unary
+    async def GetSandbox(self, request: pb.SandboxRef, context: Ctx) -> pb.Sandbox:
+        await self._auth.require_client(context)
+        return sandbox_to_proto(await self._lookup(request.workspace, request.name))
+
+    @unary
+    async def ListSandboxes(self, request: pb.ListSandboxesRequest, context: Ctx) -> pb.ListSandboxesResponse:
+        await self._auth.require_client(context)
+        selector = parse_label_selector(request.label_selector)
+        workspace = None if request.all_workspaces else (request.workspace or DEFAULT_WORKSPACE)
+        records = await self._records.list(workspace)
+        return pb.ListSandboxesResponse(
+            sandboxes=[sandbox_to_proto(r) for r in records if all(r.labels.get(k) == v for k, v in selector.items())]
+        )
+
+    @unary
+    async def DeleteSandbox(self, request: pb.SandboxRef, context: Ctx) -> pb.DeleteSandboxResponse:
+        await self._auth.require_client(context)
+        self._check_ref(request.workspace, request.name)
+        return pb.DeleteSandboxResponse(deleted=await self._manager.delete(request.workspace, request.name))
+
+    @streaming
+    async def WatchSandbox(self, request: pb.WatchSandboxRequest, context: Ctx) -> AsyncIterator[pb.SandboxEvent]:
+        await self._auth.require_client(context)
+        record = await self._lookup(request.workspace, request.name)
+        async with self._manager.bus.subscribe(record.id, replay_output=request.follow_output) as queue:
+            # Re-read after subscribing so no change can fall between the read and the subscription.
+            current = await self._records.get(record.id)
+            if current is None:
+                yield pb.SandboxEvent(deleted=record.id)
+                return
+            yield pb.SandboxEvent(sandbox=sandbox_to_proto(current))
+            if self._done(request, current) and queue.empty():
+                return
+            while True:
+                item = await queue.get()
+                if isinstance(item, Progress):
+                    yield pb.SandboxEvent(
+                        progress=pb.ProgressEvent(
+                            timestamp_ms=item.timestamp_ms,
+                            type="Warning" if item.warning else "Normal",
+                            reason=item.reason,
+                            message=item.message,
+                        )
+                    )
+                elif isinstance(item, Output):
+                    if request.follow_output:
+                        stream = pb.OutputChunk.STREAM_STDERR if item.stderr else pb.OutputChunk.STREAM_STDOUT
+                        yield pb.SandboxEvent(output=pb.OutputChunk(stream=stream, data=item.data))
+                elif isinstance(item, Deleted):
+                    yield pb.SandboxEvent(deleted=record.id)
+                    return
+                elif isinstance(item, Changed):
+                    latest = await self._records.get(record.id)
+                    if latest is None:
+                        yield pb.SandboxEvent(deleted=record.id)
+                        return
+                    if latest.resource_version != current.resource_version:
+                        current = latest
+                        yield pb.SandboxEvent(sandbox=sandbox_to_proto(current))
+                if self._done(request, current) and queue.empty():
+                    return
+
+    @staticmethod
+    def _done(request: pb.WatchSandboxRequest, record: SandboxRecord) -> bool:
+        if request.stop_on_terminal and _terminal(record):
+            return True
+        return request.stop_on_ready and record.status.phase == Phase.READY
+
+    @streaming
+    async def ExecSandbox(self, request: pb.ExecSandboxRequest, context: Ctx) -> AsyncIterator[pb.ExecEvent]:
+        await self._auth.require_client(context)
+        if not request.command:
+            raise InvalidArgumentError("command", "must not be empty")
+        validate_command(request.command)
+        validate_environment(request.environment)
+        if request.timeout_seconds > MAX_EXEC_TIMEOUT_SECONDS:
+            raise InvalidArgumentError("timeout_seconds", f"at most {MAX_EXEC_TIMEOUT_SECONDS}")
+        record = await self._lookup(request.workspace, request.name)
+        session = self._manager.sessions.get(record.id)
+        if record.status.phase != Phase.READY or session is None:
+            metrics.EXECS.labels(result="not_ready").inc()
+            raise FailedPreconditionError(
+                f"sandbox {record.workspace}/{record.name} is {record.status.phase.value}; exec needs Ready"
+            )
+        channel = ExecChannel(exec_id=uuid.uuid4().hex)
+        session.execs[channel.exec_id] = channel
+        session.send(
+            spb.GatewayMessage(
+                exec_start=spb.ExecStart(
+                    exec_id=channel.exec_id,
+                    command=request.command,
+                    environment=request.environment,
+                    workdir=request.workdir,
+                    timeout_seconds=request.timeout_seconds,
+                    stdin=request.stdin,
+                )
+            )
+        )
+        finished = False
+        try:
+            while True:
+                event = await channel.events.get()
+                if isinstance(event, spb.OutputData):
+                    yield (pb.ExecEvent(stderr=event.data) if event.stderr else pb.ExecEvent(stdout=event.data))
+                    continue
+                finished = True
+                if event.error:
+                    metrics.EXECS.labels(result="error").inc()
+                    raise FailedPreconditionError(f"exec failed: {event.error}")
+                metrics.EXECS.labels(result="ok").inc()
+                yield pb.ExecEvent(exit_code=event.exit_code)
+                return
+        finally:
+            if not finished:  # the client went away: stop the command in the sandbox
+                session.execs.pop(channel.exec_id, None)
+                session.send(spb.GatewayMessage(exec_cancel=spb.ExecCancel(exec_id=channel.exec_id)))
+
+    @unary
+    async def ListPools(self, request: pb.ListPoolsRequest, context: Ctx) -> pb.ListPoolsResponse:
+        await self._auth.require_client(context)
+        workspace = None if request.all_workspaces else (request.workspace or DEFAULT_WORKSPACE)
+        pools = [p for p in self._manager.driver.pools() if workspace is None or p.workspace == workspace]
+        response = pb.ListPoolsResponse(pools=[pool_to_proto(p) for p in pools])
+        for reason, count in self._manager.miss_counts().items():
+            response.misses_by_reason[reason] = count
+        return response
+
+    def _check_ref(self, workspace: str, name: str) -> None:
+        validate_workspace(workspace or DEFAULT_WORKSPACE)
+        if not name:
+            raise InvalidArgumentError("name", "must not be empty")
+
+    async def _lookup(self, workspace: str, name: str) -> SandboxRecord:
+        self._check_ref(workspace, name)
+        return await self._records.get_by_name(workspace or DEFAULT_WORKSPACE, name)

@@ -1,0 +1,225 @@
+"""Wiring of one gateway: store, driver, registry, services, HTTP, reconcilers; start and a
+graceful stop. `serve()` runs it until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+
+from warmshell.api.v1 import sandbox_pb2_grpc, supervisor_pb2_grpc
+from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core.config import GatewayConfig
+from warmshell.core.errors import FailedPreconditionError
+from warmshell.drivers.base import ComputeDriver
+from warmshell.gateway.activation import GatewayActivator
+from warmshell.gateway.auth import Authenticator
+from warmshell.gateway.drivers import build_driver
+from warmshell.gateway.events import EventBus
+from warmshell.gateway.http import start_http
+from warmshell.gateway.logs import configure_logging
+from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.reconciler import Reconciler
+from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.registry import Registry
+from warmshell.gateway.sandbox_service import SandboxService
+from warmshell.gateway.sessions import SessionTable
+from warmshell.gateway.store.sqlite import SqliteStore, open_sqlite_store
+from warmshell.gateway.supervisor_service import SupervisorService
+from warmshell.gateway.tokens import (
+    SandboxTokenIssuer,
+    load_or_create_api_token,
+    load_or_create_signing_key,
+)
+
+__all__ = ["Gateway", "serve"]
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_SECONDS = 5.0
+
+
+def _socket_in_use(path: Path) -> bool:
+    """Whether something is accepting connections on a Unix socket path."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _gateway_id(state_dir: Path) -> str:
+    """A stable id for this gateway's state (part of the sandbox-token audience)."""
+    path = state_dir / "gateway-id"
+    if path.exists():
+        return path.read_text().strip()
+    value = secrets.token_hex(8)
+    path.write_text(value + "\n")
+    return value
+
+
+class Gateway:
+    """One running gateway. `await start()`, then `await stop()`."""
+
+    def __init__(self, config: GatewayConfig, driver: ComputeDriver | None = None) -> None:
+        self.config = config
+        self.paths = config.paths
+        self._driver = driver
+        self._tasks: list[asyncio.Task[None]] = []
+        self._server: grpc.aio.Server | None = None
+        self._http: object | None = None
+        self._store: SqliteStore | None = None
+        self.http_port = 0
+        self.tcp_port = 0
+
+    @property
+    def driver(self) -> ComputeDriver:
+        """The compute driver in use."""
+        assert self._driver is not None
+        return self._driver
+
+    async def start(self) -> None:
+        """Open the store, start the driver and listen; returns once serving."""
+        paths = self.paths
+        paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if _socket_in_use(paths.socket):
+            raise FailedPreconditionError(f"another gateway is already serving {paths.socket}")
+        api_token = load_or_create_api_token(paths.api_token)
+        issuer = SandboxTokenIssuer(
+            load_or_create_signing_key(paths.signing_key),
+            gateway_id=_gateway_id(paths.root),
+            ttl_seconds=self.config.sandbox_token_ttl_seconds,
+        )
+        self._store = await open_sqlite_store(paths.database)
+        if self._driver is None:
+            self._driver = build_driver(self.config)
+        await self._driver.__aenter__()
+        bus = EventBus()
+        sessions = SessionTable()
+        records = SandboxRecords(self._store, bus)
+        registry: Registry[spb.SupervisorActivationMessage] = Registry()
+        self.registry = registry
+        self.issuer = issuer
+        activator = GatewayActivator(registry, records, issuer)
+        self.activator = activator
+        self.manager = manager = SandboxManager(records=records, driver=self._driver, bus=bus, sessions=sessions)
+        auth = Authenticator(api_token=api_token, issuer=issuer, identity=self._driver.identity)
+        reconciler = Reconciler(
+            manager,
+            interval_seconds=self.config.reconcile_interval_seconds,
+            orphan_grace_seconds=self.config.orphan_grace_seconds,
+        )
+        await reconciler.startup()
+
+        limit = self.config.max_request_bytes
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", 16 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxService(manager, auth), server)
+        supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(
+            SupervisorService(
+                manager=manager,
+                identity=self._driver.identity,
+                registry=registry,
+                activator=activator,
+                issuer=issuer,
+                auth=auth,
+                heartbeat_interval_seconds=self.config.heartbeat_interval_seconds,
+            ),
+            server,
+        )
+        for path in (paths.socket, paths.supervisor_socket):
+            path.unlink(missing_ok=True)
+            server.add_insecure_port(f"unix://{path}")
+        if self.config.listen_tcp:
+            self.tcp_port = server.add_insecure_port(self.config.listen_tcp)
+        # Restrictive umask while the sockets are created, then pin the modes explicitly.
+        await server.start()
+        os.chmod(paths.socket, 0o600)
+        os.chmod(paths.supervisor_socket, 0o600)
+        self._server = server
+
+        async def healthy() -> str | None:
+            return None if self._server is not None else "not serving"
+
+        self._http, self.http_port = await start_http(self.config.http_host, self.config.http_port, healthy)
+        self._write_runtime_info()
+        await self._driver.start(activator)
+        self._tasks = [
+            asyncio.create_task(reconciler.run_watch(), name="driver-watch"),
+            asyncio.create_task(reconciler.run_relist(), name="relist"),
+        ]
+        log.info(
+            "gateway serving on %s (http %s:%d, driver %s)",
+            paths.socket,
+            self.config.http_host,
+            self.http_port,
+            self._driver.name,
+        )
+
+    def _write_runtime_info(self) -> None:
+        host = self.config.listen_tcp.rsplit(":", 1)[0] if self.config.listen_tcp else ""
+        info = {
+            "pid": os.getpid(),
+            "socket": str(self.paths.socket),
+            "tcp": f"{host}:{self.tcp_port}" if self.tcp_port else "",
+            "http": f"{self.config.http_host}:{self.http_port}",
+        }
+        tmp = self.paths.runtime_info.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info) + "\n")
+        tmp.replace(self.paths.runtime_info)
+
+    async def stop(self) -> None:
+        """Graceful stop: stop loops, tell supervisors, drain calls, close driver and store."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._server is not None:
+            self.manager.sessions.close_all("gateway shutting down")
+            await self._server.stop(SHUTDOWN_GRACE_SECONDS)
+            self._server = None
+        if self._http is not None:
+            await self._http.cleanup()  # type: ignore[attr-defined]
+            self._http = None
+        if self._driver is not None:
+            await self._driver.__aexit__(None, None, None)
+        if self._store is not None:
+            await self._store.aclose()
+            self._store = None
+        self.paths.runtime_info.unlink(missing_ok=True)
+        for path in (self.paths.socket, self.paths.supervisor_socket):
+            path.unlink(missing_ok=True)
+        log.info("gateway stopped")
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Run a gateway until SIGTERM or SIGINT, then stop gracefully."""
+    configure_logging(config.log_level)
+    gateway = Gateway(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await gateway.start()
+    try:
+        await stop.wait()
+    finally:
+        await gateway.stop()

@@ -1,0 +1,1 @@
+"""Durable object store: one `objects` table, every write compare-and-swap on resource_version."""

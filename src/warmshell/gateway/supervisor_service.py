@@ -1,0 +1,176 @@
+"""The supervisor API: RegisterSupervisor (bootstrap -> activation), ConnectSupervisor (the live
+session: heartbeats, exec relay, workload output and exit) and RefreshSandboxToken."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.api.v1 import supervisor_pb2_grpc
+from warmshell.core.errors import (
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+    WarmshellError,
+)
+from warmshell.core.ids import SandboxId
+from warmshell.core.models import Phase, now_ms
+from warmshell.drivers.base import Bound, IdentityProvider
+from warmshell.gateway import metrics
+from warmshell.gateway.activation import GatewayActivator
+from warmshell.gateway.auth import Authenticator, Unauthenticated
+from warmshell.gateway.calls import abort_for, streaming, unary
+from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.registry import Registry, Replaced
+from warmshell.gateway.sessions import SupervisorSession
+from warmshell.gateway.tokens import SandboxTokenIssuer
+
+__all__ = ["SupervisorService"]
+
+log = logging.getLogger(__name__)
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+# A session that has sent nothing for this many heartbeat intervals is considered dead.
+MISSED_HEARTBEATS = 3
+
+
+class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
+    """Handlers for the first process of every sandbox."""
+
+    def __init__(
+        self,
+        *,
+        manager: SandboxManager,
+        identity: IdentityProvider,
+        registry: Registry[spb.SupervisorActivationMessage],
+        activator: GatewayActivator,
+        issuer: SandboxTokenIssuer,
+        auth: Authenticator,
+        heartbeat_interval_seconds: float,
+    ) -> None:
+        self._manager = manager
+        self._identity = identity
+        self._registry = registry
+        self._activator = activator
+        self._issuer = issuer
+        self._auth = auth
+        self._heartbeat = heartbeat_interval_seconds
+
+    @streaming
+    async def RegisterSupervisor(
+        self, request: spb.RegisterSupervisorRequest, context: Ctx
+    ) -> AsyncIterator[spb.SupervisorActivationMessage]:
+        identity = await self._identity.authenticate(request.bootstrap_credential)
+        if identity is None:
+            raise Unauthenticated("unknown bootstrap credential")
+        registration = self._registry.register(identity)
+        metrics.REGISTRATIONS_PENDING.set(self._registry.pending_count())
+        try:
+            if isinstance(identity.binding, Bound):
+                # Cold instances take the same path as warm ones, just without waiting for a claim.
+                await self._activator.activate(
+                    instance_id=identity.instance_id,
+                    sandbox_id=identity.binding.sandbox_id,
+                    proof=identity.binding.proof,
+                    reason="bound at create",
+                )
+            outcome = await registration.next_outcome()
+            if isinstance(outcome, Replaced):
+                await context.abort(grpc.StatusCode.ABORTED, outcome.reason)
+            if isinstance(outcome, WarmshellError):
+                raise outcome
+            yield outcome
+        finally:
+            self._registry.remove_if_session(identity.instance_id, registration.session_id)
+            metrics.REGISTRATIONS_PENDING.set(self._registry.pending_count())
+
+    async def ConnectSupervisor(
+        self, request_iterator: AsyncIterator[spb.SupervisorMessage], context: Ctx
+    ) -> AsyncIterator[spb.GatewayMessage]:
+        try:
+            claims = await self._auth.require_sandbox(context)
+            first = await anext(aiter(request_iterator), None)
+            if first is None or not first.HasField("hello"):
+                raise FailedPreconditionError("the first message of a session must be hello")
+            if first.hello.sandbox_id != claims.sandbox_id:
+                raise PermissionDeniedError("hello names another sandbox than the token")
+            record = await self._manager.records.get(claims.sandbox_id)
+            if record is None or record.status.phase == Phase.DELETING:
+                raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
+        except (WarmshellError, Unauthenticated) as exc:
+            await abort_for(context, exc)
+        session = self._manager.sessions.open(claims.sandbox_id, first.hello.instance_id)
+        metrics.SESSIONS.set(len(self._manager.sessions))
+        interval_ms = int(self._heartbeat * 1000)
+        session.send(
+            spb.GatewayMessage(
+                accepted=spb.SessionAccepted(session_id=session.session_id, heartbeat_interval_ms=interval_ms)
+            )
+        )
+        reader = asyncio.create_task(self._read_session(session, request_iterator))
+        ticker = asyncio.create_task(self._tick(session))
+        await self._manager.on_session(claims.sandbox_id, connected=True)
+        try:
+            while True:
+                message = await session.outbox.get()
+                if message is None:
+                    return
+                yield message
+        finally:
+            for task in (reader, ticker):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.gather(reader, ticker, return_exceptions=True)
+            if self._manager.sessions.close_if_current(session):
+                await self._manager.on_session(claims.sandbox_id, connected=False)
+            metrics.SESSIONS.set(len(self._manager.sessions))
+
+    async def _read_session(self, session: SupervisorSession, messages: AsyncIterator[spb.SupervisorMessage]) -> None:
+        sandbox_id = SandboxId(session.sandbox_id)
+        try:
+            async for message in messages:
+                session.last_seen = now_ms()
+                kind = message.WhichOneof("message")
+                if kind == "output":
+                    if message.output.exec_id:
+                        session.deliver(message.output)
+                    else:
+                        self._manager.on_output(sandbox_id, stderr=message.output.stderr, data=message.output.data)
+                elif kind == "exec_exited":
+                    session.deliver(message.exec_exited)
+                elif kind == "workload_exited":
+                    await self._manager.on_workload_exit(sandbox_id, message.workload_exited.exit_code)
+                    # Terminal: the supervisor may exit now that the gateway has the exit code.
+                    session.close("workload exited")
+                    return
+        finally:
+            session.close()
+
+    async def _tick(self, session: SupervisorSession) -> None:
+        while not session.closed.is_set():
+            await asyncio.sleep(self._heartbeat)
+            if now_ms() - session.last_seen > MISSED_HEARTBEATS * self._heartbeat * 1000:
+                log.warning(
+                    "supervisor session of sandbox %s missed its heartbeats; closing",
+                    session.sandbox_id,
+                )
+                session.close("heartbeat timeout")
+                return
+            session.send(spb.GatewayMessage(heartbeat=spb.Heartbeat(sent_at_ms=now_ms())))
+
+    @unary
+    async def RefreshSandboxToken(
+        self, request: spb.RefreshSandboxTokenRequest, context: Ctx
+    ) -> spb.RefreshSandboxTokenResponse:
+        claims = await self._auth.require_sandbox(context)
+        record = await self._manager.records.get(claims.sandbox_id)
+        if record is None or record.status.phase == Phase.DELETING:
+            raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
+        token, expires = self._issuer.mint(claims.sandbox_id, claims.instance_id)
+        return spb.RefreshSandboxTokenResponse(token=token, expires_at_ms=expires)

@@ -1,0 +1,272 @@
+"""`warmshell supervisor`: the entry point of every sandbox.
+
+1. Read the bootstrap credential (a one-time pipe from the local driver, or a projected token file
+   on Kubernetes) and scrub every WARMSHELL_* variable from the environment.
+2. RegisterSupervisor, retrying 1 s -> 30 s while the gateway is unreachable, and wait — a warm
+   pool member waits here until a create selects it.
+3. Start the workload from the activation, then hold ConnectSupervisor: heartbeats, exec relay,
+   workload output and exit; reconnect when the gateway restarts; refresh the token at 80 %.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.api.v1 import supervisor_pb2_grpc
+from warmshell.supervisor.backoff import delays
+from warmshell.supervisor.processes import run_streaming
+
+__all__ = ["Supervisor", "SupervisorSettings", "main"]
+
+log = logging.getLogger("warmshell.supervisor")
+
+ENV_PREFIX = "WARMSHELL_"
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+TOKEN_REFRESH_FRACTION = 0.8
+# Fatal for a registration: retrying with the same credential cannot succeed.
+_FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ABORTED,
+          grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}  # fmt: skip
+
+
+class SupervisorExit(Exception):
+    """Stop the supervisor with this exit status."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+@dataclass
+class SupervisorSettings:
+    """Where the gateway is and who this supervisor is (read from the environment)."""
+
+    gateway: str
+    credential: str = field(repr=False)
+    instance_id: str = ""
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str]) -> SupervisorSettings:
+        """Read and consume the bootstrap credential; the caller scrubs the environment."""
+        gateway = environ.get("WARMSHELL_GATEWAY", "")
+        if not gateway:
+            raise SupervisorExit(2, "WARMSHELL_GATEWAY is not set")
+        if fd_text := environ.get("WARMSHELL_BOOTSTRAP_FD"):
+            fd = int(fd_text)
+            with os.fdopen(fd, "rb") as pipe:  # closes the fd: the workload never inherits it
+                credential = pipe.read().decode().strip()
+        elif path := environ.get("WARMSHELL_BOOTSTRAP_FILE"):
+            with open(path) as handle:
+                credential = handle.read().strip()
+        else:
+            raise SupervisorExit(2, "neither WARMSHELL_BOOTSTRAP_FD nor WARMSHELL_BOOTSTRAP_FILE is set")
+        if not credential:
+            raise SupervisorExit(2, "the bootstrap credential is empty")
+        return cls(gateway=gateway, credential=credential, instance_id=environ.get("WARMSHELL_INSTANCE_ID", ""))
+
+
+def _workload_environment(base: dict[str, str], activation: spb.SupervisorActivationMessage) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if not k.startswith(ENV_PREFIX)}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("HOME", activation.workload.workdir or "/")
+    env.update(activation.workload.environment)
+    env["WARMSHELL_SANDBOX_ID"] = activation.sandbox_id
+    env["WARMSHELL_SANDBOX_NAME"] = activation.sandbox_name
+    return env
+
+
+class Supervisor:
+    """One sandbox's supervisor."""
+
+    def __init__(self, settings: SupervisorSettings, base_env: dict[str, str]) -> None:
+        self.settings = settings
+        self._base_env = base_env
+        self._outgoing: asyncio.Queue[spb.SupervisorMessage] = asyncio.Queue()
+        self._execs: dict[str, asyncio.Task[None]] = {}
+        self._token = ""
+        self._token_expires_ms = 0
+        self._workload: asyncio.Task[None] | None = None
+        self._workload_started = False
+        self._exit_code: int | None = None
+        self.activation: spb.SupervisorActivationMessage | None = None
+
+    async def run(self) -> int:
+        """Register, start the workload, and hold the session until the sandbox ends."""
+        # The channel belongs to the running loop, so it is made here rather than in __init__.
+        self._channel = grpc.aio.insecure_channel(self.settings.gateway)
+        self._stub = supervisor_pb2_grpc.SupervisorServiceStub(self._channel)
+        try:
+            activation = await self.register()
+            self.activation = activation
+            self._token, self._token_expires_ms = activation.token, activation.token_expires_at_ms
+            self._env = _workload_environment(self._base_env, activation)
+            self._workdir = activation.workload.workdir or "/"
+            if activation.workload.command:
+                self._workload = asyncio.create_task(self._run_workload(list(activation.workload.command)))
+                self._workload_started = True
+            refresher = asyncio.create_task(self._refresh_tokens())
+            try:
+                await self._hold_session()
+            finally:
+                refresher.cancel()
+            return self._exit_code if self._exit_code is not None else 0
+        except SupervisorExit as stop:
+            log.error("supervisor stopping: %s", stop)
+            return stop.code
+        finally:
+            for task in [*self._execs.values(), *([self._workload] if self._workload else [])]:
+                task.cancel()
+            await self._channel.close(grace=None)
+
+    async def register(self) -> spb.SupervisorActivationMessage:
+        """RegisterSupervisor until an activation arrives (retrying while the gateway is away)."""
+        backoff = delays()
+        request = spb.RegisterSupervisorRequest(bootstrap_credential=self.settings.credential)
+        while True:
+            try:
+                async for activation in self._stub.RegisterSupervisor(request):
+                    return activation
+                raise SupervisorExit(1, "registration stream ended without an activation")
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _FATAL:
+                    raise SupervisorExit(1, f"registration refused: {exc.code().name}: {exc.details()}") from exc
+                delay = next(backoff)
+                log.warning("gateway unreachable (%s); registering again in %.1fs", exc.code().name, delay)
+                await asyncio.sleep(delay)
+
+    async def _send(self, message: spb.SupervisorMessage) -> None:
+        await self._outgoing.put(message)
+
+    async def _output(self, exec_id: str, stderr: bool, data: bytes) -> None:
+        await self._send(spb.SupervisorMessage(output=spb.OutputData(exec_id=exec_id, stderr=stderr, data=data)))
+
+    async def _run_workload(self, command: list[str]) -> None:
+        async def sink(stderr: bool, data: bytes) -> None:
+            await self._output("", stderr, data)
+
+        code = await run_streaming(command, env=self._env, cwd=self._workdir, sink=sink)
+        self._exit_code = code
+        await self._send(spb.SupervisorMessage(workload_exited=spb.WorkloadExited(exit_code=code)))
+
+    async def _run_exec(self, start: spb.ExecStart) -> None:
+        async def sink(stderr: bool, data: bytes) -> None:
+            await self._output(start.exec_id, stderr, data)
+
+        env = {**self._env, **start.environment}
+        try:
+            code = await run_streaming(
+                list(start.command),
+                env=env,
+                cwd=start.workdir or self._workdir,
+                sink=sink,
+                stdin=start.stdin,
+                timeout=start.timeout_seconds or None,
+            )
+        except OSError as exc:  # e.g. a workdir that does not exist
+            await sink(True, f"warmshell: exec: {exc}\n".encode())
+            code = 126
+        finally:
+            self._execs.pop(start.exec_id, None)
+        await self._send(spb.SupervisorMessage(exec_exited=spb.ExecExited(exec_id=start.exec_id, exit_code=code)))
+
+    async def _hold_session(self) -> None:
+        backoff = delays()
+        while True:
+            try:
+                if await self._session():
+                    return
+                backoff = delays()  # a clean reconnect request: start over quickly
+                delay = 0.05
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+                    raise SupervisorExit(1, f"session refused: {exc.details()}") from exc
+                delay = next(backoff)
+                log.warning("session lost (%s); reconnecting in %.1fs", exc.code().name, delay)
+            await asyncio.sleep(delay)
+
+    async def _session(self) -> bool:
+        """One ConnectSupervisor stream; True when the sandbox is over, False to reconnect."""
+        assert self.activation is not None
+        hello = spb.SupervisorMessage(
+            hello=spb.SupervisorHello(
+                sandbox_id=self.activation.sandbox_id,
+                instance_id=self.settings.instance_id,
+                workload_started=self._workload_started,
+            )
+        )
+
+        async def requests() -> AsyncIterator[spb.SupervisorMessage]:
+            yield hello
+            while True:
+                yield await self._outgoing.get()
+
+        call = self._stub.ConnectSupervisor(requests(), metadata=(("authorization", f"Bearer {self._token}"),))
+        async for message in call:
+            kind = message.WhichOneof("message")
+            if kind == "heartbeat":
+                await self._send(spb.SupervisorMessage(heartbeat=spb.Heartbeat(sent_at_ms=int(time.time() * 1000))))
+            elif kind == "exec_start":
+                start = message.exec_start
+                self._execs[start.exec_id] = asyncio.create_task(self._run_exec(start))
+            elif kind == "exec_cancel":
+                task = self._execs.pop(message.exec_cancel.exec_id, None)
+                if task is not None:
+                    task.cancel()
+            elif kind == "shutdown":
+                if message.shutdown.reconnect:
+                    return False
+                log.info("gateway ended the sandbox: %s", message.shutdown.reason)
+                return True
+        return False
+
+    async def _refresh_tokens(self) -> None:
+        while True:
+            now_ms = time.time() * 1000
+            lifetime = max(0.0, self._token_expires_ms - now_ms)
+            await asyncio.sleep(max(1.0, lifetime * (1 - TOKEN_REFRESH_FRACTION) / 1000))
+            try:
+                response = await self._stub.RefreshSandboxToken(
+                    spb.RefreshSandboxTokenRequest(), metadata=(("authorization", f"Bearer {self._token}"),)
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.warning("token refresh failed (%s); will retry", exc.code().name)
+                await asyncio.sleep(5)
+                continue
+            self._token, self._token_expires_ms = response.token, response.expires_at_ms
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Process entry point; returns the exit status (the workload's, when it ran)."""
+    logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s", stream=sys.stderr)
+    environ = dict(os.environ)
+    try:
+        settings = SupervisorSettings.from_environment(environ)
+    except (SupervisorExit, OSError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    base_env = {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX)}
+    for key in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
+        del os.environ[key]
+    supervisor = Supervisor(settings, base_env)
+    loop = asyncio.new_event_loop()
+    main_task = loop.create_task(supervisor.run())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, main_task.cancel)
+    try:
+        return loop.run_until_complete(main_task)
+    except asyncio.CancelledError:
+        return 143
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

@@ -1,0 +1,92 @@
+"""Running the workload and exec'd commands inside the sandbox, streaming their output."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+__all__ = ["OutputSink", "run_streaming"]
+
+# (is_stderr, data) -> delivered to the gateway in order.
+OutputSink = Callable[[bool, bytes], Awaitable[None]]
+READ_CHUNK = 64 * 1024
+EXIT_TIMEOUT = 124
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+
+
+async def _pump(stream: asyncio.StreamReader, stderr: bool, sink: OutputSink) -> None:
+    while True:
+        data = await stream.read(READ_CHUNK)
+        if not data:
+            return
+        await sink(stderr, data)
+
+
+def _kill_group(process: asyncio.subprocess.Process, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+
+
+async def run_streaming(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str,
+    sink: OutputSink,
+    stdin: bytes = b"",
+    timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit, enforced with asyncio.timeout
+    started: Callable[[asyncio.subprocess.Process], None] | None = None,
+) -> int:
+    """Run `command`, send its output to `sink` as it comes, return its exit status.
+
+    Exit statuses follow the shell's conventions, so scripts read them the same way:
+    127 not found, 126 not executable, 124 timed out, 128+N killed by signal N."""
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,  # its own process group, so a kill reaches its children
+        )
+    except FileNotFoundError:
+        await sink(True, f"warmshell: {command[0]}: command not found\n".encode())
+        return EXIT_NOT_FOUND
+    except PermissionError:
+        await sink(True, f"warmshell: {command[0]}: permission denied\n".encode())
+        return EXIT_NOT_EXECUTABLE
+    if started is not None:
+        started(process)
+    assert process.stdout is not None
+    assert process.stderr is not None
+    if stdin:
+        assert process.stdin is not None
+        process.stdin.write(stdin)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            await process.stdin.drain()
+        process.stdin.close()
+    pumps = asyncio.gather(_pump(process.stdout, False, sink), _pump(process.stderr, True, sink))
+    try:
+        async with asyncio.timeout(timeout):
+            await pumps
+            code = await process.wait()
+    except TimeoutError:
+        _kill_group(process, signal.SIGKILL)
+        await process.wait()
+        pumps.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pumps
+        await sink(True, f"warmshell: timed out after {timeout:g}s\n".encode())
+        return EXIT_TIMEOUT
+    except asyncio.CancelledError:
+        _kill_group(process, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            await process.wait()
+        raise
+    return code if code >= 0 else 128 - code

@@ -1,0 +1,110 @@
+"""An in-process gateway on real sockets with the real local driver, and an authenticated stub."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.api.v1 import sandbox_pb2_grpc
+from warmshell.core.config import load_config
+from warmshell.gateway.server import Gateway
+
+
+@dataclass
+class RunningGateway:
+    gateway: Gateway
+    stub: sandbox_pb2_grpc.SandboxServiceStub
+    channel: grpc.aio.Channel
+    token: str
+    stopped: bool = False
+
+    async def stop(self) -> None:
+        """Stop the gateway now (as SIGTERM would), leaving its sandboxes to their fate."""
+        await self.gateway.stop()
+        self.stopped = True
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),)
+
+    async def create(self, **fields: Any) -> pb.Sandbox:
+        spec = fields.pop("spec", None) or pb.SandboxSpec()
+        return await self.stub.CreateSandbox(pb.CreateSandboxRequest(spec=spec, **fields), metadata=self.metadata)
+
+    async def get(self, name: str, workspace: str = "") -> pb.Sandbox:
+        return await self.stub.GetSandbox(pb.SandboxRef(name=name, workspace=workspace), metadata=self.metadata)
+
+    async def wait_for(
+        self, name: str, predicate: Callable[[pb.Sandbox], bool], timeout: float = 20.0, workspace: str = ""
+    ) -> pb.Sandbox:
+        """Follow WatchSandbox until the predicate holds (no polling sleeps)."""
+        request = pb.WatchSandboxRequest(name=name, workspace=workspace)
+        async with asyncio.timeout(timeout):
+            async for event in self.stub.WatchSandbox(request, metadata=self.metadata):
+                if event.HasField("sandbox") and predicate(event.sandbox):
+                    return event.sandbox
+        raise AssertionError(f"watch of {name} ended before the condition held")
+
+    async def wait_ready(self, name: str, timeout: float = 20.0, workspace: str = "") -> pb.Sandbox:
+        return await self.wait_for(
+            name, lambda s: s.status.phase in (pb.SANDBOX_PHASE_READY, pb.SANDBOX_PHASE_ERROR), timeout, workspace
+        )
+
+    async def exec(self, name: str, command: list[str], **fields: Any) -> tuple[int, bytes, bytes]:
+        out, err, code = b"", b"", -1
+        request = pb.ExecSandboxRequest(name=name, command=command, **fields)
+        async for event in self.stub.ExecSandbox(request, metadata=self.metadata):
+            kind = event.WhichOneof("event")
+            if kind == "stdout":
+                out += event.stdout
+            elif kind == "stderr":
+                err += event.stderr
+            else:
+                code = event.exit_code
+        return code, out, err
+
+    async def delete(self, name: str, workspace: str = "") -> None:
+        await self.stub.DeleteSandbox(pb.SandboxRef(name=name, workspace=workspace), metadata=self.metadata)
+
+
+@asynccontextmanager
+async def running_gateway(state_dir: Path, **overrides: Any) -> AsyncIterator[RunningGateway]:
+    """Start a gateway in this process (real gRPC on Unix sockets, real bwrap'd supervisors)."""
+    settings = {"state_dir": str(state_dir), "http_port": 0, "orphan_grace_seconds": 2.0, **overrides}
+    config = load_config(None, settings)
+    gateway = Gateway(config)
+    await gateway.start()
+    token = config.paths.api_token.read_text().strip()
+    channel = grpc.aio.insecure_channel(f"unix://{config.paths.socket}")
+    running = RunningGateway(gateway, sandbox_pb2_grpc.SandboxServiceStub(channel), channel, token)
+    try:
+        yield running
+    finally:
+        await channel.close(grace=None)
+        if not running.stopped:
+            await _delete_all(gateway)
+            await gateway.stop()
+
+
+async def _delete_all(gateway: Gateway) -> None:
+    """Tests own their sandboxes: remove whatever is left so no process outlives the test."""
+    for record in await gateway.manager.records.list():
+        try:
+            await gateway.manager.delete(record.workspace, record.name)
+        except Exception:  # noqa: BLE001 - best effort cleanup
+            await gateway.driver.delete(record.id)
+
+
+def elapsed_ms(start_us: int, end_us: int) -> float:
+    return (end_us - start_us) / 1000 if start_us and end_us else float("nan")
+
+
+__all__ = ["RunningGateway", "elapsed_ms", "running_gateway", "time"]

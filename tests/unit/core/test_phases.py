@@ -1,0 +1,54 @@
+"""Phase composition: Ready needs backend and session; Error is sticky."""
+
+from __future__ import annotations
+
+from warmshell.core import phases
+from warmshell.core.models import Phase, SandboxStatus
+
+
+def test_ready_needs_running_backend_and_live_session() -> None:
+    status = SandboxStatus()
+    phases.mark_backend(status, phases.BACKEND_RUNNING)
+    assert status.phase == Phase.PROVISIONING
+    ready = status.condition("Ready")
+    assert ready is not None
+    assert ready.reason == "SupervisorNotConnected"
+    phases.mark_session(status, True)
+    assert status.phase == Phase.READY
+    phases.mark_session(status, False)
+    assert status.phase == Phase.PROVISIONING
+
+
+def test_workload_exit_is_terminal_and_sticky() -> None:
+    status = SandboxStatus()
+    phases.mark_backend(status, phases.BACKEND_RUNNING)
+    phases.mark_session(status, True)
+    phases.mark_workload_exit(status, 0)
+    assert status.phase == Phase.ERROR
+    assert status.exit_code == 0
+    exited = status.condition("WorkloadExited")
+    assert exited is not None
+    assert exited.reason == "Completed"
+    phases.mark_session(status, True)
+    phases.mark_backend(status, phases.BACKEND_RUNNING)
+    assert status.phase == Phase.ERROR
+
+
+def test_backend_failure_and_vanishing() -> None:
+    status = SandboxStatus()
+    phases.mark_backend(status, phases.BACKEND_FAILED, message="bwrap: no permission")
+    assert status.phase == Phase.ERROR
+    ready = status.condition("Ready")
+    assert ready is not None
+    assert ready.message == "bwrap: no permission"
+    other = SandboxStatus()
+    phases.mark_backend_vanished(other, "gone")
+    assert other.phase == Phase.ERROR
+
+
+def test_deleting_is_sticky() -> None:
+    status = SandboxStatus()
+    phases.mark_deleting(status)
+    phases.mark_backend(status, phases.BACKEND_RUNNING)
+    phases.mark_session(status, True)
+    assert status.phase == Phase.DELETING

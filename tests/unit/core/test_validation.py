@@ -1,0 +1,75 @@
+"""Every validation rule names its field and the rule it enforces."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmshell.core import validation
+from warmshell.core.errors import InvalidArgumentError
+from warmshell.core.specs import build_spec
+
+
+@pytest.mark.parametrize("name", ["Upper", "-lead", "trail-", "under_score", "a" * 41, "", "dot.ted"])
+def test_invalid_names(name: str) -> None:
+    with pytest.raises(InvalidArgumentError) as err:
+        validation.validate_name(name)
+    assert err.value.field == "name"
+
+
+@pytest.mark.parametrize("workspace", ["Team", "a/b", "x" * 21, "sp ace"])
+def test_invalid_workspaces(workspace: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="workspace"):
+        validation.validate_workspace(workspace)
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"1X": "v"}, "must match"),
+        ({"A-B": "v"}, "must match"),
+        ({"WARMSHELL_TOKEN": "v"}, "reserved"),
+        ({"X": "a\x00b"}, "NUL"),
+        ({f"K{i}": "v" for i in range(200)}, "at most"),
+    ],
+)
+def test_invalid_environment(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=fragment) as err:
+        validation.validate_environment(env, field="spec.environment")
+    assert err.value.field.startswith("spec.environment")
+
+
+def test_oversized_environment_value() -> None:
+    with pytest.raises(InvalidArgumentError, match="bytes in total"):
+        validation.validate_environment({"BIG": "x" * (validation.MAX_ENV_BYTES + 1)})
+
+
+@pytest.mark.parametrize(
+    "labels", [{"warmshell.dev/x": "y"}, {"bad key": "v"}, {"k": "v" * 64}, {"Bad_Prefix./k": "v"}]
+)
+def test_invalid_labels(labels: dict[str, str]) -> None:
+    with pytest.raises(InvalidArgumentError, match="labels"):
+        validation.validate_labels(labels)
+
+
+def test_valid_labels() -> None:
+    validation.validate_labels({"team": "infra", "example.com/tier": "gold", "empty": ""})
+
+
+def test_command_rules() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"command\[0\]"):
+        validation.validate_command([""])
+    with pytest.raises(InvalidArgumentError, match="NUL"):
+        validation.validate_command(["echo", "a\x00"])
+    with pytest.raises(InvalidArgumentError, match="arguments"):
+        validation.validate_command(["x"] * (validation.MAX_COMMAND_ARGS + 1))
+
+
+def test_build_spec_normalises_and_names_fields() -> None:
+    spec = build_spec(image="", environment={"B": "2", "A": "1"}, cpu="0.2", memory="1024Mi", command=["true"])
+    assert (spec.resources.cpu, spec.resources.memory) == ("200m", "1Gi")
+    with pytest.raises(InvalidArgumentError) as err:
+        build_spec(image="", environment={}, cpu="lots", memory="", command=[])
+    assert err.value.field == "spec.resources.cpu"
+    with pytest.raises(InvalidArgumentError) as err:
+        build_spec(image="has space", environment={}, cpu="", memory="", command=[])
+    assert err.value.field == "spec.image"
