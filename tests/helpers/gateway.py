@@ -99,7 +99,7 @@ async def _delete_all(gateway: Gateway) -> None:
     for record in await gateway.manager.records.list():
         try:
             await gateway.manager.delete(record.workspace, record.name)
-        except Exception:  # noqa: BLE001 - best effort cleanup
+        except Exception:
             await gateway.driver.delete(record.id)
 
 

@@ -10,7 +10,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_stubs_are_not_stale(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_proto.py"), str(tmp_path)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), str(tmp_path)], check=True, capture_output=True
+    )
     package = ROOT / "src" / "warmshell" / "api" / "v1"
     generated = {p.name: p.read_text() for p in tmp_path.iterdir()}
     committed = {p.name: p.read_text() for p in package.iterdir() if p.is_file()}

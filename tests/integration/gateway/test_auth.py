@@ -38,7 +38,9 @@ async def test_sandbox_token_cannot_use_public_api_and_api_token_cannot_refresh(
     assert code == grpc.StatusCode.PERMISSION_DENIED
     refreshed = await _supervisor_stub(gw).RefreshSandboxToken(spb.RefreshSandboxTokenRequest(), metadata=as_sandbox)
     assert refreshed.token
-    code = await _code_of(_supervisor_stub(gw).RefreshSandboxToken(spb.RefreshSandboxTokenRequest(), metadata=gw.metadata))
+    code = await _code_of(
+        _supervisor_stub(gw).RefreshSandboxToken(spb.RefreshSandboxTokenRequest(), metadata=gw.metadata)
+    )
     assert code == grpc.StatusCode.PERMISSION_DENIED
 
 

@@ -14,9 +14,16 @@ CASES = [
     ({"workspace": "team/a"}, grpc.StatusCode.INVALID_ARGUMENT, "workspace"),
     ({"spec": pb.SandboxSpec(environment={"1BAD": "v"})}, grpc.StatusCode.INVALID_ARGUMENT, "spec.environment['1BAD']"),
     ({"spec": pb.SandboxSpec(environment={"WARMSHELL_X": "v"})}, grpc.StatusCode.INVALID_ARGUMENT, "reserved"),
-    ({"spec": pb.SandboxSpec(resources=pb.Resources(cpu="lots"))}, grpc.StatusCode.INVALID_ARGUMENT, "spec.resources.cpu"),
-    ({"spec": pb.SandboxSpec(resources=pb.Resources(memory="1.5"))}, grpc.StatusCode.INVALID_ARGUMENT,
-     "spec.resources.memory"),
+    (
+        {"spec": pb.SandboxSpec(resources=pb.Resources(cpu="lots"))},
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "spec.resources.cpu",
+    ),
+    (
+        {"spec": pb.SandboxSpec(resources=pb.Resources(memory="1.5"))},
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "spec.resources.memory",
+    ),
     ({"spec": pb.SandboxSpec(image="/no/such/rootfs")}, grpc.StatusCode.INVALID_ARGUMENT, "spec.image"),
     ({"spec": pb.SandboxSpec(runtime_class_name="gvisor")}, grpc.StatusCode.INVALID_ARGUMENT, "runtime_class_name"),
     ({"labels": {"warmshell.dev/x": "1"}}, grpc.StatusCode.INVALID_ARGUMENT, "labels"),
@@ -25,7 +32,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("fields", "code", "fragment"), CASES)
-async def test_invalid_create(gw: RunningGateway, fields: dict[str, object], code: grpc.StatusCode, fragment: str) -> None:
+async def test_invalid_create(
+    gw: RunningGateway, fields: dict[str, object], code: grpc.StatusCode, fragment: str
+) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await gw.create(**fields)
     assert err.value.code() == code

@@ -20,10 +20,12 @@ async def test_create_ready_exec_delete(gw: RunningGateway) -> None:
     assert ready.status.allocation == "cold"
     timeline = ready.status.timeline
     assert 0 < timeline.requested_us <= timeline.backend_created_us <= timeline.ready_us
-    assert timeline.registered_us and timeline.activated_us
+    assert timeline.registered_us
+    assert timeline.activated_us
 
-    code, out, err = await gw.exec("alpha", ["sh", "-c", 'echo "$FOO $BAR"; hostname; pwd; echo oops >&2; exit 3'],
-                                   environment={"BAR": "baz"})
+    code, out, err = await gw.exec(
+        "alpha", ["sh", "-c", 'echo "$FOO $BAR"; hostname; pwd; echo oops >&2; exit 3'], environment={"BAR": "baz"}
+    )
     assert (code, out, err) == (3, b"bar baz\nalpha\n/workspace\n", b"oops\n")
 
     code, out, _ = await gw.exec("alpha", ["cat"], stdin=b"piped")
@@ -45,7 +47,12 @@ async def test_sandbox_is_isolated(gw: RunningGateway) -> None:
     await gw.wait_ready("iso")
     code, out, _ = await gw.exec(
         "iso",
-        ["sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; echo pid=$$; touch /etc/x 2>/dev/null || echo ro; env | grep -c WARMSHELL_BOOT || true"],
+        [
+            "sh",
+            "-c",
+            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; echo pid=$$;"
+            " touch /etc/x 2>/dev/null || echo ro; env | grep -c WARMSHELL_BOOT || true",
+        ],
     )
     assert code == 0
     lines = out.decode().split()

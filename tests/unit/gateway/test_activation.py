@@ -42,7 +42,9 @@ def issuer() -> SandboxTokenIssuer:
 
 
 async def make_sandbox(records: SandboxRecords, name: str, proof: str, workspace: str = "default") -> SandboxRecord:
-    record = SandboxRecord(id=SandboxId(f"id-{name}"), name=name, workspace=workspace, activation_proof_hash=hash_secret(proof))
+    record = SandboxRecord(
+        id=SandboxId(f"id-{name}"), name=name, workspace=workspace, activation_proof_hash=hash_secret(proof)
+    )
     record.spec.command = ["echo", name]
     return await records.insert(record)
 
@@ -72,7 +74,9 @@ async def test_forged_instance_id_is_refused(records: SandboxRecords, issuer: Sa
     activator = GatewayActivator(Registry(), records, issuer)
     await make_sandbox(records, "one", "p")
     with pytest.raises(NotFoundError):
-        await activator.activate(instance_id=InstanceId("nobody"), sandbox_id=SandboxId("id-one"), proof="p", reason="t")
+        await activator.activate(
+            instance_id=InstanceId("nobody"), sandbox_id=SandboxId("id-one"), proof="p", reason="t"
+        )
 
 
 async def test_replayed_activation_is_refused(records: SandboxRecords, issuer: SandboxTokenIssuer) -> None:

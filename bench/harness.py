@@ -1,0 +1,142 @@
+"""Shared pieces of the benchmarks: a gateway process, an authenticated client, statistics and
+result files (JSON + a markdown table, each naming the command that produced it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.api.v1 import sandbox_pb2_grpc
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/min/max/mean of a sample, in the sample's unit."""
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "min": min(values),
+        "max": max(values),
+        "mean": statistics.fmean(values),
+    }
+
+
+@dataclass
+class GatewayProcess:
+    """A `warmshell gateway start` subprocess and a client for it."""
+
+    state: Path
+    process: subprocess.Popen[bytes]
+    stub: sandbox_pb2_grpc.SandboxServiceStub
+    channel: grpc.aio.Channel
+    metadata: tuple[tuple[str, str], ...]
+
+    async def create(self, **fields: Any) -> pb.Sandbox:
+        spec = fields.pop("spec", None) or pb.SandboxSpec()
+        return await self.stub.CreateSandbox(pb.CreateSandboxRequest(spec=spec, **fields), metadata=self.metadata)
+
+    async def wait_ready(self, name: str) -> pb.Sandbox:
+        request = pb.WatchSandboxRequest(name=name, stop_on_ready=True, stop_on_terminal=True)
+        last = None
+        async for event in self.stub.WatchSandbox(request, metadata=self.metadata):
+            if event.HasField("sandbox"):
+                last = event.sandbox
+        if last is None or last.status.phase != pb.SANDBOX_PHASE_READY:
+            raise RuntimeError(f"sandbox {name} did not become Ready: {last}")
+        return last
+
+    async def delete(self, name: str) -> None:
+        await self.stub.DeleteSandbox(pb.SandboxRef(name=name), metadata=self.metadata)
+
+    async def pools(self) -> pb.ListPoolsResponse:
+        return await self.stub.ListPools(pb.ListPoolsRequest(), metadata=self.metadata)
+
+
+@asynccontextmanager
+async def gateway_process(*args: str) -> AsyncIterator[GatewayProcess]:
+    """Start a gateway in a fresh state directory; SIGTERM it afterwards."""
+    with tempfile.TemporaryDirectory(prefix="ws-bench-") as tmp:
+        state = Path(tmp)
+        log = open(state / "gateway.log", "wb")  # noqa: SIM115 - closed below
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "warmshell",
+                "gateway",
+                "start",
+                "--state-dir",
+                str(state),
+                "--http-port",
+                "0",
+                "--log-level",
+                "WARNING",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not (state / "gateway.json").exists():
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((state / "gateway.log").read_text())
+                await asyncio.sleep(0.05)
+            token = (state / "api-token").read_text().strip()
+            channel = grpc.aio.insecure_channel(f"unix://{state / 'gateway.sock'}")
+            stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+            try:
+                yield GatewayProcess(state, process, stub, channel, (("authorization", f"Bearer {token}"),))
+            finally:
+                await channel.close(grace=None)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            log.close()
+
+
+def write_results(name: str, data: dict[str, Any], table: str) -> None:
+    """bench/results/<name>.json and <name>.md, both stating the command and the machine."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    meta = {
+        "command": command,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}",
+    }
+    (RESULTS / f"{name}.json").write_text(json.dumps({**meta, **data}, indent=2) + "\n")
+    header = f"# {name}\n\nCommand: `{command}`  \nDate: {meta['date']}  \nMachine: {meta['machine']}\n\n"
+    (RESULTS / f"{name}.md").write_text(header + table.strip() + "\n")
+    print(header + table)

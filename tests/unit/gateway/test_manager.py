@@ -1,0 +1,62 @@
+"""Persist-then-provision with the in-memory FakeDriver: failures leave nothing behind."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from warmshell.core.errors import InvalidArgumentError, UnavailableError
+from warmshell.drivers.base import CreateRequest
+from warmshell.drivers.fake import FakeDriver
+from warmshell.gateway.events import EventBus
+from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.sessions import SessionTable
+from warmshell.gateway.store.sqlite import open_sqlite_store
+
+
+@pytest.fixture
+async def records(tmp_path: Path) -> AsyncIterator[SandboxRecords]:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    yield SandboxRecords(store, EventBus())
+    await store.aclose()
+
+
+def manager_for(records: SandboxRecords, driver: FakeDriver) -> SandboxManager:
+    return SandboxManager(records=records, driver=driver, bus=EventBus(), sessions=SessionTable())
+
+
+CREATE = {"workspace": "", "image": "", "environment": {}, "cpu": "", "memory": "", "command": [],
+          "runtime_class_name": "", "labels": {}}  # fmt: skip
+
+
+async def test_driver_failure_removes_the_row(records: SandboxRecords) -> None:
+    def fail(request: CreateRequest) -> None:
+        raise InvalidArgumentError("spec.image", "the backend cannot pull it")
+
+    manager = manager_for(records, FakeDriver(fail))
+    with pytest.raises(InvalidArgumentError, match="cannot pull"):
+        await manager.create(name="x", **CREATE)  # type: ignore[arg-type]
+    assert await records.list() == []
+
+
+async def test_unknown_outcome_keeps_the_provisioning_row(records: SandboxRecords) -> None:
+    def unknown(request: CreateRequest) -> None:
+        raise UnavailableError("timed out talking to the backend")
+
+    manager = manager_for(records, FakeDriver(unknown))
+    with pytest.raises(UnavailableError):
+        await manager.create(name="x", **CREATE)  # type: ignore[arg-type]
+    [kept] = await records.list()
+    assert kept.name == "x"
+    assert kept.status.phase.value == "Provisioning"
+
+
+async def test_generated_names_and_proof_hash_stored(records: SandboxRecords) -> None:
+    manager = manager_for(records, FakeDriver())
+    record = await manager.create(name="", **CREATE)  # type: ignore[arg-type]
+    assert record.name.startswith("sbx-")
+    assert len(record.activation_proof_hash) == 64
+    assert record.status.timeline.requested_us <= record.status.timeline.backend_created_us
