@@ -34,6 +34,10 @@ def warmshell_env(state_dir: Path) -> dict[str, str]:
     return env
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @dataclass
 class CliGateway:
     """A running `warmshell gateway start` process and a way to run CLI commands against it."""
@@ -68,6 +72,9 @@ class CliGateway:
             stderr=subprocess.PIPE,
             text=True,
             bufsize=1,
+            # A shell runs background jobs with SIGINT ignored, and Python then never raises
+            # KeyboardInterrupt; restore the default so tests can press "Ctrl-C".
+            preexec_fn=_default_sigint,
         )
 
     def stop(self) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -103,8 +102,19 @@ async def _delete_all(gateway: Gateway) -> None:
             await gateway.driver.delete(record.id)
 
 
-def elapsed_ms(start_us: int, end_us: int) -> float:
-    return (end_us - start_us) / 1000 if start_us and end_us else float("nan")
+async def wait_pools(
+    gw: RunningGateway, predicate: Callable[[pb.ListPoolsResponse], bool], timeout: float = 30.0
+) -> pb.ListPoolsResponse:
+    """Poll ListPools (pools have no watch) until the predicate holds, or fail with the last view."""
+    last = None
+    async with asyncio.timeout(timeout):
+        while True:
+            last = await gw.stub.ListPools(pb.ListPoolsRequest(all_workspaces=True), metadata=gw.metadata)
+            if predicate(last):
+                return last
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"pools never satisfied the condition: {last}")
 
 
-__all__ = ["RunningGateway", "elapsed_ms", "running_gateway", "time"]
+def pool_named(response: pb.ListPoolsResponse, name: str) -> pb.Pool | None:
+    return next((p for p in response.pools if p.name == name), None)

@@ -101,13 +101,35 @@ class LocalDriverConfig(_Section):
 
 
 class KubernetesDriverConfig(_Section):
-    """The scale-out driver on agent-sandbox (filled in by the Kubernetes driver issues)."""
+    """The scale-out driver on agent-sandbox: each sandbox is a `Sandbox` object (one pod)."""
 
+    # Credentials: "auto" = in-cluster when KUBERNETES_SERVICE_HOST is set, else the kubeconfig
+    # (`kubeconfig`, else $KUBECONFIG, else ~/.kube/config).
+    credentials: Literal["auto", "in-cluster", "kubeconfig"] = "auto"
     kubeconfig: str = ""
+    context: str = ""
+    # Only "shared" for now: one namespace, objects named {workspace}--{name}.
+    namespace_mode: Literal["shared"] = "shared"
     namespace: str = "warmshell"
+    # The gateway's supervisor API as pods reach it (gRPC target, e.g. "warmshell.warmshell.svc:8443").
     gateway_address: str = ""
     service_account: str = "warmshell-sandbox"
     image: str = "ghcr.io/warmshell/warmshell:0.1.0"
+    image_pull_policy: Literal["", "Always", "IfNotPresent", "Never"] = ""
+    token_audience: str = "warmshell-gateway"
+    # Projected token lifetime; the kubelet rotates it at 80 %. Kubernetes accepts 600 s .. 2^32 s.
+    token_expiration_seconds: int = Field(default=3600, ge=600, le=86400)
+    # Every API call is bounded by this; watches by watch_timeout_seconds plus this.
+    api_timeout_seconds: float = Field(default=10.0, gt=0)
+    watch_timeout_seconds: int = Field(default=290, ge=1)
+    # Delays between attempts of retryable calls (429, 5xx, timeouts); the length is the retry count.
+    retry_delays_seconds: list[float] = Field(default_factory=lambda: [0.1, 0.5, 1.0, 2.0])
+    termination_grace_seconds: int = Field(default=10, ge=0)
+    # The uid the supervisor runs as (the project image's non-root user).
+    run_as_user: int = Field(default=10001, ge=1)
+    # AES-256-GCM key sealing activation proofs on Sandbox objects; "" = <state_dir>/kubernetes-proof.key.
+    # Gateways sharing a store must share this key (mount it from a Secret).
+    proof_key_file: str = ""
 
 
 class GatewayConfig(_Section):

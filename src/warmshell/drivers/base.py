@@ -93,7 +93,10 @@ class DriverSandbox:
     pool: str = ""
     miss_reason: str = ""
     message: str = ""
+    # When the backend object came to exist (for a warm sandbox: when its pool member started),
+    # and when a warm create claimed it (0 for cold ones).
     created_us: int = 0
+    claimed_us: int = 0
 
 
 @dataclass(frozen=True)

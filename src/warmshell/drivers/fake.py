@@ -119,8 +119,15 @@ class FakeDriver:
         return self._store(request.sandbox_id, InstanceId(f"fake-{request.sandbox_id[:8]}"), Allocation.COLD, "")
 
     def _store(self, sandbox_id: SandboxId, instance_id: str, allocation: Allocation, pool: str) -> DriverSandbox:
+        now = now_us()
         view = DriverSandbox(
-            sandbox_id, instance_id, BackendState.RUNNING, allocation=allocation, pool=pool, created_us=now_us()
+            sandbox_id,
+            instance_id,
+            BackendState.RUNNING,
+            allocation=allocation,
+            pool=pool,
+            created_us=now,
+            claimed_us=now if allocation == Allocation.WARM else 0,
         )
         self._sandboxes[sandbox_id] = view
         return view

@@ -15,4 +15,8 @@ def build_driver(config: GatewayConfig) -> ComputeDriver:
         from warmshell.drivers.local import LocalDriver
 
         return LocalDriver(config.local, config.paths)
+    if config.driver == "kubernetes":
+        from warmshell.drivers.kubernetes import KubernetesDriver
+
+        return KubernetesDriver(config.kubernetes, config.paths)
     raise InvalidArgumentError("driver", f"driver {config.driver!r} is not available in this build")

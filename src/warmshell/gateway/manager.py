@@ -184,6 +184,7 @@ class SandboxManager:
         status.allocation = view.allocation
         status.pool = view.pool
         status.timeline.backend_created_us = view.created_us or now_us()
+        status.timeline.claimed_us = view.claimed_us
         if view.allocation == Allocation.WARM:
             status.set_condition(Condition(type="Allocated", status="True", reason="PoolHit", message=view.pool))
         else:

@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -25,6 +24,7 @@ import grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.backoff import delays
+from warmshell.supervisor.outbox import Outbox
 from warmshell.supervisor.processes import run_streaming
 
 __all__ = ["Supervisor", "SupervisorSettings", "main"]
@@ -91,7 +91,7 @@ class Supervisor:
     def __init__(self, settings: SupervisorSettings, base_env: dict[str, str]) -> None:
         self.settings = settings
         self._base_env = base_env
-        self._outgoing: asyncio.Queue[spb.SupervisorMessage] = asyncio.Queue()
+        self._outbox = Outbox()
         self._execs: dict[str, asyncio.Task[None]] = {}
         self._token = ""
         self._token_expires_ms = 0
@@ -145,7 +145,7 @@ class Supervisor:
                 await asyncio.sleep(delay)
 
     async def _send(self, message: spb.SupervisorMessage) -> None:
-        await self._outgoing.put(message)
+        self._outbox.put(message)
 
     async def _output(self, exec_id: str, stderr: bool, data: bytes) -> None:
         await self._send(spb.SupervisorMessage(output=spb.OutputData(exec_id=exec_id, stderr=stderr, data=data)))
@@ -205,12 +205,8 @@ class Supervisor:
             )
         )
 
-        async def requests() -> AsyncIterator[spb.SupervisorMessage]:
-            yield hello
-            while True:
-                yield await self._outgoing.get()
-
-        call = self._stub.ConnectSupervisor(requests(), metadata=(("authorization", f"Bearer {self._token}"),))
+        requests = self._outbox.stream(self._outbox.new_session(), hello)
+        call = self._stub.ConnectSupervisor(requests, metadata=(("authorization", f"Bearer {self._token}"),))
         async for message in call:
             kind = message.WhichOneof("message")
             if kind == "heartbeat":

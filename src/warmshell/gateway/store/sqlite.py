@@ -3,6 +3,8 @@ worker thread, so the event loop never blocks on disk."""
 
 from __future__ import annotations
 
+import asyncio
+import builtins
 import contextlib
 import os
 import sqlite3
@@ -38,83 +40,89 @@ def _row(row: sqlite3.Row | tuple[object, ...]) -> StoredObject:
 
 
 class SqliteStore:
-    """`Store` on one SQLite file."""
+    """`Store` on one SQLite file.
+
+    Every operation runs under one asyncio lock and fetches its rows in the same worker-thread
+    hop: an open cursor from one coroutine and a commit from another would otherwise interleave on
+    the shared connection ("cannot commit transaction - SQL statements in progress")."""
 
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self._conn = conn
+        self._lock = asyncio.Lock()
+
+    async def _fetch(self, query: str, args: tuple[object, ...]) -> list[StoredObject]:
+        async with self._lock:
+            rows = await self._conn.execute_fetchall(query, args)
+        return [_row(tuple(r)) for r in rows]
 
     async def create(self, *, kind: str, id: str, name: str, workspace: str, payload: str) -> StoredObject:
         """Insert at resource_version 1."""
-        try:
-            await self._conn.execute(
-                f"INSERT INTO objects ({_COLUMNS}, updated_at_ms) VALUES (?, ?, ?, ?, 1, ?, ?)",
-                (kind, id, name, workspace, payload, now_ms()),
-            )
-            await self._conn.commit()
-        except sqlite3.IntegrityError as exc:
-            await self._conn.rollback()
-            raise AlreadyExistsError(f"{kind} {workspace}/{name} already exists") from exc
+        async with self._lock:
+            try:
+                await self._conn.execute(
+                    f"INSERT INTO objects ({_COLUMNS}, updated_at_ms) VALUES (?, ?, ?, ?, 1, ?, ?)",
+                    (kind, id, name, workspace, payload, now_ms()),
+                )
+                await self._conn.commit()
+            except sqlite3.IntegrityError as exc:
+                await self._conn.rollback()
+                raise AlreadyExistsError(f"{kind} {workspace}/{name} already exists") from exc
         return StoredObject(kind, id, name, workspace, 1, payload)
 
     async def get(self, kind: str, id: str) -> StoredObject | None:
         """Look up by id."""
-        async with self._conn.execute(
-            f"SELECT {_COLUMNS} FROM objects WHERE kind = ? AND id = ?", (kind, id)
-        ) as cursor:
-            row = await cursor.fetchone()
-        return _row(row) if row else None
+        rows = await self._fetch(f"SELECT {_COLUMNS} FROM objects WHERE kind = ? AND id = ?", (kind, id))
+        return rows[0] if rows else None
 
     async def get_by_name(self, kind: str, workspace: str, name: str) -> StoredObject | None:
         """Look up by (workspace, name)."""
-        async with self._conn.execute(
-            f"SELECT {_COLUMNS} FROM objects WHERE kind = ? AND workspace = ? AND name = ?",
-            (kind, workspace, name),
-        ) as cursor:
-            row = await cursor.fetchone()
-        return _row(row) if row else None
+        rows = await self._fetch(
+            f"SELECT {_COLUMNS} FROM objects WHERE kind = ? AND workspace = ? AND name = ?", (kind, workspace, name)
+        )
+        return rows[0] if rows else None
 
-    async def list(self, kind: str, workspace: str | None = None) -> list[StoredObject]:
+    async def list(self, kind: str, workspace: str | None = None) -> builtins.list[StoredObject]:
         """All objects of a kind, ordered by workspace and name."""
         query = f"SELECT {_COLUMNS} FROM objects WHERE kind = ?"
         args: tuple[str, ...] = (kind,)
         if workspace is not None:
             query += " AND workspace = ?"
             args = (kind, workspace)
-        async with self._conn.execute(query + " ORDER BY workspace, name", args) as cursor:
-            rows = await cursor.fetchall()
-        return [_row(r) for r in rows]
+        return await self._fetch(query + " ORDER BY workspace, name", args)
 
     async def update(self, *, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
         """Compare-and-swap the payload."""
-        async with self._conn.execute(
-            "UPDATE objects SET payload = ?, resource_version = resource_version + 1,"
-            " updated_at_ms = ? WHERE kind = ? AND id = ? AND resource_version = ?"
-            f" RETURNING {_COLUMNS}",
-            (payload, now_ms(), kind, id, expected_version),
-        ) as cursor:
-            row = await cursor.fetchone()
-        await self._conn.commit()
-        if row is None:
+        async with self._lock:
+            rows = await self._conn.execute_fetchall(
+                "UPDATE objects SET payload = ?, resource_version = resource_version + 1,"
+                " updated_at_ms = ? WHERE kind = ? AND id = ? AND resource_version = ?"
+                f" RETURNING {_COLUMNS}",
+                (payload, now_ms(), kind, id, expected_version),
+            )
+            await self._conn.commit()
+        if not rows:
             raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
-        return _row(row)
+        return _row(tuple(next(iter(rows))))
 
     async def delete(self, kind: str, id: str, expected_version: int | None = None) -> bool:
         """Delete (conditionally when expected_version is given)."""
-        if expected_version is None:
-            cursor = await self._conn.execute("DELETE FROM objects WHERE kind = ? AND id = ?", (kind, id))
-        else:
-            cursor = await self._conn.execute(
-                "DELETE FROM objects WHERE kind = ? AND id = ? AND resource_version = ?",
-                (kind, id, expected_version),
-            )
-        await self._conn.commit()
-        if cursor.rowcount == 0 and expected_version is not None and await self.get(kind, id):
+        query = "DELETE FROM objects WHERE kind = ? AND id = ?"
+        args: tuple[object, ...] = (kind, id)
+        if expected_version is not None:
+            query, args = query + " AND resource_version = ?", (kind, id, expected_version)
+        async with self._lock:
+            cursor = await self._conn.execute(query, args)
+            deleted = cursor.rowcount > 0
+            await cursor.close()
+            await self._conn.commit()
+        if not deleted and expected_version is not None and await self.get(kind, id):
             raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
-        return cursor.rowcount > 0
+        return deleted
 
     async def aclose(self) -> None:
         """Close the connection (checkpointing the WAL)."""
-        await self._conn.close()
+        async with self._lock:
+            await self._conn.close()
 
 
 async def open_sqlite_store(path: Path) -> SqliteStore:

@@ -1,0 +1,136 @@
+"""Issue 3 benchmark: warm vs cold create -> Ready on the local driver in one run, and a burst of
+concurrent creates against a pool of the same size.
+
+Warm: creates that match a profile's shape; before each create the script waits (untimed) until
+the pool has an idle member, so every sample measures a hit and not refill speed. Cold: creates
+of a shape no profile has. Burst: N concurrent creates against a pool of N, reporting how many
+were served warm and that none failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+from harness import GatewayProcess, gateway_process, summary, write_results
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+
+WARM_ENV = {"POOL": "warm"}
+BURST_ENV = {"POOL": "burst"}
+
+
+def write_profile(directory: Path, name: str, replicas: int, env: dict[str, str]) -> None:
+    lines = ["version = 1", 'workspace = "default"', f"replicas = {replicas}", 'image = ""', "[environment]"]
+    lines += [f'{k} = "{v}"' for k, v in env.items()]
+    (directory / f"{name}.toml").write_text("\n".join(lines) + "\n")
+
+
+async def idle_members(gw: GatewayProcess, pool: str) -> int:
+    response = await gw.pools()
+    return next((p.idle for p in response.pools if p.name == pool), 0)
+
+
+async def wait_idle(gw: GatewayProcess, pool: str, count: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while await idle_members(gw, pool) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pool {pool} never reached {count} idle members")
+        await asyncio.sleep(0.02)
+
+
+async def timed_create(gw: GatewayProcess, name: str, env: dict[str, str]) -> tuple[float, float, pb.Sandbox]:
+    start = time.perf_counter()
+    await gw.create(name=name, spec=pb.SandboxSpec(environment=env))
+    ready = await gw.wait_ready(name)
+    client_ms = (time.perf_counter() - start) * 1000
+    timeline = ready.status.timeline
+    return client_ms, (timeline.ready_us - timeline.requested_us) / 1000, ready
+
+
+async def sequential(gw: GatewayProcess, label: str, count: int, env: dict[str, str], pool: str | None) -> dict:
+    client, server, allocations = [], [], {"warm": 0, "cold": 0}
+    for i in range(count):
+        if pool is not None:
+            await wait_idle(gw, pool, 1)
+        c, s, ready = await timed_create(gw, f"{label}-{i}", env)
+        client.append(c)
+        server.append(s)
+        allocations[ready.status.allocation] += 1
+        await gw.delete(f"{label}-{i}")
+    return {"client_ms": summary(client), "server_ms": summary(server), "allocations": allocations}
+
+
+async def burst(gw: GatewayProcess, size: int) -> dict:
+    await wait_idle(gw, "burst", size, timeout=300)
+    start = time.perf_counter()
+    results = await asyncio.gather(
+        *(timed_create(gw, f"burst-{i}", BURST_ENV) for i in range(size)), return_exceptions=True
+    )
+    wall_ms = (time.perf_counter() - start) * 1000
+    errors = [repr(r) for r in results if isinstance(r, BaseException)]
+    ok = [r for r in results if not isinstance(r, BaseException)]
+    warm = sum(1 for _, _, s in ok if s.status.allocation == "warm")
+    for i in range(size):
+        await gw.delete(f"burst-{i}")
+    return {
+        "size": size,
+        "errors": errors,
+        "warm": warm,
+        "hit_rate": warm / size,
+        "wall_ms": wall_ms,
+        "client_ms": summary([c for c, _, _ in ok]) if ok else {},
+    }
+
+
+async def measure(count: int, pool_size: int, burst_size: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ws-pools-") as tmp:
+        pools = Path(tmp)
+        write_profile(pools, "warm", pool_size, WARM_ENV)
+        async with gateway_process("--pools", str(pools)) as gw:
+            await wait_idle(gw, "warm", pool_size)
+            warm = await sequential(gw, "warm", count, WARM_ENV, "warm")
+            cold = await sequential(gw, "cold", count, {"POOL": "none"}, None)
+            write_profile(pools, "warm", 1, WARM_ENV)  # shrink: free the machine for the burst pool
+            write_profile(pools, "burst", burst_size, BURST_ENV)
+            burst_result = await burst(gw, burst_size)
+    return {"warm": warm, "cold": cold, "burst": burst_result, "pool_size": pool_size}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--count", type=int, default=100)
+    parser.add_argument("--pool-size", type=int, default=8)
+    parser.add_argument("--burst", type=int, default=50)
+    args = parser.parse_args()
+    data = asyncio.run(measure(args.count, args.pool_size, args.burst))
+    warm, cold, burst_result = data["warm"], data["cold"], data["burst"]
+    speedup = cold["client_ms"]["p50"] / warm["client_ms"]["p50"]
+    data["cold_p50_over_warm_p50"] = speedup
+    data["targets"] = {"warm_p50_le_10ms": warm["client_ms"]["p50"] <= 10, "speedup_ge_10": speedup >= 10,
+                       "burst_no_errors": not burst_result["errors"]}  # fmt: skip
+    table = "| path | n | p50 ms | p90 ms | p99 ms | served |\n|---|---|---|---|---|---|\n"
+    for label, result in (("warm", warm), ("cold", cold)):
+        for view in ("client_ms", "server_ms"):
+            s = result[view]
+            who = "client (API call -> Ready event)" if view == "client_ms" else "server timeline"
+            table += (
+                f"| {label}, {who} | {s['n']} | {s['p50']:.2f} | {s['p90']:.2f} | {s['p99']:.2f} "
+                f"| {result['allocations']} |\n"
+            )
+    table += (
+        f"\nWarm p50 **{warm['client_ms']['p50']:.2f} ms** (target <= 10 ms); cold/warm p50 = **{speedup:.1f}x** "
+        f"(target >= 10x).\n\nBurst: {burst_result['size']} concurrent creates against a pool of "
+        f"{burst_result['size']}: {len(burst_result['errors'])} errors, {burst_result['warm']} warm "
+        f"(hit rate {burst_result['hit_rate']:.0%}), all Ready after {burst_result['wall_ms']:.0f} ms"
+        + (f"; per-create p50 {burst_result['client_ms']['p50']:.1f} ms." if burst_result["client_ms"] else ".")
+        + "\n"
+    )
+    write_results("warm_path", data, table)
+
+
+if __name__ == "__main__":
+    main()

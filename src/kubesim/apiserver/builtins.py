@@ -1,0 +1,164 @@
+"""Per-kind defaulting and validation for the built-in kinds, as their registry strategies do.
+
+Only what clients observe is modelled: pod defaults and spec immutability, namespace phase and
+label, secret ``stringData``, service cluster IPs. Everything else is stored as sent.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import itertools
+from typing import Any
+
+from kubesim.apiserver.schema import FieldError
+
+_cluster_ips = itertools.count(10)
+
+_POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds")
+
+
+def _err(field: str, reason: str, message: str) -> FieldError:
+    return {"field": field, "reason": reason, "message": message}
+
+
+def _default_container(c: dict[str, Any]) -> None:
+    c.setdefault("terminationMessagePath", "/dev/termination-log")
+    c.setdefault("terminationMessagePolicy", "File")
+    image = c.get("image", "")
+    tag = image.rsplit("/", 1)[-1]
+    latest = ":" not in tag or tag.endswith(":latest")
+    c.setdefault("imagePullPolicy", "Always" if latest and "@" not in tag else "IfNotPresent")
+    c.setdefault("resources", {})
+
+
+def default_pod(pod: dict[str, Any]) -> None:
+    """Fill the defaults the pod strategy and admission add on create."""
+    spec = pod.setdefault("spec", {})
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("enableServiceLinks", True)
+    spec.setdefault("priority", 0)
+    spec.setdefault("serviceAccountName", spec.get("serviceAccount") or "default")
+    spec.setdefault("serviceAccount", spec["serviceAccountName"])
+    for c in itertools.chain(spec.get("containers") or [], spec.get("initContainers") or []):
+        if isinstance(c, dict):
+            _default_container(c)
+    pod["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
+
+
+def _qos(spec: dict[str, Any]) -> str:
+    containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
+    resources = [c.get("resources") or {} for c in containers]
+    if not any(r.get("requests") or r.get("limits") for r in resources):
+        return "BestEffort"
+    guaranteed = all(
+        (r.get("limits") or {}).get(k)
+        and (r.get("requests") or {}).get(k, (r.get("limits") or {}).get(k)) == (r.get("limits") or {}).get(k)
+        for r in resources
+        for k in ("cpu", "memory")
+    )
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def validate_pod(pod: dict[str, Any], old: dict[str, Any] | None) -> list[FieldError]:
+    """Containers are required; on update only a few spec fields may change."""
+    spec = pod.get("spec") or {}
+    errs: list[FieldError] = []
+    containers = spec.get("containers")
+    if not containers:
+        errs.append(_err("spec.containers", "FieldValueRequired", "Required value"))
+    else:
+        for i, c in enumerate(containers):
+            if not isinstance(c, dict) or not c.get("name"):
+                errs.append(_err(f"spec.containers[{i}].name", "FieldValueRequired", "Required value"))
+            if isinstance(c, dict) and not c.get("image"):
+                errs.append(_err(f"spec.containers[{i}].image", "FieldValueRequired", "Required value"))
+    if old is not None and _masked_spec(spec) != _masked_spec(old.get("spec") or {}):
+        errs.append(
+            _err(
+                "spec",
+                "FieldValueForbidden",
+                "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,"
+                "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` "
+                "(only additions to existing tolerations),`spec.terminationGracePeriodSeconds` "
+                "(allow it to be set to 1 if it was previously negative)",
+            )
+        )
+    return errs
+
+
+def _masked_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    masked = copy.deepcopy(spec)
+    for key in _POD_MUTABLE:
+        masked.pop(key, None)
+    for key in ("containers", "initContainers"):
+        for c in masked.get(key) or []:
+            if isinstance(c, dict):
+                c.pop("image", None)
+    return masked
+
+
+def default_namespace(ns: dict[str, Any]) -> None:
+    """Namespaces start Active with the ``kubernetes`` finalizer and their name label."""
+    name = ns["metadata"]["name"]
+    ns["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+    ns.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+    ns["status"] = {"phase": "Active"}
+
+
+def default_secret(secret: dict[str, Any]) -> None:
+    """Fold ``stringData`` into base64 ``data`` and default the type, as the secret strategy does."""
+    string_data = secret.pop("stringData", None)
+    if isinstance(string_data, dict):
+        data = secret.setdefault("data", {})
+        for k, v in string_data.items():
+            data[k] = base64.b64encode(str(v).encode()).decode()
+    secret.setdefault("type", "Opaque")
+
+
+def default_service(svc: dict[str, Any]) -> None:
+    """Allocate a cluster IP and default port protocols."""
+    spec = svc.setdefault("spec", {})
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    if spec.get("clusterIP") != "None":
+        n = next(_cluster_ips)
+        spec.setdefault("clusterIP", f"10.96.{n // 250}.{n % 250 + 1}")
+    if spec.get("clusterIP"):
+        spec.setdefault("clusterIPs", [spec["clusterIP"]])
+    for port in spec.get("ports") or []:
+        if isinstance(port, dict):
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
+    svc.setdefault("status", {"loadBalancer": {}})
+
+
+def on_create(group: str, plural: str, obj: dict[str, Any]) -> None:
+    """Apply create-time defaults for a built-in kind."""
+    if group != "":
+        return
+    if plural == "pods":
+        default_pod(obj)
+    elif plural == "namespaces":
+        default_namespace(obj)
+    elif plural == "secrets":
+        default_secret(obj)
+    elif plural == "services":
+        default_service(obj)
+
+
+def on_update(group: str, plural: str, obj: dict[str, Any]) -> None:
+    """Apply update-time defaults for a built-in kind."""
+    if group == "" and plural == "secrets":
+        default_secret(obj)
+
+
+def validate(group: str, plural: str, obj: dict[str, Any], old: dict[str, Any] | None) -> list[FieldError]:
+    """Field errors for a built-in kind (empty when valid)."""
+    if group == "" and plural == "pods":
+        return validate_pod(obj, old)
+    return []

@@ -1,0 +1,422 @@
+"""The write path shared by every resource: create, update, patch and their subresources.
+
+This is the simulator's version of the generic registry store plus the per-kind strategies:
+metadata is owned by the server, status is split off when a status subresource exists,
+``generation`` moves only on spec changes, optimistic concurrency is enforced, no-op writes do not
+bump the resourceVersion, and CRD objects register the resources they define.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from kubesim.apiserver import applying, builtins, cel, crds, errors, meta, patching, scaling
+from kubesim.apiserver.resources import Registry, ResourceType
+from kubesim.apiserver.schema import FieldError
+from kubesim.apiserver.store import Store, Stored
+
+CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+APPLY = "application/apply-patch+yaml"
+PATCH_TYPES = (MERGE, JSON_PATCH, STRATEGIC, APPLY)
+_SERVER_META = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation")
+
+
+@dataclass
+class WriteOptions:
+    """Query options common to writes."""
+
+    dry_run: bool = False
+    field_validation: str = "Warn"  # Strict | Warn | Ignore
+    manager: str = ""
+    force: bool = False
+
+
+@dataclass
+class Result:
+    """A write's answer: the object (as served), the HTTP code and any warnings."""
+
+    obj: dict[str, Any]
+    code: int = 200
+    warnings: list[str] = field(default_factory=list)
+
+
+def _strip_volatile(obj: dict[str, Any]) -> dict[str, Any]:
+    # Only timestamps of managedFields entries are ignored: a change of ownership is a real write.
+    m = {k: v for k, v in obj.get("metadata", {}).items() if k not in ("resourceVersion", "managedFields")}
+    managed = obj.get("metadata", {}).get("managedFields")
+    if managed:
+        m["managedFields"] = [{k: v for k, v in e.items() if k != "time"} for e in managed]
+    return {**obj, "metadata": m}
+
+
+def _spec_part(obj: dict[str, Any], has_status: bool) -> dict[str, Any]:
+    drop = ("metadata", "status") if has_status else ("metadata",)
+    return {k: v for k, v in obj.items() if k not in drop}
+
+
+class Rest:
+    """Resource semantics over the store; synchronous so internal controllers can call it too."""
+
+    def __init__(self, store: Store, registry: Registry) -> None:
+        self.store = store
+        self.registry = registry
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def get(self, rt: ResourceType, ns: str, name: str) -> Stored:
+        """The stored object or 404."""
+        found = self.store.get(rt.group, rt.plural, ns if rt.namespaced else "", name)
+        if found is None:
+            raise errors.not_found(rt.plural, rt.group, name)
+        return found
+
+    # ---- create ------------------------------------------------------------------------------
+
+    def check_namespace(self, rt: ResourceType, ns: str, name: str) -> None:
+        """Creates need an existing namespace that is not terminating."""
+        if not rt.namespaced:
+            return
+        found = self.store.get("", "namespaces", "", ns)
+        if found is None:
+            raise errors.not_found("namespaces", "", ns)
+        if found.obj["metadata"].get("deletionTimestamp"):
+            raise errors.forbidden(
+                f'{errors.qualified(rt.plural, rt.group)} "{name}" is forbidden: '
+                f"unable to create new content in namespace {ns} because it is being terminated",
+                resource=rt.plural,
+                group=rt.group,
+            )
+
+    def create(self, rt: ResourceType, version: str, ns: str, body: Any, opts: WriteOptions) -> Result:
+        """POST: name or generateName, server-owned metadata, 201."""
+        if not isinstance(body, dict):
+            raise errors.bad_request("the body of the request must be a JSON object")
+        obj = body
+        m = meta.metadata(obj)
+        if rt.namespaced:
+            if m.get("namespace") and m["namespace"] != ns:
+                raise errors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            m["namespace"] = ns
+            self.check_namespace(rt, ns, m.get("name") or m.get("generateName", ""))
+        else:
+            m.pop("namespace", None)
+        if not m.get("name"):
+            if m.get("generateName"):
+                m["name"] = meta.generate_name(m["generateName"])
+            else:
+                raise errors.invalid(
+                    rt.kind,
+                    rt.group,
+                    "",
+                    [
+                        {
+                            "field": "metadata.name",
+                            "reason": "FieldValueRequired",
+                            "message": "Required value: name or generateName is required",
+                        }
+                    ],
+                )
+        if self.store.get(rt.group, rt.plural, m.get("namespace", ""), m["name"]) is not None:
+            raise errors.already_exists(rt.plural, rt.group, m["name"])
+        for key in (*_SERVER_META, "resourceVersion", "selfLink"):
+            m.pop(key, None)
+        m["uid"] = meta.new_uid()
+        m["creationTimestamp"] = meta.now()
+        m["generation"] = 1
+        if rt.has_status and rt.custom:
+            obj.pop("status", None)
+        return self._commit(rt, version, obj, None, opts, code=201)
+
+    # ---- update / patch ----------------------------------------------------------------------
+
+    def update(
+        self,
+        rt: ResourceType,
+        version: str,
+        ns: str,
+        name: str,
+        body: Any,
+        opts: WriteOptions,
+        *,
+        subresource: str = "",
+        is_patch: bool = False,
+    ) -> Result:
+        """PUT (and the tail of PATCH): optimistic concurrency, subresource masking."""
+        if not isinstance(body, dict):
+            raise errors.bad_request("the body of the request must be a JSON object")
+        cur = self.get(rt, ns, name)
+        m = meta.metadata(body)
+        if m.get("name") and m["name"] != name:
+            raise errors.bad_request(
+                f"the name of the object ({m['name']}) does not match the name on the URL ({name})"
+            )
+        rv = m.get("resourceVersion")
+        if rv and rv != cur.obj["metadata"]["resourceVersion"]:
+            raise errors.conflict(rt.plural, rt.group, name, errors.STALE_OBJECT)
+        if not rv and not is_patch and rt.custom:
+            raise errors.invalid(
+                rt.kind,
+                rt.group,
+                name,
+                [
+                    {
+                        "field": "metadata.resourceVersion",
+                        "reason": "FieldValueInvalid",
+                        "message": "Invalid value: 0x0: must be specified for an update",
+                    }
+                ],
+            )
+        return self._commit(rt, version, body, cur, opts, subresource=subresource)
+
+    def patch(
+        self,
+        rt: ResourceType,
+        version: str,
+        ns: str,
+        name: str,
+        content_type: str,
+        raw: bytes,
+        opts: WriteOptions,
+        *,
+        subresource: str = "",
+    ) -> Result:
+        """PATCH with any of the four patch types; apply creates when the object is missing."""
+        if content_type not in PATCH_TYPES:
+            raise errors.unsupported_media_type(content_type)
+        if content_type == STRATEGIC and rt.custom:
+            raise errors.ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types include: "
+                "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+            )
+        try:
+            body = yaml.safe_load(raw) if content_type == APPLY else _json(raw)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise errors.bad_request(f"error decoding patch: {exc}") from exc
+        av = rt.api_version(version)
+        found = self.store.get(rt.group, rt.plural, ns if rt.namespaced else "", name)
+        if found is None:
+            if content_type == APPLY and not subresource:
+                return self._apply_create(rt, version, ns, name, body, opts)
+            raise errors.not_found(rt.plural, rt.group, name)
+        if subresource == "scale":
+            return scaling.patch_scale(self, rt, version, found, content_type, body, opts)
+        base = copy.deepcopy(found.view(av))
+        if content_type == MERGE:
+            if not isinstance(body, dict):
+                raise errors.bad_request("merge patch must be a JSON object")
+            new = patching.merge_patch(base, body)
+        elif content_type == JSON_PATCH:
+            new = patching.json_patch(base, body)
+        elif content_type == STRATEGIC:
+            new = patching.strategic_merge(base, body)
+        else:
+            new = self._apply_body(rt, av, name, base, body, opts)
+        if not isinstance(new, dict):
+            raise errors.bad_request("patch produced a non-object")
+        m = meta.metadata(new)
+        rv = m.get("resourceVersion")
+        if rv != found.obj["metadata"]["resourceVersion"]:
+            raise errors.conflict(rt.plural, rt.group, name, errors.STALE_OBJECT)
+        return self.update(rt, version, ns, name, new, opts, subresource=subresource, is_patch=True)
+
+    def _apply_body(
+        self, rt: ResourceType, av: str, name: str, live: dict[str, Any] | None, body: Any, opts: WriteOptions
+    ) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise errors.bad_request("apply patch must be an object")
+        if body.get("apiVersion") != av or body.get("kind") != rt.kind:
+            raise errors.bad_request(
+                f"apply patch apiVersion/kind ({body.get('apiVersion')}/{body.get('kind')}) "
+                f"do not match the request ({av}/{rt.kind})"
+            )
+        if (body.get("metadata") or {}).get("name", name) != name:
+            raise errors.bad_request("the name of the object does not match the name on the URL")
+        return applying.apply(live, body, manager=opts.manager, force=opts.force, api_version=av)
+
+    def _apply_create(
+        self, rt: ResourceType, version: str, ns: str, name: str, body: Any, opts: WriteOptions
+    ) -> Result:
+        obj = self._apply_body(rt, rt.api_version(version), name, None, body, opts)
+        meta.metadata(obj)["name"] = name
+        return self.create(rt, version, ns, obj, opts)
+
+    # ---- the commit --------------------------------------------------------------------------
+
+    def _commit(
+        self,
+        rt: ResourceType,
+        version: str,
+        new: dict[str, Any],
+        old: Stored | None,
+        opts: WriteOptions,
+        *,
+        subresource: str = "",
+        code: int = 200,
+    ) -> Result:
+        av = rt.api_version(version)
+        if new.get("kind") not in (None, rt.kind):
+            raise errors.bad_request(
+                f"the kind in the body ({new.get('kind')}) does not match the resource ({rt.kind})"
+            )
+        if new.get("apiVersion") not in (None, av):
+            raise errors.bad_request(
+                f"the API version in the data ({new.get('apiVersion')}) does not match the expected API version ({av})"
+            )
+        new["apiVersion"] = rt.api_version()
+        new["kind"] = rt.kind
+        if old is not None:
+            new = self._carry_over(rt, new, old, subresource)
+        else:
+            builtins.on_create(rt.group, rt.plural, new)
+        warnings = self._validate(rt, version, new, old, opts)
+        if old is not None:
+            om = old.obj["metadata"]
+            m = new["metadata"]
+            if _spec_part(new, rt.has_status) != _spec_part(old.obj, rt.has_status):
+                m["generation"] = om.get("generation", 1) + 1
+            if _strip_volatile(new) == _strip_volatile(old.obj):
+                return Result(old.view(av), 200, warnings)  # no-op: no new resourceVersion, no event
+            if (
+                m.get("deletionTimestamp")
+                and not m.get("finalizers")
+                and not m.get("deletionGracePeriodSeconds")
+                and rt.key != ("", "namespaces")  # the namespace controller removes those
+            ):
+                if opts.dry_run:
+                    return Result(new, 200, warnings)
+                gone = self.store.delete(rt.group, rt.plural, old, new)
+                self.after_delete(rt, gone)
+                return Result(Stored(gone.obj).view(av), 200, warnings)
+        served = None
+        if rt.key == CRD_KEY:
+            new["status"] = crds.established_status(new, old.obj if old else None)
+            served = self._compile_crd(new)
+        if opts.dry_run:
+            return Result(new if av == new["apiVersion"] else {**new, "apiVersion": av}, code, warnings)
+        new["metadata"]["resourceVersion"] = str(self.store.next_rv())
+        stored = self.store.put(rt.group, rt.plural, new, old)
+        if served is not None:
+            self.registry.add(served)
+        return Result(stored.view(av), code, warnings)
+
+    def _compile_crd(self, crd: dict[str, Any]) -> ResourceType:
+        # Compile before storing, so a schema we cannot use is a 422 and not a half-registered CRD.
+        try:
+            return crds.to_resource(crd)
+        except (re.error, KeyError, TypeError, ValueError, cel.CelError) as exc:
+            cause = {
+                "field": "spec.versions",
+                "reason": "FieldValueInvalid",
+                "message": f'Invalid value: "object": {exc}',
+            }
+            raise errors.invalid("CustomResourceDefinition", "apiextensions.k8s.io", _name(crd), [cause]) from exc
+
+    def _carry_over(self, rt: ResourceType, new: dict[str, Any], old: Stored, subresource: str) -> dict[str, Any]:
+        om = old.obj["metadata"]
+        if subresource == "status":
+            status = new.get("status")
+            managed = new.get("metadata", {}).get("managedFields")
+            new = copy.deepcopy(old.obj)
+            if status is None:
+                new.pop("status", None)
+            else:
+                new["status"] = status
+            if managed is not None:
+                new["metadata"]["managedFields"] = managed
+            return new
+        m = new["metadata"]
+        for key in (*_SERVER_META, "name", "namespace"):
+            if key in om:
+                m[key] = om[key]
+            else:
+                m.pop(key, None)
+        m["resourceVersion"] = om["resourceVersion"]
+        if rt.has_status:
+            if "status" in old.obj:
+                new["status"] = copy.deepcopy(old.obj["status"])
+            else:
+                new.pop("status", None)
+        if om.get("deletionTimestamp"):
+            added = [f for f in m.get("finalizers") or [] if f not in (om.get("finalizers") or [])]
+            if added:
+                raise errors.invalid(
+                    rt.kind,
+                    rt.group,
+                    om["name"],
+                    [
+                        {
+                            "field": "metadata.finalizers",
+                            "reason": "FieldValueForbidden",
+                            "message": "Forbidden: no new finalizers can be added if the object "
+                            f"is being deleted, found new finalizers {added}",
+                        }
+                    ],
+                )
+        builtins.on_update(rt.group, rt.plural, new)
+        return new
+
+    def _validate(
+        self, rt: ResourceType, version: str, new: dict[str, Any], old: Stored | None, opts: WriteOptions
+    ) -> list[str]:
+        name = new["metadata"].get("name", "")
+        causes: list[FieldError] = []
+        warnings: list[str] = []
+        for message in meta.name_errors(name, label=rt.plural == "namespaces"):
+            causes.append(
+                {
+                    "field": "metadata.name",
+                    "reason": "FieldValueInvalid",
+                    "message": f'Invalid value: "{name}": {message}',
+                }
+            )
+        causes.extend(meta.metadata_errors(new["metadata"]))
+        info = rt.versions.get(version)
+        if info is not None and info.schema is not None:
+            errs, pruned = info.schema.admit(new, old.obj if old is not None else None)
+            causes.extend(errs)
+            if pruned and opts.field_validation == "Strict":
+                unknown = ", ".join(f'unknown field "{p}"' for p in pruned)
+                raise errors.bad_request(
+                    f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: '
+                    f"strict decoding error: {unknown}"
+                )
+            if opts.field_validation == "Warn":
+                warnings.extend(f'unknown field "{p}"' for p in pruned)
+            if info.deprecated:
+                warnings.append(info.deprecation_warning)
+        causes.extend(builtins.validate(rt.group, rt.plural, new, old.obj if old else None))
+        if rt.key == CRD_KEY:
+            causes.extend(crds.validate(new))
+        if causes:
+            raise errors.invalid(rt.kind, rt.group, name, causes)
+        return warnings
+
+    def after_delete(self, rt: ResourceType, gone: Stored) -> None:
+        if rt.key == CRD_KEY:
+            spec = gone.obj["spec"]
+            group, plural = spec["group"], spec["names"]["plural"]
+            for instance in list(self.store.iter(group, plural, None)):
+                self.store.delete(group, plural, instance)
+            self.registry.remove(spec["group"], spec["names"]["plural"])
+            self.store.drop_bucket(spec["group"], spec["names"]["plural"])
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str(obj.get("metadata", {}).get("name", ""))
+
+
+def _json(raw: bytes) -> Any:
+    return json.loads(raw or b"null")

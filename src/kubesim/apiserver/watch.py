@@ -1,0 +1,200 @@
+"""Watch streams: one ``Watcher`` per open watch, fed synchronously by the store on each write.
+
+Events are queued as ready-made JSON lines, so delivery costs one socket write per batch. A
+watcher that falls too far behind is closed (the client re-watches), like a slow consumer on a
+real server. Bookmarks carry the current cluster resourceVersion, which is safe because the store
+enqueues every earlier event of the resource before a bookmark is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from kubesim.apiserver.selectors import Predicate
+from kubesim.apiserver.store import Event, Store, Stored, dumps
+
+MAX_BACKLOG = 100_000
+
+
+def expired_status(since: int, oldest: int) -> dict[str, Any]:
+    """The Status a watch gets when its resourceVersion fell out of the window."""
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f"too old resource version: {since} ({oldest + 1})",
+        "reason": "Expired",
+        "code": 410,
+    }
+
+
+class Watcher:
+    """A subscriber that filters events for one watch and queues their wire lines."""
+
+    def __init__(
+        self,
+        *,
+        namespace: str | None,
+        predicate: Predicate | None,
+        api_version: str | None,
+        user: str = "",
+        after: int = 0,
+        render: Callable[[str, Stored], bytes] | None = None,
+    ) -> None:
+        self.namespace = namespace
+        # Events at or below this resourceVersion were already seen (a watch from a future version).
+        self.after = after
+        # Set when the client asked for Tables: each event's object is then rendered per watcher.
+        self.render = render
+        self.predicate = predicate
+        self.api_version = api_version
+        self.user = user
+        self.lines: deque[bytes] = deque()
+        self.closed = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def _matches(self, stored: Stored | None) -> bool:
+        if stored is None:
+            return False
+        if self.namespace is not None and stored.obj["metadata"].get("namespace") != self.namespace:
+            return False
+        return self.predicate is None or self.predicate(stored.obj)
+
+    def offer(self, event: Event) -> None:
+        """Queue the event as this watch should see it (selectors can turn it into ADDED/DELETED)."""
+        if self.closed or event.rv <= self.after:
+            return
+        if event.type == "DELETED":
+            kind = "DELETED" if self._matches(event.new) else None
+        else:
+            now = self._matches(event.new)
+            before = event.type == "MODIFIED" and self._matches(event.old)
+            kind = ("MODIFIED" if before else "ADDED") if now else ("DELETED" if before else None)
+        if kind is None:
+            return
+        self.push(self.render(kind, event.new) if self.render else event.wire(kind, self.api_version))
+
+    def added(self, stored: Stored) -> None:
+        """Queue a synthetic ADDED event for an object that existed when the watch began."""
+        if self.render is not None:
+            self.push(self.render("ADDED", stored))
+        else:
+            self.push(b'{"type":"ADDED","object":' + stored.encoded(self.api_version) + b"}\n")
+
+    def push(self, line: bytes) -> None:
+        """Queue a raw line; a watcher too far behind is closed instead."""
+        if len(self.lines) >= MAX_BACKLOG:
+            self.close()
+            return
+        self.lines.append(line)
+        self._wake()
+
+    def close(self, error: dict[str, Any] | None = None) -> None:
+        """End the stream, after an optional ERROR event."""
+        if self.closed:
+            return
+        if error is not None:
+            self.lines.append(b'{"type":"ERROR","object":' + dumps(error) + b"}\n")
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self, deadline: float) -> None:
+        """Return when a line is queued, the watch closes, or ``deadline`` (loop time) passes."""
+        if self.lines or self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        handle = loop.call_at(deadline, self._wake)
+        try:
+            await self._waiter
+        finally:
+            handle.cancel()
+            self._waiter = None
+
+
+def bookmark(kind: str, api_version: str, rv: int, *, initial_end: bool = False) -> bytes:
+    """A BOOKMARK line: only kind, apiVersion and metadata.resourceVersion are meaningful."""
+    metadata: dict[str, Any] = {"resourceVersion": str(rv), "creationTimestamp": None}
+    if initial_end:
+        metadata["annotations"] = {"k8s.io/initial-events-end": "true"}
+    return (
+        b'{"type":"BOOKMARK","object":'
+        + dumps({"kind": kind, "apiVersion": api_version, "metadata": metadata})
+        + b"}\n"
+    )
+
+
+async def stream(
+    request: web.Request,
+    watcher: Watcher,
+    *,
+    store: Store,
+    kind: str,
+    api_version: str,
+    duration: float,
+    bookmarks: bool,
+    bookmark_interval: float,
+) -> web.StreamResponse:
+    """Serve a subscribed watcher as a chunked ``application/json`` watch stream."""
+    resp = web.StreamResponse(status=200)
+    resp.content_type = "application/json"
+    resp.headers["Transfer-Encoding"] = "chunked"
+    await resp.prepare(request)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + duration
+    try:
+        await _pump(
+            resp,
+            watcher,
+            store=store,
+            kind=kind,
+            api_version=api_version,
+            end=end,
+            bookmarks=bookmarks,
+            bookmark_interval=bookmark_interval,
+        )
+    except ConnectionResetError:
+        return resp  # the client went away; nothing left to tell it
+    await resp.write_eof()
+    return resp
+
+
+async def _pump(
+    resp: web.StreamResponse,
+    watcher: Watcher,
+    *,
+    store: Store,
+    kind: str,
+    api_version: str,
+    end: float,
+    bookmarks: bool,
+    bookmark_interval: float,
+) -> None:
+    loop = asyncio.get_running_loop()
+    next_bookmark = loop.time() + bookmark_interval
+    while True:
+        if watcher.lines:
+            batch = b"".join(watcher.lines)
+            watcher.lines.clear()
+            await resp.write(batch)
+            continue
+        if watcher.closed:
+            break
+        now = loop.time()
+        if now >= end:
+            break
+        if bookmarks and now >= next_bookmark:
+            watcher.push(bookmark(kind, api_version, store.rv))
+            next_bookmark = now + bookmark_interval
+            continue
+        await watcher.wait(min(end, next_bookmark) if bookmarks else end)

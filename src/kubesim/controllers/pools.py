@@ -1,0 +1,184 @@
+"""Pure decisions of the SandboxWarmPool controller (notes §10): the shape of a warm Sandbox, which
+members are active, stale or surplus, how many to create, and the pool's status."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+from kubesim.controllers import labels as L
+from kubesim.controllers import objects as o
+from kubesim.controllers.hashing import json_hash, name_hash
+
+Obj = dict[str, Any]
+
+#: Upstream creates at most this many Sandboxes per reconcile round.
+MAX_BATCH = 300
+
+
+def blueprint(template: Obj) -> Obj:
+    """The ``SandboxBlueprint`` part of a template spec (what a Sandbox spec is copied from)."""
+    spec = template.get("spec", {})
+    out: Obj = {"podTemplate": o.deep(spec.get("podTemplate") or {})}
+    if spec.get("volumeClaimTemplates"):
+        out["volumeClaimTemplates"] = o.deep(spec["volumeClaimTemplates"])
+    if spec.get("service") is not None:
+        out["service"] = spec["service"]
+    return out
+
+
+def template_hashes(template: Obj) -> tuple[str, str]:
+    """(pod-template hash, blueprint hash) — opaque, compared only for equality."""
+    bp = blueprint(template)
+    return json_hash(bp["podTemplate"]), json_hash(bp)
+
+
+def apply_secure_defaults(pod_spec: Obj, template: Obj) -> None:
+    """``ApplySandboxSecureDefaults`` (notes §4), in place."""
+    tspec = template.get("spec", {})
+    if "automountServiceAccountToken" not in pod_spec:
+        pod_spec["automountServiceAccountToken"] = False
+    managed = (tspec.get("networkPolicyManagement") or "Managed") == "Managed"
+    if managed and tspec.get("networkPolicy") is None and not pod_spec.get("dnsPolicy"):
+        pod_spec["dnsPolicy"] = "None"
+        pod_spec["dnsConfig"] = {"nameservers": ["8.8.8.8", "1.1.1.1"]}
+
+
+def build_warm_sandbox(pool: Obj, template: Obj) -> Obj:
+    """``buildSandboxCR``: a pool-owned Sandbox (notes §10.2), with ``generateName: <pool>-``."""
+    pod_hash, bp_hash = template_hashes(template)
+    pool_name, tname = o.name_of(pool), o.name_of(template)
+    hash_labels = {
+        L.WARM_POOL_SANDBOX: name_hash(pool_name),
+        L.TEMPLATE_REF_HASH: name_hash(tname),
+        L.POD_TEMPLATE_HASH: pod_hash,
+        L.TEMPLATE_HASH: bp_hash,
+    }
+    spec = blueprint(template)
+    ptmeta = spec["podTemplate"].setdefault("metadata", {})
+    ptmeta["labels"] = {**(ptmeta.get("labels") or {}), **hash_labels}
+    annos = dict(ptmeta.get("annotations") or {})
+    annos.setdefault(L.SAFE_TO_EVICT, "true")
+    ptmeta["annotations"] = annos
+    apply_secure_defaults(spec["podTemplate"].setdefault("spec", {}), template)
+    return {
+        "apiVersion": L.SANDBOX_API_VERSION,
+        "kind": "Sandbox",
+        "metadata": {
+            "generateName": f"{pool_name}-",
+            "namespace": o.namespace_of(pool),
+            "labels": {**hash_labels, L.LAUNCH_TYPE: "warm", L.CREATED_BY: "controller"},
+            "annotations": {L.TEMPLATE_REF_ANNOTATION: tname},
+            "ownerReferences": [o.owner_reference(pool)],
+        },
+        "spec": spec,
+    }
+
+
+def _semantic(spec: Obj) -> str:
+    pod_spec = (spec.get("podTemplate") or {}).get("spec") or {}
+    return json_hash([pod_spec, spec.get("volumeClaimTemplates") or [], spec.get("service")])
+
+
+def is_stale(sandbox: Obj, template: Obj) -> bool:
+    """A member no longer matches the template; metadata-only template edits never count."""
+    sb_labels = o.labels_of(sandbox)
+    if sb_labels.get(L.TEMPLATE_REF_HASH) != name_hash(o.name_of(template)):
+        return True
+    _, bp_hash = template_hashes(template)
+    if sb_labels.get(L.TEMPLATE_HASH) == bp_hash:
+        return False
+    want = blueprint(template)
+    apply_secure_defaults(want["podTemplate"].setdefault("spec", {}), template)
+    return _semantic(sandbox.get("spec") or {}) != _semantic(want)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolPlan:
+    """What one reconcile of a pool should do."""
+
+    create: int
+    delete: list[Obj]
+    status: Obj
+    #: Seconds until a not-Ready member reaches the readiness grace period (then it is replaced).
+    recheck_in: float | None = None
+
+
+def plan_pool(
+    pool: Obj,
+    members: list[Obj],
+    template: Obj | None,
+    *,
+    unobserved: int,
+    now: datetime.datetime | None = None,
+    readiness_grace: float = 300.0,
+) -> PoolPlan:
+    """Decide creates/deletes for ``pool`` from the Sandboxes carrying its label.
+
+    ``unobserved`` counts creates/deletes this controller issued that the watch has not shown yet;
+    while any are outstanding nothing new is created or deleted (the expectations gate that
+    prevents over-creation, upstream #1215).
+    """
+    pool_uid = o.uid_of(pool)
+    owned = [m for m in members if o.is_controlled_by(m, pool_uid)]
+    terminating = [m for m in owned if o.is_deleting(m)]
+    active = [m for m in owned if not o.is_deleting(m)]
+    delete: list[Obj] = []
+    strategy = (pool.get("spec", {}).get("updateStrategy") or {}).get("type") or "OnReplenish"
+    if template is not None and strategy == "Recreate":
+        stale = [m for m in active if is_stale(m, template)]
+        delete.extend(stale)
+        active = [m for m in active if all(m is not x for x in stale)]
+    recheck_in: float | None = None
+    if now is not None:
+        # Members stuck not-Ready past the grace period are replaced (kubesim's scheduler never
+        # leaves a pod Unschedulable, so upstream's "hold" case does not arise).
+        for member in list(active):
+            if o.condition_true(member, "Ready"):
+                continue
+            created = o.parse_time(member.get("metadata", {}).get("creationTimestamp"))
+            if created is None:
+                continue
+            left = readiness_grace - (now - created).total_seconds()
+            if left <= 0:
+                delete.append(member)
+                active.remove(member)
+            else:
+                recheck_in = left if recheck_in is None else min(recheck_in, left)
+    desired = int(pool.get("spec", {}).get("replicas", 1))
+    create = 0
+    if unobserved == 0:
+        deficit = desired - len(active) - len(terminating)
+        if deficit > 0 and template is not None:
+            create = min(deficit, MAX_BATCH)
+        elif len(active) > desired:
+            delete.extend(_surplus(active, len(active) - desired))
+    doomed = {id(m) for m in delete}
+    status = pool_status(pool, [m for m in active if id(m) not in doomed])
+    return PoolPlan(create=create, delete=delete, status=status, recheck_in=recheck_in)
+
+
+def _surplus(active: list[Obj], count: int) -> list[Obj]:
+    """Scale down: not-Ready members first, then the newest."""
+
+    def key(m: Obj) -> tuple[int, str]:
+        ready = o.condition_true(m, "Ready")
+        created = str(m.get("metadata", {}).get("creationTimestamp") or "")
+        return (1 if ready else 0, _invert(created))
+
+    return sorted(active, key=key)[:count]
+
+
+def _invert(text: str) -> str:
+    # Newest first within a readiness class: sort on the timestamp inverted character by character.
+    return "".join(chr(0x10FFFF - ord(c)) for c in text)
+
+
+def pool_status(pool: Obj, active: list[Obj]) -> Obj:
+    return {
+        "replicas": len(active),
+        "readyReplicas": sum(1 for m in active if o.condition_true(m, "Ready")),
+        "selector": f"{L.WARM_POOL_SANDBOX}={name_hash(o.name_of(pool))}",
+        "observedGeneration": int(pool.get("metadata", {}).get("generation") or 0),
+    }

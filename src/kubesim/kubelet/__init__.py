@@ -1,0 +1,1 @@
+"""kubesim's kubelet and scheduler: pods become real local processes (see ``kubelet.kubelet``)."""

@@ -1,0 +1,101 @@
+"""Image → local command registry. kubesim has no container engine: an image reference decides which
+local program a container runs.
+
+A rule maps an image glob (``fnmatch``) to an *entrypoint* (argv list). The container's argv is
+``command + args`` when the pod sets ``command`` (like a container runtime, ``command`` replaces
+the image entrypoint) unless the rule says ``overrideCommand``, in which case the rule's entrypoint
+always runs, followed by the container's ``args``. With no ``command``, argv is
+``entrypoint + args``. An image matching no rule can still run a container that sets ``command``;
+without one the container cannot start (``ErrImagePull``).
+
+Callers pass a dict to ``kubesim.cluster.running_cluster(image_map=...)``; ``kubesim serve`` reads a
+file named by the ``KUBESIM_IMAGE_MAP`` environment variable (JSON if it ends in ``.json``, else
+YAML)::
+
+    {"ghcr.io/warmshell/warmshell:*": {"entrypoint": ["python", "-m", "warmshell", "supervisor"],
+                                      "overrideCommand": true},
+     "busybox*": []}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import pathlib
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRule:
+    entrypoint: tuple[str, ...] = ()
+    override_command: bool = False
+
+
+#: Images that behave like a shell toolbox: their commands (``sh -c …``, ``sleep``) run on the host.
+DEFAULT_RULES: dict[str, ImageRule] = {
+    # The warmshell image's entry point is its supervisor; run it with this interpreter (a command
+    # line only: kubesim does not import warmshell). Callers may map the image differently.
+    "ghcr.io/warmshell/warmshell:*": ImageRule((sys.executable, "-m", "warmshell", "supervisor")),
+    "busybox*": ImageRule(("sh",)),
+    "docker.io/library/busybox*": ImageRule(("sh",)),
+    "alpine*": ImageRule(("sh",)),
+    "docker.io/library/alpine*": ImageRule(("sh",)),
+    "registry.k8s.io/pause*": ImageRule(("sleep", "infinity")),
+}
+
+
+class ImageNotMapped(Exception):
+    """No rule for the image and the container sets no command."""
+
+
+class ImageMap:
+    """Ordered rules; the first matching pattern wins, caller rules before the defaults."""
+
+    def __init__(self, rules: Mapping[str, ImageRule | list[str] | Mapping[str, Any]] | None = None):
+        self._rules: list[tuple[str, ImageRule]] = [(pattern, _coerce(rule)) for pattern, rule in (rules or {}).items()]
+        self._rules.extend(DEFAULT_RULES.items())
+
+    @classmethod
+    def from_file(cls, path: str | pathlib.Path) -> ImageMap:
+        text = pathlib.Path(path).read_text()
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of image pattern to rule")
+        return cls(data)
+
+    def rule_for(self, image: str) -> ImageRule | None:
+        for pattern, rule in self._rules:
+            if fnmatch.fnmatchcase(image, pattern):
+                return rule
+        return None
+
+    def argv(self, container: Mapping[str, Any]) -> list[str]:
+        """The local argv for a pod container."""
+        image = str(container.get("image") or "")
+        command = [str(c) for c in container.get("command") or []]
+        args = [str(a) for a in container.get("args") or []]
+        rule = self.rule_for(image)
+        if rule is not None and (rule.override_command or not command):
+            argv = [*rule.entrypoint, *args]
+            if not argv:
+                raise ImageNotMapped(f"image {image!r} has an empty entrypoint and no args")
+            return argv
+        if command:
+            return command + args
+        raise ImageNotMapped(f"no local command for image {image!r} (see kubesim image map)")
+
+
+def _coerce(rule: ImageRule | list[str] | Mapping[str, Any]) -> ImageRule:
+    if isinstance(rule, ImageRule):
+        return rule
+    if isinstance(rule, list | tuple):
+        return ImageRule(tuple(str(x) for x in rule))
+    return ImageRule(
+        tuple(str(x) for x in rule.get("entrypoint") or []),
+        bool(rule.get("overrideCommand", False)),
+    )

@@ -1,0 +1,339 @@
+"""A pod worker: runs one Pod's containers as local processes and reports its status.
+
+Flow (as the real kubelet): volumes are materialised (tokens fetched) → after the container start
+delay init containers run to completion in order → app containers start; the pod is Running once
+one has started and Ready when all are ready (a readiness probe, or "alive" after the readiness
+delay) → containers that exit restart per ``restartPolicy`` (a new process, same pod directory) →
+when none will run again the pod is Succeeded or Failed. Status writes are serialised through one
+task that always sends the latest state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import pathlib
+import shutil
+from typing import Any
+
+from kubesim.controllers import client as kc
+from kubesim.controllers import objects as o
+from kubesim.kubelet import containers, probes, volumes
+from kubesim.kubelet.images import ImageMap, ImageNotMapped
+from kubesim.timing import Timing
+
+Obj = dict[str, Any]
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PodContext:
+    """What every pod worker shares."""
+
+    api: kc.KubeClient
+    image_map: ImageMap
+    timing: Timing
+    root: pathlib.Path
+    base_env: dict[str, str]
+
+
+class PodWorker:
+    def __init__(self, ctx: PodContext, pod: Obj, *, node: str, ip: str) -> None:
+        self.ctx = ctx
+        self.pod = pod
+        self.uid = o.uid_of(pod)
+        self.node = node
+        self.ip = ip
+        meta = pod["metadata"]
+        self.dir = ctx.root / f"{meta['namespace']}_{meta['name']}_{self.uid[:8]}"
+        spec = pod.get("spec", {})
+        self.init_specs: list[Obj] = list(spec.get("initContainers") or [])
+        self.specs: list[Obj] = list(spec.get("containers") or [])
+        self.states = {c["name"]: containers.ContainerState(c["name"], c.get("image", "")) for c in self.specs}
+        self.init_states = {
+            c["name"]: containers.ContainerState(c["name"], c.get("image", "")) for c in self.init_specs
+        }
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.initialized = not self.init_specs
+        self.ever_started = False
+        self.stopping = False
+        self.with_ip = False
+        self.start_time = o.rfc3339(o.now())
+        self._ltt: dict[str, tuple[str, str]] = {}
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._volume_dirs: dict[str, pathlib.Path] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._main(), name=f"pod:{self.uid}"))
+        self._tasks.append(asyncio.create_task(self._status_loop(), name=f"status:{self.uid}"))
+
+    async def stop(self, grace: float, *, report: bool = False) -> None:
+        """Stop every process (SIGTERM, then SIGKILL after ``grace``) and drop the pod directory."""
+        self.stopping = True
+        await asyncio.gather(
+            *(containers.stop_process(p, grace) for p in list(self.procs.values())),
+            return_exceptions=True,
+        )
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if report:
+            await self._write_status()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def kill_now(self) -> None:
+        """Synchronous last resort (interpreter shutdown): SIGKILL every process group."""
+        for proc in self.procs.values():
+            containers.signal_group(proc, 9)
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    # -- main flow -------------------------------------------------------------------------------
+    async def _main(self) -> None:
+        refresher: asyncio.Task[None] | None = None
+        try:
+            self.changed()  # Pending, ContainerCreating
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._volume_dirs, writers = await self._materialise()
+            refresher = asyncio.create_task(volumes.refresh_tokens(writers, _token_lifetime(self.pod)))
+            await asyncio.sleep(self.ctx.timing.container_start_delay)
+            self.with_ip = True
+            for spec in self.init_specs:
+                if not await self._run_init(spec):
+                    self.changed()
+                    await asyncio.Event().wait()  # init failed for good: pod Failed, stay put
+            self.initialized = True
+            async with asyncio.TaskGroup() as tg:
+                for spec in self.specs:
+                    tg.create_task(self._run_container(spec, self.states[spec["name"]]))
+            self.changed()
+        finally:
+            if refresher is not None:
+                refresher.cancel()
+
+    async def _materialise(self) -> tuple[dict[str, pathlib.Path], list[volumes.TokenWriter]]:
+        """Volumes, retried until they can be built (a missing ConfigMap may appear later)."""
+        while True:
+            try:
+                return await volumes.materialise(self.ctx.api, self.pod, self.dir)
+            except (kc.ApiError, OSError, KeyError) as exc:
+                for state in self.states.values():
+                    state.waiting_reason, state.waiting_message = "CreateContainerConfigError", str(exc)
+                self.changed()
+                log.warning("pod %s: volumes not ready: %s", self.uid, exc)
+                await asyncio.sleep(max(self.ctx.timing.restart_backoff, 0.05))
+
+    def _restart_policy(self) -> str:
+        return str(self.pod.get("spec", {}).get("restartPolicy") or "Always")
+
+    async def _prepare(
+        self, spec: Obj, state: containers.ContainerState
+    ) -> tuple[list[str], dict[str, str], pathlib.Path] | None:
+        try:
+            argv = self.ctx.image_map.argv(spec)
+            env = await volumes.container_env(self.ctx.api, self._status_view(), spec, self._base_env())
+        except ImageNotMapped as exc:
+            state.waiting_reason, state.waiting_message = "ErrImagePull", str(exc)
+            self.changed()
+            return None
+        except (kc.ApiError, KeyError) as exc:
+            state.waiting_reason, state.waiting_message = "CreateContainerConfigError", str(exc)
+            self.changed()
+            return None
+        argv = [volumes.expand(a, env) for a in argv]
+        volumes.mount(self.dir, spec, self._volume_dirs)
+        cwd = volumes.host_path(self.dir, spec["workingDir"]) if spec.get("workingDir") else self.dir
+        cwd.mkdir(parents=True, exist_ok=True)
+        return argv, env, cwd
+
+    async def _run_once(self, spec: Obj, state: containers.ContainerState, *, probe: bool) -> int | None:
+        """Run the container process once; its exit code, or None if it could not be configured."""
+        prepared = await self._prepare(spec, state)
+        if prepared is None:
+            return None
+        argv, env, cwd = prepared
+        started = o.rfc3339(o.now())
+        try:
+            proc = await containers.start_process(
+                argv, env=env, cwd=cwd, log_path=self.dir / ".logs" / f"{spec['name']}.log"
+            )
+        except OSError as exc:
+            state.terminated = containers.terminated(128, started, reason="StartError")
+            state.terminated["message"] = str(exc)
+            self.changed()
+            return 128
+        self.procs[spec["name"]] = proc
+        state.pid, state.started_at = proc.pid, started
+        state.waiting_reason, state.terminated = None, None
+        self.ever_started = True
+        self.changed()
+        readiness = asyncio.create_task(self._readiness(spec, state, env, cwd)) if probe else None
+        try:
+            code = await proc.wait()
+        finally:
+            if readiness is not None:
+                readiness.cancel()
+        # A negative return code means "killed by signal N": report it as 128+N like runtimes do.
+        code = 128 - code if code < 0 else code
+        state.ready = False
+        state.terminated = containers.terminated(code, started)
+        self.changed()
+        return code
+
+    async def _run_container(self, spec: Obj, state: containers.ContainerState) -> None:
+        policy = self._restart_policy()
+        while True:
+            code = await self._run_once(spec, state, probe=True)
+            if code is None:
+                await asyncio.sleep(self.ctx.timing.restart_backoff)
+                continue
+            if self.stopping:
+                return
+            if not (policy == "Always" or (policy == "OnFailure" and code != 0)):
+                return
+            state.last_terminated, state.terminated = state.terminated, None
+            state.waiting_reason = "CrashLoopBackOff"
+            self.changed()
+            await asyncio.sleep(self.ctx.timing.restart_backoff)
+            state.restart_count += 1
+
+    async def _run_init(self, spec: Obj) -> bool:
+        state = self.init_states[spec["name"]]
+        while True:
+            code = await self._run_once(spec, state, probe=False)
+            if code == 0:
+                return True
+            if code is not None and self._restart_policy() == "Never":
+                return False
+            await asyncio.sleep(self.ctx.timing.restart_backoff)
+            if code is not None:
+                state.last_terminated, state.terminated = state.terminated, None
+                state.restart_count += 1
+
+    async def _readiness(
+        self, spec: Obj, state: containers.ContainerState, env: dict[str, str], cwd: pathlib.Path
+    ) -> None:
+        rp = spec.get("readinessProbe")
+        if not rp:
+            await asyncio.sleep(self.ctx.timing.readiness_delay)
+            state.ready = True
+            self.changed()
+            return
+        await asyncio.sleep(float(rp.get("initialDelaySeconds") or 0))
+        period = float(rp.get("periodSeconds") or self.ctx.timing.probe_period)
+        need_ok, need_fail = int(rp.get("successThreshold") or 1), int(rp.get("failureThreshold") or 3)
+        oks = fails = 0
+        while True:
+            if await probes.probe(rp, spec, env, str(cwd)):
+                oks, fails = oks + 1, 0
+                if oks >= need_ok and not state.ready:
+                    state.ready = True
+                    self.changed()
+            else:
+                oks, fails = 0, fails + 1
+                if fails >= need_fail and state.ready:
+                    state.ready = False
+                    self.changed()
+            await asyncio.sleep(period)
+
+    # -- status ----------------------------------------------------------------------------------
+    def _base_env(self) -> dict[str, str]:
+        env = dict(self.ctx.base_env)
+        env["KUBESIM_POD_ROOT"] = str(self.dir)
+        env["KUBESIM_VOLUME_ROOT"] = str(self.dir)
+        env.setdefault("HOSTNAME", o.name_of(self.pod))
+        return env
+
+    def _status_view(self) -> Obj:
+        """The pod as the downward API sees it (our IP and node may not be written back yet)."""
+        view: Obj = o.deep(self.pod)
+        view.setdefault("spec", {})["nodeName"] = self.node
+        view.setdefault("status", {}).update({"podIP": self.ip, "podIPs": [{"ip": self.ip}], "hostIP": "127.0.0.1"})
+        return view
+
+    def phase(self) -> str:
+        """Pod phase: Failed/Succeeded once no container will run again, Running once one has
+        started (restarts included), else Pending."""
+        policy = self._restart_policy()
+        failed_init = any(s.terminated is not None and s.terminated["exitCode"] != 0 for s in self.init_states.values())
+        if failed_init and policy == "Never":
+            return "Failed"
+        main = list(self.states.values())
+        codes = [s.terminated["exitCode"] for s in main if s.terminated is not None]
+        all_done = bool(main) and len(codes) == len(main) and self.initialized
+        no_restart = policy == "Never" or (policy == "OnFailure" and all(c == 0 for c in codes))
+        if all_done and no_restart:
+            return "Succeeded" if all(c == 0 for c in codes) else "Failed"
+        if self.ever_started and self.initialized and any(s.started_at for s in main):
+            return "Running"
+        return "Pending"
+
+    def _condition(self, ctype: str, status: bool) -> Obj:
+        value = "True" if status else "False"
+        prev = self._ltt.get(ctype)
+        if prev is None or prev[0] != value:
+            prev = (value, o.rfc3339(o.now()))
+            self._ltt[ctype] = prev
+        return {"type": ctype, "status": value, "lastTransitionTime": prev[1]}
+
+    def status(self) -> Obj:
+        phase = self.phase()
+        running = phase == "Running"
+        all_ready = running and all(s.ready for s in self.states.values())
+        status: Obj = {
+            "phase": phase,
+            "conditions": [
+                self._condition("Initialized", self.initialized),
+                self._condition("Ready", all_ready),
+                self._condition("ContainersReady", all_ready),
+                self._condition("PodScheduled", True),
+            ],
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "startTime": self.start_time,
+            "qosClass": "BestEffort",
+            "containerStatuses": [self.states[c["name"]].status(self.uid) for c in self.specs],
+        }
+        if self.init_specs:
+            status["initContainerStatuses"] = [self.init_states[c["name"]].status(self.uid) for c in self.init_specs]
+        if self.with_ip:
+            status["podIP"] = self.ip
+            status["podIPs"] = [{"ip": self.ip}]
+        return status
+
+    async def _status_loop(self) -> None:
+        last: Obj | None = None
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            current = self.status()
+            if current != last:
+                with contextlib.suppress(kc.ApiError):
+                    await self._write_status(current)
+                last = current
+
+    async def _write_status(self, status: Obj | None = None) -> None:
+        meta = self.pod["metadata"]
+        try:
+            await self.ctx.api.patch(
+                kc.PODS, meta["namespace"], meta["name"], {"status": status or self.status()}, sub="status"
+            )
+        except kc.ApiError as exc:
+            if not exc.not_found:
+                raise
+
+
+def _token_lifetime(pod: Obj) -> int:
+    lifetimes = [
+        int(src["serviceAccountToken"].get("expirationSeconds") or 3600)
+        for v in pod.get("spec", {}).get("volumes") or []
+        for src in (v.get("projected") or {}).get("sources") or []
+        if "serviceAccountToken" in src
+    ]
+    return min(lifetimes) if lifetimes else 3600

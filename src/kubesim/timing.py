@@ -1,0 +1,78 @@
+"""Timing knobs for kubesim's controllers and kubelet.
+
+A real cluster is slow in specific places (API round trips, controller queueing, scheduling, container
+start); warmshell's benchmarks and timeouts must be exercised against those delays, while tests want
+them near zero. ``DEFAULT`` follows the agent-sandbox measurements (notes §14 and §17 G); ``FAST``
+keeps every behaviour but collapses the waits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Timing:
+    """Delays in seconds. Zero means "as fast as the event loop allows"."""
+
+    #: Added to every API request by the API server's latency fault injection.
+    api_latency: float = 0.005
+    #: Between a watch event and the reconcile it triggers (workqueue + informer lag).
+    reconcile_delay: float = 0.005
+    #: Pod created → bound to a node (upstream: tens of ms, ~70 pods/s).
+    scheduling_delay: float = 0.015
+    #: Pod bound → container process started and pod Running (cached image, runc: ~2.5-3.5 s).
+    container_start_delay: float = 2.5
+    #: Container running → pod Ready when there is no readiness probe.
+    readiness_delay: float = 0.1
+    #: Period of readiness probes when a pod has none of its own settings.
+    probe_period: float = 1.0
+    #: Back-off before restarting an exited container (kubelet: 10 s doubling; we keep it flat).
+    restart_backoff: float = 1.0
+    #: How long a claim waits for warm candidates without pod IPs before going cold.
+    warm_candidate_grace: float = 2.0
+    #: Retry period inside that grace.
+    warm_candidate_retry: float = 0.5
+    #: Requeue when a claim's pool or template is missing (also woken by watch events).
+    missing_ref_requeue: float = 60.0
+    #: Floor of the requeue before a Sandbox's shutdownTime.
+    expiry_requeue_floor: float = 2.0
+    #: A warm Sandbox not Ready for this long is replaced.
+    pool_readiness_grace: float = 300.0
+    #: Expectations for unobserved creates/deletes expire after this (then the pool acts anyway).
+    pool_expectations_timeout: float = 300.0
+    #: Pool reconciles wait this long so a burst of member events becomes one reconcile (upstream
+    #: runs one pool worker behind a rate-limited queue, which batches the same way).
+    pool_batch_window: float = 0.005
+    #: Watch timeoutSeconds asked of the API server (re-watch afterwards).
+    watch_timeout: int = 290
+
+
+DEFAULT = Timing()
+
+FAST = Timing(
+    api_latency=0.0,
+    reconcile_delay=0.0,
+    scheduling_delay=0.0,
+    container_start_delay=0.0,
+    readiness_delay=0.0,
+    probe_period=0.05,
+    restart_backoff=0.05,
+    warm_candidate_grace=0.2,
+    warm_candidate_retry=0.05,
+    missing_ref_requeue=1.0,
+    expiry_requeue_floor=0.05,
+    pool_readiness_grace=300.0,
+    pool_expectations_timeout=10.0,
+    watch_timeout=60,
+)
+
+PROFILES: dict[str, Timing] = {"default": DEFAULT, "fast": FAST}
+
+
+def profile(name: str) -> Timing:
+    """Return a named profile (``default`` or ``fast``)."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown timing profile {name!r}; choose from {sorted(PROFILES)}") from None

@@ -1,0 +1,1 @@
+"""The `warmshell` command line (typer + rich); see warmshell.cli.main for the exit codes."""

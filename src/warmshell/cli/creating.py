@@ -1,0 +1,80 @@
+"""`warmshell sandbox create`, after the flags are parsed: create the sandbox, follow it with a
+live status line to Ready (or, with a command, stream the workload until it exits), and decide
+the exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from warmshell.api.v1 import sandbox_pb2
+from warmshell.cli import client, render, streaming
+from warmshell.cli.errors import CliError, ExitCode
+from warmshell.cli.options import GlobalOptions
+
+__all__ = ["create"]
+
+
+async def create(
+    options: GlobalOptions,
+    request: sandbox_pb2.CreateSandboxRequest,
+    *,
+    detach: bool,
+    ready_timeout: float | None,
+    human: bool,
+) -> int:
+    """Create, then (unless `detach`) follow the sandbox to Ready or, with a command, to its
+    exit; returns the exit code of `warmshell sandbox create`."""
+    has_command = bool(request.spec.command)
+    async with client.connect(options) as conn:
+        created = await conn.stub.CreateSandbox(request, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
+        if detach:
+            _print_created(created, human=human)
+            return 0
+        with streaming.StatusLine(created.name, enabled=human) as status:
+            try:
+                async with asyncio.timeout(ready_timeout):
+                    final = await streaming.follow_sandbox(
+                        conn,
+                        created,
+                        until_exit=has_command,
+                        follow_output=has_command and human,
+                        status=status,
+                    )
+            except TimeoutError:
+                raise CliError(
+                    f"sandbox {created.name} was not Ready within {ready_timeout:g} s "
+                    "(it was left in place; see `warmshell sandbox get`)",
+                    ExitCode.TIMEOUT,
+                ) from None
+            except asyncio.CancelledError:
+                # Ctrl-C (asyncio.run cancels us on SIGINT): the sandbox lives on, say which.
+                status.stop()
+                print(f"\ninterrupted; sandbox {created.name} was left in place", file=sys.stderr)
+                raise
+    return _create_outcome(final, has_command=has_command, human=human)
+
+
+def _print_created(sandbox: sandbox_pb2.Sandbox, *, human: bool) -> None:
+    if human:
+        print(f"sandbox {sandbox.name} created in workspace {sandbox.workspace}")
+    else:
+        print(render.to_json(sandbox))
+
+
+def _create_outcome(sandbox: sandbox_pb2.Sandbox, *, has_command: bool, human: bool) -> int:
+    """The exit code of `create`: the workload's when it ran, else Ready → 0 and Error → 7."""
+    if not human:
+        print(render.to_json(sandbox))
+    if sandbox.status.HasField("exit_code") and has_command:
+        return sandbox.status.exit_code
+    if sandbox.status.phase == sandbox_pb2.SANDBOX_PHASE_READY and not has_command:
+        if human:
+            print(render.create_summary(sandbox))
+        return 0
+    if sandbox.status.phase == sandbox_pb2.SANDBOX_PHASE_ERROR:
+        reasons = "; ".join(render.condition_lines(sandbox)) or "no condition recorded"
+        raise CliError(f"sandbox {sandbox.name} failed: {reasons}", ExitCode.SANDBOX_FAILED)
+    phase = render.phase_name(sandbox.status.phase)
+    raise CliError(f"the watch of sandbox {sandbox.name} ended while it was {phase}")

@@ -1,0 +1,312 @@
+"""Rendering of gateway messages for people (rich renderables, plain lines) and for scripts
+(JSON). The views are pure, so each is unit-tested by printing into a string; only
+`make_console` and `show` touch the process's streams.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from google.protobuf import json_format
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    from warmshell.api.v1 import sandbox_pb2
+
+__all__ = [
+    "TIMELINE_STEPS",
+    "condition_lines",
+    "create_summary",
+    "format_age",
+    "format_ms",
+    "hit_rate",
+    "make_console",
+    "phase_line",
+    "phase_name",
+    "pools_view",
+    "progress_line",
+    "sandbox_details",
+    "sandbox_table",
+    "show",
+    "time_to_ready_ms",
+    "timeline_offsets",
+    "to_dict",
+    "to_json",
+]
+
+# Values of warmshell.v1.SandboxPhase; spelled out so rendering needs no generated module.
+_PHASES = {0: "Unknown", 1: "Provisioning", 2: "Ready", 3: "Error", 4: "Deleting"}
+_NONE = "-"
+
+# (label, Timeline field) in the order a sandbox reaches them.
+TIMELINE_STEPS: tuple[tuple[str, str], ...] = (
+    ("backend created", "backend_created_us"),
+    ("claimed", "claimed_us"),
+    ("registered", "registered_us"),
+    ("activated", "activated_us"),
+    ("ready", "ready_us"),
+    ("exited", "exited_us"),
+)
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console on stdout/stderr; very wide when piped, so a table row stays on one line."""
+    stream = sys.stderr if stderr else sys.stdout
+    console = Console(file=stream, stderr=stderr, highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(file=stream, stderr=stderr, highlight=False, width=4096)
+    return console
+
+
+def _with_every_submessage(message: Message) -> Message:
+    """A copy with every singular sub-message present (a oneof keeps its one member), so that
+    an unset `spec` or `timeline` still shows up as an object of defaults."""
+    filled = type(message)()
+    filled.CopyFrom(message)
+    _fill(filled)
+    return filled
+
+
+def _fill(message: Message) -> None:
+    for field in message.DESCRIPTOR.fields:
+        # Repeated fields and maps already print as [] / {}; filling a oneof member would
+        # change which member is set.
+        if field.message_type is None or field.is_repeated or field.containing_oneof is not None:
+            continue
+        child = getattr(message, field.name)
+        child.SetInParent()
+        _fill(child)
+
+
+def show(renderable: RenderableType, console: Console | None = None) -> None:
+    """Print a view on stdout; when piped, without the padding rich leaves after the last
+    column, so `grep 'name$'` and friends work on tables."""
+    console = console or make_console()
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    with console.capture() as captured:
+        console.print(renderable)
+    console.file.write("".join(f"{line.rstrip()}\n" for line in captured.get().splitlines()))
+
+
+def to_dict(message: Message) -> dict[str, object]:
+    """The proto3 JSON mapping with field names as in the .proto and every field present, so the
+    shape scripts see does not depend on which values happen to be set. (A proto3 `optional`
+    scalar such as `exit_code` stays absent until it is set: absence is its meaning.)"""
+    return json_format.MessageToDict(
+        _with_every_submessage(message),
+        always_print_fields_with_no_presence=True,
+        preserving_proto_field_name=True,
+    )
+
+
+def to_json(message: Message) -> str:
+    """`to_dict` as indented JSON with sorted keys."""
+    return json.dumps(to_dict(message), indent=2, sort_keys=True)
+
+
+def phase_name(phase: int) -> str:
+    """`Ready` rather than `SANDBOX_PHASE_READY`."""
+    return _PHASES.get(phase, f"Phase{phase}")
+
+
+def format_age(created_ms: int, now_ms: int) -> str:
+    """kubectl-style age: 42s, 5m, 3h, 2d."""
+    if created_ms <= 0:
+        return _NONE
+    seconds = max(0, (now_ms - created_ms) // 1000)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 2 * 3600:
+        return f"{seconds // 60}m"
+    if seconds < 48 * 3600:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+def format_ms(value: float | None, *, sign: bool = False) -> str:
+    """Milliseconds with two decimals (warm paths are single-digit ms), `-` when unreached."""
+    if value is None:
+        return _NONE
+    return f"{'+' if sign else ''}{value:.2f} ms"
+
+
+def timeline_offsets(timeline: sandbox_pb2.Timeline) -> list[tuple[str, float | None]]:
+    """Each step as milliseconds after `requested`; None for steps not reached (or no request)."""
+    start = timeline.requested_us
+    offsets: list[tuple[str, float | None]] = []
+    for label, field in TIMELINE_STEPS:
+        at = int(getattr(timeline, field))
+        offsets.append((label, (at - start) / 1000 if at and start else None))
+    return offsets
+
+
+def time_to_ready_ms(sandbox: sandbox_pb2.Sandbox) -> float | None:
+    """Requested → Ready as the gateway measured it (not including CLI or network time)."""
+    timeline = sandbox.status.timeline
+    if not (timeline.requested_us and timeline.ready_us):
+        return None
+    return (timeline.ready_us - timeline.requested_us) / 1000
+
+
+def hit_rate(hits: int, misses: int) -> str:
+    """Percentage of creates served warm; `-` before the first create."""
+    total = hits + misses
+    return f"{100 * hits / total:.1f}%" if total else _NONE
+
+
+def _allocation(status: sandbox_pb2.SandboxStatus) -> str:
+    if not status.allocation:
+        return _NONE
+    if status.pool:
+        return f"{status.allocation} (pool {status.pool[:12]})"
+    return status.allocation
+
+
+def _pairs(mapping: Iterable[tuple[str, str]]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(mapping)) or _NONE
+
+
+def sandbox_table(sandboxes: Sequence[sandbox_pb2.Sandbox], *, now_ms: int) -> Table:
+    """`sandbox list`: one row per sandbox."""
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for column in ("NAME", "WORKSPACE", "PHASE", "ALLOCATION", "AGE", "IMAGE"):
+        table.add_column(column, no_wrap=True)
+    for sandbox in sandboxes:
+        table.add_row(
+            Text(sandbox.name),
+            Text(sandbox.workspace),
+            phase_name(sandbox.status.phase),
+            sandbox.status.allocation or _NONE,
+            format_age(sandbox.created_at_ms, now_ms),
+            Text(sandbox.spec.image or "(default)"),
+        )
+    return table
+
+
+def _conditions_table(conditions: Sequence[sandbox_pb2.Condition]) -> RenderableType:
+    if not conditions:
+        return Text("  none")
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for column in ("  TYPE", "STATUS", "REASON", "MESSAGE"):
+        table.add_column(column)
+    for condition in conditions:
+        table.add_row(
+            Text(f"  {condition.type}"),
+            Text(condition.status),
+            Text(condition.reason),
+            Text(condition.message),
+        )
+    return table
+
+
+def _timeline_table(timeline: sandbox_pb2.Timeline) -> RenderableType:
+    if not timeline.requested_us:
+        return Text("  not recorded")
+    table = Table.grid(padding=(0, 2))
+    table.add_column()
+    table.add_column(justify="right")
+    requested = datetime.fromtimestamp(timeline.requested_us / 1e6, tz=UTC)
+    table.add_row("  requested", requested.isoformat(timespec="milliseconds"))
+    for label, offset in timeline_offsets(timeline):
+        table.add_row(f"  {label}", format_ms(offset, sign=True))
+    return table
+
+
+def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> Group:
+    """`sandbox get`: the fields, conditions and timeline of one sandbox."""
+    status, spec = sandbox.status, sandbox.spec
+    fields = Table.grid(padding=(0, 2))
+    fields.add_column(style="bold")
+    fields.add_column()
+    rows = [
+        ("Name", sandbox.name),
+        ("Workspace", sandbox.workspace),
+        ("Id", sandbox.id),
+        ("Phase", phase_name(status.phase)),
+        ("Allocation", _allocation(status)),
+        ("Exit code", str(status.exit_code) if status.HasField("exit_code") else _NONE),
+        ("Image", spec.image or "(default)"),
+        ("Command", " ".join(spec.command) or "(none: idle, exec only)"),
+        (
+            "Resources",
+            f"cpu {spec.resources.cpu or _NONE}, memory {spec.resources.memory or _NONE}",
+        ),
+        ("Environment", ", ".join(sorted(spec.environment)) or _NONE),
+        ("Labels", _pairs(sandbox.labels.items())),
+        ("Instance", status.instance_id or _NONE),
+    ]
+    for key, value in rows:
+        fields.add_row(key, Text(value))
+    return Group(
+        fields,
+        Text("Conditions:", style="bold"),
+        _conditions_table(status.conditions),
+        Text("Timeline (after requested):", style="bold"),
+        _timeline_table(status.timeline),
+    )
+
+
+def pools_view(response: sandbox_pb2.ListPoolsResponse) -> Group:
+    """`pool list`: one row per pool, then the creates that missed every pool by reason."""
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for column in ("NAME", "WORKSPACE", "FINGERPRINT", "DESIRED/READY/IDLE", "HITS", "MISSES"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("HIT RATE", no_wrap=True, justify="right")
+    for pool in response.pools:
+        table.add_row(
+            Text(pool.name),
+            Text(pool.workspace),
+            pool.fingerprint[:12],
+            f"{pool.desired}/{pool.ready}/{pool.idle}",
+            str(pool.hits),
+            str(pool.misses),
+            hit_rate(pool.hits, pool.misses),
+        )
+    misses = ", ".join(f"{k} {v}" for k, v in sorted(response.misses_by_reason.items()))
+    return Group(table, Text(f"Misses by reason: {misses or 'none'}"))
+
+
+def condition_lines(sandbox: sandbox_pb2.Sandbox) -> list[str]:
+    """Why a sandbox is where it is, one `Type (Reason): message` line per condition."""
+    lines = []
+    for condition in sandbox.status.conditions:
+        reason = f" ({condition.reason})" if condition.reason else ""
+        message = f": {condition.message}" if condition.message else ""
+        lines.append(f"{condition.type}={condition.status}{reason}{message}")
+    return lines
+
+
+def create_summary(sandbox: sandbox_pb2.Sandbox) -> str:
+    """The line `sandbox create` prints once a sandbox is Ready."""
+    allocation = _allocation(sandbox.status)
+    took = format_ms(time_to_ready_ms(sandbox))
+    return (
+        f"sandbox {sandbox.name} (workspace {sandbox.workspace}) is "
+        f"{phase_name(sandbox.status.phase)}: {allocation}, {took} to Ready"
+    )
+
+
+def _clock(timestamp_ms: int) -> str:
+    when = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC) if timestamp_ms else None
+    return when.strftime("%H:%M:%S.%f")[:-3] if when else "--:--:--.---"
+
+
+def phase_line(sandbox: sandbox_pb2.Sandbox, *, now_ms: int) -> str:
+    """`sandbox watch`: a phase transition (with the exit code once there is one)."""
+    exit_code = f" (exit code {sandbox.status.exit_code})" if sandbox.status.HasField("exit_code") else ""
+    return f"{_clock(now_ms)}  phase {phase_name(sandbox.status.phase)}{exit_code}"
+
+
+def progress_line(event: sandbox_pb2.ProgressEvent) -> str:
+    """`sandbox watch`: one progress event."""
+    return f"{_clock(event.timestamp_ms)}  {event.type or 'Normal'}  {event.reason}: {event.message}"

@@ -1,0 +1,161 @@
+"""Following server streams: WatchSandbox while a create waits (live status line, workload
+output) and ExecSandbox (output as it comes, then the exit code).
+
+Workload bytes go to this process's stdout/stderr untouched; status goes to stderr through rich,
+which draws nothing when stderr is not a terminal, so piped output stays clean.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+from warmshell.api.v1 import sandbox_pb2
+from warmshell.cli import render
+from warmshell.cli.errors import CliError, ExitCode
+
+if TYPE_CHECKING:
+    from rich.status import Status
+
+    from warmshell.cli.client import Connection
+
+__all__ = ["ExecResult", "StatusLine", "exec_command", "follow_sandbox", "write_output"]
+
+_READY = sandbox_pb2.SANDBOX_PHASE_READY
+_ERROR = sandbox_pb2.SANDBOX_PHASE_ERROR
+_DELETING = sandbox_pb2.SANDBOX_PHASE_DELETING
+
+
+class StatusLine:
+    """A spinner with the phase and the latest progress message, on stderr, while waiting."""
+
+    def __init__(self, name: str, *, enabled: bool) -> None:
+        self._name = name
+        self._phase = "Provisioning"
+        self._message = ""
+        self._status: Status | None = None
+        if enabled:
+            self._status = render.make_console(stderr=True).status(self._text())
+
+    def _text(self) -> str:
+        from rich.markup import escape  # the message comes from the gateway: never markup
+
+        suffix = f" - {escape(self._message)}" if self._message else ""
+        return f"sandbox {escape(self._name)}: {self._phase}{suffix}"
+
+    def update(self, *, phase: str | None = None, message: str | None = None) -> None:
+        """Show a new phase and/or progress message."""
+        self._phase = phase or self._phase
+        self._message = message if message is not None else self._message
+        if self._status is not None:
+            self._status.update(self._text())
+
+    def stop(self) -> None:
+        """Take the line down (before workload output, and at the end); idempotent."""
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def __enter__(self) -> Self:
+        if self._status is not None:
+            self._status.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def write_output(stream: int, data: bytes) -> None:
+    """Write workload bytes to our stdout or stderr as they arrive (flushed: users watch them)."""
+    target = sys.stderr if stream == sandbox_pb2.OutputChunk.STREAM_STDERR else sys.stdout
+    target.buffer.write(data)
+    target.buffer.flush()
+
+
+def _check_not_gone(sandbox: sandbox_pb2.Sandbox) -> None:
+    if sandbox.status.phase == _DELETING:
+        raise CliError(f"sandbox {sandbox.name} is being deleted", ExitCode.SANDBOX_FAILED)
+
+
+async def follow_sandbox(
+    conn: Connection,
+    created: sandbox_pb2.Sandbox,
+    *,
+    until_exit: bool,
+    follow_output: bool,
+    status: StatusLine,
+) -> sandbox_pb2.Sandbox:
+    """Watch `created` until it is Ready (or, with `until_exit`, until its workload has exited),
+    writing its output when `follow_output`; returns the last snapshot seen.
+
+    With output followed, the stream is read to its end rather than left at the Error snapshot,
+    so output the gateway sends before closing the stream is not lost.
+    """
+    request = sandbox_pb2.WatchSandboxRequest(
+        name=created.name,
+        workspace=created.workspace,
+        follow_output=follow_output,
+        stop_on_terminal=True,
+        stop_on_ready=not until_exit,
+    )
+    latest = created
+    call = conn.stub.WatchSandbox(request, metadata=conn.metadata)
+    try:
+        async for event in call:
+            kind = event.WhichOneof("event")
+            if kind == "sandbox":
+                latest = event.sandbox
+                status.update(phase=render.phase_name(latest.status.phase))
+                _check_not_gone(latest)
+                if latest.status.phase == _READY and not until_exit:
+                    break
+                if latest.status.phase == _ERROR and not follow_output:
+                    break
+            elif kind == "progress":
+                status.update(message=event.progress.message)
+            elif kind == "output":
+                status.stop()
+                write_output(event.output.stream, event.output.data)
+            elif kind == "deleted":
+                raise CliError(f"sandbox {created.name} was deleted", ExitCode.SANDBOX_FAILED)
+    finally:
+        call.cancel()
+    return latest
+
+
+class ExecResult:
+    """What an exec produced; output is only kept when asked to capture it."""
+
+    def __init__(self) -> None:
+        self.exit_code: int | None = None
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+
+
+async def exec_command(conn: Connection, request: sandbox_pb2.ExecSandboxRequest, *, capture: bool) -> ExecResult:
+    """Run one exec: stream (or capture) its output and return once its exit code arrives."""
+    result = ExecResult()
+    async for event in conn.stub.ExecSandbox(request, metadata=conn.metadata):
+        kind = event.WhichOneof("event")
+        if kind == "stdout":
+            _emit(result.stdout, sandbox_pb2.OutputChunk.STREAM_STDOUT, event.stdout, capture)
+        elif kind == "stderr":
+            _emit(result.stderr, sandbox_pb2.OutputChunk.STREAM_STDERR, event.stderr, capture)
+        elif kind == "exit_code":
+            result.exit_code = event.exit_code
+    if result.exit_code is None:
+        raise CliError("the exec stream ended without an exit code", ExitCode.FAILURE)
+    return result
+
+
+def _emit(buffer: bytearray, stream: int, data: bytes, capture: bool) -> None:
+    if capture:
+        buffer.extend(data)
+    else:
+        write_output(stream, data)

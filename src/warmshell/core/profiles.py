@@ -1,0 +1,241 @@
+"""Warm-pool profiles: the strict parser for `warm-pool.toml`, the same format on every driver.
+
+```
+version = 1
+workspace = "default"
+replicas = 2
+image = ""                 # "" = the driver's default image
+runtime_class_name = ""    # optional
+[environment]
+FOO = "bar"
+[resources]
+cpu = "0.2"
+memory = "256Mi"
+```
+
+A profile's name is its file's stem. Every error names the file, the key and the rule, with the
+line number when it can be found (tomllib reports it for syntax errors; for the others we find the
+key's line ourselves). Pure: callers read the file and pass its text.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmshell.core.errors import InvalidArgumentError
+from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.ids import Fingerprint
+from warmshell.core.quantities import normalize_cpu, normalize_memory
+from warmshell.core.validation import (
+    validate_environment,
+    validate_image,
+    validate_name,
+    validate_workspace,
+)
+
+__all__ = ["PROFILE_VERSION", "Profile", "ProfileError", "parse_profile"]
+
+PROFILE_VERSION = 1
+_TOP_LEVEL = ("version", "workspace", "replicas", "image", "runtime_class_name", "environment", "resources")
+_RESOURCES = ("cpu", "memory")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_TOML_LINE = re.compile(r"at line (\d+)")
+_HEADER = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]")
+
+
+class ProfileError(InvalidArgumentError):
+    """A profile broke a rule: `<file>:<line>: <key>: <rule>` (no line when unknown)."""
+
+    def __init__(self, source: str, key: str, rule: str, line: int | None = None) -> None:
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {key}", rule)
+        self.source = source
+        self.key = key
+        self.line = line
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A parsed, validated profile; quantities are in normal form."""
+
+    name: str
+    source: str
+    workspace: str
+    replicas: int
+    image: str = ""
+    runtime_class_name: str = ""
+    environment: Mapping[str, str] = field(default_factory=dict)
+    cpu: str = ""
+    memory: str = ""
+
+    def shape(self, default_image: str) -> SandboxShape:
+        """The sandbox shape this pool serves, with the driver's default image resolved."""
+        return SandboxShape(
+            workspace=self.workspace,
+            image=self.image or default_image,
+            environment=dict(self.environment),
+            cpu=self.cpu,
+            memory=self.memory,
+            runtime_class_name=self.runtime_class_name,
+        )
+
+    def fingerprint(self, default_image: str) -> Fingerprint:
+        """The fingerprint a create request must have to be served by this pool."""
+        return fingerprint(self.shape(default_image))
+
+    def same_pool(self, other: Profile) -> bool:
+        """Whether `other` differs at most in replicas (so idle members can stay)."""
+        return _without_replicas(self) == _without_replicas(other)
+
+
+def _without_replicas(profile: Profile) -> tuple[object, ...]:
+    return (
+        profile.workspace,
+        profile.image,
+        profile.runtime_class_name,
+        tuple(sorted(profile.environment.items())),
+        profile.cpu,
+        profile.memory,
+    )
+
+
+def _line_of(text: str, key: str, table: str | None = None) -> int | None:
+    """The 1-based line where `key` is assigned (in `[table]` when given), if we can find it."""
+    assignment = re.compile(rf"""^\s*(?:{re.escape(key)}|"{re.escape(key)}"|'{re.escape(key)}')\s*=""")
+    current: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _HEADER.match(line)
+        if header:
+            current = header.group(1)
+            continue
+        if current == table and assignment.match(line):
+            return number
+    return None
+
+
+class _Parser:
+    def __init__(self, text: str, source: str, max_replicas: int) -> None:
+        self.text = text
+        self.source = source
+        self.max_replicas = max_replicas
+
+    def fail(self, key: str, rule: str, table: str | None = None) -> ProfileError:
+        leaf = key[len(table) + 1 :] if table else key
+        return ProfileError(self.source, key, rule, _line_of(self.text, leaf, table))
+
+    def parse(self, name: str) -> Profile:
+        try:
+            data = tomllib.loads(self.text)
+        except tomllib.TOMLDecodeError as exc:
+            found = _TOML_LINE.search(str(exc))
+            line = int(found.group(1)) if found else None
+            raise ProfileError(self.source, "(syntax)", f"not valid TOML: {exc}", line) from exc
+        try:
+            validate_name(name, field="name")
+        except InvalidArgumentError as exc:
+            raise ProfileError(self.source, "(file name)", f"the profile name {exc.rule}") from exc
+        for key in data:
+            if key not in _TOP_LEVEL:
+                raise self.fail(key, f"unknown key; allowed: {', '.join(_TOP_LEVEL)}")
+        self.check_version(data)
+        return Profile(
+            name=name,
+            source=self.source,
+            workspace=self.workspace(data),
+            replicas=self.replicas(data),
+            image=self.image(data),
+            runtime_class_name=self.runtime_class(data),
+            environment=self.environment(data),
+            **self.resources(data),
+        )
+
+    def check_version(self, data: Mapping[str, Any]) -> None:
+        version = data.get("version")
+        if version is None:
+            raise ProfileError(self.source, "version", f"is required (version = {PROFILE_VERSION})")
+        if type(version) is not int or version != PROFILE_VERSION:
+            raise self.fail("version", f"must be {PROFILE_VERSION}, not {version!r}")
+
+    def workspace(self, data: Mapping[str, Any]) -> str:
+        value = data.get("workspace")
+        if value is None:
+            raise ProfileError(self.source, "workspace", "is required")
+        if not isinstance(value, str):
+            raise self.fail("workspace", "must be a string")
+        try:
+            validate_workspace(value)
+        except InvalidArgumentError as exc:
+            raise self.fail("workspace", exc.rule) from exc
+        return value
+
+    def replicas(self, data: Mapping[str, Any]) -> int:
+        value = data.get("replicas")
+        if value is None:
+            raise ProfileError(self.source, "replicas", "is required")
+        if type(value) is not int:
+            raise self.fail("replicas", "must be an integer")
+        if not 1 <= value <= self.max_replicas:
+            raise self.fail("replicas", f"must be between 1 and {self.max_replicas}, not {value}")
+        return value
+
+    def image(self, data: Mapping[str, Any]) -> str:
+        value = data.get("image", "")
+        if not isinstance(value, str):
+            raise self.fail("image", "must be a string")
+        try:
+            validate_image(value)
+        except InvalidArgumentError as exc:
+            raise self.fail("image", exc.rule) from exc
+        return value
+
+    def runtime_class(self, data: Mapping[str, Any]) -> str:
+        value = data.get("runtime_class_name", "")
+        if not isinstance(value, str):
+            raise self.fail("runtime_class_name", "must be a string")
+        if value and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
+            raise self.fail("runtime_class_name", "must be a DNS-1123 subdomain")
+        return value
+
+    def environment(self, data: Mapping[str, Any]) -> dict[str, str]:
+        table = data.get("environment", {})
+        if not isinstance(table, dict):
+            raise self.fail("environment", "must be a table ([environment])")
+        for key, value in table.items():
+            if not isinstance(value, str):
+                raise self.fail(f"environment.{key}", "must be a string", table="environment")
+            try:
+                validate_environment({key: value})
+            except InvalidArgumentError as exc:
+                raise self.fail(f"environment.{key}", exc.rule, table="environment") from exc
+        try:
+            validate_environment(table)
+        except InvalidArgumentError as exc:
+            raise self.fail("environment", exc.rule) from exc
+        return dict(table)
+
+    def resources(self, data: Mapping[str, Any]) -> dict[str, str]:
+        table = data.get("resources", {})
+        if not isinstance(table, dict):
+            raise self.fail("resources", "must be a table ([resources])")
+        for key in table:
+            if key not in _RESOURCES:
+                raise self.fail(f"resources.{key}", "unknown key; allowed: cpu, memory", table="resources")
+        normal: dict[str, str] = {}
+        for key, normalize in (("cpu", normalize_cpu), ("memory", normalize_memory)):
+            value = table.get(key, "")
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                raise self.fail(f"resources.{key}", "must be a quantity string", table="resources")
+            try:
+                normal[key] = normalize(str(value), field=f"resources.{key}")
+            except InvalidArgumentError as exc:
+                raise self.fail(f"resources.{key}", exc.rule, table="resources") from exc
+        return normal
+
+
+def parse_profile(text: str, *, name: str, source: str, max_replicas: int) -> Profile:
+    """Parse and validate one profile; raises ProfileError naming file, key and rule."""
+    return _Parser(text, source, max_replicas).parse(name)

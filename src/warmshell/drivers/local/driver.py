@@ -1,0 +1,408 @@
+"""The local compute driver: each sandbox is one supervisor process under bubblewrap.
+
+A create is served warm when exactly one pool matches its fingerprint and has a registered idle
+member: the member is bound to the sandbox (recorded), renamed, and handed to the gateway's
+Activator. Otherwise it goes cold: a supervisor bound to the sandbox from birth is spawned, and
+the gateway activates it once it registers, through the same registry. Processes and files are
+the `fleet`'s; pools and their refill loop are `pooling`'s; this module routes and reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import collections
+import dataclasses
+import logging
+import shutil
+import sys
+from collections.abc import AsyncIterator, Sequence
+
+from warmshell.core import matching
+from warmshell.core.config import LocalDriverConfig, StatePaths
+from warmshell.core.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
+from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.ids import SandboxId
+from warmshell.core.models import Allocation, SandboxSpec, now_us
+from warmshell.core.profiles import Profile, ProfileError
+from warmshell.drivers.base import (
+    Activator,
+    BackendState,
+    CreateRequest,
+    DriverEvent,
+    DriverSandbox,
+    MissReason,
+    PoolView,
+    ProgressLine,
+)
+from warmshell.drivers.local import cgroups, credentials, images, pooling, reloading
+from warmshell.drivers.local.events import EventHub
+from warmshell.drivers.local.fleet import Fleet
+from warmshell.drivers.local.hostnames import HostnameSetter
+from warmshell.drivers.local.identity import LocalIdentity
+from warmshell.drivers.local.instances import Instance
+from warmshell.drivers.local.launching import Launcher
+
+__all__ = ["LocalDriver"]
+
+_log = logging.getLogger(__name__)
+
+NO_BWRAP = (
+    "bubblewrap ({bwrap!r}) was not found; install it (Debian/Ubuntu: apt-get install bubblewrap) "
+    "or set local.allow_unisolated = true to run supervisors as plain, unisolated processes"
+)
+_LOST = "the sandbox's process ended with the previous gateway"
+
+
+class LocalDriver:
+    """A `ComputeDriver` running sandboxes as bwrap'd supervisor processes of the gateway.
+
+    Sandboxes are children of the gateway and die with it; on the next start the driver reports
+    the sandboxes of the previous run as failed (`get`, `list`, and a `watch` event to watchers
+    that subscribed before `__aenter__`). Without bubblewrap the constructor raises unless
+    `config.allow_unisolated` is set; then supervisors run as plain processes with no isolation
+    at all (see `launching`). `supervisor_command` and `cgroup` exist for tests;
+    `refill_delay_seconds` postpones the refill after a claim (0: right away).
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        config: LocalDriverConfig,
+        paths: StatePaths,
+        *,
+        supervisor_command: Sequence[str] | None = None,
+        cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None = None,
+        kill_grace_seconds: float = 2.0,
+        refill_delay_seconds: float = 0.0,
+    ) -> None:
+        self._config = config
+        self._paths = paths
+        bwrap = shutil.which(config.bwrap)
+        if bwrap is None and not config.allow_unisolated:
+            raise FailedPreconditionError(NO_BWRAP.format(bwrap=config.bwrap))
+        launcher = Launcher(
+            bwrap=bwrap,
+            paths=paths,
+            python=config.python or sys.executable,
+            python_in_image=config.python,
+            command=supervisor_command,
+        )
+        self._fleet = Fleet(
+            launcher=launcher,
+            paths=paths,
+            cgroup=cgroup if cgroup is not None else cgroups.detect(),
+            grace=kill_grace_seconds,
+            on_ended=self._on_ended,
+        )
+        self._sandboxes: dict[SandboxId, Instance] = {}
+        self._lost: dict[SandboxId, DriverSandbox] = {}
+        self._creating: dict[SandboxId, asyncio.Task[DriverSandbox]] = {}
+        self._hub = EventHub()
+        self._hostnames = HostnameSetter()
+        self._activator: Activator | None = None
+        self._reloader: asyncio.Task[None] | None = None
+        # After a claim, a refill that boots at once competes for the CPU with the sandbox just
+        # activated; a short delay measurably helps warm create -> Ready on small hosts.
+        self._refill_delay = refill_delay_seconds
+        self._pools = (
+            pooling.PoolSet(
+                spawn=self._spawn_member,
+                stop=self._fleet.stop,
+                default_image=self.default_image(),
+                validate=self._validate_profile,
+            )
+            if config.pools_dir is not None
+            else None
+        )
+        self.misses: collections.Counter[MissReason] = collections.Counter()
+        """Cold creates by reason since start (pools count their own hits and misses)."""
+        self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> LocalDriver:
+        for record in await self._fleet.sweep():
+            if record.sandbox_id:  # idle pool members of the previous run concern nobody
+                lost = DriverSandbox(
+                    sandbox_id=SandboxId(record.sandbox_id),
+                    instance_id=record.instance_id,
+                    state=BackendState.FAILED,
+                    allocation=Allocation(record.allocation),
+                    pool=record.pool,
+                    miss_reason=record.miss_reason,
+                    message=_LOST,
+                    created_us=record.created_us,
+                )
+                self._lost[lost.sandbox_id] = lost
+                self._hub.publish(DriverEvent(lost.sandbox_id, sandbox=lost))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def start(self, activator: Activator) -> None:
+        """Keep the activator; load the warm-pool profiles and start filling the pools (the
+        gateway's supervisor socket exists by now: members bind it at spawn)."""
+        self._activator = activator
+        if self._pools is not None and self._config.pools_dir is not None:
+            self._pools.start()
+            self._reloader = asyncio.create_task(
+                reloading.watch(
+                    self._config.pools_dir,
+                    interval=self._config.pool_reload_interval_seconds,
+                    max_replicas=self._config.max_pool_replicas,
+                    apply=self._pools.apply,
+                ),
+                name="local-pool-profiles",
+            )
+
+    async def aclose(self) -> None:
+        """Stop every supervisor (they could not outlive the gateway anyway) and end watches.
+
+        Records of bound sandboxes stay on disk, so the next start reports them as lost."""
+        if self._reloader is not None:
+            self._reloader.cancel()
+            await asyncio.gather(self._reloader, return_exceptions=True)
+        if self._pools is not None:
+            await self._pools.aclose()
+        await self._fleet.aclose(keep=lambda instance: instance.sandbox_id is not None)
+        self._hub.close()
+
+    # -- the ComputeDriver surface ---------------------------------------------------------
+
+    def default_image(self) -> str:
+        """The host's root filesystem, read-only (see `images`)."""
+        return ""
+
+    def validate(self, workspace: str, spec: SandboxSpec) -> None:
+        """Local meaning of a spec: the image is "" or an unpacked root filesystem directory;
+        there are no runtime classes."""
+        if spec.runtime_class_name:
+            raise InvalidArgumentError(
+                "spec.runtime_class_name", "must be empty on the local driver (no runtime classes)"
+            )
+        images.check_image(spec.image)
+
+    async def create(self, request: CreateRequest) -> DriverSandbox:
+        """Serve the request from its warm pool if exactly one matches and has a registered
+        idle member, else spawn a supervisor bound to it (cold). Idempotent per sandbox id;
+        returns without waiting for a cold supervisor to register."""
+        existing = self._sandboxes.get(request.sandbox_id)
+        if existing is not None:
+            return existing.view()
+        pending = self._creating.get(request.sandbox_id)
+        if pending is None:
+            self.validate(request.workspace, request.spec)
+            pending = asyncio.create_task(self._create(request))
+            self._creating[request.sandbox_id] = pending
+            pending.add_done_callback(lambda _: self._creating.pop(request.sandbox_id, None))
+        # Shielded: a caller giving up does not abandon a half-made sandbox.
+        return await asyncio.shield(pending)
+
+    async def get(self, sandbox_id: SandboxId) -> DriverSandbox | None:
+        """The sandbox's current view; None when this driver has no such sandbox."""
+        instance = self._sandboxes.get(sandbox_id)
+        return instance.view() if instance is not None else self._lost.get(sandbox_id)
+
+    async def list(self) -> builtins.list[DriverSandbox]:
+        """Every sandbox, including those lost with the previous gateway."""
+        return [i.view() for i in self._sandboxes.values()] + [*self._lost.values()]
+
+    async def delete(self, sandbox_id: SandboxId) -> bool:
+        """Stop the process group, remove the workspace and the record; idempotent."""
+        if self._lost.pop(sandbox_id, None) is not None:
+            self._hub.publish(DriverEvent(sandbox_id, deleted=True))
+            return True
+        pending = self._creating.get(sandbox_id)
+        if pending is not None:  # let the create finish, or a process could start after this
+            await asyncio.gather(asyncio.shield(pending), return_exceptions=True)
+        instance = self._sandboxes.get(sandbox_id)
+        if instance is None:
+            return False
+        await self._fleet.stop(instance)
+        if self._sandboxes.get(sandbox_id) is instance:
+            del self._sandboxes[sandbox_id]
+            self._hub.publish(DriverEvent(sandbox_id, deleted=True))
+        return True
+
+    def watch(self) -> AsyncIterator[DriverEvent]:
+        """Events from this call on, until the driver closes."""
+        return self._hub.watch()
+
+    def pools(self) -> builtins.list[PoolView]:
+        """The warm pools, with invalid profiles reported as pools with a condition."""
+        return self._pools.views() if self._pools is not None else []
+
+    # -- warm or cold ----------------------------------------------------------------------
+
+    async def _create(self, request: CreateRequest) -> DriverSandbox:
+        result = self._lookup(request)
+        if isinstance(result, matching.Match):
+            served = await self._claim(result.pool, request)
+            if served is not None:
+                return served
+            result.pool.misses += 1
+            reason = MissReason.EMPTY
+        elif isinstance(result, matching.Ambiguous):
+            for pool in result.pools:
+                pool.misses += 1
+            reason = MissReason.AMBIGUOUS
+        else:
+            reason = result
+        self.misses[reason] += 1
+        return await self._spawn_cold(request, reason)
+
+    def _lookup(
+        self, request: CreateRequest
+    ) -> matching.Match[pooling.Pool] | matching.Ambiguous[pooling.Pool] | MissReason:
+        if self._pools is None:
+            return MissReason.DISABLED
+        spec = request.spec
+        shape = SandboxShape(
+            workspace=request.workspace,
+            image=spec.image or self.default_image(),
+            environment=spec.environment,
+            cpu=spec.resources.cpu,
+            memory=spec.resources.memory,
+            runtime_class_name=spec.runtime_class_name,
+        )
+        result = self._pools.lookup(fingerprint(shape))
+        if isinstance(result, matching.NotReady) or self._activator is None:
+            return MissReason.NOT_READY
+        if isinstance(result, matching.NoMatch):
+            return MissReason.NO_MATCH
+        return result
+
+    async def _claim(self, pool: pooling.Pool, request: CreateRequest) -> DriverSandbox | None:
+        """Bind registered idle members to the sandbox until one activates; None if none did."""
+        assert self._activator is not None
+        assert self._pools is not None
+        while (member := pool.claim()) is not None:
+            claimed_us = now_us()
+            self._refill_soon()  # the member never returns to the pool
+            member.sandbox_id = request.sandbox_id
+            member.proof = request.activation_proof
+            member.name = member.hostname = request.name
+            self._sandboxes[request.sandbox_id] = member
+            # Written in the background: a crash before it lands only loses the report of this
+            # sandbox as lost on the next start (the gateway then finds it gone anyway).
+            self._fleet.save_soon(member)
+            try:
+                await self._rename(member)  # before activation: the workload may ask at once
+                await self._activator.activate(
+                    instance_id=member.instance_id,
+                    sandbox_id=request.sandbox_id,
+                    proof=request.activation_proof,
+                    reason=f"pool/{pool.name}",
+                )
+            except (NotFoundError, UnavailableError, AlreadyExistsError) as exc:
+                # Died, no longer registered, or taken: spend it and try the next one.
+                _log.info("warm pool %s: member %s unusable: %s", pool.name, member.instance_id, exc)
+                self._spend(member)
+                continue
+            except BaseException:
+                self._spend(member)
+                raise
+            pool.hits += 1
+            self._progress(member, "PoolHit", f"activated a warm sandbox from pool {pool.name}")
+            self._changed(member)
+            return dataclasses.replace(member.view(), claimed_us=claimed_us)
+        return None
+
+    def _refill_soon(self) -> None:
+        assert self._pools is not None
+        if self._refill_delay > 0:
+            asyncio.get_running_loop().call_later(self._refill_delay, self._pools.wake)
+        else:
+            self._pools.wake()
+
+    async def _rename(self, member: Instance) -> None:
+        """Give a claimed member the sandbox's name as hostname (cold ones start with it)."""
+        pid = await member.process.sandbox_pid() if member.process is not None else None
+        if pid is not None:
+            await self._hostnames.set(pid, member.hostname)
+
+    def _spend(self, member: Instance) -> None:
+        """A claimed member that did not activate: unbind it and stop it (never back to a pool)."""
+        if member.sandbox_id is not None and self._sandboxes.get(member.sandbox_id) is member:
+            del self._sandboxes[member.sandbox_id]
+        self._fleet.background(self._fleet.stop(member))
+
+    async def _spawn_cold(self, request: CreateRequest, miss: MissReason) -> DriverSandbox:
+        instance_id = credentials.new_instance_id()
+        instance = Instance(
+            instance_id=instance_id,
+            workspace=request.workspace,
+            hostname=request.name,
+            directory=self._paths.sandboxes / instance_id,
+            created_us=now_us(),
+            name=request.name,
+            sandbox_id=request.sandbox_id,
+            proof=request.activation_proof,
+            miss_reason=miss.value,
+        )
+        self._sandboxes[request.sandbox_id] = instance
+        self._progress(instance, "Spawning", f"starting a supervisor (cold: {miss.value})")
+        try:
+            await self._fleet.launch(instance, request.spec)
+        except BaseException:
+            del self._sandboxes[request.sandbox_id]
+            raise
+        self._changed(instance)
+        return instance.view()
+
+    async def _spawn_member(self, pool: pooling.Pool) -> Instance:
+        instance_id = credentials.new_instance_id()
+        member = Instance(
+            instance_id=instance_id,
+            workspace=pool.profile.workspace,
+            hostname=instance_id,
+            directory=self._paths.sandboxes / instance_id,
+            created_us=now_us(),
+            allocation=Allocation.WARM,
+            pool=pool.fingerprint,
+            pool_name=pool.name,
+        )
+        await self._fleet.launch(member, pool.spec)
+        return member
+
+    def _validate_profile(self, profile: Profile) -> None:
+        spec = SandboxSpec(image=profile.image, runtime_class_name=profile.runtime_class_name)
+        try:
+            self.validate(profile.workspace, spec)
+        except InvalidArgumentError as exc:
+            key = exc.field.removeprefix("spec.")
+            raise ProfileError(profile.source, key, exc.rule) from exc
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _on_registered(self, instance: Instance) -> None:
+        instance.registered = True
+        if instance.sandbox_id is None and self._pools is not None:
+            self._pools.member_registered(instance)
+        self._progress(instance, "Registered", "the supervisor registered")
+
+    async def _on_ended(self, instance: Instance) -> None:
+        if instance.sandbox_id is None:  # an idle pool member: forget it, the pool refills
+            if self._pools is not None:
+                self._pools.member_ended(instance, instance.message)
+            await self._fleet.discard(instance)
+            return
+        self._changed(instance)
+
+    def _changed(self, instance: Instance) -> None:
+        if instance.sandbox_id is not None:
+            self._hub.publish(DriverEvent(instance.sandbox_id, sandbox=instance.view()))
+
+    def _progress(self, instance: Instance, reason: str, message: str) -> None:
+        if instance.sandbox_id is not None:
+            line = ProgressLine(reason, message)
+            self._hub.publish(DriverEvent(instance.sandbox_id, progress=line))

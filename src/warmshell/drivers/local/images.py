@@ -1,0 +1,34 @@
+"""What an image means on the local driver.
+
+`""` (the default) is the host's root filesystem, read-only. Anything else must be the absolute
+path of a directory holding an unpacked root filesystem (for example made with debootstrap, or
+`docker export` of a container, extracted); it is bound read-only as `/`, entry by entry, as the
+host root would be. The warmshell package is bound read-only under /run/warmshell, and so is the
+gateway's interpreter unless `local.python` names one inside the image; `launching` says which
+interpreters that works for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from warmshell.core.errors import InvalidArgumentError
+
+__all__ = ["check_image"]
+
+_RULE = (
+    'on the local driver an image is "" (the host root filesystem, read-only) or the '
+    "absolute path of an unpacked root filesystem directory"
+)
+
+
+def check_image(image: str, *, field: str = "spec.image") -> None:
+    """Raise InvalidArgumentError unless `image` is usable as a local root filesystem (blocking:
+    two stat calls)."""
+    if not image:
+        return
+    path = Path(image)
+    if not path.is_absolute():
+        raise InvalidArgumentError(field, f"{image!r}: {_RULE}")
+    if not (path / "usr").is_dir():
+        raise InvalidArgumentError(field, f"{image!r} is not a directory with a usr/: {_RULE}")

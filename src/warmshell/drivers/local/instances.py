@@ -1,0 +1,98 @@
+"""The driver's in-memory view of one local instance: a supervisor process, cold or warm.
+
+An instance is either bound to a sandbox (created for it, or a pool member it claimed) or an idle
+pool member waiting to be claimed. Only bound instances are visible as `DriverSandbox`es.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
+from warmshell.core.models import Allocation
+from warmshell.drivers.base import BackendState, Bound, DriverCondition, DriverSandbox, WarmPending
+from warmshell.drivers.local import records
+from warmshell.drivers.local.processes import SupervisorProcess
+
+__all__ = ["Instance"]
+
+
+@dataclass(eq=False)
+class Instance:
+    """Mutable state of one instance, owned by the driver's event loop."""
+
+    instance_id: InstanceId
+    workspace: str
+    hostname: str
+    directory: Path  # <sandboxes>/<instance_id>; the sandbox's /workspace is its `workspace/`
+    created_us: int
+    name: str = ""
+    sandbox_id: SandboxId | None = None
+    proof: str = field(default="", repr=False)
+    allocation: Allocation = Allocation.COLD
+    pool: Fingerprint | None = None
+    pool_name: str = ""
+    miss_reason: str = ""
+    credential_digest: str = field(default="", repr=False)
+    conditions: tuple[DriverCondition, ...] = ()
+    state: BackendState = BackendState.PENDING
+    message: str = ""
+    process: SupervisorProcess | None = None
+    cgroup: Path | None = None
+    registered: bool = False
+    deleting: bool = False
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    waiter: asyncio.Task[None] | None = None
+    saving: asyncio.Future[None] | None = None  # a record write in flight (see Fleet.save_soon)
+
+    @property
+    def workspace_dir(self) -> Path:
+        """The host directory bound at /workspace."""
+        return self.directory / "workspace"
+
+    @property
+    def alive(self) -> bool:
+        """Spawned and not ended, not being deleted."""
+        return self.state in (BackendState.PENDING, BackendState.RUNNING) and not self.deleting
+
+    def binding(self) -> Bound | WarmPending:
+        """What `authenticate` reports: bound to a sandbox, or a pool member still waiting."""
+        if self.sandbox_id is not None:
+            return Bound(self.sandbox_id, self.proof)
+        assert self.pool is not None, "an unbound instance is always a pool member"
+        return WarmPending(self.pool)
+
+    def view(self) -> DriverSandbox:
+        """The `DriverSandbox` of a bound instance."""
+        assert self.sandbox_id is not None
+        return DriverSandbox(
+            sandbox_id=self.sandbox_id,
+            instance_id=self.instance_id,
+            state=self.state,
+            conditions=self.conditions,
+            allocation=self.allocation,
+            pool=self.pool or "",
+            miss_reason=self.miss_reason,
+            message=self.message,
+            created_us=self.created_us,
+        )
+
+    def record(self) -> records.InstanceRecord:
+        """What goes to disk."""
+        return records.InstanceRecord(
+            instance_id=self.instance_id,
+            credential_digest=self.credential_digest,
+            workspace=self.workspace,
+            hostname=self.hostname,
+            created_us=self.created_us,
+            pid=self.process.pid if self.process is not None else 0,
+            sandbox_id=self.sandbox_id or "",
+            name=self.name,
+            activation_proof=self.proof,
+            allocation=self.allocation.value,
+            pool=self.pool or "",
+            pool_name=self.pool_name,
+            miss_reason=self.miss_reason,
+        )

@@ -1,0 +1,74 @@
+"""Reads warm-pool profiles from `local.pools_dir` and reloads them when files change.
+
+Polls the directory's listing (name, mtime, size, inode) every `pool_reload_interval_seconds`:
+cheap, portable, and no inotify dependency. Any change re-reads every `*.toml` file, which keeps
+the code simple for directories of a few dozen profiles. A directory that does not exist holds no
+profiles (it is logged, not fatal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from warmshell.core.profiles import Profile, ProfileError, parse_profile
+
+__all__ = ["load", "snapshot", "watch"]
+
+_log = logging.getLogger(__name__)
+
+Snapshot = frozenset[tuple[str, int, int, int]]
+Apply = Callable[[Mapping[str, Profile], Mapping[str, ProfileError]], None]
+
+
+def _files(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.glob("*.toml") if not p.name.startswith("."))
+
+
+def snapshot(directory: Path) -> Snapshot:
+    """What identifies the directory's current content (blocking)."""
+    entries = set()
+    for path in _files(directory):
+        try:
+            info = path.stat()
+        except OSError:
+            continue  # removed while listing; the next poll sees the final state
+        entries.add((path.name, info.st_mtime_ns, info.st_size, info.st_ino))
+    return frozenset(entries)
+
+
+def load(directory: Path, *, max_replicas: int) -> tuple[dict[str, Profile], dict[str, ProfileError]]:
+    """Every profile in the directory, and the errors of those that are invalid (blocking)."""
+    profiles: dict[str, Profile] = {}
+    errors: dict[str, ProfileError] = {}
+    for path in _files(directory):
+        try:
+            text = path.read_text()
+            profiles[path.stem] = parse_profile(text, name=path.stem, source=str(path), max_replicas=max_replicas)
+        except ProfileError as exc:
+            errors[path.stem] = exc
+        except (OSError, UnicodeDecodeError) as exc:
+            errors[path.stem] = ProfileError(str(path), "(file)", f"cannot read: {exc}")
+    return profiles, errors
+
+
+async def watch(directory: Path, *, interval: float, max_replicas: int, apply: Apply) -> None:
+    """Apply the directory's profiles now and after every change, until cancelled."""
+    if not await asyncio.to_thread(directory.is_dir):
+        _log.warning("warm pools: %s is not a directory; no pools until it appears", directory)
+    last: Snapshot | None = None
+    while True:
+        try:
+            current = await asyncio.to_thread(snapshot, directory)
+            if current != last:
+                profiles, errors = await asyncio.to_thread(load, directory, max_replicas=max_replicas)
+                apply(profiles, errors)
+                last = current
+        except Exception:
+            # A bug here must not stop reloading for good; the next poll tries again.
+            _log.exception("warm pools: reloading %s failed", directory)
+        await asyncio.sleep(interval)

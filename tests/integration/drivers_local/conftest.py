@@ -1,0 +1,50 @@
+"""Fixtures for driver-level tests of the local driver with real bwrap processes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.drivers_local.support import STAND_IN, DriverFactory, driver_pids
+from warmshell.core.config import LocalDriverConfig, StatePaths
+from warmshell.drivers.local import LocalDriver, cgroups
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> StatePaths:
+    state = StatePaths(tmp_path / "state")
+    state.root.mkdir()
+    state.supervisor_socket.touch()  # stands in for the gateway's socket (a bind source)
+    return state
+
+
+@pytest.fixture
+async def make_driver(paths: StatePaths) -> AsyncIterator[DriverFactory]:
+    """Build drivers (default: the stand-in supervisor, no cgroup v2); all closed at the end and
+    every process they spawned checked gone."""
+    made: list[LocalDriver] = []
+
+    def factory(
+        command: list[str] | None = None,
+        config: LocalDriverConfig | None = None,
+        cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None = None,
+        state: StatePaths | None = None,
+    ) -> LocalDriver:
+        driver = LocalDriver(
+            config or LocalDriverConfig(),
+            state or paths,
+            supervisor_command=command or ["/bin/sh", "-c", STAND_IN],
+            cgroup=cgroup or cgroups.Unavailable("test host: no cgroup v2"),
+            kill_grace_seconds=0.5,
+        )
+        made.append(driver)
+        return driver
+
+    yield factory
+    for driver in made:
+        pids = driver_pids(driver)
+        await driver.aclose()
+        for pid in pids:
+            assert not Path(f"/proc/{pid}").exists(), f"process {pid} left behind"

@@ -1,0 +1,349 @@
+"""The local driver's cold path with real bubblewrap processes and a stand-in supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.drivers_local.support import DriverFactory, alive, driver_pids, needs_bwrap
+from tests.integration.drivers_local.waiting import next_event, read_when_present, wait_until
+from warmshell.core.config import LocalDriverConfig, StatePaths
+from warmshell.core.errors import PermissionDeniedError
+from warmshell.core.ids import SandboxId, new_sandbox_id
+from warmshell.core.models import Allocation, Resources, SandboxSpec
+from warmshell.drivers.base import BackendState, Bound, CreateRequest
+from warmshell.drivers.local import LocalDriver, cgroups
+
+PROOF = "proof-" + "x" * 40
+
+pytestmark = needs_bwrap
+
+
+def request(sandbox_id: SandboxId | None = None, spec: SandboxSpec | None = None) -> CreateRequest:
+    return CreateRequest(
+        sandbox_id=sandbox_id or new_sandbox_id(),
+        name="demo",
+        workspace="default",
+        spec=spec or SandboxSpec(),
+        activation_proof=PROOF,
+    )
+
+
+def workspace_of(paths: StatePaths, instance_id: str) -> Path:
+    return paths.sandboxes / instance_id / "workspace"
+
+
+async def test_cold_create_spawns_a_bound_supervisor(make_driver: DriverFactory, paths: StatePaths) -> None:
+    async with make_driver() as driver:
+        events = driver.watch()
+        req = request()
+        created = await driver.create(req)
+        assert created.allocation is Allocation.COLD
+        assert created.state in (BackendState.PENDING, BackendState.RUNNING)
+        running = await next_event(events, lambda e: e.sandbox is not None and e.sandbox.state is BackendState.RUNNING)
+        assert running.sandbox_id == req.sandbox_id
+
+        workspace = workspace_of(paths, created.instance_id)
+        credential = await read_when_present(workspace / "credential")
+        assert credential.startswith(f"wsl1.{created.instance_id}.")
+        identity = await driver.identity.authenticate(credential)
+        assert identity is not None
+        assert identity.driver == "local"
+        assert identity.instance_id == created.instance_id
+        assert identity.workspace == "default"
+        assert identity.binding == Bound(req.sandbox_id, PROOF)
+        assert identity.binding.proof == PROOF  # Bound's repr hides it; compare the field
+
+        # Only the documented variables reach the supervisor; nothing from the host.
+        env = dict(line.split("=", 1) for line in (workspace / "env").read_text().splitlines() if line)
+        env.pop("PWD", None)
+        env.pop("SHLVL", None)
+        assert set(env) == {
+            "PATH",
+            "HOME",
+            "WARMSHELL_GATEWAY",
+            "WARMSHELL_BOOTSTRAP_FD",
+            "WARMSHELL_INSTANCE_ID",
+            "PYTHONPATH",
+        }
+        assert env["HOME"] == "/workspace"
+        assert env["WARMSHELL_GATEWAY"] == "unix:///run/warmshell/gateway.sock"
+        assert env["WARMSHELL_INSTANCE_ID"] == created.instance_id
+        assert credential not in (workspace / "env").read_text()
+        assert (workspace / "hostname").read_text().strip() == "demo"
+
+
+async def test_record_keeps_the_proof_not_the_credential(make_driver: DriverFactory, paths: StatePaths) -> None:
+    async with make_driver() as driver:
+        created = await driver.create(request())
+        credential = await read_when_present(workspace_of(paths, created.instance_id) / "credential")
+        record_path = paths.instances / f"{created.instance_id}.json"
+        assert stat.S_IMODE(record_path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(paths.instances.stat().st_mode) == 0o700
+        text = record_path.read_text()
+        assert credential not in text
+        assert json.loads(text)["activation_proof"] == PROOF
+
+
+async def test_create_is_idempotent(make_driver: DriverFactory) -> None:
+    async with make_driver() as driver:
+        req = request()
+        first, second = await asyncio.gather(driver.create(req), driver.create(req))
+        third = await driver.create(req)
+        assert first.instance_id == second.instance_id == third.instance_id
+        assert len(await driver.list()) == 1
+        assert len(driver_pids(driver)) == 1
+
+
+async def test_delete_kills_and_cleans_up(make_driver: DriverFactory, paths: StatePaths) -> None:
+    async with make_driver() as driver:
+        req = request()
+        created = await driver.create(req)
+        workspace = workspace_of(paths, created.instance_id)
+        credential = await read_when_present(workspace / "credential")
+        (pid,) = driver_pids(driver)
+        events = driver.watch()
+
+        assert await driver.delete(req.sandbox_id) is True
+        assert not alive(pid)
+        assert not workspace.parent.exists()
+        assert not (paths.instances / f"{created.instance_id}.json").exists()
+        assert await driver.get(req.sandbox_id) is None
+        gone = await next_event(events, lambda e: e.deleted)
+        assert gone.sandbox_id == req.sandbox_id
+        assert await driver.delete(req.sandbox_id) is False
+        with pytest.raises(PermissionDeniedError):
+            await driver.identity.authenticate(credential)
+
+
+async def test_delete_kills_a_process_that_ignores_sigterm(make_driver: DriverFactory) -> None:
+    stubborn = ["/bin/sh", "-c", "trap '' TERM; while :; do sleep 1; done"]
+    async with make_driver(command=stubborn) as driver:
+        req = request()
+        await driver.create(req)
+        (pid,) = driver_pids(driver)
+        assert await driver.delete(req.sandbox_id)
+        assert not alive(pid)
+
+
+async def test_dying_before_registration_fails_with_stderr(make_driver: DriverFactory) -> None:
+    crash = ["/bin/sh", "-c", "echo 'supervisor: cannot import grpc' >&2; exit 3"]
+    async with make_driver(command=crash) as driver:
+        events = driver.watch()
+        req = request()
+        await driver.create(req)
+        failed = await next_event(events, lambda e: e.sandbox is not None and e.sandbox.state is BackendState.FAILED)
+        assert failed.sandbox is not None
+        assert "status 3" in failed.sandbox.message
+        assert "cannot import grpc" in failed.sandbox.message
+        view = await driver.get(req.sandbox_id)
+        assert view is not None
+        assert view.state is BackendState.FAILED
+
+
+async def test_exit_after_registration_is_exited(make_driver: DriverFactory, paths: StatePaths) -> None:
+    # Registers (the test authenticates for it), then ends once told to through the workspace.
+    script = (
+        "cat /dev/fd/$WARMSHELL_BOOTSTRAP_FD > /workspace/.c; mv /workspace/.c /workspace/credential; "
+        "while [ ! -e /workspace/stop ]; do sleep 0.01; done; exit 0"
+    )
+    async with make_driver(command=["/bin/sh", "-c", script]) as driver:
+        events = driver.watch()
+        created = await driver.create(request())
+        workspace = workspace_of(paths, created.instance_id)
+        assert await driver.identity.authenticate(await read_when_present(workspace / "credential"))
+        (workspace / "stop").touch()
+        exited = await next_event(events, lambda e: e.sandbox is not None and e.sandbox.state is BackendState.EXITED)
+        assert exited.sandbox is not None
+        assert "status 0" in exited.sandbox.message
+
+
+async def test_credentials_are_per_instance(make_driver: DriverFactory, paths: StatePaths) -> None:
+    async with make_driver() as driver:
+        a = await driver.create(request())
+        b = await driver.create(request())
+        cred_a = await read_when_present(workspace_of(paths, a.instance_id) / "credential")
+        cred_b = await read_when_present(workspace_of(paths, b.instance_id) / "credential")
+        assert cred_a != cred_b
+        # b's secret under a's instance id is refused, as is a garbled one.
+        forged = f"wsl1.{a.instance_id}.{cred_b.rsplit('.', 1)[1]}"
+        with pytest.raises(PermissionDeniedError):
+            await driver.identity.authenticate(forged)
+        with pytest.raises(PermissionDeniedError):
+            await driver.identity.authenticate(cred_a + "x")
+        assert await driver.identity.authenticate("eyJhbGciOi.some.jwt") is None
+
+
+async def test_sandbox_is_isolated(make_driver: DriverFactory, paths: StatePaths) -> None:
+    (paths.root / "api-token").write_text("secret-token")
+    probe = (
+        f"test -e {paths.root}/api-token && echo visible > /workspace/token || true; "
+        "touch /etc/warmshell-probe 2>/dev/null && echo writable > /workspace/etc || true; "
+        "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' > /workspace/ifaces; "
+        "echo $$ > /workspace/pid; "
+        "test -S /run/warmshell/gateway.sock -o -f /run/warmshell/gateway.sock && touch /workspace/sock; "
+        "touch /tmp/warmshell-probe-$WARMSHELL_INSTANCE_ID && touch /workspace/tmp; "
+        "mv /workspace/ifaces /workspace/done; exec sleep 600"
+    )
+    async with make_driver(command=["/bin/sh", "-c", probe]) as driver:
+        created = await driver.create(request())
+        workspace = workspace_of(paths, created.instance_id)
+        ifaces = await read_when_present(workspace / "done")
+        assert not (workspace / "token").exists(), "the state directory must be hidden"
+        assert not (workspace / "etc").exists(), "the host root must be read-only"
+        assert ifaces.split() == ["lo"], "no network but loopback"
+        assert int((workspace / "pid").read_text()) < 10, "own pid namespace"
+        assert (workspace / "sock").exists(), "the gateway socket is bound in"
+        assert (workspace / "tmp").exists(), "/tmp is private and writable"
+        assert not Path(f"/tmp/warmshell-probe-{created.instance_id}").exists()
+
+
+async def test_restart_reports_lost_sandboxes(make_driver: DriverFactory, paths: StatePaths) -> None:
+    req = request()
+    first = make_driver()
+    async with first:
+        created = await first.create(req)
+        (pid,) = driver_pids(first)
+    assert not alive(pid)
+    assert (paths.instances / f"{created.instance_id}.json").exists()
+
+    second = make_driver()
+    async with second:
+        lost = await second.get(req.sandbox_id)
+        assert lost is not None
+        assert lost.state is BackendState.FAILED
+        assert "previous gateway" in lost.message
+        assert [s.sandbox_id for s in await second.list()] == [req.sandbox_id]
+        assert not (paths.instances / f"{created.instance_id}.json").exists()
+        assert not (paths.sandboxes / created.instance_id).exists()
+        events = second.watch()
+        assert await second.delete(req.sandbox_id) is True
+        assert (await next_event(events, lambda e: e.deleted)).sandbox_id == req.sandbox_id
+        assert await second.get(req.sandbox_id) is None
+
+
+async def test_limits_without_cgroup_v2_are_a_condition(make_driver: DriverFactory) -> None:
+    async with make_driver() as driver:
+        spec = SandboxSpec(resources=Resources(cpu="200m", memory="64Mi"))
+        created = await driver.create(request(spec=spec))
+        (condition,) = created.conditions
+        assert (condition.type, condition.status, condition.reason) == (
+            "ResourceLimits",
+            "False",
+            "CgroupV2Unavailable",
+        )
+        plain = await driver.create(request())
+        assert plain.conditions == ()
+
+
+async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path) -> None:
+    # A fake delegated hierarchy: plain files where cgroupfs would have its control files.
+    root = tmp_path / "cgroup"
+    (root / "gw").mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    (root / "gw" / "cgroup.controllers").write_text("cpu memory pids\n")
+    self_cgroup = tmp_path / "self-cgroup"
+    self_cgroup.write_text("0::/gw\n")
+    cgroup = cgroups.detect(root, self_cgroup)
+    assert isinstance(cgroup, cgroups.CgroupV2)
+
+    async with make_driver(cgroup=cgroup) as driver:
+        spec = SandboxSpec(resources=Resources(cpu="0.2", memory="64Mi"))
+        created = await driver.create(request(spec=spec))
+        assert [(c.type, c.status) for c in created.conditions] == [("ResourceLimits", "True")]
+        sandbox_cgroup = root / "gw" / "warmshell" / created.instance_id
+        assert (sandbox_cgroup / "cpu.max").read_text() == "20000 100000\n"
+        assert (sandbox_cgroup / "memory.max").read_text() == f"{64 * 2**20}\n"
+        # The process moved itself in before exec'ing bwrap (same pid).
+        (pid,) = driver_pids(driver)
+        procs = await read_when_present(sandbox_cgroup / "cgroup.procs")
+        await wait_until(lambda: (sandbox_cgroup / "cgroup.procs").read_text().strip() != "")
+        assert (sandbox_cgroup / "cgroup.procs").read_text().strip() == str(pid), procs
+
+
+async def test_unisolated_mode_runs_a_plain_process(make_driver: DriverFactory, paths: StatePaths) -> None:
+    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True)
+    script = "cat /dev/fd/$WARMSHELL_BOOTSTRAP_FD > .c; env > env; mv .c credential; exec sleep 600"
+    async with make_driver(command=["/bin/sh", "-c", script], config=config) as driver:
+        created = await driver.create(request())
+        assert ("Isolated", "False") in {(c.type, c.status) for c in created.conditions}
+        workspace = workspace_of(paths, created.instance_id)
+        credential = await read_when_present(workspace / "credential")
+        assert await driver.identity.authenticate(credential)
+        env = (workspace / "env").read_text()
+        assert f"WARMSHELL_GATEWAY=unix://{paths.supervisor_socket}" in env
+        assert f"HOME={workspace}" in env
+
+
+def test_missing_bwrap_refuses_to_start(paths: StatePaths) -> None:
+    with pytest.raises(Exception, match=r"local\.allow_unisolated") as caught:
+        LocalDriver(LocalDriverConfig(bwrap="/nonexistent/bwrap"), paths)
+    assert "bubblewrap" in str(caught.value)
+
+
+async def test_spawn_failure_raises_and_leaves_nothing(make_driver: DriverFactory, paths: StatePaths) -> None:
+    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True)
+    async with make_driver(command=["/nonexistent/supervisor"], config=config) as driver:
+        req = request()
+        with pytest.raises(Exception, match="cannot start a local supervisor"):
+            await driver.create(req)
+        assert await driver.get(req.sandbox_id) is None
+        assert os.listdir(paths.sandboxes) == []
+        assert not paths.instances.exists() or os.listdir(paths.instances) == []
+
+
+def make_image(root: Path) -> Path:
+    """A tiny root filesystem: dash and the libraries it loads, copied from the host."""
+    ldd = subprocess.run(["ldd", "/usr/bin/dash"], capture_output=True, text=True, check=True)
+    needed = [word for word in ldd.stdout.split() if word.startswith("/")]
+    for top in ("bin", "lib", "lib64"):
+        (root / "usr" / top).mkdir(parents=True, exist_ok=True)
+        (root / top).symlink_to(f"usr/{top}")
+    for path in [*needed, "/usr/bin/sh"]:
+        first, rest = path.strip("/").split("/", 1)
+        target = root / ("usr/" + first if first != "usr" else first) / rest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.realpath(path), target)
+    (root / "etc").mkdir()
+    (root / "etc" / "image-marker").write_text("from the image\n")
+    (root / "root").mkdir()
+    return root
+
+
+async def test_image_root_replaces_the_host_root(make_driver: DriverFactory, paths: StatePaths, tmp_path: Path) -> None:
+    image = make_image(tmp_path / "image")
+    # Shell builtins only: the image has nothing but sh.
+    script = (
+        "read -r c < /dev/fd/$WARMSHELL_BOOTSTRAP_FD; "
+        "[ -e /etc/image-marker ] && echo yes > /workspace/marker; "
+        "[ -e /usr/bin/dash ] || echo no > /workspace/host-usr; "
+        '[ -d /run/warmshell/python ] && echo "$PYTHONPATH" > /workspace/pythonpath; '
+        'echo "$c" > /workspace/.c; cd /workspace && read -r x < .c; echo "$x" > credential'
+    )
+    async with make_driver(command=["/bin/sh", "-c", script]) as driver:
+        spec = SandboxSpec(image=str(image))
+        driver.validate("default", spec)
+        created = await driver.create(request(spec=spec))
+        workspace = workspace_of(paths, created.instance_id)
+        credential = (await read_when_present(workspace / "credential")).strip()
+        assert credential.startswith(f"wsl1.{created.instance_id}.")
+        assert (workspace / "marker").read_text() == "yes\n", "/etc comes from the image"
+        assert (workspace / "host-usr").read_text() == "no\n", "/usr comes from the image"
+        assert (workspace / "pythonpath").read_text() == "/run/warmshell/src\n"
+
+
+async def test_delete_during_create_leaves_nothing(make_driver: DriverFactory) -> None:
+    async with make_driver() as driver:
+        req = request()
+        created, deleted = await asyncio.gather(driver.create(req), driver.delete(req.sandbox_id))
+        assert created.sandbox_id == req.sandbox_id
+        assert deleted is True
+        assert await driver.get(req.sandbox_id) is None
+        assert driver_pids(driver) == []

@@ -1,0 +1,60 @@
+"""cgroup v2 detection and limits against fake hierarchies (this host has cgroup v1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from warmshell.drivers.local import cgroups
+
+
+def fake_hierarchy(tmp_path: Path, *, delegated: str = "cpu memory pids") -> tuple[Path, Path]:
+    root = tmp_path / "cgroup"
+    (root / "gw").mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory pids io\n")
+    (root / "gw" / "cgroup.controllers").write_text(delegated + "\n")
+    self_cgroup = tmp_path / "self"
+    self_cgroup.write_text("1:name=systemd:/\n0::/gw\n")
+    return root, self_cgroup
+
+
+def test_v1_host_is_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "cpu").mkdir()  # what a v1 /sys/fs/cgroup looks like: per-controller mounts
+    found = cgroups.detect(tmp_path, tmp_path / "nope")
+    assert isinstance(found, cgroups.Unavailable)
+    assert "not mounted" in found.message
+
+
+def test_undelegated_controllers_are_unavailable(tmp_path: Path) -> None:
+    root, self_cgroup = fake_hierarchy(tmp_path, delegated="pids")
+    found = cgroups.detect(root, self_cgroup)
+    assert isinstance(found, cgroups.Unavailable)
+    assert "not delegated" in found.message
+
+
+def test_no_v2_line_is_unavailable(tmp_path: Path) -> None:
+    root, self_cgroup = fake_hierarchy(tmp_path)
+    self_cgroup.write_text("1:cpu:/\n")
+    assert isinstance(cgroups.detect(root, self_cgroup), cgroups.Unavailable)
+
+
+def test_delegated_hierarchy_enables_controllers_and_writes_limits(tmp_path: Path) -> None:
+    root, self_cgroup = fake_hierarchy(tmp_path)
+    found = cgroups.detect(root, self_cgroup)
+    assert isinstance(found, cgroups.CgroupV2)
+    assert found.base == root / "gw" / "warmshell"
+    assert (root / "gw" / "cgroup.subtree_control").read_text() == "+cpu +memory\n"
+    assert (found.base / "cgroup.subtree_control").read_text() == "+cpu +memory\n"
+
+    path = found.create("li-1", cgroups.Limits(cpu_millis=250, memory_bytes=2**28))
+    assert (path / "cpu.max").read_text() == "25000 100000\n"
+    assert (path / "memory.max").read_text() == f"{2**28}\n"
+    only_memory = found.create("li-2", cgroups.Limits(memory_bytes=1024))
+    assert not (only_memory / "cpu.max").exists()
+
+
+def test_limits_truthiness_and_enter_argv(tmp_path: Path) -> None:
+    assert not cgroups.Limits()
+    assert cgroups.Limits(cpu_millis=1)
+    argv = cgroups.enter_argv(tmp_path)
+    assert argv[:2] == ["/bin/sh", "-c"]
+    assert argv[-1] == str(tmp_path / "cgroup.procs")

@@ -1,0 +1,192 @@
+"""Pool bookkeeping with fake members (no processes): refill, profile changes, failures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from warmshell.core.errors import InvalidArgumentError, UnavailableError
+from warmshell.core.ids import InstanceId
+from warmshell.core.matching import Match, NoMatch, NotReady
+from warmshell.core.profiles import Profile, ProfileError
+from warmshell.drivers.base import BackendState
+from warmshell.drivers.local.instances import Instance
+from warmshell.drivers.local.pooling import Pool, PoolSet
+
+
+class Members:
+    """A fake fleet: spawning makes a running Instance, stopping records it."""
+
+    def __init__(self) -> None:
+        self.spawned: list[Instance] = []
+        self.stopped: list[Instance] = []
+        self.fail_with: Exception | None = None
+
+    async def spawn(self, pool: Pool) -> Instance:
+        if self.fail_with is not None:
+            raise self.fail_with
+        member = Instance(
+            instance_id=InstanceId(f"li-{len(self.spawned)}"),
+            workspace=pool.profile.workspace,
+            hostname="h",
+            directory=Path("/nowhere"),
+            created_us=1,
+            pool=pool.fingerprint,
+            pool_name=pool.name,
+            state=BackendState.RUNNING,
+        )
+        self.spawned.append(member)
+        return member
+
+    async def stop(self, member: Instance) -> None:
+        member.deleting = True
+        self.stopped.append(member)
+
+
+def profile(name: str = "p", replicas: int = 2, **fields: object) -> Profile:
+    return Profile(name=name, source=f"/pools/{name}.toml", workspace="default", replicas=replicas, **fields)  # type: ignore[arg-type]
+
+
+def refuse_images(profile: Profile) -> None:
+    if profile.image:
+        raise InvalidArgumentError("spec.image", "no images here")
+
+
+@pytest.fixture
+def members() -> Members:
+    return Members()
+
+
+@pytest.fixture
+async def pools(members: Members) -> AsyncIterator[PoolSet]:
+    pool_set = PoolSet(spawn=members.spawn, stop=members.stop, default_image="", validate=refuse_images)
+    pool_set.start()
+    yield pool_set
+    await pool_set.aclose()
+
+
+async def settle(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0)
+
+
+def internal(pools: PoolSet, name: str) -> Pool:
+    return pools._pools[name]
+
+
+async def test_not_ready_until_the_first_apply(pools: PoolSet, members: Members) -> None:
+    fp = profile().fingerprint("")
+    assert pools.lookup(fp) == NotReady()
+    pools.apply({"p": profile()}, {})
+    assert pools.lookup(fp) == Match(internal(pools, "p"))
+    assert pools.lookup(profile(environment={"A": "b"}).fingerprint("")) == NoMatch()
+    await settle(lambda: len(members.spawned) == 2)
+
+
+async def test_claim_only_registered_members(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile()}, {})
+    await settle(lambda: len(internal(pools, "p").members) == 2)
+    pool = internal(pools, "p")
+    assert pool.claim() is None
+    assert (pool.view().ready, pool.view().idle) == (0, 0)
+    second = pool.members[1]
+    second.registered = True
+    pools.member_registered(second)
+    assert (pool.view().ready, pool.view().idle, pool.view().desired) == (1, 1, 2)
+    assert pool.claim() is second
+    assert second not in pool.members
+    pools.wake()
+    await settle(lambda: len(members.spawned) == 3)
+
+
+async def test_replicas_change_keeps_members_and_scales_down(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile(replicas=3)}, {})
+    await settle(lambda: len(internal(pools, "p").members) == 3)
+    first = list(internal(pools, "p").members)
+    pools.apply({"p": profile(replicas=1)}, {})
+    await settle(lambda: len(members.stopped) == 2)
+    assert internal(pools, "p").members == first[:1]
+    assert members.stopped == first[1:]
+
+
+async def test_changed_profile_replaces_idle_members(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile()}, {})
+    await settle(lambda: len(internal(pools, "p").members) == 2)
+    old = internal(pools, "p")
+    old.hits = 3
+    pools.apply({"p": profile(environment={"FOO": "bar"})}, {})
+    new = internal(pools, "p")
+    assert new is not old
+    assert new.fingerprint != old.fingerprint
+    assert new.hits == 3
+    await settle(lambda: len(members.stopped) == 2 and len(new.members) == 2)
+    assert set(members.stopped) == set(members.spawned[:2])
+
+
+async def test_removed_profile_drains(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile(), "q": profile("q", 1, environment={"Q": "1"})}, {})
+    await settle(lambda: len(members.spawned) == 3)
+    pools.apply({"q": profile("q", 1, environment={"Q": "1"})}, {})
+    await settle(lambda: len(members.stopped) == 2)
+    assert [v.name for v in pools.views()] == ["q"]
+    assert pools.lookup(profile().fingerprint("")) == NoMatch()
+
+
+async def test_invalid_profiles_are_reported_not_applied(pools: PoolSet, members: Members) -> None:
+    error = ProfileError("/pools/bad.toml", "replicas", "must be between 1 and 64", 3)
+    pools.apply({"p": profile(), "img": profile("img", image="/nope")}, {"bad": error})
+    views = {v.name: v for v in pools.views()}
+    assert set(views) == {"p", "bad", "img"}
+    (condition,) = views["bad"].conditions
+    assert (condition.type, condition.status, condition.reason) == (
+        "ProfileValid",
+        "False",
+        "InvalidProfile",
+    )
+    assert "/pools/bad.toml:3: replicas" in condition.message
+    assert views["bad"].desired == 0
+    assert "no images here" in views["img"].conditions[0].message
+    # A valid pool that becomes invalid keeps serving, flagged.
+    await settle(lambda: len(internal(pools, "p").members) == 2)
+    pools.apply({}, {"p": ProfileError("/pools/p.toml", "(syntax)", "not valid TOML")})
+    assert internal(pools, "p").members
+    (flag,) = {v.name: v for v in pools.views()}["p"].conditions
+    assert flag.type == "ProfileValid"
+    assert members.stopped == []
+
+
+async def test_spawn_failures_back_off_and_registration_heals(pools: PoolSet, members: Members) -> None:
+    members.fail_with = UnavailableError("cannot start a local supervisor: no such file")
+    pools.apply({"p": profile(replicas=1)}, {})
+    pool = internal(pools, "p")
+    await settle(lambda: pool.failures >= 1)
+    assert pool.retry_at > asyncio.get_running_loop().time()
+    (condition,) = pool.conditions
+    assert (condition.type, condition.reason) == ("MembersHealthy", "MemberFailed")
+    assert "no such file" in condition.message
+    failures = pool.failures
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert pool.failures == failures, "no retry before the backoff expires"
+
+    members.fail_with = None
+    pool.retry_at = 0
+    pools.wake()
+    await settle(lambda: len(pool.members) == 1)
+    member = pool.members[0]
+    member.registered = True
+    pools.member_registered(member)
+    assert (pool.failures, pool.conditions) == (0, ())
+
+
+async def test_member_that_never_registered_counts_as_a_failure(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile(replicas=1)}, {})
+    pool = internal(pools, "p")
+    await settle(lambda: len(pool.members) == 1)
+    pools.member_ended(pool.members[0], "exited with status 1 before registering")
+    assert pool.failures == 1
+    assert pool.members == []

@@ -1,0 +1,61 @@
+"""What a spec means on the local driver, and the refusal without bubblewrap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from warmshell.core.config import LocalDriverConfig, StatePaths
+from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
+from warmshell.core.models import SandboxSpec
+from warmshell.drivers.base import ComputeDriver
+from warmshell.drivers.local import LocalDriver, cgroups
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> LocalDriver:
+    # Unisolated so these tests run on hosts without bwrap too; validation does not care.
+    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True)
+    return LocalDriver(config, StatePaths(tmp_path), cgroup=cgroups.Unavailable("test"))
+
+
+def test_default_image_is_the_host_root(driver: LocalDriver) -> None:
+    assert driver.default_image() == ""
+    driver.validate("default", SandboxSpec())
+
+
+def test_image_directory(driver: LocalDriver, tmp_path: Path) -> None:
+    image = tmp_path / "rootfs"
+    (image / "usr").mkdir(parents=True)
+    driver.validate("default", SandboxSpec(image=str(image)))
+
+
+@pytest.mark.parametrize("image", ["ubuntu:24.04", "relative/dir", "/nonexistent/rootfs"])
+def test_bad_images(driver: LocalDriver, image: str) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        driver.validate("default", SandboxSpec(image=image))
+    assert caught.value.field == "spec.image"
+    assert "root filesystem" in caught.value.rule
+
+
+def test_image_without_usr(driver: LocalDriver, tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="usr"):
+        driver.validate("default", SandboxSpec(image=str(tmp_path)))
+
+
+def test_runtime_class_is_refused(driver: LocalDriver) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        driver.validate("default", SandboxSpec(runtime_class_name="gvisor"))
+    assert caught.value.field == "spec.runtime_class_name"
+
+
+def test_missing_bwrap_names_the_option(tmp_path: Path) -> None:
+    with pytest.raises(FailedPreconditionError, match=r"local\.allow_unisolated = true"):
+        LocalDriver(LocalDriverConfig(bwrap="/nonexistent/bwrap"), StatePaths(tmp_path))
+
+
+def test_it_is_a_compute_driver(driver: LocalDriver) -> None:
+    assert isinstance(driver, ComputeDriver)
+    assert driver.name == "local"
+    assert driver.pools() == []

@@ -1,0 +1,171 @@
+"""The warm-pool.toml parser: every rule, with file, key and line in the error."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.profiles import Profile, ProfileError, parse_profile
+
+FULL = """\
+version = 1
+workspace = "default"
+replicas = 2
+image = ""
+runtime_class_name = ""
+[environment]
+FOO = "bar"
+[resources]
+cpu = "0.2"
+memory = "256Mi"
+"""
+
+
+def parse(text: str, name: str = "p", max_replicas: int = 8) -> Profile:
+    return parse_profile(text, name=name, source="pools/p.toml", max_replicas=max_replicas)
+
+
+def test_full_profile() -> None:
+    profile = parse(FULL)
+    assert profile == Profile(
+        name="p",
+        source="pools/p.toml",
+        workspace="default",
+        replicas=2,
+        environment={"FOO": "bar"},
+        cpu="200m",
+        memory="256Mi",
+    )
+    assert profile.fingerprint("") == fingerprint(SandboxShape("default", "", {"FOO": "bar"}, "200m", "256Mi", ""))
+
+
+def test_minimal_profile_and_default_image() -> None:
+    profile = parse('version = 1\nworkspace = "w"\nreplicas = 1\n')
+    assert profile.shape("img") == SandboxShape("w", "img")
+    assert parse('version = 1\nworkspace = "w"\nreplicas = 1\nimage = "/x"\n').shape("img").image == "/x"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line", "rule"),
+    [
+        ('version = 1\nworkspace = "w"\nreplicas = 1\ncolour = "red"\n', "colour", 4, "unknown key"),
+        ('version = 2\nworkspace = "w"\nreplicas = 1\n', "version", 1, "must be 1"),
+        ('version = "1"\nworkspace = "w"\nreplicas = 1\n', "version", 1, "must be 1"),
+        ('workspace = "w"\nreplicas = 1\n', "version", None, "required"),
+        ('version = 1\nworkspace = ""\nreplicas = 1\n', "workspace", 2, "must not be empty"),
+        ("version = 1\nreplicas = 1\n", "workspace", None, "required"),
+        ('version = 1\nworkspace = "Big_W"\nreplicas = 1\n', "workspace", 2, "DNS-1123"),
+        ('version = 1\nworkspace = "w"\nreplicas = 0\n', "replicas", 3, "between 1 and 8"),
+        ('version = 1\nworkspace = "w"\nreplicas = -1\n', "replicas", 3, "between 1 and 8"),
+        ('version = 1\nworkspace = "w"\nreplicas = 9\n', "replicas", 3, "between 1 and 8"),
+        ('version = 1\nworkspace = "w"\nreplicas = true\n', "replicas", 3, "integer"),
+        ('version = 1\nworkspace = "w"\nreplicas = 1.5\n', "replicas", 3, "integer"),
+        ('version = 1\nworkspace = "w"\n', "replicas", None, "required"),
+        (
+            'version = 1\nworkspace = "w"\nreplicas = 1\n[environment]\n1X = "a"\n',
+            "environment.1X",
+            5,
+            "[A-Za-z_]",
+        ),
+        (
+            'version = 1\nworkspace = "w"\nreplicas = 1\n[environment]\nWARMSHELL_X = "a"\n',
+            "environment.WARMSHELL_X",
+            5,
+            "reserved",
+        ),
+        (
+            'version = 1\nworkspace = "w"\nreplicas = 1\n[environment]\nN = 3\n',
+            "environment.N",
+            5,
+            "string",
+        ),
+        (
+            'version = 1\nworkspace = "w"\nreplicas = 1\n\n[resources]\ncpu = "lots"\n',
+            "resources.cpu",
+            6,
+            "not a Kubernetes quantity",
+        ),
+        (
+            'version = 1\nworkspace = "w"\nreplicas = 1\n[resources]\nmemory = "-1Mi"\n',
+            "resources.memory",
+            5,
+            "greater than zero",
+        ),
+        (
+            'version = 1\nworkspace = "w"\nreplicas = 1\n[resources]\ngpu = "1"\n',
+            "resources.gpu",
+            5,
+            "unknown key",
+        ),
+        ('version = 1\nworkspace = "w"\nreplicas = 1\nenvironment = "x"\n', "environment", 4, "table"),
+        ('version = 1\nworkspace = "w"\nreplicas = 1\nimage = "a b"\n', "image", 4, "whitespace"),
+        (
+            'version = 1\nworkspace = "w"\nreplicas = 1\nruntime_class_name = "Not OK"\n',
+            "runtime_class_name",
+            4,
+            "DNS-1123",
+        ),
+        ('version = 1\nworkspace = "w"\nreplicas = = 1\n', "(syntax)", 3, "not valid TOML"),
+    ],
+)
+def test_errors_name_file_key_line_and_rule(text: str, key: str, line: int | None, rule: str) -> None:
+    with pytest.raises(ProfileError) as caught:
+        parse(text)
+    error = caught.value
+    assert (error.source, error.key, error.line) == ("pools/p.toml", key, line)
+    assert rule in error.rule
+    where = f"pools/p.toml:{line}" if line else "pools/p.toml"
+    assert str(error).startswith(f"{where}: {key}: ")
+
+
+def test_bad_file_name() -> None:
+    with pytest.raises(ProfileError, match="file name"):
+        parse(FULL, name="My Pool")
+
+
+def test_quantities_may_be_numbers() -> None:
+    text = 'version = 1\nworkspace = "w"\nreplicas = 1\n[resources]\ncpu = 0.5\nmemory = 1048576\n'
+    profile = parse(text)
+    assert (profile.cpu, profile.memory) == ("500m", "1Mi")
+
+
+def test_same_pool_ignores_replicas_only() -> None:
+    base = parse(FULL)
+    assert base.same_pool(parse(FULL.replace("replicas = 2", "replicas = 5")))
+    assert not base.same_pool(parse(FULL.replace('FOO = "bar"', 'FOO = "baz"')))
+
+
+env_names = st.text(alphabet=string.ascii_uppercase + "_", min_size=1, max_size=8).filter(
+    lambda k: not k.startswith("WARMSHELL_")
+)
+env_values = st.text(alphabet=string.ascii_letters + string.digits + " -_./", max_size=16)
+
+
+@given(
+    env=st.dictionaries(env_names, env_values, max_size=5),
+    cpu_millis=st.integers(min_value=1, max_value=64_000),
+    replicas=st.integers(min_value=1, max_value=8),
+)
+def test_profile_and_request_shapes_share_a_fingerprint(env: dict[str, str], cpu_millis: int, replicas: int) -> None:
+    lines = ["version = 1", 'workspace = "default"', f"replicas = {replicas}", "[environment]"]
+    lines += [f'{k} = "{v}"' for k, v in reversed(list(env.items()))]
+    lines += ["[resources]", f'cpu = "{cpu_millis}m"']
+    profile = parse("\n".join(lines) + "\n")
+    # A request spelling the same cpu in cores, with env in another order, matches it.
+    request = SandboxShape("default", "", dict(sorted(env.items())), str(cpu_millis / 1000))
+    assert profile.fingerprint("") == fingerprint(request)
+
+
+@given(st.text(max_size=200))
+def test_parser_never_crashes(text: str) -> None:
+    # Any other exception escapes and fails the test.
+    failure: ProfileError | None = None
+    try:
+        parse(text)
+    except ProfileError as error:
+        failure = error
+    assert failure is None or str(failure).startswith("pools/p.toml")

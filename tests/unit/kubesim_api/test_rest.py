@@ -1,0 +1,135 @@
+"""The write path without HTTP: generation, status split, no-ops, finalizers, CRD registration."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from kubesim.apiserver import deletion, errors
+from kubesim.apiserver.resources import Registry, ResourceType
+from kubesim.apiserver.rest import Rest, WriteOptions
+from kubesim.apiserver.store import Store
+
+OPTS = WriteOptions()
+
+
+def crd(pattern: str = "^[a-z]+$") -> dict[str, Any]:
+    schema = {
+        "type": "object",
+        "properties": {
+            "spec": {
+                "type": "object",
+                "properties": {"size": {"type": "integer"}, "word": {"type": "string", "pattern": pattern}},
+            },
+            "status": {"type": "object", "properties": {"ready": {"type": "boolean"}}},
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {"status": {}},
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture
+def rest() -> Rest:
+    r = Rest(Store(), Registry())
+    ns_rt = r.registry.get("", "namespaces")
+    assert ns_rt is not None
+    r.create(ns_rt, "v1", "", {"metadata": {"name": "default"}}, OPTS)
+    return r
+
+
+def widgets(rest: Rest) -> ResourceType:
+    crd_rt = rest.registry.get("apiextensions.k8s.io", "customresourcedefinitions")
+    assert crd_rt is not None
+    created = rest.create(crd_rt, "v1", "", crd(), OPTS)
+    assert created.code == 201
+    assert {c["type"] for c in created.obj["status"]["conditions"]} == {"NamesAccepted", "Established"}
+    rt = rest.registry.get("example.com", "widgets")
+    assert rt is not None
+    return rt
+
+
+def test_generation_status_and_no_op(rest: Rest) -> None:
+    rt = widgets(rest)
+    obj = rest.create(
+        rt, "v1", "default", {"metadata": {"name": "w"}, "spec": {"size": 1}, "status": {"ready": True}}, OPTS
+    ).obj
+    assert "status" not in obj  # dropped on create when status is a subresource
+    assert obj["metadata"]["generation"] == 1
+    status = copy.deepcopy(obj)
+    status["status"] = {"ready": True}
+    after_status = rest.update(rt, "v1", "default", "w", status, OPTS, subresource="status").obj
+    assert after_status["status"] == {"ready": True}
+    assert after_status["metadata"]["generation"] == 1
+    spec = copy.deepcopy(after_status)
+    spec["spec"]["size"] = 2
+    after_spec = rest.update(rt, "v1", "default", "w", spec, OPTS).obj
+    assert after_spec["metadata"]["generation"] == 2
+    assert after_spec["status"] == {"ready": True}  # the main resource cannot change status
+    same = rest.update(rt, "v1", "default", "w", copy.deepcopy(after_spec), OPTS).obj
+    assert same["metadata"]["resourceVersion"] == after_spec["metadata"]["resourceVersion"]
+
+
+def test_update_of_a_custom_resource_needs_a_resource_version(rest: Rest) -> None:
+    rt = widgets(rest)
+    rest.create(rt, "v1", "default", {"metadata": {"name": "w"}, "spec": {}}, OPTS)
+    with pytest.raises(errors.ApiError) as exc:
+        rest.update(rt, "v1", "default", "w", {"metadata": {"name": "w"}, "spec": {"size": 3}}, OPTS)
+    assert exc.value.code == 422
+    assert "must be specified for an update" in exc.value.message
+
+
+def test_finalizers_hold_deletion(rest: Rest) -> None:
+    rt = widgets(rest)
+    rest.create(rt, "v1", "default", {"metadata": {"name": "w", "finalizers": ["x/y"]}, "spec": {}}, OPTS)
+    result = deletion.delete(rest, rt, "v1", "default", "w", deletion.DeleteOptions())
+    assert result.obj["metadata"]["deletionTimestamp"]
+    held = copy.deepcopy(rest.get(rt, "default", "w").obj)
+    held["metadata"]["finalizers"].append("new/one")
+    with pytest.raises(errors.ApiError) as exc:
+        rest.update(rt, "v1", "default", "w", held, OPTS)
+    assert exc.value.code == 422
+    held["metadata"]["finalizers"] = []
+    rest.update(rt, "v1", "default", "w", held, OPTS)
+    assert rest.store.get("example.com", "widgets", "default", "w") is None
+
+
+def test_crd_with_an_unusable_schema_is_rejected(rest: Rest) -> None:
+    crd_rt = rest.registry.get("apiextensions.k8s.io", "customresourcedefinitions")
+    assert crd_rt is not None
+    with pytest.raises(errors.ApiError) as exc:
+        rest.create(crd_rt, "v1", "", crd(pattern="(unclosed"), OPTS)
+    assert exc.value.code == 422
+    assert rest.registry.get("example.com", "widgets") is None
+
+
+def test_dns_names_and_labels_are_validated(rest: Rest) -> None:
+    cm = rest.registry.get("", "configmaps")
+    assert cm is not None
+    with pytest.raises(errors.ApiError) as bad_name:
+        rest.create(cm, "v1", "default", {"metadata": {"name": "Not_Valid"}}, OPTS)
+    assert bad_name.value.code == 422
+    with pytest.raises(errors.ApiError) as bad_label:
+        rest.create(cm, "v1", "default", {"metadata": {"name": "ok", "labels": {"a": "has space"}}}, OPTS)
+    assert bad_label.value.code == 422
+    with pytest.raises(errors.ApiError) as no_ns:
+        rest.create(cm, "v1", "missing", {"metadata": {"name": "ok"}}, OPTS)
+    assert no_ns.value.code == 404

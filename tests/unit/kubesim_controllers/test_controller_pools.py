@@ -1,0 +1,130 @@
+from typing import Any
+
+from ksc_builders import make_pool, make_template
+
+from kubesim.controllers import pools
+from kubesim.controllers.hashing import name_hash
+
+Obj = dict[str, Any]
+
+
+def member(name: str, *, ready: bool = True, deleting: bool = False, created: str = "") -> Obj:
+    sb = pools.build_warm_sandbox(make_pool(), make_template())
+    sb["metadata"].update({"name": name, "uid": f"{name}-uid", "creationTimestamp": created or "2026-01-01T00:00:00Z"})
+    if deleting:
+        sb["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:09Z"
+    sb["status"] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    return sb
+
+
+def test_warm_sandbox_shape() -> None:
+    sb = pools.build_warm_sandbox(make_pool(), make_template())
+    meta = sb["metadata"]
+    assert meta["generateName"] == "pool-"
+    assert "name" not in meta
+    labels = meta["labels"]
+    assert labels["agents.x-k8s.io/warm-pool-sandbox"] == name_hash("pool")
+    assert labels["agents.x-k8s.io/sandbox-template-ref-hash"] == name_hash("tmpl")
+    assert labels["agents.x-k8s.io/launch-type"] == "warm"
+    assert labels["agents.x-k8s.io/created-by"] == "controller"
+    pod_hash, bp_hash = pools.template_hashes(make_template())
+    assert labels["agents.x-k8s.io/sandbox-pod-template-hash"] == pod_hash
+    assert labels["agents.x-k8s.io/sandbox-template-hash"] == bp_hash
+    assert meta["annotations"] == {"agents.x-k8s.io/sandbox-template-ref": "tmpl"}
+    assert meta["ownerReferences"][0]["kind"] == "SandboxWarmPool"
+    assert meta["ownerReferences"][0]["controller"] is True
+    ptmeta = sb["spec"]["podTemplate"]["metadata"]
+    assert ptmeta["labels"]["app"] == "agent"
+    assert ptmeta["labels"]["agents.x-k8s.io/sandbox-template-hash"] == bp_hash
+    assert ptmeta["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert sb["spec"]["podTemplate"]["spec"]["dnsConfig"] == {"nameservers": ["8.8.8.8", "1.1.1.1"]}
+
+
+def test_template_set_safe_to_evict_and_dns_policy_are_kept() -> None:
+    tmpl = make_template()
+    tmpl["spec"]["podTemplate"]["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "false"
+    tmpl["spec"]["podTemplate"]["spec"]["dnsPolicy"] = "ClusterFirst"
+    tmpl["spec"]["podTemplate"]["spec"]["automountServiceAccountToken"] = True
+    sb = pools.build_warm_sandbox(make_pool(), tmpl)
+    spec = sb["spec"]["podTemplate"]["spec"]
+    assert spec["dnsPolicy"] == "ClusterFirst"
+    assert "dnsConfig" not in spec
+    assert spec["automountServiceAccountToken"] is True
+    ann = sb["spec"]["podTemplate"]["metadata"]["annotations"]
+    assert ann["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+
+
+def test_plan_creates_deficit_counting_terminating_members() -> None:
+    members = [member("a"), member("b", deleting=True)]
+    plan = pools.plan_pool(make_pool(replicas=4), members, make_template(), unobserved=0)
+    assert plan.create == 2
+    assert plan.status == {
+        "replicas": 1,
+        "readyReplicas": 1,
+        "selector": f"agents.x-k8s.io/warm-pool-sandbox={name_hash('pool')}",
+        "observedGeneration": 4,
+    }
+
+
+def test_plan_waits_for_unobserved_writes() -> None:
+    plan = pools.plan_pool(make_pool(replicas=4), [], make_template(), unobserved=1)
+    assert plan.create == 0
+    assert plan.delete == []
+
+
+def test_missing_template_creates_nothing_but_reports_status() -> None:
+    plan = pools.plan_pool(make_pool(replicas=3), [member("a")], None, unobserved=0)
+    assert plan.create == 0
+    assert plan.status["replicas"] == 1
+
+
+def test_members_owned_by_someone_else_do_not_count() -> None:
+    adopted = member("a")
+    adopted["metadata"]["ownerReferences"][0]["uid"] = "claim-uid"
+    plan = pools.plan_pool(make_pool(replicas=1), [adopted], make_template(), unobserved=0)
+    assert plan.create == 1
+
+
+def test_scale_down_removes_unready_then_newest() -> None:
+    members = [
+        member("old", created="2026-01-01T00:00:01Z"),
+        member("new", created="2026-01-01T00:00:05Z"),
+        member("unready", ready=False, created="2026-01-01T00:00:00Z"),
+    ]
+    plan = pools.plan_pool(make_pool(replicas=1), members, make_template(), unobserved=0)
+    assert [m["metadata"]["name"] for m in plan.delete] == ["unready", "new"]
+
+
+def test_recreate_deletes_stale_members_on_replenish_keeps_them() -> None:
+    changed = make_template()
+    changed["spec"]["podTemplate"]["spec"]["containers"][0]["image"] = "busybox:2"
+    members = [member("a"), member("b")]
+    keep = pools.plan_pool(make_pool(replicas=2), members, changed, unobserved=0)
+    assert keep.delete == []
+    assert keep.create == 0
+    recreate_pool = make_pool(replicas=2)
+    recreate_pool["spec"]["updateStrategy"] = {"type": "Recreate"}
+    plan = pools.plan_pool(recreate_pool, members, changed, unobserved=0)
+    assert {m["metadata"]["name"] for m in plan.delete} == {"a", "b"}
+    assert plan.create == 2
+
+
+def test_metadata_only_template_change_is_not_stale() -> None:
+    changed = make_template()
+    changed["spec"]["podTemplate"]["metadata"]["labels"]["extra"] = "x"
+    assert not pools.is_stale(member("a"), changed)
+    assert pools.is_stale(member("a"), make_template(name="other"))
+
+
+def test_members_stuck_not_ready_past_the_grace_period_are_replaced() -> None:
+    import datetime
+
+    now = datetime.datetime(2026, 1, 1, 0, 10, tzinfo=datetime.UTC)
+    stuck = member("stuck", ready=False, created="2026-01-01T00:00:00Z")
+    young = member("young", ready=False, created="2026-01-01T00:09:00Z")
+    plan = pools.plan_pool(
+        make_pool(replicas=2), [stuck, young], make_template(), unobserved=0, now=now, readiness_grace=300
+    )
+    assert [m["metadata"]["name"] for m in plan.delete] == ["stuck"]
+    assert plan.create == 1
+    assert plan.recheck_in == 240
