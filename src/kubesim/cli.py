@@ -45,11 +45,19 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve plain HTTP (kubectl then sends no token and is refused; Python clients still work)",
     )
+    serve.add_argument(
+        "--rbac",
+        action="store_true",
+        help="enforce RBAC: ServiceAccount tokens get only what Roles/ClusterRoles bound to them grant "
+        "(the default user and admin tokens are system:masters and keep full access)",
+    )
     return parser
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    server = ApiServer(ServerConfig(port=args.port, bookmark_interval=args.bookmark_interval, tls=not args.no_tls))
+    server = ApiServer(
+        ServerConfig(port=args.port, bookmark_interval=args.bookmark_interval, tls=not args.no_tls, rbac=args.rbac)
+    )
     await server.start()
     path = server.write_kubeconfig(args.kubeconfig)
     if args.admin_kubeconfig is not None:

@@ -26,9 +26,6 @@ FOO = "bar"
 
 POOL_FILL_TIMEOUT_SECONDS = 15.0
 
-# Remove once the local driver keeps warm pools (issue 3); strict, so the first passing run fails
-# loudly and the marker cannot be forgotten.
-pytestmark = pytest.mark.xfail(reason="local warm pools (issue 3) are not implemented yet", strict=True)
 
 
 @pytest.fixture

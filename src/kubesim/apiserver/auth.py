@@ -2,11 +2,13 @@
 
 Static tokens (the default user and the controllers' admin) are looked up in a dict; anything that
 looks like a JWT is checked as a service-account token issued by ``tokens.TokenIssuer``. Every
-request passes through ``Authorizer.authorize`` once, after routing; RBAC (issue 8) plugs in there.
+request passes through ``Authorizer.authorize`` once, after routing (plus once per ``Impersonate-*``
+header); ``ServerConfig(rbac=True)`` plugs ``rbac_authorizer.RbacAuthorizer`` in there.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,6 +27,11 @@ class User:
 
 ANONYMOUS = User("system:anonymous", ("system:unauthenticated",))
 
+# Who the request being served is (set by the HTTP handler, per request task). Checks deep in the
+# write path (RBAC escalation prevention) read it; in-process writers (built-in controllers, test
+# setup) leave it unset and act as the server itself.
+CURRENT_USER: ContextVar[User | None] = ContextVar("kubesim_current_user", default=None)
+
 
 @dataclass(frozen=True)
 class Attributes:
@@ -41,7 +48,11 @@ class Attributes:
 
 
 class Authorizer(Protocol):
-    """Decides whether a request may proceed: ``None`` allows, a string is the denial reason."""
+    """Decides whether a request may proceed: ``None`` allows, a string is the denial reason.
+
+    The handler turns a denial into upstream's 403 message (``rbac.forbidden_message``), appending
+    a non-empty reason after a colon; ``rbac_authorizer.RbacAuthorizer`` is the real one.
+    """
 
     def authorize(self, attrs: Attributes) -> str | None: ...
 

@@ -1,7 +1,8 @@
 """Per-kind defaulting and validation for the built-in kinds, as their registry strategies do.
 
 Only what clients observe is modelled: pod defaults and spec immutability, namespace phase and
-label, secret ``stringData``, service cluster IPs. Everything else is stored as sent.
+label, secret ``stringData``, service cluster IPs, RBAC objects (``rbac_objects``). Everything else
+is stored as sent.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import copy
 import itertools
 from typing import Any
 
+from kubesim.apiserver import rbac_objects
 from kubesim.apiserver.schema import FieldError
 
 _cluster_ips = itertools.count(10)
@@ -139,6 +141,9 @@ def default_service(svc: dict[str, Any]) -> None:
 
 def on_create(group: str, plural: str, obj: dict[str, Any]) -> None:
     """Apply create-time defaults for a built-in kind."""
+    if group == rbac_objects.GROUP:
+        rbac_objects.default(plural, obj)
+        return
     if group != "":
         return
     if plural == "pods":
@@ -155,10 +160,14 @@ def on_update(group: str, plural: str, obj: dict[str, Any]) -> None:
     """Apply update-time defaults for a built-in kind."""
     if group == "" and plural == "secrets":
         default_secret(obj)
+    elif group == rbac_objects.GROUP:
+        rbac_objects.default(plural, obj)
 
 
 def validate(group: str, plural: str, obj: dict[str, Any], old: dict[str, Any] | None) -> list[FieldError]:
     """Field errors for a built-in kind (empty when valid)."""
     if group == "" and plural == "pods":
         return validate_pod(obj, old)
+    if group == rbac_objects.GROUP:
+        return rbac_objects.validate(plural, obj, old)
     return []

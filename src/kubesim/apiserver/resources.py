@@ -143,6 +143,10 @@ def builtin_resources() -> list[ResourceType]:
             group="authorization.k8s.io",
             verbs=("create",),
         ),
+        _core("roles", "Role", group="rbac.authorization.k8s.io"),
+        _core("rolebindings", "RoleBinding", group="rbac.authorization.k8s.io"),
+        _core("clusterroles", "ClusterRole", namespaced=False, group="rbac.authorization.k8s.io"),
+        _core("clusterrolebindings", "ClusterRoleBinding", namespaced=False, group="rbac.authorization.k8s.io"),
         _core(
             "customresourcedefinitions",
             "CustomResourceDefinition",

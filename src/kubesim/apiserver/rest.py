@@ -11,12 +11,13 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from kubesim.apiserver import applying, builtins, cel, crds, errors, meta, patching, scaling
+from kubesim.apiserver import applying, builtins, cel, crds, errors, meta, patching, rbac_objects, scaling
 from kubesim.apiserver.resources import Registry, ResourceType
 from kubesim.apiserver.schema import FieldError
 from kubesim.apiserver.store import Store, Stored
@@ -63,12 +64,18 @@ def _spec_part(obj: dict[str, Any], has_status: bool) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in drop}
 
 
+# A last check on a write that passed validation: (resource, new object, current or None). It
+# raises an ApiError to refuse the write (RBAC's escalation prevention is one).
+Admission = Callable[[ResourceType, dict[str, Any], Stored | None], None]
+
+
 class Rest:
     """Resource semantics over the store; synchronous so internal controllers can call it too."""
 
     def __init__(self, store: Store, registry: Registry) -> None:
         self.store = store
         self.registry = registry
+        self.admission: list[Admission] = []
 
     # ---- reads -------------------------------------------------------------------------------
 
@@ -282,6 +289,8 @@ class Rest:
         else:
             builtins.on_create(rt.group, rt.plural, new)
         warnings = self._validate(rt, version, new, old, opts)
+        for admit in self.admission:
+            admit(rt, new, old)
         if old is not None:
             om = old.obj["metadata"]
             m = new["metadata"]
@@ -374,7 +383,12 @@ class Rest:
         name = new["metadata"].get("name", "")
         causes: list[FieldError] = []
         warnings: list[str] = []
-        for message in meta.name_errors(name, label=rt.plural == "namespaces"):
+        if rt.group == rbac_objects.GROUP:
+            # RBAC names are path segments ("system:discovery"), not DNS names.
+            name_errors = rbac_objects.name_errors(name)
+        else:
+            name_errors = meta.name_errors(name, label=rt.plural == "namespaces")
+        for message in name_errors:
             causes.append(
                 {
                     "field": "metadata.name",

@@ -65,10 +65,18 @@ def access_review(authorizer: Authorizer, body: Any, caller: User, *, self_revie
             'spec.resourceAttributes: Invalid value: "null": exactly one of nonResourceAttributes or '
             "resourceAttributes must be specified",
         )
-    denied = authorizer.authorize(attrs)
-    status: dict[str, Any] = {"allowed": denied is None}
-    if denied is not None:
-        status["reason"] = denied
+    # An authorizer that can explain itself (RBAC) also says why a request is allowed, as upstream's
+    # "RBAC: allowed by ClusterRoleBinding ..." reasons do.
+    decide = getattr(authorizer, "decide", None)
+    if callable(decide):
+        decision = decide(attrs)
+        allowed, reason = bool(decision.allowed), str(decision.reason)
+    else:
+        denied = authorizer.authorize(attrs)
+        allowed, reason = denied is None, denied or ""
+    status: dict[str, Any] = {"allowed": allowed}
+    if reason:
+        status["reason"] = reason
     return {
         "kind": body.get("kind") or ("SelfSubjectAccessReview" if self_review else "SubjectAccessReview"),
         "apiVersion": "authorization.k8s.io/v1",

@@ -19,6 +19,7 @@ from kubesim.apiserver.auth import AllowAll, Authenticator, Authorizer, User
 from kubesim.apiserver.faults import Faults
 from kubesim.apiserver.gc import Controllers
 from kubesim.apiserver.handlers import Handler
+from kubesim.apiserver.rbac_authorizer import RbacAuthorizer, install_bootstrap_policy
 from kubesim.apiserver.requestlog import RequestLog
 from kubesim.apiserver.resources import Registry
 from kubesim.apiserver.rest import Rest, WriteOptions
@@ -46,6 +47,9 @@ class ServerConfig:
     # HTTPS by default: client-go (kubectl) never sends bearer tokens over plain HTTP.
     tls: bool = True
     authorizer: Authorizer = field(default_factory=AllowAll)
+    # Enforce RBAC (replaces ``authorizer``): only system:masters (the admin and default user
+    # tokens) bypasses it; ServiceAccount tokens get what their bindings grant.
+    rbac: bool = False
 
 
 class ApiServer:
@@ -64,7 +68,11 @@ class ApiServer:
         }
         self.authn = Authenticator(self.users, self.issuer, cfg.api_audiences)
         self.authn.sa_validator = special.live_uid(self.rest)
-        self.authorizer = cfg.authorizer
+        self.authorizer: Authorizer = cfg.authorizer
+        if cfg.rbac:
+            rbac = RbacAuthorizer(self.store)
+            self.authorizer = rbac
+            self.rest.admission.append(rbac.admit)  # nobody grants what they do not hold
         self.faults = Faults()
         self.log = RequestLog()
         self.admin = Admin(self)
@@ -87,6 +95,9 @@ class ApiServer:
             if self.store.get("", "namespaces", "", ns) is None:
                 body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
                 self.rest.create(rt, "v1", "", body, WriteOptions())
+        if self.config.rbac:
+            # Discovery, `kubectl auth can-i` and the health paths must keep working for everyone.
+            install_bootstrap_policy(self.rest, self.registry)
         app = web.Application(client_max_size=3 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", Handler(self).__call__)
         # Cancel handlers when clients disconnect so abandoned watches unsubscribe at once.

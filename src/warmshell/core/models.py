@@ -23,6 +23,9 @@ __all__ = [
 ]
 
 DEFAULT_WORKSPACE = "default"
+# The workload's working directory inside every sandbox, on every driver (a writable directory
+# the driver provides); the gateway sends it in each activation.
+WORKSPACE_DIR = "/workspace"
 
 
 def now_ms() -> int:

@@ -19,7 +19,7 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.core.ids import InstanceId, SandboxId
-from warmshell.core.models import Phase, SandboxRecord, now_us
+from warmshell.core.models import WORKSPACE_DIR, Phase, SandboxRecord, now_us
 from warmshell.drivers.base import Bound, WarmPending
 from warmshell.gateway import metrics
 from warmshell.gateway.records import SandboxRecords
@@ -31,7 +31,6 @@ __all__ = ["ACTIVATION_ATTEMPTS", "GatewayActivator"]
 log = logging.getLogger(__name__)
 
 ACTIVATION_ATTEMPTS = 3
-WORKLOAD_DIR = "/workspace"
 
 
 def _check_identity(registration: Registration[spb.SupervisorActivationMessage], record: SandboxRecord) -> None:
@@ -112,7 +111,7 @@ class GatewayActivator:
             workload=spb.Workload(
                 command=record.spec.command,
                 environment=record.spec.environment,
-                workdir=WORKLOAD_DIR,
+                workdir=WORKSPACE_DIR,
             ),
             session_id=registration.session_id,
         )

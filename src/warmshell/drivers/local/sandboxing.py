@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from warmshell.core.models import WORKSPACE_DIR
+
 __all__ = [
     "GATEWAY_SOCKET",
     "WORKSPACE",
@@ -26,7 +28,7 @@ __all__ = [
     "supervisor_environment",
 ]
 
-WORKSPACE = "/workspace"
+WORKSPACE = WORKSPACE_DIR
 GATEWAY_SOCKET = "/run/warmshell/gateway.sock"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 

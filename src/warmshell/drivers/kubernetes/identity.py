@@ -1,0 +1,181 @@
+"""Who is this supervisor? The Kubernetes answer, from the pod's projected ServiceAccount token.
+
+Fail-closed and in this order (each step trusts only what the previous ones established):
+1. TokenReview for our audience: authenticated, the audience granted, the username
+   `system:serviceaccount:<ns>:<sa>` with `<ns>` accepted by the namespace mode and `<sa>` the
+   configured sandbox ServiceAccount;
+2. exactly one pod name and one pod uid in the review's `extra` (the token is bound to a pod);
+3. the live pod has that uid (a token of a deleted pod whose name was reused is refused);
+4. the pod's single controlling ownerReference is an agent-sandbox Sandbox, and the live Sandbox
+   of that name has that uid;
+5. the Sandbox is ours and its sandbox-id label equals the pod's sandbox-id annotation;
+6. the activation proof sealed on the Sandbox opens for (namespace, name, sandbox id).
+Then the supervisor is bound to that sandbox. The gateway needs no permission to patch pods, so a
+pod's annotations are what the Sandbox's pod template said at create. Tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from warmshell.core.config import KubernetesDriverConfig
+from warmshell.core.errors import PermissionDeniedError
+from warmshell.core.ids import InstanceId, SandboxId
+from warmshell.drivers.base import Bound, SupervisorIdentity
+from warmshell.drivers.kubernetes import kube, labels, naming
+from warmshell.drivers.kubernetes.proofs import ProofSealer
+
+__all__ = ["IdentityApi", "KubernetesIdentity", "looks_like_jwt"]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+SA_PREFIX = "system:serviceaccount:"
+
+
+class IdentityApi(Protocol):
+    """What the provider reads from the cluster (`kube.Kube`, or an in-process fake in tests)."""
+
+    async def review_token(self, token: str, audiences: Sequence[str]) -> Obj: ...
+
+    async def get(self, resource: kube.Resource, namespace: str, name: str) -> Obj: ...
+
+
+class KubernetesIdentity:
+    """An `IdentityProvider` for supervisors in agent-sandbox pods."""
+
+    def __init__(
+        self,
+        api: IdentityApi,
+        config: KubernetesDriverConfig,
+        sealer: ProofSealer,
+        *,
+        on_registered: Callable[[SandboxId, str], None] | None = None,
+    ) -> None:
+        self._api = api
+        self._config = config
+        self._sealer = sealer
+        self._on_registered = on_registered
+
+    async def authenticate(self, credential: str) -> SupervisorIdentity | None:
+        """The identity behind a pod's token; None when the credential is not a JWT at all."""
+        if not looks_like_jwt(credential):
+            return None
+        try:
+            identity = await self._resolve(credential)
+        except PermissionDeniedError as exc:
+            log.warning("supervisor registration refused: %s", exc)
+            raise
+        if self._on_registered is not None:
+            assert isinstance(identity.binding, Bound)
+            self._on_registered(identity.binding.sandbox_id, identity.instance_name)
+        return identity
+
+    async def _resolve(self, token: str) -> SupervisorIdentity:
+        namespace, pod_name, pod_uid = await self._review(token)
+        pod = await self._live(kube.PODS, namespace, pod_name, "the token's pod no longer exists")
+        if _meta(pod).get("uid") != pod_uid:
+            raise PermissionDeniedError(f"pod {namespace}/{pod_name} was replaced since the token was issued")
+        if _meta(pod).get("deletionTimestamp"):
+            raise PermissionDeniedError(f"pod {namespace}/{pod_name} is being deleted")
+        owner = _controller(pod)
+        sandbox = await self._live(
+            kube.sandboxes(owner["apiVersion"].split("/", 1)[1]), namespace, owner["name"], "the pod's Sandbox is gone"
+        )
+        if _meta(sandbox).get("uid") != owner.get("uid"):
+            raise PermissionDeniedError(f"Sandbox {namespace}/{owner['name']} is not the pod's owner (uid differs)")
+        sandbox_id = _sandbox_id(pod, sandbox)
+        sealed = str((_meta(sandbox).get("annotations") or {}).get(labels.ACTIVATION_PROOF) or "")
+        proof = self._sealer.open(sealed, namespace=namespace, name=owner["name"], sandbox_id=sandbox_id)
+        if proof is None:
+            raise PermissionDeniedError(f"Sandbox {namespace}/{owner['name']} carries no valid activation proof")
+        return SupervisorIdentity(
+            driver="kubernetes",
+            instance_id=InstanceId(pod_uid),
+            instance_name=pod_name,
+            workspace=str((_meta(sandbox).get("labels") or {}).get(labels.WORKSPACE) or ""),
+            binding=Bound(SandboxId(sandbox_id), proof),
+        )
+
+    async def _review(self, token: str) -> tuple[str, str, str]:
+        """Step 1 and 2: (namespace, pod name, pod uid) of an authenticated, pod-bound token."""
+        audience = self._config.token_audience
+        try:
+            status = await self._api.review_token(token, [audience])
+        except kube.Rejected as exc:
+            raise PermissionDeniedError(f"the gateway may not review tokens: {exc}") from exc
+        if status.get("authenticated") is not True:
+            raise PermissionDeniedError(f"token not authenticated: {status.get('error') or 'no reason given'}")
+        if audience not in (status.get("audiences") or []):
+            raise PermissionDeniedError(f"token not valid for audience {audience!r}")
+        user = status.get("user") or {}
+        username = str(user.get("username") or "")
+        namespace, _, account = username.removeprefix(SA_PREFIX).partition(":")
+        if not username.startswith(SA_PREFIX) or not account:
+            raise PermissionDeniedError(f"{username!r} is not a ServiceAccount")
+        if not naming.namespace_accepted(self._config, namespace):
+            raise PermissionDeniedError(f"ServiceAccount namespace {namespace!r} is not a sandbox namespace")
+        if account != self._config.service_account:
+            raise PermissionDeniedError(f"ServiceAccount {account!r} is not the sandbox ServiceAccount")
+        extra = user.get("extra") or {}
+        return namespace, _single(extra, POD_NAME_EXTRA), _single(extra, POD_UID_EXTRA)
+
+    async def _live(self, resource: kube.Resource, namespace: str, name: str, gone: str) -> Obj:
+        try:
+            return await self._api.get(resource, namespace, name)
+        except kube.NotFound as exc:
+            raise PermissionDeniedError(f"{gone} ({resource.kind} {namespace}/{name})") from exc
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _single(extra: Mapping[str, Any], key: str) -> str:
+    values = extra.get(key)
+    if not isinstance(values, list) or len(values) != 1 or not isinstance(values[0], str) or not values[0]:
+        raise PermissionDeniedError(f"token is not bound to exactly one pod ({key})")
+    return values[0]
+
+
+def _controller(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    controllers = [r for r in _meta(pod).get("ownerReferences") or [] if r.get("controller") is True]
+    if len(controllers) != 1:
+        raise PermissionDeniedError(f"pod has {len(controllers)} controllers; exactly one Sandbox is required")
+    owner: Mapping[str, Any] = controllers[0]
+    versions = {f"{kube.SANDBOX_GROUP}/{v}" for v in kube.SANDBOX_VERSIONS}
+    if owner.get("kind") != "Sandbox" or owner.get("apiVersion") not in versions or not owner.get("name"):
+        what = f"{owner.get('apiVersion')} {owner.get('kind')}"
+        raise PermissionDeniedError(f"pod is controlled by {what}, not an agent-sandbox Sandbox")
+    return owner
+
+
+def _sandbox_id(pod: Mapping[str, Any], sandbox: Mapping[str, Any]) -> str:
+    sandbox_labels = _meta(sandbox).get("labels") or {}
+    if sandbox_labels.get(labels.MANAGED_BY) != labels.MANAGED_BY_VALUE:
+        raise PermissionDeniedError("the pod's Sandbox is not managed by warmshell")
+    claimed = (_meta(pod).get("annotations") or {}).get(labels.SANDBOX_ID)
+    owned = sandbox_labels.get(labels.SANDBOX_ID)
+    if not claimed or not owned or claimed != owned:
+        raise PermissionDeniedError("the pod's sandbox id does not match its Sandbox's")
+    return str(owned)
+
+
+def looks_like_jwt(credential: str) -> bool:
+    """Three base64url parts whose first is a JSON header naming an algorithm."""
+    parts = credential.split(".")
+    if len(parts) != 3 or not all(parts):
+        return False
+    try:
+        header = json.loads(base64.urlsafe_b64decode(parts[0] + "=" * (-len(parts[0]) % 4)))
+    except (binascii.Error, ValueError):
+        return False
+    return isinstance(header, dict) and "alg" in header

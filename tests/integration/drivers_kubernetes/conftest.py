@@ -1,0 +1,146 @@
+"""Fixtures: a kubesim cluster (API server, agent-sandbox controllers, a kubelet running pods as
+local processes) whose warmshell image runs the real supervisor, and the driver or a whole gateway
+pointed at it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubesim.cluster import RunningCluster, running_cluster
+from kubesim.controllers import client as kc
+from tests.helpers.gateway import RunningGateway, running_gateway
+from warmshell.core.config import KubernetesDriverConfig, StatePaths
+from warmshell.drivers.kubernetes import KubernetesDriver
+
+NAMESPACE = "warmshell"
+SERVICE_ACCOUNT = "warmshell-sandbox"
+IMAGE = "ghcr.io/warmshell/warmshell:test"
+BROKEN_IMAGE = "example.com/broken:1"
+SHIM = str(Path(__file__).with_name("podshim.py"))
+IMAGES: dict[str, Any] = {
+    # The project image: the supervisor, with mounts at their container paths (see podshim).
+    "ghcr.io/warmshell/*": {"entrypoint": [sys.executable, SHIM], "overrideCommand": True},
+    # An image whose container dies at once.
+    "example.com/broken:*": {"entrypoint": ["sh", "-c", "echo boom >&2; exit 3"], "overrideCommand": True},
+}
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the pod shim needs bubblewrap")
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[RunningCluster]:
+    async with running_cluster(image_map=IMAGES) as running:
+        admin = running.client()
+        try:
+            await admin.create(
+                kc.NAMESPACES, "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+            )
+            await admin.create(
+                kc.SERVICEACCOUNTS,
+                NAMESPACE,
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SERVICE_ACCOUNT}},
+            )
+        finally:
+            await admin.aclose()
+        yield running
+        # Stop pods the way a cluster does (graceful deletion) rather than by tearing the kubelet
+        # down while a container may still be starting.
+        admin = running.client()
+        try:
+            await delete_all_and_wait(admin)
+        finally:
+            await admin.aclose()
+
+
+async def delete_all_and_wait(admin: kc.KubeClient, timeout: float = 20.0) -> None:
+    """Let every pod get past starting, delete every Sandbox, and wait until no pod is left.
+
+    kubesim's kubelet can orphan a container process when its pod is deleted while the process
+    is being spawned, so pods are deleted only once they have started (or given up)."""
+    sandboxes = (await admin.list_objects(kc.SANDBOXES, NAMESPACE)).get("items") or []
+    names = {s["metadata"]["name"] for s in sandboxes}
+    with contextlib.suppress(TimeoutError):
+        await _watch_pods(admin, lambda pods: all(pods.get(n, "Pending") != "Pending" for n in names), timeout)
+    for name in names:
+        with contextlib.suppress(kc.ApiError):
+            await admin.delete(kc.SANDBOXES, NAMESPACE, name)
+    await _watch_pods(admin, lambda pods: not pods, timeout)
+
+
+async def _watch_pods(admin: kc.KubeClient, done: Callable[[dict[str, str]], bool], timeout: float) -> None:
+    """Follow the namespace's pods (name -> phase) on a watch until `done` holds."""
+    async with asyncio.timeout(timeout):
+        while True:
+            listed = await admin.list_objects(kc.PODS, NAMESPACE)
+            pods = {p["metadata"]["name"]: _phase(p) for p in listed.get("items") or []}
+            if done(pods):
+                return
+            version = listed["metadata"]["resourceVersion"]
+            async for event in admin.watch(kc.PODS, NAMESPACE, resource_version=version, timeout_seconds=10):
+                pod = event.get("object") or {}
+                name = (pod.get("metadata") or {}).get("name")
+                if event.get("type") == "DELETED":
+                    pods.pop(name, None)
+                elif event.get("type") in ("ADDED", "MODIFIED"):
+                    pods[name] = _phase(pod)
+                if done(pods):
+                    return
+
+
+def _phase(pod: dict[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+@pytest.fixture
+async def admin(cluster: RunningCluster) -> AsyncIterator[kc.KubeClient]:
+    client = cluster.client()
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def driver_config(cluster: RunningCluster, state: Path, **overrides: Any) -> KubernetesDriverConfig:
+    """The driver's settings for `cluster`, with pods reaching the gateway state's supervisor socket."""
+    settings: dict[str, Any] = {
+        "kubeconfig": cluster.kubeconfig,
+        "namespace": NAMESPACE,
+        "gateway_address": f"unix://{StatePaths(state).supervisor_socket}",
+        "image": IMAGE,
+        "api_timeout_seconds": 5.0,
+        "retry_delays_seconds": [0.01, 0.05, 0.1],
+        "termination_grace_seconds": 1,
+    }
+    return KubernetesDriverConfig(**(settings | overrides))
+
+
+@pytest.fixture
+async def driver(cluster: RunningCluster, tmp_path: Path) -> AsyncIterator[KubernetesDriver]:
+    state = tmp_path / "state"
+    async with KubernetesDriver(driver_config(cluster, state), StatePaths(state)) as running:
+        yield running
+
+
+def gateway_settings(cluster: RunningCluster, state: Path) -> dict[str, Any]:
+    """Overrides for `running_gateway`: the Kubernetes driver on `cluster`, quick reconciles."""
+    settings = driver_config(cluster, state).model_dump()
+    return {
+        "driver": "kubernetes",
+        "reconcile_interval_seconds": 0.5,
+        **{f"kubernetes.{k}": v for k, v in settings.items()},
+    }
+
+
+@pytest.fixture
+async def gw(cluster: RunningCluster, tmp_path: Path) -> AsyncIterator[RunningGateway]:
+    state = tmp_path / "state"
+    async with running_gateway(state, **gateway_settings(cluster, state)) as running:
+        yield running
