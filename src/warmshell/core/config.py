@@ -7,6 +7,7 @@ and the tests agree on them.
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -18,8 +19,11 @@ from warmshell.core.errors import InvalidArgumentError
 __all__ = [
     "GatewayConfig",
     "KubernetesDriverConfig",
+    "LeaderElectionConfig",
     "LocalDriverConfig",
+    "ProfilesConfig",
     "StatePaths",
+    "WarmPoolingConfig",
     "default_state_dir",
     "load_config",
 ]
@@ -98,6 +102,42 @@ class LocalDriverConfig(_Section):
     # Python used inside sandboxes to run the supervisor; default: the gateway's own.
     python: str = ""
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
+    # A refill starts this long after a claim: booting the replacement member (an interpreter
+    # start, ~100 ms of CPU) right away competes with the sandbox just activated on small hosts.
+    refill_delay_seconds: float = Field(default=0.1, ge=0)
+
+
+class ProfilesConfig(_Section):
+    """The profile reconciler: ConfigMaps holding `warm-pool.toml` become agent-sandbox warm pools."""
+
+    # Off by default: it writes SandboxTemplates and SandboxWarmPools, which needs extra RBAC.
+    enabled: bool = False
+    # Replicas above this are capped (a profile cannot size the cluster on its own).
+    max_replicas: int = Field(default=20, ge=1)
+    # A full pass over every profile even without events (repairs drift, retries quietly).
+    resync_seconds: float = Field(default=300.0, gt=0)
+
+
+class WarmPoolingConfig(_Section):
+    """Warm pools on Kubernetes: claim allocation, and the profiles that generate pools."""
+
+    # Turns itself off (one warning) while the agent-sandbox extension CRDs are absent.
+    enabled: bool = True
+    profiles: ProfilesConfig = Field(default_factory=ProfilesConfig)
+
+
+class LeaderElectionConfig(_Section):
+    """The `coordination.k8s.io` Lease that picks the one replica running cluster-wide reconcilers."""
+
+    lease_name: str = "warmshell-profiles"
+    lease_namespace: str = ""  # "" = the sandbox namespace
+    # A holder that has not renewed for this long is presumed dead and may be replaced.
+    # Whole seconds: the Lease's spec.leaseDurationSeconds is an integer.
+    lease_duration_seconds: int = Field(default=15, ge=1)
+    # A holder that cannot renew within this stops leading (before anyone may take over).
+    renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    retry_period_seconds: float = Field(default=2.0, gt=0)
+    identity: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
 
 class KubernetesDriverConfig(_Section):
@@ -130,6 +170,8 @@ class KubernetesDriverConfig(_Section):
     # AES-256-GCM key sealing activation proofs on Sandbox objects; "" = <state_dir>/kubernetes-proof.key.
     # Gateways sharing a store must share this key (mount it from a Secret).
     proof_key_file: str = ""
+    warm_pooling: WarmPoolingConfig = Field(default_factory=WarmPoolingConfig)
+    leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
 
 
 class GatewayConfig(_Section):

@@ -68,7 +68,7 @@ class LocalDriver:
     that subscribed before `__aenter__`). Without bubblewrap the constructor raises unless
     `config.allow_unisolated` is set; then supervisors run as plain processes with no isolation
     at all (see `launching`). `supervisor_command` and `cgroup` exist for tests;
-    `refill_delay_seconds` postpones the refill after a claim (0: right away).
+    `refill_delay_seconds` overrides `config.refill_delay_seconds` (the pause before a refill).
     """
 
     name = "local"
@@ -81,7 +81,7 @@ class LocalDriver:
         supervisor_command: Sequence[str] | None = None,
         cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None = None,
         kill_grace_seconds: float = 2.0,
-        refill_delay_seconds: float = 0.0,
+        refill_delay_seconds: float | None = None,
     ) -> None:
         self._config = config
         self._paths = paths
@@ -109,9 +109,7 @@ class LocalDriver:
         self._hostnames = HostnameSetter()
         self._activator: Activator | None = None
         self._reloader: asyncio.Task[None] | None = None
-        # After a claim, a refill that boots at once competes for the CPU with the sandbox just
-        # activated; a short delay measurably helps warm create -> Ready on small hosts.
-        self._refill_delay = refill_delay_seconds
+        self._refill_delay = config.refill_delay_seconds if refill_delay_seconds is None else refill_delay_seconds
         self._pools = (
             pooling.PoolSet(
                 spawn=self._spawn_member,
