@@ -1,10 +1,11 @@
 """Decode the protobuf bodies kubectl's typed commands send, for the few kinds they create.
 
-``kubectl create namespace|secret|configmap|serviceaccount|token`` and ``kubectl auth
-can-i|whoami`` POST ``application/vnd.kubernetes.protobuf``: the ``k8s\\x00`` magic, then a
-``runtime.Unknown`` envelope (typeMeta = 1, raw = 2) around the object. Field numbers below are
-those of k8s.io/api's generated.proto. Other kinds stay 415, as on a JSON-only server; answers are
-always JSON, which client-go accepts.
+``kubectl create namespace|secret|configmap|serviceaccount|token``, ``kubectl create role|rolebinding|
+clusterrole|clusterrolebinding`` and ``kubectl auth can-i [--list]|whoami`` POST
+``application/vnd.kubernetes.protobuf``: the ``k8s\\x00`` magic, then a ``runtime.Unknown`` envelope
+(typeMeta = 1, raw = 2) around the object. Field numbers below are those of k8s.io/api's
+generated.proto. Other kinds stay 415, as on a JSON-only server; answers are always JSON, which
+client-go accepts.
 """
 
 from __future__ import annotations
@@ -96,7 +97,22 @@ KINDS: dict[str, Schema] = {
         ),
     },
     "SelfSubjectReview": {1: ("metadata", OBJECT_META)},
+    "SelfSubjectRulesReview": {1: ("metadata", OBJECT_META), 2: ("spec", {1: ("namespace", "string")})},
 }
+
+# rbac.authorization.k8s.io/v1 (``kubectl create role|clusterrole|rolebinding|clusterrolebinding``).
+_POLICY_RULE: Schema = {
+    1: ("verbs", Repeated("string")),
+    2: ("apiGroups", Repeated("string")),
+    3: ("resources", Repeated("string")),
+    4: ("resourceNames", Repeated("string")),
+    5: ("nonResourceURLs", Repeated("string")),
+}
+_SUBJECT: Schema = {1: ("kind", "string"), 2: ("apiGroup", "string"), 3: ("name", "string"), 4: ("namespace", "string")}
+_ROLE_REF: Schema = {1: ("apiGroup", "string"), 2: ("kind", "string"), 3: ("name", "string")}
+_ROLE: Schema = {1: ("metadata", OBJECT_META), 2: ("rules", Repeated(_POLICY_RULE))}
+_BINDING: Schema = {1: ("metadata", OBJECT_META), 2: ("subjects", Repeated(_SUBJECT)), 3: ("roleRef", _ROLE_REF)}
+KINDS.update({"Role": _ROLE, "ClusterRole": _ROLE, "RoleBinding": _BINDING, "ClusterRoleBinding": _BINDING})
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:

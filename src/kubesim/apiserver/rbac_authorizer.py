@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubesim.apiserver import errors, rbac, rbac_objects
-from kubesim.apiserver.auth import CURRENT_USER, Attributes
+from kubesim.apiserver.auth import CURRENT_USER, Attributes, User
 from kubesim.apiserver.resources import Registry, ResourceType
 from kubesim.apiserver.rest import Rest, WriteOptions
 from kubesim.apiserver.store import Event, Store, Stored
@@ -53,6 +53,15 @@ class RbacAuthorizer:
         if SUPERUSER_GROUP in attrs.user.groups:
             return rbac.Decision(True, "")
         return self.policy.decide(attrs)
+
+    def rules_for(self, user: User, namespace: str) -> list[rbac.Obj]:
+        """Everything ``user`` may do in ``namespace`` (SelfSubjectRulesReview); masters may do all."""
+        if SUPERUSER_GROUP in user.groups:
+            return [
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                {"nonResourceURLs": ["*"], "verbs": ["*"]},
+            ]
+        return self.policy.rules_for(user, namespace)[0]
 
     def authorize(self, attrs: Attributes) -> str | None:
         """``None`` when allowed, else the denial reason (often empty, as RBAC's usually is)."""

@@ -137,6 +137,13 @@ def builtin_resources() -> list[ResourceType]:
             verbs=("create",),
         ),
         _core(
+            "selfsubjectrulesreviews",
+            "SelfSubjectRulesReview",
+            namespaced=False,
+            group="authorization.k8s.io",
+            verbs=("create",),
+        ),
+        _core(
             "subjectaccessreviews",
             "SubjectAccessReview",
             namespaced=False,
@@ -164,6 +171,7 @@ VIRTUAL = {
     ("authentication.k8s.io", "selfsubjectreviews"),
     ("authorization.k8s.io", "selfsubjectaccessreviews"),
     ("authorization.k8s.io", "subjectaccessreviews"),
+    ("authorization.k8s.io", "selfsubjectrulesreviews"),
 }
 
 

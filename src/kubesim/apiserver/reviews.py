@@ -1,7 +1,8 @@
 """Who-am-I and may-I reviews, answered by the same ``Authorizer`` that guards every request.
 
-``kubectl auth whoami`` (SelfSubjectReview) and ``kubectl auth can-i`` (SelfSubjectAccessReview),
-plus SubjectAccessReview for asking about someone else. With the default ``AllowAll`` authorizer
+``kubectl auth whoami`` (SelfSubjectReview), ``kubectl auth can-i`` (SelfSubjectAccessReview) and
+``kubectl auth can-i --list`` (SelfSubjectRulesReview), plus SubjectAccessReview for asking about
+someone else. With the default ``AllowAll`` authorizer
 every review is allowed; an RBAC authorizer changes the answers without touching this module.
 """
 
@@ -83,4 +84,34 @@ def access_review(authorizer: Authorizer, body: Any, caller: User, *, self_revie
         "metadata": {"creationTimestamp": None},
         "spec": spec,
         "status": status,
+    }
+
+
+_EVERYTHING = [{"nonResourceURLs": ["*"], "verbs": ["*"]}, {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+
+
+def self_subject_rules_review(authorizer: Authorizer, body: Any, caller: User) -> dict[str, Any]:
+    """POST selfsubjectrulesreviews (``kubectl auth can-i --list``): the caller's rules in a namespace.
+
+    An authorizer that knows rules (RBAC) lists them; any other one allows everything, so says so.
+    """
+    if not isinstance(body, dict):
+        raise errors.bad_request("the body of the request must be a SelfSubjectRulesReview")
+    spec = body.get("spec") or {}
+    rules_for = getattr(authorizer, "rules_for", None)
+    rules = rules_for(caller, spec.get("namespace", "")) if callable(rules_for) else _EVERYTHING
+    resource_rules: list[dict[str, Any]] = []
+    non_resource_rules: list[dict[str, Any]] = []
+    for rule in rules:
+        if rule.get("nonResourceURLs"):
+            non_resource_rules.append({"verbs": list(rule["verbs"]), "nonResourceURLs": list(rule["nonResourceURLs"])})
+        else:
+            entry = {k: list(rule.get(k) or []) for k in ("verbs", "apiGroups", "resources", "resourceNames")}
+            resource_rules.append({k: v for k, v in entry.items() if v or k == "verbs"})
+    return {
+        "kind": "SelfSubjectRulesReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "metadata": {"creationTimestamp": None},
+        "spec": spec,
+        "status": {"resourceRules": resource_rules, "nonResourceRules": non_resource_rules, "incomplete": False},
     }

@@ -333,6 +333,8 @@ class Verbs:
             return special.token_review(self.server.authn, body)
         if rt.plural == "selfsubjectreviews":
             return reviews.self_subject_review(user)
+        if rt.plural == "selfsubjectrulesreviews":
+            return reviews.self_subject_rules_review(self.server.authorizer, body, user)
         return reviews.access_review(self.server.authorizer, body, user, self_review=rt.plural.startswith("self"))
 
     def create(

@@ -286,6 +286,10 @@ async def test_kubectl_sees_the_same_decisions(tmp_path: Path) -> None:
         assert (code, out.strip()) == (0, "yes")
         code, out, _ = await as_gateway.run("auth", "can-i", "patch", "pods", "-n", SANDBOX_NS, check=False)
         assert (code, out.strip()) == (1, "no")
+        code, out, _ = await as_gateway.run("auth", "can-i", "--list", "-n", SANDBOX_NS)
+        listed = {line.split()[0] for line in out.splitlines()[1:] if line.strip()}
+        assert {"sandboxes.agents.x-k8s.io", "pods", "tokenreviews.authentication.k8s.io"} <= listed
+        assert "configmaps" not in listed
         patch = '{"metadata":{"labels":{"sandbox":"forged"}}}'
         code, _, err = await as_gateway.run("patch", "pod", "p1", "-n", SANDBOX_NS, "-p", patch, check=False)
         assert code == 1
@@ -300,6 +304,23 @@ async def test_kubectl_sees_the_same_decisions(tmp_path: Path) -> None:
         assert (code, out.strip()) == (0, "yes")
         code, out, _ = await as_admin.run(*can_i, "create", "sandboxwarmpools.extensions.agents.x-k8s.io", check=False)
         assert (code, out.strip()) == (1, "no")
+        # RBAC written with kubectl's own commands (protobuf bodies) takes effect at once.
+        await as_admin.run("create", "role", "cm-reader", "-n", SANDBOX_NS, "--verb=get,list", "--resource=configmaps")
+        await as_admin.run(
+            "create", "clusterrole", "lease-lister", "--verb=list", "--resource=leases.coordination.k8s.io"
+        )
+        subject = f"--serviceaccount={RELEASE_NAMESPACE}:ws-warmshell"
+        await as_admin.run("create", "rolebinding", "cm", "-n", SANDBOX_NS, "--role=cm-reader", subject)
+        await as_admin.run("create", "clusterrolebinding", "leases", "--clusterrole=lease-lister", subject)
+        stored = await client.RbacAuthorizationV1Api(env.admin).read_namespaced_role_binding("cm", SANDBOX_NS)
+        assert stored.role_ref.name == "cm-reader"
+        assert [(s.kind, s.name, s.namespace) for s in stored.subjects] == [
+            ("ServiceAccount", "ws-warmshell", RELEASE_NAMESPACE)
+        ]
+        code, out, _ = await as_gateway.run("auth", "can-i", "list", "configmaps", "-n", SANDBOX_NS, check=False)
+        assert (code, out.strip()) == (0, "yes")
+        code, out, _ = await as_gateway.run("get", "leases", "-A", "-o", "name")
+        assert out.split() == [f"lease.coordination.k8s.io/{env.lease_name}"]
 
 
 async def test_rbac_writes_over_http_cannot_escalate(tmp_path: Path) -> None:
