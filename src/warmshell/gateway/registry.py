@@ -147,6 +147,15 @@ class Registry(Generic[T]):
         registration.closed = True
         self._bump()
 
+    def close_all(self, reason: str) -> None:
+        """Gateway shutdown: end every parked stream with UNAVAILABLE so supervisors register
+        again with the next gateway (and the server's drain does not wait on them)."""
+        for registration in list(self._pending.values()):
+            registration._deliver(UnavailableError(reason))
+            registration.closed = True
+        self._pending.clear()
+        self._bump()
+
     def pending_count(self) -> int:
         """How many registrations are parked."""
         return len(self._pending)

@@ -194,6 +194,7 @@ class Gateway:
         self._tasks = []
         if self._server is not None:
             self.manager.sessions.close_all("gateway shutting down")
+            self.registry.close_all("gateway shutting down")
             await self._server.stop(SHUTDOWN_GRACE_SECONDS)
             self._server = None
         if self._http is not None:

@@ -83,3 +83,12 @@ async def test_generation_wakes_waiters() -> None:
     generation = registry.generation
     registry.register(identity("i-2"))
     assert await registry.wait_changed(generation) > generation
+
+
+async def test_close_all_ends_parked_streams_as_unavailable() -> None:
+    registry: Registry[str] = Registry()
+    reg = registry.register(identity())
+    registry.close_all("gateway shutting down")
+    outcome = await reg.next_outcome()
+    assert isinstance(outcome, UnavailableError)
+    assert registry.pending_count() == 0
