@@ -1,8 +1,10 @@
 """Issue 3 benchmark: warm vs cold create -> Ready on the local driver in one run, and a burst of
 concurrent creates against a pool of the same size.
 
-Warm: creates that match a profile's shape; before each create the script waits (untimed) until
-the pool has an idle member, so every sample measures a hit and not refill speed. Cold: creates
+Warm: creates that match a profile's shape, against a pool sized for the run (100 by default) so
+that every sample measures a hit rather than refill speed; before each create the script also
+waits (untimed) until the pool has an idle member. Refills are postponed while creates keep
+coming (`local.refill_delay_seconds`), so they do not compete with the measured activations. Cold: creates
 of a shape no profile has. Burst: N concurrent creates against a pool of N, reporting how many
 were served warm and that none failed.
 """
@@ -86,11 +88,17 @@ async def burst(gw: GatewayProcess, size: int) -> dict:
     }
 
 
-async def measure(count: int, pool_size: int, burst_size: int) -> dict:
+async def measure(count: int, pool_size: int, burst_size: int, refill_delay: float | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="ws-pools-") as tmp:
-        pools = Path(tmp)
+        pools = Path(tmp) / "pools"
+        pools.mkdir()
         write_profile(pools, "warm", pool_size, WARM_ENV)
-        async with gateway_process("--pools", str(pools)) as gw:
+        args = ["--pools", str(pools)]
+        if refill_delay is not None:
+            config = Path(tmp) / "gateway.toml"
+            config.write_text(f"[local]\nrefill_delay_seconds = {refill_delay}\n")
+            args += ["--config", str(config)]
+        async with gateway_process(*args) as gw:
             await wait_idle(gw, "warm", pool_size)
             warm = await sequential(gw, "warm", count, WARM_ENV, "warm")
             cold = await sequential(gw, "cold", count, {"POOL": "none"}, None)
@@ -103,10 +111,11 @@ async def measure(count: int, pool_size: int, burst_size: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--count", type=int, default=100)
-    parser.add_argument("--pool-size", type=int, default=8)
+    parser.add_argument("--pool-size", type=int, default=100)
     parser.add_argument("--burst", type=int, default=50)
+    parser.add_argument("--refill-delay", type=float, default=None, help="local.refill_delay_seconds")
     args = parser.parse_args()
-    data = asyncio.run(measure(args.count, args.pool_size, args.burst))
+    data = asyncio.run(measure(args.count, args.pool_size, args.burst, args.refill_delay))
     warm, cold, burst_result = data["warm"], data["cold"], data["burst"]
     speedup = cold["client_ms"]["p50"] / warm["client_ms"]["p50"]
     data["cold_p50_over_warm_p50"] = speedup

@@ -102,9 +102,10 @@ class LocalDriverConfig(_Section):
     # Python used inside sandboxes to run the supervisor; default: the gateway's own.
     python: str = ""
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
-    # A refill starts this long after a claim: booting the replacement member (an interpreter
-    # start, ~100 ms of CPU) right away competes with the sandbox just activated on small hosts.
-    refill_delay_seconds: float = Field(default=0.1, ge=0)
+    # Refills wait until claims pause this long (each claim re-arms the wait; a pool drained to a
+    # quarter of its size refills at once): booting a replacement (an interpreter start, ~100 ms
+    # of CPU) during a run of warm creates competes with the activations themselves.
+    refill_delay_seconds: float = Field(default=0.25, ge=0)
 
 
 class ProfilesConfig(_Section):

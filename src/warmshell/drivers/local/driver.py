@@ -110,6 +110,7 @@ class LocalDriver:
         self._activator: Activator | None = None
         self._reloader: asyncio.Task[None] | None = None
         self._refill_delay = config.refill_delay_seconds if refill_delay_seconds is None else refill_delay_seconds
+        self._refill_timer: asyncio.TimerHandle | None = None
         self._pools = (
             pooling.PoolSet(
                 spawn=self._spawn_member,
@@ -166,6 +167,9 @@ class LocalDriver:
         """Stop every supervisor (they could not outlive the gateway anyway) and end watches.
 
         Records of bound sandboxes stay on disk, so the next start reports them as lost."""
+        if self._refill_timer is not None:
+            self._refill_timer.cancel()
+            self._refill_timer = None
         if self._reloader is not None:
             self._reloader.cancel()
             await asyncio.gather(self._reloader, return_exceptions=True)
@@ -285,7 +289,7 @@ class LocalDriver:
         assert self._pools is not None
         while (member := pool.claim()) is not None:
             claimed_us = now_us()
-            self._refill_soon()  # the member never returns to the pool
+            self._refill_soon(pool)  # the member never returns to the pool
             member.sandbox_id = request.sandbox_id
             member.proof = request.activation_proof
             member.name = member.hostname = request.name
@@ -315,11 +319,25 @@ class LocalDriver:
             return dataclasses.replace(member.view(), claimed_us=claimed_us)
         return None
 
-    def _refill_soon(self) -> None:
+    def _refill_soon(self, pool: pooling.Pool) -> None:
+        """Refill once claims pause for `refill_delay` (every claim re-arms the timer).
+
+        Booting a replacement costs an interpreter start (~100 ms of CPU); started during a run of
+        warm creates it competes with the very activations the pool exists to make fast. A pool
+        drained below a quarter of its size refills at once, so a sustained run cannot empty it."""
         assert self._pools is not None
-        if self._refill_delay > 0:
-            asyncio.get_running_loop().call_later(self._refill_delay, self._pools.wake)
-        else:
+        if self._refill_timer is not None:
+            self._refill_timer.cancel()
+            self._refill_timer = None
+        low_water = pool.profile.replicas // 4
+        if self._refill_delay <= 0 or len(pool.members) < low_water:
+            self._pools.wake()
+            return
+        self._refill_timer = asyncio.get_running_loop().call_later(self._refill_delay, self._refill_now)
+
+    def _refill_now(self) -> None:
+        self._refill_timer = None
+        if self._pools is not None:
             self._pools.wake()
 
     async def _rename(self, member: Instance) -> None:
