@@ -27,7 +27,6 @@ FOO = "bar"
 POOL_FILL_TIMEOUT_SECONDS = 15.0
 
 
-
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[CliGateway]:
     assert shutil.which("bwrap"), "bubblewrap (bwrap) is required: apt-get install bubblewrap"

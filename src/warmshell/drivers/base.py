@@ -166,6 +166,11 @@ class Activator(Protocol):
         PermissionDeniedError (proof or identity mismatch), UnavailableError (stream gone)."""
         ...
 
+    async def wait_registrations_changed(self, generation: int) -> int:
+        """Block until the set of registered supervisors changed after `generation`; returns the
+        new generation. Warm drivers re-check their not-yet-activated claims on it."""
+        ...
+
 
 @dataclass(frozen=True)
 class PoolView:

@@ -87,6 +87,10 @@ class GatewayActivator:
         )
         raise ConflictError(f"registration of instance {instance_id} kept changing during activation")
 
+    async def wait_registrations_changed(self, generation: int) -> int:
+        """See `drivers.base.Activator.wait_registrations_changed`."""
+        return await self._registry.wait_changed(generation)
+
     async def _prepare(
         self,
         registration: Registration[spb.SupervisorActivationMessage],

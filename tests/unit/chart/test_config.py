@@ -14,18 +14,8 @@ from warmshell.core.config import GatewayConfig
 
 FULLNAME = "ws-warmshell"
 
-# Keys the chart renders for features still being built (the warm-pooling toggles and the leader
-# election Lease). The first test below checks everything else strictly today; the second fails
-# until GatewayConfig accepts these too.
-PENDING_KEYS: frozenset[tuple[str, ...]] = frozenset(
-    {
-        ("kubernetes", "warm_pooling", "enabled"),
-        ("kubernetes", "warm_pooling", "profiles", "enabled"),
-        ("kubernetes", "warm_pooling", "profiles", "max_replicas"),
-        ("kubernetes", "leader_election", "lease_name"),
-        ("kubernetes", "leader_election", "lease_namespace"),
-    }
-)
+# Keys the chart renders for features still being built; none left.
+PENDING_KEYS: frozenset[tuple[str, ...]] = frozenset()
 
 
 def rendered(values: dict[str, object] | None = None) -> dict[str, Any]:

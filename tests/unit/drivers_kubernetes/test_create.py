@@ -55,7 +55,9 @@ class ScriptedApi:
 
 
 async def create(api: ScriptedApi, tmp_path: Path) -> Any:
-    driver = KubernetesDriver(config(), StatePaths(tmp_path), api=api)  # type: ignore[arg-type]
+    # Cold creates only: warm pooling would probe and watch the extension APIs.
+    cold = config(warm_pooling={"enabled": False})
+    driver = KubernetesDriver(cold, StatePaths(tmp_path), api=api)  # type: ignore[arg-type]
     async with driver:
         return await driver.create(REQUEST)
 

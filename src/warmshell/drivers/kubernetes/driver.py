@@ -1,8 +1,12 @@
-"""The Kubernetes compute driver, part 1: each sandbox is an agent-sandbox `Sandbox` (one pod).
+"""The Kubernetes compute driver: each sandbox is an agent-sandbox `Sandbox` (one pod), created
+directly (cold) or bound from a warm pool through a `SandboxClaim` (warm).
 
-A cold create renders the Sandbox (`rendering`), seals the activation proof onto it (`proofs`) and
-creates it — one API write. agent-sandbox makes the pod; its supervisor registers with the pod's
-projected token and `identity` binds it to the sandbox. Reads go to the API (`get`, `list`);
+A create is fingerprinted and looked up in the pool cache (`poolcache`); exactly one match writes
+a SandboxClaim naming that pool (`claims`), and the claim activation controller (`claimactivation`)
+activates the warm pod agent-sandbox binds to it. Anything else goes cold: a cold create renders
+the Sandbox (`rendering`), seals the activation proof onto it (`proofs`) and creates it — one API
+write. agent-sandbox makes the pod; its supervisor registers with the pod's projected token and
+`identity` binds it to the sandbox. Reads go to the API (`get`, `list`);
 `watch` is fed by `informers` over our Sandboxes, their pods and the namespace's Events, started
 by the first watcher and shared by all.
 """
@@ -11,24 +15,45 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import dataclasses
 import logging
+import re
+import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from warmshell.core import matching
 from warmshell.core.config import KubernetesDriverConfig, StatePaths
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, UnavailableError
-from warmshell.core.ids import SandboxId
-from warmshell.core.models import SandboxSpec, now_us
+from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.ids import InstanceId, SandboxId
+from warmshell.core.models import Allocation, SandboxSpec, now_us
 from warmshell.drivers.base import (
     Activator,
+    BackendState,
     CreateRequest,
     DriverEvent,
     DriverSandbox,
+    MissReason,
     PoolView,
     ProgressLine,
+    WarmPending,
 )
-from warmshell.drivers.kubernetes import kube, labels, naming, proofs, rendering, status, watching
+from warmshell.drivers.kubernetes import (
+    claimactivation,
+    claims,
+    kube,
+    labels,
+    naming,
+    poolcache,
+    profiles,
+    proofs,
+    rendering,
+    status,
+    watching,
+)
 from warmshell.drivers.kubernetes.events import Hub, Subscription
 from warmshell.drivers.kubernetes.identity import KubernetesIdentity
 from warmshell.drivers.kubernetes.informers import Informers
@@ -55,6 +80,7 @@ class KubernetesDriver:
         *,
         api: kube.Kube | None = None,
         watch_backoff: watching.Backoff | None = None,
+        gateway_id: str = "",
     ) -> None:
         if not config.gateway_address:
             raise FailedPreconditionError(
@@ -70,6 +96,14 @@ class KubernetesDriver:
         self._sealer: proofs.ProofSealer | None = None
         self._hub = Hub()
         self._informers: Informers | None = None  # started by the first watch()
+        self._profiles: asyncio.Task[None] | None = None  # the profile reconciler (lease-elected)
+        # Label-safe: which gateway wrote a claim (diagnostics; any replica may activate it).
+        self._gateway_id = _label_value(gateway_id or socket.gethostname())
+        self._warm_enabled = config.warm_pooling.enabled
+        self._pools: poolcache.PoolCache | None = None
+        self._claims: claimactivation.ClaimActivation | None = None
+        self._idle: dict[InstanceId, str] = {}  # warm-pending pods registered here -> fingerprint
+        self.bound_us: dict[SandboxId, int] = {}  # when the claim controller first saw a claim bound
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -78,23 +112,75 @@ class KubernetesDriver:
         self._sealer = proofs.ProofSealer(key)
         if self._api is None:
             self._api = await kube.Kube.connect(self._config)
-        self._identity = KubernetesIdentity(self._api, self._config, self._sealer, on_registered=self._registered)
+        self._identity = KubernetesIdentity(
+            self._api, self._config, self._sealer, on_registered=self._registered, on_warm=self._warm_registered
+        )
         try:
             await self._api.sandbox_resource(self._config.namespace)
         except kube.Temporary as exc:
             # Not fatal: the probe runs again on first use.
             log.warning("kubernetes driver: cannot reach the API yet (%s)", exc)
+        if self._warm_enabled and await self._extensions_missing():
+            self._warm_enabled = False
+        if self._warm_enabled:
+            self._pools = poolcache.PoolCache(self._api, self._config.namespace, self._backoff)
+            self._pools.start()
         return self
+
+    async def _extensions_missing(self) -> bool:
+        """Claim allocation needs the agent-sandbox extension CRDs; without them it stays off."""
+        assert self._api is not None
+        try:
+            await self._api.list(kube.SANDBOX_WARM_POOLS, self._config.namespace, limit=1)
+            await self._api.list(kube.SANDBOX_CLAIMS, self._config.namespace, limit=1)
+        except kube.NotFound:
+            log.warning(
+                "agent-sandbox extension APIs (%s) are not installed; warm pooling is off until a restart",
+                kube.EXTENSIONS_GROUP,
+            )
+            return True
+        except kube.Temporary as exc:
+            log.warning("kubernetes driver: cannot probe the extension APIs yet (%s); warm pooling stays on", exc)
+        return False
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def start(self, activator: Activator) -> None:
-        """Cold sandboxes are activated by registration alone; warm pools (part 2) keep this."""
+        """Cold sandboxes are activated by registration alone; warm ones by the claim controller."""
         self._activator = activator
+        if self._warm_enabled and self._claims is None:
+            assert self._api is not None
+            assert self._sealer is not None
+            self._claims = claimactivation.ClaimActivation(
+                self._api,
+                self._config.namespace,
+                self._sealer,
+                activator,
+                self._backoff,
+                on_bound=self._claim_bound,
+                on_activated=self._claim_activated,
+            )
+            self._claims.start()
+        pooling = self._config.warm_pooling
+        if pooling.enabled and pooling.profiles.enabled and self._profiles is None:
+            # Profiles run even while the extension APIs are absent: they wait for them to appear.
+            self._profiles = asyncio.create_task(profiles.run_elected(self.api, self._config), name="k8s-profiles")
 
     async def aclose(self) -> None:
         """Stop the informers and end watches; sandboxes keep running in the cluster."""
+        if self._profiles is not None:
+            # Cancelling releases the Lease, so another replica takes over at once.
+            self._profiles.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._profiles
+            self._profiles = None
+        if self._claims is not None:
+            await self._claims.aclose()
+            self._claims = None
+        if self._pools is not None:
+            await self._pools.aclose()
+            self._pools = None
         if self._informers is not None:
             await self._informers.aclose()
             self._informers = None
@@ -129,10 +215,72 @@ class KubernetesDriver:
             raise InvalidArgumentError("spec.image", f"{spec.image!r} is not a container image reference")
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
-        """Create the Sandbox (idempotent by name); an ambiguous failure is settled by reading it
-        back, never by writing blindly again; UnavailableError when it cannot be settled."""
+        """A SandboxClaim when exactly one warm pool matches, else a cold Sandbox. Either is
+        idempotent by name; an ambiguous failure is settled by reading back, never by writing
+        blindly again (and never by falling back to the other path); UnavailableError when it
+        cannot be settled."""
         ref = naming.object_ref(self._config, request.workspace, request.name)
         self.validate(request.workspace, request.spec)
+        found = self._lookup(request)
+        if isinstance(found, poolcache.CachedPool):
+            return await self._create_claim(request, ref, found)
+        return await self._create_cold(request, ref, found)
+
+    def _lookup(self, request: CreateRequest) -> poolcache.CachedPool | MissReason:
+        if self._pools is None or self._activator is None:
+            return MissReason.DISABLED
+        spec = request.spec
+        shape = SandboxShape(
+            workspace=request.workspace,
+            image=spec.image or self.default_image(),
+            environment=spec.environment,
+            cpu=spec.resources.cpu,
+            memory=spec.resources.memory,
+            runtime_class_name=spec.runtime_class_name,
+        )
+        result = self._pools.lookup(fingerprint(shape))
+        if isinstance(result, matching.Match):
+            return result.pool
+        if isinstance(result, matching.Ambiguous):
+            names = ", ".join(sorted(p.name for p in result.pools))
+            log.warning(
+                "create of %s/%s: pools %s share its fingerprint; going cold", request.workspace, request.name, names
+            )
+            for pool in result.pools:
+                pool.stats.misses += 1
+            return MissReason.AMBIGUOUS
+        return MissReason.NOT_READY if isinstance(result, matching.NotReady) else MissReason.NO_MATCH
+
+    async def _create_claim(
+        self, request: CreateRequest, ref: naming.ObjectRef, pool: poolcache.CachedPool
+    ) -> DriverSandbox:
+        body = claims.render_claim(
+            ref=ref,
+            who=rendering.SandboxIdentity(
+                sandbox_id=request.sandbox_id,
+                workspace=request.workspace,
+                name=request.name,
+                sealed_proof=self._seal(request, ref),
+            ),
+            pool=pool.name,
+            gateway_id=self._gateway_id,
+            fingerprint=pool.fingerprint,
+        )
+        await self._create_settled(kube.SANDBOX_CLAIMS, ref, body, request.sandbox_id, is_ours=claims.is_ours)
+        claimed = now_us()
+        pool.stats.hits += 1
+        self._progress(request.sandbox_id, "PoolHit", f"SandboxClaim {ref} created on warm pool {pool.name}")
+        return DriverSandbox(
+            sandbox_id=request.sandbox_id,
+            instance_id="",
+            state=BackendState.PENDING,
+            allocation=Allocation.WARM,
+            pool=pool.name,
+            created_us=claimed,
+            claimed_us=claimed,
+        )
+
+    async def _create_cold(self, request: CreateRequest, ref: naming.ObjectRef, reason: MissReason) -> DriverSandbox:
         resource = await self.api.sandbox_resource(ref.namespace)
         body = rendering.render_sandbox(
             self._config,
@@ -146,35 +294,66 @@ class KubernetesDriver:
             ),
             spec=request.spec,
         )
-        created = await self._create_settled(resource, ref, body, request.sandbox_id)
-        self._progress(request.sandbox_id, "Created", f"Sandbox {ref} created (cold)")
-        return dataclasses.replace(status.view(created, None), created_us=now_us())
+        created = await self._create_settled(resource, ref, body, request.sandbox_id, is_ours=status.is_managed)
+        self._progress(request.sandbox_id, "Created", f"Sandbox {ref} created (cold: {reason.value})")
+        return dataclasses.replace(status.view(created, None), created_us=now_us(), miss_reason=reason.value)
 
     async def get(self, sandbox_id: SandboxId) -> DriverSandbox | None:
-        """The Sandbox carrying this id and its pod, read from the API now."""
+        """The Sandbox (or the SandboxClaim) carrying this id and its pod, read from the API now."""
         resource = await self.api.sandbox_resource(self._config.namespace)
         found = await self._find(resource, sandbox_id)
-        if found is None:
+        if found is not None:
+            return status.view(found, await self._pod_of(found))
+        claim = await self._find(kube.SANDBOX_CLAIMS, sandbox_id) if self._warm_enabled else None
+        if claim is None:
             return None
-        return status.view(found, await self._pod_of(found))
+        sandbox: Obj | None = None
+        pod: Obj | None = None
+        if bound := claims.bound_sandbox_name(claim):
+            try:
+                sandbox = await self.api.get(resource, self._config.namespace, bound)
+            except kube.NotFound:
+                sandbox = None
+            pod = await self._pod_of(sandbox) if sandbox is not None else None
+        return claims.view(claim, sandbox, pod)
 
     async def list(self) -> list[DriverSandbox]:
-        """Every Sandbox with our labels (others are ignored), with its pod."""
+        """Every Sandbox and SandboxClaim with our labels (others are ignored), with its pod."""
         namespace = self._config.namespace
         resource = await self.api.sandbox_resource(namespace)
-        sandboxes = await self.api.list(resource, namespace, label_selector=labels.managed_selector())
-        pods = await self.api.list(kube.PODS, namespace, label_selector=labels.managed_selector())
-        by_name = {p["metadata"]["name"]: p for p in pods.get("items") or []}
-        views = []
-        for sandbox in sandboxes.get("items") or []:
-            if status.is_managed(sandbox):
-                views.append(status.view(sandbox, status.own_pod(sandbox, by_name.get(status.owned_pod_name(sandbox)))))
+        selector = labels.managed_selector()
+        if self._warm_enabled:
+            # Adopted pool members carry no sandbox id of ours: read every Sandbox and every pod of
+            # ours, and join them to the claims.
+            selector = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
+        sandboxes = await self.api.list(resource, namespace, label_selector="" if self._warm_enabled else selector)
+        pods = await self.api.list(kube.PODS, namespace, label_selector=selector)
+        pods_by_name = {p["metadata"]["name"]: p for p in pods.get("items") or []}
+        sandboxes_by_name = {s["metadata"]["name"]: s for s in sandboxes.get("items") or []}
+
+        def pod_of(sandbox: Obj) -> Obj | None:
+            return status.own_pod(sandbox, pods_by_name.get(status.owned_pod_name(sandbox)))
+
+        views = [status.view(s, pod_of(s)) for s in sandboxes_by_name.values() if status.is_managed(s)]
+        if self._warm_enabled:
+            listed = await self.api.list(kube.SANDBOX_CLAIMS, namespace, label_selector=labels.claim_selector())
+            for claim in listed.get("items") or []:
+                if not claims.is_ours(claim):
+                    continue
+                sandbox = sandboxes_by_name.get(claims.bound_sandbox_name(claim))
+                views.append(claims.view(claim, sandbox, pod_of(sandbox) if sandbox is not None else None))
         return views
 
     async def delete(self, sandbox_id: SandboxId) -> bool:
-        """Delete the Sandbox (its pod goes with it) with its uid as precondition, so a Sandbox
-        recreated meanwhile under the same name is never deleted by mistake."""
+        """Delete the SandboxClaim or the Sandbox (the Sandbox and pod go with it) with its uid as
+        precondition, so an object recreated meanwhile under the same name is never deleted by
+        mistake."""
         resource = await self.api.sandbox_resource(self._config.namespace)
+        if self._warm_enabled and await self._delete_found(kube.SANDBOX_CLAIMS, sandbox_id):
+            return True
+        return await self._delete_found(resource, sandbox_id)
+
+    async def _delete_found(self, resource: kube.Resource, sandbox_id: SandboxId) -> bool:
         for _ in range(DELETE_ATTEMPTS):
             found = await self._find(resource, sandbox_id)
             if found is None:
@@ -187,19 +366,49 @@ class KubernetesDriver:
             except kube.Conflict:
                 continue  # replaced between the read and the delete: look again
             return True
-        raise UnavailableError(f"Sandbox of {sandbox_id} kept changing; delete not confirmed")
+        raise UnavailableError(f"{resource.kind} of {sandbox_id} kept changing; delete not confirmed")
 
     def watch(self) -> Subscription:
         """Sandbox and pod changes and pod Events as progress lines, from this call on, until the
         driver closes (`aclose()` the result to stop early)."""
         if self._informers is None:
-            self._informers = Informers(self.api, self._config.namespace, self._hub, self._backoff)
+            self._informers = Informers(
+                self.api, self._config.namespace, self._hub, self._backoff, with_claims=self._warm_enabled
+            )
             self._informers.start()
         return self._hub.subscribe()
 
     def pools(self) -> builtins.list[PoolView]:
-        """No warm pools yet (Kubernetes part 2)."""
-        return []
+        """The opted-in warm pools, with the ones that can never be matched flagged."""
+        if self._pools is None:
+            return []
+        idle: dict[str, int] = {}
+        for fp in self._idle.values():
+            idle[fp] = idle.get(fp, 0) + 1
+        views = []
+        for pool in self._pools.entries():
+            shape = pool.shape
+            views.append(
+                PoolView(
+                    name=pool.name,
+                    workspace=pool.workspace,
+                    fingerprint=pool.fingerprint,
+                    image=shape.image if shape else "",
+                    environment=dict(shape.environment) if shape else {},
+                    cpu=shape.cpu if shape else "",
+                    memory=shape.memory if shape else "",
+                    desired=pool.desired,
+                    ready=pool.ready,
+                    # Registrations this gateway saw minus activations; a member deleted unclaimed
+                    # stays counted, so the pool's own ready count bounds it.
+                    idle=min(idle.get(pool.fingerprint, 0), pool.ready),
+                    hits=pool.stats.hits,
+                    misses=pool.stats.misses,
+                    source=f"SandboxWarmPool {self._config.namespace}/{pool.name}",
+                    conditions=(pool.problem,) if pool.problem else (),
+                )
+            )
+        return views
 
     # -- create helpers --------------------------------------------------------------------
 
@@ -210,7 +419,13 @@ class KubernetesDriver:
         )
 
     async def _create_settled(
-        self, resource: kube.Resource, ref: naming.ObjectRef, body: Obj, sandbox_id: SandboxId
+        self,
+        resource: kube.Resource,
+        ref: naming.ObjectRef,
+        body: Obj,
+        sandbox_id: SandboxId,
+        *,
+        is_ours: Callable[[Obj], bool],
     ) -> Obj:
         last: Exception | None = None
         for attempt in range(1, CREATE_ATTEMPTS + 1):
@@ -221,24 +436,35 @@ class KubernetesDriver:
             except (kube.Temporary, kube.Conflict) as exc:
                 last = exc
                 log.warning(
-                    "create of Sandbox %s: %s; reading back (attempt %d/%d)", ref, exc, attempt, CREATE_ATTEMPTS
+                    "create of %s %s: %s; reading back (attempt %d/%d)",
+                    resource.kind,
+                    ref,
+                    exc,
+                    attempt,
+                    CREATE_ATTEMPTS,
                 )
             try:
-                return self._ours(await self.api.get(resource, ref.namespace, ref.name), ref, sandbox_id)
+                return self._ours(await self.api.get(resource, ref.namespace, ref.name), ref, sandbox_id, is_ours)
             except kube.NotFound:
                 continue  # provably absent: creating again cannot make a second one
             except kube.Temporary as exc:
-                raise UnavailableError(f"creating Sandbox {ref}: outcome unknown ({last}; read back: {exc})") from exc
-        raise UnavailableError(f"creating Sandbox {ref}: outcome unknown after {CREATE_ATTEMPTS} attempts ({last})")
+                raise UnavailableError(
+                    f"creating {resource.kind} {ref}: outcome unknown ({last}; read back: {exc})"
+                ) from exc
+        raise UnavailableError(
+            f"creating {resource.kind} {ref}: outcome unknown after {CREATE_ATTEMPTS} attempts ({last})"
+        )
 
     @staticmethod
-    def _ours(existing: Obj, ref: naming.ObjectRef, sandbox_id: SandboxId) -> Obj:
-        if status.sandbox_id_of(existing) != sandbox_id or not status.is_managed(existing):
-            raise AlreadyExistsError(f"Kubernetes Sandbox {ref} already exists and belongs to another sandbox")
+    def _ours(existing: Obj, ref: naming.ObjectRef, sandbox_id: SandboxId, is_ours: Callable[[Obj], bool]) -> Obj:
+        if status.sandbox_id_of(existing) != sandbox_id or not is_ours(existing):
+            kind = existing.get("kind") or "object"
+            raise AlreadyExistsError(f"Kubernetes {kind} {ref} already exists and belongs to another sandbox")
         return existing
 
     async def _find(self, resource: kube.Resource, sandbox_id: SandboxId) -> Obj | None:
-        """Lookups by id go through the label, never the name alone."""
+        """The oldest object of `resource` carrying this sandbox id."""
+        # Lookups by id go through the label, never the name alone.
         selector = labels.sandbox_selector(sandbox_id)
         found = await self.api.list(resource, self._config.namespace, label_selector=selector)
         items = [s for s in found.get("items") or [] if status.sandbox_id_of(s) == sandbox_id]
@@ -256,8 +482,23 @@ class KubernetesDriver:
 
     # -- progress --------------------------------------------------------------------------
 
+    def _warm_registered(self, instance_id: InstanceId, binding: WarmPending) -> None:
+        self._idle[instance_id] = binding.pool
+
+    def _claim_bound(self, sandbox_id: SandboxId, when_us: int) -> None:
+        self.bound_us.setdefault(sandbox_id, when_us)
+        self._progress(sandbox_id, "Claimed", "agent-sandbox bound the SandboxClaim to a warm Sandbox")
+
+    def _claim_activated(self, sandbox_id: SandboxId, instance_id: InstanceId) -> None:
+        self._idle.pop(instance_id, None)
+
     def _registered(self, sandbox_id: SandboxId, pod_name: str) -> None:
         self._progress(sandbox_id, "Registered", f"the supervisor in pod {pod_name} registered")
 
     def _progress(self, sandbox_id: SandboxId, reason: str, message: str) -> None:
         self._hub.publish(DriverEvent(sandbox_id, progress=ProgressLine(reason, message)))
+
+
+def _label_value(text: str) -> str:
+    """`text` as a valid label value: allowed characters only, at most 63, alphanumeric ends."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", text)[:63].strip("._-") or "gateway"

@@ -10,7 +10,12 @@ Fail-closed and in this order (each step trusts only what the previous ones esta
    of that name has that uid;
 5. the Sandbox is ours and its sandbox-id label equals the pod's sandbox-id annotation;
 6. the activation proof sealed on the Sandbox opens for (namespace, name, sandbox id).
-Then the supervisor is bound to that sandbox. The gateway needs no permission to patch pods, so a
+Then the supervisor is bound to that sandbox. A Sandbox with a controller takes one of two warm
+branches instead of 5-6: controlled by a live opted-in `SandboxWarmPool` (same uid), it is *warm
+pending* with the fingerprint of the shape its own pod template runs; controlled by a live claim
+of ours (same uid) whose sealed proof opens for (namespace, claim name, sandbox id), it is bound
+to that sandbox (how a warm pod that registers after adoption, or re-registers after a restart,
+is activated). The gateway needs no permission to patch pods, so a
 pod's annotations are what the Sandbox's pod template said at create. Tokens are never logged.
 """
 
@@ -25,9 +30,10 @@ from typing import Any, Protocol
 
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import PermissionDeniedError
+from warmshell.core.fingerprints import fingerprint
 from warmshell.core.ids import InstanceId, SandboxId
-from warmshell.drivers.base import Bound, SupervisorIdentity
-from warmshell.drivers.kubernetes import kube, labels, naming
+from warmshell.drivers.base import Bound, SupervisorIdentity, WarmPending
+from warmshell.drivers.kubernetes import claims, kube, labels, naming, warmpools
 from warmshell.drivers.kubernetes.proofs import ProofSealer
 
 __all__ = ["IdentityApi", "KubernetesIdentity", "looks_like_jwt"]
@@ -58,11 +64,13 @@ class KubernetesIdentity:
         sealer: ProofSealer,
         *,
         on_registered: Callable[[SandboxId, str], None] | None = None,
+        on_warm: Callable[[InstanceId, WarmPending], None] | None = None,
     ) -> None:
         self._api = api
         self._config = config
         self._sealer = sealer
         self._on_registered = on_registered
+        self._on_warm = on_warm
 
     async def authenticate(self, credential: str) -> SupervisorIdentity | None:
         """The identity behind a pod's token; None when the credential is not a JWT at all."""
@@ -73,9 +81,10 @@ class KubernetesIdentity:
         except PermissionDeniedError as exc:
             log.warning("supervisor registration refused: %s", exc)
             raise
-        if self._on_registered is not None:
-            assert isinstance(identity.binding, Bound)
+        if self._on_registered is not None and isinstance(identity.binding, Bound):
             self._on_registered(identity.binding.sandbox_id, identity.instance_name)
+        if self._on_warm is not None and isinstance(identity.binding, WarmPending):
+            self._on_warm(identity.instance_id, identity.binding)
         return identity
 
     async def _resolve(self, token: str) -> SupervisorIdentity:
@@ -91,6 +100,9 @@ class KubernetesIdentity:
         )
         if _meta(sandbox).get("uid") != owner.get("uid"):
             raise PermissionDeniedError(f"Sandbox {namespace}/{owner['name']} is not the pod's owner (uid differs)")
+        sandbox_controller = _extension_controller(sandbox)
+        if sandbox_controller is not None:
+            return await self._warm(namespace, pod_name, pod_uid, sandbox, sandbox_controller)
         sandbox_id = _sandbox_id(pod, sandbox)
         sealed = str((_meta(sandbox).get("annotations") or {}).get(labels.ACTIVATION_PROOF) or "")
         proof = self._sealer.open(sealed, namespace=namespace, name=owner["name"], sandbox_id=sandbox_id)
@@ -102,6 +114,46 @@ class KubernetesIdentity:
             instance_name=pod_name,
             workspace=str((_meta(sandbox).get("labels") or {}).get(labels.WORKSPACE) or ""),
             binding=Bound(SandboxId(sandbox_id), proof),
+        )
+
+    async def _warm(
+        self, namespace: str, pod_name: str, pod_uid: str, sandbox: Obj, owner: Mapping[str, Any]
+    ) -> SupervisorIdentity:
+        """The warm branches: a pool member not claimed yet, or a member a claim of ours adopted."""
+        if owner.get("kind") == kube.SANDBOX_CLAIMS.kind:
+            claim = await self._live(kube.SANDBOX_CLAIMS, namespace, owner["name"], "the Sandbox's claim is gone")
+            if _meta(claim).get("uid") != owner.get("uid") or not claims.is_ours(claim):
+                raise PermissionDeniedError(f"SandboxClaim {namespace}/{owner['name']} is not a claim of ours")
+            if not claims.runs_requested_shape(claim, sandbox):
+                raise PermissionDeniedError(f"Sandbox of SandboxClaim {namespace}/{owner['name']} runs another shape")
+            sandbox_id = claims.sandbox_id_of(claim)
+            assert sandbox_id is not None  # is_ours checked the label
+            sealed = str((_meta(claim).get("annotations") or {}).get(labels.ACTIVATION_PROOF) or "")
+            proof = self._sealer.open(sealed, namespace=namespace, name=owner["name"], sandbox_id=sandbox_id)
+            if proof is None:
+                raise PermissionDeniedError(
+                    f"SandboxClaim {namespace}/{owner['name']} carries no valid activation proof"
+                )
+            workspace = str((_meta(claim).get("labels") or {}).get(labels.WORKSPACE) or "")
+            return SupervisorIdentity("kubernetes", InstanceId(pod_uid), pod_name, workspace, Bound(sandbox_id, proof))
+        pool = await self._live(kube.SANDBOX_WARM_POOLS, namespace, owner["name"], "the Sandbox's warm pool is gone")
+        pool_labels = _meta(pool).get("labels") or {}
+        if (
+            _meta(pool).get("uid") != owner.get("uid")
+            or pool_labels.get(labels.MANAGED_BY) != labels.MANAGED_BY_VALUE
+            or pool_labels.get(labels.WARM_POOL) != labels.WARM_POOL_ENABLED
+        ):
+            raise PermissionDeniedError(f"SandboxWarmPool {namespace}/{owner['name']} has not opted in to warmshell")
+        workspace = str((_meta(pool).get("annotations") or {}).get(labels.WORKSPACE) or "")
+        # The shape this member actually runs (its Sandbox's copy of the template at fill time),
+        # not what the pool claims today: a stale member must not serve the new shape.
+        shape = warmpools.shape_of_template(
+            {"metadata": {"annotations": {labels.WORKSPACE: workspace}}, "spec": sandbox.get("spec") or {}}
+        )
+        if shape is None:
+            raise PermissionDeniedError(f"Sandbox {namespace}/{_meta(sandbox).get('name')} is not a warmshell member")
+        return SupervisorIdentity(
+            "kubernetes", InstanceId(pod_uid), pod_name, workspace, WarmPending(fingerprint(shape))
         )
 
     async def _review(self, token: str) -> tuple[str, str, str]:
@@ -155,6 +207,22 @@ def _controller(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     if owner.get("kind") != "Sandbox" or owner.get("apiVersion") not in versions or not owner.get("name"):
         what = f"{owner.get('apiVersion')} {owner.get('kind')}"
         raise PermissionDeniedError(f"pod is controlled by {what}, not an agent-sandbox Sandbox")
+    return owner
+
+
+def _extension_controller(sandbox: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The Sandbox's controlling claim or pool; None for a Sandbox without a controller (a cold
+    one warmshell created). Any other controller is refused."""
+    controllers = [r for r in _meta(sandbox).get("ownerReferences") or [] if r.get("controller") is True]
+    if not controllers:
+        return None
+    owner: Mapping[str, Any] = controllers[0]
+    kinds = (kube.SANDBOX_CLAIMS.kind, kube.SANDBOX_WARM_POOLS.kind)
+    group = str(owner.get("apiVersion") or "").split("/", 1)[0]
+    if len(controllers) != 1 or group != kube.EXTENSIONS_GROUP or owner.get("kind") not in kinds:
+        raise PermissionDeniedError("the pod's Sandbox is controlled by neither a SandboxClaim nor a SandboxWarmPool")
+    if not owner.get("name"):
+        raise PermissionDeniedError("the pod's Sandbox has a controller without a name")
     return owner
 
 

@@ -2,6 +2,10 @@
 pods and the namespace's Events, folded into `DriverEvent`s on the driver's `Hub` — a view event
 whenever what `status.view` says about a sandbox changes, a deletion when its Sandbox goes, and a
 progress line for each new Event about its pod or Sandbox.
+
+With warm pooling a sandbox may be a SandboxClaim instead: then the claims are followed too, and
+the Sandboxes and pods without our sandbox id (pool members, adopted ones) are kept, because an
+adopted member is the claim's Sandbox while carrying none of our labels.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import DriverEvent, DriverSandbox
-from warmshell.drivers.kubernetes import kube, labels, status, watching
+from warmshell.drivers.kubernetes import claims, kube, labels, status, watching
 from warmshell.drivers.kubernetes.events import Hub
 
 __all__ = ["Informers"]
@@ -23,8 +27,13 @@ Obj = dict[str, Any]
 class Informers:
     """Caches of our Sandboxes and pods by object name, kept by three informer tasks."""
 
-    def __init__(self, api: kube.Kube, namespace: str, hub: Hub, backoff: watching.Backoff) -> None:
+    def __init__(
+        self, api: kube.Kube, namespace: str, hub: Hub, backoff: watching.Backoff, *, with_claims: bool = False
+    ) -> None:
         self._api = api
+        self._with_claims = with_claims
+        self._claims: dict[str, Obj] = {}  # by claim name
+        self._others: dict[str, Obj] = {}  # Sandboxes without our sandbox id, by name (claims only)
         self._namespace = namespace
         self._hub = hub
         self._backoff = backoff
@@ -38,21 +47,32 @@ class Informers:
         if self._tasks:
             return
         api, namespace, selector = self._api, self._namespace, labels.managed_selector()
+        sandbox_selector, pod_selector = selector, selector
+        if self._with_claims:
+            # Adopted pool members carry agent-sandbox's labels only; their pods carry our managed-by.
+            sandbox_selector, pod_selector = "", f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 
         async def sandboxes() -> None:
             resource = await api.sandbox_resource(namespace)
-            await self._follow(resource, selector, self._sandboxes_listed, self._sandbox_event)
+            await self._follow(resource, sandbox_selector, self._sandboxes_listed, self._sandbox_event)
 
         self._tasks = [
             asyncio.create_task(sandboxes(), name="k8s-informer:sandboxes"),
             asyncio.create_task(
-                self._follow(kube.PODS, selector, self._pods_listed, self._pod_event), name="k8s-informer:pods"
+                self._follow(kube.PODS, pod_selector, self._pods_listed, self._pod_event), name="k8s-informer:pods"
             ),
             # Event history is not progress: only Events added from now on count.
             asyncio.create_task(
                 self._follow(kube.EVENTS, "", lambda _items: None, self._kube_event), name="k8s-informer:events"
             ),
         ]
+        if self._with_claims:
+            self._tasks.append(
+                asyncio.create_task(
+                    self._follow(kube.SANDBOX_CLAIMS, labels.claim_selector(), self._claims_listed, self._claim_event),
+                    name="k8s-informer:claims",
+                )
+            )
 
     async def aclose(self) -> None:
         """Stop the informer tasks."""
@@ -81,6 +101,8 @@ class Informers:
     # -- Sandboxes -------------------------------------------------------------------------
 
     def _sandboxes_listed(self, items: list[Obj]) -> None:
+        self._others = {s["metadata"]["name"]: s for s in items if not status.is_managed(s)}
+        self._publish_claims()
         current = {s["metadata"]["name"]: s for s in items if status.is_managed(s)}
         # Gone while we were not watching (a relist after 410): report them deleted.
         for name in self._sandboxes.keys() - current.keys():
@@ -91,6 +113,13 @@ class Informers:
 
     def _sandbox_event(self, kind: str, sandbox: Obj) -> None:
         if not status.is_managed(sandbox):
+            if self._with_claims:
+                name = sandbox["metadata"]["name"]
+                if kind == "DELETED":
+                    self._others.pop(name, None)
+                else:
+                    self._others[name] = sandbox
+                self._publish_claims(sandbox_name=name)
             return
         name = sandbox["metadata"]["name"]
         if kind == "DELETED":
@@ -108,6 +137,7 @@ class Informers:
         self._pods = {p["metadata"]["name"]: p for p in items}
         for name in list(self._sandboxes):
             self._publish_view(name)
+        self._publish_claims()
 
     def _pod_event(self, kind: str, pod: Obj) -> None:
         name = pod["metadata"]["name"]
@@ -118,6 +148,9 @@ class Informers:
         for sandbox_name, sandbox in list(self._sandboxes.items()):
             if status.owned_pod_name(sandbox) == name:
                 self._publish_view(sandbox_name)
+        for sandbox_name, sandbox in list(self._others.items()):
+            if status.owned_pod_name(sandbox) == name:
+                self._publish_claims(sandbox_name=sandbox_name)
 
     def _publish_view(self, sandbox_name: str) -> None:
         sandbox = self._sandboxes.get(sandbox_name)
@@ -125,6 +158,41 @@ class Informers:
             return
         view = status.view(sandbox, status.own_pod(sandbox, self._pods.get(status.owned_pod_name(sandbox))))
         # Only changes: a pod status write that alters nothing we report is not an event.
+        if self._views.get(view.sandbox_id) != view:
+            self._views[view.sandbox_id] = view
+            self._hub.publish(DriverEvent(view.sandbox_id, sandbox=view))
+
+    # -- SandboxClaims ---------------------------------------------------------------------
+
+    def _claims_listed(self, items: list[Obj]) -> None:
+        current = {c["metadata"]["name"]: c for c in items if claims.is_ours(c)}
+        for name in self._claims.keys() - current.keys():
+            self._claim_event("DELETED", self._claims[name])
+        self._claims = current
+        self._publish_claims()
+
+    def _claim_event(self, kind: str, claim: Obj) -> None:
+        if not claims.is_ours(claim):
+            return
+        name = claim["metadata"]["name"]
+        if kind == "DELETED":
+            self._claims.pop(name, None)
+            sandbox_id = claims.sandbox_id_of(claim)
+            if sandbox_id is not None and self._views.pop(sandbox_id, None) is not None:
+                self._hub.publish(DriverEvent(sandbox_id, deleted=True))
+            return
+        self._claims[name] = claim
+        self._publish_claim(claim)
+
+    def _publish_claims(self, *, sandbox_name: str = "") -> None:
+        for claim in list(self._claims.values()):
+            if not sandbox_name or claims.bound_sandbox_name(claim) == sandbox_name:
+                self._publish_claim(claim)
+
+    def _publish_claim(self, claim: Obj) -> None:
+        sandbox = self._others.get(claims.bound_sandbox_name(claim))
+        pod = status.own_pod(sandbox, self._pods.get(status.owned_pod_name(sandbox))) if sandbox else None
+        view = claims.view(claim, sandbox, pod)
         if self._views.get(view.sandbox_id) != view:
             self._views[view.sandbox_id] = view
             self._hub.publish(DriverEvent(view.sandbox_id, sandbox=view))

@@ -35,9 +35,15 @@ from warmshell.core.errors import (
 )
 
 __all__ = [
+    "CONFIGMAPS",
     "EVENTS",
+    "EXTENSIONS_GROUP",
+    "LEASES",
     "PODS",
+    "SANDBOX_CLAIMS",
+    "SANDBOX_TEMPLATES",
     "SANDBOX_VERSIONS",
+    "SANDBOX_WARM_POOLS",
     "TOKEN_REVIEWS",
     "AlreadyExists",
     "ApiError",
@@ -97,6 +103,14 @@ TOKEN_REVIEWS: Final = Resource("authentication.k8s.io", "v1", "tokenreviews", "
 SANDBOX_GROUP: Final = "agents.x-k8s.io"
 # Tried in this order, once per process: v1beta1 is the storage version since agent-sandbox 0.5.
 SANDBOX_VERSIONS: Final = ("v1beta1", "v1alpha1")
+
+
+CONFIGMAPS: Final = Resource("", "v1", "configmaps", "ConfigMap")
+LEASES: Final = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+EXTENSIONS_GROUP: Final = "extensions.agents.x-k8s.io"
+SANDBOX_TEMPLATES: Final = Resource(EXTENSIONS_GROUP, "v1beta1", "sandboxtemplates", "SandboxTemplate")
+SANDBOX_WARM_POOLS: Final = Resource(EXTENSIONS_GROUP, "v1beta1", "sandboxwarmpools", "SandboxWarmPool")
+SANDBOX_CLAIMS: Final = Resource(EXTENSIONS_GROUP, "v1beta1", "sandboxclaims", "SandboxClaim")
 
 
 def sandboxes(version: str) -> Resource:
@@ -364,6 +378,14 @@ class Kube:
             f"patch {path}",
             lambda: self._request("PATCH", path, body=patch, content_type=MERGE_PATCH),
             only_unprocessed=True,
+        )
+
+    async def replace(self, resource: Resource, namespace: str, name: str, body: Obj) -> Obj:
+        """PUT the whole object. With `metadata.resourceVersion` in `body` this is compare-and-swap:
+        409 `Conflict` when someone wrote in between. Retried only on 429, like a create."""
+        path = resource.path(namespace, name)
+        return await self.retry.run(
+            f"replace {path}", lambda: self._request("PUT", path, body=body), only_unprocessed=True
         )
 
     async def review_token(self, token: str, audiences: Sequence[str]) -> Obj:

@@ -7,14 +7,37 @@ from typing import Final
 
 __all__ = [
     "ACTIVATION_PROOF",
+    "ALLOCATION",
+    "ALLOCATION_CLAIM",
+    "FINGERPRINT",
+    "FINGERPRINT_LABEL_LENGTH",
+    "GATEWAY_ID",
     "MANAGED_BY",
     "MANAGED_BY_VALUE",
     "POD_NAME",
+    "PROFILE",
+    "PROFILE_DATA_KEY",
+    "PROFILE_ENABLED",
+    "PROFILE_FINGERPRINT",
+    "PROFILE_GENERATED",
+    "PROFILE_LAST_ERROR",
+    "PROFILE_NAME",
+    "PROFILE_OBSERVED_VERSION",
+    "PROFILE_SOURCE",
+    "PROFILE_STATUS",
+    "PROFILE_TARGET_NAMESPACE",
+    "PROFILE_UID",
     "SANDBOX_ID",
     "SANDBOX_NAME",
+    "WARM_POOL",
+    "WARM_POOL_ENABLED",
     "WORKSPACE",
+    "claim_selector",
+    "generated_selector",
     "managed_selector",
+    "profile_selector",
     "sandbox_selector",
+    "warm_pool_selector",
 ]
 
 MANAGED_BY: Final = "warmshell.dev/managed-by"
@@ -23,6 +46,17 @@ SANDBOX_ID: Final = "warmshell.dev/sandbox-id"  # label on Sandbox and pod; anno
 WORKSPACE: Final = "warmshell.dev/workspace"
 SANDBOX_NAME: Final = "warmshell.dev/sandbox-name"  # annotation: the user-facing name
 ACTIVATION_PROOF: Final = "warmshell.dev/activation-proof"  # sealed, see `proofs`
+# Warm pools (SandboxTemplate + SandboxWarmPool): the opt-in the pool cache watches, and the
+# fingerprint of the shape they serve — a label (first 40 hex: label values are at most 63 chars) to
+# select by, and an annotation (all 64 hex) to compare with.
+WARM_POOL: Final = "warmshell.dev/warm-pool"
+WARM_POOL_ENABLED: Final = "enabled"
+FINGERPRINT: Final = "warmshell.dev/fingerprint"
+FINGERPRINT_LABEL_LENGTH: Final = 40
+# SandboxClaims: how a sandbox was allocated, and which gateway created the claim.
+ALLOCATION: Final = "warmshell.dev/allocation"
+ALLOCATION_CLAIM: Final = "sandbox-claim"
+GATEWAY_ID: Final = "warmshell.dev/gateway-id"
 # agent-sandbox: the Sandbox's pod (= the Sandbox name for cold sandboxes).
 POD_NAME: Final = "agents.x-k8s.io/pod-name"
 
@@ -36,3 +70,41 @@ def managed_selector() -> str:
 def sandbox_selector(sandbox_id: str) -> str:
     """The objects of one sandbox."""
     return f"{MANAGED_BY}={MANAGED_BY_VALUE},{SANDBOX_ID}={sandbox_id}"
+
+
+def warm_pool_selector() -> str:
+    """Warm pools and templates that opted in to warmshell's allocation."""
+    return f"{MANAGED_BY}={MANAGED_BY_VALUE},{WARM_POOL}={WARM_POOL_ENABLED}"
+
+
+def claim_selector() -> str:
+    """SandboxClaims warmshell created for its sandboxes."""
+    return f"{MANAGED_BY}={MANAGED_BY_VALUE},{ALLOCATION}={ALLOCATION_CLAIM},{SANDBOX_ID}"
+
+
+# -- warm-pool profiles (ConfigMaps holding warm-pool.toml; see `profileplan`) -------------------
+# The opt-in on a ConfigMap, and the data key holding the profile.
+PROFILE: Final = "warmshell.dev/warm-pool-profile"
+PROFILE_ENABLED: Final = "true"
+PROFILE_DATA_KEY: Final = "warm-pool.toml"
+# On generated templates and pools: which profile made them (name sanitised as a label value).
+PROFILE_NAME: Final = "warmshell.dev/warm-pool-profile-name"
+PROFILE_UID: Final = "warmshell.dev/warm-pool-profile-uid"
+PROFILE_SOURCE: Final = "warmshell.dev/warm-pool-profile-source"  # annotation: <namespace>/<name>
+# Status the reconciler reports on the ConfigMap (annotations).
+PROFILE_STATUS: Final = "warmshell.dev/warm-pool-status"  # Ready | Error
+PROFILE_LAST_ERROR: Final = "warmshell.dev/warm-pool-last-error"
+PROFILE_OBSERVED_VERSION: Final = "warmshell.dev/warm-pool-observed-resource-version"
+PROFILE_TARGET_NAMESPACE: Final = "warmshell.dev/warm-pool-target-namespace"
+PROFILE_GENERATED: Final = "warmshell.dev/warm-pool-generated"  # the template + pool name(s)
+PROFILE_FINGERPRINT: Final = "warmshell.dev/warm-pool-fingerprint"
+
+
+def profile_selector() -> str:
+    """ConfigMaps that opted in as warm-pool profiles."""
+    return f"{PROFILE}={PROFILE_ENABLED}"
+
+
+def generated_selector() -> str:
+    """Templates and pools the profile reconciler generated (whatever profile made them)."""
+    return f"{MANAGED_BY}={MANAGED_BY_VALUE},{PROFILE_UID}"

@@ -21,11 +21,13 @@ from warmshell.drivers.kubernetes.naming import ObjectRef
 
 __all__ = [
     "CONTAINER",
+    "RESERVED_ENV",
     "TOKEN_DIR",
     "TOKEN_PATH",
     "WORKSPACE_DIR",
     "SandboxIdentity",
     "container_env",
+    "pod_spec",
     "render_sandbox",
 ]
 
@@ -39,6 +41,9 @@ WORKSPACE_VOLUME = "workspace"
 # The workload's working directory (core.models.WORKSPACE_DIR): a writable emptyDir here, as the
 # local driver's bind mount there.
 WORKSPACE_DIR = models.WORKSPACE_DIR
+# The supervisor's own settings in the container env; everything else there is a pool's baked-in
+# environment (part of its shape).
+RESERVED_ENV: frozenset[str] = frozenset({"WARMSHELL_GATEWAY", "WARMSHELL_BOOTSTRAP_FILE", "WARMSHELL_INSTANCE_ID"})
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,13 @@ def render_sandbox(
                 # The pod carries the sandbox id as an annotation; identity compares it with the
                 # owning Sandbox's label. The sealed proof stays on the Sandbox only.
                 "metadata": {"labels": _labels(who), "annotations": {labels.SANDBOX_ID: who.sandbox_id}},
-                "spec": _pod_spec(config, spec),
+                "spec": pod_spec(
+                    config,
+                    image=spec.image or config.image,
+                    cpu=spec.resources.cpu,
+                    memory=spec.resources.memory,
+                    runtime_class_name=spec.runtime_class_name,
+                ),
             },
         },
     }
@@ -87,7 +98,21 @@ def _labels(who: SandboxIdentity) -> dict[str, str]:
     }
 
 
-def _pod_spec(config: KubernetesDriverConfig, spec: SandboxSpec) -> Obj:
+def pod_spec(
+    config: KubernetesDriverConfig,
+    *,
+    image: str,
+    cpu: str = "",
+    memory: str = "",
+    runtime_class_name: str = "",
+    environment: Mapping[str, str] | None = None,
+) -> Obj:
+    """The supervisor pod of every warmshell sandbox, cold or warm.
+
+    `environment` is only for warm-pool templates: a pool bakes its shape's environment into the
+    container so the shape can be verified from the template (`warmpools.shape_of_template`); a
+    cold sandbox's environment travels in the activation instead.
+    """
     uid = config.run_as_user
     pod: Obj = {
         "serviceAccountName": config.service_account,
@@ -108,7 +133,7 @@ def _pod_spec(config: KubernetesDriverConfig, spec: SandboxSpec) -> Obj:
             "fsGroup": uid,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(config, spec)],
+        "containers": [_container(config, image=image, cpu=cpu, memory=memory, environment=environment or {})],
         "volumes": [
             {
                 "name": TOKEN_VOLUME,
@@ -128,15 +153,20 @@ def _pod_spec(config: KubernetesDriverConfig, spec: SandboxSpec) -> Obj:
             {"name": WORKSPACE_VOLUME, "emptyDir": {}},
         ],
     }
-    if spec.runtime_class_name:
-        pod["runtimeClassName"] = spec.runtime_class_name
+    if runtime_class_name:
+        pod["runtimeClassName"] = runtime_class_name
     return pod
 
 
-def _container(config: KubernetesDriverConfig, spec: SandboxSpec) -> Obj:
+def _container(
+    config: KubernetesDriverConfig, *, image: str, cpu: str, memory: str, environment: Mapping[str, str]
+) -> Obj:
+    reserved = RESERVED_ENV.intersection(environment)
+    if reserved:
+        raise ValueError(f"environment may not set {sorted(reserved)}: the supervisor's own settings")
     container: Obj = {
         "name": CONTAINER,
-        "image": spec.image or config.image,
+        "image": image,
         # Explicit, so an image whose own entry point is something else still starts the supervisor.
         "command": ["warmshell"],
         "args": ["supervisor"],
@@ -144,6 +174,7 @@ def _container(config: KubernetesDriverConfig, spec: SandboxSpec) -> Obj:
             {"name": "WARMSHELL_GATEWAY", "value": config.gateway_address},
             {"name": "WARMSHELL_BOOTSTRAP_FILE", "value": TOKEN_PATH},
             {"name": "WARMSHELL_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+            *({"name": k, "value": v} for k, v in sorted(environment.items())),
         ],
         "volumeMounts": [
             {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
@@ -153,19 +184,19 @@ def _container(config: KubernetesDriverConfig, spec: SandboxSpec) -> Obj:
     }
     if config.image_pull_policy:
         container["imagePullPolicy"] = config.image_pull_policy
-    resources = _resources(spec)
+    resources = _resources(cpu, memory)
     if resources:
         container["resources"] = resources
     return container
 
 
-def _resources(spec: SandboxSpec) -> Obj:
+def _resources(cpu: str, memory: str) -> Obj:
     """Requests equal to limits: the sandbox gets what it asked for and no more."""
     amounts: dict[str, str] = {}
-    if spec.resources.cpu:
-        amounts["cpu"] = f"{cpu_millis(spec.resources.cpu, field='spec.resources.cpu')}m"
-    if spec.resources.memory:
-        amounts["memory"] = str(memory_bytes(spec.resources.memory, field="spec.resources.memory"))
+    if cpu:
+        amounts["cpu"] = f"{cpu_millis(cpu, field='spec.resources.cpu')}m"
+    if memory:
+        amounts["memory"] = str(memory_bytes(memory, field="spec.resources.memory"))
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 

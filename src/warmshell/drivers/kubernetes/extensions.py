@@ -1,0 +1,87 @@
+"""Whether the cluster serves agent-sandbox's extension APIs (SandboxTemplate, SandboxWarmPool,
+SandboxClaim). Warm pooling needs them; without them it is off — said once, in one warning — and
+comes back on by itself once they are installed, found by a probe with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from warmshell.drivers.kubernetes import kube
+from warmshell.drivers.kubernetes.lease import Clock, SystemClock
+
+__all__ = ["ExtensionsGate", "ProbeApi"]
+
+log = logging.getLogger(__name__)
+
+# Between probes while the APIs are absent: quick at first (an operator installing them now),
+# then once a minute.
+PROBE_DELAYS: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class ProbeApi(Protocol):
+    """The one call the probe makes (`kube.Kube`)."""
+
+    async def list(self, resource: kube.Resource, namespace: str, *, limit: int = 0) -> dict[str, Any]: ...
+
+
+class ExtensionsGate:
+    """Tracks availability; `available` is None until the first probe answered."""
+
+    def __init__(
+        self,
+        api: ProbeApi,
+        namespace: str,
+        *,
+        clock: Clock | None = None,
+        delays: Sequence[float] = PROBE_DELAYS,
+    ) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._clock = clock or SystemClock()
+        self._delays = tuple(delays) or (1.0,)
+        self.available: bool | None = None
+
+    async def probe(self) -> bool:
+        """One look: does the cluster serve SandboxWarmPools? (Temporary failures propagate.)"""
+        try:
+            await self._api.list(kube.SANDBOX_WARM_POOLS, self._namespace, limit=1)
+        except kube.NotFound:
+            self._set(False)
+            return False
+        self._set(True)
+        return True
+
+    async def wait_available(self) -> None:
+        """Return once the extension APIs are served; probe with backoff meanwhile."""
+        attempt = 0
+        while True:
+            try:
+                if await self.probe():
+                    return
+            except kube.Temporary as exc:
+                log.debug("probe of %s: %s", kube.EXTENSIONS_GROUP, exc)
+            await self._clock.sleep(self._delays[min(attempt, len(self._delays) - 1)])
+            attempt += 1
+
+    def lost(self) -> None:
+        """A call found the APIs gone (404 on the collection): off again until a probe finds them."""
+        self._set(False)
+
+    def _set(self, available: bool) -> None:
+        if available == self.available:
+            return
+        if available:
+            if self.available is False:
+                log.info(
+                    "agent-sandbox extension APIs (%s) are installed now: warm pooling is on", kube.EXTENSIONS_GROUP
+                )
+        else:
+            log.warning(
+                "agent-sandbox extension APIs (%s: SandboxTemplate, SandboxWarmPool, SandboxClaim) are not installed: "
+                "warm pooling is off (sandboxes start cold) until they appear; install agent-sandbox's extensions.yaml",
+                kube.EXTENSIONS_GROUP,
+            )
+        self.available = available

@@ -1,0 +1,181 @@
+"""The driver's cache of warm pools: the opted-in `SandboxWarmPool`s and `SandboxTemplate`s,
+followed by two informers and folded into a `PoolIndex` by fingerprint after every change.
+
+`index_pools` is the pure part: it decides which pools may serve requests. A pool whose template
+is missing, is not a warmshell supervisor template, or runs another shape than the pool's
+fingerprint says is kept out of the index (so it is never matched) and reported on its `PoolView`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmshell.core import matching
+from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.ids import Fingerprint
+from warmshell.drivers.base import DriverCondition
+from warmshell.drivers.kubernetes import kube, labels, warmpools, watching
+
+__all__ = ["CachedPool", "PoolCache", "PoolStats", "index_pools"]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+@dataclass
+class PoolStats:
+    """Per-pool counters the driver keeps across cache rebuilds."""
+
+    hits: int = 0
+    misses: int = 0
+
+
+@dataclass(frozen=True)
+class CachedPool:
+    """One warm pool as the cache understands it; `shape` is None when it cannot be served."""
+
+    name: str
+    workspace: str
+    fingerprint: Fingerprint
+    shape: SandboxShape | None
+    desired: int
+    ready: int
+    problem: DriverCondition | None = None
+    stats: PoolStats = field(default_factory=PoolStats, compare=False)
+
+
+def index_pools(pools: Iterable[Mapping[str, Any]], templates: Mapping[str, Mapping[str, Any]]) -> list[CachedPool]:
+    """Every opted-in pool, each checked against its template (pure)."""
+    return [_cached(pool, templates) for pool in pools]
+
+
+def _cached(pool: Mapping[str, Any], templates: Mapping[str, Mapping[str, Any]]) -> CachedPool:
+    meta = pool.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    label = str((meta.get("labels") or {}).get(labels.FINGERPRINT) or "")
+    annotated = str((meta.get("annotations") or {}).get(labels.FINGERPRINT) or "")
+    spec = pool.get("spec") or {}
+    desired = int(spec.get("replicas", 1) or 0)
+    ready = int((pool.get("status") or {}).get("readyReplicas") or 0)
+    template_name = str((spec.get("sandboxTemplateRef") or {}).get("name") or "")
+    template = templates.get(template_name)
+    shape = warmpools.shape_of_template(template) if template is not None else None
+
+    def refused(reason: str, message: str) -> CachedPool:
+        workspace = str((meta.get("annotations") or {}).get(labels.WORKSPACE) or "")
+        problem = DriverCondition("Servable", "False", reason, message)
+        return CachedPool(name, workspace, Fingerprint(annotated or label), None, desired, ready, problem)
+
+    if template is None:
+        return refused("TemplateMissing", f"SandboxTemplate {template_name!r} does not exist or has not opted in")
+    if shape is None:
+        return refused("TemplateNotOurs", f"SandboxTemplate {template_name!r} does not run the warmshell supervisor")
+    actual = fingerprint(shape)
+    if label != warmpools.fingerprint_label(actual) or (annotated and annotated != actual):
+        return refused(
+            "FingerprintMismatch",
+            f"fingerprint label {label!r} disagrees with the shape SandboxTemplate {template_name!r} runs ({actual})",
+        )
+    return CachedPool(name, shape.workspace, actual, shape, desired, ready)
+
+
+class PoolCache:
+    """Informers over opted-in pools and templates; `lookup` answers from the latest index."""
+
+    def __init__(
+        self, api: kube.Kube, namespace: str, backoff: watching.Backoff, *, on_change: Callable[[], None] = lambda: None
+    ) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._backoff = backoff
+        self._on_change = on_change
+        self._pools: dict[str, Obj] = {}
+        self._templates: dict[str, Obj] = {}
+        self._listed: set[str] = set()
+        self._stats: dict[str, PoolStats] = {}
+        self._entries: list[CachedPool] = []
+        self._index: matching.PoolIndex[CachedPool] = matching.PoolIndex()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._warned: set[tuple[str, str]] = set()
+
+    def start(self) -> None:
+        """Start both informers (once)."""
+        if self._tasks:
+            return
+        self._tasks = [
+            asyncio.create_task(self._follow(kube.SANDBOX_WARM_POOLS, self._pools), name="k8s-informer:warmpools"),
+            asyncio.create_task(self._follow(kube.SANDBOX_TEMPLATES, self._templates), name="k8s-informer:templates"),
+        ]
+
+    async def aclose(self) -> None:
+        """Stop the informers."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    @property
+    def synced(self) -> bool:
+        """Whether both initial lists have arrived."""
+        return self._index.synced
+
+    def lookup(self, fp: Fingerprint) -> matching.MatchResult[CachedPool]:
+        """NotReady until synced, then the pools serving `fp`."""
+        return self._index.lookup(fp)
+
+    def entries(self) -> list[CachedPool]:
+        """Every opted-in pool, servable or not."""
+        return list(self._entries)
+
+    def entry(self, name: str) -> CachedPool | None:
+        """The pool called `name`, if cached."""
+        return next((e for e in self._entries if e.name == name), None)
+
+    async def _follow(self, resource: kube.Resource, into: dict[str, Obj]) -> None:
+        def listed(items: list[Obj]) -> None:
+            into.clear()
+            into.update({i["metadata"]["name"]: i for i in items})
+            self._listed.add(resource.plural)
+            self._rebuild()
+
+        def changed(kind: str, obj: Obj) -> None:
+            name = obj["metadata"]["name"]
+            if kind == "DELETED":
+                into.pop(name, None)
+            else:
+                into[name] = obj
+            self._rebuild()
+
+        await watching.follow(
+            self._api,
+            resource,
+            self._namespace,
+            label_selector=labels.warm_pool_selector(),
+            on_list=listed,
+            on_event=changed,
+            backoff=self._backoff,
+        )
+
+    def _rebuild(self) -> None:
+        if len(self._listed) < 2:
+            return  # one kind listed: a pool without its template would be misreported as refused
+        entries = []
+        warned = set()
+        for entry in index_pools(self._pools.values(), self._templates):
+            entries.append(dataclasses.replace(entry, stats=self._stats.get(entry.name) or PoolStats()))
+            if entry.problem is not None:
+                key = (entry.name, entry.problem.reason)
+                warned.add(key)
+                if key not in self._warned:  # once per pool and problem, not on every event
+                    log.warning("warm pool %s is never matched: %s", entry.name, entry.problem.message)
+        self._warned = warned
+        self._stats = {e.name: e.stats for e in entries}
+        self._entries = entries
+        self._index = matching.PoolIndex((e.fingerprint, e) for e in entries if e.shape is not None)
+        self._on_change()

@@ -1,0 +1,134 @@
+"""Pure rendering and reading of warm pools: the `SandboxTemplate` + `SandboxWarmPool` pair that
+serves one sandbox shape, and the shape a template actually runs.
+
+The pair is written by the profile reconciler (and by operators with kubectl); the pool cache
+reads templates back with `shape_of_template` and refuses a pool whose fingerprint label disagrees
+with what its template runs, so a mislabelled pool can never serve a request of another shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from warmshell.core.config import KubernetesDriverConfig
+from warmshell.core.errors import InvalidArgumentError
+from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.drivers.kubernetes import labels, rendering
+
+__all__ = [
+    "EXTENSIONS_API_VERSION",
+    "fingerprint_label",
+    "render_pool_pair",
+    "shape_of_template",
+]
+
+Obj = dict[str, Any]
+
+EXTENSIONS_API_VERSION: Final = "extensions.agents.x-k8s.io/v1beta1"
+
+
+def fingerprint_label(full: str) -> str:
+    """The label form of a fingerprint (label values are at most 63 characters)."""
+    return full[: labels.FINGERPRINT_LABEL_LENGTH]
+
+
+def render_pool_pair(
+    config: KubernetesDriverConfig,
+    *,
+    name: str,
+    namespace: str,
+    shape: SandboxShape,
+    replicas: int,
+    extra_labels: Mapping[str, str] = {},
+) -> tuple[Obj, Obj]:
+    """The (SandboxTemplate, SandboxWarmPool) serving `shape`; both named `name`.
+
+    The template's pod is the cold sandbox's supervisor pod without any per-sandbox identity
+    (identity comes from the claim at activation) and with the shape's environment baked in, so
+    the shape can be read back from the template (`shape_of_template`).
+    """
+    full = fingerprint(shape)
+    metadata_labels = {
+        **extra_labels,
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+        labels.WARM_POOL: labels.WARM_POOL_ENABLED,
+        labels.FINGERPRINT: fingerprint_label(full),
+    }
+    annotations = {labels.FINGERPRINT: full, labels.WORKSPACE: shape.workspace}
+    pod = rendering.pod_spec(
+        config,
+        image=shape.image,
+        cpu=shape.cpu,
+        memory=shape.memory,
+        runtime_class_name=shape.runtime_class_name,
+        environment=shape.environment,
+    )
+    template: Obj = {
+        "apiVersion": EXTENSIONS_API_VERSION,
+        "kind": "SandboxTemplate",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(metadata_labels),
+            "annotations": dict(annotations),
+        },
+        "spec": {
+            "podTemplate": {
+                # Pool members are ours but belong to no sandbox yet: no sandbox-id label, so
+                # they never enter the driver's list or watch of sandboxes.
+                "metadata": {"labels": {labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.WORKSPACE: shape.workspace}},
+                "spec": pod,
+            },
+            # Unmanaged: agent-sandbox's default NetworkPolicy denies egress to private ranges,
+            # which would cut the supervisor off from the gateway, and forces public DNS, which
+            # cannot resolve the gateway's Service. Cold sandboxes get no policy either.
+            "networkPolicyManagement": "Unmanaged",
+        },
+    }
+    pool: Obj = {
+        "apiVersion": EXTENSIONS_API_VERSION,
+        "kind": "SandboxWarmPool",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(metadata_labels),
+            "annotations": dict(annotations),
+        },
+        "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": name}},
+    }
+    return template, pool
+
+
+def shape_of_template(template: Mapping[str, Any]) -> SandboxShape | None:
+    """The shape a template's pods actually run; None if it is not a warmshell supervisor template."""
+    metadata = template.get("metadata") or {}
+    workspace = (metadata.get("annotations") or {}).get(labels.WORKSPACE)
+    pod = ((template.get("spec") or {}).get("podTemplate") or {}).get("spec") or {}
+    containers = [c for c in pod.get("containers") or [] if c.get("name") == rendering.CONTAINER]
+    if not workspace or len(containers) != 1 or len(pod.get("containers") or []) != 1:
+        return None
+    container = containers[0]
+    if container.get("command") != ["warmshell"] or container.get("args") != ["supervisor"]:
+        return None
+    environment: dict[str, str] = {}
+    for entry in container.get("env") or []:
+        if entry.get("name") in rendering.RESERVED_ENV:
+            continue
+        if "value" not in entry or "valueFrom" in entry:
+            return None  # a value we cannot know is a shape we cannot verify
+        environment[entry["name"]] = entry["value"]
+    requests = (container.get("resources") or {}).get("requests") or {}
+    shape = SandboxShape(
+        workspace=workspace,
+        image=container.get("image") or "",
+        environment=environment,
+        cpu=str(requests.get("cpu") or ""),
+        memory=str(requests.get("memory") or ""),
+        runtime_class_name=pod.get("runtimeClassName") or "",
+    )
+    try:
+        fingerprint(shape)  # quantities that do not parse are not ours
+    except InvalidArgumentError:
+        return None
+    return shape

@@ -1,0 +1,198 @@
+"""Warm allocation on kubesim: pools applied as SandboxTemplate + SandboxWarmPool with warmshell's
+labels (as an operator would with kubectl), creates that match exactly one go through a
+SandboxClaim, and the claim controller activates the warm pod agent-sandbox binds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubesim.cluster import RunningCluster
+from kubesim.controllers import client as kc
+from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.core.fingerprints import SandboxShape
+from warmshell.drivers.kubernetes import KubernetesDriver, claimactivation, warmpools
+
+from .conftest import IMAGE, NAMESPACE, driver_config, gateway_settings
+
+SHAPE = SandboxShape(workspace="default", image=IMAGE, environment={"FOO": "bar"})
+USER = "kubesim-user"
+
+
+@pytest.fixture(autouse=True)
+async def _pools_removed_first(admin: kc.KubeClient) -> AsyncIterator[None]:
+    """Delete pools (and claims) before the cluster fixture tears Sandboxes down: a live pool would
+    refill every member deleted under it."""
+    yield
+    for resource in (kc.POOLS, kc.CLAIMS):
+        for item in (await admin.list_objects(resource, NAMESPACE)).get("items") or []:
+            with contextlib.suppress(kc.ApiError):
+                await admin.delete(resource, NAMESPACE, item["metadata"]["name"])
+
+
+async def apply_pool(
+    cluster: RunningCluster, admin: kc.KubeClient, state: Path, name: str, replicas: int, **shape: Any
+) -> None:
+    """Apply a template + pool pair the way the profile reconciler (issue 8) will render it, for
+    the gateway whose state directory is `state` (its supervisor socket is the pods' gateway)."""
+    config = driver_config(cluster, state)
+    template, pool = warmpools.render_pool_pair(
+        config, name=name, namespace=NAMESPACE, shape=SandboxShape(**{**SHAPE.__dict__, **shape}), replicas=replicas
+    )
+    await admin.create(kc.TEMPLATES, NAMESPACE, template)
+    await admin.create(kc.POOLS, NAMESPACE, pool)
+
+
+async def wait_idle(gw: RunningGateway, name: str, idle: int, timeout: float = 30.0) -> None:
+    """Until the pool's members have registered as warm pending with the gateway."""
+
+    def done(response: pb.ListPoolsResponse) -> bool:
+        pool = pool_named(response, name)
+        return pool is not None and pool.idle >= idle
+
+    await wait_pools(gw, done, timeout)
+
+
+def gateway(cluster: RunningCluster, tmp_path: Path) -> Any:
+    state = tmp_path / "state"
+    return running_gateway(state, **gateway_settings(cluster, state))
+
+
+async def test_a_matching_create_goes_warm(cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path) -> None:
+    await apply_pool(cluster, admin, tmp_path / "state", "foo", 2)
+    async with gateway(cluster, tmp_path) as gw:
+        await wait_idle(gw, "foo", 2)
+        members = {p["metadata"]["uid"] for p in (await admin.list_objects(kc.PODS, NAMESPACE))["items"]}
+        await gw.create(name="hot", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
+        ready = await gw.wait_ready("hot", timeout=30)
+        assert ready.status.phase == pb.SANDBOX_PHASE_READY
+        assert ready.status.allocation == "warm"
+        assert ready.status.instance_id in members  # a pod started before the request
+        claim = await admin.get(kc.CLAIMS, NAMESPACE, "default--hot")
+        assert claim["spec"] == {"warmPoolRef": {"name": "foo"}}
+        code, out, _ = await gw.exec("hot", ["sh", "-c", 'echo "$FOO from $(pwd)"'])
+        assert (code, out) == (0, b"bar from /workspace\n")
+        timeline = ready.status.timeline
+        assert timeline.requested_us <= timeline.claimed_us <= timeline.activated_us <= timeline.ready_us
+        await gw.delete("hot")
+        with pytest.raises(kc.ApiError):
+            await admin.get(kc.CLAIMS, NAMESPACE, "default--hot")
+
+
+async def test_a_non_matching_create_goes_cold(cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path) -> None:
+    await apply_pool(cluster, admin, tmp_path / "state", "foo", 1)
+    async with gateway(cluster, tmp_path) as gw:
+        await wait_idle(gw, "foo", 1)
+        await gw.create(name="cold", spec=pb.SandboxSpec(environment={"FOO": "other"}))
+        ready = await gw.wait_ready("cold", timeout=30)
+        assert ready.status.phase == pb.SANDBOX_PHASE_READY
+        assert ready.status.allocation == "cold"
+        allocated = {c.type: c for c in ready.status.conditions}["Allocated"]
+        assert allocated.message == "NoMatch"
+
+
+async def test_two_pools_with_one_fingerprint_go_cold_as_ambiguous(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    await apply_pool(cluster, admin, tmp_path / "state", "one", 1)
+    await apply_pool(cluster, admin, tmp_path / "state", "two", 1)
+    async with gateway(cluster, tmp_path) as gw:
+        await wait_idle(gw, "one", 1)
+        await wait_idle(gw, "two", 1)
+        await gw.create(name="amb", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
+        ready = await gw.wait_ready("amb", timeout=30)
+        assert ready.status.allocation == "cold"
+        assert {c.type: c for c in ready.status.conditions}["Allocated"].message == "Ambiguous"
+
+
+async def test_a_drained_pool_still_yields_a_sandbox(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    """agent-sandbox's cold fallback: no warm member, so the claim gets a Sandbox named after it;
+    its pod registers bound through the claim and is activated at once."""
+    await apply_pool(cluster, admin, tmp_path / "state", "empty", 0)
+    async with gateway(cluster, tmp_path) as gw:
+        await wait_pools(gw, lambda r: pool_named(r, "empty") is not None)
+        await gw.create(name="fallback", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
+        ready = await gw.wait_ready("fallback", timeout=30)
+        assert ready.status.phase == pb.SANDBOX_PHASE_READY
+        assert ready.status.allocation == "warm"  # a claim, served cold by agent-sandbox
+        sandbox = await admin.get(kc.SANDBOXES, NAMESPACE, "default--fallback")
+        assert sandbox["metadata"]["labels"]["agents.x-k8s.io/launch-type"] == "cold"
+        code, out, _ = await gw.exec("fallback", ["sh", "-c", "echo ok"])
+        assert (code, out) == (0, b"ok\n")
+
+
+async def test_fifty_concurrent_creates_against_a_pool_of_twenty(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    await apply_pool(cluster, admin, tmp_path / "state", "big", 20)
+    async with gateway(cluster, tmp_path) as gw:
+        await wait_idle(gw, "big", 20, timeout=60)
+        names = [f"c{i}" for i in range(50)]
+        await asyncio.gather(*(gw.create(name=n, spec=pb.SandboxSpec(environment={"FOO": "bar"})) for n in names))
+        ready = await asyncio.gather(*(gw.wait_ready(n, timeout=90) for n in names))
+        assert all(s.status.phase == pb.SANDBOX_PHASE_READY for s in ready)
+        # Every sandbox has its own pod: no warm member was activated twice.
+        assert len({s.status.instance_id for s in ready}) == 50
+        code, out, _ = await gw.exec("c49", ["sh", "-c", "echo $FOO"])
+        assert (code, out) == (0, b"bar\n")
+
+
+async def test_a_gateway_restart_between_claim_and_activation(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    """The claim is written by the first gateway, which stops before activating anything; the pod
+    re-registers with the second one (bound through the claim, or warm pending and then found by
+    its claim controller) and the sandbox becomes Ready."""
+    await apply_pool(cluster, admin, tmp_path / "state", "foo", 1)
+    state = tmp_path / "state"
+    settings = gateway_settings(cluster, state)
+    async with running_gateway(state, **settings) as first:
+        await wait_idle(first, "foo", 1)
+        # Stop the claim controller first, so the activation can only come from the second gateway.
+        driver = first.gateway.driver
+        assert isinstance(driver, KubernetesDriver)
+        assert driver._claims is not None
+        await driver._claims.aclose()
+        await first.create(name="survivor", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
+        await first.stop()
+    async with running_gateway(state, **settings) as second:
+        ready = await second.wait_ready("survivor", timeout=30)
+        assert ready.status.phase == pb.SANDBOX_PHASE_READY
+        assert ready.status.allocation == "warm"
+
+
+async def test_claim_activation_survives_a_dropped_watch_and_a_relist(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    """With the claim watch broken (every watch request fails), the 15 s relist (shortened here)
+    still finds the bound claim and activates its pod."""
+    await apply_pool(cluster, admin, tmp_path / "state", "foo", 1)
+    original = claimactivation.RELIST_SECONDS
+    claimactivation.RELIST_SECONDS = 0.3
+    try:
+        async with gateway(cluster, tmp_path) as gw:
+            await wait_idle(gw, "foo", 1)
+            driver = gw.gateway.driver
+            assert isinstance(driver, KubernetesDriver)
+            claims_ctl = driver._claims
+            assert claims_ctl is not None
+            claims_ctl._tasks[0].cancel()  # the watch is gone; only the relist is left
+            created = await gw.create(name="relisted", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
+            ready = await gw.wait_ready("relisted", timeout=30)
+            assert ready.status.phase == pb.SANDBOX_PHASE_READY
+            # The claim controller activated it (it saw the claim bound), which without a watch
+            # only a relist can have told it; the activation arrived while relists kept running.
+            assert created.id in driver.bound_us
+            # Later relists keep finding the claim, and never activate it a second time.
+            await claims_ctl._relist_once()
+            assert created.id in driver.bound_us
+    finally:
+        claimactivation.RELIST_SECONDS = original

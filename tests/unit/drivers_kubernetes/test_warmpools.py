@@ -1,0 +1,135 @@
+"""Warm-pool rendering and the pool cache's pure decisions: what a generated pair looks like, the
+shape read back from a template, and which pools may ever be matched."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from warmshell.core import matching
+from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.drivers.kubernetes import labels, poolcache, warmpools
+
+from . import crds
+from .fakes import NS, config
+
+SHAPE = SandboxShape(
+    workspace="team-a", image="ghcr.io/warmshell/warmshell:0.1.0", environment={"FOO": "bar"}, cpu="0.5", memory="1Gi"
+)
+
+
+def pair(shape: SandboxShape = SHAPE, name: str = "foo", **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    return warmpools.render_pool_pair(config(), name=name, namespace=NS, shape=shape, replicas=3, **kwargs)
+
+
+def test_the_pair_validates_and_carries_the_fingerprint() -> None:
+    template, pool = pair(extra_labels={"warmshell.dev/profile": "p1"})
+    crds.validator("SandboxTemplate", "v1beta1").validate(template)
+    crds.validator("SandboxWarmPool", "v1beta1").validate(pool)
+    full = fingerprint(SHAPE)
+    for obj in (template, pool):
+        assert obj["metadata"]["labels"] == {
+            "warmshell.dev/managed-by": "warmshell",
+            "warmshell.dev/warm-pool": "enabled",
+            "warmshell.dev/fingerprint": full[:40],
+            "warmshell.dev/profile": "p1",
+        }
+        assert obj["metadata"]["annotations"] == {
+            "warmshell.dev/fingerprint": full,
+            "warmshell.dev/workspace": "team-a",
+        }
+    assert pool["spec"] == {"replicas": 3, "sandboxTemplateRef": {"name": "foo"}}
+
+
+def test_the_template_has_no_identity_and_no_secrets() -> None:
+    template, _ = pair()
+    pod_template = template["spec"]["podTemplate"]
+    assert labels.SANDBOX_ID not in pod_template["metadata"]["labels"]
+    assert "annotations" not in pod_template["metadata"]
+    assert labels.ACTIVATION_PROOF not in template["metadata"]["annotations"]
+    assert pod_template["spec"]["automountServiceAccountToken"] is False
+    # Unmanaged: the default policy would cut the supervisor off from the gateway.
+    assert template["spec"]["networkPolicyManagement"] == "Unmanaged"
+
+
+def test_extra_labels_cannot_override_ours() -> None:
+    template, _ = pair(extra_labels={"warmshell.dev/warm-pool": "disabled"})
+    assert template["metadata"]["labels"]["warmshell.dev/warm-pool"] == "enabled"
+
+
+def test_reserved_environment_is_refused() -> None:
+    with pytest.raises(ValueError, match="WARMSHELL_GATEWAY"):
+        pair(SandboxShape(workspace="w", image="i", environment={"WARMSHELL_GATEWAY": "evil"}))
+
+
+envs = st.dictionaries(st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True), st.text(max_size=8), max_size=4)
+
+
+@given(env=envs, cpu=st.sampled_from(["", "0.2", "200m", "1", "1500m"]), memory=st.sampled_from(["", "1Gi", "512Mi"]))
+def test_the_shape_read_back_has_the_same_fingerprint(env: dict[str, str], cpu: str, memory: str) -> None:
+    env = {k: v for k, v in env.items() if not k.startswith("WARMSHELL_")}
+    shape = SandboxShape(workspace="w", image="img:1", environment=env, cpu=cpu, memory=memory)
+    template, _ = pair(shape)
+    read = warmpools.shape_of_template(template)
+    assert read is not None
+    assert fingerprint(read) == fingerprint(shape)
+
+
+def test_a_template_that_is_not_ours_has_no_shape() -> None:
+    template, _ = pair()
+    foreign = copy.deepcopy(template)
+    foreign["spec"]["podTemplate"]["spec"]["containers"][0]["command"] = ["python", "app.py"]
+    assert warmpools.shape_of_template(foreign) is None
+    secret = copy.deepcopy(template)
+    secret["spec"]["podTemplate"]["spec"]["containers"][0]["env"].append(
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    )
+    assert warmpools.shape_of_template(secret) is None
+
+
+# -- the pool cache's decisions -----------------------------------------------------------------
+
+
+def index(*pairs: tuple[dict[str, Any], dict[str, Any]]) -> list[poolcache.CachedPool]:
+    templates = {t["metadata"]["name"]: t for t, _ in pairs if t}
+    return poolcache.index_pools([p for _, p in pairs], templates)
+
+
+def test_a_good_pool_is_servable() -> None:
+    (entry,) = index(pair())
+    assert entry.shape is not None
+    assert entry.fingerprint == fingerprint(SHAPE)
+    assert entry.workspace == "team-a"
+    assert entry.problem is None
+
+
+def test_a_pool_without_its_template_is_never_matched() -> None:
+    _, pool = pair()
+    (entry,) = index(({}, pool))
+    assert entry.shape is None
+    assert entry.problem is not None
+    assert entry.problem.reason == "TemplateMissing"
+
+
+def test_a_pool_whose_label_disagrees_with_its_template_is_never_matched() -> None:
+    template, pool = pair()
+    # The template was edited to run another environment; the labels still claim the old shape.
+    template["spec"]["podTemplate"]["spec"]["containers"][0]["env"][-1]["value"] = "changed"
+    (entry,) = index((template, pool))
+    assert entry.shape is None
+    assert entry.problem is not None
+    assert entry.problem.reason == "FingerprintMismatch"
+    found = matching.PoolIndex((e.fingerprint, e) for e in [entry] if e.shape is not None)
+    assert isinstance(found.lookup(fingerprint(SHAPE)), matching.NoMatch)
+
+
+def test_two_pools_with_one_fingerprint_are_ambiguous() -> None:
+    entries = index(pair(name="one"), pair(name="two"))
+    found = matching.PoolIndex((e.fingerprint, e) for e in entries if e.shape is not None)
+    result = found.lookup(fingerprint(SHAPE))
+    assert isinstance(result, matching.Ambiguous)
+    assert {p.name for p in result.pools} == {"one", "two"}
