@@ -93,11 +93,12 @@ async def measure(count: int, pool_size: int, burst_size: int, refill_delay: flo
         pools = Path(tmp) / "pools"
         pools.mkdir()
         write_profile(pools, "warm", pool_size, WARM_ENV)
-        args = ["--pools", str(pools)]
+        config = Path(tmp) / "gateway.toml"
+        settings = f"[local]\nmax_pool_replicas = {max(pool_size, burst_size)}\n"
         if refill_delay is not None:
-            config = Path(tmp) / "gateway.toml"
-            config.write_text(f"[local]\nrefill_delay_seconds = {refill_delay}\n")
-            args += ["--config", str(config)]
+            settings += f"refill_delay_seconds = {refill_delay}\n"
+        config.write_text(settings)
+        args = ["--pools", str(pools), "--config", str(config)]
         async with gateway_process(*args) as gw:
             await wait_idle(gw, "warm", pool_size)
             warm = await sequential(gw, "warm", count, WARM_ENV, "warm")
