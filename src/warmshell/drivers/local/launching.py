@@ -144,6 +144,12 @@ class Launcher:
             return argv
         return [*cgroups.enter_argv(instance.cgroup), *argv]
 
+    def _shadowed_needs(self) -> list[Path]:
+        # The interpreter or the package may live where the sandbox mounts its own filesystems
+        # (a checkout or a virtualenv under /tmp): bind those back read-only.
+        prefixes = {Path(sys.base_prefix), Path(sys.prefix), self._python.resolve().parent.parent, PACKAGE_ROOT}
+        return sorted(p for p in prefixes if sandboxing.shadowed(p))
+
     def _hidden(self) -> list[Path]:
         # The state directory holds the API token, the signing key and every instance record;
         # mask it unless that would also hide the interpreter or the package.

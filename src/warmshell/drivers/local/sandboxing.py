@@ -66,6 +66,13 @@ class SandboxLayout:
     info_fd: int | None = None
 
 
+def shadowed(path: Path) -> bool:
+    """Whether the sandbox mounts something of its own over `path` (e.g. anything under /tmp),
+    so a host path there must be bound explicitly to stay visible."""
+    parts = path.resolve().parts
+    return len(parts) > 1 and parts[1] in _REPLACED
+
+
 def list_root(root: Path) -> list[RootEntry]:
     """The top-level directories and symlinks of a root filesystem, sorted by name."""
     entries: list[RootEntry] = []
