@@ -75,11 +75,13 @@ class Gateway:
     def __init__(self, config: GatewayConfig, driver: ComputeDriver | None = None) -> None:
         self.config = config
         self.paths = config.paths
-        self._driver = driver
+        self._given_driver = driver
+        self._driver: ComputeDriver | None = None  # set once entered, so stop() exits only what started
         self._tasks: list[asyncio.Task[None]] = []
         self._server: grpc.aio.Server | None = None
         self._http: object | None = None
         self._store: SqliteStore | None = None
+        self._bound = False  # only a gateway that bound the sockets may remove them
         self.http_port = 0
         self.tcp_port = 0
 
@@ -90,7 +92,15 @@ class Gateway:
         return self._driver
 
     async def start(self) -> None:
-        """Open the store, start the driver and listen; returns once serving."""
+        """Open the store, start the driver and listen; returns once serving. A start that fails
+        half-way releases what it had opened (store, driver, sockets) before raising."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         paths = self.paths
         paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         if _socket_in_use(paths.socket):
@@ -102,9 +112,9 @@ class Gateway:
             ttl_seconds=self.config.sandbox_token_ttl_seconds,
         )
         self._store = await open_sqlite_store(paths.database)
-        if self._driver is None:
-            self._driver = build_driver(self.config)
-        await self._driver.__aenter__()
+        driver = self._given_driver if self._given_driver is not None else build_driver(self.config)
+        await driver.__aenter__()
+        self._driver = driver
         bus = EventBus()
         sessions = SessionTable()
         records = SandboxRecords(self._store, bus)
@@ -143,6 +153,7 @@ class Gateway:
             ),
             server,
         )
+        self._bound = True
         for path in (paths.socket, paths.supervisor_socket):
             path.unlink(missing_ok=True)
             server.add_insecure_port(f"unix://{path}")
@@ -202,12 +213,15 @@ class Gateway:
             self._http = None
         if self._driver is not None:
             await self._driver.__aexit__(None, None, None)
+            self._driver = None
         if self._store is not None:
             await self._store.aclose()
             self._store = None
-        self.paths.runtime_info.unlink(missing_ok=True)
-        for path in (self.paths.socket, self.paths.supervisor_socket):
-            path.unlink(missing_ok=True)
+        if self._bound:
+            self.paths.runtime_info.unlink(missing_ok=True)
+            for path in (self.paths.socket, self.paths.supervisor_socket):
+                path.unlink(missing_ok=True)
+            self._bound = False
         log.info("gateway stopped")
 
 

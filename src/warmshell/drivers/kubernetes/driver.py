@@ -108,6 +108,15 @@ class KubernetesDriver:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def __aenter__(self) -> KubernetesDriver:
+        try:
+            await self._enter()
+        except BaseException:
+            # A context manager whose entry fails is never exited: release what entry opened.
+            await self.aclose()
+            raise
+        return self
+
+    async def _enter(self) -> None:
         key = await asyncio.to_thread(proofs.load_or_create_key, self._key_path)
         self._sealer = proofs.ProofSealer(key)
         if self._api is None:
@@ -125,7 +134,6 @@ class KubernetesDriver:
         if self._warm_enabled:
             self._pools = poolcache.PoolCache(self._api, self._config.namespace, self._backoff)
             self._pools.start()
-        return self
 
     async def _extensions_missing(self) -> bool:
         """Claim allocation needs the agent-sandbox extension CRDs; without them it stays off."""

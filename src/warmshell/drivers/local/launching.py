@@ -89,7 +89,9 @@ class Launcher:
             argv = self._in_cgroup(instance, self._supervisor(self._python))
             return Launch(argv, env=env, cwd=instance.workspace_dir)
         root = Path(image) if image else _HOST_ROOT
-        binds, python, pythonpath = self._image if image and self._image else ([], self._python, [])
+        binds, python, pythonpath = (
+            self._image if image and self._image else ([(p, str(p)) for p in self._shadowed_needs()], self._python, [])
+        )
         env = sandboxing.supervisor_environment(
             instance_id=instance.instance_id,
             bootstrap_fd=fd,
