@@ -16,8 +16,8 @@ from warmshell.core.errors import AlreadyExistsError, PermissionDeniedError, Una
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import BackendState, Bound, CreateRequest
+from warmshell.drivers.events import Subscription
 from warmshell.drivers.kubernetes import KubernetesDriver, kube
-from warmshell.drivers.kubernetes.events import Subscription
 
 from .conftest import BROKEN_IMAGE, NAMESPACE
 from .waiting import next_event

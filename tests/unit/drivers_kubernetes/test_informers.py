@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from warmshell.drivers.base import BackendState, DriverEvent
+from warmshell.drivers.events import Hub
 from warmshell.drivers.kubernetes import watching
-from warmshell.drivers.kubernetes.events import Hub
 from warmshell.drivers.kubernetes.informers import Informers
 
 from .fakes import FakeCluster

@@ -41,6 +41,7 @@ from warmshell.drivers.base import (
     ProgressLine,
     WarmPending,
 )
+from warmshell.drivers.events import Hub, Subscription
 from warmshell.drivers.kubernetes import (
     claimactivation,
     claims,
@@ -54,7 +55,6 @@ from warmshell.drivers.kubernetes import (
     status,
     watching,
 )
-from warmshell.drivers.kubernetes.events import Hub, Subscription
 from warmshell.drivers.kubernetes.identity import KubernetesIdentity
 from warmshell.drivers.kubernetes.informers import Informers
 

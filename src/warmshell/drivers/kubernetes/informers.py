@@ -16,8 +16,8 @@ from typing import Any
 
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import DriverEvent, DriverSandbox
+from warmshell.drivers.events import Hub
 from warmshell.drivers.kubernetes import claims, kube, labels, status, watching
-from warmshell.drivers.kubernetes.events import Hub
 
 __all__ = ["Informers"]
 

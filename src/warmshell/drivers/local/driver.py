@@ -41,8 +41,8 @@ from warmshell.drivers.base import (
     PoolView,
     ProgressLine,
 )
+from warmshell.drivers.events import Hub
 from warmshell.drivers.local import cgroups, credentials, images, pooling, reloading
-from warmshell.drivers.local.events import EventHub
 from warmshell.drivers.local.fleet import Fleet
 from warmshell.drivers.local.hostnames import HostnameSetter
 from warmshell.drivers.local.identity import LocalIdentity
@@ -105,7 +105,7 @@ class LocalDriver:
         self._sandboxes: dict[SandboxId, Instance] = {}
         self._lost: dict[SandboxId, DriverSandbox] = {}
         self._creating: dict[SandboxId, asyncio.Task[DriverSandbox]] = {}
-        self._hub = EventHub()
+        self._hub = Hub()
         self._hostnames = HostnameSetter()
         self._activator: Activator | None = None
         self._reloader: asyncio.Task[None] | None = None
@@ -237,7 +237,7 @@ class LocalDriver:
 
     def watch(self) -> AsyncIterator[DriverEvent]:
         """Events from this call on, until the driver closes."""
-        return self._hub.watch()
+        return self._hub.subscribe()
 
     def pools(self) -> builtins.list[PoolView]:
         """The warm pools, with invalid profiles reported as pools with a condition."""

@@ -1,5 +1,5 @@
-"""Fan-out of driver events to every open `watch()`: each subscriber gets its own queue, so a
-slow consumer never holds up the informers (the gateway has one consumer)."""
+"""Fan-out of driver events to every open `watch()`, shared by the drivers: each subscriber gets
+its own queue, so a slow consumer never holds up the driver (the gateway has one consumer)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import DriverEvent
-from warmshell.drivers.kubernetes.events import Hub
+from warmshell.drivers.events import Hub
 
 EVENT = DriverEvent(SandboxId("sbx-1"), deleted=True)
 
