@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from warmshell.core.ids import Fingerprint
+from warmshell.core.models import SandboxSpec
 from warmshell.core.quantities import normalize_cpu, normalize_memory
 
-__all__ = ["SandboxShape", "canonical_json", "fingerprint"]
+__all__ = ["SandboxShape", "canonical_json", "fingerprint", "shape_of"]
 
 FINGERPRINT_VERSION = 1
 
@@ -30,6 +31,18 @@ class SandboxShape:
     cpu: str = ""
     memory: str = ""
     runtime_class_name: str = ""
+
+
+def shape_of(workspace: str, spec: SandboxSpec, *, default_image: str) -> SandboxShape:
+    """The shape a create request asks for, with the driver's default image resolved."""
+    return SandboxShape(
+        workspace=workspace,
+        image=spec.image or default_image,
+        environment=spec.environment,
+        cpu=spec.resources.cpu,
+        memory=spec.resources.memory,
+        runtime_class_name=spec.runtime_class_name,
+    )
 
 
 def canonical_json(shape: SandboxShape) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 from warmshell.core import matching
 from warmshell.core.config import KubernetesDriverConfig, StatePaths
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, UnavailableError
-from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.fingerprints import fingerprint, shape_of
 from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import Allocation, SandboxSpec, now_us
 from warmshell.drivers.base import (
@@ -237,15 +237,7 @@ class KubernetesDriver:
     def _lookup(self, request: CreateRequest) -> poolcache.CachedPool | MissReason:
         if self._pools is None or self._activator is None:
             return MissReason.DISABLED
-        spec = request.spec
-        shape = SandboxShape(
-            workspace=request.workspace,
-            image=spec.image or self.default_image(),
-            environment=spec.environment,
-            cpu=spec.resources.cpu,
-            memory=spec.resources.memory,
-            runtime_class_name=spec.runtime_class_name,
-        )
+        shape = shape_of(request.workspace, request.spec, default_image=self.default_image())
         result = self._pools.lookup(fingerprint(shape))
         if isinstance(result, matching.Match):
             return result.pool

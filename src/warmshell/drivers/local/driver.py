@@ -27,7 +27,7 @@ from warmshell.core.errors import (
     NotFoundError,
     UnavailableError,
 )
-from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.fingerprints import fingerprint, shape_of
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import Allocation, SandboxSpec, now_us
 from warmshell.core.profiles import Profile, ProfileError
@@ -267,15 +267,7 @@ class LocalDriver:
     ) -> matching.Match[pooling.Pool] | matching.Ambiguous[pooling.Pool] | MissReason:
         if self._pools is None:
             return MissReason.DISABLED
-        spec = request.spec
-        shape = SandboxShape(
-            workspace=request.workspace,
-            image=spec.image or self.default_image(),
-            environment=spec.environment,
-            cpu=spec.resources.cpu,
-            memory=spec.resources.memory,
-            runtime_class_name=spec.runtime_class_name,
-        )
+        shape = shape_of(request.workspace, request.spec, default_image=self.default_image())
         result = self._pools.lookup(fingerprint(shape))
         if isinstance(result, matching.NotReady) or self._activator is None:
             return MissReason.NOT_READY
