@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.core.models import Phase, SandboxRecord
-from warmshell.drivers.base import PoolView
+from warmshell.core.models import Condition, Phase, SandboxRecord
+from warmshell.drivers.base import DriverCondition, PoolView
 
 __all__ = ["pool_to_proto", "sandbox_to_proto"]
 
@@ -16,10 +16,20 @@ _PHASES = {
 }
 
 
+def _condition(condition: Condition | DriverCondition) -> pb.Condition:
+    """One condition on the wire, from the store or straight from a driver (no transition time)."""
+    return pb.Condition(
+        type=condition.type,
+        status=condition.status,
+        reason=condition.reason,
+        message=condition.message,
+        last_transition_time_ms=condition.last_transition_ms if isinstance(condition, Condition) else 0,
+    )
+
+
 def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
     """The public view of a stored sandbox (never includes the activation proof hash)."""
     status = record.status
-    timeline = status.timeline
     message = pb.Sandbox(
         id=record.id,
         name=record.name,
@@ -36,27 +46,11 @@ def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
         ),
         status=pb.SandboxStatus(
             phase=_PHASES[status.phase],
-            conditions=[
-                pb.Condition(
-                    type=c.type,
-                    status=c.status,
-                    reason=c.reason,
-                    message=c.message,
-                    last_transition_time_ms=c.last_transition_ms,
-                )
-                for c in status.conditions
-            ],
+            conditions=[_condition(c) for c in status.conditions],
             allocation=status.allocation.value,
             pool=status.pool,
-            timeline=pb.Timeline(
-                requested_us=timeline.requested_us,
-                backend_created_us=timeline.backend_created_us,
-                claimed_us=timeline.claimed_us,
-                registered_us=timeline.registered_us,
-                activated_us=timeline.activated_us,
-                ready_us=timeline.ready_us,
-                exited_us=timeline.exited_us,
-            ),
+            # The stored timeline and the wire message share their field names.
+            timeline=pb.Timeline(**status.timeline.model_dump()),
             instance_id=status.instance_id,
         ),
     )
@@ -80,7 +74,5 @@ def pool_to_proto(pool: PoolView) -> pb.Pool:
         hits=pool.hits,
         misses=pool.misses,
         source=pool.source,
-        conditions=[
-            pb.Condition(type=c.type, status=c.status, reason=c.reason, message=c.message) for c in pool.conditions
-        ],
+        conditions=[_condition(c) for c in pool.conditions],
     )
