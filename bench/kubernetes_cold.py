@@ -2,8 +2,10 @@
 simulated delays (the `FAST` timing profile), so what is measured is warmshell's own overhead plus
 kubesim's API round trips, next to the time the pod itself takes to start.
 
-One process runs kubesim (API server, agent-sandbox controllers, kubelet) and a gateway with the
-Kubernetes driver; pods run the real supervisor through the test pod shim (bubblewrap). Per create,
+kubesim (API server, agent-sandbox controllers, kubelet) runs in a process of its own
+(`kubesim_process`), so its work is not queued on the gateway's event loop; the gateway with the
+Kubernetes driver runs in this process. Pods run the real supervisor through the test pod shim
+(bubblewrap). Per create,
 from the sandbox's timeline and a timer around the identity check:
 
 - create: requested -> backend created (persist, render, seal, one API create);
@@ -31,30 +33,24 @@ from harness import summary, write_results
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kubesim.cluster import running_cluster  # noqa: E402
-from kubesim.controllers import client as kc  # noqa: E402
-from tests.helpers.gateway import running_gateway  # noqa: E402
-from tests.integration.drivers_kubernetes.conftest import (  # noqa: E402
-    IMAGES,
-    NAMESPACE,
-    SERVICE_ACCOUNT,
-    delete_all_and_wait,
-    gateway_settings,
-)
+from kubesim_process import ClusterProcess, kubesim_process  # noqa: E402
 
-USER = "kubesim-user"
+from tests.helpers.gateway import running_gateway  # noqa: E402
+from tests.integration.drivers_kubernetes.conftest import gateway_settings  # noqa: E402
+
 WRITES = ("create", "update", "patch", "delete")
 REVIEWS = "tokenreviews.authentication.k8s.io"
 
 
-def counts(server: Any) -> tuple[int, int]:
+async def counts(cluster: ClusterProcess) -> tuple[int, int]:
     """(requests, writes) of the gateway's user so far; watches and TokenReviews apart."""
     requests = writes = 0
-    for (user, verb, resource), n in server.log.counters.items():
-        if user != USER or verb == "watch":
+    for row in await cluster.counters():
+        verb, n = row["verb"], row["count"]
+        if verb == "watch":
             continue
         requests += n
-        writes += n if verb in WRITES and resource != REVIEWS else 0
+        writes += n if verb in WRITES and row["resource"] != REVIEWS else 0
     return requests, writes
 
 
@@ -62,13 +58,7 @@ async def measure(creates: int) -> dict[str, Any]:
     samples: dict[str, list[float]] = {k: [] for k in ("total", "create", "identity", "activate", "pod", "own")}
     per_create_requests: list[int] = []
     per_create_writes: list[int] = []
-    async with running_cluster(image_map=IMAGES) as cluster:
-        admin = cluster.client()
-        await admin.create(
-            kc.NAMESPACES, "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-        )
-        body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SERVICE_ACCOUNT}}
-        await admin.create(kc.SERVICEACCOUNTS, NAMESPACE, body)
+    async with kubesim_process() as cluster:
         with tempfile.TemporaryDirectory(prefix="ws-k8s-bench-") as tmp:
             state = Path(tmp) / "state"
             # The default relist interval, so periodic relists do not count as per-create requests.
@@ -88,10 +78,10 @@ async def measure(creates: int) -> dict[str, Any]:
                 provider.authenticate = timed  # type: ignore[method-assign]
                 for i in range(creates + 3):
                     name = f"cold-{i}"
-                    before = counts(cluster.server)
+                    before = await counts(cluster)
                     ready = await gw.create(name=name)
                     ready = await gw.wait_ready(name, timeout=60)
-                    after = counts(cluster.server)
+                    after = await counts(cluster)
                     t = ready.status.timeline
                     if i < 3:  # warm-up: first connections, imports, the Sandbox API probe
                         await gw.delete(name)
@@ -108,8 +98,6 @@ async def measure(creates: int) -> dict[str, Any]:
                     per_create_requests.append(after[0] - before[0])
                     per_create_writes.append(after[1] - before[1])
                     await gw.delete(name)
-        await delete_all_and_wait(admin)
-        await admin.aclose()
     return {
         "creates": creates,
         "ms": {k: summary(v) for k, v in samples.items()},

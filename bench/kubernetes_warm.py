@@ -2,10 +2,12 @@
 driver against kubesim, once with zero simulated delays (`FAST`) and once with kubesim's realistic
 delays (`DEFAULT`: API latency, reconcile lag, scheduling, ~2.5 s container start), in one run.
 
-One process runs kubesim (API server, agent-sandbox controllers, kubelet) and a gateway with the
-Kubernetes driver; pods run the real supervisor through the test pod shim (bubblewrap). A warm pool
-(SandboxTemplate + SandboxWarmPool rendered by `warmpools.render_pool_pair`) serves `FOO=bar`;
-cold creates ask for another environment, so they miss (NoMatch).
+kubesim (API server, agent-sandbox controllers, kubelet) runs in a process of its own
+(`kubesim_process`), as an API server would, so its work is not queued on the gateway's event loop;
+the gateway with the Kubernetes driver runs in this process. Pods run the real supervisor through
+the test pod shim (bubblewrap). A warm pool (SandboxTemplate + SandboxWarmPool rendered by
+`warmpools.render_pool_pair`) serves `FOO=bar`; cold creates ask for another environment, so they
+miss (NoMatch).
 
 Warm creates run one at a time, each once every pool member has registered (the refill after the
 previous create is a pod start on these same two CPUs; the wait is not measured). The refill that
@@ -14,10 +16,10 @@ creates run one at a time with zero delays;
 with realistic delays 200 sequential cold creates would take ~10 minutes of container starts, so
 they run in concurrent batches (see `--cold-batch`), which the table says.
 
-From each warm sandbox's timeline plus the moment the claim controller saw the claim bound:
+From each warm sandbox's timeline (`claimed_us` is when the claim controller saw the claim bound):
 - claim: requested -> claim created (persist, fingerprint, match, seal, one API create);
 - agent-sandbox: claim created -> our controller saw it bound (adoption + the watch event);
-- activation: bound seen -> activated (GET Sandbox, GET pod, open proof, registry, token);
+- activation: claimed -> activated (GET Sandbox, GET pod, open proof, registry, token);
 - session: activated -> Ready (the supervisor opens its session);
 warmshell's own share = claim + activation + session. API requests per warm create come from
 kubesim's request counters for the gateway's user (watches excluded).
@@ -37,24 +39,15 @@ from harness import summary, write_results
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kubesim import timing as kubesim_timing  # noqa: E402
-from kubesim.cluster import running_cluster  # noqa: E402
+from kubesim_process import ClusterProcess, kubesim_process  # noqa: E402
+
 from kubesim.controllers import client as kc  # noqa: E402
 from tests.helpers.gateway import RunningGateway, running_gateway  # noqa: E402
-from tests.integration.drivers_kubernetes.conftest import (  # noqa: E402
-    IMAGE,
-    IMAGES,
-    NAMESPACE,
-    SERVICE_ACCOUNT,
-    delete_all_and_wait,
-    driver_config,
-    gateway_settings,
-)
+from tests.integration.drivers_kubernetes.conftest import IMAGE, NAMESPACE, driver_config, gateway_settings  # noqa: E402
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
 from warmshell.core.fingerprints import SandboxShape  # noqa: E402
 from warmshell.drivers.kubernetes import KubernetesDriver, warmpools  # noqa: E402
 
-USER = "kubesim-user"
 POOL = "bench"
 WARM_ENV = {"FOO": "bar"}
 COLD_ENV = {"FOO": "cold"}
@@ -66,9 +59,9 @@ ANCHORS = [
 ]
 
 
-def requests_so_far(server: Any) -> int:
+async def requests_so_far(cluster: ClusterProcess) -> int:
     """Requests of the gateway's user so far (watches excluded: they are long-lived streams)."""
-    return sum(n for (user, verb, _), n in server.log.counters.items() if user == USER and verb != "watch")
+    return sum(row["count"] for row in await cluster.counters() if row["verb"] != "watch")
 
 
 async def wait_full(driver: KubernetesDriver, replicas: int, timeout: float = 60.0) -> None:
@@ -81,7 +74,7 @@ async def wait_full(driver: KubernetesDriver, replicas: int, timeout: float = 60
 
 
 async def warm_creates(
-    gw: RunningGateway, driver: KubernetesDriver, server: Any, n: int, replicas: int
+    gw: RunningGateway, driver: KubernetesDriver, cluster: ClusterProcess, n: int, replicas: int
 ) -> dict[str, Any]:
     samples: dict[str, list[float]] = {
         k: [] for k in ("total", "claim", "agent_sandbox", "activation", "session", "own")
@@ -91,16 +84,16 @@ async def warm_creates(
     for i in range(n + 3):
         name = f"warm-{i}"
         await wait_full(driver, replicas)
-        before = requests_so_far(server)
-        created = await gw.create(name=name, spec=pb.SandboxSpec(environment=WARM_ENV))
+        before = await requests_so_far(cluster)
+        await gw.create(name=name, spec=pb.SandboxSpec(environment=WARM_ENV))
         ready = await gw.wait_ready(name, timeout=60)
-        after = requests_so_far(server)
+        after = await requests_so_far(cluster)
         await gw.delete(name)
         if ready.status.phase != pb.SANDBOX_PHASE_READY or ready.status.allocation != "warm":
             misses += 1
             continue
         t = ready.status.timeline
-        bound = driver.bound_us.pop(created.id, 0)
+        bound = t.claimed_us
         if i < 3 or not bound:  # warm-up; or activated by a bound registration, not the controller
             continue
         claim = (t.backend_created_us - t.requested_us) / 1000
@@ -144,31 +137,22 @@ async def cold_creates(gw: RunningGateway, n: int, batch: int) -> dict[str, Any]
 
 
 async def measure(profile: str, warm: int, cold: int, cold_batch: int, replicas: int) -> dict[str, Any]:
-    timing = kubesim_timing.profile(profile)
-    async with running_cluster(timing=timing, image_map=IMAGES) as cluster:
-        admin = cluster.client()
-        await admin.create(
-            kc.NAMESPACES, "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-        )
-        body = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SERVICE_ACCOUNT}}
-        await admin.create(kc.SERVICEACCOUNTS, NAMESPACE, body)
+    async with kubesim_process(profile) as cluster:
         with tempfile.TemporaryDirectory(prefix="ws-k8s-warm-bench-") as tmp:
             state = Path(tmp) / "state"
             shape = SandboxShape(workspace="default", image=IMAGE, environment=WARM_ENV)
             template, pool = warmpools.render_pool_pair(
                 driver_config(cluster, state), name=POOL, namespace=NAMESPACE, shape=shape, replicas=replicas
             )
-            await admin.create(kc.TEMPLATES, NAMESPACE, template)
-            await admin.create(kc.POOLS, NAMESPACE, pool)
+            await cluster.admin.create(kc.TEMPLATES, NAMESPACE, template)
+            await cluster.admin.create(kc.POOLS, NAMESPACE, pool)
             settings = gateway_settings(cluster, state) | {"reconcile_interval_seconds": 10.0}
             async with running_gateway(state, **settings) as gw:
                 driver = gw.gateway.driver
                 assert isinstance(driver, KubernetesDriver)
-                warm_data = await warm_creates(gw, driver, cluster.server, warm, replicas)
+                warm_data = await warm_creates(gw, driver, cluster, warm, replicas)
                 cold_data = await cold_creates(gw, cold, cold_batch)
-            await admin.delete(kc.POOLS, NAMESPACE, POOL)
-        await delete_all_and_wait(admin, timeout=60)
-        await admin.aclose()
+            await cluster.admin.delete(kc.POOLS, NAMESPACE, POOL)
     return {"profile": profile, "replicas": replicas, "warm": warm_data, "cold": cold_data}
 
 

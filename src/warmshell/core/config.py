@@ -122,7 +122,8 @@ class ProfilesConfig(_Section):
 class WarmPoolingConfig(_Section):
     """Warm pools on Kubernetes: claim allocation, and the profiles that generate pools."""
 
-    # Turns itself off (one warning) while the agent-sandbox extension CRDs are absent.
+    # Off by itself (one warning) while the agent-sandbox extension CRDs are absent, and on again
+    # once they are installed — no restart.
     enabled: bool = True
     profiles: ProfilesConfig = Field(default_factory=ProfilesConfig)
 

@@ -160,8 +160,12 @@ class IdentityProvider(Protocol):
 class Activator(Protocol):
     """The gateway side of activation: bind a registered instance to a sandbox."""
 
-    async def activate(self, *, instance_id: InstanceId, sandbox_id: SandboxId, proof: str, reason: str) -> None:
+    async def activate(
+        self, *, instance_id: InstanceId, sandbox_id: SandboxId, proof: str, reason: str, claimed_us: int = 0
+    ) -> None:
         """Deliver the sandbox's activation to the instance's open registration stream.
+        `claimed_us`: when the backend bound the sandbox to a warm instance, for drivers that learn
+        it only now (a SandboxClaim bound after create); recorded on the timeline.
         Raises NotFoundError (not registered yet), AlreadyExistsError (already activated),
         PermissionDeniedError (proof or identity mismatch), UnavailableError (stream gone)."""
         ...

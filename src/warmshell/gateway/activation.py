@@ -59,7 +59,9 @@ class GatewayActivator:
         self._records = records
         self._issuer = issuer
 
-    async def activate(self, *, instance_id: InstanceId, sandbox_id: SandboxId, proof: str, reason: str) -> None:
+    async def activate(
+        self, *, instance_id: InstanceId, sandbox_id: SandboxId, proof: str, reason: str, claimed_us: int = 0
+    ) -> None:
         """See `drivers.base.Activator.activate`."""
         for _attempt in range(1, ACTIVATION_ATTEMPTS + 1):
             registration = self._registry.pending(instance_id)
@@ -75,7 +77,7 @@ class GatewayActivator:
             except ConflictError:
                 continue  # replaced while we validated: re-read the new registration
             metrics.ACTIVATIONS.labels(result="activated").inc()
-            await self._record(sandbox_id, instance_id, registration)
+            await self._record(sandbox_id, instance_id, registration, claimed_us)
             log.debug("activated instance %s for sandbox %s (%s)", instance_id, sandbox_id, reason)
             return
         metrics.ACTIVATIONS.labels(result="aborted").inc()
@@ -125,13 +127,16 @@ class GatewayActivator:
         sandbox_id: SandboxId,
         instance_id: InstanceId,
         registration: Registration[spb.SupervisorActivationMessage],
+        claimed_us: int,
     ) -> None:
         activated = now_us()
 
         def change(record: SandboxRecord) -> None:
             timeline = record.status.timeline
             timeline.registered_us = timeline.registered_us or registration.registered_us
-            timeline.activated_us = activated
+            timeline.claimed_us = timeline.claimed_us or claimed_us
+            # A supervisor restarted in place is activated again; the timeline keeps the first.
+            timeline.activated_us = timeline.activated_us or activated
             record.status.instance_id = instance_id
 
         try:

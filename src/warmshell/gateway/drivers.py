@@ -9,8 +9,9 @@ from warmshell.drivers.base import ComputeDriver
 __all__ = ["build_driver"]
 
 
-def build_driver(config: GatewayConfig) -> ComputeDriver:
-    """The driver for `config.driver` (imported lazily: each pulls in its own dependencies)."""
+def build_driver(config: GatewayConfig, *, gateway_id: str) -> ComputeDriver:
+    """The driver for `config.driver` (imported lazily: each pulls in its own dependencies);
+    `gateway_id` names this gateway on the objects a driver writes."""
     if config.driver == "local":
         from warmshell.drivers.local import LocalDriver
 
@@ -18,5 +19,5 @@ def build_driver(config: GatewayConfig) -> ComputeDriver:
     if config.driver == "kubernetes":
         from warmshell.drivers.kubernetes import KubernetesDriver
 
-        return KubernetesDriver(config.kubernetes, config.paths)
+        return KubernetesDriver(config.kubernetes, config.paths, gateway_id=gateway_id)
     raise InvalidArgumentError("driver", f"driver {config.driver!r} is not available in this build")

@@ -106,13 +106,16 @@ class Gateway:
         if _socket_in_use(paths.socket):
             raise FailedPreconditionError(f"another gateway is already serving {paths.socket}")
         api_token = load_or_create_api_token(paths.api_token)
+        gateway_id = _gateway_id(paths.root)
         issuer = SandboxTokenIssuer(
             load_or_create_signing_key(paths.signing_key),
-            gateway_id=_gateway_id(paths.root),
+            gateway_id=gateway_id,
             ttl_seconds=self.config.sandbox_token_ttl_seconds,
         )
         self._store = await open_sqlite_store(paths.database)
-        driver = self._given_driver if self._given_driver is not None else build_driver(self.config)
+        driver = (
+            self._given_driver if self._given_driver is not None else build_driver(self.config, gateway_id=gateway_id)
+        )
         await driver.__aenter__()
         self._driver = driver
         bus = EventBus()

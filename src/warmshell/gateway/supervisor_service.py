@@ -14,6 +14,7 @@ import grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.core.errors import (
+    AlreadyExistsError,
     FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
@@ -74,12 +75,15 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         try:
             if isinstance(identity.binding, Bound):
                 # Cold instances take the same path as warm ones, just without waiting for a claim.
-                await self._activator.activate(
-                    instance_id=identity.instance_id,
-                    sandbox_id=identity.binding.sandbox_id,
-                    proof=identity.binding.proof,
-                    reason="bound at create",
-                )
+                # A warm driver's claim controller may have activated this very registration first
+                # (register() cleared any older tombstone, so one now is this stream's own outcome).
+                with contextlib.suppress(AlreadyExistsError):
+                    await self._activator.activate(
+                        instance_id=identity.instance_id,
+                        sandbox_id=identity.binding.sandbox_id,
+                        proof=identity.binding.proof,
+                        reason="bound at create",
+                    )
             outcome = await registration.next_outcome()
             if isinstance(outcome, Replaced):
                 await context.abort(grpc.StatusCode.ABORTED, outcome.reason)
@@ -160,7 +164,9 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
                     "supervisor session of sandbox %s missed its heartbeats; closing",
                     session.sandbox_id,
                 )
-                session.close("heartbeat timeout")
+                # Silent, not gone: a supervisor that is alive after all reconnects and is checked
+                # again; one that is dead is reported by its backend.
+                session.close("heartbeat timeout", reconnect=True)
                 return
             session.send(spb.GatewayMessage(heartbeat=spb.Heartbeat(sent_at_ms=now_ms())))
 

@@ -6,6 +6,17 @@
    pool member waits here until a create selects it.
 3. Start the workload from the activation, then hold ConnectSupervisor: heartbeats, exec relay,
    workload output and exit; reconnect when the gateway restarts; refresh the token at 80 %.
+
+Exit status. By default (`WARMSHELL_RESTART_POLICY` unset or `Never`, the local driver) the
+supervisor exits with the workload's status when it ran. Under `OnFailure` (the Kubernetes pod
+policy, set in the rendered env) a non-zero exit makes the kubelet run the supervisor again, so it
+exits 0 whenever the gateway has ended its part — the workload's status is already recorded
+there — and also when the gateway refuses it because the sandbox is over (Error, Deleting, gone):
+a workload that failed is never run again. Any other failure (a crash, SIGKILL, OOM, a refused
+credential) is non-zero and restarts it; the restarted supervisor registers again with the same
+pod credential and, while its sandbox is still live, is activated again and starts the workload
+from the activation again, as a restarted container runs its command again (the old workload died
+with the container).
 """
 
 from __future__ import annotations
@@ -34,9 +45,13 @@ log = logging.getLogger("warmshell.supervisor")
 ENV_PREFIX = "WARMSHELL_"
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 TOKEN_REFRESH_FRACTION = 0.8
+# The restart policies a supervisor can run under (Always would rerun an ended sandbox).
+RESTART_POLICIES = ("Never", "OnFailure")
 # Fatal for a registration: retrying with the same credential cannot succeed.
 _FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ABORTED,
           grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}  # fmt: skip
+# What the gateway answers for a sandbox that is over (Error or Deleting; no longer exists).
+_SANDBOX_OVER = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
 
 
 class SupervisorExit(Exception):
@@ -47,6 +62,10 @@ class SupervisorExit(Exception):
         self.code = code
 
 
+class SandboxOver(SupervisorExit):
+    """The gateway refused this supervisor because its sandbox is over: a restart cannot help."""
+
+
 @dataclass
 class SupervisorSettings:
     """Where the gateway is and who this supervisor is (read from the environment)."""
@@ -54,6 +73,8 @@ class SupervisorSettings:
     gateway: str
     credential: str = field(repr=False)
     instance_id: str = ""
+    # Whether a non-zero exit makes the runtime start this supervisor again (see the module doc).
+    restart_on_failure: bool = False
 
     @classmethod
     def from_environment(cls, environ: dict[str, str]) -> SupervisorSettings:
@@ -61,6 +82,9 @@ class SupervisorSettings:
         gateway = environ.get("WARMSHELL_GATEWAY", "")
         if not gateway:
             raise SupervisorExit(2, "WARMSHELL_GATEWAY is not set")
+        policy = environ.get("WARMSHELL_RESTART_POLICY") or "Never"
+        if policy not in RESTART_POLICIES:
+            raise SupervisorExit(2, f"WARMSHELL_RESTART_POLICY must be one of {', '.join(RESTART_POLICIES)}")
         if fd_text := environ.get("WARMSHELL_BOOTSTRAP_FD"):
             fd = int(fd_text)
             with os.fdopen(fd, "rb") as pipe:  # closes the fd: the workload never inherits it
@@ -72,7 +96,12 @@ class SupervisorSettings:
             raise SupervisorExit(2, "neither WARMSHELL_BOOTSTRAP_FD nor WARMSHELL_BOOTSTRAP_FILE is set")
         if not credential:
             raise SupervisorExit(2, "the bootstrap credential is empty")
-        return cls(gateway=gateway, credential=credential, instance_id=environ.get("WARMSHELL_INSTANCE_ID", ""))
+        return cls(
+            gateway=gateway,
+            credential=credential,
+            instance_id=environ.get("WARMSHELL_INSTANCE_ID", ""),
+            restart_on_failure=policy == "OnFailure",
+        )
 
 
 def _workload_environment(base: dict[str, str], activation: spb.SupervisorActivationMessage) -> dict[str, str]:
@@ -119,7 +148,10 @@ class Supervisor:
                 await self._hold_session()
             finally:
                 refresher.cancel()
-            return self._exit_code if self._exit_code is not None else 0
+            return self._ended_status(self._exit_code if self._exit_code is not None else 0)
+        except SandboxOver as over:
+            log.info("supervisor stopping: %s", over)
+            return self._ended_status(over.code)
         except SupervisorExit as stop:
             log.error("supervisor stopping: %s", stop)
             return stop.code
@@ -127,6 +159,10 @@ class Supervisor:
             for task in [*self._execs.values(), *([self._workload] if self._workload else [])]:
                 task.cancel()
             await self._channel.close(grace=None)
+
+    def _ended_status(self, code: int) -> int:
+        """The exit status once the gateway has ended this supervisor's part in the sandbox."""
+        return 0 if self.settings.restart_on_failure else code
 
     async def register(self) -> spb.SupervisorActivationMessage:
         """RegisterSupervisor until an activation arrives (retrying while the gateway is away)."""
@@ -139,7 +175,8 @@ class Supervisor:
                 raise SupervisorExit(1, "registration stream ended without an activation")
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _FATAL:
-                    raise SupervisorExit(1, f"registration refused: {exc.code().name}: {exc.details()}") from exc
+                    stop = SandboxOver if exc.code() in _SANDBOX_OVER else SupervisorExit
+                    raise stop(1, f"registration refused: {exc.code().name}: {exc.details()}") from exc
                 delay = next(backoff)
                 log.warning("gateway unreachable (%s); registering again in %.1fs", exc.code().name, delay)
                 await asyncio.sleep(delay)
@@ -188,7 +225,9 @@ class Supervisor:
                 backoff = delays()  # a clean reconnect request: start over quickly
                 delay = 0.05
             except grpc.aio.AioRpcError as exc:
-                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    raise SandboxOver(1, f"session refused: {exc.details()}") from exc
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     raise SupervisorExit(1, f"session refused: {exc.details()}") from exc
                 delay = next(backoff)
                 log.warning("session lost (%s); reconnecting in %.1fs", exc.code().name, delay)
@@ -242,7 +281,7 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Process entry point; returns the exit status (the workload's, when it ran)."""
+    """Process entry point; returns the exit status (see the module doc)."""
     logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s", stream=sys.stderr)
     environ = dict(os.environ)
     try:

@@ -185,14 +185,18 @@ async def test_claim_activation_survives_a_dropped_watch_and_a_relist(
             claims_ctl = driver._claims
             assert claims_ctl is not None
             claims_ctl._tasks[0].cancel()  # the watch is gone; only the relist is left
-            created = await gw.create(name="relisted", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
+            await gw.create(name="relisted", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
             ready = await gw.wait_ready("relisted", timeout=30)
             assert ready.status.phase == pb.SANDBOX_PHASE_READY
             # The claim controller activated it (it saw the claim bound), which without a watch
             # only a relist can have told it; the activation arrived while relists kept running.
-            assert created.id in driver.bound_us
+            first = ready.status.timeline
+            assert first.claimed_us
+            assert first.activated_us >= first.claimed_us
             # Later relists keep finding the claim, and never activate it a second time.
             await claims_ctl._relist_once()
-            assert created.id in driver.bound_us
+            await asyncio.sleep(0.2)
+            again = (await gw.get("relisted")).status.timeline
+            assert (again.claimed_us, again.activated_us) == (first.claimed_us, first.activated_us)
     finally:
         claimactivation.RELIST_SECONDS = original

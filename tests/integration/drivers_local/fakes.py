@@ -31,7 +31,9 @@ class FakeActivator:
     failures: dict[InstanceId, Exception] = field(default_factory=dict)
     _activated: set[InstanceId] = field(default_factory=set)
 
-    async def activate(self, *, instance_id: InstanceId, sandbox_id: SandboxId, proof: str, reason: str) -> None:
+    async def activate(
+        self, *, instance_id: InstanceId, sandbox_id: SandboxId, proof: str, reason: str, claimed_us: int = 0
+    ) -> None:
         self.calls.append(Activation(instance_id, sandbox_id, proof, reason))
         if instance_id in self.failures:
             raise self.failures[instance_id]

@@ -90,6 +90,7 @@ def test_the_supervisor_is_the_entry_point_and_the_workload_is_not_in_the_pod() 
     assert rendering.container_env(obj["spec"]["podTemplate"]["spec"]) == {
         "WARMSHELL_GATEWAY": "gw.warmshell.svc:8443",
         "WARMSHELL_BOOTSTRAP_FILE": "/var/run/secrets/warmshell/token",
+        "WARMSHELL_RESTART_POLICY": "OnFailure",
     }
     (instance,) = [e for e in c["env"] if e["name"] == "WARMSHELL_INSTANCE_ID"]
     assert instance["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
@@ -124,10 +125,20 @@ def test_resources_requests_equal_limits_in_canonical_units() -> None:
 
 def test_policy_fields() -> None:
     pod = render()["spec"]["podTemplate"]["spec"]
-    assert pod["restartPolicy"] == "Never"
+    assert pod["restartPolicy"] == "OnFailure"
     assert pod["runtimeClassName"] == "gvisor"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert "runtimeClassName" not in render(SandboxSpec())["spec"]["podTemplate"]["spec"]
+
+
+def test_the_supervisor_is_told_the_pod_restart_policy() -> None:
+    """It exits 0 when the gateway has ended the sandbox, so OnFailure restarts only a crash."""
+    obj = render()
+    env = rendering.container_env(obj["spec"]["podTemplate"]["spec"])
+    assert env["WARMSHELL_RESTART_POLICY"] == obj["spec"]["podTemplate"]["spec"]["restartPolicy"] == "OnFailure"
+    assert "WARMSHELL_RESTART_POLICY" in rendering.RESERVED_ENV  # not part of a pool's shape
+    with pytest.raises(ValueError, match="WARMSHELL_RESTART_POLICY"):
+        rendering.pod_spec(config(), image="x", environment={"WARMSHELL_RESTART_POLICY": "Always"})
 
 
 def test_the_default_image_is_used_for_an_empty_request() -> None:

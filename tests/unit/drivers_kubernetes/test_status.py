@@ -115,6 +115,56 @@ def test_a_failed_container_fails_the_sandbox_with_its_exit() -> None:
     )
 
 
+def restarted(restarts: int, **state: Any) -> dict[str, Any]:
+    """The supervisor container after `restarts` restarts, the last run killed by SIGKILL."""
+    return {
+        **container(**state),
+        "restartCount": restarts,
+        "lastState": {"terminated": {"exitCode": 137, "reason": "Error"}},
+    }
+
+
+def test_a_crashed_supervisor_backing_off_keeps_the_pod_running() -> None:
+    """restartPolicy OnFailure: the kubelet starts the supervisor again in the same pod."""
+    sandbox, pod = scene()
+    pod["status"] = {"phase": "Running", "containerStatuses": [restarted(1, waiting={"reason": "CrashLoopBackOff"})]}
+    view = status.view(sandbox, pod)
+    assert view.state == BackendState.RUNNING
+    got = conditions(view)
+    assert got["ImagePulled"].status == "True"  # it ran; the back-off is not a pull
+    assert (got["ContainerRunning"].status, got["ContainerRunning"].reason) == ("False", "CrashLoopBackOff")
+    assert "exited with code 137" in got["ContainerRunning"].message
+
+
+def test_a_restarted_supervisor_is_running_and_says_it_restarted() -> None:
+    sandbox, pod = scene()
+    pod["status"] = {"phase": "Running", "containerStatuses": [restarted(1, running={"startedAt": "now"})]}
+    view = status.view(sandbox, pod)
+    assert view.state == BackendState.RUNNING
+    running = conditions(view)["ContainerRunning"]
+    assert running.status == "True"
+    assert "restarts: 1" in running.message
+    assert "exited with code 137" in running.message
+
+
+def test_a_supervisor_restarted_up_to_the_limit_fails_the_sandbox() -> None:
+    """As a Job with restartPolicy OnFailure fails at its backoffLimit."""
+    sandbox, pod = scene()
+    for restarts in range(status.RESTART_LIMIT):
+        pod["status"] = {"phase": "Running", "containerStatuses": [restarted(restarts, running={"startedAt": "x"})]}
+        assert status.view(sandbox, pod).state == BackendState.RUNNING
+    limit = status.RESTART_LIMIT
+    for state in ({"waiting": {"reason": "CrashLoopBackOff"}}, {"running": {"startedAt": "x"}}):
+        pod["status"] = {"phase": "Running", "containerStatuses": [restarted(limit, **state)]}
+        view = status.view(sandbox, pod)
+        assert view.state == BackendState.FAILED
+        assert "exited with code 137" in view.message
+        assert f"restarts: {limit}" in view.message
+        assert conditions(view)["ContainerRunning"] == DriverCondition(
+            "ContainerRunning", "False", "BackoffLimitExceeded", view.message
+        )
+
+
 def test_a_completed_pod_exited() -> None:
     sandbox, pod = scene()
     pod["status"] = {"phase": "Succeeded", "containerStatuses": [container(terminated={"exitCode": 0})]}

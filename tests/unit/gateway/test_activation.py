@@ -70,6 +70,33 @@ async def test_warm_activation_delivers_token_and_workload(records: SandboxRecor
     assert stored.status.timeline.activated_us > 0
 
 
+async def test_claim_time_learned_at_activation_goes_on_the_timeline(
+    records: SandboxRecords, issuer: SandboxTokenIssuer
+) -> None:
+    """A driver that learns the bind moment only now (a SandboxClaim bound after create) passes it
+    along; one already on the timeline (set at create) is never overwritten."""
+    registry: Registry[Activation] = Registry()
+    activator = GatewayActivator(registry, records, issuer)
+    await make_sandbox(records, "late", "proof-l")
+    registry.register(warm("i-l"))
+    await activator.activate(
+        instance_id=InstanceId("i-l"), sandbox_id=SandboxId("id-late"), proof="proof-l", reason="t", claimed_us=1234
+    )
+    late = await records.get(SandboxId("id-late"))
+    assert late is not None
+    assert late.status.timeline.claimed_us == 1234
+
+    early = await make_sandbox(records, "early", "proof-e")
+    await records.mutate(early.id, lambda r: setattr(r.status.timeline, "claimed_us", 99))
+    registry.register(warm("i-e"))
+    await activator.activate(
+        instance_id=InstanceId("i-e"), sandbox_id=early.id, proof="proof-e", reason="t", claimed_us=1234
+    )
+    kept = await records.get(early.id)
+    assert kept is not None
+    assert kept.status.timeline.claimed_us == 99
+
+
 async def test_forged_instance_id_is_refused(records: SandboxRecords, issuer: SandboxTokenIssuer) -> None:
     activator = GatewayActivator(Registry(), records, issuer)
     await make_sandbox(records, "one", "p")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ class Target:
     sandbox_name: str
     sandbox_id: SandboxId
     proof: str
+    bound_us: int = 0  # when this controller first found the claim bound (the timeline's claimed_us)
 
 
 async def resolve_target(api: kube.Kube, sealer: proofs.ProofSealer, claim: Mapping[str, Any]) -> Target | None:
@@ -103,8 +105,9 @@ class ClaimActivation:
         activator: Activator,
         backoff: watching.Backoff,
         *,
-        on_bound: Callable[[SandboxId, int], None] = lambda _id, _us: None,
+        on_bound: Callable[[SandboxId], None] = lambda _id: None,
         on_activated: Callable[[SandboxId, InstanceId], None] = lambda _id, _pod: None,
+        on_gone: Callable[[], None] = lambda: None,
         relist_seconds: float | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
@@ -115,6 +118,7 @@ class ClaimActivation:
         self._backoff = backoff
         self._on_bound = on_bound
         self._on_activated = on_activated
+        self._on_gone = on_gone  # a 404 on the claim collection: the extension CRDs were removed
         self._relist_seconds = relist_seconds or RELIST_SECONDS  # read late: tests shorten it
         self._max = max_in_flight
         self._claims: dict[str, Obj] = {}  # by uid
@@ -159,15 +163,18 @@ class ClaimActivation:
             self._claims[uid] = claim
             self._consider(uid)
 
-        await watching.follow(
-            self._api,
-            kube.SANDBOX_CLAIMS,
-            self._namespace,
-            label_selector=labels.claim_selector(),
-            on_list=listed,
-            on_event=changed,
-            backoff=self._backoff,
-        )
+        try:
+            await watching.follow(
+                self._api,
+                kube.SANDBOX_CLAIMS,
+                self._namespace,
+                label_selector=labels.claim_selector(),
+                on_list=listed,
+                on_event=changed,
+                backoff=self._backoff,
+            )
+        except kube.NotFound:
+            self._on_gone()  # the driver stops this controller, and starts a new one when they are back
 
     async def _relist_forever(self) -> None:
         while True:
@@ -178,6 +185,9 @@ class ClaimActivation:
         """Catch up with every claim (a watch may have missed events, or dropped)."""
         try:
             listing = await self._api.list(kube.SANDBOX_CLAIMS, self._namespace, label_selector=labels.claim_selector())
+        except kube.NotFound:
+            self._on_gone()  # said once, by the driver's extensions gate
+            return
         except kube.ApiError as exc:
             log.warning("relist of SandboxClaims failed: %s", exc)
             return
@@ -246,18 +256,20 @@ class ClaimActivation:
     async def _attempts(self, uid: str, name: str, claim: Obj) -> None:
         target = parked = self._parked.pop(uid, None)
         delays = (None,) if parked else (*RETRY_DELAYS, None)
-        for attempt, delay in enumerate(delays, start=1):
+        for delay in delays:
             try:
                 if parked is None:
                     target = await resolve_target(self._api, self._sealer, claim)
                 if target is not None:
-                    if attempt == 1 and parked is None:
-                        self._on_bound(target.sandbox_id, now_us())
+                    if not target.bound_us:
+                        target = dataclasses.replace(target, bound_us=now_us())
+                        self._on_bound(target.sandbox_id)
                     await self._activator.activate(
                         instance_id=target.pod_uid,
                         sandbox_id=target.sandbox_id,
                         proof=target.proof,
                         reason=f"SandboxClaim/{name}",
+                        claimed_us=target.bound_us,
                     )
                     self._done.add(uid)
                     self._on_activated(target.sandbox_id, target.pod_uid)

@@ -9,6 +9,10 @@ write. agent-sandbox makes the pod; its supervisor registers with the pod's proj
 `identity` binds it to the sandbox. Reads go to the API (`get`, `list`);
 `watch` is fed by `informers` over our Sandboxes, their pods and the namespace's Events, started
 by the first watcher and shared by all.
+
+The pool cache, the claim controller and the claim informer need agent-sandbox's extension CRDs:
+they run while the driver's one `extensions.ExtensionsGate` (shared with the profile reconciler)
+finds them served, and stop and start again as the CRDs go and come — meanwhile creates go cold.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from warmshell.drivers.events import Hub, Subscription
 from warmshell.drivers.kubernetes import (
     claimactivation,
     claims,
+    extensions,
     kube,
     labels,
     naming,
@@ -99,11 +104,13 @@ class KubernetesDriver:
         self._profiles: asyncio.Task[None] | None = None  # the profile reconciler (lease-elected)
         # Label-safe: which gateway wrote a claim (diagnostics; any replica may activate it).
         self._gateway_id = _label_value(gateway_id or socket.gethostname())
-        self._warm_enabled = config.warm_pooling.enabled
+        # Warm pooling as configured; on while the gate says the extension APIs are served.
+        self._gate: extensions.ExtensionsGate | None = None
+        self._allocating = False  # the pool cache, claim controller and claim informer are running
+        self._following: asyncio.Task[None] | None = None  # turns them on and off with the gate
         self._pools: poolcache.PoolCache | None = None
         self._claims: claimactivation.ClaimActivation | None = None
         self._idle: dict[InstanceId, str] = {}  # warm-pending pods registered here -> fingerprint
-        self.bound_us: dict[SandboxId, int] = {}  # when the claim controller first saw a claim bound
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -129,27 +136,79 @@ class KubernetesDriver:
         except kube.Temporary as exc:
             # Not fatal: the probe runs again on first use.
             log.warning("kubernetes driver: cannot reach the API yet (%s)", exc)
-        if self._warm_enabled and await self._extensions_missing():
-            self._warm_enabled = False
-        if self._warm_enabled:
-            self._pools = poolcache.PoolCache(self._api, self._config.namespace, self._backoff)
-            self._pools.start()
+        if self._config.warm_pooling.enabled:
+            await self._enter_warm(self._api)
 
-    async def _extensions_missing(self) -> bool:
-        """Claim allocation needs the agent-sandbox extension CRDs; without them it stays off."""
-        assert self._api is not None
+    async def _enter_warm(self, api: kube.Kube) -> None:
+        """Claim allocation needs the agent-sandbox extension CRDs: it starts now if they are
+        served, and follows the gate from then on (`_follow_extensions`)."""
+        self._gate = gate = extensions.ExtensionsGate(api, self._config.namespace)
+        self._pools = poolcache.PoolCache(api, self._config.namespace, self._backoff, on_gone=gate.lost)
         try:
-            await self._api.list(kube.SANDBOX_WARM_POOLS, self._config.namespace, limit=1)
-            await self._api.list(kube.SANDBOX_CLAIMS, self._config.namespace, limit=1)
-        except kube.NotFound:
-            log.warning(
-                "agent-sandbox extension APIs (%s) are not installed; warm pooling is off until a restart",
-                kube.EXTENSIONS_GROUP,
-            )
-            return True
+            if await gate.probe():  # absent: the gate's one warning says so
+                self._allocation_on()
         except kube.Temporary as exc:
-            log.warning("kubernetes driver: cannot probe the extension APIs yet (%s); warm pooling stays on", exc)
-        return False
+            # Not off: the gate probes again with backoff and turns it on once the API answers.
+            log.warning("kubernetes driver: cannot probe the extension APIs yet (%s); retrying", exc)
+        self._following = asyncio.create_task(self._follow_extensions(gate), name="k8s-extensions")
+
+    async def _follow_extensions(self, gate: extensions.ExtensionsGate) -> None:
+        """On when the APIs are served, off when a call finds them gone (404), on again when a
+        probe finds them back: the gate logs each transition once."""
+        while True:
+            await gate.wait_available()
+            self._allocation_on()
+            await gate.wait_lost()
+            await self._allocation_off()
+
+    def _allocation_on(self) -> None:
+        if self._allocating:
+            return
+        self._allocating = True
+        assert self._pools is not None
+        self._pools.start()
+        if self._activator is not None:
+            self._start_claims(self._activator)
+        if self._informers is not None:
+            self._informers.follow_claims()
+
+    async def _allocation_off(self) -> None:
+        """Stop what reads the extension APIs; each keeps its reference until it has stopped, so
+        an `aclose` that interrupts this still stops it."""
+        self._allocating = False
+        if self._claims is not None:
+            await self._claims.aclose()
+            self._claims = None
+        if self._pools is not None:
+            await self._pools.aclose()
+        if self._informers is not None:
+            await self._informers.unfollow_claims()
+
+    def _start_claims(self, activator: Activator) -> None:
+        assert self._api is not None
+        assert self._sealer is not None
+        self._claims = claimactivation.ClaimActivation(
+            self._api,
+            self._config.namespace,
+            self._sealer,
+            activator,
+            self._backoff,
+            on_bound=self._claim_bound,
+            on_activated=self._claim_activated,
+            on_gone=self._extensions_gone,
+        )
+        self._claims.start()
+
+    def _extensions_gone(self) -> None:
+        """A call got 404 on an extension collection: the gate turns claim allocation off."""
+        if self._gate is not None:
+            self._gate.lost()
+
+    @property
+    def warm_allocation_on(self) -> bool:
+        """Whether SandboxClaims may exist for us now: warm pooling is configured and the gate has
+        not found the extension APIs absent (unknown, after a failed probe, counts as on)."""
+        return self._gate is not None and self._gate.available is not False
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
@@ -157,26 +216,21 @@ class KubernetesDriver:
     async def start(self, activator: Activator) -> None:
         """Cold sandboxes are activated by registration alone; warm ones by the claim controller."""
         self._activator = activator
-        if self._warm_enabled and self._claims is None:
-            assert self._api is not None
-            assert self._sealer is not None
-            self._claims = claimactivation.ClaimActivation(
-                self._api,
-                self._config.namespace,
-                self._sealer,
-                activator,
-                self._backoff,
-                on_bound=self._claim_bound,
-                on_activated=self._claim_activated,
+        if self._allocating and self._claims is None:
+            self._start_claims(activator)  # otherwise the gate starts it when the APIs appear
+        if self._gate is not None and self._config.warm_pooling.profiles.enabled and self._profiles is None:
+            # Profiles run even while the extension APIs are absent: they wait on the same gate.
+            self._profiles = asyncio.create_task(
+                profiles.run_elected(self.api, self._config, gate=self._gate), name="k8s-profiles"
             )
-            self._claims.start()
-        pooling = self._config.warm_pooling
-        if pooling.enabled and pooling.profiles.enabled and self._profiles is None:
-            # Profiles run even while the extension APIs are absent: they wait for them to appear.
-            self._profiles = asyncio.create_task(profiles.run_elected(self.api, self._config), name="k8s-profiles")
 
     async def aclose(self) -> None:
         """Stop the informers and end watches; sandboxes keep running in the cluster."""
+        if self._following is not None:
+            self._following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._following
+            self._following = None
         if self._profiles is not None:
             # Cancelling releases the Lease, so another replica takes over at once.
             self._profiles.cancel()
@@ -237,6 +291,8 @@ class KubernetesDriver:
     def _lookup(self, request: CreateRequest) -> poolcache.CachedPool | MissReason:
         if self._pools is None or self._activator is None:
             return MissReason.DISABLED
+        if not self._allocating or not self.warm_allocation_on:
+            return MissReason.NOT_READY  # no pools can be known while the extension APIs are absent
         shape = shape_of(request.workspace, request.spec, default_image=self.default_image())
         result = self._pools.lookup(fingerprint(shape))
         if isinstance(result, matching.Match):
@@ -277,7 +333,6 @@ class KubernetesDriver:
             allocation=Allocation.WARM,
             pool=pool.name,
             created_us=claimed,
-            claimed_us=claimed,
         )
 
     async def _create_cold(self, request: CreateRequest, ref: naming.ObjectRef, reason: MissReason) -> DriverSandbox:
@@ -304,7 +359,7 @@ class KubernetesDriver:
         found = await self._find(resource, sandbox_id)
         if found is not None:
             return status.view(found, await self._pod_of(found))
-        claim = await self._find(kube.SANDBOX_CLAIMS, sandbox_id) if self._warm_enabled else None
+        claim = await self._find_claim(sandbox_id)
         if claim is None:
             return None
         sandbox: Obj | None = None
@@ -322,11 +377,12 @@ class KubernetesDriver:
         namespace = self._config.namespace
         resource = await self.api.sandbox_resource(namespace)
         selector = labels.managed_selector()
-        if self._warm_enabled:
+        warm = self.warm_allocation_on
+        if warm:
             # Adopted pool members carry no sandbox id of ours: read every Sandbox and every pod of
             # ours, and join them to the claims.
             selector = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
-        sandboxes = await self.api.list(resource, namespace, label_selector="" if self._warm_enabled else selector)
+        sandboxes = await self.api.list(resource, namespace, label_selector="" if warm else selector)
         pods = await self.api.list(kube.PODS, namespace, label_selector=selector)
         pods_by_name = {p["metadata"]["name"]: p for p in pods.get("items") or []}
         sandboxes_by_name = {s["metadata"]["name"]: s for s in sandboxes.get("items") or []}
@@ -335,8 +391,12 @@ class KubernetesDriver:
             return status.own_pod(sandbox, pods_by_name.get(status.owned_pod_name(sandbox)))
 
         views = [status.view(s, pod_of(s)) for s in sandboxes_by_name.values() if status.is_managed(s)]
-        if self._warm_enabled:
-            listed = await self.api.list(kube.SANDBOX_CLAIMS, namespace, label_selector=labels.claim_selector())
+        if warm:
+            try:
+                listed = await self.api.list(kube.SANDBOX_CLAIMS, namespace, label_selector=labels.claim_selector())
+            except kube.NotFound:
+                self._extensions_gone()  # the collection is gone, and every claim with it
+                listed = {}
             for claim in listed.get("items") or []:
                 if not claims.is_ours(claim):
                     continue
@@ -349,8 +409,12 @@ class KubernetesDriver:
         precondition, so an object recreated meanwhile under the same name is never deleted by
         mistake."""
         resource = await self.api.sandbox_resource(self._config.namespace)
-        if self._warm_enabled and await self._delete_found(kube.SANDBOX_CLAIMS, sandbox_id):
-            return True
+        if self.warm_allocation_on:
+            try:
+                if await self._delete_found(kube.SANDBOX_CLAIMS, sandbox_id):
+                    return True
+            except kube.NotFound:
+                self._extensions_gone()  # the claim collection is gone: only a Sandbox can be left
         return await self._delete_found(resource, sandbox_id)
 
     async def _delete_found(self, resource: kube.Resource, sandbox_id: SandboxId) -> bool:
@@ -373,9 +437,16 @@ class KubernetesDriver:
         driver closes (`aclose()` the result to stop early)."""
         if self._informers is None:
             self._informers = Informers(
-                self.api, self._config.namespace, self._hub, self._backoff, with_claims=self._warm_enabled
+                self.api,
+                self._config.namespace,
+                self._hub,
+                self._backoff,
+                with_claims=self._gate is not None,
+                on_claims_gone=self._extensions_gone,
             )
             self._informers.start()
+            if self._allocating:
+                self._informers.follow_claims()  # otherwise the gate adds it when the APIs appear
         return self._hub.subscribe()
 
     def pools(self) -> builtins.list[PoolView]:
@@ -473,6 +544,16 @@ class KubernetesDriver:
             items.sort(key=lambda s: s["metadata"].get("creationTimestamp") or "")
         return items[0] if items else None
 
+    async def _find_claim(self, sandbox_id: SandboxId) -> Obj | None:
+        """Our SandboxClaim carrying this id, while claims can exist."""
+        if not self.warm_allocation_on:
+            return None
+        try:
+            return await self._find(kube.SANDBOX_CLAIMS, sandbox_id)
+        except kube.NotFound:
+            self._extensions_gone()  # the collection itself answered 404
+            return None
+
     async def _pod_of(self, sandbox: Obj) -> Obj | None:
         try:
             pod = await self.api.get(kube.PODS, sandbox["metadata"]["namespace"], status.owned_pod_name(sandbox))
@@ -485,8 +566,7 @@ class KubernetesDriver:
     def _warm_registered(self, instance_id: InstanceId, binding: WarmPending) -> None:
         self._idle[instance_id] = binding.pool
 
-    def _claim_bound(self, sandbox_id: SandboxId, when_us: int) -> None:
-        self.bound_us.setdefault(sandbox_id, when_us)
+    def _claim_bound(self, sandbox_id: SandboxId) -> None:
         self._progress(sandbox_id, "Claimed", "agent-sandbox bound the SandboxClaim to a warm Sandbox")
 
     def _claim_activated(self, sandbox_id: SandboxId, instance_id: InstanceId) -> None:

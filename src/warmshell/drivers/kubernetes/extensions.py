@@ -1,10 +1,14 @@
 """Whether the cluster serves agent-sandbox's extension APIs (SandboxTemplate, SandboxWarmPool,
 SandboxClaim). Warm pooling needs them; without them it is off — said once, in one warning — and
 comes back on by itself once they are installed, found by a probe with backoff.
+
+The driver owns one gate and shares it with everything that needs the APIs (claim allocation, the
+profile reconciler), so a gateway says each transition once, however many parts wait on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -19,6 +23,7 @@ log = logging.getLogger(__name__)
 # Between probes while the APIs are absent: quick at first (an operator installing them now),
 # then once a minute.
 PROBE_DELAYS: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+_RESOURCES = (kube.SANDBOX_WARM_POOLS, kube.SANDBOX_TEMPLATES, kube.SANDBOX_CLAIMS)
 
 
 class ProbeApi(Protocol):
@@ -36,18 +41,22 @@ class ExtensionsGate:
         namespace: str,
         *,
         clock: Clock | None = None,
-        delays: Sequence[float] = PROBE_DELAYS,
+        delays: Sequence[float] | None = None,
     ) -> None:
         self._api = api
         self._namespace = namespace
         self._clock = clock or SystemClock()
-        self._delays = tuple(delays) or (1.0,)
+        self._delays = tuple(delays or PROBE_DELAYS) or (1.0,)  # read late: tests shorten it
+        self._probing = asyncio.Lock()  # one probe loop, however many parts wait
+        self._gone = asyncio.Event()  # set while the APIs are known to be absent
         self.available: bool | None = None
 
     async def probe(self) -> bool:
-        """One look: does the cluster serve SandboxWarmPools? (Temporary failures propagate.)"""
+        """One look: does the cluster serve all three? (Temporary failures propagate.) All three,
+        because a half-installed group would turn on, fail on the missing one and turn off again."""
         try:
-            await self._api.list(kube.SANDBOX_WARM_POOLS, self._namespace, limit=1)
+            for resource in _RESOURCES:
+                await self._api.list(resource, self._namespace, limit=1)
         except kube.NotFound:
             self._set(False)
             return False
@@ -55,16 +64,27 @@ class ExtensionsGate:
         return True
 
     async def wait_available(self) -> None:
-        """Return once the extension APIs are served; probe with backoff meanwhile."""
-        attempt = 0
-        while True:
-            try:
-                if await self.probe():
-                    return
-            except kube.Temporary as exc:
-                log.debug("probe of %s: %s", kube.EXTENSIONS_GROUP, exc)
-            await self._clock.sleep(self._delays[min(attempt, len(self._delays) - 1)])
-            attempt += 1
+        """Return once the extension APIs are served (at once if they are known to be); probe
+        with backoff meanwhile."""
+        async with self._probing:
+            attempt, warned = 0, False
+            while self.available is not True:
+                try:
+                    if await self.probe():
+                        return
+                except kube.Temporary as exc:
+                    log.debug("probe of %s: %s", kube.EXTENSIONS_GROUP, exc)
+                except kube.ApiError as exc:
+                    # A 403 after an RBAC change, say: someone may fix it, so keep probing; say it once.
+                    if not warned:
+                        log.warning("probe of %s failed (%s); retrying", kube.EXTENSIONS_GROUP, exc)
+                        warned = True
+                await self._clock.sleep(self._delays[min(attempt, len(self._delays) - 1)])
+                attempt += 1
+
+    async def wait_lost(self) -> None:
+        """Return once the APIs are known to be absent (a probe, or a call that called `lost`)."""
+        await self._gone.wait()
 
     def lost(self) -> None:
         """A call found the APIs gone (404 on the collection): off again until a probe finds them."""
@@ -74,11 +94,13 @@ class ExtensionsGate:
         if available == self.available:
             return
         if available:
+            self._gone.clear()
             if self.available is False:
                 log.info(
                     "agent-sandbox extension APIs (%s) are installed now: warm pooling is on", kube.EXTENSIONS_GROUP
                 )
         else:
+            self._gone.set()
             log.warning(
                 "agent-sandbox extension APIs (%s: SandboxTemplate, SandboxWarmPool, SandboxClaim) are not installed: "
                 "warm pooling is off (sandboxes start cold) until they appear; install agent-sandbox's extensions.yaml",

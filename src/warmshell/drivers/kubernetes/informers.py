@@ -3,9 +3,11 @@ pods and the namespace's Events, folded into `DriverEvent`s on the driver's `Hub
 whenever what `status.view` says about a sandbox changes, a deletion when its Sandbox goes, and a
 progress line for each new Event about its pod or Sandbox.
 
-With warm pooling a sandbox may be a SandboxClaim instead: then the claims are followed too, and
-the Sandboxes and pods without our sandbox id (pool members, adopted ones) are kept, because an
-adopted member is the claim's Sandbox while carrying none of our labels.
+With warm pooling a sandbox may be a SandboxClaim instead: then the Sandboxes and pods without our
+sandbox id (pool members, adopted ones) are kept from the start, because an adopted member is the
+claim's Sandbox while carrying none of our labels, and the claims are followed while the extension
+APIs are served (`follow_claims` / `unfollow_claims`, as the driver's gate says). Adding the claim
+informer later loses nothing: it lists first, and the Sandboxes and pods it joins are already here.
 """
 
 from __future__ import annotations
@@ -25,13 +27,23 @@ Obj = dict[str, Any]
 
 
 class Informers:
-    """Caches of our Sandboxes and pods by object name, kept by three informer tasks."""
+    """Caches of our Sandboxes and pods by object name, kept by three informer tasks (and a
+    fourth over our SandboxClaims while they are followed)."""
 
     def __init__(
-        self, api: kube.Kube, namespace: str, hub: Hub, backoff: watching.Backoff, *, with_claims: bool = False
+        self,
+        api: kube.Kube,
+        namespace: str,
+        hub: Hub,
+        backoff: watching.Backoff,
+        *,
+        with_claims: bool = False,
+        on_claims_gone: Callable[[], None] = lambda: None,
     ) -> None:
         self._api = api
-        self._with_claims = with_claims
+        self._with_claims = with_claims  # claims may be followed: read Sandboxes and pods wide
+        self._on_claims_gone = on_claims_gone
+        self._claims_task: asyncio.Task[None] | None = None
         self._claims: dict[str, Obj] = {}  # by claim name
         self._others: dict[str, Obj] = {}  # Sandboxes without our sandbox id, by name (claims only)
         self._namespace = namespace
@@ -66,16 +78,26 @@ class Informers:
                 self._follow(kube.EVENTS, "", lambda _items: None, self._kube_event), name="k8s-informer:events"
             ),
         ]
-        if self._with_claims:
-            self._tasks.append(
-                asyncio.create_task(
-                    self._follow(kube.SANDBOX_CLAIMS, labels.claim_selector(), self._claims_listed, self._claim_event),
-                    name="k8s-informer:claims",
-                )
-            )
+
+    def follow_claims(self) -> None:
+        """Start the SandboxClaim informer (once; again after `unfollow_claims` or a 404)."""
+        assert self._with_claims, "claims are followed only by informers made `with_claims`"
+        if self._claims_task is None or self._claims_task.done():
+            self._claims_task = asyncio.create_task(self._follow_claims(), name="k8s-informer:claims")
+
+    async def unfollow_claims(self) -> None:
+        """Stop the SandboxClaim informer. The cached claims stay: nothing is reported deleted on
+        a 404 alone, and the next `follow_claims` relists and reports what went meanwhile."""
+        task = self._claims_task
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if self._claims_task is task:
+                self._claims_task = None
 
     async def aclose(self) -> None:
         """Stop the informer tasks."""
+        await self.unfollow_claims()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -163,6 +185,14 @@ class Informers:
             self._hub.publish(DriverEvent(view.sandbox_id, sandbox=view))
 
     # -- SandboxClaims ---------------------------------------------------------------------
+
+    async def _follow_claims(self) -> None:
+        try:
+            await self._follow(kube.SANDBOX_CLAIMS, labels.claim_selector(), self._claims_listed, self._claim_event)
+        except kube.NotFound:
+            # The collection itself is gone (the extension CRDs were removed): the driver's gate
+            # turns claims off, and on again once they are back.
+            self._on_claims_gone()
 
     def _claims_listed(self, items: list[Obj]) -> None:
         current = {c["metadata"]["name"]: c for c in items if claims.is_ours(c)}

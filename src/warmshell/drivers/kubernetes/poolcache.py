@@ -4,6 +4,9 @@ followed by two informers and folded into a `PoolIndex` by fingerprint after eve
 `index_pools` is the pure part: it decides which pools may serve requests. A pool whose template
 is missing, is not a warmshell supervisor template, or runs another shape than the pool's
 fingerprint says is kept out of the index (so it is never matched) and reported on its `PoolView`.
+
+The driver starts the cache while the extension APIs are served and closes it when they go; a 404
+on either collection is how it learns they went (`on_gone`).
 """
 
 from __future__ import annotations
@@ -89,12 +92,19 @@ class PoolCache:
     """Informers over opted-in pools and templates; `lookup` answers from the latest index."""
 
     def __init__(
-        self, api: kube.Kube, namespace: str, backoff: watching.Backoff, *, on_change: Callable[[], None] = lambda: None
+        self,
+        api: kube.Kube,
+        namespace: str,
+        backoff: watching.Backoff,
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        on_gone: Callable[[], None] = lambda: None,
     ) -> None:
         self._api = api
         self._namespace = namespace
         self._backoff = backoff
         self._on_change = on_change
+        self._on_gone = on_gone
         self._pools: dict[str, Obj] = {}
         self._templates: dict[str, Obj] = {}
         self._listed: set[str] = set()
@@ -105,7 +115,7 @@ class PoolCache:
         self._warned: set[tuple[str, str]] = set()
 
     def start(self) -> None:
-        """Start both informers (once)."""
+        """Start both informers (once; again after `aclose`)."""
         if self._tasks:
             return
         self._tasks = [
@@ -114,11 +124,18 @@ class PoolCache:
         ]
 
     async def aclose(self) -> None:
-        """Stop the informers."""
+        """Stop the informers and forget the pools (lookups are NotReady until `start` has
+        listed again); the hit and miss counts are kept."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        self._pools.clear()
+        self._templates.clear()
+        self._listed.clear()
+        self._entries = []
+        self._index = matching.PoolIndex()
+        self._warned = set()
 
     @property
     def synced(self) -> bool:
@@ -152,15 +169,21 @@ class PoolCache:
                 into[name] = obj
             self._rebuild()
 
-        await watching.follow(
-            self._api,
-            resource,
-            self._namespace,
-            label_selector=labels.warm_pool_selector(),
-            on_list=listed,
-            on_event=changed,
-            backoff=self._backoff,
-        )
+        try:
+            await watching.follow(
+                self._api,
+                resource,
+                self._namespace,
+                label_selector=labels.warm_pool_selector(),
+                on_list=listed,
+                on_event=changed,
+                backoff=self._backoff,
+            )
+        except kube.NotFound as exc:
+            # The collection itself is gone: the extension CRDs were removed. The driver closes
+            # the cache and starts it again once they are back.
+            log.debug("%s: %s", resource.plural, exc)
+            self._on_gone()
 
     def _rebuild(self) -> None:
         if len(self._listed) < 2:

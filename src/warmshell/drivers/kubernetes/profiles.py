@@ -219,9 +219,11 @@ class ProfileReconciler:
         self._configmaps[want.uid] = written
 
 
-async def run_elected(api: kube.Kube, config: KubernetesDriverConfig, *, clock: Clock | None = None) -> None:
+async def run_elected(
+    api: kube.Kube, config: KubernetesDriverConfig, *, gate: ExtensionsGate, clock: Clock | None = None
+) -> None:
     """The profile reconciler as the driver runs it: on the Lease holder only, while the
-    extension APIs are installed; until cancelled (which releases the Lease)."""
-    gate = ExtensionsGate(api, config.namespace, clock=clock)
+    extension APIs are installed (`gate` is the driver's, so their absence is said once per
+    gateway); until cancelled (which releases the Lease)."""
     reconciler = ProfileReconciler(api, config, gate=gate, clock=clock)
     await lease.elector_for(api, config, clock=clock).run(reconciler.lead)

@@ -22,6 +22,7 @@ from warmshell.drivers.kubernetes.naming import ObjectRef
 __all__ = [
     "CONTAINER",
     "RESERVED_ENV",
+    "RESTART_POLICY",
     "TOKEN_DIR",
     "TOKEN_PATH",
     "WORKSPACE_DIR",
@@ -43,7 +44,11 @@ WORKSPACE_VOLUME = "workspace"
 WORKSPACE_DIR = models.WORKSPACE_DIR
 # The supervisor's own settings in the container env; everything else there is a pool's baked-in
 # environment (part of its shape).
-RESERVED_ENV: frozenset[str] = frozenset({"WARMSHELL_GATEWAY", "WARMSHELL_BOOTSTRAP_FILE", "WARMSHELL_INSTANCE_ID"})
+RESERVED_ENV: frozenset[str] = frozenset(
+    {"WARMSHELL_GATEWAY", "WARMSHELL_BOOTSTRAP_FILE", "WARMSHELL_INSTANCE_ID", "WARMSHELL_RESTART_POLICY"}
+)
+# The pod's restartPolicy, also told to the supervisor (it chooses its exit status by it).
+RESTART_POLICY = "OnFailure"
 
 
 @dataclass(frozen=True)
@@ -119,10 +124,15 @@ def pod_spec(
         # The supervisor never talks to the API server; its only credential is the projected
         # gateway-audience token below.
         "automountServiceAccountToken": False,
-        # Never: the supervisor exits when the workload has ended and the gateway has its exit
-        # status; restarting it would run the workload a second time. A dead supervisor is a
-        # failed sandbox (Error), as on the local driver.
-        "restartPolicy": "Never",
+        # OnFailure: a supervisor that crashes (SIGKILL, OOM, a bug) is started again in the same
+        # pod, registers again with the same pod's token and is activated again for the same
+        # sandbox. Told so through WARMSHELL_RESTART_POLICY, the supervisor exits 0 once the gateway
+        # has ended the sandbox (the workload's exit status is recorded there, not in the
+        # container's), so a workload that exited, even non-zero, is never run a second time; and
+        # a sandbox that is over refuses a restarted supervisor's registration, which also exits 0.
+        # A supervisor that keeps failing is a failed sandbox after status.RESTART_LIMIT restarts,
+        # as a Job with this policy fails at its backoffLimit.
+        "restartPolicy": RESTART_POLICY,
         "terminationGracePeriodSeconds": config.termination_grace_seconds,
         "enableServiceLinks": False,
         "securityContext": {
@@ -174,6 +184,7 @@ def _container(
             {"name": "WARMSHELL_GATEWAY", "value": config.gateway_address},
             {"name": "WARMSHELL_BOOTSTRAP_FILE", "value": TOKEN_PATH},
             {"name": "WARMSHELL_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+            {"name": "WARMSHELL_RESTART_POLICY", "value": RESTART_POLICY},
             *({"name": k, "value": v} for k, v in sorted(environment.items())),
         ],
         "volumeMounts": [

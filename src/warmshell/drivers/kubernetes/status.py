@@ -1,6 +1,11 @@
 """Pure mapping of what the cluster says into driver types: a Sandbox and its pod become a
 `DriverSandbox` (backend state plus conditions that say why), a pod or Sandbox Event becomes a
-progress line for `warmshell sandbox create`."""
+progress line for `warmshell sandbox create`.
+
+The pod restarts a failed supervisor (`restartPolicy: OnFailure`, see rendering), so a Running pod
+may hold a container that has crashed and is backing off: it stays Running (the supervisor comes
+back, registers again and the gateway re-activates it) until it has been restarted RESTART_LIMIT
+times, then it is Failed with its last exit."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from warmshell.drivers.kubernetes import labels
 from warmshell.drivers.kubernetes.rendering import CONTAINER
 
 __all__ = [
+    "RESTART_LIMIT",
     "is_managed",
     "own_pod",
     "owned_pod_name",
@@ -28,6 +34,11 @@ P = TypeVar("P", bound=Mapping[str, Any])
 # Waiting reasons after which the container will never start without someone changing the pod.
 _FATAL_WAITING = frozenset({"InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"})
 _IMAGE_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+# A supervisor container restarted this many times fails its sandbox, as a Job with restartPolicy
+# OnFailure fails once its pods' restarts reach its backoffLimit: a crash (SIGKILL, OOM) is
+# recovered in place, a supervisor that keeps failing (a broken image, a refused credential) is an
+# Error rather than a CrashLoopBackOff that a create would wait on forever.
+RESTART_LIMIT = 3
 
 
 def _meta(obj: Obj) -> Obj:
@@ -113,6 +124,14 @@ def _pod_view(pod: Obj) -> tuple[list[DriverCondition], BackendState, str]:
         state = BackendState.PENDING if phase == "Pending" else BackendState.RUNNING
         return conditions, state, "the pod is terminating"
     if phase == "Running":
+        restarts = _restart_count(container)
+        if restarts >= RESTART_LIMIT:
+            last = _terminated_message(container, last=True) or "the container kept failing"
+            message = f"{last}; restarts: {restarts} (the limit is {RESTART_LIMIT})"
+            # Whatever the kubelet is doing with it now (backing off, or one more run), it is done.
+            given_up = DriverCondition("ContainerRunning", "False", "BackoffLimitExceeded", message)
+            conditions = [c for c in conditions if c.type != given_up.type] + [given_up]
+            return conditions, BackendState.FAILED, message
         return conditions, BackendState.RUNNING, ""
     if phase == "Succeeded":
         return conditions, BackendState.EXITED, _terminated_message(container) or "the pod completed"
@@ -148,6 +167,9 @@ def _container_conditions(container: Obj | None) -> list[DriverCondition]:
         ]
     state = container.get("state") or {}
     waiting = state.get("waiting")
+    pulled = DriverCondition("ImagePulled", "True", "Pulled", str(container.get("image", "")))
+    # After a restart, what the container last exited with (the kubelet's back-off says less).
+    restarted = _terminated_message(container, last=True) if _restart_count(container) else ""
     if waiting is not None:
         reason, message = str(waiting.get("reason") or "Waiting"), str(waiting.get("message") or "")
         if reason in _IMAGE_WAITING:
@@ -155,15 +177,23 @@ def _container_conditions(container: Obj | None) -> list[DriverCondition]:
                 DriverCondition("ImagePulled", "False", reason, message),
                 DriverCondition("ContainerRunning", "False", reason, message),
             ]
+        if restarted or "terminated" in (container.get("lastState") or {}):
+            # Backing off before a restart: the image was pulled for the run that ended.
+            return [pulled, DriverCondition("ContainerRunning", "False", reason, message or restarted)]
         return [
             DriverCondition("ImagePulled", "Unknown", "Pulling", f"pulling {container.get('image', 'the image')}"),
             DriverCondition("ContainerRunning", "False", reason, message),
         ]
-    pulled = DriverCondition("ImagePulled", "True", "Pulled", str(container.get("image", "")))
     if "running" in state:
-        return [pulled, DriverCondition("ContainerRunning", "True", "Started", "")]
+        started = f"restarts: {_restart_count(container)}; before the last one, {restarted}" if restarted else ""
+        return [pulled, DriverCondition("ContainerRunning", "True", "Started", started)]
     ended = DriverCondition("ContainerRunning", "False", _terminated_reason(container), _terminated_message(container))
     return [pulled, ended]
+
+
+def _restart_count(container: Obj | None) -> int:
+    count = (container or {}).get("restartCount")
+    return count if isinstance(count, int) else 0
 
 
 def _terminated_reason(container: Obj) -> str:
@@ -171,8 +201,11 @@ def _terminated_reason(container: Obj) -> str:
     return str(terminated.get("reason") or "Terminated")
 
 
-def _terminated_message(container: Obj | None) -> str:
+def _terminated_message(container: Obj | None, *, last: bool = False) -> str:
+    """How the container's current run ended; with `last`, else how its previous run did."""
     terminated = ((container or {}).get("state") or {}).get("terminated")
+    if not terminated and last:
+        terminated = ((container or {}).get("lastState") or {}).get("terminated")
     if not terminated:
         return ""
     text = f"container {CONTAINER} exited with code {terminated.get('exitCode')} ({terminated.get('reason', 'Error')})"
