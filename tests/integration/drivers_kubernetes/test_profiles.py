@@ -261,6 +261,44 @@ async def test_only_the_lease_holder_reconciles_and_the_other_takes_over(
         assert took < ELECTION["lease_duration_seconds"] + 1.5
 
 
+def replica_settings(cluster: RunningCluster, tmp_path: Path, identity: str) -> tuple[Path, dict[str, Any]]:
+    """A whole gateway replica: its own state, profiles on, the short election, its own identity."""
+    state = tmp_path / identity
+    election = {f"kubernetes.leader_election.{k}": v for k, v in (ELECTION | {"identity": identity}).items()}
+    return state, gateway_settings(cluster, state) | {"kubernetes.warm_pooling.profiles.enabled": True} | election
+
+
+async def test_two_gateways_elect_one_and_a_stopping_holder_hands_over_at_once(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two real gateways on one cluster: one takes the Lease and reconciles; a graceful stop (what
+    SIGTERM does) releases it, so the other takes over well inside a lease duration."""
+    caplog.set_level(logging.INFO, logger="warmshell.drivers.kubernetes.lease")
+    leases = kc.Resource("coordination.k8s.io", "v1", "leases")
+    await apply_profile(admin, "wp-a", 'version = 1\nworkspace = "default"\nreplicas = 1\n')
+    async with contextlib.AsyncExitStack() as stack:
+        replicas = []
+        for identity in ("gw-1", "gw-2"):
+            state, settings = replica_settings(cluster, tmp_path, identity)
+            replicas.append(await stack.enter_async_context(running_gateway(state, **settings)))
+        one, two = replicas
+        await ready_status(admin, "wp-a")
+        holder = (await admin.get(leases, NAMESPACE, "warmshell-profiles"))["spec"]["holderIdentity"]
+        assert holder in ("gw-1", "gw-2")
+        acquired = [r.getMessage() for r in caplog.records if "acquired by" in r.getMessage()]
+        assert acquired == [f"lease {NAMESPACE}/warmshell-profiles acquired by {holder}"]  # nobody else led
+        leader, follower = (one, "gw-2") if holder == "gw-1" else (two, "gw-1")
+
+        await leader.stop()
+        stopped = time.monotonic()
+        await apply_profile(admin, "wp-b", 'version = 1\nworkspace = "default"\nreplicas = 1\n[environment]\nB = "1"\n')
+        await ready_status(admin, "wp-b", timeout=10)
+        took = time.monotonic() - stopped
+        assert (await admin.get(leases, NAMESPACE, "warmshell-profiles"))["spec"]["holderIdentity"] == follower
+        # Released, not waited out: well inside the lease duration the crash test has to wait.
+        assert took < ELECTION["lease_duration_seconds"]
+
+
 # -- extension CRDs absent ----------------------------------------------------------------------------
 
 
