@@ -226,17 +226,10 @@ class KubernetesDriver:
 
     async def aclose(self) -> None:
         """Stop the informers and end watches; sandboxes keep running in the cluster."""
-        if self._following is not None:
-            self._following.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._following
-            self._following = None
-        if self._profiles is not None:
-            # Cancelling releases the Lease, so another replica takes over at once.
-            self._profiles.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._profiles
-            self._profiles = None
+        await _cancel(self._following)
+        self._following = None
+        await _cancel(self._profiles)  # which releases the Lease: another replica takes over at once
+        self._profiles = None
         if self._claims is not None:
             await self._claims.aclose()
             self._claims = None
@@ -577,6 +570,13 @@ class KubernetesDriver:
 
     def _progress(self, sandbox_id: SandboxId, reason: str, message: str) -> None:
         self._hub.publish(DriverEvent(sandbox_id, progress=ProgressLine(reason, message)))
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _label_value(text: str) -> str:
