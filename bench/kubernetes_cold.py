@@ -3,10 +3,10 @@ simulated delays (the `FAST` timing profile), so what is measured is warmshell's
 kubesim's API round trips, next to the time the pod itself takes to start.
 
 kubesim (API server, agent-sandbox controllers, kubelet) runs in a process of its own
-(`kubesim_process`), so its work is not queued on the gateway's event loop; the gateway with the
-Kubernetes driver runs in this process. Pods run the real supervisor through the test pod shim
-(bubblewrap). Per create,
-from the sandbox's timeline and a timer around the identity check:
+(`tests/helpers/kubesim_process.py`), so its work is not queued on the gateway's event loop; the
+gateway with the Kubernetes driver runs in this process. Pods run the real supervisor through the
+test pod shim (bubblewrap). Per create, from the sandbox's timeline and a timer around the
+identity check:
 
 - create: requested -> backend created (persist, render, seal, one API create);
 - identity: the driver's authenticate() (TokenReview, GET pod, GET Sandbox, open the proof);
@@ -33,9 +33,8 @@ from harness import summary, write_results
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kubesim_process import ClusterProcess, kubesim_process  # noqa: E402
-
 from tests.helpers.gateway import running_gateway  # noqa: E402
+from tests.helpers.kubesim_process import ClusterProcess, kubesim_process  # noqa: E402
 from tests.integration.drivers_kubernetes.conftest import gateway_settings  # noqa: E402
 
 WRITES = ("create", "update", "patch", "delete")

@@ -3,11 +3,11 @@ driver against kubesim, once with zero simulated delays (`FAST`) and once with k
 delays (`DEFAULT`: API latency, reconcile lag, scheduling, ~2.5 s container start), in one run.
 
 kubesim (API server, agent-sandbox controllers, kubelet) runs in a process of its own
-(`kubesim_process`), as an API server would, so its work is not queued on the gateway's event loop;
-the gateway with the Kubernetes driver runs in this process. Pods run the real supervisor through
-the test pod shim (bubblewrap). A warm pool (SandboxTemplate + SandboxWarmPool rendered by
-`warmpools.render_pool_pair`) serves `FOO=bar`; cold creates ask for another environment, so they
-miss (NoMatch).
+(`tests/helpers/kubesim_process.py`), as an API server would, so its work is not queued on the
+gateway's event loop; the gateway with the Kubernetes driver runs in this process. Pods run the
+real supervisor through the test pod shim (bubblewrap). A warm pool (SandboxTemplate +
+SandboxWarmPool rendered by `warmpools.render_pool_pair`) serves `FOO=bar`; cold creates ask for
+another environment, so they miss (NoMatch).
 
 Warm creates run one at a time, each once every pool member has registered (the refill after the
 previous create is a pod start on these same two CPUs; the wait is not measured). The refill that
@@ -39,10 +39,9 @@ from harness import summary, write_results
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kubesim_process import ClusterProcess, kubesim_process  # noqa: E402
-
 from kubesim.controllers import client as kc  # noqa: E402
 from tests.helpers.gateway import RunningGateway, running_gateway  # noqa: E402
+from tests.helpers.kubesim_process import ClusterProcess, kubesim_process  # noqa: E402
 from tests.integration.drivers_kubernetes.conftest import IMAGE, NAMESPACE, driver_config, gateway_settings  # noqa: E402
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
 from warmshell.core.fingerprints import SandboxShape  # noqa: E402

@@ -134,10 +134,11 @@ def format_age(created_ms: int, now_ms: int) -> str:
 
 
 def format_ms(value: float | None, *, sign: bool = False) -> str:
-    """Milliseconds with two decimals (warm paths are single-digit ms), `-` when unreached."""
+    """Milliseconds with two decimals (warm paths are single-digit ms), `-` when unreached. With
+    `sign`, an offset: a warm sandbox's pool member was created and registered before the request."""
     if value is None:
         return _NONE
-    return f"{'+' if sign else ''}{value:.2f} ms"
+    return f"{value:+.2f} ms" if sign else f"{value:.2f} ms"
 
 
 def timeline_offsets(timeline: sandbox_pb2.Timeline) -> list[tuple[str, float | None]]:
@@ -168,7 +169,7 @@ def _allocation(status: sandbox_pb2.SandboxStatus) -> str:
     if not status.allocation:
         return _NONE
     if status.pool:
-        return f"{status.allocation} (pool {status.pool[:12]})"
+        return f"{status.allocation} (pool {status.pool})"
     return status.allocation
 
 

@@ -68,7 +68,7 @@ async def test_matching_create_goes_warm_and_the_pool_refills(gw: RunningGateway
     ready = await gw.wait_ready("w1")
     assert ready.status.phase == pb.SANDBOX_PHASE_READY
     assert ready.status.allocation == "warm"
-    assert ready.status.pool == foo.fingerprint
+    assert ready.status.pool == foo.name
     assert created.status.allocation == "warm"
     assert reason_of(ready)[0] == "PoolHit"
     code, out, _ = await gw.exec("w1", ["sh", "-c", "echo $FOO; hostname"])

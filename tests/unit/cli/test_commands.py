@@ -35,7 +35,7 @@ def _timeline(**steps: int) -> pb.Timeline:
 
 
 async def test_create_sends_the_flags_and_prints_a_summary_once_ready(fake: FakeSandboxService, address: str) -> None:
-    ready = sandbox("box", READY, allocation="warm", pool="ab" * 32, timeline=_timeline(ready_us=1_004_500))
+    ready = sandbox("box", READY, allocation="warm", pool="python-small", timeline=_timeline(ready_us=1_004_500))
     fake.watch_events = [
         event(sandbox=sandbox("box")),
         event(progress=pb.ProgressEvent(reason="Claimed", message="claimed a warm instance")),
@@ -59,7 +59,7 @@ async def test_create_sends_the_flags_and_prints_a_summary_once_ready(fake: Fake
     assert watch.stop_on_ready
     assert not watch.follow_output
     assert "box" in result.stdout
-    assert "warm (pool abababababab)" in result.stdout
+    assert "warm (pool python-small)" in result.stdout
     assert "4.50 ms to Ready" in result.stdout
 
 

@@ -69,6 +69,7 @@ def test_format_ms() -> None:
     assert render.format_ms(None) == "-"
     assert render.format_ms(1.234) == "1.23 ms"
     assert render.format_ms(0.5, sign=True) == "+0.50 ms"
+    assert render.format_ms(-4122.934, sign=True) == "-4122.93 ms"  # a warm member registered earlier
 
 
 def test_phase_names() -> None:
@@ -99,7 +100,7 @@ def _sample() -> pb.Sandbox:
         status=pb.SandboxStatus(
             phase=pb.SANDBOX_PHASE_ERROR,
             allocation="warm",
-            pool="0123456789abcdef" * 4,
+            pool="python-small",
             exit_code=0,
             conditions=[pb.Condition(type="Ready", status="False", reason="WorkloadExited", message="[x]")],
             timeline=pb.Timeline(requested_us=1_000_000, ready_us=1_002_000, exited_us=1_500_000),
@@ -110,7 +111,7 @@ def _sample() -> pb.Sandbox:
 def test_sandbox_details_show_every_section() -> None:
     lines = [" ".join(line.split()) for line in _text(render.sandbox_details(_sample())).splitlines()]
     assert "Phase Error" in lines
-    assert "Allocation warm (pool 0123456789ab)" in lines
+    assert "Allocation warm (pool python-small)" in lines
     assert "Exit code 0" in lines  # 0 is an exit code, not "unset"
     assert "Resources cpu 200m, memory 256Mi" in lines
     assert "Labels a=1, b=2" in lines
@@ -158,7 +159,7 @@ def test_create_summary() -> None:
     sandbox = _sample()
     sandbox.status.phase = pb.SANDBOX_PHASE_READY
     assert render.create_summary(sandbox) == (
-        "sandbox box (workspace team) is Ready: warm (pool 0123456789ab), 2.00 ms to Ready"
+        "sandbox box (workspace team) is Ready: warm (pool python-small), 2.00 ms to Ready"
     )
 
 

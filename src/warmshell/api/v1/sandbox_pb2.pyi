@@ -208,7 +208,7 @@ class SandboxStatus(_message.Message):
     allocation: _builtins.str
     """"warm" or "cold"."""
     pool: _builtins.str
-    """Fingerprint of the pool that served a warm create."""
+    """Name of the pool that served a warm create (as `warmshell pool list` shows it)."""
     exit_code: _builtins.int
     instance_id: _builtins.str
     """Driver-specific instance identifier (process instance id, pod uid)."""

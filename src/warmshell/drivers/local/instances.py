@@ -73,7 +73,7 @@ class Instance:
             state=self.state,
             conditions=self.conditions,
             allocation=self.allocation,
-            pool=self.pool or "",
+            pool=self.pool_name,  # the name `pool list` shows, as the Kubernetes driver reports it
             miss_reason=self.miss_reason,
             message=self.message,
             created_us=self.created_us,
