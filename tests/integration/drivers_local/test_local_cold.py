@@ -325,14 +325,16 @@ async def test_image_root_replaces_the_host_root(make_driver: DriverFactory, pat
         "[ -e /etc/image-marker ] && echo yes > /workspace/marker; "
         "[ -e /usr/bin/dash ] || echo no > /workspace/host-usr; "
         '[ -d /run/warmshell/python ] && echo "$PYTHONPATH" > /workspace/pythonpath; '
-        'echo "$c" > /workspace/.c; cd /workspace && read -r x < .c; echo "$x" > credential'
+        'echo "$c" > /workspace/.c; cd /workspace && read -r x < .c; echo "$x" > credential; : > done'
     )
     async with make_driver(command=["/bin/sh", "-c", script]) as driver:
         spec = SandboxSpec(image=str(image))
         driver.validate("default", spec)
         created = await driver.create(request(spec=spec))
         workspace = workspace_of(paths, created.instance_id)
-        credential = (await read_when_present(workspace / "credential")).strip()
+        # No mv in this image to rename files into place: `done` is written after all the others.
+        await read_when_present(workspace / "done")
+        credential = (workspace / "credential").read_text().strip()
         assert credential.startswith(f"wsl1.{created.instance_id}.")
         assert (workspace / "marker").read_text() == "yes\n", "/etc comes from the image"
         assert (workspace / "host-usr").read_text() == "no\n", "/usr comes from the image"
