@@ -44,13 +44,20 @@ class RunningGateway:
     async def wait_for(
         self, name: str, predicate: Callable[[pb.Sandbox], bool], timeout: float = 20.0, workspace: str = ""
     ) -> pb.Sandbox:
-        """Follow WatchSandbox until the predicate holds (no polling sleeps)."""
+        """Follow WatchSandbox until the predicate holds (no polling sleeps); a timeout fails with
+        the last state seen, so a flaky wait says what the sandbox was doing."""
         request = pb.WatchSandboxRequest(name=name, workspace=workspace)
-        async with asyncio.timeout(timeout):
-            async for event in self.stub.WatchSandbox(request, metadata=self.metadata):
-                if event.HasField("sandbox") and predicate(event.sandbox):
-                    return event.sandbox
-        raise AssertionError(f"watch of {name} ended before the condition held")
+        last: pb.Sandbox | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                async for event in self.stub.WatchSandbox(request, metadata=self.metadata):
+                    if event.HasField("sandbox"):
+                        last = event.sandbox
+                        if predicate(last):
+                            return last
+        except TimeoutError:
+            raise AssertionError(f"{name}: condition not met in {timeout}s; last seen:\n{last}") from None
+        raise AssertionError(f"watch of {name} ended before the condition held; last seen:\n{last}")
 
     async def wait_ready(self, name: str, timeout: float = 20.0, workspace: str = "") -> pb.Sandbox:
         return await self.wait_for(

@@ -186,7 +186,9 @@ class Kubelet:
                     await self._api.request("POST", kc.PODS.path(ns, name, "binding"), body=body)
                     return
                 except kc.ApiError as exc:
-                    if exc.status not in (404, 405) or self._pods.get(ns, name) is None:
+                    # A 404 is the pod gone (deleted while queued: the cache lags) far more often
+                    # than a server without Binding; only a pod the server still has says the latter.
+                    if not (exc.status == 405 or (exc.status == 404 and await self._still_exists(ns, name))):
                         raise
                     self._bind_subresource = False  # no Binding support: set nodeName directly
             patch = {"metadata": {"uid": o.uid_of(pod)}, "spec": {"nodeName": node}}
@@ -196,6 +198,15 @@ class Kubelet:
                 log.warning("scheduling %s/%s failed: %s", ns, name, exc)
         finally:
             self._scheduling.discard(o.uid_of(pod))
+
+    async def _still_exists(self, ns: str, name: str) -> bool:
+        try:
+            await self._api.get(kc.PODS, ns, name)
+        except kc.ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
 
     def _stop(self, uid: str, worker: PodWorker, *, grace: float, delete: bool) -> None:
         async def stop() -> None:

@@ -73,14 +73,17 @@ def mark_backend(status: SandboxStatus, state: str, *, message: str = "") -> Non
     _settle(status)
 
 
-def mark_session(status: SandboxStatus, connected: bool) -> None:
-    """Record whether a supervisor session is live."""
+def mark_session(status: SandboxStatus, connected: bool, session_id: str = "") -> None:
+    """Record whether a supervisor session is live. The live session is named in the message: a
+    supervisor that restarted, or reconnected before its old stream was noticed gone, shows as a
+    new session even where the condition's status never went False."""
     status.supervisor_connected = connected
     status.set_condition(
         Condition(
             type="SupervisorConnected",
             status="True" if connected else "False",
             reason="SessionLive" if connected else "SupervisorNotConnected",
+            message=f"session {session_id}" if connected and session_id else "",
         )
     )
     _settle(status)

@@ -244,15 +244,15 @@ class SandboxManager:
         with contextlib.suppress(NotFoundError):
             await self.records.mutate(view.sandbox_id, lambda r: _apply_driver_view(r, view))
 
-    async def on_session(self, sandbox_id: SandboxId, *, connected: bool) -> None:
-        """A supervisor session opened or closed."""
+    async def on_session(self, sandbox_id: SandboxId, *, connected: bool, session_id: str = "") -> None:
+        """A supervisor session (`session_id`, when it opened) opened or closed."""
 
         def change(record: SandboxRecord) -> None:
             status = record.status
             if connected and _BACKEND_ORDER.get(status.backend_state, 0) < _BACKEND_ORDER[BackendState.RUNNING]:
                 # A live supervisor proves the backend is running, whatever the watch says yet.
                 status.backend_state = BackendState.RUNNING.value
-            phases.mark_session(status, connected)
+            phases.mark_session(status, connected, session_id)
             if status.phase == Phase.READY and not status.timeline.ready_us:
                 status.timeline.ready_us = now_us()
                 metrics.CREATE_READY_SECONDS.labels(path=status.allocation.value).observe(

@@ -119,7 +119,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         )
         reader = asyncio.create_task(self._read_session(session, request_iterator))
         ticker = asyncio.create_task(self._tick(session))
-        await self._manager.on_session(claims.sandbox_id, connected=True)
+        await self._manager.on_session(claims.sandbox_id, connected=True, session_id=session.session_id)
         try:
             while True:
                 message = await session.outbox.get()

@@ -93,14 +93,6 @@ def kill_supervisor(cluster: RunningCluster, pod: Obj) -> int:
     return pid
 
 
-async def phases_of(gw: RunningGateway, name: str, seen: list[pb.Sandbox]) -> None:
-    """Record every state of the sandbox the watch reports (until cancelled)."""
-    request = pb.WatchSandboxRequest(name=name)
-    async for event in gw.stub.WatchSandbox(request, metadata=gw.metadata):
-        if event.HasField("sandbox"):
-            seen.append(event.sandbox)
-
-
 def session(sandbox: pb.Sandbox) -> pb.Condition:
     (found,) = [c for c in sandbox.status.conditions if c.type == "SupervisorConnected"]
     return found
@@ -117,17 +109,8 @@ def reactivated_after(before: pb.Sandbox) -> Callable[[pb.Sandbox], bool]:
     return check
 
 
-@pytest.fixture
-async def watched() -> AsyncIterator[list[asyncio.Task[None]]]:
-    tasks: list[asyncio.Task[None]] = []
-    yield tasks
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
 async def test_a_killed_warm_supervisor_is_restarted_and_activated_again_through_its_claim(
-    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path, watched: list[asyncio.Task[None]]
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
 ) -> None:
     await apply_pool(cluster, admin, tmp_path / "state", "foo", 1)
     async with gateway(cluster, tmp_path) as gw:
@@ -141,8 +124,6 @@ async def test_a_killed_warm_supervisor_is_restarted_and_activated_again_through
         pod = await pod_with_uid(admin, before.status.instance_id)
         assert supervisor_status(pod)["restartCount"] == 0
 
-        seen: list[pb.Sandbox] = []
-        watched.append(asyncio.create_task(phases_of(gw, "phoenix", seen)))
         kill_supervisor(cluster, pod)
         restarted = await wait_pod(admin, pod["metadata"]["name"], restarted_and_running(1))
         after = await gw.wait_for("phoenix", reactivated_after(before), timeout=30)
@@ -159,8 +140,9 @@ async def test_a_killed_warm_supervisor_is_restarted_and_activated_again_through
         assert again["status"]["sandbox"] == claim["status"]["sandbox"]
         last = supervisor_status(restarted)["lastState"]["terminated"]
         assert last["exitCode"] == 128 + signal.SIGKILL
-        # In between, the gateway saw the supervisor go away.
-        assert any(session(s).status == "False" and s.status.phase == pb.SANDBOX_PHASE_PROVISIONING for s in seen)
+        # A new supervisor session: the restarted process, not the old stream (which the gateway may
+        # or may not have seen end before the new one opened).
+        assert session(after).message != session(before).message
 
         # exec works again, and the pod's emptyDir survived the container restart (as in Kubernetes).
         code, out, _ = await gw.exec("phoenix", ["sh", "-c", 'echo "$FOO $(cat /workspace/kept)"'])

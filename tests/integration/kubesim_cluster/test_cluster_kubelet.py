@@ -6,6 +6,7 @@ import asyncio
 import os
 import pathlib
 
+import pytest
 from ksc_helpers import NS, get_or_none, wait_for, wait_gone
 
 from kubesim.cluster import RunningCluster
@@ -79,6 +80,27 @@ async def test_restart_policy_on_failure_restarts_in_the_same_pod(cluster: Runni
     (cs,) = (await api.get(kc.PODS, NS, "flaky"))["status"]["containerStatuses"]
     assert cs["restartCount"] == 1
     assert cs["lastState"]["terminated"]["exitCode"] == 1
+
+
+async def test_a_pod_deleted_before_it_was_bound_does_not_break_scheduling(
+    cluster: RunningCluster, api: kc.KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Binding a pod that was deleted while queued answers 404. That is the pod gone, not a server
+    without Binding: the kubelet keeps binding, and the next pod still gets a node."""
+    kubelet = cluster.components.kubelet
+    assert kubelet is not None
+    created = await api.create(kc.PODS, NS, pod("gone", "sleep 30"))
+    await api.delete(kc.PODS, NS, "gone", grace_period=0)
+    await wait_gone(api, kc.PODS, "gone")
+    # The kubelet's cache lags the server (as it did when this broke under load): it still has the pod.
+    monkeypatch.setattr(kubelet._pods, "get", lambda _ns, _name: created)
+    await kubelet._schedule(created)  # what a queued scheduling decision does once its turn comes
+    monkeypatch.undo()
+    assert kubelet._bind_subresource
+    await api.create(kc.PODS, NS, pod("next", "sleep 30"))
+    await wait_for(lambda: phase(api, "next"), lambda p: p == "Running", what="next Running")
+    scheduled = await api.get(kc.PODS, NS, "next")
+    assert scheduled["spec"]["nodeName"]
 
 
 async def test_readiness_probe_gates_ready(cluster: RunningCluster, api: kc.KubeClient) -> None:

@@ -19,6 +19,27 @@ def test_ready_needs_running_backend_and_live_session() -> None:
     assert status.phase == Phase.PROVISIONING
 
 
+def test_a_new_session_shows_even_when_the_old_one_was_never_seen_gone() -> None:
+    """A restarted supervisor may open its session before the gateway noticed the old stream end:
+    the condition stays True, but names the new session, with a new transition time."""
+    status = SandboxStatus()
+    phases.mark_backend(status, phases.BACKEND_RUNNING)
+    phases.mark_session(status, True, "s1")
+    first = status.condition("SupervisorConnected")
+    assert first is not None
+    assert first.message == "session s1"
+    first.last_transition_ms -= 1000  # as if a second had passed
+    phases.mark_session(status, True, "s2")
+    second = status.condition("SupervisorConnected")
+    assert second is not None
+    assert (second.status, second.message) == ("True", "session s2")
+    assert second.last_transition_ms > first.last_transition_ms
+    phases.mark_session(status, False)
+    gone = status.condition("SupervisorConnected")
+    assert gone is not None
+    assert (gone.status, gone.message) == ("False", "")
+
+
 def test_workload_exit_is_terminal_and_sticky() -> None:
     status = SandboxStatus()
     phases.mark_backend(status, phases.BACKEND_RUNNING)
