@@ -64,14 +64,18 @@ async def delete_all_and_wait(admin: kc.KubeClient, timeout: float = 20.0) -> No
     """Let every pod get past starting, delete every Sandbox, and wait until no pod is left.
 
     kubesim's kubelet can orphan a container process when its pod is deleted while the process
-    is being spawned, so pods are deleted only once they have started (or given up)."""
-    sandboxes = (await admin.list_objects(kc.SANDBOXES, NAMESPACE)).get("items") or []
-    names = {s["metadata"]["name"] for s in sandboxes}
+    is being spawned, so pods are deleted only once they have started (or given up). Warm pools go
+    before the Sandboxes (a live pool would refill the members deleted here), with their claims."""
     with contextlib.suppress(TimeoutError):
-        await _watch_pods(admin, lambda pods: all(pods.get(n, "Pending") != "Pending" for n in names), timeout)
-    for name in names:
+        await _watch_pods(admin, lambda pods: all(phase != "Pending" for phase in pods.values()), timeout)
+    for resource in (kc.POOLS, kc.CLAIMS):
+        with contextlib.suppress(kc.ApiError):  # also: the extension CRDs are not installed
+            for item in (await admin.list_objects(resource, NAMESPACE)).get("items") or []:
+                with contextlib.suppress(kc.ApiError):
+                    await admin.delete(resource, NAMESPACE, item["metadata"]["name"])
+    for sandbox in (await admin.list_objects(kc.SANDBOXES, NAMESPACE)).get("items") or []:
         with contextlib.suppress(kc.ApiError):
-            await admin.delete(kc.SANDBOXES, NAMESPACE, name)
+            await admin.delete(kc.SANDBOXES, NAMESPACE, sandbox["metadata"]["name"])
     await _watch_pods(admin, lambda pods: not pods, timeout)
 
 

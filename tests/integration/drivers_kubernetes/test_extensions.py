@@ -5,9 +5,7 @@ create goes warm — without a restart."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,24 +17,9 @@ from tests.helpers.gateway import wait_pools
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.drivers.kubernetes import extensions, kube, labels
 
-from .conftest import NAMESPACE, _watch_pods
+from .conftest import NAMESPACE
 from .test_profiles import absent, apply_profile, profile_gateway, ready_status, until
 from .test_warm import apply_pool, wait_idle
-
-
-@pytest.fixture(autouse=True)
-async def _pools_removed_first(admin: kc.KubeClient) -> AsyncIterator[None]:
-    """Pools refill whatever the cluster fixture deletes: remove them (and claims) first, once
-    every pod has started (kubesim's kubelet can orphan a process whose pod is deleted while it
-    spawns)."""
-    yield
-    with contextlib.suppress(TimeoutError):
-        await _watch_pods(admin, lambda pods: all(phase != "Pending" for phase in pods.values()), 20)
-    for resource in (kc.POOLS, kc.CLAIMS):
-        with contextlib.suppress(kc.ApiError):
-            for item in (await admin.list_objects(resource, NAMESPACE)).get("items") or []:
-                with contextlib.suppress(kc.ApiError):
-                    await admin.delete(resource, NAMESPACE, item["metadata"]["name"])
 
 
 def extension_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -24,24 +24,12 @@ from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.kubernetes import kube, labels, lease, profiles
 from warmshell.drivers.kubernetes.extensions import ExtensionsGate
 
-from .conftest import NAMESPACE, _watch_pods, driver_config, gateway_settings
+from .conftest import NAMESPACE, driver_config, gateway_settings
 
 EXAMPLES = Path(__file__).parents[3] / "examples" / "kubernetes"
 PROFILES = {"default": "warm-pool-default", "env": "warm-pool-env-foo", "cpu": "warm-pool-cpu"}
 # Short, so a takeover after a crash is quick; renewals every 0.2 s keep the holder well inside.
 ELECTION = {"lease_duration_seconds": 2, "renew_deadline_seconds": 1.5, "retry_period_seconds": 0.2}
-
-
-@pytest.fixture(autouse=True)
-async def _no_pools_left(admin: kc.KubeClient) -> AsyncIterator[None]:
-    """Pools refill whatever the cluster fixture deletes: remove them first (once every pod has
-    started — kubesim's kubelet can orphan a process whose pod is deleted while it spawns)."""
-    yield
-    with contextlib.suppress(TimeoutError):
-        await _watch_pods(admin, lambda pods: all(phase != "Pending" for phase in pods.values()), 20)
-    for name in await names(admin, kc.POOLS):
-        with contextlib.suppress(kc.ApiError):
-            await admin.delete(kc.POOLS, NAMESPACE, name)
 
 
 def profile_settings(cluster: RunningCluster, state: Path) -> dict[str, Any]:

@@ -6,15 +6,12 @@ Sandbox). A workload that exits, even non-zero, ends the sandbox and is never ru
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from kubesim.cluster import RunningCluster
 from kubesim.controllers import client as kc
@@ -26,16 +23,6 @@ from .podshim import INFO_FILE
 from .test_warm import apply_pool, gateway, wait_idle
 
 Obj = dict[str, Any]
-
-
-@pytest.fixture(autouse=True)
-async def _pools_removed_first(admin: kc.KubeClient) -> AsyncIterator[None]:
-    """As in test_warm: a live pool would refill the members the cluster fixture deletes."""
-    yield
-    for resource in (kc.POOLS, kc.CLAIMS):
-        for item in (await admin.list_objects(resource, NAMESPACE)).get("items") or []:
-            with contextlib.suppress(kc.ApiError):
-                await admin.delete(resource, NAMESPACE, item["metadata"]["name"])
 
 
 async def pod_with_uid(admin: kc.KubeClient, uid: str) -> Obj:

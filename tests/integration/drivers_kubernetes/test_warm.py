@@ -5,8 +5,6 @@ SandboxClaim, and the claim controller activates the warm pod agent-sandbox bind
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +21,6 @@ from .conftest import IMAGE, NAMESPACE, driver_config, gateway_settings
 
 SHAPE = SandboxShape(workspace="default", image=IMAGE, environment={"FOO": "bar"})
 USER = "kubesim-user"
-
-
-@pytest.fixture(autouse=True)
-async def _pools_removed_first(admin: kc.KubeClient) -> AsyncIterator[None]:
-    """Delete pools (and claims) before the cluster fixture tears Sandboxes down: a live pool would
-    refill every member deleted under it."""
-    yield
-    for resource in (kc.POOLS, kc.CLAIMS):
-        for item in (await admin.list_objects(resource, NAMESPACE)).get("items") or []:
-            with contextlib.suppress(kc.ApiError):
-                await admin.delete(resource, NAMESPACE, item["metadata"]["name"])
 
 
 async def apply_pool(
