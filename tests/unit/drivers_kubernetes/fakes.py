@@ -121,9 +121,17 @@ class FakeCluster:
         service_account: str = SA,
         audiences: Sequence[str] = (AUDIENCE,),
         extra: Obj | None = None,
+        payload_pod: tuple[str, str] | None = None,
     ) -> str:
-        """A projected token bound to `pod`, as TokenReview will describe it."""
-        token = jwt_like(f"{namespace}/{service_account}/{pod['metadata']['name']}/{len(self.reviews)}")
+        """A projected token bound to `pod`, as TokenReview will describe it. Its payload names the
+        pod as a real one does (`payload_pod` (namespace, name) makes it lie: only the review counts)."""
+        stated_ns, stated_pod = payload_pod or (namespace, pod["metadata"]["name"])
+        payload = {
+            "sub": f"system:serviceaccount:{namespace}:{service_account}",
+            "kubernetes.io": {"namespace": stated_ns, "pod": {"name": stated_pod}},
+            "n": len(self.reviews),  # every token distinct
+        }
+        token = jwt_like(json.dumps(payload))
         self.reviews[token] = {
             "authenticated": True,
             "_token_audiences": list(audiences),

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from warmshell.core.errors import PermissionDeniedError
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import Bound
+from warmshell.drivers.kubernetes import kube
 from warmshell.drivers.kubernetes.identity import KubernetesIdentity, looks_like_jwt
 from warmshell.drivers.kubernetes.proofs import ProofSealer
 
@@ -39,6 +43,63 @@ async def test_a_pod_of_our_sandbox_is_bound_with_its_proof(cluster: FakeCluster
     assert seen == [("sbx-1", "default--one")]
     # The review asked for our audience only.
     assert cluster.calls[0] == ("review", "warmshell-gateway")
+
+
+async def test_the_pod_is_read_while_the_review_runs_and_only_once(
+    cluster: FakeCluster, provider: KubernetesIdentity
+) -> None:
+    _, pod = cluster.sandbox_with_pod(sandbox_id="sbx-1", proof="secret-proof")
+    identity = await provider.authenticate(cluster.token_for(pod))
+    assert identity is not None
+    assert cluster.calls.count(("get", f"pods/{NS}/default--one")) == 1
+
+
+async def test_the_pod_read_starts_before_the_review_answers(
+    cluster: FakeCluster, provider: KubernetesIdentity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One round trip saved on every registration: the review only answers once the pod is read."""
+    _, pod = cluster.sandbox_with_pod(sandbox_id="sbx-1", proof="secret-proof")
+    token = cluster.token_for(pod)
+    pod_read = asyncio.Event()
+    review, get = cluster.review_token, cluster.get
+
+    async def review_after_the_read(token: str, audiences: Sequence[str]) -> dict[str, Any]:
+        await asyncio.wait_for(pod_read.wait(), 2)
+        return await review(token, audiences)
+
+    async def get_noting_pods(resource: kube.Resource, namespace: str, name: str) -> dict[str, Any]:
+        if resource.plural == "pods":
+            pod_read.set()
+        return await get(resource, namespace, name)
+
+    monkeypatch.setattr(cluster, "review_token", review_after_the_read)
+    monkeypatch.setattr(cluster, "get", get_noting_pods)
+    identity = await provider.authenticate(token)
+    assert identity is not None
+    assert identity.binding == Bound(SandboxId("sbx-1"), "secret-proof")
+
+
+async def test_a_payload_naming_another_pod_is_only_a_wrong_guess(
+    cluster: FakeCluster, provider: KubernetesIdentity
+) -> None:
+    """The payload is unverified: a token that names a victim's pod while the review binds it to
+    the attacker's own is judged by the review's pod, and the guess is read and thrown away."""
+    _, victim = cluster.sandbox_with_pod(sandbox_id="sbx-victim", proof="victim-proof", name="victim")
+    _, own = cluster.sandbox_with_pod(sandbox_id="sbx-own", proof="own-proof", name="own")
+    token = cluster.token_for(own, payload_pod=(NS, victim["metadata"]["name"]))
+    identity = await provider.authenticate(token)
+    assert identity is not None
+    assert identity.binding == Bound(SandboxId("sbx-own"), "own-proof")
+    assert identity.instance_id == own["metadata"]["uid"]
+
+
+async def test_a_payload_outside_the_sandbox_namespaces_is_not_even_read(
+    cluster: FakeCluster, provider: KubernetesIdentity
+) -> None:
+    _, pod = cluster.sandbox_with_pod(sandbox_id="sbx-1", proof="secret-proof")
+    identity = await provider.authenticate(cluster.token_for(pod, payload_pod=("kube-system", "etcd")))
+    assert identity is not None
+    assert not [c for c in cluster.calls if "kube-system" in c[1]]
 
 
 @pytest.mark.parametrize("credential", ["", "wsl1.abc.def", "not-a-token", "a.b", "x.y.z", "a..c"])

@@ -5,7 +5,9 @@ Fail-closed and in this order (each step trusts only what the previous ones esta
    `system:serviceaccount:<ns>:<sa>` with `<ns>` accepted by the namespace mode and `<sa>` the
    configured sandbox ServiceAccount;
 2. exactly one pod name and one pod uid in the review's `extra` (the token is bound to a pod);
-3. the live pod has that uid (a token of a deleted pod whose name was reused is refused);
+3. the live pod has that uid (a token of a deleted pod whose name was reused is refused); the pod
+   is read while the review runs, by the name the token's payload states, and that read counts
+   only if the review then names the same pod;
 4. the pod's single controlling ownerReference is an agent-sandbox Sandbox, and the live Sandbox
    of that name has that uid;
 5. the Sandbox is ours and its sandbox-id label equals the pod's sandbox-id annotation;
@@ -21,6 +23,7 @@ pod's annotations are what the Sandbox's pod template said at create. Tokens are
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -88,8 +91,7 @@ class KubernetesIdentity:
         return identity
 
     async def _resolve(self, token: str) -> SupervisorIdentity:
-        namespace, pod_name, pod_uid = await self._review(token)
-        pod = await self._live(kube.PODS, namespace, pod_name, "the token's pod no longer exists")
+        namespace, pod_name, pod_uid, pod = await self._review_and_read_pod(token)
         if _meta(pod).get("uid") != pod_uid:
             raise PermissionDeniedError(f"pod {namespace}/{pod_name} was replaced since the token was issued")
         if _meta(pod).get("deletionTimestamp"):
@@ -155,6 +157,28 @@ class KubernetesIdentity:
         return SupervisorIdentity(
             "kubernetes", InstanceId(pod_uid), pod_name, workspace, WarmPending(fingerprint(shape))
         )
+
+    async def _review_and_read_pod(self, token: str) -> tuple[str, str, str, Obj]:
+        """Steps 1-2, and the live pod for step 3. The pod is read while the review runs, by the
+        name the token's payload gives (unverified, a sandbox namespace only); the read is used
+        only if the review then names that same pod, and is otherwise discarded and done again."""
+        hint = _unverified_pod(token)
+        if hint is not None and not naming.namespace_accepted(self._config, hint[0]):
+            hint = None
+        early = asyncio.ensure_future(self._api.get(kube.PODS, *hint)) if hint is not None else None
+        try:
+            namespace, pod_name, pod_uid = await self._review(token)
+        except BaseException:
+            await _discard(early)
+            raise
+        gone = "the token's pod no longer exists"
+        if early is None or hint != (namespace, pod_name):
+            await _discard(early)
+            return namespace, pod_name, pod_uid, await self._live(kube.PODS, namespace, pod_name, gone)
+        try:
+            return namespace, pod_name, pod_uid, await early
+        except kube.NotFound as exc:
+            raise PermissionDeniedError(f"{gone} (Pod {namespace}/{pod_name})") from exc
 
     async def _review(self, token: str) -> tuple[str, str, str]:
         """Step 1 and 2: (namespace, pod name, pod uid) of an authenticated, pod-bound token."""
@@ -235,6 +259,25 @@ def _sandbox_id(pod: Mapping[str, Any], sandbox: Mapping[str, Any]) -> str:
     if not claimed or not owned or claimed != owned:
         raise PermissionDeniedError("the pod's sandbox id does not match its Sandbox's")
     return str(owned)
+
+
+async def _discard(task: asyncio.Future[Obj] | None) -> None:
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _unverified_pod(token: str) -> tuple[str, str] | None:
+    """(namespace, pod name) as a projected token's payload states them, NOT verified: a hint
+    for reading ahead, never a fact to decide on."""
+    parts = token.split(".")
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        bound = payload["kubernetes.io"]
+        namespace, name = bound["namespace"], bound["pod"]["name"]
+    except (IndexError, binascii.Error, ValueError, KeyError, TypeError):
+        return None
+    return (namespace, name) if isinstance(namespace, str) and isinstance(name, str) and namespace and name else None
 
 
 def looks_like_jwt(credential: str) -> bool:
