@@ -305,27 +305,22 @@ class KubernetesDriver:
     ) -> DriverSandbox:
         body = claims.render_claim(
             ref=ref,
-            who=rendering.SandboxIdentity(
-                sandbox_id=request.sandbox_id,
-                workspace=request.workspace,
-                name=request.name,
-                sealed_proof=self._seal(request, ref),
-            ),
+            who=self._identity_of(request, ref),
             pool=pool.name,
             gateway_id=self._gateway_id,
             fingerprint=pool.fingerprint,
         )
         await self._create_settled(kube.SANDBOX_CLAIMS, ref, body, request.sandbox_id, is_ours=claims.is_ours)
-        claimed = now_us()
         pool.stats.hits += 1
         self._progress(request.sandbox_id, "PoolHit", f"SandboxClaim {ref} created on warm pool {pool.name}")
+        # claimed_us comes later, from the claim controller, once agent-sandbox has bound the claim.
         return DriverSandbox(
             sandbox_id=request.sandbox_id,
             instance_id="",
             state=BackendState.PENDING,
             allocation=Allocation.WARM,
             pool=pool.name,
-            created_us=claimed,
+            created_us=now_us(),
         )
 
     async def _create_cold(self, request: CreateRequest, ref: naming.ObjectRef, reason: MissReason) -> DriverSandbox:
@@ -334,12 +329,7 @@ class KubernetesDriver:
             self._config,
             api_version=resource.api_version,
             ref=ref,
-            who=rendering.SandboxIdentity(
-                sandbox_id=request.sandbox_id,
-                workspace=request.workspace,
-                name=request.name,
-                sealed_proof=self._seal(request, ref),
-            ),
+            who=self._identity_of(request, ref),
             spec=request.spec,
         )
         created = await self._create_settled(resource, ref, body, request.sandbox_id, is_ours=status.is_managed)
@@ -476,10 +466,14 @@ class KubernetesDriver:
 
     # -- create helpers --------------------------------------------------------------------
 
-    def _seal(self, request: CreateRequest, ref: naming.ObjectRef) -> str:
+    def _identity_of(self, request: CreateRequest, ref: naming.ObjectRef) -> rendering.SandboxIdentity:
+        """Who the object is for, with the activation proof sealed to it (namespace, name, id)."""
         assert self._sealer is not None
-        return self._sealer.seal(
+        sealed = self._sealer.seal(
             request.activation_proof, namespace=ref.namespace, name=ref.name, sandbox_id=request.sandbox_id
+        )
+        return rendering.SandboxIdentity(
+            sandbox_id=request.sandbox_id, workspace=request.workspace, name=request.name, sealed_proof=sealed
         )
 
     async def _create_settled(
