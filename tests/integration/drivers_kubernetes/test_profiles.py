@@ -252,8 +252,9 @@ async def test_only_the_lease_holder_reconciles_and_the_other_takes_over(
 def replica_settings(cluster: RunningCluster, tmp_path: Path, identity: str) -> tuple[Path, dict[str, Any]]:
     """A whole gateway replica: its own state, profiles on, the short election, its own identity."""
     state = tmp_path / identity
-    election = {f"kubernetes.leader_election.{k}": v for k, v in (ELECTION | {"identity": identity}).items()}
-    return state, gateway_settings(cluster, state) | {"kubernetes.warm_pooling.profiles.enabled": True} | election
+    settings = profile_settings(cluster, state)
+    settings["kubernetes.leader_election"]["identity"] = identity  # profile_settings made this dict
+    return state, settings
 
 
 async def test_two_gateways_elect_one_and_a_stopping_holder_hands_over_at_once(
