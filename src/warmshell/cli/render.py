@@ -25,10 +25,12 @@ __all__ = [
     "TIMELINE_STEPS",
     "condition_lines",
     "create_summary",
+    "expiry_text",
     "format_age",
     "format_ms",
     "hit_rate",
     "make_console",
+    "phase_label",
     "phase_line",
     "phase_name",
     "pools_view",
@@ -43,7 +45,8 @@ __all__ = [
 ]
 
 # Values of warmshell.v1.SandboxPhase; spelled out so rendering needs no generated module.
-_PHASES = {0: "Unknown", 1: "Provisioning", 2: "Ready", 3: "Error", 4: "Deleting"}
+_PHASES = {0: "Unknown", 1: "Provisioning", 2: "Ready", 3: "Error", 4: "Deleting", 5: "Exited"}
+_EXITED = 5
 _NONE = "-"
 
 # (label, Timeline field) in the order a sandbox reaches them.
@@ -119,6 +122,25 @@ def phase_name(phase: int) -> str:
     return _PHASES.get(phase, f"Phase{phase}")
 
 
+def phase_label(status: sandbox_pb2.SandboxStatus) -> str:
+    """The phase as a person reads it: `Exited (0)` carries the workload's exit code."""
+    name = phase_name(status.phase)
+    if status.phase == _EXITED and status.HasField("exit_code"):
+        return f"{name} ({status.exit_code})"
+    return name
+
+
+def expiry_text(lifetime: sandbox_pb2.Lifetime) -> str:
+    """When a sandbox's lifetime ends (UTC), with the TTL and the idle timeout that set it."""
+    parts = []
+    if lifetime.expires_at_ms:
+        when = datetime.fromtimestamp(lifetime.expires_at_ms / 1000, tz=UTC)
+        parts.append(f"{when.isoformat(timespec='seconds')} (ttl {lifetime.ttl_seconds} s)")
+    if lifetime.idle_timeout_seconds:
+        parts.append(f"after {lifetime.idle_timeout_seconds} s without an exec")
+    return "; ".join(parts) or "never"
+
+
 def format_age(created_ms: int, now_ms: int) -> str:
     """kubectl-style age: 42s, 5m, 3h, 2d."""
     if created_ms <= 0:
@@ -186,7 +208,7 @@ def sandbox_table(sandboxes: Sequence[sandbox_pb2.Sandbox], *, now_ms: int) -> T
         table.add_row(
             Text(sandbox.name),
             Text(sandbox.workspace),
-            phase_name(sandbox.status.phase),
+            phase_label(sandbox.status),
             sandbox.status.allocation or _NONE,
             format_age(sandbox.created_at_ms, now_ms),
             Text(sandbox.spec.image or "(default)"),
@@ -233,7 +255,7 @@ def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> Group:
         ("Name", sandbox.name),
         ("Workspace", sandbox.workspace),
         ("Id", sandbox.id),
-        ("Phase", phase_name(status.phase)),
+        ("Phase", phase_label(status)),
         ("Allocation", _allocation(status)),
         ("Exit code", str(status.exit_code) if status.HasField("exit_code") else _NONE),
         ("Image", spec.image or "(default)"),
@@ -245,6 +267,7 @@ def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> Group:
         ("Environment", ", ".join(sorted(spec.environment)) or _NONE),
         ("Labels", _pairs(sandbox.labels.items())),
         ("Instance", status.instance_id or _NONE),
+        ("Expires", expiry_text(sandbox.lifetime)),
     ]
     for key, value in rows:
         fields.add_row(key, Text(value))

@@ -39,10 +39,15 @@ def now_us() -> int:
 
 
 class Phase(StrEnum):
-    """PROVISIONING -> READY -> (ERROR | DELETING); ERROR is sticky."""
+    """PROVISIONING -> READY -> (EXITED | ERROR | DELETING); EXITED and ERROR are sticky.
+
+    EXITED: the workload ran and ended (its exit code says how), which is how a one-shot sandbox
+    finishes; ERROR: the sandbox itself broke (backend failed or vanished, supervisor lost).
+    """
 
     PROVISIONING = "Provisioning"
     READY = "Ready"
+    EXITED = "Exited"
     ERROR = "Error"
     DELETING = "Deleting"
 

@@ -11,6 +11,7 @@ __all__ = ["pool_to_proto", "sandbox_to_proto"]
 _PHASES = {
     Phase.PROVISIONING: pb.SANDBOX_PHASE_PROVISIONING,
     Phase.READY: pb.SANDBOX_PHASE_READY,
+    Phase.EXITED: pb.SANDBOX_PHASE_EXITED,
     Phase.ERROR: pb.SANDBOX_PHASE_ERROR,
     Phase.DELETING: pb.SANDBOX_PHASE_DELETING,
 }

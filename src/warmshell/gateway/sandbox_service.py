@@ -11,6 +11,7 @@ import grpc
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core import phases
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_command, validate_environment, validate_workspace
@@ -40,7 +41,7 @@ def parse_label_selector(selector: str) -> dict[str, str]:
 
 
 def _terminal(record: SandboxRecord) -> bool:
-    return record.status.phase in (Phase.ERROR, Phase.DELETING)
+    return record.status.phase in phases.TERMINAL
 
 
 class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
