@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from warmshell.core.errors import InvalidArgumentError
 
@@ -20,6 +20,7 @@ __all__ = [
     "GatewayConfig",
     "KubernetesDriverConfig",
     "LeaderElectionConfig",
+    "LifetimesConfig",
     "LocalDriverConfig",
     "ProfilesConfig",
     "StatePaths",
@@ -176,6 +177,25 @@ class KubernetesDriverConfig(_Section):
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
 
 
+class LifetimesConfig(_Section):
+    """How long sandboxes live: the TTL and idle timeout a create gets when it sets none, the
+    most it may ask for (0 = no maximum), and how often expiry is checked."""
+
+    default_ttl_seconds: int = Field(default=0, ge=0)  # 0 = sandboxes live until deleted
+    max_ttl_seconds: int = Field(default=0, ge=0)
+    default_idle_timeout_seconds: int = Field(default=0, ge=0)
+    max_idle_timeout_seconds: int = Field(default=0, ge=0)
+    check_interval_seconds: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _defaults_within_maxima(self) -> LifetimesConfig:
+        for name in ("ttl_seconds", "idle_timeout_seconds"):
+            default, maximum = getattr(self, f"default_{name}"), getattr(self, f"max_{name}")
+            if maximum and not 0 < default <= maximum:
+                raise ValueError(f"default_{name} must be between 1 and max_{name} ({maximum})")
+        return self
+
+
 class GatewayConfig(_Section):
     """Everything `warmshell gateway start` needs."""
 
@@ -190,6 +210,7 @@ class GatewayConfig(_Section):
     heartbeat_interval_seconds: float = Field(default=5.0, gt=0)
     max_request_bytes: int = Field(default=1024 * 1024, ge=4096)
     log_level: str = "INFO"
+    lifetimes: LifetimesConfig = Field(default_factory=LifetimesConfig)
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
 

@@ -18,6 +18,7 @@ __all__ = [
     "mark_backend",
     "mark_backend_vanished",
     "mark_deleting",
+    "mark_expired",
     "mark_session",
     "mark_workload_exit",
 ]
@@ -118,6 +119,12 @@ def mark_backend_vanished(status: SandboxStatus, message: str) -> None:
         return
     status.set_condition(Condition(type="Ready", status="False", reason="BackendVanished", message=message))
     status.phase = Phase.ERROR
+
+
+def mark_expired(status: SandboxStatus, reason: str, message: str) -> None:
+    """The sandbox's lifetime ended (`reason` TtlExpired or IdleTimeout); it is deleted next, and
+    the condition tells its watchers why."""
+    status.set_condition(Condition(type="Expired", status="True", reason=reason, message=message))
 
 
 def mark_deleting(status: SandboxStatus) -> None:

@@ -54,6 +54,7 @@ def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
             timeline=pb.Timeline(**status.timeline.model_dump()),
             instance_id=status.instance_id,
         ),
+        lifetime=pb.Lifetime(**record.lifetime.model_dump()),
     )
     if status.exit_code is not None:
         message.status.exit_code = status.exit_code

@@ -8,9 +8,10 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from warmshell.core import phases, validation
+from warmshell.core import lifetimes, phases, validation
 from warmshell.core.errors import (
     AlreadyExistsError,
+    FailedPreconditionError,
     NotFoundError,
     UnavailableError,
     WarmshellError,
@@ -20,6 +21,7 @@ from warmshell.core.models import (
     DEFAULT_WORKSPACE,
     Allocation,
     Condition,
+    Lifetime,
     Phase,
     SandboxRecord,
     SandboxSpec,
@@ -84,11 +86,16 @@ class SandboxManager:
         driver: ComputeDriver,
         bus: EventBus,
         sessions: SessionTable,
+        limits: lifetimes.Limits | None = None,
     ) -> None:
         self.records = records
         self.driver = driver
         self.bus = bus
         self.sessions = sessions
+        self.limits = limits or lifetimes.Limits()
+        # Exec activity since it was last stored (unix ms), for idle timeouts; the expiry
+        # reconciler persists it, so an exec costs no store write of its own.
+        self.activity: dict[SandboxId, int] = {}
         self._misses: Counter[str] = Counter()
 
     def miss_counts(self) -> dict[str, int]:
@@ -107,8 +114,11 @@ class SandboxManager:
         command: Sequence[str],
         runtime_class_name: str,
         labels: Mapping[str, str],
+        ttl_seconds: int | None = None,
+        idle_timeout_seconds: int | None = None,
     ) -> SandboxRecord:
-        """Validate, persist (Provisioning), then ask the driver; a driver failure leaves nothing."""
+        """Validate, persist (Provisioning), then ask the driver; a driver failure leaves nothing.
+        An unset TTL or idle timeout takes the gateway's default."""
         requested = now_us()
         workspace = workspace or DEFAULT_WORKSPACE
         validation.validate_workspace(workspace)
@@ -124,8 +134,11 @@ class SandboxManager:
             runtime_class_name=runtime_class_name,
         )
         self.driver.validate(workspace, spec)
+        lifetime = lifetimes.granted(
+            lifetimes.Requested(ttl_seconds, idle_timeout_seconds), self.limits, now_ms=requested // 1000
+        )
         proof, proof_hash = new_activation_token()
-        record = await self._insert(name, workspace, labels, spec, proof_hash, requested)
+        record = await self._insert(name, workspace, labels, spec, proof_hash, requested, lifetime)
         try:
             view = await self.driver.create(
                 CreateRequest(
@@ -159,6 +172,7 @@ class SandboxManager:
         spec: SandboxSpec,
         proof_hash: str,
         requested: int,
+        lifetime: Lifetime,
     ) -> SandboxRecord:
         for _ in range(_NAME_ATTEMPTS):
             record = SandboxRecord(
@@ -167,6 +181,7 @@ class SandboxManager:
                 workspace=workspace,
                 labels=dict(labels),
                 spec=spec,
+                lifetime=lifetime,
                 activation_proof_hash=proof_hash,
             )
             record.status.timeline.requested_us = requested
@@ -198,6 +213,21 @@ class SandboxManager:
             )
         _apply_driver_view(record, view)
 
+    async def refresh_ttl(self, workspace: str, name: str, ttl_seconds: int) -> SandboxRecord:
+        """Let a sandbox live `ttl_seconds` from now (within the gateway's maximum)."""
+        record = await self.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+        if record.status.phase == Phase.DELETING:
+            raise FailedPreconditionError(f"sandbox {record.workspace}/{record.name} is being deleted")
+
+        def change(r: SandboxRecord) -> None:
+            r.lifetime = lifetimes.refreshed(r.lifetime, ttl_seconds, self.limits, now_ms=now_ms())
+
+        return await self.records.mutate(record.id, change)
+
+    def touch(self, sandbox_id: SandboxId) -> None:
+        """Exec activity in a sandbox (it is not idle)."""
+        self.activity[sandbox_id] = now_ms()
+
     async def delete(self, workspace: str, name: str) -> bool:
         """Mark Deleting, end the supervisor session, remove the backend, then the record."""
         record = await self.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
@@ -216,6 +246,7 @@ class SandboxManager:
             log.warning("backend delete of sandbox %s failed (will retry): %s", sandbox_id, exc)
             raise
         await self.records.remove(sandbox_id)
+        self.activity.pop(sandbox_id, None)
 
     async def on_driver_event(self, event: DriverEvent) -> None:
         """Fold one driver event into the record."""

@@ -1,4 +1,4 @@
-"""The public SandboxService: create, get, list, delete, watch and exec."""
+"""The public SandboxService: create, get, list, delete, watch, exec and refresh a TTL."""
 
 from __future__ import annotations
 
@@ -66,8 +66,16 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             command=list(spec.command),
             runtime_class_name=spec.runtime_class_name,
             labels=dict(request.labels),
+            ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
+            idle_timeout_seconds=request.idle_timeout_seconds if request.HasField("idle_timeout_seconds") else None,
         )
         return sandbox_to_proto(record)
+
+    @unary
+    async def RefreshTtl(self, request: pb.RefreshTtlRequest, context: Ctx) -> pb.Sandbox:
+        await self._auth.require_client(context)
+        self._check_ref(request.workspace, request.name)
+        return sandbox_to_proto(await self._manager.refresh_ttl(request.workspace, request.name, request.ttl_seconds))
 
     @unary
     async def GetSandbox(self, request: pb.SandboxRef, context: Ctx) -> pb.Sandbox:
@@ -156,6 +164,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             )
         channel = ExecChannel(exec_id=uuid.uuid4().hex)
         session.execs[channel.exec_id] = channel
+        self._manager.touch(record.id)
         session.send(
             spb.GatewayMessage(
                 exec_start=spb.ExecStart(
@@ -183,6 +192,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 yield pb.ExecEvent(exit_code=event.exit_code)
                 return
         finally:
+            self._manager.touch(record.id)  # idle time counts from the end of the last command
             if not finished:  # the client went away: stop the command in the sandbox
                 session.execs.pop(channel.exec_id, None)
                 session.send(spb.GatewayMessage(exec_cancel=spb.ExecCancel(exec_id=channel.exec_id)))
