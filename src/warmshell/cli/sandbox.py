@@ -53,13 +53,24 @@ def create(
     label: Annotated[list[str] | None, typer.Option("--label", "-l", metavar="K=V", help="Label.")] = None,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once created.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Seconds to wait for Ready (default: no limit).", min=0)] = None,
+    ttl: Annotated[
+        int | None, typer.Option("--ttl", help="Delete after N seconds (default: the gateway's; 0: never).", min=0)
+    ] = None,
+    idle_timeout: Annotated[
+        int | None, typer.Option(help="Delete after N seconds without an exec (0: never).", min=0)
+    ] = None,
+    rm: Annotated[
+        bool, typer.Option("--rm", help="Delete the sandbox once its command's output is delivered.")
+    ] = False,
     output: Output = OutputFormat.HUMAN,
     state_dir: StateDir = None,
     gateway: Gateway = None,
     token: Token = None,
 ) -> None:
     """Create a sandbox and wait until it is Ready; with `-- CMD...`, stream the command's
-    output and exit with its exit code."""
+    output and exit with its exit code (and with `--rm`, delete it then)."""
+    if rm and (detach or not command):
+        raise typer.BadParameter("needs a command (`-- CMD...`) and no --detach", param_hint="--rm")
     from warmshell.api.v1 import sandbox_pb2
     from warmshell.cli import client
 
@@ -74,11 +85,15 @@ def create(
             command=command or [],
         ),
     )
+    if ttl is not None:
+        request.ttl_seconds = ttl
+    if idle_timeout is not None:
+        request.idle_timeout_seconds = idle_timeout
     options = global_options(ctx, state_dir=state_dir, gateway=gateway, token=token)
     from warmshell.cli import creating
 
     human = output is OutputFormat.HUMAN
-    client.run(creating.create(options, request, detach=detach, ready_timeout=timeout, human=human))
+    client.run(creating.create(options, request, detach=detach, ready_timeout=timeout, human=human, remove=rm))
 
 
 @app.command("list")
