@@ -14,7 +14,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -242,7 +242,7 @@ class AsyncSandbox:
         workdir: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
         stdin: bytes | str = b"",
-    ) -> AsyncIterator[views.OutputEvent]:
+    ) -> AsyncGenerator[views.OutputEvent, None]:
         """`Sandbox.run_stream` as `async for`; leaving the loop early stops the command."""
         call = self._exec_call(argv, env, workdir, timeout, stdin)
         try:

@@ -14,7 +14,7 @@ import builtins
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -249,7 +249,7 @@ class Sandbox:
         workdir: str | None = None,
         timeout: float | None = None,
         stdin: bytes | str = b"",
-    ) -> Iterator[views.OutputEvent]:
+    ) -> Generator[views.OutputEvent, None, None]:
         """Run a command and yield its output as it comes, then one event with the exit code.
         Leaving the loop early (or closing the iterator) stops the command."""
         call = self._exec_call(argv, env, workdir, timeout, stdin)
