@@ -41,13 +41,26 @@ def _bounded(value: int, maximum: int, field: str) -> int:
     return value
 
 
-def granted(requested: Requested, limits: Limits, *, now_ms: int) -> Lifetime:
-    """The lifetime of a new sandbox (InvalidArgumentError names the field and the rule)."""
-    ttl = requested.ttl_seconds if requested.ttl_seconds is not None else limits.default_ttl_seconds
-    idle = (
-        requested.idle_timeout_seconds
-        if requested.idle_timeout_seconds is not None
-        else limits.default_idle_timeout_seconds
+def _pick(asked: int | None, profile: int | None, default: int, maximum: int) -> int:
+    """The request's value, else the profile's (held to the maximum: an operator's profile is not
+    refused like a request), else the gateway's default."""
+    if asked is not None:
+        return asked
+    if profile is not None:
+        return maximum if maximum and (profile == 0 or profile > maximum) else profile
+    return default
+
+
+def granted(requested: Requested, limits: Limits, *, now_ms: int, profile: Requested | None = None) -> Lifetime:
+    """The lifetime of a new sandbox: what the request set, else its pool profile's default, else
+    the gateway's (InvalidArgumentError names the field and the rule)."""
+    profile = profile or Requested()
+    ttl = _pick(requested.ttl_seconds, profile.ttl_seconds, limits.default_ttl_seconds, limits.max_ttl_seconds)
+    idle = _pick(
+        requested.idle_timeout_seconds,
+        profile.idle_timeout_seconds,
+        limits.default_idle_timeout_seconds,
+        limits.max_idle_timeout_seconds,
     )
     ttl = _bounded(ttl, limits.max_ttl_seconds, "ttl_seconds")
     idle = _bounded(idle, limits.max_idle_timeout_seconds, "idle_timeout_seconds")

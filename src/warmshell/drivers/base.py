@@ -194,6 +194,9 @@ class PoolView:
     misses: int
     source: str
     conditions: tuple[DriverCondition, ...] = ()
+    # The profile's lifetime defaults for sandboxes this pool serves (None: the gateway's).
+    ttl_seconds: int | None = None
+    idle_timeout_seconds: int | None = None
 
 
 @runtime_checkable

@@ -134,9 +134,8 @@ class SandboxManager:
             runtime_class_name=runtime_class_name,
         )
         self.driver.validate(workspace, spec)
-        lifetime = lifetimes.granted(
-            lifetimes.Requested(ttl_seconds, idle_timeout_seconds), self.limits, now_ms=requested // 1000
-        )
+        asked = lifetimes.Requested(ttl_seconds, idle_timeout_seconds)
+        lifetime = lifetimes.granted(asked, self.limits, now_ms=requested // 1000)
         proof, proof_hash = new_activation_token()
         record = await self._insert(name, workspace, labels, spec, proof_hash, requested, lifetime)
         try:
@@ -157,7 +156,8 @@ class SandboxManager:
         except BaseException:
             await self.records.remove(record.id)
             raise
-        record = await self.records.mutate(record.id, lambda r: self._created(r, view))
+        lifetime = self._pool_lifetime(view, asked, requested // 1000) or lifetime
+        record = await self.records.mutate(record.id, lambda r: self._created(r, view, lifetime))
         reason = "" if view.allocation == Allocation.WARM else view.miss_reason or "Cold"
         metrics.CREATES.labels(path=view.allocation.value, reason=reason).inc()
         if reason:
@@ -193,8 +193,19 @@ class SandboxManager:
                     raise AlreadyExistsError(f"sandbox {workspace}/{name} already exists") from None
         raise AlreadyExistsError("could not generate a unique sandbox name; pass --name")
 
+    def _pool_lifetime(self, view: DriverSandbox, asked: lifetimes.Requested, requested_ms: int) -> Lifetime | None:
+        """The lifetime with the serving pool's profile defaults, when a pool served the create."""
+        if not view.pool:
+            return None
+        pool = next((p for p in self.driver.pools() if p.name == view.pool), None)
+        if pool is None or (pool.ttl_seconds is None and pool.idle_timeout_seconds is None):
+            return None
+        defaults = lifetimes.Requested(pool.ttl_seconds, pool.idle_timeout_seconds)
+        return lifetimes.granted(asked, self.limits, now_ms=requested_ms, profile=defaults)
+
     @staticmethod
-    def _created(record: SandboxRecord, view: DriverSandbox) -> None:
+    def _created(record: SandboxRecord, view: DriverSandbox, lifetime: Lifetime) -> None:
+        record.lifetime = lifetime
         status = record.status
         status.allocation = view.allocation
         status.pool = view.pool

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.helpers.gateway import RunningGateway, running_gateway
+from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from warmshell.api.v1 import sandbox_pb2 as pb
 
 FAST = {"lifetimes.check_interval_seconds": 0.1}
@@ -126,3 +126,19 @@ async def test_expiry_survives_a_gateway_restart(tmp_path: Path) -> None:
         await _events_until_deleted(gw, "outlives", timeout=15)
         assert time.time() * 1000 >= created.lifetime.expires_at_ms
         assert await _gone(gw, "outlives")
+
+
+async def test_a_pool_profile_sets_the_default_lifetime_of_what_it_serves(tmp_path: Path) -> None:
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    profile = 'version = 1\nworkspace = "default"\nreplicas = 1\n[environment]\nPOOL = "short"\n'
+    (pools / "short.toml").write_text(profile + "[lifetime]\nttl_seconds = 1\n")
+    settings = {**FAST, "local.pools_dir": str(pools), "local.pool_reload_interval_seconds": 0.1}
+    async with running_gateway(tmp_path / "state", **settings) as gw:
+        await wait_pools(gw, lambda r: (p := pool_named(r, "short")) is not None and p.idle >= 1)
+        served = await gw.create(name="pooled", spec=pb.SandboxSpec(environment={"POOL": "short"}))
+        assert served.status.allocation == "warm"
+        assert served.lifetime.ttl_seconds == 1  # the profile's default
+        await _events_until_deleted(gw, "pooled", timeout=10)
+        cold = await gw.create(name="cold")  # no pool: the gateway's default (none)
+        assert cold.lifetime.ttl_seconds == 0

@@ -79,3 +79,27 @@ def test_config_defaults_must_fit_the_maxima() -> None:
     with pytest.raises(InvalidArgumentError) as caught:
         load_config(None, {"lifetimes.max_ttl_seconds": 600})
     assert "default_ttl_seconds must be between 1 and max_ttl_seconds (600)" in str(caught.value)
+
+
+def test_a_pool_profile_default_sits_between_the_request_and_the_gateway() -> None:
+    profile = lifetimes.Requested(ttl_seconds=120, idle_timeout_seconds=30)
+    served = lifetimes.granted(lifetimes.Requested(), LIMITS, now_ms=NOW, profile=profile)
+    assert (served.ttl_seconds, served.idle_timeout_seconds) == (120, 30)
+    asked = lifetimes.granted(lifetimes.Requested(ttl_seconds=10), LIMITS, now_ms=NOW, profile=profile)
+    assert (asked.ttl_seconds, asked.idle_timeout_seconds) == (10, 30)
+    # An operator's profile beyond the maximum (or unlimited) is held to it, not refused.
+    held = lifetimes.granted(lifetimes.Requested(), LIMITS, now_ms=NOW, profile=lifetimes.Requested(0, 9999))
+    assert (held.ttl_seconds, held.idle_timeout_seconds) == (3600, 600)
+
+
+def test_a_profile_states_its_lifetime_defaults() -> None:
+    from warmshell.core.profiles import ProfileError, parse_profile
+
+    text = 'version = 1\nworkspace = "default"\nreplicas = 1\n[lifetime]\nttl_seconds = 600\n'
+    profile = parse_profile(text, name="p", source="p.toml", max_replicas=4)
+    assert (profile.ttl_seconds, profile.idle_timeout_seconds) == (600, None)
+    with pytest.raises(ProfileError) as caught:
+        parse_profile(text.replace("600", '"soon"'), name="p", source="p.toml", max_replicas=4)
+    assert str(caught.value) == "p.toml:5: lifetime.ttl_seconds: must be a whole number of seconds (0 = no limit)"
+    with pytest.raises(ProfileError, match=r"lifetime.ttl: unknown key"):
+        parse_profile(text.replace("ttl_seconds", "ttl"), name="p", source="p.toml", max_replicas=4)
