@@ -9,80 +9,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from warmshell import sdk as _sdk  # cheap: the package itself loads its names on first use
+
 if TYPE_CHECKING:
-    from warmshell.sdk import (
-        Allocation,
-        AlreadyExists,
-        ApiError,
-        AsyncClient,
-        AsyncSandbox,
-        Client,
-        Condition,
-        Conflict,
-        DeadlineExceeded,
-        Error,
-        ExecResult,
-        FailedPrecondition,
-        InvalidArgument,
-        Lifetime,
-        NotFound,
-        OutputEvent,
-        PermissionDenied,
-        Phase,
-        PoolInfo,
-        ResourceExhausted,
-        Sandbox,
-        SandboxError,
-        SandboxInfo,
-        Timeline,
-        Unauthenticated,
-        Unavailable,
-    )
+    from warmshell.sdk import *  # noqa: F403
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Allocation",
-    "AlreadyExists",
-    "ApiError",
-    "AsyncClient",
-    "AsyncSandbox",
-    "Client",
-    "Condition",
-    "Conflict",
-    "DeadlineExceeded",
-    "Error",
-    "ExecResult",
-    "FailedPrecondition",
-    "InvalidArgument",
-    "Lifetime",
-    "NotFound",
-    "OutputEvent",
-    "PermissionDenied",
-    "Phase",
-    "PoolInfo",
-    "ResourceExhausted",
-    "Sandbox",
-    "SandboxError",
-    "SandboxInfo",
-    "Timeline",
-    "Unauthenticated",
-    "Unavailable",
-    "__version__",
-]
-
-_SDK_NAMES = frozenset(__all__) - {"__version__"}
+__all__ = sorted(["__version__", *_sdk.__all__])
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SDK_NAMES:
-        from warmshell import sdk
-
-        value = getattr(sdk, name)
+    if name in _sdk.__all__:
+        value = getattr(_sdk, name)
         globals()[name] = value  # later lookups skip this hook
         return value
     raise AttributeError(f"module 'warmshell' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_SDK_NAMES})
+    return sorted({*globals(), *__all__})
