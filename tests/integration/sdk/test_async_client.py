@@ -4,6 +4,7 @@ and leaves nothing behind."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -74,4 +75,28 @@ async def test_a_failed_create_raises_sandbox_error_and_leaves_nothing(tmp_path:
         assert "/nonexistent/python3" in str(failed.value)
         assert failed.value.sandbox is not None
         assert failed.value.sandbox.phase is warmshell.Phase.ERROR
+        assert await client.list() == []
+
+
+async def test_a_create_not_ready_in_time_raises_deadline_exceeded_and_is_removed(tmp_path: Path) -> None:
+    # Supervisors that start but never register: the sandbox stays Provisioning.
+    stall = tmp_path / "stall"
+    stall.write_text("#!/bin/sh\nexec sleep 600\n")
+    stall.chmod(0o755)
+    state = tmp_path / "state"
+    async with (
+        running_gateway(state, **{"local.python": str(stall)}),
+        warmshell.AsyncClient(state_dir=state) as client,
+    ):
+        with pytest.raises(warmshell.DeadlineExceeded, match="was not Ready within 1 s") as late:
+            await client.create(name="slow", ready_timeout=1)
+        assert isinstance(late.value, TimeoutError)
+        assert await client.list() == []
+
+        def sync_create() -> None:
+            with warmshell.Client(state_dir=state) as sync_client:
+                sync_client.create(name="slow-sync", ready_timeout=1)
+
+        with pytest.raises(warmshell.DeadlineExceeded):
+            await asyncio.to_thread(sync_create)
         assert await client.list() == []
