@@ -28,10 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from warmshell.core import matching
+from warmshell.core import allocation
 from warmshell.core.config import KubernetesDriverConfig, StatePaths
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, UnavailableError
-from warmshell.core.fingerprints import fingerprint, shape_of
+from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import Allocation, SandboxSpec, now_us
 from warmshell.drivers.base import (
@@ -282,23 +282,20 @@ class KubernetesDriver:
         return await self._create_cold(request, ref, found)
 
     def _lookup(self, request: CreateRequest) -> poolcache.CachedPool | MissReason:
-        if self._pools is None or self._activator is None:
-            return MissReason.DISABLED
-        if not self._allocating or not self.warm_allocation_on:
-            return MissReason.NOT_READY  # no pools can be known while the extension APIs are absent
         shape = shape_of(request.workspace, request.spec, default_image=self.default_image())
-        result = self._pools.lookup(fingerprint(shape))
-        if isinstance(result, matching.Match):
-            return result.pool
-        if isinstance(result, matching.Ambiguous):
-            names = ", ".join(sorted(p.name for p in result.pools))
+        # No activator yet counts as not configured here (the local driver says NotReady).
+        pools = self._pools if self._activator is not None else None
+        decision = allocation.decide(shape, pools, ready=self._allocating and self.warm_allocation_on)
+        if isinstance(decision, allocation.Warm):
+            return decision.pool
+        if decision.reason is MissReason.AMBIGUOUS:
+            names = ", ".join(sorted(p.name for p in decision.charged))
             log.warning(
                 "create of %s/%s: pools %s share its fingerprint; going cold", request.workspace, request.name, names
             )
-            for pool in result.pools:
-                pool.stats.misses += 1
-            return MissReason.AMBIGUOUS
-        return MissReason.NOT_READY if isinstance(result, matching.NotReady) else MissReason.NO_MATCH
+        for pool in decision.charged:
+            pool.stats.misses += 1
+        return decision.reason
 
     async def _create_claim(
         self, request: CreateRequest, ref: naming.ObjectRef, pool: poolcache.CachedPool
