@@ -79,6 +79,11 @@ class Informers:
             ),
         ]
 
+    @property
+    def following_claims(self) -> bool:
+        """Whether the SandboxClaim informer runs now."""
+        return self._claims_task is not None and not self._claims_task.done()
+
     def follow_claims(self) -> None:
         """Start the SandboxClaim informer (once; again after `unfollow_claims` or a 404)."""
         assert self._with_claims, "claims are followed only by informers made `with_claims`"

@@ -12,6 +12,7 @@ on either collection is how it learns they went (`on_gone`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -20,11 +21,11 @@ from typing import Any
 
 from warmshell.core import matching
 from warmshell.core.fingerprints import SandboxShape, fingerprint
-from warmshell.core.ids import Fingerprint
+from warmshell.core.ids import Fingerprint, InstanceId
 from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.kubernetes import kube, labels, warmpools, watching
 
-__all__ = ["CachedPool", "PoolCache", "PoolStats", "index_pools"]
+__all__ = ["CachedPool", "IdleMembers", "PoolCache", "PoolStats", "index_pools"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,27 @@ class PoolStats:
 
     hits: int = 0
     misses: int = 0
+
+
+class IdleMembers:
+    """Warm-pending pods registered with this gateway, by fingerprint: added by registration,
+    removed by the claim activation that binds one (a member deleted unclaimed stays counted, so
+    a count is bounded by the pool's own ready count where it is shown)."""
+
+    def __init__(self) -> None:
+        self._members: dict[InstanceId, Fingerprint] = {}
+
+    def registered(self, instance_id: InstanceId, pool: Fingerprint) -> None:
+        """A warm-pending pod of the pool with this fingerprint registered."""
+        self._members[instance_id] = pool
+
+    def activated(self, instance_id: InstanceId) -> None:
+        """The pod was activated for a sandbox: no longer idle."""
+        self._members.pop(instance_id, None)
+
+    def counts(self) -> collections.Counter[Fingerprint]:
+        """Registered idle members by pool fingerprint."""
+        return collections.Counter(self._members.values())
 
 
 @dataclass(frozen=True)
