@@ -1,23 +1,44 @@
-"""Writing the one object a create makes — a Sandbox (cold) or a SandboxClaim (warm) — so that
-it exists exactly once: idempotent by name, and an ambiguous failure is settled by reading back,
-never by writing blindly again."""
+"""Writing the one object a create makes — a Sandbox (cold, `create_sandbox`) or a SandboxClaim
+(warm, from `warm`) — so that it exists exactly once: idempotent by name, and an ambiguous failure
+is settled by reading back, never by writing blindly again."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
+from warmshell.core.allocation import MissReason
+from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import AlreadyExistsError, UnavailableError
 from warmshell.core.ids import SandboxId
-from warmshell.drivers.kubernetes import kube, naming, status
+from warmshell.core.models import now_us
+from warmshell.drivers.base import CreateRequest, DriverSandbox
+from warmshell.drivers.kubernetes import kube, naming, rendering, status
 from warmshell.drivers.kubernetes.objects import Obj
 
-__all__ = ["CREATE_ATTEMPTS", "create_settled"]
+__all__ = ["CREATE_ATTEMPTS", "create_sandbox", "create_settled"]
 
 log = logging.getLogger(__name__)
 
 # Creates after an ambiguous failure: each is preceded by a read proving the object is absent.
 CREATE_ATTEMPTS = 3
+
+
+async def create_sandbox(
+    api: kube.Kube,
+    config: KubernetesDriverConfig,
+    request: CreateRequest,
+    ref: naming.ObjectRef,
+    who: rendering.SandboxIdentity,
+    *,
+    miss: MissReason,
+) -> DriverSandbox:
+    """A cold create: the Sandbox for `request`, rendered for the API version the cluster serves."""
+    resource = await api.sandbox_resource(ref.namespace)
+    body = rendering.render_sandbox(config, api_version=resource.api_version, ref=ref, who=who, spec=request.spec)
+    created = await create_settled(api, resource, ref, body, request.sandbox_id, is_ours=status.is_managed)
+    return dataclasses.replace(status.view(created, None), created_us=now_us(), miss_reason=miss.value)
 
 
 async def create_settled(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import dataclasses
 import logging
 import socket
 from pathlib import Path
@@ -26,7 +25,7 @@ from warmshell.core.config import KubernetesDriverConfig, StatePaths
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
 from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import InstanceId, SandboxId
-from warmshell.core.models import SandboxSpec, now_us
+from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import (
     Activator,
     CreateRequest,
@@ -219,20 +218,9 @@ class KubernetesDriver:
             if isinstance(allocated, DriverSandbox):
                 return allocated
             reason = allocated.reason
-        return await self._create_cold(request, ref, who, reason)
-
-    async def _create_cold(
-        self, request: CreateRequest, ref: naming.ObjectRef, who: rendering.SandboxIdentity, reason: MissReason
-    ) -> DriverSandbox:
-        resource = await self.api.sandbox_resource(ref.namespace)
-        body = rendering.render_sandbox(
-            self._config, api_version=resource.api_version, ref=ref, who=who, spec=request.spec
-        )
-        created = await creating.create_settled(
-            self.api, resource, ref, body, request.sandbox_id, is_ours=status.is_managed
-        )
+        view = await creating.create_sandbox(self.api, self._config, request, ref, who, miss=reason)
         self._progress(request.sandbox_id, "Created", f"Sandbox {ref} created (cold: {reason.value})")
-        return dataclasses.replace(status.view(created, None), created_us=now_us(), miss_reason=reason.value)
+        return view
 
     async def get(self, sandbox_id: SandboxId) -> DriverSandbox | None:
         """The Sandbox (or the SandboxClaim) carrying this id and its pod, read from the API now."""
