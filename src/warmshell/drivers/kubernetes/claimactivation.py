@@ -32,12 +32,12 @@ from warmshell.core.models import now_us
 from warmshell.drivers.base import Activator, DriverEvent, ProgressLine
 from warmshell.drivers.events import Hub
 from warmshell.drivers.kubernetes import claims, kube, labels, poolcache, proofs, status, watching
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = ["ClaimActivation", "ClaimRefused", "Target", "resolve_target"]
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 RELIST_SECONDS = 15.0
 MAX_IN_FLIGHT = 32
 # Waits between attempts while the supervisor has not registered; then the claim waits quietly

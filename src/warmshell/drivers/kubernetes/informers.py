@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import DriverEvent, DriverSandbox
 from warmshell.drivers.events import Hub
 from warmshell.drivers.kubernetes import claims, kube, labels, status, watching
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = ["Informers"]
-
-Obj = dict[str, Any]
 
 
 class Informers:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from warmshell.core.ids import SandboxId
+
 __all__ = [
     "ACTIVATION_PROOF",
     "ALLOCATION",
@@ -69,7 +71,7 @@ def managed_selector() -> str:
     return f"{MANAGED_BY}={MANAGED_BY_VALUE},{SANDBOX_ID}"
 
 
-def sandbox_selector(sandbox_id: str) -> str:
+def sandbox_selector(sandbox_id: SandboxId) -> str:
     """The objects of one sandbox."""
     return f"{MANAGED_BY}={MANAGED_BY_VALUE},{SANDBOX_ID}={sandbox_id}"
 

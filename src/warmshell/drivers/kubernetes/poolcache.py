@@ -24,12 +24,11 @@ from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.ids import Fingerprint, InstanceId
 from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.kubernetes import kube, labels, warmpools, watching
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = ["CachedPool", "IdleMembers", "PoolCache", "PoolStats", "index_pools"]
 
 log = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
 
 
 @dataclass
