@@ -1,14 +1,57 @@
-"""Turning what a user asked for into a validated, normalised SandboxSpec."""
+"""Turning what a user asked for into the core model of a create: a validated `NewSandbox` whose
+`SandboxSpec` has its quantities normalised. The gateway builds it once, at its edge, from the
+public request; the manager persists it and hands its spec to the driver unchanged."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from warmshell.core import validation
-from warmshell.core.models import Resources, SandboxSpec
+from warmshell.core.models import DEFAULT_WORKSPACE, Resources, SandboxSpec
 from warmshell.core.quantities import normalize_cpu, normalize_memory
 
-__all__ = ["build_spec"]
+__all__ = ["NewSandbox", "build_spec", "new_sandbox"]
+
+
+@dataclass(frozen=True)
+class NewSandbox:
+    """A create request, validated: `name` "" means the gateway picks one."""
+
+    workspace: str
+    name: str
+    spec: SandboxSpec
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def new_sandbox(
+    *,
+    workspace: str,
+    name: str,
+    labels: Mapping[str, str],
+    image: str,
+    environment: Mapping[str, str],
+    cpu: str,
+    memory: str,
+    command: Sequence[str],
+    runtime_class_name: str = "",
+) -> NewSandbox:
+    """Validate the request (workspace, name, labels, then the spec; errors name the field) with
+    the default workspace resolved and the spec's quantities normalised."""
+    workspace = workspace or DEFAULT_WORKSPACE
+    validation.validate_workspace(workspace)
+    if name:
+        validation.validate_name(name)
+    validation.validate_labels(labels)
+    spec = build_spec(
+        image=image,
+        environment=environment,
+        cpu=cpu,
+        memory=memory,
+        command=command,
+        runtime_class_name=runtime_class_name,
+    )
+    return NewSandbox(workspace=workspace, name=name, spec=spec, labels=dict(labels))
 
 
 def build_spec(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from warmshell.core import specs
 from warmshell.core.errors import InvalidArgumentError, UnavailableError
 from warmshell.drivers.base import CreateRequest
 from warmshell.drivers.fake import FakeDriver
@@ -38,7 +39,7 @@ async def test_driver_failure_removes_the_row(records: SandboxRecords) -> None:
 
     manager = manager_for(records, FakeDriver(fail))
     with pytest.raises(InvalidArgumentError, match="cannot pull"):
-        await manager.create(name="x", **CREATE)  # type: ignore[arg-type]
+        await manager.create(specs.new_sandbox(name="x", **CREATE))  # type: ignore[arg-type]
     assert await records.list() == []
 
 
@@ -48,7 +49,7 @@ async def test_unknown_outcome_keeps_the_provisioning_row(records: SandboxRecord
 
     manager = manager_for(records, FakeDriver(unknown))
     with pytest.raises(UnavailableError):
-        await manager.create(name="x", **CREATE)  # type: ignore[arg-type]
+        await manager.create(specs.new_sandbox(name="x", **CREATE))  # type: ignore[arg-type]
     [kept] = await records.list()
     assert kept.name == "x"
     assert kept.status.phase.value == "Provisioning"
@@ -56,7 +57,7 @@ async def test_unknown_outcome_keeps_the_provisioning_row(records: SandboxRecord
 
 async def test_generated_names_and_proof_hash_stored(records: SandboxRecords) -> None:
     manager = manager_for(records, FakeDriver())
-    record = await manager.create(name="", **CREATE)  # type: ignore[arg-type]
+    record = await manager.create(specs.new_sandbox(name="", **CREATE))  # type: ignore[arg-type]
     assert record.name.startswith("sbx-")
     assert len(record.activation_proof_hash) == 64
     assert record.status.timeline.requested_us <= record.status.timeline.backend_created_us
