@@ -79,7 +79,15 @@ class Pools:
     """A synced pool cache holding the given pools (it follows nothing)."""
 
     def __init__(self, *pools: poolcache.CachedPool) -> None:
+        self.pools = list(pools)
         self.index = matching.PoolIndex((p.fingerprint, p) for p in pools)
+
+    @property
+    def synced(self) -> bool:
+        return self.index.synced
+
+    def entries(self) -> list[poolcache.CachedPool]:
+        return list(self.pools)
 
     def lookup(self, fp: Fingerprint) -> matching.MatchResult[poolcache.CachedPool]:
         return self.index.lookup(fp)
