@@ -205,7 +205,7 @@ class ClaimActivation:
                 backoff=self._backoff,
             )
         except kube.NotFound:
-            self._on_gone()  # the driver stops this controller, and starts a new one when they are back
+            self._on_gone()  # the warm path stops this controller, and starts a new one when they are back
 
     async def _relist_forever(self) -> None:
         while True:
@@ -217,7 +217,7 @@ class ClaimActivation:
         try:
             listing = await self._api.list(kube.SANDBOX_CLAIMS, self._namespace, label_selector=labels.claim_selector())
         except kube.NotFound:
-            self._on_gone()  # said once, by the driver's extensions gate
+            self._on_gone()  # said once, by the extensions gate
             return
         except kube.ApiError as exc:
             log.warning("relist of SandboxClaims failed: %s", exc)

@@ -6,7 +6,7 @@ progress line for each new Event about its pod or Sandbox.
 With warm pooling a sandbox may be a SandboxClaim instead: then the Sandboxes and pods without our
 sandbox id (pool members, adopted ones) are kept from the start, because an adopted member is the
 claim's Sandbox while carrying none of our labels, and the claims are followed while the extension
-APIs are served (`follow_claims` / `unfollow_claims`, as the driver's gate says). Adding the claim
+APIs are served (`follow_claims` / `unfollow_claims`, as the warm path's gate says). Adding the claim
 informer later loses nothing: it lists first, and the Sandboxes and pods it joins are already here.
 """
 

@@ -5,8 +5,8 @@ followed by two informers and folded into a `PoolIndex` by fingerprint after eve
 is missing, is not a warmshell supervisor template, or runs another shape than the pool's
 fingerprint says is kept out of the index (so it is never matched) and reported on its `PoolView`.
 
-The driver starts the cache while the extension APIs are served and closes it when they go; a 404
-on either collection is how it learns they went (`on_gone`).
+The warm path (`warm.WarmAllocation`) starts the cache while the extension APIs are served and
+closes it when they go; a 404 on either collection is how it learns they went (`on_gone`).
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ class PoolCache:
                 backoff=self._backoff,
             )
         except kube.NotFound as exc:
-            # The collection itself is gone: the extension CRDs were removed. The driver closes
+            # The collection itself is gone: the extension CRDs were removed. The warm path closes
             # the cache and starts it again once they are back.
             log.debug("%s: %s", resource.plural, exc)
             self._on_gone()
