@@ -13,6 +13,7 @@ import pytest
 
 from warmshell.core.allocation import Cold, MissReason
 from warmshell.core.config import StatePaths
+from warmshell.core.errors import NotFoundError
 from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.drivers.base import DriverSandbox, WarmPending
@@ -179,3 +180,71 @@ async def test_the_driver_exposes_its_warm_path_read_only(tmp_path: Path) -> Non
     async with unconfigured:
         assert unconfigured.warm_allocation is None
         assert unconfigured.pools() == []
+
+
+async def test_a_parked_claim_keeps_the_moment_it_was_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor has not registered when the claim is seen bound: the claim is parked with
+    the moment it was last resolved and activated on the next registration change with that
+    claimed time, without resolving (or saying "Claimed") again. (Each attempt that resolves the
+    chain afresh stamps it anew, as before the controller kept one record per claim.)"""
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (0.001,))
+
+    class Listing(WarmCluster):
+        async def list(self, resource: Any, namespace: str, **_: Any) -> dict[str, Any]:
+            items = [o for (plural, _ns, _name), o in self.objects.items() if plural == resource.plural]
+            return {"metadata": {"resourceVersion": "1"}, "items": items}
+
+        async def watch(self, *_: Any, **__: Any) -> Any:
+            await asyncio.Event().wait()
+            yield {}
+
+    cluster = Listing()
+    sandbox, _pod = cluster.member(cluster.pool())
+    cluster.adopt(sandbox, cluster.claim(proof="p"))
+    attempts: list[int] = []
+    registered = asyncio.Event()
+
+    class Activator:
+        async def activate(self, **kwargs: Any) -> None:
+            attempts.append(kwargs["claimed_us"])
+            if not registered.is_set():
+                if len(attempts) == 2:  # out of attempts: parked now
+                    registered.set()
+                raise NotFoundError("not registered yet")
+
+        async def wait_registrations_changed(self, generation: int) -> int:
+            if generation == 0:
+                await registered.wait()
+                return 1
+            await asyncio.Event().wait()
+            return generation
+
+    hub = Hub()
+    events = hub.subscribe()
+    controller = claimactivation.ClaimActivation(
+        cluster,  # type: ignore[arg-type]
+        NS,
+        ProofSealer(KEY),
+        Activator(),
+        watching.Backoff(),
+        hub=hub,
+    )
+    controller.start()
+    try:
+        async with asyncio.timeout(5):
+            while len(attempts) < 3:
+                await asyncio.sleep(0.01)
+        await controller.wait_in_flight()
+    finally:
+        await controller.aclose()
+    assert len(attempts) == 3
+    assert 0 < attempts[0] <= attempts[1]
+    assert attempts[2] == attempts[1]  # the parked retry reports the stamp it was parked with
+    claimed = [e async for e in _until_closed(hub, events) if e.progress is not None]
+    assert [e.progress.reason for e in claimed if e.progress] == ["Claimed", "Claimed"]  # two resolutions
+
+
+async def _until_closed(hub: Hub, events: Any) -> Any:
+    hub.close()
+    async for event in events:
+        yield event

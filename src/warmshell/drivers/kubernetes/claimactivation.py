@@ -302,7 +302,9 @@ class ClaimActivation:
                 if parked is None:
                     target = await resolve_target(self._api, self._sealer, claim)
                 if target is not None:
-                    target = await self._activate_target(target, name)
+                    if not target.bound_us:  # kept when the attempt fails: parked with it
+                        target = self._bound(target)
+                    await self._activate_target(target, name)
                     record.done = True
                     return
             except AlreadyExistsError:
@@ -324,11 +326,14 @@ class ClaimActivation:
                 record.wake.clear()
         self._unresolved(record, name, claim, target, parked=parked is not None, attempts=len(delays))
 
-    async def _activate_target(self, target: Target, name: str) -> Target:
-        if not target.bound_us:
-            target = dataclasses.replace(target, bound_us=now_us())
-            line = ProgressLine("Claimed", "agent-sandbox bound the SandboxClaim to a warm Sandbox")
-            self._hub.publish(DriverEvent(target.sandbox_id, progress=line))
+    def _bound(self, target: Target) -> Target:
+        """The moment this controller first found the claim bound (the timeline's claimed_us)."""
+        target = dataclasses.replace(target, bound_us=now_us())
+        line = ProgressLine("Claimed", "agent-sandbox bound the SandboxClaim to a warm Sandbox")
+        self._hub.publish(DriverEvent(target.sandbox_id, progress=line))
+        return target
+
+    async def _activate_target(self, target: Target, name: str) -> None:
         await self._activator.activate(
             instance_id=target.pod_uid,
             sandbox_id=target.sandbox_id,
@@ -338,7 +343,6 @@ class ClaimActivation:
         )
         self._idle.activated(target.pod_uid)
         log.debug("claim %s: activated pod %s", name, target.pod_name)
-        return target
 
     def _unresolved(
         self, record: _Claim, name: str, claim: Obj, target: Target | None, *, parked: bool, attempts: int
