@@ -4,7 +4,7 @@ public request; the manager persists it and hands its spec to the driver unchang
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warmshell.core import validation
@@ -24,34 +24,16 @@ class NewSandbox:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-def new_sandbox(
-    *,
-    workspace: str,
-    name: str,
-    labels: Mapping[str, str],
-    image: str,
-    environment: Mapping[str, str],
-    cpu: str,
-    memory: str,
-    command: Sequence[str],
-    runtime_class_name: str = "",
-) -> NewSandbox:
-    """Validate the request (workspace, name, labels, then the spec; errors name the field) with
-    the default workspace resolved and the spec's quantities normalised."""
+def new_sandbox(*, workspace: str, name: str, labels: Mapping[str, str], spec: Callable[[], SandboxSpec]) -> NewSandbox:
+    """Validate the request — workspace (the default when empty), name, labels, then the spec
+    (`spec`, e.g. a `build_spec` call, runs last so errors come in that order; each names its
+    field)."""
     workspace = workspace or DEFAULT_WORKSPACE
     validation.validate_workspace(workspace)
     if name:
         validation.validate_name(name)
     validation.validate_labels(labels)
-    spec = build_spec(
-        image=image,
-        environment=environment,
-        cpu=cpu,
-        memory=memory,
-        command=command,
-        runtime_class_name=runtime_class_name,
-    )
-    return NewSandbox(workspace=workspace, name=name, spec=spec, labels=dict(labels))
+    return NewSandbox(workspace=workspace, name=name, spec=spec(), labels=dict(labels))
 
 
 def build_spec(

@@ -25,12 +25,14 @@ def new_sandbox(request: pb.CreateSandboxRequest) -> specs.NewSandbox:
         workspace=request.workspace,
         name=request.name,
         labels=dict(request.labels),
-        image=spec.image,
-        environment=dict(spec.environment),
-        cpu=spec.resources.cpu,
-        memory=spec.resources.memory,
-        command=list(spec.command),
-        runtime_class_name=spec.runtime_class_name,
+        spec=lambda: specs.build_spec(
+            image=spec.image,
+            environment=dict(spec.environment),
+            cpu=spec.resources.cpu,
+            memory=spec.resources.memory,
+            command=list(spec.command),
+            runtime_class_name=spec.runtime_class_name,
+        ),
     )
 
 
