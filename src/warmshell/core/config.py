@@ -138,7 +138,8 @@ class LeaderElectionConfig(_Section):
     # A holder that cannot renew within this stops leading (before anyone may take over).
     renew_deadline_seconds: float = Field(default=10.0, gt=0)
     retry_period_seconds: float = Field(default=2.0, gt=0)
-    identity: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")  # the hostname
+    # The hostname, read without socket: core does no I/O (an import-linter contract).
+    identity: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
 
 class KubernetesDriverConfig(_Section):
