@@ -85,7 +85,7 @@ def create_request(
 
 def _seconds(value: float, field: str) -> int:
     if value < 0:
-        raise errors.InvalidArgument(f"{field}: must not be negative", code="INVALID_ARGUMENT")
+        raise errors.InvalidArgument(f"{field}: must not be negative")
     return math.ceil(value)
 
 

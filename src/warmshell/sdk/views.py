@@ -130,7 +130,8 @@ class PoolInfo:
 @dataclass(frozen=True)
 class ExecResult:
     """A finished command: its exit code (124 timed out, 128+N killed by signal N), its output,
-    and how long the call took as the caller saw it."""
+    and `duration_ms`: for `run`, the call's wall time as the caller saw it; for `wait_exit`, how
+    long the workload ran (from its activation to its exit)."""
 
     exit_code: int
     stdout: bytes
