@@ -72,6 +72,8 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             raise Unauthenticated("unknown bootstrap credential")
         registration = self._registry.register(identity)
         metrics.REGISTRATIONS_PENDING.set(self._registry.pending_count())
+        # The one place a registration's driver effects happen (authentication itself is pure).
+        self._identity.registered(identity)
         try:
             if isinstance(identity.binding, Bound):
                 # Cold instances take the same path as warm ones, just without waiting for a claim.

@@ -40,6 +40,8 @@ async def test_a_pod_of_our_sandbox_is_bound_with_its_proof(cluster: FakeCluster
     assert identity.instance_name == "default--one"
     assert identity.workspace == "default"
     assert identity.binding == Bound(SandboxId("sbx-1"), "secret-proof")
+    assert seen == [], "authenticating has no effect"
+    provider.registered(identity)
     assert seen == [("sbx-1", "default--one")]
     # The review asked for our audience only.
     assert cluster.calls[0] == ("review", "warmshell-gateway")

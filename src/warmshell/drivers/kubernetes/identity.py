@@ -76,19 +76,23 @@ class KubernetesIdentity:
         self._on_warm = on_warm
 
     async def authenticate(self, credential: str) -> SupervisorIdentity | None:
-        """The identity behind a pod's token; None when the credential is not a JWT at all."""
+        """The identity behind a pod's token; None when the credential is not a JWT at all.
+        Reads the cluster, changes nothing."""
         if not looks_like_jwt(credential):
             return None
         try:
-            identity = await self._resolve(credential)
+            return await self._resolve(credential)
         except PermissionDeniedError as exc:
-            log.warning("supervisor registration refused: %s", exc)
+            log.warning("supervisor credential refused: %s", exc)
             raise
+
+    def registered(self, identity: SupervisorIdentity) -> None:
+        """A registration of this pod was accepted: a bound pod shows a progress line, a warm one
+        is counted idle in its pool."""
         if self._on_registered is not None and isinstance(identity.binding, Bound):
             self._on_registered(identity.binding.sandbox_id, identity.instance_name)
         if self._on_warm is not None and isinstance(identity.binding, WarmPending):
             self._on_warm(identity.instance_id, identity.binding)
-        return identity
 
     async def _resolve(self, token: str) -> SupervisorIdentity:
         namespace, pod_name, pod_uid, pod = await self._review_and_read_pod(token)
