@@ -22,6 +22,8 @@ __all__ = [
     "LeaderElectionConfig",
     "LocalDriverConfig",
     "ProfilesConfig",
+    "RateLimit",
+    "RateLimitsConfig",
     "StatePaths",
     "WarmPoolingConfig",
     "default_state_dir",
@@ -176,6 +178,21 @@ class KubernetesDriverConfig(_Section):
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
 
 
+class RateLimit(_Section):
+    """A token bucket: up to `burst` calls at once, then `per_second` on average."""
+
+    per_second: float = Field(gt=0)
+    burst: int = Field(ge=1)
+
+
+class RateLimitsConfig(_Section):
+    """Per-instance limits on the supervisor calls a stolen credential could repeat. A supervisor
+    registers once per start and refreshes its token at 80 % of its lifetime, far below these."""
+
+    registration: RateLimit = Field(default_factory=lambda: RateLimit(per_second=0.2, burst=5))
+    token_refresh: RateLimit = Field(default_factory=lambda: RateLimit(per_second=0.1, burst=5))
+
+
 class GatewayConfig(_Section):
     """Everything `warmshell gateway start` needs."""
 
@@ -189,6 +206,7 @@ class GatewayConfig(_Section):
     reconcile_interval_seconds: float = Field(default=10.0, gt=0)
     heartbeat_interval_seconds: float = Field(default=5.0, gt=0)
     max_request_bytes: int = Field(default=1024 * 1024, ge=4096)
+    rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     log_level: str = "INFO"
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)

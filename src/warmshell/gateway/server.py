@@ -27,11 +27,12 @@ from warmshell.gateway.events import EventBus
 from warmshell.gateway.http import start_http
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.ratelimits import RateLimiter
 from warmshell.gateway.reconciler import Reconciler
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registry
 from warmshell.gateway.sandbox_service import SandboxService
-from warmshell.gateway.sessions import SessionTable
+from warmshell.gateway.sessions import MISSED_HEARTBEATS, SessionTable
 from warmshell.gateway.store.sqlite import SqliteStore, open_sqlite_store
 from warmshell.gateway.supervisor_service import SupervisorService
 from warmshell.gateway.tokens import (
@@ -119,7 +120,7 @@ class Gateway:
         await driver.__aenter__()
         self._driver = driver
         bus = EventBus()
-        sessions = SessionTable()
+        sessions = SessionTable(window_ms=int(MISSED_HEARTBEATS * self.config.heartbeat_interval_seconds * 1000))
         records = SandboxRecords(self._store, bus)
         registry: Registry[spb.SupervisorActivationMessage] = Registry()
         self.registry = registry
@@ -153,6 +154,8 @@ class Gateway:
                 issuer=issuer,
                 auth=auth,
                 heartbeat_interval_seconds=self.config.heartbeat_interval_seconds,
+                registrations=RateLimiter("registration", self.config.rate_limits.registration),
+                token_refreshes=RateLimiter("token_refresh", self.config.rate_limits.token_refresh),
             ),
             server,
         )
