@@ -206,6 +206,8 @@ class GatewayConfig(_Section):
     reconcile_interval_seconds: float = Field(default=10.0, gt=0)
     heartbeat_interval_seconds: float = Field(default=5.0, gt=0)
     max_request_bytes: int = Field(default=1024 * 1024, ge=4096)
+    # Per listening server (public; supervisor.sock): past it a new connection is closed at accept.
+    max_connections: int = Field(default=4096, ge=16)
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     log_level: str = "INFO"
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
