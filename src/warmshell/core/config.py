@@ -191,6 +191,9 @@ class RateLimitsConfig(_Section):
 
     registration: RateLimit = Field(default_factory=lambda: RateLimit(per_second=0.2, burst=5))
     token_refresh: RateLimit = Field(default_factory=lambda: RateLimit(per_second=0.1, burst=5))
+    # A refused call is answered only after this delay, so a loop waits instead of spinning the
+    # gateway's event loop with refusals (a real supervisor backs off for longer anyway).
+    refusal_delay_seconds: float = Field(default=1.0, ge=0, le=30)
 
 
 class GatewayConfig(_Section):

@@ -25,18 +25,21 @@ class _Bucket:
 
 class RateLimiter:
     """`allow(key)` takes one token from `key`'s bucket, refilled at `limit.per_second` up to
-    `limit.burst`. `name` says which call it limits (the metric's label)."""
+    `limit.burst`. `name` says which call it limits (the metric's label); a refused caller is
+    kept waiting `refusal_delay_seconds` before it hears so."""
 
     def __init__(
         self,
         name: str,
         limit: RateLimit,
         *,
+        refusal_delay_seconds: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         max_keys: int = MAX_KEYS,
     ) -> None:
         self.name = name
         self.limit = limit
+        self.refusal_delay_seconds = refusal_delay_seconds
         self._clock = clock
         self._max_keys = max_keys
         self._buckets: dict[str, _Bucket] = {}

@@ -143,6 +143,8 @@ class Gateway:
                 max_connections=self.config.max_connections, max_receive_bytes=self.config.max_request_bytes
             )
 
+        limits = self.config.rate_limits
+        delay = limits.refusal_delay_seconds
         supervisor_service = SupervisorService(
             manager=manager,
             identity=self._driver.identity,
@@ -151,8 +153,8 @@ class Gateway:
             issuer=issuer,
             auth=auth,
             heartbeat_interval_seconds=self.config.heartbeat_interval_seconds,
-            registrations=RateLimiter("registration", self.config.rate_limits.registration),
-            token_refreshes=RateLimiter("token_refresh", self.config.rate_limits.token_refresh),
+            registrations=RateLimiter("registration", limits.registration, refusal_delay_seconds=delay),
+            token_refreshes=RateLimiter("token_refresh", limits.token_refresh, refusal_delay_seconds=delay),
         )
         # The public socket and TCP serve both APIs (supervisors in pods come in over TCP);
         # supervisor.sock serves the supervisor API alone.

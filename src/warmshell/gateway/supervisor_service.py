@@ -75,11 +75,11 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         # Limited before authenticating too: a looped stolen credential costs a hash, not a
         # TokenReview and the cluster reads behind it.
         digest = hashlib.sha256(request.bootstrap_credential.encode()).hexdigest()
-        _admit(self._registrations, f"credential/{digest}", "registrations with this credential")
+        await _admit(self._registrations, f"credential/{digest}", "registrations with this credential")
         identity = await self._identity.authenticate(request.bootstrap_credential)
         if identity is None:
             raise Unauthenticated("unknown bootstrap credential")
-        _admit(
+        await _admit(
             self._registrations, f"instance/{identity.instance_id}", f"registrations of instance {identity.instance_id}"
         )
         if isinstance(identity.binding, Bound) and self._manager.sessions.live(identity.binding.sandbox_id):
@@ -218,7 +218,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         self, request: spb.RefreshSandboxTokenRequest, context: Ctx
     ) -> spb.RefreshSandboxTokenResponse:
         claims = await self._auth.require_sandbox(context)
-        _admit(self._token_refreshes, claims.instance_id, f"token refreshes of instance {claims.instance_id}")
+        await _admit(self._token_refreshes, claims.instance_id, f"token refreshes of instance {claims.instance_id}")
         record = await self._manager.records.get(claims.sandbox_id)
         if record is None or record.status.phase == Phase.DELETING:
             raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
@@ -226,14 +226,16 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         return spb.RefreshSandboxTokenResponse(token=token, expires_at_ms=expires)
 
 
-def _admit(limiter: RateLimiter, key: str, what: str) -> None:
-    """Count one call under `key`; RESOURCE_EXHAUSTED (and the metric) when over the limit."""
+async def _admit(limiter: RateLimiter, key: str, what: str) -> None:
+    """Count one call under `key`; RESOURCE_EXHAUSTED (and the metric) when over the limit,
+    after the limiter's refusal delay."""
     refused = limiter.refusals(key)
     if not refused:
         return
     metrics.RATE_LIMITED.labels(call=limiter.name).inc()
     if refused == 1:  # once per run of refusals: a loop must not flood the log either
         log.warning("rate limited: too many %s", what)
+    await asyncio.sleep(limiter.refusal_delay_seconds)
     limit = limiter.limit
     raise ResourceExhaustedError(
         f"too many {what}: at most {limit.burst} at once, then {limit.per_second:g}/s; retry later"

@@ -10,19 +10,23 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
 
 from kubesim.cluster import RunningCluster
-from tests.helpers.gateway import RunningGateway
+from tests.helpers.gateway import RunningGateway, running_gateway
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.drivers.kubernetes import rendering
 from warmshell.gateway.events import Progress
 
+from .conftest import gateway_settings
+
 LOOPS = 60
+REFUSAL_DELAY = 0.01
 
 # Run inside the pod as the workload: read the pod's token, register with it again and again,
 # and try the public API with it; print what came back.
@@ -70,6 +74,16 @@ def registered_lines(gw: RunningGateway) -> list[str]:
 
     bus.publish = spy  # type: ignore[method-assign,assignment]
     return seen
+
+
+@pytest.fixture
+async def gw(cluster: RunningCluster, tmp_path: Path) -> AsyncIterator[RunningGateway]:
+    """The suite's gateway, answering refused calls quickly (the default 1 s delay would make a
+    loop of 60 take a minute)."""
+    state = tmp_path / "state"
+    settings = gateway_settings(cluster, state) | {"rate_limits.refusal_delay_seconds": REFUSAL_DELAY}
+    async with running_gateway(state, **settings) as running:
+        yield running
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from warmshell.gateway import metrics
 from warmshell.gateway.server import Gateway
 
 BURST = 3
+REFUSAL_DELAY = 0.05
 
 
 @pytest.fixture
@@ -34,6 +36,7 @@ async def served() -> AsyncIterator[tuple[Gateway, FakeDriver, supervisor_pb2_gr
             "rate_limits.registration.burst": BURST,
             "rate_limits.token_refresh.per_second": 0.01,
             "rate_limits.token_refresh.burst": BURST,
+            "rate_limits.refusal_delay_seconds": REFUSAL_DELAY,
         }
         config = load_config(None, settings)
         driver = FakeDriver()
@@ -87,12 +90,15 @@ async def test_a_looped_token_refresh_is_rate_limited(
     before = _limited("token_refresh")
     codes = []
     for _ in range(BURST + 2):
+        started = time.monotonic()
         try:
             await stub.RefreshSandboxToken(spb.RefreshSandboxTokenRequest(), metadata=metadata)
             codes.append(grpc.StatusCode.OK)
         except grpc.aio.AioRpcError as exc:
             codes.append(exc.code())
             details = exc.details() or ""
+            if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # a refusal is not instant
+                assert time.monotonic() - started >= REFUSAL_DELAY
     # The sandbox is not in the store: admitted refreshes end NOT_FOUND, the rest are limited.
     assert codes == [grpc.StatusCode.NOT_FOUND] * BURST + [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
     assert "too many token refreshes of instance i-1" in details
