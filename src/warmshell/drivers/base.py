@@ -146,6 +146,10 @@ class SupervisorIdentity:
     instance_name: str
     workspace: str
     binding: Bound | WarmPending
+    # Which start of the supervisor's container this is (Kubernetes: the pod's restart count), so
+    # the gateway can tell a restarted supervisor from a replay of the same one's credential.
+    # Drivers that never restart a supervisor in place leave it 0.
+    incarnation: int = 0
 
 
 class IdentityProvider(Protocol):

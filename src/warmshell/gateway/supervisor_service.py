@@ -23,10 +23,10 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Phase, now_ms
-from warmshell.drivers.base import Bound, IdentityProvider
+from warmshell.core.models import Phase, SandboxRecord, now_ms
+from warmshell.drivers.base import Bound, IdentityProvider, SupervisorIdentity
 from warmshell.gateway import metrics
-from warmshell.gateway.activation import GatewayActivator
+from warmshell.gateway.activation import GatewayActivator, reactivation_refused
 from warmshell.gateway.auth import Authenticator, Unauthenticated
 from warmshell.gateway.calls import abort_for, streaming, unary
 from warmshell.gateway.manager import SandboxManager
@@ -82,17 +82,8 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         await _admit(
             self._registrations, f"instance/{identity.instance_id}", f"registrations of instance {identity.instance_id}"
         )
-        if isinstance(identity.binding, Bound) and self._manager.sessions.live(identity.binding.sandbox_id):
-            # The pod's credential is readable by its workload (Kubernetes): re-registering
-            # must not hand a second copy of the activation to whoever holds it while the
-            # sandbox's supervisor is demonstrably alive. A restarted one retries until the
-            # old session is gone.
-            log.warning(
-                "refused registration of instance %s: sandbox %s has a live supervisor session",
-                identity.instance_id,
-                identity.binding.sandbox_id,
-            )
-            raise AlreadyExistsError(f"sandbox {identity.binding.sandbox_id} already has a live supervisor session")
+        if isinstance(identity.binding, Bound):
+            await self._refuse_reactivation(identity, identity.binding.sandbox_id)
         registration = self._registry.register(identity)
         metrics.REGISTRATIONS_PENDING.set(self._registry.pending_count())
         # The one place a registration's driver effects happen (authentication itself is pure).
@@ -152,6 +143,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         reader = asyncio.create_task(self._read_session(session, request_iterator))
         ticker = asyncio.create_task(self._tick(session))
         await self._manager.on_session(claims.sandbox_id, connected=True, session_id=session.session_id)
+        await self._mark_connected(record)
         try:
             while True:
                 message = await session.outbox.get()
@@ -166,6 +158,38 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             if self._manager.sessions.close_if_current(session):
                 await self._manager.on_session(claims.sandbox_id, connected=False)
             metrics.SESSIONS.set(len(self._manager.sessions))
+
+    async def _refuse_reactivation(self, identity: SupervisorIdentity, sandbox_id: SandboxId) -> None:
+        """A bound sandbox is activated again only for a supervisor that could be a new one: its
+        session is not live, and no session has been opened by this incarnation of it yet.
+
+        On Kubernetes the pod's token is readable by its workload, so a re-registration must not
+        hand a second copy of the activation (the sandbox token, the request's env) to whoever
+        holds it while the real supervisor lives, or merely stalls (SIGSTOP: it reconnects with
+        its own token). A restarted container is a later incarnation, and a supervisor whose
+        activation was lost before it connected has opened no session; both are activated."""
+        live = self._manager.sessions.live(sandbox_id) is not None
+        record = None if live else await self._manager.records.get(sandbox_id)
+        why = reactivation_refused(identity, record.status if record is not None else None, session_live=live)
+        if why:
+            log.warning("refused registration of instance %s: sandbox %s %s", identity.instance_id, sandbox_id, why)
+            # Retryable for the supervisor: a restarted one may register before its restart is
+            # visible in the pod's status, or before its old session is seen gone.
+            raise AlreadyExistsError(f"sandbox {sandbox_id} {why}")
+
+    async def _mark_connected(self, record: SandboxRecord) -> None:
+        """Remember that the activated incarnation has opened a session (one write per activation)."""
+        if record.status.connected_incarnation == record.status.activated_incarnation:
+            return
+
+        def change(current: SandboxRecord) -> bool:
+            if current.status.connected_incarnation == current.status.activated_incarnation:
+                return False
+            current.status.connected_incarnation = current.status.activated_incarnation
+            return True
+
+        with contextlib.suppress(NotFoundError):
+            await self._manager.records.mutate(record.id, change)
 
     def _open_session(self, claims: SandboxClaims) -> SupervisorSession:
         try:

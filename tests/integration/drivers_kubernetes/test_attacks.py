@@ -8,6 +8,8 @@ thief who had one would present it."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +18,7 @@ import grpc
 import pytest
 
 from kubesim.cluster import RunningCluster
+from kubesim.controllers import client as kc
 from tests.helpers.gateway import RunningGateway, running_gateway
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
@@ -24,6 +27,7 @@ from warmshell.drivers.kubernetes import rendering
 from warmshell.gateway.events import Progress
 
 from .conftest import gateway_settings
+from .test_restarts import pod_with_uid, reactivated_after, session, supervisor_pid
 
 LOOPS = 60
 REFUSAL_DELAY = 0.01
@@ -163,6 +167,40 @@ async def test_a_stolen_sandbox_token_cannot_open_a_second_session(gw: RunningGa
             assert caught.value.code() == refused_with
     code, out, _ = await gw.exec("victim", ["sh", "-c", "echo REAL $API_KEY"])
     assert (code, out) == (0, b"REAL s3cr3t\n")
+
+
+async def test_stalling_the_supervisor_then_replaying_the_token_is_refused(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    """The workload SIGSTOPs its supervisor (same uid), waits until the gateway drops the silent
+    session, then registers with the pod's token: that incarnation of the supervisor has already
+    connected, so it is not activated again (only a restarted container would be). The stalled
+    supervisor resumes, reconnects with its own token and answers with the real output."""
+    state = tmp_path / "state"
+    settings = gateway_settings(cluster, state) | {
+        "heartbeat_interval_seconds": 0.2,
+        "rate_limits.refusal_delay_seconds": REFUSAL_DELAY,
+    }
+    async with running_gateway(state, **settings) as gw:
+        await gw.create(name="victim", spec=pb.SandboxSpec(environment={"API_KEY": "s3cr3t"}))
+        before = await gw.wait_ready("victim", timeout=30)
+        token = pod_token(cluster, before)
+        pid = supervisor_pid(cluster, await pod_with_uid(admin, before.status.instance_id))
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await gw.wait_for("victim", lambda s: session(s).status == "False", timeout=10)
+            stub = supervisor_pb2_grpc.SupervisorServiceStub(gw.channel)
+            call = stub.RegisterSupervisor(spb.RegisterSupervisorRequest(bootstrap_credential=token))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call.read()
+            assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+            assert "already activated for incarnation 0" in (caught.value.details() or "")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        after = await gw.wait_for("victim", reactivated_after(before), timeout=10)
+        assert after.status.instance_id == before.status.instance_id
+        assert await gw.exec("victim", ["sh", "-c", "echo REAL $API_KEY"]) == (0, b"REAL s3cr3t\n", b"")
+        assert supervisor_pid(cluster, await pod_with_uid(admin, before.status.instance_id)) == pid
 
 
 def pod_token(cluster: RunningCluster, sandbox: pb.Sandbox) -> str:

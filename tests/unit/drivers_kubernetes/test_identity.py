@@ -47,6 +47,17 @@ async def test_a_pod_of_our_sandbox_is_bound_with_its_proof(cluster: FakeCluster
     assert cluster.calls[0] == ("review", "warmshell-gateway")
 
 
+async def test_the_identity_carries_the_pods_restart_count(cluster: FakeCluster, provider: KubernetesIdentity) -> None:
+    _, pod = cluster.sandbox_with_pod(sandbox_id="sbx-1", proof="secret-proof")
+    first = await provider.authenticate(cluster.token_for(pod))
+    assert first is not None
+    assert first.incarnation == 0
+    pod["status"] = {"containerStatuses": [{"name": "supervisor", "restartCount": 2}]}
+    restarted = await provider.authenticate(cluster.token_for(pod))
+    assert restarted is not None
+    assert restarted.incarnation == 2
+
+
 async def test_the_pod_is_read_while_the_review_runs_and_only_once(
     cluster: FakeCluster, provider: KubernetesIdentity
 ) -> None:
