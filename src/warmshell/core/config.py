@@ -200,6 +200,9 @@ class GatewayConfig(_Section):
     """Everything `warmshell gateway start` needs."""
 
     state_dir: Path = Field(default_factory=default_state_dir)
+    # True only where the state dir is a volume no one but this gateway's pod mounts (a Kubernetes
+    # emptyDir is 0777 and a PVC root-owned by design): its mode and owner are then not checked.
+    state_dir_private_volume: bool = False
     listen_tcp: str = ""  # "host:port"; the Unix socket is always served
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=9464, ge=0, le=65535)  # 0 = pick a free port

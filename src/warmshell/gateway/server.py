@@ -104,7 +104,7 @@ class Gateway:
 
     async def _start(self) -> None:
         paths = self.paths
-        statedir.ensure_state_dir(paths.root)
+        statedir.ensure_state_dir(paths.root, private_volume=self.config.state_dir_private_volume)
         if _socket_in_use(paths.socket):
             raise FailedPreconditionError(f"another gateway is already serving {paths.socket}")
         with statedir.private_umask():

@@ -5,6 +5,7 @@ the gateway creates in it is private from the start (umask 077), not chmod-ed af
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 from collections.abc import Iterator
@@ -13,6 +14,8 @@ from pathlib import Path
 from warmshell.core.errors import FailedPreconditionError
 
 __all__ = ["PRIVATE_UMASK", "ensure_state_dir", "private_umask", "state_dir_problem"]
+
+log = logging.getLogger(__name__)
 
 PRIVATE_UMASK = 0o077
 
@@ -32,11 +35,15 @@ def state_dir_problem(path: Path, *, mode: int, owner: int, uid: int) -> str | N
     return None
 
 
-def ensure_state_dir(path: Path) -> None:
+def ensure_state_dir(path: Path, *, private_volume: bool = False) -> None:
     """Create the state dir 0700 (with private parents), or refuse an existing one that is not
-    ours alone (FailedPreconditionError)."""
+    ours alone (FailedPreconditionError). `private_volume`: the dir is a volume only this
+    gateway's pod mounts, whose mode and owner say nothing (see GatewayConfig)."""
     with private_umask():
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if private_volume:
+        log.info("state dir %s: mode and owner not checked (state_dir_private_volume)", path)
+        return
     info = os.stat(path)
     problem = state_dir_problem(path, mode=info.st_mode, owner=info.st_uid, uid=os.geteuid())
     if problem is not None:

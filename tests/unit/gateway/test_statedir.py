@@ -75,3 +75,12 @@ def test_the_private_umask_is_held_only_inside(tmp_path: Path) -> None:
         assert stat.S_IMODE((tmp_path / "outside").stat().st_mode) == 0o644
     finally:
         os.umask(before)
+
+
+def test_a_private_volume_is_not_checked(tmp_path: Path) -> None:
+    """A Kubernetes emptyDir is 0777 by design; the chart says the volume is the pod's alone."""
+    target = tmp_path / "state"
+    target.mkdir()
+    target.chmod(0o777)
+    ensure_state_dir(target, private_volume=True)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o777
