@@ -10,6 +10,7 @@ __all__ = [
     "CREATE_READY_SECONDS",
     "EXECS",
     "POOL_MEMBERS",
+    "RATE_LIMITED",
     "REGISTRATIONS_PENDING",
     "REGISTRY",
     "SANDBOXES",
@@ -56,3 +57,9 @@ SANDBOXES_EXPIRED = Counter(
     "warmshell_sandboxes_expired", "Sandboxes deleted at the end of their lifetime", ["reason"], registry=REGISTRY
 )
 EXECS = Counter("warmshell_execs", "Exec requests by result", ["result"], registry=REGISTRY)
+RATE_LIMITED = Counter(
+    "warmshell_rate_limited",
+    "Supervisor calls refused with RESOURCE_EXHAUSTED, by call (registration|token_refresh)",
+    ["call"],
+    registry=REGISTRY,
+)
