@@ -23,6 +23,15 @@ class DriverName(StrEnum):
     KUBERNETES = "kubernetes"
 
 
+class LogLevel(StrEnum):
+    """Gateway log levels (the log is JSON on stderr)."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
 @app.command()
 def start(
     ctx: typer.Context,
@@ -31,7 +40,12 @@ def start(
     listen_tcp: Annotated[str | None, typer.Option(metavar="HOST:PORT", help="Also serve the API over TCP.")] = None,
     http_port: Annotated[
         int | None,
-        typer.Option(help="Port of /healthz and /metrics (0: any free port).", min=0, max=65535),
+        typer.Option(
+            envvar="WARMSHELL_HTTP_PORT",
+            help="Port of /healthz and /metrics (0: any free port; default 9464).",
+            min=0,
+            max=65535,
+        ),
     ] = None,
     driver: Annotated[DriverName | None, typer.Option(help="Compute driver.")] = None,
     pools: Annotated[Path | None, typer.Option(help="Directory of warm-pool.toml profiles (local driver).")] = None,
@@ -42,7 +56,10 @@ def start(
             help="Run sandboxes as plain processes when bubblewrap is missing (no isolation).",
         ),
     ] = False,
-    log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = None,
+    log_level: Annotated[
+        LogLevel | None,
+        typer.Option(case_sensitive=False, help="Log level; debug also shows tracebacks of start-up failures."),
+    ] = None,
 ) -> None:
     """Start the gateway in the foreground (graceful shutdown on SIGTERM or Ctrl-C)."""
     root_state_dir = global_options(ctx).state_dir
@@ -55,7 +72,7 @@ def start(
         "local.pools_dir": pools.resolve() if pools is not None else None,
         # Only an explicit flag overrides the config file; the default leaves it alone.
         "local.allow_unisolated": True if allow_unisolated else None,
-        "log_level": log_level.upper() if log_level else None,
+        "log_level": log_level.value.upper() if log_level is not None else None,
     }
     raise typer.Exit(_run(config_file, overrides))
 
@@ -63,19 +80,41 @@ def start(
 def _run(config_file: Path | None, overrides: dict[str, Any]) -> int:
     import asyncio
 
-    from warmshell.cli import client
+    from warmshell.cli import client, startup
     from warmshell.cli.errors import CliError, ExitCode, exit_code_for
     from warmshell.core import config, errors
 
+    # A traceback helps whoever debugs warmshell, not whoever mistyped a port: only on request.
+    debug = overrides.get("log_level") == "DEBUG"
+    gateway_config: config.GatewayConfig | None = None
+    cause: Exception
     try:
         gateway_config = config.load_config(config_file, overrides)
+        debug = gateway_config.log_level.upper() == "DEBUG"
+        startup.preflight(gateway_config)
         from warmshell.gateway import server
 
         asyncio.run(server.serve(gateway_config))
-    except errors.WarmshellError as exc:
-        failure = CliError(str(exc), exit_code_for(exc))
-        client.report(failure)
-        return int(failure.code)
     except KeyboardInterrupt:
         return int(ExitCode.INTERRUPTED)
-    return 0
+    except errors.WarmshellError as exc:
+        failure, cause = CliError(str(exc), exit_code_for(exc)), exc
+    except startup.StartupError as exc:
+        failure, cause = CliError(str(exc), ExitCode.FAILED_PRECONDITION), exc
+    except Exception as exc:
+        if debug:
+            raise
+        explained = startup.explain(exc, gateway_config) if gateway_config is not None else None
+        if explained is not None:
+            failure = CliError(explained, ExitCode.FAILED_PRECONDITION)
+        else:
+            failure = CliError(f"the gateway failed: {type(exc).__name__}: {exc} (--log-level debug shows where)")
+        cause = exc
+    else:
+        return 0
+    if debug:
+        import traceback
+
+        traceback.print_exception(cause)
+    client.report(failure)
+    return int(failure.code)

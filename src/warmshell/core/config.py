@@ -204,9 +204,14 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> G
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidArgumentError(str(path), f"cannot read gateway config: {exc}") from exc
+            text = path.read_text()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise InvalidArgumentError(str(path), f"cannot read the config file: {reason}") from exc
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidArgumentError(str(path), f"not valid TOML: {exc}") from exc
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
