@@ -1,5 +1,5 @@
 """`warmshell gateway start`: build the gateway's configuration from a file and flags, then run
-it in the foreground until SIGTERM or SIGINT."""
+it in the foreground until SIGTERM or SIGINT; `warmshell gateway wait`: block until one answers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from warmshell.cli.options import global_options
+from warmshell.cli.options import Gateway, StateDir, Token, global_options
 
 __all__ = ["app"]
 
@@ -118,3 +118,25 @@ def _run(config_file: Path | None, overrides: dict[str, Any]) -> int:
         traceback.print_exception(cause)
     client.report(failure)
     return int(failure.code)
+
+
+@app.command()
+def wait(
+    ctx: typer.Context,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.", min=0)] = 30.0,
+    pid: Annotated[
+        int | None,
+        typer.Option(help="The gateway's process id (e.g. `$!`): fail at once if it exits first."),
+    ] = None,
+    state_dir: StateDir = None,
+    gateway: Gateway = None,
+    token: Token = None,
+) -> None:
+    """Wait until the gateway answers requests: for scripts that start one in the background.
+
+    Fails (exit 69) as soon as the `--pid` process is gone, or (exit 124) after `--timeout`.
+    """
+    from warmshell.cli import client, waiting
+
+    options = global_options(ctx, state_dir=state_dir, gateway=gateway, token=token)
+    client.run(waiting.wait_for_gateway(options, timeout=timeout, pid=pid))

@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
 from rich.console import Console, Group, RenderableType
@@ -77,9 +77,14 @@ def _with_every_submessage(message: Message) -> Message:
 
 def _fill(message: Message) -> None:
     for field in message.DESCRIPTOR.fields:
-        # Repeated fields and maps already print as [] / {}; filling a oneof member would
-        # change which member is set.
-        if field.message_type is None or field.is_repeated or field.containing_oneof is not None:
+        # Filling a oneof member would change which member is set; maps of messages we have none.
+        if field.message_type is None or field.containing_oneof is not None:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            continue
+        if field.is_repeated:
+            for item in getattr(message, field.name):  # each pool, condition... has every field too
+                _fill(item)
             continue
         child = getattr(message, field.name)
         child.SetInParent()
@@ -101,12 +106,46 @@ def show(renderable: RenderableType, console: Console | None = None) -> None:
 def to_dict(message: Message) -> dict[str, object]:
     """The proto3 JSON mapping with field names as in the .proto and every field present, so the
     shape scripts see does not depend on which values happen to be set. (A proto3 `optional`
-    scalar such as `exit_code` stays absent until it is set: absence is its meaning.)"""
-    return json_format.MessageToDict(
+    scalar such as `exit_code` stays absent until it is set: absence is its meaning.)
+
+    One departure from that mapping: 64-bit integers are JSON numbers, not strings, so that every
+    number a script reads is a number (`"hits": 3` beside `"idle": 2`); ours never come near 2^53.
+    """
+    document = json_format.MessageToDict(
         _with_every_submessage(message),
         always_print_fields_with_no_presence=True,
         preserving_proto_field_name=True,
     )
+    _int64_as_numbers(message.DESCRIPTOR, document)
+    return document
+
+
+# FieldDescriptor types the proto3 JSON mapping prints as strings.
+_INT64_TYPES = frozenset({3, 4, 6, 16, 18})  # INT64, UINT64, FIXED64, SFIXED64, SINT64
+_MESSAGE_TYPE = 11
+
+
+def _int64_as_numbers(descriptor: Any, document: dict[str, Any]) -> None:
+    for field in descriptor.fields:
+        if field.name not in document:
+            continue
+        value = document[field.name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry = field.message_type.fields_by_name["value"]
+            for key, item in value.items():
+                value[key] = _number_or_recurse(entry, item)
+        elif field.is_repeated:
+            document[field.name] = [_number_or_recurse(field, item) for item in value]
+        else:
+            document[field.name] = _number_or_recurse(field, value)
+
+
+def _number_or_recurse(field: Any, value: Any) -> Any:
+    if field.type in _INT64_TYPES:
+        return int(value)
+    if field.type == _MESSAGE_TYPE and isinstance(value, dict):
+        _int64_as_numbers(field.message_type, value)
+    return value
 
 
 def to_json(message: Message) -> str:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rich.console import Console, RenderableType
 
 from warmshell.api.v1 import sandbox_pb2 as pb
@@ -174,8 +177,50 @@ def test_to_dict_has_a_stable_shape() -> None:
     }
     status = document["status"]
     assert isinstance(status, dict)
-    assert status["timeline"]["ready_us"] == "0"  # proto3 JSON: 64-bit integers are strings
+    assert status["timeline"]["ready_us"] == 0  # a number, though proto3 JSON prints int64 as a string
     assert "exit_code" not in status  # absent until the workload exits
+
+
+def _numbers_and_digit_strings(value: object) -> tuple[list[object], list[str]]:
+    numbers: list[object] = []
+    strings: list[str] = []
+    if isinstance(value, dict):
+        items: list[object] = list(value.values())
+    elif isinstance(value, list):
+        items = list(value)
+    else:
+        items = [value]
+    for item in items:
+        if isinstance(item, dict | list):
+            more_numbers, more_strings = _numbers_and_digit_strings(item)
+            numbers += more_numbers
+            strings += more_strings
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            numbers.append(item)
+        elif isinstance(item, str) and item.isdigit():
+            strings.append(item)
+    return numbers, strings
+
+
+@given(big=st.integers(min_value=1, max_value=2**53), small=st.integers(min_value=1, max_value=2**31 - 1))
+def test_every_integer_is_a_json_number(big: int, small: int) -> None:
+    sandbox = pb.Sandbox(name="x", created_at_ms=big, resource_version=big)
+    for _, field in render.TIMELINE_STEPS:
+        setattr(sandbox.status.timeline, field, big)
+    sandbox.status.timeline.requested_us = big
+    sandbox.status.exit_code = small
+    sandbox.status.conditions.append(pb.Condition(type="Ready", last_transition_time_ms=big))
+    pools = pb.ListPoolsResponse(
+        pools=[pb.Pool(name="p", desired=small, ready=small, idle=small, hits=big, misses=big)],
+        misses_by_reason={"NoMatch": big},
+    )
+    for message in (sandbox, pools, pb.SandboxEvent(sandbox=sandbox)):
+        numbers, digit_strings = _numbers_and_digit_strings(json.loads(render.to_json(message)))
+        assert digit_strings == []
+        assert big in numbers
+    document = render.to_dict(pools)
+    assert document["pools"][0]["resources"] == {"cpu": "", "memory": ""}  # type: ignore[index]
+    assert document["misses_by_reason"] == {"NoMatch": big}
 
 
 def test_to_dict_keeps_the_oneof_member_of_an_event() -> None:
