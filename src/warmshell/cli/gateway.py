@@ -139,4 +139,4 @@ def wait(
     from warmshell.cli import client, waiting
 
     options = global_options(ctx, state_dir=state_dir, gateway=gateway, token=token)
-    client.run(waiting.wait_for_gateway(options, timeout=timeout, pid=pid))
+    client.run(waiting.wait_for_gateway(options, limit_seconds=timeout, pid=pid))

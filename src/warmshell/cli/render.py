@@ -302,18 +302,25 @@ def pools_view(response: sandbox_pb2.ListPoolsResponse) -> Group:
     for column in ("NAME", "WORKSPACE", "FINGERPRINT", "DESIRED/READY/IDLE", "HITS", "MISSES"):
         table.add_column(column, no_wrap=True)
     table.add_column("HIT RATE", no_wrap=True, justify="right")
+    problems: list[Text] = []
     for pool in response.pools:
         table.add_row(
             Text(pool.name),
-            Text(pool.workspace),
-            pool.fingerprint[:12],
+            Text(pool.workspace or _NONE),
+            pool.fingerprint[:12] or _NONE,
             f"{pool.desired}/{pool.ready}/{pool.idle}",
             str(pool.hits),
             str(pool.misses),
             hit_rate(pool.hits, pool.misses),
         )
+        problems += [Text(f"  {pool.name}: {c.reason}: {c.message}") for c in pool.conditions if c.status == "False"]
     misses = ", ".join(f"{k} {v}" for k, v in sorted(response.misses_by_reason.items()))
-    return Group(table, Text(f"Misses by reason: {misses or 'none'}"))
+    parts: list[RenderableType] = [table]
+    if problems:
+        # Invalid profiles and pools that can never serve: say so here, not only in the gateway log.
+        parts += [Text("Problems:", style="bold"), *problems]
+    parts.append(Text(f"Misses by reason: {misses or 'none'}"))
+    return Group(*parts)
 
 
 def condition_lines(sandbox: sandbox_pb2.Sandbox) -> list[str]:

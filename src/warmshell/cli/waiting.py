@@ -36,11 +36,11 @@ def process_alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-async def wait_for_gateway(options: GlobalOptions, *, timeout: float, pid: int | None) -> int:
-    """Return 0 once a ListPools call succeeds; raise when `pid` exits or `timeout` passes."""
+async def wait_for_gateway(options: GlobalOptions, *, limit_seconds: float, pid: int | None) -> int:
+    """Return 0 once a ListPools call succeeds; raise when `pid` exits or `limit_seconds` pass."""
     from warmshell.api.v1 import sandbox_pb2
 
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit_seconds
     last = "no answer yet"
     while True:
         if pid is not None and not process_alive(pid):
@@ -58,5 +58,5 @@ async def wait_for_gateway(options: GlobalOptions, *, timeout: float, pid: int |
                 raise  # it answered, and refused us: waiting longer will not help
             last = exc.message
         if time.monotonic() >= deadline:
-            raise CliError(f"no gateway answered within {timeout:g} s: {last}", ExitCode.TIMEOUT)
+            raise CliError(f"no gateway answered within {limit_seconds:g} s: {last}", ExitCode.TIMEOUT)
         await asyncio.sleep(POLL_INTERVAL_SECONDS)

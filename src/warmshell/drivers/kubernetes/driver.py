@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from warmshell.core import matching
+from warmshell.core import matching, poolshapes
 from warmshell.core.config import KubernetesDriverConfig, StatePaths
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 from warmshell.core.fingerprints import fingerprint, shape_of
@@ -38,6 +38,7 @@ from warmshell.drivers.base import (
     Activator,
     BackendState,
     CreateRequest,
+    DriverCondition,
     DriverEvent,
     DriverSandbox,
     MissReason,
@@ -440,8 +441,14 @@ class KubernetesDriver:
         for fp in self._idle.values():
             idle[fp] = idle.get(fp, 0) + 1
         views = []
-        for pool in self._pools.entries():
+        entries = self._pools.entries()
+        shared = poolshapes.shared_shapes((pool.name, pool.fingerprint) for pool in entries if pool.shape)
+        for pool in entries:
             shape = pool.shape
+            conditions: tuple[DriverCondition, ...] = (pool.problem,) if pool.problem else ()
+            if pool.name in shared:
+                message = poolshapes.shared_shape_message(shared[pool.name], pool.fingerprint)
+                conditions += (DriverCondition(poolshapes.CONDITION_TYPE, "False", poolshapes.REASON, message),)
             views.append(
                 PoolView(
                     name=pool.name,
@@ -459,7 +466,7 @@ class KubernetesDriver:
                     hits=pool.stats.hits,
                     misses=pool.stats.misses,
                     source=f"SandboxWarmPool {self._config.namespace}/{pool.name}",
-                    conditions=(pool.problem,) if pool.problem else (),
+                    conditions=conditions,
                 )
             )
         return views
