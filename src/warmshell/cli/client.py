@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 from grpc import aio
@@ -69,8 +68,7 @@ _TOKEN_HINT = (
 )
 
 
-@dataclass(frozen=True)
-class Connection:
+class Connection(NamedTuple):
     """An open channel's stub plus the call metadata that authenticates us."""
 
     stub: SandboxServiceAsyncStub

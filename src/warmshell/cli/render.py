@@ -8,7 +8,6 @@ only by the JSON path.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -142,6 +141,8 @@ def _number_or_recurse(field: Any, value: Any) -> Any:
 
 def to_json(message: Message) -> str:
     """`to_dict` as indented JSON with sorted keys."""
+    import json
+
     return json.dumps(to_dict(message), indent=2, sort_keys=True)
 
 

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -201,6 +200,8 @@ def _exec(args: argparse.Namespace) -> int:
     capture = output_is_json(args)
 
     async def body(conn: Connection) -> int:
+        import json
+
         from warmshell.cli import streaming
 
         result = await streaming.exec_command(conn, request, capture=capture)
@@ -244,6 +245,8 @@ def _watch(args: argparse.Namespace) -> int:
     as_json = output_is_json(args)
 
     async def body(conn: Connection) -> int:
+        import json
+
         from warmshell.cli import render
 
         last_phase: int | None = None

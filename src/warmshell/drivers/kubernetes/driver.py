@@ -32,7 +32,7 @@ from warmshell.core import matching, poolshapes
 from warmshell.core.config import KubernetesDriverConfig, StatePaths
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 from warmshell.core.fingerprints import fingerprint, shape_of
-from warmshell.core.ids import InstanceId, SandboxId
+from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation, SandboxSpec, now_us
 from warmshell.drivers.base import (
     Activator,
@@ -103,6 +103,7 @@ class KubernetesDriver:
         self._hub = Hub()
         self._informers: Informers | None = None  # started by the first watch()
         self._profiles: asyncio.Task[None] | None = None  # the profile reconciler (lease-elected)
+        self._profile_problems: dict[str, str] = {}  # invalid profile ConfigMaps, while leading
         # Label-safe: which gateway wrote a claim (diagnostics; any replica may activate it).
         self._gateway_id = _label_value(gateway_id or socket.gethostname())
         # Warm pooling as configured; on while the gate says the extension APIs are served.
@@ -222,8 +223,12 @@ class KubernetesDriver:
         if self._gate is not None and self._config.warm_pooling.profiles.enabled and self._profiles is None:
             # Profiles run even while the extension APIs are absent: they wait on the same gate.
             self._profiles = asyncio.create_task(
-                profiles.run_elected(self.api, self._config, gate=self._gate), name="k8s-profiles"
+                profiles.run_elected(self.api, self._config, gate=self._gate, on_problems=self._set_profile_problems),
+                name="k8s-profiles",
             )
+
+    def _set_profile_problems(self, problems: dict[str, str]) -> None:
+        self._profile_problems = problems
 
     async def aclose(self) -> None:
         """Stop the informers and end watches; sandboxes keep running in the cluster."""
@@ -467,6 +472,27 @@ class KubernetesDriver:
                     misses=pool.stats.misses,
                     source=f"SandboxWarmPool {self._config.namespace}/{pool.name}",
                     conditions=conditions,
+                )
+            )
+        # Invalid profiles have no pool: listed by their ConfigMap (known on the profile leader).
+        for name, error in sorted(self._profile_problems.items()):
+            invalid = DriverCondition("ProfileValid", "False", "InvalidProfile", error)
+            views.append(
+                PoolView(
+                    name=name,
+                    workspace="",
+                    fingerprint=Fingerprint(""),
+                    image="",
+                    environment={},
+                    cpu="",
+                    memory="",
+                    desired=0,
+                    ready=0,
+                    idle=0,
+                    hits=0,
+                    misses=0,
+                    source=f"configmap {self._config.namespace}/{name}",
+                    conditions=(invalid,),
                 )
             )
         return views
