@@ -107,4 +107,11 @@ def run(argv: Sequence[str]) -> int:
 
 def main() -> None:
     """Console-script entry point."""
-    sys.exit(run(sys.argv[1:]))
+    argv = sys.argv[1:]
+    if argv[:1] == ["supervisor"]:
+        # A Kubernetes pod's entry point is `warmshell supervisor` (the image's ENTRYPOINT is this
+        # script): hand over before the CLI is parsed, as `python -m warmshell supervisor` does.
+        from warmshell.supervisor.main import main as supervisor_main
+
+        sys.exit(supervisor_main(argv[1:]))
+    sys.exit(run(argv))
