@@ -39,7 +39,11 @@ _ARGV = {
 
 
 def _commands(warmshell: str, before_src: Path | None) -> dict[str, list[str]]:
-    commands = {"python -c pass (baseline)": [sys.executable, "-c", "pass"]}
+    commands = {
+        "python -c pass (baseline)": [sys.executable, "-c", "pass"],
+        # What any gRPC client in Python pays before its first call: the floor under the commands.
+        "import grpc.aio + stubs (floor)": [sys.executable, "-c", "import grpc.aio, warmshell.api.v1.sandbox_pb2_grpc"],
+    }
     commands |= {label: [warmshell, *argv] for label, argv in _ARGV.items()}
     if before_src is not None:
         # What the console script does, with the older package first on sys.path.

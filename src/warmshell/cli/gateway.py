@@ -126,8 +126,6 @@ def _run(config_file: Path | None, overrides: dict[str, Any]) -> int:
     except startup.StartupError as exc:
         failure, cause = CliError(str(exc), ExitCode.FAILED_PRECONDITION), exc
     except Exception as exc:
-        if debug:
-            raise
         explained = startup.explain(exc, gateway_config) if gateway_config is not None else None
         if explained is not None:
             failure = CliError(explained, ExitCode.FAILED_PRECONDITION)

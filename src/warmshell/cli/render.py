@@ -12,6 +12,9 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+# Loaded with the generated messages every command imports anyway (json_format is not).
+from google.protobuf.descriptor import FieldDescriptor
+
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
@@ -111,9 +114,16 @@ def to_dict(message: Message) -> dict[str, object]:
     return document
 
 
-# FieldDescriptor types the proto3 JSON mapping prints as strings.
-_INT64_TYPES = frozenset({3, 4, 6, 16, 18})  # INT64, UINT64, FIXED64, SFIXED64, SINT64
-_MESSAGE_TYPE = 11
+# The field types the proto3 JSON mapping prints as strings.
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+        FieldDescriptor.TYPE_SINT64,
+    }
+)
 
 
 def _int64_as_numbers(descriptor: Any, document: dict[str, Any]) -> None:
@@ -134,7 +144,7 @@ def _int64_as_numbers(descriptor: Any, document: dict[str, Any]) -> None:
 def _number_or_recurse(field: Any, value: Any) -> Any:
     if field.type in _INT64_TYPES:
         return int(value)
-    if field.type == _MESSAGE_TYPE and isinstance(value, dict):
+    if field.type == FieldDescriptor.TYPE_MESSAGE and isinstance(value, dict):
         _int64_as_numbers(field.message_type, value)
     return value
 

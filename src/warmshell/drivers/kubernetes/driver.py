@@ -32,7 +32,7 @@ from warmshell.core import matching, poolshapes
 from warmshell.core.config import KubernetesDriverConfig, StatePaths
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, InvalidArgumentError, UnavailableError
 from warmshell.core.fingerprints import fingerprint, shape_of
-from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
+from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import Allocation, SandboxSpec, now_us
 from warmshell.drivers.base import (
     Activator,
@@ -45,6 +45,7 @@ from warmshell.drivers.base import (
     PoolView,
     ProgressLine,
     WarmPending,
+    invalid_profile_view,
 )
 from warmshell.drivers.events import Hub, Subscription
 from warmshell.drivers.kubernetes import (
@@ -476,25 +477,7 @@ class KubernetesDriver:
             )
         # Invalid profiles have no pool: listed by their ConfigMap (known on the profile leader).
         for name, error in sorted(self._profile_problems.items()):
-            invalid = DriverCondition("ProfileValid", "False", "InvalidProfile", error)
-            views.append(
-                PoolView(
-                    name=name,
-                    workspace="",
-                    fingerprint=Fingerprint(""),
-                    image="",
-                    environment={},
-                    cpu="",
-                    memory="",
-                    desired=0,
-                    ready=0,
-                    idle=0,
-                    hits=0,
-                    misses=0,
-                    source=f"configmap {self._config.namespace}/{name}",
-                    conditions=(invalid,),
-                )
-            )
+            views.append(invalid_profile_view(name, source=f"configmap {self._config.namespace}/{name}", message=error))
         return views
 
     # -- create helpers --------------------------------------------------------------------

@@ -22,7 +22,7 @@ from warmshell.core.ids import Fingerprint
 from warmshell.core.matching import MatchResult, PoolIndex
 from warmshell.core.models import Resources, SandboxSpec
 from warmshell.core.profiles import Profile, ProfileError
-from warmshell.drivers.base import DriverCondition, PoolView
+from warmshell.drivers.base import DriverCondition, PoolView, invalid_profile_view
 from warmshell.drivers.local.instances import Instance
 
 __all__ = ["Pool", "PoolSet"]
@@ -298,19 +298,4 @@ class PoolSet:
 
 def _invalid_view(name: str, error: InvalidArgumentError) -> PoolView:
     source = error.source if isinstance(error, ProfileError) else ""
-    return PoolView(
-        name=name,
-        workspace="",
-        fingerprint=Fingerprint(""),
-        image="",
-        environment={},
-        cpu="",
-        memory="",
-        desired=0,
-        ready=0,
-        idle=0,
-        hits=0,
-        misses=0,
-        source=source,
-        conditions=(_invalid(error),),
-    )
+    return invalid_profile_view(name, source=source, message=str(error))
