@@ -5,6 +5,7 @@ convention (which blocks run, time limits, skips) is written at the top of READM
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.readme import Block, readme_blocks
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.cli import render
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -65,6 +68,40 @@ def test_the_readme_has_runnable_blocks_and_says_why_it_skips_others() -> None:
     runnable = [b for b in blocks if b.runs]
     assert len(runnable) >= 3
     assert all(b.skip for b in blocks if b.language == "sh" and not b.runs)
+
+
+def _shape(value: object) -> object:
+    """Keys and scalar types of a JSON document; a list by its first element."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+def _same_shape(documented: object, actual: object, where: str = "$") -> None:
+    if isinstance(documented, dict):
+        assert isinstance(actual, dict), where
+        assert sorted(documented) == sorted(actual), f"{where}: README has {sorted(documented)}, CLI {sorted(actual)}"
+        for key, item in documented.items():
+            _same_shape(item, actual[key], f"{where}.{key}")
+    elif isinstance(documented, list):
+        assert isinstance(actual, list), where
+        if documented and actual:
+            _same_shape(documented[0], actual[0], f"{where}[0]")
+    else:
+        assert documented == actual, f"{where}: README shows a {documented}, the CLI prints a {actual}"
+
+
+def test_the_documented_json_shapes_are_what_the_cli_prints() -> None:
+    documents = [json.loads(b.code) for b in readme_blocks(README.read_text()) if b.language == "json"]
+    by_first_key = {next(iter(d)): d for d in documents}
+    sandbox = pb.Sandbox(name="dev", created_at_ms=1, resource_version=5)
+    sandbox.status.conditions.append(pb.Condition(type="Ready", last_transition_time_ms=1))
+    sandbox.status.timeline.requested_us = 1
+    _same_shape(_shape(by_first_key["created_at_ms"]), _shape(render.to_dict(sandbox)))
+    pools = pb.ListPoolsResponse(pools=[pb.Pool(name="default", hits=1)], misses_by_reason={"NoMatch": 1})
+    _same_shape(_shape(by_first_key["misses_by_reason"]), _shape(render.to_dict(pools)))
 
 
 class _Shell:
