@@ -7,7 +7,6 @@ which the CLI reads without paying for pydantic.
 from __future__ import annotations
 
 import os
-import socket
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -83,7 +82,8 @@ class LeaderElectionConfig(_Section):
     # A holder that cannot renew within this stops leading (before anyone may take over).
     renew_deadline_seconds: float = Field(default=10.0, gt=0)
     retry_period_seconds: float = Field(default=2.0, gt=0)
-    identity: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # The hostname, read without socket: core does no I/O (an import-linter contract).
+    identity: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}")
 
 
 class KubernetesDriverConfig(_Section):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from warmshell.core.allocation import MissReason
 from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation, SandboxSpec
 
@@ -44,16 +45,6 @@ class BackendState(StrEnum):
     RUNNING = "Running"  # the sandbox's main process / pod is up
     EXITED = "Exited"  # the sandbox ended on its own (the supervisor reports the workload exit)
     FAILED = "Failed"  # the backend cannot run it (see conditions)
-
-
-class MissReason(StrEnum):
-    """Why a create went cold; only an exact single match goes warm."""
-
-    NOT_READY = "NotReady"
-    NO_MATCH = "NoMatch"
-    AMBIGUOUS = "Ambiguous"
-    EMPTY = "Empty"  # matched a pool that had no idle member
-    DISABLED = "Disabled"
 
 
 @dataclass(frozen=True)
