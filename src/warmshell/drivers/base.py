@@ -34,6 +34,7 @@ __all__ = [
     "ProgressLine",
     "SupervisorIdentity",
     "WarmPending",
+    "invalid_profile_view",
 ]
 
 
@@ -201,6 +202,26 @@ class PoolView:
     # The profile's lifetime defaults for sandboxes this pool serves (None: the gateway's).
     ttl_seconds: int | None = None
     idle_timeout_seconds: int | None = None
+
+
+def invalid_profile_view(name: str, *, source: str, message: str) -> PoolView:
+    """How `pool list` shows a profile that makes no pool: its error as a ProfileValid=False condition."""
+    return PoolView(
+        name=name,
+        workspace="",
+        fingerprint=Fingerprint(""),
+        image="",
+        environment={},
+        cpu="",
+        memory="",
+        desired=0,
+        ready=0,
+        idle=0,
+        hits=0,
+        misses=0,
+        source=source,
+        conditions=(DriverCondition("ProfileValid", "False", "InvalidProfile", message),),
+    )
 
 
 @runtime_checkable

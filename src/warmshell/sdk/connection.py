@@ -1,6 +1,6 @@
 """Where the gateway is and which token to present, decided the same way for the SDK and the CLI:
 an explicit value, else the `WARMSHELL_*` environment, else the state directory's socket and
-token file. Free of grpc, so the CLI can use it without paying for the import.
+token file. Free of grpc and pydantic, so the CLI can use it without paying for either.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmshell.core import config
+from warmshell.core import paths
 
 __all__ = ["Target", "read_token_file", "resolve", "target_address", "unix_socket_path"]
 
@@ -33,7 +33,7 @@ def target_address(gateway: str | None, state_dir: Path) -> str:
     `state_dir`."""
     if gateway:
         return f"unix://{gateway}" if gateway.startswith("/") else gateway
-    return f"unix://{config.StatePaths(state_dir).socket}"
+    return f"unix://{paths.StatePaths(state_dir).socket}"
 
 
 def read_token_file(path: Path) -> str | None:
@@ -63,7 +63,7 @@ def resolve(
 ) -> Target:
     """Fill what the caller left out from the environment and the state directory."""
     env = os.environ if environ is None else environ
-    root = Path(state_dir) if state_dir is not None else config.default_state_dir()
+    root = Path(state_dir) if state_dir is not None else paths.default_state_dir()
     resolved = target_address(address or env.get(ENV_GATEWAY), root)
-    bearer = token or env.get(ENV_TOKEN) or read_token_file(config.StatePaths(root).api_token)
+    bearer = token or env.get(ENV_TOKEN) or read_token_file(paths.StatePaths(root).api_token)
     return Target(address=resolved, token=bearer, workspace=workspace or env.get(ENV_WORKSPACE, ""))
