@@ -238,16 +238,32 @@ async def _not_started(reply: Reply, command: Sequence[str], cwd: str, sink: Out
 
 
 async def _pump(fd: int, stderr: bool, sink: OutputSink) -> None:
+    """Read a pipe to EOF into `sink`, then close it (the loop watches the fd directly: cheaper
+    per exec than a transport and a stream reader)."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-    )
+    os.set_blocking(fd, False)
     try:
-        while data := await reader.read(READ_CHUNK):
+        while True:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                readable: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(fd, _resolve, readable)
+                try:
+                    await readable
+                finally:
+                    loop.remove_reader(fd)
+                continue
+            if not data:
+                return
             await sink(stderr, data)
     finally:
-        transport.close()
+        os.close(fd)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _write_all(fd: int, data: bytes) -> None:

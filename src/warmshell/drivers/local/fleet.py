@@ -92,7 +92,7 @@ class Fleet:
             if isinstance(exc, OSError | ValueError):
                 raise UnavailableError(f"cannot start a local sandbox: {exc}") from exc
             raise
-        seat = Seat(instance.instance_id, credential, instance.process.run_streaming)
+        seat = Seat(instance.instance_id, credential, instance.process.runner)
         del credential  # from here on only the supervisor holds it; the driver keeps its digest
         instance.state = BackendState.RUNNING
         instance.supervisor = asyncio.create_task(self._supervise(seat), name=f"supervisor:{instance.instance_id}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from warmshell.drivers.local.agentlink import AgentError, AgentLink
 from warmshell.supervisor import processes as host_processes
-from warmshell.supervisor.processes import OutputSink
+from warmshell.supervisor.processes import OutputSink, Runner
 
 __all__ = ["HostProcesses", "SandboxFds", "SandboxProcess", "read_tail"]
 
@@ -119,18 +119,10 @@ class SandboxProcess:
         """bwrap's exit status once it ended (negative: killed by that signal)."""
         return self._process.returncode
 
-    async def run_streaming(
-        self,
-        command: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        cwd: str,
-        sink: OutputSink,
-        stdin: bytes = b"",
-        timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit
-    ) -> int:
-        """The supervisor's process seam: run `command` inside the sandbox through its agent."""
-        return await self.link.run_streaming(command, env=env, cwd=cwd, sink=sink, stdin=stdin, timeout=timeout)
+    @property
+    def runner(self) -> Runner:
+        """The supervisor's process seam: commands run inside the sandbox, through its agent."""
+        return self.link.run_streaming
 
     async def sandbox_pid(self) -> int | None:
         """The pid (in our namespace) of the sandbox's init while it runs; None when it ended
@@ -191,7 +183,12 @@ class HostProcesses:
         self.log_path = log_path
         self._ended = asyncio.Event()
 
-    async def run_streaming(
+    @property
+    def runner(self) -> Runner:
+        """The supervisor's process seam: commands run as children of the gateway."""
+        return self._run
+
+    async def _run(
         self,
         command: Sequence[str],
         *,
