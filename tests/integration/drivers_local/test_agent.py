@@ -197,5 +197,15 @@ async def test_the_host_runner_streams_statuses_and_reaps() -> None:
             await task
         code, out, _ = await link_run(link, ["sh", "-c", "cat /proc/[0-9]*/comm"])
         assert b"sleep" not in out, out
+        # Cancelled before the agent said it started: the link survives, the command is killed.
+        task = asyncio.ensure_future(link_run(link, ["sleep", "31"]))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.3)
+        code, out, _ = await link_run(link, ["sh", "-c", "cat /proc/[0-9]*/comm"])
+        assert (code, b"sleep" in out) == (0, False), out
         link.close()
         await asyncio.to_thread(process.wait, 10)

@@ -86,30 +86,25 @@ class AgentLink:
         in_read, in_write = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        readers = [out_read, err_read]
+        sent = False
         try:
             self._execs[exec_id] = running
             await self._send(record, (in_read, out_write, err_write))
+            sent = True
+            reply = await asyncio.shield(running.started)  # a cancel must not cancel the record
         except BaseException:
-            self._execs.pop(exec_id, None)
-            for fd in (*readers, in_write):
-                if fd >= 0:
-                    os.close(fd)
+            if sent:
+                # Cancelled while the agent starts it: its answers must still find the exec (an
+                # unknown one would end the sandbox), and a started command is killed then.
+                running.started.add_done_callback(lambda started: self._abandon(exec_id, started))
+            else:
+                self._execs.pop(exec_id, None)
+            _close(out_read, err_read, in_write)
             raise
         finally:
-            for fd in (in_read, out_write, err_write):
-                os.close(fd)
-        try:
-            reply = await running.started
-        except BaseException:
-            for fd in (*readers, in_write):
-                if fd >= 0:
-                    os.close(fd)
-            raise
+            _close(in_read, out_write, err_write)  # the agent has its copies (or never will)
         if reply.kind is not Kind.STARTED:
-            for fd in (*readers, in_write):
-                if fd >= 0:
-                    os.close(fd)
+            _close(out_read, err_read, in_write)
             return await _not_started(reply, command, cwd, sink)
         work = [
             asyncio.ensure_future(_pump(out_read, False, sink)),
@@ -130,6 +125,12 @@ class AgentLink:
             await self._kill(exec_id, running, pumps)
             raise
         return exit_code(status)
+
+    def _abandon(self, exec_id: int, started: asyncio.Future[Reply]) -> None:
+        if not started.cancelled() and started.exception() is None and started.result().kind is Kind.STARTED:
+            kill = agentwire.encode_signal(exec_id, signal.SIGKILL)
+            task = asyncio.ensure_future(self._send(kill, ()))
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     async def _kill(self, exec_id: int, running: _Exec, pumps: asyncio.Future[list[None]]) -> None:
         with contextlib.suppress(OSError):
@@ -259,6 +260,12 @@ async def _pump(fd: int, stderr: bool, sink: OutputSink) -> None:
             await sink(stderr, data)
     finally:
         os.close(fd)
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
