@@ -327,9 +327,10 @@ class LocalDriver:
     def _refill_soon(self, pool: pooling.Pool) -> None:
         """Refill once claims pause for `refill_delay` (every claim re-arms the timer).
 
-        Booting a replacement costs an interpreter start (~100 ms of CPU); started during a run of
-        warm creates it competes with the very activations the pool exists to make fast. A pool
-        drained below a quarter of its size refills at once, so a sustained run cannot empty it."""
+        Booting a replacement (a sandbox and a registration: ~6 ms of CPU, bench/warm_path.py)
+        started during a run of warm creates competes with the activations the pool exists to
+        make fast. A pool drained below a quarter of its size refills at once, so a sustained run
+        cannot empty it."""
         assert self._pools is not None
         if self._refill_timer is not None:
             self._refill_timer.cancel()
