@@ -209,6 +209,7 @@ async def test_restart_reports_lost_sandboxes(make_driver: DriverFactory, paths:
         (pid,) = driver_pids(first)
     assert not alive(pid)
     assert (paths.instances / f"{created.instance_id}.json").exists()
+    assert not workspace_of(paths, created.instance_id).exists(), "a dead sandbox's workspace goes"
 
     second = make_driver()
     async with second:

@@ -196,9 +196,11 @@ class Fleet:
             await instance.process.stop(self._grace)
         if instance.waiter is not None:
             await instance.waiter
-        if keep:
+        if keep:  # the record stays, for the next start to report the sandbox as lost
             self.instances.pop(instance.instance_id, None)
             await self._release(instance)
+            if instance.workspaces is not None:  # outside the state directory: nobody else cleans it
+                await asyncio.to_thread(shutil.rmtree, instance.workspace_dir, True)
         else:
             await self.discard(instance)
         instance.ended.set()
