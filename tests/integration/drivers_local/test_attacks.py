@@ -15,12 +15,16 @@ import pytest
 
 from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.integration.drivers_local.support import needs_bwrap
+from warmshell.api.v1 import sandbox_pb2 as pb
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(shutil.which("python3") is None, reason="no python3 in /usr")]
 
 
 @pytest.fixture
-async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
+async def gw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningGateway]:
+    # Something of the gateway's own environment that must not reach any workload.
+    monkeypatch.setenv("PYTHONPATH", "/gateway/leak")
+    monkeypatch.setenv("WARMSHELL_LEAK", "gateway-secret")
     async with running_gateway(tmp_path / "state") as running:
         yield running
 
@@ -28,7 +32,7 @@ async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
 async def sandbox(gw: RunningGateway, name: str = "victim") -> None:
     await gw.create(name=name)
     ready = await gw.wait_ready(name)
-    assert ready.status.phase == 2, ready  # READY
+    assert ready.status.phase == pb.SANDBOX_PHASE_READY, ready
 
 
 async def sh(gw: RunningGateway, script: str, name: str = "victim") -> tuple[int, str, str]:
@@ -161,3 +165,13 @@ async def test_each_sandbox_runs_as_its_own_unprivileged_host_uid(gw: RunningGat
         assert instance.workspace_dir.stat().st_uid == uid
     assert uids[0] != uids[1]
     assert all(uid >= 1000 for uid in uids)
+
+
+async def test_environments_come_from_the_request_alone(gw: RunningGateway) -> None:
+    await gw.create(name="envs", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
+    assert (await gw.wait_ready("envs")).status.phase == pb.SANDBOX_PHASE_READY
+    code, out, _ = await gw.exec("envs", ["env"], environment={"PER_EXEC": "1"})
+    env = dict(line.split("=", 1) for line in out.decode().splitlines())
+    assert code == 0
+    assert set(env) == {"PATH", "HOME", "FOO", "PER_EXEC", "WARMSHELL_SANDBOX_ID", "WARMSHELL_SANDBOX_NAME"}
+    assert (env["FOO"], env["HOME"], env["WARMSHELL_SANDBOX_NAME"]) == ("bar", "/workspace", "envs")
