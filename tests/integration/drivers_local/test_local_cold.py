@@ -27,7 +27,7 @@ from warmshell.core.errors import FailedPreconditionError, PermissionDeniedError
 from warmshell.core.ids import SandboxId, new_sandbox_id
 from warmshell.core.models import Allocation, Resources, SandboxSpec
 from warmshell.drivers.base import BackendState, Bound, CreateRequest
-from warmshell.drivers.local import LocalDriver, cgroups
+from warmshell.drivers.local import LocalDriver, cgroups, launching
 
 PROOF = "proof-" + "x" * 40
 
@@ -349,3 +349,27 @@ async def test_delete_during_create_leaves_nothing(make_driver: DriverFactory) -
         assert deleted is True
         assert await driver.get(req.sandbox_id) is None
         assert driver_pids(driver) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root gateway runs sandboxes as other uids")
+async def test_an_agent_under_a_private_directory_still_starts(make_driver: DriverFactory, tmp_path: Path) -> None:
+    # A checkout under /root (or pytest's 0700 tmp): the sandbox's uid could not reach the agent
+    # there, so the driver stages a copy where it can.
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    agent = private / "warmshell-agent"
+    shutil.copy(launching.AGENT_BINARY, agent)
+    driver = LocalDriver(
+        LocalDriverConfig(),
+        StatePaths(tmp_path / "state-private"),
+        supervise=lambda seat: seat.runner(["true"], env={}, cwd="/", sink=lambda *_: asyncio.sleep(0)),
+        agent=agent,
+        cgroup=cgroups.Unavailable("test"),
+    )
+    (tmp_path / "state-private").mkdir()
+    async with driver:
+        events = driver.watch()
+        await driver.create(request())
+        exited = await next_event(events, lambda e: e.sandbox is not None and e.sandbox.state is BackendState.FAILED)
+        assert exited.sandbox is not None
+        assert "supervisor exited with status 0" in exited.sandbox.message
