@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -152,7 +151,8 @@ async def test_exit_after_registration_is_exited(make_driver: DriverFactory, pat
         events = driver.watch()
         created = await driver.create(request())
         workspace = workspace_of(paths, created.instance_id)
-        identity = await driver.identity.authenticate(await read_when_present(credential_of(paths, created.instance_id)))
+        credential = await read_when_present(credential_of(paths, created.instance_id))
+        identity = await driver.identity.authenticate(credential)
         assert identity is not None
         driver.identity.registered(identity)  # what RegisterSupervisor does next
         (workspace / "stop").touch()
