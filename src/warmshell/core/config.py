@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
@@ -37,20 +37,37 @@ class _Section(BaseModel):
 
 
 class LocalDriverConfig(_Section):
-    """The embedded default driver: sandboxes are supervisor processes under bubblewrap."""
+    """The embedded default driver: sandboxes are bubblewrap + a tiny agent, their supervisors
+    run in the gateway."""
 
     bwrap: str = "bwrap"
     # Without bubblewrap the driver refuses to start unless the operator opts in to running
-    # supervisors as plain processes (no isolation at all).
+    # workloads as plain processes (no isolation at all).
     allow_unisolated: bool = False
     pools_dir: Path | None = None
     max_pool_replicas: int = Field(default=64, ge=1)
-    # Python used inside sandboxes to run the supervisor; default: the gateway's own.
-    python: str = ""
+    # Host paths every sandbox also sees, read-only, at the same path (each logged at start).
+    extra_ro_binds: list[Path] = Field(default_factory=list)
+    # A gateway run as root gives each sandbox its own host uid from this range (unused on the
+    # host, please); a gateway run by a normal user runs them as that user.
+    sandbox_uid_base: int = Field(default=2_000_000, ge=1000, le=2**31 - 2)
+    sandbox_uid_count: int = Field(default=60_000, ge=1, le=2**30)
+    # With a uid per sandbox, workspaces (and a copy of the agent) live here, where those uids
+    # can reach them: root-owned 0711, each workspace 0700 and owned by its sandbox.
+    sandbox_dir: Path = Path("/var/lib/warmshell-sandboxes")
+
+    @field_validator("extra_ro_binds", "sandbox_dir")
+    @classmethod
+    def _absolute(cls, value: list[Path] | Path) -> list[Path] | Path:
+        for path in value if isinstance(value, list) else [value]:
+            if not path.is_absolute():
+                raise ValueError(f"{str(path)!r} must be an absolute path")
+        return value
+
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
     # Refills wait until claims pause this long (each claim re-arms the wait; a pool drained to a
-    # quarter of its size refills at once): booting a replacement (an interpreter start, ~100 ms
-    # of CPU) during a run of warm creates competes with the activations themselves.
+    # quarter of its size refills at once): booting a replacement (~6 ms of CPU since the
+    # supervisor runs host-side) during a run of warm creates competes with the activations.
     refill_delay_seconds: float = Field(default=0.25, ge=0)
 
 

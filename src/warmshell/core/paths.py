@@ -33,7 +33,7 @@ class StatePaths:
 
     @property
     def supervisor_socket(self) -> Path:
-        """The socket bind-mounted into local sandboxes for the supervisor API."""
+        """The supervisor API's socket (the local driver's host-side supervisors connect to it)."""
         return self.root / "supervisor.sock"
 
     @property
