@@ -21,8 +21,10 @@ from kubesim import timing as timing_mod
 from kubesim.controllers import client as kc
 from kubesim.controllers.claim import ClaimController
 from kubesim.controllers.crds_install import install_crds
+from kubesim.controllers.deployments import DeploymentController
 from kubesim.controllers.events import Recorder
 from kubesim.controllers.informer import Informer
+from kubesim.controllers.replicasets import ReplicaSetController
 from kubesim.controllers.sandbox import SandboxController
 from kubesim.controllers.template import TemplateController
 from kubesim.controllers.warmpool import WarmPoolController
@@ -51,7 +53,16 @@ class Components:
         wt = timing.watch_timeout
         self.informers = {
             res.plural: Informer(api, res, watch_timeout=wt)
-            for res in (kc.SANDBOXES, kc.PODS, kc.SERVICES, kc.TEMPLATES, kc.POOLS, kc.CLAIMS)
+            for res in (
+                kc.SANDBOXES,
+                kc.PODS,
+                kc.SERVICES,
+                kc.TEMPLATES,
+                kc.POOLS,
+                kc.CLAIMS,
+                kc.DEPLOYMENTS,
+                kc.REPLICASETS,
+            )
         }
         inf = self.informers
         self.queues: list[Any] = []
@@ -82,7 +93,20 @@ class Components:
                 timing=timing,
                 events=self.events,
             )
-            self.queues = [self.sandbox.queue, self.template.queue, self.warmpool.queue, self.claim.queue]
+            self.replicasets = ReplicaSetController(
+                api, replicasets=inf["replicasets"], pods=inf["pods"], timing=timing
+            )
+            self.deployments = DeploymentController(
+                api, deployments=inf["deployments"], replicasets=inf["replicasets"], pods=inf["pods"], timing=timing
+            )
+            self.queues = [
+                self.sandbox.queue,
+                self.template.queue,
+                self.warmpool.queue,
+                self.claim.queue,
+                self.replicasets.queue,
+                self.deployments.queue,
+            ]
         self.kubelet: Kubelet | None = None
         if kubelet:
             images = image_map if isinstance(image_map, ImageMap) else ImageMap(image_map)
