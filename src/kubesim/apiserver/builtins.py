@@ -10,12 +10,13 @@ from __future__ import annotations
 import base64
 import copy
 import itertools
+import random
 from typing import Any
 
 from kubesim.apiserver import rbac_objects, workloads
 from kubesim.apiserver.schema import FieldError
 
-_cluster_ips = itertools.count(10)
+_cluster_ips = random.SystemRandom()
 
 _POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds")
 
@@ -133,8 +134,10 @@ def default_service(svc: dict[str, Any]) -> None:
     spec.setdefault("type", "ClusterIP")
     spec.setdefault("sessionAffinity", "None")
     if spec.get("clusterIP") != "None":
-        n = next(_cluster_ips)
-        spec.setdefault("clusterIP", f"10.96.{n // 250}.{n % 250 + 1}")
+        # Loopback addresses (all of 127/8 is local on Linux): never a real network. Random, so
+        # that several kubesim instances on one machine rarely pick the same address and port.
+        n = _cluster_ips.randrange(1, 254 * 254)
+        spec.setdefault("clusterIP", f"127.42.{n // 254}.{n % 254 + 1}")
     if spec.get("clusterIP"):
         spec.setdefault("clusterIPs", [spec["clusterIP"]])
     for port in spec.get("ports") or []:

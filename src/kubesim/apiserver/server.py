@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from kubesim.apiserver import builtin_schemas, special, tls, tokens
+from kubesim.apiserver import builtin_schemas, serviceaccounts, special, tls, tokens
 from kubesim.apiserver.admin import Admin
 from kubesim.apiserver.auth import AllowAll, Authenticator, Authorizer, User
 from kubesim.apiserver.faults import Faults
@@ -75,6 +75,7 @@ class ApiServer:
             rbac = RbacAuthorizer(self.store)
             self.authorizer = rbac
             self.rest.admission.append(rbac.admit)  # nobody grants what they do not hold
+        self.rest.admission.append(serviceaccounts.admission(self.store))
         self.faults = Faults()
         self.log = RequestLog()
         self.admin = Admin(self)

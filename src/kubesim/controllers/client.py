@@ -114,6 +114,11 @@ class KubeClient:
             data = ca_pem.decode() if isinstance(ca_pem, bytes) else ca_pem
             self._ssl = ssl.create_default_context(cadata=data)
 
+    @property
+    def url(self) -> str:
+        """The API server's base URL."""
+        return self._url
+
     @classmethod
     def from_kubeconfig(cls, path: str) -> KubeClient:
         """A client for the current context of a kubeconfig with a bearer token (kubesim's kind)."""
