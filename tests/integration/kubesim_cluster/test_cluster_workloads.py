@@ -281,3 +281,90 @@ async def test_probes_gate_readiness_and_restart_containers(cluster: RunningClus
 
     assert json.dumps(found["status"]).count('"ready": true') <= 1
     await wait_for(ready, bool, within=10, what="readiness")
+
+
+_SERVER = """
+import http.server, os, socketserver
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = os.environ["NAME"].encode()
+        self.send_response(200 if os.path.exists("/tmp/ready") or self.path != "/ready" else 503)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+socketserver.TCPServer.allow_reuse_address = True
+http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+"""
+
+
+def _web_pod(name: str, *, ready: bool) -> dict[str, Any]:
+    script = ("touch /tmp/ready; " if ready else "") + f"exec {sys.executable} -u -c '{_SERVER}'"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "echo"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "command": ["sh", "-c", script],
+                    "env": [{"name": "NAME", "value": name}],
+                    "ports": [{"name": "web", "containerPort": 8080}],
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                    "readinessProbe": {"httpGet": {"path": "/ready", "port": "web"}, "periodSeconds": 0.2},
+                }
+            ],
+        },
+    }
+
+
+async def _get(ip: str, port: int) -> str:
+    reader, writer = await asyncio.open_connection(ip, port)
+    writer.write(f"GET / HTTP/1.0\r\nHost: {ip}\r\n\r\n".encode())
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    return data.decode().rsplit("\r\n\r\n", 1)[-1]
+
+
+@needs_root
+async def test_services_route_round_robin_to_ready_pods_only(cluster: RunningCluster, api: kc.KubeClient) -> None:
+    # All three listen on 0.0.0.0:8080: each has its own network namespace (it declares a port).
+    for name, ready in (("echo-a", True), ("echo-b", True), ("echo-c", False)):
+        await api.create(kc.PODS, NS, _web_pod(name, ready=ready))
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "echo"},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "echo"}, "ports": [{"port": 80, "targetPort": "web"}]},
+    }
+    await api.create(kc.SERVICES, NS, svc)
+
+    async def slice_ready() -> list[str]:
+        slices = await items(api, kc.ENDPOINTSLICES, label_selector="kubernetes.io/service-name=echo")
+        return sorted(
+            e["targetRef"]["name"] for s in slices for e in s.get("endpoints") or [] if e["conditions"]["ready"]
+        )
+
+    assert await wait_for(slice_ready, lambda names: names == ["echo-a", "echo-b"], within=30, what="ready endpoints")
+    (eps,) = await items(api, kc.ENDPOINTSLICES, label_selector="kubernetes.io/service-name=echo")
+    assert eps["ports"] == [{"name": "", "protocol": "TCP", "port": 8080}]
+    assert len(eps["endpoints"]) == 3  # the unready pod is listed, not ready
+
+    async def ingress() -> list[dict[str, Any]]:
+        found = await api.get(kc.SERVICES, NS, "echo")
+        return list(((found.get("status") or {}).get("loadBalancer") or {}).get("ingress") or [])
+
+    (lb,) = await wait_for(ingress, bool, within=10, what="the LoadBalancer ingress")
+    ip = (await api.get(kc.SERVICES, NS, "echo"))["spec"]["clusterIP"]
+    assert lb["ip"] == ip
+    answers = [await _get(ip, 80) for _ in range(6)]
+    assert sorted(set(answers)) == ["echo-a", "echo-b"]
+    assert answers.count("echo-a") == answers.count("echo-b") == 3  # round-robin, never echo-c
+    table = await kubectl(cluster, "get", "endpointslices", "-o", "wide")
+    assert table.stdout.split("\n")[0].split() == ["NAME", "ADDRESSTYPE", "PORTS", "ENDPOINTS", "AGE"]
