@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import platform
 import signal
 import stat
 import sys
@@ -68,6 +69,31 @@ def overlay_roots(targets: list[Path]) -> list[Path]:
     return roots
 
 
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+MNT_DETACH = 2
+
+
+def _pivot_root(libc: Any, new_root: Path) -> None:
+    """Make ``new_root`` (a mount point) the root, the old one at ``/.kubesim-old-root``; keep the cwd."""
+    cwd = os.getcwd()
+    number = _SYS_PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise MountError(f"pivot_root: unknown syscall number on {platform.machine()}")
+    old = new_root / ".kubesim-old-root"
+    old.mkdir(exist_ok=True)
+    os.chdir(new_root)
+    if libc.syscall(number, b".", b".kubesim-old-root") != 0:
+        raise MountError(f"pivot_root: {os.strerror(ctypes.get_errno())}")
+    os.chdir(cwd)
+
+
+def _drop_old_root(libc: Any) -> None:
+    # Only once every bind is made: a mount cannot be bound from a detached tree.
+    if libc.umount2(b"/.kubesim-old-root", MNT_DETACH) != 0:
+        raise MountError(f"umount the old root: {os.strerror(ctypes.get_errno())}")
+    os.rmdir("/.kubesim-old-root")
+
+
 def _top_level_mounts() -> list[str]:
     """Mount points whose parent is the root mount (from /proc/self/mountinfo), shortest first."""
     rows = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
@@ -104,17 +130,29 @@ def setup(spec: dict[str, Any], scratch: Path) -> None:
             continue
         # A mount on / itself is never walked into: build the overlay aside, give it /proc and
         # every other mount that hung off the root (/dev, /sys…, from the handles held above),
-        # then make it the process's root.
+        # then make it the process's root (pivot_root, not chroot: a bwrap inside must pivot too).
         new_root = layer / "root"
         _mount(libc, "overlay", str(new_root), "overlay", 0, options)
+        # Top-level directories no new mount point goes into are the host's own (bound, not
+        # overlaid: a Unix socket is not reachable through an overlay), submounts included.
+        creating = {
+            existing_parent(t).parts[1] for t in targets if not t.exists() and len(existing_parent(t).parts) > 1
+        }
+        real = [
+            f"/{entry}"
+            for entry in sorted(os.listdir("/"))
+            if entry not in creating
+            and entry != "proc"
+            and os.path.isdir(f"/{entry}")
+            and not os.path.islink(f"/{entry}")
+        ]
+        for path in real:
+            _mount(libc, path, str(new_root / path.lstrip("/")), None, MS_BIND | MS_REC, None)
         for point, fd in held:
-            if point != "/proc":
+            if point != "/proc" and not any(point == r or point.startswith(r + "/") for r in real):
                 _mount(libc, f"/proc/self/fd/{fd}", str(new_root / point.lstrip("/")), None, MS_BIND | MS_REC, None)
         _mount(libc, "proc", str(new_root / "proc"), "proc", 0, None)
-        cwd = os.getcwd()
-        os.chdir(new_root)
-        os.chroot(".")
-        os.chdir(cwd)
+        _pivot_root(libc, new_root)
     for bind, fd in zip(ordered, handles, strict=True):
         target = Path(bind["target"])
         if target.is_symlink():
@@ -134,6 +172,8 @@ def setup(spec: dict[str, Any], scratch: Path) -> None:
         _mount(libc, f"/proc/self/fd/{hosts_fd}", "/etc/hosts", None, MS_BIND, None)
     for fd in [*handles, *(fd for _, fd in held), *([hosts_fd] if hosts_fd is not None else [])]:
         os.close(fd)
+    if Path("/") in roots:
+        _drop_old_root(libc)
 
 
 def _hold_netns() -> int:
