@@ -14,9 +14,11 @@ container its own mount namespace (``kubesim.kubelet.mountns``) in which the vol
 real ``mountPath`` and ``/etc/hosts`` is the pod's, so in-cluster credentials and config files are
 read unchanged. Images map to local commands through ``kubesim.kubelet.images.ImageMap``.
 
-Pod IPs are loopback addresses from 127.1.0.0/16: every pod shares the host network, and
-an address in 127/8 is reachable on Linux, so a client that dials a pod IP reaches a process
-listening on 0.0.0.0.
+Pod IPs are loopback addresses from 127.1.0.0/16. A pod without ports shares the host network (an
+address in 127/8 is reachable on Linux, so dialling its IP reaches a process listening on
+0.0.0.0); a pod that declares container ports gets a network namespace of its own
+(``kubesim.kubelet.netns``), so its wildcard listeners never collide, and is reached through the
+Service proxy (``kubesim.kubelet.proxy``) and its probes.
 """
 
 from __future__ import annotations

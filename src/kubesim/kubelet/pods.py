@@ -77,6 +77,7 @@ class PodWorker:
         # The pod's own network namespace (``/proc/<holder>/ns/net``), for pods that serve ports.
         self.netns: str | None = None
         self._holder: asyncio.subprocess.Process | None = None
+        self._launchers: dict[str, list[str]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -195,9 +196,12 @@ class PodWorker:
         return [*self.launcher(spec), *argv], env, cwd
 
     def launcher(self, spec: Obj) -> list[str]:
-        """The argv prefix that puts a process of container ``spec`` in its mount namespace."""
+        """The argv prefix that puts a process of container ``spec`` in its mount namespace (its
+        spec file is written once: volumes and the network namespace are fixed by then)."""
         if not self.ctx.mount_namespaces:
             return []
+        if spec["name"] in self._launchers:
+            return self._launchers[spec["name"]]
         binds = [
             {"source": str(source), "target": target, "readOnly": read_only}
             for source, target, read_only in volumes.binds(spec, self._volume_dirs)
@@ -205,7 +209,8 @@ class PodWorker:
         path = self.dir / ".ns" / f"{spec['name']}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"binds": binds, "hosts": str(self.hosts_path), "netns": self.netns}))
-        return [sys.executable, "-m", "kubesim.kubelet.mountns", str(path), "--"]
+        self._launchers[spec["name"]] = [sys.executable, "-m", "kubesim.kubelet.mountns", str(path), "--"]
+        return self._launchers[spec["name"]]
 
     @property
     def hosts_path(self) -> pathlib.Path:
