@@ -1,14 +1,39 @@
-"""Turning what a user asked for into a validated, normalised SandboxSpec."""
+"""Turning what a user asked for into the core model of a create: a validated `NewSandbox` whose
+`SandboxSpec` has its quantities normalised. The gateway builds it once, at its edge, from the
+public request; the manager persists it and hands its spec to the driver unchanged."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from warmshell.core import validation
-from warmshell.core.models import Resources, SandboxSpec
+from warmshell.core.models import DEFAULT_WORKSPACE, Resources, SandboxSpec
 from warmshell.core.quantities import normalize_cpu, normalize_memory
 
-__all__ = ["build_spec"]
+__all__ = ["NewSandbox", "build_spec", "new_sandbox"]
+
+
+@dataclass(frozen=True)
+class NewSandbox:
+    """A create request, validated: `name` "" means the gateway picks one."""
+
+    workspace: str
+    name: str
+    spec: SandboxSpec
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def new_sandbox(*, workspace: str, name: str, labels: Mapping[str, str], spec: Callable[[], SandboxSpec]) -> NewSandbox:
+    """Validate the request — workspace (the default when empty), name, labels, then the spec
+    (`spec`, e.g. a `build_spec` call, runs last so errors come in that order; each names its
+    field)."""
+    workspace = workspace or DEFAULT_WORKSPACE
+    validation.validate_workspace(workspace)
+    if name:
+        validation.validate_name(name)
+    validation.validate_labels(labels)
+    return NewSandbox(workspace=workspace, name=name, spec=spec(), labels=dict(labels))
 
 
 def build_spec(

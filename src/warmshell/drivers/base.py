@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
+from warmshell.core.allocation import MissReason
 from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation, SandboxSpec
 
@@ -43,16 +44,6 @@ class BackendState(StrEnum):
     RUNNING = "Running"  # the sandbox's main process / pod is up
     EXITED = "Exited"  # the sandbox ended on its own (the supervisor reports the workload exit)
     FAILED = "Failed"  # the backend cannot run it (see conditions)
-
-
-class MissReason(StrEnum):
-    """Why a create went cold; only an exact single match goes warm."""
-
-    NOT_READY = "NotReady"
-    NO_MATCH = "NoMatch"
-    AMBIGUOUS = "Ambiguous"
-    EMPTY = "Empty"  # matched a pool that had no idle member
-    DISABLED = "Disabled"
 
 
 @dataclass(frozen=True)
@@ -146,14 +137,27 @@ class SupervisorIdentity:
     instance_name: str
     workspace: str
     binding: Bound | WarmPending
+    # Which start of the supervisor's container this is (Kubernetes: the pod's restart count), so
+    # the gateway can tell a restarted supervisor from a replay of the same one's credential.
+    # Drivers that never restart a supervisor in place leave it 0.
+    incarnation: int = 0
 
 
 class IdentityProvider(Protocol):
-    """Verifies bootstrap credentials presented by supervisors, fail-closed."""
+    """Verifies bootstrap credentials presented by supervisors, fail-closed.
+
+    Authentication is pure: the gateway authenticates whatever credential any RPC presents, so
+    what a registration sets in motion (progress lines, pool bookkeeping) happens in `registered`,
+    which only an accepted RegisterSupervisor calls."""
 
     async def authenticate(self, credential: str) -> SupervisorIdentity | None:
         """The identity behind `credential`; None when it is not a credential of this driver.
-        Raises PermissionDeniedError when it is one but fails a check."""
+        Raises PermissionDeniedError when it is one but fails a check. No side effects."""
+        ...
+
+    def registered(self, identity: SupervisorIdentity) -> None:
+        """The gateway parked a registration of `identity` (an identity this provider returned):
+        the driver's registration effects happen now, and only here."""
         ...
 
 

@@ -1,12 +1,14 @@
-"""Stored records -> public protobuf messages."""
+"""The gateway's edge: public protobuf requests -> the core model (once, here), and stored records
+-> public protobuf messages."""
 
 from __future__ import annotations
 
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.core import specs
 from warmshell.core.models import Condition, Phase, SandboxRecord
 from warmshell.drivers.base import DriverCondition, PoolView
 
-__all__ = ["pool_to_proto", "sandbox_to_proto"]
+__all__ = ["new_sandbox", "pool_to_proto", "sandbox_to_proto"]
 
 _PHASES = {
     Phase.PROVISIONING: pb.SANDBOX_PHASE_PROVISIONING,
@@ -14,6 +16,24 @@ _PHASES = {
     Phase.ERROR: pb.SANDBOX_PHASE_ERROR,
     Phase.DELETING: pb.SANDBOX_PHASE_DELETING,
 }
+
+
+def new_sandbox(request: pb.CreateSandboxRequest) -> specs.NewSandbox:
+    """A create request in the core model: validated, its quantities normalised."""
+    spec = request.spec
+    return specs.new_sandbox(
+        workspace=request.workspace,
+        name=request.name,
+        labels=dict(request.labels),
+        spec=lambda: specs.build_spec(
+            image=spec.image,
+            environment=dict(spec.environment),
+            cpu=spec.resources.cpu,
+            memory=spec.resources.memory,
+            command=list(spec.command),
+            runtime_class_name=spec.runtime_class_name,
+        ),
+    )
 
 
 def _condition(condition: Condition | DriverCondition) -> pb.Condition:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from warmshell.core import phases, validation
+from warmshell.core import phases
 from warmshell.core.errors import (
     AlreadyExistsError,
     NotFoundError,
@@ -26,7 +26,7 @@ from warmshell.core.models import (
     now_ms,
     now_us,
 )
-from warmshell.core.specs import build_spec
+from warmshell.core.specs import NewSandbox
 from warmshell.drivers.base import (
     BackendState,
     ComputeDriver,
@@ -95,37 +95,13 @@ class SandboxManager:
         """Creates that went cold since start, by reason."""
         return dict(self._misses)
 
-    async def create(
-        self,
-        *,
-        name: str,
-        workspace: str,
-        image: str,
-        environment: Mapping[str, str],
-        cpu: str,
-        memory: str,
-        command: Sequence[str],
-        runtime_class_name: str,
-        labels: Mapping[str, str],
-    ) -> SandboxRecord:
-        """Validate, persist (Provisioning), then ask the driver; a driver failure leaves nothing."""
+    async def create(self, new: NewSandbox) -> SandboxRecord:
+        """Persist (Provisioning), then ask the driver; a driver failure leaves nothing."""
         requested = now_us()
-        workspace = workspace or DEFAULT_WORKSPACE
-        validation.validate_workspace(workspace)
-        if name:
-            validation.validate_name(name)
-        validation.validate_labels(labels)
-        spec = build_spec(
-            image=image,
-            environment=environment,
-            cpu=cpu,
-            memory=memory,
-            command=command,
-            runtime_class_name=runtime_class_name,
-        )
+        workspace, spec, labels = new.workspace, new.spec, new.labels
         self.driver.validate(workspace, spec)
         proof, proof_hash = new_activation_token()
-        record = await self._insert(name, workspace, labels, spec, proof_hash, requested)
+        record = await self._insert(new.name, workspace, labels, spec, proof_hash, requested)
         try:
             view = await self.driver.create(
                 CreateRequest(

@@ -17,7 +17,7 @@ from warmshell.core.validation import validate_command, validate_environment, va
 from warmshell.gateway import metrics
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
-from warmshell.gateway.convert import pool_to_proto, sandbox_to_proto
+from warmshell.gateway.convert import new_sandbox, pool_to_proto, sandbox_to_proto
 from warmshell.gateway.events import Changed, Deleted, Output, Progress
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.sessions import ExecChannel
@@ -54,18 +54,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     @unary
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: Ctx) -> pb.Sandbox:
         await self._auth.require_client(context)
-        spec = request.spec
-        record = await self._manager.create(
-            name=request.name,
-            workspace=request.workspace,
-            image=spec.image,
-            environment=dict(spec.environment),
-            cpu=spec.resources.cpu,
-            memory=spec.resources.memory,
-            command=list(spec.command),
-            runtime_class_name=spec.runtime_class_name,
-            labels=dict(request.labels),
-        )
+        record = await self._manager.create(new_sandbox(request))
         return sandbox_to_proto(record)
 
     @unary

@@ -146,8 +146,10 @@ async def test_a_gateway_restart_between_claim_and_activation(
         # Stop the claim controller first, so the activation can only come from the second gateway.
         driver = first.gateway.driver
         assert isinstance(driver, KubernetesDriver)
-        assert driver._claims is not None
-        await driver._claims.aclose()
+        warm = driver.warm_allocation
+        assert warm is not None
+        assert warm.claims is not None
+        await warm.claims.aclose()
         await first.create(name="survivor", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
         await first.stop()
     async with running_gateway(state, **settings) as second:
@@ -169,9 +171,11 @@ async def test_claim_activation_survives_a_dropped_watch_and_a_relist(
             await wait_idle(gw, "foo", 1)
             driver = gw.gateway.driver
             assert isinstance(driver, KubernetesDriver)
-            claims_ctl = driver._claims
+            warm = driver.warm_allocation
+            assert warm is not None
+            claims_ctl = warm.claims
             assert claims_ctl is not None
-            claims_ctl._tasks[0].cancel()  # the watch is gone; only the relist is left
+            await claims_ctl.stop_watching()  # the watch is gone; only the relist is left
             await gw.create(name="relisted", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
             ready = await gw.wait_ready("relisted", timeout=30)
             assert ready.status.phase == pb.SANDBOX_PHASE_READY
@@ -181,7 +185,7 @@ async def test_claim_activation_survives_a_dropped_watch_and_a_relist(
             assert first.claimed_us
             assert first.activated_us >= first.claimed_us
             # Later relists keep finding the claim, and never activate it a second time.
-            await claims_ctl._relist_once()
+            await claims_ctl.relist()
             await asyncio.sleep(0.2)
             again = (await gw.get("relisted")).status.timeline
             assert (again.claimed_us, again.activated_us) == (first.claimed_us, first.activated_us)

@@ -5,7 +5,9 @@ transitions are in test_warm_gate)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,10 @@ class Api:
             raise kube.NotFound(404, "NotFound", "the server could not find the requested resource")
         return {"metadata": {"resourceVersion": "1"}, "items": []}
 
+    async def watch(self, resource: kube.Resource, namespace: str, **_: Any) -> AsyncGenerator[Obj, None]:
+        await asyncio.Event().wait()  # the claim controller's watch: nothing happens on it
+        yield {}
+
     async def create(self, resource: kube.Resource, namespace: str, body: Obj) -> Obj:
         self.calls.append(f"create {resource.kind}")
         step = self.creates.pop(0)
@@ -70,37 +76,48 @@ class Api:
 
 
 class Pools:
-    """A synced pool cache holding the given pools."""
+    """A synced pool cache holding the given pools (it follows nothing)."""
 
     def __init__(self, *pools: poolcache.CachedPool) -> None:
+        self.pools = list(pools)
         self.index = matching.PoolIndex((p.fingerprint, p) for p in pools)
+
+    @property
+    def synced(self) -> bool:
+        return self.index.synced
+
+    def entries(self) -> list[poolcache.CachedPool]:
+        return list(self.pools)
 
     def lookup(self, fp: Fingerprint) -> matching.MatchResult[poolcache.CachedPool]:
         return self.index.lookup(fp)
+
+    def start(self) -> None:
+        pass
 
     async def aclose(self) -> None:
         pass
 
 
 class NoActivator:
+    """Never asked to activate (no claim is bound here); registrations never change."""
+
     async def activate(self, **_: Any) -> None:
         raise AssertionError("creates never activate")
 
     async def wait_registrations_changed(self, generation: int) -> int:
-        raise AssertionError("not started")
+        await asyncio.Event().wait()
+        return generation
 
 
 def pool(name: str = "foo", shape: SandboxShape = SHAPE) -> poolcache.CachedPool:
     return poolcache.CachedPool(name, shape.workspace, fingerprint(shape), shape, 2, 2)
 
 
-async def create(api: Api, tmp_path: Path, pools: Pools | None) -> Any:
-    driver = KubernetesDriver(config(), StatePaths(tmp_path), api=api)  # type: ignore[arg-type]
+async def create(api: Api, tmp_path: Path, pools: Pools) -> Any:
+    driver = KubernetesDriver(config(), StatePaths(tmp_path), api=api, pool_cache=pools)  # type: ignore[arg-type]
     async with driver:
-        if driver._pools is not None:
-            await driver._pools.aclose()
-        driver._pools = pools  # type: ignore[assignment]
-        driver._activator = NoActivator()  # type: ignore[assignment]
+        await driver.start(NoActivator())
         return await driver.create(REQUEST)
 
 

@@ -123,17 +123,22 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 def allocating(driver: KubernetesDriver) -> bool:
     """The gate is on and everything that reads the extension APIs runs."""
-    informers = driver._informers
-    claims_task = informers._claims_task if informers is not None else None
+    warm = driver.warm_allocation
+    informers = driver.informers
     return (
         driver.warm_allocation_on
-        and driver._allocating
-        and driver._claims is not None
-        and driver._pools is not None
-        and driver._pools.synced
-        and claims_task is not None
-        and not claims_task.done()
+        and warm is not None
+        and warm.running
+        and warm.claims is not None
+        and warm.pool_cache.synced
+        and informers is not None
+        and informers.following_claims
     )
+
+
+def claims_off(driver: KubernetesDriver) -> bool:
+    warm = driver.warm_allocation
+    return warm is not None and not warm.running and warm.claims is None
 
 
 async def test_absent_at_start_then_installed_turns_warm_pooling_on(
@@ -144,7 +149,7 @@ async def test_absent_at_start_then_installed_turns_warm_pooling_on(
         view = await driver.create(REQUEST)
         assert (view.allocation, view.miss_reason) == ("cold", MissReason.NOT_READY)
         assert driver.pools() == []
-        assert driver._claims is None
+        assert claims_off(driver)
         await until(lambda: cluster.probes >= 5)
         assert len(warnings()) == 1
 
@@ -164,7 +169,7 @@ async def test_a_404_turns_it_off_once_and_a_probe_turns_it_on_again(
         # The CRDs go: every claim-reading part sees 404 (get, the watches, the relist) — one warning.
         cluster.set_extensions(False)
         assert await driver.get(SandboxId("sbx-gone")) is None
-        await until(lambda: not driver._allocating and driver._claims is None)
+        await until(lambda: claims_off(driver))
         assert not driver.warm_allocation_on
         assert driver.pools() == []
         assert await driver.list() == []
@@ -185,8 +190,8 @@ async def test_an_api_that_cannot_answer_at_start_does_not_turn_warm_pooling_off
     cluster = Cluster()
     cluster.probe_failures = [kube.Temporary(503, "ServiceUnavailable", "try later")]
     async with running(cluster, tmp_path) as driver:
-        assert driver._gate is not None
-        assert driver._gate.available is None
+        assert driver.warm_allocation is not None
+        assert driver.warm_allocation.gate.available is None
         assert driver.warm_allocation_on  # unknown is not off: claims are still read
         await until(lambda: allocating(driver))
     assert not any("not installed" in w for w in warnings())

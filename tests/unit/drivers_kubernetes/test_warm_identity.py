@@ -291,7 +291,9 @@ async def test_a_refused_claim_is_given_up_with_a_warning(
         claimactivation.watching.Backoff(),
     )
     with caplog.at_level(logging.WARNING):
-        await controller._attempts("uid", "warmshell/default--one", claim)
+        controller.replace([claim])  # what a listing of the claims hands it
+        assert controller.in_flight == 1
+        await controller.wait_in_flight()
     assert spy.calls == []
     assert any("given up" in r.getMessage() for r in caplog.records)
 
@@ -357,17 +359,17 @@ async def test_claims_are_deduplicated_and_bounded_in_flight(
         max_in_flight=2,
     )
     with caplog.at_level(logging.DEBUG, logger="warmshell.drivers.kubernetes.claimactivation"):
-        controller._replace(claim_objs)
-        controller._replace(claim_objs)  # the same claims again (a relist): nothing new starts
+        controller.replace(claim_objs)
+        controller.replace(claim_objs)  # the same claims again (a relist): nothing new starts
         await two.wait()
-        assert len(controller._running) == 2
+        assert controller.in_flight == 2
         assert any("saturated" in r.getMessage() for r in caplog.records)
         release.set()
         await three.wait()
-        await asyncio.gather(*controller._running.values())
+        await controller.wait_in_flight()
     assert sorted(calls) == ["sbx-0", "sbx-1", "sbx-2"]
-    controller._replace(claim_objs)  # activated claims are done: no second activation
-    assert not controller._running
+    controller.replace(claim_objs)  # activated claims are done: no second activation
+    assert controller.in_flight == 0
     await controller.aclose()
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from warmshell.core import specs
 from warmshell.core.errors import InvalidArgumentError, UnavailableError
 from warmshell.drivers.base import CreateRequest
 from warmshell.drivers.fake import FakeDriver
@@ -32,13 +33,19 @@ CREATE = {"workspace": "", "image": "", "environment": {}, "cpu": "", "memory": 
           "runtime_class_name": "", "labels": {}}  # fmt: skip
 
 
+def new(name: str) -> specs.NewSandbox:
+    fields = dict(CREATE)
+    placement = {key: fields.pop(key) for key in ("workspace", "labels")}
+    return specs.new_sandbox(name=name, spec=lambda: specs.build_spec(**fields), **placement)  # type: ignore[arg-type]
+
+
 async def test_driver_failure_removes_the_row(records: SandboxRecords) -> None:
     def fail(request: CreateRequest) -> None:
         raise InvalidArgumentError("spec.image", "the backend cannot pull it")
 
     manager = manager_for(records, FakeDriver(fail))
     with pytest.raises(InvalidArgumentError, match="cannot pull"):
-        await manager.create(name="x", **CREATE)  # type: ignore[arg-type]
+        await manager.create(new("x"))
     assert await records.list() == []
 
 
@@ -48,7 +55,7 @@ async def test_unknown_outcome_keeps_the_provisioning_row(records: SandboxRecord
 
     manager = manager_for(records, FakeDriver(unknown))
     with pytest.raises(UnavailableError):
-        await manager.create(name="x", **CREATE)  # type: ignore[arg-type]
+        await manager.create(new("x"))
     [kept] = await records.list()
     assert kept.name == "x"
     assert kept.status.phase.value == "Provisioning"
@@ -56,7 +63,7 @@ async def test_unknown_outcome_keeps_the_provisioning_row(records: SandboxRecord
 
 async def test_generated_names_and_proof_hash_stored(records: SandboxRecords) -> None:
     manager = manager_for(records, FakeDriver())
-    record = await manager.create(name="", **CREATE)  # type: ignore[arg-type]
+    record = await manager.create(new(""))
     assert record.name.startswith("sbx-")
     assert len(record.activation_proof_hash) == 64
     assert record.status.timeline.requested_us <= record.status.timeline.backend_created_us

@@ -29,14 +29,15 @@ from warmshell.core.errors import (
 )
 from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import now_us
-from warmshell.drivers.base import Activator
-from warmshell.drivers.kubernetes import claims, kube, labels, proofs, status, watching
+from warmshell.drivers.base import Activator, DriverEvent, ProgressLine
+from warmshell.drivers.events import Hub
+from warmshell.drivers.kubernetes import claims, kube, labels, poolcache, proofs, status, watching
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = ["ClaimActivation", "ClaimRefused", "Target", "resolve_target"]
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 RELIST_SECONDS = 15.0
 MAX_IN_FLIGHT = 32
 # Waits between attempts while the supervisor has not registered; then the claim waits quietly
@@ -94,8 +95,26 @@ async def resolve_target(api: kube.Kube, sealer: proofs.ProofSealer, claim: Mapp
     return Target(InstanceId(pod_uid), pod_name, sandbox_name, sandbox_id, proof)
 
 
+@dataclass(eq=False)
+class _Claim:
+    """One claim and where its activation stands."""
+
+    uid: str
+    claim: Obj
+    done: bool = False  # activated or given up
+    task: asyncio.Task[None] | None = None  # the activation running now
+    wake: asyncio.Event | None = None  # cuts the running task's backoff short
+    # Known pod, not registered here after the backoff: tried again (one in-memory call, no API
+    # reads) on each registration change. After a gateway restart every running warm sandbox's
+    # claim is parked, as their supervisors never register again.
+    parked: Target | None = None
+    waiting: bool = False  # not scheduled because of the bound; scheduled on a free slot
+    warned: bool = False
+
+
 class ClaimActivation:
-    """Runs the triggers and the bounded, deduplicated activation tasks."""
+    """Runs the triggers and the bounded, deduplicated activation tasks. Each claim bound and
+    activated is published: a "Claimed" progress line on `hub`, the pod taken out of `idle`."""
 
     def __init__(
         self,
@@ -105,8 +124,8 @@ class ClaimActivation:
         activator: Activator,
         backoff: watching.Backoff,
         *,
-        on_bound: Callable[[SandboxId], None] = lambda _id: None,
-        on_activated: Callable[[SandboxId, InstanceId], None] = lambda _id, _pod: None,
+        hub: Hub | None = None,
+        idle: poolcache.IdleMembers | None = None,
         on_gone: Callable[[], None] = lambda: None,
         relist_seconds: float | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
@@ -116,52 +135,64 @@ class ClaimActivation:
         self._sealer = sealer
         self._activator = activator
         self._backoff = backoff
-        self._on_bound = on_bound
-        self._on_activated = on_activated
+        self._hub = hub or Hub()
+        self._idle = idle or poolcache.IdleMembers()
         self._on_gone = on_gone  # a 404 on the claim collection: the extension CRDs were removed
         self._relist_seconds = relist_seconds or RELIST_SECONDS  # read late: tests shorten it
         self._max = max_in_flight
-        self._claims: dict[str, Obj] = {}  # by uid
-        self._done: set[str] = set()  # claim uids activated or given up
-        self._running: dict[str, asyncio.Task[None]] = {}
-        self._wake: dict[str, asyncio.Event] = {}  # cuts a running task's backoff short
-        # Claims whose pod is known but not registered here after the backoff: tried again (one
-        # in-memory call, no API reads) on each registration change. After a gateway restart this
-        # holds every running warm sandbox, whose supervisors never register again.
-        self._parked: dict[str, Target] = {}
-        self._warned: set[str] = set()
-        self._waiting: set[str] = set()  # not scheduled because of the bound; scheduled on a free slot
+        self._claims: dict[str, _Claim] = {}  # by uid
+        self._in_flight = 0  # claims with a task
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False  # closing: a freed slot schedules nothing
+
+    @property
+    def in_flight(self) -> int:
+        """Activations running now."""
+        return self._in_flight
 
     def start(self) -> None:
         """Start the watch, the relist and the registration trigger."""
+        self._stopped = False
         self._tasks = [
             asyncio.create_task(self._watch(), name="k8s-claims:watch"),
             asyncio.create_task(self._relist_forever(), name="k8s-claims:relist"),
             asyncio.create_task(self._on_registrations(), name="k8s-claims:registrations"),
         ]
 
+    async def stop_watching(self) -> None:
+        """Stop the claim watch only: from now on the relist alone finds bound claims (what a
+        watch that keeps failing amounts to)."""
+        if self._tasks:
+            self._tasks[0].cancel()
+            await asyncio.gather(self._tasks[0], return_exceptions=True)
+
+    async def wait_in_flight(self) -> None:
+        """Return once the activations running now have ended (those they schedule included)."""
+        while running := [c.task for c in self._claims.values() if c.task is not None]:
+            await asyncio.gather(*running, return_exceptions=True)
+
     async def aclose(self) -> None:
         """Stop everything, including activations in flight."""
-        tasks = [*self._tasks, *self._running.values()]
+        self._stopped = True
+        tasks = [*self._tasks]
+        for record in self._claims.values():
+            if record.task is not None:
+                tasks.append(record.task)
+                record.task, record.wake = None, None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks, self._running = [], {}
+        self._tasks, self._in_flight = [], 0
 
     # -- triggers ----------------------------------------------------------------------------
 
     async def _watch(self) -> None:
-        def listed(items: list[Obj]) -> None:
-            self._replace(items)
-
         def changed(kind: str, claim: Obj) -> None:
             uid = str(claim["metadata"].get("uid") or "")
             if kind == "DELETED":
                 self._forget(uid)
                 return
-            self._claims[uid] = claim
-            self._consider(uid)
+            self._consider(self._record(uid, claim))
 
         try:
             await watching.follow(
@@ -169,133 +200,157 @@ class ClaimActivation:
                 kube.SANDBOX_CLAIMS,
                 self._namespace,
                 label_selector=labels.claim_selector(),
-                on_list=listed,
+                on_list=self.replace,
                 on_event=changed,
                 backoff=self._backoff,
             )
         except kube.NotFound:
-            self._on_gone()  # the driver stops this controller, and starts a new one when they are back
+            self._on_gone()  # the warm path stops this controller, and starts a new one when they are back
 
     async def _relist_forever(self) -> None:
         while True:
             await asyncio.sleep(self._relist_seconds)  # a period, not a wait for a condition
-            await self._relist_once()
+            await self.relist()
 
-    async def _relist_once(self) -> None:
+    async def relist(self) -> None:
         """Catch up with every claim (a watch may have missed events, or dropped)."""
         try:
             listing = await self._api.list(kube.SANDBOX_CLAIMS, self._namespace, label_selector=labels.claim_selector())
         except kube.NotFound:
-            self._on_gone()  # said once, by the driver's extensions gate
+            self._on_gone()  # said once, by the extensions gate
             return
         except kube.ApiError as exc:
             log.warning("relist of SandboxClaims failed: %s", exc)
             return
-        self._replace(list(listing.get("items") or []))
+        self.replace(list(listing.get("items") or []))
 
     async def _on_registrations(self) -> None:
         generation = 0
         while True:
             generation = await self._activator.wait_registrations_changed(generation)
-            for event in self._wake.values():
-                event.set()
-            for uid in list(self._claims):
-                self._consider(uid, registration=True)
+            for record in list(self._claims.values()):
+                if record.wake is not None:
+                    record.wake.set()
+            for record in list(self._claims.values()):
+                self._consider(record, registration=True)
 
-    def _replace(self, items: list[Obj]) -> None:
+    def replace(self, items: list[Obj]) -> None:
+        """The claims are now exactly `items` (a listing): forget the others, consider each."""
         current = {str(c["metadata"].get("uid") or ""): c for c in items}
         for uid in self._claims.keys() - current.keys():
             self._forget(uid)
-        self._claims = current
-        for uid in current:
-            self._consider(uid)
+        for record in [self._record(uid, claim) for uid, claim in current.items()]:
+            self._consider(record)
+
+    def _record(self, uid: str, claim: Obj) -> _Claim:
+        record = self._claims.get(uid)
+        if record is None:
+            record = self._claims[uid] = _Claim(uid, claim)
+        record.claim = claim
+        return record
 
     def _forget(self, uid: str) -> None:
-        self._claims.pop(uid, None)
-        self._done.discard(uid)
-        self._waiting.discard(uid)
-        self._wake.pop(uid, None)
-        self._parked.pop(uid, None)
-        self._warned.discard(uid)
-        task = self._running.pop(uid, None)
-        if task is not None:
-            task.cancel()
+        record = self._claims.pop(uid, None)
+        if record is not None and record.task is not None:
+            record.task.cancel()
+            record.task = None
+            self._in_flight -= 1
 
     # -- scheduling --------------------------------------------------------------------------
 
-    def _consider(self, uid: str, *, registration: bool = False) -> None:
-        claim = self._claims.get(uid)
-        if claim is None or uid in self._done or uid in self._running or not claims.bound_sandbox_name(claim):
+    def _consider(self, record: _Claim, *, registration: bool = False) -> None:
+        if self._stopped or self._claims.get(record.uid) is not record or record.done or record.task is not None:
             return
-        if uid in self._parked and not registration:
+        if not claims.bound_sandbox_name(record.claim):
+            return
+        if record.parked is not None and not registration:
             return  # only a new registration can be its supervisor
-        if len(self._running) >= self._max:
-            if uid not in self._waiting:
-                log.debug("claim activations saturated (%d in flight); claim %s waits", self._max, uid)
-            self._waiting.add(uid)
+        if self._in_flight >= self._max:
+            if not record.waiting:
+                log.debug("claim activations saturated (%d in flight); claim %s waits", self._max, record.uid)
+            record.waiting = True
             return
-        self._waiting.discard(uid)
-        self._wake[uid] = asyncio.Event()
-        self._running[uid] = asyncio.create_task(self._activate(uid, claim), name=f"k8s-claim:{uid}")
+        record.waiting = False
+        record.wake = asyncio.Event()
+        record.task = asyncio.create_task(self._activate(record, record.claim), name=f"k8s-claim:{record.uid}")
+        self._in_flight += 1
 
-    def _finished(self, uid: str, task: asyncio.Task[None] | None) -> None:
-        if self._running.get(uid) is task:
-            self._running.pop(uid, None)
-            self._wake.pop(uid, None)
-        if self._waiting and len(self._running) < self._max:
-            self._consider(self._waiting.pop())
+    def _finished(self, record: _Claim, task: asyncio.Task[None] | None) -> None:
+        if record.task is task:
+            record.task, record.wake = None, None
+            self._in_flight -= 1
+        if self._in_flight < self._max:
+            waiting = next((c for c in self._claims.values() if c.waiting), None)
+            if waiting is not None:
+                waiting.waiting = False
+                self._consider(waiting)
 
-    async def _activate(self, uid: str, claim: Obj) -> None:
+    async def _activate(self, record: _Claim, claim: Obj) -> None:
         name = f"{claim['metadata'].get('namespace')}/{claim['metadata'].get('name')}"
         task = asyncio.current_task()
         try:
-            await self._attempts(uid, name, claim)
+            await self._attempts(record, name, claim)
         finally:
-            self._finished(uid, task)
+            self._finished(record, task)
 
-    async def _attempts(self, uid: str, name: str, claim: Obj) -> None:
-        target = parked = self._parked.pop(uid, None)
+    async def _attempts(self, record: _Claim, name: str, claim: Obj) -> None:
+        target = parked = record.parked
+        record.parked = None
         delays = (None,) if parked else (*RETRY_DELAYS, None)
         for delay in delays:
             try:
                 if parked is None:
                     target = await resolve_target(self._api, self._sealer, claim)
                 if target is not None:
-                    if not target.bound_us:
-                        target = dataclasses.replace(target, bound_us=now_us())
-                        self._on_bound(target.sandbox_id)
-                    await self._activator.activate(
-                        instance_id=target.pod_uid,
-                        sandbox_id=target.sandbox_id,
-                        proof=target.proof,
-                        reason=f"SandboxClaim/{name}",
-                        claimed_us=target.bound_us,
-                    )
-                    self._done.add(uid)
-                    self._on_activated(target.sandbox_id, target.pod_uid)
-                    log.debug("claim %s: activated pod %s", name, target.pod_name)
+                    if not target.bound_us:  # kept when the attempt fails: parked with it
+                        target = self._bound(target)
+                    await self._activate_target(target, name)
+                    record.done = True
                     return
             except AlreadyExistsError:
-                self._done.add(uid)  # activated already (it registered bound after adoption)
+                record.done = True  # activated already (it registered bound after adoption)
                 return
             except (NotFoundError, ConflictError, UnavailableError, kube.Temporary):
                 pass  # not registered yet, replaced meanwhile, or the API hiccuped: try again
             except WarmshellError as exc:
-                self._done.add(uid)
+                record.done = True
                 where = f"sandbox {target.sandbox_name}, pod {target.pod_name}" if target else "unresolved"
                 log.warning("claim %s: activation given up (%s): %s", name, where, exc)
                 return
             if delay is None:
                 break
-            wake = self._wake.get(uid)
-            if wake is not None:
+            if record.wake is not None:
                 # Backoff between attempts; a registration change may be this pod's, so it ends it.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), delay)
-                wake.clear()
+                    await asyncio.wait_for(record.wake.wait(), delay)
+                record.wake.clear()
+        self._unresolved(record, name, claim, target, parked=parked is not None, attempts=len(delays))
+
+    def _bound(self, target: Target) -> Target:
+        """The moment this controller first found the claim bound (the timeline's claimed_us)."""
+        target = dataclasses.replace(target, bound_us=now_us())
+        line = ProgressLine("Claimed", "agent-sandbox bound the SandboxClaim to a warm Sandbox")
+        self._hub.publish(DriverEvent(target.sandbox_id, progress=line))
+        return target
+
+    async def _activate_target(self, target: Target, name: str) -> None:
+        await self._activator.activate(
+            instance_id=target.pod_uid,
+            sandbox_id=target.sandbox_id,
+            proof=target.proof,
+            reason=f"SandboxClaim/{name}",
+            claimed_us=target.bound_us,
+        )
+        self._idle.activated(target.pod_uid)
+        log.debug("claim %s: activated pod %s", name, target.pod_name)
+
+    def _unresolved(
+        self, record: _Claim, name: str, claim: Obj, target: Target | None, *, parked: bool, attempts: int
+    ) -> None:
+        """Out of attempts: park a known pod until a registration, or say once that none was found."""
         if target is not None:
-            self._parked[uid] = target
-            if parked is None:
+            record.parked = target
+            if not parked:
                 log.info(
                     "claim %s: the supervisor of pod %s (sandbox %s) is not registered here; "
                     "activating it when it registers",
@@ -304,11 +359,11 @@ class ClaimActivation:
                     target.sandbox_name,
                 )
             return
-        if uid not in self._warned:  # the relist retries it; once is enough to diagnose it
-            self._warned.add(uid)
+        if not record.warned:  # the relist retries it; once is enough to diagnose it
+            record.warned = True
             log.warning(
                 "claim %s: bound to Sandbox %s but its pod was not found after %d attempts; retrying on relist",
                 name,
                 claims.bound_sandbox_name(claim),
-                len(delays),
+                attempts,
             )

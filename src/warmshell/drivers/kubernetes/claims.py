@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from warmshell.core.fingerprints import fingerprint as fingerprint_of
-from warmshell.core.ids import SandboxId
+from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.core.models import Allocation
 from warmshell.drivers.base import BackendState, DriverCondition, DriverSandbox
 from warmshell.drivers.kubernetes import kube, labels, status, warmpools
 from warmshell.drivers.kubernetes.naming import ObjectRef
+from warmshell.drivers.kubernetes.objects import Obj
 from warmshell.drivers.kubernetes.rendering import SandboxIdentity
 
 __all__ = [
@@ -31,10 +32,8 @@ __all__ = [
     "view",
 ]
 
-Obj = dict[str, Any]
 
-
-def render_claim(*, ref: ObjectRef, who: SandboxIdentity, pool: str, gateway_id: str, fingerprint: str) -> Obj:
+def render_claim(*, ref: ObjectRef, who: SandboxIdentity, pool: str, gateway_id: str, fingerprint: Fingerprint) -> Obj:
     """The claim for one warm create (validates against the SandboxClaim CRD schema);
     `fingerprint` is the request's, so the Sandbox bound to it can be checked to run that shape."""
     return {

@@ -2,8 +2,9 @@
 SandboxClaim). Warm pooling needs them; without them it is off — said once, in one warning — and
 comes back on by itself once they are installed, found by a probe with backoff.
 
-The driver owns one gate and shares it with everything that needs the APIs (claim allocation, the
-profile reconciler), so a gateway says each transition once, however many parts wait on it.
+The driver's warm path (`warm.WarmAllocation`) owns the one gate and shares it with everything
+that needs the APIs (claim allocation, the profile reconciler), so a gateway says each transition
+once, however many parts wait on it.
 """
 
 from __future__ import annotations

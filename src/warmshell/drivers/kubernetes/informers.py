@@ -6,7 +6,7 @@ progress line for each new Event about its pod or Sandbox.
 With warm pooling a sandbox may be a SandboxClaim instead: then the Sandboxes and pods without our
 sandbox id (pool members, adopted ones) are kept from the start, because an adopted member is the
 claim's Sandbox while carrying none of our labels, and the claims are followed while the extension
-APIs are served (`follow_claims` / `unfollow_claims`, as the driver's gate says). Adding the claim
+APIs are served (`follow_claims` / `unfollow_claims`, as the warm path's gate says). Adding the claim
 informer later loses nothing: it lists first, and the Sandboxes and pods it joins are already here.
 """
 
@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import DriverEvent, DriverSandbox
 from warmshell.drivers.events import Hub
 from warmshell.drivers.kubernetes import claims, kube, labels, status, watching
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = ["Informers"]
-
-Obj = dict[str, Any]
 
 
 class Informers:
@@ -78,6 +76,11 @@ class Informers:
                 self._follow(kube.EVENTS, "", lambda _items: None, self._kube_event), name="k8s-informer:events"
             ),
         ]
+
+    @property
+    def following_claims(self) -> bool:
+        """Whether the SandboxClaim informer runs now."""
+        return self._claims_task is not None and not self._claims_task.done()
 
     def follow_claims(self) -> None:
         """Start the SandboxClaim informer (once; again after `unfollow_claims` or a 404)."""

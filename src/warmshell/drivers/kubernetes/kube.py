@@ -33,6 +33,7 @@ from warmshell.core.errors import (
     UnavailableError,
     WarmshellError,
 )
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = [
     "CONFIGMAPS",
@@ -61,7 +62,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 T = TypeVar("T")
 
 MERGE_PATCH: Final = "application/merge-patch+json"

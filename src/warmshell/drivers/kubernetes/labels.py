@@ -3,7 +3,10 @@ puts there that we read."""
 
 from __future__ import annotations
 
+import re
 from typing import Final
+
+from warmshell.core.ids import SandboxId
 
 __all__ = [
     "ACTIVATION_PROOF",
@@ -34,6 +37,7 @@ __all__ = [
     "WORKSPACE",
     "claim_selector",
     "generated_selector",
+    "label_value",
     "managed_selector",
     "profile_selector",
     "sandbox_selector",
@@ -67,7 +71,7 @@ def managed_selector() -> str:
     return f"{MANAGED_BY}={MANAGED_BY_VALUE},{SANDBOX_ID}"
 
 
-def sandbox_selector(sandbox_id: str) -> str:
+def sandbox_selector(sandbox_id: SandboxId) -> str:
     """The objects of one sandbox."""
     return f"{MANAGED_BY}={MANAGED_BY_VALUE},{SANDBOX_ID}={sandbox_id}"
 
@@ -108,3 +112,8 @@ def profile_selector() -> str:
 def generated_selector() -> str:
     """Templates and pools the profile reconciler generated (whatever profile made them)."""
     return f"{MANAGED_BY}={MANAGED_BY_VALUE},{PROFILE_UID}"
+
+
+def label_value(text: str) -> str:
+    """`text` as a valid label value: allowed characters only, at most 63, alphanumeric ends."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", text)[:63].strip("._-") or "gateway"

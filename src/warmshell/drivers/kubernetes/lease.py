@@ -20,10 +20,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.kubernetes import kube
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = [
     "Action",
@@ -41,7 +42,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 
 # The longest pause before restarting a leader task that keeps failing.
 MAX_RESTART_DELAY = 60.0

@@ -5,13 +5,14 @@ followed by two informers and folded into a `PoolIndex` by fingerprint after eve
 is missing, is not a warmshell supervisor template, or runs another shape than the pool's
 fingerprint says is kept out of the index (so it is never matched) and reported on its `PoolView`.
 
-The driver starts the cache while the extension APIs are served and closes it when they go; a 404
-on either collection is how it learns they went (`on_gone`).
+The warm path (`warm.WarmAllocation`) starts the cache while the extension APIs are served and
+closes it when they go; a 404 on either collection is how it learns they went (`on_gone`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -20,15 +21,14 @@ from typing import Any
 
 from warmshell.core import matching
 from warmshell.core.fingerprints import SandboxShape, fingerprint
-from warmshell.core.ids import Fingerprint
+from warmshell.core.ids import Fingerprint, InstanceId
 from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.kubernetes import kube, labels, warmpools, watching
+from warmshell.drivers.kubernetes.objects import Obj
 
-__all__ = ["CachedPool", "PoolCache", "PoolStats", "index_pools"]
+__all__ = ["CachedPool", "IdleMembers", "PoolCache", "PoolStats", "index_pools"]
 
 log = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
 
 
 @dataclass
@@ -37,6 +37,27 @@ class PoolStats:
 
     hits: int = 0
     misses: int = 0
+
+
+class IdleMembers:
+    """Warm-pending pods registered with this gateway, by fingerprint: added by registration,
+    removed by the claim activation that binds one (a member deleted unclaimed stays counted, so
+    a count is bounded by the pool's own ready count where it is shown)."""
+
+    def __init__(self) -> None:
+        self._members: dict[InstanceId, Fingerprint] = {}
+
+    def registered(self, instance_id: InstanceId, pool: Fingerprint) -> None:
+        """A warm-pending pod of the pool with this fingerprint registered."""
+        self._members[instance_id] = pool
+
+    def activated(self, instance_id: InstanceId) -> None:
+        """The pod was activated for a sandbox: no longer idle."""
+        self._members.pop(instance_id, None)
+
+    def counts(self) -> collections.Counter[Fingerprint]:
+        """Registered idle members by pool fingerprint."""
+        return collections.Counter(self._members.values())
 
 
 @dataclass(frozen=True)
@@ -180,7 +201,7 @@ class PoolCache:
                 backoff=self._backoff,
             )
         except kube.NotFound as exc:
-            # The collection itself is gone: the extension CRDs were removed. The driver closes
+            # The collection itself is gone: the extension CRDs were removed. The warm path closes
             # the cache and starts it again once they are back.
             log.debug("%s: %s", resource.plural, exc)
             self._on_gone()

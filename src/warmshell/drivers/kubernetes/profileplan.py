@@ -19,6 +19,7 @@ from warmshell.core import profiles
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.drivers.kubernetes import labels, naming, warmpools
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = [
     "Delete",
@@ -34,7 +35,6 @@ __all__ = [
     "status_patch",
 ]
 
-Obj = dict[str, Any]
 Kind = Literal["template", "pool"]
 
 PREFIX: Final = "warmshell-wp-"

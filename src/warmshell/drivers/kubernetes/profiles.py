@@ -14,18 +14,17 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.kubernetes import kube, labels, lease, profileplan, watching
 from warmshell.drivers.kubernetes.extensions import ExtensionsGate
 from warmshell.drivers.kubernetes.lease import Clock, SystemClock
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = ["ProfileReconciler", "run_elected"]
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 
 RETRY_DELAYS: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
 _RESOURCES: dict[profileplan.Kind, kube.Resource] = {

@@ -14,10 +14,12 @@ from typing import Any
 
 from warmshell.core import models
 from warmshell.core.config import KubernetesDriverConfig
+from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxSpec
 from warmshell.core.quantities import cpu_millis, memory_bytes
 from warmshell.drivers.kubernetes import labels
 from warmshell.drivers.kubernetes.naming import ObjectRef
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = [
     "CONTAINER",
@@ -32,7 +34,6 @@ __all__ = [
     "render_sandbox",
 ]
 
-Obj = dict[str, Any]
 
 CONTAINER = "supervisor"
 TOKEN_VOLUME = "warmshell-token"
@@ -55,7 +56,7 @@ RESTART_POLICY = "OnFailure"
 class SandboxIdentity:
     """Who the rendered object is for."""
 
-    sandbox_id: str
+    sandbox_id: SandboxId
     workspace: str
     name: str
     sealed_proof: str

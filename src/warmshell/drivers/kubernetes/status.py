@@ -28,6 +28,7 @@ __all__ = [
     "view",
 ]
 
+# Read-only here (callers pass Mappings): not the shared `objects.Obj`, which is a dict.
 Obj = Mapping[str, Any]
 P = TypeVar("P", bound=Mapping[str, Any])
 

@@ -15,6 +15,7 @@ from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.drivers.kubernetes import labels, rendering
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = [
     "EXTENSIONS_API_VERSION",
@@ -23,7 +24,6 @@ __all__ = [
     "shape_of_template",
 ]
 
-Obj = dict[str, Any]
 
 EXTENSIONS_API_VERSION: Final = "extensions.agents.x-k8s.io/v1beta1"
 

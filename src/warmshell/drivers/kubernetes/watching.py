@@ -13,15 +13,14 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from warmshell.drivers.kubernetes import kube
+from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = ["Backoff", "WatchApi", "follow"]
 
 log = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
 
 
 class WatchApi(Protocol):

@@ -18,7 +18,7 @@ import shutil
 import sys
 from collections.abc import AsyncIterator, Sequence
 
-from warmshell.core import matching
+from warmshell.core import allocation
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import (
     AlreadyExistsError,
@@ -27,7 +27,7 @@ from warmshell.core.errors import (
     NotFoundError,
     UnavailableError,
 )
-from warmshell.core.fingerprints import fingerprint, shape_of
+from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import Allocation, SandboxSpec, now_us
 from warmshell.core.profiles import Profile, ProfileError
@@ -246,34 +246,17 @@ class LocalDriver:
     # -- warm or cold ----------------------------------------------------------------------
 
     async def _create(self, request: CreateRequest) -> DriverSandbox:
-        result = self._lookup(request)
-        if isinstance(result, matching.Match):
-            served = await self._claim(result.pool, request)
+        shape = shape_of(request.workspace, request.spec, default_image=self.default_image())
+        decision = allocation.decide(shape, self._pools, ready=self._activator is not None)
+        if isinstance(decision, allocation.Warm):
+            served = await self._claim(decision.pool, request)
             if served is not None:
                 return served
-            result.pool.misses += 1
-            reason = MissReason.EMPTY
-        elif isinstance(result, matching.Ambiguous):
-            for pool in result.pools:
-                pool.misses += 1
-            reason = MissReason.AMBIGUOUS
-        else:
-            reason = result
-        self.misses[reason] += 1
-        return await self._spawn_cold(request, reason)
-
-    def _lookup(
-        self, request: CreateRequest
-    ) -> matching.Match[pooling.Pool] | matching.Ambiguous[pooling.Pool] | MissReason:
-        if self._pools is None:
-            return MissReason.DISABLED
-        shape = shape_of(request.workspace, request.spec, default_image=self.default_image())
-        result = self._pools.lookup(fingerprint(shape))
-        if isinstance(result, matching.NotReady) or self._activator is None:
-            return MissReason.NOT_READY
-        if isinstance(result, matching.NoMatch):
-            return MissReason.NO_MATCH
-        return result
+            decision = allocation.empty(decision.pool)
+        for pool in decision.charged:
+            pool.misses += 1
+        self.misses[decision.reason] += 1
+        return await self._spawn_cold(request, decision.reason)
 
     async def _claim(self, pool: pooling.Pool, request: CreateRequest) -> DriverSandbox | None:
         """Bind registered idle members to the sandbox until one activates; None if none did."""

@@ -1,0 +1,78 @@
+"""Warm or cold: the one decision every create makes, shared by the drivers.
+
+A driver asks `decide` with the create's shape, its pool lookup (None when warm pooling is not
+configured) and whether it can activate a warm member now; the answer is `Warm(pool)` — try that
+pool — or `Cold(reason)`. A driver that tries a pool and finds it without an idle member turns
+the `Warm` into `empty(pool)`. `Cold.charged` names the pools that count the miss, so both drivers
+count misses the same way. Pure: the drivers do the I/O before (the lookup) and after (the claim).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, Protocol, TypeVar
+
+from warmshell.core import matching
+from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.ids import Fingerprint
+
+__all__ = ["Cold", "Decision", "MissReason", "PoolLookup", "Warm", "decide", "empty"]
+
+P = TypeVar("P")
+
+
+class MissReason(StrEnum):
+    """Why a create went cold; only an exact single match goes warm."""
+
+    NOT_READY = "NotReady"  # the driver cannot serve warm yet: pools not synced, or nothing to activate with
+    NO_MATCH = "NoMatch"
+    AMBIGUOUS = "Ambiguous"  # several pools share the fingerprint; none is chosen
+    EMPTY = "Empty"  # matched a pool that had no idle member
+    DISABLED = "Disabled"  # warm pooling is not configured
+
+
+class PoolLookup(Protocol[P]):
+    """Where a driver keeps its pools (a `matching.PoolIndex`, or a cache answering from one)."""
+
+    def lookup(self, fp: Fingerprint) -> matching.MatchResult[P]: ...
+
+
+@dataclass(frozen=True)
+class Warm(Generic[P]):
+    """Serve the create from this pool."""
+
+    pool: P
+
+
+@dataclass(frozen=True)
+class Cold(Generic[P]):
+    """Create cold; `charged` are the pools whose miss count this create raises."""
+
+    reason: MissReason
+    charged: tuple[P, ...] = ()
+
+
+Decision = Warm[P] | Cold[P]
+
+
+def decide(shape: SandboxShape, pools: PoolLookup[P] | None, *, ready: bool) -> Decision[P]:
+    """Warm only for exactly one matching pool, with pooling configured (`pools`) and the driver
+    able to activate (`ready`); the reasons are checked in that order."""
+    if pools is None:
+        return Cold(MissReason.DISABLED)
+    if not ready:
+        return Cold(MissReason.NOT_READY)
+    found = pools.lookup(fingerprint(shape))
+    if isinstance(found, matching.Match):
+        return Warm(found.pool)
+    if isinstance(found, matching.Ambiguous):
+        return Cold(MissReason.AMBIGUOUS, found.pools)
+    if isinstance(found, matching.NoMatch):
+        return Cold(MissReason.NO_MATCH)
+    return Cold(MissReason.NOT_READY)
+
+
+def empty(pool: P) -> Cold[P]:
+    """The decision after a `Warm(pool)` found no member that would activate."""
+    return Cold(MissReason.EMPTY, (pool,))

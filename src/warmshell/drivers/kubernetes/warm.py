@@ -1,0 +1,268 @@
+"""The Kubernetes driver's warm path as one component: which create goes warm, the SandboxClaim it
+writes, and everything that must run for claims to work.
+
+`WarmAllocation` owns the extensions gate (`extensions`), the pool cache (`poolcache`), the claim
+activation controller (`claimactivation`) and the claim informer (inside the driver's
+`Informers`), and turns the last three on and off together as the gate finds agent-sandbox's
+extension APIs served or gone. The driver hands it a create (`allocate`): the pure decision
+(`core.allocation`) picks the pool, and a match writes the claim; anything else comes back as
+`Cold(reason)` for the driver to create cold. Progress goes to the driver's event hub; nothing
+here calls back into the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import logging
+
+from warmshell.core import allocation
+from warmshell.core.config import KubernetesDriverConfig
+from warmshell.core.fingerprints import SandboxShape
+from warmshell.core.ids import InstanceId
+from warmshell.core.models import Allocation, now_us
+from warmshell.drivers.base import (
+    Activator,
+    BackendState,
+    CreateRequest,
+    DriverEvent,
+    DriverSandbox,
+    MissReason,
+    PoolView,
+    ProgressLine,
+    WarmPending,
+)
+from warmshell.drivers.events import Hub
+from warmshell.drivers.kubernetes import (
+    claimactivation,
+    claims,
+    creating,
+    extensions,
+    kube,
+    naming,
+    poolcache,
+    proofs,
+    rendering,
+    watching,
+)
+from warmshell.drivers.kubernetes.informers import Informers
+
+__all__ = ["WarmAllocation"]
+
+log = logging.getLogger(__name__)
+
+
+class WarmAllocation:
+    """Warm pooling for one namespace: `open()`, then `start(activator)`; `aclose()` stops it all.
+    `pool_cache` replaces the cache following the cluster's pools (for tests)."""
+
+    def __init__(
+        self,
+        api: kube.Kube,
+        config: KubernetesDriverConfig,
+        sealer: proofs.ProofSealer,
+        hub: Hub,
+        backoff: watching.Backoff,
+        *,
+        gateway_id: str,
+        pool_cache: poolcache.PoolCache | None = None,
+    ) -> None:
+        self._api = api
+        self._namespace = config.namespace
+        self._sealer = sealer
+        self._hub = hub
+        self._backoff = backoff
+        self._gateway_id = gateway_id  # label-safe: which gateway wrote a claim (diagnostics)
+        self._gate = extensions.ExtensionsGate(api, config.namespace)
+        self._pools = pool_cache or poolcache.PoolCache(api, config.namespace, backoff, on_gone=self._gate.lost)
+        self._idle = poolcache.IdleMembers()
+        self._activator: Activator | None = None
+        self._informers: Informers | None = None
+        self._claims: claimactivation.ClaimActivation | None = None
+        self._running = False  # the pool cache, claim controller and claim informer run
+        self._following: asyncio.Task[None] | None = None
+
+    # -- read-only state -------------------------------------------------------------------
+
+    @property
+    def gate(self) -> extensions.ExtensionsGate:
+        """The driver's one gate on the extension APIs (shared with the profile reconciler)."""
+        return self._gate
+
+    @property
+    def available(self) -> bool:
+        """Whether SandboxClaims may exist now: the gate has not found the extension APIs absent
+        (unknown, after a failed probe, counts as available)."""
+        return self._gate.available is not False
+
+    @property
+    def running(self) -> bool:
+        """Whether the pool cache, the claim controller and the claim informer are on."""
+        return self._running
+
+    @property
+    def pool_cache(self) -> poolcache.PoolCache:
+        """The cache of opted-in pools (empty and unsynced while off)."""
+        return self._pools
+
+    @property
+    def claims(self) -> claimactivation.ClaimActivation | None:
+        """The claim activation controller, while on and started."""
+        return self._claims
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Turn on now if the extension APIs are served, and follow the gate from then on."""
+        try:
+            if await self._gate.probe():  # absent: the gate's one warning says so
+                self._on()
+        except kube.Temporary as exc:
+            # Not off: the gate probes again with backoff and turns it on once the API answers.
+            log.warning("kubernetes driver: cannot probe the extension APIs yet (%s); retrying", exc)
+        self._following = asyncio.create_task(self._follow(), name="k8s-extensions")
+
+    def start(self, activator: Activator) -> None:
+        """Activate bound claims through `activator` (now if on, else when the APIs appear)."""
+        self._activator = activator
+        if self._running and self._claims is None:
+            self._start_claims(activator)
+
+    def follow_claims_in(self, informers: Informers) -> None:
+        """Have `informers` follow our claims whenever warm allocation is on."""
+        self._informers = informers
+        if self._running:
+            informers.follow_claims()
+
+    def lost(self) -> None:
+        """A call found an extension collection gone (404): off until a probe finds them back."""
+        self._gate.lost()
+
+    async def aclose(self) -> None:
+        """Stop following the gate, the claim controller and the pool cache."""
+        if self._following is not None:
+            self._following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._following
+            self._following = None
+        await self._off()
+
+    async def _follow(self) -> None:
+        """On when the APIs are served, off when a call finds them gone (404), on again when a
+        probe finds them back: the gate logs each transition once."""
+        while True:
+            await self._gate.wait_available()
+            self._on()
+            await self._gate.wait_lost()
+            await self._off()
+
+    def _on(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        self._pools.start()
+        if self._activator is not None:
+            self._start_claims(self._activator)
+        if self._informers is not None:
+            self._informers.follow_claims()
+
+    async def _off(self) -> None:
+        """Stop what reads the extension APIs; each keeps its reference until it has stopped, so
+        an `aclose` that interrupts this still stops it."""
+        self._running = False
+        if self._claims is not None:
+            await self._claims.aclose()
+            self._claims = None
+        await self._pools.aclose()
+        if self._informers is not None:
+            await self._informers.unfollow_claims()
+
+    def _start_claims(self, activator: Activator) -> None:
+        self._claims = claimactivation.ClaimActivation(
+            self._api,
+            self._namespace,
+            self._sealer,
+            activator,
+            self._backoff,
+            hub=self._hub,
+            idle=self._idle,
+            on_gone=self._gate.lost,
+        )
+        self._claims.start()
+
+    # -- creates and registrations ---------------------------------------------------------
+
+    async def allocate(
+        self, request: CreateRequest, shape: SandboxShape, ref: naming.ObjectRef, who: rendering.SandboxIdentity
+    ) -> DriverSandbox | allocation.Cold[poolcache.CachedPool]:
+        """A SandboxClaim on the one pool matching `shape`, or why the create goes cold."""
+        decision = self._decide(request, shape)
+        if isinstance(decision, allocation.Cold):
+            return decision
+        pool = decision.pool
+        body = claims.render_claim(
+            ref=ref, who=who, pool=pool.name, gateway_id=self._gateway_id, fingerprint=pool.fingerprint
+        )
+        await creating.create_settled(
+            self._api, kube.SANDBOX_CLAIMS, ref, body, request.sandbox_id, is_ours=claims.is_ours
+        )
+        pool.stats.hits += 1
+        line = ProgressLine("PoolHit", f"SandboxClaim {ref} created on warm pool {pool.name}")
+        self._hub.publish(DriverEvent(request.sandbox_id, progress=line))
+        # claimed_us comes later, from the claim controller, once agent-sandbox has bound the claim.
+        return DriverSandbox(
+            sandbox_id=request.sandbox_id,
+            instance_id="",
+            state=BackendState.PENDING,
+            allocation=Allocation.WARM,
+            pool=pool.name,
+            created_us=now_us(),
+        )
+
+    def _decide(self, request: CreateRequest, shape: SandboxShape) -> allocation.Decision[poolcache.CachedPool]:
+        # Without an activator yet this driver says Disabled (the local driver says NotReady).
+        pools = self._pools if self._activator is not None else None
+        decision = allocation.decide(shape, pools, ready=self._running and self.available)
+        if isinstance(decision, allocation.Cold):
+            if decision.reason is MissReason.AMBIGUOUS:
+                names = ", ".join(sorted(p.name for p in decision.charged))
+                log.warning(
+                    "create of %s/%s: pools %s share its fingerprint; going cold",
+                    request.workspace,
+                    request.name,
+                    names,
+                )
+            for pool in decision.charged:
+                pool.stats.misses += 1
+        return decision
+
+    def registered(self, instance_id: InstanceId, binding: WarmPending) -> None:
+        """A warm-pending pod registered here: counted idle until a claim activates it."""
+        self._idle.registered(instance_id, binding.pool)
+
+    def views(self) -> builtins.list[PoolView]:
+        """The opted-in warm pools, with the ones that can never be matched flagged."""
+        idle = self._idle.counts()
+        return [self._view(pool, idle[pool.fingerprint]) for pool in self._pools.entries()]
+
+    def _view(self, pool: poolcache.CachedPool, idle: int) -> PoolView:
+        shape = pool.shape
+        return PoolView(
+            name=pool.name,
+            workspace=pool.workspace,
+            fingerprint=pool.fingerprint,
+            image=shape.image if shape else "",
+            environment=dict(shape.environment) if shape else {},
+            cpu=shape.cpu if shape else "",
+            memory=shape.memory if shape else "",
+            desired=pool.desired,
+            ready=pool.ready,
+            # Registrations this gateway saw minus activations; a member deleted unclaimed stays
+            # counted, so the pool's own ready count bounds it.
+            idle=min(idle, pool.ready),
+            hits=pool.stats.hits,
+            misses=pool.stats.misses,
+            source=f"SandboxWarmPool {self._namespace}/{pool.name}",
+            conditions=(pool.problem,) if pool.problem else (),
+        )
