@@ -19,11 +19,6 @@ Obj = dict[str, Any]
 RS_BY_OWNER = "replicaset-by-controller-uid"
 
 
-def _owner_uid(obj: Obj) -> list[str]:
-    ref = o.controller_ref(obj)
-    return [str(ref["uid"])] if ref and ref.get("uid") else []
-
-
 def _revision(rs: Obj) -> int:
     try:
         return int(o.annotations_of(rs).get(rollout.REVISION, "0"))
@@ -42,7 +37,7 @@ class DeploymentController:
         self._replicasets = replicasets
         self._pods = pods
         self.queue: WorkQueue[Key] = WorkQueue("deployment", self.reconcile, workers=2, delay=timing.reconcile_delay)
-        replicasets.add_index(RS_BY_OWNER, _owner_uid)
+        replicasets.add_index(RS_BY_OWNER, o.controller_uid)
         deployments.add_handler(self._on_deployment)
         replicasets.add_handler(self._on_replicaset)
         pods.add_handler(self._on_pod)

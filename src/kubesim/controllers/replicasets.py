@@ -19,11 +19,6 @@ POD_BY_OWNER = "pod-by-controller-uid"
 BURST = 10
 
 
-def _owner_uid(obj: Obj) -> list[str]:
-    ref = o.controller_ref(obj)
-    return [str(ref["uid"])] if ref and ref.get("uid") else []
-
-
 def is_active(pod: Obj) -> bool:
     """Counted toward replicas: not being deleted, not finished."""
     phase = (pod.get("status") or {}).get("phase")
@@ -75,7 +70,7 @@ class ReplicaSetController:
         self._replicasets = replicasets
         self._pods = pods
         self.queue: WorkQueue[Key] = WorkQueue("replicaset", self.reconcile, workers=2, delay=timing.reconcile_delay)
-        pods.add_index(POD_BY_OWNER, _owner_uid)
+        pods.add_index(POD_BY_OWNER, o.controller_uid)
         replicasets.add_handler(self._on_replicaset)
         pods.add_handler(self._on_pod)
 

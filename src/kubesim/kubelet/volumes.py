@@ -118,15 +118,10 @@ def hosts_file(pod: Obj, ip: str, services: list[Obj]) -> str:
 
 def mount(pod_root: pathlib.Path, container: Obj, volume_dirs: dict[str, pathlib.Path]) -> None:
     """Expose each volumeMount of ``container`` at ``<pod_root>/<mountPath>``."""
-    for vm in container.get("volumeMounts") or []:
-        source = volume_dirs.get(vm["name"])
-        if source is None:
-            continue
-        if vm.get("subPath"):
-            source = source / vm["subPath"]
-            if not source.exists():
-                source.mkdir(parents=True)
-        target = host_path(pod_root, vm["mountPath"])
+    for source, mount_path, _ in binds(container, volume_dirs):
+        if not source.exists():
+            source.mkdir(parents=True)  # a subPath the volume does not have yet
+        target = host_path(pod_root, mount_path)
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink() or target.exists():
             continue
