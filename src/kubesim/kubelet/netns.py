@@ -64,11 +64,15 @@ def _make(path: str, bind: tuple[str, int] | None) -> socket.socket:
     enter(path)
     try:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        if bind is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(bind)
-            sock.listen(128)
-        sock.setblocking(False)
+        try:
+            if bind is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(bind)
+                sock.listen(128)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
         return sock
     finally:
         libc.setns(_home[ident], CLONE_NEWNET)
@@ -76,7 +80,18 @@ def _make(path: str, bind: tuple[str, int] | None) -> socket.socket:
 
 async def socket_in(path: str, *, bind: tuple[str, int] | None = None) -> socket.socket:
     """A TCP socket in the namespace at ``path``; listening on ``bind`` when given."""
-    return await asyncio.get_running_loop().run_in_executor(_executor, _make, path, bind)
+    made = asyncio.get_running_loop().run_in_executor(_executor, _make, path, bind)
+    try:
+        return await asyncio.shield(made)
+    except asyncio.CancelledError:
+        # The caller gave up (a probe's timeout): close the socket once the thread has made it.
+        made.add_done_callback(_close_result)
+        raise
+
+
+def _close_result(made: asyncio.Future[socket.socket]) -> None:
+    if not made.cancelled() and made.exception() is None:
+        made.result().close()
 
 
 async def open_connection(path: str | None, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
