@@ -140,10 +140,14 @@ def default_service(svc: dict[str, Any]) -> None:
         spec.setdefault("clusterIP", f"127.42.{n // 254}.{n % 254 + 1}")
     if spec.get("clusterIP"):
         spec.setdefault("clusterIPs", [spec["clusterIP"]])
+    node_ports = spec.get("type") in ("NodePort", "LoadBalancer")
     for port in spec.get("ports") or []:
         if isinstance(port, dict):
             port.setdefault("protocol", "TCP")
             port.setdefault("targetPort", port.get("port"))
+            if node_ports:
+                # The default NodePort range; the proxy listens on it at the nodes' 127.0.0.1.
+                port.setdefault("nodePort", _cluster_ips.randrange(30000, 32768))
     svc.setdefault("status", {"loadBalancer": {}})
 
 

@@ -8,7 +8,9 @@ ways. An endpoint that is a pod with its own network namespace is dialled inside
 ``127.0.0.1:targetPort``; other endpoints at their address. Inside pod namespaces the API server's
 address (``KUBERNETES_SERVICE_HOST:PORT``) is forwarded to the host's: that is all a pod with its
 own namespace can dial (the gateway pod needs nothing else). A LoadBalancer
-Service reports its ClusterIP as ``status.loadBalancer.ingress`` — the host reaches it there.
+Service reports its ClusterIP as ``status.loadBalancer.ingress`` — the host reaches it there —
+and a NodePort (or LoadBalancer) Service is also listened on at ``127.0.0.1:nodePort``, the nodes'
+InternalIP.
 """
 
 from __future__ import annotations
@@ -112,7 +114,10 @@ class ServiceProxy:
                     continue
                 # Host only: a listener inside a pod namespace would take the port from the pod's own
                 # wildcard listener (real kube-proxy rewrites packets instead; kubesim has no NAT).
-                wanted[(None, ip, int(port["port"]))] = (o.namespace_of(svc), o.name_of(svc), int(port["port"]))
+                route = (o.namespace_of(svc), o.name_of(svc), int(port["port"]))
+                wanted[(None, ip, int(port["port"]))] = route
+                if port.get("nodePort"):  # every node's address is 127.0.0.1 (the Node objects say so)
+                    wanted[(None, "127.0.0.1", int(port["nodePort"]))] = route
         for place in places[1:]:
             wanted[(place, *self._api_address)] = None
         return wanted

@@ -363,6 +363,9 @@ async def test_services_route_round_robin_to_ready_pods_only(cluster: RunningClu
     (lb,) = await wait_for(ingress, bool, within=10, what="the LoadBalancer ingress")
     ip = (await api.get(kc.SERVICES, NS, "echo"))["spec"]["clusterIP"]
     assert lb["ip"] == ip
+    node_port = (await api.get(kc.SERVICES, NS, "echo"))["spec"]["ports"][0]["nodePort"]
+    assert 30000 <= node_port < 32768
+    assert await _get("127.0.0.1", node_port) in ("echo-a", "echo-b")
     answers = [await _get(ip, 80) for _ in range(6)]
     assert sorted(set(answers)) == ["echo-a", "echo-b"]
     assert answers.count("echo-a") == answers.count("echo-b") == 3  # round-robin, never echo-c
