@@ -87,14 +87,21 @@ class PodWorker:
     async def stop(self, grace: float, *, report: bool = False) -> None:
         """Stop every process (SIGTERM, then SIGKILL after ``grace``) and drop the pod directory."""
         self.stopping = True
-        await asyncio.gather(
-            *(containers.stop_process(p, grace) for p in list(self.procs.values())),
-            return_exceptions=True,
-        )
-        if self._holder is not None:
-            await containers.stop_process(self._holder, 0)
-        for task in self._tasks:
-            task.cancel()
+        try:
+            await asyncio.gather(
+                *(containers.stop_process(p, grace) for p in list(self.procs.values())),
+                return_exceptions=True,
+            )
+            if self._holder is not None:
+                await containers.stop_process(self._holder, 0)
+        except asyncio.CancelledError:
+            # The kubelet is closing and gave up on this graceful stop: no process and no task
+            # of the pod may outlive it.
+            self.kill_now()
+            raise
+        finally:
+            for task in self._tasks:
+                task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         if report:
