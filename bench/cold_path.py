@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,34 +20,29 @@ from pathlib import Path
 from harness import gateway_process, summary, write_results
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.core.config import StatePaths
 from warmshell.drivers.local import sandboxing
-from warmshell.drivers.local.launching import PACKAGE_ROOT
 
 
 def baseline_argv(state: Path) -> list[str]:
-    """The driver's bwrap layout, running the supervisor's imports instead of the supervisor."""
-    paths = StatePaths(state)
+    """The driver's bwrap layout (namespaces, allow-listed root) running `/bin/true` instead of
+    the agent: what starting any sandbox costs. (Before the supervisor moved out of the sandbox
+    this baseline was bwrap + Python + the supervisor's imports, the floor of that design.)"""
     workspace = state / "baseline-ws"
     workspace.mkdir(exist_ok=True)
-    paths.supervisor_socket.touch()
+    plan = sandboxing.host_root_plan(sandboxing.list_root(Path("/")), os.listdir("/etc"))
     layout = sandboxing.SandboxLayout(
         bwrap="bwrap",
-        root=Path("/"),
-        entries=sandboxing.list_root(Path("/")),
+        plan=plan,
         workspace_dir=workspace,
-        supervisor_socket=paths.supervisor_socket,
+        agent=Path("/bin/true"),
+        control_fd=0,
+        seccomp_fd=0,
         hostname="baseline",
-        environment=sandboxing.supervisor_environment(
-            instance_id="baseline",
-            bootstrap_fd=0,
-            gateway_url="unix:///dev/null",
-            home="/workspace",
-            pythonpath=str(PACKAGE_ROOT),
-        ),
-        command=[sys.executable, "-c", "import warmshell.supervisor.main"],
     )
-    return sandboxing.bwrap_argv(layout)
+    argv = sandboxing.bwrap_argv(layout)
+    seccomp_at = argv.index("--seccomp")
+    del argv[seccomp_at : seccomp_at + 2]
+    return [*argv[: argv.index("--")], "--", "/bin/true"]
 
 
 def measure_baseline(count: int) -> list[float]:
@@ -91,7 +86,7 @@ async def measure(creates: int, execs: int) -> dict[str, object]:
             assert code == 0
         await gw.delete("exec-target")
     return {
-        "baseline_bwrap_python_spawn_ms": summary(baseline),
+        "baseline_bwrap_spawn_ms": summary(baseline),
         "cold_create_ready_client_ms": summary(client_ms),
         "cold_create_ready_server_timeline_ms": summary(server_ms),
         "exec_true_round_trip_ms": summary(exec_ms),
@@ -102,16 +97,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--creates", type=int, default=50)
     parser.add_argument("--execs", type=int, default=200)
+    parser.add_argument("--name", default="cold_path", help="results file name under bench/results/")
     args = parser.parse_args()
     data = asyncio.run(measure(args.creates, args.execs))
-    base = data["baseline_bwrap_python_spawn_ms"]["p50"]  # type: ignore[index]
+    base = data["baseline_bwrap_spawn_ms"]["p50"]  # type: ignore[index]
     cold = data["cold_create_ready_client_ms"]
     execs = data["exec_true_round_trip_ms"]
     ratio = cold["p50"] / base  # type: ignore[index]
     data["cold_p50_over_baseline_p50"] = ratio
     data["targets"] = {"cold_ratio_le_3": ratio <= 3, "exec_p50_le_5ms": execs["p50"] <= 5}  # type: ignore[index]
     rows = [
-        ("bwrap + python + supervisor imports, by hand (baseline)", data["baseline_bwrap_python_spawn_ms"]),
+        ("bwrap with the sandbox layout running /bin/true, by hand (baseline)", data["baseline_bwrap_spawn_ms"]),
         ("cold create -> Ready (client: API call to Ready event)", cold),
         ("cold create -> Ready (server timeline: requested -> ready)", data["cold_create_ready_server_timeline_ms"]),
         ("exec `true` round trip (API call -> exit code)", execs),
@@ -123,7 +119,7 @@ def main() -> None:
         f"\nCold create -> Ready p50 is **{ratio:.2f}x** the baseline spawn (target <= 3x); "
         f"exec p50 **{execs['p50']:.2f} ms** (target <= 5 ms).\n"  # type: ignore[index]
     )
-    write_results("cold_path", data, table)
+    write_results(args.name, data, table)
 
 
 if __name__ == "__main__":

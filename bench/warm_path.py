@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +24,72 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 
 WARM_ENV = {"POOL": "warm"}
 BURST_ENV = {"POOL": "burst"}
+FILL_ENV = {"POOL": "fill"}
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of a process and of its children it has reaped (/proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return sum(int(x) for x in fields[11:15])
+
+
+def pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("Pss:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+async def members(gw: GatewayProcess, pools: Path, size: int) -> dict:
+    """Fill a fresh pool of `size` (a drained pool's refill): members per second, CPU per member
+    (the gateway's own, with its host-side supervisors, plus everything each member runs — counted
+    per process, so the load of others on a shared machine does not enter), and once idle the PSS
+    of the processes each member adds and the gateway's growth."""
+    gateway_pss, known = pss_kb(gw.process.pid), descendants(gw.process.pid)
+    gateway_ticks, start = cpu_ticks(gw.process.pid), time.perf_counter()
+    write_profile(pools, "fill", size, FILL_ENV)
+    await wait_idle(gw, "fill", size, timeout=300)
+    wall = time.perf_counter() - start
+    added = descendants(gw.process.pid) - known
+    ticks = cpu_ticks(gw.process.pid) - gateway_ticks + sum(cpu_ticks(p) for p in added)
+    cpu_ms = ticks * 1000 / HZ
+    await asyncio.sleep(2)  # let the members settle into idle
+    added = descendants(gw.process.pid) - known
+    result = {
+        "size": size,
+        "fill_wall_s": wall,
+        "members_per_s": size / wall,
+        "cpu_ms_per_member": cpu_ms / size,
+        "processes_per_member": len(added) / size,
+        "pss_mb_per_member": sum(pss_kb(p) for p in added) / size / 1024,
+        "gateway_pss_kb_per_member": (pss_kb(gw.process.pid) - gateway_pss) / size,
+    }
+    write_profile(pools, "fill", 1, FILL_ENV)  # free the machine again
+    return result
 
 
 def write_profile(directory: Path, name: str, replicas: int, env: dict[str, str]) -> None:
@@ -101,12 +168,13 @@ async def measure(count: int, pool_size: int, burst_size: int, refill_delay: flo
         args = ["--pools", str(pools), "--config", str(config)]
         async with gateway_process(*args) as gw:
             await wait_idle(gw, "warm", pool_size)
+            fill = await members(gw, pools, burst_size)
             warm = await sequential(gw, "warm", count, WARM_ENV, "warm")
             cold = await sequential(gw, "cold", count, {"POOL": "none"}, None)
             write_profile(pools, "warm", 1, WARM_ENV)  # shrink: free the machine for the burst pool
             write_profile(pools, "burst", burst_size, BURST_ENV)
             burst_result = await burst(gw, burst_size)
-    return {"warm": warm, "cold": cold, "burst": burst_result, "pool_size": pool_size}
+    return {"warm": warm, "cold": cold, "burst": burst_result, "pool_size": pool_size, "members": fill}
 
 
 def main() -> None:
@@ -115,6 +183,7 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int, default=100)
     parser.add_argument("--burst", type=int, default=50)
     parser.add_argument("--refill-delay", type=float, default=None, help="local.refill_delay_seconds")
+    parser.add_argument("--name", default="warm_path", help="results file name under bench/results/")
     args = parser.parse_args()
     data = asyncio.run(measure(args.count, args.pool_size, args.burst, args.refill_delay))
     warm, cold, burst_result = data["warm"], data["cold"], data["burst"]
@@ -131,6 +200,14 @@ def main() -> None:
                 f"| {label}, {who} | {s['n']} | {s['p50']:.2f} | {s['p90']:.2f} | {s['p99']:.2f} "
                 f"| {result['allocations']} |\n"
             )
+    fill = data["members"]
+    table += (
+        f"\nMembers: a fresh pool of {fill['size']} filled at **{fill['members_per_s']:.1f} members/s**; "
+        f"CPU **{fill['cpu_ms_per_member']:.1f} ms per member** to start and register; idle, "
+        f"each member adds {fill['processes_per_member']:.0f} processes with "
+        f"**{fill['pss_mb_per_member']:.2f} MB PSS** "
+        f"and {fill['gateway_pss_kb_per_member']:.0f} KB to the gateway's PSS.\n"
+    )
     table += (
         f"\nWarm p50 **{warm['client_ms']['p50']:.2f} ms** (target <= 10 ms); cold/warm p50 = **{speedup:.1f}x** "
         f"(target >= 10x).\n\nBurst: {burst_result['size']} concurrent creates against a pool of "
@@ -139,7 +216,7 @@ def main() -> None:
         + (f"; per-create p50 {burst_result['client_ms']['p50']:.1f} ms." if burst_result["client_ms"] else ".")
         + "\n"
     )
-    write_results("warm_path", data, table)
+    write_results(args.name, data, table)
 
 
 if __name__ == "__main__":

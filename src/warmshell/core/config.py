@@ -1,7 +1,7 @@
 """Gateway configuration: defaults < TOML file < environment (WARMSHELL_*) < CLI flags.
 
-Also where the well-known paths under the state directory are decided, so the gateway, the CLI
-and the tests agree on them.
+The well-known paths under the state directory live in `warmshell.core.paths` (re-exported here),
+which the CLI reads without paying for pydantic.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from warmshell.core.errors import InvalidArgumentError
+from warmshell.core.paths import StatePaths, default_state_dir
 
 __all__ = [
     "GatewayConfig",
@@ -30,82 +31,42 @@ __all__ = [
 ]
 
 
-def default_state_dir() -> Path:
-    """$WARMSHELL_STATE_DIR, else $XDG_STATE_HOME/warmshell, else ~/.local/state/warmshell."""
-    explicit = os.environ.get("WARMSHELL_STATE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_STATE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
-    return base / "warmshell"
-
-
-class StatePaths:
-    """Well-known files under a gateway state directory."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    @property
-    def socket(self) -> Path:
-        """The public API socket (0600)."""
-        return self.root / "gateway.sock"
-
-    @property
-    def supervisor_socket(self) -> Path:
-        """The socket bind-mounted into local sandboxes for the supervisor API."""
-        return self.root / "supervisor.sock"
-
-    @property
-    def api_token(self) -> Path:
-        """The bearer token clients present (0600, created on first start)."""
-        return self.root / "api-token"
-
-    @property
-    def signing_key(self) -> Path:
-        """The Ed25519 key that signs sandbox tokens (0600)."""
-        return self.root / "signing-key.pem"
-
-    @property
-    def database(self) -> Path:
-        """The SQLite store."""
-        return self.root / "warmshell.db"
-
-    @property
-    def runtime_info(self) -> Path:
-        """JSON written by a running gateway: pid, addresses, HTTP port."""
-        return self.root / "gateway.json"
-
-    @property
-    def sandboxes(self) -> Path:
-        """Per-sandbox working directories of the local driver."""
-        return self.root / "sandboxes"
-
-    @property
-    def instances(self) -> Path:
-        """The local driver's instance records (survive gateway restarts)."""
-        return self.root / "instances"
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class LocalDriverConfig(_Section):
-    """The embedded default driver: sandboxes are supervisor processes under bubblewrap."""
+    """The embedded default driver: sandboxes are bubblewrap + a tiny agent, their supervisors
+    run in the gateway."""
 
     bwrap: str = "bwrap"
     # Without bubblewrap the driver refuses to start unless the operator opts in to running
-    # supervisors as plain processes (no isolation at all).
+    # workloads as plain processes (no isolation at all).
     allow_unisolated: bool = False
     pools_dir: Path | None = None
     max_pool_replicas: int = Field(default=64, ge=1)
-    # Python used inside sandboxes to run the supervisor; default: the gateway's own.
-    python: str = ""
+    # Host paths every sandbox also sees, read-only, at the same path (each logged at start).
+    extra_ro_binds: list[Path] = Field(default_factory=list)
+    # A gateway run as root gives each sandbox its own host uid from this range (unused on the
+    # host, please); a gateway run by a normal user runs them as that user.
+    sandbox_uid_base: int = Field(default=2_000_000, ge=1000, le=2**31 - 2)
+    sandbox_uid_count: int = Field(default=60_000, ge=1, le=2**30)
+    # With a uid per sandbox, workspaces (and a copy of the agent) live here, where those uids
+    # can reach them: root-owned 0711, each workspace 0700 and owned by its sandbox.
+    sandbox_dir: Path = Path("/var/lib/warmshell-sandboxes")
+
+    @field_validator("extra_ro_binds", "sandbox_dir")
+    @classmethod
+    def _absolute(cls, value: list[Path] | Path) -> list[Path] | Path:
+        for path in value if isinstance(value, list) else [value]:
+            if not path.is_absolute():
+                raise ValueError(f"{str(path)!r} must be an absolute path")
+        return value
+
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
     # Refills wait until claims pause this long (each claim re-arms the wait; a pool drained to a
-    # quarter of its size refills at once): booting a replacement (an interpreter start, ~100 ms
-    # of CPU) during a run of warm creates competes with the activations themselves.
+    # quarter of its size refills at once): booting a replacement (~6 ms of CPU since the
+    # supervisor runs host-side) during a run of warm creates competes with the activations.
     refill_delay_seconds: float = Field(default=0.25, ge=0)
 
 
@@ -230,9 +191,14 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> G
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidArgumentError(str(path), f"cannot read gateway config: {exc}") from exc
+            text = path.read_text()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise InvalidArgumentError(str(path), f"cannot read the config file: {reason}") from exc
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidArgumentError(str(path), f"not valid TOML: {exc}") from exc
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue

@@ -142,9 +142,11 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         )
         reader = asyncio.create_task(self._read_session(session, request_iterator))
         ticker = asyncio.create_task(self._tick(session))
-        await self._manager.on_session(claims.sandbox_id, connected=True, session_id=session.session_id)
-        await self._mark_connected(record)
         try:
+            # Inside the try: a supervisor that goes away during this await must not leave the
+            # reader and the ticker behind.
+            await self._manager.on_session(claims.sandbox_id, connected=True, session_id=session.session_id)
+            await self._mark_connected(record)
             while True:
                 message = await session.outbox.get()
                 if message is None:

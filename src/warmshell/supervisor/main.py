@@ -43,7 +43,7 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.backoff import delays
 from warmshell.supervisor.outbox import Outbox
-from warmshell.supervisor.processes import run_streaming
+from warmshell.supervisor.processes import Runner, run_streaming
 
 __all__ = ["Supervisor", "SupervisorSettings", "main"]
 
@@ -137,9 +137,21 @@ def _workload_environment(base: dict[str, str], activation: spb.SupervisorActiva
 class Supervisor:
     """One sandbox's supervisor."""
 
-    def __init__(self, settings: SupervisorSettings, base_env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        settings: SupervisorSettings,
+        base_env: dict[str, str],
+        *,
+        runner: Runner = run_streaming,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        """`runner` starts the workload and execs (default: as this process's children);
+        `channel`, when given, is a shared channel to the gateway that `run` does not close
+        (the local driver runs every sandbox's supervisor in the gateway over one)."""
         self.settings = settings
         self._base_env = base_env
+        self._runner = runner
+        self._shared_channel = channel
         self._outbox = Outbox()
         self._execs: dict[str, asyncio.Task[None]] = {}
         self._token = ""
@@ -152,7 +164,7 @@ class Supervisor:
     async def run(self) -> int:
         """Register, start the workload, and hold the session until the sandbox ends."""
         # The channel belongs to the running loop, so it is made here rather than in __init__.
-        self._channel = grpc.aio.insecure_channel(self.settings.gateway)
+        self._channel = self._shared_channel or grpc.aio.insecure_channel(self.settings.gateway)
         self._stub = supervisor_pb2_grpc.SupervisorServiceStub(self._channel)
         try:
             activation = await self.register()
@@ -180,7 +192,8 @@ class Supervisor:
         finally:
             for task in [*self._execs.values(), *([self._workload] if self._workload else [])]:
                 task.cancel()
-            await self._channel.close(grace=None)
+            if self._shared_channel is None:
+                await self._channel.close(grace=None)
 
     def _ended_status(self, code: int) -> int:
         """The exit status once the gateway has ended this supervisor's part in the sandbox."""
@@ -213,7 +226,7 @@ class Supervisor:
         async def sink(stderr: bool, data: bytes) -> None:
             await self._output("", stderr, data)
 
-        code = await run_streaming(command, env=self._env, cwd=self._workdir, sink=sink)
+        code = await self._runner(command, env=self._env, cwd=self._workdir, sink=sink)
         self._exit_code = code
         await self._send(spb.SupervisorMessage(workload_exited=spb.WorkloadExited(exit_code=code)))
 
@@ -223,7 +236,7 @@ class Supervisor:
 
         env = {**self._env, **start.environment}
         try:
-            code = await run_streaming(
+            code = await self._runner(
                 list(start.command),
                 env=env,
                 cwd=start.workdir or self._workdir,
@@ -268,6 +281,13 @@ class Supervisor:
 
         requests = self._outbox.stream(self._outbox.new_session(), hello)
         call = self._stub.ConnectSupervisor(requests, metadata=(("authorization", f"Bearer {self._token}"),))
+        try:
+            return await self._serve_session(call)
+        finally:
+            # Also stops grpc's task feeding `requests`, which a shared channel would keep alive.
+            call.cancel()
+
+    async def _serve_session(self, call: grpc.aio.StreamStreamCall[spb.SupervisorMessage, spb.GatewayMessage]) -> bool:
         async for message in call:
             kind = message.WhichOneof("message")
             if kind == "heartbeat":

@@ -1,4 +1,10 @@
-"""Running the workload and exec'd commands inside the sandbox, streaming their output."""
+"""Running the workload and exec'd commands, streaming their output: the supervisor's process seam.
+
+`Runner` is the seam; `run_streaming` here starts processes as the supervisor's own children (a
+supervisor inside its sandbox: the Kubernetes pod, the local driver's unisolated mode). The local
+driver's isolated sandboxes supply another implementation that starts them through the
+sandbox's agent.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,9 @@ import contextlib
 import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
 
-__all__ = ["OutputSink", "run_streaming"]
+__all__ = ["OutputSink", "Runner", "run_streaming"]
 
 # (is_stderr, data) -> delivered to the gateway in order.
 OutputSink = Callable[[bool, bytes], Awaitable[None]]
@@ -16,6 +23,21 @@ READ_CHUNK = 64 * 1024
 EXIT_TIMEOUT = 124
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
+
+
+class Runner(Protocol):
+    """Starts one command and streams its output; returns its exit status (see `run_streaming`)."""
+
+    async def __call__(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        sink: OutputSink,
+        stdin: bytes = b"",
+        timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit
+    ) -> int: ...
 
 
 async def _pump(stream: asyncio.StreamReader, stderr: bool, sink: OutputSink) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.drivers_local.support import STAND_IN, DriverFactory, driver_pids
+from tests.integration.drivers_local.support import STAND_IN, DriverFactory, driver_pids, stand_in
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.drivers.local import LocalDriver, cgroups
 
@@ -16,18 +16,17 @@ from warmshell.drivers.local import LocalDriver, cgroups
 def paths(tmp_path: Path) -> StatePaths:
     state = StatePaths(tmp_path / "state")
     state.root.mkdir()
-    state.supervisor_socket.touch()  # stands in for the gateway's socket (a bind source)
     return state
 
 
 @pytest.fixture
 async def make_driver(paths: StatePaths) -> AsyncIterator[DriverFactory]:
-    """Build drivers (default: the stand-in supervisor, no cgroup v2); all closed at the end and
-    every process they spawned checked gone."""
+    """Build drivers (default: the stand-in supervisor running `STAND_IN`, no cgroup v2); all
+    closed at the end and every process they spawned checked gone."""
     made: list[LocalDriver] = []
 
     def factory(
-        command: list[str] | None = None,
+        script: str | None = None,
         config: LocalDriverConfig | None = None,
         cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None = None,
         state: StatePaths | None = None,
@@ -35,7 +34,7 @@ async def make_driver(paths: StatePaths) -> AsyncIterator[DriverFactory]:
         driver = LocalDriver(
             config or LocalDriverConfig(),
             state or paths,
-            supervisor_command=command or ["/bin/sh", "-c", STAND_IN],
+            supervise=stand_in(state or paths, script or STAND_IN),  # type: ignore[arg-type]
             cgroup=cgroup or cgroups.Unavailable("test host: no cgroup v2"),
             kill_grace_seconds=0.5,
         )

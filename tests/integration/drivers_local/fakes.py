@@ -47,7 +47,7 @@ class FakeActivator:
 async def _register_loop(driver: LocalDriver, sandboxes: Path, activator: FakeActivator) -> None:
     seen: set[Path] = set()
     while True:
-        for credential in sandboxes.glob("*/workspace/credential"):
+        for credential in sandboxes.glob("*/credential"):
             if credential in seen:
                 continue
             seen.add(credential)
@@ -61,8 +61,9 @@ async def _register_loop(driver: LocalDriver, sandboxes: Path, activator: FakeAc
 
 @contextlib.asynccontextmanager
 async def registering(driver: LocalDriver, sandboxes: Path, activator: FakeActivator) -> AsyncIterator[None]:
-    """While active, every stand-in supervisor that wrote its credential "registers": the
-    driver's identity provider authenticates it and the activator learns about it."""
+    """While active, every stand-in supervisor that left its credential (host-side, see
+    `support.stand_in`) "registers": the driver's identity provider authenticates it and the
+    activator learns about it."""
     task = asyncio.create_task(_register_loop(driver, sandboxes, activator))
     try:
         yield

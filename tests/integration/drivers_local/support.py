@@ -10,28 +10,60 @@ from pathlib import Path
 
 import pytest
 
+from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.drivers.local import LocalDriver
+from warmshell.drivers.local.supervising import Seat
 
 DriverFactory = Callable[..., LocalDriver]
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
-# Stand-in for the supervisor: reads its credential from the bootstrap fd (via /dev/fd: dash
-# redirects only single-digit fds) the way the real one
-# does, leaves what it saw in /workspace for the test to inspect, then idles.
-STAND_IN = (
-    "cat /dev/fd/$WARMSHELL_BOOTSTRAP_FD > /workspace/.credential.tmp; "
-    "env > /workspace/env; hostname > /workspace/hostname; "
-    "mv /workspace/.credential.tmp /workspace/credential; exec sleep 600"
-)
+# What the stand-in runs in the sandbox by default: leave what it saw in /workspace, then idle.
+# (Written under a temporary name and moved into place, so a reader never sees half a file.)
+STAND_IN = "env > /workspace/.env; hostname > /workspace/hostname; mv /workspace/.env /workspace/env; exec sleep 600"
+
+
+def credential_of(paths: StatePaths, instance_id: str) -> Path:
+    """Where the stand-in leaves its credential: host-side, beside the instance's log."""
+    return paths.sandboxes / instance_id / "credential"
+
+
+def workspace_of(paths: StatePaths, instance_id: str) -> Path:
+    """The host directory bound at the sandbox's /workspace (see `launching`)."""
+    if os.geteuid() == 0:
+        return LocalDriverConfig().sandbox_dir / instance_id
+    return paths.sandboxes / instance_id / "workspace"
+
+
+def stand_in(paths: StatePaths, script: str) -> Callable[[Seat], object]:
+    """A host-side supervisor for driver tests: keeps its credential where the test reads it
+    (outside the sandbox), then runs `script` in the sandbox through the agent, its stderr into
+    the instance's log, and returns the script's status."""
+
+    async def supervise(seat: Seat) -> int:
+        credential = credential_of(paths, seat.instance_id)
+        partial = credential.with_suffix(".tmp")
+        partial.write_text(seat.credential)
+        partial.replace(credential)
+        log = paths.sandboxes / seat.instance_id / "sandbox.log"
+
+        async def sink(stderr: bool, data: bytes) -> None:
+            if stderr:
+                with log.open("ab") as handle:
+                    handle.write(data)
+
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/workspace", "WARMSHELL_INSTANCE_ID": seat.instance_id}
+        return await seat.runner(["/bin/sh", "-c", script], env=env, cwd="/workspace", sink=sink)
+
+    return supervise
 
 
 def driver_pids(driver: LocalDriver) -> list[int]:
-    """Pids of every live instance of a driver (test introspection)."""
+    """Pids (bwrap's) of every live instance of a driver (test introspection)."""
     return [
         i.process.pid
         for i in driver._fleet.instances.values()
-        if i.process is not None and i.process.returncode is None
+        if i.process is not None and i.process.returncode is None and i.process.pid
     ]
 
 

@@ -1,4 +1,4 @@
-"""The local driver's cold path with real bubblewrap processes and a stand-in supervisor."""
+"""The local driver's cold path with real bubblewrap sandboxes and a stand-in host-side supervisor."""
 
 from __future__ import annotations
 
@@ -8,18 +8,26 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.integration.drivers_local.support import DriverFactory, alive, driver_pids, needs_bwrap
+from tests.integration.drivers_local.support import (
+    DriverFactory,
+    alive,
+    credential_of,
+    driver_pids,
+    needs_bwrap,
+    workspace_of,
+)
 from tests.integration.drivers_local.waiting import next_event, read_when_present, wait_until
 from warmshell.core.config import LocalDriverConfig, StatePaths
-from warmshell.core.errors import PermissionDeniedError
+from warmshell.core.errors import FailedPreconditionError, PermissionDeniedError
 from warmshell.core.ids import SandboxId, new_sandbox_id
 from warmshell.core.models import Allocation, Resources, SandboxSpec
 from warmshell.drivers.base import BackendState, Bound, CreateRequest
-from warmshell.drivers.local import LocalDriver, cgroups
+from warmshell.drivers.local import LocalDriver, cgroups, launching
 
 PROOF = "proof-" + "x" * 40
 
@@ -36,10 +44,6 @@ def request(sandbox_id: SandboxId | None = None, spec: SandboxSpec | None = None
     )
 
 
-def workspace_of(paths: StatePaths, instance_id: str) -> Path:
-    return paths.sandboxes / instance_id / "workspace"
-
-
 async def test_cold_create_spawns_a_bound_supervisor(make_driver: DriverFactory, paths: StatePaths) -> None:
     async with make_driver() as driver:
         events = driver.watch()
@@ -51,7 +55,7 @@ async def test_cold_create_spawns_a_bound_supervisor(make_driver: DriverFactory,
         assert running.sandbox_id == req.sandbox_id
 
         workspace = workspace_of(paths, created.instance_id)
-        credential = await read_when_present(workspace / "credential")
+        credential = await read_when_present(credential_of(paths, created.instance_id))
         assert credential.startswith(f"wsl1.{created.instance_id}.")
         identity = await driver.identity.authenticate(credential)
         assert identity is not None
@@ -61,30 +65,21 @@ async def test_cold_create_spawns_a_bound_supervisor(make_driver: DriverFactory,
         assert identity.binding == Bound(req.sandbox_id, PROOF)
         assert identity.binding.proof == PROOF  # Bound's repr hides it; compare the field
 
-        # Only the documented variables reach the supervisor; nothing from the host.
-        env = dict(line.split("=", 1) for line in (workspace / "env").read_text().splitlines() if line)
+        # A command gets the environment its supervisor gave it, nothing of the host's or the agent's.
+        env = dict(line.split("=", 1) for line in (await read_when_present(workspace / "env")).splitlines() if line)
         env.pop("PWD", None)
         env.pop("SHLVL", None)
-        assert set(env) == {
-            "PATH",
-            "HOME",
-            "WARMSHELL_GATEWAY",
-            "WARMSHELL_BOOTSTRAP_FD",
-            "WARMSHELL_INSTANCE_ID",
-            "PYTHONPATH",
-        }
-        assert env["HOME"] == "/workspace"
-        assert env["WARMSHELL_GATEWAY"] == "unix:///run/warmshell/gateway.sock"
-        assert env["WARMSHELL_INSTANCE_ID"] == created.instance_id
+        assert set(env) == {"PATH", "HOME", "WARMSHELL_INSTANCE_ID"}
         assert credential not in (workspace / "env").read_text()
-        assert (workspace / "hostname").read_text().strip() == "demo"
+        assert (await read_when_present(workspace / "hostname")).strip() == "demo"
 
 
 async def test_record_keeps_the_proof_not_the_credential(make_driver: DriverFactory, paths: StatePaths) -> None:
     async with make_driver() as driver:
         created = await driver.create(request())
-        credential = await read_when_present(workspace_of(paths, created.instance_id) / "credential")
+        credential = await read_when_present(credential_of(paths, created.instance_id))
         record_path = paths.instances / f"{created.instance_id}.json"
+        await read_when_present(record_path)  # written in the background
         assert stat.S_IMODE(record_path.stat().st_mode) == 0o600
         assert stat.S_IMODE(paths.instances.stat().st_mode) == 0o700
         text = record_path.read_text()
@@ -107,13 +102,14 @@ async def test_delete_kills_and_cleans_up(make_driver: DriverFactory, paths: Sta
         req = request()
         created = await driver.create(req)
         workspace = workspace_of(paths, created.instance_id)
-        credential = await read_when_present(workspace / "credential")
+        credential = await read_when_present(credential_of(paths, created.instance_id))
         (pid,) = driver_pids(driver)
         events = driver.watch()
 
         assert await driver.delete(req.sandbox_id) is True
         assert not alive(pid)
-        assert not workspace.parent.exists()
+        assert not workspace.exists()
+        assert not (paths.sandboxes / created.instance_id).exists()
         assert not (paths.instances / f"{created.instance_id}.json").exists()
         assert await driver.get(req.sandbox_id) is None
         gone = await next_event(events, lambda e: e.deleted)
@@ -124,8 +120,8 @@ async def test_delete_kills_and_cleans_up(make_driver: DriverFactory, paths: Sta
 
 
 async def test_delete_kills_a_process_that_ignores_sigterm(make_driver: DriverFactory) -> None:
-    stubborn = ["/bin/sh", "-c", "trap '' TERM; while :; do sleep 1; done"]
-    async with make_driver(command=stubborn) as driver:
+    stubborn = "trap '' TERM; while :; do sleep 1; done"
+    async with make_driver(script=stubborn) as driver:
         req = request()
         await driver.create(req)
         (pid,) = driver_pids(driver)
@@ -134,8 +130,8 @@ async def test_delete_kills_a_process_that_ignores_sigterm(make_driver: DriverFa
 
 
 async def test_dying_before_registration_fails_with_stderr(make_driver: DriverFactory) -> None:
-    crash = ["/bin/sh", "-c", "echo 'supervisor: cannot import grpc' >&2; exit 3"]
-    async with make_driver(command=crash) as driver:
+    crash = "echo 'supervisor: cannot import grpc' >&2; exit 3"
+    async with make_driver(script=crash) as driver:
         events = driver.watch()
         req = request()
         await driver.create(req)
@@ -150,15 +146,13 @@ async def test_dying_before_registration_fails_with_stderr(make_driver: DriverFa
 
 async def test_exit_after_registration_is_exited(make_driver: DriverFactory, paths: StatePaths) -> None:
     # Registers (the test authenticates for it), then ends once told to through the workspace.
-    script = (
-        "cat /dev/fd/$WARMSHELL_BOOTSTRAP_FD > /workspace/.c; mv /workspace/.c /workspace/credential; "
-        "while [ ! -e /workspace/stop ]; do sleep 0.01; done; exit 0"
-    )
-    async with make_driver(command=["/bin/sh", "-c", script]) as driver:
+    script = "while [ ! -e /workspace/stop ]; do sleep 0.01; done; exit 0"
+    async with make_driver(script=script) as driver:
         events = driver.watch()
         created = await driver.create(request())
         workspace = workspace_of(paths, created.instance_id)
-        identity = await driver.identity.authenticate(await read_when_present(workspace / "credential"))
+        credential = await read_when_present(credential_of(paths, created.instance_id))
+        identity = await driver.identity.authenticate(credential)
         assert identity is not None
         driver.identity.registered(identity)  # what RegisterSupervisor does next
         (workspace / "stop").touch()
@@ -171,8 +165,8 @@ async def test_credentials_are_per_instance(make_driver: DriverFactory, paths: S
     async with make_driver() as driver:
         a = await driver.create(request())
         b = await driver.create(request())
-        cred_a = await read_when_present(workspace_of(paths, a.instance_id) / "credential")
-        cred_b = await read_when_present(workspace_of(paths, b.instance_id) / "credential")
+        cred_a = await read_when_present(credential_of(paths, a.instance_id))
+        cred_b = await read_when_present(credential_of(paths, b.instance_id))
         assert cred_a != cred_b
         # b's secret under a's instance id is refused, as is a garbled one.
         forged = f"wsl1.{a.instance_id}.{cred_b.rsplit('.', 1)[1]}"
@@ -190,19 +184,22 @@ async def test_sandbox_is_isolated(make_driver: DriverFactory, paths: StatePaths
         "touch /etc/warmshell-probe 2>/dev/null && echo writable > /workspace/etc || true; "
         "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' > /workspace/ifaces; "
         "echo $$ > /workspace/pid; "
-        "test -S /run/warmshell/gateway.sock -o -f /run/warmshell/gateway.sock && touch /workspace/sock; "
+        "ls /run > /workspace/run; "
         "touch /tmp/warmshell-probe-$WARMSHELL_INSTANCE_ID && touch /workspace/tmp; "
         "mv /workspace/ifaces /workspace/done; exec sleep 600"
     )
-    async with make_driver(command=["/bin/sh", "-c", probe]) as driver:
+    async with make_driver(script=probe) as driver:
         created = await driver.create(request())
+        (isolated,) = [c for c in created.conditions if c.type == "Isolated"]
+        assert (isolated.status, isolated.reason) == ("True", "Bubblewrap")
+        assert "supervisor outside" in isolated.message
         workspace = workspace_of(paths, created.instance_id)
         ifaces = await read_when_present(workspace / "done")
-        assert not (workspace / "token").exists(), "the state directory must be hidden"
-        assert not (workspace / "etc").exists(), "the host root must be read-only"
+        assert not (workspace / "token").exists(), "the state directory must not be there"
+        assert not (workspace / "etc").exists(), "the root must be read-only"
         assert ifaces.split() == ["lo"], "no network but loopback"
         assert int((workspace / "pid").read_text()) < 10, "own pid namespace"
-        assert (workspace / "sock").exists(), "the gateway socket is bound in"
+        assert (workspace / "run").read_text().split() == ["warmshell"], "only the agent under /run"
         assert (workspace / "tmp").exists(), "/tmp is private and writable"
         assert not Path(f"/tmp/warmshell-probe-{created.instance_id}").exists()
 
@@ -215,6 +212,7 @@ async def test_restart_reports_lost_sandboxes(make_driver: DriverFactory, paths:
         (pid,) = driver_pids(first)
     assert not alive(pid)
     assert (paths.instances / f"{created.instance_id}.json").exists()
+    assert not workspace_of(paths, created.instance_id).exists(), "a dead sandbox's workspace goes"
 
     second = make_driver()
     async with second:
@@ -235,14 +233,10 @@ async def test_limits_without_cgroup_v2_are_a_condition(make_driver: DriverFacto
     async with make_driver() as driver:
         spec = SandboxSpec(resources=Resources(cpu="200m", memory="64Mi"))
         created = await driver.create(request(spec=spec))
-        (condition,) = created.conditions
-        assert (condition.type, condition.status, condition.reason) == (
-            "ResourceLimits",
-            "False",
-            "CgroupV2Unavailable",
-        )
+        (condition,) = [c for c in created.conditions if c.type == "ResourceLimits"]
+        assert (condition.status, condition.reason) == ("False", "CgroupV2Unavailable")
         plain = await driver.create(request())
-        assert plain.conditions == ()
+        assert [c.type for c in plain.conditions] == ["Isolated"]
 
 
 async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path) -> None:
@@ -259,7 +253,7 @@ async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path)
     async with make_driver(cgroup=cgroup) as driver:
         spec = SandboxSpec(resources=Resources(cpu="0.2", memory="64Mi"))
         created = await driver.create(request(spec=spec))
-        assert [(c.type, c.status) for c in created.conditions] == [("ResourceLimits", "True")]
+        assert [(c.type, c.status) for c in created.conditions] == [("Isolated", "True"), ("ResourceLimits", "True")]
         sandbox_cgroup = root / "gw" / "warmshell" / created.instance_id
         assert (sandbox_cgroup / "cpu.max").read_text() == "20000 100000\n"
         assert (sandbox_cgroup / "memory.max").read_text() == f"{64 * 2**20}\n"
@@ -270,18 +264,16 @@ async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path)
         assert (sandbox_cgroup / "cgroup.procs").read_text().strip() == str(pid), procs
 
 
-async def test_unisolated_mode_runs_a_plain_process(make_driver: DriverFactory, paths: StatePaths) -> None:
+async def test_unisolated_mode_runs_plain_processes(make_driver: DriverFactory, paths: StatePaths) -> None:
     config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True)
-    script = "cat /dev/fd/$WARMSHELL_BOOTSTRAP_FD > .c; env > env; mv .c credential; exec sleep 600"
-    async with make_driver(command=["/bin/sh", "-c", script], config=config) as driver:
+    async with make_driver(script="pwd > where; exec sleep 600", config=config) as driver:
         created = await driver.create(request())
-        assert ("Isolated", "False") in {(c.type, c.status) for c in created.conditions}
-        workspace = workspace_of(paths, created.instance_id)
-        credential = await read_when_present(workspace / "credential")
+        (isolated,) = [c for c in created.conditions if c.type == "Isolated"]
+        assert (isolated.status, isolated.reason) == ("False", "Unisolated")
+        credential = await read_when_present(credential_of(paths, created.instance_id))
         assert await driver.identity.authenticate(credential)
-        env = (workspace / "env").read_text()
-        assert f"WARMSHELL_GATEWAY=unix://{paths.supervisor_socket}" in env
-        assert f"HOME={workspace}" in env
+        workspace = paths.sandboxes / created.instance_id / "workspace"  # no sandbox uid unisolated
+        assert (await read_when_present(workspace / "where")).strip() == str(workspace)
 
 
 def test_missing_bwrap_refuses_to_start(paths: StatePaths) -> None:
@@ -291,14 +283,24 @@ def test_missing_bwrap_refuses_to_start(paths: StatePaths) -> None:
 
 
 async def test_spawn_failure_raises_and_leaves_nothing(make_driver: DriverFactory, paths: StatePaths) -> None:
-    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True)
-    async with make_driver(command=["/nonexistent/supervisor"], config=config) as driver:
+    config = LocalDriverConfig(bwrap="/bin/false")  # "bubblewrap" that exits at once
+    async with make_driver(config=config) as driver:
         req = request()
-        with pytest.raises(Exception, match="cannot start a local supervisor"):
+        with pytest.raises(Exception, match="cannot start a local sandbox"):
             await driver.create(req)
         assert await driver.get(req.sandbox_id) is None
         assert os.listdir(paths.sandboxes) == []
         assert not paths.instances.exists() or os.listdir(paths.instances) == []
+
+
+def test_a_missing_agent_names_the_build_step(paths: StatePaths, tmp_path: Path) -> None:
+    with pytest.raises(FailedPreconditionError, match=r"scripts/build-agent"):
+        LocalDriver(LocalDriverConfig(), paths, agent=tmp_path / "no-agent")
+
+
+def test_an_extra_bind_may_not_expose_the_state_dir(paths: StatePaths) -> None:
+    with pytest.raises(FailedPreconditionError, match=r"local\.extra_ro_binds"):
+        LocalDriver(LocalDriverConfig(extra_ro_binds=[paths.root.parent]), paths)
 
 
 def make_image(root: Path) -> Path:
@@ -319,28 +321,27 @@ def make_image(root: Path) -> Path:
     return root
 
 
-async def test_image_root_replaces_the_host_root(make_driver: DriverFactory, paths: StatePaths, tmp_path: Path) -> None:
-    image = make_image(tmp_path / "image")
-    # Shell builtins only: the image has nothing but sh.
-    script = (
-        "read -r c < /dev/fd/$WARMSHELL_BOOTSTRAP_FD; "
-        "[ -e /etc/image-marker ] && echo yes > /workspace/marker; "
-        "[ -e /usr/bin/dash ] || echo no > /workspace/host-usr; "
-        '[ -d /run/warmshell/python ] && echo "$PYTHONPATH" > /workspace/pythonpath; '
-        'echo "$c" > /workspace/.c; cd /workspace && read -r x < .c; echo "$x" > credential; : > done'
-    )
-    async with make_driver(command=["/bin/sh", "-c", script]) as driver:
-        spec = SandboxSpec(image=str(image))
-        driver.validate("default", spec)
-        created = await driver.create(request(spec=spec))
-        workspace = workspace_of(paths, created.instance_id)
-        # No mv in this image to rename files into place: `done` is written after all the others.
-        await read_when_present(workspace / "done")
-        credential = (workspace / "credential").read_text().strip()
-        assert credential.startswith(f"wsl1.{created.instance_id}.")
-        assert (workspace / "marker").read_text() == "yes\n", "/etc comes from the image"
-        assert (workspace / "host-usr").read_text() == "no\n", "/usr comes from the image"
-        assert (workspace / "pythonpath").read_text() == "/run/warmshell/src\n"
+async def test_image_root_replaces_the_host_root(make_driver: DriverFactory, paths: StatePaths) -> None:
+    # The sandbox's own uid resolves the image's path, so it lives where that uid can reach it.
+    with tempfile.TemporaryDirectory(prefix="warmshell-image-") as base:
+        os.chmod(base, 0o755)
+        image = make_image(Path(base) / "image")
+        # Shell builtins only: the image has nothing but sh.
+        script = (
+            "[ -e /etc/image-marker ] && echo yes > /workspace/marker; "
+            "[ -e /usr/bin/dash ] || echo no > /workspace/host-usr; "
+            "[ -e /usr/bin/sh ] && echo yes > /workspace/sh; : > /workspace/done"
+        )
+        async with make_driver(script=script) as driver:
+            spec = SandboxSpec(image=str(image))
+            driver.validate("default", spec)
+            created = await driver.create(request(spec=spec))
+            workspace = workspace_of(paths, created.instance_id)
+            # No mv in this image to rename files into place: `done` is written after all the others.
+            await read_when_present(workspace / "done")
+            assert (workspace / "marker").read_text() == "yes\n", "/etc comes from the image"
+            assert (workspace / "host-usr").read_text() == "no\n", "/usr comes from the image"
+            assert (workspace / "sh").read_text() == "yes\n"
 
 
 async def test_delete_during_create_leaves_nothing(make_driver: DriverFactory) -> None:
@@ -351,3 +352,27 @@ async def test_delete_during_create_leaves_nothing(make_driver: DriverFactory) -
         assert deleted is True
         assert await driver.get(req.sandbox_id) is None
         assert driver_pids(driver) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root gateway runs sandboxes as other uids")
+async def test_an_agent_under_a_private_directory_still_starts(make_driver: DriverFactory, tmp_path: Path) -> None:
+    # A checkout under /root (or pytest's 0700 tmp): the sandbox's uid could not reach the agent
+    # there, so the driver stages a copy where it can.
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    agent = private / "warmshell-agent"
+    shutil.copy(launching.AGENT_BINARY, agent)
+    driver = LocalDriver(
+        LocalDriverConfig(),
+        StatePaths(tmp_path / "state-private"),
+        supervise=lambda seat: seat.runner(["true"], env={}, cwd="/", sink=lambda *_: asyncio.sleep(0)),
+        agent=agent,
+        cgroup=cgroups.Unavailable("test"),
+    )
+    (tmp_path / "state-private").mkdir()
+    async with driver:
+        events = driver.watch()
+        await driver.create(request())
+        exited = await next_event(events, lambda e: e.sandbox is not None and e.sandbox.state is BackendState.FAILED)
+        assert exited.sandbox is not None
+        assert "supervisor exited with status 0" in exited.sandbox.message

@@ -1,4 +1,5 @@
-"""Local warm pools with real bwrap'd stand-in supervisors and an in-process Activator."""
+"""Local warm pools with real bwrap'd sandboxes, stand-in host-side supervisors and an in-process
+Activator."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.drivers_local.fakes import FakeActivator, registering
-from tests.integration.drivers_local.support import STAND_IN, DriverFactory, alive, needs_bwrap
+from tests.integration.drivers_local.support import STAND_IN, DriverFactory, alive, credential_of, needs_bwrap, stand_in
 from tests.integration.drivers_local.waiting import wait_until
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import NotFoundError, UnavailableError
@@ -104,7 +105,7 @@ async def test_matching_create_gets_a_registered_member_and_the_pool_refills(
                 "pool/default",
             )
             # Re-registration of the claimed instance now says it is bound to the sandbox.
-            credential = (paths.sandboxes / served.instance_id / "workspace" / "credential").read_text()
+            credential = credential_of(paths, served.instance_id).read_text()
             identity = await driver.identity.authenticate(credential)
             assert identity is not None
             assert identity.binding == Bound(req.sandbox_id, "proof-1")
@@ -276,8 +277,8 @@ async def test_members_that_die_before_registering_back_off(
     make_driver: DriverFactory, config: LocalDriverConfig, pools_dir: Path
 ) -> None:
     (pools_dir / "default.toml").write_text(DEFAULT.format(replicas=1))
-    crash = ["/bin/sh", "-c", "echo 'supervisor: broken install' >&2; exit 1"]
-    async with make_driver(command=crash, config=config) as driver:
+    crash = "echo 'supervisor: broken install' >&2; exit 1"
+    async with make_driver(script=crash, config=config) as driver:
         await driver.start(FakeActivator())
         await wait_until(lambda: has_pool(driver, "default") and pool(driver, "default").conditions != ())
         (condition,) = pool(driver, "default").conditions
@@ -298,7 +299,7 @@ async def test_idle_member_records_are_dropped_after_restart(make_driver: Driver
         paths.instances,
         records.InstanceRecord(instance_id="li-used", sandbox_id="sbx-1", pool="f" * 64, **common),
     )
-    (paths.sandboxes / "li-idle" / "workspace").mkdir(parents=True)
+    (paths.sandboxes / "li-idle").mkdir(parents=True)
     async with make_driver() as driver:
         assert [(s.sandbox_id, s.state) for s in await driver.list()] == [("sbx-1", BackendState.FAILED)]
         assert list(paths.instances.iterdir()) == []
@@ -311,7 +312,7 @@ async def test_refill_can_be_postponed(paths: StatePaths, config: LocalDriverCon
     driver = LocalDriver(
         config,
         paths,
-        supervisor_command=["/bin/sh", "-c", STAND_IN],
+        supervise=stand_in(paths, STAND_IN),  # type: ignore[arg-type]
         cgroup=cgroups.Unavailable("test"),
         kill_grace_seconds=0.5,
         refill_delay_seconds=60,

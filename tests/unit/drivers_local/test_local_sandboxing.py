@@ -1,126 +1,145 @@
-"""The bubblewrap argv and the supervisor environment, flag by flag."""
+"""The bubblewrap argv and the root plans, flag by flag."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from warmshell.drivers.local import sandboxing
-from warmshell.drivers.local.sandboxing import RootEntry, SandboxLayout
+from warmshell.drivers.local.sandboxing import RootEntry, RootPlan, SandboxLayout
+
+HOST_ENTRIES = [
+    RootEntry("bin", "usr/bin"),
+    RootEntry("boot"),
+    RootEntry("dev"),
+    RootEntry("etc"),
+    RootEntry("home"),
+    RootEntry("lib", "usr/lib"),
+    RootEntry("lib64", "usr/lib64"),
+    RootEntry("media"),
+    RootEntry("mnt"),
+    RootEntry("opt"),
+    RootEntry("proc"),
+    RootEntry("root"),
+    RootEntry("run"),
+    RootEntry("sbin", "usr/sbin"),
+    RootEntry("srv"),
+    RootEntry("sys"),
+    RootEntry("tmp"),
+    RootEntry("usr"),
+    RootEntry("var"),
+]
+HOST_ETC = ["passwd", "group", "shadow", "gshadow", "sudoers", "ssh", "machine-id", "hosts", "pip.conf", "ssl"]
 
 
 def layout(**overrides: object) -> SandboxLayout:
     fields: dict[str, object] = {
         "bwrap": "/usr/bin/bwrap",
-        "root": Path("/"),
-        "entries": [
-            RootEntry("bin", "usr/bin"),
-            RootEntry("dev"),
-            RootEntry("etc"),
-            RootEntry("proc"),
-            RootEntry("run"),
-            RootEntry("tmp"),
-            RootEntry("usr"),
-            RootEntry("workspace"),
-        ],
-        "workspace_dir": Path("/state/sandboxes/li-1/workspace"),
-        "supervisor_socket": Path("/state/supervisor.sock"),
+        "plan": sandboxing.host_root_plan(HOST_ENTRIES, HOST_ETC),
+        "workspace_dir": Path("/srv/ws/li-1"),
+        "agent": Path("/srv/ws/warmshell-agent-0123"),
+        "control_fd": 7,
+        "seccomp_fd": 8,
+        "info_fd": 9,
         "hostname": "demo",
-        "environment": {"PATH": "/usr/bin", "HOME": "/workspace"},
-        "command": ["/usr/bin/python3", "-m", "warmshell", "supervisor"],
+        "instance_id": "li-1",
     }
     fields.update(overrides)
     return SandboxLayout(**fields)  # type: ignore[arg-type]
 
 
+def options(argv: list[str]) -> list[str]:
+    return argv[: argv.index("--")]
+
+
 def pairs(argv: list[str], flag: str, arity: int) -> list[tuple[str, ...]]:
     """Every occurrence of `flag` with its arguments (only before the `--`)."""
-    options = argv[: argv.index("--")]
-    return [tuple(options[i + 1 : i + 1 + arity]) for i, a in enumerate(options) if a == flag]
+    before = options(argv)
+    return [tuple(before[i + 1 : i + 1 + arity]) for i, a in enumerate(before) if a == flag]
 
 
-def test_namespaces_and_lifetime() -> None:
+def test_namespaces_capabilities_seccomp_and_lifetime() -> None:
     argv = sandboxing.bwrap_argv(layout())
     assert argv[0] == "/usr/bin/bwrap"
     for flag in (
+        "--unshare-user",
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-net",
         "--die-with-parent",
         "--new-session",
+        "--as-pid-1",
         "--clearenv",
     ):
-        assert flag in argv[: argv.index("--")], flag
+        assert flag in options(argv), flag
     assert pairs(argv, "--cap-drop", 1) == [("ALL",)]
+    assert pairs(argv, "--seccomp", 1) == [("8",)]
+    assert pairs(argv, "--info-fd", 1) == [("9",)]
+    assert pairs(argv, "--uid", 1) == [("0",)]
 
 
-def test_root_entries_are_bound_read_only_except_replaced_ones() -> None:
+def test_the_agent_is_pid_1_with_its_control_fd() -> None:
     argv = sandboxing.bwrap_argv(layout())
-    assert pairs(argv, "--ro-bind", 2) == [("/etc", "/etc"), ("/usr", "/usr")]
-    assert pairs(argv, "--symlink", 2) == [("usr/bin", "/bin")]
+    assert argv[argv.index("--") + 1 :] == [sandboxing.AGENT_PATH, "7"]
+    assert (str(Path("/srv/ws/warmshell-agent-0123")), sandboxing.AGENT_PATH) in pairs(argv, "--ro-bind", 2)
+
+
+def test_host_root_is_an_allow_list() -> None:
+    argv = sandboxing.bwrap_argv(layout())
+    bound = {target for _, target in pairs(argv, "--ro-bind", 2)}
+    linked = {target for _, target in pairs(argv, "--symlink", 2)}
+    assert {"/usr"} <= bound
+    assert linked == {"/bin", "/lib", "/lib64", "/sbin"}
+    for hidden in ("/root", "/home", "/var", "/srv", "/opt", "/mnt", "/media", "/sys", "/boot", "/etc"):
+        assert hidden not in bound, hidden
+    etc = sorted(t for t in bound if t.startswith("/etc/"))
+    assert etc == ["/etc/group", "/etc/hosts", "/etc/passwd", "/etc/ssl"]
+    assert pairs(argv, "--dir", 1) == [("/etc",)]
+
+
+def test_fresh_proc_dev_tmp_run_and_writable_workspace_only() -> None:
+    argv = sandboxing.bwrap_argv(layout())
     assert pairs(argv, "--tmpfs", 1) == [("/tmp",), ("/run",)]
     assert pairs(argv, "--dev", 1) == [("/dev",)]
     assert pairs(argv, "--proc", 1) == [("/proc",)]
-
-
-def test_image_root_binds_from_the_image_and_adds_extra_binds() -> None:
-    argv = sandboxing.bwrap_argv(
-        layout(root=Path("/images/deb"), extra_ro_binds=[(Path("/opt/py"), "/run/warmshell/python")])
-    )
-    assert pairs(argv, "--ro-bind", 2) == [
-        ("/images/deb/etc", "/etc"),
-        ("/images/deb/usr", "/usr"),
-        ("/opt/py", "/run/warmshell/python"),
-    ]
-
-
-def test_workspace_socket_and_read_only_root() -> None:
-    argv = sandboxing.bwrap_argv(layout(hidden=[Path("/state")]))
-    assert pairs(argv, "--bind", 2) == [
-        ("/state/sandboxes/li-1/workspace", "/workspace"),
-        ("/state/supervisor.sock", "/run/warmshell/gateway.sock"),
-    ]
-    assert ("/state",) in pairs(argv, "--tmpfs", 1)
-    options = argv[: argv.index("--")]
-    # The state dir is masked before the workspace (inside it) is bound, and / becomes
-    # read-only only after every mount point was created.
-    assert options.index("/state") < options.index("--bind")
-    assert options.index("--remount-ro") > max(i for i, a in enumerate(options) if a == "--bind")
+    assert pairs(argv, "--bind", 2) == [("/srv/ws/li-1", "/workspace")]
     assert pairs(argv, "--remount-ro", 1) == [("/",)]
-    assert pairs(argv, "--hostname", 1) == [("demo",)]
     assert pairs(argv, "--chdir", 1) == [("/workspace",)]
 
 
-def test_environment_and_command() -> None:
-    argv = sandboxing.bwrap_argv(layout(info_fd=7))
-    assert pairs(argv, "--setenv", 2) == [("PATH", "/usr/bin"), ("HOME", "/workspace")]
-    assert pairs(argv, "--info-fd", 1) == [("7",)]
-    assert argv[argv.index("--") + 1 :] == ["/usr/bin/python3", "-m", "warmshell", "supervisor"]
+def test_nothing_of_a_gateway_is_named() -> None:
+    text = " ".join(sandboxing.bwrap_argv(layout()))
+    for secret in ("sock", "token", "signing", "credential", "BOOTSTRAP", "GATEWAY"):
+        assert secret not in text, secret
 
 
-def test_supervisor_environment_is_exactly_the_contract() -> None:
-    env = sandboxing.supervisor_environment(
-        instance_id="li-1",
-        bootstrap_fd=5,
-        gateway_url="unix:///run/warmshell/gateway.sock",
-        home="/workspace",
-        pythonpath="/src",
+def test_extra_binds_come_after_tmp_and_run() -> None:
+    argv = sandboxing.bwrap_argv(layout(extra_ro_binds=[Path("/opt/tools"), Path("/run/extra")]))
+    before = options(argv)
+    assert ("/opt/tools", "/opt/tools") in pairs(argv, "--ro-bind", 2)
+    assert before.index("/run/extra") > before.index("/run")
+
+
+def test_environment_is_only_path_and_the_instance_id() -> None:
+    argv = sandboxing.bwrap_argv(layout())
+    assert pairs(argv, "--setenv", 2) == [("PATH", "/usr/local/bin:/usr/bin:/bin"), ("WARMSHELL_INSTANCE_ID", "li-1")]
+
+
+def test_image_root_binds_every_entry_but_the_replaced_ones() -> None:
+    entries = [RootEntry("bin", "usr/bin"), RootEntry("etc"), RootEntry("proc"), RootEntry("usr"), RootEntry("var")]
+    plan = sandboxing.image_root_plan(Path("/images/deb"), entries)
+    assert plan == RootPlan(
+        binds=(
+            (Path("/images/deb/usr"), "/usr"),
+            (Path("/images/deb/var"), "/var"),
+            (Path("/images/deb/etc"), "/etc"),
+        ),
+        symlinks=(("usr/bin", "/bin"),),
     )
-    assert env == {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": "/workspace",
-        "WARMSHELL_GATEWAY": "unix:///run/warmshell/gateway.sock",
-        "WARMSHELL_BOOTSTRAP_FD": "5",
-        "WARMSHELL_INSTANCE_ID": "li-1",
-        "PYTHONPATH": "/src",
-    }
-    assert "PYTHONPATH" not in sandboxing.supervisor_environment(
-        instance_id="li-1", bootstrap_fd=5, gateway_url="x", home="/w"
-    )
 
 
-def test_list_root(tmp_path: Path) -> None:
+def test_list_root_reads_directories_and_symlinks(tmp_path: Path) -> None:
     (tmp_path / "usr").mkdir()
     (tmp_path / "bin").symlink_to("usr/bin")
-    (tmp_path / "file").write_text("ignored: not a directory")
+    (tmp_path / "file").write_text("x")
     assert sandboxing.list_root(tmp_path) == [RootEntry("bin", "usr/bin"), RootEntry("usr")]

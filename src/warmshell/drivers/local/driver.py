@@ -1,10 +1,12 @@
-"""The local compute driver: each sandbox is one supervisor process under bubblewrap.
+"""The local compute driver: each sandbox is bubblewrap with a tiny agent as pid 1, and its
+supervisor runs host-side, in the gateway.
 
 A create is served warm when exactly one pool matches its fingerprint and has a registered idle
 member: the member is bound to the sandbox (recorded), renamed, and handed to the gateway's
 Activator. Otherwise it goes cold: a supervisor bound to the sandbox from birth is spawned, and
-the gateway activates it once it registers, through the same registry. Processes and files are
-the `fleet`'s; pools and their refill loop are `pooling`'s; this module routes and reports.
+the gateway activates it once it registers, through the same registry. Sandboxes, supervisors
+and files are the `fleet`'s; pools and their refill loop are `pooling`'s; this module routes and
+reports.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import builtins
 import collections
 import dataclasses
 import logging
+import os
 import shutil
-import sys
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 from warmshell.core import allocation
 from warmshell.core.config import LocalDriverConfig, StatePaths
@@ -47,7 +50,9 @@ from warmshell.drivers.local.fleet import Fleet
 from warmshell.drivers.local.hostnames import HostnameSetter
 from warmshell.drivers.local.identity import LocalIdentity
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.launching import Launcher
+from warmshell.drivers.local.launching import AGENT_BINARY, Launcher
+from warmshell.drivers.local.supervising import HostSupervisors, Supervise
+from warmshell.drivers.local.uids import UidRange
 
 __all__ = ["LocalDriver"]
 
@@ -55,20 +60,20 @@ _log = logging.getLogger(__name__)
 
 NO_BWRAP = (
     "bubblewrap ({bwrap!r}) was not found; install it (Debian/Ubuntu: apt-get install bubblewrap) "
-    "or set local.allow_unisolated = true to run supervisors as plain, unisolated processes"
+    "or set local.allow_unisolated = true to run workloads as plain, unisolated processes"
 )
 _LOST = "the sandbox's process ended with the previous gateway"
 
 
 class LocalDriver:
-    """A `ComputeDriver` running sandboxes as bwrap'd supervisor processes of the gateway.
+    """A `ComputeDriver` running sandboxes as bwrap'd agents with host-side supervisors.
 
     Sandboxes are children of the gateway and die with it; on the next start the driver reports
     the sandboxes of the previous run as failed (`get`, `list`, and a `watch` event to watchers
     that subscribed before `__aenter__`). Without bubblewrap the constructor raises unless
-    `config.allow_unisolated` is set; then supervisors run as plain processes with no isolation
-    at all (see `launching`). `supervisor_command` and `cgroup` exist for tests;
-    `refill_delay_seconds` overrides `config.refill_delay_seconds` (the pause before a refill).
+    `config.allow_unisolated` is set; then workloads run as plain processes with no isolation
+    at all (see `launching`). `supervise` (what runs each sandbox's supervisor), `agent` and
+    `cgroup` exist for tests; `refill_delay_seconds` overrides `config.refill_delay_seconds`.
     """
 
     name = "local"
@@ -78,7 +83,8 @@ class LocalDriver:
         config: LocalDriverConfig,
         paths: StatePaths,
         *,
-        supervisor_command: Sequence[str] | None = None,
+        supervise: Supervise | None = None,
+        agent: Path = AGENT_BINARY,
         cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None = None,
         kill_grace_seconds: float = 2.0,
         refill_delay_seconds: float | None = None,
@@ -88,19 +94,24 @@ class LocalDriver:
         bwrap = shutil.which(config.bwrap)
         if bwrap is None and not config.allow_unisolated:
             raise FailedPreconditionError(NO_BWRAP.format(bwrap=config.bwrap))
+        _check_extra_binds(config.extra_ro_binds, paths)
+        root = os.geteuid() == 0  # then each sandbox gets its own uid (see `uids`)
         launcher = Launcher(
             bwrap=bwrap,
-            paths=paths,
-            python=config.python or sys.executable,
-            python_in_image=config.python,
-            command=supervisor_command,
+            agent=agent,
+            extra_ro_binds=config.extra_ro_binds,
+            stage_dir=config.sandbox_dir if root else None,
         )
+        self._supervisors = HostSupervisors(paths.supervisor_socket)
         self._fleet = Fleet(
             launcher=launcher,
             paths=paths,
             cgroup=cgroup if cgroup is not None else cgroups.detect(),
             grace=kill_grace_seconds,
             on_ended=self._on_ended,
+            supervise=supervise or self._supervisors,
+            uids=UidRange(config.sandbox_uid_base, config.sandbox_uid_count) if root else None,
+            workspaces=config.sandbox_dir if root else None,
         )
         self._sandboxes: dict[SandboxId, Instance] = {}
         self._lost: dict[SandboxId, DriverSandbox] = {}
@@ -149,7 +160,7 @@ class LocalDriver:
 
     async def start(self, activator: Activator) -> None:
         """Keep the activator; load the warm-pool profiles and start filling the pools (the
-        gateway's supervisor socket exists by now: members bind it at spawn)."""
+        gateway's supervisor socket exists by now: host-side supervisors register through it)."""
         self._activator = activator
         if self._pools is not None and self._config.pools_dir is not None:
             self._pools.start()
@@ -164,7 +175,8 @@ class LocalDriver:
             )
 
     async def aclose(self) -> None:
-        """Stop every supervisor (they could not outlive the gateway anyway) and end watches.
+        """Stop every sandbox and its supervisor (they could not outlive the gateway anyway) and
+        end watches.
 
         Records of bound sandboxes stay on disk, so the next start reports them as lost."""
         if self._refill_timer is not None:
@@ -176,6 +188,7 @@ class LocalDriver:
         if self._pools is not None:
             await self._pools.aclose()
         await self._fleet.aclose(keep=lambda instance: instance.sandbox_id is not None)
+        await self._supervisors.aclose()
         self._hub.close()
 
     # -- the ComputeDriver surface ---------------------------------------------------------
@@ -297,9 +310,10 @@ class LocalDriver:
     def _refill_soon(self, pool: pooling.Pool) -> None:
         """Refill once claims pause for `refill_delay` (every claim re-arms the timer).
 
-        Booting a replacement costs an interpreter start (~100 ms of CPU); started during a run of
-        warm creates it competes with the very activations the pool exists to make fast. A pool
-        drained below a quarter of its size refills at once, so a sustained run cannot empty it."""
+        Booting a replacement (a sandbox and a registration: ~6 ms of CPU, bench/warm_path.py)
+        started during a run of warm creates competes with the activations the pool exists to
+        make fast. A pool drained below a quarter of its size refills at once, so a sustained run
+        cannot empty it."""
         assert self._pools is not None
         if self._refill_timer is not None:
             self._refill_timer.cancel()
@@ -341,7 +355,7 @@ class LocalDriver:
             miss_reason=miss.value,
         )
         self._sandboxes[request.sandbox_id] = instance
-        self._progress(instance, "Spawning", f"starting a supervisor (cold: {miss.value})")
+        self._progress(instance, "Spawning", f"starting a sandbox (cold: {miss.value})")
         try:
             await self._fleet.launch(instance, request.spec)
         except BaseException:
@@ -397,3 +411,14 @@ class LocalDriver:
         if instance.sandbox_id is not None:
             line = ProgressLine(reason, message)
             self._hub.publish(DriverEvent(instance.sandbox_id, progress=line))
+
+
+def _check_extra_binds(binds: Sequence[Path], paths: StatePaths) -> None:
+    """An extra bind must not expose the gateway's state directory (its secrets, every sandbox)."""
+    state = paths.root.resolve()
+    for bind in binds:
+        source = bind.resolve()
+        if source == state or source in state.parents or state in source.parents:
+            raise FailedPreconditionError(
+                f"local.extra_ro_binds: {str(bind)!r} overlaps the gateway's state directory {str(state)!r}"
+            )

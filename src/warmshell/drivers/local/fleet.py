@@ -1,9 +1,11 @@
-"""Every local instance's process and files: spawn, notice the end, stop, clean up, and sweep
-what a previous gateway left behind.
+"""Every local instance's sandbox, supervisor and files: start, notice the end, stop, clean up,
+and sweep what a previous gateway left behind.
 
 The driver decides what an instance is for (a sandbox, or an idle pool member); the fleet only
-runs it. An instance's files are `<sandboxes>/<id>/` (its `workspace/` is the sandbox's
-/workspace, `supervisor.log` its stderr) and `<instances>/<id>.json`.
+runs it: the sandbox (bwrap + agent, see `launching`) and, host-side, its supervisor with a fresh
+bootstrap credential (see `supervising`). Whichever of the two ends first ends the other. An
+instance's files are `<sandboxes>/<id>/` (its `workspace/` is the sandbox's /workspace,
+`sandbox.log` bwrap's output) and `<instances>/<id>.json`.
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ from warmshell.drivers.base import BackendState, DriverCondition
 from warmshell.drivers.local import cgroups, credentials, records
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.launching import Launcher
-from warmshell.drivers.local.processes import Launch, SupervisorProcess, read_tail
+from warmshell.drivers.local.processes import read_tail
+from warmshell.drivers.local.supervising import Seat, Supervise
+from warmshell.drivers.local.uids import UidRange
 
-__all__ = ["Fleet"]
+__all__ = ["ISOLATION", "Fleet"]
 
 _log = logging.getLogger(__name__)
+ISOLATION = (
+    "user, pid, net, ipc, uts, mount namespaces; no capabilities; seccomp; host paths: allow-list; supervisor outside"
+)
 
 
 class Fleet:
@@ -44,8 +51,16 @@ class Fleet:
         cgroup: cgroups.CgroupV2 | cgroups.Unavailable,
         grace: float,
         on_ended: Callable[[Instance], Awaitable[None]],
+        supervise: Supervise,
+        uids: UidRange | None,
+        workspaces: Path | None = None,
     ) -> None:
+        """With `uids`, each sandbox runs as its own uid and its workspace lives under
+        `workspaces` (see `launching`)."""
         self._launcher = launcher
+        self._supervise = supervise
+        self._uids = uids
+        self._workspaces = workspaces
         self._paths = paths
         self._cgroup = cgroup
         self._grace = grace
@@ -56,32 +71,31 @@ class Fleet:
     # -- spawning --------------------------------------------------------------------------
 
     async def launch(self, instance: Instance, spec: SandboxSpec) -> None:
-        """Start the instance's supervisor; on failure everything it made is removed again
-        (UnavailableError when the process could not be started)."""
+        """Start the instance's sandbox, then its supervisor; on failure everything it made is
+        removed again (UnavailableError when the sandbox could not be started)."""
         limits = cgroups.Limits.of(spec)
         instance.conditions = self._conditions(limits)
         credential = credentials.new_credential(instance.instance_id)
         instance.credential_digest = credentials.digest(credential)
         self.instances[instance.instance_id] = instance
         try:
+            if self._uids is not None and self._launcher.isolated:
+                instance.uid = self._uids.acquire()
+                instance.workspaces = self._workspaces
             await asyncio.to_thread(self._prepare, instance, spec.image, limits)
-
-            def build(fd: int, info_fd: int) -> Launch:
-                return self._launcher.build(instance, image=spec.image, fd=fd, info_fd=info_fd)
-
-            instance.process = await SupervisorProcess.spawn(
-                build, credential=credential, log_path=instance.directory / "supervisor.log"
-            )
-            del credential  # from here on only its digest exists on this side
+            instance.process = await self._launcher.start(instance, image=spec.image, uid=instance.uid)
             self.save_soon(instance)
         except BaseException as exc:
             if instance.process is not None:
                 await instance.process.stop(self._grace)
             await self.discard(instance)
             if isinstance(exc, OSError | ValueError):
-                raise UnavailableError(f"cannot start a local supervisor: {exc}") from exc
+                raise UnavailableError(f"cannot start a local sandbox: {exc}") from exc
             raise
+        seat = Seat(instance.instance_id, credential, instance.process.runner)
+        del credential  # from here on only the supervisor holds it; the driver keeps its digest
         instance.state = BackendState.RUNNING
+        instance.supervisor = asyncio.create_task(self._supervise(seat), name=f"supervisor:{instance.instance_id}")
         instance.waiter = self.background(self._wait(instance), name=f"wait:{instance.instance_id}")
 
     def save_soon(self, instance: Instance) -> None:
@@ -101,9 +115,15 @@ class Fleet:
         instance.saving = self.background(write(), name=f"save:{instance.instance_id}")
 
     def _prepare(self, instance: Instance, image: str, limits: cgroups.Limits) -> None:
-        """Blocking: the sandbox's directories, its cgroup, the root listing."""
+        """Blocking: the sandbox's directories (its workspace owned by its uid), its cgroup, the
+        root filesystem's bind sources."""
         self._paths.sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
-        instance.workspace_dir.mkdir(mode=0o700, parents=True)
+        instance.directory.mkdir(mode=0o700)
+        if instance.workspaces is not None:
+            _traversable_dir(instance.workspaces)
+        instance.workspace_dir.mkdir(mode=0o700)
+        if instance.uid is not None:
+            os.chown(instance.workspace_dir, instance.uid, instance.uid)
         self._launcher.prepare(image)
         if limits and isinstance(self._cgroup, cgroups.CgroupV2):
             try:
@@ -115,8 +135,10 @@ class Fleet:
 
     def _conditions(self, limits: cgroups.Limits) -> tuple[DriverCondition, ...]:
         conditions: list[DriverCondition] = []
-        if not self._launcher.isolated:
-            message = "local.allow_unisolated: a plain process with no isolation"
+        if self._launcher.isolated:
+            conditions.append(DriverCondition("Isolated", "True", "Bubblewrap", ISOLATION))
+        else:
+            message = "local.allow_unisolated: plain processes of the gateway's user, no isolation at all"
             conditions.append(DriverCondition("Isolated", "False", "Unisolated", message))
         if limits:
             if isinstance(self._cgroup, cgroups.CgroupV2):
@@ -129,19 +151,34 @@ class Fleet:
     # -- ends, stops and clean-up ----------------------------------------------------------
 
     async def _wait(self, instance: Instance) -> None:
+        """Until the sandbox or its supervisor ends; then end the other."""
         assert instance.process is not None
-        code = await instance.process.wait()
-        await self._release_cgroup(instance)
+        assert instance.supervisor is not None
+        sandbox = asyncio.ensure_future(instance.process.wait())
+        supervisor = instance.supervisor
+        await asyncio.wait([sandbox, supervisor], return_when=asyncio.FIRST_COMPLETED)
+        if supervisor.done():
+            code = _status(supervisor)
+            await instance.process.stop(self._grace)
+            await sandbox
+            what = f"the supervisor exited with status {code}"
+        else:
+            if not instance.deleting:  # `stop` cancelled it already: a second cancel would cut
+                supervisor.cancel()  # short its clean-up (killing and reaping its processes)
+            await asyncio.gather(supervisor, return_exceptions=True)
+            code = sandbox.result()
+            what = f"the sandbox ended (bwrap status {code})"
+        await self._release(instance)
         instance.ended.set()
         if instance.deleting:
             return
         if instance.registered:
             instance.state = BackendState.EXITED
-            instance.message = f"the supervisor exited with status {code}"
+            instance.message = what
         else:
             instance.state = BackendState.FAILED
             tail = "\n".join(await asyncio.to_thread(read_tail, instance.process.log_path))
-            instance.message = f"the supervisor exited with status {code} before registering"
+            instance.message = f"{what} before registering"
             if tail:
                 instance.message += f": {tail}"
         await self._on_ended(instance)
@@ -153,13 +190,17 @@ class Fleet:
             await instance.ended.wait()
             return
         instance.deleting = True
+        if instance.supervisor is not None:
+            instance.supervisor.cancel()
         if instance.process is not None:
             await instance.process.stop(self._grace)
         if instance.waiter is not None:
             await instance.waiter
-        if keep:
+        if keep:  # the record stays, for the next start to report the sandbox as lost
             self.instances.pop(instance.instance_id, None)
-            await self._release_cgroup(instance)
+            await self._release(instance)
+            if instance.workspaces is not None:  # outside the state directory: nobody else cleans it
+                await asyncio.to_thread(shutil.rmtree, instance.workspace_dir, True)
         else:
             await self.discard(instance)
         instance.ended.set()
@@ -169,17 +210,24 @@ class Fleet:
         self.instances.pop(instance.instance_id, None)
         if instance.saving is not None:
             await asyncio.gather(instance.saving, return_exceptions=True)
-        await self._release_cgroup(instance)
+        await self._release(instance)
         await asyncio.to_thread(self._remove_files, instance.instance_id)
 
     def _remove_files(self, instance_id: str) -> None:
         records.remove(self._paths.instances, instance_id)
         shutil.rmtree(self._paths.sandboxes / instance_id, ignore_errors=True)
+        if self._workspaces is not None:
+            shutil.rmtree(self._workspaces / instance_id, ignore_errors=True)
 
-    async def _release_cgroup(self, instance: Instance) -> None:
+    async def _release(self, instance: Instance) -> None:
+        """Give back the cgroup and, once nothing of the sandbox runs, its uid."""
         if instance.cgroup is not None and isinstance(self._cgroup, cgroups.CgroupV2):
             path, instance.cgroup = instance.cgroup, None
             await asyncio.to_thread(self._cgroup.remove, path)
+        gone = instance.process is None or instance.process.returncode is not None
+        if instance.uid is not None and self._uids is not None and gone:
+            self._uids.release(instance.uid)
+            instance.uid = None
 
     def background(self, work: Coroutine[Any, Any, None], name: str | None = None) -> asyncio.Task[None]:
         """Run `work` as a task that `aclose` waits for."""
@@ -209,12 +257,32 @@ class Fleet:
         return found
 
 
+def _traversable_dir(path: Path) -> None:
+    """Create `path` root-owned 0711 (blocking); refuse one another uid owns or can write."""
+    path.mkdir(mode=0o711, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise PermissionError(f"{path} must be owned by uid {os.geteuid()} and writable by nobody else")
+    if info.st_mode & 0o777 != 0o711:
+        os.chmod(path, 0o711)
+
+
+def _status(supervisor: asyncio.Task[int]) -> int:
+    """A finished supervisor task's exit status (1 when it failed)."""
+    if supervisor.cancelled():
+        return 1
+    if (error := supervisor.exception()) is not None:
+        _log.error("a host-side supervisor failed", exc_info=error)
+        return 1
+    return supervisor.result()
+
+
 def _kill_survivors(instance_ids: set[str]) -> None:
     """SIGKILL every process that belongs to one of these instances (blocking).
 
-    Sandboxes die with the gateway (--die-with-parent), so this finds something only in corner
-    cases (unisolated mode, a bwrap killed while it started); the instance id is in a bwrap'd
-    process's argv (--setenv) and in an unisolated supervisor's environment."""
+    Sandboxes die with the gateway (--die-with-parent, and their agent when its control socket
+    closes), so this finds something only in corner cases (a bwrap killed while it started); the
+    instance id is in a bwrap'd process's argv (--setenv)."""
     markers = [
         marker
         for instance_id in instance_ids

@@ -76,7 +76,9 @@ class HostnameSetter:
 
     async def _nsenter(self, pid: int, name: str) -> None:
         argv = ["nsenter", "--preserve-credentials", "-t", str(pid)]
-        if _user_ns(pid) != _user_ns(os.getpid()):
+        # Root may join the UTS namespace from outside; joining the sandbox's user namespace
+        # first would leave it with capabilities only there, below the UTS namespace's owner.
+        if os.geteuid() != 0 and _user_ns(pid) != _user_ns(os.getpid()):
             argv.append("-U")
         argv += ["-u", "hostname", name]
         try:

@@ -2,10 +2,9 @@
 
 `""` (the default) is the host's root filesystem, read-only. Anything else must be the absolute
 path of a directory holding an unpacked root filesystem (for example made with debootstrap, or
-`docker export` of a container, extracted); it is bound read-only as `/`, entry by entry, as the
-host root would be. The warmshell package is bound read-only under /run/warmshell, and so is the
-gateway's interpreter unless `local.python` names one inside the image; `launching` says which
-interpreters that works for.
+`docker export` of a container, extracted); it is bound read-only as `/`, entry by entry (see
+`sandboxing.image_root_plan`). Nothing of warmshell but the static agent enters it: the supervisor
+runs host-side, so an image needs no Python.
 """
 
 from __future__ import annotations

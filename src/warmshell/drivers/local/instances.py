@@ -1,4 +1,5 @@
-"""The driver's in-memory view of one local instance: a supervisor process, cold or warm.
+"""The driver's in-memory view of one local instance: a sandbox and its host-side supervisor,
+cold or warm.
 
 An instance is either bound to a sandbox (created for it, or a pool member it claimed) or an idle
 pool member waiting to be claimed. Only bound instances are visible as `DriverSandbox`es.
@@ -14,7 +15,7 @@ from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation
 from warmshell.drivers.base import BackendState, Bound, DriverCondition, DriverSandbox, WarmPending
 from warmshell.drivers.local import records
-from warmshell.drivers.local.processes import SupervisorProcess
+from warmshell.drivers.local.processes import HostProcesses, SandboxProcess
 
 __all__ = ["Instance"]
 
@@ -39,7 +40,10 @@ class Instance:
     conditions: tuple[DriverCondition, ...] = ()
     state: BackendState = BackendState.PENDING
     message: str = ""
-    process: SupervisorProcess | None = None
+    process: SandboxProcess | HostProcesses | None = None
+    supervisor: asyncio.Task[int] | None = None  # the host-side supervisor
+    uid: int | None = None  # the sandbox's own host uid (a gateway run as root)
+    workspaces: Path | None = None  # where its workspace lives, when not under `directory`
     cgroup: Path | None = None
     registered: bool = False
     deleting: bool = False
@@ -50,6 +54,8 @@ class Instance:
     @property
     def workspace_dir(self) -> Path:
         """The host directory bound at /workspace."""
+        if self.workspaces is not None:
+            return self.workspaces / self.instance_id
         return self.directory / "workspace"
 
     @property

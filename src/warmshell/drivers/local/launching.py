@@ -1,162 +1,136 @@
-"""Turns an instance into a command line: bubblewrap when isolated, a plain process otherwise.
+"""Starts the sandbox of an instance: bubblewrap around the agent when isolated, nothing but the
+supervisor's own child processes otherwise.
 
-Unisolated mode (`local.allow_unisolated`, used only when bwrap is missing) runs the supervisor
-and therefore every workload as an ordinary process of the gateway's user: it sees and can
-change the whole host, including the gateway's state directory and API token, and shares its
-network. It is for development machines without bubblewrap, never for untrusted workloads.
+Unisolated mode (`local.allow_unisolated`, used only when bwrap is missing) runs every workload
+as an ordinary process of the gateway's user: it sees and can change the whole host, including
+the gateway's state directory and API token, and shares its network. It is for development
+machines without bubblewrap, never for untrusted workloads.
 
-With an image root (see `images`) the image has neither our package nor, usually, our
-interpreter: the directory holding `warmshell` is bound read-only at /run/warmshell/src (on
-PYTHONPATH), and unless `local.python` names an interpreter inside the image (with warmshell's
-dependencies installed), the gateway's own interpreter prefix is bound at /run/warmshell/python
-and the supervisor runs from there. That works for interpreters that do not find libpython
-through an absolute RPATH (Debian's /usr/bin/python3 does; a pyenv `--enable-shared` build does
-not) and whose C library the image's is compatible with.
+bwrap resolves its bind sources as the uid it runs as. A gateway run as root runs each sandbox
+as its own uid, which cannot traverse a 0700 home or state directory; so there the workspaces
+live under `local.sandbox_dir` (root-owned, 0711: nobody can list it, each workspace inside is
+0700 and owned by its sandbox's uid) and the agent binary is copied there once (root-owned,
+0755). A gateway run by a normal user keeps both where they are.
 """
 
 from __future__ import annotations
 
-import site
-import sys
+import hashlib
+import logging
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from warmshell.core.config import StatePaths
-from warmshell.drivers.local import cgroups, sandboxing
+from warmshell.core.errors import FailedPreconditionError
+from warmshell.drivers.local import cgroups, sandboxing, seccomp
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.processes import Launch
+from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess
 
-__all__ = ["PACKAGE_ROOT", "Launcher"]
+__all__ = ["AGENT_BINARY", "BUILD_STEP", "Launcher", "Sandbox"]
 
-# The directory holding the `warmshell` package (src/ in a checkout): PYTHONPATH in sandboxes.
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+_log = logging.getLogger(__name__)
+
+AGENT_BINARY = Path(__file__).resolve().parent / "agent" / "warmshell-agent"
+BUILD_STEP = "scripts/build-agent (run by scripts/bootstrap)"
 _HOST_ROOT = Path("/")
-_IMAGE_PYTHON = "/run/warmshell/python"
-_IMAGE_SRC = "/run/warmshell/src"
-
-
-def _inside(path: Path, directory: Path) -> bool:
-    return path == directory or directory in path.parents
+SETPRIV = "/usr/bin/setpriv"  # util-linux, on every Debian
+Sandbox = SandboxProcess | HostProcesses
 
 
 class Launcher:
-    """Builds each supervisor's `Launch`; caches root listings (top-level dirs rarely change)."""
+    """Builds and starts each instance's sandbox."""
 
     def __init__(
         self,
         *,
         bwrap: str | None,
-        paths: StatePaths,
-        python: str,
-        python_in_image: str = "",
-        command: Sequence[str] | None = None,
+        agent: Path = AGENT_BINARY,
+        extra_ro_binds: Sequence[Path] = (),
+        stage_dir: Path | None = None,
     ) -> None:
-        """`python` runs the supervisor; `python_in_image`, when set, is the interpreter to use
-        inside image roots instead of a bound copy of `python`; `command` replaces
-        `<python> -m warmshell supervisor` altogether (tests use stand-ins)."""
+        """`bwrap` None means unisolated; `stage_dir` is where the agent is copied for sandboxes
+        whose uid cannot reach it (None: use it in place). FailedPreconditionError when isolated
+        and the agent binary is missing (it is built, not shipped)."""
         self.bwrap = bwrap
-        self._paths = paths
-        self._python = Path(python)
-        self._python_in_image = python_in_image
-        self._command = list(command) if command is not None else None
-        self._roots: dict[Path, list[sandboxing.RootEntry]] = {}
-        self._image: tuple[list[tuple[Path, str]], Path, list[str]] | None = None
+        self._agent = agent
+        self._extra = list(extra_ro_binds)
+        self._stage_dir = stage_dir
+        self._plans: dict[Path, sandboxing.RootPlan] = {}
+        self._seccomp = b""
+        if bwrap is not None:
+            if not os.access(agent, os.X_OK):
+                raise FailedPreconditionError(
+                    f"the sandbox agent {str(agent)!r} is missing or not executable; build it with {BUILD_STEP}"
+                )
+            self._seccomp = seccomp.program()
+            for path in self._extra:
+                _log.info("local sandboxes get a read-only bind of %s (local.extra_ro_binds)", path)
 
     @property
     def isolated(self) -> bool:
-        """Whether supervisors run under bubblewrap."""
+        """Whether sandboxes run under bubblewrap."""
         return self.bwrap is not None
 
     def prepare(self, image: str) -> None:
-        """Blocking: list the root filesystem once per image (call through a thread)."""
-        root = Path(image) if image else _HOST_ROOT
-        if root not in self._roots:
-            self._roots[root] = sandboxing.list_root(root)
-        if image and self._image is None:
-            self._image = self._image_binds()
-
-    def build(self, instance: Instance, *, image: str, fd: int, info_fd: int) -> Launch:
-        """The command line for `instance`, reading its credential from `fd`; bwrap reports
-        the sandbox's pid on `info_fd`."""
+        """Blocking (call through a thread): plan the root filesystem once per image, stage the
+        agent once."""
         if self.bwrap is None:
-            env = sandboxing.supervisor_environment(
-                instance_id=instance.instance_id,
-                bootstrap_fd=fd,
-                gateway_url=f"unix://{self._paths.supervisor_socket}",
-                home=str(instance.workspace_dir),
-                pythonpath=str(PACKAGE_ROOT),
-            )
-            argv = self._in_cgroup(instance, self._supervisor(self._python))
-            return Launch(argv, env=env, cwd=instance.workspace_dir)
+            return
+        if self._stage_dir is not None and self._agent.parent != self._stage_dir:
+            self._agent = _stage(self._agent, self._stage_dir)
         root = Path(image) if image else _HOST_ROOT
-        binds, python, pythonpath = (
-            self._image if image and self._image else ([(p, str(p)) for p in self._shadowed_needs()], self._python, [])
-        )
-        env = sandboxing.supervisor_environment(
-            instance_id=instance.instance_id,
-            bootstrap_fd=fd,
-            gateway_url=f"unix://{sandboxing.GATEWAY_SOCKET}",
-            home=sandboxing.WORKSPACE,
-            pythonpath=":".join(pythonpath) if image else str(PACKAGE_ROOT),
-        )
-        layout = sandboxing.SandboxLayout(
-            bwrap=self.bwrap,
-            root=root,
-            entries=self._roots[root],
-            workspace_dir=instance.workspace_dir,
-            supervisor_socket=self._paths.supervisor_socket,
-            hostname=instance.hostname,
-            environment=env,
-            command=self._supervisor(python),
-            hidden=self._hidden(),
-            extra_ro_binds=binds,
-            info_fd=info_fd,
-        )
-        argv = self._in_cgroup(instance, sandboxing.bwrap_argv(layout))
-        return Launch(argv, reports_child=True)
+        if root not in self._plans:
+            entries = sandboxing.list_root(root)
+            if image:
+                self._plans[root] = sandboxing.image_root_plan(root, entries)
+            else:
+                self._plans[root] = sandboxing.host_root_plan(entries, os.listdir(root / "etc"), root)
 
-    def _supervisor(self, python: Path) -> list[str]:
-        if self._command is not None:
-            return self._command
-        return [str(python), "-m", "warmshell", "supervisor"]
+    async def start(self, instance: Instance, *, image: str, uid: int | None) -> Sandbox:
+        """Start the instance's sandbox (after `prepare(image)`); OSError when it does not."""
+        log_path = instance.directory / "sandbox.log"
+        if self.bwrap is None:
+            return HostProcesses(instance.workspace_dir, log_path)
+        bwrap, plan, agent = self.bwrap, self._plans[Path(image) if image else _HOST_ROOT], self._agent
 
-    def _image_binds(self) -> tuple[list[tuple[Path, str]], Path, list[str]]:
-        """Binds, interpreter path and PYTHONPATH for a sandbox whose root is an image
-        (blocking: resolves paths)."""
-        if self._python_in_image:
-            return [(PACKAGE_ROOT, _IMAGE_SRC)], Path(self._python_in_image), [_IMAGE_SRC]
-        real = self._python.resolve()
-        prefix = Path(sys.base_prefix).resolve()
-        if not _inside(real, prefix):
-            prefix = real.parent.parent
-        binds = [(prefix, _IMAGE_PYTHON), (PACKAGE_ROOT, _IMAGE_SRC)]
-        pythonpath = [_IMAGE_SRC]
-        if sys.prefix != sys.base_prefix:  # a virtualenv: its site-packages live elsewhere
-            existing = [d for d in site.getsitepackages() if Path(d).is_dir()]
-            for index, directory in enumerate(existing):
-                target = f"/run/warmshell/site{index}"
-                binds.append((Path(directory), target))
-                pythonpath.append(target)
-        python = Path(_IMAGE_PYTHON) / real.relative_to(prefix)
-        return binds, python, pythonpath
+        def build(fds: SandboxFds) -> list[str]:
+            layout = sandboxing.SandboxLayout(
+                bwrap=bwrap,
+                plan=plan,
+                workspace_dir=instance.workspace_dir,
+                agent=agent,
+                control_fd=fds.control,
+                seccomp_fd=fds.seccomp,
+                hostname=instance.hostname,
+                info_fd=fds.info,
+                extra_ro_binds=self._extra,
+                instance_id=instance.instance_id,
+            )
+            # Into the cgroup while still the gateway's uid, then the sandbox's uid, then bwrap.
+            enter = cgroups.enter_argv(instance.cgroup) if instance.cgroup is not None else []
+            return [*enter, *_as_user(uid), *sandboxing.bwrap_argv(layout)]
 
-    @staticmethod
-    def _in_cgroup(instance: Instance, argv: list[str]) -> list[str]:
-        if instance.cgroup is None:
-            return argv
-        return [*cgroups.enter_argv(instance.cgroup), *argv]
+        return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path)
 
-    def _shadowed_needs(self) -> list[Path]:
-        # The interpreter or the package may live where the sandbox mounts its own filesystems
-        # (a checkout or a virtualenv under /tmp): bind those back read-only.
-        prefixes = {Path(sys.base_prefix), Path(sys.prefix), self._python.resolve().parent.parent, PACKAGE_ROOT}
-        return sorted(p for p in prefixes if sandboxing.shadowed(p))
 
-    def _hidden(self) -> list[Path]:
-        # The state directory holds the API token, the signing key and every instance record;
-        # mask it unless that would also hide the interpreter or the package.
-        state = self._paths.root.resolve()
-        needed = (self._python.resolve(), PACKAGE_ROOT)
-        if any(_inside(path, state) for path in needed):
-            return []
-        return [state]
+def _as_user(uid: int | None) -> list[str]:
+    """A prefix that runs the rest of the argv as `uid` (and that gid, no other groups).
+
+    Not subprocess's `user=`: that makes Python fork() instead of vfork(), and a fork of the
+    gateway runs gRPC's fork handlers, which crash the child while other threads use gRPC."""
+    if uid is None:
+        return []
+    return [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
+def _stage(agent: Path, stage_dir: Path) -> Path:
+    """Copy the agent into `stage_dir` under a name that changes with its content (blocking)."""
+    digest = hashlib.sha256(agent.read_bytes()).hexdigest()[:16]
+    target = stage_dir / f"warmshell-agent-{digest}"
+    if not target.exists():
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copyfile(agent, partial)
+        os.chmod(partial, 0o755)
+        partial.replace(target)
+    return target

@@ -1,12 +1,11 @@
-"""One spawned supervisor process: the bootstrap pipe, its log, its end.
+"""One local sandbox's processes: bubblewrap with the agent as pid 1 and the host end of its
+control socket; or, unisolated, plain processes of the gateway.
 
-The credential travels through a pipe whose read end only the child inherits (`pass_fds`), so it
-never appears in an environment, an argv or a file. stderr goes to a log file rather than a pipe:
-asyncio reports a process as ended only once its pipes close, and a pipe inherited by something
-still running in the sandbox would keep a dead sandbox "alive". Each process leads its own
-process group. Under bubblewrap the sandbox itself is a second process (the init of its pid
-namespace, in its own session); bwrap's `--info-fd` tells us its pid, and we hold a pidfd on it so
-stopping can kill the whole namespace even if bwrap died before arming `--die-with-parent`.
+bwrap's stdout/stderr go to a log file rather than a pipe (asyncio reports a process as ended
+only once its pipes close). bwrap leads its own process group; its `--info-fd` tells us the pid
+of the sandbox's init (the agent), and we hold a pidfd on it so stopping can kill the whole pid
+namespace even if bwrap died before arming `--die-with-parent`. Closing the control socket is
+the normal way to end a sandbox: the agent kills everything in it and exits.
 """
 
 from __future__ import annotations
@@ -17,136 +16,209 @@ import json
 import logging
 import os
 import signal
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Launch", "SupervisorProcess", "read_tail"]
+from warmshell.drivers.local.agentlink import AgentError, AgentLink
+from warmshell.supervisor import processes as host_processes
+from warmshell.supervisor.processes import OutputSink, Runner
+
+__all__ = ["HostProcesses", "SandboxFds", "SandboxProcess", "read_tail"]
 
 _log = logging.getLogger(__name__)
 _TAIL_BYTES = 4096
 _INFO_TIMEOUT = 5.0
+HELLO_TIMEOUT = 20.0
 
 
 @dataclass(frozen=True)
-class Launch:
-    """How to start the process, once the bootstrap (and bwrap info) fd numbers are known."""
+class SandboxFds:
+    """The fd numbers bwrap inherits for one sandbox (beside the launcher's shared ones)."""
 
-    argv: Sequence[str]
-    env: Mapping[str, str] | None = None
-    cwd: Path | None = None
-    reports_child: bool = False  # argv passes the info fd to bwrap's --info-fd
+    control: int
+    seccomp: int
+    info: int
 
 
-class SupervisorProcess:
-    """A running (or ended) supervisor and the sandbox around it."""
+class SandboxProcess:
+    """A running (or ended) bwrap'd sandbox and the link to its agent."""
+
+    isolated = True
 
     def __init__(
-        self, process: asyncio.subprocess.Process, log_path: Path, info: asyncio.Task[_Child | None] | None
+        self, process: asyncio.subprocess.Process, link: AgentLink, log_path: Path, info: asyncio.Task[_Child | None]
     ) -> None:
         self._process = process
+        self.link = link
         self.log_path = log_path
-        self._info = info  # resolves to the pid namespace's init, when bwrap reported it
+        self._info = info  # resolves to the pid namespace's init (the agent)
+        self._namespace_killed = False
 
     @classmethod
-    async def spawn(cls, build: Callable[[int, int], Launch], *, credential: str, log_path: Path) -> SupervisorProcess:
-        """Start a process; `build(bootstrap_fd, info_fd)` makes its command line."""
-        # All four fds are close-on-exec; pass_fds opens only the two ends the child needs.
-        boot_read, boot_write = os.pipe()
+    async def spawn(
+        cls,
+        build: Callable[[SandboxFds], Sequence[str]],
+        *,
+        seccomp: bytes,
+        log_path: Path,
+    ) -> SandboxProcess:
+        """Start bwrap and wait for the agent's hello; OSError when it does not come (the log's
+        tail says why)."""
+        host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        seccomp_read, seccomp_write = os.pipe()
         info_read, info_write = os.pipe()
-        child_fds = (boot_read, info_write)
         try:
-            # A credential is far below PIPE_BUF, so this write never blocks.
-            os.write(boot_write, credential.encode())
-            os.close(boot_write)
-            boot_write = -1
-            launch = build(boot_read, info_write)
+            # A filter is far below PIPE_BUF, so this write never blocks.
+            os.write(seccomp_write, seccomp)
+            os.close(seccomp_write)
+            seccomp_write = -1
+            fds = SandboxFds(control=child.fileno(), seccomp=seccomp_read, info=info_write)
+            argv = build(fds)
             log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 process = await asyncio.create_subprocess_exec(
-                    *launch.argv,
+                    *argv,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log_fd,
                     stderr=log_fd,
-                    env=dict(launch.env) if launch.env is not None else None,
-                    cwd=launch.cwd,
-                    pass_fds=child_fds if launch.reports_child else (boot_read,),
+                    env={"PATH": "/usr/bin:/bin"},
+                    pass_fds=(child.fileno(), seccomp_read, info_write),
                     start_new_session=True,
                 )
             finally:
                 os.close(log_fd)
         except BaseException:
+            host.close()
             os.close(info_read)
             raise
         finally:
-            for fd in (*child_fds, boot_write):
+            child.close()
+            for fd in (seccomp_read, seccomp_write, info_write):
                 if fd >= 0:
                     os.close(fd)
-        info = asyncio.create_task(_sandbox_child(info_read)) if launch.reports_child else None
-        if info is None:
-            os.close(info_read)
-        return cls(process, log_path, info)
+        link = AgentLink(host)
+        sandbox = cls(process, link, log_path, asyncio.create_task(_sandbox_child(info_read)))
+        try:
+            await asyncio.wait_for(link.wait_hello(), HELLO_TIMEOUT)
+        except (AgentError, TimeoutError) as exc:
+            await sandbox.stop(0.5)
+            tail = "; ".join(await asyncio.to_thread(read_tail, log_path))
+            status = f"bwrap exited with status {process.returncode}"
+            raise OSError(f"the sandbox did not start ({status}): {tail or exc}") from exc
+        return sandbox
 
     @property
     def pid(self) -> int:
-        """The process id (bwrap's, when isolated)."""
+        """bwrap's process id."""
         return self._process.pid
 
     @property
     def returncode(self) -> int | None:
-        """The exit status once it ended (negative: killed by that signal)."""
+        """bwrap's exit status once it ended (negative: killed by that signal)."""
         return self._process.returncode
 
+    @property
+    def runner(self) -> Runner:
+        """The supervisor's process seam: commands run inside the sandbox, through its agent."""
+        return self.link.run_streaming
+
     async def sandbox_pid(self) -> int | None:
-        """The pid (in our namespace) of the sandbox's pid-namespace init, while it runs; None
-        when unisolated, ended, or bwrap did not say."""
-        info = self._info
-        if info is None or self._process.returncode is not None:
+        """The pid (in our namespace) of the sandbox's init while it runs; None when it ended
+        or bwrap did not say."""
+        if self._process.returncode is not None:
             return None
-        if not info.done():  # known long before a claim, normally: no await on the warm path
+        if not self._info.done():  # known long before a claim, normally: no await on the warm path
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(info), _INFO_TIMEOUT)
-        child = info.result() if info.done() else None
+                await asyncio.wait_for(asyncio.shield(self._info), _INFO_TIMEOUT)
+        child = self._info.result() if self._info.done() else None
         return child.pid if child is not None else None
 
     async def wait(self) -> int:
-        """Wait for the end; the exit status."""
+        """Wait for the end (bwrap exits once its pid 1 did); bwrap's exit status."""
         code = await self._process.wait()
+        self.link.close()
         await self._kill_namespace()
         return code
 
     async def stop(self, grace: float) -> None:
-        """SIGTERM the process group, SIGKILL it after `grace` seconds, then make sure the
-        sandbox's pid namespace is gone; returns once everything ended."""
-        if self._info is not None:
-            # Learn the sandbox's pid before signalling, so no window leaves it orphaned.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._info), _INFO_TIMEOUT)
+        """Close the control socket (the agent kills the sandbox and exits); after `grace`
+        seconds SIGKILL bwrap's group and the pid namespace's init; returns once all ended."""
+        with contextlib.suppress(TimeoutError):  # learn the init's pid first: no orphan window
+            await asyncio.wait_for(asyncio.shield(self._info), _INFO_TIMEOUT)
+        self.link.close()
         if self._process.returncode is None:
-            self._signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(self._process.wait()), grace)
             except TimeoutError:
-                self._signal(signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._process.pid, signal.SIGKILL)
         await self.wait()
-
-    def _signal(self, signum: signal.Signals) -> None:
-        # The group may already be gone (the process ended between the check and the kill).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._process.pid, signum)
 
     async def _kill_namespace(self) -> None:
         """SIGKILL the pid namespace's init (a no-op when it already ended) and drop the pidfd."""
-        if self._info is None:
+        if self._namespace_killed:
             return
-        info, self._info = self._info, None
-        # Never cancelled: bwrap has exited by now, so the info pipe is closed and the read ends
-        # (a cancelled task that never started would leak the fd).
-        child = await info
+        self._namespace_killed = True
+        # Never cancelled: bwrap has exited by now, so the info pipe is closed and the read ends.
+        child = await asyncio.shield(self._info)
         if child is not None:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
             os.close(child.pidfd)
+
+
+class HostProcesses:
+    """Unisolated mode: the sandbox is nothing but the commands its supervisor starts, plain
+    processes of the gateway's user in the instance's workspace directory (which stands in for
+    /workspace). It ends when stopped."""
+
+    isolated = False
+    pid = 0
+    returncode: int | None = None
+
+    def __init__(self, workspace: Path, log_path: Path) -> None:
+        self._workspace = workspace
+        self.log_path = log_path
+        self._ended = asyncio.Event()
+
+    @property
+    def runner(self) -> Runner:
+        """The supervisor's process seam: commands run as children of the gateway."""
+        return self._run
+
+    async def _run(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        sink: OutputSink,
+        stdin: bytes = b"",
+        timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit
+    ) -> int:
+        """Run `command` as a child of the gateway; a /workspace path means the workspace dir."""
+        local = Path(cwd)
+        if local == Path("/workspace") or Path("/workspace") in local.parents:
+            local = self._workspace / local.relative_to("/workspace")
+        return await host_processes.run_streaming(
+            command, env=env, cwd=str(local), sink=sink, stdin=stdin, timeout=timeout
+        )
+
+    async def sandbox_pid(self) -> int | None:
+        """There is no sandbox."""
+        return None
+
+    async def wait(self) -> int:
+        """Until `stop`."""
+        await self._ended.wait()
+        return 0
+
+    async def stop(self, grace: float) -> None:
+        """End it (the supervisor's commands end with their supervisor's cancellation)."""
+        self.returncode = 0
+        self._ended.set()
 
 
 @dataclass(frozen=True)

@@ -1,39 +1,56 @@
-"""How one local sandbox is laid out: the bubblewrap argv and the supervisor's environment.
+"""How one local sandbox is laid out: the bubblewrap command line around its agent (pure).
 
 Pure functions over plain data (plus `list_root`, the one directory scan they need), so every
-isolation flag is unit-tested. The layout: a fresh tmpfs root, read-only binds of each top-level
-entry of the root filesystem (the host's `/` or an unpacked image directory), a private `/tmp`
-and `/run`, the sandbox's own writable `/workspace`, and the gateway's supervisor socket at
-`/run/warmshell/gateway.sock`; finally the root itself is remounted read-only. Binding entry by
-entry rather than `--ro-bind / /` is what lets `/workspace` and `/run/warmshell` exist at all:
-mount points cannot be created on a read-only bind of the host root.
+isolation flag is unit-tested. The root is an empty tmpfs that gets only what a program needs:
+for the host's root filesystem an allow-list (`/usr`, the `/bin`, `/sbin`, `/lib*` entries, a
+filtered `/etc`), for an image root every top-level entry of the image. Then a fresh `/proc`, a
+minimal `/dev`, private tmpfs `/tmp` and `/run`, the sandbox's own writable `/workspace`, the
+operator's `extra_ro_binds`, and the agent at `AGENT_PATH`; finally the root itself is remounted
+read-only. bwrap resolves every bind source as the sandbox's uid, so with a uid per sandbox the
+workspace and the agent live where that uid can reach them (see `launching`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from warmshell.core.models import WORKSPACE_DIR
 
 __all__ = [
-    "GATEWAY_SOCKET",
+    "AGENT_PATH",
+    "ETC_ALLOWED",
+    "HOST_ROOT_DIRS",
     "WORKSPACE",
     "RootEntry",
+    "RootPlan",
     "SandboxLayout",
     "bwrap_argv",
+    "host_root_plan",
+    "image_root_plan",
     "list_root",
-    "supervisor_environment",
 ]
 
 WORKSPACE = WORKSPACE_DIR
-GATEWAY_SOCKET = "/run/warmshell/gateway.sock"
+AGENT_PATH = "/run/warmshell/agent"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-# Top-level names the sandbox gets fresh instead of from the root filesystem.
-_REPLACED = frozenset({"dev", "proc", "tmp", "run", WORKSPACE.lstrip("/")})
+# Top-level entries of the host root a program needs (a directory is bound, a symlink such as
+# merged-/usr's `bin -> usr/bin` is recreated).
+HOST_ROOT_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# /etc entries that name the system, its users and its network, find libraries and certificates.
+# Never: shadow, gshadow, sudoers, ssh host keys, machine-id, or tool configs (pip.conf, npmrc,
+# gitconfig) that may hold tokens.
+ETC_ALLOWED = (
+    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "debian_version", "gai.conf",
+    "group", "host.conf", "hosts", "inputrc", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "locale.alias",
+    "localtime", "mime.types", "networks", "nsswitch.conf", "os-release", "passwd", "profile", "protocols",
+    "python3", "resolv.conf", "services", "ssl", "timezone", "xdg",
+)  # fmt: skip
+# Top-level names of an image root the sandbox gets fresh instead.
+_REPLACED = frozenset({"dev", "proc", "sys", "tmp", "run", WORKSPACE.lstrip("/")})
 
 
 @dataclass(frozen=True)
@@ -45,32 +62,31 @@ class RootEntry:
 
 
 @dataclass(frozen=True)
+class RootPlan:
+    """What of a root filesystem a sandbox sees: read-only binds (host path -> sandbox path),
+    symlinks (target, sandbox path) and empty directories, applied in this order."""
+
+    binds: tuple[tuple[Path, str], ...]
+    symlinks: tuple[tuple[str, str], ...] = ()
+    dirs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SandboxLayout:
     """Everything `bwrap_argv` needs; paths are host paths unless the field says otherwise."""
 
     bwrap: str
-    root: Path
-    entries: Sequence[RootEntry]
+    plan: RootPlan
     workspace_dir: Path
-    supervisor_socket: Path
+    agent: Path
+    control_fd: int  # the agent's end of the control socket
+    seccomp_fd: int
     hostname: str
-    environment: Mapping[str, str]
-    command: Sequence[str]
-    # Host directories masked with an empty tmpfs, e.g. the gateway's state directory, which
-    # holds the API token and the other sandboxes' records.
-    hidden: Sequence[Path] = ()
-    # (host directory, sandbox path) pairs bound read-only after the root: with an image root,
-    # the gateway's interpreter and the warmshell package under /run/warmshell.
-    extra_ro_binds: Sequence[tuple[Path, str]] = field(default_factory=tuple)
-    # bwrap writes {"child-pid": ...} here, so the driver can kill the whole pid namespace.
-    info_fd: int | None = None
-
-
-def shadowed(path: Path) -> bool:
-    """Whether the sandbox mounts something of its own over `path` (e.g. anything under /tmp),
-    so a host path there must be bound explicitly to stay visible."""
-    parts = path.resolve().parts
-    return len(parts) > 1 and parts[1] in _REPLACED
+    info_fd: int | None = None  # bwrap writes {"child-pid": ...} here
+    uid: int = 0  # the uid (and gid) inside the sandbox's user namespace
+    extra_ro_binds: Sequence[Path] = ()  # local.extra_ro_binds, at the same paths, after /tmp and /run
+    # Not a secret: lets a later gateway find a survivor of this one by its argv.
+    instance_id: str = ""
 
 
 def list_root(root: Path) -> list[RootEntry]:
@@ -85,64 +101,74 @@ def list_root(root: Path) -> list[RootEntry]:
     return sorted(entries, key=lambda entry: entry.name)
 
 
+def _entry_plan(root: Path, entries: Sequence[RootEntry], keep: frozenset[str] | None) -> RootPlan:
+    binds: list[tuple[Path, str]] = []
+    symlinks: list[tuple[str, str]] = []
+    for entry in entries:
+        if entry.name in _REPLACED or entry.name == "etc" or (keep is not None and entry.name not in keep):
+            continue
+        if entry.symlink_target is not None:
+            symlinks.append((entry.symlink_target, f"/{entry.name}"))
+        else:
+            binds.append((root / entry.name, f"/{entry.name}"))
+    return RootPlan(tuple(binds), tuple(symlinks))
+
+
+def host_root_plan(entries: Sequence[RootEntry], etc_names: Sequence[str], root: Path = Path("/")) -> RootPlan:
+    """The allow-listed part of the host's root: `HOST_ROOT_DIRS` among `entries`, and the
+    `ETC_ALLOWED` names among `etc_names` (what the host's /etc holds)."""
+    base = _entry_plan(root, entries, frozenset(HOST_ROOT_DIRS))
+    etc = tuple((root / "etc" / name, f"/etc/{name}") for name in sorted(set(etc_names) & set(ETC_ALLOWED)))
+    return RootPlan(base.binds + etc, base.symlinks, ("/etc",))
+
+
+def image_root_plan(root: Path, entries: Sequence[RootEntry]) -> RootPlan:
+    """An image root is the operator's chosen filesystem, not the host's: all of it (but the
+    entries the sandbox gets fresh), `/etc` included."""
+    plan = _entry_plan(root, entries, None)
+    etc = ((root / "etc", "/etc"),) if any(e.name == "etc" and e.symlink_target is None for e in entries) else ()
+    return RootPlan(plan.binds + etc, plan.symlinks)
+
+
 def bwrap_argv(layout: SandboxLayout) -> list[str]:
-    """The full bubblewrap command line for one sandbox."""
+    """The full bubblewrap command line for one sandbox, its agent as pid 1."""
     argv = [
         layout.bwrap,
+        "--unshare-user",
+        "--uid", str(layout.uid),
+        "--gid", str(layout.uid),
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-net",
+        "--unshare-cgroup-try",
         # The gateway is the parent: sandboxes never outlive it (their records are reported as
-        # lost on the next start).
+        # lost on the next start). The agent also ends the sandbox when its socket closes.
         "--die-with-parent",
         # A new session keeps the workload away from the gateway's controlling terminal (TIOCSTI).
         "--new-session",
-        # bwrap run by root keeps every capability unless told otherwise.
-        "--cap-drop",
-        "ALL",
-    ]
+        # The agent is pid 1: it reaps, and its exit ends the pid namespace.
+        "--as-pid-1",
+        # No capabilities, not even inside the sandbox's own user namespace.
+        "--cap-drop", "ALL",
+        "--seccomp", str(layout.seccomp_fd),
+    ]  # fmt: skip
     if layout.info_fd is not None:
         argv += ["--info-fd", str(layout.info_fd)]
-    for entry in layout.entries:
-        if entry.name in _REPLACED:
-            continue
-        target = f"/{entry.name}"
-        if entry.symlink_target is not None:
-            argv += ["--symlink", entry.symlink_target, target]
-        else:
-            argv += ["--ro-bind", str(layout.root / entry.name), target]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run"]
-    for source, target in layout.extra_ro_binds:
+    for directory in layout.plan.dirs:
+        argv += ["--dir", directory]
+    for source, target in layout.plan.binds:
         argv += ["--ro-bind", str(source), target]
-    for path in layout.hidden:
-        argv += ["--tmpfs", str(path)]
+    for link_target, target in layout.plan.symlinks:
+        argv += ["--symlink", link_target, target]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    for path in layout.extra_ro_binds:
+        argv += ["--ro-bind", str(path), str(path)]
     argv += ["--bind", str(layout.workspace_dir), WORKSPACE]
-    argv += ["--bind", str(layout.supervisor_socket), GATEWAY_SOCKET]
+    argv += ["--ro-bind", str(layout.agent), AGENT_PATH]
     argv += ["--remount-ro", "/"]
-    argv += ["--hostname", layout.hostname, "--chdir", WORKSPACE, "--clearenv"]
-    for key, value in layout.environment.items():
-        argv += ["--setenv", key, value]
-    argv += ["--", *layout.command]
+    argv += ["--hostname", layout.hostname, "--chdir", WORKSPACE, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
+    if layout.instance_id:
+        argv += ["--setenv", "WARMSHELL_INSTANCE_ID", layout.instance_id]
+    argv += ["--", AGENT_PATH, str(layout.control_fd)]
     return argv
-
-
-def supervisor_environment(
-    *,
-    instance_id: str,
-    bootstrap_fd: int,
-    gateway_url: str,
-    home: str,
-    pythonpath: str = "",
-) -> dict[str, str]:
-    """The supervisor's whole environment: nothing from the host, nothing from the request."""
-    env = {
-        "PATH": SANDBOX_PATH,
-        "HOME": home,
-        "WARMSHELL_GATEWAY": gateway_url,
-        "WARMSHELL_BOOTSTRAP_FD": str(bootstrap_fd),
-        "WARMSHELL_INSTANCE_ID": instance_id,
-    }
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    return env

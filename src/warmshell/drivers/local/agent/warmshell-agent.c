@@ -1,0 +1,242 @@
+/* warmshell-agent: pid 1 of every local sandbox (bubblewrap --as-pid-1).
+ *
+ * It holds no secret and trusts nothing it is sent. It serves one inherited SOCK_SEQPACKET
+ * control socket (the fd number is argv[1]); the host side of that socket is the sandbox's
+ * supervisor, outside the sandbox. The agent starts commands whose stdin/stdout/stderr arrive
+ * as file descriptors (the host keeps the other pipe ends, so output never passes through
+ * here), signals their process groups, reaps every process of the sandbox as pid 1, and when
+ * the control socket closes kills everything and exits, which ends the pid namespace.
+ *
+ * Records (host byte order, every field a uint32; mirrored in agentwire.py):
+ *   host -> agent
+ *     EXEC   {'X', id, argc, envc} then cwd, argv[argc], env[envc] as NUL-terminated strings
+ *            filling the rest of the message exactly; exactly 3 fds attached.
+ *     SIGNAL {'K', id, signo, 0}; no fds.
+ *   agent -> host
+ *     HELLO    {'H', 0, pid, version}       once, at start
+ *     STARTED  {'S', id, pid, 0}            the command is running
+ *     FAILED   {'F', id, stage, errno}      it did not start (stage 1 chdir, 2 exec, 3 fork)
+ *     EXITED   {'E', id, wait status, 0}    it ended
+ *     REJECTED {'R', id or 0, reason, 0}    a malformed or refused record (nothing was done)
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define VERSION 1
+#define MAX_MESSAGE (128 * 1024)
+#define MAX_STRINGS 4096
+#define MAX_EXECS 256
+#define MAX_FDS 8
+#define HEADER 16
+
+enum { REJ_SIZE = 1, REJ_TYPE = 2, REJ_FDS = 3, REJ_STRINGS = 4, REJ_ID = 5, REJ_FULL = 6, REJ_SIGNAL = 7,
+       REJ_TRUNCATED = 8 };
+enum { STAGE_CHDIR = 1, STAGE_EXEC = 2, STAGE_FORK = 3 };
+
+extern char **environ;
+
+static int ctl = -1;
+static struct { pid_t pid; uint32_t id; } execs[MAX_EXECS];
+static char message[MAX_MESSAGE + 1];  /* one byte more than allowed, to see an oversized one */
+static char *strings[2 * MAX_STRINGS + 3];
+
+static void die(void) {
+    kill(-1, SIGKILL);  /* pid 1: every other process of the namespace */
+    _exit(0);
+}
+
+static void reply(uint32_t type, uint32_t id, uint32_t a, uint32_t b) {
+    uint32_t record[4] = {type, id, a, b};
+    while (send(ctl, record, sizeof record, MSG_NOSIGNAL) < 0)
+        if (errno != EINTR) die();  /* the host is gone */
+}
+
+static uint32_t field(int index) {
+    uint32_t value;
+    memcpy(&value, message + 4 * index, sizeof value);
+    return value;
+}
+
+static int find(uint32_t id) {
+    for (int i = 0; i < MAX_EXECS; i++)
+        if (execs[i].pid > 0 && execs[i].id == id) return i;
+    return -1;
+}
+
+static void close_all(const int *fds, int nfds) {
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+}
+
+/* Splits message[HEADER..size) into exactly `count` NUL-terminated strings; 0 on success. */
+static int split(size_t size, uint32_t count) {
+    size_t at = HEADER;
+    for (uint32_t i = 0; i < count; i++) {
+        if (at >= size) return -1;
+        char *end = memchr(message + at, '\0', size - at);
+        if (end == NULL) return -1;
+        strings[i] = message + at;
+        at = (size_t)(end - message) + 1;
+    }
+    return at == size ? 0 : -1;
+}
+
+static void child(char **argv, char **envp, const char *cwd, const int *fds, int report) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setpgid(0, 0);  /* its own group: a signal reaches everything it starts */
+    for (int i = 0; i < 3; i++)
+        if (dup2(fds[i], i) < 0) goto fail_setup;
+    if (dup3(report, 3, O_CLOEXEC) < 0) goto fail_setup;
+    syscall(SYS_close_range, 4, ~0U, 0);  /* nothing of the agent's survives into the command */
+    int stage = STAGE_CHDIR;
+    if (chdir(cwd) == 0) {
+        stage = STAGE_EXEC;
+        environ = envp;  /* execvp searches the command's own PATH */
+        execvp(argv[0], argv);
+    }
+    int failure[2] = {stage, errno};
+    (void)!write(3, failure, sizeof failure);
+    _exit(127);
+fail_setup:;
+    int setup[2] = {STAGE_FORK, errno};
+    (void)!write(report, setup, sizeof setup);
+    _exit(127);
+}
+
+static void start(size_t size, const int *fds, int nfds) {
+    uint32_t id = field(1), argc = field(2), envc = field(3);
+    if (nfds != 3) { close_all(fds, nfds); reply('R', id, REJ_FDS, 0); return; }
+    if (argc < 1 || argc > MAX_STRINGS || envc > MAX_STRINGS || split(size, 1 + argc + envc) != 0) {
+        close_all(fds, nfds); reply('R', id, REJ_STRINGS, 0); return;
+    }
+    if (id == 0 || find(id) >= 0) { close_all(fds, nfds); reply('R', id, REJ_ID, 0); return; }
+    int slot = -1;
+    for (int i = 0; i < MAX_EXECS && slot < 0; i++)
+        if (execs[i].pid == 0) slot = i;
+    if (slot < 0) { close_all(fds, nfds); reply('R', id, REJ_FULL, 0); return; }
+    /* argv and envp as NULL-terminated arrays, in place after the strings they point into */
+    char *cwd = strings[0];
+    char **argv = strings + 1;
+    memmove(argv + argc + 1, argv + argc, envc * sizeof *argv);
+    argv[argc] = NULL;
+    char **envp = argv + argc + 1;
+    envp[envc] = NULL;
+    int report[2];
+    if (pipe2(report, O_CLOEXEC) < 0) { close_all(fds, nfds); reply('F', id, STAGE_FORK, (uint32_t)errno); return; }
+    pid_t pid = fork();
+    if (pid == 0) child(argv, envp, cwd, fds, report[1]);
+    int fork_errno = errno;
+    close_all(fds, nfds);
+    close(report[1]);
+    if (pid < 0) { close(report[0]); reply('F', id, STAGE_FORK, (uint32_t)fork_errno); return; }
+    int failure[2];
+    ssize_t got;
+    do got = read(report[0], failure, sizeof failure); while (got < 0 && errno == EINTR);
+    close(report[0]);
+    if (got == (ssize_t)sizeof failure) {  /* it never ran: reap it here, report why */
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
+        reply('F', id, (uint32_t)failure[0], (uint32_t)failure[1]);
+        return;
+    }
+    execs[slot].pid = pid;
+    execs[slot].id = id;
+    reply('S', id, (uint32_t)pid, 0);
+}
+
+static void signal_exec(size_t size, int nfds) {
+    uint32_t id = field(1), signo = field(2);
+    if (size != HEADER || field(3) != 0) { reply('R', id, REJ_SIZE, 0); return; }
+    if (nfds != 0) { reply('R', id, REJ_FDS, 0); return; }
+    if (signo < 1 || signo > 64) { reply('R', id, REJ_SIGNAL, 0); return; }
+    int slot = find(id);
+    if (slot >= 0) kill(-execs[slot].pid, (int)signo);  /* unknown: it already ended */
+}
+
+static void serve_one(void) {
+    char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
+    struct iovec iov = {message, sizeof message};
+    struct msghdr header = {0};
+    header.msg_iov = &iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control;
+    header.msg_controllen = sizeof control;
+    ssize_t got = recvmsg(ctl, &header, MSG_CMSG_CLOEXEC);
+    if (got < 0 && errno == EINTR) return;
+    if (got <= 0) die();  /* the supervisor closed the socket (or it broke): the sandbox ends */
+    int fds[MAX_FDS], nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&header); c != NULL; c = CMSG_NXTHDR(&header, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n && nfds < MAX_FDS; i++) memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+    size_t size = (size_t)got;
+    uint32_t id = size >= 8 ? field(1) : 0;
+    if ((header.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || size > MAX_MESSAGE) {
+        close_all(fds, nfds); reply('R', id, REJ_TRUNCATED, 0); return;
+    }
+    if (size < HEADER) { close_all(fds, nfds); reply('R', id, REJ_SIZE, 0); return; }
+    switch (field(0)) {
+    case 'X': start(size, fds, nfds); return;
+    case 'K': close_all(fds, nfds); signal_exec(size, nfds); return;
+    default: close_all(fds, nfds); reply('R', id, REJ_TYPE, 0); return;
+    }
+}
+
+static void reap(int signals) {
+    struct signalfd_siginfo info;
+    while (read(signals, &info, sizeof info) > 0) {}
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {  /* orphans of the workload too */
+        for (int i = 0; i < MAX_EXECS; i++)
+            if (execs[i].pid == pid) {
+                execs[i].pid = 0;
+                reply('E', execs[i].id, (uint32_t)status, 0);
+            }
+    }
+}
+
+int main(int argc, char **argv) {
+    prctl(PR_SET_DUMPABLE, 0);  /* the workload shares our uid: no ptrace, no /proc/1/mem */
+    prctl(PR_SET_NAME, "warmshell-agent");
+    if (getpid() != 1) return 3;  /* kill(-1) outside a pid namespace would hit the whole host */
+    char *end = NULL;
+    long fd = argc == 2 ? strtol(argv[1], &end, 10) : -1;
+    if (end == NULL || *end != '\0' || fd < 3 || fd > 1 << 20) return 2;
+    ctl = (int)fd;
+    int type;
+    socklen_t length = sizeof type;
+    if (getsockopt(ctl, SOL_SOCKET, SO_TYPE, &type, &length) < 0 || type != SOCK_SEQPACKET) return 2;
+    if (fcntl(ctl, F_SETFD, FD_CLOEXEC) < 0) return 2;
+    for (int i = 0; i < 3; i++)  /* keep 0-2 taken, so received fds never land on them */
+        if (fcntl(i, F_GETFD) < 0 && open("/dev/null", O_RDWR) != i) return 2;
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int signals = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (signals < 0) return 2;
+    reply('H', 0, (uint32_t)getpid(), VERSION);
+    for (;;) {
+        struct pollfd wait_for[2] = {{ctl, POLLIN, 0}, {signals, POLLIN, 0}};
+        if (poll(wait_for, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            die();
+        }
+        if (wait_for[1].revents & POLLIN) reap(signals);
+        if (wait_for[0].revents & (POLLIN | POLLHUP | POLLERR)) serve_one();
+    }
+}

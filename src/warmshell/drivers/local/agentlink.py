@@ -1,0 +1,285 @@
+"""The host end of one sandbox's control socket: start commands through its agent, stream their
+output, learn their end.
+
+This is the agent-backed implementation of the supervisor's process seam (`Runner`): the host
+creates the pipes, keeps the read ends of stdout/stderr and the write end of stdin, and passes
+the other ends to the agent with the EXEC record; output therefore never passes through the
+sandbox's pid 1. A timeout or a cancel sends SIGNAL(SIGKILL) to the command's process group; the
+status comes from EXITED. When the socket closes (the sandbox died) every pending exec fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from warmshell.drivers.local import agentwire
+from warmshell.drivers.local.agentwire import Kind, Reply, Stage
+from warmshell.supervisor.processes import OutputSink
+
+__all__ = ["AgentError", "AgentLink"]
+
+_log = logging.getLogger(__name__)
+READ_CHUNK = 64 * 1024
+EXIT_TIMEOUT = 124
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+_NO_STATUS = 255  # an exit status the agent reported that is no wait status at all
+
+
+class AgentError(OSError):
+    """The agent refused a record, or the sandbox is gone."""
+
+
+@dataclass
+class _Exec:
+    started: asyncio.Future[Reply] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    exited: asyncio.Future[int] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class AgentLink:
+    """One control socket (non-blocking), read by the event loop."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._hello: asyncio.Future[int] = self._loop.create_future()
+        self._execs: dict[int, _Exec] = {}
+        self._next_id = 1
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    async def wait_hello(self) -> int:
+        """The agent's pid (in its namespace) once it said hello; AgentError if it died first."""
+        return await asyncio.shield(self._hello)
+
+    def close(self) -> None:
+        """Close the socket: the agent kills everything in the sandbox and exits."""
+        self._fail(AgentError(errno.EPIPE, "the sandbox's control socket was closed"))
+
+    # -- the supervisor's process seam -------------------------------------------------------
+
+    async def run_streaming(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        sink: OutputSink,
+        stdin: bytes = b"",
+        timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit, enforced with asyncio.timeout
+    ) -> int:
+        """Run `command` in the sandbox and stream its output to `sink`; its exit status, with
+        the shell's conventions (127 not found, 126 not executable, 124 timed out, 128+N killed
+        by signal N). OSError when its workdir cannot be entered or the sandbox is gone."""
+        exec_id, running = self._next_id, _Exec()
+        self._next_id += 1
+        record = agentwire.encode_exec(exec_id, command, env, cwd)
+        in_read, in_write = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        sent = False
+        try:
+            self._execs[exec_id] = running
+            await self._send(record, (in_read, out_write, err_write))
+            sent = True
+            reply = await asyncio.shield(running.started)  # a cancel must not cancel the record
+        except BaseException:
+            if sent:
+                # Cancelled while the agent starts it: its answers must still find the exec (an
+                # unknown one would end the sandbox), and a started command is killed then.
+                running.started.add_done_callback(lambda started: self._abandon(exec_id, started))
+            else:
+                self._execs.pop(exec_id, None)
+            _close(out_read, err_read, in_write)
+            raise
+        finally:
+            _close(in_read, out_write, err_write)  # the agent has its copies (or never will)
+        if reply.kind is not Kind.STARTED:
+            _close(out_read, err_read, in_write)
+            return await _not_started(reply, command, cwd, sink)
+        work = [
+            asyncio.ensure_future(_pump(out_read, False, sink)),
+            asyncio.ensure_future(_pump(err_read, True, sink)),
+        ]
+        if in_write >= 0:
+            work.append(asyncio.ensure_future(asyncio.to_thread(_write_all, in_write, stdin)))
+        pumps = asyncio.gather(*work)
+        try:
+            async with asyncio.timeout(timeout):
+                await pumps
+                status = await asyncio.shield(running.exited)
+        except TimeoutError:
+            await self._kill(exec_id, running, pumps)
+            await sink(True, f"warmshell: timed out after {timeout:g}s\n".encode())
+            return EXIT_TIMEOUT
+        except asyncio.CancelledError:
+            await self._kill(exec_id, running, pumps)
+            raise
+        return exit_code(status)
+
+    def _abandon(self, exec_id: int, started: asyncio.Future[Reply]) -> None:
+        if not started.cancelled() and started.exception() is None and started.result().kind is Kind.STARTED:
+            kill = agentwire.encode_signal(exec_id, signal.SIGKILL)
+            task = asyncio.ensure_future(self._send(kill, ()))
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    async def _kill(self, exec_id: int, running: _Exec, pumps: asyncio.Future[list[None]]) -> None:
+        with contextlib.suppress(OSError):
+            await self._send(agentwire.encode_signal(exec_id, signal.SIGKILL), ())
+        pumps.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await pumps
+        with contextlib.suppress(OSError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(running.exited), 5.0)
+
+    # -- the socket --------------------------------------------------------------------------
+
+    async def _send(self, record: bytes, fds: Sequence[int]) -> None:
+        while True:
+            if self.closed.done():
+                raise AgentError(errno.EPIPE, "the sandbox has ended")
+            try:
+                socket.send_fds(self._sock, [record], list(fds))
+                return
+            except BlockingIOError:
+                writable = self._loop.create_future()
+                self._loop.add_writer(self._sock.fileno(), writable.set_result, None)
+                try:
+                    await asyncio.wait([writable, self.closed], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    self._loop.remove_writer(self._sock.fileno())
+            except OSError as exc:
+                self._fail(AgentError(exc.errno, f"the sandbox's control socket failed: {exc}"))
+                raise AgentError(errno.EPIPE, "the sandbox has ended") from exc
+
+    def _readable(self) -> None:
+        while not self.closed.done():
+            try:
+                data = self._sock.recv(agentwire.REPLY_SIZE + 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._fail(AgentError(exc.errno, f"the sandbox's control socket failed: {exc}"))
+                return
+            if not data:
+                self._fail(AgentError(errno.EPIPE, "the sandbox has ended"))
+                return
+            try:
+                self._dispatch(agentwire.decode_reply(data))
+            except agentwire.WireError as exc:
+                _log.warning("sandbox agent broke the protocol (%s); ending the sandbox", exc)
+                self._fail(AgentError(errno.EPROTO, f"the sandbox's agent broke the protocol: {exc}"))
+
+    def _dispatch(self, reply: Reply) -> None:
+        if reply.kind is Kind.HELLO:
+            if self._hello.done() or reply.b != agentwire.VERSION:
+                raise agentwire.WireError(f"unexpected hello (version {reply.b})")
+            self._hello.set_result(reply.a)
+            return
+        running = self._execs.get(reply.exec_id)
+        if running is None or not self._hello.done():
+            raise agentwire.WireError(f"a {reply.kind.name} record for unknown exec {reply.exec_id}")
+        if reply.kind is Kind.EXITED:
+            if not running.started.done() or running.started.result().kind is not Kind.STARTED:
+                raise agentwire.WireError(f"exec {reply.exec_id} ended before it started")
+            del self._execs[reply.exec_id]
+            running.exited.set_result(reply.a)
+        elif running.started.done():
+            raise agentwire.WireError(f"a second {reply.kind.name} record for exec {reply.exec_id}")
+        else:
+            running.started.set_result(reply)
+            if reply.kind is not Kind.STARTED:
+                del self._execs[reply.exec_id]
+
+    def _fail(self, error: AgentError) -> None:
+        if self.closed.done():
+            return
+        self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+        self.closed.set_result(None)
+        for future in (self._hello, *(f for e in self._execs.values() for f in (e.started, e.exited))):
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved here, so an exec nobody awaits logs nothing
+        self._execs.clear()
+
+
+def exit_code(status: int) -> int:
+    """A wait status as the shell reports it (128+N for signal N)."""
+    try:
+        code = os.waitstatus_to_exitcode(status)
+    except ValueError:
+        return _NO_STATUS
+    return code if code >= 0 else 128 - code
+
+
+async def _not_started(reply: Reply, command: Sequence[str], cwd: str, sink: OutputSink) -> int:
+    if reply.kind is Kind.REJECTED:
+        raise AgentError(errno.EINVAL, f"the sandbox's agent rejected the command (reason {reply.a})")
+    error = reply.b
+    if reply.a == Stage.CHDIR:
+        raise OSError(error, os.strerror(error), cwd)
+    if reply.a != Stage.EXEC:
+        raise OSError(error, f"cannot start a process in the sandbox: {os.strerror(error)}")
+    if error == errno.ENOENT:
+        await sink(True, f"warmshell: {command[0]}: command not found\n".encode())
+        return EXIT_NOT_FOUND
+    message = "permission denied" if error in (errno.EACCES, errno.EPERM) else os.strerror(error)
+    await sink(True, f"warmshell: {command[0]}: {message}\n".encode())
+    return EXIT_NOT_EXECUTABLE
+
+
+async def _pump(fd: int, stderr: bool, sink: OutputSink) -> None:
+    """Read a pipe to EOF into `sink`, then close it (the loop watches the fd directly: cheaper
+    per exec than a transport and a stream reader)."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    try:
+        while True:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                readable: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(fd, _resolve, readable)
+                try:
+                    await readable
+                finally:
+                    loop.remove_reader(fd)
+                continue
+            if not data:
+                return
+            await sink(stderr, data)
+    finally:
+        os.close(fd)
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Blocking (run in a thread): the command's stdin, then EOF."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except (BrokenPipeError, OSError):
+        pass
+    finally:
+        os.close(fd)
