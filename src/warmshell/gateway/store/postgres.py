@@ -65,6 +65,7 @@ def describe_url(url: str) -> str:
     """host:port/database of a URL: what messages and logs may show (no user, no password)."""
     parts = urlsplit(url)
     host = parts.hostname or "localhost"
+    host = f"[{host}]" if ":" in host else host
     return f"{host}:{parts.port or 5432}{parts.path or '/'}"
 
 
