@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import typer
 
-from warmshell.cli import gateway, pool, sandbox
+from warmshell.cli import gateway, pool, sandbox, store
 from warmshell.cli.errors import EXIT_CODE_HELP
 from warmshell.cli.options import Gateway, GlobalOptions, StateDir, Token
 
@@ -40,6 +40,7 @@ app = typer.Typer(
 app.add_typer(gateway.app, name="gateway")
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(pool.app, name="pool")
+app.add_typer(store.app, name="store")
 
 
 @app.callback()
