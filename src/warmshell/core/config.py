@@ -21,6 +21,8 @@ __all__ = [
     "LeaderElectionConfig",
     "LocalDriverConfig",
     "ProfilesConfig",
+    "RateLimit",
+    "RateLimitsConfig",
     "StatePaths",
     "StoreConfig",
     "WarmPoolingConfig",
@@ -177,6 +179,24 @@ class KubernetesDriverConfig(_Section):
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
 
 
+class RateLimit(_Section):
+    """A token bucket: up to `burst` calls at once, then `per_second` on average."""
+
+    per_second: float = Field(gt=0)
+    burst: int = Field(ge=1)
+
+
+class RateLimitsConfig(_Section):
+    """Per-instance limits on the supervisor calls a stolen credential could repeat. A supervisor
+    registers once per start and refreshes its token at 80 % of its lifetime, far below these."""
+
+    registration: RateLimit = Field(default_factory=lambda: RateLimit(per_second=0.2, burst=5))
+    token_refresh: RateLimit = Field(default_factory=lambda: RateLimit(per_second=0.1, burst=5))
+    # A refused call is answered only after this delay, so a loop waits instead of spinning the
+    # gateway's event loop with refusals (a real supervisor backs off for longer anyway).
+    refusal_delay_seconds: float = Field(default=1.0, ge=0, le=30)
+
+
 class StoreConfig(_Section):
     """Where sandbox records live: SQLite in the state directory (the default), or a Postgres
     shared by gateway replicas."""
@@ -207,6 +227,9 @@ class GatewayConfig(_Section):
     """Everything `warmshell gateway start` needs."""
 
     state_dir: Path = Field(default_factory=default_state_dir)
+    # True only where the state dir is a volume no one but this gateway's pod mounts (a Kubernetes
+    # emptyDir is 0777 and a PVC root-owned by design): its mode and owner are then not checked.
+    state_dir_private_volume: bool = False
     listen_tcp: str = ""  # "host:port"; the Unix socket is always served
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=9464, ge=0, le=65535)  # 0 = pick a free port
@@ -216,6 +239,9 @@ class GatewayConfig(_Section):
     reconcile_interval_seconds: float = Field(default=10.0, gt=0)
     heartbeat_interval_seconds: float = Field(default=5.0, gt=0)
     max_request_bytes: int = Field(default=1024 * 1024, ge=4096)
+    # Per listening server (public; supervisor.sock): past it a new connection is closed at accept.
+    max_connections: int = Field(default=4096, ge=16)
+    rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     log_level: str = "INFO"
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)

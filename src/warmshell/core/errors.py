@@ -10,6 +10,7 @@ __all__ = [
     "InvalidArgumentError",
     "NotFoundError",
     "PermissionDeniedError",
+    "ResourceExhaustedError",
     "UnavailableError",
     "WarmshellError",
 ]
@@ -46,6 +47,10 @@ class FailedPreconditionError(WarmshellError):
 
 class PermissionDeniedError(WarmshellError):
     """The caller's identity does not allow the operation."""
+
+
+class ResourceExhaustedError(WarmshellError):
+    """The caller went over a limit (a rate or a count); it may retry later."""
 
 
 class UnavailableError(WarmshellError):

@@ -112,6 +112,10 @@ class SandboxStatus(_Model):
     backend_state: str = ""
     supervisor_connected: bool = False
     backend_seen_ms: int = 0
+    # The supervisor incarnation (see drivers.base.SupervisorIdentity) last activated, and the one
+    # that last opened a session; -1 for none. Only a later incarnation is activated again.
+    activated_incarnation: int = -1
+    connected_incarnation: int = -1
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if any."""

@@ -137,14 +137,27 @@ class SupervisorIdentity:
     instance_name: str
     workspace: str
     binding: Bound | WarmPending
+    # Which start of the supervisor's container this is (Kubernetes: the pod's restart count), so
+    # the gateway can tell a restarted supervisor from a replay of the same one's credential.
+    # Drivers that never restart a supervisor in place leave it 0.
+    incarnation: int = 0
 
 
 class IdentityProvider(Protocol):
-    """Verifies bootstrap credentials presented by supervisors, fail-closed."""
+    """Verifies bootstrap credentials presented by supervisors, fail-closed.
+
+    Authentication is pure: the gateway authenticates whatever credential any RPC presents, so
+    what a registration sets in motion (progress lines, pool bookkeeping) happens in `registered`,
+    which only an accepted RegisterSupervisor calls."""
 
     async def authenticate(self, credential: str) -> SupervisorIdentity | None:
         """The identity behind `credential`; None when it is not a credential of this driver.
-        Raises PermissionDeniedError when it is one but fails a check."""
+        Raises PermissionDeniedError when it is one but fails a check. No side effects."""
+        ...
+
+    def registered(self, identity: SupervisorIdentity) -> None:
+        """The gateway parked a registration of `identity` (an identity this provider returned):
+        the driver's registration effects happen now, and only here."""
         ...
 
 

@@ -47,6 +47,7 @@ class FakeIdentity:
     """Identity provider over the fake driver's instances."""
 
     instances: dict[InstanceId, _Instance] = field(default_factory=dict)
+    registrations: list[InstanceId] = field(default_factory=list)
 
     async def authenticate(self, credential: str) -> SupervisorIdentity | None:
         """Resolve `fake.<instance>.<secret>`; None for anything else."""
@@ -57,6 +58,10 @@ class FakeIdentity:
         if instance is None or not hmac.compare_digest(instance.secret, secret):
             raise PermissionDeniedError("unknown fake credential")
         return SupervisorIdentity("fake", instance.instance_id, instance_id, instance.workspace, instance.binding)
+
+    def registered(self, identity: SupervisorIdentity) -> None:
+        """Count accepted registrations (tests check that only RegisterSupervisor adds one)."""
+        self.registrations.append(identity.instance_id)
 
 
 class FakeDriver:

@@ -19,14 +19,14 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.core.ids import InstanceId, SandboxId
-from warmshell.core.models import WORKSPACE_DIR, Phase, SandboxRecord, now_us
-from warmshell.drivers.base import Bound, WarmPending
+from warmshell.core.models import WORKSPACE_DIR, Phase, SandboxRecord, SandboxStatus, now_us
+from warmshell.drivers.base import Bound, SupervisorIdentity, WarmPending
 from warmshell.gateway import metrics
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registration, Registry
 from warmshell.gateway.tokens import SandboxTokenIssuer, proof_matches
 
-__all__ = ["ACTIVATION_ATTEMPTS", "GatewayActivator"]
+__all__ = ["ACTIVATION_ATTEMPTS", "GatewayActivator", "reactivation_refused"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,18 @@ def _check_identity(registration: Registration[spb.SupervisorActivationMessage],
         raise PermissionDeniedError(
             f"instance {identity.instance_id} belongs to workspace {identity.workspace!r}, not {record.workspace!r}"
         )
+
+
+def reactivation_refused(identity: SupervisorIdentity, status: SandboxStatus | None, *, session_live: bool) -> str:
+    """Why a registration bound to an existing sandbox must not be activated ("" when it may):
+    the sandbox's session is live, or this incarnation of the same instance has already opened a
+    session (a replay of its credential, not a restart)."""
+    if session_live:
+        return "has a live supervisor session"
+    same_instance = status is not None and status.instance_id == identity.instance_id
+    if same_instance and status is not None and identity.incarnation <= status.connected_incarnation:
+        return f"was already activated for incarnation {identity.incarnation} of this supervisor"
+    return ""
 
 
 class GatewayActivator:
@@ -138,6 +150,7 @@ class GatewayActivator:
             # A supervisor restarted in place is activated again; the timeline keeps the first.
             timeline.activated_us = timeline.activated_us or activated
             record.status.instance_id = instance_id
+            record.status.activated_incarnation = registration.identity.incarnation
 
         try:
             await self._records.mutate(sandbox_id, change)

@@ -15,6 +15,7 @@ _CODES: list[tuple[type[errors.WarmshellError], grpc.StatusCode]] = [
     (errors.ConflictError, grpc.StatusCode.ABORTED),
     (errors.FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
 ]
 

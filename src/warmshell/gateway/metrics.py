@@ -10,6 +10,7 @@ __all__ = [
     "CREATE_READY_SECONDS",
     "EXECS",
     "POOL_MEMBERS",
+    "RATE_LIMITED",
     "REGISTRATIONS_PENDING",
     "REGISTRY",
     "SANDBOXES",
@@ -52,3 +53,9 @@ REGISTRATIONS_PENDING = Gauge(
 SESSIONS = Gauge("warmshell_supervisor_sessions", "Live supervisor sessions", registry=REGISTRY)
 ACTIVATIONS = Counter("warmshell_activations", "Activation attempts by result", ["result"], registry=REGISTRY)
 EXECS = Counter("warmshell_execs", "Exec requests by result", ["result"], registry=REGISTRY)
+RATE_LIMITED = Counter(
+    "warmshell_rate_limited",
+    "Supervisor calls refused with RESOURCE_EXHAUSTED, by call (registration|token_refresh)",
+    ["call"],
+    registry=REGISTRY,
+)

@@ -20,6 +20,7 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.config import GatewayConfig
 from warmshell.core.errors import FailedPreconditionError, UnavailableError
 from warmshell.drivers.base import ComputeDriver
+from warmshell.gateway import listening, statedir
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.drivers import build_driver
@@ -27,11 +28,12 @@ from warmshell.gateway.events import EventBus
 from warmshell.gateway.http import start_http
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.ratelimits import RateLimiter
 from warmshell.gateway.reconciler import Reconciler
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registry
 from warmshell.gateway.sandbox_service import SandboxService
-from warmshell.gateway.sessions import SessionTable
+from warmshell.gateway.sessions import MISSED_HEARTBEATS, SessionTable
 from warmshell.gateway.store import opening
 from warmshell.gateway.store.base import Store
 from warmshell.gateway.supervisor_service import SupervisorService
@@ -79,7 +81,7 @@ class Gateway:
         self._given_driver = driver
         self._driver: ComputeDriver | None = None  # set once entered, so stop() exits only what started
         self._tasks: list[asyncio.Task[None]] = []
-        self._server: grpc.aio.Server | None = None
+        self._servers: list[grpc.aio.Server] = []
         self._http: object | None = None
         self._store: Store | None = None
         self._bound = False  # only a gateway that bound the sockets may remove them
@@ -103,24 +105,25 @@ class Gateway:
 
     async def _start(self) -> None:
         paths = self.paths
-        paths.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        statedir.ensure_state_dir(paths.root, private_volume=self.config.state_dir_private_volume)
         if _socket_in_use(paths.socket):
             raise FailedPreconditionError(f"another gateway is already serving {paths.socket}")
-        api_token = load_or_create_api_token(paths.api_token)
-        gateway_id = _gateway_id(paths.root)
-        issuer = SandboxTokenIssuer(
-            load_or_create_signing_key(paths.signing_key),
-            gateway_id=gateway_id,
-            ttl_seconds=self.config.sandbox_token_ttl_seconds,
-        )
-        self._store = await opening.open_store(self.config.store, default_sqlite=paths.database)
+        with statedir.private_umask():
+            api_token = load_or_create_api_token(paths.api_token)
+            gateway_id = _gateway_id(paths.root)
+            issuer = SandboxTokenIssuer(
+                load_or_create_signing_key(paths.signing_key),
+                gateway_id=gateway_id,
+                ttl_seconds=self.config.sandbox_token_ttl_seconds,
+            )
+            self._store = await opening.open_store(self.config.store, default_sqlite=paths.database)
         driver = (
             self._given_driver if self._given_driver is not None else build_driver(self.config, gateway_id=gateway_id)
         )
         await driver.__aenter__()
         self._driver = driver
         bus = EventBus()
-        sessions = SessionTable()
+        sessions = SessionTable(window_ms=int(MISSED_HEARTBEATS * self.config.heartbeat_interval_seconds * 1000))
         records = SandboxRecords(self._store, bus)
         registry: Registry[spb.SupervisorActivationMessage] = Registry()
         self.registry = registry
@@ -136,41 +139,45 @@ class Gateway:
         )
         await reconciler.startup()
 
-        limit = self.config.max_request_bytes
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", 16 * 1024 * 1024),
-                ("grpc.so_reuseport", 0),
-            ]
+        def new_server() -> grpc.aio.Server:
+            return listening.new_server(
+                max_connections=self.config.max_connections, max_receive_bytes=self.config.max_request_bytes
+            )
+
+        limits = self.config.rate_limits
+        delay = limits.refusal_delay_seconds
+        supervisor_service = SupervisorService(
+            manager=manager,
+            identity=self._driver.identity,
+            registry=registry,
+            activator=activator,
+            issuer=issuer,
+            auth=auth,
+            heartbeat_interval_seconds=self.config.heartbeat_interval_seconds,
+            registrations=RateLimiter("registration", limits.registration, refusal_delay_seconds=delay),
+            token_refreshes=RateLimiter("token_refresh", limits.token_refresh, refusal_delay_seconds=delay),
         )
-        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxService(manager, auth), server)
-        supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(
-            SupervisorService(
-                manager=manager,
-                identity=self._driver.identity,
-                registry=registry,
-                activator=activator,
-                issuer=issuer,
-                auth=auth,
-                heartbeat_interval_seconds=self.config.heartbeat_interval_seconds,
-            ),
-            server,
-        )
+        # The public socket and TCP serve both APIs (supervisors in pods come in over TCP);
+        # supervisor.sock serves the supervisor API alone.
+        public, supervisors = new_server(), new_server()
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxService(manager, auth), public)
+        for server in (public, supervisors):
+            supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(supervisor_service, server)
         self._bound = True
-        for path in (paths.socket, paths.supervisor_socket):
-            path.unlink(missing_ok=True)
-            server.add_insecure_port(f"unix://{path}")
-        if self.config.listen_tcp:
-            self.tcp_port = server.add_insecure_port(self.config.listen_tcp)
-        # Restrictive umask while the sockets are created, then pin the modes explicitly.
-        await server.start()
+        with statedir.private_umask():  # the sockets are private from the moment they exist
+            for path, server in ((paths.socket, public), (paths.supervisor_socket, supervisors)):
+                path.unlink(missing_ok=True)
+                server.add_insecure_port(f"unix://{path}")
+            if self.config.listen_tcp:
+                self.tcp_port = public.add_insecure_port(self.config.listen_tcp)
+            for server in (public, supervisors):
+                await server.start()
         os.chmod(paths.socket, 0o600)
         os.chmod(paths.supervisor_socket, 0o600)
-        self._server = server
+        self._servers = [public, supervisors]
 
         async def healthy() -> str | None:
-            if self._server is None or self._store is None:
+            if not self._servers or self._store is None:
                 return "not serving"
             try:
                 await self._store.ping()
@@ -179,7 +186,8 @@ class Gateway:
             return None
 
         self._http, self.http_port = await start_http(self.config.http_host, self.config.http_port, healthy)
-        self._write_runtime_info()
+        with statedir.private_umask():
+            self._write_runtime_info()
         await self._driver.start(activator)
         self._tasks = [
             asyncio.create_task(reconciler.run_watch(), name="driver-watch"),
@@ -213,11 +221,11 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        if self._server is not None:
+        if self._servers:
             self.manager.sessions.close_all("gateway shutting down")
             self.registry.close_all("gateway shutting down")
-            await self._server.stop(SHUTDOWN_GRACE_SECONDS)
-            self._server = None
+            await asyncio.gather(*(server.stop(SHUTDOWN_GRACE_SECONDS) for server in self._servers))
+            self._servers = []
         if self._http is not None:
             await self._http.cleanup()  # type: ignore[attr-defined]
             self._http = None

@@ -1,22 +1,28 @@
 """Live supervisor sessions (ConnectSupervisor), keyed by sandbox id, and the exec relay over them.
 
 The gateway never dials a sandbox: exec requests travel down the supervisor's own session and
-their output comes back up it.
+their output comes back up it. A sandbox has at most one session, and a healthy one (heard from
+within its heartbeat window) is never superseded: whoever else holds the sandbox's token, a second
+session is refused until the first has ended or gone silent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core.errors import AlreadyExistsError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import now_ms
 
-__all__ = ["ExecChannel", "SessionTable", "SupervisorSession"]
+__all__ = ["MISSED_HEARTBEATS", "ExecChannel", "SessionTable", "SupervisorSession"]
 
 EXEC_QUEUE = 1024
+# A session that has sent nothing for this many heartbeat intervals is considered dead.
+MISSED_HEARTBEATS = 3
 
 
 @dataclass(eq=False)
@@ -56,6 +62,11 @@ class SupervisorSession:
             channel.events.put_nowait(spb.ExecExited(exec_id=channel.exec_id, exit_code=-1, error="session closed"))
         self.execs.clear()
 
+    def healthy(self, now: int, window_ms: int) -> bool:
+        """Open and heard from within the last `window_ms` (a live supervisor answers every
+        heartbeat, so a healthy session's supervisor is running)."""
+        return not self.closed.is_set() and now - self.last_seen <= window_ms
+
     def deliver(self, message: spb.OutputData | spb.ExecExited) -> None:
         """Route an exec's output or exit to whoever is waiting for it."""
         channel = self.execs.get(message.exec_id)
@@ -75,14 +86,26 @@ class SupervisorSession:
 class SessionTable:
     """Which supervisor session currently speaks for each sandbox."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, window_ms: int = 30_000, clock: Callable[[], int] = now_ms) -> None:
+        """`window_ms`: how long a session may stay silent and still count as healthy (the
+        gateway passes MISSED_HEARTBEATS heartbeat intervals)."""
         self._sessions: dict[SandboxId, SupervisorSession] = {}
         self._ids = itertools.count(1)
+        self._window_ms = window_ms
+        self._clock = clock
+
+    def live(self, sandbox_id: SandboxId) -> SupervisorSession | None:
+        """The sandbox's session if it is healthy, else None."""
+        session = self._sessions.get(sandbox_id)
+        return session if session is not None and session.healthy(self._clock(), self._window_ms) else None
 
     def open(self, sandbox_id: SandboxId, instance_id: str) -> SupervisorSession:
-        """Start a session; an older one for the same sandbox is superseded and closed."""
+        """Start a session. AlreadyExistsError while the sandbox has a healthy one; an older one
+        that has gone silent is superseded and closed."""
+        if self.live(sandbox_id) is not None:
+            raise AlreadyExistsError(f"sandbox {sandbox_id} already has a live supervisor session")
         previous = self._sessions.get(sandbox_id)
-        session = SupervisorSession(sandbox_id, instance_id, f"s{next(self._ids)}")
+        session = SupervisorSession(sandbox_id, instance_id, f"s{next(self._ids)}", last_seen=self._clock())
         self._sessions[sandbox_id] = session
         if previous is not None:
             previous.close("superseded by a newer session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,27 +19,27 @@ from warmshell.core.errors import (
     FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
+    ResourceExhaustedError,
     WarmshellError,
 )
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Phase, now_ms
-from warmshell.drivers.base import Bound, IdentityProvider
+from warmshell.core.models import Phase, SandboxRecord, now_ms
+from warmshell.drivers.base import Bound, IdentityProvider, SupervisorIdentity
 from warmshell.gateway import metrics
-from warmshell.gateway.activation import GatewayActivator
+from warmshell.gateway.activation import GatewayActivator, reactivation_refused
 from warmshell.gateway.auth import Authenticator, Unauthenticated
 from warmshell.gateway.calls import abort_for, streaming, unary
 from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.ratelimits import RateLimiter
 from warmshell.gateway.registry import Registry, Replaced
-from warmshell.gateway.sessions import SupervisorSession
-from warmshell.gateway.tokens import SandboxTokenIssuer
+from warmshell.gateway.sessions import MISSED_HEARTBEATS, SupervisorSession
+from warmshell.gateway.tokens import SandboxClaims, SandboxTokenIssuer
 
 __all__ = ["SupervisorService"]
 
 log = logging.getLogger(__name__)
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
-# A session that has sent nothing for this many heartbeat intervals is considered dead.
-MISSED_HEARTBEATS = 3
 
 
 class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
@@ -54,6 +55,8 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         issuer: SandboxTokenIssuer,
         auth: Authenticator,
         heartbeat_interval_seconds: float,
+        registrations: RateLimiter,
+        token_refreshes: RateLimiter,
     ) -> None:
         self._manager = manager
         self._identity = identity
@@ -62,16 +65,29 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         self._issuer = issuer
         self._auth = auth
         self._heartbeat = heartbeat_interval_seconds
+        self._registrations = registrations
+        self._token_refreshes = token_refreshes
 
     @streaming
     async def RegisterSupervisor(
         self, request: spb.RegisterSupervisorRequest, context: Ctx
     ) -> AsyncIterator[spb.SupervisorActivationMessage]:
+        # Limited before authenticating too: a looped stolen credential costs a hash, not a
+        # TokenReview and the cluster reads behind it.
+        digest = hashlib.sha256(request.bootstrap_credential.encode()).hexdigest()
+        await _admit(self._registrations, f"credential/{digest}", "registrations with this credential")
         identity = await self._identity.authenticate(request.bootstrap_credential)
         if identity is None:
             raise Unauthenticated("unknown bootstrap credential")
+        await _admit(
+            self._registrations, f"instance/{identity.instance_id}", f"registrations of instance {identity.instance_id}"
+        )
+        if isinstance(identity.binding, Bound):
+            await self._refuse_reactivation(identity, identity.binding.sandbox_id)
         registration = self._registry.register(identity)
         metrics.REGISTRATIONS_PENDING.set(self._registry.pending_count())
+        # The one place a registration's driver effects happen (authentication itself is pure).
+        self._identity.registered(identity)
         try:
             if isinstance(identity.binding, Bound):
                 # Cold instances take the same path as warm ones, just without waiting for a claim.
@@ -102,14 +118,21 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             first = await anext(aiter(request_iterator), None)
             if first is None or not first.HasField("hello"):
                 raise FailedPreconditionError("the first message of a session must be hello")
-            if first.hello.sandbox_id != claims.sandbox_id:
-                raise PermissionDeniedError("hello names another sandbox than the token")
+            if first.hello.sandbox_id != claims.sandbox_id or first.hello.instance_id != claims.instance_id:
+                log.warning(
+                    "refused supervisor session: hello names sandbox %s instance %s, the token sandbox %s instance %s",
+                    first.hello.sandbox_id,
+                    first.hello.instance_id,
+                    claims.sandbox_id,
+                    claims.instance_id,
+                )
+                raise PermissionDeniedError("hello names another sandbox or instance than the token")
             record = await self._manager.records.get(claims.sandbox_id)
             if record is None or record.status.phase == Phase.DELETING:
                 raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
+            session = self._open_session(claims)
         except (WarmshellError, Unauthenticated) as exc:
             await abort_for(context, exc)
-        session = self._manager.sessions.open(claims.sandbox_id, first.hello.instance_id)
         metrics.SESSIONS.set(len(self._manager.sessions))
         interval_ms = int(self._heartbeat * 1000)
         session.send(
@@ -120,6 +143,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         reader = asyncio.create_task(self._read_session(session, request_iterator))
         ticker = asyncio.create_task(self._tick(session))
         await self._manager.on_session(claims.sandbox_id, connected=True, session_id=session.session_id)
+        await self._mark_connected(record)
         try:
             while True:
                 message = await session.outbox.get()
@@ -134,6 +158,49 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             if self._manager.sessions.close_if_current(session):
                 await self._manager.on_session(claims.sandbox_id, connected=False)
             metrics.SESSIONS.set(len(self._manager.sessions))
+
+    async def _refuse_reactivation(self, identity: SupervisorIdentity, sandbox_id: SandboxId) -> None:
+        """A bound sandbox is activated again only for a supervisor that could be a new one: its
+        session is not live, and no session has been opened by this incarnation of it yet.
+
+        On Kubernetes the pod's token is readable by its workload, so a re-registration must not
+        hand a second copy of the activation (the sandbox token, the request's env) to whoever
+        holds it while the real supervisor lives, or merely stalls (SIGSTOP: it reconnects with
+        its own token). A restarted container is a later incarnation, and a supervisor whose
+        activation was lost before it connected has opened no session; both are activated."""
+        live = self._manager.sessions.live(sandbox_id) is not None
+        record = None if live else await self._manager.records.get(sandbox_id)
+        why = reactivation_refused(identity, record.status if record is not None else None, session_live=live)
+        if why:
+            log.warning("refused registration of instance %s: sandbox %s %s", identity.instance_id, sandbox_id, why)
+            # Retryable for the supervisor: a restarted one may register before its restart is
+            # visible in the pod's status, or before its old session is seen gone.
+            raise AlreadyExistsError(f"sandbox {sandbox_id} {why}")
+
+    async def _mark_connected(self, record: SandboxRecord) -> None:
+        """Remember that the activated incarnation has opened a session (one write per activation)."""
+        if record.status.connected_incarnation == record.status.activated_incarnation:
+            return
+
+        def change(current: SandboxRecord) -> bool:
+            if current.status.connected_incarnation == current.status.activated_incarnation:
+                return False
+            current.status.connected_incarnation = current.status.activated_incarnation
+            return True
+
+        with contextlib.suppress(NotFoundError):
+            await self._manager.records.mutate(record.id, change)
+
+    def _open_session(self, claims: SandboxClaims) -> SupervisorSession:
+        try:
+            return self._manager.sessions.open(claims.sandbox_id, claims.instance_id)
+        except AlreadyExistsError:
+            log.warning(
+                "refused a second supervisor session for sandbox %s (instance %s): its session is live",
+                claims.sandbox_id,
+                claims.instance_id,
+            )
+            raise
 
     async def _read_session(self, session: SupervisorSession, messages: AsyncIterator[spb.SupervisorMessage]) -> None:
         sandbox_id = SandboxId(session.sandbox_id)
@@ -175,8 +242,25 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         self, request: spb.RefreshSandboxTokenRequest, context: Ctx
     ) -> spb.RefreshSandboxTokenResponse:
         claims = await self._auth.require_sandbox(context)
+        await _admit(self._token_refreshes, claims.instance_id, f"token refreshes of instance {claims.instance_id}")
         record = await self._manager.records.get(claims.sandbox_id)
         if record is None or record.status.phase == Phase.DELETING:
             raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
         token, expires = self._issuer.mint(claims.sandbox_id, claims.instance_id)
         return spb.RefreshSandboxTokenResponse(token=token, expires_at_ms=expires)
+
+
+async def _admit(limiter: RateLimiter, key: str, what: str) -> None:
+    """Count one call under `key`; RESOURCE_EXHAUSTED (and the metric) when over the limit,
+    after the limiter's refusal delay."""
+    refused = limiter.refusals(key)
+    if not refused:
+        return
+    metrics.RATE_LIMITED.labels(call=limiter.name).inc()
+    if refused == 1:  # once per run of refusals: a loop must not flood the log either
+        log.warning("rate limited: too many %s", what)
+    await asyncio.sleep(limiter.refusal_delay_seconds)
+    limit = limiter.limit
+    raise ResourceExhaustedError(
+        f"too many {what}: at most {limit.burst} at once, then {limit.per_second:g}/s; retry later"
+    )

@@ -1,9 +1,14 @@
 """`warmshell supervisor`: the entry point of every sandbox.
 
+0. Make the process non-dumpable, before any secret is in its memory: on Kubernetes the workload
+   runs beside it as the same uid, and would otherwise read `/proc/<pid>/mem` and `environ`
+   (the credential, the sandbox token) or ptrace it. Its children are dumpable again (execve
+   resets the flag), so workloads are not affected.
 1. Read the bootstrap credential (a one-time pipe from the local driver, or a projected token file
    on Kubernetes) and scrub every WARMSHELL_* variable from the environment.
 2. RegisterSupervisor, retrying 1 s -> 30 s while the gateway is unreachable, and wait — a warm
-   pool member waits here until a create selects it.
+   pool member waits here until a create selects it. Once activated the credential is dropped
+   (a restarted supervisor reads it again from its file).
 3. Start the workload from the activation, then hold ConnectSupervisor: heartbeats, exec relay,
    workload output and exit; reconnect when the gateway restarts; refresh the token at 80 %.
 
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
@@ -52,6 +59,19 @@ _FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, gr
           grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}  # fmt: skip
 # What the gateway answers for a sandbox that is over (Error or Deleting; no longer exists).
 _SANDBOX_OVER = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
+
+
+PR_SET_DUMPABLE = 4
+
+
+def make_undumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0): no core dumps, and `/proc/<pid>/mem`, `environ` and ptrace are
+    closed to other processes of the same uid that lack CAP_SYS_PTRACE. Raises OSError if the
+    kernel refuses (the supervisor then does not start: it would hold its secrets in the open)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(errno)}")
 
 
 class SupervisorExit(Exception):
@@ -136,6 +156,8 @@ class Supervisor:
         self._stub = supervisor_pb2_grpc.SupervisorServiceStub(self._channel)
         try:
             activation = await self.register()
+            # The credential has done its one job; a restarted supervisor reads it again.
+            self.settings.credential = ""
             self.activation = activation
             self._token, self._token_expires_ms = activation.token, activation.token_expires_at_ms
             self._env = _workload_environment(self._base_env, activation)
@@ -283,6 +305,11 @@ class Supervisor:
 def main(argv: list[str] | None = None) -> int:
     """Process entry point; returns the exit status (see the module doc)."""
     logging.basicConfig(level=logging.INFO, format="supervisor %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        make_undumpable()
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     environ = dict(os.environ)
     try:
         settings = SupervisorSettings.from_environment(environ)

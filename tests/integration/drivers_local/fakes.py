@@ -54,6 +54,7 @@ async def _register_loop(driver: LocalDriver, sandboxes: Path, activator: FakeAc
             with contextlib.suppress(PermissionDeniedError, OSError):
                 identity = await driver.identity.authenticate(credential.read_text())
                 if identity is not None:
+                    driver.identity.registered(identity)  # what RegisterSupervisor does next
                     activator.registered.add(identity.instance_id)
         await asyncio.sleep(0.005)  # a scan interval, not a wait for a condition
 

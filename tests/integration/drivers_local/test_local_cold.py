@@ -158,7 +158,9 @@ async def test_exit_after_registration_is_exited(make_driver: DriverFactory, pat
         events = driver.watch()
         created = await driver.create(request())
         workspace = workspace_of(paths, created.instance_id)
-        assert await driver.identity.authenticate(await read_when_present(workspace / "credential"))
+        identity = await driver.identity.authenticate(await read_when_present(workspace / "credential"))
+        assert identity is not None
+        driver.identity.registered(identity)  # what RegisterSupervisor does next
         (workspace / "stop").touch()
         exited = await next_event(events, lambda e: e.sandbox is not None and e.sandbox.state is BackendState.EXITED)
         assert exited.sandbox is not None

@@ -40,9 +40,22 @@ async def test_a_pod_of_our_sandbox_is_bound_with_its_proof(cluster: FakeCluster
     assert identity.instance_name == "default--one"
     assert identity.workspace == "default"
     assert identity.binding == Bound(SandboxId("sbx-1"), "secret-proof")
+    assert seen == [], "authenticating has no effect"
+    provider.registered(identity)
     assert seen == [("sbx-1", "default--one")]
     # The review asked for our audience only.
     assert cluster.calls[0] == ("review", "warmshell-gateway")
+
+
+async def test_the_identity_carries_the_pods_restart_count(cluster: FakeCluster, provider: KubernetesIdentity) -> None:
+    _, pod = cluster.sandbox_with_pod(sandbox_id="sbx-1", proof="secret-proof")
+    first = await provider.authenticate(cluster.token_for(pod))
+    assert first is not None
+    assert first.incarnation == 0
+    pod["status"] = {"containerStatuses": [{"name": "supervisor", "restartCount": 2}]}
+    restarted = await provider.authenticate(cluster.token_for(pod))
+    assert restarted is not None
+    assert restarted.incarnation == 2
 
 
 async def test_the_pod_is_read_while_the_review_runs_and_only_once(

@@ -58,7 +58,33 @@ async def test_bound_instance(
     assert found is not None
     assert (found.driver, found.instance_id, found.instance_name) == ("local", "li-a", "demo")
     assert found.binding == Bound(SandboxId("sbx-1"), "p1")
+    assert registered == [], "authenticating has no effect"
+    identity.registered(found)
     assert registered == ["li-a"]
+
+
+async def test_authenticating_again_and_again_registers_nothing(
+    identity: LocalIdentity, table: dict[InstanceId, Instance], registered: list[InstanceId]
+) -> None:
+    """A credential presented on any RPC is authenticated; only RegisterSupervisor calls `registered`."""
+    cred = credentials.new_credential(InstanceId("li-a"))
+    table[InstanceId("li-a")] = instance("li-a", cred, sandbox_id=SandboxId("sbx-1"), proof="p1")
+    for _ in range(5):
+        assert await identity.authenticate(cred) is not None
+    assert registered == []
+    assert table[InstanceId("li-a")].registered is False
+
+
+async def test_an_instance_that_ended_since_authentication_is_not_registered(
+    identity: LocalIdentity, table: dict[InstanceId, Instance], registered: list[InstanceId]
+) -> None:
+    cred = credentials.new_credential(InstanceId("li-a"))
+    table[InstanceId("li-a")] = instance("li-a", cred, sandbox_id=SandboxId("sbx-1"), proof="p1")
+    found = await identity.authenticate(cred)
+    assert found is not None
+    table[InstanceId("li-a")].state = BackendState.EXITED
+    identity.registered(found)
+    assert registered == []
 
 
 async def test_pool_member_is_warm_pending(identity: LocalIdentity, table: dict[InstanceId, Instance]) -> None:

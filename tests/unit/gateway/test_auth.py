@@ -53,3 +53,17 @@ async def test_each_principal_only_on_its_own_apis(setup: tuple[Authenticator, F
         await auth.require_client(Context(""))  # type: ignore[arg-type]
     with pytest.raises(Unauthenticated):
         await auth.require_client(Context("guess"))  # type: ignore[arg-type]
+
+
+async def test_presenting_a_bootstrap_credential_on_other_rpcs_has_no_effect(
+    setup: tuple[Authenticator, FakeDriver, SandboxTokenIssuer],
+) -> None:
+    """Classifying a credential is pure: refusing it on the public or session API registers nothing."""
+    auth, driver, _ = setup
+    credential = driver.add_warm_instance()
+    for _ in range(3):
+        with pytest.raises(PermissionDeniedError):
+            await auth.require_client(Context(credential))  # type: ignore[arg-type]
+        with pytest.raises(PermissionDeniedError):
+            await auth.require_sandbox(Context(credential))  # type: ignore[arg-type]
+    assert driver.identity.registrations == []

@@ -17,7 +17,9 @@ branches instead of 5-6: controlled by a live opted-in `SandboxWarmPool` (same u
 pending* with the fingerprint of the shape its own pod template runs; controlled by a live claim
 of ours (same uid) whose sealed proof opens for (namespace, claim name, sandbox id), it is bound
 to that sandbox (how a warm pod that registers after adoption, or re-registers after a restart,
-is activated). The gateway needs no permission to patch pods, so a
+is activated). The identity carries the pod's container restart count as its incarnation, which
+only the kubelet raises: the gateway re-activates a later incarnation (a restarted supervisor),
+not a replay of the pod's token by its workload. The gateway needs no permission to patch pods, so a
 pod's annotations are what the Sandbox's pod template said at create. Tokens are never logged.
 """
 
@@ -76,19 +78,23 @@ class KubernetesIdentity:
         self._on_warm = on_warm
 
     async def authenticate(self, credential: str) -> SupervisorIdentity | None:
-        """The identity behind a pod's token; None when the credential is not a JWT at all."""
+        """The identity behind a pod's token; None when the credential is not a JWT at all.
+        Reads the cluster, changes nothing."""
         if not looks_like_jwt(credential):
             return None
         try:
-            identity = await self._resolve(credential)
+            return await self._resolve(credential)
         except PermissionDeniedError as exc:
-            log.warning("supervisor registration refused: %s", exc)
+            log.warning("supervisor credential refused: %s", exc)
             raise
+
+    def registered(self, identity: SupervisorIdentity) -> None:
+        """A registration of this pod was accepted: a bound pod shows a progress line, a warm one
+        is counted idle in its pool."""
         if self._on_registered is not None and isinstance(identity.binding, Bound):
             self._on_registered(identity.binding.sandbox_id, identity.instance_name)
         if self._on_warm is not None and isinstance(identity.binding, WarmPending):
             self._on_warm(identity.instance_id, identity.binding)
-        return identity
 
     async def _resolve(self, token: str) -> SupervisorIdentity:
         namespace, pod_name, pod_uid, pod = await self._review_and_read_pod(token)
@@ -103,8 +109,9 @@ class KubernetesIdentity:
         if _meta(sandbox).get("uid") != owner.get("uid"):
             raise PermissionDeniedError(f"Sandbox {namespace}/{owner['name']} is not the pod's owner (uid differs)")
         sandbox_controller = _extension_controller(sandbox)
+        incarnation = _incarnation(pod)
         if sandbox_controller is not None:
-            return await self._warm(namespace, pod_name, pod_uid, sandbox, sandbox_controller)
+            return await self._warm(namespace, pod_name, pod_uid, sandbox, sandbox_controller, incarnation)
         sandbox_id = _sandbox_id(pod, sandbox)
         sealed = str((_meta(sandbox).get("annotations") or {}).get(labels.ACTIVATION_PROOF) or "")
         proof = self._sealer.open(sealed, namespace=namespace, name=owner["name"], sandbox_id=sandbox_id)
@@ -116,10 +123,11 @@ class KubernetesIdentity:
             instance_name=pod_name,
             workspace=str((_meta(sandbox).get("labels") or {}).get(labels.WORKSPACE) or ""),
             binding=Bound(SandboxId(sandbox_id), proof),
+            incarnation=incarnation,
         )
 
     async def _warm(
-        self, namespace: str, pod_name: str, pod_uid: str, sandbox: Obj, owner: Mapping[str, Any]
+        self, namespace: str, pod_name: str, pod_uid: str, sandbox: Obj, owner: Mapping[str, Any], incarnation: int
     ) -> SupervisorIdentity:
         """The warm branches: a pool member not claimed yet, or a member a claim of ours adopted."""
         if owner.get("kind") == kube.SANDBOX_CLAIMS.kind:
@@ -137,7 +145,9 @@ class KubernetesIdentity:
                     f"SandboxClaim {namespace}/{owner['name']} carries no valid activation proof"
                 )
             workspace = str((_meta(claim).get("labels") or {}).get(labels.WORKSPACE) or "")
-            return SupervisorIdentity("kubernetes", InstanceId(pod_uid), pod_name, workspace, Bound(sandbox_id, proof))
+            return SupervisorIdentity(
+                "kubernetes", InstanceId(pod_uid), pod_name, workspace, Bound(sandbox_id, proof), incarnation
+            )
         pool = await self._live(kube.SANDBOX_WARM_POOLS, namespace, owner["name"], "the Sandbox's warm pool is gone")
         pool_labels = _meta(pool).get("labels") or {}
         if (
@@ -213,6 +223,13 @@ class KubernetesIdentity:
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
+
+
+def _incarnation(pod: Mapping[str, Any]) -> int:
+    """How many times the kubelet has restarted the pod's containers (their restartCounts summed):
+    a supervisor in a restarted container counts higher than the one before it."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return sum(int(c.get("restartCount") or 0) for c in statuses if isinstance(c, Mapping))
 
 
 def _single(extra: Mapping[str, Any], key: str) -> str:

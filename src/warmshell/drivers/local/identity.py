@@ -33,7 +33,7 @@ class LocalIdentity:
         self._on_registered = on_registered
 
     async def authenticate(self, credential: str) -> SupervisorIdentity | None:
-        """The identity behind a local credential; None when the credential is not ours."""
+        """The identity behind a local credential; None when the credential is not ours. Pure."""
         if not credential.startswith(credentials.PREFIX):
             return None
         instance_id = credentials.instance_of(credential)
@@ -42,7 +42,6 @@ class LocalIdentity:
         ok = credentials.matches(credential, expected)
         if instance is None or not ok or not instance.alive:
             raise PermissionDeniedError("local bootstrap credential rejected")
-        self._on_registered(instance)
         return SupervisorIdentity(
             driver="local",
             instance_id=instance.instance_id,
@@ -50,3 +49,9 @@ class LocalIdentity:
             workspace=instance.workspace,
             binding=instance.binding(),
         )
+
+    def registered(self, identity: SupervisorIdentity) -> None:
+        """A registration of this instance was accepted: tell the driver (once per registration)."""
+        instance = self._lookup(identity.instance_id)
+        if instance is not None and instance.alive:
+            self._on_registered(instance)

@@ -1,0 +1,42 @@
+"""Where the gateway listens. The public API (SandboxService) is served on the public socket and
+TCP only; `supervisor.sock` serves the supervisor API alone, so a leaked API token is of no use
+to a caller that can reach only that socket. Each server accepts a bounded number of connections
+and streams per connection, so a flood of connections is refused at accept instead of pinning
+the gateway at its file-descriptor limit."""
+
+from __future__ import annotations
+
+import resource
+from typing import Any
+
+import grpc
+
+__all__ = ["MAX_STREAMS_PER_CONNECTION", "connection_limit", "new_server"]
+
+# A supervisor uses a handful of streams, a CLI one per command; more from one connection is a flood.
+MAX_STREAMS_PER_CONNECTION = 128
+# Descriptors kept for everything else (the store, the driver's processes and pipes, HTTP).
+FD_HEADROOM = 1024
+MIN_CONNECTIONS = 16
+SERVERS = 2
+
+
+def connection_limit(configured: int, fd_limit: int) -> int:
+    """Connections allowed per server: as configured, but never so many that the servers together
+    would use up the process's descriptors."""
+    return max(MIN_CONNECTIONS, min(configured, (fd_limit - FD_HEADROOM) // SERVERS))
+
+
+def new_server(*, max_connections: int, max_receive_bytes: int) -> grpc.aio.Server:
+    """A grpc.aio server with the gateway's limits."""
+    fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if fd_limit == resource.RLIM_INFINITY:
+        fd_limit = 1 << 20
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", max_receive_bytes),
+        ("grpc.max_send_message_length", 16 * 1024 * 1024),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_allowed_incoming_connections", connection_limit(max_connections, fd_limit)),
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+    ]
+    return grpc.aio.server(options=options)

@@ -1,0 +1,66 @@
+"""One session per sandbox: a healthy session is never superseded; a silent or closed one is."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmshell.core.errors import AlreadyExistsError
+from warmshell.core.ids import SandboxId
+from warmshell.gateway.sessions import SessionTable
+
+SB = SandboxId("sbx-1")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_a_second_session_is_refused_while_the_first_is_healthy() -> None:
+    clock = Clock()
+    table = SessionTable(window_ms=3000, clock=clock)
+    first = table.open(SB, "i-1")
+    clock.now += 2999
+    with pytest.raises(AlreadyExistsError, match="already has a live supervisor session"):
+        table.open(SB, "i-1")
+    assert table.get(SB) is first
+    assert not first.closed.is_set()
+
+
+def test_a_session_that_went_silent_is_superseded() -> None:
+    clock = Clock()
+    table = SessionTable(window_ms=3000, clock=clock)
+    first = table.open(SB, "i-1")
+    clock.now += 3001
+    assert table.live(SB) is None
+    second = table.open(SB, "i-1")
+    assert table.get(SB) is second
+    assert first.closed.is_set()
+
+
+def test_a_heartbeat_keeps_a_session_healthy() -> None:
+    clock = Clock()
+    table = SessionTable(window_ms=3000, clock=clock)
+    first = table.open(SB, "i-1")
+    clock.now += 2500
+    first.last_seen = clock.now
+    clock.now += 2500
+    assert table.live(SB) is first
+
+
+def test_a_closed_session_does_not_block_the_next() -> None:
+    table = SessionTable(window_ms=3000)
+    first = table.open(SB, "i-1")
+    assert table.close_if_current(first)
+    assert table.live(SB) is None
+    assert table.open(SB, "i-1") is not first
+
+
+def test_sessions_of_other_sandboxes_do_not_interfere() -> None:
+    table = SessionTable(window_ms=3000)
+    table.open(SB, "i-1")
+    table.open(SandboxId("sbx-2"), "i-2")
+    assert len(table) == 2
