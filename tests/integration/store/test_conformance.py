@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+from collections.abc import Awaitable
 
 import pytest
 
@@ -158,3 +160,89 @@ async def test_dump_returns_every_kind(store: Store) -> None:
 
 async def test_ping_answers(store: Store) -> None:
     await store.ping()
+
+
+class _Model:
+    """The protocol's semantics on a dict: what every backend must agree with."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str], StoredObject] = {}
+
+    def _name_taken(self, kind: str, workspace: str, name: str, by_other_than: str) -> bool:
+        return any(
+            (r.kind, r.workspace, r.name) == (kind, workspace, name) and r.id != by_other_than
+            for r in self.rows.values()
+        )
+
+    def create(self, kind: str, id: str, name: str, workspace: str, payload: str) -> object:
+        if (kind, id) in self.rows or self._name_taken(kind, workspace, name, by_other_than=""):
+            return AlreadyExistsError
+        self.rows[kind, id] = StoredObject(kind, id, name, workspace, 1, payload)
+        return self.rows[kind, id]
+
+    def update(self, kind: str, id: str, expected_version: int, payload: str) -> object:
+        row = self.rows.get((kind, id))
+        if row is None or row.resource_version != expected_version:
+            return ConflictError
+        self.rows[kind, id] = StoredObject(kind, id, row.name, row.workspace, expected_version + 1, payload)
+        return self.rows[kind, id]
+
+    def delete(self, kind: str, id: str, expected_version: int | None) -> object:
+        row = self.rows.get((kind, id))
+        if row is None:
+            return False
+        if expected_version is not None and row.resource_version != expected_version:
+            return ConflictError
+        del self.rows[kind, id]
+        return True
+
+    def restore(self, obj: StoredObject) -> object:
+        row = self.rows.get((obj.kind, obj.id))
+        if row is not None and row.resource_version >= obj.resource_version:
+            return False
+        if self._name_taken(obj.kind, obj.workspace, obj.name, by_other_than=obj.id):
+            return AlreadyExistsError
+        self.rows[obj.kind, obj.id] = obj
+        return True
+
+
+async def _outcome(call: Awaitable[object]) -> object:
+    try:
+        return await call
+    except (AlreadyExistsError, ConflictError) as exc:
+        return type(exc)
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_random_operations_agree_with_the_model(store: Store, seed: int) -> None:
+    """Seeded random sequences over a small space of kinds, ids, names and versions, so that
+    collisions, stale versions and re-creations are frequent; every outcome is compared."""
+    rng = random.Random(seed)
+    model = _Model()
+    kinds, ids, names, workspaces = ["a", "b"], ["1", "2", "3"], ["x", "y"], ["w", "v"]
+    for step in range(150):
+        kind, id_ = rng.choice(kinds), rng.choice(ids)
+        payload = f'{{"step":{step}}}'
+        op = rng.choice(["create", "create", "update", "update", "delete", "restore"])
+        if op == "create":
+            name, ws = rng.choice(names), rng.choice(workspaces)
+            got = await _outcome(store.create(kind=kind, id=id_, name=name, workspace=ws, payload=payload))
+            want = model.create(kind, id_, name, ws, payload)
+        elif op == "update":
+            version = rng.randint(1, 4)
+            got = await _outcome(store.update(kind=kind, id=id_, expected_version=version, payload=payload))
+            want = model.update(kind, id_, version, payload)
+        elif op == "delete":
+            expected = rng.choice([None, 1, 2, 3])
+            got = await _outcome(store.delete(kind, id_, expected))
+            want = model.delete(kind, id_, expected)
+        else:
+            obj = StoredObject(kind, id_, rng.choice(names), rng.choice(workspaces), rng.randint(1, 6), payload)
+            got = await _outcome(store.restore(obj))
+            want = model.restore(obj)
+        assert got == want, f"step {step}: {op} on {kind}/{id_}"
+    assert await store.dump() == sorted(model.rows.values(), key=lambda r: (r.kind, r.id))
+    for kind in kinds:
+        by_name = sorted((r for r in model.rows.values() if r.kind == kind), key=lambda r: (r.workspace, r.name))
+        assert await store.list(kind) == by_name
+        assert await store.list(kind, "w") == [r for r in by_name if r.workspace == "w"]
