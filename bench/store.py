@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.postgres import DevPostgres, start_dev_postgres  # noqa: E402
+from warmshell.core.config import StoreConfig  # noqa: E402
 from warmshell.core.errors import ConflictError  # noqa: E402
 from warmshell.gateway.store import postgres, sqlite  # noqa: E402
 from warmshell.gateway.store.base import Store  # noqa: E402
@@ -144,8 +145,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 return await sqlite.open_sqlite_store(Path(tmp) / "bench.db")
 
             async def open_postgres() -> Store:
-                settings = postgres.PostgresSettings(pool_max_size=16)
-                return await postgres.open_postgres_store(db_url, password=server.password, settings=settings)
+                settings = StoreConfig(pool_max_size=16)
+                return await postgres.open_postgres_store(db_url, password=server.password, config=settings)
 
             backends: dict[str, Opener] = {"sqlite": open_sqlite, "postgres": open_postgres}
             ops: dict[str, list[dict[str, Any]]] = {name: [] for name in backends}

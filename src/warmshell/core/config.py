@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from warmshell.core.errors import InvalidArgumentError
 
@@ -221,6 +221,14 @@ class StoreConfig(_Section):
         if value and not value.startswith(("sqlite:///", "postgresql://", "postgres://")):
             raise ValueError('must be empty (SQLite in the state directory), "sqlite:///PATH" or "postgresql://..."')
         return url
+
+    @model_validator(mode="after")
+    def _pool_bounds(self) -> StoreConfig:
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError(
+                f"pool_min_size ({self.pool_min_size}) must not exceed pool_max_size ({self.pool_max_size})"
+            )
+        return self
 
 
 class GatewayConfig(_Section):

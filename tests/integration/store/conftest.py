@@ -8,17 +8,28 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.postgres import DevPostgres, start_dev_postgres
+from warmshell.core.config import StoreConfig
 from warmshell.gateway.store import postgres, sqlite
 from warmshell.gateway.store.base import Store
 
 # Tests fail fast on a database that is down instead of waiting out the production start-up budget.
-SETTINGS = postgres.PostgresSettings(pool_max_size=8, connect_timeout_seconds=3.0, startup_timeout_seconds=5.0)
+SETTINGS = StoreConfig(pool_max_size=8, connect_timeout_seconds=3.0, startup_timeout_seconds=5.0)
 
 OpenStore = Callable[[], Awaitable[Store]]
 
 
 @pytest.fixture(scope="session")
 def dev_postgres() -> Iterator[DevPostgres]:
+    server = start_dev_postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[DevPostgres]:
+    """A server of this test's own, to stop and start under a client."""
     server = start_dev_postgres()
     try:
         yield server
@@ -52,7 +63,7 @@ async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
         url = await server.create_database()
 
         async def opener() -> Store:
-            opened.append(await postgres.open_postgres_store(url, password=server.password, settings=SETTINGS))
+            opened.append(await postgres.open_postgres_store(url, password=server.password, config=SETTINGS))
             return opened[-1]
 
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -14,20 +13,11 @@ import pytest
 
 from tests.helpers.cli import start_gateway, warmshell_env, warmshell_executable
 from tests.helpers.gateway import RunningGateway, running_gateway
-from tests.helpers.postgres import DevPostgres, start_dev_postgres
+from tests.helpers.postgres import DevPostgres
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.gateway.store import opening
 
 RECOVERY_TIMEOUT_SECONDS = 30.0
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[DevPostgres]:
-    server = start_dev_postgres()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _store_overrides(server: DevPostgres) -> dict[str, object]:

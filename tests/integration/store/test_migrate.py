@@ -39,7 +39,7 @@ async def test_copy_keeps_every_row_and_version_and_reruns_as_a_no_op(
     assert (again.total_written, again.unchanged) == (0, {"pool": 1, "sandbox": 2})
 
     source = await sqlite.open_sqlite_store(source_path)
-    target = await postgres.open_postgres_store(postgres_url, password=dev_postgres.password, settings=SETTINGS)
+    target = await postgres.open_postgres_store(postgres_url, password=dev_postgres.password, config=SETTINGS)
     try:
         assert await target.dump() == await source.dump()
         copied = await target.get("sandbox", "s2")

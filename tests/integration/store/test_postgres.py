@@ -4,15 +4,13 @@ an unreachable database in plain words, and recovery by itself when the database
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import socket
 import time
-from collections.abc import Iterator
 
 import asyncpg
 import pytest
 
-from tests.helpers.postgres import DevPostgres, start_dev_postgres
+from tests.helpers.postgres import DevPostgres
 from tests.integration.store.conftest import SETTINGS
 from warmshell.core.errors import FailedPreconditionError, UnavailableError
 from warmshell.gateway.store import postgres, schema
@@ -28,10 +26,7 @@ async def _applied_versions(url: str, password: str) -> list[int]:
 
 async def test_concurrent_starts_apply_each_migration_once(dev_postgres: DevPostgres, postgres_url: str) -> None:
     stores = await asyncio.gather(
-        *(
-            postgres.open_postgres_store(postgres_url, password=dev_postgres.password, settings=SETTINGS)
-            for _ in range(4)
-        )
+        *(postgres.open_postgres_store(postgres_url, password=dev_postgres.password, config=SETTINGS) for _ in range(4))
     )
     try:
         await stores[0].create(kind="sandbox", id="1", name="a", workspace="default", payload="{}")
@@ -60,7 +55,7 @@ async def test_the_advisory_lock_serialises_migrations(dev_postgres: DevPostgres
 
 
 async def test_a_schema_newer_than_this_gateway_is_refused(dev_postgres: DevPostgres, postgres_url: str) -> None:
-    store = await postgres.open_postgres_store(postgres_url, password=dev_postgres.password, settings=SETTINGS)
+    store = await postgres.open_postgres_store(postgres_url, password=dev_postgres.password, config=SETTINGS)
     await store.aclose()
     conn = await asyncpg.connect(postgres_url, password=dev_postgres.password)
     try:
@@ -68,7 +63,7 @@ async def test_a_schema_newer_than_this_gateway_is_refused(dev_postgres: DevPost
     finally:
         await conn.close()
     with pytest.raises(FailedPreconditionError, match=r"version 99, newer .* upgrade this gateway"):
-        await postgres.open_postgres_store(postgres_url, password=dev_postgres.password, settings=SETTINGS)
+        await postgres.open_postgres_store(postgres_url, password=dev_postgres.password, config=SETTINGS)
 
 
 def _closed_port() -> int:
@@ -79,10 +74,10 @@ def _closed_port() -> int:
 
 async def test_an_unreachable_database_at_start_is_named_and_retried_until_the_budget() -> None:
     url = f"postgresql://warmshell@127.0.0.1:{_closed_port()}/warmshell"
-    settings = dataclasses.replace(SETTINGS, startup_timeout_seconds=1.0)
+    settings = SETTINGS.model_copy(update={"startup_timeout_seconds": 1.0})
     started = time.monotonic()
     with pytest.raises(UnavailableError) as caught:
-        await postgres.open_postgres_store(url, password="hunter2-secret", settings=settings)
+        await postgres.open_postgres_store(url, password="hunter2-secret", config=settings)
     message = str(caught.value)
     assert "Postgres at 127.0.0.1:" in message
     assert "connection refused" in message
@@ -94,23 +89,13 @@ async def test_an_unreachable_database_at_start_is_named_and_retried_until_the_b
 async def test_wrong_password_fails_at_once_without_echoing_it(dev_postgres: DevPostgres) -> None:
     started = time.monotonic()
     with pytest.raises(FailedPreconditionError, match="refused this gateway") as caught:
-        await postgres.open_postgres_store(dev_postgres.url, password="not-the-password", settings=SETTINGS)
+        await postgres.open_postgres_store(dev_postgres.url, password="not-the-password", config=SETTINGS)
     assert "not-the-password" not in str(caught.value)
     assert time.monotonic() - started < SETTINGS.startup_timeout_seconds
 
 
-@pytest.fixture
-def own_postgres() -> Iterator[DevPostgres]:
-    """A server of this test's own, to stop and start under a client."""
-    server = start_dev_postgres()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 async def test_outage_is_unavailable_and_the_pool_recovers_by_itself(own_postgres: DevPostgres) -> None:
-    store = await postgres.open_postgres_store(own_postgres.url, password=own_postgres.password, settings=SETTINGS)
+    store = await postgres.open_postgres_store(own_postgres.url, password=own_postgres.password, config=SETTINGS)
     try:
         await store.create(kind="sandbox", id="1", name="a", workspace="default", payload="{}")
         own_postgres.stop(keep=True)

@@ -84,3 +84,8 @@ def test_a_schema_from_a_newer_gateway_is_refused() -> None:
 
 def test_shipped_migrations_are_numbered_from_one_without_gaps() -> None:
     assert [m.version for m in schema.MIGRATIONS] == list(range(1, len(schema.MIGRATIONS) + 1))
+
+
+def test_pool_bounds_are_checked_naming_both_fields() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"pool_min_size \(5\) must not exceed pool_max_size \(2\)"):
+        load_config(None, {"store.pool_min_size": 5, "store.pool_max_size": 2})

@@ -39,14 +39,7 @@ async def open_url(url: str, config: StoreConfig | None = None) -> Store:
             raise InvalidArgumentError("store url", "sqlite URLs name an absolute path: sqlite:///path/to/warmshell.db")
         return await sqlite.open_sqlite_store(Path(path))
     if url.startswith(("postgresql://", "postgres://")):
-        settings = postgres.PostgresSettings(
-            pool_min_size=config.pool_min_size,
-            pool_max_size=config.pool_max_size,
-            connect_timeout_seconds=config.connect_timeout_seconds,
-            statement_timeout_seconds=config.statement_timeout_seconds,
-            startup_timeout_seconds=config.startup_timeout_seconds,
-        )
-        return await postgres.open_postgres_store(url, password=await read_password(config), settings=settings)
+        return await postgres.open_postgres_store(url, password=await read_password(config), config=config)
     raise InvalidArgumentError("store url", 'must start with "sqlite:///" or "postgresql://"')
 
 

@@ -11,16 +11,16 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import asyncpg
 
+from warmshell.core.config import StoreConfig
 from warmshell.core.errors import AlreadyExistsError, ConflictError, FailedPreconditionError, UnavailableError
 from warmshell.gateway.store import schema
 from warmshell.gateway.store.base import StoredObject
 
-__all__ = ["PostgresSettings", "PostgresStore", "describe_url", "open_postgres_store"]
+__all__ = ["PostgresStore", "describe_url", "open_postgres_store"]
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +50,6 @@ _MISCONFIGURED: tuple[type[BaseException], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class PostgresSettings:
-    """Pool sizing and timeouts (from `[store]` in the gateway config)."""
-
-    pool_min_size: int = 1
-    pool_max_size: int = 10
-    connect_timeout_seconds: float = 5.0
-    statement_timeout_seconds: float = 10.0
-    startup_timeout_seconds: float = 30.0
-
-
 def describe_url(url: str) -> str:
     """host:port/database of a URL: what messages and logs may show (no user, no password)."""
     parts = urlsplit(url)
@@ -85,19 +74,19 @@ def _why(exc: BaseException, timeout: float) -> str:
 class PostgresStore:
     """`Store` on a Postgres database (schema from `schema.MIGRATIONS`)."""
 
-    def __init__(self, pool: asyncpg.Pool, *, where: str, settings: PostgresSettings) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, where: str, config: StoreConfig) -> None:
         self._pool = pool
         self._where = where
-        self._settings = settings
+        self._config = config
 
     def _unavailable(self, exc: BaseException) -> UnavailableError:
-        why = _why(exc, self._settings.statement_timeout_seconds)
+        why = _why(exc, self._config.statement_timeout_seconds)
         return UnavailableError(f"the store (Postgres at {self._where}) is unreachable: {why}")
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
         try:
-            async with self._pool.acquire(timeout=self._settings.connect_timeout_seconds) as conn:
+            async with self._pool.acquire(timeout=self._config.connect_timeout_seconds) as conn:
                 yield conn
         except _UNREACHABLE as exc:
             # Idle pooled connections to a database that went away are dead too: drop them all,
@@ -206,59 +195,57 @@ class PostgresStore:
     async def ping(self) -> None:
         """One round trip; UnavailableError when the database cannot be reached."""
         async with self._connection() as conn:
-            await conn.fetchval("SELECT 1", timeout=self._settings.connect_timeout_seconds)
+            await conn.fetchval("SELECT 1", timeout=self._config.connect_timeout_seconds)
 
     async def aclose(self) -> None:
         """Close every pooled connection (waiting at most the statement timeout for busy ones)."""
         try:
-            await asyncio.wait_for(self._pool.close(), self._settings.statement_timeout_seconds)
+            await asyncio.wait_for(self._pool.close(), self._config.statement_timeout_seconds)
         except TimeoutError:
             self._pool.terminate()
 
 
-async def open_postgres_store(url: str, *, password: str | None, settings: PostgresSettings) -> PostgresStore:
+async def open_postgres_store(url: str, *, password: str | None, config: StoreConfig) -> PostgresStore:
     """Connect a pool and apply pending schema migrations, retrying an unreachable database until
     `startup_timeout_seconds` have passed; wrong credentials or a missing database fail at once."""
     where = describe_url(url)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.startup_timeout_seconds
+    deadline = loop.time() + config.startup_timeout_seconds
     for attempt in itertools.count(1):
         try:
-            return await _connect_and_migrate(url, password=password, settings=settings, where=where)
+            return await _connect_and_migrate(url, password=password, config=config, where=where)
         except _MISCONFIGURED as exc:
             raise FailedPreconditionError(f"the store (Postgres at {where}) refused this gateway: {exc}") from exc
         except _UNREACHABLE as exc:
-            why = _why(exc, settings.connect_timeout_seconds)
+            why = _why(exc, config.connect_timeout_seconds)
             delay = _STARTUP_RETRY_DELAYS[min(attempt, len(_STARTUP_RETRY_DELAYS)) - 1]
             if loop.time() + delay > deadline:
                 raise UnavailableError(
                     f"the store (Postgres at {where}) is unreachable: {why}"
-                    f" (gave up after {attempt} attempts in {settings.startup_timeout_seconds:g}s)"
+                    f" (gave up after {attempt} attempts in {config.startup_timeout_seconds:g}s)"
                 ) from exc
             log.warning("store at %s unreachable (attempt %d): %s; retrying in %gs", where, attempt, why, delay)
             await asyncio.sleep(delay)
     raise AssertionError("itertools.count does not end")
 
 
-async def _connect_and_migrate(
-    url: str, *, password: str | None, settings: PostgresSettings, where: str
-) -> PostgresStore:
+async def _connect_and_migrate(url: str, *, password: str | None, config: StoreConfig, where: str) -> PostgresStore:
     pool = await asyncpg.create_pool(
         url,
         password=password,
-        min_size=settings.pool_min_size,
-        max_size=settings.pool_max_size,
-        timeout=settings.connect_timeout_seconds,
-        command_timeout=settings.statement_timeout_seconds,
+        min_size=config.pool_min_size,
+        max_size=config.pool_max_size,
+        timeout=config.connect_timeout_seconds,
+        command_timeout=config.statement_timeout_seconds,
         # A connection idle this long is closed, so a pool does not sit on stale sockets for hours.
         max_inactive_connection_lifetime=60.0,
     )
     try:
-        async with pool.acquire(timeout=settings.connect_timeout_seconds) as conn:
+        async with pool.acquire(timeout=config.connect_timeout_seconds) as conn:
             applied = await schema.apply_migrations(conn)
     except BaseException:
         pool.terminate()
         raise
     if applied:
         log.info("store at %s: applied schema migrations %s", where, applied)
-    return PostgresStore(pool, where=where, settings=settings)
+    return PostgresStore(pool, where=where, config=config)
