@@ -31,7 +31,7 @@ from warm_path import timed_create, wait_idle, write_profile
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers.postgres import DevPostgres, start_dev_postgres  # noqa: E402
+from tests.helpers.postgres import dev_postgres_server  # noqa: E402
 from warmshell.core.config import StoreConfig  # noqa: E402
 from warmshell.core.errors import ConflictError  # noqa: E402
 from warmshell.gateway.store import postgres, sqlite  # noqa: E402
@@ -136,8 +136,7 @@ async def gateway_creates(config_text: str, *, warm: int, cold: int) -> dict[str
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    server: DevPostgres = start_dev_postgres()
-    try:
+    with dev_postgres_server() as server:
         with tempfile.TemporaryDirectory(prefix="ws-store-bench-") as tmp:
             db_url = await server.create_database()
 
@@ -161,8 +160,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             pg_config = f'[store]\nurl = "{pg_url}"\npassword_file = "{server.password_file}"\n'
             for name, text in (("sqlite", ""), ("postgres", pg_config)):
                 gateways[name] = await gateway_creates(text, warm=args.warm, cold=args.cold)
-    finally:
-        server.stop()
     return {"store_ops": ops, "gateway": gateways}
 
 

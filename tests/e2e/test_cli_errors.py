@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,3 +136,13 @@ def test_an_oversized_request_exits_5(gateway: CliGateway) -> None:
     ran = gateway.run("sandbox", "create", *flags)
     assert ran.returncode == 5, ran.stderr
     assert ran.stderr.startswith("error: ")
+
+
+def test_the_console_script_runs_the_supervisor_as_pods_do(tmp_path: Path) -> None:
+    # Pods run `warmshell supervisor` through the image's ENTRYPOINT, the console script.
+    env = warmshell_env(tmp_path)
+    ran = subprocess.run(
+        [warmshell_executable(), "supervisor"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert ran.returncode != 0
+    assert "supervisor ERROR cannot start: WARMSHELL_GATEWAY is not set" in ran.stderr

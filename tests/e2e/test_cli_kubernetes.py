@@ -237,3 +237,39 @@ def _processes_mentioning(marker: str, timeout: float) -> list[str]:
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
+
+
+TYPO_PROFILE = """\
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: warm-pool-typo
+  labels:
+    warmshell.dev/warm-pool-profile: "true"
+data:
+  warm-pool.toml: |
+    version = 1
+    workspace = "default"
+    replicsa = 2
+"""
+
+
+def test_pool_list_shows_an_invalid_profile_configmap(gateway: CliGateway, kubectl: Kubectl, tmp_path: Path) -> None:
+    manifest = tmp_path / "typo.yaml"
+    manifest.write_text(TYPO_PROFILE)
+    kubectl("apply", "--validate=false", "-n", NAMESPACE, "-f", str(manifest))
+    deadline = time.monotonic() + POOLS_READY_TIMEOUT_SECONDS
+    while True:
+        listed = gateway.run("pool", "list", "-o", "json")
+        assert listed.returncode == 0, listed.stderr
+        typo = [p for p in json.loads(listed.stdout)["pools"] if p["name"] == "warm-pool-typo"]
+        if typo:
+            break
+        assert time.monotonic() < deadline, f"the invalid profile never showed in pool list:\n{gateway.log()}"
+        time.sleep(0.2)
+    [condition] = typo[0]["conditions"]
+    assert (condition["type"], condition["status"], condition["reason"]) == ("ProfileValid", "False", "InvalidProfile")
+    assert condition["message"].startswith(f"configmap {NAMESPACE}/warm-pool-typo:3: replicsa: unknown key")
+    assert typo[0]["source"] == f"configmap {NAMESPACE}/warm-pool-typo"
+    human = gateway.run("pool", "list")
+    assert f"warm-pool-typo: InvalidProfile: configmap {NAMESPACE}/warm-pool-typo:3: replicsa" in human.stdout

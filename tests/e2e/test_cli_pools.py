@@ -84,3 +84,36 @@ def test_a_matching_create_is_served_warm_and_counted(gateway: CliGateway) -> No
     assert len(cells[2]) == 12
     assert cells[4:7] == ["1", "0", "100.0%"]  # one hit; the miss matched no pool at all
     assert "NoMatch 1" in rest[-1]
+
+
+def test_pool_list_shows_invalid_and_shape_sharing_profiles(tmp_path: Path) -> None:
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    (pools / "env.toml").write_text(PROFILE)
+    (pools / "twin.toml").write_text(PROFILE.replace("replicas = 2", "replicas = 1"))  # same shape
+    (pools / "typo.toml").write_text('version = 1\nworkspace = "default"\nreplicsa = 2\n')
+    running = start_gateway(tmp_path / "state", "--pools", str(pools))
+    try:
+        deadline = time.monotonic() + POOL_FILL_TIMEOUT_SECONDS
+        while {p["name"] for p in _pools(running)["pools"]} != {"env", "twin", "typo"}:
+            assert time.monotonic() < deadline, running.log()
+        by_name = {p["name"]: p for p in _pools(running)["pools"]}
+        typo = by_name["typo"]["conditions"]
+        assert [(c["type"], c["status"], c["reason"]) for c in typo] == [("ProfileValid", "False", "InvalidProfile")]
+        assert typo[0]["message"] == f"{pools / 'typo.toml'}:3: replicsa: " + typo[0]["message"].split(": ", 2)[2]
+        assert "unknown key" in typo[0]["message"]
+        for name, other in (("env", "twin"), ("twin", "env")):
+            [shared] = by_name[name]["conditions"]
+            assert (shared["type"], shared["reason"]) == ("Unambiguous", "SharedShape")
+            assert f"as {other}:" in shared["message"]
+
+        human = running.run("pool", "list")
+        assert human.returncode == 0, human.stderr
+        assert f"typo: InvalidProfile: {pools / 'typo.toml'}:3: replicsa: unknown key" in human.stdout
+        assert "twin: SharedShape: same shape" in human.stdout
+        assert "Ambiguous" in human.stdout
+    finally:
+        assert running.stop() == 0, running.log()
+    log = running.log()
+    assert "warm pool env: same shape" in log  # flagged when loaded, not only when listed
+    assert "warm pool typo: invalid profile" in log

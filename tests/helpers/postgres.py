@@ -7,12 +7,14 @@ import secrets
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 
-__all__ = ["DevPostgres", "start_dev_postgres"]
+__all__ = ["DevPostgres", "dev_postgres_server"]
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "dev-postgres"
 TIMEOUT_SECONDS = 120.0
@@ -69,9 +71,13 @@ class DevPostgres:
             await conn.close()
 
 
-def start_dev_postgres() -> DevPostgres:
-    """Start a server in a new directory under the system temp dir (which the unprivileged server
-    user can traverse; pytest's own temp dirs are owner-only)."""
+@contextmanager
+def dev_postgres_server() -> Iterator[DevPostgres]:
+    """A server in a new directory under the system temp dir (which the unprivileged server user
+    can traverse; pytest's own temp dirs are owner-only), stopped and removed afterwards."""
     base = Path(tempfile.mkdtemp(prefix="warmshell-test-postgres-"))
     url = _run("start", "--dir", str(base)).strip().splitlines()[0]
-    return DevPostgres(base=base, url=url)
+    try:
+        yield DevPostgres(base=base, url=url)
+    finally:
+        _run("stop", "--dir", str(base))

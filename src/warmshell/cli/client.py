@@ -2,27 +2,25 @@
 means to a script (the single map from gRPC status codes to exit codes).
 
 Commands open a `Connection` with `connect()`, call the stub, and return an exit code from an
-async function that `run()` drives; every failure surfaces as a `CliError`.
+async function that `run()` drives; every failure surfaces as a `CliError`. This is the whole
+client layer of the CLI, kept small: the CLI moves onto the SDK (`warmshell.sdk`) once that lands.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
-import typer
 from grpc import aio
 
 from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.cli.errors import CliError, ExitCode
+from warmshell.cli.errors import CliError, ExitCode, report
 from warmshell.cli.options import GlobalOptions
-from warmshell.core import config
+from warmshell.core import paths
 
 if TYPE_CHECKING:
     from warmshell.api.v1.sandbox_pb2_grpc import SandboxServiceAsyncStub
@@ -33,7 +31,6 @@ __all__ = [
     "Connection",
     "connect",
     "error_from_rpc",
-    "report",
     "resolve_address",
     "resolve_token",
     "run",
@@ -71,8 +68,7 @@ _TOKEN_HINT = (
 )
 
 
-@dataclass(frozen=True)
-class Connection:
+class Connection(NamedTuple):
     """An open channel's stub plus the call metadata that authenticates us."""
 
     stub: SandboxServiceAsyncStub
@@ -81,7 +77,7 @@ class Connection:
 
 
 def _state_dir(options: GlobalOptions) -> Path:
-    return options.state_dir if options.state_dir is not None else config.default_state_dir()
+    return options.state_dir if options.state_dir is not None else paths.default_state_dir()
 
 
 def resolve_address(options: GlobalOptions) -> str:
@@ -91,14 +87,14 @@ def resolve_address(options: GlobalOptions) -> str:
         if options.gateway.startswith("/"):
             return f"unix://{options.gateway}"
         return options.gateway
-    return f"unix://{config.StatePaths(_state_dir(options)).socket}"
+    return f"unix://{paths.StatePaths(_state_dir(options)).socket}"
 
 
 def resolve_token(options: GlobalOptions) -> str | None:
     """`--token`, else the state directory's token file, else none (the gateway will refuse)."""
     if options.token:
         return options.token
-    path = config.StatePaths(_state_dir(options)).api_token
+    path = paths.StatePaths(_state_dir(options)).api_token
     try:
         return path.read_text().strip() or None
     except FileNotFoundError:
@@ -150,20 +146,12 @@ async def connect(options: GlobalOptions) -> AsyncIterator[Connection]:
             raise error_from_rpc(exc, address=address) from None
 
 
-def report(error: CliError) -> None:
-    """`error: <message>` on stderr (plain text: gateway messages are not rich markup)."""
-    print(f"error: {error.message}", file=sys.stderr)
-    if error.hint:
-        print(f"hint: {error.hint}", file=sys.stderr)
-
-
-def run(main: Coroutine[Any, Any, int]) -> NoReturn:
-    """Run a command's coroutine and exit with its code, or with the code of its failure."""
+def run(main: Coroutine[Any, Any, int]) -> int:
+    """Run a command's coroutine; its exit code, or that of its failure (reported on stderr)."""
     try:
-        code = asyncio.run(main)
+        return asyncio.run(main)
     except CliError as exc:
         report(exc)
-        raise typer.Exit(int(exc.code)) from None
+        return int(exc.code)
     except KeyboardInterrupt:
-        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-    raise typer.Exit(code)
+        return int(ExitCode.INTERRUPTED)

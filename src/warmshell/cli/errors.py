@@ -6,9 +6,10 @@ from gRPC status codes to these exit codes lives in `warmshell.cli.client`.
 
 from __future__ import annotations
 
+import sys
 from enum import IntEnum
 
-__all__ = ["EXIT_CODE_HELP", "CliError", "ExitCode", "exit_code_for"]
+__all__ = ["EXIT_CODE_HELP", "CliError", "ExitCode", "exit_code_for", "report"]
 
 
 class ExitCode(IntEnum):
@@ -65,3 +66,10 @@ def exit_code_for(error: Exception) -> ExitCode:
         if isinstance(error, kind):
             return code
     return ExitCode.FAILURE
+
+
+def report(error: CliError) -> None:
+    """`error: <message>` on stderr (plain text: gateway messages are not markup), then the hint."""
+    print(f"error: {error.message}", file=sys.stderr)
+    if error.hint:
+        print(f"hint: {error.hint}", file=sys.stderr)

@@ -17,42 +17,106 @@ Exit codes scripts can rely on (warmshell.cli.errors.ExitCode):
     130  interrupted (Ctrl-C)
 
 A command's own exit code can collide with these; `-o json` shows which it was.
+
+Every call starts a new interpreter, so start-up is part of every command's latency: this module
+imports only argparse and the command modules' parsers; grpc, protobuf and the renderers are
+imported by the command that runs (bench/cli_latency.py measures it).
 """
 
 from __future__ import annotations
 
-import typer
+import argparse
+import sys
+from collections.abc import Sequence
 
+import warmshell
 from warmshell.cli import gateway, pool, sandbox, store
-from warmshell.cli.errors import EXIT_CODE_HELP
-from warmshell.cli.options import Gateway, GlobalOptions, StateDir, Token
+from warmshell.cli.errors import EXIT_CODE_HELP, CliError, report
+from warmshell.cli.options import Parser, add_connection_options, usage_error
 
-__all__ = ["app", "main"]
-
-app = typer.Typer(
-    name="warmshell",
-    help="warmshell: sandboxes for AI agents, served from warm pools.",
-    epilog=EXIT_CODE_HELP,
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_show_locals=False,
-)
-app.add_typer(gateway.app, name="gateway")
-app.add_typer(sandbox.app, name="sandbox")
-app.add_typer(pool.app, name="pool")
-app.add_typer(store.app, name="store")
+__all__ = ["build_parser", "main", "run"]
 
 
-@app.callback()
-def _root(
-    ctx: typer.Context,
-    state_dir: StateDir = None,
-    gateway_address: Gateway = None,
-    token: Token = None,
-) -> None:
-    ctx.obj = GlobalOptions(state_dir=state_dir, gateway=gateway_address, token=token)
+# Root flags that take a value: the word after one is not a command name.
+_ROOT_VALUE_FLAGS = frozenset({"--state-dir", "--gateway", "--token"})
+_GROUPS = {
+    "gateway": gateway.register,
+    "sandbox": sandbox.register,
+    "pool": pool.register,
+    "store": store.register,
+}
+
+
+def _chosen(flags: Sequence[str]) -> tuple[str | None, str | None]:
+    """The group and subcommand names this invocation runs (`sandbox`, `list`), if given."""
+    words: list[str] = []
+    skip = False
+    for word in flags:
+        if skip:
+            skip = False
+        elif word in _ROOT_VALUE_FLAGS:
+            skip = True
+        elif not word.startswith("-"):
+            words.append(word)
+            if len(words) == 2:
+                break
+    return (words[0] if words else None), (words[1] if len(words) > 1 else None)
+
+
+def build_parser(flags: Sequence[str] = ()) -> Parser:
+    """The command tree; only the subcommand `flags` name gets its own flags (see Subcommands)."""
+    parser = Parser(
+        prog="warmshell",
+        description="warmshell: sandboxes for AI agents, served from warm pools.",
+        epilog=EXIT_CODE_HELP,
+    )
+    parser.add_argument("--version", action="version", version=f"warmshell {warmshell.__version__}")
+    add_connection_options(parser, root=True)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    group, subcommand = _chosen(flags)
+    for name, register in _GROUPS.items():
+        register(commands, chosen=subcommand if name == group else None)
+    return parser
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    # Everything after the first `--` is a sandbox's command, verbatim: flags there belong to it.
+    if "--" in argv:
+        at = argv.index("--")
+        return argv[:at], argv[at + 1 :]
+    return argv, None
+
+
+def run(argv: Sequence[str]) -> int:
+    """Parse `argv` (without the program name), run the command, return its exit code."""
+    flags, command = _split_command(list(argv))
+    parser = build_parser(flags)
+    try:
+        args = parser.parse_args(flags)
+        handler = getattr(args, "handler", None)
+        if handler is None:
+            # `warmshell` or `warmshell sandbox` alone: show what there is to run.
+            helper: argparse.ArgumentParser = getattr(args, "help_parser", parser)
+            helper.print_help()
+            return 2
+        accepts_command = getattr(args, "accepts_command", False)
+        if command is not None and not accepts_command:
+            raise usage_error(f"{args.command_name} takes no command after `--`")
+        args.command = command
+        code: int = handler(args)
+        return code
+    except CliError as exc:
+        report(exc)
+        return int(exc.code)
 
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    argv = sys.argv[1:]
+    if argv[:1] == ["supervisor"]:
+        # A Kubernetes pod's entry point is `warmshell supervisor` (the image's ENTRYPOINT is this
+        # script): hand over before the CLI is parsed, as `python -m warmshell supervisor` does.
+        from warmshell.supervisor.main import main as supervisor_main
+
+        sys.exit(supervisor_main(argv[1:]))
+    sys.exit(run(argv))

@@ -1,117 +1,206 @@
-"""Options shared by every command (where the gateway is, how to print) and local flag parsing.
+"""Flags shared by every command (where the gateway is, how to print) and local flag parsing.
 
-Only syntax is checked here (`K=V`); the rules for names, keys and values belong to the gateway,
-which names the field and the rule when it refuses a request.
+The command line is built on argparse: it costs a few milliseconds to import where a
+decorator-based framework cost a hundred, and scripts and agents pay that on every call. Only
+syntax is checked here (`K=V`, numbers); the rules for names, keys and values belong to the
+gateway, which names the field and the rule when it refuses a request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import StrEnum
+import argparse
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
-import typer
+from warmshell.cli.errors import CliError, ExitCode
 
 __all__ = [
-    "Gateway",
+    "OUTPUT_FORMATS",
     "GlobalOptions",
-    "Output",
-    "OutputFormat",
-    "StateDir",
-    "Token",
-    "Workspace",
+    "Parser",
+    "Subcommands",
+    "add_connection_options",
+    "add_output_option",
+    "add_workspace_option",
+    "bounded_float",
+    "bounded_int",
     "global_options",
     "parse_pairs",
+    "usage_error",
 ]
 
+OUTPUT_FORMATS = ("human", "json")
 
-class OutputFormat(StrEnum):
-    """`human` for people (rich tables, live status), `json` for scripts."""
-
-    HUMAN = "human"
-    JSON = "json"
-
-
-Output = Annotated[
-    OutputFormat,
-    typer.Option(
-        "--output",
-        "-o",
-        envvar="WARMSHELL_OUTPUT",
-        case_sensitive=False,
-        help="Output format: human or json.",
-    ),
-]
-
-Workspace = Annotated[
-    str,
-    typer.Option(
-        "--workspace",
-        "-w",
-        envvar="WARMSHELL_WORKSPACE",
-        help="Workspace of the sandbox (empty: the gateway's default, `default`).",
-    ),
-]
+# One hint for every stray word: it is almost always a value given to a flag that takes none
+# (`--detach true`) or a command written without `--`.
+_STRAY_HINT = "flags such as --detach take no value; the command to run goes after `--` (e.g. `-- true`)"
 
 
-_PANEL = "Gateway connection"
-
-StateDir = Annotated[
-    Path | None,
-    typer.Option(
-        envvar="WARMSHELL_STATE_DIR",
-        help="Gateway state directory (default: $XDG_STATE_HOME/warmshell).",
-        rich_help_panel=_PANEL,
-    ),
-]
-
-Gateway = Annotated[
-    str | None,
-    typer.Option(
-        "--gateway",
-        envvar="WARMSHELL_GATEWAY",
-        metavar="ADDR",
-        help="unix:///path or host:port (default: the state directory's socket).",
-        rich_help_panel=_PANEL,
-    ),
-]
-
-Token = Annotated[
-    str | None,
-    typer.Option(
-        envvar="WARMSHELL_API_TOKEN",
-        help="API token (default: read from <state dir>/api-token).",
-        rich_help_panel=_PANEL,
-    ),
-]
+def usage_error(message: str) -> CliError:
+    """A usage error (exit 2) with `message`."""
+    return CliError(message, ExitCode.USAGE)
 
 
-@dataclass(frozen=True)
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are `CliError`s (exit 2, `error: ...` like every other
+    failure) rather than a usage dump and a bare exit."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        hint = f"{_STRAY_HINT}; see `{self.prog} --help`"
+        if not message.startswith("unrecognized arguments"):
+            hint = f"see `{self.prog} --help`"
+        raise CliError(f"{self.prog}: {message}", ExitCode.USAGE, hint=hint)
+
+
+class Subcommands:
+    """A group's subcommands (`sandbox create`, `sandbox list`, ...), of which only the one this
+    invocation runs gets its flags: building every parser on every call costs more than running
+    the command's argument parsing. The others are named with their summary, for `--help`."""
+
+    def __init__(self, commands: Any, name: str, summary: str, *, chosen: str | None) -> None:
+        self.group: Parser = commands.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}.")
+        self.group.set_defaults(help_parser=self.group)
+        self._sub = self.group.add_subparsers(title="commands", metavar="COMMAND")
+        self._name = name
+        self._chosen = chosen
+
+    def add(
+        self, name: str, handler: Callable[[argparse.Namespace], int], description: str, **kw: Any
+    ) -> Parser | None:
+        """The parser of subcommand `name` when it is the one chosen (add its flags), else None."""
+        summary = description.split(". ", 1)[0].split("; ", 1)[0].rstrip(".")
+        if name != self._chosen:
+            self._sub.add_parser(name, help=f"{summary[0].lower()}{summary[1:]}")
+            return None
+        parser: Parser = self._sub.add_parser(name, help=summary, description=description, **kw)
+        parser.set_defaults(handler=handler, command_name=f"{self._name} {name}")
+        return parser
+
+
 class GlobalOptions:
-    """Where to reach the gateway; set by the root callback, read by every command."""
+    """Where to reach the gateway; read by every command that talks to one."""
 
-    state_dir: Path | None = None
-    gateway: str | None = None
-    token: str | None = None
+    __slots__ = ("gateway", "state_dir", "token")
+
+    def __init__(self, state_dir: Path | None = None, gateway: str | None = None, token: str | None = None) -> None:
+        self.state_dir = state_dir
+        self.gateway = gateway
+        self.token = token
 
 
-def global_options(
-    ctx: typer.Context,
-    *,
-    state_dir: Path | None = None,
-    gateway: str | None = None,
-    token: str | None = None,
-) -> GlobalOptions:
-    """The connection options of this invocation: those given after the command win over those
-    given before it (`warmshell --gateway A sandbox list --gateway B` talks to B)."""
-    root = ctx.find_object(GlobalOptions) or GlobalOptions()
-    return GlobalOptions(
-        state_dir=state_dir if state_dir is not None else root.state_dir,
-        gateway=gateway if gateway is not None else root.gateway,
-        token=token if token is not None else root.token,
+def add_connection_options(parser: argparse.ArgumentParser, *, root: bool = False) -> None:
+    """--state-dir, --gateway and --token. The root parser's land in `root_*` so that the same
+    flag given after the command wins (`warmshell --gateway A sandbox list --gateway B` uses B)."""
+    prefix = "root_" if root else ""
+    group = parser.add_argument_group("gateway connection")
+    group.add_argument(
+        "--state-dir",
+        dest=f"{prefix}state_dir",
+        type=Path,
+        metavar="DIR",
+        help="gateway state directory (env WARMSHELL_STATE_DIR; default $XDG_STATE_HOME/warmshell)",
     )
+    group.add_argument(
+        "--gateway",
+        dest=f"{prefix}gateway",
+        metavar="ADDR",
+        help="unix:///path, /path or host:port (env WARMSHELL_GATEWAY; default: the state directory's socket)",
+    )
+    group.add_argument(
+        "--token",
+        dest=f"{prefix}token",
+        metavar="TOKEN",
+        help="API token (env WARMSHELL_API_TOKEN; default: read from <state dir>/api-token)",
+    )
+
+
+def add_output_option(parser: argparse.ArgumentParser) -> None:
+    """-o/--output human|json (env WARMSHELL_OUTPUT)."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=str.lower,
+        choices=OUTPUT_FORMATS,
+        default=None,
+        help="output format: human (default) or json (env WARMSHELL_OUTPUT)",
+    )
+
+
+def add_workspace_option(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """-w/--workspace (env WARMSHELL_WORKSPACE); `what` says whose workspace it is."""
+    parser.add_argument(
+        "-w",
+        "--workspace",
+        default=None,
+        metavar="NAME",
+        help=f"workspace of the {what} (env WARMSHELL_WORKSPACE; default: the gateway's, `default`)",
+    )
+
+
+def workspace(args: argparse.Namespace) -> str:
+    """The workspace flag, else $WARMSHELL_WORKSPACE, else "" (the gateway's default)."""
+    value: str | None = args.workspace
+    return value if value is not None else os.environ.get("WARMSHELL_WORKSPACE", "")
+
+
+def output_is_json(args: argparse.Namespace) -> bool:
+    """Whether -o json (or WARMSHELL_OUTPUT=json) was asked for."""
+    value: str | None = args.output
+    if value is None:
+        value = os.environ.get("WARMSHELL_OUTPUT", "human").lower()
+        if value not in OUTPUT_FORMATS:
+            raise usage_error(f"WARMSHELL_OUTPUT={value!r}: must be one of {', '.join(OUTPUT_FORMATS)}")
+    return value == "json"
+
+
+def global_options(args: argparse.Namespace) -> GlobalOptions:
+    """The connection options of this invocation: the command's flags, then the root's, then
+    the environment (the state directory's own default is resolved by the client)."""
+
+    def pick(name: str, env: str) -> str | None:
+        value = getattr(args, name, None)
+        if value is None:
+            value = getattr(args, f"root_{name}", None)
+        return value if value is not None else os.environ.get(env) or None
+
+    state_dir = getattr(args, "state_dir", None) or getattr(args, "root_state_dir", None)
+    return GlobalOptions(
+        state_dir=state_dir,
+        gateway=pick("gateway", "WARMSHELL_GATEWAY"),
+        token=pick("token", "WARMSHELL_API_TOKEN"),
+    )
+
+
+def bounded_float(minimum: float) -> Callable[[str], float]:
+    """An argparse type: a float no smaller than `minimum`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value >= minimum:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"{text} is less than {minimum:g}")
+        return value
+
+    return parse
+
+
+def bounded_int(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [minimum, maximum]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{value} is not in {minimum}..{maximum}")
+        return value
+
+    return parse
 
 
 def parse_pairs(values: Sequence[str], *, flag: str) -> dict[str, str]:
@@ -123,8 +212,8 @@ def parse_pairs(values: Sequence[str], *, flag: str) -> dict[str, str]:
     for raw in values:
         key, sep, value = raw.partition("=")
         if not sep or not key:
-            raise typer.BadParameter(f"{raw!r} is not of the form KEY=VALUE", param_hint=flag)
+            raise usage_error(f"{flag}: {raw!r} is not of the form KEY=VALUE")
         if key in pairs:
-            raise typer.BadParameter(f"{key!r} is given more than once", param_hint=flag)
+            raise usage_error(f"{flag}: {key!r} is given more than once")
         pairs[key] = value
     return pairs

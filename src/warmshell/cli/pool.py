@@ -1,52 +1,52 @@
-"""`warmshell pool list`: the warm pools the gateway keeps, with their hit rates."""
+"""`warmshell pool list`: the warm pools the gateway keeps, with their hit rates and problems."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
+import argparse
+from typing import Any
 
 from warmshell.cli.options import (
-    Gateway,
-    Output,
-    OutputFormat,
-    StateDir,
-    Token,
-    Workspace,
+    Subcommands,
+    add_connection_options,
+    add_output_option,
+    add_workspace_option,
     global_options,
+    output_is_json,
+    workspace,
 )
 
-__all__ = ["app"]
-
-app = typer.Typer(help="Inspect warm pools.", no_args_is_help=True)
+__all__ = ["register"]
 
 
-@app.command("list")
-def list_(
-    ctx: typer.Context,
-    workspace: Workspace = "",
-    all_workspaces: Annotated[bool, typer.Option("--all-workspaces", "-A", help="List every workspace.")] = False,
-    output: Output = OutputFormat.HUMAN,
-    state_dir: StateDir = None,
-    gateway: Gateway = None,
-    token: Token = None,
-) -> None:
-    """List warm pools: fingerprint, desired/ready/idle members, hits, misses and hit rate."""
+def register(commands: Any, *, chosen: str | None) -> None:
+    """Add `pool` to the root parser's subcommands, with the flags of the `chosen` one."""
+    sub = Subcommands(commands, "pool", "inspect warm pools", chosen=chosen)
+    listing = sub.add(
+        "list",
+        _list,
+        "List warm pools: fingerprint, desired/ready/idle members, hits, misses, hit rate, and the "
+        "problems of invalid profiles and of pools that can never serve.",
+    )
+    if listing is not None:
+        add_workspace_option(listing, what="pools to list")
+        listing.add_argument("-A", "--all-workspaces", action="store_true", help="list every workspace")
+        add_output_option(listing)
+        add_connection_options(listing)
+
+
+def _list(args: argparse.Namespace) -> int:
     from warmshell.api.v1 import sandbox_pb2
     from warmshell.cli import client
 
-    options = global_options(ctx, state_dir=state_dir, gateway=gateway, token=token)
-    request = sandbox_pb2.ListPoolsRequest(workspace=workspace, all_workspaces=all_workspaces)
+    request = sandbox_pb2.ListPoolsRequest(workspace=workspace(args), all_workspaces=args.all_workspaces)
+    as_json = output_is_json(args)
 
     async def body() -> int:
         from warmshell.cli import render
 
-        async with client.connect(options) as conn:
+        async with client.connect(global_options(args)) as conn:
             response = await conn.stub.ListPools(request, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
-        if output is OutputFormat.JSON:
-            print(render.to_json(response))
-        else:
-            render.show(render.pools_view(response))
+        print(render.to_json(response) if as_json else render.pools_view(response))
         return 0
 
-    client.run(body())
+    return client.run(body())

@@ -1,20 +1,19 @@
-"""Rendering of gateway messages for people (rich renderables, plain lines) and for scripts
-(JSON). The views are pure, so each is unit-tested by printing into a string; only
-`make_console` and `show` touch the process's streams.
+"""Rendering of gateway messages for people (aligned plain-text tables and lines) and for scripts
+(JSON). The views are pure functions returning text, so each is unit-tested as a string.
+
+Plain text rather than a rich console: a table is a few lines of alignment, and importing a
+terminal toolkit cost more than the rest of a `sandbox list`. protobuf's JSON support is imported
+only by the JSON path.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from google.protobuf import json_format
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
-from rich.text import Text
+# Loaded with the generated messages every command imports anyway (json_format is not).
+from google.protobuf.descriptor import FieldDescriptor
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -23,19 +22,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TIMELINE_STEPS",
+    "clock",
     "condition_lines",
     "create_summary",
     "format_age",
     "format_ms",
     "hit_rate",
-    "make_console",
     "phase_line",
     "phase_name",
     "pools_view",
     "progress_line",
     "sandbox_details",
     "sandbox_table",
-    "show",
+    "table",
     "time_to_ready_ms",
     "timeline_offsets",
     "to_dict",
@@ -57,15 +56,6 @@ TIMELINE_STEPS: tuple[tuple[str, str], ...] = (
 )
 
 
-def make_console(*, stderr: bool = False) -> Console:
-    """A console on stdout/stderr; very wide when piped, so a table row stays on one line."""
-    stream = sys.stderr if stderr else sys.stdout
-    console = Console(file=stream, stderr=stderr, highlight=False, soft_wrap=False)
-    if not console.is_terminal:
-        console = Console(file=stream, stderr=stderr, highlight=False, width=4096)
-    return console
-
-
 def _with_every_submessage(message: Message) -> Message:
     """A copy with every singular sub-message present (a oneof keeps its one member), so that
     an unset `spec` or `timeline` still shows up as an object of defaults."""
@@ -77,40 +67,92 @@ def _with_every_submessage(message: Message) -> Message:
 
 def _fill(message: Message) -> None:
     for field in message.DESCRIPTOR.fields:
-        # Repeated fields and maps already print as [] / {}; filling a oneof member would
-        # change which member is set.
-        if field.message_type is None or field.is_repeated or field.containing_oneof is not None:
+        # Filling a oneof member would change which member is set; maps of messages we have none.
+        if field.message_type is None or field.containing_oneof is not None:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            continue
+        if field.is_repeated:
+            for item in getattr(message, field.name):  # each pool, condition... has every field too
+                _fill(item)
             continue
         child = getattr(message, field.name)
         child.SetInParent()
         _fill(child)
 
 
-def show(renderable: RenderableType, console: Console | None = None) -> None:
-    """Print a view on stdout; when piped, without the padding rich leaves after the last
-    column, so `grep 'name$'` and friends work on tables."""
-    console = console or make_console()
-    if console.is_terminal:
-        console.print(renderable)
-        return
-    with console.capture() as captured:
-        console.print(renderable)
-    console.file.write("".join(f"{line.rstrip()}\n" for line in captured.get().splitlines()))
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, right: frozenset[int] = frozenset()) -> str:
+    """Columns two spaces apart, left-aligned (right-aligned for the indexes in `right`), with no
+    padding after the last column, so `grep 'name$'` and `awk` work on the output."""
+    grid = [list(headers), *(list(row) for row in rows)]
+    widths = [max(len(line[i]) for line in grid) for i in range(len(headers))]
+    lines = []
+    for line in grid:
+        cells = [
+            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
 
 
 def to_dict(message: Message) -> dict[str, object]:
     """The proto3 JSON mapping with field names as in the .proto and every field present, so the
     shape scripts see does not depend on which values happen to be set. (A proto3 `optional`
-    scalar such as `exit_code` stays absent until it is set: absence is its meaning.)"""
-    return json_format.MessageToDict(
+    scalar such as `exit_code` stays absent until it is set: absence is its meaning.)
+
+    One departure from that mapping: 64-bit integers are JSON numbers, not strings, so that every
+    number a script reads is a number (`"hits": 3` beside `"idle": 2`); ours never come near 2^53.
+    """
+    from google.protobuf import json_format
+
+    document = json_format.MessageToDict(
         _with_every_submessage(message),
         always_print_fields_with_no_presence=True,
         preserving_proto_field_name=True,
     )
+    _int64_as_numbers(message.DESCRIPTOR, document)
+    return document
+
+
+# The field types the proto3 JSON mapping prints as strings.
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+        FieldDescriptor.TYPE_SINT64,
+    }
+)
+
+
+def _int64_as_numbers(descriptor: Any, document: dict[str, Any]) -> None:
+    for field in descriptor.fields:
+        if field.name not in document:
+            continue
+        value = document[field.name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry = field.message_type.fields_by_name["value"]
+            for key, item in value.items():
+                value[key] = _number_or_recurse(entry, item)
+        elif field.is_repeated:
+            document[field.name] = [_number_or_recurse(field, item) for item in value]
+        else:
+            document[field.name] = _number_or_recurse(field, value)
+
+
+def _number_or_recurse(field: Any, value: Any) -> Any:
+    if field.type in _INT64_TYPES:
+        return int(value)
+    if field.type == FieldDescriptor.TYPE_MESSAGE and isinstance(value, dict):
+        _int64_as_numbers(field.message_type, value)
+    return value
 
 
 def to_json(message: Message) -> str:
     """`to_dict` as indented JSON with sorted keys."""
+    import json
+
     return json.dumps(to_dict(message), indent=2, sort_keys=True)
 
 
@@ -177,58 +219,45 @@ def _pairs(mapping: Iterable[tuple[str, str]]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(mapping)) or _NONE
 
 
-def sandbox_table(sandboxes: Sequence[sandbox_pb2.Sandbox], *, now_ms: int) -> Table:
+def sandbox_table(sandboxes: Sequence[sandbox_pb2.Sandbox], *, now_ms: int) -> str:
     """`sandbox list`: one row per sandbox."""
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    for column in ("NAME", "WORKSPACE", "PHASE", "ALLOCATION", "AGE", "IMAGE"):
-        table.add_column(column, no_wrap=True)
-    for sandbox in sandboxes:
-        table.add_row(
-            Text(sandbox.name),
-            Text(sandbox.workspace),
+    rows = [
+        (
+            sandbox.name,
+            sandbox.workspace,
             phase_name(sandbox.status.phase),
             sandbox.status.allocation or _NONE,
             format_age(sandbox.created_at_ms, now_ms),
-            Text(sandbox.spec.image or "(default)"),
+            sandbox.spec.image or "(default)",
         )
-    return table
+        for sandbox in sandboxes
+    ]
+    return table(("NAME", "WORKSPACE", "PHASE", "ALLOCATION", "AGE", "IMAGE"), rows)
 
 
-def _conditions_table(conditions: Sequence[sandbox_pb2.Condition]) -> RenderableType:
+def _indented(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def _conditions_table(conditions: Sequence[sandbox_pb2.Condition]) -> str:
     if not conditions:
-        return Text("  none")
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    for column in ("  TYPE", "STATUS", "REASON", "MESSAGE"):
-        table.add_column(column)
-    for condition in conditions:
-        table.add_row(
-            Text(f"  {condition.type}"),
-            Text(condition.status),
-            Text(condition.reason),
-            Text(condition.message),
-        )
-    return table
+        return "  none"
+    rows = [(c.type, c.status, c.reason, c.message) for c in conditions]
+    return _indented(table(("TYPE", "STATUS", "REASON", "MESSAGE"), rows))
 
 
-def _timeline_table(timeline: sandbox_pb2.Timeline) -> RenderableType:
+def _timeline_table(timeline: sandbox_pb2.Timeline) -> str:
     if not timeline.requested_us:
-        return Text("  not recorded")
-    table = Table.grid(padding=(0, 2))
-    table.add_column()
-    table.add_column(justify="right")
+        return "  not recorded"
     requested = datetime.fromtimestamp(timeline.requested_us / 1e6, tz=UTC)
-    table.add_row("  requested", requested.isoformat(timespec="milliseconds"))
-    for label, offset in timeline_offsets(timeline):
-        table.add_row(f"  {label}", format_ms(offset, sign=True))
-    return table
+    rows = [("requested", requested.isoformat(timespec="milliseconds"))]
+    rows += [(label, format_ms(offset, sign=True)) for label, offset in timeline_offsets(timeline)]
+    return _indented(table(("", ""), rows, right=frozenset({1})).split("\n", 1)[1])
 
 
-def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> Group:
+def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> str:
     """`sandbox get`: the fields, conditions and timeline of one sandbox."""
     status, spec = sandbox.status, sandbox.spec
-    fields = Table.grid(padding=(0, 2))
-    fields.add_column(style="bold")
-    fields.add_column()
     rows = [
         ("Name", sandbox.name),
         ("Workspace", sandbox.workspace),
@@ -238,43 +267,49 @@ def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> Group:
         ("Exit code", str(status.exit_code) if status.HasField("exit_code") else _NONE),
         ("Image", spec.image or "(default)"),
         ("Command", " ".join(spec.command) or "(none: idle, exec only)"),
-        (
-            "Resources",
-            f"cpu {spec.resources.cpu or _NONE}, memory {spec.resources.memory or _NONE}",
-        ),
+        ("Resources", f"cpu {spec.resources.cpu or _NONE}, memory {spec.resources.memory or _NONE}"),
         ("Environment", ", ".join(sorted(spec.environment)) or _NONE),
         ("Labels", _pairs(sandbox.labels.items())),
         ("Instance", status.instance_id or _NONE),
     ]
-    for key, value in rows:
-        fields.add_row(key, Text(value))
-    return Group(
-        fields,
-        Text("Conditions:", style="bold"),
-        _conditions_table(status.conditions),
-        Text("Timeline (after requested):", style="bold"),
-        _timeline_table(status.timeline),
+    fields = table(("", ""), rows).split("\n", 1)[1]
+    return "\n".join(
+        (
+            fields,
+            "Conditions:",
+            _conditions_table(status.conditions),
+            "Timeline (after requested; negative: a warm member was made before the request):",
+            _timeline_table(status.timeline),
+        )
     )
 
 
-def pools_view(response: sandbox_pb2.ListPoolsResponse) -> Group:
-    """`pool list`: one row per pool, then the creates that missed every pool by reason."""
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    for column in ("NAME", "WORKSPACE", "FINGERPRINT", "DESIRED/READY/IDLE", "HITS", "MISSES"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("HIT RATE", no_wrap=True, justify="right")
+def pools_view(response: sandbox_pb2.ListPoolsResponse) -> str:
+    """`pool list`: one row per pool, the problems of any pool that cannot serve (invalid
+    profiles, shapes shared by several pools, failing members), then misses by reason."""
+    rows = []
+    problems: list[str] = []
     for pool in response.pools:
-        table.add_row(
-            Text(pool.name),
-            Text(pool.workspace),
-            pool.fingerprint[:12],
-            f"{pool.desired}/{pool.ready}/{pool.idle}",
-            str(pool.hits),
-            str(pool.misses),
-            hit_rate(pool.hits, pool.misses),
+        rows.append(
+            (
+                pool.name,
+                pool.workspace or _NONE,
+                pool.fingerprint[:12] or _NONE,
+                f"{pool.desired}/{pool.ready}/{pool.idle}",
+                str(pool.hits),
+                str(pool.misses),
+                hit_rate(pool.hits, pool.misses),
+            )
         )
+        problems += [f"  {pool.name}: {c.reason}: {c.message}" for c in pool.conditions if c.status == "False"]
+    headers = ("NAME", "WORKSPACE", "FINGERPRINT", "DESIRED/READY/IDLE", "HITS", "MISSES", "HIT RATE")
+    parts = [table(headers, rows, right=frozenset({6}))]
+    if problems:
+        # Said here, not only in the gateway log: an invalid profile otherwise looks like no pool.
+        parts += ["Problems:", *problems]
     misses = ", ".join(f"{k} {v}" for k, v in sorted(response.misses_by_reason.items()))
-    return Group(table, Text(f"Misses by reason: {misses or 'none'}"))
+    parts.append(f"Misses by reason: {misses or 'none'}")
+    return "\n".join(parts)
 
 
 def condition_lines(sandbox: sandbox_pb2.Sandbox) -> list[str]:
@@ -297,7 +332,8 @@ def create_summary(sandbox: sandbox_pb2.Sandbox) -> str:
     )
 
 
-def _clock(timestamp_ms: int) -> str:
+def clock(timestamp_ms: int) -> str:
+    """HH:MM:SS.mmm (UTC) of a millisecond timestamp, for `sandbox watch` lines."""
     when = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC) if timestamp_ms else None
     return when.strftime("%H:%M:%S.%f")[:-3] if when else "--:--:--.---"
 
@@ -305,9 +341,9 @@ def _clock(timestamp_ms: int) -> str:
 def phase_line(sandbox: sandbox_pb2.Sandbox, *, now_ms: int) -> str:
     """`sandbox watch`: a phase transition (with the exit code once there is one)."""
     exit_code = f" (exit code {sandbox.status.exit_code})" if sandbox.status.HasField("exit_code") else ""
-    return f"{_clock(now_ms)}  phase {phase_name(sandbox.status.phase)}{exit_code}"
+    return f"{clock(now_ms)}  phase {phase_name(sandbox.status.phase)}{exit_code}"
 
 
-def progress_line(event: sandbox_pb2.ProgressEvent) -> str:
-    """`sandbox watch`: one progress event."""
-    return f"{_clock(event.timestamp_ms)}  {event.type or 'Normal'}  {event.reason}: {event.message}"
+def progress_line(event: sandbox_pb2.ProgressEvent, *, now_ms: int) -> str:
+    """`sandbox watch`: one progress event, stamped like the phase lines (when it arrived)."""
+    return f"{clock(now_ms)}  {event.type or 'Normal'}  {event.reason}: {event.message}"

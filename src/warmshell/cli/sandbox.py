@@ -1,28 +1,30 @@
 """`warmshell sandbox ...`: create, list, get, exec, delete and watch sandboxes.
 
-Each command parses its flags here and hands an async body to `client.run`; grpc, protobuf and
-the rendering code are imported inside the bodies so `--help` stays fast.
+`register` adds the flags; each handler builds its request and hands an async body to
+`client.run`. grpc, protobuf and the renderers are imported inside the handlers, so parsing and
+`--help` never pay for them.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 import time
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from warmshell.cli.options import (
-    Gateway,
-    GlobalOptions,
-    Output,
-    OutputFormat,
-    StateDir,
-    Token,
-    Workspace,
+    Parser,
+    Subcommands,
+    add_connection_options,
+    add_output_option,
+    add_workspace_option,
+    bounded_float,
+    bounded_int,
     global_options,
+    output_is_json,
     parse_pairs,
+    usage_error,
+    workspace,
 )
 
 if TYPE_CHECKING:
@@ -32,159 +34,176 @@ if TYPE_CHECKING:
 
     _Body = Callable[[Connection], Awaitable[int]]
 
-__all__ = ["app"]
-
-app = typer.Typer(help="Create, inspect, run commands in and delete sandboxes.", no_args_is_help=True)
-
-Command = Annotated[list[str] | None, typer.Argument(help="Command (argv) after `--`.")]
-Name = Annotated[str, typer.Argument(help="Sandbox name.")]
+__all__ = ["register"]
 
 
-@app.command()
-def create(
-    ctx: typer.Context,
-    command: Command = None,
-    name: Annotated[str, typer.Option(help="Name (DNS-1123 label); generated when empty.")] = "",
-    image: Annotated[str, typer.Option(help="Image; empty selects the driver's default.")] = "",
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", metavar="K=V", help="Environment variable.")] = None,
-    cpu: Annotated[str, typer.Option(help="CPU (Kubernetes quantity, e.g. 0.5 or 500m).")] = "",
-    memory: Annotated[str, typer.Option(help="Memory (Kubernetes quantity, e.g. 256Mi).")] = "",
-    workspace: Workspace = "",
-    label: Annotated[list[str] | None, typer.Option("--label", "-l", metavar="K=V", help="Label.")] = None,
-    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once created.")] = False,
-    timeout: Annotated[float | None, typer.Option(help="Seconds to wait for Ready (default: no limit).", min=0)] = None,
-    output: Output = OutputFormat.HUMAN,
-    state_dir: StateDir = None,
-    gateway: Gateway = None,
-    token: Token = None,
-) -> None:
-    """Create a sandbox and wait until it is Ready; with `-- CMD...`, stream the command's
-    output and exit with its exit code."""
+def register(commands: Any, *, chosen: str | None) -> None:
+    """Add `sandbox` to the root parser's subcommands, with the flags of the `chosen` one."""
+    sub = Subcommands(commands, "sandbox", "create, inspect, run commands in and delete sandboxes", chosen=chosen)
+    create = sub.add(
+        "create",
+        _create,
+        "Create a sandbox and wait until it is Ready; with `-- CMD...`, stream the command's output "
+        "and exit with its exit code.",
+        usage="%(prog)s [options] [-- CMD...]",
+    )
+    if create is not None:
+        create.set_defaults(accepts_command=True)
+        create.add_argument("--name", default="", help="name (DNS-1123 label); generated when empty")
+        create.add_argument("--image", default="", help="image; empty selects the driver's default")
+        _env_option(create)
+        create.add_argument("--cpu", default="", help="CPU (Kubernetes quantity, e.g. 0.5 or 500m)")
+        create.add_argument("--memory", default="", help="memory (Kubernetes quantity, e.g. 256Mi)")
+        add_workspace_option(create, what="sandbox")
+        create.add_argument("-l", "--label", action="append", default=[], metavar="K=V", help="label (repeatable)")
+        create.add_argument("-d", "--detach", action="store_true", help="return once created, without waiting")
+        create.add_argument(
+            "--timeout", type=bounded_float(0), metavar="SECONDS", help="seconds to wait for Ready (default: no limit)"
+        )
+        _common(create)
+
+    listing = sub.add("list", _list, "List sandboxes.")
+    if listing is not None:
+        add_workspace_option(listing, what="sandboxes")
+        listing.add_argument("-A", "--all-workspaces", action="store_true", help="list every workspace")
+        listing.add_argument("-l", "--selector", default="", metavar="K=V,...", help="label selector (all must match)")
+        _common(listing)
+
+    get = sub.add("get", _get, "Show one sandbox: phase, conditions, allocation, exit code, labels, timeline.")
+    if get is not None:
+        _name_and_workspace(get)
+        _common(get)
+
+    exec_ = sub.add(
+        "exec",
+        _exec,
+        "Run a command in a Ready sandbox, stream its output and exit with its exit code. "
+        'With -o json the output is collected and printed as {"exit_code", "stdout", "stderr"}.',
+        usage="%(prog)s NAME [options] -- CMD...",
+    )
+    if exec_ is not None:
+        exec_.set_defaults(accepts_command=True)
+        _name_and_workspace(exec_)
+        _env_option(exec_)
+        exec_.add_argument("--workdir", default="", metavar="DIR", help="working directory inside the sandbox")
+        exec_.add_argument(
+            "--timeout",
+            type=bounded_int(0, 2**31 - 1),
+            default=0,
+            metavar="SECONDS",
+            help="kill it after N s (0: none)",
+        )
+        exec_.add_argument("-i", "--stdin", action="store_true", help="send all of stdin to it")
+        _common(exec_)
+
+    delete = sub.add("delete", _delete, "Delete a sandbox (its processes are stopped and its record removed).")
+    if delete is not None:
+        _name_and_workspace(delete)
+        _common(delete)
+
+    watch = sub.add(
+        "watch",
+        _watch,
+        "Print phase transitions and progress until the sandbox ends (Error or deleted) or Ctrl-C. "
+        "With -o json, one JSON event per line.",
+    )
+    if watch is not None:
+        _name_and_workspace(watch)
+        _common(watch)
+
+
+def _env_option(parser: Parser) -> None:
+    parser.add_argument("-e", "--env", action="append", default=[], metavar="K=V", help="environment variable")
+
+
+def _name_and_workspace(parser: Parser) -> None:
+    parser.add_argument("name", metavar="NAME", help="sandbox name")
+    add_workspace_option(parser, what="sandbox")
+
+
+def _common(parser: Parser) -> None:
+    add_output_option(parser)
+    add_connection_options(parser)
+
+
+def _create(args: argparse.Namespace) -> int:
     from warmshell.api.v1 import sandbox_pb2
-    from warmshell.cli import client
+    from warmshell.cli import client, creating
 
     request = sandbox_pb2.CreateSandboxRequest(
-        name=name,
-        workspace=workspace,
-        labels=parse_pairs(label or [], flag="--label"),
+        name=args.name,
+        workspace=workspace(args),
+        labels=parse_pairs(args.label, flag="--label"),
         spec=sandbox_pb2.SandboxSpec(
-            image=image,
-            environment=parse_pairs(env or [], flag="--env"),
-            resources=sandbox_pb2.Resources(cpu=cpu, memory=memory),
-            command=command or [],
+            image=args.image,
+            environment=parse_pairs(args.env, flag="--env"),
+            resources=sandbox_pb2.Resources(cpu=args.cpu, memory=args.memory),
+            command=args.command or [],
         ),
     )
-    options = global_options(ctx, state_dir=state_dir, gateway=gateway, token=token)
-    from warmshell.cli import creating
-
-    human = output is OutputFormat.HUMAN
-    client.run(creating.create(options, request, detach=detach, ready_timeout=timeout, human=human))
+    human = not output_is_json(args)
+    work = creating.create(global_options(args), request, detach=args.detach, ready_timeout=args.timeout, human=human)
+    return client.run(work)
 
 
-@app.command("list")
-def list_(
-    ctx: typer.Context,
-    workspace: Workspace = "",
-    all_workspaces: Annotated[bool, typer.Option("--all-workspaces", "-A", help="List every workspace.")] = False,
-    selector: Annotated[
-        str, typer.Option("--selector", "-l", help="Label selector k1=v1,k2=v2 (all must match).")
-    ] = "",
-    output: Output = OutputFormat.HUMAN,
-    state_dir: StateDir = None,
-    gateway: Gateway = None,
-    token: Token = None,
-) -> None:
-    """List sandboxes."""
+def _list(args: argparse.Namespace) -> int:
     from warmshell.api.v1 import sandbox_pb2
-    from warmshell.cli import client
 
     request = sandbox_pb2.ListSandboxesRequest(
-        workspace=workspace, all_workspaces=all_workspaces, label_selector=selector
+        workspace=workspace(args), all_workspaces=args.all_workspaces, label_selector=args.selector
     )
+    as_json = output_is_json(args)
 
     async def body(conn: Connection) -> int:
-        from warmshell.cli import render
+        from warmshell.cli import client, render
 
         response = await conn.stub.ListSandboxes(request, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
-        if output is OutputFormat.JSON:
+        if as_json:
             print(render.to_json(response))
         else:
-            now_ms = time.time_ns() // 1_000_000
-            render.show(render.sandbox_table(response.sandboxes, now_ms=now_ms))
+            print(render.sandbox_table(response.sandboxes, now_ms=time.time_ns() // 1_000_000))
         return 0
 
-    options = global_options(ctx, state_dir=state_dir, gateway=gateway, token=token)
-    client.run(_with_connection(options, body))
+    return _with_connection(args, body)
 
 
-@app.command()
-def get(
-    ctx: typer.Context,
-    name: Name,
-    workspace: Workspace = "",
-    output: Output = OutputFormat.HUMAN,
-    state_dir: StateDir = None,
-    gateway: Gateway = None,
-    token: Token = None,
-) -> None:
-    """Show one sandbox: phase, conditions, allocation, exit code, labels, resources, timeline."""
+def _get(args: argparse.Namespace) -> int:
     from warmshell.api.v1 import sandbox_pb2
-    from warmshell.cli import client
+
+    ref = sandbox_pb2.SandboxRef(name=args.name, workspace=workspace(args))
+    as_json = output_is_json(args)
 
     async def body(conn: Connection) -> int:
-        from warmshell.cli import render
+        from warmshell.cli import client, render
 
-        sandbox = await conn.stub.GetSandbox(
-            sandbox_pb2.SandboxRef(name=name, workspace=workspace),
-            metadata=conn.metadata,
-            timeout=client.UNARY_TIMEOUT_SECONDS,
-        )
-        if output is OutputFormat.JSON:
-            print(render.to_json(sandbox))
-        else:
-            render.show(render.sandbox_details(sandbox))
+        found = await conn.stub.GetSandbox(ref, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
+        print(render.to_json(found) if as_json else render.sandbox_details(found))
         return 0
 
-    options = global_options(ctx, state_dir=state_dir, gateway=gateway, token=token)
-    client.run(_with_connection(options, body))
+    return _with_connection(args, body)
 
 
-@app.command("exec")
-def exec_(
-    ctx: typer.Context,
-    name: Name,
-    command: Annotated[list[str], typer.Argument(help="Command (argv) after `--`.")],
-    workspace: Workspace = "",
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", metavar="K=V", help="Environment variable.")] = None,
-    workdir: Annotated[str, typer.Option(help="Working directory inside the sandbox.")] = "",
-    timeout: Annotated[int, typer.Option(help="Kill the command after N seconds (0: none).", min=0)] = 0,
-    stdin: Annotated[bool, typer.Option("--stdin", "-i", help="Send all of stdin to it.")] = False,
-    output: Output = OutputFormat.HUMAN,
-    state_dir: StateDir = None,
-    gateway: Gateway = None,
-    token: Token = None,
-) -> None:
-    """Run a command in a Ready sandbox, stream its output and exit with its exit code.
-
-    With `-o json` the output is collected and printed as {"exit_code", "stdout", "stderr"}.
-    """
+def _exec(args: argparse.Namespace) -> int:
+    if not args.command:
+        raise usage_error("sandbox exec: the command to run goes after `--` (e.g. `sandbox exec NAME -- ls`)")
     from warmshell.api.v1 import sandbox_pb2
-    from warmshell.cli import client
 
     request = sandbox_pb2.ExecSandboxRequest(
-        name=name,
-        workspace=workspace,
-        command=command,
-        environment=parse_pairs(env or [], flag="--env"),
-        workdir=workdir,
-        timeout_seconds=timeout,
-        stdin=sys.stdin.buffer.read() if stdin else b"",
+        name=args.name,
+        workspace=workspace(args),
+        command=args.command,
+        environment=parse_pairs(args.env, flag="--env"),
+        workdir=args.workdir,
+        timeout_seconds=args.timeout,
+        stdin=sys.stdin.buffer.read() if args.stdin else b"",
     )
+    capture = output_is_json(args)
 
     async def body(conn: Connection) -> int:
+        import json
+
         from warmshell.cli import streaming
 
-        capture = output is OutputFormat.JSON
         result = await streaming.exec_command(conn, request, capture=capture)
         assert result.exit_code is not None
         if capture:
@@ -196,86 +215,66 @@ def exec_(
             print(json.dumps(document, indent=2, sort_keys=True))
         return result.exit_code
 
-    options = global_options(ctx, state_dir=state_dir, gateway=gateway, token=token)
-    client.run(_with_connection(options, body))
+    return _with_connection(args, body)
 
 
-@app.command()
-def delete(
-    ctx: typer.Context,
-    name: Name,
-    workspace: Workspace = "",
-    output: Output = OutputFormat.HUMAN,
-    state_dir: StateDir = None,
-    gateway: Gateway = None,
-    token: Token = None,
-) -> None:
-    """Delete a sandbox (its processes are stopped and its record removed)."""
+def _delete(args: argparse.Namespace) -> int:
     from warmshell.api.v1 import sandbox_pb2
-    from warmshell.cli import client
+
+    ref = sandbox_pb2.SandboxRef(name=args.name, workspace=workspace(args))
+    as_json = output_is_json(args)
 
     async def body(conn: Connection) -> int:
-        from warmshell.cli import render
+        from warmshell.cli import client, render
 
-        response = await conn.stub.DeleteSandbox(
-            sandbox_pb2.SandboxRef(name=name, workspace=workspace),
-            metadata=conn.metadata,
-            timeout=client.UNARY_TIMEOUT_SECONDS,
-        )
-        if output is OutputFormat.JSON:
+        response = await conn.stub.DeleteSandbox(ref, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
+        if as_json:
             print(render.to_json(response))
         else:
+            name = args.name
             print(f"sandbox {name} deleted" if response.deleted else f"sandbox {name} is already being deleted")
         return 0
 
-    options = global_options(ctx, state_dir=state_dir, gateway=gateway, token=token)
-    client.run(_with_connection(options, body))
+    return _with_connection(args, body)
 
 
-@app.command()
-def watch(
-    ctx: typer.Context,
-    name: Name,
-    workspace: Workspace = "",
-    output: Output = OutputFormat.HUMAN,
-    state_dir: StateDir = None,
-    gateway: Gateway = None,
-    token: Token = None,
-) -> None:
-    """Print phase transitions and progress until the sandbox ends (Error or deleted) or Ctrl-C.
-
-    With `-o json`, one JSON event per line.
-    """
+def _watch(args: argparse.Namespace) -> int:
     from warmshell.api.v1 import sandbox_pb2
-    from warmshell.cli import client
 
-    request = sandbox_pb2.WatchSandboxRequest(name=name, workspace=workspace, stop_on_terminal=True)
+    request = sandbox_pb2.WatchSandboxRequest(name=args.name, workspace=workspace(args), stop_on_terminal=True)
+    as_json = output_is_json(args)
 
     async def body(conn: Connection) -> int:
+        import json
+
         from warmshell.cli import render
 
         last_phase: int | None = None
         async for event in conn.stub.WatchSandbox(request, metadata=conn.metadata):
-            if output is OutputFormat.JSON:
+            if as_json:
                 print(json.dumps(render.to_dict(event), sort_keys=True), flush=True)
                 continue
+            # Every line is stamped when it arrives, on one clock, so the lines are in time order
+            # (the event's own gateway time is in `-o json`).
+            now_ms = time.time_ns() // 1_000_000
             kind = event.WhichOneof("event")
             if kind == "sandbox" and event.sandbox.status.phase != last_phase:
                 last_phase = event.sandbox.status.phase
-                now_ms = time.time_ns() // 1_000_000
                 print(render.phase_line(event.sandbox, now_ms=now_ms), flush=True)
             elif kind == "progress":
-                print(render.progress_line(event.progress), flush=True)
+                print(render.progress_line(event.progress, now_ms=now_ms), flush=True)
             elif kind == "deleted":
-                print(f"sandbox {name} deleted", flush=True)
+                print(f"{render.clock(now_ms)}  sandbox {args.name} deleted", flush=True)
         return 0
 
-    options = global_options(ctx, state_dir=state_dir, gateway=gateway, token=token)
-    client.run(_with_connection(options, body))
+    return _with_connection(args, body)
 
 
-async def _with_connection(options: GlobalOptions, body: _Body) -> int:
+def _with_connection(args: argparse.Namespace, body: _Body) -> int:
     from warmshell.cli import client
 
-    async with client.connect(options) as conn:
-        return await body(conn)
+    async def connected() -> int:
+        async with client.connect(global_options(args)) as conn:
+            return await body(conn)
+
+    return client.run(connected())

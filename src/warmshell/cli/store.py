@@ -3,54 +3,60 @@ copying itself lives there); parses flags, runs it, prints what was copied."""
 
 from __future__ import annotations
 
-import json
+import argparse
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
-import typer
+from warmshell.cli.options import Subcommands, add_output_option, output_is_json
 
-from warmshell.cli.options import Output, OutputFormat
-
-__all__ = ["app"]
-
-app = typer.Typer(help="Manage the gateway's store.", no_args_is_help=True)
+__all__ = ["register"]
 
 
-@app.command()
-def migrate(
-    from_url: Annotated[
-        str, typer.Option("--from", metavar="URL", help="Source store, e.g. sqlite:///path/warmshell.db")
-    ],
-    to_url: Annotated[str, typer.Option("--to", metavar="URL", help="Destination, e.g. postgresql://user@host/db")],
-    password_file: Annotated[
-        Path | None, typer.Option(help="Destination password (else $WARMSHELL_STORE_PASSWORD).", dir_okay=False)
-    ] = None,
-    output: Output = OutputFormat.HUMAN,
-) -> None:
-    """Copy every object into another store, resource versions kept. Safe to rerun; stop the
-    gateways writing to the source first."""
-    raise typer.Exit(_run(from_url, to_url, password_file, output))
+def register(commands: Any, *, chosen: str | None) -> None:
+    """Add `store` to the root parser's subcommands, with the flags of the `chosen` one."""
+    sub = Subcommands(commands, "store", "manage the gateway's store", chosen=chosen)
+    migrate = sub.add(
+        "migrate",
+        _migrate,
+        "Copy every object of one store into another, resource versions kept (e.g. a gateway's "
+        "SQLite state into the Postgres its replicas will share). Stop the gateways writing to the "
+        "source first; rerunning copies only what is missing or newer.",
+    )
+    if migrate is not None:
+        migrate.add_argument(
+            "--from", dest="from_url", required=True, metavar="URL", help="sqlite:///path/warmshell.db"
+        )
+        migrate.add_argument("--to", dest="to_url", required=True, metavar="URL", help="postgresql://user@host:port/db")
+        migrate.add_argument(
+            "--password-file",
+            type=Path,
+            metavar="FILE",
+            help="the destination's password (else $WARMSHELL_STORE_PASSWORD)",
+        )
+        add_output_option(migrate)
 
 
-def _run(from_url: str, to_url: str, password_file: Path | None, output: OutputFormat) -> int:
+def _migrate(args: argparse.Namespace) -> int:
     import asyncio
+    import json
 
-    from warmshell.cli import client
-    from warmshell.cli.errors import CliError, exit_code_for
+    from warmshell.cli.errors import CliError, exit_code_for, report
     from warmshell.core import config, errors
     from warmshell.gateway.store import migrate as migrating
 
-    to_config = config.StoreConfig(password_file=str(password_file) if password_file else "")
+    as_json = output_is_json(args)
+    to_config = config.StoreConfig(password_file=str(args.password_file) if args.password_file else "")
     try:
-        report = asyncio.run(migrating.migrate(from_url, to_url, to_config=to_config))
+        done = asyncio.run(migrating.migrate(args.from_url, args.to_url, to_config=to_config))
     except errors.WarmshellError as exc:
-        client.report(CliError(str(exc), exit_code_for(exc)))
-        return int(exit_code_for(exc))
-    if output is OutputFormat.JSON:
-        print(json.dumps({"written": report.written, "unchanged": report.unchanged}, sort_keys=True))
+        failure = CliError(str(exc), exit_code_for(exc))
+        report(failure)
+        return int(failure.code)
+    if as_json:
+        print(json.dumps({"written": done.written, "unchanged": done.unchanged}, sort_keys=True))
     else:
         print(
-            f"copied {report.total_written} objects from {migrating.describe(from_url)} to {migrating.describe(to_url)}"
-            f" ({report.total_unchanged} already there)"
+            f"copied {done.total_written} objects from {migrating.describe(args.from_url)}"
+            f" to {migrating.describe(args.to_url)} ({done.total_unchanged} already there)"
         )
     return 0

@@ -1,8 +1,9 @@
 """Following server streams: WatchSandbox while a create waits (live status line, workload
 output) and ExecSandbox (output as it comes, then the exit code).
 
-Workload bytes go to this process's stdout/stderr untouched; status goes to stderr through rich,
-which draws nothing when stderr is not a terminal, so piped output stays clean.
+Workload bytes go to this process's stdout/stderr untouched; the live status line goes to stderr
+through rich, and only when stderr is a terminal (rich is imported only then), so piped output
+stays clean and scripts do not pay for it.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ class StatusLine:
         self._phase = "Provisioning"
         self._message = ""
         self._status: Status | None = None
-        if enabled:
-            self._status = render.make_console(stderr=True).status(self._text())
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+
+            self._status = Console(stderr=True, highlight=False).status(self._text())
 
     def _text(self) -> str:
         from rich.markup import escape  # the message comes from the gateway: never markup

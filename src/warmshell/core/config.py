@@ -1,7 +1,7 @@
 """Gateway configuration: defaults < TOML file < environment (WARMSHELL_*) < CLI flags.
 
-Also where the well-known paths under the state directory are decided, so the gateway, the CLI
-and the tests agree on them.
+The well-known paths under the state directory live in `warmshell.core.paths` (re-exported here),
+which the CLI reads without paying for pydantic.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from warmshell.core.errors import InvalidArgumentError
+from warmshell.core.paths import StatePaths, default_state_dir
 
 __all__ = [
     "GatewayConfig",
@@ -29,63 +30,6 @@ __all__ = [
     "default_state_dir",
     "load_config",
 ]
-
-
-def default_state_dir() -> Path:
-    """$WARMSHELL_STATE_DIR, else $XDG_STATE_HOME/warmshell, else ~/.local/state/warmshell."""
-    explicit = os.environ.get("WARMSHELL_STATE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_STATE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
-    return base / "warmshell"
-
-
-class StatePaths:
-    """Well-known files under a gateway state directory."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    @property
-    def socket(self) -> Path:
-        """The public API socket (0600)."""
-        return self.root / "gateway.sock"
-
-    @property
-    def supervisor_socket(self) -> Path:
-        """The socket bind-mounted into local sandboxes for the supervisor API."""
-        return self.root / "supervisor.sock"
-
-    @property
-    def api_token(self) -> Path:
-        """The bearer token clients present (0600, created on first start)."""
-        return self.root / "api-token"
-
-    @property
-    def signing_key(self) -> Path:
-        """The Ed25519 key that signs sandbox tokens (0600)."""
-        return self.root / "signing-key.pem"
-
-    @property
-    def database(self) -> Path:
-        """The SQLite store."""
-        return self.root / "warmshell.db"
-
-    @property
-    def runtime_info(self) -> Path:
-        """JSON written by a running gateway: pid, addresses, HTTP port."""
-        return self.root / "gateway.json"
-
-    @property
-    def sandboxes(self) -> Path:
-        """Per-sandbox working directories of the local driver."""
-        return self.root / "sandboxes"
-
-    @property
-    def instances(self) -> Path:
-        """The local driver's instance records (survive gateway restarts)."""
-        return self.root / "instances"
 
 
 class _Section(BaseModel):
@@ -266,9 +210,14 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> G
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidArgumentError(str(path), f"cannot read gateway config: {exc}") from exc
+            text = path.read_text()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise InvalidArgumentError(str(path), f"cannot read the config file: {reason}") from exc
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidArgumentError(str(path), f"not valid TOML: {exc}") from exc
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue

@@ -34,6 +34,7 @@ __all__ = [
     "ProgressLine",
     "SupervisorIdentity",
     "WarmPending",
+    "invalid_profile_view",
 ]
 
 
@@ -198,6 +199,26 @@ class PoolView:
     misses: int
     source: str
     conditions: tuple[DriverCondition, ...] = ()
+
+
+def invalid_profile_view(name: str, *, source: str, message: str) -> PoolView:
+    """How `pool list` shows a profile that makes no pool: its error as a ProfileValid=False condition."""
+    return PoolView(
+        name=name,
+        workspace="",
+        fingerprint=Fingerprint(""),
+        image="",
+        environment={},
+        cpu="",
+        memory="",
+        desired=0,
+        ready=0,
+        idle=0,
+        hits=0,
+        misses=0,
+        source=source,
+        conditions=(DriverCondition("ProfileValid", "False", "InvalidProfile", message),),
+    )
 
 
 @runtime_checkable

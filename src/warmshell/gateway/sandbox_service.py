@@ -179,7 +179,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     async def ListPools(self, request: pb.ListPoolsRequest, context: Ctx) -> pb.ListPoolsResponse:
         await self._auth.require_client(context)
         workspace = None if request.all_workspaces else (request.workspace or DEFAULT_WORKSPACE)
-        pools = [p for p in self._manager.driver.pools() if workspace is None or p.workspace == workspace]
+        # An invalid profile has no workspace a listing could filter on: it shows in every one.
+        pools = [p for p in self._manager.driver.pools() if workspace is None or p.workspace in (workspace, "")]
         response = pb.ListPoolsResponse(pools=[pool_to_proto(p) for p in pools])
         for reason, count in self._manager.miss_counts().items():
             response.misses_by_reason[reason] = count

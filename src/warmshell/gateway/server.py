@@ -107,7 +107,9 @@ class Gateway:
         paths = self.paths
         statedir.ensure_state_dir(paths.root, private_volume=self.config.state_dir_private_volume)
         if _socket_in_use(paths.socket):
-            raise FailedPreconditionError(f"another gateway is already serving {paths.socket}")
+            raise FailedPreconditionError(
+                f"another gateway is already serving {paths.socket}: stop it, or give this one its own --state-dir"
+            )
         with statedir.private_umask():
             api_token = load_or_create_api_token(paths.api_token)
             gateway_id = _gateway_id(paths.root)
@@ -215,6 +217,8 @@ class Gateway:
 
     async def stop(self) -> None:
         """Graceful stop: stop loops, tell supervisors, drain calls, close driver and store."""
+        # A start refused before it opened anything (another gateway serves this state) stops nothing.
+        opened = self._store is not None or self._driver is not None or self._bound
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -240,7 +244,8 @@ class Gateway:
             for path in (self.paths.socket, self.paths.supervisor_socket):
                 path.unlink(missing_ok=True)
             self._bound = False
-        log.info("gateway stopped")
+        if opened:
+            log.info("gateway stopped")
 
 
 async def serve(config: GatewayConfig) -> None:

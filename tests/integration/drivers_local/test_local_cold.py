@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -340,7 +342,11 @@ async def test_image_root_replaces_the_host_root(make_driver: DriverFactory, pat
         assert credential.startswith(f"wsl1.{created.instance_id}.")
         assert (workspace / "marker").read_text() == "yes\n", "/etc comes from the image"
         assert (workspace / "host-usr").read_text() == "no\n", "/usr comes from the image"
-        assert (workspace / "pythonpath").read_text() == "/run/warmshell/src\n"
+        entries = (workspace / "pythonpath").read_text().strip().split(":")
+        assert entries[0] == "/run/warmshell/src"
+        # Run from a virtualenv (as scripts/test does), its site-packages are bound in too.
+        assert all(re.fullmatch(r"/run/warmshell/site\d+", entry) for entry in entries[1:]), entries
+        assert (len(entries) > 1) == (sys.prefix != sys.base_prefix), entries
 
 
 async def test_delete_during_create_leaves_nothing(make_driver: DriverFactory) -> None:

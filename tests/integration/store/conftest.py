@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.postgres import DevPostgres, start_dev_postgres
+from tests.helpers.postgres import DevPostgres, dev_postgres_server
 from warmshell.core.config import StoreConfig
 from warmshell.gateway.store import postgres, sqlite
 from warmshell.gateway.store.base import Store
@@ -20,21 +20,15 @@ OpenStore = Callable[[], Awaitable[Store]]
 
 @pytest.fixture(scope="session")
 def dev_postgres() -> Iterator[DevPostgres]:
-    server = start_dev_postgres()
-    try:
+    with dev_postgres_server() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
 def own_postgres() -> Iterator[DevPostgres]:
     """A server of this test's own, to stop and start under a client."""
-    server = start_dev_postgres()
-    try:
+    with dev_postgres_server() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -7,16 +7,17 @@ records the requests it got, so tests assert on both what the CLI sent and what 
 from __future__ import annotations
 
 import asyncio
+import io
 import os
+import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
-from typer.testing import CliRunner, Result
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.cli.main import app
+from warmshell.cli import main
 
 TOKEN = "test-token"
 
@@ -105,11 +106,59 @@ class FakeSandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         return self.pools
 
 
+@dataclass
+class Result:
+    """What one CLI run printed and its exit code."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        """Both streams, for failure messages."""
+        return self.stdout + self.stderr
+
+
+class _Stream(io.TextIOWrapper):
+    """A text stream with a `.buffer`, as the CLI writes workload bytes to sys.stdout.buffer."""
+
+    def __init__(self) -> None:
+        super().__init__(io.BytesIO(), encoding="utf-8", write_through=True)
+
+    def text(self) -> str:
+        self.flush()
+        raw = self.buffer
+        assert isinstance(raw, io.BytesIO)
+        return raw.getvalue().decode()
+
+
+def _run_captured(argv: list[str], env: dict[str, str | None]) -> Result:
+    out, err = _Stream(), _Stream()
+    saved = {name: os.environ.get(name) for name in env}
+    old_out, old_err = sys.stdout, sys.stderr
+    try:
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        sys.stdout, sys.stderr = out, err
+        code = main.run(argv)
+    finally:
+        sys.stdout, sys.stderr = old_out, old_err
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return Result(exit_code=code, stdout=out.text(), stderr=err.text())
+
+
 async def invoke(address: str, args: Sequence[str], *, token: str = TOKEN) -> Result:
-    """Run the real CLI (typer app) against `address`, in a worker thread: the CLI runs its own
-    event loop with asyncio.run, which cannot nest inside the test's loop."""
-    runner = CliRunner()
+    """Run the real CLI (`warmshell.cli.main.run`) against `address`, in a worker thread: the CLI
+    runs its own event loop with asyncio.run, which cannot nest inside the test's loop."""
     argv = ["--gateway", address, "--token", token, *args]
     # The developer's own WARMSHELL_* settings (output format, workspace, ...) must not leak in.
     env: dict[str, str | None] = {name: None for name in os.environ if name.startswith("WARMSHELL_")}
-    return await asyncio.to_thread(lambda: runner.invoke(app, argv, env=env, catch_exceptions=False))
+    return await asyncio.to_thread(_run_captured, argv, env)

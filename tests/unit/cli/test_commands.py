@@ -311,8 +311,27 @@ async def test_watch_prints_transitions_and_progress(fake: FakeSandboxService, a
         "phase Provisioning",
         "Normal  Registered: hello",
         "phase Ready",
-        "box deleted",
+        "sandbox box deleted",
     ]
+
+
+async def test_watch_lines_are_in_time_order(fake: FakeSandboxService, address: str) -> None:
+    # The progress event's own time is older than the phase line before it; the lines are still
+    # stamped in order, on the CLI's clock, as they arrive.
+    fake.sandboxes["box"] = sandbox("box")
+    fake.watch_events = [
+        event(sandbox=sandbox("box")),
+        event(progress=pb.ProgressEvent(timestamp_ms=1_000, reason="Claimed", message="long ago")),
+        event(sandbox=sandbox("box", READY)),
+        event(deleted="id-box"),
+    ]
+    result = await invoke(address, ["sandbox", "watch", "box"])
+
+    assert result.exit_code == 0
+    stamps = [line.split(maxsplit=1)[0] for line in result.stdout.splitlines()]
+    assert len(stamps) == 4
+    assert "--:--" not in "".join(stamps)
+    assert stamps == sorted(stamps)
 
 
 async def test_watch_json_prints_one_event_per_line(fake: FakeSandboxService, address: str) -> None:

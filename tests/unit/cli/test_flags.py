@@ -6,12 +6,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from warmshell.cli import client
-from warmshell.cli.errors import ExitCode
-from warmshell.cli.main import app
+from warmshell.cli import client, main
+from warmshell.cli.errors import CliError, ExitCode
 from warmshell.cli.options import GlobalOptions, parse_pairs
 
 
@@ -24,9 +21,10 @@ def test_parse_pairs_splits_on_the_first_equals() -> None:
     [(["A"], "not of the form KEY=VALUE"), (["=1"], "not of the form"), (["A=1", "A=2"], "more than once")],
 )
 def test_parse_pairs_rejects_malformed_values_naming_the_flag(values: list[str], problem: str) -> None:
-    with pytest.raises(typer.BadParameter, match=problem) as info:
+    with pytest.raises(CliError, match=problem) as info:
         parse_pairs(values, flag="--label")
-    assert info.value.param_hint == "--label"
+    assert info.value.message.startswith("--label: ")
+    assert info.value.code == ExitCode.USAGE
 
 
 def test_every_grpc_status_has_an_exit_code() -> None:
@@ -61,10 +59,11 @@ def test_token_comes_from_the_flag_then_the_state_dir(tmp_path: Path) -> None:
     assert client.resolve_token(GlobalOptions(state_dir=tmp_path, token="flag")) == "flag"
 
 
-def test_help_documents_the_exit_codes() -> None:
-    result = CliRunner().invoke(app, ["--help"])
-    assert result.exit_code == 0
-    text = " ".join(result.stdout.split())
+def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main.run(["--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
     for fragment in (
         "3 not found",
         "4 already exists",
@@ -75,10 +74,84 @@ def test_help_documents_the_exit_codes() -> None:
         assert fragment in text
 
 
-def test_gateway_start_rejects_a_bad_config_before_starting(tmp_path: Path) -> None:
+def test_gateway_start_rejects_a_bad_config_before_starting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "gateway.toml"
     config.write_text('driver = "nope"\n')
-    result = CliRunner().invoke(app, ["gateway", "start", "--state-dir", str(tmp_path), "--config", str(config)])
-    assert result.exit_code == ExitCode.INVALID_ARGUMENT
-    assert result.stderr.startswith("error: ")
-    assert "driver" in result.stderr
+    code = main.run(["gateway", "start", "--state-dir", str(tmp_path), "--config", str(config)])
+    assert code == ExitCode.INVALID_ARGUMENT
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("error: ")
+    assert "driver" in stderr
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main.run(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == "warmshell 0.1.0\n"
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        main.run([*argv, "--help"])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        *(["gateway", name] for name in ("start", "wait")),
+        *(["sandbox", name] for name in ("create", "list", "get", "exec", "delete", "watch")),
+        ["pool", "list"],
+    ],
+)
+def test_help_never_shows_a_boolean_metavar(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    text = _help(command, capsys)
+    assert "<bool>" not in text
+    assert "BOOL" not in text.upper().replace("BOOLEAN", "")
+
+
+def test_boolean_flags_are_plain_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    text = _help(["sandbox", "create"], capsys)
+    assert "-d, --detach  " in text
+    assert "--all-workspaces  " in _help(["sandbox", "list"], capsys)
+
+
+def test_pool_list_workspace_help_is_about_pools(capsys: pytest.CaptureFixture[str]) -> None:
+    text = " ".join(_help(["pool", "list"], capsys).split())
+    assert "workspace of the pools to list" in text
+    assert "of the sandbox" not in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sandbox", "create", "--detach", "true"],
+        ["sandbox", "create", "-d", "false"],
+        ["sandbox", "list", "-A", "yes"],
+        ["sandbox", "exec", "box", "--stdin", "true", "--", "cat"],
+    ],
+)
+def test_a_word_after_a_boolean_flag_is_refused_not_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.run(["--gateway", "unix:///nonexistent.sock", *argv]) == ExitCode.USAGE
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("error: ")
+    assert "unrecognized arguments" in stderr
+    assert "take no value" in stderr
+    assert "after `--`" in stderr
+
+
+def test_exec_needs_the_command_after_the_separator(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.run(["--gateway", "unix:///nonexistent.sock", "sandbox", "exec", "box"]) == ExitCode.USAGE
+    assert "after `--`" in capsys.readouterr().err
+
+
+def test_a_command_given_to_a_command_that_runs_none_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.run(["--gateway", "unix:///nonexistent.sock", "sandbox", "get", "box", "--", "ls"]) == ExitCode.USAGE
+    assert "sandbox get takes no command" in capsys.readouterr().err
+
+
+def test_a_missing_subcommand_prints_help_and_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.run(["sandbox"]) == ExitCode.USAGE
+    assert "create" in capsys.readouterr().out

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import io
+import json
 
 import pytest
-from rich.console import Console, RenderableType
+from hypothesis import given
+from hypothesis import strategies as st
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.cli import render
 
 
-def _text(renderable: RenderableType) -> str:
-    console = Console(file=io.StringIO(), width=200, color_system=None)
-    console.print(renderable)
-    output = console.file.getvalue()  # type: ignore[attr-defined]
-    assert isinstance(output, str)
-    return output
+def _text(view: str) -> str:
+    assert all(line == line.rstrip() for line in view.splitlines())  # no padding after the last column
+    return view
 
 
 @pytest.mark.parametrize(
@@ -118,7 +116,7 @@ def test_sandbox_details_show_every_section() -> None:
     assert "Command python -c print(1)" in lines
     # Only environment names: values may be secrets.
     assert "Environment FOO" in lines
-    assert "Ready False WorkloadExited [x]" in lines  # gateway text is never rich markup
+    assert "Ready False WorkloadExited [x]" in lines  # gateway text is printed as it is
     assert "ready +2.00 ms" in lines
     assert "exited +500.00 ms" in lines
     assert "claimed -" in lines
@@ -174,8 +172,50 @@ def test_to_dict_has_a_stable_shape() -> None:
     }
     status = document["status"]
     assert isinstance(status, dict)
-    assert status["timeline"]["ready_us"] == "0"  # proto3 JSON: 64-bit integers are strings
+    assert status["timeline"]["ready_us"] == 0  # a number, though proto3 JSON prints int64 as a string
     assert "exit_code" not in status  # absent until the workload exits
+
+
+def _numbers_and_digit_strings(value: object) -> tuple[list[object], list[str]]:
+    numbers: list[object] = []
+    strings: list[str] = []
+    if isinstance(value, dict):
+        items: list[object] = list(value.values())
+    elif isinstance(value, list):
+        items = list(value)
+    else:
+        items = [value]
+    for item in items:
+        if isinstance(item, dict | list):
+            more_numbers, more_strings = _numbers_and_digit_strings(item)
+            numbers += more_numbers
+            strings += more_strings
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            numbers.append(item)
+        elif isinstance(item, str) and item.isdigit():
+            strings.append(item)
+    return numbers, strings
+
+
+@given(big=st.integers(min_value=1, max_value=2**53), small=st.integers(min_value=1, max_value=2**31 - 1))
+def test_every_integer_is_a_json_number(big: int, small: int) -> None:
+    sandbox = pb.Sandbox(name="x", created_at_ms=big, resource_version=big)
+    for _, field in render.TIMELINE_STEPS:
+        setattr(sandbox.status.timeline, field, big)
+    sandbox.status.timeline.requested_us = big
+    sandbox.status.exit_code = small
+    sandbox.status.conditions.append(pb.Condition(type="Ready", last_transition_time_ms=big))
+    pools = pb.ListPoolsResponse(
+        pools=[pb.Pool(name="p", desired=small, ready=small, idle=small, hits=big, misses=big)],
+        misses_by_reason={"NoMatch": big},
+    )
+    for message in (sandbox, pools, pb.SandboxEvent(sandbox=sandbox)):
+        numbers, digit_strings = _numbers_and_digit_strings(json.loads(render.to_json(message)))
+        assert digit_strings == []
+        assert big in numbers
+    document = render.to_dict(pools)
+    assert document["pools"][0]["resources"] == {"cpu": "", "memory": ""}  # type: ignore[index]
+    assert document["misses_by_reason"] == {"NoMatch": big}
 
 
 def test_to_dict_keeps_the_oneof_member_of_an_event() -> None:
@@ -183,18 +223,34 @@ def test_to_dict_keeps_the_oneof_member_of_an_event() -> None:
 
 
 def test_progress_and_phase_lines() -> None:
-    progress = pb.ProgressEvent(timestamp_ms=3_723_004, reason="Claimed", message="pool env")
-    assert render.progress_line(progress) == "01:02:03.004  Normal  Claimed: pool env"
+    progress = pb.ProgressEvent(timestamp_ms=1, reason="Claimed", message="pool env")
+    assert render.progress_line(progress, now_ms=3_723_004) == "01:02:03.004  Normal  Claimed: pool env"
     sandbox = pb.Sandbox(status=pb.SandboxStatus(phase=pb.SANDBOX_PHASE_ERROR, exit_code=2))
     assert render.phase_line(sandbox, now_ms=0) == "--:--:--.---  phase Error (exit code 2)"
 
 
-def test_show_strips_the_padding_after_the_last_column_when_piped() -> None:
-    console = Console(file=io.StringIO(), width=200, color_system=None)
+def test_tables_have_no_padding_after_the_last_column() -> None:
     sandboxes = [pb.Sandbox(name="a-much-longer-name", spec=pb.SandboxSpec(image="/x"))]
     sandboxes.append(pb.Sandbox(name="short"))
-    render.show(render.sandbox_table(sandboxes, now_ms=0), console)
-    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    lines = render.sandbox_table(sandboxes, now_ms=0).splitlines()
     assert lines[1].endswith(" /x")
     assert lines[2].endswith(" (default)")
     assert all(line == line.rstrip() for line in lines)
+    assert lines[0].index("WORKSPACE") == lines[1].index("  ", len("a-much-longer-name") - 1) + 2
+
+
+def test_table_aligns_columns_and_right_aligns_on_request() -> None:
+    text = render.table(("A", "NUM"), [("long-cell", "1"), ("x", "100")], right=frozenset({1}))
+    assert text.splitlines() == ["A          NUM", "long-cell    1", "x          100"]
+
+
+def test_pools_view_lists_problems_of_pools_that_cannot_serve() -> None:
+    invalid = pb.Pool(
+        name="typo",
+        conditions=[pb.Condition(type="ProfileValid", status="False", reason="InvalidProfile", message="t.toml:2: x")],
+    )
+    fine = pb.Pool(name="ok", workspace="default", fingerprint="a" * 64, desired=1, ready=1, idle=1)
+    fine.conditions.append(pb.Condition(type="Healthy", status="True", reason="Fine"))
+    lines = _text(render.pools_view(pb.ListPoolsResponse(pools=[fine, invalid]))).splitlines()
+    assert lines[2].split() == ["typo", "-", "-", "0/0/0", "0", "0", "-"]
+    assert lines[3:] == ["Problems:", "  typo: InvalidProfile: t.toml:2: x", "Misses by reason: none"]

@@ -35,6 +35,7 @@ from warmshell.drivers.base import (
     PoolView,
     ProgressLine,
     WarmPending,
+    invalid_profile_view,
 )
 from warmshell.drivers.events import Hub, Subscription
 from warmshell.drivers.kubernetes import (
@@ -92,6 +93,7 @@ class KubernetesDriver:
         self._informers: Informers | None = None  # started by the first watch()
         self._warm: warm.WarmAllocation | None = None  # while warm pooling is configured
         self._profiles: asyncio.Task[None] | None = None  # the profile reconciler (lease-elected)
+        self._profile_problems: dict[str, str] = {}  # invalid profile ConfigMaps, while leading
         # Label-safe: which gateway wrote a claim (diagnostics; any replica may activate it).
         self._gateway_id = labels.label_value(gateway_id or socket.gethostname())
 
@@ -158,8 +160,14 @@ class KubernetesDriver:
         if self._config.warm_pooling.profiles.enabled and self._profiles is None:
             # Profiles run even while the extension APIs are absent: they wait on the same gate.
             self._profiles = asyncio.create_task(
-                profiles.run_elected(self.api, self._config, gate=self._warm.gate), name="k8s-profiles"
+                profiles.run_elected(
+                    self.api, self._config, gate=self._warm.gate, on_problems=self._set_profile_problems
+                ),
+                name="k8s-profiles",
             )
+
+    def _set_profile_problems(self, problems: dict[str, str]) -> None:
+        self._profile_problems = problems
 
     async def aclose(self) -> None:
         """Stop the informers and end watches; sandboxes keep running in the cluster."""
@@ -291,7 +299,11 @@ class KubernetesDriver:
 
     def pools(self) -> builtins.list[PoolView]:
         """The opted-in warm pools, with the ones that can never be matched flagged."""
-        return self._warm.views() if self._warm is not None else []
+        views = self._warm.views() if self._warm is not None else []
+        # Invalid profiles have no pool: listed by their ConfigMap (known on the profile leader).
+        for name, error in sorted(self._profile_problems.items()):
+            views.append(invalid_profile_view(name, source=f"configmap {self._config.namespace}/{name}", message=error))
+        return views
 
     # -- helpers ---------------------------------------------------------------------------
 

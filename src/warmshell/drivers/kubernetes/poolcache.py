@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmshell.core import matching
+from warmshell.core import matching, poolshapes
 from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.ids import Fingerprint, InstanceId
 from warmshell.drivers.base import DriverCondition
@@ -218,6 +218,11 @@ class PoolCache:
                 warned.add(key)
                 if key not in self._warned:  # once per pool and problem, not on every event
                     log.warning("warm pool %s is never matched: %s", entry.name, entry.problem.message)
+        fingerprints = {e.name: e.fingerprint for e in entries if e.shape is not None}
+        for name, others in poolshapes.shared_shapes(fingerprints.items()).items():
+            warned.add((name, poolshapes.REASON))
+            if (name, poolshapes.REASON) not in self._warned:
+                log.warning("warm pool %s: %s", name, poolshapes.shared_shape_message(others, fingerprints[name]))
         self._warned = warned
         self._stats = {e.name: e.stats for e in entries}
         self._entries = entries

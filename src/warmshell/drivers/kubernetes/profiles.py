@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.kubernetes import kube, labels, lease, profileplan, watching
@@ -45,8 +45,11 @@ class ProfileReconciler:
         clock: Clock | None = None,
         backoff: watching.Backoff | None = None,
         retry_delays: Sequence[float] = RETRY_DELAYS,
+        on_problems: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
         self._api = api
+        # After each pass: profile ConfigMap name -> its error, so `pool list` can show invalid ones.
+        self._on_problems = on_problems
         self._config = config
         self._gate = gate
         self._clock = clock or SystemClock()
@@ -163,6 +166,8 @@ class ProfileReconciler:
             await self._delete(delete)
         for want in desired:
             await self._report(want, errors.get(want.uid, ""), kept.get(want.uid, []))
+        if self._on_problems is not None:
+            self._on_problems({w.name: errors.get(w.uid) or w.error for w in desired if errors.get(w.uid) or w.error})
         self.passes += 1
 
     async def _generated(self, resource: kube.Resource, namespace: str) -> list[Obj]:
@@ -219,10 +224,20 @@ class ProfileReconciler:
 
 
 async def run_elected(
-    api: kube.Kube, config: KubernetesDriverConfig, *, gate: ExtensionsGate, clock: Clock | None = None
+    api: kube.Kube,
+    config: KubernetesDriverConfig,
+    *,
+    gate: ExtensionsGate,
+    clock: Clock | None = None,
+    on_problems: Callable[[dict[str, str]], None] | None = None,
 ) -> None:
     """The profile reconciler as the driver runs it: on the Lease holder only, while the
     extension APIs are installed (`gate` is the driver's, so their absence is said once per
-    gateway); until cancelled (which releases the Lease)."""
-    reconciler = ProfileReconciler(api, config, gate=gate, clock=clock)
-    await lease.elector_for(api, config, clock=clock).run(reconciler.lead)
+    gateway); until cancelled (which releases the Lease). `on_problems` gets each pass's invalid
+    profiles (ConfigMap name -> error), and nothing once this replica stops leading."""
+    reconciler = ProfileReconciler(api, config, gate=gate, clock=clock, on_problems=on_problems)
+    try:
+        await lease.elector_for(api, config, clock=clock).run(reconciler.lead)
+    finally:
+        if on_problems is not None:
+            on_problems({})

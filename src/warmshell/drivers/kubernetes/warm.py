@@ -17,7 +17,7 @@ import builtins
 import contextlib
 import logging
 
-from warmshell.core import allocation
+from warmshell.core import allocation, poolshapes
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.fingerprints import SandboxShape
 from warmshell.core.ids import InstanceId
@@ -26,6 +26,7 @@ from warmshell.drivers.base import (
     Activator,
     BackendState,
     CreateRequest,
+    DriverCondition,
     DriverEvent,
     DriverSandbox,
     MissReason,
@@ -244,10 +245,16 @@ class WarmAllocation:
     def views(self) -> builtins.list[PoolView]:
         """The opted-in warm pools, with the ones that can never be matched flagged."""
         idle = self._idle.counts()
-        return [self._view(pool, idle[pool.fingerprint]) for pool in self._pools.entries()]
+        entries = self._pools.entries()
+        shared = poolshapes.shared_shapes((pool.name, pool.fingerprint) for pool in entries if pool.shape)
+        return [self._view(pool, idle[pool.fingerprint], shared.get(pool.name, ())) for pool in entries]
 
-    def _view(self, pool: poolcache.CachedPool, idle: int) -> PoolView:
+    def _view(self, pool: poolcache.CachedPool, idle: int, sharing: tuple[str, ...]) -> PoolView:
         shape = pool.shape
+        conditions: tuple[DriverCondition, ...] = (pool.problem,) if pool.problem else ()
+        if sharing:  # every create of this shape is Ambiguous: say so where the pool is listed
+            message = poolshapes.shared_shape_message(sharing, pool.fingerprint)
+            conditions += (DriverCondition(poolshapes.CONDITION_TYPE, "False", poolshapes.REASON, message),)
         return PoolView(
             name=pool.name,
             workspace=pool.workspace,
@@ -264,5 +271,5 @@ class WarmAllocation:
             hits=pool.stats.hits,
             misses=pool.stats.misses,
             source=f"SandboxWarmPool {self._namespace}/{pool.name}",
-            conditions=(pool.problem,) if pool.problem else (),
+            conditions=conditions,
         )

@@ -16,12 +16,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmshell.core import poolshapes
 from warmshell.core.errors import InvalidArgumentError, WarmshellError
 from warmshell.core.ids import Fingerprint
 from warmshell.core.matching import MatchResult, PoolIndex
 from warmshell.core.models import Resources, SandboxSpec
 from warmshell.core.profiles import Profile, ProfileError
-from warmshell.drivers.base import DriverCondition, PoolView
+from warmshell.drivers.base import DriverCondition, PoolView, invalid_profile_view
 from warmshell.drivers.local.instances import Instance
 
 __all__ = ["Pool", "PoolSet"]
@@ -116,6 +117,7 @@ class PoolSet:
         self._slots = asyncio.Semaphore(max_concurrent_spawns)
         self._pools: dict[str, Pool] = {}
         self._errors: dict[str, InvalidArgumentError] = {}
+        self._shared: dict[str, tuple[str, ...]] = {}  # pool -> the other pools of its shape
         self._index: PoolIndex[Pool] = PoolIndex(None)
         self._wake = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
@@ -131,13 +133,20 @@ class PoolSet:
     def views(self) -> list[PoolView]:
         """Every pool, plus a view of each invalid profile that has no valid version running."""
         views = [
-            pool.view((_invalid(self._errors[name]),) if name in self._errors else ())
+            pool.view((_invalid(self._errors[name]),) if name in self._errors else self._shared_shape(pool))
             for name, pool in sorted(self._pools.items())
         ]
         for name, error in sorted(self._errors.items()):
             if name not in self._pools:
                 views.append(_invalid_view(name, error))
         return views
+
+    def _shared_shape(self, pool: Pool) -> tuple[DriverCondition, ...]:
+        others = self._shared.get(pool.name)
+        if not others:
+            return ()
+        message = poolshapes.shared_shape_message(others, pool.fingerprint)
+        return (DriverCondition(poolshapes.CONDITION_TYPE, "False", poolshapes.REASON, message),)
 
     # -- profile changes -------------------------------------------------------------------
 
@@ -155,8 +164,12 @@ class PoolSet:
             _log.info("warm pool %s: profile removed, draining", name)
             self._retire(self._pools.pop(name))
         self._index = PoolIndex((pool.fingerprint, pool) for pool in self._pools.values())
+        self._shared = poolshapes.shared_shapes((name, pool.fingerprint) for name, pool in self._pools.items())
         for name, error in self._errors.items():
             _log.warning("warm pool %s: invalid profile: %s", name, error)
+        for name, others in sorted(self._shared.items()):
+            message = poolshapes.shared_shape_message(others, self._pools[name].fingerprint)
+            _log.warning("warm pool %s: %s", name, message)
         self.wake()
 
     def _upsert(self, profile: Profile) -> None:
@@ -285,19 +298,4 @@ class PoolSet:
 
 def _invalid_view(name: str, error: InvalidArgumentError) -> PoolView:
     source = error.source if isinstance(error, ProfileError) else ""
-    return PoolView(
-        name=name,
-        workspace="",
-        fingerprint=Fingerprint(""),
-        image="",
-        environment={},
-        cpu="",
-        memory="",
-        desired=0,
-        ready=0,
-        idle=0,
-        hits=0,
-        misses=0,
-        source=source,
-        conditions=(_invalid(error),),
-    )
+    return invalid_profile_view(name, source=source, message=str(error))
