@@ -113,3 +113,32 @@ async def test_outage_is_unavailable_and_the_pool_recovers_by_itself(own_postgre
         assert await store.get("sandbox", "2") is None  # the create during the outage did not half-happen
     finally:
         await store.aclose()
+
+
+async def test_a_database_turned_read_only_refuses_writes_in_plain_words(
+    dev_postgres: DevPostgres, postgres_url: str
+) -> None:
+    """What a client sees after a failover to a standby: reads work, writes are UNAVAILABLE with
+    the server's reason (never an asyncpg exception escaping to the caller); a start refuses."""
+    store = await postgres.open_postgres_store(postgres_url, password=dev_postgres.password, config=SETTINGS)
+    database = postgres_url.rsplit("/", 1)[1]
+    admin = await asyncpg.connect(dev_postgres.url, password=dev_postgres.password)
+    try:
+        await store.create(kind="sandbox", id="1", name="a", workspace="default", payload="{}")
+        await admin.execute(f"ALTER DATABASE {database} SET default_transaction_read_only = on")
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            database,
+        )
+        # The pooled connection was terminated under the store: a read retries on a fresh one.
+        assert await store.get("sandbox", "1") is not None
+        with pytest.raises(UnavailableError, match=r"refused the operation: cannot execute INSERT in a read-only"):
+            await store.create(kind="sandbox", id="2", name="b", workspace="default", payload="{}")
+        with pytest.raises(UnavailableError, match="read-only"):
+            await store.update(kind="sandbox", id="1", expected_version=1, payload="{}")
+        with pytest.raises(FailedPreconditionError, match="could not be prepared: cannot execute CREATE TABLE"):
+            await postgres.open_postgres_store(postgres_url, password=dev_postgres.password, config=SETTINGS)
+    finally:
+        await store.aclose()
+        await admin.execute(f"ALTER DATABASE {database} RESET default_transaction_read_only")
+        await admin.close()

@@ -36,6 +36,9 @@ _UNREACHABLE: tuple[type[BaseException], ...] = (
     TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    # A connection the server terminated while idle (pg_terminate_backend, a restart) can leave
+    # the client's protocol state confused on its next use ("another operation is in progress").
+    asyncpg.InternalClientError,
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
@@ -44,6 +47,7 @@ _UNREACHABLE: tuple[type[BaseException], ...] = (
 )
 # Failures no retry will fix: wrong credentials, a database or role that does not exist.
 _MISCONFIGURED: tuple[type[BaseException], ...] = (
+    asyncpg.ClientConfigurationError,  # e.g. an unknown sslmode in the URL
     asyncpg.InvalidAuthorizationSpecificationError,
     asyncpg.InvalidPasswordError,
     asyncpg.InvalidCatalogNameError,
@@ -66,7 +70,7 @@ def _why(exc: BaseException, timeout: float) -> str:
         return f"no answer within {timeout:g}s"
     if isinstance(exc, asyncpg.CannotConnectNowError | asyncpg.AdminShutdownError | asyncpg.CrashShutdownError):
         return "the database is shutting down or starting up"
-    if isinstance(exc, asyncpg.InterfaceError | asyncpg.PostgresConnectionError):
+    if isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError | asyncpg.PostgresConnectionError):
         return "the connection to the database was lost"
     return str(exc) or type(exc).__name__
 
@@ -93,11 +97,28 @@ class PostgresStore:
             # so the first call after it returns gets a fresh connection instead of this error.
             await self._pool.expire_connections()
             raise self._unavailable(exc) from exc
+        except asyncpg.UniqueViolationError:
+            raise  # the caller's to name (which object already exists)
+        except asyncpg.PostgresError as exc:
+            # Anything else the server refused (a read-only standby after a failover, a full
+            # disk, a deadlock): temporary from the caller's view, and said in the server's words.
+            raise UnavailableError(f"the store (Postgres at {self._where}) refused the operation: {exc}") from exc
 
     async def _fetch(self, query: str, *args: object) -> list[StoredObject]:
         async with self._connection() as conn:
             rows = await conn.fetch(query, *args)
         return [StoredObject(*tuple(r)) for r in rows]
+
+    async def _read(self, query: str, *args: object) -> list[StoredObject]:
+        """`_fetch` for reads, once more on a fresh connection when the pooled one had died
+        (a database restart or a terminated backend): reads are safe to repeat, and the first
+        call after an outage should not fail for a connection the pool had not noticed was gone."""
+        try:
+            return await self._fetch(query, *args)
+        except UnavailableError as exc:
+            if isinstance(exc.__cause__, OSError | TimeoutError):
+                raise  # refused or silent: no fresh connection would do better now
+            return await self._fetch(query, *args)
 
     async def create(self, *, kind: str, id: str, name: str, workspace: str, payload: str) -> StoredObject:
         """Insert at resource_version 1."""
@@ -117,12 +138,12 @@ class PostgresStore:
 
     async def get(self, kind: str, id: str) -> StoredObject | None:
         """Look up by id."""
-        rows = await self._fetch(f"SELECT {_COLUMNS} FROM objects WHERE kind = $1 AND id = $2", kind, id)
+        rows = await self._read(f"SELECT {_COLUMNS} FROM objects WHERE kind = $1 AND id = $2", kind, id)
         return rows[0] if rows else None
 
     async def get_by_name(self, kind: str, workspace: str, name: str) -> StoredObject | None:
         """Look up by (workspace, name)."""
-        rows = await self._fetch(
+        rows = await self._read(
             f"SELECT {_COLUMNS} FROM objects WHERE kind = $1 AND workspace = $2 AND name = $3", kind, workspace, name
         )
         return rows[0] if rows else None
@@ -130,8 +151,8 @@ class PostgresStore:
     async def list(self, kind: str, workspace: str | None = None) -> builtins.list[StoredObject]:
         """All objects of a kind, ordered by workspace and name (byte-wise)."""
         if workspace is None:
-            return await self._fetch(f"SELECT {_COLUMNS} FROM objects WHERE kind = $1" + _ORDER, kind)
-        return await self._fetch(
+            return await self._read(f"SELECT {_COLUMNS} FROM objects WHERE kind = $1" + _ORDER, kind)
+        return await self._read(
             f"SELECT {_COLUMNS} FROM objects WHERE kind = $1 AND workspace = $2" + _ORDER, kind, workspace
         )
 
@@ -168,7 +189,7 @@ class PostgresStore:
 
     async def dump(self) -> builtins.list[StoredObject]:
         """Every object of every kind."""
-        return await self._fetch(f"SELECT {_COLUMNS} FROM objects ORDER BY kind, id")
+        return await self._read(f"SELECT {_COLUMNS} FROM objects ORDER BY kind, id")
 
     async def restore(self, obj: StoredObject) -> bool:
         """Write `obj` exactly (its resource_version too) unless the row is already as new."""
@@ -226,6 +247,9 @@ async def open_postgres_store(url: str, *, password: str | None, config: StoreCo
                 ) from exc
             log.warning("store at %s unreachable (attempt %d): %s; retrying in %gs", where, attempt, why, delay)
             await asyncio.sleep(delay)
+        except asyncpg.PostgresError as exc:
+            # The server answered but refused to prepare the schema (e.g. a read-only standby).
+            raise FailedPreconditionError(f"the store (Postgres at {where}) could not be prepared: {exc}") from exc
     raise AssertionError("itertools.count does not end")
 
 
