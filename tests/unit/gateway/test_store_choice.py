@@ -34,6 +34,7 @@ def test_a_password_in_the_url_never_shows_in_the_config() -> None:
         ("postgresql://user:s3cret@db.example:6543/ws", "db.example:6543/ws"),
         ("postgresql://user@10.0.0.1/warmshell", "10.0.0.1:5432/warmshell"),
         ("postgres://:pw@[::1]:5433/x?sslmode=require", "[::1]:5433/x"),
+        ("postgresql://u:pw@db1:5432,db2:5432/ws", "db1:5432,db2:5432/ws"),
     ],
 )
 def test_describe_url_shows_host_port_and_database_only(url: str, shown: str) -> None:

@@ -57,9 +57,12 @@ _MISCONFIGURED: tuple[type[BaseException], ...] = (
 def describe_url(url: str) -> str:
     """host:port/database of a URL: what messages and logs may show (no user, no password)."""
     parts = urlsplit(url)
-    host = parts.hostname or "localhost"
-    host = f"[{host}]" if ":" in host else host
-    return f"{host}:{parts.port or 5432}{parts.path or '/'}"
+    try:
+        host = parts.hostname or "localhost"
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{parts.port or 5432}{parts.path or '/'}"
+    except ValueError:  # not one host:port (libpq's multi-host form): everything after the @
+        return parts.netloc.rpartition("@")[2] + parts.path
 
 
 def _why(exc: BaseException, timeout: float) -> str:
