@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +16,7 @@ from tests.helpers.cli import start_gateway, warmshell_env, warmshell_executable
 from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.helpers.postgres import DevPostgres
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.core.ids import SandboxId
 from warmshell.gateway.store import opening
 
 RECOVERY_TIMEOUT_SECONDS = 30.0
@@ -44,11 +46,22 @@ async def _wait_healthy(gw: RunningGateway) -> None:
             await asyncio.sleep(0.2)
 
 
-async def test_gateway_survives_a_postgres_restart(tmp_path: Path, own_postgres: DevPostgres) -> None:
+async def _wait_until(condition: Callable[[], bool]) -> None:
+    # Session tables have no watch: poll them, bounded.
+    async with asyncio.timeout(RECOVERY_TIMEOUT_SECONDS):
+        while not condition():
+            await asyncio.sleep(0.05)
+
+
+async def test_gateway_survives_a_postgres_restart(
+    tmp_path: Path, own_postgres: DevPostgres, caplog: pytest.LogCaptureFixture
+) -> None:
     async with running_gateway(tmp_path / "state", **_store_overrides(own_postgres)) as gw:
-        await gw.create(name="before")
+        before = await gw.create(name="before")
         assert (await gw.wait_ready("before")).status.phase == pb.SANDBOX_PHASE_READY
         assert await _healthz(gw) == (200, "ok\n")
+        manager = gw.gateway.manager
+        sandbox_id = SandboxId(before.id)
 
         own_postgres.stop(keep=True)
         status, body = await _healthz(gw)
@@ -65,6 +78,12 @@ async def test_gateway_survives_a_postgres_restart(tmp_path: Path, own_postgres:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await gw.create(name="during")
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        # A session that ends now cannot be recorded as ended, and its supervisor's reconnects
+        # are refused until the store is back.
+        session = manager.sessions.get(sandbox_id)
+        assert session is not None
+        session.close("test: drop the session during the outage", reconnect=True)
+        await _wait_until(lambda: manager.sessions.get(sandbox_id) is not session)
 
         own_postgres.restart()
         await _wait_healthy(gw)
@@ -73,10 +92,14 @@ async def test_gateway_survives_a_postgres_restart(tmp_path: Path, own_postgres:
         assert [s.name for s in listed.sandboxes] == ["before"]  # the refused create left nothing
         await gw.create(name="after")
         assert (await gw.wait_ready("after")).status.phase == pb.SANDBOX_PHASE_READY
+        await _wait_until(lambda: manager.sessions.live(sandbox_id) not in (None, session))  # reconnected
         ready = await gw.wait_ready("before", timeout=RECOVERY_TIMEOUT_SECONDS)
         assert ready.status.phase == pb.SANDBOX_PHASE_READY
-        code, out, _ = await gw.exec("before", ["echo", "still here"])
+        async with asyncio.timeout(RECOVERY_TIMEOUT_SECONDS):
+            code, out, _ = await gw.exec("before", ["echo", "still here"])
         assert (code, out) == (0, b"still here\n")
+    # No handler let an exception through to grpc (which logs "Unexpected [...] raised by servicer").
+    assert not [r.getMessage() for r in caplog.records if "Unexpected" in r.getMessage()]
 
 
 def test_the_password_is_never_logged(tmp_path: Path, own_postgres: DevPostgres) -> None:
