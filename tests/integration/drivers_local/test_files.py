@@ -205,3 +205,140 @@ async def test_a_sandbox_that_is_not_ready(gw: RunningGateway) -> None:
     await gw.create(name="short", spec=pb.SandboxSpec(command=["/bin/true"]))
     await gw.wait_for("short", lambda s: s.status.HasField("exit_code"))
     await refused(Files(gw, "short").read("/workspace/x"), grpc.StatusCode.FAILED_PRECONDITION, "short", "Ready")
+
+
+# -- escapes: the workload lays the trap, the client walks into it ----------------------------
+
+
+def _fingerprint(path: Path) -> tuple[bytes, int, int]:
+    st = path.stat()
+    return path.read_bytes(), st.st_mtime_ns, st.st_ino
+
+
+async def test_symlinks_pointing_out_resolve_inside_the_sandbox(gw: RunningGateway, tmp_path: Path) -> None:
+    files = Files(gw)
+    state = gw.gateway.paths.root
+    host_secret = tmp_path / "host-secret"
+    host_secret.write_bytes(b"HOST ONLY")
+    before = _fingerprint(host_secret)
+    await sh(
+        gw,
+        f"ln -s /etc/shadow /workspace/shadow; ln -s {state} /workspace/state; ln -s {state}/api-token /workspace/tok;"
+        f" ln -s {host_secret} /workspace/secret; ln -s / /workspace/root;"
+        " ln -s ../../../../../../../../etc/shadow /workspace/up",
+    )
+    nf = grpc.StatusCode.NOT_FOUND
+    assert Path("/etc/shadow").exists()  # on the host: the link would reach it if followed there
+    for path in ("/workspace/shadow", "/workspace/tok", "/workspace/secret", "/workspace/up", "/etc/shadow"):
+        await refused(files.read(path), nf, path)
+    await refused(files.list("/workspace/state"), nf, "/workspace/state")
+    await refused(files.read("/workspace/../../../etc/shadow"), nf, "/etc/shadow")
+    await refused(files.read(f"/workspace/root{state}/api-token"), nf)
+    # An absolute link to / is the sandbox's root, not the host's.
+    listing = sorted(e.name for e in await files.list("/workspace/root"))
+    assert listing == ["bin", "dev", "etc", "lib", "lib64", "proc", "run", "sbin", "tmp", "usr", "workspace"]
+    # Writing through a link that points out replaces the link (inside), never the target.
+    await files.write("/workspace/secret", b"overwritten?")
+    await files.write("/workspace/shadow", b"overwritten?")
+    assert _fingerprint(host_secret) == before
+    assert (await files.stat("/workspace/secret")).type == "file"
+    # A link to a host directory: a write beneath it lands nowhere on the host.
+    await sh(gw, f"ln -s {tmp_path} /workspace/hostdir")
+    await refused(files.write("/workspace/hostdir/planted", b"x"), nf, "/workspace/hostdir/planted")
+    # mkdir -p meets the dangling link as a name that exists and is no directory, as in the sandbox.
+    await refused(files.mkdir("/workspace/hostdir/planted", parents=True), grpc.StatusCode.ALREADY_EXISTS)
+    assert not (tmp_path / "planted").exists()
+    # Removing a link that points at the host removes the link only.
+    await files.remove("/workspace/tok")
+    assert (state / "api-token").exists()
+    await refused(files.remove(f"/workspace/root{state}", recursive=True), nf)
+    assert (state / "api-token").exists()
+
+
+async def test_the_workloads_rights_not_the_gateways(gw: RunningGateway) -> None:
+    files = Files(gw)
+    # Bound into the sandbox from the host, 0710 root:ssl-cert: the workload may not list it,
+    # and the gateway (root) must not list it on the workload's behalf either.
+    if not Path("/etc/ssl/private").is_dir():
+        pytest.skip("no /etc/ssl/private on this host")
+    code, _, err = await gw.exec(NAME, ["/bin/ls", "/etc/ssl/private"])
+    assert code != 0
+    assert "Permission denied" in err.decode()
+    await refused(files.list("/etc/ssl/private"), grpc.StatusCode.PERMISSION_DENIED, "/etc/ssl/private")
+    await sh(gw, "ln -s /etc/ssl/private /workspace/keys")
+    await refused(files.list("/workspace/keys"), grpc.StatusCode.PERMISSION_DENIED)
+    # Nor write where only the host's root may.
+    await refused(files.write("/etc/ssl/certs/planted.pem", b"x"), grpc.StatusCode.PERMISSION_DENIED)
+
+
+async def test_fifos_and_device_nodes_are_never_opened(gw: RunningGateway) -> None:
+    files = Files(gw)
+    await sh(gw, "mkfifo /workspace/fifo; ln -s /dev/tty /workspace/tty; ln -s /dev/zero /workspace/zero")
+    fp = grpc.StatusCode.FAILED_PRECONDITION
+    async with asyncio.timeout(10):  # a FIFO opened for reading would wait for a writer forever
+        await refused(files.read("/workspace/fifo"), fp, "not a regular file")
+        for path in ("/dev/zero", "/dev/tty", "/dev/null", "/dev/random", "/workspace/tty", "/workspace/zero"):
+            await refused(files.read(path), fp, path, "not a regular file")
+        # A write replaces the FIFO with a file rather than opening it (that would block too).
+        await files.write("/workspace/fifo", b"data")
+    assert await files.read("/workspace/fifo") == b"data"
+    assert (await files.stat("/dev/null")).type == "other"
+
+
+async def test_proc_and_magic_links_are_refused(gw: RunningGateway) -> None:
+    files = Files(gw)
+    pd = grpc.StatusCode.PERMISSION_DENIED
+    # The sandbox's own /proc describes processes the gateway may read more of than the workload
+    # (pid 1 is non-dumpable to the workload, not to the gateway): none of it is served.
+    for path in ("/proc/1/environ", "/proc/1/cmdline", "/proc/1/mem", "/proc/self/status", "/proc/cpuinfo"):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await files.read(path)
+        assert info.value.code() in (pd, grpc.StatusCode.NOT_FOUND), (path, info.value)
+    await refused(files.list("/proc"), pd, "/proc")
+    await refused(files.list("/proc/1/fd"), pd)
+    # Magic links (/proc/<pid>/root, cwd, exe, fd/N) are never followed, however they are reached.
+    fp = grpc.StatusCode.FAILED_PRECONDITION
+    await refused(files.read("/proc/1/root/etc/passwd"), fp, "symbolic link")
+    await refused(files.list("/proc/1/cwd"), fp)
+    await sh(gw, "ln -s /proc/1/root /workspace/pid1root; ln -s /proc/self/root /workspace/selfroot")
+    await refused(files.list("/workspace/pid1root"), fp, "/workspace/pid1root")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await files.read("/workspace/selfroot/etc/shadow")
+    assert info.value.code() in (fp, grpc.StatusCode.NOT_FOUND)
+    await refused(files.write("/workspace/pid1root/workspace/x", b"x"), fp)
+    await refused(files.write("/proc/1/attr/current", b"x"), pd)
+    await refused(files.mkdir("/sys/x"), grpc.StatusCode.NOT_FOUND)  # there is no /sys at all
+
+
+async def test_a_symlink_swapped_in_during_a_write_changes_nothing_outside(gw: RunningGateway, tmp_path: Path) -> None:
+    files = Files(gw)
+    host_secret = tmp_path / "host-secret"
+    host_secret.write_bytes(b"HOST ONLY")
+    before = _fingerprint(host_secret)
+    hostdir = tmp_path / "hostdir"
+    hostdir.mkdir()
+    await sh(gw, "mkdir /workspace/dir && echo old > /workspace/dir/target")
+    call = files.stub.WriteFile(metadata=files.md)
+    await call.write(pb.WriteFileRequest(header=pb.WriteFileHeader(name=NAME, path="/workspace/dir/target")))
+    await call.write(pb.WriteFileRequest(data=b"new content, part 1; "))
+    # Mid-write, the workload points the file and then its directory at the host.
+    await sh(
+        gw,
+        f"rm /workspace/dir/target && ln -s {host_secret} /workspace/dir/target &&"
+        f" mv /workspace/dir /workspace/moved && ln -s {hostdir} /workspace/dir",
+    )
+    await call.write(pb.WriteFileRequest(data=b"part 2"))
+    await call.done_writing()
+    assert (await call).bytes_written == len(b"new content, part 1; part 2")
+    # The write went to the directory it resolved at the start (now /workspace/moved), replacing
+    # the link planted there; the host saw nothing.
+    assert _fingerprint(host_secret) == before
+    assert list(hostdir.iterdir()) == []
+    assert await sh(gw, "cat /workspace/moved/target") == "new content, part 1; part 2"
+    # Meanwhile a read in progress keeps reading the file it opened.
+    await files.write("/workspace/r", b"A" * (1024 * 1024))
+    stream = files.stub.ReadFile(files.ref("/workspace/r"), metadata=files.md)
+    first = await anext(aiter(stream))
+    await sh(gw, f"rm /workspace/r && ln -s {host_secret} /workspace/r")
+    rest = b"".join([c.data async for c in stream])
+    assert first.data + rest == b"A" * (1024 * 1024)
