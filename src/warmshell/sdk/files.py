@@ -226,6 +226,12 @@ class AsyncFiles(_Target):
         """Create or replace a file (atomically; parents created by default); the bytes written."""
         return await self._write(path, _pieces(_as_bytes(data), self._chunk_bytes), mode, make_parents)
 
+    async def write_chunks(
+        self, path: str, chunks: Iterator[bytes], *, mode: int = 0, make_parents: bool = True
+    ) -> int:
+        """`write` from an iterator of chunks (each at most the gateway's max request size)."""
+        return await self._write(path, chunks, mode, make_parents)
+
     async def upload(
         self, local_path: str | os.PathLike[str], path: str, *, mode: int = 0, make_parents: bool = True
     ) -> int:
