@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
@@ -21,6 +21,7 @@ __all__ = [
     "GatewayConfig",
     "KubernetesDriverConfig",
     "LeaderElectionConfig",
+    "LifetimesConfig",
     "LocalDriverConfig",
     "ProfilesConfig",
     "RateLimit",
@@ -166,6 +167,25 @@ class FilesConfig(_Section):
     chunk_bytes: int = Field(default=256 * 1024, ge=1024, le=4 * 1024 * 1024)
 
 
+class LifetimesConfig(_Section):
+    """How long sandboxes live: the TTL and idle timeout a create gets when it sets none, the
+    most it may ask for (0 = no maximum), and how often expiry is checked."""
+
+    default_ttl_seconds: int = Field(default=0, ge=0)  # 0 = sandboxes live until deleted
+    max_ttl_seconds: int = Field(default=0, ge=0)
+    default_idle_timeout_seconds: int = Field(default=0, ge=0)
+    max_idle_timeout_seconds: int = Field(default=0, ge=0)
+    check_interval_seconds: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _defaults_within_maxima(self) -> LifetimesConfig:
+        for name in ("ttl_seconds", "idle_timeout_seconds"):
+            default, maximum = getattr(self, f"default_{name}"), getattr(self, f"max_{name}")
+            if maximum and not 0 < default <= maximum:
+                raise ValueError(f"default_{name} must be between 1 and max_{name} ({maximum})")
+        return self
+
+
 class GatewayConfig(_Section):
     """Everything `warmshell gateway start` needs."""
 
@@ -187,6 +207,7 @@ class GatewayConfig(_Section):
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     files: FilesConfig = Field(default_factory=FilesConfig)
     log_level: str = "INFO"
+    lifetimes: LifetimesConfig = Field(default_factory=LifetimesConfig)
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
 
