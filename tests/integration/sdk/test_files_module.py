@@ -91,3 +91,37 @@ async def test_sync_files_every_call(gw: RunningGateway, tmp_path: Path) -> None
 
     entries = await asyncio.to_thread(work)
     assert [(e.name, e.type) for e in entries] == [("s.txt", "file")]
+
+
+def test_the_clients_sandbox_handles_carry_files(tmp_path: Path) -> None:
+    """`sb.files` on the SDK's own handles (a gateway process, found through its state dir),
+    with failures raised as the SDK's named errors."""
+    import warmshell
+    from tests.helpers.cli import start_gateway
+
+    assert shutil.which("bwrap"), "bubblewrap (bwrap) is required"
+    running = start_gateway(tmp_path / "state")
+    try:
+        with warmshell.Client(state_dir=running.state_dir) as client, client.create(name="handle") as sb:
+            sb.files.write("/workspace/a.py", "print(6*7)")
+            result = sb.run(["python3", "/workspace/a.py"])
+            assert (result.exit_code, result.stdout) == (0, b"42\n")
+            assert [e.name for e in sb.files.list("/workspace")] == ["a.py"]
+            with pytest.raises(warmshell.NotFound, match="/workspace/nope: no such file"):
+                sb.files.read("/workspace/nope")
+            with pytest.raises(warmshell.PermissionDenied, match="read-only"):
+                sb.files.write("/usr/planted", b"x")
+
+        async def via_async() -> None:
+            async with (
+                warmshell.AsyncClient(state_dir=running.state_dir) as aclient,
+                await aclient.create(name="ahandle") as asb,
+            ):
+                await asb.files.write("/workspace/b", b"\x00\x01")
+                assert await asb.files.read("/workspace/b") == b"\x00\x01"
+                with pytest.raises(warmshell.FailedPrecondition, match="is a directory"):
+                    await asb.files.read("/workspace")
+
+        asyncio.run(via_async())
+    finally:
+        assert running.stop() == 0, running.log()
