@@ -342,3 +342,18 @@ async def test_a_symlink_swapped_in_during_a_write_changes_nothing_outside(gw: R
     await sh(gw, f"rm /workspace/r && ln -s {host_secret} /workspace/r")
     rest = b"".join([c.data async for c in stream])
     assert first.data + rest == b"A" * (1024 * 1024)
+
+
+async def test_a_cancelled_write_leaves_nothing(gw: RunningGateway) -> None:
+    files = Files(gw)
+    await files.write("/workspace/kept", b"old")
+    call = files.stub.WriteFile(metadata=files.md)
+    await call.write(pb.WriteFileRequest(header=pb.WriteFileHeader(name=NAME, path="/workspace/kept")))
+    await call.write(pb.WriteFileRequest(data=b"half of the new content"))
+    call.cancel()
+    # The gateway notices the cancel, removes its temporary file and keeps the old content.
+    async with asyncio.timeout(10):
+        while ".warmshell" in await sh(gw, "ls -a /workspace"):
+            await asyncio.sleep(0.05)
+    assert await files.read("/workspace/kept") == b"old"
+    assert sorted(e.name for e in await files.list("/workspace")) == ["kept"]

@@ -46,10 +46,11 @@ class LocalFiles:
         self._uid = uid
         self._executor = executor
 
-    async def _call(self, path: str, operation: Callable[[Root], T]) -> T:
+    async def _call(self, path: str, operation: Callable[[Root], T], undo: Callable[[T], None] | None = None) -> T:
         """Run `operation` on a fresh root in the executor, with the workload's rights; OSError
         becomes the error naming `path`. The thread owns (and closes) the root fd, so a cancelled
-        caller cannot close it under a running operation."""
+        caller cannot close it under a running operation; what a cancelled caller can no longer
+        receive (an open fd, a pending write) is handed to `undo` once the thread is done."""
         try:
             root = Root(self._open_root(), self._uid)
         except OSError as exc:
@@ -62,10 +63,20 @@ class LocalFiles:
             finally:
                 os.close(root.fd)
 
+        future = asyncio.get_running_loop().run_in_executor(self._executor, run)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if undo is not None:
+                future.add_done_callback(lambda done: self._undo(done, undo))
+            raise
         except OSError as exc:
             raise file_error(path, exc) from exc
+
+    def _undo(self, done: asyncio.Future[T], undo: Callable[[T], None]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            root = Root(-1, self._uid)
+            self._executor.submit(_under_rights, root, lambda: undo(done.result()))
 
     async def stat(self, path: str) -> FileEntry:
         """See `SandboxFiles.stat`."""
@@ -77,7 +88,7 @@ class LocalFiles:
 
     async def read(self, path: str, chunk_bytes: int, max_bytes: int) -> AsyncIterator[bytes]:
         """See `SandboxFiles.read`; a file over `max_bytes` is refused before any byte is sent."""
-        fd, size = await self._call(path, lambda root: root.open_read(path))
+        fd, size = await self._call(path, lambda root: root.open_read(path), undo=lambda opened: os.close(opened[0]))
         loop = asyncio.get_running_loop()
         try:
             if size > max_bytes:
@@ -102,7 +113,9 @@ class LocalFiles:
     ) -> int:
         """See `SandboxFiles.write`: into a hidden temporary file, renamed over `path` at the end;
         a failure or a cancel removes it."""
-        pending: PendingWrite = await self._call(path, lambda root: root.begin_write(path, mode, make_parents))
+        pending: PendingWrite = await self._call(
+            path, lambda root: root.begin_write(path, mode, make_parents), undo=lambda p: Root(-1).abort(p)
+        )
         loop = asyncio.get_running_loop()
         written = 0
         committed = False

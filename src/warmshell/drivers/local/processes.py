@@ -143,7 +143,10 @@ class SandboxProcess:
         child = self._info.result() if self._info.done() and not self._namespace_killed else None
         if child is None or self._process.returncode is not None:
             raise OSError(errno.ESRCH, "the sandbox is not running")
-        fd = os.open(f"/proc/{child.pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = os.open(f"/proc/{child.pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:  # it ended (or is a zombie) between the check and the open
+            raise OSError(errno.ESRCH, "the sandbox is not running") from None
         try:
             signal.pidfd_send_signal(child.pidfd, 0)
         except OSError:
