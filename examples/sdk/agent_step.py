@@ -29,10 +29,7 @@ def main() -> int:
         info = sb.last_info
         print(f"sandbox {sb.name}: {info.allocation.value}, Ready in {info.timeline.ready_ms:.1f} ms")
 
-        wrote = sb.run(["sh", "-c", "cat > /workspace/task.py"], stdin=SCRIPT)
-        if wrote.exit_code != 0:
-            print(wrote.stderr.decode(), file=sys.stderr)
-            return 1
+        sb.files.write("/workspace/task.py", SCRIPT)
 
         ran = sb.run(["python3", "/workspace/task.py"], timeout=30)
         print(ran.stdout.decode(), end="")
@@ -40,7 +37,7 @@ def main() -> int:
             print(f"the script failed ({ran.exit_code}):\n{ran.stderr.decode()}", file=sys.stderr)
             return 1
 
-        answer = json.loads(sb.run(["cat", "/workspace/answer.json"]).stdout)
+        answer = json.loads(sb.files.read("/workspace/answer.json"))
         print(f"answer: {answer['sum_of_squares']}")
     return 0
 

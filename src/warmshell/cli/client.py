@@ -75,6 +75,7 @@ class Connection(NamedTuple):
     stub: SandboxServiceAsyncStub
     metadata: tuple[tuple[str, str], ...]
     address: str
+    channel: aio.Channel  # for the other services (files)
 
 
 def _state_dir(options: GlobalOptions) -> Path:
@@ -127,7 +128,7 @@ async def connect(options: GlobalOptions) -> AsyncIterator[Connection]:
     async with aio.insecure_channel(address) as channel:
         stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
         try:
-            yield Connection(stub=stub, metadata=metadata, address=address)
+            yield Connection(stub=stub, metadata=metadata, address=address, channel=channel)
         except aio.AioRpcError as exc:
             raise error_from_rpc(exc, address=address) from None
 

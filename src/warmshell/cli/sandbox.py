@@ -1,4 +1,4 @@
-"""`warmshell sandbox ...`: create, list, get, exec, delete and watch sandboxes.
+"""`warmshell sandbox ...`: create, list, get, exec, delete and watch sandboxes; cp and ls files.
 
 `register` adds the flags; each handler builds its request and hands an async body to
 `client.run`. grpc, protobuf and the renderers are imported inside the handlers, so parsing and
@@ -108,6 +108,25 @@ def register(commands: Any, *, chosen: str | None) -> None:
     if delete is not None:
         _name_and_workspace(delete)
         _common(delete)
+
+    cp = sub.add(
+        "cp",
+        _cp,
+        "Copy one file into a sandbox (`cp LOCAL NAME:PATH`) or out of it (`cp NAME:PATH LOCAL`). "
+        "A relative PATH is under /workspace; a PATH ending in / keeps the local file's name. "
+        "Parents are created; the file is replaced atomically.",
+    )
+    if cp is not None:
+        cp.add_argument("source", metavar="SOURCE", help="LOCAL or NAME:PATH")
+        cp.add_argument("destination", metavar="DESTINATION", help="NAME:PATH or LOCAL")
+        add_workspace_option(cp, what="sandbox")
+        _common(cp)
+
+    ls = sub.add("ls", _ls, "List a directory in a sandbox. PATH defaults to /workspace; relative paths are under it.")
+    if ls is not None:
+        _name_and_workspace(ls)
+        ls.add_argument("path", metavar="PATH", nargs="?", default="/workspace", help="directory (default /workspace)")
+        _common(ls)
 
     watch = sub.add(
         "watch",
@@ -282,6 +301,41 @@ def _watch(args: argparse.Namespace) -> int:
                 print(render.progress_line(event.progress, now_ms=now_ms), flush=True)
             elif kind == "deleted":
                 print(f"{render.clock(now_ms)}  sandbox {args.name} deleted", flush=True)
+        return 0
+
+    return _with_connection(args, body)
+
+
+def _cp(args: argparse.Namespace) -> int:
+    as_json = output_is_json(args)
+
+    async def body(conn: Connection) -> int:
+        import json
+
+        from warmshell.cli import files
+
+        where, size = await files.copy(conn, args.source, args.destination, workspace(args))
+        if as_json:
+            print(json.dumps({"destination": where, "bytes": size}, sort_keys=True))
+        return 0
+
+    return _with_connection(args, body)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    as_json = output_is_json(args)
+
+    async def body(conn: Connection) -> int:
+        import dataclasses
+        import json
+
+        from warmshell.cli import files
+
+        entries = await files.list_files(conn, args.name, args.path, workspace(args))
+        if as_json:
+            print(json.dumps([dataclasses.asdict(e) for e in entries], indent=2, sort_keys=True))
+        else:
+            print(files.listing_table(entries, now_ms=time.time_ns() // 1_000_000))
         return 0
 
     return _with_connection(args, body)

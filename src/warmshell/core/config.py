@@ -17,6 +17,7 @@ from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
 
 __all__ = [
+    "FilesConfig",
     "GatewayConfig",
     "KubernetesDriverConfig",
     "LeaderElectionConfig",
@@ -159,6 +160,14 @@ class RateLimitsConfig(_Section):
     refusal_delay_seconds: float = Field(default=1.0, ge=0, le=30)
 
 
+class FilesConfig(_Section):
+    """`[files]`: limits of the FileService (reads and writes stream, so these bound disk, not memory)."""
+
+    max_file_bytes: int = Field(default=8 * 1024**3, ge=1)
+    # Each ReadFile message; below the gateway's max_request_bytes so a client reads with the defaults.
+    chunk_bytes: int = Field(default=256 * 1024, ge=1024, le=4 * 1024 * 1024)
+
+
 class LifetimesConfig(_Section):
     """How long sandboxes live: the TTL and idle timeout a create gets when it sets none, the
     most it may ask for (0 = no maximum), and how often expiry is checked."""
@@ -231,6 +240,7 @@ class GatewayConfig(_Section):
     # Per listening server (public; supervisor.sock): past it a new connection is closed at accept.
     max_connections: int = Field(default=4096, ge=16)
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
+    files: FilesConfig = Field(default_factory=FilesConfig)
     log_level: str = "INFO"
     lifetimes: LifetimesConfig = Field(default_factory=LifetimesConfig)
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)

@@ -27,6 +27,7 @@ from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.drivers import build_driver
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.expiry import ExpiryReconciler
+from warmshell.gateway.file_service import FileService
 from warmshell.gateway.http import start_http
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.manager import SandboxManager
@@ -177,6 +178,7 @@ class Gateway:
         # supervisor.sock serves the supervisor API alone.
         public, supervisors = new_server(), new_server()
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxService(manager, auth), public)
+        sandbox_pb2_grpc.add_FileServiceServicer_to_server(FileService(manager, auth, self.config.files), public)
         for server in (public, supervisors):
             supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(supervisor_service, server)
         self._bound = True

@@ -8,8 +8,8 @@ output, and delete them, synchronously (`Client`) or with asyncio (`AsyncClient`
             r = sb.run(["python3", "-c", "print(6*7)"])
             assert r.exit_code == 0 and r.stdout == b"42\\n"
 
-A sandbox handle is where later capabilities attach (files, interactive sessions); none are
-offered before the gateway serves them.
+`sb.files` reads, writes, lists and removes files in the sandbox (`warmshell.sdk.files`);
+interactive sessions are not offered yet.
 
 Every name is loaded on first use (`warmshell.sdk.connection`, which the CLI uses, needs none of
 grpc); `import warmshell.sdk` itself imports nothing.

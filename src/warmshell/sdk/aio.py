@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.sdk import calls, connection, errors, views
 from warmshell.sdk.client import CHANNEL_OPTIONS, DEFAULT_READY_TIMEOUT_SECONDS
+from warmshell.sdk.files import AsyncFiles
 
 __all__ = ["AsyncClient", "AsyncSandbox"]
 
@@ -185,6 +187,22 @@ class AsyncSandbox:
         self.id = info.id
         self.auto_delete = auto_delete
         self.last_info = info
+        self._files: AsyncFiles | None = None
+
+    @property
+    def files(self) -> AsyncFiles:
+        """Read, write, list, stat, remove and mkdir inside the sandbox (`warmshell.sdk.files`)."""
+        if self._files is None:
+            self.client._stub  # noqa: B018 - opens the client's channel if it is not yet open
+            assert self.client._channel is not None
+            self._files = AsyncFiles(
+                self.client._channel,
+                self.name,
+                self.workspace,
+                metadata=self.client._metadata,
+                translate=functools.partial(errors.from_rpc_error, address=self.client.address),
+            )
+        return self._files
 
     def __repr__(self) -> str:
         return f"AsyncSandbox({self.workspace}/{self.name}, {self.last_info.phase.value})"

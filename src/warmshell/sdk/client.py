@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Generator, Mapping, Sequence
@@ -24,6 +25,7 @@ import grpc
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.sdk import calls, connection, errors, views
+from warmshell.sdk.files import Files
 
 __all__ = ["CHANNEL_OPTIONS", "Client", "Sandbox"]
 
@@ -191,6 +193,14 @@ class Sandbox:
         self.id = info.id
         self.auto_delete = auto_delete
         self.last_info = info
+        self.files = Files(
+            client._channel,
+            self.name,
+            self.workspace,
+            metadata=client._metadata,
+            translate=functools.partial(errors.from_rpc_error, address=client.address),
+        )
+        """Read, write, list, stat, remove and mkdir inside the sandbox (`warmshell.sdk.files`)."""
 
     def __repr__(self) -> str:
         return f"Sandbox({self.workspace}/{self.name}, {self.last_info.phase.value})"

@@ -145,15 +145,20 @@ def error_for(code: grpc.StatusCode, details: str, *, address: str = "") -> ApiE
     return kind(details, code=code.name)
 
 
+def from_rpc_error(exc: grpc.RpcError, *, address: str = "") -> ApiError:
+    """The SDK exception for a failed RPC (what `translating` raises; `sandbox.files` uses it)."""
+    call = cast(grpc.Call, exc)  # every RpcError grpc raises for a call is also a Call
+    code, details = call.code(), call.details() or ""
+    socket = connection.unix_socket_path(address)
+    if code is grpc.StatusCode.UNAVAILABLE and socket is not None and not socket.exists():
+        details = f"no gateway socket at {socket}"
+    return error_for(code, details, address=address)
+
+
 @contextmanager
 def translating(address: str) -> Iterator[None]:
     """Turn a failed RPC inside the block into the matching SDK exception."""
     try:
         yield
     except grpc.RpcError as exc:
-        call = cast(grpc.Call, exc)  # every RpcError grpc raises for a call is also a Call
-        code, details = call.code(), call.details() or ""
-        socket = connection.unix_socket_path(address)
-        if code is grpc.StatusCode.UNAVAILABLE and socket is not None and not socket.exists():
-            details = f"no gateway socket at {socket}"
-        raise error_for(code, details, address=address) from None
+        raise from_rpc_error(exc, address=address) from None

@@ -396,3 +396,302 @@ class SandboxService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class FileServiceStub:
+    """File operations inside a Ready sandbox. Errors name the path and the cause: NOT_FOUND,
+    PERMISSION_DENIED (the workload could not either, or the path is a magic/pseudo file),
+    FAILED_PRECONDITION (is a directory, not a directory, not a regular file, not empty),
+    RESOURCE_EXHAUSTED (over the gateway's files.max_file_bytes).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ReadFile = channel.unary_stream(
+                '/warmshell.v1.FileService/ReadFile',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileRef.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileChunk.FromString,
+                _registered_method=True)
+        self.WriteFile = channel.stream_unary(
+                '/warmshell.v1.FileService/WriteFile',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.WriteFileRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.WriteFileResponse.FromString,
+                _registered_method=True)
+        self.StatFile = channel.unary_unary(
+                '/warmshell.v1.FileService/StatFile',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileRef.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileInfo.FromString,
+                _registered_method=True)
+        self.ListFiles = channel.unary_unary(
+                '/warmshell.v1.FileService/ListFiles',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileRef.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ListFilesResponse.FromString,
+                _registered_method=True)
+        self.RemoveFile = channel.unary_unary(
+                '/warmshell.v1.FileService/RemoveFile',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.RemoveFileRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.RemoveFileResponse.FromString,
+                _registered_method=True)
+        self.MakeDirectory = channel.unary_unary(
+                '/warmshell.v1.FileService/MakeDirectory',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.MakeDirectoryRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileInfo.FromString,
+                _registered_method=True)
+
+
+class FileServiceServicer:
+    """File operations inside a Ready sandbox. Errors name the path and the cause: NOT_FOUND,
+    PERMISSION_DENIED (the workload could not either, or the path is a magic/pseudo file),
+    FAILED_PRECONDITION (is a directory, not a directory, not a regular file, not empty),
+    RESOURCE_EXHAUSTED (over the gateway's files.max_file_bytes).
+    """
+
+    def ReadFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteFile(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StatFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListFiles(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MakeDirectory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_FileServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ReadFile': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadFile,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileRef.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileChunk.SerializeToString,
+            ),
+            'WriteFile': grpc.stream_unary_rpc_method_handler(
+                    servicer.WriteFile,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.WriteFileRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.WriteFileResponse.SerializeToString,
+            ),
+            'StatFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.StatFile,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileRef.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileInfo.SerializeToString,
+            ),
+            'ListFiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFiles,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileRef.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ListFilesResponse.SerializeToString,
+            ),
+            'RemoveFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveFile,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.RemoveFileRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.RemoveFileResponse.SerializeToString,
+            ),
+            'MakeDirectory': grpc.unary_unary_rpc_method_handler(
+                    servicer.MakeDirectory,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.MakeDirectoryRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileInfo.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'warmshell.v1.FileService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('warmshell.v1.FileService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class FileService:
+    """File operations inside a Ready sandbox. Errors name the path and the cause: NOT_FOUND,
+    PERMISSION_DENIED (the workload could not either, or the path is a magic/pseudo file),
+    FAILED_PRECONDITION (is a directory, not a directory, not a regular file, not empty),
+    RESOURCE_EXHAUSTED (over the gateway's files.max_file_bytes).
+    """
+
+    @staticmethod
+    def ReadFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/warmshell.v1.FileService/ReadFile',
+            warmshell_dot_v1_dot_sandbox__pb2.FileRef.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.FileChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteFile(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/warmshell.v1.FileService/WriteFile',
+            warmshell_dot_v1_dot_sandbox__pb2.WriteFileRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.WriteFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StatFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.FileService/StatFile',
+            warmshell_dot_v1_dot_sandbox__pb2.FileRef.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.FileInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.FileService/ListFiles',
+            warmshell_dot_v1_dot_sandbox__pb2.FileRef.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.ListFilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.FileService/RemoveFile',
+            warmshell_dot_v1_dot_sandbox__pb2.RemoveFileRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.RemoveFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MakeDirectory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.FileService/MakeDirectory',
+            warmshell_dot_v1_dot_sandbox__pb2.MakeDirectoryRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.FileInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

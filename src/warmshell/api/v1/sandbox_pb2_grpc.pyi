@@ -112,3 +112,88 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_sandbox_pb2.Sandbox, _abc.Awaitable[_sandbox_pb2.Sandbox]]: ...
 
 def add_SandboxServiceServicer_to_server(servicer: SandboxServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class FileServiceStub:
+    """File operations inside a Ready sandbox. Errors name the path and the cause: NOT_FOUND,
+    PERMISSION_DENIED (the workload could not either, or the path is a magic/pseudo file),
+    FAILED_PRECONDITION (is a directory, not a directory, not a regular file, not empty),
+    RESOURCE_EXHAUSTED (over the gateway's files.max_file_bytes).
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> FileServiceAsyncStub: ...
+    ReadFile: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.FileChunk]
+    WriteFile: _grpc.StreamUnaryMultiCallable[_sandbox_pb2.WriteFileRequest, _sandbox_pb2.WriteFileResponse]
+    StatFile: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.FileInfo]
+    ListFiles: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.ListFilesResponse]
+    RemoveFile: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.RemoveFileRequest, _sandbox_pb2.RemoveFileResponse]
+    MakeDirectory: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.MakeDirectoryRequest, _sandbox_pb2.FileInfo]
+
+@_typing.type_check_only
+class FileServiceAsyncStub(FileServiceStub):
+    """File operations inside a Ready sandbox. Errors name the path and the cause: NOT_FOUND,
+    PERMISSION_DENIED (the workload could not either, or the path is a magic/pseudo file),
+    FAILED_PRECONDITION (is a directory, not a directory, not a regular file, not empty),
+    RESOURCE_EXHAUSTED (over the gateway's files.max_file_bytes).
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    ReadFile: _aio.UnaryStreamMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.FileChunk]  # type: ignore[assignment]
+    WriteFile: _aio.StreamUnaryMultiCallable[_sandbox_pb2.WriteFileRequest, _sandbox_pb2.WriteFileResponse]  # type: ignore[assignment]
+    StatFile: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.FileInfo]  # type: ignore[assignment]
+    ListFiles: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.ListFilesResponse]  # type: ignore[assignment]
+    RemoveFile: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.RemoveFileRequest, _sandbox_pb2.RemoveFileResponse]  # type: ignore[assignment]
+    MakeDirectory: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.MakeDirectoryRequest, _sandbox_pb2.FileInfo]  # type: ignore[assignment]
+
+class FileServiceServicer(metaclass=_abc_1.ABCMeta):
+    """File operations inside a Ready sandbox. Errors name the path and the cause: NOT_FOUND,
+    PERMISSION_DENIED (the workload could not either, or the path is a magic/pseudo file),
+    FAILED_PRECONDITION (is a directory, not a directory, not a regular file, not empty),
+    RESOURCE_EXHAUSTED (over the gateway's files.max_file_bytes).
+    """
+
+    @_abc_1.abstractmethod
+    def ReadFile(
+        self,
+        request: _sandbox_pb2.FileRef,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sandbox_pb2.FileChunk], _abc.AsyncIterator[_sandbox_pb2.FileChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def WriteFile(
+        self,
+        request_iterator: _MaybeAsyncIterator[_sandbox_pb2.WriteFileRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.WriteFileResponse, _abc.Awaitable[_sandbox_pb2.WriteFileResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def StatFile(
+        self,
+        request: _sandbox_pb2.FileRef,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.FileInfo, _abc.Awaitable[_sandbox_pb2.FileInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def ListFiles(
+        self,
+        request: _sandbox_pb2.FileRef,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.ListFilesResponse, _abc.Awaitable[_sandbox_pb2.ListFilesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RemoveFile(
+        self,
+        request: _sandbox_pb2.RemoveFileRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.RemoveFileResponse, _abc.Awaitable[_sandbox_pb2.RemoveFileResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def MakeDirectory(
+        self,
+        request: _sandbox_pb2.MakeDirectoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.FileInfo, _abc.Awaitable[_sandbox_pb2.FileInfo]]: ...
+
+def add_FileServiceServicer_to_server(servicer: FileServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

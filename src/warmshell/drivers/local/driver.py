@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from warmshell.core import allocation
@@ -46,11 +47,13 @@ from warmshell.drivers.base import (
 )
 from warmshell.drivers.events import Hub
 from warmshell.drivers.local import cgroups, credentials, images, pooling, reloading
+from warmshell.drivers.local.files import LocalFiles, files_executor
 from warmshell.drivers.local.fleet import Fleet
 from warmshell.drivers.local.hostnames import HostnameSetter
 from warmshell.drivers.local.identity import LocalIdentity
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.launching import AGENT_BINARY, Launcher
+from warmshell.drivers.local.processes import SandboxProcess
 from warmshell.drivers.local.supervising import HostSupervisors, Supervise
 from warmshell.drivers.local.uids import UidRange
 
@@ -132,6 +135,8 @@ class LocalDriver:
             if config.pools_dir is not None
             else None
         )
+        self._files_executor: ThreadPoolExecutor | None = None
+        self._root = root
         self.misses: collections.Counter[MissReason] = collections.Counter()
         """Cold creates by reason since start (pools count their own hits and misses)."""
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
@@ -189,6 +194,8 @@ class LocalDriver:
             await self._pools.aclose()
         await self._fleet.aclose(keep=lambda instance: instance.sandbox_id is not None)
         await self._supervisors.aclose()
+        if self._files_executor is not None:
+            self._files_executor.shutdown(wait=False, cancel_futures=True)
         self._hub.close()
 
     # -- the ComputeDriver surface ---------------------------------------------------------
@@ -247,6 +254,20 @@ class LocalDriver:
             del self._sandboxes[sandbox_id]
             self._hub.publish(DriverEvent(sandbox_id, deleted=True))
         return True
+
+    async def files(self, sandbox_id: SandboxId) -> LocalFiles:
+        """The files of a running, isolated sandbox, as its workload sees them (see `rootfs`)."""
+        instance = self._sandboxes.get(sandbox_id)
+        if instance is None or not instance.alive or instance.process is None:
+            raise FailedPreconditionError(f"sandbox {sandbox_id} is not running")
+        process = instance.process
+        if not isinstance(process, SandboxProcess):
+            raise FailedPreconditionError(
+                "files need an isolated sandbox: local.allow_unisolated mode has no sandbox root to confine them to"
+            )
+        if self._files_executor is None:
+            self._files_executor = files_executor(as_root=self._root)
+        return LocalFiles(process.open_root, instance.uid, self._files_executor)
 
     def watch(self) -> AsyncIterator[DriverEvent]:
         """Events from this call on, until the driver closes."""

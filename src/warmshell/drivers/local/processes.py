@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -134,6 +135,24 @@ class SandboxProcess:
                 await asyncio.wait_for(asyncio.shield(self._info), _INFO_TIMEOUT)
         child = self._info.result() if self._info.done() else None
         return child.pid if child is not None else None
+
+    def open_root(self) -> int:
+        """An O_PATH fd on the sandbox's root directory (its pid 1's `/proc/<pid>/root`); OSError
+        (ESRCH) once it ended. The pidfd is checked after the open: while the agent lives its pid
+        cannot have been reused, so the fd is this sandbox's root and never the host's."""
+        child = self._info.result() if self._info.done() and not self._namespace_killed else None
+        if child is None or self._process.returncode is not None:
+            raise OSError(errno.ESRCH, "the sandbox is not running")
+        try:
+            fd = os.open(f"/proc/{child.pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:  # it ended (or is a zombie) between the check and the open
+            raise OSError(errno.ESRCH, "the sandbox is not running") from None
+        try:
+            signal.pidfd_send_signal(child.pidfd, 0)
+        except OSError:
+            os.close(fd)
+            raise OSError(errno.ESRCH, "the sandbox is not running") from None
+        return fd
 
     async def wait(self) -> int:
         """Wait for the end (bwrap exits once its pid 1 did); bwrap's exit status."""

@@ -1,0 +1,107 @@
+"""`warmshell sandbox cp` and `sandbox ls`: files in and out of a sandbox over the FileService
+(through the SDK's `AsyncFiles`), a chunk at a time.
+
+`parse_location` decides, purely, which argument of `cp` names the sandbox side: `NAME:PATH`
+where NAME is a sandbox name (a DNS-1123 label), anything else is a local path (`./a:b` is
+local). A relative sandbox path is taken from /workspace, where the workload starts.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from warmshell.cli.errors import CliError, ExitCode
+
+if TYPE_CHECKING:
+    from warmshell.cli.client import Connection
+    from warmshell.sdk.files import FileInfo
+
+__all__ = ["Remote", "copy", "list_files", "listing_table", "parse_location"]
+
+WORKSPACE = "/workspace"
+_REMOTE = re.compile(r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?):(.*)$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A path in a sandbox."""
+
+    name: str
+    path: str
+
+
+def parse_location(argument: str) -> Remote | Path:
+    """`NAME:PATH` -> Remote (a relative PATH is under /workspace; empty means /workspace), else
+    a local Path."""
+    match = _REMOTE.match(argument)
+    if match is None:
+        return Path(argument)
+    name, path = match.group(1), match.group(3)
+    return Remote(name, posixpath.join(WORKSPACE, path) if not path.startswith("/") else path)
+
+
+def _local_error(path: Path, exc: OSError) -> CliError:
+    code = ExitCode.NOT_FOUND if isinstance(exc, FileNotFoundError) else ExitCode.FAILURE
+    return CliError(f"{path}: {exc.strerror or exc}", code)
+
+
+async def copy(conn: Connection, source: str, destination: str, workspace: str) -> tuple[str, int]:
+    """Copy one file between here and a sandbox; (where it went, bytes copied)."""
+    from warmshell.sdk.files import AsyncFiles
+
+    src, dst = parse_location(source), parse_location(destination)
+    if isinstance(src, Remote) == isinstance(dst, Remote):
+        raise CliError(
+            "sandbox cp: exactly one of SOURCE and DESTINATION is NAME:PATH (a path in a sandbox)", ExitCode.USAGE
+        )
+    if isinstance(dst, Remote):
+        assert isinstance(src, Path)
+        if not src.is_file():
+            if src.is_dir():
+                raise CliError(f"{src}: is a directory (sandbox cp copies one file)", ExitCode.INVALID_ARGUMENT)
+            raise _local_error(src, FileNotFoundError(2, "No such file or directory"))
+        path = posixpath.join(dst.path, src.name) if dst.path.endswith("/") else dst.path
+        files = AsyncFiles(conn.channel, dst.name, workspace, metadata=conn.metadata)
+        try:
+            size = await files.upload(src, path, mode=stat.S_IMODE(src.stat().st_mode))
+        except OSError as exc:
+            raise _local_error(src, exc) from None
+        return f"{dst.name}:{path}", size
+    assert isinstance(src, Remote)
+    target = dst / posixpath.basename(src.path) if dst.is_dir() else dst
+    files = AsyncFiles(conn.channel, src.name, workspace, metadata=conn.metadata)
+    try:
+        size = await files.download(src.path, target)
+    except OSError as exc:
+        raise _local_error(target, exc) from None
+    return str(target), size
+
+
+async def list_files(conn: Connection, name: str, path: str, workspace: str) -> list[FileInfo]:
+    """The entries of a directory in a sandbox (a relative path is under /workspace)."""
+    from warmshell.sdk.files import AsyncFiles
+
+    files = AsyncFiles(conn.channel, name, workspace, metadata=conn.metadata)
+    return await files.list(posixpath.join(WORKSPACE, path))
+
+
+def listing_table(entries: list[FileInfo], *, now_ms: int) -> str:
+    """MODE SIZE MODIFIED NAME, like `ls -l` without owners (a link shows `name -> target`)."""
+    from warmshell.cli import render
+
+    letters = {"file": "-", "directory": "d", "symlink": "l"}
+    rows = [
+        (
+            letters.get(e.type, "?") + stat.filemode(e.mode)[1:],
+            str(e.size),
+            render.format_age(e.mtime_ms, now_ms),
+            f"{e.name} -> {e.link_target}" if e.type == "symlink" else e.name + ("/" if e.type == "directory" else ""),
+        )
+        for e in entries
+    ]
+    return render.table(("MODE", "SIZE", "MODIFIED", "NAME"), rows, right=frozenset({1}))

@@ -1,0 +1,137 @@
+"""File access inside a sandbox, driver-neutral: what the gateway's FileService calls, and how an
+OSError becomes an error that names the path and the cause.
+
+A driver that can reach its sandboxes' files offers `FilesCapable.files(sandbox_id)`; paths are
+always as the sandbox's workload sees them, and an implementation confines every one of them to
+the sandbox (see the local driver's `rootfs`).
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from warmshell.core.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnavailableError,
+    WarmshellError,
+)
+from warmshell.core.ids import SandboxId
+
+__all__ = ["FileEntry", "FileKind", "FilesCapable", "SandboxFiles", "file_error", "normalize_path"]
+
+MAX_PATH_BYTES = 4096
+
+
+class FileKind(StrEnum):
+    """What a path names (the wire's FileInfo.type)."""
+
+    FILE = "file"
+    DIRECTORY = "directory"
+    SYMLINK = "symlink"
+    OTHER = "other"  # a FIFO, socket or device node: listed, never opened
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file's metadata (not following a final symlink)."""
+
+    name: str
+    kind: FileKind
+    size: int
+    mode: int  # permission bits, 07777
+    mtime_ms: int
+    link_target: str = ""
+
+
+class SandboxFiles(Protocol):
+    """File operations on one sandbox; every path is absolute, as its workload sees it."""
+
+    async def stat(self, path: str) -> FileEntry:
+        """The entry at `path` (a final symlink is reported, not followed)."""
+        ...
+
+    async def list(self, path: str) -> list[FileEntry]:
+        """The entries of a directory, sorted by name."""
+        ...
+
+    def read(self, path: str, chunk_bytes: int, max_bytes: int) -> AsyncIterator[bytes]:
+        """A regular file's content in chunks of at most `chunk_bytes` (read as they are sent)."""
+        ...
+
+    async def write(
+        self, path: str, chunks: AsyncIterator[bytes], *, mode: int, make_parents: bool, max_bytes: int
+    ) -> int:
+        """Create or replace a regular file from `chunks`; the bytes written."""
+        ...
+
+    async def remove(self, path: str, *, recursive: bool) -> None:
+        """Remove a file, a symlink, an empty directory, or (recursive) a whole tree."""
+        ...
+
+    async def mkdir(self, path: str, *, parents: bool, mode: int) -> FileEntry:
+        """Create a directory (with `parents`: missing parents too, and an existing one is fine)."""
+        ...
+
+
+@runtime_checkable
+class FilesCapable(Protocol):
+    """A driver that can reach the files of its sandboxes."""
+
+    async def files(self, sandbox_id: SandboxId) -> SandboxFiles:
+        """The sandbox's files; FailedPreconditionError when it has none to reach (not running)."""
+        ...
+
+
+def normalize_path(path: str, field: str = "path") -> str:
+    """An absolute, lexically normalised path ("/a/b/../c" -> "/a/c"; ".." above "/" stays at
+    "/", as the kernel resolves it). Safe to do lexically: resolution is confined anyway, so this
+    only decides which name an operation acts on."""
+    if not path:
+        raise InvalidArgumentError(field, "must not be empty")
+    if not path.startswith("/"):
+        raise InvalidArgumentError(field, f"{path!r} must be absolute (as the sandbox sees it)")
+    if "\0" in path:
+        raise InvalidArgumentError(field, "must not contain a NUL byte")
+    if len(path.encode()) > MAX_PATH_BYTES:
+        raise InvalidArgumentError(field, f"at most {MAX_PATH_BYTES} bytes")
+    normal = posixpath.normpath(path)
+    return "/" + normal.lstrip("/") if normal != "/" else "/"
+
+
+_CAUSES: dict[int, tuple[type[WarmshellError], str]] = {
+    errno.ENOENT: (NotFoundError, "no such file or directory"),
+    errno.EACCES: (PermissionDeniedError, "permission denied"),
+    errno.EPERM: (PermissionDeniedError, "operation not permitted"),
+    errno.EROFS: (PermissionDeniedError, "read-only file system"),
+    errno.EXDEV: (PermissionDeniedError, "crosses out of the sandbox"),
+    errno.EISDIR: (FailedPreconditionError, "is a directory"),
+    errno.ENOTDIR: (FailedPreconditionError, "not a directory"),
+    errno.ENOTEMPTY: (FailedPreconditionError, "directory not empty"),
+    errno.EEXIST: (AlreadyExistsError, "already exists"),
+    errno.ELOOP: (FailedPreconditionError, "is a symbolic link (or too many levels of them)"),
+    errno.ENXIO: (FailedPreconditionError, "not a regular file"),
+    errno.ENAMETOOLONG: (InvalidArgumentError, "name too long"),
+    errno.EFBIG: (ResourceExhaustedError, "file too large"),
+    errno.ENOSPC: (ResourceExhaustedError, "no space left on device"),
+    errno.EDQUOT: (ResourceExhaustedError, "disk quota exceeded"),
+    errno.ESRCH: (FailedPreconditionError, "the sandbox is not running"),
+    errno.EAGAIN: (UnavailableError, "changed while being resolved; retry"),
+}
+
+
+def file_error(path: str, exc: OSError) -> WarmshellError:
+    """The domain error for an OSError on `path`: the path and the cause, never a host path."""
+    cls, cause = _CAUSES.get(exc.errno or 0, (FailedPreconditionError, exc.strerror or "failed"))
+    if cls is InvalidArgumentError:
+        return InvalidArgumentError("path", f"{path}: {cause}")
+    return cls(f"{path}: {cause}")

@@ -1,0 +1,133 @@
+"""The public FileService: read, write, list, stat, remove and mkdir inside a Ready sandbox.
+
+The gateway checks the caller, the request and the sandbox's phase here, then hands the
+operation to its driver's `SandboxFiles`, which confines the path to the sandbox. Content streams
+through in chunks in both directions (a client-streaming write is read one message at a time, a
+read yields as the transport takes it), so no file is ever held whole in the gateway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.api.v1 import sandbox_pb2_grpc
+from warmshell.core.config import FilesConfig
+from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
+from warmshell.core.models import DEFAULT_WORKSPACE, Phase
+from warmshell.core.validation import validate_workspace
+from warmshell.drivers.files import FileEntry, FilesCapable, SandboxFiles, normalize_path
+from warmshell.gateway.auth import Authenticator
+from warmshell.gateway.calls import streaming, unary
+from warmshell.gateway.manager import SandboxManager
+
+__all__ = ["FileService", "entry_to_proto"]
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+DEFAULT_FILE_MODE = 0o644
+DEFAULT_DIR_MODE = 0o755
+
+
+def entry_to_proto(entry: FileEntry) -> pb.FileInfo:
+    """The wire form of one entry."""
+    return pb.FileInfo(
+        name=entry.name,
+        type=entry.kind.value,
+        size=entry.size,
+        mode=entry.mode,
+        mtime_ms=entry.mtime_ms,
+        link_target=entry.link_target,
+    )
+
+
+def _mode(mode: int, default: int, field: str) -> int:
+    if mode > 0o7777:
+        raise InvalidArgumentError(field, f"{mode:#o} is not a permission mode (at most 0o7777)")
+    return mode or default
+
+
+class FileService(sandbox_pb2_grpc.FileServiceServicer):
+    """gRPC handlers; the confinement lives in the driver's `SandboxFiles`."""
+
+    def __init__(self, manager: SandboxManager, auth: Authenticator, config: FilesConfig) -> None:
+        self._manager = manager
+        self._auth = auth
+        self._config = config
+
+    async def _files(self, workspace: str, name: str, context: Ctx) -> SandboxFiles:
+        await self._auth.require_client(context)
+        validate_workspace(workspace or DEFAULT_WORKSPACE)
+        if not name:
+            raise InvalidArgumentError("name", "must not be empty")
+        record = await self._manager.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+        if record.status.phase != Phase.READY:
+            raise FailedPreconditionError(
+                f"sandbox {record.workspace}/{record.name} is {record.status.phase.value}; files need Ready"
+            )
+        driver = self._manager.driver
+        if not isinstance(driver, FilesCapable):
+            raise FailedPreconditionError(f"the {driver.name} driver does not serve files")
+        return await driver.files(record.id)
+
+    @streaming
+    async def ReadFile(self, request: pb.FileRef, context: Ctx) -> AsyncIterator[pb.FileChunk]:
+        path = normalize_path(request.path)
+        files = await self._files(request.workspace, request.name, context)
+        chunks = files.read(path, self._config.chunk_bytes, self._config.max_file_bytes)
+        try:
+            async for data in chunks:
+                yield pb.FileChunk(data=data)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    @unary
+    async def WriteFile(
+        self, request_iterator: AsyncIterator[pb.WriteFileRequest], context: Ctx
+    ) -> pb.WriteFileResponse:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("header"):
+            raise InvalidArgumentError("header", "the first message of a write must be its header")
+        header = first.header
+        path = normalize_path(header.path)
+        mode = _mode(header.mode, DEFAULT_FILE_MODE, "mode")
+        files = await self._files(header.workspace, header.name, context)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for message in request_iterator:
+                if message.HasField("header"):
+                    raise InvalidArgumentError("header", "only the first message of a write is a header")
+                yield message.data
+
+        written = await files.write(
+            path, chunks(), mode=mode, make_parents=header.make_parents, max_bytes=self._config.max_file_bytes
+        )
+        return pb.WriteFileResponse(bytes_written=written)
+
+    @unary
+    async def StatFile(self, request: pb.FileRef, context: Ctx) -> pb.FileInfo:
+        path = normalize_path(request.path)
+        files = await self._files(request.workspace, request.name, context)
+        return entry_to_proto(await files.stat(path))
+
+    @unary
+    async def ListFiles(self, request: pb.FileRef, context: Ctx) -> pb.ListFilesResponse:
+        path = normalize_path(request.path)
+        files = await self._files(request.workspace, request.name, context)
+        return pb.ListFilesResponse(entries=[entry_to_proto(e) for e in await files.list(path)])
+
+    @unary
+    async def RemoveFile(self, request: pb.RemoveFileRequest, context: Ctx) -> pb.RemoveFileResponse:
+        path = normalize_path(request.file.path, "file.path")
+        files = await self._files(request.file.workspace, request.file.name, context)
+        await files.remove(path, recursive=request.recursive)
+        return pb.RemoveFileResponse()
+
+    @unary
+    async def MakeDirectory(self, request: pb.MakeDirectoryRequest, context: Ctx) -> pb.FileInfo:
+        path = normalize_path(request.directory.path, "directory.path")
+        mode = _mode(request.mode, DEFAULT_DIR_MODE, "mode")
+        files = await self._files(request.directory.workspace, request.directory.name, context)
+        return entry_to_proto(await files.mkdir(path, parents=request.parents, mode=mode))

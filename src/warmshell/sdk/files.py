@@ -1,0 +1,316 @@
+"""`sandbox.files`: the SDK's file operations on one sandbox, sync (`Files`) and async
+(`AsyncFiles`), over the gateway's FileService.
+
+Self-contained on purpose: each class takes a channel, the sandbox's name and workspace, the call
+metadata (the bearer token) and a `translate` hook that turns a failed RPC into the SDK's own
+exception (the client passes its error mapping; without one the `grpc.RpcError` is raised). Data
+moves in chunks both ways, so `upload`/`download` of any size keep memory flat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import grpc
+from grpc import aio
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.api.v1 import sandbox_pb2_grpc
+
+__all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "Translate"]
+
+# Below the gateway's default max_request_bytes (1 MiB) with room for the message's framing.
+CHUNK_BYTES = 256 * 1024
+Metadata = tuple[tuple[str, str], ...]
+# A failed RPC -> the exception the caller sees.
+Translate = Callable[[grpc.RpcError], BaseException]
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One entry: `type` is "file", "directory", "symlink" or "other"; `mode` the permission bits."""
+
+    name: str
+    type: str
+    size: int
+    mode: int
+    mtime_ms: int
+    link_target: str = ""
+
+    @classmethod
+    def from_proto(cls, info: pb.FileInfo) -> FileInfo:
+        """From the wire form."""
+        return cls(info.name, info.type, info.size, info.mode, info.mtime_ms, info.link_target)
+
+
+def _as_bytes(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _pieces(data: bytes, chunk_bytes: int) -> Iterator[bytes]:
+    view = memoryview(data)
+    for start in range(0, len(data), chunk_bytes):
+        yield bytes(view[start : start + chunk_bytes])
+
+
+def _local_chunks(local_path: str | os.PathLike[str], chunk_bytes: int) -> Iterator[bytes]:
+    with open(local_path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            yield chunk
+
+
+class _Target:
+    """What every call names: the sandbox, its workspace, and how to authenticate."""
+
+    def __init__(
+        self, name: str, workspace: str, metadata: Metadata, translate: Translate | None, chunk_bytes: int
+    ) -> None:
+        self._name = name
+        self._workspace = workspace
+        self._metadata = metadata
+        self._translate = translate
+        self._chunk_bytes = chunk_bytes
+
+    def _ref(self, path: str) -> pb.FileRef:
+        return pb.FileRef(name=self._name, workspace=self._workspace, path=path)
+
+    def _header(self, path: str, mode: int, make_parents: bool) -> pb.WriteFileRequest:
+        header = pb.WriteFileHeader(
+            name=self._name, workspace=self._workspace, path=path, mode=mode, make_parents=make_parents
+        )
+        return pb.WriteFileRequest(header=header)
+
+    def _fail(self, exc: grpc.RpcError) -> NoReturn:
+        if self._translate is None:
+            raise exc
+        raise self._translate(exc) from None
+
+
+class Files(_Target):
+    """Sync file operations on one sandbox (thread-safe: it holds no state between calls)."""
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        name: str,
+        workspace: str = "",
+        *,
+        metadata: Metadata = (),
+        translate: Translate | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        """`channel`: the client's channel to the gateway; `metadata`: its authorization."""
+        super().__init__(name, workspace, metadata, translate, chunk_bytes)
+        self._stub = sandbox_pb2_grpc.FileServiceStub(channel)
+
+    def read(self, path: str) -> bytes:
+        """The whole content of a regular file."""
+        return b"".join(self.read_chunks(path))
+
+    def read_chunks(self, path: str) -> Iterator[bytes]:
+        """The content in chunks, as they arrive."""
+        try:
+            for chunk in self._stub.ReadFile(self._ref(path), metadata=self._metadata):
+                yield chunk.data
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+    def write(self, path: str, data: str | bytes, *, mode: int = 0, make_parents: bool = True) -> int:
+        """Create or replace a file (atomically; parents created by default); the bytes written."""
+        return self.write_chunks(
+            path, _pieces(_as_bytes(data), self._chunk_bytes), mode=mode, make_parents=make_parents
+        )
+
+    def write_chunks(self, path: str, chunks: Iterator[bytes], *, mode: int = 0, make_parents: bool = True) -> int:
+        """`write` from an iterator of chunks (each at most the gateway's max request size)."""
+
+        def requests() -> Iterator[pb.WriteFileRequest]:
+            yield self._header(path, mode, make_parents)
+            for chunk in chunks:
+                yield pb.WriteFileRequest(data=chunk)
+
+        try:
+            return int(self._stub.WriteFile(requests(), metadata=self._metadata).bytes_written)
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+    def upload(self, local_path: str | os.PathLike[str], path: str, *, mode: int = 0, make_parents: bool = True) -> int:
+        """Copy a local file into the sandbox, a chunk at a time; the bytes written."""
+        return self.write_chunks(
+            path, _local_chunks(local_path, self._chunk_bytes), mode=mode, make_parents=make_parents
+        )
+
+    def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
+        """Copy a file out of the sandbox into `local_path` (replaced only once complete)."""
+        target = Path(local_path)
+        partial = target.with_name(f".{target.name}.partial")
+        size = 0
+        try:
+            with open(partial, "wb") as handle:
+                for chunk in self.read_chunks(path):
+                    handle.write(chunk)
+                    size += len(chunk)
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return size
+
+    def list(self, path: str) -> list[FileInfo]:
+        """A directory's entries, sorted by name."""
+        try:
+            response = self._stub.ListFiles(self._ref(path), metadata=self._metadata)
+        except grpc.RpcError as exc:
+            self._fail(exc)
+        return [FileInfo.from_proto(e) for e in response.entries]
+
+    def stat(self, path: str) -> FileInfo:
+        """One entry (a final symlink is reported, not followed)."""
+        try:
+            return FileInfo.from_proto(self._stub.StatFile(self._ref(path), metadata=self._metadata))
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file, a symlink, an empty directory, or (recursive) a whole tree."""
+        try:
+            self._stub.RemoveFile(
+                pb.RemoveFileRequest(file=self._ref(path), recursive=recursive), metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+    def mkdir(self, path: str, *, parents: bool = True, mode: int = 0) -> FileInfo:
+        """Create a directory (by default like mkdir -p)."""
+        request = pb.MakeDirectoryRequest(directory=self._ref(path), parents=parents, mode=mode)
+        try:
+            return FileInfo.from_proto(self._stub.MakeDirectory(request, metadata=self._metadata))
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+
+class AsyncFiles(_Target):
+    """The same operations, awaited (`read_chunks` is an async iterator)."""
+
+    def __init__(
+        self,
+        channel: aio.Channel,
+        name: str,
+        workspace: str = "",
+        *,
+        metadata: Metadata = (),
+        translate: Translate | None = None,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        """`channel`: the client's aio channel to the gateway; `metadata`: its authorization."""
+        super().__init__(name, workspace, metadata, translate, chunk_bytes)
+        self._stub = sandbox_pb2_grpc.FileServiceStub(channel)
+
+    async def read(self, path: str) -> bytes:
+        """The whole content of a regular file."""
+        return b"".join([chunk async for chunk in self.read_chunks(path)])
+
+    async def read_chunks(self, path: str) -> AsyncIterator[bytes]:
+        """The content in chunks, as they arrive."""
+        try:
+            async for chunk in self._stub.ReadFile(self._ref(path), metadata=self._metadata):
+                yield chunk.data
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+    async def write(self, path: str, data: str | bytes, *, mode: int = 0, make_parents: bool = True) -> int:
+        """Create or replace a file (atomically; parents created by default); the bytes written."""
+        return await self._write(path, _pieces(_as_bytes(data), self._chunk_bytes), mode, make_parents)
+
+    async def write_chunks(
+        self, path: str, chunks: Iterator[bytes], *, mode: int = 0, make_parents: bool = True
+    ) -> int:
+        """`write` from an iterator of chunks (each at most the gateway's max request size)."""
+        return await self._write(path, chunks, mode, make_parents)
+
+    async def upload(
+        self, local_path: str | os.PathLike[str], path: str, *, mode: int = 0, make_parents: bool = True
+    ) -> int:
+        """Copy a local file into the sandbox, a chunk at a time; the bytes written."""
+        handle = await asyncio.to_thread(open, local_path, "rb")
+        try:
+
+            def chunks() -> Iterator[bytes]:
+                while chunk := handle.read(self._chunk_bytes):
+                    yield chunk
+
+            return await self._write(path, chunks(), mode, make_parents, blocking=True)
+        finally:
+            handle.close()
+
+    async def _write(
+        self, path: str, chunks: Iterator[bytes], mode: int, make_parents: bool, *, blocking: bool = False
+    ) -> int:
+        # The call's own write(): an early end by the gateway then surfaces as its status.
+        call = self._stub.WriteFile(metadata=self._metadata)  # type: ignore[call-arg]
+        try:
+            await call.write(self._header(path, mode, make_parents))
+            while True:
+                chunk = await asyncio.to_thread(next, chunks, None) if blocking else next(chunks, None)
+                if chunk is None:
+                    break
+                await call.write(pb.WriteFileRequest(data=chunk))
+            await call.done_writing()
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # the gateway ended the call early; its status (the real cause) follows
+        try:
+            return int((await call).bytes_written)
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+    async def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
+        """Copy a file out of the sandbox into `local_path` (replaced only once complete)."""
+        target = Path(local_path)
+        partial = target.with_name(f".{target.name}.partial")
+        size = 0
+        handle = await asyncio.to_thread(open, partial, "wb")
+        try:
+            async for chunk in self.read_chunks(path):
+                await asyncio.to_thread(handle.write, chunk)
+                size += len(chunk)
+            handle.close()
+            await asyncio.to_thread(partial.replace, target)
+        finally:
+            handle.close()
+            await asyncio.to_thread(partial.unlink, True)
+        return size
+
+    async def list(self, path: str) -> list[FileInfo]:
+        """A directory's entries, sorted by name."""
+        try:
+            response = await self._stub.ListFiles(self._ref(path), metadata=self._metadata)
+        except grpc.RpcError as exc:
+            self._fail(exc)
+        return [FileInfo.from_proto(e) for e in response.entries]
+
+    async def stat(self, path: str) -> FileInfo:
+        """One entry (a final symlink is reported, not followed)."""
+        try:
+            return FileInfo.from_proto(await self._stub.StatFile(self._ref(path), metadata=self._metadata))
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file, a symlink, an empty directory, or (recursive) a whole tree."""
+        request = pb.RemoveFileRequest(file=self._ref(path), recursive=recursive)
+        try:
+            await self._stub.RemoveFile(request, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+    async def mkdir(self, path: str, *, parents: bool = True, mode: int = 0) -> FileInfo:
+        """Create a directory (by default like mkdir -p)."""
+        request = pb.MakeDirectoryRequest(directory=self._ref(path), parents=parents, mode=mode)
+        try:
+            return FileInfo.from_proto(await self._stub.MakeDirectory(request, metadata=self._metadata))
+        except grpc.RpcError as exc:
+            self._fail(exc)
