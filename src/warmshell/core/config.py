@@ -177,6 +177,10 @@ class GatewayConfig(_Section):
     max_connections: int = Field(default=4096, ge=16)
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     log_level: str = "INFO"
+    # AES-256-GCM key sealing sandbox secrets in the store; "" = <state_dir>/secrets.key (created
+    # 0600 on first start). Gateways sharing a store must share it: on Kubernetes, mount the
+    # per-deployment Secret's key file here.
+    secrets_key_file: str = ""
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
 

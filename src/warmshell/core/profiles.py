@@ -11,7 +11,13 @@ FOO = "bar"
 [resources]
 cpu = "0.2"
 memory = "256Mi"
+[activation]
+environment = ["TASK_ID", "RUN_*"]   # keys a request may set at activation; default none
 ```
+
+An accepted key is left out of a request's match with this pool and set when a member is
+activated; it can therefore not be baked into `[environment]` too. The pattern set is part of the
+pool's shape (its fingerprint), so changing it replaces the pool.
 
 A profile's name is its file's stem. Every error names the file, the key and the rule, with the
 line number when it can be found (tomllib reports it for syntax errors; for the others we find the
@@ -27,11 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmshell.core.errors import InvalidArgumentError
-from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
 from warmshell.core.ids import Fingerprint
 from warmshell.core.quantities import normalize_cpu, normalize_memory
 from warmshell.core.validation import (
     validate_environment,
+    validate_environment_patterns,
     validate_image,
     validate_name,
     validate_workspace,
@@ -40,7 +47,17 @@ from warmshell.core.validation import (
 __all__ = ["PROFILE_VERSION", "Profile", "ProfileError", "parse_profile"]
 
 PROFILE_VERSION = 1
-_TOP_LEVEL = ("version", "workspace", "replicas", "image", "runtime_class_name", "environment", "resources")
+_TOP_LEVEL = (
+    "version",
+    "workspace",
+    "replicas",
+    "image",
+    "runtime_class_name",
+    "environment",
+    "resources",
+    "activation",
+)
+_ACTIVATION = ("environment",)
 _RESOURCES = ("cpu", "memory")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TOML_LINE = re.compile(r"at line (\d+)")
@@ -71,6 +88,8 @@ class Profile:
     environment: Mapping[str, str] = field(default_factory=dict)
     cpu: str = ""
     memory: str = ""
+    # `[activation] environment`, as a `fingerprints.pattern_set`.
+    accepted_environment: tuple[str, ...] = ()
 
     def shape(self, default_image: str) -> SandboxShape:
         """The sandbox shape this pool serves, with the driver's default image resolved."""
@@ -81,6 +100,7 @@ class Profile:
             cpu=self.cpu,
             memory=self.memory,
             runtime_class_name=self.runtime_class_name,
+            accepted=self.accepted_environment,
         )
 
     def fingerprint(self, default_image: str) -> Fingerprint:
@@ -100,6 +120,7 @@ def _without_replicas(profile: Profile) -> tuple[object, ...]:
         tuple(sorted(profile.environment.items())),
         profile.cpu,
         profile.memory,
+        profile.accepted_environment,
     )
 
 
@@ -142,6 +163,7 @@ class _Parser:
             if key not in _TOP_LEVEL:
                 raise self.fail(key, f"unknown key; allowed: {', '.join(_TOP_LEVEL)}")
         self.check_version(data)
+        environment = self.environment(data)
         return Profile(
             name=name,
             source=self.source,
@@ -149,7 +171,8 @@ class _Parser:
             replicas=self.replicas(data),
             image=self.image(data),
             runtime_class_name=self.runtime_class(data),
-            environment=self.environment(data),
+            environment=environment,
+            accepted_environment=self.activation(data, environment),
             **self.resources(data),
         )
 
@@ -216,6 +239,30 @@ class _Parser:
         except InvalidArgumentError as exc:
             raise self.fail("environment", exc.rule) from exc
         return dict(table)
+
+    def activation(self, data: Mapping[str, Any], baked: Mapping[str, str]) -> tuple[str, ...]:
+        table = data.get("activation", {})
+        if not isinstance(table, dict):
+            raise self.fail("activation", "must be a table ([activation])")
+        for key in table:
+            if key not in _ACTIVATION:
+                raise self.fail(f"activation.{key}", "unknown key; allowed: environment", table="activation")
+        patterns = table.get("environment", [])
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise self.fail("activation.environment", "must be a list of strings", table="activation")
+        try:
+            validate_environment_patterns(patterns, field="activation.environment")
+        except InvalidArgumentError as exc:
+            line = _line_of(self.text, "environment", "activation")
+            raise ProfileError(self.source, exc.field, exc.rule, line) from exc
+        for key in baked:
+            if matches_any(key, patterns):
+                raise self.fail(
+                    f"environment.{key}",
+                    "is also accepted by [activation] environment; a key is either baked or accepted",
+                    table="environment",
+                )
+        return pattern_set(patterns)
 
     def resources(self, data: Mapping[str, Any]) -> dict[str, str]:
         table = data.get("resources", {})

@@ -22,18 +22,31 @@ class NewSandbox:
     name: str
     spec: SandboxSpec
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Secret values stay out of `spec` (which is stored and shown); the spec keeps their names.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
-def new_sandbox(*, workspace: str, name: str, labels: Mapping[str, str], spec: Callable[[], SandboxSpec]) -> NewSandbox:
+def new_sandbox(
+    *,
+    workspace: str,
+    name: str,
+    labels: Mapping[str, str],
+    spec: Callable[[], SandboxSpec],
+    secrets: Mapping[str, str] | None = None,
+) -> NewSandbox:
     """Validate the request — workspace (the default when empty), name, labels, then the spec
     (`spec`, e.g. a `build_spec` call, runs last so errors come in that order; each names its
-    field)."""
+    field), then `secrets` (``spec.secrets``), whose names the spec records."""
     workspace = workspace or DEFAULT_WORKSPACE
     validation.validate_workspace(workspace)
     if name:
         validation.validate_name(name)
     validation.validate_labels(labels)
-    return NewSandbox(workspace=workspace, name=name, spec=spec(), labels=dict(labels))
+    built = spec()
+    secrets = dict(secrets or {})
+    validation.validate_secrets(secrets, built.environment, field="spec.secrets")
+    built.secret_names = sorted(secrets)
+    return NewSandbox(workspace=workspace, name=name, spec=built, labels=dict(labels), secrets=secrets)
 
 
 def build_spec(

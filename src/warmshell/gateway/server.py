@@ -33,6 +33,7 @@ from warmshell.gateway.reconciler import Reconciler
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registry
 from warmshell.gateway.sandbox_service import SandboxService
+from warmshell.gateway.secretvault import SecretVault, load_or_create_secrets_key
 from warmshell.gateway.sessions import MISSED_HEARTBEATS, SessionTable
 from warmshell.gateway.store.sqlite import SqliteStore, open_sqlite_store
 from warmshell.gateway.supervisor_service import SupervisorService
@@ -117,6 +118,9 @@ class Gateway:
                 gateway_id=gateway_id,
                 ttl_seconds=self.config.sandbox_token_ttl_seconds,
             )
+            secrets_key = load_or_create_secrets_key(
+                Path(self.config.secrets_key_file) if self.config.secrets_key_file else paths.secrets_key
+            )
             self._store = await open_sqlite_store(paths.database)
         driver = (
             self._given_driver if self._given_driver is not None else build_driver(self.config, gateway_id=gateway_id)
@@ -129,9 +133,12 @@ class Gateway:
         registry: Registry[spb.SupervisorActivationMessage] = Registry()
         self.registry = registry
         self.issuer = issuer
-        activator = GatewayActivator(registry, records, issuer)
+        vault = SecretVault(self._store, secrets_key)
+        activator = GatewayActivator(registry, records, issuer, vault)
         self.activator = activator
-        self.manager = manager = SandboxManager(records=records, driver=self._driver, bus=bus, sessions=sessions)
+        self.manager = manager = SandboxManager(
+            records=records, driver=self._driver, bus=bus, sessions=sessions, vault=vault
+        )
         auth = Authenticator(api_token=api_token, issuer=issuer, identity=self._driver.identity)
         reconciler = Reconciler(
             manager,

@@ -167,6 +167,10 @@ class PoolCache:
         """NotReady until synced, then the pools serving `fp`."""
         return self._index.lookup(fp)
 
+    def match(self, shape: SandboxShape) -> matching.MatchResult[CachedPool]:
+        """NotReady until synced, then the pools serving a request of this shape."""
+        return self._index.match(shape)
+
     def entries(self) -> list[CachedPool]:
         """Every opted-in pool, servable or not."""
         return list(self._entries)
