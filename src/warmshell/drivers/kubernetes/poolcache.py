@@ -230,5 +230,8 @@ class PoolCache:
         self._warned = warned
         self._stats = {e.name: e.stats for e in entries}
         self._entries = entries
-        self._index = matching.PoolIndex((e.fingerprint, e) for e in entries if e.shape is not None)
+        self._index = matching.PoolIndex(
+            ((e.fingerprint, e) for e in entries if e.shape is not None),
+            accepts=lambda e: e.shape.accepted if e.shape is not None else (),
+        )
         self._on_change()
