@@ -101,8 +101,10 @@ async def test_secret_and_accepted_key_go_warm_and_the_secret_is_nowhere_else(
     assert workload == f"bar 9 {SECRET}\n".encode()
 
     # Another value of a baked key still misses; a second sandbox from the pool has no secret.
-    await gw.create(name="cold", spec=pb.SandboxSpec(environment={"FOO": "baz", "TASK_ID": "9"}))
+    cold_spec = pb.SandboxSpec(environment={"FOO": "baz", "TASK_ID": "9"}, secrets={"API_KEY": SECRET})
+    await gw.create(name="cold", spec=cold_spec)
     assert reason_of(await gw.wait_ready("cold")) == ("PoolMiss", "NoMatch")
+    assert await gw.exec("cold", SHOW) == (0, f"baz 9 {SECRET}\n".encode(), b"")  # cold: the same delivery
     await wait_pools(gw, idle("tasks", 1))
     other = await gw.create(name="t2", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
     assert other.status.allocation == "warm"
