@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
@@ -20,6 +20,7 @@ __all__ = [
     "GatewayConfig",
     "KubernetesDriverConfig",
     "LeaderElectionConfig",
+    "LifetimesConfig",
     "LocalDriverConfig",
     "ProfilesConfig",
     "RateLimit",
@@ -157,6 +158,25 @@ class RateLimitsConfig(_Section):
     refusal_delay_seconds: float = Field(default=1.0, ge=0, le=30)
 
 
+class LifetimesConfig(_Section):
+    """How long sandboxes live: the TTL and idle timeout a create gets when it sets none, the
+    most it may ask for (0 = no maximum), and how often expiry is checked."""
+
+    default_ttl_seconds: int = Field(default=0, ge=0)  # 0 = sandboxes live until deleted
+    max_ttl_seconds: int = Field(default=0, ge=0)
+    default_idle_timeout_seconds: int = Field(default=0, ge=0)
+    max_idle_timeout_seconds: int = Field(default=0, ge=0)
+    check_interval_seconds: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _defaults_within_maxima(self) -> LifetimesConfig:
+        for name in ("ttl_seconds", "idle_timeout_seconds"):
+            default, maximum = getattr(self, f"default_{name}"), getattr(self, f"max_{name}")
+            if maximum and not 0 < default <= maximum:
+                raise ValueError(f"default_{name} must be between 1 and max_{name} ({maximum})")
+        return self
+
+
 class GatewayConfig(_Section):
     """Everything `warmshell gateway start` needs."""
 
@@ -181,6 +201,7 @@ class GatewayConfig(_Section):
     # 0600 on first start). Gateways sharing a store must share it: on Kubernetes, mount the
     # per-deployment Secret's key file here.
     secrets_key_file: str = ""
+    lifetimes: LifetimesConfig = Field(default_factory=LifetimesConfig)
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
 

@@ -13,6 +13,9 @@ cpu = "0.2"
 memory = "256Mi"
 [activation]
 environment = ["TASK_ID", "RUN_*"]   # keys a request may set at activation; default none
+[lifetime]                 # optional: defaults for sandboxes this pool serves (0 = no limit)
+ttl_seconds = 600
+idle_timeout_seconds = 120
 ```
 
 An accepted key is left out of a request's match with this pool and set when a member is
@@ -56,9 +59,11 @@ _TOP_LEVEL = (
     "environment",
     "resources",
     "activation",
+    "lifetime",
 )
 _ACTIVATION = ("environment",)
 _RESOURCES = ("cpu", "memory")
+_LIFETIME = ("ttl_seconds", "idle_timeout_seconds")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TOML_LINE = re.compile(r"at line (\d+)")
 _HEADER = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]")
@@ -90,6 +95,10 @@ class Profile:
     memory: str = ""
     # `[activation] environment`, as a `fingerprints.pattern_set`.
     accepted_environment: tuple[str, ...] = ()
+    # Lifetime defaults for the sandboxes this pool serves (None: the gateway's); not part of
+    # the shape, so they never split or move a pool.
+    ttl_seconds: int | None = None
+    idle_timeout_seconds: int | None = None
 
     def shape(self, default_image: str) -> SandboxShape:
         """The sandbox shape this pool serves, with the driver's default image resolved."""
@@ -164,6 +173,7 @@ class _Parser:
                 raise self.fail(key, f"unknown key; allowed: {', '.join(_TOP_LEVEL)}")
         self.check_version(data)
         environment = self.environment(data)
+        ttl, idle = self.lifetime(data)
         return Profile(
             name=name,
             source=self.source,
@@ -174,6 +184,8 @@ class _Parser:
             environment=environment,
             accepted_environment=self.activation(data, environment),
             **self.resources(data),
+            ttl_seconds=ttl,
+            idle_timeout_seconds=idle,
         )
 
     def check_version(self, data: Mapping[str, Any]) -> None:
@@ -281,6 +293,17 @@ class _Parser:
             except InvalidArgumentError as exc:
                 raise self.fail(f"resources.{key}", exc.rule, table="resources") from exc
         return normal
+
+    def lifetime(self, data: Mapping[str, Any]) -> tuple[int | None, int | None]:
+        table = data.get("lifetime", {})
+        if not isinstance(table, dict):
+            raise self.fail("lifetime", "must be a table ([lifetime])")
+        for key, value in table.items():
+            if key not in _LIFETIME:
+                raise self.fail(f"lifetime.{key}", f"unknown key; allowed: {', '.join(_LIFETIME)}", table="lifetime")
+            if type(value) is not int or value < 0:
+                raise self.fail(f"lifetime.{key}", "must be a whole number of seconds (0 = no limit)", table="lifetime")
+        return table.get("ttl_seconds"), table.get("idle_timeout_seconds")
 
 
 def parse_profile(text: str, *, name: str, source: str, max_replicas: int) -> Profile:

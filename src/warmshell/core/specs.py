@@ -24,6 +24,9 @@ class NewSandbox:
     labels: Mapping[str, str] = field(default_factory=dict)
     # Secret values stay out of `spec` (which is stored and shown); the spec keeps their names.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # Lifetime the request asked for; None = the default (warmshell.core.lifetimes), 0 = none.
+    ttl_seconds: int | None = None
+    idle_timeout_seconds: int | None = None
 
 
 def new_sandbox(
@@ -33,6 +36,8 @@ def new_sandbox(
     labels: Mapping[str, str],
     spec: Callable[[], SandboxSpec],
     secrets: Mapping[str, str] | None = None,
+    ttl_seconds: int | None = None,
+    idle_timeout_seconds: int | None = None,
 ) -> NewSandbox:
     """Validate the request — workspace (the default when empty), name, labels, then the spec
     (`spec`, e.g. a `build_spec` call, runs last so errors come in that order; each names its
@@ -46,7 +51,15 @@ def new_sandbox(
     secrets = dict(secrets or {})
     validation.validate_secrets(secrets, built.environment, field="spec.secrets")
     built.secret_names = sorted(secrets)
-    return NewSandbox(workspace=workspace, name=name, spec=built, labels=dict(labels), secrets=secrets)
+    return NewSandbox(
+        workspace=workspace,
+        name=name,
+        spec=built,
+        labels=dict(labels),
+        secrets=secrets,
+        ttl_seconds=ttl_seconds,
+        idle_timeout_seconds=idle_timeout_seconds,
+    )
 
 
 def build_spec(

@@ -202,6 +202,9 @@ class PoolView:
     source: str
     conditions: tuple[DriverCondition, ...] = ()
     accepted_environment: tuple[str, ...] = ()
+    # The profile's lifetime defaults for sandboxes this pool serves (None: the gateway's).
+    ttl_seconds: int | None = None
+    idle_timeout_seconds: int | None = None
 
 
 def invalid_profile_view(name: str, *, source: str, message: str) -> PoolView:

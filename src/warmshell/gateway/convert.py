@@ -16,6 +16,7 @@ REDACTED = "<redacted>"
 _PHASES = {
     Phase.PROVISIONING: pb.SANDBOX_PHASE_PROVISIONING,
     Phase.READY: pb.SANDBOX_PHASE_READY,
+    Phase.EXITED: pb.SANDBOX_PHASE_EXITED,
     Phase.ERROR: pb.SANDBOX_PHASE_ERROR,
     Phase.DELETING: pb.SANDBOX_PHASE_DELETING,
 }
@@ -37,6 +38,8 @@ def new_sandbox(request: pb.CreateSandboxRequest) -> specs.NewSandbox:
             runtime_class_name=spec.runtime_class_name,
         ),
         secrets=dict(spec.secrets),
+        ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
+        idle_timeout_seconds=request.idle_timeout_seconds if request.HasField("idle_timeout_seconds") else None,
     )
 
 
@@ -79,6 +82,7 @@ def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
             instance_id=status.instance_id,
             injected_environment=status.injected_environment,
         ),
+        lifetime=pb.Lifetime(**record.lifetime.model_dump()),
     )
     if status.exit_code is not None:
         message.status.exit_code = status.exit_code

@@ -1,4 +1,4 @@
-"""The public SandboxService: create, get, list, delete, watch and exec."""
+"""The public SandboxService: create, get, list, delete, watch, exec and refresh a TTL."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import grpc
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core import phases
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_command, validate_environment, validate_workspace
@@ -40,7 +41,7 @@ def parse_label_selector(selector: str) -> dict[str, str]:
 
 
 def _terminal(record: SandboxRecord) -> bool:
-    return record.status.phase in (Phase.ERROR, Phase.DELETING)
+    return record.status.phase in phases.TERMINAL
 
 
 class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
@@ -56,6 +57,12 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         await self._auth.require_client(context)
         record = await self._manager.create(new_sandbox(request))
         return sandbox_to_proto(record)
+
+    @unary
+    async def RefreshTtl(self, request: pb.RefreshTtlRequest, context: Ctx) -> pb.Sandbox:
+        await self._auth.require_client(context)
+        self._check_ref(request.workspace, request.name)
+        return sandbox_to_proto(await self._manager.refresh_ttl(request.workspace, request.name, request.ttl_seconds))
 
     @unary
     async def GetSandbox(self, request: pb.SandboxRef, context: Ctx) -> pb.Sandbox:
@@ -144,6 +151,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             )
         channel = ExecChannel(exec_id=uuid.uuid4().hex)
         session.execs[channel.exec_id] = channel
+        self._manager.touch(record.id)
         session.send(
             spb.GatewayMessage(
                 exec_start=spb.ExecStart(
@@ -171,6 +179,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 yield pb.ExecEvent(exit_code=event.exit_code)
                 return
         finally:
+            self._manager.touch(record.id)  # idle time counts from the end of the last command
             if not finished:  # the client went away: stop the command in the sandbox
                 session.execs.pop(channel.exec_id, None)
                 session.send(spb.GatewayMessage(exec_cancel=spb.ExecCancel(exec_id=channel.exec_id)))

@@ -17,6 +17,7 @@ import grpc
 
 from warmshell.api.v1 import sandbox_pb2_grpc, supervisor_pb2_grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core import lifetimes
 from warmshell.core.config import GatewayConfig
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.drivers.base import ComputeDriver
@@ -25,6 +26,7 @@ from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.drivers import build_driver
 from warmshell.gateway.events import EventBus
+from warmshell.gateway.expiry import ExpiryReconciler
 from warmshell.gateway.http import start_http
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.manager import SandboxManager
@@ -136,8 +138,19 @@ class Gateway:
         vault = SecretVault(self._store, secrets_key)
         activator = GatewayActivator(registry, records, issuer, vault)
         self.activator = activator
+        lifetime_config = self.config.lifetimes
         self.manager = manager = SandboxManager(
-            records=records, driver=self._driver, bus=bus, sessions=sessions, vault=vault
+            records=records,
+            driver=self._driver,
+            bus=bus,
+            sessions=sessions,
+            vault=vault,
+            limits=lifetimes.Limits(
+                default_ttl_seconds=lifetime_config.default_ttl_seconds,
+                max_ttl_seconds=lifetime_config.max_ttl_seconds,
+                default_idle_timeout_seconds=lifetime_config.default_idle_timeout_seconds,
+                max_idle_timeout_seconds=lifetime_config.max_idle_timeout_seconds,
+            ),
         )
         auth = Authenticator(api_token=api_token, issuer=issuer, identity=self._driver.identity)
         reconciler = Reconciler(
@@ -194,6 +207,9 @@ class Gateway:
         self._tasks = [
             asyncio.create_task(reconciler.run_watch(), name="driver-watch"),
             asyncio.create_task(reconciler.run_relist(), name="relist"),
+            asyncio.create_task(
+                ExpiryReconciler(manager, interval_seconds=lifetime_config.check_interval_seconds).run(), name="expiry"
+            ),
         ]
         log.info(
             "gateway serving on %s (http %s:%d, driver %s)",

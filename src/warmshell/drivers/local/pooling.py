@@ -93,6 +93,8 @@ class Pool:
             source=profile.source,
             conditions=self.conditions + extra,
             accepted_environment=profile.accepted_environment,
+            ttl_seconds=profile.ttl_seconds,
+            idle_timeout_seconds=profile.idle_timeout_seconds,
         )
 
 
