@@ -6,10 +6,11 @@ gateway restart or a supervisor restarted in its pod can be activated with them 
 associated data binds the ciphertext to the sandbox id: a sealed blob copied under another
 sandbox's id does not open. Deleting the sandbox deletes the object.
 
-The key is 32 random bytes in a 0600 file: `<state_dir>/secrets.key` by default, created on first
-start under the gateway's private umask; `secrets_key_file` names another file (on Kubernetes, a
-Secret mounted into the gateway's pod, the same for every replica). Losing the key loses the
-secrets of sandboxes not yet activated again: their re-activation is refused, never done without.
+The key is 32 random bytes in a 0600 file (`drivers.keyfiles`): `<state_dir>/secrets.key` by
+default, created on first start under the gateway's private umask; `secrets_key_file` names
+another file (on Kubernetes, a Secret mounted into the gateway's pod, the same for every
+replica). Losing the key loses the secrets of sandboxes not yet activated again: their
+re-activation is refused, never done without.
 """
 
 from __future__ import annotations
@@ -17,22 +18,20 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 import secrets
 from collections.abc import Mapping
-from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError
 from warmshell.core.ids import SandboxId
+from warmshell.drivers.keyfiles import KEY_BYTES
 from warmshell.gateway.store.base import Store
 
-__all__ = ["KIND_SECRETS", "SecretVault", "load_or_create_secrets_key"]
+__all__ = ["KIND_SECRETS", "SecretVault"]
 
 KIND_SECRETS = "sealed-secrets"
-_KEY_BYTES = 32
 _NONCE_BYTES = 12
 _VERSION = 1
 
@@ -45,7 +44,7 @@ class SecretVault:
     """Seals, opens and deletes the secrets of one sandbox at a time."""
 
     def __init__(self, store: Store, key: bytes) -> None:
-        if len(key) != _KEY_BYTES:
+        if len(key) != KEY_BYTES:
             raise ValueError("the secrets key must be 32 bytes")
         self._store = store
         self._aead = AESGCM(key)
@@ -92,24 +91,3 @@ class SecretVault:
     async def delete(self, sandbox_id: SandboxId) -> None:
         """Forget the sandbox's secrets (no error when it had none)."""
         await self._store.delete(KIND_SECRETS, sandbox_id)
-
-
-def load_or_create_secrets_key(path: Path) -> bytes:
-    """The 32-byte key at `path` (raw, or base64 as a Kubernetes Secret holds it), created 0600
-    on first use; call under the gateway's private umask."""
-    if path.exists():
-        data = path.read_bytes().strip()
-        if len(data) != _KEY_BYTES:
-            try:
-                data = base64.b64decode(data, validate=True)
-            except binascii.Error:
-                data = b""
-        if len(data) != _KEY_BYTES:
-            raise FailedPreconditionError(f"{path}: the secrets key must be 32 bytes (raw or base64)")
-        return data
-    key = secrets.token_bytes(_KEY_BYTES)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(key)
-    return key

@@ -20,6 +20,7 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core import lifetimes
 from warmshell.core.config import GatewayConfig
 from warmshell.core.errors import FailedPreconditionError
+from warmshell.drivers import keyfiles
 from warmshell.drivers.base import ComputeDriver
 from warmshell.gateway import listening, statedir
 from warmshell.gateway.activation import GatewayActivator
@@ -35,7 +36,7 @@ from warmshell.gateway.reconciler import Reconciler
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registry
 from warmshell.gateway.sandbox_service import SandboxService
-from warmshell.gateway.secretvault import SecretVault, load_or_create_secrets_key
+from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.sessions import MISSED_HEARTBEATS, SessionTable
 from warmshell.gateway.store.sqlite import SqliteStore, open_sqlite_store
 from warmshell.gateway.supervisor_service import SupervisorService
@@ -120,7 +121,7 @@ class Gateway:
                 gateway_id=gateway_id,
                 ttl_seconds=self.config.sandbox_token_ttl_seconds,
             )
-            secrets_key = load_or_create_secrets_key(
+            secrets_key = keyfiles.load_or_create_key(
                 Path(self.config.secrets_key_file) if self.config.secrets_key_file else paths.secrets_key
             )
             self._store = await open_sqlite_store(paths.database)

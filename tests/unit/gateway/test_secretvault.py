@@ -11,8 +11,9 @@ import pytest
 
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.core.ids import SandboxId
+from warmshell.drivers.keyfiles import load_or_create_key as load_or_create_secrets_key
 from warmshell.gateway import statedir
-from warmshell.gateway.secretvault import KIND_SECRETS, SecretVault, load_or_create_secrets_key
+from warmshell.gateway.secretvault import KIND_SECRETS, SecretVault
 from warmshell.gateway.store.sqlite import open_sqlite_store
 
 VALUE = "s3cr3t-in-the-vault"
@@ -55,5 +56,5 @@ def test_a_configured_key_file_may_hold_base64_as_a_kubernetes_secret_does(tmp_p
     (tmp_path / "k").write_bytes(base64.b64encode(raw) + b"\n")
     assert load_or_create_secrets_key(tmp_path / "k") == raw
     (tmp_path / "short").write_bytes(b"too short")
-    with pytest.raises(FailedPreconditionError, match="32 bytes"):
+    with pytest.raises(FailedPreconditionError, match="32-byte key"):
         load_or_create_secrets_key(tmp_path / "short")
