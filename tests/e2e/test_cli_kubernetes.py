@@ -32,6 +32,10 @@ CREATES = {
     "plain": ("warm-pool-default", []),
     "foo": ("warm-pool-env-foo", ["--env", "FOO=bar"]),
     "small": ("warm-pool-cpu", ["--cpu", "0.2"]),
+    "task": (
+        "warm-pool-agent-tasks",
+        ["--env", "AGENT=coder", "--env", "TASK_ID=17", "--secret", "API_KEY=s3cr3t"],
+    ),
 }
 POOLS_READY_TIMEOUT_SECONDS = 30.0
 LEFTOVER_TIMEOUT_SECONDS = 5.0
@@ -114,7 +118,13 @@ def test_example_profiles_serve_the_readme_creates_warm(
 ) -> None:
     applied = kubectl("apply", "-n", NAMESPACE, "-f", "examples/kubernetes/")
     assert sorted(applied.split()) == sorted(
-        ["configmap/warm-pool-cpu", "configmap/warm-pool-default", "configmap/warm-pool-env-foo", *["created"] * 3]
+        [
+            "configmap/warm-pool-agent-tasks",
+            "configmap/warm-pool-cpu",
+            "configmap/warm-pool-default",
+            "configmap/warm-pool-env-foo",
+            *["created"] * 4,
+        ]
     ), applied
     generated = _wait_for_warm_pools(gateway, kubectl, cluster)
 
@@ -152,6 +162,15 @@ def test_example_profiles_serve_the_readme_creates_warm(
     assert any(line.startswith("Allocation warm (pool ") for line in lines), got.stdout
     assert f"Allocated True PoolHit {generated['warm-pool-env-foo']}" in lines, got.stdout
 
+    # The accepted key and the secret reached the warm sandbox; `get` names them, shows no value.
+    echoed = gateway.run("sandbox", "exec", "task", "--", "sh", "-c", 'echo "$AGENT $TASK_ID $API_KEY"')
+    assert (echoed.returncode, echoed.stdout, echoed.stderr) == (0, "coder 17 s3cr3t\n", "")
+    got = gateway.run("sandbox", "get", "task")
+    lines = [" ".join(line.split()) for line in got.stdout.splitlines()]
+    assert "Injected TASK_ID" in lines, got.stdout
+    assert "Secrets API_KEY" in lines, got.stdout
+    assert "s3cr3t" not in got.stdout + gateway.run("sandbox", "list", "-o", "json").stdout
+
     # A shape no profile has (environment and cpu together) still works: cold, and says why.
     cold = _create(gateway, "both", "--env", "FOO=bar", "--cpu", "0.2")
     assert cold["status"]["phase"] == "SANDBOX_PHASE_READY", cold
@@ -165,12 +184,15 @@ def test_example_profiles_serve_the_readme_creates_warm(
     listed = gateway.run("pool", "list")
     assert listed.returncode == 0, listed.stderr
     header, *table = listed.stdout.splitlines()
-    assert header.split() == ["NAME", "WORKSPACE", "FINGERPRINT", "DESIRED/READY/IDLE", "HITS", "MISSES", "HIT", "RATE"]
+    assert header.split() == [
+        "NAME", "WORKSPACE", "FINGERPRINT", "DESIRED/READY/IDLE", "HITS", "MISSES", "HIT", "RATE", "ACCEPTS"
+    ]  # fmt: skip
     by_name = {row.split()[0]: row.split() for row in table[:-1]}
     assert set(by_name) == set(generated.values()), listed.stdout
     for cells in by_name.values():
         assert cells[1] == "default"
         assert cells[4:7] == ["1", "0", "100.0%"], listed.stdout
+    assert by_name[generated["warm-pool-agent-tasks"]][7] == "RUN_*,TASK_ID", listed.stdout
     assert table[-1] == "Misses by reason: NoMatch 1", listed.stdout
 
     for name in [*CREATES, "both"]:

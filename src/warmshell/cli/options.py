@@ -217,3 +217,30 @@ def parse_pairs(values: Sequence[str], *, flag: str) -> dict[str, str]:
             raise usage_error(f"{flag}: {key!r} is given more than once")
         pairs[key] = value
     return pairs
+
+
+def parse_secrets(values: Sequence[str], files: Sequence[str]) -> dict[str, str]:
+    """`--secret KEY=VALUE` and `--secret-file KEY=PATH` (the file's text, one trailing newline
+    dropped) as one dict. Errors name the flag and the key, never a value."""
+    secrets: dict[str, str] = {}
+
+    def add(flag: str, raw: str) -> tuple[str, str]:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise usage_error(f"{flag}: an argument is not of the form KEY=VALUE (value not shown)")
+        if key in secrets:
+            raise usage_error(f"{flag}: {key!r} is given more than once")
+        return key, value
+
+    for raw in values:
+        key, value = add("--secret", raw)
+        secrets[key] = value
+    for raw in files:
+        key, path = add("--secret-file", raw)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise usage_error(f"--secret-file: {key}: cannot read {path}: {exc}") from None
+        secrets[key] = text[:-1] if text.endswith("\n") else text
+    return secrets

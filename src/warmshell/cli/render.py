@@ -291,6 +291,8 @@ def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> str:
         ("Command", " ".join(spec.command) or "(none: idle, exec only)"),
         ("Resources", f"cpu {spec.resources.cpu or _NONE}, memory {spec.resources.memory or _NONE}"),
         ("Environment", ", ".join(sorted(spec.environment)) or _NONE),
+        ("Injected", ", ".join(status.injected_environment) or _NONE),
+        ("Secrets", ", ".join(sorted(spec.secrets)) or _NONE),
         ("Labels", _pairs(sandbox.labels.items())),
         ("Instance", status.instance_id or _NONE),
         ("Expires", expiry_text(sandbox.lifetime)),
@@ -322,10 +324,11 @@ def pools_view(response: sandbox_pb2.ListPoolsResponse) -> str:
                 str(pool.hits),
                 str(pool.misses),
                 hit_rate(pool.hits, pool.misses),
+                ",".join(pool.accepted_environment) or _NONE,
             )
         )
         problems += [f"  {pool.name}: {c.reason}: {c.message}" for c in pool.conditions if c.status == "False"]
-    headers = ("NAME", "WORKSPACE", "FINGERPRINT", "DESIRED/READY/IDLE", "HITS", "MISSES", "HIT RATE")
+    headers = ("NAME", "WORKSPACE", "FINGERPRINT", "DESIRED/READY/IDLE", "HITS", "MISSES", "HIT RATE", "ACCEPTS")
     parts = [table(headers, rows, right=frozenset({6}))]
     if problems:
         # Said here, not only in the gateway log: an invalid profile otherwise looks like no pool.

@@ -23,6 +23,7 @@ from warmshell.cli.options import (
     global_options,
     output_is_json,
     parse_pairs,
+    parse_secrets,
     usage_error,
     workspace,
 )
@@ -52,6 +53,20 @@ def register(commands: Any, *, chosen: str | None) -> None:
         create.add_argument("--name", default="", help="name (DNS-1123 label); generated when empty")
         create.add_argument("--image", default="", help="image; empty selects the driver's default")
         _env_option(create)
+        create.add_argument(
+            "--secret",
+            action="append",
+            default=[],
+            metavar="K=V",
+            help="secret environment variable: never part of the pool match, never shown (repeatable)",
+        )
+        create.add_argument(
+            "--secret-file",
+            action="append",
+            default=[],
+            metavar="K=PATH",
+            help="secret read from a file, so it is not in shell history (one trailing newline dropped)",
+        )
         create.add_argument("--cpu", default="", help="CPU (Kubernetes quantity, e.g. 0.5 or 500m)")
         create.add_argument("--memory", default="", help="memory (Kubernetes quantity, e.g. 256Mi)")
         add_workspace_option(create, what="sandbox")
@@ -169,6 +184,7 @@ def _create(args: argparse.Namespace) -> int:
             environment=parse_pairs(args.env, flag="--env"),
             resources=sandbox_pb2.Resources(cpu=args.cpu, memory=args.memory),
             command=args.command or [],
+            secrets=parse_secrets(args.secret, args.secret_file),
         ),
     )
     if args.ttl is not None:

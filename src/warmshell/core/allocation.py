@@ -14,8 +14,7 @@ from enum import StrEnum
 from typing import Generic, Protocol, TypeVar
 
 from warmshell.core import matching
-from warmshell.core.fingerprints import SandboxShape, fingerprint
-from warmshell.core.ids import Fingerprint
+from warmshell.core.fingerprints import SandboxShape
 
 __all__ = ["Cold", "Decision", "MissReason", "PoolLookup", "Warm", "decide", "empty"]
 
@@ -35,14 +34,16 @@ class MissReason(StrEnum):
 class PoolLookup(Protocol[P]):
     """Where a driver keeps its pools (a `matching.PoolIndex`, or a cache answering from one)."""
 
-    def lookup(self, fp: Fingerprint) -> matching.MatchResult[P]: ...
+    def match(self, shape: SandboxShape) -> matching.MatchResult[P]: ...
 
 
 @dataclass(frozen=True)
 class Warm(Generic[P]):
-    """Serve the create from this pool."""
+    """Serve the create from this pool; `injected` are the environment keys it accepts from the
+    request (set at activation rather than matched)."""
 
     pool: P
+    injected: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,9 @@ def decide(shape: SandboxShape, pools: PoolLookup[P] | None, *, ready: bool) -> 
         return Cold(MissReason.DISABLED)
     if not ready:
         return Cold(MissReason.NOT_READY)
-    found = pools.lookup(fingerprint(shape))
+    found = pools.match(shape)
     if isinstance(found, matching.Match):
-        return Warm(found.pool)
+        return Warm(found.pool, found.injected)
     if isinstance(found, matching.Ambiguous):
         return Cold(MissReason.AMBIGUOUS, found.pools)
     if isinstance(found, matching.NoMatch):

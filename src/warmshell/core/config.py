@@ -242,6 +242,10 @@ class GatewayConfig(_Section):
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     files: FilesConfig = Field(default_factory=FilesConfig)
     log_level: str = "INFO"
+    # AES-256-GCM key sealing sandbox secrets in the store; "" = <state_dir>/secrets.key (created
+    # 0600 on first start). Gateways sharing a store must share it: on Kubernetes, mount the
+    # per-deployment Secret's key file here.
+    secrets_key_file: str = ""
     lifetimes: LifetimesConfig = Field(default_factory=LifetimesConfig)
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)

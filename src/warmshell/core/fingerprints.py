@@ -3,20 +3,25 @@
 Two shapes that mean the same sandbox get the same fingerprint: quantities are normalised
 (``0.2`` == ``200m``, ``1Gi`` == ``1024Mi``), the default image is resolved by the caller before
 hashing, and environment order does not matter.
+
+A pool may accept some environment keys at activation (`[activation] environment` patterns): its
+shape carries the pattern set, and a request is compared with it after `accepting` those keys —
+they leave the request's shape and are set when the sandbox is activated instead.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 
 from warmshell.core.ids import Fingerprint
 from warmshell.core.models import SandboxSpec
 from warmshell.core.quantities import normalize_cpu, normalize_memory
 
-__all__ = ["SandboxShape", "canonical_json", "fingerprint", "shape_of"]
+__all__ = ["SandboxShape", "accepting", "canonical_json", "fingerprint", "matches_any", "pattern_set", "shape_of"]
 
 FINGERPRINT_VERSION = 1
 
@@ -31,6 +36,28 @@ class SandboxShape:
     cpu: str = ""
     memory: str = ""
     runtime_class_name: str = ""
+    # The environment patterns the pool accepts at activation (a `pattern_set`); () for a request.
+    accepted: tuple[str, ...] = ()
+
+
+def pattern_set(patterns: Iterable[str]) -> tuple[str, ...]:
+    """The canonical form of a set of accepted-environment patterns (sorted, no repeats)."""
+    return tuple(sorted(set(patterns)))
+
+
+def matches_any(key: str, patterns: Iterable[str]) -> bool:
+    """Whether an environment key matches one of the shell-style patterns (case-sensitive)."""
+    return any(fnmatchcase(key, pattern) for pattern in patterns)
+
+
+def accepting(shape: SandboxShape, patterns: tuple[str, ...]) -> tuple[SandboxShape, tuple[str, ...]]:
+    """A request's shape as a pool accepting `patterns` (a `pattern_set`) compares it: without
+    the keys those patterns match, which are returned (sorted) to be set at activation."""
+    if not patterns:
+        return shape, ()
+    injected = tuple(sorted(k for k in shape.environment if matches_any(k, patterns)))
+    kept = {k: v for k, v in shape.environment.items() if k not in injected}
+    return replace(shape, environment=kept, accepted=patterns), injected
 
 
 def shape_of(workspace: str, spec: SandboxSpec, *, default_image: str) -> SandboxShape:
@@ -55,6 +82,8 @@ def canonical_json(shape: SandboxShape) -> str:
         "resources": {"cpu": normalize_cpu(shape.cpu), "memory": normalize_memory(shape.memory)},
         "runtimeClassName": shape.runtime_class_name,
     }
+    if shape.accepted:  # absent when empty, so pools accepting nothing keep their fingerprints
+        document["accepts"] = list(pattern_set(shape.accepted))
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

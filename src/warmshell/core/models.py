@@ -101,6 +101,8 @@ class SandboxSpec(_Model):
     resources: Resources = Field(default_factory=Resources)
     command: list[str] = Field(default_factory=list)
     runtime_class_name: str = ""
+    # Names only: the values are sealed apart from the record (see gateway.secretvault).
+    secret_names: list[str] = Field(default_factory=list)
 
 
 class SandboxStatus(_Model):
@@ -113,6 +115,8 @@ class SandboxStatus(_Model):
     exit_code: int | None = None
     timeline: Timeline = Field(default_factory=Timeline)
     instance_id: str = ""
+    # Environment keys the serving pool accepted (left out of the match, set at activation).
+    injected_environment: list[str] = Field(default_factory=list)
     # Inputs of phase composition (see warmshell.core.phases): what the backend reports and
     # whether the supervisor holds a live session.
     backend_state: str = ""

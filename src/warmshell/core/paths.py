@@ -47,6 +47,11 @@ class StatePaths:
         return self.root / "signing-key.pem"
 
     @property
+    def secrets_key(self) -> Path:
+        """The AES-256-GCM key sealing sandbox secrets in the store (0600)."""
+        return self.root / "secrets.key"
+
+    @property
     def database(self) -> Path:
         """The SQLite store."""
         return self.root / "warmshell.db"

@@ -11,10 +11,16 @@ FOO = "bar"
 [resources]
 cpu = "0.2"
 memory = "256Mi"
+[activation]
+environment = ["TASK_ID", "RUN_*"]   # keys a request may set at activation; default none
 [lifetime]                 # optional: defaults for sandboxes this pool serves (0 = no limit)
 ttl_seconds = 600
 idle_timeout_seconds = 120
 ```
+
+An accepted key is left out of a request's match with this pool and set when a member is
+activated; it can therefore not be baked into `[environment]` too. The pattern set is part of the
+pool's shape (its fingerprint), so changing it replaces the pool.
 
 A profile's name is its file's stem. Every error names the file, the key and the rule, with the
 line number when it can be found (tomllib reports it for syntax errors; for the others we find the
@@ -30,11 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmshell.core.errors import InvalidArgumentError
-from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
 from warmshell.core.ids import Fingerprint
 from warmshell.core.quantities import normalize_cpu, normalize_memory
 from warmshell.core.validation import (
     validate_environment,
+    validate_environment_patterns,
     validate_image,
     validate_name,
     validate_workspace,
@@ -51,8 +58,10 @@ _TOP_LEVEL = (
     "runtime_class_name",
     "environment",
     "resources",
+    "activation",
     "lifetime",
 )
+_ACTIVATION = ("environment",)
 _RESOURCES = ("cpu", "memory")
 _LIFETIME = ("ttl_seconds", "idle_timeout_seconds")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -84,6 +93,8 @@ class Profile:
     environment: Mapping[str, str] = field(default_factory=dict)
     cpu: str = ""
     memory: str = ""
+    # `[activation] environment`, as a `fingerprints.pattern_set`.
+    accepted_environment: tuple[str, ...] = ()
     # Lifetime defaults for the sandboxes this pool serves (None: the gateway's); not part of
     # the shape, so they never split or move a pool.
     ttl_seconds: int | None = None
@@ -98,6 +109,7 @@ class Profile:
             cpu=self.cpu,
             memory=self.memory,
             runtime_class_name=self.runtime_class_name,
+            accepted=self.accepted_environment,
         )
 
     def fingerprint(self, default_image: str) -> Fingerprint:
@@ -117,6 +129,7 @@ def _without_replicas(profile: Profile) -> tuple[object, ...]:
         tuple(sorted(profile.environment.items())),
         profile.cpu,
         profile.memory,
+        profile.accepted_environment,
     )
 
 
@@ -159,6 +172,7 @@ class _Parser:
             if key not in _TOP_LEVEL:
                 raise self.fail(key, f"unknown key; allowed: {', '.join(_TOP_LEVEL)}")
         self.check_version(data)
+        environment = self.environment(data)
         ttl, idle = self.lifetime(data)
         return Profile(
             name=name,
@@ -167,7 +181,8 @@ class _Parser:
             replicas=self.replicas(data),
             image=self.image(data),
             runtime_class_name=self.runtime_class(data),
-            environment=self.environment(data),
+            environment=environment,
+            accepted_environment=self.activation(data, environment),
             **self.resources(data),
             ttl_seconds=ttl,
             idle_timeout_seconds=idle,
@@ -236,6 +251,30 @@ class _Parser:
         except InvalidArgumentError as exc:
             raise self.fail("environment", exc.rule) from exc
         return dict(table)
+
+    def activation(self, data: Mapping[str, Any], baked: Mapping[str, str]) -> tuple[str, ...]:
+        table = data.get("activation", {})
+        if not isinstance(table, dict):
+            raise self.fail("activation", "must be a table ([activation])")
+        for key in table:
+            if key not in _ACTIVATION:
+                raise self.fail(f"activation.{key}", "unknown key; allowed: environment", table="activation")
+        patterns = table.get("environment", [])
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise self.fail("activation.environment", "must be a list of strings", table="activation")
+        try:
+            validate_environment_patterns(patterns, field="activation.environment")
+        except InvalidArgumentError as exc:
+            line = _line_of(self.text, "environment", "activation")
+            raise ProfileError(self.source, exc.field, exc.rule, line) from exc
+        for key in baked:
+            if matches_any(key, patterns):
+                raise self.fail(
+                    f"environment.{key}",
+                    "is also accepted by [activation] environment; a key is either baked or accepted",
+                    table="environment",
+                )
+        return pattern_set(patterns)
 
     def resources(self, data: Mapping[str, Any]) -> dict[str, str]:
         table = data.get("resources", {})

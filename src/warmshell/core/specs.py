@@ -22,6 +22,8 @@ class NewSandbox:
     name: str
     spec: SandboxSpec
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Secret values stay out of `spec` (which is stored and shown); the spec keeps their names.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     # Lifetime the request asked for; None = the default (warmshell.core.lifetimes), 0 = none.
     ttl_seconds: int | None = None
     idle_timeout_seconds: int | None = None
@@ -33,22 +35,28 @@ def new_sandbox(
     name: str,
     labels: Mapping[str, str],
     spec: Callable[[], SandboxSpec],
+    secrets: Mapping[str, str] | None = None,
     ttl_seconds: int | None = None,
     idle_timeout_seconds: int | None = None,
 ) -> NewSandbox:
     """Validate the request — workspace (the default when empty), name, labels, then the spec
     (`spec`, e.g. a `build_spec` call, runs last so errors come in that order; each names its
-    field)."""
+    field), then `secrets` (``spec.secrets``), whose names the spec records."""
     workspace = workspace or DEFAULT_WORKSPACE
     validation.validate_workspace(workspace)
     if name:
         validation.validate_name(name)
     validation.validate_labels(labels)
+    built = spec()
+    secrets = dict(secrets or {})
+    validation.validate_secrets(secrets, built.environment, field="spec.secrets")
+    built.secret_names = sorted(secrets)
     return NewSandbox(
         workspace=workspace,
         name=name,
-        spec=spec(),
+        spec=built,
         labels=dict(labels),
+        secrets=secrets,
         ttl_seconds=ttl_seconds,
         idle_timeout_seconds=idle_timeout_seconds,
     )

@@ -15,13 +15,17 @@ __all__ = [
     "MAX_ENV_VARS",
     "MAX_LABELS",
     "MAX_NAME_LENGTH",
+    "MAX_SECRETS",
+    "MAX_SECRET_BYTES",
     "MAX_WORKSPACE_LENGTH",
     "RESERVED_ENV_PREFIX",
     "validate_command",
     "validate_environment",
+    "validate_environment_patterns",
     "validate_image",
     "validate_labels",
     "validate_name",
+    "validate_secrets",
     "validate_workspace",
 ]
 
@@ -31,6 +35,9 @@ MAX_NAME_LENGTH = 40
 MAX_WORKSPACE_LENGTH = 20
 MAX_ENV_VARS = 128
 MAX_ENV_BYTES = 64 * 1024
+MAX_SECRETS = 64
+MAX_SECRET_BYTES = 64 * 1024
+MAX_ENV_PATTERNS = 32
 MAX_COMMAND_ARGS = 256
 MAX_COMMAND_BYTES = 128 * 1024
 MAX_LABELS = 32
@@ -40,6 +47,7 @@ RESERVED_LABEL_PREFIX = "warmshell.dev/"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_PATTERN = re.compile(r"^[A-Za-z_*?][A-Za-z0-9_*?]*$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -68,10 +76,17 @@ def validate_workspace(workspace: str, *, field: str = "workspace") -> None:
     _dns_label(field, workspace, MAX_WORKSPACE_LENGTH)
 
 
-def validate_environment(env: Mapping[str, str], *, field: str = "environment") -> None:
-    """Environment names are POSIX-style identifiers; WARMSHELL_* is reserved for the system."""
-    if len(env) > MAX_ENV_VARS:
-        raise InvalidArgumentError(field, f"{len(env)} variables; at most {MAX_ENV_VARS}")
+def validate_environment(
+    env: Mapping[str, str],
+    *,
+    field: str = "environment",
+    max_vars: int = MAX_ENV_VARS,
+    max_bytes: int = MAX_ENV_BYTES,
+) -> None:
+    """Environment names are POSIX-style identifiers; WARMSHELL_* is reserved for the system.
+    Errors never quote a value (secrets are checked by the same rules)."""
+    if len(env) > max_vars:
+        raise InvalidArgumentError(field, f"{len(env)} variables; at most {max_vars}")
     total = 0
     for key, value in env.items():
         if not _ENV_NAME.match(key):
@@ -81,8 +96,32 @@ def validate_environment(env: Mapping[str, str], *, field: str = "environment") 
         if "\x00" in value:
             raise InvalidArgumentError(f"{field}[{key!r}]", "value must not contain NUL")
         total += len(key) + len(value.encode())
-    if total > MAX_ENV_BYTES:
-        raise InvalidArgumentError(field, f"{total} bytes in total; at most {MAX_ENV_BYTES}")
+    if total > max_bytes:
+        raise InvalidArgumentError(field, f"{total} bytes in total; at most {max_bytes}")
+
+
+def validate_secrets(secrets: Mapping[str, str], environment: Mapping[str, str], *, field: str = "secrets") -> None:
+    """Secrets follow the environment's name rules, have their own bounds, and never share a name
+    with a plain environment variable (which of the two the workload would see is not obvious)."""
+    validate_environment(secrets, field=field, max_vars=MAX_SECRETS, max_bytes=MAX_SECRET_BYTES)
+    for key in secrets:
+        if key in environment:
+            raise InvalidArgumentError(
+                f"{field}[{key!r}]", "is also set in spec.environment; a name is one or the other"
+            )
+
+
+def validate_environment_patterns(patterns: Sequence[str], *, field: str = "environment") -> None:
+    """Accepted-environment patterns: variable names where `*` and `?` are shell-style wildcards."""
+    if len(patterns) > MAX_ENV_PATTERNS:
+        raise InvalidArgumentError(field, f"{len(patterns)} patterns; at most {MAX_ENV_PATTERNS}")
+    for index, pattern in enumerate(patterns):
+        if not _ENV_PATTERN.match(pattern):
+            raise InvalidArgumentError(
+                f"{field}[{index}]", f"{pattern!r} must be a variable name, with * and ? as wildcards"
+            )
+        if pattern.upper().startswith(RESERVED_ENV_PREFIX):
+            raise InvalidArgumentError(f"{field}[{index}]", f"names starting with {RESERVED_ENV_PREFIX} are reserved")
 
 
 def validate_command(command: Sequence[str], *, field: str = "command") -> None:

@@ -89,6 +89,8 @@ class DriverSandbox:
     # and when a warm create claimed it (0 for cold ones).
     created_us: int = 0
     claimed_us: int = 0
+    # The request's environment keys the pool accepted (set at activation, not matched).
+    injected_environment: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,7 @@ class PoolView:
     misses: int
     source: str
     conditions: tuple[DriverCondition, ...] = ()
+    accepted_environment: tuple[str, ...] = ()
     # The profile's lifetime defaults for sandboxes this pool serves (None: the gateway's).
     ttl_seconds: int | None = None
     idle_timeout_seconds: int | None = None

@@ -25,6 +25,7 @@ from warmshell.drivers.base import Bound, SupervisorIdentity, WarmPending
 from warmshell.gateway import metrics
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registration, Registry
+from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.tokens import SandboxTokenIssuer, proof_matches
 
 __all__ = ["ACTIVATION_ATTEMPTS", "GatewayActivator", "reactivation_refused"]
@@ -67,10 +68,12 @@ class GatewayActivator:
         registry: Registry[spb.SupervisorActivationMessage],
         records: SandboxRecords,
         issuer: SandboxTokenIssuer,
+        vault: SecretVault,
     ) -> None:
         self._registry = registry
         self._records = records
         self._issuer = issuer
+        self._vault = vault
 
     async def activate(
         self, *, instance_id: InstanceId, sandbox_id: SandboxId, proof: str, reason: str, claimed_us: int = 0
@@ -120,6 +123,8 @@ class GatewayActivator:
         if not proof_matches(proof, record.activation_proof_hash):
             raise PermissionDeniedError(f"activation proof does not match sandbox {sandbox_id}")
         _check_identity(registration, record)
+        # Opened only now, for this sandbox's own verified session, and kept nowhere else.
+        secrets = await self._vault.get(record.id) if record.spec.secret_names else {}
         token, expires_ms = self._issuer.mint(record.id, registration.identity.instance_id)
         return spb.SupervisorActivationMessage(
             sandbox_id=record.id,
@@ -131,6 +136,7 @@ class GatewayActivator:
                 command=record.spec.command,
                 environment=record.spec.environment,
                 workdir=WORKSPACE_DIR,
+                secrets=secrets,
             ),
             session_id=registration.session_id,
         )

@@ -8,7 +8,10 @@ from warmshell.core import specs
 from warmshell.core.models import Condition, Phase, SandboxRecord
 from warmshell.drivers.base import DriverCondition, PoolView
 
-__all__ = ["new_sandbox", "pool_to_proto", "sandbox_to_proto"]
+__all__ = ["REDACTED", "new_sandbox", "pool_to_proto", "sandbox_to_proto"]
+
+# What every response shows in place of a secret's value.
+REDACTED = "<redacted>"
 
 _PHASES = {
     Phase.PROVISIONING: pb.SANDBOX_PHASE_PROVISIONING,
@@ -34,6 +37,7 @@ def new_sandbox(request: pb.CreateSandboxRequest) -> specs.NewSandbox:
             command=list(spec.command),
             runtime_class_name=spec.runtime_class_name,
         ),
+        secrets=dict(spec.secrets),
         ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
         idle_timeout_seconds=request.idle_timeout_seconds if request.HasField("idle_timeout_seconds") else None,
     )
@@ -66,6 +70,7 @@ def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
             resources=pb.Resources(cpu=record.spec.resources.cpu, memory=record.spec.resources.memory),
             command=record.spec.command,
             runtime_class_name=record.spec.runtime_class_name,
+            secrets=dict.fromkeys(record.spec.secret_names, REDACTED),
         ),
         status=pb.SandboxStatus(
             phase=_PHASES[status.phase],
@@ -75,6 +80,7 @@ def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
             # The stored timeline and the wire message share their field names.
             timeline=pb.Timeline(**status.timeline.model_dump()),
             instance_id=status.instance_id,
+            injected_environment=status.injected_environment,
         ),
         lifetime=pb.Lifetime(**record.lifetime.model_dump()),
     )
@@ -99,4 +105,5 @@ def pool_to_proto(pool: PoolView) -> pb.Pool:
         misses=pool.misses,
         source=pool.source,
         conditions=[_condition(c) for c in pool.conditions],
+        accepted_environment=list(pool.accepted_environment),
     )

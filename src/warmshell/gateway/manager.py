@@ -39,6 +39,7 @@ from warmshell.drivers.base import (
 from warmshell.gateway import metrics
 from warmshell.gateway.events import EventBus, Output, Progress
 from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.sessions import SessionTable
 from warmshell.gateway.tokens import new_activation_token
 
@@ -86,9 +87,11 @@ class SandboxManager:
         driver: ComputeDriver,
         bus: EventBus,
         sessions: SessionTable,
+        vault: SecretVault,
         limits: lifetimes.Limits | None = None,
     ) -> None:
         self.records = records
+        self.vault = vault
         self.driver = driver
         self.bus = bus
         self.sessions = sessions
@@ -113,6 +116,12 @@ class SandboxManager:
         proof, proof_hash = new_activation_token()
         record = await self._insert(new.name, workspace, labels, spec, proof_hash, requested, lifetime)
         try:
+            # Sealed before the driver runs: a cold sandbox may be activated before it returns.
+            await self.vault.put(record.id, workspace, new.secrets)
+        except BaseException:
+            await self.records.remove(record.id)
+            raise
+        try:
             view = await self.driver.create(
                 CreateRequest(
                     sandbox_id=record.id,
@@ -128,6 +137,7 @@ class SandboxManager:
             # the reconciler to settle rather than risk an untracked backend object.
             raise
         except BaseException:
+            await self.vault.delete(record.id)
             await self.records.remove(record.id)
             raise
         lifetime = self._pool_lifetime(view, asked, requested // 1000) or lifetime
@@ -185,8 +195,13 @@ class SandboxManager:
         status.pool = view.pool
         status.timeline.backend_created_us = view.created_us or now_us()
         status.timeline.claimed_us = view.claimed_us
+        status.injected_environment = list(view.injected_environment)
         if view.allocation == Allocation.WARM:
-            status.set_condition(Condition(type="Allocated", status="True", reason="PoolHit", message=view.pool))
+            message = view.pool
+            if view.injected_environment:
+                # Without its accepted keys this create would not have matched the pool.
+                message += f" (accepted at activation: {', '.join(view.injected_environment)})"
+            status.set_condition(Condition(type="Allocated", status="True", reason="PoolHit", message=message))
         else:
             status.set_condition(
                 Condition(
@@ -230,6 +245,7 @@ class SandboxManager:
         except WarmshellError as exc:
             log.warning("backend delete of sandbox %s failed (will retry): %s", sandbox_id, exc)
             raise
+        await self.vault.delete(sandbox_id)
         await self.records.remove(sandbox_id)
         self.activity.pop(sandbox_id, None)
 

@@ -20,6 +20,7 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core import lifetimes
 from warmshell.core.config import GatewayConfig
 from warmshell.core.errors import FailedPreconditionError, UnavailableError
+from warmshell.drivers import keyfiles
 from warmshell.drivers.base import ComputeDriver
 from warmshell.gateway import listening, statedir
 from warmshell.gateway.activation import GatewayActivator
@@ -36,6 +37,7 @@ from warmshell.gateway.reconciler import Reconciler
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registry
 from warmshell.gateway.sandbox_service import SandboxService
+from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.sessions import MISSED_HEARTBEATS, SessionTable
 from warmshell.gateway.store import opening
 from warmshell.gateway.store.base import Store
@@ -121,6 +123,9 @@ class Gateway:
                 gateway_id=gateway_id,
                 ttl_seconds=self.config.sandbox_token_ttl_seconds,
             )
+            secrets_key = keyfiles.load_or_create_key(
+                Path(self.config.secrets_key_file) if self.config.secrets_key_file else paths.secrets_key
+            )
             self._store = await opening.open_store(self.config.store, default_sqlite=paths.database)
         driver = (
             self._given_driver if self._given_driver is not None else build_driver(self.config, gateway_id=gateway_id)
@@ -133,7 +138,8 @@ class Gateway:
         registry: Registry[spb.SupervisorActivationMessage] = Registry()
         self.registry = registry
         self.issuer = issuer
-        activator = GatewayActivator(registry, records, issuer)
+        vault = SecretVault(self._store, secrets_key)
+        activator = GatewayActivator(registry, records, issuer, vault)
         self.activator = activator
         lifetime_config = self.config.lifetimes
         self.manager = manager = SandboxManager(
@@ -141,6 +147,7 @@ class Gateway:
             driver=self._driver,
             bus=bus,
             sessions=sessions,
+            vault=vault,
             limits=lifetimes.Limits(
                 default_ttl_seconds=lifetime_config.default_ttl_seconds,
                 max_ttl_seconds=lifetime_config.max_ttl_seconds,

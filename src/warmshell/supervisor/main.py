@@ -129,6 +129,7 @@ def _workload_environment(base: dict[str, str], activation: spb.SupervisorActiva
     env.setdefault("PATH", DEFAULT_PATH)
     env.setdefault("HOME", activation.workload.workdir or "/")
     env.update(activation.workload.environment)
+    env.update(activation.workload.secrets)
     env["WARMSHELL_SANDBOX_ID"] = activation.sandbox_id
     env["WARMSHELL_SANDBOX_NAME"] = activation.sandbox_name
     return env

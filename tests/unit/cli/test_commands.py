@@ -365,7 +365,7 @@ async def test_pool_list_shows_hit_rates_and_misses_by_reason(fake: FakeSandboxS
 
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[1].split() == ["env", "default", "f" * 12, "2/2/1", "3", "1", "75.0%"]
+    assert lines[1].split() == ["env", "default", "f" * 12, "2/2/1", "3", "1", "75.0%", "-"]
     assert lines[2] == "Misses by reason: Ambiguous 1, NoMatch 4"
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from warmshell.cli import client, main
 from warmshell.cli.errors import CliError, ExitCode
-from warmshell.cli.options import GlobalOptions, parse_pairs
+from warmshell.cli.options import GlobalOptions, parse_pairs, parse_secrets
 
 
 def test_parse_pairs_splits_on_the_first_equals() -> None:
@@ -155,3 +155,24 @@ def test_a_command_given_to_a_command_that_runs_none_is_refused(capsys: pytest.C
 def test_a_missing_subcommand_prints_help_and_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main.run(["sandbox"]) == ExitCode.USAGE
     assert "create" in capsys.readouterr().out
+
+
+def test_secrets_come_from_flags_and_files(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("from-a-file\n")
+    assert parse_secrets(["A=x=y"], [f"B={tmp_path / 'key'}"]) == {"A": "x=y", "B": "from-a-file"}
+
+
+@pytest.mark.parametrize(
+    ("values", "files", "problem"),
+    [
+        (["hunter2"], [], "--secret: an argument is not of the form KEY=VALUE (value not shown)"),
+        (["A=1"], ["A=/dev/null"], "--secret-file: 'A' is given more than once"),
+        ([], ["A=/nonexistent/secret"], "--secret-file: A: cannot read /nonexistent/secret"),
+    ],
+)
+def test_bad_secret_flags_never_echo_a_value(values: list[str], files: list[str], problem: str) -> None:
+    with pytest.raises(CliError) as info:
+        parse_secrets(values, files)
+    assert info.value.message.startswith(problem)
+    assert "hunter2" not in info.value.message
+    assert info.value.code == ExitCode.USAGE

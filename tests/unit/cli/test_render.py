@@ -169,6 +169,7 @@ def test_to_dict_has_a_stable_shape() -> None:
         "resources": {"cpu": "", "memory": ""},
         "command": [],
         "runtime_class_name": "",
+        "secrets": {},
     }
     status = document["status"]
     assert isinstance(status, dict)
@@ -252,5 +253,5 @@ def test_pools_view_lists_problems_of_pools_that_cannot_serve() -> None:
     fine = pb.Pool(name="ok", workspace="default", fingerprint="a" * 64, desired=1, ready=1, idle=1)
     fine.conditions.append(pb.Condition(type="Healthy", status="True", reason="Fine"))
     lines = _text(render.pools_view(pb.ListPoolsResponse(pools=[fine, invalid]))).splitlines()
-    assert lines[2].split() == ["typo", "-", "-", "0/0/0", "0", "0", "-"]
+    assert lines[2].split() == ["typo", "-", "-", "0/0/0", "0", "0", "-", "-"]
     assert lines[3:] == ["Problems:", "  typo: InvalidProfile: t.toml:2: x", "Misses by reason: none"]

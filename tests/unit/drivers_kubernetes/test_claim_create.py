@@ -92,6 +92,9 @@ class Pools:
     def lookup(self, fp: Fingerprint) -> matching.MatchResult[poolcache.CachedPool]:
         return self.index.lookup(fp)
 
+    def match(self, shape: SandboxShape) -> matching.MatchResult[poolcache.CachedPool]:
+        return self.index.match(shape)
+
     def start(self) -> None:
         pass
 

@@ -27,6 +27,7 @@ from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registry
+from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.store.sqlite import open_sqlite_store
 from warmshell.gateway.tokens import SandboxTokenIssuer, hash_secret
 
@@ -251,7 +252,7 @@ async def test_a_warm_pod_of_another_workspaces_pool_is_refused(
         return original_mint(*args, **kwargs)
 
     issuer.mint = spy  # type: ignore[method-assign]
-    activator = GatewayActivator(registry, records, issuer)
+    activator = GatewayActivator(registry, records, issuer, SecretVault(records._store, bytes(32)))
     await records.insert(
         SandboxRecord(id=SandboxId("sbx-1"), name="one", workspace="default", activation_proof_hash=hash_secret("p"))
     )
@@ -307,7 +308,7 @@ async def test_a_restarted_warm_pod_is_activated_again_for_the_same_sandbox(
     cluster.adopt(sandbox, cluster.claim(proof="p"))
     registry: Registry[spb.SupervisorActivationMessage] = Registry()
     issuer = SandboxTokenIssuer(Ed25519PrivateKey.generate(), gateway_id="t", ttl_seconds=600)
-    activator = GatewayActivator(registry, records, issuer)
+    activator = GatewayActivator(registry, records, issuer, SecretVault(records._store, bytes(32)))
     await records.insert(
         SandboxRecord(id=SandboxId("sbx-1"), name="one", workspace="default", activation_proof_hash=hash_secret("p"))
     )

@@ -133,3 +133,17 @@ def test_two_pools_with_one_fingerprint_are_ambiguous() -> None:
     result = found.lookup(fingerprint(SHAPE))
     assert isinstance(result, matching.Ambiguous)
     assert {p.name for p in result.pools} == {"one", "two"}
+
+
+def test_accepted_patterns_travel_on_the_pod_template_and_come_back_in_the_shape() -> None:
+    shape = SandboxShape("default", "img", {"FOO": "bar"}, accepted=("RUN_?", "TASK_*"))
+    template, _pool = warmpools.render_pool_pair(config(), name="p", namespace="ns", shape=shape, replicas=1)
+    pod_template = template["spec"]["podTemplate"]
+    assert pod_template["metadata"]["annotations"] == {labels.ACCEPTED_ENVIRONMENT: "RUN_?,TASK_*"}
+    back = warmpools.shape_of_template(template)
+    assert back is not None
+    assert fingerprint(back) == fingerprint(shape)
+    pod_template["metadata"]["annotations"][labels.ACCEPTED_ENVIRONMENT] = "FOO"  # baked and accepted
+    assert warmpools.shape_of_template(template) is None
+    pod_template["metadata"]["annotations"][labels.ACCEPTED_ENVIRONMENT] = "no spaces"
+    assert warmpools.shape_of_template(template) is None

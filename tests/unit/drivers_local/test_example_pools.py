@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.matching import Match, PoolIndex
 from warmshell.drivers.local import reloading
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "pools"
@@ -15,16 +16,24 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "pools"
 def test_examples_parse_and_match_their_creates() -> None:
     profiles, errors = reloading.load(EXAMPLES, max_replicas=64)
     assert errors == {}
-    assert set(profiles) == {"default", "env-foo", "cpu"}
+    assert set(profiles) == {"default", "env-foo", "cpu", "agent-tasks"}
     # The local driver's default image is "" (the host root).
     expected = {
         "default": SandboxShape("default", ""),
         "env-foo": SandboxShape("default", "", {"FOO": "bar"}),
         "cpu": SandboxShape("default", "", cpu="200m"),
+        "agent-tasks": SandboxShape("default", "", {"AGENT": "coder"}, accepted=("RUN_*", "TASK_ID")),
     }
     for name, shape in expected.items():
         assert profiles[name].fingerprint("") == fingerprint(shape), name
-    assert len({p.fingerprint("") for p in profiles.values()}) == 3
+    assert len({p.fingerprint("") for p in profiles.values()}) == 4
+    # The documented create goes warm on agent-tasks alone: its accepted keys leave the match.
+    index = PoolIndex(
+        ((p.fingerprint(""), n) for n, p in profiles.items()), accepts=lambda n: profiles[n].accepted_environment
+    )
+    request = SandboxShape("default", "", {"AGENT": "coder", "TASK_ID": "17", "RUN_ATTEMPT": "2"})
+    assert index.match(request) == Match("agent-tasks", ("RUN_ATTEMPT", "TASK_ID"))
+    assert index.match(SandboxShape("default", "", {"FOO": "bar"})) == Match("env-foo")
 
 
 @pytest.mark.parametrize("bad", ["version = 2\n", "{{{"])

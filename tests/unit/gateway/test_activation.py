@@ -23,6 +23,7 @@ from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registry
+from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.store.sqlite import open_sqlite_store
 from warmshell.gateway.tokens import SandboxTokenIssuer, hash_secret
 
@@ -55,7 +56,7 @@ def warm(instance: str, workspace: str = "default") -> SupervisorIdentity:
 
 async def test_warm_activation_delivers_token_and_workload(records: SandboxRecords, issuer: SandboxTokenIssuer) -> None:
     registry: Registry[Activation] = Registry()
-    activator = GatewayActivator(registry, records, issuer)
+    activator = GatewayActivator(registry, records, issuer, SecretVault(records._store, bytes(32)))
     await make_sandbox(records, "one", "proof-1")
     reg = registry.register(warm("i-1"))
     await activator.activate(instance_id=InstanceId("i-1"), sandbox_id=SandboxId("id-one"), proof="proof-1", reason="t")
@@ -76,7 +77,7 @@ async def test_claim_time_learned_at_activation_goes_on_the_timeline(
     """A driver that learns the bind moment only now (a SandboxClaim bound after create) passes it
     along; one already on the timeline (set at create) is never overwritten."""
     registry: Registry[Activation] = Registry()
-    activator = GatewayActivator(registry, records, issuer)
+    activator = GatewayActivator(registry, records, issuer, SecretVault(records._store, bytes(32)))
     await make_sandbox(records, "late", "proof-l")
     registry.register(warm("i-l"))
     await activator.activate(
@@ -98,7 +99,7 @@ async def test_claim_time_learned_at_activation_goes_on_the_timeline(
 
 
 async def test_forged_instance_id_is_refused(records: SandboxRecords, issuer: SandboxTokenIssuer) -> None:
-    activator = GatewayActivator(Registry(), records, issuer)
+    activator = GatewayActivator(Registry(), records, issuer, SecretVault(records._store, bytes(32)))
     await make_sandbox(records, "one", "p")
     with pytest.raises(NotFoundError):
         await activator.activate(
@@ -108,7 +109,7 @@ async def test_forged_instance_id_is_refused(records: SandboxRecords, issuer: Sa
 
 async def test_replayed_activation_is_refused(records: SandboxRecords, issuer: SandboxTokenIssuer) -> None:
     registry: Registry[Activation] = Registry()
-    activator = GatewayActivator(registry, records, issuer)
+    activator = GatewayActivator(registry, records, issuer, SecretVault(records._store, bytes(32)))
     await make_sandbox(records, "one", "p")
     registry.register(warm("i-1"))
     await activator.activate(instance_id=InstanceId("i-1"), sandbox_id=SandboxId("id-one"), proof="p", reason="t")
@@ -120,7 +121,7 @@ async def test_proof_for_another_sandbox_is_refused_and_leaks_no_token(
     records: SandboxRecords, issuer: SandboxTokenIssuer
 ) -> None:
     registry: Registry[Activation] = Registry()
-    activator = GatewayActivator(registry, records, issuer)
+    activator = GatewayActivator(registry, records, issuer, SecretVault(records._store, bytes(32)))
     await make_sandbox(records, "victim", "victim-proof")
     await make_sandbox(records, "mine", "my-proof")
     reg = registry.register(warm("i-1"))
@@ -136,7 +137,7 @@ async def test_bound_instance_cannot_be_activated_for_another_sandbox(
     records: SandboxRecords, issuer: SandboxTokenIssuer
 ) -> None:
     registry: Registry[Activation] = Registry()
-    activator = GatewayActivator(registry, records, issuer)
+    activator = GatewayActivator(registry, records, issuer, SecretVault(records._store, bytes(32)))
     await make_sandbox(records, "a", "pa")
     await make_sandbox(records, "b", "pb")
     registry.register(SupervisorIdentity("local", InstanceId("i-a"), "i-a", "default", Bound(SandboxId("id-a"), "pa")))
@@ -146,7 +147,7 @@ async def test_bound_instance_cannot_be_activated_for_another_sandbox(
 
 async def test_warm_member_of_another_workspace_is_refused(records: SandboxRecords, issuer: SandboxTokenIssuer) -> None:
     registry: Registry[Activation] = Registry()
-    activator = GatewayActivator(registry, records, issuer)
+    activator = GatewayActivator(registry, records, issuer, SecretVault(records._store, bytes(32)))
     await make_sandbox(records, "one", "p", workspace="team-a")
     registry.register(warm("i-1", workspace="team-b"))
     with pytest.raises(PermissionDeniedError, match="workspace"):
@@ -164,7 +165,7 @@ async def test_stale_session_is_refused(records: SandboxRecords, issuer: Sandbox
 
 async def test_deleted_or_deleting_sandbox_gets_no_token(records: SandboxRecords, issuer: SandboxTokenIssuer) -> None:
     registry: Registry[Activation] = Registry()
-    activator = GatewayActivator(registry, records, issuer)
+    activator = GatewayActivator(registry, records, issuer, SecretVault(records._store, bytes(32)))
     registry.register(warm("i-1"))
     with pytest.raises(NotFoundError):
         await activator.activate(instance_id=InstanceId("i-1"), sandbox_id=SandboxId("id-gone"), proof="p", reason="t")

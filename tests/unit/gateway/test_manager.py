@@ -14,6 +14,7 @@ from warmshell.drivers.fake import FakeDriver
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.sessions import SessionTable
 from warmshell.gateway.store.sqlite import open_sqlite_store
 
@@ -26,7 +27,13 @@ async def records(tmp_path: Path) -> AsyncIterator[SandboxRecords]:
 
 
 def manager_for(records: SandboxRecords, driver: FakeDriver) -> SandboxManager:
-    return SandboxManager(records=records, driver=driver, bus=EventBus(), sessions=SessionTable())
+    return SandboxManager(
+        records=records,
+        driver=driver,
+        bus=EventBus(),
+        sessions=SessionTable(),
+        vault=SecretVault(records._store, bytes(32)),
+    )
 
 
 CREATE = {"workspace": "", "image": "", "environment": {}, "cpu": "", "memory": "", "command": [],

@@ -97,11 +97,32 @@ class SandboxSpec(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class SecretsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     IMAGE_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     RESOURCES_FIELD_NUMBER: _builtins.int
     COMMAND_FIELD_NUMBER: _builtins.int
     RUNTIME_CLASS_NAME_FIELD_NUMBER: _builtins.int
+    SECRETS_FIELD_NUMBER: _builtins.int
     image: _builtins.str
     """Driver-specific image reference; "" selects the driver's default image."""
     runtime_class_name: _builtins.str
@@ -113,6 +134,13 @@ class SandboxSpec(_message.Message):
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Workload argv (no shell parsing). Empty keeps an idle main process so exec works."""
 
+    @_builtins.property
+    def secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Secret environment variables (name -> value): never part of the shape, so a request with
+        secrets goes warm whenever the same request without them would. Sealed at rest; every
+        response shows the names only, each value as "<redacted>".
+        """
+
     def __init__(
         self,
         *,
@@ -121,10 +149,11 @@ class SandboxSpec(_message.Message):
         resources: Global___Resources | None = ...,
         command: _abc.Iterable[_builtins.str] | None = ...,
         runtime_class_name: _builtins.str = ...,
+        secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "image", b"image", "resources", b"resources", "runtime_class_name", b"runtime_class_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "image", b"image", "resources", b"resources", "runtime_class_name", b"runtime_class_name", "secrets", b"secrets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -212,6 +241,7 @@ class SandboxStatus(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     TIMELINE_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    INJECTED_ENVIRONMENT_FIELD_NUMBER: _builtins.int
     phase: Global___SandboxPhase.ValueType
     allocation: _builtins.str
     """"warm" or "cold"."""
@@ -224,6 +254,10 @@ class SandboxStatus(_message.Message):
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
     @_builtins.property
     def timeline(self) -> Global___Timeline: ...
+    @_builtins.property
+    def injected_environment(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Environment keys the serving pool accepted: left out of the match and set at activation."""
+
     def __init__(
         self,
         *,
@@ -234,10 +268,11 @@ class SandboxStatus(_message.Message):
         exit_code: _builtins.int | None = ...,
         timeline: Global___Timeline | None = ...,
         instance_id: _builtins.str = ...,
+        injected_environment: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "timeline", b"timeline"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "allocation", b"allocation", "conditions", b"conditions", "exit_code", b"exit_code", "instance_id", b"instance_id", "phase", b"phase", "pool", b"pool", "timeline", b"timeline"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "allocation", b"allocation", "conditions", b"conditions", "exit_code", b"exit_code", "injected_environment", b"injected_environment", "instance_id", b"instance_id", "phase", b"phase", "pool", b"pool", "timeline", b"timeline"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
@@ -806,6 +841,7 @@ class Pool(_message.Message):
     MISSES_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     CONDITIONS_FIELD_NUMBER: _builtins.int
+    ACCEPTED_ENVIRONMENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     workspace: _builtins.str
     fingerprint: _builtins.str
@@ -822,6 +858,10 @@ class Pool(_message.Message):
     def resources(self) -> Global___Resources: ...
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
+    @_builtins.property
+    def accepted_environment(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Environment keys (names or shell-style patterns) a request may set without leaving the pool."""
+
     def __init__(
         self,
         *,
@@ -838,10 +878,11 @@ class Pool(_message.Message):
         misses: _builtins.int = ...,
         source: _builtins.str = ...,
         conditions: _abc.Iterable[Global___Condition] | None = ...,
+        accepted_environment: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conditions", b"conditions", "desired", b"desired", "environment", b"environment", "fingerprint", b"fingerprint", "hits", b"hits", "idle", b"idle", "image", b"image", "misses", b"misses", "name", b"name", "ready", b"ready", "resources", b"resources", "source", b"source", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted_environment", b"accepted_environment", "conditions", b"conditions", "desired", b"desired", "environment", b"environment", "fingerprint", b"fingerprint", "hits", b"hits", "idle", b"idle", "image", b"image", "misses", b"misses", "name", b"name", "ready", b"ready", "resources", b"resources", "source", b"source", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

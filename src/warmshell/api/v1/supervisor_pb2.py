@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dwarmshell/v1/supervisor.proto\x12\x0cwarmshell.v1\"9\n\x19RegisterSupervisorRequest\x12\x1c\n\x14\x62ootstrap_credential\x18\x01 \x01(\t\"\x9e\x01\n\x08Workload\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\t\x12<\n\x0b\x65nvironment\x18\x02 \x03(\x0b\x32\'.warmshell.v1.Workload.EnvironmentEntry\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc4\x01\n\x1bSupervisorActivationMessage\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x14\n\x0csandbox_name\x18\x02 \x01(\t\x12\x11\n\tworkspace\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\t\x12\x1b\n\x13token_expires_at_ms\x18\x05 \x01(\x03\x12(\n\x08workload\x18\x06 \x01(\x0b\x32\x16.warmshell.v1.Workload\x12\x12\n\nsession_id\x18\x07 \x01(\t\"T\n\x0fSupervisorHello\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x18\n\x10workload_started\x18\x03 \x01(\x08\"\x1f\n\tHeartbeat\x12\x12\n\nsent_at_ms\x18\x01 \x01(\x03\";\n\nOutputData\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"?\n\nExecExited\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"#\n\x0eWorkloadExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\"\x92\x02\n\x11SupervisorMessage\x12.\n\x05hello\x18\x01 \x01(\x0b\x32\x1d.warmshell.v1.SupervisorHelloH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.warmshell.v1.HeartbeatH\x00\x12*\n\x06output\x18\x03 \x01(\x0b\x32\x18.warmshell.v1.OutputDataH\x00\x12/\n\x0b\x65xec_exited\x18\x04 \x01(\x0b\x32\x18.warmshell.v1.ExecExitedH\x00\x12\x37\n\x0fworkload_exited\x18\x05 \x01(\x0b\x32\x1c.warmshell.v1.WorkloadExitedH\x00\x42\t\n\x07message\"D\n\x0fSessionAccepted\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"\xd9\x01\n\tExecStart\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12=\n\x0b\x65nvironment\x18\x03 \x03(\x0b\x32(.warmshell.v1.ExecStart.EnvironmentEntry\x12\x0f\n\x07workdir\x18\x04 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\r\x12\r\n\x05stdin\x18\x06 \x01(\x0c\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1d\n\nExecCancel\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\"-\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\treconnect\x18\x02 \x01(\x08\"\x88\x02\n\x0eGatewayMessage\x12\x31\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1d.warmshell.v1.SessionAcceptedH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.warmshell.v1.HeartbeatH\x00\x12-\n\nexec_start\x18\x03 \x01(\x0b\x32\x17.warmshell.v1.ExecStartH\x00\x12/\n\x0b\x65xec_cancel\x18\x04 \x01(\x0b\x32\x18.warmshell.v1.ExecCancelH\x00\x12*\n\x08shutdown\x18\x05 \x01(\x0b\x32\x16.warmshell.v1.ShutdownH\x00\x42\t\n\x07message\"\x1c\n\x1aRefreshSandboxTokenRequest\"C\n\x1bRefreshSandboxTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x02 \x01(\x03\x32\xc3\x02\n\x11SupervisorService\x12j\n\x12RegisterSupervisor\x12\'.warmshell.v1.RegisterSupervisorRequest\x1a).warmshell.v1.SupervisorActivationMessage0\x01\x12V\n\x11\x43onnectSupervisor\x12\x1f.warmshell.v1.SupervisorMessage\x1a\x1c.warmshell.v1.GatewayMessage(\x01\x30\x01\x12j\n\x13RefreshSandboxToken\x12(.warmshell.v1.RefreshSandboxTokenRequest\x1a).warmshell.v1.RefreshSandboxTokenResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dwarmshell/v1/supervisor.proto\x12\x0cwarmshell.v1\"9\n\x19RegisterSupervisorRequest\x12\x1c\n\x14\x62ootstrap_credential\x18\x01 \x01(\t\"\x84\x02\n\x08Workload\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\t\x12<\n\x0b\x65nvironment\x18\x02 \x03(\x0b\x32\'.warmshell.v1.Workload.EnvironmentEntry\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12\x34\n\x07secrets\x18\x04 \x03(\x0b\x32#.warmshell.v1.Workload.SecretsEntry\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cSecretsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc4\x01\n\x1bSupervisorActivationMessage\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x14\n\x0csandbox_name\x18\x02 \x01(\t\x12\x11\n\tworkspace\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\t\x12\x1b\n\x13token_expires_at_ms\x18\x05 \x01(\x03\x12(\n\x08workload\x18\x06 \x01(\x0b\x32\x16.warmshell.v1.Workload\x12\x12\n\nsession_id\x18\x07 \x01(\t\"T\n\x0fSupervisorHello\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x18\n\x10workload_started\x18\x03 \x01(\x08\"\x1f\n\tHeartbeat\x12\x12\n\nsent_at_ms\x18\x01 \x01(\x03\";\n\nOutputData\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"?\n\nExecExited\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"#\n\x0eWorkloadExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\"\x92\x02\n\x11SupervisorMessage\x12.\n\x05hello\x18\x01 \x01(\x0b\x32\x1d.warmshell.v1.SupervisorHelloH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.warmshell.v1.HeartbeatH\x00\x12*\n\x06output\x18\x03 \x01(\x0b\x32\x18.warmshell.v1.OutputDataH\x00\x12/\n\x0b\x65xec_exited\x18\x04 \x01(\x0b\x32\x18.warmshell.v1.ExecExitedH\x00\x12\x37\n\x0fworkload_exited\x18\x05 \x01(\x0b\x32\x1c.warmshell.v1.WorkloadExitedH\x00\x42\t\n\x07message\"D\n\x0fSessionAccepted\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"\xd9\x01\n\tExecStart\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12=\n\x0b\x65nvironment\x18\x03 \x03(\x0b\x32(.warmshell.v1.ExecStart.EnvironmentEntry\x12\x0f\n\x07workdir\x18\x04 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\r\x12\r\n\x05stdin\x18\x06 \x01(\x0c\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1d\n\nExecCancel\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\"-\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\treconnect\x18\x02 \x01(\x08\"\x88\x02\n\x0eGatewayMessage\x12\x31\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1d.warmshell.v1.SessionAcceptedH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.warmshell.v1.HeartbeatH\x00\x12-\n\nexec_start\x18\x03 \x01(\x0b\x32\x17.warmshell.v1.ExecStartH\x00\x12/\n\x0b\x65xec_cancel\x18\x04 \x01(\x0b\x32\x18.warmshell.v1.ExecCancelH\x00\x12*\n\x08shutdown\x18\x05 \x01(\x0b\x32\x16.warmshell.v1.ShutdownH\x00\x42\t\n\x07message\"\x1c\n\x1aRefreshSandboxTokenRequest\"C\n\x1bRefreshSandboxTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x02 \x01(\x03\x32\xc3\x02\n\x11SupervisorService\x12j\n\x12RegisterSupervisor\x12\'.warmshell.v1.RegisterSupervisorRequest\x1a).warmshell.v1.SupervisorActivationMessage0\x01\x12V\n\x11\x43onnectSupervisor\x12\x1f.warmshell.v1.SupervisorMessage\x1a\x1c.warmshell.v1.GatewayMessage(\x01\x30\x01\x12j\n\x13RefreshSandboxToken\x12(.warmshell.v1.RefreshSandboxTokenRequest\x1a).warmshell.v1.RefreshSandboxTokenResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,44 +33,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WORKLOAD_ENVIRONMENTENTRY']._loaded_options = None
   _globals['_WORKLOAD_ENVIRONMENTENTRY']._serialized_options = b'8\001'
+  _globals['_WORKLOAD_SECRETSENTRY']._loaded_options = None
+  _globals['_WORKLOAD_SECRETSENTRY']._serialized_options = b'8\001'
   _globals['_EXECSTART_ENVIRONMENTENTRY']._loaded_options = None
   _globals['_EXECSTART_ENVIRONMENTENTRY']._serialized_options = b'8\001'
   _globals['_REGISTERSUPERVISORREQUEST']._serialized_start=47
   _globals['_REGISTERSUPERVISORREQUEST']._serialized_end=104
   _globals['_WORKLOAD']._serialized_start=107
-  _globals['_WORKLOAD']._serialized_end=265
-  _globals['_WORKLOAD_ENVIRONMENTENTRY']._serialized_start=215
-  _globals['_WORKLOAD_ENVIRONMENTENTRY']._serialized_end=265
-  _globals['_SUPERVISORACTIVATIONMESSAGE']._serialized_start=268
-  _globals['_SUPERVISORACTIVATIONMESSAGE']._serialized_end=464
-  _globals['_SUPERVISORHELLO']._serialized_start=466
-  _globals['_SUPERVISORHELLO']._serialized_end=550
-  _globals['_HEARTBEAT']._serialized_start=552
-  _globals['_HEARTBEAT']._serialized_end=583
-  _globals['_OUTPUTDATA']._serialized_start=585
-  _globals['_OUTPUTDATA']._serialized_end=644
-  _globals['_EXECEXITED']._serialized_start=646
-  _globals['_EXECEXITED']._serialized_end=709
-  _globals['_WORKLOADEXITED']._serialized_start=711
-  _globals['_WORKLOADEXITED']._serialized_end=746
-  _globals['_SUPERVISORMESSAGE']._serialized_start=749
-  _globals['_SUPERVISORMESSAGE']._serialized_end=1023
-  _globals['_SESSIONACCEPTED']._serialized_start=1025
-  _globals['_SESSIONACCEPTED']._serialized_end=1093
-  _globals['_EXECSTART']._serialized_start=1096
-  _globals['_EXECSTART']._serialized_end=1313
-  _globals['_EXECSTART_ENVIRONMENTENTRY']._serialized_start=215
-  _globals['_EXECSTART_ENVIRONMENTENTRY']._serialized_end=265
-  _globals['_EXECCANCEL']._serialized_start=1315
-  _globals['_EXECCANCEL']._serialized_end=1344
-  _globals['_SHUTDOWN']._serialized_start=1346
-  _globals['_SHUTDOWN']._serialized_end=1391
-  _globals['_GATEWAYMESSAGE']._serialized_start=1394
-  _globals['_GATEWAYMESSAGE']._serialized_end=1658
-  _globals['_REFRESHSANDBOXTOKENREQUEST']._serialized_start=1660
-  _globals['_REFRESHSANDBOXTOKENREQUEST']._serialized_end=1688
-  _globals['_REFRESHSANDBOXTOKENRESPONSE']._serialized_start=1690
-  _globals['_REFRESHSANDBOXTOKENRESPONSE']._serialized_end=1757
-  _globals['_SUPERVISORSERVICE']._serialized_start=1760
-  _globals['_SUPERVISORSERVICE']._serialized_end=2083
+  _globals['_WORKLOAD']._serialized_end=367
+  _globals['_WORKLOAD_ENVIRONMENTENTRY']._serialized_start=269
+  _globals['_WORKLOAD_ENVIRONMENTENTRY']._serialized_end=319
+  _globals['_WORKLOAD_SECRETSENTRY']._serialized_start=321
+  _globals['_WORKLOAD_SECRETSENTRY']._serialized_end=367
+  _globals['_SUPERVISORACTIVATIONMESSAGE']._serialized_start=370
+  _globals['_SUPERVISORACTIVATIONMESSAGE']._serialized_end=566
+  _globals['_SUPERVISORHELLO']._serialized_start=568
+  _globals['_SUPERVISORHELLO']._serialized_end=652
+  _globals['_HEARTBEAT']._serialized_start=654
+  _globals['_HEARTBEAT']._serialized_end=685
+  _globals['_OUTPUTDATA']._serialized_start=687
+  _globals['_OUTPUTDATA']._serialized_end=746
+  _globals['_EXECEXITED']._serialized_start=748
+  _globals['_EXECEXITED']._serialized_end=811
+  _globals['_WORKLOADEXITED']._serialized_start=813
+  _globals['_WORKLOADEXITED']._serialized_end=848
+  _globals['_SUPERVISORMESSAGE']._serialized_start=851
+  _globals['_SUPERVISORMESSAGE']._serialized_end=1125
+  _globals['_SESSIONACCEPTED']._serialized_start=1127
+  _globals['_SESSIONACCEPTED']._serialized_end=1195
+  _globals['_EXECSTART']._serialized_start=1198
+  _globals['_EXECSTART']._serialized_end=1415
+  _globals['_EXECSTART_ENVIRONMENTENTRY']._serialized_start=269
+  _globals['_EXECSTART_ENVIRONMENTENTRY']._serialized_end=319
+  _globals['_EXECCANCEL']._serialized_start=1417
+  _globals['_EXECCANCEL']._serialized_end=1446
+  _globals['_SHUTDOWN']._serialized_start=1448
+  _globals['_SHUTDOWN']._serialized_end=1493
+  _globals['_GATEWAYMESSAGE']._serialized_start=1496
+  _globals['_GATEWAYMESSAGE']._serialized_end=1760
+  _globals['_REFRESHSANDBOXTOKENREQUEST']._serialized_start=1762
+  _globals['_REFRESHSANDBOXTOKENREQUEST']._serialized_end=1790
+  _globals['_REFRESHSANDBOXTOKENRESPONSE']._serialized_start=1792
+  _globals['_REFRESHSANDBOXTOKENRESPONSE']._serialized_end=1859
+  _globals['_SUPERVISORSERVICE']._serialized_start=1862
+  _globals['_SUPERVISORSERVICE']._serialized_end=2185
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,7 @@ from typing import Final
 from warmshell.core.ids import SandboxId
 
 __all__ = [
+    "ACCEPTED_ENVIRONMENT",
     "ACTIVATION_PROOF",
     "ALLOCATION",
     "ALLOCATION_CLAIM",
@@ -57,6 +58,9 @@ WARM_POOL: Final = "warmshell.dev/warm-pool"
 WARM_POOL_ENABLED: Final = "enabled"
 FINGERPRINT: Final = "warmshell.dev/fingerprint"
 FINGERPRINT_LABEL_LENGTH: Final = 40
+# On a warm pool's pod template: the environment patterns its members accept at activation
+# (comma-separated; the names, never a value). Part of the shape read back from a member.
+ACCEPTED_ENVIRONMENT: Final = "warmshell.dev/accepted-environment"
 # SandboxClaims: how a sandbox was allocated, and which gateway created the claim.
 ALLOCATION: Final = "warmshell.dev/allocation"
 ALLOCATION_CLAIM: Final = "sandbox-claim"

@@ -167,6 +167,10 @@ class PoolCache:
         """NotReady until synced, then the pools serving `fp`."""
         return self._index.lookup(fp)
 
+    def match(self, shape: SandboxShape) -> matching.MatchResult[CachedPool]:
+        """NotReady until synced, then the pools serving a request of this shape."""
+        return self._index.match(shape)
+
     def entries(self) -> list[CachedPool]:
         """Every opted-in pool, servable or not."""
         return list(self._entries)
@@ -226,5 +230,8 @@ class PoolCache:
         self._warned = warned
         self._stats = {e.name: e.stats for e in entries}
         self._entries = entries
-        self._index = matching.PoolIndex((e.fingerprint, e) for e in entries if e.shape is not None)
+        self._index = matching.PoolIndex(
+            ((e.fingerprint, e) for e in entries if e.shape is not None),
+            accepts=lambda e: e.shape.accepted if e.shape is not None else (),
+        )
         self._on_change()

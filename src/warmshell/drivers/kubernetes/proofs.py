@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import secrets
-from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from warmshell.core.errors import FailedPreconditionError
+from warmshell.drivers.keyfiles import load_or_create_key
 
 __all__ = ["PREFIX", "ProofSealer", "load_or_create_key"]
 
@@ -68,25 +66,3 @@ class ProofSealer:
 
 def _context(namespace: str, name: str, sandbox_id: str) -> bytes:
     return "\0".join(("warmshell-activation-proof/v1", namespace, name, sandbox_id)).encode()
-
-
-def load_or_create_key(path: Path) -> bytes:
-    """The 32-byte key at `path` (raw or base64), created 0600 on first use."""
-    if path.exists():
-        data = path.read_bytes().strip()
-        if len(data) != _KEY_BYTES:
-            try:
-                data = base64.b64decode(data, validate=True)
-            except binascii.Error:
-                data = b""
-        if len(data) != _KEY_BYTES:
-            raise FailedPreconditionError(f"{path}: not a 32-byte key (raw or base64)")
-        return data
-    key = secrets.token_bytes(_KEY_BYTES)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(base64.b64encode(key) + b"\n")
-    os.replace(tmp, path)
-    return key

@@ -219,6 +219,7 @@ class WarmAllocation:
             allocation=Allocation.WARM,
             pool=pool.name,
             created_us=now_us(),
+            injected_environment=decision.injected,
         )
 
     def _decide(self, request: CreateRequest, shape: SandboxShape) -> allocation.Decision[poolcache.CachedPool]:
@@ -272,4 +273,5 @@ class WarmAllocation:
             misses=pool.stats.misses,
             source=f"SandboxWarmPool {self._namespace}/{pool.name}",
             conditions=conditions,
+            accepted_environment=shape.accepted if shape else (),
         )

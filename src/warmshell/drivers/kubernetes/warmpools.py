@@ -13,7 +13,8 @@ from typing import Any, Final
 
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import InvalidArgumentError
-from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
+from warmshell.core.validation import validate_environment_patterns
 from warmshell.drivers.kubernetes import labels, rendering
 from warmshell.drivers.kubernetes.objects import Obj
 
@@ -77,7 +78,10 @@ def render_pool_pair(
             "podTemplate": {
                 # Pool members are ours but belong to no sandbox yet: no sandbox-id label, so
                 # they never enter the driver's list or watch of sandboxes.
-                "metadata": {"labels": {labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.WORKSPACE: shape.workspace}},
+                "metadata": {
+                    "labels": {labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.WORKSPACE: shape.workspace},
+                    **_accepted_annotation(shape),
+                },
                 "spec": pod,
             },
             # Unmanaged: agent-sandbox's default NetworkPolicy denies egress to private ranges,
@@ -100,13 +104,34 @@ def render_pool_pair(
     return template, pool
 
 
+def _accepted_annotation(shape: SandboxShape) -> dict[str, dict[str, str]]:
+    """Pod-template metadata naming the accepted patterns (copied into every member's Sandbox, so
+    a member's shape says what it accepts); nothing for a pool that accepts none."""
+    if not shape.accepted:
+        return {}
+    return {"annotations": {labels.ACCEPTED_ENVIRONMENT: ",".join(shape.accepted)}}
+
+
+def _accepted_of(pod_template: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The accepted patterns a pod template declares (None when malformed: not our shape)."""
+    text = ((pod_template.get("metadata") or {}).get("annotations") or {}).get(labels.ACCEPTED_ENVIRONMENT) or ""
+    patterns = [p for p in str(text).split(",") if p]
+    try:
+        validate_environment_patterns(patterns)
+    except InvalidArgumentError:
+        return None
+    return pattern_set(patterns)
+
+
 def shape_of_template(template: Mapping[str, Any]) -> SandboxShape | None:
     """The shape a template's pods actually run; None if it is not a warmshell supervisor template."""
     metadata = template.get("metadata") or {}
     workspace = (metadata.get("annotations") or {}).get(labels.WORKSPACE)
-    pod = ((template.get("spec") or {}).get("podTemplate") or {}).get("spec") or {}
+    pod_template = (template.get("spec") or {}).get("podTemplate") or {}
+    pod = pod_template.get("spec") or {}
+    accepted = _accepted_of(pod_template)
     containers = [c for c in pod.get("containers") or [] if c.get("name") == rendering.CONTAINER]
-    if not workspace or len(containers) != 1 or len(pod.get("containers") or []) != 1:
+    if not workspace or accepted is None or len(containers) != 1 or len(pod.get("containers") or []) != 1:
         return None
     container = containers[0]
     if container.get("command") != ["warmshell"] or container.get("args") != ["supervisor"]:
@@ -126,7 +151,10 @@ def shape_of_template(template: Mapping[str, Any]) -> SandboxShape | None:
         cpu=str(requests.get("cpu") or ""),
         memory=str(requests.get("memory") or ""),
         runtime_class_name=pod.get("runtimeClassName") or "",
+        accepted=accepted,
     )
+    if any(matches_any(key, accepted) for key in environment):
+        return None  # a key is baked or accepted, never both (as profiles are parsed)
     try:
         fingerprint(shape)  # quantities that do not parse are not ours
     except InvalidArgumentError:

@@ -283,7 +283,7 @@ class LocalDriver:
         shape = shape_of(request.workspace, request.spec, default_image=self.default_image())
         decision = allocation.decide(shape, self._pools, ready=self._activator is not None)
         if isinstance(decision, allocation.Warm):
-            served = await self._claim(decision.pool, request)
+            served = await self._claim(decision.pool, request, decision.injected)
             if served is not None:
                 return served
             decision = allocation.empty(decision.pool)
@@ -292,7 +292,9 @@ class LocalDriver:
         self.misses[decision.reason] += 1
         return await self._spawn_cold(request, decision.reason)
 
-    async def _claim(self, pool: pooling.Pool, request: CreateRequest) -> DriverSandbox | None:
+    async def _claim(
+        self, pool: pooling.Pool, request: CreateRequest, injected: tuple[str, ...]
+    ) -> DriverSandbox | None:
         """Bind registered idle members to the sandbox until one activates; None if none did."""
         assert self._activator is not None
         assert self._pools is not None
@@ -325,7 +327,7 @@ class LocalDriver:
             pool.hits += 1
             self._progress(member, "PoolHit", f"activated a warm sandbox from pool {pool.name}")
             self._changed(member)
-            return dataclasses.replace(member.view(), claimed_us=claimed_us)
+            return dataclasses.replace(member.view(), claimed_us=claimed_us, injected_environment=injected)
         return None
 
     def _refill_soon(self, pool: pooling.Pool) -> None:

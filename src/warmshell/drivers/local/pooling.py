@@ -18,6 +18,7 @@ from typing import Any
 
 from warmshell.core import poolshapes
 from warmshell.core.errors import InvalidArgumentError, WarmshellError
+from warmshell.core.fingerprints import SandboxShape
 from warmshell.core.ids import Fingerprint
 from warmshell.core.matching import MatchResult, PoolIndex
 from warmshell.core.models import Resources, SandboxSpec
@@ -91,6 +92,7 @@ class Pool:
             misses=self.misses,
             source=profile.source,
             conditions=self.conditions + extra,
+            accepted_environment=profile.accepted_environment,
             ttl_seconds=profile.ttl_seconds,
             idle_timeout_seconds=profile.idle_timeout_seconds,
         )
@@ -132,6 +134,10 @@ class PoolSet:
         """Which pools serve this fingerprint (NotReady until the first `apply`)."""
         return self._index.lookup(fp)
 
+    def match(self, shape: SandboxShape) -> MatchResult[Pool]:
+        """Which pools serve a request of this shape, their accepted keys left out of it."""
+        return self._index.match(shape)
+
     def views(self) -> list[PoolView]:
         """Every pool, plus a view of each invalid profile that has no valid version running."""
         views = [
@@ -165,7 +171,10 @@ class PoolSet:
         for name in [n for n in self._pools if n not in profiles and n not in errors]:
             _log.info("warm pool %s: profile removed, draining", name)
             self._retire(self._pools.pop(name))
-        self._index = PoolIndex((pool.fingerprint, pool) for pool in self._pools.values())
+        self._index = PoolIndex(
+            ((pool.fingerprint, pool) for pool in self._pools.values()),
+            accepts=lambda pool: pool.profile.accepted_environment,
+        )
         self._shared = poolshapes.shared_shapes((name, pool.fingerprint) for name, pool in self._pools.items())
         for name, error in self._errors.items():
             _log.warning("warm pool %s: invalid profile: %s", name, error)
