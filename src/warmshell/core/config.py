@@ -17,6 +17,7 @@ from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
 
 __all__ = [
+    "DEFAULT_EXEC_WINDOW_BYTES",
     "GatewayConfig",
     "KubernetesDriverConfig",
     "LeaderElectionConfig",
@@ -29,6 +30,9 @@ __all__ = [
     "default_state_dir",
     "load_config",
 ]
+
+
+DEFAULT_EXEC_WINDOW_BYTES = 4 * 1024 * 1024
 
 
 class _Section(BaseModel):
@@ -173,6 +177,11 @@ class GatewayConfig(_Section):
     reconcile_interval_seconds: float = Field(default=10.0, gt=0)
     heartbeat_interval_seconds: float = Field(default=5.0, gt=0)
     max_request_bytes: int = Field(default=1024 * 1024, ge=4096)
+    # Exec output flow control: at most this much of one exec's output is in flight between
+    # its sandbox and its client; a client that reads nothing for the stall timeout ends the exec
+    # with an error (the command is killed) instead of the gateway buffering without bound.
+    exec_output_window_bytes: int = Field(default=DEFAULT_EXEC_WINDOW_BYTES, ge=64 * 1024, le=2**31)
+    exec_stall_timeout_seconds: float = Field(default=60.0, gt=0)
     # Per listening server (public; supervisor.sock): past it a new connection is closed at accept.
     max_connections: int = Field(default=4096, ge=16)
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)

@@ -25,6 +25,7 @@ from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.drivers import build_driver
 from warmshell.gateway.events import EventBus
+from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.http import start_http
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.manager import SandboxManager
@@ -161,7 +162,17 @@ class Gateway:
         # The public socket and TCP serve both APIs (supervisors in pods come in over TCP);
         # supervisor.sock serves the supervisor API alone.
         public, supervisors = new_server(), new_server()
-        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxService(manager, auth), public)
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
+            SandboxService(
+                manager,
+                auth,
+                ExecRelay(
+                    window_bytes=self.config.exec_output_window_bytes,
+                    stall_seconds=self.config.exec_stall_timeout_seconds,
+                ),
+            ),
+            public,
+        )
         for server in (public, supervisors):
             supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(supervisor_service, server)
         self._bound = True
