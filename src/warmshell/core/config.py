@@ -72,6 +72,9 @@ class LocalDriverConfig(_Section):
     # quarter of its size refills at once): booting a replacement (~6 ms of CPU since the
     # supervisor runs host-side) during a run of warm creates competes with the activations.
     refill_delay_seconds: float = Field(default=0.25, ge=0)
+    # An idle member's agent must answer a ping this fast when a create claims it (a stopped or
+    # hung member is spent and replaced; the create takes the next member or goes cold).
+    member_probe_seconds: float = Field(default=1.0, gt=0, le=60)
 
 
 class ProfilesConfig(_Section):
@@ -176,6 +179,10 @@ class GatewayConfig(_Section):
     orphan_grace_seconds: float = Field(default=30.0, ge=0)
     reconcile_interval_seconds: float = Field(default=10.0, gt=0)
     heartbeat_interval_seconds: float = Field(default=5.0, gt=0)
+    # A sandbox not Ready this long after its request (cold) or its claim (warm) goes Error with
+    # the step it was stuck in, and its backend is removed: a create never waits forever.
+    provisioning_deadline_seconds: float = Field(default=120.0, gt=0)
+    warm_activation_deadline_seconds: float = Field(default=20.0, gt=0)
     max_request_bytes: int = Field(default=1024 * 1024, ge=4096)
     # Exec output flow control: at most this much of one exec's output is in flight between
     # its sandbox and its client; a client that reads nothing for the stall timeout ends the exec

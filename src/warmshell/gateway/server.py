@@ -18,6 +18,7 @@ import grpc
 from warmshell.api.v1 import sandbox_pb2_grpc, supervisor_pb2_grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.config import GatewayConfig
+from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.drivers.base import ComputeDriver
 from warmshell.gateway import listening, statedir
@@ -132,7 +133,16 @@ class Gateway:
         self.issuer = issuer
         activator = GatewayActivator(registry, records, issuer)
         self.activator = activator
-        self.manager = manager = SandboxManager(records=records, driver=self._driver, bus=bus, sessions=sessions)
+        self.manager = manager = SandboxManager(
+            records=records,
+            driver=self._driver,
+            bus=bus,
+            sessions=sessions,
+            deadlines=ProvisioningDeadlines(
+                cold_seconds=self.config.provisioning_deadline_seconds,
+                warm_seconds=self.config.warm_activation_deadline_seconds,
+            ),
+        )
         auth = Authenticator(api_token=api_token, issuer=issuer, identity=self._driver.identity)
         reconciler = Reconciler(
             manager,
@@ -230,6 +240,7 @@ class Gateway:
                 await task
         self._tasks = []
         if self._servers:
+            self.manager.close()
             self.manager.sessions.close_all("gateway shutting down")
             self.registry.close_all("gateway shutting down")
             await asyncio.gather(*(server.stop(SHUTDOWN_GRACE_SECONDS) for server in self._servers))

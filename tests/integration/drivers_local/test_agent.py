@@ -11,6 +11,7 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -123,6 +124,30 @@ def test_an_oversized_record_is_refused(agent: tuple[socket.socket, object]) -> 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
     sock.send(RECORD.pack(ord("X"), 9, 1, 0) + b"x" * (agentwire.MAX_MESSAGE + 64))
     assert [(chr(k), rid, reason) for k, rid, reason, _ in ping(sock)] == [("R", 9, 8)]
+
+
+def test_ping_is_answered_and_a_malformed_one_refused(agent: tuple[socket.socket, object]) -> None:
+    sock, _ = agent
+    sock.send(agentwire.encode_ping(41))
+    assert next(replies(sock)) == (agentwire.Kind.PONG, 41, 0, 0)
+    sock.send(RECORD.pack(agentwire.Kind.PING, 42, 1, 0))
+    assert [(chr(k), rid, reason) for k, rid, reason, _ in ping(sock)] == [("R", 42, 1)]
+
+
+async def test_a_stopped_agent_fails_the_host_probe_and_a_running_one_passes() -> None:
+    with raw_agent() as (sock, process):
+        link = AgentLink(sock)
+        await link.wait_hello()
+        [agent_pid] = map(int, Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split())
+        assert await link.ping(2.0)
+        os.kill(agent_pid, signal.SIGSTOP)
+        try:
+            assert not await link.ping(0.3)
+        finally:
+            os.kill(agent_pid, signal.SIGCONT)
+        assert await link.ping(2.0)  # the late PONG of the failed probe is no protocol error
+        assert not link.closed.done()
+        link.close()
 
 
 def test_a_reused_exec_id_is_refused(agent: tuple[socket.socket, object]) -> None:

@@ -285,6 +285,16 @@ class LocalDriver:
             # Written in the background: a crash before it lands only loses the report of this
             # sandbox as lost on the next start (the gateway then finds it gone anyway).
             self._fleet.save_soon(member)
+            if member.process is None or not await member.process.responsive(self._config.member_probe_seconds):
+                # Stopped, hung or gone while idle: spent and replaced, the create goes on.
+                _log.warning(
+                    "warm pool %s: member %s did not answer its liveness probe within %gs; replacing it",
+                    pool.name,
+                    member.instance_id,
+                    self._config.member_probe_seconds,
+                )
+                self._spend(member)
+                continue
             try:
                 await self._rename(member)  # before activation: the workload may ask at once
                 await self._activator.activate(
