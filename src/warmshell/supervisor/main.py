@@ -43,7 +43,7 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.backoff import delays
 from warmshell.supervisor.outbox import Outbox
-from warmshell.supervisor.processes import Runner, run_streaming
+from warmshell.supervisor.processes import Runner, WorkdirError, run_streaming
 from warmshell.supervisor.window import OutputWindow
 
 __all__ = ["Supervisor", "SupervisorSettings", "main"]
@@ -248,6 +248,7 @@ class Supervisor:
                 view = view[size:]
 
         env = {**self._env, **start.environment}
+        error = ""
         try:
             code = await self._runner(
                 list(start.command),
@@ -257,13 +258,16 @@ class Supervisor:
                 stdin=start.stdin,
                 timeout=start.timeout_seconds or None,
             )
-        except OSError as exc:  # e.g. a workdir that does not exist
+        except WorkdirError as exc:  # the command never started: an error, not an exit status
+            code, error = -1, str(exc)
+        except OSError as exc:
             await sink(True, f"warmshell: exec: {exc}\n".encode())
             code = 126
         finally:
             self._execs.pop(start.exec_id, None)
             self._windows.pop(start.exec_id, None)
-        await self._send(spb.SupervisorMessage(exec_exited=spb.ExecExited(exec_id=start.exec_id, exit_code=code)))
+        exited = spb.ExecExited(exec_id=start.exec_id, exit_code=code, error=error)
+        await self._send(spb.SupervisorMessage(exec_exited=exited))
 
     async def _hold_session(self) -> None:
         backoff = delays()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from warmshell.drivers.local import agentwire
 from warmshell.drivers.local.agentwire import Kind, Reply, Stage
-from warmshell.supervisor.processes import OutputSink
+from warmshell.supervisor.processes import OutputSink, WorkdirError
 
 __all__ = ["AgentError", "AgentLink"]
 
@@ -97,7 +97,8 @@ class AgentLink:
     ) -> int:
         """Run `command` in the sandbox and stream its output to `sink`; its exit status, with
         the shell's conventions (127 not found, 126 not executable, 124 timed out, 128+N killed
-        by signal N). OSError when its workdir cannot be entered or the sandbox is gone."""
+        by signal N). WorkdirError when its workdir cannot be entered; OSError when the sandbox is
+        gone."""
         exec_id, running = self._next_id, _Exec()
         self._next_id += 1
         record = agentwire.encode_exec(exec_id, command, env, cwd)
@@ -255,7 +256,7 @@ async def _not_started(reply: Reply, command: Sequence[str], cwd: str, sink: Out
         raise AgentError(errno.EINVAL, f"the sandbox's agent rejected the command (reason {reply.a})")
     error = reply.b
     if reply.a == Stage.CHDIR:
-        raise OSError(error, os.strerror(error), cwd)
+        raise WorkdirError(error, cwd)
     if reply.a != Stage.EXEC:
         raise OSError(error, f"cannot start a process in the sandbox: {os.strerror(error)}")
     if error == errno.ENOENT:

@@ -206,9 +206,12 @@ class HostProcesses:
         local = Path(cwd)
         if local == Path("/workspace") or Path("/workspace") in local.parents:
             local = self._workspace / local.relative_to("/workspace")
-        return await host_processes.run_streaming(
-            command, env=env, cwd=str(local), sink=sink, stdin=stdin, timeout=timeout
-        )
+        try:
+            return await host_processes.run_streaming(
+                command, env=env, cwd=str(local), sink=sink, stdin=stdin, timeout=timeout
+            )
+        except host_processes.WorkdirError as exc:
+            raise host_processes.WorkdirError(exc.errno or 0, cwd) from None  # the path the caller gave
 
     async def responsive(self, timeout: float) -> bool:  # noqa: ASYNC109 - same seam as SandboxProcess
         """There is no agent to probe: alive until stopped."""
