@@ -72,6 +72,16 @@ class LocalDriverConfig(_Section):
     # quarter of its size refills at once): booting a replacement (~6 ms of CPU since the
     # supervisor runs host-side) during a run of warm creates competes with the activations.
     refill_delay_seconds: float = Field(default=0.25, ge=0)
+    # Default bounds of every sandbox (see drivers/local/limits.py): sized tmpfs, the largest
+    # file a process may write, and (with a uid per sandbox) how many processes it may run.
+    tmp_size: str = "256Mi"
+    run_size: str = "16Mi"
+    shm_size: str = "64Mi"
+    max_file_size: str = "4Gi"
+    max_processes: int = Field(default=1024, ge=16, le=1_000_000)
+    # Requests beyond these are refused (field named); "" = the host's cpus and memory.
+    max_cpu: str = ""
+    max_memory: str = ""
     # An idle member's agent must answer a ping this fast when a create claims it (a stopped or
     # hung member is spent and replaced; the create takes the next member or goes cold).
     member_probe_seconds: float = Field(default=1.0, gt=0, le=60)

@@ -21,6 +21,7 @@ from tests.integration.drivers_local.agents import raw_agent
 from tests.integration.drivers_local.support import needs_bwrap
 from warmshell.drivers.local import agentwire
 from warmshell.drivers.local.agentlink import AgentLink
+from warmshell.supervisor.processes import WorkdirError
 
 pytestmark = needs_bwrap
 
@@ -204,7 +205,7 @@ async def test_the_host_runner_streams_statuses_and_reaps() -> None:
         assert (code, err) == (127, b"warmshell: no-such-command: command not found\n")
         code, _, err = await link_run(link, ["sleep", "30"], timeout=0.2)
         assert (code, err) == (124, b"warmshell: timed out after 0.2s\n")
-        with pytest.raises(FileNotFoundError):
+        with pytest.raises(WorkdirError, match="workdir /no/such/dir does not exist"):
             await link.run_streaming(["true"], env={}, cwd="/no/such/dir", sink=lambda *_: asyncio.sleep(0))
         # An orphan (its parent exits at once) is reaped by pid 1: no zombie is left.
         await link_run(link, ["sh", "-c", "(sleep 0.1 &) ; exit 0"])

@@ -45,7 +45,7 @@ from warmshell.drivers.base import (
     ProgressLine,
 )
 from warmshell.drivers.events import Hub
-from warmshell.drivers.local import cgroups, credentials, images, pooling, reloading
+from warmshell.drivers.local import cgroups, credentials, images, limits, pooling, reloading
 from warmshell.drivers.local.fleet import Fleet
 from warmshell.drivers.local.hostnames import HostnameSetter
 from warmshell.drivers.local.identity import LocalIdentity
@@ -101,12 +101,21 @@ class LocalDriver:
             agent=agent,
             extra_ro_binds=config.extra_ro_binds,
             stage_dir=config.sandbox_dir if root else None,
+            bounds=limits.Bounds.of(config, uid_per_sandbox=root),
         )
+        cgroup = cgroup if cgroup is not None else cgroups.detect()
+        if isinstance(cgroup, cgroups.Unavailable):
+            # Once, at start; each sandbox's ResourceLimits condition says it again.
+            _log.warning(
+                "local sandboxes get no memory or cpu limits: %s (rlimits and tmpfs sizes only)", cgroup.message
+            )
+        self._host_cpus = os.cpu_count() or 1
+        self._host_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         self._supervisors = HostSupervisors(paths.supervisor_socket)
         self._fleet = Fleet(
             launcher=launcher,
             paths=paths,
-            cgroup=cgroup if cgroup is not None else cgroups.detect(),
+            cgroup=cgroup,
             grace=kill_grace_seconds,
             on_ended=self._on_ended,
             supervise=supervise or self._supervisors,
@@ -205,6 +214,7 @@ class LocalDriver:
                 "spec.runtime_class_name", "must be empty on the local driver (no runtime classes)"
             )
         images.check_image(spec.image)
+        limits.check_maximum(spec, self._config, host_cpus=self._host_cpus, host_memory=self._host_memory)
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
         """Serve the request from its warm pool if exactly one matches and has a registered

@@ -26,6 +26,7 @@ from warmshell.core.ids import InstanceId
 from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import BackendState, DriverCondition
 from warmshell.drivers.local import cgroups, credentials, records
+from warmshell.drivers.local import limits as resource_limits
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.launching import Launcher
 from warmshell.drivers.local.processes import read_tail
@@ -140,7 +141,10 @@ class Fleet:
         else:
             message = "local.allow_unisolated: plain processes of the gateway's user, no isolation at all"
             conditions.append(DriverCondition("Isolated", "False", "Unisolated", message))
-        if limits:
+        bounds = self._launcher.bounds
+        if self._launcher.isolated and bounds is not None:
+            conditions.append(resource_limits.condition(bounds, self._cgroup))
+        elif limits:
             if isinstance(self._cgroup, cgroups.CgroupV2):
                 conditions.append(DriverCondition("ResourceLimits", "True", "CgroupV2", ""))
             else:
