@@ -29,9 +29,7 @@ def test_the_process_bound_needs_a_uid_per_sandbox() -> None:
 def test_requests_over_the_configured_maximum_are_refused() -> None:
     config = LocalDriverConfig(max_cpu="2", max_memory="1Gi")
     limits.check_maximum(spec(cpu="2", memory="1Gi"), config, **HUGE_HOST)
-    with pytest.raises(
-        InvalidArgumentError, match=r"cpu: '2100m' is more than this gateway allows \(2000m\)"
-    ):
+    with pytest.raises(InvalidArgumentError, match=r"cpu: '2100m' is more than this gateway allows \(2000m\)"):
         limits.check_maximum(spec(cpu="2100m"), config, **HUGE_HOST)
     with pytest.raises(InvalidArgumentError, match=r"spec\.resources\.memory: '2Gi' is more than this gateway allows"):
         limits.check_maximum(spec(memory="2Gi"), config, **HUGE_HOST)
