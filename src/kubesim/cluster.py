@@ -14,6 +14,7 @@ import logging
 import os
 import pathlib
 import tempfile
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -21,13 +22,18 @@ from kubesim import timing as timing_mod
 from kubesim.controllers import client as kc
 from kubesim.controllers.claim import ClaimController
 from kubesim.controllers.crds_install import install_crds
+from kubesim.controllers.deployments import DeploymentController
+from kubesim.controllers.endpointslices import EndpointSliceController
 from kubesim.controllers.events import Recorder
 from kubesim.controllers.informer import Informer
+from kubesim.controllers.replicasets import ReplicaSetController
+from kubesim.controllers.rootca import RootCAPublisher
 from kubesim.controllers.sandbox import SandboxController
 from kubesim.controllers.template import TemplateController
 from kubesim.controllers.warmpool import WarmPoolController
 from kubesim.kubelet.images import ImageMap, ImageRule
 from kubesim.kubelet.kubelet import Kubelet
+from kubesim.kubelet.proxy import ServiceProxy
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,18 @@ class Components:
         wt = timing.watch_timeout
         self.informers = {
             res.plural: Informer(api, res, watch_timeout=wt)
-            for res in (kc.SANDBOXES, kc.PODS, kc.SERVICES, kc.TEMPLATES, kc.POOLS, kc.CLAIMS)
+            for res in (
+                kc.SANDBOXES,
+                kc.PODS,
+                kc.SERVICES,
+                kc.TEMPLATES,
+                kc.POOLS,
+                kc.CLAIMS,
+                kc.DEPLOYMENTS,
+                kc.REPLICASETS,
+                kc.ENDPOINTSLICES,
+                kc.NAMESPACES,
+            )
         }
         inf = self.informers
         self.queues: list[Any] = []
@@ -82,11 +99,44 @@ class Components:
                 timing=timing,
                 events=self.events,
             )
-            self.queues = [self.sandbox.queue, self.template.queue, self.warmpool.queue, self.claim.queue]
+            self.replicasets = ReplicaSetController(
+                api, replicasets=inf["replicasets"], pods=inf["pods"], timing=timing
+            )
+            self.deployments = DeploymentController(
+                api, deployments=inf["deployments"], replicasets=inf["replicasets"], pods=inf["pods"], timing=timing
+            )
+            self.endpointslices = EndpointSliceController(
+                api, services=inf["services"], pods=inf["pods"], slices=inf["endpointslices"], timing=timing
+            )
+            self.queues = [
+                self.endpointslices.queue,
+                self.sandbox.queue,
+                self.template.queue,
+                self.warmpool.queue,
+                self.claim.queue,
+                self.replicasets.queue,
+                self.deployments.queue,
+            ]
+            if api.ca_pem:
+                self.root_ca = RootCAPublisher(api, namespaces=inf["namespaces"], ca_pem=api.ca_pem, timing=timing)
+                self.queues.append(self.root_ca.queue)
         self.kubelet: Kubelet | None = None
         if kubelet:
             images = image_map if isinstance(image_map, ImageMap) else ImageMap(image_map)
-            self.kubelet = Kubelet(api, pods=inf["pods"], timing=timing, image_map=images, root=pod_root)
+            self.kubelet = Kubelet(
+                api, pods=inf["pods"], timing=timing, image_map=images, root=pod_root, services=inf["services"]
+            )
+        self.proxy: ServiceProxy | None = None
+        if self.kubelet is not None:
+            url = urllib.parse.urlsplit(api.url)
+            self.proxy = ServiceProxy(
+                api,
+                services=inf["services"],
+                slices=inf["endpointslices"],
+                pod_namespaces=self.kubelet.pod_namespaces,
+                api_address=(url.hostname or "127.0.0.1", url.port or 443),
+            )
+            self.kubelet.on_netns_change.append(self.proxy.changed)
         self.synced = asyncio.Event()
 
     async def run(self) -> None:
@@ -103,6 +153,8 @@ class Components:
                     tg.create_task(queue.run(), name=f"queue:{queue.name}")
                 self.synced.set()
         finally:
+            if self.proxy is not None:
+                await self.proxy.aclose()
             await self.events.aclose()
             if self.kubelet is not None:
                 await asyncio.shield(self.kubelet.aclose())

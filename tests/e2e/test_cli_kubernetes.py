@@ -112,8 +112,7 @@ def gateway(cluster: KubesimServe, kubectl: Kubectl, tmp_path: Path) -> Iterator
 def test_example_profiles_serve_the_readme_creates_warm(
     gateway: CliGateway, kubectl: Kubectl, cluster: KubesimServe
 ) -> None:
-    # kubesim serves no OpenAPI document: `--validate=false`, as the main README says.
-    applied = kubectl("apply", "--validate=false", "-n", NAMESPACE, "-f", "examples/kubernetes/")
+    applied = kubectl("apply", "-n", NAMESPACE, "-f", "examples/kubernetes/")
     assert sorted(applied.split()) == sorted(
         ["configmap/warm-pool-cpu", "configmap/warm-pool-default", "configmap/warm-pool-env-foo", *["created"] * 3]
     ), applied

@@ -81,7 +81,7 @@ def test_create_with_a_command_streams_output_and_exits_with_its_code(gateway: C
 
     got = gateway.run("sandbox", "get", "job", "-o", "json")
     status = json.loads(got.stdout)["status"]
-    assert status["phase"] == "SANDBOX_PHASE_ERROR"  # a workload exit is terminal, never Ready
+    assert status["phase"] == "SANDBOX_PHASE_EXITED"  # a workload exit is terminal, never Ready or Error
     assert status["exit_code"] == 9
 
 

@@ -61,7 +61,10 @@ class RunningGateway:
 
     async def wait_ready(self, name: str, timeout: float = 20.0, workspace: str = "") -> pb.Sandbox:
         return await self.wait_for(
-            name, lambda s: s.status.phase in (pb.SANDBOX_PHASE_READY, pb.SANDBOX_PHASE_ERROR), timeout, workspace
+            name,
+            lambda s: s.status.phase in (pb.SANDBOX_PHASE_READY, pb.SANDBOX_PHASE_ERROR, pb.SANDBOX_PHASE_EXITED),
+            timeout,
+            workspace,
         )
 
     async def exec(self, name: str, command: list[str], **fields: Any) -> tuple[int, bytes, bytes]:

@@ -24,4 +24,10 @@ def test_stubs_are_not_stale(tmp_path: Path) -> None:
 def test_public_surface_is_pinned() -> None:
     import warmshell
 
-    assert warmshell.__all__ == ["__version__"]
+    # The SDK's names (tests/unit/sdk/test_exports.py checks they resolve, lazily).
+    assert warmshell.__all__ == [
+        "Allocation", "AlreadyExists", "ApiError", "AsyncClient", "AsyncSandbox", "Client", "Condition", "Conflict",
+        "DeadlineExceeded", "Error", "ExecResult", "FailedPrecondition", "InvalidArgument", "Lifetime", "NotFound",
+        "OutputEvent", "PermissionDenied", "Phase", "PoolInfo", "ResourceExhausted", "Sandbox", "SandboxError",
+        "SandboxInfo", "Timeline", "Unauthenticated", "Unavailable", "__version__",
+    ]  # fmt: skip

@@ -10,12 +10,13 @@ from __future__ import annotations
 import base64
 import copy
 import itertools
+import random
 from typing import Any
 
-from kubesim.apiserver import rbac_objects
+from kubesim.apiserver import rbac_objects, workloads
 from kubesim.apiserver.schema import FieldError
 
-_cluster_ips = itertools.count(10)
+_cluster_ips = random.SystemRandom()
 
 _POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds")
 
@@ -37,6 +38,12 @@ def _default_container(c: dict[str, Any]) -> None:
 def default_pod(pod: dict[str, Any]) -> None:
     """Fill the defaults the pod strategy and admission add on create."""
     spec = pod.setdefault("spec", {})
+    default_pod_spec(spec)
+    pod["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
+
+
+def default_pod_spec(spec: dict[str, Any]) -> None:
+    """The PodSpec defaults (also applied to the pod templates of workloads)."""
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("dnsPolicy", "ClusterFirst")
@@ -49,7 +56,6 @@ def default_pod(pod: dict[str, Any]) -> None:
     for c in itertools.chain(spec.get("containers") or [], spec.get("initContainers") or []):
         if isinstance(c, dict):
             _default_container(c)
-    pod["status"] = {"phase": "Pending", "qosClass": _qos(spec)}
 
 
 def _qos(spec: dict[str, Any]) -> str:
@@ -128,19 +134,35 @@ def default_service(svc: dict[str, Any]) -> None:
     spec.setdefault("type", "ClusterIP")
     spec.setdefault("sessionAffinity", "None")
     if spec.get("clusterIP") != "None":
-        n = next(_cluster_ips)
-        spec.setdefault("clusterIP", f"10.96.{n // 250}.{n % 250 + 1}")
+        # Loopback addresses (all of 127/8 is local on Linux): never a real network. Random, so
+        # that several kubesim instances on one machine rarely pick the same address and port.
+        n = _cluster_ips.randrange(1, 254 * 254)
+        spec.setdefault("clusterIP", f"127.42.{n // 254}.{n % 254 + 1}")
     if spec.get("clusterIP"):
         spec.setdefault("clusterIPs", [spec["clusterIP"]])
+    node_ports = spec.get("type") in ("NodePort", "LoadBalancer")
     for port in spec.get("ports") or []:
         if isinstance(port, dict):
             port.setdefault("protocol", "TCP")
             port.setdefault("targetPort", port.get("port"))
+            if node_ports:
+                # The default NodePort range; the proxy listens on it at the nodes' 127.0.0.1.
+                port.setdefault("nodePort", _cluster_ips.randrange(30000, 32768))
     svc.setdefault("status", {"loadBalancer": {}})
+
+
+def _default_workload(plural: str, obj: dict[str, Any]) -> None:
+    workloads.default(plural, obj)
+    template = (obj.get("spec") or {}).get("template")
+    if isinstance(template, dict):
+        default_pod_spec(template.setdefault("spec", {}))
 
 
 def on_create(group: str, plural: str, obj: dict[str, Any]) -> None:
     """Apply create-time defaults for a built-in kind."""
+    if group == workloads.GROUP:
+        _default_workload(plural, obj)
+        return
     if group == rbac_objects.GROUP:
         rbac_objects.default(plural, obj)
         return
@@ -158,7 +180,9 @@ def on_create(group: str, plural: str, obj: dict[str, Any]) -> None:
 
 def on_update(group: str, plural: str, obj: dict[str, Any]) -> None:
     """Apply update-time defaults for a built-in kind."""
-    if group == "" and plural == "secrets":
+    if group == workloads.GROUP:
+        _default_workload(plural, obj)
+    elif group == "" and plural == "secrets":
         default_secret(obj)
     elif group == rbac_objects.GROUP:
         rbac_objects.default(plural, obj)
@@ -170,4 +194,6 @@ def validate(group: str, plural: str, obj: dict[str, Any], old: dict[str, Any] |
         return validate_pod(obj, old)
     if group == rbac_objects.GROUP:
         return rbac_objects.validate(plural, obj, old)
+    if group == workloads.GROUP:
+        return workloads.validate(plural, obj, old)
     return []

@@ -85,6 +85,7 @@ def to_resource(crd: dict[str, Any]) -> ResourceType:
         versions[v["name"]] = VersionInfo(
             name=v["name"],
             schema=compile_schema(raw_schema) if raw_schema else None,
+            openapi_schema=raw_schema or None,
             deprecated=bool(v.get("deprecated")),
             deprecation_warning=v.get("deprecationWarning")
             or f"{spec['group']}/{v['name']} {names['kind']} is deprecated",

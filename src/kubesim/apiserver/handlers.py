@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from kubesim.apiserver import discovery, errors, rbac, routing, selectors, tokens, verbs
+from kubesim.apiserver import discovery, errors, openapi_proto, rbac, routing, selectors, tokens, verbs
 from kubesim.apiserver.auth import ANONYMOUS, CURRENT_USER, Attributes, User
 from kubesim.apiserver.handlers_common import error_response, json_response
 from kubesim.apiserver.requestlog import Entry
@@ -153,6 +153,8 @@ class Handler:
             return await self.server.admin.serve(request, path, user)
         if request.method != "GET":
             raise errors.method_not_allowed()
+        if path == "/openapi" or path.startswith("/openapi/"):
+            return self._openapi(request, path)
         aggregated = discovery.wants_aggregated(request.headers.get("Accept", ""))
         if path in ("/api", "/apis"):
             core = path == "/api"
@@ -174,6 +176,23 @@ class Handler:
         if body is None:
             raise errors.ApiError(404, "NotFound", "the server could not find the requested resource", details={})
         return json_response(body)
+
+    def _openapi(self, request: web.Request, path: str) -> web.StreamResponse:
+        docs = self.server.openapi
+        if path == "/openapi/v2":
+            document = docs.v2_document()
+            if openapi_proto.CONTENT_TYPE in request.headers.get("Accept", ""):
+                return web.Response(body=openapi_proto.encode(document), content_type=openapi_proto.CONTENT_TYPE)
+            return json_response(document)
+        if path == "/openapi/v3":
+            # The index changes when CRDs do: never cached (the documents it links are, by hash).
+            return json_response(docs.v3_index(), headers={"Cache-Control": "no-cache, private"})
+        found = docs.v3_document(path[len("/openapi/v3/") :]) if path.startswith("/openapi/v3/") else None
+        if found is None:
+            raise errors.ApiError(404, "NotFound", "the server could not find the requested resource", details={})
+        body, digest = found
+        cache = "public, immutable" if request.query.get("hash") == digest else "no-cache, private"
+        return json_response(body, headers={"Cache-Control": cache, "Etag": f'"{digest}"'})
 
 
 def _attributes(

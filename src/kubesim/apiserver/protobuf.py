@@ -59,6 +59,14 @@ KINDS: dict[str, Schema] = {
         4: ("stringData", Map("string")),
         5: ("immutable", "bool"),
     },
+    # Helm deletes its release Secrets with a protobuf DeleteOptions body.
+    "DeleteOptions": {
+        1: ("gracePeriodSeconds", "int"),
+        2: ("preconditions", {1: ("uid", "string"), 2: ("resourceVersion", "string")}),
+        3: ("orphanDependents", "bool"),
+        4: ("propagationPolicy", "string"),
+        5: ("dryRun", Repeated("string")),
+    },
     "Namespace": {1: ("metadata", OBJECT_META), 2: ("spec", {1: ("finalizers", Repeated("string"))})},
     "ServiceAccount": {1: ("metadata", OBJECT_META), 4: ("automountServiceAccountToken", "bool")},
     "TokenRequest": {

@@ -21,6 +21,8 @@ class VersionInfo:
 
     name: str
     schema: Schema | None = None
+    # The CRD version's openAPIV3Schema as written (what the OpenAPI documents publish).
+    openapi_schema: dict[str, Any] | None = None
     deprecated: bool = False
     deprecation_warning: str = ""
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
@@ -94,6 +96,15 @@ def _core(
     )
 
 
+DEPLOYMENT_SUB = ("scale", "status")
+
+
+def _scalable(rt: ResourceType) -> ResourceType:
+    # Deployments and ReplicaSets: /scale over spec.replicas and status.replicas.
+    rt.scale = {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}
+    return rt
+
+
 def builtin_resources() -> list[ResourceType]:
     """The built-in kinds kubesim serves (what warmshell, agent-sandbox and a kubelet touch)."""
     return [
@@ -112,7 +123,16 @@ def builtin_resources() -> list[ResourceType]:
         _core("events", "Event", short=("ev",)),
         _core("nodes", "Node", namespaced=False, short=("no",), sub=("status",)),
         _core("persistentvolumeclaims", "PersistentVolumeClaim", short=("pvc",), sub=("status",)),
+        _core("endpoints", "Endpoints", short=("ep",)),
         _core("events", "Event", short=("ev",), group="events.k8s.io"),
+        _scalable(
+            _core("deployments", "Deployment", short=("deploy",), sub=DEPLOYMENT_SUB, group="apps", categories=("all",))
+        ),
+        _scalable(
+            _core("replicasets", "ReplicaSet", short=("rs",), sub=DEPLOYMENT_SUB, group="apps", categories=("all",))
+        ),
+        _core("poddisruptionbudgets", "PodDisruptionBudget", short=("pdb",), sub=("status",), group="policy"),
+        _core("endpointslices", "EndpointSlice", group="discovery.k8s.io"),
         _core("leases", "Lease", group="coordination.k8s.io"),
         _core("networkpolicies", "NetworkPolicy", short=("netpol",), group="networking.k8s.io"),
         _core(
@@ -180,16 +200,20 @@ class Registry:
 
     def __init__(self) -> None:
         self._by_key: dict[tuple[str, str], ResourceType] = {}
+        # Moves on every add/remove, so derived documents (OpenAPI) know when to rebuild.
+        self.generation = 0
         for rt in builtin_resources():
             self.add(rt)
 
     def add(self, rt: ResourceType) -> None:
         """Register (or replace) a resource."""
         self._by_key[rt.key] = rt
+        self.generation += 1
 
     def remove(self, group: str, plural: str) -> None:
         """Stop serving a resource (a CRD was deleted)."""
         self._by_key.pop((group, plural), None)
+        self.generation += 1
 
     def get(self, group: str, plural: str) -> ResourceType | None:
         """The resource for a group and plural, whatever version."""

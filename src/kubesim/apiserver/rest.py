@@ -17,7 +17,18 @@ from typing import Any
 
 import yaml
 
-from kubesim.apiserver import applying, builtins, cel, crds, errors, meta, patching, rbac_objects, scaling
+from kubesim.apiserver import (
+    applying,
+    builtin_schemas,
+    builtins,
+    cel,
+    crds,
+    errors,
+    meta,
+    patching,
+    rbac_objects,
+    scaling,
+)
 from kubesim.apiserver.resources import Registry, ResourceType
 from kubesim.apiserver.schema import FieldError
 from kubesim.apiserver.store import Store, Stored
@@ -398,19 +409,24 @@ class Rest:
             )
         causes.extend(meta.metadata_errors(new["metadata"]))
         info = rt.versions.get(version)
+        pruned: list[str] = []
         if info is not None and info.schema is not None:
             errs, pruned = info.schema.admit(new, old.obj if old is not None else None)
             causes.extend(errs)
-            if pruned and opts.field_validation == "Strict":
-                unknown = ", ".join(f'unknown field "{p}"' for p in pruned)
-                raise errors.bad_request(
-                    f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: '
-                    f"strict decoding error: {unknown}"
-                )
-            if opts.field_validation == "Warn":
-                warnings.extend(f'unknown field "{p}"' for p in pruned)
             if info.deprecated:
                 warnings.append(info.deprecation_warning)
+        elif not rt.custom:
+            # Built-in kinds decode into Go structs: fields they lack are dropped (or refused).
+            definition = builtin_schemas.kind_definition(rt.group, version, rt.kind)
+            if definition is not None:
+                pruned = builtin_schemas.prune_unknown(new, definition)
+        if pruned and opts.field_validation == "Strict":
+            unknown = ", ".join(f'unknown field "{p}"' for p in pruned)
+            raise errors.bad_request(
+                f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: strict decoding error: {unknown}'
+            )
+        if opts.field_validation == "Warn":
+            warnings[:0] = [f'unknown field "{p}"' for p in pruned]
         causes.extend(builtins.validate(rt.group, rt.plural, new, old.obj if old else None))
         if rt.key == CRD_KEY:
             causes.extend(crds.validate(new))

@@ -13,12 +13,13 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from kubesim.apiserver import special, tls, tokens
+from kubesim.apiserver import builtin_schemas, serviceaccounts, special, tls, tokens
 from kubesim.apiserver.admin import Admin
 from kubesim.apiserver.auth import AllowAll, Authenticator, Authorizer, User
 from kubesim.apiserver.faults import Faults
 from kubesim.apiserver.gc import Controllers
 from kubesim.apiserver.handlers import Handler
+from kubesim.apiserver.openapi import OpenApi
 from kubesim.apiserver.rbac_authorizer import RbacAuthorizer, install_bootstrap_policy
 from kubesim.apiserver.requestlog import RequestLog
 from kubesim.apiserver.resources import Registry
@@ -61,6 +62,7 @@ class ApiServer:
         self.store = Store(window=cfg.window)
         self.registry = Registry()
         self.rest = Rest(self.store, self.registry)
+        self.openapi = OpenApi(self.registry)
         self.issuer = tokens.TokenIssuer()
         self.users = {
             cfg.user_token: User(cfg.username, SYSTEM_MASTERS),
@@ -73,6 +75,7 @@ class ApiServer:
             rbac = RbacAuthorizer(self.store)
             self.authorizer = rbac
             self.rest.admission.append(rbac.admit)  # nobody grants what they do not hold
+        self.rest.admission.append(serviceaccounts.admission(self.store))
         self.faults = Faults()
         self.log = RequestLog()
         self.admin = Admin(self)
@@ -87,6 +90,8 @@ class ApiServer:
 
     async def start(self) -> None:
         """Bootstrap namespaces, start the built-in controllers and listen."""
+        # The built-in schemas come from kubernetes_asyncio's models: load them off the event loop.
+        await asyncio.to_thread(builtin_schemas.definitions)
         self.controllers = Controllers(self.rest)
         self.controllers.start()
         rt = self.registry.get("", "namespaces")

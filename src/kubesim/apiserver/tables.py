@@ -2,8 +2,9 @@
 
 kubectl asks every ``get`` for a Table. For custom resources the columns come from the CRD's
 ``additionalPrinterColumns`` (evaluated with the simple JSONPath subset CRDs allow, dates rendered as
-ages like ``duration.HumanDuration``); pods get the familiar READY/STATUS/RESTARTS/AGE. Other kinds
-are answered as plain lists, which kubectl prints as NAME/AGE itself.
+ages like ``duration.HumanDuration``); pods get the familiar READY/STATUS/RESTARTS/AGE (and the
+wide IP/NODE columns), the workload and networking kinds theirs (``printers``). Other kinds are
+answered as plain lists, which kubectl prints as NAME/AGE itself.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from kubesim.apiserver import printers
 from kubesim.apiserver.resources import ResourceType
 
 NAME_COLUMN = {
@@ -134,7 +136,8 @@ def _pod_row(pod: dict[str, Any]) -> list[Any]:
     if pod["metadata"].get("deletionTimestamp"):
         phase = "Terminating"
     total = len(spec.get("containers") or [])
-    return [pod["metadata"]["name"], f"{ready}/{total}", phase, restarts, age(pod["metadata"].get("creationTimestamp"))]
+    created = age(pod["metadata"].get("creationTimestamp"))
+    return [pod["metadata"]["name"], f"{ready}/{total}", phase, restarts, created, *printers.pod_wide_cells(pod)]
 
 
 _POD_COLUMNS = [
@@ -176,8 +179,8 @@ def printer(rt: ResourceType, version: str) -> tuple[list[dict[str, Any]], Row] 
         info = rt.versions.get(version)
         return _custom(info.printer_columns if info else [])
     if rt.key == ("", "pods"):
-        return _POD_COLUMNS, _pod_row
-    return None
+        return [*_POD_COLUMNS, *printers.POD_WIDE_COLUMNS], _pod_row
+    return printers.BUILTIN.get(rt.key)
 
 
 def row(obj: dict[str, Any], cells: list[Any], include: str) -> dict[str, Any]:

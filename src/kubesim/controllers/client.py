@@ -61,6 +61,9 @@ EVENTS_V1 = Resource("events.k8s.io", "v1", "events")
 NODES = Resource("", "v1", "nodes", namespaced=False)
 PVCS = Resource("", "v1", "persistentvolumeclaims")
 NETWORKPOLICIES = Resource("networking.k8s.io", "v1", "networkpolicies")
+DEPLOYMENTS = Resource("apps", "v1", "deployments")
+REPLICASETS = Resource("apps", "v1", "replicasets")
+ENDPOINTSLICES = Resource("discovery.k8s.io", "v1", "endpointslices")
 SANDBOXES = Resource("agents.x-k8s.io", "v1beta1", "sandboxes")
 TEMPLATES = Resource("extensions.agents.x-k8s.io", "v1beta1", "sandboxtemplates")
 CLAIMS = Resource("extensions.agents.x-k8s.io", "v1beta1", "sandboxclaims")
@@ -110,6 +113,11 @@ class KubeClient:
         if ca_pem:
             data = ca_pem.decode() if isinstance(ca_pem, bytes) else ca_pem
             self._ssl = ssl.create_default_context(cadata=data)
+
+    @property
+    def url(self) -> str:
+        """The API server's base URL."""
+        return self._url
 
     @classmethod
     def from_kubeconfig(cls, path: str) -> KubeClient:

@@ -47,6 +47,12 @@ def controller_ref(obj: Obj) -> Obj | None:
     return None
 
 
+def controller_uid(obj: Obj) -> list[str]:
+    """The controller's uid as an informer index value (none when uncontrolled)."""
+    ref = controller_ref(obj)
+    return [str(ref["uid"])] if ref and ref.get("uid") else []
+
+
 def is_controlled_by(obj: Obj, owner_uid: str) -> bool:
     ref = controller_ref(obj)
     return ref is not None and ref.get("uid") == owner_uid

@@ -13,7 +13,8 @@ file named by the ``KUBESIM_IMAGE_MAP`` environment variable (JSON if it ends in
 YAML)::
 
     {"ghcr.io/warmshell/warmshell:*": {"entrypoint": ["python", "-m", "warmshell", "supervisor"],
-                                      "overrideCommand": true},
+                                      "overrideCommand": true,
+                                      "programs": {"warmshell": ["python", "-m", "warmshell"]}},
      "busybox*": []}
 """
 
@@ -34,13 +35,19 @@ import yaml
 class ImageRule:
     entrypoint: tuple[str, ...] = ()
     override_command: bool = False
+    # Programs the image has on its PATH, as local argv prefixes: a container whose command starts
+    # with one (``warmshell gateway start``) runs that prefix instead.
+    programs: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 #: Images that behave like a shell toolbox: their commands (``sh -c …``, ``sleep``) run on the host.
 DEFAULT_RULES: dict[str, ImageRule] = {
     # The warmshell image's entry point is its supervisor; run it with this interpreter (a command
     # line only: kubesim does not import warmshell). Callers may map the image differently.
-    "ghcr.io/warmshell/warmshell:*": ImageRule((sys.executable, "-m", "warmshell", "supervisor")),
+    "ghcr.io/warmshell/warmshell:*": ImageRule(
+        (sys.executable, "-m", "warmshell", "supervisor"),
+        programs=(("warmshell", (sys.executable, "-m", "warmshell")),),
+    ),
     "busybox*": ImageRule(("sh",)),
     "docker.io/library/busybox*": ImageRule(("sh",)),
     "alpine*": ImageRule(("sh",)),
@@ -86,6 +93,9 @@ class ImageMap:
                 raise ImageNotMapped(f"image {image!r} has an empty entrypoint and no args")
             return argv
         if command:
+            programs = dict(rule.programs) if rule is not None else {}
+            if command[0] in programs:
+                command = [*programs[command[0]], *command[1:]]
             return command + args
         raise ImageNotMapped(f"no local command for image {image!r} (see kubesim image map)")
 
@@ -95,7 +105,9 @@ def _coerce(rule: ImageRule | list[str] | Mapping[str, Any]) -> ImageRule:
         return rule
     if isinstance(rule, list | tuple):
         return ImageRule(tuple(str(x) for x in rule))
+    programs = rule.get("programs") or {}
     return ImageRule(
         tuple(str(x) for x in rule.get("entrypoint") or []),
         bool(rule.get("overrideCommand", False)),
+        tuple((str(k), tuple(str(x) for x in v)) for k, v in programs.items()),
     )

@@ -9,12 +9,16 @@ the kubelet stops it kills every process it started.
 Processes are not in containers: each pod has a root directory and a volume mounted at
 ``mountPath`` is found at ``$KUBESIM_POD_ROOT/<mountPath>`` (``kubesim.kubelet.volumes``), so a
 projected ServiceAccount token at ``/var/run/secrets/tokens/token`` is read from
-``$KUBESIM_POD_ROOT/var/run/secrets/tokens/token``. Images map to local commands through
-``kubesim.kubelet.images.ImageMap``.
+``$KUBESIM_POD_ROOT/var/run/secrets/tokens/token``. Run as root, the kubelet also gives each
+container its own mount namespace (``kubesim.kubelet.mountns``) in which the volumes are at their
+real ``mountPath`` and ``/etc/hosts`` is the pod's, so in-cluster credentials and config files are
+read unchanged. Images map to local commands through ``kubesim.kubelet.images.ImageMap``.
 
-Pod IPs are loopback addresses from 127.1.0.0/16: every pod shares the host network, and
-an address in 127/8 is reachable on Linux, so a client that dials a pod IP reaches a process
-listening on 0.0.0.0.
+Pod IPs are loopback addresses from 127.1.0.0/16. A pod without ports shares the host network (an
+address in 127/8 is reachable on Linux, so dialling its IP reaches a process listening on
+0.0.0.0); a pod that declares container ports gets a network namespace of its own
+(``kubesim.kubelet.netns``), so its wildcard listeners never collide, and is reached through the
+Service proxy (``kubesim.kubelet.proxy``) and its probes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from kubesim.controllers import client as kc
@@ -65,6 +71,8 @@ class Kubelet:
         root: pathlib.Path | None = None,
         nodes: tuple[str, ...] = ("kubesim-node-0", "kubesim-node-1", "kubesim-node-2"),
         extra_env: dict[str, str] | None = None,
+        services: Informer | None = None,
+        mount_namespaces: bool | None = None,
     ) -> None:
         self._api = api
         self._pods = pods
@@ -76,14 +84,28 @@ class Kubelet:
         base_env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
         base_env.setdefault("PATH", os.defpath)
         base_env["KUBESIM_PYTHON"] = sys.executable
+        # What in-cluster client configuration reads (with the mounted token and CA).
+        api_url = urllib.parse.urlsplit(api.url)
+        base_env["KUBERNETES_SERVICE_HOST"] = api_url.hostname or "127.0.0.1"
+        base_env["KUBERNETES_SERVICE_PORT"] = str(api_url.port or 443)
+        base_env["KUBERNETES_SERVICE_PORT_HTTPS"] = base_env["KUBERNETES_SERVICE_PORT"]
         base_env.update(extra_env or {})
+        if mount_namespaces is None:
+            # Mount namespaces need CAP_SYS_ADMIN; KUBESIM_MOUNT_NAMESPACES=0 turns them off.
+            mount_namespaces = os.geteuid() == 0 and os.environ.get("KUBESIM_MOUNT_NAMESPACES", "1") != "0"
+        self._services = services
         self._ctx = PodContext(
             api=api,
             image_map=image_map or ImageMap(),
             timing=timing,
             root=self._root,
             base_env=base_env,
+            mount_namespaces=mount_namespaces,
+            services=(lambda: services.items()) if services is not None else (lambda: []),
+            netns_ready=lambda worker: self._netns_changed(),
         )
+        #: Called when a pod network namespace appears or goes (the Service proxy listens in them).
+        self.on_netns_change: list[Callable[[], None]] = []
         self._workers: dict[str, PodWorker] = {}
         self._scheduling: set[str] = set()
         self._stopping: dict[str, asyncio.Task[None]] = {}
@@ -92,6 +114,21 @@ class Kubelet:
         self._scheduler_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         pods.add_handler(self._on_pod)
+        if services is not None:
+            services.add_handler(self._on_service)
+
+    def _netns_changed(self) -> None:
+        for callback in self.on_netns_change:
+            callback()
+
+    def pod_namespaces(self) -> dict[str, str]:
+        """Pod IP → network namespace path, for the running pods that have their own."""
+        return {w.ip: w.netns for w in self._workers.values() if w.netns is not None and not w.stopping}
+
+    def _on_service(self, etype: str, svc: Obj, old: Obj | None) -> None:
+        # Pods' hosts files list every Service's cluster DNS names.
+        for worker in list(self._workers.values()):
+            worker.write_hosts()
 
     async def register_nodes(self) -> None:
         """Create a Ready Node object per simulated node, as a kubelet registers itself."""
@@ -218,6 +255,8 @@ class Kubelet:
                 _LIVE.discard(worker)
                 self._workers.pop(uid, None)
                 self._stopping.pop(uid, None)
+                if worker.netns is not None:
+                    self._netns_changed()
 
         task = asyncio.create_task(stop())
         self._stopping[uid] = task

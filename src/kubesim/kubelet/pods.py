@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import pathlib
 import shutil
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from kubesim.controllers import client as kc
@@ -37,6 +40,12 @@ class PodContext:
     timing: Timing
     root: pathlib.Path
     base_env: dict[str, str]
+    # Run containers in their own mount namespace (volumes at their mountPath, /etc/hosts); needs root.
+    mount_namespaces: bool = False
+    # The cluster's Services, for the pods' hosts files (NAME.NAMESPACE.svc[.cluster.local]).
+    services: Callable[[], list[Obj]] = lambda: []
+    # Told when a pod's network namespace exists (the Service proxy listens inside it).
+    netns_ready: Callable[[PodWorker], None] = lambda worker: None
 
 
 class PodWorker:
@@ -65,6 +74,10 @@ class PodWorker:
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._volume_dirs: dict[str, pathlib.Path] = {}
+        # The pod's own network namespace (``/proc/<holder>/ns/net``), for pods that serve ports.
+        self.netns: str | None = None
+        self._holder: asyncio.subprocess.Process | None = None
+        self._launchers: dict[str, list[str]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -74,12 +87,21 @@ class PodWorker:
     async def stop(self, grace: float, *, report: bool = False) -> None:
         """Stop every process (SIGTERM, then SIGKILL after ``grace``) and drop the pod directory."""
         self.stopping = True
-        await asyncio.gather(
-            *(containers.stop_process(p, grace) for p in list(self.procs.values())),
-            return_exceptions=True,
-        )
-        for task in self._tasks:
-            task.cancel()
+        try:
+            await asyncio.gather(
+                *(containers.stop_process(p, grace) for p in list(self.procs.values())),
+                return_exceptions=True,
+            )
+            if self._holder is not None:
+                await containers.stop_process(self._holder, 0)
+        except asyncio.CancelledError:
+            # The kubelet is closing and gave up on this graceful stop: no process and no task
+            # of the pod may outlive it.
+            self.kill_now()
+            raise
+        finally:
+            for task in self._tasks:
+                task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         if report:
@@ -88,7 +110,7 @@ class PodWorker:
 
     def kill_now(self) -> None:
         """Synchronous last resort (interpreter shutdown): SIGKILL every process group."""
-        for proc in self.procs.values():
+        for proc in [*self.procs.values(), *([self._holder] if self._holder else [])]:
             containers.signal_group(proc, 9)
 
     def changed(self) -> None:
@@ -100,6 +122,9 @@ class PodWorker:
         try:
             self.changed()  # Pending, ContainerCreating
             self.dir.mkdir(parents=True, exist_ok=True)
+            self.write_hosts()
+            if self.wants_netns():
+                await self._start_netns()
             self._volume_dirs, writers = await self._materialise()
             refresher = asyncio.create_task(volumes.refresh_tokens(writers, _token_lifetime(self.pod)))
             await asyncio.sleep(self.ctx.timing.container_start_delay)
@@ -117,11 +142,36 @@ class PodWorker:
             if refresher is not None:
                 refresher.cancel()
 
+    def wants_netns(self) -> bool:
+        """Pods that declare container ports get their own network namespace (so their wildcard
+        listeners cannot collide); the rest share the host's, as before."""
+        spec = self.pod.get("spec") or {}
+        if not self.ctx.mount_namespaces or spec.get("hostNetwork"):
+            return False
+        return any(c.get("ports") for c in spec.get("containers") or [])
+
+    async def _start_netns(self) -> None:
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "kubesim.kubelet.mountns",
+            "--hold-netns",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._holder = holder
+        assert holder.stdout is not None
+        if (await holder.stdout.readline()).strip() != b"ready":
+            raise RuntimeError(f"pod {self.uid}: the network namespace holder did not start")
+        self.netns = f"/proc/{holder.pid}/ns/net"
+        self.ctx.netns_ready(self)
+
     async def _materialise(self) -> tuple[dict[str, pathlib.Path], list[volumes.TokenWriter]]:
         """Volumes, retried until they can be built (a missing ConfigMap may appear later)."""
         while True:
             try:
-                return await volumes.materialise(self.ctx.api, self.pod, self.dir)
+                return await volumes.materialise(self.ctx.api, self.pod, self.dir, claims=self.ctx.root / ".claims")
             except (kc.ApiError, OSError, KeyError) as exc:
                 for state in self.states.values():
                     state.waiting_reason, state.waiting_message = "CreateContainerConfigError", str(exc)
@@ -150,7 +200,39 @@ class PodWorker:
         volumes.mount(self.dir, spec, self._volume_dirs)
         cwd = volumes.host_path(self.dir, spec["workingDir"]) if spec.get("workingDir") else self.dir
         cwd.mkdir(parents=True, exist_ok=True)
-        return argv, env, cwd
+        return [*self.launcher(spec), *argv], env, cwd
+
+    def launcher(self, spec: Obj) -> list[str]:
+        """The argv prefix that puts a process of container ``spec`` in its mount namespace (its
+        spec file is written once: volumes and the network namespace are fixed by then)."""
+        if not self.ctx.mount_namespaces:
+            return []
+        if spec["name"] in self._launchers:
+            return self._launchers[spec["name"]]
+        binds = [
+            {"source": str(source), "target": target, "readOnly": read_only}
+            for source, target, read_only in volumes.binds(spec, self._volume_dirs)
+        ]
+        path = self.dir / ".ns" / f"{spec['name']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"binds": binds, "hosts": str(self.hosts_path), "netns": self.netns}))
+        self._launchers[spec["name"]] = [sys.executable, "-m", "kubesim.kubelet.mountns", str(path), "--"]
+        return self._launchers[spec["name"]]
+
+    @property
+    def hosts_path(self) -> pathlib.Path:
+        return self.dir / ".hosts"
+
+    def write_hosts(self) -> None:
+        """(Re)write the pod's hosts file in place (it is bind-mounted: keep the inode)."""
+        text = volumes.hosts_file(self.pod, self.ip, self.ctx.services())
+        if self.dir.exists():
+            with open(self.hosts_path, "a+") as handle:
+                handle.seek(0)
+                if handle.read() != text:
+                    handle.seek(0)
+                    handle.truncate()
+                    handle.write(text)
 
     async def _run_once(self, spec: Obj, state: containers.ContainerState, *, probe: bool) -> int | None:
         """Run the container process once; its exit code, or None if it could not be configured."""
@@ -173,12 +255,19 @@ class PodWorker:
         state.waiting_reason, state.terminated = None, None
         self.ever_started = True
         self.changed()
-        readiness = asyncio.create_task(self._readiness(spec, state, env, cwd)) if probe else None
+        watchers = (
+            [
+                asyncio.create_task(self._readiness(spec, state, env, cwd)),
+                asyncio.create_task(self._liveness(spec, proc, env, cwd)),
+            ]
+            if probe
+            else []
+        )
         try:
             code = await proc.wait()
         finally:
-            if readiness is not None:
-                readiness.cancel()
+            for watcher in watchers:
+                watcher.cancel()
         # A negative return code means "killed by signal N": report it as 128+N like runtimes do.
         code = 128 - code if code < 0 else code
         state.ready = False
@@ -230,7 +319,7 @@ class PodWorker:
         need_ok, need_fail = int(rp.get("successThreshold") or 1), int(rp.get("failureThreshold") or 3)
         oks = fails = 0
         while True:
-            if await probes.probe(rp, spec, env, str(cwd)):
+            if await probes.probe(rp, spec, env, str(cwd), prefix=self.launcher(spec), netns_path=self.netns):
                 oks, fails = oks + 1, 0
                 if oks >= need_ok and not state.ready:
                     state.ready = True
@@ -240,6 +329,30 @@ class PodWorker:
                 if fails >= need_fail and state.ready:
                     state.ready = False
                     self.changed()
+            await asyncio.sleep(period)
+
+    async def _liveness(
+        self, spec: Obj, proc: asyncio.subprocess.Process, env: dict[str, str], cwd: pathlib.Path
+    ) -> None:
+        """Kill the container after ``failureThreshold`` failed liveness probes in a row; the
+        restart policy then restarts it (a new process, restartCount + 1), as the kubelet does."""
+        lp = spec.get("livenessProbe")
+        if not lp:
+            return
+        await asyncio.sleep(float(lp.get("initialDelaySeconds") or 0))
+        period = float(lp.get("periodSeconds") or 10)
+        need_fail = int(lp.get("failureThreshold") or 3)
+        fails = 0
+        while proc.returncode is None:
+            if await probes.probe(lp, spec, env, str(cwd), prefix=self.launcher(spec), netns_path=self.netns):
+                fails = 0
+            else:
+                fails += 1
+                if fails >= need_fail:
+                    log.info("pod %s: container %s failed its liveness probe; restarting", self.uid, spec["name"])
+                    grace = float(lp.get("terminationGracePeriodSeconds") or _grace_of(self.pod))
+                    await containers.stop_process(proc, grace)
+                    return
             await asyncio.sleep(period)
 
     # -- status ----------------------------------------------------------------------------------
@@ -327,6 +440,11 @@ class PodWorker:
         except kc.ApiError as exc:
             if not exc.not_found:
                 raise
+
+
+def _grace_of(pod: Obj) -> float:
+    value = pod.get("spec", {}).get("terminationGracePeriodSeconds")
+    return float(30 if value is None else value)
 
 
 def _token_lifetime(pod: Obj) -> int:

@@ -1,13 +1,16 @@
-"""Readiness probes run against local processes: exec runs the command with the container's
-environment; httpGet and tcpSocket dial 127.0.0.1 (every pod shares the host's network here)."""
+"""Readiness and liveness probes run against local processes: exec runs the command with the
+container's environment (in its mount namespace); httpGet and tcpSocket dial 127.0.0.1 in the
+pod's network namespace (the host's, for pods without one)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
+from collections.abc import Sequence
 from typing import Any
 
-import aiohttp
+from kubesim.kubelet import netns
 
 Obj = dict[str, Any]
 
@@ -21,23 +24,33 @@ def _port(container: Obj, port: Any) -> int:
     raise ValueError(f"unknown named port {port!r}")
 
 
-async def probe(probe_spec: Obj, container: Obj, env: dict[str, str], cwd: str) -> bool:
-    """Run one probe; True on success. Timeouts and errors count as failures."""
+async def probe(
+    probe_spec: Obj,
+    container: Obj,
+    env: dict[str, str],
+    cwd: str,
+    *,
+    prefix: Sequence[str] = (),
+    netns_path: str | None = None,
+) -> bool:
+    """Run one probe; True on success. Timeouts and errors count as failures. ``prefix`` runs an
+    exec probe inside the container's mount namespace (``kubesim.kubelet.mountns``); ``netns_path``
+    dials httpGet and tcpSocket probes inside the pod's network namespace."""
     timeout = float(probe_spec.get("timeoutSeconds") or 1)
     try:
         async with asyncio.timeout(timeout):
             if "exec" in probe_spec:
-                return await _exec(probe_spec["exec"].get("command") or [], env, cwd)
+                return await _exec([*prefix, *(probe_spec["exec"].get("command") or [])], env, cwd)
             if "httpGet" in probe_spec:
-                return await _http(probe_spec["httpGet"], container)
+                return await _http(probe_spec["httpGet"], container, netns_path)
             if "tcpSocket" in probe_spec:
                 port = _port(container, probe_spec["tcpSocket"]["port"])
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                _, writer = await netns.open_connection(netns_path, "127.0.0.1", port)
                 writer.close()
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
                 return True
-    except (TimeoutError, OSError, aiohttp.ClientError, ValueError):
+    except (TimeoutError, OSError, ValueError):
         return False
     return True  # a probe with no handler (e.g. grpc, unsupported) counts as passing
 
@@ -60,10 +73,22 @@ async def _exec(command: list[str], env: dict[str, str], cwd: str) -> bool:
             await proc.wait()
 
 
-async def _http(spec: Obj, container: Obj) -> bool:
+async def _http(spec: Obj, container: Obj, netns_path: str | None) -> bool:
+    """GET the probe's path over HTTP/1.0 (what the kubelet's prober checks: a 2xx or 3xx)."""
     port = _port(container, spec.get("port"))
-    scheme = str(spec.get("scheme") or "HTTP").lower()
-    url = f"{scheme}://127.0.0.1:{port}{spec.get('path') or '/'}"
-    headers = {h["name"]: h["value"] for h in spec.get("httpHeaders") or []}
-    async with aiohttp.ClientSession() as session, session.get(url, headers=headers, ssl=False) as r:
-        return 200 <= r.status < 400
+    reader, writer = await netns.open_connection(netns_path, "127.0.0.1", port)
+    try:
+        if str(spec.get("scheme") or "HTTP").upper() == "HTTPS":
+            context = ssl.create_default_context()
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+            await writer.start_tls(context)
+        headers = "".join(f"{h['name']}: {h['value']}\r\n" for h in spec.get("httpHeaders") or [])
+        request = f"GET {spec.get('path') or '/'} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{headers}\r\n"
+        writer.write(request.encode())
+        await writer.drain()
+        status_line = (await reader.readline()).decode(errors="replace").split()
+        return len(status_line) >= 2 and status_line[1].isdigit() and 200 <= int(status_line[1]) < 400
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()

@@ -30,16 +30,19 @@ def host_path(pod_root: pathlib.Path, mount_path: str) -> pathlib.Path:
 
 
 async def materialise(
-    api: kc.KubeClient, pod: Obj, pod_root: pathlib.Path
+    api: kc.KubeClient, pod: Obj, pod_root: pathlib.Path, *, claims: pathlib.Path | None = None
 ) -> tuple[dict[str, pathlib.Path], list[TokenWriter]]:
     """Create every volume of ``pod`` under ``pod_root/.volumes``; return their dirs and the token
-    writers to re-run for refresh."""
+    writers to re-run for refresh. A PersistentVolumeClaim is one host directory per claim under
+    ``claims`` that outlives the pod (and the claim is reported Bound)."""
     vol_root = pod_root / ".volumes"
     ns = pod["metadata"]["namespace"]
     dirs: dict[str, pathlib.Path] = {}
     writers: list[TokenWriter] = []
     for volume in pod.get("spec", {}).get("volumes") or []:
         vdir = vol_root / volume["name"]
+        if "persistentVolumeClaim" in volume and claims is not None:
+            vdir = await _claim_dir(api, ns, volume["persistentVolumeClaim"]["claimName"], claims)
         vdir.mkdir(parents=True, exist_ok=True)
         dirs[volume["name"]] = vdir
         if "projected" in volume:
@@ -66,20 +69,63 @@ async def materialise(
     return dirs, writers
 
 
-def mount(pod_root: pathlib.Path, container: Obj, volume_dirs: dict[str, pathlib.Path]) -> None:
-    """Expose each volumeMount of ``container`` at ``<pod_root>/<mountPath>``."""
+async def _claim_dir(api: kc.KubeClient, ns: str, claim: str, claims: pathlib.Path) -> pathlib.Path:
+    """The claim's directory (keyed by its uid, so a re-created claim starts empty); marks it Bound."""
+    pvc = await api.get(kc.PVCS, ns, claim)
+    if (pvc.get("status") or {}).get("phase") != "Bound":
+        spec = pvc.get("spec") or {}
+        status = {
+            "phase": "Bound",
+            "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+            "capacity": {"storage": ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")},
+        }
+        await api.patch(kc.PVCS, ns, claim, {"status": status}, sub="status")
+    return claims / f"{ns}_{claim}_{pvc['metadata']['uid'][:8]}"
+
+
+def binds(container: Obj, volume_dirs: dict[str, pathlib.Path]) -> list[tuple[pathlib.Path, str, bool]]:
+    """(source, mountPath, readOnly) of each volumeMount, for a mount namespace."""
+    out = []
     for vm in container.get("volumeMounts") or []:
         source = volume_dirs.get(vm["name"])
         if source is None:
             continue
         if vm.get("subPath"):
             source = source / vm["subPath"]
-            source.mkdir(parents=True, exist_ok=True)
-        target = host_path(pod_root, vm["mountPath"])
+        out.append((source, str(vm["mountPath"]), bool(vm.get("readOnly"))))
+    return out
+
+
+def hosts_file(pod: Obj, ip: str, services: list[Obj]) -> str:
+    """The pod's /etc/hosts: localhost, its own name, hostAliases and every Service's cluster
+    DNS names (``NAME.NAMESPACE.svc`` and ``….svc.cluster.local``) at its ClusterIP."""
+    name = str(pod["metadata"].get("name", ""))
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", f"{ip}\t{name}"]
+    for alias in (pod.get("spec") or {}).get("hostAliases") or []:
+        lines.append(f"{alias.get('ip')}\t{' '.join(alias.get('hostnames') or [])}")
+    pod_ns = pod["metadata"].get("namespace", "")
+    for svc in services:
+        ip_ = (svc.get("spec") or {}).get("clusterIP")
+        if not ip_ or ip_ == "None":
+            continue
+        sname, sns = svc["metadata"]["name"], svc["metadata"].get("namespace", "")
+        names = [f"{sname}.{sns}.svc.cluster.local", f"{sname}.{sns}.svc", f"{sname}.{sns}"]
+        if sns == pod_ns:
+            names.append(sname)
+        lines.append(f"{ip_}\t{' '.join(names)}")
+    return "\n".join(lines) + "\n"
+
+
+def mount(pod_root: pathlib.Path, container: Obj, volume_dirs: dict[str, pathlib.Path]) -> None:
+    """Expose each volumeMount of ``container`` at ``<pod_root>/<mountPath>``."""
+    for source, mount_path, _ in binds(container, volume_dirs):
+        if not source.exists():
+            source.mkdir(parents=True)  # a subPath the volume does not have yet
+        target = host_path(pod_root, mount_path)
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink() or target.exists():
             continue
-        target.symlink_to(source, target_is_directory=True)
+        target.symlink_to(source, target_is_directory=source.is_dir())
 
 
 def _token_writer(api: kc.KubeClient, pod: Obj, source: Obj, vdir: pathlib.Path) -> TokenWriter:

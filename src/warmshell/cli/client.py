@@ -21,6 +21,7 @@ from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.cli.errors import CliError, ExitCode, report
 from warmshell.cli.options import GlobalOptions
 from warmshell.core import paths
+from warmshell.sdk import connection
 
 if TYPE_CHECKING:
     from warmshell.api.v1.sandbox_pb2_grpc import SandboxServiceAsyncStub
@@ -82,12 +83,8 @@ def _state_dir(options: GlobalOptions) -> Path:
 
 def resolve_address(options: GlobalOptions) -> str:
     """A gRPC target: `--gateway` (unix:///path, a bare /path, or host:port), else the state
-    directory's socket."""
-    if options.gateway:
-        if options.gateway.startswith("/"):
-            return f"unix://{options.gateway}"
-        return options.gateway
-    return f"unix://{paths.StatePaths(_state_dir(options)).socket}"
+    directory's socket (decided as the SDK decides it)."""
+    return connection.target_address(options.gateway, _state_dir(options))
 
 
 def resolve_token(options: GlobalOptions) -> str | None:
@@ -96,25 +93,14 @@ def resolve_token(options: GlobalOptions) -> str | None:
         return options.token
     path = paths.StatePaths(_state_dir(options)).api_token
     try:
-        return path.read_text().strip() or None
-    except FileNotFoundError:
-        return None
+        return connection.read_token_file(path)
     except OSError as exc:
         raise CliError(f"cannot read the API token at {path}: {exc.strerror}", ExitCode.UNAUTHENTICATED) from exc
 
 
-def _unix_path(address: str) -> Path | None:
-    """The socket path of a `unix:` target (`unix:///abs` or `unix:rel`), else None."""
-    if address.startswith("unix://"):
-        return Path(address.removeprefix("unix://"))
-    if address.startswith("unix:"):
-        return Path(address.removeprefix("unix:"))
-    return None
-
-
 def _check_socket(address: str) -> None:
     # grpc reports a missing socket file as a generic connect failure; say exactly what is wrong.
-    path = _unix_path(address)
+    path = connection.unix_socket_path(address)
     if path is not None and not path.exists():
         raise CliError(f"no gateway socket at {path}", ExitCode.UNAVAILABLE, hint=_START_HINT)
 

@@ -23,9 +23,11 @@ async def create(
     detach: bool,
     ready_timeout: float | None,
     human: bool,
+    remove: bool = False,
 ) -> int:
     """Create, then (unless `detach`) follow the sandbox to Ready or, with a command, to its
-    exit; returns the exit code of `warmshell sandbox create`."""
+    exit; returns the exit code of `warmshell sandbox create`. With `remove` (`--rm`) the
+    sandbox is deleted once the followed command's output has been delivered."""
     has_command = bool(request.spec.command)
     async with client.connect(options) as conn:
         created = await conn.stub.CreateSandbox(request, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
@@ -53,6 +55,9 @@ async def create(
                 status.stop()
                 print(f"\ninterrupted; sandbox {created.name} was left in place", file=sys.stderr)
                 raise
+        if remove:
+            ref = sandbox_pb2.SandboxRef(name=created.name, workspace=created.workspace)
+            await conn.stub.DeleteSandbox(ref, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
     return _create_outcome(final, has_command=has_command, human=human)
 
 

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Sequence
 
 import warmshell
-from warmshell.cli import gateway, pool, sandbox
+from warmshell.cli import gateway, pool, sandbox, store
 from warmshell.cli.errors import EXIT_CODE_HELP, CliError, report
 from warmshell.cli.options import Parser, add_connection_options, usage_error
 
@@ -39,7 +39,12 @@ __all__ = ["build_parser", "main", "run"]
 
 # Root flags that take a value: the word after one is not a command name.
 _ROOT_VALUE_FLAGS = frozenset({"--state-dir", "--gateway", "--token"})
-_GROUPS = {"gateway": gateway.register, "sandbox": sandbox.register, "pool": pool.register}
+_GROUPS = {
+    "gateway": gateway.register,
+    "sandbox": sandbox.register,
+    "pool": pool.register,
+    "store": store.register,
+}
 
 
 def _chosen(flags: Sequence[str]) -> tuple[str | None, str | None]:

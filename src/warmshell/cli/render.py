@@ -25,9 +25,11 @@ __all__ = [
     "clock",
     "condition_lines",
     "create_summary",
+    "expiry_text",
     "format_age",
     "format_ms",
     "hit_rate",
+    "phase_label",
     "phase_line",
     "phase_name",
     "pools_view",
@@ -42,7 +44,8 @@ __all__ = [
 ]
 
 # Values of warmshell.v1.SandboxPhase; spelled out so rendering needs no generated module.
-_PHASES = {0: "Unknown", 1: "Provisioning", 2: "Ready", 3: "Error", 4: "Deleting"}
+_PHASES = {0: "Unknown", 1: "Provisioning", 2: "Ready", 3: "Error", 4: "Deleting", 5: "Exited"}
+_EXITED = 5
 _NONE = "-"
 
 # (label, Timeline field) in the order a sandbox reaches them.
@@ -161,6 +164,25 @@ def phase_name(phase: int) -> str:
     return _PHASES.get(phase, f"Phase{phase}")
 
 
+def phase_label(status: sandbox_pb2.SandboxStatus) -> str:
+    """The phase as a person reads it: `Exited (0)` carries the workload's exit code."""
+    name = phase_name(status.phase)
+    if status.phase == _EXITED and status.HasField("exit_code"):
+        return f"{name} ({status.exit_code})"
+    return name
+
+
+def expiry_text(lifetime: sandbox_pb2.Lifetime) -> str:
+    """When a sandbox's lifetime ends (UTC), with the TTL and the idle timeout that set it."""
+    parts = []
+    if lifetime.expires_at_ms:
+        when = datetime.fromtimestamp(lifetime.expires_at_ms / 1000, tz=UTC)
+        parts.append(f"{when.isoformat(timespec='seconds')} (ttl {lifetime.ttl_seconds} s)")
+    if lifetime.idle_timeout_seconds:
+        parts.append(f"after {lifetime.idle_timeout_seconds} s without an exec")
+    return "; ".join(parts) or "never"
+
+
 def format_age(created_ms: int, now_ms: int) -> str:
     """kubectl-style age: 42s, 5m, 3h, 2d."""
     if created_ms <= 0:
@@ -225,7 +247,7 @@ def sandbox_table(sandboxes: Sequence[sandbox_pb2.Sandbox], *, now_ms: int) -> s
         (
             sandbox.name,
             sandbox.workspace,
-            phase_name(sandbox.status.phase),
+            phase_label(sandbox.status),
             sandbox.status.allocation or _NONE,
             format_age(sandbox.created_at_ms, now_ms),
             sandbox.spec.image or "(default)",
@@ -262,7 +284,7 @@ def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> str:
         ("Name", sandbox.name),
         ("Workspace", sandbox.workspace),
         ("Id", sandbox.id),
-        ("Phase", phase_name(status.phase)),
+        ("Phase", phase_label(status)),
         ("Allocation", _allocation(status)),
         ("Exit code", str(status.exit_code) if status.HasField("exit_code") else _NONE),
         ("Image", spec.image or "(default)"),
@@ -271,6 +293,7 @@ def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> str:
         ("Environment", ", ".join(sorted(spec.environment)) or _NONE),
         ("Labels", _pairs(sandbox.labels.items())),
         ("Instance", status.instance_id or _NONE),
+        ("Expires", expiry_text(sandbox.lifetime)),
     ]
     fields = table(("", ""), rows).split("\n", 1)[1]
     return "\n".join(

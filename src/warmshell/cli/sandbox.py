@@ -60,6 +60,14 @@ def register(commands: Any, *, chosen: str | None) -> None:
         create.add_argument(
             "--timeout", type=bounded_float(0), metavar="SECONDS", help="seconds to wait for Ready (default: no limit)"
         )
+        lifetime = bounded_int(0, 2**32 - 1)
+        create.add_argument(
+            "--ttl", type=lifetime, metavar="SECONDS", help="delete after N s (default: the gateway's; 0: never)"
+        )
+        create.add_argument(
+            "--idle-timeout", type=lifetime, metavar="SECONDS", help="delete after N s without an exec (0: never)"
+        )
+        create.add_argument("--rm", action="store_true", help="delete it once its command's output is delivered")
         _common(create)
 
     listing = sub.add("list", _list, "List sandboxes.")
@@ -130,6 +138,9 @@ def _create(args: argparse.Namespace) -> int:
     from warmshell.api.v1 import sandbox_pb2
     from warmshell.cli import client, creating
 
+    if args.rm and (args.detach or not args.command):
+        raise usage_error("--rm needs a command (`-- CMD...`) and no --detach")
+
     request = sandbox_pb2.CreateSandboxRequest(
         name=args.name,
         workspace=workspace(args),
@@ -141,8 +152,14 @@ def _create(args: argparse.Namespace) -> int:
             command=args.command or [],
         ),
     )
+    if args.ttl is not None:
+        request.ttl_seconds = args.ttl
+    if args.idle_timeout is not None:
+        request.idle_timeout_seconds = args.idle_timeout
     human = not output_is_json(args)
-    work = creating.create(global_options(args), request, detach=args.detach, ready_timeout=args.timeout, human=human)
+    work = creating.create(
+        global_options(args), request, detach=args.detach, ready_timeout=args.timeout, human=human, remove=args.rm
+    )
     return client.run(work)
 
 

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
@@ -21,11 +21,13 @@ __all__ = [
     "GatewayConfig",
     "KubernetesDriverConfig",
     "LeaderElectionConfig",
+    "LifetimesConfig",
     "LocalDriverConfig",
     "ProfilesConfig",
     "RateLimit",
     "RateLimitsConfig",
     "StatePaths",
+    "StoreConfig",
     "WarmPoolingConfig",
     "default_state_dir",
     "load_config",
@@ -174,6 +176,59 @@ class RateLimitsConfig(_Section):
     refusal_delay_seconds: float = Field(default=1.0, ge=0, le=30)
 
 
+class LifetimesConfig(_Section):
+    """How long sandboxes live: the TTL and idle timeout a create gets when it sets none, the
+    most it may ask for (0 = no maximum), and how often expiry is checked."""
+
+    default_ttl_seconds: int = Field(default=0, ge=0)  # 0 = sandboxes live until deleted
+    max_ttl_seconds: int = Field(default=0, ge=0)
+    default_idle_timeout_seconds: int = Field(default=0, ge=0)
+    max_idle_timeout_seconds: int = Field(default=0, ge=0)
+    check_interval_seconds: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _defaults_within_maxima(self) -> LifetimesConfig:
+        for name in ("ttl_seconds", "idle_timeout_seconds"):
+            default, maximum = getattr(self, f"default_{name}"), getattr(self, f"max_{name}")
+            if maximum and not 0 < default <= maximum:
+                raise ValueError(f"default_{name} must be between 1 and max_{name} ({maximum})")
+        return self
+
+
+class StoreConfig(_Section):
+    """Where sandbox records live: SQLite in the state directory (the default), or a Postgres
+    shared by gateway replicas."""
+
+    # "" = SQLite at <state_dir>/warmshell.db; "sqlite:///PATH"; or "postgresql://user@host:port/db".
+    # Secret because a URL may carry a password (a Kubernetes Secret's value): never printed as is.
+    url: SecretStr = SecretStr("")
+    # The Postgres password: this file's content, else $WARMSHELL_STORE_PASSWORD, else the URL's own.
+    password_file: str = ""
+    pool_min_size: int = Field(default=1, ge=0)
+    pool_max_size: int = Field(default=10, ge=1)
+    # Bounds one connection attempt, and (separately) every statement.
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    statement_timeout_seconds: float = Field(default=10.0, gt=0)
+    # How long start-up keeps retrying an unreachable database before it gives up with a clear error.
+    startup_timeout_seconds: float = Field(default=30.0, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: SecretStr) -> SecretStr:
+        value = url.get_secret_value()
+        if value and not value.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise ValueError('must be empty (SQLite in the state directory), "sqlite:///PATH" or "postgresql://..."')
+        return url
+
+    @model_validator(mode="after")
+    def _pool_bounds(self) -> StoreConfig:
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError(
+                f"pool_min_size ({self.pool_min_size}) must not exceed pool_max_size ({self.pool_max_size})"
+            )
+        return self
+
+
 class GatewayConfig(_Section):
     """Everything `warmshell gateway start` needs."""
 
@@ -203,8 +258,10 @@ class GatewayConfig(_Section):
     max_connections: int = Field(default=4096, ge=16)
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     log_level: str = "INFO"
+    lifetimes: LifetimesConfig = Field(default_factory=LifetimesConfig)
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
 
     @property
     def paths(self) -> StatePaths:

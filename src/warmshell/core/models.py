@@ -12,6 +12,7 @@ from warmshell.core.ids import SandboxId
 __all__ = [
     "Allocation",
     "Condition",
+    "Lifetime",
     "Phase",
     "Resources",
     "SandboxRecord",
@@ -39,10 +40,15 @@ def now_us() -> int:
 
 
 class Phase(StrEnum):
-    """PROVISIONING -> READY -> (ERROR | DELETING); ERROR is sticky."""
+    """PROVISIONING -> READY -> (EXITED | ERROR | DELETING); EXITED and ERROR are sticky.
+
+    EXITED: the workload ran and ended (its exit code says how), which is how a one-shot sandbox
+    finishes; ERROR: the sandbox itself broke (backend failed or vanished, supervisor lost).
+    """
 
     PROVISIONING = "Provisioning"
     READY = "Ready"
+    EXITED = "Exited"
     ERROR = "Error"
     DELETING = "Deleting"
 
@@ -136,6 +142,16 @@ class SandboxStatus(_Model):
         self.conditions.append(condition)
 
 
+class Lifetime(_Model):
+    """When the gateway deletes a sandbox: at `expires_at_ms` (0 = never), or once
+    `idle_timeout_seconds` (0 = never) pass without exec activity after `last_activity_ms`."""
+
+    ttl_seconds: int = 0
+    expires_at_ms: int = 0
+    idle_timeout_seconds: int = 0
+    last_activity_ms: int = 0
+
+
 class SandboxRecord(_Model):
     """The stored sandbox. `activation_proof_hash` never leaves the gateway."""
 
@@ -147,4 +163,5 @@ class SandboxRecord(_Model):
     resource_version: int = 0
     spec: SandboxSpec = Field(default_factory=SandboxSpec)
     status: SandboxStatus = Field(default_factory=SandboxStatus)
+    lifetime: Lifetime = Field(default_factory=Lifetime)
     activation_proof_hash: str = ""

@@ -1,7 +1,8 @@
 """Phase composition: the public phase follows from the backend's state, the supervisor session
 and the workload's exit, with conditions that say why. Pure functions over SandboxStatus.
 
-PROVISIONING -> READY needs the backend running AND a live supervisor session. ERROR and
+PROVISIONING -> READY needs the backend running AND a live supervisor session. A workload exit
+makes the sandbox EXITED (with its exit code), a broken backend makes it ERROR. EXITED, ERROR and
 DELETING are sticky: nothing the backend later says brings a sandbox back.
 """
 
@@ -17,6 +18,7 @@ __all__ = [
     "mark_backend",
     "mark_backend_vanished",
     "mark_deleting",
+    "mark_expired",
     "mark_session",
     "mark_workload_exit",
 ]
@@ -27,14 +29,16 @@ BACKEND_RUNNING = "Running"
 BACKEND_EXITED = "Exited"
 BACKEND_FAILED = "Failed"
 
-TERMINAL = frozenset({Phase.ERROR, Phase.DELETING})
+TERMINAL = frozenset({Phase.EXITED, Phase.ERROR, Phase.DELETING})
 
 
 def compose_phase(status: SandboxStatus) -> Phase:
     """The phase the inputs in `status` imply (sticky phases stay)."""
     if status.phase in TERMINAL:
         return status.phase
-    if status.exit_code is not None or status.backend_state in (BACKEND_EXITED, BACKEND_FAILED):
+    if status.exit_code is not None:
+        return Phase.EXITED
+    if status.backend_state in (BACKEND_EXITED, BACKEND_FAILED):
         return Phase.ERROR
     if status.backend_state == BACKEND_RUNNING and status.supervisor_connected:
         return Phase.READY
@@ -90,7 +94,7 @@ def mark_session(status: SandboxStatus, connected: bool, session_id: str = "") -
 
 
 def mark_workload_exit(status: SandboxStatus, exit_code: int) -> None:
-    """The workload ended: terminal, visible, never silently Ready."""
+    """The workload ended: terminal (Exited, with its code), visible, never silently Ready."""
     if status.exit_code is None:
         status.exit_code = exit_code
     reason = "Completed" if exit_code == 0 else "Failed"
@@ -115,6 +119,12 @@ def mark_backend_vanished(status: SandboxStatus, message: str) -> None:
         return
     status.set_condition(Condition(type="Ready", status="False", reason="BackendVanished", message=message))
     status.phase = Phase.ERROR
+
+
+def mark_expired(status: SandboxStatus, reason: str, message: str) -> None:
+    """The sandbox's lifetime ended (`reason` TtlExpired or IdleTimeout); it is deleted next, and
+    the condition tells its watchers why."""
+    status.set_condition(Condition(type="Expired", status="True", reason=reason, message=message))
 
 
 def mark_deleting(status: SandboxStatus) -> None:

@@ -11,6 +11,9 @@ FOO = "bar"
 [resources]
 cpu = "0.2"
 memory = "256Mi"
+[lifetime]                 # optional: defaults for sandboxes this pool serves (0 = no limit)
+ttl_seconds = 600
+idle_timeout_seconds = 120
 ```
 
 A profile's name is its file's stem. Every error names the file, the key and the rule, with the
@@ -40,8 +43,18 @@ from warmshell.core.validation import (
 __all__ = ["PROFILE_VERSION", "Profile", "ProfileError", "parse_profile"]
 
 PROFILE_VERSION = 1
-_TOP_LEVEL = ("version", "workspace", "replicas", "image", "runtime_class_name", "environment", "resources")
+_TOP_LEVEL = (
+    "version",
+    "workspace",
+    "replicas",
+    "image",
+    "runtime_class_name",
+    "environment",
+    "resources",
+    "lifetime",
+)
 _RESOURCES = ("cpu", "memory")
+_LIFETIME = ("ttl_seconds", "idle_timeout_seconds")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TOML_LINE = re.compile(r"at line (\d+)")
 _HEADER = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]")
@@ -71,6 +84,10 @@ class Profile:
     environment: Mapping[str, str] = field(default_factory=dict)
     cpu: str = ""
     memory: str = ""
+    # Lifetime defaults for the sandboxes this pool serves (None: the gateway's); not part of
+    # the shape, so they never split or move a pool.
+    ttl_seconds: int | None = None
+    idle_timeout_seconds: int | None = None
 
     def shape(self, default_image: str) -> SandboxShape:
         """The sandbox shape this pool serves, with the driver's default image resolved."""
@@ -142,6 +159,7 @@ class _Parser:
             if key not in _TOP_LEVEL:
                 raise self.fail(key, f"unknown key; allowed: {', '.join(_TOP_LEVEL)}")
         self.check_version(data)
+        ttl, idle = self.lifetime(data)
         return Profile(
             name=name,
             source=self.source,
@@ -151,6 +169,8 @@ class _Parser:
             runtime_class_name=self.runtime_class(data),
             environment=self.environment(data),
             **self.resources(data),
+            ttl_seconds=ttl,
+            idle_timeout_seconds=idle,
         )
 
     def check_version(self, data: Mapping[str, Any]) -> None:
@@ -234,6 +254,17 @@ class _Parser:
             except InvalidArgumentError as exc:
                 raise self.fail(f"resources.{key}", exc.rule, table="resources") from exc
         return normal
+
+    def lifetime(self, data: Mapping[str, Any]) -> tuple[int | None, int | None]:
+        table = data.get("lifetime", {})
+        if not isinstance(table, dict):
+            raise self.fail("lifetime", "must be a table ([lifetime])")
+        for key, value in table.items():
+            if key not in _LIFETIME:
+                raise self.fail(f"lifetime.{key}", f"unknown key; allowed: {', '.join(_LIFETIME)}", table="lifetime")
+            if type(value) is not int or value < 0:
+                raise self.fail(f"lifetime.{key}", "must be a whole number of seconds (0 = no limit)", table="lifetime")
+        return table.get("ttl_seconds"), table.get("idle_timeout_seconds")
 
 
 def parse_profile(text: str, *, name: str, source: str, max_replicas: int) -> Profile:

@@ -22,9 +22,20 @@ class NewSandbox:
     name: str
     spec: SandboxSpec
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Lifetime the request asked for; None = the default (warmshell.core.lifetimes), 0 = none.
+    ttl_seconds: int | None = None
+    idle_timeout_seconds: int | None = None
 
 
-def new_sandbox(*, workspace: str, name: str, labels: Mapping[str, str], spec: Callable[[], SandboxSpec]) -> NewSandbox:
+def new_sandbox(
+    *,
+    workspace: str,
+    name: str,
+    labels: Mapping[str, str],
+    spec: Callable[[], SandboxSpec],
+    ttl_seconds: int | None = None,
+    idle_timeout_seconds: int | None = None,
+) -> NewSandbox:
     """Validate the request — workspace (the default when empty), name, labels, then the spec
     (`spec`, e.g. a `build_spec` call, runs last so errors come in that order; each names its
     field)."""
@@ -33,7 +44,14 @@ def new_sandbox(*, workspace: str, name: str, labels: Mapping[str, str], spec: C
     if name:
         validation.validate_name(name)
     validation.validate_labels(labels)
-    return NewSandbox(workspace=workspace, name=name, spec=spec(), labels=dict(labels))
+    return NewSandbox(
+        workspace=workspace,
+        name=name,
+        spec=spec(),
+        labels=dict(labels),
+        ttl_seconds=ttl_seconds,
+        idle_timeout_seconds=idle_timeout_seconds,
+    )
 
 
 def build_spec(

@@ -199,6 +199,9 @@ class PoolView:
     misses: int
     source: str
     conditions: tuple[DriverCondition, ...] = ()
+    # The profile's lifetime defaults for sandboxes this pool serves (None: the gateway's).
+    ttl_seconds: int | None = None
+    idle_timeout_seconds: int | None = None
 
 
 def invalid_profile_view(name: str, *, source: str, message: str) -> PoolView:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core import phases
 from warmshell.core.errors import (
     ConflictError,
     FailedPreconditionError,
@@ -19,7 +20,7 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.core.ids import InstanceId, SandboxId
-from warmshell.core.models import WORKSPACE_DIR, Phase, SandboxRecord, SandboxStatus, now_us
+from warmshell.core.models import WORKSPACE_DIR, SandboxRecord, SandboxStatus, now_us
 from warmshell.drivers.base import Bound, SupervisorIdentity, WarmPending
 from warmshell.gateway import metrics
 from warmshell.gateway.records import SandboxRecords
@@ -114,7 +115,7 @@ class GatewayActivator:
         record = await self._records.get(sandbox_id)
         if record is None:
             raise NotFoundError(f"sandbox {sandbox_id} does not exist")
-        if record.status.phase in (Phase.DELETING, Phase.ERROR):
+        if record.status.phase in phases.TERMINAL:
             raise FailedPreconditionError(f"sandbox {sandbox_id} is {record.status.phase.value}")
         if not proof_matches(proof, record.activation_proof_hash):
             raise PermissionDeniedError(f"activation proof does not match sandbox {sandbox_id}")

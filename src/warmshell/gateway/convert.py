@@ -13,6 +13,7 @@ __all__ = ["new_sandbox", "pool_to_proto", "sandbox_to_proto"]
 _PHASES = {
     Phase.PROVISIONING: pb.SANDBOX_PHASE_PROVISIONING,
     Phase.READY: pb.SANDBOX_PHASE_READY,
+    Phase.EXITED: pb.SANDBOX_PHASE_EXITED,
     Phase.ERROR: pb.SANDBOX_PHASE_ERROR,
     Phase.DELETING: pb.SANDBOX_PHASE_DELETING,
 }
@@ -33,6 +34,8 @@ def new_sandbox(request: pb.CreateSandboxRequest) -> specs.NewSandbox:
             command=list(spec.command),
             runtime_class_name=spec.runtime_class_name,
         ),
+        ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
+        idle_timeout_seconds=request.idle_timeout_seconds if request.HasField("idle_timeout_seconds") else None,
     )
 
 
@@ -73,6 +76,7 @@ def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
             timeline=pb.Timeline(**status.timeline.model_dump()),
             instance_id=status.instance_id,
         ),
+        lifetime=pb.Lifetime(**record.lifetime.model_dump()),
     )
     if status.exit_code is not None:
         message.status.exit_code = status.exit_code

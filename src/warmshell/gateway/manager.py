@@ -9,10 +9,11 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 
-from warmshell.core import deadlines, phases
+from warmshell.core import deadlines, lifetimes, phases
 from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.core.errors import (
     AlreadyExistsError,
+    FailedPreconditionError,
     NotFoundError,
     UnavailableError,
     WarmshellError,
@@ -22,6 +23,7 @@ from warmshell.core.models import (
     DEFAULT_WORKSPACE,
     Allocation,
     Condition,
+    Lifetime,
     Phase,
     SandboxRecord,
     SandboxSpec,
@@ -86,12 +88,17 @@ class SandboxManager:
         driver: ComputeDriver,
         bus: EventBus,
         sessions: SessionTable,
+        limits: lifetimes.Limits | None = None,
         deadlines: ProvisioningDeadlines | None = None,
     ) -> None:
         self.records = records
         self.driver = driver
         self.bus = bus
         self.sessions = sessions
+        self.limits = limits or lifetimes.Limits()
+        # Exec activity since it was last stored (unix ms), for idle timeouts; the expiry
+        # reconciler persists it, so an exec costs no store write of its own.
+        self.activity: dict[SandboxId, int] = {}
         self.deadlines = deadlines or ProvisioningDeadlines()
         self._misses: Counter[str] = Counter()
         self._deadline_timers: dict[SandboxId, asyncio.TimerHandle] = {}
@@ -102,12 +109,15 @@ class SandboxManager:
         return dict(self._misses)
 
     async def create(self, new: NewSandbox) -> SandboxRecord:
-        """Persist (Provisioning), then ask the driver; a driver failure leaves nothing."""
+        """Persist (Provisioning), then ask the driver; a driver failure leaves nothing. An unset
+        TTL or idle timeout takes the serving pool's default, else the gateway's."""
         requested = now_us()
         workspace, spec, labels = new.workspace, new.spec, new.labels
         self.driver.validate(workspace, spec)
+        asked = lifetimes.Requested(new.ttl_seconds, new.idle_timeout_seconds)
+        lifetime = lifetimes.granted(asked, self.limits, now_ms=requested // 1000)
         proof, proof_hash = new_activation_token()
-        record = await self._insert(new.name, workspace, labels, spec, proof_hash, requested)
+        record = await self._insert(new.name, workspace, labels, spec, proof_hash, requested, lifetime)
         try:
             view = await self.driver.create(
                 CreateRequest(
@@ -126,7 +136,8 @@ class SandboxManager:
         except BaseException:
             await self.records.remove(record.id)
             raise
-        record = await self.records.mutate(record.id, lambda r: self._created(r, view))
+        lifetime = self._pool_lifetime(view, asked, requested // 1000) or lifetime
+        record = await self.records.mutate(record.id, lambda r: self._created(r, view, lifetime))
         self._watch_deadline(record)
         reason = "" if view.allocation == Allocation.WARM else view.miss_reason or "Cold"
         metrics.CREATES.labels(path=view.allocation.value, reason=reason).inc()
@@ -190,6 +201,7 @@ class SandboxManager:
         spec: SandboxSpec,
         proof_hash: str,
         requested: int,
+        lifetime: Lifetime,
     ) -> SandboxRecord:
         for _ in range(_NAME_ATTEMPTS):
             record = SandboxRecord(
@@ -198,6 +210,7 @@ class SandboxManager:
                 workspace=workspace,
                 labels=dict(labels),
                 spec=spec,
+                lifetime=lifetime,
                 activation_proof_hash=proof_hash,
             )
             record.status.timeline.requested_us = requested
@@ -209,8 +222,19 @@ class SandboxManager:
                     raise AlreadyExistsError(f"sandbox {workspace}/{name} already exists") from None
         raise AlreadyExistsError("could not generate a unique sandbox name; pass --name")
 
+    def _pool_lifetime(self, view: DriverSandbox, asked: lifetimes.Requested, requested_ms: int) -> Lifetime | None:
+        """The lifetime with the serving pool's profile defaults, when a pool served the create."""
+        if not view.pool:
+            return None
+        pool = next((p for p in self.driver.pools() if p.name == view.pool), None)
+        if pool is None or (pool.ttl_seconds is None and pool.idle_timeout_seconds is None):
+            return None
+        defaults = lifetimes.Requested(pool.ttl_seconds, pool.idle_timeout_seconds)
+        return lifetimes.granted(asked, self.limits, now_ms=requested_ms, profile=defaults)
+
     @staticmethod
-    def _created(record: SandboxRecord, view: DriverSandbox) -> None:
+    def _created(record: SandboxRecord, view: DriverSandbox, lifetime: Lifetime) -> None:
+        record.lifetime = lifetime
         status = record.status
         status.allocation = view.allocation
         status.pool = view.pool
@@ -228,6 +252,21 @@ class SandboxManager:
                 )
             )
         _apply_driver_view(record, view)
+
+    async def refresh_ttl(self, workspace: str, name: str, ttl_seconds: int) -> SandboxRecord:
+        """Let a sandbox live `ttl_seconds` from now (within the gateway's maximum)."""
+        record = await self.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+        if record.status.phase == Phase.DELETING:
+            raise FailedPreconditionError(f"sandbox {record.workspace}/{record.name} is being deleted")
+
+        def change(r: SandboxRecord) -> None:
+            r.lifetime = lifetimes.refreshed(r.lifetime, ttl_seconds, self.limits, now_ms=now_ms())
+
+        return await self.records.mutate(record.id, change)
+
+    def touch(self, sandbox_id: SandboxId) -> None:
+        """Exec activity in a sandbox (it is not idle)."""
+        self.activity[sandbox_id] = now_ms()
 
     async def delete(self, workspace: str, name: str) -> bool:
         """Mark Deleting, end the supervisor session, remove the backend, then the record."""
@@ -249,6 +288,7 @@ class SandboxManager:
             log.warning("backend delete of sandbox %s failed (will retry): %s", sandbox_id, exc)
             raise
         await self.records.remove(sandbox_id)
+        self.activity.pop(sandbox_id, None)
 
     async def on_driver_event(self, event: DriverEvent) -> None:
         """Fold one driver event into the record."""

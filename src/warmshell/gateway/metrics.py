@@ -14,6 +14,7 @@ __all__ = [
     "REGISTRATIONS_PENDING",
     "REGISTRY",
     "SANDBOXES",
+    "SANDBOXES_EXPIRED",
     "SESSIONS",
 ]
 
@@ -52,6 +53,9 @@ REGISTRATIONS_PENDING = Gauge(
 )
 SESSIONS = Gauge("warmshell_supervisor_sessions", "Live supervisor sessions", registry=REGISTRY)
 ACTIVATIONS = Counter("warmshell_activations", "Activation attempts by result", ["result"], registry=REGISTRY)
+SANDBOXES_EXPIRED = Counter(
+    "warmshell_sandboxes_expired", "Sandboxes deleted at the end of their lifetime", ["reason"], registry=REGISTRY
+)
 EXECS = Counter("warmshell_execs", "Exec requests by result", ["result"], registry=REGISTRY)
 RATE_LIMITED = Counter(
     "warmshell_rate_limited",

@@ -76,7 +76,7 @@ class Reconciler:
             if view is not None:
                 if view.state.value != record.status.backend_state:
                     await manager.on_driver_event_view(view)
-            elif record.status.phase != Phase.ERROR:
+            elif record.status.phase not in phases.TERMINAL:
                 await self._maybe_vanished(record)
         for sandbox_id in backend.keys() - known:
             log.info("deleting backend sandbox %s: no record of it", sandbox_id)

@@ -1,4 +1,4 @@
-"""The public SandboxService: create, get, list, delete, watch and exec."""
+"""The public SandboxService: create, get, list, delete, watch, exec and refresh a TTL."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import grpc
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
+from warmshell.core import phases
 from warmshell.core.config import DEFAULT_EXEC_WINDOW_BYTES
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
@@ -39,7 +40,7 @@ def parse_label_selector(selector: str) -> dict[str, str]:
 
 
 def _terminal(record: SandboxRecord) -> bool:
-    return record.status.phase in (Phase.ERROR, Phase.DELETING)
+    return record.status.phase in phases.TERMINAL
 
 
 class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
@@ -56,6 +57,12 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         await self._auth.require_client(context)
         record = await self._manager.create(new_sandbox(request))
         return sandbox_to_proto(record)
+
+    @unary
+    async def RefreshTtl(self, request: pb.RefreshTtlRequest, context: Ctx) -> pb.Sandbox:
+        await self._auth.require_client(context)
+        self._check_ref(request.workspace, request.name)
+        return sandbox_to_proto(await self._manager.refresh_ttl(request.workspace, request.name, request.ttl_seconds))
 
     @unary
     async def GetSandbox(self, request: pb.SandboxRef, context: Ctx) -> pb.Sandbox:
@@ -144,7 +151,11 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             raise FailedPreconditionError(
                 f"sandbox {record.workspace}/{record.name} is {record.status.phase.value}; exec needs Ready"
             )
-        await self._execs.run(session, request, context)
+        self._manager.touch(record.id)
+        try:
+            await self._execs.run(session, request, context)
+        finally:
+            self._manager.touch(record.id)  # idle time counts from the end of the last command
 
     @unary
     async def ListPools(self, request: pb.ListPoolsRequest, context: Ctx) -> pb.ListPoolsResponse:

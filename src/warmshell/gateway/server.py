@@ -17,9 +17,10 @@ import grpc
 
 from warmshell.api.v1 import sandbox_pb2_grpc, supervisor_pb2_grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core import lifetimes
 from warmshell.core.config import GatewayConfig
 from warmshell.core.deadlines import ProvisioningDeadlines
-from warmshell.core.errors import FailedPreconditionError
+from warmshell.core.errors import FailedPreconditionError, UnavailableError
 from warmshell.drivers.base import ComputeDriver
 from warmshell.gateway import listening, statedir
 from warmshell.gateway.activation import GatewayActivator
@@ -27,6 +28,7 @@ from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.drivers import build_driver
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.execs import ExecRelay
+from warmshell.gateway.expiry import ExpiryReconciler
 from warmshell.gateway.http import start_http
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.manager import SandboxManager
@@ -36,7 +38,8 @@ from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registry
 from warmshell.gateway.sandbox_service import SandboxService
 from warmshell.gateway.sessions import MISSED_HEARTBEATS, SessionTable
-from warmshell.gateway.store.sqlite import SqliteStore, open_sqlite_store
+from warmshell.gateway.store import opening
+from warmshell.gateway.store.base import Store
 from warmshell.gateway.supervisor_service import SupervisorService
 from warmshell.gateway.tokens import (
     SandboxTokenIssuer,
@@ -84,7 +87,7 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         self._servers: list[grpc.aio.Server] = []
         self._http: object | None = None
-        self._store: SqliteStore | None = None
+        self._store: Store | None = None
         self._bound = False  # only a gateway that bound the sockets may remove them
         self.http_port = 0
         self.tcp_port = 0
@@ -119,7 +122,7 @@ class Gateway:
                 gateway_id=gateway_id,
                 ttl_seconds=self.config.sandbox_token_ttl_seconds,
             )
-            self._store = await open_sqlite_store(paths.database)
+            self._store = await opening.open_store(self.config.store, default_sqlite=paths.database)
         driver = (
             self._given_driver if self._given_driver is not None else build_driver(self.config, gateway_id=gateway_id)
         )
@@ -133,6 +136,7 @@ class Gateway:
         self.issuer = issuer
         activator = GatewayActivator(registry, records, issuer)
         self.activator = activator
+        lifetime_config = self.config.lifetimes
         self.manager = manager = SandboxManager(
             records=records,
             driver=self._driver,
@@ -141,6 +145,12 @@ class Gateway:
             deadlines=ProvisioningDeadlines(
                 cold_seconds=self.config.provisioning_deadline_seconds,
                 warm_seconds=self.config.warm_activation_deadline_seconds,
+            ),
+            limits=lifetimes.Limits(
+                default_ttl_seconds=lifetime_config.default_ttl_seconds,
+                max_ttl_seconds=lifetime_config.max_ttl_seconds,
+                default_idle_timeout_seconds=lifetime_config.default_idle_timeout_seconds,
+                max_idle_timeout_seconds=lifetime_config.max_idle_timeout_seconds,
             ),
         )
         auth = Authenticator(api_token=api_token, issuer=issuer, identity=self._driver.identity)
@@ -199,7 +209,13 @@ class Gateway:
         self._servers = [public, supervisors]
 
         async def healthy() -> str | None:
-            return None if self._servers else "not serving"
+            if not self._servers or self._store is None:
+                return "not serving"
+            try:
+                await self._store.ping()
+            except UnavailableError as exc:
+                return f"not serving: {exc}"
+            return None
 
         self._http, self.http_port = await start_http(self.config.http_host, self.config.http_port, healthy)
         with statedir.private_umask():
@@ -208,6 +224,9 @@ class Gateway:
         self._tasks = [
             asyncio.create_task(reconciler.run_watch(), name="driver-watch"),
             asyncio.create_task(reconciler.run_relist(), name="relist"),
+            asyncio.create_task(
+                ExpiryReconciler(manager, interval_seconds=lifetime_config.check_interval_seconds).run(), name="expiry"
+            ),
         ]
         log.info(
             "gateway serving on %s (http %s:%d, driver %s)",

@@ -143,8 +143,8 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         reader = asyncio.create_task(self._read_session(session, request_iterator))
         ticker = asyncio.create_task(self._tick(session))
         try:
-            # Inside the try: a supervisor that goes away during this await must not leave the
-            # reader and the ticker behind.
+            # Inside the try: a supervisor that goes away, or a store that cannot record the session
+            # (unreachable), must close it and stop the reader and the ticker, not leave them behind.
             await self._manager.on_session(claims.sandbox_id, connected=True, session_id=session.session_id)
             await self._mark_connected(record)
             while True:
@@ -152,13 +152,19 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
                 if message is None:
                     return
                 yield message
+        except WarmshellError as exc:
+            await abort_for(context, exc)  # e.g. UNAVAILABLE: the supervisor retries
         finally:
             for task in (reader, ticker):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.gather(reader, ticker, return_exceptions=True)
             if self._manager.sessions.close_if_current(session):
-                await self._manager.on_session(claims.sandbox_id, connected=False)
+                try:
+                    await self._manager.on_session(claims.sandbox_id, connected=False)
+                except WarmshellError as exc:
+                    # The session is gone either way; its reconnect (or the backend) corrects the record.
+                    log.warning("sandbox %s: could not record its closed session: %s", claims.sandbox_id, exc)
             metrics.SESSIONS.set(len(self._manager.sessions))
 
     async def _refuse_reactivation(self, identity: SupervisorIdentity, sandbox_id: SandboxId) -> None:

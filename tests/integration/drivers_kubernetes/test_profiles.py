@@ -97,7 +97,7 @@ async def test_example_profiles_serve_warm_creates(
     cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
 ) -> None:
     # kubesim serves no OpenAPI document, so kubectl cannot validate client-side.
-    await kubectl(cluster, "apply", "--validate=false", "-n", NAMESPACE, "-f", str(EXAMPLES))
+    await kubectl(cluster, "apply", "-n", NAMESPACE, "-f", str(EXAMPLES))
     async with profile_gateway(cluster, tmp_path) as gw:
         generated = {key: (await ready_status(admin, cm))[labels.PROFILE_GENERATED] for key, cm in PROFILES.items()}
         assert set(generated.values()) <= await names(admin, kc.POOLS)

@@ -165,7 +165,7 @@ async def test_a_workload_that_exits_non_zero_is_not_restarted(gw: RunningGatewa
     """The supervisor exits 0 once the gateway has the workload's exit status, so OnFailure does not
     run the workload again; the sandbox ends with the workload's code."""
     await gw.create(name="once", spec=pb.SandboxSpec(command=["sh", "-c", "echo ran >> /workspace/runs; exit 3"]))
-    ended = await gw.wait_for("once", lambda s: s.status.phase == pb.SANDBOX_PHASE_ERROR, timeout=30)
+    ended = await gw.wait_for("once", lambda s: s.status.phase == pb.SANDBOX_PHASE_EXITED, timeout=30)
     assert ended.status.exit_code == 3
     conditions = {c.type: c for c in ended.status.conditions}
     assert conditions["Ready"].reason == "WorkloadExited"
@@ -175,7 +175,7 @@ async def test_a_workload_that_exits_non_zero_is_not_restarted(gw: RunningGatewa
     assert supervisor["restartCount"] == 0
     assert supervisor["state"]["terminated"]["exitCode"] == 0
     final = await gw.get("once")
-    assert final.status.phase == pb.SANDBOX_PHASE_ERROR
+    assert final.status.phase == pb.SANDBOX_PHASE_EXITED  # the pod completing does not make it an Error
     assert final.status.exit_code == 3
     assert {c.type: c for c in final.status.conditions}["Ready"].reason == "WorkloadExited"
 

@@ -74,7 +74,7 @@ async def test_workload_exit_is_terminal_and_visible(gw: RunningGateway) -> None
         if event.HasField("sandbox"):
             final = event.sandbox
     assert final is not None
-    assert final.status.phase == pb.SANDBOX_PHASE_ERROR
+    assert final.status.phase == pb.SANDBOX_PHASE_EXITED  # finished (non-zero), not broken
     assert final.status.exit_code == 7
     assert sorted(output.split()) == [b"err", b"out"]
     reasons = {c.type: c.reason for c in final.status.conditions}

@@ -49,9 +49,9 @@ data:
 
 async def install(kubectl: Kubectl) -> None:
     """``kubectl apply -f`` the four agent-sandbox CRDs, then the samples."""
-    _, out, _ = await kubectl.run("apply", "--validate=false", "-f", str(crd_dir()))
+    _, out, _ = await kubectl.run("apply", "-f", str(crd_dir()))
     assert out.count("customresourcedefinition.apiextensions.k8s.io/") == 4
-    _, out, _ = await kubectl.run("apply", "--validate=false", "-f", "-", stdin=SAMPLES)
+    _, out, _ = await kubectl.run("apply", "-f", "-", stdin=SAMPLES)
     assert "sandboxwarmpool.extensions.agents.x-k8s.io/pool created" in out
 
 
@@ -84,7 +84,7 @@ async def test_apply_crds_then_objects_and_get_yaml(kubectl: Kubectl) -> None:
     assert pool["metadata"]["generation"] == 1
     assert pool["metadata"]["uid"]
     # A second apply changes nothing, so nothing is written.
-    _, out, _ = await kubectl.run("apply", "--validate=false", "-f", "-", stdin=SAMPLES)
+    _, out, _ = await kubectl.run("apply", "-f", "-", stdin=SAMPLES)
     assert "sandboxwarmpool.extensions.agents.x-k8s.io/pool unchanged" in out
 
 
@@ -166,10 +166,10 @@ async def test_server_side_apply_removes_fields_no_longer_applied(kubectl: Kubec
         "metadata": {"name": "ssa", "labels": {"a": "1", "b": "2"}},
         "data": {"x": "1", "y": "2"},
     }
-    await kubectl.run("apply", "--server-side", "--validate=false", "-f", "-", stdin=yaml.safe_dump(manifest))
+    await kubectl.run("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(manifest))
     del manifest["data"]["y"]
     del manifest["metadata"]["labels"]["b"]
-    await kubectl.run("apply", "--server-side", "--validate=false", "-f", "-", stdin=yaml.safe_dump(manifest))
+    await kubectl.run("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(manifest))
     _, out, _ = await kubectl.run("get", "cm", "ssa", "-o", "yaml", "--show-managed-fields")
     cm = yaml.safe_load(out)
     assert cm["data"] == {"x": "1"}
@@ -206,7 +206,7 @@ async def test_invalid_objects_are_rejected_with_field_paths(
 ) -> None:
     await install(kubectl)
     body = {"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "metadata": {"name": "bad"}, **manifest}
-    code, _, err = await kubectl.run("apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump(body), check=False)
+    code, _, err = await kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(body), check=False)
     assert code == 1
     for text in expected:
         assert text in err
@@ -238,7 +238,7 @@ async def test_pods_print_ready_and_status(kubectl: Kubectl) -> None:
         "metadata": {"name": "web"},
         "spec": {"containers": [{"name": "c", "image": "nginx:1"}]},
     }
-    await kubectl.run("apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump(pod))
+    await kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(pod))
     _, out, _ = await kubectl.run("get", "pods")
     header, row = out.splitlines()
     assert header.split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]

@@ -51,9 +51,7 @@ def _create_with_client(kubeconfig: str, pool_name: str) -> tuple[str, str]:
 
 async def test_agent_sandbox_client_binds_warm_then_cold(cluster: RunningCluster, api: kc.KubeClient) -> None:
     manifests = [template(), pool(replicas=1)]
-    out = await asyncio.to_thread(
-        _kubectl, cluster.kubeconfig, "apply", "--validate=false", "-f", "-", stdin=_yaml_stream(manifests)
-    )
+    out = await asyncio.to_thread(_kubectl, cluster.kubeconfig, "apply", "-f", "-", stdin=_yaml_stream(manifests))
     assert "sandboxwarmpool" in out.lower()
     await wait_pool_ready(api, "pool", 1)
     (member,) = [m["metadata"]["name"] for m in await pool_members(api)]

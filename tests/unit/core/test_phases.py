@@ -45,14 +45,37 @@ def test_workload_exit_is_terminal_and_sticky() -> None:
     phases.mark_backend(status, phases.BACKEND_RUNNING)
     phases.mark_session(status, True)
     phases.mark_workload_exit(status, 0)
-    assert status.phase == Phase.ERROR
+    assert status.phase == Phase.EXITED  # finished, not failed
     assert status.exit_code == 0
     exited = status.condition("WorkloadExited")
     assert exited is not None
     assert exited.reason == "Completed"
     phases.mark_session(status, True)
     phases.mark_backend(status, phases.BACKEND_RUNNING)
+    assert status.phase == Phase.EXITED
+    phases.mark_backend(status, phases.BACKEND_EXITED)
+    phases.mark_backend_vanished(status, "gone")  # the pod went after it completed
+    assert status.phase == Phase.EXITED
+    assert status.condition("Ready") is not None
+    assert status.condition("Ready").reason == "WorkloadExited"  # type: ignore[union-attr]
+
+
+def test_a_failing_workload_exits_rather_than_errors() -> None:
+    status = SandboxStatus()
+    phases.mark_backend(status, phases.BACKEND_RUNNING)
+    phases.mark_workload_exit(status, 3)
+    assert (status.phase, status.exit_code) == (Phase.EXITED, 3)
+    failed = status.condition("WorkloadExited")
+    assert failed is not None
+    assert failed.reason == "Failed"
+
+
+def test_a_backend_that_exits_without_a_workload_exit_is_an_error() -> None:
+    status = SandboxStatus()
+    phases.mark_backend(status, phases.BACKEND_RUNNING)
+    phases.mark_backend(status, phases.BACKEND_EXITED)
     assert status.phase == Phase.ERROR
+    assert status.exit_code is None
 
 
 def test_backend_failure_and_vanishing() -> None:

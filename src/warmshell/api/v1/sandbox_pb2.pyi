@@ -32,6 +32,10 @@ class _SandboxPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SandboxP
     SANDBOX_PHASE_READY: _SandboxPhase.ValueType  # 2
     SANDBOX_PHASE_ERROR: _SandboxPhase.ValueType  # 3
     SANDBOX_PHASE_DELETING: _SandboxPhase.ValueType  # 4
+    SANDBOX_PHASE_EXITED: _SandboxPhase.ValueType  # 5
+    """The workload ran and exited (status.exit_code says how); terminal, and not a failure of
+    the sandbox: Error is kept for sandboxes that broke.
+    """
 
 class SandboxPhase(_SandboxPhase, metaclass=_SandboxPhaseEnumTypeWrapper): ...
 
@@ -40,6 +44,10 @@ SANDBOX_PHASE_PROVISIONING: SandboxPhase.ValueType  # 1
 SANDBOX_PHASE_READY: SandboxPhase.ValueType  # 2
 SANDBOX_PHASE_ERROR: SandboxPhase.ValueType  # 3
 SANDBOX_PHASE_DELETING: SandboxPhase.ValueType  # 4
+SANDBOX_PHASE_EXITED: SandboxPhase.ValueType  # 5
+"""The workload ran and exited (status.exit_code says how); terminal, and not a failure of
+the sandbox: Error is kept for sandboxes that broke.
+"""
 Global___SandboxPhase: _TypeAlias = SandboxPhase  # noqa: Y015
 
 @_typing.final
@@ -238,6 +246,40 @@ class SandboxStatus(_message.Message):
 Global___SandboxStatus: _TypeAlias = SandboxStatus  # noqa: Y015
 
 @_typing.final
+class Lifetime(_message.Message):
+    """How long a sandbox lives. The gateway stores it and deletes the sandbox when it ends."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_MS_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    LAST_ACTIVITY_MS_FIELD_NUMBER: _builtins.int
+    ttl_seconds: _builtins.int
+    """The lifetime granted at create or by the last RefreshTtl; 0 = no limit."""
+    expires_at_ms: _builtins.int
+    """When that lifetime ends (unix milliseconds); 0 = never."""
+    idle_timeout_seconds: _builtins.int
+    """Deleted after this many seconds without an exec; 0 = never."""
+    last_activity_ms: _builtins.int
+    """The last exec activity the gateway has stored (unix milliseconds)."""
+    def __init__(
+        self,
+        *,
+        ttl_seconds: _builtins.int = ...,
+        expires_at_ms: _builtins.int = ...,
+        idle_timeout_seconds: _builtins.int = ...,
+        last_activity_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at_ms", b"expires_at_ms", "idle_timeout_seconds", b"idle_timeout_seconds", "last_activity_ms", b"last_activity_ms", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Lifetime: _TypeAlias = Lifetime  # noqa: Y015
+
+@_typing.final
 class Sandbox(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -269,6 +311,7 @@ class Sandbox(_message.Message):
     RESOURCE_VERSION_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    LIFETIME_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     name: _builtins.str
     workspace: _builtins.str
@@ -280,6 +323,8 @@ class Sandbox(_message.Message):
     def spec(self) -> Global___SandboxSpec: ...
     @_builtins.property
     def status(self) -> Global___SandboxStatus: ...
+    @_builtins.property
+    def lifetime(self) -> Global___Lifetime: ...
     def __init__(
         self,
         *,
@@ -291,10 +336,11 @@ class Sandbox(_message.Message):
         resource_version: _builtins.int = ...,
         spec: Global___SandboxSpec | None = ...,
         status: Global___SandboxStatus | None = ...,
+        lifetime: Global___Lifetime | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lifetime", b"lifetime", "spec", b"spec", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_ms", b"created_at_ms", "id", b"id", "labels", b"labels", "name", b"name", "resource_version", b"resource_version", "spec", b"spec", "status", b"status", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at_ms", b"created_at_ms", "id", b"id", "labels", b"labels", "lifetime", b"lifetime", "name", b"name", "resource_version", b"resource_version", "spec", b"spec", "status", b"status", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -328,10 +374,18 @@ class CreateSandboxRequest(_message.Message):
     WORKSPACE_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """DNS-1123 label; generated when empty."""
     workspace: _builtins.str
     """Defaults to "default"."""
+    ttl_seconds: _builtins.int
+    """Seconds until the sandbox is deleted; unset = the profile's or the gateway's default,
+    0 = no limit (refused when the gateway sets a maximum).
+    """
+    idle_timeout_seconds: _builtins.int
+    """Delete after this many seconds without an exec; unset = the gateway's default, 0 = never."""
     @_builtins.property
     def spec(self) -> Global___SandboxSpec: ...
     @_builtins.property
@@ -343,12 +397,21 @@ class CreateSandboxRequest(_message.Message):
         workspace: _builtins.str = ...,
         spec: Global___SandboxSpec | None = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        ttl_seconds: _builtins.int | None = ...,
+        idle_timeout_seconds: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "idle_timeout_seconds", b"idle_timeout_seconds", "spec", b"spec", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["labels", b"labels", "name", b"name", "spec", b"spec", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "idle_timeout_seconds", b"idle_timeout_seconds", "labels", b"labels", "name", b"name", "spec", b"spec", "ttl_seconds", b"ttl_seconds", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__idle_timeout_seconds: _TypeAlias = _typing.Literal["idle_timeout_seconds"]  # noqa: Y015
+    _WhichOneofArgType__idle_timeout_seconds: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__ttl_seconds: _TypeAlias = _typing.Literal["ttl_seconds"]  # noqa: Y015
+    _WhichOneofArgType__ttl_seconds: _TypeAlias = _typing.Literal["_ttl_seconds", b"_ttl_seconds"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__idle_timeout_seconds) -> _WhichOneofReturnType__idle_timeout_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttl_seconds) -> _WhichOneofReturnType__ttl_seconds | None: ...
 
 Global___CreateSandboxRequest: _TypeAlias = CreateSandboxRequest  # noqa: Y015
 
@@ -373,6 +436,32 @@ class SandboxRef(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SandboxRef: _TypeAlias = SandboxRef  # noqa: Y015
+
+@_typing.final
+class RefreshTtlRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    ttl_seconds: _builtins.int
+    """The sandbox now lives this many seconds from the call (1 .. the gateway's maximum)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        ttl_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "ttl_seconds", b"ttl_seconds", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RefreshTtlRequest: _TypeAlias = RefreshTtlRequest  # noqa: Y015
 
 @_typing.final
 class ListSandboxesRequest(_message.Message):

@@ -69,6 +69,11 @@ class SandboxServiceStub:
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ListPoolsRequest.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ListPoolsResponse.FromString,
                 _registered_method=True)
+        self.RefreshTtl = channel.unary_unary(
+                '/warmshell.v1.SandboxService/RefreshTtl',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.RefreshTtlRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -116,6 +121,12 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RefreshTtl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +164,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ListPools,
                     request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ListPoolsRequest.FromString,
                     response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ListPoolsResponse.SerializeToString,
+            ),
+            'RefreshTtl': grpc.unary_unary_rpc_method_handler(
+                    servicer.RefreshTtl,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.RefreshTtlRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +360,33 @@ class SandboxService:
             '/warmshell.v1.SandboxService/ListPools',
             warmshell_dot_v1_dot_sandbox__pb2.ListPoolsRequest.SerializeToString,
             warmshell_dot_v1_dot_sandbox__pb2.ListPoolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RefreshTtl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/RefreshTtl',
+            warmshell_dot_v1_dot_sandbox__pb2.RefreshTtlRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,7 @@ class SandboxServiceStub:
     WatchSandbox: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.WatchSandboxRequest, _sandbox_pb2.SandboxEvent]
     ExecSandbox: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.ExecSandboxRequest, _sandbox_pb2.ExecEvent]
     ListPools: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ListPoolsRequest, _sandbox_pb2.ListPoolsResponse]
+    RefreshTtl: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]
 
 @_typing.type_check_only
 class SandboxServiceAsyncStub(SandboxServiceStub):
@@ -51,6 +52,7 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     WatchSandbox: _aio.UnaryStreamMultiCallable[_sandbox_pb2.WatchSandboxRequest, _sandbox_pb2.SandboxEvent]  # type: ignore[assignment]
     ExecSandbox: _aio.UnaryStreamMultiCallable[_sandbox_pb2.ExecSandboxRequest, _sandbox_pb2.ExecEvent]  # type: ignore[assignment]
     ListPools: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ListPoolsRequest, _sandbox_pb2.ListPoolsResponse]  # type: ignore[assignment]
+    RefreshTtl: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
 
 class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -101,5 +103,12 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _sandbox_pb2.ListPoolsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sandbox_pb2.ListPoolsResponse, _abc.Awaitable[_sandbox_pb2.ListPoolsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RefreshTtl(
+        self,
+        request: _sandbox_pb2.RefreshTtlRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.Sandbox, _abc.Awaitable[_sandbox_pb2.Sandbox]]: ...
 
 def add_SandboxServiceServicer_to_server(servicer: SandboxServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -91,6 +91,8 @@ class Pool:
             misses=self.misses,
             source=profile.source,
             conditions=self.conditions + extra,
+            ttl_seconds=profile.ttl_seconds,
+            idle_timeout_seconds=profile.idle_timeout_seconds,
         )
 
 

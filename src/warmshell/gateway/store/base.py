@@ -1,7 +1,8 @@
-"""The store protocol the gateway depends on; SQLite implements it, Postgres can later."""
+"""The store protocol the gateway depends on; SQLite (the default) and Postgres implement it."""
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,6 +47,20 @@ class Store(Protocol):
 
     async def delete(self, kind: str, id: str, expected_version: int | None = None) -> bool:
         """Remove the row (only at expected_version when given); False when it was absent."""
+        ...
+
+    async def dump(self) -> builtins.list[StoredObject]:
+        """Every object of every kind (for copying a store)."""
+        ...
+
+    async def restore(self, obj: StoredObject) -> bool:
+        """Write `obj` exactly as given, resource_version included, unless the store already holds
+        it at that version or newer; True when it wrote. AlreadyExistsError when its name is taken
+        by another id."""
+        ...
+
+    async def ping(self) -> None:
+        """Check the store answers; UnavailableError (saying why) when it does not."""
         ...
 
     async def aclose(self) -> None:

@@ -163,6 +163,35 @@ class SqliteStore:
             raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
         return deleted
 
+    async def dump(self) -> builtins.list[StoredObject]:
+        """Every object of every kind."""
+        return await self._fetch(f"SELECT {_COLUMNS} FROM objects ORDER BY kind, id", ())
+
+    async def restore(self, obj: StoredObject) -> bool:
+        """Write `obj` exactly (its resource_version too) unless the row is already as new."""
+        async with self._lock:
+            try:
+                cursor = await self._conn.execute(
+                    f"INSERT INTO objects ({_COLUMNS}, updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (kind, id) DO UPDATE SET name = excluded.name, workspace = excluded.workspace,"
+                    " resource_version = excluded.resource_version, payload = excluded.payload,"
+                    " updated_at_ms = excluded.updated_at_ms"
+                    " WHERE objects.resource_version < excluded.resource_version",
+                    (obj.kind, obj.id, obj.name, obj.workspace, obj.resource_version, obj.payload, now_ms()),
+                )
+                written = cursor.rowcount > 0
+                await cursor.close()
+                await self._conn.commit()
+            except sqlite3.IntegrityError as exc:
+                await self._conn.rollback()
+                raise AlreadyExistsError(
+                    f"{obj.kind} {obj.workspace}/{obj.name} already exists with another id than {obj.id}"
+                ) from exc
+        return written
+
+    async def ping(self) -> None:
+        """A file store is there while the gateway is: nothing to check."""
+
     async def aclose(self) -> None:
         """Close the connection (checkpointing the WAL)."""
         async with self._lock:

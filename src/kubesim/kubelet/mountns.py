@@ -1,0 +1,219 @@
+"""A container's filesystem view: run a command in its own mount namespace, with every volume
+bind-mounted at its real ``mountPath`` and the pod's hosts file at ``/etc/hosts``.
+
+``python -m kubesim.kubelet.mountns SPEC -- ARGV...`` is what the kubelet starts (as root; without
+the privilege it runs containers in the host's view, volumes under ``$KUBESIM_POD_ROOT`` only).
+SPEC is a JSON file ``{"binds": [{"source", "target", "readOnly"}], "hosts": path, "netns": path}``
+(``netns``: join the pod's network namespace first, see ``kubesim.kubelet.netns``). Mount points
+that do not exist on the host (``/etc/warmshell``) are made inside a throw-away overlay of their
+nearest existing parent, so the host's filesystem is never changed. Then the command is exec'd:
+a process inside opens ``/var/run/secrets/kubernetes.io/serviceaccount/token`` like in a real pod.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import signal
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+CLONE_NEWNS = 0x00020000
+MS_RDONLY = 1
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+
+
+class MountError(Exception):
+    """A mount the container needs could not be made."""
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _c(text: str | None) -> bytes | None:
+    return text.encode() if text is not None else None
+
+
+def _mount(libc: Any, source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    if libc.mount(_c(source), _c(target), _c(fstype), ctypes.c_ulong(flags), _c(data)) != 0:
+        errno = ctypes.get_errno()
+        raise MountError(f"mount {source!r} on {target!r} ({fstype or 'bind'}): {os.strerror(errno)}")
+
+
+def existing_parent(target: Path) -> Path:
+    """The deepest existing ancestor of ``target`` (symlinks resolved), itself if it exists."""
+    current = target
+    while not current.exists():
+        current = current.parent
+    return current.resolve()
+
+
+def overlay_roots(targets: list[Path]) -> list[Path]:
+    """The directories to overlay so that every missing mount point can be created: for each
+    target that does not exist, its nearest existing parent (``/`` for ``/workspace``)."""
+    roots: list[Path] = []
+    for target in targets:
+        if target.exists():
+            continue
+        parent = existing_parent(target)
+        if not any(parent == r or r in parent.parents for r in roots):
+            roots = [r for r in roots if parent not in r.parents] + [parent]
+    return roots
+
+
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+MNT_DETACH = 2
+
+
+def _pivot_root(libc: Any, new_root: Path) -> None:
+    """Make ``new_root`` (a mount point) the root, the old one at ``/.kubesim-old-root``; keep the cwd."""
+    cwd = os.getcwd()
+    number = _SYS_PIVOT_ROOT.get(platform.machine())
+    if number is None:
+        raise MountError(f"pivot_root: unknown syscall number on {platform.machine()}")
+    old = new_root / ".kubesim-old-root"
+    old.mkdir(exist_ok=True)
+    os.chdir(new_root)
+    if libc.syscall(number, b".", b".kubesim-old-root") != 0:
+        raise MountError(f"pivot_root: {os.strerror(ctypes.get_errno())}")
+    os.chdir(cwd)
+
+
+def _drop_old_root(libc: Any) -> None:
+    # Only once every bind is made: a mount cannot be bound from a detached tree.
+    if libc.umount2(b"/.kubesim-old-root", MNT_DETACH) != 0:
+        raise MountError(f"umount the old root: {os.strerror(ctypes.get_errno())}")
+    os.rmdir("/.kubesim-old-root")
+
+
+def _top_level_mounts() -> list[str]:
+    """Mount points whose parent is the root mount (from /proc/self/mountinfo), shortest first."""
+    rows = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    root_ids = {r[0] for r in rows if r[4] == "/"}
+    points = {r[4].encode().decode("unicode_escape") for r in rows if r[1] in root_ids and r[4] != "/"}
+    return sorted(points, key=lambda p: (len(Path(p).parts), p))
+
+
+def setup(spec: dict[str, Any], scratch: Path) -> None:
+    """Enter a new mount namespace and make the mounts ``spec`` asks for."""
+    libc = _libc()
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise MountError(f"unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}")
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE, None)
+    binds = [b for b in spec.get("binds") or [] if Path(b["source"]).exists()]
+    hosts = spec.get("hosts")
+    targets = [Path(b["target"]) for b in binds]
+    roots = overlay_roots(targets)
+    # Hold every source open first: a mount over /tmp (or /) must not hide the sources below it.
+    ordered = sorted(binds, key=lambda b: len(Path(b["target"]).parts))  # parents before children
+    handles = [os.open(b["source"], os.O_PATH) for b in ordered]
+    hosts_fd = os.open(hosts, os.O_PATH) if hosts else None
+    submounts = _top_level_mounts() if Path("/") in roots else []
+    held = [(point, os.open(point, os.O_PATH)) for point in submounts]
+    for i, root in enumerate(roots):
+        layer = scratch / f"overlay-{i}"
+        layer.mkdir(parents=True, exist_ok=True)
+        _mount(libc, "tmpfs", str(layer), "tmpfs", 0, "mode=0755")
+        for sub in ("upper", "work", "root"):
+            (layer / sub).mkdir()
+        options = f"lowerdir={root},upperdir={layer / 'upper'},workdir={layer / 'work'}"
+        if root != Path("/"):
+            _mount(libc, "overlay", str(root), "overlay", 0, options)
+            continue
+        # A mount on / itself is never walked into: build the overlay aside, give it /proc and
+        # every other mount that hung off the root (/dev, /sys…, from the handles held above),
+        # then make it the process's root (pivot_root, not chroot: a bwrap inside must pivot too).
+        new_root = layer / "root"
+        _mount(libc, "overlay", str(new_root), "overlay", 0, options)
+        # Top-level directories no new mount point goes into are the host's own (bound, not
+        # overlaid: a Unix socket is not reachable through an overlay), submounts included.
+        creating = {
+            existing_parent(t).parts[1] for t in targets if not t.exists() and len(existing_parent(t).parts) > 1
+        }
+        real = [
+            f"/{entry}"
+            for entry in sorted(os.listdir("/"))
+            if entry not in creating
+            and entry != "proc"
+            and os.path.isdir(f"/{entry}")
+            and not os.path.islink(f"/{entry}")
+        ]
+        for path in real:
+            _mount(libc, path, str(new_root / path.lstrip("/")), None, MS_BIND | MS_REC, None)
+        for point, fd in held:
+            if point != "/proc" and not any(point == r or point.startswith(r + "/") for r in real):
+                _mount(libc, f"/proc/self/fd/{fd}", str(new_root / point.lstrip("/")), None, MS_BIND | MS_REC, None)
+        _mount(libc, "proc", str(new_root / "proc"), "proc", 0, None)
+        _pivot_root(libc, new_root)
+    for bind, fd in zip(ordered, handles, strict=True):
+        target = Path(bind["target"])
+        if target.is_symlink():
+            # The host-view symlink ``volumes.mount`` left inside a parent volume: the mount replaces it.
+            target.unlink()
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch(exist_ok=True)
+        _mount(libc, f"/proc/self/fd/{fd}", str(target), None, MS_BIND | MS_REC, None)
+    # Read-only last (children first), so mount points inside a read-only mount could be made.
+    for bind in reversed(ordered):
+        if bind.get("readOnly"):
+            _mount(libc, None, bind["target"], None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+    if hosts_fd is not None and Path("/etc/hosts").exists():
+        _mount(libc, f"/proc/self/fd/{hosts_fd}", "/etc/hosts", None, MS_BIND, None)
+    for fd in [*handles, *(fd for _, fd in held), *([hosts_fd] if hosts_fd is not None else [])]:
+        os.close(fd)
+    if Path("/") in roots:
+        _drop_old_root(libc)
+
+
+def _hold_netns() -> int:
+    """``mountns --hold-netns``: own a new network namespace until killed (the pod's "pause")."""
+    from kubesim.kubelet import netns
+
+    try:
+        netns.unshare_net()
+    except OSError as exc:
+        print(f"kubesim: cannot create the pod's network namespace: {exc}", file=sys.stderr, flush=True)
+        return 127
+    print("ready", flush=True)
+    signal.pause()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """``mountns SPEC -- ARGV...``: set up, then exec ARGV (exit 127 when a mount fails)."""
+    if argv == ["--hold-netns"]:
+        return _hold_netns()
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -m kubesim.kubelet.mountns SPEC -- COMMAND...", file=sys.stderr)
+        return 2
+    spec_path = Path(argv[0])
+    spec = json.loads(spec_path.read_text())
+    try:
+        if spec.get("netns"):
+            from kubesim.kubelet import netns
+
+            netns.enter(spec["netns"])
+        setup(spec, Path(spec.get("scratch") or spec_path.parent))
+    except (MountError, OSError) as exc:
+        print(f"kubesim: cannot set up the container's mounts: {exc}", file=sys.stderr, flush=True)
+        return 127
+    try:
+        os.execvp(argv[2], argv[2:])
+    except OSError as exc:
+        print(f"kubesim: cannot run {argv[2]!r}: {exc}", file=sys.stderr, flush=True)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

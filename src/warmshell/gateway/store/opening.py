@@ -1,0 +1,51 @@
+"""Choosing and opening the store from `[store]` in the gateway config (or a URL given on the
+command line): SQLite in the state directory unless a URL names another."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from warmshell.core.config import StoreConfig
+from warmshell.core.errors import InvalidArgumentError
+from warmshell.gateway.store import postgres, sqlite
+from warmshell.gateway.store.base import Store
+
+__all__ = ["PASSWORD_ENV", "open_store", "open_url", "read_password"]
+
+PASSWORD_ENV = "WARMSHELL_STORE_PASSWORD"
+_SQLITE = "sqlite://"
+
+
+async def read_password(config: StoreConfig) -> str | None:
+    """`password_file`'s content, else $WARMSHELL_STORE_PASSWORD, else None (the URL's own, or
+    libpq's PGPASSWORD / ~/.pgpass as asyncpg reads them)."""
+    if config.password_file:
+        try:
+            text = await asyncio.to_thread(Path(config.password_file).read_text)
+        except OSError as exc:
+            raise InvalidArgumentError("store.password_file", f"cannot read it: {exc.strerror}") from exc
+        return text.rstrip("\r\n")
+    return os.environ.get(PASSWORD_ENV) or None
+
+
+async def open_url(url: str, config: StoreConfig | None = None) -> Store:
+    """Open `sqlite:///PATH` (everything after `sqlite://` is the path) or `postgresql://…`."""
+    config = config or StoreConfig()
+    if url.startswith(_SQLITE):
+        path = url.removeprefix(_SQLITE)
+        if not path.startswith("/"):
+            raise InvalidArgumentError("store url", "sqlite URLs name an absolute path: sqlite:///path/to/warmshell.db")
+        return await sqlite.open_sqlite_store(Path(path))
+    if url.startswith(("postgresql://", "postgres://")):
+        return await postgres.open_postgres_store(url, password=await read_password(config), config=config)
+    raise InvalidArgumentError("store url", 'must start with "sqlite:///" or "postgresql://"')
+
+
+async def open_store(config: StoreConfig, *, default_sqlite: Path) -> Store:
+    """The configured store; SQLite at `default_sqlite` when no URL is set."""
+    url = config.url.get_secret_value()
+    if not url:
+        return await sqlite.open_sqlite_store(default_sqlite)
+    return await open_url(url, config)

@@ -1,0 +1,278 @@
+"""Postgres store: the same `objects` table as SQLite, shared by gateway replicas, over an asyncpg
+connection pool. Every database failure leaves this module as a domain error: a database that
+cannot be reached becomes UnavailableError naming the store (never the password), so callers,
+reconcilers and `/healthz` see one kind of temporary failure and the pool reconnects by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from warmshell.core.config import StoreConfig
+from warmshell.core.errors import AlreadyExistsError, ConflictError, FailedPreconditionError, UnavailableError
+from warmshell.gateway.store import schema
+from warmshell.gateway.store.base import StoredObject
+
+__all__ = ["PostgresStore", "describe_url", "open_postgres_store"]
+
+log = logging.getLogger(__name__)
+
+_COLUMNS = "kind, id, name, workspace, resource_version, payload"
+# Names sort byte-wise, as in SQLite, whatever collation the database was created with.
+_ORDER = ' ORDER BY workspace COLLATE "C", name COLLATE "C"'
+_STARTUP_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
+
+# Failures that say "the database is not there right now" (as opposed to a bad query): refused
+# or dropped connections, timeouts, a server shutting down or starting up, no free connection slot.
+_UNREACHABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    # A connection the server terminated while idle (pg_terminate_backend, a restart) can leave
+    # the client's protocol state confused on its next use ("another operation is in progress").
+    asyncpg.InternalClientError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.QueryCanceledError,
+)
+# Failures no retry will fix: wrong credentials, a database or role that does not exist.
+_MISCONFIGURED: tuple[type[BaseException], ...] = (
+    asyncpg.ClientConfigurationError,  # e.g. an unknown sslmode in the URL
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidPasswordError,
+    asyncpg.InvalidCatalogNameError,
+)
+
+
+def describe_url(url: str) -> str:
+    """host:port/database of a URL: what messages and logs may show (no user, no password)."""
+    parts = urlsplit(url)
+    try:
+        host = parts.hostname or "localhost"
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{parts.port or 5432}{parts.path or '/'}"
+    except ValueError:  # not one host:port (libpq's multi-host form): everything after the @
+        return parts.netloc.rpartition("@")[2] + parts.path
+
+
+def _why(exc: BaseException, timeout: float) -> str:
+    """A failure in words an operator acts on."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (is Postgres running and listening there?)"
+    if isinstance(exc, TimeoutError | asyncpg.QueryCanceledError):
+        return f"no answer within {timeout:g}s"
+    if isinstance(exc, asyncpg.CannotConnectNowError | asyncpg.AdminShutdownError | asyncpg.CrashShutdownError):
+        return "the database is shutting down or starting up"
+    if isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError | asyncpg.PostgresConnectionError):
+        return "the connection to the database was lost"
+    return str(exc) or type(exc).__name__
+
+
+class PostgresStore:
+    """`Store` on a Postgres database (schema from `schema.MIGRATIONS`)."""
+
+    def __init__(self, pool: asyncpg.Pool, *, where: str, config: StoreConfig) -> None:
+        self._pool = pool
+        self._where = where
+        self._config = config
+
+    def _unavailable(self, exc: BaseException) -> UnavailableError:
+        why = _why(exc, self._config.statement_timeout_seconds)
+        return UnavailableError(f"the store (Postgres at {self._where}) is unreachable: {why}")
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.Connection]:
+        try:
+            async with self._pool.acquire(timeout=self._config.connect_timeout_seconds) as conn:
+                yield conn
+        except _UNREACHABLE as exc:
+            # Idle pooled connections to a database that went away are dead too: drop them all,
+            # so the first call after it returns gets a fresh connection instead of this error.
+            await self._pool.expire_connections()
+            raise self._unavailable(exc) from exc
+        except asyncpg.UniqueViolationError:
+            raise  # the caller's to name (which object already exists)
+        except asyncpg.PostgresError as exc:
+            # Anything else the server refused (a read-only standby after a failover, a full
+            # disk, a deadlock): temporary from the caller's view, and said in the server's words.
+            raise UnavailableError(f"the store (Postgres at {self._where}) refused the operation: {exc}") from exc
+
+    async def _fetch(self, query: str, *args: object) -> list[StoredObject]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(query, *args)
+        return [StoredObject(*tuple(r)) for r in rows]
+
+    async def _read(self, query: str, *args: object) -> list[StoredObject]:
+        """`_fetch` for reads, once more on a fresh connection when the pooled one had died
+        (a database restart or a terminated backend): reads are safe to repeat, and the first
+        call after an outage should not fail for a connection the pool had not noticed was gone."""
+        try:
+            return await self._fetch(query, *args)
+        except UnavailableError as exc:
+            if isinstance(exc.__cause__, OSError | TimeoutError):
+                raise  # refused or silent: no fresh connection would do better now
+            return await self._fetch(query, *args)
+
+    async def create(self, *, kind: str, id: str, name: str, workspace: str, payload: str) -> StoredObject:
+        """Insert at resource_version 1."""
+        try:
+            async with self._connection() as conn:
+                await conn.execute(
+                    f"INSERT INTO objects ({_COLUMNS}) VALUES ($1, $2, $3, $4, 1, $5)",
+                    kind,
+                    id,
+                    name,
+                    workspace,
+                    payload,
+                )
+        except asyncpg.UniqueViolationError as exc:
+            raise AlreadyExistsError(f"{kind} {workspace}/{name} already exists") from exc
+        return StoredObject(kind, id, name, workspace, 1, payload)
+
+    async def get(self, kind: str, id: str) -> StoredObject | None:
+        """Look up by id."""
+        rows = await self._read(f"SELECT {_COLUMNS} FROM objects WHERE kind = $1 AND id = $2", kind, id)
+        return rows[0] if rows else None
+
+    async def get_by_name(self, kind: str, workspace: str, name: str) -> StoredObject | None:
+        """Look up by (workspace, name)."""
+        rows = await self._read(
+            f"SELECT {_COLUMNS} FROM objects WHERE kind = $1 AND workspace = $2 AND name = $3", kind, workspace, name
+        )
+        return rows[0] if rows else None
+
+    async def list(self, kind: str, workspace: str | None = None) -> builtins.list[StoredObject]:
+        """All objects of a kind, ordered by workspace and name (byte-wise)."""
+        if workspace is None:
+            return await self._read(f"SELECT {_COLUMNS} FROM objects WHERE kind = $1" + _ORDER, kind)
+        return await self._read(
+            f"SELECT {_COLUMNS} FROM objects WHERE kind = $1 AND workspace = $2" + _ORDER, kind, workspace
+        )
+
+    async def update(self, *, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
+        """Compare-and-swap the payload. Under READ COMMITTED a concurrent writer of the same row
+        blocks on its lock, then re-checks the version on the new row, so exactly one wins."""
+        rows = await self._fetch(
+            "UPDATE objects SET payload = $1, resource_version = resource_version + 1, updated_at = now()"
+            f" WHERE kind = $2 AND id = $3 AND resource_version = $4 RETURNING {_COLUMNS}",
+            payload,
+            kind,
+            id,
+            expected_version,
+        )
+        if not rows:
+            raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
+        return rows[0]
+
+    async def delete(self, kind: str, id: str, expected_version: int | None = None) -> bool:
+        """Delete (conditionally when expected_version is given)."""
+        async with self._connection() as conn:
+            if expected_version is None:
+                deleted = await conn.fetchval("DELETE FROM objects WHERE kind = $1 AND id = $2 RETURNING 1", kind, id)
+            else:
+                deleted = await conn.fetchval(
+                    "DELETE FROM objects WHERE kind = $1 AND id = $2 AND resource_version = $3 RETURNING 1",
+                    kind,
+                    id,
+                    expected_version,
+                )
+        if deleted is None and expected_version is not None and await self.get(kind, id):
+            raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
+        return deleted is not None
+
+    async def dump(self) -> builtins.list[StoredObject]:
+        """Every object of every kind."""
+        return await self._read(f"SELECT {_COLUMNS} FROM objects ORDER BY kind, id")
+
+    async def restore(self, obj: StoredObject) -> bool:
+        """Write `obj` exactly (its resource_version too) unless the row is already as new."""
+        try:
+            async with self._connection() as conn:
+                written = await conn.fetchval(
+                    f"INSERT INTO objects ({_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+                    " ON CONFLICT (kind, id) DO UPDATE SET name = EXCLUDED.name, workspace = EXCLUDED.workspace,"
+                    " resource_version = EXCLUDED.resource_version, payload = EXCLUDED.payload, updated_at = now()"
+                    " WHERE objects.resource_version < EXCLUDED.resource_version RETURNING 1",
+                    obj.kind,
+                    obj.id,
+                    obj.name,
+                    obj.workspace,
+                    obj.resource_version,
+                    obj.payload,
+                )
+        except asyncpg.UniqueViolationError as exc:
+            raise AlreadyExistsError(
+                f"{obj.kind} {obj.workspace}/{obj.name} already exists with another id than {obj.id}"
+            ) from exc
+        return written is not None
+
+    async def ping(self) -> None:
+        """One round trip; UnavailableError when the database cannot be reached."""
+        async with self._connection() as conn:
+            await conn.fetchval("SELECT 1", timeout=self._config.connect_timeout_seconds)
+
+    async def aclose(self) -> None:
+        """Close every pooled connection (waiting at most the statement timeout for busy ones)."""
+        try:
+            await asyncio.wait_for(self._pool.close(), self._config.statement_timeout_seconds)
+        except TimeoutError:
+            self._pool.terminate()
+
+
+async def open_postgres_store(url: str, *, password: str | None, config: StoreConfig) -> PostgresStore:
+    """Connect a pool and apply pending schema migrations, retrying an unreachable database until
+    `startup_timeout_seconds` have passed; wrong credentials or a missing database fail at once."""
+    where = describe_url(url)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.startup_timeout_seconds
+    for attempt in itertools.count(1):
+        try:
+            return await _connect_and_migrate(url, password=password, config=config, where=where)
+        except _MISCONFIGURED as exc:
+            raise FailedPreconditionError(f"the store (Postgres at {where}) refused this gateway: {exc}") from exc
+        except _UNREACHABLE as exc:
+            why = _why(exc, config.connect_timeout_seconds)
+            delay = _STARTUP_RETRY_DELAYS[min(attempt, len(_STARTUP_RETRY_DELAYS)) - 1]
+            if loop.time() + delay > deadline:
+                raise UnavailableError(
+                    f"the store (Postgres at {where}) is unreachable: {why}"
+                    f" (gave up after {attempt} attempts in {config.startup_timeout_seconds:g}s)"
+                ) from exc
+            log.warning("store at %s unreachable (attempt %d): %s; retrying in %gs", where, attempt, why, delay)
+            await asyncio.sleep(delay)
+        except asyncpg.PostgresError as exc:
+            # The server answered but refused to prepare the schema (e.g. a read-only standby).
+            raise FailedPreconditionError(f"the store (Postgres at {where}) could not be prepared: {exc}") from exc
+    raise AssertionError("itertools.count does not end")
+
+
+async def _connect_and_migrate(url: str, *, password: str | None, config: StoreConfig, where: str) -> PostgresStore:
+    pool = await asyncpg.create_pool(
+        url,
+        password=password,
+        min_size=config.pool_min_size,
+        max_size=config.pool_max_size,
+        timeout=config.connect_timeout_seconds,
+        command_timeout=config.statement_timeout_seconds,
+        # A connection idle this long is closed, so a pool does not sit on stale sockets for hours.
+        max_inactive_connection_lifetime=60.0,
+    )
+    try:
+        async with pool.acquire(timeout=config.connect_timeout_seconds) as conn:
+            applied = await schema.apply_migrations(conn)
+    except BaseException:
+        pool.terminate()
+        raise
+    if applied:
+        log.info("store at %s: applied schema migrations %s", where, applied)
+    return PostgresStore(pool, where=where, config=config)

@@ -1,0 +1,83 @@
+"""The Postgres store's schema, as numbered migrations applied at start: one transaction under an
+advisory lock, so replicas starting together apply each migration exactly once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from warmshell.core.errors import FailedPreconditionError
+
+__all__ = ["LOCK_KEY", "MIGRATIONS", "Migration", "apply_migrations", "pending_migrations"]
+
+# Any fixed 64-bit key works; every warmshell gateway on a database must use the same one.
+LOCK_KEY = 0x7761726D5F736368  # "warm_sch"
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step; `sql` runs inside the migration transaction (Postgres DDL is transactional)."""
+
+    version: int
+    description: str
+    sql: str
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "objects table: compare-and-swap on resource_version, names unique per workspace",
+        """
+        CREATE TABLE objects (
+            kind text NOT NULL,
+            id text NOT NULL,
+            name text NOT NULL,
+            workspace text NOT NULL,
+            resource_version bigint NOT NULL,
+            payload text NOT NULL,
+            updated_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (kind, id)
+        );
+        CREATE UNIQUE INDEX objects_by_name ON objects (kind, workspace, name);
+        """,
+    ),
+)
+
+
+def pending_migrations(applied: set[int], known: Sequence[Migration]) -> list[Migration]:
+    """The known migrations not yet applied, in order. A database that has a version this code
+    does not know was migrated by a newer gateway: refuse rather than run on a schema we do not know."""
+    newest = max((m.version for m in known), default=0)
+    unknown = sorted(v for v in applied if v > newest)
+    if unknown:
+        raise FailedPreconditionError(
+            f"the store's schema is at version {unknown[-1]}, newer than this gateway knows ({newest}):"
+            " upgrade this gateway"
+        )
+    return sorted((m for m in known if m.version not in applied), key=lambda m: m.version)
+
+
+async def apply_migrations(conn: asyncpg.Connection, known: Sequence[Migration] = MIGRATIONS) -> list[int]:
+    """Bring the schema up to date; returns the versions this call applied (empty when current).
+
+    The advisory lock is taken before anything else, even the bookkeeping table's creation:
+    two concurrent `CREATE TABLE IF NOT EXISTS` can still collide on the catalog."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", LOCK_KEY)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version integer PRIMARY KEY, description text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        applied = {int(r["version"]) for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        todo = pending_migrations(applied, known)
+        for migration in todo:
+            await conn.execute(migration.sql)
+            await conn.execute(
+                "INSERT INTO schema_migrations (version, description) VALUES ($1, $2)",
+                migration.version,
+                migration.description,
+            )
+    return [m.version for m in todo]

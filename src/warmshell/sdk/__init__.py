@@ -1,0 +1,114 @@
+"""The warmshell Python SDK: create sandboxes (warm or cold), run commands in them, follow their
+output, and delete them, synchronously (`Client`) or with asyncio (`AsyncClient`).
+
+    import warmshell
+
+    with warmshell.Client() as client:
+        with client.create(env={"A": "1"}, ttl_seconds=600) as sb:
+            r = sb.run(["python3", "-c", "print(6*7)"])
+            assert r.exit_code == 0 and r.stdout == b"42\\n"
+
+A sandbox handle is where later capabilities attach (files, interactive sessions); none are
+offered before the gateway serves them.
+
+Every name is loaded on first use (`warmshell.sdk.connection`, which the CLI uses, needs none of
+grpc); `import warmshell.sdk` itself imports nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from warmshell.core.models import Allocation, Phase
+    from warmshell.sdk.aio import AsyncClient, AsyncSandbox
+    from warmshell.sdk.client import Client, Sandbox
+    from warmshell.sdk.errors import (
+        AlreadyExists,
+        ApiError,
+        Conflict,
+        DeadlineExceeded,
+        Error,
+        FailedPrecondition,
+        InvalidArgument,
+        NotFound,
+        PermissionDenied,
+        ResourceExhausted,
+        SandboxError,
+        Unauthenticated,
+        Unavailable,
+    )
+    from warmshell.sdk.views import Condition, ExecResult, Lifetime, OutputEvent, PoolInfo, SandboxInfo, Timeline
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "Allocation": "warmshell.core.models",
+    "AlreadyExists": "warmshell.sdk.errors",
+    "ApiError": "warmshell.sdk.errors",
+    "AsyncClient": "warmshell.sdk.aio",
+    "AsyncSandbox": "warmshell.sdk.aio",
+    "Client": "warmshell.sdk.client",
+    "Condition": "warmshell.sdk.views",
+    "Conflict": "warmshell.sdk.errors",
+    "DeadlineExceeded": "warmshell.sdk.errors",
+    "Error": "warmshell.sdk.errors",
+    "ExecResult": "warmshell.sdk.views",
+    "FailedPrecondition": "warmshell.sdk.errors",
+    "InvalidArgument": "warmshell.sdk.errors",
+    "Lifetime": "warmshell.sdk.views",
+    "NotFound": "warmshell.sdk.errors",
+    "OutputEvent": "warmshell.sdk.views",
+    "PermissionDenied": "warmshell.sdk.errors",
+    "Phase": "warmshell.core.models",
+    "PoolInfo": "warmshell.sdk.views",
+    "ResourceExhausted": "warmshell.sdk.errors",
+    "Sandbox": "warmshell.sdk.client",
+    "SandboxError": "warmshell.sdk.errors",
+    "SandboxInfo": "warmshell.sdk.views",
+    "Timeline": "warmshell.sdk.views",
+    "Unauthenticated": "warmshell.sdk.errors",
+    "Unavailable": "warmshell.sdk.errors",
+}
+
+__all__ = [
+    "Allocation",
+    "AlreadyExists",
+    "ApiError",
+    "AsyncClient",
+    "AsyncSandbox",
+    "Client",
+    "Condition",
+    "Conflict",
+    "DeadlineExceeded",
+    "Error",
+    "ExecResult",
+    "FailedPrecondition",
+    "InvalidArgument",
+    "Lifetime",
+    "NotFound",
+    "OutputEvent",
+    "PermissionDenied",
+    "Phase",
+    "PoolInfo",
+    "ResourceExhausted",
+    "Sandbox",
+    "SandboxError",
+    "SandboxInfo",
+    "Timeline",
+    "Unauthenticated",
+    "Unavailable",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'warmshell.sdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,0 +1,295 @@
+"""The asyncio SDK: `AsyncClient` and `AsyncSandbox`, the same names and arguments as the sync
+`Client` and `Sandbox`, awaited (and `run_stream` is `async for`). Requests and the meaning of
+each event come from `calls`; this module only moves messages over a grpc.aio channel.
+
+The channel is opened on first use, inside the running event loop (grpc.aio binds a channel to
+the loop it was made in); an AsyncClient belongs to that one loop.
+
+Timeouts are arguments, as in the sync client, because they become gRPC deadlines and the
+gateway's own command limit, which `asyncio.timeout` around the call could not express.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from grpc import aio
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.api.v1 import sandbox_pb2_grpc
+from warmshell.sdk import calls, connection, errors, views
+from warmshell.sdk.client import CHANNEL_OPTIONS, DEFAULT_READY_TIMEOUT_SECONDS
+
+__all__ = ["AsyncClient", "AsyncSandbox"]
+
+
+class AsyncClient:
+    """The async twin of `Client`: one channel to one gateway, found the same way. Close it with
+    `await client.close()` or `async with`."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        token: str | None = None,
+        *,
+        state_dir: Path | str | None = None,
+        workspace: str | None = None,
+        timeout: float = calls.UNARY_TIMEOUT_SECONDS,
+    ) -> None:
+        target = connection.resolve(address=address, token=token, state_dir=state_dir, workspace=workspace)
+        self.address = target.address
+        self.workspace = target.workspace
+        self.timeout = timeout
+        self._metadata = (("authorization", f"Bearer {target.token}"),) if target.token else ()
+        self._channel: aio.Channel | None = None
+        self._stub_: sandbox_pb2_grpc.SandboxServiceAsyncStub | None = None
+
+    @property
+    def _stub(self) -> sandbox_pb2_grpc.SandboxServiceAsyncStub:
+        if self._stub_ is None:
+            self._channel = aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self._stub_ = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+        assert self._stub_ is not None
+        return self._stub_
+
+    async def close(self) -> None:
+        """Close the channel (idempotent); calls in flight are cancelled."""
+        channel, self._channel, self._stub_ = self._channel, None, None
+        if channel is not None:
+            await channel.close(grace=None)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _translating(self) -> contextlib.AbstractContextManager[None]:
+        return errors.translating(self.address)
+
+    async def create(
+        self,
+        *,
+        name: str | None = None,
+        workspace: str | None = None,
+        image: str = "",
+        env: Mapping[str, str] | None = None,
+        cpu: str = "",
+        memory: str = "",
+        command: Sequence[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        idle_timeout_seconds: int | None = None,
+        auto_delete: bool = False,
+        ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+    ) -> AsyncSandbox:
+        """`Client.create`, awaited: returns once Ready (or already exited); a failed create
+        raises (SandboxError, DeadlineExceeded) and leaves nothing behind."""
+        request = calls.create_request(
+            name=name,
+            workspace=self.workspace if workspace is None else workspace,
+            image=image,
+            env=env,
+            cpu=cpu,
+            memory=memory,
+            command=command,
+            labels=labels,
+            ttl_seconds=ttl_seconds,
+            idle_timeout_seconds=idle_timeout_seconds,
+        )
+        with self._translating():
+            created = await self._stub.CreateSandbox(request, metadata=self._metadata, timeout=self.timeout)
+        sandbox = AsyncSandbox(self, views.sandbox_info(created), auto_delete=auto_delete)
+        try:
+            sandbox.last_info = views.sandbox_info(await self._wait_ready(created, ready_timeout))
+        except BaseException:
+            with contextlib.suppress(errors.Error):
+                await sandbox.delete()
+            raise
+        return sandbox
+
+    async def _wait_ready(self, created: pb.Sandbox, timeout: float | None) -> pb.Sandbox:  # noqa: ASYNC109
+        fold = calls.ReadyFold(created)
+        if fold.done():
+            return fold.last
+        request = pb.WatchSandboxRequest(
+            name=created.name, workspace=created.workspace, stop_on_terminal=True, stop_on_ready=True
+        )
+        call = self._stub.WatchSandbox(request, metadata=self._metadata, timeout=timeout)
+        try:
+            with self._translating():
+                async for event in call:
+                    if fold.feed(event):
+                        return fold.last
+        except errors.DeadlineExceeded:
+            raise errors.DeadlineExceeded(
+                f"sandbox {created.name} was not Ready within {timeout:g} s", code="DEADLINE_EXCEEDED"
+            ) from None
+        finally:
+            call.cancel()
+        raise calls.failure(fold.last, name=created.name)
+
+    async def get(self, name: str, *, workspace: str | None = None) -> AsyncSandbox:
+        """A handle on an existing sandbox (NotFound if there is none)."""
+        return AsyncSandbox(self, await self._get_info(name, self.workspace if workspace is None else workspace))
+
+    async def _get_info(self, name: str, workspace: str) -> views.SandboxInfo:
+        with self._translating():
+            message = await self._stub.GetSandbox(
+                pb.SandboxRef(name=name, workspace=workspace), metadata=self._metadata, timeout=self.timeout
+            )
+        return views.sandbox_info(message)
+
+    async def list(
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        workspace: str | None = None,
+        all_workspaces: bool = False,
+    ) -> builtins.list[views.SandboxInfo]:
+        """Sandboxes of the workspace (or every workspace) carrying all of `labels`."""
+        request = pb.ListSandboxesRequest(
+            workspace=self.workspace if workspace is None else workspace,
+            all_workspaces=all_workspaces,
+            label_selector=calls.label_selector(labels),
+        )
+        with self._translating():
+            response = await self._stub.ListSandboxes(request, metadata=self._metadata, timeout=self.timeout)
+        return [views.sandbox_info(s) for s in response.sandboxes]
+
+    async def pools(
+        self, *, workspace: str | None = None, all_workspaces: bool = False
+    ) -> builtins.list[views.PoolInfo]:
+        """Warm pools of the workspace (or every workspace), with their hit counts."""
+        request = pb.ListPoolsRequest(
+            workspace=self.workspace if workspace is None else workspace, all_workspaces=all_workspaces
+        )
+        with self._translating():
+            response = await self._stub.ListPools(request, metadata=self._metadata, timeout=self.timeout)
+        return [views.pool_info(p) for p in response.pools]
+
+
+class AsyncSandbox:
+    """The async twin of `Sandbox`; `async with` deletes the sandbox on exit."""
+
+    def __init__(self, client: AsyncClient, info: views.SandboxInfo, *, auto_delete: bool = False) -> None:
+        self.client = client
+        self.name = info.name
+        self.workspace = info.workspace
+        self.id = info.id
+        self.auto_delete = auto_delete
+        self.last_info = info
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox({self.workspace}/{self.name}, {self.last_info.phase.value})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.delete()
+
+    async def info(self) -> views.SandboxInfo:
+        """The sandbox now: phase, allocation (warm/cold), pool, exit code, conditions, timeline."""
+        self.last_info = await self.client._get_info(self.name, self.workspace)
+        return self.last_info
+
+    def _exec_call(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        workdir: str | None,
+        timeout: float | None,
+        stdin: bytes | str,
+    ) -> aio.UnaryStreamCall[pb.ExecSandboxRequest, pb.ExecEvent]:
+        request = calls.exec_request(
+            name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin
+        )
+        return self.client._stub.ExecSandbox(
+            request, metadata=self.client._metadata, timeout=calls.exec_deadline(timeout)
+        )
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
+        stdin: bytes | str = b"",
+    ) -> views.ExecResult:
+        """`Sandbox.run`, awaited."""
+        started = time.perf_counter()
+        fold = calls.ExecFold()
+        with self.client._translating():
+            async for event in self._exec_call(argv, env, workdir, timeout, stdin):
+                fold.feed(event)
+        return fold.result((time.perf_counter() - started) * 1000)
+
+    async def run_stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
+        stdin: bytes | str = b"",
+    ) -> AsyncGenerator[views.OutputEvent, None]:
+        """`Sandbox.run_stream` as `async for`; leaving the loop early stops the command."""
+        call = self._exec_call(argv, env, workdir, timeout, stdin)
+        try:
+            with self.client._translating():
+                async for event in call:
+                    yield calls.output_event(event)
+        finally:
+            call.cancel()
+
+    async def wait_exit(self, timeout: float | None = None) -> views.ExecResult:  # noqa: ASYNC109
+        """`Sandbox.wait_exit`, awaited (deletes the sandbox afterwards with `auto_delete`)."""
+        fold = calls.ExitFold(self.name)
+        request = pb.WatchSandboxRequest(
+            name=self.name, workspace=self.workspace, follow_output=True, stop_on_terminal=True
+        )
+        call = self.client._stub.WatchSandbox(request, metadata=self.client._metadata, timeout=timeout)
+        try:
+            with self.client._translating():
+                async for event in call:
+                    fold.feed(event)
+        finally:
+            call.cancel()
+        if fold.last is not None:
+            self.last_info = views.sandbox_info(fold.last)
+        result = fold.result()
+        if self.auto_delete:
+            await self.delete()
+        return result
+
+    async def refresh_ttl(self, ttl_seconds: int) -> views.SandboxInfo:
+        """Let the sandbox live `ttl_seconds` from now (InvalidArgument beyond the maximum)."""
+        request = pb.RefreshTtlRequest(name=self.name, workspace=self.workspace, ttl_seconds=ttl_seconds)
+        with self.client._translating():
+            message = await self.client._stub.RefreshTtl(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        self.last_info = views.sandbox_info(message)
+        return self.last_info
+
+    async def delete(self) -> bool:
+        """Delete the sandbox; False when it was already gone (never raises NotFound)."""
+        request = pb.SandboxRef(name=self.name, workspace=self.workspace)
+        try:
+            with self.client._translating():
+                await self.client._stub.DeleteSandbox(
+                    request, metadata=self.client._metadata, timeout=self.client.timeout
+                )
+        except errors.NotFound:
+            return False
+        return True

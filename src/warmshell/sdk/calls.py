@@ -1,0 +1,238 @@
+"""The pure half of every SDK call, shared by the sync and the async client: building the
+request messages from keyword arguments, and deciding what each streamed event means.
+
+The clients only move these messages over their channel, so both behave identically.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from enum import Enum
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.sdk import errors, views
+
+__all__ = [
+    "EXEC_DEADLINE_MARGIN_SECONDS",
+    "UNARY_TIMEOUT_SECONDS",
+    "ExecFold",
+    "ExitFold",
+    "ReadyFold",
+    "WaitOutcome",
+    "create_request",
+    "exec_deadline",
+    "exec_request",
+    "failure",
+    "label_selector",
+    "output_event",
+    "ready_outcome",
+]
+
+# Unary calls do bounded work on the gateway; a hung gateway must not hang an agent forever.
+UNARY_TIMEOUT_SECONDS = 60.0
+# Seconds granted beyond a command's own timeout before the client gives up on the stream.
+EXEC_DEADLINE_MARGIN_SECONDS = 30.0
+
+
+class WaitOutcome(Enum):
+    """What one snapshot means to a caller waiting for Ready."""
+
+    PENDING = "pending"
+    READY = "ready"
+    EXITED = "exited"
+    FAILED = "failed"
+
+
+def _argv(argv: Sequence[str], field: str) -> list[str]:
+    if isinstance(argv, str | bytes):
+        # A string is not split here: shell parsing is the caller's explicit choice.
+        raise TypeError(f"{field} is an argv list, e.g. ['sh', '-c', {argv!r}]")
+    return list(argv)
+
+
+def create_request(
+    *,
+    name: str | None,
+    workspace: str,
+    image: str,
+    env: Mapping[str, str] | None,
+    cpu: str,
+    memory: str,
+    command: Sequence[str] | None,
+    labels: Mapping[str, str] | None,
+    ttl_seconds: int | None,
+    idle_timeout_seconds: int | None,
+) -> pb.CreateSandboxRequest:
+    """A CreateSandboxRequest; unset TTL/idle timeout leave the gateway's defaults in force."""
+    request = pb.CreateSandboxRequest(
+        name=name or "",
+        workspace=workspace,
+        labels=dict(labels or {}),
+        spec=pb.SandboxSpec(
+            image=image,
+            environment=dict(env or {}),
+            resources=pb.Resources(cpu=cpu, memory=memory),
+            command=_argv(command or [], "command"),
+        ),
+    )
+    if ttl_seconds is not None:
+        request.ttl_seconds = _seconds(ttl_seconds, "ttl_seconds")
+    if idle_timeout_seconds is not None:
+        request.idle_timeout_seconds = _seconds(idle_timeout_seconds, "idle_timeout_seconds")
+    return request
+
+
+def _seconds(value: float, field: str) -> int:
+    if value < 0:
+        raise errors.InvalidArgument(f"{field}: must not be negative")
+    return math.ceil(value)
+
+
+def exec_request(
+    *,
+    name: str,
+    workspace: str,
+    argv: Sequence[str],
+    env: Mapping[str, str] | None,
+    workdir: str | None,
+    timeout: float | None,
+    stdin: bytes | str,
+) -> pb.ExecSandboxRequest:
+    """An ExecSandboxRequest; `timeout` (seconds, rounded up) is enforced inside the sandbox."""
+    return pb.ExecSandboxRequest(
+        name=name,
+        workspace=workspace,
+        command=_argv(argv, "argv"),
+        environment=dict(env or {}),
+        workdir=workdir or "",
+        timeout_seconds=_seconds(timeout, "timeout") if timeout else 0,
+        stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+    )
+
+
+def exec_deadline(timeout: float | None) -> float | None:
+    """The gRPC deadline of an exec stream: none without a command timeout, else a margin past it."""
+    return None if not timeout else timeout + EXEC_DEADLINE_MARGIN_SECONDS
+
+
+def label_selector(labels: Mapping[str, str] | None) -> str:
+    """`{"k": "v"}` -> "k=v" (every pair must match); the wire syntax cannot carry `,` or `=`."""
+    for key, value in (labels or {}).items():
+        if any(sep in key for sep in ",=") or "," in value:
+            raise errors.InvalidArgument(f"labels: {key!r}={value!r} may not contain ',' (or '=' in the key)")
+    return ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items()))
+
+
+def output_event(event: pb.ExecEvent) -> views.OutputEvent:
+    """One ExecEvent as the SDK yields it."""
+    kind = event.WhichOneof("event")
+    if kind == "stdout":
+        return views.OutputEvent(stdout=event.stdout)
+    if kind == "stderr":
+        return views.OutputEvent(stderr=event.stderr)
+    return views.OutputEvent(exit_code=event.exit_code)
+
+
+def ready_outcome(sandbox: pb.Sandbox) -> WaitOutcome:
+    """Whether a caller waiting for Ready is done, and how."""
+    phase = sandbox.status.phase
+    if phase == pb.SANDBOX_PHASE_READY:
+        return WaitOutcome.READY
+    if phase == pb.SANDBOX_PHASE_EXITED:
+        return WaitOutcome.EXITED
+    if phase in (pb.SANDBOX_PHASE_ERROR, pb.SANDBOX_PHASE_DELETING):
+        return WaitOutcome.FAILED
+    return WaitOutcome.PENDING
+
+
+def failure(sandbox: pb.Sandbox | None, *, name: str, deleted: bool = False) -> errors.SandboxError:
+    """The SandboxError for a sandbox that failed (or vanished) while waited on."""
+    info = views.sandbox_info(sandbox) if sandbox is not None else None
+    if deleted or info is None:
+        return errors.SandboxError(f"sandbox {name} was deleted", reason="Deleted", sandbox=info)
+    ready = info.condition("Ready")
+    reason = ready.reason if ready is not None else info.phase.value
+    return errors.SandboxError(
+        f"sandbox {name} is {info.phase.value}: {info.reason or reason}", reason=reason, sandbox=info
+    )
+
+
+class ReadyFold:
+    """Follows a WatchSandbox stream until the sandbox is Ready (or its workload has already
+    exited); a sandbox that fails or is deleted raises SandboxError."""
+
+    def __init__(self, created: pb.Sandbox) -> None:
+        self.last = created
+
+    def done(self) -> bool:
+        """Whether the latest snapshot ends the wait (raises if it failed)."""
+        outcome = ready_outcome(self.last)
+        if outcome is WaitOutcome.FAILED:
+            raise failure(self.last, name=self.last.name)
+        return outcome is not WaitOutcome.PENDING
+
+    def feed(self, event: pb.SandboxEvent) -> bool:
+        """Take one event; True once the wait is over."""
+        kind = event.WhichOneof("event")
+        if kind == "deleted":
+            raise failure(self.last, name=self.last.name, deleted=True)
+        if kind == "sandbox":
+            self.last = event.sandbox
+            return self.done()
+        return False
+
+
+class ExitFold:
+    """Follows a WatchSandbox stream with output to its end: the workload's output and exit."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.last: pb.Sandbox | None = None
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+
+    def feed(self, event: pb.SandboxEvent) -> None:
+        """Take one event (the stream ends by itself once the sandbox is terminal)."""
+        kind = event.WhichOneof("event")
+        if kind == "sandbox":
+            self.last = event.sandbox
+        elif kind == "output":
+            stderr = event.output.stream == pb.OutputChunk.STREAM_STDERR
+            (self.stderr if stderr else self.stdout).extend(event.output.data)
+        elif kind == "deleted":
+            raise failure(self.last, name=self.name, deleted=True)
+
+    def result(self) -> views.ExecResult:
+        """The workload's result once the stream has ended; SandboxError if it did not exit."""
+        last = self.last
+        if last is None or ready_outcome(last) is not WaitOutcome.EXITED:
+            raise failure(last, name=self.name)
+        timeline = last.status.timeline
+        ran_us = timeline.exited_us - timeline.activated_us if timeline.activated_us else 0
+        return views.ExecResult(last.status.exit_code, bytes(self.stdout), bytes(self.stderr), max(ran_us, 0) / 1000)
+
+
+class ExecFold:
+    """Collects an ExecSandbox stream into an ExecResult."""
+
+    def __init__(self) -> None:
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.exit_code: int | None = None
+
+    def feed(self, event: pb.ExecEvent) -> None:
+        """Take one event."""
+        kind = event.WhichOneof("event")
+        if kind == "stdout":
+            self.stdout.extend(event.stdout)
+        elif kind == "stderr":
+            self.stderr.extend(event.stderr)
+        elif kind == "exit_code":
+            self.exit_code = event.exit_code
+
+    def result(self, duration_ms: float) -> views.ExecResult:
+        """The finished command (an Error if the stream ended without an exit code)."""
+        if self.exit_code is None:
+            raise errors.Error("the exec stream ended without an exit code")
+        return views.ExecResult(self.exit_code, bytes(self.stdout), bytes(self.stderr), duration_ms)

@@ -1,0 +1,210 @@
+"""What the SDK returns: plain, frozen snapshots of sandboxes, pools and command results,
+converted from the wire messages here so callers never handle protobuf."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.core.models import Allocation, Phase
+
+__all__ = [
+    "Condition",
+    "ExecResult",
+    "Lifetime",
+    "OutputEvent",
+    "PoolInfo",
+    "SandboxInfo",
+    "Timeline",
+    "pool_info",
+    "sandbox_info",
+]
+
+_PHASES = {
+    pb.SANDBOX_PHASE_PROVISIONING: Phase.PROVISIONING,
+    pb.SANDBOX_PHASE_READY: Phase.READY,
+    pb.SANDBOX_PHASE_EXITED: Phase.EXITED,
+    pb.SANDBOX_PHASE_ERROR: Phase.ERROR,
+    pb.SANDBOX_PHASE_DELETING: Phase.DELETING,
+}
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Why a sandbox (or pool) is where it is, Kubernetes-style."""
+
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    last_transition_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When each step on the way to Ready happened (unix microseconds; 0 = not reached)."""
+
+    requested_us: int = 0
+    backend_created_us: int = 0
+    claimed_us: int = 0
+    registered_us: int = 0
+    activated_us: int = 0
+    ready_us: int = 0
+    exited_us: int = 0
+
+    @property
+    def ready_ms(self) -> float | None:
+        """Milliseconds from the request to Ready, once Ready was reached."""
+        if not (self.requested_us and self.ready_us):
+            return None
+        return (self.ready_us - self.requested_us) / 1000
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """When the gateway will delete the sandbox: at `expires_at` (None: no TTL), and/or after
+    `idle_timeout_seconds` without an exec (0: never)."""
+
+    ttl_seconds: int = 0
+    expires_at: datetime | None = None
+    idle_timeout_seconds: int = 0
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """One sandbox as the gateway reported it."""
+
+    id: str
+    name: str
+    workspace: str
+    phase: Phase
+    allocation: Allocation
+    pool: str
+    exit_code: int | None
+    conditions: tuple[Condition, ...]
+    timeline: Timeline
+    lifetime: Lifetime
+    labels: Mapping[str, str]
+    image: str
+    command: tuple[str, ...]
+    cpu: str
+    memory: str
+    created_at_ms: int
+    instance_id: str = ""
+
+    def condition(self, type_: str) -> Condition | None:
+        """The condition of that type, if any."""
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    @property
+    def reason(self) -> str:
+        """`Reason: message` of the Ready condition (why it is, or is not, Ready)."""
+        ready = self.condition("Ready")
+        if ready is None:
+            return ""
+        return f"{ready.reason}: {ready.message}" if ready.message else ready.reason
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """A warm pool and how well it serves creates."""
+
+    name: str
+    workspace: str
+    fingerprint: str
+    image: str
+    environment: Mapping[str, str]
+    cpu: str
+    memory: str
+    desired: int
+    ready: int
+    idle: int
+    hits: int
+    misses: int
+    source: str
+    conditions: tuple[Condition, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A finished command: its exit code (124 timed out, 128+N killed by signal N), its output,
+    and `duration_ms`: for `run`, the call's wall time as the caller saw it; for `wait_exit`, how
+    long the workload ran (from its activation to its exit)."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration_ms: float
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    """One step of a streamed command: a chunk of stdout or stderr, or (last) the exit code."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+    exit_code: int | None = field(default=None)
+
+
+def _conditions(conditions: object) -> tuple[Condition, ...]:
+    return tuple(
+        Condition(c.type, c.status, c.reason, c.message, c.last_transition_time_ms)
+        for c in conditions  # type: ignore[attr-defined]
+    )
+
+
+def _lifetime(lifetime: pb.Lifetime) -> Lifetime:
+    expires = datetime.fromtimestamp(lifetime.expires_at_ms / 1000, tz=UTC) if lifetime.expires_at_ms else None
+    return Lifetime(lifetime.ttl_seconds, expires, lifetime.idle_timeout_seconds)
+
+
+def _allocation(value: str) -> Allocation:
+    return Allocation(value) if value in Allocation._value2member_map_ else Allocation.COLD
+
+
+def sandbox_info(message: pb.Sandbox) -> SandboxInfo:
+    """The snapshot of a wire `Sandbox`."""
+    status, spec, t = message.status, message.spec, message.status.timeline
+    return SandboxInfo(
+        id=message.id,
+        name=message.name,
+        workspace=message.workspace,
+        phase=_PHASES.get(status.phase, Phase.PROVISIONING),
+        allocation=_allocation(status.allocation),
+        pool=status.pool,
+        exit_code=status.exit_code if status.HasField("exit_code") else None,
+        conditions=_conditions(status.conditions),
+        timeline=Timeline(
+            t.requested_us, t.backend_created_us, t.claimed_us, t.registered_us, t.activated_us, t.ready_us, t.exited_us
+        ),
+        lifetime=_lifetime(message.lifetime),
+        labels=dict(message.labels),
+        image=spec.image,
+        command=tuple(spec.command),
+        cpu=spec.resources.cpu,
+        memory=spec.resources.memory,
+        created_at_ms=message.created_at_ms,
+        instance_id=status.instance_id,
+    )
+
+
+def pool_info(message: pb.Pool) -> PoolInfo:
+    """The snapshot of a wire `Pool`."""
+    return PoolInfo(
+        name=message.name,
+        workspace=message.workspace,
+        fingerprint=message.fingerprint,
+        image=message.image,
+        environment=dict(message.environment),
+        cpu=message.resources.cpu,
+        memory=message.resources.memory,
+        desired=message.desired,
+        ready=message.ready,
+        idle=message.idle,
+        hits=message.hits,
+        misses=message.misses,
+        source=message.source,
+        conditions=_conditions(message.conditions),
+    )

@@ -1,0 +1,115 @@
+"""The pure half of the SDK's calls: request building and the folds over streamed events."""
+
+from __future__ import annotations
+
+import pytest
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.core.models import Allocation, Phase
+from warmshell.sdk import calls, errors, views
+
+
+def _sandbox(phase: int, **status: object) -> pb.Sandbox:
+    return pb.Sandbox(name="box", workspace="default", status=pb.SandboxStatus(phase=phase, **status))  # type: ignore[arg-type]
+
+
+def test_create_request_leaves_unset_lifetimes_to_the_gateway() -> None:
+    unset = calls.create_request(
+        name=None, workspace="", image="", env=None, cpu="", memory="", command=None, labels=None,
+        ttl_seconds=None, idle_timeout_seconds=None,
+    )  # fmt: skip
+    assert not unset.HasField("ttl_seconds")
+    assert not unset.HasField("idle_timeout_seconds")
+    given = calls.create_request(
+        name="a", workspace="w", image="i", env={"A": "1"}, cpu="0.5", memory="1Gi", command=["true"],
+        labels={"k": "v"}, ttl_seconds=0, idle_timeout_seconds=30,
+    )  # fmt: skip
+    assert given.HasField("ttl_seconds")
+    assert (given.ttl_seconds, given.idle_timeout_seconds) == (0, 30)
+    assert (given.name, given.workspace, list(given.spec.command)) == ("a", "w", ["true"])
+    assert dict(given.spec.environment) == {"A": "1"}
+
+
+def test_argv_must_be_a_list_and_times_are_whole_seconds() -> None:
+    with pytest.raises(TypeError, match="argv is an argv list"):
+        calls.exec_request(name="b", workspace="", argv="echo hi", env=None, workdir=None, timeout=None, stdin=b"")
+    request = calls.exec_request(name="b", workspace="", argv=["cat"], env=None, workdir="/tmp", timeout=1.2, stdin="x")
+    assert (request.timeout_seconds, request.stdin, request.workdir) == (2, b"x", "/tmp")
+    assert calls.exec_deadline(None) is None
+    assert calls.exec_deadline(10) == 10 + calls.EXEC_DEADLINE_MARGIN_SECONDS
+    with pytest.raises(errors.InvalidArgument) as caught:
+        calls.create_request(
+            name=None, workspace="", image="", env=None, cpu="", memory="", command=None, labels=None,
+            ttl_seconds=-1, idle_timeout_seconds=None,
+        )  # fmt: skip
+    assert caught.value.field == "ttl_seconds"
+
+
+def test_label_selector_refuses_what_the_wire_cannot_carry() -> None:
+    assert calls.label_selector({"b": "2", "a": "1"}) == "a=1,b=2"
+    assert calls.label_selector(None) == ""
+    with pytest.raises(errors.InvalidArgument) as caught:
+        calls.label_selector({"a": "x,y"})
+    assert caught.value.field == "labels"
+
+
+def test_ready_fold_ends_on_ready_or_exited_and_raises_on_failure() -> None:
+    fold = calls.ReadyFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING))
+    assert not fold.done()
+    assert not fold.feed(pb.SandboxEvent(progress=pb.ProgressEvent(message="claimed")))
+    assert fold.feed(pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_READY)))
+    assert calls.ReadyFold(_sandbox(pb.SANDBOX_PHASE_EXITED, exit_code=0)).done()
+    broken = _sandbox(
+        pb.SANDBOX_PHASE_ERROR,
+        conditions=[pb.Condition(type="Ready", status="False", reason="BackendFailed", message="bwrap: denied")],
+    )
+    with pytest.raises(errors.SandboxError) as caught:
+        calls.ReadyFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING)).feed(pb.SandboxEvent(sandbox=broken))
+    assert caught.value.reason == "BackendFailed"
+    assert "bwrap: denied" in str(caught.value)
+    assert caught.value.sandbox is not None
+    assert caught.value.sandbox.phase is Phase.ERROR
+    with pytest.raises(errors.SandboxError, match="was deleted"):
+        calls.ReadyFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING)).feed(pb.SandboxEvent(deleted="id"))
+
+
+def test_exit_fold_collects_output_and_needs_an_exit() -> None:
+    fold = calls.ExitFold("box")
+    fold.feed(pb.SandboxEvent(output=pb.OutputChunk(stream=pb.OutputChunk.STREAM_STDOUT, data=b"a")))
+    fold.feed(pb.SandboxEvent(output=pb.OutputChunk(stream=pb.OutputChunk.STREAM_STDERR, data=b"e")))
+    timeline = pb.Timeline(activated_us=1_000, exited_us=6_000)
+    fold.feed(pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_EXITED, exit_code=3, timeline=timeline)))
+    assert fold.result() == views.ExecResult(3, b"a", b"e", 5.0)
+    unfinished = calls.ExitFold("box")
+    unfinished.feed(pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_READY)))
+    with pytest.raises(errors.SandboxError):
+        unfinished.result()
+
+
+def test_exec_fold_needs_an_exit_code() -> None:
+    fold = calls.ExecFold()
+    for event in (pb.ExecEvent(stdout=b"4"), pb.ExecEvent(stdout=b"2\n"), pb.ExecEvent(stderr=b"w")):
+        fold.feed(event)
+    with pytest.raises(errors.Error, match="without an exit code"):
+        fold.result(1.0)
+    fold.feed(pb.ExecEvent(exit_code=0))
+    assert fold.result(1.5) == views.ExecResult(0, b"42\n", b"w", 1.5)
+    assert calls.output_event(pb.ExecEvent(exit_code=0)) == views.OutputEvent(exit_code=0)
+
+
+def test_sandbox_info_is_a_plain_snapshot() -> None:
+    message = pb.Sandbox(
+        id="i", name="n", workspace="w", labels={"k": "v"},
+        spec=pb.SandboxSpec(command=["sleep", "1"], resources=pb.Resources(cpu="500m", memory="256Mi")),
+        status=pb.SandboxStatus(phase=pb.SANDBOX_PHASE_READY, allocation="warm", pool="default",
+                                timeline=pb.Timeline(requested_us=1_000, ready_us=3_500)),
+        lifetime=pb.Lifetime(ttl_seconds=60, expires_at_ms=1_800_000_000_000, idle_timeout_seconds=5),
+    )  # fmt: skip
+    info = views.sandbox_info(message)
+    assert (info.phase, info.allocation, info.pool, info.exit_code) == (Phase.READY, Allocation.WARM, "default", None)
+    assert info.timeline.ready_ms == 2.5
+    assert info.command == ("sleep", "1")
+    assert info.lifetime.expires_at is not None
+    assert info.lifetime.expires_at.timestamp() == 1_800_000_000
+    assert (info.lifetime.ttl_seconds, info.lifetime.idle_timeout_seconds) == (60, 5)
+    assert views.sandbox_info(pb.Sandbox()).lifetime.expires_at is None
