@@ -17,6 +17,7 @@ from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
 
 __all__ = [
+    "DEFAULT_EXEC_WINDOW_BYTES",
     "FilesConfig",
     "GatewayConfig",
     "KubernetesDriverConfig",
@@ -32,6 +33,9 @@ __all__ = [
     "default_state_dir",
     "load_config",
 ]
+
+
+DEFAULT_EXEC_WINDOW_BYTES = 4 * 1024 * 1024
 
 
 class _Section(BaseModel):
@@ -71,6 +75,19 @@ class LocalDriverConfig(_Section):
     # quarter of its size refills at once): booting a replacement (~6 ms of CPU since the
     # supervisor runs host-side) during a run of warm creates competes with the activations.
     refill_delay_seconds: float = Field(default=0.25, ge=0)
+    # Default bounds of every sandbox (see drivers/local/limits.py): sized tmpfs, the largest
+    # file a process may write, and (with a uid per sandbox) how many processes it may run.
+    tmp_size: str = "256Mi"
+    run_size: str = "16Mi"
+    shm_size: str = "64Mi"
+    max_file_size: str = "4Gi"
+    max_processes: int = Field(default=1024, ge=16, le=1_000_000)
+    # Requests beyond these are refused (field named); "" = the host's cpus and memory.
+    max_cpu: str = ""
+    max_memory: str = ""
+    # An idle member's agent must answer a ping this fast when a create claims it (a stopped or
+    # hung member is spent and replaced; the create takes the next member or goes cold).
+    member_probe_seconds: float = Field(default=1.0, gt=0, le=60)
 
 
 class ProfilesConfig(_Section):
@@ -236,7 +253,16 @@ class GatewayConfig(_Section):
     orphan_grace_seconds: float = Field(default=30.0, ge=0)
     reconcile_interval_seconds: float = Field(default=10.0, gt=0)
     heartbeat_interval_seconds: float = Field(default=5.0, gt=0)
+    # A sandbox not Ready this long after its request (cold) or its claim (warm) goes Error with
+    # the step it was stuck in, and its backend is removed: a create never waits forever.
+    provisioning_deadline_seconds: float = Field(default=120.0, gt=0)
+    warm_activation_deadline_seconds: float = Field(default=20.0, gt=0)
     max_request_bytes: int = Field(default=1024 * 1024, ge=4096)
+    # Exec output flow control: at most this much of one exec's output is in flight between
+    # its sandbox and its client; a client that reads nothing for the stall timeout ends the exec
+    # with an error (the command is killed) instead of the gateway buffering without bound.
+    exec_output_window_bytes: int = Field(default=DEFAULT_EXEC_WINDOW_BYTES, ge=64 * 1024, le=2**31)
+    exec_stall_timeout_seconds: float = Field(default=60.0, gt=0)
     # Per listening server (public; supervisor.sock): past it a new connection is closed at accept.
     max_connections: int = Field(default=4096, ge=16)
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)

@@ -77,13 +77,16 @@ def build_spec(
     validation.validate_command(command, field="spec.command")
     if runtime_class_name:
         validation.validate_name(runtime_class_name, field="spec.runtime_class_name")
+    resources = Resources(
+        cpu=normalize_cpu(cpu, field="spec.resources.cpu"),
+        memory=normalize_memory(memory, field="spec.resources.memory"),
+    )
+    # Checked as typed, so the error quotes what the user wrote.
+    validation.validate_resources(cpu if resources.cpu else "", memory if resources.memory else "")
     return SandboxSpec(
         image=image,
         environment=dict(environment),
-        resources=Resources(
-            cpu=normalize_cpu(cpu, field="spec.resources.cpu"),
-            memory=normalize_memory(memory, field="spec.resources.memory"),
-        ),
+        resources=resources,
         command=list(command),
         runtime_class_name=runtime_class_name,
     )

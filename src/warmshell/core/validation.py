@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from warmshell.core.errors import InvalidArgumentError
+from warmshell.core.quantities import cpu_millis, memory_bytes
 
 __all__ = [
     "MAX_COMMAND_ARGS",
@@ -25,9 +26,16 @@ __all__ = [
     "validate_image",
     "validate_labels",
     "validate_name",
+    "validate_resources",
     "validate_secrets",
     "validate_workspace",
 ]
+
+# Beyond any machine a sandbox runs on (a typo or an overflow, not a request), and below what a
+# process can run in. Each driver also refuses what is over its own configured maximum.
+MAX_CPU_MILLIS = 4096 * 1000
+MIN_MEMORY_BYTES = 4 * 2**20
+MAX_MEMORY_BYTES = 64 * 2**40
 
 # Object names on Kubernetes are "{workspace}--{name}" and also travel as label values
 # (at most 63 characters), so the two limits together stay within one DNS label.
@@ -168,3 +176,16 @@ def validate_image(image: str, *, field: str = "image") -> None:
         raise InvalidArgumentError(field, f"{len(image)} characters; at most {MAX_IMAGE_LENGTH}")
     if _CONTROL.search(image) or any(ch.isspace() for ch in image):
         raise InvalidArgumentError(field, "must not contain whitespace or control characters")
+
+
+def validate_resources(cpu: str, memory: str, *, field: str = "spec.resources") -> None:
+    """Requested cpu and memory (normal forms, "" = none) are within what any sandbox can mean:
+    at most 4096 cpus, 4Mi to 64Ti of memory."""
+    if cpu and cpu_millis(cpu, field=f"{field}.cpu") > MAX_CPU_MILLIS:
+        raise InvalidArgumentError(f"{field}.cpu", f"{cpu!r} is more than {MAX_CPU_MILLIS // 1000} cpus")
+    if memory:
+        size = memory_bytes(memory, field=f"{field}.memory")
+        if size < MIN_MEMORY_BYTES:
+            raise InvalidArgumentError(f"{field}.memory", f"{memory!r} is less than 4Mi (no process runs in that)")
+        if size > MAX_MEMORY_BYTES:
+            raise InvalidArgumentError(f"{field}.memory", f"{memory!r} is more than 64Ti")

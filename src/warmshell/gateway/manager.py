@@ -3,12 +3,14 @@ drivers and supervisors report into the stored record (phase, conditions, timeli
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections import Counter
 from collections.abc import Mapping
 
-from warmshell.core import lifetimes, phases
+from warmshell.core import deadlines, lifetimes, phases
+from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.core.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -89,6 +91,7 @@ class SandboxManager:
         sessions: SessionTable,
         vault: SecretVault,
         limits: lifetimes.Limits | None = None,
+        deadlines: ProvisioningDeadlines | None = None,
     ) -> None:
         self.records = records
         self.vault = vault
@@ -99,7 +102,10 @@ class SandboxManager:
         # Exec activity since it was last stored (unix ms), for idle timeouts; the expiry
         # reconciler persists it, so an exec costs no store write of its own.
         self.activity: dict[SandboxId, int] = {}
+        self.deadlines = deadlines or ProvisioningDeadlines()
         self._misses: Counter[str] = Counter()
+        self._deadline_timers: dict[SandboxId, asyncio.TimerHandle] = {}
+        self._deadline_checks: set[asyncio.Task[None]] = set()
 
     def miss_counts(self) -> dict[str, int]:
         """Creates that went cold since start, by reason."""
@@ -142,11 +148,60 @@ class SandboxManager:
             raise
         lifetime = self._pool_lifetime(view, asked, requested // 1000) or lifetime
         record = await self.records.mutate(record.id, lambda r: self._created(r, view, lifetime))
+        self._watch_deadline(record)
         reason = "" if view.allocation == Allocation.WARM else view.miss_reason or "Cold"
         metrics.CREATES.labels(path=view.allocation.value, reason=reason).inc()
         if reason:
             self._misses[reason] += 1
         return record
+
+    def _watch_deadline(self, record: SandboxRecord) -> None:
+        """Check the sandbox once its provisioning deadline has passed (the reconciler's relist
+        checks too, which covers a gateway restarted in between)."""
+        warm = record.status.allocation == Allocation.WARM and record.status.timeline.claimed_us
+        delay = self.deadlines.warm_seconds if warm else self.deadlines.cold_seconds
+
+        async def check() -> None:
+            with contextlib.suppress(WarmshellError):
+                current = await self.records.get(record.id)
+                if current is not None:
+                    await self.enforce_deadline(current)
+
+        def due() -> None:
+            self._deadline_timers.pop(record.id, None)
+            task = asyncio.create_task(check())
+            self._deadline_checks.add(task)
+            task.add_done_callback(self._deadline_checks.discard)
+
+        # A timer, not a sleeping task per create: nothing runs until it is due.
+        self._deadline_timers[record.id] = asyncio.get_running_loop().call_later(delay + 0.05, due)
+
+    async def enforce_deadline(self, record: SandboxRecord) -> None:
+        """A Provisioning sandbox past its deadline goes Error (the reason names the stuck step)
+        and its backend is removed; the record stays for the user to see and delete."""
+        message = deadlines.overdue(record, now_us(), self.deadlines)
+        if message is None:
+            return
+        changed = await self.records.mutate(record.id, lambda r: deadlines.mark_timed_out(r.status, message))
+        ready = changed.status.condition("Ready")
+        if ready is None or ready.reason != deadlines.REASON:
+            return  # it left Provisioning meanwhile
+        log.warning("sandbox %s/%s: %s", record.workspace, record.name, message)
+        session = self.sessions.get(record.id)
+        if session is not None:
+            self.sessions.close_if_current(session)
+        try:
+            await self.driver.delete(record.id)
+        except WarmshellError as exc:
+            log.warning("backend delete of timed-out sandbox %s failed: %s", record.id, exc)
+
+    def close(self) -> None:
+        """Stop the deadline timers (the gateway is stopping)."""
+        for timer in self._deadline_timers.values():
+            timer.cancel()
+        self._deadline_timers.clear()
+        for task in self._deadline_checks:
+            task.cancel()
 
     async def _insert(
         self,
@@ -232,6 +287,8 @@ class SandboxManager:
         """Mark Deleting, end the supervisor session, remove the backend, then the record."""
         record = await self.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
         await self.records.mutate(record.id, lambda r: phases.mark_deleting(r.status))
+        if (timer := self._deadline_timers.pop(record.id, None)) is not None:
+            timer.cancel()
         session = self.sessions.get(record.id)
         if session is not None:
             self.sessions.close_if_current(session)

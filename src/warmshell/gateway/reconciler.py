@@ -70,7 +70,10 @@ class Reconciler:
             view = backend.get(record.id)
             if record.status.phase == Phase.DELETING:
                 await self._retry_delete(record)
-            elif view is not None:
+                continue
+            if record.status.phase == Phase.PROVISIONING:
+                await manager.enforce_deadline(record)
+            if view is not None:
                 if view.state.value != record.status.backend_state:
                     await manager.on_driver_event_view(view)
             elif record.status.phase not in phases.TERMINAL:

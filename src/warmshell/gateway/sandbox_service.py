@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,8 +9,8 @@ import grpc
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core import phases
+from warmshell.core.config import DEFAULT_EXEC_WINDOW_BYTES
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_command, validate_environment, validate_workspace
@@ -20,8 +19,8 @@ from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
 from warmshell.gateway.convert import new_sandbox, pool_to_proto, sandbox_to_proto
 from warmshell.gateway.events import Changed, Deleted, Output, Progress
+from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.manager import SandboxManager
-from warmshell.gateway.sessions import ExecChannel
 
 __all__ = ["SandboxService", "parse_label_selector"]
 
@@ -47,8 +46,9 @@ def _terminal(record: SandboxRecord) -> bool:
 class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     """gRPC handlers; the logic lives in SandboxManager."""
 
-    def __init__(self, manager: SandboxManager, auth: Authenticator) -> None:
+    def __init__(self, manager: SandboxManager, auth: Authenticator, execs: ExecRelay | None = None) -> None:
         self._manager = manager
+        self._execs = execs or ExecRelay(window_bytes=DEFAULT_EXEC_WINDOW_BYTES, stall_seconds=60.0)
         self._records = manager.records
         self._auth = auth
 
@@ -133,8 +133,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             return True
         return request.stop_on_ready and record.status.phase == Phase.READY
 
-    @streaming
-    async def ExecSandbox(self, request: pb.ExecSandboxRequest, context: Ctx) -> AsyncIterator[pb.ExecEvent]:
+    @unary
+    async def ExecSandbox(self, request: pb.ExecSandboxRequest, context: Ctx) -> None:  # type: ignore[override]
+        # Written with context.write rather than yield: each write is bounded in time (a client
+        # that stops reading ends the exec; see gateway.execs).
         await self._auth.require_client(context)
         if not request.command:
             raise InvalidArgumentError("command", "must not be empty")
@@ -149,40 +151,11 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             raise FailedPreconditionError(
                 f"sandbox {record.workspace}/{record.name} is {record.status.phase.value}; exec needs Ready"
             )
-        channel = ExecChannel(exec_id=uuid.uuid4().hex)
-        session.execs[channel.exec_id] = channel
         self._manager.touch(record.id)
-        session.send(
-            spb.GatewayMessage(
-                exec_start=spb.ExecStart(
-                    exec_id=channel.exec_id,
-                    command=request.command,
-                    environment=request.environment,
-                    workdir=request.workdir,
-                    timeout_seconds=request.timeout_seconds,
-                    stdin=request.stdin,
-                )
-            )
-        )
-        finished = False
         try:
-            while True:
-                event = await channel.events.get()
-                if isinstance(event, spb.OutputData):
-                    yield (pb.ExecEvent(stderr=event.data) if event.stderr else pb.ExecEvent(stdout=event.data))
-                    continue
-                finished = True
-                if event.error:
-                    metrics.EXECS.labels(result="error").inc()
-                    raise FailedPreconditionError(f"exec failed: {event.error}")
-                metrics.EXECS.labels(result="ok").inc()
-                yield pb.ExecEvent(exit_code=event.exit_code)
-                return
+            await self._execs.run(session, request, context)
         finally:
             self._manager.touch(record.id)  # idle time counts from the end of the last command
-            if not finished:  # the client went away: stop the command in the sandbox
-                session.execs.pop(channel.exec_id, None)
-                session.send(spb.GatewayMessage(exec_cancel=spb.ExecCancel(exec_id=channel.exec_id)))
 
     @unary
     async def ListPools(self, request: pb.ListPoolsRequest, context: Ctx) -> pb.ListPoolsResponse:

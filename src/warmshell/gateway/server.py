@@ -19,6 +19,7 @@ from warmshell.api.v1 import sandbox_pb2_grpc, supervisor_pb2_grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core import lifetimes
 from warmshell.core.config import GatewayConfig
+from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.core.errors import FailedPreconditionError, UnavailableError
 from warmshell.drivers import keyfiles
 from warmshell.drivers.base import ComputeDriver
@@ -27,6 +28,7 @@ from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.drivers import build_driver
 from warmshell.gateway.events import EventBus
+from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.expiry import ExpiryReconciler
 from warmshell.gateway.file_service import FileService
 from warmshell.gateway.http import start_http
@@ -148,6 +150,10 @@ class Gateway:
             bus=bus,
             sessions=sessions,
             vault=vault,
+            deadlines=ProvisioningDeadlines(
+                cold_seconds=self.config.provisioning_deadline_seconds,
+                warm_seconds=self.config.warm_activation_deadline_seconds,
+            ),
             limits=lifetimes.Limits(
                 default_ttl_seconds=lifetime_config.default_ttl_seconds,
                 max_ttl_seconds=lifetime_config.max_ttl_seconds,
@@ -184,7 +190,17 @@ class Gateway:
         # The public socket and TCP serve both APIs (supervisors in pods come in over TCP);
         # supervisor.sock serves the supervisor API alone.
         public, supervisors = new_server(), new_server()
-        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxService(manager, auth), public)
+        sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(
+            SandboxService(
+                manager,
+                auth,
+                ExecRelay(
+                    window_bytes=self.config.exec_output_window_bytes,
+                    stall_seconds=self.config.exec_stall_timeout_seconds,
+                ),
+            ),
+            public,
+        )
         sandbox_pb2_grpc.add_FileServiceServicer_to_server(FileService(manager, auth, self.config.files), public)
         for server in (public, supervisors):
             supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(supervisor_service, server)
@@ -252,6 +268,7 @@ class Gateway:
                 await task
         self._tasks = []
         if self._servers:
+            self.manager.close()
             self.manager.sessions.close_all("gateway shutting down")
             self.registry.close_all("gateway shutting down")
             await asyncio.gather(*(server.stop(SHUTDOWN_GRACE_SECONDS) for server in self._servers))

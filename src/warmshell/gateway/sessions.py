@@ -20,17 +20,33 @@ from warmshell.core.models import now_ms
 
 __all__ = ["MISSED_HEARTBEATS", "ExecChannel", "SessionTable", "SupervisorSession"]
 
-EXEC_QUEUE = 1024
 # A session that has sent nothing for this many heartbeat intervals is considered dead.
 MISSED_HEARTBEATS = 3
 
 
 @dataclass(eq=False)
 class ExecChannel:
-    """The gateway end of one exec: output chunks, then the exit."""
+    """The gateway end of one exec: output chunks, then the exit.
+
+    Flow control: the supervisor may have at most `window` bytes of output in flight (sent up,
+    not yet passed on to the client); `passed_on` grants them back. So the queue is bounded by
+    the window, never by dropping: a supervisor that overruns it fails the exec instead."""
 
     exec_id: str
-    events: asyncio.Queue[spb.OutputData | spb.ExecExited] = field(default_factory=lambda: asyncio.Queue(EXEC_QUEUE))
+    window: int = 0  # 0: no flow control (tests of the relay alone)
+    events: asyncio.Queue[spb.OutputData | spb.ExecExited] = field(default_factory=asyncio.Queue)
+    in_flight: int = 0
+    _ungranted: int = 0
+
+    def passed_on(self, size: int) -> int:
+        """`size` bytes reached the client: the credit to grant now (0 = keep batching; grants
+        go out per quarter window, not per chunk)."""
+        self.in_flight -= size
+        self._ungranted += size
+        if self._ungranted < max(1, self.window // 4):
+            return 0
+        grant, self._ungranted = self._ungranted, 0
+        return grant
 
 
 @dataclass(eq=False)
@@ -68,19 +84,23 @@ class SupervisorSession:
         return not self.closed.is_set() and now - self.last_seen <= window_ms
 
     def deliver(self, message: spb.OutputData | spb.ExecExited) -> None:
-        """Route an exec's output or exit to whoever is waiting for it."""
+        """Route an exec's output or exit to whoever is waiting for it. Output beyond the exec's
+        window (a supervisor that ignores flow control) ends the exec with an error and cancels
+        it in the sandbox: nothing is dropped silently."""
         channel = self.execs.get(message.exec_id)
         if channel is None:
             return
+        if isinstance(message, spb.OutputData) and channel.window:
+            channel.in_flight += len(message.data)
+            if channel.in_flight > channel.window:
+                del self.execs[message.exec_id]
+                error = f"the sandbox sent more than its {channel.window}-byte output window"
+                channel.events.put_nowait(spb.ExecExited(exec_id=message.exec_id, exit_code=-1, error=error))
+                self.send(spb.GatewayMessage(exec_cancel=spb.ExecCancel(exec_id=message.exec_id)))
+                return
         if isinstance(message, spb.ExecExited):
             del self.execs[message.exec_id]
-        try:
-            channel.events.put_nowait(message)
-        except asyncio.QueueFull:
-            # The reader is gone or far behind; drop output but never the exit.
-            if isinstance(message, spb.ExecExited):
-                channel.events.get_nowait()
-                channel.events.put_nowait(message)
+        channel.events.put_nowait(message)
 
 
 class SessionTable:

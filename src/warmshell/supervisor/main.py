@@ -43,7 +43,8 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.backoff import delays
 from warmshell.supervisor.outbox import Outbox
-from warmshell.supervisor.processes import Runner, run_streaming
+from warmshell.supervisor.processes import Runner, WorkdirError, run_streaming
+from warmshell.supervisor.window import OutputWindow
 
 __all__ = ["Supervisor", "SupervisorSettings", "main"]
 
@@ -155,6 +156,7 @@ class Supervisor:
         self._shared_channel = channel
         self._outbox = Outbox()
         self._execs: dict[str, asyncio.Task[None]] = {}
+        self._windows: dict[str, OutputWindow] = {}
         self._token = ""
         self._token_expires_ms = 0
         self._workload: asyncio.Task[None] | None = None
@@ -232,10 +234,22 @@ class Supervisor:
         await self._send(spb.SupervisorMessage(workload_exited=spb.WorkloadExited(exit_code=code)))
 
     async def _run_exec(self, start: spb.ExecStart) -> None:
+        window = OutputWindow(start.output_window_bytes) if start.output_window_bytes else None
+        if window is not None:
+            self._windows[start.exec_id] = window
+
         async def sink(stderr: bool, data: bytes) -> None:
-            await self._output(start.exec_id, stderr, data)
+            if window is None:  # an older gateway: no flow control
+                await self._output(start.exec_id, stderr, data)
+                return
+            view = memoryview(data)
+            while view:
+                size = await window.take(len(view))
+                await self._output(start.exec_id, stderr, bytes(view[:size]))
+                view = view[size:]
 
         env = {**self._env, **start.environment}
+        error = ""
         try:
             code = await self._runner(
                 list(start.command),
@@ -245,12 +259,16 @@ class Supervisor:
                 stdin=start.stdin,
                 timeout=start.timeout_seconds or None,
             )
-        except OSError as exc:  # e.g. a workdir that does not exist
+        except WorkdirError as exc:  # the command never started: an error, not an exit status
+            code, error = -1, str(exc)
+        except OSError as exc:
             await sink(True, f"warmshell: exec: {exc}\n".encode())
             code = 126
         finally:
             self._execs.pop(start.exec_id, None)
-        await self._send(spb.SupervisorMessage(exec_exited=spb.ExecExited(exec_id=start.exec_id, exit_code=code)))
+            self._windows.pop(start.exec_id, None)
+        exited = spb.ExecExited(exec_id=start.exec_id, exit_code=code, error=error)
+        await self._send(spb.SupervisorMessage(exec_exited=exited))
 
     async def _hold_session(self) -> None:
         backoff = delays()
@@ -287,6 +305,11 @@ class Supervisor:
         finally:
             # Also stops grpc's task feeding `requests`, which a shared channel would keep alive.
             call.cancel()
+            # The gateway failed this session's execs when it ended: nobody can receive their
+            # output (or grant it a window) any more, so they stop here too.
+            for task in self._execs.values():
+                task.cancel()
+            self._execs.clear()
 
     async def _serve_session(self, call: grpc.aio.StreamStreamCall[spb.SupervisorMessage, spb.GatewayMessage]) -> bool:
         async for message in call:
@@ -296,6 +319,10 @@ class Supervisor:
             elif kind == "exec_start":
                 start = message.exec_start
                 self._execs[start.exec_id] = asyncio.create_task(self._run_exec(start))
+            elif kind == "exec_credit":
+                window = self._windows.get(message.exec_credit.exec_id)
+                if window is not None:
+                    window.grant(message.exec_credit.bytes)
             elif kind == "exec_cancel":
                 task = self._execs.pop(message.exec_cancel.exec_id, None)
                 if task is not None:

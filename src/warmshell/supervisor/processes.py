@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
-__all__ = ["OutputSink", "Runner", "run_streaming"]
+__all__ = ["OutputSink", "Runner", "WorkdirError", "run_streaming"]
 
 # (is_stderr, data) -> delivered to the gateway in order.
 OutputSink = Callable[[bool, bytes], Awaitable[None]]
@@ -23,6 +24,21 @@ READ_CHUNK = 64 * 1024
 EXIT_TIMEOUT = 124
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
+
+
+class WorkdirError(OSError):
+    """The command's working directory cannot be entered (so it never started)."""
+
+    def __init__(self, error: int, workdir: str) -> None:
+        super().__init__(error, os.strerror(error), workdir)
+        self.workdir = workdir
+
+    def __str__(self) -> str:
+        if self.errno == errno.ENOENT:
+            return f"workdir {self.workdir} does not exist"
+        if self.errno == errno.ENOTDIR:
+            return f"workdir {self.workdir} is not a directory"
+        return f"workdir {self.workdir} cannot be entered: {os.strerror(self.errno or 0).lower()}"
 
 
 class Runner(Protocol):
@@ -66,7 +82,8 @@ async def run_streaming(
     """Run `command`, send its output to `sink` as it comes, return its exit status.
 
     Exit statuses follow the shell's conventions, so scripts read them the same way:
-    127 not found, 126 not executable, 124 timed out, 128+N killed by signal N."""
+    127 not found, 126 not executable, 124 timed out, 128+N killed by signal N. WorkdirError
+    when `cwd` cannot be entered."""
     try:
         process = await asyncio.create_subprocess_exec(
             *command,
@@ -77,10 +94,15 @@ async def run_streaming(
             cwd=cwd,
             start_new_session=True,  # its own process group, so a kill reaches its children
         )
-    except FileNotFoundError:
-        await sink(True, f"warmshell: {command[0]}: command not found\n".encode())
-        return EXIT_NOT_FOUND
-    except PermissionError:
+    except OSError as exc:
+        if exc.filename == cwd and exc.errno is not None:  # subprocess names the cwd when chdir failed
+            raise WorkdirError(exc.errno, cwd) from None
+        if isinstance(exc, FileNotFoundError):
+            await sink(True, f"warmshell: {command[0]}: command not found\n".encode())
+            return EXIT_NOT_FOUND
+        if not isinstance(exc, PermissionError):
+            raise
+
         await sink(True, f"warmshell: {command[0]}: permission denied\n".encode())
         return EXIT_NOT_EXECUTABLE
     if started is not None:

@@ -11,6 +11,7 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +21,7 @@ from tests.integration.drivers_local.agents import raw_agent
 from tests.integration.drivers_local.support import needs_bwrap
 from warmshell.drivers.local import agentwire
 from warmshell.drivers.local.agentlink import AgentLink
+from warmshell.supervisor.processes import WorkdirError
 
 pytestmark = needs_bwrap
 
@@ -125,6 +127,30 @@ def test_an_oversized_record_is_refused(agent: tuple[socket.socket, object]) -> 
     assert [(chr(k), rid, reason) for k, rid, reason, _ in ping(sock)] == [("R", 9, 8)]
 
 
+def test_ping_is_answered_and_a_malformed_one_refused(agent: tuple[socket.socket, object]) -> None:
+    sock, _ = agent
+    sock.send(agentwire.encode_ping(41))
+    assert next(replies(sock)) == (agentwire.Kind.PONG, 41, 0, 0)
+    sock.send(RECORD.pack(agentwire.Kind.PING, 42, 1, 0))
+    assert [(chr(k), rid, reason) for k, rid, reason, _ in ping(sock)] == [("R", 42, 1)]
+
+
+async def test_a_stopped_agent_fails_the_host_probe_and_a_running_one_passes() -> None:
+    with raw_agent() as (sock, process):
+        link = AgentLink(sock)
+        await link.wait_hello()
+        [agent_pid] = map(int, Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split())
+        assert await link.ping(2.0)
+        os.kill(agent_pid, signal.SIGSTOP)
+        try:
+            assert not await link.ping(0.3)
+        finally:
+            os.kill(agent_pid, signal.SIGCONT)
+        assert await link.ping(2.0)  # the late PONG of the failed probe is no protocol error
+        assert not link.closed.done()
+        link.close()
+
+
 def test_a_reused_exec_id_is_refused(agent: tuple[socket.socket, object]) -> None:
     sock, _ = agent
     out_read, out_write = os.pipe()
@@ -179,7 +205,7 @@ async def test_the_host_runner_streams_statuses_and_reaps() -> None:
         assert (code, err) == (127, b"warmshell: no-such-command: command not found\n")
         code, _, err = await link_run(link, ["sleep", "30"], timeout=0.2)
         assert (code, err) == (124, b"warmshell: timed out after 0.2s\n")
-        with pytest.raises(FileNotFoundError):
+        with pytest.raises(WorkdirError, match="workdir /no/such/dir does not exist"):
             await link.run_streaming(["true"], env={}, cwd="/no/such/dir", sink=lambda *_: asyncio.sleep(0))
         # An orphan (its parent exits at once) is reaped by pid 1: no zombie is left.
         await link_run(link, ["sh", "-c", "(sleep 0.1 &) ; exit 0"])

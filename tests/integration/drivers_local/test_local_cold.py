@@ -235,8 +235,11 @@ async def test_limits_without_cgroup_v2_are_a_condition(make_driver: DriverFacto
         created = await driver.create(request(spec=spec))
         (condition,) = [c for c in created.conditions if c.type == "ResourceLimits"]
         assert (condition.status, condition.reason) == ("False", "CgroupV2Unavailable")
+        # Every sandbox says what bounds it, limits asked for or not.
         plain = await driver.create(request())
-        assert [c.type for c in plain.conditions] == ["Isolated"]
+        assert [c.type for c in plain.conditions] == ["Isolated", "ResourceLimits"]
+        (bounds,) = [c for c in plain.conditions if c.type == "ResourceLimits"]
+        assert bounds.message.startswith("enforced: /tmp 256Mi, /run 16Mi, /dev/shm 64Mi (tmpfs); file size 4Gi")
 
 
 async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path) -> None:

@@ -99,11 +99,11 @@ def test_host_root_is_an_allow_list() -> None:
 
 def test_fresh_proc_dev_tmp_run_and_writable_workspace_only() -> None:
     argv = sandboxing.bwrap_argv(layout())
-    assert pairs(argv, "--tmpfs", 1) == [("/tmp",), ("/run",)]
+    assert pairs(argv, "--tmpfs", 1) == [("/tmp",), ("/run",), ("/dev/shm",)]
+    assert pairs(argv, "--remount-ro", 1) == [("/dev",), ("/",)]
     assert pairs(argv, "--dev", 1) == [("/dev",)]
     assert pairs(argv, "--proc", 1) == [("/proc",)]
     assert pairs(argv, "--bind", 2) == [("/srv/ws/li-1", "/workspace")]
-    assert pairs(argv, "--remount-ro", 1) == [("/",)]
     assert pairs(argv, "--chdir", 1) == [("/workspace",)]
 
 
@@ -143,3 +143,12 @@ def test_list_root_reads_directories_and_symlinks(tmp_path: Path) -> None:
     (tmp_path / "bin").symlink_to("usr/bin")
     (tmp_path / "file").write_text("x")
     assert sandboxing.list_root(tmp_path) == [RootEntry("bin", "usr/bin"), RootEntry("usr")]
+
+
+def test_tmpfs_sizes_come_right_before_their_mounts() -> None:
+    import dataclasses
+
+    argv = sandboxing.bwrap_argv(dataclasses.replace(layout(), tmp_bytes=1, run_bytes=2, shm_bytes=3))
+    sized = [(argv[i + 1], argv[i + 3]) for i, arg in enumerate(argv) if arg == "--size"]
+    assert sized == [("1", "/tmp"), ("2", "/run"), ("3", "/dev/shm")]
+    assert all(argv[i + 2] == "--tmpfs" for i, arg in enumerate(argv) if arg == "--size")

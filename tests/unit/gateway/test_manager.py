@@ -74,3 +74,31 @@ async def test_generated_names_and_proof_hash_stored(records: SandboxRecords) ->
     assert record.name.startswith("sbx-")
     assert len(record.activation_proof_hash) == 64
     assert record.status.timeline.requested_us <= record.status.timeline.backend_created_us
+
+
+async def test_a_sandbox_stuck_provisioning_goes_error_naming_the_step(records: SandboxRecords) -> None:
+    import asyncio
+
+    from warmshell.core.deadlines import ProvisioningDeadlines
+    from warmshell.core.models import Phase
+
+    driver = FakeDriver()
+    manager = SandboxManager(
+        records=records,
+        driver=driver,
+        bus=EventBus(),
+        sessions=SessionTable(),
+        deadlines=ProvisioningDeadlines(cold_seconds=0.3, warm_seconds=0.1),
+    )
+    created = await manager.create(new("stuck"))  # no supervisor ever connects
+    assert created.status.phase == Phase.PROVISIONING
+    await asyncio.sleep(0.6)
+    record = await records.get(created.id)
+    assert record is not None
+    assert record.status.phase == Phase.ERROR
+    ready = record.status.condition("Ready")
+    assert ready is not None
+    assert ready.reason == "ProvisioningTimeout"
+    assert "not Ready within 0.3s (cold)" in ready.message
+    assert "stuck waiting for its supervisor to register" in ready.message
+    assert await driver.get(created.id) is None  # its backend was removed; the record stays

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.errors import AlreadyExistsError
 from warmshell.core.ids import SandboxId
-from warmshell.gateway.sessions import SessionTable
+from warmshell.gateway.sessions import ExecChannel, SessionTable, SupervisorSession
 
 SB = SandboxId("sbx-1")
 
@@ -64,3 +65,29 @@ def test_sessions_of_other_sandboxes_do_not_interfere() -> None:
     table.open(SB, "i-1")
     table.open(SandboxId("sbx-2"), "i-2")
     assert len(table) == 2
+
+
+def test_exec_output_within_the_window_is_queued_and_granted_back_per_quarter() -> None:
+    session = SupervisorSession(SandboxId("sb-1"), "i-1", "s1")
+    channel = ExecChannel("e1", window=1000)
+    session.execs["e1"] = channel
+    for _ in range(4):
+        session.deliver(spb.OutputData(exec_id="e1", data=b"x" * 250))
+    assert channel.events.qsize() == 4
+    assert channel.in_flight == 1000
+    assert [channel.passed_on(100), channel.passed_on(150), channel.passed_on(250)] == [0, 250, 250]
+    assert channel.in_flight == 500
+
+
+def test_exec_output_beyond_the_window_fails_the_exec_and_cancels_it() -> None:
+    session = SupervisorSession(SandboxId("sb-1"), "i-1", "s1")
+    channel = ExecChannel("e1", window=100)
+    session.execs["e1"] = channel
+    session.deliver(spb.OutputData(exec_id="e1", data=b"x" * 100))
+    session.deliver(spb.OutputData(exec_id="e1", data=b"y"))
+    assert channel.events.get_nowait().data == b"x" * 100
+    ended = channel.events.get_nowait()
+    assert isinstance(ended, spb.ExecExited)
+    assert "100-byte output window" in ended.error
+    assert "e1" not in session.execs
+    assert session.outbox.get_nowait().exec_cancel.exec_id == "e1"

@@ -361,10 +361,15 @@ class ExecStart(_message.Message):
     WORKDIR_FIELD_NUMBER: _builtins.int
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     STDIN_FIELD_NUMBER: _builtins.int
+    OUTPUT_WINDOW_BYTES_FIELD_NUMBER: _builtins.int
     exec_id: _builtins.str
     workdir: _builtins.str
     timeout_seconds: _builtins.int
     stdin: _builtins.bytes
+    output_window_bytes: _builtins.int
+    """Output flow control: the supervisor sends at most this many bytes of the exec's output
+    before the gateway grants more with ExecCredit. 0 = an older gateway, no flow control.
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -378,10 +383,11 @@ class ExecStart(_message.Message):
         workdir: _builtins.str = ...,
         timeout_seconds: _builtins.int = ...,
         stdin: _builtins.bytes = ...,
+        output_window_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "exec_id", b"exec_id", "stdin", b"stdin", "timeout_seconds", b"timeout_seconds", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "exec_id", b"exec_id", "output_window_bytes", b"output_window_bytes", "stdin", b"stdin", "timeout_seconds", b"timeout_seconds", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -405,6 +411,30 @@ class ExecCancel(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExecCancel: _TypeAlias = ExecCancel  # noqa: Y015
+
+@_typing.final
+class ExecCredit(_message.Message):
+    """The gateway has passed on `bytes` more of an exec's output: the supervisor may send that many more."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_ID_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    exec_id: _builtins.str
+    bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        exec_id: _builtins.str = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "exec_id", b"exec_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecCredit: _TypeAlias = ExecCredit  # noqa: Y015
 
 @_typing.final
 class Shutdown(_message.Message):
@@ -438,6 +468,7 @@ class GatewayMessage(_message.Message):
     EXEC_START_FIELD_NUMBER: _builtins.int
     EXEC_CANCEL_FIELD_NUMBER: _builtins.int
     SHUTDOWN_FIELD_NUMBER: _builtins.int
+    EXEC_CREDIT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def accepted(self) -> Global___SessionAccepted: ...
     @_builtins.property
@@ -448,6 +479,8 @@ class GatewayMessage(_message.Message):
     def exec_cancel(self) -> Global___ExecCancel: ...
     @_builtins.property
     def shutdown(self) -> Global___Shutdown: ...
+    @_builtins.property
+    def exec_credit(self) -> Global___ExecCredit: ...
     def __init__(
         self,
         *,
@@ -456,12 +489,13 @@ class GatewayMessage(_message.Message):
         exec_start: Global___ExecStart | None = ...,
         exec_cancel: Global___ExecCancel | None = ...,
         shutdown: Global___Shutdown | None = ...,
+        exec_credit: Global___ExecCredit | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_start", b"exec_start", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_start", b"exec_start", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_start", b"exec_start", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_start", b"exec_start", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["accepted", "heartbeat", "exec_start", "exec_cancel", "shutdown"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["accepted", "heartbeat", "exec_start", "exec_cancel", "shutdown", "exec_credit"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 

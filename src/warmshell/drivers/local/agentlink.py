@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from warmshell.drivers.local import agentwire
 from warmshell.drivers.local.agentwire import Kind, Reply, Stage
-from warmshell.supervisor.processes import OutputSink
+from warmshell.supervisor.processes import OutputSink, WorkdirError
 
 __all__ = ["AgentError", "AgentLink"]
 
@@ -54,6 +54,8 @@ class AgentLink:
         self._hello: asyncio.Future[int] = self._loop.create_future()
         self._execs: dict[int, _Exec] = {}
         self._next_id = 1
+        self._pings: dict[int, asyncio.Future[None]] = {}
+        self._next_ping = 1
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self._loop.add_reader(sock.fileno(), self._readable)
 
@@ -64,6 +66,22 @@ class AgentLink:
     def close(self) -> None:
         """Close the socket: the agent kills everything in the sandbox and exits."""
         self._fail(AgentError(errno.EPIPE, "the sandbox's control socket was closed"))
+
+    async def ping(self, timeout: float) -> bool:  # noqa: ASYNC109 - the probe's own bound
+        """Whether the agent answers a PING within `timeout` seconds (a stopped or hung agent,
+        or a sandbox that has ended, does not)."""
+        ping_id, answered = self._next_ping, self._loop.create_future()
+        self._next_ping = self._next_ping % 0xFFFFFFFF + 1
+        self._pings[ping_id] = answered
+        try:
+            async with asyncio.timeout(timeout):
+                await self._send(agentwire.encode_ping(ping_id), ())
+                await answered
+            return True
+        except (TimeoutError, OSError):
+            return False
+        finally:
+            self._pings.pop(ping_id, None)
 
     # -- the supervisor's process seam -------------------------------------------------------
 
@@ -79,7 +97,8 @@ class AgentLink:
     ) -> int:
         """Run `command` in the sandbox and stream its output to `sink`; its exit status, with
         the shell's conventions (127 not found, 126 not executable, 124 timed out, 128+N killed
-        by signal N). OSError when its workdir cannot be entered or the sandbox is gone."""
+        by signal N). WorkdirError when its workdir cannot be entered; OSError when the sandbox is
+        gone."""
         exec_id, running = self._next_id, _Exec()
         self._next_id += 1
         record = agentwire.encode_exec(exec_id, command, env, cwd)
@@ -185,6 +204,15 @@ class AgentLink:
                 raise agentwire.WireError(f"unexpected hello (version {reply.b})")
             self._hello.set_result(reply.a)
             return
+        if reply.kind is Kind.PONG:
+            answered = self._pings.get(reply.exec_id)
+            if answered is None:
+                # A PONG for a probe that timed out already arrives late, never unasked-for.
+                if not 0 < reply.exec_id < self._next_ping or reply.a or reply.b:
+                    raise agentwire.WireError(f"a PONG for a ping never sent ({reply.exec_id})")
+            elif not answered.done():
+                answered.set_result(None)
+            return
         running = self._execs.get(reply.exec_id)
         if running is None or not self._hello.done():
             raise agentwire.WireError(f"a {reply.kind.name} record for unknown exec {reply.exec_id}")
@@ -206,7 +234,8 @@ class AgentLink:
         self._loop.remove_reader(self._sock.fileno())
         self._sock.close()
         self.closed.set_result(None)
-        for future in (self._hello, *(f for e in self._execs.values() for f in (e.started, e.exited))):
+        pending = (f for e in self._execs.values() for f in (e.started, e.exited))
+        for future in (self._hello, *pending, *self._pings.values()):
             if not future.done():
                 future.set_exception(error)
                 future.exception()  # retrieved here, so an exec nobody awaits logs nothing
@@ -227,7 +256,7 @@ async def _not_started(reply: Reply, command: Sequence[str], cwd: str, sink: Out
         raise AgentError(errno.EINVAL, f"the sandbox's agent rejected the command (reason {reply.a})")
     error = reply.b
     if reply.a == Stage.CHDIR:
-        raise OSError(error, os.strerror(error), cwd)
+        raise WorkdirError(error, cwd)
     if reply.a != Stage.EXEC:
         raise OSError(error, f"cannot start a process in the sandbox: {os.strerror(error)}")
     if error == errno.ENOENT:

@@ -2,10 +2,11 @@
 
 The agent (`agent/warmshell-agent.c`, pid 1 of every sandbox) defines the protocol; this module
 mirrors it: host byte order, every field a uint32. The host sends EXEC (a header, then cwd, argv
-and env as NUL-terminated strings, with the command's stdin/stdout/stderr attached as fds) and
-SIGNAL; the agent answers HELLO once, then STARTED or FAILED for each EXEC, EXITED when it ends,
-and REJECTED for a record it refused. Nothing the agent says is trusted beyond "this exec started
-or ended": a reply that does not parse ends the sandbox.
+and env as NUL-terminated strings, with the command's stdin/stdout/stderr attached as fds),
+SIGNAL and PING (a liveness probe); the agent answers HELLO once, STARTED or FAILED for each
+EXEC, EXITED when it ends, PONG to each PING, and REJECTED for a record it refused. Nothing
+the agent says is trusted beyond "this exec started or ended" (or "alive"): a reply that does
+not parse ends the sandbox.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "WireError",
     "decode_reply",
     "encode_exec",
+    "encode_ping",
     "encode_signal",
 ]
 
@@ -41,11 +43,13 @@ class Kind(enum.IntEnum):
 
     EXEC = ord("X")
     SIGNAL = ord("K")
+    PING = ord("P")
     HELLO = ord("H")
     STARTED = ord("S")
     FAILED = ord("F")
     EXITED = ord("E")
     REJECTED = ord("R")
+    PONG = ord("O")
 
 
 class Stage(enum.IntEnum):
@@ -56,7 +60,7 @@ class Stage(enum.IntEnum):
     FORK = 3
 
 
-_REPLIES = frozenset({Kind.HELLO, Kind.STARTED, Kind.FAILED, Kind.EXITED, Kind.REJECTED})
+_REPLIES = frozenset({Kind.HELLO, Kind.STARTED, Kind.FAILED, Kind.EXITED, Kind.REJECTED, Kind.PONG})
 
 
 class WireError(ValueError):
@@ -105,6 +109,13 @@ def encode_signal(exec_id: int, signo: int) -> bytes:
     if not 1 <= signo <= 64:
         raise WireError("signal must be in 1..64")
     return _HEADER.pack(Kind.SIGNAL, exec_id, signo, 0)
+
+
+def encode_ping(ping_id: int) -> bytes:
+    """The PING record; the agent answers PONG with the same id."""
+    if not 0 < ping_id <= 0xFFFFFFFF:
+        raise WireError("ping id must be in 1..2^32-1")
+    return _HEADER.pack(Kind.PING, ping_id, 0, 0)
 
 
 def decode_reply(data: bytes) -> Reply:

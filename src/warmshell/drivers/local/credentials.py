@@ -13,15 +13,18 @@ import secrets
 
 from warmshell.core.ids import InstanceId
 
-__all__ = ["PREFIX", "digest", "instance_of", "matches", "new_credential", "new_instance_id"]
+__all__ = ["INSTANCE_PREFIX", "PREFIX", "digest", "instance_of", "matches", "new_credential", "new_instance_id"]
 
 PREFIX = "wsl1."
 _SECRET_BYTES = 32  # 256 bits
 
 
+INSTANCE_PREFIX = "li-"
+
+
 def new_instance_id() -> InstanceId:
     """A fresh local instance id (no dots, so it can sit inside a credential)."""
-    return InstanceId(f"li-{secrets.token_hex(8)}")
+    return InstanceId(f"{INSTANCE_PREFIX}{secrets.token_hex(8)}")
 
 
 def new_credential(instance_id: InstanceId) -> str:

@@ -46,7 +46,7 @@ from warmshell.drivers.base import (
     ProgressLine,
 )
 from warmshell.drivers.events import Hub
-from warmshell.drivers.local import cgroups, credentials, images, pooling, reloading
+from warmshell.drivers.local import cgroups, credentials, images, limits, pooling, reloading
 from warmshell.drivers.local.files import LocalFiles, files_executor
 from warmshell.drivers.local.fleet import Fleet
 from warmshell.drivers.local.hostnames import HostnameSetter
@@ -104,12 +104,21 @@ class LocalDriver:
             agent=agent,
             extra_ro_binds=config.extra_ro_binds,
             stage_dir=config.sandbox_dir if root else None,
+            bounds=limits.Bounds.of(config, uid_per_sandbox=root),
         )
+        cgroup = cgroup if cgroup is not None else cgroups.detect()
+        if isinstance(cgroup, cgroups.Unavailable):
+            # Once, at start; each sandbox's ResourceLimits condition says it again.
+            _log.warning(
+                "local sandboxes get no memory or cpu limits: %s (rlimits and tmpfs sizes only)", cgroup.message
+            )
+        self._host_cpus = os.cpu_count() or 1
+        self._host_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         self._supervisors = HostSupervisors(paths.supervisor_socket)
         self._fleet = Fleet(
             launcher=launcher,
             paths=paths,
-            cgroup=cgroup if cgroup is not None else cgroups.detect(),
+            cgroup=cgroup,
             grace=kill_grace_seconds,
             on_ended=self._on_ended,
             supervise=supervise or self._supervisors,
@@ -212,6 +221,7 @@ class LocalDriver:
                 "spec.runtime_class_name", "must be empty on the local driver (no runtime classes)"
             )
         images.check_image(spec.image)
+        limits.check_maximum(spec, self._config, host_cpus=self._host_cpus, host_memory=self._host_memory)
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
         """Serve the request from its warm pool if exactly one matches and has a registered
@@ -308,6 +318,16 @@ class LocalDriver:
             # Written in the background: a crash before it lands only loses the report of this
             # sandbox as lost on the next start (the gateway then finds it gone anyway).
             self._fleet.save_soon(member)
+            if member.process is None or not await member.process.responsive(self._config.member_probe_seconds):
+                # Stopped, hung or gone while idle: spent and replaced, the create goes on.
+                _log.warning(
+                    "warm pool %s: member %s did not answer its liveness probe within %gs; replacing it",
+                    pool.name,
+                    member.instance_id,
+                    self._config.member_probe_seconds,
+                )
+                self._spend(member)
+                continue
             try:
                 await self._rename(member)  # before activation: the workload may ask at once
                 await self._activator.activate(

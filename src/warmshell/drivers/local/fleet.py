@@ -26,6 +26,7 @@ from warmshell.core.ids import InstanceId
 from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import BackendState, DriverCondition
 from warmshell.drivers.local import cgroups, credentials, records
+from warmshell.drivers.local import limits as resource_limits
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.launching import Launcher
 from warmshell.drivers.local.processes import read_tail
@@ -140,7 +141,10 @@ class Fleet:
         else:
             message = "local.allow_unisolated: plain processes of the gateway's user, no isolation at all"
             conditions.append(DriverCondition("Isolated", "False", "Unisolated", message))
-        if limits:
+        bounds = self._launcher.bounds
+        if self._launcher.isolated and bounds is not None:
+            conditions.append(resource_limits.condition(bounds, self._cgroup))
+        elif limits:
             if isinstance(self._cgroup, cgroups.CgroupV2):
                 conditions.append(DriverCondition("ResourceLimits", "True", "CgroupV2", ""))
             else:
@@ -247,14 +251,33 @@ class Fleet:
 
     async def sweep(self) -> list[records.InstanceRecord]:
         """Kill any survivor of a previous gateway, remove every record and directory it left,
-        and return those records."""
+        and return those records.
+
+        A gateway killed between making an instance's directory and writing its record leaves a
+        directory no record owns: every instance directory under the state dir is swept too
+        (with its workspace, when that lives in `local.sandbox_dir`, a directory gateways share:
+        there only the workspaces of instances found here are removed)."""
         found = await asyncio.to_thread(records.load_all, self._paths.instances)
-        if found:
-            await asyncio.to_thread(_kill_survivors, {r.instance_id for r in found})
-            for record in found:
-                await asyncio.to_thread(self._remove_files, record.instance_id)
-            _log.info("local driver: removed %d instance records of a previous run", len(found))
+        unowned = await asyncio.to_thread(_instance_dirs, self._paths.sandboxes)
+        unowned -= {r.instance_id for r in found}
+        if found or unowned:
+            await asyncio.to_thread(_kill_survivors, {r.instance_id for r in found} | unowned)
+            for instance_id in sorted({r.instance_id for r in found} | unowned):
+                await asyncio.to_thread(self._remove_files, instance_id)
+            _log.info(
+                "local driver: removed %d instance records and %d unrecorded instance directories of a previous run",
+                len(found),
+                len(unowned),
+            )
         return found
+
+
+def _instance_dirs(directory: Path) -> set[str]:
+    """The instance directories under `directory` (blocking; none when it does not exist)."""
+    try:
+        return {entry.name for entry in os.scandir(directory) if entry.name.startswith(credentials.INSTANCE_PREFIX)}
+    except FileNotFoundError:
+        return set()
 
 
 def _traversable_dir(path: Path) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from warmshell.core.errors import FailedPreconditionError
-from warmshell.drivers.local import cgroups, sandboxing, seccomp
+from warmshell.drivers.local import cgroups, limits, sandboxing, seccomp
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess
 
@@ -48,6 +48,7 @@ class Launcher:
         agent: Path = AGENT_BINARY,
         extra_ro_binds: Sequence[Path] = (),
         stage_dir: Path | None = None,
+        bounds: limits.Bounds | None = None,
     ) -> None:
         """`bwrap` None means unisolated; `stage_dir` is where the agent is copied for sandboxes
         whose uid cannot reach it (None: use it in place). FailedPreconditionError when isolated
@@ -56,6 +57,7 @@ class Launcher:
         self._agent = agent
         self._extra = list(extra_ro_binds)
         self._stage_dir = stage_dir
+        self._bounds = bounds
         self._plans: dict[Path, sandboxing.RootPlan] = {}
         self._seccomp = b""
         if bwrap is not None:
@@ -66,6 +68,11 @@ class Launcher:
             self._seccomp = seccomp.program()
             for path in self._extra:
                 _log.info("local sandboxes get a read-only bind of %s (local.extra_ro_binds)", path)
+
+    @property
+    def bounds(self) -> limits.Bounds | None:
+        """The default bounds every sandbox gets (None: none, as in tests of the layout alone)."""
+        return self._bounds if self.bwrap is not None else None
 
     @property
     def isolated(self) -> bool:
@@ -93,6 +100,7 @@ class Launcher:
         if self.bwrap is None:
             return HostProcesses(instance.workspace_dir, log_path)
         bwrap, plan, agent = self.bwrap, self._plans[Path(image) if image else _HOST_ROOT], self._agent
+        bounds = self._bounds
 
         def build(fds: SandboxFds) -> list[str]:
             layout = sandboxing.SandboxLayout(
@@ -106,10 +114,14 @@ class Launcher:
                 info_fd=fds.info,
                 extra_ro_binds=self._extra,
                 instance_id=instance.instance_id,
+                tmp_bytes=bounds.tmp_bytes if bounds is not None else None,
+                run_bytes=bounds.run_bytes if bounds is not None else None,
+                shm_bytes=bounds.shm_bytes if bounds is not None else None,
             )
             # Into the cgroup while still the gateway's uid, then the sandbox's uid, then bwrap.
             enter = cgroups.enter_argv(instance.cgroup) if instance.cgroup is not None else []
-            return [*enter, *_as_user(uid), *sandboxing.bwrap_argv(layout)]
+            rlimits = limits.prlimit_argv(bounds) if bounds is not None else []
+            return [*enter, *rlimits, *_as_user(uid), *sandboxing.bwrap_argv(layout)]
 
         return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path)
 

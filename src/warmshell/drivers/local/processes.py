@@ -125,6 +125,10 @@ class SandboxProcess:
         """The supervisor's process seam: commands run inside the sandbox, through its agent."""
         return self.link.run_streaming
 
+    async def responsive(self, timeout: float) -> bool:  # noqa: ASYNC109 - the probe's own bound
+        """Whether the sandbox runs and its agent answers a ping within `timeout` seconds."""
+        return self._process.returncode is None and await self.link.ping(timeout)
+
     async def sandbox_pid(self) -> int | None:
         """The pid (in our namespace) of the sandbox's init while it runs; None when it ended
         or bwrap did not say."""
@@ -221,9 +225,16 @@ class HostProcesses:
         local = Path(cwd)
         if local == Path("/workspace") or Path("/workspace") in local.parents:
             local = self._workspace / local.relative_to("/workspace")
-        return await host_processes.run_streaming(
-            command, env=env, cwd=str(local), sink=sink, stdin=stdin, timeout=timeout
-        )
+        try:
+            return await host_processes.run_streaming(
+                command, env=env, cwd=str(local), sink=sink, stdin=stdin, timeout=timeout
+            )
+        except host_processes.WorkdirError as exc:
+            raise host_processes.WorkdirError(exc.errno or 0, cwd) from None  # the path the caller gave
+
+    async def responsive(self, timeout: float) -> bool:  # noqa: ASYNC109 - same seam as SandboxProcess
+        """There is no agent to probe: alive until stopped."""
+        return not self._ended.is_set()
 
     async def sandbox_pid(self) -> int | None:
         """There is no sandbox."""

@@ -87,6 +87,10 @@ class SandboxLayout:
     extra_ro_binds: Sequence[Path] = ()  # local.extra_ro_binds, at the same paths, after /tmp and /run
     # Not a secret: lets a later gateway find a survivor of this one by its argv.
     instance_id: str = ""
+    # Sizes of the sandbox's tmpfs /tmp, /run and /dev/shm (None: the kernel's default, half of RAM).
+    tmp_bytes: int | None = None
+    run_bytes: int | None = None
+    shm_bytes: int | None = None
 
 
 def list_root(root: Path) -> list[RootEntry]:
@@ -161,7 +165,11 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
         argv += ["--ro-bind", str(source), target]
     for link_target, target in layout.plan.symlinks:
         argv += ["--symlink", link_target, target]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
+    for size, target in ((layout.tmp_bytes, "/tmp"), (layout.run_bytes, "/run"), (layout.shm_bytes, "/dev/shm")):
+        argv += [*(["--size", str(size)] if size is not None else []), "--tmpfs", target]
+    # /dev's own tmpfs cannot be sized: read-only instead (device nodes still work).
+    argv += ["--remount-ro", "/dev"]
     for path in layout.extra_ro_binds:
         argv += ["--ro-bind", str(path), str(path)]
     argv += ["--bind", str(layout.workspace_dir), WORKSPACE]

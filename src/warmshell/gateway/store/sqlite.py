@@ -8,13 +8,16 @@ import builtins
 import contextlib
 import os
 import sqlite3
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import aiosqlite
 
 from warmshell.core.errors import AlreadyExistsError, ConflictError
 from warmshell.core.models import now_ms
 from warmshell.gateway.store.base import StoredObject
+from warmshell.gateway.store.storage_errors import Reserve, is_full, translate
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -31,6 +34,7 @@ CREATE TABLE IF NOT EXISTS objects (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS objects_by_name ON objects (kind, workspace, name);
 """
+T = TypeVar("T")
 _COLUMNS = "kind, id, name, workspace, resource_version, payload"
 
 
@@ -46,26 +50,56 @@ class SqliteStore:
     hop: an open cursor from one coroutine and a commit from another would otherwise interleave on
     the shared connection ("cannot commit transaction - SQL statements in progress")."""
 
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+    def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
         self._conn = conn
         self._lock = asyncio.Lock()
+        self._directory = path.parent
+        self._reserve = Reserve(path.with_name(path.name + ".reserve"))
 
     async def _fetch(self, query: str, args: tuple[object, ...]) -> list[StoredObject]:
         async with self._lock:
-            rows = await self._conn.execute_fetchall(query, args)
+            try:
+                rows = await self._conn.execute_fetchall(query, args)
+            except sqlite3.Error as exc:
+                raise translate(exc, self._directory) from exc
         return [_row(tuple(r)) for r in rows]
 
+    async def _write(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Run one write transaction (under the lock); on a full disk release the reserve and try
+        once more, so updates and deletes work when creates are refused."""
+        for attempt in (1, 2):
+            try:
+                return await work()
+            except sqlite3.IntegrityError:
+                await self._conn.rollback()
+                raise
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    await self._conn.rollback()
+                if attempt == 1 and is_full(exc) and await self._reserve.release():
+                    continue
+                raise translate(exc, self._directory) from exc
+        raise AssertionError("unreachable")
+
     async def create(self, *, kind: str, id: str, name: str, workspace: str, payload: str) -> StoredObject:
-        """Insert at resource_version 1."""
+        """Insert at resource_version 1; RESOURCE_EXHAUSTED while the disk is too full to keep
+        the reserve for updates and deletes."""
+
+        async def insert() -> None:
+            await self._conn.execute(
+                f"INSERT INTO objects ({_COLUMNS}, updated_at_ms) VALUES (?, ?, ?, ?, 1, ?, ?)",
+                (kind, id, name, workspace, payload, now_ms()),
+            )
+            await self._conn.commit()
+
         async with self._lock:
             try:
-                await self._conn.execute(
-                    f"INSERT INTO objects ({_COLUMNS}, updated_at_ms) VALUES (?, ?, ?, ?, 1, ?, ?)",
-                    (kind, id, name, workspace, payload, now_ms()),
-                )
-                await self._conn.commit()
+                await self._reserve.ensure()
+            except OSError as exc:
+                raise translate(exc, self._directory) from exc
+            try:
+                await self._write(insert)
             except sqlite3.IntegrityError as exc:
-                await self._conn.rollback()
                 raise AlreadyExistsError(f"{kind} {workspace}/{name} already exists") from exc
         return StoredObject(kind, id, name, workspace, 1, payload)
 
@@ -92,7 +126,8 @@ class SqliteStore:
 
     async def update(self, *, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
         """Compare-and-swap the payload."""
-        async with self._lock:
+
+        async def change() -> Iterable[sqlite3.Row]:
             rows = await self._conn.execute_fetchall(
                 "UPDATE objects SET payload = ?, resource_version = resource_version + 1,"
                 " updated_at_ms = ? WHERE kind = ? AND id = ? AND resource_version = ?"
@@ -100,6 +135,10 @@ class SqliteStore:
                 (payload, now_ms(), kind, id, expected_version),
             )
             await self._conn.commit()
+            return rows
+
+        async with self._lock:
+            rows = await self._write(change)
         if not rows:
             raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
         return _row(tuple(next(iter(rows))))
@@ -110,11 +149,16 @@ class SqliteStore:
         args: tuple[object, ...] = (kind, id)
         if expected_version is not None:
             query, args = query + " AND resource_version = ?", (kind, id, expected_version)
-        async with self._lock:
+
+        async def remove() -> bool:
             cursor = await self._conn.execute(query, args)
-            deleted = cursor.rowcount > 0
+            removed = cursor.rowcount > 0
             await cursor.close()
             await self._conn.commit()
+            return removed
+
+        async with self._lock:
+            deleted = await self._write(remove)
         if not deleted and expected_version is not None and await self.get(kind, id):
             raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
         return deleted
@@ -168,4 +212,4 @@ async def open_sqlite_store(path: Path) -> SqliteStore:
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.chmod(f"{path}{suffix}", 0o600)
-    return SqliteStore(conn)
+    return SqliteStore(conn, path)

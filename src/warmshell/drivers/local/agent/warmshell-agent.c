@@ -12,12 +12,14 @@
  *     EXEC   {'X', id, argc, envc} then cwd, argv[argc], env[envc] as NUL-terminated strings
  *            filling the rest of the message exactly; exactly 3 fds attached.
  *     SIGNAL {'K', id, signo, 0}; no fds.
+ *     PING   {'P', id, 0, 0}; no fds. A liveness probe (idle pool members are probed before a claim).
  *   agent -> host
  *     HELLO    {'H', 0, pid, version}       once, at start
  *     STARTED  {'S', id, pid, 0}            the command is running
  *     FAILED   {'F', id, stage, errno}      it did not start (stage 1 chdir, 2 exec, 3 fork)
  *     EXITED   {'E', id, wait status, 0}    it ended
  *     REJECTED {'R', id or 0, reason, 0}    a malformed or refused record (nothing was done)
+ *     PONG     {'O', id, 0, 0}              the answer to PING
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -165,6 +167,13 @@ static void signal_exec(size_t size, int nfds) {
     if (slot >= 0) kill(-execs[slot].pid, (int)signo);  /* unknown: it already ended */
 }
 
+static void ping(size_t size, int nfds) {
+    uint32_t id = field(1);
+    if (size != HEADER || field(2) != 0 || field(3) != 0) { reply('R', id, REJ_SIZE, 0); return; }
+    if (nfds != 0) { reply('R', id, REJ_FDS, 0); return; }
+    reply('O', id, 0, 0);
+}
+
 static void serve_one(void) {
     char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
     struct iovec iov = {message, sizeof message};
@@ -191,6 +200,7 @@ static void serve_one(void) {
     switch (field(0)) {
     case 'X': start(size, fds, nfds); return;
     case 'K': close_all(fds, nfds); signal_exec(size, nfds); return;
+    case 'P': close_all(fds, nfds); ping(size, nfds); return;
     default: close_all(fds, nfds); reply('R', id, REJ_TYPE, 0); return;
     }
 }

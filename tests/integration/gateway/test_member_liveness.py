@@ -1,0 +1,73 @@
+"""A warm member that stopped answering while idle (its agent SIGSTOPped) is spent and replaced
+when a create claims it, and the create is served by another member or cold — never left
+waiting (real gateway, real bwrap'd members)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.helpers.gateway import pool_named, running_gateway, wait_pools
+from tests.integration.gateway.test_warm_pools import idle, profile, reason_of, write_profile
+from warmshell.api.v1 import sandbox_pb2 as pb
+
+
+async def agent_pids(gateway: object, pool: str) -> list[int]:
+    """The agents (pid 1 of each sandbox) of a pool's idle members (test introspection)."""
+    members = gateway.driver._pools._pools[pool].members  # type: ignore[attr-defined]
+    return [pid for m in members if (pid := await m.process.sandbox_pid()) is not None]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+
+
+async def test_stopped_idle_members_are_replaced_and_the_create_is_served(tmp_path: Path) -> None:
+    pools_dir = tmp_path / "pools"
+    overrides = {
+        "local.pools_dir": str(pools_dir),
+        "local.pool_reload_interval_seconds": 0.1,
+        "local.member_probe_seconds": 0.5,
+    }
+    async with running_gateway(tmp_path / "state", **overrides) as gw:
+        write_profile(pools_dir, "live", profile(2, env='LIVE = "1"'))
+        await wait_pools(gw, idle("live", 2))
+        stopped = await agent_pids(gw.gateway, "live")
+        stopped_ids = [m.instance_id for m in gw.gateway.driver._pools._pools["live"].members]  # type: ignore[attr-defined]
+        assert len(stopped) == 2
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            created = await gw.create(name="served", spec=pb.SandboxSpec(environment={"LIVE": "1"}))
+            ready = await gw.wait_ready("served")
+            elapsed = time.monotonic() - start
+        finally:
+            for pid in stopped:
+                if not gone(pid):
+                    os.kill(pid, signal.SIGCONT)
+        assert ready.status.phase == pb.SANDBOX_PHASE_READY
+        # Both members failed their probe; the create was served by a replacement that registered
+        # meanwhile, or cold — not by either stopped member.
+        assert ready.status.instance_id not in stopped_ids
+        if created.status.allocation == "cold":
+            assert reason_of(ready) == ("PoolMiss", "Empty")
+        assert elapsed < 15, elapsed
+        code, out, _ = await gw.exec("served", ["sh", "-c", "echo $LIVE"])
+        assert (code, out) == (0, b"1\n")
+        # The stopped members were spent (killed even though stopped) and the pool refilled.
+        refilled = await wait_pools(gw, idle("live", 2))
+        assert all(gone(pid) for pid in stopped)
+        assert set(await agent_pids(gw.gateway, "live")).isdisjoint(stopped)
+        live = pool_named(refilled, "live")
+        assert live is not None
+        assert live.hits == (1 if created.status.allocation == "warm" else 0)
+        # A create now is served warm by a replacement.
+        again = await gw.create(name="warm", spec=pb.SandboxSpec(environment={"LIVE": "1"}))
+        assert again.status.allocation == "warm"
+        assert (await gw.wait_ready("warm")).status.phase == pb.SANDBOX_PHASE_READY

@@ -1,0 +1,117 @@
+"""Attacks on a sandbox's default bounds from inside it (real gateway, real bwrap'd sandboxes):
+filling /tmp, /run, /dev/shm and /dev, a file past the size limit, a fork bomb; each is stopped
+inside the sandbox while the gateway and a bystander carry on. And requests for absurd or
+excessive resources are refused naming the field."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.helpers.gateway import RunningGateway, running_gateway
+from warmshell.api.v1 import sandbox_pb2 as pb
+
+BOUNDS = {
+    "local.tmp_size": "8Mi",
+    "local.run_size": "2Mi",
+    "local.shm_size": "4Mi",
+    "local.max_file_size": "3Mi",
+    "local.max_processes": 64,
+}
+
+
+@pytest.fixture
+async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(tmp_path / "state", **BOUNDS) as running:
+        for name in ("hostile", "bystander"):
+            await running.create(name=name)
+        for name in ("hostile", "bystander"):
+            assert (await running.wait_ready(name)).status.phase == pb.SANDBOX_PHASE_READY
+        yield running
+
+
+async def sh(gw: RunningGateway, script: str, name: str = "hostile") -> tuple[int, bytes, bytes]:
+    return await gw.exec(name, ["/bin/sh", "-c", script])
+
+
+async def bystander_fine(gw: RunningGateway) -> None:
+    assert (await sh(gw, "echo fine", "bystander"))[:2] == (0, b"fine\n")
+
+
+@pytest.mark.parametrize(("path", "size_mib"), [("/tmp", 8), ("/run", 2), ("/dev/shm", 4)])
+async def test_filling_a_tmpfs_stops_at_its_size(gw: RunningGateway, path: str, size_mib: int) -> None:
+    # Files of 1Mi each (under the file-size limit), until the tmpfs is full.
+    script = f"i=0; while dd if=/dev/zero of={path}/f$i bs=1M count=1 2>/dev/null; do i=$((i+1)); done"
+    assert (await sh(gw, script))[0] == 0
+    code, out, _ = await sh(gw, f"df -Pk {path} | tail -1")
+    assert code == 0
+    total_kib, _, free_kib = (int(field) for field in out.split()[1:4])
+    assert total_kib == size_mib * 1024
+    assert free_kib < 1024
+    code, _, err = await sh(gw, f"head -c 1048576 /dev/zero > {path}/more")
+    assert code != 0
+    assert b"No space left on device" in err
+    await bystander_fine(gw)
+
+
+async def test_dev_is_read_only(gw: RunningGateway) -> None:
+    code, _, err = await sh(gw, "echo x > /dev/fill")
+    assert code != 0
+    assert b"Read-only file system" in err
+    assert (await sh(gw, "echo x > /dev/null && echo ok"))[:2] == (0, b"ok\n")
+
+
+async def test_a_file_past_the_size_limit_is_refused(gw: RunningGateway) -> None:
+    code, _, err = await sh(gw, "dd if=/dev/zero of=/workspace/big bs=1M count=4")
+    assert code != 0
+    # SIGXFSZ ends dd (the shell reports it), or a caller that ignores it sees EFBIG.
+    assert b"File size limit exceeded" in err or b"File too large" in err
+    code, out, _ = await sh(gw, "stat -c %s /workspace/big")
+    assert int(out) == 3 * 2**20
+    await bystander_fine(gw)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the process bound needs a uid per sandbox (a gateway run as root)")
+async def test_a_fork_bomb_is_stopped_by_the_process_bound(gw: RunningGateway) -> None:
+    script = "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done; wait"
+    _, _, err = await gw.exec("hostile", ["/bin/sh", "-c", script], timeout_seconds=5)
+    assert b"fork" in err.lower() or b"resource temporarily unavailable" in err.lower()
+    await bystander_fine(gw)
+    ready = await gw.get("hostile")
+    limits = next(c for c in ready.status.conditions if c.type == "ResourceLimits")
+    assert "64 processes (rlimit)" in limits.message
+
+
+async def test_the_condition_says_what_is_and_is_not_enforced(gw: RunningGateway) -> None:
+    sandbox = await gw.get("bystander")
+    limits = next(c for c in sandbox.status.conditions if c.type == "ResourceLimits")
+    assert "/tmp 8Mi, /run 2Mi, /dev/shm 4Mi (tmpfs)" in limits.message
+    assert "file size 3Mi (rlimit)" in limits.message
+    assert "Not enforced: /workspace disk use" in limits.message
+    if limits.reason == "CgroupV2Unavailable":
+        assert limits.status == "False"
+        assert "memory and cpu" in limits.message
+
+
+@pytest.mark.parametrize(
+    ("resources", "field", "rule"),
+    [
+        ({"memory": "1k"}, "spec.resources.memory", "less than 4Mi"),
+        ({"memory": "1Ei"}, "spec.resources.memory", "more than 64Ti"),
+        ({"cpu": "99999999999"}, "spec.resources.cpu", "more than 4096 cpus"),
+        ({"cpu": "4000"}, "spec.resources.cpu", "more than this gateway allows"),
+        ({"memory": "60Ti"}, "spec.resources.memory", "more than this gateway allows"),
+    ],
+)
+async def test_absurd_or_excessive_requests_are_refused(
+    gw: RunningGateway, resources: dict[str, str], field: str, rule: str
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await gw.create(name="greedy", spec=pb.SandboxSpec(resources=pb.Resources(**resources)))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in (refused.value.details() or "")
+    assert rule in (refused.value.details() or "")
