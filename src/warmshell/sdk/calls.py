@@ -57,6 +57,7 @@ def create_request(
     workspace: str,
     image: str,
     env: Mapping[str, str] | None,
+    secrets: Mapping[str, str] | None = None,
     cpu: str,
     memory: str,
     command: Sequence[str] | None,
@@ -72,6 +73,7 @@ def create_request(
         spec=pb.SandboxSpec(
             image=image,
             environment=dict(env or {}),
+            secrets=dict(secrets or {}),
             resources=pb.Resources(cpu=cpu, memory=memory),
             command=_argv(command or [], "command"),
         ),

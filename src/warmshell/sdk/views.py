@@ -93,6 +93,8 @@ class SandboxInfo:
     memory: str
     created_at_ms: int
     instance_id: str = ""
+    # Names only: the gateway never returns a secret's value.
+    secret_names: tuple[str, ...] = ()
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if any."""
@@ -187,6 +189,7 @@ def sandbox_info(message: pb.Sandbox) -> SandboxInfo:
         memory=spec.resources.memory,
         created_at_ms=message.created_at_ms,
         instance_id=status.instance_id,
+        secret_names=tuple(sorted(spec.secrets)),
     )
 
 

@@ -34,6 +34,16 @@ def test_create_returns_ready_warm_and_run_returns_the_output(client: warmshell.
         client.get(sb.name)
 
 
+def test_secrets_keep_the_create_warm_and_reach_the_workload_by_name_only(client: warmshell.Client) -> None:
+    wait_pool_idle(client, "default")
+    with client.create(secrets={"API_KEY": "s3cr3t-sdk"}) as sb:
+        assert (sb.last_info.allocation, sb.last_info.pool) == (warmshell.Allocation.WARM, "default")
+        assert sb.run(["sh", "-c", 'printf %s "$API_KEY"']).stdout == b"s3cr3t-sdk"
+        info = sb.info()
+        assert info.secret_names == ("API_KEY",)
+        assert "s3cr3t-sdk" not in repr(info)
+
+
 def test_run_stream_yields_output_as_it_comes_then_the_exit_code(client: warmshell.Client) -> None:
     with client.create() as sb:
         stamps: list[tuple[float, warmshell.OutputEvent]] = []
