@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from warmshell.core import specs
+from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.core.errors import InvalidArgumentError, UnavailableError
+from warmshell.core.models import Phase, SandboxRecord
 from warmshell.drivers.base import CreateRequest
 from warmshell.drivers.fake import FakeDriver
 from warmshell.gateway.events import EventBus
@@ -26,13 +30,14 @@ async def records(tmp_path: Path) -> AsyncIterator[SandboxRecords]:
     await store.aclose()
 
 
-def manager_for(records: SandboxRecords, driver: FakeDriver) -> SandboxManager:
+def manager_for(records: SandboxRecords, driver: FakeDriver, **options: Any) -> SandboxManager:
     return SandboxManager(
         records=records,
         driver=driver,
         bus=EventBus(),
         sessions=SessionTable(),
         vault=SecretVault(records._store, bytes(32)),
+        **options,
     )
 
 
@@ -77,24 +82,20 @@ async def test_generated_names_and_proof_hash_stored(records: SandboxRecords) ->
 
 
 async def test_a_sandbox_stuck_provisioning_goes_error_naming_the_step(records: SandboxRecords) -> None:
-    import asyncio
-
-    from warmshell.core.deadlines import ProvisioningDeadlines
-    from warmshell.core.models import Phase
-
     driver = FakeDriver()
-    manager = SandboxManager(
-        records=records,
-        driver=driver,
-        bus=EventBus(),
-        sessions=SessionTable(),
-        deadlines=ProvisioningDeadlines(cold_seconds=0.3, warm_seconds=0.1),
-    )
+    manager = manager_for(records, driver, deadlines=ProvisioningDeadlines(cold_seconds=0.3, warm_seconds=0.1))
     created = await manager.create(new("stuck"))  # no supervisor ever connects
     assert created.status.phase == Phase.PROVISIONING
-    await asyncio.sleep(0.6)
-    record = await records.get(created.id)
-    assert record is not None
+
+    async def settled() -> SandboxRecord:
+        while True:
+            record = await records.get(created.id)
+            assert record is not None
+            if record.status.phase != Phase.PROVISIONING:
+                return record
+            await asyncio.sleep(0.02)
+
+    record = await asyncio.wait_for(settled(), timeout=10)
     assert record.status.phase == Phase.ERROR
     ready = record.status.condition("Ready")
     assert ready is not None
