@@ -111,3 +111,24 @@ def _coerce(rule: ImageRule | list[str] | Mapping[str, Any]) -> ImageRule:
         bool(rule.get("overrideCommand", False)),
         tuple((str(k), tuple(str(x) for x in v)) for k, v in programs.items()),
     )
+
+
+def runtime_binds(targets: list[str], runtime: list[str] | None = None) -> list[str]:
+    """The host paths this Python runs from (its prefixes and import path) that a container's
+    volume mounts would hide, outermost first.
+
+    A real image carries its own filesystem, so an ``emptyDir`` at ``/tmp`` hides nothing of the
+    program. Here the "image" is this interpreter and its packages: a checkout or virtualenv under
+    ``/tmp`` would vanish under the chart's ``/tmp`` volume, so those paths are bound back on top.
+    A path equal to, or above, a mount target is left alone (binding it would undo the mount).
+    """
+    roots = runtime if runtime is not None else [sys.prefix, sys.base_prefix, *sys.path]
+    hidden: list[pathlib.PurePath] = []
+    for entry in roots:
+        if not entry or not pathlib.Path(entry).is_dir():
+            continue
+        path = pathlib.PurePath(pathlib.Path(entry).resolve())
+        if any(pathlib.PurePath(t) in path.parents for t in targets):
+            hidden.append(path)
+    outermost = [p for p in hidden if not any(q in p.parents for q in hidden)]
+    return sorted({str(p) for p in outermost}, key=lambda p: (len(pathlib.PurePath(p).parts), p))

@@ -23,7 +23,7 @@ from typing import Any
 
 from kubesim.controllers import client as kc
 from kubesim.controllers import objects as o
-from kubesim.kubelet import containers, probes, volumes
+from kubesim.kubelet import containers, images, probes, volumes
 from kubesim.kubelet.images import ImageMap, ImageNotMapped
 from kubesim.timing import Timing
 
@@ -209,10 +209,13 @@ class PodWorker:
             return []
         if spec["name"] in self._launchers:
             return self._launchers[spec["name"]]
-        binds = [
-            {"source": str(source), "target": target, "readOnly": read_only}
+        mounts = [
+            (str(source), str(target), read_only)
             for source, target, read_only in volumes.binds(spec, self._volume_dirs)
         ]
+        # What the "image" (this interpreter and its packages) runs from, where a volume hides it.
+        mounts += [(path, path, True) for path in images.runtime_binds([target for _, target, _ in mounts])]
+        binds = [{"source": source, "target": target, "readOnly": read_only} for source, target, read_only in mounts]
         path = self.dir / ".ns" / f"{spec['name']}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"binds": binds, "hosts": str(self.hosts_path), "netns": self.netns}))

@@ -1,8 +1,9 @@
+import pathlib
 import sys
 
 import pytest
 
-from kubesim.kubelet.images import ImageMap, ImageNotMapped, ImageRule
+from kubesim.kubelet.images import ImageMap, ImageNotMapped, ImageRule, runtime_binds
 
 
 def test_command_replaces_the_entrypoint_like_a_runtime() -> None:
@@ -39,3 +40,15 @@ def test_from_file(tmp_path: "pytest.TempPathFactory") -> None:
     path = tmp_path / "images.yaml"  # type: ignore[operator]
     path.write_text("'example.com/agent:*': ['python3', '-c', 'print(1)']\n")
     assert ImageMap.from_file(path).argv({"image": "example.com/agent:2"}) == ["python3", "-c", "print(1)"]
+
+
+def test_runtime_paths_hidden_by_a_volume_are_bound_back_outermost_first(tmp_path: pathlib.Path) -> None:
+    # A checkout and its virtualenv under a directory the chart mounts an emptyDir on (/tmp).
+    venv, src, lib = tmp_path / "repo" / ".venv", tmp_path / "repo" / "src", tmp_path / "repo" / ".venv" / "lib"
+    for d in (venv, src, lib):
+        d.mkdir(parents=True)
+    runtime = [str(venv), "/usr", str(lib), str(src), "", str(tmp_path / "missing")]
+    assert runtime_binds([str(tmp_path)], runtime) == sorted([str(venv), str(src)])
+    # Nothing is hidden when no mount covers them; a path at or above a target is never rebound.
+    assert runtime_binds(["/etc/warmshell"], runtime) == []
+    assert runtime_binds([str(venv)], [str(venv), str(tmp_path)]) == []
