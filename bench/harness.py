@@ -50,6 +50,21 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def create_latency_table(rows: Sequence[tuple[str, dict[str, Any]]], *, first_column: str) -> str:
+    """A markdown table of create -> Ready latency, client and server views, one pair of rows per
+    labelled result (each holding `client_ms`/`server_ms` summaries and its `allocations`)."""
+    table = f"| {first_column} | n | p50 ms | p90 ms | p99 ms | served |\n|---|---|---|---|---|---|\n"
+    for label, result in rows:
+        for view in ("client_ms", "server_ms"):
+            s = result[view]
+            who = "client (API call -> Ready event)" if view == "client_ms" else "server timeline"
+            table += (
+                f"| {label}, {who} | {s['n']} | {s['p50']:.2f} | {s['p90']:.2f} | {s['p99']:.2f} "
+                f"| {result['allocations']} |\n"
+            )
+    return table
+
+
 @dataclass
 class GatewayProcess:
     """A `warmshell gateway start` subprocess and a client for it."""

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import GatewayProcess, gateway_process, summary, write_results
+from harness import GatewayProcess, create_latency_table, gateway_process, summary, write_results
 from warm_path import wait_idle
 
 from warmshell.api.v1 import sandbox_pb2 as pb
@@ -87,15 +87,7 @@ def main() -> None:
     data["loaded_minus_plain_p50_ms"] = {
         view: loaded[view]["p50"] - plain[view]["p50"] for view in ("client_ms", "server_ms")
     }
-    table = "| create | n | p50 ms | p90 ms | p99 ms | served |\n|---|---|---|---|---|---|\n"
-    for label, result in (("plain", plain), ("10 secrets + 5 injected keys", loaded)):
-        for view in ("client_ms", "server_ms"):
-            s = result[view]
-            who = "client (API call -> Ready event)" if view == "client_ms" else "server timeline"
-            table += (
-                f"| {label}, {who} | {s['n']} | {s['p50']:.2f} | {s['p90']:.2f} | {s['p99']:.2f} "
-                f"| {result['allocations']} |\n"
-            )
+    table = create_latency_table((("plain", plain), ("10 secrets + 5 injected keys", loaded)), first_column="create")
     diff = data["loaded_minus_plain_p50_ms"]
     table += (
         f"\nLoaded minus plain, p50: **{diff['client_ms']:+.2f} ms** client, {diff['server_ms']:+.2f} ms server "

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import GatewayProcess, gateway_process, summary, write_results
+from harness import GatewayProcess, create_latency_table, gateway_process, summary, write_results
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 
@@ -191,15 +191,7 @@ def main() -> None:
     data["cold_p50_over_warm_p50"] = speedup
     data["targets"] = {"warm_p50_le_10ms": warm["client_ms"]["p50"] <= 10, "speedup_ge_10": speedup >= 10,
                        "burst_no_errors": not burst_result["errors"]}  # fmt: skip
-    table = "| path | n | p50 ms | p90 ms | p99 ms | served |\n|---|---|---|---|---|---|\n"
-    for label, result in (("warm", warm), ("cold", cold)):
-        for view in ("client_ms", "server_ms"):
-            s = result[view]
-            who = "client (API call -> Ready event)" if view == "client_ms" else "server timeline"
-            table += (
-                f"| {label}, {who} | {s['n']} | {s['p50']:.2f} | {s['p90']:.2f} | {s['p99']:.2f} "
-                f"| {result['allocations']} |\n"
-            )
+    table = create_latency_table((("warm", warm), ("cold", cold)), first_column="path")
     fill = data["members"]
     table += (
         f"\nMembers: a fresh pool of {fill['size']} filled at **{fill['members_per_s']:.1f} members/s**; "
