@@ -17,6 +17,7 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.errors import AlreadyExistsError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import now_ms
+from warmshell.supervisor.window import OutputWindow
 
 __all__ = ["MISSED_HEARTBEATS", "ExecChannel", "SessionTable", "SupervisorSession"]
 
@@ -37,6 +38,8 @@ class ExecChannel:
     events: asyncio.Queue[spb.OutputData | spb.ExecExited] = field(default_factory=asyncio.Queue)
     in_flight: int = 0
     _ungranted: int = 0
+    # Streamed stdin not yet written to the command (None: no streamed stdin).
+    input_window: OutputWindow | None = None
 
     def passed_on(self, size: int) -> int:
         """`size` bytes reached the client: the credit to grant now (0 = keep batching; grants
@@ -83,12 +86,16 @@ class SupervisorSession:
         heartbeat, so a healthy session's supervisor is running)."""
         return not self.closed.is_set() and now - self.last_seen <= window_ms
 
-    def deliver(self, message: spb.OutputData | spb.ExecExited) -> None:
+    def deliver(self, message: spb.OutputData | spb.ExecExited | spb.ExecInputCredit) -> None:
         """Route an exec's output or exit to whoever is waiting for it. Output beyond the exec's
         window (a supervisor that ignores flow control) ends the exec with an error and cancels
         it in the sandbox: nothing is dropped silently."""
         channel = self.execs.get(message.exec_id)
         if channel is None:
+            return
+        if isinstance(message, spb.ExecInputCredit):
+            if channel.input_window is not None:
+                channel.input_window.grant(message.bytes)
             return
         if isinstance(message, spb.OutputData) and channel.window:
             channel.in_flight += len(message.data)

@@ -42,6 +42,7 @@ import grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.backoff import delays
+from warmshell.supervisor.interactive import DEFAULT_SIZE, ExecInput, WindowSize
 from warmshell.supervisor.outbox import Outbox
 from warmshell.supervisor.processes import Runner, WorkdirError, run_streaming
 from warmshell.supervisor.window import OutputWindow
@@ -157,6 +158,7 @@ class Supervisor:
         self._outbox = Outbox()
         self._execs: dict[str, asyncio.Task[None]] = {}
         self._windows: dict[str, OutputWindow] = {}
+        self._inputs: dict[str, ExecInput] = {}
         self._token = ""
         self._token_expires_ms = 0
         self._workload: asyncio.Task[None] | None = None
@@ -249,6 +251,8 @@ class Supervisor:
                 view = view[size:]
 
         env = {**self._env, **start.environment}
+        interactive = self._inputs.get(start.exec_id)
+        extra = {"io": interactive} if interactive is not None else {}  # plain runners need not know
         error = ""
         try:
             code = await self._runner(
@@ -258,6 +262,7 @@ class Supervisor:
                 sink=sink,
                 stdin=start.stdin,
                 timeout=start.timeout_seconds or None,
+                **extra,
             )
         except WorkdirError as exc:  # the command never started: an error, not an exit status
             code, error = -1, str(exc)
@@ -267,6 +272,7 @@ class Supervisor:
         finally:
             self._execs.pop(start.exec_id, None)
             self._windows.pop(start.exec_id, None)
+            self._inputs.pop(start.exec_id, None)
         exited = spb.ExecExited(exec_id=start.exec_id, exit_code=code, error=error)
         await self._send(spb.SupervisorMessage(exec_exited=exited))
 
@@ -318,12 +324,17 @@ class Supervisor:
                 await self._send(spb.SupervisorMessage(heartbeat=spb.Heartbeat(sent_at_ms=int(time.time() * 1000))))
             elif kind == "exec_start":
                 start = message.exec_start
+                if start.stream_stdin or start.tty:
+                    self._inputs[start.exec_id] = self._exec_input(start)
                 self._execs[start.exec_id] = asyncio.create_task(self._run_exec(start))
+            elif kind in ("exec_input", "exec_resize", "exec_signal"):
+                self._exec_control(message)
             elif kind == "exec_credit":
                 window = self._windows.get(message.exec_credit.exec_id)
                 if window is not None:
                     window.grant(message.exec_credit.bytes)
             elif kind == "exec_cancel":
+                self._inputs.pop(message.exec_cancel.exec_id, None)
                 task = self._execs.pop(message.exec_cancel.exec_id, None)
                 if task is not None:
                     task.cancel()
@@ -333,6 +344,31 @@ class Supervisor:
                 log.info("gateway ended the sandbox: %s", message.shutdown.reason)
                 return True
         return False
+
+    def _exec_input(self, start: spb.ExecStart) -> ExecInput:
+        def credit(size: int) -> None:
+            self._outbox.put(
+                spb.SupervisorMessage(exec_input_credit=spb.ExecInputCredit(exec_id=start.exec_id, bytes=size))
+            )
+
+        size = WindowSize(start.rows or DEFAULT_SIZE.rows, start.columns or DEFAULT_SIZE.columns)
+        return ExecInput(terminal=size if start.tty else None, credit=credit)
+
+    def _exec_control(self, message: spb.GatewayMessage) -> None:
+        """Stdin, a resize or a signal for a running exec (one that ended ignores it)."""
+        kind = message.WhichOneof("message") or ""
+        exec_id = getattr(message, kind).exec_id
+        target = self._inputs.get(exec_id)
+        if target is None:
+            return
+        if kind == "exec_input":
+            target.feed(message.exec_input.data)
+            if message.exec_input.eof:
+                target.end()
+        elif kind == "exec_resize":
+            target.resize(WindowSize(message.exec_resize.rows, message.exec_resize.columns))
+        else:
+            target.signal(message.exec_signal.signal)
 
     async def _refresh_tokens(self) -> None:
         while True:
