@@ -29,7 +29,8 @@ def read_until(process: Process, pattern: bytes, timeout: float = 20.0) -> bytes
     while not re.search(pattern, seen):
         assert time.monotonic() < deadline, f"no {pattern!r} in {seen!r}"
         event = process.recv()
-        assert event is not None and event.exit_code is None, f"ended before {pattern!r}: {seen!r}"
+        assert event is not None, f"ended before {pattern!r}: {seen!r}"
+        assert event.exit_code is None, f"exited {event.exit_code} before {pattern!r}: {seen!r}"
         seen += event.stdout + event.stderr
     return seen
 
