@@ -61,6 +61,8 @@ class SupervisorSession:
     session_id: str
     outbox: asyncio.Queue[spb.GatewayMessage | None] = field(default_factory=asyncio.Queue)
     execs: dict[str, ExecChannel] = field(default_factory=dict)
+    # Results of file operations in flight (files served by the sandbox's supervisor), by op id.
+    file_ops: dict[str, asyncio.Queue[spb.FileResult]] = field(default_factory=dict)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     last_seen: int = field(default_factory=now_ms)
 
@@ -80,6 +82,9 @@ class SupervisorSession:
         for channel in self.execs.values():
             channel.events.put_nowait(spb.ExecExited(exec_id=channel.exec_id, exit_code=-1, error="session closed"))
         self.execs.clear()
+        for op_id, results in self.file_ops.items():
+            results.put_nowait(spb.FileResult(op_id=op_id, error="the sandbox's session closed"))
+        self.file_ops.clear()
 
     def healthy(self, now: int, window_ms: int) -> bool:
         """Open and heard from within the last `window_ms` (a live supervisor answers every

@@ -42,6 +42,7 @@ import grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.backoff import delays
+from warmshell.supervisor.fileops import FileServer
 from warmshell.supervisor.interactive import DEFAULT_SIZE, ExecInput, WindowSize
 from warmshell.supervisor.outbox import Outbox
 from warmshell.supervisor.processes import Runner, WorkdirError, run_streaming
@@ -147,10 +148,13 @@ class Supervisor:
         *,
         runner: Runner = run_streaming,
         channel: grpc.aio.Channel | None = None,
+        serve_files: bool = False,
     ) -> None:
         """`runner` starts the workload and execs (default: as this process's children);
         `channel`, when given, is a shared channel to the gateway that `run` does not close
-        (the local driver runs every sandbox's supervisor in the gateway over one)."""
+        (the local driver runs every sandbox's supervisor in the gateway over one); `serve_files`:
+        answer the gateway's file operations inside this process's filesystem (a pod's
+        supervisor; the local driver serves files host-side instead)."""
         self.settings = settings
         self._base_env = base_env
         self._runner = runner
@@ -159,6 +163,7 @@ class Supervisor:
         self._execs: dict[str, asyncio.Task[None]] = {}
         self._windows: dict[str, OutputWindow] = {}
         self._inputs: dict[str, ExecInput] = {}
+        self._files = FileServer(self._outbox.put) if serve_files else None
         self._token = ""
         self._token_expires_ms = 0
         self._workload: asyncio.Task[None] | None = None
@@ -316,6 +321,8 @@ class Supervisor:
             for task in self._execs.values():
                 task.cancel()
             self._execs.clear()
+            if self._files is not None:
+                self._files.close()
 
     async def _serve_session(self, call: grpc.aio.StreamStreamCall[spb.SupervisorMessage, spb.GatewayMessage]) -> bool:
         async for message in call:
@@ -329,6 +336,12 @@ class Supervisor:
                 self._execs[start.exec_id] = asyncio.create_task(self._run_exec(start))
             elif kind in ("exec_input", "exec_resize", "exec_signal"):
                 self._exec_control(message)
+            elif kind == "file_op":
+                if self._files is not None:
+                    self._files.handle(message.file_op)
+                else:
+                    refused = spb.FileResult(op_id=message.file_op.op_id, error="this supervisor does not serve files")
+                    await self._send(spb.SupervisorMessage(file_result=refused))
             elif kind == "exec_credit":
                 window = self._windows.get(message.exec_credit.exec_id)
                 if window is not None:
@@ -403,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     base_env = {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX)}
     for key in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
         del os.environ[key]
-    supervisor = Supervisor(settings, base_env)
+    supervisor = Supervisor(settings, base_env, serve_files=True)
     loop = asyncio.new_event_loop()
     main_task = loop.create_task(supervisor.run())
     for sig in (signal.SIGTERM, signal.SIGINT):

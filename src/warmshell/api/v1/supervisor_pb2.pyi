@@ -298,6 +298,91 @@ class ExecInputCredit(_message.Message):
 Global___ExecInputCredit: _TypeAlias = ExecInputCredit  # noqa: Y015
 
 @_typing.final
+class FileStat(_message.Message):
+    """One file entry as the sandbox's supervisor saw it (FileInfo of the public API)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    MTIME_MS_FIELD_NUMBER: _builtins.int
+    LINK_TARGET_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    type: _builtins.str
+    size: _builtins.int
+    mode: _builtins.int
+    mtime_ms: _builtins.int
+    link_target: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        type: _builtins.str = ...,
+        size: _builtins.int = ...,
+        mode: _builtins.int = ...,
+        mtime_ms: _builtins.int = ...,
+        link_target: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["link_target", b"link_target", "mode", b"mode", "mtime_ms", b"mtime_ms", "name", b"name", "size", b"size", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileStat: _TypeAlias = FileStat  # noqa: Y015
+
+@_typing.final
+class FileResult(_message.Message):
+    """The supervisor's answer to a FileOp (a read answers with chunks, then done)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OP_ID_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
+    ERRNO_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    CREDIT_FIELD_NUMBER: _builtins.int
+    op_id: _builtins.str
+    data: _builtins.bytes
+    """read: the next chunk."""
+    done: _builtins.bool
+    """The operation finished (a read has no more chunks, a write was committed)."""
+    bytes_written: _builtins.int
+    errno: _builtins.int
+    """Failed: the errno (the gateway names the path and the cause), or a message."""
+    error: _builtins.str
+    credit: _builtins.int
+    """write: this many more bytes of content may be sent (the supervisor wrote them)."""
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileStat]:
+        """stat and mkdir: one entry; list: all of them."""
+
+    def __init__(
+        self,
+        *,
+        op_id: _builtins.str = ...,
+        entries: _abc.Iterable[Global___FileStat] | None = ...,
+        data: _builtins.bytes = ...,
+        done: _builtins.bool = ...,
+        bytes_written: _builtins.int = ...,
+        errno: _builtins.int = ...,
+        error: _builtins.str = ...,
+        credit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "credit", b"credit", "data", b"data", "done", b"done", "entries", b"entries", "errno", b"errno", "error", b"error", "op_id", b"op_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileResult: _TypeAlias = FileResult  # noqa: Y015
+
+@_typing.final
 class SupervisorMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -307,6 +392,7 @@ class SupervisorMessage(_message.Message):
     EXEC_EXITED_FIELD_NUMBER: _builtins.int
     WORKLOAD_EXITED_FIELD_NUMBER: _builtins.int
     EXEC_INPUT_CREDIT_FIELD_NUMBER: _builtins.int
+    FILE_RESULT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___SupervisorHello: ...
     @_builtins.property
@@ -319,6 +405,8 @@ class SupervisorMessage(_message.Message):
     def workload_exited(self) -> Global___WorkloadExited: ...
     @_builtins.property
     def exec_input_credit(self) -> Global___ExecInputCredit: ...
+    @_builtins.property
+    def file_result(self) -> Global___FileResult: ...
     def __init__(
         self,
         *,
@@ -328,12 +416,13 @@ class SupervisorMessage(_message.Message):
         exec_exited: Global___ExecExited | None = ...,
         workload_exited: Global___WorkloadExited | None = ...,
         exec_input_credit: Global___ExecInputCredit | None = ...,
+        file_result: Global___FileResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "exec_input_credit", b"exec_input_credit", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "workload_exited", b"workload_exited"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "exec_input_credit", b"exec_input_credit", "file_result", b"file_result", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "workload_exited", b"workload_exited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "exec_input_credit", b"exec_input_credit", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "workload_exited", b"workload_exited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "exec_input_credit", b"exec_input_credit", "file_result", b"file_result", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "workload_exited", b"workload_exited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "heartbeat", "output", "exec_exited", "workload_exited", "exec_input_credit"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "heartbeat", "output", "exec_exited", "workload_exited", "exec_input_credit", "file_result"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
@@ -564,6 +653,62 @@ class ExecCredit(_message.Message):
 Global___ExecCredit: _TypeAlias = ExecCredit  # noqa: Y015
 
 @_typing.final
+class FileOp(_message.Message):
+    """A file operation in the sandbox, done by its supervisor (Kubernetes: inside the pod, with the
+    workload's rights, every path resolved within the container's root).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OP_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    PARENTS_OR_RECURSIVE_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    CHUNK_BYTES_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    WINDOW_BYTES_FIELD_NUMBER: _builtins.int
+    op_id: _builtins.str
+    kind: _builtins.str
+    """"stat", "list", "read", "write", "remove", "mkdir"; "data" carries more of a write,
+    "credit" lets a read send more, "cancel" abandons an operation (a write leaves nothing).
+    """
+    path: _builtins.str
+    mode: _builtins.int
+    parents_or_recursive: _builtins.bool
+    """write and mkdir: create missing parents; remove: recursive."""
+    max_bytes: _builtins.int
+    chunk_bytes: _builtins.int
+    data: _builtins.bytes
+    """data: a chunk of the write's content; with `last` the content is complete."""
+    last: _builtins.bool
+    window_bytes: _builtins.int
+    """read: the window (at most this many bytes unacknowledged); credit: bytes acknowledged."""
+    def __init__(
+        self,
+        *,
+        op_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        path: _builtins.str = ...,
+        mode: _builtins.int = ...,
+        parents_or_recursive: _builtins.bool = ...,
+        max_bytes: _builtins.int = ...,
+        chunk_bytes: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        last: _builtins.bool = ...,
+        window_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "data", b"data", "kind", b"kind", "last", b"last", "max_bytes", b"max_bytes", "mode", b"mode", "op_id", b"op_id", "parents_or_recursive", b"parents_or_recursive", "path", b"path", "window_bytes", b"window_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileOp: _TypeAlias = FileOp  # noqa: Y015
+
+@_typing.final
 class Shutdown(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -599,6 +744,7 @@ class GatewayMessage(_message.Message):
     EXEC_INPUT_FIELD_NUMBER: _builtins.int
     EXEC_RESIZE_FIELD_NUMBER: _builtins.int
     EXEC_SIGNAL_FIELD_NUMBER: _builtins.int
+    FILE_OP_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def accepted(self) -> Global___SessionAccepted: ...
     @_builtins.property
@@ -617,6 +763,8 @@ class GatewayMessage(_message.Message):
     def exec_resize(self) -> Global___ExecResize: ...
     @_builtins.property
     def exec_signal(self) -> Global___ExecSignal: ...
+    @_builtins.property
+    def file_op(self) -> Global___FileOp: ...
     def __init__(
         self,
         *,
@@ -629,12 +777,13 @@ class GatewayMessage(_message.Message):
         exec_input: Global___ExecInput | None = ...,
         exec_resize: Global___ExecResize | None = ...,
         exec_signal: Global___ExecSignal | None = ...,
+        file_op: Global___FileOp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["accepted", "heartbeat", "exec_start", "exec_cancel", "shutdown", "exec_credit", "exec_input", "exec_resize", "exec_signal"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["accepted", "heartbeat", "exec_start", "exec_cancel", "shutdown", "exec_credit", "exec_input", "exec_resize", "exec_signal", "file_op"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
