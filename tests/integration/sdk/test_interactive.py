@@ -188,3 +188,39 @@ def test_the_async_client_drives_a_pty_and_streams_stdin(gateway: CliGateway) ->
                 await sb.delete()
 
     asyncio.run(main())
+
+
+def test_the_gateway_refuses_a_malformed_exec_stream_naming_the_field(
+    client: warmshell.Client, sandbox: warmshell.Sandbox
+) -> None:
+    import grpc
+
+    from warmshell.api.v1 import sandbox_pb2 as pb
+
+    start = pb.ExecStreamRequest(
+        start=pb.ExecStreamStart(exec=pb.ExecSandboxRequest(name=sandbox.name, command=["sleep", "30"]))
+    )
+    tty_start = pb.ExecStreamRequest()
+    tty_start.CopyFrom(start)
+    tty_start.start.tty = True
+    cases = [
+        ([pb.ExecStreamRequest(stdin=b"x")], "start"),
+        ([start, pb.ExecStreamRequest(signal=0)], "signal"),
+        ([start, pb.ExecStreamRequest(signal=99)], "signal"),
+        ([start, pb.ExecStreamRequest(resize=pb.TerminalSize(rows=5, columns=5))], "resize"),
+        ([tty_start, pb.ExecStreamRequest(resize=pb.TerminalSize(rows=70000, columns=5))], "resize.rows"),
+        ([start, start], "start"),
+    ]
+    for requests, field in cases:
+
+        def hold(messages: list[pb.ExecStreamRequest] = requests) -> Iterator[pb.ExecStreamRequest]:
+            yield from messages
+            time.sleep(5)  # keep the stream open: the refusal must come from the bad message
+
+        call = client._stub.ExecSandboxStream(hold(), metadata=client._metadata, timeout=20)
+        with pytest.raises(grpc.RpcError) as refused:
+            list(call)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT, (field, refused.value)
+        assert field in (refused.value.details() or ""), (field, refused.value.details())
+    # The sandbox still runs commands (nothing was left half-started).
+    assert sandbox.run(["true"]).exit_code == 0
