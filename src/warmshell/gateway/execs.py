@@ -37,6 +37,9 @@ __all__ = ["MAX_TERMINAL_CELLS", "ExecRelay", "check_terminal_size"]
 Ctx = grpc.aio.ServicerContext[Any, Any]
 MAX_TERMINAL_CELLS = 0xFFFF  # struct winsize holds unsigned shorts
 MAX_SIGNAL = 64
+# Streamed stdin in flight per exec (sent down, not yet written to the command): enough to keep a
+# pipe busy, small beside the output window, since it sits in the supervisor until written.
+MAX_INPUT_WINDOW_BYTES = 1024 * 1024
 
 
 def check_terminal_size(size: pb.TerminalSize, field: str) -> None:
@@ -82,7 +85,7 @@ class ExecRelay:
             start.stream_stdin = True
             start.tty = stream_start.tty
             start.rows, start.columns = stream_start.size.rows, stream_start.size.columns
-            channel.input_window = OutputWindow(self.window_bytes)
+            channel.input_window = OutputWindow(min(self.window_bytes, MAX_INPUT_WINDOW_BYTES))
         session.execs[channel.exec_id] = channel
         session.send(spb.GatewayMessage(exec_start=start))
         if interactive is not None:

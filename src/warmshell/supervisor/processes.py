@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import os
 import signal
-import termios
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -173,9 +172,20 @@ async def _finish(
     return code if code >= 0 else 128 - code
 
 
-def _take_terminal() -> None:
-    """In the child, after setsid: make stdin (the terminal's slave) the controlling terminal."""
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+# The command's first step on a terminal, in a fresh interpreter (no Python may run between fork
+# and exec in this threaded process: grpc's fork handlers crash a child that does): take stdin,
+# the terminal, as the controlling terminal of the new session, then become the command.
+_TAKE_TERMINAL = """
+import fcntl, os, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+try:
+    os.execvp(sys.argv[1], sys.argv[1:])
+except OSError as exc:
+    missing = isinstance(exc, FileNotFoundError)
+    what = "command not found" if missing else "permission denied" if isinstance(exc, PermissionError) else exc.strerror
+    os.write(2, f"warmshell: {sys.argv[1]}: {what}\\n".encode())
+    os._exit(127 if missing else 126)
+"""
 
 
 async def _run_on_terminal(
@@ -195,22 +205,22 @@ async def _run_on_terminal(
         set_window_size(master, io.terminal)
         try:
             process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                _TAKE_TERMINAL,
                 *command,
                 stdin=slave,
                 stdout=slave,
                 stderr=slave,
                 env=dict(env),
                 cwd=cwd,
-                start_new_session=True,
-                preexec_fn=_take_terminal,  # only an ioctl runs between fork and exec
+                start_new_session=True,  # setsid in the child, before exec (no Python there)
             )
         except OSError as exc:
             if exc.filename == cwd and exc.errno is not None:
                 raise WorkdirError(exc.errno, cwd) from None
-            if isinstance(exc, FileNotFoundError | PermissionError):
-                what = "command not found" if isinstance(exc, FileNotFoundError) else "permission denied"
-                await sink(False, f"warmshell: {command[0]}: {what}\r\n".encode())
-                return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
             raise
     except BaseException:
         os.close(master)
