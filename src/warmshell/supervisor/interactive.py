@@ -110,21 +110,15 @@ class ExecInput:
 async def _write(fd: int, data: bytes, *, close: bool) -> int:
     """Write all of `data` to a non-blocking `fd`, waiting while it is full; the fd, or -1 once
     the reader has gone (closed here when `close`: the rest of stdin is then discarded)."""
-    loop = asyncio.get_running_loop()
     os.set_blocking(fd, False)
     view = memoryview(data)
     while view:
         try:
             view = view[os.write(fd, view) :]
         except BlockingIOError:
-            ready: asyncio.Future[None] = loop.create_future()
-            loop.add_writer(fd, _resolve, ready)
-            try:
-                await ready
-            finally:
-                loop.remove_writer(fd)
+            await _ready(fd, write=True)
         except OSError as exc:
-            if exc.errno not in (errno.EPIPE, errno.EIO, errno.EBADF):
+            if exc.errno not in (errno.EPIPE, errno.EIO):
                 raise
             if close:
                 os.close(fd)
@@ -133,22 +127,16 @@ async def _write(fd: int, data: bytes, *, close: bool) -> int:
 
 
 async def pump_fd(fd: int, stderr: bool, sink: Sink, *, close: bool = True) -> None:
-    """Read `fd` to its end into `sink`, then close it (unless not `close`). A terminal's master reports its end (every
-    holder of the slave closed it) as EIO rather than an empty read. The loop watches the fd
-    directly: cheaper per exec than a transport and a stream reader."""
-    loop = asyncio.get_running_loop()
+    """Read `fd` to its end into `sink`, then close it (unless not `close`). A terminal's master
+    reports its end (every holder of the slave closed it) as EIO rather than an empty read. The
+    loop watches the fd directly: cheaper per exec than a transport and a stream reader."""
     os.set_blocking(fd, False)
     try:
         while True:
             try:
                 data = os.read(fd, READ_CHUNK)
             except BlockingIOError:
-                readable: asyncio.Future[None] = loop.create_future()
-                loop.add_reader(fd, _resolve, readable)
-                try:
-                    await readable
-                finally:
-                    loop.remove_reader(fd)
+                await _ready(fd, write=False)
                 continue
             except OSError as exc:
                 if exc.errno == errno.EIO:
@@ -166,6 +154,17 @@ def set_window_size(fd: int, size: WindowSize) -> None:
     """TIOCSWINSZ on a terminal (the kernel then sends SIGWINCH to its foreground group)."""
     with contextlib.suppress(OSError):  # the terminal is already gone
         fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", size.rows, size.columns, 0, 0))
+
+
+async def _ready(fd: int, *, write: bool) -> None:
+    """Until the event loop sees `fd` writable (or readable)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+    (loop.add_writer if write else loop.add_reader)(fd, _resolve, ready)
+    try:
+        await ready
+    finally:
+        (loop.remove_writer if write else loop.remove_reader)(fd)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
