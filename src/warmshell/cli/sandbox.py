@@ -116,7 +116,8 @@ def register(commands: Any, *, chosen: str | None) -> None:
             metavar="SECONDS",
             help="kill it after N s (0: none)",
         )
-        exec_.add_argument("-i", "--stdin", action="store_true", help="send all of stdin to it")
+        exec_.add_argument("-i", "--stdin", action="store_true", help="stream stdin to it")
+        exec_.add_argument("-t", "--tty", action="store_true", help="run it on a terminal in the sandbox (with -i)")
         _common(exec_)
 
     delete = sub.add("delete", _delete, "Delete a sandbox (its processes are stopped and its record removed).")
@@ -238,6 +239,10 @@ def _get(args: argparse.Namespace) -> int:
 def _exec(args: argparse.Namespace) -> int:
     if not args.command:
         raise usage_error("sandbox exec: the command to run goes after `--` (e.g. `sandbox exec NAME -- ls`)")
+    if (args.stdin or args.tty) and not output_is_json(args):
+        from warmshell.cli import interactive
+
+        return interactive.run(args)
     from warmshell.api.v1 import sandbox_pb2
 
     request = sandbox_pb2.ExecSandboxRequest(

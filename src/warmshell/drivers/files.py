@@ -11,8 +11,6 @@ from __future__ import annotations
 import errno
 import posixpath
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from warmshell.core.errors import (
@@ -25,32 +23,12 @@ from warmshell.core.errors import (
     UnavailableError,
     WarmshellError,
 )
+from warmshell.core.files import FileEntry, FileKind
 from warmshell.core.ids import SandboxId
 
 __all__ = ["FileEntry", "FileKind", "FilesCapable", "SandboxFiles", "file_error", "normalize_path"]
 
 MAX_PATH_BYTES = 4096
-
-
-class FileKind(StrEnum):
-    """What a path names (the wire's FileInfo.type)."""
-
-    FILE = "file"
-    DIRECTORY = "directory"
-    SYMLINK = "symlink"
-    OTHER = "other"  # a FIFO, socket or device node: listed, never opened
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One file's metadata (not following a final symlink)."""
-
-    name: str
-    kind: FileKind
-    size: int
-    mode: int  # permission bits, 07777
-    mtime_ms: int
-    link_target: str = ""
 
 
 class SandboxFiles(Protocol):

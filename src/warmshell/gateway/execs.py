@@ -7,25 +7,46 @@ lets it out). A slow reader therefore slows the command's writes down to the pip
 into; nothing is buffered without bound and nothing is dropped. A client that takes nothing for
 `stall_seconds` ends the exec with an explicit error (and the command is killed): output is
 complete, or the call fails — never an exit status after missing output.
+
+An interactive exec (ExecSandboxStream) also streams the other way: the client's stdin, resizes
+and signals go down the session as they arrive. Stdin is read from the client only while the
+sandbox has room for it (an input window the supervisor credits back as the command consumes it),
+so a large upload moves at the command's pace through HTTP/2 flow control, with flat memory here.
+Both directions are plain message streams, so a replica can relay the call unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.core.errors import FailedPreconditionError, ResourceExhaustedError
+from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from warmshell.gateway import metrics
 from warmshell.gateway.sessions import ExecChannel, SupervisorSession
+from warmshell.supervisor.window import OutputWindow
 
-__all__ = ["ExecRelay"]
+__all__ = ["MAX_TERMINAL_CELLS", "ExecRelay", "check_terminal_size"]
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
+MAX_TERMINAL_CELLS = 0xFFFF  # struct winsize holds unsigned shorts
+MAX_SIGNAL = 64
+# Streamed stdin in flight per exec (sent down, not yet written to the command): enough to keep a
+# pipe busy, small beside the output window, since it sits in the supervisor until written.
+MAX_INPUT_WINDOW_BYTES = 1024 * 1024
+
+
+def check_terminal_size(size: pb.TerminalSize, field: str) -> None:
+    """InvalidArgumentError naming the field when a dimension does not fit a terminal."""
+    for name, value in (("rows", size.rows), ("columns", size.columns)):
+        if value > MAX_TERMINAL_CELLS:
+            raise InvalidArgumentError(f"{field}.{name}", f"at most {MAX_TERMINAL_CELLS}")
 
 
 class ExecRelay:
@@ -35,29 +56,44 @@ class ExecRelay:
         self.window_bytes = window_bytes
         self.stall_seconds = stall_seconds
 
-    async def run(self, session: SupervisorSession, request: pb.ExecSandboxRequest, context: Ctx) -> None:
-        """Start the exec in the sandbox and write its events to the client until its exit.
-        FailedPreconditionError when it could not run; ResourceExhaustedError when the client
-        stopped reading for longer than `stall_seconds`."""
+    async def run(
+        self,
+        session: SupervisorSession,
+        request: pb.ExecSandboxRequest,
+        context: Ctx,
+        *,
+        interactive: tuple[pb.ExecStreamStart, AsyncIterator[pb.ExecStreamRequest]] | None = None,
+    ) -> None:
+        """Start the exec in the sandbox and write its events to the client until its exit;
+        `interactive`: the stream's start and the rest of the client's requests (stdin, resizes,
+        signals), relayed while it runs. FailedPreconditionError when it could not run;
+        ResourceExhaustedError when the client stopped reading for longer than `stall_seconds`;
+        InvalidArgumentError for a bad request on the stream."""
         channel = ExecChannel(exec_id=uuid.uuid4().hex, window=self.window_bytes)
-        session.execs[channel.exec_id] = channel
-        session.send(
-            spb.GatewayMessage(
-                exec_start=spb.ExecStart(
-                    exec_id=channel.exec_id,
-                    command=request.command,
-                    environment=request.environment,
-                    workdir=request.workdir,
-                    timeout_seconds=request.timeout_seconds,
-                    stdin=request.stdin,
-                    output_window_bytes=self.window_bytes,
-                )
-            )
+        start = spb.ExecStart(
+            exec_id=channel.exec_id,
+            command=request.command,
+            environment=request.environment,
+            workdir=request.workdir,
+            timeout_seconds=request.timeout_seconds,
+            stdin=request.stdin,
+            output_window_bytes=self.window_bytes,
         )
+        inputs: asyncio.Task[None] | None = None
+        if interactive is not None:
+            stream_start, requests = interactive
+            start.stream_stdin = True
+            start.tty = stream_start.tty
+            start.rows, start.columns = stream_start.size.rows, stream_start.size.columns
+            channel.input_window = OutputWindow(min(self.window_bytes, MAX_INPUT_WINDOW_BYTES))
+        session.execs[channel.exec_id] = channel
+        session.send(spb.GatewayMessage(exec_start=start))
+        if interactive is not None:
+            inputs = asyncio.create_task(self._relay_input(session, channel, requests, tty=start.tty))
         finished = False
         try:
             while True:
-                event = await channel.events.get()
+                event = await self._next(channel, inputs)
                 if isinstance(event, spb.OutputData):
                     out = pb.ExecEvent(stderr=event.data) if event.stderr else pb.ExecEvent(stdout=event.data)
                     await self._write(context, out)
@@ -73,9 +109,65 @@ class ExecRelay:
                 await self._write(context, pb.ExecEvent(exit_code=event.exit_code))
                 return
         finally:
+            if inputs is not None:
+                inputs.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await inputs
             if not finished:  # the client went away or stalled: stop the command in the sandbox
                 session.execs.pop(channel.exec_id, None)
                 session.send(spb.GatewayMessage(exec_cancel=spb.ExecCancel(exec_id=channel.exec_id)))
+
+    @staticmethod
+    async def _next(channel: ExecChannel, inputs: asyncio.Task[None] | None) -> spb.OutputData | spb.ExecExited:
+        """The exec's next event; a bad request on the input stream fails the call instead."""
+        if inputs is None or (inputs.done() and inputs.exception() is None):
+            return await channel.events.get()
+        getting = asyncio.ensure_future(channel.events.get())
+        try:
+            await asyncio.wait((getting, inputs), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getting.done():
+                getting.cancel()
+        if getting.done() and not getting.cancelled():
+            return getting.result()
+        inputs.result()  # raises what ended the input stream
+        return await channel.events.get()
+
+    async def _relay_input(
+        self,
+        session: SupervisorSession,
+        channel: ExecChannel,
+        requests: AsyncIterator[pb.ExecStreamRequest],
+        *,
+        tty: bool,
+    ) -> None:
+        """Pass the client's requests down the session, stdin no faster than the sandbox takes it.
+        The client's end of the stream is the end of stdin."""
+        assert channel.input_window is not None
+        exec_id = channel.exec_id
+        async for message in requests:
+            kind = message.WhichOneof("message")
+            if kind == "stdin":
+                view = memoryview(message.stdin)
+                while view:
+                    size = await channel.input_window.take(len(view))
+                    session.send(spb.GatewayMessage(exec_input=spb.ExecInput(exec_id=exec_id, data=bytes(view[:size]))))
+                    view = view[size:]
+            elif kind == "close_stdin":
+                session.send(spb.GatewayMessage(exec_input=spb.ExecInput(exec_id=exec_id, eof=True)))
+            elif kind == "resize":
+                check_terminal_size(message.resize, "resize")
+                if not tty:
+                    raise InvalidArgumentError("resize", "only an exec on a terminal (tty) can be resized")
+                resize = spb.ExecResize(exec_id=exec_id, rows=message.resize.rows, columns=message.resize.columns)
+                session.send(spb.GatewayMessage(exec_resize=resize))
+            elif kind == "signal":
+                if not 1 <= message.signal <= MAX_SIGNAL:
+                    raise InvalidArgumentError("signal", f"must be a signal number in 1..{MAX_SIGNAL}")
+                session.send(spb.GatewayMessage(exec_signal=spb.ExecSignal(exec_id=exec_id, signal=message.signal)))
+            elif kind == "start":
+                raise InvalidArgumentError("start", "only the first message of an exec stream starts it")
+        session.send(spb.GatewayMessage(exec_input=spb.ExecInput(exec_id=exec_id, eof=True)))
 
     async def _write(self, context: Ctx, event: pb.ExecEvent) -> None:
         try:

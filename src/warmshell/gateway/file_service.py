@@ -1,7 +1,9 @@
 """The public FileService: read, write, list, stat, remove and mkdir inside a Ready sandbox.
 
 The gateway checks the caller, the request and the sandbox's phase here, then hands the
-operation to its driver's `SandboxFiles`, which confines the path to the sandbox. Content streams
+operation to its driver's `SandboxFiles`, which confines the path to the sandbox (or, for a driver
+that cannot reach its sandboxes' files, a Kubernetes pod, to the sandbox's supervisor through its
+session: `session_files`). Content streams
 through in chunks in both directions (a client-streaming write is read one message at a time, a
 read yields as the transport takes it), so no file is ever held whole in the gateway.
 """
@@ -23,6 +25,7 @@ from warmshell.drivers.files import FileEntry, FilesCapable, SandboxFiles, norma
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
 from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.session_files import SessionFiles
 
 __all__ = ["FileService", "entry_to_proto"]
 
@@ -68,9 +71,15 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
                 f"sandbox {record.workspace}/{record.name} is {record.status.phase.value}; files need Ready"
             )
         driver = self._manager.driver
-        if not isinstance(driver, FilesCapable):
-            raise FailedPreconditionError(f"the {driver.name} driver does not serve files")
-        return await driver.files(record.id)
+        if isinstance(driver, FilesCapable):
+            return await driver.files(record.id)
+        # No host-side way in (a pod): the sandbox's own supervisor does the operations.
+        session = self._manager.sessions.get(record.id)
+        if session is None:
+            raise FailedPreconditionError(
+                f"sandbox {record.workspace}/{record.name} has no live session to serve files"
+            )
+        return SessionFiles(session, chunk_bytes=self._config.chunk_bytes)
 
     @streaming
     async def ReadFile(self, request: pb.FileRef, context: Ctx) -> AsyncIterator[pb.FileChunk]:

@@ -19,7 +19,7 @@ from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
 from warmshell.gateway.convert import new_sandbox, pool_to_proto, sandbox_to_proto
 from warmshell.gateway.events import Changed, Deleted, Output, Progress
-from warmshell.gateway.execs import ExecRelay
+from warmshell.gateway.execs import ExecRelay, check_terminal_size
 from warmshell.gateway.manager import SandboxManager
 
 __all__ = ["SandboxService", "parse_label_selector"]
@@ -138,6 +138,26 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         # Written with context.write rather than yield: each write is bounded in time (a client
         # that stops reading ends the exec; see gateway.execs).
         await self._auth.require_client(context)
+        await self._exec(request, context)
+
+    @unary
+    async def ExecSandboxStream(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[pb.ExecStreamRequest], context: Ctx
+    ) -> None:
+        await self._auth.require_client(context)
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("start"):
+            raise InvalidArgumentError("start", "the first message of an exec stream must be its start")
+        check_terminal_size(first.start.size, "start.size")
+        await self._exec(first.start.exec, context, interactive=(first.start, request_iterator))
+
+    async def _exec(
+        self,
+        request: pb.ExecSandboxRequest,
+        context: Ctx,
+        *,
+        interactive: tuple[pb.ExecStreamStart, AsyncIterator[pb.ExecStreamRequest]] | None = None,
+    ) -> None:
         if not request.command:
             raise InvalidArgumentError("command", "must not be empty")
         validate_command(request.command)
@@ -153,7 +173,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             )
         self._manager.touch(record.id)
         try:
-            await self._execs.run(session, request, context)
+            await self._execs.run(session, request, context, interactive=interactive)
         finally:
             self._manager.touch(record.id)  # idle time counts from the end of the last command
 

@@ -17,6 +17,7 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.errors import AlreadyExistsError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import now_ms
+from warmshell.supervisor.window import OutputWindow
 
 __all__ = ["MISSED_HEARTBEATS", "ExecChannel", "SessionTable", "SupervisorSession"]
 
@@ -37,6 +38,8 @@ class ExecChannel:
     events: asyncio.Queue[spb.OutputData | spb.ExecExited] = field(default_factory=asyncio.Queue)
     in_flight: int = 0
     _ungranted: int = 0
+    # Streamed stdin not yet written to the command (None: no streamed stdin).
+    input_window: OutputWindow | None = None
 
     def passed_on(self, size: int) -> int:
         """`size` bytes reached the client: the credit to grant now (0 = keep batching; grants
@@ -58,6 +61,8 @@ class SupervisorSession:
     session_id: str
     outbox: asyncio.Queue[spb.GatewayMessage | None] = field(default_factory=asyncio.Queue)
     execs: dict[str, ExecChannel] = field(default_factory=dict)
+    # Results of file operations in flight (files served by the sandbox's supervisor), by op id.
+    file_ops: dict[str, asyncio.Queue[spb.FileResult]] = field(default_factory=dict)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     last_seen: int = field(default_factory=now_ms)
 
@@ -77,18 +82,25 @@ class SupervisorSession:
         for channel in self.execs.values():
             channel.events.put_nowait(spb.ExecExited(exec_id=channel.exec_id, exit_code=-1, error="session closed"))
         self.execs.clear()
+        for op_id, results in self.file_ops.items():
+            results.put_nowait(spb.FileResult(op_id=op_id, error="the sandbox's session closed"))
+        self.file_ops.clear()
 
     def healthy(self, now: int, window_ms: int) -> bool:
         """Open and heard from within the last `window_ms` (a live supervisor answers every
         heartbeat, so a healthy session's supervisor is running)."""
         return not self.closed.is_set() and now - self.last_seen <= window_ms
 
-    def deliver(self, message: spb.OutputData | spb.ExecExited) -> None:
+    def deliver(self, message: spb.OutputData | spb.ExecExited | spb.ExecInputCredit) -> None:
         """Route an exec's output or exit to whoever is waiting for it. Output beyond the exec's
         window (a supervisor that ignores flow control) ends the exec with an error and cancels
         it in the sandbox: nothing is dropped silently."""
         channel = self.execs.get(message.exec_id)
         if channel is None:
+            return
+        if isinstance(message, spb.ExecInputCredit):
+            if channel.input_window is not None:
+                channel.input_window.grant(message.bytes)
             return
         if isinstance(message, spb.OutputData) and channel.window:
             channel.in_flight += len(message.data)

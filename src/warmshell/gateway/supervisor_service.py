@@ -223,6 +223,11 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
                         self._manager.on_output(sandbox_id, stderr=message.output.stderr, data=message.output.data)
                 elif kind == "exec_exited":
                     session.deliver(message.exec_exited)
+                elif kind == "exec_input_credit":
+                    session.deliver(message.exec_input_credit)
+                elif kind == "file_result":
+                    if (results := session.file_ops.get(message.file_result.op_id)) is not None:
+                        results.put_nowait(message.file_result)
                 elif kind == "workload_exited":
                     await self._manager.on_workload_exit(sandbox_id, message.workload_exited.exit_code)
                     # Terminal: the supervisor may exit now that the gateway has the exit code.

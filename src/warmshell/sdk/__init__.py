@@ -9,7 +9,8 @@ output, and delete them, synchronously (`Client`) or with asyncio (`AsyncClient`
             assert r.exit_code == 0 and r.stdout == b"42\\n"
 
 `sb.files` reads, writes, lists and removes files in the sandbox (`warmshell.sdk.files`);
-interactive sessions are not offered yet.
+`sb.pty(...)` and `sb.start(...)` run a command with streamed stdin, on a terminal or not
+(`warmshell.sdk.interactive`).
 
 Every name is loaded on first use (`warmshell.sdk.connection`, which the CLI uses, needs none of
 grpc); `import warmshell.sdk` itself imports nothing.
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
         Unauthenticated,
         Unavailable,
     )
+    from warmshell.sdk.interactive import AsyncProcess, Process
     from warmshell.sdk.views import Condition, ExecResult, Lifetime, OutputEvent, PoolInfo, SandboxInfo, Timeline
 
 # Public name -> the module that defines it.
@@ -47,6 +49,7 @@ _EXPORTS = {
     "AlreadyExists": "warmshell.sdk.errors",
     "ApiError": "warmshell.sdk.errors",
     "AsyncClient": "warmshell.sdk.aio",
+    "AsyncProcess": "warmshell.sdk.interactive",
     "AsyncSandbox": "warmshell.sdk.aio",
     "Client": "warmshell.sdk.client",
     "Condition": "warmshell.sdk.views",
@@ -62,6 +65,7 @@ _EXPORTS = {
     "PermissionDenied": "warmshell.sdk.errors",
     "Phase": "warmshell.core.models",
     "PoolInfo": "warmshell.sdk.views",
+    "Process": "warmshell.sdk.interactive",
     "ResourceExhausted": "warmshell.sdk.errors",
     "Sandbox": "warmshell.sdk.client",
     "SandboxError": "warmshell.sdk.errors",
@@ -76,6 +80,7 @@ __all__ = [
     "AlreadyExists",
     "ApiError",
     "AsyncClient",
+    "AsyncProcess",
     "AsyncSandbox",
     "Client",
     "Condition",
@@ -91,6 +96,7 @@ __all__ = [
     "PermissionDenied",
     "Phase",
     "PoolInfo",
+    "Process",
     "ResourceExhausted",
     "Sandbox",
     "SandboxError",

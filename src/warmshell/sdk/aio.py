@@ -11,11 +11,12 @@ gateway's own command limit, which `asyncio.timeout` around the call could not e
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -27,6 +28,7 @@ from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.sdk import calls, connection, errors, views
 from warmshell.sdk.client import CHANNEL_OPTIONS, DEFAULT_READY_TIMEOUT_SECONDS
 from warmshell.sdk.files import AsyncFiles
+from warmshell.sdk.interactive import AsyncProcess, StdinSource, feed_async, start_request
 
 __all__ = ["AsyncClient", "AsyncSandbox"]
 
@@ -237,6 +239,78 @@ class AsyncSandbox:
             request, metadata=self.client._metadata, timeout=calls.exec_deadline(timeout)
         )
 
+    async def start(
+        self,
+        argv: Sequence[str],
+        *,
+        tty: bool = False,
+        rows: int = 24,
+        columns: int = 80,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
+    ) -> AsyncProcess:
+        """`Sandbox.start`, awaited."""
+        request = calls.exec_request(
+            name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=b""
+        )
+        call = self.client._stub.ExecSandboxStream(
+            None, metadata=self.client._metadata, timeout=calls.exec_deadline(timeout)
+        )
+        return await AsyncProcess.start(
+            call, start_request(request, tty=tty, rows=rows, columns=columns), self.client.address
+        )
+
+    async def pty(
+        self,
+        argv: Sequence[str] = ("sh",),
+        *,
+        rows: int = 24,
+        columns: int = 80,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
+    ) -> AsyncProcess:
+        """`Sandbox.pty`, awaited."""
+        environment = {"TERM": "xterm-256color", **(env or {})}
+        return await self.start(
+            argv, tty=True, rows=rows, columns=columns, env=environment, workdir=workdir, timeout=timeout
+        )
+
+    async def _streamed(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        workdir: str | None,
+        timeout: float | None,  # noqa: ASYNC109 - a gRPC deadline
+        stdin: StdinSource | AsyncIterable[bytes],
+    ) -> AsyncGenerator[pb.ExecEvent, None]:
+        """ExecSandboxStream with `stdin` fed beside reading the output."""
+        process = await self.start(argv, env=env, workdir=workdir, timeout=timeout)
+        feeding = asyncio.ensure_future(feed_async(process, stdin))
+        try:
+            async for event in process._call:
+                yield event
+            if feeding.done():
+                feeding.result()  # raises what failed while feeding
+        finally:
+            feeding.cancel()
+            with contextlib.suppress(asyncio.CancelledError, errors.Error):
+                await feeding
+            process.close()
+
+    def _events(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        workdir: str | None,
+        timeout: float | None,
+        stdin: bytes | str | StdinSource | AsyncIterable[bytes],
+    ) -> AsyncIterator[pb.ExecEvent]:
+        if isinstance(stdin, bytes | str):
+            return aiter(self._exec_call(argv, env, workdir, timeout, stdin))
+        return self._streamed(argv, env, workdir, timeout, stdin)
+
     async def run(
         self,
         argv: Sequence[str],
@@ -244,13 +318,13 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
-        stdin: bytes | str = b"",
+        stdin: bytes | str | StdinSource | AsyncIterable[bytes] = b"",
     ) -> views.ExecResult:
-        """`Sandbox.run`, awaited."""
+        """`Sandbox.run`, awaited (`stdin` may also be an async iterable of chunks)."""
         started = time.perf_counter()
         fold = calls.ExecFold()
         with self.client._translating():
-            async for event in self._exec_call(argv, env, workdir, timeout, stdin):
+            async for event in self._events(argv, env, workdir, timeout, stdin):
                 fold.feed(event)
         return fold.result((time.perf_counter() - started) * 1000)
 
@@ -261,16 +335,19 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
-        stdin: bytes | str = b"",
+        stdin: bytes | str | StdinSource | AsyncIterable[bytes] = b"",
     ) -> AsyncGenerator[views.OutputEvent, None]:
         """`Sandbox.run_stream` as `async for`; leaving the loop early stops the command."""
-        call = self._exec_call(argv, env, workdir, timeout, stdin)
+        events = self._events(argv, env, workdir, timeout, stdin)
         try:
             with self.client._translating():
-                async for event in call:
+                async for event in events:
                     yield calls.output_event(event)
         finally:
-            call.cancel()
+            if isinstance(events, AsyncGenerator):
+                await events.aclose()
+            else:
+                events.cancel()  # type: ignore[attr-defined]
 
     async def wait_exit(self, timeout: float | None = None) -> views.ExecResult:  # noqa: ASYNC109
         """`Sandbox.wait_exit`, awaited (deletes the sandbox afterwards with `auto_delete`)."""

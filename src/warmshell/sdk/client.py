@@ -26,6 +26,7 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.sdk import calls, connection, errors, views
 from warmshell.sdk.files import Files
+from warmshell.sdk.interactive import Process, StdinSource, start_request, stdin_requests
 
 __all__ = ["CHANNEL_OPTIONS", "Client", "Sandbox"]
 
@@ -226,14 +227,65 @@ class Sandbox:
         env: Mapping[str, str] | None,
         workdir: str | None,
         timeout: float | None,
-        stdin: bytes | str,
+        stdin: bytes | str | StdinSource,
     ) -> grpc.CallIterator[pb.ExecEvent]:
+        streamed = not isinstance(stdin, bytes | str)
         request = calls.exec_request(
-            name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin
+            name=self.name,
+            workspace=self.workspace,
+            argv=argv,
+            env=env,
+            workdir=workdir,
+            timeout=timeout,
+            stdin=b"" if streamed else stdin,  # type: ignore[arg-type]
         )
-        return self.client._stub.ExecSandbox(
-            request, metadata=self.client._metadata, timeout=calls.exec_deadline(timeout)
+        deadline = calls.exec_deadline(timeout)
+        if streamed:  # read lazily, as fast as the command takes it
+            requests = stdin_requests(start_request(request, tty=False), stdin)  # type: ignore[arg-type]
+            return self.client._stub.ExecSandboxStream(requests, metadata=self.client._metadata, timeout=deadline)
+        return self.client._stub.ExecSandbox(request, metadata=self.client._metadata, timeout=deadline)
+
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        tty: bool = False,
+        rows: int = 24,
+        columns: int = 80,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout: float | None = None,
+    ) -> Process:
+        """Start a command whose stdin you stream (`send`, `close_stdin`), that you can `signal`,
+        and read its output as it comes (`recv`, iteration, `wait`). With `tty`, it runs on a
+        pseudo-terminal in the sandbox of `rows` x `columns` (see `pty`)."""
+        request = calls.exec_request(
+            name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=b""
         )
+        start = start_request(request, tty=tty, rows=rows, columns=columns)
+        with self.client._translating():
+            return Process(
+                lambda requests: self.client._stub.ExecSandboxStream(
+                    requests, metadata=self.client._metadata, timeout=calls.exec_deadline(timeout)
+                ),
+                start,
+                self.client.address,
+            )
+
+    def pty(
+        self,
+        argv: Sequence[str] = ("sh",),
+        *,
+        rows: int = 24,
+        columns: int = 80,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        timeout: float | None = None,
+    ) -> Process:
+        """An interactive shell (or `argv`) on a pseudo-terminal in the sandbox: `send` what is
+        typed (b"\x03" interrupts), `resize`, `recv` what the terminal shows, `close`."""
+        environment = {"TERM": "xterm-256color", **(env or {})}
+        return self.start(argv, tty=True, rows=rows, columns=columns, env=environment, workdir=workdir, timeout=timeout)
 
     def run(
         self,
@@ -242,10 +294,11 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         timeout: float | None = None,
-        stdin: bytes | str = b"",
+        stdin: bytes | str | StdinSource = b"",
     ) -> views.ExecResult:
         """Run a command (an argv list, no shell) and return its exit code and output. A command
-        still running after `timeout` seconds is killed and exits 124."""
+        still running after `timeout` seconds is killed and exits 124. `stdin` is bytes, or an
+        iterable of byte chunks or a binary file, streamed as the command reads it."""
         started = time.perf_counter()
         fold = calls.ExecFold()
         with self.client._translating():
@@ -260,7 +313,7 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         timeout: float | None = None,
-        stdin: bytes | str = b"",
+        stdin: bytes | str | StdinSource = b"",
     ) -> Generator[views.OutputEvent, None, None]:
         """Run a command and yield its output as it comes, then one event with the exit code.
         Leaving the loop early (or closing the iterator) stops the command."""

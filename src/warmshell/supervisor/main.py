@@ -42,6 +42,8 @@ import grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.backoff import delays
+from warmshell.supervisor.fileops import FileServer
+from warmshell.supervisor.interactive import DEFAULT_SIZE, ExecInput, WindowSize
 from warmshell.supervisor.outbox import Outbox
 from warmshell.supervisor.processes import Runner, WorkdirError, run_streaming
 from warmshell.supervisor.window import OutputWindow
@@ -146,10 +148,13 @@ class Supervisor:
         *,
         runner: Runner = run_streaming,
         channel: grpc.aio.Channel | None = None,
+        serve_files: bool = False,
     ) -> None:
         """`runner` starts the workload and execs (default: as this process's children);
         `channel`, when given, is a shared channel to the gateway that `run` does not close
-        (the local driver runs every sandbox's supervisor in the gateway over one)."""
+        (the local driver runs every sandbox's supervisor in the gateway over one); `serve_files`:
+        answer the gateway's file operations inside this process's filesystem (a pod's
+        supervisor; the local driver serves files host-side instead)."""
         self.settings = settings
         self._base_env = base_env
         self._runner = runner
@@ -157,6 +162,8 @@ class Supervisor:
         self._outbox = Outbox()
         self._execs: dict[str, asyncio.Task[None]] = {}
         self._windows: dict[str, OutputWindow] = {}
+        self._inputs: dict[str, ExecInput] = {}
+        self._files = FileServer(self._outbox.put) if serve_files else None
         self._token = ""
         self._token_expires_ms = 0
         self._workload: asyncio.Task[None] | None = None
@@ -249,6 +256,8 @@ class Supervisor:
                 view = view[size:]
 
         env = {**self._env, **start.environment}
+        interactive = self._inputs.get(start.exec_id)
+        extra = {"io": interactive} if interactive is not None else {}  # plain runners need not know
         error = ""
         try:
             code = await self._runner(
@@ -258,6 +267,7 @@ class Supervisor:
                 sink=sink,
                 stdin=start.stdin,
                 timeout=start.timeout_seconds or None,
+                **extra,
             )
         except WorkdirError as exc:  # the command never started: an error, not an exit status
             code, error = -1, str(exc)
@@ -267,6 +277,7 @@ class Supervisor:
         finally:
             self._execs.pop(start.exec_id, None)
             self._windows.pop(start.exec_id, None)
+            self._inputs.pop(start.exec_id, None)
         exited = spb.ExecExited(exec_id=start.exec_id, exit_code=code, error=error)
         await self._send(spb.SupervisorMessage(exec_exited=exited))
 
@@ -310,6 +321,8 @@ class Supervisor:
             for task in self._execs.values():
                 task.cancel()
             self._execs.clear()
+            if self._files is not None:
+                self._files.close()
 
     async def _serve_session(self, call: grpc.aio.StreamStreamCall[spb.SupervisorMessage, spb.GatewayMessage]) -> bool:
         async for message in call:
@@ -318,12 +331,23 @@ class Supervisor:
                 await self._send(spb.SupervisorMessage(heartbeat=spb.Heartbeat(sent_at_ms=int(time.time() * 1000))))
             elif kind == "exec_start":
                 start = message.exec_start
+                if start.stream_stdin or start.tty:
+                    self._inputs[start.exec_id] = self._exec_input(start)
                 self._execs[start.exec_id] = asyncio.create_task(self._run_exec(start))
+            elif kind in ("exec_input", "exec_resize", "exec_signal"):
+                self._exec_control(message)
+            elif kind == "file_op":
+                if self._files is not None:
+                    self._files.handle(message.file_op)
+                else:
+                    refused = spb.FileResult(op_id=message.file_op.op_id, error="this supervisor does not serve files")
+                    await self._send(spb.SupervisorMessage(file_result=refused))
             elif kind == "exec_credit":
                 window = self._windows.get(message.exec_credit.exec_id)
                 if window is not None:
                     window.grant(message.exec_credit.bytes)
             elif kind == "exec_cancel":
+                self._inputs.pop(message.exec_cancel.exec_id, None)
                 task = self._execs.pop(message.exec_cancel.exec_id, None)
                 if task is not None:
                     task.cancel()
@@ -333,6 +357,31 @@ class Supervisor:
                 log.info("gateway ended the sandbox: %s", message.shutdown.reason)
                 return True
         return False
+
+    def _exec_input(self, start: spb.ExecStart) -> ExecInput:
+        def credit(size: int) -> None:
+            self._outbox.put(
+                spb.SupervisorMessage(exec_input_credit=spb.ExecInputCredit(exec_id=start.exec_id, bytes=size))
+            )
+
+        size = WindowSize(start.rows or DEFAULT_SIZE.rows, start.columns or DEFAULT_SIZE.columns)
+        return ExecInput(terminal=size if start.tty else None, credit=credit)
+
+    def _exec_control(self, message: spb.GatewayMessage) -> None:
+        """Stdin, a resize or a signal for a running exec (one that ended ignores it)."""
+        kind = message.WhichOneof("message") or ""
+        exec_id = getattr(message, kind).exec_id
+        target = self._inputs.get(exec_id)
+        if target is None:
+            return
+        if kind == "exec_input":
+            target.feed(message.exec_input.data)
+            if message.exec_input.eof:
+                target.end()
+        elif kind == "exec_resize":
+            target.resize(WindowSize(message.exec_resize.rows, message.exec_resize.columns))
+        else:
+            target.signal(message.exec_signal.signal)
 
     async def _refresh_tokens(self) -> None:
         while True:
@@ -367,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     base_env = {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX)}
     for key in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
         del os.environ[key]
-    supervisor = Supervisor(settings, base_env)
+    supervisor = Supervisor(settings, base_env, serve_files=True)
     loop = asyncio.new_event_loop()
     main_task = loop.create_task(supervisor.run())
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -13,8 +13,11 @@ import contextlib
 import errno
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size
 
 __all__ = ["OutputSink", "Runner", "WorkdirError", "run_streaming"]
 
@@ -53,7 +56,12 @@ class Runner(Protocol):
         sink: OutputSink,
         stdin: bytes = b"",
         timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit
-    ) -> int: ...
+        io: ExecInput | None = None,
+    ) -> int:
+        """`io`, when given, streams stdin (after `stdin`, which goes first), resizes and signals to the command,
+        and with `io.terminal` runs it on a new pseudo-terminal (its controlling terminal, all of
+        stdin, stdout and stderr; output goes to `sink` as stdout)."""
+        ...
 
 
 async def _pump(stream: asyncio.StreamReader, stderr: bool, sink: OutputSink) -> None:
@@ -78,16 +86,21 @@ async def run_streaming(
     stdin: bytes = b"",
     timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit, enforced with asyncio.timeout
     started: Callable[[asyncio.subprocess.Process], None] | None = None,
+    io: ExecInput | None = None,
 ) -> int:
-    """Run `command`, send its output to `sink` as it comes, return its exit status.
+    """Run `command`, send its output to `sink` as it comes, return its exit status (`io`: see
+    `Runner`).
 
     Exit statuses follow the shell's conventions, so scripts read them the same way:
     127 not found, 126 not executable, 124 timed out, 128+N killed by signal N. WorkdirError
     when `cwd` cannot be entered."""
+    if io is not None and io.terminal is not None:
+        return await _run_on_terminal(command, env=env, cwd=cwd, sink=sink, stdin=stdin, timeout=timeout, io=io)
+    streamed = io is not None
     try:
         process = await asyncio.create_subprocess_exec(
             *command,
-            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE if stdin or streamed else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=dict(env),
@@ -109,13 +122,36 @@ async def run_streaming(
         started(process)
     assert process.stdout is not None
     assert process.stderr is not None
-    if stdin:
+    feeding: asyncio.Task[None] | None = None
+    if io is not None:
+        assert process.stdin is not None
+        # The pipe's own fd, fed by `io` directly (a duplicate: the transport keeps its own).
+        stdin_fd = os.dup(process.stdin.get_extra_info("pipe").fileno())
+        process.stdin.close()
+        io.feed(stdin, credited=False)
+        feeding = asyncio.create_task(io.serve(stdin_fd, kill=lambda signo: _kill_group(process, signo)))
+    elif stdin:
         assert process.stdin is not None
         process.stdin.write(stdin)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             await process.stdin.drain()
         process.stdin.close()
     pumps = asyncio.gather(_pump(process.stdout, False, sink), _pump(process.stderr, True, sink))
+    try:
+        return await _finish(process, pumps, sink, timeout)
+    finally:
+        if feeding is not None:
+            feeding.cancel()
+
+
+async def _finish(
+    process: asyncio.subprocess.Process,
+    pumps: asyncio.Future[Any],
+    sink: OutputSink,
+    timeout: float | None,  # noqa: ASYNC109 - the command's own limit
+) -> int:
+    """Wait for the output to end and the process to exit (killing its group on a timeout or a
+    cancel); its exit status."""
     try:
         async with asyncio.timeout(timeout):
             await pumps
@@ -134,3 +170,70 @@ async def run_streaming(
             await process.wait()
         raise
     return code if code >= 0 else 128 - code
+
+
+# The command's first step on a terminal, in a fresh interpreter (no Python may run between fork
+# and exec in this threaded process: grpc's fork handlers crash a child that does): take stdin,
+# the terminal, as the controlling terminal of the new session, then become the command.
+_TAKE_TERMINAL = """
+import fcntl, os, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+try:
+    os.execvp(sys.argv[1], sys.argv[1:])
+except OSError as exc:
+    missing = isinstance(exc, FileNotFoundError)
+    what = "command not found" if missing else "permission denied" if isinstance(exc, PermissionError) else exc.strerror
+    os.write(2, f"warmshell: {sys.argv[1]}: {what}\\n".encode())
+    os._exit(127 if missing else 126)
+"""
+
+
+async def _run_on_terminal(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str,
+    sink: OutputSink,
+    stdin: bytes,
+    timeout: float | None,  # noqa: ASYNC109 - the command's own limit
+    io: ExecInput,
+) -> int:
+    """`run_streaming` on a new pseudo-terminal of this process's devpts."""
+    assert io.terminal is not None
+    master, slave = os.openpty()
+    try:
+        set_window_size(master, io.terminal)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                _TAKE_TERMINAL,
+                *command,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,  # setsid in the child, before exec (no Python there)
+            )
+        except OSError as exc:
+            if exc.filename == cwd and exc.errno is not None:
+                raise WorkdirError(exc.errno, cwd) from None
+            raise
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)  # the command holds it now: the master reads EIO once it (and its children) closed it
+    io.feed(stdin, credited=False)
+    feeding = asyncio.create_task(io.serve(master, kill=lambda signo: _kill_group(process, signo)))
+    try:
+        output = asyncio.ensure_future(pump_fd(master, False, sink, close=False))
+        return await _finish(process, output, sink, timeout)
+    finally:
+        feeding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feeding
+        os.close(master)

@@ -53,3 +53,10 @@ def test_any_other_bytes_are_refused(data: bytes) -> None:
     else:
         with pytest.raises(WireError):
             agentwire.decode_reply(data)
+
+
+def test_an_exec_on_a_terminal_is_the_same_record_with_its_own_kind() -> None:
+    plain = agentwire.encode_exec(5, ["sh"], {"A": "1"}, "/")
+    tty = agentwire.encode_exec(5, ["sh"], {"A": "1"}, "/", tty=True)
+    assert tty[4:] == plain[4:]
+    assert struct.unpack_from("=I", tty)[0] == agentwire.Kind.EXEC_TTY == ord("T")

@@ -783,6 +783,104 @@ class ExecEvent(_message.Message):
 Global___ExecEvent: _TypeAlias = ExecEvent  # noqa: Y015
 
 @_typing.final
+class TerminalSize(_message.Message):
+    """A terminal's size in character cells."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    columns: _builtins.int
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+        columns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TerminalSize: _TypeAlias = TerminalSize  # noqa: Y015
+
+@_typing.final
+class ExecStreamStart(_message.Message):
+    """The first message of ExecSandboxStream: what to run, and whether on a terminal."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_FIELD_NUMBER: _builtins.int
+    TTY_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    tty: _builtins.bool
+    """Run the command on a pseudo-terminal in the sandbox (its output arrives as stdout only)."""
+    @_builtins.property
+    def exec(self) -> Global___ExecSandboxRequest:
+        """As for ExecSandbox; its `stdin` (if any) is sent first, before streamed stdin."""
+
+    @_builtins.property
+    def size(self) -> Global___TerminalSize:
+        """The terminal's initial size (tty only; 0 means 24x80)."""
+
+    def __init__(
+        self,
+        *,
+        exec: Global___ExecSandboxRequest | None = ...,
+        tty: _builtins.bool = ...,
+        size: Global___TerminalSize | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "size", b"size"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec", b"exec", "size", b"size", "tty", b"tty"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecStreamStart: _TypeAlias = ExecStreamStart  # noqa: Y015
+
+@_typing.final
+class ExecStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    STDIN_FIELD_NUMBER: _builtins.int
+    CLOSE_STDIN_FIELD_NUMBER: _builtins.int
+    RESIZE_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    stdin: _builtins.bytes
+    """More stdin (bounded per message by the gateway's exec input limit)."""
+    close_stdin: _builtins.bool
+    """The end of stdin (the command's stdin pipe is closed; ignored on a terminal)."""
+    signal: _builtins.int
+    """Deliver this signal (1..64, e.g. 2 = SIGINT) to the command's process group."""
+    @_builtins.property
+    def start(self) -> Global___ExecStreamStart: ...
+    @_builtins.property
+    def resize(self) -> Global___TerminalSize:
+        """The client's terminal was resized (tty only)."""
+
+    def __init__(
+        self,
+        *,
+        start: Global___ExecStreamStart | None = ...,
+        stdin: _builtins.bytes = ...,
+        close_stdin: _builtins.bool = ...,
+        resize: Global___TerminalSize | None = ...,
+        signal: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["close_stdin", b"close_stdin", "message", b"message", "resize", b"resize", "signal", b"signal", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_stdin", b"close_stdin", "message", b"message", "resize", b"resize", "signal", b"signal", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["start", "stdin", "close_stdin", "resize", "signal"]  # noqa: Y015
+    _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
+
+Global___ExecStreamRequest: _TypeAlias = ExecStreamRequest  # noqa: Y015
+
+@_typing.final
 class ListPoolsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

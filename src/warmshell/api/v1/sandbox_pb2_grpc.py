@@ -64,6 +64,11 @@ class SandboxServiceStub:
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ExecSandboxRequest.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.FromString,
                 _registered_method=True)
+        self.ExecSandboxStream = channel.stream_stream(
+                '/warmshell.v1.SandboxService/ExecSandboxStream',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ExecStreamRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.FromString,
+                _registered_method=True)
         self.ListPools = channel.unary_unary(
                 '/warmshell.v1.SandboxService/ListPools',
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ListPoolsRequest.SerializeToString,
@@ -115,6 +120,15 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecSandboxStream(self, request_iterator, context):
+        """Interactive exec: the first request is `start`, then stdin, resizes and signals as they
+        happen; the responses are ExecSandbox's (output, then the exit code). Stdin is read only as
+        fast as the command consumes it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListPools(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -158,6 +172,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
             'ExecSandbox': grpc.unary_stream_rpc_method_handler(
                     servicer.ExecSandbox,
                     request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ExecSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.SerializeToString,
+            ),
+            'ExecSandboxStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ExecSandboxStream,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ExecStreamRequest.FromString,
                     response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.SerializeToString,
             ),
             'ListPools': grpc.unary_unary_rpc_method_handler(
@@ -332,6 +351,33 @@ class SandboxService:
             target,
             '/warmshell.v1.SandboxService/ExecSandbox',
             warmshell_dot_v1_dot_sandbox__pb2.ExecSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecSandboxStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/warmshell.v1.SandboxService/ExecSandboxStream',
+            warmshell_dot_v1_dot_sandbox__pb2.ExecStreamRequest.SerializeToString,
             warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.FromString,
             options,
             channel_credentials,

@@ -39,6 +39,11 @@ class SandboxServiceStub:
     DeleteSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.DeleteSandboxResponse]
     WatchSandbox: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.WatchSandboxRequest, _sandbox_pb2.SandboxEvent]
     ExecSandbox: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.ExecSandboxRequest, _sandbox_pb2.ExecEvent]
+    ExecSandboxStream: _grpc.StreamStreamMultiCallable[_sandbox_pb2.ExecStreamRequest, _sandbox_pb2.ExecEvent]
+    """Interactive exec: the first request is `start`, then stdin, resizes and signals as they
+    happen; the responses are ExecSandbox's (output, then the exit code). Stdin is read only as
+    fast as the command consumes it.
+    """
     ListPools: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ListPoolsRequest, _sandbox_pb2.ListPoolsResponse]
     RefreshTtl: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]
 
@@ -51,6 +56,11 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     DeleteSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.DeleteSandboxResponse]  # type: ignore[assignment]
     WatchSandbox: _aio.UnaryStreamMultiCallable[_sandbox_pb2.WatchSandboxRequest, _sandbox_pb2.SandboxEvent]  # type: ignore[assignment]
     ExecSandbox: _aio.UnaryStreamMultiCallable[_sandbox_pb2.ExecSandboxRequest, _sandbox_pb2.ExecEvent]  # type: ignore[assignment]
+    ExecSandboxStream: _aio.StreamStreamMultiCallable[_sandbox_pb2.ExecStreamRequest, _sandbox_pb2.ExecEvent]  # type: ignore[assignment]
+    """Interactive exec: the first request is `start`, then stdin, resizes and signals as they
+    happen; the responses are ExecSandbox's (output, then the exit code). Stdin is read only as
+    fast as the command consumes it.
+    """
     ListPools: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ListPoolsRequest, _sandbox_pb2.ListPoolsResponse]  # type: ignore[assignment]
     RefreshTtl: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
 
@@ -96,6 +106,17 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _sandbox_pb2.ExecSandboxRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_sandbox_pb2.ExecEvent], _abc.AsyncIterator[_sandbox_pb2.ExecEvent]]: ...
+
+    @_abc_1.abstractmethod
+    def ExecSandboxStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_sandbox_pb2.ExecStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sandbox_pb2.ExecEvent], _abc.AsyncIterator[_sandbox_pb2.ExecEvent]]:
+        """Interactive exec: the first request is `start`, then stdin, resizes and signals as they
+        happen; the responses are ExecSandbox's (output, then the exit code). Stdin is read only as
+        fast as the command consumes it.
+        """
 
     @_abc_1.abstractmethod
     def ListPools(

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dwarmshell/v1/supervisor.proto\x12\x0cwarmshell.v1\"9\n\x19RegisterSupervisorRequest\x12\x1c\n\x14\x62ootstrap_credential\x18\x01 \x01(\t\"\x84\x02\n\x08Workload\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\t\x12<\n\x0b\x65nvironment\x18\x02 \x03(\x0b\x32\'.warmshell.v1.Workload.EnvironmentEntry\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12\x34\n\x07secrets\x18\x04 \x03(\x0b\x32#.warmshell.v1.Workload.SecretsEntry\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cSecretsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc4\x01\n\x1bSupervisorActivationMessage\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x14\n\x0csandbox_name\x18\x02 \x01(\t\x12\x11\n\tworkspace\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\t\x12\x1b\n\x13token_expires_at_ms\x18\x05 \x01(\x03\x12(\n\x08workload\x18\x06 \x01(\x0b\x32\x16.warmshell.v1.Workload\x12\x12\n\nsession_id\x18\x07 \x01(\t\"T\n\x0fSupervisorHello\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x18\n\x10workload_started\x18\x03 \x01(\x08\"\x1f\n\tHeartbeat\x12\x12\n\nsent_at_ms\x18\x01 \x01(\x03\";\n\nOutputData\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"?\n\nExecExited\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"#\n\x0eWorkloadExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\"\x92\x02\n\x11SupervisorMessage\x12.\n\x05hello\x18\x01 \x01(\x0b\x32\x1d.warmshell.v1.SupervisorHelloH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.warmshell.v1.HeartbeatH\x00\x12*\n\x06output\x18\x03 \x01(\x0b\x32\x18.warmshell.v1.OutputDataH\x00\x12/\n\x0b\x65xec_exited\x18\x04 \x01(\x0b\x32\x18.warmshell.v1.ExecExitedH\x00\x12\x37\n\x0fworkload_exited\x18\x05 \x01(\x0b\x32\x1c.warmshell.v1.WorkloadExitedH\x00\x42\t\n\x07message\"D\n\x0fSessionAccepted\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"\xf6\x01\n\tExecStart\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12=\n\x0b\x65nvironment\x18\x03 \x03(\x0b\x32(.warmshell.v1.ExecStart.EnvironmentEntry\x12\x0f\n\x07workdir\x18\x04 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\r\x12\r\n\x05stdin\x18\x06 \x01(\x0c\x12\x1b\n\x13output_window_bytes\x18\x07 \x01(\r\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1d\n\nExecCancel\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\",\n\nExecCredit\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\r\"-\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\treconnect\x18\x02 \x01(\x08\"\xb9\x02\n\x0eGatewayMessage\x12\x31\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1d.warmshell.v1.SessionAcceptedH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.warmshell.v1.HeartbeatH\x00\x12-\n\nexec_start\x18\x03 \x01(\x0b\x32\x17.warmshell.v1.ExecStartH\x00\x12/\n\x0b\x65xec_cancel\x18\x04 \x01(\x0b\x32\x18.warmshell.v1.ExecCancelH\x00\x12*\n\x08shutdown\x18\x05 \x01(\x0b\x32\x16.warmshell.v1.ShutdownH\x00\x12/\n\x0b\x65xec_credit\x18\x06 \x01(\x0b\x32\x18.warmshell.v1.ExecCreditH\x00\x42\t\n\x07message\"\x1c\n\x1aRefreshSandboxTokenRequest\"C\n\x1bRefreshSandboxTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x02 \x01(\x03\x32\xc3\x02\n\x11SupervisorService\x12j\n\x12RegisterSupervisor\x12\'.warmshell.v1.RegisterSupervisorRequest\x1a).warmshell.v1.SupervisorActivationMessage0\x01\x12V\n\x11\x43onnectSupervisor\x12\x1f.warmshell.v1.SupervisorMessage\x1a\x1c.warmshell.v1.GatewayMessage(\x01\x30\x01\x12j\n\x13RefreshSandboxToken\x12(.warmshell.v1.RefreshSandboxTokenRequest\x1a).warmshell.v1.RefreshSandboxTokenResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dwarmshell/v1/supervisor.proto\x12\x0cwarmshell.v1\"9\n\x19RegisterSupervisorRequest\x12\x1c\n\x14\x62ootstrap_credential\x18\x01 \x01(\t\"\x84\x02\n\x08Workload\x12\x0f\n\x07\x63ommand\x18\x01 \x03(\t\x12<\n\x0b\x65nvironment\x18\x02 \x03(\x0b\x32\'.warmshell.v1.Workload.EnvironmentEntry\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12\x34\n\x07secrets\x18\x04 \x03(\x0b\x32#.warmshell.v1.Workload.SecretsEntry\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cSecretsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc4\x01\n\x1bSupervisorActivationMessage\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x14\n\x0csandbox_name\x18\x02 \x01(\t\x12\x11\n\tworkspace\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\t\x12\x1b\n\x13token_expires_at_ms\x18\x05 \x01(\x03\x12(\n\x08workload\x18\x06 \x01(\x0b\x32\x16.warmshell.v1.Workload\x12\x12\n\nsession_id\x18\x07 \x01(\t\"T\n\x0fSupervisorHello\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x18\n\x10workload_started\x18\x03 \x01(\x08\"\x1f\n\tHeartbeat\x12\x12\n\nsent_at_ms\x18\x01 \x01(\x03\";\n\nOutputData\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0e\n\x06stderr\x18\x02 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"?\n\nExecExited\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"#\n\x0eWorkloadExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\"1\n\x0f\x45xecInputCredit\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\r\"i\n\x08\x46ileStat\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0c\n\x04mode\x18\x04 \x01(\r\x12\x10\n\x08mtime_ms\x18\x05 \x01(\x03\x12\x13\n\x0blink_target\x18\x06 \x01(\t\"\xa5\x01\n\nFileResult\x12\r\n\x05op_id\x18\x01 \x01(\t\x12\'\n\x07\x65ntries\x18\x02 \x03(\x0b\x32\x16.warmshell.v1.FileStat\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x15\n\rbytes_written\x18\x05 \x01(\x04\x12\r\n\x05\x65rrno\x18\x06 \x01(\x05\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x0e\n\x06\x63redit\x18\x08 \x01(\r\"\xff\x02\n\x11SupervisorMessage\x12.\n\x05hello\x18\x01 \x01(\x0b\x32\x1d.warmshell.v1.SupervisorHelloH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.warmshell.v1.HeartbeatH\x00\x12*\n\x06output\x18\x03 \x01(\x0b\x32\x18.warmshell.v1.OutputDataH\x00\x12/\n\x0b\x65xec_exited\x18\x04 \x01(\x0b\x32\x18.warmshell.v1.ExecExitedH\x00\x12\x37\n\x0fworkload_exited\x18\x05 \x01(\x0b\x32\x1c.warmshell.v1.WorkloadExitedH\x00\x12:\n\x11\x65xec_input_credit\x18\x06 \x01(\x0b\x32\x1d.warmshell.v1.ExecInputCreditH\x00\x12/\n\x0b\x66ile_result\x18\x07 \x01(\x0b\x32\x18.warmshell.v1.FileResultH\x00\x42\t\n\x07message\"D\n\x0fSessionAccepted\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"\xb8\x02\n\tExecStart\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12=\n\x0b\x65nvironment\x18\x03 \x03(\x0b\x32(.warmshell.v1.ExecStart.EnvironmentEntry\x12\x0f\n\x07workdir\x18\x04 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\r\x12\r\n\x05stdin\x18\x06 \x01(\x0c\x12\x1b\n\x13output_window_bytes\x18\x07 \x01(\r\x12\x14\n\x0cstream_stdin\x18\x08 \x01(\x08\x12\x0b\n\x03tty\x18\t \x01(\x08\x12\x0c\n\x04rows\x18\n \x01(\r\x12\x0f\n\x07\x63olumns\x18\x0b \x01(\r\x1a\x32\n\x10\x45nvironmentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"7\n\tExecInput\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\"<\n\nExecResize\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\r\x12\x0f\n\x07\x63olumns\x18\x03 \x01(\r\"-\n\nExecSignal\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\x0e\n\x06signal\x18\x02 \x01(\r\"\x1d\n\nExecCancel\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\",\n\nExecCredit\x12\x0f\n\x07\x65xec_id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\r\"\xb9\x01\n\x06\x46ileOp\x12\r\n\x05op_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x0c\n\x04mode\x18\x04 \x01(\r\x12\x1c\n\x14parents_or_recursive\x18\x05 \x01(\x08\x12\x11\n\tmax_bytes\x18\x06 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\x07 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0c\n\x04last\x18\t \x01(\x08\x12\x14\n\x0cwindow_bytes\x18\n \x01(\r\"-\n\x08Shutdown\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x11\n\treconnect\x18\x02 \x01(\x08\"\xf3\x03\n\x0eGatewayMessage\x12\x31\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1d.warmshell.v1.SessionAcceptedH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.warmshell.v1.HeartbeatH\x00\x12-\n\nexec_start\x18\x03 \x01(\x0b\x32\x17.warmshell.v1.ExecStartH\x00\x12/\n\x0b\x65xec_cancel\x18\x04 \x01(\x0b\x32\x18.warmshell.v1.ExecCancelH\x00\x12*\n\x08shutdown\x18\x05 \x01(\x0b\x32\x16.warmshell.v1.ShutdownH\x00\x12/\n\x0b\x65xec_credit\x18\x06 \x01(\x0b\x32\x18.warmshell.v1.ExecCreditH\x00\x12-\n\nexec_input\x18\x07 \x01(\x0b\x32\x17.warmshell.v1.ExecInputH\x00\x12/\n\x0b\x65xec_resize\x18\x08 \x01(\x0b\x32\x18.warmshell.v1.ExecResizeH\x00\x12/\n\x0b\x65xec_signal\x18\t \x01(\x0b\x32\x18.warmshell.v1.ExecSignalH\x00\x12\'\n\x07\x66ile_op\x18\n \x01(\x0b\x32\x14.warmshell.v1.FileOpH\x00\x42\t\n\x07message\"\x1c\n\x1aRefreshSandboxTokenRequest\"C\n\x1bRefreshSandboxTokenResponse\x12\r\n\x05token\x18\x01 \x01(\t\x12\x15\n\rexpires_at_ms\x18\x02 \x01(\x03\x32\xc3\x02\n\x11SupervisorService\x12j\n\x12RegisterSupervisor\x12\'.warmshell.v1.RegisterSupervisorRequest\x1a).warmshell.v1.SupervisorActivationMessage0\x01\x12V\n\x11\x43onnectSupervisor\x12\x1f.warmshell.v1.SupervisorMessage\x1a\x1c.warmshell.v1.GatewayMessage(\x01\x30\x01\x12j\n\x13RefreshSandboxToken\x12(.warmshell.v1.RefreshSandboxTokenRequest\x1a).warmshell.v1.RefreshSandboxTokenResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -57,26 +57,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECEXITED']._serialized_end=811
   _globals['_WORKLOADEXITED']._serialized_start=813
   _globals['_WORKLOADEXITED']._serialized_end=848
-  _globals['_SUPERVISORMESSAGE']._serialized_start=851
-  _globals['_SUPERVISORMESSAGE']._serialized_end=1125
-  _globals['_SESSIONACCEPTED']._serialized_start=1127
-  _globals['_SESSIONACCEPTED']._serialized_end=1195
-  _globals['_EXECSTART']._serialized_start=1198
-  _globals['_EXECSTART']._serialized_end=1444
+  _globals['_EXECINPUTCREDIT']._serialized_start=850
+  _globals['_EXECINPUTCREDIT']._serialized_end=899
+  _globals['_FILESTAT']._serialized_start=901
+  _globals['_FILESTAT']._serialized_end=1006
+  _globals['_FILERESULT']._serialized_start=1009
+  _globals['_FILERESULT']._serialized_end=1174
+  _globals['_SUPERVISORMESSAGE']._serialized_start=1177
+  _globals['_SUPERVISORMESSAGE']._serialized_end=1560
+  _globals['_SESSIONACCEPTED']._serialized_start=1562
+  _globals['_SESSIONACCEPTED']._serialized_end=1630
+  _globals['_EXECSTART']._serialized_start=1633
+  _globals['_EXECSTART']._serialized_end=1945
   _globals['_EXECSTART_ENVIRONMENTENTRY']._serialized_start=269
   _globals['_EXECSTART_ENVIRONMENTENTRY']._serialized_end=319
-  _globals['_EXECCANCEL']._serialized_start=1446
-  _globals['_EXECCANCEL']._serialized_end=1475
-  _globals['_EXECCREDIT']._serialized_start=1477
-  _globals['_EXECCREDIT']._serialized_end=1521
-  _globals['_SHUTDOWN']._serialized_start=1523
-  _globals['_SHUTDOWN']._serialized_end=1568
-  _globals['_GATEWAYMESSAGE']._serialized_start=1571
-  _globals['_GATEWAYMESSAGE']._serialized_end=1884
-  _globals['_REFRESHSANDBOXTOKENREQUEST']._serialized_start=1886
-  _globals['_REFRESHSANDBOXTOKENREQUEST']._serialized_end=1914
-  _globals['_REFRESHSANDBOXTOKENRESPONSE']._serialized_start=1916
-  _globals['_REFRESHSANDBOXTOKENRESPONSE']._serialized_end=1983
-  _globals['_SUPERVISORSERVICE']._serialized_start=1986
-  _globals['_SUPERVISORSERVICE']._serialized_end=2309
+  _globals['_EXECINPUT']._serialized_start=1947
+  _globals['_EXECINPUT']._serialized_end=2002
+  _globals['_EXECRESIZE']._serialized_start=2004
+  _globals['_EXECRESIZE']._serialized_end=2064
+  _globals['_EXECSIGNAL']._serialized_start=2066
+  _globals['_EXECSIGNAL']._serialized_end=2111
+  _globals['_EXECCANCEL']._serialized_start=2113
+  _globals['_EXECCANCEL']._serialized_end=2142
+  _globals['_EXECCREDIT']._serialized_start=2144
+  _globals['_EXECCREDIT']._serialized_end=2188
+  _globals['_FILEOP']._serialized_start=2191
+  _globals['_FILEOP']._serialized_end=2376
+  _globals['_SHUTDOWN']._serialized_start=2378
+  _globals['_SHUTDOWN']._serialized_end=2423
+  _globals['_GATEWAYMESSAGE']._serialized_start=2426
+  _globals['_GATEWAYMESSAGE']._serialized_end=2925
+  _globals['_REFRESHSANDBOXTOKENREQUEST']._serialized_start=2927
+  _globals['_REFRESHSANDBOXTOKENREQUEST']._serialized_end=2955
+  _globals['_REFRESHSANDBOXTOKENRESPONSE']._serialized_start=2957
+  _globals['_REFRESHSANDBOXTOKENRESPONSE']._serialized_end=3024
+  _globals['_SUPERVISORSERVICE']._serialized_start=3027
+  _globals['_SUPERVISORSERVICE']._serialized_end=3350
 # @@protoc_insertion_point(module_scope)

@@ -272,6 +272,117 @@ class WorkloadExited(_message.Message):
 Global___WorkloadExited: _TypeAlias = WorkloadExited  # noqa: Y015
 
 @_typing.final
+class ExecInputCredit(_message.Message):
+    """Input flow control: the supervisor has written `bytes` more of an exec's streamed stdin to the
+    command, so the gateway may send that many more.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_ID_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    exec_id: _builtins.str
+    bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        exec_id: _builtins.str = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "exec_id", b"exec_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecInputCredit: _TypeAlias = ExecInputCredit  # noqa: Y015
+
+@_typing.final
+class FileStat(_message.Message):
+    """One file entry as the sandbox's supervisor saw it (FileInfo of the public API)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    MTIME_MS_FIELD_NUMBER: _builtins.int
+    LINK_TARGET_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    type: _builtins.str
+    size: _builtins.int
+    mode: _builtins.int
+    mtime_ms: _builtins.int
+    link_target: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        type: _builtins.str = ...,
+        size: _builtins.int = ...,
+        mode: _builtins.int = ...,
+        mtime_ms: _builtins.int = ...,
+        link_target: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["link_target", b"link_target", "mode", b"mode", "mtime_ms", b"mtime_ms", "name", b"name", "size", b"size", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileStat: _TypeAlias = FileStat  # noqa: Y015
+
+@_typing.final
+class FileResult(_message.Message):
+    """The supervisor's answer to a FileOp (a read answers with chunks, then done)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OP_ID_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
+    ERRNO_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    CREDIT_FIELD_NUMBER: _builtins.int
+    op_id: _builtins.str
+    data: _builtins.bytes
+    """read: the next chunk."""
+    done: _builtins.bool
+    """The operation finished (a read has no more chunks, a write was committed)."""
+    bytes_written: _builtins.int
+    errno: _builtins.int
+    """Failed: the errno (the gateway names the path and the cause), or a message."""
+    error: _builtins.str
+    credit: _builtins.int
+    """write: this many more bytes of content may be sent (the supervisor wrote them)."""
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileStat]:
+        """stat and mkdir: one entry; list: all of them."""
+
+    def __init__(
+        self,
+        *,
+        op_id: _builtins.str = ...,
+        entries: _abc.Iterable[Global___FileStat] | None = ...,
+        data: _builtins.bytes = ...,
+        done: _builtins.bool = ...,
+        bytes_written: _builtins.int = ...,
+        errno: _builtins.int = ...,
+        error: _builtins.str = ...,
+        credit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "credit", b"credit", "data", b"data", "done", b"done", "entries", b"entries", "errno", b"errno", "error", b"error", "op_id", b"op_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileResult: _TypeAlias = FileResult  # noqa: Y015
+
+@_typing.final
 class SupervisorMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -280,6 +391,8 @@ class SupervisorMessage(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     EXEC_EXITED_FIELD_NUMBER: _builtins.int
     WORKLOAD_EXITED_FIELD_NUMBER: _builtins.int
+    EXEC_INPUT_CREDIT_FIELD_NUMBER: _builtins.int
+    FILE_RESULT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___SupervisorHello: ...
     @_builtins.property
@@ -290,6 +403,10 @@ class SupervisorMessage(_message.Message):
     def exec_exited(self) -> Global___ExecExited: ...
     @_builtins.property
     def workload_exited(self) -> Global___WorkloadExited: ...
+    @_builtins.property
+    def exec_input_credit(self) -> Global___ExecInputCredit: ...
+    @_builtins.property
+    def file_result(self) -> Global___FileResult: ...
     def __init__(
         self,
         *,
@@ -298,12 +415,14 @@ class SupervisorMessage(_message.Message):
         output: Global___OutputData | None = ...,
         exec_exited: Global___ExecExited | None = ...,
         workload_exited: Global___WorkloadExited | None = ...,
+        exec_input_credit: Global___ExecInputCredit | None = ...,
+        file_result: Global___FileResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "workload_exited", b"workload_exited"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "exec_input_credit", b"exec_input_credit", "file_result", b"file_result", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "workload_exited", b"workload_exited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "workload_exited", b"workload_exited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "exec_input_credit", b"exec_input_credit", "file_result", b"file_result", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "workload_exited", b"workload_exited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "heartbeat", "output", "exec_exited", "workload_exited"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "heartbeat", "output", "exec_exited", "workload_exited", "exec_input_credit", "file_result"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
@@ -362,6 +481,10 @@ class ExecStart(_message.Message):
     TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     STDIN_FIELD_NUMBER: _builtins.int
     OUTPUT_WINDOW_BYTES_FIELD_NUMBER: _builtins.int
+    STREAM_STDIN_FIELD_NUMBER: _builtins.int
+    TTY_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
     exec_id: _builtins.str
     workdir: _builtins.str
     timeout_seconds: _builtins.int
@@ -370,6 +493,16 @@ class ExecStart(_message.Message):
     """Output flow control: the supervisor sends at most this many bytes of the exec's output
     before the gateway grants more with ExecCredit. 0 = an older gateway, no flow control.
     """
+    stream_stdin: _builtins.bool
+    """Stdin arrives in ExecInput messages after `stdin` (until one with eof), instead of being
+    closed after `stdin`.
+    """
+    tty: _builtins.bool
+    """Run the command on a new pseudo-terminal (its controlling terminal; stdout and stderr are
+    both the terminal, sent as stdout), sized rows x columns.
+    """
+    rows: _builtins.int
+    columns: _builtins.int
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -384,14 +517,97 @@ class ExecStart(_message.Message):
         timeout_seconds: _builtins.int = ...,
         stdin: _builtins.bytes = ...,
         output_window_bytes: _builtins.int = ...,
+        stream_stdin: _builtins.bool = ...,
+        tty: _builtins.bool = ...,
+        rows: _builtins.int = ...,
+        columns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "exec_id", b"exec_id", "output_window_bytes", b"output_window_bytes", "stdin", b"stdin", "timeout_seconds", b"timeout_seconds", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "command", b"command", "environment", b"environment", "exec_id", b"exec_id", "output_window_bytes", b"output_window_bytes", "rows", b"rows", "stdin", b"stdin", "stream_stdin", b"stream_stdin", "timeout_seconds", b"timeout_seconds", "tty", b"tty", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExecStart: _TypeAlias = ExecStart  # noqa: Y015
+
+@_typing.final
+class ExecInput(_message.Message):
+    """More of a streamed stdin (the gateway sends at most its input window ahead of ExecInputCredit)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    EOF_FIELD_NUMBER: _builtins.int
+    exec_id: _builtins.str
+    data: _builtins.bytes
+    eof: _builtins.bool
+    """The end of stdin (a pipe is closed; on a terminal nothing is sent)."""
+    def __init__(
+        self,
+        *,
+        exec_id: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+        eof: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "eof", b"eof", "exec_id", b"exec_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecInput: _TypeAlias = ExecInput  # noqa: Y015
+
+@_typing.final
+class ExecResize(_message.Message):
+    """The client's terminal changed size."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_ID_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
+    exec_id: _builtins.str
+    rows: _builtins.int
+    columns: _builtins.int
+    def __init__(
+        self,
+        *,
+        exec_id: _builtins.str = ...,
+        rows: _builtins.int = ...,
+        columns: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "exec_id", b"exec_id", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecResize: _TypeAlias = ExecResize  # noqa: Y015
+
+@_typing.final
+class ExecSignal(_message.Message):
+    """Deliver a signal to the exec's process group."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_ID_FIELD_NUMBER: _builtins.int
+    SIGNAL_FIELD_NUMBER: _builtins.int
+    exec_id: _builtins.str
+    signal: _builtins.int
+    def __init__(
+        self,
+        *,
+        exec_id: _builtins.str = ...,
+        signal: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec_id", b"exec_id", "signal", b"signal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecSignal: _TypeAlias = ExecSignal  # noqa: Y015
 
 @_typing.final
 class ExecCancel(_message.Message):
@@ -437,6 +653,62 @@ class ExecCredit(_message.Message):
 Global___ExecCredit: _TypeAlias = ExecCredit  # noqa: Y015
 
 @_typing.final
+class FileOp(_message.Message):
+    """A file operation in the sandbox, done by its supervisor (Kubernetes: inside the pod, with the
+    workload's rights, every path resolved within the container's root).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OP_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    PARENTS_OR_RECURSIVE_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    CHUNK_BYTES_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    WINDOW_BYTES_FIELD_NUMBER: _builtins.int
+    op_id: _builtins.str
+    kind: _builtins.str
+    """"stat", "list", "read", "write", "remove", "mkdir"; "data" carries more of a write,
+    "credit" lets a read send more, "cancel" abandons an operation (a write leaves nothing).
+    """
+    path: _builtins.str
+    mode: _builtins.int
+    parents_or_recursive: _builtins.bool
+    """write and mkdir: create missing parents; remove: recursive."""
+    max_bytes: _builtins.int
+    chunk_bytes: _builtins.int
+    data: _builtins.bytes
+    """data: a chunk of the write's content; with `last` the content is complete."""
+    last: _builtins.bool
+    window_bytes: _builtins.int
+    """read: the window (at most this many bytes unacknowledged); credit: bytes acknowledged."""
+    def __init__(
+        self,
+        *,
+        op_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        path: _builtins.str = ...,
+        mode: _builtins.int = ...,
+        parents_or_recursive: _builtins.bool = ...,
+        max_bytes: _builtins.int = ...,
+        chunk_bytes: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        last: _builtins.bool = ...,
+        window_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "data", b"data", "kind", b"kind", "last", b"last", "max_bytes", b"max_bytes", "mode", b"mode", "op_id", b"op_id", "parents_or_recursive", b"parents_or_recursive", "path", b"path", "window_bytes", b"window_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileOp: _TypeAlias = FileOp  # noqa: Y015
+
+@_typing.final
 class Shutdown(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -469,6 +741,10 @@ class GatewayMessage(_message.Message):
     EXEC_CANCEL_FIELD_NUMBER: _builtins.int
     SHUTDOWN_FIELD_NUMBER: _builtins.int
     EXEC_CREDIT_FIELD_NUMBER: _builtins.int
+    EXEC_INPUT_FIELD_NUMBER: _builtins.int
+    EXEC_RESIZE_FIELD_NUMBER: _builtins.int
+    EXEC_SIGNAL_FIELD_NUMBER: _builtins.int
+    FILE_OP_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def accepted(self) -> Global___SessionAccepted: ...
     @_builtins.property
@@ -481,6 +757,14 @@ class GatewayMessage(_message.Message):
     def shutdown(self) -> Global___Shutdown: ...
     @_builtins.property
     def exec_credit(self) -> Global___ExecCredit: ...
+    @_builtins.property
+    def exec_input(self) -> Global___ExecInput: ...
+    @_builtins.property
+    def exec_resize(self) -> Global___ExecResize: ...
+    @_builtins.property
+    def exec_signal(self) -> Global___ExecSignal: ...
+    @_builtins.property
+    def file_op(self) -> Global___FileOp: ...
     def __init__(
         self,
         *,
@@ -490,12 +774,16 @@ class GatewayMessage(_message.Message):
         exec_cancel: Global___ExecCancel | None = ...,
         shutdown: Global___Shutdown | None = ...,
         exec_credit: Global___ExecCredit | None = ...,
+        exec_input: Global___ExecInput | None = ...,
+        exec_resize: Global___ExecResize | None = ...,
+        exec_signal: Global___ExecSignal | None = ...,
+        file_op: Global___FileOp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_start", b"exec_start", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_start", b"exec_start", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["accepted", "heartbeat", "exec_start", "exec_cancel", "shutdown", "exec_credit"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["accepted", "heartbeat", "exec_start", "exec_cancel", "shutdown", "exec_credit", "exec_input", "exec_resize", "exec_signal", "file_op"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 

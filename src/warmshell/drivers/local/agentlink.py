@@ -6,6 +6,11 @@ creates the pipes, keeps the read ends of stdout/stderr and the write end of std
 the other ends to the agent with the EXEC record; output therefore never passes through the
 sandbox's pid 1. A timeout or a cancel sends SIGNAL(SIGKILL) to the command's process group; the
 status comes from EXITED. When the socket closes (the sandbox died) every pending exec fails.
+
+An interactive exec (`io`) keeps the write end of stdin and feeds it as input arrives; one on a
+terminal gets a pseudo-terminal of the sandbox's own devpts (opened by `open_terminal`), whose
+slave is sent as all three fds with an EXEC_TTY record, so that the agent makes it the command's
+controlling terminal; the host keeps the master.
 """
 
 from __future__ import annotations
@@ -13,21 +18,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import os
 import signal
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warmshell.drivers.local import agentwire
 from warmshell.drivers.local.agentwire import Kind, Reply, Stage
+from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size
 from warmshell.supervisor.processes import OutputSink, WorkdirError
 
 __all__ = ["AgentError", "AgentLink"]
 
 _log = logging.getLogger(__name__)
-READ_CHUNK = 64 * 1024
 EXIT_TIMEOUT = 124
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
@@ -47,7 +53,10 @@ class _Exec:
 class AgentLink:
     """One control socket (non-blocking), read by the event loop."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, open_terminal: Callable[[], tuple[int, int]] | None = None) -> None:
+        """`open_terminal` returns a new (master, slave) pseudo-terminal pair inside the
+        sandbox; without it, commands cannot run on a terminal."""
+        self.open_terminal = open_terminal
         sock.setblocking(False)
         self._sock = sock
         self._loop = asyncio.get_running_loop()
@@ -94,21 +103,21 @@ class AgentLink:
         sink: OutputSink,
         stdin: bytes = b"",
         timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit, enforced with asyncio.timeout
+        io: ExecInput | None = None,
     ) -> int:
         """Run `command` in the sandbox and stream its output to `sink`; its exit status, with
         the shell's conventions (127 not found, 126 not executable, 124 timed out, 128+N killed
-        by signal N). WorkdirError when its workdir cannot be entered; OSError when the sandbox is
-        gone."""
+        by signal N). `io`: see the supervisor's `Runner`. WorkdirError when its workdir cannot
+        be entered; OSError when the sandbox is gone."""
         exec_id, running = self._next_id, _Exec()
         self._next_id += 1
-        record = agentwire.encode_exec(exec_id, command, env, cwd)
-        in_read, in_write = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
-        out_read, out_write = os.pipe()
-        err_read, err_write = os.pipe()
+        tty = io is not None and io.terminal is not None
+        record = agentwire.encode_exec(exec_id, command, env, cwd, tty=tty)
+        ours, theirs = self._stdio(stdin, io)  # (stdin write end or master, out, err), the agent's three
         sent = False
         try:
             self._execs[exec_id] = running
-            await self._send(record, (in_read, out_write, err_write))
+            await self._send(record, theirs)
             sent = True
             reply = await asyncio.shield(running.started)  # a cancel must not cancel the record
         except BaseException:
@@ -118,19 +127,28 @@ class AgentLink:
                 running.started.add_done_callback(lambda started: self._abandon(exec_id, started))
             else:
                 self._execs.pop(exec_id, None)
-            _close(out_read, err_read, in_write)
+            _close(*ours)
             raise
         finally:
-            _close(in_read, out_write, err_write)  # the agent has its copies (or never will)
+            _close(*set(theirs))  # the agent has its copies (or never will)
         if reply.kind is not Kind.STARTED:
-            _close(out_read, err_read, in_write)
-            return await _not_started(reply, command, cwd, sink)
-        work = [
-            asyncio.ensure_future(_pump(out_read, False, sink)),
-            asyncio.ensure_future(_pump(err_read, True, sink)),
-        ]
-        if in_write >= 0:
-            work.append(asyncio.ensure_future(asyncio.to_thread(_write_all, in_write, stdin)))
+            _close(*ours)
+            return await _not_started(reply, command, cwd, sink, tty=tty)
+        in_write, out_read, err_read = ours
+        feeding: asyncio.Future[None] | None = None
+        if io is not None:
+            io.feed(stdin, credited=False)
+            kill = functools.partial(self._signal, exec_id)
+            feeding = asyncio.ensure_future(io.serve(in_write, kill=kill))
+        if tty:
+            work = [asyncio.ensure_future(pump_fd(in_write, False, sink, close=False))]
+        else:
+            work = [
+                asyncio.ensure_future(pump_fd(out_read, False, sink)),
+                asyncio.ensure_future(pump_fd(err_read, True, sink)),
+            ]
+            if io is None and in_write >= 0:
+                work.append(asyncio.ensure_future(asyncio.to_thread(_write_all, in_write, stdin)))
         pumps = asyncio.gather(*work)
         try:
             async with asyncio.timeout(timeout):
@@ -143,13 +161,37 @@ class AgentLink:
         except asyncio.CancelledError:
             await self._kill(exec_id, running, pumps)
             raise
+        finally:
+            if feeding is not None:
+                feeding.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await feeding
+            if tty:
+                os.close(in_write)
         return exit_code(status)
+
+    def _stdio(self, stdin: bytes, io: ExecInput | None) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """The host's ends (stdin's write end or a terminal's master, stdout's and stderr's read
+        ends; -1 where none) and the command's three fds."""
+        if io is not None and io.terminal is not None:
+            if self.open_terminal is None:
+                raise AgentError(errno.ENOTTY, "this sandbox cannot run commands on a terminal")
+            master, slave = self.open_terminal()
+            set_window_size(master, io.terminal)
+            return (master, -1, -1), (slave, slave, slave)
+        in_read, in_write = os.pipe() if stdin or io is not None else (os.open(os.devnull, os.O_RDONLY), -1)
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        return (in_write, out_read, err_read), (in_read, out_write, err_write)
+
+    def _signal(self, exec_id: int, signo: int) -> None:
+        """Send SIGNAL(signo) for an exec (in the background; a sandbox that ended has no one to signal)."""
+        task = asyncio.ensure_future(self._send(agentwire.encode_signal(exec_id, signo), ()))
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     def _abandon(self, exec_id: int, started: asyncio.Future[Reply]) -> None:
         if not started.cancelled() and started.exception() is None and started.result().kind is Kind.STARTED:
-            kill = agentwire.encode_signal(exec_id, signal.SIGKILL)
-            task = asyncio.ensure_future(self._send(kill, ()))
-            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+            self._signal(exec_id, signal.SIGKILL)
 
     async def _kill(self, exec_id: int, running: _Exec, pumps: asyncio.Future[list[None]]) -> None:
         with contextlib.suppress(OSError):
@@ -251,7 +293,7 @@ def exit_code(status: int) -> int:
     return code if code >= 0 else 128 - code
 
 
-async def _not_started(reply: Reply, command: Sequence[str], cwd: str, sink: OutputSink) -> int:
+async def _not_started(reply: Reply, command: Sequence[str], cwd: str, sink: OutputSink, *, tty: bool) -> int:
     if reply.kind is Kind.REJECTED:
         raise AgentError(errno.EINVAL, f"the sandbox's agent rejected the command (reason {reply.a})")
     error = reply.b
@@ -259,47 +301,19 @@ async def _not_started(reply: Reply, command: Sequence[str], cwd: str, sink: Out
         raise WorkdirError(error, cwd)
     if reply.a != Stage.EXEC:
         raise OSError(error, f"cannot start a process in the sandbox: {os.strerror(error)}")
-    if error == errno.ENOENT:
-        await sink(True, f"warmshell: {command[0]}: command not found\n".encode())
-        return EXIT_NOT_FOUND
     message = "permission denied" if error in (errno.EACCES, errno.EPERM) else os.strerror(error)
-    await sink(True, f"warmshell: {command[0]}: {message}\n".encode())
-    return EXIT_NOT_EXECUTABLE
-
-
-async def _pump(fd: int, stderr: bool, sink: OutputSink) -> None:
-    """Read a pipe to EOF into `sink`, then close it (the loop watches the fd directly: cheaper
-    per exec than a transport and a stream reader)."""
-    loop = asyncio.get_running_loop()
-    os.set_blocking(fd, False)
-    try:
-        while True:
-            try:
-                data = os.read(fd, READ_CHUNK)
-            except BlockingIOError:
-                readable: asyncio.Future[None] = loop.create_future()
-                loop.add_reader(fd, _resolve, readable)
-                try:
-                    await readable
-                finally:
-                    loop.remove_reader(fd)
-                continue
-            if not data:
-                return
-            await sink(stderr, data)
-    finally:
-        os.close(fd)
+    if error == errno.ENOENT:
+        message = "command not found"
+    # On a terminal, everything the command would have written is stdout.
+    ending = "\r\n" if tty else "\n"
+    await sink(not tty, f"warmshell: {command[0]}: {message}{ending}".encode())
+    return EXIT_NOT_FOUND if error == errno.ENOENT else EXIT_NOT_EXECUTABLE
 
 
 def _close(*fds: int) -> None:
     for fd in fds:
         if fd >= 0:
             os.close(fd)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def _write_all(fd: int, data: bytes) -> None:

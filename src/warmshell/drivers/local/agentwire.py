@@ -2,7 +2,8 @@
 
 The agent (`agent/warmshell-agent.c`, pid 1 of every sandbox) defines the protocol; this module
 mirrors it: host byte order, every field a uint32. The host sends EXEC (a header, then cwd, argv
-and env as NUL-terminated strings, with the command's stdin/stdout/stderr attached as fds),
+and env as NUL-terminated strings, with the command's stdin/stdout/stderr attached as fds) or
+EXEC_TTY (the same, for a command whose three fds are a terminal it takes as its controlling one),
 SIGNAL and PING (a liveness probe); the agent answers HELLO once, STARTED or FAILED for each
 EXEC, EXITED when it ends, PONG to each PING, and REJECTED for a record it refused. Nothing
 the agent says is trusted beyond "this exec started or ended" (or "alive"): a reply that does
@@ -42,6 +43,7 @@ class Kind(enum.IntEnum):
     """Record types: ASCII letters, so a hex dump reads."""
 
     EXEC = ord("X")
+    EXEC_TTY = ord("T")
     SIGNAL = ord("K")
     PING = ord("P")
     HELLO = ord("H")
@@ -84,8 +86,8 @@ def _cstring(value: str, what: str) -> bytes:
     return data + b"\0"
 
 
-def encode_exec(exec_id: int, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> bytes:
-    """The EXEC record for one command (its three fds travel beside it)."""
+def encode_exec(exec_id: int, argv: Sequence[str], env: Mapping[str, str], cwd: str, *, tty: bool = False) -> bytes:
+    """The EXEC record for one command (its three fds travel beside it); with `tty`, EXEC_TTY."""
     if not 0 < exec_id <= 0xFFFFFFFF:
         raise WireError("exec id must be in 1..2^32-1")
     if not argv:
@@ -98,7 +100,7 @@ def encode_exec(exec_id: int, argv: Sequence[str], env: Mapping[str, str], cwd: 
     body = [_cstring(cwd, "workdir")]
     body += [_cstring(arg, "command") for arg in argv]
     body += [_cstring(f"{key}={value}", "environment") for key, value in env.items()]
-    message = _HEADER.pack(Kind.EXEC, exec_id, len(argv), len(env)) + b"".join(body)
+    message = _HEADER.pack(Kind.EXEC_TTY if tty else Kind.EXEC, exec_id, len(argv), len(env)) + b"".join(body)
     if len(message) > MAX_MESSAGE:
         raise WireError(f"command, environment and workdir exceed {MAX_MESSAGE // 1024} KiB together")
     return message

@@ -22,8 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmshell.drivers.local import terminals
 from warmshell.drivers.local.agentlink import AgentError, AgentLink
 from warmshell.supervisor import processes as host_processes
+from warmshell.supervisor.interactive import ExecInput
 from warmshell.supervisor.processes import OutputSink, Runner
 
 __all__ = ["HostProcesses", "SandboxFds", "SandboxProcess", "read_tail"]
@@ -101,6 +103,7 @@ class SandboxProcess:
                     os.close(fd)
         link = AgentLink(host)
         sandbox = cls(process, link, log_path, asyncio.create_task(_sandbox_child(info_read)))
+        link.open_terminal = sandbox.open_terminal
         try:
             await asyncio.wait_for(link.wait_hello(), HELLO_TIMEOUT)
         except (AgentError, TimeoutError) as exc:
@@ -157,6 +160,13 @@ class SandboxProcess:
             os.close(fd)
             raise OSError(errno.ESRCH, "the sandbox is not running") from None
         return fd
+
+    def open_terminal(self) -> tuple[int, int]:
+        """A new pseudo-terminal (master, slave) of the sandbox's own devpts (bwrap mounts a new
+        instance on its /dev/pts), so the command sees its terminal as /dev/pts/N there and no
+        terminal of the host is ever inside. OSError when the sandbox ended or its ptmx is not
+        the devpts multiplexer."""
+        return terminals.open_in_root(self.open_root())
 
     async def wait(self) -> int:
         """Wait for the end (bwrap exits once its pid 1 did); bwrap's exit status."""
@@ -220,6 +230,7 @@ class HostProcesses:
         sink: OutputSink,
         stdin: bytes = b"",
         timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit
+        io: ExecInput | None = None,
     ) -> int:
         """Run `command` as a child of the gateway; a /workspace path means the workspace dir."""
         local = Path(cwd)
@@ -227,7 +238,7 @@ class HostProcesses:
             local = self._workspace / local.relative_to("/workspace")
         try:
             return await host_processes.run_streaming(
-                command, env=env, cwd=str(local), sink=sink, stdin=stdin, timeout=timeout
+                command, env=env, cwd=str(local), sink=sink, stdin=stdin, timeout=timeout, io=io
             )
         except host_processes.WorkdirError as exc:
             raise host_processes.WorkdirError(exc.errno or 0, cwd) from None  # the path the caller gave

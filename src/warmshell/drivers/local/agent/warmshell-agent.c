@@ -11,6 +11,8 @@
  *   host -> agent
  *     EXEC   {'X', id, argc, envc} then cwd, argv[argc], env[envc] as NUL-terminated strings
  *            filling the rest of the message exactly; exactly 3 fds attached.
+ *     EXEC_TTY {'T', ...} as EXEC, the 3 fds a terminal's slave: the command leads a new session
+ *            with that terminal as its controlling terminal (setsid + TIOCSCTTY).
  *     SIGNAL {'K', id, signo, 0}; no fds.
  *     PING   {'P', id, 0, 0}; no fds. A liveness probe (idle pool members are probed before a claim).
  *   agent -> host
@@ -29,6 +31,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -94,13 +97,18 @@ static int split(size_t size, uint32_t count) {
     return at == size ? 0 : -1;
 }
 
-static void child(char **argv, char **envp, const char *cwd, const int *fds, int report) {
+static void child(char **argv, char **envp, const char *cwd, const int *fds, int report, int tty) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    setpgid(0, 0);  /* its own group: a signal reaches everything it starts */
+    if (tty) {
+        if (setsid() < 0) goto fail_setup;  /* a session (and group) of its own, without a terminal */
+    } else {
+        setpgid(0, 0);  /* its own group: a signal reaches everything it starts */
+    }
     for (int i = 0; i < 3; i++)
         if (dup2(fds[i], i) < 0) goto fail_setup;
+    if (tty && ioctl(0, TIOCSCTTY, 0) < 0) goto fail_setup;  /* the terminal it was given, nothing else */
     if (dup3(report, 3, O_CLOEXEC) < 0) goto fail_setup;
     syscall(SYS_close_range, 4, ~0U, 0);  /* nothing of the agent's survives into the command */
     int stage = STAGE_CHDIR;
@@ -118,7 +126,7 @@ fail_setup:;
     _exit(127);
 }
 
-static void start(size_t size, const int *fds, int nfds) {
+static void start(size_t size, const int *fds, int nfds, int tty) {
     uint32_t id = field(1), argc = field(2), envc = field(3);
     if (nfds != 3) { close_all(fds, nfds); reply('R', id, REJ_FDS, 0); return; }
     if (argc < 1 || argc > MAX_STRINGS || envc > MAX_STRINGS || split(size, 1 + argc + envc) != 0) {
@@ -139,7 +147,7 @@ static void start(size_t size, const int *fds, int nfds) {
     int report[2];
     if (pipe2(report, O_CLOEXEC) < 0) { close_all(fds, nfds); reply('F', id, STAGE_FORK, (uint32_t)errno); return; }
     pid_t pid = fork();
-    if (pid == 0) child(argv, envp, cwd, fds, report[1]);
+    if (pid == 0) child(argv, envp, cwd, fds, report[1], tty);
     int fork_errno = errno;
     close_all(fds, nfds);
     close(report[1]);
@@ -198,7 +206,8 @@ static void serve_one(void) {
     }
     if (size < HEADER) { close_all(fds, nfds); reply('R', id, REJ_SIZE, 0); return; }
     switch (field(0)) {
-    case 'X': start(size, fds, nfds); return;
+    case 'X': start(size, fds, nfds, 0); return;
+    case 'T': start(size, fds, nfds, 1); return;
     case 'K': close_all(fds, nfds); signal_exec(size, nfds); return;
     case 'P': close_all(fds, nfds); ping(size, nfds); return;
     default: close_all(fds, nfds); reply('R', id, REJ_TYPE, 0); return;

@@ -1,11 +1,12 @@
-"""Host-side file operations confined to one sandbox's root, with its workload's rights (blocking:
-call from the files executor's threads).
+"""File operations confined to one sandbox's root, with its workload's rights (blocking: call
+from a files executor's threads).
 
 The local supervisor runs in the gateway, outside the sandbox, so its file operations start from
-a directory fd on `/proc/<agent pid>/root` (the sandbox's mount namespace root) and resolve every
-path with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: `..` and absolute symlinks stay
-inside, `/proc/<pid>/root`-style magic links are refused, and a path is resolved once, into an
-fd, so a symlink swapped in later changes nothing. Final components are then acted on relative
+a directory fd on `/proc/<agent pid>/root` (the sandbox's mount namespace root); a pod's
+supervisor starts from its own `/` (the container's root) and runs as the workload's user. Either
+way every path is resolved with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: `..` and
+absolute symlinks stay inside, `/proc/<pid>/root`-style magic links are refused, and a path is
+resolved once, into an fd, so a symlink swapped in later changes nothing. Final components are then acted on relative
 to their parent's fd without following them. A file is opened only once it is known (through an
 `O_PATH` fd of the same inode) to be a regular file: a FIFO or device node is never opened, so
 it can neither hang nor trigger a driver. Objects on /proc and /sys are refused outright (the
@@ -30,7 +31,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from warmshell.drivers.files import FileEntry, FileKind
+from warmshell.core.files import FileEntry, FileKind
 
 __all__ = ["PendingWrite", "Root", "drop_supplementary_groups", "openat2"]
 

@@ -1,0 +1,175 @@
+"""File operations the gateway asks a pod's supervisor for (FileOp down the session, FileResult
+back up): stat, list, read, write, remove and mkdir inside the container.
+
+The supervisor runs as the workload's user in the workload's container, so an operation has
+exactly the workload's rights; every path is resolved by `rootfs.Root` within the container's
+`/` (`..` and symlinks stay inside, magic links and /proc and /sys are refused). Content moves in
+chunks under a window both ways: a read sends at most `window_bytes` ahead of the gateway's
+credit, a write credits each chunk once it is on disk, so neither side holds a file in memory.
+The blocking calls run in threads, off the session's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core.files import FileEntry
+from warmshell.supervisor.rootfs import PendingWrite, Root
+from warmshell.supervisor.window import OutputWindow
+
+__all__ = ["FileServer", "entry_to_stat"]
+
+T = TypeVar("T")
+MAX_LIST_ENTRIES = 20_000  # a listing is one session message
+DEFAULT_CHUNK = 256 * 1024
+
+
+def entry_to_stat(entry: FileEntry) -> spb.FileStat:
+    """An entry as it travels up the session."""
+    return spb.FileStat(
+        name=entry.name,
+        type=entry.kind.value,
+        size=entry.size,
+        mode=entry.mode,
+        mtime_ms=entry.mtime_ms,
+        link_target=entry.link_target,
+    )
+
+
+def _open_container_root() -> int:
+    return os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+class FileServer:
+    """One task per operation; `handle` routes each FileOp to it."""
+
+    def __init__(
+        self, send: Callable[[spb.SupervisorMessage], None], open_root: Callable[[], int] = _open_container_root
+    ) -> None:
+        self._send = send
+        self._open_root = open_root
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._windows: dict[str, OutputWindow] = {}
+        self._writes: dict[str, asyncio.Queue[spb.FileOp]] = {}
+
+    def handle(self, op: spb.FileOp) -> None:
+        """Start an operation, or pass a credit, a chunk or a cancel to a running one."""
+        if op.kind == "credit":
+            if (window := self._windows.get(op.op_id)) is not None:
+                window.grant(op.window_bytes)
+        elif op.kind == "data":
+            if (chunks := self._writes.get(op.op_id)) is not None:
+                chunks.put_nowait(op)
+        elif op.kind == "cancel":
+            if (task := self._tasks.get(op.op_id)) is not None:
+                task.cancel()
+        elif op.op_id not in self._tasks:
+            if op.kind == "read":
+                self._windows[op.op_id] = OutputWindow(op.window_bytes or DEFAULT_CHUNK * 4)
+            elif op.kind == "write":
+                self._writes[op.op_id] = asyncio.Queue()
+            self._tasks[op.op_id] = asyncio.create_task(self._serve(op))
+
+    def close(self) -> None:
+        """Abandon every operation (the session ended)."""
+        for task in self._tasks.values():
+            task.cancel()
+
+    def _result(self, op_id: str, **fields: object) -> None:
+        self._send(spb.SupervisorMessage(file_result=spb.FileResult(op_id=op_id, **fields)))  # type: ignore[arg-type]
+
+    async def _call(self, operation: Callable[[Root], T]) -> T:
+        def run() -> T:
+            root = Root(self._open_root())
+            try:
+                return operation(root)
+            finally:
+                os.close(root.fd)
+
+        return await asyncio.to_thread(run)
+
+    async def _serve(self, op: spb.FileOp) -> None:
+        try:
+            if op.kind == "stat":
+                entry = await self._call(lambda root: root.stat(op.path))
+                self._result(op.op_id, entries=[entry_to_stat(entry)], done=True)
+            elif op.kind == "list":
+                entries = await self._call(lambda root: root.list(op.path, MAX_LIST_ENTRIES))
+                self._result(op.op_id, entries=[entry_to_stat(e) for e in entries], done=True)
+            elif op.kind == "mkdir":
+                entry = await self._call(lambda root: root.mkdir(op.path, op.parents_or_recursive, op.mode))
+                self._result(op.op_id, entries=[entry_to_stat(entry)], done=True)
+            elif op.kind == "remove":
+                await self._call(lambda root: root.remove(op.path, op.parents_or_recursive))
+                self._result(op.op_id, done=True)
+            elif op.kind == "read":
+                await self._read(op)
+            elif op.kind == "write":
+                await self._write(op)
+            else:
+                self._result(op.op_id, error=f"unknown file operation {op.kind!r}")
+        except OSError as exc:
+            self._result(op.op_id, errno=exc.errno or errno.EIO, error=exc.strerror or str(exc))
+        finally:
+            self._tasks.pop(op.op_id, None)
+            self._windows.pop(op.op_id, None)
+            self._writes.pop(op.op_id, None)
+
+    async def _read(self, op: spb.FileOp) -> None:
+        fd, size = await self._call(lambda root: root.open_read(op.path))
+        try:
+            if size > op.max_bytes:
+                self._result(op.op_id, errno=errno.EFBIG, error=f"{size} bytes, over the limit of {op.max_bytes}")
+                return
+            window, sent = self._windows[op.op_id], 0
+            while True:
+                data = await asyncio.to_thread(os.read, fd, op.chunk_bytes or DEFAULT_CHUNK)
+                if not data:
+                    self._result(op.op_id, done=True)
+                    return
+                sent += len(data)
+                if sent > op.max_bytes:
+                    self._result(op.op_id, errno=errno.EFBIG, error=f"over the limit of {op.max_bytes} bytes")
+                    return
+                taken = 0
+                while taken < len(data):  # the window holds several chunks: wait for room for this one
+                    taken += await window.take(len(data) - taken)
+                self._result(op.op_id, data=data)
+        finally:
+            os.close(fd)
+
+    async def _write(self, op: spb.FileOp) -> None:
+        pending: PendingWrite = await self._call(
+            lambda root: root.begin_write(op.path, op.mode or 0o644, op.parents_or_recursive)
+        )
+        chunks, written, committed = self._writes[op.op_id], 0, False
+        try:
+            while True:
+                chunk = await chunks.get()
+                if chunk.data:
+                    written += len(chunk.data)
+                    if written > op.max_bytes:
+                        raise OSError(errno.EFBIG, f"over the limit of {op.max_bytes} bytes")
+                    await asyncio.to_thread(_write_all, pending.fd, chunk.data)
+                    self._result(op.op_id, credit=len(chunk.data))
+                if chunk.last:
+                    await self._call(lambda root: root.commit(pending))
+                    committed = True
+                    self._result(op.op_id, done=True, bytes_written=written)
+                    return
+        finally:
+            if not committed:
+                with contextlib.suppress(OSError):
+                    await asyncio.shield(asyncio.to_thread(Root(-1).abort, pending))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
