@@ -230,7 +230,7 @@ async def test_restart_reports_lost_sandboxes(make_driver: DriverFactory, paths:
 
 
 async def test_limits_without_cgroup_v2_are_a_condition(make_driver: DriverFactory) -> None:
-    async with make_driver() as driver:
+    async with make_driver(config=LocalDriverConfig()) as driver:
         spec = SandboxSpec(resources=Resources(cpu="200m", memory="64Mi"))
         created = await driver.create(request(spec=spec))
         (condition,) = [c for c in created.conditions if c.type == "ResourceLimits"]
@@ -239,7 +239,8 @@ async def test_limits_without_cgroup_v2_are_a_condition(make_driver: DriverFacto
         plain = await driver.create(request())
         assert [c.type for c in plain.conditions] == ["Isolated", "ResourceLimits"]
         (bounds,) = [c for c in plain.conditions if c.type == "ResourceLimits"]
-        assert bounds.message.startswith("enforced: /tmp 256Mi, /run 16Mi, /dev/shm 64Mi (tmpfs); file size 4Gi")
+        assert bounds.message.startswith("enforced: /workspace 1Gi, /tmp 256Mi, /run 16Mi, /dev/shm 64Mi (tmpfs)")
+        assert "Not enforced: memory 2Gi, cpu 1 (" in bounds.message
 
 
 async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path) -> None:
@@ -253,13 +254,14 @@ async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path)
     cgroup = cgroups.detect(root, self_cgroup)
     assert isinstance(cgroup, cgroups.CgroupV2)
 
-    async with make_driver(cgroup=cgroup) as driver:
+    async with make_driver(config=LocalDriverConfig(), cgroup=cgroup) as driver:
         spec = SandboxSpec(resources=Resources(cpu="0.2", memory="64Mi"))
         created = await driver.create(request(spec=spec))
         assert [(c.type, c.status) for c in created.conditions] == [("Isolated", "True"), ("ResourceLimits", "True")]
         sandbox_cgroup = root / "gw" / "warmshell" / created.instance_id
         assert (sandbox_cgroup / "cpu.max").read_text() == "20000 100000\n"
         assert (sandbox_cgroup / "memory.max").read_text() == f"{64 * 2**20}\n"
+        assert (sandbox_cgroup / "pids.max").read_text() == "1024\n"  # the default
         # The process moved itself in before exec'ing bwrap (same pid).
         (pid,) = driver_pids(driver)
         procs = await read_when_present(sandbox_cgroup / "cgroup.procs")

@@ -104,14 +104,13 @@ class LocalDriver:
             agent=agent,
             extra_ro_binds=config.extra_ro_binds,
             stage_dir=config.sandbox_dir if root else None,
-            bounds=limits.Bounds.of(config, uid_per_sandbox=root),
+            bounds=limits.Bounds.of(config),
         )
         cgroup = cgroup if cgroup is not None else cgroups.detect()
-        if isinstance(cgroup, cgroups.Unavailable):
-            # Once, at start; each sandbox's ResourceLimits condition says it again.
-            _log.warning(
-                "local sandboxes get no memory or cpu limits: %s (rlimits and tmpfs sizes only)", cgroup.message
-            )
+        if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
+            bounded = limits.condition(limits.Bounds.of(config), cgroup, uid_per_sandbox=root)
+            level = logging.INFO if bounded.status == "True" else logging.WARNING
+            _log.log(level, "local sandboxes: %s", bounded.message)
         self._host_cpus = os.cpu_count() or 1
         self._host_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         self._supervisors = HostSupervisors(paths.supervisor_socket)
