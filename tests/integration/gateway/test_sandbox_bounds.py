@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.helpers.gateway import RunningGateway, running_gateway
+from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from warmshell.api.v1 import sandbox_pb2 as pb
 
 BOUNDS = {
@@ -168,3 +168,44 @@ async def test_absurd_or_excessive_requests_are_refused(
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert field in (refused.value.details() or "")
     assert rule in (refused.value.details() or "")
+
+
+async def test_a_pool_profile_sets_its_members_storage_and_process_bound(tmp_path: Path) -> None:
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    profile = 'version = 1\nworkspace = "default"\nreplicas = 1\n[resources]\npids = 48\n'
+    (pools / "small.toml").write_text(profile + '[storage]\nworkspace = "12Mi"\ntmp = "6Mi"\n')
+    settings = {"local.pools_dir": str(pools), "local.pool_reload_interval_seconds": 0.1}
+    async with running_gateway(tmp_path / "state", **settings) as gw:
+        await wait_pools(gw, lambda r: (p := pool_named(r, "small")) is not None and p.idle >= 1)
+        (pool,) = [p for p in (await gw.stub.ListPools(pb.ListPoolsRequest(), metadata=gw.metadata)).pools]
+        assert pool.resources.pids == 48
+        await gw.create(name="pooled", spec=pb.SandboxSpec(resources=pb.Resources(pids=48)))
+        served = await gw.wait_ready("pooled")
+        assert served.status.allocation == "warm"
+        code, out, _ = await gw.exec("pooled", ["/bin/sh", "-c", "df -Pk /workspace /tmp | tail -2"])
+        assert code == 0
+        assert [int(line.split()[1]) for line in out.decode().splitlines()] == [12 * 1024, 6 * 1024]
+        limits = next(c for c in served.status.conditions if c.type == "ResourceLimits")
+        assert "/workspace 12Mi, /tmp 6Mi, /run 16Mi, /dev/shm 64Mi (tmpfs)" in limits.message
+        # A request without a process count does not match the pool: cold, with the defaults.
+        cold = await gw.create(name="plain")
+        assert cold.status.allocation == "cold"
+        await gw.wait_ready("plain")
+        code, out, _ = await gw.exec("plain", ["/bin/sh", "-c", "df -Pk /workspace | tail -1"])
+        assert int(out.split()[1]) == 1024 * 1024
+
+
+async def test_a_profile_over_the_maximum_makes_no_pool(tmp_path: Path) -> None:
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    (pools / "big.toml").write_text('version = 1\nworkspace = "default"\nreplicas = 1\n[storage]\nworkspace = "8Gi"\n')
+    settings = {"local.pools_dir": str(pools), "local.max_storage_size": "4Gi"}
+    async with running_gateway(tmp_path / "state", **settings) as gw:
+        listed = await wait_pools(gw, lambda r: pool_named(r, "big") is not None)
+        big = pool_named(listed, "big")
+        assert big is not None
+        assert any(
+            "storage.workspace: '8Gi' is more than this gateway allows (4Gi)" in c.message for c in big.conditions
+        )
+        assert big.idle == 0

@@ -33,7 +33,7 @@ from warmshell.core.errors import (
 )
 from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Allocation, SandboxSpec, now_us
+from warmshell.core.models import Allocation, Resources, SandboxSpec, now_us
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import (
     Activator,
@@ -422,7 +422,12 @@ class LocalDriver:
         return member
 
     def _validate_profile(self, profile: Profile) -> None:
-        spec = SandboxSpec(image=profile.image, runtime_class_name=profile.runtime_class_name)
+        spec = SandboxSpec(
+            image=profile.image,
+            runtime_class_name=profile.runtime_class_name,
+            resources=Resources(cpu=profile.cpu, memory=profile.memory, pids=profile.pids),
+            storage=profile.storage,
+        )
         try:
             self.validate(profile.workspace, spec)
         except InvalidArgumentError as exc:
