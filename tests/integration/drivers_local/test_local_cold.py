@@ -269,6 +269,18 @@ async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path)
         assert (sandbox_cgroup / "cgroup.procs").read_text().strip() == str(pid), procs
 
 
+async def test_a_cgroup_that_cannot_be_made_is_said_exactly(make_driver: DriverFactory, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    cgroup = cgroups.CgroupV2(tmp_path / "a-file" / "warmshell")  # every mkdir under it fails
+    async with make_driver(config=LocalDriverConfig(), cgroup=cgroup) as driver:
+        created = await driver.create(request())
+        (condition,) = [c for c in created.conditions if c.type == "ResourceLimits"]
+        assert (condition.status, condition.reason) == ("False", "CgroupSetupFailed")
+        assert condition.message.startswith("enforced: /workspace 1Gi, /tmp 256Mi")
+        assert "Not enforced: memory 2Gi, cpu 1 (its cgroup could not be set up: " in condition.message
+        assert created.state in (BackendState.PENDING, BackendState.RUNNING)  # it runs without
+
+
 async def test_unisolated_mode_runs_plain_processes(make_driver: DriverFactory, paths: StatePaths) -> None:
     config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True)
     async with make_driver(script="pwd > where; exec sleep 600", config=config) as driver:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -132,8 +133,10 @@ class Fleet:
         if bounds is not None and isinstance(self._cgroup, cgroups.CgroupV2):
             try:
                 instance.cgroup = self._cgroup.create(instance.instance_id, bounds.cgroup_limits())
-            except OSError as exc:
-                failed = DriverCondition("ResourceLimits", "False", "CgroupSetupFailed", str(exc))
+            except OSError as exc:  # the sandbox runs without: say exactly what that leaves
+                unavailable = cgroups.Unavailable(f"its cgroup could not be set up: {exc}")
+                exact = resource_limits.condition(bounds, unavailable, uid_per_sandbox=self._uids is not None)
+                failed = dataclasses.replace(exact, reason="CgroupSetupFailed")
                 others = tuple(c for c in instance.conditions if c.type != "ResourceLimits")
                 instance.conditions = (*others, failed)
 
