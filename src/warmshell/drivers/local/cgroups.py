@@ -30,9 +30,6 @@ class Limits:
     memory_bytes: int | None = None
     pids: int | None = None
 
-    def __bool__(self) -> bool:
-        return self.cpu_millis is not None or self.memory_bytes is not None or self.pids is not None
-
 
 def control_files(limits: Limits, controllers: frozenset[str]) -> dict[str, str]:
     """The control files of a sandbox's cgroup and what to write in each, for the limits set

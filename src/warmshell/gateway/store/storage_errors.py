@@ -62,10 +62,10 @@ def translate_postgres(exc: BaseException, where: str) -> WarmshellError:
     state = str(getattr(exc, "sqlstate", "") or "")
     detail = str(exc) or type(exc).__name__
     store = f"the gateway's state store (Postgres at {where})"
-    if state in _PG_EXHAUSTED or state.startswith("53"):
+    if state.startswith("53"):  # class 53, insufficient resources
         what = _PG_EXHAUSTED.get(state, "is out of a resource")
         return ResourceExhaustedError(
-            f"{store} {what} ({detail}); get and list still work — free space on the database server"
+            f"{store} {what} ({detail}); get and list still work — the database server needs room"
         )
     if state in _PG_UNAVAILABLE:
         return UnavailableError(f"{store} {_PG_UNAVAILABLE[state]} ({detail}); retry later")
