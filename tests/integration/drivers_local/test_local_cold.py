@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import stat
@@ -267,6 +268,20 @@ async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path)
         procs = await read_when_present(sandbox_cgroup / "cgroup.procs")
         await wait_until(lambda: (sandbox_cgroup / "cgroup.procs").read_text().strip() != "")
         assert (sandbox_cgroup / "cgroup.procs").read_text().strip() == str(pid), procs
+
+
+async def test_what_is_enforced_is_said_once_at_start(
+    make_driver: DriverFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="warmshell.drivers.local.driver"):
+        async with make_driver(config=LocalDriverConfig()) as driver:
+            await driver.create(request())
+            await driver.create(request())
+    said = [r for r in caplog.records if r.getMessage().startswith("local sandboxes: ")]
+    assert len(said) == 1
+    assert said[0].levelno == logging.WARNING  # memory and cpu are not enforced on this host
+    assert "local sandboxes: enforced: /workspace 1Gi, /tmp 256Mi" in said[0].getMessage()
+    assert "Not enforced: memory 2Gi, cpu 1 (test host: no cgroup v2)." in said[0].getMessage()
 
 
 async def test_a_cgroup_that_cannot_be_made_is_said_exactly(make_driver: DriverFactory, tmp_path: Path) -> None:
