@@ -99,16 +99,17 @@ class LocalDriver:
             raise FailedPreconditionError(NO_BWRAP.format(bwrap=config.bwrap))
         _check_extra_binds(config.extra_ro_binds, paths)
         root = os.geteuid() == 0  # then each sandbox gets its own uid (see `uids`)
+        bounds = limits.Bounds.of(config)
         launcher = Launcher(
             bwrap=bwrap,
             agent=agent,
             extra_ro_binds=config.extra_ro_binds,
             stage_dir=config.sandbox_dir if root else None,
-            bounds=limits.Bounds.of(config),
+            bounds=bounds,
         )
         cgroup = cgroup if cgroup is not None else cgroups.detect()
         if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
-            bounded = limits.condition(limits.Bounds.of(config), cgroup, uid_per_sandbox=root)
+            bounded = limits.condition(bounds, cgroup, uid_per_sandbox=root)
             level = logging.INFO if bounded.status == "True" else logging.WARNING
             _log.log(level, "local sandboxes: %s", bounded.message)
         self._host_cpus = os.cpu_count() or 1
