@@ -1,17 +1,18 @@
-"""Issue 13 soak: well-behaved clients create, exec in and delete sandboxes over and over, first
-alone (quiet), then for the long phase beside hostile sandboxes, in one gateway and one invocation:
+"""Issue 13 soak: well-behaved clients create, exec in and delete sandboxes over and over, quiet
+and beside hostile sandboxes, in one gateway and one invocation. The run alternates in blocks
+(quiet, then with the attacks), so a shared machine's bursts fall on both alike:
 
-- disk fill: fills its bounded /workspace (ENOSPC), holds it a moment, frees it, again;
+- disk fill: fills its bounded /workspace (ENOSPC), holds it a moment, frees it; again and again;
 - fork bomb: each process forks two and waits, until its process bound (a request for 64) stops it;
 - output flood: 64 MiB per exec, read by a client that pauses every chunk (flow control, no loss).
 
+The hostile sandboxes are made at the start of each attack block and deleted at its end.
 Reports the well-behaved clients' create -> Ready (warm and cold), exec and delete latency p50/p99
-in both phases, how often each attack hit its bound, and lost outputs: every exec's output (the
-flood's too) is checked against its SHA-256. The load average is sampled throughout (the machine
-may be shared: compare the phases, not runs).
+quiet and with the attacks, how often each attack hit its bound, and lost outputs: every exec's
+output (the flood's too) is checked against its SHA-256. The load average is sampled throughout.
 
-    python bench/soak.py                                  # 3 min quiet, then 10 min with the attacks
-    python bench/soak.py --quiet-minutes 0.5 --minutes 1  # a smoke run
+    python bench/soak.py                                  # 4 min quiet + 10 min with the attacks, in 5 blocks
+    python bench/soak.py --quiet-minutes 0.5 --minutes 1 --blocks 1  # a smoke run
 
 Run as root: the process bound needs a uid per sandbox.
 """
@@ -26,7 +27,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,8 +43,7 @@ BOMB_PIDS = 64
 FLOOD_BYTES = 64 * 2**20
 HOSTILE: dict[str, tuple[str, int]] = {  # name: (script, pids requested)
     "disk-fill": (
-        "while :; do dd if=/dev/zero of=/workspace/fill bs=1M 2>&1 | grep -m1 'No space' >&2; sleep 2; "
-        "rm -f /workspace/fill; sleep 1; done",
+        "dd if=/dev/zero of=/workspace/fill bs=1M 2>&1 | grep -m1 'No space' >&2; sleep 2; rm -f /workspace/fill",
         0,
     ),
     # Each process forks two, waits, and lingers a moment: the sandbox sits at its bound.
@@ -131,19 +131,20 @@ class Attack:
     errors: list[str] = field(default_factory=list)
 
 
-async def hostile(gw: GatewayProcess, name: str, script: str, attack: Attack) -> None:
+async def hostile(gw: GatewayProcess, kind: str, name: str, attack: Attack) -> None:
     """Keep the attack going (again each time its exec ends) until cancelled."""
+    script, _ = HOSTILE[kind]
     expected = hashlib.sha256(pattern("flood", FLOOD_BYTES)).hexdigest()
     while True:
         try:
-            if name == "output-flood":
+            if kind == "output-flood":
                 # A slow reader: a pause per chunk, so the command is held back by flow control.
                 code, digest, size, _ = await exec_digest(gw, name, script, workspace="hostile", pause=0.002)
                 attack.lost += (code, digest, size) != (0, expected, FLOOD_BYTES)
                 attack.bound_hits += 1
             else:
                 _, _, _, err = await exec_digest(gw, name, script, workspace="hostile", timeout=20)
-                attack.bound_hits += BOUND_HIT[name] in err
+                attack.bound_hits += BOUND_HIT[kind] in err
             attack.runs += 1
         except grpc.aio.AioRpcError as exc:
             attack.errors.append(f"{exc.code().name}: {exc.details()}")
@@ -156,33 +157,33 @@ async def sample_load(phase: Phase) -> None:
         await asyncio.sleep(10)
 
 
-async def run_phase(gw: GatewayProcess, seconds: float, workers: int, tag: str) -> Phase:
-    phase = Phase()
+async def run_phase(gw: GatewayProcess, seconds: float, workers: int, tag: str, phase: Phase) -> None:
+    """The well-behaved clients for `seconds`, adding to `phase`."""
     sampler = asyncio.create_task(sample_load(phase))
     until = time.monotonic() + seconds
     try:
         await asyncio.gather(*(well_behaved(gw, w, until, phase, tag) for w in range(workers)))
     finally:
         sampler.cancel()
-    phase.load.append(os.getloadavg()[0])
-    return phase
 
 
-async def with_attacks(gw: GatewayProcess, body: Callable[[], Awaitable[Phase]]) -> tuple[Phase, dict[str, Attack]]:
-    attacks = {name: Attack() for name in HOSTILE}
-    for name, (_, pids) in HOSTILE.items():
-        await gw.create(name=name, workspace="hostile", spec=pb.SandboxSpec(resources=pb.Resources(pids=pids)))
-    for name in HOSTILE:
+async def with_attacks(gw: GatewayProcess, block: int, attacks: dict[str, Attack], body: Awaitable[None]) -> None:
+    """`body` while the hostile sandboxes of this block attack; they are deleted afterwards."""
+    names = {kind: f"{kind}-{block}" for kind in HOSTILE}
+    for kind, (_, pids) in HOSTILE.items():
+        spec = pb.SandboxSpec(resources=pb.Resources(pids=pids))
+        await gw.create(name=names[kind], workspace="hostile", spec=spec)
+    for name in names.values():
         await wait_ready_in(gw, name, "hostile")
-    tasks = [asyncio.create_task(hostile(gw, name, script, attacks[name])) for name, (script, _) in HOSTILE.items()]
+    tasks = [asyncio.create_task(hostile(gw, kind, name, attacks[kind])) for kind, name in names.items()]
     await asyncio.sleep(3)  # let the attacks reach their bounds
     try:
-        return await body(), attacks
+        await body
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for name in HOSTILE:
+        for name in names.values():
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await gw.stub.DeleteSandbox(pb.SandboxRef(name=name, workspace="hostile"), metadata=gw.metadata)
 
@@ -221,10 +222,9 @@ def table(data: dict[str, object], quiet: Phase, loud: Phase, attacks: dict[str,
         "",
         f"Lost outputs (well-behaved): {quiet.lost} of {quiet.execs} execs quiet, {loud.lost} of {loud.execs} "
         f"with the attacks; errors: {len(quiet.errors)} quiet, {len(loud.errors)} with the attacks.",
-        f"{data['workers']} well-behaved clients; {data['quiet_seconds']:g} s quiet, "
-        f"then {data['hostile_seconds']:g} s "
-        f"beside {', '.join(HOSTILE)} (/workspace {WORKSPACE_SIZE}, fork bomb at {BOMB_PIDS} processes, "
-        f"{FLOOD_BYTES >> 20} MiB per flood exec read with a pause per chunk).",
+        f"{data['workers']} well-behaved clients; {data['quiet_seconds']:g} s quiet and {data['hostile_seconds']:g} s "
+        f"beside {', '.join(HOSTILE)}, in {data['blocks']} alternating blocks (/workspace {WORKSPACE_SIZE}, "
+        f"fork bomb at {BOMB_PIDS} processes, {FLOOD_BYTES >> 20} MiB per flood exec read with a pause per chunk).",
         f"Load average (1 min) quiet {_mean(quiet.load):.2f} (max {max(quiet.load):.2f}), with the attacks "
         f"{_mean(loud.load):.2f} (max {max(loud.load):.2f}); 2 cpus shared with other users of the machine.",
     ]
@@ -248,19 +248,23 @@ def _phase_data(phase: Phase) -> dict[str, object]:
     }
 
 
-async def main(quiet_seconds: float, hostile_seconds: float, workers: int) -> None:
+async def main(quiet_seconds: float, hostile_seconds: float, workers: int, blocks: int) -> None:
+    quiet, loud, attacks = Phase(), Phase(), {kind: Attack() for kind in HOSTILE}
     with tempfile.TemporaryDirectory(prefix="ws-soak-") as tmp:
         config, pools = Path(tmp) / "gateway.toml", Path(tmp) / "pools"
         config.write_text(CONFIG)
         pools.mkdir()
         (pools / "soak.toml").write_text(POOL)
         async with gateway_process("--config", str(config), "--pools", str(pools)) as gw:
-            quiet = await run_phase(gw, quiet_seconds, workers, "q")
-            loud, attacks = await with_attacks(gw, lambda: run_phase(gw, hostile_seconds, workers, "h"))
+            for block in range(blocks):
+                await run_phase(gw, quiet_seconds / blocks, workers, f"q{block}", quiet)
+                attacked = run_phase(gw, hostile_seconds / blocks, workers, f"h{block}", loud)
+                await with_attacks(gw, block, attacks, attacked)
     data: dict[str, object] = {
         "workers": workers,
         "quiet_seconds": quiet_seconds,
         "hostile_seconds": hostile_seconds,
+        "blocks": blocks,
         "workspace_size": WORKSPACE_SIZE,
         "quiet": _phase_data(quiet),
         "hostile": _phase_data(loud),
@@ -272,8 +276,9 @@ async def main(quiet_seconds: float, hostile_seconds: float, workers: int) -> No
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quiet-minutes", type=float, default=3.0, help="length of the quiet phase")
-    parser.add_argument("--minutes", type=float, default=10.0, help="length of the phase with the attacks")
+    parser.add_argument("--quiet-minutes", type=float, default=4.0, help="time without the attacks, in all")
+    parser.add_argument("--minutes", type=float, default=10.0, help="time with the attacks, in all")
+    parser.add_argument("--blocks", type=int, default=5, help="alternations of a quiet and an attack block")
     parser.add_argument("--workers", type=int, default=3, help="well-behaved clients")
     args = parser.parse_args()
-    asyncio.run(main(args.quiet_minutes * 60, args.minutes * 60, args.workers))
+    asyncio.run(main(args.quiet_minutes * 60, args.minutes * 60, args.workers, args.blocks))
