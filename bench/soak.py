@@ -1,12 +1,20 @@
-"""Issue 13 soak: mixed create/exec/delete by well-behaved clients, first alone (quiet), then
-beside hostile sandboxes (disk fill of their tmpfs, a fork bomb bounded by the process limit, an
-output flood read by a client), in one gateway and one invocation. Reports the well-behaved
-clients' create -> Ready and exec latency p50/p99 in both phases and their lost outputs (every
-exec's output is checked byte for byte).
+"""Issue 13 soak: well-behaved clients create, exec in and delete sandboxes over and over, quiet
+and beside hostile sandboxes, in one gateway and one invocation. The run alternates in blocks
+(quiet, then with the attacks), so a shared machine's bursts fall on both alike:
 
-    python bench/soak.py --seconds 600   # the issue's 10 minutes per phase
+- disk fill: fills its bounded /workspace (ENOSPC), holds it a moment, frees it; again and again;
+- fork bomb: each process forks two and waits, until its process bound (a request for 64) stops it;
+- output flood: 64 MiB per exec, read by a client that pauses every chunk (flow control, no loss).
 
-Run as root (the process bound needs a uid per sandbox).
+The hostile sandboxes are made at the start of each attack block and deleted at its end.
+Reports the well-behaved clients' create -> Ready (warm and cold), exec and delete latency p50/p99
+quiet and with the attacks, how often each attack hit its bound, and lost outputs: every exec's
+output (the flood's too) is checked against its SHA-256. The load average is sampled throughout.
+
+    python bench/soak.py                                  # 4 min quiet + 10 min with the attacks, in 5 blocks
+    python bench/soak.py --quiet-minutes 0.5 --minutes 1 --blocks 1  # a smoke run
+
+Run as root: the process bound needs a uid per sandbox.
 """
 
 from __future__ import annotations
@@ -14,111 +22,263 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import secrets
+import hashlib
+import os
+import random
+import tempfile
 import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import grpc
 from harness import GatewayProcess, gateway_process, summary, write_results
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 
-OUTPUT_BYTES = 200_000
-HOSTILE = {
-    "disk-fill": "while :; do dd if=/dev/zero of=/tmp/fill bs=1M 2>/dev/null; rm -f /tmp/fill; done",
-    "fork-bomb": "while :; do sleep 5 & done",
-    "output-flood": "cat /dev/zero",
+WORKSPACE_SIZE = "256Mi"
+CONFIG = f'[local]\nworkspace_size = "{WORKSPACE_SIZE}"\n'
+POOL = 'version = 1\nworkspace = "default"\nreplicas = 4\n'
+BOMB_PIDS = 64
+FLOOD_BYTES = 64 * 2**20
+HOSTILE: dict[str, tuple[str, int]] = {  # name: (script, pids requested)
+    "disk-fill": (
+        "dd if=/dev/zero of=/workspace/fill bs=1M 2>&1 | grep -m1 'No space' >&2; sleep 2; rm -f /workspace/fill",
+        0,
+    ),
+    # Each process forks two, waits, and lingers a moment: the sandbox sits at its bound.
+    "fork-bomb": ("b() { b & b & wait; sleep 1; }; b", BOMB_PIDS),
+    "output-flood": (f"yes flood | head -c {FLOOD_BYTES}", 0),
 }
+BOUND_HIT = {"disk-fill": b"No space left on device", "fork-bomb": b"Cannot fork"}  # dd's and dash's words
 
 
-async def exec_all(gw: GatewayProcess, name: str, script: str, timeout: int = 0) -> tuple[int, bytes]:
-    out, code = bytearray(), -1
-    request = pb.ExecSandboxRequest(name=name, command=["/bin/sh", "-c", script], timeout_seconds=timeout)
+def pattern(word: str, size: int) -> bytes:
+    """What `yes WORD | head -c SIZE` writes."""
+    line = (word + "\n").encode()
+    return (line * (size // len(line) + 1))[:size]
+
+
+@dataclass
+class Phase:
+    """What one phase measured."""
+
+    create_ms: dict[str, list[float]] = field(default_factory=lambda: {"warm": [], "cold": []})
+    exec_ms: list[float] = field(default_factory=list)
+    delete_ms: list[float] = field(default_factory=list)
+    execs: int = 0
+    lost: int = 0
+    errors: list[str] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)
+
+
+async def exec_digest(
+    gw: GatewayProcess, name: str, script: str, *, workspace: str = "", timeout: int = 0, pause: float = 0.0
+) -> tuple[int, str, int, bytes]:
+    """Run a script; its exit code, the SHA-256 and length of its stdout, and its stderr."""
+    digest, size, err, code = hashlib.sha256(), 0, bytearray(), -1
+    command = ["/bin/sh", "-c", script]
+    request = pb.ExecSandboxRequest(name=name, workspace=workspace, command=command, timeout_seconds=timeout)
     async for event in gw.stub.ExecSandbox(request, metadata=gw.metadata):
         kind = event.WhichOneof("event")
         if kind == "stdout":
-            out += event.stdout
+            digest.update(event.stdout)
+            size += len(event.stdout)
+            if pause:
+                await asyncio.sleep(pause)
+        elif kind == "stderr":
+            err += event.stderr[: max(0, 65536 - len(err))]
         elif kind == "exit_code":
             code = event.exit_code
-    return code, bytes(out)
+    return code, digest.hexdigest(), size, bytes(err)
 
 
-async def well_behaved(gw: GatewayProcess, worker: int, until: float, stats: dict[str, list[float]]) -> None:
-    round_ = 0
+async def well_behaved(gw: GatewayProcess, worker: int, until: float, phase: Phase, tag: str) -> None:
+    rounds = 0
+    rng = random.Random(f"{tag}{worker}")  # not the `secrets` module: bench/secrets.py shadows it here
     while time.monotonic() < until:
-        name = f"w{worker}-{round_}"
-        round_ += 1
-        start = time.perf_counter()
-        await gw.create(name=name)
-        await gw.wait_ready(name)
-        stats["create_ready_ms"].append((time.perf_counter() - start) * 1000)
-        nonce = secrets.token_hex(8)
-        start = time.perf_counter()
-        code, out = await exec_all(gw, name, f"printf {nonce}; head -c {OUTPUT_BYTES} /dev/zero")
-        stats["exec_ms"].append((time.perf_counter() - start) * 1000)
-        expected = nonce.encode() + bytes(OUTPUT_BYTES)
-        stats["lost"].append(0.0 if (code, out) == (0, expected) else 1.0)
-        await gw.delete(name)
-
-
-async def hostile(gw: GatewayProcess, name: str, script: str) -> None:
-    """Keep the attack running (re-run when its exec ends) until cancelled."""
-    while True:
-        with contextlib.suppress(Exception):
-            request = pb.ExecSandboxRequest(name=name, command=["/bin/sh", "-c", script], timeout_seconds=60)
-            async for _ in gw.stub.ExecSandbox(request, metadata=gw.metadata):
-                pass
-        await asyncio.sleep(0.1)
-
-
-async def phase(gw: GatewayProcess, seconds: float, workers: int) -> dict[str, list[float]]:
-    stats: dict[str, list[float]] = {"create_ready_ms": [], "exec_ms": [], "lost": []}
-    until = time.monotonic() + seconds
-    await asyncio.gather(*(well_behaved(gw, w, until, stats) for w in range(workers)))
-    return stats
-
-
-async def main(seconds: float, workers: int) -> None:
-    async with gateway_process() as gw:
-        quiet = await phase(gw, seconds, workers)
-        for name in HOSTILE:
-            await gw.create(name=name)
-            await gw.wait_ready(name)
-        attacks = [asyncio.create_task(hostile(gw, name, script)) for name, script in HOSTILE.items()]
-        await asyncio.sleep(2)  # let the attacks reach their bounds
+        name = f"{tag}-w{worker}-{rounds}"
+        rounds += 1
         try:
-            loud = await phase(gw, seconds, workers)
-        finally:
-            for task in attacks:
-                task.cancel()
-            await asyncio.gather(*attacks, return_exceptions=True)
-            for name in HOSTILE:
-                with contextlib.suppress(Exception):
-                    await gw.delete(name)
-    data = {
-        "seconds_per_phase": seconds,
-        "workers": workers,
-        "quiet": {k: summary(v) for k, v in quiet.items() if k != "lost"},
-        "hostile": {k: summary(v) for k, v in loud.items() if k != "lost"},
-        "lost_outputs": {"quiet": int(sum(quiet["lost"])), "hostile": int(sum(loud["lost"]))},
-        "execs": {"quiet": len(quiet["lost"]), "hostile": len(loud["lost"])},
+            start = time.perf_counter()
+            await gw.create(name=name)
+            ready = await gw.wait_ready(name)
+            allocation = "warm" if ready.status.allocation == "warm" else "cold"
+            phase.create_ms[allocation].append((time.perf_counter() - start) * 1000)
+            for _ in range(3):
+                word, size = f"{rng.getrandbits(48):012x}", rng.randrange(1024, 1 << 20)
+                start = time.perf_counter()
+                code, digest, got, _ = await exec_digest(gw, name, f"yes {word} | head -c {size}")
+                phase.exec_ms.append((time.perf_counter() - start) * 1000)
+                phase.execs += 1
+                if (code, digest, got) != (0, hashlib.sha256(pattern(word, size)).hexdigest(), size):
+                    phase.lost += 1
+                    phase.errors.append(f"{name}: exit {code}, {got} of {size} bytes")
+            start = time.perf_counter()
+            await gw.delete(name)
+            phase.delete_ms.append((time.perf_counter() - start) * 1000)
+        except grpc.aio.AioRpcError as exc:
+            phase.errors.append(f"{name}: {exc.code().name}: {exc.details()}")
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await gw.delete(name)
+
+
+@dataclass
+class Attack:
+    runs: int = 0
+    bound_hits: int = 0
+    lost: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def hostile(gw: GatewayProcess, kind: str, name: str, attack: Attack) -> None:
+    """Keep the attack going (again each time its exec ends) until cancelled."""
+    script, _ = HOSTILE[kind]
+    expected = hashlib.sha256(pattern("flood", FLOOD_BYTES)).hexdigest()
+    while True:
+        try:
+            if kind == "output-flood":
+                # A slow reader: a pause per chunk, so the command is held back by flow control.
+                code, digest, size, _ = await exec_digest(gw, name, script, workspace="hostile", pause=0.002)
+                attack.lost += (code, digest, size) != (0, expected, FLOOD_BYTES)
+                attack.bound_hits += 1
+            else:
+                _, _, _, err = await exec_digest(gw, name, script, workspace="hostile", timeout=20)
+                attack.bound_hits += BOUND_HIT[kind] in err
+            attack.runs += 1
+        except grpc.aio.AioRpcError as exc:
+            attack.errors.append(f"{exc.code().name}: {exc.details()}")
+            await asyncio.sleep(0.5)
+
+
+async def sample_load(phase: Phase) -> None:
+    while True:
+        phase.load.append(os.getloadavg()[0])
+        await asyncio.sleep(10)
+
+
+async def run_phase(gw: GatewayProcess, seconds: float, workers: int, tag: str, phase: Phase) -> None:
+    """The well-behaved clients for `seconds`, adding to `phase`."""
+    sampler = asyncio.create_task(sample_load(phase))
+    until = time.monotonic() + seconds
+    try:
+        await asyncio.gather(*(well_behaved(gw, w, until, phase, tag) for w in range(workers)))
+    finally:
+        sampler.cancel()
+
+
+async def with_attacks(gw: GatewayProcess, block: int, attacks: dict[str, Attack], body: Awaitable[None]) -> None:
+    """`body` while the hostile sandboxes of this block attack; they are deleted afterwards."""
+    names = {kind: f"{kind}-{block}" for kind in HOSTILE}
+    for kind, (_, pids) in HOSTILE.items():
+        spec = pb.SandboxSpec(resources=pb.Resources(pids=pids))
+        await gw.create(name=names[kind], workspace="hostile", spec=spec)
+    for name in names.values():
+        await wait_ready_in(gw, name, "hostile")
+    tasks = [asyncio.create_task(hostile(gw, kind, name, attacks[kind])) for kind, name in names.items()]
+    await asyncio.sleep(3)  # let the attacks reach their bounds
+    try:
+        await body
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for name in names.values():
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await gw.stub.DeleteSandbox(pb.SandboxRef(name=name, workspace="hostile"), metadata=gw.metadata)
+
+
+async def wait_ready_in(gw: GatewayProcess, name: str, workspace: str) -> None:
+    request = pb.WatchSandboxRequest(name=name, workspace=workspace, stop_on_ready=True, stop_on_terminal=True)
+    async for _ in gw.stub.WatchSandbox(request, metadata=gw.metadata):
+        pass
+
+
+def table(data: dict[str, object], quiet: Phase, loud: Phase, attacks: dict[str, Attack]) -> str:
+    rows = [
+        "| well-behaved clients | quiet n | quiet p50 ms | quiet p99 ms | hostile n | hostile p50 ms "
+        "| hostile p99 ms | p50 ratio | p99 ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    series = [
+        ("create → Ready, warm", quiet.create_ms["warm"], loud.create_ms["warm"]),
+        ("create → Ready, cold", quiet.create_ms["cold"], loud.create_ms["cold"]),
+        ("exec (≤ 1 MiB output, checked)", quiet.exec_ms, loud.exec_ms),
+        ("delete", quiet.delete_ms, loud.delete_ms),
+    ]
+    for label, q_values, h_values in series:
+        if not q_values or not h_values:
+            rows.append(f"| {label} | {len(q_values)} | - | - | {len(h_values)} | - | - | - | - |")
+            continue
+        q, h = summary(q_values), summary(h_values)
+        rows.append(
+            f"| {label} | {q['n']} | {q['p50']:.1f} | {q['p99']:.1f} | {h['n']} | {h['p50']:.1f} | {h['p99']:.1f} "
+            f"| {h['p50'] / q['p50']:.2f} | {h['p99'] / q['p99']:.2f} |"
+        )
+    rows += ["", "| attack | runs | hit its bound | lost outputs | errors |", "|---|---|---|---|---|"]
+    for name, attack in attacks.items():
+        rows.append(f"| {name} | {attack.runs} | {attack.bound_hits} | {attack.lost} | {len(attack.errors)} |")
+    rows += [
+        "",
+        f"Lost outputs (well-behaved): {quiet.lost} of {quiet.execs} execs quiet, {loud.lost} of {loud.execs} "
+        f"with the attacks; errors: {len(quiet.errors)} quiet, {len(loud.errors)} with the attacks.",
+        f"{data['workers']} well-behaved clients; {data['quiet_seconds']:g} s quiet and {data['hostile_seconds']:g} s "
+        f"beside {', '.join(HOSTILE)}, in {data['blocks']} alternating blocks (/workspace {WORKSPACE_SIZE}, "
+        f"fork bomb at {BOMB_PIDS} processes, {FLOOD_BYTES >> 20} MiB per flood exec read with a pause per chunk).",
+        f"Load average (1 min) quiet {_mean(quiet.load):.2f} (max {max(quiet.load):.2f}), with the attacks "
+        f"{_mean(loud.load):.2f} (max {max(loud.load):.2f}); 2 cpus shared with other users of the machine.",
+    ]
+    return "\n".join(rows)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _phase_data(phase: Phase) -> dict[str, object]:
+    return {
+        "create_ready_ms": {k: summary(v) for k, v in phase.create_ms.items() if v},
+        "exec_ms": summary(phase.exec_ms) if phase.exec_ms else {},
+        "delete_ms": summary(phase.delete_ms) if phase.delete_ms else {},
+        "execs": phase.execs,
+        "lost_outputs": phase.lost,
+        "errors": phase.errors[:20],
+        "error_count": len(phase.errors),
+        "load_average_1m": phase.load,
     }
-    rows = ["| metric | quiet p50 | quiet p99 | hostile p50 | hostile p99 | p50 ratio |", "|---|---|---|---|---|---|"]
-    for metric in ("create_ready_ms", "exec_ms"):
-        q, h = data["quiet"][metric], data["hostile"][metric]
-        cells = [q["p50"], q["p99"], h["p50"], h["p99"]]
-        rows.append(f"| {metric} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {h['p50'] / q['p50']:.2f} |")
-    lost, execs = data["lost_outputs"], data["execs"]
-    rows.append("")
-    rows.append(
-        f"Lost outputs: {lost['quiet']} of {execs['quiet']} (quiet), "
-        f"{lost['hostile']} of {execs['hostile']} (hostile). "
-        f"{workers} well-behaved workers, {seconds:g}s per phase; hostile: {', '.join(HOSTILE)}. Shared machine."
-    )
-    write_results("soak", data, "\n".join(rows))
+
+
+async def main(quiet_seconds: float, hostile_seconds: float, workers: int, blocks: int) -> None:
+    quiet, loud, attacks = Phase(), Phase(), {kind: Attack() for kind in HOSTILE}
+    with tempfile.TemporaryDirectory(prefix="ws-soak-") as tmp:
+        config, pools = Path(tmp) / "gateway.toml", Path(tmp) / "pools"
+        config.write_text(CONFIG)
+        pools.mkdir()
+        (pools / "soak.toml").write_text(POOL)
+        async with gateway_process("--config", str(config), "--pools", str(pools)) as gw:
+            for block in range(blocks):
+                await run_phase(gw, quiet_seconds / blocks, workers, f"q{block}", quiet)
+                attacked = run_phase(gw, hostile_seconds / blocks, workers, f"h{block}", loud)
+                await with_attacks(gw, block, attacks, attacked)
+    data: dict[str, object] = {
+        "workers": workers,
+        "quiet_seconds": quiet_seconds,
+        "hostile_seconds": hostile_seconds,
+        "blocks": blocks,
+        "workspace_size": WORKSPACE_SIZE,
+        "quiet": _phase_data(quiet),
+        "hostile": _phase_data(loud),
+        "attacks": {n: {"runs": a.runs, "bound_hits": a.bound_hits, "lost": a.lost, "errors": a.errors[:10]}
+                    for n, a in attacks.items()},
+    }  # fmt: skip
+    write_results("soak", data, table(data, quiet, loud, attacks))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=600.0, help="length of each phase")
+    parser.add_argument("--quiet-minutes", type=float, default=4.0, help="time without the attacks, in all")
+    parser.add_argument("--minutes", type=float, default=10.0, help="time with the attacks, in all")
+    parser.add_argument("--blocks", type=int, default=5, help="alternations of a quiet and an attack block")
     parser.add_argument("--workers", type=int, default=3, help="well-behaved clients")
     args = parser.parse_args()
-    asyncio.run(main(args.seconds, args.workers))
+    asyncio.run(main(args.quiet_minutes * 60, args.minutes * 60, args.workers, args.blocks))

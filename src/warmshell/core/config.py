@@ -76,15 +76,24 @@ class LocalDriverConfig(_Section):
     # supervisor runs host-side) during a run of warm creates competes with the activations.
     refill_delay_seconds: float = Field(default=0.25, ge=0)
     # Default bounds of every sandbox (see drivers/local/limits.py): sized tmpfs, the largest
-    # file a process may write, and (with a uid per sandbox) how many processes it may run.
+    # file a process may write, and how many processes it may run. A profile's [storage] and
+    # [resources], and a request's resources, override them (up to the maximums below).
+    # /workspace is a tmpfs of this size ("" = a directory on the host's disk, with no bound).
+    workspace_size: str = "1Gi"
     tmp_size: str = "256Mi"
     run_size: str = "16Mi"
     shm_size: str = "64Mi"
     max_file_size: str = "4Gi"
-    max_processes: int = Field(default=1024, ge=16, le=1_000_000)
-    # Requests beyond these are refused (field named); "" = the host's cpus and memory.
+    max_processes: int = Field(default=1024, ge=16, le=2**22)  # the default process count
+    # cpu and memory of a sandbox that asks for none ("" = no limit); need a delegated cgroup v2.
+    default_cpu: str = "1"
+    default_memory: str = "2Gi"
+    # Requests (and profiles) beyond these are refused, naming the field; "" = the host's cpus
+    # and memory, and for /workspace and /tmp the host's memory (they are tmpfs).
     max_cpu: str = ""
     max_memory: str = ""
+    max_pids: int = Field(default=32768, ge=16, le=2**22)
+    max_storage_size: str = ""
     # An idle member's agent must answer a ping this fast when a create claims it (a stopped or
     # hung member is spent and replaced; the create takes the next member or goes cold).
     member_probe_seconds: float = Field(default=1.0, gt=0, le=60)

@@ -35,6 +35,7 @@ class SandboxShape:
     environment: Mapping[str, str] = field(default_factory=dict)
     cpu: str = ""
     memory: str = ""
+    pids: int = 0
     runtime_class_name: str = ""
     # The environment patterns the pool accepts at activation (a `pattern_set`); () for a request.
     accepted: tuple[str, ...] = ()
@@ -68,6 +69,7 @@ def shape_of(workspace: str, spec: SandboxSpec, *, default_image: str) -> Sandbo
         environment=spec.environment,
         cpu=spec.resources.cpu,
         memory=spec.resources.memory,
+        pids=spec.resources.pids,
         runtime_class_name=spec.runtime_class_name,
     )
 
@@ -82,6 +84,8 @@ def canonical_json(shape: SandboxShape) -> str:
         "resources": {"cpu": normalize_cpu(shape.cpu), "memory": normalize_memory(shape.memory)},
         "runtimeClassName": shape.runtime_class_name,
     }
+    if shape.pids:  # absent when 0, so shapes without a process count keep their fingerprints
+        document["pids"] = shape.pids
     if shape.accepted:  # absent when empty, so pools accepting nothing keep their fingerprints
         document["accepts"] = list(pattern_set(shape.accepted))
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -18,6 +18,7 @@ __all__ = [
     "SandboxRecord",
     "SandboxSpec",
     "SandboxStatus",
+    "Storage",
     "Timeline",
     "now_ms",
     "now_us",
@@ -91,6 +92,14 @@ class Resources(_Model):
 
     cpu: str = ""
     memory: str = ""
+    pids: int = 0  # 0 = no request (the driver's default)
+
+
+class Storage(_Model):
+    """Sizes of a sandbox's writable places, set by its pool's profile ("" = the driver's default)."""
+
+    workspace: str = ""
+    tmp: str = ""
 
 
 class SandboxSpec(_Model):
@@ -103,6 +112,8 @@ class SandboxSpec(_Model):
     runtime_class_name: str = ""
     # Names only: the values are sealed apart from the record (see gateway.secretvault).
     secret_names: list[str] = Field(default_factory=list)
+    # Never part of a request (so never part of a match): a warm member has its pool's.
+    storage: Storage = Field(default_factory=Storage)
 
 
 class SandboxStatus(_Model):

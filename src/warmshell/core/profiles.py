@@ -11,6 +11,10 @@ FOO = "bar"
 [resources]
 cpu = "0.2"
 memory = "256Mi"
+pids = 256                 # optional: most processes at once
+[storage]                  # optional: sizes of the writable places ("" = the gateway's default)
+workspace = "2Gi"          # /workspace
+tmp = "512Mi"              # /tmp
 [activation]
 environment = ["TASK_ID", "RUN_*"]   # keys a request may set at activation; default none
 [lifetime]                 # optional: defaults for sandboxes this pool serves (0 = no limit)
@@ -38,12 +42,16 @@ from typing import Any
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
 from warmshell.core.ids import Fingerprint
+from warmshell.core.models import Storage
 from warmshell.core.quantities import normalize_cpu, normalize_memory
 from warmshell.core.validation import (
+    MAX_PIDS,
+    MIN_PIDS,
     validate_environment,
     validate_environment_patterns,
     validate_image,
     validate_name,
+    validate_storage_size,
     validate_workspace,
 )
 
@@ -58,11 +66,13 @@ _TOP_LEVEL = (
     "runtime_class_name",
     "environment",
     "resources",
+    "storage",
     "activation",
     "lifetime",
 )
 _ACTIVATION = ("environment",)
-_RESOURCES = ("cpu", "memory")
+_RESOURCES = ("cpu", "memory", "pids")
+_STORAGE = ("workspace", "tmp")
 _LIFETIME = ("ttl_seconds", "idle_timeout_seconds")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TOML_LINE = re.compile(r"at line (\d+)")
@@ -93,6 +103,9 @@ class Profile:
     environment: Mapping[str, str] = field(default_factory=dict)
     cpu: str = ""
     memory: str = ""
+    pids: int = 0
+    # `[storage]`: not part of the shape (a request cannot ask for it), but of the pool.
+    storage: Storage = field(default_factory=Storage)
     # `[activation] environment`, as a `fingerprints.pattern_set`.
     accepted_environment: tuple[str, ...] = ()
     # Lifetime defaults for the sandboxes this pool serves (None: the gateway's); not part of
@@ -108,6 +121,7 @@ class Profile:
             environment=dict(self.environment),
             cpu=self.cpu,
             memory=self.memory,
+            pids=self.pids,
             runtime_class_name=self.runtime_class_name,
             accepted=self.accepted_environment,
         )
@@ -129,6 +143,8 @@ def _without_replicas(profile: Profile) -> tuple[object, ...]:
         tuple(sorted(profile.environment.items())),
         profile.cpu,
         profile.memory,
+        profile.pids,
+        profile.storage,
         profile.accepted_environment,
     )
 
@@ -184,6 +200,8 @@ class _Parser:
             environment=environment,
             accepted_environment=self.activation(data, environment),
             **self.resources(data),
+            pids=self.pids(data),
+            storage=self.storage(data),
             ttl_seconds=ttl,
             idle_timeout_seconds=idle,
         )
@@ -282,7 +300,7 @@ class _Parser:
             raise self.fail("resources", "must be a table ([resources])")
         for key in table:
             if key not in _RESOURCES:
-                raise self.fail(f"resources.{key}", "unknown key; allowed: cpu, memory", table="resources")
+                raise self.fail(f"resources.{key}", "unknown key; allowed: cpu, memory, pids", table="resources")
         normal: dict[str, str] = {}
         for key, normalize in (("cpu", normalize_cpu), ("memory", normalize_memory)):
             value = table.get(key, "")
@@ -293,6 +311,31 @@ class _Parser:
             except InvalidArgumentError as exc:
                 raise self.fail(f"resources.{key}", exc.rule, table="resources") from exc
         return normal
+
+    def pids(self, data: Mapping[str, Any]) -> int:
+        table = data.get("resources", {})
+        value = table.get("pids", 0)
+        if type(value) is not int or not (value == 0 or MIN_PIDS <= value <= MAX_PIDS):
+            rule = f"must be a whole number between {MIN_PIDS} and {MAX_PIDS} (or 0: the gateway's default)"
+            raise self.fail("resources.pids", rule, table="resources")
+        return value
+
+    def storage(self, data: Mapping[str, Any]) -> Storage:
+        table = data.get("storage", {})
+        if not isinstance(table, dict):
+            raise self.fail("storage", "must be a table ([storage])")
+        sizes: dict[str, str] = {}
+        for key, value in table.items():
+            if key not in _STORAGE:
+                raise self.fail(f"storage.{key}", f"unknown key; allowed: {', '.join(_STORAGE)}", table="storage")
+            if not isinstance(value, str):
+                raise self.fail(f"storage.{key}", 'must be a size string (e.g. "2Gi")', table="storage")
+            try:
+                sizes[key] = normalize_memory(value, field=f"storage.{key}")
+                validate_storage_size(sizes[key], field=f"storage.{key}")
+            except InvalidArgumentError as exc:
+                raise self.fail(f"storage.{key}", exc.rule, table="storage") from exc
+        return Storage(**sizes)
 
     def lifetime(self, data: Mapping[str, Any]) -> tuple[int | None, int | None]:
         table = data.get("lifetime", {})

@@ -56,7 +56,7 @@ def _parse(field: str, text: str) -> Decimal:
         raise InvalidArgumentError(field, f"{text!r} is not a number") from exc
     if suffix in _BINARY:
         return value * _BINARY[suffix]
-    if suffix[:1] in ("e", "E"):
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:  # an exponent; "E" alone is the exa suffix
         return value.scaleb(int(suffix[1:]))
     return value * _DECIMAL[suffix]
 

@@ -70,6 +70,7 @@ def build_spec(
     memory: str,
     command: Sequence[str],
     runtime_class_name: str = "",
+    pids: int = 0,
 ) -> SandboxSpec:
     """Validate every field (errors name it, e.g. ``spec.resources.cpu``) and normalise quantities."""
     validation.validate_image(image, field="spec.image")
@@ -80,9 +81,10 @@ def build_spec(
     resources = Resources(
         cpu=normalize_cpu(cpu, field="spec.resources.cpu"),
         memory=normalize_memory(memory, field="spec.resources.memory"),
+        pids=pids,
     )
     # Checked as typed, so the error quotes what the user wrote.
-    validation.validate_resources(cpu if resources.cpu else "", memory if resources.memory else "")
+    validation.validate_resources(cpu if resources.cpu else "", memory if resources.memory else "", pids)
     return SandboxSpec(
         image=image,
         environment=dict(environment),

@@ -28,6 +28,7 @@ __all__ = [
     "validate_name",
     "validate_resources",
     "validate_secrets",
+    "validate_storage_size",
     "validate_workspace",
 ]
 
@@ -36,6 +37,10 @@ __all__ = [
 MAX_CPU_MILLIS = 4096 * 1000
 MIN_MEMORY_BYTES = 4 * 2**20
 MAX_MEMORY_BYTES = 64 * 2**40
+# A shell and the command it runs need a few; the kernel's own ceiling (PID_MAX_LIMIT) is 2**22.
+MIN_PIDS = 16
+MAX_PIDS = 2**22
+MIN_STORAGE_BYTES = 2**20
 
 # Object names on Kubernetes are "{workspace}--{name}" and also travel as label values
 # (at most 63 characters), so the two limits together stay within one DNS label.
@@ -178,9 +183,12 @@ def validate_image(image: str, *, field: str = "image") -> None:
         raise InvalidArgumentError(field, "must not contain whitespace or control characters")
 
 
-def validate_resources(cpu: str, memory: str, *, field: str = "spec.resources") -> None:
-    """Requested cpu and memory (normal forms, "" = none) are within what any sandbox can mean:
-    at most 4096 cpus, 4Mi to 64Ti of memory."""
+def validate_resources(cpu: str, memory: str, pids: int = 0, *, field: str = "spec.resources") -> None:
+    """Requested cpu, memory and pids (normal forms, "" or 0 = none) are within what any sandbox
+    can mean: at most 4096 cpus, 4Mi to 64Ti of memory, 16 to 2**22 processes."""
+    if pids and not MIN_PIDS <= pids <= MAX_PIDS:
+        rule = f"{pids} must be between {MIN_PIDS} and {MAX_PIDS} (or 0: the default)"
+        raise InvalidArgumentError(f"{field}.pids", rule)
     if cpu and cpu_millis(cpu, field=f"{field}.cpu") > MAX_CPU_MILLIS:
         raise InvalidArgumentError(f"{field}.cpu", f"{cpu!r} is more than {MAX_CPU_MILLIS // 1000} cpus")
     if memory:
@@ -189,3 +197,13 @@ def validate_resources(cpu: str, memory: str, *, field: str = "spec.resources") 
             raise InvalidArgumentError(f"{field}.memory", f"{memory!r} is less than 4Mi (no process runs in that)")
         if size > MAX_MEMORY_BYTES:
             raise InvalidArgumentError(f"{field}.memory", f"{memory!r} is more than 64Ti")
+
+
+def validate_storage_size(size: str, *, field: str) -> None:
+    """A storage size (normal form, "" = the default) is 1Mi to 64Ti."""
+    if size:
+        amount = memory_bytes(size, field=field)
+        if amount < MIN_STORAGE_BYTES:
+            raise InvalidArgumentError(field, f"{size!r} is less than 1Mi")
+        if amount > MAX_MEMORY_BYTES:
+            raise InvalidArgumentError(field, f"{size!r} is more than 64Ti")

@@ -205,6 +205,7 @@ class PoolView:
     # The profile's lifetime defaults for sandboxes this pool serves (None: the gateway's).
     ttl_seconds: int | None = None
     idle_timeout_seconds: int | None = None
+    pids: int = 0
 
 
 def invalid_profile_view(name: str, *, source: str, message: str) -> PoolView:

@@ -34,6 +34,7 @@ def new_sandbox(request: pb.CreateSandboxRequest) -> specs.NewSandbox:
             environment=dict(spec.environment),
             cpu=spec.resources.cpu,
             memory=spec.resources.memory,
+            pids=spec.resources.pids,
             command=list(spec.command),
             runtime_class_name=spec.runtime_class_name,
         ),
@@ -67,7 +68,9 @@ def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
         spec=pb.SandboxSpec(
             image=record.spec.image,
             environment=record.spec.environment,
-            resources=pb.Resources(cpu=record.spec.resources.cpu, memory=record.spec.resources.memory),
+            resources=pb.Resources(
+                cpu=record.spec.resources.cpu, memory=record.spec.resources.memory, pids=record.spec.resources.pids
+            ),
             command=record.spec.command,
             runtime_class_name=record.spec.runtime_class_name,
             secrets=dict.fromkeys(record.spec.secret_names, REDACTED),
@@ -97,7 +100,7 @@ def pool_to_proto(pool: PoolView) -> pb.Pool:
         fingerprint=pool.fingerprint,
         image=pool.image,
         environment=dict(pool.environment),
-        resources=pb.Resources(cpu=pool.cpu, memory=pool.memory),
+        resources=pb.Resources(cpu=pool.cpu, memory=pool.memory, pids=pool.pids),
         desired=pool.desired,
         ready=pool.ready,
         idle=pool.idle,

@@ -227,7 +227,7 @@ class Supervisor:
                 await asyncio.sleep(delay)
 
     async def _send(self, message: spb.SupervisorMessage) -> None:
-        self._outbox.put(message)
+        await self._outbox.put(message)
 
     async def _output(self, exec_id: str, stderr: bool, data: bytes) -> None:
         await self._send(spb.SupervisorMessage(output=spb.OutputData(exec_id=exec_id, stderr=stderr, data=data)))

@@ -21,7 +21,8 @@ def paths(tmp_path: Path) -> StatePaths:
 
 @pytest.fixture
 async def make_driver(paths: StatePaths) -> AsyncIterator[DriverFactory]:
-    """Build drivers (default: the stand-in supervisor running `STAND_IN`, no cgroup v2); all
+    """Build drivers (default: the stand-in supervisor running `STAND_IN`, no cgroup v2, a
+    host-directory workspace); all
     closed at the end and every process they spawned checked gone."""
     made: list[LocalDriver] = []
 
@@ -32,7 +33,9 @@ async def make_driver(paths: StatePaths) -> AsyncIterator[DriverFactory]:
         state: StatePaths | None = None,
     ) -> LocalDriver:
         driver = LocalDriver(
-            config or LocalDriverConfig(),
+            # These tests talk to a sandbox through its workspace directory on the host (`workspace_of`),
+            # so by default /workspace is that directory rather than the sandbox's own tmpfs.
+            config or LocalDriverConfig(workspace_size=""),
             state or paths,
             supervise=stand_in(state or paths, script or STAND_IN),  # type: ignore[arg-type]
             cgroup=cgroup or cgroups.Unavailable("test host: no cgroup v2"),

@@ -162,7 +162,9 @@ async def test_each_sandbox_runs_as_its_own_unprivileged_host_uid(gw: RunningGat
         status = Path(f"/proc/{pid}/status").read_text()
         uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
         uids.append(uid)
-        assert instance.workspace_dir.stat().st_uid == uid
+        # Its /workspace (its own tmpfs, seen from the host) is its uid's alone.
+        workspace = Path(f"/proc/{pid}/root/workspace").stat()
+        assert (workspace.st_uid, workspace.st_mode & 0o777) == (uid, 0o700)
     assert uids[0] != uids[1]
     assert all(uid >= 1000 for uid in uids)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import stat
@@ -230,7 +231,7 @@ async def test_restart_reports_lost_sandboxes(make_driver: DriverFactory, paths:
 
 
 async def test_limits_without_cgroup_v2_are_a_condition(make_driver: DriverFactory) -> None:
-    async with make_driver() as driver:
+    async with make_driver(config=LocalDriverConfig()) as driver:
         spec = SandboxSpec(resources=Resources(cpu="200m", memory="64Mi"))
         created = await driver.create(request(spec=spec))
         (condition,) = [c for c in created.conditions if c.type == "ResourceLimits"]
@@ -239,7 +240,8 @@ async def test_limits_without_cgroup_v2_are_a_condition(make_driver: DriverFacto
         plain = await driver.create(request())
         assert [c.type for c in plain.conditions] == ["Isolated", "ResourceLimits"]
         (bounds,) = [c for c in plain.conditions if c.type == "ResourceLimits"]
-        assert bounds.message.startswith("enforced: /tmp 256Mi, /run 16Mi, /dev/shm 64Mi (tmpfs); file size 4Gi")
+        assert bounds.message.startswith("enforced: /workspace 1Gi, /tmp 256Mi, /run 16Mi, /dev/shm 64Mi (tmpfs)")
+        assert "Not enforced: memory 2Gi, cpu 1 (" in bounds.message
 
 
 async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path) -> None:
@@ -253,18 +255,45 @@ async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path)
     cgroup = cgroups.detect(root, self_cgroup)
     assert isinstance(cgroup, cgroups.CgroupV2)
 
-    async with make_driver(cgroup=cgroup) as driver:
+    async with make_driver(config=LocalDriverConfig(), cgroup=cgroup) as driver:
         spec = SandboxSpec(resources=Resources(cpu="0.2", memory="64Mi"))
         created = await driver.create(request(spec=spec))
         assert [(c.type, c.status) for c in created.conditions] == [("Isolated", "True"), ("ResourceLimits", "True")]
         sandbox_cgroup = root / "gw" / "warmshell" / created.instance_id
         assert (sandbox_cgroup / "cpu.max").read_text() == "20000 100000\n"
         assert (sandbox_cgroup / "memory.max").read_text() == f"{64 * 2**20}\n"
+        assert (sandbox_cgroup / "pids.max").read_text() == "1024\n"  # the default
         # The process moved itself in before exec'ing bwrap (same pid).
         (pid,) = driver_pids(driver)
         procs = await read_when_present(sandbox_cgroup / "cgroup.procs")
         await wait_until(lambda: (sandbox_cgroup / "cgroup.procs").read_text().strip() != "")
         assert (sandbox_cgroup / "cgroup.procs").read_text().strip() == str(pid), procs
+
+
+async def test_what_is_enforced_is_said_once_at_start(
+    make_driver: DriverFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="warmshell.drivers.local.driver"):
+        async with make_driver(config=LocalDriverConfig()) as driver:
+            await driver.create(request())
+            await driver.create(request())
+    said = [r for r in caplog.records if r.getMessage().startswith("local sandboxes: ")]
+    assert len(said) == 1
+    assert said[0].levelno == logging.WARNING  # memory and cpu are not enforced on this host
+    assert "local sandboxes: enforced: /workspace 1Gi, /tmp 256Mi" in said[0].getMessage()
+    assert "Not enforced: memory 2Gi, cpu 1 (test host: no cgroup v2)." in said[0].getMessage()
+
+
+async def test_a_cgroup_that_cannot_be_made_is_said_exactly(make_driver: DriverFactory, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    cgroup = cgroups.CgroupV2(tmp_path / "a-file" / "warmshell")  # every mkdir under it fails
+    async with make_driver(config=LocalDriverConfig(), cgroup=cgroup) as driver:
+        created = await driver.create(request())
+        (condition,) = [c for c in created.conditions if c.type == "ResourceLimits"]
+        assert (condition.status, condition.reason) == ("False", "CgroupSetupFailed")
+        assert condition.message.startswith("enforced: /workspace 1Gi, /tmp 256Mi")
+        assert "Not enforced: memory 2Gi, cpu 1 (its cgroup could not be set up: " in condition.message
+        assert created.state in (BackendState.PENDING, BackendState.RUNNING)  # it runs without
 
 
 async def test_unisolated_mode_runs_plain_processes(make_driver: DriverFactory, paths: StatePaths) -> None:

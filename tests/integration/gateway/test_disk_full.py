@@ -34,7 +34,9 @@ def small_disk() -> Iterator[Path]:
 
 
 async def test_a_sandbox_filling_the_disk_leaves_get_list_and_delete_working(small_disk: Path) -> None:
-    settings = {"local.sandbox_dir": str(small_disk / "sandboxes")}
+    # A workspace on the host's disk (not the default, its own tmpfs), so that it can fill the
+    # disk the store is on: what an operator who turns the workspace bound off risks.
+    settings = {"local.sandbox_dir": str(small_disk / "sandboxes"), "local.workspace_size": ""}
     async with running_gateway(small_disk / "state", **settings) as gw:
         await gw.create(name="filler")
         await gw.create(name="bystander")

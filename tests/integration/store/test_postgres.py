@@ -132,7 +132,7 @@ async def test_a_database_turned_read_only_refuses_writes_in_plain_words(
         )
         # The pooled connection was terminated under the store: a read retries on a fresh one.
         assert await store.get("sandbox", "1") is not None
-        with pytest.raises(UnavailableError, match=r"refused the operation: cannot execute INSERT in a read-only"):
+        with pytest.raises(UnavailableError, match=r"is read-only \(a standby.*cannot execute INSERT in a read-only"):
             await store.create(kind="sandbox", id="2", name="b", workspace="default", payload="{}")
         with pytest.raises(UnavailableError, match="read-only"):
             await store.update(kind="sandbox", id="1", expected_version=1, payload="{}")

@@ -166,7 +166,7 @@ def test_to_dict_has_a_stable_shape() -> None:
     assert document["spec"] == {
         "image": "",
         "environment": {},
-        "resources": {"cpu": "", "memory": ""},
+        "resources": {"cpu": "", "memory": "", "pids": 0},
         "command": [],
         "runtime_class_name": "",
         "secrets": {},
@@ -215,7 +215,7 @@ def test_every_integer_is_a_json_number(big: int, small: int) -> None:
         assert digit_strings == []
         assert big in numbers
     document = render.to_dict(pools)
-    assert document["pools"][0]["resources"] == {"cpu": "", "memory": ""}  # type: ignore[index]
+    assert document["pools"][0]["resources"] == {"cpu": "", "memory": "", "pids": 0}  # type: ignore[index]
     assert document["misses_by_reason"] == {"NoMatch": big}
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.fingerprints import SandboxShape, canonical_json, fingerprint
 
 _env_names = st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True)
 _envs = st.dictionaries(_env_names, st.text(max_size=8), max_size=6)
@@ -43,3 +45,10 @@ def test_each_field_counts(field: str) -> None:
     }[field]
     variant = SandboxShape(**{**base.__dict__, field: changed})
     assert fingerprint(base) != fingerprint(variant)
+
+
+def test_a_process_count_changes_the_fingerprint_only_when_set() -> None:
+    plain = SandboxShape(workspace="w", image="")
+    assert "pids" not in canonical_json(plain)  # fingerprints made before pids existed still match
+    assert fingerprint(replace(plain, pids=64)) != fingerprint(plain)
+    assert fingerprint(replace(plain, pids=64)) == fingerprint(replace(plain, pids=64))

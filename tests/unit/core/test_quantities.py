@@ -52,3 +52,9 @@ def test_memory_equal_amounts_normalise_equal(amount: int, suffix: str) -> None:
     unit = {"": 1, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}[suffix]
     assert normalize_memory(f"{amount}{suffix}") == normalize_memory(str(amount * unit))
     assert memory_bytes(normalize_memory(f"{amount}{suffix}")) == amount * unit
+
+
+def test_the_exa_suffix_is_not_an_exponent() -> None:
+    # "1E" once crashed the parser (ValueError, not a field error), found by hypothesis.
+    assert memory_bytes("1E") == 10**18
+    assert memory_bytes("2E3") == 2000

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from warmshell.core import validation
 from warmshell.core.errors import InvalidArgumentError
+from warmshell.core.quantities import cpu_millis, memory_bytes
 from warmshell.core.specs import build_spec
 
 
@@ -73,3 +76,52 @@ def test_build_spec_normalises_and_names_fields() -> None:
     with pytest.raises(InvalidArgumentError) as err:
         build_spec(image="has space", environment={}, cpu="", memory="", command=[])
     assert err.value.field == "spec.image"
+
+
+@given(st.integers(min_value=-(2**40), max_value=2**40))
+def test_a_process_count_is_0_or_16_to_2_pow_22(pids: int) -> None:
+    if pids == 0 or validation.MIN_PIDS <= pids <= validation.MAX_PIDS:
+        validation.validate_resources("", "", pids)
+    else:
+        with pytest.raises(InvalidArgumentError) as caught:
+            validation.validate_resources("", "", pids)
+        assert caught.value.field == "spec.resources.pids"
+        assert "between 16 and 4194304" in caught.value.rule
+
+
+_SUFFIXES = st.sampled_from(["", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"])
+
+
+@given(st.integers(min_value=1, max_value=10**6), _SUFFIXES)
+def test_memory_requests_are_4mi_to_64ti(number: int, suffix: str) -> None:
+    text = f"{number}{suffix}"
+    size = memory_bytes(text)
+    if validation.MIN_MEMORY_BYTES <= size <= validation.MAX_MEMORY_BYTES:
+        validation.validate_resources("", text)
+    else:
+        with pytest.raises(InvalidArgumentError) as caught:
+            validation.validate_resources("", text)
+        assert caught.value.field == "spec.resources.memory"
+        assert ("less than 4Mi" if size < validation.MIN_MEMORY_BYTES else "more than 64Ti") in caught.value.rule
+
+
+@given(st.integers(min_value=1, max_value=10**15), st.sampled_from(["", "m", "k", "M"]))
+def test_cpu_requests_are_at_most_4096_cpus(number: int, suffix: str) -> None:
+    text = f"{number}{suffix}"
+    if cpu_millis(text) <= validation.MAX_CPU_MILLIS:
+        validation.validate_resources(text, "")
+    else:
+        with pytest.raises(InvalidArgumentError, match="more than 4096 cpus"):
+            validation.validate_resources(text, "")
+
+
+@given(st.integers(min_value=1, max_value=10**6), _SUFFIXES)
+def test_storage_sizes_are_1mi_to_64ti(number: int, suffix: str) -> None:
+    text = f"{number}{suffix}"
+    size = memory_bytes(text)
+    if 2**20 <= size <= validation.MAX_MEMORY_BYTES:
+        validation.validate_storage_size(text, field="storage.workspace")
+    else:
+        with pytest.raises(InvalidArgumentError) as caught:
+            validation.validate_storage_size(text, field="storage.workspace")
+        assert caught.value.field == "storage.workspace"

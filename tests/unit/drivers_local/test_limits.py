@@ -1,38 +1,117 @@
-"""The local sandbox's default bounds: the prlimit prefix, the condition, the configured maximum."""
+"""The local sandbox's bounds: defaults and overrides, the prlimit prefix, the condition (exactly
+what is and is not enforced), the configured maximum."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from warmshell.core.config import LocalDriverConfig
 from warmshell.core.errors import InvalidArgumentError
-from warmshell.core.models import Resources, SandboxSpec
+from warmshell.core.models import Resources, SandboxSpec, Storage
 from warmshell.drivers.local import cgroups, limits
 
 HUGE_HOST = {"host_cpus": 64, "host_memory": 2**40}
+V1 = cgroups.Unavailable("cgroup v1 host")
 
 
-def spec(**resources: str) -> SandboxSpec:
-    return SandboxSpec(resources=Resources(**resources))
+def spec(pids: int = 0, storage: Storage | None = None, **resources: str) -> SandboxSpec:
+    return SandboxSpec(resources=Resources(pids=pids, **resources), storage=storage or Storage())
 
 
-def test_the_process_bound_needs_a_uid_per_sandbox() -> None:
-    shared = limits.Bounds.of(LocalDriverConfig(), uid_per_sandbox=False)
-    own = limits.Bounds.of(LocalDriverConfig(max_processes=99), uid_per_sandbox=True)
-    assert limits.prlimit_argv(shared) == [limits.PRLIMIT, f"--fsize={4 * 2**30}", "--"]
-    assert limits.prlimit_argv(own) == [limits.PRLIMIT, f"--fsize={4 * 2**30}", "--nproc=99", "--"]
-    message = limits.condition(shared, cgroups.Unavailable("cgroup v1 host")).message
-    assert "Not enforced: /workspace disk use, process count (sandboxes share the gateway's uid)" in message
-    assert message.endswith("memory and cpu (cgroup v1 host).")
+def delegated(*controllers: str) -> cgroups.CgroupV2:
+    return cgroups.CgroupV2(Path("/sys/fs/cgroup/gw/warmshell"), frozenset(controllers))
+
+
+def test_defaults_come_from_the_config() -> None:
+    bounds = limits.Bounds.of(LocalDriverConfig())
+    assert bounds == limits.Bounds(
+        workspace_bytes=2**30,
+        tmp_bytes=256 * 2**20,
+        run_bytes=16 * 2**20,
+        shm_bytes=64 * 2**20,
+        file_bytes=4 * 2**30,
+        processes=1024,
+        cpu_millis=1000,
+        memory_bytes=2 * 2**30,
+    )
+    unbounded = limits.Bounds.of(LocalDriverConfig(workspace_size="", default_cpu="", default_memory=""))
+    assert (unbounded.workspace_bytes, unbounded.cpu_millis, unbounded.memory_bytes) == (None, None, None)
+
+
+def test_a_spec_overrides_the_defaults_it_names() -> None:
+    defaults = limits.Bounds.of(LocalDriverConfig())
+    assert defaults.for_spec(spec()) is defaults
+    mine = defaults.for_spec(spec(pids=64, cpu="250m", storage=Storage(workspace="8Gi", tmp="1Mi")))
+    assert (mine.processes, mine.cpu_millis, mine.memory_bytes) == (64, 250, 2 * 2**30)
+    assert (mine.workspace_bytes, mine.tmp_bytes, mine.run_bytes) == (8 * 2**30, 2**20, 16 * 2**20)
+    assert mine.cgroup_limits() == cgroups.Limits(cpu_millis=250, memory_bytes=2 * 2**30, pids=64)
+
+
+def test_the_process_rlimit_needs_a_uid_per_sandbox() -> None:
+    bounds = limits.Bounds.of(LocalDriverConfig(max_processes=99))
+    assert limits.prlimit_argv(bounds, uid_per_sandbox=False) == [limits.PRLIMIT, f"--fsize={4 * 2**30}", "--"]
+    assert limits.prlimit_argv(bounds, uid_per_sandbox=True) == [
+        limits.PRLIMIT,
+        f"--fsize={4 * 2**30}",
+        "--nproc=99",
+        "--",
+    ]
+
+
+def test_the_condition_on_a_cgroup_v1_host_run_as_root() -> None:
+    found = limits.condition(limits.Bounds.of(LocalDriverConfig()), V1, uid_per_sandbox=True)
+    assert (found.type, found.status, found.reason) == ("ResourceLimits", "False", "CgroupV2Unavailable")
+    assert found.message == (
+        "enforced: /workspace 1Gi, /tmp 256Mi, /run 16Mi, /dev/shm 64Mi (tmpfs); file size 4Gi (rlimit); "
+        "1024 processes (rlimit). Not enforced: memory 2Gi, cpu 1 (cgroup v1 host)."
+    )
+
+
+def test_the_condition_without_a_uid_per_sandbox_or_a_workspace_bound() -> None:
+    config = LocalDriverConfig(workspace_size="", default_cpu="")
+    found = limits.condition(limits.Bounds.of(config), V1, uid_per_sandbox=False)
+    assert found.message.endswith(
+        "Not enforced: /workspace disk use (local.workspace_size is empty), "
+        "process count (sandboxes share the gateway's uid), memory 2Gi, cpu (no limit configured) (cgroup v1 host)."
+    )
+
+
+def test_the_condition_with_a_delegated_cgroup_v2() -> None:
+    bounds = limits.Bounds.of(LocalDriverConfig()).for_spec(spec(memory="512Mi", pids=100))
+    every = limits.condition(bounds, delegated("cpu", "memory", "pids"), uid_per_sandbox=False)
+    assert (every.status, every.reason) == ("True", "Enforced")
+    assert every.message.endswith("; 100 processes (cgroup v2); memory 512Mi (cgroup v2); cpu 1 (cgroup v2).")
+    # Only what is delegated counts: without the cpu controller, cpu is named as not enforced.
+    partly = limits.condition(bounds, delegated("memory", "pids"), uid_per_sandbox=True)
+    assert (partly.status, partly.reason) == ("False", "PartlyEnforced")
+    assert partly.message.endswith("memory 512Mi (cgroup v2). Not enforced: cpu 1.")
+    # And without the pids controller the rlimit bounds the processes (a uid per sandbox).
+    assert (
+        "100 processes (rlimit)" in limits.condition(bounds, delegated("cpu", "memory"), uid_per_sandbox=True).message
+    )
 
 
 def test_requests_over_the_configured_maximum_are_refused() -> None:
-    config = LocalDriverConfig(max_cpu="2", max_memory="1Gi")
-    limits.check_maximum(spec(cpu="2", memory="1Gi"), config, **HUGE_HOST)
-    with pytest.raises(InvalidArgumentError, match=r"cpu: '2100m' is more than this gateway allows \(2000m\)"):
-        limits.check_maximum(spec(cpu="2100m"), config, **HUGE_HOST)
-    with pytest.raises(InvalidArgumentError, match=r"spec\.resources\.memory: '2Gi' is more than this gateway allows"):
-        limits.check_maximum(spec(memory="2Gi"), config, **HUGE_HOST)
-    # Unset maximum: the host's own size.
+    config = LocalDriverConfig(max_cpu="2", max_memory="1Gi", max_pids=500, max_storage_size="4Gi")
+    limits.check_maximum(spec(cpu="2", memory="1Gi", pids=500, storage=Storage(workspace="4Gi")), config, **HUGE_HOST)
+    refusals = [
+        (spec(cpu="2100m"), r"spec\.resources\.cpu: '2100m' is more than this gateway allows \(2000m\)"),
+        (spec(memory="2Gi"), r"spec\.resources\.memory: '2Gi' is more than this gateway allows \(1Gi\)"),
+        (spec(pids=501), r"spec\.resources\.pids: 501 is more than this gateway allows \(500\)"),
+        (spec(storage=Storage(workspace="5Gi")), r"storage\.workspace: '5Gi' is more than this gateway allows \(4Gi\)"),
+        (spec(storage=Storage(tmp="8Gi")), r"storage\.tmp: '8Gi' is more than this gateway allows \(4Gi\)"),
+    ]
+    for refused, message in refusals:
+        with pytest.raises(InvalidArgumentError, match=message):
+            limits.check_maximum(refused, config, **HUGE_HOST)
+    # Unset maximums: the host's own size (storage is tmpfs: the host's memory).
     with pytest.raises(InvalidArgumentError, match=r"\(4000m\)"):
         limits.check_maximum(spec(cpu="5"), LocalDriverConfig(), host_cpus=4, host_memory=2**40)
+    with pytest.raises(
+        InvalidArgumentError, match=r"storage\.workspace: '2Gi' is more than this gateway allows \(1Gi\)"
+    ):
+        limits.check_maximum(
+            spec(storage=Storage(workspace="2Gi")), LocalDriverConfig(), host_cpus=4, host_memory=2**30
+        )

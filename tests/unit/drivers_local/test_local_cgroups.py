@@ -24,11 +24,21 @@ def test_v1_host_is_unavailable(tmp_path: Path) -> None:
     assert "not mounted" in found.message
 
 
-def test_undelegated_controllers_are_unavailable(tmp_path: Path) -> None:
-    root, self_cgroup = fake_hierarchy(tmp_path, delegated="pids")
+def test_no_delegated_controller_is_unavailable(tmp_path: Path) -> None:
+    root, self_cgroup = fake_hierarchy(tmp_path, delegated="io")
     found = cgroups.detect(root, self_cgroup)
     assert isinstance(found, cgroups.Unavailable)
-    assert "not delegated" in found.message
+    assert "none of the cpu, memory and pids controllers is delegated" in found.message
+
+
+def test_only_the_delegated_controllers_are_used(tmp_path: Path) -> None:
+    root, self_cgroup = fake_hierarchy(tmp_path, delegated="pids io")
+    found = cgroups.detect(root, self_cgroup)
+    assert isinstance(found, cgroups.CgroupV2)
+    assert found.controllers == {"pids"}
+    assert (root / "gw" / "cgroup.subtree_control").read_text() == "+pids\n"
+    path = found.create("li-1", cgroups.Limits(cpu_millis=250, memory_bytes=2**28, pids=64))
+    assert sorted(p.name for p in path.iterdir()) == ["pids.max"]
 
 
 def test_no_v2_line_is_unavailable(tmp_path: Path) -> None:
@@ -42,19 +52,33 @@ def test_delegated_hierarchy_enables_controllers_and_writes_limits(tmp_path: Pat
     found = cgroups.detect(root, self_cgroup)
     assert isinstance(found, cgroups.CgroupV2)
     assert found.base == root / "gw" / "warmshell"
-    assert (root / "gw" / "cgroup.subtree_control").read_text() == "+cpu +memory\n"
-    assert (found.base / "cgroup.subtree_control").read_text() == "+cpu +memory\n"
+    assert (root / "gw" / "cgroup.subtree_control").read_text() == "+cpu +memory +pids\n"
+    assert (found.base / "cgroup.subtree_control").read_text() == "+cpu +memory +pids\n"
 
-    path = found.create("li-1", cgroups.Limits(cpu_millis=250, memory_bytes=2**28))
+    path = found.create("li-1", cgroups.Limits(cpu_millis=250, memory_bytes=2**28, pids=100))
     assert (path / "cpu.max").read_text() == "25000 100000\n"
     assert (path / "memory.max").read_text() == f"{2**28}\n"
+    assert (path / "pids.max").read_text() == "100\n"
     only_memory = found.create("li-2", cgroups.Limits(memory_bytes=1024))
     assert not (only_memory / "cpu.max").exists()
+    assert not (only_memory / "pids.max").exists()
 
 
-def test_limits_truthiness_and_enter_argv(tmp_path: Path) -> None:
-    assert not cgroups.Limits()
-    assert cgroups.Limits(cpu_millis=1)
+def test_what_to_write_where() -> None:
+    every = frozenset(cgroups.CONTROLLERS)
+    limits = cgroups.Limits(cpu_millis=1500, memory_bytes=2**30, pids=1024)
+    assert cgroups.control_files(limits, every) == {
+        "cpu.max": "150000 100000\n",
+        "memory.max": f"{2**30}\n",
+        "pids.max": "1024\n",
+    }
+    # The kernel refuses a quota under 1ms per period: 1m of cpu is written as that floor.
+    assert cgroups.control_files(cgroups.Limits(cpu_millis=1), every) == {"cpu.max": "1000 100000\n"}
+    assert cgroups.control_files(limits, frozenset({"memory"})) == {"memory.max": f"{2**30}\n"}
+    assert cgroups.control_files(cgroups.Limits(), every) == {}
+
+
+def test_enter_argv(tmp_path: Path) -> None:
     argv = cgroups.enter_argv(tmp_path)
     assert argv[:2] == ["/bin/sh", "-c"]
     assert argv[-1] == str(tmp_path / "cgroup.procs")

@@ -169,3 +169,37 @@ def test_parser_never_crashes(text: str) -> None:
     except ProfileError as error:
         failure = error
     assert failure is None or str(failure).startswith("pools/p.toml")
+
+
+BASE = 'version = 1\nworkspace = "w"\nreplicas = 1\n'
+
+
+def test_storage_and_process_count() -> None:
+    profile = parse(BASE + '[resources]\npids = 256\n[storage]\nworkspace = "2048Mi"\ntmp = "512Mi"\n')
+    assert profile.pids == 256
+    assert (profile.storage.workspace, profile.storage.tmp) == ("2Gi", "512Mi")
+    # A process count is part of the shape (a request can ask for one); storage is not.
+    assert profile.shape("").pids == 256
+    other = parse(BASE + '[resources]\npids = 256\n[storage]\nworkspace = "4Gi"\n')
+    assert profile.fingerprint("") == other.fingerprint("")
+    assert not profile.same_pool(other)  # but different storage means different members
+
+
+@pytest.mark.parametrize(
+    ("tail", "key", "rule"),
+    [
+        ('[storage]\nworkspace = "1k"\n', "storage.workspace", "less than 1Mi"),
+        ('[storage]\ntmp = "lots"\n', "storage.tmp", "not a Kubernetes quantity"),
+        ("[storage]\nworkspace = 1024\n", "storage.workspace", "must be a size string"),
+        ('[storage]\nhome = "1Gi"\n', "storage.home", "unknown key; allowed: workspace, tmp"),
+        ('storage = "1Gi"\n', "storage", "must be a table"),
+        ("[resources]\npids = 3\n", "resources.pids", "between 16 and 4194304"),
+        ('[resources]\npids = "64"\n', "resources.pids", "must be a whole number"),
+    ],
+)
+def test_storage_and_process_count_errors_name_the_key(tail: str, key: str, rule: str) -> None:
+    with pytest.raises(ProfileError) as caught:
+        parse(BASE + tail)
+    assert caught.value.key == key
+    assert rule in str(caught.value)
+    assert caught.value.line is not None

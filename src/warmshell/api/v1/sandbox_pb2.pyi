@@ -56,18 +56,22 @@ class Resources(_message.Message):
 
     CPU_FIELD_NUMBER: _builtins.int
     MEMORY_FIELD_NUMBER: _builtins.int
+    PIDS_FIELD_NUMBER: _builtins.int
     cpu: _builtins.str
     """Kubernetes quantity syntax; normalised by the gateway ("0.2" -> "200m", "1Gi" -> "1024Mi")."""
     memory: _builtins.str
+    pids: _builtins.int
+    """Most processes (threads count) the sandbox may run at once; 0 = the driver's default."""
     def __init__(
         self,
         *,
         cpu: _builtins.str = ...,
         memory: _builtins.str = ...,
+        pids: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu", b"cpu", "memory", b"memory"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu", b"cpu", "memory", b"memory", "pids", b"pids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -210,6 +210,8 @@ class KubernetesDriver:
         """An image is a container image reference that ships `warmshell` (see the README)."""
         if spec.image and any(c.isspace() for c in spec.image):
             raise InvalidArgumentError("spec.image", f"{spec.image!r} is not a container image reference")
+        if spec.resources.pids:  # a pod's process limit is the node's (kubelet podPidsLimit)
+            raise InvalidArgumentError("spec.resources.pids", "must be 0 on the Kubernetes driver (set by the node)")
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
         """A SandboxClaim when exactly one warm pool matches, else a cold Sandbox. Either is

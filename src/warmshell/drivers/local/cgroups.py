@@ -1,11 +1,12 @@
-"""cpu and memory limits for local sandboxes through cgroup v2, where the host delegates it.
+"""cpu, memory and process limits for local sandboxes through cgroup v2, where the host delegates it.
 
-The driver creates `<own cgroup>/warmshell/<instance>` per sandbox, writes `cpu.max` and
-`memory.max`, and starts bwrap inside it (children inherit the
-cgroup; see `enter_argv`).
+The driver creates `<own cgroup>/warmshell/<instance>` per sandbox, writes `cpu.max`,
+`memory.max` and `pids.max` (for the controllers delegated to it; `control_files` says what goes
+where), and starts bwrap inside it (children inherit the cgroup; see `enter_argv`).
 Hosts without a writable, delegated cgroup v2 hierarchy (cgroup v1, read-only `/sys/fs/cgroup`,
-controllers not delegated) get no limits, and `detect` says why so the driver can put that on
-each sandbox as a condition. Blocking I/O on a pseudo filesystem: callers use `asyncio.to_thread`.
+no controller delegated) get no cgroup limits, and `detect` says why so the driver can say it
+once at start and on each sandbox as a condition. Blocking I/O on a pseudo filesystem: callers
+use `asyncio.to_thread`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,10 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmshell.core.models import SandboxSpec
-from warmshell.core.quantities import cpu_millis, memory_bytes
-
-__all__ = ["CgroupV2", "Limits", "Unavailable", "detect", "enter_argv"]
+__all__ = ["CONTROLLERS", "CgroupV2", "Limits", "Unavailable", "control_files", "detect", "enter_argv"]
 
 _log = logging.getLogger(__name__)
-_CONTROLLERS = ("cpu", "memory")
+CONTROLLERS = ("cpu", "memory", "pids")
 _CPU_PERIOD_US = 100_000
 
 
@@ -30,18 +28,22 @@ class Limits:
 
     cpu_millis: int | None = None
     memory_bytes: int | None = None
+    pids: int | None = None
 
-    def __bool__(self) -> bool:
-        return self.cpu_millis is not None or self.memory_bytes is not None
 
-    @classmethod
-    def of(cls, spec: SandboxSpec) -> Limits:
-        """The limits a spec asks for."""
-        cpu, memory = spec.resources.cpu, spec.resources.memory
-        return cls(
-            cpu_millis=cpu_millis(cpu, field="spec.resources.cpu") if cpu else None,
-            memory_bytes=memory_bytes(memory, field="spec.resources.memory") if memory else None,
-        )
+def control_files(limits: Limits, controllers: frozenset[str]) -> dict[str, str]:
+    """The control files of a sandbox's cgroup and what to write in each, for the limits set
+    and the controllers this host delegates (pure)."""
+    files: dict[str, str] = {}
+    if limits.cpu_millis is not None and "cpu" in controllers:
+        # At least 1ms of every 100ms period: the kernel refuses a smaller quota.
+        quota = max(1000, limits.cpu_millis * _CPU_PERIOD_US // 1000)
+        files["cpu.max"] = f"{quota} {_CPU_PERIOD_US}\n"
+    if limits.memory_bytes is not None and "memory" in controllers:
+        files["memory.max"] = f"{limits.memory_bytes}\n"
+    if limits.pids is not None and "pids" in controllers:
+        files["pids.max"] = f"{limits.pids}\n"
+    return files
 
 
 @dataclass(frozen=True)
@@ -52,20 +54,18 @@ class Unavailable:
 
 
 class CgroupV2:
-    """A delegated cgroup v2 directory with cpu and memory enabled for its children."""
+    """A delegated cgroup v2 directory with some of `CONTROLLERS` enabled for its children."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, controllers: frozenset[str] = frozenset(CONTROLLERS)) -> None:
         self.base = base
+        self.controllers = controllers
 
     def create(self, name: str, limits: Limits) -> Path:
         """Make the sandbox's cgroup and write its limits."""
         path = self.base / name
         path.mkdir(exist_ok=True)
-        if limits.cpu_millis is not None:
-            quota = limits.cpu_millis * _CPU_PERIOD_US // 1000
-            (path / "cpu.max").write_text(f"{quota} {_CPU_PERIOD_US}\n")
-        if limits.memory_bytes is not None:
-            (path / "memory.max").write_text(f"{limits.memory_bytes}\n")
+        for file, content in control_files(limits, self.controllers).items():
+            (path / file).write_text(content)
         return path
 
     def remove(self, path: Path) -> None:
@@ -93,10 +93,10 @@ def _own_cgroup(self_cgroup: Path) -> str | None:
     return None
 
 
-def _enable(directory: Path) -> None:
+def _enable(directory: Path, controllers: frozenset[str]) -> None:
     control = directory / "cgroup.subtree_control"
     enabled = control.read_text().split() if control.exists() else []
-    missing = [c for c in _CONTROLLERS if c not in enabled]
+    missing = [c for c in CONTROLLERS if c in controllers and c not in enabled]
     if missing:
         control.write_text(" ".join(f"+{c}" for c in missing) + "\n")
 
@@ -112,15 +112,15 @@ def detect(
         if relative is None:
             return Unavailable(f"{self_cgroup} has no cgroup v2 entry")
         own = root / relative.lstrip("/")
-        available = (own / "cgroup.controllers").read_text().split()
-        if any(c not in available for c in _CONTROLLERS):
-            return Unavailable(f"cpu and memory controllers are not delegated to {own}")
+        controllers = frozenset(c for c in (own / "cgroup.controllers").read_text().split() if c in CONTROLLERS)
+        if not controllers:
+            return Unavailable(f"none of the cpu, memory and pids controllers is delegated to {own}")
         # Fails with EBUSY when the gateway's own cgroup holds processes and is not the root
         # ("no internal processes"): run the gateway in a delegated scope to get limits.
-        _enable(own)
+        _enable(own, controllers)
         base = own / "warmshell"
         base.mkdir(exist_ok=True)
-        _enable(base)
+        _enable(base, controllers)
     except OSError as exc:
         return Unavailable(f"cannot set up a delegated cgroup under {root}: {exc}")
-    return CgroupV2(base)
+    return CgroupV2(base, controllers)

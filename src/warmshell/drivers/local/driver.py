@@ -33,7 +33,7 @@ from warmshell.core.errors import (
 )
 from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Allocation, SandboxSpec, now_us
+from warmshell.core.models import Allocation, Resources, SandboxSpec, now_us
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import (
     Activator,
@@ -99,19 +99,19 @@ class LocalDriver:
             raise FailedPreconditionError(NO_BWRAP.format(bwrap=config.bwrap))
         _check_extra_binds(config.extra_ro_binds, paths)
         root = os.geteuid() == 0  # then each sandbox gets its own uid (see `uids`)
+        bounds = limits.Bounds.of(config)
         launcher = Launcher(
             bwrap=bwrap,
             agent=agent,
             extra_ro_binds=config.extra_ro_binds,
             stage_dir=config.sandbox_dir if root else None,
-            bounds=limits.Bounds.of(config, uid_per_sandbox=root),
+            bounds=bounds,
         )
         cgroup = cgroup if cgroup is not None else cgroups.detect()
-        if isinstance(cgroup, cgroups.Unavailable):
-            # Once, at start; each sandbox's ResourceLimits condition says it again.
-            _log.warning(
-                "local sandboxes get no memory or cpu limits: %s (rlimits and tmpfs sizes only)", cgroup.message
-            )
+        if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
+            bounded = limits.condition(bounds, cgroup, uid_per_sandbox=root)
+            level = logging.INFO if bounded.status == "True" else logging.WARNING
+            _log.log(level, "local sandboxes: %s", bounded.message)
         self._host_cpus = os.cpu_count() or 1
         self._host_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         self._supervisors = HostSupervisors(paths.supervisor_socket)
@@ -423,7 +423,12 @@ class LocalDriver:
         return member
 
     def _validate_profile(self, profile: Profile) -> None:
-        spec = SandboxSpec(image=profile.image, runtime_class_name=profile.runtime_class_name)
+        spec = SandboxSpec(
+            image=profile.image,
+            runtime_class_name=profile.runtime_class_name,
+            resources=Resources(cpu=profile.cpu, memory=profile.memory, pids=profile.pids),
+            storage=profile.storage,
+        )
         try:
             self.validate(profile.workspace, spec)
         except InvalidArgumentError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -74,8 +75,9 @@ class Fleet:
     async def launch(self, instance: Instance, spec: SandboxSpec) -> None:
         """Start the instance's sandbox, then its supervisor; on failure everything it made is
         removed again (UnavailableError when the sandbox could not be started)."""
-        limits = cgroups.Limits.of(spec)
-        instance.conditions = self._conditions(limits)
+        defaults = self._launcher.bounds
+        instance.bounds = defaults.for_spec(spec) if defaults is not None else None
+        instance.conditions = self._conditions(instance.bounds)
         credential = credentials.new_credential(instance.instance_id)
         instance.credential_digest = credentials.digest(credential)
         self.instances[instance.instance_id] = instance
@@ -83,7 +85,7 @@ class Fleet:
             if self._uids is not None and self._launcher.isolated:
                 instance.uid = self._uids.acquire()
                 instance.workspaces = self._workspaces
-            await asyncio.to_thread(self._prepare, instance, spec.image, limits)
+            await asyncio.to_thread(self._prepare, instance, spec.image)
             instance.process = await self._launcher.start(instance, image=spec.image, uid=instance.uid)
             self.save_soon(instance)
         except BaseException as exc:
@@ -115,41 +117,41 @@ class Fleet:
 
         instance.saving = self.background(write(), name=f"save:{instance.instance_id}")
 
-    def _prepare(self, instance: Instance, image: str, limits: cgroups.Limits) -> None:
-        """Blocking: the sandbox's directories (its workspace owned by its uid), its cgroup, the
-        root filesystem's bind sources."""
+    def _prepare(self, instance: Instance, image: str) -> None:
+        """Blocking: the sandbox's directories (a workspace on the host's disk owned by its uid,
+        unless it is a tmpfs), its cgroup, the root filesystem's bind sources."""
         self._paths.sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
         instance.directory.mkdir(mode=0o700)
-        if instance.workspaces is not None:
-            _traversable_dir(instance.workspaces)
-        instance.workspace_dir.mkdir(mode=0o700)
-        if instance.uid is not None:
-            os.chown(instance.workspace_dir, instance.uid, instance.uid)
+        bounds = instance.bounds
+        if bounds is None or bounds.workspace_bytes is None:
+            if instance.workspaces is not None:
+                _traversable_dir(instance.workspaces)
+            instance.workspace_dir.mkdir(mode=0o700)
+            if instance.uid is not None:
+                os.chown(instance.workspace_dir, instance.uid, instance.uid)
         self._launcher.prepare(image)
-        if limits and isinstance(self._cgroup, cgroups.CgroupV2):
+        if bounds is not None and isinstance(self._cgroup, cgroups.CgroupV2):
             try:
-                instance.cgroup = self._cgroup.create(instance.instance_id, limits)
-            except OSError as exc:
-                failed = DriverCondition("ResourceLimits", "False", "CgroupSetupFailed", str(exc))
+                instance.cgroup = self._cgroup.create(instance.instance_id, bounds.cgroup_limits())
+            except OSError as exc:  # the sandbox runs without: say exactly what that leaves
+                unavailable = cgroups.Unavailable(f"its cgroup could not be set up: {exc}")
+                exact = resource_limits.condition(bounds, unavailable, uid_per_sandbox=self._uids is not None)
+                failed = dataclasses.replace(exact, reason="CgroupSetupFailed")
                 others = tuple(c for c in instance.conditions if c.type != "ResourceLimits")
                 instance.conditions = (*others, failed)
 
-    def _conditions(self, limits: cgroups.Limits) -> tuple[DriverCondition, ...]:
-        conditions: list[DriverCondition] = []
-        if self._launcher.isolated:
-            conditions.append(DriverCondition("Isolated", "True", "Bubblewrap", ISOLATION))
-        else:
+    def _conditions(self, bounds: resource_limits.Bounds | None) -> tuple[DriverCondition, ...]:
+        if not self._launcher.isolated:
             message = "local.allow_unisolated: plain processes of the gateway's user, no isolation at all"
-            conditions.append(DriverCondition("Isolated", "False", "Unisolated", message))
-        bounds = self._launcher.bounds
-        if self._launcher.isolated and bounds is not None:
-            conditions.append(resource_limits.condition(bounds, self._cgroup))
-        elif limits:
-            if isinstance(self._cgroup, cgroups.CgroupV2):
-                conditions.append(DriverCondition("ResourceLimits", "True", "CgroupV2", ""))
-            else:
-                reason, message = "CgroupV2Unavailable", self._cgroup.message
-                conditions.append(DriverCondition("ResourceLimits", "False", reason, message))
+            unbounded = "local.allow_unisolated: no storage, memory, cpu or process bounds at all"
+            return (
+                DriverCondition("Isolated", "False", "Unisolated", message),
+                DriverCondition("ResourceLimits", "False", "Unisolated", unbounded),
+            )
+        conditions = [DriverCondition("Isolated", "True", "Bubblewrap", ISOLATION)]
+        if bounds is not None:
+            uid_per_sandbox = self._uids is not None
+            conditions.append(resource_limits.condition(bounds, self._cgroup, uid_per_sandbox=uid_per_sandbox))
         return tuple(conditions)
 
     # -- ends, stops and clean-up ----------------------------------------------------------

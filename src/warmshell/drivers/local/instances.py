@@ -15,6 +15,7 @@ from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation
 from warmshell.drivers.base import BackendState, Bound, DriverCondition, DriverSandbox, WarmPending
 from warmshell.drivers.local import records
+from warmshell.drivers.local.limits import Bounds
 from warmshell.drivers.local.processes import HostProcesses, SandboxProcess
 
 __all__ = ["Instance"]
@@ -45,6 +46,7 @@ class Instance:
     uid: int | None = None  # the sandbox's own host uid (a gateway run as root)
     workspaces: Path | None = None  # where its workspace lives, when not under `directory`
     cgroup: Path | None = None
+    bounds: Bounds | None = None  # what bounds its sandbox (None: unisolated, nothing)
     registered: bool = False
     deleting: bool = False
     ended: asyncio.Event = field(default_factory=asyncio.Event)

@@ -100,7 +100,7 @@ class Launcher:
         if self.bwrap is None:
             return HostProcesses(instance.workspace_dir, log_path)
         bwrap, plan, agent = self.bwrap, self._plans[Path(image) if image else _HOST_ROOT], self._agent
-        bounds = self._bounds
+        bounds = instance.bounds or self._bounds
 
         def build(fds: SandboxFds) -> list[str]:
             layout = sandboxing.SandboxLayout(
@@ -114,13 +114,14 @@ class Launcher:
                 info_fd=fds.info,
                 extra_ro_binds=self._extra,
                 instance_id=instance.instance_id,
+                workspace_bytes=bounds.workspace_bytes if bounds is not None else None,
                 tmp_bytes=bounds.tmp_bytes if bounds is not None else None,
                 run_bytes=bounds.run_bytes if bounds is not None else None,
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
             )
             # Into the cgroup while still the gateway's uid, then the sandbox's uid, then bwrap.
             enter = cgroups.enter_argv(instance.cgroup) if instance.cgroup is not None else []
-            rlimits = limits.prlimit_argv(bounds) if bounds is not None else []
+            rlimits = limits.prlimit_argv(bounds, uid_per_sandbox=uid is not None) if bounds is not None else []
             return [*enter, *rlimits, *_as_user(uid), *sandboxing.bwrap_argv(layout)]
 
         return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path)

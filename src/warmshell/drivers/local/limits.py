@@ -1,22 +1,28 @@
-"""The default bounds of every local sandbox, and the `ResourceLimits` condition that says exactly
-which of them are enforced (pure).
+"""The bounds of every local sandbox (gateway defaults, a profile's or a request's overrides, the
+configured maximums) and the `ResourceLimits` condition that says exactly which are enforced (pure).
 
-Always, under bubblewrap: sized tmpfs for `/tmp`, `/run` and `/dev/shm` (and `/dev` itself is
-remounted read-only), a file-size rlimit on every process; with a uid per sandbox (a gateway run
-as root) a process-count rlimit, which counts that uid's processes, i.e. that sandbox's alone.
-Memory and cpu need a delegated cgroup v2 (`cgroups`); `/workspace` lives on the host's disk with
-no quota. A sandbox that hits a bound gets ENOSPC, EFBIG or EAGAIN inside; nothing outside it is
-affected.
+Always, under bubblewrap: sized tmpfs for `/workspace`, `/tmp`, `/run` and `/dev/shm` (and `/dev`
+itself is remounted read-only), a file-size rlimit on every process; with a uid per sandbox (a
+gateway run as root) a process-count rlimit, which counts that uid's processes, i.e. that
+sandbox's alone. cpu and memory (and the process count without a uid per sandbox) need a
+delegated cgroup v2 (`cgroups`). A sandbox that hits a bound gets ENOSPC, EFBIG, EAGAIN or the
+OOM killer inside; nothing outside it is affected.
+
+`/workspace` is a tmpfs, mounted by bwrap in the sandbox's own mount namespace: nearly free to
+set up (bench/workspace_bounds.py measured it against a loop-mounted image), gone with the
+sandbox, and charged to its memory cgroup where there is one. `local.workspace_size = ""` keeps
+it a directory on the host's disk instead, without a bound.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from warmshell.core.config import LocalDriverConfig
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import SandboxSpec
-from warmshell.core.quantities import cpu_millis, memory_bytes, render_memory
+from warmshell.core.quantities import cpu_millis, memory_bytes, render_cpu, render_memory
 from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.local import cgroups
 
@@ -27,69 +33,126 @@ PRLIMIT = "/usr/bin/prlimit"  # util-linux, on every Debian
 
 @dataclass(frozen=True)
 class Bounds:
-    """What bounds one sandbox's storage and processes (bytes; None = not enforced)."""
+    """What bounds one sandbox: bytes, millicores, processes (None = no bound)."""
 
+    workspace_bytes: int | None  # None: a host directory
     tmp_bytes: int
     run_bytes: int
     shm_bytes: int
     file_bytes: int
-    processes: int | None
+    processes: int
+    cpu_millis: int | None = None
+    memory_bytes: int | None = None
 
     @classmethod
-    def of(cls, config: LocalDriverConfig, *, uid_per_sandbox: bool) -> Bounds:
-        """The configured bounds; the process count only where each sandbox has its own uid."""
+    def of(cls, config: LocalDriverConfig) -> Bounds:
+        """The gateway's defaults (`[local]`)."""
         return cls(
+            workspace_bytes=_size(config.workspace_size, "local.workspace_size"),
             tmp_bytes=memory_bytes(config.tmp_size, field="local.tmp_size"),
             run_bytes=memory_bytes(config.run_size, field="local.run_size"),
             shm_bytes=memory_bytes(config.shm_size, field="local.shm_size"),
             file_bytes=memory_bytes(config.max_file_size, field="local.max_file_size"),
-            processes=config.max_processes if uid_per_sandbox else None,
+            processes=config.max_processes,
+            cpu_millis=cpu_millis(config.default_cpu, field="local.default_cpu") if config.default_cpu else None,
+            memory_bytes=_size(config.default_memory, "local.default_memory"),
         )
 
+    def for_spec(self, spec: SandboxSpec) -> Bounds:
+        """These defaults with what the spec asks for (its resources, its profile's storage)."""
+        resources, storage = spec.resources, spec.storage
+        changes: dict[str, int] = {}
+        if resources.cpu:
+            changes["cpu_millis"] = cpu_millis(resources.cpu, field="spec.resources.cpu")
+        if resources.memory:
+            changes["memory_bytes"] = memory_bytes(resources.memory, field="spec.resources.memory")
+        if resources.pids:
+            changes["processes"] = resources.pids
+        if storage.workspace:
+            changes["workspace_bytes"] = memory_bytes(storage.workspace, field="storage.workspace")
+        if storage.tmp:
+            changes["tmp_bytes"] = memory_bytes(storage.tmp, field="storage.tmp")
+        return dataclasses.replace(self, **changes) if changes else self
 
-def prlimit_argv(bounds: Bounds) -> list[str]:
+    def cgroup_limits(self) -> cgroups.Limits:
+        """What a cgroup would enforce of these."""
+        return cgroups.Limits(cpu_millis=self.cpu_millis, memory_bytes=self.memory_bytes, pids=self.processes)
+
+
+def _size(text: str, field: str) -> int | None:
+    return memory_bytes(text, field=field) if text else None
+
+
+def prlimit_argv(bounds: Bounds, *, uid_per_sandbox: bool) -> list[str]:
     """A prefix that sets the sandbox's rlimits, then execs the rest (bwrap and all it starts
-    inherit them; an rlimit cannot be raised again without CAP_SYS_RESOURCE)."""
+    inherit them; an rlimit cannot be raised again without CAP_SYS_RESOURCE). The process
+    count only with a uid per sandbox: RLIMIT_NPROC counts every process of the uid."""
     argv = [PRLIMIT, f"--fsize={bounds.file_bytes}"]
-    if bounds.processes is not None:
+    if uid_per_sandbox:
         argv.append(f"--nproc={bounds.processes}")
     return [*argv, "--"]
 
 
-def condition(bounds: Bounds, cgroup: cgroups.CgroupV2 | cgroups.Unavailable) -> DriverCondition:
-    """`ResourceLimits`: True when memory and cpu are enforced by cgroup v2, else False; the
-    message lists what is enforced and what is not."""
-    enforced = [
-        f"/tmp {render_memory(bounds.tmp_bytes)}, /run {render_memory(bounds.run_bytes)}, "
-        f"/dev/shm {render_memory(bounds.shm_bytes)} (tmpfs)",
-        f"file size {render_memory(bounds.file_bytes)} (rlimit)",
-    ]
-    missing = ["/workspace disk use"]
-    if bounds.processes is not None:
+def condition(
+    bounds: Bounds, cgroup: cgroups.CgroupV2 | cgroups.Unavailable, *, uid_per_sandbox: bool
+) -> DriverCondition:
+    """`ResourceLimits`: True when every bound is enforced, else False; the message lists
+    what is enforced and what is not, and why not."""
+    controllers = cgroup.controllers if isinstance(cgroup, cgroups.CgroupV2) else frozenset[str]()
+    places = [f"/tmp {render_memory(bounds.tmp_bytes)}", f"/run {render_memory(bounds.run_bytes)}"]
+    places.append(f"/dev/shm {render_memory(bounds.shm_bytes)}")
+    missing: list[str] = []
+    if bounds.workspace_bytes is not None:
+        places.insert(0, f"/workspace {render_memory(bounds.workspace_bytes)}")
+    else:
+        missing.append("/workspace disk use (local.workspace_size is empty)")
+    enforced = [f"{', '.join(places)} (tmpfs)", f"file size {render_memory(bounds.file_bytes)} (rlimit)"]
+    if "pids" in controllers:
+        enforced.append(f"{bounds.processes} processes (cgroup v2)")
+    elif uid_per_sandbox:
         enforced.append(f"{bounds.processes} processes (rlimit)")
     else:
         missing.append("process count (sandboxes share the gateway's uid)")
-    if isinstance(cgroup, cgroups.CgroupV2):
-        enforced.append("memory and cpu as requested (cgroup v2)")
-        status, reason, why = "True", "CgroupV2", ""
-    else:
-        missing.append("memory and cpu")
-        status, reason, why = "False", "CgroupV2Unavailable", f" ({cgroup.message})"
+    for name, amount in (
+        ("memory", None if bounds.memory_bytes is None else render_memory(bounds.memory_bytes)),
+        ("cpu", None if bounds.cpu_millis is None else render_cpu(bounds.cpu_millis)),
+    ):
+        if amount is None:
+            missing.append(f"{name} (no limit configured)")
+        elif name in controllers:
+            enforced.append(f"{name} {amount} (cgroup v2)")
+        else:
+            missing.append(f"{name} {amount}")
+    why = f" ({cgroup.message})" if isinstance(cgroup, cgroups.Unavailable) else ""
+    if not missing:
+        return DriverCondition("ResourceLimits", "True", "Enforced", f"enforced: {'; '.join(enforced)}.")
+    reason = "CgroupV2Unavailable" if why else "PartlyEnforced"
     message = f"enforced: {'; '.join(enforced)}. Not enforced: {', '.join(missing)}{why}."
-    return DriverCondition("ResourceLimits", status, reason, message)
+    return DriverCondition("ResourceLimits", "False", reason, message)
 
 
 def check_maximum(spec: SandboxSpec, config: LocalDriverConfig, *, host_cpus: int, host_memory: int) -> None:
-    """A request over the configured maximum (default: the host's cpus and memory) is refused,
-    naming the field."""
-    cpu, memory = spec.resources.cpu, spec.resources.memory
-    if cpu:
+    """A request or profile over the configured maximum (default: the host's cpus and memory;
+    storage is tmpfs, so memory too) is refused, naming the field and the rule."""
+    resources, storage = spec.resources, spec.storage
+    if resources.cpu:
         most = cpu_millis(config.max_cpu, field="local.max_cpu") if config.max_cpu else host_cpus * 1000
-        if cpu_millis(cpu, field="spec.resources.cpu") > most:
-            raise InvalidArgumentError("spec.resources.cpu", f"{cpu!r} is more than this gateway allows ({most}m)")
-    if memory:
-        most = memory_bytes(config.max_memory, field="local.max_memory") if config.max_memory else host_memory
-        if memory_bytes(memory, field="spec.resources.memory") > most:
+        if cpu_millis(resources.cpu, field="spec.resources.cpu") > most:
             raise InvalidArgumentError(
-                "spec.resources.memory", f"{memory!r} is more than this gateway allows ({render_memory(most)})"
+                "spec.resources.cpu", f"{resources.cpu!r} is more than this gateway allows ({most}m)"
             )
+    if resources.memory:
+        _at_most("spec.resources.memory", resources.memory, config.max_memory, "local.max_memory", host_memory)
+    if resources.pids > config.max_pids:
+        raise InvalidArgumentError(
+            "spec.resources.pids", f"{resources.pids} is more than this gateway allows ({config.max_pids})"
+        )
+    for field, size in (("storage.workspace", storage.workspace), ("storage.tmp", storage.tmp)):
+        if size:
+            _at_most(field, size, config.max_storage_size, "local.max_storage_size", host_memory)
+
+
+def _at_most(field: str, size: str, maximum: str, maximum_field: str, default: int) -> None:
+    most = memory_bytes(maximum, field=maximum_field) if maximum else default
+    if memory_bytes(size, field=field) > most:
+        raise InvalidArgumentError(field, f"{size!r} is more than this gateway allows ({render_memory(most)})")

@@ -60,8 +60,9 @@ class Pool:
         return SandboxSpec(
             image=self.profile.image,
             environment=dict(self.profile.environment),
-            resources=Resources(cpu=self.profile.cpu, memory=self.profile.memory),
+            resources=Resources(cpu=self.profile.cpu, memory=self.profile.memory, pids=self.profile.pids),
             runtime_class_name=self.profile.runtime_class_name,
+            storage=self.profile.storage,
         )
 
     def claim(self) -> Instance | None:
@@ -83,6 +84,7 @@ class Pool:
             environment=dict(profile.environment),
             cpu=profile.cpu,
             memory=profile.memory,
+            pids=profile.pids,
             desired=profile.replicas,
             # ready: registered, so claimable now; idle: ready and not claimed. A claimed member
             # leaves the pool at once, so locally the two coincide (desired - ready are booting).

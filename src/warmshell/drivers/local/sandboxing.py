@@ -4,7 +4,8 @@ Pure functions over plain data (plus `list_root`, the one directory scan they ne
 isolation flag is unit-tested. The root is an empty tmpfs that gets only what a program needs:
 for the host's root filesystem an allow-list (`/usr`, the `/bin`, `/sbin`, `/lib*` entries, a
 filtered `/etc`), for an image root every top-level entry of the image. Then a fresh `/proc`, a
-minimal `/dev`, private tmpfs `/tmp` and `/run`, the sandbox's own writable `/workspace`, the
+minimal `/dev`, private sized tmpfs `/tmp`, `/run` and `/dev/shm`, the sandbox's own writable
+`/workspace` (a sized tmpfs, or a host directory bound there), the
 operator's `extra_ro_binds`, and the agent at `AGENT_PATH`; finally the root itself is remounted
 read-only. bwrap resolves every bind source as the sandbox's uid, so with a uid per sandbox the
 workspace and the agent live where that uid can reach them (see `launching`).
@@ -87,6 +88,8 @@ class SandboxLayout:
     extra_ro_binds: Sequence[Path] = ()  # local.extra_ro_binds, at the same paths, after /tmp and /run
     # Not a secret: lets a later gateway find a survivor of this one by its argv.
     instance_id: str = ""
+    # Size of /workspace as a tmpfs (None: `workspace_dir` bound there instead).
+    workspace_bytes: int | None = None
     # Sizes of the sandbox's tmpfs /tmp, /run and /dev/shm (None: the kernel's default, half of RAM).
     tmp_bytes: int | None = None
     run_bytes: int | None = None
@@ -172,7 +175,12 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     argv += ["--remount-ro", "/dev"]
     for path in layout.extra_ro_binds:
         argv += ["--ro-bind", str(path), str(path)]
-    argv += ["--bind", str(layout.workspace_dir), WORKSPACE]
+    if layout.workspace_bytes is not None:
+        # Mounted before the root is remounted read-only, owned by the sandbox's uid (bwrap's
+        # mounts belong to the uid it maps), gone with the sandbox's mount namespace.
+        argv += ["--size", str(layout.workspace_bytes), "--perms", "0700", "--tmpfs", WORKSPACE]
+    else:
+        argv += ["--bind", str(layout.workspace_dir), WORKSPACE]
     argv += ["--ro-bind", str(layout.agent), AGENT_PATH]
     argv += ["--remount-ro", "/"]
     argv += ["--hostname", layout.hostname, "--chdir", WORKSPACE, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]

@@ -17,7 +17,7 @@ import asyncpg
 
 from warmshell.core.config import StoreConfig
 from warmshell.core.errors import AlreadyExistsError, ConflictError, FailedPreconditionError, UnavailableError
-from warmshell.gateway.store import schema
+from warmshell.gateway.store import schema, storage_errors
 from warmshell.gateway.store.base import StoredObject
 
 __all__ = ["PostgresStore", "describe_url", "open_postgres_store"]
@@ -103,9 +103,9 @@ class PostgresStore:
         except asyncpg.UniqueViolationError:
             raise  # the caller's to name (which object already exists)
         except asyncpg.PostgresError as exc:
-            # Anything else the server refused (a read-only standby after a failover, a full
-            # disk, a deadlock): temporary from the caller's view, and said in the server's words.
-            raise UnavailableError(f"the store (Postgres at {self._where}) refused the operation: {exc}") from exc
+            # Anything else the server refused: a full disk is RESOURCE_EXHAUSTED, a read-only
+            # standby after a failover or a deadlock is temporary (see storage_errors).
+            raise storage_errors.translate_postgres(exc, self._where) from exc
 
     async def _fetch(self, query: str, *args: object) -> list[StoredObject]:
         async with self._connection() as conn:

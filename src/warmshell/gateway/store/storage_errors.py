@@ -1,5 +1,10 @@
-"""What the SQLite store does when its disk is full or failing: errors a user understands, and
+"""What the stores do when their disk is full or failing: errors a user understands, and (SQLite)
 a reserve of space so that updates and deletes (which free space) still work when the disk is full.
+
+Postgres says what failed in its SQLSTATE (`translate_postgres`): an exhausted resource on the
+server (disk full, out of memory) is RESOURCE_EXHAUSTED; a read-only server (a standby after a
+failover, `default_transaction_read_only`) or one failing its own I/O is UNAVAILABLE. The space
+reserve is the database server's business there; a delete needs little of it.
 
 The reserve is a file of `RESERVE_BYTES` beside the database. Creates need it in place and as
 much again free (else the disk is full: RESOURCE_EXHAUSTED, naming the directory); an update or
@@ -17,10 +22,20 @@ from pathlib import Path
 
 from warmshell.core.errors import ResourceExhaustedError, UnavailableError, WarmshellError
 
-__all__ = ["RESERVE_BYTES", "Reserve", "is_full", "translate"]
+__all__ = ["RESERVE_BYTES", "Reserve", "is_full", "translate", "translate_postgres"]
 
 RESERVE_BYTES = 4 * 1024 * 1024
 _FULL_CODES = {getattr(sqlite3, "SQLITE_FULL", 13)}
+# SQLSTATEs (https://www.postgresql.org/docs/current/errcodes-appendix.html) in a user's words.
+_PG_EXHAUSTED = {
+    "53100": "is out of disk space",  # disk_full
+    "53200": "is out of memory",  # out_of_memory
+    "53400": "hit a configured limit",  # configuration_limit_exceeded
+}
+_PG_UNAVAILABLE = {
+    "25006": "is read-only (a standby, or default_transaction_read_only): changes fail until a primary is back",
+    "58030": "cannot read or write its files (an I/O error on the database server)",
+}
 
 
 def is_full(exc: BaseException) -> bool:
@@ -39,6 +54,22 @@ def translate(exc: BaseException, directory: Path) -> WarmshellError:
             "get, list and delete still work — delete sandboxes or free space there"
         )
     return UnavailableError(f"the gateway's state store failed ({exc}); retry later")
+
+
+def translate_postgres(exc: BaseException, where: str) -> WarmshellError:
+    """The domain error for a failure the Postgres server reported (an asyncpg PostgresError,
+    read by its `sqlstate`, so this module needs no asyncpg)."""
+    state = str(getattr(exc, "sqlstate", "") or "")
+    detail = str(exc) or type(exc).__name__
+    store = f"the gateway's state store (Postgres at {where})"
+    if state.startswith("53"):  # class 53, insufficient resources
+        what = _PG_EXHAUSTED.get(state, "is out of a resource")
+        return ResourceExhaustedError(
+            f"{store} {what} ({detail}); get and list still work — the database server needs room"
+        )
+    if state in _PG_UNAVAILABLE:
+        return UnavailableError(f"{store} {_PG_UNAVAILABLE[state]} ({detail}); retry later")
+    return UnavailableError(f"{store} refused the operation: {detail}")
 
 
 class Reserve:
