@@ -163,7 +163,7 @@ class Supervisor:
         self._execs: dict[str, asyncio.Task[None]] = {}
         self._windows: dict[str, OutputWindow] = {}
         self._inputs: dict[str, ExecInput] = {}
-        self._files = FileServer(self._outbox.put) if serve_files else None
+        self._files = FileServer(self._outbox.put_control) if serve_files else None
         self._token = ""
         self._token_expires_ms = 0
         self._workload: asyncio.Task[None] | None = None
@@ -360,7 +360,7 @@ class Supervisor:
 
     def _exec_input(self, start: spb.ExecStart) -> ExecInput:
         def credit(size: int) -> None:
-            self._outbox.put(
+            self._outbox.put_control(
                 spb.SupervisorMessage(exec_input_credit=spb.ExecInputCredit(exec_id=start.exec_id, bytes=size))
             )
 

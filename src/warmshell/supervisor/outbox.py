@@ -50,6 +50,16 @@ class Outbox:
             self._room.clear()
             await self._room.wait()
         self.queued_bytes += size
+        self._append(message)
+
+    def put_control(self, message: spb.SupervisorMessage) -> None:
+        """Queue a message that is not output (a credit, a file result: each bounded by its own
+        window) from synchronous code; it never waits."""
+        if _output_bytes(message):
+            raise ValueError("output goes through put(), which waits for room")
+        self._append(message)
+
+    def _append(self, message: spb.SupervisorMessage) -> None:
         self._items.append(message)
         self._changed.set()
 
