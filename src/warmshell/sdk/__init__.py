@@ -21,7 +21,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from warmshell.core.models import Allocation, Phase
+    from warmshell.core.states import Allocation, Phase
     from warmshell.sdk.aio import AsyncClient, AsyncSandbox
     from warmshell.sdk.client import Client, Sandbox
     from warmshell.sdk.errors import (
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "Allocation": "warmshell.core.models",
+    "Allocation": "warmshell.core.states",
     "AlreadyExists": "warmshell.sdk.errors",
     "ApiError": "warmshell.sdk.errors",
     "AsyncClient": "warmshell.sdk.aio",
@@ -60,7 +60,7 @@ _EXPORTS = {
     "NotFound": "warmshell.sdk.errors",
     "OutputEvent": "warmshell.sdk.views",
     "PermissionDenied": "warmshell.sdk.errors",
-    "Phase": "warmshell.core.models",
+    "Phase": "warmshell.core.states",
     "PoolInfo": "warmshell.sdk.views",
     "ResourceExhausted": "warmshell.sdk.errors",
     "Sandbox": "warmshell.sdk.client",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmshell.core import paths
+from warmshell.sdk import errors
 
 __all__ = ["Target", "read_token_file", "resolve", "target_address", "unix_socket_path"]
 
@@ -37,11 +38,16 @@ def target_address(gateway: str | None, state_dir: Path) -> str:
 
 
 def read_token_file(path: Path) -> str | None:
-    """The token stored at `path`, or None when there is no such file (other OSErrors propagate)."""
+    """The token stored at `path`, or None when there is no such file; one that cannot be read
+    raises Unauthenticated naming the file and why."""
     try:
         return path.read_text().strip() or None
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise errors.Unauthenticated(
+            f"cannot read the API token at {path}: {exc.strerror or exc}", code="UNAUTHENTICATED"
+        ) from None
 
 
 def unix_socket_path(address: str) -> Path | None:
