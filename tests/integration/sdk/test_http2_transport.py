@@ -54,7 +54,10 @@ def test_statuses_and_messages_match_grpcio(h2: warmshell.Client, gateway: CliGa
                 client.create(name="Not_A_Label")
             seen.append((missing.value.details, invalid.value.field, invalid.value.rule))
     assert seen[0] == seen[1]
-    assert "no-such-box" in seen[0][0] and seen[0][1] == "name" and seen[0][2]
+    details, field, rule = seen[0]
+    assert "no-such-box" in details
+    assert field == "name"
+    assert rule
 
 
 def test_the_token_is_sent_and_checked(gateway: CliGateway) -> None:
@@ -93,7 +96,7 @@ def test_a_request_past_the_peer_window_is_sent_in_pieces_and_an_oversized_one_r
     result = sb.run(["cat"], stdin=data, timeout=60)
     assert (result.exit_code, result.stdout) == (0, data)
     # Whole and parsed: the gateway names the rule the 600 kB environment breaks.
-    with pytest.raises(errors.InvalidArgument, match="spec.environment: 600003 bytes in total"):
+    with pytest.raises(errors.InvalidArgument, match=r"spec\.environment: 600003 bytes in total"):
         h2.create(name="env-too-big", env={"BIG": "x" * 600_000})
     with pytest.raises(errors.ResourceExhausted):
         sb.run(["cat"], stdin=b"x" * 1_200_000)  # over the gateway's 1 MiB request limit
@@ -122,14 +125,14 @@ def test_threads_share_one_client(h2: warmshell.Client) -> None:
 
 
 def test_no_socket_and_a_dead_socket_are_unavailable(tmp_path: Path) -> None:
-    with warmshell.Client(f"unix://{tmp_path}/none.sock", "t", transport="http2") as client:
-        with pytest.raises(errors.Unavailable, match=f"no gateway socket at {tmp_path}/none.sock"):
-            client.list()
+    missing = warmshell.Client(f"unix://{tmp_path}/none.sock", "t", transport="http2")
+    with missing, pytest.raises(errors.Unavailable, match=f"no gateway socket at {tmp_path}/none.sock"):
+        missing.list()
     stale = tmp_path / "stale.sock"
     stale.touch()
-    with warmshell.Client(f"unix://{stale}", "t", transport="http2") as client:
-        with pytest.raises(errors.Unavailable, match="is unavailable"):
-            client.list()
+    dead = warmshell.Client(f"unix://{stale}", "t", transport="http2")
+    with dead, pytest.raises(errors.Unavailable, match="is unavailable"):
+        dead.list()
 
 
 def test_a_gateway_killed_mid_stream_is_unavailable(tmp_path: Path) -> None:
