@@ -8,6 +8,9 @@ transport, which is itself thread-safe (grpcio multiplexes calls on one HTTP/2 c
 HTTP/2 transport gives each call a connection of its own), the immutable call metadata, and a
 lock that makes `close()` idempotent. Each call builds its own request and reads its own
 stream, so nothing else needs a lock.
+
+The views are imported by the calls that return one (see `calls`): constructing a Client and
+using `client.service`, as the CLI does, never loads them.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.sdk import calls, connection, errors, views
+from warmshell.sdk import calls, connection, errors
 from warmshell.sdk import transport as transport_module
 from warmshell.sdk.service import SandboxService
 
 if TYPE_CHECKING:
+    from warmshell.sdk import views
     from warmshell.sdk.files import Files
 
 __all__ = ["DEFAULT_READY_TIMEOUT_SECONDS", "Client", "Sandbox"]
@@ -99,6 +103,8 @@ class Client:
         one not Ready within `ready_timeout` raises DeadlineExceeded. Either way it is deleted:
         a failed create leaves nothing behind. With `auto_delete`, `wait_exit()` deletes it once
         it has returned the workload's output."""
+        from warmshell.sdk import views
+
         request = calls.create_request(
             name=name,
             workspace=self.workspace if workspace is None else workspace,
@@ -147,6 +153,8 @@ class Client:
         return Sandbox(self, self._get_info(name, self.workspace if workspace is None else workspace))
 
     def _get_info(self, name: str, workspace: str) -> views.SandboxInfo:
+        from warmshell.sdk import views
+
         return views.sandbox_info(self.service.get_sandbox(pb.SandboxRef(name=name, workspace=workspace)))
 
     def files(self, name: str, *, workspace: str | None = None) -> Files:
@@ -169,6 +177,8 @@ class Client:
         all_workspaces: bool = False,
     ) -> builtins.list[views.SandboxInfo]:
         """Sandboxes of the workspace (or every workspace) carrying all of `labels`."""
+        from warmshell.sdk import views
+
         request = pb.ListSandboxesRequest(
             workspace=self.workspace if workspace is None else workspace,
             all_workspaces=all_workspaces,
@@ -178,6 +188,8 @@ class Client:
 
     def pools(self, *, workspace: str | None = None, all_workspaces: bool = False) -> builtins.list[views.PoolInfo]:
         """Warm pools of the workspace (or every workspace), with their hit counts."""
+        from warmshell.sdk import views
+
         request = pb.ListPoolsRequest(
             workspace=self.workspace if workspace is None else workspace, all_workspaces=all_workspaces
         )
@@ -272,6 +284,8 @@ class Sandbox:
         """Wait for the workload (`create(command=...)`) to exit and return its exit code and
         all its output (`duration_ms`: how long it ran). Deletes the sandbox afterwards when it
         was created with `auto_delete`."""
+        from warmshell.sdk import views
+
         fold = calls.ExitFold(self.name)
         request = pb.WatchSandboxRequest(
             name=self.name, workspace=self.workspace, follow_output=True, stop_on_terminal=True
@@ -291,6 +305,8 @@ class Sandbox:
 
     def refresh_ttl(self, ttl_seconds: int) -> views.SandboxInfo:
         """Let the sandbox live `ttl_seconds` from now (InvalidArgument beyond the maximum)."""
+        from warmshell.sdk import views
+
         request = pb.RefreshTtlRequest(name=self.name, workspace=self.workspace, ttl_seconds=ttl_seconds)
         self.last_info = views.sandbox_info(self.client.service.refresh_ttl(request))
         return self.last_info

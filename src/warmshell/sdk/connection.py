@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from warmshell.core import paths
 from warmshell.sdk import errors
@@ -20,9 +20,9 @@ ENV_TOKEN = "WARMSHELL_API_TOKEN"
 ENV_WORKSPACE = "WARMSHELL_WORKSPACE"
 
 
-@dataclass(frozen=True)
-class Target:
-    """A gRPC target, the bearer token for it (None: present none), and the default workspace."""
+class Target(NamedTuple):
+    """A gRPC target, the bearer token for it (None: present none), and the default workspace.
+    (A NamedTuple: the dataclasses module costs the CLI's every call milliseconds to import.)"""
 
     address: str
     token: str | None

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from warmshell.sdk import connection, errors, http2
 
@@ -105,13 +105,23 @@ class GrpcTransport:
 
         self.address = address
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        # One multicallable per method, as generated stubs keep them (making one per call costs).
+        self._unary: dict[str, grpc.UnaryUnaryMultiCallable[Any, Any]] = {}
+        self._streams: dict[str, grpc.UnaryStreamMultiCallable[Any, Any]] = {}
 
     def unary(
         self, method: str, request: Message, response_type: type[M], *, metadata: Metadata, timeout: float | None
     ) -> M:
-        call = self._channel.unary_unary(
-            method, request_serializer=type(request).SerializeToString, response_deserializer=response_type.FromString
-        )
+        call = self._unary.get(method)
+        if call is None:
+            call = self._unary.setdefault(
+                method,
+                self._channel.unary_unary(
+                    method,
+                    request_serializer=type(request).SerializeToString,
+                    response_deserializer=response_type.FromString,
+                ),
+            )
         with errors.translating(self.address):
             response: M = call(request, metadata=tuple(metadata), timeout=timeout)
         return response
@@ -119,9 +129,16 @@ class GrpcTransport:
     def server_stream(
         self, method: str, request: Message, response_type: type[M], *, metadata: Metadata, timeout: float | None
     ) -> ServerStream[M]:
-        call = self._channel.unary_stream(
-            method, request_serializer=type(request).SerializeToString, response_deserializer=response_type.FromString
-        )
+        call = self._streams.get(method)
+        if call is None:
+            call = self._streams.setdefault(
+                method,
+                self._channel.unary_stream(
+                    method,
+                    request_serializer=type(request).SerializeToString,
+                    response_deserializer=response_type.FromString,
+                ),
+            )
         with errors.translating(self.address):
             return _GrpcStream(call(request, metadata=tuple(metadata), timeout=timeout), self.address)
 
