@@ -146,6 +146,20 @@ class Connection:
         self.usable = False
         self._sock.close()
 
+    def idle_and_open(self) -> bool:
+        """Whether this idle connection can carry a new call: still usable, nothing unread
+        buffered, and the peer has neither closed it nor sent anything since (a GOAWAY, say)."""
+        if not self.usable or self._buffer:
+            return False
+        try:
+            self._sock.setblocking(False)  # the next call sets its own deadline
+            self._sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return True  # nothing to read: open and quiet
+        except OSError:
+            return False
+        return False  # b"": closed by the peer; anything else: it spoke, do not guess what
+
     def _send(self, data: bytes) -> None:
         try:
             self._sock.sendall(data)

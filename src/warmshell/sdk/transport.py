@@ -106,22 +106,22 @@ class GrpcTransport:
         self.address = address
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         # One multicallable per method, as generated stubs keep them (making one per call costs).
-        self._unary: dict[str, grpc.UnaryUnaryMultiCallable[Any, Any]] = {}
-        self._streams: dict[str, grpc.UnaryStreamMultiCallable[Any, Any]] = {}
+        self._calls: dict[tuple[bool, str], Any] = {}
+
+    def _callable(self, method: str, request: Message, response_type: type[Message], *, streaming: bool) -> Any:
+        call = self._calls.get((streaming, method))
+        if call is None:
+            make = self._channel.unary_stream if streaming else self._channel.unary_unary
+            serialize, deserialize = type(request).SerializeToString, response_type.FromString
+            call = self._calls.setdefault(
+                (streaming, method), make(method, request_serializer=serialize, response_deserializer=deserialize)
+            )
+        return call
 
     def unary(
         self, method: str, request: Message, response_type: type[M], *, metadata: Metadata, timeout: float | None
     ) -> M:
-        call = self._unary.get(method)
-        if call is None:
-            call = self._unary.setdefault(
-                method,
-                self._channel.unary_unary(
-                    method,
-                    request_serializer=type(request).SerializeToString,
-                    response_deserializer=response_type.FromString,
-                ),
-            )
+        call = self._callable(method, request, response_type, streaming=False)
         with errors.translating(self.address):
             response: M = call(request, metadata=tuple(metadata), timeout=timeout)
         return response
@@ -129,16 +129,7 @@ class GrpcTransport:
     def server_stream(
         self, method: str, request: Message, response_type: type[M], *, metadata: Metadata, timeout: float | None
     ) -> ServerStream[M]:
-        call = self._streams.get(method)
-        if call is None:
-            call = self._streams.setdefault(
-                method,
-                self._channel.unary_stream(
-                    method,
-                    request_serializer=type(request).SerializeToString,
-                    response_deserializer=response_type.FromString,
-                ),
-            )
+        call = self._callable(method, request, response_type, streaming=True)
         with errors.translating(self.address):
             return _GrpcStream(call(request, metadata=tuple(metadata), timeout=timeout), self.address)
 
@@ -201,21 +192,28 @@ class Http2Transport:
         with self._lock:
             if self._closed:
                 raise errors.Error("the client is closed")
-            while self._idle:
-                conn = self._idle.pop()
-                if conn.usable:
-                    return conn
+            idle, self._idle = self._idle, []
+        # An idle connection the gateway closed (a restart) or spoke on since (a GOAWAY) is
+        # dropped here, before a request is sent on it.
+        while idle:
+            conn = idle.pop()
+            if conn.idle_and_open():
+                with self._lock:
+                    self._idle.extend(idle)
+                return conn
+            conn.close()
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         try:
-            sock = http2.connect_unix(str(self._path), timeout)
+            return http2.Connection(http2.connect_unix(str(self._path), timeout))
         except FileNotFoundError:
             raise errors.no_gateway_socket(self._path) from None
         except TimeoutError:
             raise errors.error_for("DEADLINE_EXCEEDED", "Deadline Exceeded", address=self.address) from None
+        except http2.GrpcFailure as exc:
+            raise self._error(exc) from None
         except OSError as exc:
             detail = f"failed to connect to {self.address}: {exc.strerror or exc}"
             raise errors.error_for("UNAVAILABLE", detail, address=self.address) from None
-        return http2.Connection(sock)
 
     def _release(self, conn: http2.Connection) -> None:
         with self._lock:

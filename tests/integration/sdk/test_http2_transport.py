@@ -18,7 +18,7 @@ import pytest
 import warmshell
 from tests.helpers.cli import CliGateway, start_gateway
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.sdk import errors
+from warmshell.sdk import errors, http2
 from warmshell.sdk.transport import GrpcTransport, Http2Transport, open_transport
 
 
@@ -149,3 +149,26 @@ def test_a_gateway_killed_mid_stream_is_unavailable(tmp_path: Path) -> None:
     finally:
         own.process.kill()
         own.process.wait()
+
+
+def test_connections_are_reused_and_one_the_gateway_closed_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dials: list[str] = []
+    connect = http2.connect_unix
+    monkeypatch.setattr(http2, "connect_unix", lambda path, timeout: dials.append(path) or connect(path, timeout))
+    first = start_gateway(tmp_path / "state")
+    try:
+        with warmshell.Client(state_dir=first.state_dir, transport="http2") as client:
+            for _ in range(5):
+                client.list()
+            assert len(dials) < 5  # an idle connection carries the next call
+            assert first.stop() == 0
+            again = start_gateway(tmp_path / "state")  # a restart: the pooled connection is dead
+            try:
+                assert client.list() == []  # no spurious failure: the dead connection was dropped
+            finally:
+                assert again.stop() == 0
+    finally:
+        if first.process.poll() is None:
+            first.process.kill()
