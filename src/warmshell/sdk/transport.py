@@ -159,7 +159,7 @@ class _Http2Stream(Iterator[M]):
             self._transport._release(self._conn)
             raise
         except http2.GrpcFailure as exc:
-            self._conn.close()
+            self._transport._release(self._conn)  # reused only if the call ended cleanly
             raise self._transport._error(exc) from None
         except TimeoutError:
             self._conn.close()
