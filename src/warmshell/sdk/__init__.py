@@ -11,8 +11,9 @@ output, and delete them, synchronously (`Client`) or with asyncio (`AsyncClient`
 `sb.files` reads, writes, lists and removes files in the sandbox (`warmshell.sdk.files`);
 interactive sessions are not offered yet.
 
-Every name is loaded on first use (`warmshell.sdk.connection`, which the CLI uses, needs none of
-grpc); `import warmshell.sdk` itself imports nothing.
+Every name is loaded on first use; `import warmshell.sdk` itself imports nothing. Underneath,
+`service.SandboxService` carries the calls over a `transport`: grpcio, or the light HTTP/2
+client (`http2`, `hpack`) that the CLI uses on a local Unix socket without importing grpc.
 """
 
 from __future__ import annotations

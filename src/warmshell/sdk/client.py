@@ -31,6 +31,9 @@ from warmshell.sdk import transport as transport_module
 from warmshell.sdk.service import SandboxService
 
 if TYPE_CHECKING:
+    import grpc
+
+    from warmshell.api.v1 import sandbox_pb2_grpc
     from warmshell.sdk import views
     from warmshell.sdk.files import Files
 
@@ -157,12 +160,25 @@ class Client:
 
         return views.sandbox_info(self.service.get_sandbox(pb.SandboxRef(name=name, workspace=workspace)))
 
+    @property
+    def _channel(self) -> grpc.Channel:
+        """A grpcio channel to the gateway for the calls the transport does not carry (client
+        and bidirectional streaming: file writes, interactive sessions); opened on first use."""
+        return self._transport.grpc_channel()
+
+    @property
+    def _stub(self) -> sandbox_pb2_grpc.SandboxServiceStub:
+        """The SandboxService stub on `_channel`, for the same calls."""
+        from warmshell.api.v1 import sandbox_pb2_grpc
+
+        return sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+
     def files(self, name: str, *, workspace: str | None = None) -> Files:
         """The files of sandbox `name` (what `get(name).files` is, without fetching it first)."""
         from warmshell.sdk.files import Files
 
         return Files(
-            self._transport.grpc_channel(),
+            self._channel,
             name,
             self.workspace if workspace is None else workspace,
             metadata=self._metadata,

@@ -39,7 +39,7 @@ __all__ = [
     "translating",
 ]
 
-START_HINT = "is the gateway running? Start one with `warmshell gateway start`."
+_START_HINT = "is the gateway running? Start one with `warmshell gateway start`."
 _TOKEN_HINT = (
     "the API token is read from <state dir>/api-token; pass token= or set WARMSHELL_API_TOKEN "
     "when the gateway runs elsewhere."
@@ -144,7 +144,7 @@ def error_for(code: str, details: str, *, address: str = "") -> ApiError:
     kind = _CLASSES.get(code, ApiError)
     if kind is Unavailable:
         where = f"gateway at {address}" if address else "gateway"
-        return Unavailable(f"{where} is unavailable: {details}", code=code, hint=START_HINT)
+        return Unavailable(f"{where} is unavailable: {details}", code=code, hint=_START_HINT)
     if kind is Unauthenticated:
         return Unauthenticated(details, code=code, hint=_TOKEN_HINT)
     if kind is InvalidArgument:
@@ -155,7 +155,7 @@ def error_for(code: str, details: str, *, address: str = "") -> ApiError:
 def no_gateway_socket(path: Path) -> Unavailable:
     """What a call to a Unix socket that does not exist raises (says exactly what is wrong,
     where grpc reports a generic connect failure)."""
-    return Unavailable(f"no gateway socket at {path}", code="UNAVAILABLE", hint=START_HINT)
+    return Unavailable(f"no gateway socket at {path}", code="UNAVAILABLE", hint=_START_HINT)
 
 
 def from_rpc_error(exc: grpc.RpcError, *, address: str = "") -> ApiError:
