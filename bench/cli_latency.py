@@ -6,6 +6,10 @@ same interpreter, same site-packages) is measured in the same rounds as the base
 machine shows up in both. Targets: `sandbox list`, `sandbox get` and `sandbox exec -- true` each
 at most 100 ms, `warmshell --help` at most 80 ms.
 
+The CLI talks to a local gateway over the SDK's light HTTP/2 transport; the `grpcio:` rows run
+the same commands with WARMSHELL_TRANSPORT=grpcio (the grpcio client) in the same rounds, and the
+two `floor` rows time the imports alone of each path.
+
     python bench/cli_latency.py [--rounds 40] [--before-src DIR]
 
 `--before-src DIR` also times the same commands with the `warmshell` package found under DIR
@@ -38,18 +42,31 @@ _ARGV = {
 }
 
 
-def _commands(warmshell: str, before_src: Path | None) -> dict[str, list[str]]:
-    commands = {
-        "python -c pass (baseline)": [sys.executable, "-c", "pass"],
-        # What any gRPC client in Python pays before its first call: the floor under the commands.
-        "import grpc.aio + stubs (floor)": [sys.executable, "-c", "import grpc.aio, warmshell.api.v1.sandbox_pb2_grpc"],
+# What the CLI imports for `sandbox list` on the HTTP/2 transport (the floor under its commands).
+_CLI_IMPORTS = "import warmshell.cli.main, warmshell.cli.client, warmshell.cli.render, warmshell.sdk.client"
+_GRPCIO = {"WARMSHELL_TRANSPORT": "grpcio"}
+_COMPARED = ("sandbox list", "sandbox get", "sandbox exec -- true")
+
+Command = tuple[list[str], dict[str, str]]  # argv, extra environment
+
+
+def _commands(warmshell: str, before_src: Path | None) -> dict[str, Command]:
+    commands: dict[str, Command] = {
+        "python -c pass (baseline)": ([sys.executable, "-c", "pass"], {}),
+        # What any grpcio client in Python pays before its first call.
+        "import grpc.aio + stubs (floor)": (
+            [sys.executable, "-c", "import grpc.aio, warmshell.api.v1.sandbox_pb2_grpc"],
+            {},
+        ),
+        "import the CLI's modules (floor)": ([sys.executable, "-c", _CLI_IMPORTS], {}),
     }
-    commands |= {label: [warmshell, *argv] for label, argv in _ARGV.items()}
+    commands |= {label: ([warmshell, *argv], {}) for label, argv in _ARGV.items()}
+    commands |= {f"grpcio: {label}": ([warmshell, *_ARGV[label]], _GRPCIO) for label in _COMPARED}
     if before_src is not None:
         # What the console script does, with the older package first on sys.path.
         run_old = f"import sys; sys.path.insert(0, {str(before_src)!r}); from warmshell.cli.main import main; main()"
         commands |= {
-            f"before: {label}": [sys.executable, "-c", run_old, *argv]
+            f"before: {label}": ([sys.executable, "-c", run_old, *argv], {})
             for label, argv in _ARGV.items()
             if label != "--version"
         }
@@ -78,13 +95,18 @@ async def measure(rounds: int, before_src: Path | None) -> dict[str, object]:
         env["WARMSHELL_STATE_DIR"] = str(gateway.state)
         commands = _commands(warmshell, before_src)
         samples: dict[str, list[float]] = {label: [] for label in commands}
-        for argv in commands.values():  # one unmeasured run each: page cache, .pyc files
-            await asyncio.to_thread(_time_once, argv, env)
+        for argv, extra in commands.values():  # one unmeasured run each: page cache, .pyc files
+            await asyncio.to_thread(_time_once, argv, env | extra)
+        load_before = os.getloadavg()
         for _ in range(rounds):
             # Interleaved, so a burst of load from elsewhere hits every command alike.
-            for label, argv in commands.items():
-                samples[label].append(await asyncio.to_thread(_time_once, argv, env))
-    return {"rounds": rounds, "wall_ms": {label: summary(values) for label, values in samples.items()}}
+            for label, (argv, extra) in commands.items():
+                samples[label].append(await asyncio.to_thread(_time_once, argv, env | extra))
+    return {
+        "rounds": rounds,
+        "load_average_before": load_before,
+        "wall_ms": {label: summary(values) for label, values in samples.items()},
+    }
 
 
 def main() -> None:
@@ -98,6 +120,8 @@ def main() -> None:
     data["p50_over_baseline"] = {label: s["p50"] / base for label, s in wall.items()}
     data["targets_ms"] = TARGETS_MS
     data["targets_met_p50"] = {label: wall[label]["p50"] <= limit for label, limit in TARGETS_MS.items()}
+    over_grpcio = {label: wall[label]["p50"] / wall[f"grpcio: {label}"]["p50"] for label in _COMPARED}
+    data["http2_over_grpcio_p50"] = over_grpcio
     data["load_average_after"] = os.getloadavg()
     table = "| command | n | p50 ms | p90 ms | min ms | p50 / baseline | target |\n|---|---|---|---|---|---|---|\n"
     for label, s in wall.items():
@@ -108,9 +132,12 @@ def main() -> None:
         )
     table += (
         "\nWall time of a whole `warmshell` process (spawn to exit) against a local gateway, interleaved "
-        "rounds, the baseline in the same rounds. The machine was shared with other engineers' test "
-        f"runs (load average afterwards {data['load_average_after'][0]:.2f}): read the ratios, not "  # type: ignore[index]
-        "the absolute figures.\n"
+        "rounds, the baseline in the same rounds; `grpcio:` rows are the same commands on the grpcio "
+        "transport (WARMSHELL_TRANSPORT=grpcio). HTTP/2 transport p50 / grpcio p50: "
+        + ", ".join(f"{label} {ratio:.2f}x" for label, ratio in over_grpcio.items())
+        + ". The machine was shared with other engineers' test runs (1-minute load average "
+        f"{data['load_average_before'][0]:.2f} before the measured rounds, "  # type: ignore[index]
+        f"{data['load_average_after'][0]:.2f} after): read the ratios, not the absolute figures.\n"  # type: ignore[index]
     )
     write_results("cli_latency", data, table)
 

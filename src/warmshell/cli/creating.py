@@ -5,18 +5,18 @@ the exit code.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 from warmshell.api.v1 import sandbox_pb2
 from warmshell.cli import client, render, streaming
 from warmshell.cli.errors import CliError, ExitCode
 from warmshell.cli.options import GlobalOptions
+from warmshell.sdk import errors
 
 __all__ = ["create"]
 
 
-async def create(
+def create(
     options: GlobalOptions,
     request: sandbox_pb2.CreateSandboxRequest,
     *,
@@ -29,35 +29,34 @@ async def create(
     exit; returns the exit code of `warmshell sandbox create`. With `remove` (`--rm`) the
     sandbox is deleted once the followed command's output has been delivered."""
     has_command = bool(request.spec.command)
-    async with client.connect(options) as conn:
-        created = await conn.stub.CreateSandbox(request, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
+    with client.connect(options) as sdk:
+        created = sdk.service.create_sandbox(request)
         if detach:
             _print_created(created, human=human)
             return 0
         with streaming.StatusLine(created.name, enabled=human) as status:
             try:
-                async with asyncio.timeout(ready_timeout):
-                    final = await streaming.follow_sandbox(
-                        conn,
-                        created,
-                        until_exit=has_command,
-                        follow_output=has_command and human,
-                        status=status,
-                    )
-            except TimeoutError:
+                final = streaming.follow_sandbox(
+                    sdk,
+                    created,
+                    until_exit=has_command,
+                    follow_output=has_command and human,
+                    status=status,
+                    timeout=ready_timeout,
+                )
+            except errors.DeadlineExceeded:
                 raise CliError(
                     f"sandbox {created.name} was not Ready within {ready_timeout:g} s "
                     "(it was left in place; see `warmshell sandbox get`)",
                     ExitCode.TIMEOUT,
                 ) from None
-            except asyncio.CancelledError:
-                # Ctrl-C (asyncio.run cancels us on SIGINT): the sandbox lives on, say which.
+            except KeyboardInterrupt:
+                # Ctrl-C: the sandbox lives on, say which.
                 status.stop()
                 print(f"\ninterrupted; sandbox {created.name} was left in place", file=sys.stderr)
                 raise
         if remove:
-            ref = sandbox_pb2.SandboxRef(name=created.name, workspace=created.workspace)
-            await conn.stub.DeleteSandbox(ref, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
+            sdk.service.delete_sandbox(sandbox_pb2.SandboxRef(name=created.name, workspace=created.workspace))
     return _create_outcome(final, has_command=has_command, human=human)
 
 

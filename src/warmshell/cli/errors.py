@@ -1,7 +1,7 @@
 """Exit codes the CLI promises to scripts, and the error every command raises to end with one.
 
-Kept free of grpc so that `--help` and argument parsing never pay for importing it; the one map
-from gRPC status codes to these exit codes lives in `warmshell.cli.client`.
+Kept free of the SDK so that `--help` and argument parsing never pay for importing it; the one
+map from gRPC status names to these exit codes lives in `warmshell.cli.client`.
 """
 
 from __future__ import annotations

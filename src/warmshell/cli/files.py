@@ -1,5 +1,5 @@
 """`warmshell sandbox cp` and `sandbox ls`: files in and out of a sandbox over the FileService
-(through the SDK's `AsyncFiles`), a chunk at a time.
+(through the SDK's `Files`), a chunk at a time.
 
 `parse_location` decides, purely, which argument of `cp` names the sandbox side: `NAME:PATH`
 where NAME is a sandbox name (a DNS-1123 label), anything else is a local path (`./a:b` is
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from warmshell.cli.errors import CliError, ExitCode
 
 if TYPE_CHECKING:
-    from warmshell.cli.client import Connection
+    from warmshell.sdk.client import Client
     from warmshell.sdk.files import FileInfo
 
 __all__ = ["Remote", "copy", "list_files", "listing_table", "parse_location"]
@@ -50,10 +50,8 @@ def _local_error(path: Path, exc: OSError) -> CliError:
     return CliError(f"{path}: {exc.strerror or exc}", code)
 
 
-async def copy(conn: Connection, source: str, destination: str, workspace: str) -> tuple[str, int]:
+def copy(client: Client, source: str, destination: str, workspace: str) -> tuple[str, int]:
     """Copy one file between here and a sandbox; (where it went, bytes copied)."""
-    from warmshell.sdk.files import AsyncFiles
-
     src, dst = parse_location(source), parse_location(destination)
     if isinstance(src, Remote) == isinstance(dst, Remote):
         raise CliError(
@@ -66,28 +64,25 @@ async def copy(conn: Connection, source: str, destination: str, workspace: str) 
                 raise CliError(f"{src}: is a directory (sandbox cp copies one file)", ExitCode.INVALID_ARGUMENT)
             raise _local_error(src, FileNotFoundError(2, "No such file or directory"))
         path = posixpath.join(dst.path, src.name) if dst.path.endswith("/") else dst.path
-        files = AsyncFiles(conn.channel, dst.name, workspace, metadata=conn.metadata)
+        files = client.files(dst.name, workspace=workspace)
         try:
-            size = await files.upload(src, path, mode=stat.S_IMODE(src.stat().st_mode))
+            size = files.upload(src, path, mode=stat.S_IMODE(src.stat().st_mode))
         except OSError as exc:
             raise _local_error(src, exc) from None
         return f"{dst.name}:{path}", size
     assert isinstance(src, Remote)
     target = dst / posixpath.basename(src.path) if dst.is_dir() else dst
-    files = AsyncFiles(conn.channel, src.name, workspace, metadata=conn.metadata)
+    files = client.files(src.name, workspace=workspace)
     try:
-        size = await files.download(src.path, target)
+        size = files.download(src.path, target)
     except OSError as exc:
         raise _local_error(target, exc) from None
     return str(target), size
 
 
-async def list_files(conn: Connection, name: str, path: str, workspace: str) -> list[FileInfo]:
+def list_files(client: Client, name: str, path: str, workspace: str) -> list[FileInfo]:
     """The entries of a directory in a sandbox (a relative path is under /workspace)."""
-    from warmshell.sdk.files import AsyncFiles
-
-    files = AsyncFiles(conn.channel, name, workspace, metadata=conn.metadata)
-    return await files.list(posixpath.join(WORKSPACE, path))
+    return client.files(name, workspace=workspace).list(posixpath.join(WORKSPACE, path))
 
 
 def listing_table(entries: list[FileInfo], *, now_ms: int) -> str:

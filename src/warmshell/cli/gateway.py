@@ -98,7 +98,7 @@ def _start(args: argparse.Namespace) -> int:
 def _wait(args: argparse.Namespace) -> int:
     from warmshell.cli import client, waiting
 
-    return client.run(waiting.wait_for_gateway(global_options(args), limit_seconds=args.timeout, pid=args.pid))
+    return client.run(lambda: waiting.wait_for_gateway(global_options(args), limit_seconds=args.timeout, pid=args.pid))
 
 
 def _run(config_file: Path | None, overrides: dict[str, Any]) -> int:

@@ -23,6 +23,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from warmshell.sdk.client import Client
     from warmshell.sdk.interactive import Process
 
 __all__ = ["exec_interactive", "run"]
@@ -54,30 +55,21 @@ def _feed(process: Process, fd: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The `sandbox exec -i/-t` command: where the gateway is, then `exec_interactive`; a
-    refused call exits as every other command does."""
-    import grpc
-
-    import warmshell
+    """The `sandbox exec -i/-t` command on the CLI's SDK client; a refused call exits as every
+    other command does."""
     from warmshell.cli import client
-    from warmshell.cli.errors import CliError, ExitCode
     from warmshell.cli.options import global_options, parse_pairs, workspace
 
-    options = global_options(args)
-    address = client.resolve_address(options)
     env = parse_pairs(args.env, flag="--env")
-    try:
-        return exec_interactive(args, address, client.resolve_token(options), workspace(args), env)
-    except warmshell.ApiError as exc:
-        status = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN)
-        raise CliError(exc.details, client.STATUS_EXIT_CODES.get(status, ExitCode.FAILURE), hint=exc.hint) from None
-    except warmshell.Error as exc:
-        raise CliError(str(exc)) from None
+
+    def connected() -> int:
+        with client.connect(global_options(args)) as sdk:
+            return exec_interactive(args, sdk, workspace(args), env)
+
+    return client.run(connected)
 
 
-def exec_interactive(
-    args: argparse.Namespace, address: str, token: str | None, workspace: str, env: dict[str, str]
-) -> int:
+def exec_interactive(args: argparse.Namespace, client: Client, workspace: str, env: dict[str, str]) -> int:
     """Run `args.command` in the sandbox with stdin streamed (`args.tty`: on a terminal); its
     exit status. SDK errors propagate for the caller to report."""
     import warmshell
@@ -87,52 +79,51 @@ def exec_interactive(
     if on_terminal and not os.isatty(stdin_fd):
         on_terminal = False
         print("warmshell: stdin is not a terminal; running without -t", file=sys.stderr)
-    with warmshell.Client(address=address, token=token or "", workspace=workspace) as client:
-        sandbox = client.get(args.name)
+    sandbox = client.get(args.name, workspace=workspace)
+    if on_terminal:
+        size = os.get_terminal_size(stdin_fd)
+        term = os.environ.get("TERM", "xterm")
+        process = sandbox.start(
+            args.command,
+            tty=True,
+            rows=size.lines,
+            columns=size.columns,
+            env={"TERM": term, **env},
+            workdir=args.workdir or None,
+            timeout=args.timeout or None,
+        )
+    else:
+        process = sandbox.start(args.command, env=env, workdir=args.workdir or None, timeout=args.timeout or None)
+    with process, contextlib.ExitStack() as stack:
+        previous: dict[int, Any] = {}
         if on_terminal:
-            size = os.get_terminal_size(stdin_fd)
-            term = os.environ.get("TERM", "xterm")
-            process = sandbox.start(
-                args.command,
-                tty=True,
-                rows=size.lines,
-                columns=size.columns,
-                env={"TERM": term, **env},
-                workdir=args.workdir or None,
-                timeout=args.timeout or None,
-            )
+            stack.enter_context(_raw(stdin_fd))
+
+            def resized(signo: int, frame: FrameType | None) -> None:
+                with contextlib.suppress(OSError, warmshell.Error):
+                    now = os.get_terminal_size(stdin_fd)
+                    process.resize(now.lines, now.columns)
+
+            previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, resized)
         else:
-            process = sandbox.start(args.command, env=env, workdir=args.workdir or None, timeout=args.timeout or None)
-        with process, contextlib.ExitStack() as stack:
-            previous: dict[int, Any] = {}
-            if on_terminal:
-                stack.enter_context(_raw(stdin_fd))
 
-                def resized(signo: int, frame: FrameType | None) -> None:
-                    with contextlib.suppress(OSError, warmshell.Error):
-                        now = os.get_terminal_size(stdin_fd)
-                        process.resize(now.lines, now.columns)
+            def interrupted(signo: int, frame: FrameType | None) -> None:
+                with contextlib.suppress(warmshell.Error):
+                    process.signal(signo)
 
-                previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, resized)
-            else:
-
-                def interrupted(signo: int, frame: FrameType | None) -> None:
-                    with contextlib.suppress(warmshell.Error):
-                        process.signal(signo)
-
-                for forwarded in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                    previous[forwarded] = signal.signal(forwarded, interrupted)
-            try:
-                threading.Thread(target=_feed, args=(process, stdin_fd), daemon=True).start()
-                for event in process:
-                    if event.stdout:
-                        stdout.write(event.stdout)
-                        stdout.flush()
-                    if event.stderr:
-                        sys.stderr.buffer.write(event.stderr)
-                        sys.stderr.buffer.flush()
-            finally:
-                for restored, handler in previous.items():
-                    signal.signal(restored, handler)
-        assert process.exit_code is not None
-        return process.exit_code
+            for forwarded in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                previous[forwarded] = signal.signal(forwarded, interrupted)
+        try:
+            threading.Thread(target=_feed, args=(process, stdin_fd), daemon=True).start()
+            for event in process:
+                if event.stdout:
+                    stdout.write(event.stdout)
+                    stdout.flush()
+                if event.stderr:
+                    sys.stderr.buffer.write(event.stderr)
+                    sys.stderr.buffer.flush()
+        finally:
+            for restored, handler in previous.items():
+                signal.signal(restored, handler)
+    assert process.exit_code is not None
+    return process.exit_code

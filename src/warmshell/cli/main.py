@@ -19,8 +19,10 @@ Exit codes scripts can rely on (warmshell.cli.errors.ExitCode):
 A command's own exit code can collide with these; `-o json` shows which it was.
 
 Every call starts a new interpreter, so start-up is part of every command's latency: this module
-imports only argparse and the command modules' parsers; grpc, protobuf and the renderers are
-imported by the command that runs (bench/cli_latency.py measures it).
+imports only argparse and the command modules' parsers; protobuf, the SDK and the renderers are
+imported by the command that runs, and the SDK talks to a local gateway through its light HTTP/2
+transport, so grpc and asyncio are never imported for gateway calls (bench/cli_latency.py
+measures it; tests/e2e/test_cli_imports.py guards it).
 """
 
 from __future__ import annotations

@@ -156,21 +156,15 @@ def output_is_json(args: argparse.Namespace) -> bool:
 
 
 def global_options(args: argparse.Namespace) -> GlobalOptions:
-    """The connection options of this invocation: the command's flags, then the root's, then
-    the environment (the state directory's own default is resolved by the client)."""
+    """The connection flags of this invocation: the command's, else the root's. What is not given
+    is filled by the SDK as for every caller (`warmshell.sdk.connection.resolve`: the
+    WARMSHELL_* environment, then the state directory's socket and token file)."""
 
-    def pick(name: str, env: str) -> str | None:
+    def pick(name: str) -> Any:
         value = getattr(args, name, None)
-        if value is None:
-            value = getattr(args, f"root_{name}", None)
-        return value if value is not None else os.environ.get(env) or None
+        return value if value is not None else getattr(args, f"root_{name}", None)
 
-    state_dir = getattr(args, "state_dir", None) or getattr(args, "root_state_dir", None)
-    return GlobalOptions(
-        state_dir=state_dir,
-        gateway=pick("gateway", "WARMSHELL_GATEWAY"),
-        token=pick("token", "WARMSHELL_API_TOKEN"),
-    )
+    return GlobalOptions(state_dir=pick("state_dir"), gateway=pick("gateway"), token=pick("token"))
 
 
 def bounded_float(minimum: float) -> Callable[[str], float]:

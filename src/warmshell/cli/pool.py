@@ -41,12 +41,12 @@ def _list(args: argparse.Namespace) -> int:
     request = sandbox_pb2.ListPoolsRequest(workspace=workspace(args), all_workspaces=args.all_workspaces)
     as_json = output_is_json(args)
 
-    async def body() -> int:
+    def body() -> int:
         from warmshell.cli import render
 
-        async with client.connect(global_options(args)) as conn:
-            response = await conn.stub.ListPools(request, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
+        with client.connect(global_options(args)) as sdk:
+            response = sdk.service.list_pools(request)
         print(render.to_json(response) if as_json else render.pools_view(response))
         return 0
 
-    return client.run(body())
+    return client.run(body)

@@ -1,8 +1,8 @@
 """`warmshell sandbox ...`: create, list, get, exec, delete and watch sandboxes; cp and ls files.
 
-`register` adds the flags; each handler builds its request and hands an async body to
-`client.run`. grpc, protobuf and the renderers are imported inside the handlers, so parsing and
-`--help` never pay for them.
+`register` adds the flags; each handler builds its request and hands a body to `client.run`,
+which calls the gateway through the SDK client `client.connect` opens. Protobuf and the
+renderers are imported inside the handlers, so parsing and `--help` never pay for them.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from warmshell.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
 
-    from warmshell.cli.client import Connection
+    from warmshell.sdk.client import Client
 
-    _Body = Callable[[Connection], Awaitable[int]]
+    _Body = Callable[[Client], int]
 
 __all__ = ["register"]
 
@@ -193,10 +193,11 @@ def _create(args: argparse.Namespace) -> int:
     if args.idle_timeout is not None:
         request.idle_timeout_seconds = args.idle_timeout
     human = not output_is_json(args)
-    work = creating.create(
-        global_options(args), request, detach=args.detach, ready_timeout=args.timeout, human=human, remove=args.rm
+    return client.run(
+        lambda: creating.create(
+            global_options(args), request, detach=args.detach, ready_timeout=args.timeout, human=human, remove=args.rm
+        )
     )
-    return client.run(work)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -207,10 +208,10 @@ def _list(args: argparse.Namespace) -> int:
     )
     as_json = output_is_json(args)
 
-    async def body(conn: Connection) -> int:
-        from warmshell.cli import client, render
+    def body(sdk: Client) -> int:
+        from warmshell.cli import render
 
-        response = await conn.stub.ListSandboxes(request, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
+        response = sdk.service.list_sandboxes(request)
         if as_json:
             print(render.to_json(response))
         else:
@@ -226,10 +227,10 @@ def _get(args: argparse.Namespace) -> int:
     ref = sandbox_pb2.SandboxRef(name=args.name, workspace=workspace(args))
     as_json = output_is_json(args)
 
-    async def body(conn: Connection) -> int:
-        from warmshell.cli import client, render
+    def body(sdk: Client) -> int:
+        from warmshell.cli import render
 
-        found = await conn.stub.GetSandbox(ref, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
+        found = sdk.service.get_sandbox(ref)
         print(render.to_json(found) if as_json else render.sandbox_details(found))
         return 0
 
@@ -256,12 +257,13 @@ def _exec(args: argparse.Namespace) -> int:
     )
     capture = output_is_json(args)
 
-    async def body(conn: Connection) -> int:
+    def body(sdk: Client) -> int:
         import json
 
         from warmshell.cli import streaming
+        from warmshell.sdk import calls
 
-        result = await streaming.exec_command(conn, request, capture=capture)
+        result = streaming.exec_command(sdk, request, capture=capture, timeout=calls.exec_deadline(args.timeout))
         assert result.exit_code is not None
         if capture:
             document = {
@@ -281,10 +283,10 @@ def _delete(args: argparse.Namespace) -> int:
     ref = sandbox_pb2.SandboxRef(name=args.name, workspace=workspace(args))
     as_json = output_is_json(args)
 
-    async def body(conn: Connection) -> int:
-        from warmshell.cli import client, render
+    def body(sdk: Client) -> int:
+        from warmshell.cli import render
 
-        response = await conn.stub.DeleteSandbox(ref, metadata=conn.metadata, timeout=client.UNARY_TIMEOUT_SECONDS)
+        response = sdk.service.delete_sandbox(ref)
         if as_json:
             print(render.to_json(response))
         else:
@@ -301,13 +303,13 @@ def _watch(args: argparse.Namespace) -> int:
     request = sandbox_pb2.WatchSandboxRequest(name=args.name, workspace=workspace(args), stop_on_terminal=True)
     as_json = output_is_json(args)
 
-    async def body(conn: Connection) -> int:
+    def body(sdk: Client) -> int:
         import json
 
         from warmshell.cli import render
 
         last_phase: int | None = None
-        async for event in conn.stub.WatchSandbox(request, metadata=conn.metadata):
+        for event in sdk.service.watch_sandbox(request, timeout=None):
             if as_json:
                 print(json.dumps(render.to_dict(event), sort_keys=True), flush=True)
                 continue
@@ -330,12 +332,12 @@ def _watch(args: argparse.Namespace) -> int:
 def _cp(args: argparse.Namespace) -> int:
     as_json = output_is_json(args)
 
-    async def body(conn: Connection) -> int:
+    def body(sdk: Client) -> int:
         import json
 
         from warmshell.cli import files
 
-        where, size = await files.copy(conn, args.source, args.destination, workspace(args))
+        where, size = files.copy(sdk, args.source, args.destination, workspace(args))
         if as_json:
             print(json.dumps({"destination": where, "bytes": size}, sort_keys=True))
         return 0
@@ -346,13 +348,13 @@ def _cp(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     as_json = output_is_json(args)
 
-    async def body(conn: Connection) -> int:
+    def body(sdk: Client) -> int:
         import dataclasses
         import json
 
         from warmshell.cli import files
 
-        entries = await files.list_files(conn, args.name, args.path, workspace(args))
+        entries = files.list_files(sdk, args.name, args.path, workspace(args))
         if as_json:
             print(json.dumps([dataclasses.asdict(e) for e in entries], indent=2, sort_keys=True))
         else:
@@ -365,8 +367,8 @@ def _ls(args: argparse.Namespace) -> int:
 def _with_connection(args: argparse.Namespace, body: _Body) -> int:
     from warmshell.cli import client
 
-    async def connected() -> int:
-        async with client.connect(global_options(args)) as conn:
-            return await body(conn)
+    def connected() -> int:
+        with client.connect(global_options(args)) as sdk:
+            return body(sdk)
 
-    return client.run(connected())
+    return client.run(connected)

@@ -1,5 +1,5 @@
-"""Following server streams: WatchSandbox while a create waits (live status line, workload
-output) and ExecSandbox (output as it comes, then the exit code).
+"""Following server streams from the SDK's SandboxService: WatchSandbox while a create waits
+(live status line, workload output) and ExecSandbox (output as it comes, then the exit code).
 
 Workload bytes go to this process's stdout/stderr untouched; the live status line goes to stderr
 through rich, and only when stderr is a terminal (rich is imported only then), so piped output
@@ -19,7 +19,7 @@ from warmshell.cli.errors import CliError, ExitCode
 if TYPE_CHECKING:
     from rich.status import Status
 
-    from warmshell.cli.client import Connection
+    from warmshell.sdk.client import Client
 
 __all__ = ["ExecResult", "StatusLine", "exec_command", "follow_sandbox", "write_output"]
 
@@ -86,16 +86,18 @@ def _check_not_gone(sandbox: sandbox_pb2.Sandbox) -> None:
         raise CliError(f"sandbox {sandbox.name} is being deleted", ExitCode.SANDBOX_FAILED)
 
 
-async def follow_sandbox(
-    conn: Connection,
+def follow_sandbox(
+    client: Client,
     created: sandbox_pb2.Sandbox,
     *,
     until_exit: bool,
     follow_output: bool,
     status: StatusLine,
+    timeout: float | None,
 ) -> sandbox_pb2.Sandbox:
     """Watch `created` until it is Ready (or, with `until_exit`, until its workload has exited),
-    writing its output when `follow_output`; returns the last snapshot seen.
+    writing its output when `follow_output`; returns the last snapshot seen. Past `timeout`
+    seconds the SDK raises DeadlineExceeded.
 
     With output followed, the stream is read to its end rather than left at the Error snapshot,
     so output the gateway sends before closing the stream is not lost.
@@ -108,9 +110,9 @@ async def follow_sandbox(
         stop_on_ready=not until_exit,
     )
     latest = created
-    call = conn.stub.WatchSandbox(request, metadata=conn.metadata)
+    stream = client.service.watch_sandbox(request, timeout=timeout)
     try:
-        async for event in call:
+        for event in stream:
             kind = event.WhichOneof("event")
             if kind == "sandbox":
                 latest = event.sandbox
@@ -128,7 +130,7 @@ async def follow_sandbox(
             elif kind == "deleted":
                 raise CliError(f"sandbox {created.name} was deleted", ExitCode.SANDBOX_FAILED)
     finally:
-        call.cancel()
+        stream.cancel()
     return latest
 
 
@@ -141,10 +143,13 @@ class ExecResult:
         self.stderr = bytearray()
 
 
-async def exec_command(conn: Connection, request: sandbox_pb2.ExecSandboxRequest, *, capture: bool) -> ExecResult:
-    """Run one exec: stream (or capture) its output and return once its exit code arrives."""
+def exec_command(
+    client: Client, request: sandbox_pb2.ExecSandboxRequest, *, capture: bool, timeout: float | None
+) -> ExecResult:
+    """Run one exec: stream (or capture) its output and return once its exit code arrives
+    (`timeout`: the stream's deadline, see `warmshell.sdk.calls.exec_deadline`)."""
     result = ExecResult()
-    async for event in conn.stub.ExecSandbox(request, metadata=conn.metadata):
+    for event in client.service.exec_sandbox(request, timeout=timeout):
         kind = event.WhichOneof("event")
         if kind == "stdout":
             _emit(result.stdout, sandbox_pb2.OutputChunk.STREAM_STDOUT, event.stdout, capture)

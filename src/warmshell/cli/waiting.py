@@ -3,7 +3,6 @@ block) which starts a gateway in the background never waits on a dead one for ev
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from pathlib import Path
@@ -36,9 +35,10 @@ def process_alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-async def wait_for_gateway(options: GlobalOptions, *, limit_seconds: float, pid: int | None) -> int:
+def wait_for_gateway(options: GlobalOptions, *, limit_seconds: float, pid: int | None) -> int:
     """Return 0 once a ListPools call succeeds; raise when `pid` exits or `limit_seconds` pass."""
     from warmshell.api.v1 import sandbox_pb2
+    from warmshell.sdk import errors
 
     deadline = time.monotonic() + limit_seconds
     last = "no answer yet"
@@ -48,15 +48,11 @@ async def wait_for_gateway(options: GlobalOptions, *, limit_seconds: float, pid:
                 f"the gateway (pid {pid}) exited before it answered (its error is above)", ExitCode.UNAVAILABLE
             )
         try:
-            async with client.connect(options) as conn:
-                await conn.stub.ListPools(
-                    sandbox_pb2.ListPoolsRequest(), metadata=conn.metadata, timeout=_PROBE_TIMEOUT_SECONDS
-                )
+            with client.connect(options, timeout=_PROBE_TIMEOUT_SECONDS) as sdk:
+                sdk.service.list_pools(sandbox_pb2.ListPoolsRequest())
             return 0
-        except CliError as exc:
-            if exc.code not in (ExitCode.UNAVAILABLE, ExitCode.TIMEOUT):
-                raise  # it answered, and refused us: waiting longer will not help
-            last = exc.message
+        except (errors.Unavailable, errors.DeadlineExceeded) as exc:
+            last = exc.details  # anything else: it answered, and refused us; waiting will not help
         if time.monotonic() >= deadline:
             raise CliError(f"no gateway answered within {limit_seconds:g} s: {last}", ExitCode.TIMEOUT)
-        await asyncio.sleep(POLL_INTERVAL_SECONDS)
+        time.sleep(POLL_INTERVAL_SECONDS)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from warmshell.core.ids import SandboxId
+from warmshell.core.states import Allocation, Phase
 
 __all__ = [
     "Allocation",
@@ -38,27 +38,6 @@ def now_ms() -> int:
 def now_us() -> int:
     """Wall-clock microseconds since the epoch (timelines resolve single milliseconds)."""
     return time.time_ns() // 1_000
-
-
-class Phase(StrEnum):
-    """PROVISIONING -> READY -> (EXITED | ERROR | DELETING); EXITED and ERROR are sticky.
-
-    EXITED: the workload ran and ended (its exit code says how), which is how a one-shot sandbox
-    finishes; ERROR: the sandbox itself broke (backend failed or vanished, supervisor lost).
-    """
-
-    PROVISIONING = "Provisioning"
-    READY = "Ready"
-    EXITED = "Exited"
-    ERROR = "Error"
-    DELETING = "Deleting"
-
-
-class Allocation(StrEnum):
-    """How a sandbox was obtained."""
-
-    COLD = "cold"
-    WARM = "warm"
 
 
 class _Model(BaseModel):

@@ -12,8 +12,9 @@ output, and delete them, synchronously (`Client`) or with asyncio (`AsyncClient`
 `sb.pty(...)` and `sb.start(...)` run a command with streamed stdin, on a terminal or not
 (`warmshell.sdk.interactive`).
 
-Every name is loaded on first use (`warmshell.sdk.connection`, which the CLI uses, needs none of
-grpc); `import warmshell.sdk` itself imports nothing.
+Every name is loaded on first use; `import warmshell.sdk` itself imports nothing. Underneath,
+`service.SandboxService` carries the calls over a `transport`: grpcio, or the light HTTP/2
+client (`http2`, `hpack`) that the CLI uses on a local Unix socket without importing grpc.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from warmshell.core.models import Allocation, Phase
+    from warmshell.core.states import Allocation, Phase
     from warmshell.sdk.aio import AsyncClient, AsyncSandbox
     from warmshell.sdk.client import Client, Sandbox
     from warmshell.sdk.errors import (
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "Allocation": "warmshell.core.models",
+    "Allocation": "warmshell.core.states",
     "AlreadyExists": "warmshell.sdk.errors",
     "ApiError": "warmshell.sdk.errors",
     "AsyncClient": "warmshell.sdk.aio",
@@ -63,7 +64,7 @@ _EXPORTS = {
     "NotFound": "warmshell.sdk.errors",
     "OutputEvent": "warmshell.sdk.views",
     "PermissionDenied": "warmshell.sdk.errors",
-    "Phase": "warmshell.core.models",
+    "Phase": "warmshell.core.states",
     "PoolInfo": "warmshell.sdk.views",
     "Process": "warmshell.sdk.interactive",
     "ResourceExhausted": "warmshell.sdk.errors",

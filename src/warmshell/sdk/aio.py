@@ -26,9 +26,10 @@ from grpc import aio
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.sdk import calls, connection, errors, views
-from warmshell.sdk.client import CHANNEL_OPTIONS, DEFAULT_READY_TIMEOUT_SECONDS
+from warmshell.sdk.client import DEFAULT_READY_TIMEOUT_SECONDS
 from warmshell.sdk.files import AsyncFiles
 from warmshell.sdk.interactive import AsyncProcess, StdinSource, feed_async, start_request
+from warmshell.sdk.transport import CHANNEL_OPTIONS
 
 __all__ = ["AsyncClient", "AsyncSandbox"]
 

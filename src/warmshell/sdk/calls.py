@@ -1,7 +1,9 @@
 """The pure half of every SDK call, shared by the sync and the async client: building the
 request messages from keyword arguments, and deciding what each streamed event means.
 
-The clients only move these messages over their channel, so both behave identically.
+The clients only move these messages over their channel, so both behave identically. The
+views (dataclasses, whose import and creation cost a CLI call milliseconds) are imported where a
+message is first turned into one: the CLI renders the messages and never needs them.
 """
 
 from __future__ import annotations
@@ -9,9 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.sdk import errors, views
+from warmshell.sdk import errors
+
+if TYPE_CHECKING:
+    from warmshell.sdk import views
 
 __all__ = [
     "EXEC_DEADLINE_MARGIN_SECONDS",
@@ -128,6 +134,8 @@ def label_selector(labels: Mapping[str, str] | None) -> str:
 
 def output_event(event: pb.ExecEvent) -> views.OutputEvent:
     """One ExecEvent as the SDK yields it."""
+    from warmshell.sdk import views
+
     kind = event.WhichOneof("event")
     if kind == "stdout":
         return views.OutputEvent(stdout=event.stdout)
@@ -150,6 +158,8 @@ def ready_outcome(sandbox: pb.Sandbox) -> WaitOutcome:
 
 def failure(sandbox: pb.Sandbox | None, *, name: str, deleted: bool = False) -> errors.SandboxError:
     """The SandboxError for a sandbox that failed (or vanished) while waited on."""
+    from warmshell.sdk import views
+
     info = views.sandbox_info(sandbox) if sandbox is not None else None
     if deleted or info is None:
         return errors.SandboxError(f"sandbox {name} was deleted", reason="Deleted", sandbox=info)
@@ -207,6 +217,8 @@ class ExitFold:
 
     def result(self) -> views.ExecResult:
         """The workload's result once the stream has ended; SandboxError if it did not exit."""
+        from warmshell.sdk import views
+
         last = self.last
         if last is None or ready_outcome(last) is not WaitOutcome.EXITED:
             raise failure(last, name=self.name)
@@ -235,6 +247,8 @@ class ExecFold:
 
     def result(self, duration_ms: float) -> views.ExecResult:
         """The finished command (an Error if the stream ended without an exit code)."""
+        from warmshell.sdk import views
+
         if self.exit_code is None:
             raise errors.Error("the exec stream ended without an exit code")
         return views.ExecResult(self.exit_code, bytes(self.stdout), bytes(self.stderr), duration_ms)

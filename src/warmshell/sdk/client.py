@@ -1,11 +1,16 @@
-"""The synchronous SDK: `Client` (one gRPC channel to one gateway) and `Sandbox` (a handle on one
+"""The synchronous SDK: `Client` (one transport to one gateway) and `Sandbox` (a handle on one
 sandbox). The requests and the meaning of each streamed event come from `calls`, shared with the
-async client; this module only moves messages over a blocking channel.
+async client; the messages move through `service.SandboxService` over a `transport` (grpcio by
+default; `transport="http2"` for the light client the CLI uses on a Unix socket).
 
 Thread safety: a `Client` may be shared by any number of threads. Its only shared state is the
-grpc channel, which is itself thread-safe (calls from several threads are multiplexed on one
-HTTP/2 connection), the immutable call metadata, and a lock that makes `close()` idempotent.
-Each call builds its own request and reads its own stream, so nothing else needs a lock.
+transport, which is itself thread-safe (grpcio multiplexes calls on one HTTP/2 connection; the
+HTTP/2 transport gives each call a connection of its own), the immutable call metadata, and a
+lock that makes `close()` idempotent. Each call builds its own request and reads its own
+stream, so nothing else needs a lock.
+
+The views are imported by the calls that return one (see `calls`): constructing a Client and
+using `client.service`, as the CLI does, never loads them.
 """
 
 from __future__ import annotations
@@ -18,32 +23,34 @@ import time
 from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
-
-import grpc
+from typing import TYPE_CHECKING, Self
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.sdk import calls, connection, errors, views
-from warmshell.sdk.files import Files
-from warmshell.sdk.interactive import Process, StdinSource, start_request, stdin_requests
+from warmshell.sdk import calls, connection, errors
+from warmshell.sdk import transport as transport_module
+from warmshell.sdk.service import SandboxService
 
-__all__ = ["CHANNEL_OPTIONS", "Client", "Sandbox"]
+if TYPE_CHECKING:
+    import grpc
 
-# The gateway sends up to 16 MiB in one message (a long ListSandboxes); grpc's default is 4 MiB.
-CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 16 * 1024 * 1024),)
+    from warmshell.api.v1 import sandbox_pb2_grpc
+    from warmshell.sdk import views
+    from warmshell.sdk.files import Files
+    from warmshell.sdk.interactive import Process, StdinSource
+
+__all__ = ["DEFAULT_READY_TIMEOUT_SECONDS", "Client", "Sandbox"]
+
 DEFAULT_READY_TIMEOUT_SECONDS = 120.0
-
-
-def _cancel(call: grpc.CallIterator[pb.SandboxEvent] | grpc.CallIterator[pb.ExecEvent]) -> None:
-    """Stop a server stream we no longer read (a no-op once it has ended)."""
-    call.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave RpcContext.cancel untyped
 
 
 class Client:
     """A connection to one gateway. Finds it the way the CLI does (`address`, else
     $WARMSHELL_GATEWAY, else the state directory's socket; `token`, else $WARMSHELL_API_TOKEN,
-    else `<state dir>/api-token`). Close it (or use `with`) to release the channel."""
+    else `<state dir>/api-token`). Close it (or use `with`) to release the channel.
+
+    `transport`: "grpcio" (the default) or "http2", the light client for a Unix socket (see
+    `warmshell.sdk.transport`; $WARMSHELL_TRANSPORT overrides it). `service` is the wire layer
+    underneath (protobuf messages in and out), for tools that render the messages themselves."""
 
     def __init__(
         self,
@@ -53,14 +60,15 @@ class Client:
         state_dir: Path | str | None = None,
         workspace: str | None = None,
         timeout: float = calls.UNARY_TIMEOUT_SECONDS,
+        transport: str = "grpcio",
     ) -> None:
         target = connection.resolve(address=address, token=token, state_dir=state_dir, workspace=workspace)
         self.address = target.address
         self.workspace = target.workspace
         self.timeout = timeout
         self._metadata = (("authorization", f"Bearer {target.token}"),) if target.token else ()
-        self._channel = grpc.insecure_channel(target.address, options=CHANNEL_OPTIONS)
-        self._stub = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+        self._transport = transport_module.open_transport(target.address, transport)
+        self.service = SandboxService(self._transport, self._metadata, timeout=timeout)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -69,16 +77,13 @@ class Client:
         with self._lock:
             if not self._closed:
                 self._closed = True
-                self._channel.close()
+                self._transport.close()
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _translating(self) -> contextlib.AbstractContextManager[None]:
-        return errors.translating(self.address)
 
     def create(
         self,
@@ -102,6 +107,8 @@ class Client:
         one not Ready within `ready_timeout` raises DeadlineExceeded. Either way it is deleted:
         a failed create leaves nothing behind. With `auto_delete`, `wait_exit()` deletes it once
         it has returned the workload's output."""
+        from warmshell.sdk import views
+
         request = calls.create_request(
             name=name,
             workspace=self.workspace if workspace is None else workspace,
@@ -115,8 +122,7 @@ class Client:
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
         )
-        with self._translating():
-            created = self._stub.CreateSandbox(request, metadata=self._metadata, timeout=self.timeout)
+        created = self.service.create_sandbox(request)
         sandbox = Sandbox(self, views.sandbox_info(created), auto_delete=auto_delete)
         try:
             sandbox.last_info = views.sandbox_info(self._wait_ready(created, ready_timeout))
@@ -133,18 +139,17 @@ class Client:
         request = pb.WatchSandboxRequest(
             name=created.name, workspace=created.workspace, stop_on_terminal=True, stop_on_ready=True
         )
-        call = self._stub.WatchSandbox(request, metadata=self._metadata, timeout=timeout)
+        stream = self.service.watch_sandbox(request, timeout=timeout)
         try:
-            with self._translating():
-                for event in call:
-                    if fold.feed(event):
-                        return fold.last
+            for event in stream:
+                if fold.feed(event):
+                    return fold.last
         except errors.DeadlineExceeded:
             raise errors.DeadlineExceeded(
                 f"sandbox {created.name} was not Ready within {timeout:g} s", code="DEADLINE_EXCEEDED"
             ) from None
         finally:
-            _cancel(call)
+            stream.cancel()
         raise calls.failure(fold.last, name=created.name)
 
     def get(self, name: str, *, workspace: str | None = None) -> Sandbox:
@@ -152,11 +157,34 @@ class Client:
         return Sandbox(self, self._get_info(name, self.workspace if workspace is None else workspace))
 
     def _get_info(self, name: str, workspace: str) -> views.SandboxInfo:
-        with self._translating():
-            message = self._stub.GetSandbox(
-                pb.SandboxRef(name=name, workspace=workspace), metadata=self._metadata, timeout=self.timeout
-            )
-        return views.sandbox_info(message)
+        from warmshell.sdk import views
+
+        return views.sandbox_info(self.service.get_sandbox(pb.SandboxRef(name=name, workspace=workspace)))
+
+    @property
+    def _channel(self) -> grpc.Channel:
+        """A grpcio channel to the gateway for the calls the transport does not carry (client
+        and bidirectional streaming: file writes, interactive sessions); opened on first use."""
+        return self._transport.grpc_channel()
+
+    @property
+    def _stub(self) -> sandbox_pb2_grpc.SandboxServiceStub:
+        """The SandboxService stub on `_channel`, for the same calls."""
+        from warmshell.api.v1 import sandbox_pb2_grpc
+
+        return sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+
+    def files(self, name: str, *, workspace: str | None = None) -> Files:
+        """The files of sandbox `name` (what `get(name).files` is, without fetching it first)."""
+        from warmshell.sdk.files import Files
+
+        return Files(
+            self._channel,
+            name,
+            self.workspace if workspace is None else workspace,
+            metadata=self._metadata,
+            translate=functools.partial(errors.from_rpc_error, address=self.address),
+        )
 
     def list(
         self,
@@ -166,23 +194,23 @@ class Client:
         all_workspaces: bool = False,
     ) -> builtins.list[views.SandboxInfo]:
         """Sandboxes of the workspace (or every workspace) carrying all of `labels`."""
+        from warmshell.sdk import views
+
         request = pb.ListSandboxesRequest(
             workspace=self.workspace if workspace is None else workspace,
             all_workspaces=all_workspaces,
             label_selector=calls.label_selector(labels),
         )
-        with self._translating():
-            response = self._stub.ListSandboxes(request, metadata=self._metadata, timeout=self.timeout)
-        return [views.sandbox_info(s) for s in response.sandboxes]
+        return [views.sandbox_info(s) for s in self.service.list_sandboxes(request).sandboxes]
 
     def pools(self, *, workspace: str | None = None, all_workspaces: bool = False) -> builtins.list[views.PoolInfo]:
         """Warm pools of the workspace (or every workspace), with their hit counts."""
+        from warmshell.sdk import views
+
         request = pb.ListPoolsRequest(
             workspace=self.workspace if workspace is None else workspace, all_workspaces=all_workspaces
         )
-        with self._translating():
-            response = self._stub.ListPools(request, metadata=self._metadata, timeout=self.timeout)
-        return [views.pool_info(p) for p in response.pools]
+        return [views.pool_info(p) for p in self.service.list_pools(request).pools]
 
 
 class Sandbox:
@@ -196,14 +224,14 @@ class Sandbox:
         self.id = info.id
         self.auto_delete = auto_delete
         self.last_info = info
-        self.files = Files(
-            client._channel,
-            self.name,
-            self.workspace,
-            metadata=client._metadata,
-            translate=functools.partial(errors.from_rpc_error, address=client.address),
-        )
+        self._files: Files | None = None
+
+    @property
+    def files(self) -> Files:
         """Read, write, list, stat, remove and mkdir inside the sandbox (`warmshell.sdk.files`)."""
+        if self._files is None:
+            self._files = self.client.files(self.name, workspace=self.workspace)
+        return self._files
 
     def __repr__(self) -> str:
         return f"Sandbox({self.workspace}/{self.name}, {self.last_info.phase.value})"
@@ -228,7 +256,7 @@ class Sandbox:
         workdir: str | None,
         timeout: float | None,
         stdin: bytes | str | StdinSource,
-    ) -> grpc.CallIterator[pb.ExecEvent]:
+    ) -> transport_module.ServerStream[pb.ExecEvent]:
         streamed = not isinstance(stdin, bytes | str)
         request = calls.exec_request(
             name=self.name,
@@ -240,10 +268,16 @@ class Sandbox:
             stdin=b"" if streamed else stdin,  # type: ignore[arg-type]
         )
         deadline = calls.exec_deadline(timeout)
-        if streamed:  # read lazily, as fast as the command takes it
-            requests = stdin_requests(start_request(request, tty=False), stdin)  # type: ignore[arg-type]
-            return self.client._stub.ExecSandboxStream(requests, metadata=self.client._metadata, timeout=deadline)
-        return self.client._stub.ExecSandbox(request, metadata=self.client._metadata, timeout=deadline)
+        if not streamed:
+            return self.client.service.exec_sandbox(request, timeout=deadline)
+        # Client streaming is grpcio's (the light transport carries no request streams); stdin
+        # is read lazily, as fast as the command takes it.
+        from warmshell.sdk.interactive import start_request, stdin_requests
+
+        requests = stdin_requests(start_request(request, tty=False), stdin)  # type: ignore[arg-type]
+        with errors.translating(self.client.address):
+            call = self.client._stub.ExecSandboxStream(requests, metadata=self.client._metadata, timeout=deadline)
+        return transport_module.GrpcStream(call, self.client.address)
 
     def start(
         self,
@@ -259,11 +293,13 @@ class Sandbox:
         """Start a command whose stdin you stream (`send`, `close_stdin`), that you can `signal`,
         and read its output as it comes (`recv`, iteration, `wait`). With `tty`, it runs on a
         pseudo-terminal in the sandbox of `rows` x `columns` (see `pty`)."""
+        from warmshell.sdk.interactive import Process, start_request
+
         request = calls.exec_request(
             name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=b""
         )
         start = start_request(request, tty=tty, rows=rows, columns=columns)
-        with self.client._translating():
+        with errors.translating(self.client.address):
             return Process(
                 lambda requests: self.client._stub.ExecSandboxStream(
                     requests, metadata=self.client._metadata, timeout=calls.exec_deadline(timeout)
@@ -301,9 +337,8 @@ class Sandbox:
         iterable of byte chunks or a binary file, streamed as the command reads it."""
         started = time.perf_counter()
         fold = calls.ExecFold()
-        with self.client._translating():
-            for event in self._exec_call(argv, env, workdir, timeout, stdin):
-                fold.feed(event)
+        for event in self._exec_call(argv, env, workdir, timeout, stdin):
+            fold.feed(event)
         return fold.result((time.perf_counter() - started) * 1000)
 
     def run_stream(
@@ -317,29 +352,29 @@ class Sandbox:
     ) -> Generator[views.OutputEvent, None, None]:
         """Run a command and yield its output as it comes, then one event with the exit code.
         Leaving the loop early (or closing the iterator) stops the command."""
-        call = self._exec_call(argv, env, workdir, timeout, stdin)
+        stream = self._exec_call(argv, env, workdir, timeout, stdin)
         try:
-            with self.client._translating():
-                for event in call:
-                    yield calls.output_event(event)
+            for event in stream:
+                yield calls.output_event(event)
         finally:
-            _cancel(call)
+            stream.cancel()
 
     def wait_exit(self, timeout: float | None = None) -> views.ExecResult:
         """Wait for the workload (`create(command=...)`) to exit and return its exit code and
         all its output (`duration_ms`: how long it ran). Deletes the sandbox afterwards when it
         was created with `auto_delete`."""
+        from warmshell.sdk import views
+
         fold = calls.ExitFold(self.name)
         request = pb.WatchSandboxRequest(
             name=self.name, workspace=self.workspace, follow_output=True, stop_on_terminal=True
         )
-        call = self.client._stub.WatchSandbox(request, metadata=self.client._metadata, timeout=timeout)
+        stream = self.client.service.watch_sandbox(request, timeout=timeout)
         try:
-            with self.client._translating():
-                for event in call:
-                    fold.feed(event)
+            for event in stream:
+                fold.feed(event)
         finally:
-            _cancel(call)
+            stream.cancel()
         if fold.last is not None:
             self.last_info = views.sandbox_info(fold.last)
         result = fold.result()
@@ -349,18 +384,17 @@ class Sandbox:
 
     def refresh_ttl(self, ttl_seconds: int) -> views.SandboxInfo:
         """Let the sandbox live `ttl_seconds` from now (InvalidArgument beyond the maximum)."""
+        from warmshell.sdk import views
+
         request = pb.RefreshTtlRequest(name=self.name, workspace=self.workspace, ttl_seconds=ttl_seconds)
-        with self.client._translating():
-            message = self.client._stub.RefreshTtl(request, metadata=self.client._metadata, timeout=self.client.timeout)
-        self.last_info = views.sandbox_info(message)
+        self.last_info = views.sandbox_info(self.client.service.refresh_ttl(request))
         return self.last_info
 
     def delete(self) -> bool:
         """Delete the sandbox; False when it was already gone (never raises NotFound)."""
         request = pb.SandboxRef(name=self.name, workspace=self.workspace)
         try:
-            with self.client._translating():
-                self.client._stub.DeleteSandbox(request, metadata=self.client._metadata, timeout=self.client.timeout)
+            self.client.service.delete_sandbox(request)
         except errors.NotFound:
             return False
         return True

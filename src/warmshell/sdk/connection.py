@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from warmshell.core import paths
+from warmshell.sdk import errors
 
 __all__ = ["Target", "read_token_file", "resolve", "target_address", "unix_socket_path"]
 
@@ -19,9 +20,9 @@ ENV_TOKEN = "WARMSHELL_API_TOKEN"
 ENV_WORKSPACE = "WARMSHELL_WORKSPACE"
 
 
-@dataclass(frozen=True)
-class Target:
-    """A gRPC target, the bearer token for it (None: present none), and the default workspace."""
+class Target(NamedTuple):
+    """A gRPC target, the bearer token for it (None: present none), and the default workspace.
+    (A NamedTuple: the dataclasses module costs the CLI's every call milliseconds to import.)"""
 
     address: str
     token: str | None
@@ -37,11 +38,16 @@ def target_address(gateway: str | None, state_dir: Path) -> str:
 
 
 def read_token_file(path: Path) -> str | None:
-    """The token stored at `path`, or None when there is no such file (other OSErrors propagate)."""
+    """The token stored at `path`, or None when there is no such file; one that cannot be read
+    raises Unauthenticated naming the file and why."""
     try:
         return path.read_text().strip() or None
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise errors.Unauthenticated(
+            f"cannot read the API token at {path}: {exc.strerror or exc}", code="UNAUTHENTICATED"
+        ) from None
 
 
 def unix_socket_path(address: str) -> Path | None:

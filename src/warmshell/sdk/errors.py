@@ -1,19 +1,22 @@
 """What the SDK raises: one named exception per gRPC status a caller acts on, and SandboxError
-for a sandbox that failed on its own. A raw `grpc.RpcError` never escapes the SDK; `translating`
-is the one place it is converted, for the sync and the async client alike.
+for a sandbox that failed on its own. A raw `grpc.RpcError` never escapes the SDK: `error_for`
+is the one map from a status to an exception, used by `translating` (grpcio, sync and async)
+and by the HTTP/2 transport alike.
+
+Free of grpc (it is imported by `translating` when that runs), so the CLI can use these names
+without paying for importing it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-import grpc
-
-from warmshell.sdk import connection
-
 if TYPE_CHECKING:
+    import grpc
+
     from warmshell.sdk.views import SandboxInfo
 
 __all__ = [
@@ -31,6 +34,8 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "error_for",
+    "from_rpc_error",
+    "no_gateway_socket",
     "translating",
 ]
 
@@ -116,48 +121,62 @@ class SandboxError(Error):
         self.sandbox = sandbox
 
 
-_CLASSES: dict[grpc.StatusCode, type[ApiError]] = {
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-    grpc.StatusCode.ABORTED: Conflict,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+# gRPC status name -> the exception raised for it; the others raise ApiError itself.
+_CLASSES: dict[str, type[ApiError]] = {
+    "NOT_FOUND": NotFound,
+    "ALREADY_EXISTS": AlreadyExists,
+    "INVALID_ARGUMENT": InvalidArgument,
+    "OUT_OF_RANGE": InvalidArgument,
+    "FAILED_PRECONDITION": FailedPrecondition,
+    "ABORTED": Conflict,
+    "PERMISSION_DENIED": PermissionDenied,
+    "UNAUTHENTICATED": Unauthenticated,
+    "UNAVAILABLE": Unavailable,
+    "RESOURCE_EXHAUSTED": ResourceExhausted,
+    "DEADLINE_EXCEEDED": DeadlineExceeded,
 }
 
 
-def error_for(code: grpc.StatusCode, details: str, *, address: str = "") -> ApiError:
-    """The exception for a failed call's status (pure: the whole mapping, unit-tested)."""
-    details = details or code.name
+def error_for(code: str, details: str, *, address: str = "") -> ApiError:
+    """The exception for a failed call's status name, e.g. "NOT_FOUND" (pure: the whole
+    mapping, unit-tested)."""
+    details = details or code
     kind = _CLASSES.get(code, ApiError)
     if kind is Unavailable:
         where = f"gateway at {address}" if address else "gateway"
-        return Unavailable(f"{where} is unavailable: {details}", code=code.name, hint=_START_HINT)
+        return Unavailable(f"{where} is unavailable: {details}", code=code, hint=_START_HINT)
     if kind is Unauthenticated:
-        return Unauthenticated(details, code=code.name, hint=_TOKEN_HINT)
+        return Unauthenticated(details, code=code, hint=_TOKEN_HINT)
     if kind is InvalidArgument:
-        return InvalidArgument(details, code=code.name)
-    return kind(details, code=code.name)
+        return InvalidArgument(details, code=code)
+    return kind(details, code=code)
+
+
+def no_gateway_socket(path: Path) -> Unavailable:
+    """What a call to a Unix socket that does not exist raises (says exactly what is wrong,
+    where grpc reports a generic connect failure)."""
+    return Unavailable(f"no gateway socket at {path}", code="UNAVAILABLE", hint=_START_HINT)
 
 
 def from_rpc_error(exc: grpc.RpcError, *, address: str = "") -> ApiError:
-    """The SDK exception for a failed RPC (what `translating` raises; `sandbox.files` uses it)."""
+    """The SDK exception for a failed grpcio RPC (what `translating` raises; files use it)."""
+    import grpc
+
+    from warmshell.sdk import connection
+
     call = cast(grpc.Call, exc)  # every RpcError grpc raises for a call is also a Call
     code, details = call.code(), call.details() or ""
     socket = connection.unix_socket_path(address)
     if code is grpc.StatusCode.UNAVAILABLE and socket is not None and not socket.exists():
-        details = f"no gateway socket at {socket}"
-    return error_for(code, details, address=address)
+        return no_gateway_socket(socket)
+    return error_for(code.name, details, address=address)
 
 
 @contextmanager
 def translating(address: str) -> Iterator[None]:
-    """Turn a failed RPC inside the block into the matching SDK exception."""
+    """Turn a failed grpcio RPC inside the block into the matching SDK exception."""
+    import grpc
+
     try:
         yield
     except grpc.RpcError as exc:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.core.models import Allocation, Phase
+from warmshell.core.states import Allocation, Phase
 
 __all__ = [
     "Condition",

@@ -38,9 +38,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliGateway]:
         assert status == 0, f"gateway exited with {status} after SIGTERM:\n{running.log()}"
 
 
-@pytest.fixture
-def client(gateway: CliGateway) -> Iterator[warmshell.Client]:
-    with warmshell.Client(state_dir=gateway.state_dir) as client:
+@pytest.fixture(params=["grpcio", "http2"])
+def client(gateway: CliGateway, request: pytest.FixtureRequest) -> Iterator[warmshell.Client]:
+    """A sync client on each transport: every sync test is also the two transports' conformance test."""
+    with warmshell.Client(state_dir=gateway.state_dir, transport=request.param) as client:
         try:
             yield client
         finally:

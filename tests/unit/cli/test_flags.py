@@ -10,6 +10,7 @@ import pytest
 from warmshell.cli import client, main
 from warmshell.cli.errors import CliError, ExitCode
 from warmshell.cli.options import GlobalOptions, parse_pairs, parse_secrets
+from warmshell.sdk import http2
 
 
 def test_parse_pairs_splits_on_the_first_equals() -> None:
@@ -28,7 +29,9 @@ def test_parse_pairs_rejects_malformed_values_naming_the_flag(values: list[str],
 
 
 def test_every_grpc_status_has_an_exit_code() -> None:
-    assert set(client.STATUS_EXIT_CODES) == set(grpc.StatusCode)
+    assert set(client.STATUS_EXIT_CODES) == {code.name for code in grpc.StatusCode} == set(http2.STATUS_NAMES)
+    # The HTTP/2 client numbers them as the protocol does.
+    assert [http2.STATUS_NAMES.index(code.name) for code in grpc.StatusCode] == [c.value[0] for c in grpc.StatusCode]
 
 
 def test_exit_codes_are_distinct() -> None:
@@ -36,8 +39,8 @@ def test_exit_codes_are_distinct() -> None:
 
 
 def test_address_defaults_to_the_state_dir_socket(tmp_path: Path) -> None:
-    options = GlobalOptions(state_dir=tmp_path)
-    assert client.resolve_address(options) == f"unix://{tmp_path}/gateway.sock"
+    with client.connect(GlobalOptions(state_dir=tmp_path)) as sdk:
+        assert sdk.address == f"unix://{tmp_path}/gateway.sock"
 
 
 @pytest.mark.parametrize(
@@ -49,14 +52,32 @@ def test_address_defaults_to_the_state_dir_socket(tmp_path: Path) -> None:
     ],
 )
 def test_address_from_gateway_flag(given: str, expected: str) -> None:
-    assert client.resolve_address(GlobalOptions(gateway=given)) == expected
+    with client.connect(GlobalOptions(gateway=given)) as sdk:
+        assert sdk.address == expected
 
 
-def test_token_comes_from_the_flag_then_the_state_dir(tmp_path: Path) -> None:
-    assert client.resolve_token(GlobalOptions(state_dir=tmp_path)) is None
+def _bearer(options: GlobalOptions) -> str | None:
+    with client.connect(options) as sdk:
+        metadata = dict(sdk.service.metadata)
+    return metadata.get("authorization")
+
+
+def test_token_comes_from_the_flag_then_the_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WARMSHELL_API_TOKEN", raising=False)
+    assert _bearer(GlobalOptions(state_dir=tmp_path)) is None
     (tmp_path / "api-token").write_text("from-file\n")
-    assert client.resolve_token(GlobalOptions(state_dir=tmp_path)) == "from-file"
-    assert client.resolve_token(GlobalOptions(state_dir=tmp_path, token="flag")) == "flag"
+    assert _bearer(GlobalOptions(state_dir=tmp_path)) == "Bearer from-file"
+    assert _bearer(GlobalOptions(state_dir=tmp_path, token="flag")) == "Bearer flag"
+
+
+def test_an_unreadable_token_file_is_unauthenticated_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("WARMSHELL_API_TOKEN", raising=False)
+    (tmp_path / "api-token").mkdir()  # reading a directory fails with EISDIR, even as root
+    code = main.run(["--state-dir", str(tmp_path), "sandbox", "list"])
+    assert code == ExitCode.UNAUTHENTICATED
+    assert f"error: cannot read the API token at {tmp_path}/api-token: Is a directory" in capsys.readouterr().err
 
 
 def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,7 +27,7 @@ NAMED = {
 
 @pytest.mark.parametrize("code", [c for c in grpc.StatusCode if c is not grpc.StatusCode.OK])
 def test_every_failure_status_maps_to_an_sdk_error(code: grpc.StatusCode) -> None:
-    error = errors.error_for(code, "it broke", address="unix:///x")
+    error = errors.error_for(code.name, "it broke", address="unix:///x")
     assert isinstance(error, errors.ApiError)
     assert isinstance(error, errors.Error)
     assert type(error) is NAMED.get(code, errors.ApiError)
@@ -36,22 +36,22 @@ def test_every_failure_status_maps_to_an_sdk_error(code: grpc.StatusCode) -> Non
 
 
 def test_invalid_argument_carries_the_field_and_the_rule() -> None:
-    error = errors.error_for(grpc.StatusCode.INVALID_ARGUMENT, "ttl_seconds: at most 3600 (the gateway's maximum)")
+    error = errors.error_for("INVALID_ARGUMENT", "ttl_seconds: at most 3600 (the gateway's maximum)")
     assert isinstance(error, errors.InvalidArgument)
     assert error.field == "ttl_seconds"
     assert error.rule == "at most 3600 (the gateway's maximum)"
-    bare = errors.error_for(grpc.StatusCode.INVALID_ARGUMENT, "no field named")
+    bare = errors.error_for("INVALID_ARGUMENT", "no field named")
     assert isinstance(bare, errors.InvalidArgument)
     assert (bare.field, bare.rule) == ("", "no field named")
 
 
 def test_unavailable_and_unauthenticated_say_what_to_do() -> None:
-    down = errors.error_for(grpc.StatusCode.UNAVAILABLE, "connect failed", address="unix:///s.sock")
+    down = errors.error_for("UNAVAILABLE", "connect failed", address="unix:///s.sock")
     assert str(down).startswith("gateway at unix:///s.sock is unavailable: connect failed")
     assert "warmshell gateway start" in down.hint
-    refused = errors.error_for(grpc.StatusCode.UNAUTHENTICATED, "bad token")
+    refused = errors.error_for("UNAUTHENTICATED", "bad token")
     assert "WARMSHELL_API_TOKEN" in refused.hint
-    assert isinstance(errors.error_for(grpc.StatusCode.DEADLINE_EXCEEDED, ""), TimeoutError)
+    assert isinstance(errors.error_for("DEADLINE_EXCEEDED", ""), TimeoutError)
 
 
 def test_a_real_rpc_failure_is_translated_never_raw(tmp_path: Path) -> None:

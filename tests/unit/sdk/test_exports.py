@@ -22,9 +22,20 @@ def test_import_warmshell_loads_neither_grpc_nor_the_sdk() -> None:
         "import sys, warmshell; "
         "assert 'grpc' not in sys.modules and 'warmshell.sdk.client' not in sys.modules, sorted(sys.modules); "
         "warmshell.Client; "
+        "assert 'warmshell.sdk.client' in sys.modules and 'grpc' not in sys.modules; "
+        "warmshell.Client(address='unix:///nowhere', token='t').close(); "
         "assert 'grpc' in sys.modules"
     )
-    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+
+
+def test_a_client_on_the_http2_transport_never_loads_grpc() -> None:
+    probe = (
+        "import sys, warmshell; "
+        "warmshell.Client(address='unix:///nowhere', token='t', transport='http2').close(); "
+        "assert 'grpc' not in sys.modules and 'asyncio' not in sys.modules, sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
 
 
 def test_the_connection_helpers_load_without_grpc() -> None:
