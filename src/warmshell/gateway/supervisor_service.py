@@ -131,8 +131,10 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             if record is None or record.status.phase == Phase.DELETING:
                 raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
             session = self._open_session(claims)
-        except (WarmshellError, Unauthenticated) as exc:
-            await abort_for(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await abort_for(context, exc, "ConnectSupervisor")
         metrics.SESSIONS.set(len(self._manager.sessions))
         interval_ms = int(self._heartbeat * 1000)
         session.send(
@@ -152,8 +154,10 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
                 if message is None:
                     return
                 yield message
-        except WarmshellError as exc:
-            await abort_for(context, exc)  # e.g. UNAVAILABLE: the supervisor retries
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await abort_for(context, exc, "ConnectSupervisor")  # e.g. UNAVAILABLE: the supervisor retries
         finally:
             for task in (reader, ticker):
                 task.cancel()
