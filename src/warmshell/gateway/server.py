@@ -295,19 +295,16 @@ class Gateway:
             log.info("gateway stopped")
 
 
-# Young-generation collections at 50x the interpreter's default allocation count: a create
-# allocates thousands of short-lived objects, most of them freed by reference counting, and at
-# the default (700) collections ran every few creates; the older generations follow from it.
-GC_THRESHOLDS = (35_000, 20, 20)
-
-
-def tune_gc() -> None:
+def tune_gc(young_threshold: int) -> None:
     """After start-up: move everything allocated so far (modules, the wiring, the protobuf and
     pydantic machinery) out of the collector's sight for good, collect the young generation
-    less often (see bench/README.md for the measured pauses), and time every collection."""
+    every `young_threshold` allocations (a create allocates thousands of short-lived objects,
+    nearly all freed by reference counting; see bench/README.md for the measured pauses), and
+    time every collection."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(young_threshold, middle, old)
     started = 0.0
 
     def timed(phase: str, info: dict[str, int]) -> None:
@@ -330,7 +327,7 @@ async def serve(config: GatewayConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await gateway.start()
-    tune_gc()
+    tune_gc(config.gc_young_threshold)
     try:
         await stop.wait()
     finally:
