@@ -297,10 +297,9 @@ class Gateway:
 
 def tune_gc(young_threshold: int) -> None:
     """After start-up: move everything allocated so far (modules, the wiring, the protobuf and
-    pydantic machinery) out of the collector's sight for good, collect the young generation
-    every `young_threshold` allocations (a create allocates thousands of short-lived objects,
-    nearly all freed by reference counting; see bench/README.md for the measured pauses), and
-    time every collection."""
+    pydantic machinery) out of the collector's sight for good, so that no collection traverses
+    it again; collect the young generation every `young_threshold` allocations; and time every
+    collection (bench/README.md has the pauses measured)."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
