@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from warmshell.core.errors import AlreadyExistsError, ConflictError
+from warmshell.core.errors import AlreadyExistsError, ConflictError, UnavailableError
 from warmshell.gateway.store.sqlite import open_sqlite_store
 
 
@@ -104,5 +104,22 @@ async def test_a_cancelled_caller_does_not_break_the_store(tmp_path: Path) -> No
         assert len(await store.list("sandbox")) in (0, 1)
         await store.create(kind="sandbox", id="2", name="b", workspace="default", payload="{}")
         assert (await store.get("sandbox", "2")) is not None
+    finally:
+        await store.aclose()
+
+
+async def test_a_failing_operation_leaves_the_worker_serving(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "s.db")
+    try:
+        with pytest.raises(UnavailableError, match="no such table"):
+            await store._fetch("SELECT * FROM missing", ())
+
+        def broken(conn: object) -> None:
+            raise TypeError("a bug in an operation")
+
+        with pytest.raises(TypeError):
+            await store._submit(broken, write=True)
+        await store.create(kind="sandbox", id="1", name="a", workspace="default", payload="{}")
+        assert (await store.get("sandbox", "1")) is not None
     finally:
         await store.aclose()

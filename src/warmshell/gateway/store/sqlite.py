@@ -120,7 +120,14 @@ class SqliteStore:
                     stop = True
                     break
                 batch.append(item)
-            self._run_batch(batch)
+            try:
+                self._run_batch(batch)
+            except Exception as exc:  # a bug in an operation: fail its batch, keep the worker
+                with contextlib.suppress(sqlite3.Error):
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                for op in batch:
+                    op.outcome = (False, exc)
             self.batches += 1
             self._loop.call_soon_threadsafe(_settle, batch)
             if stop:
@@ -130,7 +137,10 @@ class SqliteStore:
         conn = self._conn
         if not any(op.write for op in batch):
             for op in batch:
-                op.outcome = _outcome(op, conn)
+                try:
+                    op.outcome = _outcome(op, conn)
+                except sqlite3.Error as exc:  # a read fails alone
+                    op.outcome = (False, exc)
             return
         savepoints = len(batch) > 1  # a lone write's failure undoes its whole transaction instead
         for attempt in (1, 2):
