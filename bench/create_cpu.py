@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 
 from harness import GatewayProcess, gateway_process, summary, write_results
+from warm_path import descendants, wait_idle, write_profile
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 
@@ -63,46 +64,9 @@ def thread_cpu_ms(pid: int) -> dict[str, float]:
     return dict(result)
 
 
-def descendant_count(root: int) -> int:
-    """How many processes descend from `root` (members spawned show up here)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    children[int(handle.read().rsplit(")", 1)[1].split()[1])].append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-    count, todo = 0, [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            count += 1
-            todo.append(child)
-    return count
-
-
 def load() -> str:
     with open("/proc/loadavg") as handle:
         return " ".join(handle.read().split()[:3])
-
-
-def write_profile(directory: Path, name: str, replicas: int, env: dict[str, str]) -> None:
-    lines = ["version = 1", 'workspace = "default"', f"replicas = {replicas}", 'image = ""', "[environment]"]
-    lines += [f'{k} = "{v}"' for k, v in env.items()]
-    (directory / f"{name}.toml").write_text("\n".join(lines) + "\n")
-
-
-async def idle_members(gw: GatewayProcess, pool: str) -> int:
-    response = await gw.pools()
-    return next((p.idle for p in response.pools if p.name == pool), 0)
-
-
-async def wait_idle(gw: GatewayProcess, pool: str, count: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while await idle_members(gw, pool) < count:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"pool {pool} never reached {count} idle members")
-        await asyncio.sleep(0.05)
 
 
 async def one_create(gw: GatewayProcess, name: str, env: dict[str, str], start: float) -> tuple[float, float, str]:
@@ -162,7 +126,7 @@ class Window:
     def __enter__(self) -> Window:
         self._gc = gc_pauses(self._gw)
         self.load_before = load()
-        self._processes = descendant_count(self._pid)
+        self._processes = len(descendants(self._pid))
         self._cpu = own_cpu_ms(self._pid)
         self._threads = thread_cpu_ms(self._pid)
         self._wall = time.perf_counter()
@@ -173,7 +137,7 @@ class Window:
         after = thread_cpu_ms(self._pid)
         self.threads = {k: v - self._threads.get(k, 0.0) for k, v in after.items() if v - self._threads.get(k, 0.0)}
         self.wall_ms = (time.perf_counter() - self._wall) * 1000
-        self.spawned = descendant_count(self._pid) - self._processes
+        self.spawned = len(descendants(self._pid)) - self._processes
         after = gc_pauses(self._gw)
         self.gc = {key: after[key] - self._gc[key] for key in after}
         self.load_after = load()
@@ -248,7 +212,7 @@ async def warm_rounds(gw: GatewayProcess, pools: Path, rounds: int, count: int, 
     for r in range(rounds):
         env = {"POOL": f"seq{r}"}
         write_profile(pools, f"seq{r}", count * 3 // 2 + 2, env)
-        await wait_idle(gw, f"seq{r}", count * 3 // 2 + 2)
+        await wait_idle(gw, f"seq{r}", count * 3 // 2 + 2, timeout=300)
         await asyncio.sleep(0.5)  # let the fill settle
         batch = await sequential(gw, f"warm{r}", count, env, spy)
         (pools / f"seq{r}.toml").unlink()  # drain: the next round's pool takes its place
@@ -308,7 +272,7 @@ async def tail(count: int, pool_size: int, gc_young_threshold: int | None = None
         config = Path(tmp) / "gateway.toml"
         config.write_text(f"gc_young_threshold = {gc_young_threshold}\n" if gc_young_threshold else "")
         async with gateway_process("--pools", str(pools), "--config", str(config)) as gw:
-            await wait_idle(gw, "tail", pool_size)
+            await wait_idle(gw, "tail", pool_size, timeout=300)
             ready_ms, allocations = [], collections.Counter[str]()
             with Window(gw) as window:
                 for i in range(count):
@@ -360,7 +324,7 @@ async def measure(args: argparse.Namespace) -> dict:
             spy = PySpy(gw.process.pid, args.py_spy) if args.py_spy else None
             warm = await warm_rounds(gw, pools, args.rounds, args.count, spy)
             write_profile(pools, "burst", args.burst * 3 // 2 + 2, BURST_ENV)
-            await wait_idle(gw, "burst", args.burst * 3 // 2 + 2)
+            await wait_idle(gw, "burst", args.burst * 3 // 2 + 2, timeout=300)
             await asyncio.sleep(0.5)
             burst_result = await burst(gw, args.burst)
     tail_result = await tail(args.tail, args.tail_pool) if args.tail else None
