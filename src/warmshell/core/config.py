@@ -277,6 +277,10 @@ class GatewayConfig(_Section):
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     files: FilesConfig = Field(default_factory=FilesConfig)
     log_level: str = "INFO"
+    # Allocations between young-generation collections of the gateway's Python collector. The
+    # interpreter's 700 measured best for the tail: larger values make rarer but longer pauses
+    # (bench/README.md, "Where a warm create's gateway CPU goes").
+    gc_young_threshold: int = Field(default=700, ge=1)
     # AES-256-GCM key sealing sandbox secrets in the store; "" = <state_dir>/secrets.key (created
     # 0600 on first start). Gateways sharing a store must share it: on Kubernetes, mount the
     # per-deployment Secret's key file here.

@@ -1,8 +1,15 @@
-"""Turning exceptions into gRPC statuses at the edge of every handler."""
+"""Turning exceptions into gRPC statuses at the edge of every handler.
+
+Domain errors carry their own status and message. Anything else is a gateway bug: the client gets
+INTERNAL with a plain sentence (never an exception's class or text, which may quote a request's
+values), and the traceback goes to the gateway's log. Cancellation (the client went away, or the
+transport failed the call, e.g. a message over `max_request_bytes`: gRPC has then set the status
+itself) is not an error of ours and passes through untouched."""
 
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import wraps
 from typing import Any, NoReturn, TypeVar
@@ -13,7 +20,7 @@ from warmshell.core.errors import WarmshellError
 from warmshell.gateway.auth import Unauthenticated
 from warmshell.gateway.errors import status_code_for
 
-__all__ = ["abort_for", "streaming", "unary"]
+__all__ = ["INTERNAL_MESSAGE", "abort_for", "streaming", "unary"]
 
 log = logging.getLogger(__name__)
 
@@ -22,27 +29,39 @@ Resp = TypeVar("Resp")
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
-async def abort_for(context: Ctx, exc: BaseException) -> NoReturn:
-    """Abort the call with the status that matches `exc`."""
+INTERNAL_MESSAGE = "internal error in the gateway (its log has the details)"
+
+
+async def abort_for(context: Ctx, exc: Exception, where: str = "a call") -> NoReturn:
+    """Abort the call with the status that matches `exc` (`where`: the handler, for the log)."""
     if isinstance(exc, Unauthenticated):
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
     if isinstance(exc, WarmshellError):
         await context.abort(status_code_for(exc), str(exc))
-    log.exception("internal error", exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+    # Frames and source lines only: an exception's text may quote a request's or a credential's
+    # value, and its class name with the frames is enough to find the bug.
+    log.error(
+        "internal error in %s: %s\n%s",
+        where,
+        type(exc).__qualname__,
+        "".join(traceback.format_tb(exc.__traceback__)).rstrip(),
+    )
+    await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
 
 
 def unary(
     handler: Callable[[Any, Req, Ctx], Awaitable[Resp]],
 ) -> Callable[[Any, Req, Ctx], Awaitable[Resp]]:
-    """Wrap a unary handler so domain errors become statuses."""
+    """Wrap a unary handler so every exception becomes a status (see the module doc)."""
 
     @wraps(handler)
     async def wrapper(self: Any, request: Req, context: Ctx) -> Resp:
         try:
             return await handler(self, request, context)
-        except (WarmshellError, Unauthenticated) as exc:
-            await abort_for(context, exc)
+        except grpc.aio.AbortError:
+            raise  # the handler set the status itself
+        except Exception as exc:
+            await abort_for(context, exc, handler.__qualname__)
 
     return wrapper
 
@@ -50,14 +69,16 @@ def unary(
 def streaming(
     handler: Callable[[Any, Req, Ctx], AsyncIterator[Resp]],
 ) -> Callable[[Any, Req, Ctx], AsyncIterator[Resp]]:
-    """Wrap a server-streaming handler so domain errors become statuses."""
+    """Wrap a server-streaming handler so every exception becomes a status (see the module doc)."""
 
     @wraps(handler)
     async def wrapper(self: Any, request: Req, context: Ctx) -> AsyncIterator[Resp]:
         try:
             async for item in handler(self, request, context):
                 yield item
-        except (WarmshellError, Unauthenticated) as exc:
-            await abort_for(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await abort_for(context, exc, handler.__qualname__)
 
     return wrapper

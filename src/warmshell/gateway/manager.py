@@ -50,6 +50,8 @@ __all__ = ["SandboxManager"]
 log = logging.getLogger(__name__)
 
 _NAME_ATTEMPTS = 5
+# How stale a backend sighting may get before a view that repeats the record is written anyway.
+_SEEN_REFRESH_MS = 1000
 _BACKEND_ORDER = {
     "": 0,
     BackendState.PENDING: 1,
@@ -329,9 +331,19 @@ class SandboxManager:
         await self.on_driver_event_view(event.sandbox)
 
     async def on_driver_event_view(self, view: DriverSandbox) -> None:
-        """Fold a backend view into the record (if the sandbox still has one)."""
+        """Fold a backend view into the record (if the sandbox still has one). A view that tells
+        nothing new is not written, unless the last sighting is getting old (orphan checks use
+        it): a warm create's own claim event repeats what the create has just stored."""
+
+        def change(record: SandboxRecord) -> bool:
+            seen_ms = record.status.backend_seen_ms
+            before = record.status.model_dump(exclude={"backend_seen_ms"})
+            _apply_driver_view(record, view)
+            fresh = now_ms() - seen_ms < _SEEN_REFRESH_MS
+            return not fresh or record.status.model_dump(exclude={"backend_seen_ms"}) != before
+
         with contextlib.suppress(NotFoundError):
-            await self.records.mutate(view.sandbox_id, lambda r: _apply_driver_view(r, view))
+            await self.records.mutate(view.sandbox_id, change)
 
     async def on_session(self, sandbox_id: SandboxId, *, connected: bool, session_id: str = "") -> None:
         """A supervisor session (`session_id`, when it opened) opened or closed."""
@@ -342,6 +354,10 @@ class SandboxManager:
                 # A live supervisor proves the backend is running, whatever the watch says yet.
                 status.backend_state = BackendState.RUNNING.value
             phases.mark_session(status, connected, session_id)
+            if connected:
+                # The activated incarnation has opened a session: a replay of its credential is
+                # refused from now on (see activation.reactivation_refused).
+                status.connected_incarnation = status.activated_incarnation
             if status.phase == Phase.READY and not status.timeline.ready_us:
                 status.timeline.ready_us = now_us()
                 metrics.CREATE_READY_SECONDS.labels(path=status.allocation.value).observe(

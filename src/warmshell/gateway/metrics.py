@@ -9,6 +9,7 @@ __all__ = [
     "CREATES",
     "CREATE_READY_SECONDS",
     "EXECS",
+    "GC_PAUSE_SECONDS",
     "POOL_MEMBERS",
     "RATE_LIMITED",
     "REGISTRATIONS_PENDING",
@@ -61,5 +62,12 @@ RATE_LIMITED = Counter(
     "warmshell_rate_limited",
     "Supervisor calls refused with RESOURCE_EXHAUSTED, by call (registration|token_refresh)",
     ["call"],
+    registry=REGISTRY,
+)
+GC_PAUSE_SECONDS = Histogram(
+    "warmshell_gc_pause_seconds",
+    "Pauses of the gateway process for Python's cyclic garbage collector, by generation",
+    ["generation"],
+    buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )

@@ -1,5 +1,10 @@
 """Sandbox records in the store: typed reads, and serialised compare-and-swap mutations that tell
-watchers about every change."""
+watchers about every change.
+
+With a store only this gateway writes (SQLite: one gateway per file), the rows it read or wrote
+are kept in memory, so a read — a watcher's after every change, an activation's, each mutation's
+own — costs a decode, not a trip to the store. Writes still go through the store first; a lost
+compare-and-swap drops the cached row and reads it again."""
 
 from __future__ import annotations
 
@@ -32,9 +37,12 @@ def _encode(record: SandboxRecord) -> str:
 class SandboxRecords:
     """The gateway's access to stored sandboxes."""
 
-    def __init__(self, store: Store, bus: EventBus) -> None:
+    def __init__(self, store: Store, bus: EventBus, *, exclusive: bool = False) -> None:
+        """`exclusive`: no one else writes the store, so the rows read and written here may be
+        served from memory (never true of a store shared by replicas)."""
         self._store = store
         self._bus = bus
+        self._rows: dict[str, StoredObject] | None = {} if exclusive else None
         # One lock per sandbox: mutations inside this gateway queue up instead of racing each
         # other into CAS conflicts; CAS still guards against other replicas.
         self._locks: WeakValueDictionary[SandboxId, asyncio.Lock] = WeakValueDictionary()
@@ -48,12 +56,21 @@ class SandboxRecords:
             workspace=record.workspace,
             payload=_encode(record),
         )
+        self._keep(row)
         record.resource_version = row.resource_version
         return record
 
+    def _keep(self, row: StoredObject) -> None:
+        if self._rows is not None:
+            self._rows[row.id] = row
+
     async def get(self, sandbox_id: SandboxId) -> SandboxRecord | None:
         """By id."""
-        row = await self._store.get(KIND_SANDBOX, sandbox_id)
+        row = self._rows.get(sandbox_id) if self._rows is not None else None
+        if row is None:
+            row = await self._store.get(KIND_SANDBOX, sandbox_id)
+            if row is not None:
+                self._keep(row)
         return _decode(row) if row else None
 
     async def get_by_name(self, workspace: str, name: str) -> SandboxRecord:
@@ -61,6 +78,7 @@ class SandboxRecords:
         row = await self._store.get_by_name(KIND_SANDBOX, workspace, name)
         if row is None:
             raise NotFoundError(f"sandbox {workspace}/{name} not found")
+        self._keep(row)
         return _decode(row)
 
     async def list(self, workspace: str | None = None) -> list[SandboxRecord]:
@@ -89,7 +107,10 @@ class SandboxRecords:
                         payload=_encode(record),
                     )
                 except ConflictError:
+                    if self._rows is not None:
+                        self._rows.pop(sandbox_id, None)  # read the row that won from the store
                     continue
+                self._keep(row)
                 record.resource_version = row.resource_version
                 self._bus.publish(sandbox_id, Changed())
                 return record
@@ -98,5 +119,7 @@ class SandboxRecords:
     async def remove(self, sandbox_id: SandboxId) -> bool:
         """Delete the row and tell watchers."""
         removed = await self._store.delete(KIND_SANDBOX, sandbox_id)
+        if self._rows is not None:
+            self._rows.pop(sandbox_id, None)
         self._bus.forget(sandbox_id)
         return removed

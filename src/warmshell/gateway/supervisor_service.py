@@ -23,7 +23,7 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Phase, SandboxRecord, now_ms
+from warmshell.core.models import Phase, now_ms
 from warmshell.drivers.base import Bound, IdentityProvider, SupervisorIdentity
 from warmshell.gateway import metrics
 from warmshell.gateway.activation import GatewayActivator, reactivation_refused
@@ -131,8 +131,10 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             if record is None or record.status.phase == Phase.DELETING:
                 raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
             session = self._open_session(claims)
-        except (WarmshellError, Unauthenticated) as exc:
-            await abort_for(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await abort_for(context, exc, "ConnectSupervisor")
         metrics.SESSIONS.set(len(self._manager.sessions))
         interval_ms = int(self._heartbeat * 1000)
         session.send(
@@ -145,15 +147,17 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         try:
             # Inside the try: a supervisor that goes away, or a store that cannot record the session
             # (unreachable), must close it and stop the reader and the ticker, not leave them behind.
+            # Also records that the activated incarnation has connected (one write for both).
             await self._manager.on_session(claims.sandbox_id, connected=True, session_id=session.session_id)
-            await self._mark_connected(record)
             while True:
                 message = await session.outbox.get()
                 if message is None:
                     return
                 yield message
-        except WarmshellError as exc:
-            await abort_for(context, exc)  # e.g. UNAVAILABLE: the supervisor retries
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await abort_for(context, exc, "ConnectSupervisor")  # e.g. UNAVAILABLE: the supervisor retries
         finally:
             for task in (reader, ticker):
                 task.cancel()
@@ -184,20 +188,6 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             # Retryable for the supervisor: a restarted one may register before its restart is
             # visible in the pod's status, or before its old session is seen gone.
             raise AlreadyExistsError(f"sandbox {sandbox_id} {why}")
-
-    async def _mark_connected(self, record: SandboxRecord) -> None:
-        """Remember that the activated incarnation has opened a session (one write per activation)."""
-        if record.status.connected_incarnation == record.status.activated_incarnation:
-            return
-
-        def change(current: SandboxRecord) -> bool:
-            if current.status.connected_incarnation == current.status.activated_incarnation:
-                return False
-            current.status.connected_incarnation = current.status.activated_incarnation
-            return True
-
-        with contextlib.suppress(NotFoundError):
-            await self._manager.records.mutate(record.id, change)
 
     def _open_session(self, claims: SandboxClaims) -> SupervisorSession:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from warmshell.core import specs
 from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.core.errors import InvalidArgumentError, UnavailableError
 from warmshell.core.models import Phase, SandboxRecord
-from warmshell.drivers.base import CreateRequest
+from warmshell.drivers.base import CreateRequest, DriverCondition
 from warmshell.drivers.fake import FakeDriver
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.manager import SandboxManager
@@ -103,3 +104,20 @@ async def test_a_sandbox_stuck_provisioning_goes_error_naming_the_step(records: 
     assert "not Ready within 0.3s (cold)" in ready.message
     assert "stuck waiting for its supervisor to register" in ready.message
     assert await driver.get(created.id) is None  # its backend was removed; the record stays
+
+
+async def test_a_driver_view_that_repeats_the_record_is_not_written(records: SandboxRecords) -> None:
+    driver = FakeDriver()
+    manager = manager_for(records, driver)
+    created = await manager.create(new("x"))
+    view = await driver.get(created.id)
+    assert view is not None
+    await manager.on_driver_event_view(view)  # what the create stored: no write
+    unchanged = await records.get(created.id)
+    assert unchanged is not None
+    assert unchanged.resource_version == created.resource_version
+    moved = dataclasses.replace(view, conditions=(DriverCondition("ResourceLimits", "True", "Applied", "1 cpu"),))
+    await manager.on_driver_event_view(moved)
+    changed = await records.get(created.id)
+    assert changed is not None
+    assert changed.resource_version == created.resource_version + 1

@@ -1,5 +1,13 @@
-"""SQLite store (WAL): the embedded default. One connection, writes serialised by aiosqlite's
-worker thread, so the event loop never blocks on disk."""
+"""SQLite store (WAL): the embedded default. One connection, owned by one worker thread, so the
+event loop never blocks on disk.
+
+Every operation is one function run on that thread (one hop, no lock in the event loop), and the
+worker takes whatever has queued up meanwhile as one batch: one transaction, one commit, one
+wake-up of the event loop for all of them. A burst of creates therefore shares commits instead of
+queueing behind each other's; a lone operation is a batch of one. Each write of a batch runs under
+its own savepoint, so a write that fails (a duplicate name) is undone alone; a storage failure (a
+full disk, I/O) fails the batch, and on a full disk the reserve is released and the batch tried
+once more, so updates and deletes work when creates are refused (see `storage_errors`)."""
 
 from __future__ import annotations
 
@@ -8,11 +16,12 @@ import builtins
 import contextlib
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterable
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
-
-import aiosqlite
+from queue import Empty, SimpleQueue
+from typing import Any, TypeVar
 
 from warmshell.core.errors import AlreadyExistsError, ConflictError
 from warmshell.core.models import now_ms
@@ -38,69 +47,160 @@ T = TypeVar("T")
 _COLUMNS = "kind, id, name, workspace, resource_version, payload"
 
 
+# Operations taken into one transaction at most; more wait for the next (bounds its length).
+_BATCH_MAX = 64
+
+
 def _row(row: sqlite3.Row | tuple[object, ...]) -> StoredObject:
     kind, id_, name, workspace, version, payload = row
     return StoredObject(str(kind), str(id_), str(name), str(workspace), int(str(version)), str(payload))
 
 
+@dataclass
+class _Op:
+    """One store operation queued for the worker: `run` is called there with the connection."""
+
+    run: Callable[[sqlite3.Connection], Any]
+    future: asyncio.Future[Any]
+    write: bool
+    outcome: tuple[bool, Any] = field(default=(False, None))
+
+
+def _outcome(op: _Op, conn: sqlite3.Connection) -> tuple[bool, Any]:
+    """Run one operation on the worker; a constraint, the reserve or a lost compare-and-swap
+    fails it alone, a storage failure (any other sqlite3 error) propagates to fail the batch."""
+    try:
+        return True, op.run(conn)
+    except (sqlite3.IntegrityError, OSError, ConflictError) as exc:
+        return False, exc
+
+
+def _settle(batch: list[_Op]) -> None:
+    """In the event loop: hand each operation's outcome to its waiter."""
+    for op in batch:
+        if op.future.done():  # the caller was cancelled; the operation ran anyway
+            continue
+        ok, value = op.outcome
+        if ok:
+            op.future.set_result(value)
+        else:
+            op.future.set_exception(value)
+
+
 class SqliteStore:
-    """`Store` on one SQLite file.
+    """`Store` on one SQLite file (see the module doc for how operations reach it)."""
 
-    Every operation runs under one asyncio lock and fetches its rows in the same worker-thread
-    hop: an open cursor from one coroutine and a commit from another would otherwise interleave on
-    the shared connection ("cannot commit transaction - SQL statements in progress")."""
-
-    def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: Path, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
-        self._lock = asyncio.Lock()
+        self._loop = loop
         self._directory = path.parent
         self._reserve = Reserve(path.with_name(path.name + ".reserve"))
+        self._queue: SimpleQueue[_Op | None] = SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="warmshell-sqlite", daemon=True)
+        self._thread.start()
+        self._closed = False
+        self.batches = 0
+        """Transactions run so far (fewer than writes when writes arrived together)."""
 
-    async def _fetch(self, query: str, args: tuple[object, ...]) -> list[StoredObject]:
-        async with self._lock:
+    # -- the worker thread -----------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < _BATCH_MAX:
+                try:
+                    item = self._queue.get_nowait()
+                except Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
             try:
-                rows = await self._conn.execute_fetchall(query, args)
-            except sqlite3.Error as exc:
-                raise translate(exc, self._directory) from exc
-        return [_row(tuple(r)) for r in rows]
+                self._run_batch(batch)
+            except Exception as exc:  # a bug in an operation: fail its batch, keep the worker
+                with contextlib.suppress(sqlite3.Error):
+                    if self._conn.in_transaction:
+                        self._conn.execute("ROLLBACK")
+                for op in batch:
+                    op.outcome = (False, exc)
+            self.batches += 1
+            self._loop.call_soon_threadsafe(_settle, batch)
+            if stop:
+                return
 
-    async def _write(self, work: Callable[[], Awaitable[T]]) -> T:
-        """Run one write transaction (under the lock); on a full disk release the reserve and try
-        once more, so updates and deletes work when creates are refused."""
+    def _run_batch(self, batch: list[_Op]) -> None:
+        conn = self._conn
+        if not any(op.write for op in batch):
+            for op in batch:
+                try:
+                    op.outcome = _outcome(op, conn)
+                except sqlite3.Error as exc:  # a read fails alone
+                    op.outcome = (False, exc)
+            return
+        savepoints = len(batch) > 1  # a lone write's failure undoes its whole transaction instead
         for attempt in (1, 2):
             try:
-                return await work()
-            except sqlite3.IntegrityError:
-                await self._conn.rollback()
-                raise
-            except sqlite3.Error as exc:
+                conn.execute("BEGIN IMMEDIATE")
+                for op in batch:
+                    guarded = op.write and savepoints
+                    if guarded:
+                        conn.execute("SAVEPOINT op")
+                    op.outcome = _outcome(op, conn)
+                    if guarded:
+                        if not op.outcome[0]:
+                            conn.execute("ROLLBACK TO op")
+                        conn.execute("RELEASE op")
+                failed_alone = not savepoints and not batch[0].outcome[0]
+                conn.execute("ROLLBACK" if failed_alone else "COMMIT")
+                return
+            except sqlite3.Error as exc:  # the storage failed: the batch did not happen
                 with contextlib.suppress(sqlite3.Error):
-                    await self._conn.rollback()
-                if attempt == 1 and is_full(exc) and await self._reserve.release():
+                    conn.execute("ROLLBACK")
+                if attempt == 1 and is_full(exc) and self._reserve._release():
                     continue
-                raise translate(exc, self._directory) from exc
-        raise AssertionError("unreachable")
+                for op in batch:
+                    op.outcome = (False, exc)
+                return
+
+    # -- the event loop side ---------------------------------------------------------------
+
+    async def _submit(self, run: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._queue.put(_Op(run, future, write))
+        try:
+            return await future
+        except sqlite3.IntegrityError:
+            raise
+        except (sqlite3.Error, OSError) as exc:
+            raise translate(exc, self._directory) from exc
+
+    async def _fetch(self, query: str, args: tuple[object, ...]) -> list[StoredObject]:
+        def run(conn: sqlite3.Connection) -> list[StoredObject]:
+            return [_row(r) for r in conn.execute(query, args).fetchall()]
+
+        return await self._submit(run, write=False)
 
     async def create(self, *, kind: str, id: str, name: str, workspace: str, payload: str) -> StoredObject:
         """Insert at resource_version 1; RESOURCE_EXHAUSTED while the disk is too full to keep
         the reserve for updates and deletes."""
+        written_ms = now_ms()
 
-        async def insert() -> None:
-            await self._conn.execute(
+        def insert(conn: sqlite3.Connection) -> None:
+            self._reserve._ensure()  # on this thread: a stat and a statvfs, no hop of their own
+            conn.execute(
                 f"INSERT INTO objects ({_COLUMNS}, updated_at_ms) VALUES (?, ?, ?, ?, 1, ?, ?)",
-                (kind, id, name, workspace, payload, now_ms()),
+                (kind, id, name, workspace, payload, written_ms),
             )
-            await self._conn.commit()
 
-        async with self._lock:
-            try:
-                await self._reserve.ensure()
-            except OSError as exc:
-                raise translate(exc, self._directory) from exc
-            try:
-                await self._write(insert)
-            except sqlite3.IntegrityError as exc:
-                raise AlreadyExistsError(f"{kind} {workspace}/{name} already exists") from exc
+        try:
+            await self._submit(insert, write=True)
+        except sqlite3.IntegrityError as exc:
+            raise AlreadyExistsError(f"{kind} {workspace}/{name} already exists") from exc
         return StoredObject(kind, id, name, workspace, 1, payload)
 
     async def get(self, kind: str, id: str) -> StoredObject | None:
@@ -126,22 +226,20 @@ class SqliteStore:
 
     async def update(self, *, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
         """Compare-and-swap the payload."""
+        written_ms = now_ms()
 
-        async def change() -> Iterable[sqlite3.Row]:
-            rows = await self._conn.execute_fetchall(
+        def change(conn: sqlite3.Connection) -> StoredObject:
+            row = conn.execute(
                 "UPDATE objects SET payload = ?, resource_version = resource_version + 1,"
                 " updated_at_ms = ? WHERE kind = ? AND id = ? AND resource_version = ?"
                 f" RETURNING {_COLUMNS}",
-                (payload, now_ms(), kind, id, expected_version),
-            )
-            await self._conn.commit()
-            return rows
+                (payload, written_ms, kind, id, expected_version),
+            ).fetchone()
+            if row is None:
+                raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
+            return _row(row)
 
-        async with self._lock:
-            rows = await self._write(change)
-        if not rows:
-            raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
-        return _row(tuple(next(iter(rows))))
+        return await self._submit(change, write=True)
 
     async def delete(self, kind: str, id: str, expected_version: int | None = None) -> bool:
         """Delete (conditionally when expected_version is given)."""
@@ -150,18 +248,15 @@ class SqliteStore:
         if expected_version is not None:
             query, args = query + " AND resource_version = ?", (kind, id, expected_version)
 
-        async def remove() -> bool:
-            cursor = await self._conn.execute(query, args)
-            removed = cursor.rowcount > 0
-            await cursor.close()
-            await self._conn.commit()
-            return removed
+        def remove(conn: sqlite3.Connection) -> bool:
+            if conn.execute(query, args).rowcount > 0:
+                return True
+            exists = conn.execute("SELECT 1 FROM objects WHERE kind = ? AND id = ?", (kind, id)).fetchone()
+            if exists is not None and expected_version is not None:
+                raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
+            return False
 
-        async with self._lock:
-            deleted = await self._write(remove)
-        if not deleted and expected_version is not None and await self.get(kind, id):
-            raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
-        return deleted
+        return await self._submit(remove, write=True)
 
     async def dump(self) -> builtins.list[StoredObject]:
         """Every object of every kind."""
@@ -169,47 +264,57 @@ class SqliteStore:
 
     async def restore(self, obj: StoredObject) -> bool:
         """Write `obj` exactly (its resource_version too) unless the row is already as new."""
-        async with self._lock:
-            try:
-                cursor = await self._conn.execute(
-                    f"INSERT INTO objects ({_COLUMNS}, updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT (kind, id) DO UPDATE SET name = excluded.name, workspace = excluded.workspace,"
-                    " resource_version = excluded.resource_version, payload = excluded.payload,"
-                    " updated_at_ms = excluded.updated_at_ms"
-                    " WHERE objects.resource_version < excluded.resource_version",
-                    (obj.kind, obj.id, obj.name, obj.workspace, obj.resource_version, obj.payload, now_ms()),
-                )
-                written = cursor.rowcount > 0
-                await cursor.close()
-                await self._conn.commit()
-            except sqlite3.IntegrityError as exc:
-                await self._conn.rollback()
-                raise AlreadyExistsError(
-                    f"{obj.kind} {obj.workspace}/{obj.name} already exists with another id than {obj.id}"
-                ) from exc
-        return written
+        written_ms = now_ms()
+
+        def write(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                f"INSERT INTO objects ({_COLUMNS}, updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (kind, id) DO UPDATE SET name = excluded.name, workspace = excluded.workspace,"
+                " resource_version = excluded.resource_version, payload = excluded.payload,"
+                " updated_at_ms = excluded.updated_at_ms"
+                " WHERE objects.resource_version < excluded.resource_version",
+                (obj.kind, obj.id, obj.name, obj.workspace, obj.resource_version, obj.payload, written_ms),
+            )
+            return cursor.rowcount > 0
+
+        try:
+            return await self._submit(write, write=True)
+        except sqlite3.IntegrityError as exc:
+            raise AlreadyExistsError(
+                f"{obj.kind} {obj.workspace}/{obj.name} already exists with another id than {obj.id}"
+            ) from exc
 
     async def ping(self) -> None:
         """A file store is there while the gateway is: nothing to check."""
 
     async def aclose(self) -> None:
-        """Close the connection (checkpointing the WAL)."""
-        async with self._lock:
-            await self._conn.close()
+        """Close the connection (checkpointing the WAL) and end the worker."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._submit(lambda conn: conn.close(), write=False)
+        self._queue.put(None)
+        await asyncio.to_thread(self._thread.join)
 
 
 async def open_sqlite_store(path: Path) -> SqliteStore:
     """Open (creating if needed) the store file with WAL and owner-only permissions."""
+    conn = await asyncio.to_thread(_open, path)
+    return SqliteStore(conn, path, asyncio.get_running_loop())
+
+
+def _open(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = await aiosqlite.connect(path)
+    # Transactions are begun and committed by the worker itself (isolation_level=None).
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     # WAL lets readers proceed during writes; synchronous=NORMAL is durable across process
-    # crashes (the gateway's failure mode) at a fraction of FULL's fsync cost.
-    await conn.execute("PRAGMA journal_mode=WAL")
-    await conn.execute("PRAGMA synchronous=NORMAL")
-    await conn.execute("PRAGMA busy_timeout=5000")
-    await conn.executescript(_SCHEMA)
-    await conn.commit()
+    # crashes (the gateway's failure mode) at a fraction of FULL's fsync cost: a commit is a
+    # write to the WAL, the fsync comes at checkpoints (bench/README.md weighs it).
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    conn.executescript(_SCHEMA)
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.chmod(f"{path}{suffix}", 0o600)
-    return SqliteStore(conn, path)
+    return conn

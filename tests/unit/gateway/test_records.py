@@ -1,0 +1,72 @@
+"""Sandbox records over a store only this gateway writes: reads come from memory after a write,
+and a row moved behind the cache's back (a lost compare-and-swap) is read again, never lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from warmshell.core.ids import SandboxId
+from warmshell.core.models import SandboxRecord
+from warmshell.gateway.events import EventBus
+from warmshell.gateway.records import KIND_SANDBOX, SandboxRecords
+from warmshell.gateway.store.base import StoredObject
+from warmshell.gateway.store.sqlite import SqliteStore, open_sqlite_store
+
+
+class CountingStore:
+    """The real store, counting the reads that reach it."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def get(self, kind: str, id: str) -> StoredObject | None:
+        self.reads += 1
+        return await self.store.get(kind, id)
+
+
+async def test_reads_after_writes_come_from_memory_and_lost_races_are_read_again(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    counting = CountingStore(store)
+    try:
+        records = SandboxRecords(counting, EventBus(), exclusive=True)  # type: ignore[arg-type]
+        sid = SandboxId("sb-1")
+        await records.insert(SandboxRecord(id=sid, name="one"))
+        changed = await records.mutate(sid, lambda r: r.labels.update(a="1"))
+        assert changed.resource_version == 2
+        fetched = await records.get(sid)
+        assert fetched is not None
+        assert fetched.labels == {"a": "1"}
+        assert counting.reads == 0
+        # Someone else moved the row (here: straight through the store): the next mutation's CAS
+        # fails on the cached version, the row is read again and the change applies on top.
+        row = await store.get(KIND_SANDBOX, sid)
+        assert row is not None
+        behind = SandboxRecord.model_validate_json(row.payload)
+        behind.labels["b"] = "2"
+        await store.update(kind=KIND_SANDBOX, id=sid, expected_version=2, payload=behind.model_dump_json())
+        changed = await records.mutate(sid, lambda r: r.labels.update(c="3"))
+        assert changed.labels == {"a": "1", "b": "2", "c": "3"}
+        assert changed.resource_version == 4
+        assert counting.reads == 1
+        await records.remove(sid)
+        assert await records.get(sid) is None
+    finally:
+        await store.aclose()
+
+
+async def test_a_shared_store_is_read_every_time(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    counting = CountingStore(store)
+    try:
+        records = SandboxRecords(counting, EventBus())  # type: ignore[arg-type]
+        sid = SandboxId("sb-1")
+        await records.insert(SandboxRecord(id=sid, name="one"))
+        await records.get(sid)
+        await records.get(sid)
+        assert counting.reads == 2
+    finally:
+        await store.aclose()
