@@ -32,8 +32,6 @@ from typing import Any
 from harness import GatewayProcess, gateway_process, summary, write_results
 from warm_path import descendants, pss_kb, timed_create, wait_idle, write_profile
 
-from warmshell.api.v1 import sandbox_pb2 as pb
-
 SEQ_ENV = {"POOL": "seq"}
 BURST_ENV = {"POOL": "burst"}
 FILL_ENV = {"POOL": "fill"}

@@ -71,10 +71,11 @@ class LocalDriverConfig(_Section):
         return value
 
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
-    # Refills wait until claims pause this long (each claim re-arms the wait; a pool drained to a
-    # quarter of its size refills at once): booting a replacement (~6 ms of CPU since the
-    # supervisor runs host-side) during a run of warm creates competes with the activations.
-    refill_delay_seconds: float = Field(default=0.25, ge=0)
+    # Deprecated and ignored (a warning at start): refills wait only while claims are in flight.
+    refill_delay_seconds: float | None = Field(default=None, ge=0)
+    # Pool members start at this nice value, below the creates and activations they serve (a
+    # claimed one gets 0 back before its workload starts); 0 = the gateway's own priority.
+    refill_nice: int = Field(default=19, ge=0, le=19)
     # Default bounds of every sandbox (see drivers/local/limits.py): sized tmpfs, the largest
     # file a process may write, and (with a uid per sandbox) how many processes it may run.
     tmp_size: str = "256Mi"
@@ -88,6 +89,9 @@ class LocalDriverConfig(_Section):
     # An idle member's agent must answer a ping this fast when a create claims it (a stopped or
     # hung member is spent and replaced; the create takes the next member or goes cold).
     member_probe_seconds: float = Field(default=1.0, gt=0, le=60)
+    # Every idle member is pinged this often (the same deadline); one that does not answer is
+    # spent and replaced before a create could claim it.
+    member_check_seconds: float = Field(default=10.0, gt=0)
 
 
 class ProfilesConfig(_Section):

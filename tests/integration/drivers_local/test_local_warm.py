@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests.integration.drivers_local.fakes import FakeActivator, registering
-from tests.integration.drivers_local.support import STAND_IN, DriverFactory, alive, credential_of, needs_bwrap, stand_in
+from tests.integration.drivers_local.support import DriverFactory, alive, credential_of, needs_bwrap
 from tests.integration.drivers_local.waiting import wait_until
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import NotFoundError, UnavailableError
 from warmshell.core.ids import InstanceId, new_sandbox_id
 from warmshell.core.models import Allocation, SandboxSpec
 from warmshell.drivers.base import BackendState, Bound, CreateRequest, MissReason, PoolView
-from warmshell.drivers.local import LocalDriver, cgroups, records
+from warmshell.drivers.local import LocalDriver, records
 
 DEFAULT = 'version = 1\nworkspace = "default"\nreplicas = {replicas}\n'
 ENV_FOO = DEFAULT + '[environment]\nFOO = "{value}"\n'
@@ -304,29 +304,6 @@ async def test_idle_member_records_are_dropped_after_restart(make_driver: Driver
         assert [(s.sandbox_id, s.state) for s in await driver.list()] == [("sbx-1", BackendState.FAILED)]
         assert list(paths.instances.iterdir()) == []
         assert not (paths.sandboxes / "li-idle").exists()
-
-
-async def test_refill_can_be_postponed(paths: StatePaths, config: LocalDriverConfig, pools_dir: Path) -> None:
-    (pools_dir / "default.toml").write_text(DEFAULT.format(replicas=1))
-    activator = FakeActivator()
-    driver = LocalDriver(
-        config,
-        paths,
-        supervise=stand_in(paths, STAND_IN),  # type: ignore[arg-type]
-        cgroup=cgroups.Unavailable("test"),
-        kill_grace_seconds=0.5,
-        refill_delay_seconds=60,
-    )
-    async with driver:
-        await driver.start(activator)
-        async with registering(driver, paths.sandboxes, activator):
-            await wait_until(lambda: has_pool(driver, "default", idle=1))
-            served = await driver.create(request())
-            assert served.allocation is Allocation.WARM
-            internal = driver._pools._pools["default"]  # type: ignore[union-attr]
-            for _ in range(20):  # give an immediate refill every chance to start
-                await asyncio.sleep(0)
-            assert (len(internal.members), internal.spawning) == (0, 0)
 
 
 async def test_a_burst_gets_distinct_members(

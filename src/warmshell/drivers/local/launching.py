@@ -25,16 +25,17 @@ from pathlib import Path
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.drivers.local import cgroups, limits, sandboxing, seccomp
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess
+from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess, Spawner
 
-__all__ = ["AGENT_BINARY", "BUILD_STEP", "Launcher", "Sandbox"]
+__all__ = ["AGENT_BINARY", "BUILD_STEP", "LAUNCH_BINARY", "Launcher", "Sandbox"]
 
 _log = logging.getLogger(__name__)
 
 AGENT_BINARY = Path(__file__).resolve().parent / "agent" / "warmshell-agent"
+# Sets a sandbox's nice value and rlimits and drops to its uid, then execs bwrap (see its source).
+LAUNCH_BINARY = AGENT_BINARY.with_name("warmshell-launch")
 BUILD_STEP = "scripts/build-agent (run by scripts/bootstrap)"
 _HOST_ROOT = Path("/")
-SETPRIV = "/usr/bin/setpriv"  # util-linux, on every Debian
 Sandbox = SandboxProcess | HostProcesses
 
 
@@ -49,6 +50,7 @@ class Launcher:
         extra_ro_binds: Sequence[Path] = (),
         stage_dir: Path | None = None,
         bounds: limits.Bounds | None = None,
+        launch: Path = LAUNCH_BINARY,
     ) -> None:
         """`bwrap` None means unisolated; `stage_dir` is where the agent is copied for sandboxes
         whose uid cannot reach it (None: use it in place). FailedPreconditionError when isolated
@@ -58,13 +60,16 @@ class Launcher:
         self._extra = list(extra_ro_binds)
         self._stage_dir = stage_dir
         self._bounds = bounds
+        self._launch = launch
         self._plans: dict[Path, sandboxing.RootPlan] = {}
         self._seccomp = b""
+        self._spawner = Spawner("warmshell-spawn")
         if bwrap is not None:
-            if not os.access(agent, os.X_OK):
-                raise FailedPreconditionError(
-                    f"the sandbox agent {str(agent)!r} is missing or not executable; build it with {BUILD_STEP}"
-                )
+            for binary in (agent, launch):
+                if not os.access(binary, os.X_OK):
+                    raise FailedPreconditionError(
+                        f"{str(binary)!r} is missing or not executable; build it with {BUILD_STEP}"
+                    )
             self._seccomp = seccomp.program()
             for path in self._extra:
                 _log.info("local sandboxes get a read-only bind of %s (local.extra_ro_binds)", path)
@@ -94,8 +99,9 @@ class Launcher:
             else:
                 self._plans[root] = sandboxing.host_root_plan(entries, os.listdir(root / "etc"), root)
 
-    async def start(self, instance: Instance, *, image: str, uid: int | None) -> Sandbox:
-        """Start the instance's sandbox (after `prepare(image)`); OSError when it does not."""
+    async def start(self, instance: Instance, *, image: str, uid: int | None, nice: int = 0) -> Sandbox:
+        """Start the instance's sandbox (after `prepare(image)`) at nice value `nice`; OSError
+        when it does not."""
         log_path = instance.directory / "sandbox.log"
         if self.bwrap is None:
             return HostProcesses(instance.workspace_dir, log_path)
@@ -118,22 +124,29 @@ class Launcher:
                 run_bytes=bounds.run_bytes if bounds is not None else None,
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
             )
-            # Into the cgroup while still the gateway's uid, then the sandbox's uid, then bwrap.
+            # Into the cgroup while still the gateway's uid, then priority, rlimits and the
+            # sandbox's uid, then bwrap.
             enter = cgroups.enter_argv(instance.cgroup) if instance.cgroup is not None else []
-            rlimits = limits.prlimit_argv(bounds) if bounds is not None else []
-            return [*enter, *rlimits, *_as_user(uid), *sandboxing.bwrap_argv(layout)]
+            return [*enter, *self._launch_argv(nice, uid), *sandboxing.bwrap_argv(layout)]
 
-        return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path)
+        return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path, spawner=self._spawner)
 
+    def _launch_argv(self, nice: int, uid: int | None) -> list[str]:
+        """The `warmshell-launch` prefix (not subprocess's `user=`: that makes Python fork()
+        instead of vfork(), and a fork of the gateway runs gRPC's fork handlers, which crash the
+        child while other threads use gRPC)."""
+        argv = [str(self._launch)]
+        if nice:
+            argv.append(f"--priority={nice}")
+        if self._bounds is not None:  # prlimit's options: everything between its name and "--"
+            argv += limits.prlimit_argv(self._bounds)[1:-1]
+        if uid is not None:
+            argv.append(f"--uid={uid}")
+        return [*argv, "--"] if len(argv) > 1 else []
 
-def _as_user(uid: int | None) -> list[str]:
-    """A prefix that runs the rest of the argv as `uid` (and that gid, no other groups).
-
-    Not subprocess's `user=`: that makes Python fork() instead of vfork(), and a fork of the
-    gateway runs gRPC's fork handlers, which crash the child while other threads use gRPC."""
-    if uid is None:
-        return []
-    return [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    def close(self) -> None:
+        """Let the spawner thread end."""
+        self._spawner.close()
 
 
 def _stage(agent: Path, stage_dir: Path) -> Path:
