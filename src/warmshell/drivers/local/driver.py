@@ -15,6 +15,7 @@ import asyncio
 import builtins
 import collections
 import dataclasses
+import hashlib
 import logging
 import os
 import resource
@@ -109,6 +110,7 @@ class LocalDriver:
             extra_ro_binds=config.extra_ro_binds,
             stage_dir=config.sandbox_dir if root else None,
             bounds=limits.Bounds.of(config, uid_per_sandbox=root),
+            etc_dir=_etc_dir(config, paths, root=root),
         )
         cgroup = cgroup if cgroup is not None else cgroups.detect()
         if isinstance(cgroup, cgroups.Unavailable):
@@ -445,6 +447,15 @@ def _check_extra_binds(binds: Sequence[Path], paths: StatePaths) -> None:
             raise FailedPreconditionError(
                 f"local.extra_ro_binds: {str(bind)!r} overlaps the gateway's state directory {str(state)!r}"
             )
+
+
+def _etc_dir(config: LocalDriverConfig, paths: StatePaths, *, root: bool) -> Path:
+    """Where the sandboxes' /etc is staged: where their uid can reach it, as their workspaces
+    (see `launching`), and one per gateway (gateways may share `local.sandbox_dir`)."""
+    if not root:
+        return paths.root / "sandbox-etc"
+    digest = hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
+    return config.sandbox_dir / f"etc-{digest}"
 
 
 def _refill_nice(nice: int) -> int:

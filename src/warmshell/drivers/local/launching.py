@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from warmshell.core.errors import FailedPreconditionError
-from warmshell.drivers.local import cgroups, limits, sandboxing, seccomp
+from warmshell.drivers.local import cgroups, etcstage, limits, sandboxing, seccomp
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess, Spawner
 
@@ -51,16 +51,21 @@ class Launcher:
         stage_dir: Path | None = None,
         bounds: limits.Bounds | None = None,
         launch: Path = LAUNCH_BINARY,
+        etc_dir: Path | None = None,
     ) -> None:
         """`bwrap` None means unisolated; `stage_dir` is where the agent is copied for sandboxes
-        whose uid cannot reach it (None: use it in place). FailedPreconditionError when isolated
-        and the agent binary is missing (it is built, not shipped)."""
+        whose uid cannot reach it (None: use it in place); `etc_dir` is where the host root's
+        /etc is staged (see `etcstage`; None: each allowed entry is bound on its own).
+        FailedPreconditionError when isolated and the agent or launch binary is missing (they
+        are built, not shipped)."""
         self.bwrap = bwrap
         self._agent = agent
         self._extra = list(extra_ro_binds)
         self._stage_dir = stage_dir
         self._bounds = bounds
         self._launch = launch
+        self._etc_dir = etc_dir
+        self._etc: etcstage.EtcStage | None = None
         self._plans: dict[Path, sandboxing.RootPlan] = {}
         self._seccomp = b""
         self._spawner = Spawner("warmshell-spawn")
@@ -92,10 +97,22 @@ class Launcher:
         if self._stage_dir is not None and self._agent.parent != self._stage_dir:
             self._agent = _stage(self._agent, self._stage_dir)
         root = Path(image) if image else _HOST_ROOT
+        if not image and self._etc_dir is not None:
+            if self._etc is None:
+                allowed = sorted(set(os.listdir(root / "etc")) & set(sandboxing.ETC_ALLOWED))
+                self._etc = etcstage.EtcStage(self._etc_dir, root / "etc", allowed)
+            self._etc.refresh()  # every start: a changed /etc/resolv.conf reaches the next sandbox
         if root not in self._plans:
             entries = sandboxing.list_root(root)
             if image:
                 self._plans[root] = sandboxing.image_root_plan(root, entries)
+            elif self._etc is not None:
+                etc = self._etc
+                names = os.listdir(root / "etc")
+                plan = sandboxing.host_root_plan(
+                    entries, names, root, staged_etc=etc.directory, etc_dirs=etc.subdirectories
+                )
+                self._plans[root] = plan
             else:
                 self._plans[root] = sandboxing.host_root_plan(entries, os.listdir(root / "etc"), root)
 
