@@ -57,25 +57,45 @@ class Spawner:
     def __init__(self, name: str) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
-    async def start(self, argv: Sequence[str], *, log_fd: int, pass_fds: Sequence[int]) -> _Child:
-        """Start `argv` in the spawner thread; a `_Child` to wait for."""
-        popen = await asyncio.get_running_loop().run_in_executor(
-            self._executor,
-            lambda: subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
-                env={"PATH": "/usr/bin:/bin"},
-                pass_fds=pass_fds,
-                start_new_session=True,
-            ),
-        )
+    async def start(self, argv: Sequence[str], *, log_path: Path, pass_fds: Sequence[int]) -> _Child:
+        """Start `argv` in the spawner thread, its output appended to `log_path`; a `_Child` to
+        wait for."""
+        started = asyncio.get_running_loop().run_in_executor(self._executor, _popen, argv, log_path, pass_fds)
+        try:
+            popen = await asyncio.shield(started)
+        except asyncio.CancelledError:
+            started.add_done_callback(_kill_started)  # the caller is gone: nothing may outlive it
+            raise
         return _Child(popen)
 
     def close(self) -> None:
         """Let the thread end once idle."""
         self._executor.shutdown(wait=False)
+
+
+def _popen(argv: Sequence[str], log_path: Path, pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            env={"PATH": "/usr/bin:/bin"},
+            pass_fds=pass_fds,
+            start_new_session=True,
+        )
+    finally:
+        os.close(log_fd)
+
+
+def _kill_started(started: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    if started.cancelled() or started.exception() is not None:
+        return
+    popen = started.result()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    popen.wait()  # at once: it was SIGKILLed
 
 
 class _Child:
@@ -137,11 +157,7 @@ class SandboxProcess:
             seccomp_write = -1
             fds = SandboxFds(control=child.fileno(), seccomp=seccomp_read, info=info_write)
             argv = build(fds)
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                process = await spawner.start(argv, log_fd=log_fd, pass_fds=(child.fileno(), seccomp_read, info_write))
-            finally:
-                os.close(log_fd)
+            process = await spawner.start(argv, log_path=log_path, pass_fds=(child.fileno(), seccomp_read, info_write))
         except BaseException:
             host.close()
             os.close(info_read)
