@@ -5,8 +5,8 @@ A create is served warm when exactly one pool matches its fingerprint and has a 
 member: the member is bound to the sandbox (recorded), renamed, and handed to the gateway's
 Activator. Otherwise it goes cold: a supervisor bound to the sandbox from birth is spawned, and
 the gateway activates it once it registers, through the same registry. Sandboxes, supervisors
-and files are the `fleet`'s; pools and their refill loop are `pooling`'s; this module routes and
-reports.
+and files are the `fleet`'s; pools, the claim of a member, idle members' liveness and refills are
+`pooling`'s; this module routes, binds and reports.
 """
 
 from __future__ import annotations
