@@ -37,8 +37,11 @@ class Members:
         self.spawned: list[Instance] = []
         self.stopped: list[Instance] = []
         self.fail_with: Exception | None = None
+        self.gate: asyncio.Event | None = None  # when set, spawns wait for it
 
     async def spawn(self, pool: Pool) -> Instance:
+        if self.gate is not None:
+            await self.gate.wait()
         if self.fail_with is not None:
             raise self.fail_with
         member = Instance(
@@ -109,25 +112,28 @@ async def registered(pools: PoolSet, members: Members, name: str, count: int) ->
     return pool
 
 
-async def test_a_refill_waits_while_a_claim_is_in_flight(pools: PoolSet, members: Members) -> None:
-    pools.apply({"p": profile(replicas=2)}, {})
-    pool = await registered(pools, members, "p", 2)
+async def test_while_creates_are_served_one_member_at_a_time_is_started(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile(replicas=4)}, {})
+    pool = await registered(pools, members, "p", 4)
+    members.gate = asyncio.Event()
     release = asyncio.Event()
 
     async def take(member: Instance) -> bool:
         await release.wait()
         return True
 
-    claim = asyncio.create_task(pools.claim(pool, take))
-    await settle(lambda: len(pool.members) == 1)  # claimed, the claim in flight
-    for _ in range(50):  # every chance to start a refill
+    claims = [asyncio.create_task(pools.claim(pool, take)) for _ in range(3)]
+    await settle(lambda: len(pool.members) == 1)  # three claimed, the claims in flight
+    for _ in range(50):  # every chance to start more
         await asyncio.sleep(0)
-    assert (len(members.spawned), pool.spawning) == (2, 0)
+    assert pool.spawning == 1
     release.set()
-    claimed = await claim
-    assert claimed is members.spawned[0]
-    assert pool.hits == 1
-    await settle(lambda: len(members.spawned) == 3)  # the refill starts once the claim ended
+    assert {await c for c in claims} == set(members.spawned[:3])
+    assert pool.hits == 3
+    # Once claims pause, every missing member starts at once.
+    await settle(lambda: pool.spawning == 3)
+    members.gate.set()
+    await settle(lambda: len(pool.members) == 4)
 
 
 async def test_a_member_not_taken_is_spent_and_the_next_one_tried(pools: PoolSet, members: Members) -> None:

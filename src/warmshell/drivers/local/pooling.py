@@ -7,10 +7,11 @@ profiles change: a profile changed in anything but `replicas` becomes a new pool
 idle members are stopped), a removed profile drains its pool, and an invalid file is reported on
 its pool without touching the others (the last valid version keeps serving).
 
-Refills start as soon as members are missing, except while a claim is in flight: a burst of
-creates gets the machine to itself and the pool refills the moment it ends (an empty pool has no
-claims in flight, so a sustained stream cannot starve the refill). Members are started at a lower
-CPU priority (`refill_nice`) on top of that. A member that dies before registering counts as a
+Refills start as soon as members are missing, but while creates are being served (a claim in
+flight or one in the last `_BUSY_SECONDS`) only one member at a time is started: a burst of
+creates keeps the machine nearly to itself, a steady run of creates does not drain the pool, and
+the pool refills at full speed the moment creates pause. Members start at a lower CPU priority
+(`local.refill_nice`) on top of that. A member that dies before registering counts as a
 failure; the pool then backs off exponentially instead of respawning in a tight loop. Idle
 members are pinged every `check_seconds` and before a claim; one that does not answer within
 `probe_seconds` is spent (stopped, replaced).
@@ -39,6 +40,8 @@ __all__ = ["Pool", "PoolSet", "Take"]
 _log = logging.getLogger(__name__)
 _BACKOFF_FIRST = 0.5
 _BACKOFF_MAX = 30.0
+# Claims closer together than this are one run of creates, which refills keep out of the way of.
+_BUSY_SECONDS = 0.1
 # Members a claim probes before the create goes cold (the others are checked in the background).
 _PROBES_PER_CLAIM = 2
 
@@ -148,7 +151,8 @@ class PoolSet:
         self._checker: asyncio.Task[None] | None = None
         self._probe_seconds = probe_seconds
         self._check_seconds = check_seconds
-        self._claiming = 0  # claims in flight: refills wait for them
+        self._claiming = 0  # claims in flight
+        self._last_claim = float("-inf")  # when a claim last took a member (loop time)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -268,6 +272,8 @@ class PoolSet:
         failed_probes = 0
         try:
             while failed_probes < _PROBES_PER_CLAIM and (member := pool.claim()) is not None:
+                self._last_claim = asyncio.get_running_loop().time()
+                self.wake()  # it never returns to the pool
                 if not await self._answers(member):
                     _log.warning(
                         "warm pool %s: member %s did not answer its liveness probe within %gs; replacing it",
@@ -291,7 +297,7 @@ class PoolSet:
             return None
         finally:
             self._claiming -= 1
-            self.wake()  # the member never returns to the pool: refill once claims pause
+            self.wake()
 
     async def _answers(self, member: Instance) -> bool:
         return member.process is not None and await member.process.responsive(self._probe_seconds)
@@ -352,27 +358,35 @@ class PoolSet:
             self._refill()
 
     def _refill(self) -> None:
-        if self._claiming:  # the last claim to end wakes the loop again
-            return
-        now = asyncio.get_running_loop().time()
-        next_retry: float | None = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        busy_until = self._last_claim + _BUSY_SECONDS
+        busy = self._claiming > 0 or now < busy_until
+        # While creates are being served, one spawn at a time (a steady run of creates does not
+        # drain the pool, a burst is barely touched); every missing member once they pause.
+        budget = max(0, 1 - sum(p.spawning for p in self._pools.values())) if busy else None
+        wake_at: float | None = busy_until if busy else None
         for pool in self._pools.values():
             if pool.retry_at > now:
-                next_retry = pool.retry_at if next_retry is None else min(next_retry, pool.retry_at)
+                wake_at = pool.retry_at if wake_at is None else min(wake_at, pool.retry_at)
                 continue
             missing = pool.profile.replicas - len(pool.members) - pool.spawning
-            for _ in range(missing):
+            count = missing if budget is None else min(missing, budget)
+            for _ in range(count):
                 pool.spawning += 1
                 self._background(self._spawn(pool))
+            if budget is not None:
+                budget -= max(0, count)
             if missing < 0:
                 # Fewer replicas now: stop the youngest (least likely registered) members.
                 extra, pool.members = pool.members[missing:], pool.members[:missing]
                 for member in extra:
                     self._background(self._stop_member(member))
-        if next_retry is not None:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = asyncio.get_running_loop().call_at(next_retry, self._wake.set)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if wake_at is not None:
+            self._timer = loop.call_at(wake_at, self._wake.set)
 
     async def _spawn(self, pool: Pool) -> None:
         try:
