@@ -15,7 +15,11 @@ One gateway (a subprocess, real bwrap'd members) and, in order:
 - PSS per idle member (`smaps_rollup`, summed over its processes) plus the gateway's PSS growth
   per member (its host-side supervisor);
 - sequential warm creates with `--scale` idle members held (1,000 by default), against the same
-  creates with a small pool: flat create latency means a ratio near 1.
+  creates with a small pool: flat create latency means a ratio near 1;
+- the cost of a sandbox start broken down, by hand in this process: bubblewrap with the driver's
+  layout running `/bin/true` (wall and CPU from wait4), with the current launch (the staged /etc
+  bound once, `warmshell-launch`) and with the previous one (every allowed /etc entry bound on
+  its own, `prlimit` + `setpriv` in front) in alternating rounds.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +43,8 @@ from harness import GatewayProcess, gateway_process, summary, write_results
 from warm_path import descendants, pss_kb, timed_create, wait_idle, write_profile
 
 from warmshell.api.v1 import sandbox_pb2_grpc
+from warmshell.core.config import LocalDriverConfig
+from warmshell.drivers.local import etcstage, launching, limits, sandboxing, seccomp
 
 SEQ_ENV = {"POOL": "seq"}
 BURST_ENV = {"POOL": "burst"}
@@ -238,8 +246,83 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 say(f"{args.scale} idle held")
                 held = await sequential(gw, "held", args.scale_creates, SEQ_ENV)
                 data["scale"] = {"idle_held": args.scale, "small_pool": small, "with_idle_held": held}
+            if args.start_rounds:
+                say("a sandbox start, broken down")
+                data["start"] = start_breakdown(args.start_rounds)
             data["load_end"] = load()
     return data
+
+
+def bwrap_argvs(tmp: Path) -> dict[str, list[str]]:
+    """The driver's bwrap command line running `/bin/true`, as launched now and before."""
+    root = os.geteuid() == 0
+    tmp.chmod(0o711)  # a sandbox's own uid resolves the bind sources
+    workspace = tmp / "workspace"
+    workspace.mkdir(mode=0o777)
+    allowed = sorted(set(os.listdir("/etc")) & set(sandboxing.ETC_ALLOWED))
+    stage = etcstage.EtcStage(tmp / "etc", Path("/etc"), allowed)
+    stage.refresh()
+    entries, names = sandboxing.list_root(Path("/")), os.listdir("/etc")
+    plans = {
+        "now": sandboxing.host_root_plan(entries, names, staged_etc=stage.directory, etc_dirs=stage.subdirectories),
+        "before": sandboxing.host_root_plan(entries, names),
+    }
+    bounds = limits.Bounds.of(LocalDriverConfig(), uid_per_sandbox=root)
+    rlimits = limits.prlimit_argv(bounds)
+    uid = 2_000_000 if root else None
+    prefixes = {
+        "now": [
+            str(launching.LAUNCH_BINARY),
+            "--priority=19",
+            *rlimits[1:-1],
+            *([f"--uid={uid}"] if root else []),
+            "--",
+        ],
+        "before": [
+            *rlimits,
+            *(["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if root else []),
+        ],
+    }
+    argvs = {}
+    for name, plan in plans.items():
+        layout = sandboxing.SandboxLayout(
+            bwrap=shutil.which("bwrap") or "bwrap", plan=plan, workspace_dir=workspace, agent=launching.AGENT_BINARY,
+            control_fd=0, seccomp_fd=3, hostname="b", instance_id="li-bench", tmp_bytes=bounds.tmp_bytes,
+            run_bytes=bounds.run_bytes, shm_bytes=bounds.shm_bytes,
+        )  # fmt: skip
+        argv = sandboxing.bwrap_argv(layout)
+        argvs[name] = [*prefixes[name], *argv[: argv.index("--")], "--", "/bin/true"]
+    return argvs
+
+
+def start_breakdown(rounds: int) -> dict[str, Any]:
+    """bwrap starting `/bin/true` with the driver's layout, now and before, alternating."""
+    program = seccomp.program()
+    samples: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="ws-burst-bwrap-") as tmp:
+        argvs = bwrap_argvs(Path(tmp))
+        for _ in range(rounds):
+            for name, argv in argvs.items():
+                read, write = os.pipe()
+                os.write(write, program)
+                os.close(write)
+                start = time.perf_counter()
+                child = subprocess.Popen(argv, pass_fds=(read,), stdin=subprocess.DEVNULL)
+                os.close(read)
+                _, status, usage = os.wait4(child.pid, 0)
+                child.returncode = os.waitstatus_to_exitcode(status)
+                if child.returncode != 0:
+                    raise RuntimeError(f"bwrap failed ({child.returncode}): {argv}")
+                wall = (time.perf_counter() - start) * 1000
+                cpu = (usage.ru_utime + usage.ru_stime) * 1000
+                sample = samples.setdefault(name, {"wall_ms": [], "cpu_ms": []})
+                sample["wall_ms"].append(wall)
+                sample["cpu_ms"].append(cpu)
+        binds = {name: argv.count("--ro-bind") + argv.count("--bind") for name, argv in argvs.items()}
+    return {
+        name: {"wall_ms": summary(v["wall_ms"]), "cpu_ms": summary(v["cpu_ms"]), "binds": binds[name]}
+        for name, v in samples.items()
+    } | {"load": load()}
 
 
 def table(data: dict[str, Any]) -> str:
@@ -287,6 +370,19 @@ def table(data: dict[str, Any]) -> str:
             f"with a small pool (p50 ratio {held['p50'] / small['p50']:.2f}; served "
             f"{sc['with_idle_held']['allocations']}).\n"
         )
+    if "start" in data:
+        st = data["start"]
+        out += (
+            "\n| one sandbox start, bwrap with the driver's layout running /bin/true | binds | wall p50 ms "
+            "| CPU p50 ms |\n|---|---|---|---|\n"
+        )
+        for name, label in (
+            ("before", "before: each /etc entry bound, prlimit + setpriv"),
+            ("now", "now: staged /etc, warmshell-launch"),
+        ):
+            v = st[name]
+            out += f"| {label} | {v['binds']} | {v['wall_ms']['p50']:.2f} | {v['cpu_ms']['p50']:.2f} |\n"
+        out += f"\n(load {st['load']})\n"
     out += f"\nLoad average at start {data['load_start']}, at end {data['load_end']} (shared 2-core machine).\n"
     return out
 
@@ -321,12 +417,14 @@ def main() -> None:
     parser.add_argument("--fill", type=int, default=200, help="fresh pool size for the refill rate (default 200)")
     parser.add_argument("--scale", type=int, default=1000, help="idle members held for the flat-latency run (0: skip)")
     parser.add_argument("--scale-creates", type=int, default=50, help="sequential creates in the scale run")
+    parser.add_argument("--start-rounds", type=int, default=50, help="rounds of the start breakdown (0: skip)")
     parser.add_argument("--local", action="append", default=[], metavar="KEY=VALUE", help="extra [local] config line")
     parser.add_argument("--quick", action="store_true", help="a small run: 100 sequential, bursts 10 50, scale 200")
     parser.add_argument("--name", default="burst", help="results file name under bench/results/")
     args = parser.parse_args()
     if args.quick:
         args.sequential, args.bursts, args.fill, args.scale, args.cold = 100, [10, 50], 100, 200, 15
+        args.start_rounds = 20
     data = asyncio.run(measure(args))
     data["targets"] = targets(data)
     write_results(args.name, data, table(data))
