@@ -259,8 +259,7 @@ def bwrap_argvs(tmp: Path) -> dict[str, list[str]]:
     tmp.chmod(0o711)  # a sandbox's own uid resolves the bind sources
     workspace = tmp / "workspace"
     workspace.mkdir(mode=0o777)
-    allowed = sorted(set(os.listdir("/etc")) & set(sandboxing.ETC_ALLOWED))
-    stage = etcstage.EtcStage(tmp / "etc", Path("/etc"), allowed)
+    stage = etcstage.EtcStage(tmp / "etc", Path("/etc"), sandboxing.ETC_ALLOWED)
     stage.refresh()
     entries, names = sandboxing.list_root(Path("/")), os.listdir("/etc")
     plans = {

@@ -28,19 +28,20 @@ _Signature = tuple[int, int, int, int]
 class EtcStage:
     """One staged /etc directory and what each of its copies was made from."""
 
-    def __init__(self, directory: Path, source: Path, names: Sequence[str]) -> None:
-        """`names` are the allowed entries of `source` (the host's /etc); `directory` holds the
-        copies (made 0755, owned by the gateway's uid)."""
+    def __init__(self, directory: Path, source: Path, allowed: Sequence[str]) -> None:
+        """`allowed` names the entries of `source` (the host's /etc) to stage; `directory` holds
+        the copies (made 0755, owned by the gateway's uid). Nothing is read before `refresh`."""
         self.directory = directory
         self._source = source
-        self._names = tuple(names)
+        self._allowed = frozenset(allowed)
+        self._names: tuple[str, ...] = ()
         self._copied: dict[str, _Signature] = {}
         self._lock = threading.Lock()
         self.subdirectories: tuple[str, ...] = ()
 
     def refresh(self) -> None:
-        """Blocking: bring every copy up to date with its source (cheap when nothing changed:
-        one stat per name)."""
+        """Blocking, and safe from several threads at once: bring every copy up to date with its
+        source (cheap when nothing changed: one stat per name)."""
         with self._lock:
             if not self._copied and not self.subdirectories:
                 self._create()
@@ -62,6 +63,7 @@ class EtcStage:
     def _create(self) -> None:
         """A fresh directory (whatever a previous gateway left is removed) with a mount point for
         every allowed subdirectory."""
+        self._names = tuple(sorted(set(os.listdir(self._source)) & self._allowed))
         shutil.rmtree(self.directory, ignore_errors=True)
         self.directory.mkdir(mode=0o755, parents=True)
         os.chmod(self.directory, 0o755)

@@ -64,8 +64,8 @@ class Launcher:
         self._stage_dir = stage_dir
         self._bounds = bounds
         self._launch = launch
-        self._etc_dir = etc_dir
-        self._etc: etcstage.EtcStage | None = None
+        # One stage for all: `prepare` runs in several threads at once.
+        self._etc = etcstage.EtcStage(etc_dir, _HOST_ROOT / "etc", sandboxing.ETC_ALLOWED) if etc_dir else None
         self._plans: dict[Path, sandboxing.RootPlan] = {}
         self._seccomp = b""
         self._spawner = Spawner("warmshell-spawn")
@@ -97,24 +97,16 @@ class Launcher:
         if self._stage_dir is not None and self._agent.parent != self._stage_dir:
             self._agent = _stage(self._agent, self._stage_dir)
         root = Path(image) if image else _HOST_ROOT
-        if not image and self._etc_dir is not None:
-            if self._etc is None:
-                allowed = sorted(set(os.listdir(root / "etc")) & set(sandboxing.ETC_ALLOWED))
-                self._etc = etcstage.EtcStage(self._etc_dir, root / "etc", allowed)
+        if not image and self._etc is not None:
             self._etc.refresh()  # every start: a changed /etc/resolv.conf reaches the next sandbox
         if root not in self._plans:
             entries = sandboxing.list_root(root)
             if image:
                 self._plans[root] = sandboxing.image_root_plan(root, entries)
-            elif self._etc is not None:
-                etc = self._etc
-                names = os.listdir(root / "etc")
-                plan = sandboxing.host_root_plan(
-                    entries, names, root, staged_etc=etc.directory, etc_dirs=etc.subdirectories
-                )
-                self._plans[root] = plan
             else:
-                self._plans[root] = sandboxing.host_root_plan(entries, os.listdir(root / "etc"), root)
+                staged, subdirs = (self._etc.directory, self._etc.subdirectories) if self._etc else (None, ())
+                names = os.listdir(root / "etc")
+                self._plans[root] = sandboxing.host_root_plan(entries, names, root, staged_etc=staged, etc_dirs=subdirs)
 
     async def start(self, instance: Instance, *, image: str, uid: int | None, nice: int = 0) -> Sandbox:
         """Start the instance's sandbox (after `prepare(image)`) at nice value `nice`; OSError

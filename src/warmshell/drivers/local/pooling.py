@@ -324,7 +324,12 @@ class PoolSet:
     async def _check_every(self) -> None:
         while True:
             await asyncio.sleep(self._check_seconds)
-            await asyncio.gather(*(self._check(pool) for pool in list(self._pools.values())))
+            if not self._busy():  # a round of pings waits for a pause in the creates
+                await asyncio.gather(*(self._check(pool) for pool in list(self._pools.values())))
+
+    def _busy(self) -> bool:
+        """Whether creates are being served: a claim in flight, or one in the last moments."""
+        return self._claiming > 0 or asyncio.get_running_loop().time() < self._last_claim + _BUSY_SECONDS
 
     # -- the refill loop -------------------------------------------------------------------
 
@@ -361,7 +366,7 @@ class PoolSet:
         loop = asyncio.get_running_loop()
         now = loop.time()
         busy_until = self._last_claim + _BUSY_SECONDS
-        busy = self._claiming > 0 or now < busy_until
+        busy = self._busy()
         # While creates are being served, one spawn at a time (a steady run of creates does not
         # drain the pool, a burst is barely touched); every missing member once they pause.
         budget = max(0, 1 - sum(p.spawning for p in self._pools.values())) if busy else None

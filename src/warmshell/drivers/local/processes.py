@@ -7,7 +7,8 @@ loop would otherwise spend waiting; its end is noticed through a pidfd, so no wa
 sandbox either. bwrap's stdout/stderr go to a log file. bwrap leads its own process group; its
 `--info-fd` tells us the pid of the sandbox's init (the agent), and we hold a pidfd on it so
 stopping can kill the whole pid namespace even if bwrap died before arming `--die-with-parent`.
-Closing the control socket is the normal way to end a sandbox: the agent kills everything in it and exits.
+Closing the control socket is the normal way to end a sandbox: the agent kills everything in it
+and exits.
 """
 
 from __future__ import annotations
