@@ -224,8 +224,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         largest = max([args.scale, args.fill, args.seq_pool, *args.bursts])
         settings = f"[local]\nmax_pool_replicas = {largest}\npool_reload_interval_seconds = 0.2\n"
         config.write_text(settings + "".join(f"{line}\n" for line in args.local))
+        data: dict[str, Any] = {"load_start": load()}
+        if args.start_rounds:
+            say("a sandbox start, broken down")
+            data["start"] = start_breakdown(args.start_rounds)
         async with gateway_process("--pools", str(pools), "--config", str(config)) as gw:
-            data: dict[str, Any] = {"load_start": load()}
             await settle(gw, "seq", args.seq_pool, timeout=120)
             say("cold baseline")
             data["cold"] = await sequential(gw, "cold", args.cold, COLD_ENV)
@@ -246,9 +249,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 say(f"{args.scale} idle held")
                 held = await sequential(gw, "held", args.scale_creates, SEQ_ENV)
                 data["scale"] = {"idle_held": args.scale, "small_pool": small, "with_idle_held": held}
-            if args.start_rounds:
-                say("a sandbox start, broken down")
-                data["start"] = start_breakdown(args.start_rounds)
             data["load_end"] = load()
     return data
 
@@ -269,18 +269,12 @@ def bwrap_argvs(tmp: Path) -> dict[str, list[str]]:
     bounds = limits.Bounds.of(LocalDriverConfig(), uid_per_sandbox=root)
     rlimits = limits.prlimit_argv(bounds)
     uid = 2_000_000 if root else None
+    # Both at the caller's priority, so their wall times compare (a refill adds --priority=19).
+    as_uid = [f"--uid={uid}"] if root else []
+    setpriv = ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if root else []
     prefixes = {
-        "now": [
-            str(launching.LAUNCH_BINARY),
-            "--priority=19",
-            *rlimits[1:-1],
-            *([f"--uid={uid}"] if root else []),
-            "--",
-        ],
-        "before": [
-            *rlimits,
-            *(["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if root else []),
-        ],
+        "now": [str(launching.LAUNCH_BINARY), *rlimits[1:-1], *as_uid, "--"],
+        "before": [*rlimits, *setpriv],
     }
     argvs = {}
     for name, plan in plans.items():
@@ -305,6 +299,7 @@ def start_breakdown(rounds: int) -> dict[str, Any]:
                 read, write = os.pipe()
                 os.write(write, program)
                 os.close(write)
+                argv[argv.index("--seccomp") + 1] = str(read)
                 start = time.perf_counter()
                 child = subprocess.Popen(argv, pass_fds=(read,), stdin=subprocess.DEVNULL)
                 os.close(read)
