@@ -71,7 +71,8 @@ class LocalDriverConfig(_Section):
         return value
 
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
-    # Deprecated and ignored (a warning at start): refills wait only while claims are in flight.
+    # Deprecated and ignored (a warning at start): refills no longer wait for a pause of this
+    # length; while creates are served one member at a time starts (drivers/local/pooling.py).
     refill_delay_seconds: float | None = Field(default=None, ge=0)
     # Pool members start at this nice value, below the creates and activations they serve (a
     # claimed one gets 0 back before its workload starts); 0 = the gateway's own priority.

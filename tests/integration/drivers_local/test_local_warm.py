@@ -4,6 +4,7 @@ Activator."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
@@ -304,6 +305,16 @@ async def test_idle_member_records_are_dropped_after_restart(make_driver: Driver
         assert [(s.sandbox_id, s.state) for s in await driver.list()] == [("sbx-1", BackendState.FAILED)]
         assert list(paths.instances.iterdir()) == []
         assert not (paths.sandboxes / "li-idle").exists()
+
+
+async def test_refill_delay_seconds_is_still_accepted_with_a_deprecation_warning(
+    make_driver: DriverFactory, config: LocalDriverConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = LocalDriverConfig.model_validate({**config.model_dump(), "refill_delay_seconds": 0.25})
+    with caplog.at_level(logging.WARNING, logger="warmshell.drivers.local.driver"):
+        async with make_driver(config=old):
+            pass
+    assert "local.refill_delay_seconds is deprecated and ignored" in caplog.text
 
 
 async def test_a_burst_gets_distinct_members(

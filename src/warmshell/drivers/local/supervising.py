@@ -54,7 +54,7 @@ class HostSupervisors:
 
     async def __call__(self, seat: Seat) -> int:
         """Run the supervisor of one sandbox (see `Supervisor.run`)."""
-        channel = self._seat()
+        channel = self._channel_with_room()
         self._channels[channel] += 1
         try:
             settings = SupervisorSettings(
@@ -65,7 +65,7 @@ class HostSupervisors:
             if channel in self._channels:
                 self._channels[channel] -= 1
 
-    def _seat(self) -> grpc.aio.Channel:
+    def _channel_with_room(self) -> grpc.aio.Channel:
         """The fullest channel with room (so idle channels stay few), or a new one."""
         roomy = [c for c, n in self._channels.items() if n < self._per_channel]
         if roomy:
