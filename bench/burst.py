@@ -148,11 +148,11 @@ async def burst(gw: GatewayProcess, pools: Path, size: int, run: int) -> dict[st
     write_profile(pools, "burst", size, BURST_ENV)
     await settle(gw, "burst", size, timeout=max(120, size))
     members = descendants(gw.process.pid)
-    member_ns = {p: cpu_ns(p) for p in members}
-    gateway_before, threads_before = cpu_ns(gw.process.pid), thread_ns(gw.process.pid)
     names = [f"burst{run}-{i}" for i in range(size)]
     async with clients(gw, (size + CREATES_PER_CLIENT - 1) // CREATES_PER_CLIENT) as callers:
         await asyncio.gather(*(c.pools() for c in callers))  # connected before the clock starts
+        member_ns = {p: cpu_ns(p) for p in members}
+        gateway_before, threads_before = cpu_ns(gw.process.pid), thread_ns(gw.process.pid)
         start = time.perf_counter()
         results = await asyncio.gather(
             *(timed_create(callers[i // CREATES_PER_CLIENT], n, BURST_ENV) for i, n in enumerate(names)),
