@@ -39,6 +39,20 @@ def config(pools_dir: Path) -> LocalDriverConfig:
     return LocalDriverConfig(pools_dir=pools_dir, pool_reload_interval_seconds=0.02)
 
 
+class EveryInstance(dict[InstanceId, Exception]):
+    """FakeActivator.failures failing every instance with one error."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __getitem__(self, key: InstanceId) -> Exception:
+        return self.error
+
+
 def request(env: dict[str, str] | None = None, proof: str = "proof-1") -> CreateRequest:
     return CreateRequest(
         sandbox_id=new_sandbox_id(),
@@ -199,10 +213,12 @@ async def test_all_members_failing_activation_goes_cold_empty(
         await driver.start(activator)
         async with registering(driver, paths.sandboxes, activator):
             await wait_until(lambda: has_pool(driver, "default", idle=1))
-            (member,) = [m for m in driver._fleet.instances.values() if m.pool_name == "default"]
-            activator.failures[member.instance_id] = NotFoundError("gone")
+            # Every member fails, the replacement too: refills start during the claim now, and a
+            # slow claim could otherwise be served warm by one that registered meanwhile.
+            activator.failures = EveryInstance(NotFoundError("gone"))
             served = await driver.create(request())
             assert (served.allocation, served.miss_reason) == (Allocation.COLD, "Empty")
+            assert activator.calls, "a member was tried"
 
 
 async def test_profile_changes_replace_and_drain_members(
