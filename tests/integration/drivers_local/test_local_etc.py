@@ -29,7 +29,8 @@ def test_sandboxes_prepared_at_once_share_one_staged_etc(tmp_path: Path) -> None
         with ThreadPoolExecutor(8) as threads:
             for done in [threads.submit(prepare) for _ in range(8)]:
                 done.result()
-        launcher.close()
         staged = tmp_path / f"etc-{attempt}"
         assert sorted(p.name for p in staged.iterdir()) == allowed
         assert (staged / "passwd").read_bytes() == Path("/etc/passwd").read_bytes()
+        launcher.close()
+        assert not staged.exists()  # a gateway that stops leaves no copy behind

@@ -75,3 +75,12 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_remove_leaves_nothing_and_a_later_refresh_starts_again(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    staged.remove()
+    assert not staged.directory.exists()
+    staged.refresh()
+    assert (staged.directory / "passwd").exists()

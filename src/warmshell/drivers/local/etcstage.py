@@ -60,6 +60,13 @@ class EtcStage:
                     self._copy(name, info)
                     self._copied[name] = signature
 
+    def remove(self) -> None:
+        """Blocking: remove the directory (the gateway stops; its sandboxes have ended)."""
+        with self._lock:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self._copied.clear()
+            self.subdirectories = ()
+
     def _create(self) -> None:
         """A fresh directory (whatever a previous gateway left is removed) with a mount point for
         every allowed subdirectory."""

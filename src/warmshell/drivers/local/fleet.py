@@ -247,7 +247,7 @@ class Fleet:
         await asyncio.gather(*(self.stop(i, keep=keep(i)) for i in list(self.instances.values())))
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._launcher.close()
+        await asyncio.to_thread(self._launcher.close)
 
     # -- what a previous gateway left ------------------------------------------------------
 

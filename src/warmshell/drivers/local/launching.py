@@ -154,8 +154,11 @@ class Launcher:
         return [*argv, "--"] if len(argv) > 1 else []
 
     def close(self) -> None:
-        """Let the spawner thread end."""
+        """Let the spawner thread end and remove the staged /etc (blocking: call once every
+        sandbox ended). A gateway that crashed leaves it; its next start makes it afresh."""
         self._spawner.close()
+        if self._etc is not None:
+            self._etc.remove()
 
 
 def _stage(agent: Path, stage_dir: Path) -> Path:
