@@ -3,8 +3,8 @@ concurrent creates against a pool of the same size.
 
 Warm: creates that match a profile's shape, against a pool sized for the run (100 by default) so
 that every sample measures a hit rather than refill speed; before each create the script also
-waits (untimed) until the pool has an idle member. Refills are postponed while creates keep
-coming (`local.refill_delay_seconds`), so they do not compete with the measured activations. Cold: creates
+waits (untimed) until the pool has an idle member. Refills wait while a claim is in flight and
+start at a lower CPU priority, so they do not compete with the measured activations. Cold: creates
 of a shape no profile has. Burst: N concurrent creates against a pool of N, reporting how many
 were served warm and that none failed.
 """
@@ -155,16 +155,13 @@ async def burst(gw: GatewayProcess, size: int) -> dict:
     }
 
 
-async def measure(count: int, pool_size: int, burst_size: int, refill_delay: float | None) -> dict:
+async def measure(count: int, pool_size: int, burst_size: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="ws-pools-") as tmp:
         pools = Path(tmp) / "pools"
         pools.mkdir()
         write_profile(pools, "warm", pool_size, WARM_ENV)
         config = Path(tmp) / "gateway.toml"
-        settings = f"[local]\nmax_pool_replicas = {max(pool_size, burst_size)}\n"
-        if refill_delay is not None:
-            settings += f"refill_delay_seconds = {refill_delay}\n"
-        config.write_text(settings)
+        config.write_text(f"[local]\nmax_pool_replicas = {max(pool_size, burst_size)}\n")
         args = ["--pools", str(pools), "--config", str(config)]
         async with gateway_process(*args) as gw:
             await wait_idle(gw, "warm", pool_size)
@@ -182,10 +179,9 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=100)
     parser.add_argument("--pool-size", type=int, default=100)
     parser.add_argument("--burst", type=int, default=50)
-    parser.add_argument("--refill-delay", type=float, default=None, help="local.refill_delay_seconds")
     parser.add_argument("--name", default="warm_path", help="results file name under bench/results/")
     args = parser.parse_args()
-    data = asyncio.run(measure(args.count, args.pool_size, args.burst, args.refill_delay))
+    data = asyncio.run(measure(args.count, args.pool_size, args.burst))
     warm, cold, burst_result = data["warm"], data["cold"], data["burst"]
     speedup = cold["client_ms"]["p50"] / warm["client_ms"]["p50"]
     data["cold_p50_over_warm_p50"] = speedup

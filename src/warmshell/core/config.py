@@ -71,10 +71,12 @@ class LocalDriverConfig(_Section):
         return value
 
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
-    # Refills wait until claims pause this long (each claim re-arms the wait; a pool drained to a
-    # quarter of its size refills at once): booting a replacement (~6 ms of CPU since the
-    # supervisor runs host-side) during a run of warm creates competes with the activations.
-    refill_delay_seconds: float = Field(default=0.25, ge=0)
+    # Deprecated and ignored (a warning at start): refills no longer wait for a pause of this
+    # length; while creates are served one member at a time starts (drivers/local/pooling.py).
+    refill_delay_seconds: float | None = Field(default=None, ge=0)
+    # Pool members start at this nice value, below the creates and activations they serve (a
+    # claimed one gets 0 back before its workload starts); 0 = the gateway's own priority.
+    refill_nice: int = Field(default=19, ge=0, le=19)
     # Default bounds of every sandbox (see drivers/local/limits.py): sized tmpfs, the largest
     # file a process may write, and how many processes it may run. A profile's [storage] and
     # [resources], and a request's resources, override them (up to the maximums below).
@@ -97,6 +99,9 @@ class LocalDriverConfig(_Section):
     # An idle member's agent must answer a ping this fast when a create claims it (a stopped or
     # hung member is spent and replaced; the create takes the next member or goes cold).
     member_probe_seconds: float = Field(default=1.0, gt=0, le=60)
+    # Every idle member is pinged this often (the same deadline); one that does not answer is
+    # spent and replaced before a create could claim it.
+    member_check_seconds: float = Field(default=10.0, gt=0)
 
 
 class ProfilesConfig(_Section):

@@ -43,7 +43,8 @@ def raw_agent() -> Iterator[tuple[socket.socket, subprocess.Popen[bytes]]]:
         seccomp_fd=read_end,
         hostname="agent-test",
     )
-    argv = [*launching._as_user(uid), *sandboxing.bwrap_argv(layout)]
+    as_user = [str(launching.LAUNCH_BINARY), f"--uid={uid}", "--"] if uid is not None else []
+    argv = [*as_user, *sandboxing.bwrap_argv(layout)]
     process = subprocess.Popen(argv, pass_fds=(child.fileno(), read_end), stdin=subprocess.DEVNULL)
     child.close()
     os.close(read_end)

@@ -4,6 +4,7 @@ Activator."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
@@ -11,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from tests.integration.drivers_local.fakes import FakeActivator, registering
-from tests.integration.drivers_local.support import STAND_IN, DriverFactory, alive, credential_of, needs_bwrap, stand_in
+from tests.integration.drivers_local.support import DriverFactory, alive, credential_of, needs_bwrap
 from tests.integration.drivers_local.waiting import wait_until
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import NotFoundError, UnavailableError
 from warmshell.core.ids import InstanceId, new_sandbox_id
 from warmshell.core.models import Allocation, SandboxSpec
 from warmshell.drivers.base import BackendState, Bound, CreateRequest, MissReason, PoolView
-from warmshell.drivers.local import LocalDriver, cgroups, records
+from warmshell.drivers.local import LocalDriver, records
 
 DEFAULT = 'version = 1\nworkspace = "default"\nreplicas = {replicas}\n'
 ENV_FOO = DEFAULT + '[environment]\nFOO = "{value}"\n'
@@ -36,6 +37,20 @@ def pools_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def config(pools_dir: Path) -> LocalDriverConfig:
     return LocalDriverConfig(pools_dir=pools_dir, pool_reload_interval_seconds=0.02)
+
+
+class EveryInstance(dict[InstanceId, Exception]):
+    """FakeActivator.failures failing every instance with one error."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __getitem__(self, key: InstanceId) -> Exception:
+        return self.error
 
 
 def request(env: dict[str, str] | None = None, proof: str = "proof-1") -> CreateRequest:
@@ -198,10 +213,12 @@ async def test_all_members_failing_activation_goes_cold_empty(
         await driver.start(activator)
         async with registering(driver, paths.sandboxes, activator):
             await wait_until(lambda: has_pool(driver, "default", idle=1))
-            (member,) = [m for m in driver._fleet.instances.values() if m.pool_name == "default"]
-            activator.failures[member.instance_id] = NotFoundError("gone")
+            # Every member fails, the replacement too: refills start during the claim now, and a
+            # slow claim could otherwise be served warm by one that registered meanwhile.
+            activator.failures = EveryInstance(NotFoundError("gone"))
             served = await driver.create(request())
             assert (served.allocation, served.miss_reason) == (Allocation.COLD, "Empty")
+            assert activator.calls, "a member was tried"
 
 
 async def test_profile_changes_replace_and_drain_members(
@@ -306,27 +323,14 @@ async def test_idle_member_records_are_dropped_after_restart(make_driver: Driver
         assert not (paths.sandboxes / "li-idle").exists()
 
 
-async def test_refill_can_be_postponed(paths: StatePaths, config: LocalDriverConfig, pools_dir: Path) -> None:
-    (pools_dir / "default.toml").write_text(DEFAULT.format(replicas=1))
-    activator = FakeActivator()
-    driver = LocalDriver(
-        config,
-        paths,
-        supervise=stand_in(paths, STAND_IN),  # type: ignore[arg-type]
-        cgroup=cgroups.Unavailable("test"),
-        kill_grace_seconds=0.5,
-        refill_delay_seconds=60,
-    )
-    async with driver:
-        await driver.start(activator)
-        async with registering(driver, paths.sandboxes, activator):
-            await wait_until(lambda: has_pool(driver, "default", idle=1))
-            served = await driver.create(request())
-            assert served.allocation is Allocation.WARM
-            internal = driver._pools._pools["default"]  # type: ignore[union-attr]
-            for _ in range(20):  # give an immediate refill every chance to start
-                await asyncio.sleep(0)
-            assert (len(internal.members), internal.spawning) == (0, 0)
+async def test_refill_delay_seconds_is_still_accepted_with_a_deprecation_warning(
+    make_driver: DriverFactory, config: LocalDriverConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = LocalDriverConfig.model_validate({**config.model_dump(), "refill_delay_seconds": 0.25})
+    with caplog.at_level(logging.WARNING, logger="warmshell.drivers.local.driver"):
+        async with make_driver(config=old):
+            pass
+    assert "local.refill_delay_seconds is deprecated and ignored" in caplog.text
 
 
 async def test_a_burst_gets_distinct_members(

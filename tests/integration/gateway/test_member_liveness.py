@@ -4,6 +4,7 @@ waiting (real gateway, real bwrap'd members)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -71,3 +72,40 @@ async def test_stopped_idle_members_are_replaced_and_the_create_is_served(tmp_pa
         again = await gw.create(name="warm", spec=pb.SandboxSpec(environment={"LIVE": "1"}))
         assert again.status.allocation == "warm"
         assert (await gw.wait_ready("warm")).status.phase == pb.SANDBOX_PHASE_READY
+
+
+async def test_a_stopped_idle_member_is_replaced_before_any_create_claims_it(tmp_path: Path) -> None:
+    pools_dir = tmp_path / "pools"
+    overrides = {
+        "local.pools_dir": str(pools_dir),
+        "local.pool_reload_interval_seconds": 0.1,
+        "local.member_probe_seconds": 0.3,
+        "local.member_check_seconds": 0.2,
+    }
+    async with running_gateway(tmp_path / "state", **overrides) as gw:
+        write_profile(pools_dir, "live", profile(2, env='LIVE = "2"'))
+        await wait_pools(gw, idle("live", 2))
+        first, second = await agent_pids(gw.gateway, "live")
+        os.kill(first, signal.SIGSTOP)
+        try:
+            # No create: the periodic check spends it (killed although stopped) and refills.
+            async with asyncio.timeout(15):
+                while not gone(first):
+                    await asyncio.sleep(0.05)
+            refilled = await wait_pools(gw, idle("live", 2))
+        finally:
+            if not gone(first):
+                os.kill(first, signal.SIGCONT)
+        current = await agent_pids(gw.gateway, "live")
+        assert second in current
+        assert first not in current
+        live = pool_named(refilled, "live")
+        assert live is not None
+        assert (live.hits, live.misses) == (0, 0)
+        # Creates now are warm and never meet the stopped member's probe deadline.
+        for name in ("a", "b"):
+            start = time.monotonic()
+            created = await gw.create(name=name, spec=pb.SandboxSpec(environment={"LIVE": "2"}))
+            assert created.status.allocation == "warm"
+            assert (await gw.wait_ready(name)).status.phase == pb.SANDBOX_PHASE_READY
+            assert time.monotonic() - start < 5

@@ -1,4 +1,5 @@
-"""Pool bookkeeping with fake members (no processes): refill, profile changes, failures."""
+"""Pool bookkeeping with fake members (no processes): refill, claims, liveness, profile changes,
+failures."""
 
 from __future__ import annotations
 
@@ -17,15 +18,30 @@ from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.pooling import Pool, PoolSet
 
 
+class Agent:
+    """A fake sandbox process: answers the liveness probe while `answers` is set."""
+
+    def __init__(self) -> None:
+        self.answers = True
+        self.probes = 0
+
+    async def responsive(self, timeout: float) -> bool:
+        self.probes += 1
+        return self.answers
+
+
 class Members:
-    """A fake fleet: spawning makes a running Instance, stopping records it."""
+    """A fake fleet: spawning makes a running Instance with a fake agent, stopping records it."""
 
     def __init__(self) -> None:
         self.spawned: list[Instance] = []
         self.stopped: list[Instance] = []
         self.fail_with: Exception | None = None
+        self.gate: asyncio.Event | None = None  # when set, spawns wait for it
 
     async def spawn(self, pool: Pool) -> Instance:
+        if self.gate is not None:
+            await self.gate.wait()
         if self.fail_with is not None:
             raise self.fail_with
         member = Instance(
@@ -37,6 +53,7 @@ class Members:
             pool=pool.fingerprint,
             pool_name=pool.name,
             state=BackendState.RUNNING,
+            process=Agent(),  # type: ignore[arg-type]
         )
         self.spawned.append(member)
         return member
@@ -62,7 +79,9 @@ def members() -> Members:
 
 @pytest.fixture
 async def pools(members: Members) -> AsyncIterator[PoolSet]:
-    pool_set = PoolSet(spawn=members.spawn, stop=members.stop, default_image="", validate=refuse_images)
+    pool_set = PoolSet(
+        spawn=members.spawn, stop=members.stop, default_image="", validate=refuse_images, check_seconds=0.05
+    )
     pool_set.start()
     yield pool_set
     await pool_set.aclose()
@@ -76,6 +95,95 @@ async def settle(condition: Callable[[], bool]) -> None:
 
 def internal(pools: PoolSet, name: str) -> Pool:
     return pools._pools[name]
+
+
+def agent(member: Instance) -> Agent:
+    assert isinstance(member.process, Agent)
+    return member.process
+
+
+async def registered(pools: PoolSet, members: Members, name: str, count: int) -> Pool:
+    """Wait for `count` members of the pool and register them all."""
+    pool = internal(pools, name)
+    await settle(lambda: len(pool.members) == count)
+    for member in pool.members:
+        member.registered = True
+        pools.member_registered(member)
+    return pool
+
+
+async def test_while_creates_are_served_one_member_at_a_time_is_started(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile(replicas=4)}, {})
+    pool = await registered(pools, members, "p", 4)
+    members.gate = asyncio.Event()
+    release = asyncio.Event()
+
+    async def take(member: Instance) -> bool:
+        await release.wait()
+        return True
+
+    claims = [asyncio.create_task(pools.claim(pool, take)) for _ in range(3)]
+    await settle(lambda: len(pool.members) == 1)  # three claimed, the claims in flight
+    for _ in range(50):  # every chance to start more
+        await asyncio.sleep(0)
+    assert pool.spawning == 1
+    release.set()
+    assert {await c for c in claims} == set(members.spawned[:3])
+    assert pool.hits == 3
+    # Once claims pause, every missing member starts at once.
+    await settle(lambda: pool.spawning == 3)
+    members.gate.set()
+    await settle(lambda: len(pool.members) == 4)
+
+
+async def test_a_member_not_taken_is_spent_and_the_next_one_tried(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile(replicas=2)}, {})
+    pool = await registered(pools, members, "p", 2)
+    offered: list[Instance] = []
+
+    async def take(member: Instance) -> bool:
+        offered.append(member)
+        return len(offered) == 2
+
+    assert await pools.claim(pool, take) is members.spawned[1]
+    assert offered == members.spawned[:2]
+    await settle(lambda: members.stopped == [members.spawned[0]])
+    assert pool.hits == 1
+
+
+async def test_members_that_fail_the_probe_are_spent_and_the_create_goes_cold_soon(
+    pools: PoolSet, members: Members
+) -> None:
+    pools.apply({"p": profile(replicas=4)}, {})
+    pool = await registered(pools, members, "p", 4)
+    hung = list(pool.members)
+    for member in hung:
+        agent(member).answers = False
+    taken: list[Instance] = []
+
+    async def take(member: Instance) -> bool:
+        taken.append(member)
+        return True
+
+    # Two failed probes and the create goes cold; the rest of the pool is checked at once.
+    assert await pools.claim(pool, take) is None
+    assert taken == []
+    assert sum(agent(m).probes > 0 for m in hung) >= 2
+    await settle(lambda: set(members.stopped) == set(hung))
+    await settle(lambda: len(pool.members) == 4 and not set(pool.members) & set(hung))  # replaced
+
+
+async def test_an_idle_member_that_stops_answering_is_replaced_without_a_claim(
+    pools: PoolSet, members: Members
+) -> None:
+    pools.apply({"p": profile(replicas=2)}, {})
+    pool = await registered(pools, members, "p", 2)
+    stuck, fine = pool.members
+    agent(stuck).answers = False
+    await settle(lambda: members.stopped == [stuck])  # the periodic check (every 0.05 s here)
+    await settle(lambda: len(pool.members) == 2)
+    assert fine in pool.members
+    assert stuck not in pool.members
 
 
 async def test_not_ready_until_the_first_apply(pools: PoolSet, members: Members) -> None:

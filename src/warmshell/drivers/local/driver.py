@@ -5,8 +5,8 @@ A create is served warm when exactly one pool matches its fingerprint and has a 
 member: the member is bound to the sandbox (recorded), renamed, and handed to the gateway's
 Activator. Otherwise it goes cold: a supervisor bound to the sandbox from birth is spawned, and
 the gateway activates it once it registers, through the same registry. Sandboxes, supervisors
-and files are the `fleet`'s; pools and their refill loop are `pooling`'s; this module routes and
-reports.
+and files are the `fleet`'s; pools, the claim of a member, idle members' liveness and refills are
+`pooling`'s; this module routes, binds and reports.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import asyncio
 import builtins
 import collections
 import dataclasses
+import hashlib
 import logging
 import os
+import resource
 import shutil
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +68,10 @@ NO_BWRAP = (
     "or set local.allow_unisolated = true to run workloads as plain, unisolated processes"
 )
 _LOST = "the sandbox's process ended with the previous gateway"
+DEPRECATED_REFILL_DELAY = (
+    "local.refill_delay_seconds is deprecated and ignored: refills now wait only while claims are in "
+    "flight and start at a lower CPU priority (local.refill_nice); remove the key"
+)
 
 
 class LocalDriver:
@@ -76,7 +82,7 @@ class LocalDriver:
     that subscribed before `__aenter__`). Without bubblewrap the constructor raises unless
     `config.allow_unisolated` is set; then workloads run as plain processes with no isolation
     at all (see `launching`). `supervise` (what runs each sandbox's supervisor), `agent` and
-    `cgroup` exist for tests; `refill_delay_seconds` overrides `config.refill_delay_seconds`.
+    `cgroup` exist for tests.
     """
 
     name = "local"
@@ -90,7 +96,6 @@ class LocalDriver:
         agent: Path = AGENT_BINARY,
         cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None = None,
         kill_grace_seconds: float = 2.0,
-        refill_delay_seconds: float | None = None,
     ) -> None:
         self._config = config
         self._paths = paths
@@ -106,6 +111,7 @@ class LocalDriver:
             extra_ro_binds=config.extra_ro_binds,
             stage_dir=config.sandbox_dir if root else None,
             bounds=bounds,
+            etc_dir=_etc_dir(config, paths, root=root),
         )
         cgroup = cgroup if cgroup is not None else cgroups.detect()
         if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
@@ -132,14 +138,17 @@ class LocalDriver:
         self._hostnames = HostnameSetter()
         self._activator: Activator | None = None
         self._reloader: asyncio.Task[None] | None = None
-        self._refill_delay = config.refill_delay_seconds if refill_delay_seconds is None else refill_delay_seconds
-        self._refill_timer: asyncio.TimerHandle | None = None
+        if config.refill_delay_seconds is not None:
+            _log.warning(DEPRECATED_REFILL_DELAY)
+        self._refill_nice = _refill_nice(config.refill_nice)
         self._pools = (
             pooling.PoolSet(
                 spawn=self._spawn_member,
                 stop=self._fleet.stop,
                 default_image=self.default_image(),
                 validate=self._validate_profile,
+                probe_seconds=config.member_probe_seconds,
+                check_seconds=config.member_check_seconds,
             )
             if config.pools_dir is not None
             else None
@@ -193,9 +202,6 @@ class LocalDriver:
         end watches.
 
         Records of bound sandboxes stay on disk, so the next start reports them as lost."""
-        if self._refill_timer is not None:
-            self._refill_timer.cancel()
-            self._refill_timer = None
         if self._reloader is not None:
             self._reloader.cancel()
             await asyncio.gather(self._reloader, return_exceptions=True)
@@ -305,72 +311,50 @@ class LocalDriver:
     async def _claim(
         self, pool: pooling.Pool, request: CreateRequest, injected: tuple[str, ...]
     ) -> DriverSandbox | None:
-        """Bind registered idle members to the sandbox until one activates; None if none did."""
+        """A registered idle member of the pool, bound to the sandbox and activated (see
+        `PoolSet.claim`); None if none was."""
+        assert self._pools is not None
+        claimed_us = now_us()
+
+        async def take(member: Instance) -> bool:
+            return await self._activate(member, pool, request)
+
+        member = await self._pools.claim(pool, take)
+        if member is None:
+            return None
+        self._progress(member, "PoolHit", f"activated a warm sandbox from pool {pool.name}")
+        self._changed(member)
+        return dataclasses.replace(member.view(), claimed_us=claimed_us, injected_environment=injected)
+
+    async def _activate(self, member: Instance, pool: pooling.Pool, request: CreateRequest) -> bool:
+        """Bind a claimed member to the sandbox and activate it; False (unbound again) when it
+        died, is no longer registered or was taken meanwhile."""
         assert self._activator is not None
-        assert self._pools is not None
-        while (member := pool.claim()) is not None:
-            claimed_us = now_us()
-            self._refill_soon(pool)  # the member never returns to the pool
-            member.sandbox_id = request.sandbox_id
-            member.proof = request.activation_proof
-            member.name = member.hostname = request.name
-            self._sandboxes[request.sandbox_id] = member
-            # Written in the background: a crash before it lands only loses the report of this
-            # sandbox as lost on the next start (the gateway then finds it gone anyway).
-            self._fleet.save_soon(member)
-            if member.process is None or not await member.process.responsive(self._config.member_probe_seconds):
-                # Stopped, hung or gone while idle: spent and replaced, the create goes on.
-                _log.warning(
-                    "warm pool %s: member %s did not answer its liveness probe within %gs; replacing it",
-                    pool.name,
-                    member.instance_id,
-                    self._config.member_probe_seconds,
-                )
-                self._spend(member)
-                continue
-            try:
-                await self._rename(member)  # before activation: the workload may ask at once
-                await self._activator.activate(
-                    instance_id=member.instance_id,
-                    sandbox_id=request.sandbox_id,
-                    proof=request.activation_proof,
-                    reason=f"pool/{pool.name}",
-                )
-            except (NotFoundError, UnavailableError, AlreadyExistsError) as exc:
-                # Died, no longer registered, or taken: spend it and try the next one.
-                _log.info("warm pool %s: member %s unusable: %s", pool.name, member.instance_id, exc)
-                self._spend(member)
-                continue
-            except BaseException:
-                self._spend(member)
-                raise
-            pool.hits += 1
-            self._progress(member, "PoolHit", f"activated a warm sandbox from pool {pool.name}")
-            self._changed(member)
-            return dataclasses.replace(member.view(), claimed_us=claimed_us, injected_environment=injected)
-        return None
-
-    def _refill_soon(self, pool: pooling.Pool) -> None:
-        """Refill once claims pause for `refill_delay` (every claim re-arms the timer).
-
-        Booting a replacement (a sandbox and a registration: ~6 ms of CPU, bench/warm_path.py)
-        started during a run of warm creates competes with the activations the pool exists to
-        make fast. A pool drained below a quarter of its size refills at once, so a sustained run
-        cannot empty it."""
-        assert self._pools is not None
-        if self._refill_timer is not None:
-            self._refill_timer.cancel()
-            self._refill_timer = None
-        low_water = pool.profile.replicas // 4
-        if self._refill_delay <= 0 or len(pool.members) < low_water:
-            self._pools.wake()
-            return
-        self._refill_timer = asyncio.get_running_loop().call_later(self._refill_delay, self._refill_now)
-
-    def _refill_now(self) -> None:
-        self._refill_timer = None
-        if self._pools is not None:
-            self._pools.wake()
+        member.sandbox_id = request.sandbox_id
+        member.proof = request.activation_proof
+        member.name = member.hostname = request.name
+        self._sandboxes[request.sandbox_id] = member
+        # Written in the background: a crash before it lands only loses the report of this
+        # sandbox as lost on the next start (the gateway then finds it gone anyway).
+        self._fleet.save_soon(member)
+        try:
+            if member.process is not None:
+                await member.process.prioritise()  # it was started at the refill's priority
+            await self._rename(member)  # before activation: the workload may ask at once
+            await self._activator.activate(
+                instance_id=member.instance_id,
+                sandbox_id=request.sandbox_id,
+                proof=request.activation_proof,
+                reason=f"pool/{pool.name}",
+            )
+        except (NotFoundError, UnavailableError, AlreadyExistsError, OSError) as exc:
+            _log.info("warm pool %s: member %s unusable: %s", pool.name, member.instance_id, exc)
+            self._unbind(member)
+            return False
+        except BaseException:
+            self._unbind(member)
+            raise
+        return True
 
     async def _rename(self, member: Instance) -> None:
         """Give a claimed member the sandbox's name as hostname (cold ones start with it)."""
@@ -378,11 +362,9 @@ class LocalDriver:
         if pid is not None:
             await self._hostnames.set(pid, member.hostname)
 
-    def _spend(self, member: Instance) -> None:
-        """A claimed member that did not activate: unbind it and stop it (never back to a pool)."""
+    def _unbind(self, member: Instance) -> None:
         if member.sandbox_id is not None and self._sandboxes.get(member.sandbox_id) is member:
             del self._sandboxes[member.sandbox_id]
-        self._fleet.background(self._fleet.stop(member))
 
     async def _spawn_cold(self, request: CreateRequest, miss: MissReason) -> DriverSandbox:
         instance_id = credentials.new_instance_id()
@@ -419,7 +401,7 @@ class LocalDriver:
             pool=pool.fingerprint,
             pool_name=pool.name,
         )
-        await self._fleet.launch(member, pool.spec)
+        await self._fleet.launch(member, pool.spec, nice=self._refill_nice)
         return member
 
     def _validate_profile(self, profile: Profile) -> None:
@@ -470,3 +452,21 @@ def _check_extra_binds(binds: Sequence[Path], paths: StatePaths) -> None:
             raise FailedPreconditionError(
                 f"local.extra_ro_binds: {str(bind)!r} overlaps the gateway's state directory {str(state)!r}"
             )
+
+
+def _etc_dir(config: LocalDriverConfig, paths: StatePaths, *, root: bool) -> Path:
+    """Where the sandboxes' /etc is staged: where their uid can reach it, as their workspaces
+    (see `launching`), and one per gateway (gateways may share `local.sandbox_dir`)."""
+    if not root:
+        return paths.root / "sandbox-etc"
+    digest = hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
+    return config.sandbox_dir / f"etc-{digest}"
+
+
+def _refill_nice(nice: int) -> int:
+    """The nice value refills start at, if the gateway may give a claimed member nice 0 back
+    (root, or an RLIMIT_NICE that allows it); else 0, said once."""
+    if nice and os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20:
+        _log.info("local.refill_nice = %d not applied: this user may not raise a claimed member's priority again", nice)
+        return 0
+    return nice

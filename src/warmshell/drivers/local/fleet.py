@@ -72,9 +72,10 @@ class Fleet:
 
     # -- spawning --------------------------------------------------------------------------
 
-    async def launch(self, instance: Instance, spec: SandboxSpec) -> None:
-        """Start the instance's sandbox, then its supervisor; on failure everything it made is
-        removed again (UnavailableError when the sandbox could not be started)."""
+    async def launch(self, instance: Instance, spec: SandboxSpec, *, nice: int = 0) -> None:
+        """Start the instance's sandbox (at nice value `nice`), then its supervisor; on failure
+        everything it made is removed again (UnavailableError when the sandbox could not be
+        started)."""
         defaults = self._launcher.bounds
         instance.bounds = defaults.for_spec(spec) if defaults is not None else None
         instance.conditions = self._conditions(instance.bounds)
@@ -86,7 +87,7 @@ class Fleet:
                 instance.uid = self._uids.acquire()
                 instance.workspaces = self._workspaces
             await asyncio.to_thread(self._prepare, instance, spec.image)
-            instance.process = await self._launcher.start(instance, image=spec.image, uid=instance.uid)
+            instance.process = await self._launcher.start(instance, image=spec.image, uid=instance.uid, nice=nice)
             self.save_soon(instance)
         except BaseException as exc:
             if instance.process is not None:
@@ -248,6 +249,7 @@ class Fleet:
         await asyncio.gather(*(self.stop(i, keep=keep(i)) for i in list(self.instances.values())))
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.to_thread(self._launcher.close)
 
     # -- what a previous gateway left ------------------------------------------------------
 

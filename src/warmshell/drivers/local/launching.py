@@ -23,18 +23,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from warmshell.core.errors import FailedPreconditionError
-from warmshell.drivers.local import cgroups, limits, sandboxing, seccomp
+from warmshell.drivers.local import cgroups, etcstage, limits, sandboxing, seccomp
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess
+from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess, Spawner
 
-__all__ = ["AGENT_BINARY", "BUILD_STEP", "Launcher", "Sandbox"]
+__all__ = ["AGENT_BINARY", "BUILD_STEP", "LAUNCH_BINARY", "Launcher", "Sandbox"]
 
 _log = logging.getLogger(__name__)
 
 AGENT_BINARY = Path(__file__).resolve().parent / "agent" / "warmshell-agent"
+# Sets a sandbox's nice value and rlimits and drops to its uid, then execs bwrap (see its source).
+LAUNCH_BINARY = AGENT_BINARY.with_name("warmshell-launch")
 BUILD_STEP = "scripts/build-agent (run by scripts/bootstrap)"
 _HOST_ROOT = Path("/")
-SETPRIV = "/usr/bin/setpriv"  # util-linux, on every Debian
 Sandbox = SandboxProcess | HostProcesses
 
 
@@ -49,22 +50,31 @@ class Launcher:
         extra_ro_binds: Sequence[Path] = (),
         stage_dir: Path | None = None,
         bounds: limits.Bounds | None = None,
+        launch: Path = LAUNCH_BINARY,
+        etc_dir: Path | None = None,
     ) -> None:
         """`bwrap` None means unisolated; `stage_dir` is where the agent is copied for sandboxes
-        whose uid cannot reach it (None: use it in place). FailedPreconditionError when isolated
-        and the agent binary is missing (it is built, not shipped)."""
+        whose uid cannot reach it (None: use it in place); `etc_dir` is where the host root's
+        /etc is staged (see `etcstage`; None: each allowed entry is bound on its own).
+        FailedPreconditionError when isolated and the agent or launch binary is missing (they
+        are built, not shipped)."""
         self.bwrap = bwrap
         self._agent = agent
         self._extra = list(extra_ro_binds)
         self._stage_dir = stage_dir
         self._bounds = bounds
+        self._launch = launch
+        # One stage for all: `prepare` runs in several threads at once.
+        self._etc = etcstage.EtcStage(etc_dir, _HOST_ROOT / "etc", sandboxing.ETC_ALLOWED) if etc_dir else None
         self._plans: dict[Path, sandboxing.RootPlan] = {}
         self._seccomp = b""
+        self._spawner = Spawner("warmshell-spawn")
         if bwrap is not None:
-            if not os.access(agent, os.X_OK):
-                raise FailedPreconditionError(
-                    f"the sandbox agent {str(agent)!r} is missing or not executable; build it with {BUILD_STEP}"
-                )
+            for binary in (agent, launch):
+                if not os.access(binary, os.X_OK):
+                    raise FailedPreconditionError(
+                        f"{str(binary)!r} is missing or not executable; build it with {BUILD_STEP}"
+                    )
             self._seccomp = seccomp.program()
             for path in self._extra:
                 _log.info("local sandboxes get a read-only bind of %s (local.extra_ro_binds)", path)
@@ -87,15 +97,20 @@ class Launcher:
         if self._stage_dir is not None and self._agent.parent != self._stage_dir:
             self._agent = _stage(self._agent, self._stage_dir)
         root = Path(image) if image else _HOST_ROOT
+        if not image and self._etc is not None:
+            self._etc.refresh()  # every start: a changed /etc/resolv.conf reaches the next sandbox
         if root not in self._plans:
             entries = sandboxing.list_root(root)
             if image:
                 self._plans[root] = sandboxing.image_root_plan(root, entries)
             else:
-                self._plans[root] = sandboxing.host_root_plan(entries, os.listdir(root / "etc"), root)
+                staged, subdirs = (self._etc.directory, self._etc.subdirectories) if self._etc else (None, ())
+                names = os.listdir(root / "etc")
+                self._plans[root] = sandboxing.host_root_plan(entries, names, root, staged_etc=staged, etc_dirs=subdirs)
 
-    async def start(self, instance: Instance, *, image: str, uid: int | None) -> Sandbox:
-        """Start the instance's sandbox (after `prepare(image)`); OSError when it does not."""
+    async def start(self, instance: Instance, *, image: str, uid: int | None, nice: int = 0) -> Sandbox:
+        """Start the instance's sandbox (after `prepare(image)`) at nice value `nice`; OSError
+        when it does not."""
         log_path = instance.directory / "sandbox.log"
         if self.bwrap is None:
             return HostProcesses(instance.workspace_dir, log_path)
@@ -119,22 +134,32 @@ class Launcher:
                 run_bytes=bounds.run_bytes if bounds is not None else None,
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
             )
-            # Into the cgroup while still the gateway's uid, then the sandbox's uid, then bwrap.
+            # Into the cgroup while still the gateway's uid, then priority, rlimits and the
+            # sandbox's uid, then bwrap.
             enter = cgroups.enter_argv(instance.cgroup) if instance.cgroup is not None else []
-            rlimits = limits.prlimit_argv(bounds, uid_per_sandbox=uid is not None) if bounds is not None else []
-            return [*enter, *rlimits, *_as_user(uid), *sandboxing.bwrap_argv(layout)]
+            return [*enter, *self._launch_argv(nice, uid, bounds), *sandboxing.bwrap_argv(layout)]
 
-        return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path)
+        return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path, spawner=self._spawner)
 
+    def _launch_argv(self, nice: int, uid: int | None, bounds: limits.Bounds | None) -> list[str]:
+        """The `warmshell-launch` prefix (not subprocess's `user=`: that makes Python fork()
+        instead of vfork(), and a fork of the gateway runs gRPC's fork handlers, which crash the
+        child while other threads use gRPC)."""
+        argv = [str(self._launch)]
+        if nice:
+            argv.append(f"--priority={nice}")
+        if bounds is not None:  # prlimit's options: everything between its name and "--"
+            argv += limits.prlimit_argv(bounds, uid_per_sandbox=uid is not None)[1:-1]
+        if uid is not None:
+            argv.append(f"--uid={uid}")
+        return [*argv, "--"] if len(argv) > 1 else []
 
-def _as_user(uid: int | None) -> list[str]:
-    """A prefix that runs the rest of the argv as `uid` (and that gid, no other groups).
-
-    Not subprocess's `user=`: that makes Python fork() instead of vfork(), and a fork of the
-    gateway runs gRPC's fork handlers, which crash the child while other threads use gRPC."""
-    if uid is None:
-        return []
-    return [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    def close(self) -> None:
+        """Let the spawner thread end and remove the staged /etc (blocking: call once every
+        sandbox ended). A gateway that crashed leaves it; its next start makes it afresh."""
+        self._spawner.close()
+        if self._etc is not None:
+            self._etc.remove()
 
 
 def _stage(agent: Path, stage_dir: Path) -> Path:

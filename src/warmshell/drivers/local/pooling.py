@@ -1,11 +1,20 @@
-"""Local warm pools: for each profile, keep `replicas` idle supervisors spawned and registered.
+"""Local warm pools: for each profile, keep `replicas` idle members spawned and registered, and
+hand them to creates.
 
-The driver owns processes; this module decides how many to spawn, which one a create gets, and
-what happens when profiles change: a profile changed in anything but `replicas` becomes a new
-pool (the old one's idle members are stopped), a removed profile drains its pool, and an invalid
-file is reported on its pool without touching the others (the last valid version keeps serving).
-A member that dies before registering counts as a failure; the pool then backs off
-exponentially instead of respawning in a tight loop.
+The driver owns processes; this module decides how many to spawn, which member a create gets
+(`PoolSet.claim`), when refills run, whether idle members still answer, and what happens when
+profiles change: a profile changed in anything but `replicas` becomes a new pool (the old one's
+idle members are stopped), a removed profile drains its pool, and an invalid file is reported on
+its pool without touching the others (the last valid version keeps serving).
+
+Refills start as soon as members are missing, but while creates are being served (a claim in
+flight or one in the last `_BUSY_SECONDS`) only one member at a time is started: a burst of
+creates keeps the machine nearly to itself, a steady run of creates does not drain the pool, and
+the pool refills at full speed the moment creates pause. Members start at a lower CPU priority
+(`local.refill_nice`) on top of that. A member that dies before registering counts as a
+failure; the pool then backs off exponentially instead of respawning in a tight loop. Idle
+members are pinged every `check_seconds` and before a claim; one that does not answer within
+`probe_seconds` is spent (stopped, replaced).
 """
 
 from __future__ import annotations
@@ -26,11 +35,19 @@ from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import DriverCondition, PoolView, invalid_profile_view
 from warmshell.drivers.local.instances import Instance
 
-__all__ = ["Pool", "PoolSet"]
+__all__ = ["Pool", "PoolSet", "Take"]
 
 _log = logging.getLogger(__name__)
 _BACKOFF_FIRST = 0.5
 _BACKOFF_MAX = 30.0
+# Claims closer together than this are one run of creates, which refills keep out of the way of.
+_BUSY_SECONDS = 0.1
+# Members a claim probes before the create goes cold (the others are checked in the background).
+_PROBES_PER_CLAIM = 2
+
+# Binds a claimed member to the create and activates it; False when it could not be activated
+# (the member is then spent and the next one tried).
+Take = Callable[[Instance], Awaitable[bool]]
 
 
 @dataclass(eq=False)
@@ -114,8 +131,12 @@ class PoolSet:
         stop: Callable[[Instance], Coroutine[Any, Any, None]],
         default_image: str,
         validate: Callable[[Profile], None],
+        probe_seconds: float = 1.0,
+        check_seconds: float = 10.0,
         max_concurrent_spawns: int = 8,
     ) -> None:
+        """`spawn` starts a member of a pool, `stop` stops one; `validate` refuses a profile
+        this driver cannot serve (InvalidArgumentError)."""
         self._spawn_member = spawn
         self._stop_member = stop
         self._default_image = default_image
@@ -129,6 +150,11 @@ class PoolSet:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
+        self._checker: asyncio.Task[None] | None = None
+        self._probe_seconds = probe_seconds
+        self._check_seconds = check_seconds
+        self._claiming = 0  # claims in flight
+        self._last_claim = float("-inf")  # when a claim last took a member (loop time)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -236,6 +262,77 @@ class PoolSet:
             message,
         )
 
+    # -- claims and liveness ---------------------------------------------------------------
+
+    async def claim(self, pool: Pool, take: Take) -> Instance | None:
+        """Hand the pool's registered idle members to `take` until one is taken; None when none
+        was. A member that fails its probe or is not taken is spent (never back in a pool);
+        after `_PROBES_PER_CLAIM` failed probes the create goes cold and the rest of the pool is
+        checked in the background, so a pool of hung members costs one create seconds, not
+        minutes."""
+        self._claiming += 1
+        failed_probes = 0
+        try:
+            while failed_probes < _PROBES_PER_CLAIM and (member := pool.claim()) is not None:
+                self._last_claim = asyncio.get_running_loop().time()
+                self.wake()  # it never returns to the pool
+                if not await self._answers(member):
+                    _log.warning(
+                        "warm pool %s: member %s did not answer its liveness probe within %gs; replacing it",
+                        pool.name,
+                        member.instance_id,
+                        self._probe_seconds,
+                    )
+                    failed_probes += 1
+                    self._spend(member)
+                    self._background(self._check(pool))
+                    continue
+                try:
+                    taken = await take(member)
+                except BaseException:
+                    self._spend(member)
+                    raise
+                if taken:
+                    pool.hits += 1
+                    return member
+                self._spend(member)
+            return None
+        finally:
+            self._claiming -= 1
+            self.wake()
+
+    async def _answers(self, member: Instance) -> bool:
+        return member.process is not None and await member.process.responsive(self._probe_seconds)
+
+    def _spend(self, member: Instance) -> None:
+        self._background(self._stop_member(member))
+
+    async def _check(self, pool: Pool) -> None:
+        """Ping every registered idle member of the pool at once; spend those that do not answer."""
+        idle = [m for m in pool.members if m.registered and m.alive]
+        answers = await asyncio.gather(*(self._answers(m) for m in idle))
+        for member, answered in zip(idle, answers, strict=True):
+            if not answered and member in pool.members:
+                _log.warning(
+                    "warm pool %s: idle member %s did not answer its liveness check within %gs; replacing it",
+                    pool.name,
+                    member.instance_id,
+                    self._probe_seconds,
+                )
+                pool.members.remove(member)
+                self._spend(member)
+                self.wake()
+
+    async def _check_every(self) -> None:
+        while True:
+            await asyncio.sleep(self._check_seconds)
+            if not self._busy():  # a round of pings waits for a pause in the creates
+                await asyncio.gather(*(self._check(pool) for pool in list(self._pools.values())))
+
+    def _busy(self) -> bool:
+        """Whether creates are being served: a claim in flight, or one in the last moments."""
+        return self._claiming > 0 or asyncio.get_running_loop().time() < self._last_claim + _BUSY_SECONDS
+
     # -- the refill loop -------------------------------------------------------------------
 
     def wake(self) -> None:
@@ -243,14 +340,16 @@ class PoolSet:
         self._wake.set()
 
     def start(self) -> None:
-        """Run the refill loop."""
+        """Run the refill loop and the idle members' liveness checks."""
         self._runner = asyncio.create_task(self._run(), name="local-pools")
+        self._checker = asyncio.create_task(self._check_every(), name="local-pool-liveness")
 
     async def aclose(self) -> None:
-        """Stop refilling and stop every idle member."""
-        if self._runner is not None:
-            self._runner.cancel()
-            await asyncio.gather(self._runner, return_exceptions=True)
+        """Stop refilling and checking, and stop every idle member."""
+        for task in (self._runner, self._checker):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._timer is not None:
             self._timer.cancel()
         for pool in self._pools.values():
@@ -266,25 +365,35 @@ class PoolSet:
             self._refill()
 
     def _refill(self) -> None:
-        now = asyncio.get_running_loop().time()
-        next_retry: float | None = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        busy_until = self._last_claim + _BUSY_SECONDS
+        busy = self._busy()
+        # While creates are being served, one spawn at a time (a steady run of creates does not
+        # drain the pool, a burst is barely touched); every missing member once they pause.
+        budget = max(0, 1 - sum(p.spawning for p in self._pools.values())) if busy else None
+        wake_at: float | None = busy_until if busy else None
         for pool in self._pools.values():
             if pool.retry_at > now:
-                next_retry = pool.retry_at if next_retry is None else min(next_retry, pool.retry_at)
+                wake_at = pool.retry_at if wake_at is None else min(wake_at, pool.retry_at)
                 continue
             missing = pool.profile.replicas - len(pool.members) - pool.spawning
-            for _ in range(missing):
+            count = missing if budget is None else min(missing, budget)
+            for _ in range(count):
                 pool.spawning += 1
                 self._background(self._spawn(pool))
+            if budget is not None:
+                budget -= max(0, count)
             if missing < 0:
                 # Fewer replicas now: stop the youngest (least likely registered) members.
                 extra, pool.members = pool.members[missing:], pool.members[:missing]
                 for member in extra:
                     self._background(self._stop_member(member))
-        if next_retry is not None:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = asyncio.get_running_loop().call_at(next_retry, self._wake.set)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if wake_at is not None:
+            self._timer = loop.call_at(wake_at, self._wake.set)
 
     async def _spawn(self, pool: Pool) -> None:
         try:

@@ -1,11 +1,14 @@
 """One local sandbox's processes: bubblewrap with the agent as pid 1 and the host end of its
 control socket; or, unisolated, plain processes of the gateway.
 
-bwrap's stdout/stderr go to a log file rather than a pipe (asyncio reports a process as ended
-only once its pipes close). bwrap leads its own process group; its `--info-fd` tells us the pid
-of the sandbox's init (the agent), and we hold a pidfd on it so stopping can kill the whole pid
-namespace even if bwrap died before arming `--die-with-parent`. Closing the control socket is
-the normal way to end a sandbox: the agent kills everything in it and exits.
+bwrap is started off the event loop, in a spawner thread (see `Spawner`): the fork-and-exec
+blocks its caller until the child has exec'd, which on a busy host is milliseconds the event
+loop would otherwise spend waiting; its end is noticed through a pidfd, so no watcher thread per
+sandbox either. bwrap's stdout/stderr go to a log file. bwrap leads its own process group; its
+`--info-fd` tells us the pid of the sandbox's init (the agent), and we hold a pidfd on it so
+stopping can kill the whole pid namespace even if bwrap died before arming `--die-with-parent`.
+Closing the control socket is the normal way to end a sandbox: the agent kills everything in it
+and exits.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +33,7 @@ from warmshell.supervisor import processes as host_processes
 from warmshell.supervisor.interactive import ExecInput
 from warmshell.supervisor.processes import OutputSink, Runner
 
-__all__ = ["HostProcesses", "SandboxFds", "SandboxProcess", "read_tail"]
+__all__ = ["HostProcesses", "SandboxFds", "SandboxProcess", "Spawner", "read_tail"]
 
 _log = logging.getLogger(__name__)
 _TAIL_BYTES = 4096
@@ -45,14 +50,89 @@ class SandboxFds:
     info: int
 
 
+class Spawner:
+    """One thread that starts sandboxes, so the event loop never waits for a fork and exec.
+
+    It runs at the gateway's priority: a thread at a lower one would hold the GIL while it
+    prepares each spawn and could be preempted doing so, stalling the event loop behind it. A
+    refill's lower priority is set by the launch prefix instead (see `launching`)."""
+
+    def __init__(self, name: str) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    async def start(self, argv: Sequence[str], *, log_path: Path, pass_fds: Sequence[int]) -> _Child:
+        """Start `argv` in the spawner thread, its output appended to `log_path`; a `_Child` to
+        wait for."""
+        started = asyncio.get_running_loop().run_in_executor(self._executor, _popen, argv, log_path, pass_fds)
+        try:
+            popen = await asyncio.shield(started)
+        except asyncio.CancelledError:
+            started.add_done_callback(_kill_started)  # the caller is gone: nothing may outlive it
+            raise
+        return _Child(popen)
+
+    def close(self) -> None:
+        """Let the thread end once idle."""
+        self._executor.shutdown(wait=False)
+
+
+def _popen(argv: Sequence[str], log_path: Path, pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            env={"PATH": "/usr/bin:/bin"},
+            pass_fds=pass_fds,
+            start_new_session=True,
+        )
+    finally:
+        os.close(log_fd)
+
+
+def _kill_started(started: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    if started.cancelled() or started.exception() is not None:
+        return
+    popen = started.result()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)
+    popen.wait()  # at once: it was SIGKILLed
+
+
+class _Child:
+    """A child process waited for through a pidfd on the event loop (no watcher thread)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen  # held, so subprocess never reaps it behind our back
+        self.pid = popen.pid
+        self.returncode: int | None = None
+        loop = asyncio.get_running_loop()
+        self._ended: asyncio.Future[int] = loop.create_future()
+        self._pidfd = os.pidfd_open(self.pid)  # a zombie still has one: nobody else reaps it
+        loop.add_reader(self._pidfd, self._readable, loop)
+
+    def _readable(self, loop: asyncio.AbstractEventLoop) -> None:
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid == 0:
+            return
+        loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self.returncode = self._popen.returncode = os.waitstatus_to_exitcode(status)
+        self._ended.set_result(self.returncode)
+
+    async def wait(self) -> int:
+        """The exit status (negative: killed by that signal), once it ended."""
+        return await asyncio.shield(self._ended)
+
+
 class SandboxProcess:
     """A running (or ended) bwrap'd sandbox and the link to its agent."""
 
     isolated = True
 
-    def __init__(
-        self, process: asyncio.subprocess.Process, link: AgentLink, log_path: Path, info: asyncio.Task[_Child | None]
-    ) -> None:
+    def __init__(self, process: _Child, link: AgentLink, log_path: Path, info: asyncio.Task[_Sandboxed | None]) -> None:
         self._process = process
         self.link = link
         self.log_path = log_path
@@ -66,6 +146,7 @@ class SandboxProcess:
         *,
         seccomp: bytes,
         log_path: Path,
+        spawner: Spawner,
     ) -> SandboxProcess:
         """Start bwrap and wait for the agent's hello; OSError when it does not come (the log's
         tail says why)."""
@@ -79,19 +160,7 @@ class SandboxProcess:
             seccomp_write = -1
             fds = SandboxFds(control=child.fileno(), seccomp=seccomp_read, info=info_write)
             argv = build(fds)
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                process = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=log_fd,
-                    stderr=log_fd,
-                    env={"PATH": "/usr/bin:/bin"},
-                    pass_fds=(child.fileno(), seccomp_read, info_write),
-                    start_new_session=True,
-                )
-            finally:
-                os.close(log_fd)
+            process = await spawner.start(argv, log_path=log_path, pass_fds=(child.fileno(), seccomp_read, info_write))
         except BaseException:
             host.close()
             os.close(info_read)
@@ -131,6 +200,13 @@ class SandboxProcess:
     async def responsive(self, timeout: float) -> bool:  # noqa: ASYNC109 - the probe's own bound
         """Whether the sandbox runs and its agent answers a ping within `timeout` seconds."""
         return self._process.returncode is None and await self.link.ping(timeout)
+
+    async def prioritise(self) -> None:
+        """Give the agent (and so everything it starts from now on) nice 0 again: a refill is
+        started at a lower priority. OSError when it may not be raised."""
+        pid = await self.sandbox_pid()
+        if pid is not None and os.getpriority(os.PRIO_PROCESS, pid) != 0:
+            os.setpriority(os.PRIO_PROCESS, pid, 0)
 
     async def sandbox_pid(self) -> int | None:
         """The pid (in our namespace) of the sandbox's init while it runs; None when it ended
@@ -247,6 +323,9 @@ class HostProcesses:
         """There is no agent to probe: alive until stopped."""
         return not self._ended.is_set()
 
+    async def prioritise(self) -> None:
+        """There is no agent: commands start at the gateway's priority anyway."""
+
     async def sandbox_pid(self) -> int | None:
         """There is no sandbox."""
         return None
@@ -263,12 +342,12 @@ class HostProcesses:
 
 
 @dataclass(frozen=True)
-class _Child:
+class _Sandboxed:
     pid: int
     pidfd: int
 
 
-async def _sandbox_child(fd: int) -> _Child | None:
+async def _sandbox_child(fd: int) -> _Sandboxed | None:
     """Read bwrap's --info-fd JSON and open a pidfd on its "child-pid"."""
     data = b""
     try:
@@ -282,7 +361,7 @@ async def _sandbox_child(fd: int) -> _Child | None:
         finally:
             transport.close()
         pid = int(json.loads(data)["child-pid"])
-        return _Child(pid, os.pidfd_open(pid))
+        return _Sandboxed(pid, os.pidfd_open(pid))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         _log.debug("no sandbox pid from bwrap (%s): %r", exc, data[:200])
         return None

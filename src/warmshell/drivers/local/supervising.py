@@ -10,6 +10,7 @@ from the request alone: the base environment is empty, so nothing of the gateway
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,21 +39,42 @@ Supervise = Callable[[Seat], Coroutine[Any, Any, int]]
 
 
 class HostSupervisors:
-    """The real supervisors, over one channel (opened on first use, in the running loop)."""
+    """The real supervisors, over a few shared channels (opened on demand, in the running loop).
 
-    def __init__(self, supervisor_socket: Path) -> None:
+    A channel is one HTTP/2 connection, and the gateway serves at most
+    `listening.MAX_STREAMS_PER_CONNECTION` streams on one; every supervisor holds one or two at
+    a time (its registration, then its session) and more while it relays calls. So at most
+    `supervisors_per_channel` supervisors share a channel, and each channel keeps a subchannel
+    of its own (gRPC would otherwise share one connection among channels to the same target)."""
+
+    def __init__(self, supervisor_socket: Path, *, supervisors_per_channel: int = 32) -> None:
         self._target = f"unix:{supervisor_socket}"
-        self._channel: grpc.aio.Channel | None = None
+        self._per_channel = supervisors_per_channel
+        self._channels: dict[grpc.aio.Channel, int] = {}  # channel -> supervisors using it
 
     async def __call__(self, seat: Seat) -> int:
         """Run the supervisor of one sandbox (see `Supervisor.run`)."""
-        if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._target)
-        settings = SupervisorSettings(gateway=self._target, credential=seat.credential, instance_id=seat.instance_id)
-        return await Supervisor(settings, {}, runner=seat.runner, channel=self._channel).run()
+        channel = self._channel_with_room()
+        self._channels[channel] += 1
+        try:
+            settings = SupervisorSettings(
+                gateway=self._target, credential=seat.credential, instance_id=seat.instance_id
+            )
+            return await Supervisor(settings, {}, runner=seat.runner, channel=channel).run()
+        finally:
+            if channel in self._channels:
+                self._channels[channel] -= 1
+
+    def _channel_with_room(self) -> grpc.aio.Channel:
+        """The fullest channel with room (so idle channels stay few), or a new one."""
+        roomy = [c for c, n in self._channels.items() if n < self._per_channel]
+        if roomy:
+            return max(roomy, key=self._channels.__getitem__)
+        channel = grpc.aio.insecure_channel(self._target, options=[("grpc.use_local_subchannel_pool", 1)])
+        self._channels[channel] = 0
+        return channel
 
     async def aclose(self) -> None:
-        """Close the shared channel."""
-        if self._channel is not None:
-            channel, self._channel = self._channel, None
-            await channel.close(grace=None)
+        """Close every channel."""
+        channels, self._channels = list(self._channels), {}
+        await asyncio.gather(*(channel.close(grace=None) for channel in channels))

@@ -1,0 +1,86 @@
+"""The staged /etc: copies of the allowed files, refreshed when a source changes (a temp dir as
+the host's /etc)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from warmshell.drivers.local.etcstage import EtcStage
+
+
+@pytest.fixture
+def host_etc(tmp_path: Path) -> Path:
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    (etc / "hosts").write_text("127.0.0.1 localhost\n")
+    (etc / "ssl").mkdir()
+    (etc / "ssl" / "cert.pem").write_text("cert")
+    (etc / "shadow").write_text("root:secret\n")
+    (tmp_path / "zone").write_text("UTC")
+    (etc / "localtime").symlink_to(tmp_path / "zone")
+    return etc
+
+
+def stage(tmp_path: Path, host_etc: Path) -> EtcStage:
+    return EtcStage(tmp_path / "staged", host_etc, ["passwd", "hosts", "ssl", "localtime", "gone"])
+
+
+def test_allowed_files_are_copied_and_directories_become_mount_points(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    directory = staged.directory
+    assert sorted(os.listdir(directory)) == ["hosts", "localtime", "passwd", "ssl"]
+    assert (directory / "passwd").read_text() == "root:x:0:0::/root:/bin/sh\n"
+    assert (directory / "localtime").read_text() == "UTC"  # a symlink's content, not the link
+    assert not (directory / "localtime").is_symlink()
+    assert os.listdir(directory / "ssl") == []  # bound over, not copied
+    assert staged.subdirectories == ("ssl",)
+    assert not (directory / "shadow").exists()
+
+
+def test_a_copy_keeps_its_sources_permission_bits(tmp_path: Path, host_etc: Path) -> None:
+    os.chmod(host_etc / "hosts", 0o600)
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    assert (staged.directory / "hosts").stat().st_mode & 0o777 == 0o600
+    assert (staged.directory / "passwd").stat().st_mode & 0o777 == 0o644 & ~_umask()
+
+
+def test_changed_replaced_and_removed_sources_are_followed(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    (host_etc / "hosts").write_text("10.0.0.1 changed-in-place and longer\n")
+    replacement = host_etc / "passwd.new"
+    replacement.write_text("root:x:0:0::/root:/bin/bash\n")
+    replacement.replace(host_etc / "passwd")  # as vipw and resolvconf do: a new inode
+    (host_etc / "localtime").unlink()
+    staged.refresh()
+    assert (staged.directory / "hosts").read_text() == "10.0.0.1 changed-in-place and longer\n"
+    assert (staged.directory / "passwd").read_text() == "root:x:0:0::/root:/bin/bash\n"
+    assert not (staged.directory / "localtime").exists()
+
+
+def test_a_new_gateway_starts_from_a_clean_directory(tmp_path: Path, host_etc: Path) -> None:
+    (tmp_path / "staged").mkdir()
+    (tmp_path / "staged" / "shadow").write_text("left by someone")
+    stage(tmp_path, host_etc).refresh()
+    assert not (tmp_path / "staged" / "shadow").exists()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_remove_leaves_nothing_and_a_later_refresh_starts_again(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    staged.remove()
+    assert not staged.directory.exists()
+    staged.refresh()
+    assert (staged.directory / "passwd").exists()
