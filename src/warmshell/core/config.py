@@ -27,6 +27,7 @@ __all__ = [
     "ProfilesConfig",
     "RateLimit",
     "RateLimitsConfig",
+    "ReplicasConfig",
     "StatePaths",
     "StoreConfig",
     "WarmPoolingConfig",
@@ -238,6 +239,24 @@ class StoreConfig(_Section):
         return self
 
 
+class ReplicasConfig(_Section):
+    """`[replicas]`: several gateways on one Postgres store (Kubernetes). Each replica serves the
+    whole public API; a call that needs a supervisor session held by another replica is forwarded
+    to it, over gRPC, with a credential the replicas share."""
+
+    # Unique per replica and stable over its life (the pod name); "" = hostname-pid.
+    id: str = ""
+    # host:port at which the other replicas reach this one's gRPC (the pod IP and the gRPC port);
+    # "" = listen_tcp as bound (loopback tests), which only works when that is reachable.
+    address: str = ""
+    # The shared replica-to-replica credential; "" = <state_dir>/replica-token (created 0600).
+    # Every replica on a store must read the same one (a Secret on Kubernetes).
+    token_file: str = ""
+    # How often a replica says it is alive in the store; one silent for 3 of these is presumed
+    # dead, and the sessions it held are marked disconnected (their supervisors reconnect).
+    heartbeat_seconds: float = Field(default=2.0, gt=0)
+
+
 class GatewayConfig(_Section):
     """Everything `warmshell gateway start` needs."""
 
@@ -276,6 +295,7 @@ class GatewayConfig(_Section):
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
 
     @property
     def paths(self) -> StatePaths:

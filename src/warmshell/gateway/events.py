@@ -83,6 +83,11 @@ class EventBus:
                 # A watcher this far behind gets a re-read instead of every intermediate change.
                 continue
 
+    def changed_everywhere(self) -> None:
+        """Every watched sandbox may have changed (another replica's writes were missed)."""
+        for sandbox_id in list(self._channels):
+            self.publish(sandbox_id, Changed())
+
     def forget(self, sandbox_id: SandboxId) -> None:
         """Drop buffers of a deleted sandbox (after telling watchers)."""
         self.publish(sandbox_id, Deleted())

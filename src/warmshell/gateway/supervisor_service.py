@@ -23,7 +23,7 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Phase, SandboxRecord, now_ms
+from warmshell.core.models import Phase, now_ms
 from warmshell.drivers.base import Bound, IdentityProvider, SupervisorIdentity
 from warmshell.gateway import metrics
 from warmshell.gateway.activation import GatewayActivator, reactivation_refused
@@ -145,8 +145,9 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         try:
             # Inside the try: a supervisor that goes away, or a store that cannot record the session
             # (unreachable), must close it and stop the reader and the ticker, not leave them behind.
+            # Also remembers that the activated incarnation has opened a session (see
+            # `_refuse_reactivation`), in the same write.
             await self._manager.on_session(claims.sandbox_id, connected=True, session_id=session.session_id)
-            await self._mark_connected(record)
             while True:
                 message = await session.outbox.get()
                 if message is None:
@@ -161,7 +162,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
                 await asyncio.gather(reader, ticker, return_exceptions=True)
             if self._manager.sessions.close_if_current(session):
                 try:
-                    await self._manager.on_session(claims.sandbox_id, connected=False)
+                    await self._manager.on_session(claims.sandbox_id, connected=False, session_id=session.session_id)
                 except WarmshellError as exc:
                     # The session is gone either way; its reconnect (or the backend) corrects the record.
                     log.warning("sandbox %s: could not record its closed session: %s", claims.sandbox_id, exc)
@@ -184,20 +185,6 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             # Retryable for the supervisor: a restarted one may register before its restart is
             # visible in the pod's status, or before its old session is seen gone.
             raise AlreadyExistsError(f"sandbox {sandbox_id} {why}")
-
-    async def _mark_connected(self, record: SandboxRecord) -> None:
-        """Remember that the activated incarnation has opened a session (one write per activation)."""
-        if record.status.connected_incarnation == record.status.activated_incarnation:
-            return
-
-        def change(current: SandboxRecord) -> bool:
-            if current.status.connected_incarnation == current.status.activated_incarnation:
-                return False
-            current.status.connected_incarnation = current.status.activated_incarnation
-            return True
-
-        with contextlib.suppress(NotFoundError):
-            await self._manager.records.mutate(record.id, change)
 
     def _open_session(self, claims: SandboxClaims) -> SupervisorSession:
         try:
