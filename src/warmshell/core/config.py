@@ -255,6 +255,11 @@ class ReplicasConfig(_Section):
     # How often a replica says it is alive in the store; one silent for 3 of these is presumed
     # dead, and the sessions it held are marked disconnected (their supervisors reconnect).
     heartbeat_seconds: float = Field(default=2.0, gt=0)
+    # On SIGTERM a replica keeps serving this long, reporting NotServing on /healthz, so it leaves
+    # the Service's endpoints while its clients move away: every client connection is closed
+    # gracefully (GOAWAY, streams kept) once it is half this old, so none is left when it stops.
+    # Keep it below the pod's termination grace period minus a few seconds for the stop itself.
+    drain_seconds: float = Field(default=10.0, ge=0)
 
 
 class GatewayConfig(_Section):

@@ -1,7 +1,10 @@
 """Which gateway replicas share this store, and where each is reached: one row per replica in the
 objects table (kind "replica"), renewed every heartbeat.
 
-A replica that has not renewed for `MISSED_HEARTBEATS` heartbeats is presumed dead. The forwarder
+A replica whose row this replica has seen unchanged for `MISSED_HEARTBEATS` heartbeats is presumed
+dead. Judged on this replica's own clock from when it last saw the row change (never from times
+another host wrote), and only over a stretch in which it could read the store: after an outage of
+the store every replica starts with a clean slate, since nobody could renew then. The forwarder
 reads the directory to find a session owner's address (and refuses to dial a dead one); the
 leader marks the sessions a dead replica held as disconnected, so phase and forwarding stop
 naming it while its supervisors reconnect to the survivors.
@@ -13,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,11 +37,11 @@ _WORKSPACE = ""  # replicas belong to no workspace
 
 @dataclass(frozen=True)
 class Replica:
-    """One replica as the store last heard of it."""
+    """One replica as the store last showed it."""
 
     id: str
     address: str
-    seen_ms: int
+    resource_version: int
 
 
 def stale_sessions(records: list[SandboxRecord], alive: set[str], *, me: str) -> list[SandboxRecord]:
@@ -59,7 +63,7 @@ class ReplicaDirectory:
         replica_id: str,
         address: str,
         heartbeat_seconds: float,
-        clock: Callable[[], int] = now_ms,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.replica_id = replica_id
         self.address = address
@@ -67,9 +71,11 @@ class ReplicaDirectory:
         self._heartbeat = heartbeat_seconds
         self._clock = clock
         self._known: dict[str, Replica] = {}
+        self._changed_at: dict[str, float] = {}  # when this replica saw each row change
 
     def _payload(self) -> str:
-        return json.dumps({"address": self.address, "seen_ms": self._clock()})
+        # The wall time is for people reading the table; liveness comes from the row changing.
+        return json.dumps({"address": self.address, "renewed_ms": now_ms()})
 
     async def announce(self) -> None:
         """Write (or renew) this replica's row."""
@@ -97,18 +103,28 @@ class ReplicaDirectory:
         await self._store.delete(KIND_REPLICA, self.replica_id)
 
     async def refresh(self) -> dict[str, Replica]:
-        """Re-read every replica's row; returns them by id."""
+        """Re-read every replica's row; returns them by id. A failed read forgets what was
+        observed: liveness is judged afresh once the store answers again."""
+        try:
+            rows = await self._store.list(KIND_REPLICA)
+        except WarmshellError:
+            self._changed_at.clear()
+            raise
+        now = self._clock()
         known: dict[str, Replica] = {}
-        for row in await self._store.list(KIND_REPLICA):
+        for row in rows:
             data = json.loads(row.payload)
-            known[row.id] = Replica(row.id, str(data.get("address") or ""), int(data.get("seen_ms") or 0))
+            known[row.id] = Replica(row.id, str(data.get("address") or ""), row.resource_version)
+            previous = self._known.get(row.id)
+            if previous is None or previous.resource_version != row.resource_version or row.id not in self._changed_at:
+                self._changed_at[row.id] = now
         self._known = known
         return known
 
     def alive_ids(self) -> set[str]:
-        """Replicas heard from within MISSED_HEARTBEATS heartbeats (this one always)."""
-        horizon = self._clock() - int(MISSED_HEARTBEATS * self._heartbeat * 1000)
-        return {r.id for r in self._known.values() if r.seen_ms >= horizon} | {self.replica_id}
+        """Replicas whose row changed within MISSED_HEARTBEATS heartbeats (this one always)."""
+        horizon = self._clock() - MISSED_HEARTBEATS * self._heartbeat
+        return {i for i in self._known if self._changed_at.get(i, horizon) > horizon} | {self.replica_id}
 
     async def address_of(self, replica_id: str) -> str | None:
         """Where to reach a live replica; None when it is unknown or presumed dead."""
@@ -123,6 +139,10 @@ class ReplicaDirectory:
         """Mark the sessions of dead replicas disconnected (leader work); returns how many."""
         await self.refresh()
         alive = self.alive_ids()
+        for gone in self._known.keys() - alive:
+            # Its row goes too (a replica that was only cut off writes it again when it is back).
+            with contextlib.suppress(ConflictError):
+                await self._store.delete(KIND_REPLICA, gone, self._known[gone].resource_version)
         released = 0
         for record in stale_sessions(await records.list(), alive, me=self.replica_id):
             owner = record.status.session_owner

@@ -11,14 +11,14 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core import phases
 from warmshell.core.config import DEFAULT_EXEC_WINDOW_BYTES
-from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
+from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_command, validate_environment, validate_workspace
 from warmshell.gateway import metrics
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
 from warmshell.gateway.convert import new_sandbox, pool_to_proto, sandbox_to_proto
-from warmshell.gateway.events import Changed, Deleted, Output, Progress
+from warmshell.gateway.events import Changed, Closing, Deleted, Output, Progress
 from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.forwarding import Forwarder
 from warmshell.gateway.manager import SandboxManager
@@ -130,6 +130,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 elif isinstance(item, Deleted):
                     yield pb.SandboxEvent(deleted=record.id)
                     return
+                elif isinstance(item, Closing):
+                    raise UnavailableError("the gateway is shutting down: watch again")
                 elif isinstance(item, Changed):
                     latest = await self._records.get(record.id)
                     if latest is None:

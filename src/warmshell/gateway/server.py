@@ -121,6 +121,7 @@ class Gateway:
         self._store: Store | None = None
         self._directory: ReplicaDirectory | None = None
         self._forwarder: Forwarder | None = None
+        self._draining = False
         self._bound = False  # only a gateway that bound the sockets may remove them
         self.http_port = 0
         self.tcp_port = 0
@@ -233,7 +234,9 @@ class Gateway:
 
         def new_server() -> grpc.aio.Server:
             return listening.new_server(
-                max_connections=self.config.max_connections, max_receive_bytes=self.config.max_request_bytes
+                max_connections=self.config.max_connections,
+                max_receive_bytes=self.config.max_request_bytes,
+                max_connection_age_seconds=self.config.replicas.drain_seconds / 2 if shared else 0,
             )
 
         limits = self.config.rate_limits
@@ -290,6 +293,8 @@ class Gateway:
         async def healthy() -> str | None:
             if not self._servers or self._store is None:
                 return "not serving"
+            if self._draining:
+                return "not serving: draining before shutdown"
             try:
                 await self._store.ping()
             except UnavailableError as exc:
@@ -337,24 +342,38 @@ class Gateway:
         tmp.write_text(json.dumps(info) + "\n")
         tmp.replace(self.paths.runtime_info)
 
+    async def drain(self) -> None:
+        """Before a stop (SIGTERM), as one of several replicas: keep serving for
+        `replicas.drain_seconds` while /healthz says NotServing, so the Service stops sending
+        new connections here and the existing ones go away gracefully (their age limit)."""
+        if self._directory is None or not self.config.replicas.drain_seconds:
+            return
+        self._draining = True
+        log.info("draining for %gs before stopping", self.config.replicas.drain_seconds)
+        await asyncio.sleep(self.config.replicas.drain_seconds)
+
     async def stop(self) -> None:
         """Graceful stop: stop loops, tell supervisors, drain calls, close driver and store."""
         # A start refused before it opened anything (another gateway serves this state) stops nothing.
         opened = self._store is not None or self._driver is not None or self._bound
+        stopping: list[asyncio.Future[None]] = []
+        if self._servers:
+            # Refuse new calls first (GOAWAY: clients retry them on another replica), then end
+            # the streams: a supervisor told to reconnect, or a watcher told to watch again, must
+            # not find this gateway again but another replica (or this one's successor).
+            stopping = [asyncio.ensure_future(server.stop(SHUTDOWN_GRACE_SECONDS)) for server in self._servers]
+            await asyncio.sleep(0)
+            self.manager.close()
+            self.manager.bus.close_all()
+            self.manager.sessions.close_all("gateway shutting down")
+            self.registry.close_all("gateway shutting down")
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        if self._servers:
-            # Refuse new calls first, then end the streams: a supervisor told to reconnect must
-            # not find this gateway again, but another replica (or this one's successor).
-            stopping = [asyncio.ensure_future(server.stop(SHUTDOWN_GRACE_SECONDS)) for server in self._servers]
-            await asyncio.sleep(0)
-            self.manager.close()
-            self.manager.sessions.close_all("gateway shutting down")
-            self.registry.close_all("gateway shutting down")
+        if stopping:
             await asyncio.gather(*stopping)
             self._servers = []
         if self._forwarder is not None:
@@ -393,5 +412,6 @@ async def serve(config: GatewayConfig) -> None:
     await gateway.start()
     try:
         await stop.wait()
+        await gateway.drain()
     finally:
         await gateway.stop()

@@ -237,7 +237,7 @@ async def test_a_parked_claim_keeps_the_moment_it_was_bound(monkeypatch: pytest.
     finally:
         await controller.aclose()
     assert len(attempts) == 2
-    assert 0 < attempts[0]
+    assert attempts[0] > 0
     assert attempts[1] == attempts[0]  # the parked retry reports the stamp it was parked with
     claimed = [e async for e in _until_closed(hub, events) if e.progress is not None]
     assert [e.progress.reason for e in claimed if e.progress] == ["Claimed"]  # one resolution
