@@ -212,6 +212,8 @@ class StoreConfig(_Section):
     # "" = SQLite at <state_dir>/warmshell.db; "sqlite:///PATH"; or "postgresql://user@host:port/db".
     # Secret because a URL may carry a password (a Kubernetes Secret's value): never printed as is.
     url: SecretStr = SecretStr("")
+    # The URL is this file's content instead (a mounted Kubernetes Secret); wins over `url`.
+    url_file: str = ""
     # The Postgres password: this file's content, else $WARMSHELL_STORE_PASSWORD, else the URL's own.
     password_file: str = ""
     pool_min_size: int = Field(default=1, ge=0)

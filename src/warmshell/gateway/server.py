@@ -85,7 +85,17 @@ def _gateway_id(state_dir: Path) -> str:
 
 
 def _replica_id(configured: str) -> str:
+    # In a pod the hostname is the pod's name: unique among replicas, stable for its life.
     return configured or f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def _reachable_address(listen: str, port: int) -> str:
+    """Where other replicas reach this one: the listening host, or for a wildcard listener (a
+    pod's 0.0.0.0) the address the hostname resolves to (the pod IP, from /etc/hosts)."""
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = await asyncio.to_thread(socket.gethostbyname, socket.gethostname())
+    return f"{host}:{port}"
 
 
 def _follow(bus: EventBus) -> Callable[[Change], None]:
@@ -286,8 +296,7 @@ class Gateway:
         self._servers = [public, supervisors]
         if self._directory is not None:
             if not self._directory.address and self.tcp_port:
-                host = self.config.listen_tcp.rsplit(":", 1)[0].strip("[]")
-                self._directory.address = f"{host}:{self.tcp_port}"
+                self._directory.address = await _reachable_address(self.config.listen_tcp, self.tcp_port)
             await self._directory.announce()
 
         async def healthy() -> str | None:
