@@ -232,10 +232,12 @@ class ReplicaSet:
         election |= {"lease_name": "warmshell-replicas", "lease_duration_seconds": 3}
         election |= {"renew_deadline_seconds": 2.0, "retry_period_seconds": 0.5}
         election.pop("identity")
+        sections: dict[str, dict[str, Any]] = {"": top}
+        if self.store_url:  # else SQLite in the state directory: one gateway, no replicas
+            sections["store"] = {"url": self.store_url, "password_file": str(self.password_file)}
         return _toml(
-            {
-                "": top,
-                "store": {"url": self.store_url, "password_file": str(self.password_file)},
+            sections
+            | {
                 "replicas": {
                     "id": replica_id,
                     "token_file": str(self.shared / "replica-token"),

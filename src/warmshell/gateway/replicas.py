@@ -161,12 +161,15 @@ class ReplicaDirectory:
         return released
 
     async def run(self, *, leading: Callable[[], bool], records: SandboxRecords) -> None:
-        """Renew this replica's row every heartbeat; while leading, release dead replicas' sessions."""
+        """Renew this replica's row and re-read the others' every heartbeat; while leading,
+        release dead replicas' sessions."""
         while True:
             try:
                 await self.announce()
                 if leading():
                     await self.release_stale_sessions(records)
+                else:
+                    await self.refresh()  # who is alive, for forwarding and session checks
             except WarmshellError as exc:
                 log.warning("replica heartbeat failed; retrying: %s", exc)
             await asyncio.sleep(self._heartbeat)

@@ -261,6 +261,7 @@ class Gateway:
             heartbeat_interval_seconds=self.config.heartbeat_interval_seconds,
             registrations=RateLimiter("registration", limits.registration, refusal_delay_seconds=delay),
             token_refreshes=RateLimiter("token_refresh", limits.token_refresh, refusal_delay_seconds=delay),
+            replicas=self._directory,
         )
         # The public socket and TCP serve both APIs (supervisors in pods come in over TCP);
         # supervisor.sock serves the supervisor API alone.

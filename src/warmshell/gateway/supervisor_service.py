@@ -23,7 +23,7 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Phase, now_ms
+from warmshell.core.models import Phase, SandboxRecord, now_ms
 from warmshell.drivers.base import Bound, IdentityProvider, SupervisorIdentity
 from warmshell.gateway import metrics
 from warmshell.gateway.activation import GatewayActivator, reactivation_refused
@@ -32,6 +32,7 @@ from warmshell.gateway.calls import abort_for, streaming, unary
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.ratelimits import RateLimiter
 from warmshell.gateway.registry import Registry, Replaced
+from warmshell.gateway.replicas import ReplicaDirectory
 from warmshell.gateway.sessions import MISSED_HEARTBEATS, SupervisorSession
 from warmshell.gateway.tokens import SandboxClaims, SandboxTokenIssuer
 
@@ -57,6 +58,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         heartbeat_interval_seconds: float,
         registrations: RateLimiter,
         token_refreshes: RateLimiter,
+        replicas: ReplicaDirectory | None = None,
     ) -> None:
         self._manager = manager
         self._identity = identity
@@ -67,6 +69,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         self._heartbeat = heartbeat_interval_seconds
         self._registrations = registrations
         self._token_refreshes = token_refreshes
+        self._replicas = replicas  # the other gateway replicas on this store, if any
 
     @streaming
     async def RegisterSupervisor(
@@ -130,6 +133,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             record = await self._manager.records.get(claims.sandbox_id)
             if record is None or record.status.phase == Phase.DELETING:
                 raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
+            self._refuse_if_live_elsewhere(record)
             session = self._open_session(claims)
         except (WarmshellError, Unauthenticated) as exc:
             await abort_for(context, exc)
@@ -185,6 +189,19 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             # Retryable for the supervisor: a restarted one may register before its restart is
             # visible in the pod's status, or before its old session is seen gone.
             raise AlreadyExistsError(f"sandbox {sandbox_id} {why}")
+
+    def _refuse_if_live_elsewhere(self, record: SandboxRecord) -> None:
+        """With replicas: a session another live replica holds is not superseded from here (a
+        copied sandbox token must not pull the sandbox's execs away from its supervisor). Once
+        that replica is presumed dead, or has recorded the session closed, the supervisor's retry
+        is accepted."""
+        owner = record.status.session_owner
+        if self._replicas is None or not record.status.supervisor_connected:
+            return
+        if owner in ("", self._replicas.replica_id) or owner not in self._replicas.alive_ids():
+            return
+        log.warning("refused a supervisor session for sandbox %s: replica %s holds a live one", record.id, owner)
+        raise AlreadyExistsError(f"sandbox {record.id} has a live supervisor session on gateway replica {owner}")
 
     def _open_session(self, claims: SandboxClaims) -> SupervisorSession:
         try:

@@ -3,6 +3,8 @@ supervisor's session are forwarded to the replica holding it."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import grpc
 import pytest
 
@@ -10,6 +12,10 @@ from kubesim.controllers import client as kc
 from tests.helpers.replicas import ReplicaSet, wait_phase
 from tests.integration.drivers_kubernetes.conftest import NAMESPACE
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.api.v1 import supervisor_pb2_grpc
+from warmshell.core.ids import SandboxId
+from warmshell.gateway.tokens import SandboxTokenIssuer, load_or_create_signing_key
 
 from .scenario import exec_via, owner_of
 
@@ -60,3 +66,37 @@ async def test_a_call_with_a_wrong_replica_token_is_refused(replicas: ReplicaSet
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=bad)
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_copied_sandbox_token_cannot_pull_a_live_session_to_another_replica(replicas: ReplicaSet) -> None:
+    """Whoever holds the sandbox's token (the workload can read it on Kubernetes) connects to the
+    replica that does not hold the session: refused while the real session is live there."""
+    first, second = await replicas.start_one(), await replicas.start_one()
+    stubs = {r.id: replicas.stub(r.tcp) for r in (first, second)}
+    md = replicas.metadata
+    await stubs[first.id].CreateSandbox(pb.CreateSandboxRequest(name="held"), metadata=md)
+    ready = await wait_phase(stubs[first.id], md, "held")
+    owner = owner_of(ready)
+    other = next(r for r in (first, second) if r.id != owner)
+    key = load_or_create_signing_key(replicas.shared / "signing-key.pem")
+    issuer = SandboxTokenIssuer(key, gateway_id="replicas-test", ttl_seconds=600)
+    token, _ = issuer.mint(SandboxId(ready.id), ready.status.instance_id)
+    channel = grpc.aio.insecure_channel(other.tcp)
+    replicas.channels.append(channel)
+    hello = spb.SupervisorMessage(
+        hello=spb.SupervisorHello(sandbox_id=ready.id, instance_id=ready.status.instance_id, workload_started=True)
+    )
+
+    async def messages() -> AsyncIterator[spb.SupervisorMessage]:
+        yield hello
+
+    call = supervisor_pb2_grpc.SupervisorServiceStub(channel).ConnectSupervisor(
+        messages(), metadata=(("authorization", f"Bearer {token}"),)
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        async for _ in call:
+            pass
+    assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert owner in (caught.value.details() or "")
+    assert owner_of(await stubs[other.id].GetSandbox(pb.SandboxRef(name="held"), metadata=md)) == owner
+    assert await exec_via(stubs[other.id], md, "held", ["echo", "still"]) == (0, b"still\n")
