@@ -126,6 +126,17 @@ class ReplicaDirectory:
         horizon = self._clock() - MISSED_HEARTBEATS * self._heartbeat
         return {i for i in self._known if self._changed_at.get(i, horizon) > horizon} | {self.replica_id}
 
+    async def wait_presumed_dead(self, replica_id: str) -> bool:
+        """Whether `replica_id` is (or, within the time it takes to be presumed so, becomes)
+        dead; False when it is still renewing its row after that."""
+        deadline = self._clock() + (MISSED_HEARTBEATS + 1) * self._heartbeat
+        while replica_id in self.alive_ids():
+            if self._clock() >= deadline:
+                return False
+            await asyncio.sleep(self._heartbeat / 2)
+            await self.refresh()
+        return True
+
     async def address_of(self, replica_id: str) -> str | None:
         """Where to reach a live replica; None when it is unknown or presumed dead."""
         if replica_id not in self._known or replica_id not in self.alive_ids():

@@ -133,7 +133,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             record = await self._manager.records.get(claims.sandbox_id)
             if record is None or record.status.phase == Phase.DELETING:
                 raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
-            self._refuse_if_live_elsewhere(record)
+            await self._refuse_if_live_elsewhere(record)
             session = self._open_session(claims)
         except (WarmshellError, Unauthenticated) as exc:
             await abort_for(context, exc)
@@ -190,15 +190,16 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             # visible in the pod's status, or before its old session is seen gone.
             raise AlreadyExistsError(f"sandbox {sandbox_id} {why}")
 
-    def _refuse_if_live_elsewhere(self, record: SandboxRecord) -> None:
+    async def _refuse_if_live_elsewhere(self, record: SandboxRecord) -> None:
         """With replicas: a session another live replica holds is not superseded from here (a
-        copied sandbox token must not pull the sandbox's execs away from its supervisor). Once
-        that replica is presumed dead, or has recorded the session closed, the supervisor's retry
-        is accepted."""
+        copied sandbox token must not pull the sandbox's execs away from its supervisor). A
+        supervisor whose replica just died is waiting here too: it is accepted as soon as that
+        replica is presumed dead (within three replica heartbeats), instead of being sent away
+        to retry later."""
         owner = record.status.session_owner
         if self._replicas is None or not record.status.supervisor_connected:
             return
-        if owner in ("", self._replicas.replica_id) or owner not in self._replicas.alive_ids():
+        if owner in ("", self._replicas.replica_id) or await self._replicas.wait_presumed_dead(owner):
             return
         log.warning("refused a supervisor session for sandbox %s: replica %s holds a live one", record.id, owner)
         raise AlreadyExistsError(f"sandbox {record.id} has a live supervisor session on gateway replica {owner}")

@@ -3,6 +3,8 @@ sessions, the session owner in the record, and where the forwarder sends a call.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -188,3 +190,28 @@ async def test_the_forwarder_sends_a_call_to_the_live_owner_only(store: Store) -
     with pytest.raises(UnavailableError, match="replica other, which is not answering"):
         await forwarder.target(record, client)  # type: ignore[arg-type]
     await forwarder.aclose()
+
+
+async def test_waiting_for_a_silent_replica_ends_when_it_is_presumed_dead(store: Store) -> None:
+    """A supervisor reconnecting after its replica died waits that long, not a retry's backoff."""
+    quick = 0.2
+    owner = ReplicaDirectory(store, replica_id="owner", address="o:1", heartbeat_seconds=quick)
+    waiter = ReplicaDirectory(store, replica_id="waiter", address="w:1", heartbeat_seconds=quick)
+    await owner.announce()
+    await waiter.refresh()
+    assert await waiter.wait_presumed_dead("owner")
+
+    async def renew() -> None:
+        while True:
+            await owner.announce()
+            await asyncio.sleep(quick / 2)
+
+    await owner.announce()
+    renewing = asyncio.create_task(renew())
+    try:
+        await waiter.refresh()  # sees the row change again
+        assert not await waiter.wait_presumed_dead("owner")  # alive: the session stays where it is
+    finally:
+        renewing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewing
