@@ -3,30 +3,16 @@ own behind a balancer (see tests/helpers/replicas.py)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from kubesim.cluster import RunningCluster
-from tests.helpers.postgres import DevPostgres, dev_postgres_server
+from tests.helpers.postgres import DevPostgres
 from tests.helpers.replicas import Balancer, ReplicaSet, balancer, replica_set
 from tests.integration.drivers_kubernetes.conftest import admin, cluster, driver_config  # noqa: F401
-
-
-@pytest.fixture(scope="session")
-def dev_postgres() -> Iterator[DevPostgres]:
-    with dev_postgres_server() as server:
-        yield server
-
-
-@pytest.fixture
-async def postgres_url(dev_postgres: DevPostgres) -> AsyncIterator[str]:
-    url = await dev_postgres.create_database()
-    try:
-        yield url
-    finally:
-        await dev_postgres.drop_database(url)
+from tests.integration.store.conftest import dev_postgres, own_postgres, postgres_url  # noqa: F401
 
 
 @pytest.fixture
@@ -40,8 +26,8 @@ async def service() -> AsyncIterator[tuple[Balancer, list[ReplicaSet]]]:
 @pytest.fixture
 async def replicas(
     cluster: RunningCluster,  # noqa: F811
-    dev_postgres: DevPostgres,
-    postgres_url: str,
+    dev_postgres: DevPostgres,  # noqa: F811
+    postgres_url: str,  # noqa: F811
     service: tuple[Balancer, list[ReplicaSet]],
     tmp_path: Path,
 ) -> AsyncIterator[ReplicaSet]:
@@ -53,10 +39,3 @@ async def replicas(
     ) as running:
         holder.append(running)
         yield running
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[DevPostgres]:
-    """A server of this test's own, to restart under the replicas."""
-    with dev_postgres_server() as server:
-        yield server
