@@ -27,6 +27,7 @@ __all__ = [
     "ProfilesConfig",
     "RateLimit",
     "RateLimitsConfig",
+    "ReplicasConfig",
     "StatePaths",
     "StoreConfig",
     "WarmPoolingConfig",
@@ -225,6 +226,8 @@ class StoreConfig(_Section):
     # "" = SQLite at <state_dir>/warmshell.db; "sqlite:///PATH"; or "postgresql://user@host:port/db".
     # Secret because a URL may carry a password (a Kubernetes Secret's value): never printed as is.
     url: SecretStr = SecretStr("")
+    # The URL is this file's content instead (a mounted Kubernetes Secret); wins over `url`.
+    url_file: str = ""
     # The Postgres password: this file's content, else $WARMSHELL_STORE_PASSWORD, else the URL's own.
     password_file: str = ""
     pool_min_size: int = Field(default=1, ge=0)
@@ -250,6 +253,29 @@ class StoreConfig(_Section):
                 f"pool_min_size ({self.pool_min_size}) must not exceed pool_max_size ({self.pool_max_size})"
             )
         return self
+
+
+class ReplicasConfig(_Section):
+    """`[replicas]`: several gateways on one Postgres store (Kubernetes). Each replica serves the
+    whole public API; a call that needs a supervisor session held by another replica is forwarded
+    to it, over gRPC, with a credential the replicas share."""
+
+    # Unique per replica and stable over its life (the pod name); "" = hostname-pid.
+    id: str = ""
+    # host:port at which the other replicas reach this one's gRPC (the pod IP and the gRPC port);
+    # "" = listen_tcp as bound (loopback tests), which only works when that is reachable.
+    address: str = ""
+    # The shared replica-to-replica credential; "" = <state_dir>/replica-token (created 0600).
+    # Every replica on a store must read the same one (a Secret on Kubernetes).
+    token_file: str = ""
+    # How often a replica says it is alive in the store; one silent for 3 of these is presumed
+    # dead, and the sessions it held are marked disconnected (their supervisors reconnect).
+    heartbeat_seconds: float = Field(default=2.0, gt=0)
+    # On SIGTERM a replica keeps serving this long, reporting NotServing on /healthz, so it leaves
+    # the Service's endpoints while its clients move away: every client connection is closed
+    # gracefully (GOAWAY, streams kept) once it is half this old, so none is left when it stops.
+    # Keep it below the pod's termination grace period minus a few seconds for the stop itself.
+    drain_seconds: float = Field(default=10.0, ge=0)
 
 
 class GatewayConfig(_Section):
@@ -294,6 +320,7 @@ class GatewayConfig(_Section):
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
 
     @property
     def paths(self) -> StatePaths:

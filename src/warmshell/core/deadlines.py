@@ -42,6 +42,10 @@ def overdue(record: SandboxRecord, now_us: int, deadlines: ProvisioningDeadlines
     if status.phase != Phase.PROVISIONING:
         return None
     timeline = status.timeline
+    if timeline.ready_us:
+        # It was Ready: it is back in Provisioning only while its supervisor reconnects (a
+        # gateway replica went away, or a restart), which is no provisioning to time out.
+        return None
     started = timeline.requested_us or record.created_at_ms * 1000
     limit = deadlines.cold_seconds
     if status.allocation == Allocation.WARM and timeline.claimed_us:

@@ -111,6 +111,10 @@ class SandboxStatus(_Model):
     # whether the supervisor holds a live session.
     backend_state: str = ""
     supervisor_connected: bool = False
+    # The live session (globally unique) and the gateway replica holding it: calls that need the
+    # session are forwarded there; a close from another replica's older session changes nothing.
+    session_id: str = ""
+    session_owner: str = ""
     backend_seen_ms: int = 0
     # The supervisor incarnation (see drivers.base.SupervisorIdentity) last activated, and the one
     # that last opened a session; -1 for none. Only a later incarnation is activated again.

@@ -52,6 +52,11 @@ class StatePaths:
         return self.root / "secrets.key"
 
     @property
+    def replica_token(self) -> Path:
+        """The credential gateway replicas on one store present to each other (0600)."""
+        return self.root / "replica-token"
+
+    @property
     def database(self) -> Path:
         """The SQLite store."""
         return self.root / "warmshell.db"

@@ -29,6 +29,7 @@ __all__ = [
     "DriverEvent",
     "DriverSandbox",
     "IdentityProvider",
+    "Leadership",
     "MissReason",
     "PoolView",
     "ProgressLine",
@@ -283,3 +284,18 @@ class ComputeDriver(Protocol):
     async def __aenter__(self) -> ComputeDriver: ...
 
     async def __aexit__(self, *exc_info: object) -> None: ...
+
+
+@runtime_checkable
+class Leadership(Protocol):
+    """A driver that can elect one leader among gateway replicas sharing a store (Kubernetes: the
+    Lease). The gateway campaigns only when its store is shared, and runs its singleton work
+    (orphans, deadlines, expiry, folding backend events into records) only while leading."""
+
+    def campaign(self) -> None:
+        """Start taking part in the election (idempotent); called after `start()`."""
+        ...
+
+    def leading(self) -> bool:
+        """Whether this replica leads now."""
+        ...

@@ -7,6 +7,7 @@ CLI right after CreateSandbox) still sees everything from the start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from warmshell.core.ids import SandboxId
 
-__all__ = ["Changed", "Deleted", "EventBus", "Output", "Progress", "SandboxEventItem"]
+__all__ = ["Changed", "Closing", "Deleted", "EventBus", "Output", "Progress", "SandboxEventItem"]
 
 OUTPUT_BUFFER_BYTES = 1024 * 1024
 PROGRESS_HISTORY = 64
@@ -24,6 +25,11 @@ SUBSCRIBER_QUEUE = 4096
 @dataclass(frozen=True)
 class Changed:
     """The stored record changed; re-read it."""
+
+
+@dataclass(frozen=True)
+class Closing:
+    """The gateway is shutting down: watch again (another replica, or this one's successor)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,7 @@ class Output:
     data: bytes
 
 
-SandboxEventItem = Changed | Deleted | Progress | Output
+SandboxEventItem = Changed | Closing | Deleted | Progress | Output
 
 
 @dataclass
@@ -82,6 +88,18 @@ class EventBus:
             except asyncio.QueueFull:
                 # A watcher this far behind gets a re-read instead of every intermediate change.
                 continue
+
+    def changed_everywhere(self) -> None:
+        """Every watched sandbox may have changed (another replica's writes were missed)."""
+        for sandbox_id in list(self._channels):
+            self.publish(sandbox_id, Changed())
+
+    def close_all(self) -> None:
+        """Tell every watcher the gateway is going away (shutdown)."""
+        for channel in self._channels.values():
+            for queue in list(channel.subscribers):
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(Closing())
 
     def forget(self, sandbox_id: SandboxId) -> None:
         """Drop buffers of a deleted sandbox (after telling watchers)."""

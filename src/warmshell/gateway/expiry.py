@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from warmshell.core import lifetimes, phases
 from warmshell.core.errors import NotFoundError, WarmshellError
@@ -31,28 +32,32 @@ _MESSAGES = {
 
 
 class ExpiryReconciler:
-    """One loop per gateway; replicas may race to delete the same sandbox, which is harmless."""
+    """One loop per gateway. With replicas, only the leader expires sandboxes; every replica
+    stores the exec activity it saw, so the leader judges idleness on all of it."""
 
-    def __init__(self, manager: SandboxManager, *, interval_seconds: float) -> None:
+    def __init__(
+        self, manager: SandboxManager, *, interval_seconds: float, leading: Callable[[], bool] = lambda: True
+    ) -> None:
         self._manager = manager
         self._interval = interval_seconds
+        self._leading = leading
 
     async def run(self) -> None:
         """Check every interval until cancelled."""
         while True:
             try:
-                await self.expire_once()
+                await self.expire_once(expire=self._leading())
             except WarmshellError as exc:
                 log.warning("expiry pass failed; retrying: %s", exc)
             await asyncio.sleep(self._interval)
 
-    async def expire_once(self) -> None:
-        """One pass over every stored sandbox."""
+    async def expire_once(self, *, expire: bool = True) -> None:
+        """One pass over every stored sandbox (`expire=False`: only store exec activity)."""
         for record in await self._manager.records.list():
             if record.status.phase == Phase.DELETING:
                 continue
             last = self._last_activity(record)
-            reason = lifetimes.due(record.lifetime, last_activity_ms=last, now_ms=now_ms())
+            reason = lifetimes.due(record.lifetime, last_activity_ms=last, now_ms=now_ms()) if expire else None
             if reason is not None:
                 await self._expire(record, reason)
             elif record.lifetime.idle_timeout_seconds and last > record.lifetime.last_activity_ms:

@@ -24,6 +24,7 @@ from warmshell.core.validation import validate_workspace
 from warmshell.drivers.files import FileEntry, FilesCapable, SandboxFiles, normalize_path
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
+from warmshell.gateway.forwarding import Forwarder, Target
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.session_files import SessionFiles
 
@@ -32,6 +33,7 @@ __all__ = ["FileService", "entry_to_proto"]
 Ctx = grpc.aio.ServicerContext[Any, Any]
 DEFAULT_FILE_MODE = 0o644
 DEFAULT_DIR_MODE = 0o755
+_SERVICE = "/warmshell.v1.FileService/"
 
 
 def entry_to_proto(entry: FileEntry) -> pb.FileInfo:
@@ -55,10 +57,27 @@ def _mode(mode: int, default: int, field: str) -> int:
 class FileService(sandbox_pb2_grpc.FileServiceServicer):
     """gRPC handlers; the confinement lives in the driver's `SandboxFiles`."""
 
-    def __init__(self, manager: SandboxManager, auth: Authenticator, config: FilesConfig) -> None:
+    def __init__(
+        self, manager: SandboxManager, auth: Authenticator, config: FilesConfig, forwarder: Forwarder | None = None
+    ) -> None:
         self._manager = manager
         self._auth = auth
         self._config = config
+        self._forwarder = forwarder
+
+    async def _owner(self, workspace: str, name: str, context: Ctx) -> Target | None:
+        """The replica to forward to when another one holds the sandbox's session (files that
+        travel through the supervisor are served there); None to serve here."""
+        if self._forwarder is None:
+            return None
+        await self._auth.require_client(context)
+        validate_workspace(workspace or DEFAULT_WORKSPACE)
+        if not name:
+            raise InvalidArgumentError("name", "must not be empty")
+        record = await self._manager.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+        if record.status.phase != Phase.READY or self._manager.sessions.get(record.id) is not None:
+            return None
+        return await self._forwarder.target(record, context)
 
     async def _files(self, workspace: str, name: str, context: Ctx) -> SandboxFiles:
         await self._auth.require_client(context)
@@ -84,6 +103,12 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
     @streaming
     async def ReadFile(self, request: pb.FileRef, context: Ctx) -> AsyncIterator[pb.FileChunk]:
         path = normalize_path(request.path)
+        if self._forwarder is not None and (target := await self._owner(request.workspace, request.name, context)):
+            async for chunk in self._forwarder.unary_stream(
+                target, _SERVICE + "ReadFile", request, pb.FileChunk.FromString, context
+            ):
+                yield chunk
+            return
         files = await self._files(request.workspace, request.name, context)
         chunks = files.read(path, self._config.chunk_bytes, self._config.max_file_bytes)
         try:
@@ -102,6 +127,16 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         header = first.header
         path = normalize_path(header.path)
         mode = _mode(header.mode, DEFAULT_FILE_MODE, "mode")
+        if self._forwarder is not None and (target := await self._owner(header.workspace, header.name, context)):
+
+            async def requests() -> AsyncIterator[pb.WriteFileRequest]:
+                yield first
+                async for message in request_iterator:
+                    yield message
+
+            return await self._forwarder.stream_unary(
+                target, _SERVICE + "WriteFile", requests(), pb.WriteFileResponse.FromString, context
+            )
         files = await self._files(header.workspace, header.name, context)
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -118,18 +153,32 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
     @unary
     async def StatFile(self, request: pb.FileRef, context: Ctx) -> pb.FileInfo:
         path = normalize_path(request.path)
+        if self._forwarder is not None and (target := await self._owner(request.workspace, request.name, context)):
+            return await self._forwarder.unary_unary(
+                target, _SERVICE + "StatFile", request, pb.FileInfo.FromString, context
+            )
         files = await self._files(request.workspace, request.name, context)
         return entry_to_proto(await files.stat(path))
 
     @unary
     async def ListFiles(self, request: pb.FileRef, context: Ctx) -> pb.ListFilesResponse:
         path = normalize_path(request.path)
+        if self._forwarder is not None and (target := await self._owner(request.workspace, request.name, context)):
+            return await self._forwarder.unary_unary(
+                target, _SERVICE + "ListFiles", request, pb.ListFilesResponse.FromString, context
+            )
         files = await self._files(request.workspace, request.name, context)
         return pb.ListFilesResponse(entries=[entry_to_proto(e) for e in await files.list(path)])
 
     @unary
     async def RemoveFile(self, request: pb.RemoveFileRequest, context: Ctx) -> pb.RemoveFileResponse:
         path = normalize_path(request.file.path, "file.path")
+        if self._forwarder is not None and (
+            target := await self._owner(request.file.workspace, request.file.name, context)
+        ):
+            return await self._forwarder.unary_unary(
+                target, _SERVICE + "RemoveFile", request, pb.RemoveFileResponse.FromString, context
+            )
         files = await self._files(request.file.workspace, request.file.name, context)
         await files.remove(path, recursive=request.recursive)
         return pb.RemoveFileResponse()
@@ -138,5 +187,11 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
     async def MakeDirectory(self, request: pb.MakeDirectoryRequest, context: Ctx) -> pb.FileInfo:
         path = normalize_path(request.directory.path, "directory.path")
         mode = _mode(request.mode, DEFAULT_DIR_MODE, "mode")
+        if self._forwarder is not None and (
+            target := await self._owner(request.directory.workspace, request.directory.name, context)
+        ):
+            return await self._forwarder.unary_unary(
+                target, _SERVICE + "MakeDirectory", request, pb.FileInfo.FromString, context
+            )
         files = await self._files(request.directory.workspace, request.directory.name, context)
         return entry_to_proto(await files.mkdir(path, parents=request.parents, mode=mode))

@@ -27,8 +27,12 @@ def connection_limit(configured: int, fd_limit: int) -> int:
     return max(MIN_CONNECTIONS, min(configured, (fd_limit - FD_HEADROOM) // SERVERS))
 
 
-def new_server(*, max_connections: int, max_receive_bytes: int) -> grpc.aio.Server:
-    """A grpc.aio server with the gateway's limits."""
+def new_server(
+    *, max_connections: int, max_receive_bytes: int, max_connection_age_seconds: float = 0
+) -> grpc.aio.Server:
+    """A grpc.aio server with the gateway's limits. `max_connection_age_seconds` (replicas): a
+    connection that old is told to go away gracefully (GOAWAY; its streams carry on), so clients
+    behind a Service reconnect, and spread over the replicas, without losing a call."""
     fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if fd_limit == resource.RLIM_INFINITY:
         fd_limit = 1 << 20
@@ -39,4 +43,6 @@ def new_server(*, max_connections: int, max_receive_bytes: int) -> grpc.aio.Serv
         ("grpc.max_allowed_incoming_connections", connection_limit(max_connections, fd_limit)),
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
     ]
+    if max_connection_age_seconds > 0:
+        options.append(("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)))
     return grpc.aio.server(options=options)

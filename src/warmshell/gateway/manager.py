@@ -346,10 +346,17 @@ class SandboxManager:
             await self.records.mutate(view.sandbox_id, change)
 
     async def on_session(self, sandbox_id: SandboxId, *, connected: bool, session_id: str = "") -> None:
-        """A supervisor session (`session_id`, when it opened) opened or closed."""
+        """A supervisor session opened or closed. A close names its session: when the record
+        already names another one (the supervisor reconnected elsewhere first), it is left alone."""
 
-        def change(record: SandboxRecord) -> None:
+        def change(record: SandboxRecord) -> bool:
             status = record.status
+            if not connected and session_id and status.session_id not in ("", session_id):
+                return False  # a newer session (on this or another replica) speaks for it now
+            status.session_id, status.session_owner = (session_id, self.sessions.owner) if connected else ("", "")
+            if connected:
+                # The activated incarnation has opened its session: only a later one is activated again.
+                status.connected_incarnation = status.activated_incarnation
             if connected and _BACKEND_ORDER.get(status.backend_state, 0) < _BACKEND_ORDER[BackendState.RUNNING]:
                 # A live supervisor proves the backend is running, whatever the watch says yet.
                 status.backend_state = BackendState.RUNNING.value
@@ -363,6 +370,7 @@ class SandboxManager:
                 metrics.CREATE_READY_SECONDS.labels(path=status.allocation.value).observe(
                     (status.timeline.ready_us - status.timeline.requested_us) / 1e6
                 )
+            return True
 
         with contextlib.suppress(NotFoundError):
             await self.records.mutate(sandbox_id, change)

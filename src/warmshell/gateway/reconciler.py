@@ -1,11 +1,17 @@
 """Keeps stored sandboxes in step with the backend: follows the driver's watch, relists
-periodically, repairs what a crash left half-done, and settles orphans after a grace period."""
+periodically, repairs what a crash left half-done, and settles orphans after a grace period.
+
+With several replicas on one store, the record-writing work (folding backend events, the relist,
+orphans and deadlines) is the leader's alone; every replica still passes progress lines to its own
+watchers, and at start clears only the sessions no live replica holds."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+from collections.abc import Callable
 
 from warmshell.core import phases
 from warmshell.core.errors import WarmshellError
@@ -23,27 +29,40 @@ WATCH_RETRY_SECONDS = 1.0
 class Reconciler:
     """Background loops of one gateway."""
 
-    def __init__(self, manager: SandboxManager, *, interval_seconds: float, orphan_grace_seconds: float) -> None:
+    def __init__(
+        self,
+        manager: SandboxManager,
+        *,
+        interval_seconds: float,
+        orphan_grace_seconds: float,
+        leading: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._manager = manager
         self._interval = interval_seconds
         self._grace_ms = orphan_grace_seconds * 1000
+        self._leading = leading
 
-    async def startup(self) -> None:
-        """Before serving: sessions from a previous run are gone, Deleting rows finish deleting."""
+    async def startup(self, *, live_owners: frozenset[str] = frozenset()) -> None:
+        """Before serving: sessions from a previous run are gone, Deleting rows finish deleting.
+        Sessions held by `live_owners` (other replicas, alive) are theirs, and left alone."""
         for record in await self._manager.records.list():
             if record.status.phase == Phase.DELETING:
-                try:
-                    await self._manager.finish_delete(record.id)
-                except WarmshellError:
-                    continue
-            elif record.status.supervisor_connected:
-                await self._manager.records.mutate(record.id, lambda r: phases.mark_session(r.status, False))
+                if self._leading():
+                    with contextlib.suppress(WarmshellError):
+                        await self._manager.finish_delete(record.id)
+            elif record.status.supervisor_connected and record.status.session_owner not in live_owners:
+                await self._manager.records.mutate(record.id, _clear_session)
 
     async def run_watch(self) -> None:
         """Follow the driver's events, reopening the stream when it ends."""
         while True:
             try:
                 async for event in self._manager.driver.watch():
+                    if not self._leading():
+                        # Another replica writes what the backend says; progress is for our watchers.
+                        if event.progress is None:
+                            continue
+                        event = dataclasses.replace(event, sandbox=None, deleted=False)
                     await self._manager.on_driver_event(event)
             except WarmshellError as exc:
                 log.warning("driver watch failed; retrying: %s", exc)
@@ -53,7 +72,8 @@ class Reconciler:
         """Relist every interval; compare store and backend."""
         while True:
             try:
-                await self.reconcile_once()
+                if self._leading():
+                    await self.reconcile_once()
             except WarmshellError as exc:
                 log.warning("reconcile failed; retrying: %s", exc)
             await asyncio.sleep(self._interval)
@@ -107,3 +127,8 @@ class Reconciler:
             record.id,
             lambda r: phases.mark_backend_vanished(r.status, "the backend no longer has this sandbox"),
         )
+
+
+def _clear_session(record: SandboxRecord) -> None:
+    record.status.session_id, record.status.session_owner = "", ""
+    phases.mark_session(record.status, False)

@@ -11,21 +11,23 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core import phases
 from warmshell.core.config import DEFAULT_EXEC_WINDOW_BYTES
-from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
+from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_command, validate_environment, validate_workspace
 from warmshell.gateway import metrics
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
 from warmshell.gateway.convert import new_sandbox, pool_to_proto, sandbox_to_proto
-from warmshell.gateway.events import Changed, Deleted, Output, Progress
+from warmshell.gateway.events import Changed, Closing, Deleted, Output, Progress
 from warmshell.gateway.execs import ExecRelay, check_terminal_size
+from warmshell.gateway.forwarding import Forwarder
 from warmshell.gateway.manager import SandboxManager
 
 __all__ = ["SandboxService", "parse_label_selector"]
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 MAX_EXEC_TIMEOUT_SECONDS = 24 * 3600
+_SERVICE = "/warmshell.v1.SandboxService/"
 
 
 def parse_label_selector(selector: str) -> dict[str, str]:
@@ -46,8 +48,16 @@ def _terminal(record: SandboxRecord) -> bool:
 class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     """gRPC handlers; the logic lives in SandboxManager."""
 
-    def __init__(self, manager: SandboxManager, auth: Authenticator, execs: ExecRelay | None = None) -> None:
+    def __init__(
+        self,
+        manager: SandboxManager,
+        auth: Authenticator,
+        execs: ExecRelay | None = None,
+        forwarder: Forwarder | None = None,
+    ) -> None:
+        """`forwarder`: with several replicas, how calls needing another replica's session reach it."""
         self._manager = manager
+        self._forwarder = forwarder
         self._execs = execs or ExecRelay(window_bytes=DEFAULT_EXEC_WINDOW_BYTES, stall_seconds=60.0)
         self._records = manager.records
         self._auth = auth
@@ -89,6 +99,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     async def WatchSandbox(self, request: pb.WatchSandboxRequest, context: Ctx) -> AsyncIterator[pb.SandboxEvent]:
         await self._auth.require_client(context)
         record = await self._lookup(request.workspace, request.name)
+        if request.follow_output and (forwarded := await self._forwarded_watch(record, request, context)):
+            async for event in forwarded:
+                yield event
+            return
         async with self._manager.bus.subscribe(record.id, replay_output=request.follow_output) as queue:
             # Re-read after subscribing so no change can fall between the read and the subscription.
             current = await self._records.get(record.id)
@@ -116,6 +130,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 elif isinstance(item, Deleted):
                     yield pb.SandboxEvent(deleted=record.id)
                     return
+                elif isinstance(item, Closing):
+                    raise UnavailableError("the gateway is shutting down: watch again")
                 elif isinstance(item, Changed):
                     latest = await self._records.get(record.id)
                     if latest is None:
@@ -124,8 +140,28 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                     if latest.resource_version != current.resource_version:
                         current = latest
                         yield pb.SandboxEvent(sandbox=sandbox_to_proto(current))
+                    if request.follow_output and (forwarded := await self._forwarded_watch(latest, request, context)):
+                        # The session opened on another replica: its output is there (buffered
+                        # from the start), so the rest of this watch is that replica's.
+                        async for event in forwarded:
+                            yield event
+                        return
                 if self._done(request, current) and queue.empty():
                     return
+
+    async def _forwarded_watch(
+        self, record: SandboxRecord, request: pb.WatchSandboxRequest, context: Ctx
+    ) -> AsyncIterator[pb.SandboxEvent] | None:
+        """The owner's watch when another replica holds the session (workload output lives
+        there); None to watch here."""
+        if self._forwarder is None or self._manager.sessions.get(record.id) is not None:
+            return None
+        target = await self._forwarder.target(record, context)
+        if target is None:
+            return None
+        return self._forwarder.unary_stream(
+            target, _SERVICE + "WatchSandbox", request, pb.SandboxEvent.FromString, context
+        )
 
     @staticmethod
     def _done(request: pb.WatchSandboxRequest, record: SandboxRecord) -> bool:
@@ -166,6 +202,23 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
             raise InvalidArgumentError("timeout_seconds", f"at most {MAX_EXEC_TIMEOUT_SECONDS}")
         record = await self._lookup(request.workspace, request.name)
         session = self._manager.sessions.get(record.id)
+        if session is None and self._forwarder is not None and record.status.phase == Phase.READY:
+            target = await self._forwarder.target(record, context)
+            if target is not None:
+                if interactive is None:
+                    upstream = self._forwarder.unary_stream(
+                        target, _SERVICE + "ExecSandbox", request, pb.ExecEvent.FromString, context
+                    )
+                else:  # the start again, then the client's stdin, resizes and signals as they come
+                    start, rest = interactive
+                    requests = _prepended(pb.ExecStreamRequest(start=start), rest)
+                    upstream = self._forwarder.stream_stream(
+                        target, _SERVICE + "ExecSandboxStream", requests, pb.ExecEvent.FromString, context
+                    )
+                # One message at a time: the owner's exec window holds the rest (backpressure).
+                async for event in upstream:
+                    await context.write(event)
+                return
         if record.status.phase != Phase.READY or session is None:
             metrics.EXECS.labels(result="not_ready").inc()
             raise FailedPreconditionError(
@@ -196,3 +249,12 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     async def _lookup(self, workspace: str, name: str) -> SandboxRecord:
         self._check_ref(workspace, name)
         return await self._records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+
+
+async def _prepended(
+    first: pb.ExecStreamRequest, rest: AsyncIterator[pb.ExecStreamRequest]
+) -> AsyncIterator[pb.ExecStreamRequest]:
+    """`first`, then what `rest` yields."""
+    yield first
+    async for request in rest:
+        yield request

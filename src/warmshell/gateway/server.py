@@ -13,6 +13,7 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -22,29 +23,33 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core import lifetimes
 from warmshell.core.config import GatewayConfig
 from warmshell.core.deadlines import ProvisioningDeadlines
-from warmshell.core.errors import FailedPreconditionError, UnavailableError
+from warmshell.core.errors import FailedPreconditionError, UnavailableError, WarmshellError
+from warmshell.core.ids import SandboxId
 from warmshell.drivers import keyfiles
-from warmshell.drivers.base import ComputeDriver
+from warmshell.drivers.base import ComputeDriver, Leadership
 from warmshell.gateway import listening, metrics, statedir
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.drivers import build_driver
-from warmshell.gateway.events import EventBus
+from warmshell.gateway.events import Changed, EventBus
 from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.expiry import ExpiryReconciler
 from warmshell.gateway.file_service import FileService
+from warmshell.gateway.forwarding import Forwarder
 from warmshell.gateway.http import start_http
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.ratelimits import RateLimiter
 from warmshell.gateway.reconciler import Reconciler
-from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.records import KIND_SANDBOX, SandboxRecords
 from warmshell.gateway.registry import Registry
+from warmshell.gateway.replicas import ReplicaDirectory
 from warmshell.gateway.sandbox_service import SandboxService
 from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.sessions import MISSED_HEARTBEATS, SessionTable
 from warmshell.gateway.store import opening
 from warmshell.gateway.store.base import Store
+from warmshell.gateway.store.postgres import Change, PostgresStore
 from warmshell.gateway.store.sqlite import SqliteStore
 from warmshell.gateway.supervisor_service import SupervisorService
 from warmshell.gateway.tokens import (
@@ -82,8 +87,41 @@ def _gateway_id(state_dir: Path) -> str:
     return value
 
 
+def _replica_id(configured: str) -> str:
+    # In a pod the hostname is the pod's name: unique among replicas, stable for its life.
+    return configured or f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def _reachable_address(listen: str, port: int) -> str:
+    """Where other replicas reach this one: the listening host, or for a wildcard listener (a
+    pod's 0.0.0.0) the address the hostname resolves to (the pod IP, from /etc/hosts)."""
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = await asyncio.to_thread(socket.gethostbyname, socket.gethostname())
+    return f"{host}:{port}"
+
+
+def _follow(bus: EventBus) -> Callable[[Change], None]:
+    """Another replica's write, told to this replica's watchers."""
+
+    def changed(change: Change) -> None:
+        if not change.kind:
+            bus.changed_everywhere()
+        elif change.kind == KIND_SANDBOX:
+            if change.op == "DELETE":
+                bus.forget(SandboxId(change.id))
+            else:
+                bus.publish(SandboxId(change.id), Changed())
+
+    return changed
+
+
 class Gateway:
-    """One running gateway. `await start()`, then `await stop()`."""
+    """One running gateway. `await start()`, then `await stop()`.
+
+    With a Postgres store it is one of several replicas: it announces itself in the store, hears
+    the others' writes (LISTEN/NOTIFY), forwards calls needing a session another replica holds,
+    and runs the singleton work only while it holds the driver's Lease."""
 
     def __init__(self, config: GatewayConfig, driver: ComputeDriver | None = None) -> None:
         self.config = config
@@ -94,6 +132,9 @@ class Gateway:
         self._servers: list[grpc.aio.Server] = []
         self._http: object | None = None
         self._store: Store | None = None
+        self._directory: ReplicaDirectory | None = None
+        self._forwarder: Forwarder | None = None
+        self._draining = False
         self._bound = False  # only a gateway that bound the sockets may remove them
         self.http_port = 0
         self.tcp_port = 0
@@ -132,13 +173,26 @@ class Gateway:
                 Path(self.config.secrets_key_file) if self.config.secrets_key_file else paths.secrets_key
             )
             self._store = await opening.open_store(self.config.store, default_sqlite=paths.database)
+            # A shared store means replicas: they share this token (a Secret on Kubernetes).
+            shared = isinstance(self._store, PostgresStore)
+            replica_token = (
+                load_or_create_api_token(
+                    Path(self.config.replicas.token_file) if self.config.replicas.token_file else paths.replica_token
+                )
+                if shared
+                else ""
+            )
+        replica_id = _replica_id(self.config.replicas.id)
         driver = (
             self._given_driver if self._given_driver is not None else build_driver(self.config, gateway_id=gateway_id)
         )
         await driver.__aenter__()
         self._driver = driver
         bus = EventBus()
-        sessions = SessionTable(window_ms=int(MISSED_HEARTBEATS * self.config.heartbeat_interval_seconds * 1000))
+        sessions = SessionTable(
+            window_ms=int(MISSED_HEARTBEATS * self.config.heartbeat_interval_seconds * 1000),
+            owner=replica_id if shared else "",
+        )
         # A SQLite file has one gateway (replicas need Postgres), so its records may be cached.
         records = SandboxRecords(self._store, bus, exclusive=isinstance(self._store, SqliteStore))
         registry: Registry[spb.SupervisorActivationMessage] = Registry()
@@ -165,17 +219,38 @@ class Gateway:
                 max_idle_timeout_seconds=lifetime_config.max_idle_timeout_seconds,
             ),
         )
-        auth = Authenticator(api_token=api_token, issuer=issuer, identity=self._driver.identity)
+        auth = Authenticator(
+            api_token=api_token, issuer=issuer, identity=self._driver.identity, replica_token=replica_token
+        )
+        leadership = self._driver if shared and isinstance(self._driver, Leadership) else None
+
+        def leading() -> bool:
+            return leadership is None or leadership.leading()
+
         reconciler = Reconciler(
             manager,
             interval_seconds=self.config.reconcile_interval_seconds,
             orphan_grace_seconds=self.config.orphan_grace_seconds,
+            leading=leading,
         )
-        await reconciler.startup()
+        live_owners: frozenset[str] = frozenset()
+        if shared:
+            self._directory = ReplicaDirectory(
+                self._store,
+                replica_id=replica_id,
+                address=self.config.replicas.address,
+                heartbeat_seconds=self.config.replicas.heartbeat_seconds,
+            )
+            await self._directory.refresh()
+            live_owners = frozenset(self._directory.alive_ids() - {replica_id})
+            self._forwarder = Forwarder(self._directory, auth, token=replica_token)
+        await reconciler.startup(live_owners=live_owners)
 
         def new_server() -> grpc.aio.Server:
             return listening.new_server(
-                max_connections=self.config.max_connections, max_receive_bytes=self.config.max_request_bytes
+                max_connections=self.config.max_connections,
+                max_receive_bytes=self.config.max_request_bytes,
+                max_connection_age_seconds=self.config.replicas.drain_seconds / 2 if shared else 0,
             )
 
         limits = self.config.rate_limits
@@ -190,6 +265,7 @@ class Gateway:
             heartbeat_interval_seconds=self.config.heartbeat_interval_seconds,
             registrations=RateLimiter("registration", limits.registration, refusal_delay_seconds=delay),
             token_refreshes=RateLimiter("token_refresh", limits.token_refresh, refusal_delay_seconds=delay),
+            replicas=self._directory,
         )
         # The public socket and TCP serve both APIs (supervisors in pods come in over TCP);
         # supervisor.sock serves the supervisor API alone.
@@ -202,10 +278,13 @@ class Gateway:
                     window_bytes=self.config.exec_output_window_bytes,
                     stall_seconds=self.config.exec_stall_timeout_seconds,
                 ),
+                self._forwarder,
             ),
             public,
         )
-        sandbox_pb2_grpc.add_FileServiceServicer_to_server(FileService(manager, auth, self.config.files), public)
+        sandbox_pb2_grpc.add_FileServiceServicer_to_server(
+            FileService(manager, auth, self.config.files, self._forwarder), public
+        )
         for server in (public, supervisors):
             supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(supervisor_service, server)
         self._bound = True
@@ -220,10 +299,16 @@ class Gateway:
         os.chmod(paths.socket, 0o600)
         os.chmod(paths.supervisor_socket, 0o600)
         self._servers = [public, supervisors]
+        if self._directory is not None:
+            if not self._directory.address and self.tcp_port:
+                self._directory.address = await _reachable_address(self.config.listen_tcp, self.tcp_port)
+            await self._directory.announce()
 
         async def healthy() -> str | None:
             if not self._servers or self._store is None:
                 return "not serving"
+            if self._draining:
+                return "not serving: draining before shutdown"
             try:
                 await self._store.ping()
             except UnavailableError as exc:
@@ -234,13 +319,23 @@ class Gateway:
         with statedir.private_umask():
             self._write_runtime_info()
         await self._driver.start(activator)
+        if leadership is not None:
+            leadership.campaign()
         self._tasks = [
             asyncio.create_task(reconciler.run_watch(), name="driver-watch"),
             asyncio.create_task(reconciler.run_relist(), name="relist"),
             asyncio.create_task(
-                ExpiryReconciler(manager, interval_seconds=lifetime_config.check_interval_seconds).run(), name="expiry"
+                ExpiryReconciler(
+                    manager, interval_seconds=lifetime_config.check_interval_seconds, leading=leading
+                ).run(),
+                name="expiry",
             ),
         ]
+        if self._directory is not None and isinstance(self._store, PostgresStore):
+            self._tasks += [
+                asyncio.create_task(self._directory.run(leading=leading, records=records), name="replica-heartbeat"),
+                asyncio.create_task(self._store.follow_changes(_follow(bus)), name="store-changes"),
+            ]
         log.info(
             "gateway serving on %s (http %s:%d, driver %s)",
             paths.socket,
@@ -261,22 +356,47 @@ class Gateway:
         tmp.write_text(json.dumps(info) + "\n")
         tmp.replace(self.paths.runtime_info)
 
+    async def drain(self) -> None:
+        """Before a stop (SIGTERM), as one of several replicas: keep serving for
+        `replicas.drain_seconds` while /healthz says NotServing, so the Service stops sending
+        new connections here and the existing ones go away gracefully (their age limit)."""
+        if self._directory is None or not self.config.replicas.drain_seconds:
+            return
+        self._draining = True
+        log.info("draining for %gs before stopping", self.config.replicas.drain_seconds)
+        await asyncio.sleep(self.config.replicas.drain_seconds)
+
     async def stop(self) -> None:
         """Graceful stop: stop loops, tell supervisors, drain calls, close driver and store."""
         # A start refused before it opened anything (another gateway serves this state) stops nothing.
         opened = self._store is not None or self._driver is not None or self._bound
+        stopping: list[asyncio.Future[None]] = []
+        if self._servers:
+            # Refuse new calls first (GOAWAY: clients retry them on another replica), then end
+            # the streams: a supervisor told to reconnect, or a watcher told to watch again, must
+            # not find this gateway again but another replica (or this one's successor).
+            stopping = [asyncio.ensure_future(server.stop(SHUTDOWN_GRACE_SECONDS)) for server in self._servers]
+            await asyncio.sleep(0)
+            self.manager.close()
+            self.manager.bus.close_all()
+            self.manager.sessions.close_all("gateway shutting down")
+            self.registry.close_all("gateway shutting down")
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        if self._servers:
-            self.manager.close()
-            self.manager.sessions.close_all("gateway shutting down")
-            self.registry.close_all("gateway shutting down")
-            await asyncio.gather(*(server.stop(SHUTDOWN_GRACE_SECONDS) for server in self._servers))
+        if stopping:
+            await asyncio.gather(*stopping)
             self._servers = []
+        if self._forwarder is not None:
+            await self._forwarder.aclose()
+            self._forwarder = None
+        if self._directory is not None:
+            with contextlib.suppress(WarmshellError):
+                await self._directory.withdraw()
+            self._directory = None
         if self._http is not None:
             await self._http.cleanup()  # type: ignore[attr-defined]
             self._http = None
@@ -329,5 +449,6 @@ async def serve(config: GatewayConfig) -> None:
     tune_gc(config.gc_young_threshold)
     try:
         await stop.wait()
+        await gateway.drain()
     finally:
         await gateway.stop()

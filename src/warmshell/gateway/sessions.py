@@ -4,6 +4,10 @@ The gateway never dials a sandbox: exec requests travel down the supervisor's ow
 their output comes back up it. A sandbox has at most one session, and a healthy one (heard from
 within its heartbeat window) is never superseded: whoever else holds the sandbox's token, a second
 session is refused until the first has ended or gone silent.
+
+With several gateway replicas each holds its own table: a session lives on the replica its
+supervisor's connection reached, its id names that replica (so ids are unique across replicas),
+and the stored record says which replica holds it (see `gateway.forwarding`).
 """
 
 from __future__ import annotations
@@ -118,9 +122,11 @@ class SupervisorSession:
 class SessionTable:
     """Which supervisor session currently speaks for each sandbox."""
 
-    def __init__(self, *, window_ms: int = 30_000, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, *, window_ms: int = 30_000, clock: Callable[[], int] = now_ms, owner: str = "") -> None:
         """`window_ms`: how long a session may stay silent and still count as healthy (the
-        gateway passes MISSED_HEARTBEATS heartbeat intervals)."""
+        gateway passes MISSED_HEARTBEATS heartbeat intervals). `owner`: this gateway replica's
+        id, which prefixes every session id it hands out."""
+        self.owner = owner
         self._sessions: dict[SandboxId, SupervisorSession] = {}
         self._ids = itertools.count(1)
         self._window_ms = window_ms
@@ -137,7 +143,8 @@ class SessionTable:
         if self.live(sandbox_id) is not None:
             raise AlreadyExistsError(f"sandbox {sandbox_id} already has a live supervisor session")
         previous = self._sessions.get(sandbox_id)
-        session = SupervisorSession(sandbox_id, instance_id, f"s{next(self._ids)}", last_seen=self._clock())
+        prefix = f"{self.owner}/" if self.owner else ""
+        session = SupervisorSession(sandbox_id, instance_id, f"{prefix}s{next(self._ids)}", last_seen=self._clock())
         self._sessions[sandbox_id] = session
         if previous is not None:
             previous.close("superseded by a newer session")

@@ -23,7 +23,7 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Phase, now_ms
+from warmshell.core.models import Phase, SandboxRecord, now_ms
 from warmshell.drivers.base import Bound, IdentityProvider, SupervisorIdentity
 from warmshell.gateway import metrics
 from warmshell.gateway.activation import GatewayActivator, reactivation_refused
@@ -32,6 +32,7 @@ from warmshell.gateway.calls import abort_for, streaming, unary
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.ratelimits import RateLimiter
 from warmshell.gateway.registry import Registry, Replaced
+from warmshell.gateway.replicas import ReplicaDirectory
 from warmshell.gateway.sessions import MISSED_HEARTBEATS, SupervisorSession
 from warmshell.gateway.tokens import SandboxClaims, SandboxTokenIssuer
 
@@ -57,6 +58,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         heartbeat_interval_seconds: float,
         registrations: RateLimiter,
         token_refreshes: RateLimiter,
+        replicas: ReplicaDirectory | None = None,
     ) -> None:
         self._manager = manager
         self._identity = identity
@@ -67,6 +69,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         self._heartbeat = heartbeat_interval_seconds
         self._registrations = registrations
         self._token_refreshes = token_refreshes
+        self._replicas = replicas  # the other gateway replicas on this store, if any
 
     @streaming
     async def RegisterSupervisor(
@@ -130,6 +133,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             record = await self._manager.records.get(claims.sandbox_id)
             if record is None or record.status.phase == Phase.DELETING:
                 raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
+            await self._refuse_if_live_elsewhere(record)
             session = self._open_session(claims)
         except grpc.aio.AbortError:
             raise
@@ -147,7 +151,8 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         try:
             # Inside the try: a supervisor that goes away, or a store that cannot record the session
             # (unreachable), must close it and stop the reader and the ticker, not leave them behind.
-            # Also records that the activated incarnation has connected (one write for both).
+            # Also remembers that the activated incarnation has opened a session (see
+            # `_refuse_reactivation`), in the same write.
             await self._manager.on_session(claims.sandbox_id, connected=True, session_id=session.session_id)
             while True:
                 message = await session.outbox.get()
@@ -165,7 +170,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
                 await asyncio.gather(reader, ticker, return_exceptions=True)
             if self._manager.sessions.close_if_current(session):
                 try:
-                    await self._manager.on_session(claims.sandbox_id, connected=False)
+                    await self._manager.on_session(claims.sandbox_id, connected=False, session_id=session.session_id)
                 except WarmshellError as exc:
                     # The session is gone either way; its reconnect (or the backend) corrects the record.
                     log.warning("sandbox %s: could not record its closed session: %s", claims.sandbox_id, exc)
@@ -188,6 +193,20 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             # Retryable for the supervisor: a restarted one may register before its restart is
             # visible in the pod's status, or before its old session is seen gone.
             raise AlreadyExistsError(f"sandbox {sandbox_id} {why}")
+
+    async def _refuse_if_live_elsewhere(self, record: SandboxRecord) -> None:
+        """With replicas: a session another live replica holds is not superseded from here (a
+        copied sandbox token must not pull the sandbox's execs away from its supervisor). A
+        supervisor whose replica just died is waiting here too: it is accepted as soon as that
+        replica is presumed dead (within three replica heartbeats), instead of being sent away
+        to retry later."""
+        owner = record.status.session_owner
+        if self._replicas is None or not record.status.supervisor_connected:
+            return
+        if owner in ("", self._replicas.replica_id) or await self._replicas.wait_presumed_dead(owner):
+            return
+        log.warning("refused a supervisor session for sandbox %s: replica %s holds a live one", record.id, owner)
+        raise AlreadyExistsError(f"sandbox {record.id} has a live supervisor session on gateway replica {owner}")
 
     def _open_session(self, claims: SandboxClaims) -> SupervisorSession:
         try:

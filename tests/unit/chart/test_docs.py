@@ -55,7 +55,8 @@ def test_schema_and_values_yaml_describe_the_same_values() -> None:
             assert isinstance(node, dict), f"{path}: not a section in values.yaml"
             assert part in node, f"{path} is in values.schema.json but not in values.yaml"
             node = node[part]
-    sections = {p.rsplit(".", 1)[0] for p in documented_values() if "." in p}
+    parts = [p.split(".") for p in documented_values()]
+    sections = {".".join(p[:n]) for p in parts for n in range(1, len(p))}  # nested ones too
     extra = set(values_yaml_paths()) - documented_values() - sections
     extra = {p for p in extra if not any(p.startswith(f"{v}.") for v in documented_values())}
     assert not extra, f"values.yaml has values the schema does not know: {sorted(extra)}"

@@ -40,7 +40,9 @@ def test_defaults_are_the_documented_ones() -> None:
 
 
 def test_more_than_one_replica_is_refused_with_the_reason() -> None:
-    assert "SQLite" in render_error({"gateway.replicas": 2})
+    error = render_error({"gateway.replicas": 2})
+    assert "SQLite" in error
+    assert "store.postgres.urlSecret" in error
 
 
 def test_unknown_values_are_refused() -> None:

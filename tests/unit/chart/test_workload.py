@@ -175,7 +175,12 @@ def test_generated_proof_key_is_mounted_where_the_config_points(tmp_path: Path) 
 def test_generated_keys_differ_between_renders() -> None:
     # Guards against a constant key in the template; upgrades keep keys through `lookup`.
     first, second = render(), render({"gateway.logLevel": "DEBUG"})
-    for name in (f"{FULLNAME}-signing-key", f"{FULLNAME}-api-token", f"{FULLNAME}-proof-key"):
+    for name in (
+        f"{FULLNAME}-signing-key",
+        f"{FULLNAME}-api-token",
+        f"{FULLNAME}-proof-key",
+        f"{FULLNAME}-secrets-key",
+    ):
         assert first.one("Secret", name)["data"] != second.one("Secret", name)["data"]
 
 
@@ -185,6 +190,7 @@ def test_supplied_secrets_are_used_and_none_is_generated() -> None:
             "signingKey.existingSecret": "my-key",
             "apiToken.existingSecret": "my-token",
             "proofKey.existingSecret": "my-proof",
+            "secretsKey.existingSecret": "my-secrets-key",
         }
     )
     assert manifests.of_kind("Secret") == []

@@ -43,3 +43,13 @@ def test_only_provisioning_sandboxes_time_out() -> None:
     stuck = record()
     assert mark_timed_out(stuck.status, "late")
     assert stuck.status.phase == Phase.ERROR
+
+
+def test_a_sandbox_that_was_ready_and_lost_its_session_does_not_time_out() -> None:
+    """Back in Provisioning only while its supervisor reconnects (its gateway replica died, or
+    restarted): long past its claim's deadline, it is not a provisioning that failed."""
+    waiting = record(backend_state="Running", allocation=Allocation.WARM)
+    waiting.status.timeline.claimed_us = 1000 * S
+    waiting.status.timeline.activated_us = 1001 * S
+    waiting.status.timeline.ready_us = 1002 * S
+    assert overdue(waiting, 5000 * S, DEADLINES) is None

@@ -95,6 +95,19 @@ a sub-feature of warm pooling and is off (config and RBAC) whenever warmPooling.
 {{- default (printf "%s-proof-key" (include "warmshell.fullname" .)) .Values.proofKey.existingSecret }}
 {{- end }}
 
+{{- define "warmshell.secretsKeySecretName" -}}
+{{- default (printf "%s-secrets-key" (include "warmshell.fullname" .)) .Values.secretsKey.existingSecret }}
+{{- end }}
+
+{{- define "warmshell.replicaTokenSecretName" -}}
+{{- default (printf "%s-replica-token" (include "warmshell.fullname" .)) .Values.replicaToken.existingSecret }}
+{{- end }}
+
+{{/* "true" when the store is the external Postgres (replicas may share it), else "". */}}
+{{- define "warmshell.postgres" -}}
+{{- if .Values.store.postgres.urlSecret }}true{{ end }}
+{{- end }}
+
 {{- define "warmshell.pvcName" -}}
 {{- default (printf "%s-state" (include "warmshell.fullname" .)) .Values.persistence.existingClaim }}
 {{- end }}
@@ -110,8 +123,11 @@ stable across upgrades, distinct between releases, a valid label value (16 hex).
 
 {{/* Combinations the gateway cannot run with fail the render with a reason. */}}
 {{- define "warmshell.validate" -}}
-{{- if gt (int .Values.gateway.replicas) 1 }}
-{{- fail "gateway.replicas > 1 is not supported yet: the gateway's store is SQLite in its state directory, which replicas cannot share. Use 1 replica." }}
+{{- if and (gt (int .Values.gateway.replicas) 1) (not (include "warmshell.postgres" .)) }}
+{{- fail "gateway.replicas > 1 needs a shared store: without store.postgres.urlSecret the store is SQLite in one pod's state directory, which replicas cannot share. Set store.postgres.urlSecret, or use 1 replica." }}
+{{- end }}
+{{- if and (include "warmshell.postgres" .) (le (int .Values.gateway.terminationGracePeriodSeconds) (add (int (ceil .Values.gateway.drainSeconds)) 5)) }}
+{{- fail "gateway.terminationGracePeriodSeconds must exceed gateway.drainSeconds by more than 5: a replica drains, then needs a few seconds to stop." }}
 {{- end }}
 {{- if and .Values.preflight.enabled (lookup "v1" "Namespace" "" .Release.Namespace) }}
 {{- /* lookup returns an empty map under `helm template`, so this runs only against a cluster. */}}

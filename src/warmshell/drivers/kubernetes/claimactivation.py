@@ -5,9 +5,16 @@ Triggers: a watch on our labelled claims, a relist every 15 s (a missed event co
 and every change of the gateway's registrations (a pod that registers after its claim was bound).
 Each claim is followed claim → `status.sandbox.name` → Sandbox (controller = the claim's uid) →
 pod (controller = the Sandbox's uid); the sealed proof must open for (namespace, claim name,
-sandbox id). Work is deduplicated by claim uid, at most 32 activations run at once, a supervisor
-not registered yet is retried with backoff and then parked until a registration arrives (retrying a
-parked claim is one in-memory call, no API reads), and every give-up is logged at warning.
+sandbox id). Work is deduplicated by claim uid, at most 32 activations run at once, a claim whose
+pod's supervisor is not registered here is parked until a registration arrives (retrying a parked
+claim is one in-memory call, no API reads), and every give-up is logged at warning.
+
+With several gateway replicas every replica runs this controller, and each activates only the
+registrations it holds: the activator refuses an instance not registered on this replica, so the
+claim waits parked here while the replica holding the pod's registration activates it. A
+registration that arrives later (a supervisor reconnecting through the Service to this replica)
+wakes the parked claim. A claim is never activated by a replica that does not hold the stream the
+activation is sent down, so it cannot be activated twice.
 """
 
 from __future__ import annotations
@@ -310,8 +317,14 @@ class ClaimActivation:
             except AlreadyExistsError:
                 record.done = True  # activated already (it registered bound after adoption)
                 return
-            except (NotFoundError, ConflictError, UnavailableError, kube.Temporary):
-                pass  # not registered yet, replaced meanwhile, or the API hiccuped: try again
+            except NotFoundError:
+                woken = record.wake is not None and record.wake.is_set()  # a registration meanwhile
+                if target is not None and not woken:
+                    # Not registered here: not yet, or (replicas) on another gateway, whose own
+                    # controller activates it. Parked, it is retried only on a registration here.
+                    break
+            except (ConflictError, UnavailableError, kube.Temporary):
+                pass  # replaced meanwhile, or the API hiccuped: try again
             except WarmshellError as exc:
                 record.done = True
                 where = f"sandbox {target.sandbox_name}, pod {target.pod_name}" if target else "unresolved"
@@ -351,7 +364,7 @@ class ClaimActivation:
         if target is not None:
             record.parked = target
             if not parked:
-                log.info(
+                log.debug(
                     "claim %s: the supervisor of pod %s (sandbox %s) is not registered here; "
                     "activating it when it registers",
                     name,

@@ -43,6 +43,7 @@ from warmshell.drivers.kubernetes import (
     finding,
     kube,
     labels,
+    lease,
     naming,
     poolcache,
     profiles,
@@ -93,6 +94,7 @@ class KubernetesDriver:
         self._informers: Informers | None = None  # started by the first watch()
         self._warm: warm.WarmAllocation | None = None  # while warm pooling is configured
         self._profiles: asyncio.Task[None] | None = None  # the profile reconciler (lease-elected)
+        self._elector: lease.Elector | None = None  # one Lease for every singleton (see campaign)
         self._profile_problems: dict[str, str] = {}  # invalid profile ConfigMaps, while leading
         # Label-safe: which gateway wrote a claim (diagnostics; any replica may activate it).
         self._gateway_id = labels.label_value(gateway_id or socket.gethostname())
@@ -161,10 +163,29 @@ class KubernetesDriver:
             # Profiles run even while the extension APIs are absent: they wait on the same gate.
             self._profiles = asyncio.create_task(
                 profiles.run_elected(
-                    self.api, self._config, gate=self._warm.gate, on_problems=self._set_profile_problems
+                    self.api,
+                    self._config,
+                    gate=self._warm.gate,
+                    on_problems=self._set_profile_problems,
+                    elector=self._lease(),
                 ),
                 name="k8s-profiles",
             )
+
+    def _lease(self) -> lease.Elector:
+        if self._elector is None:
+            self._elector = lease.elector_for(self.api, self._config)
+        return self._elector
+
+    def campaign(self) -> None:
+        """See `drivers.base.Leadership`: the gateway's singletons follow the profile reconciler's
+        Lease; without profiles, the Lease is held for them alone."""
+        if self._profiles is None:
+            self._profiles = asyncio.create_task(self._lease().run(_hold), name="k8s-lease")
+
+    def leading(self) -> bool:
+        """See `drivers.base.Leadership`."""
+        return self._elector is not None and self._elector.is_leader
 
     def _set_profile_problems(self, problems: dict[str, str]) -> None:
         self._profile_problems = problems
@@ -345,3 +366,8 @@ class KubernetesDriver:
 
     def _progress(self, sandbox_id: SandboxId, reason: str, message: str) -> None:
         self._hub.publish(DriverEvent(sandbox_id, progress=ProgressLine(reason, message)))
+
+
+async def _hold() -> None:
+    """The Lease's work when only the gateway's singletons need it: they ask `leading()`."""
+    await asyncio.Event().wait()

@@ -230,14 +230,16 @@ async def run_elected(
     gate: ExtensionsGate,
     clock: Clock | None = None,
     on_problems: Callable[[dict[str, str]], None] | None = None,
+    elector: lease.Elector | None = None,
 ) -> None:
     """The profile reconciler as the driver runs it: on the Lease holder only, while the
     extension APIs are installed (`gate` is the driver's, so their absence is said once per
     gateway); until cancelled (which releases the Lease). `on_problems` gets each pass's invalid
-    profiles (ConfigMap name -> error), and nothing once this replica stops leading."""
+    profiles (ConfigMap name -> error), and nothing once this replica stops leading. `elector`:
+    the driver's own, when the gateway's singleton work shares the Lease."""
     reconciler = ProfileReconciler(api, config, gate=gate, clock=clock, on_problems=on_problems)
     try:
-        await lease.elector_for(api, config, clock=clock).run(reconciler.lead)
+        await (elector or lease.elector_for(api, config, clock=clock)).run(reconciler.lead)
     finally:
         if on_problems is not None:
             on_problems({})

@@ -12,7 +12,7 @@ from warmshell.core.errors import InvalidArgumentError
 from warmshell.gateway.store import postgres, sqlite
 from warmshell.gateway.store.base import Store
 
-__all__ = ["PASSWORD_ENV", "open_store", "open_url", "read_password"]
+__all__ = ["PASSWORD_ENV", "open_store", "open_url", "read_password", "read_url"]
 
 PASSWORD_ENV = "WARMSHELL_STORE_PASSWORD"
 _SQLITE = "sqlite://"
@@ -43,9 +43,23 @@ async def open_url(url: str, config: StoreConfig | None = None) -> Store:
     raise InvalidArgumentError("store url", 'must start with "sqlite:///" or "postgresql://"')
 
 
+async def read_url(config: StoreConfig) -> str:
+    """`url_file`'s content (never shown: it may hold a password), else `url`."""
+    if not config.url_file:
+        return config.url.get_secret_value()
+    try:
+        text = await asyncio.to_thread(Path(config.url_file).read_text)
+    except OSError as exc:
+        raise InvalidArgumentError("store.url_file", f"cannot read it: {exc.strerror}") from exc
+    url = text.strip()
+    if not url.startswith((_SQLITE, "postgresql://", "postgres://")):
+        raise InvalidArgumentError("store.url_file", 'must hold a "sqlite:///" or "postgresql://" URL')
+    return url
+
+
 async def open_store(config: StoreConfig, *, default_sqlite: Path) -> Store:
     """The configured store; SQLite at `default_sqlite` when no URL is set."""
-    url = config.url.get_secret_value()
+    url = await read_url(config)
     if not url:
         return await sqlite.open_sqlite_store(default_sqlite)
     return await open_url(url, config)

@@ -10,7 +10,8 @@ import builtins
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -20,7 +21,7 @@ from warmshell.core.errors import AlreadyExistsError, ConflictError, FailedPreco
 from warmshell.gateway.store import schema, storage_errors
 from warmshell.gateway.store.base import StoredObject
 
-__all__ = ["PostgresStore", "describe_url", "open_postgres_store"]
+__all__ = ["Change", "PostgresStore", "describe_url", "open_postgres_store"]
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +79,72 @@ def _why(exc: BaseException, timeout: float) -> str:
     return str(exc) or type(exc).__name__
 
 
+@dataclass(frozen=True)
+class Change:
+    """One committed write, as another replica hears of it; `kind` "" means "anything may have
+    changed" (the listening connection was lost and is back: re-read what you watch)."""
+
+    op: str  # INSERT, UPDATE, DELETE, or "" after a gap
+    kind: str
+    id: str
+
+
+_LISTEN_RETRY_SECONDS = 1.0
+_LISTEN_PING_SECONDS = 10.0
+
+
 class PostgresStore:
     """`Store` on a Postgres database (schema from `schema.MIGRATIONS`)."""
 
-    def __init__(self, pool: asyncpg.Pool, *, where: str, config: StoreConfig) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, where: str, config: StoreConfig, url: str = "", password: str | None = None
+    ) -> None:
         self._pool = pool
         self._where = where
         self._config = config
+        self._url = url
+        self._password = password
+
+    async def follow_changes(self, on_change: Callable[[Change], None]) -> None:
+        """Call `on_change` for every write any replica commits, until cancelled: LISTEN on a
+        connection of its own (outside the pool), re-established after a loss, with a gap
+        `Change` each time it is back (writes may have been missed meanwhile)."""
+        first = True
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(
+                    self._url, password=self._password, timeout=self._config.connect_timeout_seconds
+                )
+                lost = asyncio.Event()
+
+                def heard(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+                    op, _, rest = payload.partition(" ")
+                    kind, _, id_ = rest.partition(" ")
+                    on_change(Change(op, kind, id_))
+
+                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
+                await conn.add_listener(schema.CHANGES_CHANNEL, heard)
+                if not first:
+                    on_change(Change("", "", ""))
+                first = False
+                while not lost.is_set():
+                    # A silent network loses nothing visibly: a ping now and then finds it.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(lost.wait(), _LISTEN_PING_SECONDS)
+                    if not lost.is_set():
+                        await conn.fetchval("SELECT 1", timeout=self._config.connect_timeout_seconds)
+                log.warning("store at %s: change feed lost; reconnecting", self._where)
+            except _UNREACHABLE as exc:
+                log.debug("store at %s: change feed unavailable: %s", self._where, exc)
+            except asyncpg.PostgresError as exc:
+                log.warning("store at %s: change feed refused: %s", self._where, exc)
+            finally:
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(conn.close(timeout=1.0))
+            first = False
+            await asyncio.sleep(_LISTEN_RETRY_SECONDS)
 
     def _unavailable(self, exc: BaseException) -> UnavailableError:
         why = _why(exc, self._config.statement_timeout_seconds)
@@ -275,4 +335,4 @@ async def _connect_and_migrate(url: str, *, password: str | None, config: StoreC
         raise
     if applied:
         log.info("store at %s: applied schema migrations %s", where, applied)
-    return PostgresStore(pool, where=where, config=config)
+    return PostgresStore(pool, where=where, config=config, url=url, password=password)

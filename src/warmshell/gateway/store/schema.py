@@ -10,10 +10,12 @@ import asyncpg
 
 from warmshell.core.errors import FailedPreconditionError
 
-__all__ = ["LOCK_KEY", "MIGRATIONS", "Migration", "apply_migrations", "pending_migrations"]
+__all__ = ["CHANGES_CHANNEL", "LOCK_KEY", "MIGRATIONS", "Migration", "apply_migrations", "pending_migrations"]
 
 # Any fixed 64-bit key works; every warmshell gateway on a database must use the same one.
 LOCK_KEY = 0x7761726D5F736368  # "warm_sch"
+# LISTEN/NOTIFY channel: "<INSERT|UPDATE|DELETE> <kind> <id>" after every committed write.
+CHANGES_CHANNEL = "warmshell_objects"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             PRIMARY KEY (kind, id)
         );
         CREATE UNIQUE INDEX objects_by_name ON objects (kind, workspace, name);
+        """,
+    ),
+    Migration(
+        2,
+        "notify every change of an object on channel warmshell_objects, for the other replicas",
+        f"""
+        CREATE FUNCTION warmshell_notify_object() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE
+            row_ objects%ROWTYPE;
+        BEGIN
+            IF TG_OP = 'DELETE' THEN row_ := OLD; ELSE row_ := NEW; END IF;
+            PERFORM pg_notify('{CHANGES_CHANNEL}', TG_OP || ' ' || row_.kind || ' ' || row_.id);
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER objects_notify AFTER INSERT OR UPDATE OR DELETE ON objects
+            FOR EACH ROW EXECUTE FUNCTION warmshell_notify_object();
         """,
     ),
 )

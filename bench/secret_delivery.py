@@ -80,7 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--count", type=int, default=50, help="creates of each kind")
     parser.add_argument("--pool-size", type=int, default=20)
-    parser.add_argument("--name", default="secrets", help="results file name under bench/results/")
+    parser.add_argument("--name", default="secret_delivery", help="results file name under bench/results/")
     args = parser.parse_args()
     data = asyncio.run(measure(args.count, args.pool_size))
     plain, loaded = data["plain"], data["loaded"]

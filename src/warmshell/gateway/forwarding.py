@@ -1,0 +1,168 @@
+"""Replica-to-replica forwarding: a call that needs a sandbox's supervisor session (exec, a watch
+with output, files), arriving on a replica that does not hold the session, is passed to the
+replica that does, as the same gRPC method with the same messages.
+
+The owner is the stored record's `session_owner`; its address comes from the replica directory.
+The forwarded call carries the replicas' shared token (the owner accepts it as a client, and
+never forwards such a call again, so two replicas that disagree about the owner cannot loop).
+Streams are relayed message by message: the relaying replica reads the next upstream message only
+after its own client took the previous one, so gRPC's flow control carries backpressure end to end
+(and the owner's exec credit window stays the only buffer). The forwarder is generic over the four
+call shapes, so new session RPCs forward by naming their method.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from warmshell.core.errors import UnavailableError
+from warmshell.core.models import SandboxRecord
+from warmshell.gateway.auth import FORWARDED_BY, Authenticator
+from warmshell.gateway.replicas import ReplicaDirectory
+
+__all__ = ["Forwarder", "Target"]
+
+log = logging.getLogger(__name__)
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+Resp = TypeVar("Resp", bound=Message)
+# Forwarded streams may carry as much as the public API accepts (file chunks, exec output).
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.max_send_message_length", -1)]
+
+
+class Target:
+    """Where one call goes: the owner replica's id and address."""
+
+    __slots__ = ("address", "replica_id")
+
+    def __init__(self, replica_id: str, address: str) -> None:
+        self.replica_id = replica_id
+        self.address = address
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+async def _relay_status(context: Ctx, exc: grpc.aio.AioRpcError) -> NoReturn:
+    """The owner's answer becomes this call's answer, code and message unchanged."""
+    await context.abort(exc.code(), exc.details() or "")
+    raise AssertionError("abort returns only by raising")  # pragma: no cover
+
+
+class Forwarder:
+    """Finds a session's owner and relays calls to it over one cached channel per replica."""
+
+    def __init__(self, directory: ReplicaDirectory, auth: Authenticator, *, token: str) -> None:
+        self._directory = directory
+        self._auth = auth
+        self._metadata = (("authorization", f"Bearer {token}"), (FORWARDED_BY, directory.replica_id))
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def target(self, record: SandboxRecord, context: Ctx) -> Target | None:
+        """The replica to forward to, or None to serve here (this replica holds the session, the
+        sandbox has none, or the call was forwarded already). UnavailableError when the owner is
+        presumed dead: its supervisor is reconnecting to a survivor, so a retry soon succeeds."""
+        status = record.status
+        owner = status.session_owner
+        if not status.supervisor_connected or not owner or owner == self._directory.replica_id:
+            return None
+        if self._auth.is_replica(context):
+            return None  # forwarded to us: answer here, never pass it on again
+        address = await self._directory.address_of(owner)
+        if address is None:
+            raise UnavailableError(
+                f"sandbox {record.workspace}/{record.name}: its session is on gateway replica {owner}, which is"
+                " not answering; its supervisor reconnects to another replica, retry shortly"
+            )
+        return Target(owner, address)
+
+    def _channel(self, target: Target) -> grpc.aio.Channel:
+        channel = self._channels.get(target.address)
+        if channel is None:
+            channel = self._channels[target.address] = grpc.aio.insecure_channel(
+                target.address, options=_CHANNEL_OPTIONS
+            )
+        return channel
+
+    def _timeout(self, context: Ctx) -> float | None:
+        remaining = context.time_remaining()
+        return remaining if remaining is not None and remaining < 1e9 else None
+
+    async def unary_unary(
+        self, target: Target, method: str, request: Message, response: Callable[[bytes], Resp], context: Ctx
+    ) -> Resp:
+        """Forward a unary call; the owner's reply (or status) is returned as is."""
+        call = self._channel(target).unary_unary(method, request_serializer=_serialize, response_deserializer=response)
+        try:
+            result: Resp = await call(request, metadata=self._metadata, timeout=self._timeout(context))
+        except grpc.aio.AioRpcError as exc:
+            await _relay_status(context, exc)
+        return result
+
+    async def unary_stream(
+        self, target: Target, method: str, request: Message, response: Callable[[bytes], Resp], context: Ctx
+    ) -> AsyncIterator[Resp]:
+        """Forward a server-streaming call, yielding the owner's messages one at a time."""
+        stub = self._channel(target).unary_stream(method, request_serializer=_serialize, response_deserializer=response)
+        call = stub(request, metadata=self._metadata, timeout=self._timeout(context))
+        async for message in self._relay(call, context):
+            yield message
+
+    async def stream_unary(
+        self,
+        target: Target,
+        method: str,
+        requests: AsyncIterator[Message],
+        response: Callable[[bytes], Resp],
+        context: Ctx,
+    ) -> Resp:
+        """Forward a client-streaming call (the requests are pulled as the owner takes them)."""
+        stub = self._channel(target).stream_unary(method, request_serializer=_serialize, response_deserializer=response)
+        call = stub(requests, metadata=self._metadata, timeout=self._timeout(context))
+        try:
+            result: Resp = await call
+        except grpc.aio.AioRpcError as exc:
+            await _relay_status(context, exc)
+        finally:
+            call.cancel()  # a no-op once it completed; ends the upstream call if we were cancelled
+        return result
+
+    async def stream_stream(
+        self,
+        target: Target,
+        method: str,
+        requests: AsyncIterator[Message],
+        response: Callable[[bytes], Resp],
+        context: Ctx,
+    ) -> AsyncIterator[Resp]:
+        """Forward a bidirectional call: requests flow up as the owner takes them, replies down
+        as this call's client takes them."""
+        stub = self._channel(target).stream_stream(
+            method, request_serializer=_serialize, response_deserializer=response
+        )
+        call = stub(requests, metadata=self._metadata, timeout=self._timeout(context))
+        async for message in self._relay(call, context):
+            yield message
+
+    async def _relay(self, call: Any, context: Ctx) -> AsyncIterator[Any]:
+        try:
+            async for message in call:
+                yield message
+        except grpc.aio.AioRpcError as exc:
+            await _relay_status(context, exc)
+        finally:
+            call.cancel()
+
+    async def aclose(self) -> None:
+        """Close the channels to other replicas."""
+        for channel in self._channels.values():
+            with contextlib.suppress(Exception):
+                await channel.close(grace=None)
+        self._channels.clear()

@@ -1,0 +1,186 @@
+"""Which gateway replicas share this store, and where each is reached: one row per replica in the
+objects table (kind "replica"), renewed every heartbeat.
+
+A replica whose row this replica has seen unchanged for `MISSED_HEARTBEATS` heartbeats is presumed
+dead. Judged on this replica's own clock from when it last saw the row change (never from times
+another host wrote), and only over a stretch in which it could read the store: after an outage of
+the store every replica starts with a clean slate, since nobody could renew then. The forwarder
+reads the directory to find a session owner's address (and refuses to dial a dead one); the
+leader marks the sessions a dead replica held as disconnected, so phase and forwarding stop
+naming it while its supervisors reconnect to the survivors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from warmshell.core import phases
+from warmshell.core.errors import AlreadyExistsError, ConflictError, NotFoundError, WarmshellError
+from warmshell.core.models import SandboxRecord, now_ms
+from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.store.base import Store
+
+__all__ = ["KIND_REPLICA", "MISSED_HEARTBEATS", "Replica", "ReplicaDirectory", "stale_sessions"]
+
+log = logging.getLogger(__name__)
+
+KIND_REPLICA = "replica"
+MISSED_HEARTBEATS = 3
+_WORKSPACE = ""  # replicas belong to no workspace
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica as the store last showed it."""
+
+    id: str
+    address: str
+    resource_version: int
+
+
+def stale_sessions(records: list[SandboxRecord], alive: set[str], *, me: str) -> list[SandboxRecord]:
+    """Records whose session is held by a replica that is neither this one nor alive."""
+    return [
+        r
+        for r in records
+        if r.status.supervisor_connected and r.status.session_owner not in alive and r.status.session_owner != me
+    ]
+
+
+class ReplicaDirectory:
+    """This replica's row, and a cached view of everyone's."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        replica_id: str,
+        address: str,
+        heartbeat_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.replica_id = replica_id
+        self.address = address
+        self._store = store
+        self._heartbeat = heartbeat_seconds
+        self._clock = clock
+        self._known: dict[str, Replica] = {}
+        self._changed_at: dict[str, float] = {}  # when this replica saw each row change
+
+    def _payload(self) -> str:
+        # The wall time is for people reading the table; liveness comes from the row changing.
+        return json.dumps({"address": self.address, "renewed_ms": now_ms()})
+
+    async def announce(self) -> None:
+        """Write (or renew) this replica's row."""
+        row = await self._store.get(KIND_REPLICA, self.replica_id)
+        if row is None:
+            with contextlib.suppress(AlreadyExistsError):
+                await self._store.create(
+                    kind=KIND_REPLICA,
+                    id=self.replica_id,
+                    name=self.replica_id,
+                    workspace=_WORKSPACE,
+                    payload=self._payload(),
+                )
+                return
+            row = await self._store.get(KIND_REPLICA, self.replica_id)
+            if row is None:
+                return
+        with contextlib.suppress(ConflictError):  # only this replica writes its row
+            await self._store.update(
+                kind=KIND_REPLICA, id=self.replica_id, expected_version=row.resource_version, payload=self._payload()
+            )
+
+    async def withdraw(self) -> None:
+        """Remove this replica's row (a graceful stop: its sessions are closed already)."""
+        await self._store.delete(KIND_REPLICA, self.replica_id)
+
+    async def refresh(self) -> dict[str, Replica]:
+        """Re-read every replica's row; returns them by id. A failed read forgets what was
+        observed: liveness is judged afresh once the store answers again."""
+        try:
+            rows = await self._store.list(KIND_REPLICA)
+        except WarmshellError:
+            self._changed_at.clear()
+            raise
+        now = self._clock()
+        known: dict[str, Replica] = {}
+        for row in rows:
+            data = json.loads(row.payload)
+            known[row.id] = Replica(row.id, str(data.get("address") or ""), row.resource_version)
+            previous = self._known.get(row.id)
+            if previous is None or previous.resource_version != row.resource_version or row.id not in self._changed_at:
+                self._changed_at[row.id] = now
+        self._known = known
+        return known
+
+    def alive_ids(self) -> set[str]:
+        """Replicas whose row changed within MISSED_HEARTBEATS heartbeats (this one always)."""
+        horizon = self._clock() - MISSED_HEARTBEATS * self._heartbeat
+        return {i for i in self._known if self._changed_at.get(i, horizon) > horizon} | {self.replica_id}
+
+    async def wait_presumed_dead(self, replica_id: str) -> bool:
+        """Whether `replica_id` is (or, within the time it takes to be presumed so, becomes)
+        dead; False when it is still renewing its row after that."""
+        deadline = self._clock() + (MISSED_HEARTBEATS + 1) * self._heartbeat
+        while replica_id in self.alive_ids():
+            if self._clock() >= deadline:
+                return False
+            await asyncio.sleep(self._heartbeat / 2)
+            await self.refresh()
+        return True
+
+    async def address_of(self, replica_id: str) -> str | None:
+        """Where to reach a live replica; None when it is unknown or presumed dead."""
+        if replica_id not in self._known or replica_id not in self.alive_ids():
+            await self.refresh()
+        if replica_id not in self.alive_ids():
+            return None
+        replica = self._known.get(replica_id)
+        return replica.address if replica is not None and replica.address else None
+
+    async def release_stale_sessions(self, records: SandboxRecords) -> int:
+        """Mark the sessions of dead replicas disconnected (leader work); returns how many."""
+        await self.refresh()
+        alive = self.alive_ids()
+        for gone in self._known.keys() - alive:
+            # Its row goes too (a replica that was only cut off writes it again when it is back).
+            with contextlib.suppress(ConflictError):
+                await self._store.delete(KIND_REPLICA, gone, self._known[gone].resource_version)
+        released = 0
+        for record in stale_sessions(await records.list(), alive, me=self.replica_id):
+            owner = record.status.session_owner
+
+            def change(r: SandboxRecord, owner: str = owner) -> bool:
+                if not r.status.supervisor_connected or r.status.session_owner != owner:
+                    return False  # reconnected meanwhile
+                r.status.session_id, r.status.session_owner = "", ""
+                phases.mark_session(r.status, False)
+                return True
+
+            with contextlib.suppress(NotFoundError):
+                await records.mutate(record.id, change)
+                released += 1
+                log.info("sandbox %s: session held by replica %s, presumed dead, released", record.id, owner)
+        return released
+
+    async def run(self, *, leading: Callable[[], bool], records: SandboxRecords) -> None:
+        """Renew this replica's row and re-read the others' every heartbeat; while leading,
+        release dead replicas' sessions."""
+        while True:
+            try:
+                await self.announce()
+                if leading():
+                    await self.release_stale_sessions(records)
+                else:
+                    await self.refresh()  # who is alive, for forwarding and session checks
+            except WarmshellError as exc:
+                log.warning("replica heartbeat failed; retrying: %s", exc)
+            await asyncio.sleep(self._heartbeat)

@@ -1,0 +1,217 @@
+"""Replicas on one store: who is alive (judged on the observer's clock), releasing a dead replica's
+sessions, the session owner in the record, and where the forwarder sends a call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from warmshell.core import phases
+from warmshell.core.errors import UnavailableError
+from warmshell.core.ids import SandboxId
+from warmshell.core.models import SandboxRecord
+from warmshell.drivers.fake import FakeDriver
+from warmshell.gateway.auth import Authenticator
+from warmshell.gateway.events import EventBus
+from warmshell.gateway.forwarding import Forwarder
+from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.replicas import KIND_REPLICA, ReplicaDirectory, stale_sessions
+from warmshell.gateway.secretvault import SecretVault
+from warmshell.gateway.sessions import SessionTable
+from warmshell.gateway.store.base import Store
+from warmshell.gateway.store.sqlite import open_sqlite_store
+
+HEARTBEAT = 1.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    opened = await open_sqlite_store(tmp_path / "warmshell.db")
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+def directory(store: Store, name: str, clock: Clock) -> ReplicaDirectory:
+    return ReplicaDirectory(store, replica_id=name, address=f"{name}:7443", heartbeat_seconds=HEARTBEAT, clock=clock)
+
+
+async def test_a_replica_is_dead_once_its_row_stood_still_for_three_heartbeats(store: Store) -> None:
+    clock = Clock()
+    a, b = directory(store, "a", clock), directory(store, "b", clock)
+    await a.announce()
+    await b.refresh()
+    assert b.alive_ids() == {"a", "b"}
+    assert await b.address_of("a") == "a:7443"
+    clock.now += 2.5
+    await a.announce()  # renewed: the row changed
+    await b.refresh()
+    clock.now += 2.9
+    await b.refresh()
+    assert "a" in b.alive_ids()
+    clock.now += 0.2  # 3.1 s without a change
+    await b.refresh()
+    assert b.alive_ids() == {"b"}
+    assert await b.address_of("a") is None
+    await a.announce()
+    await b.refresh()
+    assert "a" in b.alive_ids()
+
+
+async def test_after_the_store_was_unreachable_nobody_is_presumed_dead(store: Store) -> None:
+    """Nobody could renew during an outage: liveness is judged afresh once the store is back."""
+    clock = Clock()
+    a, b = directory(store, "a", clock), directory(store, "b", clock)
+    await a.announce()
+    await b.refresh()
+
+    async def down(*_: Any, **__: Any) -> Any:
+        raise UnavailableError("the store is unreachable")
+
+    real = store.list
+    store.list = down  # type: ignore[method-assign]
+    with pytest.raises(UnavailableError):
+        await b.refresh()
+    clock.now += 60
+    store.list = real  # type: ignore[method-assign]
+    await b.refresh()
+    assert "a" in b.alive_ids()
+
+
+def connected(record: SandboxRecord, owner: str) -> SandboxRecord:
+    record.status.session_owner, record.status.session_id = owner, f"{owner}/s1"
+    phases.mark_session(record.status, True, f"{owner}/s1")
+    return record
+
+
+async def test_the_leader_releases_only_dead_replicas_sessions_and_their_rows(store: Store) -> None:
+    clock = Clock()
+    records = SandboxRecords(store, EventBus())
+    a, b, leader = (directory(store, n, clock) for n in ("a", "b", "leader"))
+    for replica in (a, b):
+        await replica.announce()
+    for name, owner in (("on-a", "a"), ("on-b", "b"), ("on-leader", "leader")):
+        await records.insert(connected(SandboxRecord(id=name, name=name, workspace="default"), owner))
+    await leader.refresh()
+    clock.now += 5
+    await b.announce()  # b lives, a went silent
+    assert await leader.release_stale_sessions(records) == 1
+    released = await records.get(SandboxId("on-a"))
+    assert released is not None
+    assert not released.status.supervisor_connected
+    assert released.status.session_owner == ""
+    for kept in ("on-b", "on-leader"):
+        record = await records.get(SandboxId(kept))
+        assert record is not None
+        assert record.status.supervisor_connected
+    assert {row.id for row in await store.list(KIND_REPLICA)} == {"b"}
+
+
+def test_stale_sessions_is_every_connected_record_no_live_replica_holds() -> None:
+    records = [
+        connected(SandboxRecord(id="1", name="1", workspace="w"), "gone"),
+        connected(SandboxRecord(id="2", name="2", workspace="w"), "live"),
+        connected(SandboxRecord(id="3", name="3", workspace="w"), "me"),
+        SandboxRecord(id="4", name="4", workspace="w"),  # no session at all
+    ]
+    assert [r.id for r in stale_sessions(records, {"live"}, me="me")] == ["1"]
+
+
+async def test_a_session_closing_on_one_replica_does_not_undo_a_newer_one_elsewhere(store: Store) -> None:
+    """The supervisor reconnected to replica b before replica a noticed its stream had ended."""
+    records = SandboxRecords(store, EventBus())
+    on = {
+        name: SandboxManager(
+            records=records,
+            driver=FakeDriver(),
+            bus=EventBus(),
+            sessions=SessionTable(owner=name),
+            vault=SecretVault(store, bytes(32)),
+        )
+        for name in ("a", "b")
+    }
+    await records.insert(SandboxRecord(id="sb", name="sb", workspace="default"))
+    sandbox = SandboxId("sb")
+    await on["a"].on_session(sandbox, connected=True, session_id="a/s1")
+    await on["b"].on_session(sandbox, connected=True, session_id="b/s1")
+    await on["a"].on_session(sandbox, connected=False, session_id="a/s1")
+    record = await records.get(sandbox)
+    assert record is not None
+    assert (record.status.supervisor_connected, record.status.session_owner, record.status.session_id) == (
+        True,
+        "b",
+        "b/s1",
+    )
+    await on["b"].on_session(sandbox, connected=False, session_id="b/s1")
+    record = await records.get(sandbox)
+    assert record is not None
+    assert (record.status.supervisor_connected, record.status.session_owner) == (False, "")
+
+
+class Context:
+    def __init__(self, token: str) -> None:
+        self._metadata = (("authorization", f"Bearer {token}"),)
+
+    def invocation_metadata(self) -> Any:
+        return self._metadata
+
+
+async def test_the_forwarder_sends_a_call_to_the_live_owner_only(store: Store) -> None:
+    clock = Clock()
+    me, other = directory(store, "me", clock), directory(store, "other", clock)
+    await other.announce()
+    auth = Authenticator(api_token="api", issuer=None, identity=None, replica_token="replica")  # type: ignore[arg-type]
+    forwarder = Forwarder(me, auth, token="replica")
+    client = Context("api")
+    record = SandboxRecord(id="sb", name="sb", workspace="default")
+    assert await forwarder.target(record, client) is None  # type: ignore[arg-type]  # no session
+    assert await forwarder.target(connected(record, "me"), client) is None  # type: ignore[arg-type]
+    target = await forwarder.target(connected(record, "other"), client)  # type: ignore[arg-type]
+    assert target is not None
+    assert (target.replica_id, target.address) == ("other", "other:7443")
+    # Forwarded to us already: answered here, never passed on (two replicas cannot loop).
+    assert await forwarder.target(record, Context("replica")) is None  # type: ignore[arg-type]
+    clock.now += 10  # the owner went silent
+    with pytest.raises(UnavailableError, match="replica other, which is not answering"):
+        await forwarder.target(record, client)  # type: ignore[arg-type]
+    await forwarder.aclose()
+
+
+async def test_waiting_for_a_silent_replica_ends_when_it_is_presumed_dead(store: Store) -> None:
+    """A supervisor reconnecting after its replica died waits that long, not a retry's backoff."""
+    quick = 0.2
+    owner = ReplicaDirectory(store, replica_id="owner", address="o:1", heartbeat_seconds=quick)
+    waiter = ReplicaDirectory(store, replica_id="waiter", address="w:1", heartbeat_seconds=quick)
+    await owner.announce()
+    await waiter.refresh()
+    assert await waiter.wait_presumed_dead("owner")
+
+    async def renew() -> None:
+        while True:
+            await owner.announce()
+            await asyncio.sleep(quick / 2)
+
+    await owner.announce()
+    renewing = asyncio.create_task(renew())
+    try:
+        await waiter.refresh()  # sees the row change again
+        assert not await waiter.wait_presumed_dead("owner")  # alive: the session stays where it is
+    finally:
+        renewing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewing
