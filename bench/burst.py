@@ -266,8 +266,8 @@ def bwrap_argvs(tmp: Path) -> dict[str, list[str]]:
         "now": sandboxing.host_root_plan(entries, names, staged_etc=stage.directory, etc_dirs=stage.subdirectories),
         "before": sandboxing.host_root_plan(entries, names),
     }
-    bounds = limits.Bounds.of(LocalDriverConfig(), uid_per_sandbox=root)
-    rlimits = limits.prlimit_argv(bounds)
+    bounds = limits.Bounds.of(LocalDriverConfig())
+    rlimits = limits.prlimit_argv(bounds, uid_per_sandbox=root)
     uid = 2_000_000 if root else None
     # Both at the caller's priority, so their wall times compare (a refill adds --priority=19).
     as_uid = [f"--uid={uid}"] if root else []
@@ -281,6 +281,7 @@ def bwrap_argvs(tmp: Path) -> dict[str, list[str]]:
         layout = sandboxing.SandboxLayout(
             bwrap=shutil.which("bwrap") or "bwrap", plan=plan, workspace_dir=workspace, agent=launching.AGENT_BINARY,
             control_fd=0, seccomp_fd=3, hostname="b", instance_id="li-bench", tmp_bytes=bounds.tmp_bytes,
+            workspace_bytes=bounds.workspace_bytes,
             run_bytes=bounds.run_bytes, shm_bytes=bounds.shm_bytes,
         )  # fmt: skip
         argv = sandboxing.bwrap_argv(layout)

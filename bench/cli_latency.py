@@ -135,9 +135,9 @@ def main() -> None:
         "rounds, the baseline in the same rounds; `grpcio:` rows are the same commands on the grpcio "
         "transport (WARMSHELL_TRANSPORT=grpcio). HTTP/2 transport p50 / grpcio p50: "
         + ", ".join(f"{label} {ratio:.2f}x" for label, ratio in over_grpcio.items())
-        + ". The machine was shared with other engineers' test runs (1-minute load average "
+        + ". 1-minute load average "
         f"{data['load_average_before'][0]:.2f} before the measured rounds, "  # type: ignore[index]
-        f"{data['load_average_after'][0]:.2f} after): read the ratios, not the absolute figures.\n"  # type: ignore[index]
+        f"{data['load_average_after'][0]:.2f} after (2 cores): where it is high, read the ratios, not the absolute figures.\n"  # type: ignore[index]
     )
     write_results("cli_latency", data, table)
 
