@@ -137,7 +137,8 @@ def main() -> None:
         + ", ".join(f"{label} {ratio:.2f}x" for label, ratio in over_grpcio.items())
         + ". 1-minute load average "
         f"{data['load_average_before'][0]:.2f} before the measured rounds, "  # type: ignore[index]
-        f"{data['load_average_after'][0]:.2f} after (2 cores): where it is high, read the ratios, not the absolute figures.\n"  # type: ignore[index]
+        f"{data['load_average_after'][0]:.2f} after (2 cores): "  # type: ignore[index]
+        "where it is high, read the ratios, not the absolute figures.\n"
     )
     write_results("cli_latency", data, table)
 
