@@ -20,6 +20,7 @@ from kubesim.controllers import client as kc
 from kubesim.controllers import crds_install
 from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.cli import render
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.kubernetes import kube, labels, lease, profiles
 from warmshell.drivers.kubernetes.extensions import ExtensionsGate
@@ -341,3 +342,35 @@ async def absent(admin: kc.KubeClient) -> bool:
     except kc.ApiError:
         return True
     return False
+
+
+# -- lifetime defaults ----------------------------------------------------------------------------------
+
+
+async def test_a_profile_lifetime_is_the_default_of_what_its_pool_serves(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    shape = 'version = 1\nworkspace = "default"\nreplicas = 2\n[environment]\nPOOL = "timed"\n'
+    await apply_profile(admin, "wp-timed", shape + "[lifetime]\nttl_seconds = 600\nidle_timeout_seconds = 300\n")
+    async with profile_gateway(cluster, tmp_path) as gw:
+        generated = (await ready_status(admin, "wp-timed"))[labels.PROFILE_GENERATED]
+        pool = await admin.get(kc.POOLS, NAMESPACE, generated)
+        assert pool["metadata"]["annotations"][labels.TTL_SECONDS] == "600"
+        await wait_pools(gw, lambda r: (p := pool_named(r, generated)) is not None and p.idle >= 2, timeout=45)
+
+        spec = pb.SandboxSpec(environment={"POOL": "timed"})
+        served = await gw.create(name="defaulted", spec=spec)
+        assert (served.status.allocation, served.status.pool) == ("warm", generated)
+        assert served.lifetime.ttl_seconds == 600  # the profile's defaults
+        assert served.lifetime.idle_timeout_seconds == 300
+        assert 599_000 <= served.lifetime.expires_at_ms - served.created_at_ms <= 601_000
+        shown = await gw.get("defaulted")  # what `sandbox get` reads and prints
+        assert shown.lifetime == served.lifetime
+        assert "(ttl 600 s); after 300 s without an exec" in render.expiry_text(shown.lifetime)
+
+        asked = await gw.create(name="asked", spec=spec, ttl_seconds=30)  # the request wins
+        assert (asked.status.allocation, asked.lifetime.ttl_seconds) == ("warm", 30)
+        assert asked.lifetime.idle_timeout_seconds == 300
+
+        cold = await gw.create(name="cold")  # no pool: the gateway's default (none)
+        assert (cold.status.allocation, cold.lifetime.ttl_seconds, cold.lifetime.expires_at_ms) == ("cold", 0, 0)

@@ -158,6 +158,20 @@ def test_a_replicas_change_patches_the_pool_in_place() -> None:
     assert profileplan.patch_body(result.writes[0])["spec"]["replicas"] == 4
 
 
+def test_a_lifetime_change_patches_the_pool_in_place_and_removing_it_clears_it() -> None:
+    lifetime = DEFAULT + "[lifetime]\nttl_seconds = 600\nidle_timeout_seconds = 120\n"
+    old = profileplan.desire(configmap(text=lifetime), cfg())
+    assert old.pool is not None
+    assert old.pool["metadata"]["annotations"][labels.TTL_SECONDS] == "600"
+    assert old.pool["metadata"]["annotations"][labels.IDLE_TIMEOUT_SECONDS] == "120"
+    new = profileplan.desire(configmap(rv="11"), cfg())  # [lifetime] removed
+    assert new.generated == old.generated  # not part of the shape: the same pool
+    result = profileplan.plan([new], [existing(old.template)], [existing(old.pool)])
+    assert [(w.action, w.kind) for w in result.writes] == [("patch", "pool")]
+    annotations = profileplan.patch_body(result.writes[0])["metadata"]["annotations"]
+    assert (annotations[labels.TTL_SECONDS], annotations[labels.IDLE_TIMEOUT_SECONDS]) == ("", "")
+
+
 def test_a_changed_shape_creates_a_new_pair_and_deletes_the_superseded_one() -> None:
     old = profileplan.desire(configmap(), cfg())
     new = profileplan.desire(configmap(text=ENV, rv="11"), cfg())

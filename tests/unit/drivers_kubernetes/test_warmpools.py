@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warmshell.core import matching
+from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.drivers.kubernetes import labels, poolcache, warmpools
 
@@ -38,10 +39,11 @@ def test_the_pair_validates_and_carries_the_fingerprint() -> None:
             "warmshell.dev/fingerprint": full[:40],
             "warmshell.dev/profile": "p1",
         }
-        assert obj["metadata"]["annotations"] == {
-            "warmshell.dev/fingerprint": full,
-            "warmshell.dev/workspace": "team-a",
-        }
+    ours = {"warmshell.dev/fingerprint": full, "warmshell.dev/workspace": "team-a"}
+    assert template["metadata"]["annotations"] == ours
+    # No lifetime set: both keys are there but empty, so removing one from a profile patches it away.
+    lifetime = {"warmshell.dev/ttl-seconds": "", "warmshell.dev/idle-timeout-seconds": ""}
+    assert pool["metadata"]["annotations"] == {**ours, **lifetime}
     assert pool["spec"] == {"replicas": 3, "sandboxTemplateRef": {"name": "foo"}}
 
 
@@ -147,3 +149,58 @@ def test_accepted_patterns_travel_on_the_pod_template_and_come_back_in_the_shape
     assert warmpools.shape_of_template(template) is None
     pod_template["metadata"]["annotations"][labels.ACCEPTED_ENVIRONMENT] = "no spaces"
     assert warmpools.shape_of_template(template) is None
+
+
+# -- lifetime defaults on the pool --------------------------------------------------------------
+
+
+def test_the_lifetime_travels_on_the_pool_and_comes_back_in_the_cache() -> None:
+    template, pool = pair(ttl_seconds=600, idle_timeout_seconds=0)
+    assert pool["metadata"]["annotations"][labels.TTL_SECONDS] == "600"
+    assert pool["metadata"]["annotations"][labels.IDLE_TIMEOUT_SECONDS] == "0"  # 0: no limit, not unset
+    assert labels.TTL_SECONDS not in template["metadata"]["annotations"]
+    assert warmpools.lifetime_of(pool) == (600, 0)
+    (entry,) = index((template, pool))
+    assert entry.problem is None
+    assert (entry.ttl_seconds, entry.idle_timeout_seconds) == (600, 0)
+
+
+def test_an_unset_or_absent_lifetime_is_none() -> None:
+    template, pool = pair(ttl_seconds=30)
+    assert warmpools.lifetime_of(pool) == (30, None)  # "" is unset
+    del pool["metadata"]["annotations"][labels.TTL_SECONDS]  # an operator's pool without them
+    del pool["metadata"]["annotations"][labels.IDLE_TIMEOUT_SECONDS]
+    assert warmpools.lifetime_of(pool) == (None, None)
+    (entry,) = index((template, pool))
+    assert entry.shape is not None
+    assert (entry.ttl_seconds, entry.idle_timeout_seconds) == (None, None)
+
+
+@pytest.mark.parametrize("key", [labels.TTL_SECONDS, labels.IDLE_TIMEOUT_SECONDS])
+@pytest.mark.parametrize("value", ["ten", "-5", "1.5", " 60", "٣", str(2**32), "1e3"])
+def test_a_malformed_lifetime_is_a_pool_problem_naming_the_annotation(key: str, value: str) -> None:
+    template, pool = pair(ttl_seconds=60, idle_timeout_seconds=60)
+    pool["metadata"]["annotations"][key] = value
+    with pytest.raises(InvalidArgumentError) as refused:
+        warmpools.lifetime_of(pool)
+    assert refused.value.field == f"annotation {key}"
+    (entry,) = index((template, pool))
+    assert entry.shape is None  # refused, never matched: not served without the lifetime asked for
+    assert entry.problem is not None
+    assert entry.problem.reason == "InvalidLifetime"
+    assert key in entry.problem.message
+    assert repr(value) in entry.problem.message
+
+
+@given(st.one_of(st.text(max_size=12), st.integers(), st.none(), st.lists(st.integers(), max_size=2)))
+def test_any_annotation_value_parses_or_is_refused_never_crashes(value: object) -> None:
+    _, pool = pair()
+    pool["metadata"]["annotations"][labels.TTL_SECONDS] = value
+    well_formed = value is None or value == "" or (isinstance(value, str) and value.isascii() and value.isdigit())
+    if well_formed and int(str(value or 0)) <= warmpools.MAX_SECONDS:
+        ttl, _ = warmpools.lifetime_of(pool)
+        assert ttl == (int(value) if value else None)
+    else:
+        with pytest.raises(InvalidArgumentError) as refused:
+            warmpools.lifetime_of(pool)
+        assert refused.value.field == f"annotation {labels.TTL_SECONDS}"

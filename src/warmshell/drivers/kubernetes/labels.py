@@ -16,6 +16,7 @@ __all__ = [
     "FINGERPRINT",
     "FINGERPRINT_LABEL_LENGTH",
     "GATEWAY_ID",
+    "IDLE_TIMEOUT_SECONDS",
     "MANAGED_BY",
     "MANAGED_BY_VALUE",
     "POD_NAME",
@@ -33,6 +34,7 @@ __all__ = [
     "PROFILE_UID",
     "SANDBOX_ID",
     "SANDBOX_NAME",
+    "TTL_SECONDS",
     "WARM_POOL",
     "WARM_POOL_ENABLED",
     "WORKSPACE",
@@ -58,6 +60,10 @@ WARM_POOL: Final = "warmshell.dev/warm-pool"
 WARM_POOL_ENABLED: Final = "enabled"
 FINGERPRINT: Final = "warmshell.dev/fingerprint"
 FINGERPRINT_LABEL_LENGTH: Final = 40
+# On a warm pool: the lifetime defaults of the sandboxes it serves, in seconds ("" or absent: the
+# gateway's default; "0": no limit). Written from a profile's [lifetime]; not part of the shape.
+TTL_SECONDS: Final = "warmshell.dev/ttl-seconds"
+IDLE_TIMEOUT_SECONDS: Final = "warmshell.dev/idle-timeout-seconds"
 # On a warm pool's pod template: the environment patterns its members accept at activation
 # (comma-separated; the names, never a value). Part of the shape read back from a member.
 ACCEPTED_ENVIRONMENT: Final = "warmshell.dev/accepted-environment"

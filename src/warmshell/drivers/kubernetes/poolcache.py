@@ -2,8 +2,9 @@
 followed by two informers and folded into a `PoolIndex` by fingerprint after every change.
 
 `index_pools` is the pure part: it decides which pools may serve requests. A pool whose template
-is missing, is not a warmshell supervisor template, or runs another shape than the pool's
-fingerprint says is kept out of the index (so it is never matched) and reported on its `PoolView`.
+is missing, is not a warmshell supervisor template, runs another shape than the pool's
+fingerprint says, or whose lifetime annotations do not parse is kept out of the index (so it is
+never matched) and reported on its `PoolView`.
 
 The warm path (`warm.WarmAllocation`) starts the cache while the extension APIs are served and
 closes it when they go; a 404 on either collection is how it learns they went (`on_gone`).
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmshell.core import matching, poolshapes
+from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.ids import Fingerprint, InstanceId
 from warmshell.drivers.base import DriverCondition
@@ -71,6 +73,9 @@ class CachedPool:
     desired: int
     ready: int
     problem: DriverCondition | None = None
+    # The lifetime defaults of the sandboxes it serves (None: the gateway's).
+    ttl_seconds: int | None = None
+    idle_timeout_seconds: int | None = None
     stats: PoolStats = field(default_factory=PoolStats, compare=False)
 
 
@@ -106,7 +111,12 @@ def _cached(pool: Mapping[str, Any], templates: Mapping[str, Mapping[str, Any]])
             "FingerprintMismatch",
             f"fingerprint label {label!r} disagrees with the shape SandboxTemplate {template_name!r} runs ({actual})",
         )
-    return CachedPool(name, shape.workspace, actual, shape, desired, ready)
+    try:
+        ttl, idle = warmpools.lifetime_of(pool)
+    except InvalidArgumentError as exc:
+        # Refused rather than served without it: the operator asked these sandboxes to end.
+        return refused("InvalidLifetime", str(exc))
+    return CachedPool(name, shape.workspace, actual, shape, desired, ready, ttl_seconds=ttl, idle_timeout_seconds=idle)
 
 
 class PoolCache:

@@ -114,6 +114,8 @@ def desire(configmap: Mapping[str, Any], config: KubernetesDriverConfig) -> Desi
             shape=shape,
             replicas=replicas,
             extra_labels={labels.PROFILE_NAME: sanitize(base.name) or FALLBACK, labels.PROFILE_UID: base.uid},
+            ttl_seconds=profile.ttl_seconds,
+            idle_timeout_seconds=profile.idle_timeout_seconds,
         )
     except InvalidArgumentError as exc:
         return _failed(base, str(exc))

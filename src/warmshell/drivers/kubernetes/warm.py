@@ -274,4 +274,6 @@ class WarmAllocation:
             source=f"SandboxWarmPool {self._namespace}/{pool.name}",
             conditions=conditions,
             accepted_environment=shape.accepted if shape else (),
+            ttl_seconds=pool.ttl_seconds,
+            idle_timeout_seconds=pool.idle_timeout_seconds,
         )

@@ -3,7 +3,8 @@ serves one sandbox shape, and the shape a template actually runs.
 
 The pair is written by the profile reconciler (and by operators with kubectl); the pool cache
 reads templates back with `shape_of_template` and refuses a pool whose fingerprint label disagrees
-with what its template runs, so a mislabelled pool can never serve a request of another shape.
+with what its template runs, so a mislabelled pool can never serve a request of another shape. The
+pool also carries its profile's lifetime defaults as annotations, read back with `lifetime_of`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from warmshell.drivers.kubernetes.objects import Obj
 __all__ = [
     "EXTENSIONS_API_VERSION",
     "fingerprint_label",
+    "lifetime_of",
     "render_pool_pair",
     "shape_of_template",
 ]
 
 
 EXTENSIONS_API_VERSION: Final = "extensions.agents.x-k8s.io/v1beta1"
+MAX_SECONDS: Final = 2**32 - 1  # the API's lifetime fields are uint32
 
 
 def fingerprint_label(full: str) -> str:
@@ -42,8 +45,11 @@ def render_pool_pair(
     shape: SandboxShape,
     replicas: int,
     extra_labels: Mapping[str, str] = {},
+    ttl_seconds: int | None = None,
+    idle_timeout_seconds: int | None = None,
 ) -> tuple[Obj, Obj]:
-    """The (SandboxTemplate, SandboxWarmPool) serving `shape`; both named `name`.
+    """The (SandboxTemplate, SandboxWarmPool) serving `shape`; both named `name`. The pool carries
+    the lifetime defaults (None: the gateway's) as annotations.
 
     The template's pod is the cold sandbox's supervisor pod without any per-sandbox identity
     (identity comes from the claim at activation) and with the shape's environment baked in, so
@@ -97,11 +103,38 @@ def render_pool_pair(
             "name": name,
             "namespace": namespace,
             "labels": dict(metadata_labels),
-            "annotations": dict(annotations),
+            # Both always written ("" = not set), so a default removed from a profile is patched away.
+            "annotations": {
+                **annotations,
+                labels.TTL_SECONDS: _seconds_text(ttl_seconds),
+                labels.IDLE_TIMEOUT_SECONDS: _seconds_text(idle_timeout_seconds),
+            },
         },
         "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": name}},
     }
     return template, pool
+
+
+def _seconds_text(seconds: int | None) -> str:
+    return "" if seconds is None else str(seconds)
+
+
+def lifetime_of(pool: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """The (ttl_seconds, idle_timeout_seconds) defaults a pool's annotations give the sandboxes it
+    serves (None: not set); InvalidArgumentError names a malformed annotation."""
+    annotations = (pool.get("metadata") or {}).get("annotations") or {}
+    return _seconds_of(annotations, labels.TTL_SECONDS), _seconds_of(annotations, labels.IDLE_TIMEOUT_SECONDS)
+
+
+def _seconds_of(annotations: Mapping[str, Any], key: str) -> int | None:
+    text = annotations.get(key)
+    if text is None or text == "":
+        return None
+    # isascii: str.isdigit also accepts other scripts' digits, which no operator means here.
+    if not isinstance(text, str) or not (text.isascii() and text.isdigit()) or int(text) > MAX_SECONDS:
+        rule = f"{text!r} is not a whole number of seconds from 0 (no limit) to {MAX_SECONDS}"
+        raise InvalidArgumentError(f"annotation {key}", rule)
+    return int(text)
 
 
 def _accepted_annotation(shape: SandboxShape) -> dict[str, dict[str, str]]:
