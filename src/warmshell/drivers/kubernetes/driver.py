@@ -91,7 +91,7 @@ class KubernetesDriver:
         self._hub = Hub()
         self._informers: Informers | None = None  # started by the first watch()
         self._warm: warm.WarmAllocation | None = None  # while warm pooling is configured
-        self._leadership = Leadership(lambda: self.api, config)  # the profile reconciler's Lease
+        self._leadership = Leadership(lambda: self.api, config)  # the profile reconciler, singletons
         # Label-safe: which gateway wrote a claim (diagnostics; any replica may activate it).
         self._gateway_id = labels.label_value(gateway_id or socket.gethostname())
 
