@@ -8,15 +8,15 @@ cold: the Sandbox is rendered (`rendering`) with the activation proof sealed ont
 and created — one API write (`creating`). agent-sandbox makes the pod; its supervisor registers
 with the pod's projected token and `identity` binds it to the sandbox. Reads go to the API
 (`get`, `list`); `watch` is fed by `informers` over our Sandboxes, their pods and the namespace's
-Events, started by the first watcher and shared by all. Every component publishes what it sees to
-the driver's one event hub.
+Events, started by the first watcher and shared by all. One Lease (`leadership`) elects the
+replica that runs the profile reconciler and the gateway's singletons. Every component publishes
+what it sees to the driver's one event hub.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import logging
 import socket
 from pathlib import Path
@@ -35,7 +35,6 @@ from warmshell.drivers.base import (
     PoolView,
     ProgressLine,
     WarmPending,
-    invalid_profile_view,
 )
 from warmshell.drivers.events import Hub, Subscription
 from warmshell.drivers.kubernetes import (
@@ -43,10 +42,8 @@ from warmshell.drivers.kubernetes import (
     finding,
     kube,
     labels,
-    lease,
     naming,
     poolcache,
-    profiles,
     proofs,
     rendering,
     status,
@@ -55,6 +52,7 @@ from warmshell.drivers.kubernetes import (
 )
 from warmshell.drivers.kubernetes.identity import KubernetesIdentity
 from warmshell.drivers.kubernetes.informers import Informers
+from warmshell.drivers.kubernetes.leadership import Leadership
 from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = ["KubernetesDriver"]
@@ -93,9 +91,7 @@ class KubernetesDriver:
         self._hub = Hub()
         self._informers: Informers | None = None  # started by the first watch()
         self._warm: warm.WarmAllocation | None = None  # while warm pooling is configured
-        self._profiles: asyncio.Task[None] | None = None  # the profile reconciler (lease-elected)
-        self._elector: lease.Elector | None = None  # one Lease for every singleton (see campaign)
-        self._profile_problems: dict[str, str] = {}  # invalid profile ConfigMaps, while leading
+        self._leadership = Leadership(lambda: self.api, config)  # the profile reconciler, singletons
         # Label-safe: which gateway wrote a claim (diagnostics; any replica may activate it).
         self._gateway_id = labels.label_value(gateway_id or socket.gethostname())
 
@@ -159,44 +155,21 @@ class KubernetesDriver:
         if self._warm is None:
             return
         self._warm.start(activator)
-        if self._config.warm_pooling.profiles.enabled and self._profiles is None:
-            # Profiles run even while the extension APIs are absent: they wait on the same gate.
-            self._profiles = asyncio.create_task(
-                profiles.run_elected(
-                    self.api,
-                    self._config,
-                    gate=self._warm.gate,
-                    on_problems=self._set_profile_problems,
-                    elector=self._lease(),
-                ),
-                name="k8s-profiles",
-            )
-
-    def _lease(self) -> lease.Elector:
-        if self._elector is None:
-            self._elector = lease.elector_for(self.api, self._config)
-        return self._elector
+        if self._config.warm_pooling.profiles.enabled:
+            self._leadership.run_profiles(self._warm.gate)
 
     def campaign(self) -> None:
         """See `drivers.base.Leadership`: the gateway's singletons follow the profile reconciler's
         Lease; without profiles, the Lease is held for them alone."""
-        if self._profiles is None:
-            self._profiles = asyncio.create_task(self._lease().run(_hold), name="k8s-lease")
+        self._leadership.campaign()
 
     def leading(self) -> bool:
         """See `drivers.base.Leadership`."""
-        return self._elector is not None and self._elector.is_leader
-
-    def _set_profile_problems(self, problems: dict[str, str]) -> None:
-        self._profile_problems = problems
+        return self._leadership.leading()
 
     async def aclose(self) -> None:
         """Stop the informers and end watches; sandboxes keep running in the cluster."""
-        if self._profiles is not None:
-            self._profiles.cancel()  # which releases the Lease: another replica takes over at once
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._profiles
-            self._profiles = None
+        await self._leadership.aclose()
         if self._warm is not None:
             await self._warm.aclose()
         if self._informers is not None:
@@ -323,10 +296,7 @@ class KubernetesDriver:
     def pools(self) -> builtins.list[PoolView]:
         """The opted-in warm pools, with the ones that can never be matched flagged."""
         views = self._warm.views() if self._warm is not None else []
-        # Invalid profiles have no pool: listed by their ConfigMap (known on the profile leader).
-        for name, error in sorted(self._profile_problems.items()):
-            views.append(invalid_profile_view(name, source=f"configmap {self._config.namespace}/{name}", message=error))
-        return views
+        return views + self._leadership.invalid_profiles()
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -366,8 +336,3 @@ class KubernetesDriver:
 
     def _progress(self, sandbox_id: SandboxId, reason: str, message: str) -> None:
         self._hub.publish(DriverEvent(sandbox_id, progress=ProgressLine(reason, message)))
-
-
-async def _hold() -> None:
-    """The Lease's work when only the gateway's singletons need it: they ask `leading()`."""
-    await asyncio.Event().wait()

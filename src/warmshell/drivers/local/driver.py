@@ -6,7 +6,8 @@ member: the member is bound to the sandbox (recorded), renamed, and handed to th
 Activator. Otherwise it goes cold: a supervisor bound to the sandbox from birth is spawned, and
 the gateway activates it once it registers, through the same registry. Sandboxes, supervisors
 and files are the `fleet`'s; pools, the claim of a member, idle members' liveness and refills are
-`pooling`'s; this module routes, binds and reports.
+`pooling`'s; what the host gives (bubblewrap, a uid per sandbox, bounds, the cgroup) is settled
+once by `hostsetup`; this module routes, binds and reports.
 """
 
 from __future__ import annotations
@@ -15,12 +16,8 @@ import asyncio
 import builtins
 import collections
 import dataclasses
-import hashlib
 import logging
-import os
-import resource
-import shutil
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -52,26 +49,18 @@ from warmshell.drivers.local import cgroups, credentials, images, limits, poolin
 from warmshell.drivers.local.files import LocalFiles, files_executor
 from warmshell.drivers.local.fleet import Fleet
 from warmshell.drivers.local.hostnames import HostnameSetter
+from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.identity import LocalIdentity
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.launching import AGENT_BINARY, Launcher
+from warmshell.drivers.local.launching import AGENT_BINARY
 from warmshell.drivers.local.processes import SandboxProcess
 from warmshell.drivers.local.supervising import HostSupervisors, Supervise
-from warmshell.drivers.local.uids import UidRange
 
 __all__ = ["LocalDriver"]
 
 _log = logging.getLogger(__name__)
 
-NO_BWRAP = (
-    "bubblewrap ({bwrap!r}) was not found; install it (Debian/Ubuntu: apt-get install bubblewrap) "
-    "or set local.allow_unisolated = true to run workloads as plain, unisolated processes"
-)
 _LOST = "the sandbox's process ended with the previous gateway"
-DEPRECATED_REFILL_DELAY = (
-    "local.refill_delay_seconds is deprecated and ignored: refills now wait only while claims are in "
-    "flight and start at a lower CPU priority (local.refill_nice); remove the key"
-)
 
 
 class LocalDriver:
@@ -99,38 +88,9 @@ class LocalDriver:
     ) -> None:
         self._config = config
         self._paths = paths
-        bwrap = shutil.which(config.bwrap)
-        if bwrap is None and not config.allow_unisolated:
-            raise FailedPreconditionError(NO_BWRAP.format(bwrap=config.bwrap))
-        _check_extra_binds(config.extra_ro_binds, paths)
-        root = os.geteuid() == 0  # then each sandbox gets its own uid (see `uids`)
-        bounds = limits.Bounds.of(config)
-        launcher = Launcher(
-            bwrap=bwrap,
-            agent=agent,
-            extra_ro_binds=config.extra_ro_binds,
-            stage_dir=config.sandbox_dir if root else None,
-            bounds=bounds,
-            etc_dir=_etc_dir(config, paths, root=root),
-        )
-        cgroup = cgroup if cgroup is not None else cgroups.detect()
-        if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
-            bounded = limits.condition(bounds, cgroup, uid_per_sandbox=root)
-            level = logging.INFO if bounded.status == "True" else logging.WARNING
-            _log.log(level, "local sandboxes: %s", bounded.message)
-        self._host_cpus = os.cpu_count() or 1
-        self._host_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        self._host = HostSetup.of(config, paths, agent=agent, cgroup=cgroup)
         self._supervisors = HostSupervisors(paths.supervisor_socket)
-        self._fleet = Fleet(
-            launcher=launcher,
-            paths=paths,
-            cgroup=cgroup,
-            grace=kill_grace_seconds,
-            on_ended=self._on_ended,
-            supervise=supervise or self._supervisors,
-            uids=UidRange(config.sandbox_uid_base, config.sandbox_uid_count) if root else None,
-            workspaces=config.sandbox_dir if root else None,
-        )
+        self._fleet = self._new_fleet(supervise or self._supervisors, kill_grace_seconds)
         self._sandboxes: dict[SandboxId, Instance] = {}
         self._lost: dict[SandboxId, DriverSandbox] = {}
         self._creating: dict[SandboxId, asyncio.Task[DriverSandbox]] = {}
@@ -138,26 +98,34 @@ class LocalDriver:
         self._hostnames = HostnameSetter()
         self._activator: Activator | None = None
         self._reloader: asyncio.Task[None] | None = None
-        if config.refill_delay_seconds is not None:
-            _log.warning(DEPRECATED_REFILL_DELAY)
-        self._refill_nice = _refill_nice(config.refill_nice)
-        self._pools = (
-            pooling.PoolSet(
-                spawn=self._spawn_member,
-                stop=self._fleet.stop,
-                default_image=self.default_image(),
-                validate=self._validate_profile,
-                probe_seconds=config.member_probe_seconds,
-                check_seconds=config.member_check_seconds,
-            )
-            if config.pools_dir is not None
-            else None
-        )
+        self._pools = self._pool_set() if config.pools_dir is not None else None
         self._files_executor: ThreadPoolExecutor | None = None
-        self._root = root
         self.misses: collections.Counter[MissReason] = collections.Counter()
         """Cold creates by reason since start (pools count their own hits and misses)."""
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
+
+    def _new_fleet(self, supervise: Supervise, grace: float) -> Fleet:
+        host = self._host
+        return Fleet(
+            launcher=host.launcher,
+            paths=self._paths,
+            cgroup=host.cgroup,
+            grace=grace,
+            on_ended=self._on_ended,
+            supervise=supervise,
+            uids=host.uids,
+            workspaces=host.workspaces,
+        )
+
+    def _pool_set(self) -> pooling.PoolSet:
+        return pooling.PoolSet(
+            spawn=self._spawn_member,
+            stop=self._fleet.stop,
+            default_image=self.default_image(),
+            validate=self._validate_profile,
+            probe_seconds=self._config.member_probe_seconds,
+            check_seconds=self._config.member_check_seconds,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -227,7 +195,7 @@ class LocalDriver:
                 "spec.runtime_class_name", "must be empty on the local driver (no runtime classes)"
             )
         images.check_image(spec.image)
-        limits.check_maximum(spec, self._config, host_cpus=self._host_cpus, host_memory=self._host_memory)
+        limits.check_maximum(spec, self._config, host_cpus=self._host.host_cpus, host_memory=self._host.host_memory)
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
         """Serve the request from its warm pool if exactly one matches and has a registered
@@ -282,7 +250,7 @@ class LocalDriver:
                 "files need an isolated sandbox: local.allow_unisolated mode has no sandbox root to confine them to"
             )
         if self._files_executor is None:
-            self._files_executor = files_executor(as_root=self._root)
+            self._files_executor = files_executor(as_root=self._host.root)
         return LocalFiles(process.open_root, instance.uid, self._files_executor)
 
     def watch(self) -> AsyncIterator[DriverEvent]:
@@ -401,7 +369,7 @@ class LocalDriver:
             pool=pool.fingerprint,
             pool_name=pool.name,
         )
-        await self._fleet.launch(member, pool.spec, nice=self._refill_nice)
+        await self._fleet.launch(member, pool.spec, nice=self._host.refill_nice)
         return member
 
     def _validate_profile(self, profile: Profile) -> None:
@@ -441,32 +409,3 @@ class LocalDriver:
         if instance.sandbox_id is not None:
             line = ProgressLine(reason, message)
             self._hub.publish(DriverEvent(instance.sandbox_id, progress=line))
-
-
-def _check_extra_binds(binds: Sequence[Path], paths: StatePaths) -> None:
-    """An extra bind must not expose the gateway's state directory (its secrets, every sandbox)."""
-    state = paths.root.resolve()
-    for bind in binds:
-        source = bind.resolve()
-        if source == state or source in state.parents or state in source.parents:
-            raise FailedPreconditionError(
-                f"local.extra_ro_binds: {str(bind)!r} overlaps the gateway's state directory {str(state)!r}"
-            )
-
-
-def _etc_dir(config: LocalDriverConfig, paths: StatePaths, *, root: bool) -> Path:
-    """Where the sandboxes' /etc is staged: where their uid can reach it, as their workspaces
-    (see `launching`), and one per gateway (gateways may share `local.sandbox_dir`)."""
-    if not root:
-        return paths.root / "sandbox-etc"
-    digest = hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
-    return config.sandbox_dir / f"etc-{digest}"
-
-
-def _refill_nice(nice: int) -> int:
-    """The nice value refills start at, if the gateway may give a claimed member nice 0 back
-    (root, or an RLIMIT_NICE that allows it); else 0, said once."""
-    if nice and os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20:
-        _log.info("local.refill_nice = %d not applied: this user may not raise a claimed member's priority again", nice)
-        return 0
-    return nice

@@ -1,0 +1,142 @@
+"""What the local driver needs from this host, worked out once from its config when the driver is
+made: bubblewrap (or unisolated mode), whether each sandbox gets its own uid (the gateway runs as
+root), the launcher every sandbox starts through with its resource bounds, the cgroup enforcing
+them, the host's size for the maximum-spec check, and the nice value refills start at.
+`LocalDriver.__init__` builds its fleet and pools from a `HostSetup`; nothing in it changes after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import resource
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmshell.core.config import LocalDriverConfig, StatePaths
+from warmshell.core.errors import FailedPreconditionError
+from warmshell.drivers.base import DriverCondition
+from warmshell.drivers.local import cgroups, limits
+from warmshell.drivers.local.launching import Launcher
+from warmshell.drivers.local.uids import UidRange
+
+__all__ = ["NO_BWRAP", "HostSetup"]
+
+# What this says is the driver's start-up: under the driver's logger, where it has always been.
+_log = logging.getLogger("warmshell.drivers.local.driver")
+
+NO_BWRAP = (
+    "bubblewrap ({bwrap!r}) was not found; install it (Debian/Ubuntu: apt-get install bubblewrap) "
+    "or set local.allow_unisolated = true to run workloads as plain, unisolated processes"
+)
+DEPRECATED_REFILL_DELAY = (
+    "local.refill_delay_seconds is deprecated and ignored: refills now wait only while claims are in "
+    "flight and start at a lower CPU priority (local.refill_nice); remove the key"
+)
+
+
+@dataclass(frozen=True)
+class HostSetup:
+    """The host-derived settings of one local driver (see the module docstring)."""
+
+    launcher: Launcher
+    cgroup: cgroups.CgroupV2 | cgroups.Unavailable
+    root: bool  # then each sandbox gets its own uid (see `uids`) and its workspace under sandbox_dir
+    uids: UidRange | None
+    workspaces: Path | None
+    refill_nice: int
+    host_cpus: int
+    host_memory: int
+
+    @classmethod
+    def of(
+        cls,
+        config: LocalDriverConfig,
+        paths: StatePaths,
+        *,
+        agent: Path,
+        cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None,
+    ) -> HostSetup:
+        """Check the config against this host (FailedPreconditionError without bubblewrap unless
+        `config.allow_unisolated`, or with an extra bind over the state directory) and settle
+        the settings; `cgroup` None: detect it."""
+        bwrap = _bwrap(config)
+        _check_extra_binds(config.extra_ro_binds, paths)
+        root = os.geteuid() == 0
+        bounds = limits.Bounds.of(config)
+        launcher = _launcher(config, paths, bwrap=bwrap, agent=agent, root=root, bounds=bounds)
+        cgroup = cgroup if cgroup is not None else cgroups.detect()
+        if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
+            _say_bounds(limits.condition(bounds, cgroup, uid_per_sandbox=root))
+        return cls(
+            launcher=launcher,
+            cgroup=cgroup,
+            root=root,
+            uids=UidRange(config.sandbox_uid_base, config.sandbox_uid_count) if root else None,
+            workspaces=config.sandbox_dir if root else None,
+            refill_nice=_refill_nice(config),
+            host_cpus=os.cpu_count() or 1,
+            host_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        )
+
+
+def _bwrap(config: LocalDriverConfig) -> str | None:
+    """bubblewrap's path; None only when unisolated mode is allowed."""
+    bwrap = shutil.which(config.bwrap)
+    if bwrap is None and not config.allow_unisolated:
+        raise FailedPreconditionError(NO_BWRAP.format(bwrap=config.bwrap))
+    return bwrap
+
+
+def _launcher(
+    config: LocalDriverConfig, paths: StatePaths, *, bwrap: str | None, agent: Path, root: bool, bounds: limits.Bounds
+) -> Launcher:
+    return Launcher(
+        bwrap=bwrap,
+        agent=agent,
+        extra_ro_binds=config.extra_ro_binds,
+        stage_dir=config.sandbox_dir if root else None,
+        bounds=bounds,
+        etc_dir=_etc_dir(config, paths, root=root),
+    )
+
+
+def _say_bounds(bounded: DriverCondition) -> None:
+    level = logging.INFO if bounded.status == "True" else logging.WARNING
+    _log.log(level, "local sandboxes: %s", bounded.message)
+
+
+def _check_extra_binds(binds: Sequence[Path], paths: StatePaths) -> None:
+    """An extra bind must not expose the gateway's state directory (its secrets, every sandbox)."""
+    state = paths.root.resolve()
+    for bind in binds:
+        source = bind.resolve()
+        if source == state or source in state.parents or state in source.parents:
+            raise FailedPreconditionError(
+                f"local.extra_ro_binds: {str(bind)!r} overlaps the gateway's state directory {str(state)!r}"
+            )
+
+
+def _etc_dir(config: LocalDriverConfig, paths: StatePaths, *, root: bool) -> Path:
+    """Where the sandboxes' /etc is staged: where their uid can reach it, as their workspaces
+    (see `launching`), and one per gateway (gateways may share `local.sandbox_dir`)."""
+    if not root:
+        return paths.root / "sandbox-etc"
+    digest = hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
+    return config.sandbox_dir / f"etc-{digest}"
+
+
+def _refill_nice(config: LocalDriverConfig) -> int:
+    """The nice value refills start at, if the gateway may give a claimed member nice 0 back
+    (root, or an RLIMIT_NICE that allows it); else 0, said once. The deprecated refill delay is
+    said here too: refill timing is the nice value's job now."""
+    if config.refill_delay_seconds is not None:
+        _log.warning(DEPRECATED_REFILL_DELAY)
+    nice = config.refill_nice
+    if nice and os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_NICE)[0] < 20:
+        _log.info("local.refill_nice = %d not applied: this user may not raise a claimed member's priority again", nice)
+        return 0
+    return nice
