@@ -273,7 +273,7 @@ def bwrap_argvs(tmp: Path) -> dict[str, list[str]]:
     as_uid = [f"--uid={uid}"] if root else []
     setpriv = ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if root else []
     prefixes = {
-        "now": [str(launching.LAUNCH_BINARY), *rlimits[1:-1], *as_uid, "--"],
+        "now": [str(launching.LAUNCH_BINARY), *limits.rlimit_options(bounds, uid_per_sandbox=root), *as_uid, "--"],
         "before": [*rlimits, *setpriv],
     }
     argvs = {}

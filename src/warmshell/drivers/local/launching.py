@@ -148,8 +148,8 @@ class Launcher:
         argv = [str(self._launch)]
         if nice:
             argv.append(f"--priority={nice}")
-        if bounds is not None:  # prlimit's options: everything between its name and "--"
-            argv += limits.prlimit_argv(bounds, uid_per_sandbox=uid is not None)[1:-1]
+        if bounds is not None:
+            argv += limits.rlimit_options(bounds, uid_per_sandbox=uid is not None)
         if uid is not None:
             argv.append(f"--uid={uid}")
         return [*argv, "--"] if len(argv) > 1 else []

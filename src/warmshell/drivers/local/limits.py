@@ -26,7 +26,7 @@ from warmshell.core.quantities import cpu_millis, memory_bytes, render_cpu, rend
 from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.local import cgroups
 
-__all__ = ["PRLIMIT", "Bounds", "check_maximum", "condition", "prlimit_argv"]
+__all__ = ["PRLIMIT", "Bounds", "check_maximum", "condition", "prlimit_argv", "rlimit_options"]
 
 PRLIMIT = "/usr/bin/prlimit"  # util-linux, on every Debian
 
@@ -83,14 +83,21 @@ def _size(text: str, field: str) -> int | None:
     return memory_bytes(text, field=field) if text else None
 
 
-def prlimit_argv(bounds: Bounds, *, uid_per_sandbox: bool) -> list[str]:
-    """A prefix that sets the sandbox's rlimits, then execs the rest (bwrap and all it starts
-    inherit them; an rlimit cannot be raised again without CAP_SYS_RESOURCE). The process
-    count only with a uid per sandbox: RLIMIT_NPROC counts every process of the uid."""
-    argv = [PRLIMIT, f"--fsize={bounds.file_bytes}"]
+def rlimit_options(bounds: Bounds, *, uid_per_sandbox: bool) -> list[str]:
+    """The sandbox's rlimits as prlimit-style options (`--fsize=N`, `--nproc=N`), what
+    `warmshell-launch` takes: set before bwrap execs, inherited by all it starts, and not raised
+    again without CAP_SYS_RESOURCE. The process count only with a uid per sandbox: RLIMIT_NPROC
+    counts every process of the uid."""
+    options = [f"--fsize={bounds.file_bytes}"]
     if uid_per_sandbox:
-        argv.append(f"--nproc={bounds.processes}")
-    return [*argv, "--"]
+        options.append(f"--nproc={bounds.processes}")
+    return options
+
+
+def prlimit_argv(bounds: Bounds, *, uid_per_sandbox: bool) -> list[str]:
+    """The same rlimits as a `prlimit` prefix that execs the rest (how sandboxes were started
+    before `warmshell-launch`; the benchmark still times it)."""
+    return [PRLIMIT, *rlimit_options(bounds, uid_per_sandbox=uid_per_sandbox), "--"]
 
 
 def condition(
