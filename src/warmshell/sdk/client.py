@@ -167,9 +167,10 @@ class Client:
         and bidirectional streaming: file writes, interactive sessions); opened on first use."""
         return self._transport.grpc_channel()
 
-    @property
+    @functools.cached_property
     def _stub(self) -> sandbox_pb2_grpc.SandboxServiceStub:
-        """The SandboxService stub on `_channel`, for the same calls."""
+        """The SandboxService stub on `_channel`, for the same calls (made once: a stub builds a
+        multicallable per method)."""
         from warmshell.api.v1 import sandbox_pb2_grpc
 
         return sandbox_pb2_grpc.SandboxServiceStub(self._channel)
