@@ -64,6 +64,21 @@ def test_a_pty_is_the_sandboxes_own_terminal_and_follows_resizes(sandbox: warmsh
         assert shell.wait() == 7
 
 
+def test_the_terminal_belongs_to_the_workload_uid(sandbox: warmshell.Sandbox) -> None:
+    # Opened by the gateway (host root when each sandbox has its own uid), the slave would be
+    # owned by a uid the sandbox cannot see ("nobody"): the workload could then not chmod it,
+    # and `mesg`, `script` or ssh-style tools refuse a terminal their user does not own.
+    with sandbox.pty(["sh"]) as shell:
+        shell.send('stat -c "owner=%u:%g mode=%a" "$(tty)"; echo uid=$(id -u):$(id -g); exit\n')
+        seen = read_until(shell, rb"uid=\d+:\d+\r\n")
+        assert shell.wait() == 0
+    owner = re.search(rb"owner=(\d+):(\d+) mode=(\d+)\r\n", seen)
+    user = re.search(rb"uid=(\d+):(\d+)\r\n", seen)
+    assert owner is not None and user is not None, seen
+    assert owner.group(1, 2) == user.group(1, 2), seen
+    assert owner.group(3) == b"620", seen  # rw for its user, w for its group, nothing for others
+
+
 def test_ctrl_c_on_the_pty_interrupts_the_foreground_command_only(sandbox: warmshell.Sandbox) -> None:
     with sandbox.pty(["sh"]) as shell:
         shell.send("sleep 100\n")
