@@ -74,7 +74,8 @@ def test_the_terminal_belongs_to_the_workload_uid(sandbox: warmshell.Sandbox) ->
         assert shell.wait() == 0
     owner = re.search(rb"owner=(\d+):(\d+) mode=(\d+)\r\n", seen)
     user = re.search(rb"uid=(\d+):(\d+)\r\n", seen)
-    assert owner is not None and user is not None, seen
+    assert owner is not None, seen
+    assert user is not None, seen
     assert owner.group(1, 2) == user.group(1, 2), seen
     assert owner.group(3) == b"620", seen  # rw for its user, w for its group, nothing for others
 
