@@ -206,6 +206,49 @@ def test_the_async_client_drives_a_pty_and_streams_stdin(gateway: CliGateway) ->
     asyncio.run(main())
 
 
+def test_recv_with_a_timeout_leaves_the_command_running_and_loses_nothing(sandbox: warmshell.Sandbox) -> None:
+    with sandbox.start(["cat"]) as cat:
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match="no output within 0.3 s"):
+            cat.recv(timeout=0.3)
+        assert time.monotonic() - began >= 0.3
+        # The read the timeout left behind gets the next output, for a recv with or without one.
+        cat.send(b"one\n")
+        first = cat.recv()
+        assert first is not None
+        assert first.stdout == b"one\n"
+        cat.send(b"two\n")
+        second = cat.recv(timeout=20)
+        assert second is not None
+        assert second.stdout == b"two\n"
+        cat.close_stdin()
+        assert cat.wait() == 0
+
+
+def test_the_async_recv_times_out_the_same_way(gateway: CliGateway) -> None:
+    async def main() -> None:
+        async with warmshell.AsyncClient(state_dir=gateway.state_dir) as client:
+            sb = await client.create()
+            try:
+                async with await sb.start(["cat"]) as cat:
+                    with pytest.raises(TimeoutError, match="no output within 0.3 s"):
+                        await cat.recv(timeout=0.3)
+                    # Nor does cancelling a recv stop the command: the stream carries on.
+                    waiting = asyncio.ensure_future(cat.recv())
+                    await asyncio.sleep(0)
+                    waiting.cancel()
+                    await cat.send(b"one\n")
+                    event = await cat.recv(timeout=20)
+                    assert event is not None
+                    assert event.stdout == b"one\n"
+                    await cat.close_stdin()
+                    assert await cat.wait() == 0
+            finally:
+                await sb.delete()
+
+    asyncio.run(main())
+
+
 def test_the_gateway_refuses_a_malformed_exec_stream_naming_the_field(
     client: warmshell.Client, sandbox: warmshell.Sandbox
 ) -> None:
