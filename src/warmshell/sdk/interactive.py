@@ -244,8 +244,8 @@ class AsyncProcess:
         self._call = call
         self._address = address
         self._stdin_closed = False
-        # A read that outlived a `recv(timeout=...)` (or a cancelled recv): the next recv takes
-        # its result. Cancelling grpc.aio's read itself would cancel the whole call.
+        # A read that outlived a cancelled recv (`asyncio.timeout`): the next recv takes its
+        # result. Cancelling grpc.aio's read itself would cancel the whole call.
         self._pending: asyncio.Task[object] | None = None
 
     @classmethod
@@ -281,16 +281,15 @@ class AsyncProcess:
         """`Process.signal`."""
         await self._write(_signal(signo))
 
-    async def recv(self, timeout: float | None = None) -> views.OutputEvent | None:
-        """`Process.recv`: TimeoutError after `timeout` seconds without output, the command
-        still running; cancelling a recv does not stop the command either (`close` does)."""
+    async def recv(self) -> views.OutputEvent | None:
+        """`Process.recv`; bound it with `asyncio.timeout(...)`, which is `Process.recv(timeout=)`:
+        a recv cancelled (by a timeout or otherwise) leaves the command running, and the next
+        recv goes on where it left (`close` stops the command)."""
         if self.exit_code is not None:
             return None
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._call.read())
-        done, _ = await asyncio.wait({self._pending}, timeout=timeout)
-        if not done:
-            raise TimeoutError(f"no output within {timeout:g} s; the command still runs")
+        await asyncio.wait({self._pending})  # not cancelled with us
         read, self._pending = self._pending, None
         with errors.translating(self._address):
             event = read.result()
