@@ -112,31 +112,23 @@ class LocalDriverConfig(_Section):
         # of "" means the host's own size, which core cannot read; the driver checks requests
         # against that.
         for default_key, maximum_key, amount in (
-            ("default_cpu", "max_cpu", _cpu),
-            ("default_memory", "max_memory", _bytes),
-            ("workspace_size", "max_storage_size", _bytes),
-            ("tmp_size", "max_storage_size", _bytes),
+            ("default_cpu", "max_cpu", quantities.cpu_millis),
+            ("default_memory", "max_memory", quantities.memory_bytes),
+            ("workspace_size", "max_storage_size", quantities.memory_bytes),
+            ("tmp_size", "max_storage_size", quantities.memory_bytes),
         ):
             default, maximum = getattr(self, default_key), getattr(self, maximum_key)
-            if default and maximum and amount(default, default_key) > amount(maximum, maximum_key):
+            if not (default and maximum):
+                continue
+            try:
+                over = amount(default, field=default_key) > amount(maximum, field=maximum_key)
+            except InvalidArgumentError as exc:  # pydantic reports a ValueError as this key's rule
+                raise ValueError(str(exc)) from exc
+            if over:
                 raise ValueError(f"{default_key} ({default}) is more than {maximum_key} ({maximum})")
         if self.max_processes > self.max_pids:
             raise ValueError(f"max_processes ({self.max_processes}) is more than max_pids ({self.max_pids})")
         return self
-
-
-def _cpu(text: str, key: str) -> int:
-    try:
-        return quantities.cpu_millis(text, field=key)
-    except InvalidArgumentError as exc:
-        raise ValueError(str(exc)) from exc
-
-
-def _bytes(text: str, key: str) -> int:
-    try:
-        return quantities.memory_bytes(text, field=key)
-    except InvalidArgumentError as exc:
-        raise ValueError(str(exc)) from exc
 
 
 class ProfilesConfig(_Section):
