@@ -7,7 +7,7 @@
 
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY src ./src
 # Wheels for warmshell and every dependency, so the runtime stage needs no compiler or cache.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .

@@ -4,6 +4,7 @@ the lifecycle a user walks through, output streaming and exit codes."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 from collections.abc import Iterator
@@ -28,6 +29,9 @@ def gateway(tmp_path: Path) -> Iterator[CliGateway]:
 
 def _normalised_lines(text: str) -> list[str]:
     return [" ".join(line.split()) for line in text.splitlines()]
+
+
+NPROC = "import resource; print(resource.getrlimit(resource.RLIMIT_NPROC)[0])"
 
 
 def test_create_exec_get_list_delete(gateway: CliGateway) -> None:
@@ -83,6 +87,23 @@ def test_create_with_a_command_streams_output_and_exits_with_its_code(gateway: C
     status = json.loads(got.stdout)["status"]
     assert status["phase"] == "SANDBOX_PHASE_EXITED"  # a workload exit is terminal, never Ready or Error
     assert status["exit_code"] == 9
+
+
+def test_create_with_pids_bounds_the_sandbox_and_get_shows_it(gateway: CliGateway) -> None:
+    created = gateway.run("sandbox", "create", "--name", "few", "--pids", "32", "-o", "json")
+    assert created.returncode == 0, created.stderr + gateway.log()
+    assert json.loads(created.stdout)["spec"]["resources"]["pids"] == 32
+    got = gateway.run("sandbox", "get", "few")
+    assert "Resources cpu -, memory -, pids 32" in _normalised_lines(got.stdout), got.stdout
+    if os.geteuid() == 0:  # a uid per sandbox: RLIMIT_NPROC is the bound, visible inside
+        ran = gateway.run("sandbox", "exec", "few", "--", "python3", "-c", NPROC)
+        assert (ran.returncode, ran.stdout) == (0, "32\n"), ran.stderr
+    refused = gateway.run("sandbox", "create", "--pids", "5")
+    assert refused.returncode == 5, refused.stderr  # the gateway's rule: INVALID_ARGUMENT
+    assert "spec.resources.pids" in refused.stderr
+    not_a_number = gateway.run("sandbox", "create", "--pids", "many")
+    assert not_a_number.returncode == 2
+    assert "--pids: 'many' is not a whole number" in not_a_number.stderr
 
 
 def test_create_with_a_succeeding_command_exits_zero(gateway: CliGateway) -> None:

@@ -237,6 +237,11 @@ def _allocation(status: sandbox_pb2.SandboxStatus) -> str:
     return status.allocation
 
 
+def _resources(resources: sandbox_pb2.Resources) -> str:
+    pids = str(resources.pids) if resources.pids else _NONE
+    return f"cpu {resources.cpu or _NONE}, memory {resources.memory or _NONE}, pids {pids}"
+
+
 def _pairs(mapping: Iterable[tuple[str, str]]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(mapping)) or _NONE
 
@@ -289,7 +294,7 @@ def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> str:
         ("Exit code", str(status.exit_code) if status.HasField("exit_code") else _NONE),
         ("Image", spec.image or "(default)"),
         ("Command", " ".join(spec.command) or "(none: idle, exec only)"),
-        ("Resources", f"cpu {spec.resources.cpu or _NONE}, memory {spec.resources.memory or _NONE}"),
+        ("Resources", _resources(spec.resources)),
         ("Environment", ", ".join(sorted(spec.environment)) or _NONE),
         ("Injected", ", ".join(status.injected_environment) or _NONE),
         ("Secrets", ", ".join(sorted(spec.secrets)) or _NONE),

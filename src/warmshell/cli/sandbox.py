@@ -69,6 +69,13 @@ def register(commands: Any, *, chosen: str | None) -> None:
         )
         create.add_argument("--cpu", default="", help="CPU (Kubernetes quantity, e.g. 0.5 or 500m)")
         create.add_argument("--memory", default="", help="memory (Kubernetes quantity, e.g. 256Mi)")
+        create.add_argument(
+            "--pids",
+            type=bounded_int(0, 2**31 - 1),
+            default=0,
+            metavar="N",
+            help="most processes at once (default: the gateway's)",
+        )
         add_workspace_option(create, what="sandbox")
         create.add_argument("-l", "--label", action="append", default=[], metavar="K=V", help="label (repeatable)")
         create.add_argument("-d", "--detach", action="store_true", help="return once created, without waiting")
@@ -183,7 +190,7 @@ def _create(args: argparse.Namespace) -> int:
         spec=sandbox_pb2.SandboxSpec(
             image=args.image,
             environment=parse_pairs(args.env, flag="--env"),
-            resources=sandbox_pb2.Resources(cpu=args.cpu, memory=args.memory),
+            resources=sandbox_pb2.Resources(cpu=args.cpu, memory=args.memory, pids=args.pids),
             command=args.command or [],
             secrets=parse_secrets(args.secret, args.secret_file),
         ),

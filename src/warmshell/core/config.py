@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from warmshell.core import quantities
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
 
@@ -103,6 +104,31 @@ class LocalDriverConfig(_Section):
     # Every idle member is pinged this often (the same deadline); one that does not answer is
     # spent and replaced before a create could claim it.
     member_check_seconds: float = Field(default=10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _defaults_within_maximums(self) -> LocalDriverConfig:
+        # Here rather than at the first create: a default above its maximum would make every
+        # create that leaves the value unset fail with a rule its caller never broke. A maximum
+        # of "" means the host's own size, which core cannot read; the driver checks requests
+        # against that.
+        for default_key, maximum_key, amount in (
+            ("default_cpu", "max_cpu", quantities.cpu_millis),
+            ("default_memory", "max_memory", quantities.memory_bytes),
+            ("workspace_size", "max_storage_size", quantities.memory_bytes),
+            ("tmp_size", "max_storage_size", quantities.memory_bytes),
+        ):
+            default, maximum = getattr(self, default_key), getattr(self, maximum_key)
+            if not (default and maximum):
+                continue
+            try:
+                over = amount(default, field=default_key) > amount(maximum, field=maximum_key)
+            except InvalidArgumentError as exc:  # pydantic reports a ValueError as this key's rule
+                raise ValueError(str(exc)) from exc
+            if over:
+                raise ValueError(f"{default_key} ({default}) is more than {maximum_key} ({maximum})")
+        if self.max_processes > self.max_pids:
+            raise ValueError(f"max_processes ({self.max_processes}) is more than max_pids ({self.max_pids})")
+        return self
 
 
 class ProfilesConfig(_Section):
@@ -354,4 +380,6 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> G
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise InvalidArgumentError(f"{path or 'config'}: {where}", first["msg"]) from exc
+        # A validator's own sentence is the rule; pydantic's "Value error, " prefix adds nothing.
+        rule = first["msg"].removeprefix("Value error, ")
+        raise InvalidArgumentError(f"{path or 'config'}: {where}", rule) from exc

@@ -8,6 +8,7 @@ DELETING are sticky: nothing the backend later says brings a sandbox back.
 
 from __future__ import annotations
 
+from warmshell.core.errors import FailedPreconditionError
 from warmshell.core.models import Condition, Phase, SandboxStatus, now_ms
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "mark_expired",
     "mark_session",
     "mark_workload_exit",
+    "not_servable",
 ]
 
 # The driver's BackendState values, as stored (core must not import drivers).
@@ -131,3 +133,20 @@ def mark_deleting(status: SandboxStatus) -> None:
     """Deletion has been requested."""
     status.phase = Phase.DELETING
     status.set_condition(Condition(type="Ready", status="False", reason="Deleting"))
+
+
+def not_servable(where: str, status: SandboxStatus, *, operation: str) -> FailedPreconditionError:
+    """Why `operation` ("exec", "files") cannot be served for the sandbox `where` now: it is not
+    Ready, or this gateway holds no live session for it.
+
+    A sandbox that was Ready and lost its session (a gateway restart, missed heartbeats, a replica
+    that cannot reach the session's holder) is in no wrong state for the caller to fix: its
+    supervisor reconnects on its own, so the message says so, and that a retry will do.
+    """
+    was_ready = status.timeline.ready_us != 0
+    if status.phase == Phase.READY or (status.phase == Phase.PROVISIONING and was_ready):
+        return FailedPreconditionError(
+            f"sandbox {where} has no live supervisor session at the moment (its supervisor is "
+            f"reconnecting); retry the {operation} in a few seconds"
+        )
+    return FailedPreconditionError(f"sandbox {where} is {status.phase.value}; {operation} needs Ready")

@@ -55,9 +55,11 @@ from warmshell.core.validation import (
     validate_workspace,
 )
 
-__all__ = ["PROFILE_VERSION", "Profile", "ProfileError", "parse_profile"]
+__all__ = ["MAX_LIFETIME_SECONDS", "PROFILE_VERSION", "Profile", "ProfileError", "parse_profile"]
 
 PROFILE_VERSION = 1
+# The API carries lifetimes as uint32 seconds (about 136 years): more could not reach a sandbox.
+MAX_LIFETIME_SECONDS = 2**32 - 1
 _TOP_LEVEL = (
     "version",
     "workspace",
@@ -346,6 +348,9 @@ class _Parser:
                 raise self.fail(f"lifetime.{key}", f"unknown key; allowed: {', '.join(_LIFETIME)}", table="lifetime")
             if type(value) is not int or value < 0:
                 raise self.fail(f"lifetime.{key}", "must be a whole number of seconds (0 = no limit)", table="lifetime")
+            if value > MAX_LIFETIME_SECONDS:
+                rule = f"{value} is more than {MAX_LIFETIME_SECONDS} s, the most the API carries (0 = no limit)"
+                raise self.fail(f"lifetime.{key}", rule, table="lifetime")
         return table.get("ttl_seconds"), table.get("idle_timeout_seconds")
 
 

@@ -17,8 +17,9 @@ import grpc
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
+from warmshell.core import phases
 from warmshell.core.config import FilesConfig
-from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
+from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase
 from warmshell.core.validation import validate_workspace
 from warmshell.drivers.files import FileEntry, FilesCapable, SandboxFiles, normalize_path
@@ -86,18 +87,14 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
             raise InvalidArgumentError("name", "must not be empty")
         record = await self._manager.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
         if record.status.phase != Phase.READY:
-            raise FailedPreconditionError(
-                f"sandbox {record.workspace}/{record.name} is {record.status.phase.value}; files need Ready"
-            )
+            raise phases.not_servable(f"{record.workspace}/{record.name}", record.status, operation="file operation")
         driver = self._manager.driver
         if isinstance(driver, FilesCapable):
             return await driver.files(record.id)
         # No host-side way in (a pod): the sandbox's own supervisor does the operations.
         session = self._manager.sessions.get(record.id)
         if session is None:
-            raise FailedPreconditionError(
-                f"sandbox {record.workspace}/{record.name} has no live session to serve files"
-            )
+            raise phases.not_servable(f"{record.workspace}/{record.name}", record.status, operation="file operation")
         return SessionFiles(session, chunk_bytes=self._config.chunk_bytes)
 
     @streaming

@@ -11,7 +11,7 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core import phases
 from warmshell.core.config import DEFAULT_EXEC_WINDOW_BYTES
-from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
+from warmshell.core.errors import InvalidArgumentError, UnavailableError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_command, validate_environment, validate_workspace
 from warmshell.gateway import metrics
@@ -221,9 +221,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 return
         if record.status.phase != Phase.READY or session is None:
             metrics.EXECS.labels(result="not_ready").inc()
-            raise FailedPreconditionError(
-                f"sandbox {record.workspace}/{record.name} is {record.status.phase.value}; exec needs Ready"
-            )
+            raise phases.not_servable(f"{record.workspace}/{record.name}", record.status, operation="exec")
         self._manager.touch(record.id)
         try:
             await self._execs.run(session, request, context, interactive=interactive)

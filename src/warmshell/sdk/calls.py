@@ -66,6 +66,7 @@ def create_request(
     secrets: Mapping[str, str] | None = None,
     cpu: str,
     memory: str,
+    pids: int = 0,
     command: Sequence[str] | None,
     labels: Mapping[str, str] | None,
     ttl_seconds: int | None,
@@ -80,7 +81,7 @@ def create_request(
             image=image,
             environment=dict(env or {}),
             secrets=dict(secrets or {}),
-            resources=pb.Resources(cpu=cpu, memory=memory),
+            resources=pb.Resources(cpu=cpu, memory=memory, pids=pids),
             command=_argv(command or [], "command"),
         ),
     )

@@ -12,6 +12,7 @@ so a large input moves with flat memory on every side.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import signal as signals
 import threading
 from collections import deque
@@ -112,6 +113,10 @@ class Process:
         self._stdin_closed = False
         self._ended = False  # the request stream ends (the command exited, or close)
         self._call = stub_call(self._requests(start))
+        self._events = iter(self._call)
+        # A read that outlived a `recv(timeout=...)`: the next recv takes its result, so no
+        # output is lost or reordered by a timeout.
+        self._pending: concurrent.futures.Future[pb.ExecEvent | None] | None = None
 
     def _requests(self, start: pb.ExecStreamRequest) -> Iterator[pb.ExecStreamRequest]:
         yield start
@@ -164,13 +169,26 @@ class Process:
         """Deliver a signal to the command's process group."""
         self._control_message(_signal(signo))
 
-    def recv(self) -> views.OutputEvent | None:
+    def recv(self, timeout: float | None = None) -> views.OutputEvent | None:
         """The next output (stdout or stderr bytes; on a terminal all of it is stdout), then an
-        event with the exit code, then None."""
+        event with the exit code, then None. With `timeout`, TimeoutError when nothing came in
+        that many seconds: the command runs on, and the next recv goes on where this one left."""
         if self.exit_code is not None:
             return None
-        with errors.translating(self._address):
-            event: pb.ExecEvent | None = next(iter(self._call), None)
+        if timeout is None and self._pending is None:
+            event = self._next_event()
+        else:
+            # grpcio's blocking iterator has no timed read: a helper thread reads for us.
+            if self._pending is None:
+                self._pending = concurrent.futures.Future()
+                threading.Thread(target=self._read_into, args=(self._pending,), daemon=True).start()
+            try:
+                event = self._pending.result(timeout)
+            except concurrent.futures.TimeoutError:
+                raise TimeoutError(f"no output within {timeout:g} s; the command still runs") from None
+            finally:
+                if self._pending.done():
+                    self._pending = None
         if event is None:
             raise errors.Error("the exec stream ended without an exit code")
         out = calls.output_event(event)
@@ -178,6 +196,16 @@ class Process:
             self.exit_code = out.exit_code
             self._finish()
         return out
+
+    def _next_event(self) -> pb.ExecEvent | None:
+        with errors.translating(self._address):
+            return next(self._events, None)
+
+    def _read_into(self, result: concurrent.futures.Future[pb.ExecEvent | None]) -> None:
+        try:
+            result.set_result(self._next_event())
+        except BaseException as exc:  # handed to the recv that waits for it
+            result.set_exception(exc)
 
     def __iter__(self) -> Iterator[views.OutputEvent]:
         while (event := self.recv()) is not None:
@@ -216,6 +244,9 @@ class AsyncProcess:
         self._call = call
         self._address = address
         self._stdin_closed = False
+        # A read that outlived a cancelled recv (`asyncio.timeout`): the next recv takes its
+        # result. Cancelling grpc.aio's read itself would cancel the whole call.
+        self._pending: asyncio.Task[object] | None = None
 
     @classmethod
     async def start(
@@ -251,11 +282,17 @@ class AsyncProcess:
         await self._write(_signal(signo))
 
     async def recv(self) -> views.OutputEvent | None:
-        """`Process.recv`."""
+        """`Process.recv`; bound it with `asyncio.timeout(...)`, which is `Process.recv(timeout=)`:
+        a recv cancelled (by a timeout or otherwise) leaves the command running, and the next
+        recv goes on where it left (`close` stops the command)."""
         if self.exit_code is not None:
             return None
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._call.read())
+        await asyncio.wait({self._pending})  # not cancelled with us
+        read, self._pending = self._pending, None
         with errors.translating(self._address):
-            event = await self._call.read()
+            event = read.result()
         if event is aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
             raise errors.Error("the exec stream ended without an exit code")
         assert isinstance(event, pb.ExecEvent)
@@ -278,6 +315,9 @@ class AsyncProcess:
     def close(self) -> None:
         """`Process.close` (cancelling needs no await)."""
         self._call.cancel()
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
 
     async def __aenter__(self) -> Self:
         return self

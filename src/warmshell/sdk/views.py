@@ -95,6 +95,8 @@ class SandboxInfo:
     instance_id: str = ""
     # Names only: the gateway never returns a secret's value.
     secret_names: tuple[str, ...] = ()
+    # 0: no limit of its own was asked for (the gateway's default applies).
+    pids: int = 0
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if any."""
@@ -127,6 +129,7 @@ class PoolInfo:
     misses: int
     source: str
     conditions: tuple[Condition, ...] = ()
+    pids: int = 0
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ def sandbox_info(message: pb.Sandbox) -> SandboxInfo:
         created_at_ms=message.created_at_ms,
         instance_id=status.instance_id,
         secret_names=tuple(sorted(spec.secrets)),
+        pids=spec.resources.pids,
     )
 
 
@@ -210,4 +214,5 @@ def pool_info(message: pb.Pool) -> PoolInfo:
         misses=message.misses,
         source=message.source,
         conditions=_conditions(message.conditions),
+        pids=message.resources.pids,
     )

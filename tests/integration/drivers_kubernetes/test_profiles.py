@@ -374,3 +374,40 @@ async def test_a_profile_lifetime_is_the_default_of_what_its_pool_serves(
 
         cold = await gw.create(name="cold")  # no pool: the gateway's default (none)
         assert (cold.status.allocation, cold.lifetime.ttl_seconds, cold.lifetime.expires_at_ms) == ("cold", 0, 0)
+
+
+# -- storage ----------------------------------------------------------------------------------------------
+
+
+def _workspace_volume(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    (volume,) = [v for v in pod_spec["volumes"] if v["name"] == "workspace"]
+    return dict(volume["emptyDir"])
+
+
+async def test_a_profile_workspace_size_bounds_the_pods_its_pool_serves(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    shape = 'version = 1\nworkspace = "default"\nreplicas = 1\n[environment]\nPOOL = "sized"\n'
+    await apply_profile(admin, "wp-sized", shape + '[storage]\nworkspace = "1Gi"\n')
+    async with profile_gateway(cluster, tmp_path) as gw:
+        generated = (await ready_status(admin, "wp-sized"))[labels.PROFILE_GENERATED]
+        template = await admin.get(kc.TEMPLATES, NAMESPACE, generated)
+        assert _workspace_volume(template["spec"]["podTemplate"]["spec"]) == {"sizeLimit": "1Gi"}
+        await wait_pools(gw, lambda r: (p := pool_named(r, generated)) is not None and p.idle >= 1, timeout=45)
+
+        served = await gw.create(name="sized", spec=pb.SandboxSpec(environment={"POOL": "sized"}))
+        assert (served.status.allocation, served.status.pool) == ("warm", generated)
+        pods = (await admin.list_objects(kc.PODS, NAMESPACE))["items"]
+        members = [p for p in pods if p["metadata"]["name"].startswith(generated)]  # served + refill
+        assert members
+        assert all(_workspace_volume(p["spec"]) == {"sizeLimit": "1Gi"} for p in members)
+
+        # Removed from the profile: the same pool (storage is not part of the shape), unbounded again.
+        await edit_profile(admin, "wp-sized", shape)
+        assert (await ready_status(admin, "wp-sized"))[labels.PROFILE_GENERATED] == generated
+
+        async def unbounded() -> bool:
+            template = await admin.get(kc.TEMPLATES, NAMESPACE, generated)
+            return _workspace_volume(template["spec"]["podTemplate"]["spec"]) == {}
+
+        await until(unbounded)

@@ -13,6 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
+import pytest
+
 from kubesim.cluster import RunningCluster
 from kubesim.controllers import client as kc
 from tests.helpers.gateway import RunningGateway, running_gateway
@@ -196,6 +199,11 @@ async def test_a_paused_supervisor_misses_its_heartbeats_and_reconnects_when_it_
         os.kill(pid, signal.SIGSTOP)
         try:
             await gw.wait_for("sleepy", lambda s: session(s).status == "False", timeout=10)
+            # Meanwhile an exec is told what is going on, not "is Provisioning; exec needs Ready".
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await gw.exec("sleepy", ["true"])
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "its supervisor is reconnecting); retry the exec" in (refused.value.details() or "")
         finally:
             os.kill(pid, signal.SIGCONT)
         after = await gw.wait_for("sleepy", reactivated_after(before), timeout=10)

@@ -42,6 +42,12 @@ async def test_every_call_awaited(aclient: warmshell.AsyncClient) -> None:
         await aclient.get("async-box")
 
 
+async def test_a_create_sets_its_own_process_count(aclient: warmshell.AsyncClient) -> None:
+    async with await aclient.create(pids=40) as sb:
+        assert sb.last_info.pids == 40
+        assert (await aclient.get(sb.name)).last_info.pids == 40
+
+
 async def test_one_shot_with_auto_delete(aclient: warmshell.AsyncClient) -> None:
     sb = await aclient.create(command=["sh", "-c", "echo 42 > /workspace/out; cat /workspace/out"], auto_delete=True)
     result = await sb.wait_exit(timeout=30)

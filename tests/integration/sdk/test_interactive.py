@@ -64,6 +64,22 @@ def test_a_pty_is_the_sandboxes_own_terminal_and_follows_resizes(sandbox: warmsh
         assert shell.wait() == 7
 
 
+def test_the_terminal_belongs_to_the_workload_uid(sandbox: warmshell.Sandbox) -> None:
+    # Opened by the gateway (host root when each sandbox has its own uid), the slave would be
+    # owned by a uid the sandbox cannot see ("nobody"): the workload could then not chmod it,
+    # and `mesg`, `script` or ssh-style tools refuse a terminal their user does not own.
+    with sandbox.pty(["sh"]) as shell:
+        shell.send('stat -c "owner=%u:%g mode=%a" "$(tty)"; echo uid=$(id -u):$(id -g); exit\n')
+        seen = read_until(shell, rb"uid=\d+:\d+\r\n")
+        assert shell.wait() == 0
+    owner = re.search(rb"owner=(\d+):(\d+) mode=(\d+)\r\n", seen)
+    user = re.search(rb"uid=(\d+):(\d+)\r\n", seen)
+    assert owner is not None, seen
+    assert user is not None, seen
+    assert owner.group(1, 2) == user.group(1, 2), seen
+    assert owner.group(3) == b"620", seen  # rw for its user, w for its group, nothing for others
+
+
 def test_ctrl_c_on_the_pty_interrupts_the_foreground_command_only(sandbox: warmshell.Sandbox) -> None:
     with sandbox.pty(["sh"]) as shell:
         shell.send("sleep 100\n")
@@ -184,6 +200,48 @@ def test_the_async_client_drives_a_pty_and_streams_stdin(gateway: CliGateway) ->
                 events = [e async for e in sb.run_stream(["cat"], stdin=[b"one ", b"two"])]
                 assert b"".join(e.stdout for e in events) == b"one two"
                 assert events[-1].exit_code == 0
+            finally:
+                await sb.delete()
+
+    asyncio.run(main())
+
+
+def test_recv_with_a_timeout_leaves_the_command_running_and_loses_nothing(sandbox: warmshell.Sandbox) -> None:
+    with sandbox.start(["cat"]) as cat:
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"no output within 0\.3 s"):
+            cat.recv(timeout=0.3)
+        assert time.monotonic() - began >= 0.3
+        # The read the timeout left behind gets the next output, for a recv with or without one.
+        cat.send(b"one\n")
+        first = cat.recv()
+        assert first is not None
+        assert first.stdout == b"one\n"
+        cat.send(b"two\n")
+        second = cat.recv(timeout=20)
+        assert second is not None
+        assert second.stdout == b"two\n"
+        cat.close_stdin()
+        assert cat.wait() == 0
+
+
+def test_an_async_recv_under_asyncio_timeout_times_out_the_same_way(gateway: CliGateway) -> None:
+    async def main() -> None:
+        async with warmshell.AsyncClient(state_dir=gateway.state_dir) as client:
+            sb = await client.create()
+            try:
+                async with await sb.start(["cat"]) as cat:
+                    with pytest.raises(TimeoutError):
+                        async with asyncio.timeout(0.3):
+                            await cat.recv()
+                    # The stream carries on: the read the timeout left behind gets the output.
+                    await cat.send(b"one\n")
+                    async with asyncio.timeout(20):
+                        event = await cat.recv()
+                    assert event is not None
+                    assert event.stdout == b"one\n"
+                    await cat.close_stdin()
+                    assert await cat.wait() == 0
             finally:
                 await sb.delete()
 

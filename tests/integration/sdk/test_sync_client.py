@@ -5,6 +5,7 @@ error classes, and one client shared by many threads."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import time
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 import warmshell
 from tests.helpers.cli import CliGateway
 from tests.integration.sdk.conftest import wait_pool_idle
+
+NPROC = "import resource; print(resource.getrlimit(resource.RLIMIT_NPROC)[0])"
 
 
 def test_create_returns_ready_warm_and_run_returns_the_output(client: warmshell.Client) -> None:
@@ -75,6 +78,20 @@ def test_info_refresh_ttl_get_list_and_pools(client: warmshell.Client) -> None:
         pools = {p.name: p for p in client.pools()}
         assert {"default", "cpu", "env-foo"} <= pools.keys()
         assert pools["default"].hits >= 1
+
+
+def test_a_create_sets_its_own_process_count(client: warmshell.Client) -> None:
+    with client.create(pids=48) as sb:
+        assert sb.last_info.pids == 48
+        assert sb.info().pids == 48
+        limits = sb.last_info.condition("ResourceLimits")
+        assert limits is not None
+        if os.geteuid() == 0:  # a uid per sandbox: RLIMIT_NPROC is the bound, visible inside
+            assert "48 processes" in limits.message
+            assert sb.run(["python3", "-c", NPROC]).stdout == b"48\n"
+    with pytest.raises(warmshell.InvalidArgument) as refused:
+        client.create(pids=5)
+    assert refused.value.field == "spec.resources.pids"
 
 
 def test_a_one_shot_workload_exits_and_auto_delete_removes_it(client: warmshell.Client) -> None:

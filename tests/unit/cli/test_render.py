@@ -92,7 +92,7 @@ def _sample() -> pb.Sandbox:
         spec=pb.SandboxSpec(
             image="",
             environment={"FOO": "secret-value"},
-            resources=pb.Resources(cpu="200m", memory="256Mi"),
+            resources=pb.Resources(cpu="200m", memory="256Mi", pids=64),
             command=["python", "-c", "print(1)"],
         ),
         status=pb.SandboxStatus(
@@ -111,7 +111,7 @@ def test_sandbox_details_show_every_section() -> None:
     assert "Phase Error" in lines
     assert "Allocation warm (pool python-small)" in lines
     assert "Exit code 0" in lines  # 0 is an exit code, not "unset"
-    assert "Resources cpu 200m, memory 256Mi" in lines
+    assert "Resources cpu 200m, memory 256Mi, pids 64" in lines
     assert "Labels a=1, b=2" in lines
     assert "Command python -c print(1)" in lines
     # Only environment names: values may be secrets.

@@ -103,3 +103,14 @@ def test_a_profile_states_its_lifetime_defaults() -> None:
     assert str(caught.value) == "p.toml:5: lifetime.ttl_seconds: must be a whole number of seconds (0 = no limit)"
     with pytest.raises(ProfileError, match=r"lifetime.ttl: unknown key"):
         parse_profile(text.replace("ttl_seconds", "ttl"), name="p", source="p.toml", max_replicas=4)
+    # The API carries lifetimes as uint32: beyond that the pool could not serve it, so the
+    # profile is refused where it is read, not when a pool member is made.
+    longest = parse_profile(text.replace("600", str(2**32 - 1)), name="p", source="p.toml", max_replicas=4)
+    assert longest.ttl_seconds == 2**32 - 1
+    for key in ("ttl_seconds", "idle_timeout_seconds"):
+        too_long = text.replace("ttl_seconds = 600", f"{key} = {2**32}")
+        with pytest.raises(ProfileError) as caught:
+            parse_profile(too_long, name="p", source="p.toml", max_replicas=4)
+        assert str(caught.value) == (
+            f"p.toml:5: lifetime.{key}: 4294967296 is more than 4294967295 s, the most the API carries (0 = no limit)"
+        )

@@ -96,3 +96,29 @@ def test_deleting_is_sticky() -> None:
     phases.mark_backend(status, phases.BACKEND_RUNNING)
     phases.mark_session(status, True)
     assert status.phase == Phase.DELETING
+
+
+def test_an_exec_refusal_says_reconnecting_for_a_sandbox_that_was_ready() -> None:
+    status = SandboxStatus()
+    phases.mark_backend(status, phases.BACKEND_RUNNING)
+    never = phases.not_servable("default/box", status, operation="exec")
+    assert str(never) == "sandbox default/box is Provisioning; exec needs Ready"
+    phases.mark_session(status, True)
+    status.timeline.ready_us = 1
+    # Ready in the record, but no session here (it just dropped, or another replica holds it):
+    # never "is Ready; exec needs Ready".
+    live_record = phases.not_servable("default/box", status, operation="exec")
+    assert "is Ready" not in str(live_record)
+    assert str(live_record) == (
+        "sandbox default/box has no live supervisor session at the moment (its supervisor is reconnecting); "
+        "retry the exec in a few seconds"
+    )
+    phases.mark_session(status, False)  # Provisioning again while it reconnects
+    assert status.phase == Phase.PROVISIONING
+    assert str(phases.not_servable("default/box", status, operation="file operation")).endswith(
+        "(its supervisor is reconnecting); retry the file operation in a few seconds"
+    )
+    phases.mark_workload_exit(status, 0)
+    assert str(phases.not_servable("default/box", status, operation="exec")) == (
+        "sandbox default/box is Exited; exec needs Ready"
+    )

@@ -172,6 +172,29 @@ def test_a_lifetime_change_patches_the_pool_in_place_and_removing_it_clears_it()
     assert (annotations[labels.TTL_SECONDS], annotations[labels.IDLE_TIMEOUT_SECONDS]) == ("", "")
 
 
+def _workspace_volume(template: Obj | None) -> Obj:
+    assert template is not None
+    (volume,) = [v for v in template["spec"]["podTemplate"]["spec"]["volumes"] if v["name"] == "workspace"]
+    return dict(volume["emptyDir"])
+
+
+def test_a_storage_change_patches_the_template_in_place_and_removing_it_clears_it() -> None:
+    sized = DEFAULT + '[storage]\nworkspace = "2048Mi"\n'
+    old = profileplan.desire(configmap(), cfg())
+    new = profileplan.desire(configmap(text=sized, rv="11"), cfg())
+    assert new.generated == old.generated  # not part of the shape: the same pool
+    assert _workspace_volume(new.template) == {"sizeLimit": "2Gi"}  # in normal form
+    grown = profileplan.plan([new], [existing(old.template)], [existing(old.pool)])
+    assert [(w.action, w.kind) for w in grown.writes] == [("patch", "template")]
+    assert _workspace_volume(profileplan.patch_body(grown.writes[0])) == {"sizeLimit": "2Gi"}
+    # Removed again: the old template's sizeLimit alone would look up to date; the annotation is not.
+    removed = profileplan.plan([old], [existing(new.template)], [existing(new.pool)])
+    assert [(w.action, w.kind) for w in removed.writes] == [("patch", "template")]
+    body = profileplan.patch_body(removed.writes[0])
+    assert _workspace_volume(body) == {}
+    assert body["metadata"]["annotations"][labels.WORKSPACE_SIZE] == ""
+
+
 def test_a_changed_shape_creates_a_new_pair_and_deletes_the_superseded_one() -> None:
     old = profileplan.desire(configmap(), cfg())
     new = profileplan.desire(configmap(text=ENV, rv="11"), cfg())

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from warmshell.core import matching
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.models import Storage
 from warmshell.drivers.kubernetes import labels, poolcache, warmpools
 
 from . import crds
@@ -40,11 +41,24 @@ def test_the_pair_validates_and_carries_the_fingerprint() -> None:
             "warmshell.dev/profile": "p1",
         }
     ours = {"warmshell.dev/fingerprint": full, "warmshell.dev/workspace": "team-a"}
-    assert template["metadata"]["annotations"] == ours
+    # No [storage] workspace: the key is there but empty, so removing it from a profile patches it away.
+    assert template["metadata"]["annotations"] == {**ours, "warmshell.dev/workspace-size": ""}
     # No lifetime set: both keys are there but empty, so removing one from a profile patches it away.
     lifetime = {"warmshell.dev/ttl-seconds": "", "warmshell.dev/idle-timeout-seconds": ""}
     assert pool["metadata"]["annotations"] == {**ours, **lifetime}
     assert pool["spec"] == {"replicas": 3, "sandboxTemplateRef": {"name": "foo"}}
+
+
+def test_a_profile_workspace_size_is_the_workspace_volume_size_limit() -> None:
+    template, _ = pair(storage=Storage(workspace="2Gi", tmp="512Mi"))
+    crds.validator("SandboxTemplate", "v1beta1").validate(template)
+    volumes = {v["name"]: v for v in template["spec"]["podTemplate"]["spec"]["volumes"]}
+    assert volumes["workspace"]["emptyDir"] == {"sizeLimit": "2Gi"}
+    assert template["metadata"]["annotations"]["warmshell.dev/workspace-size"] == "2Gi"
+    unbounded, _ = pair()
+    assert {v["name"]: v for v in unbounded["spec"]["podTemplate"]["spec"]["volumes"]}["workspace"]["emptyDir"] == {}
+    # Storage is the pool's, not the shape's: the shape read back (and so the match) is unchanged.
+    assert warmpools.shape_of_template(template) == warmpools.shape_of_template(unbounded)
 
 
 def test_the_template_has_no_identity_and_no_secrets() -> None:

@@ -94,7 +94,9 @@ def test_the_condition_with_a_delegated_cgroup_v2() -> None:
 
 
 def test_requests_over_the_configured_maximum_are_refused() -> None:
-    config = LocalDriverConfig(max_cpu="2", max_memory="1Gi", max_pids=500, max_storage_size="4Gi")
+    config = LocalDriverConfig(
+        max_cpu="2", max_memory="1Gi", max_pids=500, max_storage_size="4Gi", default_memory="1Gi", max_processes=500
+    )
     limits.check_maximum(spec(cpu="2", memory="1Gi", pids=500, storage=Storage(workspace="4Gi")), config, **HUGE_HOST)
     refusals = [
         (spec(cpu="2100m"), r"spec\.resources\.cpu: '2100m' is more than this gateway allows \(2000m\)"),

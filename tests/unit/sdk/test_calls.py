@@ -28,6 +28,18 @@ def test_create_request_leaves_unset_lifetimes_to_the_gateway() -> None:
     assert (given.ttl_seconds, given.idle_timeout_seconds) == (0, 30)
     assert (given.name, given.workspace, list(given.spec.command)) == ("a", "w", ["true"])
     assert dict(given.spec.environment) == {"A": "1"}
+    assert (given.spec.resources.cpu, given.spec.resources.memory, given.spec.resources.pids) == ("0.5", "1Gi", 0)
+
+
+def test_pids_go_out_with_the_create_and_come_back_in_the_views() -> None:
+    request = calls.create_request(
+        name=None, workspace="", image="", env=None, cpu="", memory="", pids=64, command=None, labels=None,
+        ttl_seconds=None, idle_timeout_seconds=None,
+    )  # fmt: skip
+    assert request.spec.resources.pids == 64
+    sandbox = pb.Sandbox(name="b", spec=pb.SandboxSpec(resources=pb.Resources(pids=64)))
+    assert views.sandbox_info(sandbox).pids == 64
+    assert views.pool_info(pb.Pool(name="p", resources=pb.Resources(pids=128))).pids == 128
 
 
 def test_argv_must_be_a_list_and_times_are_whole_seconds() -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "WARM_POOL",
     "WARM_POOL_ENABLED",
     "WORKSPACE",
+    "WORKSPACE_SIZE",
     "claim_selector",
     "generated_selector",
     "label_value",
@@ -64,6 +65,9 @@ FINGERPRINT_LABEL_LENGTH: Final = 40
 # gateway's default; "0": no limit). Written from a profile's [lifetime]; not part of the shape.
 TTL_SECONDS: Final = "warmshell.dev/ttl-seconds"
 IDLE_TIMEOUT_SECONDS: Final = "warmshell.dev/idle-timeout-seconds"
+# On a warm pool's template: its profile's [storage] workspace, the workspace volume's sizeLimit
+# ("" = none). Not part of the shape; there so that removing it from a profile is seen as a change.
+WORKSPACE_SIZE: Final = "warmshell.dev/workspace-size"
 # On a warm pool's pod template: the environment patterns its members accept at activation
 # (comma-separated; the names, never a value). Part of the shape read back from a member.
 ACCEPTED_ENVIRONMENT: Final = "warmshell.dev/accepted-environment"

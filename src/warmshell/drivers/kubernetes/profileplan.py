@@ -116,6 +116,7 @@ def desire(configmap: Mapping[str, Any], config: KubernetesDriverConfig) -> Desi
             extra_labels={labels.PROFILE_NAME: sanitize(base.name) or FALLBACK, labels.PROFILE_UID: base.uid},
             ttl_seconds=profile.ttl_seconds,
             idle_timeout_seconds=profile.idle_timeout_seconds,
+            storage=profile.storage,
         )
     except InvalidArgumentError as exc:
         return _failed(base, str(exc))

@@ -90,6 +90,7 @@ def render_sandbox(
                     cpu=spec.resources.cpu,
                     memory=spec.resources.memory,
                     runtime_class_name=spec.runtime_class_name,
+                    workspace_size=spec.storage.workspace,
                 ),
             },
         },
@@ -112,12 +113,15 @@ def pod_spec(
     memory: str = "",
     runtime_class_name: str = "",
     environment: Mapping[str, str] | None = None,
+    workspace_size: str = "",
 ) -> Obj:
     """The supervisor pod of every warmshell sandbox, cold or warm.
 
     `environment` is only for warm-pool templates: a pool bakes its shape's environment into the
     container so the shape can be verified from the template (`warmpools.shape_of_template`); a
-    cold sandbox's environment travels in the activation instead.
+    cold sandbox's environment travels in the activation instead. `workspace_size` (a profile's
+    `[storage] workspace`; "" = unbounded) is the workspace emptyDir's sizeLimit: the kubelet
+    evicts a pod that writes more there.
     """
     uid = config.run_as_user
     pod: Obj = {
@@ -161,7 +165,7 @@ def pod_spec(
                     ],
                 },
             },
-            {"name": WORKSPACE_VOLUME, "emptyDir": {}},
+            {"name": WORKSPACE_VOLUME, "emptyDir": {"sizeLimit": workspace_size} if workspace_size else {}},
         ],
     }
     if runtime_class_name:

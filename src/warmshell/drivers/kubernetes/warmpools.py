@@ -15,6 +15,7 @@ from typing import Any, Final
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
+from warmshell.core.models import Storage
 from warmshell.core.validation import validate_environment_patterns
 from warmshell.drivers.kubernetes import labels, rendering
 from warmshell.drivers.kubernetes.objects import Obj
@@ -30,6 +31,7 @@ __all__ = [
 
 EXTENSIONS_API_VERSION: Final = "extensions.agents.x-k8s.io/v1beta1"
 MAX_SECONDS: Final = 2**32 - 1  # the API's lifetime fields are uint32
+_NO_STORAGE: Final = Storage()
 
 
 def fingerprint_label(full: str) -> str:
@@ -47,9 +49,12 @@ def render_pool_pair(
     extra_labels: Mapping[str, str] = {},
     ttl_seconds: int | None = None,
     idle_timeout_seconds: int | None = None,
+    storage: Storage = _NO_STORAGE,
 ) -> tuple[Obj, Obj]:
     """The (SandboxTemplate, SandboxWarmPool) serving `shape`; both named `name`. The pool carries
-    the lifetime defaults (None: the gateway's) as annotations.
+    the lifetime defaults (None: the gateway's) as annotations; the template's workspace volume
+    has `storage.workspace` as its size limit (`storage.tmp` has no volume of its own here: /tmp
+    is the container's writable layer, bounded by the node's ephemeral storage).
 
     The template's pod is the cold sandbox's supervisor pod without any per-sandbox identity
     (identity comes from the claim at activation) and with the shape's environment baked in, so
@@ -70,6 +75,7 @@ def render_pool_pair(
         memory=shape.memory,
         runtime_class_name=shape.runtime_class_name,
         environment=shape.environment,
+        workspace_size=storage.workspace,
     )
     template: Obj = {
         "apiVersion": EXTENSIONS_API_VERSION,
@@ -78,7 +84,9 @@ def render_pool_pair(
             "name": name,
             "namespace": namespace,
             "labels": dict(metadata_labels),
-            "annotations": dict(annotations),
+            # Always written ("" = no limit): a template holding only a sizeLimit that the profile
+            # no longer sets would otherwise look up to date, and keep it.
+            "annotations": {**annotations, labels.WORKSPACE_SIZE: storage.workspace},
         },
         "spec": {
             "podTemplate": {

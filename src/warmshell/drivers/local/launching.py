@@ -24,6 +24,7 @@ from pathlib import Path
 
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.drivers.local import cgroups, etcstage, limits, sandboxing, seccomp
+from warmshell.drivers.local.agent import building
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess, Spawner
 
@@ -34,7 +35,7 @@ _log = logging.getLogger(__name__)
 AGENT_BINARY = Path(__file__).resolve().parent / "agent" / "warmshell-agent"
 # Sets a sandbox's nice value and rlimits and drops to its uid, then execs bwrap (see its source).
 LAUNCH_BINARY = AGENT_BINARY.with_name("warmshell-launch")
-BUILD_STEP = "scripts/build-agent (run by scripts/bootstrap)"
+BUILD_STEP = building.HOW
 _HOST_ROOT = Path("/")
 Sandbox = SandboxProcess | HostProcesses
 

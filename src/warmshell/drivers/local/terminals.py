@@ -25,8 +25,11 @@ PTMX_DEVICE = os.makedev(5, 2)
 
 def open_in_root(root_fd: int) -> tuple[int, int]:
     """(master, slave) of a new pseudo-terminal of the devpts under `root_fd`'s `/dev/pts`
-    (closes `root_fd`). OSError when there is none, or `dev/pts/ptmx` is not the multiplexer."""
+    (closes `root_fd`), its slave owned by the sandbox's user. OSError when there is none, or
+    `dev/pts/ptmx` is not the multiplexer."""
     try:
+        # bwrap made the sandbox's root as the sandbox's user: its owner is that user, seen from here.
+        root = os.fstat(root_fd)
         master = openat2(
             root_fd,
             "dev/pts/ptmx",
@@ -42,6 +45,15 @@ def open_in_root(root_fd: int) -> tuple[int, int]:
         fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))
         slave = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     except BaseException:
+        os.close(master)
+        raise
+    try:
+        # devpts gives a new slave the opener's uid and gid: a gateway run as root would leave it
+        # owned by a uid the sandbox cannot map (it shows as nobody there), so the workload could
+        # not chmod its own terminal. A no-op when the gateway is the sandbox's user.
+        os.fchown(slave, root.st_uid, root.st_gid)
+    except BaseException:
+        os.close(slave)
         os.close(master)
         raise
     return master, slave
