@@ -2,9 +2,10 @@
 watchers about every change.
 
 With a store only this gateway writes (SQLite: one gateway per file), the rows it read or wrote
-are kept in memory, so a read — a watcher's after every change, an activation's, each mutation's
-own — costs a decode, not a trip to the store. Writes still go through the store first; a lost
-compare-and-swap drops the cached row and reads it again."""
+are kept in memory, by id and by name, so a read — a watcher's after every change, an
+activation's, each mutation's own, a lookup by name — costs a decode, not a trip to the store.
+Writes still go through the store first; a lost compare-and-swap drops the cached row and reads
+it again."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ class SandboxRecords:
         self._store = store
         self._bus = bus
         self._rows: dict[str, StoredObject] | None = {} if exclusive else None
+        # (workspace, name) -> id of the rows kept: a name never changes, and a row leaves with its id.
+        self._names: dict[tuple[str, str], str] = {}
         # One lock per sandbox: mutations inside this gateway queue up instead of racing each
         # other into CAS conflicts; CAS still guards against other replicas.
         self._locks: WeakValueDictionary[SandboxId, asyncio.Lock] = WeakValueDictionary()
@@ -63,6 +66,12 @@ class SandboxRecords:
     def _keep(self, row: StoredObject) -> None:
         if self._rows is not None:
             self._rows[row.id] = row
+            self._names[(row.workspace, row.name)] = row.id
+
+    def _drop(self, sandbox_id: str) -> None:
+        row = self._rows.pop(sandbox_id, None) if self._rows is not None else None
+        if row is not None and self._names.get(key := (row.workspace, row.name)) == sandbox_id:
+            del self._names[key]  # (and not a successor's of the same name)
 
     async def get(self, sandbox_id: SandboxId) -> SandboxRecord | None:
         """By id."""
@@ -75,7 +84,10 @@ class SandboxRecords:
 
     async def get_by_name(self, workspace: str, name: str) -> SandboxRecord:
         """By name; NotFoundError names what was looked for."""
-        row = await self._store.get_by_name(KIND_SANDBOX, workspace, name)
+        kept = self._names.get((workspace, name))
+        row = self._rows.get(kept) if self._rows is not None and kept is not None else None
+        if row is None:
+            row = await self._store.get_by_name(KIND_SANDBOX, workspace, name)
         if row is None:
             raise NotFoundError(f"sandbox {workspace}/{name} not found")
         self._keep(row)
@@ -107,8 +119,7 @@ class SandboxRecords:
                         payload=_encode(record),
                     )
                 except ConflictError:
-                    if self._rows is not None:
-                        self._rows.pop(sandbox_id, None)  # read the row that won from the store
+                    self._drop(sandbox_id)  # read the row that won from the store
                     continue
                 self._keep(row)
                 record.resource_version = row.resource_version
@@ -119,7 +130,6 @@ class SandboxRecords:
     async def remove(self, sandbox_id: SandboxId) -> bool:
         """Delete the row and tell watchers."""
         removed = await self._store.delete(KIND_SANDBOX, sandbox_id)
-        if self._rows is not None:
-            self._rows.pop(sandbox_id, None)
+        self._drop(sandbox_id)
         self._bus.forget(sandbox_id)
         return removed

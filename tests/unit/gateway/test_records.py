@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from warmshell.core.errors import NotFoundError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxRecord
 from warmshell.gateway.events import EventBus
@@ -68,5 +71,43 @@ async def test_a_shared_store_is_read_every_time(tmp_path: Path) -> None:
         await records.get(sid)
         await records.get(sid)
         assert counting.reads == 2
+    finally:
+        await store.aclose()
+
+
+class NameCountingStore(CountingStore):
+    """Also counts the lookups by name that reach the store."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self.name_reads = 0
+
+    async def get_by_name(self, kind: str, workspace: str, name: str) -> StoredObject | None:
+        self.name_reads += 1
+        return await self.store.get_by_name(kind, workspace, name)
+
+
+async def test_lookups_by_name_come_from_memory_until_the_sandbox_is_removed(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    counting = NameCountingStore(store)
+    try:
+        records = SandboxRecords(counting, EventBus(), exclusive=True)  # type: ignore[arg-type]
+        first = await records.insert(SandboxRecord(id=SandboxId("sb-1"), name="one"))
+        await records.mutate(first.id, lambda r: r.labels.update(a="1"))
+        found = await records.get_by_name("default", "one")
+        assert (found.id, found.labels, found.resource_version) == ("sb-1", {"a": "1"}, 2)
+        assert counting.name_reads == 0
+        await records.remove(first.id)
+        with pytest.raises(NotFoundError, match="default/one"):
+            await records.get_by_name("default", "one")
+        assert counting.name_reads == 1
+        # The name is free again: a new sandbox takes it, and the lookup finds the new one.
+        await records.insert(SandboxRecord(id=SandboxId("sb-2"), name="one"))
+        assert (await records.get_by_name("default", "one")).id == "sb-2"
+        assert counting.name_reads == 1
+        # A gateway sharing its store (replicas) reads every time.
+        shared = SandboxRecords(counting, EventBus(), exclusive=False)  # type: ignore[arg-type]
+        assert (await shared.get_by_name("default", "one")).id == "sb-2"
+        assert counting.name_reads == 2
     finally:
         await store.aclose()
