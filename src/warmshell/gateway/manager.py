@@ -115,7 +115,8 @@ class SandboxManager:
 
     async def create(self, new: NewSandbox) -> SandboxRecord:
         """Persist (Provisioning), then ask the driver; a driver failure leaves nothing. An unset
-        TTL or idle timeout takes the serving pool's default, else the gateway's."""
+        TTL or idle timeout takes the serving pool's default (the driver reports it with the
+        create), else the gateway's."""
         requested = now_us()
         workspace, spec, labels = new.workspace, new.spec, new.labels
         self.driver.validate(workspace, spec)
@@ -148,7 +149,9 @@ class SandboxManager:
             await self.vault.delete(record.id)
             await self.records.remove(record.id)
             raise
-        lifetime = self._pool_lifetime(view, asked, requested // 1000) or lifetime
+        if view.pool_ttl_seconds is not None or view.pool_idle_timeout_seconds is not None:
+            defaults = lifetimes.Requested(view.pool_ttl_seconds, view.pool_idle_timeout_seconds)
+            lifetime = lifetimes.granted(asked, self.limits, now_ms=requested // 1000, profile=defaults)
         record = await self.records.mutate(record.id, lambda r: self._created(r, view, lifetime))
         self._watch_deadline(record)
         reason = "" if view.allocation == Allocation.WARM else view.miss_reason or "Cold"
@@ -233,16 +236,6 @@ class SandboxManager:
                 if name:
                     raise AlreadyExistsError(f"sandbox {workspace}/{name} already exists") from None
         raise AlreadyExistsError("could not generate a unique sandbox name; pass --name")
-
-    def _pool_lifetime(self, view: DriverSandbox, asked: lifetimes.Requested, requested_ms: int) -> Lifetime | None:
-        """The lifetime with the serving pool's profile defaults, when a pool served the create."""
-        if not view.pool:
-            return None
-        pool = next((p for p in self.driver.pools() if p.name == view.pool), None)
-        if pool is None or (pool.ttl_seconds is None and pool.idle_timeout_seconds is None):
-            return None
-        defaults = lifetimes.Requested(pool.ttl_seconds, pool.idle_timeout_seconds)
-        return lifetimes.granted(asked, self.limits, now_ms=requested_ms, profile=defaults)
 
     @staticmethod
     def _created(record: SandboxRecord, view: DriverSandbox, lifetime: Lifetime) -> None:
