@@ -124,6 +124,8 @@ class SandboxManager:
         lifetime = lifetimes.granted(asked, self.limits, now_ms=requested // 1000)
         proof, proof_hash = new_activation_token()
         record = await self._insert(new.name, workspace, labels, spec, proof_hash, requested, lifetime)
+        # What happens to the record until the driver returns is written with the create's result.
+        self.records.hold(record.id)
         try:
             # Sealed before the driver runs: a cold sandbox may be activated before it returns.
             await self.vault.put(record.id, workspace, new.secrets)
@@ -144,15 +146,21 @@ class SandboxManager:
         except UnavailableError:
             # The outcome is unknown (the backend may have it): keep the Provisioning record for
             # the reconciler to settle rather than risk an untracked backend object.
+            with contextlib.suppress(WarmshellError):
+                await self.records.release(record.id)
             raise
         except BaseException:
-            await self.vault.delete(record.id)
-            await self.records.remove(record.id)
+            try:
+                await self.vault.delete(record.id)
+            finally:
+                await self.records.remove(record.id)
             raise
         if view.pool_ttl_seconds is not None or view.pool_idle_timeout_seconds is not None:
             defaults = lifetimes.Requested(view.pool_ttl_seconds, view.pool_idle_timeout_seconds)
             lifetime = lifetimes.granted(asked, self.limits, now_ms=requested // 1000, profile=defaults)
-        record = await self.records.mutate(record.id, lambda r: self._created(r, view, lifetime))
+        created = await self.records.release(record.id, lambda r: self._created(r, view, lifetime))
+        assert created is not None  # a change was given: always written
+        record = created
         self._watch_deadline(record)
         reason = "" if view.allocation == Allocation.WARM else view.miss_reason or "Cold"
         metrics.CREATES.labels(path=view.allocation.value, reason=reason).inc()

@@ -111,3 +111,95 @@ async def test_lookups_by_name_come_from_memory_until_the_sandbox_is_removed(tmp
         assert counting.name_reads == 2
     finally:
         await store.aclose()
+
+
+class WriteCountingStore(CountingStore):
+    """Also counts the updates that reach the store."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self.updates = 0
+
+    async def update(self, *, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
+        self.updates += 1
+        return await self.store.update(kind=kind, id=id, expected_version=expected_version, payload=payload)
+
+
+async def test_a_held_record_folds_its_mutations_into_one_write_and_reads_see_them(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    counting = WriteCountingStore(store)
+    bus = EventBus()
+    try:
+        records = SandboxRecords(counting, bus, exclusive=True)  # type: ignore[arg-type]
+        sid = SandboxId("sb-1")
+        await records.insert(SandboxRecord(id=sid, name="one"))
+        async with bus.subscribe(sid, replay_output=False) as queue:
+            records.hold(sid)
+            returned = await records.mutate(sid, lambda r: r.labels.update(activated="1"))
+            await records.mutate(sid, lambda r: r.labels.update(session="1"))
+            assert returned.labels == {"activated": "1", "session": "1"}
+            assert counting.updates == 0
+            assert queue.empty()
+            seen = await records.get(sid)
+            by_name = await records.get_by_name("default", "one")
+            assert seen is not None
+            assert seen.labels == by_name.labels == {"activated": "1", "session": "1"}
+            # The stored row is untouched until the release.
+            row = await store.get(KIND_SANDBOX, sid)
+            assert row is not None
+            assert SandboxRecord.model_validate_json(row.payload).labels == {}
+            written = await records.release(sid, lambda r: r.labels.update(created="1"))
+            assert written is not None
+            assert written.resource_version == 2
+            assert counting.updates == 1
+            assert queue.qsize() == 1
+        row = await store.get(KIND_SANDBOX, sid)
+        assert row is not None
+        assert SandboxRecord.model_validate_json(row.payload).labels == {
+            "activated": "1",
+            "session": "1",
+            "created": "1",
+        }
+        # Released: the next mutation is written at once again.
+        await records.mutate(sid, lambda r: r.labels.update(later="1"))
+        assert counting.updates == 2
+    finally:
+        await store.aclose()
+
+
+async def test_a_release_with_nothing_folded_writes_nothing_and_a_remove_ends_the_hold(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    counting = WriteCountingStore(store)
+    try:
+        records = SandboxRecords(counting, EventBus(), exclusive=True)  # type: ignore[arg-type]
+        sid = SandboxId("sb-1")
+        await records.insert(SandboxRecord(id=sid, name="one"))
+        records.hold(sid)
+        assert await records.release(sid) is None
+        assert counting.updates == 0
+        records.hold(sid)
+        await records.mutate(sid, lambda r: r.labels.update(a="1"))
+        await records.remove(sid)
+        with pytest.raises(NotFoundError):
+            await records.mutate(sid, lambda r: r.labels.update(b="1"))
+        assert await records.get(sid) is None
+    finally:
+        await store.aclose()
+
+
+async def test_holding_is_a_no_op_on_a_store_shared_by_replicas(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    counting = WriteCountingStore(store)
+    try:
+        records = SandboxRecords(counting, EventBus(), exclusive=False)  # type: ignore[arg-type]
+        sid = SandboxId("sb-1")
+        await records.insert(SandboxRecord(id=sid, name="one"))
+        records.hold(sid)
+        await records.mutate(sid, lambda r: r.labels.update(a="1"))
+        assert counting.updates == 1
+        written = await records.release(sid, lambda r: r.labels.update(b="1"))
+        assert written is not None
+        assert written.labels == {"a": "1", "b": "1"}
+        assert counting.updates == 2
+    finally:
+        await store.aclose()
