@@ -316,20 +316,15 @@ class SandboxManager:
                 event.sandbox_id,
                 Progress(now_ms(), event.progress.reason, event.progress.message, event.progress.warning),
             )
-        if event.sandbox is None and not event.deleted:
-            return
-        record = await self.records.get(event.sandbox_id)
-        if record is None:
-            return
         if event.deleted:
-            if record.status.phase != Phase.DELETING:
+            record = await self.records.get(event.sandbox_id)
+            if record is not None and record.status.phase != Phase.DELETING:
                 await self.records.mutate(
                     record.id,
                     lambda r: phases.mark_backend_vanished(r.status, "the backend removed the sandbox"),
                 )
-            return
-        assert event.sandbox is not None
-        await self.on_driver_event_view(event.sandbox)
+        elif event.sandbox is not None:
+            await self.on_driver_event_view(event.sandbox)  # (a sandbox without a record is skipped there)
 
     async def on_driver_event_view(self, view: DriverSandbox) -> None:
         """Fold a backend view into the record (if the sandbox still has one). A view that tells

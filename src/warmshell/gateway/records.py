@@ -29,6 +29,7 @@ __all__ = ["KIND_SANDBOX", "SandboxRecords"]
 
 KIND_SANDBOX = "sandbox"
 _CAS_ATTEMPTS = 8
+_CHANGED = Changed()
 
 
 def _decode(row: StoredObject) -> SandboxRecord:
@@ -175,7 +176,7 @@ class SandboxRecords:
                 continue
             self._keep(row)
             record.resource_version = row.resource_version
-            self._bus.publish(sandbox_id, Changed())
+            self._bus.publish(sandbox_id, _CHANGED)
             return record
         raise ConflictError(f"sandbox {sandbox_id} kept changing; gave up after {_CAS_ATTEMPTS} attempts")
 
