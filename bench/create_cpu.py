@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from harness import GatewayProcess, gateway_process, summary, write_results
-from warm_path import descendants, wait_idle, write_profile
+from warm_path import descendants, idle_members, wait_idle, write_profile
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 
@@ -248,17 +248,36 @@ async def sequential(
     return {**window.result(count), "ready_ms": ready_ms, "allocations": allocations}
 
 
+async def fill(gw: GatewayProcess, pools: Path, name: str, size: int, env: dict[str, str]) -> float:
+    """Fill a fresh pool of `size`; the gateway's CPU per member started (polled slowly, so that
+    the polling's own ListPools calls stay out of the figure)."""
+    await quiet(gw)
+    before = own_cpu_ms(gw.process.pid)
+    write_profile(pools, name, size, env)
+    deadline = time.monotonic() + 300
+    while await idle_members(gw, name) < size:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pool {name} never reached {size} idle members")
+        await asyncio.sleep(0.25)
+    await asyncio.sleep(0.5)  # let the fill settle
+    return (own_cpu_ms(gw.process.pid) - before) / size
+
+
 async def warm_rounds(gw: GatewayProcess, pools: Path, rounds: int, count: int, spy: Recorder | None) -> dict:
-    """`rounds` batches of `count` sequential warm creates, each against a fresh pool sized so
-    that no refill starts within the batch (a pool never refills below its low-water mark here)."""
+    """`rounds` batches of `count` sequential warm creates, each against a fresh pool large
+    enough that every create is warm. The pool refills (one member at a time while creates run),
+    so the batch's CPU includes member starts; the gateway's CPU per member start, measured on
+    the round's own fill, gives the figure net of them."""
     total: dict = {"ready_ms": [], "allocations": collections.Counter(), "cpu": 0.0, "spawned": 0, "wall": 0.0,
-                   "threads": collections.Counter(), "gc": collections.Counter()}  # fmt: skip
+                   "threads": collections.Counter(), "gc": collections.Counter(), "refill_cpu": 0.0,
+                   "fill_cpu": 0.0}  # fmt: skip
     for r in range(rounds):
         env = {"POOL": f"seq{r}"}
-        write_profile(pools, f"seq{r}", count * 3 // 2 + 2, env)
-        await wait_idle(gw, f"seq{r}", count * 3 // 2 + 2, timeout=300)
-        await asyncio.sleep(0.5)  # let the fill settle
+        per_member = await fill(gw, pools, f"seq{r}", count * 3 // 2 + 2, env)
         batch = await sequential(gw, f"warm{r}", count, env, spy)
+        # Each member is two processes (bwrap and the agent); the claimed ones were there before.
+        total["refill_cpu"] += batch["processes_added_during_batch"] / 2 * per_member
+        total["fill_cpu"] += per_member
         (pools / f"seq{r}.toml").unlink()  # drain: the next round's pool takes its place
         total["ready_ms"] += batch["ready_ms"]
         total["allocations"] += batch["allocations"]
@@ -272,6 +291,9 @@ async def warm_rounds(gw: GatewayProcess, pools: Path, rounds: int, count: int, 
     n = rounds * count
     return {
         "gateway_cpu_ms_per_create": total["cpu"] / n,
+        "gateway_cpu_ms_per_member_start": total["fill_cpu"] / rounds,
+        "members_started_during_batches": total["spawned"] / 2,
+        "gateway_cpu_ms_per_create_net_of_refills": (total["cpu"] - total["refill_cpu"]) / n,
         "gateway_cpu_ms": total["cpu"],
         "gateway_cpu_ms_by_thread": dict(total["threads"]),
         "gc": dict(total["gc"]),
@@ -370,9 +392,7 @@ async def measure(args: argparse.Namespace) -> dict:
             if cprofile is not None:
                 spy = CProfile(gw.process.pid, cprofile)
             warm = await warm_rounds(gw, pools, args.rounds, args.count, spy)
-            write_profile(pools, "burst", args.burst * 3 // 2 + 2, BURST_ENV)
-            await wait_idle(gw, "burst", args.burst * 3 // 2 + 2, timeout=300)
-            await asyncio.sleep(0.5)
+            await fill(gw, pools, "burst", args.burst * 3 // 2 + 2, BURST_ENV)
             burst_result = await burst(gw, args.burst)
             if cprofile is not None:
                 profile = cprofile_summary(cprofile, args.rounds * args.count)
@@ -424,6 +444,11 @@ def table(data: dict) -> str:
             f"{b['wall_ms']:.0f} ms; CreateSandbox RPCs returned at p50 {b['rpc_returned_ms']['p50']:.0f} ms, "
             f"min {b['rpc_returned_ms']['min']:.0f}, max {b['rpc_returned_ms']['max']:.0f} ms after the start.\n"
         )
+    text += (
+        f"\nWarm sequential: {warm['members_started_during_batches']:.0f} members started during the batches "
+        f"(refills), at {warm['gateway_cpu_ms_per_member_start']:.2f} ms of gateway CPU each (measured on each "
+        f"round's fill): **{warm['gateway_cpu_ms_per_create_net_of_refills']:.2f} ms** per create net of them.\n"
+    )
     text += (
         f"\nWarm/cold gateway CPU per create: "
         f"{warm['gateway_cpu_ms_per_create'] / cold['gateway_cpu_ms_per_create']:.2f}; target: warm <= 3 ms.\n"
