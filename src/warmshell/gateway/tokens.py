@@ -100,7 +100,7 @@ class SandboxTokenIssuer:
 
     A token this issuer minted is remembered (by its SHA-256, with its claims) until it expires:
     presented back, it is the exact string signed here, so only its expiry is checked; the
-    signature check and PyJWT's decoding (about a tenth of a warm create's gateway CPU) are for
+    signature check and PyJWT's decoding (a few per cent of a warm create's gateway CPU) are for
     tokens minted elsewhere (another replica, or before a restart) and for forgeries."""
 
     def __init__(self, key: Ed25519PrivateKey, *, gateway_id: str, ttl_seconds: int) -> None:
