@@ -3,6 +3,8 @@ and a row moved behind the cache's back (a lost compare-and-swap) is read again,
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -125,81 +127,73 @@ class WriteCountingStore(CountingStore):
         return await self.store.update(kind=kind, id=id, expected_version=expected_version, payload=payload)
 
 
-async def test_a_held_record_folds_its_mutations_into_one_write_and_reads_see_them(tmp_path: Path) -> None:
-    store = await open_sqlite_store(tmp_path / "db.sqlite")
-    counting = WriteCountingStore(store)
-    bus = EventBus()
+SID = SandboxId("sb-1")
+
+
+@asynccontextmanager
+async def one_record(
+    tmp_path: Path, bus: EventBus, *, exclusive: bool = True
+) -> AsyncIterator[tuple[WriteCountingStore, SandboxRecords]]:
+    """A store counting its updates, and the records over it holding one sandbox, SID ("one")."""
+    counting = WriteCountingStore(await open_sqlite_store(tmp_path / "db.sqlite"))
     try:
-        records = SandboxRecords(counting, bus, exclusive=True)  # type: ignore[arg-type]
-        sid = SandboxId("sb-1")
-        await records.insert(SandboxRecord(id=sid, name="one"))
-        async with bus.subscribe(sid, replay_output=False) as queue:
-            records.hold(sid)
-            returned = await records.mutate(sid, lambda r: r.labels.update(activated="1"))
-            await records.mutate(sid, lambda r: r.labels.update(session="1"))
-            assert returned.labels == {"activated": "1", "session": "1"}
-            assert counting.updates == 0
-            assert queue.empty()
-            seen = await records.get(sid)
-            by_name = await records.get_by_name("default", "one")
-            assert seen is not None
-            assert seen.labels == by_name.labels == {"activated": "1", "session": "1"}
-            # The stored row is untouched until the release.
-            row = await store.get(KIND_SANDBOX, sid)
-            assert row is not None
-            assert SandboxRecord.model_validate_json(row.payload).labels == {}
-            written = await records.release(sid, lambda r: r.labels.update(created="1"))
-            assert written is not None
-            assert written.resource_version == 2
-            assert counting.updates == 1
-            assert queue.qsize() == 1
-        row = await store.get(KIND_SANDBOX, sid)
-        assert row is not None
-        assert SandboxRecord.model_validate_json(row.payload).labels == {
-            "activated": "1",
-            "session": "1",
-            "created": "1",
-        }
-        # Released: the next mutation is written at once again.
-        await records.mutate(sid, lambda r: r.labels.update(later="1"))
-        assert counting.updates == 2
+        records = SandboxRecords(counting, bus, exclusive=exclusive)  # type: ignore[arg-type]
+        await records.insert(SandboxRecord(id=SID, name="one"))
+        yield counting, records
     finally:
-        await store.aclose()
+        await counting.store.aclose()
+
+
+async def stored_labels(counting: WriteCountingStore) -> dict[str, str]:
+    row = await counting.store.get(KIND_SANDBOX, SID)
+    assert row is not None
+    return SandboxRecord.model_validate_json(row.payload).labels
+
+
+async def test_a_held_record_folds_its_mutations_into_one_write_and_reads_see_them(tmp_path: Path) -> None:
+    bus = EventBus()
+    async with one_record(tmp_path, bus) as (counting, records), bus.subscribe(SID, replay_output=False) as queue:
+        records.hold(SID)
+        returned = await records.mutate(SID, lambda r: r.labels.update(activated="1"))
+        await records.mutate(SID, lambda r: r.labels.update(session="1"))
+        assert returned.labels == {"activated": "1", "session": "1"}
+        assert counting.updates == 0
+        assert queue.empty()
+        seen = await records.get(SID)
+        by_name = await records.get_by_name("default", "one")
+        assert seen is not None
+        assert seen.labels == by_name.labels == {"activated": "1", "session": "1"}
+        assert await stored_labels(counting) == {}  # untouched until the release
+        written = await records.release(SID, lambda r: r.labels.update(created="1"))
+        assert written is not None
+        assert written.resource_version == 2
+        assert counting.updates == 1
+        assert queue.qsize() == 1
+        assert await stored_labels(counting) == {"activated": "1", "session": "1", "created": "1"}
+        # Released: the next mutation is written at once again.
+        await records.mutate(SID, lambda r: r.labels.update(later="1"))
+        assert counting.updates == 2
 
 
 async def test_a_release_with_nothing_folded_writes_nothing_and_a_remove_ends_the_hold(tmp_path: Path) -> None:
-    store = await open_sqlite_store(tmp_path / "db.sqlite")
-    counting = WriteCountingStore(store)
-    try:
-        records = SandboxRecords(counting, EventBus(), exclusive=True)  # type: ignore[arg-type]
-        sid = SandboxId("sb-1")
-        await records.insert(SandboxRecord(id=sid, name="one"))
-        records.hold(sid)
-        assert await records.release(sid) is None
+    async with one_record(tmp_path, EventBus()) as (counting, records):
+        records.hold(SID)
+        assert await records.release(SID) is None
         assert counting.updates == 0
-        records.hold(sid)
-        await records.mutate(sid, lambda r: r.labels.update(a="1"))
-        await records.remove(sid)
+        records.hold(SID)
+        await records.mutate(SID, lambda r: r.labels.update(a="1"))
+        await records.remove(SID)
         with pytest.raises(NotFoundError):
-            await records.mutate(sid, lambda r: r.labels.update(b="1"))
-        assert await records.get(sid) is None
-    finally:
-        await store.aclose()
+            await records.mutate(SID, lambda r: r.labels.update(b="1"))
+        assert await records.get(SID) is None
 
 
 async def test_holding_is_a_no_op_on_a_store_shared_by_replicas(tmp_path: Path) -> None:
-    store = await open_sqlite_store(tmp_path / "db.sqlite")
-    counting = WriteCountingStore(store)
-    try:
-        records = SandboxRecords(counting, EventBus(), exclusive=False)  # type: ignore[arg-type]
-        sid = SandboxId("sb-1")
-        await records.insert(SandboxRecord(id=sid, name="one"))
-        records.hold(sid)
-        await records.mutate(sid, lambda r: r.labels.update(a="1"))
+    async with one_record(tmp_path, EventBus(), exclusive=False) as (counting, records):
+        records.hold(SID)
+        await records.mutate(SID, lambda r: r.labels.update(a="1"))
         assert counting.updates == 1
-        written = await records.release(sid, lambda r: r.labels.update(b="1"))
+        written = await records.release(SID, lambda r: r.labels.update(b="1"))
         assert written is not None
         assert written.labels == {"a": "1", "b": "1"}
         assert counting.updates == 2
-    finally:
-        await store.aclose()
