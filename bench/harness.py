@@ -97,16 +97,18 @@ class GatewayProcess:
 
 
 @asynccontextmanager
-async def gateway_process(*args: str) -> AsyncIterator[GatewayProcess]:
-    """Start a gateway in a fresh state directory; SIGTERM it afterwards."""
+async def gateway_process(*args: str, cprofile: Path | None = None) -> AsyncIterator[GatewayProcess]:
+    """Start a gateway in a fresh state directory; SIGTERM it afterwards. With `cprofile`, the
+    gateway runs under `profiled_gateway.py` (SIGUSR1/SIGUSR2 record its event loop to that file)."""
     with tempfile.TemporaryDirectory(prefix="ws-bench-") as tmp:
         state = Path(tmp)
         log = open(state / "gateway.log", "wb")  # noqa: SIM115 - closed below
+        entry = [str(Path(__file__).with_name("profiled_gateway.py"))] if cprofile else ["-m", "warmshell"]
+        env = {**os.environ, "WARMSHELL_CPROFILE": str(cprofile)} if cprofile else None
         process = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "warmshell",
+                *entry,
                 "gateway",
                 "start",
                 "--state-dir",
@@ -119,6 +121,7 @@ async def gateway_process(*args: str) -> AsyncIterator[GatewayProcess]:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=env,
         )
         try:
             deadline = time.monotonic() + 30

@@ -92,6 +92,10 @@ class DriverSandbox:
     claimed_us: int = 0
     # The request's environment keys the pool accepted (set at activation, not matched).
     injected_environment: tuple[str, ...] = ()
+    # The serving pool's lifetime defaults (None: the gateway's), reported by the create that it
+    # served, so the gateway need not look the pool up again.
+    pool_ttl_seconds: int | None = None
+    pool_idle_timeout_seconds: int | None = None
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,9 @@ class EventBus:
 
     def publish(self, sandbox_id: SandboxId, item: SandboxEventItem) -> None:
         """Deliver to every watcher of the sandbox (and buffer progress and output)."""
-        channel = self._channels.setdefault(sandbox_id, _Channel())
+        channel = self._channels.get(sandbox_id)
+        if channel is None:  # (not setdefault: that would build a channel on every call)
+            channel = self._channels[sandbox_id] = _Channel()
         if isinstance(item, Output):
             channel.output.append(item)
             channel.output_bytes += len(item.data)
@@ -111,7 +113,9 @@ class EventBus:
         self, sandbox_id: SandboxId, *, replay_output: bool
     ) -> AsyncIterator[asyncio.Queue[SandboxEventItem]]:
         """A queue of events for one sandbox, pre-filled with buffered progress (and output)."""
-        channel = self._channels.setdefault(sandbox_id, _Channel())
+        channel = self._channels.get(sandbox_id)
+        if channel is None:
+            channel = self._channels[sandbox_id] = _Channel()
         queue: asyncio.Queue[SandboxEventItem] = asyncio.Queue(SUBSCRIBER_QUEUE)
         for progress in channel.progress:
             queue.put_nowait(progress)

@@ -115,7 +115,8 @@ class SandboxManager:
 
     async def create(self, new: NewSandbox) -> SandboxRecord:
         """Persist (Provisioning), then ask the driver; a driver failure leaves nothing. An unset
-        TTL or idle timeout takes the serving pool's default, else the gateway's."""
+        TTL or idle timeout takes the serving pool's default (the driver reports it with the
+        create), else the gateway's."""
         requested = now_us()
         workspace, spec, labels = new.workspace, new.spec, new.labels
         self.driver.validate(workspace, spec)
@@ -123,6 +124,8 @@ class SandboxManager:
         lifetime = lifetimes.granted(asked, self.limits, now_ms=requested // 1000)
         proof, proof_hash = new_activation_token()
         record = await self._insert(new.name, workspace, labels, spec, proof_hash, requested, lifetime)
+        # What happens to the record until the driver returns is written with the create's result.
+        self.records.hold(record.id)
         try:
             # Sealed before the driver runs: a cold sandbox may be activated before it returns.
             await self.vault.put(record.id, workspace, new.secrets)
@@ -143,13 +146,21 @@ class SandboxManager:
         except UnavailableError:
             # The outcome is unknown (the backend may have it): keep the Provisioning record for
             # the reconciler to settle rather than risk an untracked backend object.
+            with contextlib.suppress(WarmshellError):
+                await self.records.release(record.id)
             raise
         except BaseException:
-            await self.vault.delete(record.id)
-            await self.records.remove(record.id)
+            try:
+                await self.vault.delete(record.id)
+            finally:
+                await self.records.remove(record.id)
             raise
-        lifetime = self._pool_lifetime(view, asked, requested // 1000) or lifetime
-        record = await self.records.mutate(record.id, lambda r: self._created(r, view, lifetime))
+        if view.pool_ttl_seconds is not None or view.pool_idle_timeout_seconds is not None:
+            defaults = lifetimes.Requested(view.pool_ttl_seconds, view.pool_idle_timeout_seconds)
+            lifetime = lifetimes.granted(asked, self.limits, now_ms=requested // 1000, profile=defaults)
+        created = await self.records.release(record.id, lambda r: self._created(r, view, lifetime))
+        assert created is not None  # a change was given: always written
+        record = created
         self._watch_deadline(record)
         reason = "" if view.allocation == Allocation.WARM else view.miss_reason or "Cold"
         metrics.CREATES.labels(path=view.allocation.value, reason=reason).inc()
@@ -234,16 +245,6 @@ class SandboxManager:
                     raise AlreadyExistsError(f"sandbox {workspace}/{name} already exists") from None
         raise AlreadyExistsError("could not generate a unique sandbox name; pass --name")
 
-    def _pool_lifetime(self, view: DriverSandbox, asked: lifetimes.Requested, requested_ms: int) -> Lifetime | None:
-        """The lifetime with the serving pool's profile defaults, when a pool served the create."""
-        if not view.pool:
-            return None
-        pool = next((p for p in self.driver.pools() if p.name == view.pool), None)
-        if pool is None or (pool.ttl_seconds is None and pool.idle_timeout_seconds is None):
-            return None
-        defaults = lifetimes.Requested(pool.ttl_seconds, pool.idle_timeout_seconds)
-        return lifetimes.granted(asked, self.limits, now_ms=requested_ms, profile=defaults)
-
     @staticmethod
     def _created(record: SandboxRecord, view: DriverSandbox, lifetime: Lifetime) -> None:
         record.lifetime = lifetime
@@ -315,20 +316,15 @@ class SandboxManager:
                 event.sandbox_id,
                 Progress(now_ms(), event.progress.reason, event.progress.message, event.progress.warning),
             )
-        if event.sandbox is None and not event.deleted:
-            return
-        record = await self.records.get(event.sandbox_id)
-        if record is None:
-            return
         if event.deleted:
-            if record.status.phase != Phase.DELETING:
+            record = await self.records.get(event.sandbox_id)
+            if record is not None and record.status.phase != Phase.DELETING:
                 await self.records.mutate(
                     record.id,
                     lambda r: phases.mark_backend_vanished(r.status, "the backend removed the sandbox"),
                 )
-            return
-        assert event.sandbox is not None
-        await self.on_driver_event_view(event.sandbox)
+        elif event.sandbox is not None:
+            await self.on_driver_event_view(event.sandbox)  # (a sandbox without a record is skipped there)
 
     async def on_driver_event_view(self, view: DriverSandbox) -> None:
         """Fold a backend view into the record (if the sandbox still has one). A view that tells

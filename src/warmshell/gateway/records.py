@@ -2,9 +2,16 @@
 watchers about every change.
 
 With a store only this gateway writes (SQLite: one gateway per file), the rows it read or wrote
-are kept in memory, so a read — a watcher's after every change, an activation's, each mutation's
-own — costs a decode, not a trip to the store. Writes still go through the store first; a lost
-compare-and-swap drops the cached row and reads it again."""
+are kept in memory, by id and by name, so a read — a watcher's after every change, an
+activation's, each mutation's own, a lookup by name — costs a decode, not a trip to the store.
+Writes still go through the store first; a lost compare-and-swap drops the cached row and reads
+it again.
+
+While a create is in flight (`hold` to `release`), the other mutations of its record — its
+activation, its backend's first view, often its session — are folded into the record in memory
+and written with the create's own change, in one write instead of three or four. Reads see the
+folded record meanwhile, so every check still sees what has happened. Only with a store of our
+own: nothing else can move the row in between."""
 
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ __all__ = ["KIND_SANDBOX", "SandboxRecords"]
 
 KIND_SANDBOX = "sandbox"
 _CAS_ATTEMPTS = 8
+_CHANGED = Changed()
 
 
 def _decode(row: StoredObject) -> SandboxRecord:
@@ -43,6 +51,10 @@ class SandboxRecords:
         self._store = store
         self._bus = bus
         self._rows: dict[str, StoredObject] | None = {} if exclusive else None
+        # (workspace, name) -> id of the rows kept: a name never changes, and a row leaves with its id.
+        self._names: dict[tuple[str, str], str] = {}
+        # Held records (see `hold`): their folded, unwritten state (None until a change arrives).
+        self._held: dict[str, SandboxRecord | None] = {}
         # One lock per sandbox: mutations inside this gateway queue up instead of racing each
         # other into CAS conflicts; CAS still guards against other replicas.
         self._locks: WeakValueDictionary[SandboxId, asyncio.Lock] = WeakValueDictionary()
@@ -63,9 +75,17 @@ class SandboxRecords:
     def _keep(self, row: StoredObject) -> None:
         if self._rows is not None:
             self._rows[row.id] = row
+            self._names[(row.workspace, row.name)] = row.id
+
+    def _drop(self, sandbox_id: str) -> None:
+        row = self._rows.pop(sandbox_id, None) if self._rows is not None else None
+        if row is not None and self._names.get(key := (row.workspace, row.name)) == sandbox_id:
+            del self._names[key]  # (and not a successor's of the same name)
 
     async def get(self, sandbox_id: SandboxId) -> SandboxRecord | None:
-        """By id."""
+        """By id. A held record's folded state is the caller's to read, not to change."""
+        if (held := self._held.get(sandbox_id)) is not None:
+            return held
         row = self._rows.get(sandbox_id) if self._rows is not None else None
         if row is None:
             row = await self._store.get(KIND_SANDBOX, sandbox_id)
@@ -75,7 +95,12 @@ class SandboxRecords:
 
     async def get_by_name(self, workspace: str, name: str) -> SandboxRecord:
         """By name; NotFoundError names what was looked for."""
-        row = await self._store.get_by_name(KIND_SANDBOX, workspace, name)
+        kept = self._names.get((workspace, name))
+        if kept is not None and (held := self._held.get(kept)) is not None:
+            return held
+        row = self._rows.get(kept) if self._rows is not None and kept is not None else None
+        if row is None:
+            row = await self._store.get_by_name(KIND_SANDBOX, workspace, name)
         if row is None:
             raise NotFoundError(f"sandbox {workspace}/{name} not found")
         self._keep(row)
@@ -85,41 +110,80 @@ class SandboxRecords:
         """All sandboxes (in one workspace, or all)."""
         return [_decode(r) for r in await self._store.list(KIND_SANDBOX, workspace)]
 
-    async def mutate(self, sandbox_id: SandboxId, change: Callable[[SandboxRecord], bool | None]) -> SandboxRecord:
-        """Apply `change` to the current record and write it back (retrying lost CAS races).
-
-        `change` edits the record in place; returning False means "nothing to write"."""
+    def _lock(self, sandbox_id: SandboxId) -> asyncio.Lock:
         lock = self._locks.get(sandbox_id)
         if lock is None:
             lock = self._locks[sandbox_id] = asyncio.Lock()
-        async with lock:
-            for _ in range(_CAS_ATTEMPTS):
+        return lock
+
+    def hold(self, sandbox_id: SandboxId) -> None:
+        """Fold the record's mutations into memory until `release` (a create in flight; see the
+        module doc). A no-op with a store shared by replicas."""
+        if self._rows is not None:
+            self._held[sandbox_id] = None
+
+    async def release(
+        self, sandbox_id: SandboxId, change: Callable[[SandboxRecord], None] | None = None
+    ) -> SandboxRecord | None:
+        """Stop holding the record: write what was folded with `change` applied on top, and
+        return it (None, and no write, when neither changed anything)."""
+        async with self._lock(sandbox_id):
+            try:
+                if self._held.get(sandbox_id) is None and change is None:
+                    return None
+                # Reads see the folded record until it is written (it stays held till then).
+                return await self._write(sandbox_id, change or (lambda _: None), self._held.get(sandbox_id))
+            finally:
+                self._held.pop(sandbox_id, None)
+
+    async def mutate(self, sandbox_id: SandboxId, change: Callable[[SandboxRecord], bool | None]) -> SandboxRecord:
+        """Apply `change` to the current record and write it back (retrying lost CAS races); a
+        held record's change is folded into memory instead (see `hold`).
+
+        `change` edits the record in place; returning False means "nothing to write"."""
+        async with self._lock(sandbox_id):
+            if sandbox_id in self._held:
                 record = await self.get(sandbox_id)
                 if record is None:
                     raise NotFoundError(f"sandbox {sandbox_id} not found")
-                if change(record) is False:
-                    return record
-                try:
-                    row = await self._store.update(
-                        kind=KIND_SANDBOX,
-                        id=sandbox_id,
-                        expected_version=record.resource_version,
-                        payload=_encode(record),
-                    )
-                except ConflictError:
-                    if self._rows is not None:
-                        self._rows.pop(sandbox_id, None)  # read the row that won from the store
-                    continue
-                self._keep(row)
-                record.resource_version = row.resource_version
-                self._bus.publish(sandbox_id, Changed())
+                if change(record) is not False:
+                    self._held[sandbox_id] = record
                 return record
+            return await self._write(sandbox_id, change)
+
+    async def _write(
+        self,
+        sandbox_id: SandboxId,
+        change: Callable[[SandboxRecord], bool | None],
+        start: SandboxRecord | None = None,
+    ) -> SandboxRecord:
+        """Under the record's lock: `change` applied to `start` (else the current record), written."""
+        for _ in range(_CAS_ATTEMPTS):
+            record, start = start or await self.get(sandbox_id), None
+            if record is None:
+                raise NotFoundError(f"sandbox {sandbox_id} not found")
+            if change(record) is False:
+                return record
+            try:
+                row = await self._store.update(
+                    kind=KIND_SANDBOX,
+                    id=sandbox_id,
+                    expected_version=record.resource_version,
+                    payload=_encode(record),
+                )
+            except ConflictError:
+                self._drop(sandbox_id)  # read the row that won from the store
+                continue
+            self._keep(row)
+            record.resource_version = row.resource_version
+            self._bus.publish(sandbox_id, _CHANGED)
+            return record
         raise ConflictError(f"sandbox {sandbox_id} kept changing; gave up after {_CAS_ATTEMPTS} attempts")
 
     async def remove(self, sandbox_id: SandboxId) -> bool:
         """Delete the row and tell watchers."""
+        self._held.pop(sandbox_id, None)  # first: even if the delete fails, nothing stays folded
         removed = await self._store.delete(KIND_SANDBOX, sandbox_id)
-        if self._rows is not None:
-            self._rows.pop(sandbox_id, None)
+        self._drop(sandbox_id)
         self._bus.forget(sandbox_id)
         return removed

@@ -96,13 +96,32 @@ class SandboxClaims:
 
 
 class SandboxTokenIssuer:
-    """Mints and verifies the short-lived Ed25519 JWTs that supervisors present."""
+    """Mints and verifies the short-lived Ed25519 JWTs that supervisors present.
+
+    A token this issuer minted is remembered (by its SHA-256, with its claims) until it expires:
+    presented back, it is the exact string signed here, so only its expiry is checked; the
+    signature check and PyJWT's decoding (a few per cent of a warm create's gateway CPU) are for
+    tokens minted elsewhere (another replica, or before a restart) and for forgeries."""
 
     def __init__(self, key: Ed25519PrivateKey, *, gateway_id: str, ttl_seconds: int) -> None:
         self._key = key
         self._public: Ed25519PublicKey = key.public_key()
         self._audience = f"warmshell-gateway:{gateway_id}"
         self._ttl = ttl_seconds
+        # In minting order, which is expiry order (one TTL for all): pruned from the front.
+        self._minted: dict[str, SandboxClaims] = {}
+
+    def _usable(self, claims: SandboxClaims, now: float) -> bool:
+        # PyJWT's rule: refused once `exp <= now - leeway`.
+        return claims.expires_at_ms > (now - _JWT_LEEWAY_SECONDS) * 1000
+
+    def _remember(self, token: str, claims: SandboxClaims, now: float) -> None:
+        while self._minted:
+            oldest = next(iter(self._minted))
+            if self._usable(self._minted[oldest], now):
+                break
+            del self._minted[oldest]
+        self._minted[hash_secret(token)] = claims
 
     def mint(self, sandbox_id: SandboxId, instance_id: str) -> tuple[str, int]:
         """A token for that sandbox instance and its expiry (unix ms)."""
@@ -118,10 +137,15 @@ class SandboxTokenIssuer:
             "instance_id": instance_id,
             "jti": secrets.token_hex(8),
         }
-        return jwt.encode(claims, self._key, algorithm=_JWT_ALGORITHM), expires * 1000
+        token = jwt.encode(claims, self._key, algorithm=_JWT_ALGORITHM)
+        self._remember(token, SandboxClaims(sandbox_id, instance_id, expires * 1000), now)
+        return token, expires * 1000
 
     def verify(self, token: str) -> SandboxClaims:
         """Check signature, audience, issuer and expiry; PermissionDeniedError otherwise."""
+        minted = self._minted.get(hash_secret(token))
+        if minted is not None and self._usable(minted, time.time()):
+            return minted
         try:
             claims = jwt.decode(
                 token,

@@ -3,8 +3,13 @@ and a row moved behind the cache's back (a lost compare-and-swap) is read again,
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+
+from warmshell.core.errors import NotFoundError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxRecord
 from warmshell.gateway.events import EventBus
@@ -70,3 +75,125 @@ async def test_a_shared_store_is_read_every_time(tmp_path: Path) -> None:
         assert counting.reads == 2
     finally:
         await store.aclose()
+
+
+class NameCountingStore(CountingStore):
+    """Also counts the lookups by name that reach the store."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self.name_reads = 0
+
+    async def get_by_name(self, kind: str, workspace: str, name: str) -> StoredObject | None:
+        self.name_reads += 1
+        return await self.store.get_by_name(kind, workspace, name)
+
+
+async def test_lookups_by_name_come_from_memory_until_the_sandbox_is_removed(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    counting = NameCountingStore(store)
+    try:
+        records = SandboxRecords(counting, EventBus(), exclusive=True)  # type: ignore[arg-type]
+        first = await records.insert(SandboxRecord(id=SandboxId("sb-1"), name="one"))
+        await records.mutate(first.id, lambda r: r.labels.update(a="1"))
+        found = await records.get_by_name("default", "one")
+        assert (found.id, found.labels, found.resource_version) == ("sb-1", {"a": "1"}, 2)
+        assert counting.name_reads == 0
+        await records.remove(first.id)
+        with pytest.raises(NotFoundError, match="default/one"):
+            await records.get_by_name("default", "one")
+        assert counting.name_reads == 1
+        # The name is free again: a new sandbox takes it, and the lookup finds the new one.
+        await records.insert(SandboxRecord(id=SandboxId("sb-2"), name="one"))
+        assert (await records.get_by_name("default", "one")).id == "sb-2"
+        assert counting.name_reads == 1
+        # A gateway sharing its store (replicas) reads every time.
+        shared = SandboxRecords(counting, EventBus(), exclusive=False)  # type: ignore[arg-type]
+        assert (await shared.get_by_name("default", "one")).id == "sb-2"
+        assert counting.name_reads == 2
+    finally:
+        await store.aclose()
+
+
+class WriteCountingStore(CountingStore):
+    """Also counts the updates that reach the store."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self.updates = 0
+
+    async def update(self, *, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
+        self.updates += 1
+        return await self.store.update(kind=kind, id=id, expected_version=expected_version, payload=payload)
+
+
+SID = SandboxId("sb-1")
+
+
+@asynccontextmanager
+async def one_record(
+    tmp_path: Path, bus: EventBus, *, exclusive: bool = True
+) -> AsyncIterator[tuple[WriteCountingStore, SandboxRecords]]:
+    """A store counting its updates, and the records over it holding one sandbox, SID ("one")."""
+    counting = WriteCountingStore(await open_sqlite_store(tmp_path / "db.sqlite"))
+    try:
+        records = SandboxRecords(counting, bus, exclusive=exclusive)  # type: ignore[arg-type]
+        await records.insert(SandboxRecord(id=SID, name="one"))
+        yield counting, records
+    finally:
+        await counting.store.aclose()
+
+
+async def stored_labels(counting: WriteCountingStore) -> dict[str, str]:
+    row = await counting.store.get(KIND_SANDBOX, SID)
+    assert row is not None
+    return SandboxRecord.model_validate_json(row.payload).labels
+
+
+async def test_a_held_record_folds_its_mutations_into_one_write_and_reads_see_them(tmp_path: Path) -> None:
+    bus = EventBus()
+    async with one_record(tmp_path, bus) as (counting, records), bus.subscribe(SID, replay_output=False) as queue:
+        records.hold(SID)
+        returned = await records.mutate(SID, lambda r: r.labels.update(activated="1"))
+        await records.mutate(SID, lambda r: r.labels.update(session="1"))
+        assert returned.labels == {"activated": "1", "session": "1"}
+        assert counting.updates == 0
+        assert queue.empty()
+        seen = await records.get(SID)
+        by_name = await records.get_by_name("default", "one")
+        assert seen is not None
+        assert seen.labels == by_name.labels == {"activated": "1", "session": "1"}
+        assert await stored_labels(counting) == {}  # untouched until the release
+        written = await records.release(SID, lambda r: r.labels.update(created="1"))
+        assert written is not None
+        assert written.resource_version == 2
+        assert counting.updates == 1
+        assert queue.qsize() == 1
+        assert await stored_labels(counting) == {"activated": "1", "session": "1", "created": "1"}
+        # Released: the next mutation is written at once again.
+        await records.mutate(SID, lambda r: r.labels.update(later="1"))
+        assert counting.updates == 2
+
+
+async def test_a_release_with_nothing_folded_writes_nothing_and_a_remove_ends_the_hold(tmp_path: Path) -> None:
+    async with one_record(tmp_path, EventBus()) as (counting, records):
+        records.hold(SID)
+        assert await records.release(SID) is None
+        assert counting.updates == 0
+        records.hold(SID)
+        await records.mutate(SID, lambda r: r.labels.update(a="1"))
+        await records.remove(SID)
+        with pytest.raises(NotFoundError):
+            await records.mutate(SID, lambda r: r.labels.update(b="1"))
+        assert await records.get(SID) is None
+
+
+async def test_holding_is_a_no_op_on_a_store_shared_by_replicas(tmp_path: Path) -> None:
+    async with one_record(tmp_path, EventBus(), exclusive=False) as (counting, records):
+        records.hold(SID)
+        await records.mutate(SID, lambda r: r.labels.update(a="1"))
+        assert counting.updates == 1
+        written = await records.release(SID, lambda r: r.labels.update(b="1"))
+        assert written is not None
+        assert written.labels == {"a": "1", "b": "1"}
+        assert counting.updates == 2

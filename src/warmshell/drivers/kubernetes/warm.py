@@ -220,6 +220,8 @@ class WarmAllocation:
             pool=pool.name,
             created_us=now_us(),
             injected_environment=decision.injected,
+            pool_ttl_seconds=pool.ttl_seconds,
+            pool_idle_timeout_seconds=pool.idle_timeout_seconds,
         )
 
     def _decide(self, request: CreateRequest, shape: SandboxShape) -> allocation.Decision[poolcache.CachedPool]:

@@ -292,7 +292,13 @@ class LocalDriver:
             return None
         self._progress(member, "PoolHit", f"activated a warm sandbox from pool {pool.name}")
         self._changed(member)
-        return dataclasses.replace(member.view(), claimed_us=claimed_us, injected_environment=injected)
+        return dataclasses.replace(
+            member.view(),
+            claimed_us=claimed_us,
+            injected_environment=injected,
+            pool_ttl_seconds=pool.profile.ttl_seconds,
+            pool_idle_timeout_seconds=pool.profile.idle_timeout_seconds,
+        )
 
     async def _activate(self, member: Instance, pool: pooling.Pool, request: CreateRequest) -> bool:
         """Bind a claimed member to the sandbox and activate it; False (unbound again) when it
