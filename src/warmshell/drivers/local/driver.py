@@ -32,7 +32,7 @@ from warmshell.core.errors import (
 )
 from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Allocation, Resources, SandboxSpec, now_us
+from warmshell.core.models import Allocation, SandboxSpec, now_us
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import (
     Activator,
@@ -376,7 +376,7 @@ class LocalDriver:
         spec = SandboxSpec(
             image=profile.image,
             runtime_class_name=profile.runtime_class_name,
-            resources=Resources(cpu=profile.cpu, memory=profile.memory, pids=profile.pids),
+            resources=profile.resources,
             storage=profile.storage,
         )
         try:

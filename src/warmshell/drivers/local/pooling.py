@@ -30,7 +30,7 @@ from warmshell.core.errors import InvalidArgumentError, WarmshellError
 from warmshell.core.fingerprints import SandboxShape
 from warmshell.core.ids import Fingerprint
 from warmshell.core.matching import MatchResult, PoolIndex
-from warmshell.core.models import Resources, SandboxSpec
+from warmshell.core.models import SandboxSpec
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import DriverCondition, PoolView, invalid_profile_view
 from warmshell.drivers.local.instances import Instance
@@ -77,7 +77,7 @@ class Pool:
         return SandboxSpec(
             image=self.profile.image,
             environment=dict(self.profile.environment),
-            resources=Resources(cpu=self.profile.cpu, memory=self.profile.memory, pids=self.profile.pids),
+            resources=self.profile.resources,
             runtime_class_name=self.profile.runtime_class_name,
             storage=self.profile.storage,
         )
