@@ -84,8 +84,8 @@ def build_spec(
         memory_bytes=memory_bytes(memory, field="spec.resources.memory") if memory.strip() else 0,
         pids=pids,
     )
-    # Checked as typed, so the error quotes what the user wrote.
-    validation.validate_resources(cpu if resources.cpu_millis else "", memory if resources.memory_bytes else "", pids)
+    # The error quotes what the user wrote.
+    validation.validate_resources(resources.cpu_millis, resources.memory_bytes, pids, typed=(cpu, memory))
     return SandboxSpec(
         image=image,
         environment=dict(environment),
