@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 DRIVERS = ("local", "kubernetes")
 POOL = "entries"
+REPLICAS = 3
 WARM_ENV = {"FOO": "bar"}
 # The pool's shape spells its cpu as "0.5" (cores), the request as "500m": one amount.
 SPEC_RESOURCES = {"cpu": "500m", "memory": "256Mi"}
@@ -151,38 +152,46 @@ async def counted(driver_module: types.ModuleType, work: Callable[[], Awaitable[
     }
 
 
-async def local_entries() -> dict[str, Any]:
-    from tests.helpers.gateway import running_gateway, wait_pools
+async def measured_create(gw: Any, driver_module: types.ModuleType) -> dict[str, Any]:
+    """One warm-up create, then the counted one, each against a full pool; both deleted after."""
     from warmshell.api.v1 import sandbox_pb2 as pb
+
+    spec = pb.SandboxSpec(environment=WARM_ENV, resources=pb.Resources(**SPEC_RESOURCES))
+
+    async def full() -> None:
+        async with asyncio.timeout(60):
+            while not any(p.name == POOL and p.idle >= REPLICAS for p in gw.gateway.driver.pools()):
+                await asyncio.sleep(0.01)  # the idle count has no change notification
+
+    async def create(name: str) -> None:
+        await gw.create(name=name, spec=spec)
+        ready = await gw.wait_ready(name, timeout=60)
+        if ready.status.allocation != "warm" or ready.status.phase != pb.SANDBOX_PHASE_READY:
+            raise SystemExit(f"the measured create was not a warm Ready one:\n{ready}")
+
+    await full()
+    await create("warm-up")
+    await full()
+    result = await counted(driver_module, lambda: create("measured"))
+    for name in ("warm-up", "measured"):
+        await gw.delete(name)
+    return result
+
+
+async def local_entries() -> dict[str, Any]:
+    from tests.helpers.gateway import running_gateway
     from warmshell.drivers.local import driver as local_driver
 
     with tempfile.TemporaryDirectory(prefix="ws-entries-") as tmp:
         pools = Path(tmp) / "pools"
         pools.mkdir()
         (pools / f"{POOL}.toml").write_text(
-            'version = 1\nworkspace = "default"\nreplicas = 3\nimage = ""\n[environment]\nFOO = "bar"\n'
+            f'version = 1\nworkspace = "default"\nreplicas = {REPLICAS}\nimage = ""\n[environment]\nFOO = "bar"\n'
             '[resources]\ncpu = "0.5"\nmemory = "256Mi"\n'
         )
-        spec = pb.SandboxSpec(environment=WARM_ENV, resources=pb.Resources(**SPEC_RESOURCES))
         settings = {"local.pools_dir": str(pools), "local.pool_reload_interval_seconds": 0.1, **QUIET}
         async with running_gateway(Path(tmp) / "state", **settings) as gw:
-
-            async def full() -> None:
-                await wait_pools(gw, lambda r: any(p.name == POOL and p.idle >= 3 for p in r.pools), timeout=60)
-
-            async def create(name: str) -> None:
-                await gw.create(name=name, spec=spec)
-                ready = await gw.wait_ready(name)
-                if ready.status.allocation != "warm" or ready.status.phase != pb.SANDBOX_PHASE_READY:
-                    raise SystemExit(f"the measured create was not a warm Ready one:\n{ready}")
-
-            await full()
-            await create("warm-up")
-            await full()
-            result = await counted(local_driver, lambda: create("measured"))
-            await gw.delete("warm-up")
-            await gw.delete("measured")
-    return result
+            return await measured_create(gw, local_driver)
 
 
 async def kubernetes_entries() -> dict[str, Any]:
@@ -190,46 +199,24 @@ async def kubernetes_entries() -> dict[str, Any]:
     from tests.helpers.gateway import running_gateway
     from tests.helpers.kubesim_process import kubesim_process
     from tests.integration.drivers_kubernetes.conftest import IMAGE, NAMESPACE, driver_config, gateway_settings
-    from warmshell.api.v1 import sandbox_pb2 as pb
     from warmshell.core.fingerprints import shape_of
     from warmshell.core.models import Resources, SandboxSpec
-    from warmshell.drivers.kubernetes import KubernetesDriver, warmpools
     from warmshell.drivers.kubernetes import driver as kubernetes_driver
+    from warmshell.drivers.kubernetes import warmpools
 
     async with kubesim_process("fast") as cluster:
         with tempfile.TemporaryDirectory(prefix="ws-entries-k8s-") as tmp:
             state = Path(tmp) / "state"
             # Built as the gateway builds a request's shape, so it reads the same on both revisions.
-            resources = Resources(cpu="0.5", memory="256Mi")
-            pool_spec = SandboxSpec(environment=WARM_ENV, resources=resources)
+            pool_spec = SandboxSpec(environment=WARM_ENV, resources=Resources(cpu="0.5", memory="256Mi"))
             shape = shape_of("default", pool_spec, default_image=IMAGE)
-            spec = pb.SandboxSpec(environment=WARM_ENV, resources=pb.Resources(**SPEC_RESOURCES))
             template, pool = warmpools.render_pool_pair(
-                driver_config(cluster, state), name=POOL, namespace=NAMESPACE, shape=shape, replicas=3
+                driver_config(cluster, state), name=POOL, namespace=NAMESPACE, shape=shape, replicas=REPLICAS
             )
             await cluster.admin.create(kc.TEMPLATES, NAMESPACE, template)
             await cluster.admin.create(kc.POOLS, NAMESPACE, pool)
             async with running_gateway(state, **(gateway_settings(cluster, state) | QUIET)) as gw:
-                driver = gw.gateway.driver
-                assert isinstance(driver, KubernetesDriver)
-
-                async def full() -> None:
-                    async with asyncio.timeout(60):
-                        while not any(p.name == POOL and p.idle >= 3 for p in driver.pools()):
-                            await asyncio.sleep(0.01)  # the idle count has no change notification
-
-                async def create(name: str) -> None:
-                    await gw.create(name=name, spec=spec)
-                    ready = await gw.wait_ready(name, timeout=60)
-                    if ready.status.allocation != "warm" or ready.status.phase != pb.SANDBOX_PHASE_READY:
-                        raise SystemExit(f"the measured create was not a warm Ready one:\n{ready}")
-
-                await full()
-                await create("warm-up")
-                await full()
-                result = await counted(kubernetes_driver, lambda: create("measured"))
-                await gw.delete("warm-up")
-                await gw.delete("measured")
+                result = await measured_create(gw, kubernetes_driver)
             await cluster.admin.delete(kc.POOLS, NAMESPACE, POOL)
     return result
 

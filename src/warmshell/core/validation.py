@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from warmshell.core import quantities
 from warmshell.core.errors import InvalidArgumentError
-from warmshell.core.quantities import memory_bytes, render_cpu, render_memory
 
 __all__ = [
     "MAX_COMMAND_ARGS",
@@ -197,7 +197,7 @@ def validate_resources(
     if pids and not MIN_PIDS <= pids <= MAX_PIDS:
         rule = f"{pids} must be between {MIN_PIDS} and {MAX_PIDS} (or 0: the default)"
         raise InvalidArgumentError(f"{field}.pids", rule)
-    cpu, memory = typed[0] or render_cpu(cpu_millis), typed[1] or render_memory(memory_bytes)
+    cpu, memory = typed[0] or quantities.render_cpu(cpu_millis), typed[1] or quantities.render_memory(memory_bytes)
     if cpu_millis > MAX_CPU_MILLIS:
         raise InvalidArgumentError(f"{field}.cpu", f"{cpu!r} is more than {MAX_CPU_MILLIS // 1000} cpus")
     if memory_bytes and memory_bytes < MIN_MEMORY_BYTES:
@@ -209,7 +209,7 @@ def validate_resources(
 def validate_storage_size(size: str, *, field: str) -> None:
     """A storage size (normal form, "" = the default) is 1Mi to 64Ti."""
     if size:
-        amount = memory_bytes(size, field=field)
+        amount = quantities.memory_bytes(size, field=field)
         if amount < MIN_STORAGE_BYTES:
             raise InvalidArgumentError(field, f"{size!r} is less than 1Mi")
         if amount > MAX_MEMORY_BYTES:

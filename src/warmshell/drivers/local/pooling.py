@@ -2,11 +2,11 @@
 hand them to creates.
 
 Processes are the fleet's: pools start and stop members through an injected `Members` (see
-`members`) and never call back into the driver. This module decides how many to spawn, which member a create gets
-(`PoolSet.claim`), when refills run, whether idle members still answer, and what happens when
-profiles change: a profile changed in anything but `replicas` becomes a new pool (the old one's
-idle members are stopped), a removed profile drains its pool, and an invalid file is reported on
-its pool without touching the others (the last valid version keeps serving).
+`members`) and never call back into the driver. This module decides how many to spawn, which
+member a create gets (`PoolSet.claim`), when refills run, whether idle members still answer, and
+what happens when profiles change: a profile changed in anything but `replicas` becomes a new
+pool (the old one's idle members are stopped), a removed profile drains its pool, and an invalid
+file is reported on its pool without touching the others (the last valid version keeps serving).
 
 Refills start as soon as members are missing, but while creates are being served (a claim in
 flight or one in the last `_BUSY_SECONDS`) only one member at a time is started: a burst of
