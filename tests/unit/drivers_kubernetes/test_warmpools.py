@@ -85,6 +85,20 @@ def test_the_shape_read_back_has_the_same_fingerprint(env: dict[str, str], cpu: 
     assert fingerprint(read) == fingerprint(shape)
 
 
+def test_quantities_read_from_a_template_become_amounts() -> None:
+    # An operator may spell a template's requests any way Kubernetes accepts; the shape read
+    # back carries amounts, so it matches the pool that asks for the same cpu and memory.
+    template, _ = pair()
+    container = template["spec"]["podTemplate"]["spec"]["containers"][0]
+    container["resources"]["requests"] = {"cpu": "0.5", "memory": "1024Mi"}
+    read = warmpools.shape_of_template(template)
+    assert read is not None
+    assert (read.cpu_millis, read.memory_bytes) == (500, 2**30)
+    assert fingerprint(read) == fingerprint(SHAPE)
+    container["resources"]["requests"] = {"cpu": "lots"}
+    assert warmpools.shape_of_template(template) is None  # quantities that do not parse are not ours
+
+
 def test_a_template_that_is_not_ours_has_no_shape() -> None:
     template, _ = pair()
     foreign = copy.deepcopy(template)
