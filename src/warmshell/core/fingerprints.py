@@ -1,8 +1,9 @@
 """The one fingerprint of a sandbox shape, shared by profiles, pool caches and create requests.
 
-Two shapes that mean the same sandbox get the same fingerprint: quantities are normalised
-(``0.2`` == ``200m``, ``1Gi`` == ``1024Mi``), the default image is resolved by the caller before
-hashing, and environment order does not matter.
+Two shapes that mean the same sandbox get the same fingerprint: a shape carries amounts (whole
+millicores and bytes, normalised where the request or profile was read, so ``0.2`` and ``200m``
+are both 200), the default image is resolved by the caller before hashing, and environment order
+does not matter.
 
 A pool may accept some environment keys at activation (`[activation] environment` patterns): its
 shape carries the pattern set, and a request is compared with it after `accepting` those keys —
@@ -19,7 +20,7 @@ from fnmatch import fnmatchcase
 
 from warmshell.core.ids import Fingerprint
 from warmshell.core.models import SandboxSpec
-from warmshell.core.quantities import normalize_cpu, normalize_memory
+from warmshell.core.quantities import render_cpu, render_memory
 
 __all__ = ["SandboxShape", "accepting", "canonical_json", "fingerprint", "matches_any", "pattern_set", "shape_of"]
 
@@ -33,8 +34,8 @@ class SandboxShape:
     workspace: str
     image: str
     environment: Mapping[str, str] = field(default_factory=dict)
-    cpu: str = ""
-    memory: str = ""
+    cpu_millis: int = 0  # 0 = no request
+    memory_bytes: int = 0
     pids: int = 0
     runtime_class_name: str = ""
     # The environment patterns the pool accepts at activation (a `pattern_set`); () for a request.
@@ -67,21 +68,22 @@ def shape_of(workspace: str, spec: SandboxSpec, *, default_image: str) -> Sandbo
         workspace=workspace,
         image=spec.image or default_image,
         environment=spec.environment,
-        cpu=spec.resources.cpu,
-        memory=spec.resources.memory,
+        cpu_millis=spec.resources.cpu_millis,
+        memory_bytes=spec.resources.memory_bytes,
         pids=spec.resources.pids,
         runtime_class_name=spec.runtime_class_name,
     )
 
 
 def canonical_json(shape: SandboxShape) -> str:
-    """Sorted-key, whitespace-free JSON of the normalised shape."""
+    """Sorted-key, whitespace-free JSON of the shape (amounts in their normal form, as fingerprints
+    have always hashed them)."""
     document = {
         "v": FINGERPRINT_VERSION,
         "workspace": shape.workspace,
         "image": shape.image,
         "environment": dict(sorted(shape.environment.items())),
-        "resources": {"cpu": normalize_cpu(shape.cpu), "memory": normalize_memory(shape.memory)},
+        "resources": {"cpu": render_cpu(shape.cpu_millis), "memory": render_memory(shape.memory_bytes)},
         "runtimeClassName": shape.runtime_class_name,
     }
     if shape.pids:  # absent when 0, so shapes without a process count keep their fingerprints

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
+from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.ids import SandboxId
+from warmshell.core.quantities import cpu_millis, memory_bytes, render_cpu, render_memory
 from warmshell.core.states import Allocation, Phase
 
 __all__ = [
@@ -67,18 +71,92 @@ class Timeline(_Model):
 
 
 class Resources(_Model):
-    """Normalised quantities ("" = no request)."""
+    """Requested amounts in their normal units: whole millicores and bytes (0 = no request).
 
-    cpu: str = ""
-    memory: str = ""
+    Built from quantities (``Resources(cpu="0.5", memory="1024Mi")``) it normalises them, once:
+    that is the create's edge (`core.specs`) or a record read back from the store. Everything
+    after it — fingerprints, limits, pod specs — uses the amounts as they are; `cpu` and
+    `memory` render their normal form ("500m", "1Gi"; "" = no request)."""
+
+    cpu_millis: int = Field(default=0, ge=0)
+    memory_bytes: int = Field(default=0, ge=0)
     pids: int = 0  # 0 = no request (the driver's default)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_quantities(cls, data: Any) -> Any:
+        return _amounts(data, {"cpu": ("cpu_millis", cpu_millis), "memory": ("memory_bytes", memory_bytes)})
+
+    @model_serializer(mode="wrap")
+    def _as_quantities(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _quantities(
+            handler(self), {"cpu_millis": ("cpu", render_cpu), "memory_bytes": ("memory", render_memory)}
+        )
+
+    @property
+    def cpu(self) -> str:
+        """The cpu request's normal form ("" = none)."""
+        return render_cpu(self.cpu_millis)
+
+    @property
+    def memory(self) -> str:
+        """The memory request's normal form ("" = none)."""
+        return render_memory(self.memory_bytes)
 
 
 class Storage(_Model):
-    """Sizes of a sandbox's writable places, set by its pool's profile ("" = the driver's default)."""
+    """Sizes of a sandbox's writable places in bytes, set by its pool's profile (0 = the driver's
+    default); built from quantities (``Storage(workspace="2Gi")``) like `Resources`."""
 
-    workspace: str = ""
-    tmp: str = ""
+    workspace_bytes: int = Field(default=0, ge=0)
+    tmp_bytes: int = Field(default=0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_quantities(cls, data: Any) -> Any:
+        return _amounts(data, {"workspace": ("workspace_bytes", memory_bytes), "tmp": ("tmp_bytes", memory_bytes)})
+
+    @model_serializer(mode="wrap")
+    def _as_quantities(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _quantities(
+            handler(self), {"workspace_bytes": ("workspace", render_memory), "tmp_bytes": ("tmp", render_memory)}
+        )
+
+    @property
+    def workspace(self) -> str:
+        """The workspace size's normal form ("" = the default)."""
+        return render_memory(self.workspace_bytes)
+
+    @property
+    def tmp(self) -> str:
+        """The /tmp size's normal form ("" = the default)."""
+        return render_memory(self.tmp_bytes)
+
+
+def _amounts(data: Any, quantities: dict[str, tuple[str, Callable[..., int]]]) -> Any:
+    """`data` with each quantity key ("cpu": "0.5") replaced by its amount ("cpu_millis": 500);
+    an empty quantity is no request (0)."""
+    if not isinstance(data, dict) or not any(key in data for key in quantities):
+        return data
+    data = dict(data)
+    for key, (amount_key, parse) in quantities.items():
+        if key in data:
+            text = data.pop(key)
+            if not isinstance(text, str):
+                raise InvalidArgumentError(key, "must be a quantity string")
+            data[amount_key] = parse(text, field=key) if text.strip() else 0
+    return data
+
+
+def _quantities(dumped: dict[str, Any], amounts: dict[str, tuple[str, Callable[[int], str]]]) -> dict[str, Any]:
+    """`dumped` with each amount ("cpu_millis": 500) written back as its quantity ("cpu": "500m").
+
+    Records are stored in the quantity form: replicas of an older release, still running during a
+    rolling upgrade on one Postgres, read it, and `_amounts` reads it back here."""
+    for amount_key, (key, render) in amounts.items():
+        if amount_key in dumped:
+            dumped[key] = render(dumped.pop(amount_key))
+    return dumped
 
 
 class SandboxSpec(_Model):

@@ -33,6 +33,7 @@ key's line ourselves). Pure: callers read the file and pass its text.
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 from collections.abc import Mapping
@@ -42,7 +43,7 @@ from typing import Any
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
 from warmshell.core.ids import Fingerprint
-from warmshell.core.models import Storage
+from warmshell.core.models import Resources, Storage
 from warmshell.core.quantities import normalize_cpu, normalize_memory
 from warmshell.core.validation import (
     MAX_PIDS,
@@ -115,14 +116,19 @@ class Profile:
     ttl_seconds: int | None = None
     idle_timeout_seconds: int | None = None
 
+    @functools.cached_property
+    def resources(self) -> Resources:
+        """`cpu`, `memory` and `pids` as the core model carries them (amounts), read once."""
+        return Resources.model_validate({"cpu": self.cpu, "memory": self.memory, "pids": self.pids})
+
     def shape(self, default_image: str) -> SandboxShape:
         """The sandbox shape this pool serves, with the driver's default image resolved."""
         return SandboxShape(
             workspace=self.workspace,
             image=self.image or default_image,
             environment=dict(self.environment),
-            cpu=self.cpu,
-            memory=self.memory,
+            cpu_millis=self.resources.cpu_millis,
+            memory_bytes=self.resources.memory_bytes,
             pids=self.pids,
             runtime_class_name=self.runtime_class_name,
             accepted=self.accepted_environment,
@@ -337,7 +343,7 @@ class _Parser:
                 validate_storage_size(sizes[key], field=f"storage.{key}")
             except InvalidArgumentError as exc:
                 raise self.fail(f"storage.{key}", exc.rule, table="storage") from exc
-        return Storage(**sizes)
+        return Storage.model_validate(sizes)
 
     def lifetime(self, data: Mapping[str, Any]) -> tuple[int | None, int | None]:
         table = data.get("lifetime", {})

@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 
 from warmshell.core.errors import InvalidArgumentError
 
-__all__ = ["cpu_millis", "memory_bytes", "normalize_cpu", "normalize_memory"]
+__all__ = ["cpu_millis", "memory_bytes", "normalize_cpu", "normalize_memory", "render_cpu", "render_memory"]
 
 # Same grammar as k8s.io/apimachinery resource.Quantity: a signed decimal number followed by a
 # binary suffix, a decimal suffix, or a decimal exponent.
@@ -82,12 +82,16 @@ def memory_bytes(text: str, *, field: str = "resources.memory") -> int:
 
 
 def render_cpu(millis: int) -> str:
-    """The normal form of an amount of millicores."""
+    """The normal form of an amount of millicores ("" for 0: no request)."""
+    if not millis:
+        return ""
     return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
 
 
 def render_memory(size: int) -> str:
-    """The normal form of an amount of bytes."""
+    """The normal form of an amount of bytes ("" for 0: no request)."""
+    if not size:
+        return ""
     for suffix, unit in _RENDER_BINARY:
         if size % unit == 0:
             return f"{size // unit}{suffix}"

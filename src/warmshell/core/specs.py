@@ -1,6 +1,7 @@
 """Turning what a user asked for into the core model of a create: a validated `NewSandbox` whose
-`SandboxSpec` has its quantities normalised. The gateway builds it once, at its edge, from the
-public request; the manager persists it and hands its spec to the driver unchanged."""
+`SandboxSpec` carries its quantities as amounts (millicores, bytes), normalised here and nowhere
+after. The gateway builds it once, at its edge, from the public request; the manager persists it
+and hands its spec to the driver unchanged."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 
 from warmshell.core import validation
 from warmshell.core.models import DEFAULT_WORKSPACE, Resources, SandboxSpec
-from warmshell.core.quantities import normalize_cpu, normalize_memory
+from warmshell.core.quantities import cpu_millis, memory_bytes
 
 __all__ = ["NewSandbox", "build_spec", "new_sandbox"]
 
@@ -79,12 +80,12 @@ def build_spec(
     if runtime_class_name:
         validation.validate_name(runtime_class_name, field="spec.runtime_class_name")
     resources = Resources(
-        cpu=normalize_cpu(cpu, field="spec.resources.cpu"),
-        memory=normalize_memory(memory, field="spec.resources.memory"),
+        cpu_millis=cpu_millis(cpu, field="spec.resources.cpu") if cpu.strip() else 0,
+        memory_bytes=memory_bytes(memory, field="spec.resources.memory") if memory.strip() else 0,
         pids=pids,
     )
-    # Checked as typed, so the error quotes what the user wrote.
-    validation.validate_resources(cpu if resources.cpu else "", memory if resources.memory else "", pids)
+    # The error quotes what the user wrote.
+    validation.validate_resources(resources.cpu_millis, resources.memory_bytes, pids, typed=(cpu, memory))
     return SandboxSpec(
         image=image,
         environment=dict(environment),

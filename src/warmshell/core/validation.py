@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from warmshell.core import quantities
 from warmshell.core.errors import InvalidArgumentError
-from warmshell.core.quantities import cpu_millis, memory_bytes
 
 __all__ = [
     "MAX_COMMAND_ARGS",
@@ -183,26 +183,33 @@ def validate_image(image: str, *, field: str = "image") -> None:
         raise InvalidArgumentError(field, "must not contain whitespace or control characters")
 
 
-def validate_resources(cpu: str, memory: str, pids: int = 0, *, field: str = "spec.resources") -> None:
-    """Requested cpu, memory and pids (normal forms, "" or 0 = none) are within what any sandbox
-    can mean: at most 4096 cpus, 4Mi to 64Ti of memory, 16 to 2**22 processes."""
+def validate_resources(
+    cpu_millis: int,
+    memory_bytes: int,
+    pids: int = 0,
+    *,
+    typed: tuple[str, str] = ("", ""),
+    field: str = "spec.resources",
+) -> None:
+    """Requested amounts (0 = none) are within what any sandbox can mean: at most 4096 cpus, 4Mi
+    to 64Ti of memory, 16 to 2**22 processes. Errors quote the cpu and memory as `typed` (what the
+    user wrote), else in their normal form."""
     if pids and not MIN_PIDS <= pids <= MAX_PIDS:
         rule = f"{pids} must be between {MIN_PIDS} and {MAX_PIDS} (or 0: the default)"
         raise InvalidArgumentError(f"{field}.pids", rule)
-    if cpu and cpu_millis(cpu, field=f"{field}.cpu") > MAX_CPU_MILLIS:
+    cpu, memory = typed[0] or quantities.render_cpu(cpu_millis), typed[1] or quantities.render_memory(memory_bytes)
+    if cpu_millis > MAX_CPU_MILLIS:
         raise InvalidArgumentError(f"{field}.cpu", f"{cpu!r} is more than {MAX_CPU_MILLIS // 1000} cpus")
-    if memory:
-        size = memory_bytes(memory, field=f"{field}.memory")
-        if size < MIN_MEMORY_BYTES:
-            raise InvalidArgumentError(f"{field}.memory", f"{memory!r} is less than 4Mi (no process runs in that)")
-        if size > MAX_MEMORY_BYTES:
-            raise InvalidArgumentError(f"{field}.memory", f"{memory!r} is more than 64Ti")
+    if memory_bytes and memory_bytes < MIN_MEMORY_BYTES:
+        raise InvalidArgumentError(f"{field}.memory", f"{memory!r} is less than 4Mi (no process runs in that)")
+    if memory_bytes > MAX_MEMORY_BYTES:
+        raise InvalidArgumentError(f"{field}.memory", f"{memory!r} is more than 64Ti")
 
 
 def validate_storage_size(size: str, *, field: str) -> None:
     """A storage size (normal form, "" = the default) is 1Mi to 64Ti."""
     if size:
-        amount = memory_bytes(size, field=field)
+        amount = quantities.memory_bytes(size, field=field)
         if amount < MIN_STORAGE_BYTES:
             raise InvalidArgumentError(field, f"{size!r} is less than 1Mi")
         if amount > MAX_MEMORY_BYTES:

@@ -18,7 +18,7 @@ shapes = st.builds(
     workspace=st.sampled_from(WORKSPACES),
     image=st.sampled_from(("", "img:1")),
     environment=st.sampled_from(ENVIRONMENTS),
-    cpu=st.sampled_from(("", "500m", "0.5")),
+    cpu_millis=st.sampled_from((0, 500, 1000)),
 )
 pool_lists = st.lists(st.tuples(shapes, st.integers(min_value=0, max_value=9)), max_size=8)
 

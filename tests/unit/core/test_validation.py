@@ -81,10 +81,10 @@ def test_build_spec_normalises_and_names_fields() -> None:
 @given(st.integers(min_value=-(2**40), max_value=2**40))
 def test_a_process_count_is_0_or_16_to_2_pow_22(pids: int) -> None:
     if pids == 0 or validation.MIN_PIDS <= pids <= validation.MAX_PIDS:
-        validation.validate_resources("", "", pids)
+        validation.validate_resources(0, 0, pids)
     else:
         with pytest.raises(InvalidArgumentError) as caught:
-            validation.validate_resources("", "", pids)
+            validation.validate_resources(0, 0, pids)
         assert caught.value.field == "spec.resources.pids"
         assert "between 16 and 4194304" in caught.value.rule
 
@@ -97,10 +97,10 @@ def test_memory_requests_are_4mi_to_64ti(number: int, suffix: str) -> None:
     text = f"{number}{suffix}"
     size = memory_bytes(text)
     if validation.MIN_MEMORY_BYTES <= size <= validation.MAX_MEMORY_BYTES:
-        validation.validate_resources("", text)
+        validation.validate_resources(0, size, typed=("", text))
     else:
         with pytest.raises(InvalidArgumentError) as caught:
-            validation.validate_resources("", text)
+            validation.validate_resources(0, size, typed=("", text))
         assert caught.value.field == "spec.resources.memory"
         assert ("less than 4Mi" if size < validation.MIN_MEMORY_BYTES else "more than 64Ti") in caught.value.rule
 
@@ -109,10 +109,10 @@ def test_memory_requests_are_4mi_to_64ti(number: int, suffix: str) -> None:
 def test_cpu_requests_are_at_most_4096_cpus(number: int, suffix: str) -> None:
     text = f"{number}{suffix}"
     if cpu_millis(text) <= validation.MAX_CPU_MILLIS:
-        validation.validate_resources(text, "")
+        validation.validate_resources(cpu_millis(text), 0, typed=(text, ""))
     else:
         with pytest.raises(InvalidArgumentError, match="more than 4096 cpus"):
-            validation.validate_resources(text, "")
+            validation.validate_resources(cpu_millis(text), 0, typed=(text, ""))
 
 
 @given(st.integers(min_value=1, max_value=10**6), _SUFFIXES)

@@ -20,7 +20,11 @@ from . import crds
 from .fakes import NS, config
 
 SHAPE = SandboxShape(
-    workspace="team-a", image="ghcr.io/warmshell/warmshell:0.1.0", environment={"FOO": "bar"}, cpu="0.5", memory="1Gi"
+    workspace="team-a",
+    image="ghcr.io/warmshell/warmshell:0.1.0",
+    environment={"FOO": "bar"},
+    cpu_millis=500,
+    memory_bytes=2**30,
 )
 
 
@@ -85,14 +89,28 @@ def test_reserved_environment_is_refused() -> None:
 envs = st.dictionaries(st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True), st.text(max_size=8), max_size=4)
 
 
-@given(env=envs, cpu=st.sampled_from(["", "0.2", "200m", "1", "1500m"]), memory=st.sampled_from(["", "1Gi", "512Mi"]))
-def test_the_shape_read_back_has_the_same_fingerprint(env: dict[str, str], cpu: str, memory: str) -> None:
+@given(env=envs, cpu=st.sampled_from([0, 200, 1000, 1500]), memory=st.sampled_from([0, 2**30, 2**29, 10**9]))
+def test_the_shape_read_back_has_the_same_fingerprint(env: dict[str, str], cpu: int, memory: int) -> None:
     env = {k: v for k, v in env.items() if not k.startswith("WARMSHELL_")}
-    shape = SandboxShape(workspace="w", image="img:1", environment=env, cpu=cpu, memory=memory)
+    shape = SandboxShape(workspace="w", image="img:1", environment=env, cpu_millis=cpu, memory_bytes=memory)
     template, _ = pair(shape)
     read = warmpools.shape_of_template(template)
     assert read is not None
     assert fingerprint(read) == fingerprint(shape)
+
+
+def test_quantities_read_from_a_template_become_amounts() -> None:
+    # An operator may spell a template's requests any way Kubernetes accepts; the shape read
+    # back carries amounts, so it matches the pool that asks for the same cpu and memory.
+    template, _ = pair()
+    container = template["spec"]["podTemplate"]["spec"]["containers"][0]
+    container["resources"]["requests"] = {"cpu": "0.5", "memory": "1024Mi"}
+    read = warmpools.shape_of_template(template)
+    assert read is not None
+    assert (read.cpu_millis, read.memory_bytes) == (500, 2**30)
+    assert fingerprint(read) == fingerprint(SHAPE)
+    container["resources"]["requests"] = {"cpu": "lots"}
+    assert warmpools.shape_of_template(template) is None  # quantities that do not parse are not ours
 
 
 def test_a_template_that_is_not_ours_has_no_shape() -> None:

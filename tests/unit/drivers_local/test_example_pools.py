@@ -21,7 +21,7 @@ def test_examples_parse_and_match_their_creates() -> None:
     expected = {
         "default": SandboxShape("default", ""),
         "env-foo": SandboxShape("default", "", {"FOO": "bar"}),
-        "cpu": SandboxShape("default", "", cpu="200m"),
+        "cpu": SandboxShape("default", "", cpu_millis=200),
         "agent-tasks": SandboxShape("default", "", {"AGENT": "coder"}, accepted=("RUN_*", "TASK_ID")),
     }
     for name, shape in expected.items():

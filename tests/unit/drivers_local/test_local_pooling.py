@@ -79,9 +79,7 @@ def members() -> Members:
 
 @pytest.fixture
 async def pools(members: Members) -> AsyncIterator[PoolSet]:
-    pool_set = PoolSet(
-        spawn=members.spawn, stop=members.stop, default_image="", validate=refuse_images, check_seconds=0.05
-    )
+    pool_set = PoolSet(members=members, default_image="", validate=refuse_images, check_seconds=0.05)
     pool_set.start()
     yield pool_set
     await pool_set.aclose()

@@ -9,8 +9,11 @@ import pytest
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
 from warmshell.core.models import SandboxSpec
+from warmshell.core.profiles import ProfileError, parse_profile
 from warmshell.drivers.base import ComputeDriver
-from warmshell.drivers.local import LocalDriver, cgroups
+from warmshell.drivers.local import LocalDriver, admission, cgroups
+from warmshell.drivers.local.hostsetup import HostSetup
+from warmshell.drivers.local.launching import AGENT_BINARY
 
 
 @pytest.fixture
@@ -59,3 +62,16 @@ def test_it_is_a_compute_driver(driver: LocalDriver) -> None:
     assert isinstance(driver, ComputeDriver)
     assert driver.name == "local"
     assert driver.pools() == []
+
+
+def test_a_profile_over_the_maximums_names_its_file_and_key(tmp_path: Path) -> None:
+    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True, max_cpu="1")
+    host = HostSetup.of(config, StatePaths(tmp_path), agent=AGENT_BINARY, cgroup=cgroups.Unavailable("test"))
+    text = 'version = 1\nworkspace = "default"\nreplicas = 1\n[resources]\ncpu = "1500m"\n'
+    profile = parse_profile(text, name="big", source="/pools/big.toml", max_replicas=4)
+    with pytest.raises(ProfileError) as caught:
+        admission.check_profile(profile, config, host)
+    assert (caught.value.source, caught.value.key) == ("/pools/big.toml", "resources.cpu")
+    assert "'1500m' is more than this gateway allows (1000m)" in caught.value.rule
+    within = parse_profile(text.replace("1500m", "1"), name="ok", source="/pools/ok.toml", max_replicas=4)
+    admission.check_profile(within, config, host)

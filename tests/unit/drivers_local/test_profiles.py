@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmshell.core.fingerprints import SandboxShape, fingerprint
+from warmshell.core.fingerprints import SandboxShape, fingerprint, shape_of
+from warmshell.core.models import Resources, SandboxSpec
 from warmshell.core.profiles import Profile, ProfileError, parse_profile
 
 FULL = """\
@@ -40,7 +41,7 @@ def test_full_profile() -> None:
         cpu="200m",
         memory="256Mi",
     )
-    assert profile.fingerprint("") == fingerprint(SandboxShape("default", "", {"FOO": "bar"}, "200m", "256Mi", ""))
+    assert profile.fingerprint("") == fingerprint(SandboxShape("default", "", {"FOO": "bar"}, 200, 256 * 2**20, 0))
 
 
 def test_minimal_profile_and_default_image() -> None:
@@ -156,7 +157,8 @@ def test_profile_and_request_shapes_share_a_fingerprint(env: dict[str, str], cpu
     lines += ["[resources]", f'cpu = "{cpu_millis}m"']
     profile = parse("\n".join(lines) + "\n")
     # A request spelling the same cpu in cores, with env in another order, matches it.
-    request = SandboxShape("default", "", dict(sorted(env.items())), str(cpu_millis / 1000))
+    spec = SandboxSpec(environment=dict(sorted(env.items())), resources=Resources(cpu=str(cpu_millis / 1000)))
+    request = shape_of("default", spec, default_image="")
     assert profile.fingerprint("") == fingerprint(request)
 
 

@@ -16,7 +16,6 @@ from warmshell.core import models
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxSpec
-from warmshell.core.quantities import cpu_millis, memory_bytes
 from warmshell.drivers.kubernetes import labels
 from warmshell.drivers.kubernetes.naming import ObjectRef
 from warmshell.drivers.kubernetes.objects import Obj
@@ -87,8 +86,8 @@ def render_sandbox(
                 "spec": pod_spec(
                     config,
                     image=spec.image or config.image,
-                    cpu=spec.resources.cpu,
-                    memory=spec.resources.memory,
+                    cpu_millis=spec.resources.cpu_millis,
+                    memory_bytes=spec.resources.memory_bytes,
                     runtime_class_name=spec.runtime_class_name,
                     workspace_size=spec.storage.workspace,
                 ),
@@ -109,8 +108,8 @@ def pod_spec(
     config: KubernetesDriverConfig,
     *,
     image: str,
-    cpu: str = "",
-    memory: str = "",
+    cpu_millis: int = 0,
+    memory_bytes: int = 0,
     runtime_class_name: str = "",
     environment: Mapping[str, str] | None = None,
     workspace_size: str = "",
@@ -148,7 +147,11 @@ def pod_spec(
             "fsGroup": uid,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(config, image=image, cpu=cpu, memory=memory, environment=environment or {})],
+        "containers": [
+            _container(
+                config, image=image, cpu_millis=cpu_millis, memory_bytes=memory_bytes, environment=environment or {}
+            )
+        ],
         "volumes": [
             {
                 "name": TOKEN_VOLUME,
@@ -174,7 +177,12 @@ def pod_spec(
 
 
 def _container(
-    config: KubernetesDriverConfig, *, image: str, cpu: str, memory: str, environment: Mapping[str, str]
+    config: KubernetesDriverConfig,
+    *,
+    image: str,
+    cpu_millis: int,
+    memory_bytes: int,
+    environment: Mapping[str, str],
 ) -> Obj:
     reserved = RESERVED_ENV.intersection(environment)
     if reserved:
@@ -200,19 +208,19 @@ def _container(
     }
     if config.image_pull_policy:
         container["imagePullPolicy"] = config.image_pull_policy
-    resources = _resources(cpu, memory)
+    resources = _resources(cpu_millis, memory_bytes)
     if resources:
         container["resources"] = resources
     return container
 
 
-def _resources(cpu: str, memory: str) -> Obj:
-    """Requests equal to limits: the sandbox gets what it asked for and no more."""
+def _resources(cpu_millis: int, memory_bytes: int) -> Obj:
+    """Requests equal to limits: the sandbox gets what it asked for and no more (0: no request)."""
     amounts: dict[str, str] = {}
-    if cpu:
-        amounts["cpu"] = f"{cpu_millis(cpu, field='spec.resources.cpu')}m"
-    if memory:
-        amounts["memory"] = str(memory_bytes(memory, field="spec.resources.memory"))
+    if cpu_millis:
+        amounts["cpu"] = f"{cpu_millis}m"
+    if memory_bytes:
+        amounts["memory"] = str(memory_bytes)
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 

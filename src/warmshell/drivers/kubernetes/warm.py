@@ -22,6 +22,7 @@ from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.fingerprints import SandboxShape
 from warmshell.core.ids import InstanceId
 from warmshell.core.models import Allocation, now_us
+from warmshell.core.quantities import render_cpu, render_memory
 from warmshell.drivers.base import (
     Activator,
     BackendState,
@@ -264,8 +265,8 @@ class WarmAllocation:
             fingerprint=pool.fingerprint,
             image=shape.image if shape else "",
             environment=dict(shape.environment) if shape else {},
-            cpu=shape.cpu if shape else "",
-            memory=shape.memory if shape else "",
+            cpu=render_cpu(shape.cpu_millis) if shape else "",
+            memory=render_memory(shape.memory_bytes) if shape else "",
             desired=pool.desired,
             ready=pool.ready,
             # Registrations this gateway saw minus activations; a member deleted unclaimed stays

@@ -16,6 +16,7 @@ from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
 from warmshell.core.models import Storage
+from warmshell.core.quantities import cpu_millis, memory_bytes
 from warmshell.core.validation import validate_environment_patterns
 from warmshell.drivers.kubernetes import labels, rendering
 from warmshell.drivers.kubernetes.objects import Obj
@@ -71,8 +72,8 @@ def render_pool_pair(
     pod = rendering.pod_spec(
         config,
         image=shape.image,
-        cpu=shape.cpu,
-        memory=shape.memory,
+        cpu_millis=shape.cpu_millis,
+        memory_bytes=shape.memory_bytes,
         runtime_class_name=shape.runtime_class_name,
         environment=shape.environment,
         workspace_size=storage.workspace,
@@ -185,19 +186,21 @@ def shape_of_template(template: Mapping[str, Any]) -> SandboxShape | None:
             return None  # a value we cannot know is a shape we cannot verify
         environment[entry["name"]] = entry["value"]
     requests = (container.get("resources") or {}).get("requests") or {}
+    try:  # read from the cluster: normalised here, like a request at the gateway's edge
+        cpu = str(requests.get("cpu") or "")
+        memory = str(requests.get("memory") or "")
+        amounts = (cpu_millis(cpu) if cpu else 0, memory_bytes(memory) if memory else 0)
+    except InvalidArgumentError:
+        return None  # quantities that do not parse are not ours
     shape = SandboxShape(
         workspace=workspace,
         image=container.get("image") or "",
         environment=environment,
-        cpu=str(requests.get("cpu") or ""),
-        memory=str(requests.get("memory") or ""),
+        cpu_millis=amounts[0],
+        memory_bytes=amounts[1],
         runtime_class_name=pod.get("runtimeClassName") or "",
         accepted=accepted,
     )
     if any(matches_any(key, accepted) for key in environment):
         return None  # a key is baked or accepted, never both (as profiles are parsed)
-    try:
-        fingerprint(shape)  # quantities that do not parse are not ours
-    except InvalidArgumentError:
-        return None
     return shape

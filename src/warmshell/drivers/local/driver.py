@@ -6,8 +6,9 @@ member: the member is bound to the sandbox (recorded), renamed, and handed to th
 Activator. Otherwise it goes cold: a supervisor bound to the sandbox from birth is spawned, and
 the gateway activates it once it registers, through the same registry. Sandboxes, supervisors
 and files are the `fleet`'s; pools, the claim of a member, idle members' liveness and refills are
-`pooling`'s; what the host gives (bubblewrap, a uid per sandbox, bounds, the cgroup) is settled
-once by `hostsetup`; this module routes, binds and reports.
+`pooling`'s, which starts members through the fleet (`members`); what a spec or profile may ask
+for is `admission`'s; what the host gives (bubblewrap, a uid per sandbox, bounds, the cgroup) is
+settled once by `hostsetup`; this module routes, binds and reports.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import builtins
 import collections
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,17 +28,14 @@ from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
-    InvalidArgumentError,
     NotFoundError,
     UnavailableError,
 )
 from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Allocation, Resources, SandboxSpec, now_us
-from warmshell.core.profiles import Profile, ProfileError
+from warmshell.core.models import SandboxSpec, now_us
 from warmshell.drivers.base import (
     Activator,
-    BackendState,
     CreateRequest,
     DriverEvent,
     DriverSandbox,
@@ -45,14 +44,15 @@ from warmshell.drivers.base import (
     ProgressLine,
 )
 from warmshell.drivers.events import Hub
-from warmshell.drivers.local import cgroups, credentials, images, limits, pooling, reloading
+from warmshell.drivers.local import admission, cgroups, pooling, reloading
 from warmshell.drivers.local.files import LocalFiles, files_executor
 from warmshell.drivers.local.fleet import Fleet
 from warmshell.drivers.local.hostnames import HostnameSetter
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.identity import LocalIdentity
-from warmshell.drivers.local.instances import Instance
+from warmshell.drivers.local.instances import Instance, lost_sandbox
 from warmshell.drivers.local.launching import AGENT_BINARY
+from warmshell.drivers.local.members import FleetMembers
 from warmshell.drivers.local.processes import SandboxProcess
 from warmshell.drivers.local.supervising import HostSupervisors, Supervise
 
@@ -105,24 +105,13 @@ class LocalDriver:
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
 
     def _new_fleet(self, supervise: Supervise, grace: float) -> Fleet:
-        host = self._host
-        return Fleet(
-            launcher=host.launcher,
-            paths=self._paths,
-            cgroup=host.cgroup,
-            grace=grace,
-            on_ended=self._on_ended,
-            supervise=supervise,
-            uids=host.uids,
-            workspaces=host.workspaces,
-        )
+        return Fleet(host=self._host, paths=self._paths, grace=grace, on_ended=self._on_ended, supervise=supervise)
 
     def _pool_set(self) -> pooling.PoolSet:
         return pooling.PoolSet(
-            spawn=self._spawn_member,
-            stop=self._fleet.stop,
+            members=FleetMembers(self._fleet, self._paths.sandboxes, nice=self._host.refill_nice),
             default_image=self.default_image(),
-            validate=self._validate_profile,
+            validate=functools.partial(admission.check_profile, config=self._config, host=self._host),
             probe_seconds=self._config.member_probe_seconds,
             check_seconds=self._config.member_check_seconds,
         )
@@ -132,16 +121,7 @@ class LocalDriver:
     async def __aenter__(self) -> LocalDriver:
         for record in await self._fleet.sweep():
             if record.sandbox_id:  # idle pool members of the previous run concern nobody
-                lost = DriverSandbox(
-                    sandbox_id=SandboxId(record.sandbox_id),
-                    instance_id=record.instance_id,
-                    state=BackendState.FAILED,
-                    allocation=Allocation(record.allocation),
-                    pool=record.pool,
-                    miss_reason=record.miss_reason,
-                    message=_LOST,
-                    created_us=record.created_us,
-                )
+                lost = lost_sandbox(record, _LOST)
                 self._lost[lost.sandbox_id] = lost
                 self._hub.publish(DriverEvent(lost.sandbox_id, sandbox=lost))
         return self
@@ -188,14 +168,8 @@ class LocalDriver:
         return ""
 
     def validate(self, workspace: str, spec: SandboxSpec) -> None:
-        """Local meaning of a spec: the image is "" or an unpacked root filesystem directory;
-        there are no runtime classes."""
-        if spec.runtime_class_name:
-            raise InvalidArgumentError(
-                "spec.runtime_class_name", "must be empty on the local driver (no runtime classes)"
-            )
-        images.check_image(spec.image)
-        limits.check_maximum(spec, self._config, host_cpus=self._host.host_cpus, host_memory=self._host.host_memory)
+        """Local meaning of a spec (see `admission.check_spec`)."""
+        admission.check_spec(spec, self._config, self._host)
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
         """Serve the request from its warm pool if exactly one matches and has a registered
@@ -341,18 +315,7 @@ class LocalDriver:
             del self._sandboxes[member.sandbox_id]
 
     async def _spawn_cold(self, request: CreateRequest, miss: MissReason) -> DriverSandbox:
-        instance_id = credentials.new_instance_id()
-        instance = Instance(
-            instance_id=instance_id,
-            workspace=request.workspace,
-            hostname=request.name,
-            directory=self._paths.sandboxes / instance_id,
-            created_us=now_us(),
-            name=request.name,
-            sandbox_id=request.sandbox_id,
-            proof=request.activation_proof,
-            miss_reason=miss.value,
-        )
+        instance = Instance.cold(request, miss.value, sandboxes=self._paths.sandboxes)
         self._sandboxes[request.sandbox_id] = instance
         self._progress(instance, "Spawning", f"starting a sandbox (cold: {miss.value})")
         try:
@@ -362,34 +325,6 @@ class LocalDriver:
             raise
         self._changed(instance)
         return instance.view()
-
-    async def _spawn_member(self, pool: pooling.Pool) -> Instance:
-        instance_id = credentials.new_instance_id()
-        member = Instance(
-            instance_id=instance_id,
-            workspace=pool.profile.workspace,
-            hostname=instance_id,
-            directory=self._paths.sandboxes / instance_id,
-            created_us=now_us(),
-            allocation=Allocation.WARM,
-            pool=pool.fingerprint,
-            pool_name=pool.name,
-        )
-        await self._fleet.launch(member, pool.spec, nice=self._host.refill_nice)
-        return member
-
-    def _validate_profile(self, profile: Profile) -> None:
-        spec = SandboxSpec(
-            image=profile.image,
-            runtime_class_name=profile.runtime_class_name,
-            resources=Resources(cpu=profile.cpu, memory=profile.memory, pids=profile.pids),
-            storage=profile.storage,
-        )
-        try:
-            self.validate(profile.workspace, spec)
-        except InvalidArgumentError as exc:
-            key = exc.field.removeprefix("spec.")
-            raise ProfileError(profile.source, key, exc.rule) from exc
 
     # -- events ----------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import BackendState, DriverCondition
 from warmshell.drivers.local import cgroups, credentials, records
 from warmshell.drivers.local import limits as resource_limits
+from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.launching import Launcher
 from warmshell.drivers.local.processes import read_tail
@@ -48,23 +49,20 @@ class Fleet:
     def __init__(
         self,
         *,
-        launcher: Launcher,
+        host: HostSetup,
         paths: StatePaths,
-        cgroup: cgroups.CgroupV2 | cgroups.Unavailable,
         grace: float,
         on_ended: Callable[[Instance], Awaitable[None]],
         supervise: Supervise,
-        uids: UidRange | None,
-        workspaces: Path | None = None,
     ) -> None:
-        """With `uids`, each sandbox runs as its own uid and its workspace lives under
-        `workspaces` (see `launching`)."""
-        self._launcher = launcher
+        """Sandboxes start with `host`'s launcher, in its cgroup; with its uid range, each runs as
+        its own uid and its workspace lives under its workspace directory (see `launching`)."""
+        self._launcher: Launcher = host.launcher
         self._supervise = supervise
-        self._uids = uids
-        self._workspaces = workspaces
+        self._uids: UidRange | None = host.uids
+        self._workspaces: Path | None = host.workspaces
         self._paths = paths
-        self._cgroup = cgroup
+        self._cgroup: cgroups.CgroupV2 | cgroups.Unavailable = host.cgroup
         self._grace = grace
         self._on_ended = on_ended
         self.instances: dict[InstanceId, Instance] = {}

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
-from warmshell.core.models import Allocation
-from warmshell.drivers.base import BackendState, Bound, DriverCondition, DriverSandbox, WarmPending
-from warmshell.drivers.local import records
+from warmshell.core.models import Allocation, now_us
+from warmshell.drivers.base import BackendState, Bound, CreateRequest, DriverCondition, DriverSandbox, WarmPending
+from warmshell.drivers.local import credentials, records
 from warmshell.drivers.local.limits import Bounds
 from warmshell.drivers.local.processes import HostProcesses, SandboxProcess
 
-__all__ = ["Instance"]
+__all__ = ["Instance", "lost_sandbox"]
 
 
 @dataclass(eq=False)
@@ -52,6 +52,37 @@ class Instance:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     waiter: asyncio.Task[None] | None = None
     saving: asyncio.Future[None] | None = None  # a record write in flight (see Fleet.save_soon)
+
+    @classmethod
+    def cold(cls, request: CreateRequest, miss_reason: str, *, sandboxes: Path) -> Instance:
+        """A new instance bound to the create from birth (its supervisor registers bound)."""
+        instance_id = credentials.new_instance_id()
+        return cls(
+            instance_id=instance_id,
+            workspace=request.workspace,
+            hostname=request.name,
+            directory=sandboxes / instance_id,
+            created_us=now_us(),
+            name=request.name,
+            sandbox_id=request.sandbox_id,
+            proof=request.activation_proof,
+            miss_reason=miss_reason,
+        )
+
+    @classmethod
+    def member(cls, workspace: str, pool: Fingerprint, pool_name: str, *, sandboxes: Path) -> Instance:
+        """A new idle member of a pool (named after itself until a create claims it)."""
+        instance_id = credentials.new_instance_id()
+        return cls(
+            instance_id=instance_id,
+            workspace=workspace,
+            hostname=instance_id,
+            directory=sandboxes / instance_id,
+            created_us=now_us(),
+            allocation=Allocation.WARM,
+            pool=pool,
+            pool_name=pool_name,
+        )
 
     @property
     def workspace_dir(self) -> Path:
@@ -104,3 +135,17 @@ class Instance:
             pool_name=self.pool_name,
             miss_reason=self.miss_reason,
         )
+
+
+def lost_sandbox(record: records.InstanceRecord, message: str) -> DriverSandbox:
+    """How a bound instance of a previous gateway run is reported: failed, with `message`."""
+    return DriverSandbox(
+        sandbox_id=SandboxId(record.sandbox_id),
+        instance_id=record.instance_id,
+        state=BackendState.FAILED,
+        allocation=Allocation(record.allocation),
+        pool=record.pool,
+        miss_reason=record.miss_reason,
+        message=message,
+        created_us=record.created_us,
+    )

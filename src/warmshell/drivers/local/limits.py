@@ -62,16 +62,16 @@ class Bounds:
         """These defaults with what the spec asks for (its resources, its profile's storage)."""
         resources, storage = spec.resources, spec.storage
         changes: dict[str, int] = {}
-        if resources.cpu:
-            changes["cpu_millis"] = cpu_millis(resources.cpu, field="spec.resources.cpu")
-        if resources.memory:
-            changes["memory_bytes"] = memory_bytes(resources.memory, field="spec.resources.memory")
+        if resources.cpu_millis:
+            changes["cpu_millis"] = resources.cpu_millis
+        if resources.memory_bytes:
+            changes["memory_bytes"] = resources.memory_bytes
         if resources.pids:
             changes["processes"] = resources.pids
-        if storage.workspace:
-            changes["workspace_bytes"] = memory_bytes(storage.workspace, field="storage.workspace")
-        if storage.tmp:
-            changes["tmp_bytes"] = memory_bytes(storage.tmp, field="storage.tmp")
+        if storage.workspace_bytes:
+            changes["workspace_bytes"] = storage.workspace_bytes
+        if storage.tmp_bytes:
+            changes["tmp_bytes"] = storage.tmp_bytes
         return dataclasses.replace(self, **changes) if changes else self
 
     def cgroup_limits(self) -> cgroups.Limits:
@@ -142,24 +142,25 @@ def check_maximum(spec: SandboxSpec, config: LocalDriverConfig, *, host_cpus: in
     """A request or profile over the configured maximum (default: the host's cpus and memory;
     storage is tmpfs, so memory too) is refused, naming the field and the rule."""
     resources, storage = spec.resources, spec.storage
-    if resources.cpu:
+    if resources.cpu_millis:
         most = cpu_millis(config.max_cpu, field="local.max_cpu") if config.max_cpu else host_cpus * 1000
-        if cpu_millis(resources.cpu, field="spec.resources.cpu") > most:
+        if resources.cpu_millis > most:
             raise InvalidArgumentError(
                 "spec.resources.cpu", f"{resources.cpu!r} is more than this gateway allows ({most}m)"
             )
-    if resources.memory:
-        _at_most("spec.resources.memory", resources.memory, config.max_memory, "local.max_memory", host_memory)
+    if resources.memory_bytes:
+        _at_most("spec.resources.memory", resources.memory_bytes, config.max_memory, "local.max_memory", host_memory)
     if resources.pids > config.max_pids:
         raise InvalidArgumentError(
             "spec.resources.pids", f"{resources.pids} is more than this gateway allows ({config.max_pids})"
         )
-    for field, size in (("storage.workspace", storage.workspace), ("storage.tmp", storage.tmp)):
+    for field, size in (("storage.workspace", storage.workspace_bytes), ("storage.tmp", storage.tmp_bytes)):
         if size:
             _at_most(field, size, config.max_storage_size, "local.max_storage_size", host_memory)
 
 
-def _at_most(field: str, size: str, maximum: str, maximum_field: str, default: int) -> None:
+def _at_most(field: str, size: int, maximum: str, maximum_field: str, default: int) -> None:
     most = memory_bytes(maximum, field=maximum_field) if maximum else default
-    if memory_bytes(size, field=field) > most:
-        raise InvalidArgumentError(field, f"{size!r} is more than this gateway allows ({render_memory(most)})")
+    if size > most:
+        shown = render_memory(size)
+        raise InvalidArgumentError(field, f"{shown!r} is more than this gateway allows ({render_memory(most)})")

@@ -1,11 +1,12 @@
 """Local warm pools: for each profile, keep `replicas` idle members spawned and registered, and
 hand them to creates.
 
-The driver owns processes; this module decides how many to spawn, which member a create gets
-(`PoolSet.claim`), when refills run, whether idle members still answer, and what happens when
-profiles change: a profile changed in anything but `replicas` becomes a new pool (the old one's
-idle members are stopped), a removed profile drains its pool, and an invalid file is reported on
-its pool without touching the others (the last valid version keeps serving).
+Processes are the fleet's: pools start and stop members through an injected `Members` (see
+`members`) and never call back into the driver. This module decides how many to spawn, which
+member a create gets (`PoolSet.claim`), when refills run, whether idle members still answer, and
+what happens when profiles change: a profile changed in anything but `replicas` becomes a new
+pool (the old one's idle members are stopped), a removed profile drains its pool, and an invalid
+file is reported on its pool without touching the others (the last valid version keeps serving).
 
 Refills start as soon as members are missing, but while creates are being served (a claim in
 flight or one in the last `_BUSY_SECONDS`) only one member at a time is started: a burst of
@@ -23,19 +24,19 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from warmshell.core import poolshapes
 from warmshell.core.errors import InvalidArgumentError, WarmshellError
 from warmshell.core.fingerprints import SandboxShape
 from warmshell.core.ids import Fingerprint
 from warmshell.core.matching import MatchResult, PoolIndex
-from warmshell.core.models import Resources, SandboxSpec
+from warmshell.core.models import SandboxSpec
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import DriverCondition, PoolView, invalid_profile_view
 from warmshell.drivers.local.instances import Instance
 
-__all__ = ["Pool", "PoolSet", "Take"]
+__all__ = ["Members", "Pool", "PoolSet", "Take"]
 
 _log = logging.getLogger(__name__)
 _BACKOFF_FIRST = 0.5
@@ -48,6 +49,18 @@ _PROBES_PER_CLAIM = 2
 # Binds a claimed member to the create and activates it; False when it could not be activated
 # (the member is then spent and the next one tried).
 Take = Callable[[Instance], Awaitable[bool]]
+
+
+class Members(Protocol):
+    """How pools start and stop their members' processes."""
+
+    async def spawn(self, pool: Pool) -> Instance:
+        """Start a new idle member of `pool` (WarmshellError or OSError when it cannot)."""
+        ...
+
+    async def stop(self, member: Instance) -> None:
+        """Stop a member and remove what it made."""
+        ...
 
 
 @dataclass(eq=False)
@@ -77,7 +90,7 @@ class Pool:
         return SandboxSpec(
             image=self.profile.image,
             environment=dict(self.profile.environment),
-            resources=Resources(cpu=self.profile.cpu, memory=self.profile.memory, pids=self.profile.pids),
+            resources=self.profile.resources,
             runtime_class_name=self.profile.runtime_class_name,
             storage=self.profile.storage,
         )
@@ -127,18 +140,16 @@ class PoolSet:
     def __init__(
         self,
         *,
-        spawn: Callable[[Pool], Awaitable[Instance]],
-        stop: Callable[[Instance], Coroutine[Any, Any, None]],
+        members: Members,
         default_image: str,
         validate: Callable[[Profile], None],
         probe_seconds: float = 1.0,
         check_seconds: float = 10.0,
         max_concurrent_spawns: int = 8,
     ) -> None:
-        """`spawn` starts a member of a pool, `stop` stops one; `validate` refuses a profile
-        this driver cannot serve (InvalidArgumentError)."""
-        self._spawn_member = spawn
-        self._stop_member = stop
+        """`members` starts and stops the pools' members; `validate` refuses a profile this
+        driver cannot serve (InvalidArgumentError)."""
+        self._members = members
         self._default_image = default_image
         self._validate = validate
         self._slots = asyncio.Semaphore(max_concurrent_spawns)
@@ -227,7 +238,7 @@ class PoolSet:
         pool.retired = True
         members, pool.members = pool.members, []
         for member in members:
-            self._background(self._stop_member(member))
+            self._background(self._members.stop(member))
 
     # -- member lifecycle ------------------------------------------------------------------
 
@@ -305,7 +316,7 @@ class PoolSet:
         return member.process is not None and await member.process.responsive(self._probe_seconds)
 
     def _spend(self, member: Instance) -> None:
-        self._background(self._stop_member(member))
+        self._background(self._members.stop(member))
 
     async def _check(self, pool: Pool) -> None:
         """Ping every registered idle member of the pool at once; spend those that do not answer."""
@@ -388,7 +399,7 @@ class PoolSet:
                 # Fewer replicas now: stop the youngest (least likely registered) members.
                 extra, pool.members = pool.members[missing:], pool.members[:missing]
                 for member in extra:
-                    self._background(self._stop_member(member))
+                    self._background(self._members.stop(member))
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -400,12 +411,12 @@ class PoolSet:
             async with self._slots:
                 if pool.retired:
                     return
-                member = await self._spawn_member(pool)
+                member = await self._members.spawn(pool)
         except (WarmshellError, OSError) as exc:
             self._failed(pool, str(exc))
         else:
             if pool.retired:
-                await self._stop_member(member)
+                await self._members.stop(member)
             else:
                 pool.members.append(member)
         finally:
