@@ -15,7 +15,9 @@ socket, and a sandbox's workload runs in another process.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import NoReturn, Protocol, runtime_checkable
 
@@ -26,6 +28,8 @@ from warmshell.gateway.supervisor_service import SupervisorService
 from warmshell.supervisor.link import GatewayLink
 
 __all__ = ["HostsSupervisors", "InProcessLink"]
+
+log = logging.getLogger(__name__)
 
 _STOPPED = "the gateway is shutting down"
 
@@ -50,6 +54,20 @@ class _Aborted(grpc.aio.AbortError):
 
 def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None)
+
+
+@contextlib.contextmanager
+def _as_status() -> Iterator[None]:
+    """A handler's abort as the AioRpcError a socket call would raise; anything else escaping a
+    handler (they turn every error into a status, so: a bug) as UNKNOWN, which is what a server
+    answers then, logged by its class alone as `calls` does (its text may quote a credential)."""
+    try:
+        yield
+    except _Aborted as aborted:
+        raise _rpc_error(aborted.code, aborted.details) from None
+    except Exception as exc:
+        log.error("in-process supervisor call failed: %s", type(exc).__qualname__)
+        raise _rpc_error(grpc.StatusCode.UNKNOWN, "unexpected error in the gateway") from None
 
 
 @dataclass(frozen=True)
@@ -86,10 +104,11 @@ class _Session:
     async def _pump(self, stream: AsyncIterator[spb.GatewayMessage]) -> None:
         end = _End()
         try:
-            async for message in stream:
-                self._messages.put_nowait(message)
-        except _Aborted as aborted:
-            end = _End(_rpc_error(aborted.code, aborted.details))
+            with _as_status():
+                async for message in stream:
+                    self._messages.put_nowait(message)
+        except grpc.aio.AioRpcError as error:
+            end = _End(error)
         except asyncio.CancelledError:
             end = _End(_rpc_error(grpc.StatusCode.CANCELLED, "cancelled"))
             raise
@@ -135,11 +154,9 @@ class InProcessLink:
         caller's task: cancelling the caller cancels the registration."""
         self._refuse_when_closed()
         activation = None
-        try:
+        with _as_status():
             async for message in self._service.RegisterSupervisor(request, _context()):
                 activation = activation or message
-        except _Aborted as aborted:
-            raise _rpc_error(aborted.code, aborted.details) from None
         return activation
 
     def connect(self, requests: AsyncIterator[spb.SupervisorMessage], token: str) -> _Session:
@@ -153,10 +170,8 @@ class InProcessLink:
     async def refresh_token(self, token: str) -> spb.RefreshSandboxTokenResponse:
         """See `GatewayLink.refresh_token`."""
         self._refuse_when_closed()
-        try:
+        with _as_status():
             return await self._service.RefreshSandboxToken(spb.RefreshSandboxTokenRequest(), _context(token))
-        except _Aborted as aborted:
-            raise _rpc_error(aborted.code, aborted.details) from None
 
     def close(self) -> None:
         """Refuse new calls from now on."""

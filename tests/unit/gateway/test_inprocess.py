@@ -6,6 +6,7 @@ run to its end as a server runs it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +26,7 @@ class Handlers:
         self.ended: list[str] = []
         self.handler_tasks: list[asyncio.Task[Any] | None] = []
         self.refuse: grpc.StatusCode | None = None
+        self.crash = False
 
     async def RegisterSupervisor(self, request: spb.RegisterSupervisorRequest, context: Any) -> AsyncIterator[Any]:
         try:
@@ -49,6 +51,8 @@ class Handlers:
             self.ended.append("session")
 
     async def RefreshSandboxToken(self, request: spb.RefreshSandboxTokenRequest, context: Any) -> Any:
+        if self.crash:
+            raise RuntimeError("a bug quoting secret-value")
         return spb.RefreshSandboxTokenResponse(token=bearer_token(context) + "-new")
 
 
@@ -110,3 +114,18 @@ async def test_refresh_carries_the_token_and_aclose_ends_open_sessions() -> None
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await link.refresh_token("abc")
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_bug_escaping_a_handler_is_unknown_and_logged_without_its_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    handlers = Handlers()
+    handlers.crash = True
+    with (
+        caplog.at_level(logging.ERROR, logger="warmshell.gateway.inprocess"),
+        pytest.raises(grpc.aio.AioRpcError) as caught,
+    ):
+        await link_over(handlers).refresh_token("abc")
+    assert caught.value.code() == grpc.StatusCode.UNKNOWN
+    assert "RuntimeError" in caplog.text
+    assert "secret-value" not in caplog.text
