@@ -9,7 +9,9 @@ socket call would raise (`supervisor.link`). Messages are passed as they are: ne
 changes a message once it has sent it. A session's handler runs in a task of its own, as a
 server runs it, so a supervisor that goes away cancels it and the gateway's clean-up does not
 run in the supervisor's task. Only the gateway process can reach this: it is an object, not a
-socket, and a sandbox's workload runs in another process.
+socket, and a sandbox's workload runs in another process. No `max_request_bytes` applies, as it
+would on a socket: the messages are made by the supervisor's own code, whose output chunks are
+reads of at most 64 KiB, and its outbox bounds how many wait.
 """
 
 from __future__ import annotations
