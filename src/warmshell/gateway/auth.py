@@ -14,6 +14,7 @@ import grpc
 
 from warmshell.core.errors import PermissionDeniedError
 from warmshell.drivers.base import IdentityProvider
+from warmshell.gateway.context import CallContext
 from warmshell.gateway.tokens import SandboxClaims, SandboxTokenIssuer
 
 __all__ = ["FORWARDED_BY", "Authenticator", "Principal", "Unauthenticated", "bearer_token", "forwarded_by"]
@@ -34,7 +35,7 @@ class Unauthenticated(Exception):
     """No usable credential (maps to UNAUTHENTICATED)."""
 
 
-def bearer_token(context: grpc.aio.ServicerContext[object, object]) -> str:
+def bearer_token(context: CallContext) -> str:
     """The bearer token from the call's `authorization` metadata ("" when absent)."""
     for key, value in context.invocation_metadata() or ():
         if key == "authorization":
@@ -100,7 +101,7 @@ class Authenticator:
             raise PermissionDeniedError("sandbox principals may not call the public API")
         raise Unauthenticated("missing or invalid API token (see <state-dir>/api-token)")
 
-    async def require_sandbox(self, context: grpc.aio.ServicerContext[object, object]) -> SandboxClaims:
+    async def require_sandbox(self, context: CallContext) -> SandboxClaims:
         """Only a valid sandbox JWT may use the supervisor session RPCs."""
         token = bearer_token(context)
         try:

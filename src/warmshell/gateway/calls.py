@@ -18,6 +18,7 @@ import grpc
 
 from warmshell.core.errors import WarmshellError
 from warmshell.gateway.auth import Unauthenticated
+from warmshell.gateway.context import CallContext
 from warmshell.gateway.errors import status_code_for
 
 __all__ = ["INTERNAL_MESSAGE", "abort_for", "streaming", "unary"]
@@ -26,13 +27,13 @@ log = logging.getLogger(__name__)
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
-Ctx = grpc.aio.ServicerContext[Any, Any]
+Ctx = TypeVar("Ctx", bound=CallContext)
 
 
 INTERNAL_MESSAGE = "internal error in the gateway (its log has the details)"
 
 
-async def abort_for(context: Ctx, exc: Exception, where: str = "a call") -> NoReturn:
+async def abort_for(context: CallContext, exc: Exception, where: str = "a call") -> NoReturn:
     """Abort the call with the status that matches `exc` (`where`: the handler, for the log)."""
     if isinstance(exc, Unauthenticated):
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))

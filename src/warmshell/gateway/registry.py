@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -76,7 +77,8 @@ class Registry(Generic[T]):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pending: dict[InstanceId, Registration[T]] = {}
-        self._tombstones: dict[InstanceId, float] = {}
+        # One TTL and a monotonic clock: tombstones expire in the order they were laid.
+        self._tombstones: OrderedDict[InstanceId, float] = OrderedDict()
         self._ttl = tombstone_ttl_seconds
         self._clock = clock
         self._sessions = itertools.count(1)
@@ -182,7 +184,12 @@ class Registry(Generic[T]):
         self._changed = asyncio.Event()
 
     def _prune(self) -> None:
+        """Forget expired tombstones: only those at the front, the oldest, are looked at (it
+        runs on every registration and activation, with up to a TTL's worth of tombstones)."""
         now = self._clock()
-        expired = [i for i, until in self._tombstones.items() if until <= now]
-        for instance_id in expired:
-            del self._tombstones[instance_id]
+        tombstones = self._tombstones
+        while tombstones:
+            oldest = next(iter(tombstones))
+            if tombstones[oldest] > now:
+                return
+            del tombstones[oldest]

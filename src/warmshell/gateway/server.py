@@ -37,6 +37,7 @@ from warmshell.gateway.expiry import ExpiryReconciler
 from warmshell.gateway.file_service import FileService
 from warmshell.gateway.forwarding import Forwarder
 from warmshell.gateway.http import start_http
+from warmshell.gateway.inprocess import HostsSupervisors, InProcessLink
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.ratelimits import RateLimiter
@@ -134,6 +135,7 @@ class Gateway:
         self._store: Store | None = None
         self._directory: ReplicaDirectory | None = None
         self._forwarder: Forwarder | None = None
+        self._supervisor_link: InProcessLink | None = None
         self._draining = False
         self._bound = False  # only a gateway that bound the sockets may remove them
         self.http_port = 0
@@ -267,6 +269,9 @@ class Gateway:
             token_refreshes=RateLimiter("token_refresh", limits.token_refresh, refusal_delay_seconds=delay),
             replicas=self._directory,
         )
+        if isinstance(driver, HostsSupervisors):  # its supervisors run here: no socket between us
+            self._supervisor_link = InProcessLink(supervisor_service)
+            driver.supervise_in_process(self._supervisor_link)
         # The public socket and TCP serve both APIs (supervisors in pods come in over TCP);
         # supervisor.sock serves the supervisor API alone.
         public, supervisors = new_server(), new_server()
@@ -376,6 +381,8 @@ class Gateway:
             # the streams: a supervisor told to reconnect, or a watcher told to watch again, must
             # not find this gateway again but another replica (or this one's successor).
             stopping = [asyncio.ensure_future(server.stop(SHUTDOWN_GRACE_SECONDS)) for server in self._servers]
+            if self._supervisor_link is not None:
+                self._supervisor_link.close()
             await asyncio.sleep(0)
             self.manager.close()
             self.manager.bus.close_all()
@@ -403,6 +410,9 @@ class Gateway:
         if self._driver is not None:
             await self._driver.__aexit__(None, None, None)
             self._driver = None
+        if self._supervisor_link is not None:  # its sessions ended with their supervisors, or end here
+            await self._supervisor_link.aclose()
+            self._supervisor_link = None
         if self._store is not None:
             await self._store.aclose()
             self._store = None

@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 
@@ -29,6 +28,7 @@ from warmshell.gateway import metrics
 from warmshell.gateway.activation import GatewayActivator, reactivation_refused
 from warmshell.gateway.auth import Authenticator, Unauthenticated
 from warmshell.gateway.calls import abort_for, streaming, unary
+from warmshell.gateway.context import CallContext
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.ratelimits import RateLimiter
 from warmshell.gateway.registry import Registry, Replaced
@@ -40,11 +40,15 @@ __all__ = ["SupervisorService"]
 
 log = logging.getLogger(__name__)
 
-Ctx = grpc.aio.ServicerContext[Any, Any]
+# A grpc.aio.ServicerContext, or the in-process one of a host-side supervisor's call.
+Ctx = CallContext
 
 
 class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
-    """Handlers for the first process of every sandbox."""
+    """Handlers for the first process of every sandbox, called over the sockets and in process
+    (`inprocess`). The generated base types each context as grpc's sync and aio contexts in one
+    (its `abort` is the sync one), so the handlers, which need only what both grpc.aio's context
+    and the in-process one have (`CallContext`), override it with `type: ignore[override]`."""
 
     def __init__(
         self,
@@ -72,7 +76,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         self._replicas = replicas  # the other gateway replicas on this store, if any
 
     @streaming
-    async def RegisterSupervisor(
+    async def RegisterSupervisor(  # type: ignore[override]
         self, request: spb.RegisterSupervisorRequest, context: Ctx
     ) -> AsyncIterator[spb.SupervisorActivationMessage]:
         # Limited before authenticating too: a looped stolen credential costs a hash, not a
@@ -113,7 +117,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             self._registry.remove_if_session(identity.instance_id, registration.session_id)
             metrics.REGISTRATIONS_PENDING.set(self._registry.pending_count())
 
-    async def ConnectSupervisor(
+    async def ConnectSupervisor(  # type: ignore[override]
         self, request_iterator: AsyncIterator[spb.SupervisorMessage], context: Ctx
     ) -> AsyncIterator[spb.GatewayMessage]:
         try:
@@ -260,7 +264,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             session.send(spb.GatewayMessage(heartbeat=spb.Heartbeat(sent_at_ms=now_ms())))
 
     @unary
-    async def RefreshSandboxToken(
+    async def RefreshSandboxToken(  # type: ignore[override]
         self, request: spb.RefreshSandboxTokenRequest, context: Ctx
     ) -> spb.RefreshSandboxTokenResponse:
         claims = await self._auth.require_sandbox(context)

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.backoff import delays
 from warmshell.supervisor.fileops import FileServer
 from warmshell.supervisor.interactive import DEFAULT_SIZE, ExecInput, WindowSize
+from warmshell.supervisor.link import GatewayLink, GrpcLink, SessionCall
 from warmshell.supervisor.outbox import Outbox
 from warmshell.supervisor.processes import Runner, WorkdirError, run_streaming
 from warmshell.supervisor.window import OutputWindow
@@ -147,18 +147,19 @@ class Supervisor:
         base_env: dict[str, str],
         *,
         runner: Runner = run_streaming,
-        channel: grpc.aio.Channel | None = None,
+        link: GatewayLink | None = None,
         serve_files: bool = False,
     ) -> None:
         """`runner` starts the workload and execs (default: as this process's children);
-        `channel`, when given, is a shared channel to the gateway that `run` does not close
-        (the local driver runs every sandbox's supervisor in the gateway over one); `serve_files`:
+        `link`, when given, is how to reach the gateway (the local driver runs every sandbox's
+        supervisor in the gateway process and passes its in-process link or a shared channel's);
+        by default `run` opens a gRPC channel to `settings.gateway` and closes it; `serve_files`:
         answer the gateway's file operations inside this process's filesystem (a pod's
         supervisor; the local driver serves files host-side instead)."""
         self.settings = settings
         self._base_env = base_env
         self._runner = runner
-        self._shared_channel = channel
+        self._given_link = link
         self._outbox = Outbox()
         self._execs: dict[str, asyncio.Task[None]] = {}
         self._windows: dict[str, OutputWindow] = {}
@@ -173,9 +174,13 @@ class Supervisor:
 
     async def run(self) -> int:
         """Register, start the workload, and hold the session until the sandbox ends."""
-        # The channel belongs to the running loop, so it is made here rather than in __init__.
-        self._channel = self._shared_channel or grpc.aio.insecure_channel(self.settings.gateway)
-        self._stub = supervisor_pb2_grpc.SupervisorServiceStub(self._channel)
+        # A channel belongs to the running loop, so it is made here rather than in __init__.
+        channel: grpc.aio.Channel | None = None
+        if self._given_link is not None:
+            self._link = self._given_link
+        else:
+            channel = grpc.aio.insecure_channel(self.settings.gateway)
+            self._link = GrpcLink(channel)
         try:
             activation = await self.register()
             # The credential has done its one job; a restarted supervisor reads it again.
@@ -202,8 +207,8 @@ class Supervisor:
         finally:
             for task in [*self._execs.values(), *([self._workload] if self._workload else [])]:
                 task.cancel()
-            if self._shared_channel is None:
-                await self._channel.close(grace=None)
+            if channel is not None:
+                await channel.close(grace=None)
 
     def _ended_status(self, code: int) -> int:
         """The exit status once the gateway has ended this supervisor's part in the sandbox."""
@@ -215,9 +220,10 @@ class Supervisor:
         request = spb.RegisterSupervisorRequest(bootstrap_credential=self.settings.credential)
         while True:
             try:
-                async for activation in self._stub.RegisterSupervisor(request):
-                    return activation
-                raise SupervisorExit(1, "registration stream ended without an activation")
+                activation = await self._link.register(request)
+                if activation is None:
+                    raise SupervisorExit(1, "registration stream ended without an activation")
+                return activation
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _FATAL:
                     stop = SandboxOver if exc.code() in _SANDBOX_OVER else SupervisorExit
@@ -310,11 +316,12 @@ class Supervisor:
         )
 
         requests = self._outbox.stream(self._outbox.new_session(), hello)
-        call = self._stub.ConnectSupervisor(requests, metadata=(("authorization", f"Bearer {self._token}"),))
+        call = self._link.connect(requests, self._token)
         try:
             return await self._serve_session(call)
         finally:
-            # Also stops grpc's task feeding `requests`, which a shared channel would keep alive.
+            # Ends the gateway's handler too, and whatever reads `requests` for it (grpc keeps a
+            # task of its own feeding them, which a shared channel would keep alive).
             call.cancel()
             # The gateway failed this session's execs when it ended: nobody can receive their
             # output (or grant it a window) any more, so they stop here too.
@@ -324,7 +331,7 @@ class Supervisor:
             if self._files is not None:
                 self._files.close()
 
-    async def _serve_session(self, call: grpc.aio.StreamStreamCall[spb.SupervisorMessage, spb.GatewayMessage]) -> bool:
+    async def _serve_session(self, call: SessionCall) -> bool:
         async for message in call:
             kind = message.WhichOneof("message")
             if kind == "heartbeat":
@@ -389,9 +396,7 @@ class Supervisor:
             lifetime = max(0.0, self._token_expires_ms - now_ms)
             await asyncio.sleep(max(1.0, lifetime * (1 - TOKEN_REFRESH_FRACTION) / 1000))
             try:
-                response = await self._stub.RefreshSandboxToken(
-                    spb.RefreshSandboxTokenRequest(), metadata=(("authorization", f"Bearer {self._token}"),)
-                )
+                response = await self._link.refresh_token(self._token)
             except grpc.aio.AioRpcError as exc:
                 log.warning("token refresh failed (%s); will retry", exc.code().name)
                 await asyncio.sleep(5)

@@ -92,3 +92,23 @@ async def test_close_all_ends_parked_streams_as_unavailable() -> None:
     outcome = await reg.next_outcome()
     assert isinstance(outcome, UnavailableError)
     assert registry.pending_count() == 0
+
+
+async def test_tombstones_expire_oldest_first_and_only_when_due() -> None:
+    clock = Clock()
+    registry: Registry[str] = Registry(tombstone_ttl_seconds=10, clock=clock)
+    for at, instance in ((0.0, "i-1"), (5.0, "i-2"), (7.0, "i-3")):
+        clock.now = at
+        reg = registry.register(identity(instance))
+        registry.activate_if_session(InstanceId(instance), reg.session_id, "a")
+    clock.now = 10.0  # i-1 is due (laid at 0, TTL 10), the others are not
+    assert not registry.is_tombstoned(InstanceId("i-1"))
+    assert registry.is_tombstoned(InstanceId("i-2"))
+    assert registry.is_tombstoned(InstanceId("i-3"))
+    clock.now = 15.5
+    assert not registry.is_tombstoned(InstanceId("i-2"))
+    with pytest.raises(AlreadyExistsError):
+        registry.pending(InstanceId("i-3"))
+    clock.now = 17.0
+    with pytest.raises(NotFoundError):
+        registry.pending(InstanceId("i-3"))

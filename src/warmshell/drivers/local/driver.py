@@ -54,7 +54,7 @@ from warmshell.drivers.local.instances import Instance, lost_sandbox
 from warmshell.drivers.local.launching import AGENT_BINARY
 from warmshell.drivers.local.members import FleetMembers
 from warmshell.drivers.local.processes import SandboxProcess
-from warmshell.drivers.local.supervising import HostSupervisors, Supervise
+from warmshell.drivers.local.supervising import GatewayLink, HostSupervisors, Supervise
 
 __all__ = ["LocalDriver"]
 
@@ -129,9 +129,14 @@ class LocalDriver:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    def supervise_in_process(self, link: GatewayLink) -> None:
+        """Host-side supervisors reach the gateway through `link`, its in-process supervisor
+        API, instead of its supervisor socket (the gateway calls this before `start`)."""
+        self._supervisors.use(link)
+
     async def start(self, activator: Activator) -> None:
         """Keep the activator; load the warm-pool profiles and start filling the pools (the
-        gateway's supervisor socket exists by now: host-side supervisors register through it)."""
+        gateway's supervisor API is served by now: host-side supervisors register through it)."""
         self._activator = activator
         if self._pools is not None and self._config.pools_dir is not None:
             self._pools.start()

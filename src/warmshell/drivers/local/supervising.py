@@ -3,9 +3,11 @@
 Each sandbox still has its own `Supervisor` speaking the one protocol every driver uses (bootstrap
 credential -> RegisterSupervisor, parked until activated -> ConnectSupervisor), so warm and cold
 keep one path; it only starts processes through the sandbox's agent instead of as its children.
-All of them share one gRPC channel to the gateway's supervisor socket, so a warm member costs a
-registration stream, not an interpreter. The workload's and every exec's environment is built
-from the request alone: the base environment is empty, so nothing of the gateway's leaks in.
+In a gateway they reach its supervisor service in process (`use`: the gateway's link, through the
+same handlers and checks, without HTTP/2 or serialisation); a driver used without one shares a
+few gRPC channels to the supervisor socket. Either way a warm member costs a registration, not an
+interpreter. The workload's and every exec's environment is built from the request alone: the
+base environment is empty, so nothing of the gateway's leaks in.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import Any
 import grpc
 
 from warmshell.core.ids import InstanceId
+from warmshell.supervisor.link import GatewayLink, GrpcLink
 from warmshell.supervisor.main import Supervisor, SupervisorSettings
 from warmshell.supervisor.processes import Runner
 
-__all__ = ["HostSupervisors", "Seat", "Supervise"]
+__all__ = ["GatewayLink", "HostSupervisors", "Seat", "Supervise"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ Supervise = Callable[[Seat], Coroutine[Any, Any, int]]
 
 
 class HostSupervisors:
-    """The real supervisors, over a few shared channels (opened on demand, in the running loop).
+    """The real supervisors, over the gateway's in-process link once given one (`use`), else
+    over a few shared channels (opened on demand, in the running loop).
 
     A channel is one HTTP/2 connection, and the gateway serves at most
     `listening.MAX_STREAMS_PER_CONNECTION` streams on one; every supervisor holds one or two at
@@ -51,19 +55,27 @@ class HostSupervisors:
         self._target = f"unix:{supervisor_socket}"
         self._per_channel = supervisors_per_channel
         self._channels: dict[grpc.aio.Channel, int] = {}  # channel -> supervisors using it
+        self._link: GatewayLink | None = None
+
+    def use(self, link: GatewayLink) -> None:
+        """Run every supervisor started from now on over `link`."""
+        self._link = link
 
     async def __call__(self, seat: Seat) -> int:
         """Run the supervisor of one sandbox (see `Supervisor.run`)."""
+        if self._link is not None:
+            return await self._run(seat, self._link)
         channel = self._channel_with_room()
         self._channels[channel] += 1
         try:
-            settings = SupervisorSettings(
-                gateway=self._target, credential=seat.credential, instance_id=seat.instance_id
-            )
-            return await Supervisor(settings, {}, runner=seat.runner, channel=channel).run()
+            return await self._run(seat, GrpcLink(channel))
         finally:
             if channel in self._channels:
                 self._channels[channel] -= 1
+
+    async def _run(self, seat: Seat, link: GatewayLink) -> int:
+        settings = SupervisorSettings(gateway=self._target, credential=seat.credential, instance_id=seat.instance_id)
+        return await Supervisor(settings, {}, runner=seat.runner, link=link).run()
 
     def _channel_with_room(self) -> grpc.aio.Channel:
         """The fullest channel with room (so idle channels stay few), or a new one."""
