@@ -6,7 +6,7 @@
    resets the flag), so workloads are not affected.
 1. Read the bootstrap credential (a one-time pipe from the local driver, or a projected token file
    on Kubernetes) and scrub every WARMSHELL_* variable from the environment.
-2. RegisterSupervisor, retrying 1 s -> 30 s while the gateway is unreachable, and wait — a warm
+2. RegisterSupervisor, retrying at once and then 1 s -> 30 s while the gateway is unreachable, and wait — a warm
    pool member waits here until a create selects it. Once activated the credential is dropped
    (a restarted supervisor reads it again from its file).
 3. Start the workload from the activation, then hold ConnectSupervisor: heartbeats, exec relay,
@@ -41,7 +41,7 @@ import grpc
 
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
-from warmshell.supervisor.backoff import delays
+from warmshell.supervisor.backoff import reconnect_delays
 from warmshell.supervisor.fileops import FileServer
 from warmshell.supervisor.interactive import DEFAULT_SIZE, ExecInput, WindowSize
 from warmshell.supervisor.outbox import Outbox
@@ -169,6 +169,7 @@ class Supervisor:
         self._workload: asyncio.Task[None] | None = None
         self._workload_started = False
         self._exit_code: int | None = None
+        self._session_served = False  # the current session got a message from the gateway
         self.activation: spb.SupervisorActivationMessage | None = None
 
     async def run(self) -> int:
@@ -211,7 +212,7 @@ class Supervisor:
 
     async def register(self) -> spb.SupervisorActivationMessage:
         """RegisterSupervisor until an activation arrives (retrying while the gateway is away)."""
-        backoff = delays()
+        backoff = reconnect_delays()
         request = spb.RegisterSupervisorRequest(bootstrap_credential=self.settings.credential)
         while True:
             try:
@@ -223,7 +224,7 @@ class Supervisor:
                     stop = SandboxOver if exc.code() in _SANDBOX_OVER else SupervisorExit
                     raise stop(1, f"registration refused: {exc.code().name}: {exc.details()}") from exc
                 delay = next(backoff)
-                log.warning("gateway unreachable (%s); registering again in %.1fs", exc.code().name, delay)
+                log.warning("gateway unreachable (%s); registering again in %.2fs", exc.code().name, delay)
                 await asyncio.sleep(delay)
 
     async def _send(self, message: spb.SupervisorMessage) -> None:
@@ -282,20 +283,22 @@ class Supervisor:
         await self._send(spb.SupervisorMessage(exec_exited=exited))
 
     async def _hold_session(self) -> None:
-        backoff = delays()
+        backoff = reconnect_delays()
         while True:
             try:
                 if await self._session():
                     return
-                backoff = delays()  # a clean reconnect request: start over quickly
+                backoff = reconnect_delays()  # a clean reconnect request: start over quickly
                 delay = 0.05
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     raise SandboxOver(1, f"session refused: {exc.details()}") from exc
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     raise SupervisorExit(1, f"session refused: {exc.details()}") from exc
+                if self._session_served:  # an established session was lost: retry at once again
+                    backoff = reconnect_delays()
                 delay = next(backoff)
-                log.warning("session lost (%s); reconnecting in %.1fs", exc.code().name, delay)
+                log.warning("session lost (%s); reconnecting in %.2fs", exc.code().name, delay)
             await asyncio.sleep(delay)
 
     async def _session(self) -> bool:
@@ -309,6 +312,7 @@ class Supervisor:
             )
         )
 
+        self._session_served = False
         requests = self._outbox.stream(self._outbox.new_session(), hello)
         call = self._stub.ConnectSupervisor(requests, metadata=(("authorization", f"Bearer {self._token}"),))
         try:
@@ -326,6 +330,7 @@ class Supervisor:
 
     async def _serve_session(self, call: grpc.aio.StreamStreamCall[spb.SupervisorMessage, spb.GatewayMessage]) -> bool:
         async for message in call:
+            self._session_served = True
             kind = message.WhichOneof("message")
             if kind == "heartbeat":
                 await self._send(spb.SupervisorMessage(heartbeat=spb.Heartbeat(sent_at_ms=int(time.time() * 1000))))
