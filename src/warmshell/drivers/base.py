@@ -183,6 +183,11 @@ class Activator(Protocol):
         new generation. Warm drivers re-check their not-yet-activated claims on it."""
         ...
 
+    def holds(self, instance_id: InstanceId) -> bool:
+        """Whether a registration of `instance_id` waits here for its activation (so `activate`
+        could reach it now). Cheap: warm drivers ask it for each parked claim on every change."""
+        ...
+
 
 @dataclass(frozen=True)
 class PoolView:
