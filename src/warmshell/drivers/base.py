@@ -101,6 +101,9 @@ class ProgressLine:
     reason: str
     message: str
     warning: bool = False
+    # Observed by every gateway replica's driver on its own (a backend watch, such as Kubernetes
+    # Events), so replicas do not pass it to each other.
+    seen_by_every_replica: bool = False
 
 
 @dataclass(frozen=True)

@@ -369,10 +369,7 @@ class ClaimActivation:
 
     def _bound(self, target: Target) -> Target:
         """The moment this controller first found the claim bound (the timeline's claimed_us)."""
-        target = dataclasses.replace(target, bound_us=now_us())
-        line = ProgressLine("Claimed", "agent-sandbox bound the SandboxClaim to a warm Sandbox")
-        self._hub.publish(DriverEvent(target.sandbox_id, progress=line))
-        return target
+        return dataclasses.replace(target, bound_us=now_us())
 
     async def _activate_target(self, target: Target, name: str) -> None:
         await self._activator.activate(
@@ -382,6 +379,10 @@ class ClaimActivation:
             reason=f"SandboxClaim/{name}",
             claimed_us=target.bound_us,
         )
+        # Said by the replica that activated it alone (every replica resolves the claim), and
+        # passed to the others' watchers like its other progress lines.
+        line = ProgressLine("Claimed", "agent-sandbox bound the SandboxClaim to a warm Sandbox")
+        self._hub.publish(DriverEvent(target.sandbox_id, progress=line))
         self._idle.activated(target.pod_uid)
         log.debug("claim %s: activated pod %s", name, target.pod_name)
 
