@@ -33,10 +33,13 @@ import random
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import grpc
 from harness import summary, write_results
 from memory import MemoryGuard, MemoryLow, available_mib, pods_pss_mib
 
@@ -55,6 +58,8 @@ from warmshell.drivers.kubernetes import warmpools  # noqa: E402
 POOL = "bench"
 WARM_ENV = {"FOO": "bar"}
 READY_P99_LIMIT_MS = 5000.0
+API_TIMEOUT_SECONDS = 30.0
+T = TypeVar("T")
 
 
 class Setup:
@@ -74,7 +79,15 @@ class Setup:
     async def start(self, count: int) -> None:
         holder: list[ReplicaSet] = []
         front = await self.stack.enter_async_context(balancer(lambda: holder[0].backends() if holder else []))
-        driver = driver_config(self.cluster, self.root / "unused", gateway_address=front.address)  # type: ignore[arg-type]
+        # kubesim is one Python process serving the API, the controllers and every pod's kubelet
+        # work: with hundreds of pods on a loaded host it can take seconds to answer, which is the
+        # host, not the gateway (a create that still fails is counted, not fatal).
+        driver = driver_config(
+            self.cluster,  # type: ignore[arg-type]
+            self.root / "unused",
+            gateway_address=front.address,
+            api_timeout_seconds=API_TIMEOUT_SECONDS,
+        )
         self.replicas = await self.stack.enter_async_context(
             replica_set(self.root, store_url=self.store_url, password_file=self.password_file, driver=driver)
         )
@@ -214,8 +227,11 @@ async def poisson(setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib:
     memory_low: list[str] = []
     follower = asyncio.create_task(_hold_pool_to_its_fill(setup, pool, ready, memory_low))
 
-    async def one(name: str) -> tuple[float, pb.Sandbox]:
-        result = await setup.create_ready(name, timeout=300)
+    async def one(name: str) -> tuple[float, pb.Sandbox] | str:
+        try:
+            result = await setup.create_ready(name, timeout=300)
+        except grpc.aio.AioRpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
         ready[0] += 1
         return result
 
@@ -227,18 +243,27 @@ async def poisson(setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib:
         tasks.append(asyncio.create_task(one(f"p-{i}")))
         await asyncio.sleep(rng.expovariate(rate))
     sent_seconds = time.perf_counter() - started
-    results = await asyncio.gather(*tasks)
+    everything = asyncio.gather(*tasks)
+    await asyncio.wait([everything, follower], return_when=asyncio.FIRST_COMPLETED)
+    if memory_low:  # tear down now (the caller's clean-up stops every pod): do not wait for the rest
+        everything.cancel()
+        await asyncio.gather(everything, return_exceptions=True)
+        raise MemoryLow(memory_low[0])
+    outcomes = await everything
+    results = [r for r in outcomes if not isinstance(r, str)]
+    failures = [r for r in outcomes if isinstance(r, str)]
     follower.cancel()
     await asyncio.gather(follower, return_exceptions=True)
     await setup.delete_all()
     return {
         "rate": rate,
-        "count": len(results),
+        "count": len(outcomes),
+        "failed": len(failures),
+        "failures": failures[:5],
         "pool": pool,
         "pool_wanted": wanted,
         "pool_fill_seconds": fill_seconds,
         "pod_memory": memory,
-        "stopped_for_memory": memory_low[0] if memory_low else "",
         "sent_over_seconds": sent_seconds,
         "ms": summary([ms for ms, _ in results]),
         "not_warm": sum(r.status.allocation != "warm" for _, r in results),
@@ -250,7 +275,8 @@ async def _hold_pool_to_its_fill(setup: Setup, pool: int, ready: list[int], memo
     so agent-sandbox does not refill what they took: the scenario pre-fills the pool instead, and
     a refill of as many pods again would double what this host holds. It lags the adoptions (a
     few refills happen); lowering it ahead of them would delete idle members a create was about
-    to take. Also watches memory: under the guard's floor the creates stop (`memory_low`)."""
+    to take. Also watches memory: under the guard's floor the creates stop (`memory_low`) and
+    the run is torn down."""
     asked = pool
     while True:
         if (target := max(0, pool - ready[0])) != asked:
@@ -370,6 +396,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     finally:
                         await setup.aclose()
                     data["fast"].append({"config": label, **result, "load_average": os.getloadavg()})
+                    _checkpoint(args, data)
         if parts & {"poisson", "sustained"}:
             async with kubesim_process("default") as cluster:
                 data["poisson"] = []
@@ -388,14 +415,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     try:
                         if "poisson" in parts:
-                            result = await poisson(
-                                setup,
-                                rate=args.poisson_rate,
-                                wanted=args.poisson_pool,
-                                seed=1251,
-                                pod_mib=args.pod_mib,
+                            result = await _reported(
+                                poisson(
+                                    setup,
+                                    rate=args.poisson_rate,
+                                    wanted=args.poisson_pool,
+                                    seed=1251,
+                                    pod_mib=args.pod_mib,
+                                )
                             )
                             data["poisson"].append({"replicas": count, **result, "load_average": os.getloadavg()})
+                            _checkpoint(args, data)
                         if count == 3 and "sustained" in parts:
                             data["sustained"] = await sustained(
                                 setup, rates=args.rates, seconds=args.sustain_seconds, pool=args.pool
@@ -403,6 +433,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     finally:
                         await setup.aclose()
     return data
+
+
+def _checkpoint(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    """The results so far, written (a later part that fails loses nothing of the earlier ones)."""
+    write_results(args.name, {**data, "args": vars(args)}, table_for(data))
+
+
+async def _reported(work: Awaitable[T]) -> T:
+    """`work`, its failure printed at once (the clean-up of hundreds of pods that follows can take
+    long, or fail itself, and hide it)."""
+    try:
+        return await work
+    except BaseException:
+        traceback.print_exc()
+        raise
 
 
 def table_for(data: dict[str, Any]) -> str:
@@ -446,19 +491,18 @@ def _fast_table(rows: list[dict[str, Any]]) -> str:
 
 def _poisson_table(rows: list[dict[str, Any]]) -> str:
     text = "\n### Poisson arrivals of warm creates on kubesim `default` (create -> Ready, ms)\n\n"
-    text += "| gateways | rate/s | creates | pool (asked) | pool fill s | PSS per pod MiB | p50 | p90 | p99 "
-    text += "| not warm | load avg |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+    text += "| gateways | rate/s | creates | failed | pool (asked) | pool fill s | PSS per pod MiB | p50 | p90 | p99 "
+    text += "| not warm | load avg |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     for row in rows:
         ms, memory = row["ms"], row["pod_memory"]
         text += (
-            f"| {row['replicas']} | {row['rate']:g} | {row['count']} | {row['pool']} ({row['pool_wanted']}) "
+            f"| {row['replicas']} | {row['rate']:g} | {row['count']} | {row['failed']} "
+            f"| {row['pool']} ({row['pool_wanted']}) "
             f"| {row['pool_fill_seconds']:.0f} | {memory['pss_mib_per_pod']:.1f} | {ms['p50']:.0f} "
             f"| {ms['p90']:.0f} | {ms['p99']:.0f} | {row['not_warm']} | {row['load_average'][0]:.1f} |\n"
         )
         if row["pool"] < row["pool_wanted"]:
             text += f"\n**Reduced:** the pool was {row['pool']}, not {row['pool_wanted']}: memory did not allow it.\n\n"
-        if row["stopped_for_memory"]:
-            text += f"\n**Stopped early** ({row['count']} creates sent): {row['stopped_for_memory']}\n\n"
     text += "\nagent-sandbox PR #1251 (45/s sustained, in-cluster): p50 92 / p90 182 / p99 376 ms.\n"
     return text
 
@@ -490,9 +534,7 @@ def main() -> None:
     parser.add_argument("--sustain-seconds", type=float, default=60.0)
     parser.add_argument("--name", default="replicas")
     args = parser.parse_args()
-    data = asyncio.run(run(args))
-    data["args"] = vars(args)
-    write_results(args.name, data, table_for(data))
+    _checkpoint(args, asyncio.run(run(args)))
 
 
 if __name__ == "__main__":
