@@ -1,10 +1,11 @@
 """Exponential backoff with jitter, as data (1 s doubling to 30 s by default), and the
 supervisor's reconnect policy built on it: the first retry goes at once, the backoff only after.
 
-A supervisor whose gateway replica died reaches a survivor through the Service on its first
-retry, and that survivor holds it until the dead replica is presumed dead; waiting a full backoff
-step before even trying was most of a failover's time. The first retry is jittered over a short
-window so that the hundreds of supervisors a replica held do not arrive in the same instant."""
+A supervisor whose gateway replica went away reaches a survivor through the Service on its first
+retry (a survivor holds it until a replica that died is presumed dead); waiting a full backoff
+step before even trying added up to a second to every failover, and all of a graceful one. The
+first retry is jittered over a short window so that the hundreds of supervisors a replica held do
+not arrive in the same instant."""
 
 from __future__ import annotations
 
