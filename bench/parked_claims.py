@@ -27,72 +27,19 @@ from harness import write_results
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.unit.drivers_kubernetes.fakes import KEY, NS  # noqa: E402
-from tests.unit.drivers_kubernetes.test_warm_identity import WarmCluster  # noqa: E402
-from warmshell.core.errors import NotFoundError  # noqa: E402
-from warmshell.core.ids import InstanceId  # noqa: E402
+from tests.unit.drivers_kubernetes.test_warm_allocation import parked_scene  # noqa: E402
 from warmshell.drivers.kubernetes import claimactivation  # noqa: E402
-from warmshell.drivers.kubernetes.proofs import ProofSealer  # noqa: E402
 
 WAIT_SECONDS = 2.0  # for one registration's claim to be activated
 
 
-class HereOnly:
-    """An activator holding the registrations of `registered` pods (the rest are elsewhere)."""
-
-    def __init__(self) -> None:
-        self.registered: set[str] = set()
-        self.activated: dict[str, asyncio.Event] = {}
-        self.calls = 0
-        self.generation = 0
-        self._changed = asyncio.Event()
-
-    def register(self, pod_uid: str) -> asyncio.Event:
-        self.registered.add(pod_uid)
-        self.generation += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
-        return self.activated.setdefault(pod_uid, asyncio.Event())
-
-    async def activate(self, *, instance_id: InstanceId, **_: Any) -> None:
-        self.calls += 1
-        if instance_id not in self.registered:
-            raise NotFoundError(f"instance {instance_id} is not registered")
-        self.activated.setdefault(instance_id, asyncio.Event()).set()
-
-    def holds(self, instance_id: InstanceId) -> bool:
-        return instance_id in self.registered
-
-    async def wait_registrations_changed(self, generation: int) -> int:
-        while self.generation == generation:
-            await self._changed.wait()
-        return self.generation
-
-
 async def run(parked: int, late: int) -> dict[str, Any]:
-    cluster = WarmCluster()
-    pool = cluster.pool()
-    claims, pods = [], []
-    for i in range(parked + late):
-        sandbox, pod = cluster.member(pool, suffix=f"m{i}")
-        claim = cluster.claim(sandbox_id=f"sbx-{i}", name=f"c{i}")
-        cluster.adopt(sandbox, claim)
-        claims.append(claim)
-        pods.append(pod["metadata"]["uid"])
-    activator = HereOnly()
     claimactivation.RETRY_DELAYS = ()  # park after one attempt: the backoff is not what is measured
-    controller = claimactivation.ClaimActivation(
-        cluster,  # type: ignore[arg-type]
-        NS,
-        ProofSealer(KEY),
-        activator,  # type: ignore[arg-type]
-        claimactivation.watching.Backoff(),
-        relist_seconds=3600,
-    )
+    cluster, activator, controller, claims, pods = parked_scene(parked + late, relist_seconds=3600)
     trigger = asyncio.create_task(controller._on_registrations())
     controller.replace(claims)
     await controller.wait_in_flight()
-    calls, reads = activator.calls, len(cluster.calls)
+    calls, reads = len(activator.calls), len(cluster.calls)
     cpu, wall = time.process_time(), time.perf_counter()
     missed = 0
     for pod_uid in pods[parked:]:
@@ -109,7 +56,7 @@ async def run(parked: int, late: int) -> dict[str, Any]:
         "parked": parked,
         "late": late,
         "not_activated": missed,
-        "activate_calls_per_registration": (activator.calls - calls) / late,
+        "activate_calls_per_registration": (len(activator.calls) - calls) / late,
         "api_reads_per_registration": (len(cluster.calls) - reads) / late,
         "cpu_ms_per_registration": cpu * 1000 / late,
         "wall_ms_per_registration": wall * 1000 / late,

@@ -261,19 +261,23 @@ class HeldHere:
     def __init__(self) -> None:
         self.registered: set[str] = set()
         self.calls: list[str] = []
+        self.activated: dict[str, asyncio.Event] = {}
         self.generation = 0
         self._changed = asyncio.Event()
 
-    def register(self, pod_uid: str) -> None:
+    def register(self, pod_uid: str) -> asyncio.Event:
+        """Register `pod_uid` here; the event is set once it is activated."""
         self.registered.add(pod_uid)
         self.generation += 1
         self._changed.set()
         self._changed = asyncio.Event()
+        return self.activated.setdefault(pod_uid, asyncio.Event())
 
     async def activate(self, *, instance_id: InstanceId, **_: Any) -> None:
         self.calls.append(instance_id)
         if instance_id not in self.registered:
             raise NotFoundError(f"instance {instance_id} is not registered")
+        self.activated.setdefault(instance_id, asyncio.Event()).set()
 
     def holds(self, instance_id: InstanceId) -> bool:
         return instance_id in self.registered
@@ -284,14 +288,15 @@ class HeldHere:
         return self.generation
 
 
-async def test_a_registration_wakes_only_its_own_parked_claim(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Forty parked claims, more than the in-flight bound: a pod registering here wakes its own
-    claim alone (one activate call), which is activated, and the others stay parked."""
-    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", ())  # park after the first attempt
+def parked_scene(
+    count: int, **options: Any
+) -> tuple[WarmCluster, HeldHere, claimactivation.ClaimActivation, list[Any], list[str]]:
+    """`count` claims bound to warm members whose pods are registered elsewhere, and a controller
+    (`options` for it) that parks each after one attempt (the caller patches RETRY_DELAYS)."""
     cluster = WarmCluster()
     pool_obj = cluster.pool()
     claim_objs, pods = [], []
-    for i in range(40):
+    for i in range(count):
         sandbox, pod = cluster.member(pool_obj, suffix=f"m{i}")
         claim = cluster.claim(sandbox_id=f"sbx-{i}", name=f"c{i}")
         cluster.adopt(sandbox, claim)
@@ -304,8 +309,16 @@ async def test_a_registration_wakes_only_its_own_parked_claim(monkeypatch: pytes
         ProofSealer(KEY),
         activator,
         watching.Backoff(),
-        max_in_flight=8,
+        **options,
     )
+    return cluster, activator, controller, claim_objs, pods
+
+
+async def test_a_registration_wakes_only_its_own_parked_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forty parked claims, more than the in-flight bound: a pod registering here wakes its own
+    claim alone (one activate call), which is activated, and the others stay parked."""
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", ())  # park after the first attempt
+    cluster, activator, controller, claim_objs, pods = parked_scene(40, max_in_flight=8)
     controller.replace(claim_objs)
     await controller.wait_in_flight()
     assert len(activator.calls) == 40  # each tried once, then parked
@@ -325,24 +338,7 @@ async def test_a_registration_wakes_only_its_own_parked_claim(monkeypatch: pytes
 async def test_claims_woken_beyond_the_bound_still_run_when_slots_free(monkeypatch: pytest.MonkeyPatch) -> None:
     """More woken parked claims than slots: the ones that wait for a slot keep their wake-up."""
     monkeypatch.setattr(claimactivation, "RETRY_DELAYS", ())
-    cluster = WarmCluster()
-    pool_obj = cluster.pool()
-    claim_objs, pods = [], []
-    for i in range(10):
-        sandbox, pod = cluster.member(pool_obj, suffix=f"m{i}")
-        claim = cluster.claim(sandbox_id=f"sbx-{i}", name=f"c{i}")
-        cluster.adopt(sandbox, claim)
-        claim_objs.append(claim)
-        pods.append(pod["metadata"]["uid"])
-    activator = HeldHere()
-    controller = claimactivation.ClaimActivation(
-        cluster,  # type: ignore[arg-type]
-        NS,
-        ProofSealer(KEY),
-        activator,
-        watching.Backoff(),
-        max_in_flight=2,
-    )
+    _cluster, activator, controller, claim_objs, pods = parked_scene(10, max_in_flight=2)
     controller.replace(claim_objs)
     await controller.wait_in_flight()
     activator.calls.clear()
