@@ -528,7 +528,7 @@ def main() -> None:
     parser.add_argument("--poisson-rate", type=float, default=45.0)
     parser.add_argument("--poisson-pool", type=int, default=450, help="pool pre-filled, and creates sent")
     parser.add_argument("--pod-mib", type=float, default=40.0, help="memory to allow per kubesim pod (PSS ~25)")
-    parser.add_argument("--memory-reserve-mib", type=float, default=6144.0, help="left available to others")
+    parser.add_argument("--memory-reserve-mib", type=float, default=8192.0, help="left available to others")
     parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--parts", default="fast,poisson,sustained")
     parser.add_argument("--sustain-seconds", type=float, default=60.0)
