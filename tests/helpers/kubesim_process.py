@@ -140,6 +140,7 @@ class ClusterProcess:
 
     kubeconfig: str  # the default user's, for the gateway
     admin: kc.KubeClient
+    pid: int = 0  # the `kubesim serve` process (its pods' processes are its descendants)
 
     async def counters(self, user: str = GATEWAY_USER) -> list[dict[str, Any]]:
         """kubesim's request counters of `user`: rows of user, verb, resource, count."""
@@ -158,7 +159,7 @@ async def kubesim_process(timing: str = "fast") -> AsyncIterator[ClusterProcess]
         admin = kc.KubeClient.from_kubeconfig(str(served.admin_kubeconfig))
         try:
             await _prepare(admin)
-            yield ClusterProcess(str(served.kubeconfig), admin)
+            yield ClusterProcess(str(served.kubeconfig), admin, served.process.pid)
             await delete_all_and_wait(admin, timeout=60)
         finally:
             await admin.aclose()

@@ -105,6 +105,9 @@ class ProgressLine:
     reason: str
     message: str
     warning: bool = False
+    # Observed by every gateway replica's driver on its own (a backend watch, such as Kubernetes
+    # Events), so replicas do not pass it to each other.
+    seen_by_every_replica: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,11 @@ class Activator(Protocol):
     async def wait_registrations_changed(self, generation: int) -> int:
         """Block until the set of registered supervisors changed after `generation`; returns the
         new generation. Warm drivers re-check their not-yet-activated claims on it."""
+        ...
+
+    def holds(self, instance_id: InstanceId) -> bool:
+        """Whether a registration of `instance_id` waits here for its activation (so `activate`
+        could reach it now). Cheap: warm drivers ask it for each parked claim on every change."""
         ...
 
 

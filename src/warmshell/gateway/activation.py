@@ -109,6 +109,10 @@ class GatewayActivator:
         """See `drivers.base.Activator.wait_registrations_changed`."""
         return await self._registry.wait_changed(generation)
 
+    def holds(self, instance_id: InstanceId) -> bool:
+        """See `drivers.base.Activator.holds`."""
+        return self._registry.holds(instance_id)
+
     async def _prepare(
         self,
         registration: Registration[spb.SupervisorActivationMessage],

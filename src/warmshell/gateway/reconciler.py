@@ -3,7 +3,8 @@ periodically, repairs what a crash left half-done, and settles orphans after a g
 
 With several replicas on one store, the record-writing work (folding backend events, the relist,
 orphans and deadlines) is the leader's alone; every replica still passes progress lines to its own
-watchers, and at start clears only the sessions no live replica holds."""
+watchers (and those only it saw to the other replicas'), and at start clears only the sessions no
+live replica holds."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from collections.abc import Callable
 
 from warmshell.core import phases
 from warmshell.core.errors import WarmshellError
+from warmshell.core.ids import SandboxId
 from warmshell.core.models import Phase, SandboxRecord, now_ms
+from warmshell.drivers.base import ProgressLine
 from warmshell.gateway import metrics
 from warmshell.gateway.manager import SandboxManager
 
@@ -36,8 +39,12 @@ class Reconciler:
         interval_seconds: float,
         orphan_grace_seconds: float,
         leading: Callable[[], bool] = lambda: True,
+        share_progress: Callable[[SandboxId, ProgressLine], None] | None = None,
     ) -> None:
+        """`share_progress`: with replicas, passes each progress line of the driver's to the
+        other replicas' watchers (`gateway.progressfeed`)."""
         self._manager = manager
+        self._share_progress = share_progress
         self._interval = interval_seconds
         self._grace_ms = orphan_grace_seconds * 1000
         self._leading = leading
@@ -64,6 +71,8 @@ class Reconciler:
                             continue
                         event = dataclasses.replace(event, sandbox=None, deleted=False)
                     await self._manager.on_driver_event(event)
+                    if event.progress is not None and self._share_progress is not None:
+                        self._share_progress(event.sandbox_id, event.progress)
             except WarmshellError as exc:
                 log.warning("driver watch failed; retrying: %s", exc)
             await asyncio.sleep(WATCH_RETRY_SECONDS)

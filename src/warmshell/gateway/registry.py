@@ -158,6 +158,10 @@ class Registry(Generic[T]):
         self._pending.clear()
         self._bump()
 
+    def holds(self, instance_id: InstanceId) -> bool:
+        """Whether `instance_id` has a registration waiting here (an activated one has none)."""
+        return instance_id in self._pending
+
     def pending_count(self) -> int:
         """How many registrations are parked."""
         return len(self._pending)

@@ -40,6 +40,7 @@ from warmshell.gateway.http import start_http
 from warmshell.gateway.inprocess import HostsSupervisors, InProcessLink
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.progressfeed import ProgressFeed
 from warmshell.gateway.ratelimits import RateLimiter
 from warmshell.gateway.reconciler import Reconciler
 from warmshell.gateway.records import KIND_SANDBOX, SandboxRecords
@@ -229,11 +230,17 @@ class Gateway:
         def leading() -> bool:
             return leadership is None or leadership.leading()
 
+        feed = (
+            ProgressFeed(replica_id, bus, self._store.notify_progress)
+            if isinstance(self._store, PostgresStore)
+            else None
+        )
         reconciler = Reconciler(
             manager,
             interval_seconds=self.config.reconcile_interval_seconds,
             orphan_grace_seconds=self.config.orphan_grace_seconds,
             leading=leading,
+            share_progress=feed.share if feed is not None else None,
         )
         live_owners: frozenset[str] = frozenset()
         if shared:
@@ -320,13 +327,24 @@ class Gateway:
                 return f"not serving: {exc}"
             return None
 
+        if feed is not None and isinstance(self._store, PostgresStore):
+            # Listening before serving: another replica's progress lines said before then would
+            # never reach this replica's watchers (record changes are re-read on a watch anyway).
+            heard_from = asyncio.Event()
+            feeds = self._store.follow_changes(_follow(bus), feed.heard, heard_from)
+            self._tasks = [
+                asyncio.create_task(feeds, name="store-changes"),
+                asyncio.create_task(feed.run(), name="progress-feed"),
+            ]
+            with contextlib.suppress(TimeoutError):  # the feed retries on its own; do not hang the start
+                await asyncio.wait_for(heard_from.wait(), self.config.store.connect_timeout_seconds)
         self._http, self.http_port = await start_http(self.config.http_host, self.config.http_port, healthy)
         with statedir.private_umask():
             self._write_runtime_info()
         await self._driver.start(activator)
         if leadership is not None:
             leadership.campaign()
-        self._tasks = [
+        self._tasks += [
             asyncio.create_task(reconciler.run_watch(), name="driver-watch"),
             asyncio.create_task(reconciler.run_relist(), name="relist"),
             asyncio.create_task(
@@ -336,11 +354,10 @@ class Gateway:
                 name="expiry",
             ),
         ]
-        if self._directory is not None and isinstance(self._store, PostgresStore):
-            self._tasks += [
-                asyncio.create_task(self._directory.run(leading=leading, records=records), name="replica-heartbeat"),
-                asyncio.create_task(self._store.follow_changes(_follow(bus)), name="store-changes"),
-            ]
+        if self._directory is not None:
+            self._tasks.append(
+                asyncio.create_task(self._directory.run(leading=leading, records=records), name="replica-heartbeat")
+            )
         log.info(
             "gateway serving on %s (http %s:%d, driver %s)",
             paths.socket,

@@ -6,7 +6,7 @@
    resets the flag), so workloads are not affected.
 1. Read the bootstrap credential (a one-time pipe from the local driver, or a projected token file
    on Kubernetes) and scrub every WARMSHELL_* variable from the environment.
-2. RegisterSupervisor, retrying 1 s -> 30 s while the gateway is unreachable, and wait — a warm
+2. RegisterSupervisor, retrying at once and then 1 s -> 30 s while the gateway is unreachable, and wait — a warm
    pool member waits here until a create selects it. Once activated the credential is dropped
    (a restarted supervisor reads it again from its file).
 3. Start the workload from the activation, then hold ConnectSupervisor: heartbeats, exec relay,
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.supervisor.backoff import delays
+from warmshell.supervisor.backoff import reconnect_delays
 from warmshell.supervisor.fileops import FileServer
 from warmshell.supervisor.interactive import DEFAULT_SIZE, ExecInput, WindowSize
 from warmshell.supervisor.link import GatewayLink, GrpcLink, SessionCall
@@ -170,6 +170,7 @@ class Supervisor:
         self._workload: asyncio.Task[None] | None = None
         self._workload_started = False
         self._exit_code: int | None = None
+        self._session_served = False  # the current session got a message from the gateway
         self.activation: spb.SupervisorActivationMessage | None = None
 
     async def run(self) -> int:
@@ -216,7 +217,7 @@ class Supervisor:
 
     async def register(self) -> spb.SupervisorActivationMessage:
         """RegisterSupervisor until an activation arrives (retrying while the gateway is away)."""
-        backoff = delays()
+        backoff = reconnect_delays()
         request = spb.RegisterSupervisorRequest(bootstrap_credential=self.settings.credential)
         while True:
             try:
@@ -229,7 +230,7 @@ class Supervisor:
                     stop = SandboxOver if exc.code() in _SANDBOX_OVER else SupervisorExit
                     raise stop(1, f"registration refused: {exc.code().name}: {exc.details()}") from exc
                 delay = next(backoff)
-                log.warning("gateway unreachable (%s); registering again in %.1fs", exc.code().name, delay)
+                log.warning("gateway unreachable (%s); registering again in %.2fs", exc.code().name, delay)
                 await asyncio.sleep(delay)
 
     async def _send(self, message: spb.SupervisorMessage) -> None:
@@ -288,20 +289,22 @@ class Supervisor:
         await self._send(spb.SupervisorMessage(exec_exited=exited))
 
     async def _hold_session(self) -> None:
-        backoff = delays()
+        backoff = reconnect_delays()
         while True:
             try:
                 if await self._session():
                     return
-                backoff = delays()  # a clean reconnect request: start over quickly
+                backoff = reconnect_delays()  # a clean reconnect request: start over quickly
                 delay = 0.05
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     raise SandboxOver(1, f"session refused: {exc.details()}") from exc
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     raise SupervisorExit(1, f"session refused: {exc.details()}") from exc
+                if self._session_served:  # an established session was lost: retry at once again
+                    backoff = reconnect_delays()
                 delay = next(backoff)
-                log.warning("session lost (%s); reconnecting in %.1fs", exc.code().name, delay)
+                log.warning("session lost (%s); reconnecting in %.2fs", exc.code().name, delay)
             await asyncio.sleep(delay)
 
     async def _session(self) -> bool:
@@ -315,6 +318,7 @@ class Supervisor:
             )
         )
 
+        self._session_served = False
         requests = self._outbox.stream(self._outbox.new_session(), hello)
         call = self._link.connect(requests, self._token)
         try:
@@ -333,6 +337,7 @@ class Supervisor:
 
     async def _serve_session(self, call: SessionCall) -> bool:
         async for message in call:
+            self._session_served = True
             kind = message.WhichOneof("message")
             if kind == "heartbeat":
                 await self._send(spb.SupervisorMessage(heartbeat=spb.Heartbeat(sent_at_ms=int(time.time() * 1000))))

@@ -3,7 +3,9 @@ supervisor's session are forwarded to the replica holding it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -116,3 +118,37 @@ async def test_a_copied_sandbox_token_cannot_pull_a_live_session_to_another_repl
     assert owner in (caught.value.details() or "")
     assert owner_of(await stubs[other.id].GetSandbox(pb.SandboxRef(name="held"), metadata=md)) == owner
     assert await exec_via(stubs[other.id], md, "held", ["echo", "still"]) == (0, b"still\n")
+
+
+async def test_a_watch_on_any_replica_sees_every_progress_line(replicas: ReplicaSet) -> None:
+    """ "Created" is said by the replica that made the create and "Registered" by the one the pod's
+    supervisor reached: a watch on either replica sees both, each once."""
+    first, second = await replicas.start_one(), await replicas.start_one()
+    stubs = [replicas.stub(r.tcp) for r in (first, second)]
+    md = replicas.metadata
+    await stubs[0].CreateSandbox(
+        pb.CreateSandboxRequest(name="told", spec=pb.SandboxSpec(command=["sleep", "600"])), metadata=md
+    )
+    for stub in stubs:
+        reasons = await progress_reasons(stub, md, "told", until={"Created", "Registered"})
+        assert reasons.count("Created") == 1
+        assert reasons.count("Registered") == 1
+    await stubs[1].DeleteSandbox(pb.SandboxRef(name="told"), metadata=md)
+
+
+async def progress_reasons(stub: Any, md: Any, name: str, *, until: set[str]) -> list[str]:
+    """The progress reasons a watch replays and follows, once all of `until` are among them (a
+    watch that ends at Ready before a line arrived is opened again: it replays from the start)."""
+    reasons: list[str] = []
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                reasons = []
+                async for event in stub.WatchSandbox(pb.WatchSandboxRequest(name=name), metadata=md):
+                    if event.HasField("progress"):
+                        reasons.append(event.progress.reason)
+                    if until <= set(reasons):
+                        return reasons
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"{name}: the watch saw {reasons}, not all of {sorted(until)}") from None

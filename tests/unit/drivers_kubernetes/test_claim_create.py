@@ -112,6 +112,9 @@ class NoActivator:
         await asyncio.Event().wait()
         return generation
 
+    def holds(self, instance_id: Any) -> bool:
+        return False
+
 
 def pool(name: str = "foo", shape: SandboxShape = SHAPE) -> poolcache.CachedPool:
     return poolcache.CachedPool(name, shape.workspace, fingerprint(shape), shape, 2, 2)

@@ -133,6 +133,9 @@ async def test_an_activated_claim_publishes_claimed_and_leaves_the_idle_count() 
             await asyncio.Event().wait()
             return generation
 
+        def holds(self, instance_id: InstanceId) -> bool:
+            return False
+
     hub, idle = Hub(), poolcache.IdleMembers()
     events = hub.subscribe()
     idle.registered(pod_uid, pool().fingerprint)
@@ -218,6 +221,9 @@ async def test_a_parked_claim_keeps_the_moment_it_was_bound(monkeypatch: pytest.
             await asyncio.Event().wait()
             return generation
 
+        def holds(self, instance_id: InstanceId) -> bool:
+            return registered.is_set()
+
     hub = Hub()
     events = hub.subscribe()
     controller = claimactivation.ClaimActivation(
@@ -247,3 +253,99 @@ async def _until_closed(hub: Hub, events: Any) -> Any:
     hub.close()
     async for event in events:
         yield event
+
+
+class HeldHere:
+    """An activator holding the registrations of `registered` pods; the others are elsewhere."""
+
+    def __init__(self) -> None:
+        self.registered: set[str] = set()
+        self.calls: list[str] = []
+        self.activated: dict[str, asyncio.Event] = {}
+        self.generation = 0
+        self._changed = asyncio.Event()
+
+    def register(self, pod_uid: str) -> asyncio.Event:
+        """Register `pod_uid` here; the event is set once it is activated."""
+        self.registered.add(pod_uid)
+        self.generation += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return self.activated.setdefault(pod_uid, asyncio.Event())
+
+    async def activate(self, *, instance_id: InstanceId, **_: Any) -> None:
+        self.calls.append(instance_id)
+        if instance_id not in self.registered:
+            raise NotFoundError(f"instance {instance_id} is not registered")
+        self.activated.setdefault(instance_id, asyncio.Event()).set()
+
+    def holds(self, instance_id: InstanceId) -> bool:
+        return instance_id in self.registered
+
+    async def wait_registrations_changed(self, generation: int) -> int:
+        while self.generation == generation:
+            await self._changed.wait()
+        return self.generation
+
+
+def parked_scene(
+    count: int, **options: Any
+) -> tuple[WarmCluster, HeldHere, claimactivation.ClaimActivation, list[Any], list[str]]:
+    """`count` claims bound to warm members whose pods are registered elsewhere, and a controller
+    (`options` for it) that parks each after one attempt (the caller patches RETRY_DELAYS)."""
+    cluster = WarmCluster()
+    pool_obj = cluster.pool()
+    claim_objs, pods = [], []
+    for i in range(count):
+        sandbox, pod = cluster.member(pool_obj, suffix=f"m{i}")
+        claim = cluster.claim(sandbox_id=f"sbx-{i}", name=f"c{i}")
+        cluster.adopt(sandbox, claim)
+        claim_objs.append(claim)
+        pods.append(pod["metadata"]["uid"])
+    activator = HeldHere()
+    controller = claimactivation.ClaimActivation(
+        cluster,  # type: ignore[arg-type]
+        NS,
+        ProofSealer(KEY),
+        activator,
+        watching.Backoff(),
+        **options,
+    )
+    return cluster, activator, controller, claim_objs, pods
+
+
+async def test_a_registration_wakes_only_its_own_parked_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forty parked claims, more than the in-flight bound: a pod registering here wakes its own
+    claim alone (one activate call), which is activated, and the others stay parked."""
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", ())  # park after the first attempt
+    cluster, activator, controller, claim_objs, pods = parked_scene(40, max_in_flight=8)
+    controller.replace(claim_objs)
+    await controller.wait_in_flight()
+    assert len(activator.calls) == 40  # each tried once, then parked
+    reads = len(cluster.calls)
+    for pod_uid in (pods[37], pods[3]):
+        activator.calls.clear()
+        activator.register(pod_uid)
+        controller.registrations_changed()
+        await controller.wait_in_flight()
+        assert activator.calls == [pod_uid]
+    assert len(cluster.calls) == reads  # a parked retry reads nothing from the API
+    controller.registrations_changed()  # a change that is nobody's: nothing runs
+    assert controller.in_flight == 0
+    await controller.aclose()
+
+
+async def test_claims_woken_beyond_the_bound_still_run_when_slots_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More woken parked claims than slots: the ones that wait for a slot keep their wake-up."""
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", ())
+    _cluster, activator, controller, claim_objs, pods = parked_scene(10, max_in_flight=2)
+    controller.replace(claim_objs)
+    await controller.wait_in_flight()
+    activator.calls.clear()
+    for pod_uid in pods:
+        activator.registered.add(pod_uid)  # all ten at once, then one change
+    controller.registrations_changed()
+    assert controller.in_flight == 2
+    await controller.wait_in_flight()
+    assert sorted(activator.calls) == sorted(pods)  # every one activated, none twice
+    await controller.aclose()

@@ -77,6 +77,9 @@ class Activator:
         await asyncio.Event().wait()
         return generation
 
+    def holds(self, instance_id: Any) -> bool:
+        return False
+
 
 @pytest.fixture(autouse=True)
 def _quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:

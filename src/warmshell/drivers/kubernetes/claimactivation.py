@@ -3,6 +3,10 @@ Sandbox, activate the supervisor already registered from that Sandbox's pod.
 
 Triggers: a watch on our labelled claims, a relist every 15 s (a missed event costs at most that),
 and every change of the gateway's registrations (a pod that registers after its claim was bound).
+A registration change wakes only the claims whose pod the activator now holds (`Activator.holds`,
+looked up in an index of parked claims by pod uid) and those still resolving their pod: with
+replicas, every claim another replica activated stays parked here until its sandbox goes, so
+retrying them all on each registration cost work in proportion to the live warm sandboxes.
 Each claim is followed claim → `status.sandbox.name` → Sandbox (controller = the claim's uid) →
 pod (controller = the Sandbox's uid); the sealed proof must open for (namespace, claim name,
 sandbox id). Work is deduplicated by claim uid, at most 32 activations run at once, a claim whose
@@ -115,6 +119,7 @@ class _Claim:
     # reads) on each registration change. After a gateway restart every running warm sandbox's
     # claim is parked, as their supervisors never register again.
     parked: Target | None = None
+    pod: InstanceId | None = None  # the pod its chain leads to, once resolved
     waiting: bool = False  # not scheduled because of the bound; scheduled on a free slot
     warned: bool = False
 
@@ -148,14 +153,15 @@ class ClaimActivation:
         self._relist_seconds = relist_seconds or RELIST_SECONDS  # read late: tests shorten it
         self._max = max_in_flight
         self._claims: dict[str, _Claim] = {}  # by uid
-        self._in_flight = 0  # claims with a task
+        self._parked: dict[InstanceId, _Claim] = {}  # parked claims by the pod uid they wait for
+        self._running: set[_Claim] = set()  # claims with a task
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False  # closing: a freed slot schedules nothing
 
     @property
     def in_flight(self) -> int:
         """Activations running now."""
-        return self._in_flight
+        return len(self._running)
 
     def start(self) -> None:
         """Start the watch, the relist and the registration trigger."""
@@ -189,7 +195,8 @@ class ClaimActivation:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks, self._in_flight = [], 0
+        self._tasks = []
+        self._running.clear()
 
     # -- triggers ----------------------------------------------------------------------------
 
@@ -235,11 +242,17 @@ class ClaimActivation:
         generation = 0
         while True:
             generation = await self._activator.wait_registrations_changed(generation)
-            for record in list(self._claims.values()):
-                if record.wake is not None:
-                    record.wake.set()
-            for record in list(self._claims.values()):
-                self._consider(record, registration=True)
+            self.registrations_changed()
+
+    def registrations_changed(self) -> None:
+        """Wake the claims a registration change may be for: running ones backing off with their
+        pod held here now (or not resolved yet), and parked ones whose pod is held here now."""
+        holds = self._activator.holds
+        for record in self._running:
+            if record.wake is not None and (record.pod is None or holds(record.pod)):
+                record.wake.set()
+        for pod in [pod for pod in self._parked if holds(pod)]:
+            self._consider(self._parked[pod], registration=True)
 
     def replace(self, items: list[Obj]) -> None:
         """The claims are now exactly `items` (a listing): forget the others, consider each."""
@@ -258,10 +271,23 @@ class ClaimActivation:
 
     def _forget(self, uid: str) -> None:
         record = self._claims.pop(uid, None)
-        if record is not None and record.task is not None:
+        if record is None:
+            return
+        self._unpark(record)
+        if record.task is not None:
             record.task.cancel()
             record.task = None
-            self._in_flight -= 1
+            self._running.discard(record)
+
+    def _park(self, record: _Claim, target: Target) -> None:
+        self._unpark(record)
+        record.parked = target
+        self._parked[target.pod_uid] = record
+
+    def _unpark(self, record: _Claim) -> None:
+        if record.parked is not None and self._parked.get(record.parked.pod_uid) is record:
+            del self._parked[record.parked.pod_uid]
+        record.parked = None
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -272,7 +298,7 @@ class ClaimActivation:
             return
         if record.parked is not None and not registration:
             return  # only a new registration can be its supervisor
-        if self._in_flight >= self._max:
+        if len(self._running) >= self._max:
             if not record.waiting:
                 log.debug("claim activations saturated (%d in flight); claim %s waits", self._max, record.uid)
             record.waiting = True
@@ -280,17 +306,18 @@ class ClaimActivation:
         record.waiting = False
         record.wake = asyncio.Event()
         record.task = asyncio.create_task(self._activate(record, record.claim), name=f"k8s-claim:{record.uid}")
-        self._in_flight += 1
+        self._running.add(record)
 
     def _finished(self, record: _Claim, task: asyncio.Task[None] | None) -> None:
         if record.task is task:
             record.task, record.wake = None, None
-            self._in_flight -= 1
-        if self._in_flight < self._max:
-            waiting = next((c for c in self._claims.values() if c.waiting), None)
-            if waiting is not None:
-                waiting.waiting = False
-                self._consider(waiting)
+            self._running.discard(record)
+        for waiting in [c for c in self._claims.values() if c.waiting]:
+            if len(self._running) >= self._max:
+                break
+            waiting.waiting = False
+            # A parked claim waits for a slot only when a registration woke it: it keeps that.
+            self._consider(waiting, registration=waiting.parked is not None)
 
     async def _activate(self, record: _Claim, claim: Obj) -> None:
         name = f"{claim['metadata'].get('namespace')}/{claim['metadata'].get('name')}"
@@ -302,13 +329,14 @@ class ClaimActivation:
 
     async def _attempts(self, record: _Claim, name: str, claim: Obj) -> None:
         target = parked = record.parked
-        record.parked = None
+        self._unpark(record)
         delays = (None,) if parked else (*RETRY_DELAYS, None)
         for delay in delays:
             try:
                 if parked is None:
                     target = await resolve_target(self._api, self._sealer, claim)
                 if target is not None:
+                    record.pod = target.pod_uid
                     if not target.bound_us:  # kept when the attempt fails: parked with it
                         target = self._bound(target)
                     await self._activate_target(target, name)
@@ -341,10 +369,7 @@ class ClaimActivation:
 
     def _bound(self, target: Target) -> Target:
         """The moment this controller first found the claim bound (the timeline's claimed_us)."""
-        target = dataclasses.replace(target, bound_us=now_us())
-        line = ProgressLine("Claimed", "agent-sandbox bound the SandboxClaim to a warm Sandbox")
-        self._hub.publish(DriverEvent(target.sandbox_id, progress=line))
-        return target
+        return dataclasses.replace(target, bound_us=now_us())
 
     async def _activate_target(self, target: Target, name: str) -> None:
         await self._activator.activate(
@@ -354,6 +379,10 @@ class ClaimActivation:
             reason=f"SandboxClaim/{name}",
             claimed_us=target.bound_us,
         )
+        # Said by the replica that activated it alone (every replica resolves the claim), and
+        # passed to the others' watchers like its other progress lines.
+        line = ProgressLine("Claimed", "agent-sandbox bound the SandboxClaim to a warm Sandbox")
+        self._hub.publish(DriverEvent(target.sandbox_id, progress=line))
         self._idle.activated(target.pod_uid)
         log.debug("claim %s: activated pod %s", name, target.pod_name)
 
@@ -362,7 +391,7 @@ class ClaimActivation:
     ) -> None:
         """Out of attempts: park a known pod until a registration, or say once that none was found."""
         if target is not None:
-            record.parked = target
+            self._park(record, target)
             if not parked:
                 log.debug(
                     "claim %s: the supervisor of pod %s (sandbox %s) is not registered here; "

@@ -224,4 +224,5 @@ def progress_line(event: Obj) -> ProgressLine:
         reason=str(event.get("reason") or "Event"),
         message=f"{kind.lower()}: {message}" if kind else message,
         warning=event.get("type") == "Warning",
+        seen_by_every_replica=True,  # every replica's informer watches the Events
     )

@@ -105,10 +105,17 @@ class PostgresStore:
         self._url = url
         self._password = password
 
-    async def follow_changes(self, on_change: Callable[[Change], None]) -> None:
+    async def follow_changes(
+        self,
+        on_change: Callable[[Change], None],
+        on_progress: Callable[[str], None] | None = None,
+        listening: asyncio.Event | None = None,
+    ) -> None:
         """Call `on_change` for every write any replica commits, until cancelled: LISTEN on a
         connection of its own (outside the pool), re-established after a loss, with a gap
-        `Change` each time it is back (writes may have been missed meanwhile)."""
+        `Change` each time it is back (writes may have been missed meanwhile). `on_progress`
+        gets every payload sent with `notify_progress` (by any replica, this one included);
+        `listening` is set once the first LISTEN is in place."""
         first = True
         while True:
             conn: asyncpg.Connection | None = None
@@ -125,6 +132,10 @@ class PostgresStore:
 
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await conn.add_listener(schema.CHANGES_CHANNEL, heard)
+                if on_progress is not None:
+                    await conn.add_listener(schema.PROGRESS_CHANNEL, lambda _c, _p, _ch, payload: on_progress(payload))
+                if listening is not None:
+                    listening.set()
                 if not first:
                     on_change(Change("", "", ""))
                 first = False
@@ -145,6 +156,13 @@ class PostgresStore:
                         await asyncio.shield(conn.close(timeout=1.0))
             first = False
             await asyncio.sleep(_LISTEN_RETRY_SECONDS)
+
+    async def notify_progress(self, payloads: list[str]) -> None:
+        """Send `payloads` on the progress channel, in one statement (nothing is stored)."""
+        async with self._connection() as conn:
+            await conn.execute(
+                "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload", schema.PROGRESS_CHANNEL, payloads
+            )
 
     def _unavailable(self, exc: BaseException) -> UnavailableError:
         why = _why(exc, self._config.statement_timeout_seconds)

@@ -10,12 +10,22 @@ import asyncpg
 
 from warmshell.core.errors import FailedPreconditionError
 
-__all__ = ["CHANGES_CHANNEL", "LOCK_KEY", "MIGRATIONS", "Migration", "apply_migrations", "pending_migrations"]
+__all__ = [
+    "CHANGES_CHANNEL",
+    "LOCK_KEY",
+    "MIGRATIONS",
+    "PROGRESS_CHANNEL",
+    "Migration",
+    "apply_migrations",
+    "pending_migrations",
+]
 
 # Any fixed 64-bit key works; every warmshell gateway on a database must use the same one.
 LOCK_KEY = 0x7761726D5F736368  # "warm_sch"
 # LISTEN/NOTIFY channel: "<INSERT|UPDATE|DELETE> <kind> <id>" after every committed write.
 CHANGES_CHANNEL = "warmshell_objects"
+# LISTEN/NOTIFY channel for progress lines replicas pass to each other (`gateway.progressfeed`).
+PROGRESS_CHANNEL = "warmshell_progress"
 
 
 @dataclass(frozen=True)
