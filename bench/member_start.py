@@ -45,6 +45,9 @@ from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.processes import SandboxProcess
 
 UID_BASE = 2_100_000
+AGENT = sandboxing.AGENT_PATH
+# How a sandbox entered its cgroup before warmshell-launch did it (a shell that moves itself, then execs).
+SH_CGROUP = ["/bin/sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "warmshell-cgroup"]
 
 
 def load() -> list[float]:
@@ -71,7 +74,6 @@ def make_launcher(tmp: Path) -> launching.Launcher:
         bounds=limits.Bounds.of(LocalDriverConfig()),
         etc_dir=stage / "etc" if root else tmp / "etc",
     )
-
 
 
 async def launcher_run(count: int, concurrency: int, nice: int) -> dict[str, Any]:
@@ -136,7 +138,7 @@ def driver_argv(tmp: Path) -> list[str]:
     launcher.prepare("")
     layout = sandboxing.SandboxLayout(
         bwrap=shutil.which("bwrap") or "bwrap",
-        plan=launcher._plans[Path("/")],  # noqa: SLF001 - the plan the launcher made, as it uses it
+        plan=launcher._plans[Path("/")],  # the plan the launcher made, as it uses it
         workspace_dir=tmp / "unused",
         agent=launching.AGENT_BINARY,
         control_fd=3,
@@ -145,7 +147,7 @@ def driver_argv(tmp: Path) -> list[str]:
         instance_id="li-bench",
         **layout_sizes(limits.Bounds.of(LocalDriverConfig())),
     )
-    prefix = launcher._launch_argv(19, UID_BASE if root else None, limits.Bounds.of(LocalDriverConfig()))  # noqa: SLF001
+    prefix = launcher._launch_argv(19, UID_BASE if root else None, limits.Bounds.of(LocalDriverConfig()))
     return [*prefix, *sandboxing.bwrap_argv(layout)]
 
 
@@ -179,20 +181,24 @@ def without_sized_tmpfs(argv: list[str], target: str) -> list[str]:
 def flag_variants(argv: list[str]) -> dict[str, list[str]]:
     split = argv.index("/usr/bin/bwrap") if "/usr/bin/bwrap" in argv else argv.index(shutil.which("bwrap") or "")
     prefix, bwrap = argv[:split], argv[split:]
-    etc_subdirs = without(bwrap, "--ro-bind", 2, lambda a: a[1].startswith("/etc/"))
-    no_dev = without(without_sized_tmpfs(without(bwrap, "--dev", 1), "/dev/shm"), "--remount-ro", 1, lambda a: a == ["/dev"])
+    at = bwrap.index("/etc") + 1  # after the staged /etc's bind: the allowed directories bound over it
+    subdirs = [["--ro-bind", f"/etc/{n}", f"/etc/{n}"] for n in sandboxing.ETC_ALLOWED if os.path.isdir(f"/etc/{n}")]
+    etc_subdirs = bwrap[:at] + [a for bind in subdirs for a in bind] + bwrap[at:]
+    no_dev = without(
+        without_sized_tmpfs(without(bwrap, "--dev", 1), "/dev/shm"), "--remount-ro", 1, lambda a: a == ["/dev"]
+    )
     variants = {
         "as the driver builds it": argv,
         "- warmshell-launch (priority, rlimits, uid)": bwrap,
-        "- the /etc subdirectory binds": prefix + etc_subdirs,
+        "+ the /etc directories bound one each (before this stop)": prefix + etc_subdirs,
         "- --unshare-net": prefix + without(bwrap, "--unshare-net", 0),
         "- --seccomp": prefix + without(bwrap, "--seccomp", 1),
         "- --proc": prefix + without(bwrap, "--proc", 1),
         "- --dev, /dev/shm, its remount": prefix + no_dev,
         "- --remount-ro /": prefix + without(bwrap, "--remount-ro", 1, lambda a: a == ["/"]),
-        "- the agent's bind (exec'd from /usr)": prefix + without(bwrap, "--ro-bind", 2, lambda a: a[1] == sandboxing.AGENT_PATH),
+        "- the agent's bind (exec'd from /usr)": prefix + without(bwrap, "--ro-bind", 2, lambda a: a[1] == AGENT),
         "- the sizes of the tmpfs mounts": prefix + without(bwrap, "--size", 1),
-        "+ /bin/sh cgroup prefix (cgroup v2 hosts)": ["/bin/sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "x", os.devnull, *argv],
+        "+ /bin/sh cgroup prefix (cgroup v2 hosts)": [*SH_CGROUP, os.devnull, *argv],
     }  # fmt: skip
     if sandboxing.AGENT_PATH in variants["- the agent's bind (exec'd from /usr)"]:
         agent_moved = variants["- the agent's bind (exec'd from /usr)"]
@@ -236,7 +242,10 @@ def flags_run(rounds: int) -> dict[str, Any]:
 
 
 def table(data: dict[str, Any]) -> str:
-    out = "| launcher, no supervisor | members | concurrency | members/s | gateway CPU ms/start (event loop + threads) | member CPU ms to hello | processes/member | member CPU ms over its life | gateway CPU ms/stop | load |\n"
+    out = (
+        "| launcher, no supervisor | members | concurrency | members/s | gateway CPU ms/start (event loop + threads) "
+        "| member CPU ms to hello | processes/member | member CPU ms over its life | gateway CPU ms/stop | load |\n"
+    )
     out += "|---|---|---|---|---|---|---|---|---|---|\n"
     for run in data["launcher"]:
         out += (

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.integration.drivers_local.support import needs_bwrap
+from tests.integration.drivers_local.support import DriverFactory, needs_bwrap, workspace_of
+from tests.integration.drivers_local.test_local_cold import request
+from tests.integration.drivers_local.waiting import read_when_present
+from warmshell.core.config import StatePaths
 from warmshell.drivers.local import sandboxing
 from warmshell.drivers.local.launching import Launcher
 
@@ -34,3 +38,31 @@ def test_sandboxes_prepared_at_once_share_one_staged_etc(tmp_path: Path) -> None
         assert (staged / "passwd").read_bytes() == Path("/etc/passwd").read_bytes()
         launcher.close()
         assert not staged.exists()  # a gateway that stops leaves no copy behind
+
+
+async def test_a_sandbox_gets_the_allowed_etc_directories_in_one_mount(
+    make_driver: DriverFactory, paths: StatePaths
+) -> None:
+    # The allowed directories are copied into the stage rather than bound one each: inside, /etc
+    # is the only mount under /etc, the public trees read as on the host, private parts are absent.
+    probe = (
+        "awk '{print $5}' /proc/self/mountinfo | grep '^/etc' > /workspace/etc-mounts; "
+        "ls -A /etc/ssl/certs > /workspace/certs; "
+        "ls -A /etc/ssl > /workspace/ssl; "
+        "mv /workspace/certs /workspace/done; exec sleep 600"
+    )
+    async with make_driver(script=probe) as driver:
+        created = await driver.create(request())
+        workspace = workspace_of(paths, created.instance_id)
+        certs = await read_when_present(workspace / "done")
+        assert (workspace / "etc-mounts").read_text().split() == ["/etc"]
+        assert certs.split() == sorted(os.listdir("/etc/ssl/certs"))  # `ls` runs in the C locale (--clearenv)
+        # What everyone may read: ssl/private (o-x) is not there.
+        public = {name for name in os.listdir("/etc/ssl") if _public(Path("/etc/ssl", name))}
+        assert set((workspace / "ssl").read_text().split()) == public
+        assert "private" not in (workspace / "ssl").read_text().split()
+
+
+def _public(path: Path) -> bool:
+    mode = path.lstat().st_mode
+    return path.is_symlink() or bool(mode & (0o001 if path.is_dir() else 0o004))

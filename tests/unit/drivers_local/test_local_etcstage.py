@@ -4,6 +4,7 @@ the host's /etc)."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,11 @@ def host_etc(tmp_path: Path) -> Path:
     (etc / "hosts").write_text("127.0.0.1 localhost\n")
     (etc / "ssl").mkdir()
     (etc / "ssl" / "cert.pem").write_text("cert")
+    (etc / "ssl" / "certs").mkdir()
+    (etc / "ssl" / "certs" / "ca.pem").symlink_to("../cert.pem")
+    (etc / "ssl" / "private").mkdir(mode=0o710)
+    (etc / "ssl" / "private" / "key.pem").write_text("secret key")
+    (etc / "ssl" / "pip.conf").write_text("index-url = https://user:token@example.invalid\n")
     (etc / "shadow").write_text("root:secret\n")
     (tmp_path / "zone").write_text("UTC")
     (etc / "localtime").symlink_to(tmp_path / "zone")
@@ -29,7 +35,7 @@ def stage(tmp_path: Path, host_etc: Path) -> EtcStage:
     return EtcStage(tmp_path / "staged", host_etc, ["passwd", "hosts", "ssl", "localtime", "gone"])
 
 
-def test_allowed_files_are_copied_and_directories_become_mount_points(tmp_path: Path, host_etc: Path) -> None:
+def test_allowed_files_and_directories_are_copied(tmp_path: Path, host_etc: Path) -> None:
     staged = stage(tmp_path, host_etc)
     staged.refresh()
     directory = staged.directory
@@ -37,9 +43,47 @@ def test_allowed_files_are_copied_and_directories_become_mount_points(tmp_path: 
     assert (directory / "passwd").read_text() == "root:x:0:0::/root:/bin/sh\n"
     assert (directory / "localtime").read_text() == "UTC"  # a symlink's content, not the link
     assert not (directory / "localtime").is_symlink()
-    assert os.listdir(directory / "ssl") == []  # bound over, not copied
-    assert staged.subdirectories == ("ssl",)
     assert not (directory / "shadow").exists()
+    # A directory is a tree whose symlinks stay links (they resolve in the sandbox as through a bind).
+    assert (directory / "ssl" / "cert.pem").read_text() == "cert"
+    assert os.readlink(directory / "ssl" / "certs" / "ca.pem") == "../cert.pem"
+
+
+def test_private_entries_and_tool_configs_in_a_tree_are_not_copied(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    assert sorted(os.listdir(staged.directory / "ssl")) == ["cert.pem", "certs"]
+    assert "secret key" not in _all_text(staged.directory)
+    assert "token" not in _all_text(staged.directory)
+
+
+def test_a_change_inside_a_copied_tree_is_followed(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    (host_etc / "ssl" / "cert.pem").write_text("edited in place")
+    (host_etc / "ssl" / "certs" / "new.pem").symlink_to("../cert.pem")
+    staged.refresh()
+    assert (staged.directory / "ssl" / "cert.pem").read_text() == "edited in place"
+    assert os.readlink(staged.directory / "ssl" / "certs" / "new.pem") == "../cert.pem"
+    (host_etc / "ssl" / "certs" / "ca.pem").unlink()
+    staged.refresh()
+    assert sorted(os.listdir(staged.directory / "ssl" / "certs")) == ["new.pem"]
+    assert sorted(os.listdir(staged.directory)) == ["hosts", "localtime", "passwd", "ssl"]  # no leftovers
+    shutil.rmtree(host_etc / "ssl")
+    staged.refresh()
+    assert not (staged.directory / "ssl").exists()
+
+
+def test_an_unchanged_stage_is_checked_without_copying(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    inode = os.stat(staged.directory / "ssl").st_ino
+    staged.refresh()
+    assert os.stat(staged.directory / "ssl").st_ino == inode
+
+
+def _all_text(directory: Path) -> str:
+    return "".join(p.read_text() for p in directory.rglob("*") if p.is_file())
 
 
 def test_a_copy_keeps_its_sources_permission_bits(tmp_path: Path, host_etc: Path) -> None:
