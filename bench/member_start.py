@@ -198,7 +198,10 @@ def flag_variants(argv: list[str]) -> dict[str, list[str]]:
         "- --remount-ro /": prefix + without(bwrap, "--remount-ro", 1, lambda a: a == ["/"]),
         "- the agent's bind (exec'd from /usr)": prefix + without(bwrap, "--ro-bind", 2, lambda a: a[1] == AGENT),
         "- the sizes of the tmpfs mounts": prefix + without(bwrap, "--size", 1),
-        "+ /bin/sh cgroup prefix (cgroup v2 hosts)": [*SH_CGROUP, os.devnull, *argv],
+        "+ entering a cgroup: warmshell-launch --cgroup (cgroup v2 hosts, now)": [
+            prefix[0], f"--cgroup={os.devnull}", *prefix[1:], *bwrap
+        ],
+        "+ entering a cgroup: a /bin/sh prefix (cgroup v2 hosts, before)": [*SH_CGROUP, os.devnull, *argv],
     }  # fmt: skip
     if sandboxing.AGENT_PATH in variants["- the agent's bind (exec'd from /usr)"]:
         agent_moved = variants["- the agent's bind (exec'd from /usr)"]

@@ -134,18 +134,18 @@ class Launcher:
                 run_bytes=bounds.run_bytes if bounds is not None else None,
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
             )
-            # Into the cgroup while still the gateway's uid, then priority, rlimits and the
-            # sandbox's uid, then bwrap.
-            enter = cgroups.enter_argv(instance.cgroup) if instance.cgroup is not None else []
-            return [*enter, *self._launch_argv(nice, uid, bounds), *sandboxing.bwrap_argv(layout)]
+            return [*self._launch_argv(nice, uid, bounds, instance.cgroup), *sandboxing.bwrap_argv(layout)]
 
         return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path, spawner=self._spawner)
 
-    def _launch_argv(self, nice: int, uid: int | None, bounds: limits.Bounds | None) -> list[str]:
-        """The `warmshell-launch` prefix (not subprocess's `user=`: that makes Python fork()
-        instead of vfork(), and a fork of the gateway runs gRPC's fork handlers, which crash the
-        child while other threads use gRPC)."""
+    def _launch_argv(self, nice: int, uid: int | None, bounds: limits.Bounds | None, cgroup: Path | None) -> list[str]:
+        """The `warmshell-launch` prefix: into the cgroup while still the gateway's uid, then
+        priority, rlimits and the sandbox's uid, then bwrap (not subprocess's `user=`: that makes
+        Python fork() instead of vfork(), and a fork of the gateway runs gRPC's fork handlers,
+        which crash the child while other threads use gRPC)."""
         argv = [str(self._launch)]
+        if cgroup is not None:
+            argv.append(f"--cgroup={cgroups.procs_file(cgroup)}")
         if nice:
             argv.append(f"--priority={nice}")
         if bounds is not None:
