@@ -76,4 +76,3 @@ def test_what_to_write_where() -> None:
     assert cgroups.control_files(cgroups.Limits(cpu_millis=1), every) == {"cpu.max": "1000 100000\n"}
     assert cgroups.control_files(limits, frozenset({"memory"})) == {"memory.max": f"{2**30}\n"}
     assert cgroups.control_files(cgroups.Limits(), every) == {}
-
