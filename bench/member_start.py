@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import os
 import resource
 import shutil
@@ -42,7 +43,7 @@ from warm_path import descendants
 from warmshell.core.config import LocalDriverConfig
 from warmshell.drivers.local import launching, limits, sandboxing, seccomp
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.processes import SandboxProcess
+from warmshell.drivers.local.processes import HostProcesses, SandboxProcess
 
 UID_BASE = 2_100_000
 AGENT = sandboxing.AGENT_PATH
@@ -96,9 +97,8 @@ async def launcher_run(count: int, concurrency: int, nice: int) -> dict[str, Any
                     instance.directory.mkdir(mode=0o700, parents=True)
                     launcher.prepare("")
 
-                await asyncio.to_thread(prepare)
                 uid = UID_BASE + index if root else None
-                process = await launcher.start(instance, image="", uid=uid, nice=nice)
+                process = await start(launcher, instance, uid, nice, prepare)
                 assert isinstance(process, SandboxProcess)
                 started.append(process)
 
@@ -129,6 +129,17 @@ async def launcher_run(count: int, concurrency: int, nice: int) -> dict[str, Any
         "gateway_cpu_ms_per_stop": stop_gateway / count,
         "load": load(),
     }
+
+
+async def start(
+    launcher: launching.Launcher, instance: Instance, uid: int | None, nice: int, prepare: Callable[[], None]
+) -> SandboxProcess | HostProcesses:
+    """As `Fleet.launch` starts a sandbox: prepared in the spawner thread where the launcher takes
+    a `prepare` (since this stop), in a thread of its own before that."""
+    if "prepare" in inspect.signature(launcher.start).parameters:
+        return await launcher.start(instance, image="", uid=uid, nice=nice, prepare=prepare)
+    await asyncio.to_thread(prepare)
+    return await launcher.start(instance, image="", uid=uid, nice=nice)
 
 
 def driver_argv(tmp: Path) -> list[str]:

@@ -49,10 +49,13 @@ def test_allowed_files_and_directories_are_copied(tmp_path: Path, host_etc: Path
     assert os.readlink(directory / "ssl" / "certs" / "ca.pem") == "../cert.pem"
 
 
-def test_private_entries_and_tool_configs_in_a_tree_are_not_copied(tmp_path: Path, host_etc: Path) -> None:
+def test_private_entries_are_empty_placeholders_and_tool_configs_are_left_out(tmp_path: Path, host_etc: Path) -> None:
     staged = stage(tmp_path, host_etc)
     staged.refresh()
-    assert sorted(os.listdir(staged.directory / "ssl")) == ["cert.pem", "certs"]
+    ssl = staged.directory / "ssl"
+    assert sorted(os.listdir(ssl)) == ["cert.pem", "certs", "private"]  # no pip.conf
+    assert os.listdir(ssl / "private") == []
+    assert (ssl / "private").stat().st_mode & 0o777 == 0o710  # listed as through a bind, not entered
     assert "secret key" not in _all_text(staged.directory)
     assert "token" not in _all_text(staged.directory)
 

@@ -112,37 +112,38 @@ class EtcStage:
         self._copied[name] = (signature, paths)
 
 
-def _never_copied(directory: str, names: list[str]) -> set[str]:
-    """Inside a tree: `NEVER_COPIED`, and what not everyone may read (a file without o+r, a
-    directory without o+x, such as ssl/private): no private key is copied about; a sandbox's own
-    uid could only have read it through group or owner bits it never holds as root's sandbox."""
-    ignored = set()
+def _sorted_out(directory: str, names: Sequence[str]) -> tuple[set[str], set[str]]:
+    """Of `names` in `directory` (inside a tree): those never copied (`NEVER_COPIED`, or gone),
+    and those only not everyone may read (a file without o+r, a directory without o+x, such as
+    ssl/private), which become empty placeholders."""
+    never, private = set(), set()
     for name in names:
         try:
             mode = os.lstat(os.path.join(directory, name)).st_mode
         except OSError:
-            ignored.add(name)
+            never.add(name)
             continue
-        private = (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH) or (stat.S_ISREG(mode) and not mode & stat.S_IROTH)
-        if name in NEVER_COPIED or private:
-            ignored.add(name)
-    return ignored
+        if name in NEVER_COPIED:
+            never.add(name)
+        elif (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH) or (stat.S_ISREG(mode) and not mode & stat.S_IROTH):
+            private.add(name)
+    return never, private
 
 
 def _tree(top: Path) -> tuple[Path, ...]:
-    """`top` and every directory and regular file below it that is copied (symlinks are not
-    followed)."""
+    """`top` and every directory and regular file below it that is staged (symlinks are not
+    followed, private directories not entered)."""
     found = [top]
     for directory, subdirs, files in os.walk(top):
-        ignored = _never_copied(directory, [*subdirs, *files])
-        subdirs[:] = [name for name in subdirs if name not in ignored]
-        for name in subdirs:
-            if not os.path.islink(os.path.join(directory, name)):
-                found.append(Path(directory, name))
+        never, private = _sorted_out(directory, [*subdirs, *files])
+        found += [
+            Path(directory, name) for name in subdirs if name not in never and not os.path.islink(Path(directory, name))
+        ]
+        subdirs[:] = [name for name in subdirs if name not in never and name not in private]
         for name in files:
-            path = os.path.join(directory, name)
-            if name not in ignored and stat.S_ISREG(os.lstat(path).st_mode):
-                found.append(Path(path))
+            path = Path(directory, name)
+            if name not in never and stat.S_ISREG(os.lstat(path).st_mode):
+                found.append(path)
     return tuple(found)
 
 
@@ -160,11 +161,30 @@ def _signature(paths: Sequence[Path]) -> _Signature | None:
 
 
 def _copy_tree(source: Path, target: Path) -> None:
-    """`source` as a tree at `target`: symlinks kept, `NEVER_COPIED` left out, every copy with its
-    source's metadata (`copytree` keeps the directories' bits and times; owners are set here)."""
+    """`source` as a tree at `target`: symlinks kept, `NEVER_COPIED` left out, private entries as
+    empty placeholders (a listing shows them, as through a bind, but no private key is copied
+    about), every copy with its source's metadata (`copytree` keeps the directories' bits and
+    times; owners are set here)."""
+    placeholders: list[tuple[Path, Path]] = []
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        never, private = _sorted_out(directory, names)
+        inside = target / os.path.relpath(directory, source)
+        placeholders.extend((Path(directory, name), inside / name) for name in private)
+        return never | private
+
     # Errors are what the gateway cannot read, which a sandbox could not read either: left out.
     with contextlib.suppress(shutil.Error):
-        shutil.copytree(source, target, symlinks=True, copy_function=_copy_file, ignore=_never_copied)
+        shutil.copytree(source, target, symlinks=True, copy_function=_copy_file, ignore=ignore)
+    for original, placeholder in placeholders:
+        info = os.lstat(original)
+        if stat.S_ISDIR(info.st_mode):
+            placeholder.mkdir(mode=0o700)
+        else:
+            placeholder.touch(mode=0o600)
+        _keep_metadata(placeholder, info)
+        parent = os.stat(original.parent)  # the placeholder changed its directory's mtime
+        os.utime(placeholder.parent, ns=(parent.st_atime_ns, parent.st_mtime_ns))
     if os.geteuid() == 0:
         for directory, _, _ in os.walk(target):
             info = os.stat(source / os.path.relpath(directory, target))
