@@ -24,10 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+import json
 import os
 import resource
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,7 +100,7 @@ async def launcher_run(count: int, concurrency: int, nice: int) -> dict[str, Any
                     launcher.prepare("")
 
                 uid = UID_BASE + index if root else None
-                process = await start(launcher, instance, uid, nice, prepare)
+                process = await start_member(launcher, instance, uid, nice, prepare)
                 assert isinstance(process, SandboxProcess)
                 started.append(process)
 
@@ -131,7 +133,7 @@ async def launcher_run(count: int, concurrency: int, nice: int) -> dict[str, Any
     }
 
 
-async def start(
+async def start_member(
     launcher: launching.Launcher, instance: Instance, uid: int | None, nice: int, prepare: Callable[[], None]
 ) -> SandboxProcess | HostProcesses:
     """As `Fleet.launch` starts a sandbox: prepared in the spawner thread where the launcher takes
@@ -255,20 +257,53 @@ def flags_run(rounds: int) -> dict[str, Any]:
     return {"rounds": rounds, "cpu_ms": {label: summary(values) for label, values in samples.items()}, "load": load()}
 
 
+LAUNCHER_METRICS = (
+    ("members_per_s", "members/s", 1),
+    ("gateway_cpu_ms_per_start", "gateway CPU ms/start", 2),
+    ("gateway_loop_cpu_ms_per_start", "… its event loop", 2),
+    ("gateway_threads_cpu_ms_per_start", "… its threads (spawner)", 2),
+    ("member_cpu_ms_per_start", "member CPU ms to hello (bwrap, agent)", 2),
+    ("member_cpu_ms_per_life", "member CPU ms over its life", 2),
+    ("gateway_cpu_ms_per_stop", "gateway CPU ms/stop", 2),
+)
+
+
+def launcher_runs(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """`--repeat` launcher runs of each source tree (this one, and `--before-src` if given),
+    alternating, each in a fresh process so the two never share an interpreter."""
+    trees = {"now": None, **({"before": args.before_src} if args.before_src else {})}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory(prefix="ws-member-runs-") as tmp:
+        for repeat in range(args.repeat):
+            for name, src in trees.items():
+                out = Path(tmp, f"{name}-{repeat}.json")
+                env = {**os.environ, **({"PYTHONPATH": str(src)} if src else {})}
+                command = [sys.executable, __file__, "--one-run", str(out), "--count", str(args.count)]
+                subprocess.run([*command, "--concurrency", str(args.concurrency)], env=env, check=True)
+                runs[name].append(json.loads(out.read_text()))
+    return runs
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key, _, _ in LAUNCHER_METRICS}
+
+
 def table(data: dict[str, Any]) -> str:
-    out = (
-        "| launcher, no supervisor | members | concurrency | members/s | gateway CPU ms/start (event loop + threads) "
-        "| member CPU ms to hello | processes/member | member CPU ms over its life | gateway CPU ms/stop | load |\n"
-    )
-    out += "|---|---|---|---|---|---|---|---|---|---|\n"
-    for run in data["launcher"]:
-        out += (
-            f"| nice {run['nice']} | {run['count']} | {run['concurrency']} | {run['members_per_s']:.1f} "
-            f"| {run['gateway_cpu_ms_per_start']:.2f} ({run['gateway_loop_cpu_ms_per_start']:.2f} + "
-            f"{run['gateway_threads_cpu_ms_per_start']:.2f}) | {run['member_cpu_ms_per_start']:.2f} "
-            f"| {run['processes_per_member']:.1f} | {run['member_cpu_ms_per_life']:.2f} "
-            f"| {run['gateway_cpu_ms_per_stop']:.2f} | {run['load']} |\n"
-        )
+    runs = data["launcher"]
+    now = medians(runs["now"])
+    before = medians(runs["before"]) if "before" in runs else None
+    repeat = len(runs["now"])
+    out = f"Launcher, no supervisor: {data['count']} members started {data['concurrency']} at a time, nice 0; "
+    out += f"median of {repeat} runs{' of each tree, alternating' if before else ''}.\n\n"
+    out += "| figure | now |" + (" before | now / before |" if before else "") + "\n"
+    out += "|---|---|" + ("---|---|" if before else "") + "\n"
+    for key, label, digits in LAUNCHER_METRICS:
+        out += f"| {label} | {now[key]:.{digits}f} |"
+        if before:
+            out += f" {before[key]:.{digits}f} | {now[key] / before[key]:.2f} |" if before[key] else " - | - |"
+        out += "\n"
+    loads = [run["load"] for tree in runs.values() for run in tree]
+    out += f"\n(1-minute load during the runs {min(x[0] for x in loads)}-{max(x[0] for x in loads)}: shared 2-core machine)\n"
     flags = data.get("flags")
     if flags:
         base = flags["cpu_ms"]["as the driver builds it"]["p50"]
@@ -284,13 +319,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=200, help="members started per launcher run (default 200)")
     parser.add_argument("--concurrency", type=int, default=8, help="starts in flight (default 8, the pools' slots)")
+    parser.add_argument("--repeat", type=int, default=5, help="launcher runs per source tree (default 5)")
+    parser.add_argument("--before-src", type=Path, help="also run the launcher of the warmshell package under DIR")
     parser.add_argument("--rounds", type=int, default=40, help="alternating rounds of the flag breakdown (0: skip)")
     parser.add_argument("--name", default="member_start", help="results file name under bench/results/")
+    parser.add_argument("--one-run", type=Path, help=argparse.SUPPRESS)  # a launcher run's figures, as JSON
     args = parser.parse_args()
     if shutil.which("bwrap") is None:
         sys.exit("bubblewrap is needed")
-    data: dict[str, Any] = {"load_start": load()}
-    data["launcher"] = [asyncio.run(launcher_run(args.count, args.concurrency, nice)) for nice in (0, 19)]
+    if args.one_run:
+        args.one_run.write_text(json.dumps(asyncio.run(launcher_run(args.count, args.concurrency, 0))))
+        return
+    data: dict[str, Any] = {"load_start": load(), "count": args.count, "concurrency": args.concurrency}
+    data["launcher"] = launcher_runs(args)
     if args.rounds:
         data["flags"] = flags_run(args.rounds)
     data["load_end"] = load()
