@@ -302,8 +302,8 @@ def table(data: dict[str, Any]) -> str:
         if before:
             out += f" {before[key]:.{digits}f} | {now[key] / before[key]:.2f} |" if before[key] else " - | - |"
         out += "\n"
-    loads = [run["load"] for tree in runs.values() for run in tree]
-    out += f"\n(1-minute load during the runs {min(x[0] for x in loads)}-{max(x[0] for x in loads)}: shared 2-core machine)\n"
+    loads = [run["load"][0] for tree in runs.values() for run in tree]
+    out += f"\n(1-minute load during the runs {min(loads)}-{max(loads)}: a shared 2-core machine)\n"
     flags = data.get("flags")
     if flags:
         base = flags["cpu_ms"]["as the driver builds it"]["p50"]
