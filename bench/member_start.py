@@ -1,22 +1,26 @@
 """Issue 14: the cost of one local pool member's start, without a gateway around it.
 
+    python bench/member_start.py [--count 200] [--repeat 5] [--before-src DIR] [--rounds 40]
+
 Two parts, in one run:
 
-- **launcher**: the driver's `Launcher` in this process (the gateway's configuration: staged /etc,
-  default bounds, a uid per sandbox when run as root) starts members `--concurrency` at a time
-  (the pool's spawn slots) until `--count` agents said hello: members/s, this process's CPU per
-  start (what the gateway spends: preparing, spawning, waiting for the hello; from
-  `getrusage(RUSAGE_SELF)`), and the member's own processes' CPU up to its hello (bwrap and the
-  agent, from `/proc/<pid>/stat` of every process of the member while it runs). Then all are
-  stopped and the member processes' CPU over their whole life (`RUSAGE_CHILDREN`: teardown of
-  the namespaces included) is reported too. Work the kernel defers to its own threads (a network
-  namespace is freed by a kworker) is in neither figure. No host-side supervisor runs: that is
-  the gateway's other share of a member start (`bench/burst.py` measures the sum).
+- **launcher**: the driver's `Launcher` in a fresh process (the gateway's configuration: staged
+  /etc, default bounds, a uid per sandbox when run as root) starts members `--concurrency` at a
+  time (the pools' spawn slots) until `--count` agents said hello: members/s, that process's CPU
+  per start (what the gateway spends: preparing, spawning, waiting for the hello; its event loop
+  and its other threads apart, from `/proc/self/task/*/schedstat`), and the member's own
+  processes' CPU up to its hello (bwrap and the agent, from their schedstat while they run). Then
+  all are stopped and the member processes' CPU over their whole life (`RUSAGE_CHILDREN`: teardown
+  of the namespaces included) is reported too. Work the kernel defers to its own threads (a
+  network namespace is freed by a kworker) is in neither figure. No host-side supervisor runs:
+  that is the gateway's other share of a member start (`bench/burst.py` measures the sum).
+  `--repeat` runs, alternating with as many of the warmshell package under `--before-src DIR`
+  (e.g. `git archive <commit> src` with its agent and launcher built by `scripts/build-agent`).
 - **flags**: one member start and stop (the driver's bwrap command line with the real agent as
   pid 1, its control socket closed at once so it exits after its hello) in alternating rounds:
-  the command line as the driver builds it, then with one step removed at a time. A removed step
-  is a measurement, not a proposal: every isolating flag stays. CPU from `wait4` (bwrap and
-  everything it waited for).
+  the command line as the driver builds it, then with one step removed (or a step of the previous
+  layout added back) at a time. A removed step is a measurement, not a proposal: every isolating
+  flag stays. CPU from `wait4` (bwrap and everything it waited for).
 """
 
 from __future__ import annotations
