@@ -131,3 +131,19 @@ def test_remove_leaves_nothing_and_a_later_refresh_starts_again(tmp_path: Path, 
     assert not staged.directory.exists()
     staged.refresh()
     assert (staged.directory / "passwd").exists()
+
+
+def test_a_tree_with_read_only_directories_is_copied_again_when_it_changes(tmp_path: Path, host_etc: Path) -> None:
+    # A copy keeps its source's bits, so its directories may be read-only to the gateway itself
+    # (a non-root gateway could then not remove the previous copy).
+    (host_etc / "ssl" / "certs").chmod(0o555)
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    assert (staged.directory / "ssl" / "certs").stat().st_mode & 0o777 == 0o555
+    (host_etc / "ssl" / "certs").chmod(0o755)
+    (host_etc / "ssl" / "certs" / "second.pem").symlink_to("../cert.pem")
+    (host_etc / "ssl" / "certs").chmod(0o555)
+    staged.refresh()
+    assert sorted(os.listdir(staged.directory / "ssl" / "certs")) == ["ca.pem", "second.pem"]
+    assert sorted(os.listdir(staged.directory)) == ["hosts", "localtime", "passwd", "ssl"]
+    (host_etc / "ssl" / "certs").chmod(0o755)  # so that pytest can remove tmp_path

@@ -100,15 +100,19 @@ class EtcStage:
             _remove(partial)
             return
         target = self.directory / name
-        if os.path.isdir(partial) or os.path.isdir(target):  # a directory cannot be replaced in one rename
-            old = self.directory / f".{name}.old"
-            _remove(old)
-            if os.path.lexists(target):
-                os.rename(target, old)
-            os.rename(partial, target)
-            _remove(old)
-        else:
-            os.replace(partial, target)  # a sandbox starting now sees old or new, whole
+        try:
+            if os.path.isdir(partial) or os.path.isdir(target):  # a directory cannot be replaced in one rename
+                old = self.directory / f".{name}.old"
+                _remove(old)
+                if os.path.lexists(target):
+                    os.rename(target, old)
+                os.rename(partial, target)
+                _remove(old)
+            else:
+                os.replace(partial, target)  # a sandbox starting now sees old or new, whole
+        except OSError:  # the previous copy stays; the next refresh tries again
+            _remove(partial)
+            return
         self._copied[name] = (signature, paths)
 
 
@@ -206,6 +210,10 @@ def _keep_metadata(target: Path, info: os.stat_result) -> None:
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
+        if os.geteuid() != 0:  # a copy keeps its source's bits: a directory may be read-only to us
+            for directory, _, _ in os.walk(path):
+                with contextlib.suppress(OSError):
+                    os.chmod(directory, 0o700)
         shutil.rmtree(path, ignore_errors=True)
     else:
         with contextlib.suppress(FileNotFoundError):
