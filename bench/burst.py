@@ -263,7 +263,7 @@ def bwrap_argvs(tmp: Path) -> dict[str, list[str]]:
     stage.refresh()
     entries, names = sandboxing.list_root(Path("/")), os.listdir("/etc")
     plans = {
-        "now": sandboxing.host_root_plan(entries, names, staged_etc=stage.directory),
+        "now": sandboxing.host_root_plan(entries, names, staged_etc=stage.directory, etc_dirs=stage.subdirectories),
         "before": sandboxing.host_root_plan(entries, names),
     }
     bounds = limits.Bounds.of(LocalDriverConfig())

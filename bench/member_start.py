@@ -199,7 +199,8 @@ def flag_variants(argv: list[str]) -> dict[str, list[str]]:
     split = argv.index("/usr/bin/bwrap") if "/usr/bin/bwrap" in argv else argv.index(shutil.which("bwrap") or "")
     prefix, bwrap = argv[:split], argv[split:]
     at = bwrap.index("/etc") + 1  # after the staged /etc's bind: the allowed directories bound over it
-    subdirs = [["--ro-bind", f"/etc/{n}", f"/etc/{n}"] for n in sandboxing.ETC_ALLOWED if os.path.isdir(f"/etc/{n}")]
+    copied = [n for n in sandboxing.ETC_ALLOWED if os.path.isdir(f"/etc/{n}") and f"/etc/{n}" not in bwrap]
+    subdirs = [["--ro-bind", f"/etc/{n}", f"/etc/{n}"] for n in copied]
     etc_subdirs = bwrap[:at] + [a for bind in subdirs for a in bind] + bwrap[at:]
     no_dev = without(
         without_sized_tmpfs(without(bwrap, "--dev", 1), "/dev/shm"), "--remount-ro", 1, lambda a: a == ["/dev"]
@@ -207,7 +208,7 @@ def flag_variants(argv: list[str]) -> dict[str, list[str]]:
     variants = {
         "as the driver builds it": argv,
         "- warmshell-launch (priority, rlimits, uid)": bwrap,
-        "+ the /etc directories bound one each (before this stop)": prefix + etc_subdirs,
+        "+ the copied /etc directories bound one each (before this stop)": prefix + etc_subdirs,
         "- --unshare-net": prefix + without(bwrap, "--unshare-net", 0),
         "- --seccomp": prefix + without(bwrap, "--seccomp", 1),
         "- --proc": prefix + without(bwrap, "--proc", 1),

@@ -12,7 +12,7 @@ from tests.integration.drivers_local.support import DriverFactory, needs_bwrap, 
 from tests.integration.drivers_local.test_local_cold import request
 from tests.integration.drivers_local.waiting import read_when_present
 from warmshell.core.config import StatePaths
-from warmshell.drivers.local import sandboxing
+from warmshell.drivers.local import etcstage, sandboxing
 from warmshell.drivers.local.launching import Launcher
 
 pytestmark = needs_bwrap
@@ -43,8 +43,8 @@ def test_sandboxes_prepared_at_once_share_one_staged_etc(tmp_path: Path) -> None
 async def test_a_sandbox_gets_the_allowed_etc_directories_in_one_mount(
     make_driver: DriverFactory, paths: StatePaths
 ) -> None:
-    # The allowed directories are copied into the stage rather than bound one each: inside, /etc
-    # is the only mount under /etc and the trees read as on the host.
+    # The allowed directories are copied into the stage rather than bound one each (but those too
+    # big to copy): the mounts under /etc inside are few, and the trees read as on the host.
     probe = (
         "awk '{print $5}' /proc/self/mountinfo | grep '^/etc' > /workspace/etc-mounts; "
         "ls -A /etc/ssl/certs > /workspace/certs; "
@@ -55,9 +55,12 @@ async def test_a_sandbox_gets_the_allowed_etc_directories_in_one_mount(
         created = await driver.create(request())
         workspace = workspace_of(paths, created.instance_id)
         certs = await read_when_present(workspace / "done")
-        assert (workspace / "etc-mounts").read_text().split() == ["/etc"]
+        # The copy, and a bind of each allowed directory too big to copy only.
+        big = [f"/etc/{n}" for n in sorted(sandboxing.ETC_ALLOWED) if etcstage.too_big_to_copy(Path("/etc", n))]
+        assert (workspace / "etc-mounts").read_text().split() == ["/etc", *big]
+        assert len(big) < len([n for n in sandboxing.ETC_ALLOWED if Path("/etc", n).is_dir()])
         assert certs.split() == sorted(os.listdir("/etc/ssl/certs"))  # `ls` runs in the C locale (--clearenv)
-        # Every name the host has (ssl/private too, as an empty placeholder: see test_files).
+        # Every name the host has (ssl/private too: bound, or an empty placeholder; see test_files).
         assert (workspace / "ssl").read_text().split() == sorted(os.listdir("/etc/ssl"))
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from warmshell.drivers.local.etcstage import EtcStage
+from warmshell.drivers.local.etcstage import TREE_LIMIT, EtcStage
 
 
 @pytest.fixture
@@ -147,3 +147,16 @@ def test_a_tree_with_read_only_directories_is_copied_again_when_it_changes(tmp_p
     assert sorted(os.listdir(staged.directory / "ssl" / "certs")) == ["ca.pem", "second.pem"]
     assert sorted(os.listdir(staged.directory)) == ["hosts", "localtime", "passwd", "ssl"]
     (host_etc / "ssl" / "certs").chmod(0o755)  # so that pytest can remove tmp_path
+
+
+def test_a_directory_too_big_to_copy_is_a_mount_point_for_its_own_bind(tmp_path: Path, host_etc: Path) -> None:
+    # Symlink farms such as /etc/alternatives: copying hundreds of links took most of a second of
+    # a gateway's first start on a busy disk, so such a directory keeps its bind.
+    farm = host_etc / "ssl" / "certs"
+    for index in range(TREE_LIMIT):
+        (farm / f"{index}.pem").symlink_to("../cert.pem")
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    assert staged.subdirectories == ("ssl",)
+    assert os.listdir(staged.directory / "ssl") == []  # bound over, not copied
+    assert sorted(os.listdir(staged.directory)) == ["hosts", "localtime", "passwd", "ssl"]

@@ -97,13 +97,14 @@ def test_host_root_is_an_allow_list() -> None:
     assert pairs(argv, "--dir", 1) == [("/etc",)]
 
 
-def test_a_staged_etc_is_one_bind() -> None:
-    plan = sandboxing.host_root_plan(HOST_ENTRIES, HOST_ETC, staged_etc=Path("/state/sandbox-etc"))
+def test_a_staged_etc_is_one_bind_plus_the_allowed_directories() -> None:
+    plan = sandboxing.host_root_plan(
+        HOST_ENTRIES, HOST_ETC, staged_etc=Path("/state/sandbox-etc"), etc_dirs=("ssl", "ssh")
+    )
     argv = sandboxing.bwrap_argv(layout(plan=plan))
     etc = [(s, t) for s, t in pairs(argv, "--ro-bind", 2) if t.startswith("/etc")]
-    # The copy holds the allowed directories too: no bind of the host's /etc reaches the sandbox.
-    assert etc == [("/state/sandbox-etc", "/etc")]
-    assert not [s for s, _ in pairs(argv, "--ro-bind", 2) if s.startswith("/etc")]
+    # The copy first (the directory binds go on top of it), then only allowed directories.
+    assert etc == [("/state/sandbox-etc", "/etc"), ("/etc/ssl", "/etc/ssl")]
     assert pairs(argv, "--dir", 1) == []
 
 

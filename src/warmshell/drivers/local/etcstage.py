@@ -4,12 +4,17 @@ bound at /etc with one mount.
 Every bind costs bwrap a mount, a read-only remount and a scan of the (growing) mount table:
 binding each allowed /etc file on its own was about half of the CPU of a sandbox start, and the
 allowed directories (`ssl`, `alternatives`, ...) bound one each were still 6 of the 9 binds left
-(`bench/member_start.py`). So files and directories alike are copied: a file as its content (a
-symlink at the top is followed, as a bind would), a directory as a tree with its symlinks kept as
-symlinks (they resolve inside the sandbox exactly as through a bind). A copy keeps its source's
-permission bits and mtime (and, for a gateway run as root, its owner), so a sandbox reads in the
-copy exactly what it could read through a bind, except that tool configs which may hold tokens
-(`NEVER_COPIED`) are left out of the copied trees, as they are left out of the allow-list.
+(`bench/member_start.py`). So files are copied (their content: a symlink at the top is followed,
+as a bind would), and so is each allowed directory of at most `TREE_LIMIT` entries, as a tree
+whose symlinks stay symlinks (they resolve inside the sandbox exactly as through a bind). A
+larger directory (this host's `alternatives` and `ssl` are symlink farms of hundreds of entries,
+whose copy took most of a second of a gateway's first start on a busy disk) keeps a bind of its
+own over an empty mount point in the copy: decided once, when the stage is made. A copy keeps its
+source's permission bits and mtime (and, for a gateway run as root, its owner), so a sandbox reads
+in the copy what it could read through a bind, except that inside a copied tree tool configs that
+may hold tokens (`NEVER_COPIED`, as the allow-list leaves them out of /etc) are left out, and what
+not everyone may read is an empty placeholder with the source's owner and mode (no private key
+is copied about).
 
 The copies are checked before every start and refreshed when a source changed: a file by its
 inode, size and mtime; a tree by those of each of its directories and regular files (an entry
@@ -29,7 +34,11 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["NEVER_COPIED", "EtcStage"]
+__all__ = ["NEVER_COPIED", "TREE_LIMIT", "EtcStage", "too_big_to_copy"]
+
+# The most entries (files, directories and symlinks, at any depth) of an allowed directory that is
+# copied rather than bound.
+TREE_LIMIT = 64
 
 # Names inside an allowed directory that are never copied (e.g. /etc/xdg/pip/pip.conf).
 NEVER_COPIED = frozenset({"pip.conf", "npmrc", ".npmrc", "gitconfig", ".gitconfig", ".git-credentials"})
@@ -46,9 +55,11 @@ class EtcStage:
         self.directory = directory
         self._source = source
         self._allowed = frozenset(allowed)
-        self._names: tuple[str, ...] | None = None
+        self._names: tuple[str, ...] | None = None  # what is copied
         self._copied: dict[str, tuple[_Signature, tuple[Path, ...]]] = {}
         self._lock = threading.Lock()
+        # The allowed directories bound on their own (too big to copy), each an empty mount point.
+        self.subdirectories: tuple[str, ...] = ()
 
     def refresh(self) -> None:
         """Blocking, and safe from several threads at once: bring every copy up to date with its
@@ -72,13 +83,20 @@ class EtcStage:
             shutil.rmtree(self.directory, ignore_errors=True)
             self._copied.clear()
             self._names = None
+            self.subdirectories = ()
 
     def _create(self) -> None:
-        """A fresh directory (whatever a previous gateway left is removed)."""
-        self._names = tuple(sorted(set(os.listdir(self._source)) & self._allowed))
+        """A fresh directory (whatever a previous gateway left is removed), with a mount point for
+        every allowed directory too big to copy."""
+        names = sorted(set(os.listdir(self._source)) & self._allowed)
+        bound = tuple(name for name in names if too_big_to_copy(self._source / name))
         shutil.rmtree(self.directory, ignore_errors=True)
         self.directory.mkdir(mode=0o755, parents=True)
         os.chmod(self.directory, 0o755)
+        for name in bound:
+            (self.directory / name).mkdir(mode=0o755)
+        self._names = tuple(name for name in names if name not in bound)
+        self.subdirectories = bound
 
     def _copy(self, name: str) -> None:
         """Copy one entry, recording what it was copied from (taken before the copy: a change
@@ -114,6 +132,18 @@ class EtcStage:
             _remove(partial)
             return
         self._copied[name] = (signature, paths)
+
+
+def too_big_to_copy(path: Path) -> bool:
+    """Whether `path` is a directory of more than `TREE_LIMIT` entries (bound, not copied)."""
+    if not path.is_dir():
+        return False
+    seen = 0
+    for _, subdirs, files in os.walk(path):
+        seen += len(subdirs) + len(files)
+        if seen > TREE_LIMIT:
+            return True
+    return False
 
 
 def _sorted_out(directory: str, names: Sequence[str]) -> tuple[set[str], set[str]]:

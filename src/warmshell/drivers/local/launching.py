@@ -109,9 +109,9 @@ class Launcher:
             if image:
                 self._plans[root] = sandboxing.image_root_plan(root, entries)
             else:
-                staged = self._etc.directory if self._etc else None
+                staged, subdirs = (self._etc.directory, self._etc.subdirectories) if self._etc else (None, ())
                 names = os.listdir(root / "etc")
-                self._plans[root] = sandboxing.host_root_plan(entries, names, root, staged_etc=staged)
+                self._plans[root] = sandboxing.host_root_plan(entries, names, root, staged_etc=staged, etc_dirs=subdirs)
 
     async def start(
         self, instance: Instance, *, image: str, uid: int | None, nice: int = 0, prepare: Callable[[], None] = _nothing

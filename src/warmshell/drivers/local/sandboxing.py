@@ -122,16 +122,23 @@ def _entry_plan(root: Path, entries: Sequence[RootEntry], keep: frozenset[str] |
 
 
 def host_root_plan(
-    entries: Sequence[RootEntry], etc_names: Sequence[str], root: Path = Path("/"), *, staged_etc: Path | None = None
+    entries: Sequence[RootEntry],
+    etc_names: Sequence[str],
+    root: Path = Path("/"),
+    *,
+    staged_etc: Path | None = None,
+    etc_dirs: Sequence[str] = (),
 ) -> RootPlan:
     """The allow-listed part of the host's root: `HOST_ROOT_DIRS` among `entries`, and the
-    `ETC_ALLOWED` names among `etc_names` (what the host's /etc holds): with `staged_etc` (a copy
-    of the allowed entries, see `etcstage`) that directory bound at /etc, else each allowed
-    entry bound on its own."""
+    `ETC_ALLOWED` names among `etc_names` (what the host's /etc holds). With `staged_etc` (a
+    copy of the allowed entries, see `etcstage`) that directory is bound at /etc, and the
+    allowed directories among `etc_dirs` (too big to copy) are bound into it, one each; without
+    it, each allowed entry is bound on its own."""
     base = _entry_plan(root, entries, frozenset(HOST_ROOT_DIRS))
-    if staged_etc is not None:
-        return RootPlan((*base.binds, (staged_etc, "/etc")), base.symlinks)
     allowed = sorted(set(etc_names) & set(ETC_ALLOWED))
+    if staged_etc is not None:
+        subdirs = tuple((root / "etc" / name, f"/etc/{name}") for name in allowed if name in etc_dirs)
+        return RootPlan((*base.binds, (staged_etc, "/etc"), *subdirs), base.symlinks)
     etc = tuple((root / "etc" / name, f"/etc/{name}") for name in allowed)
     return RootPlan(base.binds + etc, base.symlinks, ("/etc",))
 
