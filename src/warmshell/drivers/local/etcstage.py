@@ -1,5 +1,5 @@
 """The /etc of sandboxes on the host's root: the allow-listed entries copied into one directory,
-bound at /etc with one mount.
+bound at /etc with one mount (and one more per allowed directory too big to copy).
 
 Every bind costs bwrap a mount, a read-only remount and a scan of the (growing) mount table:
 binding each allowed /etc file on its own was about half of the CPU of a sandbox start, and the
