@@ -177,3 +177,31 @@ async def test_environments_come_from_the_request_alone(gw: RunningGateway) -> N
     assert code == 0
     assert set(env) == {"PATH", "HOME", "FOO", "PER_EXEC", "WARMSHELL_SANDBOX_ID", "WARMSHELL_SANDBOX_NAME"}
     assert (env["FOO"], env["HOME"], env["WARMSHELL_SANDBOX_NAME"]) == ("bar", "/workspace", "envs")
+
+
+async def test_the_shared_staged_etc_cannot_be_changed_for_the_next_sandbox(gw: RunningGateway) -> None:
+    # Every sandbox on the host root shares one staged /etc, its directories copied in (etcstage):
+    # a workload that could write there would reach every other sandbox. Write, replace, link and
+    # chmod attempts on the copied files, trees and the private placeholder all fail.
+    await sandbox(gw, "a")
+    attempts = [
+        "echo x >> /etc/hosts",
+        "touch /etc/ssl/planted",
+        "mkdir /etc/ssl/certs/planted",
+        "ln -s /workspace /etc/ssl/certs/planted.pem",
+        "mv /etc/ssl/certs /etc/ssl/moved",
+        "chmod 777 /etc/ssl/private",
+        "ls /etc/ssl/private",
+        "touch /etc/ssl/private/key.pem",
+        "cat /etc/xdg/pip/pip.conf",  # a tool config inside an allowed tree: never copied
+    ]
+    for attempt in attempts:
+        code, _, err = await sh(gw, attempt, "a")
+        assert code != 0, (attempt, err)
+    await sandbox(gw, "b")
+    for path in ("/etc/ssl/planted", "/etc/ssl/certs/planted", "/etc/ssl/certs/planted.pem", "/etc/ssl/moved"):
+        code, _, err = await sh(gw, f"ls -d {path}", "b")
+        assert code != 0, path
+        assert "No such file" in err, (path, err)
+    assert (await sh(gw, "cat /etc/hosts", "b"))[1] == Path("/etc/hosts").read_text()
+    await still_real(gw, "b")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.integration.drivers_local.support import needs_bwrap
-from warmshell.drivers.local import sandboxing
+from tests.integration.drivers_local.support import DriverFactory, needs_bwrap, workspace_of
+from tests.integration.drivers_local.test_local_cold import request
+from tests.integration.drivers_local.waiting import read_when_present
+from warmshell.core.config import StatePaths
+from warmshell.drivers.local import etcstage, sandboxing
 from warmshell.drivers.local.launching import Launcher
 
 pytestmark = needs_bwrap
@@ -34,3 +38,32 @@ def test_sandboxes_prepared_at_once_share_one_staged_etc(tmp_path: Path) -> None
         assert (staged / "passwd").read_bytes() == Path("/etc/passwd").read_bytes()
         launcher.close()
         assert not staged.exists()  # a gateway that stops leaves no copy behind
+
+
+async def test_a_sandbox_gets_the_allowed_etc_directories_in_one_mount(
+    make_driver: DriverFactory, paths: StatePaths
+) -> None:
+    # The allowed directories are copied into the stage rather than bound one each (but those too
+    # big to copy): the mounts under /etc inside are few, and the trees read as on the host.
+    probe = (
+        "awk '{print $5}' /proc/self/mountinfo | grep '^/etc' > /workspace/etc-mounts; "
+        "ls -A /etc/ssl/certs > /workspace/certs; "
+        "ls -A /etc/ssl > /workspace/ssl; "
+        "mv /workspace/certs /workspace/done; exec sleep 600"
+    )
+    async with make_driver(script=probe) as driver:
+        created = await driver.create(request())
+        workspace = workspace_of(paths, created.instance_id)
+        certs = await read_when_present(workspace / "done")
+        # The copy, and a bind of each allowed directory too big to copy only.
+        big = [f"/etc/{n}" for n in sorted(sandboxing.ETC_ALLOWED) if etcstage.too_big_to_copy(Path("/etc", n))]
+        assert (workspace / "etc-mounts").read_text().split() == ["/etc", *big]
+        assert len(big) < len([n for n in sandboxing.ETC_ALLOWED if Path("/etc", n).is_dir()])
+        assert certs.split() == sorted(os.listdir("/etc/ssl/certs"))  # `ls` runs in the C locale (--clearenv)
+        # Every name the host has (ssl/private too: bound, or an empty placeholder; see test_files).
+        assert (workspace / "ssl").read_text().split() == sorted(os.listdir("/etc/ssl"))
+
+
+def _public(path: Path) -> bool:
+    mode = path.lstat().st_mode
+    return path.is_symlink() or bool(mode & (0o001 if path.is_dir() else 0o004))

@@ -76,9 +76,3 @@ def test_what_to_write_where() -> None:
     assert cgroups.control_files(cgroups.Limits(cpu_millis=1), every) == {"cpu.max": "1000 100000\n"}
     assert cgroups.control_files(limits, frozenset({"memory"})) == {"memory.max": f"{2**30}\n"}
     assert cgroups.control_files(cgroups.Limits(), every) == {}
-
-
-def test_enter_argv(tmp_path: Path) -> None:
-    argv = cgroups.enter_argv(tmp_path)
-    assert argv[:2] == ["/bin/sh", "-c"]
-    assert argv[-1] == str(tmp_path / "cgroup.procs")

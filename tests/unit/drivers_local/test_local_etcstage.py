@@ -4,11 +4,12 @@ the host's /etc)."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-from warmshell.drivers.local.etcstage import EtcStage
+from warmshell.drivers.local.etcstage import TREE_LIMIT, EtcStage
 
 
 @pytest.fixture
@@ -19,6 +20,11 @@ def host_etc(tmp_path: Path) -> Path:
     (etc / "hosts").write_text("127.0.0.1 localhost\n")
     (etc / "ssl").mkdir()
     (etc / "ssl" / "cert.pem").write_text("cert")
+    (etc / "ssl" / "certs").mkdir()
+    (etc / "ssl" / "certs" / "ca.pem").symlink_to("../cert.pem")
+    (etc / "ssl" / "private").mkdir(mode=0o710)
+    (etc / "ssl" / "private" / "key.pem").write_text("secret key")
+    (etc / "ssl" / "pip.conf").write_text("index-url = https://user:token@example.invalid\n")
     (etc / "shadow").write_text("root:secret\n")
     (tmp_path / "zone").write_text("UTC")
     (etc / "localtime").symlink_to(tmp_path / "zone")
@@ -29,7 +35,7 @@ def stage(tmp_path: Path, host_etc: Path) -> EtcStage:
     return EtcStage(tmp_path / "staged", host_etc, ["passwd", "hosts", "ssl", "localtime", "gone"])
 
 
-def test_allowed_files_are_copied_and_directories_become_mount_points(tmp_path: Path, host_etc: Path) -> None:
+def test_allowed_files_and_directories_are_copied(tmp_path: Path, host_etc: Path) -> None:
     staged = stage(tmp_path, host_etc)
     staged.refresh()
     directory = staged.directory
@@ -37,9 +43,50 @@ def test_allowed_files_are_copied_and_directories_become_mount_points(tmp_path: 
     assert (directory / "passwd").read_text() == "root:x:0:0::/root:/bin/sh\n"
     assert (directory / "localtime").read_text() == "UTC"  # a symlink's content, not the link
     assert not (directory / "localtime").is_symlink()
-    assert os.listdir(directory / "ssl") == []  # bound over, not copied
-    assert staged.subdirectories == ("ssl",)
     assert not (directory / "shadow").exists()
+    # A directory is a tree whose symlinks stay links (they resolve in the sandbox as through a bind).
+    assert (directory / "ssl" / "cert.pem").read_text() == "cert"
+    assert os.readlink(directory / "ssl" / "certs" / "ca.pem") == "../cert.pem"
+
+
+def test_private_entries_are_empty_placeholders_and_tool_configs_are_left_out(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    ssl = staged.directory / "ssl"
+    assert sorted(os.listdir(ssl)) == ["cert.pem", "certs", "private"]  # no pip.conf
+    assert os.listdir(ssl / "private") == []
+    assert (ssl / "private").stat().st_mode & 0o777 == 0o710  # listed as through a bind, not entered
+    assert "secret key" not in _all_text(staged.directory)
+    assert "token" not in _all_text(staged.directory)
+
+
+def test_a_change_inside_a_copied_tree_is_followed(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    (host_etc / "ssl" / "cert.pem").write_text("edited in place")
+    (host_etc / "ssl" / "certs" / "new.pem").symlink_to("../cert.pem")
+    staged.refresh()
+    assert (staged.directory / "ssl" / "cert.pem").read_text() == "edited in place"
+    assert os.readlink(staged.directory / "ssl" / "certs" / "new.pem") == "../cert.pem"
+    (host_etc / "ssl" / "certs" / "ca.pem").unlink()
+    staged.refresh()
+    assert sorted(os.listdir(staged.directory / "ssl" / "certs")) == ["new.pem"]
+    assert sorted(os.listdir(staged.directory)) == ["hosts", "localtime", "passwd", "ssl"]  # no leftovers
+    shutil.rmtree(host_etc / "ssl")
+    staged.refresh()
+    assert not (staged.directory / "ssl").exists()
+
+
+def test_an_unchanged_stage_is_checked_without_copying(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    inode = os.stat(staged.directory / "ssl").st_ino
+    staged.refresh()
+    assert os.stat(staged.directory / "ssl").st_ino == inode
+
+
+def _all_text(directory: Path) -> str:
+    return "".join(p.read_text() for p in directory.rglob("*") if p.is_file())
 
 
 def test_a_copy_keeps_its_sources_permission_bits(tmp_path: Path, host_etc: Path) -> None:
@@ -84,3 +131,32 @@ def test_remove_leaves_nothing_and_a_later_refresh_starts_again(tmp_path: Path, 
     assert not staged.directory.exists()
     staged.refresh()
     assert (staged.directory / "passwd").exists()
+
+
+def test_a_tree_with_read_only_directories_is_copied_again_when_it_changes(tmp_path: Path, host_etc: Path) -> None:
+    # A copy keeps its source's bits, so its directories may be read-only to the gateway itself
+    # (a non-root gateway could then not remove the previous copy).
+    (host_etc / "ssl" / "certs").chmod(0o555)
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    assert (staged.directory / "ssl" / "certs").stat().st_mode & 0o777 == 0o555
+    (host_etc / "ssl" / "certs").chmod(0o755)
+    (host_etc / "ssl" / "certs" / "second.pem").symlink_to("../cert.pem")
+    (host_etc / "ssl" / "certs").chmod(0o555)
+    staged.refresh()
+    assert sorted(os.listdir(staged.directory / "ssl" / "certs")) == ["ca.pem", "second.pem"]
+    assert sorted(os.listdir(staged.directory)) == ["hosts", "localtime", "passwd", "ssl"]
+    (host_etc / "ssl" / "certs").chmod(0o755)  # so that pytest can remove tmp_path
+
+
+def test_a_directory_too_big_to_copy_is_a_mount_point_for_its_own_bind(tmp_path: Path, host_etc: Path) -> None:
+    # Symlink farms such as /etc/alternatives: copying hundreds of links took most of a second of
+    # a gateway's first start on a busy disk, so such a directory keeps its bind.
+    farm = host_etc / "ssl" / "certs"
+    for index in range(TREE_LIMIT):
+        (farm / f"{index}.pem").symlink_to("../cert.pem")
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    assert staged.subdirectories == ("ssl",)
+    assert os.listdir(staged.directory / "ssl") == []  # bound over, not copied
+    assert sorted(os.listdir(staged.directory)) == ["hosts", "localtime", "passwd", "ssl"]

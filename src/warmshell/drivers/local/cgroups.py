@@ -2,7 +2,7 @@
 
 The driver creates `<own cgroup>/warmshell/<instance>` per sandbox, writes `cpu.max`,
 `memory.max` and `pids.max` (for the controllers delegated to it; `control_files` says what goes
-where), and starts bwrap inside it (children inherit the cgroup; see `enter_argv`).
+where), and starts bwrap inside it (children inherit the cgroup; see `procs_file`).
 Hosts without a writable, delegated cgroup v2 hierarchy (cgroup v1, read-only `/sys/fs/cgroup`,
 no controller delegated) get no cgroup limits, and `detect` says why so the driver can say it
 once at start and on each sandbox as a condition. Blocking I/O on a pseudo filesystem: callers
@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CONTROLLERS", "CgroupV2", "Limits", "Unavailable", "control_files", "detect", "enter_argv"]
+__all__ = ["CONTROLLERS", "CgroupV2", "Limits", "Unavailable", "control_files", "detect", "procs_file"]
 
 _log = logging.getLogger(__name__)
 CONTROLLERS = ("cpu", "memory", "pids")
@@ -76,14 +76,13 @@ class CgroupV2:
             _log.debug("cannot remove cgroup %s: %s", path, exc)
 
 
-def enter_argv(path: Path) -> list[str]:
-    """A prefix that moves the process into the cgroup, then execs the rest of the argv.
+def procs_file(path: Path) -> Path:
+    """The file a process writes its pid to to enter the cgroup at `path`.
 
     Python cannot spawn straight into a cgroup (no CLONE_INTO_CGROUP) and moving bwrap after it
-    started would race with the processes it forks; a shell that moves itself and then execs
-    bwrap (same pid) has no such window."""
-    script = 'echo $$ > "$1" && shift && exec "$@"'
-    return ["/bin/sh", "-c", script, "warmshell-cgroup", str(path / "cgroup.procs")]
+    started would race with the processes it forks; so `warmshell-launch` writes its own pid
+    here before it execs bwrap (same pid): there is no such window."""
+    return path / "cgroup.procs"
 
 
 def _own_cgroup(self_cgroup: Path) -> str | None:

@@ -1,13 +1,27 @@
-"""The /etc of sandboxes on the host's root: the allow-listed files copied into one directory,
-bound at /etc with one mount.
+"""The /etc of sandboxes on the host's root: the allow-listed entries copied into one directory,
+bound at /etc with one mount (and one more per allowed directory too big to copy).
 
-Binding each allowed /etc file on its own cost bwrap a bind, a read-only remount and a scan of
-the (growing) mount table per file: about half of the CPU of a sandbox start (`bench/burst.py`).
-A copy of the files, checked before every start and refreshed when a source changed (its inode,
-size or mtime), gives the same view for one bind. The allowed directories (`ssl`,
-`alternatives`, ...) stay binds of their own, over empty mount points in the copy. A copy keeps
-its source's permission bits (and, for a gateway run as root, its owner), so a sandbox can read
-in the copy exactly what it could read through a bind.
+Every bind costs bwrap a mount, a read-only remount and a scan of the (growing) mount table:
+binding each allowed /etc file on its own was about half of the CPU of a sandbox start, and the
+allowed directories (`ssl`, `alternatives`, ...) bound one each were still 6 of the 9 binds left
+(`bench/member_start.py`). So files are copied (their content: a symlink at the top is followed,
+as a bind would), and so is each allowed directory of at most `TREE_LIMIT` entries, as a tree
+whose symlinks stay symlinks (they resolve inside the sandbox exactly as through a bind). A
+larger directory (this host's `alternatives` and `ssl` are symlink farms of hundreds of entries,
+whose copy took most of a second of a gateway's first start on a busy disk) keeps a bind of its
+own over an empty mount point in the copy: decided once, when the stage is made. A copy keeps its
+source's permission bits and mtime (and, for a gateway run as root, its owner), so a sandbox reads
+in the copy what it could read through a bind, except that inside a copied tree tool configs that
+may hold tokens (`NEVER_COPIED`, as the allow-list leaves them out of /etc) are left out, and what
+not everyone may read is an empty placeholder with the source's owner and mode (no private key
+is copied about).
+
+The copies are checked before every start and refreshed when a source changed: a file by its
+inode, size and mtime; a tree by those of each of its directories and regular files (an entry
+added, removed, renamed or relinked changes its directory; a file edited in place changes itself),
+so a check is one stat per file and directory, never a walk. A changed tree is copied afresh
+beside the old one and swapped in by two renames: a sandbox starting in between sees the old tree,
+the new one, or (for that instant) none.
 """
 
 from __future__ import annotations
@@ -20,9 +34,16 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["EtcStage"]
+__all__ = ["NEVER_COPIED", "TREE_LIMIT", "EtcStage", "too_big_to_copy"]
 
-_Signature = tuple[int, int, int, int]
+# The most entries (files, directories and symlinks, at any depth) of an allowed directory that is
+# copied rather than bound.
+TREE_LIMIT = 64
+
+# Names inside an allowed directory that are never copied (e.g. /etc/xdg/pip/pip.conf).
+NEVER_COPIED = frozenset({"pip.conf", "npmrc", ".npmrc", "gitconfig", ".gitconfig", ".git-credentials"})
+
+_Signature = tuple[tuple[int, int, int, int], ...]
 
 
 class EtcStage:
@@ -34,58 +55,196 @@ class EtcStage:
         self.directory = directory
         self._source = source
         self._allowed = frozenset(allowed)
-        self._names: tuple[str, ...] = ()
-        self._copied: dict[str, _Signature] = {}
+        self._names: tuple[str, ...] | None = None  # what is copied
+        self._copied: dict[str, tuple[_Signature, tuple[Path, ...]]] = {}
         self._lock = threading.Lock()
+        # The allowed directories bound on their own (too big to copy), each an empty mount point.
         self.subdirectories: tuple[str, ...] = ()
 
     def refresh(self) -> None:
         """Blocking, and safe from several threads at once: bring every copy up to date with its
-        source (cheap when nothing changed: one stat per name)."""
+        source (cheap when nothing changed: one stat per copied file and directory)."""
         with self._lock:
-            if not self._copied and not self.subdirectories:
+            if self._names is None:
                 self._create()
+            assert self._names is not None
             for name in self._names:
-                if name in self.subdirectories:
+                copied = self._copied.get(name)
+                if copied is not None and _signature(copied[1]) == copied[0]:
                     continue
-                try:
-                    info = os.stat(self._source / name)
-                except OSError:
-                    if self._copied.pop(name, None) is not None:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(self.directory / name)
-                    continue
-                signature = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-                if self._copied.get(name) != signature and stat.S_ISREG(info.st_mode):
-                    self._copy(name, info)
-                    self._copied[name] = signature
+                if os.path.exists(self._source / name):
+                    self._copy(name)
+                elif self._copied.pop(name, None) is not None:  # gone from the host
+                    _remove(self.directory / name)
 
     def remove(self) -> None:
         """Blocking: remove the directory (the gateway stops; its sandboxes have ended)."""
         with self._lock:
             shutil.rmtree(self.directory, ignore_errors=True)
             self._copied.clear()
+            self._names = None
             self.subdirectories = ()
 
     def _create(self) -> None:
-        """A fresh directory (whatever a previous gateway left is removed) with a mount point for
-        every allowed subdirectory."""
-        self._names = tuple(sorted(set(os.listdir(self._source)) & self._allowed))
+        """A fresh directory (whatever a previous gateway left is removed), with a mount point for
+        every allowed directory too big to copy."""
+        names = sorted(set(os.listdir(self._source)) & self._allowed)
+        bound = tuple(name for name in names if too_big_to_copy(self._source / name))
         shutil.rmtree(self.directory, ignore_errors=True)
         self.directory.mkdir(mode=0o755, parents=True)
         os.chmod(self.directory, 0o755)
-        found = [n for n in self._names if (self._source / n).is_dir()]
-        for name in found:
+        for name in bound:
             (self.directory / name).mkdir(mode=0o755)
-        self.subdirectories = tuple(found)
+        self._names = tuple(name for name in names if name not in bound)
+        self.subdirectories = bound
 
-    def _copy(self, name: str, info: os.stat_result) -> None:
-        partial = self.directory / f".{name}.partial"
+    def _copy(self, name: str) -> None:
+        """Copy one entry, recording what it was copied from (taken before the copy: a change
+        made while copying makes the next refresh copy again); a source that vanished meanwhile
+        or is neither a file nor a directory is left out."""
+        source, partial = self._source / name, self.directory / f".{name}.partial"
+        _remove(partial)
+        try:
+            info = os.stat(source)
+            paths = _tree(source) if stat.S_ISDIR(info.st_mode) else (source,)
+            signature = _signature(paths)
+            if signature is None or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+                return
+            if stat.S_ISDIR(info.st_mode):
+                _copy_tree(source, partial)
+            else:
+                _copy_file(source, partial, follow=True)
+        except OSError:
+            _remove(partial)
+            return
+        target = self.directory / name
+        try:
+            if os.path.isdir(partial) or os.path.isdir(target):  # a directory cannot be replaced in one rename
+                old = self.directory / f".{name}.old"
+                _remove(old)
+                if os.path.lexists(target):
+                    os.rename(target, old)
+                os.rename(partial, target)
+                _remove(old)
+            else:
+                os.replace(partial, target)  # a sandbox starting now sees old or new, whole
+        except OSError:  # the previous copy stays; the next refresh tries again
+            _remove(partial)
+            return
+        self._copied[name] = (signature, paths)
+
+
+def too_big_to_copy(path: Path) -> bool:
+    """Whether `path` is a directory of more than `TREE_LIMIT` entries (bound, not copied)."""
+    if not path.is_dir():
+        return False
+    seen = 0
+    for _, subdirs, files in os.walk(path):
+        seen += len(subdirs) + len(files)
+        if seen > TREE_LIMIT:
+            return True
+    return False
+
+
+def _sorted_out(directory: str, names: Sequence[str]) -> tuple[set[str], set[str]]:
+    """Of `names` in `directory` (inside a tree): those never copied (`NEVER_COPIED`, or gone),
+    and those only not everyone may read (a file without o+r, a directory without o+x, such as
+    ssl/private), which become empty placeholders."""
+    never, private = set(), set()
+    for name in names:
+        try:
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+        except OSError:
+            never.add(name)
+            continue
+        if name in NEVER_COPIED:
+            never.add(name)
+        elif (stat.S_ISDIR(mode) and not mode & stat.S_IXOTH) or (stat.S_ISREG(mode) and not mode & stat.S_IROTH):
+            private.add(name)
+    return never, private
+
+
+def _tree(top: Path) -> tuple[Path, ...]:
+    """`top` and every directory and regular file below it that is staged (symlinks are not
+    followed, private directories not entered)."""
+    found = [top]
+    for directory, subdirs, files in os.walk(top):
+        never, private = _sorted_out(directory, [*subdirs, *files])
+        found += [
+            Path(directory, name) for name in subdirs if name not in never and not os.path.islink(Path(directory, name))
+        ]
+        subdirs[:] = [name for name in subdirs if name not in never and name not in private]
+        for name in files:
+            path = Path(directory, name)
+            if name not in never and stat.S_ISREG(os.lstat(path).st_mode):
+                found.append(path)
+    return tuple(found)
+
+
+def _signature(paths: Sequence[Path]) -> _Signature | None:
+    """Inode, device, size and mtime of each path (the first followed if a symlink, as a bind
+    would; the rest not); None when one is gone."""
+    signature = []
+    for index, path in enumerate(paths):
+        try:
+            info = os.stat(path) if index == 0 else os.lstat(path)
+        except OSError:
+            return None
+        signature.append((info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns))
+    return tuple(signature)
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    """`source` as a tree at `target`: symlinks kept, `NEVER_COPIED` left out, private entries as
+    empty placeholders (a listing shows them, as through a bind, but no private key is copied
+    about), every copy with its source's metadata (`copytree` keeps the directories' bits and
+    times; owners are set here)."""
+    placeholders: list[tuple[Path, Path]] = []
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        never, private = _sorted_out(directory, names)
+        inside = target / os.path.relpath(directory, source)
+        placeholders.extend((Path(directory, name), inside / name) for name in private)
+        return never | private
+
+    # Errors are what the gateway cannot read, which a sandbox could not read either: left out.
+    with contextlib.suppress(shutil.Error):
+        shutil.copytree(source, target, symlinks=True, copy_function=_copy_file, ignore=ignore)
+    for original, placeholder in placeholders:
+        info = os.lstat(original)
+        if stat.S_ISDIR(info.st_mode):
+            placeholder.mkdir(mode=0o700)
+        else:
+            placeholder.touch(mode=0o600)
+        _keep_metadata(placeholder, info)
+        parent = os.stat(original.parent)  # the placeholder changed its directory's mtime
+        os.utime(placeholder.parent, ns=(parent.st_atime_ns, parent.st_mtime_ns))
+    if os.geteuid() == 0:
+        for directory, _, _ in os.walk(target):
+            info = os.stat(source / os.path.relpath(directory, target))
+            os.chown(directory, info.st_uid, info.st_gid)
+
+
+def _copy_file(source: str | Path, target: str | Path, *, follow: bool = False) -> None:
+    shutil.copyfile(source, target, follow_symlinks=follow)
+    _keep_metadata(Path(target), os.stat(source) if follow else os.lstat(source))
+
+
+def _keep_metadata(target: Path, info: os.stat_result) -> None:
+    """The source's permission bits, times and (as root) owner."""
+    os.chmod(target, stat.S_IMODE(info.st_mode) & 0o777)
+    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+    if os.geteuid() == 0:
+        os.chown(target, info.st_uid, info.st_gid)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        if os.geteuid() != 0:  # a copy keeps its source's bits: a directory may be read-only to us
+            for directory, _, _ in os.walk(path):
+                with contextlib.suppress(OSError):
+                    os.chmod(directory, 0o700)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)
-        shutil.copyfile(self._source / name, partial)
-        os.chmod(partial, stat.S_IMODE(info.st_mode) & 0o777)
-        os.utime(partial, ns=(info.st_atime_ns, info.st_mtime_ns))
-        if os.geteuid() == 0:
-            os.chown(partial, info.st_uid, info.st_gid)
-        os.replace(partial, self.directory / name)  # a sandbox starting now sees old or new, whole
+            os.unlink(path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -84,8 +85,11 @@ class Fleet:
             if self._uids is not None and self._launcher.isolated:
                 instance.uid = self._uids.acquire()
                 instance.workspaces = self._workspaces
-            await asyncio.to_thread(self._prepare, instance, spec.image)
-            instance.process = await self._launcher.start(instance, image=spec.image, uid=instance.uid, nice=nice)
+            # Prepared in the spawner thread, right before the spawn (one thread hop per start).
+            prepare = functools.partial(self._prepare, instance, spec.image)
+            instance.process = await self._launcher.start(
+                instance, image=spec.image, uid=instance.uid, nice=nice, prepare=prepare
+            )
             self.save_soon(instance)
         except BaseException as exc:
             if instance.process is not None:

@@ -15,11 +15,12 @@ live under `local.sandbox_dir` (root-owned, 0711: nobody can list it, each works
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from warmshell.core.errors import FailedPreconditionError
@@ -38,6 +39,10 @@ LAUNCH_BINARY = AGENT_BINARY.with_name("warmshell-launch")
 BUILD_STEP = building.HOW
 _HOST_ROOT = Path("/")
 Sandbox = SandboxProcess | HostProcesses
+
+
+def _nothing() -> None:
+    pass
 
 
 class Launcher:
@@ -109,21 +114,26 @@ class Launcher:
                 names = os.listdir(root / "etc")
                 self._plans[root] = sandboxing.host_root_plan(entries, names, root, staged_etc=staged, etc_dirs=subdirs)
 
-    async def start(self, instance: Instance, *, image: str, uid: int | None, nice: int = 0) -> Sandbox:
-        """Start the instance's sandbox (after `prepare(image)`) at nice value `nice`; OSError
-        when it does not."""
+    async def start(
+        self, instance: Instance, *, image: str, uid: int | None, nice: int = 0, prepare: Callable[[], None] = _nothing
+    ) -> Sandbox:
+        """Start the instance's sandbox at nice value `nice`; OSError when it does not.
+        `prepare` (blocking: the instance's directories and cgroup, and `self.prepare(image)`)
+        runs first, in the spawner thread right before the spawn: one thread hop per start."""
         log_path = instance.directory / "sandbox.log"
         if self.bwrap is None:
+            await asyncio.to_thread(prepare)
             return HostProcesses(instance.workspace_dir, log_path)
-        bwrap, plan, agent = self.bwrap, self._plans[Path(image) if image else _HOST_ROOT], self._agent
-        bounds = instance.bounds or self._bounds
+        bwrap = self.bwrap
 
         def build(fds: SandboxFds) -> list[str]:
+            prepare()
+            bounds = instance.bounds or self._bounds
             layout = sandboxing.SandboxLayout(
                 bwrap=bwrap,
-                plan=plan,
+                plan=self._plans[Path(image) if image else _HOST_ROOT],
                 workspace_dir=instance.workspace_dir,
-                agent=agent,
+                agent=self._agent,
                 control_fd=fds.control,
                 seccomp_fd=fds.seccomp,
                 hostname=instance.hostname,
@@ -135,18 +145,20 @@ class Launcher:
                 run_bytes=bounds.run_bytes if bounds is not None else None,
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
             )
-            # Into the cgroup while still the gateway's uid, then priority, rlimits and the
-            # sandbox's uid, then bwrap.
-            enter = cgroups.enter_argv(instance.cgroup) if instance.cgroup is not None else []
-            return [*enter, *self._launch_argv(nice, uid, bounds), *sandboxing.bwrap_argv(layout)]
+            return [*self._launch_argv(nice, uid, bounds, instance.cgroup), *sandboxing.bwrap_argv(layout)]
 
         return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path, spawner=self._spawner)
 
-    def _launch_argv(self, nice: int, uid: int | None, bounds: limits.Bounds | None) -> list[str]:
-        """The `warmshell-launch` prefix (not subprocess's `user=`: that makes Python fork()
-        instead of vfork(), and a fork of the gateway runs gRPC's fork handlers, which crash the
-        child while other threads use gRPC)."""
+    def _launch_argv(
+        self, nice: int, uid: int | None, bounds: limits.Bounds | None, cgroup: Path | None = None
+    ) -> list[str]:
+        """The `warmshell-launch` prefix: into the cgroup while still the gateway's uid, then
+        priority, rlimits and the sandbox's uid, then bwrap (not subprocess's `user=`: that makes
+        Python fork() instead of vfork(), and a fork of the gateway runs gRPC's fork handlers,
+        which crash the child while other threads use gRPC)."""
         argv = [str(self._launch)]
+        if cgroup is not None:
+            argv.append(f"--cgroup={cgroups.procs_file(cgroup)}")
         if nice:
             argv.append(f"--priority={nice}")
         if bounds is not None:

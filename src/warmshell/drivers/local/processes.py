@@ -60,10 +60,11 @@ class Spawner:
     def __init__(self, name: str) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
-    async def start(self, argv: Sequence[str], *, log_path: Path, pass_fds: Sequence[int]) -> _Child:
-        """Start `argv` in the spawner thread, its output appended to `log_path`; a `_Child` to
-        wait for."""
-        started = asyncio.get_running_loop().run_in_executor(self._executor, _popen, argv, log_path, pass_fds)
+    async def start(self, build: Callable[[], Sequence[str]], *, log_path: Path, pass_fds: Sequence[int]) -> _Child:
+        """Start the command line `build` returns, both in the spawner thread (`build` may block:
+        it is where a start's own file system work runs, with no thread hop of its own), its
+        output appended to `log_path`; a `_Child` to wait for."""
+        started = asyncio.get_running_loop().run_in_executor(self._executor, _popen, build, log_path, pass_fds)
         try:
             popen = await asyncio.shield(started)
         except asyncio.CancelledError:
@@ -76,7 +77,8 @@ class Spawner:
         self._executor.shutdown(wait=False)
 
 
-def _popen(argv: Sequence[str], log_path: Path, pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
+def _popen(build: Callable[[], Sequence[str]], log_path: Path, pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
+    argv = build()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         return subprocess.Popen(
@@ -148,8 +150,8 @@ class SandboxProcess:
         log_path: Path,
         spawner: Spawner,
     ) -> SandboxProcess:
-        """Start bwrap and wait for the agent's hello; OSError when it does not come (the log's
-        tail says why)."""
+        """Start bwrap (its command line from `build`, called in the spawner thread) and wait for
+        the agent's hello; OSError when it does not come (the log's tail says why)."""
         host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         seccomp_read, seccomp_write = os.pipe()
         info_read, info_write = os.pipe()
@@ -159,8 +161,9 @@ class SandboxProcess:
             os.close(seccomp_write)
             seccomp_write = -1
             fds = SandboxFds(control=child.fileno(), seccomp=seccomp_read, info=info_write)
-            argv = build(fds)
-            process = await spawner.start(argv, log_path=log_path, pass_fds=(child.fileno(), seccomp_read, info_write))
+            process = await spawner.start(
+                lambda: build(fds), log_path=log_path, pass_fds=(child.fileno(), seccomp_read, info_write)
+            )
         except BaseException:
             host.close()
             os.close(info_read)
@@ -348,23 +351,47 @@ class _Sandboxed:
 
 
 async def _sandbox_child(fd: int) -> _Sandboxed | None:
-    """Read bwrap's --info-fd JSON and open a pidfd on its "child-pid"."""
+    """Read bwrap's --info-fd JSON (to EOF: bwrap closes the fd after writing) and open a pidfd on
+    its "child-pid". A reader callback on the raw fd: a pipe transport and stream per sandbox
+    cost the event loop several times as much for these few bytes."""
+    loop = asyncio.get_running_loop()
+    read: asyncio.Future[bytes] = loop.create_future()
+    chunks: list[bytes] = []
+
+    def readable() -> None:
+        error: OSError | None = None
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            chunk, error = b"", exc
+        if chunk:
+            chunks.append(chunk)
+            return
+        loop.remove_reader(fd)
+        if read.done():
+            return
+        if error is not None:
+            read.set_exception(error)
+        else:
+            read.set_result(b"".join(chunks))
+
     data = b""
     try:
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-        )
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, readable)
         try:
-            data = await reader.read()  # bwrap closes the fd after writing
+            data = await read
         finally:
-            transport.close()
+            loop.remove_reader(fd)
         pid = int(json.loads(data)["child-pid"])
         return _Sandboxed(pid, os.pidfd_open(pid))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         _log.debug("no sandbox pid from bwrap (%s): %r", exc, data[:200])
         return None
+    finally:
+        os.close(fd)
 
 
 def read_tail(path: Path, lines: int = 5) -> list[str]:

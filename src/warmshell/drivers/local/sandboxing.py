@@ -131,8 +131,9 @@ def host_root_plan(
 ) -> RootPlan:
     """The allow-listed part of the host's root: `HOST_ROOT_DIRS` among `entries`, and the
     `ETC_ALLOWED` names among `etc_names` (what the host's /etc holds). With `staged_etc` (a
-    copy of the allowed files, see `etcstage`) that directory is bound at /etc and only the
-    allowed directories among `etc_dirs` are bound into it, one each."""
+    copy of the allowed entries, see `etcstage`) that directory is bound at /etc, and the
+    allowed directories among `etc_dirs` (too big to copy) are bound into it, one each; without
+    it, each allowed entry is bound on its own."""
     base = _entry_plan(root, entries, frozenset(HOST_ROOT_DIRS))
     allowed = sorted(set(etc_names) & set(ETC_ALLOWED))
     if staged_etc is not None:

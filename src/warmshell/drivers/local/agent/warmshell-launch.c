@@ -1,16 +1,19 @@
 /* warmshell-launch: the host-side prefix of every local sandbox's command line.
  *
- *   warmshell-launch [--priority=NICE] [--RLIMIT=SOFT[:HARD]]... [--uid=UID] -- PROGRAM ARG...
+ *   warmshell-launch [--cgroup=PROCS] [--priority=NICE] [--RLIMIT=SOFT[:HARD]]... [--uid=UID] -- PROGRAM ARG...
  *
- * Sets its nice value (--priority; a pool refill starts below the creates it serves), its rlimits (the
+ * Moves itself into a cgroup (--cgroup names its cgroup.procs file; written while still the
+ * gateway's uid, and before PROGRAM, so everything PROGRAM starts is in it), sets its
+ * nice value (--priority; a pool refill starts below the creates it serves), its rlimits (the
  * option names and value syntax of util-linux prlimit, e.g. --fsize=4294967296 --nproc=1024),
  * then drops to UID (that gid, no supplementary groups), and execs PROGRAM (an absolute path:
- * bwrap). One static exec where there were two dynamically linked ones (prlimit, setpriv):
- * every start of a sandbox pays for it. Any failure exits 125 with a message on stderr, before
- * PROGRAM runs.
+ * bwrap). One static exec where there were three dynamically linked ones (a shell for the cgroup,
+ * prlimit, setpriv): every start of a sandbox pays for it. Any failure exits 125 with a message
+ * on stderr, before PROGRAM runs.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +60,15 @@ static void limit(const char *name, size_t length, const char *value, const char
     fail("unknown option", option);
 }
 
+static void enter_cgroup(const char *procs) {
+    int fd = open(procs, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);  /* O_CREAT: as the shell's `>` had */
+    if (fd < 0) fail("cannot open the cgroup", strerror(errno));
+    char pid[24];
+    int length = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (write(fd, pid, (size_t)length) != length) fail("cannot enter the cgroup", strerror(errno));
+    close(fd);
+}
+
 int main(int argc, char **argv) {
     long long uid = -1;
     int i = 1;
@@ -66,7 +78,9 @@ int main(int argc, char **argv) {
         if (strncmp(option, "--", 2) != 0 || equals == NULL) fail("unknown option", option);
         const char *name = option + 2, *value = equals + 1;
         size_t length = (size_t)(equals - name);
-        if (length == 8 && strncmp(name, "priority", 8) == 0) {  /* prlimit's --nice is RLIMIT_NICE */
+        if (length == 6 && strncmp(name, "cgroup", 6) == 0) {
+            enter_cgroup(value);
+        } else if (length == 8 && strncmp(name, "priority", 8) == 0) {  /* prlimit's --nice is RLIMIT_NICE */
             if (setpriority(PRIO_PROCESS, 0, (int)number(value, option)) != 0) fail("setpriority", option);
         } else if (length == 3 && strncmp(name, "uid", 3) == 0) {
             uid = number(value, option);
@@ -74,7 +88,7 @@ int main(int argc, char **argv) {
             limit(name, length, value, option);
         }
     }
-    if (i + 1 >= argc) fail("usage: warmshell-launch [--priority=NICE] [--RLIMIT=N]... [--uid=UID] -- PROGRAM ARG...", NULL);
+    if (i + 1 >= argc) fail("usage: warmshell-launch [--cgroup=PROCS] [--priority=NICE] [--RLIMIT=N]... [--uid=UID] -- PROGRAM ARG...", NULL);
     if (argv[i + 1][0] != '/') fail("PROGRAM must be an absolute path", argv[i + 1]);
     if (uid >= 0) {
         gid_t gid = (gid_t)uid;
