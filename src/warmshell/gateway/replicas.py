@@ -171,16 +171,26 @@ class ReplicaDirectory:
                 log.info("sandbox %s: session held by replica %s, presumed dead, released", record.id, owner)
         return released
 
+    async def beat(self, *, leading: bool, records: SandboxRecords) -> None:
+        """One heartbeat: renew this replica's row and re-read the others'; the leader also
+        releases dead replicas' sessions. A failure anywhere in it forgets what was observed, as a
+        failed `refresh` does: an outage is usually met first by the renewal, and observations from
+        before it must not judge replicas that could not renew during it."""
+        try:
+            await self.announce()
+            if leading:
+                await self.release_stale_sessions(records)
+            else:
+                await self.refresh()  # who is alive, for forwarding and session checks
+        except WarmshellError:
+            self._changed_at.clear()
+            raise
+
     async def run(self, *, leading: Callable[[], bool], records: SandboxRecords) -> None:
-        """Renew this replica's row and re-read the others' every heartbeat; while leading,
-        release dead replicas' sessions."""
+        """A heartbeat every `heartbeat_seconds` until cancelled (failures are logged and retried)."""
         while True:
             try:
-                await self.announce()
-                if leading():
-                    await self.release_stale_sessions(records)
-                else:
-                    await self.refresh()  # who is alive, for forwarding and session checks
+                await self.beat(leading=leading(), records=records)
             except WarmshellError as exc:
                 log.warning("replica heartbeat failed; retrying: %s", exc)
             await asyncio.sleep(self._heartbeat)

@@ -21,7 +21,7 @@ from warmshell.gateway.events import EventBus
 from warmshell.gateway.forwarding import Forwarder
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.records import SandboxRecords
-from warmshell.gateway.replicas import KIND_REPLICA, ReplicaDirectory, stale_sessions
+from warmshell.gateway.replicas import KIND_REPLICA, MISSED_HEARTBEATS, ReplicaDirectory, stale_sessions
 from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.sessions import SessionTable
 from warmshell.gateway.store.base import Store
@@ -91,6 +91,39 @@ async def test_after_the_store_was_unreachable_nobody_is_presumed_dead(store: St
     store.list = real  # type: ignore[method-assign]
     await b.refresh()
     assert "a" in b.alive_ids()
+
+
+async def test_an_outage_met_first_by_the_renewal_presumes_nobody_dead(store: Store) -> None:
+    """The heartbeat's own write fails first when the store goes away (so its re-read never runs):
+    once the store is back, the leader must not release the sessions of replicas that could not
+    renew meanwhile (it did, and a live replica's sandboxes stayed disconnected)."""
+    clock = Clock()
+    a, leader = directory(store, "a", clock), directory(store, "b", clock)
+    records = SandboxRecords(store, EventBus())
+    await records.insert(connected(SandboxRecord(id="sb-1", name="sb-1", workspace="default"), "a"))
+    await a.announce()
+    await leader.beat(leading=True, records=records)
+
+    async def down(*_: Any, **__: Any) -> Any:
+        raise UnavailableError("the store is unreachable")
+
+    real = store.get
+    store.get = down  # type: ignore[method-assign]
+    with pytest.raises(UnavailableError):
+        await leader.beat(leading=True, records=records)
+    clock.now += 10 * HEARTBEAT
+    store.get = real  # type: ignore[method-assign]
+    await leader.beat(leading=True, records=records)
+    assert "a" in leader.alive_ids()
+    stored = await records.get(SandboxId("sb-1"))
+    assert stored is not None
+    assert stored.status.supervisor_connected
+    assert stored.status.session_owner == "a"
+    clock.now += (MISSED_HEARTBEATS + 0.5) * HEARTBEAT  # a really silent now: released
+    await leader.beat(leading=True, records=records)
+    released = await records.get(SandboxId("sb-1"))
+    assert released is not None
+    assert not released.status.supervisor_connected
 
 
 def connected(record: SandboxRecord, owner: str) -> SandboxRecord:
