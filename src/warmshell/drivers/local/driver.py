@@ -263,10 +263,7 @@ class LocalDriver:
         assert self._pools is not None
         claimed_us = now_us()
 
-        async def take(member: Instance) -> bool:
-            return await self._activate(member, pool, request)
-
-        member = await self._pools.claim(pool, take)
+        member = await self._pools.claim(pool, lambda member: self._activate(member, pool, request))
         if member is None:
             return None
         self._progress(member, "PoolHit", f"activated a warm sandbox from pool {pool.name}")
