@@ -25,12 +25,7 @@ from pathlib import Path
 
 from warmshell.core import allocation
 from warmshell.core.config import LocalDriverConfig, StatePaths
-from warmshell.core.errors import (
-    AlreadyExistsError,
-    FailedPreconditionError,
-    NotFoundError,
-    UnavailableError,
-)
+from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError, UnavailableError
 from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxSpec, now_us
