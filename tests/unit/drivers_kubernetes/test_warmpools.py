@@ -14,6 +14,7 @@ from warmshell.core import matching
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.models import Storage
+from warmshell.core.profiles import MAX_LIFETIME_SECONDS
 from warmshell.drivers.kubernetes import labels, poolcache, warmpools
 
 from . import crds
@@ -229,7 +230,7 @@ def test_any_annotation_value_parses_or_is_refused_never_crashes(value: object) 
     _, pool = pair()
     pool["metadata"]["annotations"][labels.TTL_SECONDS] = value
     well_formed = value is None or value == "" or (isinstance(value, str) and value.isascii() and value.isdigit())
-    if well_formed and int(str(value or 0)) <= warmpools.MAX_SECONDS:
+    if well_formed and int(str(value or 0)) <= MAX_LIFETIME_SECONDS:
         ttl, _ = warmpools.lifetime_of(pool)
         assert ttl == (int(value) if value else None)
     else:

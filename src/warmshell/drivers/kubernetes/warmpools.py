@@ -16,6 +16,7 @@ from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
 from warmshell.core.models import Storage
+from warmshell.core.profiles import MAX_LIFETIME_SECONDS
 from warmshell.core.quantities import cpu_millis, memory_bytes
 from warmshell.core.validation import validate_environment_patterns
 from warmshell.drivers.kubernetes import labels, rendering
@@ -31,7 +32,6 @@ __all__ = [
 
 
 EXTENSIONS_API_VERSION: Final = "extensions.agents.x-k8s.io/v1beta1"
-MAX_SECONDS: Final = 2**32 - 1  # the API's lifetime fields are uint32
 _NO_STORAGE: Final = Storage()
 
 
@@ -140,8 +140,8 @@ def _seconds_of(annotations: Mapping[str, Any], key: str) -> int | None:
     if text is None or text == "":
         return None
     # isascii: str.isdigit also accepts other scripts' digits, which no operator means here.
-    if not isinstance(text, str) or not (text.isascii() and text.isdigit()) or int(text) > MAX_SECONDS:
-        rule = f"{text!r} is not a whole number of seconds from 0 (no limit) to {MAX_SECONDS}"
+    if not isinstance(text, str) or not (text.isascii() and text.isdigit()) or int(text) > MAX_LIFETIME_SECONDS:
+        rule = f"{text!r} is not a whole number of seconds from 0 (no limit) to {MAX_LIFETIME_SECONDS}"
         raise InvalidArgumentError(f"annotation {key}", rule)
     return int(text)
 
