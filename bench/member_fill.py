@@ -278,7 +278,8 @@ def table(data: dict[str, Any]) -> str:
     med = {t: {k: statistics.median(r[k] for r in runs if r["tree"] == t) for k, _, _ in METRICS} for t in trees}
     n = {t: sum(1 for r in runs if r["tree"] == t) for t in trees}
     rounds = ", ".join(f"{count} of {tree}" for tree, count in n.items())
-    out = f"A fresh pool of {data['size']} filled, then drained, in a real gateway; medians of the unprofiled rounds ({rounds})"
+    out = f"A fresh pool of {data['size']} filled, then drained, in a real gateway; "
+    out += f"medians of the unprofiled rounds ({rounds})"
     out += ", trees alternating.\n\n" if len(trees) > 1 else ".\n\n"
     out += "| figure | " + " | ".join(trees) + (" | now / before |" if len(trees) > 1 else " |") + "\n"
     out += "|---|" + "---|" * len(trees) + ("---|" if len(trees) > 1 else "") + "\n"

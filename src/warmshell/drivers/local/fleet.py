@@ -5,7 +5,7 @@ The driver decides what an instance is for (a sandbox, or an idle pool member); 
 runs it: the sandbox (bwrap + agent, see `launching`) and, host-side, its supervisor with a fresh
 bootstrap credential (see `supervising`). Whichever of the two ends first ends the other. An
 instance's files are `<sandboxes>/<id>/` (its `workspace/` is the sandbox's /workspace,
-`sandbox.log` bwrap's output) and `<instances>/<id>.json`.
+`sandbox.log` bwrap's output) and, once bound to a sandbox, `<instances>/<id>.json`.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ class Fleet:
         self._on_ended = on_ended
         self.instances: dict[InstanceId, Instance] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sandboxes_made = False  # `paths.sandboxes` exists (made by the first start)
+        self._conditions_of: dict[resource_limits.Bounds | None, tuple[DriverCondition, ...]] = {}
 
     # -- spawning --------------------------------------------------------------------------
 
@@ -90,7 +92,10 @@ class Fleet:
             instance.process = await self._launcher.start(
                 instance, image=spec.image, uid=instance.uid, nice=nice, prepare=prepare
             )
-            self.save_soon(instance)
+            # An idle member's record is first written when a create claims it: until then it
+            # concerns nobody after a crash, and the sweep finds its directory without one.
+            if instance.sandbox_id is not None:
+                self.save_soon(instance)
         except BaseException as exc:
             if instance.process is not None:
                 await instance.process.stop(self._grace)
@@ -123,7 +128,9 @@ class Fleet:
     def _prepare(self, instance: Instance, image: str) -> None:
         """Blocking: the sandbox's directories (a workspace on the host's disk owned by its uid,
         unless it is a tmpfs), its cgroup, the root filesystem's bind sources."""
-        self._paths.sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self._sandboxes_made:
+            self._paths.sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._sandboxes_made = True
         instance.directory.mkdir(mode=0o700)
         bounds = instance.bounds
         if bounds is None or bounds.workspace_bytes is None:
@@ -144,6 +151,16 @@ class Fleet:
                 instance.conditions = (*others, failed)
 
     def _conditions(self, bounds: resource_limits.Bounds | None) -> tuple[DriverCondition, ...]:
+        """What an instance with these bounds reports (the same for every member of a pool:
+        remembered for the last few bounds seen)."""
+        conditions = self._conditions_of.get(bounds)
+        if conditions is None:
+            if len(self._conditions_of) >= 32:
+                self._conditions_of.clear()
+            conditions = self._conditions_of[bounds] = self._describe(bounds)
+        return conditions
+
+    def _describe(self, bounds: resource_limits.Bounds | None) -> tuple[DriverCondition, ...]:
         if not self._launcher.isolated:
             message = "local.allow_unisolated: plain processes of the gateway's user, no isolation at all"
             unbounded = "local.allow_unisolated: no storage, memory, cpu or process bounds at all"

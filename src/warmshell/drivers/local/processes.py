@@ -190,7 +190,8 @@ class SandboxProcess:
         sandbox = cls(process, link, log_path, asyncio.create_task(_sandbox_child(info_read)))
         link.open_terminal = sandbox.open_terminal
         try:
-            await asyncio.wait_for(link.wait_hello(), HELLO_TIMEOUT)
+            async with asyncio.timeout(HELLO_TIMEOUT):  # no task of its own, unlike wait_for
+                await link.wait_hello()
         except (AgentError, TimeoutError) as exc:
             await sandbox.stop(0.5)
             tail = "; ".join(await asyncio.to_thread(read_tail, log_path))
