@@ -19,9 +19,10 @@ Nothing else runs in the gateway during a window: no creates, no client but this
 ListPools every 50 ms (its cost is in the figures: ~0.1 ms per member at 100 members/s). The idle
 members' liveness checks are moved out of the way (`local.member_check_seconds = 600`).
 
-`--py-spy FILE` samples every thread of the *now* gateway during its fills only (raw collapsed
-stacks, then a summary by function); `--cprofile FILE` runs the *now* gateway under
-`profiled_gateway.py` and records its event loop during the fills only (thread CPU clock).
+`--py-spy FILE` samples every thread of the *now* gateway during its fills and, apart, its drains
+(collapsed stacks per round); `--cprofile FILE` runs the *now* gateway under
+`profiled_gateway.py` and records its event loop during the fills only (`--cprofile-window
+drain`: the drains; thread CPU clock).
 Profiling inflates the figures of the rounds it runs in: read those for where the time goes,
 the unprofiled ones for how much.
 """
@@ -222,17 +223,17 @@ class PySpy(Windows):
 
 
 class CProfileWindows(Windows):
-    """`profiled_gateway.py`'s signals: record the event loop in the fills only."""
+    """`profiled_gateway.py`'s signals: record the event loop in one kind of window only."""
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
-        self._process = process
+    def __init__(self, process: subprocess.Popen[bytes], window: str) -> None:
+        self._process, self._window = process, window
 
     def open(self, window: str) -> None:
-        if window == "fill":
+        if window == self._window:
             self._process.send_signal(signal.SIGUSR1)
 
     def close(self, window: str) -> None:
-        if window == "fill":
+        if window == self._window:
             self._process.send_signal(signal.SIGUSR2)
 
 
@@ -254,7 +255,7 @@ async def one_gateway(args: argparse.Namespace, tree: str, src: Path | None, rou
             if profiled and args.py_spy:
                 windows = PySpy(gw.process.pid, args.py_spy.with_suffix(f".r{round_}{args.py_spy.suffix}"))
             elif cprofile:
-                windows = CProfileWindows(gw.process)
+                windows = CProfileWindows(gw.process, args.cprofile_window)
             result = await fill_and_drain(gw, pools, args.size, f"fill{round_}", windows)
             if isinstance(windows, PySpy):
                 windows.merge()
@@ -327,6 +328,7 @@ def main() -> None:
     parser.add_argument("--before-src", type=Path, help="also run the warmshell package under DIR, alternating")
     parser.add_argument("--py-spy", type=Path, help="sample the now gateway's fills with py-spy into FILE")
     parser.add_argument("--cprofile", type=Path, help="record the now gateway's event loop in its fills into FILE")
+    parser.add_argument("--cprofile-window", choices=("fill", "drain"), default="fill", help="what --cprofile records")
     parser.add_argument("--name", default="member_fill", help="results file name under bench/results/")
     args = parser.parse_args()
     if shutil.which("bwrap") is None:

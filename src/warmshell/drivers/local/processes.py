@@ -147,7 +147,9 @@ class SandboxProcess:
 
     isolated = True
 
-    def __init__(self, process: _Child, link: AgentLink, log_path: Path, info: asyncio.Task[_Sandboxed | None]) -> None:
+    def __init__(
+        self, process: _Child, link: AgentLink, log_path: Path, info: asyncio.Future[_Sandboxed | None]
+    ) -> None:
         self._process = process
         self.link = link
         self.log_path = log_path
@@ -187,7 +189,7 @@ class SandboxProcess:
                 if fd >= 0:
                     os.close(fd)
         link = AgentLink(host)
-        sandbox = cls(process, link, log_path, asyncio.create_task(_sandbox_child(info_read)))
+        sandbox = cls(process, link, log_path, _sandbox_child(info_read))
         link.open_terminal = sandbox.open_terminal
         try:
             async with asyncio.timeout(HELLO_TIMEOUT):  # no task of its own, unlike wait_for
@@ -231,8 +233,7 @@ class SandboxProcess:
         if self._process.returncode is not None:
             return None
         if not self._info.done():  # known long before a claim, normally: no await on the warm path
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._info), _INFO_TIMEOUT)
+            await self._wait_info()
         child = self._info.result() if self._info.done() else None
         return child.pid if child is not None else None
 
@@ -271,16 +272,23 @@ class SandboxProcess:
     async def stop(self, grace: float) -> None:
         """Close the control socket (the agent kills the sandbox and exits); after `grace`
         seconds SIGKILL bwrap's group and the pid namespace's init; returns once all ended."""
-        with contextlib.suppress(TimeoutError):  # learn the init's pid first: no orphan window
-            await asyncio.wait_for(asyncio.shield(self._info), _INFO_TIMEOUT)
+        if not self._info.done():  # learn the init's pid first: no orphan window
+            await self._wait_info()
         self.link.close()
         if self._process.returncode is None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._process.wait()), grace)
+                async with asyncio.timeout(grace):  # timeouts, not wait_for: no task per stop
+                    await self._process.wait()
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self._process.pid, signal.SIGKILL)
         await self.wait()
+
+    async def _wait_info(self) -> None:
+        """Until bwrap said which pid the sandbox's init has (or at most `_INFO_TIMEOUT`)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_INFO_TIMEOUT):
+                await asyncio.shield(self._info)
 
     async def _kill_namespace(self) -> None:
         """SIGKILL the pid namespace's init (a no-op when it already ended) and drop the pidfd."""
@@ -288,7 +296,7 @@ class SandboxProcess:
             return
         self._namespace_killed = True
         # Never cancelled: bwrap has exited by now, so the info pipe is closed and the read ends.
-        child = await asyncio.shield(self._info)
+        child = self._info.result() if self._info.done() else await asyncio.shield(self._info)
         if child is not None:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
@@ -364,48 +372,54 @@ class _Sandboxed:
     pidfd: int
 
 
-async def _sandbox_child(fd: int) -> _Sandboxed | None:
+def _sandbox_child(fd: int) -> asyncio.Future[_Sandboxed | None]:
     """Read bwrap's --info-fd JSON (to EOF: bwrap closes the fd after writing) and open a pidfd on
-    its "child-pid". A reader callback on the raw fd: a pipe transport and stream per sandbox
-    cost the event loop several times as much for these few bytes."""
+    its "child-pid"; None when bwrap said nothing usable. A reader callback on the raw fd and a
+    future, not a task: a pipe transport and stream per sandbox cost the event loop several
+    times as much for these few bytes, and a task per sandbox its own steps."""
     loop = asyncio.get_running_loop()
-    read: asyncio.Future[bytes] = loop.create_future()
+    result: asyncio.Future[_Sandboxed | None] = loop.create_future()
     chunks: list[bytes] = []
 
+    def finish(data: bytes) -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        if result.done():  # cancelled: nobody wants it
+            return
+        try:
+            pid = int(json.loads(data)["child-pid"])
+            result.set_result(_Sandboxed(pid, os.pidfd_open(pid)))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _log.debug("no sandbox pid from bwrap (%s): %r", exc, data[:200])
+            result.set_result(None)
+
     def readable() -> None:
-        error: OSError | None = None
         try:
             chunk = os.read(fd, 4096)
         except BlockingIOError:
             return
         except OSError as exc:
-            chunk, error = b"", exc
+            _log.debug("reading bwrap's info fd failed: %s", exc)
+            chunk, chunks[:] = b"", []
         if chunk:
             chunks.append(chunk)
             return
-        loop.remove_reader(fd)
-        if read.done():
-            return
-        if error is not None:
-            read.set_exception(error)
-        else:
-            read.set_result(b"".join(chunks))
+        finish(b"".join(chunks))
 
-    data = b""
+    def abandoned(done: asyncio.Future[_Sandboxed | None]) -> None:
+        if done.cancelled():  # the loop is closing: stop reading, close the fd
+            with contextlib.suppress(ValueError, OSError):
+                loop.remove_reader(fd)
+                os.close(fd)
+
     try:
         os.set_blocking(fd, False)
         loop.add_reader(fd, readable)
-        try:
-            data = await read
-        finally:
-            loop.remove_reader(fd)
-        pid = int(json.loads(data)["child-pid"])
-        return _Sandboxed(pid, os.pidfd_open(pid))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        _log.debug("no sandbox pid from bwrap (%s): %r", exc, data[:200])
-        return None
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    result.add_done_callback(abandoned)
+    return result
 
 
 def read_tail(path: Path, lines: int = 5) -> list[str]:
