@@ -30,7 +30,7 @@ from warmshell.drivers.base import BackendState, DriverCondition
 from warmshell.drivers.local import cgroups, credentials, records
 from warmshell.drivers.local import limits as resource_limits
 from warmshell.drivers.local.hostsetup import HostSetup
-from warmshell.drivers.local.instances import Instance
+from warmshell.drivers.local.instances import LOG_NAME, Instance
 from warmshell.drivers.local.launching import Launcher
 from warmshell.drivers.local.processes import read_tail
 from warmshell.drivers.local.supervising import Seat, Supervise
@@ -68,6 +68,8 @@ class Fleet:
         self._on_ended = on_ended
         self.instances: dict[InstanceId, Instance] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._removals: list[tuple[InstanceId, bool, asyncio.Future[None]]] = []
+        self._remover: asyncio.Task[None] | None = None
         self._sandboxes_made = False  # `paths.sandboxes` exists (made by the first start)
         self._conditions_of: dict[resource_limits.Bounds | None, tuple[DriverCondition, ...]] = {}
 
@@ -180,19 +182,18 @@ class Fleet:
         """Until the sandbox or its supervisor ends; then end the other."""
         assert instance.process is not None
         assert instance.supervisor is not None
-        sandbox = asyncio.ensure_future(instance.process.wait())
         supervisor = instance.supervisor
-        await asyncio.wait([sandbox, supervisor], return_when=asyncio.FIRST_COMPLETED)
+        # The process's own future, not a task around `wait()`: one task less per instance.
+        await asyncio.wait([instance.process.ended, supervisor], return_when=asyncio.FIRST_COMPLETED)
         if supervisor.done():
             code = _status(supervisor)
             await instance.process.stop(self._grace)
-            await sandbox
             what = f"the supervisor exited with status {code}"
         else:
+            code = await instance.process.wait()
             if not instance.deleting:  # `stop` cancelled it already: a second cancel would cut
                 supervisor.cancel()  # short its clean-up (killing and reaping its processes)
             await asyncio.gather(supervisor, return_exceptions=True)
-            code = sandbox.result()
             what = f"the sandbox ended (bwrap status {code})"
         await self._release(instance)
         instance.ended.set()
@@ -234,16 +235,45 @@ class Fleet:
     async def discard(self, instance: Instance) -> None:
         """Forget an ended instance and remove its files."""
         self.instances.pop(instance.instance_id, None)
+        recorded = instance.saving is not None  # an idle member never had a record
         if instance.saving is not None:
             await asyncio.gather(instance.saving, return_exceptions=True)
         await self._release(instance)
-        await asyncio.to_thread(self._remove_files, instance.instance_id)
+        removed = asyncio.get_running_loop().create_future()
+        self._removals.append((instance.instance_id, recorded, removed))
+        if self._remover is None:
+            self._remover = self.background(self._remove_pending(), name="remove-instance-files")
+        await asyncio.shield(removed)  # removed even when the caller gives up
 
-    def _remove_files(self, instance_id: str) -> None:
-        records.remove(self._paths.instances, instance_id)
-        shutil.rmtree(self._paths.sandboxes / instance_id, ignore_errors=True)
-        if self._workspaces is not None:
-            shutil.rmtree(self._workspaces / instance_id, ignore_errors=True)
+    async def _remove_pending(self) -> None:
+        """Remove the files of every instance discarded meanwhile, in one thread hop per batch
+        (a pool drained or refilled at once ends many instances in the same moment)."""
+        batch: list[tuple[InstanceId, bool, asyncio.Future[None]]] = []
+        try:
+            while self._removals:
+                batch, self._removals = self._removals, []
+                await asyncio.to_thread(self._remove_files, [(i, recorded) for i, recorded, _ in batch])
+                for _, _, removed in batch:
+                    removed.set_result(None)
+                batch = []
+        finally:
+            self._remover = None
+            for _, _, removed in [*batch, *self._removals]:  # only when cancelled: the loop is closing
+                removed.cancel()
+            self._removals = []
+
+    def _remove_files(self, instances: list[tuple[str, bool]]) -> None:
+        """Blocking: each instance's record (when it had one), directory and workspace; what
+        cannot be removed is logged and left (the next start's sweep tries again)."""
+        for instance_id, recorded in instances:
+            try:
+                if recorded:
+                    records.remove(self._paths.instances, instance_id)
+                _remove_dir(self._paths.sandboxes / instance_id, LOG_NAME)
+                if self._workspaces is not None:
+                    _remove_dir(self._workspaces / instance_id)
+            except OSError as exc:
+                _log.warning("instance %s: cannot remove its files: %s", instance_id, exc)
 
     async def _release(self, instance: Instance) -> None:
         """Give back the cgroup and, once nothing of the sandbox runs, its uid."""
@@ -285,14 +315,29 @@ class Fleet:
         unowned -= {r.instance_id for r in found}
         if found or unowned:
             await asyncio.to_thread(_kill_survivors, {r.instance_id for r in found} | unowned)
-            for instance_id in sorted({r.instance_id for r in found} | unowned):
-                await asyncio.to_thread(self._remove_files, instance_id)
+            left = [(instance_id, True) for instance_id in sorted({r.instance_id for r in found} | unowned)]
+            await asyncio.to_thread(self._remove_files, left)
             _log.info(
                 "local driver: removed %d instance records and %d unrecorded instance directories of a previous run",
                 len(found),
                 len(unowned),
             )
         return found
+
+
+def _remove_dir(path: Path, only: str = "") -> None:
+    """Remove a directory and everything in it (blocking; a missing one is fine). An instance's
+    directory mostly holds its log alone (`only`): unlinked and the directory removed in two
+    calls, where `shutil.rmtree` walks it with a dozen."""
+    if only:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path / only)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:  # not empty (a workspace on the host's disk, say): the whole tree
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _instance_dirs(directory: Path) -> set[str]:

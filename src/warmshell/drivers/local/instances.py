@@ -18,7 +18,9 @@ from warmshell.drivers.local import credentials, records
 from warmshell.drivers.local.limits import Bounds
 from warmshell.drivers.local.processes import HostProcesses, SandboxProcess
 
-__all__ = ["Instance", "lost_sandbox"]
+__all__ = ["LOG_NAME", "Instance", "lost_sandbox"]
+
+LOG_NAME = "sandbox.log"  # bwrap's output, in the instance's directory
 
 
 @dataclass(eq=False)
@@ -90,6 +92,11 @@ class Instance:
         if self.workspaces is not None:
             return self.workspaces / self.instance_id
         return self.directory / "workspace"
+
+    @property
+    def log_path(self) -> Path:
+        """Where bwrap's stdout and stderr go."""
+        return self.directory / LOG_NAME
 
     @property
     def alive(self) -> bool:

@@ -127,7 +127,7 @@ class Launcher:
         """Start the instance's sandbox at nice value `nice`; OSError when it does not.
         `prepare` (blocking: the instance's directories and cgroup, and `self.prepare(image)`)
         runs first, in the spawner thread right before the spawn: one thread hop per start."""
-        log_path = instance.directory / "sandbox.log"
+        log_path = instance.log_path
         if self.bwrap is None:
             await asyncio.to_thread(prepare)
             return HostProcesses(instance.workspace_dir, log_path)

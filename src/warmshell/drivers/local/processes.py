@@ -137,6 +137,11 @@ class _Child:
         self.returncode = self._popen.returncode = os.waitstatus_to_exitcode(status)
         self._ended.set_result(self.returncode)
 
+    @property
+    def ended(self) -> asyncio.Future[int]:
+        """Resolves to the exit status once it ended (wait on it; never cancel it)."""
+        return self._ended
+
     async def wait(self) -> int:
         """The exit status (negative: killed by that signal), once it ended."""
         return await asyncio.shield(self._ended)
@@ -210,6 +215,11 @@ class SandboxProcess:
     def returncode(self) -> int | None:
         """bwrap's exit status once it ended (negative: killed by that signal)."""
         return self._process.returncode
+
+    @property
+    def ended(self) -> asyncio.Future[int]:
+        """Done once bwrap exited (then `wait` finishes the clean-up); never cancel it."""
+        return self._process.ended
 
     @property
     def runner(self) -> Runner:
@@ -315,7 +325,7 @@ class HostProcesses:
     def __init__(self, workspace: Path, log_path: Path) -> None:
         self._workspace = workspace
         self.log_path = log_path
-        self._ended = asyncio.Event()
+        self._ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     @property
     def runner(self) -> Runner:
@@ -346,7 +356,7 @@ class HostProcesses:
 
     async def responsive(self, timeout: float) -> bool:  # noqa: ASYNC109 - same seam as SandboxProcess
         """There is no agent to probe: alive until stopped."""
-        return not self._ended.is_set()
+        return not self._ended.done()
 
     async def prioritise(self) -> None:
         """There is no agent: commands start at the gateway's priority anyway."""
@@ -355,15 +365,21 @@ class HostProcesses:
         """There is no sandbox."""
         return None
 
+    @property
+    def ended(self) -> asyncio.Future[int]:
+        """Done once stopped; never cancel it."""
+        return self._ended
+
     async def wait(self) -> int:
         """Until `stop`."""
-        await self._ended.wait()
+        await asyncio.shield(self._ended)
         return 0
 
     async def stop(self, grace: float) -> None:
         """End it (the supervisor's commands end with their supervisor's cancellation)."""
         self.returncode = 0
-        self._ended.set()
+        if not self._ended.done():
+            self._ended.set_result(0)
 
 
 @dataclass(frozen=True)
