@@ -20,6 +20,7 @@ from warmshell.core.ids import InstanceId, new_sandbox_id
 from warmshell.core.models import Allocation, SandboxSpec
 from warmshell.drivers.base import BackendState, Bound, CreateRequest, MissReason, PoolView
 from warmshell.drivers.local import LocalDriver, records
+from warmshell.drivers.local.instances import LOG_SUFFIX
 
 DEFAULT = 'version = 1\nworkspace = "default"\nreplicas = {replicas}\n'
 ENV_FOO = DEFAULT + '[environment]\nFOO = "{value}"\n'
@@ -322,8 +323,8 @@ async def test_an_idle_member_has_no_record_until_claimed_and_a_drained_pool_lea
         async with registering(driver, paths.sandboxes, activator):
             await wait_until(lambda: has_pool(driver, "default", ready=3, idle=3))
             members = {m.instance_id for m in driver._fleet.instances.values()}
-            assert recorded(paths) == set()  # nothing a crash would need: the sweep finds their directories
-            assert {p.name for p in paths.sandboxes.iterdir()} >= members
+            assert recorded(paths) == set()  # nothing a crash would need: the sweep finds their logs
+            assert {p.name.removesuffix(LOG_SUFFIX) for p in paths.sandboxes.iterdir()} >= members
             served = await driver.create(request())
             await wait_until(lambda: recorded(paths) == {served.instance_id})  # written in the background
             (record,) = records.load_all(paths.instances)
@@ -331,6 +332,7 @@ async def test_an_idle_member_has_no_record_until_claimed_and_a_drained_pool_lea
             await driver.delete(served.sandbox_id)
             assert recorded(paths) == set()
             assert not (paths.sandboxes / served.instance_id).exists()
+            assert not (paths.sandboxes / f"{served.instance_id}{LOG_SUFFIX}").exists()
             (pools_dir / "default.toml").unlink()  # drained: every member stops at once
             await wait_until(lambda: not driver._fleet.instances)
             await wait_until(lambda: list(paths.sandboxes.iterdir()) == [])

@@ -4,8 +4,11 @@ and sweep what a previous gateway left behind.
 The driver decides what an instance is for (a sandbox, or an idle pool member); the fleet only
 runs it: the sandbox (bwrap + agent, see `launching`) and, host-side, its supervisor with a fresh
 bootstrap credential (see `supervising`). Whichever of the two ends first ends the other. An
-instance's files are `<sandboxes>/<id>/` (its `workspace/` is the sandbox's /workspace,
-`sandbox.log` bwrap's output) and, once bound to a sandbox, `<instances>/<id>.json`.
+instance's files are `<sandboxes>/<id>.log` (bwrap's output), `<sandboxes>/<id>/workspace/` when
+its /workspace is a directory on the host's disk there, and, once bound to a sandbox,
+`<instances>/<id>.json`. Most instances (a tmpfs workspace, or one under `local.sandbox_dir`) have
+no directory: on ext4 under churn, allocating a directory's inode was the largest part of the
+gateway's own kernel time per member start.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from warmshell.drivers.base import BackendState, DriverCondition
 from warmshell.drivers.local import cgroups, credentials, records
 from warmshell.drivers.local import limits as resource_limits
 from warmshell.drivers.local.hostsetup import HostSetup
-from warmshell.drivers.local.instances import LOG_NAME, Instance
+from warmshell.drivers.local.instances import LOG_SUFFIX, Instance
 from warmshell.drivers.local.launching import Launcher
 from warmshell.drivers.local.processes import read_tail
 from warmshell.drivers.local.supervising import Seat, Supervise
@@ -133,11 +136,12 @@ class Fleet:
         if not self._sandboxes_made:
             self._paths.sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._sandboxes_made = True
-        instance.directory.mkdir(mode=0o700)
         bounds = instance.bounds
         if bounds is None or bounds.workspace_bytes is None:
             if instance.workspaces is not None:
                 _traversable_dir(instance.workspaces)
+            else:
+                instance.directory.mkdir(mode=0o700)
             instance.workspace_dir.mkdir(mode=0o700)
             if instance.uid is not None:
                 os.chown(instance.workspace_dir, instance.uid, instance.uid)
@@ -269,7 +273,9 @@ class Fleet:
             try:
                 if recorded:
                     records.remove(self._paths.instances, instance_id)
-                _remove_dir(self._paths.sandboxes / instance_id, LOG_NAME)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._paths.sandboxes / (instance_id + LOG_SUFFIX))
+                _remove_dir(self._paths.sandboxes / instance_id)
                 if self._workspaces is not None:
                     _remove_dir(self._workspaces / instance_id)
             except OSError as exc:
@@ -306,12 +312,13 @@ class Fleet:
         """Kill any survivor of a previous gateway, remove every record and directory it left,
         and return those records.
 
-        A gateway killed between making an instance's directory and writing its record leaves a
-        directory no record owns: every instance directory under the state dir is swept too
-        (with its workspace, when that lives in `local.sandbox_dir`, a directory gateways share:
-        there only the workspaces of instances found here are removed)."""
+        Idle members have no record, and a gateway killed between starting an instance and
+        writing its record leaves none either: every instance with a log or a directory under
+        the state dir is swept too (with its workspace, when that lives in `local.sandbox_dir`,
+        a directory gateways share: there only the workspaces of instances found here are
+        removed). The log is made right before the sandbox is started."""
         found = await asyncio.to_thread(records.load_all, self._paths.instances)
-        unowned = await asyncio.to_thread(_instance_dirs, self._paths.sandboxes)
+        unowned = await asyncio.to_thread(_instances_on_disk, self._paths.sandboxes)
         unowned -= {r.instance_id for r in found}
         if found or unowned:
             await asyncio.to_thread(_kill_survivors, {r.instance_id for r in found} | unowned)
@@ -325,13 +332,9 @@ class Fleet:
         return found
 
 
-def _remove_dir(path: Path, only: str = "") -> None:
-    """Remove a directory and everything in it (blocking; a missing one is fine). An instance's
-    directory mostly holds its log alone (`only`): unlinked and the directory removed in two
-    calls, where `shutil.rmtree` walks it with a dozen."""
-    if only:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path / only)
+def _remove_dir(path: Path) -> None:
+    """Remove a directory and everything in it (blocking; a missing one is fine): one call for
+    what most instances have (none, or an empty one), where `shutil.rmtree` makes a dozen."""
     try:
         os.rmdir(path)
     except FileNotFoundError:
@@ -340,12 +343,14 @@ def _remove_dir(path: Path, only: str = "") -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _instance_dirs(directory: Path) -> set[str]:
-    """The instance directories under `directory` (blocking; none when it does not exist)."""
+def _instances_on_disk(directory: Path) -> set[str]:
+    """The instances with a directory or a log under `directory` (blocking; none when it does
+    not exist)."""
     try:
-        return {entry.name for entry in os.scandir(directory) if entry.name.startswith(credentials.INSTANCE_PREFIX)}
+        entries = [entry.name for entry in os.scandir(directory)]
     except FileNotFoundError:
         return set()
+    return {name.removesuffix(LOG_SUFFIX) for name in entries if name.startswith(credentials.INSTANCE_PREFIX)}
 
 
 def _traversable_dir(path: Path) -> None:
