@@ -98,7 +98,7 @@ class Fleet:
                 instance, image=spec.image, uid=instance.uid, nice=nice, prepare=prepare
             )
             # An idle member's record is first written when a create claims it: until then it
-            # concerns nobody after a crash, and the sweep finds its directory without one.
+            # concerns nobody after a crash, and the sweep finds its log without one.
             if instance.sandbox_id is not None:
                 self.save_soon(instance)
         except BaseException as exc:
@@ -325,7 +325,7 @@ class Fleet:
             left = [(instance_id, True) for instance_id in sorted({r.instance_id for r in found} | unowned)]
             await asyncio.to_thread(self._remove_files, left)
             _log.info(
-                "local driver: removed %d instance records and %d unrecorded instance directories of a previous run",
+                "local driver: removed %d instance records and the files of %d unrecorded instances of a previous run",
                 len(found),
                 len(unowned),
             )
