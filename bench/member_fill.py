@@ -44,17 +44,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from burst import cpu_ns
+from burst import cpu_ns, load
 from harness import GatewayProcess, gateway_process, write_results
 from warm_path import descendants, idle_members, write_profile
 
 FILL_ENV = {"POOL": "fill"}
 WARMUP = 8
 POLL = 0.05
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
