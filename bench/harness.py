@@ -97,14 +97,17 @@ class GatewayProcess:
 
 
 @asynccontextmanager
-async def gateway_process(*args: str, cprofile: Path | None = None) -> AsyncIterator[GatewayProcess]:
+async def gateway_process(
+    *args: str, cprofile: Path | None = None, env: dict[str, str] | None = None
+) -> AsyncIterator[GatewayProcess]:
     """Start a gateway in a fresh state directory; SIGTERM it afterwards. With `cprofile`, the
-    gateway runs under `profiled_gateway.py` (SIGUSR1/SIGUSR2 record its event loop to that file)."""
+    gateway runs under `profiled_gateway.py` (SIGUSR1/SIGUSR2 record its event loop to that file);
+    `env` is added to its environment (e.g. PYTHONPATH for an older source tree)."""
     with tempfile.TemporaryDirectory(prefix="ws-bench-") as tmp:
         state = Path(tmp)
         log = open(state / "gateway.log", "wb")  # noqa: SIM115 - closed below
         entry = [str(Path(__file__).with_name("profiled_gateway.py"))] if cprofile else ["-m", "warmshell"]
-        env = {**os.environ, "WARMSHELL_CPROFILE": str(cprofile)} if cprofile else None
+        env = {**os.environ, **(env or {}), **({"WARMSHELL_CPROFILE": str(cprofile)} if cprofile else {})}
         process = subprocess.Popen(
             [
                 sys.executable,

@@ -12,6 +12,7 @@ import pytest
 
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.drivers.local import LocalDriver
+from warmshell.drivers.local.instances import LOG_SUFFIX
 from warmshell.drivers.local.supervising import Seat
 
 DriverFactory = Callable[..., LocalDriver]
@@ -24,7 +25,9 @@ STAND_IN = "env > /workspace/.env; hostname > /workspace/hostname; mv /workspace
 
 
 def credential_of(paths: StatePaths, instance_id: str) -> Path:
-    """Where the stand-in leaves its credential: host-side, beside the instance's log."""
+    """Where the stand-in leaves its credential: host-side, in a directory named after the
+    instance beside its log (which the stand-in makes: the driver makes one only for a
+    workspace on the host's disk)."""
     return paths.sandboxes / instance_id / "credential"
 
 
@@ -43,9 +46,10 @@ def stand_in(paths: StatePaths, script: str) -> Callable[[Seat], object]:
     async def supervise(seat: Seat) -> int:
         credential = credential_of(paths, seat.instance_id)
         partial = credential.with_suffix(".tmp")
+        partial.parent.mkdir(mode=0o700, exist_ok=True)
         partial.write_text(seat.credential)
         partial.replace(credential)
-        log = paths.sandboxes / seat.instance_id / "sandbox.log"
+        log = paths.sandboxes / f"{seat.instance_id}{LOG_SUFFIX}"
 
         async def sink(stderr: bool, data: bytes) -> None:
             if stderr:

@@ -8,11 +8,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from tests.integration.drivers_local.support import DriverFactory, needs_bwrap, workspace_of
 from tests.integration.drivers_local.test_local_cold import request
 from tests.integration.drivers_local.waiting import read_when_present
 from warmshell.core.config import StatePaths
-from warmshell.drivers.local import etcstage, sandboxing
+from warmshell.drivers.local import etcstage, launching, sandboxing
 from warmshell.drivers.local.launching import Launcher
 
 pytestmark = needs_bwrap
@@ -38,6 +40,27 @@ def test_sandboxes_prepared_at_once_share_one_staged_etc(tmp_path: Path) -> None
         assert (staged / "passwd").read_bytes() == Path("/etc/passwd").read_bytes()
         launcher.close()
         assert not staged.exists()  # a gateway that stops leaves no copy behind
+
+
+def test_the_staged_etc_is_checked_at_most_once_a_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fill starts a hundred members a second: each start used to stat every staged file.
+    launcher = Launcher(bwrap=shutil.which("bwrap"), etc_dir=tmp_path / "etc")
+    refreshes: list[float] = []
+    stage = launcher._etc
+    assert stage is not None
+    real = stage.refresh
+    now = [1000.0]
+    monkeypatch.setattr(launching.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(stage, "refresh", lambda: (refreshes.append(now[0]), real())[1])
+    for _ in range(5):
+        launcher.prepare("")
+    assert refreshes == [1000.0]
+    now[0] += launching.ETC_REFRESH_SECONDS
+    launcher.prepare("")
+    launcher.prepare("")
+    assert refreshes == [1000.0, 1000.0 + launching.ETC_REFRESH_SECONDS]
+    assert (tmp_path / "etc" / "passwd").read_bytes() == Path("/etc/passwd").read_bytes()
+    launcher.close()
 
 
 async def test_a_sandbox_gets_the_allowed_etc_directories_in_one_mount(

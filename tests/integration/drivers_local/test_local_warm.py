@@ -20,6 +20,7 @@ from warmshell.core.ids import InstanceId, new_sandbox_id
 from warmshell.core.models import Allocation, SandboxSpec
 from warmshell.drivers.base import BackendState, Bound, CreateRequest, MissReason, PoolView
 from warmshell.drivers.local import LocalDriver, records
+from warmshell.drivers.local.instances import LOG_SUFFIX
 
 DEFAULT = 'version = 1\nworkspace = "default"\nreplicas = {replicas}\n'
 ENV_FOO = DEFAULT + '[environment]\nFOO = "{value}"\n'
@@ -306,6 +307,36 @@ async def test_members_that_die_before_registering_back_off(
         # Exponential: the next retry is at least 1 s after the second failure.
         loop_now = asyncio.get_running_loop().time()
         assert internal.retry_at - loop_now > 0.5
+
+
+def recorded(paths: StatePaths) -> set[str]:
+    return {p.stem for p in paths.instances.glob("*.json")} if paths.instances.exists() else set()
+
+
+async def test_an_idle_member_has_no_record_until_claimed_and_a_drained_pool_leaves_no_files(
+    make_driver: DriverFactory, config: LocalDriverConfig, pools_dir: Path, paths: StatePaths
+) -> None:
+    (pools_dir / "default.toml").write_text(DEFAULT.format(replicas=3))
+    activator = FakeActivator()
+    async with make_driver(config=config) as driver:
+        await driver.start(activator)
+        async with registering(driver, paths.sandboxes, activator):
+            await wait_until(lambda: has_pool(driver, "default", ready=3, idle=3))
+            members = {m.instance_id for m in driver._fleet.instances.values()}
+            assert recorded(paths) == set()  # nothing a crash would need: the sweep finds their logs
+            assert {p.name.removesuffix(LOG_SUFFIX) for p in paths.sandboxes.iterdir()} >= members
+            served = await driver.create(request())
+            await wait_until(lambda: recorded(paths) == {served.instance_id})  # written in the background
+            (record,) = records.load_all(paths.instances)
+            assert record.sandbox_id == served.sandbox_id
+            await driver.delete(served.sandbox_id)
+            assert recorded(paths) == set()
+            assert not (paths.sandboxes / served.instance_id).exists()
+            assert not (paths.sandboxes / f"{served.instance_id}{LOG_SUFFIX}").exists()
+            (pools_dir / "default.toml").unlink()  # drained: every member stops at once
+            await wait_until(lambda: not driver._fleet.instances)
+            await wait_until(lambda: list(paths.sandboxes.iterdir()) == [])
+            assert recorded(paths) == set()
 
 
 async def test_idle_member_records_are_dropped_after_restart(make_driver: DriverFactory, paths: StatePaths) -> None:

@@ -38,7 +38,7 @@ def instance_ids(*directories: Path) -> set[str]:
     found: set[str] = set()
     for directory in directories:
         if directory.is_dir():
-            found |= {p.name for p in directory.iterdir() if p.name.startswith("li-")}
+            found |= {p.name.removesuffix(".log") for p in directory.iterdir() if p.name.startswith("li-")}
     return found
 
 

@@ -4,8 +4,11 @@ and sweep what a previous gateway left behind.
 The driver decides what an instance is for (a sandbox, or an idle pool member); the fleet only
 runs it: the sandbox (bwrap + agent, see `launching`) and, host-side, its supervisor with a fresh
 bootstrap credential (see `supervising`). Whichever of the two ends first ends the other. An
-instance's files are `<sandboxes>/<id>/` (its `workspace/` is the sandbox's /workspace,
-`sandbox.log` bwrap's output) and `<instances>/<id>.json`.
+instance's files are `<sandboxes>/<id>.log` (bwrap's output), `<sandboxes>/<id>/workspace/` when
+its /workspace is a directory on the host's disk there, and, once bound to a sandbox,
+`<instances>/<id>.json`. Most instances (a tmpfs workspace, or one under `local.sandbox_dir`) have
+no directory: on ext4 under churn, allocating a directory's inode was the largest part of the
+gateway's own kernel time per member start.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from warmshell.drivers.base import BackendState, DriverCondition
 from warmshell.drivers.local import cgroups, credentials, records
 from warmshell.drivers.local import limits as resource_limits
 from warmshell.drivers.local.hostsetup import HostSetup
-from warmshell.drivers.local.instances import Instance
+from warmshell.drivers.local.instances import LOG_SUFFIX, Instance
 from warmshell.drivers.local.launching import Launcher
 from warmshell.drivers.local.processes import read_tail
 from warmshell.drivers.local.supervising import Seat, Supervise
@@ -68,6 +71,10 @@ class Fleet:
         self._on_ended = on_ended
         self.instances: dict[InstanceId, Instance] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._removals: list[tuple[InstanceId, bool, asyncio.Future[None]]] = []
+        self._remover: asyncio.Task[None] | None = None
+        self._sandboxes_made = False  # `paths.sandboxes` exists (made by the first start)
+        self._conditions_of: dict[resource_limits.Bounds | None, tuple[DriverCondition, ...]] = {}
 
     # -- spawning --------------------------------------------------------------------------
 
@@ -90,7 +97,10 @@ class Fleet:
             instance.process = await self._launcher.start(
                 instance, image=spec.image, uid=instance.uid, nice=nice, prepare=prepare
             )
-            self.save_soon(instance)
+            # An idle member's record is first written when a create claims it: until then it
+            # concerns nobody after a crash, and the sweep finds its log without one.
+            if instance.sandbox_id is not None:
+                self.save_soon(instance)
         except BaseException as exc:
             if instance.process is not None:
                 await instance.process.stop(self._grace)
@@ -123,12 +133,15 @@ class Fleet:
     def _prepare(self, instance: Instance, image: str) -> None:
         """Blocking: the sandbox's directories (a workspace on the host's disk owned by its uid,
         unless it is a tmpfs), its cgroup, the root filesystem's bind sources."""
-        self._paths.sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
-        instance.directory.mkdir(mode=0o700)
+        if not self._sandboxes_made:
+            self._paths.sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._sandboxes_made = True
         bounds = instance.bounds
         if bounds is None or bounds.workspace_bytes is None:
             if instance.workspaces is not None:
                 _traversable_dir(instance.workspaces)
+            else:
+                instance.directory.mkdir(mode=0o700)
             instance.workspace_dir.mkdir(mode=0o700)
             if instance.uid is not None:
                 os.chown(instance.workspace_dir, instance.uid, instance.uid)
@@ -144,6 +157,16 @@ class Fleet:
                 instance.conditions = (*others, failed)
 
     def _conditions(self, bounds: resource_limits.Bounds | None) -> tuple[DriverCondition, ...]:
+        """What an instance with these bounds reports (the same for every member of a pool:
+        remembered for the last few bounds seen)."""
+        conditions = self._conditions_of.get(bounds)
+        if conditions is None:
+            if len(self._conditions_of) >= 32:
+                self._conditions_of.clear()
+            conditions = self._conditions_of[bounds] = self._describe(bounds)
+        return conditions
+
+    def _describe(self, bounds: resource_limits.Bounds | None) -> tuple[DriverCondition, ...]:
         if not self._launcher.isolated:
             message = "local.allow_unisolated: plain processes of the gateway's user, no isolation at all"
             unbounded = "local.allow_unisolated: no storage, memory, cpu or process bounds at all"
@@ -163,19 +186,18 @@ class Fleet:
         """Until the sandbox or its supervisor ends; then end the other."""
         assert instance.process is not None
         assert instance.supervisor is not None
-        sandbox = asyncio.ensure_future(instance.process.wait())
         supervisor = instance.supervisor
-        await asyncio.wait([sandbox, supervisor], return_when=asyncio.FIRST_COMPLETED)
+        # The process's own future, not a task around `wait()`: one task less per instance.
+        await asyncio.wait([instance.process.ended, supervisor], return_when=asyncio.FIRST_COMPLETED)
         if supervisor.done():
             code = _status(supervisor)
             await instance.process.stop(self._grace)
-            await sandbox
             what = f"the supervisor exited with status {code}"
         else:
+            code = await instance.process.wait()
             if not instance.deleting:  # `stop` cancelled it already: a second cancel would cut
                 supervisor.cancel()  # short its clean-up (killing and reaping its processes)
             await asyncio.gather(supervisor, return_exceptions=True)
-            code = sandbox.result()
             what = f"the sandbox ended (bwrap status {code})"
         await self._release(instance)
         instance.ended.set()
@@ -217,16 +239,47 @@ class Fleet:
     async def discard(self, instance: Instance) -> None:
         """Forget an ended instance and remove its files."""
         self.instances.pop(instance.instance_id, None)
+        recorded = instance.saving is not None  # an idle member never had a record
         if instance.saving is not None:
             await asyncio.gather(instance.saving, return_exceptions=True)
         await self._release(instance)
-        await asyncio.to_thread(self._remove_files, instance.instance_id)
+        removed = asyncio.get_running_loop().create_future()
+        self._removals.append((instance.instance_id, recorded, removed))
+        if self._remover is None:
+            self._remover = self.background(self._remove_pending(), name="remove-instance-files")
+        await asyncio.shield(removed)  # removed even when the caller gives up
 
-    def _remove_files(self, instance_id: str) -> None:
-        records.remove(self._paths.instances, instance_id)
-        shutil.rmtree(self._paths.sandboxes / instance_id, ignore_errors=True)
-        if self._workspaces is not None:
-            shutil.rmtree(self._workspaces / instance_id, ignore_errors=True)
+    async def _remove_pending(self) -> None:
+        """Remove the files of every instance discarded meanwhile, in one thread hop per batch
+        (a pool drained or refilled at once ends many instances in the same moment)."""
+        batch: list[tuple[InstanceId, bool, asyncio.Future[None]]] = []
+        try:
+            while self._removals:
+                batch, self._removals = self._removals, []
+                await asyncio.to_thread(self._remove_files, [(i, recorded) for i, recorded, _ in batch])
+                for _, _, removed in batch:
+                    removed.set_result(None)
+                batch = []
+        finally:
+            self._remover = None
+            for _, _, removed in [*batch, *self._removals]:  # only when cancelled: the loop is closing
+                removed.cancel()
+            self._removals = []
+
+    def _remove_files(self, instances: list[tuple[str, bool]]) -> None:
+        """Blocking: each instance's record (when it had one), directory and workspace; what
+        cannot be removed is logged and left (the next start's sweep tries again)."""
+        for instance_id, recorded in instances:
+            try:
+                if recorded:
+                    records.remove(self._paths.instances, instance_id)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._paths.sandboxes / (instance_id + LOG_SUFFIX))
+                _remove_dir(self._paths.sandboxes / instance_id)
+                if self._workspaces is not None:
+                    _remove_dir(self._workspaces / instance_id)
+            except OSError as exc:
+                _log.warning("instance %s: cannot remove its files: %s", instance_id, exc)
 
     async def _release(self, instance: Instance) -> None:
         """Give back the cgroup and, once nothing of the sandbox runs, its uid."""
@@ -259,31 +312,45 @@ class Fleet:
         """Kill any survivor of a previous gateway, remove every record and directory it left,
         and return those records.
 
-        A gateway killed between making an instance's directory and writing its record leaves a
-        directory no record owns: every instance directory under the state dir is swept too
-        (with its workspace, when that lives in `local.sandbox_dir`, a directory gateways share:
-        there only the workspaces of instances found here are removed)."""
+        Idle members have no record, and a gateway killed between starting an instance and
+        writing its record leaves none either: every instance with a log or a directory under
+        the state dir is swept too (with its workspace, when that lives in `local.sandbox_dir`,
+        a directory gateways share: there only the workspaces of instances found here are
+        removed). The log is made right before the sandbox is started."""
         found = await asyncio.to_thread(records.load_all, self._paths.instances)
-        unowned = await asyncio.to_thread(_instance_dirs, self._paths.sandboxes)
+        unowned = await asyncio.to_thread(_instances_on_disk, self._paths.sandboxes)
         unowned -= {r.instance_id for r in found}
         if found or unowned:
             await asyncio.to_thread(_kill_survivors, {r.instance_id for r in found} | unowned)
-            for instance_id in sorted({r.instance_id for r in found} | unowned):
-                await asyncio.to_thread(self._remove_files, instance_id)
+            left = [(instance_id, True) for instance_id in sorted({r.instance_id for r in found} | unowned)]
+            await asyncio.to_thread(self._remove_files, left)
             _log.info(
-                "local driver: removed %d instance records and %d unrecorded instance directories of a previous run",
+                "local driver: removed %d instance records and the files of %d unrecorded instances of a previous run",
                 len(found),
                 len(unowned),
             )
         return found
 
 
-def _instance_dirs(directory: Path) -> set[str]:
-    """The instance directories under `directory` (blocking; none when it does not exist)."""
+def _remove_dir(path: Path) -> None:
+    """Remove a directory and everything in it (blocking; a missing one is fine): one call for
+    what most instances have (none, or an empty one), where `shutil.rmtree` makes a dozen."""
     try:
-        return {entry.name for entry in os.scandir(directory) if entry.name.startswith(credentials.INSTANCE_PREFIX)}
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:  # not empty (a workspace on the host's disk, say): the whole tree
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _instances_on_disk(directory: Path) -> set[str]:
+    """The instances with a directory or a log under `directory` (blocking; none when it does
+    not exist)."""
+    try:
+        entries = [entry.name for entry in os.scandir(directory)]
     except FileNotFoundError:
         return set()
+    return {name.removesuffix(LOG_SUFFIX) for name in entries if name.startswith(credentials.INSTANCE_PREFIX)}
 
 
 def _traversable_dir(path: Path) -> None:

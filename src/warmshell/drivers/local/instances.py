@@ -18,7 +18,9 @@ from warmshell.drivers.local import credentials, records
 from warmshell.drivers.local.limits import Bounds
 from warmshell.drivers.local.processes import HostProcesses, SandboxProcess
 
-__all__ = ["Instance", "lost_sandbox"]
+__all__ = ["LOG_SUFFIX", "Instance", "lost_sandbox"]
+
+LOG_SUFFIX = ".log"  # bwrap's output is `<sandboxes>/<instance id>.log`
 
 
 @dataclass(eq=False)
@@ -28,7 +30,7 @@ class Instance:
     instance_id: InstanceId
     workspace: str
     hostname: str
-    directory: Path  # <sandboxes>/<instance_id>; the sandbox's /workspace is its `workspace/`
+    directory: Path  # <sandboxes>/<instance_id>, made only for a workspace on the host's disk there
     created_us: int
     name: str = ""
     sandbox_id: SandboxId | None = None
@@ -90,6 +92,12 @@ class Instance:
         if self.workspaces is not None:
             return self.workspaces / self.instance_id
         return self.directory / "workspace"
+
+    @property
+    def log_path(self) -> Path:
+        """Where bwrap's stdout and stderr go: beside the directory, not in it, so an instance
+        whose workspace is a tmpfs (the default) or lives elsewhere needs no directory at all."""
+        return self.directory.with_name(self.instance_id + LOG_SUFFIX)
 
     @property
     def alive(self) -> bool:

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from warmshell.drivers.local.agent import building
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess, Spawner
 
-__all__ = ["AGENT_BINARY", "BUILD_STEP", "LAUNCH_BINARY", "Launcher", "Sandbox"]
+__all__ = ["AGENT_BINARY", "BUILD_STEP", "ETC_REFRESH_SECONDS", "LAUNCH_BINARY", "Launcher", "Sandbox"]
 
 _log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ AGENT_BINARY = Path(__file__).resolve().parent / "agent" / "warmshell-agent"
 LAUNCH_BINARY = AGENT_BINARY.with_name("warmshell-launch")
 BUILD_STEP = building.HOW
 _HOST_ROOT = Path("/")
+# How long a staged /etc is trusted before the next start checks its sources again.
+ETC_REFRESH_SECONDS = 1.0
 Sandbox = SandboxProcess | HostProcesses
 
 
@@ -72,6 +75,7 @@ class Launcher:
         self._launch = launch
         # One stage for all: `prepare` runs in several threads at once.
         self._etc = etcstage.EtcStage(etc_dir, _HOST_ROOT / "etc", sandboxing.ETC_ALLOWED) if etc_dir else None
+        self._etc_fresh_until = float("-inf")
         self._plans: dict[Path, sandboxing.RootPlan] = {}
         self._seccomp = b""
         self._spawner = Spawner("warmshell-spawn")
@@ -103,8 +107,11 @@ class Launcher:
         if self._stage_dir is not None and self._agent.parent != self._stage_dir:
             self._agent = _stage(self._agent, self._stage_dir)
         root = Path(image) if image else _HOST_ROOT
-        if not image and self._etc is not None:
-            self._etc.refresh()  # every start: a changed /etc/resolv.conf reaches the next sandbox
+        if not image and self._etc is not None and time.monotonic() >= self._etc_fresh_until:
+            # A changed /etc/resolv.conf reaches the sandboxes started from a second later on; a
+            # check per start was a tenth of a millisecond of every member's start in a fill.
+            self._etc.refresh()
+            self._etc_fresh_until = time.monotonic() + ETC_REFRESH_SECONDS
         if root not in self._plans:
             entries = sandboxing.list_root(root)
             if image:
@@ -120,7 +127,7 @@ class Launcher:
         """Start the instance's sandbox at nice value `nice`; OSError when it does not.
         `prepare` (blocking: the instance's directories and cgroup, and `self.prepare(image)`)
         runs first, in the spawner thread right before the spawn: one thread hop per start."""
-        log_path = instance.directory / "sandbox.log"
+        log_path = instance.log_path
         if self.bwrap is None:
             await asyncio.to_thread(prepare)
             return HostProcesses(instance.workspace_dir, log_path)

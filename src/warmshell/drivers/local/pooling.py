@@ -21,6 +21,7 @@ members are pinged every `check_seconds` and before a claim; one that does not a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -83,10 +84,11 @@ class Pool:
         """The profile's name (its file stem)."""
         return self.profile.name
 
-    @property
+    @functools.cached_property
     def spec(self) -> SandboxSpec:
         """What members are spawned with (env and resources only shape the fingerprint and
-        the limits; the request's own env reaches the workload in the activation)."""
+        the limits; the request's own env reaches the workload in the activation). Made once:
+        a profile that changes in any of these is a new pool."""
         return SandboxSpec(
             image=self.profile.image,
             environment=dict(self.profile.environment),

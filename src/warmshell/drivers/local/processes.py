@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import json
 import logging
@@ -58,7 +59,9 @@ class Spawner:
     refill's lower priority is set by the launch prefix instead (see `launching`)."""
 
     def __init__(self, name: str) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=name, initializer=_name_thread, initargs=(name,)
+        )
 
     async def start(self, build: Callable[[], Sequence[str]], *, log_path: Path, pass_fds: Sequence[int]) -> _Child:
         """Start the command line `build` returns, both in the spawner thread (`build` may block:
@@ -75,6 +78,16 @@ class Spawner:
     def close(self) -> None:
         """Let the thread end once idle."""
         self._executor.shutdown(wait=False)
+
+
+_PR_SET_NAME = 15
+
+
+def _name_thread(name: str) -> None:
+    """Give the calling thread `name` in the kernel too (`top -H`, `/proc/<pid>/task/*/comm`),
+    so its CPU can be told apart from the other threads'; best effort."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def _popen(build: Callable[[], Sequence[str]], log_path: Path, pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
@@ -124,6 +137,11 @@ class _Child:
         self.returncode = self._popen.returncode = os.waitstatus_to_exitcode(status)
         self._ended.set_result(self.returncode)
 
+    @property
+    def ended(self) -> asyncio.Future[int]:
+        """Resolves to the exit status once it ended (wait on it; never cancel it)."""
+        return self._ended
+
     async def wait(self) -> int:
         """The exit status (negative: killed by that signal), once it ended."""
         return await asyncio.shield(self._ended)
@@ -134,7 +152,9 @@ class SandboxProcess:
 
     isolated = True
 
-    def __init__(self, process: _Child, link: AgentLink, log_path: Path, info: asyncio.Task[_Sandboxed | None]) -> None:
+    def __init__(
+        self, process: _Child, link: AgentLink, log_path: Path, info: asyncio.Future[_Sandboxed | None]
+    ) -> None:
         self._process = process
         self.link = link
         self.log_path = log_path
@@ -174,10 +194,11 @@ class SandboxProcess:
                 if fd >= 0:
                     os.close(fd)
         link = AgentLink(host)
-        sandbox = cls(process, link, log_path, asyncio.create_task(_sandbox_child(info_read)))
+        sandbox = cls(process, link, log_path, _sandbox_child(info_read))
         link.open_terminal = sandbox.open_terminal
         try:
-            await asyncio.wait_for(link.wait_hello(), HELLO_TIMEOUT)
+            async with asyncio.timeout(HELLO_TIMEOUT):  # no task of its own, unlike wait_for
+                await link.wait_hello()
         except (AgentError, TimeoutError) as exc:
             await sandbox.stop(0.5)
             tail = "; ".join(await asyncio.to_thread(read_tail, log_path))
@@ -194,6 +215,11 @@ class SandboxProcess:
     def returncode(self) -> int | None:
         """bwrap's exit status once it ended (negative: killed by that signal)."""
         return self._process.returncode
+
+    @property
+    def ended(self) -> asyncio.Future[int]:
+        """Done once bwrap exited (then `wait` finishes the clean-up); never cancel it."""
+        return self._process.ended
 
     @property
     def runner(self) -> Runner:
@@ -217,8 +243,7 @@ class SandboxProcess:
         if self._process.returncode is not None:
             return None
         if not self._info.done():  # known long before a claim, normally: no await on the warm path
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._info), _INFO_TIMEOUT)
+            await self._wait_info()
         child = self._info.result() if self._info.done() else None
         return child.pid if child is not None else None
 
@@ -257,16 +282,23 @@ class SandboxProcess:
     async def stop(self, grace: float) -> None:
         """Close the control socket (the agent kills the sandbox and exits); after `grace`
         seconds SIGKILL bwrap's group and the pid namespace's init; returns once all ended."""
-        with contextlib.suppress(TimeoutError):  # learn the init's pid first: no orphan window
-            await asyncio.wait_for(asyncio.shield(self._info), _INFO_TIMEOUT)
+        if not self._info.done():  # learn the init's pid first: no orphan window
+            await self._wait_info()
         self.link.close()
         if self._process.returncode is None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._process.wait()), grace)
+                async with asyncio.timeout(grace):  # timeouts, not wait_for: no task per stop
+                    await self._process.wait()
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self._process.pid, signal.SIGKILL)
         await self.wait()
+
+    async def _wait_info(self) -> None:
+        """Until bwrap said which pid the sandbox's init has (or at most `_INFO_TIMEOUT`)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_INFO_TIMEOUT):
+                await asyncio.shield(self._info)
 
     async def _kill_namespace(self) -> None:
         """SIGKILL the pid namespace's init (a no-op when it already ended) and drop the pidfd."""
@@ -274,7 +306,7 @@ class SandboxProcess:
             return
         self._namespace_killed = True
         # Never cancelled: bwrap has exited by now, so the info pipe is closed and the read ends.
-        child = await asyncio.shield(self._info)
+        child = self._info.result() if self._info.done() else await asyncio.shield(self._info)
         if child is not None:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(child.pidfd, signal.SIGKILL)
@@ -293,7 +325,7 @@ class HostProcesses:
     def __init__(self, workspace: Path, log_path: Path) -> None:
         self._workspace = workspace
         self.log_path = log_path
-        self._ended = asyncio.Event()
+        self._ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     @property
     def runner(self) -> Runner:
@@ -324,7 +356,7 @@ class HostProcesses:
 
     async def responsive(self, timeout: float) -> bool:  # noqa: ASYNC109 - same seam as SandboxProcess
         """There is no agent to probe: alive until stopped."""
-        return not self._ended.is_set()
+        return not self._ended.done()
 
     async def prioritise(self) -> None:
         """There is no agent: commands start at the gateway's priority anyway."""
@@ -333,15 +365,21 @@ class HostProcesses:
         """There is no sandbox."""
         return None
 
+    @property
+    def ended(self) -> asyncio.Future[int]:
+        """Done once stopped; never cancel it."""
+        return self._ended
+
     async def wait(self) -> int:
         """Until `stop`."""
-        await self._ended.wait()
+        await asyncio.shield(self._ended)
         return 0
 
     async def stop(self, grace: float) -> None:
         """End it (the supervisor's commands end with their supervisor's cancellation)."""
         self.returncode = 0
-        self._ended.set()
+        if not self._ended.done():
+            self._ended.set_result(0)
 
 
 @dataclass(frozen=True)
@@ -350,48 +388,54 @@ class _Sandboxed:
     pidfd: int
 
 
-async def _sandbox_child(fd: int) -> _Sandboxed | None:
+def _sandbox_child(fd: int) -> asyncio.Future[_Sandboxed | None]:
     """Read bwrap's --info-fd JSON (to EOF: bwrap closes the fd after writing) and open a pidfd on
-    its "child-pid". A reader callback on the raw fd: a pipe transport and stream per sandbox
-    cost the event loop several times as much for these few bytes."""
+    its "child-pid"; None when bwrap said nothing usable. A reader callback on the raw fd and a
+    future, not a task: a pipe transport and stream per sandbox cost the event loop several
+    times as much for these few bytes, and a task per sandbox its own steps."""
     loop = asyncio.get_running_loop()
-    read: asyncio.Future[bytes] = loop.create_future()
+    result: asyncio.Future[_Sandboxed | None] = loop.create_future()
     chunks: list[bytes] = []
 
+    def finish(data: bytes) -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        if result.done():  # cancelled: nobody wants it
+            return
+        try:
+            pid = int(json.loads(data)["child-pid"])
+            result.set_result(_Sandboxed(pid, os.pidfd_open(pid)))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _log.debug("no sandbox pid from bwrap (%s): %r", exc, data[:200])
+            result.set_result(None)
+
     def readable() -> None:
-        error: OSError | None = None
         try:
             chunk = os.read(fd, 4096)
         except BlockingIOError:
             return
         except OSError as exc:
-            chunk, error = b"", exc
+            _log.debug("reading bwrap's info fd failed: %s", exc)
+            chunk, chunks[:] = b"", []
         if chunk:
             chunks.append(chunk)
             return
-        loop.remove_reader(fd)
-        if read.done():
-            return
-        if error is not None:
-            read.set_exception(error)
-        else:
-            read.set_result(b"".join(chunks))
+        finish(b"".join(chunks))
 
-    data = b""
+    def abandoned(done: asyncio.Future[_Sandboxed | None]) -> None:
+        if done.cancelled():  # the loop is closing: stop reading, close the fd
+            with contextlib.suppress(ValueError, OSError):
+                loop.remove_reader(fd)
+                os.close(fd)
+
     try:
         os.set_blocking(fd, False)
         loop.add_reader(fd, readable)
-        try:
-            data = await read
-        finally:
-            loop.remove_reader(fd)
-        pid = int(json.loads(data)["child-pid"])
-        return _Sandboxed(pid, os.pidfd_open(pid))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        _log.debug("no sandbox pid from bwrap (%s): %r", exc, data[:200])
-        return None
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    result.add_done_callback(abandoned)
+    return result
 
 
 def read_tail(path: Path, lines: int = 5) -> list[str]:

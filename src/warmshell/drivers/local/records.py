@@ -1,4 +1,6 @@
-"""Instance records: one JSON file per local instance under `StatePaths.instances`.
+"""Instance records: one JSON file per local instance bound to a sandbox (cold, or a claimed
+pool member) under `StatePaths.instances`; an idle member has none (the sweep removes its
+directory as one no record owns).
 
 They outlive the gateway process (its sandboxes do not: they die with it), so the next start can
 tell the gateway which sandboxes were lost. A record holds the activation proof of a bound
