@@ -77,6 +77,10 @@ class Informers:
             ),
         ]
 
+    def claim_of(self, sandbox_id: SandboxId) -> Obj | None:
+        """Our SandboxClaim carrying this sandbox id, as the claim informer last saw it."""
+        return next((c for c in self._claims.values() if claims.sandbox_id_of(c) == sandbox_id), None)
+
     @property
     def following_claims(self) -> bool:
         """Whether the SandboxClaim informer runs now."""
