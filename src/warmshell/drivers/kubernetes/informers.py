@@ -115,6 +115,14 @@ class Informers:
             ),
         ]
 
+    def cached_sandbox(self, name: str) -> Obj | None:
+        """A Sandbox (ours, or a pool member a claim adopted) as last seen."""
+        return self._others.get(name) or self._sandboxes.get(name)
+
+    def cached_pod(self, name: str) -> Obj | None:
+        """A pod of ours as last seen."""
+        return self._pods.get(name)
+
     def claim_of(self, sandbox_id: SandboxId) -> Obj | None:
         """Our SandboxClaim carrying this sandbox id, as the claim informer last saw it."""
         return next((c for c in self._claims.values() if claims.sandbox_id_of(c) == sandbox_id), None)
