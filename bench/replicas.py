@@ -308,6 +308,7 @@ async def poisson(setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib:
     # What PSS misses (page tables, each pod's namespaces and tmpfs root), if nobody else moved.
     memory["available_drop_mib_per_pod"] = (available_before - available_mib()) / max(pool, 1)
     rng = random.Random(seed)
+    available_before_creates = available_mib()
     refill = RefillStop(setup, pool, surplus)
     follower = asyncio.create_task(refill.run())
 
@@ -354,6 +355,9 @@ async def poisson(setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib:
         # controller added while the creates ran (at most `surplus` when nothing was deleted).
         "pods_after": len(pods.get("items") or []),
         "refill_patches": refill.patches,
+        # The least MemAvailable seen while the creates ran (claimed pods cost more than idle ones).
+        "lowest_available_mib": refill.lowest_available_mib,
+        "available_mib_before_creates": available_before_creates,
         "pool_fill_seconds": fill_seconds,
         "pod_memory": memory,
         "sent_over_seconds": sent_seconds,
@@ -389,6 +393,7 @@ class RefillStop:
         self._wake = asyncio.Event()
         self.patches = 0
         self.memory_low: list[str] = []
+        self.lowest_available_mib = available_mib()
 
     def sent(self) -> None:
         """One more create was sent."""
@@ -402,6 +407,7 @@ class RefillStop:
                 patch = {"spec": {"replicas": target}}
                 await self._setup.cluster.admin.patch(kc.POOLS, NAMESPACE, POOL, patch)
                 self._asked, self.patches = target, self.patches + 1
+            self.lowest_available_mib = min(self.lowest_available_mib, available_mib())
             try:
                 self._setup.guard.check()
             except MemoryLow as low:
@@ -681,6 +687,7 @@ def _poisson_table(rows: list[dict[str, Any]]) -> str:
     text += "| gateways | rate/s | creates | sent over s | failed | pool (asked) | surplus | pods after | pool fill s "
     text += "| PSS per pod MiB | p50 | p90 | p99 | not warm | load avg |\n"
     text += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    notes = ""
     for row in rows:
         ms, memory = row["ms"], row["pod_memory"]
         text += (
@@ -689,9 +696,14 @@ def _poisson_table(rows: list[dict[str, Any]]) -> str:
             f"| {row['pool_fill_seconds']:.0f} | {memory['pss_mib_per_pod']:.1f} | {ms['p50']:.0f} "
             f"| {ms['p90']:.0f} | {ms['p99']:.0f} | {row['not_warm']} | {row['load_average'][0]:.1f} |\n"
         )
+        notes += (
+            f"\n{row['replicas']} gateway(s): MemAvailable {row['available_mib_before_creates']:.0f} MiB with the pool "
+            f"full, at least {row['lowest_available_mib']:.0f} MiB while the creates ran; "
+            f"{row['pod_memory']['available_drop_mib_per_pod']:.1f} MiB less per pod filled.\n"
+        )
         if row["pool"] < row["pool_wanted"]:
-            text += f"\n**Reduced:** the pool was {row['pool']}, not {row['pool_wanted']}: memory did not allow it.\n\n"
-    text += (
+            notes += f"\n**Reduced:** the pool was {row['pool']}, not {row['pool_wanted']}: memory did not allow it.\n"
+    text += notes + (
         "\nThe pool's `spec.replicas` is lowered as each create is sent (to what is left of the pre-fill plus "
         "the surplus): pods after = the pre-fill plus what the pool controller refilled during the run.\n"
         "agent-sandbox PR #1251 (45/s sustained, in-cluster): p50 92 / p90 182 / p99 376 ms.\n"
