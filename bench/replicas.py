@@ -472,8 +472,11 @@ async def _sustain(
     rng = random.Random(int(rate * 1000))
     tasks = []
 
-    async def one(name: str) -> tuple[float, pb.Sandbox]:
-        result = await setup.create_ready(name, timeout=300)
+    async def one(name: str) -> tuple[float, pb.Sandbox] | str:
+        try:
+            result = await setup.create_ready(name, timeout=300)
+        except (grpc.aio.AioRpcError, AssertionError) as exc:  # an error, or never Ready: counted
+            return f"{name}: {str(exc).splitlines()[0][:200]}"
         await setup.front.DeleteSandbox(pb.SandboxRef(name=name), metadata=setup.replicas.metadata)
         return result
 
@@ -487,24 +490,28 @@ async def _sustain(
         tasks.append(asyncio.create_task(one(f"s{rate:g}-{i}")))
         i += 1
         await asyncio.sleep(rng.expovariate(rate))
-    results = await asyncio.gather(*tasks)
+    outcomes = await asyncio.gather(*tasks)
+    results = [r for r in outcomes if not isinstance(r, str)]
+    failures = [r for r in outcomes if isinstance(r, str)]
     for spy in spies:
         await asyncio.to_thread(spy.wait)
     # Until the last create is Ready and deleted; the refills of the last few may still run.
     wall = time.perf_counter() - started
-    cpu_ms = cpu.per_create_ms(len(results))
+    cpu_ms = cpu.per_create_ms(len(outcomes))
     # Net of what the same parts spend idle over the same time (the machine's others excepted).
-    net_ms = {k: v - idle[k] * wall / max(len(results), 1) for k, v in cpu_ms.items() if k in idle}
+    net_ms = {k: v - idle[k] * wall / max(len(outcomes), 1) for k, v in cpu_ms.items() if k in idle}
     net_ms["others on the machine"] = cpu_ms["others on the machine"]
     requests = await _request_counts(setup.cluster)
-    per_create = {k: (n - requests_before.get(k, 0)) / max(len(results), 1) for k, n in requests.items()}
+    per_create = {k: (n - requests_before.get(k, 0)) / max(len(outcomes), 1) for k, n in requests.items()}
     cold = sum(r.status.allocation != "warm" for _, r in results)
     stats = summary([ms for ms, _ in results])
-    kept_up = cold == 0 and stats["p99"] <= READY_P99_LIMIT_MS
+    kept_up = cold == 0 and not failures and stats["p99"] <= READY_P99_LIMIT_MS
     await setup.delete_all()
     return {
         "rate": rate,
-        "creates": len(results),
+        "creates": len(outcomes),
+        "failed": len(failures),
+        "failures": failures[:5],
         "not_warm": cold,
         "ms": stats,
         "kept_up": kept_up,
@@ -715,13 +722,13 @@ def _sustained_table(found: dict[str, Any]) -> str:
     seconds, pool, replicas = found["seconds"], found["pool"], found["replicas"]
     text = f"\n### Highest rate sustained for {seconds:g} s, {replicas} gateway(s), pool {pool}, kubesim `default`\n\n"
     parts = list(found["tried"][0]["net_cpu_ms_per_create"]) if found["tried"] else []
-    text += "| rate/s | creates | not warm | p50 | p99 | kept up | load avg | " + " | ".join(parts) + " |\n"
-    text += "|---|---|---|---|---|---|---|" + "---|" * len(parts) + "\n"
+    text += "| rate/s | creates | failed | not warm | p50 | p99 | kept up | load avg | " + " | ".join(parts) + " |\n"
+    text += "|---|---|---|---|---|---|---|---|" + "---|" * len(parts) + "\n"
     for row in found["tried"]:
         cpu = row["net_cpu_ms_per_create"]
         text += (
-            f"| {row['rate']:g} | {row['creates']} | {row['not_warm']} | {row['ms']['p50']:.0f} "
-            f"| {row['ms']['p99']:.0f} | {row['kept_up']} | {row['load_average'][0]:.1f} | "
+            f"| {row['rate']:g} | {row['creates']} | {row.get('failed', 0)} | {row['not_warm']} "
+            f"| {row['ms']['p50']:.0f} | {row['ms']['p99']:.0f} | {row['kept_up']} | {row['load_average'][0]:.1f} | "
             + " | ".join(f"{cpu.get(p, 0.0):.0f}" for p in parts)
             + " |\n"
         )
