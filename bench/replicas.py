@@ -11,12 +11,18 @@ through it:
 4. the agent-sandbox scenario (their PR #1251): Poisson arrivals of warm creates at 45/s on
    kubesim's `default` timing, as many creates as the pool pre-filled to `--poisson-pool` (the
    issue's 10 s at 45/s: 450), 1 and 3 replicas: p50/p90/p99 create -> Ready and how many went
-   cold. Each kubesim pod is a real process (PSS per pod is measured and reported): the pool is
-   sized down, loudly and in the results, when the memory available above `--memory-reserve-mib`
-   cannot hold it, and the run stops if available memory falls under half that reserve;
+   cold. The pool's `spec.replicas` is lowered as each create is *sent* (to what is left of the
+   pre-fill plus `--poisson-surplus`), so the pool controller refills at most the surplus while
+   the creates run. Each kubesim pod is a real process (PSS per pod is measured and reported):
+   the pre-fill plus the surplus is sized down, loudly and in the results, when the memory
+   available above `--memory-reserve-mib` cannot hold them at `--pod-mib` each, and the run stops
+   if available memory falls under `--memory-floor-mib`;
 5. the highest rate sustained for `--sustain-seconds` on `default` timing with refills keeping up
-   (no create goes cold, Ready p99 stays under 5 s), 3 replicas: `--rates` tried in order until
-   one fails, then the midpoint between the last that held and it.
+   (no create fails or goes cold, Ready p99 stays under 5 s), with `--sustain-replicas` gateways
+   (3): `--rates` tried in order until one fails, then the midpoint between the last that held
+   and it. Each rate reports the CPU per create of every process (kubesim's API server and
+   controllers, its pods, each gateway, Postgres, this process) net of what each spends idle,
+   and the gateways' kubesim requests per create; `--profile-dir` adds py-spy stacks.
 
 `--parts` runs a subset (fast, poisson, sustained).
 
