@@ -228,7 +228,7 @@ class RetryPolicy:
 def _read_environment_once(api_client: k8s_client.ApiClient, host: str) -> None:
     """kubernetes_asyncio's session trusts the environment, so aiohttp re-reads the proxy variables
     and ~/.netrc for every request, the netrc in a thread of the default executor (a thread hop
-    and a file read per API call, a sixth of a gateway's busy time under creates). The proxy for
+    and a file read per API call, ~14 % of a gateway's busy time under creates). The proxy for
     the API server (HTTPS_PROXY / NO_PROXY, with netrc credentials for it) is decided here once,
     the same way aiohttp would decide it, and the per-request lookup is turned off. A proxy set in
     the kubeconfig stays as it is."""
