@@ -4,7 +4,8 @@ PSS (proportional set size: shared pages split between the processes sharing the
 processes really cost together, so per-pod figures are the PSS of kubesim's descendants divided by
 the pods running. The guard keeps a benchmark from pushing a shared machine into the OOM killer:
 it sizes a run to what MemAvailable allows above a reserve left to everyone else, says loudly
-when it had to size down, and stops a run whose available memory falls under half the reserve.
+when it had to size down, and stops a run whose available memory falls under its floor (half the
+reserve unless given).
 """
 
 from __future__ import annotations
@@ -60,9 +61,16 @@ def pss_kib(pid: int) -> int:
 
 @dataclass
 class MemoryGuard:
-    """Sizes runs to the memory available above `reserve_mib`, and watches it during them."""
+    """Sizes runs to the memory available above `reserve_mib`, and watches it during them (a run
+    stops under `floor_mib`, half the reserve when not given)."""
 
     reserve_mib: float
+    floor_mib: float | None = None
+
+    @property
+    def floor(self) -> float:
+        """Available MiB under which `check` stops the run."""
+        return self.reserve_mib / 2 if self.floor_mib is None else self.floor_mib
 
     def fit(self, wanted: int, each_mib: float, what: str) -> int:
         """How many of `wanted` things of `each_mib` fit now; prints a warning when fewer do."""
@@ -79,9 +87,9 @@ class MemoryGuard:
         return fits
 
     def check(self) -> None:
-        """Raise MemoryLow when available memory is under half the reserve."""
-        if (available := available_mib()) < self.reserve_mib / 2:
-            raise MemoryLow(f"only {available:.0f} MiB available (floor {self.reserve_mib / 2:.0f} MiB): stopping")
+        """Raise MemoryLow when available memory is under the floor."""
+        if (available := available_mib()) < self.floor:
+            raise MemoryLow(f"only {available:.0f} MiB available (floor {self.floor:.0f} MiB): stopping")
 
 
 def pods_pss_mib(kubesim_pid: int) -> float:

@@ -11,12 +11,18 @@ through it:
 4. the agent-sandbox scenario (their PR #1251): Poisson arrivals of warm creates at 45/s on
    kubesim's `default` timing, as many creates as the pool pre-filled to `--poisson-pool` (the
    issue's 10 s at 45/s: 450), 1 and 3 replicas: p50/p90/p99 create -> Ready and how many went
-   cold. Each kubesim pod is a real process (PSS per pod is measured and reported): the pool is
-   sized down, loudly and in the results, when the memory available above `--memory-reserve-mib`
-   cannot hold it, and the run stops if available memory falls under half that reserve;
+   cold. The pool's `spec.replicas` is lowered as each create is *sent* (to what is left of the
+   pre-fill plus `--poisson-surplus`), so the pool controller refills at most the surplus while
+   the creates run. Each kubesim pod is a real process (PSS per pod is measured and reported):
+   the pre-fill plus the surplus is sized down, loudly and in the results, when the memory
+   available above `--memory-reserve-mib` cannot hold them at `--pod-mib` each, and the run stops
+   if available memory falls under `--memory-floor-mib`;
 5. the highest rate sustained for `--sustain-seconds` on `default` timing with refills keeping up
-   (no create goes cold, Ready p99 stays under 5 s), 3 replicas: `--rates` tried in order until
-   one fails, then the midpoint between the last that held and it.
+   (no create fails or goes cold, Ready p99 stays under 5 s), with `--sustain-replicas` gateways
+   (3): `--rates` tried in order until one fails, then the midpoint between the last that held
+   and it. Each rate reports the CPU per create of every process (kubesim's API server and
+   controllers, its pods, each gateway, Postgres, this process) net of what each spends idle,
+   and the gateways' kubesim requests per create; `--profile-dir` adds py-spy stacks.
 
 `--parts` runs a subset (fast, poisson, sustained).
 
@@ -28,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +49,7 @@ from typing import Any, TypeVar
 
 import grpc
 from harness import summary, write_results
-from memory import MemoryGuard, MemoryLow, available_mib, pods_pss_mib
+from memory import MemoryGuard, MemoryLow, available_mib, descendants, pods_pss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -59,6 +67,7 @@ POOL = "bench"
 WARM_ENV = {"FOO": "bar"}
 READY_P99_LIMIT_MS = 5000.0
 API_TIMEOUT_SECONDS = 30.0
+IDLE_SECONDS = 5.0  # the idle CPU baseline before each sustained rate
 T = TypeVar("T")
 
 
@@ -75,6 +84,7 @@ class Setup:
         self.password_file = password_file
         self.stack = AsyncExitStack()
         self.replicas: ReplicaSet
+        self.postgres_pid = 0  # the server's postmaster, for CPU figures (0: not known)
 
     async def start(self, count: int) -> None:
         holder: list[ReplicaSet] = []
@@ -144,6 +154,12 @@ class Setup:
         await self.cluster.admin.delete(kc.POOLS, NAMESPACE, POOL)
         await self.cluster.admin.delete(kc.TEMPLATES, NAMESPACE, POOL)
 
+    async def wait_pods_gone(self, timeout: float = 600.0) -> None:
+        """Until kubesim runs no pod (the next part sizes itself to the memory they free)."""
+        async with asyncio.timeout(timeout):
+            while (await self.cluster.admin.list_objects(kc.PODS, NAMESPACE)).get("items"):
+                await asyncio.sleep(1.0)
+
     async def aclose(self) -> None:
         await self.stack.aclose()
 
@@ -211,10 +227,85 @@ def _owner(sandbox: pb.Sandbox) -> str:
     return condition.message.removeprefix("session ").split("/")[0]
 
 
-async def poisson(setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib: float) -> dict[str, Any]:
+def _stat_seconds(pid: int) -> tuple[float, float]:
+    """(utime + stime, cutime + cstime) of one process, seconds (0s when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+def tree_cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds of a process itself and of its descendants: every live descendant's own and
+    reaped children's time, plus the children it reaped itself (an ended pod's CPU reaches its
+    parent's cutime when reaped, so a difference of two readings is the CPU between them)."""
+    own, reaped = _stat_seconds(pid)
+    below = reaped
+    for child in descendants(pid):
+        mine, theirs = _stat_seconds(child)
+        below += mine + theirs
+    return own, below
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine has spent busy since boot (/proc/stat)."""
+    with open("/proc/stat") as handle:
+        fields = [int(x) for x in handle.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSplit:
+    """CPU seconds per part of a run (kubesim's API/controllers, its pods, each gateway, Postgres,
+    this process: the client and the balancer standing in for the Service) and of the whole
+    machine (what is not ours is other engineers' load)."""
+
+    def __init__(self, setup: Setup) -> None:
+        self._setup = setup
+        self._postgres = setup.postgres_pid
+        self._start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        kubesim, pods = tree_cpu_seconds(self._setup.cluster.pid)
+        parts = {"kubesim": kubesim, "kubesim pods": pods}
+        for replica in self._setup.replicas.replicas:
+            parts[f"gateway {replica.id}"] = sum(tree_cpu_seconds(replica.process.pid))
+        parts["postgres"] = sum(tree_cpu_seconds(self._postgres)) if self._postgres else 0.0
+        times = os.times()
+        parts["bench (client, balancer)"] = times.user + times.system
+        parts["machine"] = machine_busy_seconds()
+        return parts
+
+    def delta_ms(self) -> dict[str, float]:
+        """CPU ms of each part since this was made, and of the rest of the machine."""
+        now = self._read()
+        split = {k: (now[k] - self._start.get(k, 0.0)) * 1000 for k in now}
+        ours = sum(v for k, v in split.items() if k != "machine")
+        split["others on the machine"] = max(0.0, split.pop("machine") - ours)
+        return split
+
+    def per_create_ms(self, creates: int) -> dict[str, float]:
+        """CPU ms per create of each part since this was made."""
+        return {k: v / max(creates, 1) for k, v in self.delta_ms().items()}
+
+
+async def idle_cpu_ms_per_second(setup: Setup, seconds: float) -> dict[str, float]:
+    """What each part spends per second with a full pool and no creates (heartbeats, leases,
+    informers' resyncs, idle pods)."""
+    cpu = CpuSplit(setup)
+    await asyncio.sleep(seconds)
+    return {k: v / seconds for k, v in cpu.delta_ms().items()}
+
+
+async def poisson(setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib: float, surplus: int) -> dict[str, Any]:
     """As many warm creates as the pool holds, with exponential gaps at `rate`/s, against a pool
     pre-filled to `wanted` (fewer, said loudly, when memory cannot hold them)."""
-    pool = count = setup.guard.fit(wanted, pod_mib, "warm kubesim pods")
+    pool = count = setup.guard.fit(wanted + surplus, pod_mib, "warm kubesim pods (pool and surplus)") - surplus
+    if pool <= 0:
+        raise MemoryLow(f"not even {surplus + 1} kubesim pods fit in the memory available")
     await setup.pool(pool)
     filling, available_before = time.perf_counter(), available_mib()
     await setup.wait_idle(pool, timeout=1800)
@@ -223,38 +314,41 @@ async def poisson(setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib:
     # What PSS misses (page tables, each pod's namespaces and tmpfs root), if nobody else moved.
     memory["available_drop_mib_per_pod"] = (available_before - available_mib()) / max(pool, 1)
     rng = random.Random(seed)
-    ready = [0]
-    memory_low: list[str] = []
-    follower = asyncio.create_task(_hold_pool_to_its_fill(setup, pool, ready, memory_low))
+    available_before_creates = available_mib()
+    refill = RefillStop(setup, pool, surplus)
+    follower = asyncio.create_task(refill.run())
 
     async def one(name: str) -> tuple[float, pb.Sandbox] | str:
         try:
-            result = await setup.create_ready(name, timeout=300)
+            return await setup.create_ready(name, timeout=300)
         except grpc.aio.AioRpcError as exc:
             return f"{exc.code().name}: {exc.details()}"
-        ready[0] += 1
-        return result
 
     tasks = []
+    cpu = CpuSplit(setup)
     started = time.perf_counter()
     for i in range(count):
-        if memory_low:
+        if refill.memory_low:
             break
         tasks.append(asyncio.create_task(one(f"p-{i}")))
+        refill.sent()
         await asyncio.sleep(rng.expovariate(rate))
     sent_seconds = time.perf_counter() - started
     everything = asyncio.gather(*tasks)
     await asyncio.wait([everything, follower], return_when=asyncio.FIRST_COMPLETED)
-    if memory_low:  # tear down now (the caller's clean-up stops every pod): do not wait for the rest
+    if refill.memory_low:  # tear down now (the caller's clean-up stops every pod): do not wait for the rest
         everything.cancel()
         await asyncio.gather(everything, return_exceptions=True)
-        raise MemoryLow(memory_low[0])
+        raise MemoryLow(refill.memory_low[0])
     outcomes = await everything
-    results = [r for r in outcomes if not isinstance(r, str)]
-    failures = [r for r in outcomes if isinstance(r, str)]
+    cpu_ms = cpu.per_create_ms(len(outcomes))
     follower.cancel()
     await asyncio.gather(follower, return_exceptions=True)
+    results = [r for r in outcomes if not isinstance(r, str)]
+    failures = [r for r in outcomes if isinstance(r, str)]
+    pods = await setup.cluster.admin.list_objects(kc.PODS, NAMESPACE)
     await setup.delete_all()
+    await setup.wait_pods_gone()
     return {
         "rate": rate,
         "count": len(outcomes),
@@ -262,36 +356,79 @@ async def poisson(setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib:
         "failures": failures[:5],
         "pool": pool,
         "pool_wanted": wanted,
+        "surplus": surplus,
+        # Every pod that existed once the creates were Ready: the pre-fill, plus what the pool
+        # controller added while the creates ran (at most `surplus` when nothing was deleted).
+        "pods_after": len(pods.get("items") or []),
+        "refill_patches": refill.patches,
+        # The least MemAvailable seen while the creates ran (claimed pods cost more than idle ones).
+        "lowest_available_mib": refill.lowest_available_mib,
+        "available_mib_before_creates": available_before_creates,
         "pool_fill_seconds": fill_seconds,
         "pod_memory": memory,
         "sent_over_seconds": sent_seconds,
+        "cpu_ms_per_create": cpu_ms,
         "ms": summary([ms for ms, _ in results]),
         "not_warm": sum(r.status.allocation != "warm" for _, r in results),
     }
 
 
-async def _hold_pool_to_its_fill(setup: Setup, pool: int, ready: list[int], memory_low: list[str]) -> None:
-    """While the creates run, the pool's `spec.replicas` follows them down (pool - creates Ready),
-    so agent-sandbox does not refill what they took: the scenario pre-fills the pool instead, and
-    a refill of as many pods again would double what this host holds. It lags the adoptions (a
-    few refills happen); lowering it ahead of them would delete idle members a create was about
-    to take. Also watches memory: under the guard's floor the creates stop (`memory_low`) and
-    the run is torn down."""
-    asked = pool
-    while True:
-        if (target := max(0, pool - ready[0])) != asked:
-            await setup.cluster.admin.patch(kc.POOLS, NAMESPACE, POOL, {"spec": {"replicas": target}})
-            asked = target
-        try:
-            setup.guard.check()
-        except MemoryLow as low:
-            memory_low.append(str(low))
-            print(f"\n*** MEMORY: {low} ***\n", file=sys.stderr, flush=True)
-            return
-        await asyncio.sleep(0.2)
+def refill_target(pool: int, sent: int, surplus: int) -> int:
+    """The pool's `spec.replicas` once `sent` creates have been sent: what is left of the pre-fill
+    plus `surplus` (never above the pre-fill). The surplus covers the creates sent but not yet
+    bound to a member: with fewer desired than members left, the pool controller deletes idle
+    members those creates were about to take; with more, it refills. So at most `surplus` pods
+    are added during a run, and members are deleted only while more than `surplus` creates wait
+    for their claim to bind."""
+    return max(0, min(pool, pool - sent + surplus))
 
 
-async def sustained(setup: Setup, *, rates: list[float], seconds: float, pool: int) -> dict[str, Any]:
+class RefillStop:
+    """Lowers the pool's `spec.replicas` as each create is sent (`refill_target`), so the pool
+    controller does not refill what the creates take: the scenario pre-fills the pool instead,
+    and a refill of as many pods again would double what this host holds. One patch at a time,
+    of the latest target (sends that arrive while a patch is in flight are folded into the next).
+    Also watches memory: under the guard's floor `memory_low` says why and the creates stop."""
+
+    def __init__(self, setup: Setup, pool: int, surplus: int) -> None:
+        self._setup = setup
+        self._pool = pool
+        self._surplus = surplus
+        self._sent = 0
+        self._asked = pool
+        self._wake = asyncio.Event()
+        self.patches = 0
+        self.memory_low: list[str] = []
+        self.lowest_available_mib = available_mib()
+
+    def sent(self) -> None:
+        """One more create was sent."""
+        self._sent += 1
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Patch and watch memory until cancelled, or until memory is low (then return)."""
+        while True:
+            if (target := refill_target(self._pool, self._sent, self._surplus)) != self._asked:
+                patch = {"spec": {"replicas": target}}
+                await self._setup.cluster.admin.patch(kc.POOLS, NAMESPACE, POOL, patch)
+                self._asked, self.patches = target, self.patches + 1
+            self.lowest_available_mib = min(self.lowest_available_mib, available_mib())
+            try:
+                self._setup.guard.check()
+            except MemoryLow as low:
+                self.memory_low.append(str(low))
+                print(f"\n*** MEMORY: {low} ***\n", file=sys.stderr, flush=True)
+                return
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.2):  # memory is checked at least this often
+                    await self._wake.wait()
+
+
+async def sustained(
+    setup: Setup, *, rates: list[float], seconds: float, pool: int, profile: Path | None = None
+) -> dict[str, Any]:
     """`rates` in order for `seconds` each (creates deleted once Ready, so the pool refills) until
     one fails (a create went cold, or Ready p99 over the limit), then the midpoint between the last
     that held and the first that failed: the highest rate found to hold is reported."""
@@ -299,7 +436,7 @@ async def sustained(setup: Setup, *, rates: list[float], seconds: float, pool: i
     best = 0.0
     failed: float | None = None
     for rate in rates:
-        row = await _sustain(setup, rate, seconds=seconds, pool=pool)
+        row = await _sustain(setup, rate, seconds=seconds, pool=pool, profile=profile)
         tried.append(row)
         if not row["kept_up"]:
             failed = rate
@@ -307,41 +444,89 @@ async def sustained(setup: Setup, *, rates: list[float], seconds: float, pool: i
         best = rate
     if failed is not None and best and failed - best > 0.5:
         middle = round((best + failed) / 2, 1)
-        row = await _sustain(setup, middle, seconds=seconds, pool=pool)
+        row = await _sustain(setup, middle, seconds=seconds, pool=pool, profile=profile)
         tried.append(row)
         best = middle if row["kept_up"] else best
     return {"seconds": seconds, "pool": pool, "tried": tried, "highest_sustained_rate": best}
 
 
-async def _sustain(setup: Setup, rate: float, *, seconds: float, pool: int) -> dict[str, Any]:
+def _spy(setup: Setup, directory: Path | None, label: str, seconds: float) -> list[subprocess.Popen[bytes]]:
+    """`py-spy record` of kubesim and of each gateway for `seconds` (nothing without `directory`):
+    their collapsed stacks (one line per stack and its sample count) while the creates run."""
+    if directory is None:
+        return []
+    directory.mkdir(parents=True, exist_ok=True)
+    targets = [("kubesim", setup.cluster.pid)] + [(r.id, r.process.pid) for r in setup.replicas.replicas]
+    record = ["py-spy", "record", "--nonblocking", "-r", "50", "-f", "raw", "-d", str(int(seconds))]
+    return [
+        subprocess.Popen(
+            [*record, "-p", str(pid), "-o", str(directory / f"{label}-{name}.txt")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in targets
+    ]
+
+
+async def _sustain(
+    setup: Setup, rate: float, *, seconds: float, pool: int, profile: Path | None = None
+) -> dict[str, Any]:
     """One rate for `seconds`, from a full pool of `pool`."""
     await setup.pool(pool)
     await setup.wait_idle(pool)
+    idle = await idle_cpu_ms_per_second(setup, IDLE_SECONDS)
     rng = random.Random(int(rate * 1000))
     tasks = []
 
-    async def one(name: str) -> tuple[float, pb.Sandbox]:
-        result = await setup.create_ready(name, timeout=300)
+    async def one(name: str) -> tuple[float, pb.Sandbox] | str:
+        try:
+            result = await setup.create_ready(name, timeout=300)
+        except (grpc.aio.AioRpcError, AssertionError) as exc:  # an error, or never Ready: counted
+            return f"{name}: {str(exc).splitlines()[0][:200]}"
         await setup.front.DeleteSandbox(pb.SandboxRef(name=name), metadata=setup.replicas.metadata)
         return result
 
-    deadline = time.perf_counter() + seconds
+    cpu = CpuSplit(setup)
+    requests_before = await _request_counts(setup.cluster)
+    spies = _spy(setup, profile, f"{len(setup.replicas.replicas)}gw-{rate:g}", seconds)
+    started = time.perf_counter()
+    deadline = started + seconds
     i = 0
     while time.perf_counter() < deadline:
         tasks.append(asyncio.create_task(one(f"s{rate:g}-{i}")))
         i += 1
         await asyncio.sleep(rng.expovariate(rate))
-    results = await asyncio.gather(*tasks)
+    outcomes = await asyncio.gather(*tasks)
+    results = [r for r in outcomes if not isinstance(r, str)]
+    failures = [r for r in outcomes if isinstance(r, str)]
+    for spy in spies:
+        await asyncio.to_thread(spy.wait)
+    # Until the last create is Ready and deleted; the refills of the last few may still run.
+    wall = time.perf_counter() - started
+    cpu_ms = cpu.per_create_ms(len(outcomes))
+    # Net of what the same parts spend idle over the same time (the machine's others excepted).
+    net_ms = {k: v - idle[k] * wall / max(len(outcomes), 1) for k, v in cpu_ms.items() if k in idle}
+    net_ms["others on the machine"] = cpu_ms["others on the machine"]
+    requests = await _request_counts(setup.cluster)
+    per_create = {k: (n - requests_before.get(k, 0)) / max(len(outcomes), 1) for k, n in requests.items()}
     cold = sum(r.status.allocation != "warm" for _, r in results)
     stats = summary([ms for ms, _ in results])
-    kept_up = cold == 0 and stats["p99"] <= READY_P99_LIMIT_MS
+    kept_up = cold == 0 and not failures and stats["p99"] <= READY_P99_LIMIT_MS
     await setup.delete_all()
     return {
         "rate": rate,
-        "creates": len(results),
+        "creates": len(outcomes),
+        "failed": len(failures),
+        "failures": failures[:5],
         "not_warm": cold,
         "ms": stats,
         "kept_up": kept_up,
+        "seconds": wall,
+        "cpu_ms_per_create": cpu_ms,
+        "net_cpu_ms_per_create": net_ms,
+        "idle_cpu_ms_per_second": idle,
+        # The gateways' API requests to kubesim per create (every replica's; watches count once).
+        "api_requests_per_create": {k: round(v, 2) for k, v in sorted(per_create.items()) if v >= 0.05},
         "load_average": os.getloadavg(),
     }
 
@@ -363,7 +548,7 @@ async def with_setup(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     data: dict[str, Any] = {"load_average_start": os.getloadavg(), "available_mib_start": available_mib()}
-    guard = MemoryGuard(args.memory_reserve_mib)
+    guard = MemoryGuard(args.memory_reserve_mib, args.memory_floor_mib)
     parts = set(args.parts.split(","))
     with dev_postgres_server() as server, tempfile.TemporaryDirectory(prefix="ws-bench-replicas-") as tmp:
         root = Path(tmp)
@@ -397,24 +582,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         await setup.aclose()
                     data["fast"].append({"config": label, **result, "load_average": os.getloadavg()})
                     _checkpoint(args, data)
-        if parts & {"poisson", "sustained"}:
+        poisson_counts = {1, 3} if "poisson" in parts else set()
+        sustain_counts = set(args.sustain_replicas) if "sustained" in parts else set()
+        if poisson_counts | sustain_counts:
             async with kubesim_process("default") as cluster:
-                data["poisson"] = []
-                for count in (1, 3):
-                    if "poisson" not in parts and count == 1:
-                        continue
+                data["poisson"], data["sustained"] = [], []
+                for count in sorted(poisson_counts | sustain_counts):
                     url = await server.create_database()
                     setup = await with_setup(
                         cluster,
                         root,
-                        f"poisson-{count}",
+                        f"default-{count}",
                         replicas=count,
                         store_url=url,
                         password_file=password,
                         guard=guard,
                     )
+                    setup.postgres_pid = _postmaster_pid(server.base)
                     try:
-                        if "poisson" in parts:
+                        if count in poisson_counts:
                             result = await _reported(
                                 poisson(
                                     setup,
@@ -422,17 +608,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                     wanted=args.poisson_pool,
                                     seed=1251,
                                     pod_mib=args.pod_mib,
+                                    surplus=args.poisson_surplus,
                                 )
                             )
                             data["poisson"].append({"replicas": count, **result, "load_average": os.getloadavg()})
                             _checkpoint(args, data)
-                        if count == 3 and "sustained" in parts:
-                            data["sustained"] = await sustained(
-                                setup, rates=args.rates, seconds=args.sustain_seconds, pool=args.pool
+                        if count in sustain_counts:
+                            found = await sustained(
+                                setup,
+                                rates=args.rates,
+                                seconds=args.sustain_seconds,
+                                pool=args.pool,
+                                profile=Path(args.profile_dir) if args.profile_dir else None,
                             )
+                            data["sustained"].append({"replicas": count, **found})
+                            _checkpoint(args, data)
                     finally:
                         await setup.aclose()
     return data
+
+
+async def _request_counts(cluster: ClusterProcess) -> dict[str, int]:
+    """kubesim's counters of the gateways' requests, by "verb resource"."""
+    return {f"{row['verb']} {row['resource']}": int(row["count"]) for row in await cluster.counters()}
+
+
+def _postmaster_pid(base: Path) -> int:
+    """The dev server's postmaster (the first line of its data directory's postmaster.pid)."""
+    try:
+        return int((base / "data" / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _checkpoint(args: argparse.Namespace, data: dict[str, Any]) -> None:
@@ -456,8 +662,8 @@ def table_for(data: dict[str, Any]) -> str:
         text += _fast_table(data["fast"])
     if data.get("poisson"):
         text += _poisson_table(data["poisson"])
-    if data.get("sustained"):
-        text += _sustained_table(data["sustained"])
+    for found in data.get("sustained") or []:
+        text += _sustained_table(found)
     text += (
         f"\nMemory available at the start: {data['available_mib_start']:.0f} MiB. The machine is shared (2 cores, "
         "other engineers' tests and benchmarks running): compare rows of this run with each other, not with "
@@ -491,32 +697,59 @@ def _fast_table(rows: list[dict[str, Any]]) -> str:
 
 def _poisson_table(rows: list[dict[str, Any]]) -> str:
     text = "\n### Poisson arrivals of warm creates on kubesim `default` (create -> Ready, ms)\n\n"
-    text += "| gateways | rate/s | creates | failed | pool (asked) | pool fill s | PSS per pod MiB | p50 | p90 | p99 "
-    text += "| not warm | load avg |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    text += "| gateways | rate/s | creates | sent over s | failed | pool (asked) | surplus | pods after | pool fill s "
+    text += "| PSS per pod MiB | p50 | p90 | p99 | not warm | load avg |\n"
+    text += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    notes = ""
     for row in rows:
         ms, memory = row["ms"], row["pod_memory"]
         text += (
-            f"| {row['replicas']} | {row['rate']:g} | {row['count']} | {row['failed']} "
-            f"| {row['pool']} ({row['pool_wanted']}) "
+            f"| {row['replicas']} | {row['rate']:g} | {row['count']} | {row['sent_over_seconds']:.1f} "
+            f"| {row['failed']} | {row['pool']} ({row['pool_wanted']}) | {row['surplus']} | {row['pods_after']} "
             f"| {row['pool_fill_seconds']:.0f} | {memory['pss_mib_per_pod']:.1f} | {ms['p50']:.0f} "
             f"| {ms['p90']:.0f} | {ms['p99']:.0f} | {row['not_warm']} | {row['load_average'][0]:.1f} |\n"
         )
+        notes += (
+            f"\n{row['replicas']} gateway(s): MemAvailable {row['available_mib_before_creates']:.0f} MiB with the pool "
+            f"full, at least {row['lowest_available_mib']:.0f} MiB while the creates ran; "
+            f"{row['pod_memory']['available_drop_mib_per_pod']:.1f} MiB less per pod filled.\n"
+        )
         if row["pool"] < row["pool_wanted"]:
-            text += f"\n**Reduced:** the pool was {row['pool']}, not {row['pool_wanted']}: memory did not allow it.\n\n"
-    text += "\nagent-sandbox PR #1251 (45/s sustained, in-cluster): p50 92 / p90 182 / p99 376 ms.\n"
+            notes += f"\n**Reduced:** the pool was {row['pool']}, not {row['pool_wanted']}: memory did not allow it.\n"
+    text += notes + (
+        "\nThe pool's `spec.replicas` is lowered as each create is sent (to what is left of the pre-fill plus "
+        "the surplus): pods after = the pre-fill plus what the pool controller refilled during the run.\n"
+        "agent-sandbox PR #1251 (45/s sustained, in-cluster): p50 92 / p90 182 / p99 376 ms.\n"
+    )
     return text
 
 
-def _sustained_table(data: dict[str, Any]) -> str:
-    seconds, pool = data["seconds"], data["pool"]
-    text = f"\n### Highest rate sustained for {seconds:g} s, 3 gateways, pool {pool}, kubesim `default`\n\n"
-    text += "| rate/s | creates | not warm | p50 | p99 | kept up | load avg |\n|---|---|---|---|---|---|---|\n"
-    for row in data["tried"]:
+def _sustained_table(found: dict[str, Any]) -> str:
+    seconds, pool, replicas = found["seconds"], found["pool"], found["replicas"]
+    text = f"\n### Highest rate sustained for {seconds:g} s, {replicas} gateway(s), pool {pool}, kubesim `default`\n\n"
+    parts = list(found["tried"][0]["net_cpu_ms_per_create"]) if found["tried"] else []
+    text += "| rate/s | creates | failed | not warm | p50 | p99 | kept up | load avg | " + " | ".join(parts) + " |\n"
+    text += "|---|---|---|---|---|---|---|---|" + "---|" * len(parts) + "\n"
+    for row in found["tried"]:
+        cpu = row["net_cpu_ms_per_create"]
         text += (
-            f"| {row['rate']:g} | {row['creates']} | {row['not_warm']} | {row['ms']['p50']:.0f} "
-            f"| {row['ms']['p99']:.0f} | {row['kept_up']} | {row['load_average'][0]:.1f} |\n"
+            f"| {row['rate']:g} | {row['creates']} | {row.get('failed', 0)} | {row['not_warm']} "
+            f"| {row['ms']['p50']:.0f} | {row['ms']['p99']:.0f} | {row['kept_up']} | {row['load_average'][0]:.1f} | "
+            + " | ".join(f"{cpu.get(p, 0.0):.0f}" for p in parts)
+            + " |\n"
         )
-    return text + f"\nHighest sustained: **{data['highest_sustained_rate']:g}/s**.\n"
+    text += (
+        "\nCPU columns: ms of CPU per create, from the first create sent to the last one Ready and deleted, net "
+        f"of what the same part spends idle (measured for {IDLE_SECONDS:g} s before each rate, full pool); "
+        "'others' is the rest of the machine's busy time (other engineers), not net of anything.\n\n"
+        "Idle, ms of CPU per second: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in found["tried"][0]["idle_cpu_ms_per_second"].items())
+        + "\n"
+    )
+    for row in found["tried"]:
+        calls = ", ".join(f"{k} {v:g}" for k, v in row["api_requests_per_create"].items())
+        text += f"\nAt {row['rate']:g}/s, the gateways' kubesim requests per create: {calls}\n"
+    return text + f"\nHighest sustained: **{found['highest_sustained_rate']:g}/s**.\n"
 
 
 def main() -> None:
@@ -527,11 +760,36 @@ def main() -> None:
     parser.add_argument("--kill-sandboxes", type=int, default=12)
     parser.add_argument("--poisson-rate", type=float, default=45.0)
     parser.add_argument("--poisson-pool", type=int, default=450, help="pool pre-filled, and creates sent")
-    parser.add_argument("--pod-mib", type=float, default=40.0, help="memory to allow per kubesim pod (PSS ~25)")
+    parser.add_argument(
+        "--poisson-surplus",
+        type=int,
+        default=45,
+        help="pods kept above the creates still to send (their claims not bound yet); the most a run refills",
+    )
+    parser.add_argument(
+        "--pod-mib",
+        type=float,
+        default=32.0,
+        help="memory to allow per kubesim pod (an idle one: PSS ~17, MemAvailable -17..20; a claimed one more)",
+    )
     parser.add_argument("--memory-reserve-mib", type=float, default=8192.0, help="left available to others")
+    parser.add_argument(
+        "--memory-floor-mib", type=float, default=4096.0, help="the run stops when available memory falls under it"
+    )
     parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--parts", default="fast,poisson,sustained")
     parser.add_argument("--sustain-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--sustain-replicas",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[3],
+        help="gateway counts the sustained search runs with",
+    )
+    parser.add_argument(
+        "--profile-dir",
+        default="",
+        help="py-spy collapsed stacks of kubesim and each gateway during each sustained rate (needs py-spy)",
+    )
     parser.add_argument("--name", default="replicas")
     args = parser.parse_args()
     _checkpoint(args, asyncio.run(run(args)))

@@ -7,7 +7,9 @@ another host wrote), and only over a stretch in which it could read the store: a
 the store every replica starts with a clean slate, since nobody could renew then. The forwarder
 reads the directory to find a session owner's address (and refuses to dial a dead one); the
 leader marks the sessions a dead replica held as disconnected, so phase and forwarding stop
-naming it while its supervisors reconnect to the survivors.
+naming it while its supervisors reconnect to the survivors. That takes reading every sandbox
+record, so the leader's heartbeat does it only when the set of live replicas has changed since
+its last pass (or `SESSION_SCAN_SECONDS` have gone by), not on every beat.
 """
 
 from __future__ import annotations
@@ -26,12 +28,23 @@ from warmshell.core.models import SandboxRecord, now_ms
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.store.base import Store
 
-__all__ = ["KIND_REPLICA", "MISSED_HEARTBEATS", "Replica", "ReplicaDirectory", "stale_sessions"]
+__all__ = [
+    "KIND_REPLICA",
+    "MISSED_HEARTBEATS",
+    "SESSION_SCAN_SECONDS",
+    "Replica",
+    "ReplicaDirectory",
+    "session_scan_due",
+    "stale_sessions",
+]
 
 log = logging.getLogger(__name__)
 
 KIND_REPLICA = "replica"
 MISSED_HEARTBEATS = 3
+# The leader's pass over every record for dead replicas' sessions also runs this often with no
+# change in who is alive: a safety net for sessions written in ways the change rule cannot see.
+SESSION_SCAN_SECONDS = 30.0
 _WORKSPACE = ""  # replicas belong to no workspace
 
 
@@ -53,6 +66,14 @@ def stale_sessions(records: list[SandboxRecord], alive: set[str], *, me: str) ->
     ]
 
 
+def session_scan_due(alive: frozenset[str], last: tuple[frozenset[str], float] | None, now: float) -> bool:
+    """Whether the leader reads every record for dead replicas' sessions now: on its first beat as
+    leader, when the live replicas differ from those of its last pass (one died, or came back),
+    or `SESSION_SCAN_SECONDS` after that pass. A session names a replica that was alive when it
+    was written, so with the same replicas alive as at the last pass no new stale one exists."""
+    return last is None or last[0] != alive or now - last[1] >= SESSION_SCAN_SECONDS
+
+
 class ReplicaDirectory:
     """This replica's row, and a cached view of everyone's."""
 
@@ -72,6 +93,7 @@ class ReplicaDirectory:
         self._clock = clock
         self._known: dict[str, Replica] = {}
         self._changed_at: dict[str, float] = {}  # when this replica saw each row change
+        self._scanned: tuple[frozenset[str], float] | None = None  # the live set and time of the last pass
 
     def _payload(self) -> str:
         # The wall time is for people reading the table; liveness comes from the row changing.
@@ -149,7 +171,10 @@ class ReplicaDirectory:
     async def release_stale_sessions(self, records: SandboxRecords) -> int:
         """Mark the sessions of dead replicas disconnected (leader work); returns how many."""
         await self.refresh()
-        alive = self.alive_ids()
+        return await self._release(records, self.alive_ids())
+
+    async def _release(self, records: SandboxRecords, alive: set[str]) -> int:
+        started = self._clock()
         for gone in self._known.keys() - alive:
             # Its row goes too (a replica that was only cut off writes it again when it is back).
             with contextlib.suppress(ConflictError):
@@ -169,21 +194,27 @@ class ReplicaDirectory:
                 await records.mutate(record.id, change)
                 released += 1
                 log.info("sandbox %s: session held by replica %s, presumed dead, released", record.id, owner)
+        self._scanned = (frozenset(alive), started)  # only a pass that ran to the end counts
         return released
 
     async def beat(self, *, leading: bool, records: SandboxRecords) -> None:
         """One heartbeat: renew this replica's row and re-read the others'; the leader also
-        releases dead replicas' sessions. A failure anywhere in it forgets what was observed, as a
-        failed `refresh` does: an outage is usually met first by the renewal, and observations from
-        before it must not judge replicas that could not renew during it."""
+        releases dead replicas' sessions when `session_scan_due`. A failure anywhere in it forgets
+        what was observed, as a failed `refresh` does: an outage is usually met first by the
+        renewal, and observations from before it must not judge replicas that could not renew
+        during it."""
         try:
             await self.announce()
-            if leading:
-                await self.release_stale_sessions(records)
-            else:
-                await self.refresh()  # who is alive, for forwarding and session checks
+            await self.refresh()  # who is alive, for forwarding and session checks
+            if not leading:
+                self._scanned = None  # leading again later starts with a full pass
+                return
+            alive = self.alive_ids()
+            if session_scan_due(frozenset(alive), self._scanned, self._clock()):
+                await self._release(records, alive)
         except WarmshellError:
             self._changed_at.clear()
+            self._scanned = None
             raise
 
     async def run(self, *, leading: Callable[[], bool], records: SandboxRecords) -> None:

@@ -3,6 +3,7 @@ test_watching and the integration tests)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from warmshell.drivers.base import BackendState, DriverEvent
@@ -59,3 +60,37 @@ def test_only_new_events_about_our_pods_become_progress() -> None:
     informers._kube_event("MODIFIED", ours)
     informers._kube_event("ADDED", other)
     assert [(e.sandbox_id, e.progress and e.progress.reason) for e in published] == [("sbx-1", "Pulled")]
+
+
+RUNNING = {"phase": "Running", "containerStatuses": [{"name": "supervisor", "state": {"running": {}}}]}
+
+
+def test_a_pod_event_reaches_the_sandbox_owning_it_by_the_pod_name_annotation_too() -> None:
+    published: list[DriverEvent] = []
+    hub = Hub()
+    hub.publish = published.append  # type: ignore[method-assign]
+    informers = Informers(None, "warmshell", hub, watching.Backoff())  # type: ignore[arg-type]
+    cluster = FakeCluster()
+    pairs = [cluster.sandbox_with_pod(sandbox_id=f"sbx-{i}", name=f"n{i}") for i in range(3)]
+    informers._sandboxes_listed([s for s, _ in pairs])
+    informers._pods_listed([])
+    published.clear()
+    sandbox, pod = pairs[1]
+    pod["status"] = RUNNING
+    informers._pod_event("MODIFIED", pod)
+    assert [(e.sandbox_id, e.sandbox.state) for e in published if e.sandbox] == [("sbx-1", BackendState.RUNNING)]
+    # The Sandbox now names another pod (agent-sandbox's pod-name annotation): that pod's events are its.
+    renamed = copy.deepcopy(sandbox)
+    renamed["metadata"].setdefault("annotations", {})["agents.x-k8s.io/pod-name"] = "elsewhere"
+    informers._sandbox_event("MODIFIED", renamed)
+    published.clear()
+    informers._pod_event("MODIFIED", pod)  # the old pod: nobody's any more
+    assert published == []
+    moved = copy.deepcopy(pod)
+    moved["metadata"]["name"] = "elsewhere"
+    informers._pod_event("ADDED", moved)
+    assert [e.sandbox_id for e in published if e.sandbox] == ["sbx-1"]
+    informers._sandbox_event("DELETED", renamed)
+    published.clear()
+    informers._pod_event("MODIFIED", moved)
+    assert published == []

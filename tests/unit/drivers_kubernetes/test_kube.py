@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from warmshell.core.errors import (
     UnavailableError,
 )
 from warmshell.drivers.kubernetes import kube
+
+from .fakes import config
 
 
 def status_body(code: int, reason: str) -> bytes:
@@ -110,3 +113,39 @@ async def test_attempts_are_logged_as_n_of_total(caplog: pytest.LogCaptureFixtur
     caplog.set_level("INFO")
     await kube.RetryPolicy((0.0, 0.0)).run("get pods", Flaky(temporary(500)))
     assert "attempt 2/3" in caplog.text
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://10.1.2.3:6443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: not-a-secret}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+@pytest.mark.parametrize(
+    ("environment", "proxy"),
+    [
+        ({"HTTPS_PROXY": "http://proxy.example:3128"}, "http://proxy.example:3128"),
+        ({"HTTPS_PROXY": "http://proxy.example:3128", "NO_PROXY": "10.1.2.3"}, None),
+        ({}, None),
+    ],
+)
+async def test_the_proxy_is_read_from_the_environment_once_not_per_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], proxy: str | None
+) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    api = await kube.Kube.connect(config(kubeconfig=str(path), credentials="kubeconfig"))
+    try:
+        rest = api._api.rest_client
+        assert rest.proxy == proxy
+        # No per-request look-up of proxy variables and ~/.netrc (a thread hop each time).
+        assert rest.pool_manager.trust_env is False
+    finally:
+        await api.aclose()

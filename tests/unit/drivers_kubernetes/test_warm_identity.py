@@ -163,6 +163,66 @@ async def test_an_adopted_member_is_bound_through_its_claim(cluster: WarmCluster
     assert (target.pod_uid, target.sandbox_id, target.proof) == (pod["metadata"]["uid"], "sbx-1", "secret")
 
 
+class Cache:
+    """Cached Sandboxes and pods (as the driver's informers hold them)."""
+
+    def __init__(self, sandboxes: list[Obj], pods: list[Obj]) -> None:
+        self.sandboxes = {s["metadata"]["name"]: s for s in sandboxes}
+        self.pods = {p["metadata"]["name"]: p for p in pods}
+
+    def cached_sandbox(self, name: str) -> Obj | None:
+        return self.sandboxes.get(name)
+
+    def cached_pod(self, name: str) -> Obj | None:
+        return self.pods.get(name)
+
+
+async def test_a_claim_resolves_from_the_informers_cache_without_reading_the_cluster(cluster: WarmCluster) -> None:
+    sandbox, pod = cluster.member(cluster.pool())
+    cluster.adopt(sandbox, cluster.claim(proof="secret"))
+    claim = cluster.objects[("sandboxclaims", NS, "default--one")]
+    cluster.calls.clear()
+    target = await claimactivation.resolve_target(
+        cluster,  # type: ignore[arg-type]
+        ProofSealer(KEY),
+        claim,
+        Cache([sandbox], [pod]),
+    )
+    assert target is not None
+    assert (target.pod_uid, target.sandbox_id, target.proof) == (pod["metadata"]["uid"], "sbx-1", "secret")
+    assert [c for c in cluster.calls if c[0] == "get"] == []
+
+
+async def test_a_stale_or_missing_cache_entry_is_read_live(cluster: WarmCluster) -> None:
+    sandbox, pod = cluster.member(cluster.pool())
+    cluster.adopt(sandbox, cluster.claim(proof="secret"))
+    claim = cluster.objects[("sandboxclaims", NS, "default--one")]
+    stale = copy.deepcopy(pod)
+    stale["metadata"]["ownerReferences"][0]["uid"] = "uid-of-an-earlier-sandbox"  # a pod of the same name, before
+    for cache in (Cache([sandbox], [stale]), Cache([], [])):
+        cluster.calls.clear()
+        target = await claimactivation.resolve_target(cluster, ProofSealer(KEY), claim, cache)  # type: ignore[arg-type]
+        assert target is not None
+        assert target.pod_uid == pod["metadata"]["uid"]
+        assert [c[0] for c in cluster.calls].count("get") == 2  # the Sandbox and the pod, live
+
+
+async def test_a_cache_cannot_make_a_refused_chain_pass(cluster: WarmCluster) -> None:
+    victim = cluster.claim(sandbox_id="victim", name="victim")
+    sandbox, pod = cluster.member(cluster.pool())
+    forged = cluster.claim(
+        sandbox_id="victim", name="mine", sealed=victim["metadata"]["annotations"]["warmshell.dev/activation-proof"]
+    )
+    cluster.adopt(sandbox, forged)
+    with pytest.raises(claimactivation.ClaimRefused):
+        await claimactivation.resolve_target(
+            cluster,  # type: ignore[arg-type]
+            ProofSealer(KEY),
+            forged,
+            Cache([sandbox], [pod]),
+        )
+
+
 async def test_a_pool_that_has_not_opted_in_is_refused(cluster: WarmCluster, provider: KubernetesIdentity) -> None:
     _, pod = cluster.member(cluster.pool(**{"warmshell.dev/warm-pool": "disabled"}))
     with pytest.raises(PermissionDeniedError, match="not opted in"):

@@ -130,7 +130,7 @@ def test_a_template_that_is_not_ours_has_no_shape() -> None:
 
 
 def index(*pairs: tuple[dict[str, Any], dict[str, Any]]) -> list[poolcache.CachedPool]:
-    templates = {t["metadata"]["name"]: t for t, _ in pairs if t}
+    templates = {t["metadata"]["name"]: poolcache.read_template(t) for t, _ in pairs if t}
     return poolcache.index_pools([p for _, p in pairs], templates)
 
 

@@ -21,7 +21,14 @@ from warmshell.gateway.events import EventBus
 from warmshell.gateway.forwarding import Forwarder
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.records import SandboxRecords
-from warmshell.gateway.replicas import KIND_REPLICA, MISSED_HEARTBEATS, ReplicaDirectory, stale_sessions
+from warmshell.gateway.replicas import (
+    KIND_REPLICA,
+    MISSED_HEARTBEATS,
+    SESSION_SCAN_SECONDS,
+    ReplicaDirectory,
+    session_scan_due,
+    stale_sessions,
+)
 from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.sessions import SessionTable
 from warmshell.gateway.store.base import Store
@@ -153,6 +160,53 @@ async def test_the_leader_releases_only_dead_replicas_sessions_and_their_rows(st
         assert record is not None
         assert record.status.supervisor_connected
     assert {row.id for row in await store.list(KIND_REPLICA)} == {"b"}
+
+
+async def test_the_leader_reads_every_record_only_when_who_is_alive_changed(store: Store) -> None:
+    clock = Clock()
+    records = SandboxRecords(store, EventBus())
+    passes: list[int] = []
+    real_list = records.list
+
+    async def counted() -> list[SandboxRecord]:
+        passes.append(1)
+        return await real_list()
+
+    records.list = counted  # type: ignore[method-assign]
+    a, leader = directory(store, "a", clock), directory(store, "leader", clock)
+    await records.insert(connected(SandboxRecord(id="on-a", name="on-a", workspace="default"), "a"))
+    await a.announce()
+    await leader.beat(leading=True, records=records)
+    assert len(passes) == 1  # the first beat as leader: a full pass
+    for _ in range(MISSED_HEARTBEATS - 1):  # a keeps renewing: nobody died, nothing read
+        clock.now += HEARTBEAT
+        await a.announce()
+        await leader.beat(leading=True, records=records)
+    assert len(passes) == 1
+    clock.now += (MISSED_HEARTBEATS + 0.5) * HEARTBEAT  # a went silent: a pass, and its session released
+    await leader.beat(leading=True, records=records)
+    assert len(passes) == 2
+    released = await records.get(SandboxId("on-a"))
+    assert released is not None
+    assert not released.status.supervisor_connected
+    await leader.beat(leading=True, records=records)
+    assert len(passes) == 2
+    clock.now += SESSION_SCAN_SECONDS  # the safety net
+    await leader.beat(leading=True, records=records)
+    assert len(passes) == 3
+    await leader.beat(leading=False, records=records)  # a follower reads no records ...
+    assert len(passes) == 3
+    await leader.beat(leading=True, records=records)  # ... and leading again starts with a pass
+    assert len(passes) == 4
+
+
+def test_a_session_pass_is_due_first_on_a_change_of_the_living_or_after_the_period() -> None:
+    alive = frozenset({"a", "b"})
+    assert session_scan_due(alive, None, 0.0)
+    assert not session_scan_due(alive, (alive, 0.0), SESSION_SCAN_SECONDS - 0.1)
+    assert session_scan_due(frozenset({"a"}), (alive, 0.0), 1.0)
+    assert session_scan_due(frozenset({"a", "b", "c"}), (alive, 0.0), 1.0)
+    assert session_scan_due(alive, (alive, 0.0), SESSION_SCAN_SECONDS)
 
 
 def test_stale_sessions_is_every_connected_record_no_live_replica_holds() -> None:

@@ -29,7 +29,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from warmshell.core.errors import (
     AlreadyExistsError,
@@ -45,7 +45,7 @@ from warmshell.drivers.events import Hub
 from warmshell.drivers.kubernetes import claims, kube, labels, poolcache, proofs, status, watching
 from warmshell.drivers.kubernetes.objects import Obj
 
-__all__ = ["ClaimActivation", "ClaimRefused", "Target", "resolve_target"]
+__all__ = ["CachedObjects", "ClaimActivation", "ClaimRefused", "Target", "resolve_target"]
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,21 @@ class Target:
     bound_us: int = 0  # when this controller first found the claim bound (the timeline's claimed_us)
 
 
-async def resolve_target(api: kube.Kube, sealer: proofs.ProofSealer, claim: Mapping[str, Any]) -> Target | None:
-    """Follow a bound claim to its pod; None while it is not bound or the pod does not exist yet."""
+class CachedObjects(Protocol):
+    """Sandboxes and pods as the driver's informers last saw them (`Informers`)."""
+
+    def cached_sandbox(self, name: str) -> Obj | None: ...
+
+    def cached_pod(self, name: str) -> Obj | None: ...
+
+
+async def resolve_target(
+    api: kube.Kube, sealer: proofs.ProofSealer, claim: Mapping[str, Any], cache: CachedObjects | None = None
+) -> Target | None:
+    """Follow a bound claim to its pod; None while it is not bound or the pod does not exist yet.
+    With `cache`, a chain that holds on the cached Sandbox and pod is taken from there (two GETs
+    fewer per claim on every replica); anything missing or not holding there is read live, and
+    only the live objects can refuse the claim (a stale cache never does)."""
     meta = claim.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     sandbox_id = claims.sandbox_id_of(claim)
@@ -86,6 +99,8 @@ async def resolve_target(api: kube.Kube, sealer: proofs.ProofSealer, claim: Mapp
     sandbox_name = claims.bound_sandbox_name(claim)
     if not sandbox_name:
         return None
+    if cache is not None and (cached := _cached_target(cache, claim, sandbox_name, sandbox_id, proof)) is not None:
+        return cached
     resource = await api.sandbox_resource(namespace)
     try:
         sandbox = await api.get(resource, namespace, sandbox_name)
@@ -102,6 +117,23 @@ async def resolve_target(api: kube.Kube, sealer: proofs.ProofSealer, claim: Mapp
         return None
     if not status.pod_belongs_to(pod, sandbox):
         raise ClaimRefused(f"pod {namespace}/{pod_name} is not controlled by Sandbox {sandbox_name}")
+    pod_uid = str((pod.get("metadata") or {}).get("uid") or "")
+    return Target(InstanceId(pod_uid), pod_name, sandbox_name, sandbox_id, proof)
+
+
+def _cached_target(
+    cache: CachedObjects, claim: Mapping[str, Any], sandbox_name: str, sandbox_id: SandboxId, proof: str
+) -> Target | None:
+    """The chain claim → Sandbox → pod on cached objects, when every link holds there (the same
+    uid checks as the live path: uids never change, so a chain that holds once holds)."""
+    sandbox = cache.cached_sandbox(sandbox_name)
+    uid = str((claim.get("metadata") or {}).get("uid") or "")
+    if sandbox is None or not claims.controlled_by(sandbox, uid) or not claims.runs_requested_shape(claim, sandbox):
+        return None
+    pod_name = status.owned_pod_name(sandbox)
+    pod = cache.cached_pod(pod_name)
+    if pod is None or not status.pod_belongs_to(pod, sandbox):
+        return None
     pod_uid = str((pod.get("metadata") or {}).get("uid") or "")
     return Target(InstanceId(pod_uid), pod_name, sandbox_name, sandbox_id, proof)
 
@@ -141,6 +173,7 @@ class ClaimActivation:
         on_gone: Callable[[], None] = lambda: None,
         relist_seconds: float | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
+        cache: Callable[[], CachedObjects | None] = lambda: None,
     ) -> None:
         self._api = api
         self._namespace = namespace
@@ -152,6 +185,7 @@ class ClaimActivation:
         self._on_gone = on_gone  # a 404 on the claim collection: the extension CRDs were removed
         self._relist_seconds = relist_seconds or RELIST_SECONDS  # read late: tests shorten it
         self._max = max_in_flight
+        self._cache = cache  # the informers' objects, once the driver's watch has started them
         self._claims: dict[str, _Claim] = {}  # by uid
         self._parked: dict[InstanceId, _Claim] = {}  # parked claims by the pod uid they wait for
         self._running: set[_Claim] = set()  # claims with a task
@@ -334,7 +368,7 @@ class ClaimActivation:
         for delay in delays:
             try:
                 if parked is None:
-                    target = await resolve_target(self._api, self._sealer, claim)
+                    target = await resolve_target(self._api, self._sealer, claim, self._cache())
                 if target is not None:
                     record.pod = target.pod_uid
                     if not target.bound_us:  # kept when the attempt fails: parked with it

@@ -266,11 +266,14 @@ class KubernetesDriver:
     async def delete(self, sandbox_id: SandboxId) -> bool:
         """Delete the SandboxClaim or the Sandbox (the Sandbox and pod go with it) with its uid as
         precondition, so an object recreated meanwhile under the same name is never deleted by
-        mistake."""
+        mistake. A claim the informer holds is deleted without a LIST first."""
         resource = await self.api.sandbox_resource(self._config.namespace)
         if self.warm_allocation_on:
             try:
-                if await finding.delete_found(self.api, self._config.namespace, kube.SANDBOX_CLAIMS, sandbox_id):
+                cached = self._informers.claim_of(sandbox_id) if self._informers is not None else None
+                if await finding.delete_cached(self.api, kube.SANDBOX_CLAIMS, cached) or await finding.delete_found(
+                    self.api, self._config.namespace, kube.SANDBOX_CLAIMS, sandbox_id
+                ):
                     return True
             except kube.NotFound:
                 self._extensions_gone()  # the claim collection is gone: only a Sandbox can be left

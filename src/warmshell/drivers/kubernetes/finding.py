@@ -13,7 +13,16 @@ from warmshell.drivers.base import DriverSandbox
 from warmshell.drivers.kubernetes import claims, kube, labels, status
 from warmshell.drivers.kubernetes.objects import Obj
 
-__all__ = ["DELETE_ATTEMPTS", "claim_view", "claim_views", "delete_found", "find", "own_pod_in", "pod_of"]
+__all__ = [
+    "DELETE_ATTEMPTS",
+    "claim_view",
+    "claim_views",
+    "delete_cached",
+    "delete_found",
+    "find",
+    "own_pod_in",
+    "pod_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,20 @@ async def claim_views(
             sandbox = sandboxes.get(claims.bound_sandbox_name(claim))
             views.append(claims.view(claim, sandbox, own_pod_in(sandbox, pods) if sandbox is not None else None))
     return views
+
+
+async def delete_cached(api: kube.Kube, resource: kube.Resource, cached: Obj | None) -> bool:
+    """Delete an object as an informer last showed it, under its uid (no LIST first): True when it
+    was deleted; False when there is no cached object, or it is gone or was replaced since (the
+    caller then looks it up with `delete_found`)."""
+    if cached is None:
+        return False
+    meta = cached["metadata"]
+    try:
+        await api.delete(resource, meta["namespace"], meta["name"], uid=meta["uid"])
+    except (kube.NotFound, kube.Conflict):
+        return False
+    return True
 
 
 async def delete_found(api: kube.Kube, namespace: str, resource: kube.Resource, sandbox_id: SandboxId) -> bool:

@@ -13,6 +13,7 @@ informer later loses nothing: it lists first, and the Sandboxes and pods it join
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Callable
 
 from warmshell.core.ids import SandboxId
@@ -22,6 +23,40 @@ from warmshell.drivers.kubernetes import claims, kube, labels, status, watching
 from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = ["Informers"]
+
+
+class _Index:
+    """Which names point at a key (a Sandbox's pod, a claim's Sandbox), kept as the objects
+    change, so an event about the key finds them without a scan of every object."""
+
+    def __init__(self) -> None:
+        self._key: dict[str, str] = {}
+        self._names: collections.defaultdict[str, set[str]] = collections.defaultdict(set)
+
+    def put(self, name: str, key: str) -> None:
+        """`name` now points at `key` (only)."""
+        self.drop(name)
+        self._key[name] = key
+        self._names[key].add(name)
+
+    def drop(self, name: str) -> None:
+        """`name` points at nothing any more."""
+        key = self._key.pop(name, None)
+        if key is not None:
+            names = self._names[key]
+            names.discard(name)
+            if not names:
+                del self._names[key]
+
+    def reset(self, keys: dict[str, str]) -> None:
+        """Exactly these names, each pointing at its key."""
+        self._key, self._names = {}, collections.defaultdict(set)
+        for name, key in keys.items():
+            self.put(name, key)
+
+    def names(self, key: str) -> list[str]:
+        """The names pointing at `key` now."""
+        return sorted(self._names.get(key, ()))
 
 
 class Informers:
@@ -51,6 +86,9 @@ class Informers:
         self._sandboxes: dict[str, Obj] = {}
         self._pods: dict[str, Obj] = {}
         self._views: dict[SandboxId, DriverSandbox] = {}  # the last view published per sandbox
+        self._ours_by_pod = _Index()  # our Sandboxes by the pod they own
+        self._others_by_pod = _Index()  # the other Sandboxes by the pod they own
+        self._claims_by_sandbox = _Index()  # our claims by the Sandbox they are bound to
 
     def start(self) -> None:
         """Start the informer tasks (once)."""
@@ -76,6 +114,18 @@ class Informers:
                 self._follow(kube.EVENTS, "", lambda _items: None, self._kube_event), name="k8s-informer:events"
             ),
         ]
+
+    def cached_sandbox(self, name: str) -> Obj | None:
+        """A Sandbox (ours, or a pool member a claim adopted) as last seen."""
+        return self._others.get(name) or self._sandboxes.get(name)
+
+    def cached_pod(self, name: str) -> Obj | None:
+        """A pod of ours as last seen."""
+        return self._pods.get(name)
+
+    def claim_of(self, sandbox_id: SandboxId) -> Obj | None:
+        """Our SandboxClaim carrying this sandbox id, as the claim informer last saw it."""
+        return next((c for c in self._claims.values() if claims.sandbox_id_of(c) == sandbox_id), None)
 
     @property
     def following_claims(self) -> bool:
@@ -127,12 +177,14 @@ class Informers:
 
     def _sandboxes_listed(self, items: list[Obj]) -> None:
         self._others = {s["metadata"]["name"]: s for s in items if not status.is_managed(s)}
+        self._others_by_pod.reset({n: status.owned_pod_name(s) for n, s in self._others.items()})
         self._publish_claims()
         current = {s["metadata"]["name"]: s for s in items if status.is_managed(s)}
         # Gone while we were not watching (a relist after 410): report them deleted.
         for name in self._sandboxes.keys() - current.keys():
             self._sandbox_event("DELETED", self._sandboxes[name])
         self._sandboxes = current
+        self._ours_by_pod.reset({n: status.owned_pod_name(s) for n, s in current.items()})
         for name in current:
             self._publish_view(name)
 
@@ -142,18 +194,22 @@ class Informers:
                 name = sandbox["metadata"]["name"]
                 if kind == "DELETED":
                     self._others.pop(name, None)
+                    self._others_by_pod.drop(name)
                 else:
                     self._others[name] = sandbox
+                    self._others_by_pod.put(name, status.owned_pod_name(sandbox))
                 self._publish_claims(sandbox_name=name)
             return
         name = sandbox["metadata"]["name"]
         if kind == "DELETED":
             self._sandboxes.pop(name, None)
+            self._ours_by_pod.drop(name)
             sandbox_id = status.sandbox_id_of(sandbox)
             if sandbox_id is not None and self._views.pop(sandbox_id, None) is not None:
                 self._hub.publish(DriverEvent(sandbox_id, deleted=True))
             return
         self._sandboxes[name] = sandbox
+        self._ours_by_pod.put(name, status.owned_pod_name(sandbox))
         self._publish_view(name)
 
     # -- pods ------------------------------------------------------------------------------
@@ -170,12 +226,10 @@ class Informers:
             self._pods.pop(name, None)
         else:
             self._pods[name] = pod
-        for sandbox_name, sandbox in list(self._sandboxes.items()):
-            if status.owned_pod_name(sandbox) == name:
-                self._publish_view(sandbox_name)
-        for sandbox_name, sandbox in list(self._others.items()):
-            if status.owned_pod_name(sandbox) == name:
-                self._publish_claims(sandbox_name=sandbox_name)
+        for sandbox_name in self._ours_by_pod.names(name):
+            self._publish_view(sandbox_name)
+        for sandbox_name in self._others_by_pod.names(name):
+            self._publish_claims(sandbox_name=sandbox_name)
 
     def _publish_view(self, sandbox_name: str) -> None:
         sandbox = self._sandboxes.get(sandbox_name)
@@ -202,6 +256,7 @@ class Informers:
         for name in self._claims.keys() - current.keys():
             self._claim_event("DELETED", self._claims[name])
         self._claims = current
+        self._claims_by_sandbox.reset({n: claims.bound_sandbox_name(c) for n, c in current.items()})
         self._publish_claims()
 
     def _claim_event(self, kind: str, claim: Obj) -> None:
@@ -210,16 +265,19 @@ class Informers:
         name = claim["metadata"]["name"]
         if kind == "DELETED":
             self._claims.pop(name, None)
+            self._claims_by_sandbox.drop(name)
             sandbox_id = claims.sandbox_id_of(claim)
             if sandbox_id is not None and self._views.pop(sandbox_id, None) is not None:
                 self._hub.publish(DriverEvent(sandbox_id, deleted=True))
             return
         self._claims[name] = claim
+        self._claims_by_sandbox.put(name, claims.bound_sandbox_name(claim))
         self._publish_claim(claim)
 
     def _publish_claims(self, *, sandbox_name: str = "") -> None:
-        for claim in list(self._claims.values()):
-            if not sandbox_name or claims.bound_sandbox_name(claim) == sandbox_name:
+        names = self._claims_by_sandbox.names(sandbox_name) if sandbox_name else list(self._claims)
+        for name in names:
+            if (claim := self._claims.get(name)) is not None:
                 self._publish_claim(claim)
 
     def _publish_claim(self, claim: Obj) -> None:

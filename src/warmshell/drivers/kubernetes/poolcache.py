@@ -1,6 +1,9 @@
 """The driver's cache of warm pools: the opted-in `SandboxWarmPool`s and `SandboxTemplate`s,
 followed by two informers and folded into a `PoolIndex` by fingerprint after every change.
 
+A template is read (its shape, quantities and fingerprint) once per resourceVersion, when its
+event arrives, not again on each pool event (pool status changes with every member's readiness).
+
 `index_pools` is the pure part: it decides which pools may serve requests. A pool whose template
 is missing, is not a warmshell supervisor template, runs another shape than the pool's
 fingerprint says, or whose lifetime annotations do not parse is kept out of the index (so it is
@@ -18,7 +21,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from warmshell.core import matching, poolshapes
 from warmshell.core.errors import InvalidArgumentError
@@ -28,9 +31,10 @@ from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.kubernetes import kube, labels, warmpools, watching
 from warmshell.drivers.kubernetes.objects import Obj
 
-__all__ = ["CachedPool", "IdleMembers", "PoolCache", "PoolStats", "index_pools"]
+__all__ = ["CachedPool", "IdleMembers", "PoolCache", "PoolStats", "ReadTemplate", "index_pools", "read_template"]
 
 log = logging.getLogger(__name__)
+V = TypeVar("V")
 
 
 @dataclass
@@ -79,12 +83,29 @@ class CachedPool:
     stats: PoolStats = field(default_factory=PoolStats, compare=False)
 
 
-def index_pools(pools: Iterable[Mapping[str, Any]], templates: Mapping[str, Mapping[str, Any]]) -> list[CachedPool]:
-    """Every opted-in pool, each checked against its template (pure)."""
+@dataclass(frozen=True)
+class ReadTemplate:
+    """A SandboxTemplate as the index needs it: the shape its pods run (None: not a warmshell
+    supervisor template) and that shape's fingerprint, for one resourceVersion."""
+
+    version: str
+    shape: SandboxShape | None
+    fingerprint: Fingerprint | None
+
+
+def read_template(template: Mapping[str, Any]) -> ReadTemplate:
+    """Parse a template once (its environment, quantities, accepted keys; pure)."""
+    version = str((template.get("metadata") or {}).get("resourceVersion") or "")
+    shape = warmpools.shape_of_template(template)
+    return ReadTemplate(version, shape, fingerprint(shape) if shape is not None else None)
+
+
+def index_pools(pools: Iterable[Mapping[str, Any]], templates: Mapping[str, ReadTemplate]) -> list[CachedPool]:
+    """Every opted-in pool, each checked against its (already read) template (pure)."""
     return [_cached(pool, templates) for pool in pools]
 
 
-def _cached(pool: Mapping[str, Any], templates: Mapping[str, Mapping[str, Any]]) -> CachedPool:
+def _cached(pool: Mapping[str, Any], templates: Mapping[str, ReadTemplate]) -> CachedPool:
     meta = pool.get("metadata") or {}
     name = str(meta.get("name") or "")
     label = str((meta.get("labels") or {}).get(labels.FINGERPRINT) or "")
@@ -94,7 +115,6 @@ def _cached(pool: Mapping[str, Any], templates: Mapping[str, Mapping[str, Any]])
     ready = int((pool.get("status") or {}).get("readyReplicas") or 0)
     template_name = str((spec.get("sandboxTemplateRef") or {}).get("name") or "")
     template = templates.get(template_name)
-    shape = warmpools.shape_of_template(template) if template is not None else None
 
     def refused(reason: str, message: str) -> CachedPool:
         workspace = str((meta.get("annotations") or {}).get(labels.WORKSPACE) or "")
@@ -103,9 +123,9 @@ def _cached(pool: Mapping[str, Any], templates: Mapping[str, Mapping[str, Any]])
 
     if template is None:
         return refused("TemplateMissing", f"SandboxTemplate {template_name!r} does not exist or has not opted in")
-    if shape is None:
+    shape, actual = template.shape, template.fingerprint
+    if shape is None or actual is None:
         return refused("TemplateNotOurs", f"SandboxTemplate {template_name!r} does not run the warmshell supervisor")
-    actual = fingerprint(shape)
     if label != warmpools.fingerprint_label(actual) or (annotated and annotated != actual):
         return refused(
             "FingerprintMismatch",
@@ -137,7 +157,7 @@ class PoolCache:
         self._on_change = on_change
         self._on_gone = on_gone
         self._pools: dict[str, Obj] = {}
-        self._templates: dict[str, Obj] = {}
+        self._templates: dict[str, ReadTemplate] = {}
         self._listed: set[str] = set()
         self._stats: dict[str, PoolStats] = {}
         self._entries: list[CachedPool] = []
@@ -150,8 +170,13 @@ class PoolCache:
         if self._tasks:
             return
         self._tasks = [
-            asyncio.create_task(self._follow(kube.SANDBOX_WARM_POOLS, self._pools), name="k8s-informer:warmpools"),
-            asyncio.create_task(self._follow(kube.SANDBOX_TEMPLATES, self._templates), name="k8s-informer:templates"),
+            asyncio.create_task(
+                self._follow(kube.SANDBOX_WARM_POOLS, self._pools, lambda pool: pool), name="k8s-informer:warmpools"
+            ),
+            asyncio.create_task(
+                self._follow(kube.SANDBOX_TEMPLATES, self._templates, self._read_template),
+                name="k8s-informer:templates",
+            ),
         ]
 
     async def aclose(self) -> None:
@@ -189,10 +214,19 @@ class PoolCache:
         """The pool called `name`, if cached."""
         return next((e for e in self._entries if e.name == name), None)
 
-    async def _follow(self, resource: kube.Resource, into: dict[str, Obj]) -> None:
+    def _read_template(self, template: Obj) -> ReadTemplate:
+        """The template read, or the reading kept from the same version (a relist, a re-watch)."""
+        known = self._templates.get(template["metadata"]["name"])
+        version = str(template["metadata"].get("resourceVersion") or "")
+        if known is not None and version and known.version == version:
+            return known
+        return read_template(template)
+
+    async def _follow(self, resource: kube.Resource, into: dict[str, V], read: Callable[[Obj], V]) -> None:
         def listed(items: list[Obj]) -> None:
+            fresh = {i["metadata"]["name"]: read(i) for i in items}  # read before `into` is cleared
             into.clear()
-            into.update({i["metadata"]["name"]: i for i in items})
+            into.update(fresh)
             self._listed.add(resource.plural)
             self._rebuild()
 
@@ -201,7 +235,7 @@ class PoolCache:
             if kind == "DELETED":
                 into.pop(name, None)
             else:
-                into[name] = obj
+                into[name] = read(obj)
             self._rebuild()
 
         try:

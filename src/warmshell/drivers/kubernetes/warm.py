@@ -190,6 +190,7 @@ class WarmAllocation:
             hub=self._hub,
             idle=self._idle,
             on_gone=self._gate.lost,
+            cache=lambda: self._informers,
         )
         self._claims.start()
 

@@ -307,6 +307,14 @@ class PostgresStore:
             self._pool.terminate()
 
 
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """The pool's reset on release, which does nothing: asyncpg's default sends a query (advisory
+    unlock, CLOSE ALL, UNLISTEN, RESET ALL) on every release, one more round trip per store call,
+    for session state this store never leaves on a pooled connection (LISTEN runs on a connection
+    of its own, the migration lock is transaction-scoped, nothing SETs). An open transaction is
+    still rolled back by asyncpg before this is called."""
+
+
 async def open_postgres_store(url: str, *, password: str | None, config: StoreConfig) -> PostgresStore:
     """Connect a pool and apply pending schema migrations, retrying an unreachable database until
     `startup_timeout_seconds` have passed; wrong credentials or a missing database fail at once."""
@@ -344,6 +352,7 @@ async def _connect_and_migrate(url: str, *, password: str | None, config: StoreC
         command_timeout=config.statement_timeout_seconds,
         # A connection idle this long is closed, so a pool does not sit on stale sockets for hours.
         max_inactive_connection_lifetime=60.0,
+        reset=_keep_session,
     )
     try:
         async with pool.acquire(timeout=config.connect_timeout_seconds) as conn:
