@@ -97,14 +97,19 @@ class GatewayProcess:
 
 
 @asynccontextmanager
-async def gateway_process(*args: str, cprofile: Path | None = None) -> AsyncIterator[GatewayProcess]:
+async def gateway_process(
+    *args: str, cprofile: Path | None = None, src: Path | None = None
+) -> AsyncIterator[GatewayProcess]:
     """Start a gateway in a fresh state directory; SIGTERM it afterwards. With `cprofile`, the
-    gateway runs under `profiled_gateway.py` (SIGUSR1/SIGUSR2 record its event loop to that file)."""
+    gateway runs under `profiled_gateway.py` (SIGUSR1/SIGUSR2 record its event loop to that file);
+    with `src`, it runs the warmshell package under that directory (an older tree to compare)."""
     with tempfile.TemporaryDirectory(prefix="ws-bench-") as tmp:
         state = Path(tmp)
         log = open(state / "gateway.log", "wb")  # noqa: SIM115 - closed below
         entry = [str(Path(__file__).with_name("profiled_gateway.py"))] if cprofile else ["-m", "warmshell"]
         env = {**os.environ, "WARMSHELL_CPROFILE": str(cprofile)} if cprofile else None
+        if src is not None:
+            env = {**(env or os.environ), "PYTHONPATH": str(src)}
         process = subprocess.Popen(
             [
                 sys.executable,
