@@ -6,9 +6,9 @@ and a create that waits for Ready in the same call against CreateSandbox + Watch
 Each variant is a gateway of its own (a subprocess with real bwrap'd members), started in turn
 and alternated `--repeat` times so that a shared machine's load falls on all of them alike:
 
-- `before, watch`: the warmshell package under `--before-src` (an older tree), the client doing
-  CreateSandbox then WatchSandbox until Ready, as every client did before;
-- `now, watch`: this tree, the same client (what an old client costs the new gateway);
+- `before, create + watch`: the warmshell package under `--before-src` (an older tree), the
+  client doing CreateSandbox then WatchSandbox until Ready (the CLI, the benchmarks until now);
+- `now, create + watch`: this tree, the same client;
 - `now, one call`: this tree, CreateSandbox with `wait_ready` (what the SDK does now); the client
   watches only when the reply is still Provisioning.
 
@@ -103,22 +103,20 @@ async def connections(gw: GatewayProcess, count: int) -> AsyncIterator[list[Gate
 
 
 async def one_create(gw: GatewayProcess, name: str, one_call: bool, start: float) -> dict[str, Any]:
-    """A create as a client does it: in one call, or CreateSandbox then WatchSandbox; a reply
-    that is still Provisioning (an older gateway ignores `wait_ready`) is watched either way."""
-    request = pb.CreateSandboxRequest(name=name, spec=pb.SandboxSpec(environment=BURST_ENV))
+    """A create as a client does it: one call that waits for Ready (the SDK; a reply still
+    Provisioning is watched), or CreateSandbox then WatchSandbox until Ready (the CLI)."""
+    spec = pb.SandboxSpec(environment=BURST_ENV)
     if one_call:
-        request.wait_ready, request.ready_timeout_ms = True, 60_000
-    created = await gw.stub.CreateSandbox(request, metadata=gw.metadata)
-    returned = (time.perf_counter() - start) * 1000
-    ready = created
-    watched = created.status.phase != pb.SANDBOX_PHASE_READY
-    if watched:
+        ready = await gw.create_ready(name=name, spec=spec)
+        returned = (time.perf_counter() - start) * 1000
+    else:
+        await gw.create(name=name, spec=spec)
+        returned = (time.perf_counter() - start) * 1000
         ready = await gw.wait_ready(name)
     return {
         "returned_ms": returned,
         "ready_ms": (time.perf_counter() - start) * 1000,
         "allocation": ready.status.allocation,
-        "watched": watched,
     }
 
 
@@ -154,14 +152,14 @@ async def burst(
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             await asyncio.sleep(1.5)  # attached
-        load_before, threads_before = load(), thread_ns(gw.process.pid)
+        load_before, threads_before, client_before = load(), thread_ns(gw.process.pid), time.process_time()
         start = time.perf_counter()
         results = await asyncio.gather(
             *(one_create(callers[i // CREATES_PER_CONNECTION], n, one_call, start) for i, n in enumerate(names)),
             return_exceptions=True,
         )
         wall_ms = (time.perf_counter() - start) * 1000
-        threads_after = thread_ns(gw.process.pid)
+        threads_after, client_ms = thread_ns(gw.process.pid), (time.process_time() - client_before) * 1000
         if recorder is not None:
             recorder.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
             await asyncio.to_thread(recorder.wait, 60)
@@ -177,7 +175,7 @@ async def burst(
         "size": size,
         "errors": [repr(r) for r in results if isinstance(r, BaseException)],
         "warm": sum(1 for r in ok if r["allocation"] == "warm"),
-        "watched": sum(1 for r in ok if r["watched"]),
+        "client_cpu_ms_per_create": client_ms / size,
         "wall_ms": wall_ms,
         "returned_ms": summary([r["returned_ms"] for r in ok]) if ok else {},
         "ready_ms": summary([r["ready_ms"] for r in ok]) if ok else {},
@@ -210,8 +208,8 @@ async def variant(
 def variants(args: argparse.Namespace) -> list[tuple[str, Path | None, bool]]:
     found: list[tuple[str, Path | None, bool]] = []
     if args.before_src:
-        found.append(("before, watch", args.before_src, False))
-    return [*found, ("now, watch", None, False), ("now, one call", None, True)]
+        found.append(("before, create + watch", args.before_src, False))
+    return [*found, ("now, create + watch", None, False), ("now, one call", None, True)]
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -236,8 +234,10 @@ def table(data: dict[str, Any]) -> str:
     )
     groups = ["event loop", "store worker", "gRPC C-core", "other threads"]
     text += (
-        "| variant | burst | all Ready ms | calls returned p50 / max ms | Ready p50 / p99 ms | warm | watched "
-        "| gateway CPU ms/create | net of refills | " + " / ".join(groups) + " | refills | load |\n"
+        "| variant | burst | all Ready ms | calls returned p50 / max ms | Ready p50 / p99 ms | warm "
+        "| client CPU ms/create | gateway CPU ms/create | net of refills | "
+        + " / ".join(groups)
+        + " | refills | load |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     for index, size in enumerate(data["bursts"]):
@@ -258,7 +258,8 @@ def table(data: dict[str, Any]) -> str:
                 f"{_median([r['returned_ms']['max'] for r in rows]):.0f} "
                 f"| {_median([r['ready_ms']['p50'] for r in rows]):.0f} / "
                 f"{_median([r['ready_ms']['p99'] for r in rows]):.0f} "
-                f"| {sum(r['warm'] for r in rows)}/{size * len(rows)} | {sum(r['watched'] for r in rows)} "
+                f"| {sum(r['warm'] for r in rows)}/{size * len(rows)} "
+                f"| {_median([r['client_cpu_ms_per_create'] for r in rows]):.2f} "
                 f"| {cell('gateway_cpu_ms_per_create')} | {cell('gateway_cpu_ms_per_create_net_of_refills')} "
                 f"| {split} | {sum(r['refills_during_burst'] for r in rows)} "
                 f"| {rows[0]['load_before'][0]}-{rows[-1]['load_after'][0]} |\n"

@@ -79,6 +79,16 @@ class GatewayProcess:
         spec = fields.pop("spec", None) or pb.SandboxSpec()
         return await self.stub.CreateSandbox(pb.CreateSandboxRequest(spec=spec, **fields), metadata=self.metadata)
 
+    async def create_ready(self, **fields: Any) -> pb.Sandbox:
+        """Create and wait until Ready as the SDK does: one CreateSandbox that waits for Ready,
+        then a watch only if the reply is still Provisioning (as from a gateway without it)."""
+        spec = fields.pop("spec", None) or pb.SandboxSpec()
+        request = pb.CreateSandboxRequest(spec=spec, wait_ready=True, ready_timeout_ms=60_000, **fields)
+        created = await self.stub.CreateSandbox(request, metadata=self.metadata)
+        if created.status.phase in (pb.SANDBOX_PHASE_READY, pb.SANDBOX_PHASE_EXITED):
+            return created
+        return await self.wait_ready(created.name)
+
     async def wait_ready(self, name: str) -> pb.Sandbox:
         request = pb.WatchSandboxRequest(name=name, stop_on_ready=True, stop_on_terminal=True)
         last = None
