@@ -77,8 +77,11 @@ class SandboxRecords:
         return record
 
     def _keep(self, row: StoredObject, decoded: SandboxRecord | None = None) -> None:
-        """Remember the row (and, when given, the record it encodes) with an exclusive store."""
+        """Remember the row (and, when given, the record it encodes) with an exclusive store;
+        never over a newer one (a listing read before a write may be answered after it)."""
         if self._rows is not None:
+            if (newer := self._rows.get(row.id)) is not None and newer.resource_version > row.resource_version:
+                return
             self._rows[row.id] = row
             self._names[(row.workspace, row.name)] = row.id
             if decoded is not None:
