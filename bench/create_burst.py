@@ -28,23 +28,21 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+from burst import clients
 from harness import GatewayProcess, gateway_process, summary, write_results
 from warm_path import descendants, wait_idle, write_profile
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.api.v1 import sandbox_pb2_grpc
 
 CREATES_PER_CONNECTION = 25
 BURST_ENV = {"POOL": "burst"}
@@ -88,20 +86,6 @@ def cpu_ns(pid: int) -> int:
         return 0
 
 
-@contextlib.asynccontextmanager
-async def connections(gw: GatewayProcess, count: int) -> AsyncIterator[list[GatewayProcess]]:
-    channels = [
-        grpc.aio.insecure_channel(
-            f"unix://{gw.state / 'gateway.sock'}", options=[("grpc.use_local_subchannel_pool", 1)]
-        )
-        for _ in range(count)
-    ]
-    try:
-        yield [dataclasses.replace(gw, channel=c, stub=sandbox_pb2_grpc.SandboxServiceStub(c)) for c in channels]
-    finally:
-        await asyncio.gather(*(c.close(grace=None) for c in channels))
-
-
 async def one_create(gw: GatewayProcess, name: str, one_call: bool, start: float) -> dict[str, Any]:
     """A create as a client does it: one call that waits for Ready (the SDK; a reply still
     Provisioning is watched), or CreateSandbox then WatchSandbox until Ready (the CLI)."""
@@ -142,7 +126,7 @@ async def burst(
     member_start_ms = await fill(gw, pools, size)
     members = descendants(gw.process.pid)
     names = [f"{run}-{i}" for i in range(size)]
-    async with connections(gw, (size + CREATES_PER_CONNECTION - 1) // CREATES_PER_CONNECTION) as callers:
+    async with clients(gw, (size + CREATES_PER_CONNECTION - 1) // CREATES_PER_CONNECTION) as callers:
         await asyncio.gather(*(c.pools() for c in callers))  # connected before the clock starts
         recorder = None
         if spy:  # every thread, idle ones too (a thread waiting for the GIL shows as running anyway)
