@@ -39,9 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import warm_path
 from harness import GatewayProcess, gateway_process, summary, write_results
-from warm_path import descendants, pss_kb, timed_create, wait_idle, write_profile
+from warm_path import descendants, pss_kb, wait_idle, write_profile
 
+from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.config import LocalDriverConfig
 from warmshell.drivers.local import etcstage, launching, limits, sandboxing, seccomp
@@ -51,6 +53,22 @@ BURST_ENV = {"POOL": "burst"}
 FILL_ENV = {"POOL": "fill"}
 COLD_ENV = {"POOL": "none"}
 CREATES_PER_CLIENT = 25
+
+
+# How a create waits for Ready: in the create itself, as the SDK does (False: CreateSandbox then
+# WatchSandbox, as the CLI and older clients do; `--create-and-watch`).
+ONE_CALL = True
+
+
+async def timed_create(gw: GatewayProcess, name: str, env: dict[str, str]) -> tuple[float, float, pb.Sandbox]:
+    """(client ms, server timeline ms, the Ready sandbox) of one create."""
+    if not ONE_CALL:
+        return await warm_path.timed_create(gw, name, env)
+    start = time.perf_counter()
+    ready = await gw.create_ready(name=name, spec=pb.SandboxSpec(environment=env))
+    client_ms = (time.perf_counter() - start) * 1000
+    timeline = ready.status.timeline
+    return client_ms, (timeline.ready_us - timeline.requested_us) / 1000, ready
 
 
 def load() -> list[float]:
@@ -415,8 +433,15 @@ def main() -> None:
     parser.add_argument("--start-rounds", type=int, default=50, help="rounds of the start breakdown (0: skip)")
     parser.add_argument("--local", action="append", default=[], metavar="KEY=VALUE", help="extra [local] config line")
     parser.add_argument("--quick", action="store_true", help="a small run: 100 sequential, bursts 10 50, scale 200")
+    parser.add_argument(
+        "--create-and-watch",
+        action="store_true",
+        help="clients create, then watch until Ready (as the CLI does) instead of one create that waits",
+    )
     parser.add_argument("--name", default="burst", help="results file name under bench/results/")
     args = parser.parse_args()
+    global ONE_CALL
+    ONE_CALL = not args.create_and_watch
     if args.quick:
         args.sequential, args.bursts, args.fill, args.scale, args.cold = 100, [10, 50], 100, 200, 15
         args.start_rounds = 20

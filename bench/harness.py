@@ -79,6 +79,16 @@ class GatewayProcess:
         spec = fields.pop("spec", None) or pb.SandboxSpec()
         return await self.stub.CreateSandbox(pb.CreateSandboxRequest(spec=spec, **fields), metadata=self.metadata)
 
+    async def create_ready(self, **fields: Any) -> pb.Sandbox:
+        """Create and wait until Ready as the SDK does: one CreateSandbox that waits for Ready,
+        then a watch only if the reply is still Provisioning (as from a gateway without it)."""
+        spec = fields.pop("spec", None) or pb.SandboxSpec()
+        request = pb.CreateSandboxRequest(spec=spec, wait_ready=True, ready_timeout_ms=60_000, **fields)
+        created = await self.stub.CreateSandbox(request, metadata=self.metadata)
+        if created.status.phase in (pb.SANDBOX_PHASE_READY, pb.SANDBOX_PHASE_EXITED):
+            return created
+        return await self.wait_ready(created.name)
+
     async def wait_ready(self, name: str) -> pb.Sandbox:
         request = pb.WatchSandboxRequest(name=name, stop_on_ready=True, stop_on_terminal=True)
         last = None
@@ -98,16 +108,25 @@ class GatewayProcess:
 
 @asynccontextmanager
 async def gateway_process(
-    *args: str, cprofile: Path | None = None, env: dict[str, str] | None = None
+    *args: str,
+    cprofile: Path | None = None,
+    env: dict[str, str] | None = None,
+    src: Path | None = None,
 ) -> AsyncIterator[GatewayProcess]:
     """Start a gateway in a fresh state directory; SIGTERM it afterwards. With `cprofile`, the
     gateway runs under `profiled_gateway.py` (SIGUSR1/SIGUSR2 record its event loop to that file);
-    `env` is added to its environment (e.g. PYTHONPATH for an older source tree)."""
+    `env` is added to its environment; with `src`, it runs the warmshell package under that
+    directory (an older tree to compare)."""
     with tempfile.TemporaryDirectory(prefix="ws-bench-") as tmp:
         state = Path(tmp)
         log = open(state / "gateway.log", "wb")  # noqa: SIM115 - closed below
         entry = [str(Path(__file__).with_name("profiled_gateway.py"))] if cprofile else ["-m", "warmshell"]
-        env = {**os.environ, **(env or {}), **({"WARMSHELL_CPROFILE": str(cprofile)} if cprofile else {})}
+        env = {
+            **os.environ,
+            **(env or {}),
+            **({"WARMSHELL_CPROFILE": str(cprofile)} if cprofile else {}),
+            **({"PYTHONPATH": str(src)} if src is not None else {}),
+        }
         process = subprocess.Popen(
             [
                 sys.executable,

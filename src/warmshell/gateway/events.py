@@ -75,7 +75,9 @@ class EventBus:
     def publish(self, sandbox_id: SandboxId, item: SandboxEventItem) -> None:
         """Deliver to every watcher of the sandbox (and buffer progress and output)."""
         channel = self._channels.get(sandbox_id)
-        if channel is None:  # (not setdefault: that would build a channel on every call)
+        if channel is None:
+            if not isinstance(item, Output | Progress):
+                return  # no watcher to tell and nothing to keep for a later one (most writes)
             channel = self._channels[sandbox_id] = _Channel()
         if isinstance(item, Output):
             channel.output.append(item)

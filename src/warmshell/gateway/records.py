@@ -2,10 +2,11 @@
 watchers about every change.
 
 With a store only this gateway writes (SQLite: one gateway per file), the rows it read or wrote
-are kept in memory, by id and by name, so a read — a watcher's after every change, an
-activation's, each mutation's own, a lookup by name — costs a decode, not a trip to the store.
-Writes still go through the store first; a lost compare-and-swap drops the cached row and reads
-it again.
+are kept in memory, by id and by name, decoded: a read — a watcher's after every change, an
+activation's, a lookup by name, an expiry pass over every sandbox — costs neither a trip to the
+store nor a decode. What a read returns is shared with every other reader: it is to read, never
+to change (a mutation's `change` gets a copy of its own, decoded from the row). Writes still go
+through the store first; a lost compare-and-swap drops the cached row and reads it again.
 
 While a create is in flight (`hold` to `release`), the other mutations of its record — its
 activation, its backend's first view, often its session — are folded into the record in memory
@@ -51,6 +52,8 @@ class SandboxRecords:
         self._store = store
         self._bus = bus
         self._rows: dict[str, StoredObject] | None = {} if exclusive else None
+        # The kept rows decoded (at the row's resource_version), for readers only.
+        self._decoded: dict[str, SandboxRecord] = {}
         # (workspace, name) -> id of the rows kept: a name never changes, and a row leaves with its id.
         self._names: dict[tuple[str, str], str] = {}
         # Held records (see `hold`): their folded, unwritten state (None until a change arrives).
@@ -60,7 +63,8 @@ class SandboxRecords:
         self._locks: WeakValueDictionary[SandboxId, asyncio.Lock] = WeakValueDictionary()
 
     async def insert(self, record: SandboxRecord) -> SandboxRecord:
-        """Persist a new record (AlreadyExistsError on a duplicate name)."""
+        """Persist a new record (AlreadyExistsError on a duplicate name); `record` is the
+        readers' from now on (see the module doc)."""
         row = await self._store.create(
             kind=KIND_SANDBOX,
             id=record.id,
@@ -68,33 +72,55 @@ class SandboxRecords:
             workspace=record.workspace,
             payload=_encode(record),
         )
-        self._keep(row)
         record.resource_version = row.resource_version
+        self._keep(row, record)
         return record
 
-    def _keep(self, row: StoredObject) -> None:
+    def _keep(self, row: StoredObject, decoded: SandboxRecord | None = None) -> None:
+        """Remember the row (and, when given, the record it encodes) with an exclusive store;
+        never over a newer one (a listing read before a write may be answered after it)."""
         if self._rows is not None:
+            if (newer := self._rows.get(row.id)) is not None and newer.resource_version > row.resource_version:
+                return
             self._rows[row.id] = row
             self._names[(row.workspace, row.name)] = row.id
+            if decoded is not None:
+                self._decoded[row.id] = decoded
+            elif (stale := self._decoded.get(row.id)) is not None and stale.resource_version != row.resource_version:
+                del self._decoded[row.id]
 
     def _drop(self, sandbox_id: str) -> None:
         row = self._rows.pop(sandbox_id, None) if self._rows is not None else None
+        self._decoded.pop(sandbox_id, None)
         if row is not None and self._names.get(key := (row.workspace, row.name)) == sandbox_id:
             del self._names[key]  # (and not a successor's of the same name)
 
-    async def get(self, sandbox_id: SandboxId) -> SandboxRecord | None:
-        """By id. A held record's folded state is the caller's to read, not to change."""
-        if (held := self._held.get(sandbox_id)) is not None:
-            return held
+    def _read(self, row: StoredObject) -> SandboxRecord:
+        """The row decoded for readers: the kept decode when it is of this version."""
+        kept = self._decoded.get(row.id)
+        if kept is not None and kept.resource_version == row.resource_version:
+            return kept
+        record = _decode(row)
+        self._keep(row, record)
+        return record
+
+    async def _row(self, sandbox_id: SandboxId) -> StoredObject | None:
         row = self._rows.get(sandbox_id) if self._rows is not None else None
         if row is None:
             row = await self._store.get(KIND_SANDBOX, sandbox_id)
             if row is not None:
                 self._keep(row)
-        return _decode(row) if row else None
+        return row
+
+    async def get(self, sandbox_id: SandboxId) -> SandboxRecord | None:
+        """By id, to read (see the module doc); a held record's folded state likewise."""
+        if (held := self._held.get(sandbox_id)) is not None:
+            return held
+        row = await self._row(sandbox_id)
+        return self._read(row) if row else None
 
     async def get_by_name(self, workspace: str, name: str) -> SandboxRecord:
-        """By name; NotFoundError names what was looked for."""
+        """By name, to read; NotFoundError names what was looked for."""
         kept = self._names.get((workspace, name))
         if kept is not None and (held := self._held.get(kept)) is not None:
             return held
@@ -104,11 +130,19 @@ class SandboxRecords:
         if row is None:
             raise NotFoundError(f"sandbox {workspace}/{name} not found")
         self._keep(row)
-        return _decode(row)
+        return self._read(row)
 
     async def list(self, workspace: str | None = None) -> list[SandboxRecord]:
-        """All sandboxes (in one workspace, or all)."""
-        return [_decode(r) for r in await self._store.list(KIND_SANDBOX, workspace)]
+        """All sandboxes (in one workspace, or all), to read."""
+        rows = await self._store.list(KIND_SANDBOX, workspace)
+        return [self._read(r) for r in rows] if self._rows is not None else [_decode(r) for r in rows]
+
+    async def _copy(self, sandbox_id: SandboxId) -> SandboxRecord | None:
+        """The current record as a copy of the caller's own, to change."""
+        if (held := self._held.get(sandbox_id)) is not None:
+            return held  # (already the holder's own: folded changes accumulate on it)
+        row = await self._row(sandbox_id)
+        return _decode(row) if row else None
 
     def _lock(self, sandbox_id: SandboxId) -> asyncio.Lock:
         lock = self._locks.get(sandbox_id)
@@ -143,7 +177,7 @@ class SandboxRecords:
         `change` edits the record in place; returning False means "nothing to write"."""
         async with self._lock(sandbox_id):
             if sandbox_id in self._held:
-                record = await self.get(sandbox_id)
+                record = await self._copy(sandbox_id)
                 if record is None:
                     raise NotFoundError(f"sandbox {sandbox_id} not found")
                 if change(record) is not False:
@@ -159,7 +193,7 @@ class SandboxRecords:
     ) -> SandboxRecord:
         """Under the record's lock: `change` applied to `start` (else the current record), written."""
         for _ in range(_CAS_ATTEMPTS):
-            record, start = start or await self.get(sandbox_id), None
+            record, start = start or await self._copy(sandbox_id), None
             if record is None:
                 raise NotFoundError(f"sandbox {sandbox_id} not found")
             if change(record) is False:
@@ -174,8 +208,8 @@ class SandboxRecords:
             except ConflictError:
                 self._drop(sandbox_id)  # read the row that won from the store
                 continue
-            self._keep(row)
             record.resource_version = row.resource_version
+            self._keep(row, record)
             self._bus.publish(sandbox_id, _CHANGED)
             return record
         raise ConflictError(f"sandbox {sandbox_id} kept changing; gave up after {_CAS_ATTEMPTS} attempts")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +13,7 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core import phases
 from warmshell.core.config import DEFAULT_EXEC_WINDOW_BYTES
-from warmshell.core.errors import InvalidArgumentError, UnavailableError
+from warmshell.core.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_command, validate_environment, validate_workspace
 from warmshell.gateway import metrics
@@ -45,6 +47,11 @@ def _terminal(record: SandboxRecord) -> bool:
     return record.status.phase in phases.TERMINAL
 
 
+def _settled(record: SandboxRecord) -> bool:
+    """Whether a create waiting for Ready is done with it (Ready, or it will never be)."""
+    return record.status.phase == Phase.READY or _terminal(record)
+
+
 class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     """gRPC handlers; the logic lives in SandboxManager."""
 
@@ -66,7 +73,36 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: Ctx) -> pb.Sandbox:
         await self._auth.require_client(context)
         record = await self._manager.create(new_sandbox(request))
+        if request.wait_ready:
+            record = await self._settled(record, request.ready_timeout_ms / 1000 or None)
         return sandbox_to_proto(record)
+
+    async def _settled(self, record: SandboxRecord, timeout: float | None) -> SandboxRecord:  # noqa: ASYNC109
+        """The record once it is Ready or terminal, else as it is when `timeout` seconds have
+        passed (the caller watches on). A record removed meanwhile is NOT_FOUND, as a watch of it
+        would be."""
+        if _settled(record):
+            return record  # (a warm create's session is often folded into the create's own write)
+        async with self._manager.bus.subscribe(record.id, replay_output=False) as queue:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    while True:
+                        # Read after subscribing (and after each wake-up): no change falls in between.
+                        current = await self._records.get(record.id)
+                        if current is None:
+                            break
+                        record = current
+                        if _settled(record):
+                            return record
+                        item = await queue.get()
+                        while not queue.empty() and not isinstance(item, Deleted | Closing):
+                            item = queue.get_nowait()  # one re-read for everything queued
+                        if isinstance(item, Closing):
+                            return record  # the gateway is stopping: the caller watches again elsewhere
+                        if isinstance(item, Deleted):
+                            break
+                    raise NotFoundError(f"sandbox {record.workspace}/{record.name} was deleted before it was Ready")
+        return record
 
     @unary
     async def RefreshTtl(self, request: pb.RefreshTtlRequest, context: Ctx) -> pb.Sandbox:

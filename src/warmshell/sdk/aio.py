@@ -112,25 +112,27 @@ class AsyncClient:
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
         )
+        started = time.monotonic()
+        deadline = calls.ask_ready(request, ready_timeout=ready_timeout, call_timeout=self.timeout)
         with self._translating():
-            created = await self._stub.CreateSandbox(request, metadata=self._metadata, timeout=self.timeout)
+            created = await self._stub.CreateSandbox(request, metadata=self._metadata, timeout=deadline)
         sandbox = AsyncSandbox(self, views.sandbox_info(created), auto_delete=auto_delete)
         try:
-            sandbox.last_info = views.sandbox_info(await self._wait_ready(created, ready_timeout))
+            sandbox.last_info = views.sandbox_info(await self._wait_ready(created, ready_timeout, started))
         except BaseException:
             with contextlib.suppress(errors.Error):
                 await sandbox.delete()
             raise
         return sandbox
 
-    async def _wait_ready(self, created: pb.Sandbox, timeout: float | None) -> pb.Sandbox:  # noqa: ASYNC109
+    async def _wait_ready(self, created: pb.Sandbox, timeout: float | None, started: float) -> pb.Sandbox:  # noqa: ASYNC109
         fold = calls.ReadyFold(created)
         if fold.done():
             return fold.last
         request = pb.WatchSandboxRequest(
             name=created.name, workspace=created.workspace, stop_on_terminal=True, stop_on_ready=True
         )
-        call = self._stub.WatchSandbox(request, metadata=self._metadata, timeout=timeout)
+        call = self._stub.WatchSandbox(request, metadata=self._metadata, timeout=calls.remaining(timeout, started))
         try:
             with self._translating():
                 async for event in call:

@@ -9,6 +9,7 @@ message is first turned into one: the CLI renders the messages and never needs t
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ __all__ = [
 
 # Unary calls do bounded work on the gateway; a hung gateway must not hang an agent forever.
 UNARY_TIMEOUT_SECONDS = 60.0
+_UINT32_MAX = 2**32 - 1
 # Seconds granted beyond a command's own timeout before the client gives up on the stream.
 EXEC_DEADLINE_MARGIN_SECONDS = 30.0
 
@@ -90,6 +92,26 @@ def create_request(
     if idle_timeout_seconds is not None:
         request.idle_timeout_seconds = _seconds(idle_timeout_seconds, "idle_timeout_seconds")
     return request
+
+
+def ask_ready(
+    request: pb.CreateSandboxRequest, *, ready_timeout: float | None, call_timeout: float | None
+) -> float | None:
+    """Ask the gateway to answer `request` once the sandbox is Ready (one call instead of a
+    create and a watch); returns the create call's deadline. The gateway answers before that
+    deadline, still Provisioning if need be, so a slow create still returns the sandbox's name
+    (the caller then watches the rest, and deletes it if it fails). A gateway that predates the
+    field answers at once, Provisioning: the same fallback."""
+    wait = ready_timeout if ready_timeout is not None else call_timeout
+    request.wait_ready = True
+    if wait is not None:
+        request.ready_timeout_ms = min(max(1, math.ceil(wait * 1000)), _UINT32_MAX)
+    return None if call_timeout is None else call_timeout + (wait or 0)
+
+
+def remaining(timeout: float | None, started: float) -> float | None:
+    """What is left of `timeout` seconds since `started` (time.monotonic), never quite zero."""
+    return None if timeout is None else max(timeout - (time.monotonic() - started), 0.001)
 
 
 def _seconds(value: float, field: str) -> int:

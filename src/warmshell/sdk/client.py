@@ -124,24 +124,26 @@ class Client:
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
         )
-        created = self.service.create_sandbox(request)
+        started = time.monotonic()
+        deadline = calls.ask_ready(request, ready_timeout=ready_timeout, call_timeout=self.timeout)
+        created = self.service.create_sandbox(request, timeout=deadline)
         sandbox = Sandbox(self, views.sandbox_info(created), auto_delete=auto_delete)
         try:
-            sandbox.last_info = views.sandbox_info(self._wait_ready(created, ready_timeout))
+            sandbox.last_info = views.sandbox_info(self._wait_ready(created, ready_timeout, started))
         except BaseException:
             with contextlib.suppress(errors.Error):
                 sandbox.delete()
             raise
         return sandbox
 
-    def _wait_ready(self, created: pb.Sandbox, timeout: float | None) -> pb.Sandbox:
+    def _wait_ready(self, created: pb.Sandbox, timeout: float | None, started: float) -> pb.Sandbox:
         fold = calls.ReadyFold(created)
         if fold.done():
             return fold.last
         request = pb.WatchSandboxRequest(
             name=created.name, workspace=created.workspace, stop_on_terminal=True, stop_on_ready=True
         )
-        stream = self.service.watch_sandbox(request, timeout=timeout)
+        stream = self.service.watch_sandbox(request, timeout=calls.remaining(timeout, started))
         try:
             for event in stream:
                 if fold.feed(event):

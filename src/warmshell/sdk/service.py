@@ -39,9 +39,10 @@ class SandboxService:
             timeout=self.timeout if timeout is None else timeout,
         )
 
-    def create_sandbox(self, request: pb.CreateSandboxRequest) -> pb.Sandbox:
-        """CreateSandbox: the new sandbox's first snapshot."""
-        return self._unary("CreateSandbox", request, pb.Sandbox)
+    def create_sandbox(self, request: pb.CreateSandboxRequest, *, timeout: float | None = None) -> pb.Sandbox:
+        """CreateSandbox: the new sandbox's first snapshot (Ready already when the request asks
+        to wait for it); `timeout` overrides the service's."""
+        return self._unary("CreateSandbox", request, pb.Sandbox, timeout)
 
     def get_sandbox(self, request: pb.SandboxRef) -> pb.Sandbox:
         """GetSandbox."""

@@ -197,3 +197,34 @@ async def test_holding_is_a_no_op_on_a_store_shared_by_replicas(tmp_path: Path) 
         assert written is not None
         assert written.labels == {"a": "1", "b": "1"}
         assert counting.updates == 2
+
+
+async def test_reads_share_one_decode_per_version_and_a_failed_change_leaves_it_alone(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    try:
+        records = SandboxRecords(store, EventBus(), exclusive=True)
+        sid = SandboxId("sb-shared")
+        await records.insert(SandboxRecord(id=sid, name="shared"))
+        first = await records.get(sid)
+        assert first is not None
+        # Readers share the decode of a version: by id, by name and in a listing.
+        assert await records.get(sid) is first
+        assert await records.get_by_name("default", "shared") is first
+        assert next(r for r in await records.list() if r.id == sid) is first
+
+        def fails(record: SandboxRecord) -> None:
+            record.labels["half"] = "made"
+            raise RuntimeError("the change gave up")
+
+        # A change works on a copy of its own: one that fails leaves the readers' record as it was.
+        with pytest.raises(RuntimeError):
+            await records.mutate(sid, fails)
+        assert first.labels == {}
+        changed = await records.mutate(sid, lambda r: r.labels.update(a="1"))
+        assert first.labels == {}
+        assert first.resource_version == 1
+        assert await records.get(sid) is changed
+        assert changed.labels == {"a": "1"}
+        assert changed.resource_version == 2
+    finally:
+        await store.aclose()

@@ -125,3 +125,27 @@ def test_sandbox_info_is_a_plain_snapshot() -> None:
     assert info.lifetime.expires_at.timestamp() == 1_800_000_000
     assert (info.lifetime.ttl_seconds, info.lifetime.idle_timeout_seconds) == (60, 5)
     assert views.sandbox_info(pb.Sandbox()).lifetime.expires_at is None
+
+
+def test_ask_ready_waits_in_the_create_and_answers_before_its_deadline() -> None:
+    request = pb.CreateSandboxRequest()
+    assert calls.ask_ready(request, ready_timeout=2.5, call_timeout=60.0) == 62.5
+    assert (request.wait_ready, request.ready_timeout_ms) == (True, 2500)
+    # No ready timeout: the create itself still answers within the call's own timeout.
+    request = pb.CreateSandboxRequest()
+    assert calls.ask_ready(request, ready_timeout=None, call_timeout=60.0) == 120.0
+    assert request.ready_timeout_ms == 60_000
+    request = pb.CreateSandboxRequest()
+    assert calls.ask_ready(request, ready_timeout=None, call_timeout=None) is None
+    assert (request.wait_ready, request.ready_timeout_ms) == (True, 0)
+    request = pb.CreateSandboxRequest()
+    calls.ask_ready(request, ready_timeout=1e12, call_timeout=None)
+    assert request.ready_timeout_ms == 2**32 - 1
+
+
+def test_remaining_is_what_is_left_and_never_zero() -> None:
+    import time
+
+    assert calls.remaining(None, time.monotonic()) is None
+    assert 9.0 < (calls.remaining(10.0, time.monotonic() - 0.5) or 0) <= 9.5
+    assert calls.remaining(1.0, time.monotonic() - 5) == 0.001

@@ -415,6 +415,8 @@ class CreateSandboxRequest(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
     IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    WAIT_READY_FIELD_NUMBER: _builtins.int
+    READY_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """DNS-1123 label; generated when empty."""
     workspace: _builtins.str
@@ -425,6 +427,16 @@ class CreateSandboxRequest(_message.Message):
     """
     idle_timeout_seconds: _builtins.int
     """Delete after this many seconds without an exec; unset = the gateway's default, 0 = never."""
+    wait_ready: _builtins.bool
+    """Answer once the sandbox is Ready, or has failed, exited or started deleting, instead of as
+    soon as it is provisioned: one call in place of CreateSandbox + WatchSandbox. A reply still
+    Provisioning (ready_timeout_ms passed, or a gateway that predates this field and ignores it)
+    means: watch it as before.
+    """
+    ready_timeout_ms: _builtins.int
+    """With wait_ready: answer after at most this long (0 = until the sandbox's provisioning
+    deadline settles it either way; the call's own deadline still applies).
+    """
     @_builtins.property
     def spec(self) -> Global___SandboxSpec: ...
     @_builtins.property
@@ -438,10 +450,12 @@ class CreateSandboxRequest(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         ttl_seconds: _builtins.int | None = ...,
         idle_timeout_seconds: _builtins.int | None = ...,
+        wait_ready: _builtins.bool = ...,
+        ready_timeout_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "idle_timeout_seconds", b"idle_timeout_seconds", "spec", b"spec", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "idle_timeout_seconds", b"idle_timeout_seconds", "labels", b"labels", "name", b"name", "spec", b"spec", "ttl_seconds", b"ttl_seconds", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds", "_ttl_seconds", b"_ttl_seconds", "idle_timeout_seconds", b"idle_timeout_seconds", "labels", b"labels", "name", b"name", "ready_timeout_ms", b"ready_timeout_ms", "spec", b"spec", "ttl_seconds", b"ttl_seconds", "wait_ready", b"wait_ready", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__idle_timeout_seconds: _TypeAlias = _typing.Literal["idle_timeout_seconds"]  # noqa: Y015
     _WhichOneofArgType__idle_timeout_seconds: _TypeAlias = _typing.Literal["_idle_timeout_seconds", b"_idle_timeout_seconds"]  # noqa: Y015

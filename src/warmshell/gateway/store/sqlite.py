@@ -105,6 +105,8 @@ class SqliteStore:
     # -- the worker thread -----------------------------------------------------------------
 
     def _work(self) -> None:
+        with contextlib.suppress(OSError):  # the thread's name in /proc, top and profilers (Linux)
+            Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("ws-sqlite")
         while True:
             first = self._queue.get()
             if first is None:
