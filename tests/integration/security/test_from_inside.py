@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.helpers.gateway import RunningGateway
+from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import py, sandbox, sh, still_real
 from warmshell.api.v1 import sandbox_pb2 as pb
@@ -282,3 +282,34 @@ async def test_the_host_root_cannot_be_asked_for_as_an_image(gw: RunningGateway,
         assert "host root" in (refused.value.details() or ""), image
     listed = await gw.stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=gw.metadata)
     assert list(listed.sandboxes) == []
+
+
+async def test_a_warm_pool_hands_out_nothing_of_an_earlier_sandbox(tmp_path: Path) -> None:
+    # Members of one pool are made alike; each claim must still be a fresh sandbox: nothing the
+    # last claimant left in its files, processes or uid reaches the next one.
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    (pools / "p.toml").write_text('version = 1\nworkspace = "default"\nreplicas = 2\nimage = ""\n')
+    settings = {"local.pools_dir": str(pools), "local.pool_reload_interval_seconds": 0.1}
+    async with running_gateway(tmp_path / "state", **settings) as gw:
+        await wait_pools(gw, lambda r: (p := pool_named(r, "p")) is not None and p.idle >= 2)
+        marker = secrets.token_hex(16)
+        first = await sandbox(gw, "first")
+        assert first.status.allocation == "warm"
+        plant = (
+            f"for d in /workspace /tmp /run /dev/shm; do echo {marker} > $d/left; done;"
+            f" MARK={marker} sleep 600 >/dev/null 2>&1 &"
+        )
+        code, _, err = await sh(gw, "first", plant)
+        assert code == 0, err
+        await gw.delete("first")
+        for name in ("second", "third"):
+            claimed = await sandbox(gw, name)
+            assert claimed.status.allocation == "warm", name
+            _, out, _ = await sh(
+                gw,
+                name,
+                "cat /workspace/left /tmp/left /run/left /dev/shm/left 2>&1; cat /proc/[0-9]*/environ | tr '\\0' '\\n'",
+            )
+            assert marker not in out, (name, out)
+        assert (await sh(gw, "second", "ps -eo args"))[1].count("sleep 600") == 0
