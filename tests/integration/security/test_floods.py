@@ -23,6 +23,7 @@ from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import py, sandbox, sh, still_real
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.gateway import events
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(shutil.which("python3") is None, reason="no python3 in /usr")]
 
@@ -154,3 +155,28 @@ async def test_one_sandbox_cannot_take_the_hosts_file_table(gw: RunningGateway) 
             f" over half of the host's fs.file-max {file_max:,}, and no memory cgroup bounds them"
         )
     assert bounded
+
+
+async def test_a_workload_flooding_its_output_cannot_fill_the_gateway_through_slow_watchers(tmp_path: Path) -> None:
+    # Found by this test: each watcher following the output queued up to 4096 chunks of it
+    # (some 190 MiB of `yes` per watcher that had stopped reading), and once its queue was full
+    # it lost the Deleted event too, so its watch never ended.
+    async with running_gateway(tmp_path / "state") as gw:
+        await sandbox(gw, "loud", pb.SandboxSpec(command=["yes", "flood"]))
+        request = pb.WatchSandboxRequest(name="loud", follow_output=True)
+        watchers = [gw.stub.WatchSandbox(request, metadata=gw.metadata) for _ in range(3)]
+        try:
+            for watcher in watchers:
+                await watcher.read()  # then stop reading
+            await asyncio.sleep(3)
+            held = [q.output_bytes for c in gw.gateway.manager.bus._channels.values() for q in c.subscribers]
+            assert len(held) >= 3  # (and the wait for Ready, if its stream is not gone yet)
+            assert all(size <= events.SUBSCRIBER_OUTPUT_BYTES + 1024 * 1024 for size in held), held
+            await gw.delete("loud")
+            for watcher in watchers:  # each, reading on, sees the sandbox go
+                async with asyncio.timeout(30):
+                    while not (event := await watcher.read()).HasField("deleted"):
+                        assert event is not grpc.aio.EOF
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
