@@ -347,9 +347,14 @@ def _open_dir(parent: int, name: str, device: int) -> int:
     return fd
 
 
+# A removal holds a descriptor per level, in the gateway: a workload's tree deeper than this
+# (deeper than any path can name long before) is refused rather than allowed to use them up.
+MAX_TREE_DEPTH = 128
+
+
 def _remove_tree(parent: int, name: str) -> None:
     """rm -r of the directory `name` in `parent`: fd-based, never following a link, never into
-    another mount, and iterative (a workload can make a tree deeper than any recursion limit)."""
+    another mount, iterative, and at most `MAX_TREE_DEPTH` levels deep."""
     device = os.fstat(parent).st_dev
     stack = [(parent, name, _open_dir(parent, name, device))]  # (its parent's fd, name, its fd)
     try:
@@ -366,6 +371,8 @@ def _remove_tree(parent: int, name: str) -> None:
                         break
                     os.unlink(entry.name, dir_fd=fd)
             if below is not None:
+                if len(stack) >= MAX_TREE_DEPTH:
+                    raise OSError(errno.EMLINK, f"deeper than {MAX_TREE_DEPTH} levels: remove it from inside")
                 stack.append((fd, below, _open_dir(fd, below, device)))
                 continue
             stack.pop()

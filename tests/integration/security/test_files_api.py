@@ -23,6 +23,7 @@ from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import sandbox, sh, still_real
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
+from warmshell.supervisor import rootfs
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(shutil.which("python3") is None, reason="no python3 in /usr")]
 
@@ -167,16 +168,18 @@ async def test_very_deep_paths_get_a_clear_error_not_an_internal_one(gw: Running
     }
     for label, call in calls.items():
         assert await code_of(call) not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), label
-    # A tree the workload made deeper than any path can name is removed whole, or refused cleanly.
-    depth = 3000
-    script = (
-        f"python3 -c \"import os\nos.chdir('/workspace')\nfor _ in range({depth}):\n    os.mkdir('e'); os.chdir('e')\""
-    )
-    assert (await sh(gw, NAME, script))[0] == 0
-    assert await code_of(files.remove("/workspace/e", recursive=True)) not in (
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-    )
+    # A tree the workload made deeper than any path can name: refused cleanly (a removal holds a
+    # descriptor per level in the gateway, so it stops at rootfs.MAX_TREE_DEPTH), and one within
+    # that depth is removed whole.
+    tree = "python3 -c \"import os\nos.chdir('/workspace')\nfor _ in range({}):\n    os.mkdir('{}'); os.chdir('{}')\""
+    assert (await sh(gw, NAME, tree.format(3000, "e", "e")))[0] == 0
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await files.remove("/workspace/e", recursive=True)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"deeper than {rootfs.MAX_TREE_DEPTH} levels" in (refused.value.details() or "")
+    assert (await sh(gw, NAME, tree.format(rootfs.MAX_TREE_DEPTH - 1, "f", "f")))[0] == 0
+    await files.remove("/workspace/f", recursive=True)
+    assert "f" not in await files.list("/workspace")
     await still_real(gw, NAME)
 
 
