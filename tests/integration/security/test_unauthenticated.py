@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from aiohttp import ClientSession
 
-from tests.helpers.gateway import RunningGateway
+from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.integration.drivers_local.support import needs_bwrap
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc, supervisor_pb2_grpc
@@ -262,3 +264,27 @@ async def test_the_http_side_is_loopback_and_tells_no_secrets(gw: RunningGateway
     record = await gw.get(VICTIM)
     for secret in (gw.token, record.id, record.status.instance_id, str(gw.gateway.paths.root)):
         assert secret not in body, secret
+
+
+async def test_idle_connections_without_a_credential_cannot_lock_clients_out(tmp_path: Path) -> None:
+    # An unauthenticated network peer opens more TCP connections than the server accepts and
+    # sends nothing on them. The Unix socket (the CLI, local SDKs) must stay served; TCP clients
+    # are locked out until gRPC's handshake timeout closes the idle ones (a finding: there is no
+    # per-peer bound and no short handshake timeout, so a peer that keeps reconnecting keeps the
+    # TCP API shut).
+    async with running_gateway(tmp_path / "state", listen_tcp="127.0.0.1:0", max_connections=16) as gw:
+        held = [socket.create_connection(("127.0.0.1", gw.gateway.tcp_port)) for _ in range(64)]
+        try:
+            await asyncio.sleep(0.5)
+            listed = await gw.stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=gw.metadata, timeout=10)
+            assert list(listed.sandboxes) == []
+            options = [("grpc.use_local_subchannel_pool", 1)]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.gateway.tcp_port}", options=options) as channel:
+                stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+                code, _ = await _refusal(stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=gw.metadata, timeout=5))
+            if code != grpc.StatusCode.OK:
+                pytest.xfail(f"finding: 64 idle unauthenticated TCP connections lock TCP clients out ({code.name})")
+            assert code == grpc.StatusCode.OK
+        finally:
+            for conn in held:
+                conn.close()
