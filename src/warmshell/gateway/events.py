@@ -20,6 +20,10 @@ __all__ = ["Changed", "Closing", "Deleted", "EventBus", "Output", "Progress", "S
 OUTPUT_BUFFER_BYTES = 1024 * 1024
 PROGRESS_HISTORY = 64
 SUBSCRIBER_QUEUE = 4096
+# A watcher that falls this far behind the workload's output misses output (never its events):
+# the workload writes as fast as it likes, and each watcher must not hold more than this of it.
+SUBSCRIBER_OUTPUT_BYTES = 4 * OUTPUT_BUFFER_BYTES
+SUBSCRIBER_OUTPUT_ITEMS = SUBSCRIBER_QUEUE // 2  # the other half stays free for changes and Deleted
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,35 @@ class Output:
 SandboxEventItem = Changed | Closing | Deleted | Progress | Output
 
 
+class _Subscription(asyncio.Queue[SandboxEventItem]):
+    """One watcher's queue, counting the output it holds."""
+
+    def __init__(self) -> None:
+        super().__init__(SUBSCRIBER_QUEUE)
+        self.output_bytes = 0
+        self.output_items = 0
+
+    def _put(self, item: SandboxEventItem) -> None:
+        super()._put(item)
+        if isinstance(item, Output):
+            self.output_bytes += len(item.data)
+            self.output_items += 1
+
+    def _get(self) -> SandboxEventItem:
+        item: SandboxEventItem = super()._get()
+        if isinstance(item, Output):
+            self.output_bytes -= len(item.data)
+            self.output_items -= 1
+        return item
+
+    def behind_on_output(self) -> bool:
+        """Whether it holds as much output as a watcher may (more is not queued for it)."""
+        return self.output_bytes >= SUBSCRIBER_OUTPUT_BYTES or self.output_items >= SUBSCRIBER_OUTPUT_ITEMS
+
+
 @dataclass
 class _Channel:
-    subscribers: set[asyncio.Queue[SandboxEventItem]] = field(default_factory=set)
+    subscribers: set[_Subscription] = field(default_factory=set)
     output: deque[Output] = field(default_factory=deque)
     output_bytes: int = 0
     progress: deque[Progress] = field(default_factory=lambda: deque(maxlen=PROGRESS_HISTORY))
@@ -87,6 +117,8 @@ class EventBus:
         elif isinstance(item, Progress):
             channel.progress.append(item)
         for queue in list(channel.subscribers):
+            if isinstance(item, Output) and queue.behind_on_output():
+                continue
             try:
                 queue.put_nowait(item)
             except asyncio.QueueFull:
@@ -118,12 +150,12 @@ class EventBus:
         channel = self._channels.get(sandbox_id)
         if channel is None:
             channel = self._channels[sandbox_id] = _Channel()
-        queue: asyncio.Queue[SandboxEventItem] = asyncio.Queue(SUBSCRIBER_QUEUE)
+        queue = _Subscription()
         for progress in channel.progress:
             queue.put_nowait(progress)
         if replay_output:
             for chunk in channel.output:
-                if queue.full():
+                if queue.behind_on_output():
                     break
                 queue.put_nowait(chunk)
         channel.subscribers.add(queue)

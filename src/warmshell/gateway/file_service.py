@@ -56,7 +56,9 @@ def _mode(mode: int, default: int, field: str) -> int:
 
 
 class FileService(sandbox_pb2_grpc.FileServiceServicer):
-    """gRPC handlers; the confinement lives in the driver's `SandboxFiles`."""
+    """gRPC handlers; the confinement lives in the driver's `SandboxFiles`. Each handler
+    authenticates before it reads or validates anything, so a caller without the API token
+    learns nothing and is not kept waiting for a message it may never send."""
 
     def __init__(
         self, manager: SandboxManager, auth: Authenticator, config: FilesConfig, forwarder: Forwarder | None = None
@@ -71,7 +73,6 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         travel through the supervisor are served there); None to serve here."""
         if self._forwarder is None:
             return None
-        await self._auth.require_client(context)
         validate_workspace(workspace or DEFAULT_WORKSPACE)
         if not name:
             raise InvalidArgumentError("name", "must not be empty")
@@ -81,7 +82,6 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         return await self._forwarder.target(record, context)
 
     async def _files(self, workspace: str, name: str, context: Ctx) -> SandboxFiles:
-        await self._auth.require_client(context)
         validate_workspace(workspace or DEFAULT_WORKSPACE)
         if not name:
             raise InvalidArgumentError("name", "must not be empty")
@@ -99,6 +99,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
 
     @streaming
     async def ReadFile(self, request: pb.FileRef, context: Ctx) -> AsyncIterator[pb.FileChunk]:
+        await self._auth.require_client(context)
         path = normalize_path(request.path)
         if self._forwarder is not None and (target := await self._owner(request.workspace, request.name, context)):
             async for chunk in self._forwarder.unary_stream(
@@ -118,6 +119,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
     async def WriteFile(
         self, request_iterator: AsyncIterator[pb.WriteFileRequest], context: Ctx
     ) -> pb.WriteFileResponse:
+        await self._auth.require_client(context)
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("header"):
             raise InvalidArgumentError("header", "the first message of a write must be its header")
@@ -149,6 +151,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
 
     @unary
     async def StatFile(self, request: pb.FileRef, context: Ctx) -> pb.FileInfo:
+        await self._auth.require_client(context)
         path = normalize_path(request.path)
         if self._forwarder is not None and (target := await self._owner(request.workspace, request.name, context)):
             return await self._forwarder.unary_unary(
@@ -159,6 +162,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
 
     @unary
     async def ListFiles(self, request: pb.FileRef, context: Ctx) -> pb.ListFilesResponse:
+        await self._auth.require_client(context)
         path = normalize_path(request.path)
         if self._forwarder is not None and (target := await self._owner(request.workspace, request.name, context)):
             return await self._forwarder.unary_unary(
@@ -169,6 +173,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
 
     @unary
     async def RemoveFile(self, request: pb.RemoveFileRequest, context: Ctx) -> pb.RemoveFileResponse:
+        await self._auth.require_client(context)
         path = normalize_path(request.file.path, "file.path")
         if self._forwarder is not None and (
             target := await self._owner(request.file.workspace, request.file.name, context)
@@ -182,6 +187,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
 
     @unary
     async def MakeDirectory(self, request: pb.MakeDirectoryRequest, context: Ctx) -> pb.FileInfo:
+        await self._auth.require_client(context)
         path = normalize_path(request.directory.path, "directory.path")
         mode = _mode(request.mode, DEFAULT_DIR_MODE, "mode")
         if self._forwarder is not None and (

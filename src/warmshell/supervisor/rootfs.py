@@ -26,7 +26,6 @@ import ctypes.util
 import errno
 import os
 import secrets
-import shutil
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -235,8 +234,10 @@ class Root:
         parent = self._open(parent_path, os.O_PATH | os.O_DIRECTORY)
         try:
             with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
                     raise OSError(errno.EISDIR, "is a directory")
+                _refuse_mount_point(parent, st)
             for _ in range(_RETRIES):
                 temp = f".{name[:200]}.warmshell-{secrets.token_hex(6)}"
                 with contextlib.suppress(FileExistsError):
@@ -270,35 +271,40 @@ class Root:
         pending.close()
 
     def remove(self, path: str, recursive: bool) -> None:
-        """unlink, rmdir, or (recursive) an fd-based tree removal that never follows a link."""
+        """unlink, rmdir, or (recursive) an fd-based tree removal that never follows a link; a
+        mount point (or a tree holding one) is refused."""
         parent, name = self._parent(path)
         try:
             if not name:
                 raise OSError(errno.EPERM, "the root cannot be removed")
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            _refuse_mount_point(parent, st)
             if not stat.S_ISDIR(st.st_mode):
                 os.unlink(name, dir_fd=parent)
             elif recursive:
-                shutil.rmtree(name, dir_fd=parent)
+                _remove_tree(parent, name)
             else:
                 os.rmdir(name, dir_fd=parent)
         finally:
             os.close(parent)
 
     def mkdir(self, path: str, parents: bool, mode: int) -> FileEntry:
-        """mkdir, or (parents) mkdir -p one component at a time, each resolved in the root."""
-        if parents and self._is_dir(path):
+        """mkdir, or (parents) mkdir -p one component at a time, each resolved in the root
+        (iteratively: a path may have some two thousand components)."""
+        if not parents:
+            self._mkdir_one(path, mode)
             return self.stat(path)
-        try:
-            self._mkdir_one(path, mode)
-        except FileNotFoundError:
-            if not parents:
-                raise
-            self.mkdir(_split(path)[0], parents=True, mode=0o755)
-            self._mkdir_one(path, mode)
-        except FileExistsError:
-            if not parents or not self._is_dir(path):
-                raise
+        missing: list[str] = []  # from `path` up to the first directory that exists
+        current = path
+        while not self._is_dir(current):
+            missing.append(current)
+            current = _split(current)[0]
+        for directory in reversed(missing):
+            try:
+                self._mkdir_one(directory, mode if directory == path else 0o755)
+            except FileExistsError:
+                if not self._is_dir(directory):
+                    raise
         return self.stat(path)
 
     def _is_dir(self, path: str) -> bool:
@@ -322,3 +328,56 @@ class Root:
                 os.close(made)
         finally:
             os.close(parent)
+
+
+def _refuse_mount_point(parent: int, st: os.stat_result) -> None:
+    """Refuse to replace or remove what `st` (an entry of `parent`) describes when it is a mount
+    point. The gateway works from outside the sandbox's mount namespace, where the kernel lets a
+    rename or unlink of a mount point through and silently detaches the mount (the workload
+    itself gets EBUSY). The workload cannot mount, so no mount point appears after this check."""
+    if st.st_dev != os.fstat(parent).st_dev:
+        raise OSError(errno.EBUSY, "is a mount point")
+
+
+def _open_dir(parent: int, name: str, device: int) -> int:
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    if os.fstat(fd).st_dev != device:
+        os.close(fd)
+        raise OSError(errno.EBUSY, "holds a mount point")
+    return fd
+
+
+# A removal holds a descriptor per level, in the gateway: a workload's tree deeper than this
+# (deeper than any path can name long before) is refused rather than allowed to use them up.
+MAX_TREE_DEPTH = 128
+
+
+def _remove_tree(parent: int, name: str) -> None:
+    """rm -r of the directory `name` in `parent`: fd-based, never following a link, never into
+    another mount, iterative, and at most `MAX_TREE_DEPTH` levels deep."""
+    device = os.fstat(parent).st_dev
+    stack = [(parent, name, _open_dir(parent, name, device))]  # (its parent's fd, name, its fd)
+    try:
+        while stack:
+            up, current, fd = stack[-1]
+            below = None
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    st = entry.stat(follow_symlinks=False)
+                    if st.st_dev != device:
+                        raise OSError(errno.EBUSY, "holds a mount point")
+                    if stat.S_ISDIR(st.st_mode):
+                        below = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+            if below is not None:
+                if len(stack) >= MAX_TREE_DEPTH:
+                    raise OSError(errno.EMLINK, f"deeper than {MAX_TREE_DEPTH} levels: remove it from inside")
+                stack.append((fd, below, _open_dir(fd, below, device)))
+                continue
+            stack.pop()
+            os.close(fd)
+            os.rmdir(current, dir_fd=up)
+    finally:
+        for _, _, fd in stack:
+            os.close(fd)

@@ -31,3 +31,7 @@ def check_image(image: str, *, field: str = "spec.image") -> None:
         raise InvalidArgumentError(field, f"{image!r}: {_RULE}")
     if not (path / "usr").is_dir():
         raise InvalidArgumentError(field, f"{image!r} is not a directory with a usr/: {_RULE}")
+    if path.resolve() == Path("/"):
+        # Bound whole, the host's root would undo the allow-list of host paths (homes, /var,
+        # every world-readable file; a gateway's state directory where the sandbox shares its uid).
+        raise InvalidArgumentError(field, f'{image!r} is the host root filesystem: use "" for it; {_RULE}')
