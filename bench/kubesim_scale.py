@@ -294,7 +294,7 @@ async def run(args: argparse.Namespace) -> None:
         for label, src in trees:
             print(f"round {n + 1}, {label} ({src}); {available_mib():.0f} MiB available", flush=True)
             result = await one_round(src, pods=pods, paced=args.paced, rate=args.rate, seconds=args.seconds)
-            rounds.append({"tree": label, "src": str(src), **result})
+            rounds.append({"tree": label, **result})
     write_results(
         "kubesim_scale",
         {"pods": pods, "rate": args.rate, "seconds": args.seconds, "rounds": rounds},
