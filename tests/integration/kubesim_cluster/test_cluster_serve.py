@@ -16,6 +16,14 @@ from kubesim import cluster, testing, timing
 from kubesim.controllers import client as kc
 
 
+async def _pools_served(api: kc.KubeClient) -> bool:
+    try:
+        await api.list_objects(kc.POOLS, NS)
+    except kc.ApiError:
+        return False
+    return True
+
+
 async def test_run_controllers_against_a_served_api(tmp_path: pathlib.Path) -> None:
     async with testing.running_apiserver() as server:
         admin = server.write_kubeconfig(tmp_path / "admin.yaml", admin=True)
@@ -26,14 +34,7 @@ async def test_run_controllers_against_a_served_api(tmp_path: pathlib.Path) -> N
         api = kc.KubeClient.from_kubeconfig(str(admin))
         try:
             # The CRDs are installed by the controllers on start: wait for the kind to be served.
-            async def served() -> bool:
-                try:
-                    await api.list_objects(kc.POOLS, NS)
-                except kc.ApiError:
-                    return False
-                return True
-
-            await wait_for(served, bool, what="CRDs served")
+            await wait_for(lambda: _pools_served(api), bool, what="CRDs served")
             await api.create(kc.TEMPLATES, NS, template())
             await api.create(kc.POOLS, NS, pool(replicas=2))
             await wait_pool_ready(api, "pool", 2)
@@ -80,16 +81,8 @@ async def test_serve_runs_the_controllers_apart_and_they_never_outlive_it(tmp_pa
         (child,) = controllers()
         admin = kc.KubeClient.from_kubeconfig(str(tmp_path / "kc-admin.yaml"))
         try:
-
-            async def served() -> bool:
-                try:
-                    await admin.list_objects(kc.POOLS, NS)
-                except kc.ApiError:
-                    return False
-                return True
-
             # The child installs the CRDs through the API served by its parent.
-            await wait_for(served, bool, what="CRDs served")
+            await wait_for(lambda: _pools_served(admin), bool, what="CRDs served")
         finally:
             await admin.aclose()
         serve.kill()  # no chance to stop its child: the pipe on the child's stdin closes instead
