@@ -1,14 +1,19 @@
-"""``kubesim serve``: run the simulated API server (and, if present, the part-2 controllers)."""
+"""``kubesim serve``: run the simulated API server and, in a child process of its own
+(``kubesim controllers``), the agent-sandbox controllers and the kubelet.
+
+The two halves meet only over HTTPS, as in a cluster. Apart, each has its own event loop and GIL:
+a claim's POST is answered by a server that is not also starting 450 pods' processes, reconciling
+their pool and writing their statuses, and the two use two cores."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import logging
+import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,6 +56,17 @@ def _parser() -> argparse.ArgumentParser:
         help="enforce RBAC: ServiceAccount tokens get only what Roles/ClusterRoles bound to them grant "
         "(the default user and admin tokens are system:masters and keep full access)",
     )
+    controllers = sub.add_parser(
+        "controllers", help="run the agent-sandbox controllers and the kubelet against a served API (serve starts it)"
+    )
+    controllers.add_argument(
+        "--admin-kubeconfig", type=Path, required=True, help="the API server's admin kubeconfig (URL, token, CA)"
+    )
+    controllers.add_argument(
+        "--stop-on-stdin-eof",
+        action="store_true",
+        help="stop when standard input closes (serve holds it open: the controllers never outlive it)",
+    )
     return parser
 
 
@@ -68,39 +84,81 @@ async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    controllers: asyncio.Task[object] | None = None
+    controllers: subprocess.Popen[bytes] | None = None
     if not args.no_controllers:
         controllers = _start_controllers(server, args)
     try:
-        await stop.wait()
+        if controllers is None:
+            await stop.wait()
+        else:
+            await _until_stopped_or_gone(stop, controllers)
     finally:
         if controllers is not None:
-            controllers.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await controllers
+            # Off the loop: the API server keeps serving the controllers while they stop their pods.
+            await asyncio.to_thread(_stop_controllers, controllers)
         await server.stop()
 
 
-def _start_controllers(server: ApiServer, args: argparse.Namespace) -> asyncio.Task[object] | None:
-    # kubesim.cluster (part 2) is optional: the CLI must work before it exists.
-    if importlib.util.find_spec("kubesim.cluster") is None:
-        logging.getLogger("kubesim").warning("kubesim.cluster not available; serving the API only")
-        return None
-    cluster = importlib.import_module("kubesim.cluster")
+def _start_controllers(server: ApiServer, args: argparse.Namespace) -> subprocess.Popen[bytes]:
     admin_config = args.kubeconfig.with_name(args.kubeconfig.stem + "-admin" + args.kubeconfig.suffix)
     server.write_kubeconfig(admin_config, admin=True)
-    coro = cluster.run_controllers(url=server.url, token=server.admin_token, kubeconfig=str(admin_config))
-    task: asyncio.Task[object] = asyncio.ensure_future(coro)
-    return task
+    argv = ["controllers", "--admin-kubeconfig", str(admin_config), "--stop-on-stdin-eof"]
+    # Its standard input is a pipe only this process writes to: when serve dies, even by SIGKILL,
+    # the pipe closes and the controllers stop (and kill their pods) instead of running on alone.
+    return subprocess.Popen([sys.executable, "-m", "kubesim.cli", *argv], stdin=subprocess.PIPE)
+
+
+async def _until_stopped_or_gone(stop: asyncio.Event, controllers: subprocess.Popen[bytes]) -> None:
+    """Until SIGTERM/SIGINT, or until the controllers exit on their own (then serve stops too:
+    an API server whose pods nobody runs any more is not a cluster)."""
+    stopping = asyncio.ensure_future(stop.wait())
+    gone = asyncio.ensure_future(asyncio.to_thread(controllers.wait))
+    done, _ = await asyncio.wait({stopping, gone}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if gone in done:
+        logging.getLogger("kubesim").error("the controllers exited with %s; stopping", controllers.returncode)
+
+
+def _stop_controllers(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then wait: the kubelet stops every pod process on its way out."""
+    if process.poll() is None:
+        process.terminate()
+    process.wait()
+    if process.stdin is not None:
+        process.stdin.close()
+
+
+async def _run_controllers(args: argparse.Namespace) -> None:
+    from kubesim import cluster  # here only: `serve` itself is the API server alone
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if args.stop_on_stdin_eof:
+        fd = sys.stdin.fileno()
+
+        def on_stdin() -> None:
+            if not os.read(fd, 4096):
+                loop.remove_reader(fd)
+                stop.set()
+
+        loop.add_reader(fd, on_stdin)
+    task = asyncio.ensure_future(cluster.run_controllers(kubeconfig=str(args.admin_kubeconfig)))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # a startup failure surfaces here
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
-    if args.command == "serve":
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(args))
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args) if args.command == "serve" else _run_controllers(args))
     return 0
 
 

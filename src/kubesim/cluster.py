@@ -163,8 +163,8 @@ class Components:
 
 async def run_controllers(
     *,
-    url: str,
-    token: str,
+    url: str | None = None,
+    token: str | None = None,
     kubeconfig: str | None = None,
     timing: timing_mod.Timing | None = None,
     image_map: ImageMapLike = None,
@@ -172,20 +172,24 @@ async def run_controllers(
     kubelet: bool = True,
 ) -> None:
     """Run the agent-sandbox controllers and the kubelet against the API server at ``url`` until
-    cancelled. The server's CA comes from ``kubeconfig`` (an admin kubeconfig), when given.
+    cancelled. The server's CA comes from ``kubeconfig`` (an admin kubeconfig), when given; so do
+    the URL and token when they are not.
 
     Without explicit arguments, ``KUBESIM_TIMING`` (``default``/``fast``) and ``KUBESIM_IMAGE_MAP``
     (a file, see ``kubesim.kubelet.images``) in the environment choose the profile and image map,
     so ``kubesim serve`` can be configured without new flags.
     """
-    ca: bytes | None = None
-    if kubeconfig:
-        ca = kc.KubeClient.from_kubeconfig(kubeconfig).ca_pem
     if timing is None:
         timing = timing_mod.profile(os.environ.get("KUBESIM_TIMING", "default"))
     if image_map is None and os.environ.get("KUBESIM_IMAGE_MAP"):
         image_map = ImageMap.from_file(os.environ["KUBESIM_IMAGE_MAP"])
-    api = kc.KubeClient(url, token, ca_pem=ca)
+    configured = kc.KubeClient.from_kubeconfig(kubeconfig) if kubeconfig else None
+    if url is None or token is None:
+        if configured is None:
+            raise ValueError("run_controllers needs url and token, or an admin kubeconfig")
+        api = configured
+    else:
+        api = kc.KubeClient(url, token, ca_pem=configured.ca_pem if configured else None)
     if timing.api_latency > 0:
         # API latency is the API server's to inject (its fault-injection admin endpoint).
         await api.request("POST", "/_kubesim/faults", body={"action": "latency", "seconds": timing.api_latency})

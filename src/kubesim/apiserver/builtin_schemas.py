@@ -153,11 +153,27 @@ def closure(roots: set[str], defs: Definitions) -> set[str]:
     return seen
 
 
-def prune_unknown(obj: Any, definition: str, defs: Definitions | None = None) -> list[str]:
+def prune_unknown(
+    obj: Any, definition: str, defs: Definitions | None = None, *, old: dict[str, Any] | None = None
+) -> list[str]:
     """Delete the fields of ``obj`` that ``definition`` does not declare (recursively) and return
-    their paths (``spec.containers[0].foo``), as Go's strict JSON decoding would report them."""
+    their paths (``spec.containers[0].foo``), as Go's strict JSON decoding would report them.
+
+    ``old``: the stored object this one replaces, pruned by the same definition when it was
+    written; top-level fields equal to its are not walked again (a pod's status write then skips
+    its spec)."""
     found: list[str] = []
-    _walk(obj, {"$ref": f"#/definitions/{definition}"}, "", defs if defs is not None else definitions(), found)
+    schema = {"$ref": f"#/definitions/{definition}"}
+    defs = defs if defs is not None else definitions()
+    if isinstance(obj, dict) and old is not None:
+        changed = {k: v for k, v in obj.items() if k not in old or old[k] != v}
+        walked = list(changed)
+        _walk(changed, schema, "", defs, found)
+        for key in walked:
+            if key not in changed:  # an unknown top-level field, dropped from the view
+                del obj[key]
+        return found
+    _walk(obj, schema, "", defs, found)
     return found
 
 

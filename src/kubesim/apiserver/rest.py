@@ -231,7 +231,7 @@ class Rest:
             raise errors.not_found(rt.plural, rt.group, name)
         if subresource == "scale":
             return scaling.patch_scale(self, rt, version, found, content_type, body, opts)
-        base = copy.deepcopy(found.view(av))
+        base = found.copy(av)
         if content_type == MERGE:
             if not isinstance(body, dict):
                 raise errors.bad_request("merge patch must be a JSON object")
@@ -299,7 +299,7 @@ class Rest:
             new = self._carry_over(rt, new, old, subresource)
         else:
             builtins.on_create(rt.group, rt.plural, new)
-        warnings = self._validate(rt, version, new, old, opts)
+        warnings, admitted_by = self._validate(rt, version, new, old, opts)
         for admit in self.admission:
             admit(rt, new, old)
         if old is not None:
@@ -328,6 +328,7 @@ class Rest:
             return Result(new if av == new["apiVersion"] else {**new, "apiVersion": av}, code, warnings)
         new["metadata"]["resourceVersion"] = str(self.store.next_rv())
         stored = self.store.put(rt.group, rt.plural, new, old)
+        stored.admitted_by = admitted_by
         if served is not None:
             self.registry.add(served)
         return Result(stored.view(av), code, warnings)
@@ -349,7 +350,7 @@ class Rest:
         if subresource == "status":
             status = new.get("status")
             managed = new.get("metadata", {}).get("managedFields")
-            new = copy.deepcopy(old.obj)
+            new = old.copy()
             if status is None:
                 new.pop("status", None)
             else:
@@ -390,7 +391,8 @@ class Rest:
 
     def _validate(
         self, rt: ResourceType, version: str, new: dict[str, Any], old: Stored | None, opts: WriteOptions
-    ) -> list[str]:
+    ) -> tuple[list[str], object]:
+        """Prune, default and validate ``new``; its warnings, and the schema that admitted it."""
         name = new["metadata"].get("name", "")
         causes: list[FieldError] = []
         warnings: list[str] = []
@@ -410,8 +412,11 @@ class Rest:
         causes.extend(meta.metadata_errors(new["metadata"]))
         info = rt.versions.get(version)
         pruned: list[str] = []
+        admitted_by: object = None
         if info is not None and info.schema is not None:
-            errs, pruned = info.schema.admit(new, old.obj if old is not None else None)
+            admitted_by = info.schema
+            old_admitted = old is not None and old.admitted_by is info.schema
+            errs, pruned = info.schema.admit(new, old.obj if old is not None else None, old_admitted=old_admitted)
             causes.extend(errs)
             if info.deprecated:
                 warnings.append(info.deprecation_warning)
@@ -419,7 +424,9 @@ class Rest:
             # Built-in kinds decode into Go structs: fields they lack are dropped (or refused).
             definition = builtin_schemas.kind_definition(rt.group, version, rt.kind)
             if definition is not None:
-                pruned = builtin_schemas.prune_unknown(new, definition)
+                admitted_by = definition
+                unchanged_since = old.obj if old is not None and old.admitted_by == definition else None
+                pruned = builtin_schemas.prune_unknown(new, definition, old=unchanged_since)
         if pruned and opts.field_validation == "Strict":
             unknown = ", ".join(f'unknown field "{p}"' for p in pruned)
             raise errors.bad_request(
@@ -432,7 +439,7 @@ class Rest:
             causes.extend(crds.validate(new))
         if causes:
             raise errors.invalid(rt.kind, rt.group, name, causes)
-        return warnings
+        return warnings, admitted_by
 
     def after_delete(self, rt: ResourceType, gone: Stored) -> None:
         if rt.key == CRD_KEY:

@@ -84,14 +84,23 @@ class Schema:
 
     # ---- walking -----------------------------------------------------------------------------
 
-    def admit(self, obj: dict[str, Any], old: dict[str, Any] | None = None) -> tuple[list[FieldError], list[str]]:
+    def admit(
+        self, obj: dict[str, Any], old: dict[str, Any] | None = None, *, old_admitted: bool = False
+    ) -> tuple[list[FieldError], list[str]]:
         """Prune, default and validate a whole object in place; return (errors, pruned paths).
 
         The root's ``apiVersion``, ``kind`` and ``metadata`` are the server's, never pruned here.
+        ``old_admitted``: ``old`` was admitted by this very schema, so a top-level field equal to
+        its old value is already pruned, defaulted and valid and is not walked again (validation
+        ratcheting: an unchanged field is not judged anew). A status write then skips the spec,
+        which holds a whole pod template.
         """
         errs: list[FieldError] = []
         pruned: list[str] = []
-        self._object(obj, "", errs, pruned, root=True, old=old)
+        skip: frozenset[str] = frozenset()
+        if old_admitted and old is not None:
+            skip = frozenset(k for k, v in obj.items() if k in old and old[k] == v)
+        self._object(obj, "", errs, pruned, root=True, old=old, skip=skip)
         return errs, pruned
 
     def _walk(
@@ -185,12 +194,15 @@ class Schema:
         *,
         root: bool,
         old: Any,
+        skip: frozenset[str] = frozenset(),
     ) -> None:
         keep_meta = root or self.embedded
         for name, prop in self.properties.items():
             if name not in obj and prop.default is not _MISSING:
                 obj[name] = copy.deepcopy(prop.default)
         for name in list(obj):
+            if name in skip:
+                continue
             child_path = f"{path}.{name}" if path else name
             if keep_meta and name in ("apiVersion", "kind", "metadata"):
                 if name == "metadata" and not root and isinstance(obj[name], dict):

@@ -29,6 +29,9 @@ class Stored:
 
     obj: dict[str, Any]
     _json: dict[str, bytes] = field(default_factory=dict)
+    #: The compiled schema that admitted this version (a later write validated by the same one
+    #: need not walk the fields it leaves unchanged).
+    admitted_by: object = None
 
     @property
     def rv(self) -> int:
@@ -44,6 +47,12 @@ class Stored:
             cached = dumps(obj)
             self._json[av] = cached
         return cached
+
+    def copy(self, api_version: str | None = None) -> dict[str, Any]:
+        """A private deep copy to edit: decoded from the cached encoding, several times cheaper
+        than ``copy.deepcopy`` (objects are plain JSON), and the encoding is served anyway."""
+        copied: dict[str, Any] = json.loads(self.encoded(api_version))
+        return copied
 
     def view(self, api_version: str | None = None) -> dict[str, Any]:
         """The object as served at ``api_version`` (shallow copy only if it differs)."""

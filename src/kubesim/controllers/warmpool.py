@@ -77,6 +77,10 @@ class WarmPoolController:
             self.queue.add(key)
 
     def _on_sandbox(self, etype: str, obj: Obj, old: Obj | None) -> None:
+        if etype == "MODIFIED" and old is not None and _as_planned(old) == _as_planned(obj):
+            # Nothing the plan reads changed (most status writes of a starting member): with
+            # hundreds of members, planning costs milliseconds, and this spares a plan per write.
+            return
         # Enqueue the pool that controls (or controlled) the Sandbox: after an adoption the new
         # object names the claim, the old one the pool, which must replenish at once.
         for item in (obj, old):
@@ -160,6 +164,18 @@ class WarmPoolController:
 
 
 SANDBOX_BY_POOL = "warm-pool-sandbox"
+
+
+def _as_planned(sandbox: Obj) -> tuple[Any, ...]:
+    """What ``pools.plan_pool`` reads of a member: its owner, labels, deletion, readiness and spec."""
+    meta = sandbox.get("metadata", {})
+    return (
+        meta.get("ownerReferences"),
+        meta.get("labels"),
+        meta.get("deletionTimestamp"),
+        meta.get("generation"),
+        o.condition_true(sandbox, "Ready"),
+    )
 
 
 def _pool_label(sandbox: Obj) -> list[str]:

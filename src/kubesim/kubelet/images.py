@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import json
 import pathlib
 import sys
@@ -122,7 +123,19 @@ def runtime_binds(targets: list[str], runtime: list[str] | None = None) -> list[
     ``/tmp`` would vanish under the chart's ``/tmp`` volume, so those paths are bound back on top.
     A path equal to, or above, a mount target is left alone (binding it would undo the mount).
     """
-    roots = runtime if runtime is not None else [sys.prefix, sys.base_prefix, *sys.path]
+    if runtime is None:
+        # Every pod of a template asks the same question, and resolving each entry of the import
+        # path takes milliseconds per pod start.
+        return list(_cached_binds(tuple(targets), (sys.prefix, sys.base_prefix, *sys.path)))
+    return _runtime_binds(targets, runtime)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_binds(targets: tuple[str, ...], roots: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(_runtime_binds(list(targets), list(roots)))
+
+
+def _runtime_binds(targets: list[str], roots: list[str]) -> list[str]:
     hidden: list[pathlib.PurePath] = []
     for entry in roots:
         if not entry or not pathlib.Path(entry).is_dir():

@@ -80,7 +80,7 @@ class Kubelet:
         self._nodes = nodes
         self._node_cycle = itertools.cycle(nodes)
         self._owns_root = root is None
-        self._root = root or pathlib.Path(tempfile.mkdtemp(prefix="kubesim-pods-"))
+        self._root = root or pathlib.Path(tempfile.mkdtemp(prefix="kubesim-pods-", dir=_scratch_dir()))
         base_env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
         base_env.setdefault("PATH", os.defpath)
         base_env["KUBESIM_PYTHON"] = sys.executable
@@ -283,6 +283,18 @@ class Kubelet:
         self._workers.clear()
         if self._owns_root:
             shutil.rmtree(self._root, ignore_errors=True)
+
+
+def _scratch_dir() -> str | None:
+    """Where pod directories go: the host's tmpfs when it has one. Each pod start makes a dozen
+    directories, files and symlinks and its end removes them, on the kubelet's event loop; on a
+    busy disk a mkdir took ~2 ms (against 0.03 ms on tmpfs), tens of ms per pod."""
+    shm = "/dev/shm"
+    try:
+        usable = os.access(shm, os.W_OK | os.X_OK) and not os.statvfs(shm).f_flag & os.ST_NOEXEC
+    except OSError:
+        usable = False
+    return shm if usable else None  # (volumes may hold programs a container runs: not noexec)
 
 
 def _grace(pod: Obj) -> float:

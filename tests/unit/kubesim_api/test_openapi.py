@@ -115,6 +115,23 @@ def test_prune_unknown_reports_paths_like_strict_decoding() -> None:
     assert pod["spec"]["containers"][0]["resources"] == {"limits": {"cpu": 1}}
 
 
+def test_prune_unknown_against_the_stored_object_walks_only_changed_fields() -> None:
+    old = {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "kept": 1}]}}
+    new = {
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "kept": 1}]},  # unchanged: not walked again
+        "status": {"phase": "Running", "bogus": 2},
+        "junk": True,
+    }
+    found = builtin_schemas.prune_unknown(new, "io.k8s.api.v1.Pod", old=old)
+    assert sorted(found) == ["junk", "status.bogus"]
+    assert new["status"] == {"phase": "Running"}
+    assert "junk" not in new
+    assert new["spec"]["containers"][0]["kept"] == 1
+    assert builtin_schemas.prune_unknown(new, "io.k8s.api.v1.Pod") == ["spec.containers[0].kept"]
+
+
 def test_int_or_string_fields_accept_both() -> None:
     probe = builtin_schemas.definitions()["io.k8s.api.v1.HTTPGetAction"]["properties"]["port"]
     assert probe["x-kubernetes-int-or-string"] is True

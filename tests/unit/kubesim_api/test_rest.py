@@ -10,6 +10,7 @@ import pytest
 from kubesim.apiserver import deletion, errors
 from kubesim.apiserver.resources import Registry, ResourceType
 from kubesim.apiserver.rest import Rest, WriteOptions
+from kubesim.apiserver.schema import Schema
 from kubesim.apiserver.store import Store
 
 OPTS = WriteOptions()
@@ -133,3 +134,41 @@ def test_dns_names_and_labels_are_validated(rest: Rest) -> None:
     with pytest.raises(errors.ApiError) as no_ns:
         rest.create(cm, "v1", "missing", {"metadata": {"name": "ok"}}, OPTS)
     assert no_ns.value.code == 404
+
+
+def test_a_status_write_does_not_walk_an_unchanged_spec_but_a_new_schema_does(
+    rest: Rest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = widgets(rest)
+    created = rest.create(rt, "v1", "default", {"metadata": {"name": "w"}, "spec": {"word": "abc"}}, OPTS).obj
+    walked: list[str] = []
+    original = Schema._walk
+
+    def spy(self: Schema, value: Any, path: str, *args: Any) -> None:
+        walked.append(path)
+        original(self, value, path, *args)
+
+    monkeypatch.setattr(Schema, "_walk", spy)
+    status = {**copy.deepcopy(created), "status": {"ready": True}}
+    rest.update(rt, "v1", "default", "w", status, OPTS, subresource="status")
+    assert "status" in walked
+    assert not any(p.startswith("spec") for p in walked)
+    # A changed field is still judged.
+    current = rest.get(rt, "default", "w").obj
+    with pytest.raises(errors.ApiError) as exc:
+        rest.update(rt, "v1", "default", "w", {**copy.deepcopy(current), "spec": {"word": "ABC"}}, OPTS)
+    assert exc.value.code == 422
+    # Under a new schema the unchanged spec is walked again, and now fails it.
+    crd_rt = rest.registry.get("apiextensions.k8s.io", "customresourcedefinitions")
+    assert crd_rt is not None
+    live_crd = copy.deepcopy(rest.get(crd_rt, "", "widgets.example.com").obj)
+    live_crd["spec"] = crd(pattern="^[0-9]+$")["spec"]
+    rest.update(crd_rt, "v1", "", "widgets.example.com", live_crd, OPTS)
+    rt = rest.registry.get("example.com", "widgets")
+    assert rt is not None
+    walked.clear()
+    status = {**copy.deepcopy(rest.get(rt, "default", "w").obj), "status": {"ready": False}}
+    with pytest.raises(errors.ApiError) as exc:
+        rest.update(rt, "v1", "default", "w", status, OPTS, subresource="status")
+    assert exc.value.code == 422
+    assert "spec.word" in walked

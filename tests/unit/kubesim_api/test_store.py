@@ -76,3 +76,13 @@ def test_snapshot_rebuilds_an_earlier_state() -> None:
     assert sorted(k[1] for k in now) == ["a", "c"]
     store.compact()
     assert store.snapshot("", "configmaps", before) is None
+
+
+def test_copy_is_a_private_deep_copy_at_the_asked_version() -> None:
+    store = Store()
+    stored = put(store, "a")
+    stored.obj["spec"] = {"items": [{"x": 1}]}
+    copied = stored.copy("example.com/v2")
+    assert copied == {**stored.obj, "apiVersion": "example.com/v2"}
+    copied["spec"]["items"][0]["x"] = 2
+    assert stored.obj["spec"]["items"][0]["x"] == 1  # nothing shared with the stored object

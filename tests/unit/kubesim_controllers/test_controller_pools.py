@@ -1,3 +1,4 @@
+import copy
 from typing import Any
 
 from ksc_builders import make_pool, make_template
@@ -128,3 +129,22 @@ def test_members_stuck_not_ready_past_the_grace_period_are_replaced() -> None:
     assert [m["metadata"]["name"] for m in plan.delete] == ["stuck"]
     assert plan.create == 1
     assert plan.recheck_in == 240
+
+
+def test_a_member_write_is_planned_only_when_what_the_plan_reads_changes() -> None:
+    from kubesim.controllers import warmpool
+
+    before = member("a", ready=False)
+    message_only = copy.deepcopy(before)
+    message_only["status"]["conditions"][0]["message"] = "pod scheduled"
+    assert warmpool._as_planned(message_only) == warmpool._as_planned(before)
+    for change in (
+        lambda sb: sb["status"]["conditions"][0].update(status="True"),
+        lambda sb: sb["metadata"].update(deletionTimestamp="2026-01-01T00:00:09Z"),
+        lambda sb: sb["metadata"]["labels"].pop("agents.x-k8s.io/warm-pool-sandbox"),
+        lambda sb: sb["metadata"].update(ownerReferences=[]),
+        lambda sb: sb["metadata"].update(generation=2),
+    ):
+        after = copy.deepcopy(before)
+        change(after)
+        assert warmpool._as_planned(after) != warmpool._as_planned(before)
