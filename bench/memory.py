@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MemoryGuard", "MemoryLow", "available_mib", "descendants", "pods_pss_mib", "pss_kib"]
+__all__ = ["MemoryGuard", "MemoryLow", "available_mib", "descendants", "is_kubesim_process", "pods_pss_mib", "pss_kib"]
 
 PROC = Path("/proc")
 
@@ -92,6 +92,16 @@ class MemoryGuard:
             raise MemoryLow(f"only {available:.0f} MiB available (floor {self.floor:.0f} MiB): stopping")
 
 
+def is_kubesim_process(pid: int) -> bool:
+    """Whether `pid` is one of kubesim's own Python processes (`kubesim serve` runs its controllers
+    and kubelet as a child `kubesim.cli` process), not one of its pods."""
+    try:
+        return b"kubesim.cli" in (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def pods_pss_mib(kubesim_pid: int) -> float:
-    """The summed PSS of kubesim's descendants (its pods' processes), MiB."""
-    return sum(pss_kib(p) for p in descendants(kubesim_pid) if p != os.getpid()) / 1024
+    """The summed PSS of kubesim's pods' processes (its descendants but its own processes), MiB."""
+    pods = (p for p in descendants(kubesim_pid) if p != os.getpid() and not is_kubesim_process(p))
+    return sum(pss_kib(p) for p in pods) / 1024

@@ -42,14 +42,14 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 from harness import summary, write_results
-from memory import MemoryGuard, MemoryLow, available_mib, descendants, pods_pss_mib
+from memory import MemoryGuard, MemoryLow, available_mib, descendants, is_kubesim_process, pods_pss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -238,15 +238,20 @@ def _stat_seconds(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
 
 
-def tree_cpu_seconds(pid: int) -> tuple[float, float]:
+def tree_cpu_seconds(pid: int, *, own_if: Callable[[int], bool] = lambda _: False) -> tuple[float, float]:
     """CPU seconds of a process itself and of its descendants: every live descendant's own and
     reaped children's time, plus the children it reaped itself (an ended pod's CPU reaches its
-    parent's cutime when reaped, so a difference of two readings is the CPU between them)."""
+    parent's cutime when reaped, so a difference of two readings is the CPU between them).
+    Descendants for which `own_if` holds count as the process itself (their own time only)."""
     own, reaped = _stat_seconds(pid)
     below = reaped
     for child in descendants(pid):
         mine, theirs = _stat_seconds(child)
-        below += mine + theirs
+        if own_if(child):
+            own += mine
+            below += theirs
+        else:
+            below += mine + theirs
     return own, below
 
 
@@ -269,7 +274,7 @@ class CpuSplit:
         self._start = self._read()
 
     def _read(self) -> dict[str, float]:
-        kubesim, pods = tree_cpu_seconds(self._setup.cluster.pid)
+        kubesim, pods = tree_cpu_seconds(self._setup.cluster.pid, own_if=is_kubesim_process)
         parts = {"kubesim": kubesim, "kubesim pods": pods}
         for replica in self._setup.replicas.replicas:
             parts[f"gateway {replica.id}"] = sum(tree_cpu_seconds(replica.process.pid))
