@@ -139,12 +139,21 @@ async def pump_fd(
     that moment, which is everything the command wrote, is still read, and nothing after."""
     os.set_blocking(fd, False)
     left: int | None = None  # bytes still to read once the command ended
+    settle = os.isatty(fd)
     try:
         while True:
             if left is None and ended is not None and ended.done():
-                left = await _queued_at_end(fd)
+                left = _queued(fd)
             if left == 0:
-                return
+                if not settle:
+                    return
+                # A terminal passes what the command wrote on to its master in a kernel work
+                # item, so its last output may not be counted yet: wait for it once, briefly.
+                settle = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_ready(fd, write=False), _TERMINAL_SETTLE_SECONDS)
+                left = _queued(fd)
+                continue
             try:
                 data = os.read(fd, READ_CHUNK if left is None else min(left, READ_CHUNK))
             except BlockingIOError:
@@ -164,20 +173,15 @@ async def pump_fd(
             os.close(fd)
 
 
-# A pseudo-terminal moves what the command wrote to the master's side in a kernel work item, so
-# the master may not count the last of it yet when the command's exit is learnt.
 _TERMINAL_SETTLE_SECONDS = 0.05
 
 
-async def _queued_at_end(fd: int) -> int:
-    """How many bytes are queued in `fd` (a pipe, or a terminal's master) now the command ended."""
-    if os.isatty(fd):
-        await asyncio.sleep(_TERMINAL_SETTLE_SECONDS)
+def _queued(fd: int) -> int:
+    """How many bytes wait in `fd` (a pipe, or a terminal's master) to be read."""
     try:
-        queued = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
     except OSError:
-        return 0  # a terminal whose slave every holder closed: its end is near anyway
-    return int(queued)
+        return 0  # a terminal every holder of whose slave has closed it: nothing more comes
 
 
 def set_window_size(fd: int, size: WindowSize) -> None:

@@ -23,7 +23,6 @@ __all__ = ["OutputSink", "Runner", "WorkdirError", "run_streaming"]
 
 # (is_stderr, data) -> delivered to the gateway in order.
 OutputSink = Callable[[bool, bytes], Awaitable[None]]
-READ_CHUNK = 64 * 1024
 EXIT_TIMEOUT = 124
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126

@@ -6,7 +6,8 @@ creates the pipes, keeps the read ends of stdout/stderr and the write end of std
 the other ends to the agent with the EXEC record; output therefore never passes through the
 sandbox's pid 1. A timeout or a cancel sends SIGNAL(SIGKILL) to the command's process group; the
 status comes from EXITED, which also ends the exec (with the output queued by then) even while a
-background child still holds the command's stdout. When the socket closes (the sandbox died) every pending exec fails.
+background child still holds the command's stdout. When the socket closes (the sandbox died)
+every pending exec fails.
 
 An interactive exec (`io`) keeps the write end of stdin and feeds it as input arrives; one on a
 terminal gets a pseudo-terminal of the sandbox's own devpts (opened by `open_terminal`), whose

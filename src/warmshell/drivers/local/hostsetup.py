@@ -1,8 +1,9 @@
 """What the local driver needs from this host, worked out once from its config when the driver is
 made: bubblewrap (or unisolated mode), whether each sandbox gets its own uid (the gateway runs as
 root), the launcher every sandbox starts through with its resource bounds, the cgroup enforcing
-them, the maximums a spec is checked against (the host's size where unset), and the nice value refills start at.
-`LocalDriver.__init__` builds its fleet and pools from a `HostSetup`; nothing in it changes after.
+them, the maximums a spec is checked against (the host's size where unset), and the nice value
+refills start at. `LocalDriver.__init__` builds its fleet and pools from a `HostSetup`; nothing in
+it changes after.
 """
 
 from __future__ import annotations
