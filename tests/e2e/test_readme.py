@@ -10,6 +10,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import start_gateway, warmshell_env
 from tests.helpers.readme import Block, readme_blocks
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.cli import render
@@ -224,3 +226,28 @@ def test_readme_pasted_top_to_bottom(short_tmp: Path) -> None:
     finally:
         leftovers = shell.close()
     assert not leftovers, f"the README's blocks left these running: {leftovers}\n{shell.tail()}"
+
+
+@pytest.mark.slow
+def test_the_python_example_runs_as_written(short_tmp: Path) -> None:
+    # The SDK block is pasted into a file and run as a user would, against a gateway serving the
+    # example pools (its warm creates, a cold one, a one-shot job, the async client).
+    examples = [b.code for b in readme_blocks(README.read_text()) if b.language == "python"]
+    assert examples, "README.md shows no Python example"
+    gateway = start_gateway(short_tmp / "state", "--pools", str(ROOT / "examples" / "pools"))
+    try:
+        for number, code in enumerate(examples):
+            script = short_tmp / f"example-{number}.py"
+            script.write_text(code)
+            ran = subprocess.run(
+                [sys.executable, str(script)],
+                cwd=short_tmp,
+                env=warmshell_env(gateway.state_dir),
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert ran.returncode == 0, f"README.md's Python example {number} failed:\n{ran.stderr}\n{gateway.log()}"
+    finally:
+        assert gateway.stop() == 0, gateway.log()

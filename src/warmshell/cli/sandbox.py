@@ -27,6 +27,7 @@ from warmshell.cli.options import (
     usage_error,
     workspace,
 )
+from warmshell.core.apiranges import MAX_LIFETIME_SECONDS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -82,7 +83,7 @@ def register(commands: Any, *, chosen: str | None) -> None:
         create.add_argument(
             "--timeout", type=bounded_float(0), metavar="SECONDS", help="seconds to wait for Ready (default: no limit)"
         )
-        lifetime = bounded_int(0, 2**32 - 1)
+        lifetime = bounded_int(0, MAX_LIFETIME_SECONDS)
         create.add_argument(
             "--ttl", type=lifetime, metavar="SECONDS", help="delete after N s (default: the gateway's; 0: never)"
         )

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmshell.core.apiranges import MAX_LIFETIME_SECONDS
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
 from warmshell.core.ids import Fingerprint
@@ -59,8 +60,6 @@ from warmshell.core.validation import (
 __all__ = ["MAX_LIFETIME_SECONDS", "PROFILE_VERSION", "Profile", "ProfileError", "parse_profile"]
 
 PROFILE_VERSION = 1
-# The API carries lifetimes as uint32 seconds (about 136 years): more could not reach a sandbox.
-MAX_LIFETIME_SECONDS = 2**32 - 1
 _TOP_LEVEL = (
     "version",
     "workspace",

@@ -21,6 +21,7 @@ import struct
 import termios
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["DEFAULT_SIZE", "ExecInput", "WindowSize", "pump_fd", "set_window_size"]
 
@@ -126,17 +127,37 @@ async def _write(fd: int, data: bytes, *, close: bool) -> int:
     return fd
 
 
-async def pump_fd(fd: int, stderr: bool, sink: Sink, *, close: bool = True) -> None:
+async def pump_fd(
+    fd: int, stderr: bool, sink: Sink, *, close: bool = True, ended: asyncio.Future[Any] | None = None
+) -> None:
     """Read `fd` to its end into `sink`, then close it (unless not `close`). A terminal's master
     reports its end (every holder of the slave closed it) as EIO rather than an empty read. The
-    loop watches the fd directly: cheaper per exec than a transport and a stream reader."""
+    loop watches the fd directly: cheaper per exec than a transport and a stream reader.
+
+    `ended`, done once the command exited: the exec then ends with it rather than when every
+    holder of the fd closed it (`sleep 100 &` keeps stdout open): what was queued in the fd at
+    that moment, which is everything the command wrote, is still read, and nothing after."""
     os.set_blocking(fd, False)
+    left: int | None = None  # bytes still to read once the command ended
+    settle = os.isatty(fd)
     try:
         while True:
+            if left is None and ended is not None and ended.done():
+                left = _queued(fd)
+            if left == 0:
+                if not settle:
+                    return
+                # A terminal passes what the command wrote on to its master in a kernel work
+                # item, so its last output may not be counted yet: wait for it once, briefly.
+                settle = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_ready(fd, write=False), _TERMINAL_SETTLE_SECONDS)
+                left = _queued(fd)
+                continue
             try:
-                data = os.read(fd, READ_CHUNK)
+                data = os.read(fd, READ_CHUNK if left is None else min(left, READ_CHUNK))
             except BlockingIOError:
-                await _ready(fd, write=False)
+                await _ready(fd, write=False, unless=ended if left is None else None)
                 continue
             except OSError as exc:
                 if exc.errno == errno.EIO:
@@ -144,10 +165,23 @@ async def pump_fd(fd: int, stderr: bool, sink: Sink, *, close: bool = True) -> N
                 raise
             if not data:
                 return
+            if left is not None:
+                left -= len(data)
             await sink(stderr, data)
     finally:
         if close:
             os.close(fd)
+
+
+_TERMINAL_SETTLE_SECONDS = 0.05
+
+
+def _queued(fd: int) -> int:
+    """How many bytes wait in `fd` (a pipe, or a terminal's master) to be read."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0  # a terminal every holder of whose slave has closed it: nothing more comes
 
 
 def set_window_size(fd: int, size: WindowSize) -> None:
@@ -156,15 +190,23 @@ def set_window_size(fd: int, size: WindowSize) -> None:
         fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", size.rows, size.columns, 0, 0))
 
 
-async def _ready(fd: int, *, write: bool) -> None:
-    """Until the event loop sees `fd` writable (or readable)."""
+async def _ready(fd: int, *, write: bool, unless: asyncio.Future[Any] | None = None) -> None:
+    """Until the event loop sees `fd` writable (or readable), or `unless` is done."""
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
     (loop.add_writer if write else loop.add_reader)(fd, _resolve, ready)
+
+    def stop(_: object) -> None:
+        _resolve(ready)
+
+    if unless is not None:
+        unless.add_done_callback(stop)
     try:
         await ready
     finally:
         (loop.remove_writer if write else loop.remove_reader)(fd)
+        if unless is not None:
+            unless.remove_done_callback(stop)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

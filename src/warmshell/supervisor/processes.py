@@ -23,7 +23,6 @@ __all__ = ["OutputSink", "Runner", "WorkdirError", "run_streaming"]
 
 # (is_stderr, data) -> delivered to the gateway in order.
 OutputSink = Callable[[bool, bytes], Awaitable[None]]
-READ_CHUNK = 64 * 1024
 EXIT_TIMEOUT = 124
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
@@ -64,14 +63,6 @@ class Runner(Protocol):
         ...
 
 
-async def _pump(stream: asyncio.StreamReader, stderr: bool, sink: OutputSink) -> None:
-    while True:
-        data = await stream.read(READ_CHUNK)
-        if not data:
-            return
-        await sink(stderr, data)
-
-
 def _kill_group(process: asyncio.subprocess.Process, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)
@@ -97,17 +88,23 @@ async def run_streaming(
     if io is not None and io.terminal is not None:
         return await _run_on_terminal(command, env=env, cwd=cwd, sink=sink, stdin=stdin, timeout=timeout, io=io)
     streamed = io is not None
+    # Plain pipes, read by `pump_fd`: asyncio's pipe transports would make the end of the exec
+    # wait for every process that inherited them (`sleep 100 &`), not for the command.
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
     try:
         process = await asyncio.create_subprocess_exec(
             *command,
             stdin=asyncio.subprocess.PIPE if stdin or streamed else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stdout=out_write,
+            stderr=err_write,
             env=dict(env),
             cwd=cwd,
             start_new_session=True,  # its own process group, so a kill reaches its children
         )
     except OSError as exc:
+        os.close(out_read)
+        os.close(err_read)
         if exc.filename == cwd and exc.errno is not None:  # subprocess names the cwd when chdir failed
             raise WorkdirError(exc.errno, cwd) from None
         if isinstance(exc, FileNotFoundError):
@@ -118,26 +115,29 @@ async def run_streaming(
 
         await sink(True, f"warmshell: {command[0]}: permission denied\n".encode())
         return EXIT_NOT_EXECUTABLE
+    finally:
+        os.close(out_write)
+        os.close(err_write)
     if started is not None:
         started(process)
-    assert process.stdout is not None
-    assert process.stderr is not None
+    # Read from the start: a command may write more than a pipe holds before it reads its stdin.
+    ended = asyncio.ensure_future(process.wait())
+    pumps = asyncio.gather(pump_fd(out_read, False, sink, ended=ended), pump_fd(err_read, True, sink, ended=ended))
     feeding: asyncio.Task[None] | None = None
-    if io is not None:
-        assert process.stdin is not None
-        # The pipe's own fd, fed by `io` directly (a duplicate: the transport keeps its own).
-        stdin_fd = os.dup(process.stdin.get_extra_info("pipe").fileno())
-        process.stdin.close()
-        io.feed(stdin, credited=False)
-        feeding = asyncio.create_task(io.serve(stdin_fd, kill=lambda signo: _kill_group(process, signo)))
-    elif stdin:
-        assert process.stdin is not None
-        process.stdin.write(stdin)
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            await process.stdin.drain()
-        process.stdin.close()
-    pumps = asyncio.gather(_pump(process.stdout, False, sink), _pump(process.stderr, True, sink))
     try:
+        if io is not None:
+            assert process.stdin is not None
+            # The pipe's own fd, fed by `io` directly (a duplicate: the transport keeps its own).
+            stdin_fd = os.dup(process.stdin.get_extra_info("pipe").fileno())
+            process.stdin.close()
+            io.feed(stdin, credited=False)
+            feeding = asyncio.create_task(io.serve(stdin_fd, kill=lambda signo: _kill_group(process, signo)))
+        elif stdin:
+            assert process.stdin is not None
+            process.stdin.write(stdin)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                await process.stdin.drain()
+            process.stdin.close()
         return await _finish(process, pumps, sink, timeout)
     finally:
         if feeding is not None:
@@ -150,12 +150,12 @@ async def _finish(
     sink: OutputSink,
     timeout: float | None,  # noqa: ASYNC109 - the command's own limit
 ) -> int:
-    """Wait for the output to end and the process to exit (killing its group on a timeout or a
-    cancel); its exit status."""
+    """Wait for the process to exit and its output to be read (killing its group on a timeout or
+    a cancel); its exit status."""
     try:
         async with asyncio.timeout(timeout):
-            await pumps
             code = await process.wait()
+            await pumps
     except TimeoutError:
         _kill_group(process, signal.SIGKILL)
         await process.wait()
@@ -166,6 +166,7 @@ async def _finish(
         return EXIT_TIMEOUT
     except asyncio.CancelledError:
         _kill_group(process, signal.SIGKILL)
+        pumps.cancel()
         with contextlib.suppress(ProcessLookupError):
             await process.wait()
         raise
@@ -230,7 +231,8 @@ async def _run_on_terminal(
     io.feed(stdin, credited=False)
     feeding = asyncio.create_task(io.serve(master, kill=lambda signo: _kill_group(process, signo)))
     try:
-        output = asyncio.ensure_future(pump_fd(master, False, sink, close=False))
+        ended = asyncio.ensure_future(process.wait())
+        output = asyncio.ensure_future(pump_fd(master, False, sink, close=False, ended=ended))
         return await _finish(process, output, sink, timeout)
     finally:
         feeding.cancel()

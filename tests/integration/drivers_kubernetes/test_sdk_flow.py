@@ -29,6 +29,9 @@ async def test_sdk_flow_on_kubesim(gw: RunningGateway, admin: kc.KubeClient) -> 
         assert (ran.exit_code, ran.stdout) == (0, b"hello from /workspace\n")
         chunks = [e async for e in sb.run_stream(["sh", "-c", "echo one; echo two >&2; exit 3"])]
         assert chunks[-1].exit_code == 3
+        # The exec ends with its command, not with a background child holding its stdout.
+        background = await asyncio.wait_for(sb.run(["sh", "-c", "sleep 100 & echo $!"]), 30)
+        assert (await sb.run(["kill", "-0", background.stdout.decode().strip()])).exit_code == 0
         info = await sb.refresh_ttl(900)
         assert info.lifetime.ttl_seconds == 900
         assert [i.name for i in await client.list()] == ["agent"]

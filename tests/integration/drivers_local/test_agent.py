@@ -283,3 +283,38 @@ async def test_the_host_runner_streams_statuses_and_reaps() -> None:
         assert (code, b"sleep" in out) == (0, False), out
         link.close()
         await asyncio.to_thread(process.wait, 10)
+
+
+# A command that backgrounds a child holding its stdout: 2 MiB of its own output first (more than
+# a pipe holds, so some is still queued when it exits), then the child's pid.
+BACKGROUNDED = "sleep 60 & head -c 2097152 /dev/zero; echo; echo $!; sleep 0.2"
+
+
+async def test_an_exec_ends_when_its_command_exits_not_when_a_background_child_does() -> None:
+    with raw_agent() as (sock, process):
+        link = AgentLink(sock)
+        await link.wait_hello()
+        out = bytearray()
+
+        async def slow_sink(stderr: bool, data: bytes) -> None:
+            out.extend(data)
+            await asyncio.sleep(0.001)  # a reader slower than the command: output is queued at its exit
+
+        start = time.monotonic()
+        code = await asyncio.wait_for(
+            link.run_streaming(["sh", "-c", BACKGROUNDED], env={"PATH": "/usr/bin:/bin"}, cwd="/", sink=slow_sink), 20
+        )
+        assert code == 0
+        assert time.monotonic() - start < 15, "the exec waited for the background sleep"
+        assert out[:2097152] == bytes(2097152), "everything the command wrote is delivered"
+        child = int(out[2097152:].split()[0])
+        # The child runs on: `&` means what it says.
+        assert (await link_run(link, ["kill", "-0", str(child)]))[0] == 0
+        # A child that keeps writing does not keep the exec going either (what it wrote before the
+        # command exited is part of the output; then the pipe is closed, and it gets SIGPIPE).
+        code, out_yes, _ = await asyncio.wait_for(link_run(link, ["sh", "-c", "yes & echo started"]), 20)
+        assert code == 0
+        assert b"started\n" in out_yes
+        assert set(out_yes.replace(b"started\n", b"")) <= set(b"y\n")
+        link.close()
+        await asyncio.to_thread(process.wait, 10)

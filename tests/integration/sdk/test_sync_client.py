@@ -37,6 +37,22 @@ def test_create_returns_ready_warm_and_run_returns_the_output(client: warmshell.
         client.get(sb.name)
 
 
+def test_run_returns_when_the_command_exits_though_a_background_child_holds_its_stdout(
+    client: warmshell.Client,
+) -> None:
+    with client.create() as sb:
+        start = time.monotonic()
+        r = sb.run(["sh", "-c", "sleep 100 & echo $!"], timeout=60)
+        assert r.exit_code == 0
+        assert time.monotonic() - start < 30, "run waited for the background sleep"
+        child = r.stdout.decode().strip()
+        assert sb.run(["kill", "-0", child]).exit_code == 0  # `&` left it running
+        start = time.monotonic()
+        with sb.pty(["sh", "-c", "setsid sleep 100 & echo bye"]) as shell:
+            assert shell.wait() == 0
+        assert time.monotonic() - start < 30, "a job left on the terminal held the exec"
+
+
 def test_secrets_keep_the_create_warm_and_reach_the_workload_by_name_only(client: warmshell.Client) -> None:
     wait_pool_idle(client, "default")
     with client.create(secrets={"API_KEY": "s3cr3t-sdk"}) as sb:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -10,6 +12,8 @@ import pytest
 from warmshell.cli import client, main
 from warmshell.cli.errors import CliError, ExitCode
 from warmshell.cli.options import GlobalOptions, parse_pairs, parse_secrets
+from warmshell.core import profiles
+from warmshell.core.apiranges import MAX_LIFETIME_SECONDS
 from warmshell.sdk import http2
 
 
@@ -197,3 +201,23 @@ def test_bad_secret_flags_never_echo_a_value(values: list[str], files: list[str]
     assert info.value.message.startswith(problem)
     assert "hunter2" not in info.value.message
     assert info.value.code == ExitCode.USAGE
+
+
+@pytest.mark.parametrize("flag", ["--ttl", "--idle-timeout"])
+def test_a_lifetime_beyond_the_apis_uint32_is_refused_before_sending(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    beyond = str(MAX_LIFETIME_SECONDS + 1)
+    assert main.run(["--gateway", "unix:///nonexistent.sock", "sandbox", "create", flag, beyond]) == ExitCode.USAGE
+    assert f"{beyond} is not in 0..{MAX_LIFETIME_SECONDS}" in capsys.readouterr().err
+    # The largest the API carries passes the flag check and fails only at the (absent) gateway.
+    at_most = ["--gateway", "unix:///nonexistent.sock", "sandbox", "create", flag, str(MAX_LIFETIME_SECONDS)]
+    assert main.run(at_most) == ExitCode.UNAVAILABLE
+
+
+def test_the_api_ranges_module_imports_nothing() -> None:
+    # The CLI imports it on every call; a domain import here would put pydantic on that path.
+    probe = "import sys, warmshell.core.apiranges; print(sorted(m for m in sys.modules if 'core' in m or 'pyd' in m))"
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert ran.stdout.strip() == str(["warmshell.core", "warmshell.core.apiranges"])
+    assert MAX_LIFETIME_SECONDS == 2**32 - 1 == profiles.MAX_LIFETIME_SECONDS

@@ -12,7 +12,11 @@ from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import Resources, SandboxSpec, Storage
 from warmshell.drivers.local import cgroups, limits
 
-HUGE_HOST = {"host_cpus": 64, "host_memory": 2**40}
+
+def most(config: LocalDriverConfig, host_cpus: int = 64, host_memory: int = 2**40) -> limits.Maximums:
+    return limits.Maximums.of(config, host_cpus=host_cpus, host_memory=host_memory)
+
+
 V1 = cgroups.Unavailable("cgroup v1 host")
 
 
@@ -97,7 +101,7 @@ def test_requests_over_the_configured_maximum_are_refused() -> None:
     config = LocalDriverConfig(
         max_cpu="2", max_memory="1Gi", max_pids=500, max_storage_size="4Gi", default_memory="1Gi", max_processes=500
     )
-    limits.check_maximum(spec(cpu="2", memory="1Gi", pids=500, storage=Storage(workspace="4Gi")), config, **HUGE_HOST)
+    limits.check_maximum(spec(cpu="2", memory="1Gi", pids=500, storage=Storage(workspace="4Gi")), most(config))
     refusals = [
         (spec(cpu="2100m"), r"spec\.resources\.cpu: '2100m' is more than this gateway allows \(2000m\)"),
         (spec(memory="2Gi"), r"spec\.resources\.memory: '2Gi' is more than this gateway allows \(1Gi\)"),
@@ -107,13 +111,11 @@ def test_requests_over_the_configured_maximum_are_refused() -> None:
     ]
     for refused, message in refusals:
         with pytest.raises(InvalidArgumentError, match=message):
-            limits.check_maximum(refused, config, **HUGE_HOST)
+            limits.check_maximum(refused, most(config))
     # Unset maximums: the host's own size (storage is tmpfs: the host's memory).
     with pytest.raises(InvalidArgumentError, match=r"\(4000m\)"):
-        limits.check_maximum(spec(cpu="5"), LocalDriverConfig(), host_cpus=4, host_memory=2**40)
+        limits.check_maximum(spec(cpu="5"), most(LocalDriverConfig(), host_cpus=4))
     with pytest.raises(
         InvalidArgumentError, match=r"storage\.workspace: '2Gi' is more than this gateway allows \(1Gi\)"
     ):
-        limits.check_maximum(
-            spec(storage=Storage(workspace="2Gi")), LocalDriverConfig(), host_cpus=4, host_memory=2**30
-        )
+        limits.check_maximum(spec(storage=Storage(workspace="2Gi")), most(LocalDriverConfig(), 4, 2**30))

@@ -8,10 +8,10 @@ import pytest
 
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
-from warmshell.core.models import SandboxSpec
+from warmshell.core.models import Resources, SandboxSpec, Storage
 from warmshell.core.profiles import ProfileError, parse_profile
 from warmshell.drivers.base import ComputeDriver
-from warmshell.drivers.local import LocalDriver, admission, cgroups
+from warmshell.drivers.local import LocalDriver, admission, cgroups, limits
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.launching import AGENT_BINARY
 
@@ -70,8 +70,32 @@ def test_a_profile_over_the_maximums_names_its_file_and_key(tmp_path: Path) -> N
     text = 'version = 1\nworkspace = "default"\nreplicas = 1\n[resources]\ncpu = "1500m"\n'
     profile = parse_profile(text, name="big", source="/pools/big.toml", max_replicas=4)
     with pytest.raises(ProfileError) as caught:
-        admission.check_profile(profile, config, host)
+        admission.check_profile(profile, host)
     assert (caught.value.source, caught.value.key) == ("/pools/big.toml", "resources.cpu")
     assert "'1500m' is more than this gateway allows (1000m)" in caught.value.rule
     within = parse_profile(text.replace("1500m", "1"), name="ok", source="/pools/ok.toml", max_replicas=4)
-    admission.check_profile(within, config, host)
+    admission.check_profile(within, host)
+
+
+def test_the_maximums_are_read_once_when_the_driver_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = LocalDriverConfig(
+        bwrap="/nonexistent/bwrap",
+        allow_unisolated=True,
+        max_cpu="2",
+        max_memory="1Gi",
+        max_storage_size="2Gi",
+        default_memory="1Gi",
+    )
+    host = HostSetup.of(config, StatePaths(tmp_path), agent=AGENT_BINARY, cgroup=cgroups.Unavailable("test"))
+    assert host.maximums == limits.Maximums(cpu_millis=2000, memory_bytes=2**30, pids=32768, storage_bytes=2**31)
+
+    def unread(*_args: object, **_kwargs: object) -> int:
+        raise AssertionError("a create re-read a configured maximum")
+
+    monkeypatch.setattr(limits, "cpu_millis", unread)
+    monkeypatch.setattr(limits, "memory_bytes", unread)
+    asked = SandboxSpec(resources=Resources(cpu="2", memory="1Gi"), storage=Storage(workspace="2Gi"))
+    for _ in range(3):
+        admission.check_spec(asked, host)
+    with pytest.raises(InvalidArgumentError, match=r"spec\.resources\.memory: '2Gi' .* \(1Gi\)"):
+        admission.check_spec(SandboxSpec(resources=Resources(memory="2Gi")), host)

@@ -5,7 +5,9 @@ This is the agent-backed implementation of the supervisor's process seam (`Runne
 creates the pipes, keeps the read ends of stdout/stderr and the write end of stdin, and passes
 the other ends to the agent with the EXEC record; output therefore never passes through the
 sandbox's pid 1. A timeout or a cancel sends SIGNAL(SIGKILL) to the command's process group; the
-status comes from EXITED. When the socket closes (the sandbox died) every pending exec fails.
+status comes from EXITED, which also ends the exec (with the output queued by then) even while a
+background child still holds the command's stdout. When the socket closes (the sandbox died)
+every pending exec fails.
 
 An interactive exec (`io`) keeps the write end of stdin and feeds it as input arrives; one on a
 terminal gets a pseudo-terminal of the sandbox's own devpts (opened by `open_terminal`), whose
@@ -140,18 +142,23 @@ class AgentLink:
             io.feed(stdin, credited=False)
             kill = functools.partial(self._signal, exec_id)
             feeding = asyncio.ensure_future(io.serve(in_write, kill=kill))
+        # The exec ends when the command exits, with what it wrote: not when every process that
+        # inherited its stdout closed it (see `pump_fd`).
+        ended = running.exited
         if tty:
-            work = [asyncio.ensure_future(pump_fd(in_write, False, sink, close=False))]
+            work = [asyncio.ensure_future(pump_fd(in_write, False, sink, close=False, ended=ended))]
         else:
             work = [
-                asyncio.ensure_future(pump_fd(out_read, False, sink)),
-                asyncio.ensure_future(pump_fd(err_read, True, sink)),
+                asyncio.ensure_future(pump_fd(out_read, False, sink, ended=ended)),
+                asyncio.ensure_future(pump_fd(err_read, True, sink, ended=ended)),
             ]
             if io is None and in_write >= 0:
                 work.append(asyncio.ensure_future(asyncio.to_thread(_write_all, in_write, stdin)))
         pumps = asyncio.gather(*work)
         try:
             async with asyncio.timeout(timeout):
+                with contextlib.suppress(OSError):  # the sandbox ended: its output ends too, then raised
+                    await asyncio.shield(running.exited)
                 await pumps
                 status = await asyncio.shield(running.exited)
         except TimeoutError:

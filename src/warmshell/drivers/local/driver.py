@@ -106,7 +106,7 @@ class LocalDriver:
         return pooling.PoolSet(
             members=FleetMembers(self._fleet, self._paths.sandboxes, nice=self._host.refill_nice),
             default_image=self.default_image(),
-            validate=functools.partial(admission.check_profile, config=self._config, host=self._host),
+            validate=functools.partial(admission.check_profile, host=self._host),
             probe_seconds=self._config.member_probe_seconds,
             check_seconds=self._config.member_check_seconds,
         )
@@ -169,7 +169,7 @@ class LocalDriver:
 
     def validate(self, workspace: str, spec: SandboxSpec) -> None:
         """Local meaning of a spec (see `admission.check_spec`)."""
-        admission.check_spec(spec, self._config, self._host)
+        admission.check_spec(spec, self._host)
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
         """Serve the request from its warm pool if exactly one matches and has a registered

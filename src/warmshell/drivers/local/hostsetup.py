@@ -1,8 +1,9 @@
 """What the local driver needs from this host, worked out once from its config when the driver is
 made: bubblewrap (or unisolated mode), whether each sandbox gets its own uid (the gateway runs as
 root), the launcher every sandbox starts through with its resource bounds, the cgroup enforcing
-them, the host's size for the maximum-spec check, and the nice value refills start at.
-`LocalDriver.__init__` builds its fleet and pools from a `HostSetup`; nothing in it changes after.
+them, the maximums a spec is checked against (the host's size where unset), and the nice value
+refills start at. `LocalDriver.__init__` builds its fleet and pools from a `HostSetup`; nothing in
+it changes after.
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ class HostSetup:
     uids: UidRange | None
     workspaces: Path | None
     refill_nice: int
-    host_cpus: int
-    host_memory: int
+    maximums: limits.Maximums  # read once here, checked on every create and profile
 
     @classmethod
     def of(
@@ -78,8 +78,11 @@ class HostSetup:
             uids=UidRange(config.sandbox_uid_base, config.sandbox_uid_count) if root else None,
             workspaces=config.sandbox_dir if root else None,
             refill_nice=_refill_nice(config),
-            host_cpus=os.cpu_count() or 1,
-            host_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            maximums=limits.Maximums.of(
+                config,
+                host_cpus=os.cpu_count() or 1,
+                host_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            ),
         )
 
 

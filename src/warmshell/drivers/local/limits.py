@@ -26,7 +26,7 @@ from warmshell.core.quantities import cpu_millis, memory_bytes, render_cpu, rend
 from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.local import cgroups
 
-__all__ = ["PRLIMIT", "Bounds", "check_maximum", "condition", "prlimit_argv", "rlimit_options"]
+__all__ = ["PRLIMIT", "Bounds", "Maximums", "check_maximum", "condition", "prlimit_argv", "rlimit_options"]
 
 PRLIMIT = "/usr/bin/prlimit"  # util-linux, on every Debian
 
@@ -138,29 +138,44 @@ def condition(
     return DriverCondition("ResourceLimits", "False", reason, message)
 
 
-def check_maximum(spec: SandboxSpec, config: LocalDriverConfig, *, host_cpus: int, host_memory: int) -> None:
-    """A request or profile over the configured maximum (default: the host's cpus and memory;
-    storage is tmpfs, so memory too) is refused, naming the field and the rule."""
-    resources, storage = spec.resources, spec.storage
-    if resources.cpu_millis:
-        most = cpu_millis(config.max_cpu, field="local.max_cpu") if config.max_cpu else host_cpus * 1000
-        if resources.cpu_millis > most:
-            raise InvalidArgumentError(
-                "spec.resources.cpu", f"{resources.cpu!r} is more than this gateway allows ({most}m)"
-            )
-    if resources.memory_bytes:
-        _at_most("spec.resources.memory", resources.memory_bytes, config.max_memory, "local.max_memory", host_memory)
-    if resources.pids > config.max_pids:
-        raise InvalidArgumentError(
-            "spec.resources.pids", f"{resources.pids} is more than this gateway allows ({config.max_pids})"
+@dataclass(frozen=True)
+class Maximums:
+    """The most a request or profile may ask for, in amounts: the configured maximums read once
+    (when the driver is made), an unset one being the host's size (storage is tmpfs, so memory)."""
+
+    cpu_millis: int
+    memory_bytes: int
+    pids: int
+    storage_bytes: int
+
+    @classmethod
+    def of(cls, config: LocalDriverConfig, *, host_cpus: int, host_memory: int) -> Maximums:
+        """`[local]`'s `max_cpu`, `max_memory`, `max_pids`, `max_storage_size` on this host."""
+        return cls(
+            cpu_millis=cpu_millis(config.max_cpu, field="local.max_cpu") if config.max_cpu else host_cpus * 1000,
+            memory_bytes=_size(config.max_memory, "local.max_memory") or host_memory,
+            pids=config.max_pids,
+            storage_bytes=_size(config.max_storage_size, "local.max_storage_size") or host_memory,
         )
-    for field, size in (("storage.workspace", storage.workspace_bytes), ("storage.tmp", storage.tmp_bytes)):
-        if size:
-            _at_most(field, size, config.max_storage_size, "local.max_storage_size", host_memory)
 
 
-def _at_most(field: str, size: int, maximum: str, maximum_field: str, default: int) -> None:
-    most = memory_bytes(maximum, field=maximum_field) if maximum else default
+def check_maximum(spec: SandboxSpec, most: Maximums) -> None:
+    """A request or profile over the maximum is refused, naming the field and the rule."""
+    resources, storage = spec.resources, spec.storage
+    if resources.cpu_millis > most.cpu_millis:
+        raise InvalidArgumentError(
+            "spec.resources.cpu", f"{resources.cpu!r} is more than this gateway allows ({most.cpu_millis}m)"
+        )
+    _at_most("spec.resources.memory", resources.memory_bytes, most.memory_bytes)
+    if resources.pids > most.pids:
+        raise InvalidArgumentError(
+            "spec.resources.pids", f"{resources.pids} is more than this gateway allows ({most.pids})"
+        )
+    _at_most("storage.workspace", storage.workspace_bytes, most.storage_bytes)
+    _at_most("storage.tmp", storage.tmp_bytes, most.storage_bytes)
+
+
+def _at_most(field: str, size: int, most: int) -> None:
     if size > most:
         shown = render_memory(size)
         raise InvalidArgumentError(field, f"{shown!r} is more than this gateway allows ({render_memory(most)})")
