@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from warmshell.core.apiranges import MAX_LIFETIME_SECONDS
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
 from warmshell.core.models import Storage
-from warmshell.core.profiles import MAX_LIFETIME_SECONDS
 from warmshell.core.quantities import cpu_millis, memory_bytes
 from warmshell.core.validation import validate_environment_patterns
 from warmshell.drivers.kubernetes import labels, rendering
