@@ -207,8 +207,22 @@ async def burst(gw: GatewayProcess, pools: Path, size: int, run: int) -> dict[st
     }
 
 
+async def quiesce(gw: GatewayProcess, timeout: float = 120) -> None:
+    """Until the gateway is quiet: the same processes under it for a second and under 10 ms of its
+    CPU in that second. The bursts before the fill leave hundreds of sandboxes and drained members
+    stopping; a fill that overlapped them would count their teardown as its own work."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before, cpu = descendants(gw.process.pid), cpu_ns(gw.process.pid)
+        await asyncio.sleep(1.0)
+        if descendants(gw.process.pid) == before and cpu_ns(gw.process.pid) - cpu < 10_000_000:
+            return
+    raise TimeoutError(f"the gateway was still busy after {timeout:.0f} s")
+
+
 async def fill(gw: GatewayProcess, pools: Path, size: int) -> dict[str, Any]:
     """Fill a fresh pool of `size` from nothing; members/s, CPU per member start, idle PSS."""
+    await quiesce(gw)
     gateway_pss, known = pss_kb(gw.process.pid), descendants(gw.process.pid)
     gateway_ns, start = cpu_ns(gw.process.pid), time.perf_counter()
     write_profile(pools, "fill", size, FILL_ENV)
