@@ -38,15 +38,16 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
-    """p50/p90/p99/min/max/mean of a sample, in the sample's unit."""
+    """p50/p90/p99/min/max/mean of a sample, in the sample's unit (NaN for an empty sample, as
+    `percentile` gives: a run whose every create failed still reports its row)."""
     return {
         "n": len(values),
         "p50": percentile(values, 50),
         "p90": percentile(values, 90),
         "p99": percentile(values, 99),
-        "min": min(values),
-        "max": max(values),
-        "mean": statistics.fmean(values),
+        "min": min(values, default=float("nan")),
+        "max": max(values, default=float("nan")),
+        "mean": statistics.fmean(values) if values else float("nan"),
     }
 
 

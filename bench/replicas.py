@@ -521,8 +521,6 @@ async def _sustain(
     requests = await _request_counts(setup.cluster)
     per_create = {k: (n - requests_before.get(k, 0)) / max(len(outcomes), 1) for k, n in requests.items()}
     cold = sum(r.status.allocation != "warm" for _, r in results)
-    if failures and not results:
-        raise RuntimeError(f"every create at {rate:g}/s failed, e.g. {failures[:3]}")
     stats = summary([ms for ms, _ in results])
     kept_up = cold == 0 and not failures and stats["p99"] <= READY_P99_LIMIT_MS
     await setup.delete_all()
