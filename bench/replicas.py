@@ -580,7 +580,9 @@ async def _sustain(
     async def one(name: str) -> tuple[float, pb.Sandbox] | str:
         try:
             result = await setup.create_ready(name, timeout=300)
-        except (grpc.aio.AioRpcError, AssertionError) as exc:  # an error, or never Ready: counted
+        except grpc.aio.AioRpcError as exc:  # counted, with what the gateway said
+            return f"{name}: {exc.code().name}: {(exc.details() or '')[:200]}"
+        except AssertionError as exc:  # never Ready
             return f"{name}: {str(exc).splitlines()[0][:200]}"
         await setup.front.DeleteSandbox(pb.SandboxRef(name=name), metadata=setup.replicas.metadata)
         return result
