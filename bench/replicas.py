@@ -15,8 +15,10 @@ through it:
    pre-fill plus `--poisson-surplus`), so the pool controller refills at most the surplus while
    the creates run. Each kubesim pod is a real process (PSS per pod is measured and reported):
    the pre-fill plus the surplus is sized down, loudly and in the results, when the memory
-   available above `--memory-reserve-mib` cannot hold them at `--pod-mib` each, and the run stops
-   if available memory falls under `--memory-floor-mib`;
+   available above `--memory-reserve-mib` cannot hold them at `--pod-mib` each; the pre-fill is
+   paced (`--fill-step` pods at a time, each step waited for, and it stops early, loudly, when the
+   MemAvailable measured per pod says the rest would not fit), and the run stops if available
+   memory falls under `--memory-floor-mib`;
 5. the highest rate sustained for `--sustain-seconds` on `default` timing, with `--sustain-replicas`
    gateways (3): a search (`ratesearch`) doubling from `--search-start` until a step fails, then
    bisecting between the highest that held and the lowest that failed down to `--resolution`.
