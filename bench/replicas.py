@@ -15,14 +15,19 @@ through it:
    pre-fill plus `--poisson-surplus`), so the pool controller refills at most the surplus while
    the creates run. Each kubesim pod is a real process (PSS per pod is measured and reported):
    the pre-fill plus the surplus is sized down, loudly and in the results, when the memory
-   available above `--memory-reserve-mib` cannot hold them at `--pod-mib` each, and the run stops
-   if available memory falls under `--memory-floor-mib`;
-5. the highest rate sustained for `--sustain-seconds` on `default` timing with refills keeping up
-   (no create fails or goes cold, Ready p99 stays under 5 s), with `--sustain-replicas` gateways
-   (3): `--rates` tried in order until one fails, then the midpoint between the last that held
-   and it. Each rate reports the CPU per create of every process (kubesim's API server and
-   controllers, its pods, each gateway, Postgres, this process) net of what each spends idle,
-   and the gateways' kubesim requests per create; `--profile-dir` adds py-spy stacks.
+   available above `--memory-reserve-mib` cannot hold them at `--pod-mib` each; the pre-fill is
+   paced (`--fill-step` pods at a time, each step waited for, and it stops early, loudly, when the
+   MemAvailable measured per pod says the rest would not fit), and the run stops if available
+   memory falls under `--memory-floor-mib`;
+5. the highest rate sustained for `--sustain-seconds` on `default` timing, with `--sustain-replicas`
+   gateways (3): a search (`ratesearch`) doubling from `--search-start` until a step fails, then
+   bisecting between the highest that held and the lowest that failed down to `--resolution`.
+   A step holds when no create fails or goes cold, Ready p99 stays under 5 s, and the refills
+   keep up: the pool's deficit of idle members (sampled from its status every 0.5 s) does not
+   grow while the creates arrive. Every step starts from a full pool and a quiet cluster. Each
+   reports the CPU per create of every process (kubesim's API server and controllers, its pods,
+   each gateway, Postgres, this process) net of what each spends idle, and the gateways'
+   kubesim requests per create; `--profile-dir` adds py-spy stacks.
 
 `--parts` runs a subset (fast, poisson, sustained).
 
@@ -48,6 +53,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+import ratesearch
 from harness import summary, write_results
 from memory import MemoryGuard, MemoryLow, available_mib, descendants, is_kubesim_process, pods_pss_mib
 
@@ -85,6 +91,8 @@ class Setup:
         self.stack = AsyncExitStack()
         self.replicas: ReplicaSet
         self.postgres_pid = 0  # the server's postmaster, for CPU figures (0: not known)
+        self.logs_dir: Path | None = None  # where the replicas' logs are copied on close
+        self.log_level = "WARNING"
 
     async def start(self, count: int) -> None:
         holder: list[ReplicaSet] = []
@@ -101,7 +109,7 @@ class Setup:
         self.replicas = await self.stack.enter_async_context(
             replica_set(self.root, store_url=self.store_url, password_file=self.password_file, driver=driver)
         )
-        self.replicas.settings["log_level"] = "WARNING"
+        self.replicas.settings["log_level"] = self.log_level
         holder.append(self.replicas)
         for _ in range(count):
             await self.replicas.start_one()
@@ -168,6 +176,10 @@ class Setup:
 
     async def aclose(self) -> None:
         await self.stack.aclose()
+        if self.logs_dir is not None:  # the replicas' logs outlive the run's temporary directory
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            for replica in self.replicas.replicas:
+                (self.logs_dir / f"{self.root.name}-{replica.id}.log").write_text(replica.log())
 
 
 async def sequential_and_burst(setup: Setup, *, sequential: int, pool: int, burst: int) -> dict[str, Any]:
@@ -311,16 +323,57 @@ async def idle_cpu_ms_per_second(setup: Setup, seconds: float) -> dict[str, floa
     return {k: v / seconds for k, v in cpu.delta_ms().items()}
 
 
-async def poisson(setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib: float, surplus: int) -> dict[str, Any]:
+FILL_MARGIN = 1.25  # on the measured MemAvailable per pod: a start's transient, claimed pods' extra
+
+
+async def paced_fill(setup: Setup, wanted: int, *, step: int, surplus: int) -> tuple[int, list[dict[str, float]]]:
+    """Fill the pool towards `wanted` `step` pods at a time: raise `spec.replicas`, wait until
+    every member is idle on the gateways, and measure what a pod costs in MemAvailable so far.
+    The next step goes only if it and the `surplus` the run refills fit above the guard's reserve
+    at that cost (x FILL_MARGIN); else the fill stops where it is, said loudly. Before, the whole
+    pre-fill was asked at once: 450 supervisors starting together took MemAvailable from 22 GiB
+    to 2.9 GiB and the load to ~1,400. Returns the pool reached and each step's figures."""
+    available_before = available_mib()
+    asked = min(step, wanted)
+    await setup.pool(asked)
+    started, steps = time.perf_counter(), []
+    while True:
+        await setup.wait_idle(asked, timeout=900)
+        available = available_mib()
+        per_pod = max((available_before - available) / asked, 1.0)
+        seconds = time.perf_counter() - started
+        steps.append({"pods": asked, "seconds": seconds, "available_mib": available, "mib_per_pod": per_pod})
+        print(f"fill: {asked} pods idle, {available:.0f} MiB available, {per_pod:.1f} MiB per pod", file=sys.stderr)
+        if asked >= wanted:
+            return asked, steps
+        room_pods = int((available - setup.guard.reserve_mib) // (per_pod * FILL_MARGIN)) - surplus
+        target = min(asked + step, wanted, asked + max(room_pods, 0))
+        if target < min(asked + step, wanted):
+            print(
+                f"\n*** MEMORY: the fill stops at {target} of {wanted} pods: {available:.0f} MiB available, "
+                f"{setup.guard.reserve_mib:.0f} MiB kept for others, {per_pod:.1f} MiB per pod measured "
+                f"(x{FILL_MARGIN:g}), {surplus} more for the run's refills. ***\n",
+                file=sys.stderr,
+                flush=True,
+            )
+            if target <= asked:
+                return asked, steps
+        await setup.cluster.admin.patch(kc.POOLS, NAMESPACE, POOL, {"spec": {"replicas": target}})
+        asked = target
+
+
+async def poisson(
+    setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib: float, surplus: int, fill_step: int
+) -> dict[str, Any]:
     """As many warm creates as the pool holds, with exponential gaps at `rate`/s, against a pool
-    pre-filled to `wanted` (fewer, said loudly, when memory cannot hold them)."""
-    pool = count = setup.guard.fit(wanted + surplus, pod_mib, "warm kubesim pods (pool and surplus)") - surplus
-    if pool <= 0:
+    pre-filled to `wanted` in paced steps (fewer, said loudly, when memory cannot hold them)."""
+    fits = setup.guard.fit(wanted + surplus, pod_mib, "warm kubesim pods (pool and surplus)") - surplus
+    if fits <= 0:
         raise MemoryLow(f"not even {surplus + 1} kubesim pods fit in the memory available")
-    await setup.pool(pool)
-    filling, available_before = time.perf_counter(), available_mib()
-    await setup.wait_idle(pool, timeout=1800)
-    fill_seconds = time.perf_counter() - filling
+    available_before = available_mib()
+    pool, fill_steps = await paced_fill(setup, fits, step=fill_step, surplus=surplus)
+    count = pool
+    fill_seconds = fill_steps[-1]["seconds"]
     memory = await setup.pod_memory()
     # What PSS misses (page tables, each pod's namespaces and tmpfs root), if nobody else moved.
     memory["available_drop_mib_per_pod"] = (available_before - available_mib()) / max(pool, 1)
@@ -376,6 +429,7 @@ async def poisson(setup: Setup, *, rate: float, wanted: int, seed: int, pod_mib:
         "lowest_available_mib": refill.lowest_available_mib,
         "available_mib_before_creates": available_before_creates,
         "pool_fill_seconds": fill_seconds,
+        "fill_steps": fill_steps,
         "pod_memory": memory,
         "sent_over_seconds": sent_seconds,
         "cpu_ms_per_create": cpu_ms,
@@ -438,27 +492,65 @@ class RefillStop:
 
 
 async def sustained(
-    setup: Setup, *, rates: list[float], seconds: float, pool: int, profile: Path | None = None
+    setup: Setup, *, search: ratesearch.Search, seconds: float, pool: int, profile: Path | None = None
 ) -> dict[str, Any]:
-    """`rates` in order for `seconds` each (creates deleted once Ready, so the pool refills) until
-    one fails (a create went cold, or Ready p99 over the limit), then the midpoint between the last
-    that held and the first that failed: the highest rate found to hold is reported."""
+    """The highest rate sustained for `seconds`: `search` picks each step's rate (doubling, then
+    bisection) from its outcome. One pool for every step (creates are deleted once Ready, so it
+    refills), and each step starts from a full pool and a quiet cluster (what the step before
+    left starting or stopping would count against it)."""
+    await setup.pool(pool)
+    await setup.wait_idle(pool)
     tried: list[dict[str, Any]] = []
-    best = 0.0
-    failed: float | None = None
-    for rate in rates:
+    while (rate := search.next_rate()) is not None:
+        settled = await settle(setup, pool)
         row = await _sustain(setup, rate, seconds=seconds, pool=pool, profile=profile)
+        row["settle_seconds"] = settled
         tried.append(row)
-        if not row["kept_up"]:
-            failed = rate
-            break
-        best = rate
-    if failed is not None and best and failed - best > 0.5:
-        middle = round((best + failed) / 2, 1)
-        row = await _sustain(setup, middle, seconds=seconds, pool=pool, profile=profile)
-        tried.append(row)
-        best = middle if row["kept_up"] else best
-    return {"seconds": seconds, "pool": pool, "tried": tried, "highest_sustained_rate": best}
+        search.record(rate, row["kept_up"])
+        print(
+            f"sustained {rate:g}/s: kept up {row['kept_up']} ({row['why_not'] or 'all checks held'})",
+            file=sys.stderr,
+            flush=True,
+        )
+    await setup.delete_all()
+    await setup.wait_pods_gone()
+    return {
+        "seconds": seconds,
+        "pool": pool,
+        "tried": tried,
+        "highest_sustained_rate": search.held,
+        "lowest_failed_rate": search.failed,
+        "resolution": search.resolution,
+    }
+
+
+async def settle(setup: Setup, pool: int, *, quiet_ms_per_second: float = 300.0, timeout: float = 120.0) -> float:
+    """Until the pool is full again (every member idle on the gateways, no pod of a deleted
+    sandbox left) and our processes are quiet (under `quiet_ms_per_second` of CPU over a second,
+    the machine's others not counted), at most `timeout`; returns the seconds it took."""
+    started = time.perf_counter()
+    await setup.wait_idle(pool)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            while len((await setup.cluster.admin.list_objects(kc.PODS, NAMESPACE)).get("items") or []) > pool:
+                await asyncio.sleep(0.5)
+            while True:
+                cpu = CpuSplit(setup)
+                await asyncio.sleep(1.0)
+                split = cpu.delta_ms()
+                if sum(v for k, v in split.items() if k != "others on the machine") < quiet_ms_per_second:
+                    break
+    return time.perf_counter() - started
+
+
+async def sample_pool(setup: Setup, started: float, into: list[tuple[float, int]]) -> None:
+    """The pool's ready (idle) members every 0.5 s, as (seconds since `started`, count), from
+    kubesim's pool status, until cancelled."""
+    while True:
+        with contextlib.suppress(kc.ApiError):
+            pool = await setup.cluster.admin.get(kc.POOLS, NAMESPACE, POOL)
+            into.append((time.perf_counter() - started, int((pool.get("status") or {}).get("readyReplicas") or 0)))
+        await asyncio.sleep(0.5)
 
 
 def _spy(setup: Setup, directory: Path | None, label: str, seconds: float) -> list[subprocess.Popen[bytes]]:
@@ -483,8 +575,6 @@ async def _sustain(
     setup: Setup, rate: float, *, seconds: float, pool: int, profile: Path | None = None
 ) -> dict[str, Any]:
     """One rate for `seconds`, from a full pool of `pool`."""
-    await setup.pool(pool)
-    await setup.wait_idle(pool)
     idle = await idle_cpu_ms_per_second(setup, IDLE_SECONDS)
     rng = random.Random(int(rate * 1000))
     tasks = []
@@ -492,7 +582,9 @@ async def _sustain(
     async def one(name: str) -> tuple[float, pb.Sandbox] | str:
         try:
             result = await setup.create_ready(name, timeout=300)
-        except (grpc.aio.AioRpcError, AssertionError) as exc:  # an error, or never Ready: counted
+        except grpc.aio.AioRpcError as exc:  # counted, with what the gateway said
+            return f"{name}: {exc.code().name}: {(exc.details() or '')[:200]}"
+        except AssertionError as exc:  # never Ready
             return f"{name}: {str(exc).splitlines()[0][:200]}"
         await setup.front.DeleteSandbox(pb.SandboxRef(name=name), metadata=setup.replicas.metadata)
         return result
@@ -501,13 +593,18 @@ async def _sustain(
     requests_before = await _request_counts(setup.cluster)
     spies = _spy(setup, profile, f"{len(setup.replicas.replicas)}gw-{rate:g}", seconds)
     started = time.perf_counter()
+    samples: list[tuple[float, int]] = []
+    sampler = asyncio.create_task(sample_pool(setup, started, samples))
     deadline = started + seconds
     i = 0
     while time.perf_counter() < deadline:
-        tasks.append(asyncio.create_task(one(f"s{rate:g}-{i}")))
+        tasks.append(asyncio.create_task(one(f"s{ratesearch.rate_token(rate)}-{i}")))
         i += 1
         await asyncio.sleep(rng.expovariate(rate))
+    sending = time.perf_counter() - started
     outcomes = await asyncio.gather(*tasks)
+    sampler.cancel()
+    await asyncio.gather(sampler, return_exceptions=True)
     results = [r for r in outcomes if not isinstance(r, str)]
     failures = [r for r in outcomes if isinstance(r, str)]
     for spy in spies:
@@ -522,8 +619,21 @@ async def _sustain(
     per_create = {k: (n - requests_before.get(k, 0)) / max(len(outcomes), 1) for k, n in requests.items()}
     cold = sum(r.status.allocation != "warm" for _, r in results)
     stats = summary([ms for ms, _ in results])
-    kept_up = cold == 0 and not failures and stats["p99"] <= READY_P99_LIMIT_MS
-    await setup.delete_all()
+    growth = ratesearch.deficit_growth_per_second(samples, pool, 0.0, sending)
+    least_idle = min((n for _, n in samples), default=0)
+    # A pool that ran dry hides a growing deficit (it cannot grow past the pool): not kept up.
+    refills = ratesearch.refills_kept_up(growth, rate, sending) and least_idle > 0
+    why_not = ", ".join(
+        why
+        for why, failed in (
+            (f"{len(failures)} failed", bool(failures)),
+            (f"{cold} cold", cold > 0),
+            (f"Ready p99 {stats['p99']:.0f} ms > {READY_P99_LIMIT_MS:.0f}", not stats["p99"] <= READY_P99_LIMIT_MS),
+            ("the pool ran dry", least_idle == 0),
+            (f"refills short by {growth:.2f} pods/s", least_idle > 0 and not refills),
+        )
+        if failed
+    )
     return {
         "rate": rate,
         "creates": len(outcomes),
@@ -531,7 +641,14 @@ async def _sustain(
         "failures": failures[:5],
         "not_warm": cold,
         "ms": stats,
-        "kept_up": kept_up,
+        "kept_up": not why_not,
+        "why_not": why_not,
+        # The pool's deficit (pool - idle) growth while creates arrived: ~0 when refills keep up.
+        "deficit_growth_per_second": growth,
+        "refills_kept_up": refills,
+        "least_idle": least_idle,
+        "pool_samples": samples,
+        "sending_seconds": sending,
         "seconds": wall,
         "cpu_ms_per_create": cpu_ms,
         "net_cpu_ms_per_create": net_ms,
@@ -551,8 +668,11 @@ async def with_setup(
     store_url: str,
     password_file: Path,
     guard: MemoryGuard,
+    logs_dir: str = "",
 ) -> Setup:
     setup = Setup(cluster, root / name, store_url=store_url, password_file=password_file, guard=guard)
+    if logs_dir:  # kept for a post-mortem, at INFO
+        setup.logs_dir, setup.log_level = Path(logs_dir), "INFO"
     await setup.start(replicas)
     return setup
 
@@ -582,6 +702,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         store_url=url,
                         password_file=password,
                         guard=guard,
+                        logs_dir=args.logs_dir,
                     )
                     try:
                         result = await sequential_and_burst(
@@ -608,6 +729,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         store_url=url,
                         password_file=password,
                         guard=guard,
+                        logs_dir=args.logs_dir,
                     )
                     setup.postgres_pid = _postmaster_pid(server.base)
                     try:
@@ -620,6 +742,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                     seed=1251,
                                     pod_mib=args.pod_mib,
                                     surplus=args.poisson_surplus,
+                                    fill_step=args.fill_step,
                                 )
                             )
                             data["poisson"].append({"replicas": count, **result, "load_average": os.getloadavg()})
@@ -627,7 +750,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         if count in sustain_counts:
                             found = await sustained(
                                 setup,
-                                rates=args.rates,
+                                search=ratesearch.Search(
+                                    args.search_start, args.search_cap, args.resolution, args.max_steps
+                                ),
                                 seconds=args.sustain_seconds,
                                 pool=args.pool,
                                 profile=Path(args.profile_dir) if args.profile_dir else None,
@@ -723,7 +848,10 @@ def _poisson_table(rows: list[dict[str, Any]]) -> str:
         notes += (
             f"\n{row['replicas']} gateway(s): MemAvailable {row['available_mib_before_creates']:.0f} MiB with the pool "
             f"full, at least {row['lowest_available_mib']:.0f} MiB while the creates ran; "
-            f"{row['pod_memory']['available_drop_mib_per_pod']:.1f} MiB less per pod filled.\n"
+            f"{row['pod_memory']['available_drop_mib_per_pod']:.1f} MiB less per pod filled. Pre-fill in "
+            f"{len(row['fill_steps'])} paced steps (pods idle at s, MiB available): "
+            + ", ".join(f"{f['pods']} at {f['seconds']:.0f} s ({f['available_mib']:.0f})" for f in row["fill_steps"])
+            + ".\n"
         )
         if row["pool"] < row["pool_wanted"]:
             notes += f"\n**Reduced:** the pool was {row['pool']}, not {row['pool_wanted']}: memory did not allow it.\n"
@@ -739,16 +867,26 @@ def _sustained_table(found: dict[str, Any]) -> str:
     seconds, pool, replicas = found["seconds"], found["pool"], found["replicas"]
     text = f"\n### Highest rate sustained for {seconds:g} s, {replicas} gateway(s), pool {pool}, kubesim `default`\n\n"
     parts = list(found["tried"][0]["net_cpu_ms_per_create"]) if found["tried"] else []
-    text += "| rate/s | creates | failed | not warm | p50 | p99 | kept up | load avg | " + " | ".join(parts) + " |\n"
-    text += "|---|---|---|---|---|---|---|---|" + "---|" * len(parts) + "\n"
+    text += "| rate/s | creates | failed | not warm | p50 | p99 | deficit growth /s | least idle | kept up "
+    text += "| load avg | " + " | ".join(parts) + " |\n"
+    text += "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(parts) + "\n"
     for row in found["tried"]:
         cpu = row["net_cpu_ms_per_create"]
+        verdict = "yes" if row["kept_up"] else f"no: {row['why_not']}"
         text += (
-            f"| {row['rate']:g} | {row['creates']} | {row.get('failed', 0)} | {row['not_warm']} "
-            f"| {row['ms']['p50']:.0f} | {row['ms']['p99']:.0f} | {row['kept_up']} | {row['load_average'][0]:.1f} | "
+            f"| {row['rate']:g} | {row['creates']} | {row['failed']} | {row['not_warm']} "
+            f"| {row['ms']['p50']:.0f} | {row['ms']['p99']:.0f} | {row['deficit_growth_per_second']:.2f} "
+            f"| {row['least_idle']} | {verdict} | {row['load_average'][0]:.1f} | "
             + " | ".join(f"{cpu.get(p, 0.0):.0f}" for p in parts)
             + " |\n"
         )
+    text += (
+        "\nA step holds when no create failed or went cold, Ready p99 <= "
+        f"{READY_P99_LIMIT_MS:.0f} ms, and the refills kept up: the pool's deficit (pool - idle, from its status "
+        "every 0.5 s) grew between the second and the last quarter of the step by at most "
+        f"{ratesearch.REFILL_SHORTFALL_SHARE:.0%} of the rate (or {ratesearch.REFILL_NOISE_PODS:g} pods over that "
+        "span) and the pool never ran dry. Each step starts from a full pool and a quiet cluster.\n"
+    )
     text += (
         "\nCPU columns: ms of CPU per create, from the first create sent to the last one Ready and deleted, net "
         f"of what the same part spends idle (measured for {IDLE_SECONDS:g} s before each rate, full pool); "
@@ -760,7 +898,9 @@ def _sustained_table(found: dict[str, Any]) -> str:
     for row in found["tried"]:
         calls = ", ".join(f"{k} {v:g}" for k, v in row["api_requests_per_create"].items())
         text += f"\nAt {row['rate']:g}/s, the gateways' kubesim requests per create: {calls}\n"
-    return text + f"\nHighest sustained: **{found['highest_sustained_rate']:g}/s**.\n"
+    failed = found["lowest_failed_rate"]
+    bound = f" (the lowest that failed: {failed:g}/s)" if failed is not None else " (the cap held)"
+    return text + f"\nHighest sustained: **{found['highest_sustained_rate']:g}/s**{bound}.\n"
 
 
 def main() -> None:
@@ -778,6 +918,9 @@ def main() -> None:
         help="pods kept above the creates still to send (their claims not bound yet); the most a run refills",
     )
     parser.add_argument(
+        "--fill-step", type=int, default=50, help="pods the Poisson pre-fill adds at a time (then waits for them)"
+    )
+    parser.add_argument(
         "--pod-mib",
         type=float,
         default=32.0,
@@ -787,7 +930,12 @@ def main() -> None:
     parser.add_argument(
         "--memory-floor-mib", type=float, default=4096.0, help="the run stops when available memory falls under it"
     )
-    parser.add_argument("--rates", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--search-start", type=float, default=2.0, help="the sustained search's first rate, /s")
+    parser.add_argument("--search-cap", type=float, default=16.0, help="the highest rate the search tries, /s")
+    parser.add_argument(
+        "--resolution", type=float, default=0.5, help="the search ends when held and failed are this close"
+    )
+    parser.add_argument("--max-steps", type=int, default=7, help="steps of the sustained search at most")
     parser.add_argument("--parts", default="fast,poisson,sustained")
     parser.add_argument("--sustain-seconds", type=float, default=60.0)
     parser.add_argument(
@@ -800,6 +948,9 @@ def main() -> None:
         "--profile-dir",
         default="",
         help="py-spy collapsed stacks of kubesim and each gateway during each sustained rate (needs py-spy)",
+    )
+    parser.add_argument(
+        "--logs-dir", default="", help="keep every replica's log (at INFO) here, copied when its setup closes"
     )
     parser.add_argument("--name", default="replicas")
     args = parser.parse_args()

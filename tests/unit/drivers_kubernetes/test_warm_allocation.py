@@ -105,6 +105,32 @@ async def test_idle_counts_registrations_up_to_the_pools_ready_count() -> None:
         await warm.aclose()
 
 
+async def test_a_member_whose_registration_is_gone_leaves_the_idle_count() -> None:
+    """A member deleted unclaimed (its supervisor's stream ended) is forgotten: before, it stayed
+    counted for good, and a pool recreated with the same shape read as idle too early."""
+    held = {InstanceId("a"), InstanceId("b")}
+
+    class Holding(NoActivator):
+        def holds(self, instance_id: Any) -> bool:
+            return instance_id in held
+
+    warm = await opened(Api([]), Pools(pool()), Hub())  # the pool says 2 ready
+    try:
+        warm.start(Holding())
+        fp = pool().fingerprint
+        for uid in ("a", "b"):
+            warm.registered(InstanceId(uid), WarmPending(pool=fp))
+        assert [p.idle for p in warm.views()] == [2]
+        held.discard(InstanceId("b"))  # b's pod was deleted: its registration ended
+        assert [p.idle for p in warm.views()] == [1]
+        held.add(InstanceId("b"))
+        assert [p.idle for p in warm.views()] == [1]  # forgotten, not hidden: it must register again
+        warm.registered(InstanceId("b"), WarmPending(pool=fp))
+        assert [p.idle for p in warm.views()] == [2]
+    finally:
+        await warm.aclose()
+
+
 def test_idle_members_are_counted_by_pool_until_activated() -> None:
     idle = poolcache.IdleMembers()
     a, b = Fingerprint("a" * 64), Fingerprint("b" * 64)
@@ -115,6 +141,8 @@ def test_idle_members_are_counted_by_pool_until_activated() -> None:
     idle.activated(InstanceId("p2"))
     idle.activated(InstanceId("never-registered"))
     assert idle.counts() == {a: 1, b: 1}
+    idle.keep_held(lambda instance_id: instance_id != InstanceId("p3"))
+    assert idle.counts() == {a: 1}
 
 
 async def test_an_activated_claim_publishes_claimed_and_leaves_the_idle_count() -> None:

@@ -47,8 +47,9 @@ class PoolStats:
 
 class IdleMembers:
     """Warm-pending pods registered with this gateway, by fingerprint: added by registration,
-    removed by the claim activation that binds one (a member deleted unclaimed stays counted, so
-    a count is bounded by the pool's own ready count where it is shown)."""
+    removed by the claim activation that binds one, or by `keep_held` once the registration is
+    gone (a member deleted unclaimed: its stream ended). Between the two a count is bounded by
+    the pool's own ready count where it is shown."""
 
     def __init__(self) -> None:
         self._members: dict[InstanceId, Fingerprint] = {}
@@ -60,6 +61,14 @@ class IdleMembers:
     def activated(self, instance_id: InstanceId) -> None:
         """The pod was activated for a sandbox: no longer idle."""
         self._members.pop(instance_id, None)
+
+    def keep_held(self, held: Callable[[InstanceId], bool]) -> None:
+        """Forget the members whose registration `held` no longer finds here. Without it every
+        member deleted unclaimed (a pool scaled down or deleted) stayed counted for the life of
+        the gateway: the set grew with every pool ever emptied, and a pool recreated with the
+        same shape read as idle as soon as its ready count allowed."""
+        for instance_id in [i for i in self._members if not held(i)]:
+            del self._members[instance_id]
 
     def counts(self) -> collections.Counter[Fingerprint]:
         """Registered idle members by pool fingerprint."""

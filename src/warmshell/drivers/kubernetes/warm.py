@@ -249,6 +249,8 @@ class WarmAllocation:
 
     def views(self) -> builtins.list[PoolView]:
         """The opted-in warm pools, with the ones that can never be matched flagged."""
+        if self._activator is not None:
+            self._idle.keep_held(self._activator.holds)
         idle = self._idle.counts()
         entries = self._pools.entries()
         shared = poolshapes.shared_shapes((pool.name, pool.fingerprint) for pool in entries if pool.shape)
