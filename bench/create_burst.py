@@ -16,10 +16,11 @@ For each burst size N, a pool of N is filled and settled, then N creates start a
 connections of 25 creates each: one HTTP/2 connection carries at most 128 streams). Figures:
 wall until all are Ready, when the CreateSandbox calls returned, per-create Ready p50/p99, and
 the gateway process's CPU from `/proc/<pid>/task/*/schedstat` (exact, per thread) split into its
-event loop, the store's worker thread (`ws-sqlite`), gRPC's C-core threads and the rest (the
-spawner, the executor). Refills run during a burst (one member at a time while creates are
-served): their count is reported and the figure is also given net of them, at the gateway CPU
-per member start measured on the same variant's pool fill.
+event loop, the store's worker thread (`ws-sqlite`), gRPC's C-core threads, the local driver's
+spawner thread (`warmshell-spawn`) and the rest (the default executor's `to_thread` workers).
+Refills run during a burst (one member at a time while creates are served): their count is
+reported and the figure is also given net of them, at the gateway CPU per member start measured
+on the same variant's pool fill.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def thread_ns(pid: int) -> dict[str, int]:
             group = "store worker"
         elif comm.startswith(("grpc", "event_engine", "default-executo", "resolver", "timer")):
             group = "gRPC C-core"
+        elif comm.startswith("warmshell-spawn"):
+            group = "spawner"
         else:
             group = "other threads"
         split[group] += ns
@@ -235,7 +238,7 @@ def table(data: dict[str, Any]) -> str:
         "Medians over the runs (each run's figure in brackets). Gateway CPU per create from "
         "/proc/<pid>/task/*/schedstat, all its threads.\n\n"
     )
-    groups = ["event loop", "store worker", "gRPC C-core", "other threads"]
+    groups = ["event loop", "store worker", "gRPC C-core", "spawner", "other threads"]
     text += (
         "| variant | burst | all Ready ms | calls returned p50 / max ms | Ready p50 / p99 ms | warm "
         "| client CPU ms/create | gateway CPU ms/create | net of refills | "
