@@ -207,6 +207,23 @@ async def burst(gw: GatewayProcess, pools: Path, size: int, run: int) -> dict[st
     }
 
 
+async def why_cold(gw: GatewayProcess) -> dict[str, int]:
+    """The gateway's counts so far of cold creates by reason (ListPools) and of idle members it
+    replaced because they did not answer a liveness probe (its log, at WARNING)."""
+    pools = await gw.pools()
+    log = (gw.state / "gateway.log").read_text(errors="replace")
+    return {
+        **{f"cold: {reason}": count for reason, count in pools.misses_by_reason.items()},
+        "claimed members that missed their probe": log.count("did not answer its liveness probe"),
+        "idle members that missed a liveness check": log.count("did not answer its liveness check"),
+    }
+
+
+def why_cold_since(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """What `why_cold` counted between two readings."""
+    return {key: after[key] - before.get(key, 0) for key in after if after[key] - before.get(key, 0)}
+
+
 async def quiesce(gw: GatewayProcess, timeout: float = 120) -> None:
     """Until the gateway is quiet: the same processes under it for a second and under 10 ms of its
     CPU in that second. The bursts before the fill leave hundreds of sandboxes and drained members
@@ -279,8 +296,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 write_profile(pools, "fill", args.scale, FILL_ENV)
                 await settle(gw, "fill", args.scale, timeout=max(300, args.scale))
                 say(f"{args.scale} idle held")
+                before = await why_cold(gw)
                 held = await sequential(gw, "held", args.scale_creates, SEQ_ENV)
-                data["scale"] = {"idle_held": args.scale, "small_pool": small, "with_idle_held": held}
+                data["scale"] = {
+                    "idle_held": args.scale,
+                    "small_pool": small,
+                    "with_idle_held": held,
+                    "why_cold": why_cold_since(before, await why_cold(gw)),
+                }
             data["load_end"] = load()
     return data
 
@@ -395,7 +418,8 @@ def table(data: dict[str, Any]) -> str:
             f"\nScale: sequential warm create -> Ready with {sc['idle_held']} idle members held: p50 "
             f"{held['p50']:.2f} ms / p99 {held['p99']:.2f} ms, against {small['p50']:.2f} / {small['p99']:.2f} ms "
             f"with a small pool (p50 ratio {held['p50'] / small['p50']:.2f}; served "
-            f"{sc['with_idle_held']['allocations']}).\n"
+            f"{sc['with_idle_held']['allocations']}; cold creates and missed probes during it: "
+            f"{sc.get('why_cold', {}) or 'none'}).\n"
         )
     if "start" in data:
         st = data["start"]

@@ -16,10 +16,11 @@ For each burst size N, a pool of N is filled and settled, then N creates start a
 connections of 25 creates each: one HTTP/2 connection carries at most 128 streams). Figures:
 wall until all are Ready, when the CreateSandbox calls returned, per-create Ready p50/p99, and
 the gateway process's CPU from `/proc/<pid>/task/*/schedstat` (exact, per thread) split into its
-event loop, the store's worker thread (`ws-sqlite`), gRPC's C-core threads and the rest (the
-spawner, the executor). Refills run during a burst (one member at a time while creates are
-served): their count is reported and the figure is also given net of them, at the gateway CPU
-per member start measured on the same variant's pool fill.
+event loop, the store's worker thread (`ws-sqlite`), gRPC's C-core threads, the local driver's
+spawner thread (`warmshell-spawn`) and the rest (the default executor's `to_thread` workers).
+Refills run during a burst (one member at a time while creates are served): their count is
+reported and the figure is also given net of them, at the gateway CPU per member start measured
+on the same variant's pool fill.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +41,7 @@ from typing import Any
 
 import grpc
 from burst import clients
+from create_cpu import CProfile
 from harness import GatewayProcess, gateway_process, summary, write_results
 from warm_path import descendants, wait_idle, write_profile
 
@@ -73,6 +76,8 @@ def thread_ns(pid: int) -> dict[str, int]:
             group = "store worker"
         elif comm.startswith(("grpc", "event_engine", "default-executo", "resolver", "timer")):
             group = "gRPC C-core"
+        elif comm.startswith("warmshell-spawn"):
+            group = "spawner"
         else:
             group = "other threads"
         split[group] += ns
@@ -121,7 +126,7 @@ async def fill(gw: GatewayProcess, pools: Path, size: int) -> float:
 
 
 async def burst(
-    gw: GatewayProcess, pools: Path, size: int, one_call: bool, run: str, spy: str | None
+    gw: GatewayProcess, pools: Path, size: int, one_call: bool, run: str, spy: str | None, profile: Path | None
 ) -> dict[str, Any]:
     member_start_ms = await fill(gw, pools, size)
     members = descendants(gw.process.pid)
@@ -136,6 +141,8 @@ async def burst(
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             await asyncio.sleep(1.5)  # attached
+        profiling = CProfile(gw.process.pid, profile) if profile is not None else contextlib.nullcontext()
+        await profiling.__aenter__()
         load_before, threads_before, client_before = load(), thread_ns(gw.process.pid), time.process_time()
         start = time.perf_counter()
         results = await asyncio.gather(
@@ -144,6 +151,7 @@ async def burst(
         )
         wall_ms = (time.perf_counter() - start) * 1000
         threads_after, client_ms = thread_ns(gw.process.pid), (time.process_time() - client_before) * 1000
+        await profiling.__aexit__(None, None, None)
         if recorder is not None:
             recorder.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
             await asyncio.to_thread(recorder.wait, 60)
@@ -174,26 +182,37 @@ async def burst(
 
 
 async def variant(
-    label: str, src: Path | None, one_call: bool, sizes: list[int], run: int, spy: str | None
+    label: str, src: Path | None, one_call: bool, sizes: list[int], run: int, spy: str | None, profile: Path | None
 ) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="ws-create-burst-") as tmp:
         pools = Path(tmp) / "pools"
         pools.mkdir()
         config = Path(tmp) / "gateway.toml"
         config.write_text(f"[local]\nmax_pool_replicas = {max(sizes)}\npool_reload_interval_seconds = 0.2\n")
-        async with gateway_process("--pools", str(pools), "--config", str(config), src=src) as gw:
+        stats = Path(tmp) / "gateway.pstats" if profile is not None else None
+        async with gateway_process("--pools", str(pools), "--config", str(config), src=src, cprofile=stats) as gw:
             results = []
             for size in sizes:
                 say(f"{label}: burst of {size} (run {run})")
-                results.append(await burst(gw, pools, size, one_call, f"b{run}-{size}", spy))
+                results.append(await burst(gw, pools, size, one_call, f"b{run}-{size}", spy, stats))
+            if stats is not None and profile is not None:
+                shutil.copy(stats, profile)
             return results
 
 
 def variants(args: argparse.Namespace) -> list[tuple[str, Path | None, bool]]:
     found: list[tuple[str, Path | None, bool]] = []
     if args.before_src:
-        found.append(("before, create + watch", args.before_src, False))
-    return [*found, ("now, create + watch", None, False), ("now, one call", None, True)]
+        found.append(
+            (
+                "before, one call" if args.one_call_only else "before, create + watch",
+                args.before_src,
+                args.one_call_only,
+            )
+        )
+    if not args.one_call_only:
+        found.append(("now, create + watch", None, False))
+    return [*found, ("now, one call", None, True)]
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -201,7 +220,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     for run in range(args.repeat):
         for label, src, one_call in variants(args):
             spy = f"{args.py_spy}.{label.replace(', ', '-').replace(' ', '_')}.{run}" if args.py_spy else None
-            runs[label].append(await variant(label, src, one_call, args.bursts, run, spy))
+            profile = None
+            if args.cprofile:  # the event loop during the bursts, one file per variant and run
+                profile = Path(f"{args.cprofile}.{label.replace(', ', '-').replace(' ', '_')}.{run}")
+            runs[label].append(await variant(label, src, one_call, args.bursts, run, spy, profile))
     return {"bursts": args.bursts, "repeat": args.repeat, "runs": dict(runs)}
 
 
@@ -216,7 +238,7 @@ def table(data: dict[str, Any]) -> str:
         "Medians over the runs (each run's figure in brackets). Gateway CPU per create from "
         "/proc/<pid>/task/*/schedstat, all its threads.\n\n"
     )
-    groups = ["event loop", "store worker", "gRPC C-core", "other threads"]
+    groups = ["event loop", "store worker", "gRPC C-core", "spawner", "other threads"]
     text += (
         "| variant | burst | all Ready ms | calls returned p50 / max ms | Ready p50 / p99 ms | warm "
         "| client CPU ms/create | gateway CPU ms/create | net of refills | "
@@ -259,6 +281,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of every variant, alternating")
     parser.add_argument("--before-src", type=Path, help="an older tree's src/ to run as the 'before' gateway")
     parser.add_argument("--py-spy", default="", help="record each burst with py-spy to FILE.<variant>.<run>.<size>")
+    parser.add_argument(
+        "--one-call-only", action="store_true", help="every variant creates in one call (no create + watch runs)"
+    )
+    parser.add_argument(
+        "--cprofile", default="", help="record the bursts' event loop with cProfile to FILE.<variant>.<run>"
+    )
     parser.add_argument("--name", default="create_burst", help="results file name under bench/results/")
     args = parser.parse_args()
     data = asyncio.run(measure(args))

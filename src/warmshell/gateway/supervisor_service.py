@@ -151,7 +151,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             )
         )
         reader = asyncio.create_task(self._read_session(session, request_iterator))
-        ticker = asyncio.create_task(self._tick(session))
+        ticker = _Heartbeats(session, self._heartbeat)
         try:
             # Inside the try: a supervisor that goes away, or a store that cannot record the session
             # (unreachable), must close it and stop the reader and the ticker, not leave them behind.
@@ -168,10 +168,10 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         except Exception as exc:
             await abort_for(context, exc, "ConnectSupervisor")  # e.g. UNAVAILABLE: the supervisor retries
         finally:
-            for task in (reader, ticker):
-                task.cancel()
+            ticker.cancel()
+            reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.gather(reader, ticker, return_exceptions=True)
+                await asyncio.gather(reader, return_exceptions=True)
             if self._manager.sessions.close_if_current(session):
                 try:
                     await self._manager.on_session(claims.sandbox_id, connected=False, session_id=session.session_id)
@@ -249,20 +249,6 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         finally:
             session.close()
 
-    async def _tick(self, session: SupervisorSession) -> None:
-        while not session.closed.is_set():
-            await asyncio.sleep(self._heartbeat)
-            if now_ms() - session.last_seen > MISSED_HEARTBEATS * self._heartbeat * 1000:
-                log.warning(
-                    "supervisor session of sandbox %s missed its heartbeats; closing",
-                    session.sandbox_id,
-                )
-                # Silent, not gone: a supervisor that is alive after all reconnects and is checked
-                # again; one that is dead is reported by its backend.
-                session.close("heartbeat timeout", reconnect=True)
-                return
-            session.send(spb.GatewayMessage(heartbeat=spb.Heartbeat(sent_at_ms=now_ms())))
-
     @unary
     async def RefreshSandboxToken(  # type: ignore[override]
         self, request: spb.RefreshSandboxTokenRequest, context: Ctx
@@ -274,6 +260,35 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
         token, expires = self._issuer.mint(claims.sandbox_id, claims.instance_id)
         return spb.RefreshSandboxTokenResponse(token=token, expires_at_ms=expires)
+
+
+class _Heartbeats:
+    """A session's heartbeats: every interval, one to the supervisor, or the session closed when
+    the supervisor has been silent for `MISSED_HEARTBEATS` intervals. A timer, not a sleeping
+    task per session: nothing runs between beats, and opening a session makes no task for it."""
+
+    def __init__(self, session: SupervisorSession, interval_seconds: float) -> None:
+        self._session = session
+        self._interval = interval_seconds
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(interval_seconds, self._beat)
+
+    def _beat(self) -> None:
+        session = self._session
+        if session.closed.is_set():
+            return
+        if now_ms() - session.last_seen > MISSED_HEARTBEATS * self._interval * 1000:
+            log.warning("supervisor session of sandbox %s missed its heartbeats; closing", session.sandbox_id)
+            # Silent, not gone: a supervisor that is alive after all reconnects and is checked
+            # again; one that is dead is reported by its backend.
+            session.close("heartbeat timeout", reconnect=True)
+            return
+        session.send(spb.GatewayMessage(heartbeat=spb.Heartbeat(sent_at_ms=now_ms())))
+        self._timer = self._loop.call_later(self._interval, self._beat)
+
+    def cancel(self) -> None:
+        """No more beats."""
+        self._timer.cancel()
 
 
 async def _admit(limiter: RateLimiter, key: str, what: str) -> None:

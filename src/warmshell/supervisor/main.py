@@ -193,11 +193,18 @@ class Supervisor:
             if activation.workload.command:
                 self._workload = asyncio.create_task(self._run_workload(list(activation.workload.command)))
                 self._workload_started = True
-            refresher = asyncio.create_task(self._refresh_tokens())
+            # A timer until the first refresh is due, not a task sleeping from the activation on
+            # (the local driver runs every supervisor in the gateway: a warm create pays for it).
+            refresher: list[asyncio.Task[None]] = []
+            timer = asyncio.get_running_loop().call_later(
+                self._refresh_delay(), lambda: refresher.append(asyncio.create_task(self._refresh_tokens()))
+            )
             try:
                 await self._hold_session()
             finally:
-                refresher.cancel()
+                timer.cancel()
+                for task in refresher:
+                    task.cancel()
             return self._ended_status(self._exit_code if self._exit_code is not None else 0)
         except SandboxOver as over:
             log.info("supervisor stopping: %s", over)
@@ -395,11 +402,14 @@ class Supervisor:
         else:
             target.signal(message.exec_signal.signal)
 
+    def _refresh_delay(self) -> float:
+        """Seconds until the token is next refreshed."""
+        lifetime = max(0.0, self._token_expires_ms - time.time() * 1000)
+        return max(1.0, lifetime * (1 - TOKEN_REFRESH_FRACTION) / 1000)
+
     async def _refresh_tokens(self) -> None:
+        """Started when the first refresh is due: refresh, then wait for the next."""
         while True:
-            now_ms = time.time() * 1000
-            lifetime = max(0.0, self._token_expires_ms - now_ms)
-            await asyncio.sleep(max(1.0, lifetime * (1 - TOKEN_REFRESH_FRACTION) / 1000))
             try:
                 response = await self._link.refresh_token(self._token)
             except grpc.aio.AioRpcError as exc:
@@ -407,6 +417,7 @@ class Supervisor:
                 await asyncio.sleep(5)
                 continue
             self._token, self._token_expires_ms = response.token, response.expires_at_ms
+            await asyncio.sleep(self._refresh_delay())
 
 
 def main(argv: list[str] | None = None) -> int:

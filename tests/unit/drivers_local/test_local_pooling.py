@@ -296,3 +296,38 @@ async def test_member_that_never_registered_counts_as_a_failure(pools: PoolSet, 
     pools.member_ended(pool.members[0], "exited with status 1 before registering")
     assert pool.failures == 1
     assert pool.members == []
+
+
+async def test_a_liveness_check_of_a_large_pool_pings_a_slice_at_a_time(members: Members) -> None:
+    # All 1,000 idle members of a pool pinged at once held the event loop for tens of
+    # milliseconds, and every create that arrived meanwhile waited (the scale run's p99).
+    pools = PoolSet(members=members, default_image="", validate=refuse_images, check_seconds=3600)
+    pools.start()  # the periodic check does not run during the test: only the one called here
+    try:
+        await _check_a_large_pool(pools, members)
+    finally:
+        await pools.aclose()
+
+
+async def _check_a_large_pool(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile(replicas=100)}, {})
+    pool = await registered(pools, members, "p", 100)
+    in_flight, most = 0, 0
+
+    class SlowAgent(Agent):
+        async def responsive(self, timeout: float) -> bool:
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            await asyncio.sleep(0.001)
+            in_flight -= 1
+            return await super().responsive(timeout)
+
+    slow = [SlowAgent() for _ in pool.members]
+    for member, fake in zip(pool.members, slow, strict=True):
+        member.process = fake  # type: ignore[assignment]
+    await pools._check(pool)
+    assert all(fake.probes >= 1 for fake in slow), "every idle member is checked"
+    assert 1 < most <= 16
+    assert len(pool.members) == 100
+    assert not members.stopped

@@ -2,10 +2,13 @@
 claim gives them the sandbox's name, as a cold sandbox has from the start.
 
 The sandbox cannot do it itself (bwrap drops every capability), so the gateway joins the
-sandbox's UTS namespace, sets the name, and joins its own again: three syscalls, ~20 us, done
+sandbox's UTS namespace, sets the name, and joins its own again: three syscalls, ~7 us, done
 inline on the event-loop thread because a hop to a worker thread costs milliseconds on a busy
-host (setns moves only the calling thread, and nothing else runs on it in between). When that
-is refused it tries `nsenter -U -u ... hostname NAME` (~2 ms). An unprivileged gateway gets
+host (setns moves only the calling thread, and nothing else runs on it in between). The
+sandbox's namespace is reached through a pidfd and the thread's own is opened once; the
+syscalls are made holding the GIL (they take microseconds), since a thread that lets it go in
+a busy gateway waits for the spawner or the store thread to hand it back. When that is refused
+it tries `nsenter -U -u ... hostname NAME` (~2 ms). An unprivileged gateway gets
 neither (bwrap nests the sandbox's user namespace below the one owning its UTS namespace), so
 after the first failure it stops trying and warm sandboxes keep their instance id as hostname:
 a convenience lost, not an identity (logged once).
@@ -38,7 +41,8 @@ class HostnameSetter:
     """Sets hostnames of sandboxes from the outside."""
 
     def __init__(self) -> None:
-        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: calls keep the GIL
+        self._own: int | None = None  # the event-loop thread's own UTS namespace, once opened
         self._disabled = False
 
     async def set(self, pid: int, name: str) -> None:
@@ -56,23 +60,21 @@ class HostnameSetter:
 
     def _set_nowait(self, pid: int, name: str) -> None:
         libc = self._libc
-        own = os.open("/proc/thread-self/ns/uts", os.O_RDONLY)
+        if self._own is None:
+            self._own = os.open("/proc/thread-self/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
+        target = os.pidfd_open(pid)
         try:
-            target = os.open(f"/proc/{pid}/ns/uts", os.O_RDONLY)
-            try:
-                _check(libc.setns(target, _CLONE_NEWUTS))
-            finally:
-                os.close(target)
-            try:
-                encoded = name.encode()
-                _check(libc.sethostname(encoded, len(encoded)))
-            finally:
-                if libc.setns(own, _CLONE_NEWUTS) != 0:
-                    # Cannot happen when the first setns was allowed; if it does, this thread
-                    # would report the sandbox's hostname as its own: fail loudly.
-                    raise _StrandedError(ctypes.get_errno(), "cannot rejoin the gateway's UTS namespace")
+            _check(libc.setns(target, _CLONE_NEWUTS))
         finally:
-            os.close(own)
+            os.close(target)
+        try:
+            encoded = name.encode()
+            _check(libc.sethostname(encoded, len(encoded)))
+        finally:
+            if libc.setns(self._own, _CLONE_NEWUTS) != 0:
+                # Cannot happen when the first setns was allowed; if it does, this thread
+                # would report the sandbox's hostname as its own: fail loudly.
+                raise _StrandedError(ctypes.get_errno(), "cannot rejoin the gateway's UTS namespace")
 
     async def _nsenter(self, pid: int, name: str) -> None:
         argv = ["nsenter", "--preserve-credentials", "-t", str(pid)]

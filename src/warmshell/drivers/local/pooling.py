@@ -46,6 +46,10 @@ _BACKOFF_MAX = 30.0
 _BUSY_SECONDS = 0.1
 # Members a claim probes before the create goes cold (the others are checked in the background).
 _PROBES_PER_CLAIM = 2
+# Idle members a liveness check pings at once. All of a pool of 1,000 at once held the event loop
+# for tens of milliseconds (a task, a send and a timer each, then the answers), stalling the
+# creates that arrived meanwhile, and woke 1,000 agents together.
+_CHECK_SLICE = 16
 
 # Binds a claimed member to the create and activates it; False when it could not be activated
 # (the member is then spent and the next one tried).
@@ -320,9 +324,17 @@ class PoolSet:
     def _spend(self, member: Instance) -> None:
         self._background(self._members.stop(member))
 
-    async def _check(self, pool: Pool) -> None:
-        """Ping every registered idle member of the pool at once; spend those that do not answer."""
+    async def _check(self, pool: Pool, *, yield_to_claims: bool = False) -> None:
+        """Ping every registered idle member of the pool, `_CHECK_SLICE` at a time; spend those
+        that do not answer. With `yield_to_claims` (the periodic check), a slice waits while
+        creates are being served."""
         idle = [m for m in pool.members if m.registered and m.alive]
+        for start in range(0, len(idle), _CHECK_SLICE):
+            while yield_to_claims and self._busy():  # noqa: ASYNC110 - busy is a time window, not an event
+                await asyncio.sleep(_BUSY_SECONDS)
+            await self._check_slice(pool, idle[start : start + _CHECK_SLICE])
+
+    async def _check_slice(self, pool: Pool, idle: list[Instance]) -> None:
         answers = await asyncio.gather(*(self._answers(m) for m in idle))
         for member, answered in zip(idle, answers, strict=True):
             if not answered and member in pool.members:
@@ -340,7 +352,8 @@ class PoolSet:
         while True:
             await asyncio.sleep(self._check_seconds)
             if not self._busy():  # a round of pings waits for a pause in the creates
-                await asyncio.gather(*(self._check(pool) for pool in list(self._pools.values())))
+                for pool in list(self._pools.values()):
+                    await self._check(pool, yield_to_claims=True)
 
     def _busy(self) -> bool:
         """Whether creates are being served: a claim in flight, or one in the last moments."""

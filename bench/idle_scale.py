@@ -1,0 +1,171 @@
+"""Issue 14, the 1,000-idle scale part: what holding many idle members does to a gateway's event
+loop and to the warm creates of another pool, before / after in one run.
+
+    python bench/idle_scale.py [--idle 1000] [--rounds 2] [--before-src DIR]
+
+Each round starts a gateway per tree (`--before-src`: an older tree's src/, then this one),
+fills a pool of `--idle` members and, once they are all idle:
+
+- **loop probe**: for `--probe-seconds`, a cheap call (GetSandbox of a name that does not exist:
+  NOT_FOUND from the records in memory, no driver work) every 5 ms, timed by the client. A call
+  that waits tens of milliseconds waited for the event loop; the idle members' periodic liveness
+  check (`local.member_check_seconds`, 2 s here so that a probe window holds several) is what
+  runs there then;
+- **a sandbox start's CPU** (bwrap with the driver's layout running `/bin/true`, p50 of
+  `--start-rounds`), with the small pool only and with the idle members held: the host's
+  process count enters a start (`pivot_root` visits every task);
+- **sequential warm creates** (`--creates`) against a second pool of `--pool` members, each
+  deleted before the next, with the idle members held: Ready p50/p99, and why any went cold
+  (ListPools' misses by reason) and how many members were replaced after a missed probe (the
+  gateway's log).
+
+Wall times: the machine's load enters them (it is given with each result); compare the trees
+within a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+from burst import start_breakdown, timed_create, why_cold, why_cold_since
+from harness import GatewayProcess, gateway_process, summary, write_results
+from warm_path import wait_idle, write_profile
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+
+IDLE_ENV = {"POOL": "idle"}
+SEQ_ENV = {"POOL": "seq"}
+SLOW_MS = 20.0
+
+
+def say(*what: object) -> None:
+    print(time.strftime("%H:%M:%S"), *what, file=sys.stderr, flush=True)
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+async def probe(gw: GatewayProcess, seconds: float) -> dict[str, Any]:
+    """A NOT_FOUND GetSandbox every 5 ms for `seconds`: its latency, and the calls over SLOW_MS."""
+    latencies, start = [], time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        sent = time.perf_counter()
+        try:
+            await gw.stub.GetSandbox(pb.SandboxRef(name="no-such-sandbox"), metadata=gw.metadata)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+        latencies.append((time.perf_counter() - sent) * 1000)
+        await asyncio.sleep(0.005)
+    return {**summary(latencies), "slow": sum(1 for ms in latencies if ms > SLOW_MS), "load": load()}
+
+
+async def sequential(gw: GatewayProcess, count: int) -> dict[str, Any]:
+    """`count` warm creates of the small pool one after the other, each deleted before the next."""
+    before, ready, allocations = await why_cold(gw), [], {"warm": 0, "cold": 0}
+    for i in range(count):
+        client_ms, _, sandbox = await timed_create(gw, f"seq-{i}", SEQ_ENV)
+        ready.append(client_ms)
+        allocations[sandbox.status.allocation] += 1
+        await gw.delete(f"seq-{i}")
+    return {
+        "ready_ms": summary(ready),
+        "allocations": allocations,
+        "why_cold": why_cold_since(before, await why_cold(gw)),
+        "load": load(),
+    }
+
+
+async def one_tree(src: Path | None, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ws-idle-scale-") as tmp:
+        pools = Path(tmp) / "pools"
+        pools.mkdir()
+        config = Path(tmp) / "gateway.toml"
+        config.write_text(
+            f"[local]\nmax_pool_replicas = {args.idle}\npool_reload_interval_seconds = 0.2\n"
+            f"member_check_seconds = {args.check_seconds}\n"
+        )
+        async with gateway_process("--pools", str(pools), "--config", str(config), src=src) as gw:
+            write_profile(pools, "seq", args.pool, SEQ_ENV)
+            await wait_idle(gw, "seq", args.pool, timeout=300)
+            alone = await asyncio.to_thread(sandbox_start_ms, args.start_rounds)
+            write_profile(pools, "idle", args.idle, IDLE_ENV)
+            await wait_idle(gw, "idle", args.idle, timeout=max(300, args.idle))
+            await asyncio.sleep(2)  # the last registrations' follow-up work
+            held = await asyncio.to_thread(sandbox_start_ms, args.start_rounds)
+            return {
+                "probe": await probe(gw, args.probe_seconds),
+                "sequential": await sequential(gw, args.creates),
+                "sandbox_start_cpu_ms": {"small pool only": alone, "idle held": held},
+            }
+
+
+def sandbox_start_ms(rounds: int) -> float:
+    """CPU p50 of one bwrap start with the driver's layout running /bin/true (see `burst.py`)."""
+    return float(start_breakdown(rounds)["now"]["cpu_ms"]["p50"]) if rounds else float("nan")
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    trees: list[tuple[str, Path | None]] = [("before", args.before_src)] if args.before_src else []
+    trees.append(("now", None))
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in trees}
+    for round_ in range(args.rounds):
+        for label, src in trees:
+            say(f"round {round_}: {label}, {args.idle} idle")
+            try:
+                runs[label].append(await one_tree(src, args))
+            except RuntimeError:  # the gateway did not start in time: the last one's 1,000 members still stopping
+                say("the gateway did not start; once more in 20 s")
+                await asyncio.sleep(20)
+                runs[label].append(await one_tree(src, args))
+    return {"idle": args.idle, "pool": args.pool, "check_seconds": args.check_seconds, "runs": runs}
+
+
+def table(data: dict[str, Any]) -> str:
+    text = (
+        f"{data['idle']} idle members held in one pool, liveness checks every {data['check_seconds']} s; "
+        f"warm creates from a second pool of {data['pool']}. One row per round and tree.\n\n"
+        f"| tree | round | loop probe p50 / p99 / max ms | probes over {SLOW_MS:.0f} ms | warm create -> Ready "
+        "p50 / p99 / max ms | served | why cold, missed probes | sandbox start CPU ms, small pool only / idle held "
+        "| load |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
+    for label, runs in data["runs"].items():
+        for index, run in enumerate(runs):
+            p, s = run["probe"], run["sequential"]
+            r = s["ready_ms"]
+            text += (
+                f"| {label} | {index} | {p['p50']:.2f} / {p['p99']:.2f} / {p['max']:.1f} | {p['slow']} of {p['n']} "
+                f"| {r['p50']:.2f} / {r['p99']:.2f} / {r['max']:.1f} | {s['allocations']} "
+                f"| {s['why_cold'] or 'none'} | {run['sandbox_start_cpu_ms']['small pool only']:.2f} / "
+                f"{run['sandbox_start_cpu_ms']['idle held']:.2f} | {p['load'][0]}-{s['load'][0]} |\n"
+            )
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--idle", type=int, default=1000, help="idle members held (default 1000)")
+    parser.add_argument("--pool", type=int, default=10, help="the creates' own pool (default 10)")
+    parser.add_argument("--creates", type=int, default=100, help="sequential warm creates (default 100)")
+    parser.add_argument("--probe-seconds", type=float, default=20.0, help="loop probe length (default 20)")
+    parser.add_argument("--check-seconds", type=float, default=2.0, help="local.member_check_seconds (default 2)")
+    parser.add_argument("--start-rounds", type=int, default=20, help="bwrap starts timed per reading (default 20)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, trees alternating (default 2)")
+    parser.add_argument("--before-src", type=Path, help="an older tree's src/ to run as 'before'")
+    parser.add_argument("--name", default="idle_scale", help="results file name under bench/results/")
+    args = parser.parse_args()
+    data = asyncio.run(measure(args))
+    write_results(args.name, data, table(data))
+
+
+if __name__ == "__main__":
+    main()
