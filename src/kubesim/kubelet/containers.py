@@ -10,7 +10,7 @@ import os
 import pathlib
 import shutil
 import signal
-from typing import Any
+from typing import Any, Protocol
 
 from kubesim.controllers import objects as o
 
@@ -58,6 +58,18 @@ class ContainerState:
         return out
 
 
+class ContainerProcess(Protocol):
+    """What the kubelet needs of a container's process, however it was started."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
 async def start_process(
     argv: list[str], *, env: dict[str, str], cwd: pathlib.Path, log_path: pathlib.Path
 ) -> asyncio.subprocess.Process:
@@ -78,13 +90,13 @@ async def start_process(
         )
 
 
-def signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
+def signal_group(proc: ContainerProcess, sig: int) -> None:
     """Signal the process group; the leader may be gone while its children live on."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
 
-async def stop_process(proc: asyncio.subprocess.Process, grace: float) -> None:
+async def stop_process(proc: ContainerProcess, grace: float) -> None:
     """SIGTERM the group, SIGKILL after ``grace`` seconds (the kubelet's graceful stop)."""
     if proc.returncode is None:
         signal_group(proc, signal.SIGTERM)

@@ -41,6 +41,7 @@ from kubesim.controllers import objects as o
 from kubesim.controllers.informer import Informer
 from kubesim.kubelet.images import ImageMap
 from kubesim.kubelet.pods import PodContext, PodWorker
+from kubesim.kubelet.startslots import StartSlots
 from kubesim.timing import Timing
 
 Obj = dict[str, Any]
@@ -103,6 +104,7 @@ class Kubelet:
             mount_namespaces=mount_namespaces,
             services=(lambda: services.items()) if services is not None else (lambda: []),
             netns_ready=lambda worker: self._netns_changed(),
+            start_slots=StartSlots(timing.max_parallel_pod_starts),
         )
         #: Called when a pod network namespace appears or goes (the Service proxy listens in them).
         self.on_netns_change: list[Callable[[], None]] = []
@@ -166,6 +168,11 @@ class Kubelet:
     @property
     def root(self) -> pathlib.Path:
         return self._root
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The simulated nodes this kubelet runs."""
+        return self._nodes
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
