@@ -23,7 +23,7 @@ from typing import Any
 
 from kubesim.controllers import client as kc
 from kubesim.controllers import objects as o
-from kubesim.kubelet import containers, images, probes, volumes
+from kubesim.kubelet import containers, forkserver, images, probes, volumes
 from kubesim.kubelet.images import ImageMap, ImageNotMapped
 from kubesim.kubelet.startslots import StartSlots
 from kubesim.timing import Timing
@@ -49,6 +49,10 @@ class PodContext:
     netns_ready: Callable[[PodWorker], None] = lambda worker: None
     # The nodes' bounded pod starts (``Timing.max_parallel_pod_starts``).
     start_slots: StartSlots = dataclasses.field(default_factory=lambda: StartSlots(0))
+    # The fork server of an image's ``preload`` modules (``kubesim.kubelet.forkserver``).
+    fork_server: Callable[[tuple[str, ...]], forkserver.ForkServer] = lambda preload: forkserver.ForkServer(
+        preload, env={}
+    )
 
 
 class PodWorker:
@@ -260,8 +264,17 @@ class PodWorker:
     async def _start_process(
         self, spec: Obj, argv: list[str], env: dict[str, str], cwd: pathlib.Path
     ) -> containers.ContainerProcess:
-        """Exec the container through its mount namespace launcher."""
+        """Fork the container from its image's fork server when it can be (``kubesim.kubelet.
+        forkserver``), else exec it through its mount namespace launcher."""
         log_path = self.dir / ".logs" / f"{spec['name']}.log"
+        rule = self.ctx.image_map.rule_for(str(spec.get("image") or ""))
+        mounts = self._mount_spec(spec)
+        if rule is not None and mounts is not None and list(rule.entrypoint) == argv[: len(rule.entrypoint)]:
+            fork = forkserver.forkable(argv, rule.preload)
+            if fork is not None:
+                module, args = fork
+                server = self.ctx.fork_server(rule.preload)
+                return await server.spawn(module, args, env=env, cwd=cwd, log_path=log_path, mounts=mounts)
         return await containers.start_process([*self.launcher(spec), *argv], env=env, cwd=cwd, log_path=log_path)
 
     @property
@@ -311,6 +324,8 @@ class PodWorker:
         finally:
             for watcher in watchers:
                 watcher.cancel()
+            # A probe being cancelled still reaps its own process: no task outlives the container.
+            await asyncio.gather(*watchers, return_exceptions=True)
         # A negative return code means "killed by signal N": report it as 128+N like runtimes do.
         code = 128 - code if code < 0 else code
         state.ready = False
