@@ -5,22 +5,21 @@ A container of an image whose rule names ``preload`` modules, when its argv is `
 MODULE ARGS...`` and the kubelet gives containers their own mount namespace (as root), is forked
 from the image's fork server (``python -m kubesim.kubelet.forkserver PRELOAD...``, one per distinct
 ``preload``, started by the kubelet on first use). The server imports the modules once and waits;
-for each start it forks a child that does what the exec path's launcher and a runtime's PID
-namespace would:
+for each start it forks the container's process into a PID namespace of its own, where it is
+PID 1 (as in a container, or bwrap ``--unshare-pid --as-pid-1``: a signal from outside reaches it
+only if it handles it, SIGKILL always; when it exits, everything it started dies), and the child
+does what the exec path's launcher would:
 
 1. a new session (the kubelet signals the container's process group), stdin ``/dev/null``, stdout
    and stderr appended to the container log, the container's working directory;
 2. the container's mount namespace, exactly as ``kubesim.kubelet.mountns`` makes it (volumes at
-   their ``mountPath``, the pod's ``/etc/hosts``, the pod's network namespace);
-3. a new PID namespace: the child forks the container's process, PID 1 there with its own
-   ``/proc``, and stays outside as its reaper (as bwrap ``--unshare-pid --as-pid-1`` does): it
-   ignores SIGTERM (the container handles it), exits with the container's status (128+N when
-   killed by signal N), and when it is SIGKILLed the container dies with it (parent-death signal);
-4. the container's environment and ``sys.argv``, then ``runpy`` runs MODULE as ``__main__``.
+   their ``mountPath``, the pod's ``/etc/hosts``, the pod's network namespace), and a ``/proc``
+   of its PID namespace;
+3. the container's environment and ``sys.argv``, then ``runpy`` runs MODULE as ``__main__``.
 
-The server reports each start's pid and, when the reaper exits, its status back to the kubelet
-(JSON lines on its stdout). If the server goes, every container it started goes with it (each
-reaper has a parent-death signal), and the kubelet sees them exit with 137.
+The server reports each start's pid and, when the container exits, its status (128+N when
+killed by signal N) back to the kubelet (JSON lines on its stdout). If the server goes, every
+container it started goes with it (parent-death signal), and the kubelet sees them exit with 137.
 """
 
 from __future__ import annotations
@@ -39,6 +38,8 @@ import signal
 import sys
 import traceback
 from typing import Any
+
+from kubesim.kubelet import mountns, netns  # noqa: F401 - imported once here, shared by every container
 
 __all__ = ["ForkServer", "ForkedProcess", "forkable"]
 
@@ -206,14 +207,31 @@ def _status_code(status: int) -> int:
 
 
 def _container(request: dict[str, Any], libc: Any) -> None:
-    """PID 1 of the container's PID namespace: its own /proc, its environment, then MODULE."""
+    """The forked child, PID 1 of its own PID namespace: session, output, mounts, its own /proc,
+    its environment, then MODULE. Never returns."""
+    code = 127
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        _die_with_parent(libc)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        os.chdir(request["cwd"])
+        if request["mounts"] is not None:
+            mountns.enter(pathlib.Path(request["mounts"]))
+            proc_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+            if libc.mount(b"proc", b"/proc", b"proc", proc_flags, None) != 0:
+                raise OSError(ctypes.get_errno(), f"mount /proc: {os.strerror(ctypes.get_errno())}")
+    except BaseException as exc:  # reported in the container log, like mountns
+        print(f"kubesim: cannot start the container: {exc}", file=sys.stderr, flush=True)
+        os._exit(code)
     code = 1
     try:
-        _die_with_parent(libc)
-        if request["mounts"] is not None and libc.mount(
-            b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None
-        ):
-            raise OSError(ctypes.get_errno(), f"mount /proc: {os.strerror(ctypes.get_errno())}")
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = ["-m", *request["args"]]
@@ -235,44 +253,17 @@ def _container(request: dict[str, Any], libc: Any) -> None:
         os._exit(code)
 
 
-def _reaper(request: dict[str, Any]) -> None:
-    """The forked child: session, output, mounts, then the container in a new PID namespace."""
-    code = 127
-    try:
-        libc = _libc()
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.setsid()
-        _die_with_parent(libc)
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-        os.chdir(request["cwd"])
-        if request["mounts"] is not None:
-            from kubesim.kubelet import mountns
+class _PidNamespaces:
+    """Each fork gets a fresh PID namespace: ``unshare(CLONE_NEWPID)`` only sets the namespace of
+    the caller's next children (once per namespace), so the server returns to its own first."""
 
-            mountns.enter(pathlib.Path(request["mounts"]))
-        if libc.unshare(CLONE_NEWPID) != 0:
-            raise OSError(ctypes.get_errno(), f"unshare(CLONE_NEWPID): {os.strerror(ctypes.get_errno())}")
-        child = os.fork()
-        if child == 0:
-            _container(request, libc)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        while True:
-            try:
-                _, status = os.waitpid(child, 0)
-                break
-            except InterruptedError:
-                continue
-        code = _status_code(status)
-    except BaseException as exc:  # reported in the container log, like mountns
-        print(f"kubesim: cannot start the container: {exc}", file=sys.stderr, flush=True)
-    finally:
-        os._exit(code)
+    def __init__(self, libc: Any) -> None:
+        self._libc = libc
+        self._home = os.open("/proc/self/ns/pid", os.O_RDONLY)
+
+    def next_child_in_new_namespace(self) -> None:
+        if self._libc.setns(self._home, CLONE_NEWPID) != 0 or self._libc.unshare(CLONE_NEWPID) != 0:
+            raise OSError(ctypes.get_errno(), f"a new PID namespace: {os.strerror(ctypes.get_errno())}")
 
 
 def _send(message: dict[str, Any]) -> None:
@@ -286,12 +277,14 @@ def serve(preload: list[str]) -> int:
     # The imported heap stays untouched by the collector, so the children share its pages.
     gc.collect()
     gc.freeze()
+    libc = _libc()
+    namespaces = _PidNamespaces(libc)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    children: dict[int, int] = {}  # reaper pid -> request id
+    children: dict[int, int] = {}  # container pid -> request id
     pending = b""
     while True:
         try:
@@ -319,14 +312,14 @@ def serve(preload: list[str]) -> int:
             for line in lines:
                 request = json.loads(line)
                 try:
+                    if request["mounts"] is not None:
+                        namespaces.next_child_in_new_namespace()
                     pid = os.fork()
                 except OSError as exc:
                     _send({"id": request["id"], "error": str(exc)})
                     continue
                 if pid == 0:
-                    os.close(wake_read)
-                    os.close(wake_write)
-                    _reaper(request)
+                    _container(request, libc)
                 children[pid] = request["id"]
                 _send({"id": request["id"], "pid": pid})
 
