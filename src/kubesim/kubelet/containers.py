@@ -10,6 +10,7 @@ import os
 import pathlib
 import shutil
 import signal
+import subprocess
 from typing import Any, Protocol
 
 from kubesim.controllers import objects as o
@@ -70,24 +71,68 @@ class ContainerProcess(Protocol):
     async def wait(self) -> int: ...
 
 
-async def start_process(
-    argv: list[str], *, env: dict[str, str], cwd: pathlib.Path, log_path: pathlib.Path
-) -> asyncio.subprocess.Process:
-    """Start ``argv`` in a new session (its own process group), output appended to ``log_path``."""
-    exe = shutil.which(argv[0], path=env.get("PATH")) or argv[0]
+class HostProcess:
+    """A process started by ``start_process``, reaped through a pidfd on the event loop (no
+    thread per child, as asyncio's default child watcher would start)."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self._returncode: int | None = None
+        self._exited = asyncio.get_running_loop().create_future()
+        self._pidfd: int | None = os.pidfd_open(pid)
+        asyncio.get_running_loop().add_reader(self._pidfd, self._reap)
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def _reap(self) -> None:
+        if self._pidfd is None:
+            return
+        result = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+        if result is None:
+            return
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = None
+        # As asyncio reports it: the exit status, or -N when killed by signal N.
+        self._returncode = result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
+        self._exited.set_result(self._returncode)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+def _spawn(exe: str, argv: list[str], env: dict[str, str], cwd: pathlib.Path, log_path: pathlib.Path) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # Opening a local log file is quick; no need to hop to a thread for it.
-    with open(log_path, "ab") as log:  # noqa: ASYNC230
-        return await asyncio.create_subprocess_exec(
-            exe,
-            *argv[1:],
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(
+            [exe, *argv[1:]],
             env=env,
             cwd=str(cwd),
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
             stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    # HostProcess reaps the child through its pidfd: Popen must not (nor warn that it did not).
+    popen.returncode = 0
+    return popen.pid
+
+
+async def start_process(
+    argv: list[str], *, env: dict[str, str], cwd: pathlib.Path, log_path: pathlib.Path
+) -> HostProcess:
+    """Start ``argv`` in a new session (its own process group), output appended to ``log_path``.
+
+    The fork and exec run on a worker thread: on a loaded host they block their caller for tens
+    of ms (until the child has exec'd), which on the loop would stall every other pod."""
+    exe = shutil.which(argv[0], path=env.get("PATH")) or argv[0]
+    return HostProcess(await asyncio.to_thread(_spawn, exe, argv, env, cwd, log_path))
 
 
 def signal_group(proc: ContainerProcess, sig: int) -> None:
