@@ -127,7 +127,7 @@ class ForkServer:
         env: dict[str, str],
         cwd: pathlib.Path,
         log_path: pathlib.Path,
-        mounts: pathlib.Path | None,
+        mounts: pathlib.Path,
     ) -> ForkedProcess:
         """Start ``python -m module args`` as a container (see the module doc); OSError if the
         server cannot fork."""
@@ -145,7 +145,7 @@ class ForkServer:
             "env": env,
             "cwd": str(cwd),
             "log": str(log_path),
-            "mounts": str(mounts) if mounts is not None else None,
+            "mounts": str(mounts),
         }
         process.stdin.write(json.dumps(request).encode() + b"\n")
         try:
@@ -222,11 +222,10 @@ def _container(request: dict[str, Any], libc: Any) -> None:
         os.dup2(log, 2)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         os.chdir(request["cwd"])
-        if request["mounts"] is not None:
-            mountns.enter(pathlib.Path(request["mounts"]))
-            proc_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
-            if libc.mount(b"proc", b"/proc", b"proc", proc_flags, None) != 0:
-                raise OSError(ctypes.get_errno(), f"mount /proc: {os.strerror(ctypes.get_errno())}")
+        mountns.enter(pathlib.Path(request["mounts"]))
+        proc_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        if libc.mount(b"proc", b"/proc", b"proc", proc_flags, None) != 0:
+            raise OSError(ctypes.get_errno(), f"mount /proc: {os.strerror(ctypes.get_errno())}")
     except BaseException as exc:  # reported in the container log, like mountns
         print(f"kubesim: cannot start the container: {exc}", file=sys.stderr, flush=True)
         os._exit(code)
@@ -312,8 +311,7 @@ def serve(preload: list[str]) -> int:
             for line in lines:
                 request = json.loads(line)
                 try:
-                    if request["mounts"] is not None:
-                        namespaces.next_child_in_new_namespace()
+                    namespaces.next_child_in_new_namespace()
                     pid = os.fork()
                 except OSError as exc:
                     _send({"id": request["id"], "error": str(exc)})

@@ -49,10 +49,9 @@ class PodContext:
     netns_ready: Callable[[PodWorker], None] = lambda worker: None
     # The nodes' bounded pod starts (``Timing.max_parallel_pod_starts``).
     start_slots: StartSlots = dataclasses.field(default_factory=lambda: StartSlots(0))
-    # The fork server of an image's ``preload`` modules (``kubesim.kubelet.forkserver``).
-    fork_server: Callable[[tuple[str, ...]], forkserver.ForkServer] = lambda preload: forkserver.ForkServer(
-        preload, env={}
-    )
+    # The fork server of an image's ``preload`` modules (``kubesim.kubelet.forkserver``); without
+    # one every container is exec'd.
+    fork_server: Callable[[tuple[str, ...]], forkserver.ForkServer] | None = None
 
 
 class PodWorker:
@@ -269,7 +268,8 @@ class PodWorker:
         log_path = self.dir / ".logs" / f"{spec['name']}.log"
         rule = self.ctx.image_map.rule_for(str(spec.get("image") or ""))
         mounts = self._mount_spec(spec)
-        if rule is not None and mounts is not None and list(rule.entrypoint) == argv[: len(rule.entrypoint)]:
+        from_rule = rule is not None and list(rule.entrypoint) == argv[: len(rule.entrypoint)]
+        if rule is not None and from_rule and mounts is not None and self.ctx.fork_server is not None:
             fork = forkserver.forkable(argv, rule.preload)
             if fork is not None:
                 module, args = fork

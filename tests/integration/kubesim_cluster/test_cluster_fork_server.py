@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import sys
 from collections.abc import AsyncIterator
 
@@ -126,6 +127,7 @@ async def test_deleting_a_forked_pod_sends_sigterm_and_kill_takes_the_whole_cont
         assert cluster.components.kubelet is not None
         worker = cluster.components.kubelet._workers[created["metadata"]["uid"]]
         container = worker.procs["main"].pid
+        assert worker.ctx.fork_server is not None
         server = worker.ctx.fork_server(("forkprobe",)).pid
         assert server is not None
         assert parent_of(container) == server, "the container was not forked from the fork server"
@@ -140,3 +142,27 @@ async def test_deleting_a_forked_pod_sends_sigterm_and_kill_takes_the_whole_cont
 
 async def asyncio_exists(path: pathlib.Path) -> bool:
     return path.exists()
+
+
+async def test_a_killed_fork_server_takes_its_containers_with_it(
+    cluster: RunningCluster, tmp_path: pathlib.Path
+) -> None:
+    api = cluster.client()
+    try:
+        out = tmp_path / "seen.json"
+        created = await api.create(kc.PODS, NS, probe_pod("orphan", out, "wait"))
+        await wait_for(lambda: asyncio_exists(out), bool, what="container running")
+        assert cluster.components.kubelet is not None
+        worker = cluster.components.kubelet._workers[created["metadata"]["uid"]]
+        container = worker.procs["main"].pid
+        assert worker.ctx.fork_server is not None
+        server = worker.ctx.fork_server(("forkprobe",)).pid
+        assert server is not None
+        os.kill(server, signal.SIGKILL)
+        state = await wait_for(lambda: terminated(api, "orphan"), lambda t: t is not None, what="exited")
+        assert state is not None
+        assert state["exitCode"] == 137
+        await wait_for(lambda: asyncio_exists(pathlib.Path(f"/proc/{container}")), lambda alive: not alive, what="gone")
+        assert not out.with_name(out.name + ".term").exists()  # killed, not asked to stop
+    finally:
+        await api.aclose()
