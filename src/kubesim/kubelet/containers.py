@@ -132,7 +132,24 @@ async def start_process(
     The fork and exec run on a worker thread: on a loaded host they block their caller for tens
     of ms (until the child has exec'd), which on the loop would stall every other pod."""
     exe = shutil.which(argv[0], path=env.get("PATH")) or argv[0]
-    return HostProcess(await asyncio.to_thread(_spawn, exe, argv, env, cwd, log_path))
+    spawn = asyncio.get_running_loop().run_in_executor(None, _spawn, exe, argv, env, cwd, log_path)
+    try:
+        return HostProcess(await asyncio.shield(spawn))
+    except asyncio.CancelledError:
+        # The thread goes on and may still start the process: it must not outlive its pod.
+        spawn.add_done_callback(_kill_started)
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await asyncio.shield(spawn)  # a fork and exec: milliseconds
+        raise
+
+
+def _kill_started(spawn: asyncio.Future[int]) -> None:
+    if spawn.cancelled() or spawn.exception() is not None:
+        return
+    pid = spawn.result()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    HostProcess(pid)  # reaps it
 
 
 def signal_group(proc: ContainerProcess, sig: int) -> None:

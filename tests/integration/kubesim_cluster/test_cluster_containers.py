@@ -4,6 +4,7 @@ statuses as asyncio reports them, and no thread held per running child."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import signal
@@ -39,3 +40,36 @@ async def test_running_children_hold_no_thread_each(tmp_path: pathlib.Path) -> N
         for proc in sleepers:
             await containers.stop_process(proc, 0)
     assert all(proc.returncode is not None for proc in sleepers)
+
+
+async def test_a_start_cancelled_mid_spawn_leaves_no_process(tmp_path: pathlib.Path) -> None:
+    def children() -> set[int]:
+        # Children of any of this process's threads (the spawns run on worker threads).
+        found = set()
+        for entry in pathlib.Path("/proc").iterdir():
+            try:
+                if (
+                    entry.name.isdigit()
+                    and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
+                ):
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+        return found
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except OSError:
+            return False
+
+    before = children()
+    for _ in range(5):
+        task = asyncio.create_task(start(tmp_path, "exec sleep 60"))
+        await asyncio.sleep(0)  # the spawn is on its thread now
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await asyncio.sleep(0.2)  # the SIGKILLs land
+    assert not [p for p in children() - before if alive(p)]
