@@ -71,16 +71,13 @@ class ContainerProcess(Protocol):
     async def wait(self) -> int: ...
 
 
-class HostProcess:
-    """A process started by ``start_process``, reaped through a pidfd on the event loop (no
-    thread per child, as asyncio's default child watcher would start)."""
+class ReportedProcess:
+    """A container process whose exit is observed elsewhere and told with ``exited``."""
 
     def __init__(self, pid: int) -> None:
         self._pid = pid
         self._returncode: int | None = None
-        self._exited = asyncio.get_running_loop().create_future()
-        self._pidfd: int | None = os.pidfd_open(pid)
-        asyncio.get_running_loop().add_reader(self._pidfd, self._reap)
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     @property
     def pid(self) -> int:
@@ -89,6 +86,24 @@ class HostProcess:
     @property
     def returncode(self) -> int | None:
         return self._returncode
+
+    def exited(self, code: int) -> None:
+        if self._returncode is None:
+            self._returncode = code
+            self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+class HostProcess(ReportedProcess):
+    """A process started by ``start_process``, reaped through a pidfd on the event loop (no
+    thread per child, as asyncio's default child watcher would start)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(pid)
+        self._pidfd: int | None = os.pidfd_open(pid)
+        asyncio.get_running_loop().add_reader(self._pidfd, self._reap)
 
     def _reap(self) -> None:
         if self._pidfd is None:
@@ -100,11 +115,7 @@ class HostProcess:
         os.close(self._pidfd)
         self._pidfd = None
         # As asyncio reports it: the exit status, or -N when killed by signal N.
-        self._returncode = result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
-        self._exited.set_result(self._returncode)
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exited)
+        self.exited(result.si_status if result.si_code == os.CLD_EXITED else -result.si_status)
 
 
 def _spawn(exe: str, argv: list[str], env: dict[str, str], cwd: pathlib.Path, log_path: pathlib.Path) -> int:

@@ -39,9 +39,10 @@ import sys
 import traceback
 from typing import Any
 
-from kubesim.kubelet import mountns, netns  # noqa: F401 - imported once here, shared by every container
+# mountns and netns: imported once here, shared by every container's mount setup.
+from kubesim.kubelet import containers, mountns, netns  # noqa: F401
 
-__all__ = ["ForkServer", "ForkedProcess", "forkable"]
+__all__ = ["ForkServer", "forkable"]
 
 CLONE_NEWPID = 0x20000000
 PR_SET_PDEATHSIG = 1
@@ -61,31 +62,6 @@ def forkable(argv: list[str], preload: tuple[str, ...]) -> tuple[str, list[str]]
 
 
 # -- the kubelet's side ----------------------------------------------------------------------------
-class ForkedProcess:
-    """A container process started by the fork server (``pid`` is its reaper, the group leader)."""
-
-    def __init__(self, pid: int) -> None:
-        self._pid = pid
-        self._returncode: int | None = None
-        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
-
-    def exited(self, code: int) -> None:
-        if self._returncode is None:
-            self._returncode = code
-            self._exited.set_result(code)
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exited)
-
-
 class ForkServer:
     """The kubelet's handle on one fork server process."""
 
@@ -95,8 +71,8 @@ class ForkServer:
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
         self._next_id = 0
-        self._starting: dict[int, asyncio.Future[ForkedProcess]] = {}
-        self._running: dict[int, ForkedProcess] = {}
+        self._starting: dict[int, asyncio.Future[containers.ReportedProcess]] = {}
+        self._running: dict[int, containers.ReportedProcess] = {}
         self._lock = asyncio.Lock()
 
     @property
@@ -128,7 +104,7 @@ class ForkServer:
         cwd: pathlib.Path,
         log_path: pathlib.Path,
         mounts: pathlib.Path,
-    ) -> ForkedProcess:
+    ) -> containers.ReportedProcess:
         """Start ``python -m module args`` as a container (see the module doc); OSError if the
         server cannot fork."""
         process = await self._ensure()
@@ -136,7 +112,7 @@ class ForkServer:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._next_id += 1
         ident = self._next_id
-        started: asyncio.Future[ForkedProcess] = asyncio.get_running_loop().create_future()
+        started: asyncio.Future[containers.ReportedProcess] = asyncio.get_running_loop().create_future()
         self._starting[ident] = started
         request = {
             "id": ident,
@@ -161,7 +137,7 @@ class ForkServer:
                 message = json.loads(line)
                 ident = message["id"]
                 if "pid" in message:
-                    self._running[ident] = ForkedProcess(message["pid"])
+                    self._running[ident] = containers.ReportedProcess(message["pid"])
                     if (waiting := self._starting.get(ident)) is not None and not waiting.done():
                         waiting.set_result(self._running[ident])
                 elif "error" in message:

@@ -122,14 +122,7 @@ async def test_deleting_a_forked_pod_sends_sigterm_and_kill_takes_the_whole_cont
     api = cluster.client()
     try:
         out = tmp_path / "seen.json"
-        created = await api.create(kc.PODS, NS, probe_pod("waiter", out, "wait"))
-        await wait_for(lambda: asyncio_exists(out), bool, what="container running")
-        assert cluster.components.kubelet is not None
-        worker = cluster.components.kubelet._workers[created["metadata"]["uid"]]
-        container = worker.procs["main"].pid
-        assert worker.ctx.fork_server is not None
-        server = worker.ctx.fork_server(("forkprobe",)).pid
-        assert server is not None
+        container, server = await running_waiter(cluster, api, "waiter", out)
         assert parent_of(container) == server, "the container was not forked from the fork server"
         assert process_group(container) == [container]
         await api.delete(kc.PODS, NS, "waiter")
@@ -144,20 +137,25 @@ async def asyncio_exists(path: pathlib.Path) -> bool:
     return path.exists()
 
 
+async def running_waiter(cluster: RunningCluster, api: kc.KubeClient, name: str, out: pathlib.Path) -> tuple[int, int]:
+    """Start a pod that waits for SIGTERM; its container's pid and its fork server's."""
+    created = await api.create(kc.PODS, NS, probe_pod(name, out, "wait"))
+    await wait_for(lambda: asyncio_exists(out), bool, what="container running")
+    assert cluster.components.kubelet is not None
+    worker = cluster.components.kubelet._workers[created["metadata"]["uid"]]
+    assert worker.ctx.fork_server is not None
+    server = worker.ctx.fork_server(("forkprobe",)).pid
+    assert server is not None
+    return worker.procs["main"].pid, server
+
+
 async def test_a_killed_fork_server_takes_its_containers_with_it(
     cluster: RunningCluster, tmp_path: pathlib.Path
 ) -> None:
     api = cluster.client()
     try:
         out = tmp_path / "seen.json"
-        created = await api.create(kc.PODS, NS, probe_pod("orphan", out, "wait"))
-        await wait_for(lambda: asyncio_exists(out), bool, what="container running")
-        assert cluster.components.kubelet is not None
-        worker = cluster.components.kubelet._workers[created["metadata"]["uid"]]
-        container = worker.procs["main"].pid
-        assert worker.ctx.fork_server is not None
-        server = worker.ctx.fork_server(("forkprobe",)).pid
-        assert server is not None
+        container, server = await running_waiter(cluster, api, "orphan", out)
         os.kill(server, signal.SIGKILL)
         state = await wait_for(lambda: terminated(api, "orphan"), lambda t: t is not None, what="exited")
         assert state is not None
