@@ -180,7 +180,7 @@ async def run_controllers(
     so ``kubesim serve`` can be configured without new flags.
     """
     if timing is None:
-        timing = timing_mod.profile(os.environ.get("KUBESIM_TIMING", "default"))
+        timing = timing_mod.profile(os.environ.get("KUBESIM_TIMING", "default"), os.environ)
     if image_map is None and os.environ.get("KUBESIM_IMAGE_MAP"):
         image_map = ImageMap.from_file(os.environ["KUBESIM_IMAGE_MAP"])
     configured = kc.KubeClient.from_kubeconfig(kubeconfig) if kubeconfig else None

@@ -9,6 +9,7 @@ keeps every behaviour but collapses the waits.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -23,6 +24,12 @@ class Timing:
     scheduling_delay: float = 0.015
     #: Pod bound → container process started and pod Running (cached image, runc: ~2.5-3.5 s).
     container_start_delay: float = 2.5
+    #: Pods a simulated node starts at once (0: unbounded). Each start is a real process start here,
+    #: so a pool filled from nothing must not start hundreds together (a real kubelet serialises
+    #: image pulls, ``maxParallelImagePulls``). See ``kubesim.kubelet.startslots``.
+    max_parallel_pod_starts: int = 4
+    #: A pod gives its start slot back after this long even if it is not Ready.
+    pod_start_timeout: float = 10.0
     #: Container running → pod Ready when there is no readiness probe.
     readiness_delay: float = 0.1
     #: Period of readiness probes when a pod has none of its own settings.
@@ -55,6 +62,8 @@ FAST = Timing(
     reconcile_delay=0.0,
     scheduling_delay=0.0,
     container_start_delay=0.0,
+    max_parallel_pod_starts=8,
+    pod_start_timeout=2.0,
     readiness_delay=0.0,
     probe_period=0.05,
     restart_backoff=0.05,
@@ -70,9 +79,22 @@ FAST = Timing(
 PROFILES: dict[str, Timing] = {"default": DEFAULT, "fast": FAST}
 
 
-def profile(name: str) -> Timing:
-    """Return a named profile (``default`` or ``fast``)."""
+def profile(name: str, environ: Mapping[str, str] | None = None) -> Timing:
+    """Return a named profile (``default`` or ``fast``); ``KUBESIM_MAX_PARALLEL_POD_STARTS`` in
+    ``environ`` (when given) overrides its pod start bound."""
     try:
-        return PROFILES[name]
+        chosen = PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown timing profile {name!r}; choose from {sorted(PROFILES)}") from None
+    raw = (environ or {}).get("KUBESIM_MAX_PARALLEL_POD_STARTS")
+    if raw is None:
+        return chosen
+    try:
+        starts = int(raw)
+        if starts < 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"KUBESIM_MAX_PARALLEL_POD_STARTS must be an integer >= 0 (0 = unbounded), got {raw!r}"
+        ) from None
+    return dataclasses.replace(chosen, max_parallel_pod_starts=starts)

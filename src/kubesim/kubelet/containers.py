@@ -10,7 +10,8 @@ import os
 import pathlib
 import shutil
 import signal
-from typing import Any
+import subprocess
+from typing import Any, Protocol
 
 from kubesim.controllers import objects as o
 
@@ -58,33 +59,117 @@ class ContainerState:
         return out
 
 
-async def start_process(
-    argv: list[str], *, env: dict[str, str], cwd: pathlib.Path, log_path: pathlib.Path
-) -> asyncio.subprocess.Process:
-    """Start ``argv`` in a new session (its own process group), output appended to ``log_path``."""
-    exe = shutil.which(argv[0], path=env.get("PATH")) or argv[0]
+class ContainerProcess(Protocol):
+    """What the kubelet needs of a container's process, however it was started."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
+class ReportedProcess:
+    """A container process whose exit is observed elsewhere and told with ``exited``."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self._returncode: int | None = None
+        self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def exited(self, code: int) -> None:
+        if self._returncode is None:
+            self._returncode = code
+            self._exited.set_result(code)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+
+class HostProcess(ReportedProcess):
+    """A process started by ``start_process``, reaped through a pidfd on the event loop (no
+    thread per child, as asyncio's default child watcher would start)."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(pid)
+        self._pidfd: int | None = os.pidfd_open(pid)
+        asyncio.get_running_loop().add_reader(self._pidfd, self._reap)
+
+    def _reap(self) -> None:
+        if self._pidfd is None:
+            return
+        result = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+        if result is None:
+            return
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = None
+        # As asyncio reports it: the exit status, or -N when killed by signal N.
+        self.exited(result.si_status if result.si_code == os.CLD_EXITED else -result.si_status)
+
+
+def _spawn(exe: str, argv: list[str], env: dict[str, str], cwd: pathlib.Path, log_path: pathlib.Path) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    # Opening a local log file is quick; no need to hop to a thread for it.
-    with open(log_path, "ab") as log:  # noqa: ASYNC230
-        return await asyncio.create_subprocess_exec(
-            exe,
-            *argv[1:],
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(
+            [exe, *argv[1:]],
             env=env,
             cwd=str(cwd),
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
             stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    # HostProcess reaps the child through its pidfd: Popen must not (nor warn that it did not).
+    popen.returncode = 0
+    return popen.pid
 
 
-def signal_group(proc: asyncio.subprocess.Process, sig: int) -> None:
+async def start_process(
+    argv: list[str], *, env: dict[str, str], cwd: pathlib.Path, log_path: pathlib.Path
+) -> HostProcess:
+    """Start ``argv`` in a new session (its own process group), output appended to ``log_path``.
+
+    The fork and exec run on a worker thread: on a loaded host they block their caller for tens
+    of ms (until the child has exec'd), which on the loop would stall every other pod."""
+    exe = shutil.which(argv[0], path=env.get("PATH")) or argv[0]
+    spawn = asyncio.get_running_loop().run_in_executor(None, _spawn, exe, argv, env, cwd, log_path)
+    try:
+        return HostProcess(await asyncio.shield(spawn))
+    except asyncio.CancelledError:
+        # The thread goes on and may still start the process: it must not outlive its pod.
+        spawn.add_done_callback(_kill_started)
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await asyncio.shield(spawn)  # a fork and exec: milliseconds
+        raise
+
+
+def _kill_started(spawn: asyncio.Future[int]) -> None:
+    if spawn.cancelled() or spawn.exception() is not None:
+        return
+    pid = spawn.result()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    HostProcess(pid)  # reaps it
+
+
+def signal_group(proc: ContainerProcess, sig: int) -> None:
     """Signal the process group; the leader may be gone while its children live on."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
 
-async def stop_process(proc: asyncio.subprocess.Process, grace: float) -> None:
+async def stop_process(proc: ContainerProcess, grace: float) -> None:
     """SIGTERM the group, SIGKILL after ``grace`` seconds (the kubelet's graceful stop)."""
     if proc.returncode is None:
         signal_group(proc, signal.SIGTERM)

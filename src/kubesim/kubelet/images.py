@@ -14,7 +14,8 @@ YAML)::
 
     {"ghcr.io/warmshell/warmshell:*": {"entrypoint": ["python", "-m", "warmshell", "supervisor"],
                                       "overrideCommand": true,
-                                      "programs": {"warmshell": ["python", "-m", "warmshell"]}},
+                                      "programs": {"warmshell": ["python", "-m", "warmshell"]},
+                                      "preload": ["warmshell.supervisor.main"]},
      "busybox*": []}
 """
 
@@ -39,6 +40,9 @@ class ImageRule:
     # Programs the image has on its PATH, as local argv prefixes: a container whose command starts
     # with one (``warmshell gateway start``) runs that prefix instead.
     programs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Modules a fork server imports once: a container running this rule's entrypoint as ``<this
+    # python> -m MODULE`` is forked from it (``kubesim.kubelet.forkserver``).
+    preload: tuple[str, ...] = ()
 
 
 #: Images that behave like a shell toolbox: their commands (``sh -c …``, ``sleep``) run on the host.
@@ -48,6 +52,7 @@ DEFAULT_RULES: dict[str, ImageRule] = {
     "ghcr.io/warmshell/warmshell:*": ImageRule(
         (sys.executable, "-m", "warmshell", "supervisor"),
         programs=(("warmshell", (sys.executable, "-m", "warmshell")),),
+        preload=("warmshell.supervisor.main",),
     ),
     "busybox*": ImageRule(("sh",)),
     "docker.io/library/busybox*": ImageRule(("sh",)),
@@ -111,6 +116,7 @@ def _coerce(rule: ImageRule | list[str] | Mapping[str, Any]) -> ImageRule:
         tuple(str(x) for x in rule.get("entrypoint") or []),
         bool(rule.get("overrideCommand", False)),
         tuple((str(k), tuple(str(x) for x in v)) for k, v in programs.items()),
+        tuple(str(x) for x in rule.get("preload") or []),
     )
 
 

@@ -39,8 +39,10 @@ from typing import Any
 from kubesim.controllers import client as kc
 from kubesim.controllers import objects as o
 from kubesim.controllers.informer import Informer
+from kubesim.kubelet.forkserver import ForkServer
 from kubesim.kubelet.images import ImageMap
 from kubesim.kubelet.pods import PodContext, PodWorker
+from kubesim.kubelet.startslots import StartSlots
 from kubesim.timing import Timing
 
 Obj = dict[str, Any]
@@ -103,10 +105,14 @@ class Kubelet:
             mount_namespaces=mount_namespaces,
             services=(lambda: services.items()) if services is not None else (lambda: []),
             netns_ready=lambda worker: self._netns_changed(),
+            start_slots=StartSlots(timing.max_parallel_pod_starts),
+            fork_server=self._fork_server,
         )
         #: Called when a pod network namespace appears or goes (the Service proxy listens in them).
         self.on_netns_change: list[Callable[[], None]] = []
         self._workers: dict[str, PodWorker] = {}
+        self._fork_servers: dict[tuple[str, ...], ForkServer] = {}
+        self._base_env = base_env
         self._scheduling: set[str] = set()
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._ips = (f"127.1.{n // 250}.{n % 250 + 2}" for n in itertools.count())
@@ -116,6 +122,11 @@ class Kubelet:
         pods.add_handler(self._on_pod)
         if services is not None:
             services.add_handler(self._on_service)
+
+    def _fork_server(self, preload: tuple[str, ...]) -> ForkServer:
+        if preload not in self._fork_servers:
+            self._fork_servers[preload] = ForkServer(preload, env=self._base_env)
+        return self._fork_servers[preload]
 
     def _netns_changed(self) -> None:
         for callback in self.on_netns_change:
@@ -166,6 +177,11 @@ class Kubelet:
     @property
     def root(self) -> pathlib.Path:
         return self._root
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The simulated nodes this kubelet runs."""
+        return self._nodes
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -281,6 +297,7 @@ class Kubelet:
         for worker in workers:
             _LIVE.discard(worker)
         self._workers.clear()
+        await asyncio.gather(*(server.aclose() for server in self._fork_servers.values()), return_exceptions=True)
         if self._owns_root:
             shutil.rmtree(self._root, ignore_errors=True)
 

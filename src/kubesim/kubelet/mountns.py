@@ -190,6 +190,17 @@ def _hold_netns() -> int:
     return 0
 
 
+def enter(spec_path: Path) -> None:
+    """Join the spec's network namespace (if any) and make its mount namespace; raises
+    MountError or OSError."""
+    spec = json.loads(spec_path.read_text())
+    if spec.get("netns"):
+        from kubesim.kubelet import netns
+
+        netns.enter(spec["netns"])
+    setup(spec, Path(spec.get("scratch") or spec_path.parent))
+
+
 def main(argv: list[str]) -> int:
     """``mountns SPEC -- ARGV...``: set up, then exec ARGV (exit 127 when a mount fails)."""
     if argv == ["--hold-netns"]:
@@ -197,14 +208,8 @@ def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m kubesim.kubelet.mountns SPEC -- COMMAND...", file=sys.stderr)
         return 2
-    spec_path = Path(argv[0])
-    spec = json.loads(spec_path.read_text())
     try:
-        if spec.get("netns"):
-            from kubesim.kubelet import netns
-
-            netns.enter(spec["netns"])
-        setup(spec, Path(spec.get("scratch") or spec_path.parent))
+        enter(Path(argv[0]))
     except (MountError, OSError) as exc:
         print(f"kubesim: cannot set up the container's mounts: {exc}", file=sys.stderr, flush=True)
         return 127

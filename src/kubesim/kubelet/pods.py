@@ -23,8 +23,9 @@ from typing import Any
 
 from kubesim.controllers import client as kc
 from kubesim.controllers import objects as o
-from kubesim.kubelet import containers, images, probes, volumes
+from kubesim.kubelet import containers, forkserver, images, probes, volumes
 from kubesim.kubelet.images import ImageMap, ImageNotMapped
+from kubesim.kubelet.startslots import StartSlots
 from kubesim.timing import Timing
 
 Obj = dict[str, Any]
@@ -46,6 +47,11 @@ class PodContext:
     services: Callable[[], list[Obj]] = lambda: []
     # Told when a pod's network namespace exists (the Service proxy listens inside it).
     netns_ready: Callable[[PodWorker], None] = lambda worker: None
+    # The nodes' bounded pod starts (``Timing.max_parallel_pod_starts``).
+    start_slots: StartSlots = dataclasses.field(default_factory=lambda: StartSlots(0))
+    # The fork server of an image's ``preload`` modules (``kubesim.kubelet.forkserver``); without
+    # one every container is exec'd.
+    fork_server: Callable[[tuple[str, ...]], forkserver.ForkServer] | None = None
 
 
 class PodWorker:
@@ -64,7 +70,7 @@ class PodWorker:
         self.init_states = {
             c["name"]: containers.ContainerState(c["name"], c.get("image", "")) for c in self.init_specs
         }
-        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.procs: dict[str, containers.ContainerProcess] = {}
         self.initialized = not self.init_specs
         self.ever_started = False
         self.stopping = False
@@ -76,8 +82,10 @@ class PodWorker:
         self._volume_dirs: dict[str, pathlib.Path] = {}
         # The pod's own network namespace (``/proc/<holder>/ns/net``), for pods that serve ports.
         self.netns: str | None = None
-        self._holder: asyncio.subprocess.Process | None = None
-        self._launchers: dict[str, list[str]] = {}
+        self._holder: containers.ContainerProcess | None = None
+        self._mount_specs: dict[str, pathlib.Path] = {}
+        self._release_start: Callable[[], None] | None = None
+        self._start_timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -92,6 +100,7 @@ class PodWorker:
                 *(containers.stop_process(p, grace) for p in list(self.procs.values())),
                 return_exceptions=True,
             )
+            self._start_done()
             if self._holder is not None:
                 await containers.stop_process(self._holder, 0)
         except asyncio.CancelledError:
@@ -115,6 +124,24 @@ class PodWorker:
 
     def changed(self) -> None:
         self._changed.set()
+        if self._release_start is not None and self._started():
+            self._start_done()
+
+    def _started(self) -> bool:
+        """Whether this pod's start is over, for its start slot: every app container Ready, one
+        exited, or an init container failed."""
+        if any(s.terminated is not None and s.terminated["exitCode"] != 0 for s in self.init_states.values()):
+            return True
+        main = self.states.values()
+        return self.initialized and (all(s.ready for s in main) or any(s.terminated is not None for s in main))
+
+    def _start_done(self) -> None:
+        release, self._release_start = self._release_start, None
+        if release is not None:
+            release()
+        if self._start_timer is not None:
+            self._start_timer.cancel()
+            self._start_timer = None
 
     # -- main flow -------------------------------------------------------------------------------
     async def _main(self) -> None:
@@ -129,6 +156,11 @@ class PodWorker:
             refresher = asyncio.create_task(volumes.refresh_tokens(writers, _token_lifetime(self.pod)))
             await asyncio.sleep(self.ctx.timing.container_start_delay)
             self.with_ip = True
+            # The simulated start latency above is not a resource; the process starts below are.
+            self._release_start = await self.ctx.start_slots.acquire(self.node)
+            self._start_timer = asyncio.get_running_loop().call_later(
+                self.ctx.timing.pod_start_timeout, self._start_done
+            )
             for spec in self.init_specs:
                 if not await self._run_init(spec):
                     self.changed()
@@ -139,6 +171,7 @@ class PodWorker:
                     tg.create_task(self._run_container(spec, self.states[spec["name"]]))
             self.changed()
         finally:
+            self._start_done()
             if refresher is not None:
                 refresher.cancel()
 
@@ -200,15 +233,20 @@ class PodWorker:
         volumes.mount(self.dir, spec, self._volume_dirs)
         cwd = volumes.host_path(self.dir, spec["workingDir"]) if spec.get("workingDir") else self.dir
         cwd.mkdir(parents=True, exist_ok=True)
-        return [*self.launcher(spec), *argv], env, cwd
+        return argv, env, cwd
 
     def launcher(self, spec: Obj) -> list[str]:
-        """The argv prefix that puts a process of container ``spec`` in its mount namespace (its
-        spec file is written once: volumes and the network namespace are fixed by then)."""
+        """The argv prefix that puts a process of container ``spec`` in its mount namespace."""
+        path = self._mount_spec(spec)
+        return [] if path is None else [sys.executable, "-m", "kubesim.kubelet.mountns", str(path), "--"]
+
+    def _mount_spec(self, spec: Obj) -> pathlib.Path | None:
+        """Container ``spec``'s mount namespace spec file (``kubesim.kubelet.mountns``), written
+        once: volumes and the network namespace are fixed by then; None without namespaces."""
         if not self.ctx.mount_namespaces:
-            return []
-        if spec["name"] in self._launchers:
-            return self._launchers[spec["name"]]
+            return None
+        if spec["name"] in self._mount_specs:
+            return self._mount_specs[spec["name"]]
         mounts = [
             (str(source), str(target), read_only)
             for source, target, read_only in volumes.binds(spec, self._volume_dirs)
@@ -219,8 +257,25 @@ class PodWorker:
         path = self.dir / ".ns" / f"{spec['name']}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"binds": binds, "hosts": str(self.hosts_path), "netns": self.netns}))
-        self._launchers[spec["name"]] = [sys.executable, "-m", "kubesim.kubelet.mountns", str(path), "--"]
-        return self._launchers[spec["name"]]
+        self._mount_specs[spec["name"]] = path
+        return path
+
+    async def _start_process(
+        self, spec: Obj, argv: list[str], env: dict[str, str], cwd: pathlib.Path
+    ) -> containers.ContainerProcess:
+        """Fork the container from its image's fork server when it can be (``kubesim.kubelet.
+        forkserver``), else exec it through its mount namespace launcher."""
+        log_path = self.dir / ".logs" / f"{spec['name']}.log"
+        rule = self.ctx.image_map.rule_for(str(spec.get("image") or ""))
+        mounts = self._mount_spec(spec)
+        from_rule = rule is not None and list(rule.entrypoint) == argv[: len(rule.entrypoint)]
+        if rule is not None and from_rule and mounts is not None and self.ctx.fork_server is not None:
+            fork = forkserver.forkable(argv, rule.preload)
+            if fork is not None:
+                module, args = fork
+                server = self.ctx.fork_server(rule.preload)
+                return await server.spawn(module, args, env=env, cwd=cwd, log_path=log_path, mounts=mounts)
+        return await containers.start_process([*self.launcher(spec), *argv], env=env, cwd=cwd, log_path=log_path)
 
     @property
     def hosts_path(self) -> pathlib.Path:
@@ -245,9 +300,7 @@ class PodWorker:
         argv, env, cwd = prepared
         started = o.rfc3339(o.now())
         try:
-            proc = await containers.start_process(
-                argv, env=env, cwd=cwd, log_path=self.dir / ".logs" / f"{spec['name']}.log"
-            )
+            proc = await self._start_process(spec, argv, env, cwd)
         except OSError as exc:
             state.terminated = containers.terminated(128, started, reason="StartError")
             state.terminated["message"] = str(exc)
@@ -271,6 +324,8 @@ class PodWorker:
         finally:
             for watcher in watchers:
                 watcher.cancel()
+            # A probe being cancelled still reaps its own process: no task outlives the container.
+            await asyncio.gather(*watchers, return_exceptions=True)
         # A negative return code means "killed by signal N": report it as 128+N like runtimes do.
         code = 128 - code if code < 0 else code
         state.ready = False
@@ -335,7 +390,7 @@ class PodWorker:
             await asyncio.sleep(period)
 
     async def _liveness(
-        self, spec: Obj, proc: asyncio.subprocess.Process, env: dict[str, str], cwd: pathlib.Path
+        self, spec: Obj, proc: containers.ContainerProcess, env: dict[str, str], cwd: pathlib.Path
     ) -> None:
         """Kill the container after ``failureThreshold`` failed liveness probes in a row; the
         restart policy then restarts it (a new process, restartCount + 1), as the kubelet does."""

@@ -1,0 +1,302 @@
+"""A pre-imported fork server for the Python containers of an image: pods share one interpreter
+and its imported modules copy-on-write, and a container start is a fork instead of a Python start.
+
+A container of an image whose rule names ``preload`` modules, when its argv is ``<this python> -m
+MODULE ARGS...`` and the kubelet gives containers their own mount namespace (as root), is forked
+from the image's fork server (``python -m kubesim.kubelet.forkserver PRELOAD...``, one per distinct
+``preload``, started by the kubelet on first use). The server imports the modules once and waits;
+for each start it forks the container's process into a PID namespace of its own, where it is
+PID 1 (as in a container, or bwrap ``--unshare-pid --as-pid-1``: a signal from outside reaches it
+only if it handles it, SIGKILL always; when it exits, everything it started dies), and the child
+does what the exec path's launcher would:
+
+1. a new session (the kubelet signals the container's process group), stdin ``/dev/null``, stdout
+   and stderr appended to the container log, the container's working directory;
+2. the container's mount namespace, exactly as ``kubesim.kubelet.mountns`` makes it (volumes at
+   their ``mountPath``, the pod's ``/etc/hosts``, the pod's network namespace), and a ``/proc``
+   of its PID namespace;
+3. the container's environment and ``sys.argv``, then ``runpy`` runs MODULE as ``__main__``.
+
+The server reports each start's pid and, when the container exits, its status (128+N when
+killed by signal N) back to the kubelet (JSON lines on its stdout). If the server goes, every
+container it started goes with it (parent-death signal), and the kubelet sees them exit with 137.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import gc
+import importlib
+import json
+import os
+import pathlib
+import runpy
+import select
+import signal
+import sys
+import traceback
+from typing import Any
+
+# mountns and netns: imported once here, shared by every container's mount setup.
+from kubesim.kubelet import containers, mountns, netns  # noqa: F401
+
+__all__ = ["ForkServer", "forkable"]
+
+CLONE_NEWPID = 0x20000000
+PR_SET_PDEATHSIG = 1
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+KILLED_WITH_SERVER = 128 + signal.SIGKILL
+
+
+def forkable(argv: list[str], preload: tuple[str, ...]) -> tuple[str, list[str]] | None:
+    """``(MODULE, ARGS)`` when ``argv`` runs ``-m MODULE`` with this interpreter and MODULE is, or
+    is a package above, one of ``preload``; otherwise None (the container is exec'd)."""
+    if not preload or len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m":
+        return None
+    module = argv[2]
+    if not any(name == module or name.startswith(module + ".") for name in preload):
+        return None
+    return module, argv[3:]
+
+
+# -- the kubelet's side ----------------------------------------------------------------------------
+class ForkServer:
+    """The kubelet's handle on one fork server process."""
+
+    def __init__(self, preload: tuple[str, ...], *, env: dict[str, str]) -> None:
+        self.preload = preload
+        self._env = env
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._next_id = 0
+        self._starting: dict[int, asyncio.Future[containers.ReportedProcess]] = {}
+        self._running: dict[int, containers.ReportedProcess] = {}
+        self._lock = asyncio.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    async def _ensure(self) -> asyncio.subprocess.Process:
+        async with self._lock:
+            if self._process is None or self._process.returncode is not None:
+                self._process = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "kubesim.kubelet.forkserver",
+                    *self.preload,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    env=self._env,
+                    start_new_session=True,
+                )
+                self._reader = asyncio.create_task(self._read(self._process), name="kubesim-forkserver")
+            return self._process
+
+    async def spawn(
+        self,
+        module: str,
+        args: list[str],
+        *,
+        env: dict[str, str],
+        cwd: pathlib.Path,
+        log_path: pathlib.Path,
+        mounts: pathlib.Path,
+    ) -> containers.ReportedProcess:
+        """Start ``python -m module args`` as a container (see the module doc); OSError if the
+        server cannot fork."""
+        process = await self._ensure()
+        assert process.stdin is not None
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._next_id += 1
+        ident = self._next_id
+        started: asyncio.Future[containers.ReportedProcess] = asyncio.get_running_loop().create_future()
+        self._starting[ident] = started
+        request = {
+            "id": ident,
+            "module": module,
+            "args": args,
+            "env": env,
+            "cwd": str(cwd),
+            "log": str(log_path),
+            "mounts": str(mounts),
+        }
+        process.stdin.write(json.dumps(request).encode() + b"\n")
+        try:
+            await process.stdin.drain()
+            return await started
+        finally:
+            self._starting.pop(ident, None)
+
+    async def _read(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        try:
+            async for line in process.stdout:
+                message = json.loads(line)
+                ident = message["id"]
+                if "pid" in message:
+                    self._running[ident] = containers.ReportedProcess(message["pid"])
+                    if (waiting := self._starting.get(ident)) is not None and not waiting.done():
+                        waiting.set_result(self._running[ident])
+                elif "error" in message:
+                    if (waiting := self._starting.get(ident)) is not None and not waiting.done():
+                        waiting.set_exception(OSError(f"fork server: {message['error']}"))
+                elif "exit" in message and (forked := self._running.pop(ident, None)) is not None:
+                    forked.exited(int(message["exit"]))
+        finally:
+            # The server is gone, and every container with it (parent-death signals).
+            for forked in self._running.values():
+                forked.exited(KILLED_WITH_SERVER)
+            self._running.clear()
+            for waiting in self._starting.values():
+                if not waiting.done():
+                    waiting.set_exception(OSError("the fork server exited"))
+
+    async def aclose(self) -> None:
+        """Stop the server (its containers die with it) and wait for it."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+
+# -- the server ------------------------------------------------------------------------------------
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent(libc: Any) -> None:
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+def _status_code(status: int) -> int:
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def _container(request: dict[str, Any], libc: Any) -> None:
+    """The forked child, PID 1 of its own PID namespace: session, output, mounts, its own /proc,
+    its environment, then MODULE. Never returns."""
+    code = 127
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        _die_with_parent(libc)
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        os.chdir(request["cwd"])
+        mountns.enter(pathlib.Path(request["mounts"]))
+        proc_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        if libc.mount(b"proc", b"/proc", b"proc", proc_flags, None) != 0:
+            raise OSError(ctypes.get_errno(), f"mount /proc: {os.strerror(ctypes.get_errno())}")
+    except BaseException as exc:  # reported in the container log, like mountns
+        print(f"kubesim: cannot start the container: {exc}", file=sys.stderr, flush=True)
+        os._exit(code)
+    code = 1
+    try:
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = ["-m", *request["args"]]
+        sys.path[0] = os.getcwd()  # what `python -m` puts first
+        try:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+    except BaseException:  # whatever the container raised ends it, as a crash would
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+class _PidNamespaces:
+    """Each fork gets a fresh PID namespace: ``unshare(CLONE_NEWPID)`` only sets the namespace of
+    the caller's next children (once per namespace), so the server returns to its own first."""
+
+    def __init__(self, libc: Any) -> None:
+        self._libc = libc
+        self._home = os.open("/proc/self/ns/pid", os.O_RDONLY)
+
+    def next_child_in_new_namespace(self) -> None:
+        if self._libc.setns(self._home, CLONE_NEWPID) != 0 or self._libc.unshare(CLONE_NEWPID) != 0:
+            raise OSError(ctypes.get_errno(), f"a new PID namespace: {os.strerror(ctypes.get_errno())}")
+
+
+def _send(message: dict[str, Any]) -> None:
+    os.write(1, json.dumps(message).encode() + b"\n")
+
+
+def serve(preload: list[str]) -> int:
+    """Import ``preload``, then fork a container per request on stdin until stdin closes."""
+    for name in preload:
+        importlib.import_module(name)
+    # The imported heap stays untouched by the collector, so the children share its pages.
+    gc.collect()
+    gc.freeze()
+    libc = _libc()
+    namespaces = _PidNamespaces(libc)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    children: dict[int, int] = {}  # container pid -> request id
+    pending = b""
+    while True:
+        try:
+            readable, _, _ = select.select([0, wake_read], [], [])
+        except InterruptedError:
+            continue
+        if wake_read in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_read, 4096)
+            while children:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                if (ident := children.pop(pid, None)) is not None:
+                    _send({"id": ident, "exit": _status_code(status)})
+        if 0 in readable:
+            data = os.read(0, 1 << 16)
+            if not data:
+                return 0  # the kubelet is gone: the children follow (parent-death signals)
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                request = json.loads(line)
+                try:
+                    namespaces.next_child_in_new_namespace()
+                    pid = os.fork()
+                except OSError as exc:
+                    _send({"id": request["id"], "error": str(exc)})
+                    continue
+                if pid == 0:
+                    _container(request, libc)
+                children[pid] = request["id"]
+                _send({"id": request["id"], "pid": pid})
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1:]))

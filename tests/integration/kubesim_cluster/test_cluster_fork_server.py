@@ -1,0 +1,166 @@
+"""Containers of an image with ``preload`` modules are forked from a pre-imported fork server:
+PID 1 of their own PID namespace, in the pod's mount namespace, with their env, cwd and exit
+codes as an exec'd container has them."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+from ksc_helpers import NS, get_or_none, wait_for, wait_gone
+
+from kubesim.cluster import RunningCluster, running_cluster
+from kubesim.controllers import client as kc
+
+HERE = pathlib.Path(__file__).parent
+IMAGES = {
+    "example.com/forkprobe:*": {
+        "entrypoint": [sys.executable, "-m", "forkprobe"],
+        "overrideCommand": True,
+        "preload": ["forkprobe"],
+    },
+    "example.com/execprobe:*": {"entrypoint": [sys.executable, "-m", "forkprobe"], "overrideCommand": True},
+}
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="forked containers need mount namespaces (root)")
+
+
+@pytest.fixture
+async def cluster(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[RunningCluster]:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    async with running_cluster(image_map=IMAGES) as running:
+        yield running
+
+
+def probe_pod(name: str, out: pathlib.Path, *args: str, image: str = "example.com/forkprobe:1") -> dict[str, object]:
+    container = {
+        "name": "main",
+        "image": image,
+        "args": list(args),
+        "workingDir": "/data",
+        "env": [{"name": "PROBE_OUT", "value": str(out)}, {"name": "PROBE_NAME", "value": name}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }
+    spec = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 5,
+        "containers": [container],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+async def terminated(api: kc.KubeClient, name: str) -> dict[str, object] | None:
+    obj = await get_or_none(api, kc.PODS, name)
+    statuses = (obj or {}).get("status", {}).get("containerStatuses") or []
+    return statuses[0]["state"].get("terminated") if statuses else None
+
+
+def process_group(pgid: int) -> list[int]:
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.getpgid(int(entry.name)) == pgid:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def parent_of(pid: int) -> int:
+    return int((pathlib.Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def test_a_forked_container_is_pid_1_in_its_pod_and_reports_its_exit_code(
+    cluster: RunningCluster, tmp_path: pathlib.Path
+) -> None:
+    api = cluster.client()
+    try:
+        out = tmp_path / "seen.json"
+        await api.create(kc.PODS, NS, probe_pod("forked", out, "3"))
+        state = await wait_for(lambda: terminated(api, "forked"), lambda t: t is not None, what="exited")
+        assert state is not None
+        assert state["exitCode"] == 3
+        seen = json.loads(out.read_text())
+        assert seen["preloaded"], "the container was exec'd, not forked from the preloaded server"
+        assert seen["pid"] == 1
+        assert seen["pids"] == [1], "the container sees processes outside its PID namespace"
+        assert seen["volume"]
+        assert seen["cwd"].endswith("/data")  # the working dir's host path, as for an exec'd container
+        assert seen["argv"] == ["3"]
+        assert seen["env"] == {"PROBE_OUT": str(out), "PROBE_NAME": "forked"}
+        assert "forked" in seen["hosts"]
+        phase = (await api.get(kc.PODS, NS, "forked"))["status"]["phase"]
+        assert phase == "Failed"
+    finally:
+        await api.aclose()
+
+
+async def test_an_image_without_preload_is_still_execd(cluster: RunningCluster, tmp_path: pathlib.Path) -> None:
+    api = cluster.client()
+    try:
+        out = tmp_path / "seen.json"
+        await api.create(kc.PODS, NS, probe_pod("execd", out, "0", image="example.com/execprobe:1"))
+        state = await wait_for(lambda: terminated(api, "execd"), lambda t: t is not None, what="exited")
+        assert state is not None
+        assert state["exitCode"] == 0
+        seen = json.loads(out.read_text())
+        assert not seen["preloaded"]
+        assert seen["pid"] != 1
+    finally:
+        await api.aclose()
+
+
+async def test_deleting_a_forked_pod_sends_sigterm_and_kill_takes_the_whole_container(
+    cluster: RunningCluster, tmp_path: pathlib.Path
+) -> None:
+    api = cluster.client()
+    try:
+        out = tmp_path / "seen.json"
+        container, server = await running_waiter(cluster, api, "waiter", out)
+        assert parent_of(container) == server, "the container was not forked from the fork server"
+        assert process_group(container) == [container]
+        await api.delete(kc.PODS, NS, "waiter")
+        await wait_gone(api, kc.PODS, "waiter", within=4.0)  # inside the grace: SIGTERM was handled
+        assert out.with_name(out.name + ".term").exists()
+        assert not pathlib.Path(f"/proc/{container}").exists()
+    finally:
+        await api.aclose()
+
+
+async def asyncio_exists(path: pathlib.Path) -> bool:
+    return path.exists()
+
+
+async def running_waiter(cluster: RunningCluster, api: kc.KubeClient, name: str, out: pathlib.Path) -> tuple[int, int]:
+    """Start a pod that waits for SIGTERM; its container's pid and its fork server's."""
+    created = await api.create(kc.PODS, NS, probe_pod(name, out, "wait"))
+    await wait_for(lambda: asyncio_exists(out), bool, what="container running")
+    assert cluster.components.kubelet is not None
+    worker = cluster.components.kubelet._workers[created["metadata"]["uid"]]
+    assert worker.ctx.fork_server is not None
+    server = worker.ctx.fork_server(("forkprobe",)).pid
+    assert server is not None
+    return worker.procs["main"].pid, server
+
+
+async def test_a_killed_fork_server_takes_its_containers_with_it(
+    cluster: RunningCluster, tmp_path: pathlib.Path
+) -> None:
+    api = cluster.client()
+    try:
+        out = tmp_path / "seen.json"
+        container, server = await running_waiter(cluster, api, "orphan", out)
+        os.kill(server, signal.SIGKILL)
+        state = await wait_for(lambda: terminated(api, "orphan"), lambda t: t is not None, what="exited")
+        assert state is not None
+        assert state["exitCode"] == 137
+        await wait_for(lambda: asyncio_exists(pathlib.Path(f"/proc/{container}")), lambda alive: not alive, what="gone")
+        assert not out.with_name(out.name + ".term").exists()  # killed, not asked to stop
+    finally:
+        await api.aclose()

@@ -1,0 +1,84 @@
+"""A node starts at most ``max_parallel_pod_starts`` pods at a time: a pod holds its node's slot
+from its container start until it is Ready (or exits, or the start timeout passes)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from ksc_helpers import NS, get_or_none, wait_for
+
+from kubesim import timing
+from kubesim.cluster import RunningCluster, running_cluster
+from kubesim.controllers import client as kc
+
+Obj = dict[str, object]
+
+
+def gated_pod(name: str) -> Obj:
+    """A pod that runs at once but is Ready only once ``$KUBESIM_POD_ROOT/ready`` exists."""
+    probe = {"exec": {"command": ["sh", "-c", 'test -f "$KUBESIM_POD_ROOT/ready"']}, "periodSeconds": 0.05}
+    container = {"name": "main", "image": "busybox", "command": ["sleep", "3600"], "readinessProbe": probe}
+    spec = {"terminationGracePeriodSeconds": 0, "containers": [container]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+async def phases(api: kc.KubeClient, names: list[str]) -> dict[str, Obj]:
+    return {n: obj for n in names if (obj := await get_or_none(api, kc.PODS, n)) is not None}
+
+
+def running(pods: dict[str, Obj]) -> dict[str, Obj]:
+    return {n: p for n, p in pods.items() if (p.get("status") or {}).get("phase") == "Running"}  # type: ignore[union-attr]
+
+
+def mark_ready(cluster: RunningCluster, pod: Obj) -> None:
+    assert cluster.pod_root is not None
+    uid = pod["metadata"]["uid"]  # type: ignore[index]
+    (directory,) = [p for p in cluster.pod_root.iterdir() if p.name.endswith(uid[:8])]
+    (directory / "ready").touch()
+
+
+async def test_a_node_starts_one_pod_at_a_time_until_each_is_ready() -> None:
+    one_each = dataclasses.replace(timing.FAST, max_parallel_pod_starts=1, pod_start_timeout=60.0)
+    async with running_cluster(timing=one_each) as cluster:
+        api = cluster.client()
+        try:
+            names = [f"gated-{i}" for i in range(6)]
+            for name in names:
+                await api.create(kc.PODS, NS, gated_pod(name))
+            assert cluster.components.kubelet is not None
+            nodes = len(cluster.components.kubelet.nodes)
+            first = await wait_for(lambda: phases(api, names), lambda p: len(running(p)) == nodes, what="one per node")
+            await asyncio.sleep(0.5)  # long enough for an unbounded kubelet to start the rest
+            still = running(await phases(api, names))
+            assert set(still) == set(running(first)), "a pod started while its node's slot was held"
+            assert len({p["spec"]["nodeName"] for p in still.values()}) == nodes  # type: ignore[index]
+            mark_ready(cluster, next(iter(still.values())))
+            later = await wait_for(
+                lambda: phases(api, names), lambda p: len(running(p)) == nodes + 1, what="the freed slot used"
+            )
+            assert len(running(later)) == nodes + 1
+        finally:
+            await api.aclose()
+
+
+async def test_a_pod_that_never_gets_ready_gives_its_slot_back_after_the_start_timeout() -> None:
+    short = dataclasses.replace(timing.FAST, max_parallel_pod_starts=1, pod_start_timeout=0.3)
+    async with running_cluster(timing=short) as cluster:
+        api = cluster.client()
+        try:
+            names = [f"never-{i}" for i in range(6)]
+            for name in names:
+                await api.create(kc.PODS, NS, gated_pod(name))
+            await wait_for(lambda: phases(api, names), lambda p: len(running(p)) == 6, what="all started")
+        finally:
+            await api.aclose()
+
+
+def test_the_bound_is_configurable_from_the_environment() -> None:
+    assert timing.profile("default", {"KUBESIM_MAX_PARALLEL_POD_STARTS": "3"}).max_parallel_pod_starts == 3
+    assert timing.profile("fast", {}).max_parallel_pod_starts == timing.FAST.max_parallel_pod_starts
+    for bad in ("-1", "many"):
+        with pytest.raises(ValueError, match=r"KUBESIM_MAX_PARALLEL_POD_STARTS must be an integer >= 0"):
+            timing.profile("default", {"KUBESIM_MAX_PARALLEL_POD_STARTS": bad})
