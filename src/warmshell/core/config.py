@@ -331,6 +331,12 @@ class GatewayConfig(_Section):
     exec_stall_timeout_seconds: float = Field(default=60.0, gt=0)
     # Per listening server (public; supervisor.sock): past it a new connection is closed at accept.
     max_connections: int = Field(default=4096, ge=16)
+    # A connection that has not completed its HTTP/2 handshake (client preface and SETTINGS) this
+    # long is closed, so connections opened and left silent hold an accept slot this long at
+    # most (gRPC's own default is 120 s); one with no call in flight for `connection_idle_seconds`
+    # is told to go away (GOAWAY: a gRPC client reconnects on its next call). 0 = never.
+    handshake_timeout_seconds: float = Field(default=10.0, gt=0)
+    connection_idle_seconds: float = Field(default=300.0, ge=0)
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     files: FilesConfig = Field(default_factory=FilesConfig)
     log_level: str = "INFO"
