@@ -89,6 +89,9 @@ class LocalDriverConfig(_Section):
     shm_size: str = "64Mi"
     max_file_size: str = "4Gi"
     max_processes: int = Field(default=1024, ge=16, le=2**22)  # the default process count
+    # Descriptors per sandbox process (RLIMIT_NOFILE); fewer where the sandbox's process count
+    # times this would pass a quarter of the host's fs.file-max (drivers/local/limits.py).
+    max_open_files: int = Field(default=1024, ge=64, le=2**20)
     # cpu and memory of a sandbox that asks for none ("" = no limit); need a delegated cgroup v2.
     default_cpu: str = "1"
     default_memory: str = "2Gi"

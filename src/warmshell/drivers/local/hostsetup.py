@@ -66,7 +66,7 @@ class HostSetup:
         bwrap = _bwrap(config)
         _check_extra_binds(config.extra_ro_binds, paths)
         root = os.geteuid() == 0
-        bounds = limits.Bounds.of(config)
+        bounds = limits.Bounds.of(config, host_file_max=_file_max())
         launcher = _launcher(config, paths, bwrap=bwrap, agent=agent, root=root, bounds=bounds)
         cgroup = cgroup if cgroup is not None else cgroups.detect()
         if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
@@ -84,6 +84,14 @@ class HostSetup:
                 host_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
             ),
         )
+
+
+def _file_max() -> int | None:
+    """The host's file table size (fs.file-max); None where it cannot be read."""
+    try:
+        return int(Path("/proc/sys/fs/file-max").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _bwrap(config: LocalDriverConfig) -> str | None:
