@@ -56,6 +56,10 @@ class LocalDriverConfig(_Section):
     max_pool_replicas: int = Field(default=64, ge=1)
     # Host paths every sandbox also sees, read-only, at the same path (each logged at start).
     extra_ro_binds: list[Path] = Field(default_factory=list)
+    # Directories whose subdirectories a create's or profile's `image` may name as its root
+    # filesystem (directories only the operator can write); an image anywhere else is refused.
+    # Empty: no image roots, only "" (the host's own paths, read-only).
+    image_roots: list[Path] = Field(default_factory=list)
     # A gateway run as root gives each sandbox its own host uid from this range (unused on the
     # host, please); a gateway run by a normal user runs them as that user.
     sandbox_uid_base: int = Field(default=2_000_000, ge=1000, le=2**31 - 2)
@@ -64,12 +68,21 @@ class LocalDriverConfig(_Section):
     # can reach them: root-owned 0711, each workspace 0700 and owned by its sandbox.
     sandbox_dir: Path = Path("/var/lib/warmshell-sandboxes")
 
-    @field_validator("extra_ro_binds", "sandbox_dir")
+    @field_validator("extra_ro_binds", "sandbox_dir", "image_roots")
     @classmethod
     def _absolute(cls, value: list[Path] | Path) -> list[Path] | Path:
         for path in value if isinstance(value, list) else [value]:
             if not path.is_absolute():
                 raise ValueError(f"{str(path)!r} must be an absolute path")
+        return value
+
+    @field_validator("image_roots")
+    @classmethod
+    def _not_the_host_root(cls, value: list[Path]) -> list[Path]:
+        # "/" would allow every directory of the host with a usr/ in it: the allow-list's opposite.
+        for path in value:
+            if path == Path("/"):
+                raise ValueError("'/' would allow any host directory as an image: name the directories of images")
         return value
 
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
