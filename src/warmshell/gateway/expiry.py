@@ -70,7 +70,7 @@ class ExpiryReconciler:
 
     @property
     def watched(self) -> frozenset[SandboxId]:
-        """The sandboxes a pass looks at (for tests and metrics)."""
+        """The sandboxes a pass looks at (for tests)."""
         return frozenset(self._watched)
 
     def _list_all_now(self, expire: bool) -> bool:
