@@ -56,6 +56,10 @@ class LocalDriverConfig(_Section):
     max_pool_replicas: int = Field(default=64, ge=1)
     # Host paths every sandbox also sees, read-only, at the same path (each logged at start).
     extra_ro_binds: list[Path] = Field(default_factory=list)
+    # Directories whose subdirectories a create's or profile's `image` may name as its root
+    # filesystem (directories only the operator can write); an image anywhere else is refused.
+    # Empty: no image roots, only "" (the host's own paths, read-only).
+    image_roots: list[Path] = Field(default_factory=list)
     # A gateway run as root gives each sandbox its own host uid from this range (unused on the
     # host, please); a gateway run by a normal user runs them as that user.
     sandbox_uid_base: int = Field(default=2_000_000, ge=1000, le=2**31 - 2)
@@ -64,12 +68,21 @@ class LocalDriverConfig(_Section):
     # can reach them: root-owned 0711, each workspace 0700 and owned by its sandbox.
     sandbox_dir: Path = Path("/var/lib/warmshell-sandboxes")
 
-    @field_validator("extra_ro_binds", "sandbox_dir")
+    @field_validator("extra_ro_binds", "sandbox_dir", "image_roots")
     @classmethod
     def _absolute(cls, value: list[Path] | Path) -> list[Path] | Path:
         for path in value if isinstance(value, list) else [value]:
             if not path.is_absolute():
                 raise ValueError(f"{str(path)!r} must be an absolute path")
+        return value
+
+    @field_validator("image_roots")
+    @classmethod
+    def _not_the_host_root(cls, value: list[Path]) -> list[Path]:
+        # "/" would allow every directory of the host with a usr/ in it: the allow-list's opposite.
+        for path in value:
+            if path == Path("/"):
+                raise ValueError("'/' would allow any host directory as an image: name the directories of images")
         return value
 
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
@@ -89,6 +102,9 @@ class LocalDriverConfig(_Section):
     shm_size: str = "64Mi"
     max_file_size: str = "4Gi"
     max_processes: int = Field(default=1024, ge=16, le=2**22)  # the default process count
+    # Descriptors per sandbox process (RLIMIT_NOFILE); fewer where the sandbox's process count
+    # times this would pass a quarter of the host's fs.file-max (drivers/local/limits.py).
+    max_open_files: int = Field(default=1024, ge=64, le=2**20)
     # cpu and memory of a sandbox that asks for none ("" = no limit); need a delegated cgroup v2.
     default_cpu: str = "1"
     default_memory: str = "2Gi"
@@ -331,6 +347,12 @@ class GatewayConfig(_Section):
     exec_stall_timeout_seconds: float = Field(default=60.0, gt=0)
     # Per listening server (public; supervisor.sock): past it a new connection is closed at accept.
     max_connections: int = Field(default=4096, ge=16)
+    # A connection that has not completed its HTTP/2 handshake (client preface and SETTINGS) this
+    # long is closed, so connections opened and left silent hold an accept slot this long at
+    # most (gRPC's own default is 120 s); one with no call in flight for `connection_idle_seconds`
+    # is told to go away (GOAWAY: a gRPC client reconnects on its next call). 0 = never.
+    handshake_timeout_seconds: float = Field(default=10.0, gt=0)
+    connection_idle_seconds: float = Field(default=300.0, ge=0)
     rate_limits: RateLimitsConfig = Field(default_factory=RateLimitsConfig)
     files: FilesConfig = Field(default_factory=FilesConfig)
     log_level: str = "INFO"

@@ -5,6 +5,13 @@ gateway restarts; the decision is `core.lifetimes.due`, the deletion the manager
 Exec activity is kept in memory by the manager (an exec costs no store write); each pass stores
 the latest activity of sandboxes that have an idle timeout, so a restart loses at most one
 interval of it. A command still running counts as activity.
+
+A pass looks only at what can expire: the sandboxes with a TTL or an idle timeout, found by one
+listing of every record at start and then kept up to date from the records this gateway writes
+(`SandboxRecords.observe`). With a store shared by replicas the others' writes are not heard
+of, so every `resync_seconds`, and whenever this replica becomes the leader, a pass lists every
+record again (a sandbox created on another replica with a TTL is expired that much later at
+most); each candidate is read again before it is judged, so a TTL refreshed elsewhere holds.
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from warmshell.core import lifetimes, phases
 from warmshell.core.errors import NotFoundError, WarmshellError
+from warmshell.core.ids import SandboxId
 from warmshell.core.models import Phase, SandboxRecord, now_ms
 from warmshell.gateway import metrics
 from warmshell.gateway.events import Progress
@@ -36,11 +45,41 @@ class ExpiryReconciler:
     stores the exec activity it saw, so the leader judges idleness on all of it."""
 
     def __init__(
-        self, manager: SandboxManager, *, interval_seconds: float, leading: Callable[[], bool] = lambda: True
+        self,
+        manager: SandboxManager,
+        *,
+        interval_seconds: float,
+        leading: Callable[[], bool] = lambda: True,
+        resync_seconds: float = 60.0,
     ) -> None:
         self._manager = manager
         self._interval = interval_seconds
         self._leading = leading
+        self._resync = resync_seconds
+        # The sandboxes that can expire (a TTL or an idle timeout), as far as this gateway knows.
+        self._watched: set[SandboxId] = set()
+        self._listed_at: float | None = None  # time.monotonic() of the last listing of every record
+        self._led = False
+        manager.records.observe(self._learn)
+
+    def _learn(self, record: SandboxRecord) -> None:
+        if _can_expire(record):
+            self._watched.add(record.id)
+        else:
+            self._watched.discard(record.id)
+
+    @property
+    def watched(self) -> frozenset[SandboxId]:
+        """The sandboxes a pass looks at (for tests)."""
+        return frozenset(self._watched)
+
+    def _list_all_now(self, expire: bool) -> bool:
+        """Whether this pass lists every record: the first, a replica that just became the
+        leader, and with a shared store every `resync_seconds`."""
+        became_leader, self._led = expire and not self._led, expire
+        if self._listed_at is None or became_leader:
+            return True
+        return not self._manager.records.sees_every_write and time.monotonic() - self._listed_at >= self._resync
 
     async def run(self) -> None:
         """Check every interval until cancelled."""
@@ -52,8 +91,23 @@ class ExpiryReconciler:
             await asyncio.sleep(self._interval)
 
     async def expire_once(self, *, expire: bool = True) -> None:
-        """One pass over every stored sandbox (`expire=False`: only store exec activity)."""
-        for record in await self._manager.records.list():
+        """One pass over the sandboxes that can expire (`expire=False`: only store exec activity)."""
+        listed: dict[SandboxId, SandboxRecord] = {}
+        if self._list_all_now(expire):
+            self._listed_at = time.monotonic()
+            listed = {r.id: r for r in await self._manager.records.list() if _can_expire(r)}
+            self._watched |= listed.keys()
+        candidates = set(self._watched)
+        if not self._manager.records.sees_every_write:
+            # Execs served here on sandboxes another replica made: their activity must be stored
+            # before the leader judges them idle, not only once a listing finds them.
+            candidates |= self._manager.activity.keys()
+        for sandbox_id in candidates:
+            record = listed.get(sandbox_id) or await self._manager.records.get(sandbox_id)
+            if record is None or not _can_expire(record):
+                self._watched.discard(sandbox_id)
+                continue
+            self._watched.add(sandbox_id)
             if record.status.phase == Phase.DELETING:
                 continue
             last = self._last_activity(record)
@@ -94,3 +148,7 @@ class ExpiryReconciler:
         except NotFoundError:
             return  # deleted meanwhile (by a user, or by another replica)
         metrics.SANDBOXES_EXPIRED.labels(reason=reason).inc()
+
+
+def _can_expire(record: SandboxRecord) -> bool:
+    return bool(record.lifetime.expires_at_ms or record.lifetime.idle_timeout_seconds)

@@ -2,7 +2,8 @@
 TCP only; `supervisor.sock` serves the supervisor API alone, so a leaked API token is of no use
 to a caller that can reach only that socket. Each server accepts a bounded number of connections
 and streams per connection, so a flood of connections is refused at accept instead of pinning
-the gateway at its file-descriptor limit."""
+the gateway at its file-descriptor limit; a connection that never completes its handshake, or
+carries no call for long, gives its slot back, so idle connections cannot hold the server shut."""
 
 from __future__ import annotations
 
@@ -28,11 +29,19 @@ def connection_limit(configured: int, fd_limit: int) -> int:
 
 
 def new_server(
-    *, max_connections: int, max_receive_bytes: int, max_connection_age_seconds: float = 0
+    *,
+    max_connections: int,
+    max_receive_bytes: int,
+    handshake_timeout_seconds: float = 10.0,
+    connection_idle_seconds: float = 0,
+    max_connection_age_seconds: float = 0,
 ) -> grpc.aio.Server:
-    """A grpc.aio server with the gateway's limits. `max_connection_age_seconds` (replicas): a
-    connection that old is told to go away gracefully (GOAWAY; its streams carry on), so clients
-    behind a Service reconnect, and spread over the replicas, without losing a call."""
+    """A grpc.aio server with the gateway's limits. A connection is closed if its handshake (the
+    client's preface and SETTINGS) takes longer than `handshake_timeout_seconds`, and told to go
+    away once it has carried no call for `connection_idle_seconds` (0 = never).
+    `max_connection_age_seconds` (replicas): a connection that old is told to go away gracefully
+    (GOAWAY; its streams carry on), so clients behind a Service reconnect, and spread over the
+    replicas, without losing a call."""
     fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if fd_limit == resource.RLIM_INFINITY:
         fd_limit = 1 << 20
@@ -42,7 +51,10 @@ def new_server(
         ("grpc.so_reuseport", 0),
         ("grpc.max_allowed_incoming_connections", connection_limit(max_connections, fd_limit)),
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout_seconds * 1000))),
     ]
+    if connection_idle_seconds > 0:
+        options.append(("grpc.max_connection_idle_ms", int(connection_idle_seconds * 1000)))
     if max_connection_age_seconds > 0:
         options.append(("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)))
     return grpc.aio.server(options=options)

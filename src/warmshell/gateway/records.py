@@ -61,6 +61,22 @@ class SandboxRecords:
         # One lock per sandbox: mutations inside this gateway queue up instead of racing each
         # other into CAS conflicts; CAS still guards against other replicas.
         self._locks: WeakValueDictionary[SandboxId, asyncio.Lock] = WeakValueDictionary()
+        self._observers: list[Callable[[SandboxRecord], None]] = []
+
+    @property
+    def sees_every_write(self) -> bool:
+        """Whether every write of the store goes through here (a store of our own), so an
+        observer hears of every change; with replicas, the others' writes it does not."""
+        return self._rows is not None
+
+    def observe(self, observer: Callable[[SandboxRecord], None]) -> None:
+        """Call `observer` with each record this gateway writes (inserted or changed), once it
+        is written; the record is to read (see the module doc)."""
+        self._observers.append(observer)
+
+    def _written(self, record: SandboxRecord) -> None:
+        for observer in self._observers:
+            observer(record)
 
     async def insert(self, record: SandboxRecord) -> SandboxRecord:
         """Persist a new record (AlreadyExistsError on a duplicate name); `record` is the
@@ -74,6 +90,7 @@ class SandboxRecords:
         )
         record.resource_version = row.resource_version
         self._keep(row, record)
+        self._written(record)
         return record
 
     def _keep(self, row: StoredObject, decoded: SandboxRecord | None = None) -> None:
@@ -211,6 +228,7 @@ class SandboxRecords:
             record.resource_version = row.resource_version
             self._keep(row, record)
             self._bus.publish(sandbox_id, _CHANGED)
+            self._written(record)
             return record
         raise ConflictError(f"sandbox {sandbox_id} kept changing; gave up after {_CAS_ATTEMPTS} attempts")
 

@@ -259,6 +259,8 @@ class Gateway:
             return listening.new_server(
                 max_connections=self.config.max_connections,
                 max_receive_bytes=self.config.max_request_bytes,
+                handshake_timeout_seconds=self.config.handshake_timeout_seconds,
+                connection_idle_seconds=self.config.connection_idle_seconds,
                 max_connection_age_seconds=self.config.replicas.drain_seconds / 2 if shared else 0,
             )
 

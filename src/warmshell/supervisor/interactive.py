@@ -108,6 +108,19 @@ class ExecInput:
                 os.close(writable)
 
 
+async def write_stdin(fd: int, data: bytes) -> None:
+    """Write all of `data` to the pipe `fd`, then close it (EOF), on the event loop rather than
+    in a thread: cancelled (the command exited while a process it left holds its stdin unread)
+    it stops and closes `fd` too, holding nothing. A reader that went away ends it early."""
+    try:
+        fd = await _write(fd, data, close=True)
+    except OSError:
+        pass  # the pipe cannot take it: the command reads EOF
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 async def _write(fd: int, data: bytes, *, close: bool) -> int:
     """Write all of `data` to a non-blocking `fd`, waiting while it is full; the fd, or -1 once
     the reader has gone (closed here when `close`: the rest of stdin is then discarded)."""

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size
+from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size, write_stdin
 
 __all__ = ["OutputSink", "Runner", "WorkdirError", "run_streaming"]
 
@@ -125,19 +125,18 @@ async def run_streaming(
     pumps = asyncio.gather(pump_fd(out_read, False, sink, ended=ended), pump_fd(err_read, True, sink, ended=ended))
     feeding: asyncio.Task[None] | None = None
     try:
-        if io is not None:
-            assert process.stdin is not None
-            # The pipe's own fd, fed by `io` directly (a duplicate: the transport keeps its own).
+        if process.stdin is not None:
+            # The pipe's own fd, written directly (a duplicate; the transport's is closed at once:
+            # asyncio's wait() would wait for it, held by whatever the command left running).
+            # Beside waiting, not before it: the timeout counts while a command that does not
+            # read its stdin keeps the write from finishing.
             stdin_fd = os.dup(process.stdin.get_extra_info("pipe").fileno())
             process.stdin.close()
-            io.feed(stdin, credited=False)
-            feeding = asyncio.create_task(io.serve(stdin_fd, kill=lambda signo: _kill_group(process, signo)))
-        elif stdin:
-            assert process.stdin is not None
-            process.stdin.write(stdin)
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await process.stdin.drain()
-            process.stdin.close()
+            if io is not None:
+                io.feed(stdin, credited=False)
+                feeding = asyncio.create_task(io.serve(stdin_fd, kill=lambda signo: _kill_group(process, signo)))
+            else:
+                feeding = asyncio.create_task(write_stdin(stdin_fd, stdin))
         return await _finish(process, pumps, sink, timeout)
     finally:
         if feeding is not None:

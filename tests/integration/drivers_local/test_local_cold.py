@@ -364,7 +364,9 @@ async def test_image_root_replaces_the_host_root(make_driver: DriverFactory, pat
             "[ -e /usr/bin/dash ] || echo no > /workspace/host-usr; "
             "[ -e /usr/bin/sh ] && echo yes > /workspace/sh; : > /workspace/done"
         )
-        async with make_driver(script=script) as driver:
+        async with make_driver(
+            script=script, config=LocalDriverConfig(workspace_size="", image_roots=[Path(base)])
+        ) as driver:
             spec = SandboxSpec(image=str(image))
             driver.validate("default", spec)
             created = await driver.create(request(spec=spec))

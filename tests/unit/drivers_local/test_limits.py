@@ -3,9 +3,12 @@ what is and is not enforced), the configured maximum."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from warmshell.core.config import LocalDriverConfig
 from warmshell.core.errors import InvalidArgumentError
@@ -55,13 +58,51 @@ def test_a_spec_overrides_the_defaults_it_names() -> None:
 
 def test_the_process_rlimit_needs_a_uid_per_sandbox() -> None:
     bounds = limits.Bounds.of(LocalDriverConfig(max_processes=99))
-    assert limits.prlimit_argv(bounds, uid_per_sandbox=False) == [limits.PRLIMIT, f"--fsize={4 * 2**30}", "--"]
+    assert limits.prlimit_argv(bounds, uid_per_sandbox=False) == [
+        limits.PRLIMIT,
+        f"--fsize={4 * 2**30}",
+        "--nofile=1024",
+        "--",
+    ]
     assert limits.prlimit_argv(bounds, uid_per_sandbox=True) == [
         limits.PRLIMIT,
         f"--fsize={4 * 2**30}",
+        "--nofile=1024",
         "--nproc=99",
         "--",
     ]
+
+
+def test_open_files_per_process_keep_the_sandbox_within_its_share_of_the_file_table() -> None:
+    # A host with fs.file-max 400,000: one sandbox's processes may hold 100,000 open files.
+    bounds = limits.Bounds.of(LocalDriverConfig(), host_file_max=400_000)
+    assert bounds.file_budget == 100_000
+    assert bounds.open_files == 97  # 1024 processes x 97 <= 100,000
+    assert bounds.for_spec(spec(pids=16)).open_files == 1024  # few processes: the configured limit
+    assert bounds.for_spec(spec(pids=32768)).open_files == limits.MIN_OPEN_FILES  # the floor
+    assert limits.Bounds.of(LocalDriverConfig(max_open_files=4096)).open_files == 4096  # no file-max known
+
+
+@given(
+    st.integers(min_value=16, max_value=2**22),
+    st.integers(min_value=64, max_value=2**20),
+    st.integers(min_value=1, max_value=2**63 - 1),
+)
+def test_a_sandbox_never_passes_its_share_unless_at_the_floor(processes: int, per_process: int, file_max: int) -> None:
+    config = LocalDriverConfig(max_open_files=per_process, max_pids=2**22)
+    bounds = dataclasses.replace(limits.Bounds.of(config, host_file_max=file_max), processes=processes)
+    assert limits.MIN_OPEN_FILES <= bounds.open_files <= per_process
+    assert (
+        bounds.open_files == limits.MIN_OPEN_FILES
+        or bounds.open_files * processes <= file_max // limits.FILE_TABLE_SHARE
+    )
+
+
+def test_the_condition_says_when_the_floor_passes_the_share() -> None:
+    bounds = limits.Bounds.of(LocalDriverConfig(), host_file_max=400_000).for_spec(spec(pids=32768))
+    found = limits.condition(bounds, V1, uid_per_sandbox=True)
+    assert "64 open files per process (rlimit)" in found.message
+    assert "open files of all its processes together (32768 x 64)" in found.message.split("Not enforced")[1]
 
 
 def test_the_condition_on_a_cgroup_v1_host_run_as_root() -> None:
@@ -69,7 +110,8 @@ def test_the_condition_on_a_cgroup_v1_host_run_as_root() -> None:
     assert (found.type, found.status, found.reason) == ("ResourceLimits", "False", "CgroupV2Unavailable")
     assert found.message == (
         "enforced: /workspace 1Gi, /tmp 256Mi, /run 16Mi, /dev/shm 64Mi (tmpfs); file size 4Gi (rlimit); "
-        "1024 processes (rlimit). Not enforced: memory 2Gi, cpu 1 (cgroup v1 host)."
+        "1024 open files per process (rlimit); 1024 processes (rlimit). "
+        "Not enforced: memory 2Gi, cpu 1 (cgroup v1 host)."
     )
 
 

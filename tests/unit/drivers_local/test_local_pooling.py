@@ -331,3 +331,59 @@ async def _check_a_large_pool(pools: PoolSet, members: Members) -> None:
     assert 1 < most <= 16
     assert len(pool.members) == 100
     assert not members.stopped
+class Untouchable(list[Instance]):
+    """A pool's members that fail the test if walked."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("view() walked the members")
+
+
+def walked(pool: Pool) -> int:
+    return sum(1 for m in list.__iter__(pool.members) if m.registered and m.alive)
+
+
+async def test_a_view_counts_ready_members_without_walking_them(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile(replicas=6)}, {})
+    pool = await registered(pools, members, "p", 6)
+    assert pool.view().ready == walked(pool) == 6
+    pool.members = Untouchable(pool.members)
+    assert (pool.view().ready, pool.view().idle) == (6, 6)
+    pool.members = list(list.__iter__(pool.members))
+    # Every way a member leaves: claimed, ended on its own, spent by the liveness check, scaled down.
+    claimed = pool.claim()
+    assert claimed is not None
+    assert pool.view().ready == walked(pool) == 5
+    ended = pool.members[0]
+    ended.state = BackendState.EXITED
+    pools.member_ended(ended, "exited")
+    assert pool.view().ready == walked(pool) == 4
+    agent(pool.members[0]).answers = False
+    await settle(lambda: pool.view().ready == 3)
+    assert walked(pool) == 3
+    pools.apply({"p": profile(replicas=1)}, {})
+    await settle(lambda: len(pool.members) == 1)
+    assert pool.view().ready == walked(pool) <= 1
+    # A second registration of the same member counts it once; a retired pool counts none.
+    for member in list(pool.members):
+        member.registered = True
+        pools.member_registered(member)
+        pools.member_registered(member)
+    assert pool.view().ready == walked(pool) == 1
+    pools.apply({"p": profile(replicas=1, environment={"NEW": "1"})}, {})
+    assert pool.view().ready == 0
+
+
+async def test_a_member_that_registered_during_its_spawn_counts_as_ready(pools: PoolSet, members: Members) -> None:
+    spawn = members.spawn
+
+    async def registering_first(pool: Pool) -> Instance:
+        member = await spawn(pool)
+        member.registered = True
+        pools.member_registered(member)  # before the pool has it: not counted here...
+        return member
+
+    members.spawn = registering_first  # type: ignore[method-assign]
+    pools.apply({"p": profile(replicas=2)}, {})
+    pool = internal(pools, "p")
+    await settle(lambda: len(pool.members) == 2)
+    assert pool.view().ready == walked(pool) == 2  # ...but once it joins

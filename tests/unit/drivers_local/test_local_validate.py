@@ -17,10 +17,21 @@ from warmshell.drivers.local.launching import AGENT_BINARY
 
 
 @pytest.fixture
-def driver(tmp_path: Path) -> LocalDriver:
+def images(tmp_path: Path) -> Path:
+    (tmp_path / "images").mkdir()
+    return tmp_path / "images"
+
+
+@pytest.fixture
+def driver(tmp_path: Path, images: Path) -> LocalDriver:
     # Unisolated so these tests run on hosts without bwrap too; validation does not care.
-    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True)
-    return LocalDriver(config, StatePaths(tmp_path), cgroup=cgroups.Unavailable("test"))
+    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True, image_roots=[images])
+    return LocalDriver(config, StatePaths(tmp_path / "state"), cgroup=cgroups.Unavailable("test"))
+
+
+def rootfs(path: Path) -> Path:
+    (path / "usr").mkdir(parents=True)
+    return path
 
 
 def test_default_image_is_the_host_root(driver: LocalDriver) -> None:
@@ -28,10 +39,51 @@ def test_default_image_is_the_host_root(driver: LocalDriver) -> None:
     driver.validate("default", SandboxSpec())
 
 
-def test_image_directory(driver: LocalDriver, tmp_path: Path) -> None:
-    image = tmp_path / "rootfs"
-    (image / "usr").mkdir(parents=True)
-    driver.validate("default", SandboxSpec(image=str(image)))
+def test_image_directory(driver: LocalDriver, images: Path) -> None:
+    driver.validate("default", SandboxSpec(image=str(rootfs(images / "debian"))))
+    driver.validate("default", SandboxSpec(image=str(rootfs(images / "team" / "python"))))
+
+
+def test_an_image_outside_the_image_roots_is_refused_naming_the_field_and_the_key(
+    driver: LocalDriver, images: Path, tmp_path: Path
+) -> None:
+    outside = rootfs(tmp_path / "elsewhere")
+    (images / "escape").symlink_to(outside)  # a link inside a root counts where it leads
+    rootfs(images / "debian")
+    rules = set()
+    for image in (outside, tmp_path / "no-such", images / "escape", images / ".." / "elsewhere", images, Path("/")):
+        with pytest.raises(InvalidArgumentError) as caught:
+            driver.validate("default", SandboxSpec(image=str(image)))
+        assert caught.value.field == "spec.image"
+        assert "local.image_roots" in caught.value.rule
+        assert repr(str(images)) in caught.value.rule
+        rules.add(caught.value.rule.removeprefix(repr(str(image))))
+    # Existing or not, a directory or a link: the same answer, so nothing is learnt of the host.
+    assert len(rules) == 1, rules
+    assert "root filesystem" in rules.pop()
+
+
+def test_without_image_roots_only_the_host_root_is_an_image(tmp_path: Path) -> None:
+    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True)
+    driver = LocalDriver(config, StatePaths(tmp_path / "state"), cgroup=cgroups.Unavailable("test"))
+    driver.validate("default", SandboxSpec())
+    with pytest.raises(InvalidArgumentError) as caught:
+        driver.validate("default", SandboxSpec(image=str(rootfs(tmp_path / "debian"))))
+    assert caught.value.field == "spec.image"
+    assert "local.image_roots is empty" in caught.value.rule
+
+
+@pytest.mark.parametrize(("roots", "rule"), [(["/"], "any host directory"), (["images"], "absolute path")])
+def test_an_image_root_must_be_absolute_and_not_the_host_root(roots: list[str], rule: str) -> None:
+    with pytest.raises(ValueError, match=rule):
+        LocalDriverConfig(image_roots=roots)  # type: ignore[arg-type]
+
+
+def test_an_image_root_may_not_overlap_the_state_dir(tmp_path: Path) -> None:
+    for root in (tmp_path, tmp_path / "state", tmp_path / "state" / "images"):
+        config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True, image_roots=[root])
+        with pytest.raises(FailedPreconditionError, match=r"local\.image_roots"):
+            LocalDriver(config, StatePaths(tmp_path / "state"), cgroup=cgroups.Unavailable("test"))
 
 
 @pytest.mark.parametrize("image", ["ubuntu:24.04", "relative/dir", "/nonexistent/rootfs"])
@@ -42,9 +94,10 @@ def test_bad_images(driver: LocalDriver, image: str) -> None:
     assert "root filesystem" in caught.value.rule
 
 
-def test_image_without_usr(driver: LocalDriver, tmp_path: Path) -> None:
+def test_image_without_usr(driver: LocalDriver, images: Path) -> None:
+    (images / "empty").mkdir()
     with pytest.raises(InvalidArgumentError, match="usr"):
-        driver.validate("default", SandboxSpec(image=str(tmp_path)))
+        driver.validate("default", SandboxSpec(image=str(images / "empty")))
 
 
 def test_runtime_class_is_refused(driver: LocalDriver) -> None:
@@ -75,6 +128,22 @@ def test_a_profile_over_the_maximums_names_its_file_and_key(tmp_path: Path) -> N
     assert "'1500m' is more than this gateway allows (1000m)" in caught.value.rule
     within = parse_profile(text.replace("1500m", "1"), name="ok", source="/pools/ok.toml", max_replicas=4)
     admission.check_profile(within, host)
+
+
+def test_a_profile_naming_an_image_outside_the_roots_names_its_file_and_key(tmp_path: Path, images: Path) -> None:
+    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True, image_roots=[images])
+    host = HostSetup.of(config, StatePaths(tmp_path / "state"), agent=AGENT_BINARY, cgroup=cgroups.Unavailable("t"))
+    outside = rootfs(tmp_path / "elsewhere")
+    text = f'version = 1\nworkspace = "default"\nreplicas = 1\nimage = "{outside}"\n'
+    profile = parse_profile(text, name="img", source="/pools/img.toml", max_replicas=4)
+    with pytest.raises(ProfileError) as caught:
+        admission.check_profile(profile, host)
+    assert (caught.value.source, caught.value.key) == ("/pools/img.toml", "image")
+    assert "local.image_roots" in caught.value.rule
+    inside = str(rootfs(images / "debian"))
+    admission.check_profile(
+        parse_profile(text.replace(str(outside), inside), name="ok", source="/p.toml", max_replicas=4), host
+    )
 
 
 def test_the_maximums_are_read_once_when_the_driver_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,22 +4,45 @@ on its pool instead of failing every refill)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import SandboxSpec
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.local import images, limits
 from warmshell.drivers.local.hostsetup import HostSetup
 
-__all__ = ["check_profile", "check_spec"]
+__all__ = ["check_image_root", "check_profile", "check_spec"]
 
 
 def check_spec(spec: SandboxSpec, host: HostSetup) -> None:
-    """The image is "" or an unpacked root filesystem directory, there are no runtime classes,
-    and nothing asked for is over the gateway's maximums (InvalidArgumentError naming the field)."""
+    """The image is "" or an unpacked root filesystem directory under one of the image roots,
+    there are no runtime classes, and nothing asked for is over the gateway's maximums
+    (InvalidArgumentError naming the field)."""
     if spec.runtime_class_name:
         raise InvalidArgumentError("spec.runtime_class_name", "must be empty on the local driver (no runtime classes)")
+    if spec.image:
+        check_image_root(spec.image, host.image_roots)
     images.check_image(spec.image)
     limits.check_maximum(spec, host.maximums)
+
+
+def check_image_root(image: str, roots: Sequence[Path], *, field: str = "spec.image") -> None:
+    """Raise InvalidArgumentError unless `image`, symlinks followed, is a directory below one of
+    `roots` (resolved). First, and with the same answer for a path that exists and one that does
+    not, so a caller cannot probe the host's directories through the image's errors."""
+    if not roots:
+        raise InvalidArgumentError(
+            field, f'{image!r}: this gateway allows no image root filesystems (local.image_roots is empty); use ""'
+        )
+    target = Path(os.path.realpath(image)) if os.path.isabs(image) else None
+    if target is None or not any(root in target.parents for root in roots):
+        allowed = ", ".join(repr(str(root)) for root in roots)
+        raise InvalidArgumentError(
+            field, f'{image!r}: an image is "" or a root filesystem directory below local.image_roots ({allowed})'
+        )
 
 
 def check_profile(profile: Profile, host: HostSetup) -> None:

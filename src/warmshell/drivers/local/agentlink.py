@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from warmshell.drivers.local import agentwire
 from warmshell.drivers.local.agentwire import Kind, Reply, Stage
-from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size
+from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size, write_stdin
 from warmshell.supervisor.processes import OutputSink, WorkdirError
 
 __all__ = ["AgentError", "AgentLink"]
@@ -153,7 +153,8 @@ class AgentLink:
                 asyncio.ensure_future(pump_fd(err_read, True, sink, ended=ended)),
             ]
             if io is None and in_write >= 0:
-                work.append(asyncio.ensure_future(asyncio.to_thread(_write_all, in_write, stdin)))
+                # Not one of the pumps: it ends with the command (see `write_stdin`).
+                feeding = asyncio.ensure_future(write_stdin(in_write, stdin))
         pumps = asyncio.gather(*work)
         try:
             async with asyncio.timeout(timeout):
@@ -321,15 +322,3 @@ def _close(*fds: int) -> None:
     for fd in fds:
         if fd >= 0:
             os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Blocking (run in a thread): the command's stdin, then EOF."""
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    except (BrokenPipeError, OSError):
-        pass
-    finally:
-        os.close(fd)

@@ -50,6 +50,7 @@ class HostSetup:
     workspaces: Path | None
     refill_nice: int
     maximums: limits.Maximums  # read once here, checked on every create and profile
+    image_roots: tuple[Path, ...] = ()  # `local.image_roots`, resolved once here
 
     @classmethod
     def of(
@@ -65,8 +66,9 @@ class HostSetup:
         the settings; `cgroup` None: detect it."""
         bwrap = _bwrap(config)
         _check_extra_binds(config.extra_ro_binds, paths)
+        image_roots = _image_roots(config.image_roots, paths)
         root = os.geteuid() == 0
-        bounds = limits.Bounds.of(config)
+        bounds = limits.Bounds.of(config, host_file_max=_file_max())
         launcher = _launcher(config, paths, bwrap=bwrap, agent=agent, root=root, bounds=bounds)
         cgroup = cgroup if cgroup is not None else cgroups.detect()
         if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
@@ -83,7 +85,16 @@ class HostSetup:
                 host_cpus=os.cpu_count() or 1,
                 host_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
             ),
+            image_roots=image_roots,
         )
+
+
+def _file_max() -> int | None:
+    """The host's file table size (fs.file-max); None where it cannot be read."""
+    try:
+        return int(Path("/proc/sys/fs/file-max").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _bwrap(config: LocalDriverConfig) -> str | None:
@@ -121,6 +132,19 @@ def _check_extra_binds(binds: Sequence[Path], paths: StatePaths) -> None:
             raise FailedPreconditionError(
                 f"local.extra_ro_binds: {str(bind)!r} overlaps the gateway's state directory {str(state)!r}"
             )
+
+
+def _image_roots(roots: Sequence[Path], paths: StatePaths) -> tuple[Path, ...]:
+    """The image roots, resolved (a symlinked root is checked against where it leads); one that
+    overlaps the gateway's state directory is refused, as an extra bind is."""
+    state = paths.root.resolve()
+    resolved = tuple(root.resolve() for root in roots)
+    for root, source in zip(roots, resolved, strict=True):
+        if source == state or source in state.parents or state in source.parents:
+            raise FailedPreconditionError(
+                f"local.image_roots: {str(root)!r} overlaps the gateway's state directory {str(state)!r}"
+            )
+    return resolved
 
 
 def _etc_dir(config: LocalDriverConfig, paths: StatePaths, *, root: bool) -> Path:

@@ -5,8 +5,11 @@ Always, under bubblewrap: sized tmpfs for `/workspace`, `/tmp`, `/run` and `/dev
 itself is remounted read-only), a file-size rlimit on every process; with a uid per sandbox (a
 gateway run as root) a process-count rlimit, which counts that uid's processes, i.e. that
 sandbox's alone. cpu and memory (and the process count without a uid per sandbox) need a
-delegated cgroup v2 (`cgroups`). A sandbox that hits a bound gets ENOSPC, EFBIG, EAGAIN or the
-OOM killer inside; nothing outside it is affected.
+delegated cgroup v2 (`cgroups`). Open files: a descriptor rlimit per process, lowered so that the
+sandbox's processes together cannot hold more than a share of the host's file table
+(fs.file-max, which every process on the host shares: once full, every open gets ENFILE). A
+sandbox that hits a bound gets ENOSPC, EFBIG, EAGAIN, EMFILE or the OOM killer inside; nothing
+outside it is affected.
 
 `/workspace` is a tmpfs, mounted by bwrap in the sandbox's own mount namespace: nearly free to
 set up (bench/workspace_bounds.py measured it against a loop-mounted image), gone with the
@@ -29,6 +32,11 @@ from warmshell.drivers.local import cgroups
 __all__ = ["PRLIMIT", "Bounds", "Maximums", "check_maximum", "condition", "prlimit_argv", "rlimit_options"]
 
 PRLIMIT = "/usr/bin/prlimit"  # util-linux, on every Debian
+# One sandbox's processes may hold at most this fraction of the host's file table between them.
+FILE_TABLE_SHARE = 4
+# ...but each process keeps at least this many descriptors (a pids request so large that this
+# floor passes the share is bounded by its process count alone; the condition says so).
+MIN_OPEN_FILES = 64
 
 
 @dataclass(frozen=True)
@@ -43,10 +51,13 @@ class Bounds:
     processes: int
     cpu_millis: int | None = None
     memory_bytes: int | None = None
+    max_open_files: int = 1024  # descriptors per process, at most (`local.max_open_files`)
+    file_budget: int | None = None  # open files of all its processes together (None: no budget)
 
     @classmethod
-    def of(cls, config: LocalDriverConfig) -> Bounds:
-        """The gateway's defaults (`[local]`)."""
+    def of(cls, config: LocalDriverConfig, *, host_file_max: int | None = None) -> Bounds:
+        """The gateway's defaults (`[local]`); `host_file_max` (fs.file-max) sets the open-file
+        budget to a `FILE_TABLE_SHARE` of it."""
         return cls(
             workspace_bytes=_size(config.workspace_size, "local.workspace_size"),
             tmp_bytes=memory_bytes(config.tmp_size, field="local.tmp_size"),
@@ -56,7 +67,17 @@ class Bounds:
             processes=config.max_processes,
             cpu_millis=cpu_millis(config.default_cpu, field="local.default_cpu") if config.default_cpu else None,
             memory_bytes=_size(config.default_memory, "local.default_memory"),
+            max_open_files=config.max_open_files,
+            file_budget=host_file_max // FILE_TABLE_SHARE if host_file_max else None,
         )
+
+    @property
+    def open_files(self) -> int:
+        """RLIMIT_NOFILE of each process: `max_open_files`, or less where the process count
+        times that would pass the budget (never under `MIN_OPEN_FILES`)."""
+        if self.file_budget is None:
+            return self.max_open_files
+        return max(MIN_OPEN_FILES, min(self.max_open_files, self.file_budget // self.processes))
 
     def for_spec(self, spec: SandboxSpec) -> Bounds:
         """These defaults with what the spec asks for (its resources, its profile's storage)."""
@@ -84,11 +105,11 @@ def _size(text: str, field: str) -> int | None:
 
 
 def rlimit_options(bounds: Bounds, *, uid_per_sandbox: bool) -> list[str]:
-    """The sandbox's rlimits as prlimit-style options (`--fsize=N`, `--nproc=N`), what
-    `warmshell-launch` takes: set before bwrap execs, inherited by all it starts, and not raised
-    again without CAP_SYS_RESOURCE. The process count only with a uid per sandbox: RLIMIT_NPROC
-    counts every process of the uid."""
-    options = [f"--fsize={bounds.file_bytes}"]
+    """The sandbox's rlimits as prlimit-style options (`--fsize=N`, `--nofile=N`, `--nproc=N`),
+    what `warmshell-launch` takes: set before bwrap execs, inherited by all it starts, and not
+    raised again without CAP_SYS_RESOURCE. The process count only with a uid per sandbox:
+    RLIMIT_NPROC counts every process of the uid."""
+    options = [f"--fsize={bounds.file_bytes}", f"--nofile={bounds.open_files}"]
     if uid_per_sandbox:
         options.append(f"--nproc={bounds.processes}")
     return options
@@ -114,12 +135,15 @@ def condition(
     else:
         missing.append("/workspace disk use (local.workspace_size is empty)")
     enforced = [f"{', '.join(places)} (tmpfs)", f"file size {render_memory(bounds.file_bytes)} (rlimit)"]
+    enforced.append(f"{bounds.open_files} open files per process (rlimit)")
     if "pids" in controllers:
         enforced.append(f"{bounds.processes} processes (cgroup v2)")
     elif uid_per_sandbox:
         enforced.append(f"{bounds.processes} processes (rlimit)")
     else:
         missing.append("process count (sandboxes share the gateway's uid)")
+    if bounds.file_budget is not None and bounds.open_files * bounds.processes > bounds.file_budget:
+        missing.append(f"open files of all its processes together ({bounds.processes} x {bounds.open_files})")
     for name, amount in (
         ("memory", None if bounds.memory_bytes is None else render_memory(bounds.memory_bytes)),
         ("cpu", None if bounds.cpu_millis is None else render_cpu(bounds.cpu_millis)),

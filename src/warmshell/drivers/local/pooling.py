@@ -75,6 +75,9 @@ class Pool:
     profile: Profile
     fingerprint: Fingerprint
     members: list[Instance] = field(default_factory=list)
+    # The instance ids of the registered ones among `members`, kept as members come, register
+    # and go, so that a view costs nothing per member (a pool of a thousand is listed often).
+    ready: set[str] = field(default_factory=set)
     spawning: int = 0
     hits: int = 0
     misses: int = 0
@@ -105,13 +108,15 @@ class Pool:
         """Take the oldest registered idle member out of the pool (it never comes back)."""
         for index, member in enumerate(self.members):
             if member.registered and member.alive:
+                self.ready.discard(member.instance_id)
                 return self.members.pop(index)
         return None
 
     def view(self, extra: tuple[DriverCondition, ...] = ()) -> PoolView:
         """How `warmshell pool list` shows it."""
         profile = self.profile
-        claimable = sum(1 for m in self.members if m.registered and m.alive)
+        # (A registered member whose process just ended counts until its end is handled.)
+        claimable = len(self.ready)
         return PoolView(
             name=profile.name,
             workspace=profile.workspace,
@@ -243,6 +248,7 @@ class PoolSet:
     def _retire(self, pool: Pool) -> None:
         pool.retired = True
         members, pool.members = pool.members, []
+        pool.ready.clear()
         for member in members:
             self._background(self._members.stop(member))
 
@@ -252,6 +258,7 @@ class PoolSet:
         """A member's supervisor registered: it can be claimed; the pool is healthy again."""
         pool = self._pools.get(member.pool_name)
         if pool is not None and member in pool.members:
+            pool.ready.add(member.instance_id)
             pool.failures = 0
             pool.conditions = ()
 
@@ -262,6 +269,7 @@ class PoolSet:
         if pool is None or member not in pool.members:
             return
         pool.members.remove(member)
+        pool.ready.discard(member.instance_id)
         if not member.registered:
             self._failed(pool, message)
         self.wake()
@@ -345,6 +353,7 @@ class PoolSet:
                     self._probe_seconds,
                 )
                 pool.members.remove(member)
+                pool.ready.discard(member.instance_id)
                 self._spend(member)
                 self.wake()
 
@@ -414,6 +423,7 @@ class PoolSet:
                 # Fewer replicas now: stop the youngest (least likely registered) members.
                 extra, pool.members = pool.members[missing:], pool.members[:missing]
                 for member in extra:
+                    pool.ready.discard(member.instance_id)
                     self._background(self._members.stop(member))
         if self._timer is not None:
             self._timer.cancel()
@@ -434,6 +444,8 @@ class PoolSet:
                 await self._members.stop(member)
             else:
                 pool.members.append(member)
+                if member.registered:  # (it registered while its spawn was being awaited)
+                    pool.ready.add(member.instance_id)
         finally:
             pool.spawning -= 1
             self.wake()

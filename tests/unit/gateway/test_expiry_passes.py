@@ -1,0 +1,135 @@
+"""What an expiry pass reads: after one listing at start, only the sandboxes that can expire (a
+TTL or an idle timeout), learnt from this gateway's own writes; with a store other replicas also
+write, a listing again every `resync_seconds` and on becoming the leader. Over a real SQLite
+store, counting the listings and reads that reach it; the manager is a stand-in with just what
+the reconciler uses."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from warmshell.core.ids import SandboxId
+from warmshell.core.models import Lifetime, SandboxRecord, now_ms
+from warmshell.gateway.events import EventBus
+from warmshell.gateway.expiry import ExpiryReconciler
+from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.store.base import StoredObject
+from warmshell.gateway.store.sqlite import SqliteStore, open_sqlite_store
+
+
+class CountingStore:
+    """The real store, counting the listings and reads that reach it."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        self.listings = 0
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    async def list(self, kind: str, workspace: str | None = None) -> list[StoredObject]:
+        self.listings += 1
+        return await self.store.list(kind, workspace)
+
+    async def get(self, kind: str, id: str) -> StoredObject | None:
+        self.reads += 1
+        return await self.store.get(kind, id)
+
+
+@dataclass
+class Manager:
+    """What the reconciler uses of the SandboxManager."""
+
+    records: SandboxRecords
+    bus: EventBus = field(default_factory=EventBus)
+    activity: dict[SandboxId, int] = field(default_factory=dict)
+    sessions: dict[SandboxId, object] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+
+    async def delete(self, workspace: str, name: str) -> None:
+        record = await self.records.get_by_name(workspace, name)
+        await self.records.remove(record.id)
+        self.deleted.append(name)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[CountingStore]:
+    sqlite = await open_sqlite_store(tmp_path / "db.sqlite")
+    try:
+        yield CountingStore(sqlite)
+    finally:
+        await sqlite.aclose()
+
+
+def record(name: str, **lifetime: int) -> SandboxRecord:
+    return SandboxRecord(id=SandboxId(f"sb-{name}"), name=name, lifetime=Lifetime(**lifetime))
+
+
+async def test_with_a_store_of_its_own_a_pass_reads_only_what_can_expire(store: CountingStore) -> None:
+    records = SandboxRecords(store, EventBus(), exclusive=True)  # type: ignore[arg-type]
+    manager = Manager(records)
+    for i in range(50):
+        await records.insert(record(f"forever-{i}"))
+    await records.insert(record("old-ttl", expires_at_ms=now_ms() + 3_600_000))
+    expiry = ExpiryReconciler(manager, interval_seconds=1)  # type: ignore[arg-type]
+    await expiry.expire_once()  # the first pass lists every record, once
+    assert store.listings == 1
+    assert expiry.watched == {SandboxId("sb-old-ttl")}
+    # Made after it: heard of from the write, not from a listing.
+    await records.insert(record("brief", expires_at_ms=now_ms() - 1))
+    await records.insert(record("idle", idle_timeout_seconds=3600, last_activity_ms=now_ms()))
+    later = await records.insert(record("later"))
+    await records.mutate(later.id, lambda r: setattr(r.lifetime, "expires_at_ms", now_ms() + 3_600_000))
+    for _ in range(3):
+        await expiry.expire_once()
+    assert store.listings == 1
+    assert manager.deleted == ["brief"]
+    assert expiry.watched == {SandboxId("sb-old-ttl"), SandboxId("sb-idle"), SandboxId("sb-later")}
+    # A refresh that takes the limit away takes it off the list.
+    await records.mutate(later.id, lambda r: setattr(r.lifetime, "expires_at_ms", 0))
+    assert SandboxId("sb-later") not in expiry.watched
+
+
+async def test_with_a_shared_store_it_lists_again_every_resync_and_on_becoming_the_leader(
+    store: CountingStore,
+) -> None:
+    ours = SandboxRecords(store, EventBus())  # type: ignore[arg-type]
+    theirs = SandboxRecords(store.store, EventBus())  # another replica on the same store
+    manager = Manager(ours)
+    leading = [False]
+    expiry = ExpiryReconciler(manager, interval_seconds=1, leading=lambda: leading[0], resync_seconds=3600)  # type: ignore[arg-type]
+    await expiry.expire_once(expire=False)
+    assert store.listings == 1
+    await theirs.insert(record("theirs", expires_at_ms=now_ms() - 1))
+    await expiry.expire_once(expire=False)
+    assert (store.listings, manager.deleted) == (1, [])  # not heard of, and not the leader anyway
+    await expiry.expire_once(expire=True)  # just became the leader: it lists, and finds it
+    assert (store.listings, manager.deleted) == (2, ["theirs"])
+    await theirs.insert(record("theirs-too", expires_at_ms=now_ms() - 1))
+    await expiry.expire_once(expire=True)
+    assert (store.listings, manager.deleted) == (2, ["theirs"])  # until the resync is due
+    expiry._listed_at = 0.0  # (as if resync_seconds had passed)
+    await expiry.expire_once(expire=True)
+    assert (store.listings, manager.deleted) == (3, ["theirs", "theirs-too"])
+
+
+async def test_with_a_shared_store_activity_served_here_is_stored_before_a_listing_finds_it(
+    store: CountingStore,
+) -> None:
+    ours = SandboxRecords(store, EventBus())  # type: ignore[arg-type]
+    theirs = SandboxRecords(store.store, EventBus())
+    manager = Manager(ours)
+    expiry = ExpiryReconciler(manager, interval_seconds=1, resync_seconds=3600)  # type: ignore[arg-type]
+    await expiry.expire_once(expire=False)
+    made = await theirs.insert(record("idle", idle_timeout_seconds=3600, last_activity_ms=1))
+    manager.activity[made.id] = now_ms()  # an exec served by this replica
+    await expiry.expire_once(expire=False)
+    stored = await theirs.get(made.id)
+    assert stored is not None
+    assert stored.lifetime.last_activity_ms == manager.activity[made.id]
+    assert store.listings == 1
