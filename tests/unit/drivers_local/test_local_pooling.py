@@ -331,6 +331,8 @@ async def _check_a_large_pool(pools: PoolSet, members: Members) -> None:
     assert 1 < most <= 16
     assert len(pool.members) == 100
     assert not members.stopped
+
+
 class Untouchable(list[Instance]):
     """A pool's members that fail the test if walked."""
 
