@@ -105,16 +105,18 @@ def machine_stat() -> dict[str, int]:
     return {name: int(int(value) * TICK_NS) for name, value in zip(STAT_FIELDS, ticks, strict=False)}
 
 
-def tasks_ns() -> dict[int, tuple[int, str, int]]:
-    """Every process on the machine: pid -> (parent pid, name, CPU ns of all its threads)."""
-    out: dict[int, tuple[int, str, int]] = {}
+def tasks_ns() -> dict[int, tuple[int, str, int, int]]:
+    """Every process on the machine: pid -> (parent pid, name, CPU ns of all its threads, CPU ns
+    of the children it reaped: tick-sampled)."""
+    out: dict[int, tuple[int, str, int, int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as handle:
                 head, _, rest = handle.read().rpartition(")")
-            ppid = int(rest.split()[1])
+            fields = rest.split()
+            ppid, reaped = int(fields[1]), int((int(fields[13]) + int(fields[14])) * TICK_NS)
             name = head.partition("(")[2]
             ns = 0
             for tid in os.listdir(f"/proc/{entry}/task"):
@@ -122,28 +124,31 @@ def tasks_ns() -> dict[int, tuple[int, str, int]]:
                     ns += int(handle.read().split()[0])
         except (OSError, ValueError, IndexError):
             continue
-        out[int(entry)] = (ppid, name, ns)
+        out[int(entry)] = (ppid, name, ns, reaped)
     return out
 
 
 def machine_split(
-    before: tuple[dict[str, int], dict[int, tuple[int, str, int]]],
-    after: tuple[dict[str, int], dict[int, tuple[int, str, int]]],
+    before: tuple[dict[str, int], dict[int, tuple[int, str, int, int]]],
+    after: tuple[dict[str, int], dict[int, tuple[int, str, int, int]]],
     gateway: int,
     members: set[int],
 ) -> dict[str, float]:
     """Where the machine's CPU went in a window, in ns: /proc/stat's kinds, and the CPU charged
     to the gateway, its members, each kind of kernel thread, this benchmark and every other
     process; `uncharged` is the busy time no process alive at the end is charged with (processes
-    that ended meanwhile, interrupts)."""
+    that started and ended meanwhile, anyone's, and interrupts)."""
     stat_before, tasks_before = before
     stat_after, tasks_after = after
     out: dict[str, float] = {f"stat:{k}": stat_after[k] - stat_before[k] for k in STAT_FIELDS}
     out["busy"] = sum(out[f"stat:{k}"] for k in BUSY_FIELDS)
     charged = collections.Counter[str]()
     me = os.getpid()
-    for pid, (ppid, name, ns) in tasks_after.items():
+    for pid, (ppid, name, ns, reaped) in tasks_after.items():
         delta = ns - tasks_before[pid][2] if pid in tasks_before else ns
+        if pid == gateway or pid in members:  # what ran in a process of theirs that ended meanwhile
+            earlier = tasks_before[pid][3] if pid in tasks_before else 0
+            charged["reaped by the gateway and members"] += reaped - earlier
         if pid == gateway:
             group = "gateway"
         elif pid in members:
@@ -473,7 +478,8 @@ MACHINE_ROWS = (
     ("charged:gateway", "… charged to the gateway"),
     ("charged:members", "… to the fill's members (bwrap, agent)"),
     ("kthreads", "… to kernel threads (kworkers, RCU, ksoftirqd, …)"),
-    ("uncharged", "… to no process alive at the end (ended processes, interrupts)"),
+    ("charged:reaped by the gateway and members", "… to processes of theirs that ended meanwhile"),
+    ("uncharged", "… to no process alive at the end (anyone's that ended meanwhile, interrupts)"),
     ("charged:benchmark", "… to this benchmark (its ListPools polls)"),
     ("charged:other processes", "… to every other process (the other users of the machine)"),
     ("stat:softirq", "softirq (within the above)"),
