@@ -54,9 +54,9 @@ class SandboxFds:
 class Spawner:
     """A few threads that start sandboxes, so the event loop never waits for a fork and exec.
 
-    Two by default: with one, a pool fill's starts queued for it (on a loaded host about one
-    start in eight spawn slots waited there, holding its slot) while it sat in a start's file
-    system work or waited for a core; a second thread takes the next start meanwhile. Python's
+    Two by default: with one, a pool fill's starts queued for it while it sat in a start's file
+    system work or waited for a core (on a loaded host 1.4 of the 8 spawn slots' starts, on
+    average, each holding its slot); a second thread takes the next start meanwhile. Python's
     part of each spawn still runs under the GIL, one at a time. They run at the gateway's
     priority: a thread at a lower one would hold the GIL while it prepares each spawn and could
     be preempted doing so, stalling the event loop behind it. A refill's lower priority is set by
