@@ -219,7 +219,7 @@ def test_closing_the_socket_kills_the_sandbox() -> None:
         hello(sock)
         out_read, out_write = os.pipe()
         null = os.open(os.devnull, os.O_RDWR)
-        # A daemon that ignores SIGTERM and left its process group: pid 1's kill(-1) still ends it.
+        # A daemon that ignores SIGTERM and left its process group: the agent's exit still ends it.
         script = "trap '' TERM HUP; setsid sleep 600 & echo started"
         socket.send_fds(sock, [agentwire.encode_exec(1, ["sh", "-c", script], {}, "/")], [null, out_write, out_write])
         os.close(null)
