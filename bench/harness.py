@@ -113,15 +113,19 @@ async def gateway_process(
     cprofile: Path | None = None,
     env: dict[str, str] | None = None,
     src: Path | None = None,
+    entry: Path | None = None,
 ) -> AsyncIterator[GatewayProcess]:
     """Start a gateway in a fresh state directory; SIGTERM it afterwards. With `cprofile`, the
     gateway runs under `profiled_gateway.py` (SIGUSR1/SIGUSR2 record its event loop to that file);
     `env` is added to its environment; with `src`, it runs the warmshell package under that
-    directory (an older tree to compare)."""
+    directory (an older tree to compare); with `entry`, that script runs it (like `-m warmshell`, e.g.
+    `traced_gateway.py`)."""
     with tempfile.TemporaryDirectory(prefix="ws-bench-") as tmp:
         state = Path(tmp)
         log = open(state / "gateway.log", "wb")  # noqa: SIM115 - closed below
-        entry = [str(Path(__file__).with_name("profiled_gateway.py"))] if cprofile else ["-m", "warmshell"]
+        if cprofile:
+            entry = Path(__file__).with_name("profiled_gateway.py")
+        start = [str(entry)] if entry is not None else ["-m", "warmshell"]
         env = {
             **os.environ,
             **(env or {}),
@@ -131,7 +135,7 @@ async def gateway_process(
         process = subprocess.Popen(
             [
                 sys.executable,
-                *entry,
+                *start,
                 "gateway",
                 "start",
                 "--state-dir",

@@ -1,6 +1,7 @@
 """Issue 14: the cost of one local pool member's start, without a gateway around it.
 
     python bench/member_start.py [--count 200] [--repeat 5] [--before-src DIR] [--rounds 40]
+                                 [--host-tasks 0,2000 --task-rounds 30]
 
 Two parts, in one run:
 
@@ -21,6 +22,11 @@ Two parts, in one run:
   the command line as the driver builds it, then with one step removed (or a step of the previous
   layout added back) at a time. A removed step is a measurement, not a proposal: every isolating
   flag stays. CPU from `wait4` (bwrap and everything it waited for).
+- **host tasks**: the same start and stop with `N` more (idle, sleeping) processes on the host,
+  for each `N` of `--host-tasks`, the driver's command line alternating with the same line
+  running the `--before-src` tree's agent: what a start and a stop cost grows with every process
+  on the host (`pivot_root` walks every thread, `chroot_fs_refs`; the agent's `kill(-1)` at its
+  end walked every process), and a pool of 1,000 members is 2,000 of them.
 """
 
 from __future__ import annotations
@@ -262,6 +268,46 @@ def flags_run(rounds: int) -> dict[str, Any]:
     return {"rounds": rounds, "cpu_ms": {label: summary(values) for label, values in samples.items()}, "load": load()}
 
 
+def host_processes() -> int:
+    return sum(1 for entry in os.listdir("/proc") if entry.isdigit())
+
+
+def host_tasks_run(levels: list[int], rounds: int, before_src: Path | None) -> dict[str, Any]:
+    """Start + stop CPU with `N` extra sleeping processes on the host, for each `N` of `levels`:
+    the driver's command line, and (with `before_src`) the same line with that tree's agent."""
+    program = seccomp.program()
+    out: dict[str, Any] = {"rounds": rounds, "levels": []}
+    with tempfile.TemporaryDirectory(prefix="ws-member-tasks-") as name:
+        tmp = Path(name)
+        tmp.chmod(0o711)
+        argv = driver_argv(tmp)
+        variants = {"now": argv}
+        if before_src is not None:
+            agent = str(before_src / "warmshell" / "drivers" / "local" / "agent" / "warmshell-agent")
+            at = argv.index(sandboxing.AGENT_PATH) - 1  # the agent's bind source
+            variants["the before tree's agent"] = [*argv[:at], agent, *argv[at + 1 :]]
+        sleepers: list[subprocess.Popen[bytes]] = []
+        try:
+            for level in levels:
+                while len(sleepers) > level:
+                    sleepers.pop().kill()
+                while len(sleepers) < level:
+                    sleepers.append(subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL))
+                samples: dict[str, list[float]] = {label: [] for label in variants}
+                processes = [host_processes()]  # other users' processes come and go too: before and after
+                for _ in range(rounds):
+                    for label, line in variants.items():
+                        samples[label].append(one_start(line, program))
+                processes.append(host_processes())
+                cpu = {label: summary(values) for label, values in samples.items()}
+                out["levels"].append({"extra": level, "processes": processes, "cpu_ms": cpu, "load": load()})
+        finally:
+            for sleeper in sleepers:
+                sleeper.kill()
+                sleeper.wait()
+    return out
+
+
 LAUNCHER_METRICS = (
     ("members_per_s", "members/s", 1),
     ("gateway_cpu_ms_per_start", "gateway CPU ms/start", 2),
@@ -293,7 +339,7 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key, _, _ in LAUNCHER_METRICS}
 
 
-def table(data: dict[str, Any]) -> str:
+def launcher_table(data: dict[str, Any]) -> str:
     runs = data["launcher"]
     now = medians(runs["now"])
     before = medians(runs["before"]) if "before" in runs else None
@@ -309,6 +355,11 @@ def table(data: dict[str, Any]) -> str:
         out += "\n"
     loads = [run["load"][0] for tree in runs.values() for run in tree]
     out += f"\n(1-minute load during the runs {min(loads)}-{max(loads)}: a shared 2-core machine)\n"
+    return out
+
+
+def table(data: dict[str, Any]) -> str:
+    out = launcher_table(data) if data["launcher"]["now"] else ""
     flags = data.get("flags")
     if flags:
         base = flags["cpu_ms"]["as the driver builds it"]["p50"]
@@ -317,6 +368,16 @@ def table(data: dict[str, Any]) -> str:
         for label, cpu in flags["cpu_ms"].items():
             out += f"| {label} | {cpu['p50']:.2f} | {cpu['p50'] - base:+.2f} |\n"
         out += f"\n(load {flags['load']}; a shared 2-core machine: compare within a run)\n"
+    tasks = data.get("host_tasks")
+    if tasks:
+        labels = list(tasks["levels"][0]["cpu_ms"])
+        out += f"\n| one member start + stop, CPU p50 ms ({tasks['rounds']} alternating rounds) | "
+        out += " | ".join(labels) + " | load |\n|---|" + "---|" * (len(labels) + 1) + "\n"
+        for level in tasks["levels"]:
+            cells = [f"{level['cpu_ms'][label]['p50']:.2f}" for label in labels]
+            low, high = level["processes"]
+            out += f"| {level['extra']} more processes on the host ({low}-{high} in all) | "
+            out += " | ".join(cells) + f" | {level['load'][0]} |\n"
     return out
 
 
@@ -327,6 +388,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="launcher runs per source tree (default 5)")
     parser.add_argument("--before-src", type=Path, help="also run the launcher of the warmshell package under DIR")
     parser.add_argument("--rounds", type=int, default=40, help="alternating rounds of the flag breakdown (0: skip)")
+    parser.add_argument("--host-tasks", default="0,2000", help="extra idle processes on the host, per level")
+    parser.add_argument("--task-rounds", type=int, default=30, help="alternating rounds per host-tasks level (0: skip)")
     parser.add_argument("--name", default="member_start", help="results file name under bench/results/")
     parser.add_argument("--one-run", type=Path, help=argparse.SUPPRESS)  # a launcher run's figures, as JSON
     args = parser.parse_args()
@@ -339,6 +402,9 @@ def main() -> None:
     data["launcher"] = launcher_runs(args)
     if args.rounds:
         data["flags"] = flags_run(args.rounds)
+    if args.task_rounds:
+        levels = [int(n) for n in args.host_tasks.split(",")]
+        data["host_tasks"] = host_tasks_run(levels, args.task_rounds, args.before_src)
     data["load_end"] = load()
     write_results(args.name, data, table(data))
 

@@ -219,7 +219,7 @@ def test_closing_the_socket_kills_the_sandbox() -> None:
         hello(sock)
         out_read, out_write = os.pipe()
         null = os.open(os.devnull, os.O_RDWR)
-        # A daemon that ignores SIGTERM and left its process group: pid 1's kill(-1) still ends it.
+        # A daemon that ignores SIGTERM and left its process group: the agent's exit still ends it.
         script = "trap '' TERM HUP; setsid sleep 600 & echo started"
         socket.send_fds(sock, [agentwire.encode_exec(1, ["sh", "-c", script], {}, "/")], [null, out_write, out_write])
         os.close(null)
@@ -230,6 +230,36 @@ def test_closing_the_socket_kills_the_sandbox() -> None:
         process.wait(10)
         assert time.monotonic() - start < 5
         assert os.read(out_read, 100) == b"", "every holder of the pipe is gone"
+        os.close(out_read)
+
+
+def test_closing_the_socket_kills_a_workload_that_keeps_forking() -> None:
+    """The agent just exits (the kernel kills the rest of its pid namespace): a workload forking
+    new processes as fast as it can, each in a session of its own and ignoring SIGTERM, cannot
+    outrun the end of the sandbox."""
+    with raw_agent() as (sock, process):
+        hello(sock)
+        out_read, out_write = os.pipe()
+        null = os.open(os.devnull, os.O_RDWR)
+        script = "trap '' TERM HUP; echo started; while :; do setsid sh -c 'trap \"\" TERM HUP; sleep 600' & done"
+        socket.send_fds(sock, [agentwire.encode_exec(1, ["sh", "-c", script], {}, "/")], [null, out_write, out_write])
+        os.close(null)
+        os.close(out_write)
+        assert os.read(out_read, 100) == b"started\n"
+        time.sleep(0.3)  # let it fork a few hundred
+        sock.close()
+        start = time.monotonic()
+        process.wait(10)
+        assert time.monotonic() - start < 5
+        os.set_blocking(out_read, False)
+        deadline = time.monotonic() + 5
+        while True:  # every holder of the pipe's write end gone: EOF, not EAGAIN
+            try:
+                if os.read(out_read, 4096) == b"":
+                    break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "a process of the sandbox still holds its output pipe"
+                time.sleep(0.05)
         os.close(out_read)
 
 

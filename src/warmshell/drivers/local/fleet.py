@@ -94,7 +94,7 @@ class Fleet:
             if self._uids is not None and self._launcher.isolated:
                 instance.uid = self._uids.acquire()
                 instance.workspaces = self._workspaces
-            # Prepared in the spawner thread, right before the spawn (one thread hop per start).
+            # Prepared in a spawner thread, right before the spawn (one thread hop per start).
             prepare = functools.partial(self._prepare, instance, spec.image)
             instance.process = await self._launcher.start(
                 instance, image=spec.image, uid=instance.uid, nice=nice, prepare=prepare

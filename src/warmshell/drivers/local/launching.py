@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -77,6 +78,7 @@ class Launcher:
         self._etc = etcstage.EtcStage(etc_dir, _HOST_ROOT / "etc", sandboxing.ETC_ALLOWED) if etc_dir else None
         self._etc_fresh_until = float("-inf")
         self._plans: dict[Path, sandboxing.RootPlan] = {}
+        self._preparing = threading.Lock()
         self._seccomp = b""
         self._spawner = Spawner("warmshell-spawn")
         if bwrap is not None:
@@ -100,10 +102,14 @@ class Launcher:
         return self.bwrap is not None
 
     def prepare(self, image: str) -> None:
-        """Blocking (call through a thread): plan the root filesystem once per image, stage the
-        agent once."""
+        """Blocking (call through a thread; several may call it at once): plan the root
+        filesystem once per image, stage the agent once."""
         if self.bwrap is None:
             return
+        with self._preparing:  # the first starts stage the agent and plan the root once, not each
+            self._prepare(image)
+
+    def _prepare(self, image: str) -> None:
         if self._stage_dir is not None and self._agent.parent != self._stage_dir:
             self._agent = _stage(self._agent, self._stage_dir)
         root = Path(image) if image else _HOST_ROOT
@@ -126,7 +132,7 @@ class Launcher:
     ) -> Sandbox:
         """Start the instance's sandbox at nice value `nice`; OSError when it does not.
         `prepare` (blocking: the instance's directories and cgroup, and `self.prepare(image)`)
-        runs first, in the spawner thread right before the spawn: one thread hop per start."""
+        runs first, in a spawner thread right before the spawn: one thread hop per start."""
         log_path = instance.log_path
         if self.bwrap is None:
             await asyncio.to_thread(prepare)
@@ -175,7 +181,7 @@ class Launcher:
         return [*argv, "--"] if len(argv) > 1 else []
 
     def close(self) -> None:
-        """Let the spawner thread end and remove the staged /etc (blocking: call once every
+        """Let the spawner threads end and remove the staged /etc (blocking: call once every
         sandbox ended). A gateway that crashed leaves it; its next start makes it afresh."""
         self._spawner.close()
         if self._etc is not None:

@@ -1,7 +1,7 @@
 """One local sandbox's processes: bubblewrap with the agent as pid 1 and the host end of its
 control socket; or, unisolated, plain processes of the gateway.
 
-bwrap is started off the event loop, in a spawner thread (see `Spawner`): the fork-and-exec
+bwrap is started off the event loop, in spawner threads (see `Spawner`): the fork-and-exec
 blocks its caller until the child has exec'd, which on a busy host is milliseconds the event
 loop would otherwise spend waiting; its end is noticed through a pidfd, so no watcher thread per
 sandbox either. bwrap's stdout/stderr go to a log file. bwrap leads its own process group; its
@@ -52,19 +52,23 @@ class SandboxFds:
 
 
 class Spawner:
-    """One thread that starts sandboxes, so the event loop never waits for a fork and exec.
+    """A few threads that start sandboxes, so the event loop never waits for a fork and exec.
 
-    It runs at the gateway's priority: a thread at a lower one would hold the GIL while it
-    prepares each spawn and could be preempted doing so, stalling the event loop behind it. A
-    refill's lower priority is set by the launch prefix instead (see `launching`)."""
+    Two by default: with one, a pool fill's starts queued for it while it sat in a start's file
+    system work or waited for a core (on a loaded host 1.4 of the 8 spawn slots' starts, on
+    average, each holding its slot); a second thread takes the next start meanwhile. Python's
+    part of each spawn still runs under the GIL, one at a time. They run at the gateway's
+    priority: a thread at a lower one would hold the GIL while it prepares each spawn and could
+    be preempted doing so, stalling the event loop behind it. A refill's lower priority is set by
+    the launch prefix instead (see `launching`)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: int = 2) -> None:
         self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=name, initializer=_name_thread, initargs=(name,)
+            max_workers=threads, thread_name_prefix=name, initializer=_name_thread, initargs=(name,)
         )
 
     async def start(self, build: Callable[[], Sequence[str]], *, log_path: Path, pass_fds: Sequence[int]) -> _Child:
-        """Start the command line `build` returns, both in the spawner thread (`build` may block:
+        """Start the command line `build` returns, both in a spawner thread (`build` may block:
         it is where a start's own file system work runs, with no thread hop of its own), its
         output appended to `log_path`; a `_Child` to wait for."""
         started = asyncio.get_running_loop().run_in_executor(self._executor, _popen, build, log_path, pass_fds)
@@ -170,7 +174,7 @@ class SandboxProcess:
         log_path: Path,
         spawner: Spawner,
     ) -> SandboxProcess:
-        """Start bwrap (its command line from `build`, called in the spawner thread) and wait for
+        """Start bwrap (its command line from `build`, called in a spawner thread) and wait for
         the agent's hello; OSError when it does not come (the log's tail says why)."""
         host, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         seccomp_read, seccomp_write = os.pipe()
