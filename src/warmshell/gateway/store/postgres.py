@@ -338,7 +338,7 @@ async def open_postgres_store(url: str, *, password: str | None, config: StoreCo
             return await _connect_and_migrate(url, password=password, config=config, where=where)
         except _MISCONFIGURED as exc:
             raise FailedPreconditionError(f"the store (Postgres at {where}) refused this gateway: {exc}") from exc
-        except (ValueError, OverflowError) as exc:
+        except (ValueError, OverflowError):
             # asyncpg's own words quote the piece it could not parse, which may be the password.
             raise InvalidArgumentError(
                 "store.url",
