@@ -9,7 +9,7 @@ import sys
 
 from warmshell.api.v1 import sandbox_pb2
 from warmshell.cli import client, render, streaming
-from warmshell.cli.errors import CliError, ExitCode
+from warmshell.cli.errors import CliError, ExitCode, inert
 from warmshell.cli.options import GlobalOptions
 from warmshell.sdk import errors
 
@@ -75,7 +75,7 @@ def _create_outcome(sandbox: sandbox_pb2.Sandbox, *, has_command: bool, human: b
         return sandbox.status.exit_code
     if sandbox.status.phase == sandbox_pb2.SANDBOX_PHASE_READY and not has_command:
         if human:
-            print(render.create_summary(sandbox))
+            print(inert(render.create_summary(sandbox), limit=None))
         return 0
     if sandbox.status.phase == sandbox_pb2.SANDBOX_PHASE_ERROR:
         reasons = "; ".join(render.condition_lines(sandbox)) or "no condition recorded"

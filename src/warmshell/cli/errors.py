@@ -9,7 +9,12 @@ from __future__ import annotations
 import sys
 from enum import IntEnum
 
-__all__ = ["EXIT_CODE_HELP", "CliError", "ExitCode", "exit_code_for", "report"]
+__all__ = ["EXIT_CODE_HELP", "CliError", "ExitCode", "exit_code_for", "inert", "report"]
+
+# Gateway messages reach the user's terminal: a control character in one (ESC starting a title
+# change or an OSC 52 clipboard write, a C1 CSI) is shown as its escape, never acted on.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in "\n\t"}
+MAX_SHOWN = 4096  # characters of one message; a hostile or runaway one is cut
 
 
 class ExitCode(IntEnum):
@@ -68,8 +73,16 @@ def exit_code_for(error: Exception) -> ExitCode:
     return ExitCode.FAILURE
 
 
+def inert(text: str, *, limit: int | None = MAX_SHOWN) -> str:
+    """`text` safe for a terminal: control characters escaped (not newlines and tabs), and cut
+    at `limit` characters (None: whole, for what the CLI rendered from a gateway's answer)."""
+    if limit is not None and len(text) > limit:
+        text = f"{text[:limit]}… ({len(text) - limit} more characters)"
+    return text.translate(_CONTROLS)
+
+
 def report(error: CliError) -> None:
     """`error: <message>` on stderr (plain text: gateway messages are not markup), then the hint."""
-    print(f"error: {error.message}", file=sys.stderr)
+    print(f"error: {inert(error.message)}", file=sys.stderr)
     if error.hint:
-        print(f"hint: {error.hint}", file=sys.stderr)
+        print(f"hint: {inert(error.hint)}", file=sys.stderr)

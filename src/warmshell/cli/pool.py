@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from warmshell.cli.errors import inert
 from warmshell.cli.options import (
     Subcommands,
     add_connection_options,
@@ -46,7 +47,7 @@ def _list(args: argparse.Namespace) -> int:
 
         with client.connect(global_options(args)) as sdk:
             response = sdk.service.list_pools(request)
-        print(render.to_json(response) if as_json else render.pools_view(response))
+        print(render.to_json(response) if as_json else inert(render.pools_view(response), limit=None))
         return 0
 
     return client.run(body)

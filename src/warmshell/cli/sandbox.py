@@ -12,6 +12,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from warmshell.cli.errors import inert
 from warmshell.cli.options import (
     Parser,
     Subcommands,
@@ -223,7 +224,7 @@ def _list(args: argparse.Namespace) -> int:
         if as_json:
             print(render.to_json(response))
         else:
-            print(render.sandbox_table(response.sandboxes, now_ms=time.time_ns() // 1_000_000))
+            print(inert(render.sandbox_table(response.sandboxes, now_ms=time.time_ns() // 1_000_000), limit=None))
         return 0
 
     return _with_connection(args, body)
@@ -239,7 +240,7 @@ def _get(args: argparse.Namespace) -> int:
         from warmshell.cli import render
 
         found = sdk.service.get_sandbox(ref)
-        print(render.to_json(found) if as_json else render.sandbox_details(found))
+        print(render.to_json(found) if as_json else inert(render.sandbox_details(found), limit=None))
         return 0
 
     return _with_connection(args, body)
@@ -327,9 +328,9 @@ def _watch(args: argparse.Namespace) -> int:
             kind = event.WhichOneof("event")
             if kind == "sandbox" and event.sandbox.status.phase != last_phase:
                 last_phase = event.sandbox.status.phase
-                print(render.phase_line(event.sandbox, now_ms=now_ms), flush=True)
+                print(inert(render.phase_line(event.sandbox, now_ms=now_ms), limit=None), flush=True)
             elif kind == "progress":
-                print(render.progress_line(event.progress, now_ms=now_ms), flush=True)
+                print(inert(render.progress_line(event.progress, now_ms=now_ms), limit=None), flush=True)
             elif kind == "deleted":
                 print(f"{render.clock(now_ms)}  sandbox {args.name} deleted", flush=True)
         return 0
@@ -366,7 +367,7 @@ def _ls(args: argparse.Namespace) -> int:
         if as_json:
             print(json.dumps([dataclasses.asdict(e) for e in entries], indent=2, sort_keys=True))
         else:
-            print(files.listing_table(entries, now_ms=time.time_ns() // 1_000_000))
+            print(inert(files.listing_table(entries, now_ms=time.time_ns() // 1_000_000), limit=None))
         return 0
 
     return _with_connection(args, body)

@@ -84,7 +84,10 @@ class HeaderDecoder:
     """Decodes the header blocks of one connection in order (the dynamic table is shared by all
     of them, so one decoder per connection)."""
 
-    def __init__(self, max_table_size: int = 4096) -> None:
+    def __init__(self, max_table_size: int = 4096, *, max_list_size: int | None = None) -> None:
+        """`max_list_size`: the most a decoded block may hold (RFC 7541's size: name + value +
+        32 per field); past it the block is refused, however small it was on the wire."""
+        self._list_limit = max_list_size
         self._limit = max_table_size  # what we advertised (SETTINGS_HEADER_TABLE_SIZE)
         self._max = max_table_size  # what the peer's encoder currently uses
         self._table: list[tuple[str, str]] = []  # newest first
@@ -111,12 +114,16 @@ class HeaderDecoder:
     def decode(self, block: bytes) -> list[tuple[str, str]]:
         """The (name, value) pairs of one complete header block."""
         headers: list[tuple[str, str]] = []
-        at = 0
+        at = size = 0
         while at < len(block):
+            if self._list_limit is not None and size > self._list_limit:
+                raise HpackError(f"a header list past {self._list_limit} octets decoded")
             byte = block[at]
             if byte & 0x80:  # indexed header field
                 index, at = _integer(block, at, 7)
-                headers.append(self._entry(index))
+                field = self._entry(index)
+                headers.append(field)
+                size += len(field[0]) + len(field[1]) + _ENTRY_OVERHEAD
                 continue
             if byte & 0xE0 == 0x20:  # dynamic table size update
                 size, at = _integer(block, at, 5)
@@ -135,6 +142,9 @@ class HeaderDecoder:
             if indexing:
                 self._add(name, value)
             headers.append((name, value))
+            size += len(name) + len(value) + _ENTRY_OVERHEAD
+        if self._list_limit is not None and size > self._list_limit:
+            raise HpackError(f"a header list past {self._list_limit} octets decoded")
         return headers
 
 

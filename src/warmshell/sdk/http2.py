@@ -59,6 +59,10 @@ _INTERNAL, _UNAVAILABLE, _PERMISSION_DENIED, _UNAUTHENTICATED = 13, 14, 7, 16
 
 # As the grpcio client is configured (sdk.client.CHANNEL_OPTIONS): the gateway sends up to 16 MiB.
 MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024
+# A header block, compressed or decoded (RFC 7541's size: name + value + 32 per field). The
+# gateway's are a few hundred bytes; grpc's own hard limit is 16 KiB. Without a bound a peer
+# could send CONTINUATION frames, or one-byte references to a 4 KiB table entry, for ever.
+MAX_HEADER_LIST_BYTES = 256 * 1024
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWAY, _WINDOW_UPDATE = range(9)
@@ -68,12 +72,17 @@ _END_HEADERS, _PADDED, _PRIORITY_FLAG = 0x4, 0x8, 0x20
 _SETTINGS_ENABLE_PUSH, _SETTINGS_INITIAL_WINDOW, _SETTINGS_MAX_FRAME = 2, 4, 5
 _DEFAULT_WINDOW = 65_535
 _MAX_WINDOW = 2**31 - 1
+_MIN_FRAME = 16_384  # RFC 9113 6.5.2: SETTINGS_MAX_FRAME_SIZE lies in [2^14, 2^24 - 1]
 _OUR_MAX_FRAME = 2**24 - 1  # the largest the protocol allows: fewer frames for big answers
 # Our receive windows start at the maximum and are topped up once this much has been read.
 _REPLENISH_AFTER = 2**30
 _HEADER = struct.Struct(">I")  # frames: 24-bit length, type, flags, 31-bit stream id
 _RST_CODES = {0x7: _UNAVAILABLE, 0x8: _CANCELLED, 0xB: _RESOURCE_EXHAUSTED, 0xC: _PERMISSION_DENIED}
 _HTTP_STATUS_CODES = {400: _INTERNAL, 401: _UNAUTHENTICATED, 403: _PERMISSION_DENIED, 404: _UNIMPLEMENTED}
+
+
+# Payload sizes RFC 9113 fixes for these frame types (anything else is a FRAME_SIZE_ERROR).
+_EXACT_LENGTHS = {_RST_STREAM: 4, _PING: 8, _WINDOW_UPDATE: 4, _PRIORITY: 5}
 
 
 class GrpcFailure(Exception):
@@ -120,7 +129,7 @@ class Connection:
         self._sock = sock
         self._authority = authority
         self._buffer = bytearray()
-        self._decoder = HeaderDecoder()
+        self._decoder = HeaderDecoder(max_list_size=MAX_HEADER_LIST_BYTES)
         self._next_stream = 1
         self._peer_max_frame = 16_384
         self._peer_initial_window = _DEFAULT_WINDOW
@@ -129,6 +138,7 @@ class Connection:
         self.window_delta = 0  # changes of the peer's initial window an open stream has not applied
         self.goaway_last_stream: int | None = None
         self.usable = True  # False once anything makes reuse unsafe
+        self._deadline: float | None = None
         settings = struct.pack(
             ">HIHIHI",
             _SETTINGS_ENABLE_PUSH,
@@ -171,16 +181,28 @@ class Connection:
 
     def set_deadline(self, deadline: float | None) -> None:
         """Bound every following socket operation by `deadline` (time.monotonic())."""
-        if deadline is None:
+        self._deadline = deadline
+        self._arm()
+
+    def _arm(self) -> None:
+        """The socket timeout to what is left until the deadline (checked before every read, so
+        a peer trickling bytes cannot stretch a call past it)."""
+        if self._deadline is None:
             self._sock.settimeout(None)
             return
-        remaining = deadline - time.monotonic()
+        remaining = self._deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
         self._sock.settimeout(remaining)
 
+    def protocol_error(self, what: str) -> GrpcFailure:
+        """Drop the connection; the failure to raise for a peer that broke HTTP/2."""
+        self.close()
+        return GrpcFailure(_INTERNAL, f"HTTP/2 protocol error: {what}")
+
     def _read(self, count: int) -> bytes:
         while len(self._buffer) < count:
+            self._arm()
             try:
                 chunk = self._sock.recv(max(65_536, count - len(self._buffer)))
             except TimeoutError:
@@ -200,17 +222,26 @@ class Connection:
         """The next frame: (type, flags, stream id, payload)."""
         head = self._read(9)
         length = int.from_bytes(head[:3], "big")
+        kind = head[3]
+        if (kind in _EXACT_LENGTHS and length != _EXACT_LENGTHS[kind]) or (kind == _GOAWAY and length < 8):
+            raise self.protocol_error(f"a frame of type {kind} with {length} octets")
         stream = _HEADER.unpack_from(head, 5)[0] & 0x7FFFFFFF
-        return head[3], head[4], stream, self._read(length) if length else b""
+        return kind, head[4], stream, self._read(length) if length else b""
 
     def handle_connection_frame(self, kind: int, flags: int, payload: bytes) -> None:
         """SETTINGS, PING, WINDOW_UPDATE and GOAWAY on stream 0."""
         if kind == _SETTINGS and not flags & _ACK:
-            for at in range(0, len(payload) - 5, 6):
+            if len(payload) % 6:
+                raise self.protocol_error(f"SETTINGS of {len(payload)} octets, not a multiple of 6")
+            for at in range(0, len(payload), 6):
                 key, value = struct.unpack_from(">HI", payload, at)
                 if key == _SETTINGS_MAX_FRAME:
+                    if not _MIN_FRAME <= value <= _OUR_MAX_FRAME:
+                        raise self.protocol_error(f"SETTINGS_MAX_FRAME_SIZE {value} is outside [2^14, 2^24-1]")
                     self._peer_max_frame = value
                 elif key == _SETTINGS_INITIAL_WINDOW:
+                    if value > _MAX_WINDOW:
+                        raise self.protocol_error(f"SETTINGS_INITIAL_WINDOW_SIZE {value} is over 2^31-1")
                     self.window_delta += value - self._peer_initial_window
                     self._peer_initial_window = value
             self._send(_frame(_SETTINGS, _ACK, 0))
@@ -224,22 +255,31 @@ class Connection:
 
     def decode_headers(self, flags: int, payload: bytes, stream: int) -> list[tuple[str, str]]:
         """A HEADERS frame's header list, reading its CONTINUATION frames."""
-        if flags & _PADDED:
-            payload = payload[1 : len(payload) - payload[0]]
+        payload = self.unpad(flags, payload)
         if flags & _PRIORITY_FLAG:
+            if len(payload) < 5:
+                raise self.protocol_error("HEADERS shorter than its priority fields")
             payload = payload[5:]
         block = bytearray(payload)
         while not flags & _END_HEADERS:
+            if len(block) > MAX_HEADER_LIST_BYTES:
+                raise self.protocol_error(f"a header block past {MAX_HEADER_LIST_BYTES} octets")
             kind, flags, on, more = self.read_frame()
             if kind != _CONTINUATION or on != stream:
-                self.close()
-                raise GrpcFailure(_INTERNAL, "HTTP/2 protocol error: a header block was interrupted")
+                raise self.protocol_error("a header block was interrupted")
             block += more
         try:
             return self._decoder.decode(bytes(block))
         except HpackError as exc:
-            self.close()
-            raise GrpcFailure(_INTERNAL, f"HTTP/2 protocol error: {exc}") from None
+            raise self.protocol_error(str(exc)) from None
+
+    def unpad(self, flags: int, payload: bytes) -> bytes:
+        """A DATA or HEADERS payload without its padding (RFC 9113 6.1)."""
+        if not flags & _PADDED:
+            return payload
+        if not payload or payload[0] >= len(payload):
+            raise self.protocol_error("padding as long as the frame or longer")
+        return payload[1 : len(payload) - payload[0]]
 
     def received(self, stream: int, count: int, stream_received: int) -> int:
         """Account for `count` DATA octets; top up the windows when much has been read. Returns
@@ -382,9 +422,7 @@ class Call:
             self._headers(conn.decode_headers(flags, payload, stream), end=bool(flags & _END_STREAM))
         elif kind == _DATA:
             self._received = conn.received(stream, len(payload), self._received)
-            if flags & _PADDED:
-                payload = payload[1 : len(payload) - payload[0]]
-            self._data += payload
+            self._data += conn.unpad(flags, payload)
             self._split_messages()
             if flags & _END_STREAM:
                 self._end()
@@ -393,8 +431,7 @@ class Call:
             if self._status is None:
                 self._fail(_RST_CODES.get(code, _INTERNAL), f"the stream was reset (HTTP/2 error {code})")
         elif kind == _PUSH_PROMISE:
-            conn.close()
-            self._fail(_INTERNAL, "HTTP/2 protocol error: a push we did not allow")
+            raise conn.protocol_error("a push we did not allow")
 
     def _fail(self, status: int, message: str) -> None:
         self._status, self._message = status, message

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from google.protobuf.message import DecodeError
+
 from warmshell.sdk import connection, errors, http2
 
 if TYPE_CHECKING:
@@ -169,7 +171,12 @@ class _Http2Stream(Iterator[M]):
         except BaseException:  # Ctrl-C in the middle of a frame: the connection is unusable
             self._call.cancel()
             raise
-        return self._type.FromString(raw)
+        try:
+            return self._type.FromString(raw)
+        except DecodeError:
+            self._call.cancel()
+            detail = f"the gateway's answer is not a valid {self._type.DESCRIPTOR.full_name}"
+            raise errors.error_for("INTERNAL", detail, address=self._transport.address) from None
 
     def cancel(self) -> None:
         self._call.cancel()
@@ -246,10 +253,16 @@ class Http2Transport:
     def unary(
         self, method: str, request: Message, response_type: type[M], *, metadata: Metadata, timeout: float | None
     ) -> M:
-        responses = list(self._start(method, request, response_type, metadata, timeout))
-        if len(responses) != 1:
-            raise errors.error_for("UNIMPLEMENTED", f"{method} answered {len(responses)} messages, not one")
-        return responses[0]
+        responses = self._start(method, request, response_type, metadata, timeout)
+        answer: M | None = None
+        for response in responses:
+            if answer is not None:  # stop at the second: a peer could send them for ever
+                responses.cancel()
+                raise errors.error_for("UNIMPLEMENTED", f"{method} answered more than one message")
+            answer = response
+        if answer is None:
+            raise errors.error_for("UNIMPLEMENTED", f"{method} answered no message")
+        return answer
 
     def server_stream(
         self, method: str, request: Message, response_type: type[M], *, metadata: Metadata, timeout: float | None

@@ -250,7 +250,11 @@ class Supervisor:
         async def sink(stderr: bool, data: bytes) -> None:
             await self._output("", stderr, data)
 
-        code = await self._runner(command, env=self._env, cwd=self._workdir, sink=sink)
+        try:
+            code = await self._runner(command, env=self._env, cwd=self._workdir, sink=sink)
+        except OSError as exc:  # it never started (e.g. too large for the sandbox): say so and end it
+            await sink(True, f"warmshell: workload: {exc}\n".encode())
+            code = 126
         self._exit_code = code
         await self._send(spb.SupervisorMessage(workload_exited=spb.WorkloadExited(exit_code=code)))
 

@@ -114,7 +114,12 @@ class AgentLink:
         exec_id, running = self._next_id, _Exec()
         self._next_id += 1
         tty = io is not None and io.terminal is not None
-        record = agentwire.encode_exec(exec_id, command, env, cwd, tty=tty)
+        try:
+            record = agentwire.encode_exec(exec_id, command, env, cwd, tty=tty)
+        except agentwire.WireError as exc:
+            # The command never started, as execve's E2BIG says for an argv + environment too
+            # large: a failure the caller reports (an exec would otherwise never end).
+            raise OSError(errno.E2BIG, str(exc)) from None
         ours, theirs = self._stdio(stdin, io)  # (stdin write end or master, out, err), the agent's three
         sent = False
         try:

@@ -25,6 +25,7 @@ __all__ = ["HostnameSetter"]
 
 _log = logging.getLogger(__name__)
 _CLONE_NEWUTS = 0x04000000
+_CHILD_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
 class _StrandedError(OSError):
@@ -84,8 +85,9 @@ class HostnameSetter:
             argv.append("-U")
         argv += ["-u", "hostname", name]
         try:
+            # Its own environment, not the gateway's (which may hold the store's password).
             process = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+                *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=_CHILD_ENV
             )
             _, err = await process.communicate()
             problem = err.decode().strip() if process.returncode != 0 else ""

@@ -17,7 +17,13 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from warmshell.core.config import StoreConfig
-from warmshell.core.errors import AlreadyExistsError, ConflictError, FailedPreconditionError, UnavailableError
+from warmshell.core.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
 from warmshell.gateway.store import schema, storage_errors
 from warmshell.gateway.store.base import StoredObject
 
@@ -56,8 +62,14 @@ _MISCONFIGURED: tuple[type[BaseException], ...] = (
 
 
 def describe_url(url: str) -> str:
-    """host:port/database of a URL: what messages and logs may show (no user, no password)."""
-    parts = urlsplit(url)
+    """host:port/database of a URL: what messages and logs may show (no user, no password).
+
+    The user and password are cut at the URL's last `@` before anything is parsed: a password
+    with an unescaped `/`, `#` or `?` would otherwise end the authority early and be shown
+    as a host, port or path."""
+    scheme, _, rest = url.partition("://")
+    rest = rest.rpartition("@")[2].partition("?")[0].partition("#")[0]
+    parts = urlsplit(f"{scheme}://{rest}")
     try:
         host = parts.hostname or "localhost"
         host = f"[{host}]" if ":" in host else host
@@ -326,6 +338,13 @@ async def open_postgres_store(url: str, *, password: str | None, config: StoreCo
             return await _connect_and_migrate(url, password=password, config=config, where=where)
         except _MISCONFIGURED as exc:
             raise FailedPreconditionError(f"the store (Postgres at {where}) refused this gateway: {exc}") from exc
+        except (ValueError, OverflowError):
+            # asyncpg's own words quote the piece it could not parse, which may be the password.
+            raise InvalidArgumentError(
+                "store.url",
+                f"not a valid postgresql:// URL (Postgres at {where}); percent-encode a password holding"
+                " / # ? @ or %, or give it in store.password_file",
+            ) from None
         except _UNREACHABLE as exc:
             why = _why(exc, config.connect_timeout_seconds)
             delay = _STARTUP_RETRY_DELAYS[min(attempt, len(_STARTUP_RETRY_DELAYS)) - 1]
