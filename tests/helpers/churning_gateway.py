@@ -10,6 +10,7 @@ through lost sessions and failed call attempts as fast as it reconnects.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
 import subprocess
@@ -24,9 +25,10 @@ import grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 
-__all__ = ["ChurningGateway", "free_port", "memory_kib", "serve", "start_supervisor"]
+__all__ = ["ChurningGateway", "free_port", "memory_kib", "serve", "start_supervisor", "stop"]
 
 TOKEN_LIFETIME_MS = 3_600_000
+STOP_TIMEOUT_SECONDS = 5.0
 
 
 def _token() -> tuple[str, int]:
@@ -41,6 +43,7 @@ class ChurningGateway(supervisor_pb2_grpc.SupervisorServiceServicer):
         self.sessions = 0
         self.session_started = asyncio.Event()
         self.heartbeat_answered = asyncio.Event()
+        self.baseline = asyncio.all_tasks()  # the caller's tasks, which `stop` does not wait for
 
     async def RegisterSupervisor(self, request: Any, context: Any) -> AsyncIterator[spb.SupervisorActivationMessage]:
         token, expires = _token()
@@ -80,6 +83,19 @@ async def serve(gateway: ChurningGateway, port: int, max_age_ms: int = 0) -> grp
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return server
+
+
+async def stop(server: grpc.aio.Server, gateway: ChurningGateway) -> None:
+    """Stop `server` at once and let the tasks its calls left behind finish (a handler parked
+    mid-stream is cancelled, and its generator closed, a step after `stop` returns)."""
+    await server.stop(None)
+    for _ in range(2):  # the cancelled handlers' generators are closed by tasks made on collection
+        gc.collect()
+        await asyncio.sleep(0)
+        pending = {task for task in asyncio.all_tasks() - gateway.baseline if not task.done()}
+        pending.discard(asyncio.current_task())  # type: ignore[arg-type]
+        if pending:
+            await asyncio.wait(pending, timeout=STOP_TIMEOUT_SECONDS)
 
 
 def start_supervisor(

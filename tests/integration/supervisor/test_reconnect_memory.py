@@ -19,35 +19,51 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.churning_gateway import ChurningGateway, free_port, memory_kib, serve, start_supervisor
+from tests.helpers.churning_gateway import ChurningGateway, free_port, memory_kib, serve, start_supervisor, stop
 
 pytestmark = pytest.mark.slow
 
 WINDOW_SECONDS = 4.0
-# Growth allowed over one window once the supervisor is warm (allocator slack, log buffers).
+# Growth allowed over one window once a supervisor is warm (allocator slack, log buffers).
 MAX_WINDOW_GROWTH_KIB = 16 * 1024
 STARTUP_TIMEOUT_SECONDS = 60.0
+# The runaway retry starts only when a call's start races a GOAWAY: one supervisor hit it in
+# ~3 of 4 runs of 8 s, two of them make a run that misses it rare.
+SUPERVISORS = 2
+
+
+def _private_dirty(pids: list[int]) -> list[int]:
+    return [memory_kib(pid)["Private_Dirty"] for pid in pids]
 
 
 async def test_memory_stays_flat_while_every_connection_is_goawayed(tmp_path: Path) -> None:
     gateway = ChurningGateway("abort")
     port = free_port()
     server = await serve(gateway, port, max_age_ms=1)
-    supervisor = start_supervisor(port, tmp_path)
+    supervisors = []
+    for index in range(SUPERVISORS):
+        (tmp_path / str(index)).mkdir()
+        supervisors.append(start_supervisor(port, tmp_path / str(index)))
+    pids = [supervisor.pid for supervisor in supervisors]
     try:
         async with asyncio.timeout(STARTUP_TIMEOUT_SECONDS):
-            await gateway.session_started.wait()  # registered and activated: it is warm
-        samples = []
+            while gateway.sessions < SUPERVISORS:  # registered and activated: warm
+                await asyncio.sleep(0.05)
+        sessions = [gateway.sessions]
+        samples = [_private_dirty(pids)]
         for _ in range(3):
-            samples.append((gateway.sessions, memory_kib(supervisor.pid)["Private_Dirty"]))
             await asyncio.sleep(WINDOW_SECONDS)
-        samples.append((gateway.sessions, memory_kib(supervisor.pid)["Private_Dirty"]))
-        assert supervisor.poll() is None, f"the supervisor exited with {supervisor.returncode}"
+            sessions.append(gateway.sessions)
+            samples.append(_private_dirty(pids))
+        assert [supervisor.poll() for supervisor in supervisors] == [None] * SUPERVISORS
     finally:
-        supervisor.kill()
-        supervisor.wait()
-        await server.stop(None)
+        for supervisor in supervisors:
+            supervisor.kill()
+            supervisor.wait()
+        await stop(server, gateway)
     # The churn did happen: sessions were lost and made again during the windows.
-    assert samples[-1][0] > samples[0][0], samples
-    growths = [later[1] - earlier[1] for earlier, later in itertools.pairwise(samples[1:])]
-    assert max(growths) < MAX_WINDOW_GROWTH_KIB, f"(sessions, Private_Dirty KiB) samples: {samples}"
+    assert sessions[-1] > sessions[0], sessions
+    # The first window is warm-up; the later ones must not grow (per supervisor).
+    for index in range(SUPERVISORS):
+        growths = [later[index] - earlier[index] for earlier, later in itertools.pairwise(samples[1:])]
+        assert max(growths) < MAX_WINDOW_GROWTH_KIB, f"sessions {sessions}, Private_Dirty KiB {samples}"
