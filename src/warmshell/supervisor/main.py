@@ -62,6 +62,14 @@ _FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, gr
           grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}  # fmt: skip
 # What the gateway answers for a sandbox that is over (Error or Deleting; no longer exists).
 _SANDBOX_OVER = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
+# The supervisor retries on its own (`backoff.reconnect_delays`), so gRPC's own retries are off.
+# With them on, a call started while the gateway's connections are being GOAWAYed (a replica
+# shutting down, connections closed as soon as they are made) can be retried "transparently"
+# without end and without I/O: every attempt fails at once on a transport already going away,
+# and each one stays in the call's memory until the call ends. That spun a core and grew a pod
+# supervisor by ~100 MB/s (bench/supervisor_memory.py); with retries off the call fails with
+# UNAVAILABLE and the supervisor's backoff takes over.
+CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
 
 
 PR_SET_DUMPABLE = 4
@@ -180,7 +188,7 @@ class Supervisor:
         if self._given_link is not None:
             self._link = self._given_link
         else:
-            channel = grpc.aio.insecure_channel(self.settings.gateway)
+            channel = grpc.aio.insecure_channel(self.settings.gateway, options=CHANNEL_OPTIONS)
             self._link = GrpcLink(channel)
         try:
             activation = await self.register()
