@@ -71,6 +71,8 @@ from warmshell.drivers.kubernetes import warmpools  # noqa: E402
 
 POOL = "bench"
 WARM_ENV = {"FOO": "bar"}
+# A create has settled once Ready or Error (a provisioning timeout): waiting on past Error is waiting for nothing.
+_SETTLED = (pb.SANDBOX_PHASE_READY, pb.SANDBOX_PHASE_ERROR)
 READY_P99_LIMIT_MS = 5000.0
 API_TIMEOUT_SECONDS = 30.0
 IDLE_SECONDS = 5.0  # the idle CPU baseline before each sustained rate
@@ -144,14 +146,23 @@ class Setup:
         total = pods_pss_mib(self.cluster.pid)
         return {"pods_running": running, "pss_mib_total": total, "pss_mib_per_pod": total / max(running, 1)}
 
-    async def create_ready(self, name: str, *, timeout: float = 120.0) -> tuple[float, pb.Sandbox]:
+    async def create_ready(
+        self, name: str, *, timeout: float = 120.0, phases: tuple[int, ...] = (pb.SANDBOX_PHASE_READY,)
+    ) -> tuple[float, pb.Sandbox]:
         md = self.replicas.metadata
         started = time.perf_counter()
         await self.front.CreateSandbox(
             pb.CreateSandboxRequest(name=name, spec=pb.SandboxSpec(environment=WARM_ENV)), metadata=md
         )
-        ready = await wait_phase(self.front, md, name, timeout=timeout)
+        ready = await wait_phase(self.front, md, name, phases=phases, timeout=timeout)
         return (time.perf_counter() - started) * 1000, ready
+
+    async def not_ready(self, name: str) -> str:
+        """Why a create never reached Ready: its phase and its Ready condition, from its record."""
+        got = await self.front.GetSandbox(pb.SandboxRef(name=name), metadata=self.replicas.metadata)
+        ready = [c for c in got.status.conditions if c.type == "Ready"]
+        why = f"{ready[0].reason}: {ready[0].message}" if ready else "no Ready condition"
+        return f"not Ready ({pb.SandboxPhase.Name(got.status.phase)}): {why}"
 
     async def delete_all(self) -> None:
         md = self.replicas.metadata
@@ -384,9 +395,12 @@ async def poisson(
 
     async def one(name: str) -> tuple[float, pb.Sandbox] | str:
         try:
-            return await setup.create_ready(name, timeout=300)
+            ready = await setup.create_ready(name, timeout=300, phases=_SETTLED)
+            return ready if ready[1].status.phase == pb.SANDBOX_PHASE_READY else await setup.not_ready(name)
         except grpc.aio.AioRpcError as exc:
             return f"{exc.code().name}: {exc.details()}"
+        except AssertionError:  # never Ready: a failed create, described by its record
+            return await setup.not_ready(name)
 
     tasks = []
     cpu = CpuSplit(setup)
