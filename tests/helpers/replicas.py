@@ -148,9 +148,16 @@ class Replica:
         return self.process.poll() is None
 
 
+# Looked up here, not in the forked child: the child of a process with gRPC threads may only
+# call what takes no lock another thread could hold at the fork (dlopen takes the loader's lock;
+# in one CI rehearsal a replica sat, still running and with an empty log, until its start timed
+# out: most likely there, before exec).
+_prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
 def _die_with_parent() -> None:
     """A replica outlives no test process, even one the kernel killed (SIGKILL when it dies)."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _toml_value(value: Any) -> str:

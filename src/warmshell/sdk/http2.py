@@ -82,6 +82,8 @@ _HTTP_STATUS_CODES = {400: _INTERNAL, 401: _UNAUTHENTICATED, 403: _PERMISSION_DE
 
 
 # Payload sizes RFC 9113 fixes for these frame types (anything else is a FRAME_SIZE_ERROR).
+# What a peer may send on an idle connection without a call in flight.
+_UPKEEP = frozenset({_SETTINGS, _PING, _WINDOW_UPDATE})
 _EXACT_LENGTHS = {_RST_STREAM: 4, _PING: 8, _WINDOW_UPDATE: 4, _PRIORITY: 5}
 
 
@@ -157,18 +159,35 @@ class Connection:
         self._sock.close()
 
     def idle_and_open(self) -> bool:
-        """Whether this idle connection can carry a new call: still usable, nothing unread
-        buffered, and the peer has neither closed it nor sent anything since (a GOAWAY, say)."""
-        if not self.usable or self._buffer:
+        """Whether this idle connection can carry a new call: still usable, and since its last
+        call the peer has neither closed it nor sent anything but connection upkeep. A server
+        may follow a response with a WINDOW_UPDATE, a PING or SETTINGS (grpc does, depending on
+        timing): those are handled here as a call would; anything else (a GOAWAY, a partial
+        frame, data) means the connection is not reused."""
+        if not self.usable:
             return False
         try:
             self._sock.setblocking(False)  # the next call sets its own deadline
-            self._sock.recv(1, socket.MSG_PEEK)
+            while chunk := self._sock.recv(65_536):
+                self._buffer += chunk
+            return False  # b"": closed by the peer
         except BlockingIOError:
-            return True  # nothing to read: open and quiet
+            pass  # everything the peer sent is read
         except OSError:
             return False
-        return False  # b"": closed by the peer; anything else: it spoke, do not guess what
+        try:
+            while self._buffer:
+                if len(self._buffer) < 9 or len(self._buffer) < 9 + int.from_bytes(self._buffer[:3], "big"):
+                    return False
+                kind, stream = self._buffer[3], _HEADER.unpack_from(self._buffer, 5)[0] & 0x7FFFFFFF
+                if kind not in _UPKEEP or (stream != 0 and kind != _WINDOW_UPDATE):
+                    return False
+                kind, flags, stream, payload = self.read_frame()
+                if stream == 0:  # a WINDOW_UPDATE of a stream that has ended is ignored (RFC 9113 6.9)
+                    self.handle_connection_frame(kind, flags, payload)
+        except (GrpcFailure, BlockingIOError):
+            return False
+        return self.usable
 
     def _send(self, data: bytes) -> None:
         try:

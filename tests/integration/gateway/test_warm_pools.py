@@ -3,6 +3,7 @@ shape, ambiguity, an empty pool, refill, profile change and removal."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -106,12 +107,13 @@ async def test_empty_pool_falls_back_to_cold(gw: RunningGateway, pools_dir: Path
     write_profile(pools_dir, "one", profile(1, env='ONE = "1"'))
     await wait_pools(gw, idle("one", 1))
     spec = pb.SandboxSpec(environment={"ONE": "1"})
-    first = await gw.create(name="e1", spec=spec)
-    second = await gw.create(name="e2", spec=spec)  # before the refill has registered
-    assert first.status.allocation == "warm"
-    assert second.status.allocation == "cold"
-    assert reason_of(await gw.wait_ready("e2")) == ("PoolMiss", "Empty")
-    assert (await gw.wait_ready("e1")).status.phase == pb.SANDBOX_PHASE_READY
+    # Sent together, so both are matched before the refill the first claim starts can register
+    # (one after the other, a member start of a few ms could win the race on an idle machine).
+    created = await asyncio.gather(gw.create(name="e1", spec=spec), gw.create(name="e2", spec=spec))
+    by_allocation = {c.status.allocation: c.name for c in created}
+    assert sorted(by_allocation) == ["cold", "warm"]
+    assert reason_of(await gw.wait_ready(by_allocation["cold"])) == ("PoolMiss", "Empty")
+    assert (await gw.wait_ready(by_allocation["warm"])).status.phase == pb.SANDBOX_PHASE_READY
 
 
 async def test_profile_change_replaces_members_and_removal_drains(gw: RunningGateway, pools_dir: Path) -> None:
