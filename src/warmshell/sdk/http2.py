@@ -81,9 +81,9 @@ _RST_CODES = {0x7: _UNAVAILABLE, 0x8: _CANCELLED, 0xB: _RESOURCE_EXHAUSTED, 0xC:
 _HTTP_STATUS_CODES = {400: _INTERNAL, 401: _UNAUTHENTICATED, 403: _PERMISSION_DENIED, 404: _UNIMPLEMENTED}
 
 
-# Payload sizes RFC 9113 fixes for these frame types (anything else is a FRAME_SIZE_ERROR).
 # What a peer may send on an idle connection without a call in flight.
 _UPKEEP = frozenset({_SETTINGS, _PING, _WINDOW_UPDATE})
+# Payload sizes RFC 9113 fixes for these frame types (anything else is a FRAME_SIZE_ERROR).
 _EXACT_LENGTHS = {_RST_STREAM: 4, _PING: 8, _WINDOW_UPDATE: 4, _PRIORITY: 5}
 
 
@@ -168,21 +168,23 @@ class Connection:
             return False
         try:
             self._sock.setblocking(False)  # the next call sets its own deadline
-            while chunk := self._sock.recv(65_536):
-                self._buffer += chunk
-            return False  # b"": closed by the peer
+            # One read: upkeep is a few frames of a few bytes, and a peer that has more to say
+            # than that is not quiet (nor can it keep this loop reading).
+            chunk = self._sock.recv(65_536)
+            if not chunk:
+                return False  # closed by the peer
+            self._buffer += chunk
         except BlockingIOError:
-            pass  # everything the peer sent is read
+            pass  # nothing more was sent
         except OSError:
             return False
         try:
             while self._buffer:
                 if len(self._buffer) < 9 or len(self._buffer) < 9 + int.from_bytes(self._buffer[:3], "big"):
-                    return False
-                kind, stream = self._buffer[3], _HEADER.unpack_from(self._buffer, 5)[0] & 0x7FFFFFFF
+                    return False  # a partial frame: reading the rest would wait on the peer
+                kind, flags, stream, payload = self.read_frame()
                 if kind not in _UPKEEP or (stream != 0 and kind != _WINDOW_UPDATE):
                     return False
-                kind, flags, stream, payload = self.read_frame()
                 if stream == 0:  # a WINDOW_UPDATE of a stream that has ended is ignored (RFC 9113 6.9)
                     self.handle_connection_frame(kind, flags, payload)
         except (GrpcFailure, BlockingIOError):
