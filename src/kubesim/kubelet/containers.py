@@ -118,6 +118,43 @@ class HostProcess(ReportedProcess):
         self.exited(result.si_status if result.si_code == os.CLD_EXITED else -result.si_status)
 
 
+class PipedProcess:
+    """A helper process the kubelet talks to through pipes (a fork server, a network namespace
+    holder), started through asyncio.
+
+    asyncio closes a child's transport by itself only once it has seen the child exit *and* every
+    pipe close, a chain of callbacks that a kubelet closing with its event loop may never run; the
+    transport is then reported unclosed whenever it is collected, in whatever test runs then. So
+    whoever stops one closes it (``close``), which also kills the child if it still runs."""
+
+    def __init__(self, transport: asyncio.SubprocessTransport, process: asyncio.subprocess.Process) -> None:
+        self._transport = transport
+        self.process = process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+async def start_piped(argv: list[str], **popen: Any) -> PipedProcess:
+    """``asyncio.create_subprocess_exec(*argv, **popen)``, keeping the transport to close."""
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: asyncio.subprocess.SubprocessStreamProtocol(limit=2**16, loop=loop), *argv, **popen
+    )
+    return PipedProcess(transport, asyncio.subprocess.Process(transport, protocol, loop))
+
+
 def _spawn(exe: str, argv: list[str], env: dict[str, str], cwd: pathlib.Path, log_path: pathlib.Path) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:

@@ -68,7 +68,7 @@ class ForkServer:
     def __init__(self, preload: tuple[str, ...], *, env: dict[str, str]) -> None:
         self.preload = preload
         self._env = env
-        self._process: asyncio.subprocess.Process | None = None
+        self._process: containers.PipedProcess | None = None
         self._reader: asyncio.Task[None] | None = None
         self._next_id = 0
         self._starting: dict[int, asyncio.Future[containers.ReportedProcess]] = {}
@@ -82,18 +82,17 @@ class ForkServer:
     async def _ensure(self) -> asyncio.subprocess.Process:
         async with self._lock:
             if self._process is None or self._process.returncode is not None:
-                self._process = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "kubesim.kubelet.forkserver",
-                    *self.preload,
+                if self._process is not None:
+                    self._process.close()  # a server that died: its pipes too
+                self._process = await containers.start_piped(
+                    [sys.executable, "-m", "kubesim.kubelet.forkserver", *self.preload],
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,
                     env=self._env,
                     start_new_session=True,
                 )
-                self._reader = asyncio.create_task(self._read(self._process), name="kubesim-forkserver")
-            return self._process
+                self._reader = asyncio.create_task(self._read(self._process.process), name="kubesim-forkserver")
+            return self._process.process
 
     async def spawn(
         self,
@@ -156,14 +155,11 @@ class ForkServer:
 
     async def aclose(self) -> None:
         """Stop the server (its containers die with it) and wait for it."""
-        process, self._process = self._process, None
-        if process is None:
+        server, self._process = self._process, None
+        if server is None:
             return
-        if process.stdin is not None:
-            process.stdin.close()
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
+        server.close()  # closes its pipes and kills it if it still runs
+        await server.wait()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
 

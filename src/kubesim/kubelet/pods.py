@@ -82,7 +82,7 @@ class PodWorker:
         self._volume_dirs: dict[str, pathlib.Path] = {}
         # The pod's own network namespace (``/proc/<holder>/ns/net``), for pods that serve ports.
         self.netns: str | None = None
-        self._holder: containers.ContainerProcess | None = None
+        self._holder: containers.PipedProcess | None = None
         self._mount_specs: dict[str, pathlib.Path] = {}
         self._release_start: Callable[[], None] | None = None
         self._start_timer: asyncio.TimerHandle | None = None
@@ -103,6 +103,7 @@ class PodWorker:
             self._start_done()
             if self._holder is not None:
                 await containers.stop_process(self._holder, 0)
+                self._holder.close()
         except asyncio.CancelledError:
             # The kubelet is closing and gave up on this graceful stop: no process and no task
             # of the pod may outlive it.
@@ -121,6 +122,8 @@ class PodWorker:
         """Synchronous last resort (interpreter shutdown): SIGKILL every process group."""
         for proc in [*self.procs.values(), *([self._holder] if self._holder else [])]:
             containers.signal_group(proc, 9)
+        if self._holder is not None:
+            self._holder.close()
 
     def changed(self) -> None:
         self._changed.set()
@@ -184,18 +187,15 @@ class PodWorker:
         return any(c.get("ports") for c in spec.get("containers") or [])
 
     async def _start_netns(self) -> None:
-        holder = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "kubesim.kubelet.mountns",
-            "--hold-netns",
+        holder = await containers.start_piped(
+            [sys.executable, "-m", "kubesim.kubelet.mountns", "--hold-netns"],
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
         self._holder = holder
-        assert holder.stdout is not None
-        if (await holder.stdout.readline()).strip() != b"ready":
+        assert holder.process.stdout is not None
+        if (await holder.process.stdout.readline()).strip() != b"ready":
             raise RuntimeError(f"pod {self.uid}: the network namespace holder did not start")
         self.netns = f"/proc/{holder.pid}/ns/net"
         self.ctx.netns_ready(self)
