@@ -80,3 +80,19 @@ def test_the_launcher_prepares_its_first_starts_once_from_several_threads(tmp_pa
     launcher.close()
     assert errors == []
     assert [p.name for p in stage.iterdir()] == [f"warmshell-agent-{agent_digest(agent)}"]  # no partial copy left
+
+
+def test_the_first_start_on_a_new_host_makes_the_stage_directory(tmp_path: Path) -> None:
+    # A root gateway stages the agent in local.sandbox_dir, which nothing else may have made yet
+    # when the first sandbox has its workspace on a tmpfs (found on a fresh machine: every start
+    # failed with ENOENT on the staged copy).
+    agent, launch = tmp_path / "agent", tmp_path / "launch"
+    for binary in (agent, launch):
+        binary.write_bytes(b"#!/bin/sh\n")
+        binary.chmod(0o755)
+    stage = tmp_path / "new" / "sandboxes"
+    launcher = Launcher(bwrap="/usr/bin/bwrap", agent=agent, launch=launch, stage_dir=stage, etc_dir=tmp_path / "etc")
+    launcher.prepare("")
+    launcher.close()
+    assert stage.stat().st_mode & 0o777 == 0o711  # sandbox uids may reach the agent, not list it
+    assert [p.name for p in stage.iterdir()] == [f"warmshell-agent-{agent_digest(agent)}"]

@@ -34,7 +34,7 @@ from warmshell.drivers.local import cgroups, credentials, records
 from warmshell.drivers.local import limits as resource_limits
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.instances import LOG_SUFFIX, Instance
-from warmshell.drivers.local.launching import Launcher
+from warmshell.drivers.local.launching import Launcher, traversable_dir
 from warmshell.drivers.local.processes import read_tail
 from warmshell.drivers.local.supervising import Seat, Supervise
 from warmshell.drivers.local.uids import UidRange
@@ -160,7 +160,7 @@ class Fleet:
         bounds = instance.bounds
         if bounds is None or bounds.workspace_bytes is None:
             if instance.workspaces is not None:
-                _traversable_dir(instance.workspaces)
+                traversable_dir(instance.workspaces)
             else:
                 instance.directory.mkdir(mode=0o700)
             instance.workspace_dir.mkdir(mode=0o700)
@@ -372,16 +372,6 @@ def _instances_on_disk(directory: Path) -> set[str]:
     except FileNotFoundError:
         return set()
     return {name.removesuffix(LOG_SUFFIX) for name in entries if name.startswith(credentials.INSTANCE_PREFIX)}
-
-
-def _traversable_dir(path: Path) -> None:
-    """Create `path` root-owned 0711 (blocking); refuse one another uid owns or can write."""
-    path.mkdir(mode=0o711, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise PermissionError(f"{path} must be owned by uid {os.geteuid()} and writable by nobody else")
-    if info.st_mode & 0o777 != 0o711:
-        os.chmod(path, 0o711)
 
 
 def _status(supervisor: asyncio.Task[int]) -> int:

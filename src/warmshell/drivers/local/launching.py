@@ -188,8 +188,21 @@ class Launcher:
             self._etc.remove()
 
 
+def traversable_dir(path: Path) -> None:
+    """Create `path` root-owned 0711 (blocking); refuse one another uid owns or can write."""
+    path.mkdir(mode=0o711, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise PermissionError(f"{path} must be owned by uid {os.geteuid()} and writable by nobody else")
+    if info.st_mode & 0o777 != 0o711:
+        os.chmod(path, 0o711)
+
+
 def _stage(agent: Path, stage_dir: Path) -> Path:
-    """Copy the agent into `stage_dir` under a name that changes with its content (blocking)."""
+    """Copy the agent into `stage_dir` under a name that changes with its content (blocking).
+    The directory is made here: on a new host the first sandbox may have no workspace on disk
+    (which would have made it)."""
+    traversable_dir(stage_dir)
     digest = hashlib.sha256(agent.read_bytes()).hexdigest()[:16]
     target = stage_dir / f"warmshell-agent-{digest}"
     if not target.exists():
