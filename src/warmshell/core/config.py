@@ -277,8 +277,11 @@ class StoreConfig(_Section):
     # Bounds one connection attempt, and (separately) every statement.
     connect_timeout_seconds: float = Field(default=5.0, gt=0)
     statement_timeout_seconds: float = Field(default=10.0, gt=0)
-    # How long start-up keeps retrying an unreachable database before it gives up with a clear error.
-    startup_timeout_seconds: float = Field(default=30.0, ge=0)
+    # How long start-up keeps retrying an unreachable database before it gives up with a clear
+    # error; 0 (the default) = for as long as it takes, reporting NotServing on /healthz meanwhile
+    # (a database that comes up after the gateway, as on Kubernetes). A refused login, a missing
+    # database, an invalid URL or a read-only server fail at once whatever this says.
+    startup_timeout_seconds: float = Field(default=0.0, ge=0)
 
     @field_validator("url")
     @classmethod

@@ -1,4 +1,5 @@
-"""The small HTTP side of the gateway: /healthz and /metrics (Prometheus text format)."""
+"""The small HTTP side of the gateway: /healthz (readiness: can it serve?), /livez (liveness: is
+the process answering at all?) and /metrics (Prometheus text format)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ __all__ = ["start_http"]
 async def start_http(host: str, port: int, healthy: Callable[[], Awaitable[str | None]]) -> tuple[web.AppRunner, int]:
     """Serve health and metrics; returns the runner (for cleanup) and the bound port.
 
-    `healthy()` returns None when all is well, else the reason it is not."""
+    `healthy()` returns None when all is well, else the reason it is not. `/livez` is always 200
+    while the process answers: it does not depend on the store, so a gateway waiting for its
+    database (NotServing on `/healthz`) is not restarted by a liveness probe for it."""
 
     async def healthz(_: web.Request) -> web.Response:
         problem = await healthy()
@@ -23,12 +26,16 @@ async def start_http(host: str, port: int, healthy: Callable[[], Awaitable[str |
             return web.Response(text="ok\n")
         return web.Response(status=503, text=f"unhealthy: {problem}\n")
 
+    async def livez(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
     async def metrics_page(_: web.Request) -> web.Response:
         body = generate_latest(metrics.REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/livez", livez)
     app.router.add_get("/metrics", metrics_page)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -51,7 +51,7 @@ from warmshell.gateway.secretvault import SecretVault
 from warmshell.gateway.sessions import MISSED_HEARTBEATS, SessionTable
 from warmshell.gateway.store import opening
 from warmshell.gateway.store.base import Store
-from warmshell.gateway.store.postgres import Change, PostgresStore
+from warmshell.gateway.store.postgres import Change, PostgresStore, StartupProgress
 from warmshell.gateway.store.sqlite import SqliteStore
 from warmshell.gateway.supervisor_service import SupervisorService
 from warmshell.gateway.tokens import (
@@ -137,7 +137,9 @@ class Gateway:
         self._directory: ReplicaDirectory | None = None
         self._forwarder: Forwarder | None = None
         self._supervisor_link: InProcessLink | None = None
+        self._opening = StartupProgress()  # what /healthz says while start-up waits for the store
         self._draining = False
+        self._stopping = False
         self._bound = False  # only a gateway that bound the sockets may remove them
         self.http_port = 0
         self.tcp_port = 0
@@ -149,8 +151,11 @@ class Gateway:
         return self._driver
 
     async def start(self) -> None:
-        """Open the store, start the driver and listen; returns once serving. A start that fails
-        half-way releases what it had opened (store, driver, sockets) before raising."""
+        """Serve /healthz (NotServing until started), open the store (waiting for an unreachable
+        Postgres as `store.startup_timeout_seconds` says), start the driver and listen; returns
+        once serving. A start that fails half-way, or is cancelled (SIGTERM while it waits),
+        releases what it had opened (HTTP, store, driver, sockets) before raising."""
+        self._stopping = False
         try:
             await self._start()
         except BaseException:
@@ -175,7 +180,12 @@ class Gateway:
             secrets_key = keyfiles.load_or_create_key(
                 Path(self.config.secrets_key_file) if self.config.secrets_key_file else paths.secrets_key
             )
-            self._store = await opening.open_store(self.config.store, default_sqlite=paths.database)
+        # Health first: a probe learns why this gateway is not serving yet (a database it waits for).
+        self._http, self.http_port = await start_http(self.config.http_host, self.config.http_port, self._healthy)
+        with statedir.private_umask():
+            self._store = await opening.open_store(
+                self.config.store, default_sqlite=paths.database, progress=self._opening
+            )
             # A shared store means replicas: they share this token (a Secret on Kubernetes).
             shared = isinstance(self._store, PostgresStore)
             replica_token = (
@@ -318,17 +328,6 @@ class Gateway:
                 self._directory.address = await _reachable_address(self.config.listen_tcp, self.tcp_port)
             await self._directory.announce()
 
-        async def healthy() -> str | None:
-            if not self._servers or self._store is None:
-                return "not serving"
-            if self._draining:
-                return "not serving: draining before shutdown"
-            try:
-                await self._store.ping()
-            except UnavailableError as exc:
-                return f"not serving: {exc}"
-            return None
-
         if feed is not None and isinstance(self._store, PostgresStore):
             # Listening before serving: another replica's progress lines said before then would
             # never reach this replica's watchers (record changes are re-read on a watch anyway).
@@ -340,7 +339,6 @@ class Gateway:
             ]
             with contextlib.suppress(TimeoutError):  # the feed retries on its own; do not hang the start
                 await asyncio.wait_for(heard_from.wait(), self.config.store.connect_timeout_seconds)
-        self._http, self.http_port = await start_http(self.config.http_host, self.config.http_port, healthy)
         with statedir.private_umask():
             self._write_runtime_info()
         await self._driver.start(activator)
@@ -368,6 +366,23 @@ class Gateway:
             self._driver.name,
         )
 
+    async def _healthy(self) -> str | None:
+        """/healthz: None while serving, else why not."""
+        if self._stopping:
+            return "not serving: stopping"
+        if self._draining:
+            return "not serving: draining before shutdown"
+        store = self._store
+        if store is None:
+            return f"not serving: {self._opening.problem() or 'opening the store'}"
+        if not self._servers:
+            return "not serving: starting"
+        try:
+            await store.ping()
+        except UnavailableError as exc:
+            return f"not serving: {exc}"
+        return None
+
     def _write_runtime_info(self) -> None:
         host = self.config.listen_tcp.rsplit(":", 1)[0] if self.config.listen_tcp else ""
         info = {
@@ -393,7 +408,8 @@ class Gateway:
     async def stop(self) -> None:
         """Graceful stop: stop loops, tell supervisors, drain calls, close driver and store."""
         # A start refused before it opened anything (another gateway serves this state) stops nothing.
-        opened = self._store is not None or self._driver is not None or self._bound
+        opened = self._store is not None or self._driver is not None or self._bound or self._http is not None
+        self._stopping = True
         stopping: list[asyncio.Future[None]] = []
         if self._servers:
             # Refuse new calls first (GOAWAY: clients retry them on another replica), then end
@@ -474,10 +490,24 @@ async def serve(config: GatewayConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await gateway.start()
+    # A signal while starting (a store still unreachable) ends the start, as gracefully as a stop.
+    starting = asyncio.create_task(gateway.start(), name="gateway-start")
+    stopped = asyncio.create_task(stop.wait(), name="stop-signal")
+    try:
+        await asyncio.wait((starting, stopped), return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.info("stopping before the gateway started")
+            starting.cancel()
+            await asyncio.wait((starting,))  # start() releases what it had opened
+            if starting.cancelled():
+                return
+        starting.result()  # a failed start raises here; one that finished anyway is stopped below
+    except BaseException:
+        stopped.cancel()
+        raise
     tune_gc(config.gc_young_threshold)
     try:
-        await stop.wait()
+        await stopped
         await gateway.drain()
     finally:
         await gateway.stop()

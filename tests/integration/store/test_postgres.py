@@ -86,6 +86,39 @@ async def test_an_unreachable_database_at_start_is_named_and_retried_until_the_b
     assert 0.5 <= time.monotonic() - started < 5
 
 
+async def test_with_no_start_up_limit_an_unreachable_database_is_retried_quietly_until_cancelled(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """startup_timeout_seconds = 0 (the default): no giving up; progress says how it goes; the
+    log has a line for each of the first few attempts, then at most one per quiet period."""
+    monkeypatch.setattr(postgres, "_STARTUP_RETRY_DELAYS", (0.01,))
+    url = f"postgresql://warmshell@127.0.0.1:{_closed_port()}/warmshell"
+    settings = SETTINGS.model_copy(update={"startup_timeout_seconds": 0.0})
+    progress = postgres.StartupProgress()
+    caplog.set_level("DEBUG", logger=postgres.__name__)
+    opening = asyncio.create_task(
+        postgres.open_postgres_store(url, password="hunter2-secret", config=settings, progress=progress)
+    )
+    async with asyncio.timeout(30):
+        while progress.attempts < 40:
+            assert not opening.done(), opening
+            await asyncio.sleep(0.01)
+    problem = progress.problem()
+    assert problem is not None
+    assert problem.startswith(
+        f"the store (Postgres at {postgres.describe_url(url)}) is unreachable: connection refused"
+    )
+    assert "attempts in" in problem
+    assert "hunter2-secret" not in problem
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == postgres._LOGGED_ATTEMPTS, warnings  # the quiet period (30 s) has not passed
+    assert "logged every 30s from now on" in warnings[-1]
+    assert not any("hunter2-secret" in r.getMessage() for r in caplog.records)
+
+
 async def test_wrong_password_fails_at_once_without_echoing_it(dev_postgres: DevPostgres) -> None:
     started = time.monotonic()
     with pytest.raises(FailedPreconditionError, match="refused this gateway") as caught:

@@ -61,6 +61,8 @@ def test_replicas_on_postgres_roll_one_at_a_time_spread_and_budgeted() -> None:
     assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
     # Readiness is /healthz, which says NotServing while the store is unreachable (and while draining).
     assert gateway_container(manifests)["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # Liveness is not: a replica waiting for its database is kept out of the Service, not restarted.
+    assert gateway_container(manifests)["livenessProbe"]["httpGet"]["path"] == "/livez"
 
 
 def test_replicas_share_the_store_url_and_replica_token_from_secrets(tmp_path: Path) -> None:

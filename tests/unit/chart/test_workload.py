@@ -1,5 +1,5 @@
 """The gateway's Deployment, Service, ServiceAccounts, Secrets and storage as rendered: hardened,
-probed on /healthz, and wired to the files the gateway actually reads."""
+probed on /healthz (readiness) and /livez (liveness), and wired to the files the gateway actually reads."""
 
 from __future__ import annotations
 
@@ -57,11 +57,13 @@ def test_container_and_pod_security_context() -> None:
     assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod)
 
 
-@pytest.mark.parametrize("probe", ["livenessProbe", "readinessProbe"])
-def test_probes_hit_healthz_on_the_gateway_http_port(probe: str) -> None:
+@pytest.mark.parametrize(("probe", "path"), [("livenessProbe", "/livez"), ("readinessProbe", "/healthz")])
+def test_probes_hit_the_gateway_http_port(probe: str, path: str) -> None:
+    # Liveness must not depend on the store: /healthz is 503 while a gateway waits for its
+    # database, and a liveness probe on it would restart that gateway in a loop.
     manifests = render()
     container = gateway_container(manifests)
-    assert container[probe]["httpGet"]["path"] == "/healthz"
+    assert container[probe]["httpGet"]["path"] == path
     port_name = container[probe]["httpGet"]["port"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports[port_name] == 9464 == config(manifests)["http_port"]

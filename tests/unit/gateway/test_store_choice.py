@@ -16,6 +16,23 @@ def test_sqlite_stays_the_default() -> None:
     assert load_config(None).store.url.get_secret_value() == ""
 
 
+def test_start_up_waits_for_an_unreachable_database_without_limit_by_default() -> None:
+    assert load_config(None).store.startup_timeout_seconds == 0  # 0 = no limit
+    assert load_config(None, {"store.startup_timeout_seconds": 30}).store.startup_timeout_seconds == 30
+    with pytest.raises(InvalidArgumentError, match="startup_timeout_seconds"):
+        load_config(None, {"store.startup_timeout_seconds": -1})
+
+
+def test_start_up_progress_names_the_store_the_error_and_the_attempts() -> None:
+    progress = postgres.StartupProgress(where="db:5432/ws")
+    assert progress.problem() is None  # nothing failed yet
+    progress.attempts, progress.last_error, progress.waited_seconds = 7, "connection refused", 9.6
+    assert progress.problem() == (
+        "the store (Postgres at db:5432/ws) is unreachable: connection refused"
+        " (7 attempts in 10s so far; still retrying)"
+    )
+
+
 def test_an_unknown_scheme_is_refused_naming_the_field() -> None:
     with pytest.raises(InvalidArgumentError, match=r"store\.url") as caught:
         load_config(None, {"store.url": "mysql://db/warmshell"})

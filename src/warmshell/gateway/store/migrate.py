@@ -16,6 +16,10 @@ from warmshell.gateway.store.base import Store
 
 __all__ = ["CopyReport", "copy_objects", "describe", "migrate"]
 
+# A command, unlike a gateway, does not wait for a database for ever: its default wait for one
+# that cannot be reached (a gateway's default, 0, is no limit).
+COMMAND_STARTUP_TIMEOUT_SECONDS = 30.0
+
 
 @dataclass
 class CopyReport:
@@ -60,7 +64,11 @@ async def migrate(from_url: str, to_url: str, *, to_config: StoreConfig | None =
     if from_url.startswith("sqlite://") and not await asyncio.to_thread(source_path.is_file):
         # Opening a SQLite path creates it: an empty source would "succeed" at copying nothing.
         raise InvalidArgumentError("--from", f"no SQLite store at {source_path}")
-    source = await opening.open_url(from_url)
+    bounded = StoreConfig(startup_timeout_seconds=COMMAND_STARTUP_TIMEOUT_SECONDS)
+    to_config = to_config or bounded
+    if not to_config.startup_timeout_seconds:
+        to_config = to_config.model_copy(update={"startup_timeout_seconds": COMMAND_STARTUP_TIMEOUT_SECONDS})
+    source = await opening.open_url(from_url, bounded)
     try:
         destination = await opening.open_url(to_url, to_config)
         try:

@@ -30,8 +30,11 @@ async def read_password(config: StoreConfig) -> str | None:
     return os.environ.get(PASSWORD_ENV) or None
 
 
-async def open_url(url: str, config: StoreConfig | None = None) -> Store:
-    """Open `sqlite:///PATH` (everything after `sqlite://` is the path) or `postgresql://…`."""
+async def open_url(
+    url: str, config: StoreConfig | None = None, *, progress: postgres.StartupProgress | None = None
+) -> Store:
+    """Open `sqlite:///PATH` (everything after `sqlite://` is the path) or `postgresql://…`
+    (`progress`: how waiting for an unreachable Postgres is going, see `open_postgres_store`)."""
     config = config or StoreConfig()
     if url.startswith(_SQLITE):
         path = url.removeprefix(_SQLITE)
@@ -39,7 +42,9 @@ async def open_url(url: str, config: StoreConfig | None = None) -> Store:
             raise InvalidArgumentError("store url", "sqlite URLs name an absolute path: sqlite:///path/to/warmshell.db")
         return await sqlite.open_sqlite_store(Path(path))
     if url.startswith(("postgresql://", "postgres://")):
-        return await postgres.open_postgres_store(url, password=await read_password(config), config=config)
+        return await postgres.open_postgres_store(
+            url, password=await read_password(config), config=config, progress=progress
+        )
     raise InvalidArgumentError("store url", 'must start with "sqlite:///" or "postgresql://"')
 
 
@@ -57,9 +62,11 @@ async def read_url(config: StoreConfig) -> str:
     return url
 
 
-async def open_store(config: StoreConfig, *, default_sqlite: Path) -> Store:
+async def open_store(
+    config: StoreConfig, *, default_sqlite: Path, progress: postgres.StartupProgress | None = None
+) -> Store:
     """The configured store; SQLite at `default_sqlite` when no URL is set."""
     url = await read_url(config)
     if not url:
         return await sqlite.open_sqlite_store(default_sqlite)
-    return await open_url(url, config)
+    return await open_url(url, config, progress=progress)

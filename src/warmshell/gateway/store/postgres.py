@@ -27,7 +27,7 @@ from warmshell.core.errors import (
 from warmshell.gateway.store import schema, storage_errors
 from warmshell.gateway.store.base import StoredObject
 
-__all__ = ["Change", "PostgresStore", "describe_url", "open_postgres_store"]
+__all__ = ["Change", "PostgresStore", "StartupProgress", "describe_url", "open_postgres_store"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,10 @@ _COLUMNS = "kind, id, name, workspace, resource_version, payload"
 # Names sort byte-wise, as in SQLite, whatever collation the database was created with.
 _ORDER = ' ORDER BY workspace COLLATE "C", name COLLATE "C"'
 _STARTUP_RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
+# Start-up waiting for a database: every failed attempt is logged up to this many, then at most
+# one line every _QUIET_LOG_SECONDS (the others at DEBUG), so minutes of waiting stay readable.
+_LOGGED_ATTEMPTS = 5
+_QUIET_LOG_SECONDS = 30.0
 
 # Failures that say "the database is not there right now" (as opposed to a bad query): refused
 # or dropped connections, timeouts, a server shutting down or starting up, no free connection slot.
@@ -89,6 +93,25 @@ def _why(exc: BaseException, timeout: float) -> str:
     if isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError | asyncpg.PostgresConnectionError):
         return "the connection to the database was lost"
     return str(exc) or type(exc).__name__
+
+
+@dataclass
+class StartupProgress:
+    """How opening the store at start is going, for `/healthz` while the gateway waits for it."""
+
+    where: str = ""  # describe_url of the store (never the password)
+    attempts: int = 0  # failed attempts so far
+    last_error: str = ""
+    waited_seconds: float = 0.0
+
+    def problem(self) -> str | None:
+        """Why the store is not open yet, once an attempt failed; None before that."""
+        if not self.attempts:
+            return None
+        return (
+            f"the store (Postgres at {self.where}) is unreachable: {self.last_error}"
+            f" ({self.attempts} attempts in {self.waited_seconds:.0f}s so far; still retrying)"
+        )
 
 
 @dataclass(frozen=True)
@@ -327,15 +350,23 @@ async def _keep_session(_conn: asyncpg.Connection) -> None:
     still rolled back by asyncpg before this is called."""
 
 
-async def open_postgres_store(url: str, *, password: str | None, config: StoreConfig) -> PostgresStore:
-    """Connect a pool and apply pending schema migrations, retrying an unreachable database until
-    `startup_timeout_seconds` have passed; wrong credentials or a missing database fail at once."""
+async def open_postgres_store(
+    url: str, *, password: str | None, config: StoreConfig, progress: StartupProgress | None = None
+) -> PostgresStore:
+    """Connect a pool and apply pending schema migrations, retrying an unreachable database for as
+    long as it takes (or until `startup_timeout_seconds` have passed, when that is not 0); wrong
+    credentials, a missing database, an invalid URL or a read-only server fail at once.
+    `progress` is kept up to date with the failed attempts (what `/healthz` reports meanwhile)."""
     where = describe_url(url)
+    progress = progress if progress is not None else StartupProgress()
+    progress.where = where
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + config.startup_timeout_seconds
+    started = loop.time()
+    limit = config.startup_timeout_seconds
+    logged_at: float | None = None
     for attempt in itertools.count(1):
         try:
-            return await _connect_and_migrate(url, password=password, config=config, where=where)
+            store = await _connect_and_migrate(url, password=password, config=config, where=where)
         except _MISCONFIGURED as exc:
             raise FailedPreconditionError(f"the store (Postgres at {where}) refused this gateway: {exc}") from exc
         except (ValueError, OverflowError):
@@ -348,16 +379,35 @@ async def open_postgres_store(url: str, *, password: str | None, config: StoreCo
         except _UNREACHABLE as exc:
             why = _why(exc, config.connect_timeout_seconds)
             delay = _STARTUP_RETRY_DELAYS[min(attempt, len(_STARTUP_RETRY_DELAYS)) - 1]
-            if loop.time() + delay > deadline:
+            now = loop.time()
+            progress.attempts, progress.last_error, progress.waited_seconds = attempt, why, now - started
+            if limit and now + delay > started + limit:
                 raise UnavailableError(
                     f"the store (Postgres at {where}) is unreachable: {why}"
-                    f" (gave up after {attempt} attempts in {config.startup_timeout_seconds:g}s)"
+                    f" (gave up after {attempt} attempts in {limit:g}s)"
                 ) from exc
-            log.warning("store at %s unreachable (attempt %d): %s; retrying in %gs", where, attempt, why, delay)
+            if attempt <= _LOGGED_ATTEMPTS or logged_at is None or now - logged_at >= _QUIET_LOG_SECONDS:
+                logged_at = now
+                quiet = "" if attempt < _LOGGED_ATTEMPTS else f" (logged every {_QUIET_LOG_SECONDS:g}s from now on)"
+                log.warning(
+                    "store at %s unreachable (attempt %d, %.0fs so far): %s; retrying in %gs%s",
+                    where,
+                    attempt,
+                    now - started,
+                    why,
+                    delay,
+                    quiet,
+                )
+            else:
+                log.debug("store at %s unreachable (attempt %d): %s", where, attempt, why)
             await asyncio.sleep(delay)
         except asyncpg.PostgresError as exc:
             # The server answered but refused to prepare the schema (e.g. a read-only standby).
             raise FailedPreconditionError(f"the store (Postgres at {where}) could not be prepared: {exc}") from exc
+        else:
+            if attempt > 1:
+                log.info("store at %s reachable after %d attempts", where, attempt)
+            return store
     raise AssertionError("itertools.count does not end")
 
 
