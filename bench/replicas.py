@@ -31,6 +31,12 @@ through it:
 
 `--parts` runs a subset (fast, poisson, sustained).
 
+`--pods` says how kubesim runs the warmshell image's pods: `fork` (the default) forks each pod's
+supervisor from kubesim's pre-imported fork server (its default rule for the image: one import
+shared copy-on-write, as a node's pre-pulled image shares its files), `shim` execs the tests' pod
+shim (bubblewrap and a fresh Python per pod, ~18 MiB and ~0.25 s of CPU each). Both run the real
+supervisor with its volumes at their mount paths.
+
 Creates -> Ready are client-side: the CreateSandbox call until the watch (on the replica the
 balancer picked) reports Ready. Postgres is `scripts/dev-postgres` (a throwaway server).
 """
@@ -40,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fnmatch
 import os
 import random
 import subprocess
@@ -64,7 +71,7 @@ from kubesim.controllers import client as kc  # noqa: E402
 from tests.helpers.kubesim_process import ClusterProcess, kubesim_process  # noqa: E402
 from tests.helpers.postgres import dev_postgres_server  # noqa: E402
 from tests.helpers.replicas import ReplicaSet, balancer, replica_set, wait_phase  # noqa: E402
-from tests.integration.drivers_kubernetes.conftest import IMAGE, NAMESPACE, driver_config  # noqa: E402
+from tests.integration.drivers_kubernetes.conftest import IMAGE, IMAGES, NAMESPACE, driver_config  # noqa: E402
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
 from warmshell.core.fingerprints import SandboxShape  # noqa: E402
 from warmshell.drivers.kubernetes import warmpools  # noqa: E402
@@ -405,13 +412,19 @@ async def poisson(
     tasks = []
     cpu = CpuSplit(setup)
     started = time.perf_counter()
+    # Arrivals at absolute times: a sleep per gap after each send let every late wake-up of this
+    # busy loop add up (450 creates at 45/s once took 24.6 s to send); a late send now goes at
+    # once and the next keeps its own time.
+    due = started
     for i in range(count):
         if refill.memory_low:
             break
         tasks.append(asyncio.create_task(one(f"p-{i}")))
         refill.sent()
-        await asyncio.sleep(rng.expovariate(rate))
+        due += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
     sent_seconds = time.perf_counter() - started
+    scheduled_seconds = due - started
     everything = asyncio.gather(*tasks)
     await asyncio.wait([everything, follower], return_when=asyncio.FIRST_COMPLETED)
     if refill.memory_low:  # tear down now (the caller's clean-up stops every pod): do not wait for the rest
@@ -446,6 +459,9 @@ async def poisson(
         "fill_steps": fill_steps,
         "pod_memory": memory,
         "sent_over_seconds": sent_seconds,
+        # The arrival process's own span (the last gap included): sent_over_seconds beyond it
+        # is this client falling behind.
+        "scheduled_seconds": scheduled_seconds,
         "cpu_ms_per_create": cpu_ms,
         "ms": summary([ms for ms, _ in results]),
         "not_warm": sum(r.status.allocation != "warm" for _, r in results),
@@ -691,15 +707,27 @@ async def with_setup(
     return setup
 
 
+def pod_images(pods: str) -> dict[str, Any]:
+    """kubesim's image map for `--pods`: the tests' (the pod shim), or without its rule for the
+    warmshell image, so that kubesim's default rule (the fork server) runs those pods."""
+    if pods == "shim":
+        return IMAGES
+    return {pattern: rule for pattern, rule in IMAGES.items() if not fnmatch.fnmatchcase(IMAGE, pattern)}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    data: dict[str, Any] = {"load_average_start": os.getloadavg(), "available_mib_start": available_mib()}
+    data: dict[str, Any] = {
+        "load_average_start": os.getloadavg(),
+        "available_mib_start": available_mib(),
+        "pods": args.pods,
+    }
     guard = MemoryGuard(args.memory_reserve_mib, args.memory_floor_mib)
     parts = set(args.parts.split(","))
     with dev_postgres_server() as server, tempfile.TemporaryDirectory(prefix="ws-bench-replicas-") as tmp:
         root = Path(tmp)
         password = server.password_file
         if "fast" in parts:
-            async with kubesim_process("fast") as cluster:
+            async with kubesim_process("fast", pod_images(args.pods)) as cluster:
                 configs = [
                     ("1 gateway, SQLite", 1, ""),
                     ("1 gateway, Postgres", 1, "pg"),
@@ -731,7 +759,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         poisson_counts = {1, 3} if "poisson" in parts else set()
         sustain_counts = set(args.sustain_replicas) if "sustained" in parts else set()
         if poisson_counts | sustain_counts:
-            async with kubesim_process("default") as cluster:
+            async with kubesim_process("default", pod_images(args.pods)) as cluster:
                 data["poisson"], data["sustained"] = [], []
                 for count in sorted(poisson_counts | sustain_counts):
                     url = await server.create_database()
@@ -814,6 +842,8 @@ def table_for(data: dict[str, Any]) -> str:
         text += _poisson_table(data["poisson"])
     for found in data.get("sustained") or []:
         text += _sustained_table(found)
+    pods = {"fork": "forked from kubesim's pre-imported fork server", "shim": "exec'd through the tests' pod shim"}
+    text += f"\nThe warmshell pods' supervisors were {pods[data.get('pods', 'shim')]} (`--pods`).\n"
     text += (
         f"\nMemory available at the start: {data['available_mib_start']:.0f} MiB. The machine is shared (2 cores, "
         "other engineers' tests and benchmarks running): compare rows of this run with each other, not with "
@@ -847,14 +877,15 @@ def _fast_table(rows: list[dict[str, Any]]) -> str:
 
 def _poisson_table(rows: list[dict[str, Any]]) -> str:
     text = "\n### Poisson arrivals of warm creates on kubesim `default` (create -> Ready, ms)\n\n"
-    text += "| gateways | rate/s | creates | sent over s | failed | pool (asked) | surplus | pods after | pool fill s "
-    text += "| PSS per pod MiB | p50 | p90 | p99 | not warm | load avg |\n"
+    text += "| gateways | rate/s | creates | sent over s (scheduled) | failed | pool (asked) | surplus | pods after "
+    text += "| pool fill s | PSS per pod MiB | p50 | p90 | p99 | not warm | load avg |\n"
     text += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     notes = ""
     for row in rows:
         ms, memory = row["ms"], row["pod_memory"]
         text += (
             f"| {row['replicas']} | {row['rate']:g} | {row['count']} | {row['sent_over_seconds']:.1f} "
+            f"({row.get('scheduled_seconds', float('nan')):.1f}) "
             f"| {row['failed']} | {row['pool']} ({row['pool_wanted']}) | {row['surplus']} | {row['pods_after']} "
             f"| {row['pool_fill_seconds']:.0f} | {memory['pss_mib_per_pod']:.1f} | {ms['p50']:.0f} "
             f"| {ms['p90']:.0f} | {ms['p99']:.0f} | {row['not_warm']} | {row['load_average'][0]:.1f} |\n"
@@ -965,6 +996,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--logs-dir", default="", help="keep every replica's log (at INFO) here, copied when its setup closes"
+    )
+    parser.add_argument(
+        "--pods", choices=("fork", "shim"), default="fork", help="how kubesim starts the warmshell image's pods"
     )
     parser.add_argument("--name", default="replicas")
     args = parser.parse_args()

@@ -61,13 +61,13 @@ class KubesimServe:
 
 
 @contextlib.contextmanager
-def kubesim_serve(root: Path, timing: str = "fast") -> Iterator[KubesimServe]:
-    """`KUBESIM_TIMING=timing KUBESIM_IMAGE_MAP=<the test image map> kubesim serve`, files under
-    `root`; yields once the agent-sandbox CRDs are served, and stops kubesim (SIGTERM, so its
-    kubelet kills every pod process) on exit."""
+def kubesim_serve(root: Path, timing: str = "fast", images: dict[str, Any] | None = None) -> Iterator[KubesimServe]:
+    """`KUBESIM_TIMING=timing KUBESIM_IMAGE_MAP=<images, default the test image map> kubesim
+    serve`, files under `root`; yields once the agent-sandbox CRDs are served, and stops kubesim
+    (SIGTERM, so its kubelet kills every pod process) on exit."""
     root.mkdir(parents=True, exist_ok=True)
     image_map = root / "kubesim-images.json"
-    image_map.write_text(json.dumps(IMAGES))
+    image_map.write_text(json.dumps(IMAGES if images is None else images))
     kubeconfig, admin_kubeconfig, log_path = root / "kubeconfig.yaml", root / "admin.yaml", root / "kubesim.log"
     env = os.environ | {"KUBESIM_TIMING": timing, "KUBESIM_IMAGE_MAP": str(image_map)}
     argv = ["serve", "--kubeconfig", str(kubeconfig), "--admin-kubeconfig", str(admin_kubeconfig)]
@@ -149,13 +149,17 @@ class ClusterProcess:
 
 
 @contextlib.asynccontextmanager
-async def kubesim_process(timing: str = "fast") -> AsyncIterator[ClusterProcess]:
-    """`kubesim_serve` with the timing profile `timing`, the namespace and ServiceAccount created;
-    on exit every Sandbox is deleted (and its pod gone) before kubesim stops.
+async def kubesim_process(timing: str = "fast", images: dict[str, Any] | None = None) -> AsyncIterator[ClusterProcess]:
+    """`kubesim_serve` with the timing profile `timing` (and `images`), the namespace and
+    ServiceAccount created; on exit every Sandbox is deleted (and its pod gone) before kubesim
+    stops.
 
     Starting and stopping kubesim block the event loop for a moment (a benchmark runs nothing
     else then)."""
-    with tempfile.TemporaryDirectory(prefix="kubesim-bench-") as tmp, kubesim_serve(Path(tmp), timing) as served:
+    with (
+        tempfile.TemporaryDirectory(prefix="kubesim-bench-") as tmp,
+        kubesim_serve(Path(tmp), timing, images) as served,
+    ):
         admin = kc.KubeClient.from_kubeconfig(str(served.admin_kubeconfig))
         try:
             await _prepare(admin)
