@@ -102,6 +102,7 @@ class Setup:
         self.postgres_pid = 0  # the server's postmaster, for CPU figures (0: not known)
         self.logs_dir: Path | None = None  # where the replicas' logs are copied on close
         self.log_level = "WARNING"
+        self.short_intervals = True  # the tests' heartbeats and relists (see ReplicaSet)
 
     async def start(self, count: int) -> None:
         holder: list[ReplicaSet] = []
@@ -119,6 +120,7 @@ class Setup:
             replica_set(self.root, store_url=self.store_url, password_file=self.password_file, driver=driver)
         )
         self.replicas.settings["log_level"] = self.log_level
+        self.replicas.short_intervals = self.short_intervals
         holder.append(self.replicas)
         for _ in range(count):
             await self.replicas.start_one()
@@ -699,8 +701,10 @@ async def with_setup(
     password_file: Path,
     guard: MemoryGuard,
     logs_dir: str = "",
+    short_intervals: bool = True,
 ) -> Setup:
     setup = Setup(cluster, root / name, store_url=store_url, password_file=password_file, guard=guard)
+    setup.short_intervals = short_intervals
     if logs_dir:  # kept for a post-mortem, at INFO
         setup.logs_dir, setup.log_level = Path(logs_dir), "INFO"
     await setup.start(replicas)
@@ -720,6 +724,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_average_start": os.getloadavg(),
         "available_mib_start": available_mib(),
         "pods": args.pods,
+        "intervals": args.intervals,
     }
     guard = MemoryGuard(args.memory_reserve_mib, args.memory_floor_mib)
     parts = set(args.parts.split(","))
@@ -772,6 +777,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         password_file=password,
                         guard=guard,
                         logs_dir=args.logs_dir,
+                        short_intervals=args.intervals == "tests",
                     )
                     setup.postgres_pid = _postmaster_pid(server.base)
                     try:
@@ -844,6 +850,13 @@ def table_for(data: dict[str, Any]) -> str:
         text += _sustained_table(found)
     pods = {"fork": "forked from kubesim's pre-imported fork server", "shim": "exec'd through the tests' pod shim"}
     text += f"\nThe warmshell pods' supervisors were {pods[data.get('pods', 'shim')]} (`--pods`).\n"
+    if data.get("poisson") or data.get("sustained"):
+        intervals = {
+            "defaults": "the gateway's defaults (heartbeats every 5 s, relists every 10 s)",
+            "tests": "the tests' short ones (heartbeats and relists every second)",
+        }
+        chosen = intervals[data.get("intervals", "tests")]
+        text += f"The Poisson and sustained parts ran with {chosen} (`--intervals`).\n"
     text += (
         f"\nMemory available at the start: {data['available_mib_start']:.0f} MiB. The machine is shared (2 cores, "
         "other engineers' tests and benchmarks running): compare rows of this run with each other, not with "
@@ -999,6 +1012,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--pods", choices=("fork", "shim"), default="fork", help="how kubesim starts the warmshell image's pods"
+    )
+    parser.add_argument(
+        "--intervals",
+        choices=("defaults", "tests"),
+        default="defaults",
+        help="the Poisson and sustained parts' gateway heartbeats, relists and Lease: the gateway's defaults, or"
+        " the tests' short ones (1 s heartbeats and relists, as every run before this option); the fast part,"
+        " which times a kill -9, always uses the tests'",
     )
     parser.add_argument("--name", default="replicas")
     args = parser.parse_args()

@@ -190,6 +190,10 @@ class ReplicaSet:
     driver: KubernetesDriverConfig
     settings: dict[str, Any] = field(default_factory=dict)
     drain_seconds: float = 2.0
+    # The tests' short intervals (heartbeats and relists every second, a 3 s Lease, replica
+    # heartbeats every 0.5 s), so that failures are seen quickly; False: the gateway's defaults,
+    # as a user runs it (a benchmark of a steady load).
+    short_intervals: bool = True
     replicas: list[Replica] = field(default_factory=list)
     _names: itertools.count[int] = field(default_factory=itertools.count)
     channels: list[grpc.aio.Channel] = field(default_factory=list)
@@ -232,12 +236,14 @@ class ReplicaSet:
             "http_port": 0,
             "log_level": "INFO",
             "secrets_key_file": str(self.shared / "secrets.key"),
-            "orphan_grace_seconds": 2.0,
-            "reconcile_interval_seconds": 1.0,
-            "heartbeat_interval_seconds": 1.0,
-        } | self.settings
-        election |= {"lease_name": "warmshell-replicas", "lease_duration_seconds": 3}
-        election |= {"renew_deadline_seconds": 2.0, "retry_period_seconds": 0.5}
+        }
+        replicas: dict[str, Any] = {"id": replica_id, "token_file": str(self.shared / "replica-token")}
+        election |= {"lease_name": "warmshell-replicas"}
+        if self.short_intervals:
+            top |= {"orphan_grace_seconds": 2.0, "reconcile_interval_seconds": 1.0, "heartbeat_interval_seconds": 1.0}
+            election |= {"lease_duration_seconds": 3, "renew_deadline_seconds": 2.0, "retry_period_seconds": 0.5}
+            replicas |= {"heartbeat_seconds": 0.5}
+        top |= self.settings
         election.pop("identity")
         sections: dict[str, dict[str, Any]] = {"": top}
         if self.store_url:  # else SQLite in the state directory: one gateway, no replicas
@@ -245,12 +251,7 @@ class ReplicaSet:
         return _toml(
             sections
             | {
-                "replicas": {
-                    "id": replica_id,
-                    "token_file": str(self.shared / "replica-token"),
-                    "heartbeat_seconds": 0.5,
-                    "drain_seconds": self.drain_seconds,
-                },
+                "replicas": replicas | {"drain_seconds": self.drain_seconds},
                 "kubernetes": driver,
                 "kubernetes.leader_election": election,
             }
