@@ -20,7 +20,7 @@ through it:
    MemAvailable measured per pod says the rest would not fit), and the run stops if available
    memory falls under `--memory-floor-mib`;
 5. the highest rate sustained for `--sustain-seconds` on `default` timing, with `--sustain-replicas`
-   gateways (3): a search (`ratesearch`) doubling from `--search-start` until a step fails, then
+   gateways (3) on Postgres (and with `--sustain-sqlite` one gateway on SQLite first): a search (`ratesearch`) doubling from `--search-start` until a step fails, then
    bisecting between the highest that held and the lowest that failed down to `--resolution`.
    A step holds when no create fails or goes cold, Ready p99 stays under 5 s, and the refills
    keep up: the pool's deficit of idle members (sampled from its status every 0.5 s) does not
@@ -763,15 +763,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     _checkpoint(args, data)
         poisson_counts = {1, 3} if "poisson" in parts else set()
         sustain_counts = set(args.sustain_replicas) if "sustained" in parts else set()
-        if poisson_counts | sustain_counts:
+        # (gateways, store): the Poisson and sustained configurations on Postgres, and with
+        # --sustain-sqlite one gateway on SQLite first (sustained only).
+        configs = [(count, "postgres") for count in sorted(poisson_counts | sustain_counts)]
+        if "sustained" in parts and args.sustain_sqlite:
+            configs.insert(0, (1, "sqlite"))
+        if configs:
             async with kubesim_process("default", pod_images(args.pods)) as cluster:
                 data["poisson"], data["sustained"] = [], []
-                for count in sorted(poisson_counts | sustain_counts):
-                    url = await server.create_database()
+                for count, store in configs:
+                    url = await server.create_database() if store == "postgres" else ""
                     setup = await with_setup(
                         cluster,
                         root,
-                        f"default-{count}",
+                        f"default-{count}-{store}",
                         replicas=count,
                         store_url=url,
                         password_file=password,
@@ -779,9 +784,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         logs_dir=args.logs_dir,
                         short_intervals=args.intervals == "tests",
                     )
-                    setup.postgres_pid = _postmaster_pid(server.base)
+                    setup.postgres_pid = _postmaster_pid(server.base) if url else 0
                     try:
-                        if count in poisson_counts:
+                        if count in poisson_counts and store == "postgres":
                             result = await _reported(
                                 poisson(
                                     setup,
@@ -795,7 +800,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             )
                             data["poisson"].append({"replicas": count, **result, "load_average": os.getloadavg()})
                             _checkpoint(args, data)
-                        if count in sustain_counts:
+                        if count in sustain_counts or store == "sqlite":
                             found = await sustained(
                                 setup,
                                 search=ratesearch.Search(
@@ -805,7 +810,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                 pool=args.pool,
                                 profile=Path(args.profile_dir) if args.profile_dir else None,
                             )
-                            data["sustained"].append({"replicas": count, **found})
+                            data["sustained"].append({"replicas": count, "store": store, **found})
                             _checkpoint(args, data)
                     finally:
                         await setup.aclose()
@@ -923,7 +928,11 @@ def _poisson_table(rows: list[dict[str, Any]]) -> str:
 
 def _sustained_table(found: dict[str, Any]) -> str:
     seconds, pool, replicas = found["seconds"], found["pool"], found["replicas"]
-    text = f"\n### Highest rate sustained for {seconds:g} s, {replicas} gateway(s), pool {pool}, kubesim `default`\n\n"
+    store = {"sqlite": "SQLite", "postgres": "Postgres"}[found.get("store", "postgres")]
+    text = (
+        f"\n### Highest rate sustained for {seconds:g} s, {replicas} gateway(s) on {store}, pool {pool}, "
+        "kubesim `default`\n\n"
+    )
     parts = list(found["tried"][0]["net_cpu_ms_per_create"]) if found["tried"] else []
     text += "| rate/s | creates | failed | not warm | p50 | p99 | deficit growth /s | least idle | kept up "
     text += "| load avg | " + " | ".join(parts) + " |\n"
@@ -1001,6 +1010,9 @@ def main() -> None:
         type=lambda s: [int(x) for x in s.split(",")],
         default=[3],
         help="gateway counts the sustained search runs with",
+    )
+    parser.add_argument(
+        "--sustain-sqlite", action="store_true", help="the sustained search with 1 gateway on SQLite too (first)"
     )
     parser.add_argument(
         "--profile-dir",
