@@ -361,8 +361,11 @@ async def wait_phase(
     try:
         async with asyncio.timeout(timeout):
             while True:
+                # Cancelled once read: a watch left open holds one of the connection's streams
+                # (until the collector finds the call) while the server follows the sandbox.
+                watch = stub.WatchSandbox(pb.WatchSandboxRequest(name=name), metadata=metadata)
                 try:
-                    async for event in stub.WatchSandbox(pb.WatchSandboxRequest(name=name), metadata=metadata):
+                    async for event in watch:
                         if event.HasField("sandbox"):
                             last = event.sandbox
                             if last.status.phase in phases:
@@ -370,6 +373,8 @@ async def wait_phase(
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() != grpc.StatusCode.UNAVAILABLE:
                         raise
+                finally:
+                    watch.cancel()
                 await asyncio.sleep(0.2)
     except TimeoutError:
         raise AssertionError(f"{name}: not in {phases} after {timeout}s; last seen:\n{last}") from None
