@@ -20,8 +20,9 @@ through it:
    MemAvailable measured per pod says the rest would not fit), and the run stops if available
    memory falls under `--memory-floor-mib`;
 5. the highest rate sustained for `--sustain-seconds` on `default` timing, with `--sustain-replicas`
-   gateways (3) on Postgres (and with `--sustain-sqlite` one gateway on SQLite first): a search (`ratesearch`) doubling from `--search-start` until a step fails, then
-   bisecting between the highest that held and the lowest that failed down to `--resolution`.
+   gateways (3) on Postgres (and with `--sustain-sqlite` one gateway on SQLite first): a search
+   (`ratesearch`) doubling from `--search-start` until a step fails, then bisecting between the
+   highest that held and the lowest that failed down to `--resolution`.
    A step holds when no create fails or goes cold, Ready p99 stays under 5 s, and the refills
    keep up: the pool's deficit of idle members (sampled from its status every 0.5 s) does not
    grow while the creates arrive. Every step starts from a full pool and a quiet cluster. Each
