@@ -388,7 +388,7 @@ async def open_postgres_store(
                 ) from exc
             if attempt <= _LOGGED_ATTEMPTS or logged_at is None or now - logged_at >= _QUIET_LOG_SECONDS:
                 logged_at = now
-                quiet = "" if attempt < _LOGGED_ATTEMPTS else f" (logged every {_QUIET_LOG_SECONDS:g}s from now on)"
+                quiet = f" (logged every {_QUIET_LOG_SECONDS:g}s from now on)" if attempt == _LOGGED_ATTEMPTS else ""
                 log.warning(
                     "store at %s unreachable (attempt %d, %.0fs so far): %s; retrying in %gs%s",
                     where,
