@@ -40,3 +40,11 @@ def test_garbage_is_skipped_and_remove_is_idempotent(tmp_path: Path) -> None:
     records.remove(tmp_path, "li-1")
     assert records.load_all(tmp_path) == []
     assert records.load_all(tmp_path / "missing") == []
+
+
+def test_the_sweep_removes_partial_writes_a_killed_gateway_left(tmp_path: Path) -> None:
+    records.save(tmp_path, record())
+    (tmp_path / "li-2.tmp").write_text('{"instance_id": "li-')  # killed mid-write
+    records.remove_partial(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["li-1.json"]
+    records.remove_partial(tmp_path / "missing")  # nothing to do

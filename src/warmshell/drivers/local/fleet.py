@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,9 @@ from warmshell.drivers.local.uids import UidRange
 __all__ = ["ISOLATION", "Fleet"]
 
 _log = logging.getLogger(__name__)
+# The start-up sweep's scans for a previous run's processes: until one finds none, at most ~2 s.
+_SURVIVOR_SCANS = 100
+_SURVIVOR_RESCAN_SECONDS = 0.02
 ISOLATION = (
     "user, pid, net, ipc, uts, mount namespaces; no capabilities; seccomp; host paths: allow-list; supervisor outside"
 )
@@ -338,6 +342,7 @@ class Fleet:
         the state dir is swept too (with its workspace, when that lives in `local.sandbox_dir`,
         a directory gateways share: there only the workspaces of instances found here are
         removed). The log is made right before the sandbox is started."""
+        await asyncio.to_thread(records.remove_partial, self._paths.instances)
         found = await asyncio.to_thread(records.load_all, self._paths.instances)
         unowned = await asyncio.to_thread(_instances_on_disk, self._paths.sandboxes)
         unowned -= {r.instance_id for r in found}
@@ -389,7 +394,10 @@ def _kill_survivors(instance_ids: set[str]) -> None:
 
     Sandboxes die with the gateway (--die-with-parent, and their agent when its control socket
     closes), so this finds something only in corner cases (a bwrap killed while it started); the
-    instance id is in a bwrap'd process's argv (--setenv)."""
+    instance id is in a bwrap'd process's argv (--setenv). Such a survivor may be forking as it is
+    killed (bwrap starting the sandbox's init, which has not set its parent-death signal yet) and a
+    killed process takes a moment to go, so the scan is repeated until it finds none (seen once in
+    a CI rehearsal: one scan left a process of the old run)."""
     markers = [
         marker
         for instance_id in instance_ids
@@ -398,13 +406,26 @@ def _kill_survivors(instance_ids: set[str]) -> None:
             f"WARMSHELL_INSTANCE_ID={instance_id}\0".encode(),
         )
     ]
+    for _ in range(_SURVIVOR_SCANS):
+        found = _marked_processes(markers)
+        if not found:
+            return
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(_SURVIVOR_RESCAN_SECONDS)
+    _log.warning("processes of a previous run's sandboxes would not die: %s", sorted(_marked_processes(markers)))
+
+
+def _marked_processes(markers: list[bytes]) -> list[int]:
+    """Pids (not this process) whose argv or environment holds one of `markers` (blocking)."""
+    found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         for name in ("cmdline", "environ"):
             with contextlib.suppress(OSError):
-                content = Path(entry.path, name).read_bytes()
-                if any(marker in content for marker in markers):
-                    with contextlib.suppress(OSError):
-                        os.kill(int(entry.name), signal.SIGKILL)
+                if any(marker in Path(entry.path, name).read_bytes() for marker in markers):
+                    found.append(int(entry.name))
                     break
+    return found

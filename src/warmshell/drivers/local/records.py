@@ -17,7 +17,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-__all__ = ["InstanceRecord", "load_all", "remove", "save"]
+__all__ = ["InstanceRecord", "load_all", "remove", "remove_partial", "save"]
 
 _log = logging.getLogger(__name__)
 
@@ -65,6 +65,15 @@ def remove(directory: Path, instance_id: str) -> None:
     """Delete a record; a missing one is fine."""
     with contextlib.suppress(FileNotFoundError):
         _path(directory, instance_id).unlink()
+
+
+def remove_partial(directory: Path) -> None:
+    """Remove the partial writes (`<id>.tmp`) a killed gateway left; only while nothing writes
+    records (the start-up sweep). Their instances, if they ran, are found by their logs."""
+    if directory.is_dir():
+        for partial in directory.glob("*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                partial.unlink()
 
 
 def load_all(directory: Path) -> list[InstanceRecord]:
