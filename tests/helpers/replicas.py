@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import itertools
 import json
 import os
@@ -40,7 +39,6 @@ __all__ = ["Balancer", "Replica", "ReplicaSet", "balancer", "replica_set"]
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 30.0
 _CHUNK = 64 * 1024
-_PR_SET_PDEATHSIG = 1
 
 
 class Balancer:
@@ -148,16 +146,23 @@ class Replica:
         return self.process.poll() is None
 
 
-# Looked up here, not in the forked child: the child of a process with gRPC threads may only
-# call what takes no lock another thread could hold at the fork (dlopen takes the loader's lock;
-# in one CI rehearsal a replica sat, still running and with an empty log, until its start timed
-# out: most likely there, before exec).
-_prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+# Run by the replica's own interpreter, which then becomes the gateway (the death signal survives
+# exec): no Python may run between fork and exec in this process, whose gRPC threads may hold a
+# lock the child would wait for forever (twice a replica sat with an empty log until its start
+# timed out, the second time with the prctl looked up before the fork). Exits if the test process
+# is already gone.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
-def _die_with_parent() -> None:
-    """A replica outlives no test process, even one the kernel killed (SIGKILL when it dies)."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _dying_with_this_process(argv: list[str]) -> list[str]:
+    """`argv`, run so that it is SIGKILLed when this (test) process dies, even by SIGKILL."""
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def _toml_value(value: Any) -> str:
@@ -269,12 +274,13 @@ class ReplicaSet:
         config.write_text(self._config(replica_id, state))
         with (state / "gateway.log").open("wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "warmshell", "gateway", "start", "--config", str(config)],
+                _dying_with_this_process(
+                    [sys.executable, "-m", "warmshell", "gateway", "start", "--config", str(config)]
+                ),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         replica = Replica(replica_id, state, process)
         self.replicas.append(replica)
