@@ -107,11 +107,11 @@ def _wait_for_runtime_info(process: subprocess.Popen[bytes], info_path: Path, lo
         raise AssertionError(f"gateway exited with {process.returncode} before listening")
 
 
-def start_gateway(state_dir: Path, *extra_args: str) -> CliGateway:
-    """`warmshell gateway start --state-dir STATE --http-port 0 EXTRA...`, once it is listening."""
-    log_path = state_dir.parent / f"{state_dir.name}-gateway.log"
+def launch_gateway(state_dir: Path, *extra_args: str, log_path: Path, http_port: int = 0) -> subprocess.Popen[bytes]:
+    """`warmshell gateway start --state-dir STATE --http-port PORT EXTRA...`, output to
+    `log_path`, not waited for."""
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
+        return subprocess.Popen(
             [
                 warmshell_executable(),
                 "gateway",
@@ -119,7 +119,7 @@ def start_gateway(state_dir: Path, *extra_args: str) -> CliGateway:
                 "--state-dir",
                 str(state_dir),
                 "--http-port",
-                "0",
+                str(http_port),
                 *extra_args,
             ],
             env=warmshell_env(state_dir),
@@ -127,6 +127,13 @@ def start_gateway(state_dir: Path, *extra_args: str) -> CliGateway:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+def start_gateway(state_dir: Path, *extra_args: str) -> CliGateway:
+    """`warmshell gateway start --state-dir STATE --http-port 0 EXTRA...`, once it is listening."""
+    log_path = state_dir.parent / f"{state_dir.name}-gateway.log"
+    process = launch_gateway(state_dir, *extra_args, log_path=log_path)
+    with log_path.open("ab") as log:
         try:
             _wait_for_runtime_info(process, state_dir / "gateway.json", log)
         except AssertionError as exc:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -17,17 +16,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.helpers.cli import CliGateway, warmshell_env, warmshell_executable
+from tests.helpers.churning_gateway import free_port
+from tests.helpers.cli import CliGateway, launch_gateway
 from tests.helpers.postgres import DevPostgres
 
 WAIT_SECONDS = 60.0
 STOP_SECONDS = 5.0  # "promptly": far below the helpers' 30 s SIGTERM budget
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _get(port: int, path: str) -> tuple[int, str] | None:
@@ -50,29 +44,11 @@ def _attempts(body: str) -> int:
 def _gateway(tmp_path: Path, url: str, password_file: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
     """`warmshell gateway start` on `url` with the default start-up budget (no limit); yields the
     process, its HTTP port and its log. Killed afterwards if a test left it running."""
-    state = tmp_path / "state"
-    http_port = _free_port()
+    http_port = free_port()
     config = tmp_path / "gateway.toml"
     config.write_text(f'[store]\nurl = "{url}"\npassword_file = "{password_file}"\nconnect_timeout_seconds = 2.0\n')
     log = tmp_path / "gateway.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                warmshell_executable(),
-                "gateway",
-                "start",
-                "--state-dir",
-                str(state),
-                "--config",
-                str(config),
-                "--http-port",
-                str(http_port),
-            ],
-            env=warmshell_env(state),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    process = launch_gateway(tmp_path / "state", "--config", str(config), log_path=log, http_port=http_port)
     try:
         yield process, http_port, log
     finally:
@@ -146,7 +122,7 @@ def test_a_gateway_waits_for_its_postgres_and_serves_once_it_is_there(
 def test_sigterm_while_waiting_for_the_store_stops_promptly_and_cleanly(tmp_path: Path) -> None:
     password_file = tmp_path / "password"
     password_file.write_text("Recognisable-Pa55word\n")
-    url = f"postgresql://warmshell@127.0.0.1:{_free_port()}/warmshell"
+    url = f"postgresql://warmshell@127.0.0.1:{free_port()}/warmshell"
     with _gateway(tmp_path, url, password_file) as (process, http_port, log):
         _, body = _wait_for(process, log, http_port, "NotServing", lambda _s, body: _attempts(body) >= 2)
         assert "Recognisable-Pa55word" not in body
