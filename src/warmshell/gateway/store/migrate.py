@@ -21,6 +21,14 @@ __all__ = ["CopyReport", "copy_objects", "describe", "migrate"]
 COMMAND_STARTUP_TIMEOUT_SECONDS = 30.0
 
 
+def _bounded(config: StoreConfig | None) -> StoreConfig:
+    """`config` (or the defaults) with a limit on waiting for an unreachable database."""
+    config = config or StoreConfig()
+    if config.startup_timeout_seconds:
+        return config
+    return config.model_copy(update={"startup_timeout_seconds": COMMAND_STARTUP_TIMEOUT_SECONDS})
+
+
 @dataclass
 class CopyReport:
     """What a copy did, per kind."""
@@ -64,13 +72,9 @@ async def migrate(from_url: str, to_url: str, *, to_config: StoreConfig | None =
     if from_url.startswith("sqlite://") and not await asyncio.to_thread(source_path.is_file):
         # Opening a SQLite path creates it: an empty source would "succeed" at copying nothing.
         raise InvalidArgumentError("--from", f"no SQLite store at {source_path}")
-    bounded = StoreConfig(startup_timeout_seconds=COMMAND_STARTUP_TIMEOUT_SECONDS)
-    to_config = to_config or bounded
-    if not to_config.startup_timeout_seconds:
-        to_config = to_config.model_copy(update={"startup_timeout_seconds": COMMAND_STARTUP_TIMEOUT_SECONDS})
-    source = await opening.open_url(from_url, bounded)
+    source = await opening.open_url(from_url, _bounded(None))
     try:
-        destination = await opening.open_url(to_url, to_config)
+        destination = await opening.open_url(to_url, _bounded(to_config))
         try:
             return await copy_objects(source, destination)
         finally:
