@@ -42,6 +42,7 @@ from typing import Any
 
 import grpc
 import warm_path
+from create_cpu import gc_pauses
 from harness import GatewayProcess, gateway_process, summary, write_results
 from warm_path import descendants, idle_members, pss_kb, wait_idle, write_profile
 
@@ -139,14 +140,25 @@ async def clients(gw: GatewayProcess, count: int) -> AsyncIterator[list[GatewayP
 
 async def sequential(gw: GatewayProcess, label: str, count: int, env: dict[str, str]) -> dict[str, Any]:
     """`count` creates one after the other, each deleted before the next; no waiting for the pool."""
-    client, server, allocations = [], [], {"warm": 0, "cold": 0}
+    client, server, warm, allocations = [], [], [], {"warm": 0, "cold": 0}
+    paused = gc_pauses(gw)
     for i in range(count):
         c, s, ready = await timed_create(gw, f"{label}-{i}", env)
         client.append(c)
         server.append(s)
         allocations[ready.status.allocation] += 1
+        if ready.status.allocation == "warm":
+            warm.append(c)
         await gw.delete(f"{label}-{i}")
-    return {"client_ms": summary(client), "server_ms": summary(server), "allocations": allocations, "load": load()}
+    after = gc_pauses(gw)
+    return {
+        "client_ms": summary(client),
+        "server_ms": summary(server),
+        "warm_client_ms": summary(warm) if warm else {},
+        "allocations": allocations,
+        "gc": {key: after[key] - paused[key] for key in after},
+        "load": load(),
+    }
 
 
 async def settle(gw: GatewayProcess, pool: str, size: int, timeout: float) -> None:
@@ -445,6 +457,14 @@ def table(data: dict[str, Any]) -> str:
             f"{sc['with_idle_held']['allocations']}; cold creates and missed probes during it: "
             f"{sc.get('why_cold', {}) or 'none'}).\n"
         )
+        held_warm, held_gc = sc["with_idle_held"].get("warm_client_ms"), sc["with_idle_held"].get("gc", {})
+        if held_warm:
+            small_warm = sc["small_pool"].get("warm_client_ms") or small
+            out += (
+                f"The warm creates alone: p99 {held_warm['p99']:.2f} ms held against {small_warm['p99']:.2f} ms; "
+                f"the collector's full passes during the held creates: {held_gc.get('gen2_collections', 0)} "
+                f"({held_gc.get('gen2_paused_ms', 0):.0f} ms).\n"
+            )
     if "start" in data:
         st = data["start"]
         out += (

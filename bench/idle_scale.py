@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 from burst import start_breakdown, timed_create, why_cold, why_cold_since
+from create_cpu import gc_pauses
 from harness import GatewayProcess, gateway_process, summary, write_results
 from warm_path import wait_idle, write_profile
 
@@ -69,18 +70,27 @@ async def probe(gw: GatewayProcess, seconds: float) -> dict[str, Any]:
     return {**summary(latencies), "slow": sum(1 for ms in latencies if ms > SLOW_MS), "load": load()}
 
 
-async def sequential(gw: GatewayProcess, count: int) -> dict[str, Any]:
-    """`count` warm creates of the small pool one after the other, each deleted before the next."""
+async def sequential(gw: GatewayProcess, count: int, label: str) -> dict[str, Any]:
+    """`count` warm creates of the small pool one after the other, each deleted before the next;
+    Ready p50/p99 of all and of the warm ones alone, and the collector's pauses meanwhile."""
     before, ready, allocations = await why_cold(gw), [], {"warm": 0, "cold": 0}
+    warm: list[float] = []
+    paused = gc_pauses(gw)
     for i in range(count):
-        client_ms, _, sandbox = await timed_create(gw, f"seq-{i}", SEQ_ENV)
+        name = f"seq-{label}-{i}"
+        client_ms, _, sandbox = await timed_create(gw, name, SEQ_ENV)
         ready.append(client_ms)
         allocations[sandbox.status.allocation] += 1
-        await gw.delete(f"seq-{i}")
+        if sandbox.status.allocation == "warm":
+            warm.append(client_ms)
+        await gw.delete(name)
+    after = gc_pauses(gw)
     return {
         "ready_ms": summary(ready),
+        "warm_ready_ms": summary(warm) if warm else {},
         "allocations": allocations,
         "why_cold": why_cold_since(before, await why_cold(gw)),
+        "gc": {key: after[key] - paused[key] for key in after},
         "load": load(),
     }
 
@@ -98,13 +108,16 @@ async def one_tree(src: Path | None, args: argparse.Namespace) -> dict[str, Any]
             write_profile(pools, "seq", args.pool, SEQ_ENV)
             await wait_idle(gw, "seq", args.pool, timeout=300)
             alone = await asyncio.to_thread(sandbox_start_ms, args.start_rounds)
+            small = await sequential(gw, args.creates, "small")
+            await wait_idle(gw, "seq", args.pool, timeout=300)
             write_profile(pools, "idle", args.idle, IDLE_ENV)
             await wait_idle(gw, "idle", args.idle, timeout=max(300, args.idle))
             await asyncio.sleep(2)  # the last registrations' follow-up work
             held = await asyncio.to_thread(sandbox_start_ms, args.start_rounds)
             return {
                 "probe": await probe(gw, args.probe_seconds),
-                "sequential": await sequential(gw, args.creates),
+                "sequential_small_pool_only": small,
+                "sequential": await sequential(gw, args.creates, "held"),
                 "sandbox_start_cpu_ms": {"small pool only": alone, "idle held": held},
             }
 
@@ -127,25 +140,37 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 say("the gateway did not start; once more in 20 s")
                 await asyncio.sleep(20)
                 runs[label].append(await one_tree(src, args))
-    return {"idle": args.idle, "pool": args.pool, "check_seconds": args.check_seconds, "runs": runs}
+    return {
+        "idle": args.idle, "pool": args.pool, "creates": args.creates, "check_seconds": args.check_seconds, "runs": runs
+    }  # fmt: skip
 
 
 def table(data: dict[str, Any]) -> str:
     text = (
         f"{data['idle']} idle members held in one pool, liveness checks every {data['check_seconds']} s; "
-        f"warm creates from a second pool of {data['pool']}. One row per round and tree.\n\n"
+        f"{data.get('creates', '')} sequential creates from a second pool of {data['pool']}, first with that pool "
+        "alone, then with the idle members held. One row per round and tree; the warm columns leave out "
+        "the creates that went cold (their pool was empty).\n\n"
         f"| tree | round | loop probe p50 / p99 / max ms | probes over {SLOW_MS:.0f} ms | warm create -> Ready "
-        "p50 / p99 / max ms | served | why cold, missed probes | sandbox start CPU ms, small pool only / idle held "
-        "| load |\n|---|---|---|---|---|---|---|---|---|\n"
+        "p50 / p99 / max ms, small pool alone | … idle held | all creates p99, idle held | served, idle held "
+        "| why cold, missed probes | full collections (ms paused) during the held creates "
+        "| sandbox start CPU ms, small pool only / idle held | load |\n" + "|---" * 12 + "|\n"
     )
+
+    def warm(s: dict[str, Any]) -> str:
+        w = s.get("warm_ready_ms") or {}
+        return f"{w['p50']:.2f} / {w['p99']:.2f} / {w['max']:.1f}" if w else "-"
+
     for label, runs in data["runs"].items():
         for index, run in enumerate(runs):
             p, s = run["probe"], run["sequential"]
-            r = s["ready_ms"]
+            small = run.get("sequential_small_pool_only", {})
+            gc = s.get("gc", {})
             text += (
                 f"| {label} | {index} | {p['p50']:.2f} / {p['p99']:.2f} / {p['max']:.1f} | {p['slow']} of {p['n']} "
-                f"| {r['p50']:.2f} / {r['p99']:.2f} / {r['max']:.1f} | {s['allocations']} "
-                f"| {s['why_cold'] or 'none'} | {run['sandbox_start_cpu_ms']['small pool only']:.2f} / "
+                f"| {warm(small)} | {warm(s)} | {s['ready_ms']['p99']:.2f} | {s['allocations']} "
+                f"| {s['why_cold'] or 'none'} | {gc.get('gen2_collections', 0)} ({gc.get('gen2_paused_ms', 0):.0f}) "
+                f"| {run['sandbox_start_cpu_ms']['small pool only']:.2f} / "
                 f"{run['sandbox_start_cpu_ms']['idle held']:.2f} | {p['load'][0]}-{s['load'][0]} |\n"
             )
     return text

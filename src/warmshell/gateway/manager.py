@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping
 
@@ -48,6 +49,9 @@ from warmshell.gateway.tokens import new_activation_token
 __all__ = ["SandboxManager"]
 
 log = logging.getLogger(__name__)
+
+# A create this recent may be one of a sequence: not yet a quiet moment.
+QUIET_SECONDS = 0.25
 
 _NAME_ATTEMPTS = 5
 # How stale a backend sighting may get before a view that repeats the record is written anyway.
@@ -108,6 +112,13 @@ class SandboxManager:
         self._misses: Counter[str] = Counter()
         self._deadline_timers: dict[SandboxId, asyncio.TimerHandle] = {}
         self._deadline_checks: set[asyncio.Task[None]] = set()
+        self._creating = 0
+        self._last_create = 0.0  # monotonic
+
+    def busy(self) -> bool:
+        """Whether a create is in flight or started within the last quarter second (the
+        collector's full passes wait for a moment when neither holds)."""
+        return self._creating > 0 or time.monotonic() - self._last_create < QUIET_SECONDS
 
     def miss_counts(self) -> dict[str, int]:
         """Creates that went cold since start, by reason."""

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import os
 import secrets
 import signal
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from warmshell.core.errors import FailedPreconditionError, UnavailableError, War
 from warmshell.core.ids import SandboxId
 from warmshell.drivers import keyfiles
 from warmshell.drivers.base import ComputeDriver, Leadership
-from warmshell.gateway import listening, metrics, statedir
+from warmshell.gateway import collector, listening, statedir
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.drivers import build_driver
@@ -460,28 +458,6 @@ class Gateway:
             log.info("gateway stopped")
 
 
-def tune_gc(young_threshold: int) -> None:
-    """After start-up: move everything allocated so far (modules, the wiring, the protobuf and
-    pydantic machinery) out of the collector's sight for good, so that no collection traverses
-    it again; collect the young generation every `young_threshold` allocations; and time every
-    collection (bench/README.md has the pauses measured)."""
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(young_threshold, middle, old)
-    started = 0.0
-
-    def timed(phase: str, info: dict[str, int]) -> None:
-        nonlocal started
-        if phase == "start":
-            started = time.perf_counter()
-        else:
-            metrics.GC_PAUSE_SECONDS.labels(generation=str(info["generation"])).observe(time.perf_counter() - started)
-
-    if not any(getattr(c, "__qualname__", "") == timed.__qualname__ for c in gc.callbacks):
-        gc.callbacks.append(timed)
-
-
 async def serve(config: GatewayConfig) -> None:
     """Run a gateway until SIGTERM or SIGINT, then stop gracefully."""
     configure_logging(config.log_level)
@@ -505,9 +481,14 @@ async def serve(config: GatewayConfig) -> None:
     except BaseException:
         stopped.cancel()
         raise
-    tune_gc(config.gc_young_threshold)
+    collector.install(config.gc_young_threshold)
+    full = collector.FullCollections(
+        gateway.manager.busy, interval=config.gc_full_interval_seconds, overdue=config.gc_full_overdue_seconds
+    )
+    collecting = asyncio.create_task(full.run(), name="full-collections")
     try:
         await stopped
         await gateway.drain()
     finally:
+        collecting.cancel()
         await gateway.stop()

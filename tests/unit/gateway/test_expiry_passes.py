@@ -6,6 +6,7 @@ the reconciler uses."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,7 +114,8 @@ async def test_with_a_shared_store_it_lists_again_every_resync_and_on_becoming_t
     await theirs.insert(record("theirs-too", expires_at_ms=now_ms() - 1))
     await expiry.expire_once(expire=True)
     assert (store.listings, manager.deleted) == (2, ["theirs"])  # until the resync is due
-    expiry._listed_at = 0.0  # (as if resync_seconds had passed)
+    # As if resync_seconds had passed (not 0.0: a freshly booted host's monotonic clock is younger).
+    expiry._listed_at = time.monotonic() - 3600
     await expiry.expire_once(expire=True)
     assert (store.listings, manager.deleted) == (3, ["theirs", "theirs-too"])
 
