@@ -16,6 +16,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
 from collections.abc import Iterator
@@ -52,17 +53,21 @@ class Terminal:
         self.initial_modes = termios.tcgetattr(self.slave)
         slave = self.slave
 
-        def take_terminal() -> None:  # a session of its own, this pty its controlling terminal
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
+        # A session of its own (start_new_session), this pty its controlling terminal: taken in
+        # the child's own interpreter before it execs the CLI, not in a preexec_fn (Python run
+        # between fork and exec in a test process with gRPC threads can hang the child).
+        take_terminal = (
+            "import fcntl, os, sys, termios\n"
+            "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
+            "os.execv(sys.argv[1], sys.argv[1:])\n"
+        )
         self.process = subprocess.Popen(
-            [warmshell_executable(), *args],
+            [sys.executable, "-c", take_terminal, warmshell_executable(), *args],
             env=warmshell_env(gateway.state_dir),
             stdin=slave,
             stdout=slave,
             stderr=slave,
             start_new_session=True,
-            preexec_fn=take_terminal,
         )
         self.screen = b""
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +35,11 @@ def warmshell_env(state_dir: Path) -> dict[str, str]:
     return env
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# Run in the child's own interpreter before it execs the command (argv[1:]), not as a preexec_fn:
+# Python run between fork and exec in a test process with gRPC threads can hang the child.
+_DEFAULT_SIGINT = (
+    "import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\nos.execv(sys.argv[1], sys.argv[1:])\n"
+)
 
 
 @dataclass
@@ -65,16 +69,15 @@ class CliGateway:
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         """`warmshell ARGS...` started in the background, stdout piped (line buffered text)."""
+        # A shell runs background jobs with SIGINT ignored, and Python then never raises
+        # KeyboardInterrupt; restore the default so tests can press "Ctrl-C".
         return subprocess.Popen(
-            [warmshell_executable(), *args],
+            [sys.executable, "-c", _DEFAULT_SIGINT, warmshell_executable(), *args],
             env=warmshell_env(self.state_dir),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             bufsize=1,
-            # A shell runs background jobs with SIGINT ignored, and Python then never raises
-            # KeyboardInterrupt; restore the default so tests can press "Ctrl-C".
-            preexec_fn=_default_sigint,
         )
 
     def stop(self) -> int:
