@@ -4,7 +4,10 @@ loop and to the warm creates of another pool, before / after in one run.
     python bench/idle_scale.py [--idle 1000] [--rounds 2] [--before-src DIR]
 
 Each round starts a gateway per tree (`--before-src`: an older tree's src/, then this one),
-fills a pool of `--idle` members and, once they are all idle:
+runs `--creates` sequential warm creates of a small pool (`--pool`) alone, then writes a pool of
+`--idle` members and creates from the small pool while it fills (for `--filling-seconds` at most:
+the idle members' objects pile up in the gateway then, when the interpreter would start its full
+collections), and once they are all idle:
 
 - **loop probe**: for `--probe-seconds`, a cheap call (GetSandbox of a name that does not exist:
   NOT_FOUND from the records in memory, no driver work) every 5 ms, timed by the client. A call
@@ -15,9 +18,12 @@ fills a pool of `--idle` members and, once they are all idle:
   `--start-rounds`), with the small pool only and with the idle members held: the host's
   process count enters a start (`pivot_root` visits every task);
 - **sequential warm creates** (`--creates`) against a second pool of `--pool` members, each
-  deleted before the next, with the idle members held: Ready p50/p99, and why any went cold
-  (ListPools' misses by reason) and how many members were replaced after a missed probe (the
-  gateway's log).
+  deleted before the next, with the idle members held: Ready p50/p99 of all and of the warm ones
+  (a create of an empty pool goes cold), why any went cold (ListPools' misses by reason) and how
+  many members were replaced after a missed probe (the gateway's log).
+
+Every phase of creates also reports the collector's pauses the gateway exported meanwhile
+(`warmshell_gc_pause_seconds`): full collections, and pauses over 10 ms.
 
 Wall times: the machine's load enters them (it is given with each result); compare the trees
 within a round.
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sys
 import tempfile
@@ -70,13 +77,18 @@ async def probe(gw: GatewayProcess, seconds: float) -> dict[str, Any]:
     return {**summary(latencies), "slow": sum(1 for ms in latencies if ms > SLOW_MS), "load": load()}
 
 
-async def sequential(gw: GatewayProcess, count: int, label: str) -> dict[str, Any]:
-    """`count` warm creates of the small pool one after the other, each deleted before the next;
-    Ready p50/p99 of all and of the warm ones alone, and the collector's pauses meanwhile."""
+async def sequential(
+    gw: GatewayProcess, count: int, label: str, until: asyncio.Future[Any] | None = None
+) -> dict[str, Any]:
+    """`count` warm creates of the small pool one after the other (with `until`: as many as run
+    before it is done), each deleted before the next; Ready p50/p99 of all and of the warm ones
+    alone, and the collector's pauses meanwhile."""
     before, ready, allocations = await why_cold(gw), [], {"warm": 0, "cold": 0}
     warm: list[float] = []
     paused = gc_pauses(gw)
-    for i in range(count):
+    for i in itertools.count():
+        if (until is None and i == count) or (until is not None and until.done()):
+            break
         name = f"seq-{label}-{i}"
         client_ms, _, sandbox = await timed_create(gw, name, SEQ_ENV)
         ready.append(client_ms)
@@ -111,12 +123,18 @@ async def one_tree(src: Path | None, args: argparse.Namespace) -> dict[str, Any]
             small = await sequential(gw, args.creates, "small")
             await wait_idle(gw, "seq", args.pool, timeout=300)
             write_profile(pools, "idle", args.idle, IDLE_ENV)
-            await wait_idle(gw, "idle", args.idle, timeout=max(300, args.idle))
+            # Creates while the large pool fills: its members' objects pile up in the gateway
+            # then, which is when the interpreter would start full collections by itself.
+            filling = asyncio.create_task(wait_idle(gw, "idle", args.idle, timeout=max(900, args.idle)))
+            window = asyncio.ensure_future(asyncio.wait((filling,), timeout=args.filling_seconds))
+            during = await sequential(gw, 0, "filling", until=window)
+            await filling
             await asyncio.sleep(2)  # the last registrations' follow-up work
             held = await asyncio.to_thread(sandbox_start_ms, args.start_rounds)
             return {
                 "probe": await probe(gw, args.probe_seconds),
                 "sequential_small_pool_only": small,
+                "sequential_while_filling": during,
                 "sequential": await sequential(gw, args.creates, "held"),
                 "sandbox_start_cpu_ms": {"small pool only": alone, "idle held": held},
             }
@@ -141,7 +159,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(20)
                 runs[label].append(await one_tree(src, args))
     return {
-        "idle": args.idle, "pool": args.pool, "creates": args.creates, "check_seconds": args.check_seconds, "runs": runs
+        "idle": args.idle, "pool": args.pool, "creates": args.creates, "check_seconds": args.check_seconds,
+        "filling_seconds": args.filling_seconds, "runs": runs,
     }  # fmt: skip
 
 
@@ -173,6 +192,26 @@ def table(data: dict[str, Any]) -> str:
                 f"| {run['sandbox_start_cpu_ms']['small pool only']:.2f} / "
                 f"{run['sandbox_start_cpu_ms']['idle held']:.2f} | {p['load'][0]}-{s['load'][0]} |\n"
             )
+    text += (
+        f"\nSequential creates of the small pool while the pool of {data['idle']} fills (as many as run until it is "
+        f"full, or for {data.get('filling_seconds', '')} s at most): the members' objects pile up in the "
+        "gateway then, when the interpreter would start full "
+        "collections by itself.\n\n| tree | round | creates | warm create -> Ready p50 / p99 / max ms "
+        "| all creates p99 / max ms | served | full collections (ms paused) | collector pauses over 10 ms |\n"
+        + "|---" * 8
+        + "|\n"
+    )
+    for label, runs in data["runs"].items():
+        for index, run in enumerate(runs):
+            f = run.get("sequential_while_filling")
+            if not f:
+                continue
+            gc = f.get("gc", {})
+            text += (
+                f"| {label} | {index} | {f['ready_ms']['n']} | {warm(f)} | {f['ready_ms']['p99']:.2f} / "
+                f"{f['ready_ms']['max']:.1f} | {f['allocations']} | {gc.get('gen2_collections', 0)} "
+                f"({gc.get('gen2_paused_ms', 0):.0f}) | {gc.get('pauses_over_10ms', 0)} |\n"
+            )
     return text
 
 
@@ -184,6 +223,12 @@ def main() -> None:
     parser.add_argument("--probe-seconds", type=float, default=20.0, help="loop probe length (default 20)")
     parser.add_argument("--check-seconds", type=float, default=2.0, help="local.member_check_seconds (default 2)")
     parser.add_argument("--start-rounds", type=int, default=20, help="bwrap starts timed per reading (default 20)")
+    parser.add_argument(
+        "--filling-seconds",
+        type=float,
+        default=150.0,
+        help="creates while the large pool fills stop after this long at most (default 150: past one forced full pass)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="rounds, trees alternating (default 2)")
     parser.add_argument("--before-src", type=Path, help="an older tree's src/ to run as 'before'")
     parser.add_argument("--name", default="idle_scale", help="results file name under bench/results/")

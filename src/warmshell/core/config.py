@@ -363,7 +363,7 @@ class GatewayConfig(_Section):
     # interpreter's 700 measured best for the tail: larger values make rarer but longer pauses
     # (bench/README.md, "Where a warm create's gateway CPU goes").
     gc_young_threshold: int = Field(default=700, ge=1)
-    # The collector's full passes (every tracked object; 33-75 ms with 1,000 idle members) run at
+    # The collector's full passes (every tracked object; 33-80 ms with 1,000 idle members) run at
     # the first moment with no create in flight once this many seconds have passed since the last,
     # and after `gc_full_overdue_seconds` whatever is in flight (gateway/collector.py).
     gc_full_interval_seconds: float = Field(default=30.0, gt=0)

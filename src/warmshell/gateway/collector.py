@@ -3,7 +3,7 @@
 CPython starts a full collection (the oldest generation) by itself whenever the objects that
 survived the young collections have grown by a quarter since the last one, and a full collection
 traverses every tracked object the process holds. A gateway holding 1,000 idle members holds
-~100k of them (their host-side supervisors, sessions and records): each full pass took 33-75 ms
+~100k of them (their host-side supervisors, sessions and records): each full pass took 33-80 ms
 of the event loop, and it ran in the middle of whichever create was going on. That was the
 1,000-idle tail (bench/README.md, "the collector's full passes").
 

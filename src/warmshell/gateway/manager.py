@@ -128,6 +128,14 @@ class SandboxManager:
         """Persist (Provisioning), then ask the driver; a driver failure leaves nothing. An unset
         TTL or idle timeout takes the serving pool's default (the driver reports it with the
         create), else the gateway's."""
+        self._creating += 1
+        self._last_create = time.monotonic()
+        try:
+            return await self._create(new)
+        finally:
+            self._creating -= 1
+
+    async def _create(self, new: NewSandbox) -> SandboxRecord:
         requested = now_us()
         workspace, spec, labels = new.workspace, new.spec, new.labels
         self.driver.validate(workspace, spec)

@@ -16,6 +16,7 @@ from warmshell.core.errors import InvalidArgumentError, UnavailableError
 from warmshell.core.models import Phase, SandboxRecord
 from warmshell.drivers.base import CreateRequest, DriverCondition
 from warmshell.drivers.fake import FakeDriver
+from warmshell.gateway import manager as manager_module
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.records import SandboxRecords
@@ -121,3 +122,26 @@ async def test_a_driver_view_that_repeats_the_record_is_not_written(records: San
     changed = await records.get(created.id)
     assert changed is not None
     assert changed.resource_version == created.resource_version + 1
+
+
+async def test_busy_while_a_create_is_in_flight_and_just_after_it(
+    records: SandboxRecords, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the collector's full passes wait on (gateway/collector.py)."""
+    seen: list[bool] = []
+
+    def driver_create(request: CreateRequest) -> None:
+        seen.append(manager.busy())
+        if request.name == "fails":
+            raise InvalidArgumentError("spec.image", "the backend cannot pull it")
+
+    manager = manager_for(records, FakeDriver(driver_create))
+    assert not manager.busy()
+    await manager.create(new("x"))
+    assert seen == [True]
+    assert manager.busy()  # one just started: it may be one of a sequence
+    with pytest.raises(InvalidArgumentError):
+        await manager.create(new("fails"))
+    assert seen == [True, True]
+    monkeypatch.setattr(manager_module, "QUIET_SECONDS", 0.0)
+    assert not manager.busy()  # a failed create is no longer in flight either
