@@ -79,6 +79,14 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def steal_ms() -> float:
+    """CPU time the hypervisor took from this VM's cores since boot (`/proc/stat` steal, in ms):
+    a create can wait for a core that is not there."""
+    with open("/proc/stat") as handle:
+        fields = handle.readline().split()
+    return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 def cpu_ns(pid: int) -> int:
     """CPU time of every thread of a process, in ns (/proc/PID/task/*/schedstat: exact, where the
     tick-sampled utime/stime of a process that runs for a few milliseconds often reads 0)."""
@@ -141,7 +149,7 @@ async def clients(gw: GatewayProcess, count: int) -> AsyncIterator[list[GatewayP
 async def sequential(gw: GatewayProcess, label: str, count: int, env: dict[str, str]) -> dict[str, Any]:
     """`count` creates one after the other, each deleted before the next; no waiting for the pool."""
     client, server, warm, allocations = [], [], [], {"warm": 0, "cold": 0}
-    paused = gc_pauses(gw)
+    paused, stolen, started = gc_pauses(gw), steal_ms(), time.perf_counter()
     for i in range(count):
         c, s, ready = await timed_create(gw, f"{label}-{i}", env)
         client.append(c)
@@ -157,6 +165,8 @@ async def sequential(gw: GatewayProcess, label: str, count: int, env: dict[str, 
         "warm_client_ms": summary(warm) if warm else {},
         "allocations": allocations,
         "gc": {key: after[key] - paused[key] for key in after},
+        # Of the cores' wall time during the creates, the share the hypervisor took.
+        "steal_share": (steal_ms() - stolen) / (1000 * (os.cpu_count() or 1) * (time.perf_counter() - started)),
         "load": load(),
     }
 
@@ -464,7 +474,9 @@ def table(data: dict[str, Any]) -> str:
             out += (
                 f"The warm creates alone: p99 {held_warm['p99']:.2f} ms held against {small_warm['p99']:.2f} ms; "
                 f"the collector's full passes during the held creates: {held_gc.get('gen2_collections', 0)} "
-                f"({held_gc.get('gen2_paused_ms', 0):.0f} ms).\n"
+                f"({held_gc.get('gen2_paused_ms', 0):.0f} ms); steal (the hypervisor's share of the cores) during "
+                f"them {sc['with_idle_held'].get('steal_share', 0):.1%}, during the small pool's "
+                f"{sc['small_pool'].get('steal_share', 0):.1%}.\n"
             )
     if "start" in data:
         st = data["start"]

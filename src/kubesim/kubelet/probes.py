@@ -10,7 +10,7 @@ import ssl
 from collections.abc import Sequence
 from typing import Any
 
-from kubesim.kubelet import netns
+from kubesim.kubelet import containers, netns
 
 Obj = dict[str, Any]
 
@@ -56,8 +56,8 @@ async def probe(
 
 
 async def _exec(command: list[str], env: dict[str, str], cwd: str) -> bool:
-    proc = await asyncio.create_subprocess_exec(
-        *command,
+    proc = await containers.start_piped(
+        command,
         env=env,
         cwd=cwd,
         stdin=asyncio.subprocess.DEVNULL,
@@ -68,8 +68,12 @@ async def _exec(command: list[str], env: dict[str, str], cwd: str) -> bool:
     try:
         return await proc.wait() == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
+        # Closed here, which kills it if it still runs: a probe cancelled with its pod (or by its
+        # timeout) as the kubelet's loop closes would otherwise leave the transport to the
+        # collector, reported unclosed in whatever test runs then (containers.PipedProcess).
+        running = proc.returncode is None
+        proc.close()
+        if running:
             await proc.wait()
 
 
