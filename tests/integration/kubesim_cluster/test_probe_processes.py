@@ -65,3 +65,5 @@ async def test_a_probe_cancelled_again_while_it_stops_its_process_still_closes_i
     with pytest.raises(asyncio.CancelledError):
         await probe
     assert closed(started[0])
+    async with asyncio.timeout(10):  # killed: reaped here, so no later test sees it still running
+        assert await started[0].wait() == -9
