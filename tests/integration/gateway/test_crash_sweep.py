@@ -107,3 +107,44 @@ async def test_a_killed_gateway_leaves_nothing_unowned_after_restart(
         # And the restarted gateway works.
         await gw.create(name="after")
         assert (await gw.wait_ready("after")).status.phase == pb.SANDBOX_PHASE_READY
+
+
+def processes_named(marker: str) -> list[int]:
+    """Pids whose argv holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_a_daemon_the_workload_hid_does_not_outlive_a_killed_gateway(tmp_path: Path, sandbox_dir: Path) -> None:
+    """Attack: a workload starts a daemon in a session of its own, with an empty environment (no
+    trace of its sandbox) and deaf to TERM and HUP, hoping to outlive its gateway. It goes with its
+    sandbox's pid namespace once the gateway is killed -9, and is not there after the restart."""
+    state = tmp_path / "state"
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[local]\nsandbox_dir = "{sandbox_dir}"\n')
+    marker = f"{random.randrange(10**6, 10**7)}.25"  # sleep's argument: this test's daemon alone
+    gateway = start_gateway(state, "--config", str(config))
+    assert gateway.run("sandbox", "create", "--name", "host").returncode == 0
+    hide = f"trap '' TERM HUP; exec env -i sleep {marker}"
+    started = gateway.run("sandbox", "exec", "host", "--", "setsid", "-f", "sh", "-c", hide)
+    assert started.returncode == 0, started.stderr
+    for _ in range(100):
+        if processes_named(marker):
+            break
+        await asyncio.sleep(0.05)
+    assert processes_named(marker), "the daemon never started"
+    gateway.process.send_signal(signal.SIGKILL)
+    gateway.process.wait()
+    async with running_gateway(state, **{"local.sandbox_dir": str(sandbox_dir)}):
+        for _ in range(40):  # a SIGKILLed namespace takes a moment to go
+            if not processes_named(marker):
+                break
+            await asyncio.sleep(0.05)
+        assert processes_named(marker) == []
