@@ -16,7 +16,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import CliGateway, start_gateway, warmshell_env, warmshell_executable
+from tests.helpers.prelude import after_prelude
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +53,10 @@ class Terminal:
         self.initial_modes = termios.tcgetattr(self.slave)
         slave = self.slave
 
-        # A session of its own (start_new_session), this pty its controlling terminal: taken in
-        # the child's own interpreter before it execs the CLI, not in a preexec_fn (Python run
-        # between fork and exec in a test process with gRPC threads can hang the child).
-        take_terminal = (
-            "import fcntl, os, sys, termios\n"
-            "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"
-            "os.execv(sys.argv[1], sys.argv[1:])\n"
-        )
+        # A session of its own (start_new_session), this pty its controlling terminal.
+        take_terminal = "import fcntl, termios\nfcntl.ioctl(0, termios.TIOCSCTTY, 0)"
         self.process = subprocess.Popen(
-            [sys.executable, "-c", take_terminal, warmshell_executable(), *args],
+            after_prelude(take_terminal, [warmshell_executable(), *args]),
             env=warmshell_env(gateway.state_dir),
             stdin=slave,
             stdout=slave,

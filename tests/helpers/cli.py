@@ -8,11 +8,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from tests.helpers.prelude import after_prelude
 
 __all__ = ["CliGateway", "start_gateway", "warmshell_env", "warmshell_executable"]
 
@@ -33,13 +34,6 @@ def warmshell_env(state_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARMSHELL_")}
     env["WARMSHELL_STATE_DIR"] = str(state_dir)
     return env
-
-
-# Run in the child's own interpreter before it execs the command (argv[1:]), not as a preexec_fn:
-# Python run between fork and exec in a test process with gRPC threads can hang the child.
-_DEFAULT_SIGINT = (
-    "import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\nos.execv(sys.argv[1], sys.argv[1:])\n"
-)
 
 
 @dataclass
@@ -72,7 +66,9 @@ class CliGateway:
         # A shell runs background jobs with SIGINT ignored, and Python then never raises
         # KeyboardInterrupt; restore the default so tests can press "Ctrl-C".
         return subprocess.Popen(
-            [sys.executable, "-c", _DEFAULT_SIGINT, warmshell_executable(), *args],
+            after_prelude(
+                "import signal\nsignal.signal(signal.SIGINT, signal.SIG_DFL)", [warmshell_executable(), *args]
+            ),
             env=warmshell_env(self.state_dir),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

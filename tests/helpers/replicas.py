@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from tests.helpers.prelude import after_prelude
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.config import KubernetesDriverConfig
@@ -146,23 +147,16 @@ class Replica:
         return self.process.poll() is None
 
 
-# Run by the replica's own interpreter, which then becomes the gateway (the death signal survives
-# exec): no Python may run between fork and exec in this process, whose gRPC threads may hold a
-# lock the child would wait for forever (twice a replica sat with an empty log until its start
-# timed out, the second time with the prctl looked up before the fork). Exits if the test process
-# is already gone.
-_DIE_WITH_PARENT = (
-    "import ctypes, os, sys\n"
-    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    sys.exit(1)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
-)
-
-
 def _dying_with_this_process(argv: list[str]) -> list[str]:
-    """`argv`, run so that it is SIGKILLed when this (test) process dies, even by SIGKILL."""
-    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+    """`argv`, run so that it is SIGKILLed when this (test) process dies, even by SIGKILL (the
+    death signal survives exec); it exits at once if this process is already gone."""
+    prelude = (
+        "import ctypes\n"
+        "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n"
+        f"if os.getppid() != {os.getpid()}:\n"
+        "    sys.exit(1)"
+    )
+    return after_prelude(prelude, argv)
 
 
 def _toml_value(value: Any) -> str:
