@@ -14,6 +14,7 @@ from warmshell.core.ids import InstanceId
 from warmshell.core.matching import Match, NoMatch, NotReady
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import BackendState
+from warmshell.drivers.local import pooling
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.pooling import Pool, PoolSet
 
@@ -82,6 +83,8 @@ async def pools(members: Members) -> AsyncIterator[PoolSet]:
     pool_set = PoolSet(members=members, default_image="", validate=refuse_images, check_seconds=0.05)
     pool_set.start()
     yield pool_set
+    if members.gate is not None:  # a test that failed with spawns held must not hang its teardown
+        members.gate.set()
     await pool_set.aclose()
 
 
@@ -110,7 +113,10 @@ async def registered(pools: PoolSet, members: Members, name: str, count: int) ->
     return pool
 
 
-async def test_while_creates_are_served_one_member_at_a_time_is_started(pools: PoolSet, members: Members) -> None:
+async def test_during_a_burst_of_creates_one_member_at_a_time_is_started(
+    pools: PoolSet, members: Members, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pooling, "_BUSY_SECONDS", 1.0)  # a stall of the test machine must not end the burst
     pools.apply({"p": profile(replicas=4)}, {})
     pool = await registered(pools, members, "p", 4)
     members.gate = asyncio.Event()
@@ -128,10 +134,37 @@ async def test_while_creates_are_served_one_member_at_a_time_is_started(pools: P
     release.set()
     assert {await c for c in claims} == set(members.spawned[:3])
     assert pool.hits == 3
+    one_more = await pools.claim(pool, take)  # a late create of the burst, alone in flight
+    assert one_more is members.spawned[3]
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert pool.spawning == 1  # still one: the run of creates had claims in flight together
     # Once claims pause, every missing member starts at once.
-    await settle(lambda: pool.spawning == 3)
+    await settle(lambda: pool.spawning == 4)
     members.gate.set()
     await settle(lambda: len(pool.members) == 4)
+
+
+async def test_while_creates_come_one_at_a_time_two_members_at_a_time_are_started(
+    pools: PoolSet, members: Members, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pooling, "_BUSY_SECONDS", 1.0)  # a stall of the test machine must not end the run
+    pools.apply({"p": profile(replicas=5)}, {})
+    pool = await registered(pools, members, "p", 5)
+    members.gate = asyncio.Event()
+
+    async def take(member: Instance) -> bool:
+        return True
+
+    for _ in range(4):  # back to back, as one client creating in a loop
+        assert await pools.claim(pool, take) is not None
+        for _ in range(20):
+            await asyncio.sleep(0)
+    # Still within the busy window of the last claim: two starts, not one and not all four.
+    assert pool.spawning == 2
+    await settle(lambda: pool.spawning == 4)  # the claims paused
+    members.gate.set()
+    await settle(lambda: len(pool.members) == 5)
 
 
 async def test_a_member_not_taken_is_spent_and_the_next_one_tried(pools: PoolSet, members: Members) -> None:

@@ -9,9 +9,10 @@ pool (the old one's idle members are stopped), a removed profile drains its pool
 file is reported on its pool without touching the others (the last valid version keeps serving).
 
 Refills start as soon as members are missing, but while creates are being served (a claim in
-flight or one in the last `_BUSY_SECONDS`) only one member at a time is started: a burst of
-creates keeps the machine nearly to itself, a steady run of creates does not drain the pool, and
-the pool refills at full speed the moment creates pause. Members start at a lower CPU priority
+flight or one in the last `_BUSY_SECONDS`) few members start at a time: one if claims of this run
+were in flight together (a burst keeps the machine nearly to itself), `_SPAWNS_WHILE_BUSY` while
+they come one at a time (a client creating back to back does not drain the pool), and every
+missing member the moment creates pause. Members start at a lower CPU priority
 (`local.refill_nice`) on top of that. A member that dies before registering counts as a
 failure; the pool then backs off exponentially instead of respawning in a tight loop. Idle
 members are pinged every `check_seconds` and before a claim; one that does not answer within
@@ -44,6 +45,12 @@ _BACKOFF_FIRST = 0.5
 _BACKOFF_MAX = 30.0
 # Claims closer together than this are one run of creates, which refills keep out of the way of.
 _BUSY_SECONDS = 0.1
+# Member starts in flight while creates come one at a time. One was too few once a warm create
+# took ~3 ms: a client creating back to back drained a pool of 10 (43-68 of 500 creates cold in
+# bench/burst.py), because one start (bwrap, the agent's hello, its registration) takes longer
+# than a create and its delete. A burst still gets one: every start's event-loop share (~1 ms)
+# is taken from the burst's creates, which are bound by that loop.
+_SPAWNS_WHILE_BUSY = 2
 # Members a claim probes before the create goes cold (the others are checked in the background).
 _PROBES_PER_CLAIM = 2
 # Idle members a liveness check pings at once. All of a pool of 1,000 at once held the event loop
@@ -176,6 +183,7 @@ class PoolSet:
         self._probe_seconds = probe_seconds
         self._check_seconds = check_seconds
         self._claiming = 0  # claims in flight
+        self._overlapped = False  # whether claims of this run of creates were in flight together
         self._last_claim = float("-inf")  # when a claim last took a member (loop time)
 
     # -- lookups ---------------------------------------------------------------------------
@@ -296,6 +304,7 @@ class PoolSet:
         checked in the background, so a pool of hung members costs one create seconds, not
         minutes."""
         self._claiming += 1
+        self._overlapped = self._overlapped or self._claiming > 1
         failed_probes = 0
         try:
             while failed_probes < _PROBES_PER_CLAIM and (member := pool.claim()) is not None:
@@ -404,9 +413,12 @@ class PoolSet:
         now = loop.time()
         busy_until = self._last_claim + _BUSY_SECONDS
         busy = self._busy()
-        # While creates are being served, one spawn at a time (a steady run of creates does not
-        # drain the pool, a burst is barely touched); every missing member once they pause.
-        budget = max(0, 1 - sum(p.spawning for p in self._pools.values())) if busy else None
+        # While creates are being served, few spawns at a time (a burst is barely touched, a
+        # steady run of creates does not drain the pool); every missing member once they pause.
+        # A burst's last claims come one at a time too: it stays a burst until the creates pause.
+        self._overlapped = self._overlapped and busy
+        allowed = 1 if self._overlapped else _SPAWNS_WHILE_BUSY
+        budget = max(0, allowed - sum(p.spawning for p in self._pools.values())) if busy else None
         wake_at: float | None = busy_until if busy else None
         for pool in self._pools.values():
             if pool.retry_at > now:
