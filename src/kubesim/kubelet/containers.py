@@ -125,10 +125,15 @@ class PipedProcess:
     asyncio closes a child's transport by itself only once it has seen the child exit *and* every
     pipe close, a chain of callbacks that a kubelet closing with its event loop may never run; the
     transport is then reported unclosed whenever it is collected, in whatever test runs then. So
-    whoever stops one closes it (``close``), which also kills the child if it still runs."""
+    whoever stops one closes it (``close``), which also kills the child if it still runs.
+
+    A child killed that way is reaped only when its exit reaches the loop, again by a callback: if
+    the loop closes first, its ``Popen`` keeps no exit status and is reported "still running"
+    when collected (a CI failure). The kubelet therefore waits for those last (``reap_killed``)."""
 
     def __init__(self, transport: asyncio.SubprocessTransport, process: asyncio.subprocess.Process) -> None:
         self._transport = transport
+        self._loop = asyncio.get_running_loop()
         self.process = process
 
     @property
@@ -140,10 +145,35 @@ class PipedProcess:
         return self.process.returncode
 
     async def wait(self) -> int:
-        return await self.process.wait()
+        code = await self.process.wait()
+        _killed.discard(self)
+        return code
 
     def close(self) -> None:
+        """Close its pipes and kill it if it still runs (``reap_killed`` waits for its exit)."""
         self._transport.close()
+        if self.process.returncode is None:
+            _killed.add(self)
+
+
+# Helper processes killed by `PipedProcess.close` whose exit their loop has not seen yet.
+_killed: set[PipedProcess] = set()
+# A SIGKILLed child is gone within milliseconds; one stuck in the kernel longer is not waited for.
+_REAP_SECONDS = 5.0
+
+
+async def reap_killed() -> None:
+    """Wait (at most `_REAP_SECONDS`) until every helper process that this loop killed on close
+    has been seen to exit."""
+    loop = asyncio.get_running_loop()
+    # Those of a loop already closed can no longer be reaped: forget them.
+    _killed.difference_update([p for p in _killed if p._loop.is_closed()])
+    waits = [asyncio.ensure_future(p.wait()) for p in _killed if p._loop is loop]
+    if waits:
+        _, pending = await asyncio.wait(waits, timeout=_REAP_SECONDS)
+        for wait in pending:
+            wait.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def start_piped(argv: list[str], **popen: Any) -> PipedProcess:

@@ -39,6 +39,7 @@ from typing import Any
 from kubesim.controllers import client as kc
 from kubesim.controllers import objects as o
 from kubesim.controllers.informer import Informer
+from kubesim.kubelet import containers
 from kubesim.kubelet.forkserver import ForkServer
 from kubesim.kubelet.images import ImageMap
 from kubesim.kubelet.pods import PodContext, PodWorker
@@ -298,6 +299,8 @@ class Kubelet:
             _LIVE.discard(worker)
         self._workers.clear()
         await asyncio.gather(*(server.aclose() for server in self._fork_servers.values()), return_exceptions=True)
+        # A stop cancelled above killed its pod's helpers without waiting: their exits before the loop goes.
+        await containers.reap_killed()
         if self._owns_root:
             shutil.rmtree(self._root, ignore_errors=True)
 
