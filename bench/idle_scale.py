@@ -45,7 +45,7 @@ import grpc
 from burst import start_breakdown, timed_create, why_cold, why_cold_since
 from create_cpu import gc_pauses
 from harness import GatewayProcess, gateway_process, summary, write_results
-from warm_path import wait_idle, write_profile
+from warm_path import idle_members, wait_idle, write_profile
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 
@@ -125,10 +125,16 @@ async def one_tree(src: Path | None, args: argparse.Namespace) -> dict[str, Any]
             write_profile(pools, "idle", args.idle, IDLE_ENV)
             # Creates while the large pool fills: its members' objects pile up in the gateway
             # then, which is when the interpreter would start full collections by itself.
+            written = time.perf_counter()
             filling = asyncio.create_task(wait_idle(gw, "idle", args.idle, timeout=max(900, args.idle)))
+            filled: list[float] = []
+            filling.add_done_callback(lambda _: filled.append(time.perf_counter() - written))
             window = asyncio.ensure_future(asyncio.wait((filling,), timeout=args.filling_seconds))
             during = await sequential(gw, 0, "filling", until=window)
+            # How far the fill got under the creates: a refill rule that starves it shows here.
+            during["idle_when_creates_stopped"] = await idle_members(gw, "idle")
             await filling
+            during["fill_seconds"] = filled[0]
             await asyncio.sleep(2)  # the last registrations' follow-up work
             held = await asyncio.to_thread(sandbox_start_ms, args.start_rounds)
             return {
@@ -197,9 +203,8 @@ def table(data: dict[str, Any]) -> str:
         f"full, or for {data.get('filling_seconds', '')} s at most): the members' objects pile up in the "
         "gateway then, when the interpreter would start full "
         "collections by itself.\n\n| tree | round | creates | warm create -> Ready p50 / p99 / max ms "
-        "| all creates p99 / max ms | served | full collections (ms paused) | collector pauses over 10 ms |\n"
-        + "|---" * 8
-        + "|\n"
+        "| all creates p99 / max ms | served | full collections (ms paused) | collector pauses over 10 ms "
+        "| idle when the creates stopped | filled after s |\n" + "|---" * 10 + "|\n"
     )
     for label, runs in data["runs"].items():
         for index, run in enumerate(runs):
@@ -210,7 +215,8 @@ def table(data: dict[str, Any]) -> str:
             text += (
                 f"| {label} | {index} | {f['ready_ms']['n']} | {warm(f)} | {f['ready_ms']['p99']:.2f} / "
                 f"{f['ready_ms']['max']:.1f} | {f['allocations']} | {gc.get('gen2_collections', 0)} "
-                f"({gc.get('gen2_paused_ms', 0):.0f}) | {gc.get('pauses_over_10ms', 0)} |\n"
+                f"({gc.get('gen2_paused_ms', 0):.0f}) | {gc.get('pauses_over_10ms', 0)} "
+                f"| {f.get('idle_when_creates_stopped', '')} | {f.get('fill_seconds', float('nan')):.1f} |\n"
             )
     return text
 
