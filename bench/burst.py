@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import os
 import shutil
 import subprocess
@@ -146,11 +147,17 @@ async def clients(gw: GatewayProcess, count: int) -> AsyncIterator[list[GatewayP
         await asyncio.gather(*(c.close(grace=None) for c in channels))
 
 
-async def sequential(gw: GatewayProcess, label: str, count: int, env: dict[str, str]) -> dict[str, Any]:
-    """`count` creates one after the other, each deleted before the next; no waiting for the pool."""
+async def sequential(
+    gw: GatewayProcess, label: str, count: int, env: dict[str, str], until: asyncio.Future[Any] | None = None
+) -> dict[str, Any]:
+    """`count` creates one after the other (with `until`: as many as run before it is done), each
+    deleted before the next; no waiting for the pool. Also why any went cold (`why_cold`) and the
+    collector's pauses meanwhile."""
     client, server, warm, allocations = [], [], [], {"warm": 0, "cold": 0}
-    paused, stolen, started = gc_pauses(gw), steal_ms(), time.perf_counter()
-    for i in range(count):
+    cold_before, paused, stolen, started = await why_cold(gw), gc_pauses(gw), steal_ms(), time.perf_counter()
+    for i in itertools.count():
+        if (until is None and i == count) or (until is not None and until.done()):
+            break
         c, s, ready = await timed_create(gw, f"{label}-{i}", env)
         client.append(c)
         server.append(s)
@@ -164,6 +171,7 @@ async def sequential(gw: GatewayProcess, label: str, count: int, env: dict[str, 
         "server_ms": summary(server),
         "warm_client_ms": summary(warm) if warm else {},
         "allocations": allocations,
+        "why_cold": why_cold_since(cold_before, await why_cold(gw)),
         "gc": {key: after[key] - paused[key] for key in after},
         # Of the cores' wall time during the creates, the share the hypervisor took.
         "steal_share": (steal_ms() - stolen) / (1000 * (os.cpu_count() or 1) * (time.perf_counter() - started)),
@@ -340,13 +348,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 write_profile(pools, "fill", args.scale, FILL_ENV)
                 await settle(gw, "fill", args.scale, timeout=max(300, args.scale))
                 say(f"{args.scale} idle held")
-                before = await why_cold(gw)
                 held = await sequential(gw, "held", args.scale_creates, SEQ_ENV)
                 data["scale"] = {
                     "idle_held": args.scale,
                     "small_pool": small,
                     "with_idle_held": held,
-                    "why_cold": why_cold_since(before, await why_cold(gw)),
+                    "why_cold": held["why_cold"],
                 }
             data["load_end"] = load()
     return data

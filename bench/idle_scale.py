@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
-import os
 import sys
 import tempfile
 import time
@@ -42,8 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from burst import start_breakdown, timed_create, why_cold, why_cold_since
-from create_cpu import gc_pauses
+from burst import load, sequential, start_breakdown
 from harness import GatewayProcess, gateway_process, summary, write_results
 from warm_path import idle_members, wait_idle, write_profile
 
@@ -56,10 +53,6 @@ SLOW_MS = 20.0
 
 def say(*what: object) -> None:
     print(time.strftime("%H:%M:%S"), *what, file=sys.stderr, flush=True)
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 async def probe(gw: GatewayProcess, seconds: float) -> dict[str, Any]:
@@ -77,36 +70,6 @@ async def probe(gw: GatewayProcess, seconds: float) -> dict[str, Any]:
     return {**summary(latencies), "slow": sum(1 for ms in latencies if ms > SLOW_MS), "load": load()}
 
 
-async def sequential(
-    gw: GatewayProcess, count: int, label: str, until: asyncio.Future[Any] | None = None
-) -> dict[str, Any]:
-    """`count` warm creates of the small pool one after the other (with `until`: as many as run
-    before it is done), each deleted before the next; Ready p50/p99 of all and of the warm ones
-    alone, and the collector's pauses meanwhile."""
-    before, ready, allocations = await why_cold(gw), [], {"warm": 0, "cold": 0}
-    warm: list[float] = []
-    paused = gc_pauses(gw)
-    for i in itertools.count():
-        if (until is None and i == count) or (until is not None and until.done()):
-            break
-        name = f"seq-{label}-{i}"
-        client_ms, _, sandbox = await timed_create(gw, name, SEQ_ENV)
-        ready.append(client_ms)
-        allocations[sandbox.status.allocation] += 1
-        if sandbox.status.allocation == "warm":
-            warm.append(client_ms)
-        await gw.delete(name)
-    after = gc_pauses(gw)
-    return {
-        "ready_ms": summary(ready),
-        "warm_ready_ms": summary(warm) if warm else {},
-        "allocations": allocations,
-        "why_cold": why_cold_since(before, await why_cold(gw)),
-        "gc": {key: after[key] - paused[key] for key in after},
-        "load": load(),
-    }
-
-
 async def one_tree(src: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ws-idle-scale-") as tmp:
         pools = Path(tmp) / "pools"
@@ -120,7 +83,7 @@ async def one_tree(src: Path | None, args: argparse.Namespace) -> dict[str, Any]
             write_profile(pools, "seq", args.pool, SEQ_ENV)
             await wait_idle(gw, "seq", args.pool, timeout=300)
             alone = await asyncio.to_thread(sandbox_start_ms, args.start_rounds)
-            small = await sequential(gw, args.creates, "small")
+            small = await sequential(gw, "small", args.creates, SEQ_ENV)
             await wait_idle(gw, "seq", args.pool, timeout=300)
             write_profile(pools, "idle", args.idle, IDLE_ENV)
             # Creates while the large pool fills: its members' objects pile up in the gateway
@@ -130,7 +93,7 @@ async def one_tree(src: Path | None, args: argparse.Namespace) -> dict[str, Any]
             filled: list[float] = []
             filling.add_done_callback(lambda _: filled.append(time.perf_counter() - written))
             window = asyncio.ensure_future(asyncio.wait((filling,), timeout=args.filling_seconds))
-            during = await sequential(gw, 0, "filling", until=window)
+            during = await sequential(gw, "filling", 0, SEQ_ENV, until=window)
             # How far the fill got under the creates: a refill rule that starves it shows here.
             during["idle_when_creates_stopped"] = await idle_members(gw, "idle")
             await filling
@@ -141,7 +104,7 @@ async def one_tree(src: Path | None, args: argparse.Namespace) -> dict[str, Any]
                 "probe": await probe(gw, args.probe_seconds),
                 "sequential_small_pool_only": small,
                 "sequential_while_filling": during,
-                "sequential": await sequential(gw, args.creates, "held"),
+                "sequential": await sequential(gw, "held", args.creates, SEQ_ENV),
                 "sandbox_start_cpu_ms": {"small pool only": alone, "idle held": held},
             }
 
@@ -183,7 +146,7 @@ def table(data: dict[str, Any]) -> str:
     )
 
     def warm(s: dict[str, Any]) -> str:
-        w = s.get("warm_ready_ms") or {}
+        w = s.get("warm_client_ms") or {}
         return f"{w['p50']:.2f} / {w['p99']:.2f} / {w['max']:.1f}" if w else "-"
 
     for label, runs in data["runs"].items():
@@ -193,7 +156,7 @@ def table(data: dict[str, Any]) -> str:
             gc = s.get("gc", {})
             text += (
                 f"| {label} | {index} | {p['p50']:.2f} / {p['p99']:.2f} / {p['max']:.1f} | {p['slow']} of {p['n']} "
-                f"| {warm(small)} | {warm(s)} | {s['ready_ms']['p99']:.2f} | {s['allocations']} "
+                f"| {warm(small)} | {warm(s)} | {s['client_ms']['p99']:.2f} | {s['allocations']} "
                 f"| {s['why_cold'] or 'none'} | {gc.get('gen2_collections', 0)} ({gc.get('gen2_paused_ms', 0):.0f}) "
                 f"| {run['sandbox_start_cpu_ms']['small pool only']:.2f} / "
                 f"{run['sandbox_start_cpu_ms']['idle held']:.2f} | {p['load'][0]}-{s['load'][0]} |\n"
@@ -213,8 +176,8 @@ def table(data: dict[str, Any]) -> str:
                 continue
             gc = f.get("gc", {})
             text += (
-                f"| {label} | {index} | {f['ready_ms']['n']} | {warm(f)} | {f['ready_ms']['p99']:.2f} / "
-                f"{f['ready_ms']['max']:.1f} | {f['allocations']} | {gc.get('gen2_collections', 0)} "
+                f"| {label} | {index} | {f['client_ms']['n']} | {warm(f)} | {f['client_ms']['p99']:.2f} / "
+                f"{f['client_ms']['max']:.1f} | {f['allocations']} | {gc.get('gen2_collections', 0)} "
                 f"({gc.get('gen2_paused_ms', 0):.0f}) | {gc.get('pauses_over_10ms', 0)} "
                 f"| {f.get('idle_when_creates_stopped', '')} | {f.get('fill_seconds', float('nan')):.1f} |\n"
             )

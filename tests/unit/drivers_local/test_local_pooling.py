@@ -113,13 +113,20 @@ async def registered(pools: PoolSet, members: Members, name: str, count: int) ->
     return pool
 
 
+async def refills_held(pools: PoolSet, members: Members, monkeypatch: pytest.MonkeyPatch, *, replicas: int) -> Pool:
+    """A full pool of registered members whose refills, once started, wait for `members.gate`;
+    claims up to 1 s apart are one run of creates (a stall of the test machine must not end it)."""
+    monkeypatch.setattr(pooling, "_BUSY_SECONDS", 1.0)
+    pools.apply({"p": profile(replicas=replicas)}, {})
+    pool = await registered(pools, members, "p", replicas)
+    members.gate = asyncio.Event()
+    return pool
+
+
 async def test_during_a_burst_of_creates_one_member_at_a_time_is_started(
     pools: PoolSet, members: Members, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pooling, "_BUSY_SECONDS", 1.0)  # a stall of the test machine must not end the burst
-    pools.apply({"p": profile(replicas=4)}, {})
-    pool = await registered(pools, members, "p", 4)
-    members.gate = asyncio.Event()
+    pool = await refills_held(pools, members, monkeypatch, replicas=4)
     release = asyncio.Event()
 
     async def take(member: Instance) -> bool:
@@ -148,10 +155,7 @@ async def test_during_a_burst_of_creates_one_member_at_a_time_is_started(
 async def test_while_creates_come_one_at_a_time_two_members_at_a_time_are_started(
     pools: PoolSet, members: Members, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pooling, "_BUSY_SECONDS", 1.0)  # a stall of the test machine must not end the run
-    pools.apply({"p": profile(replicas=5)}, {})
-    pool = await registered(pools, members, "p", 5)
-    members.gate = asyncio.Event()
+    pool = await refills_held(pools, members, monkeypatch, replicas=5)
 
     async def take(member: Instance) -> bool:
         return True
