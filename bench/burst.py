@@ -353,7 +353,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     "idle_held": args.scale,
                     "small_pool": small,
                     "with_idle_held": held,
-                    "why_cold": held["why_cold"],
                 }
             data["load_end"] = load()
     return data
@@ -473,7 +472,7 @@ def table(data: dict[str, Any]) -> str:
             f"{held['p50']:.2f} ms / p99 {held['p99']:.2f} ms, against {small['p50']:.2f} / {small['p99']:.2f} ms "
             f"with a small pool (p50 ratio {held['p50'] / small['p50']:.2f}; served "
             f"{sc['with_idle_held']['allocations']}; cold creates and missed probes during it: "
-            f"{sc.get('why_cold', {}) or 'none'}).\n"
+            f"{sc['with_idle_held'].get('why_cold') or 'none'}).\n"
         )
         held_warm, held_gc = sc["with_idle_held"].get("warm_client_ms"), sc["with_idle_held"].get("gc", {})
         if held_warm:

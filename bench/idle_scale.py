@@ -88,16 +88,12 @@ async def one_tree(src: Path | None, args: argparse.Namespace) -> dict[str, Any]
             write_profile(pools, "idle", args.idle, IDLE_ENV)
             # Creates while the large pool fills: its members' objects pile up in the gateway
             # then, which is when the interpreter would start full collections by itself.
-            written = time.perf_counter()
-            filling = asyncio.create_task(wait_idle(gw, "idle", args.idle, timeout=max(900, args.idle)))
-            filled: list[float] = []
-            filling.add_done_callback(lambda _: filled.append(time.perf_counter() - written))
+            filling = asyncio.create_task(seconds_to_fill(gw, args.idle))
             window = asyncio.ensure_future(asyncio.wait((filling,), timeout=args.filling_seconds))
             during = await sequential(gw, "filling", 0, SEQ_ENV, until=window)
             # How far the fill got under the creates: a refill rule that starves it shows here.
             during["idle_when_creates_stopped"] = await idle_members(gw, "idle")
-            await filling
-            during["fill_seconds"] = filled[0]
+            during["fill_seconds"] = await filling
             await asyncio.sleep(2)  # the last registrations' follow-up work
             held = await asyncio.to_thread(sandbox_start_ms, args.start_rounds)
             return {
@@ -107,6 +103,13 @@ async def one_tree(src: Path | None, args: argparse.Namespace) -> dict[str, Any]
                 "sequential": await sequential(gw, "held", args.creates, SEQ_ENV),
                 "sandbox_start_cpu_ms": {"small pool only": alone, "idle held": held},
             }
+
+
+async def seconds_to_fill(gw: GatewayProcess, size: int) -> float:
+    """How long the pool "idle", just written, takes to hold `size` idle members."""
+    written = time.perf_counter()
+    await wait_idle(gw, "idle", size, timeout=max(900, size))
+    return time.perf_counter() - written
 
 
 def sandbox_start_ms(rounds: int) -> float:

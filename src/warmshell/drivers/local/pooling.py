@@ -47,9 +47,9 @@ _BACKOFF_MAX = 30.0
 _BUSY_SECONDS = 0.1
 # Member starts in flight while creates come one at a time. One was too few once a warm create
 # took ~3 ms: a client creating back to back drained a pool of 10 (27-31 of 500 creates cold in
-# bench/results/burst_stop27_before_*), because one start (bwrap, the agent's hello, its registration) takes longer
-# than a create and its delete. A burst still gets one: every start's event-loop share (~1 ms)
-# is taken from the burst's creates, which are bound by that loop.
+# bench/results/burst_stop27_before_*), because one start (bwrap, the agent's hello, its
+# registration) takes longer than a create and its delete. A burst still gets one: every start's
+# event-loop share (~1 ms) is taken from the burst's creates, which are bound by that loop.
 _SPAWNS_WHILE_BUSY = 2
 # Members a claim probes before the create goes cold (the others are checked in the background).
 _PROBES_PER_CLAIM = 2
