@@ -105,11 +105,11 @@ async def running_gateway(state_dir: Path, **overrides: Any) -> AsyncIterator[Ru
 
 async def _delete_all(gateway: Gateway) -> None:
     """Tests own their sandboxes: remove whatever is left so no process outlives the test."""
-    for record in await gateway.manager.records.list():
+    for record in await gateway.parts.records.list():
         try:
-            await gateway.manager.delete(record.workspace, record.name)
+            await gateway.parts.manager.delete(record.workspace, record.name)
         except Exception:
-            await gateway.driver.delete(record.id)
+            await gateway.parts.driver.delete(record.id)
 
 
 async def wait_pools(

@@ -7,12 +7,14 @@ carries no call for long, gives its slot back, so idle connections cannot hold t
 
 from __future__ import annotations
 
+import asyncio
 import resource
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
-__all__ = ["MAX_STREAMS_PER_CONNECTION", "connection_limit", "new_server"]
+__all__ = ["MAX_STREAMS_PER_CONNECTION", "SHUTDOWN_GRACE_SECONDS", "Servers", "connection_limit", "new_server"]
 
 # A supervisor uses a handful of streams, a CLI one per command; more from one connection is a flood.
 MAX_STREAMS_PER_CONNECTION = 128
@@ -20,6 +22,8 @@ MAX_STREAMS_PER_CONNECTION = 128
 FD_HEADROOM = 1024
 MIN_CONNECTIONS = 16
 SERVERS = 2
+# On a stop, calls in flight get this long to finish before they are cancelled.
+SHUTDOWN_GRACE_SECONDS = 5.0
 
 
 def connection_limit(configured: int, fd_limit: int) -> int:
@@ -58,3 +62,28 @@ def new_server(
     if max_connection_age_seconds > 0:
         options.append(("grpc.max_connection_age_ms", int(max_connection_age_seconds * 1000)))
     return grpc.aio.server(options=options)
+
+
+class Servers:
+    """The gateway's gRPC servers, started together and stopped together: `begin_stop` refuses
+    new calls at once (GOAWAY: clients retry them elsewhere) while the calls in flight get
+    `SHUTDOWN_GRACE_SECONDS`; `wait_stopped` waits for the end of that."""
+
+    def __init__(self, servers: Sequence[grpc.aio.Server]) -> None:
+        self._servers = tuple(servers)
+        self._stopping: list[asyncio.Future[None]] = []
+
+    async def start(self) -> None:
+        """Start serving on the ports added so far."""
+        for server in self._servers:
+            await server.start()
+
+    def begin_stop(self) -> None:
+        """Refuse new calls from now on (idempotent); returns without waiting."""
+        if not self._stopping:
+            self._stopping = [asyncio.ensure_future(s.stop(SHUTDOWN_GRACE_SECONDS)) for s in self._servers]
+
+    async def wait_stopped(self) -> None:
+        """Stop (if not begun yet) and wait until the last call has ended or been cancelled."""
+        self.begin_stop()
+        await asyncio.gather(*self._stopping)
