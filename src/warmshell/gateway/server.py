@@ -38,7 +38,6 @@ __all__ = ["Gateway", "serve"]
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE_SECONDS = listening.SHUTDOWN_GRACE_SECONDS
 _GOING_AWAY = "gateway shutting down"
 
 
