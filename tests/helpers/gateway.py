@@ -48,15 +48,18 @@ class RunningGateway:
         the last state seen, so a flaky wait says what the sandbox was doing."""
         request = pb.WatchSandboxRequest(name=name, workspace=workspace)
         last: pb.Sandbox | None = None
+        watch = self.stub.WatchSandbox(request, metadata=self.metadata)
         try:
             async with asyncio.timeout(timeout):
-                async for event in self.stub.WatchSandbox(request, metadata=self.metadata):
+                async for event in watch:
                     if event.HasField("sandbox"):
                         last = event.sandbox
                         if predicate(last):
                             return last
         except TimeoutError:
             raise AssertionError(f"{name}: condition not met in {timeout}s; last seen:\n{last}") from None
+        finally:
+            watch.cancel()  # a watch left open would end only with the gateway
         raise AssertionError(f"watch of {name} ended before the condition held; last seen:\n{last}")
 
     async def wait_ready(self, name: str, timeout: float = 20.0, workspace: str = "") -> pb.Sandbox:

@@ -1,6 +1,6 @@
 """The gateway's composition root: every part of one gateway built and wired to the others, in
 one synchronous step without I/O. What needs I/O first (the store opened, the keys read, the
-driver constructed) is done before and passed in; starting the parts is `server.Gateway`'s."""
+driver entered) is done before and passed in; starting the parts is `server.Gateway`'s."""
 
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ class Keys:
 
 @dataclass(frozen=True)
 class GatewayParts:
-    """One gateway's parts, wired to each other; nothing in it has started."""
+    """One gateway's parts, wired to each other: nothing in it has started but the store and
+    the driver it was built on."""
 
     config: GatewayConfig
     store: Store
@@ -66,6 +67,7 @@ class GatewayParts:
     activator: GatewayActivator
     manager: SandboxManager
     auth: Authenticator
+    execs: ExecRelay
     reconciler: Reconciler
     expiry: ExpiryReconciler
     sandbox_service: SandboxService
@@ -83,8 +85,8 @@ class GatewayParts:
 def assemble(
     config: GatewayConfig, *, store: Store, driver: ComputeDriver, keys: Keys, replica_id: str = ""
 ) -> GatewayParts:
-    """Build one gateway's parts on an opened `store` and a constructed (not entered) `driver`.
-    A Postgres store is shared by replicas: then the gateway is one of them, `replica_id`."""
+    """Build one gateway's parts on an opened `store` and an entered `driver` (the Kubernetes
+    driver's identity exists only then); on a shared (Postgres) store, as replica `replica_id`."""
     bus = EventBus()
     # A SQLite file has one gateway (replicas need Postgres), so its records may be cached.
     records = SandboxRecords(store, bus, exclusive=isinstance(store, SqliteStore))
@@ -122,6 +124,7 @@ def assemble(
         activator=activator,
         manager=manager,
         auth=auth,
+        execs=execs,
         reconciler=Reconciler(
             manager,
             interval_seconds=config.reconcile_interval_seconds,

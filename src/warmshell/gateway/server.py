@@ -89,6 +89,10 @@ def _read_replica_token(config: GatewayConfig) -> str:
         return load_or_create_api_token(Path(configured) if configured else config.paths.replica_token)
 
 
+def _exec_not_finished() -> UnavailableError:
+    return UnavailableError(f"{listening.STOPPING} (the exec did not finish before it stopped)")
+
+
 class _Phase(enum.Enum):
     """Where a gateway is in its life, as /healthz tells it."""
 
@@ -161,14 +165,13 @@ class Gateway:
         store = await self._open_store(stack)
         if isinstance(store, PostgresStore):  # a shared store means replicas: they share a token
             keys = replace(keys, replica_token=_read_replica_token(self.config))
+        self._phase = _Phase.STARTING
         driver = self._given_driver or build_driver(self.config, gateway_id=keys.gateway_id)
+        stack.push_async_callback(self._close_supervisor_link)  # after the driver's exit
+        await stack.enter_async_context(driver)  # its identity provider exists once it is entered
         self._parts = parts = assemble(
             self.config, store=store, driver=driver, keys=keys, replica_id=_replica_id(self.config.replicas.id)
         )
-        self._phase = _Phase.STARTING
-        if parts.supervisor_link is not None:  # its sessions end with their supervisors, or here
-            stack.push_async_callback(parts.supervisor_link.aclose)
-        await stack.enter_async_context(driver)
         others = await parts.replication.live_others() if parts.replication is not None else frozenset[str]()
         await parts.reconciler.startup(live_owners=others)
         servers = await self._listen(stack, parts)
@@ -204,7 +207,7 @@ class Gateway:
         stack.push_async_callback(store.aclose)
         return store
 
-    def _new_server(self, parts: GatewayParts) -> grpc.aio.Server:
+    def _new_server(self, parts: GatewayParts, gate: listening.StopGate) -> grpc.aio.Server:
         config = self.config
         return listening.new_server(
             max_connections=config.max_connections,
@@ -212,18 +215,20 @@ class Gateway:
             handshake_timeout_seconds=config.handshake_timeout_seconds,
             connection_idle_seconds=config.connection_idle_seconds,
             max_connection_age_seconds=parts.wiring.max_connection_age_seconds,
+            interceptors=(gate,),
         )
 
     async def _listen(self, stack: contextlib.AsyncExitStack, parts: GatewayParts) -> listening.Servers:
         """Bind the sockets (private from the moment they exist) and TCP, and serve. The public
         socket and TCP serve both APIs (supervisors in pods come in over TCP); supervisor.sock
         serves the supervisor API alone."""
-        public, supervisors = self._new_server(parts), self._new_server(parts)
+        gate = listening.StopGate()
+        public, supervisors = self._new_server(parts, gate), self._new_server(parts, gate)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(parts.sandbox_service, public)
         sandbox_pb2_grpc.add_FileServiceServicer_to_server(parts.file_service, public)
         for server in (public, supervisors):
             supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(parts.supervisor_service, server)
-        servers = listening.Servers((public, supervisors))
+        servers = listening.Servers((public, supervisors), gate)
         stack.callback(self._remove_files)  # only a gateway that bound the sockets removes them
         with statedir.private_umask():
             for path, server in ((self.paths.socket, public), (self.paths.supervisor_socket, supervisors)):
@@ -238,18 +243,32 @@ class Gateway:
         return servers
 
     async def _close_doors(self, servers: listening.Servers, parts: GatewayParts) -> None:
-        """Refuse new calls first (GOAWAY: clients retry them on another replica), then end the
-        streams: a supervisor told to reconnect, or a watcher told to watch again, must not find
-        this gateway again but another replica (or this one's successor)."""
+        """Refuse new calls first ("gateway stopping"), and give the execs in flight
+        `exec_drain_seconds` to finish; then close the connections (GOAWAY: clients retry on
+        another replica) and end the streams: a supervisor told to reconnect, or a watcher told
+        to watch again, must not find this gateway again but another replica (or this one's
+        successor). An exec that could not finish ends UNAVAILABLE, as after a crash."""
         self._phase = _Phase.STOPPING
+        servers.refuse_new_calls()
+        drain = self.config.exec_drain_seconds
+        if left := await parts.execs.wait_none_in_flight(0):
+            log.info("stopping: %d exec(s) in flight get up to %gs to finish", left, drain)
+            if left := await parts.execs.wait_none_in_flight(drain):
+                log.warning("stopping: %d exec(s) did not finish in %gs; they end UNAVAILABLE", left, drain)
         servers.begin_stop()
         if parts.supervisor_link is not None:
             parts.supervisor_link.close()
         await asyncio.sleep(0)  # let the servers' stop begin before the streams end
         parts.manager.close()
         parts.bus.close_all()
-        parts.sessions.close_all(_GOING_AWAY)
+        parts.sessions.close_all(_GOING_AWAY, ends_execs=_exec_not_finished)
         parts.registry.close_all(_GOING_AWAY)
+
+    async def _close_supervisor_link(self) -> None:
+        """End the in-process supervisor sessions still running (a driver whose supervisors run
+        in this process ends most of them itself, with its supervisors)."""
+        if self._parts is not None and self._parts.supervisor_link is not None:
+            await self._parts.supervisor_link.aclose()
 
     def _remove_files(self) -> None:
         self.paths.runtime_info.unlink(missing_ok=True)

@@ -97,6 +97,7 @@ def assert_wired(parts: GatewayParts) -> None:
         parts.issuer,
         parts.vault,
     )
+    assert parts.sandbox_service._execs is parts.execs
     for public in (parts.sandbox_service, parts.file_service):
         assert (public._manager, public._auth) == (manager, parts.auth)
     assert parts.reconciler._manager is manager
