@@ -62,7 +62,7 @@ async def _reachable_address(listen: str, port: int) -> str:
 @dataclass(frozen=True)
 class ReplicaWiring:
     """What the other parts of a gateway take from replication; the defaults are a lone
-    gateway's (no session owner name, nothing forwarded, no progress shared, always leading)."""
+    gateway's (no session owner name, nothing forwarded, no progress shared)."""
 
     owner: str = ""  # the name this replica writes on the sessions it holds
     directory: ReplicaDirectory | None = None  # for the session takeover rule

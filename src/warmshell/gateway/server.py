@@ -166,7 +166,9 @@ class Gateway:
         if isinstance(store, PostgresStore):  # a shared store means replicas: they share a token
             keys = replace(keys, replica_token=_read_replica_token(self.config))
         self._phase = _Phase.STARTING
-        driver = self._given_driver or build_driver(self.config, gateway_id=keys.gateway_id)
+        driver = self._given_driver
+        if driver is None:
+            driver = build_driver(self.config, gateway_id=keys.gateway_id)
         stack.push_async_callback(self._close_supervisor_link)  # after the driver's exit
         await stack.enter_async_context(driver)  # its identity provider exists once it is entered
         self._parts = parts = assemble(
