@@ -14,9 +14,9 @@ from warmshell.core.ids import InstanceId
 from warmshell.core.matching import Match, NoMatch, NotReady
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import BackendState
-from warmshell.drivers.local import pooling
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.pooling import Pool, PoolSet
+from warmshell.drivers.local.pools import pooling
+from warmshell.drivers.local.pools.pooling import Pool, PoolSet
 
 
 class Agent:

@@ -39,16 +39,18 @@ from warmshell.drivers.base import (
     ProgressLine,
 )
 from warmshell.drivers.events import Hub
-from warmshell.drivers.local import admission, cgroups, pooling, reloading
-from warmshell.drivers.local.files import LocalFiles, files_executor
+from warmshell.drivers.local import admission
 from warmshell.drivers.local.fleet import Fleet
-from warmshell.drivers.local.hostnames import HostnameSetter
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.identity import LocalIdentity
 from warmshell.drivers.local.instances import Instance, lost_sandbox
-from warmshell.drivers.local.launching import AGENT_BINARY
-from warmshell.drivers.local.members import FleetMembers
-from warmshell.drivers.local.processes import SandboxProcess
+from warmshell.drivers.local.pools import pooling, reloading
+from warmshell.drivers.local.pools.members import FleetMembers
+from warmshell.drivers.local.runtime import cgroups
+from warmshell.drivers.local.runtime.files import LocalFiles, files_executor
+from warmshell.drivers.local.runtime.hostnames import HostnameSetter
+from warmshell.drivers.local.runtime.launching import AGENT_BINARY
+from warmshell.drivers.local.runtime.processes import SandboxProcess
 from warmshell.drivers.local.supervising import GatewayLink, HostSupervisors, Supervise
 
 __all__ = ["LocalDriver"]

@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from warmshell.core.errors import FailedPreconditionError
-from warmshell.drivers.local import cgroups, etcstage, limits, sandboxing, seccomp
-from warmshell.drivers.local.agent import building
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess, Spawner
+from warmshell.drivers.local.runtime import cgroups, etcstage, limits, sandboxing, seccomp
+from warmshell.drivers.local.runtime.agent import building
+from warmshell.drivers.local.runtime.processes import HostProcesses, SandboxFds, SandboxProcess, Spawner
 
 __all__ = ["AGENT_BINARY", "BUILD_STEP", "ETC_REFRESH_SECONDS", "LAUNCH_BINARY", "Launcher", "Sandbox"]
 

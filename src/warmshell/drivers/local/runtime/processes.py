@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmshell.drivers.local import terminals
-from warmshell.drivers.local.agentlink import AgentError, AgentLink
+from warmshell.drivers.local.runtime import terminals
+from warmshell.drivers.local.runtime.agentlink import AgentError, AgentLink
 from warmshell.supervisor import processes as host_processes
 from warmshell.supervisor.interactive import ExecInput
 from warmshell.supervisor.processes import OutputSink, Runner

@@ -28,8 +28,8 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warmshell.drivers.local import agentwire
-from warmshell.drivers.local.agentwire import Kind, Reply, Stage
+from warmshell.drivers.local.runtime import agentwire
+from warmshell.drivers.local.runtime.agentwire import Kind, Reply, Stage
 from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size, write_stdin
 from warmshell.supervisor.processes import OutputSink, WorkdirError
 
