@@ -87,7 +87,7 @@ class LocalDriverConfig(_Section):
 
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
     # Deprecated and ignored (a warning at start): refills no longer wait for a pause of this
-    # length; while creates are served only a few members start at a time (drivers/local/pools/pooling.py).
+    # length (the refill rule: `PoolSet._refill` in drivers/local/pools/pooling.py).
     refill_delay_seconds: float | None = Field(default=None, ge=0)
     # Pool members start at this nice value, below the creates and activations they serve (a
     # claimed one gets 0 back before its workload starts); 0 = the gateway's own priority.
