@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 from warmshell.drivers.local.runtime import agentwire
 from warmshell.drivers.local.runtime.agentwire import Kind, Reply, Stage
-from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size, write_stdin
-from warmshell.supervisor.processes import OutputSink, WorkdirError
+from warmshell.sandboxio.interactive import ExecInput, pump_fd, set_window_size, write_stdin
+from warmshell.sandboxio.processes import OutputSink, WorkdirError
 
 __all__ = ["AgentError", "AgentLink"]
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size, write_stdin
+from warmshell.sandboxio.interactive import ExecInput, pump_fd, set_window_size, write_stdin
 
 __all__ = ["OutputSink", "Runner", "WorkdirError", "run_streaming"]
 
