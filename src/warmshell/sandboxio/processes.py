@@ -1,8 +1,9 @@
-"""Running the workload and exec'd commands, streaming their output: the supervisor's process seam.
+"""Running the workload and exec'd commands, streaming their output: the process seam a supervisor
+runs them through.
 
-`Runner` is the seam; `run_streaming` here starts processes as the supervisor's own children (a
-supervisor inside its sandbox: the Kubernetes pod, the local driver's unisolated mode). The local
-driver's isolated sandboxes supply another implementation that starts them through the
+`Runner` is the seam; `run_streaming` here starts processes as the caller's own children (a
+supervisor inside its sandbox: the Kubernetes pod; the local driver's unisolated mode). The local
+runtime's isolated sandboxes supply another implementation that starts them through the
 sandbox's agent.
 """
 

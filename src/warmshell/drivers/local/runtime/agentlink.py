@@ -1,7 +1,7 @@
 """The host end of one sandbox's control socket: start commands through its agent, stream their
 output, learn their end.
 
-This is the agent-backed implementation of the supervisor's process seam (`Runner`): the host
+This is the agent-backed implementation of the process seam (`sandboxio.processes.Runner`): the host
 creates the pipes, keeps the read ends of stdout/stderr and the write end of stdin, and passes
 the other ends to the agent with the EXEC record; output therefore never passes through the
 sandbox's pid 1. A timeout or a cancel sends SIGNAL(SIGKILL) to the command's process group; the
@@ -109,7 +109,7 @@ class AgentLink:
     ) -> int:
         """Run `command` in the sandbox and stream its output to `sink`; its exit status, with
         the shell's conventions (127 not found, 126 not executable, 124 timed out, 128+N killed
-        by signal N). `io`: see the supervisor's `Runner`. WorkdirError when its workdir cannot
+        by signal N). `io`: see `Runner`. WorkdirError when its workdir cannot
         be entered; OSError when the sandbox is gone."""
         exec_id, running = self._next_id, _Exec()
         self._next_id += 1
