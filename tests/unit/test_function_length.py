@@ -18,9 +18,7 @@ GENERATED = "api"  # the protobuf modules, under SOURCE
 KNOWN_LONG = frozenset(
     {
         "cli/sandbox.py:register",
-        "drivers/local/agentlink.py:run_streaming",
         "drivers/kubernetes/warmpools.py:render_pool_pair",
-        "supervisor/processes.py:run_streaming",
         "drivers/kubernetes/rendering.py:pod_spec",
     }
 )

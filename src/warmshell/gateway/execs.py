@@ -35,7 +35,7 @@ from warmshell.core.errors import (
 )
 from warmshell.gateway import metrics
 from warmshell.gateway.sessions import ExecChannel, SupervisorSession
-from warmshell.supervisor.window import OutputWindow
+from warmshell.sandboxio.window import OutputWindow
 
 __all__ = ["MAX_TERMINAL_CELLS", "ExecRelay", "check_terminal_size"]
 

@@ -18,7 +18,7 @@ from warmshell.gateway.inprocess import InProcessLink
 from warmshell.gateway.replication import ReplicaWiring
 from warmshell.gateway.store.base import Store
 from warmshell.gateway.store.postgres import PostgresStore
-from warmshell.supervisor.link import GatewayLink
+from warmshell.sandboxio.link import GatewayLink
 
 KEYS = Keys(
     api_token="client-token",
