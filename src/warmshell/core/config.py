@@ -348,6 +348,10 @@ class GatewayConfig(_Section):
     # with an error (the command is killed) instead of the gateway buffering without bound.
     exec_output_window_bytes: int = Field(default=DEFAULT_EXEC_WINDOW_BYTES, ge=64 * 1024, le=2**31)
     exec_stall_timeout_seconds: float = Field(default=60.0, gt=0)
+    # On a stop (SIGTERM) the execs in flight get this long to finish while new calls are refused
+    # (UNAVAILABLE "gateway stopping"); one still running then ends UNAVAILABLE, so a client
+    # retries it as it would after a crash. With replicas this comes after `replicas.drain_seconds`.
+    exec_drain_seconds: float = Field(default=10.0, ge=0)
     # Per listening server (public; supervisor.sock): past it a new connection is closed at accept.
     max_connections: int = Field(default=4096, ge=16)
     # A connection that has not completed its HTTP/2 handshake (client preface and SETTINGS) this
