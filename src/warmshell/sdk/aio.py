@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, Unpack
 
 from grpc import aio
 
@@ -83,35 +83,14 @@ class AsyncClient:
         *,
         name: str | None = None,
         workspace: str | None = None,
-        image: str = "",
-        env: Mapping[str, str] | None = None,
-        secrets: Mapping[str, str] | None = None,
-        cpu: str = "",
-        memory: str = "",
-        pids: int = 0,
-        command: Sequence[str] | None = None,
-        labels: Mapping[str, str] | None = None,
-        ttl_seconds: int | None = None,
-        idle_timeout_seconds: int | None = None,
         auto_delete: bool = False,
         ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+        **options: Unpack[calls.CreateOptions],
     ) -> AsyncSandbox:
         """`Client.create`, awaited: returns once Ready (or already exited); a failed create
         raises (SandboxError, DeadlineExceeded) and leaves nothing behind."""
-        request = calls.create_request(
-            name=name,
-            workspace=self.workspace if workspace is None else workspace,
-            image=image,
-            env=env,
-            secrets=secrets,
-            cpu=cpu,
-            memory=memory,
-            pids=pids,
-            command=command,
-            labels=labels,
-            ttl_seconds=ttl_seconds,
-            idle_timeout_seconds=idle_timeout_seconds,
-        )
+        workspace = self.workspace if workspace is None else workspace
+        request = calls.create_request(name=name, workspace=workspace, **options)
         started = time.monotonic()
         deadline = calls.ask_ready(request, ready_timeout=ready_timeout, call_timeout=self.timeout)
         with self._translating():
@@ -129,22 +108,18 @@ class AsyncClient:
         fold = calls.ReadyFold(created)
         if fold.done():
             return fold.last
-        request = pb.WatchSandboxRequest(
-            name=created.name, workspace=created.workspace, stop_on_terminal=True, stop_on_ready=True
-        )
-        call = self._stub.WatchSandbox(request, metadata=self._metadata, timeout=calls.remaining(timeout, started))
+        deadline = calls.remaining(timeout, started)
+        call = self._stub.WatchSandbox(fold.watch_request(), metadata=self._metadata, timeout=deadline)
         try:
             with self._translating():
                 async for event in call:
                     if fold.feed(event):
                         return fold.last
         except errors.DeadlineExceeded:
-            raise errors.DeadlineExceeded(
-                f"sandbox {created.name} was not Ready within {timeout:g} s", code="DEADLINE_EXCEEDED"
-            ) from None
+            raise calls.not_ready_in_time(created.name, timeout) from None
         finally:
             call.cancel()
-        raise calls.failure(fold.last, name=created.name)
+        raise fold.failure()
 
     async def get(self, name: str, *, workspace: str | None = None) -> AsyncSandbox:
         """A handle on an existing sandbox (NotFound if there is none)."""

@@ -23,10 +23,10 @@ import time
 from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Self, Unpack
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.sdk import calls, connection, errors
+from warmshell.sdk import calls, connection, errors, following
 from warmshell.sdk import transport as transport_module
 from warmshell.sdk.service import SandboxService
 
@@ -90,40 +90,21 @@ class Client:
         *,
         name: str | None = None,
         workspace: str | None = None,
-        image: str = "",
-        env: Mapping[str, str] | None = None,
-        secrets: Mapping[str, str] | None = None,
-        cpu: str = "",
-        memory: str = "",
-        pids: int = 0,
-        command: Sequence[str] | None = None,
-        labels: Mapping[str, str] | None = None,
-        ttl_seconds: int | None = None,
-        idle_timeout_seconds: int | None = None,
         auto_delete: bool = False,
         ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+        **options: Unpack[calls.CreateOptions],
     ) -> Sandbox:
         """Create a sandbox and return once it is Ready (warm or cold), or once its `command`
-        has already exited. A sandbox that fails raises SandboxError with the gateway's reason;
-        one not Ready within `ready_timeout` raises DeadlineExceeded. Either way it is deleted:
-        a failed create leaves nothing behind. With `auto_delete`, `wait_exit()` deletes it once
-        it has returned the workload's output."""
+        has already exited; `options` are `calls.CreateOptions` (image, env, secrets, cpu,
+        memory, pids, command, labels, ttl_seconds, idle_timeout_seconds). A sandbox that fails
+        raises SandboxError with the gateway's reason; one not Ready within `ready_timeout`
+        raises DeadlineExceeded. Either way it is deleted: a failed create leaves nothing
+        behind. With `auto_delete`, `wait_exit()` deletes it once it has returned the
+        workload's output."""
         from warmshell.sdk import views
 
-        request = calls.create_request(
-            name=name,
-            workspace=self.workspace if workspace is None else workspace,
-            image=image,
-            env=env,
-            secrets=secrets,
-            cpu=cpu,
-            memory=memory,
-            pids=pids,
-            command=command,
-            labels=labels,
-            ttl_seconds=ttl_seconds,
-            idle_timeout_seconds=idle_timeout_seconds,
-        )
+        workspace = self.workspace if workspace is None else workspace
+        request = calls.create_request(name=name, workspace=workspace, **options)
         started = time.monotonic()
         deadline = calls.ask_ready(request, ready_timeout=ready_timeout, call_timeout=self.timeout)
         created = self.service.create_sandbox(request, timeout=deadline)
@@ -138,23 +119,13 @@ class Client:
 
     def _wait_ready(self, created: pb.Sandbox, timeout: float | None, started: float) -> pb.Sandbox:
         fold = calls.ReadyFold(created)
-        if fold.done():
-            return fold.last
-        request = pb.WatchSandboxRequest(
-            name=created.name, workspace=created.workspace, stop_on_terminal=True, stop_on_ready=True
-        )
-        stream = self.service.watch_sandbox(request, timeout=calls.remaining(timeout, started))
         try:
-            for event in stream:
-                if fold.feed(event):
-                    return fold.last
+            following.follow(self.service, fold, timeout=calls.remaining(timeout, started))
         except errors.DeadlineExceeded:
-            raise errors.DeadlineExceeded(
-                f"sandbox {created.name} was not Ready within {timeout:g} s", code="DEADLINE_EXCEEDED"
-            ) from None
-        finally:
-            stream.cancel()
-        raise calls.failure(fold.last, name=created.name)
+            raise calls.not_ready_in_time(created.name, timeout) from None
+        if not fold.done():  # the gateway ended the stream first
+            raise fold.failure()
+        return fold.last
 
     def get(self, name: str, *, workspace: str | None = None) -> Sandbox:
         """A handle on an existing sandbox (NotFound if there is none)."""

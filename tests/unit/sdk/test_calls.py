@@ -85,6 +85,30 @@ def test_ready_fold_ends_on_ready_or_exited_and_raises_on_failure() -> None:
         calls.ReadyFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING)).feed(pb.SandboxEvent(deleted="id"))
 
 
+def test_watch_fold_waits_for_what_the_caller_follows_and_never_past_a_deletion() -> None:
+    ready, error = (
+        pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_READY)),
+        pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_ERROR)),
+    )
+    exited = pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_EXITED, exit_code=0))
+    assert calls.WatchFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING)).feed(ready)
+    assert calls.WatchFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING)).feed(error)  # not raised: the caller decides
+    workload = calls.WatchFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING), until_exit=True)
+    assert not workload.feed(ready)
+    assert workload.feed(exited)
+    assert workload.watch_request().stop_on_ready is False
+    # Following output, the stream's end (after the last output) ends the wait, not the phase.
+    followed = calls.WatchFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING), until_exit=True, follow_output=True)
+    assert not followed.feed(error)
+    assert not followed.feed(exited)
+    assert followed.outcome() is calls.WaitOutcome.EXITED
+    assert followed.feed(pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_DELETING)))
+    gone = calls.WatchFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING), until_exit=True, follow_output=True)
+    assert gone.feed(pb.SandboxEvent(deleted="id"))
+    assert gone.outcome() is calls.WaitOutcome.FAILED
+    assert "was deleted" in str(gone.failure())
+
+
 def test_exit_fold_collects_output_and_needs_an_exit() -> None:
     fold = calls.ExitFold("box")
     fold.feed(pb.SandboxEvent(output=pb.OutputChunk(stream=pb.OutputChunk.STREAM_STDOUT, data=b"a")))
