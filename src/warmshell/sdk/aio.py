@@ -16,7 +16,7 @@ import builtins
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self, Unpack
@@ -204,20 +204,27 @@ class AsyncSandbox:
         self.last_info = await self.client._get_info(self.name, self.workspace)
         return self.last_info
 
-    def _exec_call(
+    async def _exec_call(
         self,
         argv: Sequence[str],
         env: Mapping[str, str] | None,
         workdir: str | None,
-        timeout: float | None,
+        timeout: float | None,  # noqa: ASYNC109 - a gRPC deadline
         stdin: bytes | str,
-    ) -> aio.UnaryStreamCall[pb.ExecSandboxRequest, pb.ExecEvent]:
+    ) -> AsyncGenerator[pb.ExecEvent, None]:
+        """ExecSandbox's events; closing this generator cancels the call (closing grpc.aio's own
+        iterator does not), so the gateway kills the command's process group."""
         request = calls.exec_request(
             name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin
         )
-        return self.client._stub.ExecSandbox(
+        call = self.client._stub.ExecSandbox(
             request, metadata=self.client._metadata, timeout=calls.exec_deadline(timeout)
         )
+        try:
+            async for event in call:
+                yield event
+        finally:
+            call.cancel()
 
     async def start(
         self,
@@ -286,9 +293,10 @@ class AsyncSandbox:
         workdir: str | None,
         timeout: float | None,
         stdin: bytes | str | StdinSource | AsyncIterable[bytes],
-    ) -> AsyncIterator[pb.ExecEvent]:
+    ) -> AsyncGenerator[pb.ExecEvent, None]:
+        """The command's events; closing the generator stops the command."""
         if isinstance(stdin, bytes | str):
-            return aiter(self._exec_call(argv, env, workdir, timeout, stdin))
+            return self._exec_call(argv, env, workdir, timeout, stdin)
         return self._streamed(argv, env, workdir, timeout, stdin)
 
     async def run(
@@ -303,9 +311,10 @@ class AsyncSandbox:
         """`Sandbox.run`, awaited (`stdin` may also be an async iterable of chunks)."""
         started = time.perf_counter()
         fold = calls.ExecFold()
-        with self.client._translating():
-            async for event in self._events(argv, env, workdir, timeout, stdin):
-                fold.feed(event)
+        async with contextlib.aclosing(self._events(argv, env, workdir, timeout, stdin)) as events:
+            with self.client._translating():
+                async for event in events:
+                    fold.feed(event)
         return fold.result((time.perf_counter() - started) * 1000)
 
     async def run_stream(
@@ -317,17 +326,15 @@ class AsyncSandbox:
         timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
         stdin: bytes | str | StdinSource | AsyncIterable[bytes] = b"",
     ) -> AsyncGenerator[views.OutputEvent, None]:
-        """`Sandbox.run_stream` as `async for`; leaving the loop early stops the command."""
-        events = self._events(argv, env, workdir, timeout, stdin)
-        try:
+        """`Sandbox.run_stream` as `async for`. Leaving the loop (`break`, an exception in its
+        body) or closing the generator (`aclose()`, `contextlib.aclosing`) stops the command: the
+        call is cancelled and the gateway kills the command's process group (see `Sandbox.run_stream`
+        for the bound). A generator left without `aclose()` is closed when it is garbage-collected
+        (at once in CPython, once the loop is left), as asyncio finalizes async generators."""
+        async with contextlib.aclosing(self._events(argv, env, workdir, timeout, stdin)) as events:
             with self.client._translating():
                 async for event in events:
                     yield calls.output_event(event)
-        finally:
-            if isinstance(events, AsyncGenerator):
-                await events.aclose()
-            else:
-                events.cancel()  # type: ignore[attr-defined]
 
     async def wait_exit(self, timeout: float | None = None) -> views.ExecResult:  # noqa: ASYNC109
         """`Sandbox.wait_exit`, awaited (deletes the sandbox afterwards with `auto_delete`)."""

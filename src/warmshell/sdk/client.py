@@ -38,9 +38,13 @@ if TYPE_CHECKING:
     from warmshell.sdk.files import Files
     from warmshell.sdk.interactive import Process, StdinSource
 
-__all__ = ["DEFAULT_READY_TIMEOUT_SECONDS", "Client", "Sandbox"]
+__all__ = ["DEFAULT_READY_TIMEOUT_SECONDS", "STREAM_STOP_BOUND_SECONDS", "Client", "Sandbox"]
 
 DEFAULT_READY_TIMEOUT_SECONDS = 120.0
+# How soon a command whose stream was left (or closed) has stopped, process group and all: the
+# cancel reaches the gateway in one write and the sandbox's supervisor kills the group at once;
+# a few milliseconds on a quiet local gateway, the rest is margin for a loaded host.
+STREAM_STOP_BOUND_SECONDS = 2.0
 
 
 class Client:
@@ -313,8 +317,12 @@ class Sandbox:
         iterable of byte chunks or a binary file, streamed as the command reads it."""
         started = time.perf_counter()
         fold = calls.ExecFold()
-        for event in self._exec_call(argv, env, workdir, timeout, stdin):
-            fold.feed(event)
+        stream = self._exec_call(argv, env, workdir, timeout, stdin)
+        try:
+            for event in stream:
+                fold.feed(event)
+        finally:
+            stream.cancel()  # a no-op once ended; after Ctrl-C it stops the command
         return fold.result((time.perf_counter() - started) * 1000)
 
     def run_stream(
@@ -327,7 +335,12 @@ class Sandbox:
         stdin: bytes | str | StdinSource = b"",
     ) -> Generator[views.OutputEvent, None, None]:
         """Run a command and yield its output as it comes, then one event with the exit code.
-        Leaving the loop early (or closing the iterator) stops the command."""
+
+        Leaving the loop early (`break`, an exception in its body) or closing the generator
+        (`close()`, `contextlib.closing`) stops the command: the call is cancelled, and the
+        gateway kills the command's process group (SIGKILL) as soon as it sees the cancel, on
+        either transport — within `STREAM_STOP_BOUND_SECONDS` (tests hold both clients to it).
+        A generator kept in a variable after the loop is stopped only when closed or collected."""
         stream = self._exec_call(argv, env, workdir, timeout, stdin)
         try:
             for event in stream:
