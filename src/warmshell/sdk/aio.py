@@ -16,10 +16,10 @@ import builtins
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Coroutine, Generator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self, Unpack
+from typing import Any, Self, Unpack
 
 from grpc import aio
 
@@ -31,7 +31,7 @@ from warmshell.sdk.files import AsyncFiles
 from warmshell.sdk.interactive import AsyncProcess, StdinSource, feed_async, start_request
 from warmshell.sdk.transport import CHANNEL_OPTIONS
 
-__all__ = ["AsyncClient", "AsyncSandbox"]
+__all__ = ["AsyncClient", "AsyncSandbox", "Creating"]
 
 
 class AsyncClient:
@@ -78,7 +78,7 @@ class AsyncClient:
     def _translating(self) -> contextlib.AbstractContextManager[None]:
         return errors.translating(self.address)
 
-    async def create(
+    def create(
         self,
         *,
         name: str | None = None,
@@ -86,11 +86,18 @@ class AsyncClient:
         auto_delete: bool = False,
         ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
         **options: Unpack[calls.CreateOptions],
-    ) -> AsyncSandbox:
+    ) -> Creating:
         """`Client.create`, awaited: returns once Ready (or already exited); a failed create
-        raises (SandboxError, DeadlineExceeded) and leaves nothing behind."""
+        raises (SandboxError, DeadlineExceeded) and leaves nothing behind. Either
+        `sb = await client.create(...)`, or `async with client.create(...) as sb:`, which
+        deletes the sandbox when the block ends."""
         workspace = self.workspace if workspace is None else workspace
         request = calls.create_request(name=name, workspace=workspace, **options)
+        return Creating(self._create(request, auto_delete=auto_delete, ready_timeout=ready_timeout))
+
+    async def _create(
+        self, request: pb.CreateSandboxRequest, *, auto_delete: bool, ready_timeout: float | None
+    ) -> AsyncSandbox:
         started = time.monotonic()
         deadline = calls.ask_ready(request, ready_timeout=ready_timeout, call_timeout=self.timeout)
         with self._translating():
@@ -159,6 +166,28 @@ class AsyncClient:
         with self._translating():
             response = await self._stub.ListPools(request, metadata=self._metadata, timeout=self.timeout)
         return [views.pool_info(p) for p in response.pools]
+
+
+class Creating(Awaitable["AsyncSandbox"]):
+    """What `AsyncClient.create` returns: await it for the sandbox, or enter it with
+    `async with` (no `await`) to have the sandbox deleted when the block ends."""
+
+    def __init__(self, creating: Coroutine[Any, Any, AsyncSandbox]) -> None:
+        self._creating = creating
+        self._sandbox: AsyncSandbox | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncSandbox]:
+        return self._creating.__await__()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        self._sandbox = await self._creating
+        return self._sandbox
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._sandbox is not None
+        await self._sandbox.__aexit__(exc_type, exc, tb)
 
 
 class AsyncSandbox:
@@ -284,7 +313,7 @@ class AsyncSandbox:
             feeding.cancel()
             with contextlib.suppress(asyncio.CancelledError, errors.Error):
                 await feeding
-            process.close()
+            await process.close()
 
     def _events(
         self,
