@@ -128,6 +128,28 @@ class AsyncClient:
             call.cancel()
         raise fold.failure()
 
+    async def get_or_create(
+        self,
+        name: str,
+        *,
+        workspace: str | None = None,
+        ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+        **options: Unpack[calls.CreateOptions],
+    ) -> AsyncSandbox:
+        """`Client.get_or_create`, awaited."""
+        workspace = self.workspace if workspace is None else workspace
+        try:
+            return await self.create(name=name, workspace=workspace, ready_timeout=ready_timeout, **options)
+        except errors.AlreadyExists:
+            with self._translating():
+                existing = await self._stub.GetSandbox(
+                    pb.SandboxRef(name=name, workspace=workspace), metadata=self._metadata, timeout=self.timeout
+                )
+        if differences := calls.spec_differences(existing, options):
+            raise calls.spec_conflict(existing, differences)
+        ready = await self._wait_ready(existing, ready_timeout, time.monotonic())
+        return AsyncSandbox(self, views.sandbox_info(ready))
+
     async def get(self, name: str, *, workspace: str | None = None) -> AsyncSandbox:
         """A handle on an existing sandbox (NotFound if there is none)."""
         return AsyncSandbox(self, await self._get_info(name, self.workspace if workspace is None else workspace))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.sdk import errors
@@ -37,6 +37,8 @@ __all__ = [
     "not_ready_in_time",
     "output_event",
     "ready_outcome",
+    "spec_conflict",
+    "spec_differences",
 ]
 
 # Unary calls do bounded work on the gateway; a hung gateway must not hang an agent forever.
@@ -100,6 +102,61 @@ def create_request(*, name: str | None, workspace: str, **options: Unpack[Create
     if idle_timeout_seconds is not None:
         request.idle_timeout_seconds = _seconds(idle_timeout_seconds, "idle_timeout_seconds")
     return request
+
+
+def _quantity(parse: Callable[[str], int], text: str) -> int | str:
+    """A quantity in whole units, so "0.5" and "500m" compare equal; unparsable text as it is
+    (the gateway, which refused it, names the rule)."""
+    from warmshell.core.errors import InvalidArgumentError
+
+    try:
+        return parse(text) if text else 0
+    except InvalidArgumentError:
+        return text
+
+
+def _spec_fields() -> dict[str, tuple[Callable[[pb.Sandbox], object], Callable[[Any], object]]]:
+    """Per create option: its value on an existing sandbox, and a given value in the same form."""
+    from warmshell.core import quantities
+
+    return {
+        "image": (lambda s: s.spec.image, str),
+        "env": (lambda s: dict(s.spec.environment), dict),
+        "secrets": (lambda s: sorted(s.spec.secrets), sorted),  # names only: values are never shown
+        "cpu": (
+            lambda s: _quantity(quantities.cpu_millis, s.spec.resources.cpu),
+            lambda v: _quantity(quantities.cpu_millis, v),
+        ),
+        "memory": (
+            lambda s: _quantity(quantities.memory_bytes, s.spec.resources.memory),
+            lambda v: _quantity(quantities.memory_bytes, v),
+        ),
+        "pids": (lambda s: s.spec.resources.pids, int),
+        "command": (lambda s: list(s.spec.command), lambda v: _argv(v, "command")),
+        "labels": (lambda s: dict(s.labels), dict),
+        "ttl_seconds": (lambda s: s.lifetime.ttl_seconds, lambda v: _seconds(v, "ttl_seconds")),
+        "idle_timeout_seconds": (
+            lambda s: s.lifetime.idle_timeout_seconds,
+            lambda v: _seconds(v, "idle_timeout_seconds"),
+        ),
+    }
+
+
+def spec_differences(existing: pb.Sandbox, options: CreateOptions) -> list[str]:
+    """The create options given (not None, not empty) that `existing` does not have, by name."""
+    fields = _spec_fields()
+    given = {name: value for name, value in options.items() if value is not None and value != ""}
+    return [name for name, value in given.items() if fields[name][0](existing) != fields[name][1](value)]
+
+
+def spec_conflict(existing: pb.Sandbox, differences: Sequence[str]) -> errors.Conflict:
+    """The Conflict of a get-or-create whose sandbox exists with another spec."""
+    where = f"{existing.workspace}/{existing.name}"
+    return errors.Conflict(
+        f"sandbox {where} exists with a different {', '.join(differences)}",
+        code="ALREADY_EXISTS",
+        hint="get_or_create returns a sandbox only when every option given matches it",
+    )
 
 
 def ask_ready(

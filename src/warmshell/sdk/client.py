@@ -131,6 +131,29 @@ class Client:
             raise fold.failure()
         return fold.last
 
+    def get_or_create(
+        self,
+        name: str,
+        *,
+        workspace: str | None = None,
+        ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+        **options: Unpack[calls.CreateOptions],
+    ) -> Sandbox:
+        """The sandbox `name`: created as `create` would when there is none; when there is one
+        whose spec has every option given here (quantities compared by amount, secrets by name),
+        that one, once Ready. One with another spec raises Conflict naming the options that
+        differ; it is left as it is."""
+        from warmshell.sdk import views
+
+        workspace = self.workspace if workspace is None else workspace
+        try:
+            return self.create(name=name, workspace=workspace, ready_timeout=ready_timeout, **options)
+        except errors.AlreadyExists:
+            existing = self.service.get_sandbox(pb.SandboxRef(name=name, workspace=workspace))
+        if differences := calls.spec_differences(existing, options):
+            raise calls.spec_conflict(existing, differences)
+        return Sandbox(self, views.sandbox_info(self._wait_ready(existing, ready_timeout, time.monotonic())))
+
     def get(self, name: str, *, workspace: str | None = None) -> Sandbox:
         """A handle on an existing sandbox (NotFound if there is none)."""
         return Sandbox(self, self._get_info(name, self.workspace if workspace is None else workspace))

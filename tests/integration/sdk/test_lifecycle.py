@@ -1,5 +1,6 @@
 """Handles a harness holds on to, against a real gateway: `async with client.create(...)` without
-`await`, awaitable `AsyncProcess.close()`, `Process.wait(timeout=)` (issue 33)."""
+`await`, awaitable `AsyncProcess.close()`, `Process.wait(timeout=)`, `get_or_create` on both
+clients (issue 33)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,31 @@ def test_process_wait_with_a_timeout(client: warmshell.Client) -> None:
         process.send("go\n")
         assert process.wait(timeout=30) == 4
         assert process.wait(timeout=0) == 4  # already exited: no waiting, the same code
+
+
+def test_get_or_create_returns_the_matching_sandbox_and_names_what_differs(client: warmshell.Client) -> None:
+    first = client.get_or_create(
+        "goc-box", env={"A": "1"}, cpu="0.5", labels={"team": "a"}, ttl_seconds=600, secrets={"KEY": "v1"}
+    )
+    try:
+        assert first.last_info.phase is warmshell.Phase.READY
+        # The same spec, a quantity written another way, a secret's value unseen: the same sandbox.
+        again = client.get_or_create("goc-box", env={"A": "1"}, cpu="500m", secrets={"KEY": "v2"}, ttl_seconds=600)
+        assert again.id == first.id
+        assert client.get_or_create("goc-box").id == first.id  # nothing given: nothing to differ
+        with pytest.raises(warmshell.Conflict) as conflict:
+            client.get_or_create("goc-box", env={"A": "2"}, cpu="1", labels={"team": "a"})
+        assert "different env, cpu" in str(conflict.value)
+        assert client.get("goc-box").id == first.id  # left as it was
+    finally:
+        first.delete()
+
+
+async def test_get_or_create_on_the_async_client(aclient: warmshell.AsyncClient) -> None:
+    first = await aclient.get_or_create("agoc-box", command=["sleep", "300"], memory="64Mi")
+    try:
+        assert (await aclient.get_or_create("agoc-box", memory="67108864")).id == first.id
+        with pytest.raises(warmshell.Conflict, match="different command"):
+            await aclient.get_or_create("agoc-box", command=["sleep", "301"])
+    finally:
+        await first.delete()

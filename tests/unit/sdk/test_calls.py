@@ -109,6 +109,33 @@ def test_watch_fold_waits_for_what_the_caller_follows_and_never_past_a_deletion(
     assert "was deleted" in str(gone.failure())
 
 
+def test_spec_differences_compare_only_what_is_given_and_amounts_not_spellings() -> None:
+    existing = pb.Sandbox(
+        name="b",
+        workspace="w",
+        labels={"k": "v"},
+        spec=pb.SandboxSpec(
+            image="img",
+            environment={"A": "1"},
+            secrets={"KEY": "<redacted>"},
+            resources=pb.Resources(cpu="500m", memory="1Gi", pids=64),
+            command=["sleep", "1"],
+        ),
+        lifetime=pb.Lifetime(ttl_seconds=60),
+    )
+    same: calls.CreateOptions = {
+        "image": "img", "env": {"A": "1"}, "secrets": {"KEY": "other"}, "cpu": "0.5", "memory": "1073741824",
+        "pids": 64, "command": ("sleep", "1"), "labels": {"k": "v"}, "ttl_seconds": 60, "idle_timeout_seconds": None,
+    }  # fmt: skip
+    assert calls.spec_differences(existing, same) == []
+    assert calls.spec_differences(existing, {}) == []
+    other: calls.CreateOptions = {"env": {}, "cpu": "1", "memory": "not-a-quantity", "ttl_seconds": 61, "image": ""}
+    assert calls.spec_differences(existing, other) == ["env", "cpu", "memory", "ttl_seconds"]
+    conflict = calls.spec_conflict(existing, ["env", "cpu"])
+    assert isinstance(conflict, errors.Conflict)
+    assert "sandbox w/b exists with a different env, cpu" in str(conflict)
+
+
 def test_exit_fold_collects_output_and_needs_an_exit() -> None:
     fold = calls.ExitFold("box")
     fold.feed(pb.SandboxEvent(output=pb.OutputChunk(stream=pb.OutputChunk.STREAM_STDOUT, data=b"a")))
