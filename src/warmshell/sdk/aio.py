@@ -16,7 +16,7 @@ import builtins
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Coroutine, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, Unpack
@@ -25,7 +25,7 @@ from grpc import aio
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.sdk import calls, connection, errors, views
+from warmshell.sdk import calls, connection, errors, queueing, views
 from warmshell.sdk.client import DEFAULT_READY_TIMEOUT_SECONDS
 from warmshell.sdk.files import AsyncFiles
 from warmshell.sdk.interactive import AsyncProcess, StdinSource, feed_async, start_request
@@ -53,15 +53,26 @@ class AsyncClient:
         self.timeout = timeout
         self._metadata = (("authorization", f"Bearer {target.token}"),) if target.token else ()
         self._channel: aio.Channel | None = None
+        self._slots: queueing.StreamSlots | None = None  # the channel's, for tests and metrics
         self._stub_: sandbox_pb2_grpc.SandboxServiceAsyncStub | None = None
 
     @property
     def _stub(self) -> sandbox_pb2_grpc.SandboxServiceAsyncStub:
         if self._stub_ is None:
-            self._channel = aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            # A connection of its own (not shared with other clients' channels to the same
+            # gateway), so its streams are this client's alone to count against the limit.
+            options = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+            self._slots = queueing.StreamSlots()
+            self._channel = aio.insecure_channel(self.address, options=options, interceptors=self._slots.interceptors())
             self._stub_ = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
         assert self._stub_ is not None
         return self._stub_
+
+    async def _open_call(self, start: Callable[[], queueing.C]) -> queueing.C:
+        """Start a call that writes its requests as it goes, within the client's stream limit."""
+        self._stub  # noqa: B018 - opens the channel (and its slots) if it is not yet open
+        assert self._slots is not None
+        return await self._slots.open(start)
 
     async def close(self) -> None:
         """Close the channel (idempotent); calls in flight are cancelled."""
@@ -236,6 +247,7 @@ class AsyncSandbox:
                 self.workspace,
                 metadata=self.client._metadata,
                 translate=functools.partial(errors.from_rpc_error, address=self.client.address),
+                open_call=self.client._open_call,
             )
         return self._files
 
@@ -292,8 +304,9 @@ class AsyncSandbox:
         request = calls.exec_request(
             name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=b""
         )
-        call = self.client._stub.ExecSandboxStream(
-            None, metadata=self.client._metadata, timeout=calls.exec_deadline(timeout)
+        stub, deadline = self.client._stub, calls.exec_deadline(timeout)
+        call = await self.client._open_call(
+            lambda: stub.ExecSandboxStream(None, metadata=self.client._metadata, timeout=deadline)
         )
         return await AsyncProcess.start(
             call, start_request(request, tty=tty, rows=rows, columns=columns), self.client.address
