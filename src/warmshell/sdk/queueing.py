@@ -1,5 +1,6 @@
-"""Queueing an `AsyncClient`'s calls against the gateway's limit of concurrent streams on one
-connection, so a wide fan-out on one client waits for a stream instead of failing.
+"""Queueing a client's calls against the gateway's limit of concurrent streams on one
+connection, so a wide fan-out on one client (tasks of an `AsyncClient`, threads sharing a
+`Client`) waits for a stream instead of failing.
 
 Every gRPC call is an HTTP/2 stream, and the gateway accepts 128 at once per connection (its
 SETTINGS_MAX_CONCURRENT_STREAMS; `gateway/listening.py`). grpcio's client does not hold calls
@@ -16,12 +17,14 @@ concurrent streams than that, use another client (each has a connection of its o
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import grpc
 from grpc import aio
 
-__all__ = ["MAX_CONCURRENT_STREAMS", "CallOpener", "StreamSlots", "open_now"]
+__all__ = ["MAX_CONCURRENT_STREAMS", "CallOpener", "StreamSlots", "ThreadSlots", "open_now"]
 
 # Half the gateway's streams per connection (`gateway.listening.MAX_STREAMS_PER_CONNECTION`, 128;
 # the SDK may not import the gateway). Not all of it: the gateway counts a stream until its
@@ -30,12 +33,21 @@ __all__ = ["MAX_CONCURRENT_STREAMS", "CallOpener", "StreamSlots", "open_now"]
 # at 64, 2000 calls at once (unary, and file writes) on a host at load 10 had none refused.
 MAX_CONCURRENT_STREAMS = 64
 
+# grpc-stubs make the interceptor bases generic; grpc's own classes are not subscriptable.
 if TYPE_CHECKING:
     _UnaryUnary = aio.UnaryUnaryClientInterceptor[Any, Any]
     _UnaryStream = aio.UnaryStreamClientInterceptor[Any, Any]
+    _SyncUnaryUnary = grpc.UnaryUnaryClientInterceptor[Any, Any]
+    _SyncUnaryStream = grpc.UnaryStreamClientInterceptor[Any, Any]
+    _SyncStreamUnary = grpc.StreamUnaryClientInterceptor[Any, Any]
+    _SyncStreamStream = grpc.StreamStreamClientInterceptor[Any, Any]
 else:
     _UnaryUnary = aio.UnaryUnaryClientInterceptor
     _UnaryStream = aio.UnaryStreamClientInterceptor
+    _SyncUnaryUnary = grpc.UnaryUnaryClientInterceptor
+    _SyncUnaryStream = grpc.UnaryStreamClientInterceptor
+    _SyncStreamUnary = grpc.StreamUnaryClientInterceptor
+    _SyncStreamStream = grpc.StreamStreamClientInterceptor
 
 C = TypeVar("C", bound=aio.Call)
 
@@ -118,3 +130,33 @@ class _UnaryStreamAdmission(_UnaryStream):
 
     async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         return await self._slots.admit(continuation, client_call_details, request)
+
+
+class ThreadSlots(_SyncUnaryUnary, _SyncUnaryStream, _SyncStreamUnary, _SyncStreamStream):
+    """`StreamSlots` for the sync client's grpcio channel (`grpc.intercept_channel`), whose
+    threads fan out the same way: a call blocks its thread until a slot is free."""
+
+    def __init__(self, limit: int = MAX_CONCURRENT_STREAMS) -> None:
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def _admit(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
+        self._slots.acquire()
+        try:
+            call = continuation(details, request)
+        except BaseException:
+            self._slots.release()
+            raise
+        call.add_done_callback(lambda _: self._slots.release())
+        return call
+
+    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return self._admit(continuation, client_call_details, request)
+
+    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return self._admit(continuation, client_call_details, request)
+
+    def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
+        return self._admit(continuation, client_call_details, request_iterator)
+
+    def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
+        return self._admit(continuation, client_call_details, request_iterator)

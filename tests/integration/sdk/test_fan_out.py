@@ -1,11 +1,13 @@
-"""A wide fan-out on one AsyncClient against a real gateway (issue 33): 500 calls at once, past
-the gateway's 128 streams per connection, all succeed; the calls beyond the client's limit wait
-for a stream (`warmshell.sdk.queueing`) instead of being refused."""
+"""A wide fan-out on one client against a real gateway (issue 33): 500 calls at once, past the
+gateway's 128 streams per connection, all succeed, from one AsyncClient's tasks and from threads
+sharing one Client (both transports); the calls beyond the client's limit wait for a stream
+(`warmshell.sdk.queueing`) instead of being refused."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -33,3 +35,11 @@ async def test_500_file_writes_and_500_reads_at_once_on_one_client(aclient: warm
         infos = await asyncio.gather(*(sb.info() for _ in range(CALLS)))
         assert {info.id for info in infos} == {sb.id}
         assert len(await sb.files.list("/workspace/fan")) == CALLS
+
+
+def test_500_threads_on_one_sync_client(client: warmshell.Client) -> None:
+    with client.create() as sb, ThreadPoolExecutor(CALLS) as pool:
+        sb.files.mkdir("/workspace/fan")
+        written = list(pool.map(lambda i: sb.files.write(f"/workspace/fan/{i}", str(i)), range(CALLS)))
+        assert written == [len(str(i)) for i in range(CALLS)]
+        assert {info.id for info in pool.map(lambda _: sb.info(), range(CALLS))} == {sb.id}
