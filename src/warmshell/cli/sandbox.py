@@ -1,9 +1,9 @@
 """`warmshell sandbox ...`: create, list, get, exec, delete and watch sandboxes; cp and ls files.
 
 `_COMMANDS` declares each subcommand and its flags once; `register` builds the parser of the one
-chosen. Each handler builds its request and hands a body to `client.run`,
-which calls the gateway through the SDK client `client.connect` opens. Protobuf and the
-renderers are imported inside the handlers, so parsing and `--help` never pay for them.
+chosen. Each handler builds its request (a create through the SDK's own builder) and hands a body
+to `client.run`, which calls the gateway through the SDK client `client.connect` opens. Protobuf
+and the renderers are imported inside the handlers, so parsing and `--help` never pay for them.
 """
 
 from __future__ import annotations

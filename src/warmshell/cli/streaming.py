@@ -1,5 +1,6 @@
-"""Following server streams from the SDK's SandboxService: WatchSandbox while a create waits
-(live status line, workload output) and ExecSandbox (output as it comes, then the exit code).
+"""Rendering the SDK's streams: WatchSandbox events while a create waits (`StatusLine.show`, the
+hook `warmshell.sdk.following.follow` calls: live status line, workload output) and ExecSandbox
+(output as it comes, then the exit code).
 
 Workload bytes go to this process's stdout/stderr untouched; the live status line goes to stderr
 through rich, and only when stderr is a terminal (rich is imported only then), so piped output

@@ -82,7 +82,11 @@ class CreateOptions(TypedDict, total=False):
 
 
 def create_request(*, name: str | None, workspace: str, **options: Unpack[CreateOptions]) -> pb.CreateSandboxRequest:
-    """A CreateSandboxRequest; unset TTL/idle timeout leave the gateway's defaults in force."""
+    """A CreateSandboxRequest; unset TTL/idle timeout leave the gateway's defaults in force.
+    An option `CreateOptions` does not have is a TypeError, as for any keyword argument."""
+    known = CreateOptions.__optional_keys__
+    if unknown := sorted(options.keys() - known):
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r} (the options are {', '.join(sorted(known))})")
     resources = pb.Resources(cpu=options.get("cpu", ""), memory=options.get("memory", ""), pids=options.get("pids", 0))
     request = pb.CreateSandboxRequest(
         name=name or "",

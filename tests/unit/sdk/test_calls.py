@@ -31,6 +31,11 @@ def test_create_request_leaves_unset_lifetimes_to_the_gateway() -> None:
     assert (given.spec.resources.cpu, given.spec.resources.memory, given.spec.resources.pids) == ("0.5", "1Gi", 0)
 
 
+def test_an_option_create_does_not_have_is_refused_not_ignored() -> None:
+    with pytest.raises(TypeError, match="'enc'"):
+        calls.create_request(name=None, workspace="", enc={"A": "1"})  # type: ignore[call-arg]
+
+
 def test_pids_go_out_with_the_create_and_come_back_in_the_views() -> None:
     request = calls.create_request(
         name=None, workspace="", image="", env=None, cpu="", memory="", pids=64, command=None, labels=None,
