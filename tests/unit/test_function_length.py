@@ -17,7 +17,6 @@ GENERATED = "api"  # the protobuf modules, under SOURCE
 # name once its function is short. A name here whose function is short (or gone) fails too.
 KNOWN_LONG = frozenset(
     {
-        "cli/sandbox.py:register",
         "drivers/kubernetes/warmpools.py:render_pool_pair",
         "drivers/kubernetes/rendering.py:pod_spec",
     }
