@@ -347,7 +347,10 @@ class Gateway:
             asyncio.create_task(reconciler.run_relist(), name="relist"),
             asyncio.create_task(
                 ExpiryReconciler(
-                    manager, interval_seconds=lifetime_config.check_interval_seconds, leading=leading
+                    manager,
+                    interval_seconds=lifetime_config.check_interval_seconds,
+                    leading=leading,
+                    exited_retention_seconds=lifetime_config.exited_retention_seconds,
                 ).run(),
                 name="expiry",
             ),
