@@ -6,7 +6,8 @@ Scaled down to run in seconds: this process (the in-process gateway's) gets a so
 2,048 descriptors, and a separate process opens 3,000 silent connections, more than the gateway
 could hold. Meanwhile a create, an exec and `/healthz` must take at most twice their usual time,
 the gateway must hold a bounded number of descriptors, every flood connection must be closed
-within a few seconds, and the log must stay short."""
+within a few seconds, and the log must stay short. The same flood on the gRPC TCP port, a request
+trickled byte by byte, and an oversized header complete the HTTP port's attacks."""
 
 from __future__ import annotations
 
@@ -175,3 +176,35 @@ async def test_a_flood_of_silent_grpc_connections_takes_nothing_from_the_core(
     # The server full (each connection is a descriptor), then at most its share of the budget.
     held = await flooded_round(gw, gw.gateway.tcp_port, caplog, full=lambda held: held >= limit)
     assert held <= limit + 64, held
+
+
+async def test_a_request_trickled_byte_by_byte_is_closed_after_the_idle_time(gw: RunningGateway) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.gateway.http_port)
+    start = time.monotonic()
+    try:
+        for byte in b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 1000:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            if reader.at_eof():
+                break
+            await asyncio.sleep(0.5)
+        else:
+            raise AssertionError("the trickle was never cut off")
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+    assert time.monotonic() - start <= http.IDLE_SECONDS + 2
+
+
+async def test_an_oversized_header_is_refused(gw: RunningGateway) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", gw.gateway.http_port)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+    except ConnectionError:
+        answer = b""  # reset before the answer: refused all the same
+    finally:
+        writer.close()
+    assert answer == b"" or answer.split(b" ", 2)[1] == b"400", answer[:100]
