@@ -1,9 +1,10 @@
 """The event loop's resource-exhaustion errors (an accept that found no descriptor or memory:
 EMFILE, ENFILE, ENOBUFS, ENOMEM), logged once per interval with a count.
 
-asyncio reports each failed accept to the loop's exception handler with a traceback, and on
-Linux retries a listener's whole backlog at once: with the descriptors gone this once wrote
-406,398 tracebacks (206 MB of log) in a minute, which cost more than the flood that caused it.
+asyncio reports each failed accept to the loop's exception handler with a traceback, and after
+one it still tries the rest of the listener's backlog (up to 100 accepts per wake-up), each
+failing alike: with the descriptors gone this once wrote 406,398 tracebacks (206 MB of log) in a
+minute, which cost more than the flood that caused it.
 The gateway's only asyncio listener is its HTTP port (gRPC accepts in its own core)."""
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ INTERVAL_SECONDS = 10.0
 
 class Throttle:
     """Counts events; says when to report them: the first at once, then at most one report per
-    `interval_seconds`, carrying how many happened since the last report (pure: the caller
-    passes the time)."""
+    `interval_seconds`, carrying how many happened since the last report (no clock of its own:
+    the caller passes the time)."""
 
     def __init__(self, interval_seconds: float) -> None:
         self._interval = interval_seconds
