@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from warmshell.api.v1 import sandbox_pb2_grpc, supervisor_pb2_grpc
+from warmshell.api.v1 import image_pb2_grpc, sandbox_pb2_grpc, supervisor_pb2_grpc
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core import lifetimes
 from warmshell.core.config import GatewayConfig
@@ -35,6 +35,7 @@ from warmshell.gateway.expiry import ExpiryReconciler
 from warmshell.gateway.file_service import FileService
 from warmshell.gateway.forwarding import Forwarder
 from warmshell.gateway.http import start_http
+from warmshell.gateway.image_service import ImageService
 from warmshell.gateway.inprocess import HostsSupervisors, InProcessLink
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.manager import SandboxManager
@@ -307,6 +308,7 @@ class Gateway:
         sandbox_pb2_grpc.add_FileServiceServicer_to_server(
             FileService(manager, auth, self.config.files, self._forwarder), public
         )
+        image_pb2_grpc.add_ImageServiceServicer_to_server(ImageService.for_config(self.config, auth), public)
         for server in (public, supervisors):
             supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(supervisor_service, server)
         self._bound = True

@@ -28,6 +28,7 @@ from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.sdk import calls, connection, errors, views
 from warmshell.sdk.client import DEFAULT_READY_TIMEOUT_SECONDS
 from warmshell.sdk.files import AsyncFiles
+from warmshell.sdk.images import AsyncImages
 from warmshell.sdk.interactive import AsyncProcess, StdinSource, feed_async, start_request
 from warmshell.sdk.transport import CHANNEL_OPTIONS
 
@@ -62,6 +63,13 @@ class AsyncClient:
             self._stub_ = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
         assert self._stub_ is not None
         return self._stub_
+
+    @property
+    def images(self) -> AsyncImages:
+        """The gateway's images: import, list, get, remove, prune (`warmshell.sdk.images`)."""
+        self._stub  # noqa: B018 - opens the channel
+        assert self._channel is not None
+        return AsyncImages(self._channel, address=self.address, metadata=self._metadata, timeout=self.timeout)
 
     async def close(self) -> None:
         """Close the channel (idempotent); calls in flight are cancelled."""
