@@ -106,12 +106,15 @@ class ImageService(image_pb2_grpc.ImageServiceServicer):
         header = first.header
         wanted = manifests.parse_platform(header.platform, field="platform") if header.platform else None
         # Under the store's staging/: on its filesystem, and removed by the next open after a crash.
-        with image_store.staging() as directory:
+        directory = await asyncio.to_thread(image_store.new_staging)
+        try:
             upload = directory / "source.tar"
             async for event in _receive(request_iterator, upload, image_store.max_bytes, header.size):
                 yield event
             async for event in _run_import(image_store, upload, header, wanted):
                 yield event
+        finally:
+            await asyncio.to_thread(image_store.drop_staging, directory)
 
     @unary
     async def ListImages(self, request: pb.ListImagesRequest, context: Ctx) -> pb.ListImagesResponse:

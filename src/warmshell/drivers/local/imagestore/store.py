@@ -126,15 +126,23 @@ class ImageStore:
     @contextlib.contextmanager
     def staging(self) -> Iterator[Path]:
         """A fresh directory under staging/, deleted on exit (what was committed has moved)."""
-        name = f"import-{uuid.uuid4().hex}"
-        path = self._staging / name
-        path.mkdir(mode=0o700)
-        self._in_flight.add(name)
+        path = self.new_staging()
         try:
             yield path
         finally:
-            self._in_flight.discard(name)
-            _remove_tree(path)
+            self.drop_staging(path)
+
+    def new_staging(self) -> Path:
+        """A fresh directory under staging/ (the next `open` deletes it if `drop_staging` never does)."""
+        path = self._staging / f"import-{uuid.uuid4().hex}"
+        path.mkdir(mode=0o700)
+        self._in_flight.add(path.name)
+        return path
+
+    def drop_staging(self, path: Path) -> None:
+        """Delete a directory `new_staging` made."""
+        self._in_flight.discard(path.name)
+        _remove_tree(path)
 
     def index(self) -> Index:
         """A snapshot of the index."""
