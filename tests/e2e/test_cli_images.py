@@ -99,12 +99,7 @@ def test_errors_are_exit_codes_naming_the_problem(gateway: CliGateway, tmp_path:
 
 
 def test_a_gateway_killed_mid_import_restarts_with_a_consistent_store(tmp_path: Path) -> None:
-    layers = [images.host_shell_layer().tar()]
-    for n in range(4):
-        big = Layer()
-        for f in range(300):
-            big.file(f"d{n}/f{f}", os.urandom(32 << 10))
-        layers.append(big.tar())
+    layers = images.slow_layers(4, files=300, file_bytes=32 << 10)
     images.write_oci_layout(tmp_path / "layout", layers)
     state = tmp_path / "state"
     running = start_gateway(state)

@@ -83,6 +83,18 @@ def host_shell_layer(marker: str = "built by the tests") -> Layer:
     return layer
 
 
+def slow_layers(count: int, *, files: int, file_bytes: int) -> list[bytes]:
+    """A shell layer and `count` layers of random files: an import that takes long enough to be
+    interrupted in the middle."""
+    layers = [host_shell_layer().tar()]
+    for n in range(count):
+        layer = Layer()
+        for f in range(files):
+            layer.file(f"d{n}/f{f}", os.urandom(file_bytes))
+        layers.append(layer.tar())
+    return layers
+
+
 def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 from tests.helpers import images
-from tests.helpers.images import Layer
 from warmshell.drivers.local.imagestore.importing import import_image
 from warmshell.drivers.local.imagestore.store import ImageStore
 
@@ -28,12 +27,7 @@ import_image(store, Path(sys.argv[2]), name="crash:1")
 
 
 def test_a_kill_mid_import_leaves_a_consistent_store(tmp_path: Path) -> None:
-    layers = [images.host_shell_layer().tar()]
-    for n in range(3):
-        big = Layer()
-        for f in range(400):
-            big.file(f"d{n}/f{f}", os.urandom(16 << 10))
-        layers.append(big.tar())
+    layers = images.slow_layers(3, files=400, file_bytes=16 << 10)
     images.write_oci_layout(tmp_path / "layout", layers)
     root = tmp_path / "store"
     child = subprocess.Popen(
