@@ -140,6 +140,8 @@ def test_bad_input_names_file_and_digest_and_leaves_nothing(
     [
         (Layer().file("../escape", b"x"), "'..'"),
         (Layer().link("l", "/etc").file("l/passwd", b"x"), "passes through a symbolic link"),
+        # A directory written to, then replaced by a link: nothing written later goes through it.
+        (Layer().directory("a").file("a/f").link("a", "/etc").file("a/passwd"), "passes through a symbolic link"),
         (Layer().link("h", "../../etc/shadow", hard=True), "'..'"),
         (Layer().link("h", "etc/shadow", hard=True), "which the layer lacks"),
     ],

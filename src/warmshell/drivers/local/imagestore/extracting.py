@@ -23,8 +23,6 @@ import shutil
 import stat
 import tarfile
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,11 +105,58 @@ def _kind(member: tarfile.TarInfo) -> Kind:
     return Kind.FIFO if member.isfifo() else Kind.OTHER
 
 
+class _Tree:
+    """Descriptors on the layer's directories, reached without following a symbolic link and
+    kept while the tar's entries stay in one place: a Debian root is ~9,000 entries a few
+    directories deep, and opening every parent again for each entry was most of an import's
+    time. Dropped whenever a directory is removed (a later entry replacing it), so a kept
+    descriptor never names a directory that is no longer in the tree."""
+
+    _MOST = 256
+
+    def __init__(self, root: int, where: str) -> None:
+        self.root = root
+        self.where = where
+        self._open: dict[tuple[str, ...], int] = {}
+
+    def directory(self, path: tuple[str, ...]) -> int:
+        """A descriptor (borrowed: the tree closes it) on `path`, made (0755) where missing."""
+        if not path:
+            return self.root
+        known = self._open.get(path)
+        if known is not None:
+            return known
+        parent = self.directory(path[:-1])
+        try:
+            fd = os.open(path[-1], _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            os.mkdir(path[-1], 0o755, dir_fd=parent)
+            fd = os.open(path[-1], _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            raise InvalidArgumentError(
+                self.where, f"entry under {'/'.join(path)!r} passes through a symbolic link or a file"
+            ) from None
+        self._open[path] = fd
+        return fd
+
+    def trim(self) -> None:
+        """Between entries (never while one holds borrowed descriptors): keep at most a few hundred."""
+        if len(self._open) > self._MOST:
+            self.forget()
+
+    def forget(self, under: tuple[str, ...] = ()) -> None:
+        """Close the kept descriptors of `under` and what is below it (all by default)."""
+        for path in [p for p in self._open if p[: len(under)] == under]:
+            os.close(self._open.pop(path))
+
+
 def extract_layer(stream: BoundedReader, dest: Path, *, where: str, limits: Limits) -> LayerStats:
     """Unpack the tar read from `stream` into the (new, empty) directory `dest`."""
     stats = LayerStats()
     dest.mkdir(mode=0o755)
-    root = os.open(dest, _DIR_FLAGS)
+    tree = _Tree(os.open(dest, _DIR_FLAGS), where)
     try:
         with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
             for member in tar:
@@ -120,59 +165,56 @@ def extract_layer(stream: BoundedReader, dest: Path, *, where: str, limits: Limi
                     raise InvalidArgumentError(where, f"has more than {limits.max_entries} entries")
                 entry = entries.Entry(member.name, _kind(member), member.mode, member.size, member.linkname)
                 action = entries.decide(entry, where=where, max_entry_bytes=limits.budget)
-                _apply(action, tar, member, root, stats, where)
+                _apply(action, tar, member, tree, stats)
+                tree.trim()
         stream.drain()
     except tarfile.TarError as exc:
         raise InvalidArgumentError(where, f"is not a readable tar stream ({exc})") from None
     finally:
-        os.close(root)
+        tree.forget()
+        os.close(tree.root)
     return stats
 
 
 def _apply(
-    action: entries.Action, tar: tarfile.TarFile, member: tarfile.TarInfo, root: int, stats: LayerStats, where: str
+    action: entries.Action, tar: tarfile.TarFile, member: tarfile.TarInfo, tree: _Tree, stats: LayerStats
 ) -> None:
     if isinstance(action, entries.Skip):
         stats.skipped += 1
     elif isinstance(action, entries.Opaque):
-        with _directory(root, action.directory, where) as fd:
-            _set_opaque(fd, b"y")
+        _set_opaque(tree.directory(action.directory), b"y")
         stats.opaque.append("/".join(action.directory) or ".")
     elif isinstance(action, entries.Whiteout):
-        with _directory(root, action.parent, where) as fd:
-            _whiteout(fd, action.name)
+        _whiteout(tree.directory(action.parent), action.name)
         stats.whiteouts.append("/".join((*action.parent, action.name)))
     elif action.kind is Kind.HARDLINK:
-        with _directory(root, action.link_path[:-1], where) as src, _directory(root, action.path[:-1], where) as dst:
-            _clear(dst, action.path[-1], keep_directory=False)
-            try:
-                os.link(action.link_path[-1], action.path[-1], src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
-            except FileNotFoundError:
-                raise InvalidArgumentError(
-                    where, f"entry {member.name!r} is a hard link to {member.linkname!r}, which the layer lacks"
-                ) from None
+        _clear(tree, action.path, keep_directory=False)
+        src, dst = tree.directory(action.link_path[:-1]), tree.directory(action.path[:-1])
+        try:
+            os.link(action.link_path[-1], action.path[-1], src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
+        except FileNotFoundError:
+            raise InvalidArgumentError(
+                tree.where, f"entry {member.name!r} is a hard link to {member.linkname!r}, which the layer lacks"
+            ) from None
     else:
-        with _directory(root, action.path[:-1], where) as parent:
-            _write(action, tar, member, parent, stats)
+        _write(action, tar, member, tree, stats)
 
 
 def _write(
-    action: entries.Write, tar: tarfile.TarFile, member: tarfile.TarInfo, parent: int, stats: LayerStats
+    action: entries.Write, tar: tarfile.TarFile, member: tarfile.TarInfo, tree: _Tree, stats: LayerStats
 ) -> None:
+    was_whiteout = _clear(tree, action.path, keep_directory=action.kind is Kind.DIRECTORY)
+    parent = tree.directory(action.path[:-1])
     name = action.path[-1]
-    was_whiteout = _clear(parent, name, keep_directory=action.kind is Kind.DIRECTORY)
     if action.kind is Kind.SYMLINK:
         os.symlink(action.link, name, dir_fd=parent)
     elif action.kind is Kind.DIRECTORY:
         if not _exists(parent, name):
             os.mkdir(name, 0o700, dir_fd=parent)
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-        try:
-            os.fchmod(fd, action.mode)
-            if was_whiteout:  # deleted below, then made again here: nothing of the old one shows
-                _set_opaque(fd, b"y")
-        finally:
-            os.close(fd)
+        fd = tree.directory(action.path)
+        os.fchmod(fd, action.mode)
+        if was_whiteout:  # deleted below, then made again here: nothing of the old one shows
+            _set_opaque(fd, b"y")
     else:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
         try:
@@ -195,15 +237,17 @@ def _exists(parent: int, name: str) -> bool:
     return True
 
 
-def _clear(parent: int, name: str, *, keep_directory: bool) -> bool:
-    """Remove what an earlier entry left at `name` (a directory stays when one replaces it);
+def _clear(tree: _Tree, path: tuple[str, ...], *, keep_directory: bool) -> bool:
+    """Remove what an earlier entry left at `path` (a directory stays when one replaces it);
     whether it was a whiteout."""
+    parent, name = tree.directory(path[:-1]), path[-1]
     try:
         info = os.lstat(name, dir_fd=parent)
     except FileNotFoundError:
         return False
     if stat.S_ISDIR(info.st_mode):
         if not keep_directory:
+            tree.forget(under=path)
             shutil.rmtree(name, dir_fd=parent)
         return False
     was_whiteout = _is_whiteout(parent, name)
@@ -220,31 +264,6 @@ def _is_whiteout(parent: int, name: str) -> bool:
     finally:
         os.close(fd)
     return True
-
-
-@contextmanager
-def _directory(root: int, path: tuple[str, ...], where: str) -> Iterator[int]:
-    """A descriptor on the directory `path` under `root`, made (0755) where missing, reached
-    without following a symbolic link."""
-    fd = os.dup(root)
-    try:
-        for part in path:
-            try:
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                os.mkdir(part, 0o755, dir_fd=fd)
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                    raise
-                raise InvalidArgumentError(
-                    where, f"entry under {'/'.join(path)!r} passes through a symbolic link or a file"
-                ) from None
-            os.close(fd)
-            fd = child
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _whiteout(parent: int, name: str) -> None:
