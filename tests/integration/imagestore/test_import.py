@@ -250,3 +250,20 @@ def test_a_restart_removes_what_no_image_owns(store: ImageStore, tmp_path: Path)
     assert list((store.root / "staging").iterdir()) == []
     assert json.loads((store.root / "index.json").read_text()) == index
     shutil.rmtree(store.root)
+
+
+def test_a_layer_is_never_stored_under_a_diff_id_it_does_not_hash_to(
+    store: ImageStore, base: bytes, tmp_path: Path
+) -> None:
+    # The store shares layers by diff id: a config naming another layer's diff id for its own
+    # bytes would otherwise plant those bytes in every image that uses the real layer.
+    images.write_oci_layout(tmp_path / "real", [base], compress=False)
+    import_image(store, tmp_path / "real", name="real")
+    evil = Layer().file("etc/passwd", b"planted").tar()
+    config = images.config_json([base])  # diff id of `base`, bytes of `evil`
+    for compress in (False, True):
+        layout = tmp_path / f"evil-{compress}"
+        images.write_oci_layout(layout, [evil], compress=compress, config=config)
+        with pytest.raises(InvalidArgumentError, match=r"diff id|has digest"):
+            import_image(store, layout, name="evil")
+    assert sorted(store.index().tags) == ["real:latest"]

@@ -143,7 +143,8 @@ def decide(entry: Entry, *, where: str, max_entry_bytes: int, budget_key: str = 
         if not entry.link or "\0" in entry.link:
             return _refuse(entry, where, "is a symbolic link with an empty target or a NUL byte")
         return Write(path, entry.kind, 0o777, link=entry.link)
-    return Write(path, entry.kind, safe_mode(entry.mode, entry.kind), size=entry.size)
+    size = entry.size if entry.kind is Kind.FILE else 0  # a directory's stated size means nothing
+    return Write(path, entry.kind, safe_mode(entry.mode, entry.kind), size=size)
 
 
 def _refuse(entry: Entry, where: str, why: str) -> Action:

@@ -170,18 +170,29 @@ def _decompressed(reader: HashingReader, compression: str) -> Readable | None:
     return None
 
 
+def _tar_stream(blob: HashingReader, layer: LayerPlan) -> HashingReader:
+    """The layer's tar, hashed against its diff id: a layer is stored (and shared) by its diff
+    id, so a blob whose content is not what the config says must never be stored under it."""
+    plain = _decompressed(blob, layer.compression)
+    if plain is None:
+        if layer.digest != layer.diff_id:
+            raise InvalidArgumentError(
+                blob.where, f"is an uncompressed layer whose config diff id is another digest, {layer.diff_id}"
+            )
+        return blob
+    return HashingReader(plain, digest=layer.diff_id, size=None, where=f"{blob.where}, uncompressed")
+
+
 def _unpack(source: Source, layer: LayerPlan, dest: Path, *, budget: int, max_entries: int) -> LayerRecord:
     """Unpack one layer into `dest`, checking its blob's digest and size and its diff id."""
     where = f"{source.name}: {layer.path} ({layer.digest})"
     with HashingReader(source.open(layer.path), digest=layer.digest, size=layer.size, where=where) as blob:
-        plain = _decompressed(blob, layer.compression)
-        tar_stream = blob if plain is None else HashingReader(plain, digest=layer.diff_id, size=None, where=where)
+        tar_stream = _tar_stream(blob, layer)
         bounded = BoundedReader(tar_stream, limit=budget, key=SIZE_KEY, where=where)
         stats = extract_layer(bounded, dest, where=where, limits=Limits(budget=budget, max_entries=max_entries))
         blob.drain()
         blob.verify()
-        if tar_stream is not blob:
-            tar_stream.verify()
+        tar_stream.verify()
     return LayerRecord(
         digest=layer.diff_id,
         size=bounded.count,
@@ -192,11 +203,15 @@ def _unpack(source: Source, layer: LayerPlan, dest: Path, *, budget: int, max_en
     )
 
 
-def _verify_only(source: Source, layer: LayerPlan) -> None:
+def _verify_only(source: Source, layer: LayerPlan, *, limit: int) -> None:
+    """Check a layer the store already has: its blob, and that it is the layer its diff id names."""
     where = f"{source.name}: {layer.path} ({layer.digest})"
     with HashingReader(source.open(layer.path), digest=layer.digest, size=layer.size, where=where) as blob:
+        tar_stream = _tar_stream(blob, layer)
+        BoundedReader(tar_stream, limit=limit, key=SIZE_KEY, where=where).drain()
         blob.drain()
         blob.verify()
+        tar_stream.verify()
 
 
 def import_image(
@@ -240,7 +255,7 @@ def _stage(
     done = 0
     for number, layer in enumerate(image_plan.layers):
         if layer.diff_id in index.layers or any(s.record.digest == layer.diff_id for s in staged):
-            _verify_only(source, layer)
+            _verify_only(source, layer, limit=store.max_bytes)
         else:
             budget = store.max_bytes - index.usage() - sum(s.record.size for s in staged)
             dest = stage / layer.diff_id.removeprefix("sha256:")
