@@ -267,3 +267,13 @@ def test_a_layer_is_never_stored_under_a_diff_id_it_does_not_hash_to(
         with pytest.raises(InvalidArgumentError, match=r"diff id|has digest"):
             import_image(store, layout, name="evil")
     assert sorted(store.index().tags) == ["real:latest"]
+
+
+def test_opening_the_store_again_leaves_imports_in_flight_alone(store: ImageStore) -> None:
+    # A second gateway sharing local.image_dir opens the same store while this one imports.
+    busy = store.new_staging()
+    (busy / "layer").mkdir()
+    ImageStore(store.root, max_bytes=store.max_bytes).open()
+    assert (busy / "layer").is_dir()
+    store.drop_staging(busy)
+    assert not busy.exists()

@@ -58,7 +58,10 @@ class ImageStore:
         self.root = root
         self.max_bytes = max_bytes
         self._thread_lock = threading.Lock()
-        self._in_flight: set[str] = set()
+        # Each staging directory in use holds an flock on its `.lock` (name -> descriptor): a
+        # store opened by another gateway sharing `local.image_dir` leaves it alone, and the
+        # lock goes with a process that dies, so its directory is collected.
+        self._in_flight: dict[str, int] = {}
 
     @property
     def _index_path(self) -> Path:
@@ -82,7 +85,7 @@ class ImageStore:
         self._staging.mkdir(exist_ok=True)
         with self._locked():
             for leftover in self._staging.iterdir():
-                if leftover.name not in self._in_flight:
+                if _abandoned(leftover):
                     _remove_tree(leftover)
             index = self._read()
             kept = {d for d in index.layers if d in index.used_layers()}
@@ -136,13 +139,17 @@ class ImageStore:
         """A fresh directory under staging/ (the next `open` deletes it if `drop_staging` never does)."""
         path = self._staging / f"import-{uuid.uuid4().hex}"
         path.mkdir(mode=0o700)
-        self._in_flight.add(path.name)
+        fd = os.open(path / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._in_flight[path.name] = fd
         return path
 
     def drop_staging(self, path: Path) -> None:
         """Delete a directory `new_staging` made."""
-        self._in_flight.discard(path.name)
         _remove_tree(path)
+        fd = self._in_flight.pop(path.name, None)
+        if fd is not None:
+            os.close(fd)
 
     def index(self) -> Index:
         """A snapshot of the index."""
@@ -230,6 +237,21 @@ def _check_room(used: int, more: int, limit: int, what: str) -> None:
             f"{what} needs {more} more bytes; the image store holds {used} of its {limit} ({SIZE_KEY}): "
             f"remove images (warmshell image rm, image prune) or raise {SIZE_KEY}"
         )
+
+
+def _abandoned(path: Path) -> bool:
+    """Whether no live process holds staging directory `path` (its `.lock` is free, or absent)."""
+    try:
+        fd = os.open(path / ".lock", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _remove_tree(path: Path) -> None:
