@@ -143,7 +143,8 @@ def test_bad_input_names_file_and_digest_and_leaves_nothing(
         # A directory written to, then replaced by a link: nothing written later goes through it.
         (Layer().directory("a").file("a/f").link("a", "/etc").file("a/passwd"), "passes through a symbolic link"),
         (Layer().link("h", "../../etc/shadow", hard=True), "'..'"),
-        (Layer().link("h", "etc/shadow", hard=True), "which the layer lacks"),
+        (Layer().link("h", "etc/shadow", hard=True), "not a file of the layer"),
+        (Layer().directory("d").link("h", "d", hard=True), "not a file of the layer"),
     ],
 )
 def test_hostile_layers_are_refused(store: ImageStore, tmp_path: Path, layer: Layer, complaint: str) -> None:

@@ -192,9 +192,11 @@ def _apply(
         src, dst = tree.directory(action.link_path[:-1]), tree.directory(action.path[:-1])
         try:
             os.link(action.link_path[-1], action.path[-1], src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
-        except FileNotFoundError:
+        except OSError as exc:  # missing, or a directory (EPERM): no file of this layer to share
             raise InvalidArgumentError(
-                tree.where, f"entry {member.name!r} is a hard link to {member.linkname!r}, which the layer lacks"
+                tree.where,
+                f"entry {member.name!r} is a hard link to {member.linkname!r}, "
+                f"not a file of the layer ({exc.strerror})",
             ) from None
     else:
         _write(action, tar, member, tree, stats)
