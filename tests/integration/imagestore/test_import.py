@@ -142,6 +142,8 @@ def test_bad_input_names_file_and_digest_and_leaves_nothing(
         (Layer().link("l", "/etc").file("l/passwd", b"x"), "passes through a symbolic link"),
         # A directory written to, then replaced by a link: nothing written later goes through it.
         (Layer().directory("a").file("a/f").link("a", "/etc").file("a/passwd"), "passes through a symbolic link"),
+        # A link replaced by a file, then written through: the file is no directory.
+        (Layer().link("a", "/etc").file("a").file("a/passwd"), "passes through a symbolic link or a file"),
         (Layer().link("h", "../../etc/shadow", hard=True), "'..'"),
         (Layer().link("h", "etc/shadow", hard=True), "not a file of the layer"),
         (Layer().directory("d").link("h", "d", hard=True), "not a file of the layer"),

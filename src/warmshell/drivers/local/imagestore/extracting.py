@@ -252,7 +252,7 @@ def _clear(tree: _Tree, path: tuple[str, ...], *, keep_directory: bool) -> bool:
             tree.forget(under=path)
             shutil.rmtree(name, dir_fd=parent)
         return False
-    was_whiteout = _is_whiteout(parent, name)
+    was_whiteout = stat.S_ISREG(info.st_mode) and _is_whiteout(parent, name)  # a link is never one
     os.unlink(name, dir_fd=parent)
     return was_whiteout
 
