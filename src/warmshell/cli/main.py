@@ -35,7 +35,7 @@ import sys
 from collections.abc import Sequence
 
 import warmshell
-from warmshell.cli import gateway, pool, sandbox, store
+from warmshell.cli import gateway, image, pool, sandbox, store
 from warmshell.cli.errors import EXIT_CODE_HELP, CliError, report
 from warmshell.cli.options import Parser, add_connection_options, usage_error
 
@@ -49,6 +49,7 @@ _GROUPS = {
     "sandbox": sandbox.register,
     "pool": pool.register,
     "store": store.register,
+    "image": image.register,
 }
 
 

@@ -60,6 +60,11 @@ class LocalDriverConfig(_Section):
     # filesystem (directories only the operator can write); an image anywhere else is refused.
     # Empty: no image roots, only "" (the host's own paths, read-only).
     image_roots: list[Path] = Field(default_factory=list)
+    # The image store (`warmshell image import`): None = <state_dir>/images. Its filesystem must
+    # keep user.* extended attributes (the layers' overlayfs whiteouts): ext4, xfs, btrfs, tmpfs.
+    image_dir: Path | None = None
+    # Uncompressed layer bytes the store may hold; an import that would pass it is refused.
+    image_store_size: str = "20Gi"
     # A gateway run as root gives each sandbox its own host uid from this range (unused on the
     # host, please); a gateway run by a normal user runs them as that user.
     sandbox_uid_base: int = Field(default=2_000_000, ge=1000, le=2**31 - 2)
@@ -68,12 +73,21 @@ class LocalDriverConfig(_Section):
     # can reach them: root-owned 0711, each workspace 0700 and owned by its sandbox.
     sandbox_dir: Path = Path("/var/lib/warmshell-sandboxes")
 
-    @field_validator("extra_ro_binds", "sandbox_dir", "image_roots")
+    @field_validator("extra_ro_binds", "sandbox_dir", "image_roots", "image_dir")
     @classmethod
-    def _absolute(cls, value: list[Path] | Path) -> list[Path] | Path:
-        for path in value if isinstance(value, list) else [value]:
+    def _absolute(cls, value: list[Path] | Path | None) -> list[Path] | Path | None:
+        for path in value if isinstance(value, list) else [value] if value is not None else []:
             if not path.is_absolute():
                 raise ValueError(f"{str(path)!r} must be an absolute path")
+        return value
+
+    @field_validator("image_store_size")
+    @classmethod
+    def _a_size(cls, value: str) -> str:
+        try:
+            quantities.memory_bytes(value, field="image_store_size")
+        except InvalidArgumentError as exc:
+            raise ValueError(exc.rule) from exc
         return value
 
     @field_validator("image_roots")

@@ -20,6 +20,7 @@ from warmshell.gateway.events import EventBus
 from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.expiry import ExpiryReconciler
 from warmshell.gateway.file_service import FileService
+from warmshell.gateway.image_service import ImageService
 from warmshell.gateway.inprocess import HostsSupervisors, InProcessLink
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.ratelimits import RateLimiter
@@ -72,6 +73,7 @@ class GatewayParts:
     expiry: ExpiryReconciler
     sandbox_service: SandboxService
     file_service: FileService
+    image_service: ImageService
     supervisor_service: SupervisorService
     # Present only where it exists: supervisors hosted in this process (the local driver), several
     # replicas on a shared store, a driver that elects a leader among replicas.
@@ -140,6 +142,7 @@ def assemble(
         ),
         sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder),
         file_service=FileService(manager, auth, config.files, wiring.forwarder),
+        image_service=ImageService.for_config(config, auth),
         supervisor_service=supervisor_service,
         supervisor_link=_in_process_link(driver, supervisor_service),
         replication=replication,

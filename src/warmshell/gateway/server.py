@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from warmshell.api.v1 import sandbox_pb2_grpc, supervisor_pb2_grpc
+from warmshell.api.v1 import image_pb2_grpc, sandbox_pb2_grpc, supervisor_pb2_grpc
 from warmshell.core.config import GatewayConfig
 from warmshell.core.errors import FailedPreconditionError, UnavailableError
 from warmshell.drivers import keyfiles
@@ -232,6 +232,7 @@ class Gateway:
         public, supervisors = self._new_server(parts, gate), self._new_server(parts, gate)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(parts.sandbox_service, public)
         sandbox_pb2_grpc.add_FileServiceServicer_to_server(parts.file_service, public)
+        image_pb2_grpc.add_ImageServiceServicer_to_server(parts.image_service, public)
         for server in (public, supervisors):
             supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(parts.supervisor_service, server)
         servers = listening.Servers((public, supervisors), gate)
