@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from warmshell.core.config import StatePaths
-from warmshell.core.errors import UnavailableError
+from warmshell.core.errors import FailedPreconditionError, UnavailableError
 from warmshell.core.ids import InstanceId
 from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import BackendState, DriverCondition
@@ -70,7 +70,7 @@ class Fleet:
         self._uids: UidRange | None = host.uids
         self._workspaces: Path | None = host.workspaces
         self._paths = paths
-        self._cgroup: cgroups.CgroupV2 | cgroups.Unavailable = host.cgroup
+        self._cgroup: cgroups.Backend | cgroups.Unavailable = host.cgroup
         self._grace = grace
         self._on_ended = on_ended
         self.instances: dict[InstanceId, Instance] = {}
@@ -171,7 +171,7 @@ class Fleet:
             if instance.uid is not None:
                 os.chown(instance.workspace_dir, instance.uid, instance.uid)
         self._launcher.prepare(image)
-        if bounds is not None and isinstance(self._cgroup, cgroups.CgroupV2):
+        if bounds is not None and not isinstance(self._cgroup, cgroups.Unavailable):
             try:
                 instance.cgroup = self._cgroup.create(instance.instance_id, bounds.cgroup_limits())
             except OSError as exc:  # the sandbox runs without: say exactly what that leaves
@@ -308,13 +308,38 @@ class Fleet:
 
     async def _release(self, instance: Instance) -> None:
         """Give back the cgroup and, once nothing of the sandbox runs, its uid."""
-        if instance.cgroup is not None and isinstance(self._cgroup, cgroups.CgroupV2):
-            path, instance.cgroup = instance.cgroup, None
-            await asyncio.to_thread(self._cgroup.remove, path)
+        if instance.cgroup is not None and not isinstance(self._cgroup, cgroups.Unavailable):
+            group, instance.cgroup = instance.cgroup, None
+            await asyncio.to_thread(self._cgroup.remove, group)
         gone = instance.process is None or instance.process.returncode is not None
         if instance.uid is not None and self._uids is not None and gone:
             self._uids.release(instance.uid)
             instance.uid = None
+
+    async def freeze(self, instance: Instance, *, frozen: bool) -> None:
+        """Freeze (or thaw) every process of the instance's sandbox, through its cgroup;
+        FailedPreconditionError when it has none or the host has no freezer."""
+        backend, group = self._cgroup_of(instance, "freezer")
+        try:
+            await asyncio.to_thread(functools.partial(backend.freeze, group, frozen=frozen))
+        except OSError as exc:
+            raise FailedPreconditionError(f"instance {instance.instance_id}: cannot freeze or thaw: {exc}") from exc
+
+    async def usage(self, instance: Instance) -> cgroups.Usage:
+        """What the instance's sandbox has used, from its cgroup (FailedPreconditionError when
+        it has none)."""
+        backend, group = self._cgroup_of(instance, None)
+        return await asyncio.to_thread(backend.usage, group)
+
+    def _cgroup_of(self, instance: Instance, controller: str | None) -> tuple[cgroups.Backend, cgroups.Group]:
+        """The backend and the instance's cgroup, when it has one (and the backend `controller`)."""
+        backend = self._cgroup
+        if isinstance(backend, cgroups.Unavailable) or instance.cgroup is None:
+            why = backend.message if isinstance(backend, cgroups.Unavailable) else "none was made"
+            raise FailedPreconditionError(f"instance {instance.instance_id} has no cgroup ({why})")
+        if controller is not None and controller not in backend.controllers:
+            raise FailedPreconditionError(f"this host's {backend.version} hierarchies have no {controller}")
+        return backend, instance.cgroup
 
     def background(self, work: Coroutine[Any, Any, None], name: str | None = None) -> asyncio.Task[None]:
         """Run `work` as a task that `aclose` waits for."""
@@ -330,6 +355,8 @@ class Fleet:
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.to_thread(self._launcher.close)
+        if not isinstance(self._cgroup, cgroups.Unavailable):
+            await asyncio.to_thread(self._cgroup.close)
 
     # -- what a previous gateway left ------------------------------------------------------
 
@@ -342,6 +369,9 @@ class Fleet:
         the state dir is swept too (with its workspace, when that lives in `local.sandbox_dir`,
         a directory gateways share: there only the workspaces of instances found here are
         removed). The log is made right before the sandbox is started."""
+        cgroup = self._cgroup  # its sweep kills what ran in them, too
+        if not isinstance(cgroup, cgroups.Unavailable) and (swept := await asyncio.to_thread(cgroup.sweep)):
+            _log.info("local driver: removed %d cgroups of a previous run's sandboxes", len(swept))
         await asyncio.to_thread(records.remove_partial, self._paths.instances)
         found = await asyncio.to_thread(records.load_all, self._paths.instances)
         unowned = await asyncio.to_thread(_instances_on_disk, self._paths.sandboxes)

@@ -14,7 +14,7 @@ from pathlib import Path
 from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation, now_us
 from warmshell.drivers.base import BackendState, Bound, CreateRequest, DriverCondition, DriverSandbox, WarmPending
-from warmshell.drivers.local import credentials, records
+from warmshell.drivers.local import cgroups, credentials, records
 from warmshell.drivers.local.limits import Bounds
 from warmshell.drivers.local.processes import HostProcesses, SandboxProcess
 
@@ -47,7 +47,7 @@ class Instance:
     supervisor: asyncio.Task[int] | None = None  # the host-side supervisor
     uid: int | None = None  # the sandbox's own host uid (a gateway run as root)
     workspaces: Path | None = None  # where its workspace lives, when not under `directory`
-    cgroup: Path | None = None
+    cgroup: cgroups.Group | None = None
     bounds: Bounds | None = None  # what bounds its sandbox (None: unisolated, nothing)
     registered: bool = False
     deleting: bool = False

@@ -163,15 +163,15 @@ class Launcher:
         return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path, spawner=self._spawner)
 
     def _launch_argv(
-        self, nice: int, uid: int | None, bounds: limits.Bounds | None, cgroup: Path | None = None
+        self, nice: int, uid: int | None, bounds: limits.Bounds | None, cgroup: cgroups.Group | None = None
     ) -> list[str]:
         """The `warmshell-launch` prefix: into the cgroup while still the gateway's uid, then
         priority, rlimits and the sandbox's uid, then bwrap (not subprocess's `user=`: that makes
         Python fork() instead of vfork(), and a fork of the gateway runs gRPC's fork handlers,
         which crash the child while other threads use gRPC)."""
         argv = [str(self._launch)]
-        if cgroup is not None:
-            argv.append(f"--cgroup={cgroups.procs_file(cgroup)}")
+        if cgroup is not None:  # one file per hierarchy on cgroup v1
+            argv += [f"--cgroup={procs}" for procs in cgroup.procs_files]
         if nice:
             argv.append(f"--priority={nice}")
         if bounds is not None:
