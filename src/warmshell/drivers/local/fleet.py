@@ -38,7 +38,7 @@ from warmshell.drivers.local.instances import LOG_SUFFIX, Instance
 from warmshell.drivers.local.launching import Launcher, traversable_dir
 from warmshell.drivers.local.processes import read_tail
 from warmshell.drivers.local.supervising import Seat, Supervise
-from warmshell.drivers.local.uids import UidRange
+from warmshell.drivers.local.uidlease import UidLeases
 
 __all__ = ["ISOLATION", "Fleet"]
 
@@ -67,7 +67,7 @@ class Fleet:
         its own uid and its workspace lives under its workspace directory (see `launching`)."""
         self._launcher: Launcher = host.launcher
         self._supervise = supervise
-        self._uids: UidRange | None = host.uids
+        self._uids: UidLeases | None = host.uids
         self._workspaces: Path | None = host.workspaces
         self._paths = paths
         self._cgroup: cgroups.Backend | cgroups.Unavailable = host.cgroup
@@ -96,13 +96,10 @@ class Fleet:
         self.instances[instance.instance_id] = instance
         try:
             if self._uids is not None and self._launcher.isolated:
-                instance.uid = self._uids.acquire()
                 instance.workspaces = self._workspaces
             # Prepared in a spawner thread, right before the spawn (one thread hop per start).
             prepare = functools.partial(self._prepare, instance, spec.image)
-            instance.process = await self._launcher.start(
-                instance, image=spec.image, uid=instance.uid, nice=nice, prepare=prepare
-            )
+            instance.process = await self._launcher.start(instance, image=spec.image, nice=nice, prepare=prepare)
             # An idle member's record is first written when a create claims it: until then it
             # concerns nobody after a crash, and the sweep finds its log without one.
             if instance.sandbox_id is not None:
@@ -156,8 +153,11 @@ class Fleet:
                 _log.warning("instance %s: cannot write its record: %s", record.instance_id, exc)
 
     def _prepare(self, instance: Instance, image: str) -> None:
-        """Blocking: the sandbox's directories (a workspace on the host's disk owned by its uid,
-        unless it is a tmpfs), its cgroup, the root filesystem's bind sources."""
+        """Blocking: the sandbox's uid (leased host-wide: see `uidlease`), its directories (a
+        workspace on the host's disk owned by its uid, unless it is a tmpfs), its cgroup, the
+        root filesystem's bind sources."""
+        if self._uids is not None and self._launcher.isolated:
+            instance.uid = self._uids.acquire()
         if not self._sandboxes_made:
             self._paths.sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._sandboxes_made = True
@@ -307,14 +307,21 @@ class Fleet:
                 _log.warning("instance %s: cannot remove its files: %s", instance_id, exc)
 
     async def _release(self, instance: Instance) -> None:
-        """Give back the cgroup and, once nothing of the sandbox runs, its uid."""
-        if instance.cgroup is not None and not isinstance(self._cgroup, cgroups.Unavailable):
-            group, instance.cgroup = instance.cgroup, None
-            await asyncio.to_thread(self._cgroup.remove, group)
-        gone = instance.process is None or instance.process.returncode is not None
-        if instance.uid is not None and self._uids is not None and gone:
-            self._uids.release(instance.uid)
+        """Give back the cgroup and, once nothing of the sandbox runs, its uid (one thread hop)."""
+        group, uid = instance.cgroup, instance.uid
+        instance.cgroup = None
+        if instance.process is not None and instance.process.returncode is None:
+            uid = None  # something of it may still run as that uid: kept
+        if uid is not None:
             instance.uid = None
+        if group is not None or uid is not None:
+            await asyncio.to_thread(self._give_back, group, uid)
+
+    def _give_back(self, group: cgroups.Group | None, uid: int | None) -> None:
+        if group is not None and not isinstance(self._cgroup, cgroups.Unavailable):
+            self._cgroup.remove(group)
+        if uid is not None and self._uids is not None:
+            self._uids.release(uid)
 
     async def freeze(self, instance: Instance, *, frozen: bool) -> None:
         """Freeze (or thaw) every process of the instance's sandbox, through its cgroup;

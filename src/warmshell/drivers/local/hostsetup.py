@@ -22,7 +22,7 @@ from warmshell.core.errors import FailedPreconditionError
 from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.local import cgroups, cgroupsetup, limits
 from warmshell.drivers.local.launching import Launcher
-from warmshell.drivers.local.uids import UidRange
+from warmshell.drivers.local.uidlease import UidLeases
 
 __all__ = ["NO_BWRAP", "HostSetup"]
 
@@ -46,7 +46,7 @@ class HostSetup:
     launcher: Launcher
     cgroup: cgroups.Backend | cgroups.Unavailable
     root: bool  # then each sandbox gets its own uid (see `uids`) and its workspace under sandbox_dir
-    uids: UidRange | None
+    uids: UidLeases | None
     workspaces: Path | None
     refill_nice: int
     maximums: limits.Maximums  # read once here, checked on every create and profile
@@ -72,14 +72,15 @@ class HostSetup:
         root = os.geteuid() == 0
         bounds = limits.Bounds.of(config, host_file_max=_file_max())
         launcher = _launcher(config, paths, bwrap=bwrap, agent=agent, root=root, bounds=bounds)
-        cgroup = cgroup if cgroup is not None else cgroupsetup.choose(gateway=f"gw-{_state_digest(paths)}")
+        gateway = f"gw-{_state_digest(paths)}"  # its name where the host's gateways share something
+        cgroup = cgroup if cgroup is not None else cgroupsetup.choose(gateway=gateway)
         if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
             _say_bounds(limits.condition(bounds, cgroup, uid_per_sandbox=root))
         return cls(
             launcher=launcher,
             cgroup=cgroup,
             root=root,
-            uids=UidRange(config.sandbox_uid_base, config.sandbox_uid_count) if root else None,
+            uids=_uids(config, gateway) if root else None,
             workspaces=config.sandbox_dir if root else None,
             refill_nice=_refill_nice(config),
             maximums=limits.Maximums.of(
@@ -91,6 +92,10 @@ class HostSetup:
             enforceable=limits.enforceable(cgroup, isolated=bwrap is not None, uid_per_sandbox=root),
             allow_unenforced_limits=config.allow_unenforced_limits,
         )
+
+
+def _uids(config: LocalDriverConfig, gateway: str) -> UidLeases:
+    return UidLeases(config.sandbox_dir, config.sandbox_uid_base, config.sandbox_uid_count, gateway=gateway)
 
 
 def _file_max() -> int | None:

@@ -128,11 +128,12 @@ class Launcher:
                 self._plans[root] = sandboxing.host_root_plan(entries, names, root, staged_etc=staged, etc_dirs=subdirs)
 
     async def start(
-        self, instance: Instance, *, image: str, uid: int | None, nice: int = 0, prepare: Callable[[], None] = _nothing
+        self, instance: Instance, *, image: str, nice: int = 0, prepare: Callable[[], None] = _nothing
     ) -> Sandbox:
-        """Start the instance's sandbox at nice value `nice`; OSError when it does not.
-        `prepare` (blocking: the instance's directories and cgroup, and `self.prepare(image)`)
-        runs first, in a spawner thread right before the spawn: one thread hop per start."""
+        """Start the instance's sandbox at nice value `nice`, as `instance.uid` once prepared;
+        OSError when it does not. `prepare` (blocking: the instance's uid, directories and cgroup,
+        and `self.prepare(image)`) runs first, in a spawner thread right before the spawn: one
+        thread hop per start."""
         log_path = instance.log_path
         if self.bwrap is None:
             await asyncio.to_thread(prepare)
@@ -158,7 +159,7 @@ class Launcher:
                 run_bytes=bounds.run_bytes if bounds is not None else None,
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
             )
-            return [*self._launch_argv(nice, uid, bounds, instance.cgroup), *sandboxing.bwrap_argv(layout)]
+            return [*self._launch_argv(nice, instance.uid, bounds, instance.cgroup), *sandboxing.bwrap_argv(layout)]
 
         return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path, spawner=self._spawner)
 
