@@ -118,7 +118,8 @@ async def test_a_killed_gateways_uid_is_taken_back_once_its_sandbox_is_gone(
     assert killed.run("sandbox", "create", "--name", "doomed").returncode == 0
     killed.process.send_signal(signal.SIGKILL)
     killed.process.wait()
-    (holder,) = uidlease.parse((sandbox_dir / uidlease.TABLE).read_text()).values()
+    holder = uidlease.Holder.parse((sandbox_dir / uidlease.LEASES / str(uid_base)).read_text())
+    assert holder is not None
     assert holder.pid == killed.process.pid  # its lease outlives it
     overrides = {**settings(sandbox_dir, uid_base), "local.sandbox_uid_count": 1}
     async with running_gateway(tmp_path / "next", **overrides) as gw:

@@ -41,15 +41,17 @@ def test_gateways_sharing_the_sandbox_dir_never_share_a_uid(tmp_path: Path) -> N
         b.acquire()
     a.release(5001)
     assert b.acquire() == 5001
-    table = uidlease.parse((tmp_path / uidlease.TABLE).read_text())
-    assert {uid: holder.gateway for uid, holder in table.items()} == {5000: "gw-a", 5001: "gw-b", 5002: "gw-b"}
-    assert {holder.pid for holder in table.values()} == {os.getpid()}
+    leases = {int(f.name): uidlease.Holder.parse(f.read_text()) for f in (tmp_path / uidlease.LEASES).iterdir()}
+    assert {uid: h.gateway for uid, h in leases.items() if h} == {5000: "gw-a", 5001: "gw-b", 5002: "gw-b"}
+    assert {h.pid for h in leases.values() if h} == {os.getpid()}  # and nothing else lies there
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="starts a process as another uid")
 def test_a_dead_gateways_lease_is_taken_back_once_its_uid_runs_nothing(tmp_path: Path) -> None:
     dead = uidlease.Holder("gw-killed", os.getpid(), 1)  # this pid, another start time: another process
-    (tmp_path / uidlease.TABLE).write_text(uidlease.render({5000: dead, 5001: dead}))
+    (tmp_path / uidlease.LEASES).mkdir()
+    for uid in (5000, 5001):
+        (tmp_path / uidlease.LEASES / str(uid)).write_text(dead.render())
     mine = UidLeases(tmp_path, 5000, 2, gateway="gw-a")
     survivor = subprocess.Popen(["sleep", "60"], user=5001, group=5001)  # still runs as one of them
     try:
@@ -62,18 +64,18 @@ def test_a_dead_gateways_lease_is_taken_back_once_its_uid_runs_nothing(tmp_path:
     assert mine.acquire() == 5001
 
 
-@given(
-    st.dictionaries(st.integers(0, 40), st.sampled_from([uidlease.Holder("gw-a", 1, 2), uidlease.Holder("g", 3, 4)])),
-    st.integers(0, 30),
-    st.integers(1, 12),
-)
-def test_a_pick_is_in_the_range_and_unleased_or_none_when_all_are(
-    table: dict[int, uidlease.Holder], base: int, count: int
-) -> None:
-    picked = uidlease.pick(table, base, count)
-    free = set(range(base, base + count)) - set(table)
+@given(st.sets(st.integers(0, 40)), st.integers(0, 30), st.integers(1, 12))
+def test_a_pick_is_in_the_range_and_unleased_or_none_when_all_are(held: set[int], base: int, count: int) -> None:
+    picked = uidlease.pick(held, base, count)
+    free = set(range(base, base + count)) - held
     assert picked in free if free else picked is None
-    assert uidlease.parse(uidlease.render(table)) == table
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=["Z", "C"]), min_size=1), st.integers(0), st.integers(0))
+def test_a_holder_reads_back_as_written_and_a_cut_one_is_none(gateway: str, pid: int, started: int) -> None:
+    holder = uidlease.Holder(gateway, pid, started)
+    assert uidlease.Holder.parse(holder.render()) == holder
+    assert uidlease.Holder.parse(holder.render()[: len(gateway)]) is None
 
 
 def test_reclaimable_scans_processes_only_when_a_holder_is_gone() -> None:
@@ -82,9 +84,9 @@ def test_reclaimable_scans_processes_only_when_a_holder_is_gone() -> None:
     def never() -> set[int]:
         raise AssertionError("scanned every process with no holder gone")
 
-    assert uidlease.reclaimable({1: live}, alive=lambda h: True, in_use=never) == set()
-    table = {1: live, 2: dead, 3: dead}
-    assert uidlease.reclaimable(table, alive=lambda h: h is live, in_use=lambda: {3}) == {2}
+    assert uidlease.reclaimable({1: live}, alive=lambda h: True, in_use=never) == []
+    table = {1: live, 2: dead, 3: dead, 4: None, 5: None}  # None: a lease file no one can read
+    assert uidlease.reclaimable(table, alive=lambda h: h is live, in_use=lambda: {3, 5}) == [2, 4]
 
 
 def test_defaults_are_unprivileged() -> None:
