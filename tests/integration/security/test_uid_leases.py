@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import grpc
 import pytest
 
 from tests.helpers.cli import start_gateway
-from tests.helpers.gateway import RunningGateway, running_gateway
+from tests.helpers.gateway import RunningGateway, own_sandbox_dir, running_gateway
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import sandbox
 from warmshell.core.ids import SandboxId
@@ -29,11 +27,8 @@ pytestmark = [needs_bwrap, pytest.mark.skipif(os.geteuid() != 0, reason="a uid p
 
 @pytest.fixture
 def sandbox_dir() -> Iterator[Path]:
-    # Shared by this test's gateways, outside pytest's 0700 tmp_path (sandbox uids must reach it).
-    base = Path(tempfile.mkdtemp(prefix="warmshell-uids-"))
-    os.chmod(base, 0o711)
-    yield base / "sandboxes"
-    shutil.rmtree(base, ignore_errors=True)
+    with own_sandbox_dir("warmshell-uids-") as directory:  # this test's own (shared by its gateways)
+        yield directory
 
 
 @pytest.fixture
