@@ -87,12 +87,12 @@ class LocalDriverConfig(_Section):
 
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
     # Deprecated and ignored (a warning at start): refills no longer wait for a pause of this
-    # length; while creates are served only a few members start at a time (drivers/local/pooling.py).
+    # length (the refill rule: `PoolSet._refill` in drivers/local/pools/pooling.py).
     refill_delay_seconds: float | None = Field(default=None, ge=0)
     # Pool members start at this nice value, below the creates and activations they serve (a
     # claimed one gets 0 back before its workload starts); 0 = the gateway's own priority.
     refill_nice: int = Field(default=19, ge=0, le=19)
-    # Default bounds of every sandbox (see drivers/local/limits.py): sized tmpfs, the largest
+    # Default bounds of every sandbox (see drivers/local/runtime/limits.py): sized tmpfs, the largest
     # file a process may write, and how many processes it may run. A profile's [storage] and
     # [resources], and a request's resources, override them (up to the maximums below).
     # /workspace is a tmpfs of this size ("" = a directory on the host's disk, with no bound).
@@ -103,7 +103,7 @@ class LocalDriverConfig(_Section):
     max_file_size: str = "4Gi"
     max_processes: int = Field(default=1024, ge=16, le=2**22)  # the default process count
     # Descriptors per sandbox process (RLIMIT_NOFILE); fewer where the sandbox's process count
-    # times this would pass a quarter of the host's fs.file-max (drivers/local/limits.py).
+    # times this would pass a quarter of the host's fs.file-max (drivers/local/runtime/limits.py).
     max_open_files: int = Field(default=1024, ge=64, le=2**20)
     # cpu and memory of a sandbox that asks for none ("" = no limit); need a cgroup (v2
     # delegated, or the v1 controllers writable: a root gateway), else they are best-effort.

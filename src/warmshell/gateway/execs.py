@@ -30,7 +30,7 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from warmshell.gateway import metrics
 from warmshell.gateway.sessions import ExecChannel, SupervisorSession
-from warmshell.supervisor.window import OutputWindow
+from warmshell.sandboxio.window import OutputWindow
 
 __all__ = ["MAX_TERMINAL_CELLS", "ExecRelay", "check_terminal_size"]
 

@@ -21,7 +21,7 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.errors import AlreadyExistsError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import now_ms
-from warmshell.supervisor.window import OutputWindow
+from warmshell.sandboxio.window import OutputWindow
 
 __all__ = ["MISSED_HEARTBEATS", "ExecChannel", "SessionTable", "SupervisorSession"]
 

@@ -18,7 +18,7 @@ from warmshell.core.config import LocalDriverConfig
 from warmshell.core.ids import new_sandbox_id
 from warmshell.core.models import Resources, SandboxSpec
 from warmshell.drivers.base import CreateRequest
-from warmshell.drivers.local import cgroups, cgroupsetup
+from warmshell.drivers.local.runtime import cgroups, cgroupsetup
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(os.geteuid() != 0, reason="cgroups are root's on a cgroup v1 host")]
 

@@ -17,7 +17,7 @@ from tests.integration.gateway.test_warm_pools import idle, profile, write_profi
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.gateway.inprocess import InProcessLink
-from warmshell.supervisor.link import SessionCall
+from warmshell.sandboxio.link import SessionCall
 
 
 def link_of(gw: RunningGateway) -> InProcessLink:

@@ -20,7 +20,8 @@ from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import py, sandbox, still_real
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.core.ids import SandboxId
-from warmshell.drivers.local import LocalDriver, cgroups
+from warmshell.drivers.local import LocalDriver
+from warmshell.drivers.local.runtime import cgroups
 
 pytestmark = [
     needs_bwrap,

@@ -20,7 +20,8 @@ from tests.helpers.gateway import RunningGateway, own_sandbox_dir, running_gatew
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import sandbox
 from warmshell.core.ids import SandboxId
-from warmshell.drivers.local import LocalDriver, uidlease
+from warmshell.drivers.local import LocalDriver
+from warmshell.drivers.local.runtime import uidlease
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(os.geteuid() != 0, reason="a uid per sandbox needs a root gateway")]
 

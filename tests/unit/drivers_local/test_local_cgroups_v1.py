@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmshell.drivers.local import cgroups, cgroups_v1
+from warmshell.drivers.local.runtime import cgroups, cgroups_v1
 
 # /proc/self/mountinfo and /proc/self/cgroup of this project's hosts (shortened).
 MOUNTINFO = """\

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from warmshell.core.config import LocalDriverConfig, load_config
 from warmshell.core.errors import InvalidArgumentError, ResourceExhaustedError
-from warmshell.drivers.local import uidlease
-from warmshell.drivers.local.uidlease import UidLeases
+from warmshell.drivers.local.runtime import uidlease
+from warmshell.drivers.local.runtime.uidlease import UidLeases
 
 
 def test_uids_are_distinct_within_the_range_and_reusable(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ controllers are mounted and writable (as root), else none, with both reasons."""
 
 from __future__ import annotations
 
-from warmshell.drivers.local import cgroups, cgroups_v1
+from warmshell.drivers.local.runtime import cgroups, cgroups_v1
 
 __all__ = ["choose"]
 

@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmshell.drivers.local import cgroups
-from warmshell.drivers.local.cgroups import Group, Limits, Unavailable, Usage
+from warmshell.drivers.local.runtime import cgroups
+from warmshell.drivers.local.runtime.cgroups import Group, Limits, Unavailable, Usage
 
 __all__ = ["CONTROLLERS", "CgroupV1", "control_files", "detect", "hierarchies"]
 
