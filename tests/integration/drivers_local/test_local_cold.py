@@ -234,7 +234,9 @@ async def test_restart_reports_lost_sandboxes(make_driver: DriverFactory, paths:
 async def test_limits_without_cgroups_are_refused_or_a_condition(make_driver: DriverFactory) -> None:
     spec = SandboxSpec(resources=Resources(cpu="200m", memory="64Mi"))
     async with make_driver(config=LocalDriverConfig()) as strict:
-        with pytest.raises(FailedPreconditionError, match=r"^spec\.resources\.memory: this host cannot enforce it"):
+        with pytest.raises(
+            FailedPreconditionError, match=r"^spec\.resources\.memory: this host cannot enforce it \(test host"
+        ):
             await strict.create(request(spec=spec))
     async with make_driver(config=LocalDriverConfig(allow_unenforced_limits=True)) as driver:
         created = await driver.create(request(spec=spec))

@@ -44,7 +44,10 @@ def unenforceable(spec: SandboxSpec, host: HostSetup) -> tuple[str, str] | None:
     field = None if host.allow_unenforced_limits else limits.unenforced_field(spec, host.enforceable)
     if field is None:
         return None
-    why = f" ({host.cgroup.message})" if isinstance(host.cgroup, cgroups.Unavailable) else ""
+    if not host.launcher.isolated:
+        why = " (local.allow_unisolated: no bounds at all)"
+    else:
+        why = f" ({host.cgroup.message})" if isinstance(host.cgroup, cgroups.Unavailable) else ""
     rule = f"this host cannot enforce it{why}; set local.allow_unenforced_limits = true to run such sandboxes unbounded"
     return field, rule
 

@@ -138,7 +138,7 @@ def condition(
 ) -> DriverCondition:
     """`ResourceLimits`: True when every bound is enforced, else False; the message lists
     what is enforced and what is not, and why not."""
-    controllers = frozenset[str]() if isinstance(cgroup, cgroups.Unavailable) else cgroup.controllers
+    controllers = _controllers(cgroup)
     by = "" if isinstance(cgroup, cgroups.Unavailable) else f" ({cgroup.version})"
     places = [f"/tmp {render_memory(bounds.tmp_bytes)}", f"/run {render_memory(bounds.run_bytes)}"]
     places.append(f"/dev/shm {render_memory(bounds.shm_bytes)}")
@@ -182,8 +182,11 @@ def enforceable(
     cgroup's controllers, and the process count by rlimit where each sandbox has its own uid."""
     if not isolated:
         return frozenset()
-    controllers = frozenset[str]() if isinstance(cgroup, cgroups.Unavailable) else cgroup.controllers
-    return (controllers & {"cpu", "memory", "pids"}) | ({"pids"} if uid_per_sandbox else set())
+    return (_controllers(cgroup) & {"cpu", "memory", "pids"}) | ({"pids"} if uid_per_sandbox else set())
+
+
+def _controllers(cgroup: cgroups.Backend | cgroups.Unavailable) -> frozenset[str]:
+    return frozenset() if isinstance(cgroup, cgroups.Unavailable) else cgroup.controllers
 
 
 def unenforced_field(spec: SandboxSpec, enforced: frozenset[str]) -> str | None:
