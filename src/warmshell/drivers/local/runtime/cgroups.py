@@ -37,6 +37,7 @@ __all__ = [
     "cpu_quota",
     "detect",
     "kill_and_remove",
+    "make_parent",
     "procs_file",
     "remove_parents",
     "sweep_children",
@@ -251,7 +252,9 @@ def sweep_children(parents: Iterable[Path], remove: Callable[[Group], None]) -> 
 
 
 def remove_parents(parents: Iterable[Path]) -> None:
-    """rmdir each gateway parent (blocking); one still holding a group is left, and said."""
+    """rmdir each gateway parent (blocking); one still holding a group is left, and said. The
+    `warmshell` directory above goes too once no gateway has a parent in it, so that the cgroup
+    the gateway was started in (a service's, a session's) can be removed after it."""
     for parent in parents:
         try:
             parent.rmdir()
@@ -259,6 +262,19 @@ def remove_parents(parents: Iterable[Path]) -> None:
             pass
         except OSError as exc:
             _log.warning("cannot remove this gateway's cgroup %s: %s", parent, exc)
+            continue
+        with contextlib.suppress(OSError):  # another gateway's parent is there: it stays
+            parent.parent.rmdir()
+
+
+def make_parent(parent: Path) -> None:
+    """mkdir a gateway parent and the `warmshell` directory above it (blocking), again if
+    another gateway's `remove_parents` took that directory away in between."""
+    for _ in range(3):
+        with contextlib.suppress(FileNotFoundError):
+            parent.mkdir(parents=True, exist_ok=True)
+            return
+    parent.mkdir(parents=True, exist_ok=True)
 
 
 def wait_for(done: Callable[[], bool], what: str, *, tries: int = 200) -> None:
@@ -325,8 +341,8 @@ def detect(
         # ("no internal processes"): run the gateway in a delegated scope to get limits.
         _enable(own, controllers)
         base = own / "warmshell"
+        make_parent(base / gateway)
         for directory in (base, base / gateway):
-            directory.mkdir(exist_ok=True)
             _enable(directory, controllers)
     except OSError as exc:
         return Unavailable(f"cannot set up a delegated cgroup under {root}: {exc}")

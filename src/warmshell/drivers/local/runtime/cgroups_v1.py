@@ -169,7 +169,7 @@ def detect(
     for controller, directory in own.items():
         parent = directory / "warmshell" / gateway
         try:
-            parent.mkdir(parents=True, exist_ok=True)
+            cgroups.make_parent(parent)
         except OSError as exc:
             refused.append(f"{controller}: {exc.strerror}")
             continue
