@@ -130,3 +130,6 @@ async def test_a_killed_gateways_uid_is_taken_back_once_its_sandbox_is_gone(
         assert set(refusals) <= {grpc.StatusCode.RESOURCE_EXHAUSTED}
         ready = await gw.get("heir")
         assert {uid_of(pid) for pid in process_tree(bwrap_pid(gw, ready.id))} - {None} == {uid_base}
+    # The killed gateway's next start sweeps what else it left (its sandbox's cgroups).
+    async with running_gateway(tmp_path / "killed", **overrides):
+        pass
