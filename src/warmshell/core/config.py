@@ -119,9 +119,14 @@ class LocalDriverConfig(_Section):
     # Descriptors per sandbox process (RLIMIT_NOFILE); fewer where the sandbox's process count
     # times this would pass a quarter of the host's fs.file-max (drivers/local/runtime/limits.py).
     max_open_files: int = Field(default=1024, ge=64, le=2**20)
-    # cpu and memory of a sandbox that asks for none ("" = no limit); need a delegated cgroup v2.
+    # cpu and memory of a sandbox that asks for none ("" = no limit); need a cgroup (v2
+    # delegated, or the v1 controllers writable: a root gateway), else they are best-effort.
     default_cpu: str = "1"
     default_memory: str = "2Gi"
+    # A create or profile that asks for cpu, memory or pids this host cannot enforce is refused
+    # (FailedPrecondition naming the field) unless this is true; then it runs unbounded in that
+    # resource and its ResourceLimits condition says so.
+    allow_unenforced_limits: bool = False
     # Requests (and profiles) beyond these are refused, naming the field; "" = the host's cpus
     # and memory, and for /workspace and /tmp the host's memory (they are tmpfs).
     max_cpu: str = ""

@@ -66,7 +66,7 @@ class CreateRequest:
 
 @dataclass(frozen=True)
 class DriverCondition:
-    """A backend condition, e.g. ("ResourceLimits", "False", "CgroupV2Unavailable", "...")."""
+    """A backend condition, e.g. ("ResourceLimits", "False", "CgroupUnavailable", "...")."""
 
     type: str
     status: str

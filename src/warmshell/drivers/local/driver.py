@@ -81,7 +81,7 @@ class LocalDriver:
         *,
         supervise: Supervise | None = None,
         agent: Path = AGENT_BINARY,
-        cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None = None,
+        cgroup: cgroups.Backend | cgroups.Unavailable | None = None,
         kill_grace_seconds: float = 2.0,
     ) -> None:
         self._config = config
@@ -229,6 +229,23 @@ class LocalDriver:
         if self._files_executor is None:
             self._files_executor = files_executor(as_root=self._host.root)
         return LocalFiles(process.open_root, instance.uid, self._files_executor)
+
+    async def freeze(self, sandbox_id: SandboxId, *, frozen: bool = True) -> None:
+        """Freeze every process of a running sandbox (`frozen=False`: thaw them) through its
+        cgroup's freezer; returns once the kernel says they are. FailedPreconditionError when it
+        is not running or this host cannot freeze it (no cgroup, or no freezer)."""
+        await self._fleet.freeze(self._running(sandbox_id), frozen=frozen)
+
+    async def usage(self, sandbox_id: SandboxId) -> cgroups.Usage:
+        """cpu seconds, memory now and at its peak, and processes of a running sandbox, read from
+        its cgroup (FailedPreconditionError when it has none)."""
+        return await self._fleet.usage(self._running(sandbox_id))
+
+    def _running(self, sandbox_id: SandboxId) -> Instance:
+        instance = self._sandboxes.get(sandbox_id)
+        if instance is None or not instance.alive:
+            raise FailedPreconditionError(f"sandbox {sandbox_id} is not running")
+        return instance
 
     def watch(self) -> AsyncIterator[DriverEvent]:
         """Events from this call on, until the driver closes."""
