@@ -40,7 +40,7 @@ async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
 
 
 def driver_of(gw: RunningGateway) -> LocalDriver:
-    driver = gw.gateway.driver
+    driver = gw.gateway.parts.driver
     assert isinstance(driver, LocalDriver)
     return driver
 

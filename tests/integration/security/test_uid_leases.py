@@ -67,7 +67,7 @@ def process_tree(root: int) -> set[int]:
 
 
 def bwrap_pid(gw: RunningGateway, sandbox_id: str) -> int:
-    driver = gw.gateway.driver
+    driver = gw.gateway.parts.driver
     assert isinstance(driver, LocalDriver)
     process = driver._sandboxes[SandboxId(sandbox_id)].process
     assert process is not None
