@@ -1,20 +1,24 @@
-"""Issue 13 soak: well-behaved clients create, exec in and delete sandboxes over and over, quiet
-and beside hostile sandboxes, in one gateway and one invocation. The run alternates in blocks
-(quiet, then with the attacks), so a shared machine's bursts fall on both alike:
+"""Issues 13 and 36 soak: well-behaved clients create, exec in and delete sandboxes over and over,
+quiet and beside hostile sandboxes, in one gateway and one invocation. The run alternates in
+blocks (quiet, then with the attacks), so a shared machine's bursts fall on both alike:
 
 - disk fill: fills its bounded /workspace (ENOSPC), holds it a moment, frees it; again and again;
 - fork bomb: each process forks two and waits, until its process bound (a request for 64) stops it;
-- output flood: 64 MiB per exec, read by a client that pauses every chunk (flow control, no loss).
+- output flood: 64 MiB per exec, read by a client that pauses every chunk (flow control, no loss);
+- memory balloon: writes 256 MiB under a 64Mi memory limit (the OOM killer ends it in its sandbox);
+- inode flood: 300,000 empty files in /tmp under a 64Mi limit (their kernel memory is charged to
+  the sandbox, so the limit stops it).
 
-The hostile sandboxes are made at the start of each attack block and deleted at its end.
-Reports the well-behaved clients' create -> Ready (warm and cold), exec and delete latency p50/p99
-quiet and with the attacks, how often each attack hit its bound, and lost outputs: every exec's
-output (the flood's too) is checked against its SHA-256. The load average is sampled throughout.
+The hostile sandboxes are made at the start of each attack block and deleted at its end, after
+their usage (GetSandbox) is read. Reports the well-behaved clients' create -> Ready (warm and
+cold), exec and delete latency p50/p99 quiet and with the attacks, how often each attack hit its
+bound, the attackers' peak memory, and lost outputs: every exec's output (the flood's too) is
+checked against its SHA-256. The load average is sampled throughout.
 
-    python bench/soak.py                                  # 4 min quiet + 10 min with the attacks, in 5 blocks
+    python bench/soak.py                                  # 1.5 min quiet + 3 min with the attacks, in 3 blocks
     python bench/soak.py --quiet-minutes 0.5 --minutes 1 --blocks 1  # a smoke run
 
-Run as root: the process bound needs a uid per sandbox.
+Run as root: the process bound needs a uid per sandbox, the memory limits a cgroup.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,16 +45,46 @@ CONFIG = f'[local]\nworkspace_size = "{WORKSPACE_SIZE}"\n'
 POOL = 'version = 1\nworkspace = "default"\nreplicas = 4\n'
 BOMB_PIDS = 64
 FLOOD_BYTES = 64 * 2**20
-HOSTILE: dict[str, tuple[str, int]] = {  # name: (script, pids requested)
-    "disk-fill": (
+MEMORY_LIMIT = "64Mi"
+BALLOON_MIB = 256
+FLOOD_FILES = 300_000
+SIGKILLED = (-9, 128 + 9)  # how an exec may report a SIGKILL (the OOM killer's)
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """One attack: its script, the process bound and memory limit its sandbox asks for, and
+    whether an exec of it (exit code, stderr) was stopped by its bound."""
+
+    script: str
+    bound_hit: Callable[[int, bytes], bool]
+    pids: int = 0
+    memory: str = ""
+
+
+HOSTILE = {
+    "disk-fill": Hostile(
         "dd if=/dev/zero of=/workspace/fill bs=1M 2>&1 | grep -m1 'No space' >&2; sleep 2; rm -f /workspace/fill",
-        0,
+        lambda _, err: b"No space left on device" in err,  # dd's words
     ),
     # Each process forks two, waits, and lingers a moment: the sandbox sits at its bound.
-    "fork-bomb": ("b() { b & b & wait; sleep 1; }; b", BOMB_PIDS),
-    "output-flood": (f"yes flood | head -c {FLOOD_BYTES}", 0),
+    "fork-bomb": Hostile("b() { b & b & wait; sleep 1; }; b", lambda _, err: b"Cannot fork" in err, pids=BOMB_PIDS),
+    "output-flood": Hostile(f"yes flood | head -c {FLOOD_BYTES}", lambda code, _: code == 0),
+    # Every page written: four times its limit, so the OOM killer ends it inside its sandbox.
+    "memory-balloon": Hostile(
+        f"python3 -c \"b = b'x' * ({BALLOON_MIB} << 20); print(len(b))\"",
+        lambda code, _: code in SIGKILLED,
+        memory=MEMORY_LIMIT,
+    ),
+    # Empty files take no tmpfs blocks but ~1 KiB of kernel memory each, charged to the sandbox:
+    # its memory limit stops the flood. The last run's files go first (that frees their memory).
+    "inode-flood": Hostile(
+        "find /tmp -maxdepth 1 -name 'f*' -delete; "
+        f"python3 -c \"[open(f'/tmp/f{{i}}', 'w').close() for i in range({FLOOD_FILES})]\"",
+        lambda code, _: code != 0,
+        memory=MEMORY_LIMIT,
+    ),
 }
-BOUND_HIT = {"disk-fill": b"No space left on device", "fork-bomb": b"Cannot fork"}  # dd's and dash's words
 
 
 def pattern(word: str, size: int) -> bytes:
@@ -129,22 +163,22 @@ class Attack:
     bound_hits: int = 0
     lost: int = 0
     errors: list[str] = field(default_factory=list)
+    peak_memory_bytes: list[int] = field(default_factory=list)  # per block, from GetSandbox
 
 
 async def hostile(gw: GatewayProcess, kind: str, name: str, attack: Attack) -> None:
     """Keep the attack going (again each time its exec ends) until cancelled."""
-    script, _ = HOSTILE[kind]
+    attacker = HOSTILE[kind]
     expected = hashlib.sha256(pattern("flood", FLOOD_BYTES)).hexdigest()
     while True:
         try:
             if kind == "output-flood":
                 # A slow reader: a pause per chunk, so the command is held back by flow control.
-                code, digest, size, _ = await exec_digest(gw, name, script, workspace="hostile", pause=0.002)
+                code, digest, size, err = await exec_digest(gw, name, attacker.script, workspace="hostile", pause=0.002)
                 attack.lost += (code, digest, size) != (0, expected, FLOOD_BYTES)
-                attack.bound_hits += 1
             else:
-                _, _, _, err = await exec_digest(gw, name, script, workspace="hostile", timeout=20)
-                attack.bound_hits += BOUND_HIT[kind] in err
+                code, _, _, err = await exec_digest(gw, name, attacker.script, workspace="hostile", timeout=30)
+            attack.bound_hits += attacker.bound_hit(code, err)
             attack.runs += 1
         except grpc.aio.AioRpcError as exc:
             attack.errors.append(f"{exc.code().name}: {exc.details()}")
@@ -170,8 +204,8 @@ async def run_phase(gw: GatewayProcess, seconds: float, workers: int, tag: str, 
 async def with_attacks(gw: GatewayProcess, block: int, attacks: dict[str, Attack], body: Awaitable[None]) -> None:
     """`body` while the hostile sandboxes of this block attack; they are deleted afterwards."""
     names = {kind: f"{kind}-{block}" for kind in HOSTILE}
-    for kind, (_, pids) in HOSTILE.items():
-        spec = pb.SandboxSpec(resources=pb.Resources(pids=pids))
+    for kind, attacker in HOSTILE.items():
+        spec = pb.SandboxSpec(resources=pb.Resources(pids=attacker.pids, memory=attacker.memory))
         await gw.create(name=names[kind], workspace="hostile", spec=spec)
     for name in names.values():
         await wait_ready_in(gw, name, "hostile")
@@ -183,9 +217,14 @@ async def with_attacks(gw: GatewayProcess, block: int, attacks: dict[str, Attack
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for name in names.values():
+        for kind, name in names.items():
+            ref = pb.SandboxRef(name=name, workspace="hostile")
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await gw.stub.DeleteSandbox(pb.SandboxRef(name=name, workspace="hostile"), metadata=gw.metadata)
+                usage = (await gw.stub.GetSandbox(ref, metadata=gw.metadata)).status.usage
+                if usage.HasField("memory_peak_bytes"):
+                    attacks[kind].peak_memory_bytes.append(usage.memory_peak_bytes)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await gw.stub.DeleteSandbox(ref, metadata=gw.metadata)
 
 
 async def wait_ready_in(gw: GatewayProcess, name: str, workspace: str) -> None:
@@ -215,18 +254,28 @@ def table(data: dict[str, object], quiet: Phase, loud: Phase, attacks: dict[str,
             f"| {label} | {q['n']} | {q['p50']:.1f} | {q['p99']:.1f} | {h['n']} | {h['p50']:.1f} | {h['p99']:.1f} "
             f"| {h['p50'] / q['p50']:.2f} | {h['p99'] / q['p99']:.2f} |"
         )
-    rows += ["", "| attack | runs | hit its bound | lost outputs | errors |", "|---|---|---|---|---|"]
+    rows += [
+        "",
+        "| attack | runs | hit its bound | lost outputs | errors | peak memory MiB (per block) |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, attack in attacks.items():
-        rows.append(f"| {name} | {attack.runs} | {attack.bound_hits} | {attack.lost} | {len(attack.errors)} |")
+        peaks = ", ".join(f"{peak / 2**20:.0f}" for peak in attack.peak_memory_bytes) or "-"
+        rows.append(
+            f"| {name} | {attack.runs} | {attack.bound_hits} | {attack.lost} | {len(attack.errors)} | {peaks} |"
+        )
     rows += [
         "",
         f"Lost outputs (well-behaved): {quiet.lost} of {quiet.execs} execs quiet, {loud.lost} of {loud.execs} "
         f"with the attacks; errors: {len(quiet.errors)} quiet, {len(loud.errors)} with the attacks.",
         f"{data['workers']} well-behaved clients; {data['quiet_seconds']:g} s quiet and {data['hostile_seconds']:g} s "
         f"beside {', '.join(HOSTILE)}, in {data['blocks']} alternating blocks (/workspace {WORKSPACE_SIZE}, "
-        f"fork bomb at {BOMB_PIDS} processes, {FLOOD_BYTES >> 20} MiB per flood exec read with a pause per chunk).",
+        f"fork bomb at {BOMB_PIDS} processes, {FLOOD_BYTES >> 20} MiB per flood exec read with a pause per chunk, "
+        f"a {BALLOON_MIB} MiB balloon and {FLOOD_FILES:,} empty files each under memory {MEMORY_LIMIT}).",
         f"Load average (1 min) quiet {_mean(quiet.load):.2f} (max {max(quiet.load):.2f}), with the attacks "
-        f"{_mean(loud.load):.2f} (max {max(loud.load):.2f}); 2 cpus shared with other users of the machine.",
+        f"{_mean(loud.load):.2f} (max {max(loud.load):.2f}). The machine (2 cpus) was shared with other work "
+        "throughout (other builds and test runs): the quiet and attack blocks alternate so it weighs on both, "
+        "but absolute figures are not a quiet machine's.",
     ]
     return "\n".join(rows)
 
@@ -268,7 +317,9 @@ async def main(quiet_seconds: float, hostile_seconds: float, workers: int, block
         "workspace_size": WORKSPACE_SIZE,
         "quiet": _phase_data(quiet),
         "hostile": _phase_data(loud),
-        "attacks": {n: {"runs": a.runs, "bound_hits": a.bound_hits, "lost": a.lost, "errors": a.errors[:10]}
+        "memory_limit": MEMORY_LIMIT,
+        "attacks": {n: {"runs": a.runs, "bound_hits": a.bound_hits, "lost": a.lost, "errors": a.errors[:10],
+                        "peak_memory_bytes": a.peak_memory_bytes}
                     for n, a in attacks.items()},
     }  # fmt: skip
     write_results("soak", data, table(data, quiet, loud, attacks))
@@ -276,9 +327,9 @@ async def main(quiet_seconds: float, hostile_seconds: float, workers: int, block
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quiet-minutes", type=float, default=4.0, help="time without the attacks, in all")
-    parser.add_argument("--minutes", type=float, default=10.0, help="time with the attacks, in all")
-    parser.add_argument("--blocks", type=int, default=5, help="alternations of a quiet and an attack block")
+    parser.add_argument("--quiet-minutes", type=float, default=1.5, help="time without the attacks, in all")
+    parser.add_argument("--minutes", type=float, default=3.0, help="time with the attacks, in all")
+    parser.add_argument("--blocks", type=int, default=3, help="alternations of a quiet and an attack block")
     parser.add_argument("--workers", type=int, default=3, help="well-behaved clients")
     args = parser.parse_args()
     asyncio.run(main(args.quiet_minutes * 60, args.minutes * 60, args.workers, args.blocks))

@@ -30,5 +30,5 @@ def test_public_surface_is_pinned() -> None:
         "Condition", "Conflict", "DeadlineExceeded", "Error", "ExecResult", "FailedPrecondition", "InvalidArgument",
         "Lifetime", "NotFound", "OutputEvent", "PermissionDenied", "Phase", "PoolInfo", "Process",
         "ResourceExhausted", "Sandbox", "SandboxError", "SandboxInfo", "Timeline", "Unauthenticated", "Unavailable",
-        "__version__",
+        "Usage", "__version__",
     ]  # fmt: skip

@@ -36,6 +36,7 @@ from warmshell.gateway.store.postgres import PostgresStore
 from warmshell.gateway.store.sqlite import SqliteStore
 from warmshell.gateway.supervisor_service import SupervisorService
 from warmshell.gateway.tokens import SandboxTokenIssuer
+from warmshell.gateway.usage import UsageGauges
 
 __all__ = ["GatewayParts", "Keys", "assemble"]
 
@@ -75,6 +76,7 @@ class GatewayParts:
     file_service: FileService
     image_service: ImageService
     supervisor_service: SupervisorService
+    usage_gauges: UsageGauges
     # Present only where it exists: supervisors hosted in this process (the local driver), several
     # replicas on a shared store, a driver that elects a leader among replicas.
     supervisor_link: InProcessLink | None
@@ -127,28 +129,41 @@ def assemble(
         manager=manager,
         auth=auth,
         execs=execs,
-        reconciler=Reconciler(
-            manager,
-            interval_seconds=config.reconcile_interval_seconds,
-            orphan_grace_seconds=config.orphan_grace_seconds,
-            leading=leading,
-            share_progress=wiring.share_progress,
-        ),
-        expiry=ExpiryReconciler(
-            manager,
-            interval_seconds=config.lifetimes.check_interval_seconds,
-            leading=leading,
-            exited_retention_seconds=config.lifetimes.exited_retention_seconds,
-        ),
+        reconciler=_reconciler(config, manager, leading, wiring),
+        expiry=_expiry(config, manager, leading),
         sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder),
         file_service=FileService(manager, auth, config.files, wiring.forwarder),
         image_service=ImageService.for_config(config, auth),
         supervisor_service=supervisor_service,
+        usage_gauges=UsageGauges.for_config(config.metrics, driver, records),
         supervisor_link=_in_process_link(driver, supervisor_service),
         replication=replication,
         leadership=leadership,
         leading=leading,
         wiring=wiring,
+    )
+
+
+def _reconciler(
+    config: GatewayConfig, manager: SandboxManager, leading: Callable[[], bool], wiring: ReplicaWiring
+) -> Reconciler:
+    """Folds the driver's view into the records (and removes orphans) while this gateway leads."""
+    return Reconciler(
+        manager,
+        interval_seconds=config.reconcile_interval_seconds,
+        orphan_grace_seconds=config.orphan_grace_seconds,
+        leading=leading,
+        share_progress=wiring.share_progress,
+    )
+
+
+def _expiry(config: GatewayConfig, manager: SandboxManager, leading: Callable[[], bool]) -> ExpiryReconciler:
+    """Ends sandboxes at the end of their lifetime while this gateway leads."""
+    return ExpiryReconciler(
+        manager,
+        interval_seconds=config.lifetimes.check_interval_seconds,
+        leading=leading,
+        exited_retention_seconds=config.lifetimes.exited_retention_seconds,
     )
 
 

@@ -16,6 +16,8 @@ __all__ = [
     "REGISTRY",
     "SANDBOXES",
     "SANDBOXES_EXPIRED",
+    "SANDBOX_USAGE",
+    "SANDBOX_USAGE_UNLISTED",
     "SESSIONS",
 ]
 
@@ -69,5 +71,25 @@ GC_PAUSE_SECONDS = Histogram(
     "Pauses of the gateway process for Python's cyclic garbage collector, by generation",
     ["generation"],
     buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+
+# One gauge per figure of `drivers.base.SandboxUsage`, for at most `metrics.per_sandbox_limit`
+# sandboxes (gateway/usage.py says which and why).
+_USAGE_HELP = {
+    "cpu_seconds": "cpu time the sandbox has used",
+    "memory_bytes": "Memory the sandbox uses now",
+    "memory_peak_bytes": "The most memory the sandbox has used at once",
+    "processes": "Processes and threads in the sandbox",
+    "workspace_bytes": "Bytes in use on the sandbox's /workspace",
+    "root_bytes": "Bytes written to the sandbox's writable root",
+}
+SANDBOX_USAGE = {
+    figure: Gauge(f"warmshell_sandbox_{figure}", text, ["workspace", "name"], registry=REGISTRY)
+    for figure, text in _USAGE_HELP.items()
+}
+SANDBOX_USAGE_UNLISTED = Gauge(
+    "warmshell_sandbox_usage_unlisted",
+    "Running sandboxes left out of the per-sandbox gauges by metrics.per_sandbox_limit",
     registry=REGISTRY,
 )

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
         Unavailable,
     )
     from warmshell.sdk.interactive import AsyncProcess, Process
-    from warmshell.sdk.views import Condition, ExecResult, Lifetime, OutputEvent, PoolInfo, SandboxInfo, Timeline
+    from warmshell.sdk.views import Condition, ExecResult, Lifetime, OutputEvent, PoolInfo, SandboxInfo, Timeline, Usage
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -89,6 +89,7 @@ _EXPORTS = {
     "Timeline": "warmshell.sdk.views",
     "Unauthenticated": "warmshell.sdk.errors",
     "Unavailable": "warmshell.sdk.errors",
+    "Usage": "warmshell.sdk.views",
 }
 
 __all__ = [
@@ -120,6 +121,7 @@ __all__ = [
     "Timeline",
     "Unauthenticated",
     "Unavailable",
+    "Usage",
 ]
 
 
