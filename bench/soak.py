@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import hashlib
 import os
@@ -81,7 +82,7 @@ HOSTILE = {
     "inode-flood": Hostile(
         "find /tmp -maxdepth 1 -name 'f*' -delete; "
         f"python3 -c \"[open(f'/tmp/f{{i}}', 'w').close() for i in range({FLOOD_FILES})]\"",
-        lambda code, _: code != 0,
+        lambda code, _: code in SIGKILLED,
         memory=MEMORY_LIMIT,
     ),
 }
@@ -164,6 +165,7 @@ class Attack:
     lost: int = 0
     errors: list[str] = field(default_factory=list)
     peak_memory_bytes: list[int] = field(default_factory=list)  # per block, from GetSandbox
+    exit_codes: collections.Counter[int] = field(default_factory=collections.Counter)
 
 
 async def hostile(gw: GatewayProcess, kind: str, name: str, attack: Attack) -> None:
@@ -179,6 +181,7 @@ async def hostile(gw: GatewayProcess, kind: str, name: str, attack: Attack) -> N
             else:
                 code, _, _, err = await exec_digest(gw, name, attacker.script, workspace="hostile", timeout=30)
             attack.bound_hits += attacker.bound_hit(code, err)
+            attack.exit_codes[code] += 1
             attack.runs += 1
         except grpc.aio.AioRpcError as exc:
             attack.errors.append(f"{exc.code().name}: {exc.details()}")
@@ -256,13 +259,15 @@ def table(data: dict[str, object], quiet: Phase, loud: Phase, attacks: dict[str,
         )
     rows += [
         "",
-        "| attack | runs | hit its bound | lost outputs | errors | peak memory MiB (per block) |",
-        "|---|---|---|---|---|---|",
+        "| attack | runs | hit its bound | lost outputs | errors | peak memory MiB (per block) | exit codes (runs) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, attack in attacks.items():
         peaks = ", ".join(f"{peak / 2**20:.0f}" for peak in attack.peak_memory_bytes) or "-"
+        codes = ", ".join(f"{code} ({runs})" for code, runs in attack.exit_codes.most_common())
         rows.append(
-            f"| {name} | {attack.runs} | {attack.bound_hits} | {attack.lost} | {len(attack.errors)} | {peaks} |"
+            f"| {name} | {attack.runs} | {attack.bound_hits} | {attack.lost} | {len(attack.errors)} | {peaks} "
+            f"| {codes} |"
         )
     rows += [
         "",
@@ -319,7 +324,7 @@ async def main(quiet_seconds: float, hostile_seconds: float, workers: int, block
         "hostile": _phase_data(loud),
         "memory_limit": MEMORY_LIMIT,
         "attacks": {n: {"runs": a.runs, "bound_hits": a.bound_hits, "lost": a.lost, "errors": a.errors[:10],
-                        "peak_memory_bytes": a.peak_memory_bytes}
+                        "peak_memory_bytes": a.peak_memory_bytes, "exit_codes": dict(a.exit_codes)}
                     for n, a in attacks.items()},
     }  # fmt: skip
     write_results("soak", data, table(data, quiet, loud, attacks))
