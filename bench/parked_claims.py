@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.unit.drivers_kubernetes.test_warm_allocation import parked_scene  # noqa: E402
-from warmshell.drivers.kubernetes import claimactivation  # noqa: E402
+from warmshell.drivers.kubernetes.warm import claimactivation  # noqa: E402
 
 WAIT_SECONDS = 2.0  # for one registration's claim to be activated
 

@@ -15,7 +15,8 @@ from kubesim.controllers import client as kc
 from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.core.fingerprints import SandboxShape
-from warmshell.drivers.kubernetes import KubernetesDriver, claimactivation, warmpools
+from warmshell.drivers.kubernetes import KubernetesDriver
+from warmshell.drivers.kubernetes.warm import claimactivation, warmpools
 
 from .conftest import IMAGE, NAMESPACE, driver_config, gateway_settings
 

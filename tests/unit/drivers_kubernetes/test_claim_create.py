@@ -20,7 +20,8 @@ from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.core.models import Allocation, SandboxSpec
 from warmshell.drivers.base import CreateRequest, MissReason
-from warmshell.drivers.kubernetes import KubernetesDriver, kube, poolcache
+from warmshell.drivers.kubernetes import KubernetesDriver, kube
+from warmshell.drivers.kubernetes.warm import poolcache
 
 from . import crds
 from .fakes import config

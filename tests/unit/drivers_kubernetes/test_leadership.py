@@ -3,7 +3,7 @@ the singletons alone or not, leading once the Lease is won, released on close.""
 
 from __future__ import annotations
 
-from warmshell.drivers.kubernetes.leadership import Leadership
+from warmshell.drivers.kubernetes.profiles.leadership import Leadership
 
 from .clocks import settle
 from .fakes import config

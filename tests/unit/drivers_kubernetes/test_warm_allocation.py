@@ -18,10 +18,11 @@ from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.drivers.base import DriverSandbox, WarmPending
 from warmshell.drivers.events import Hub
-from warmshell.drivers.kubernetes import KubernetesDriver, claimactivation, naming, poolcache, watching
+from warmshell.drivers.kubernetes import KubernetesDriver, naming, watching
 from warmshell.drivers.kubernetes.proofs import ProofSealer
 from warmshell.drivers.kubernetes.rendering import SandboxIdentity
-from warmshell.drivers.kubernetes.warm import WarmAllocation
+from warmshell.drivers.kubernetes.warm import claimactivation, poolcache
+from warmshell.drivers.kubernetes.warm.allocation import WarmAllocation
 
 from .fakes import KEY, NS, config
 from .test_claim_create import IMAGE, REQUEST, Api, NoActivator, Pools, pool

@@ -16,7 +16,8 @@ import pytest
 from warmshell.core.config import StatePaths
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import MissReason
-from warmshell.drivers.kubernetes import KubernetesDriver, extensions, kube
+from warmshell.drivers.kubernetes import KubernetesDriver, kube
+from warmshell.drivers.kubernetes.warm import extensions
 
 from .fakes import config
 from .test_claim_create import REQUEST

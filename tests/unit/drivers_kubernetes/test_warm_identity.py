@@ -19,10 +19,11 @@ from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import SandboxRecord
 from warmshell.drivers.base import Bound, WarmPending
-from warmshell.drivers.kubernetes import claimactivation, claims, kube, naming, warmpools
+from warmshell.drivers.kubernetes import kube, naming
 from warmshell.drivers.kubernetes.identity import KubernetesIdentity
 from warmshell.drivers.kubernetes.proofs import ProofSealer
 from warmshell.drivers.kubernetes.rendering import SandboxIdentity
+from warmshell.drivers.kubernetes.warm import claimactivation, claims, warmpools
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.records import SandboxRecords
@@ -419,7 +420,7 @@ async def test_claims_are_deduplicated_and_bounded_in_flight(
         claimactivation.watching.Backoff(),
         max_in_flight=2,
     )
-    with caplog.at_level(logging.DEBUG, logger="warmshell.drivers.kubernetes.claimactivation"):
+    with caplog.at_level(logging.DEBUG, logger="warmshell.drivers.kubernetes.warm.claimactivation"):
         controller.replace(claim_objs)
         controller.replace(claim_objs)  # the same claims again (a relist): nothing new starts
         await two.wait()

@@ -1,7 +1,7 @@
 """The Kubernetes compute driver: each sandbox is an agent-sandbox `Sandbox` (one pod), created
 directly (cold) or bound from a warm pool through a `SandboxClaim` (warm).
 
-This module coordinates. A create is offered to the warm path (`warm.WarmAllocation`), which
+This module coordinates. A create is offered to the warm path (`allocation.WarmAllocation`), which
 decides (`core.allocation`) and, on one matching pool, writes the SandboxClaim; its claim
 activation controller later activates the warm pod agent-sandbox binds to it. Anything else goes
 cold: the Sandbox is rendered (`rendering`) with the activation proof sealed onto it (`proofs`)
@@ -37,23 +37,12 @@ from warmshell.drivers.base import (
     WarmPending,
 )
 from warmshell.drivers.events import Hub, Subscription
-from warmshell.drivers.kubernetes import (
-    creating,
-    finding,
-    kube,
-    labels,
-    naming,
-    poolcache,
-    proofs,
-    rendering,
-    status,
-    warm,
-    watching,
-)
+from warmshell.drivers.kubernetes import creating, finding, kube, labels, naming, proofs, rendering, status, watching
 from warmshell.drivers.kubernetes.identity import KubernetesIdentity
 from warmshell.drivers.kubernetes.informers import Informers
-from warmshell.drivers.kubernetes.leadership import Leadership
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.profiles.leadership import Leadership
+from warmshell.drivers.kubernetes.warm import allocation, poolcache
 
 __all__ = ["KubernetesDriver"]
 
@@ -90,7 +79,7 @@ class KubernetesDriver:
         self._sealer: proofs.ProofSealer | None = None
         self._hub = Hub()
         self._informers: Informers | None = None  # started by the first watch()
-        self._warm: warm.WarmAllocation | None = None  # while warm pooling is configured
+        self._warm: allocation.WarmAllocation | None = None  # while warm pooling is configured
         self._leadership = Leadership(lambda: self.api, config)  # the profile reconciler, singletons
         # Label-safe: which gateway wrote a claim (diagnostics; any replica may activate it).
         self._gateway_id = labels.label_value(gateway_id or socket.gethostname())
@@ -120,7 +109,7 @@ class KubernetesDriver:
             # Not fatal: the probe runs again on first use.
             log.warning("kubernetes driver: cannot reach the API yet (%s)", exc)
         if self._config.warm_pooling.enabled:
-            self._warm = warm.WarmAllocation(
+            self._warm = allocation.WarmAllocation(
                 self._api,
                 self._config,
                 self._sealer,
@@ -132,7 +121,7 @@ class KubernetesDriver:
             await self._warm.open()
 
     @property
-    def warm_allocation(self) -> warm.WarmAllocation | None:
+    def warm_allocation(self) -> allocation.WarmAllocation | None:
         """The warm path, while warm pooling is configured (after `__aenter__`)."""
         return self._warm
 

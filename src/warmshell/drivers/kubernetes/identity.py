@@ -38,8 +38,9 @@ from warmshell.core.errors import PermissionDeniedError
 from warmshell.core.fingerprints import fingerprint
 from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.drivers.base import Bound, SupervisorIdentity, WarmPending
-from warmshell.drivers.kubernetes import claims, kube, labels, naming, warmpools
+from warmshell.drivers.kubernetes import kube, labels, naming
 from warmshell.drivers.kubernetes.proofs import ProofSealer
+from warmshell.drivers.kubernetes.warm import claims, warmpools
 
 __all__ = ["IdentityApi", "KubernetesIdentity", "looks_like_jwt"]
 

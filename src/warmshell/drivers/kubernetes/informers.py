@@ -19,8 +19,9 @@ from collections.abc import Callable
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import DriverEvent, DriverSandbox
 from warmshell.drivers.events import Hub
-from warmshell.drivers.kubernetes import claims, kube, labels, status, watching
+from warmshell.drivers.kubernetes import kube, labels, status, watching
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.warm import claims
 
 __all__ = ["Informers"]
 

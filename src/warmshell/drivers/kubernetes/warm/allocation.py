@@ -36,19 +36,9 @@ from warmshell.drivers.base import (
     WarmPending,
 )
 from warmshell.drivers.events import Hub
-from warmshell.drivers.kubernetes import (
-    claimactivation,
-    claims,
-    creating,
-    extensions,
-    kube,
-    naming,
-    poolcache,
-    proofs,
-    rendering,
-    watching,
-)
+from warmshell.drivers.kubernetes import creating, kube, naming, proofs, rendering, watching
 from warmshell.drivers.kubernetes.informers import Informers
+from warmshell.drivers.kubernetes.warm import claimactivation, claims, extensions, poolcache
 
 __all__ = ["WarmAllocation"]
 

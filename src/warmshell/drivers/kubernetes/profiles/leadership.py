@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.base import PoolView, invalid_profile_view
-from warmshell.drivers.kubernetes import kube, lease, profiles
-from warmshell.drivers.kubernetes.extensions import ExtensionsGate
+from warmshell.drivers.kubernetes import kube
+from warmshell.drivers.kubernetes.profiles import lease, reconciler
+from warmshell.drivers.kubernetes.warm.extensions import ExtensionsGate
 
 __all__ = ["Leadership"]
 
@@ -37,7 +38,7 @@ class Leadership:
         are absent: it waits on the same gate as the warm path."""
         if self._task is None:
             self._task = asyncio.create_task(
-                profiles.run_elected(
+                reconciler.run_elected(
                     self._api(), self._config, gate=gate, on_problems=self._set_problems, elector=self._lease()
                 ),
                 name="k8s-profiles",

@@ -28,8 +28,9 @@ from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.ids import Fingerprint, InstanceId
 from warmshell.drivers.base import DriverCondition
-from warmshell.drivers.kubernetes import kube, labels, warmpools, watching
+from warmshell.drivers.kubernetes import kube, labels, watching
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.warm import warmpools
 
 __all__ = ["CachedPool", "IdleMembers", "PoolCache", "PoolStats", "ReadTemplate", "index_pools", "read_template"]
 

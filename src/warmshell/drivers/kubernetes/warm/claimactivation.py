@@ -42,8 +42,9 @@ from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import now_us
 from warmshell.drivers.base import Activator, DriverEvent, ProgressLine
 from warmshell.drivers.events import Hub
-from warmshell.drivers.kubernetes import claims, kube, labels, poolcache, proofs, status, watching
+from warmshell.drivers.kubernetes import kube, labels, proofs, status, watching
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.warm import claims, poolcache
 
 __all__ = ["CachedObjects", "ClaimActivation", "ClaimRefused", "Target", "resolve_target"]
 
