@@ -264,7 +264,7 @@ async def test_two_gateways_elect_one_and_a_stopping_holder_hands_over_at_once(
 ) -> None:
     """Two real gateways on one cluster: one takes the Lease and reconciles; a graceful stop (what
     SIGTERM does) releases it, so the other takes over well inside a lease duration."""
-    caplog.set_level(logging.INFO, logger="warmshell.drivers.kubernetes.reconciler.lease")
+    caplog.set_level(logging.INFO, logger="warmshell.drivers.kubernetes.profiles.lease")
     leases = kc.Resource("coordination.k8s.io", "v1", "leases")
     await apply_profile(admin, "wp-a", 'version = 1\nworkspace = "default"\nreplicas = 1\n')
     async with contextlib.AsyncExitStack() as stack:

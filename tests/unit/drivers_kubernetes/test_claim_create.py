@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,9 @@ class NoActivator:
 
     def holds(self, instance_id: Any) -> bool:
         return False
+
+    def idle_members(self) -> Counter[Fingerprint]:
+        return Counter()
 
 
 def pool(name: str = "foo", shape: SandboxShape = SHAPE) -> poolcache.CachedPool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from warmshell.core.config import StatePaths
-from warmshell.core.ids import SandboxId
+from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.drivers.base import MissReason
 from warmshell.drivers.kubernetes import KubernetesDriver, kube
 from warmshell.drivers.kubernetes.warm import extensions
@@ -81,6 +82,9 @@ class Activator:
     def holds(self, instance_id: Any) -> bool:
         return False
 
+    def idle_members(self) -> Counter[Fingerprint]:
+        return Counter()
+
 
 @pytest.fixture(autouse=True)
 def _quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,21 +132,18 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 def allocating(driver: KubernetesDriver) -> bool:
     """The gate is on and everything that reads the extension APIs runs."""
     warm = driver.warm_allocation
-    informers = driver.informers
     return (
         driver.warm_allocation_on
         and warm is not None
         and warm.running
-        and warm.claims is not None
+        and warm.following_claims
         and warm.pool_cache.synced
-        and informers is not None
-        and informers.following_claims
     )
 
 
 def claims_off(driver: KubernetesDriver) -> bool:
     warm = driver.warm_allocation
-    return warm is not None and not warm.running and warm.claims is None
+    return warm is not None and not warm.running and not warm.following_claims
 
 
 async def test_absent_at_start_then_installed_turns_warm_pooling_on(
@@ -170,7 +171,7 @@ async def test_a_404_turns_it_off_once_and_a_probe_turns_it_on_again(
         await until(lambda: allocating(driver))
         assert warnings() == []
 
-        # The CRDs go: every claim-reading part sees 404 (get, the watches, the relist) — one warning.
+        # The CRDs go: every claim-reading part sees 404 (get, the watches) — one warning.
         cluster.set_extensions(False)
         assert await driver.get(SandboxId("sbx-gone")) is None
         await until(lambda: claims_off(driver))
