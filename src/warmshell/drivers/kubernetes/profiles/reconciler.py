@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.kubernetes import kube, labels, watching
+from warmshell.drivers.kubernetes.clock import Clock, SystemClock
 from warmshell.drivers.kubernetes.objects import Obj
 from warmshell.drivers.kubernetes.profiles import lease, profileplan
-from warmshell.drivers.kubernetes.profiles.lease import Clock, SystemClock
 from warmshell.drivers.kubernetes.warm.extensions import ExtensionsGate
 
 __all__ = ["ProfileReconciler", "run_elected"]

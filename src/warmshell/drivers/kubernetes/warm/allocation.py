@@ -17,6 +17,7 @@ import asyncio
 import builtins
 import contextlib
 import logging
+from typing import Protocol
 
 from warmshell.core import allocation, poolshapes
 from warmshell.core.config import KubernetesDriverConfig
@@ -36,13 +37,21 @@ from warmshell.drivers.base import (
 )
 from warmshell.drivers.events import Hub
 from warmshell.drivers.kubernetes import creating, kube, labels, naming, proofs, rendering, watching
-from warmshell.drivers.kubernetes.informers import Informers
 from warmshell.drivers.kubernetes.objects import Obj
 from warmshell.drivers.kubernetes.warm import claimactivation, claims, extensions, poolcache
 
-__all__ = ["WarmAllocation"]
+__all__ = ["ClaimViews", "WarmAllocation"]
 
 log = logging.getLogger(__name__)
+
+
+class ClaimViews(claimactivation.CachedObjects, Protocol):
+    """The driver's informers (`Informers`) as the claim informer feeds them, besides the claim
+    controller: the sandboxes' views join each claim to its Sandbox and pod."""
+
+    def claims_listed(self, items: list[Obj]) -> None: ...
+
+    def claim_changed(self, kind: str, claim: Obj) -> None: ...
 
 
 class WarmAllocation:
@@ -56,7 +65,7 @@ class WarmAllocation:
         sealer: proofs.ProofSealer,
         hub: Hub,
         backoff: watching.Backoff,
-        informers: Informers,
+        informers: ClaimViews,
         *,
         gateway_id: str,
         pool_cache: poolcache.PoolCache | None = None,
