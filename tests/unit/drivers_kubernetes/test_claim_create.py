@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.core.models import Allocation, SandboxSpec
 from warmshell.drivers.base import CreateRequest, MissReason
 from warmshell.drivers.kubernetes import KubernetesDriver, kube
-from warmshell.drivers.kubernetes.warm import poolcache
+from warmshell.drivers.kubernetes.warm import claimactivation, poolcache
 
 from . import crds
 from .fakes import config
@@ -104,21 +103,11 @@ class Pools:
         pass
 
 
-class NoActivator:
+class NoActivator(claimactivation.NotStarted):
     """Never asked to activate (no claim is bound here); registrations never change."""
 
     async def activate(self, **_: Any) -> None:
         raise AssertionError("creates never activate")
-
-    async def wait_registrations_changed(self, generation: int) -> int:
-        await asyncio.Event().wait()
-        return generation
-
-    def holds(self, instance_id: Any) -> bool:
-        return False
-
-    def idle_members(self) -> Counter[Fingerprint]:
-        return Counter()
 
 
 def pool(name: str = "foo", shape: SandboxShape = SHAPE) -> poolcache.CachedPool:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,13 @@ from typing import Any
 import pytest
 
 from warmshell.core.config import StatePaths
-from warmshell.core.ids import Fingerprint, SandboxId
+from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import MissReason
 from warmshell.drivers.kubernetes import KubernetesDriver, kube
 from warmshell.drivers.kubernetes.warm import extensions
 
 from .fakes import config
-from .test_claim_create import REQUEST
+from .test_claim_create import REQUEST, NoActivator
 from .test_profiles_reconciler import FakeApi
 
 Obj = dict[str, Any]
@@ -69,23 +68,6 @@ class Cluster(FakeApi):
         yield {}  # an async generator that never yields: nothing happens on this watch
 
 
-class Activator:
-    """Never asked to activate here; registrations never change."""
-
-    async def activate(self, **_: Any) -> None:
-        raise AssertionError("no claim is bound in these tests")
-
-    async def wait_registrations_changed(self, generation: int) -> int:
-        await asyncio.Event().wait()
-        return generation
-
-    def holds(self, instance_id: Any) -> bool:
-        return False
-
-    def idle_members(self) -> Counter[Fingerprint]:
-        return Counter()
-
-
 @pytest.fixture(autouse=True)
 def _quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(extensions, "PROBE_DELAYS", (0.01,))
@@ -114,7 +96,7 @@ async def cluster() -> Cluster:
 async def running(cluster: Cluster, tmp_path: Path, **settings: Any) -> AsyncIterator[KubernetesDriver]:
     driver = KubernetesDriver(config(**settings), StatePaths(tmp_path), api=cluster)  # type: ignore[arg-type]
     async with driver:
-        await driver.start(Activator())
+        await driver.start(NoActivator())
         subscription = driver.watch()
         try:
             yield driver
