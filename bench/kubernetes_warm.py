@@ -148,7 +148,7 @@ async def measure(profile: str, warm: int, cold: int, cold_batch: int, replicas:
             await cluster.admin.create(kc.POOLS, NAMESPACE, pool)
             settings = gateway_settings(cluster, state) | {"reconcile_interval_seconds": 10.0}
             async with running_gateway(state, **settings) as gw:
-                driver = gw.gateway.driver
+                driver = gw.gateway.parts.driver
                 assert isinstance(driver, KubernetesDriver)
                 warm_data = await warm_creates(gw, driver, cluster, warm, replicas)
                 cold_data = await cold_creates(gw, cold, cold_batch)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from harness import summary, write_results
 
-from warmshell.drivers.local import sandboxing
+from warmshell.drivers.local.runtime import sandboxing
 
 SIZE = 1 << 30
 

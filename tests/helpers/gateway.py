@@ -48,15 +48,18 @@ class RunningGateway:
         the last state seen, so a flaky wait says what the sandbox was doing."""
         request = pb.WatchSandboxRequest(name=name, workspace=workspace)
         last: pb.Sandbox | None = None
+        watch = self.stub.WatchSandbox(request, metadata=self.metadata)
         try:
             async with asyncio.timeout(timeout):
-                async for event in self.stub.WatchSandbox(request, metadata=self.metadata):
+                async for event in watch:
                     if event.HasField("sandbox"):
                         last = event.sandbox
                         if predicate(last):
                             return last
         except TimeoutError:
             raise AssertionError(f"{name}: condition not met in {timeout}s; last seen:\n{last}") from None
+        finally:
+            watch.cancel()  # a watch left open would end only with the gateway
         raise AssertionError(f"watch of {name} ended before the condition held; last seen:\n{last}")
 
     async def wait_ready(self, name: str, timeout: float = 20.0, workspace: str = "") -> pb.Sandbox:
@@ -105,11 +108,11 @@ async def running_gateway(state_dir: Path, **overrides: Any) -> AsyncIterator[Ru
 
 async def _delete_all(gateway: Gateway) -> None:
     """Tests own their sandboxes: remove whatever is left so no process outlives the test."""
-    for record in await gateway.manager.records.list():
+    for record in await gateway.parts.records.list():
         try:
-            await gateway.manager.delete(record.workspace, record.name)
+            await gateway.parts.manager.delete(record.workspace, record.name)
         except Exception:
-            await gateway.driver.delete(record.id)
+            await gateway.parts.driver.delete(record.id)
 
 
 async def wait_pools(

@@ -87,12 +87,12 @@ class LocalDriverConfig(_Section):
 
     pool_reload_interval_seconds: float = Field(default=1.0, gt=0)
     # Deprecated and ignored (a warning at start): refills no longer wait for a pause of this
-    # length; while creates are served only a few members start at a time (drivers/local/pooling.py).
+    # length (the refill rule: `PoolSet._refill` in drivers/local/pools/pooling.py).
     refill_delay_seconds: float | None = Field(default=None, ge=0)
     # Pool members start at this nice value, below the creates and activations they serve (a
     # claimed one gets 0 back before its workload starts); 0 = the gateway's own priority.
     refill_nice: int = Field(default=19, ge=0, le=19)
-    # Default bounds of every sandbox (see drivers/local/limits.py): sized tmpfs, the largest
+    # Default bounds of every sandbox (see drivers/local/runtime/limits.py): sized tmpfs, the largest
     # file a process may write, and how many processes it may run. A profile's [storage] and
     # [resources], and a request's resources, override them (up to the maximums below).
     # /workspace is a tmpfs of this size ("" = a directory on the host's disk, with no bound).
@@ -103,7 +103,7 @@ class LocalDriverConfig(_Section):
     max_file_size: str = "4Gi"
     max_processes: int = Field(default=1024, ge=16, le=2**22)  # the default process count
     # Descriptors per sandbox process (RLIMIT_NOFILE); fewer where the sandbox's process count
-    # times this would pass a quarter of the host's fs.file-max (drivers/local/limits.py).
+    # times this would pass a quarter of the host's fs.file-max (drivers/local/runtime/limits.py).
     max_open_files: int = Field(default=1024, ge=64, le=2**20)
     # cpu and memory of a sandbox that asks for none ("" = no limit); need a delegated cgroup v2.
     default_cpu: str = "1"
@@ -348,6 +348,10 @@ class GatewayConfig(_Section):
     # with an error (the command is killed) instead of the gateway buffering without bound.
     exec_output_window_bytes: int = Field(default=DEFAULT_EXEC_WINDOW_BYTES, ge=64 * 1024, le=2**31)
     exec_stall_timeout_seconds: float = Field(default=60.0, gt=0)
+    # On a stop (SIGTERM) the execs in flight get this long to finish while new calls are refused
+    # (UNAVAILABLE "gateway stopping"); one still running then ends UNAVAILABLE, so a client
+    # retries it as it would after a crash. With replicas this comes after `replicas.drain_seconds`.
+    exec_drain_seconds: float = Field(default=10.0, ge=0)
     # Per listening server (public; supervisor.sock): past it a new connection is closed at accept.
     max_connections: int = Field(default=4096, ge=16)
     # A connection that has not completed its HTTP/2 handshake (client preface and SETTINGS) this

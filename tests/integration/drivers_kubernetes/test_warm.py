@@ -146,7 +146,7 @@ async def test_a_gateway_restart_between_claim_and_activation(
     async with running_gateway(state, **settings) as first:
         await wait_idle(first, "foo", 1)
         # Stop the claim controller first, so the activation can only come from the second gateway.
-        driver = first.gateway.driver
+        driver = first.gateway.parts.driver
         assert isinstance(driver, KubernetesDriver)
         warm = driver.warm_allocation
         assert warm is not None
@@ -172,7 +172,7 @@ async def test_claim_activation_survives_a_dropped_watch_and_a_resync(
     try:
         async with gateway(cluster, tmp_path) as gw:
             await wait_idle(gw, "foo", 1)
-            driver = gw.gateway.driver
+            driver = gw.gateway.parts.driver
             assert isinstance(driver, KubernetesDriver)
             warm = driver.warm_allocation
             assert warm is not None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from warmshell.drivers.local import launching
+from warmshell.drivers.local.runtime import launching
 
 LAUNCH = str(launching.LAUNCH_BINARY)
 

@@ -28,7 +28,8 @@ from warmshell.core.errors import FailedPreconditionError, PermissionDeniedError
 from warmshell.core.ids import SandboxId, new_sandbox_id
 from warmshell.core.models import Allocation, Resources, SandboxSpec
 from warmshell.drivers.base import BackendState, Bound, CreateRequest
-from warmshell.drivers.local import LocalDriver, cgroups, launching
+from warmshell.drivers.local import LocalDriver
+from warmshell.drivers.local.runtime import cgroups, launching
 
 PROOF = "proof-" + "x" * 40
 

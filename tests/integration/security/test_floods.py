@@ -43,7 +43,7 @@ async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
 
 def queued_bytes(gw: RunningGateway) -> int:
     """Exec output the gateway holds right now (test introspection)."""
-    sessions = gw.gateway.manager.sessions._sessions.values()
+    sessions = gw.gateway.parts.sessions._sessions.values()
     return sum(channel.in_flight for session in sessions for channel in session.execs.values())
 
 
@@ -183,7 +183,7 @@ async def test_a_workload_flooding_its_output_cannot_fill_the_gateway_through_sl
             for watcher in watchers:
                 await watcher.read()  # then stop reading
             await asyncio.sleep(3)
-            held = [q.output_bytes for c in gw.gateway.manager.bus._channels.values() for q in c.subscribers]
+            held = [q.output_bytes for c in gw.gateway.parts.bus._channels.values() for q in c.subscribers]
             assert len(held) >= 3  # (and the wait for Ready, if its stream is not gone yet)
             assert all(size <= events.SUBSCRIBER_OUTPUT_BYTES + 1024 * 1024 for size in held), held
             await gw.delete("loud")

@@ -182,7 +182,7 @@ print("seen", seen, "reached", reached)
 async def test_host_processes_cannot_be_seen_or_signalled(gw: RunningGateway) -> None:
     await sandbox(gw, "hostile")
     bystander = await sandbox(gw, "bystander")
-    instance = gw.gateway._driver._fleet.instances[bystander.status.instance_id]  # type: ignore[attr-defined]
+    instance = gw.gateway.parts.driver._fleet.instances[bystander.status.instance_id]  # type: ignore[attr-defined]
     targets = [os.getpid(), os.getppid(), await instance.process.sandbox_pid()]
     # Every pid number the host uses right now (a host pid is only a number in the sandbox's
     # pid namespace): SIGKILL reaches none of them.
@@ -245,7 +245,7 @@ async def test_a_leaked_bootstrap_credential_replayed_after_activation_gets_noth
 
 async def test_a_deleted_sandboxs_token_is_refused(gw: RunningGateway) -> None:
     victim = await sandbox(gw, "victim")
-    token, _ = gw.gateway.issuer.mint(victim.id, victim.status.instance_id)  # as a workload might have kept it
+    token, _ = gw.gateway.parts.issuer.mint(victim.id, victim.status.instance_id)  # as a workload might have kept it
     await gw.delete("victim")
     metadata = (("authorization", f"Bearer {token}"),)
     stub = supervisor_pb2_grpc.SupervisorServiceStub(gw.channel)

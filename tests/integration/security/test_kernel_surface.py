@@ -15,7 +15,7 @@ import pytest
 from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import py, sandbox, sh, still_real
-from warmshell.drivers.local.seccomp import DENIED
+from warmshell.drivers.local.runtime.seccomp import DENIED
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(shutil.which("python3") is None, reason="no python3 in /usr")]
 

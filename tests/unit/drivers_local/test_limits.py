@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from warmshell.core.config import LocalDriverConfig
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import Resources, SandboxSpec, Storage
-from warmshell.drivers.local import cgroups, limits
+from warmshell.drivers.local.runtime import cgroups, limits
 
 
 def most(config: LocalDriverConfig, host_cpus: int = 64, host_memory: int = 2**40) -> limits.Maximums:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from warmshell.drivers.local import cgroups
+from warmshell.drivers.local.runtime import cgroups
 
 
 def fake_hierarchy(tmp_path: Path, *, delegated: str = "cpu memory pids") -> tuple[Path, Path]:

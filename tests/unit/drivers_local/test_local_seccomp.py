@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmshell.drivers.local import seccomp
+from warmshell.drivers.local.runtime import seccomp
 
 X86_64 = seccomp.AUDIT_ARCH_X86_64
 EPERM = 0x00050000 | errno.EPERM

@@ -8,7 +8,7 @@ import pytest
 
 from warmshell.core.config import LocalDriverConfig, load_config
 from warmshell.core.errors import InvalidArgumentError, UnavailableError
-from warmshell.drivers.local.uids import UidRange
+from warmshell.drivers.local.runtime.uids import UidRange
 
 
 def test_uids_are_distinct_within_the_range_and_reusable() -> None:

@@ -11,9 +11,10 @@ from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
 from warmshell.core.models import Resources, SandboxSpec, Storage
 from warmshell.core.profiles import ProfileError, parse_profile
 from warmshell.drivers.base import ComputeDriver
-from warmshell.drivers.local import LocalDriver, admission, cgroups, limits
+from warmshell.drivers.local import LocalDriver, admission
 from warmshell.drivers.local.hostsetup import HostSetup
-from warmshell.drivers.local.launching import AGENT_BINARY
+from warmshell.drivers.local.runtime import cgroups, limits
+from warmshell.drivers.local.runtime.launching import AGENT_BINARY
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from pathlib import Path
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import SandboxSpec
 from warmshell.core.profiles import Profile, ProfileError
-from warmshell.drivers.local import images, limits
 from warmshell.drivers.local.hostsetup import HostSetup
+from warmshell.drivers.local.runtime import images, limits
 
 __all__ = ["check_image_root", "check_profile", "check_spec"]
 

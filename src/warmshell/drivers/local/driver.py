@@ -5,10 +5,11 @@ A create is served warm when exactly one pool matches its fingerprint and has a 
 member: the member is bound to the sandbox (recorded), renamed, and handed to the gateway's
 Activator. Otherwise it goes cold: a supervisor bound to the sandbox from birth is spawned, and
 the gateway activates it once it registers, through the same registry. Sandboxes, supervisors
-and files are the `fleet`'s; pools, the claim of a member, idle members' liveness and refills are
-`pooling`'s, which starts members through the fleet (`members`); what a spec or profile may ask
-for is `admission`'s; what the host gives (bubblewrap, a uid per sandbox, bounds, the cgroup) is
-settled once by `hostsetup`; this module routes, binds and reports.
+and files are the `fleet`'s, each sandbox started by the `runtime`; pools, idle members' liveness
+and refills are `pools.pooling`'s, which starts members through the fleet (`pools.members`); the
+claim is this module's loop over a `pooling.Claim` (next live member, activate, taken or spent);
+what a spec or profile may ask for is `admission`'s; what the host gives (bubblewrap, a uid per
+sandbox, bounds, the cgroup) is settled once by `hostsetup`; this module routes, binds and reports.
 """
 
 from __future__ import annotations
@@ -38,16 +39,18 @@ from warmshell.drivers.base import (
     ProgressLine,
 )
 from warmshell.drivers.events import Hub
-from warmshell.drivers.local import admission, cgroups, pooling, reloading
-from warmshell.drivers.local.files import LocalFiles, files_executor
+from warmshell.drivers.local import admission
 from warmshell.drivers.local.fleet import Fleet
-from warmshell.drivers.local.hostnames import HostnameSetter
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.identity import LocalIdentity
 from warmshell.drivers.local.instances import Instance, lost_sandbox
-from warmshell.drivers.local.launching import AGENT_BINARY
-from warmshell.drivers.local.members import FleetMembers
-from warmshell.drivers.local.processes import SandboxProcess
+from warmshell.drivers.local.pools import pooling, reloading
+from warmshell.drivers.local.pools.members import FleetMembers
+from warmshell.drivers.local.runtime import cgroups
+from warmshell.drivers.local.runtime.files import LocalFiles, files_executor
+from warmshell.drivers.local.runtime.hostnames import HostnameSetter
+from warmshell.drivers.local.runtime.launching import AGENT_BINARY
+from warmshell.drivers.local.runtime.processes import SandboxProcess
 from warmshell.drivers.local.supervising import GatewayLink, HostSupervisors, Supervise
 
 __all__ = ["LocalDriver"]
@@ -250,12 +253,17 @@ class LocalDriver:
     async def _claim(
         self, pool: pooling.Pool, request: CreateRequest, injected: tuple[str, ...]
     ) -> DriverSandbox | None:
-        """A registered idle member of the pool, bound to the sandbox and activated (see
-        `PoolSet.claim`); None if none was."""
+        """A live idle member of the pool, bound to the sandbox and activated; None if none
+        was. Each member that cannot be activated is spent and the next one tried (see
+        `pooling.Claim`)."""
         assert self._pools is not None
         claimed_us = now_us()
-
-        member = await self._pools.claim(pool, lambda member: self._activate(member, pool, request))
+        async with self._pools.claim(pool) as claim:
+            while (member := await claim.next_live()) is not None:
+                if await self._activate(member, pool, request):
+                    claim.taken(member)
+                    break
+                claim.spent(member)
         if member is None:
             return None
         self._progress(member, "PoolHit", f"activated a warm sandbox from pool {pool.name}")

@@ -31,14 +31,15 @@ from warmshell.core.errors import UnavailableError
 from warmshell.core.ids import InstanceId
 from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import BackendState, DriverCondition
-from warmshell.drivers.local import cgroups, credentials, records
-from warmshell.drivers.local import limits as resource_limits
+from warmshell.drivers.local import credentials, records
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.instances import LOG_SUFFIX, Instance
-from warmshell.drivers.local.launching import Launcher, traversable_dir
-from warmshell.drivers.local.processes import read_tail
+from warmshell.drivers.local.runtime import cgroups
+from warmshell.drivers.local.runtime import limits as resource_limits
+from warmshell.drivers.local.runtime.launching import Launcher, traversable_dir
+from warmshell.drivers.local.runtime.processes import read_tail
+from warmshell.drivers.local.runtime.uids import UidRange
 from warmshell.drivers.local.supervising import Seat, Supervise
-from warmshell.drivers.local.uids import UidRange
 
 __all__ = ["ISOLATION", "Fleet"]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.drivers.base import DriverCondition
-from warmshell.drivers.local import cgroups, limits
-from warmshell.drivers.local.launching import Launcher
-from warmshell.drivers.local.uids import UidRange
+from warmshell.drivers.local.runtime import cgroups, limits
+from warmshell.drivers.local.runtime.launching import Launcher
+from warmshell.drivers.local.runtime.uids import UidRange
 
 __all__ = ["NO_BWRAP", "HostSetup"]
 

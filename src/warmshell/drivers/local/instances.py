@@ -15,8 +15,8 @@ from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation, now_us
 from warmshell.drivers.base import BackendState, Bound, CreateRequest, DriverCondition, DriverSandbox, WarmPending
 from warmshell.drivers.local import credentials, records
-from warmshell.drivers.local.limits import Bounds
-from warmshell.drivers.local.processes import HostProcesses, SandboxProcess
+from warmshell.drivers.local.runtime.limits import Bounds
+from warmshell.drivers.local.runtime.processes import HostProcesses, SandboxProcess
 
 __all__ = ["LOG_SUFFIX", "Instance", "lost_sandbox"]
 

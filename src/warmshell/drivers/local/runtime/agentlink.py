@@ -1,7 +1,7 @@
 """The host end of one sandbox's control socket: start commands through its agent, stream their
 output, learn their end.
 
-This is the agent-backed implementation of the supervisor's process seam (`Runner`): the host
+This is the agent-backed implementation of the process seam (`sandboxio.processes.Runner`): the host
 creates the pipes, keeps the read ends of stdout/stderr and the write end of stdin, and passes
 the other ends to the agent with the EXEC record; output therefore never passes through the
 sandbox's pid 1. A timeout or a cancel sends SIGNAL(SIGKILL) to the command's process group; the
@@ -28,10 +28,10 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warmshell.drivers.local import agentwire
-from warmshell.drivers.local.agentwire import Kind, Reply, Stage
-from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size, write_stdin
-from warmshell.supervisor.processes import OutputSink, WorkdirError
+from warmshell.drivers.local.runtime import agentwire
+from warmshell.drivers.local.runtime.agentwire import Kind, Reply, Stage
+from warmshell.sandboxio.interactive import ExecInput, pump_fd, set_window_size, write_stdin
+from warmshell.sandboxio.processes import OutputSink, WorkdirError
 
 __all__ = ["AgentError", "AgentLink"]
 
@@ -109,7 +109,7 @@ class AgentLink:
     ) -> int:
         """Run `command` in the sandbox and stream its output to `sink`; its exit status, with
         the shell's conventions (127 not found, 126 not executable, 124 timed out, 128+N killed
-        by signal N). `io`: see the supervisor's `Runner`. WorkdirError when its workdir cannot
+        by signal N). `io`: see `Runner`. WorkdirError when its workdir cannot
         be entered; OSError when the sandbox is gone."""
         exec_id, running = self._next_id, _Exec()
         self._next_id += 1
@@ -120,47 +120,12 @@ class AgentLink:
             # The command never started, as execve's E2BIG says for an argv + environment too
             # large: a failure the caller reports (an exec would otherwise never end).
             raise OSError(errno.E2BIG, str(exc)) from None
-        ours, theirs = self._stdio(stdin, io)  # (stdin write end or master, out, err), the agent's three
-        sent = False
-        try:
-            self._execs[exec_id] = running
-            await self._send(record, theirs)
-            sent = True
-            reply = await asyncio.shield(running.started)  # a cancel must not cancel the record
-        except BaseException:
-            if sent:
-                # Cancelled while the agent starts it: its answers must still find the exec (an
-                # unknown one would end the sandbox), and a started command is killed then.
-                running.started.add_done_callback(lambda started: self._abandon(exec_id, started))
-            else:
-                self._execs.pop(exec_id, None)
-            _close(*ours)
-            raise
-        finally:
-            _close(*set(theirs))  # the agent has its copies (or never will)
+        ours, reply = await self._start(exec_id, running, record, stdin, io)
         if reply.kind is not Kind.STARTED:
             _close(*ours)
             return await _not_started(reply, command, cwd, sink, tty=tty)
-        in_write, out_read, err_read = ours
-        feeding: asyncio.Future[None] | None = None
-        if io is not None:
-            io.feed(stdin, credited=False)
-            kill = functools.partial(self._signal, exec_id)
-            feeding = asyncio.ensure_future(io.serve(in_write, kill=kill))
-        # The exec ends when the command exits, with what it wrote: not when every process that
-        # inherited its stdout closed it (see `pump_fd`).
-        ended = running.exited
-        if tty:
-            work = [asyncio.ensure_future(pump_fd(in_write, False, sink, close=False, ended=ended))]
-        else:
-            work = [
-                asyncio.ensure_future(pump_fd(out_read, False, sink, ended=ended)),
-                asyncio.ensure_future(pump_fd(err_read, True, sink, ended=ended)),
-            ]
-            if io is None and in_write >= 0:
-                # Not one of the pumps: it ends with the command (see `write_stdin`).
-                feeding = asyncio.ensure_future(write_stdin(in_write, stdin))
-        pumps = asyncio.gather(*work)
+        in_write = ours[0]
+        feeding, pumps = self._pump(exec_id, ours, stdin, io, sink, running.exited, tty=tty)
         try:
             async with asyncio.timeout(timeout):
                 with contextlib.suppress(OSError):  # the sandbox ended: its output ends too, then raised
@@ -182,6 +147,64 @@ class AgentLink:
             if tty:
                 os.close(in_write)
         return exit_code(status)
+
+    async def _start(
+        self, exec_id: int, running: _Exec, record: bytes, stdin: bytes, io: ExecInput | None
+    ) -> tuple[tuple[int, int, int], Reply]:
+        """Send the EXEC record with the command's three fds: the host's ends (see `_stdio`) and
+        the agent's answer."""
+        ours, theirs = self._stdio(stdin, io)
+        sent = False
+        try:
+            self._execs[exec_id] = running
+            await self._send(record, theirs)
+            sent = True
+            reply = await asyncio.shield(running.started)  # a cancel must not cancel the record
+        except BaseException:
+            if sent:
+                # Cancelled while the agent starts it: its answers must still find the exec (an
+                # unknown one would end the sandbox), and a started command is killed then.
+                running.started.add_done_callback(lambda started: self._abandon(exec_id, started))
+            else:
+                self._execs.pop(exec_id, None)
+            _close(*ours)
+            raise
+        finally:
+            _close(*set(theirs))  # the agent has its copies (or never will)
+        return ours, reply
+
+    def _pump(
+        self,
+        exec_id: int,
+        ours: tuple[int, int, int],
+        stdin: bytes,
+        io: ExecInput | None,
+        sink: OutputSink,
+        ended: asyncio.Future[int],
+        *,
+        tty: bool,
+    ) -> tuple[asyncio.Future[None] | None, asyncio.Future[list[None]]]:
+        """Start feeding a started command's input and pumping its output into `sink`: the
+        feeder (None without one) and the pumps, which end with the command's exit (`ended`),
+        with what it wrote: not when every process that inherited its stdout closed it (see
+        `pump_fd`)."""
+        in_write, out_read, err_read = ours
+        feeding: asyncio.Future[None] | None = None
+        if io is not None:
+            io.feed(stdin, credited=False)
+            kill = functools.partial(self._signal, exec_id)
+            feeding = asyncio.ensure_future(io.serve(in_write, kill=kill))
+        if tty:
+            work = [asyncio.ensure_future(pump_fd(in_write, False, sink, close=False, ended=ended))]
+        else:
+            work = [
+                asyncio.ensure_future(pump_fd(out_read, False, sink, ended=ended)),
+                asyncio.ensure_future(pump_fd(err_read, True, sink, ended=ended)),
+            ]
+            if io is None and in_write >= 0:
+                # Not one of the pumps: it ends with the command (see `write_stdin`).
+                feeding = asyncio.ensure_future(write_stdin(in_write, stdin))
+        return feeding, asyncio.gather(*work)
 
     def _stdio(self, stdin: bytes, io: ExecInput | None) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """The host's ends (stdin's write end or a terminal's master, stdout's and stderr's read

@@ -11,8 +11,8 @@ import os
 import signal
 import time
 
-from warmshell.supervisor.interactive import DEFAULT_SIZE, ExecInput
-from warmshell.supervisor.processes import run_streaming
+from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput
+from warmshell.sandboxio.processes import run_streaming
 
 ENV = {"PATH": "/usr/bin:/bin"}
 SIZE = 2 * 1024 * 1024  # more than a pipe holds: some of it is still queued when the command exits

@@ -13,7 +13,7 @@ import os
 import stat
 import struct
 
-from warmshell.supervisor.rootfs import openat2
+from warmshell.sandboxio.rootfs import openat2
 
 __all__ = ["open_in_root"]
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from warmshell.supervisor.rootfs import Root
+from warmshell.sandboxio.rootfs import Root
 
 OUTSIDE = b"OUTSIDE THE ROOT"
 # Every name in the root (the host's / has others: usr, proc, ...; the outside dir has "outside").

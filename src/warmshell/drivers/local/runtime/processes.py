@@ -28,11 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmshell.drivers.local import terminals
-from warmshell.drivers.local.agentlink import AgentError, AgentLink
-from warmshell.supervisor import processes as host_processes
-from warmshell.supervisor.interactive import ExecInput
-from warmshell.supervisor.processes import OutputSink, Runner
+from warmshell.drivers.local.runtime import terminals
+from warmshell.drivers.local.runtime.agentlink import AgentError, AgentLink
+from warmshell.sandboxio import processes as host_processes
+from warmshell.sandboxio.interactive import ExecInput
+from warmshell.sandboxio.processes import OutputSink, Runner
 
 __all__ = ["HostProcesses", "SandboxFds", "SandboxProcess", "Spawner", "read_tail"]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from warmshell.supervisor.processes import WorkdirError, run_streaming
+from warmshell.sandboxio.processes import WorkdirError, run_streaming
 
 
 async def _sink(stderr: bool, data: bytes) -> None:

@@ -1,8 +1,9 @@
-"""Running the workload and exec'd commands, streaming their output: the supervisor's process seam.
+"""Running the workload and exec'd commands, streaming their output: the process seam a supervisor
+runs them through.
 
-`Runner` is the seam; `run_streaming` here starts processes as the supervisor's own children (a
-supervisor inside its sandbox: the Kubernetes pod, the local driver's unisolated mode). The local
-driver's isolated sandboxes supply another implementation that starts them through the
+`Runner` is the seam; `run_streaming` here starts processes as the caller's own children (a
+supervisor inside its sandbox: the Kubernetes pod; the local driver's unisolated mode). The local
+runtime's isolated sandboxes supply another implementation that starts them through the
 sandbox's agent.
 """
 
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from warmshell.supervisor.interactive import ExecInput, pump_fd, set_window_size, write_stdin
+from warmshell.sandboxio.interactive import ExecInput, pump_fd, set_window_size, write_stdin
 
 __all__ = ["OutputSink", "Runner", "WorkdirError", "run_streaming"]
 
@@ -105,16 +106,7 @@ async def run_streaming(
     except OSError as exc:
         os.close(out_read)
         os.close(err_read)
-        if exc.filename == cwd and exc.errno is not None:  # subprocess names the cwd when chdir failed
-            raise WorkdirError(exc.errno, cwd) from None
-        if isinstance(exc, FileNotFoundError):
-            await sink(True, f"warmshell: {command[0]}: command not found\n".encode())
-            return EXIT_NOT_FOUND
-        if not isinstance(exc, PermissionError):
-            raise
-
-        await sink(True, f"warmshell: {command[0]}: permission denied\n".encode())
-        return EXIT_NOT_EXECUTABLE
+        return await _not_started(exc, command, cwd, sink)
     finally:
         os.close(out_write)
         os.close(err_write)
@@ -123,24 +115,44 @@ async def run_streaming(
     # Read from the start: a command may write more than a pipe holds before it reads its stdin.
     ended = asyncio.ensure_future(process.wait())
     pumps = asyncio.gather(pump_fd(out_read, False, sink, ended=ended), pump_fd(err_read, True, sink, ended=ended))
-    feeding: asyncio.Task[None] | None = None
+    feeding = _feed(process, stdin, io)
     try:
-        if process.stdin is not None:
-            # The pipe's own fd, written directly (a duplicate; the transport's is closed at once:
-            # asyncio's wait() would wait for it, held by whatever the command left running).
-            # Beside waiting, not before it: the timeout counts while a command that does not
-            # read its stdin keeps the write from finishing.
-            stdin_fd = os.dup(process.stdin.get_extra_info("pipe").fileno())
-            process.stdin.close()
-            if io is not None:
-                io.feed(stdin, credited=False)
-                feeding = asyncio.create_task(io.serve(stdin_fd, kill=lambda signo: _kill_group(process, signo)))
-            else:
-                feeding = asyncio.create_task(write_stdin(stdin_fd, stdin))
         return await _finish(process, pumps, sink, timeout)
     finally:
         if feeding is not None:
             feeding.cancel()
+
+
+async def _not_started(exc: OSError, command: Sequence[str], cwd: str, sink: OutputSink) -> int:
+    """The status of a command that could not be started, told to `sink` as a shell would (127
+    not found, 126 not executable); WorkdirError when `cwd` cannot be entered; anything else is
+    raised again."""
+    if exc.filename == cwd and exc.errno is not None:  # subprocess names the cwd when chdir failed
+        raise WorkdirError(exc.errno, cwd) from None
+    if isinstance(exc, FileNotFoundError):
+        await sink(True, f"warmshell: {command[0]}: command not found\n".encode())
+        return EXIT_NOT_FOUND
+    if not isinstance(exc, PermissionError):
+        raise exc
+    await sink(True, f"warmshell: {command[0]}: permission denied\n".encode())
+    return EXIT_NOT_EXECUTABLE
+
+
+def _feed(process: asyncio.subprocess.Process, stdin: bytes, io: ExecInput | None) -> asyncio.Task[None] | None:
+    """Start writing the command's stdin (`stdin`, then what `io` streams); None without a pipe.
+
+    The pipe's own fd is written directly (a duplicate; the transport's is closed at once:
+    asyncio's wait() would wait for it, held by whatever the command left running), beside
+    waiting, not before it: the timeout counts while a command that does not read its stdin
+    keeps the write from finishing."""
+    if process.stdin is None:
+        return None
+    stdin_fd = os.dup(process.stdin.get_extra_info("pipe").fileno())
+    process.stdin.close()
+    if io is None:
+        return asyncio.create_task(write_stdin(stdin_fd, stdin))
+    io.feed(stdin, credited=False)
+    return asyncio.create_task(io.serve(stdin_fd, kill=lambda signo: _kill_group(process, signo)))
 
 
 async def _finish(

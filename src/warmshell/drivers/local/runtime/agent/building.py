@@ -1,7 +1,7 @@
 """Compiling the sandbox agent (pid 1 of every local sandbox) and `warmshell-launch` from their C
 sources beside this file: `scripts/build-agent` runs it in a checkout, the wheel build (`setup.py`)
 runs it into the wheel, and an installed copy without them is built with
-`python -m warmshell.drivers.local.agent.building`.
+`python -m warmshell.drivers.local.runtime.agent.building`.
 
 Standard library only, and no warmshell import: the wheel build loads this file before warmshell
 is installed.
@@ -23,7 +23,9 @@ HERE = Path(__file__).resolve().parent
 BINARIES = {"warmshell-agent": "warmshell-agent.c", "warmshell-launch": "warmshell-launch.c"}
 _FLAGS = ("-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror")
 # How to build them, for messages about a missing one.
-HOW = "python -m warmshell.drivers.local.agent.building (needs a C compiler; in a checkout: scripts/build-agent)"
+HOW = (
+    "python -m warmshell.drivers.local.runtime.agent.building (needs a C compiler; in a checkout: scripts/build-agent)"
+)
 
 
 def compiler() -> list[str] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from warmshell.supervisor.window import OutputWindow
+from warmshell.sandboxio.window import OutputWindow
 
 
 async def test_take_spends_at_most_what_is_left_and_waits_for_a_grant() -> None:

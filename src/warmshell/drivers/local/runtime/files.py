@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from warmshell.core.errors import ResourceExhaustedError
 from warmshell.drivers.files import FileEntry, file_error
-from warmshell.supervisor.rootfs import PendingWrite, Root, drop_supplementary_groups
+from warmshell.sandboxio.rootfs import PendingWrite, Root, drop_supplementary_groups
 
 __all__ = ["LocalFiles", "files_executor"]
 

@@ -2,21 +2,15 @@
 hand them to creates.
 
 Processes are the fleet's: pools start and stop members through an injected `Members` (see
-`members`) and never call back into the driver. This module decides how many to spawn, which
-member a create gets (`PoolSet.claim`), when refills run, whether idle members still answer, and
-what happens when profiles change: a profile changed in anything but `replicas` becomes a new
-pool (the old one's idle members are stopped), a removed profile drains its pool, and an invalid
-file is reported on its pool without touching the others (the last valid version keeps serving).
-
-Refills start as soon as members are missing, but while creates are being served (a claim in
-flight or one in the last `_BUSY_SECONDS`) few members start at a time: one if claims of this run
-were in flight together (a burst keeps the machine nearly to itself), `_SPAWNS_WHILE_BUSY` while
-they come one at a time (a client creating back to back does not drain the pool), and every
-missing member the moment creates pause. Members start at a lower CPU priority
-(`local.refill_nice`) on top of that. A member that dies before registering counts as a
-failure; the pool then backs off exponentially instead of respawning in a tight loop. Idle
-members are pinged every `check_seconds` and before a claim; one that does not answer within
-`probe_seconds` is spent (stopped, replaced).
+`members`) and never call back into the driver. This module decides how many to spawn and when
+(the refill rule: `PoolSet._refill`), which member a create's claim gets (`Claim`; the loop that
+activates it is the driver's), whether idle members still answer, and what happens when profiles
+change: a profile changed in anything but `replicas` becomes a new pool (the old one's idle
+members are stopped), a removed profile drains its pool, and an invalid file is reported on its
+pool without touching the others (the last valid version keeps serving). A member that dies
+before registering counts as a failure; the pool then backs off exponentially instead of
+respawning in a tight loop. Idle members are pinged every `check_seconds` and before a claim; one
+that does not answer within `probe_seconds` is spent (stopped, replaced).
 """
 
 from __future__ import annotations
@@ -24,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Protocol
 
 from warmshell.core import poolshapes
@@ -38,7 +33,7 @@ from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import DriverCondition, PoolView, invalid_profile_view
 from warmshell.drivers.local.instances import Instance
 
-__all__ = ["Members", "Pool", "PoolSet", "Take"]
+__all__ = ["Claim", "Members", "Pool", "PoolSet"]
 
 _log = logging.getLogger(__name__)
 _BACKOFF_FIRST = 0.5
@@ -46,10 +41,10 @@ _BACKOFF_MAX = 30.0
 # Claims closer together than this are one run of creates, which refills keep out of the way of.
 _BUSY_SECONDS = 0.1
 # Member starts in flight while creates come one at a time. One was too few once a warm create
-# took ~3 ms: a client creating back to back drained a pool of 10 (27-31 of 500 creates cold in
-# bench/results/burst_stop27_before_*), because one start (bwrap, the agent's hello, its
-# registration) takes longer than a create and its delete. A burst still gets one: every start's
-# event-loop share (~1 ms) is taken from the burst's creates, which are bound by that loop.
+# took ~3 ms: a client creating back to back drained a pool of 10 (27-31 of 500 creates went
+# cold), because one start (bwrap, the agent's hello, its registration) takes longer than a
+# create and its delete. A burst still gets one: every start's event-loop share (~1 ms) is taken
+# from the burst's creates, which are bound by that loop.
 _SPAWNS_WHILE_BUSY = 2
 # Members a claim probes before the create goes cold (the others are checked in the background).
 _PROBES_PER_CLAIM = 2
@@ -57,10 +52,6 @@ _PROBES_PER_CLAIM = 2
 # for tens of milliseconds (a task, a send and a timer each, then the answers), stalling the
 # creates that arrived meanwhile, and woke 1,000 agents together.
 _CHECK_SLICE = 16
-
-# Binds a claimed member to the create and activates it; False when it could not be activated
-# (the member is then spent and the next one tried).
-Take = Callable[[Instance], Awaitable[bool]]
 
 
 class Members(Protocol):
@@ -297,43 +288,23 @@ class PoolSet:
 
     # -- claims and liveness ---------------------------------------------------------------
 
-    async def claim(self, pool: Pool, take: Take) -> Instance | None:
-        """Hand the pool's registered idle members to `take` until one is taken; None when none
-        was. A member that fails its probe or is not taken is spent (never back in a pool);
-        after `_PROBES_PER_CLAIM` failed probes the create goes cold and the rest of the pool is
-        checked in the background, so a pool of hung members costs one create seconds, not
-        minutes."""
+    def claim(self, pool: Pool) -> Claim:
+        """One create's claim on `pool`: `async with pools.claim(pool) as claim`, then the
+        caller's loop (see `Claim`)."""
+        return Claim(self, pool)
+
+    def _claim_started(self) -> None:
         self._claiming += 1
         self._overlapped = self._overlapped or self._claiming > 1
-        failed_probes = 0
-        try:
-            while failed_probes < _PROBES_PER_CLAIM and (member := pool.claim()) is not None:
-                self._last_claim = asyncio.get_running_loop().time()
-                self.wake()  # it never returns to the pool
-                if not await self._answers(member):
-                    _log.warning(
-                        "warm pool %s: member %s did not answer its liveness probe within %gs; replacing it",
-                        pool.name,
-                        member.instance_id,
-                        self._probe_seconds,
-                    )
-                    failed_probes += 1
-                    self._spend(member)
-                    self._background(self._check(pool))
-                    continue
-                try:
-                    taken = await take(member)
-                except BaseException:
-                    self._spend(member)
-                    raise
-                if taken:
-                    pool.hits += 1
-                    return member
-                self._spend(member)
-            return None
-        finally:
-            self._claiming -= 1
-            self.wake()
+
+    def _claimed(self) -> None:
+        """A member left the pool for a claim (it never returns): refills may start."""
+        self._last_claim = asyncio.get_running_loop().time()
+        self.wake()
+
+    def _claim_ended(self) -> None:
+        self._claiming -= 1
+        self.wake()
 
     async def _answers(self, member: Instance) -> bool:
         return member.process is not None and await member.process.responsive(self._probe_seconds)
@@ -409,13 +380,18 @@ class PoolSet:
             self._refill()
 
     def _refill(self) -> None:
+        """The refill rule. Members start as soon as they are missing, but while creates are
+        being served (a claim in flight, or one in the last `_BUSY_SECONDS`) few start at a
+        time: one if claims of this run of creates were in flight together (a burst keeps the
+        machine nearly to itself; its last claims, one at a time, are still the burst's), else
+        `_SPAWNS_WHILE_BUSY` (a client creating back to back does not drain its pool); every
+        missing member the moment creates pause. On top of that members start at a lower CPU
+        priority (`local.refill_nice`), and a pool whose members failed waits out its backoff.
+        Surplus members (fewer replicas now) are stopped, the youngest first."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         busy_until = self._last_claim + _BUSY_SECONDS
         busy = self._busy()
-        # While creates are being served, few spawns at a time (a burst is barely touched, a
-        # steady run of creates does not drain the pool); every missing member once they pause.
-        # A burst's last claims come one at a time too: it stays a burst until the creates pause.
         self._overlapped = self._overlapped and busy
         allowed = 1 if self._overlapped else _SPAWNS_WHILE_BUSY
         budget = max(0, allowed - sum(p.spawning for p in self._pools.values())) if busy else None
@@ -431,8 +407,7 @@ class PoolSet:
                 self._background(self._spawn(pool))
             if budget is not None:
                 budget -= max(0, count)
-            if missing < 0:
-                # Fewer replicas now: stop the youngest (least likely registered) members.
+            if missing < 0:  # the youngest are the least likely registered
                 extra, pool.members = pool.members[missing:], pool.members[:missing]
                 for member in extra:
                     pool.ready.discard(member.instance_id)
@@ -466,6 +441,60 @@ class PoolSet:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+class Claim:
+    """One create's claim on a pool, driven by the caller's loop: `next_live` hands out the
+    pool's registered idle members one at a time, the caller activates each and says whether it
+    was `taken` or `spent` (never back in a pool). A member handed out and neither is spent when
+    the claim ends. After `_PROBES_PER_CLAIM` failed probes `next_live` gives up, so the create
+    goes cold and the rest of the pool is checked in the background: a pool of hung members
+    costs one create seconds, not minutes."""
+
+    def __init__(self, pools: PoolSet, pool: Pool) -> None:
+        self._pools = pools
+        self._pool = pool
+        self._failed_probes = 0
+        self._open: Instance | None = None  # handed out, neither taken nor spent yet
+
+    async def __aenter__(self) -> Claim:
+        self._pools._claim_started()
+        return self
+
+    async def __aexit__(self, *exc_info: type[BaseException] | BaseException | TracebackType | None) -> None:
+        if self._open is not None:
+            self.spent(self._open)
+        self._pools._claim_ended()
+
+    async def next_live(self) -> Instance | None:
+        """The pool's oldest registered idle member that answers its liveness probe; None when
+        there is none (or too many did not answer)."""
+        pools, pool = self._pools, self._pool
+        while self._failed_probes < _PROBES_PER_CLAIM and (member := pool.claim()) is not None:
+            pools._claimed()
+            if await pools._answers(member):
+                self._open = member
+                return member
+            _log.warning(
+                "warm pool %s: member %s did not answer its liveness probe within %gs; replacing it",
+                pool.name,
+                member.instance_id,
+                pools._probe_seconds,
+            )
+            self._failed_probes += 1
+            pools._spend(member)
+            pools._background(pools._check(pool))
+        return None
+
+    def taken(self, member: Instance) -> None:
+        """The member serves the create now: a hit."""
+        self._open = None
+        self._pool.hits += 1
+
+    def spent(self, member: Instance) -> None:
+        """The member could not be activated: stop it (the next one may be tried)."""
+        self._open = None
+        self._pools._spend(member)
 
 
 def _invalid_view(name: str, error: InvalidArgumentError) -> PoolView:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import re
 
-from warmshell.supervisor.interactive import DEFAULT_SIZE, ExecInput, WindowSize
-from warmshell.supervisor.processes import run_streaming
+from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
+from warmshell.sandboxio.processes import run_streaming
 
 
 async def run_on_terminal(command: list[str], typed: bytes = b"", size: WindowSize = DEFAULT_SIZE) -> tuple[int, bytes]:

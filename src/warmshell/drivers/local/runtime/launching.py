@@ -24,14 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from warmshell.core.errors import FailedPreconditionError
-from warmshell.drivers.local import cgroups, etcstage, limits, sandboxing, seccomp
-from warmshell.drivers.local.agent import building
-from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.processes import HostProcesses, SandboxFds, SandboxProcess, Spawner
+from warmshell.drivers.local.runtime import cgroups, etcstage, limits, sandboxing, seccomp
+from warmshell.drivers.local.runtime.agent import building
+from warmshell.drivers.local.runtime.processes import HostProcesses, SandboxFds, SandboxProcess, Spawner
 
-__all__ = ["AGENT_BINARY", "BUILD_STEP", "ETC_REFRESH_SECONDS", "LAUNCH_BINARY", "Launcher", "Sandbox"]
+__all__ = ["AGENT_BINARY", "BUILD_STEP", "ETC_REFRESH_SECONDS", "LAUNCH_BINARY", "Launchable", "Launcher", "Sandbox"]
 
 _log = logging.getLogger(__name__)
 
@@ -43,6 +43,40 @@ _HOST_ROOT = Path("/")
 # How long a staged /etc is trusted before the next start checks its sources again.
 ETC_REFRESH_SECONDS = 1.0
 Sandbox = SandboxProcess | HostProcesses
+
+
+class Launchable(Protocol):
+    """What a start reads of the instance it starts (the driver's `Instance` is one)."""
+
+    @property
+    def instance_id(self) -> str:
+        """Set in the sandbox's environment (the start-up sweep finds survivors by it)."""
+        ...
+
+    @property
+    def hostname(self) -> str:
+        """The sandbox's hostname."""
+        ...
+
+    @property
+    def bounds(self) -> limits.Bounds | None:
+        """Its own bounds (None: the launcher's defaults)."""
+        ...
+
+    @property
+    def cgroup(self) -> Path | None:
+        """The cgroup it starts in (None: none)."""
+        ...
+
+    @property
+    def workspace_dir(self) -> Path:
+        """The host directory bound at /workspace."""
+        ...
+
+    @property
+    def log_path(self) -> Path:
+        """Where bwrap's stdout and stderr go."""
+        ...
 
 
 def _nothing() -> None:
@@ -128,7 +162,13 @@ class Launcher:
                 self._plans[root] = sandboxing.host_root_plan(entries, names, root, staged_etc=staged, etc_dirs=subdirs)
 
     async def start(
-        self, instance: Instance, *, image: str, uid: int | None, nice: int = 0, prepare: Callable[[], None] = _nothing
+        self,
+        instance: Launchable,
+        *,
+        image: str,
+        uid: int | None,
+        nice: int = 0,
+        prepare: Callable[[], None] = _nothing,
     ) -> Sandbox:
         """Start the instance's sandbox at nice value `nice`; OSError when it does not.
         `prepare` (blocking: the instance's directories and cgroup, and `self.prepare(image)`)

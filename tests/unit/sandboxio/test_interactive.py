@@ -11,7 +11,7 @@ import os
 import struct
 import termios
 
-from warmshell.supervisor.interactive import ExecInput, WindowSize, pump_fd
+from warmshell.sandboxio.interactive import ExecInput, WindowSize, pump_fd
 
 
 async def test_stdin_is_written_in_order_credited_and_closed_at_its_end() -> None:

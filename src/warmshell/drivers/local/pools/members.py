@@ -11,7 +11,7 @@ from pathlib import Path
 
 from warmshell.drivers.local.fleet import Fleet
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.pooling import Pool
+from warmshell.drivers.local.pools.pooling import Pool
 
 __all__ = ["FleetMembers"]
 

@@ -27,7 +27,7 @@ from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import SandboxSpec
 from warmshell.core.quantities import cpu_millis, memory_bytes, render_cpu, render_memory
 from warmshell.drivers.base import DriverCondition
-from warmshell.drivers.local import cgroups
+from warmshell.drivers.local.runtime import cgroups
 
 __all__ = ["PRLIMIT", "Bounds", "Maximums", "check_maximum", "condition", "prlimit_argv", "rlimit_options"]
 
