@@ -244,12 +244,20 @@ class FilesConfig(_Section):
 
 class LifetimesConfig(_Section):
     """How long sandboxes live: the TTL and idle timeout a create gets when it sets none, the
-    most it may ask for (0 = no maximum), and how often expiry is checked."""
+    most it may ask for (0 = no maximum), how long an Exited sandbox is kept, and how often
+    expiry is checked.
 
-    default_ttl_seconds: int = Field(default=0, ge=0)  # 0 = sandboxes live until deleted
-    max_ttl_seconds: int = Field(default=0, ge=0)
+    Finite by default, so a harness that crashes before its deletes leaks sandboxes for an
+    hour, not forever; sandboxes that live until deleted are the operator's explicit choice
+    (`default_ttl_seconds = 0` with `max_ttl_seconds = 0`)."""
+
+    default_ttl_seconds: int = Field(default=3600, ge=0)  # 0 = until deleted (needs max_ttl_seconds = 0)
+    max_ttl_seconds: int = Field(default=86400, ge=0)
     default_idle_timeout_seconds: int = Field(default=0, ge=0)
     max_idle_timeout_seconds: int = Field(default=0, ge=0)
+    # A sandbox whose workload exited (a one-shot `create -- CMD` without --rm) is deleted this
+    # long after the exit, whatever its TTL says (0 = kept as long as its TTL).
+    exited_retention_seconds: int = Field(default=600, ge=0)
     check_interval_seconds: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")

@@ -132,7 +132,12 @@ def assemble(
             leading=leading,
             share_progress=wiring.share_progress,
         ),
-        expiry=ExpiryReconciler(manager, interval_seconds=config.lifetimes.check_interval_seconds, leading=leading),
+        expiry=ExpiryReconciler(
+            manager,
+            interval_seconds=config.lifetimes.check_interval_seconds,
+            leading=leading,
+            exited_retention_seconds=config.lifetimes.exited_retention_seconds,
+        ),
         sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder),
         file_service=FileService(manager, auth, config.files, wiring.forwarder),
         supervisor_service=supervisor_service,

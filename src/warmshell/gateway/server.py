@@ -25,6 +25,7 @@ from warmshell.drivers import keyfiles
 from warmshell.drivers.base import ComputeDriver
 from warmshell.gateway import collector, listening, statedir
 from warmshell.gateway.assembly import GatewayParts, Keys, assemble
+from warmshell.gateway.capped import CappedProtocols
 from warmshell.gateway.drivers import build_driver
 from warmshell.gateway.http import start_http
 from warmshell.gateway.logs import configure_logging
@@ -118,6 +119,8 @@ class Gateway:
         self._loops = Loops()  # the reconcilers' (a replica's own are its `replication.loops`)
         self.http_port = 0
         self.tcp_port = 0
+        # The HTTP port's connections (probes and a scraper), capped: what a flood is held to.
+        self.http_connections: CappedProtocols | None = None
         self._given_driver = driver
         self._parts: GatewayParts | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -161,6 +164,7 @@ class Gateway:
         # Health first: a probe learns why this gateway is not serving yet (a database it waits for).
         # It stops last, saying "stopping" until then.
         http, self.http_port = await start_http(self.config.http_host, self.config.http_port, self._healthy)
+        self.http_connections = http.connections
         stack.push_async_callback(http.cleanup)
         store = await self._open_store(stack)
         if isinstance(store, PostgresStore):  # a shared store means replicas: they share a token

@@ -373,8 +373,8 @@ async def test_a_profile_lifetime_is_the_default_of_what_its_pool_serves(
         assert (asked.status.allocation, asked.lifetime.ttl_seconds) == ("warm", 30)
         assert asked.lifetime.idle_timeout_seconds == 300
 
-        cold = await gw.create(name="cold")  # no pool: the gateway's default (none)
-        assert (cold.status.allocation, cold.lifetime.ttl_seconds, cold.lifetime.expires_at_ms) == ("cold", 0, 0)
+        cold = await gw.create(name="cold")  # no pool: the gateway's default
+        assert (cold.status.allocation, cold.lifetime.ttl_seconds) == ("cold", 3600)
 
 
 # -- storage ----------------------------------------------------------------------------------------------
