@@ -115,6 +115,7 @@ def assemble(
     leadership = driver if replication is not None and isinstance(driver, Leadership) else None
     leading = _leader(leadership)
     execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
+    reconciler, expiry = _reconcilers(config, manager, leading=leading, wiring=wiring)
     return GatewayParts(
         config=config,
         store=store,
@@ -129,8 +130,8 @@ def assemble(
         manager=manager,
         auth=auth,
         execs=execs,
-        reconciler=_reconciler(config, manager, leading, wiring),
-        expiry=_expiry(config, manager, leading),
+        reconciler=reconciler,
+        expiry=expiry,
         sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder),
         file_service=FileService(manager, auth, config.files, wiring.forwarder),
         image_service=ImageService.for_config(config, auth),
@@ -144,27 +145,24 @@ def assemble(
     )
 
 
-def _reconciler(
-    config: GatewayConfig, manager: SandboxManager, leading: Callable[[], bool], wiring: ReplicaWiring
-) -> Reconciler:
-    """Folds the driver's view into the records (and removes orphans) while this gateway leads."""
-    return Reconciler(
+def _reconcilers(
+    config: GatewayConfig, manager: SandboxManager, *, leading: Callable[[], bool], wiring: ReplicaWiring
+) -> tuple[Reconciler, ExpiryReconciler]:
+    """The loops that keep records and backends agreeing, and that end sandboxes past their time."""
+    reconciler = Reconciler(
         manager,
         interval_seconds=config.reconcile_interval_seconds,
         orphan_grace_seconds=config.orphan_grace_seconds,
         leading=leading,
         share_progress=wiring.share_progress,
     )
-
-
-def _expiry(config: GatewayConfig, manager: SandboxManager, leading: Callable[[], bool]) -> ExpiryReconciler:
-    """Ends sandboxes at the end of their lifetime while this gateway leads."""
-    return ExpiryReconciler(
+    expiry = ExpiryReconciler(
         manager,
         interval_seconds=config.lifetimes.check_interval_seconds,
         leading=leading,
         exited_retention_seconds=config.lifetimes.exited_retention_seconds,
     )
+    return reconciler, expiry
 
 
 def _replication(

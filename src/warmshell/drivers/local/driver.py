@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import collections
 import dataclasses
 import functools
 import logging
@@ -99,8 +98,6 @@ class LocalDriver:
         self._reloader: asyncio.Task[None] | None = None
         self._pools = self._pool_set() if config.pools_dir is not None else None
         self._files_executor: ThreadPoolExecutor | None = None
-        self.misses: collections.Counter[MissReason] = collections.Counter()
-        """Cold creates by reason since start (pools count their own hits and misses)."""
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
 
     def _new_fleet(self, supervise: Supervise, grace: float) -> Fleet:
@@ -267,9 +264,9 @@ class LocalDriver:
             if served is not None:
                 return served
             decision = allocation.empty(decision.pool)
+        # Per pool here; by reason once, in the gateway's manager, from the view's miss_reason.
         for pool in decision.charged:
             pool.misses += 1
-        self.misses[decision.reason] += 1
         return await self._spawn_cold(request, decision.reason)
 
     async def _claim(
