@@ -9,13 +9,15 @@ blocks (quiet, then with the attacks), so a shared machine's bursts fall on both
 - inode flood: 300,000 empty files in /tmp under a 64Mi limit (their kernel memory is charged to
   the sandbox, so the limit stops it).
 
-The hostile sandboxes are made at the start of each attack block and deleted at its end, after
-their usage (GetSandbox) is read. Reports the well-behaved clients' create -> Ready (warm and
+The attacks run twice per block: with no cpu limit on the hostile sandboxes, and with each under
+`--hostile-cpu` (250m), so one run shows what the cgroup's cpu bound gives the well-behaved
+clients. The hostile sandboxes are made at the start of each attack block and deleted at its end,
+after their usage (GetSandbox) is read. Reports the well-behaved clients' create -> Ready (warm and
 cold), exec and delete latency p50/p99 quiet and with the attacks, how often each attack hit its
 bound, the attackers' peak memory, and lost outputs: every exec's output (the flood's too) is
 checked against its SHA-256. The load average is sampled throughout.
 
-    python bench/soak.py                                  # 1.5 min quiet + 3 min with the attacks, in 3 blocks
+    python bench/soak.py                                  # 1.5 min quiet + 2 x 1.5 min with the attacks, in 3 blocks
     python bench/soak.py --quiet-minutes 0.5 --minutes 1 --blocks 1  # a smoke run
 
 Run as root: the process bound needs a uid per sandbox, the memory limits a cgroup.
@@ -204,14 +206,29 @@ async def run_phase(gw: GatewayProcess, seconds: float, workers: int, tag: str, 
         sampler.cancel()
 
 
-async def with_attacks(gw: GatewayProcess, block: int, attacks: dict[str, Attack], body: Awaitable[None]) -> None:
+@dataclass
+class Attacked:
+    """One way of running the attacks (with no cpu limit on the hostile sandboxes, or with one),
+    what the well-behaved clients measured beside them, and what each attack did."""
+
+    cpu: str
+    phase: Phase = field(default_factory=Phase)
+    attacks: dict[str, Attack] = field(default_factory=lambda: {kind: Attack() for kind in HOSTILE})
+
+    @property
+    def label(self) -> str:
+        return f"each hostile sandbox at cpu {self.cpu}" if self.cpu else "no cpu limit on the hostile sandboxes"
+
+
+async def with_attacks(gw: GatewayProcess, tag: str, attacked: Attacked, body: Awaitable[None]) -> None:
     """`body` while the hostile sandboxes of this block attack; they are deleted afterwards."""
-    names = {kind: f"{kind}-{block}" for kind in HOSTILE}
+    names = {kind: f"{kind}-{tag}" for kind in HOSTILE}
     for kind, attacker in HOSTILE.items():
-        spec = pb.SandboxSpec(resources=pb.Resources(pids=attacker.pids, memory=attacker.memory))
-        await gw.create(name=names[kind], workspace="hostile", spec=spec)
+        resources = pb.Resources(pids=attacker.pids, memory=attacker.memory, cpu=attacked.cpu)
+        await gw.create(name=names[kind], workspace="hostile", spec=pb.SandboxSpec(resources=resources))
     for name in names.values():
         await wait_ready_in(gw, name, "hostile")
+    attacks = attacked.attacks
     tasks = [asyncio.create_task(hostile(gw, kind, name, attacks[kind])) for kind, name in names.items()]
     await asyncio.sleep(3)  # let the attacks reach their bounds
     try:
@@ -236,7 +253,7 @@ async def wait_ready_in(gw: GatewayProcess, name: str, workspace: str) -> None:
         pass
 
 
-def table(data: dict[str, object], quiet: Phase, loud: Phase, attacks: dict[str, Attack]) -> str:
+def latency_rows(quiet: Phase, loud: Phase) -> list[str]:
     rows = [
         "| well-behaved clients | quiet n | quiet p50 ms | quiet p99 ms | hostile n | hostile p50 ms "
         "| hostile p99 ms | p50 ratio | p99 ratio |",
@@ -257,8 +274,11 @@ def table(data: dict[str, object], quiet: Phase, loud: Phase, attacks: dict[str,
             f"| {label} | {q['n']} | {q['p50']:.1f} | {q['p99']:.1f} | {h['n']} | {h['p50']:.1f} | {h['p99']:.1f} "
             f"| {h['p50'] / q['p50']:.2f} | {h['p99'] / q['p99']:.2f} |"
         )
-    rows += [
-        "",
+    return rows
+
+
+def attack_rows(attacks: dict[str, Attack]) -> list[str]:
+    rows = [
         "| attack | runs | hit its bound | lost outputs | errors | peak memory MiB (per block) | exit codes (runs) |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -269,18 +289,30 @@ def table(data: dict[str, object], quiet: Phase, loud: Phase, attacks: dict[str,
             f"| {name} | {attack.runs} | {attack.bound_hits} | {attack.lost} | {len(attack.errors)} | {peaks} "
             f"| {codes} |"
         )
+    return rows
+
+
+def table(data: dict[str, object], quiet: Phase, variants: list[Attacked]) -> str:
+    rows: list[str] = []
+    for variant in variants:
+        loud = variant.phase
+        rows += [f"## With the attacks, {variant.label}", "", *latency_rows(quiet, loud), ""]
+        rows += [*attack_rows(variant.attacks), ""]
+        rows.append(
+            f"Lost outputs (well-behaved): {quiet.lost} of {quiet.execs} execs quiet, {loud.lost} of {loud.execs} "
+            f"with the attacks; errors: {len(quiet.errors)} quiet, {len(loud.errors)} with the attacks. "
+            f"Load average (1 min) {_mean(loud.load):.2f} (max {max(loud.load):.2f})."
+        )
+        rows.append("")
     rows += [
-        "",
-        f"Lost outputs (well-behaved): {quiet.lost} of {quiet.execs} execs quiet, {loud.lost} of {loud.execs} "
-        f"with the attacks; errors: {len(quiet.errors)} quiet, {len(loud.errors)} with the attacks.",
         f"{data['workers']} well-behaved clients; {data['quiet_seconds']:g} s quiet and {data['hostile_seconds']:g} s "
-        f"beside {', '.join(HOSTILE)}, in {data['blocks']} alternating blocks (/workspace {WORKSPACE_SIZE}, "
-        f"fork bomb at {BOMB_PIDS} processes, {FLOOD_BYTES >> 20} MiB per flood exec read with a pause per chunk, "
-        f"a {BALLOON_MIB} MiB balloon and {FLOOD_FILES:,} empty files each under memory {MEMORY_LIMIT}).",
-        f"Load average (1 min) quiet {_mean(quiet.load):.2f} (max {max(quiet.load):.2f}), with the attacks "
-        f"{_mean(loud.load):.2f} (max {max(loud.load):.2f}). The machine (2 cpus) was shared with other work "
-        "throughout (other builds and test runs): the quiet and attack blocks alternate so it weighs on both, "
-        "but absolute figures are not a quiet machine's.",
+        f"beside {', '.join(HOSTILE)} (split evenly between the ways of running them), in {data['blocks']} "
+        f"alternating blocks (/workspace {WORKSPACE_SIZE}, fork bomb at {BOMB_PIDS} processes, "
+        f"{FLOOD_BYTES >> 20} MiB per flood exec read with a pause per chunk, a {BALLOON_MIB} MiB balloon and "
+        f"{FLOOD_FILES:,} empty files each under memory {MEMORY_LIMIT}).",
+        f"Load average (1 min) quiet {_mean(quiet.load):.2f} (max {max(quiet.load):.2f}). The machine (2 cpus) "
+        "was shared with other work throughout (other builds and test runs): the quiet and attack blocks "
+        "alternate so it weighs on all of them alike, but absolute figures are not a quiet machine's.",
     ]
     return "\n".join(rows)
 
@@ -302,8 +334,10 @@ def _phase_data(phase: Phase) -> dict[str, object]:
     }
 
 
-async def main(quiet_seconds: float, hostile_seconds: float, workers: int, blocks: int) -> None:
-    quiet, loud, attacks = Phase(), Phase(), {kind: Attack() for kind in HOSTILE}
+async def main(quiet_seconds: float, hostile_seconds: float, workers: int, blocks: int, hostile_cpu: str) -> None:
+    quiet = Phase()
+    variants = [Attacked(cpu="")] + ([Attacked(cpu=hostile_cpu)] if hostile_cpu else [])
+    each = hostile_seconds / blocks / len(variants)
     with tempfile.TemporaryDirectory(prefix="ws-soak-") as tmp:
         config, pools = Path(tmp) / "gateway.toml", Path(tmp) / "pools"
         config.write_text(CONFIG)
@@ -312,22 +346,29 @@ async def main(quiet_seconds: float, hostile_seconds: float, workers: int, block
         async with gateway_process("--config", str(config), "--pools", str(pools)) as gw:
             for block in range(blocks):
                 await run_phase(gw, quiet_seconds / blocks, workers, f"q{block}", quiet)
-                attacked = run_phase(gw, hostile_seconds / blocks, workers, f"h{block}", loud)
-                await with_attacks(gw, block, attacks, attacked)
+                for v, variant in enumerate(variants):
+                    tag = f"{block}v{v}"
+                    await with_attacks(gw, tag, variant, run_phase(gw, each, workers, f"h{tag}", variant.phase))
     data: dict[str, object] = {
         "workers": workers,
         "quiet_seconds": quiet_seconds,
         "hostile_seconds": hostile_seconds,
         "blocks": blocks,
         "workspace_size": WORKSPACE_SIZE,
-        "quiet": _phase_data(quiet),
-        "hostile": _phase_data(loud),
         "memory_limit": MEMORY_LIMIT,
-        "attacks": {n: {"runs": a.runs, "bound_hits": a.bound_hits, "lost": a.lost, "errors": a.errors[:10],
-                        "peak_memory_bytes": a.peak_memory_bytes, "exit_codes": dict(a.exit_codes)}
-                    for n, a in attacks.items()},
+        "quiet": _phase_data(quiet),
+        "hostile": [
+            {
+                "hostile_cpu": variant.cpu,
+                "well_behaved": _phase_data(variant.phase),
+                "attacks": {n: {"runs": a.runs, "bound_hits": a.bound_hits, "lost": a.lost, "errors": a.errors[:10],
+                                "peak_memory_bytes": a.peak_memory_bytes, "exit_codes": dict(a.exit_codes)}
+                            for n, a in variant.attacks.items()},
+            }
+            for variant in variants
+        ],
     }  # fmt: skip
-    write_results("soak", data, table(data, quiet, loud, attacks))
+    write_results("soak", data, table(data, quiet, variants))
 
 
 if __name__ == "__main__":
@@ -336,5 +377,10 @@ if __name__ == "__main__":
     parser.add_argument("--minutes", type=float, default=3.0, help="time with the attacks, in all")
     parser.add_argument("--blocks", type=int, default=3, help="alternations of a quiet and an attack block")
     parser.add_argument("--workers", type=int, default=3, help="well-behaved clients")
+    parser.add_argument(
+        "--hostile-cpu",
+        default="250m",
+        help="also run the attacks with each hostile sandbox under this cpu limit ('' = only without one)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.quiet_minutes * 60, args.minutes * 60, args.workers, args.blocks))
+    asyncio.run(main(args.quiet_minutes * 60, args.minutes * 60, args.workers, args.blocks, args.hostile_cpu))
