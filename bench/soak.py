@@ -10,8 +10,8 @@ blocks (quiet, then with the attacks), so a shared machine's bursts fall on both
   the sandbox, so the limit stops it).
 
 The attacks run twice per block: with no cpu limit on the hostile sandboxes, and with each under
-`--hostile-cpu` (250m), so one run shows what the cgroup's cpu bound gives the well-behaved
-clients. The hostile sandboxes are made at the start of each attack block and deleted at its end,
+`--hostile-cpu` (100m: the five together half a core), so one run shows what the cgroup's cpu
+bound gives the well-behaved clients. The hostile sandboxes are made at the start of each attack block and deleted at its end,
 after their usage (GetSandbox) is read. Reports the well-behaved clients' create -> Ready (warm and
 cold), exec and delete latency p50/p99 quiet and with the attacks, how often each attack hit its
 bound, the attackers' peak memory, and lost outputs: every exec's output (the flood's too) is
@@ -379,7 +379,7 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=3, help="well-behaved clients")
     parser.add_argument(
         "--hostile-cpu",
-        default="250m",
+        default="100m",
         help="also run the attacks with each hostile sandbox under this cpu limit ('' = only without one)",
     )
     args = parser.parse_args()
