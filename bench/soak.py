@@ -11,11 +11,12 @@ blocks (quiet, then with the attacks), so a shared machine's bursts fall on both
 
 The attacks run twice per block: with no cpu limit on the hostile sandboxes, and with each under
 `--hostile-cpu` (100m: the five together half a core), so one run shows what the cgroup's cpu
-bound gives the well-behaved clients. The hostile sandboxes are made at the start of each attack block and deleted at its end,
-after their usage (GetSandbox) is read. Reports the well-behaved clients' create -> Ready (warm and
-cold), exec and delete latency p50/p99 quiet and with the attacks, how often each attack hit its
-bound, the attackers' peak memory, and lost outputs: every exec's output (the flood's too) is
-checked against its SHA-256. The load average is sampled throughout.
+bound gives the well-behaved clients. The hostile sandboxes are made at the start of each attack
+block and deleted at its end, after their usage (GetSandbox) is read. Reports the well-behaved
+clients' create -> Ready (warm and cold), exec and delete latency p50/p99 quiet and with the
+attacks, how often each attack hit its bound, the attackers' peak memory, and lost outputs: every
+exec's output (the flood's too) is checked against its SHA-256. The load average is sampled
+throughout.
 
     python bench/soak.py                                  # 1.5 min quiet + 2 x 1.5 min with the attacks, in 3 blocks
     python bench/soak.py --quiet-minutes 0.5 --minutes 1 --blocks 1  # a smoke run
