@@ -12,7 +12,7 @@ from types import ModuleType
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-AGENT = ("warmshell", "drivers", "local", "agent")
+AGENT = ("warmshell", "drivers", "local", "runtime", "agent")
 
 
 def _building() -> ModuleType:

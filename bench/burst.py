@@ -49,7 +49,7 @@ from warm_path import descendants, idle_members, pss_kb, wait_idle, write_profil
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.config import LocalDriverConfig
-from warmshell.drivers.local import etcstage, launching, limits, sandboxing, seccomp
+from warmshell.drivers.local.runtime import etcstage, launching, limits, sandboxing, seccomp
 
 SEQ_ENV = {"POOL": "seq"}
 BURST_ENV = {"POOL": "burst"}

@@ -20,7 +20,7 @@ from pathlib import Path
 from harness import gateway_process, summary, write_results
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.drivers.local import sandboxing
+from warmshell.drivers.local.runtime import sandboxing
 
 
 def baseline_argv(state: Path) -> list[str]:

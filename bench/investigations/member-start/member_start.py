@@ -55,9 +55,9 @@ from harness import summary, write_results
 from warm_path import descendants
 
 from warmshell.core.config import LocalDriverConfig
-from warmshell.drivers.local import launching, limits, sandboxing, seccomp
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.processes import HostProcesses, SandboxProcess
+from warmshell.drivers.local.runtime import launching, limits, sandboxing, seccomp
+from warmshell.drivers.local.runtime.processes import HostProcesses, SandboxProcess
 
 UID_BASE = 2_100_000
 AGENT = sandboxing.AGENT_PATH

@@ -23,7 +23,9 @@ from collections import defaultdict
 from types import FrameType
 from typing import Any
 
-from warmshell.drivers.local import fleet, launching, members, pooling, processes
+from warmshell.drivers.local import fleet
+from warmshell.drivers.local.pools import members, pooling
+from warmshell.drivers.local.runtime import launching, processes
 
 _stamps: defaultdict[str, dict[str, float]] = defaultdict(dict)
 _current = threading.local()  # the instance the spawner thread is starting

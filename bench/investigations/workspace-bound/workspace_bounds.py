@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harn
 
 from harness import summary, write_results
 
-from warmshell.drivers.local import sandboxing
+from warmshell.drivers.local.runtime import sandboxing
 
 SIZE = 1 << 30
 

@@ -27,7 +27,7 @@ import grpc
 
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.gateway.supervisor_service import SupervisorService
-from warmshell.supervisor.link import GatewayLink
+from warmshell.sandboxio.link import GatewayLink
 
 __all__ = ["HostsSupervisors", "InProcessLink"]
 

@@ -20,8 +20,8 @@ from typing import TypeVar
 
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.files import FileEntry
-from warmshell.supervisor.rootfs import PendingWrite, Root
-from warmshell.supervisor.window import OutputWindow
+from warmshell.sandboxio.rootfs import PendingWrite, Root
+from warmshell.sandboxio.window import OutputWindow
 
 __all__ = ["FileServer", "entry_to_stat"]
 

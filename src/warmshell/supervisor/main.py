@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 import grpc
 
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
+from warmshell.sandboxio.link import GatewayLink, GrpcLink, SessionCall
+from warmshell.sandboxio.processes import Runner, WorkdirError, run_streaming
+from warmshell.sandboxio.window import OutputWindow
 from warmshell.supervisor.backoff import reconnect_delays
 from warmshell.supervisor.fileops import FileServer
-from warmshell.supervisor.interactive import DEFAULT_SIZE, ExecInput, WindowSize
-from warmshell.supervisor.link import GatewayLink, GrpcLink, SessionCall
 from warmshell.supervisor.outbox import Outbox
-from warmshell.supervisor.processes import Runner, WorkdirError, run_streaming
-from warmshell.supervisor.window import OutputWindow
 
 __all__ = ["Supervisor", "SupervisorSettings", "main"]
 

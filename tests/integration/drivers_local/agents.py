@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from warmshell.drivers.local import launching, sandboxing, seccomp
+from warmshell.drivers.local.runtime import launching, sandboxing, seccomp
 
 TEST_UID = 2_100_000 + os.getpid() % 10_000  # outside the drivers' default range
 

@@ -9,7 +9,8 @@ import pytest
 
 from tests.integration.drivers_local.support import STAND_IN, DriverFactory, driver_pids, stand_in
 from warmshell.core.config import LocalDriverConfig, StatePaths
-from warmshell.drivers.local import LocalDriver, cgroups
+from warmshell.drivers.local import LocalDriver
+from warmshell.drivers.local.runtime import cgroups
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from tests.integration.drivers_local.support import DriverFactory, needs_bwrap, 
 from tests.integration.drivers_local.test_local_cold import request
 from tests.integration.drivers_local.waiting import read_when_present
 from warmshell.core.config import StatePaths
-from warmshell.drivers.local import etcstage, launching, sandboxing
-from warmshell.drivers.local.launching import Launcher
+from warmshell.drivers.local.runtime import etcstage, launching, sandboxing
+from warmshell.drivers.local.runtime.launching import Launcher
 
 pytestmark = needs_bwrap
 

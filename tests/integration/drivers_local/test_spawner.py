@@ -8,8 +8,8 @@ import hashlib
 import threading
 from pathlib import Path
 
-from warmshell.drivers.local.launching import Launcher
-from warmshell.drivers.local.processes import Spawner
+from warmshell.drivers.local.runtime.launching import Launcher
+from warmshell.drivers.local.runtime.processes import Spawner
 
 
 async def test_a_start_blocked_in_its_preparation_does_not_hold_up_the_next(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-AGENT = "warmshell/drivers/local/agent"
+AGENT = "warmshell/drivers/local/runtime/agent"
 BINARIES = ("warmshell-agent", "warmshell-launch")
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def test_without_a_compiler_the_wheel_says_so_and_the_installed_driver_names_the
     site = tmp_path / "site"
     wheel.extractall(site)
     probe = (
-        "from warmshell.drivers.local import launching\n"
+        "from warmshell.drivers.local.runtime import launching\n"
         "from warmshell.core.errors import FailedPreconditionError\n"
         f"assert launching.__file__.startswith({str(site)!r}), launching.__file__\n"
         "try:\n    launching.Launcher(bwrap='bwrap')\n"
@@ -88,10 +88,10 @@ def test_without_a_compiler_the_wheel_says_so_and_the_installed_driver_names_the
 
     refused = run("-c", probe)
     assert f"{site}/{AGENT}/warmshell-agent' is missing or not executable" in refused
-    assert "build it with python -m warmshell.drivers.local.agent.building" in refused
+    assert "build it with python -m warmshell.drivers.local.runtime.agent.building" in refused
     if shutil.which("cc") is None:
         return
     # ...and the way it names works on the installed copy.
-    built = run("-m", "warmshell.drivers.local.agent.building")
+    built = run("-m", "warmshell.drivers.local.runtime.agent.building")
     assert built.split() == [f"{site}/{AGENT}/{name}" for name in BINARIES]
     assert run("-c", probe).strip() == "started"

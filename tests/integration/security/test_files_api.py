@@ -23,7 +23,7 @@ from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import sandbox, sh, still_real
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.supervisor import rootfs
+from warmshell.sandboxio import rootfs
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(shutil.which("python3") is None, reason="no python3 in /usr")]
 

@@ -24,7 +24,7 @@ from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.helpers.postgres import DevPostgres
 from tests.integration.security.support import sandbox, sh
 from tests.integration.store.conftest import dev_postgres  # noqa: F401
-from warmshell.drivers.local import hostnames
+from warmshell.drivers.local.runtime import hostnames
 from warmshell.gateway.store import opening
 
 pytestmark = pytest.mark.timeout(180)

@@ -9,9 +9,9 @@ import hashlib
 import sys
 
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.supervisor.interactive import READ_CHUNK
+from warmshell.sandboxio.interactive import READ_CHUNK
+from warmshell.sandboxio.processes import run_streaming
 from warmshell.supervisor.outbox import Outbox
-from warmshell.supervisor.processes import run_streaming
 
 BOUND = 256 * 1024
 BLOCKS = 320  # of 64 KiB: 20 MiB, 80 times the bound

@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.helpers.gateway import running_gateway
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import sandbox
-from warmshell.supervisor.processes import EXIT_TIMEOUT, run_streaming
+from warmshell.sandboxio.processes import EXIT_TIMEOUT, run_streaming
 
 ENV = {"PATH": "/usr/bin:/bin"}
 STDIN = b"x" * (512 * 1024)  # far more than a pipe holds, within a request

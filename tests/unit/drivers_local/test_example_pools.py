@@ -8,7 +8,7 @@ import pytest
 
 from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.matching import Match, PoolIndex
-from warmshell.drivers.local import reloading
+from warmshell.drivers.local.pools import reloading
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "pools"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from warmshell.drivers.local.etcstage import TREE_LIMIT, EtcStage
+from warmshell.drivers.local.runtime.etcstage import TREE_LIMIT, EtcStage
 
 
 @pytest.fixture

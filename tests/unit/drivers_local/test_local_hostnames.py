@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from warmshell.drivers.local.hostnames import HostnameSetter
+from warmshell.drivers.local.runtime.hostnames import HostnameSetter
 
 
 async def test_gives_up_after_the_first_refusal(caplog: pytest.LogCaptureFixture) -> None:

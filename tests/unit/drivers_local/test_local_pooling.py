@@ -4,7 +4,7 @@ failures."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -14,9 +14,9 @@ from warmshell.core.ids import InstanceId
 from warmshell.core.matching import Match, NoMatch, NotReady
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import BackendState
-from warmshell.drivers.local import pooling
 from warmshell.drivers.local.instances import Instance
-from warmshell.drivers.local.pooling import Pool, PoolSet
+from warmshell.drivers.local.pools import pooling
+from warmshell.drivers.local.pools.pooling import Pool, PoolSet
 
 
 class Agent:
@@ -98,6 +98,18 @@ def internal(pools: PoolSet, name: str) -> Pool:
     return pools._pools[name]
 
 
+async def claim(pools: PoolSet, pool: Pool, take: Callable[[Instance], Awaitable[bool]]) -> Instance | None:
+    """What the driver does with a claim: offer each live member to `take` (its activation)
+    until one is taken."""
+    async with pools.claim(pool) as claiming:
+        while (member := await claiming.next_live()) is not None:
+            if await take(member):
+                claiming.taken(member)
+                return member
+            claiming.spent(member)
+    return None
+
+
 def agent(member: Instance) -> Agent:
     assert isinstance(member.process, Agent)
     return member.process
@@ -133,7 +145,7 @@ async def test_during_a_burst_of_creates_one_member_at_a_time_is_started(
         await release.wait()
         return True
 
-    claims = [asyncio.create_task(pools.claim(pool, take)) for _ in range(3)]
+    claims = [asyncio.create_task(claim(pools, pool, take)) for _ in range(3)]
     await settle(lambda: len(pool.members) == 1)  # three claimed, the claims in flight
     for _ in range(50):  # every chance to start more
         await asyncio.sleep(0)
@@ -141,7 +153,7 @@ async def test_during_a_burst_of_creates_one_member_at_a_time_is_started(
     release.set()
     assert {await c for c in claims} == set(members.spawned[:3])
     assert pool.hits == 3
-    one_more = await pools.claim(pool, take)  # a late create of the burst, alone in flight
+    one_more = await claim(pools, pool, take)  # a late create of the burst, alone in flight
     assert one_more is members.spawned[3]
     for _ in range(50):
         await asyncio.sleep(0)
@@ -161,7 +173,7 @@ async def test_while_creates_come_one_at_a_time_two_members_at_a_time_are_starte
         return True
 
     for _ in range(4):  # back to back, as one client creating in a loop
-        assert await pools.claim(pool, take) is not None
+        assert await claim(pools, pool, take) is not None
         for _ in range(20):
             await asyncio.sleep(0)
     # Still within the busy window of the last claim: two starts, not one and not all four.
@@ -180,10 +192,24 @@ async def test_a_member_not_taken_is_spent_and_the_next_one_tried(pools: PoolSet
         offered.append(member)
         return len(offered) == 2
 
-    assert await pools.claim(pool, take) is members.spawned[1]
+    assert await claim(pools, pool, take) is members.spawned[1]
     assert offered == members.spawned[:2]
     await settle(lambda: members.stopped == [members.spawned[0]])
     assert pool.hits == 1
+
+
+async def test_a_member_whose_activation_raises_is_spent_when_the_claim_ends(pools: PoolSet, members: Members) -> None:
+    pools.apply({"p": profile(replicas=2)}, {})
+    pool = await registered(pools, members, "p", 2)
+
+    async def take(member: Instance) -> bool:
+        raise asyncio.CancelledError  # the create was cancelled mid-activation
+
+    with pytest.raises(asyncio.CancelledError):
+        await claim(pools, pool, take)
+    await settle(lambda: members.stopped == [members.spawned[0]])
+    assert pool.hits == 0
+    assert pools._claiming == 0  # the claim no longer holds refills back
 
 
 async def test_members_that_fail_the_probe_are_spent_and_the_create_goes_cold_soon(
@@ -201,7 +227,7 @@ async def test_members_that_fail_the_probe_are_spent_and_the_create_goes_cold_so
         return True
 
     # Two failed probes and the create goes cold; the rest of the pool is checked at once.
-    assert await pools.claim(pool, take) is None
+    assert await claim(pools, pool, take) is None
     assert taken == []
     assert sum(agent(m).probes > 0 for m in hung) >= 2
     await settle(lambda: set(members.stopped) == set(hung))

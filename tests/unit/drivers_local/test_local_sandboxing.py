@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from warmshell.drivers.local import sandboxing
-from warmshell.drivers.local.sandboxing import RootEntry, RootPlan, SandboxLayout
+from warmshell.drivers.local.runtime import sandboxing
+from warmshell.drivers.local.runtime.sandboxing import RootEntry, RootPlan, SandboxLayout
 
 HOST_ENTRIES = [
     RootEntry("bin", "usr/bin"),

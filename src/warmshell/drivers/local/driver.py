@@ -5,17 +5,17 @@ A create is served warm when exactly one pool matches its fingerprint and has a 
 member: the member is bound to the sandbox (recorded), renamed, and handed to the gateway's
 Activator. Otherwise it goes cold: a supervisor bound to the sandbox from birth is spawned, and
 the gateway activates it once it registers, through the same registry. Sandboxes, supervisors
-and files are the `fleet`'s; pools, the claim of a member, idle members' liveness and refills are
-`pooling`'s, which starts members through the fleet (`members`); what a spec or profile may ask
-for is `admission`'s; what the host gives (bubblewrap, a uid per sandbox, bounds, the cgroup) is
-settled once by `hostsetup`; this module routes, binds and reports.
+and files are the `fleet`'s, each sandbox started by the `runtime`; pools, idle members' liveness
+and refills are `pools.pooling`'s, which starts members through the fleet (`pools.members`); the
+claim is this module's loop over a `pooling.Claim` (next live member, activate, taken or spent);
+what a spec or profile may ask for is `admission`'s; what the host gives (bubblewrap, a uid per
+sandbox, bounds, the cgroup) is settled once by `hostsetup`; this module routes, binds and reports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-import collections
 import dataclasses
 import functools
 import logging
@@ -39,16 +39,18 @@ from warmshell.drivers.base import (
     ProgressLine,
 )
 from warmshell.drivers.events import Hub
-from warmshell.drivers.local import admission, cgroups, pooling, reloading
-from warmshell.drivers.local.files import LocalFiles, files_executor
+from warmshell.drivers.local import admission
 from warmshell.drivers.local.fleet import Fleet
-from warmshell.drivers.local.hostnames import HostnameSetter
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.identity import LocalIdentity
 from warmshell.drivers.local.instances import Instance, lost_sandbox
-from warmshell.drivers.local.launching import AGENT_BINARY
-from warmshell.drivers.local.members import FleetMembers
-from warmshell.drivers.local.processes import SandboxProcess
+from warmshell.drivers.local.pools import pooling, reloading
+from warmshell.drivers.local.pools.members import FleetMembers
+from warmshell.drivers.local.runtime import cgroups
+from warmshell.drivers.local.runtime.files import LocalFiles, files_executor
+from warmshell.drivers.local.runtime.hostnames import HostnameSetter
+from warmshell.drivers.local.runtime.launching import AGENT_BINARY
+from warmshell.drivers.local.runtime.processes import SandboxProcess
 from warmshell.drivers.local.supervising import GatewayLink, HostSupervisors, Supervise
 
 __all__ = ["LocalDriver"]
@@ -78,7 +80,7 @@ class LocalDriver:
         *,
         supervise: Supervise | None = None,
         agent: Path = AGENT_BINARY,
-        cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None = None,
+        cgroup: cgroups.Backend | cgroups.Unavailable | None = None,
         kill_grace_seconds: float = 2.0,
     ) -> None:
         self._config = config
@@ -95,8 +97,6 @@ class LocalDriver:
         self._reloader: asyncio.Task[None] | None = None
         self._pools = self._pool_set() if config.pools_dir is not None else None
         self._files_executor: ThreadPoolExecutor | None = None
-        self.misses: collections.Counter[MissReason] = collections.Counter()
-        """Cold creates by reason since start (pools count their own hits and misses)."""
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
 
     def _new_fleet(self, supervise: Supervise, grace: float) -> Fleet:
@@ -227,6 +227,23 @@ class LocalDriver:
             self._files_executor = files_executor(as_root=self._host.root)
         return LocalFiles(process.open_root, instance.uid, self._files_executor)
 
+    async def freeze(self, sandbox_id: SandboxId, *, frozen: bool = True) -> None:
+        """Freeze every process of a running sandbox (`frozen=False`: thaw them) through its
+        cgroup's freezer; returns once the kernel says they are. FailedPreconditionError when it
+        is not running or this host cannot freeze it (no cgroup, or no freezer)."""
+        await self._fleet.freeze(self._running(sandbox_id), frozen=frozen)
+
+    async def usage(self, sandbox_id: SandboxId) -> cgroups.Usage:
+        """cpu seconds, memory now and at its peak, and processes of a running sandbox, read from
+        its cgroup (FailedPreconditionError when it has none)."""
+        return await self._fleet.usage(self._running(sandbox_id))
+
+    def _running(self, sandbox_id: SandboxId) -> Instance:
+        instance = self._sandboxes.get(sandbox_id)
+        if instance is None or not instance.alive:
+            raise FailedPreconditionError(f"sandbox {sandbox_id} is not running")
+        return instance
+
     def watch(self) -> AsyncIterator[DriverEvent]:
         """Events from this call on, until the driver closes."""
         return self._hub.subscribe()
@@ -245,20 +262,25 @@ class LocalDriver:
             if served is not None:
                 return served
             decision = allocation.empty(decision.pool)
+        # Per pool here; by reason once, in the gateway's manager, from the view's miss_reason.
         for pool in decision.charged:
             pool.misses += 1
-        self.misses[decision.reason] += 1
         return await self._spawn_cold(request, decision.reason)
 
     async def _claim(
         self, pool: pooling.Pool, request: CreateRequest, injected: tuple[str, ...]
     ) -> DriverSandbox | None:
-        """A registered idle member of the pool, bound to the sandbox and activated (see
-        `PoolSet.claim`); None if none was."""
+        """A live idle member of the pool, bound to the sandbox and activated; None if none
+        was. Each member that cannot be activated is spent and the next one tried (see
+        `pooling.Claim`)."""
         assert self._pools is not None
         claimed_us = now_us()
-
-        member = await self._pools.claim(pool, lambda member: self._activate(member, pool, request))
+        async with self._pools.claim(pool) as claim:
+            while (member := await claim.next_live()) is not None:
+                if await self._activate(member, pool, request):
+                    claim.taken(member)
+                    break
+                claim.spent(member)
         if member is None:
             return None
         self._progress(member, "PoolHit", f"activated a warm sandbox from pool {pool.name}")

@@ -21,9 +21,9 @@ from typing import Any
 import grpc
 
 from warmshell.core.ids import InstanceId
-from warmshell.supervisor.link import GatewayLink, GrpcLink
+from warmshell.sandboxio.link import GatewayLink, GrpcLink
+from warmshell.sandboxio.processes import Runner
 from warmshell.supervisor.main import Supervisor, SupervisorSettings
-from warmshell.supervisor.processes import Runner
 
 __all__ = ["GatewayLink", "HostSupervisors", "Seat", "Supervise"]
 

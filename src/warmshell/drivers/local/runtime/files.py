@@ -1,0 +1,159 @@
+"""A local sandbox's files for the gateway's FileService: the async face of `rootfs`.
+
+Every operation opens the sandbox's root afresh (from its pid 1, checked alive through a pidfd
+after the open, so a recycled pid can never hand out the host's root) and runs the blocking part
+in the driver's files executor, whose threads take the workload's rights per call. Reads and
+writes move one chunk at a time between the file and the gRPC stream, so memory stays flat
+whatever the size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from warmshell.core.errors import ResourceExhaustedError
+from warmshell.drivers.files import FileEntry, file_error
+from warmshell.sandboxio.rootfs import PendingWrite, Root, drop_supplementary_groups
+
+__all__ = ["LocalFiles", "files_executor"]
+
+T = TypeVar("T")
+MAX_LIST_ENTRIES = 100_000
+
+
+def files_executor(*, as_root: bool) -> ThreadPoolExecutor:
+    """The threads file operations run in (a gateway run as root: without supplementary groups,
+    since fsuid/fsgid switch per call but groups would otherwise stay root's)."""
+    return ThreadPoolExecutor(
+        max_workers=4,
+        thread_name_prefix="warmshell-files",
+        initializer=drop_supplementary_groups if as_root else None,
+    )
+
+
+class LocalFiles:
+    """`SandboxFiles` for one local sandbox."""
+
+    def __init__(self, open_root: Callable[[], int], uid: int | None, executor: ThreadPoolExecutor) -> None:
+        """`open_root` returns a fresh O_PATH fd on the sandbox's root (OSError when it ended);
+        `uid` is the sandbox's own host uid when the gateway runs as root."""
+        self._open_root = open_root
+        self._uid = uid
+        self._executor = executor
+
+    async def _call(self, path: str, operation: Callable[[Root], T], undo: Callable[[T], None] | None = None) -> T:
+        """Run `operation` on a fresh root in the executor, with the workload's rights; OSError
+        becomes the error naming `path`. The thread owns (and closes) the root fd, so a cancelled
+        caller cannot close it under a running operation; what a cancelled caller can no longer
+        receive (an open fd, a pending write) is handed to `undo` once the thread is done."""
+        try:
+            root = Root(self._open_root(), self._uid)
+        except OSError as exc:
+            raise file_error(path, exc) from exc
+
+        def run() -> T:
+            try:
+                with root.rights():
+                    return operation(root)
+            finally:
+                os.close(root.fd)
+
+        future = asyncio.get_running_loop().run_in_executor(self._executor, run)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if undo is not None:
+                future.add_done_callback(lambda done: self._undo(done, undo))
+            raise
+        except OSError as exc:
+            raise file_error(path, exc) from exc
+
+    def _undo(self, done: asyncio.Future[T], undo: Callable[[T], None]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            root = Root(-1, self._uid)
+            self._executor.submit(_under_rights, root, lambda: undo(done.result()))
+
+    async def stat(self, path: str) -> FileEntry:
+        """See `SandboxFiles.stat`."""
+        return await self._call(path, lambda root: root.stat(path))
+
+    async def list(self, path: str) -> list[FileEntry]:
+        """See `SandboxFiles.list`."""
+        return await self._call(path, lambda root: root.list(path, MAX_LIST_ENTRIES))
+
+    async def read(self, path: str, chunk_bytes: int, max_bytes: int) -> AsyncIterator[bytes]:
+        """See `SandboxFiles.read`; a file over `max_bytes` is refused before any byte is sent."""
+        fd, size = await self._call(path, lambda root: root.open_read(path), undo=lambda opened: os.close(opened[0]))
+        loop = asyncio.get_running_loop()
+        try:
+            if size > max_bytes:
+                raise ResourceExhaustedError(f"{path}: {size} bytes, over the limit of {max_bytes}")
+            sent = 0
+            while True:
+                try:
+                    data = await loop.run_in_executor(self._executor, os.read, fd, chunk_bytes)
+                except OSError as exc:
+                    raise file_error(path, exc) from exc
+                if not data:
+                    return
+                sent += len(data)
+                if sent > max_bytes:  # it grew while being read
+                    raise ResourceExhaustedError(f"{path}: over the limit of {max_bytes} bytes")
+                yield data
+        finally:
+            os.close(fd)
+
+    async def write(
+        self, path: str, chunks: AsyncIterator[bytes], *, mode: int, make_parents: bool, max_bytes: int
+    ) -> int:
+        """See `SandboxFiles.write`: into a hidden temporary file, renamed over `path` at the end;
+        a failure or a cancel removes it."""
+        pending: PendingWrite = await self._call(
+            path, lambda root: root.begin_write(path, mode, make_parents), undo=lambda p: Root(-1).abort(p)
+        )
+        loop = asyncio.get_running_loop()
+        written = 0
+        committed = False
+        try:
+            async for chunk in chunks:
+                written += len(chunk)
+                if written > max_bytes:
+                    raise ResourceExhaustedError(f"{path}: over the limit of {max_bytes} bytes")
+                try:
+                    await loop.run_in_executor(self._executor, _write_all, pending.fd, chunk)
+                except OSError as exc:
+                    raise file_error(path, exc) from exc
+            await self._call(path, lambda root: root.commit(pending))
+            committed = True
+            return written
+        finally:
+            if not committed:
+                # Not awaited through `_call`: a cancelled write must still clean up.
+                root = Root(-1, self._uid)
+                future = self._executor.submit(_under_rights, root, lambda: root.abort(pending))
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(asyncio.wrap_future(future))
+
+    async def remove(self, path: str, *, recursive: bool) -> None:
+        """See `SandboxFiles.remove`."""
+        await self._call(path, lambda root: root.remove(path, recursive))
+
+    async def mkdir(self, path: str, *, parents: bool, mode: int) -> FileEntry:
+        """See `SandboxFiles.mkdir`."""
+        return await self._call(path, lambda root: root.mkdir(path, parents, mode))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _under_rights(root: Root, operation: Callable[[], None]) -> None:
+    with root.rights():
+        operation()

@@ -1,0 +1,59 @@
+"""Pseudo-terminals for interactive execs in a local sandbox, made in the sandbox's own devpts.
+
+bwrap mounts a fresh devpts instance on the sandbox's `/dev/pts`; the host opens that instance's
+`ptmx` through the sandbox's root (never following a link, so a workload cannot point it at a
+host device) and takes the slave with TIOCGPTPEER, without looking a path up again. The agent
+then makes the slave the command's controlling terminal; the host keeps the master.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import struct
+
+from warmshell.sandboxio.rootfs import openat2
+
+__all__ = ["open_in_root"]
+
+RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_IN_ROOT = 0x02, 0x04, 0x10
+TIOCSPTLCK = 0x40045431  # _IOW('T', 0x31, int): (un)lock the slave
+TIOCGPTPEER = 0x5441  # _IO('T', 0x41): open the slave of this master
+PTMX_DEVICE = os.makedev(5, 2)
+
+
+def open_in_root(root_fd: int) -> tuple[int, int]:
+    """(master, slave) of a new pseudo-terminal of the devpts under `root_fd`'s `/dev/pts`
+    (closes `root_fd`), its slave owned by the sandbox's user. OSError when there is none, or
+    `dev/pts/ptmx` is not the multiplexer."""
+    try:
+        # bwrap made the sandbox's root as the sandbox's user: its owner is that user, seen from here.
+        root = os.fstat(root_fd)
+        master = openat2(
+            root_fd,
+            "dev/pts/ptmx",
+            os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC,
+            RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        )
+    finally:
+        os.close(root_fd)
+    try:
+        info = os.fstat(master)
+        if not stat.S_ISCHR(info.st_mode) or info.st_rdev != PTMX_DEVICE:
+            raise OSError(f"the sandbox's /dev/pts/ptmx is not the pseudo-terminal multiplexer ({info.st_rdev:#x})")
+        fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))
+        slave = fcntl.ioctl(master, TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except BaseException:
+        os.close(master)
+        raise
+    try:
+        # devpts gives a new slave the opener's uid and gid: a gateway run as root would leave it
+        # owned by a uid the sandbox cannot map (it shows as nobody there), so the workload could
+        # not chmod its own terminal. A no-op when the gateway is the sandbox's user.
+        os.fchown(slave, root.st_uid, root.st_gid)
+    except BaseException:
+        os.close(slave)
+        os.close(master)
+        raise
+    return master, slave

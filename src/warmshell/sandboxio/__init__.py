@@ -1,0 +1,6 @@
+"""Sandbox I/O: what the supervisor, the local driver's runtime and the gateway share about a
+sandbox's processes, output and files — the process seam (`processes.Runner`, `OutputSink`, and
+`run_streaming` for a supervisor's own children), exec input and terminals (`interactive`), the
+output window (`window`), confined file access under a sandbox's root (`rootfs`) and how a
+supervisor reaches the gateway (`link`). It sits between `core` and its users and imports neither.
+"""
