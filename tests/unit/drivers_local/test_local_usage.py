@@ -59,6 +59,21 @@ def test_read_combines_the_cgroup_and_the_workspace(tmp_path: Path) -> None:
     assert found.unknown == ""
 
 
+class _PartialBackend(_Backend):
+    """A host whose kernel keeps no memory peak and mounts no pids controller."""
+
+    def usage(self, group: cgroups.Group) -> cgroups.Usage:
+        return cgroups.Usage(cpu_seconds=1.5, memory_bytes=10, memory_peak_bytes=None, processes=None)
+
+
+def test_read_names_the_figures_the_hosts_cgroup_does_not_keep(tmp_path: Path) -> None:
+    (tmp_path / "workspace").mkdir()
+    sources = usage.Sources((_PartialBackend(), cgroups.Group("g", ())), _opener(tmp_path))  # type: ignore[arg-type]
+    found = usage.read(sources)
+    assert (found.cpu_seconds, found.memory_peak_bytes, found.processes) == (1.5, None, None)
+    assert found.unknown == "memory_peak_bytes, processes: not kept by this host's cgroup test"
+
+
 def test_read_says_what_is_missing_and_why(tmp_path: Path) -> None:
     found = usage.read(usage.Sources(None, _opener(tmp_path), ("cpu, memory and processes: no cgroup",)))
     assert found.figures() == dict.fromkeys(found.figures())  # every figure unknown

@@ -10,6 +10,7 @@ Blocking (pseudo-filesystem reads): callers use `asyncio.to_thread`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,10 @@ def read(sources: Sources) -> SandboxUsage:
     if sources.cgroup is not None:
         backend, group = sources.cgroup
         figures = backend.usage(group)
+        # A controller the host does not mount (or a file its kernel predates, `memory.peak`).
+        absent = [name for name, value in dataclasses.asdict(figures).items() if value is None]
+        if absent:
+            unknown.append(f"{', '.join(absent)}: not kept by this host's {backend.version}")
     workspace = None
     if sources.open_root is not None:
         try:
