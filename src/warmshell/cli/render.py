@@ -294,9 +294,12 @@ def _timeline_table(timeline: sandbox_pb2.Timeline) -> str:
 def _usage_rows(usage: sandbox_pb2.SandboxUsage) -> list[tuple[str, str]]:
     """What the sandbox uses now, as `sandbox get` lists it ("?" for a figure its driver cannot
     read; the reason follows). The writable root shows once a driver reports one. Only a
-    GetSandbox reply carries a usage: other messages show no such rows."""
+    GetSandbox reply carries a usage: other messages show no such rows; one with no figure at
+    all (a sandbox that is not running) shows only why."""
 
-    present = {field.name for field, _ in usage.ListFields()}
+    present = {field.name for field, _ in usage.ListFields()} - {"unknown", "read_at_ms"}
+    if not present:
+        return [("Usage", f"unknown: {usage.unknown}" if usage.unknown else "unknown")]
 
     def figure(name: str, text: Callable[[Any], str]) -> str:
         return text(getattr(usage, name)) if name in present else "?"

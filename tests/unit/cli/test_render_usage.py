@@ -38,6 +38,13 @@ def test_unknown_figures_say_why_and_zero_is_a_figure() -> None:
     assert not any(line.startswith("Writable root") for line in lines)  # shown only where a driver has one
 
 
+def test_a_usage_without_figures_is_one_line_saying_why() -> None:
+    usage = pb.SandboxUsage(unknown="the sandbox is Exited, not running", read_at_ms=5)
+    lines = _lines(pb.Sandbox(status=pb.SandboxStatus(usage=usage)))
+    assert "Usage unknown: the sandbox is Exited, not running" in lines
+    assert not any(line.startswith(("CPU used", "Memory", "Processes", "/workspace")) for line in lines)
+
+
 def test_a_message_without_usage_shows_no_usage_rows() -> None:
     lines = _lines(pb.Sandbox(name="x"))
     assert not any(line.startswith(("CPU used", "Memory", "Processes", "/workspace")) for line in lines)
