@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warmshell.core import validation
-from warmshell.core.models import DEFAULT_WORKSPACE, Resources, SandboxSpec
+from warmshell.core import egress, validation
+from warmshell.core.models import DEFAULT_WORKSPACE, NetworkRequest, Resources, SandboxSpec
 from warmshell.core.quantities import cpu_millis, memory_bytes
 
 __all__ = ["NewSandbox", "build_spec", "new_sandbox"]
@@ -72,6 +72,8 @@ def build_spec(
     command: Sequence[str],
     runtime_class_name: str = "",
     pids: int = 0,
+    network_allow: Sequence[str] = (),
+    network_deny: Sequence[str] = (),
 ) -> SandboxSpec:
     """Validate every field (errors name it, e.g. ``spec.resources.cpu``) and normalise quantities."""
     validation.validate_image(image, field="spec.image")
@@ -79,6 +81,8 @@ def build_spec(
     validation.validate_command(command, field="spec.command")
     if runtime_class_name:
         validation.validate_name(runtime_class_name, field="spec.runtime_class_name")
+    egress.parse_rules(network_allow, field="spec.network.allow")
+    egress.parse_rules(network_deny, field="spec.network.deny")
     resources = Resources(
         cpu_millis=cpu_millis(cpu, field="spec.resources.cpu") if cpu.strip() else 0,
         memory_bytes=memory_bytes(memory, field="spec.resources.memory") if memory.strip() else 0,
@@ -92,4 +96,7 @@ def build_spec(
         resources=resources,
         command=list(command),
         runtime_class_name=runtime_class_name,
+        network=NetworkRequest(
+            allow=[rule.strip() for rule in network_allow], deny=[rule.strip() for rule in network_deny]
+        ),
     )

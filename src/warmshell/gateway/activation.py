@@ -23,6 +23,7 @@ from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import WORKSPACE_DIR, SandboxRecord, SandboxStatus, now_us
 from warmshell.drivers.base import Bound, SupervisorIdentity, WarmPending
 from warmshell.gateway import metrics
+from warmshell.gateway.egress.gate import EgressGate
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registration, Registry
 from warmshell.gateway.secretvault import SecretVault
@@ -69,8 +70,11 @@ class GatewayActivator:
         records: SandboxRecords,
         issuer: SandboxTokenIssuer,
         vault: SecretVault,
+        egress: EgressGate | None = None,
     ) -> None:
+        """`egress`: opens each sandbox's proxy socket at activation (None: no egress at all)."""
         self._registry = registry
+        self._egress = egress
         self._records = records
         self._issuer = issuer
         self._vault = vault
@@ -129,6 +133,11 @@ class GatewayActivator:
         _check_identity(registration, record)
         # Opened only now, for this sandbox's own verified session, and kept nowhere else.
         secrets = await self._vault.get(record.id) if record.spec.secret_names else {}
+        # The proxy is opened for this instance before the workload can start: its first
+        # connection finds the socket there.
+        environment = dict(record.spec.environment)
+        if self._egress is not None:
+            environment |= await self._egress.attach(record, registration.identity.instance_id)
         token, expires_ms = self._issuer.mint(record.id, registration.identity.instance_id)
         return spb.SupervisorActivationMessage(
             sandbox_id=record.id,
@@ -138,7 +147,7 @@ class GatewayActivator:
             token_expires_at_ms=expires_ms,
             workload=spb.Workload(
                 command=record.spec.command,
-                environment=record.spec.environment,
+                environment=environment,
                 workdir=WORKSPACE_DIR,
                 secrets=secrets,
             ),
@@ -162,6 +171,8 @@ class GatewayActivator:
             timeline.activated_us = timeline.activated_us or activated
             record.status.instance_id = instance_id
             record.status.activated_incarnation = registration.identity.incarnation
+            if self._egress is not None:
+                record.status.set_condition(self._egress.condition(record))
 
         try:
             await self._records.mutate(sandbox_id, change)

@@ -29,6 +29,8 @@ from warmshell.gateway import collector, listening, statedir
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.drivers import build_driver
+from warmshell.gateway.egress.gate import EgressGate, HostsEgressSockets
+from warmshell.gateway.egress.proxy import EgressProxy
 from warmshell.gateway.events import Changed, EventBus
 from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.expiry import ExpiryReconciler
@@ -135,6 +137,7 @@ class Gateway:
         self._directory: ReplicaDirectory | None = None
         self._forwarder: Forwarder | None = None
         self._supervisor_link: InProcessLink | None = None
+        self._egress: EgressGate | None = None
         self._opening = StartupProgress()  # what /healthz says while start-up waits for the store
         self._draining = False
         self._stopping = False
@@ -210,7 +213,10 @@ class Gateway:
         self.registry = registry
         self.issuer = issuer
         vault = SecretVault(self._store, secrets_key)
-        activator = GatewayActivator(registry, records, issuer, vault)
+        sockets = driver if isinstance(driver, HostsEgressSockets) else None
+        self._egress = EgressGate(self.config.network, EgressProxy(self.config.network), sockets)
+        records.observe(self._egress.observe)
+        activator = GatewayActivator(registry, records, issuer, vault, self._egress)
         self.activator = activator
         lifetime_config = self.config.lifetimes
         self.manager = manager = SandboxManager(
@@ -301,6 +307,7 @@ class Gateway:
                     stall_seconds=self.config.exec_stall_timeout_seconds,
                 ),
                 self._forwarder,
+                egress=self._egress,
             ),
             public,
         )
@@ -430,6 +437,9 @@ class Gateway:
         if stopping:
             await asyncio.gather(*stopping)
             self._servers = []
+        if self._egress is not None:  # before the driver: no connection outlives its sandbox
+            await self._egress.aclose()
+            self._egress = None
         if self._forwarder is not None:
             await self._forwarder.aclose()
             self._forwarder = None

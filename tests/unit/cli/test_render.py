@@ -170,6 +170,7 @@ def test_to_dict_has_a_stable_shape() -> None:
         "command": [],
         "runtime_class_name": "",
         "secrets": {},
+        "network": {"allow": [], "deny": []},
     }
     status = document["status"]
     assert isinstance(status, dict)

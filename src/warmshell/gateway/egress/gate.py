@@ -1,0 +1,103 @@
+"""Where a sandbox's egress policy meets its activation: the policy composed from the gateway's
+`[network]` config and the request, its proxy socket opened in the directory the driver bound
+into the sandbox, and the proxy variables its workload gets. Applied here, outside the sandbox,
+so a warm member serves any policy; closed when the sandbox ends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from warmshell.core import egress, phases
+from warmshell.core.config import NetworkConfig
+from warmshell.core.egress import Policy
+from warmshell.core.models import Condition, SandboxRecord
+from warmshell.gateway.egress.proxy import EgressProxy
+
+__all__ = ["NETWORK_CONDITION", "EgressGate", "HostsEgressSockets", "proxy_environment"]
+
+log = logging.getLogger(__name__)
+
+NETWORK_CONDITION = "Network"
+
+
+@runtime_checkable
+class HostsEgressSockets(Protocol):
+    """A driver that binds a directory of the gateway's into each sandbox (the local driver)."""
+
+    def egress_socket(self, instance_id: str) -> Path | None:
+        """Where the proxy's socket for this instance goes (None: it has no such directory)."""
+        ...
+
+
+def proxy_environment(port: int = egress.PROXY_PORT) -> dict[str, str]:
+    """The variables that send pip, git, curl, npm, urllib, requests, httpx (and Node ≥ 24 with
+    NODE_USE_ENV_PROXY) through the sandbox's proxy port."""
+    url = f"http://127.0.0.1:{port}"
+    env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")}
+    env |= {name.lower(): url for name in env}
+    env |= {"NO_PROXY": "localhost,127.0.0.1", "no_proxy": "localhost,127.0.0.1", "NODE_USE_ENV_PROXY": "1"}
+    return env
+
+
+class EgressGate:
+    """Owned by the gateway: `attach` at each activation, `observe` every written record."""
+
+    def __init__(self, config: NetworkConfig, proxy: EgressProxy, sockets: HostsEgressSockets | None) -> None:
+        self._config = config
+        self._proxy = proxy
+        self._sockets = sockets
+        self._deny = egress.parse_rules(config.deny, field="network.deny")
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @property
+    def proxy(self) -> EgressProxy:
+        """The proxy (its decisions, for ListEgress)."""
+        return self._proxy
+
+    def policy(self, record: SandboxRecord) -> Policy:
+        """The sandbox's policy: the gateway's default and deny list, narrowed by its request."""
+        request = record.spec.network
+        return egress.compose(
+            default=self._config.default,
+            gateway_deny=self._deny,
+            request_allow=egress.parse_rules(request.allow, field="spec.network.allow") if request.allow else None,
+            request_deny=egress.parse_rules(request.deny, field="spec.network.deny"),
+            requests_may_widen=self._config.requests_may_widen,
+        )
+
+    async def attach(self, record: SandboxRecord, instance_id: str) -> dict[str, str]:
+        """Open the sandbox's proxy socket when its policy allows anything (its connections from
+        before, if any, cut); the environment its workload then needs ({} when no proxy)."""
+        policy = self.policy(record)
+        path = self._sockets.egress_socket(instance_id) if self._sockets is not None else None
+        if path is None or not policy.allows_anything:
+            await self._proxy.close(record.id)
+            return {}
+        await self._proxy.open(record.id, path, policy)
+        return proxy_environment()
+
+    def condition(self, record: SandboxRecord) -> Condition:
+        """The `Network` condition: what the sandbox may reach, and how."""
+        policy = self.policy(record)
+        if self._sockets is None:
+            message = "this driver does not apply egress policies (the local driver does)"
+            return Condition(type=NETWORK_CONDITION, status="Unknown", reason="Unsupported", message=message)
+        if not policy.allows_anything:
+            return Condition(type=NETWORK_CONDITION, status="False", reason="NoEgress", message="loopback only")
+        message = f"through the gateway's proxy: {policy.summary}"
+        return Condition(type=NETWORK_CONDITION, status="True", reason="Proxy", message=message)
+
+    def observe(self, record: SandboxRecord) -> None:
+        """Records observer: a sandbox that ended or is being deleted loses its connections."""
+        if record.status.phase in phases.TERMINAL and self._proxy.policy(record.id) is not None:
+            task = asyncio.get_running_loop().create_task(self._proxy.close(record.id))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def aclose(self) -> None:
+        """Cut every connection and wait for pending closes."""
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._proxy.aclose()

@@ -1,0 +1,246 @@
+"""The egress proxy: one listening Unix socket per sandbox, opened at activation in a directory
+bound into that sandbox alone, so the socket a connection came through says whose it is (no
+header the workload could forge). Each connection is one HTTP CONNECT tunnel or one plain
+HTTP request in absolute form; the proxy resolves the name itself and checks the sandbox's
+policy on the name and port, then on the address it connects to (see `warmshell.core.egress`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from warmshell.core import egress
+from warmshell.core.config import NetworkConfig
+from warmshell.core.egress import Decision, Policy
+from warmshell.core.errors import FailedPreconditionError
+from warmshell.gateway import metrics
+from warmshell.gateway.egress import heads
+from warmshell.gateway.egress.pumping import TokenBucket, pump
+
+__all__ = ["EgressEntry", "EgressProxy", "host_local"]
+
+log = logging.getLogger(__name__)
+
+_REASONS = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests", 431: "Request Header Fields Too Large"}
+_REASONS |= {502: "Bad Gateway", 504: "Gateway Timeout"}
+
+
+@dataclass
+class EgressEntry:
+    """One decision of the proxy, as `warmshell sandbox egress` lists it."""
+
+    time_ms: int
+    host: str
+    port: int
+    allowed: bool
+    rule: str
+    reason: str
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+def host_local(address: egress.Address) -> bool:
+    """Whether `address` is one of this host's own (the kernel lets a socket bind only to
+    those): the gateway's public interfaces are as off-limits as its loopback."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass(eq=False)
+class _Sandbox:
+    """One sandbox's listener, its open connections and its decisions."""
+
+    sandbox_id: str
+    policy: Policy
+    path: Path
+    entries: deque[EgressEntry]
+    up: TokenBucket
+    down: TokenBucket
+    server: asyncio.Server | None = None
+    connections: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class EgressProxy:
+    """Owned by the gateway: `open` a sandbox's socket at activation, `close` it at its end."""
+
+    def __init__(self, config: NetworkConfig) -> None:
+        self._config = config
+        self._sandboxes: dict[str, _Sandbox] = {}
+
+    def policy(self, sandbox_id: str) -> Policy | None:
+        """The policy a sandbox's proxy applies now (None: it has none open)."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        return sandbox.policy if sandbox is not None else None
+
+    def decisions(self, sandbox_id: str) -> list[EgressEntry]:
+        """Its latest decisions, oldest first (what this gateway kept: a bounded ring)."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        return list(sandbox.entries) if sandbox is not None else []
+
+    async def open(self, sandbox_id: str, path: Path, policy: Policy) -> None:
+        """Listen for the sandbox at `path` (its connections, and a socket there, replaced);
+        FailedPreconditionError when the socket cannot be made."""
+        old = self._sandboxes.get(sandbox_id)
+        entries: deque[EgressEntry] = deque(old.entries if old else (), maxlen=self._config.log_entries)
+        await self.close(sandbox_id, keep_log=True)
+        rate = self._config.max_bytes_per_second
+        sandbox = _Sandbox(sandbox_id, policy, path, entries, TokenBucket(rate), TokenBucket(rate))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        try:
+            sandbox.server = await asyncio.start_unix_server(
+                lambda r, w: self._accept(sandbox, r, w), path=str(path), limit=self._config.max_header_bytes
+            )
+            # The directory (bound into this sandbox alone) is what keeps others out.
+            os.chmod(path, 0o666)
+        except OSError as exc:
+            raise FailedPreconditionError(f"cannot open the egress proxy's socket {path}: {exc}") from exc
+        self._sandboxes[sandbox_id] = sandbox
+
+    async def close(self, sandbox_id: str, *, keep_log: bool = False) -> None:
+        """Stop listening for the sandbox and cut its open connections."""
+        sandbox = self._sandboxes.pop(sandbox_id, None) if not keep_log else self._sandboxes.get(sandbox_id)
+        if sandbox is None:
+            return
+        if sandbox.server is not None:
+            sandbox.server.close()
+            sandbox.server = None
+        for task in list(sandbox.connections):
+            task.cancel()
+        await asyncio.gather(*sandbox.connections, return_exceptions=True)
+        with contextlib.suppress(OSError):
+            os.unlink(sandbox.path)
+
+    async def aclose(self) -> None:
+        """Close every sandbox's socket and connection."""
+        for sandbox_id in list(self._sandboxes):
+            await self.close(sandbox_id)
+
+    def _accept(self, sandbox: _Sandbox, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(sandbox.connections) >= self._config.max_connections:
+            # Refused before anything is read: a flood costs the gateway an accept and a close.
+            metrics.EGRESS_CONNECTIONS.labels(verdict="refused").inc()
+            writer.write(_response(429, "too many connections from this sandbox"))
+            writer.close()
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(sandbox, reader, writer))
+        sandbox.connections.add(task)
+        task.add_done_callback(sandbox.connections.discard)
+
+    async def _serve(self, sandbox: _Sandbox, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await self._read_head(reader, writer)
+            if head is not None:
+                await self._forward(sandbox, head, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _read_head(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> heads.Head | None:
+        try:
+            async with asyncio.timeout(self._config.connect_timeout_seconds):
+                data = await reader.readuntil(b"\r\n\r\n")
+            return heads.parse_head(data)
+        except asyncio.LimitOverrunError:
+            problem = heads.BadRequest(431, f"request head over {self._config.max_header_bytes} bytes")
+        except heads.BadRequest as exc:
+            problem = exc
+        except TimeoutError:
+            problem = heads.BadRequest(400, "no complete request head in time")
+        metrics.EGRESS_CONNECTIONS.labels(verdict="malformed").inc()
+        writer.write(_response(problem.status, problem.reason))
+        await writer.drain()
+        return None
+
+    async def _forward(
+        self, sandbox: _Sandbox, head: heads.Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        entry = EgressEntry(int(time.time() * 1000), head.host, head.port, False, "", "")
+        sandbox.entries.append(entry)
+        decision, address = await self._decide(sandbox.policy, head)
+        entry.allowed, entry.rule, entry.reason = decision.allowed, decision.rule, decision.describe()
+        metrics.EGRESS_CONNECTIONS.labels(verdict="allowed" if decision.allowed else "denied").inc()
+        if address is None:
+            writer.write(_response(403, f"egress to {head.host}:{head.port} {decision.describe()}"))
+            await writer.drain()
+            return
+        try:
+            async with asyncio.timeout(self._config.connect_timeout_seconds):
+                up_reader, up_writer = await asyncio.open_connection(str(address), head.port)
+        except (OSError, TimeoutError) as exc:
+            entry.reason += f"; connecting failed: {exc}"
+            writer.write(_response(502, f"cannot connect to {head.host}:{head.port}: {exc}"))
+            await writer.drain()
+            return
+        try:
+            if head.tunnel:
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                forwarded = heads.forwarded_head(head)
+                up_writer.write(forwarded)
+                entry.bytes_up += len(forwarded)
+                metrics.EGRESS_BYTES.labels(direction="up").inc(len(forwarded))
+            await _splice(sandbox, entry, (reader, writer), (up_reader, up_writer))
+        finally:
+            up_writer.close()
+
+    async def _decide(self, policy: Policy, head: heads.Head) -> tuple[Decision, egress.Address | None]:
+        """The verdict, and the address to connect to when it allows."""
+        decision = policy.check_name(head.host, head.port)
+        if not decision.allowed:
+            return decision, None
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(head.host, head.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            return Decision(False, reason=f"cannot resolve {head.host}: {exc}"), None
+        refusal = Decision(False, reason=f"{head.host} has no address")
+        for *_, sockaddr in found:
+            address = ipaddress.ip_address(sockaddr[0])
+            verdict = policy.check_address(address, head.port, host_local=host_local(address))
+            if verdict.allowed:
+                return Decision(True, decision.rule or verdict.rule), address
+            refusal = verdict
+        return refusal, None
+
+
+async def _splice(
+    sandbox: _Sandbox,
+    entry: EgressEntry,
+    inside: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    outside: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+) -> None:
+    """Bytes both ways until both sides are done, counted into `entry` and the metrics."""
+
+    def count_up(size: int) -> None:
+        entry.bytes_up += size
+        metrics.EGRESS_BYTES.labels(direction="up").inc(size)
+
+    def count_down(size: int) -> None:
+        entry.bytes_down += size
+        metrics.EGRESS_BYTES.labels(direction="down").inc(size)
+
+    await asyncio.gather(
+        pump(inside[0], outside[1], sandbox.up, count_up),
+        pump(outside[0], inside[1], sandbox.down, count_down),
+    )
+
+
+def _response(status: int, message: str) -> bytes:
+    body = (message + "\n").encode()
+    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: text/plain\r\n"
+    return head.encode() + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
