@@ -6,12 +6,13 @@ network namespace) reaches neither, so a connection that works went through the 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.gateway import RunningGateway, running_gateway
+from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from tests.helpers.upstreams import Upstream, upstream
 from tests.integration.security.support import sandbox, sh
 from warmshell.api.v1 import sandbox_pb2 as pb
@@ -109,3 +110,80 @@ async def test_ssrf_into_the_host_is_refused(gw: RunningGateway, allowed: Upstre
         assert out == "403", target
     decisions = (await _egress(gw, "net")).decisions
     assert [d.allowed for d in decisions] == [False, False, False]
+
+
+async def test_deleting_a_sandbox_cuts_its_open_connections(gw: RunningGateway, allowed: Upstream) -> None:
+    await sandbox(gw, "net", _spec(allowed.authority))
+    # A connection that stays open (the upstream holds it) in the background of the sandbox.
+    script = (
+        f"curl -sS -N http://{allowed.authority}/hold > /tmp/held 2>&1 & until [ -s /tmp/held ]; do sleep 0.05; done"
+    )
+    assert (await sh(gw, "net", script))[0] == 0
+    assert allowed.open_connections == 1
+    allowed.closed.clear()
+    await gw.delete("net")
+    async with asyncio.timeout(10):
+        await allowed.closed.wait()
+    assert allowed.open_connections == 0
+
+
+async def test_a_flood_is_refused_for_its_sandbox_alone(gw: RunningGateway, allowed: Upstream, other: Upstream) -> None:
+    await sandbox(gw, "flood", _spec(allowed.authority))
+    await sandbox(gw, "calm", _spec(other.authority))
+    # Holds 8 (network.max_connections) open, then 20 more: each is closed at accept (a 429
+    # written first, which the client may or may not read before the close).
+    flood = f"""
+for i in $(seq 8); do curl -sS -N http://{allowed.authority}/hold > /tmp/h$i 2>&1 & done
+until [ $(cat /tmp/h* 2>/dev/null | grep -c holding) -eq 8 ]; do sleep 0.05; done
+for i in $(seq 20); do curl -s -o /dev/null -w '%{{http_code}}\\n' http://{allowed.authority}/more || true; done
+"""
+    code, out, err = await sh(gw, "flood", flood)
+    assert code == 0, err
+    assert len(out.split()) == 20
+    assert set(out.split()) <= {"429", "000"}
+    assert [head.split(b" ")[1] for head in allowed.heads] == [b"/hold"] * 8
+    # The other sandbox's traffic and the API are unaffected.
+    assert await sh(gw, "calm", f"curl -sS http://{other.authority}/calm") == (0, "upstream saw /calm\n", "")
+    assert (await gw.get("flood")).status.phase == pb.SANDBOX_PHASE_READY
+
+
+async def test_a_malformed_request_or_a_huge_header_is_refused(gw: RunningGateway, allowed: Upstream) -> None:
+    await sandbox(gw, "net", _spec(allowed.authority))
+    client = f"""
+import socket, sys
+def ask(data):
+    with socket.create_connection(("127.0.0.1", 3128)) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass
+        return s.recv(100).split(b"\\r\\n")[0].decode()
+print(ask(b"NOT A REQUEST\\r\\n\\r\\n"))
+print(ask(b"GET /origin-form HTTP/1.1\\r\\nHost: {allowed.authority}\\r\\n\\r\\n"))
+print(ask(b"GET http://{allowed.authority}/ HTTP/1.1\\r\\nX-Big: " + b"a" * (1 << 20) + b"\\r\\n\\r\\n"))
+"""
+    code, out, err = await sh(gw, "net", f"python3 -c '{client}'")
+    assert code == 0, err
+    assert out.splitlines() == [
+        "HTTP/1.1 400 Bad Request",
+        "HTTP/1.1 400 Bad Request",
+        "HTTP/1.1 431 Request Header Fields Too Large",
+    ]
+    assert allowed.heads == []
+
+
+async def test_a_create_with_a_policy_is_served_warm(tmp_path: Path, allowed: Upstream) -> None:
+    # The policy is applied at activation, outside the sandbox: never part of the pool match.
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    (pools / "p.toml").write_text('version = 1\nworkspace = "default"\nreplicas = 1\nimage = ""\n')
+    settings = {
+        "local.pools_dir": str(pools),
+        "local.pool_reload_interval_seconds": 0.1,
+        "network.requests_may_widen": True,
+    }
+    async with running_gateway(tmp_path / "state", **settings) as gw:
+        await wait_pools(gw, lambda r: (p := pool_named(r, "p")) is not None and p.idle >= 1)
+        ready = await sandbox(gw, "warm", _spec(allowed.authority))
+        assert ready.status.allocation == "warm"
+        assert await sh(gw, "warm", f"curl -sS http://{allowed.authority}/warm") == (0, "upstream saw /warm\n", "")

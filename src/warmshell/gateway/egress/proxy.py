@@ -24,7 +24,7 @@ from warmshell.core.egress import Decision, Policy
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.gateway import metrics
 from warmshell.gateway.egress import heads
-from warmshell.gateway.egress.pumping import TokenBucket, pump
+from warmshell.gateway.egress.pumping import CHUNK, TokenBucket, pump
 
 __all__ = ["EgressEntry", "EgressProxy", "host_local"]
 
@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 _REASONS = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests", 431: "Request Header Fields Too Large"}
 _REASONS |= {502: "Bad Gateway", 504: "Gateway Timeout"}
+# After a refusal, what of the rest of a request is read and dropped so the answer arrives.
+_LINGER_BYTES = 4 * 1024 * 1024
+_LINGER_SECONDS = 1.0
 
 
 @dataclass
@@ -163,8 +166,7 @@ class EgressProxy:
         except TimeoutError:
             problem = heads.BadRequest(400, "no complete request head in time")
         metrics.EGRESS_CONNECTIONS.labels(verdict="malformed").inc()
-        writer.write(_response(problem.status, problem.reason))
-        await writer.drain()
+        await _refuse(reader, writer, _response(problem.status, problem.reason))
         return None
 
     async def _forward(
@@ -176,16 +178,14 @@ class EgressProxy:
         entry.allowed, entry.rule, entry.reason = decision.allowed, decision.rule, decision.describe()
         metrics.EGRESS_CONNECTIONS.labels(verdict="allowed" if decision.allowed else "denied").inc()
         if address is None:
-            writer.write(_response(403, f"egress to {head.host}:{head.port} {decision.describe()}"))
-            await writer.drain()
+            await _refuse(reader, writer, _response(403, f"egress to {head.host}:{head.port} {decision.describe()}"))
             return
         try:
             async with asyncio.timeout(self._config.connect_timeout_seconds):
                 up_reader, up_writer = await asyncio.open_connection(str(address), head.port)
         except (OSError, TimeoutError) as exc:
             entry.reason += f"; connecting failed: {exc}"
-            writer.write(_response(502, f"cannot connect to {head.host}:{head.port}: {exc}"))
-            await writer.drain()
+            await _refuse(reader, writer, _response(502, f"cannot connect to {head.host}:{head.port}: {exc}"))
             return
         try:
             if head.tunnel:
@@ -238,6 +238,21 @@ async def _splice(
         pump(inside[0], outside[1], sandbox.up, count_up),
         pump(outside[0], inside[1], sandbox.down, count_down),
     )
+
+
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, response: bytes) -> None:
+    """Answer, then read what the client is still sending (at most `_LINGER_BYTES`, for at
+    most `_LINGER_SECONDS`) before the close: closing on unread data resets the connection,
+    and the client would see the reset instead of the answer."""
+    writer.write(response)
+    await writer.drain()
+    if writer.can_write_eof():
+        writer.write_eof()
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(_LINGER_SECONDS):
+            drained = 0
+            while drained < _LINGER_BYTES and (data := await reader.read(CHUNK)):
+                drained += len(data)
 
 
 def _response(status: int, message: str) -> bytes:
