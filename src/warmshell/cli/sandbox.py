@@ -69,6 +69,16 @@ def register(commands: Any, *, chosen: str | None) -> None:
             metavar="K=PATH",
             help="secret read from a file, so it is not in shell history (one trailing newline dropped)",
         )
+        create.add_argument(
+            "--allow-net",
+            action="append",
+            default=[],
+            metavar="HOST[:PORT]",
+            help="egress allowed (also *.DOMAIN[:PORT], an IP, a CIDR); narrows the profile's (repeatable)",
+        )
+        create.add_argument(
+            "--deny-net", action="append", default=[], metavar="HOST[:PORT]", help="egress denied (repeatable)"
+        )
         create.add_argument("--cpu", default="", help="CPU (Kubernetes quantity, e.g. 0.5 or 500m)")
         create.add_argument("--memory", default="", help="memory (Kubernetes quantity, e.g. 256Mi)")
         create.add_argument(
@@ -153,6 +163,16 @@ def register(commands: Any, *, chosen: str | None) -> None:
         ls.add_argument("path", metavar="PATH", nargs="?", default="/workspace", help="directory (default /workspace)")
         _common(ls)
 
+    egress = sub.add(
+        "egress",
+        _egress,
+        "List the sandbox's latest egress decisions (time, host, port, verdict and rule, bytes up and "
+        "down): a bounded log the gateway keeps while the sandbox lives.",
+    )
+    if egress is not None:
+        _name_and_workspace(egress)
+        _common(egress)
+
     watch = sub.add(
         "watch",
         _watch,
@@ -195,6 +215,7 @@ def _create(args: argparse.Namespace) -> int:
             resources=sandbox_pb2.Resources(cpu=args.cpu, memory=args.memory, pids=args.pids),
             command=args.command or [],
             secrets=parse_secrets(args.secret, args.secret_file),
+            network=sandbox_pb2.NetworkPolicy(allow=args.allow_net, deny=args.deny_net),
         ),
     )
     if args.ttl is not None:
@@ -241,6 +262,22 @@ def _get(args: argparse.Namespace) -> int:
 
         found = sdk.service.get_sandbox(ref)
         print(render.to_json(found) if as_json else inert(render.sandbox_details(found), limit=None))
+        return 0
+
+    return _with_connection(args, body)
+
+
+def _egress(args: argparse.Namespace) -> int:
+    from warmshell.api.v1 import sandbox_pb2
+
+    ref = sandbox_pb2.SandboxRef(name=args.name, workspace=workspace(args))
+    as_json = output_is_json(args)
+
+    def body(sdk: Client) -> int:
+        from warmshell.cli import render
+
+        found = sdk.service.list_egress(ref)
+        print(render.to_json(found) if as_json else inert(render.egress_table(found), limit=None))
         return 0
 
     return _with_connection(args, body)

@@ -42,7 +42,17 @@ if TYPE_CHECKING:
         Unavailable,
     )
     from warmshell.sdk.interactive import AsyncProcess, Process
-    from warmshell.sdk.views import Condition, ExecResult, Lifetime, OutputEvent, PoolInfo, SandboxInfo, Timeline
+    from warmshell.sdk.views import (
+        Condition,
+        EgressDecision,
+        ExecResult,
+        Lifetime,
+        Network,
+        OutputEvent,
+        PoolInfo,
+        SandboxInfo,
+        Timeline,
+    )
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -55,12 +65,14 @@ _EXPORTS = {
     "Client": "warmshell.sdk.client",
     "Condition": "warmshell.sdk.views",
     "Conflict": "warmshell.sdk.errors",
+    "EgressDecision": "warmshell.sdk.views",
     "DeadlineExceeded": "warmshell.sdk.errors",
     "Error": "warmshell.sdk.errors",
     "ExecResult": "warmshell.sdk.views",
     "FailedPrecondition": "warmshell.sdk.errors",
     "InvalidArgument": "warmshell.sdk.errors",
     "Lifetime": "warmshell.sdk.views",
+    "Network": "warmshell.sdk.views",
     "NotFound": "warmshell.sdk.errors",
     "OutputEvent": "warmshell.sdk.views",
     "PermissionDenied": "warmshell.sdk.errors",
@@ -87,11 +99,13 @@ __all__ = [
     "Condition",
     "Conflict",
     "DeadlineExceeded",
+    "EgressDecision",
     "Error",
     "ExecResult",
     "FailedPrecondition",
     "InvalidArgument",
     "Lifetime",
+    "Network",
     "NotFound",
     "OutputEvent",
     "PermissionDenied",

@@ -93,6 +93,7 @@ class AsyncClient:
         labels: Mapping[str, str] | None = None,
         ttl_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
+        network: views.Network | None = None,
         auto_delete: bool = False,
         ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
     ) -> AsyncSandbox:
@@ -111,6 +112,7 @@ class AsyncClient:
             labels=labels,
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
+            network=network,
         )
         started = time.monotonic()
         deadline = calls.ask_ready(request, ready_timeout=ready_timeout, call_timeout=self.timeout)
@@ -373,6 +375,15 @@ class AsyncSandbox:
         if self.auto_delete:
             await self.delete()
         return result
+
+    async def egress(self) -> list[views.EgressDecision]:
+        """The sandbox's latest egress decisions, oldest first (a bounded log the gateway keeps)."""
+        request = pb.SandboxRef(name=self.name, workspace=self.workspace)
+        with self.client._translating():
+            message = await self.client._stub.ListEgress(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        return views.egress_decisions(message)
 
     async def refresh_ttl(self, ttl_seconds: int) -> views.SandboxInfo:
         """Let the sandbox live `ttl_seconds` from now (InvalidArgument beyond the maximum)."""

@@ -73,6 +73,7 @@ def create_request(
     labels: Mapping[str, str] | None,
     ttl_seconds: int | None,
     idle_timeout_seconds: int | None,
+    network: views.Network | None = None,
 ) -> pb.CreateSandboxRequest:
     """A CreateSandboxRequest; unset TTL/idle timeout leave the gateway's defaults in force."""
     request = pb.CreateSandboxRequest(
@@ -85,6 +86,7 @@ def create_request(
             secrets=dict(secrets or {}),
             resources=pb.Resources(cpu=cpu, memory=memory, pids=pids),
             command=_argv(command or [], "command"),
+            network=pb.NetworkPolicy(allow=network.allow, deny=network.deny) if network is not None else None,
         ),
     )
     if ttl_seconds is not None:

@@ -100,6 +100,7 @@ class Client:
         labels: Mapping[str, str] | None = None,
         ttl_seconds: int | None = None,
         idle_timeout_seconds: int | None = None,
+        network: views.Network | None = None,
         auto_delete: bool = False,
         ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
     ) -> Sandbox:
@@ -123,6 +124,7 @@ class Client:
             labels=labels,
             ttl_seconds=ttl_seconds,
             idle_timeout_seconds=idle_timeout_seconds,
+            network=network,
         )
         started = time.monotonic()
         deadline = calls.ask_ready(request, ready_timeout=ready_timeout, call_timeout=self.timeout)
@@ -394,6 +396,13 @@ class Sandbox:
         request = pb.RefreshTtlRequest(name=self.name, workspace=self.workspace, ttl_seconds=ttl_seconds)
         self.last_info = views.sandbox_info(self.client.service.refresh_ttl(request))
         return self.last_info
+
+    def egress(self) -> builtins.list[views.EgressDecision]:
+        """The sandbox's latest egress decisions, oldest first (a bounded log the gateway keeps)."""
+        from warmshell.sdk import views
+
+        request = pb.SandboxRef(name=self.name, workspace=self.workspace)
+        return views.egress_decisions(self.client.service.list_egress(request))
 
     def delete(self) -> bool:
         """Delete the sandbox; False when it was already gone (never raises NotFound)."""
