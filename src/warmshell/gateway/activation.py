@@ -137,7 +137,9 @@ class GatewayActivator:
         # connection finds the socket there.
         environment = dict(record.spec.environment)
         if self._egress is not None:
-            environment |= await self._egress.attach(record, registration.identity.instance_id)
+            binding = registration.identity.binding
+            pool = binding.pool if isinstance(binding, WarmPending) else None
+            environment |= await self._egress.attach(record, registration.identity.instance_id, pool)
         token, expires_ms = self._issuer.mint(record.id, registration.identity.instance_id)
         return spb.SupervisorActivationMessage(
             sandbox_id=record.id,

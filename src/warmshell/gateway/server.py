@@ -214,7 +214,7 @@ class Gateway:
         self.issuer = issuer
         vault = SecretVault(self._store, secrets_key)
         sockets = driver if isinstance(driver, HostsEgressSockets) else None
-        self._egress = EgressGate(self.config.network, EgressProxy(self.config.network), sockets)
+        self._egress = EgressGate(self.config.network, EgressProxy(self.config.network), sockets, pools=driver.pools)
         records.observe(self._egress.observe)
         activator = GatewayActivator(registry, records, issuer, vault, self._egress)
         self.activator = activator

@@ -187,3 +187,23 @@ async def test_a_create_with_a_policy_is_served_warm(tmp_path: Path, allowed: Up
         ready = await sandbox(gw, "warm", _spec(allowed.authority))
         assert ready.status.allocation == "warm"
         assert await sh(gw, "warm", f"curl -sS http://{allowed.authority}/warm") == (0, "upstream saw /warm\n", "")
+
+
+async def test_a_profile_allows_and_a_request_only_narrows(tmp_path: Path, allowed: Upstream, other: Upstream) -> None:
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    profile = 'version = 1\nworkspace = "default"\nreplicas = 2\nimage = ""\n[network]\nallow = ["127.0.0.0/8"]\n'
+    (pools / "p.toml").write_text(profile)
+    settings = {"local.pools_dir": str(pools), "local.pool_reload_interval_seconds": 0.1}
+    async with running_gateway(tmp_path / "state", **settings) as gw:
+        await wait_pools(gw, lambda r: (p := pool_named(r, "p")) is not None and p.idle >= 2)
+        await sandbox(gw, "profile")
+        assert await sh(gw, "profile", f"curl -sS http://{other.authority}/p") == (0, "upstream saw /p\n", "")
+        # Narrowed to one host of the profile's network, and a host outside it asked for too.
+        ready = await sandbox(gw, "narrow", _spec(allowed.authority, "pypi.example"))
+        assert ready.status.allocation == "warm"
+        assert await sh(gw, "narrow", f"curl -sS http://{allowed.authority}/n") == (0, "upstream saw /n\n", "")
+        _code, out, _ = await sh(gw, "narrow", f"curl -sS -o /dev/null -w '%{{http_code}}' http://{other.authority}/")
+        assert out == "403"
+        narrowed = (await _egress(gw, "narrow")).decisions
+        assert [d.allowed for d in narrowed] == [True, False]

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from warmshell.core import egress, phases
 from warmshell.core.config import NetworkConfig
 from warmshell.core.egress import Policy
+from warmshell.core.ids import Fingerprint
 from warmshell.core.models import Condition, SandboxRecord
+from warmshell.drivers.base import PoolView
 from warmshell.gateway.egress.proxy import EgressProxy
 
 __all__ = ["NETWORK_CONDITION", "EgressGate", "HostsEgressSockets", "proxy_environment"]
@@ -45,10 +48,20 @@ def proxy_environment(port: int = egress.PROXY_PORT) -> dict[str, str]:
 class EgressGate:
     """Owned by the gateway: `attach` at each activation, `observe` every written record."""
 
-    def __init__(self, config: NetworkConfig, proxy: EgressProxy, sockets: HostsEgressSockets | None) -> None:
+    def __init__(
+        self,
+        config: NetworkConfig,
+        proxy: EgressProxy,
+        sockets: HostsEgressSockets | None,
+        *,
+        pools: Callable[[], Sequence[PoolView]] = tuple,
+    ) -> None:
+        """`pools`: the driver's pools, whose profiles' `[network]` rules apply to the members
+        they serve."""
         self._config = config
         self._proxy = proxy
         self._sockets = sockets
+        self._pools = pools
         self._deny = egress.parse_rules(config.deny, field="network.deny")
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -57,21 +70,29 @@ class EgressGate:
         """The proxy (its decisions, for ListEgress)."""
         return self._proxy
 
-    def policy(self, record: SandboxRecord) -> Policy:
-        """The sandbox's policy: the gateway's default and deny list, narrowed by its request."""
+    def policy(self, record: SandboxRecord, pool: Fingerprint | None = None) -> Policy:
+        """The sandbox's policy: the gateway's default and deny list, the profile of the pool
+        that serves it (`pool`, None for a cold create), narrowed by its request."""
         request = record.spec.network
+        view = next((v for v in self._pools() if v.fingerprint == pool and v.workspace == record.workspace), None)
+        profile_allow = view.network_allow if view is not None else None
+        profile_deny = view.network_deny if view is not None else ()
         return egress.compose(
             default=self._config.default,
             gateway_deny=self._deny,
+            profile_allow=egress.parse_rules(profile_allow, field="network.allow")
+            if profile_allow is not None
+            else None,
+            profile_deny=egress.parse_rules(profile_deny, field="network.deny"),
             request_allow=egress.parse_rules(request.allow, field="spec.network.allow") if request.allow else None,
             request_deny=egress.parse_rules(request.deny, field="spec.network.deny"),
             requests_may_widen=self._config.requests_may_widen,
         )
 
-    async def attach(self, record: SandboxRecord, instance_id: str) -> dict[str, str]:
+    async def attach(self, record: SandboxRecord, instance_id: str, pool: Fingerprint | None) -> dict[str, str]:
         """Open the sandbox's proxy socket when its policy allows anything (its connections from
         before, if any, cut); the environment its workload then needs ({} when no proxy)."""
-        policy = self.policy(record)
+        policy = self.policy(record, pool)
         path = self._sockets.egress_socket(instance_id) if self._sockets is not None else None
         if path is None or not policy.allows_anything:
             await self._proxy.close(record.id)
@@ -80,12 +101,12 @@ class EgressGate:
         return proxy_environment()
 
     def condition(self, record: SandboxRecord) -> Condition:
-        """The `Network` condition: what the sandbox may reach, and how."""
-        policy = self.policy(record)
+        """The `Network` condition: what the sandbox may reach (the policy its proxy applies)."""
         if self._sockets is None:
             message = "this driver does not apply egress policies (the local driver does)"
             return Condition(type=NETWORK_CONDITION, status="Unknown", reason="Unsupported", message=message)
-        if not policy.allows_anything:
+        policy = self._proxy.policy(record.id)
+        if policy is None:
             return Condition(type=NETWORK_CONDITION, status="False", reason="NoEgress", message="loopback only")
         message = f"through the gateway's proxy: {policy.summary}"
         return Condition(type=NETWORK_CONDITION, status="True", reason="Proxy", message=message)
