@@ -6,7 +6,8 @@ deny rule matches it and every allow list has a rule that does (the gateway's de
 profile and a request each narrow what the layer before allows; see `compose`).
 
 Checked twice by the proxy: on the name and port the workload asked for (`check_name`), then on
-each address the proxy resolved (`check_address`). An internal address (loopback, link-local,
+each address the proxy resolved (`check_address`). An IP or CIDR rule matches a connection asked
+for by address (a name that resolves into it still needs a name rule). An internal address (loopback, link-local,
 private, reserved, or one of the host's own) passes only when every allow list names it with an
 IP or CIDR rule: a host name rule never reaches into the host's networks, whatever its DNS says.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -140,12 +141,9 @@ class Policy:
                 return Decision(False, rule.text)
         if not self.allows_anything:
             return Decision(False, reason="the policy allows no connection")
-        matched = ""
-        for rules in self.allow:
-            found = next((rule for rule in rules if rule.matches_name(host, port)), None)
-            if found is None:
-                return Decision(False, reason=f"no rule allows {host}:{port}")
-            matched = matched or found.text
+        matched = self._in_every_list(lambda rule: rule.matches_name(host, port))
+        if matched is None:
+            return Decision(False, reason=f"no rule allows {host}:{port}")
         return Decision(True, matched)
 
     def check_address(self, address: Address, port: int, *, host_local: bool = False) -> Decision:
@@ -157,13 +155,17 @@ class Policy:
                 return Decision(False, rule.text)
         if not (host_local or internal(address)):
             return Decision(True, reason="a public address")
-        named = ""
-        for rules in self.allow:
-            found = next((rule for rule in rules if rule.matches_address(address, port)), None)
-            if found is None:
-                return Decision(False, reason=f"{address} is an address of the host or a private network")
-            named = named or found.text
-        return Decision(bool(self.allow), named, reason="" if self.allow else "the policy allows no connection")
+        if not self.allows_anything:
+            return Decision(False, reason="the policy allows no connection")
+        named = self._in_every_list(lambda rule: rule.matches_address(address, port))
+        if named is None:
+            return Decision(False, reason=f"{address} is an address of the host or a private network")
+        return Decision(True, named)
+
+    def _in_every_list(self, matches: Callable[[Rule], bool]) -> str | None:
+        """The first list's matching rule when every allow list has one; None when one has none."""
+        texts = [next((rule.text for rule in rules if matches(rule)), None) for rules in self.allow]
+        return None if None in texts else next(iter(texts), "")
 
 
 def internal(address: Address) -> bool:

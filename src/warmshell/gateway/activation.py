@@ -173,8 +173,9 @@ class GatewayActivator:
             timeline.activated_us = timeline.activated_us or activated
             record.status.instance_id = instance_id
             record.status.activated_incarnation = registration.identity.incarnation
-            if self._egress is not None:
-                record.status.set_condition(self._egress.condition(record))
+            condition = self._egress.condition(record) if self._egress is not None else None
+            if condition is not None:
+                record.status.set_condition(condition)
 
         try:
             await self._records.mutate(sandbox_id, change)

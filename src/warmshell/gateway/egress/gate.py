@@ -100,9 +100,12 @@ class EgressGate:
         await self._proxy.open(record.id, path, policy)
         return proxy_environment()
 
-    def condition(self, record: SandboxRecord) -> Condition:
-        """The `Network` condition: what the sandbox may reach (the policy its proxy applies)."""
+    def condition(self, record: SandboxRecord) -> Condition | None:
+        """The `Network` condition: what the sandbox may reach (the policy its proxy applies);
+        on a driver without egress sockets, only for a request that asked for rules (None else)."""
         if self._sockets is None:
+            if not (record.spec.network.allow or record.spec.network.deny):
+                return None
             message = "this driver does not apply egress policies (the local driver does)"
             return Condition(type=NETWORK_CONDITION, status="Unknown", reason="Unsupported", message=message)
         policy = self._proxy.policy(record.id)

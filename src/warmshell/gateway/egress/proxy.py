@@ -206,7 +206,7 @@ class EgressProxy:
             return decision, None
         try:
             found = await asyncio.get_running_loop().getaddrinfo(head.host, head.port, type=socket.SOCK_STREAM)
-        except OSError as exc:
+        except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA refuses ("a..b")
             return Decision(False, reason=f"cannot resolve {head.host}: {exc}"), None
         refusal = Decision(False, reason=f"{head.host} has no address")
         for *_, sockaddr in found:
