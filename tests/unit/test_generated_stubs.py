@@ -29,7 +29,7 @@ def test_public_surface_is_pinned() -> None:
         "Allocation", "AlreadyExists", "ApiError", "AsyncClient", "AsyncProcess", "AsyncSandbox", "Client",
         "Condition", "Conflict", "DeadlineExceeded", "EgressDecision", "Error", "ExecResult", "FailedPrecondition",
         "InvalidArgument", "Lifetime", "Network", "NotFound", "OutputEvent", "PermissionDenied", "Phase", "PoolInfo",
-        "Process",
-        "ResourceExhausted", "Sandbox", "SandboxError", "SandboxInfo", "Timeline", "Unauthenticated", "Unavailable",
+        "Process", "ResourceExhausted", "Sandbox", "SandboxError", "SandboxInfo", "Secret", "Timeline",
+        "Unauthenticated", "Unavailable",
         "__version__",
     ]  # fmt: skip

@@ -70,6 +70,13 @@ def register(commands: Any, *, chosen: str | None) -> None:
             help="secret read from a file, so it is not in shell history (one trailing newline dropped)",
         )
         create.add_argument(
+            "--secret-hosts",
+            action="append",
+            default=[],
+            metavar="K=HOST,...",
+            help="the secret K is for these hosts only: the workload sees a placeholder (repeatable)",
+        )
+        create.add_argument(
             "--allow-net",
             action="append",
             default=[],
@@ -216,6 +223,10 @@ def _create(args: argparse.Namespace) -> int:
             command=args.command or [],
             secrets=parse_secrets(args.secret, args.secret_file),
             network=sandbox_pb2.NetworkPolicy(allow=args.allow_net, deny=args.deny_net),
+            secret_hosts={
+                name: sandbox_pb2.SecretHosts(hosts=[host for host in hosts.split(",") if host])
+                for name, hosts in parse_pairs(args.secret_hosts, flag="--secret-hosts").items()
+            },
         ),
     )
     if args.ttl is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -35,6 +35,7 @@ __all__ = [
     "internal",
     "parse_rule",
     "parse_rules",
+    "secret_hosts",
 ]
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -253,6 +254,22 @@ def parse_rule(text: str, *, field: str) -> Rule:
 def parse_rules(texts: Iterable[str], *, field: str) -> tuple[Rule, ...]:
     """Every rule of a list; an error names the entry (`spec.network.allow[2]`)."""
     return tuple(parse_rule(text, field=f"{field}[{index}]") for index, text in enumerate(texts))
+
+
+def secret_hosts(hosts: Mapping[str, Sequence[str]], secrets: Mapping[str, str], *, field: str) -> dict[str, list[str]]:
+    """A request's secret -> hosts, checked: each names one of its secrets, each host is a rule
+    (`spec.secret_hosts.API_KEY[0]: ...`) and not a CIDR (a secret goes to a host, not a network)."""
+    checked: dict[str, list[str]] = {}
+    for name, rules in sorted(hosts.items()):
+        if name not in secrets:
+            raise InvalidArgumentError(f"{field}.{name}", f"there is no secret named {name!r}")
+        if not rules:
+            raise InvalidArgumentError(f"{field}.{name}", "names no host")
+        for index, rule in enumerate(parse_rules(rules, field=f"{field}.{name}")):
+            if rule.kind is RuleKind.NETWORK:
+                raise InvalidArgumentError(f"{field}.{name}[{index}]", f"{rule.text!r} is a network, not a host")
+        checked[name] = [rule.strip() for rule in rules]
+    return checked
 
 
 def compose(

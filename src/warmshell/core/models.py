@@ -181,6 +181,8 @@ class SandboxSpec(_Model):
     storage: Storage = Field(default_factory=Storage)
     # Applied at activation, outside the sandbox: never part of a match (a warm member serves any).
     network: NetworkRequest = Field(default_factory=NetworkRequest)
+    # Secret name -> the hosts it is for (the workload gets a placeholder for it; see core/egress).
+    secret_hosts: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class SandboxStatus(_Model):

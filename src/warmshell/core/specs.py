@@ -39,6 +39,7 @@ def new_sandbox(
     secrets: Mapping[str, str] | None = None,
     ttl_seconds: int | None = None,
     idle_timeout_seconds: int | None = None,
+    secret_hosts: Mapping[str, Sequence[str]] | None = None,
 ) -> NewSandbox:
     """Validate the request — workspace (the default when empty), name, labels, then the spec
     (`spec`, e.g. a `build_spec` call, runs last so errors come in that order; each names its
@@ -52,6 +53,7 @@ def new_sandbox(
     secrets = dict(secrets or {})
     validation.validate_secrets(secrets, built.environment, field="spec.secrets")
     built.secret_names = sorted(secrets)
+    built.secret_hosts = egress.secret_hosts(secret_hosts or {}, secrets, field="spec.secret_hosts")
     return NewSandbox(
         workspace=workspace,
         name=name,

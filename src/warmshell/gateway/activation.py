@@ -139,7 +139,9 @@ class GatewayActivator:
         if self._egress is not None:
             binding = registration.identity.binding
             pool = binding.pool if isinstance(binding, WarmPending) else None
-            environment |= await self._egress.attach(record, registration.identity.instance_id, pool)
+            attached = await self._egress.attach(record, registration.identity.instance_id, pool, secrets)
+            environment |= attached.environment
+            secrets = attached.secrets
         token, expires_ms = self._issuer.mint(record.id, registration.identity.instance_id)
         return spb.SupervisorActivationMessage(
             sandbox_id=record.id,

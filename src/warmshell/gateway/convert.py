@@ -41,6 +41,7 @@ def new_sandbox(request: pb.CreateSandboxRequest) -> specs.NewSandbox:
             network_deny=list(spec.network.deny),
         ),
         secrets=dict(spec.secrets),
+        secret_hosts={name: list(entry.hosts) for name, entry in spec.secret_hosts.items()},
         ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
         idle_timeout_seconds=request.idle_timeout_seconds if request.HasField("idle_timeout_seconds") else None,
     )
@@ -77,6 +78,7 @@ def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
             runtime_class_name=record.spec.runtime_class_name,
             secrets=dict.fromkeys(record.spec.secret_names, REDACTED),
             network=pb.NetworkPolicy(allow=record.spec.network.allow, deny=record.spec.network.deny),
+            secret_hosts={name: pb.SecretHosts(hosts=hosts) for name, hosts in record.spec.secret_hosts.items()},
         ),
         status=pb.SandboxStatus(
             phase=_PHASES[status.phase],

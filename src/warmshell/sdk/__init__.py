@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         OutputEvent,
         PoolInfo,
         SandboxInfo,
+        Secret,
         Timeline,
     )
 
@@ -83,6 +84,7 @@ _EXPORTS = {
     "Sandbox": "warmshell.sdk.client",
     "SandboxError": "warmshell.sdk.errors",
     "SandboxInfo": "warmshell.sdk.views",
+    "Secret": "warmshell.sdk.views",
     "Timeline": "warmshell.sdk.views",
     "Unauthenticated": "warmshell.sdk.errors",
     "Unavailable": "warmshell.sdk.errors",
@@ -116,6 +118,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "SandboxInfo",
+    "Secret",
     "Timeline",
     "Unauthenticated",
     "Unavailable",

@@ -85,7 +85,7 @@ class AsyncClient:
         workspace: str | None = None,
         image: str = "",
         env: Mapping[str, str] | None = None,
-        secrets: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str | views.Secret] | None = None,
         cpu: str = "",
         memory: str = "",
         pids: int = 0,

@@ -65,7 +65,7 @@ def create_request(
     workspace: str,
     image: str,
     env: Mapping[str, str] | None,
-    secrets: Mapping[str, str] | None = None,
+    secrets: Mapping[str, str | views.Secret] | None = None,
     cpu: str,
     memory: str,
     pids: int = 0,
@@ -83,7 +83,14 @@ def create_request(
         spec=pb.SandboxSpec(
             image=image,
             environment=dict(env or {}),
-            secrets=dict(secrets or {}),
+            secrets={
+                name: secret if isinstance(secret, str) else secret.value for name, secret in (secrets or {}).items()
+            },
+            secret_hosts={
+                name: pb.SecretHosts(hosts=list(secret.hosts))
+                for name, secret in (secrets or {}).items()
+                if not isinstance(secret, str) and secret.hosts
+            },
             resources=pb.Resources(cpu=cpu, memory=memory, pids=pids),
             command=_argv(command or [], "command"),
             network=pb.NetworkPolicy(allow=network.allow, deny=network.deny) if network is not None else None,

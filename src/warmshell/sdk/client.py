@@ -92,7 +92,7 @@ class Client:
         workspace: str | None = None,
         image: str = "",
         env: Mapping[str, str] | None = None,
-        secrets: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str | views.Secret] | None = None,
         cpu: str = "",
         memory: str = "",
         pids: int = 0,

@@ -19,6 +19,7 @@ __all__ = [
     "OutputEvent",
     "PoolInfo",
     "SandboxInfo",
+    "Secret",
     "Timeline",
     "egress_decisions",
     "pool_info",
@@ -122,6 +123,16 @@ class Network:
 
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A secret for some hosts only (`secrets={"API_KEY": Secret("…", hosts=["api.example.com"])}`):
+    the workload sees a placeholder, which the gateway's egress proxy swaps for the value in
+    request headers to those hosts (HTTPS included: it intercepts TLS for them alone)."""
+
+    value: str = field(repr=False)
+    hosts: tuple[str, ...] | list[str] = ()
 
 
 @dataclass(frozen=True)

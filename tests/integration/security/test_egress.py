@@ -207,3 +207,34 @@ async def test_a_profile_allows_and_a_request_only_narrows(tmp_path: Path, allow
         assert out == "403"
         narrowed = (await _egress(gw, "narrow")).decisions
         assert [d.allowed for d in narrowed] == [True, False]
+
+
+async def test_a_placeholder_secret_is_swapped_for_its_host_and_refused_elsewhere(
+    gw: RunningGateway, allowed: Upstream, other: Upstream
+) -> None:
+    value = "s3cr3t-" + "v" * 24
+    spec = _spec(allowed.authority, other.authority)
+    spec.secrets["API_KEY"] = value
+    spec.secret_hosts["API_KEY"].hosts.append(allowed.authority)
+    await sandbox(gw, "sec", spec)
+    code, seen, _ = await sh(gw, "sec", 'printf %s "$API_KEY"')
+    assert code == 0
+    assert seen.startswith("wsp_")
+    header = '-H "Authorization: Bearer $API_KEY"'
+    assert await sh(gw, "sec", f"curl -sS {header} http://{allowed.authority}/api") == (0, "upstream saw /api\n", "")
+    assert f"Authorization: Bearer {value}".encode() in allowed.heads[0]
+    assert seen.encode() not in allowed.heads[0]
+    code, out, _ = await sh(gw, "sec", f"curl -sS -o /dev/null -w '%{{http_code}}' {header} http://{other.authority}/")
+    assert out == "403"
+    assert other.heads == []
+    refused = (await _egress(gw, "sec")).decisions[-1]
+    assert (refused.host, refused.allowed) == (other.host, False)
+    assert "placeholder of secret API_KEY" in refused.reason
+    # The value is nowhere inside: no process's environment, no file the workload can read.
+    # (Searched for as a pattern that does not match itself: this command's own argv is in /proc.)
+    pattern = "s3cr3t-v\\{24\\}"
+    search = (
+        f"cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | grep -c '{pattern}';"
+        f" grep -rl '{pattern}' /workspace /tmp /run /etc 2>/dev/null | wc -l"
+    )
+    assert (await sh(gw, "sec", search))[1].split() == ["0", "0"]

@@ -121,6 +121,27 @@ class SandboxSpec(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class SecretHostsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___SecretHosts: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___SecretHosts | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     IMAGE_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     RESOURCES_FIELD_NUMBER: _builtins.int
@@ -128,6 +149,7 @@ class SandboxSpec(_message.Message):
     RUNTIME_CLASS_NAME_FIELD_NUMBER: _builtins.int
     SECRETS_FIELD_NUMBER: _builtins.int
     NETWORK_FIELD_NUMBER: _builtins.int
+    SECRET_HOSTS_FIELD_NUMBER: _builtins.int
     image: _builtins.str
     """Driver-specific image reference; "" selects the driver's default image."""
     runtime_class_name: _builtins.str
@@ -152,6 +174,13 @@ class SandboxSpec(_message.Message):
         gateway's proxy, outside the sandbox: never part of the pool match.
         """
 
+    @_builtins.property
+    def secret_hosts(self) -> _containers.MessageMap[_builtins.str, Global___SecretHosts]:
+        """Secrets that are for some hosts only (name -> hosts: HOST[:PORT], *.DOMAIN[:PORT], an IP):
+        the workload sees a placeholder (wsp_...), which the egress proxy replaces with the value
+        in request headers to those hosts only, and answers 403 anywhere else.
+        """
+
     def __init__(
         self,
         *,
@@ -162,14 +191,35 @@ class SandboxSpec(_message.Message):
         runtime_class_name: _builtins.str = ...,
         secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         network: Global___NetworkPolicy | None = ...,
+        secret_hosts: _abc.Mapping[_builtins.str, Global___SecretHosts] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "image", b"image", "network", b"network", "resources", b"resources", "runtime_class_name", b"runtime_class_name", "secrets", b"secrets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "image", b"image", "network", b"network", "resources", b"resources", "runtime_class_name", b"runtime_class_name", "secret_hosts", b"secret_hosts", "secrets", b"secrets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SandboxSpec: _TypeAlias = SandboxSpec  # noqa: Y015
+
+@_typing.final
+class SecretHosts(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOSTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        hosts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SecretHosts: _TypeAlias = SecretHosts  # noqa: Y015
 
 @_typing.final
 class NetworkPolicy(_message.Message):

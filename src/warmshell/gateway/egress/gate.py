@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -17,9 +18,10 @@ from warmshell.core.egress import Policy
 from warmshell.core.ids import Fingerprint
 from warmshell.core.models import Condition, SandboxRecord
 from warmshell.drivers.base import PoolView
+from warmshell.gateway.egress import placeholders
 from warmshell.gateway.egress.proxy import EgressProxy
 
-__all__ = ["NETWORK_CONDITION", "EgressGate", "HostsEgressSockets", "proxy_environment"]
+__all__ = ["NETWORK_CONDITION", "Attachment", "EgressGate", "HostsEgressSockets", "proxy_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,14 @@ def proxy_environment(port: int = egress.PROXY_PORT) -> dict[str, str]:
     env |= {name.lower(): url for name in env}
     env |= {"NO_PROXY": "localhost,127.0.0.1", "no_proxy": "localhost,127.0.0.1", "NODE_USE_ENV_PROXY": "1"}
     return env
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """What a workload gets at activation: environment to add, and its secrets as it sees them."""
+
+    environment: dict[str, str]
+    secrets: dict[str, str] = field(repr=False)
 
 
 class EgressGate:
@@ -89,16 +99,21 @@ class EgressGate:
             requests_may_widen=self._config.requests_may_widen,
         )
 
-    async def attach(self, record: SandboxRecord, instance_id: str, pool: Fingerprint | None) -> dict[str, str]:
+    async def attach(
+        self, record: SandboxRecord, instance_id: str, pool: Fingerprint | None, secrets: Mapping[str, str]
+    ) -> Attachment:
         """Open the sandbox's proxy socket when its policy allows anything (its connections from
-        before, if any, cut); the environment its workload then needs ({} when no proxy)."""
+        before, if any, cut); what its workload then gets: the proxy variables (none without a
+        proxy) and its secrets, a placeholder in place of each that names hosts."""
         policy = self.policy(record, pool)
+        made = placeholders.make(secrets, record.spec.secret_hosts)
+        workload_secrets = dict(secrets) | {placeholder.name: placeholder.token for placeholder in made}
         path = self._sockets.egress_socket(instance_id) if self._sockets is not None else None
         if path is None or not policy.allows_anything:
             await self._proxy.close(record.id)
-            return {}
-        await self._proxy.open(record.id, path, policy)
-        return proxy_environment()
+            return Attachment({}, workload_secrets)
+        await self._proxy.open(record.id, path, policy, made)
+        return Attachment(proxy_environment(), workload_secrets)
 
     def condition(self, record: SandboxRecord) -> Condition | None:
         """The `Network` condition: what the sandbox may reach (the policy its proxy applies);

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from warmshell.core.config import NetworkConfig
 from warmshell.core.egress import Decision, Policy
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.gateway import metrics
-from warmshell.gateway.egress import heads
+from warmshell.gateway.egress import heads, placeholders
 from warmshell.gateway.egress.pumping import CHUNK, TokenBucket, pump
 
 __all__ = ["EgressEntry", "EgressProxy", "host_local"]
@@ -73,6 +74,7 @@ class _Sandbox:
     entries: deque[EgressEntry]
     up: TokenBucket
     down: TokenBucket
+    placeholders: tuple[placeholders.Placeholder, ...] = ()
     server: asyncio.Server | None = None
     connections: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -94,14 +96,16 @@ class EgressProxy:
         sandbox = self._sandboxes.get(sandbox_id)
         return list(sandbox.entries) if sandbox is not None else []
 
-    async def open(self, sandbox_id: str, path: Path, policy: Policy) -> None:
-        """Listen for the sandbox at `path` (its connections, and a socket there, replaced);
-        FailedPreconditionError when the socket cannot be made."""
+    async def open(
+        self, sandbox_id: str, path: Path, policy: Policy, secrets: Sequence[placeholders.Placeholder] = ()
+    ) -> None:
+        """Listen for the sandbox at `path` (its connections, and a socket there, replaced),
+        swapping its placeholder `secrets`; FailedPreconditionError when the socket cannot be made."""
         old = self._sandboxes.get(sandbox_id)
         entries: deque[EgressEntry] = deque(old.entries if old else (), maxlen=self._config.log_entries)
         await self.close(sandbox_id, keep_log=True)
         rate = self._config.max_bytes_per_second
-        sandbox = _Sandbox(sandbox_id, policy, path, entries, TokenBucket(rate), TokenBucket(rate))
+        sandbox = _Sandbox(sandbox_id, policy, path, entries, TokenBucket(rate), TokenBucket(rate), tuple(secrets))
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         try:
@@ -175,6 +179,12 @@ class EgressProxy:
         entry = EgressEntry(int(time.time() * 1000), head.host, head.port, False, "", "")
         sandbox.entries.append(entry)
         decision, address = await self._decide(sandbox.policy, head)
+        if address is not None and not head.tunnel:
+            try:
+                head = placeholders.swap(head, sandbox.placeholders)
+            except placeholders.Leak as leak:
+                reason = f"the placeholder of secret {leak.name} is not for {head.host}"
+                decision, address = Decision(False, reason=reason), None
         entry.allowed, entry.rule, entry.reason = decision.allowed, decision.rule, decision.describe()
         metrics.EGRESS_CONNECTIONS.labels(verdict="allowed" if decision.allowed else "denied").inc()
         if address is None:
