@@ -171,6 +171,7 @@ def test_to_dict_has_a_stable_shape() -> None:
         "runtime_class_name": "",
         "secrets": {},
         "network": {"allow": [], "deny": []},
+        "secret_hosts": {},
     }
     status = document["status"]
     assert isinstance(status, dict)
