@@ -172,6 +172,9 @@ class Fleet:
             if instance.uid is not None:
                 os.chown(instance.workspace_dir, instance.uid, instance.uid)
         if self._launcher.isolated:
+            # The log first: it is what a later start-up sweep finds an instance by, so a gateway
+            # killed right after the mkdir below leaves nothing the sweep cannot name.
+            os.close(os.open(instance.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
             # Its own uid alone may traverse it (the socket in it is 0666): on the host, the
             # instance id in bwrap's argv must not be enough to reach another sandbox's proxy.
             if instance.workspaces is not None:
