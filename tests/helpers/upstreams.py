@@ -5,6 +5,7 @@ the connections it holds open (to see the proxy cut them)."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ class Upstream:
 
 
 @asynccontextmanager
-async def upstream(host: str = "127.0.0.2") -> AsyncIterator[Upstream]:
+async def upstream(host: str = "127.0.0.2", tls: ssl.SSLContext | None = None) -> AsyncIterator[Upstream]:
     """An HTTP/1.1 server: `GET /hold` keeps the connection open (sending one line) until the
     other side closes it; any other request is answered `upstream saw <path>` and closed."""
     state = Upstream(host)
@@ -52,7 +53,7 @@ async def upstream(host: str = "127.0.0.2") -> AsyncIterator[Upstream]:
             state.closed.set()
             writer.close()
 
-    server = await asyncio.start_server(serve, host, 0)
+    server = await asyncio.start_server(serve, host, 0, ssl=tls)
     state.port = server.sockets[0].getsockname()[1]
     try:
         yield state

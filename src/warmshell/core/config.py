@@ -280,6 +280,9 @@ class NetworkConfig(_Section):
     # Decisions kept per sandbox for `warmshell sandbox egress` (a ring: the oldest go first).
     log_entries: int = Field(default=256, ge=1, le=100_000)
     connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    # A CA file upstreams are also verified against (besides the host's trust store) when the
+    # proxy intercepts TLS for placeholder secrets: for tests and private CAs.
+    upstream_ca_file: str = ""
 
     @field_validator("deny")
     @classmethod

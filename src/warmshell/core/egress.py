@@ -26,6 +26,7 @@ __all__ = [
     "ANY",
     "PROXY_PORT",
     "PUBLIC_SUFFIXES",
+    "SANDBOX_DIR",
     "Address",
     "Decision",
     "Policy",
@@ -56,6 +57,8 @@ PUBLIC_SUFFIXES = frozenset(
 )  # fmt: skip
 # Where a local sandbox's agent listens on the sandbox's own loopback, relaying to the proxy.
 PROXY_PORT = 3128
+# Where a local sandbox sees the directory its proxy socket (and the CA it trusts) appear in.
+SANDBOX_DIR = "/run/warmshell/egress"
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 _HOST_MAX = 253
 _DIGITS = re.compile(r"^[0-9]{1,5}$")

@@ -29,6 +29,7 @@ from warmshell.gateway import collector, listening, statedir
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.drivers import build_driver
+from warmshell.gateway.egress import interception
 from warmshell.gateway.egress.gate import EgressGate, HostsEgressSockets
 from warmshell.gateway.egress.proxy import EgressProxy
 from warmshell.gateway.events import Changed, EventBus
@@ -214,7 +215,7 @@ class Gateway:
         self.issuer = issuer
         vault = SecretVault(self._store, secrets_key)
         sockets = driver if isinstance(driver, HostsEgressSockets) else None
-        self._egress = EgressGate(self.config.network, EgressProxy(self.config.network), sockets, pools=driver.pools)
+        self._egress = await _egress_gate(self.config, sockets, driver)
         records.observe(self._egress.observe)
         activator = GatewayActivator(registry, records, issuer, vault, self._egress)
         self.activator = activator
@@ -466,6 +467,20 @@ class Gateway:
             self._bound = False
         if opened:
             log.info("gateway stopped")
+
+
+async def _egress_gate(config: GatewayConfig, sockets: HostsEgressSockets | None, driver: ComputeDriver) -> EgressGate:
+    """The egress proxy and its gate; with a driver that binds its sockets into sandboxes, the
+    CA that intercepts TLS for placeholder secrets (FailedPreconditionError, one line, when it
+    cannot be loaded or made: the gateway does not start)."""
+    network = config.network
+    authority = None
+    if sockets is not None:
+        directory = config.paths.root / "egress"
+        authority = await asyncio.to_thread(interception.CertificateAuthority, directory)
+    upstream = interception.upstream_context(network.upstream_ca_file)
+    proxy = EgressProxy(network, authority=authority, upstream_tls=upstream)
+    return EgressGate(network, proxy, sockets, pools=driver.pools, authority=authority)
 
 
 async def serve(config: GatewayConfig) -> None:

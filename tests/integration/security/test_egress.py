@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import testca
 from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from tests.helpers.upstreams import Upstream, upstream
 from tests.integration.security.support import sandbox, sh
@@ -238,3 +239,34 @@ async def test_a_placeholder_secret_is_swapped_for_its_host_and_refused_elsewher
         f" grep -rl '{pattern}' /workspace /tmp /run /etc 2>/dev/null | wc -l"
     )
     assert (await sh(gw, "sec", search))[1].split() == ["0", "0"]
+
+
+async def test_a_placeholder_is_swapped_inside_https_to_its_host_only(tmp_path: Path) -> None:
+    tls, ca_file = testca.server_context(tmp_path, "127.0.0.2")
+    overrides = {"network.requests_may_widen": True, "network.upstream_ca_file": str(ca_file)}
+    async with (
+        upstream("127.0.0.2", tls) as api,
+        upstream("127.0.0.3", tls) as elsewhere,
+        running_gateway(tmp_path / "state", **overrides) as gw,
+    ):
+        spec = _spec(api.authority, elsewhere.authority)
+        spec.secrets["API_KEY"] = "real-api-key-value"
+        spec.secret_hosts["API_KEY"].hosts.append(api.authority)
+        await sandbox(gw, "tls", spec)
+        header = '-H "Authorization: Bearer $API_KEY"'
+        # curl trusts the bundle the sandbox was given (the host's CAs and the gateway's).
+        code, out, err = await sh(gw, "tls", f"curl -sS {header} https://{api.authority}/secure")
+        assert (code, out) == (0, "upstream saw /secure\n"), err
+        assert b"Authorization: Bearer real-api-key-value" in api.heads[0]
+        # Another host is tunnelled untouched: its certificate is its own (the gateway's CA is
+        # not in it), and the placeholder goes there as it is, never the value.
+        code, _, err = await sh(gw, "tls", f"curl -sS {header} https://127.0.0.3:{elsewhere.port}/")
+        assert code != 0
+        assert "certificate" in err
+        python = (
+            f"import ssl, urllib.request as u; print(u.urlopen('https://{api.authority}/py').read().decode(), end='')"
+        )
+        assert await sh(gw, "tls", f'python3 -c "{python}"') == (0, "upstream saw /py\n", "")
+        decisions = (await _egress(gw, "tls")).decisions
+        assert "TLS intercepted" in decisions[0].reason
+        assert "TLS intercepted" not in decisions[1].reason

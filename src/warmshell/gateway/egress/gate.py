@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,7 @@ from warmshell.core.egress import Policy
 from warmshell.core.ids import Fingerprint
 from warmshell.core.models import Condition, SandboxRecord
 from warmshell.drivers.base import PoolView
-from warmshell.gateway.egress import placeholders
+from warmshell.gateway.egress import interception, placeholders
 from warmshell.gateway.egress.proxy import EgressProxy
 
 __all__ = ["NETWORK_CONDITION", "Attachment", "EgressGate", "HostsEgressSockets", "proxy_environment"]
@@ -55,6 +57,28 @@ class Attachment:
     secrets: dict[str, str] = field(repr=False)
 
 
+def trust_environment(directory: str = egress.SANDBOX_DIR) -> dict[str, str]:
+    """What makes OpenSSL, Python (ssl, requests), curl, git and Node trust the gateway's CA
+    besides the host's: the bundle of both, and the CA alone for Node (which adds it)."""
+    bundle = f"{directory}/{interception.BUNDLE_FILE}"
+    env = dict.fromkeys(("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"), bundle)
+    return env | {"NODE_EXTRA_CA_CERTS": f"{directory}/{interception.CA_FILE}"}
+
+
+def _place_trust(authority: interception.CertificateAuthority, directory: Path) -> None:
+    """The CA and the bundle in the sandbox's egress directory (blocking): linked when on the
+    same file system, else copied."""
+    for source in (authority.ca_file, authority.bundle_file):
+        target = directory / source.name
+        if target.exists():
+            continue
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copyfile(source, target)
+            os.chmod(target, 0o644)
+
+
 class EgressGate:
     """Owned by the gateway: `attach` at each activation, `observe` every written record."""
 
@@ -65,6 +89,7 @@ class EgressGate:
         sockets: HostsEgressSockets | None,
         *,
         pools: Callable[[], Sequence[PoolView]] = tuple,
+        authority: interception.CertificateAuthority | None = None,
     ) -> None:
         """`pools`: the driver's pools, whose profiles' `[network]` rules apply to the members
         they serve."""
@@ -72,6 +97,7 @@ class EgressGate:
         self._proxy = proxy
         self._sockets = sockets
         self._pools = pools
+        self._authority = authority
         self._deny = egress.parse_rules(config.deny, field="network.deny")
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -113,7 +139,12 @@ class EgressGate:
             await self._proxy.close(record.id)
             return Attachment({}, workload_secrets)
         await self._proxy.open(record.id, path, policy, made)
-        return Attachment(proxy_environment(), workload_secrets)
+        environment = proxy_environment()
+        if made and self._authority is not None:
+            # Its hosts' TLS is intercepted: the sandbox trusts the gateway's CA (and the host's).
+            await asyncio.to_thread(_place_trust, self._authority, path.parent)
+            environment |= trust_environment()
+        return Attachment(environment, workload_secrets)
 
     def condition(self, record: SandboxRecord) -> Condition | None:
         """The `Network` condition: what the sandbox may reach (the policy its proxy applies);

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["BadRequest", "Head", "forwarded_head", "parse_head"]
+__all__ = ["BadRequest", "Head", "forwarded_head", "parse_head", "parse_tunnelled_head"]
 
 _TOKEN = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 # Hop-by-hop headers of the proxy leg (RFC 9110 7.6.1): never passed upstream.
@@ -65,6 +65,21 @@ def _target(method: str, target: str) -> tuple[str, int, str]:
 
 def parse_head(data: bytes) -> Head:
     """The head (everything up to and including the blank line); BadRequest when malformed."""
+    method, target, version, headers = _split(data)
+    host, port, path = _target(method, target)
+    return Head(method, host, port, path, version, headers)
+
+
+def parse_tunnelled_head(data: bytes, *, host: str, port: int) -> Head:
+    """A head read inside an intercepted CONNECT tunnel to `host`:`port`: origin-form
+    (`GET /path`), going where the tunnel goes whatever its Host header says."""
+    method, target, version, headers = _split(data)
+    if not target.startswith("/") or method == "CONNECT":
+        raise BadRequest(400, "inside a tunnel, only origin-form requests (GET /path) are forwarded")
+    return Head(method, host, port, target, version, headers)
+
+
+def _split(data: bytes) -> tuple[str, str, bytes, tuple[tuple[bytes, bytes], ...]]:
     lines = data.removesuffix(b"\r\n\r\n").split(b"\r\n")
     parts = lines[0].split(b" ")
     if len(parts) != 3 or not _TOKEN.match(parts[0]) or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
@@ -75,13 +90,11 @@ def parse_head(data: bytes) -> Head:
         if not colon or not _TOKEN.match(name):
             raise BadRequest(400, "malformed header line")
         headers.append((name, value.strip()))
-    method = parts[0].decode("ascii")
     try:
         target = parts[1].decode("ascii")
     except UnicodeDecodeError:
         raise BadRequest(400, "request target is not ASCII") from None
-    host, port, path = _target(method, target)
-    return Head(method, host, port, path, parts[2], tuple(headers))
+    return parts[0].decode("ascii"), target, parts[2], tuple(headers)
 
 
 def forwarded_head(head: Head) -> bytes:

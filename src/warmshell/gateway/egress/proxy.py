@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import os
 import socket
+import ssl
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,12 +26,13 @@ from warmshell.core.config import NetworkConfig
 from warmshell.core.egress import Decision, Policy
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.gateway import metrics
-from warmshell.gateway.egress import heads, placeholders
+from warmshell.gateway.egress import heads, interception, placeholders
 from warmshell.gateway.egress.pumping import CHUNK, TokenBucket, pump
 
 __all__ = ["EgressEntry", "EgressProxy", "host_local"]
 
 log = logging.getLogger(__name__)
+_Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 _REASONS = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests", 431: "Request Header Fields Too Large"}
 _REASONS |= {502: "Bad Gateway", 504: "Gateway Timeout"}
@@ -82,8 +85,18 @@ class _Sandbox:
 class EgressProxy:
     """Owned by the gateway: `open` a sandbox's socket at activation, `close` it at its end."""
 
-    def __init__(self, config: NetworkConfig) -> None:
+    def __init__(
+        self,
+        config: NetworkConfig,
+        *,
+        authority: interception.CertificateAuthority | None = None,
+        upstream_tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """`authority`: the CA that intercepts TLS to the hosts of placeholder secrets (None:
+        such tunnels pass untouched, unswapped); `upstream_tls` verifies those upstreams."""
         self._config = config
+        self._authority = authority
+        self._upstream_tls = upstream_tls or (interception.upstream_context("") if authority else None)
         self._sandboxes: dict[str, _Sandbox] = {}
 
     def policy(self, sandbox_id: str) -> Policy | None:
@@ -158,11 +171,16 @@ class EgressProxy:
         finally:
             writer.close()
 
-    async def _read_head(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> heads.Head | None:
+    async def _read_head(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        parse: Callable[[bytes], heads.Head] = heads.parse_head,
+    ) -> heads.Head | None:
         try:
             async with asyncio.timeout(self._config.connect_timeout_seconds):
                 data = await reader.readuntil(b"\r\n\r\n")
-            return heads.parse_head(data)
+            return parse(data)
         except asyncio.LimitOverrunError:
             problem = heads.BadRequest(431, f"request head over {self._config.max_header_bytes} bytes")
         except heads.BadRequest as exc:
@@ -180,34 +198,65 @@ class EgressProxy:
         sandbox.entries.append(entry)
         decision, address = await self._decide(sandbox.policy, head)
         if address is not None and not head.tunnel:
-            try:
-                head = placeholders.swap(head, sandbox.placeholders)
-            except placeholders.Leak as leak:
-                reason = f"the placeholder of secret {leak.name} is not for {head.host}"
-                decision, address = Decision(False, reason=reason), None
+            head, decision = _swapped(head, sandbox, decision)
         entry.allowed, entry.rule, entry.reason = decision.allowed, decision.rule, decision.describe()
         metrics.EGRESS_CONNECTIONS.labels(verdict="allowed" if decision.allowed else "denied").inc()
-        if address is None:
+        if address is None or not decision.allowed:
             await _refuse(reader, writer, _response(403, f"egress to {head.host}:{head.port} {decision.describe()}"))
             return
+        if (
+            head.tunnel
+            and self._authority is not None
+            and any(p.for_host(head.host, head.port) for p in sandbox.placeholders)
+        ):
+            await self._intercept(sandbox, entry, head, address, (reader, writer))
+            return
+        upstream = await self._connect(entry, head, address, (reader, writer))
+        if upstream is None:
+            return
+        if head.tunnel:
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        else:
+            _send_head(entry, upstream[1], head)
+        await _splice(sandbox, entry, (reader, writer), upstream)
+
+    async def _intercept(
+        self, sandbox: _Sandbox, entry: EgressEntry, tunnel: heads.Head, address: egress.Address, inside: _Stream
+    ) -> None:
+        """A CONNECT to a host of a placeholder secret: TLS ends here (with a leaf of the
+        gateway's CA), the request's placeholders are swapped, and a new TLS connection, its
+        certificate verified, goes upstream."""
+        assert self._authority is not None
+        reader, writer = inside
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        context = await asyncio.to_thread(self._authority.server_context, tunnel.host)
+        await writer.start_tls(context)
+        parse = functools.partial(heads.parse_tunnelled_head, host=tunnel.host, port=tunnel.port)
+        head = await self._read_head(reader, writer, parse)
+        if head is None:
+            return
+        head, decision = _swapped(head, sandbox, Decision(entry.allowed, entry.rule))
+        entry.allowed, entry.reason = decision.allowed, decision.describe() + " (TLS intercepted for its secrets)"
+        if not decision.allowed:
+            await _refuse(reader, writer, _response(403, f"egress to {head.host}:{head.port} {decision.describe()}"))
+            return
+        upstream = await self._connect(entry, head, address, inside, tls=True)
+        if upstream is not None:
+            _send_head(entry, upstream[1], head)
+            await _splice(sandbox, entry, inside, upstream)
+
+    async def _connect(
+        self, entry: EgressEntry, head: heads.Head, address: egress.Address, inside: _Stream, *, tls: bool = False
+    ) -> _Stream | None:
+        """The upstream connection (None, the client answered 502, when it cannot be made)."""
+        secure = {"ssl": self._upstream_tls, "server_hostname": head.host} if tls else {}
         try:
             async with asyncio.timeout(self._config.connect_timeout_seconds):
-                up_reader, up_writer = await asyncio.open_connection(str(address), head.port)
+                return await asyncio.open_connection(str(address), head.port, **secure)  # type: ignore[arg-type]
         except (OSError, TimeoutError) as exc:
             entry.reason += f"; connecting failed: {exc}"
-            await _refuse(reader, writer, _response(502, f"cannot connect to {head.host}:{head.port}: {exc}"))
-            return
-        try:
-            if head.tunnel:
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            else:
-                forwarded = heads.forwarded_head(head)
-                up_writer.write(forwarded)
-                entry.bytes_up += len(forwarded)
-                metrics.EGRESS_BYTES.labels(direction="up").inc(len(forwarded))
-            await _splice(sandbox, entry, (reader, writer), (up_reader, up_writer))
-        finally:
-            up_writer.close()
+            await _refuse(*inside, _response(502, f"cannot connect to {head.host}:{head.port}: {exc}"))
+            return None
 
     async def _decide(self, policy: Policy, head: heads.Head) -> tuple[Decision, egress.Address | None]:
         """The verdict, and the address to connect to when it allows."""
@@ -228,11 +277,27 @@ class EgressProxy:
         return refusal, None
 
 
+def _swapped(head: heads.Head, sandbox: _Sandbox, decision: Decision) -> tuple[heads.Head, Decision]:
+    """The head with the sandbox's placeholders for its host swapped in, or a denial when it
+    carries one meant for another host."""
+    try:
+        return placeholders.swap(head, sandbox.placeholders), decision
+    except placeholders.Leak as leak:
+        return head, Decision(False, reason=f"the placeholder of secret {leak.name} is not for {head.host}")
+
+
+def _send_head(entry: EgressEntry, writer: asyncio.StreamWriter, head: heads.Head) -> None:
+    forwarded = heads.forwarded_head(head)
+    writer.write(forwarded)
+    entry.bytes_up += len(forwarded)
+    metrics.EGRESS_BYTES.labels(direction="up").inc(len(forwarded))
+
+
 async def _splice(
     sandbox: _Sandbox,
     entry: EgressEntry,
-    inside: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    outside: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    inside: _Stream,
+    outside: _Stream,
 ) -> None:
     """Bytes both ways until both sides are done, counted into `entry` and the metrics."""
 
@@ -244,10 +309,13 @@ async def _splice(
         entry.bytes_down += size
         metrics.EGRESS_BYTES.labels(direction="down").inc(size)
 
-    await asyncio.gather(
-        pump(inside[0], outside[1], sandbox.up, count_up),
-        pump(outside[0], inside[1], sandbox.down, count_down),
-    )
+    try:
+        await asyncio.gather(
+            pump(inside[0], outside[1], sandbox.up, count_up),
+            pump(outside[0], inside[1], sandbox.down, count_down),
+        )
+    finally:
+        outside[1].close()
 
 
 async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, response: bytes) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmshell.core import egress
 from warmshell.core.models import WORKSPACE_DIR
 
 __all__ = [
@@ -39,7 +40,7 @@ WORKSPACE = WORKSPACE_DIR
 AGENT_PATH = "/run/warmshell/agent"
 # A directory of the gateway's, bound read-only: the proxy's socket appears in it at activation
 # (a connect needs no write access to the mount), and the agent's shim relays to it.
-EGRESS_DIR = "/run/warmshell/egress"
+EGRESS_DIR = egress.SANDBOX_DIR
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Top-level entries of the host root a program needs (a directory is bound, a symlink such as
