@@ -160,7 +160,7 @@ async def measured_create(gw: Any, driver_module: types.ModuleType) -> dict[str,
 
     async def full() -> None:
         async with asyncio.timeout(60):
-            while not any(p.name == POOL and p.idle >= REPLICAS for p in gw.gateway.driver.pools()):
+            while not any(p.name == POOL and p.idle >= REPLICAS for p in gw.gateway.parts.driver.pools()):
                 await asyncio.sleep(0.01)  # the idle count has no change notification
 
     async def create(name: str) -> None:
@@ -202,7 +202,7 @@ async def kubernetes_entries() -> dict[str, Any]:
     from warmshell.core.fingerprints import shape_of
     from warmshell.core.models import Resources, SandboxSpec
     from warmshell.drivers.kubernetes import driver as kubernetes_driver
-    from warmshell.drivers.kubernetes import warmpools
+    from warmshell.drivers.kubernetes.warm import warmpools
 
     async with kubesim_process("fast") as cluster:
         with tempfile.TemporaryDirectory(prefix="ws-entries-k8s-") as tmp:

@@ -64,7 +64,7 @@ async def measure(creates: int) -> dict[str, Any]:
             settings = gateway_settings(cluster, state) | {"reconcile_interval_seconds": 10.0}
             async with running_gateway(state, **settings) as gw:
                 identity_ms: list[float] = []
-                provider = gw.gateway.driver.identity
+                provider = gw.gateway.parts.driver.identity
                 authenticate = provider.authenticate
 
                 async def timed(credential: str) -> Any:

@@ -45,7 +45,8 @@ from tests.helpers.kubesim_process import ClusterProcess, kubesim_process  # noq
 from tests.integration.drivers_kubernetes.conftest import IMAGE, NAMESPACE, driver_config, gateway_settings  # noqa: E402
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
 from warmshell.core.fingerprints import SandboxShape  # noqa: E402
-from warmshell.drivers.kubernetes import KubernetesDriver, warmpools  # noqa: E402
+from warmshell.drivers.kubernetes import KubernetesDriver  # noqa: E402
+from warmshell.drivers.kubernetes.warm import warmpools  # noqa: E402
 
 POOL = "bench"
 WARM_ENV = {"FOO": "bar"}
@@ -147,7 +148,7 @@ async def measure(profile: str, warm: int, cold: int, cold_batch: int, replicas:
             await cluster.admin.create(kc.POOLS, NAMESPACE, pool)
             settings = gateway_settings(cluster, state) | {"reconcile_interval_seconds": 10.0}
             async with running_gateway(state, **settings) as gw:
-                driver = gw.gateway.driver
+                driver = gw.gateway.parts.driver
                 assert isinstance(driver, KubernetesDriver)
                 warm_data = await warm_creates(gw, driver, cluster, warm, replicas)
                 cold_data = await cold_creates(gw, cold, cold_batch)

@@ -180,8 +180,8 @@ async def one_round(transport: str, count: int, command: list[str], accounting: 
             return {"cpu_ms": cpu_ms, "missing": missing, "allocations": dict(allocations)}
         finally:
             await channel.close(grace=None)
-            for record in await gateway.manager.records.list():
-                await gateway.manager.delete(record.workspace, record.name)
+            for record in await gateway.parts.records.list():
+                await gateway.parts.manager.delete(record.workspace, record.name)
             await gateway.stop()
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,15 +51,18 @@ class RunningGateway:
         the last state seen, so a flaky wait says what the sandbox was doing."""
         request = pb.WatchSandboxRequest(name=name, workspace=workspace)
         last: pb.Sandbox | None = None
+        watch = self.stub.WatchSandbox(request, metadata=self.metadata)
         try:
             async with asyncio.timeout(timeout):
-                async for event in self.stub.WatchSandbox(request, metadata=self.metadata):
+                async for event in watch:
                     if event.HasField("sandbox"):
                         last = event.sandbox
                         if predicate(last):
                             return last
         except TimeoutError:
             raise AssertionError(f"{name}: condition not met in {timeout}s; last seen:\n{last}") from None
+        finally:
+            watch.cancel()  # a watch left open would end only with the gateway
         raise AssertionError(f"watch of {name} ended before the condition held; last seen:\n{last}")
 
     async def wait_ready(self, name: str, timeout: float = 20.0, workspace: str = "") -> pb.Sandbox:
@@ -105,11 +111,11 @@ async def running_gateway(state_dir: Path, **overrides: Any) -> AsyncIterator[Ru
 
 async def _delete_all(gateway: Gateway) -> None:
     """Tests own their sandboxes: remove whatever is left so no process outlives the test."""
-    for record in await gateway.manager.records.list():
+    for record in await gateway.parts.records.list():
         try:
-            await gateway.manager.delete(record.workspace, record.name)
+            await gateway.parts.manager.delete(record.workspace, record.name)
         except Exception:
-            await gateway.driver.delete(record.id)
+            await gateway.parts.driver.delete(record.id)
 
 
 async def wait_pools(
@@ -128,3 +134,15 @@ async def wait_pools(
 
 def pool_named(response: pb.ListPoolsResponse, name: str) -> pb.Pool | None:
     return next((p for p in response.pools if p.name == name), None)
+
+
+@contextmanager
+def own_sandbox_dir(prefix: str) -> Iterator[Path]:
+    """A `local.sandbox_dir` of the caller's own, outside pytest's 0700 tmp_path (sandbox uids
+    must reach it); removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(base, 0o711)
+    try:
+        yield base / "sandboxes"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -20,14 +20,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
+from warmshell.core.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    WarmshellError,
+)
 from warmshell.gateway import metrics
 from warmshell.gateway.sessions import ExecChannel, SupervisorSession
 from warmshell.sandboxio.window import OutputWindow
@@ -50,11 +55,34 @@ def check_terminal_size(size: pb.TerminalSize, field: str) -> None:
 
 
 class ExecRelay:
-    """Runs execs over supervisor sessions with the gateway's flow-control settings."""
+    """Runs execs over supervisor sessions with the gateway's flow-control settings, and counts
+    the execs in flight through this gateway (so a stop can let them finish)."""
 
     def __init__(self, *, window_bytes: int, stall_seconds: float) -> None:
         self.window_bytes = window_bytes
         self.stall_seconds = stall_seconds
+        self._in_flight = 0
+        self._none_in_flight = asyncio.Event()
+        self._none_in_flight.set()
+
+    @contextlib.contextmanager
+    def counted(self) -> Iterator[None]:
+        """One exec in flight for as long as the block runs (run here or forwarded to the
+        replica that holds its session)."""
+        self._in_flight += 1
+        self._none_in_flight.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._none_in_flight.set()
+
+    async def wait_none_in_flight(self, timeout: float) -> int:  # noqa: ASYNC109
+        """Wait until no exec is in flight, `timeout` seconds at most; returns how many still are."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._none_in_flight.wait(), timeout)
+        return self._in_flight
 
     async def run(
         self,
@@ -68,28 +96,15 @@ class ExecRelay:
         `interactive`: the stream's start and the rest of the client's requests (stdin, resizes,
         signals), relayed while it runs. FailedPreconditionError when it could not run;
         ResourceExhaustedError when the client stopped reading for longer than `stall_seconds`;
-        InvalidArgumentError for a bad request on the stream."""
+        InvalidArgumentError for a bad request on the stream; UnavailableError when the gateway
+        stopped before the exec ended."""
         channel = ExecChannel(exec_id=uuid.uuid4().hex, window=self.window_bytes)
-        start = spb.ExecStart(
-            exec_id=channel.exec_id,
-            command=request.command,
-            environment=request.environment,
-            workdir=request.workdir,
-            timeout_seconds=request.timeout_seconds,
-            stdin=request.stdin,
-            output_window_bytes=self.window_bytes,
-        )
-        inputs: asyncio.Task[None] | None = None
-        if interactive is not None:
-            stream_start, requests = interactive
-            start.stream_stdin = True
-            start.tty = stream_start.tty
-            start.rows, start.columns = stream_start.size.rows, stream_start.size.columns
-            channel.input_window = OutputWindow(min(self.window_bytes, MAX_INPUT_WINDOW_BYTES))
+        start = self._start_message(channel, request, interactive[0] if interactive is not None else None)
         session.execs[channel.exec_id] = channel
         session.send(spb.GatewayMessage(exec_start=start))
+        inputs: asyncio.Task[None] | None = None
         if interactive is not None:
-            inputs = asyncio.create_task(self._relay_input(session, channel, requests, tty=start.tty))
+            inputs = asyncio.create_task(self._relay_input(session, channel, interactive[1], tty=start.tty))
         finished = False
         try:
             while True:
@@ -102,6 +117,9 @@ class ExecRelay:
                         session.send(spb.GatewayMessage(exec_credit=credit))
                     continue
                 finished = True
+                if isinstance(event, WarmshellError):  # the session ended under it: say why
+                    metrics.EXECS.labels(result="error").inc()
+                    raise event
                 if event.error:
                     metrics.EXECS.labels(result="error").inc()
                     raise FailedPreconditionError(f"exec failed: {event.error}")
@@ -117,8 +135,31 @@ class ExecRelay:
                 session.execs.pop(channel.exec_id, None)
                 session.send(spb.GatewayMessage(exec_cancel=spb.ExecCancel(exec_id=channel.exec_id)))
 
+    def _start_message(
+        self, channel: ExecChannel, request: pb.ExecSandboxRequest, interactive: pb.ExecStreamStart | None
+    ) -> spb.ExecStart:
+        """What starts the exec in the sandbox; an interactive one streams its stdin (through an
+        input window, on `channel`), maybe on a terminal."""
+        start = spb.ExecStart(
+            exec_id=channel.exec_id,
+            command=request.command,
+            environment=request.environment,
+            workdir=request.workdir,
+            timeout_seconds=request.timeout_seconds,
+            stdin=request.stdin,
+            output_window_bytes=self.window_bytes,
+        )
+        if interactive is not None:
+            start.stream_stdin = True
+            start.tty = interactive.tty
+            start.rows, start.columns = interactive.size.rows, interactive.size.columns
+            channel.input_window = OutputWindow(min(self.window_bytes, MAX_INPUT_WINDOW_BYTES))
+        return start
+
     @staticmethod
-    async def _next(channel: ExecChannel, inputs: asyncio.Task[None] | None) -> spb.OutputData | spb.ExecExited:
+    async def _next(
+        channel: ExecChannel, inputs: asyncio.Task[None] | None
+    ) -> spb.OutputData | spb.ExecExited | WarmshellError:
         """The exec's next event; a bad request on the input stream fails the call instead."""
         if inputs is None or (inputs.done() and inputs.exception() is None):
             return await channel.events.get()
@@ -170,8 +211,13 @@ class ExecRelay:
         session.send(spb.GatewayMessage(exec_input=spb.ExecInput(exec_id=exec_id, eof=True)))
 
     async def _write(self, context: Ctx, event: pb.ExecEvent) -> None:
+        # A timeout scope, not wait_for: Python 3.11's wait_for drops a cancel that arrives as
+        # the write completes, which is exactly when a client that leaves after a chunk cancels
+        # (about one exec in four, in a loop that breaks after the first chunk); the exec then
+        # waited for the command's next output instead of killing it.
         try:
-            await asyncio.wait_for(context.write(event), self.stall_seconds)
+            async with asyncio.timeout(self.stall_seconds):
+                await context.write(event)
         except TimeoutError:
             metrics.EXECS.labels(result="stalled").inc()
             raise ResourceExhaustedError(

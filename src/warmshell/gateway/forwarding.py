@@ -13,7 +13,7 @@ call shapes, so new session RPCs forward by naming their method.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn, TypeVar
@@ -160,9 +160,8 @@ class Forwarder:
         finally:
             call.cancel()
 
-    async def aclose(self) -> None:
-        """Close the channels to other replicas."""
-        for channel in self._channels.values():
-            with contextlib.suppress(Exception):
-                await channel.close(grace=None)
-        self._channels.clear()
+    async def aclose(self, *, grace: float | None = None) -> None:
+        """Close the channels to other replicas; calls still in flight on them get `grace`
+        seconds to finish (None: none), all channels' at once."""
+        channels, self._channels = list(self._channels.values()), {}
+        await asyncio.gather(*(channel.close(grace=grace) for channel in channels), return_exceptions=True)

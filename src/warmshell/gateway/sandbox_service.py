@@ -230,7 +230,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         # Written with context.write rather than yield: each write is bounded in time (a client
         # that stops reading ends the exec; see gateway.execs).
         await self._auth.require_client(context)
-        await self._exec(request, context)
+        with self._execs.counted():
+            await self._exec(request, context)
 
     @unary
     async def ExecSandboxStream(  # type: ignore[override]
@@ -241,7 +242,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         if first is None or not first.HasField("start"):
             raise InvalidArgumentError("start", "the first message of an exec stream must be its start")
         check_terminal_size(first.start.size, "start.size")
-        await self._exec(first.start.exec, context, interactive=(first.start, request_iterator))
+        with self._execs.counted():
+            await self._exec(first.start.exec, context, interactive=(first.start, request_iterator))
 
     async def _exec(
         self,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.core.errors import AlreadyExistsError
+from warmshell.core.errors import AlreadyExistsError, WarmshellError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import now_ms
 from warmshell.sandboxio.window import OutputWindow
@@ -39,7 +39,8 @@ class ExecChannel:
 
     exec_id: str
     window: int = 0  # 0: no flow control (tests of the relay alone)
-    events: asyncio.Queue[spb.OutputData | spb.ExecExited] = field(default_factory=asyncio.Queue)
+    # Output, then the exit, or the error that ended the exec without one (the gateway stopping).
+    events: asyncio.Queue[spb.OutputData | spb.ExecExited | WarmshellError] = field(default_factory=asyncio.Queue)
     in_flight: int = 0
     _ungranted: int = 0
     # Streamed stdin not yet written to the command (None: no streamed stdin).
@@ -74,9 +75,12 @@ class SupervisorSession:
         """Queue a message for the supervisor."""
         self.outbox.put_nowait(message)
 
-    def close(self, reason: str = "", *, reconnect: bool = False) -> None:
-        """End the session: pending execs fail, the stream is finished. With a reason, the
-        supervisor is told whether to reconnect (gateway restart) or to stop."""
+    def close(
+        self, reason: str = "", *, reconnect: bool = False, ends_execs: Callable[[], WarmshellError] | None = None
+    ) -> None:
+        """End the session: pending execs fail (with the error `ends_execs` makes when given, else
+        as "session closed"), the stream is finished. With a reason, the supervisor is told whether to
+        reconnect (gateway restart) or to stop."""
         if self.closed.is_set():
             return
         self.closed.set()
@@ -84,7 +88,8 @@ class SupervisorSession:
             self.outbox.put_nowait(spb.GatewayMessage(shutdown=spb.Shutdown(reason=reason, reconnect=reconnect)))
         self.outbox.put_nowait(None)
         for channel in self.execs.values():
-            channel.events.put_nowait(spb.ExecExited(exec_id=channel.exec_id, exit_code=-1, error="session closed"))
+            closed = spb.ExecExited(exec_id=channel.exec_id, exit_code=-1, error="session closed")
+            channel.events.put_nowait(ends_execs() if ends_execs is not None else closed)
         self.execs.clear()
         for op_id, results in self.file_ops.items():
             results.put_nowait(spb.FileResult(op_id=op_id, error="the sandbox's session closed"))
@@ -162,10 +167,11 @@ class SessionTable:
         """The live session of a sandbox."""
         return self._sessions.get(sandbox_id)
 
-    def close_all(self, reason: str) -> None:
-        """Gateway shutdown: tell every supervisor (they reconnect to the next gateway)."""
+    def close_all(self, reason: str, *, ends_execs: Callable[[], WarmshellError] | None = None) -> None:
+        """Gateway shutdown: tell every supervisor (they reconnect to the next gateway); the
+        execs still running end with `ends_execs` (see `SupervisorSession.close`)."""
         for session in list(self._sessions.values()):
-            session.close(reason, reconnect=True)
+            session.close(reason, reconnect=True, ends_execs=ends_execs)
         self._sessions.clear()
 
     def __len__(self) -> int:

@@ -40,6 +40,10 @@ __all__ = ["SupervisorService"]
 
 log = logging.getLogger(__name__)
 
+# Phases after which a sandbox runs no supervisor that could need a new token (EXITED and ERROR
+# are sticky).
+_ENDED = (Phase.EXITED, Phase.ERROR, Phase.DELETING)
+
 # A grpc.aio.ServicerContext, or the in-process one of a host-side supervisor's call.
 Ctx = CallContext
 
@@ -122,23 +126,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
     ) -> AsyncIterator[spb.GatewayMessage]:
         try:
             claims = await self._auth.require_sandbox(context)
-            first = await anext(aiter(request_iterator), None)
-            if first is None or not first.HasField("hello"):
-                raise FailedPreconditionError("the first message of a session must be hello")
-            if first.hello.sandbox_id != claims.sandbox_id or first.hello.instance_id != claims.instance_id:
-                log.warning(
-                    "refused supervisor session: hello names sandbox %s instance %s, the token sandbox %s instance %s",
-                    first.hello.sandbox_id,
-                    first.hello.instance_id,
-                    claims.sandbox_id,
-                    claims.instance_id,
-                )
-                raise PermissionDeniedError("hello names another sandbox or instance than the token")
-            record = await self._manager.records.get(claims.sandbox_id)
-            if record is None or record.status.phase == Phase.DELETING:
-                raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
-            await self._refuse_if_live_elsewhere(record)
-            session = self._open_session(claims)
+            session = await self._accept(claims, request_iterator)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
@@ -179,6 +167,27 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
                     # The session is gone either way; its reconnect (or the backend) corrects the record.
                     log.warning("sandbox %s: could not record its closed session: %s", claims.sandbox_id, exc)
             metrics.SESSIONS.set(len(self._manager.sessions))
+
+    async def _accept(self, claims: SandboxClaims, messages: AsyncIterator[spb.SupervisorMessage]) -> SupervisorSession:
+        """The session a supervisor's hello opens, if its token, its hello and the sandbox's
+        record agree (and no live replica holds the sandbox's session)."""
+        first = await anext(aiter(messages), None)
+        if first is None or not first.HasField("hello"):
+            raise FailedPreconditionError("the first message of a session must be hello")
+        if first.hello.sandbox_id != claims.sandbox_id or first.hello.instance_id != claims.instance_id:
+            log.warning(
+                "refused supervisor session: hello names sandbox %s instance %s, the token sandbox %s instance %s",
+                first.hello.sandbox_id,
+                first.hello.instance_id,
+                claims.sandbox_id,
+                claims.instance_id,
+            )
+            raise PermissionDeniedError("hello names another sandbox or instance than the token")
+        record = await self._manager.records.get(claims.sandbox_id)
+        if record is None or record.status.phase == Phase.DELETING:
+            raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
+        await self._refuse_if_live_elsewhere(record)
+        return self._open_session(claims)
 
     async def _refuse_reactivation(self, identity: SupervisorIdentity, sandbox_id: SandboxId) -> None:
         """A bound sandbox is activated again only for a supervisor that could be a new one: its
@@ -256,8 +265,12 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         claims = await self._auth.require_sandbox(context)
         await _admit(self._token_refreshes, claims.instance_id, f"token refreshes of instance {claims.instance_id}")
         record = await self._manager.records.get(claims.sandbox_id)
-        if record is None or record.status.phase == Phase.DELETING:
-            raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
+        if record is None or record.status.phase in _ENDED:
+            raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists or has ended")
+        if record.status.instance_id != claims.instance_id:
+            # A validly signed token of an instance the sandbox is not running (a former or made-up
+            # one) must not be renewable: it would outlive the instance it was minted for.
+            raise PermissionDeniedError(f"instance {claims.instance_id} is not the running instance of its sandbox")
         token, expires = self._issuer.mint(claims.sandbox_id, claims.instance_id)
         return spb.RefreshSandboxTokenResponse(token=token, expires_at_ms=expires)
 

@@ -68,7 +68,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 def registered_lines(gw: RunningGateway) -> list[str]:
     """Spy on the gateway's event bus: every "Registered" progress line published from now on."""
     seen: list[str] = []
-    bus = gw.gateway.manager.bus
+    bus = gw.gateway.parts.bus
     publish = bus.publish
 
     def spy(sandbox_id: str, item: object) -> None:
@@ -148,7 +148,7 @@ async def test_the_pods_token_on_the_public_api_is_refused_without_side_effects(
 
 
 async def test_a_stolen_sandbox_token_cannot_open_a_second_session(gw: RunningGateway, victim: pb.Sandbox) -> None:
-    token, _ = gw.gateway.issuer.mint(victim.id, victim.status.instance_id)
+    token, _ = gw.gateway.parts.issuer.mint(victim.id, victim.status.instance_id)
     metadata = (("authorization", f"Bearer {token}"),)
     supervisor_socket = gw.gateway.paths.supervisor_socket
     async with grpc.aio.insecure_channel(f"unix://{supervisor_socket}") as channel:

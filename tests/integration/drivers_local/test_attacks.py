@@ -157,7 +157,7 @@ async def test_each_sandbox_runs_as_its_own_unprivileged_host_uid(gw: RunningGat
     uids = []
     for name in ("a", "b"):
         record = await gw.get(name)
-        instance = gw.gateway._driver._fleet.instances[record.status.instance_id]  # type: ignore[union-attr]
+        instance = gw.gateway.parts.driver._fleet.instances[record.status.instance_id]  # type: ignore[attr-defined]
         pid = await instance.process.sandbox_pid()
         status = Path(f"/proc/{pid}/status").read_text()
         uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])

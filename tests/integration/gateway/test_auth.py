@@ -31,8 +31,8 @@ async def test_public_api_needs_the_api_token(gw: RunningGateway) -> None:
 async def test_sandbox_token_cannot_use_public_api_and_api_token_cannot_refresh(gw: RunningGateway) -> None:
     await gw.create(name="s1")
     await gw.wait_ready("s1")
-    record = await gw.gateway.manager.records.get_by_name("default", "s1")
-    token, _ = gw.gateway.issuer.mint(record.id, record.status.instance_id)
+    record = await gw.gateway.parts.records.get_by_name("default", "s1")
+    token, _ = gw.gateway.parts.issuer.mint(record.id, record.status.instance_id)
     as_sandbox = (("authorization", f"Bearer {token}"),)
     code = await _code_of(gw.stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=as_sandbox))
     assert code == grpc.StatusCode.PERMISSION_DENIED
@@ -65,7 +65,7 @@ async def test_connect_with_token_of_another_sandbox_is_refused(gw: RunningGatew
     await gw.create(name="b")
     a = await gw.wait_ready("a")
     b = await gw.wait_ready("b")
-    token, _ = gw.gateway.issuer.mint(a.id, a.status.instance_id)
+    token, _ = gw.gateway.parts.issuer.mint(a.id, a.status.instance_id)
 
     async def hello_for_b():  # type: ignore[no-untyped-def]
         yield spb.SupervisorMessage(hello=spb.SupervisorHello(sandbox_id=b.id))

@@ -41,7 +41,7 @@ async def test_invalid_create(
     assert fragment in (err.value.details() or "")
     listed = await gw.stub.ListSandboxes(pb.ListSandboxesRequest(all_workspaces=True), metadata=gw.metadata)
     assert list(listed.sandboxes) == []
-    assert await gw.gateway.driver.list() == []
+    assert await gw.gateway.parts.driver.list() == []
 
 
 async def test_oversized_request(gw: RunningGateway) -> None:

@@ -30,7 +30,7 @@ async def test_an_unexpected_exception_is_internal_and_logged_without_its_text(
             raise ValueError(f"bad value {SECRET}")
 
         with monkeypatch.context() as patch:  # undone before the gateway's own loops could call it
-            patch.setattr(gw.gateway.manager, "miss_counts", broken)
+            patch.setattr(gw.gateway.parts.manager, "miss_counts", broken)
             with pytest.raises(grpc.aio.AioRpcError) as failed:
                 await gw.stub.ListPools(pb.ListPoolsRequest(), metadata=gw.metadata)
         assert failed.value.code() == grpc.StatusCode.INTERNAL

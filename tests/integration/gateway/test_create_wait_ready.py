@@ -48,7 +48,7 @@ async def _never_ready(gw: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> N
     async def ignored(sandbox_id: SandboxId, *, connected: bool, session_id: str = "") -> None:
         return None
 
-    monkeypatch.setattr(gw.gateway.manager, "on_session", ignored)
+    monkeypatch.setattr(gw.gateway.parts.manager, "on_session", ignored)
 
 
 async def test_a_wait_that_times_out_answers_provisioning(gw: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +66,7 @@ async def test_a_sandbox_that_fails_while_waited_on_ends_the_call(
     gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await _never_ready(gw, monkeypatch)
-    manager = gw.gateway.manager
+    manager = gw.gateway.parts.manager
     monkeypatch.setattr(manager, "deadlines", deadlines.ProvisioningDeadlines(cold_seconds=0.3, warm_seconds=0.3))
     reply = await gw.stub.CreateSandbox(_request("doomed"), metadata=gw.metadata)
     assert reply.status.phase == pb.SANDBOX_PHASE_ERROR

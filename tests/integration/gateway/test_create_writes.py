@@ -26,7 +26,7 @@ async def test_a_warm_create_is_stored_in_at_most_two_writes_after_its_insert(
     settings = {"local.pools_dir": str(pools), "local.pool_reload_interval_seconds": 0.1}
     async with running_gateway(tmp_path / "state", **settings) as gw:
         await wait_pools(gw, lambda r: (p := pool_named(r, "writes")) is not None and p.idle >= 2)
-        store = gw.gateway.manager.records._store
+        store = gw.gateway.parts.store
         updated: list[str] = []
         update = store.update
 

@@ -33,7 +33,7 @@ WINDOW = 1024 * 1024
 
 def queued_bytes(gw: RunningGateway) -> int:
     """Output the gateway holds for execs right now (test introspection)."""
-    sessions = gw.gateway.manager.sessions._sessions.values()
+    sessions = gw.gateway.parts.sessions._sessions.values()
     return sum(channel.in_flight for session in sessions for channel in session.execs.values())
 
 

@@ -21,7 +21,7 @@ from warmshell.sandboxio.link import SessionCall
 
 
 def link_of(gw: RunningGateway) -> InProcessLink:
-    link = gw.gateway._supervisor_link
+    link = gw.gateway.parts.supervisor_link
     assert link is not None, "the local driver's gateway serves its supervisors in process"
     return link
 
@@ -67,11 +67,11 @@ async def test_local_supervisors_do_not_need_the_supervisor_socket(tmp_path: Pat
 async def test_a_session_told_to_reconnect_comes_back_in_process(gw: RunningGateway) -> None:
     await gw.create(name="back")
     ready = await gw.wait_ready("back")
-    session = gw.gateway.manager.sessions.get(ready.id)  # type: ignore[arg-type]
+    session = gw.gateway.parts.sessions.get(ready.id)  # type: ignore[arg-type]
     assert session is not None
     session.close("testing a reconnect", reconnect=True)
     async with asyncio.timeout(10):
-        while (again := gw.gateway.manager.sessions.live(ready.id)) is None or again is session:  # type: ignore[arg-type]
+        while (again := gw.gateway.parts.sessions.live(ready.id)) is None or again is session:  # type: ignore[arg-type]
             await asyncio.sleep(0.02)
     assert await gw.exec("back", ["echo", "again"]) == (0, b"again\n", b"")
 
@@ -88,19 +88,19 @@ async def test_sessions_and_refreshes_need_the_sandbox_s_own_token(gw: RunningGa
     link = link_of(gw)
     forged = await _session_refusal(link, "not-a-token", victim.id, victim.status.instance_id)
     assert forged.code() == grpc.StatusCode.UNAUTHENTICATED
-    elsewhere, _ = gw.gateway.issuer.mint(victim.id, "li-someone-else")  # type: ignore[arg-type]
+    elsewhere, _ = gw.gateway.parts.issuer.mint(victim.id, "li-someone-else")  # type: ignore[arg-type]
     misdirected = await _session_refusal(link, elsewhere, victim.id, victim.status.instance_id)
     assert misdirected.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "another sandbox or instance" in (misdirected.details() or "")
     # The real supervisor's session is live: a copy of its token cannot take it over.
-    own, _ = gw.gateway.issuer.mint(victim.id, victim.status.instance_id)  # type: ignore[arg-type]
+    own, _ = gw.gateway.parts.issuer.mint(victim.id, victim.status.instance_id)  # type: ignore[arg-type]
     second = await _session_refusal(link, own, victim.id, victim.status.instance_id)
     assert second.code() == grpc.StatusCode.ALREADY_EXISTS
     with pytest.raises(grpc.aio.AioRpcError) as refresh:
         await link.refresh_token(gw.token)  # the client's API token is not a sandbox's
     assert refresh.value.code() == grpc.StatusCode.PERMISSION_DENIED
     refreshed = await link.refresh_token(own)
-    assert gw.gateway.issuer.verify(refreshed.token).sandbox_id == victim.id
+    assert gw.gateway.parts.issuer.verify(refreshed.token).sandbox_id == victim.id
     assert await gw.exec("victim", ["echo", "REAL"]) == (0, b"REAL\n", b"")
 
 

@@ -17,7 +17,7 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 
 async def agent_pids(gateway: object, pool: str) -> list[int]:
     """The agents (pid 1 of each sandbox) of a pool's idle members (test introspection)."""
-    members = gateway.driver._pools._pools[pool].members  # type: ignore[attr-defined]
+    members = gateway.parts.driver._pools._pools[pool].members  # type: ignore[attr-defined]
     return [pid for m in members if (pid := await m.process.sandbox_pid()) is not None]
 
 
@@ -39,7 +39,7 @@ async def test_stopped_idle_members_are_replaced_and_the_create_is_served(tmp_pa
         write_profile(pools_dir, "live", profile(2, env='LIVE = "1"'))
         await wait_pools(gw, idle("live", 2))
         stopped = await agent_pids(gw.gateway, "live")
-        stopped_ids = [m.instance_id for m in gw.gateway.driver._pools._pools["live"].members]  # type: ignore[attr-defined]
+        stopped_ids = [m.instance_id for m in gw.gateway.parts.driver._pools._pools["live"].members]  # type: ignore[attr-defined]
         assert len(stopped) == 2
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)

@@ -126,7 +126,7 @@ async def test_secret_and_accepted_key_go_warm_and_the_secret_is_nowhere_else(
     assert _files_holding(state, needles) == []
 
     # Deleting the sandbox deletes its sealed secrets.
-    store = gw.gateway.manager.records._store
+    store = gw.gateway.parts.store
     assert await store.get("sealed-secrets", ready.id) is not None
     await gw.delete("t1")
     assert await store.get("sealed-secrets", ready.id) is None

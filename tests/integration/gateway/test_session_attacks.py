@@ -43,7 +43,7 @@ async def test_a_hello_naming_another_instance_than_the_token_is_refused(
     await gw.create(name="victim")
     victim = await gw.wait_ready("victim")
     # The token a workload would have stolen, but bound to another instance than the hello names.
-    token, _ = gw.gateway.issuer.mint(victim.id, "li-someone-else")
+    token, _ = gw.gateway.parts.issuer.mint(victim.id, "li-someone-else")
     with caplog.at_level(logging.WARNING, logger="warmshell.gateway.supervisor_service"):
         refused = await _refusal(gw, token, victim.id, victim.status.instance_id)
     assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -59,7 +59,7 @@ async def test_a_second_session_is_refused_while_the_real_one_is_live(
 ) -> None:
     await gw.create(name="victim")
     victim = await gw.wait_ready("victim")
-    token, _ = gw.gateway.issuer.mint(victim.id, victim.status.instance_id)  # a perfect copy of its token
+    token, _ = gw.gateway.parts.issuer.mint(victim.id, victim.status.instance_id)  # a perfect copy of its token
     with caplog.at_level(logging.WARNING, logger="warmshell.gateway.supervisor_service"):
         refused = await _refusal(gw, token, victim.id, victim.status.instance_id)
     assert refused.code() == grpc.StatusCode.ALREADY_EXISTS

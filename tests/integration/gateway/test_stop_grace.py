@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.helpers.gateway import pool_named, running_gateway, wait_pools
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.gateway import server
+from warmshell.gateway import listening
 
 POOL = 'version = 1\nworkspace = "default"\nreplicas = 2\n[environment]\nPOOL = "stop"\n'
 
@@ -64,5 +64,5 @@ async def test_a_stop_with_live_sandboxes_and_pool_members_does_not_wait_its_gra
         await gw.gateway.stop()
         gw.stopped = True
         took = time.monotonic() - began
-    assert took < server.SHUTDOWN_GRACE_SECONDS / 2, f"stop took {took:.2f} s"
+    assert took < listening.SHUTDOWN_GRACE_SECONDS / 2, f"stop took {took:.2f} s"
     assert _our_sandboxes() == []

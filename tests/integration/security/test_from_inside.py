@@ -182,7 +182,7 @@ print("seen", seen, "reached", reached)
 async def test_host_processes_cannot_be_seen_or_signalled(gw: RunningGateway) -> None:
     await sandbox(gw, "hostile")
     bystander = await sandbox(gw, "bystander")
-    instance = gw.gateway._driver._fleet.instances[bystander.status.instance_id]  # type: ignore[attr-defined]
+    instance = gw.gateway.parts.driver._fleet.instances[bystander.status.instance_id]  # type: ignore[attr-defined]
     targets = [os.getpid(), os.getppid(), await instance.process.sandbox_pid()]
     # Every pid number the host uses right now (a host pid is only a number in the sandbox's
     # pid namespace): SIGKILL reaches none of them.
@@ -245,7 +245,7 @@ async def test_a_leaked_bootstrap_credential_replayed_after_activation_gets_noth
 
 async def test_a_deleted_sandboxs_token_is_refused(gw: RunningGateway) -> None:
     victim = await sandbox(gw, "victim")
-    token, _ = gw.gateway.issuer.mint(victim.id, victim.status.instance_id)  # as a workload might have kept it
+    token, _ = gw.gateway.parts.issuer.mint(victim.id, victim.status.instance_id)  # as a workload might have kept it
     await gw.delete("victim")
     metadata = (("authorization", f"Bearer {token}"),)
     stub = supervisor_pb2_grpc.SupervisorServiceStub(gw.channel)
@@ -270,6 +270,30 @@ async def test_a_deleted_sandboxs_token_is_refused(gw: RunningGateway) -> None:
         grpc.StatusCode.PERMISSION_DENIED,
         grpc.StatusCode.FAILED_PRECONDITION,
     )
+
+
+async def _refresh_refused(gw: RunningGateway, sandbox_id: str, instance_id: str) -> grpc.StatusCode:
+    token, _ = gw.gateway.issuer.mint(sandbox_id, instance_id)  # validly signed, as a leaked key would
+    stub = supervisor_pb2_grpc.SupervisorServiceStub(gw.channel)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.RefreshSandboxToken(
+            spb.RefreshSandboxTokenRequest(), metadata=(("authorization", f"Bearer {token}"),)
+        )
+    return refused.value.code()
+
+
+async def test_a_token_of_an_instance_the_sandbox_does_not_run_is_not_renewed(gw: RunningGateway) -> None:
+    victim = await sandbox(gw, "victim")
+    for instance in ("li-0000000000000000", "", victim.status.instance_id + "x"):
+        assert await _refresh_refused(gw, victim.id, instance) == grpc.StatusCode.PERMISSION_DENIED, instance
+    assert await _refresh_refused(gw, "no-such-sandbox", victim.status.instance_id) == grpc.StatusCode.NOT_FOUND
+    await still_real(gw, "victim")
+
+
+async def test_an_exited_sandboxs_token_is_not_renewed(gw: RunningGateway) -> None:
+    await gw.create(name="done", spec=pb.SandboxSpec(command=["true"]))
+    done = await gw.wait_for("done", lambda s: s.status.phase == pb.SANDBOX_PHASE_EXITED)
+    assert await _refresh_refused(gw, done.id, done.status.instance_id) == grpc.StatusCode.NOT_FOUND
 
 
 async def test_the_host_root_cannot_be_asked_for_as_an_image(gw: RunningGateway, tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ async def test_gateway_survives_a_postgres_restart(
         before = await gw.create(name="before")
         assert (await gw.wait_ready("before")).status.phase == pb.SANDBOX_PHASE_READY
         assert await _healthz(gw) == (200, "ok\n")
-        manager = gw.gateway.manager
+        manager = gw.gateway.parts.manager
         sandbox_id = SandboxId(before.id)
 
         own_postgres.stop(keep=True)
@@ -87,7 +87,7 @@ async def test_gateway_survives_a_postgres_restart(
 
         own_postgres.restart()
         await _wait_healthy(gw)
-        assert all(not task.done() for task in gw.gateway._tasks), "a background loop died during the outage"
+        assert all(not task.done() for task in gw.gateway.background), "a background loop died during the outage"
         listed = await gw.stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=gw.metadata)
         assert [s.name for s in listed.sandboxes] == ["before"]  # the refused create left nothing
         await gw.create(name="after")

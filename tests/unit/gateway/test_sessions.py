@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.core.errors import AlreadyExistsError
+from warmshell.core.errors import AlreadyExistsError, UnavailableError
 from warmshell.core.ids import SandboxId
 from warmshell.gateway.sessions import ExecChannel, SessionTable, SupervisorSession
 
@@ -91,3 +91,29 @@ def test_exec_output_beyond_the_window_fails_the_exec_and_cancels_it() -> None:
     assert "100-byte output window" in ended.error
     assert "e1" not in session.execs
     assert session.outbox.get_nowait().exec_cancel.exec_id == "e1"
+
+
+def test_execs_of_a_session_closed_by_a_stopping_gateway_end_with_its_error() -> None:
+    table = SessionTable()
+    sessions = [table.open(SandboxId(f"sb-{n}"), "i-1") for n in range(2)]
+    channels = [ExecChannel(f"e{n}") for n in range(2)]
+    for session, channel in zip(sessions, channels, strict=True):
+        session.execs[channel.exec_id] = channel
+    table.close_all("gateway shutting down", ends_execs=lambda: UnavailableError("gateway stopping"))
+    ended = [channel.events.get_nowait() for channel in channels]
+    assert all(isinstance(error, UnavailableError) and str(error) == "gateway stopping" for error in ended)
+    assert ended[0] is not ended[1], "each exec gets its own error (raised in its own task)"
+    for session in sessions:
+        assert session.outbox.get_nowait() == spb.GatewayMessage(
+            shutdown=spb.Shutdown(reason="gateway shutting down", reconnect=True)
+        )
+
+
+def test_execs_of_a_session_closed_otherwise_end_as_session_closed() -> None:
+    session = SupervisorSession(SandboxId("sb-1"), "i-1", "s1")
+    channel = ExecChannel("e1")
+    session.execs["e1"] = channel
+    session.close("superseded by a newer session")
+    ended = channel.events.get_nowait()
+    assert isinstance(ended, spb.ExecExited)
+    assert (ended.exit_code, ended.error) == (-1, "session closed")

@@ -78,14 +78,14 @@ async def test_a_looped_registration_is_rate_limited(
     assert outcomes == ["parked"] * BURST + [grpc.StatusCode.RESOURCE_EXHAUSTED] * 5
     assert len(driver.identity.registrations) == BURST, "refused registrations have no driver effect"
     assert _limited("registration") - before == 5
-    await _until(lambda: gateway.registry.pending_count() == 0)
+    await _until(lambda: gateway.parts.registry.pending_count() == 0)
 
 
 async def test_a_looped_token_refresh_is_rate_limited(
     served: tuple[Gateway, FakeDriver, supervisor_pb2_grpc.SupervisorServiceStub],
 ) -> None:
     gateway, _, stub = served
-    token, _ = gateway.issuer.mint(SandboxId("sbx-1"), "i-1")
+    token, _ = gateway.parts.issuer.mint(SandboxId("sbx-1"), "i-1")
     metadata = (("authorization", f"Bearer {token}"),)
     before = _limited("token_refresh")
     codes = []

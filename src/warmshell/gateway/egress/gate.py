@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import shutil
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from warmshell.drivers.base import PoolView
 from warmshell.gateway.egress import interception, placeholders
 from warmshell.gateway.egress.proxy import EgressProxy
 
-__all__ = ["NETWORK_CONDITION", "Attachment", "EgressGate", "HostsEgressSockets", "proxy_environment"]
+__all__ = ["NETWORK_CONDITION", "Attachment", "EgressGate", "EgressTrust", "HostsEgressSockets", "proxy_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,15 @@ def proxy_environment(port: int = egress.PROXY_PORT) -> dict[str, str]:
     env |= {name.lower(): url for name in env}
     env |= {"NO_PROXY": "localhost,127.0.0.1", "no_proxy": "localhost,127.0.0.1", "NODE_USE_ENV_PROXY": "1"}
     return env
+
+
+@dataclass(frozen=True)
+class EgressTrust:
+    """Read before the gateway is built: the CA that intercepts TLS for placeholder secrets
+    (None: such tunnels pass untouched), and the context upstreams are verified with."""
+
+    authority: interception.CertificateAuthority | None = None
+    upstream_tls: ssl.SSLContext | None = None
 
 
 @dataclass(frozen=True)
