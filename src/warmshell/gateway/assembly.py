@@ -5,7 +5,7 @@ driver entered) is done before and passed in; starting the parts is `server.Gate
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -51,6 +51,7 @@ class Keys:
     signing_key: Ed25519PrivateKey  # signs sandbox tokens
     secrets_key: bytes  # seals the secrets stored with sandboxes
     replica_token: str = ""  # the credential replicas share; "" for a lone gateway
+    egress: EgressTrust = field(default_factory=EgressTrust)  # the egress proxy's CA, read once the driver is entered
 
 
 @dataclass(frozen=True)
@@ -88,17 +89,10 @@ class GatewayParts:
 
 
 def assemble(
-    config: GatewayConfig,
-    *,
-    store: Store,
-    driver: ComputeDriver,
-    keys: Keys,
-    replica_id: str = "",
-    egress_trust: EgressTrust | None = None,
+    config: GatewayConfig, *, store: Store, driver: ComputeDriver, keys: Keys, replica_id: str = ""
 ) -> GatewayParts:
     """Build one gateway's parts on an opened `store` and an entered `driver` (the Kubernetes
-    driver's identity exists only then); on a shared (Postgres) store, as replica `replica_id`;
-    with the egress proxy's CA and upstream trust read beforehand (`egress_trust`)."""
+    driver's identity exists only then); on a shared (Postgres) store, as replica `replica_id`."""
     bus = EventBus()
     # A SQLite file has one gateway (replicas need Postgres), so its records may be cached.
     records = SandboxRecords(store, bus, exclusive=isinstance(store, SqliteStore))
@@ -115,7 +109,7 @@ def assemble(
     )
     registry: Registry[spb.SupervisorActivationMessage] = Registry()
     vault = SecretVault(store, keys.secrets_key)
-    egress = _egress(config, driver, records, egress_trust or EgressTrust())
+    egress = _egress(config, driver, records, keys.egress)
     activator = GatewayActivator(registry, records, issuer, vault, egress)
     manager = _manager(config, records=records, driver=driver, bus=bus, sessions=sessions, vault=vault)
     supervisor_service = _supervisor_service(

@@ -177,14 +177,9 @@ class Gateway:
             driver = build_driver(self.config, gateway_id=keys.gateway_id)
         stack.push_async_callback(self._close_supervisor_link)  # after the driver's exit
         await stack.enter_async_context(driver)  # its identity provider exists once it is entered
-        trust = await _egress_trust(self.config, driver)
+        keys = replace(keys, egress=await _egress_trust(self.config, driver))
         self._parts = parts = assemble(
-            self.config,
-            store=store,
-            driver=driver,
-            keys=keys,
-            replica_id=_replica_id(self.config.replicas.id),
-            egress_trust=trust,
+            self.config, store=store, driver=driver, keys=keys, replica_id=_replica_id(self.config.replicas.id)
         )
         stack.push_async_callback(parts.egress.aclose)  # before the driver's exit: no connection outlives its sandbox
         others = await parts.replication.live_others() if parts.replication is not None else frozenset[str]()
