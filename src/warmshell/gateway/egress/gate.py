@@ -1,12 +1,12 @@
 """Where a sandbox's egress policy meets its activation: the policy composed from the gateway's
-`[network]` config and the request, its proxy socket opened in the directory the driver bound
-into the sandbox, and the proxy variables its workload gets. Applied here, outside the sandbox,
-so a warm member serves any policy; closed when the sandbox ends."""
+`[network]` config, the serving pool's profile and the request; its proxy socket opened in the
+directory the driver bound into the sandbox; the proxy variables, and placeholders in place of
+host-bound secrets, its workload gets. Applied here, outside the sandbox, so a warm member serves
+any policy; closed when the sandbox ends."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import shutil
 import ssl
@@ -25,8 +25,6 @@ from warmshell.gateway.egress import interception, placeholders
 from warmshell.gateway.egress.proxy import EgressProxy
 
 __all__ = ["NETWORK_CONDITION", "Attachment", "EgressGate", "EgressTrust", "HostsEgressSockets", "proxy_environment"]
-
-log = logging.getLogger(__name__)
 
 NETWORK_CONDITION = "Network"
 
@@ -158,11 +156,12 @@ class EgressGate:
 
     def condition(self, record: SandboxRecord) -> Condition | None:
         """The `Network` condition: what the sandbox may reach (the policy its proxy applies);
-        on a driver without egress sockets, only for a request that asked for rules (None else)."""
+        on a driver without egress sockets, only for a request that asked for rules or
+        placeholders (None else)."""
         if self._sockets is None:
-            if not (record.spec.network.allow or record.spec.network.deny):
+            if not (record.spec.network.allow or record.spec.network.deny or record.spec.secret_hosts):
                 return None
-            message = "this driver does not apply egress policies (the local driver does)"
+            message = "this driver does not apply egress policies nor swap placeholder secrets (the local driver does)"
             return Condition(type=NETWORK_CONDITION, status="Unknown", reason="Unsupported", message=message)
         policy = self._proxy.policy(record.id)
         if policy is None:

@@ -128,6 +128,7 @@ class EgressProxy:
             # The directory (bound into this sandbox alone) is what keeps others out.
             os.chmod(path, 0o666)
         except OSError as exc:
+            self._sandboxes.pop(sandbox_id, None)  # what it had before is closed: no policy applies
             raise FailedPreconditionError(f"cannot open the egress proxy's socket {path}: {exc}") from exc
         self._sandboxes[sandbox_id] = sandbox
 
