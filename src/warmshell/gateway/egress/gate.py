@@ -74,15 +74,11 @@ def trust_environment(directory: str = egress.SANDBOX_DIR) -> dict[str, str]:
 
 
 def _place_trust(authority: interception.CertificateAuthority, directory: Path) -> None:
-    """The CA and the bundle in the sandbox's egress directory (blocking): linked when on the
-    same file system, else copied."""
+    """Copies of the CA and the bundle in the sandbox's egress directory (blocking), readable by
+    its uid: the state directory's own stay private (a link would share their mode)."""
     for source in (authority.ca_file, authority.bundle_file):
         target = directory / source.name
-        if target.exists():
-            continue
-        try:
-            os.link(source, target)
-        except OSError:
+        if not target.exists():
             shutil.copyfile(source, target)
             os.chmod(target, 0o644)
 

@@ -92,7 +92,7 @@ class CertificateAuthority:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(pem)
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        os.chmod(cert_path, 0o644)
+        os.chmod(cert_path, 0o600)  # the state directory stays private; sandboxes get copies
         return key, cert
 
     def _write_bundle(self) -> None:
@@ -101,7 +101,7 @@ class CertificateAuthority:
         text = (found.read_bytes() if found else b"") + self.ca_file.read_bytes()
         partial = self.bundle_file.with_suffix(".tmp")
         partial.write_bytes(text)
-        os.chmod(partial, 0o644)
+        os.chmod(partial, 0o600)
         partial.replace(self.bundle_file)
 
     def server_context(self, host: str) -> ssl.SSLContext:
