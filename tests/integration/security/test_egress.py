@@ -17,6 +17,7 @@ from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, w
 from tests.helpers.upstreams import Upstream, upstream
 from tests.integration.security.support import sandbox, sh
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.core.errors import FailedPreconditionError
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -270,3 +271,13 @@ async def test_a_placeholder_is_swapped_inside_https_to_its_host_only(tmp_path: 
         decisions = (await _egress(gw, "tls")).decisions
         assert "TLS intercepted" in decisions[0].reason
         assert "TLS intercepted" not in decisions[1].reason
+
+
+async def test_a_proxy_that_cannot_start_fails_the_gateway_start_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-ca.pem"
+    with pytest.raises(FailedPreconditionError) as caught:
+        async with running_gateway(tmp_path / "state", **{"network.upstream_ca_file": str(missing)}):
+            pass
+    assert str(missing) in str(caught.value)
+    assert "network.upstream_ca_file" in str(caught.value)
+    assert "\n" not in str(caught.value)
