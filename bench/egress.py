@@ -162,7 +162,8 @@ async def measure(mib: int, connects: int, creates: int, pool_size: int) -> dict
     finally:
         upstream.terminate()
         upstream.wait()
-    return data | {"mib": mib, "connects": connects, "creates": creates, "cpus": os.cpu_count()}
+    load = os.getloadavg()[0]
+    return data | {"mib": mib, "connects": connects, "creates": creates, "cpus": os.cpu_count(), "load_1min": load}
 
 
 def _table(data: dict) -> str:
@@ -184,7 +185,8 @@ def _table(data: dict) -> str:
         f"({data['creates']} each, alternating; cold: {warm['cold']}).",
         "",
         "Targets (issue 32): >= 0.5x on one stream, >= 0.8x over 16, <= 2 ms setup added, <= 1.1x warm create.",
-        f"Shared machine ({data['cpus']} cores, other work running): small sizes, one run.",
+        f"Shared machine ({data['cpus']} cores, 1-minute load average {data['load_1min']:.1f} at the end): "
+        "small sizes, one run; read the ratios with that in mind.",
     ]
     return "\n".join(lines) + "\n"
 
