@@ -23,11 +23,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmshell.core import quantities
+from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import NotFoundError, ResourceExhaustedError
 from warmshell.drivers.local.imagestore import references
 from warmshell.drivers.local.imagestore.records import ImageRecord, Index, LayerRecord
 
-__all__ = ["SIZE_KEY", "ImageStore", "Pruned", "StagedLayer"]
+__all__ = ["SIZE_KEY", "ImageStore", "Pruned", "StagedLayer", "for_config"]
 
 SIZE_KEY = "local.image_store_size"
 _HOW_TO_IMPORT = "import it first: warmshell image import SOURCE --name NAME:TAG (see warmshell image list)"
@@ -48,6 +50,12 @@ class Pruned:
     images: tuple[str, ...]
     layers: int
     bytes: int
+
+
+def for_config(config: LocalDriverConfig, paths: StatePaths) -> ImageStore:
+    """A gateway's store: under `local.image_dir`, else the state directory's images/ (not opened)."""
+    limit = quantities.memory_bytes(config.image_store_size, field="local.image_store_size")
+    return ImageStore(config.image_dir or paths.root / "images", max_bytes=limit)
 
 
 class ImageStore:
@@ -79,6 +87,27 @@ class ImageStore:
         """Where layer `digest` is unpacked (an overlayfs lower directory)."""
         return self._layers / digest.removeprefix("sha256:")
 
+    def hold(self, digests: tuple[str, ...]) -> list[int]:
+        """Keep these layers on disk while the returned descriptors are open (a shared flock on
+        each layer's directory: a sandbox's root is mounted from them, and removing a layer under
+        a live overlay breaks it). A removal or prune leaves a held layer out of the index's
+        images but on disk and counted; the first one after `release` deletes it."""
+        fds: list[int] = []
+        try:
+            for digest in digests:
+                fds.append(os.open(self.layer_path(digest), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+                fcntl.flock(fds[-1], fcntl.LOCK_SH)
+        except OSError:
+            self.release(fds)
+            raise
+        return fds
+
+    @staticmethod
+    def release(fds: list[int]) -> None:
+        """Let go of what `hold` returned."""
+        for fd in fds:
+            os.close(fd)
+
     def open(self) -> None:
         """Create the store if new, and delete what an interrupted import or removal left."""
         self._layers.mkdir(parents=True, exist_ok=True)
@@ -88,7 +117,7 @@ class ImageStore:
                 if _abandoned(leftover):
                     _remove_tree(leftover)
             index = self._read()
-            kept = {d for d in index.layers if d in index.used_layers()}
+            kept = {d for d in index.layers if d in index.used_layers() or _held(self.layer_path(d))}
             index.layers = {d: layer for d, layer in index.layers.items() if d in kept}
             self._write(index)
             for directory in self._layers.iterdir():
@@ -187,7 +216,7 @@ class ImageStore:
         """The image a reference names; NotFoundError saying how to import it."""
         ref = references.parse_reference(text, field=field)
         index = self.index()
-        digest = index.tags.get(ref.tagged) if ref.tagged else ref.digest
+        digest = ref.digest or index.tags.get(ref.tagged)
         image = index.images.get(digest or "")
         if image is None:
             raise NotFoundError(f"no image {text!r} in the image store: {_HOW_TO_IMPORT}")
@@ -199,10 +228,10 @@ class ImageStore:
         ref = references.parse_reference(text, field="image")
         with self._locked():
             index = self._read()
-            digest = index.tags.get(ref.tagged) if ref.tagged else ref.digest
+            digest = index.tags.get(ref.tagged) if ref.tagged and not ref.digest else ref.digest
             if not digest or digest not in index.images:
                 raise NotFoundError(f"no image {text!r} in the image store (warmshell image list shows them)")
-            if ref.tagged:
+            if ref.tagged and not ref.digest:
                 del index.tags[ref.tagged]
             else:
                 index.tags = {t: d for t, d in index.tags.items() if d != digest}
@@ -223,7 +252,7 @@ class ImageStore:
 
     def _collect(self, index: Index, removed: tuple[str, ...]) -> Pruned:
         used = index.used_layers()
-        unused = [index.layers.pop(d) for d in list(index.layers) if d not in used]
+        unused = [index.layers.pop(d) for d in list(index.layers) if d not in used and not _held(self.layer_path(d))]
         self._write(index)  # first: from here on no image names these layers
         for layer in unused:
             if self.layer_path(layer.digest).exists():
@@ -252,6 +281,21 @@ def _abandoned(path: Path) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def _held(layer: Path) -> bool:
+    """Whether some sandbox's root holds `layer` (see `ImageStore.hold`)."""
+    try:
+        fd = os.open(layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _remove_tree(path: Path) -> None:

@@ -9,6 +9,10 @@ minimal `/dev`, private sized tmpfs `/tmp`, `/run` and `/dev/shm`, the sandbox's
 operator's `extra_ro_binds`, and the agent at `AGENT_PATH`; finally the root itself is remounted
 read-only. bwrap resolves every bind source as the sandbox's uid, so with a uid per sandbox the
 workspace and the agent live where that uid can reach them (see `launching`).
+
+An image of the image store is different: `warmshell-launch` has mounted its overlay (the
+image's layers under a writable upper layer of the sandbox's own) before bwrap runs, and that is
+bound as `/` and stays writable; the rest is laid on top of it as for any root.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ class SandboxLayout:
     tmp_bytes: int | None = None
     run_bytes: int | None = None
     shm_bytes: int | None = None
+    # The host path of an image's overlay, bound writable as / (None: `plan` on a read-only tmpfs).
+    overlay_root: Path | None = None
 
 
 def list_root(root: Path) -> list[RootEntry]:
@@ -176,6 +182,8 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     ]  # fmt: skip
     if layout.info_fd is not None:
         argv += ["--info-fd", str(layout.info_fd)]
+    if layout.overlay_root is not None:
+        argv += ["--bind", str(layout.overlay_root), "/"]
     for directory in layout.plan.dirs:
         argv += ["--dir", directory]
     for source, target in layout.plan.binds:
@@ -196,7 +204,8 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     else:
         argv += ["--bind", str(layout.workspace_dir), WORKSPACE]
     argv += ["--ro-bind", str(layout.agent), AGENT_PATH]
-    argv += ["--remount-ro", "/"]
+    if layout.overlay_root is None:
+        argv += ["--remount-ro", "/"]
     argv += ["--hostname", layout.hostname, "--chdir", WORKSPACE, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
     if layout.instance_id:
         argv += ["--setenv", "WARMSHELL_INSTANCE_ID", layout.instance_id]
