@@ -4,6 +4,7 @@ to its digest; an unknown image is refused naming `spec.image` and how to import
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -13,7 +14,7 @@ import grpc
 import pytest
 
 from tests.helpers import images
-from tests.helpers.gateway import RunningGateway, running_gateway
+from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from tests.integration.drivers_local.support import needs_bwrap
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.drivers.local.imagestore.importing import import_image
@@ -116,3 +117,59 @@ async def test_the_upper_layer_is_bounded_by_local_root_size(state: Path, tmp_pa
         code, _, err = await sh(gw, "small", "head -c 8388608 /dev/zero > /etc/big")
         assert code != 0
         assert "No space left" in err, err
+
+
+def _pool_reason(response: pb.ListPoolsResponse, name: str) -> str:
+    pool = pool_named(response, name)
+    return next((c.reason for c in pool.conditions if c.status == "False"), "") if pool is not None else ""
+
+
+async def test_pools_per_image_serve_their_image_only_and_roll_when_the_tag_moves(state: Path, tmp_path: Path) -> None:
+    first = import_tiny(state, tmp_path / "one", name="tiny:1", marker="one")
+    other = import_tiny(state, tmp_path / "two", name="other:1", marker="two")
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    (pools / "tiny.toml").write_text('version = 1\nworkspace = "default"\nreplicas = 1\nimage = "tiny:1"\n')
+    (pools / "gone.toml").write_text('version = 1\nworkspace = "default"\nreplicas = 1\nimage = "nowhere:1"\n')
+    settings = {"local.pools_dir": str(pools), "local.pool_reload_interval_seconds": 0.1}
+    async with running_gateway(state, **settings) as gw:
+        listed = await wait_pools(gw, lambda r: (p := pool_named(r, "tiny")) is not None and p.idle >= 1)
+        assert pool_named(listed, "tiny").image == f"tiny:1@{first}"  # type: ignore[union-attr]
+        assert _pool_reason(listed, "gone") == "ImageNotFound"
+        warm = await ready(gw, "warm", "tiny:1")
+        assert (warm.status.allocation, warm.status.pool) == ("warm", "tiny")
+        assert await sh(gw, "warm", "cat /etc/warmshell-test-marker") == (0, "one", "")
+        cold = await ready(gw, "cold", "other:1")  # another image: never the tiny pool's member
+        assert cold.status.allocation == "cold"
+        assert cold.spec.image == f"other:1@{other}"
+        # The tag now names the other image: the pool's idle member is replaced by one of it.
+        import_tiny(state, tmp_path / "three", name="tiny:1", marker="three")
+        await wait_pools(
+            gw, lambda r: (p := pool_named(r, "tiny")) is not None and first not in p.image and p.idle >= 1
+        )
+        again = await ready(gw, "again", "tiny:1")
+        assert again.status.allocation == "warm"
+        assert await sh(gw, "again", "cat /etc/warmshell-test-marker") == (0, "three", "")
+        assert await sh(gw, "warm", "cat /etc/warmshell-test-marker") == (0, "one", "")  # handed out: kept
+
+
+async def test_removing_an_image_a_live_sandbox_runs_keeps_its_layers_until_it_ends(
+    state: Path, tmp_path: Path
+) -> None:
+    import_tiny(state, tmp_path / "tiny")
+    store = ImageStore(state / "images", max_bytes=1 << 30)
+    layers = state / "images" / "layers" / "sha256"
+    async with running_gateway(state) as gw:
+        await ready(gw, "live", "tiny:1")
+        removed = store.remove("tiny:1")
+        assert (removed.images, removed.layers) == ((removed.images[0],), 0)  # the image went, its layer stayed
+        assert await sh(gw, "live", "cat /etc/warmshell-test-marker; ls /usr/bin/ls") == (
+            0,
+            "built by the tests/usr/bin/ls\n",
+            "",
+        )
+        await gw.delete("live")
+        async with asyncio.timeout(10):
+            while store.prune().layers == 0:  # the sandbox's end lets go of the layer
+                await asyncio.sleep(0.05)
+    assert list(layers.iterdir()) == []

@@ -144,6 +144,7 @@ class LocalDriver:
                     interval=self._config.pool_reload_interval_seconds,
                     max_replicas=self._config.max_pool_replicas,
                     apply=self._pools.apply,
+                    also=self._host.launcher.images.watched if self._host.launcher.images is not None else (),
                 ),
                 name="local-pool-profiles",
             )

@@ -72,7 +72,8 @@ class ImageStore:
         self._in_flight: dict[str, int] = {}
 
     @property
-    def _index_path(self) -> Path:
+    def index_file(self) -> Path:
+        """The index (replaced whole, by a rename, at each change)."""
         return self.root / "index.json"
 
     @property
@@ -132,7 +133,7 @@ class ImageStore:
 
     def _read(self) -> Index:
         try:
-            return Index.from_json(json.loads(self._index_path.read_bytes()))
+            return Index.from_json(json.loads(self.index_file.read_bytes()))
         except FileNotFoundError:
             return Index()
 
@@ -142,7 +143,7 @@ class ImageStore:
             json.dump(index.to_json(), handle, indent=1)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, self._index_path)
+        os.replace(temporary, self.index_file)
         directory = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(directory)

@@ -62,6 +62,11 @@ class ImageRoots:
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
 
+    @property
+    def watched(self) -> tuple[Path, ...]:
+        """What changes when a tag is pointed elsewhere (pools pin their image again then)."""
+        return (self._store.index_file,)
+
     def pin(self, text: str, *, field: str = "spec.image") -> str:
         """`text` pinned to the digest it names now (`NAME:TAG@sha256:HEX`, or the digest);
         InvalidArgumentError naming `field`, saying how to import it, when the store has none."""
