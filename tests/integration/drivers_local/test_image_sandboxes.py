@@ -26,7 +26,7 @@ pytestmark = [
 ]
 
 
-TOOLS = ("cat", "head", "id", "ls", "mkdir")
+TOOLS = ("cat", "cut", "head", "id", "ls", "mkdir")
 
 
 def tools_layer(marker: str) -> images.Layer:
@@ -48,10 +48,14 @@ def tools_layer(marker: str) -> images.Layer:
     return layer
 
 
-def import_tiny(state: Path, source: Path, *, name: str = "tiny:1", marker: str = "built by the tests") -> str:
+def import_tiny(
+    state: Path, source: Path, *, name: str = "tiny:1", marker: str = "built by the tests", **config: object
+) -> str:
     """Import a one-layer image (the host's /bin/sh and a few tools, a marker) into the gateway's
-    store; its digest."""
-    images.write_oci_layout(source, [tools_layer(marker).tar()])
+    store, with runtime `config` (Env, WorkingDir, User...); its digest."""
+    layer = tools_layer(marker).tar()
+    runtime = images.config_json([layer], **config) if config else None
+    images.write_oci_layout(source, [layer], config=runtime)
     store = ImageStore(state / "images", max_bytes=1 << 30)
     store.open()
     image, _ = import_image(store, source, name=name)
@@ -173,3 +177,15 @@ async def test_removing_an_image_a_live_sandbox_runs_keeps_its_layers_until_it_e
             while store.prune().layers == 0:  # the sandbox's end lets go of the layer
                 await asyncio.sleep(0.05)
     assert list(layers.iterdir()) == []
+
+
+async def test_the_image_config_gives_the_environment_directory_and_user(state: Path, tmp_path: Path) -> None:
+    env = ["PATH=/usr/bin:/bin", "GREETING=hello", "BOTH=image"]
+    import_tiny(state, tmp_path / "tiny", Env=env, WorkingDir="/etc", User="1234:55")
+    async with running_gateway(state) as gw:
+        await gw.create(name="cfg", spec=pb.SandboxSpec(image="tiny:1", environment={"BOTH": "request"}))
+        assert (await gw.wait_ready("cfg")).status.phase == pb.SANDBOX_PHASE_READY
+        script = "echo $GREETING $BOTH; pwd; id -u; id -g; ls -nd /etc | cut -d' ' -f3"
+        # The image's files show as its user's: it is the sandbox's own host uid inside.
+        assert await sh(gw, "cfg", script) == (0, "hello request\n/etc\n1234\n55\n1234\n", "")
+        assert (await sh(gw, "cfg", "cd /workspace && pwd"))[1] == "/workspace\n"  # an exec's own directory

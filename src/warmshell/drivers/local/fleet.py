@@ -112,7 +112,14 @@ class Fleet:
             if isinstance(exc, OSError | ValueError):
                 raise UnavailableError(f"cannot start a local sandbox: {exc}") from exc
             raise
-        seat = Seat(instance.instance_id, credential, instance.process.runner)
+        image = instance.image_root
+        seat = Seat(
+            instance.instance_id,
+            credential,
+            instance.process.runner,
+            environment=image.environment if image is not None else {},
+            workdir=image.config.working_dir if image is not None else "",
+        )
         del credential  # from here on only the supervisor holds it; the driver keeps its digest
         instance.state = BackendState.RUNNING
         instance.supervisor = asyncio.create_task(self._supervise(seat), name=f"supervisor:{instance.instance_id}")

@@ -35,6 +35,10 @@ class Seat:
     instance_id: InstanceId
     credential: str = field(repr=False)
     runner: Runner
+    # The workload's base environment and directory (an image's Env and WorkingDir; the request's
+    # environment goes on top).
+    environment: dict[str, str] = field(default_factory=dict)
+    workdir: str = ""
 
 
 # Runs one sandbox's supervisor until it ends; its exit status.
@@ -75,7 +79,8 @@ class HostSupervisors:
 
     async def _run(self, seat: Seat, link: GatewayLink) -> int:
         settings = SupervisorSettings(gateway=self._target, credential=seat.credential, instance_id=seat.instance_id)
-        return await Supervisor(settings, {}, runner=seat.runner, link=link).run()
+        base = dict(seat.environment)
+        return await Supervisor(settings, base, runner=seat.runner, link=link, workdir=seat.workdir).run()
 
     def _channel_with_room(self) -> grpc.aio.Channel:
         """The fullest channel with room (so idle channels stay few), or a new one."""

@@ -20,7 +20,7 @@ from warmshell.drivers.local.imagestore import references
 from warmshell.drivers.local.imagestore.manifests import ImageConfig
 from warmshell.drivers.local.imagestore.store import ImageStore
 
-__all__ = ["NOT_FOUND", "ImageNotFoundError", "ImageRoot", "ImageRoots", "is_reference"]
+__all__ = ["NOT_FOUND", "ImageNotFoundError", "ImageRoot", "ImageRoots", "is_reference", "user_ids"]
 
 _HOW = "warmshell image import SOURCE --name NAME:TAG"
 NOT_FOUND = "ImageNotFound"  # the reason a pool whose image the store does not have reports
@@ -28,6 +28,41 @@ NOT_FOUND = "ImageNotFound"  # the reason a pool whose image the store does not 
 
 class ImageNotFoundError(InvalidArgumentError):
     """The image a create or profile names is not in the store."""
+
+
+def user_ids(user: str, layers: tuple[Path, ...], *, field: str) -> tuple[int, int]:
+    """The uid and gid an image's `User` (`UID[:GID]` or `NAME[:GROUP]`, names looked up in the
+    image's own /etc/passwd and /etc/group, the top layer holding one first) stands for inside the
+    sandbox; InvalidArgumentError naming `field` when a name is in neither. Whatever they are,
+    the sandbox's host uid is its own: the ids only name it inside its user namespace."""
+    name, _, group = user.partition(":")
+    uid = _lookup(name or "0", "passwd", layers, field=field)
+    gid = _lookup(group, "group", layers, field=field) if group else _primary_gid(name, uid, layers)
+    return uid, gid
+
+
+def _lookup(name: str, table: str, layers: tuple[Path, ...], *, field: str) -> int:
+    if name.isdigit():
+        return int(name)
+    for entry in _table(table, layers):
+        if entry[0] == name and len(entry) > 2 and entry[2].isdigit():
+            return int(entry[2])
+    raise InvalidArgumentError(field, f"the image's User names {name!r}, which its /etc/{table} does not have")
+
+
+def _primary_gid(name: str, uid: int, layers: tuple[Path, ...]) -> int:
+    for entry in _table("passwd", layers):
+        if (entry[0] == name or entry[2:3] == [str(uid)]) and len(entry) > 3 and entry[3].isdigit():
+            return int(entry[3])
+    return uid
+
+
+def _table(table: str, layers: tuple[Path, ...]) -> list[list[str]]:
+    for layer in layers:  # top first: the first layer holding the file has the image's version
+        path = layer / "etc" / table
+        if path.is_file() and not path.is_symlink():
+            return [line.split(":") for line in path.read_text(errors="replace").splitlines()]
+    return []
 
 
 def is_reference(image: str) -> bool:
@@ -44,6 +79,13 @@ class ImageRoot:
     digest: str
     layers: tuple[Path, ...]
     config: ImageConfig
+    uid: int = 0  # the image's User, inside the sandbox (its host uid is the sandbox's own)
+    gid: int = 0
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The image's Env as a mapping (a later entry of a name wins, as in a runtime)."""
+        return dict(entry.partition("=")[::2] for entry in self.config.env if "=" in entry)
 
 
 @dataclass
@@ -82,7 +124,8 @@ class ImageRoots:
         except NotFoundError as exc:
             raise ImageNotFoundError(field, str(exc)) from exc
         layers = tuple(self._store.layer_path(d) for d in reversed(image.layers))
-        return ImageRoot(pinned=text, digest=image.digest, layers=layers, config=image.config)
+        uid, gid = user_ids(image.config.user, layers, field=field)
+        return ImageRoot(pinned=text, digest=image.digest, layers=layers, config=image.config, uid=uid, gid=gid)
 
     def acquire(self, pinned: str) -> ImageRoot:
         """The image a pinned reference names, its layers held until as many `release`s; an

@@ -207,6 +207,8 @@ class Launcher:
                 bwrap=bwrap,
                 plan=_NO_PLAN if image_root is not None else self._plans[Path(image) if image else _HOST_ROOT],
                 overlay_root=self._rootfs / "m" if image_root is not None and self._rootfs is not None else None,
+                uid=image_root.uid if image_root is not None else 0,
+                gid=image_root.gid if image_root is not None else None,
                 workspace_dir=instance.workspace_dir,
                 agent=self._agent,
                 control_fd=fds.control,

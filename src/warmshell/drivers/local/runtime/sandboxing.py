@@ -88,7 +88,8 @@ class SandboxLayout:
     seccomp_fd: int
     hostname: str
     info_fd: int | None = None  # bwrap writes {"child-pid": ...} here
-    uid: int = 0  # the uid (and gid) inside the sandbox's user namespace
+    uid: int = 0  # the uid inside the sandbox's user namespace
+    gid: int | None = None  # and its gid (None: the uid)
     extra_ro_binds: Sequence[Path] = ()  # local.extra_ro_binds, at the same paths, after /tmp and /run
     # Not a secret: lets a later gateway find a survivor of this one by its argv.
     instance_id: str = ""
@@ -163,7 +164,7 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
         layout.bwrap,
         "--unshare-user",
         "--uid", str(layout.uid),
-        "--gid", str(layout.uid),
+        "--gid", str(layout.uid if layout.gid is None else layout.gid),
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
