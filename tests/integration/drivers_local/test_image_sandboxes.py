@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.helpers import images
+from tests.helpers import debian, images
 from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from tests.integration.drivers_local.support import needs_bwrap
 from warmshell.api.v1 import sandbox_pb2 as pb
@@ -26,11 +26,12 @@ pytestmark = [
 ]
 
 
-TOOLS = ("cat", "cut", "head", "id", "ls", "mkdir")
+TOOLS = ("cat", "chmod", "cp", "cut", "grep", "head", "id", "ln", "ls", "mkdir", "mount", "rm", "umount")
 
 
-def tools_layer(marker: str) -> images.Layer:
-    """The host's /bin/sh and a few coreutils with the libraries they load, and a marker."""
+def tools_layer(marker: str, *, setuid: tuple[str, ...] = ()) -> images.Layer:
+    """The host's /bin/sh and a few coreutils with the libraries they load, and a marker; the
+    `setuid` tools with their setuid bit set."""
     layer = images.host_shell_layer(marker)
     have = {info.name for info, _ in layer.members}
     for tool in TOOLS:
@@ -40,7 +41,7 @@ def tools_layer(marker: str) -> images.Layer:
             real = os.path.realpath(source).strip("/")
             if real not in have:
                 have.add(real)
-                layer.file(real, Path("/" + real).read_bytes(), mode=0o755)
+                layer.file(real, Path("/" + real).read_bytes(), mode=0o4755 if tool in setuid else 0o755)
             name = source.strip("/")
             if name not in have:  # /lib is a link to usr/lib on the host: the image gets one too
                 have.add(name)
@@ -49,11 +50,17 @@ def tools_layer(marker: str) -> images.Layer:
 
 
 def import_tiny(
-    state: Path, source: Path, *, name: str = "tiny:1", marker: str = "built by the tests", **config: object
+    state: Path,
+    source: Path,
+    *,
+    name: str = "tiny:1",
+    marker: str = "built by the tests",
+    setuid: tuple[str, ...] = (),
+    **config: object,
 ) -> str:
     """Import a one-layer image (the host's /bin/sh and a few tools, a marker) into the gateway's
     store, with runtime `config` (Env, WorkingDir, User...); its digest."""
-    layer = tools_layer(marker).tar()
+    layer = tools_layer(marker, setuid=setuid).tar()
     runtime = images.config_json([layer], **config) if config else None
     images.write_oci_layout(source, [layer], config=runtime)
     store = ImageStore(state / "images", max_bytes=1 << 30)
@@ -189,3 +196,33 @@ async def test_the_image_config_gives_the_environment_directory_and_user(state: 
         # The image's files show as its user's: it is the sandbox's own host uid inside.
         assert await sh(gw, "cfg", script) == (0, "hello request\n/etc\n1234\n55\n1234\n", "")
         assert (await sh(gw, "cfg", "cd /workspace && pwd"))[1] == "/workspace\n"  # an exec's own directory
+
+
+async def test_a_debian_image_takes_package_like_writes_into_its_own_directories(state: Path, tmp_path: Path) -> None:
+    debian.write_debian_docker_save(tmp_path / "debian.tar", debian.debian_rootfs_tar(), tag="debian:bookworm")
+    store = ImageStore(state / "images", max_bytes=4 << 30)
+    store.open()
+    import_image(store, tmp_path / "debian.tar")
+    async with running_gateway(state) as gw:
+        await ready(gw, "builder", "debian:bookworm")
+        # What `pip install` or `apt-get install` does: new files under /usr, a changed /etc and
+        # package database, a removed file.
+        script = (
+            "set -e; mkdir -p /usr/lib/python3/dist-packages/tool; "
+            "echo 'print(1)' > /usr/lib/python3/dist-packages/tool/__init__.py; "
+            "echo 'deb http://example.invalid/ x main' > /etc/apt/sources.list.d/extra.list; "
+            "printf 'Package: tool\\nStatus: install ok installed\\nVersion: 1\\nMaintainer: t\\nArchitecture: all\\n"
+            "Description: t\\n\\n' >> /var/lib/dpkg/status; "
+            "rm /usr/share/doc/dash/copyright; dpkg-query -W -f='${Status}' tool; echo; cat /etc/debian_version"
+        )
+        code, out, err = await sh(gw, "builder", script)
+        assert (code, err) == (0, ""), err
+        assert out.splitlines()[0] == "install ok installed"
+        assert out.splitlines()[1].startswith("12")
+        await ready(gw, "clean", "debian:bookworm")
+        check = "ls /usr/lib/python3/dist-packages/tool /etc/apt/sources.list.d/extra.list 2>&1 | wc -l; "
+        check += "ls /usr/share/doc/dash/copyright; dpkg-query -W tool 2>&1 | head -1"
+        _, out, _ = await sh(gw, "clean", check)
+        assert out.splitlines()[0] == "2"  # two "No such file or directory": neither is there
+        assert out.splitlines()[1] == "/usr/share/doc/dash/copyright"
+        assert "no packages found matching tool" in out
