@@ -213,10 +213,11 @@ class ImageStore:
             self._write(index)
             return index.images[image.digest]
 
-    def resolve(self, text: str, *, field: str = "image") -> ImageRecord:
-        """The image a reference names; NotFoundError saying how to import it."""
+    def resolve(self, text: str, *, field: str = "image", index: Index | None = None) -> ImageRecord:
+        """The image a reference names (in `index`, a snapshot the caller read; None: the index
+        now); NotFoundError saying how to import it."""
         ref = references.parse_reference(text, field=field)
-        index = self.index()
+        index = index if index is not None else self.index()
         digest = ref.digest or index.tags.get(ref.tagged)
         image = index.images.get(digest or "")
         if image is None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from warmshell.core.errors import InvalidArgumentError, NotFoundError
 from warmshell.drivers.local.imagestore import references
 from warmshell.drivers.local.imagestore.manifests import ImageConfig
+from warmshell.drivers.local.imagestore.records import ImageRecord, Index
 from warmshell.drivers.local.imagestore.store import ImageStore
 
 __all__ = ["NOT_FOUND", "ImageNotFoundError", "ImageRoot", "ImageRoots", "is_reference", "user_ids"]
@@ -103,6 +104,9 @@ class ImageRoots:
         self._store = store
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
+        # The index as last read, by the identity of its file: every create from an image pins
+        # it in the event loop, and one stat costs far less than a read under the store's lock.
+        self._index: tuple[tuple[int, int, int], Index] | None = None
 
     @property
     def watched(self) -> tuple[Path, ...]:
@@ -113,16 +117,26 @@ class ImageRoots:
         """`text` pinned to the digest it names now (`NAME:TAG@sha256:HEX`, or the digest);
         InvalidArgumentError naming `field`, saying how to import it, when the store has none."""
         ref = references.parse_reference(text, field=field)
-        image = self._resolve(text, field=field)
+        image = self._image(text, field=field)
         return str(references.Reference(name=ref.name, tag=ref.tag, digest=image.digest))
 
-    def _resolve(self, text: str, *, field: str) -> ImageRoot:
+    def _image(self, text: str, *, field: str) -> ImageRecord:
         try:
-            if not self._store.root.is_dir():  # no image was ever imported: no store yet
-                raise NotFoundError(f"no image {text!r}: the image store is empty; import it first: {_HOW}")
-            image = self._store.resolve(text, field=field)
+            info = os.stat(self._store.index_file)
+        except FileNotFoundError:  # no image was ever imported: no store yet
+            raise ImageNotFoundError(
+                field, f"no image {text!r}: the image store is empty; import it first: {_HOW}"
+            ) from None
+        key = (info.st_mtime_ns, info.st_size, info.st_ino)
+        if self._index is None or self._index[0] != key:
+            self._index = (key, self._store.index())
+        try:
+            return self._store.resolve(text, field=field, index=self._index[1])
         except NotFoundError as exc:
             raise ImageNotFoundError(field, str(exc)) from exc
+
+    def _resolve(self, text: str, *, field: str) -> ImageRoot:
+        image = self._image(text, field=field)
         layers = tuple(self._store.layer_path(d) for d in reversed(image.layers))
         uid, gid = user_ids(image.config.user, layers, field=field)
         return ImageRoot(pinned=text, digest=image.digest, layers=layers, config=image.config, uid=uid, gid=gid)
