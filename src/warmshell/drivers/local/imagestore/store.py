@@ -272,25 +272,20 @@ def _check_room(used: int, more: int, limit: int, what: str) -> None:
 
 def _abandoned(path: Path) -> bool:
     """Whether no live process holds staging directory `path` (its `.lock` is free, or absent)."""
-    try:
-        fd = os.open(path / ".lock", os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
+    return _locked_by_another(path / ".lock", os.O_RDWR) is not True
 
 
 def _held(layer: Path) -> bool:
     """Whether some sandbox's root holds `layer` (see `ImageStore.hold`)."""
+    return _locked_by_another(layer, os.O_RDONLY | os.O_DIRECTORY) is True
+
+
+def _locked_by_another(path: Path, flags: int) -> bool | None:
+    """Whether another open file holds an flock on `path` (None: it cannot be opened)."""
     try:
-        fd = os.open(layer, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(path, flags | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
