@@ -64,18 +64,25 @@ def import_all(state: Path, work: Path, big_mb: int) -> dict[str, int]:
     return sizes
 
 
-async def timed_creates(gw: GatewayProcess, prefix: str, count: int, **spec: Any) -> dict[str, Any]:
-    client_ms, server_ms, served = [], [], set()
+async def interleaved_creates(gw: GatewayProcess, specs: dict[str, pb.SandboxSpec], count: int) -> dict[str, Any]:
+    """`count` creates -> Ready of each spec, one of each in turn: on a loaded host the load drifts
+    over a run, and rows measured one after the other would differ by the drift alone."""
+    samples: dict[str, tuple[list[float], list[float], set[str]]] = {key: ([], [], set()) for key in specs}
     for i in range(count):
-        name = f"{prefix}-{i}"
-        start = time.perf_counter()
-        ready = await gw.create_ready(name=name, spec=pb.SandboxSpec(**spec))
-        client_ms.append((time.perf_counter() - start) * 1000)
-        timeline = ready.status.timeline
-        server_ms.append((timeline.ready_us - timeline.requested_us) / 1000)
-        served.add(ready.status.allocation)
-        await gw.delete(name)
-    return {"client_ms": summary(client_ms), "server_ms": summary(server_ms), "allocations": sorted(served)}
+        for key, spec in specs.items():
+            name = f"{key.replace('_', '-')}-{i}"
+            start = time.perf_counter()
+            ready = await gw.create_ready(name=name, spec=spec)
+            client_ms, server_ms, served = samples[key]
+            client_ms.append((time.perf_counter() - start) * 1000)
+            timeline = ready.status.timeline
+            server_ms.append((timeline.ready_us - timeline.requested_us) / 1000)
+            served.add(ready.status.allocation)
+            await gw.delete(name)
+    return {
+        key: {"client_ms": summary(c), "server_ms": summary(s), "allocations": sorted(a)}
+        for key, (c, s, a) in samples.items()
+    }
 
 
 async def wait_idle(gw: GatewayProcess, pools: dict[str, int], timeout: float = 300) -> None:
@@ -133,15 +140,16 @@ async def measure(creates: int, many_count: int, big_mb: int, work: Path) -> dic
     async with gateway_process("--pools", str(pools)) as gw:
         sizes = await asyncio.to_thread(import_all, gw.state, work, big_mb)
         data: dict[str, Any] = {"image_bytes": sizes}
-        cold = {"POOL": "cold"}
-        data["cold_host"] = await timed_creates(gw, "cold-host", creates, environment=cold)
-        for key in IMAGES:
-            data[f"cold_{key}"] = await timed_creates(gw, f"cold-{key}", creates, image=IMAGES[key], environment=cold)
+        cold = {"cold_host": pb.SandboxSpec(environment={"POOL": "cold"})}
+        for key, image in IMAGES.items():
+            cold[f"cold_{key}"] = pb.SandboxSpec(image=image, environment={"POOL": "cold"})
+        data.update(await interleaved_creates(gw, cold, creates))
         await wait_idle(gw, {"host": creates, "debian": creates})
-        data["warm_host"] = await timed_creates(gw, "warm-host", creates, environment={"POOL": "host"})
-        data["warm_debian"] = await timed_creates(
-            gw, "warm-debian", creates, image=IMAGES["debian"], environment={"POOL": "debian"}
-        )
+        warm = {
+            "warm_host": pb.SandboxSpec(environment={"POOL": "host"}),
+            "warm_debian": pb.SandboxSpec(image=IMAGES["debian"], environment={"POOL": "debian"}),
+        }
+        data.update(await interleaved_creates(gw, warm, creates))
         data["many"] = await many(gw, many_count)
     return data
 
@@ -160,7 +168,10 @@ def table(data: dict[str, Any]) -> str:
         f"**{ratios['cold_big_over_tiny']:.2f}x** (flat is 1x).\n\n{many['sandboxes']} sandboxes of the Debian "
         f"image, each having written 1 MB into /usr/lib: the state directory grew by "
         f"{many['state_dir_disk_kib_delta']} KiB on disk (the store holds {many['store_disk_kib']} KiB, once); "
-        f"the host's Shmem (their tmpfs upper layers) by {many['host_shmem_kib_delta']} KiB.\n"
+        f"the host's Shmem (their tmpfs upper layers) by {many['host_shmem_kib_delta']} KiB.\n\n"
+        f"Load average (1, 5, 15 min) at the start and the end: {data['load_start']} / {data['load']} on "
+        f"{os.cpu_count()} cpus shared with other work: every figure is noisy; rows are interleaved so that "
+        "the drift of the load falls on each alike.\n"
     )
 
 
@@ -171,6 +182,7 @@ def main() -> None:
     parser.add_argument("--big-mb", type=int, default=512, help="the big image's extra layer, in MB")
     parser.add_argument("--name", default="images", help="results file name under bench/results/")
     args = parser.parse_args()
+    load_start = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="ws-bench-images-") as work:
         data = asyncio.run(measure(args.creates, args.many, args.big_mb, Path(work)))
     p50 = {
@@ -183,7 +195,7 @@ def main() -> None:
         "warm_debian_over_host": p50["warm_debian"] / p50["warm_host"],
         "cold_big_over_tiny": p50["cold_big"] / p50["cold_tiny"],
     }
-    data["load"] = os.getloadavg()
+    data["load_start"], data["load"] = load_start, [round(x, 2) for x in os.getloadavg()]
     write_results(args.name, data, table(data))
 
 
