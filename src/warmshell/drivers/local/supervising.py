@@ -6,8 +6,9 @@ keep one path; it only starts processes through the sandbox's agent instead of a
 In a gateway they reach its supervisor service in process (`use`: the gateway's link, through the
 same handlers and checks, without HTTP/2 or serialisation); a driver used without one shares a
 few gRPC channels to the supervisor socket. Either way a warm member costs a registration, not an
-interpreter. The workload's and every exec's environment is built from the request alone: the
-base environment is empty, so nothing of the gateway's leaks in.
+interpreter. The workload's and every exec's environment is built from the request and the
+image alone: the base environment is the image's `Env` (empty for the host root), so nothing of the
+gateway's leaks in.
 """
 
 from __future__ import annotations
