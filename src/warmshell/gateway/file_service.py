@@ -22,7 +22,7 @@ from warmshell.core.config import FilesConfig
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase
 from warmshell.core.validation import validate_workspace
-from warmshell.drivers.files import FileEntry, FilesCapable, SandboxFiles, normalize_path
+from warmshell.drivers.files import ArchiveLimits, FileEntry, FilesCapable, SandboxFiles, normalize_path
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
 from warmshell.gateway.forwarding import Forwarder, Target
@@ -198,3 +198,55 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
             )
         files = await self._files(request.directory.workspace, request.directory.name, context)
         return entry_to_proto(await files.mkdir(path, parents=request.parents, mode=mode))
+
+    @unary
+    async def UploadTar(
+        self, request_iterator: AsyncIterator[pb.UploadTarRequest], context: Ctx
+    ) -> pb.UploadTarResponse:
+        await self._auth.require_client(context)
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("header"):
+            raise InvalidArgumentError("header", "the first message of an upload must be its header")
+        header = first.header
+        path = normalize_path(header.path)
+        if self._forwarder is not None and (target := await self._owner(header.workspace, header.name, context)):
+
+            async def requests() -> AsyncIterator[pb.UploadTarRequest]:
+                yield first
+                async for message in request_iterator:
+                    yield message
+
+            return await self._forwarder.stream_unary(
+                target, _SERVICE + "UploadTar", requests(), pb.UploadTarResponse.FromString, context
+            )
+        files = await self._files(header.workspace, header.name, context)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for message in request_iterator:
+                if message.HasField("header"):
+                    raise InvalidArgumentError("header", "only the first message of an upload is a header")
+                yield message.data
+
+        summary = await files.write_archive(path, chunks(), self._limits())
+        return pb.UploadTarResponse(entries=summary.entries, bytes_written=summary.bytes_written)
+
+    @streaming
+    async def DownloadTar(self, request: pb.FileRef, context: Ctx) -> AsyncIterator[pb.FileChunk]:
+        await self._auth.require_client(context)
+        path = normalize_path(request.path)
+        if self._forwarder is not None and (target := await self._owner(request.workspace, request.name, context)):
+            async for chunk in self._forwarder.unary_stream(
+                target, _SERVICE + "DownloadTar", request, pb.FileChunk.FromString, context
+            ):
+                yield chunk
+            return
+        files = await self._files(request.workspace, request.name, context)
+        chunks = files.read_archive(path, self._config.chunk_bytes, self._limits())
+        try:
+            async for data in chunks:
+                yield pb.FileChunk(data=data)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    def _limits(self) -> ArchiveLimits:
+        return ArchiveLimits(max_entries=self._config.max_archive_entries, max_bytes=self._config.max_file_bytes)

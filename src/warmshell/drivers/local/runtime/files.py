@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from warmshell.core.archives import EntryRefused
 from warmshell.core.errors import ResourceExhaustedError
-from warmshell.drivers.files import FileEntry, file_error
+from warmshell.drivers.files import ArchiveLimits, ArchiveSummary, FileEntry, archive_error, file_error
+from warmshell.sandboxio import archive
 from warmshell.sandboxio.rootfs import PendingWrite, Root, drop_supplementary_groups
 
 __all__ = ["LocalFiles", "files_executor"]
@@ -139,6 +141,69 @@ class LocalFiles:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(asyncio.wrap_future(future))
 
+    async def read_archive(self, path: str, chunk_bytes: int, limits: ArchiveLimits) -> AsyncIterator[bytes]:
+        """See `SandboxFiles.read_archive`: packed a chunk at a time in the executor, as the
+        client takes them."""
+        try:
+            root = Root(self._open_root(), self._uid)
+        except OSError as exc:
+            raise file_error(path, exc) from exc
+        chunks = archive.pack(root, path, limits, chunk_bytes)
+        loop = asyncio.get_running_loop()
+        pending: asyncio.Future[bytes | None] | None = None
+        try:
+            while True:
+                pending = loop.run_in_executor(self._executor, _under_rights, root, lambda: next(chunks, None))
+                try:
+                    chunk = await asyncio.shield(pending)
+                except (OSError, EntryRefused) as exc:
+                    raise archive_error(path, exc) from exc
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            # The generator may be running in a thread still (a cancelled caller): close it after.
+            if pending is not None and not pending.done():
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait([pending])
+            await loop.run_in_executor(self._executor, _close_all, chunks, root.fd)
+
+    async def write_archive(self, path: str, chunks: AsyncIterator[bytes], limits: ArchiveLimits) -> ArchiveSummary:
+        """See `SandboxFiles.write_archive`: unpacked in one executor thread as the chunks arrive
+        (at most a few MiB between the stream and the thread)."""
+        try:
+            root = Root(self._open_root(), self._uid)
+        except OSError as exc:
+            raise file_error(path, exc) from exc
+        pipe = archive.ChunkPipe()
+
+        def run() -> ArchiveSummary:
+            try:
+                with root.rights():
+                    return archive.unpack(root, path, pipe, limits)
+            finally:
+                pipe.close()
+                os.close(root.fd)
+
+        unpacking = asyncio.get_running_loop().run_in_executor(self._executor, run)
+        try:
+            async for chunk in chunks:
+                offered = pipe.offer(chunk)
+                if offered is False:
+                    offered = await asyncio.to_thread(pipe.put, chunk)
+                if offered is None or offered is False:
+                    break  # the unpacker stopped: its outcome says why
+            pipe.finish()
+            try:
+                return await asyncio.shield(unpacking)
+            except (OSError, EntryRefused) as exc:
+                raise archive_error(path, exc) from exc
+        finally:
+            if not unpacking.done():
+                pipe.abort()
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait([unpacking])
+
     async def remove(self, path: str, *, recursive: bool) -> None:
         """See `SandboxFiles.remove`."""
         await self._call(path, lambda root: root.remove(path, recursive))
@@ -154,6 +219,13 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _under_rights(root: Root, operation: Callable[[], None]) -> None:
+def _under_rights(root: Root, operation: Callable[[], T]) -> T:
     with root.rights():
-        operation()
+        return operation()
+
+
+def _close_all(chunks: Iterator[bytes], fd: int) -> None:
+    try:
+        chunks.close()  # type: ignore[attr-defined]
+    finally:
+        os.close(fd)
