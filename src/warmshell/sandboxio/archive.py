@@ -280,8 +280,8 @@ def pack(root: Root, path: str, limits: ArchiveLimits, chunk_bytes: int) -> Iter
             yield from _chunked(_tree(Root._reopen(top, os.O_RDONLY | os.O_DIRECTORY), limits), chunk_bytes)
         elif stat.S_ISREG(st.st_mode):
             name = path.rstrip("/").rpartition("/")[2]
-            pieces = _file(name, Root._reopen(top, os.O_RDONLY), st, limits.max_bytes)
-            yield from _chunked(_ending(pieces), chunk_bytes)
+            _count_content(st.st_size, limits)
+            yield from _chunked(_ending(_file(name, Root._reopen(top, os.O_RDONLY), st)), chunk_bytes)
         else:
             raise OSError(errno.ENXIO, "not a regular file or a directory")
     finally:
@@ -300,12 +300,15 @@ def _header(name: str, st: os.stat_result, kind: bytes, size: int = 0, link: str
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
-def _file(name: str, fd: int, st: os.stat_result, budget: int) -> Iterator[bytes]:
+def _count_content(total: int, limits: ArchiveLimits) -> None:
+    if total > limits.max_bytes:
+        raise OSError(errno.EFBIG, f"more than {limits.max_bytes} bytes of content")
+
+
+def _file(name: str, fd: int, st: os.stat_result) -> Iterator[bytes]:
     """One regular file's header and content (exactly the size announced: a file that shrank
     while read is an error, one that grew is cut)."""
     try:
-        if st.st_size > budget:
-            raise OSError(errno.EFBIG, f"more than {budget} bytes of content")
         yield _header(name, st, tarfile.REGTYPE, st.st_size)
         left = st.st_size
         while left:
@@ -356,7 +359,12 @@ def _tree(top: int, limits: ArchiveLimits) -> Iterator[bytes]:
                     finally:
                         os.close(held)
                     content += st.st_size
-                    yield from _file(path, reader, st, limits.max_bytes - content + st.st_size)
+                    try:
+                        _count_content(content, limits)
+                    except OSError:
+                        os.close(reader)
+                        raise
+                    yield from _file(path, reader, st)
         yield bytes(2 * _BLOCK)
     finally:
         for _, fd, _ in stack:
