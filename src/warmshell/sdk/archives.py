@@ -159,11 +159,19 @@ class ChunkReader(io.RawIOBase):
         return size
 
 
-def unpack_into(source: IO[bytes], local: str | os.PathLike[str]) -> Path:
+def unpack_into(source: IO[bytes], local: str | os.PathLike[str]) -> tuple[int, int]:
     """Unpack a tar stream into the local directory `local` (made when missing), refusing what
-    the `data` filter refuses."""
+    the `data` filter refuses; (entries, bytes of the files' content)."""
     target = Path(local)
     target.mkdir(parents=True, exist_ok=True)
+    counted = [0, 0]
     with tarfile.open(fileobj=source, mode="r|", bufsize=_READ) as archive:
-        archive.extractall(target, filter="data")
-    return target
+
+        def members() -> Iterator[tarfile.TarInfo]:
+            for member in archive:
+                counted[0] += 1
+                counted[1] += member.size if member.isreg() else 0
+                yield member
+
+        archive.extractall(target, members=members(), filter="data")
+    return counted[0], counted[1]

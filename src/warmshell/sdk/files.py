@@ -25,7 +25,7 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.sdk import archives, queueing
 
-__all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "Translate", "UploadSummary"]
+__all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "TransferSummary", "Translate"]
 
 # Below the gateway's default max_request_bytes (1 MiB) with room for the message's framing.
 CHUNK_BYTES = 256 * 1024
@@ -52,8 +52,8 @@ class FileInfo:
 
 
 @dataclass(frozen=True)
-class UploadSummary:
-    """What a bulk upload wrote: entries (files, directories, links) and the files' bytes."""
+class TransferSummary:
+    """What a bulk transfer moved: entries (files, directories, links) and the files' bytes."""
 
     entries: int
     bytes_written: int
@@ -206,21 +206,21 @@ class Files(_Target):
         except grpc.RpcError as exc:
             self._fail(exc)
 
-    def upload_tar(self, archive: IO[bytes] | Iterable[bytes], path: str) -> UploadSummary:
+    def upload_tar(self, archive: IO[bytes] | Iterable[bytes], path: str) -> TransferSummary:
         """Unpack a tar (a binary file, or an iterable of its bytes) below the directory `path`
         in one call: directories, files and symbolic links, with modes and mtimes."""
         return self._upload(path, archives.pieces_of(archive, self._chunk_bytes))
 
-    def upload_dir(self, local: str | os.PathLike[str], path: str) -> UploadSummary:
+    def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
         """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
         return self._upload(path, archives.pack_directory(local))
 
-    def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> UploadSummary:
+    def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
         """Write several files (absolute path -> content) in one call; parents are created."""
         destination = archives.common_directory(files)
         return self._upload(destination, archives.pack_files(files, destination, mode))
 
-    def _upload(self, path: str, pieces: Iterator[bytes]) -> UploadSummary:
+    def _upload(self, path: str, pieces: Iterator[bytes]) -> TransferSummary:
         def requests() -> Iterator[pb.UploadTarRequest]:
             yield self._upload_header(path)
             for chunk in archives.as_chunks(pieces, self._chunk_bytes):
@@ -230,7 +230,7 @@ class Files(_Target):
             response = self._stub.UploadTar(requests(), metadata=self._metadata)
         except grpc.RpcError as exc:
             self._fail(exc)
-        return UploadSummary(int(response.entries), int(response.bytes_written))
+        return TransferSummary(int(response.entries), int(response.bytes_written))
 
     def download_tar(self, path: str) -> Iterator[bytes]:
         """The tar of the directory (its entries, named relative to it) or file at `path`, in
@@ -241,10 +241,11 @@ class Files(_Target):
         except grpc.RpcError as exc:
             self._fail(exc)
 
-    def download_dir(self, path: str, local: str | os.PathLike[str]) -> Path:
+    def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
         """Copy the directory `path` into the local directory `local` (made when missing), in
         one call; what would land outside `local` is refused."""
-        return archives.unpack_into(io.BufferedReader(archives.ChunkReader(self.download_tar(path))), local)
+        reader = io.BufferedReader(archives.ChunkReader(self.download_tar(path)))
+        return TransferSummary(*archives.unpack_into(reader, local))
 
 
 class AsyncFiles(_Target):
@@ -327,29 +328,31 @@ class AsyncFiles(_Target):
         except grpc.RpcError as exc:
             self._fail(exc)
 
-    async def upload_tar(self, archive: IO[bytes] | Iterable[bytes] | AsyncIterable[bytes], path: str) -> UploadSummary:
+    async def upload_tar(
+        self, archive: IO[bytes] | Iterable[bytes] | AsyncIterable[bytes], path: str
+    ) -> TransferSummary:
         """Unpack a tar (a binary file, an iterable or an async iterable of its bytes) below the
         directory `path` in one call: directories, files and symbolic links, with modes and mtimes."""
         if isinstance(archive, AsyncIterable):
             return await self._upload(path, archive)
         return await self._upload(path, _pulled(archives.pieces_of(archive, self._chunk_bytes), True))
 
-    async def upload_dir(self, local: str | os.PathLike[str], path: str) -> UploadSummary:
+    async def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
         """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
         pieces = await asyncio.to_thread(archives.pack_directory, local)
         return await self._upload(path, _pulled(archives.as_chunks(pieces, self._chunk_bytes), True))
 
-    async def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> UploadSummary:
+    async def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
         """Write several files (absolute path -> content) in one call; parents are created."""
         destination = archives.common_directory(files)
         pieces = archives.pack_files(files, destination, mode)
         return await self._upload(destination, _pulled(archives.as_chunks(pieces, self._chunk_bytes), False))
 
-    async def _upload(self, path: str, chunks: AsyncIterable[bytes]) -> UploadSummary:
+    async def _upload(self, path: str, chunks: AsyncIterable[bytes]) -> TransferSummary:
         call = await self._open_call(lambda: self._stub.UploadTar(metadata=self._metadata))  # type: ignore[call-arg]
         messages = (pb.UploadTarRequest(data=chunk) async for chunk in chunks)
         response = await self._send(call, self._upload_header(path), messages)
-        return UploadSummary(int(response.entries), int(response.bytes_written))
+        return TransferSummary(int(response.entries), int(response.bytes_written))
 
     async def download_tar(self, path: str) -> AsyncIterator[bytes]:
         """The tar of the directory (its entries, named relative to it) or file at `path`, in
@@ -360,7 +363,7 @@ class AsyncFiles(_Target):
         except grpc.RpcError as exc:
             self._fail(exc)
 
-    async def download_dir(self, path: str, local: str | os.PathLike[str]) -> Path:
+    async def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
         """Copy the directory `path` into the local directory `local` (made when missing), in
         one call; what would land outside `local` is refused. The archive is spooled (in memory
         up to 16 MiB, then on disk) and unpacked in a thread, off the event loop."""
@@ -368,7 +371,7 @@ class AsyncFiles(_Target):
             async for chunk in self.download_tar(path):
                 spool.write(chunk)  # page cache once on disk: cheap enough for the loop
             spool.seek(0)
-            return await asyncio.to_thread(archives.unpack_into, spool, local)
+            return TransferSummary(*await asyncio.to_thread(archives.unpack_into, spool, local))
 
     async def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
         """Copy a file out of the sandbox into `local_path` (replaced only once complete)."""

@@ -18,7 +18,7 @@ import pytest
 from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.integration.drivers_local.support import needs_bwrap
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.sdk.files import AsyncFiles, Files, UploadSummary
+from warmshell.sdk.files import AsyncFiles, Files, TransferSummary
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(shutil.which("python3") is None, reason="no python3 in /usr")]
 
@@ -70,12 +70,13 @@ async def test_async_directory_up_and_back_in_one_call_each(gw: RunningGateway, 
     repo = tmp_path / "repo"
     contents = make_repo(repo)
     summary = await files.upload_dir(repo, "/workspace/repo")
-    assert summary == UploadSummary(entries=11, bytes_written=sum(map(len, contents.values())))
+    assert summary == TransferSummary(entries=11, bytes_written=sum(map(len, contents.values())))
     # The workload sees what was sent: the executable runs, the link resolves, the mtime holds.
     code, out, _ = await gw.exec("bulk", ["sh", "-c", "cd /workspace/repo && bin/run.sh && cat src/pkg/link.py"])
     assert (code, out) == (0, b"run\nprint('main')\n")
     assert (await files.stat("/workspace/repo/README.md")).mtime_ms == OLD * 1000
-    back = await files.download_dir("/workspace/repo", tmp_path / "back")
+    back = tmp_path / "back"
+    assert await files.download_dir("/workspace/repo", back) == summary
     assert_same_tree(repo, back, contents)
 
 
@@ -126,7 +127,7 @@ async def test_sync_directory_up_and_back(gw: RunningGateway, tmp_path: Path) ->
     contents = make_repo(repo)
     target = f"unix://{gw.gateway.paths.socket}"
 
-    def work() -> Path:
+    def work() -> None:
         with grpc.insecure_channel(target) as channel:
             files = Files(channel, "bulk", metadata=gw.metadata)
             assert files.upload_dir(repo, "/workspace/sync").entries == 11
@@ -137,9 +138,10 @@ async def test_sync_directory_up_and_back(gw: RunningGateway, tmp_path: Path) ->
             with open(tmp_path / "own.tar", "rb") as archive:
                 assert files.upload_tar(archive, "/workspace/again").entries == 4
             assert files.read("/workspace/again/pkg/main.py") == contents["src/pkg/main.py"]
-            return files.download_dir("/workspace/sync", tmp_path / "back")
+            assert files.download_dir("/workspace/sync", tmp_path / "back").entries == 13
 
-    back = await asyncio.to_thread(work)
+    await asyncio.to_thread(work)
+    back = tmp_path / "back"
     assert (back / "extra/n.txt").read_bytes() == b"n"
     shutil.rmtree(back / "extra")
     assert_same_tree(repo, back, contents)
