@@ -423,9 +423,25 @@ class AsyncFiles(_Target):
 
 
 async def _pulled(items: Iterator[Any], blocking: bool) -> AsyncIterator[Any]:
-    """An iterator as an async one; each `next` in a thread when it may block (a local file)."""
+    """An iterator as an async one. One that may block (a local file, a directory walked) is
+    pulled in a thread, a megabyte or so per hop: a hop per 256 KiB chunk cost the client more
+    CPU than sending the chunk."""
     while True:
-        item = await asyncio.to_thread(next, items, None) if blocking else next(items, None)
-        if item is None:
+        batch = await asyncio.to_thread(_take, items, _PULL_BATCH) if blocking else _take(items, 1)
+        for item in batch:
+            yield item
+        if len(batch) < (_PULL_BATCH if blocking else 1):
             return
-        yield item
+
+
+_PULL_BATCH = 4
+
+
+def _take(items: Iterator[Any], count: int) -> list[Any]:
+    """Up to `count` items (fewer only at the end)."""
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == count:
+            break
+    return batch
