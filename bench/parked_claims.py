@@ -28,15 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.unit.drivers_kubernetes.test_warm_allocation import parked_scene  # noqa: E402
-from warmshell.drivers.kubernetes import claimactivation  # noqa: E402
+from warmshell.drivers.kubernetes.warm import claimactivation  # noqa: E402
 
 WAIT_SECONDS = 2.0  # for one registration's claim to be activated
 
 
 async def run(parked: int, late: int) -> dict[str, Any]:
     claimactivation.RETRY_DELAYS = ()  # park after one attempt: the backoff is not what is measured
-    cluster, activator, controller, claims, pods = parked_scene(parked + late, relist_seconds=3600)
-    trigger = asyncio.create_task(controller._on_registrations())
+    cluster, activator, controller, claims, pods = parked_scene(parked + late, resync_seconds=3600)
     controller.replace(claims)
     await controller.wait_in_flight()
     calls, reads = len(activator.calls), len(cluster.calls)
@@ -50,7 +49,6 @@ async def run(parked: int, late: int) -> dict[str, Any]:
             missed += 1  # its claim was not retried: the registration was lost on it
     await controller.wait_in_flight()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    trigger.cancel()
     await controller.aclose()
     return {
         "parked": parked,

@@ -11,8 +11,10 @@ Exit codes scripts can rely on (warmshell.cli.errors.ExitCode):
     5    invalid argument (the gateway names the field and the rule)
     6    failed precondition (e.g. exec in a sandbox that is not Ready)
     7    the sandbox went to Error before it was Ready
+    8    permission denied (e.g. a read-only path in the sandbox)
+    9    resource exhausted (a full disk, a file or request over a limit, a rate limit)
     69   gateway unreachable (EX_UNAVAILABLE)
-    77   unauthenticated or permission denied (EX_NOPERM)
+    77   unauthenticated: no or a wrong API token (EX_NOPERM)
     124  timed out
     130  interrupted (Ctrl-C)
 
@@ -33,7 +35,7 @@ import sys
 from collections.abc import Sequence
 
 import warmshell
-from warmshell.cli import gateway, pool, sandbox, store
+from warmshell.cli import gateway, image, pool, sandbox, store
 from warmshell.cli.errors import EXIT_CODE_HELP, CliError, report
 from warmshell.cli.options import Parser, add_connection_options, usage_error
 
@@ -47,6 +49,7 @@ _GROUPS = {
     "sandbox": sandbox.register,
     "pool": pool.register,
     "store": store.register,
+    "image": image.register,
 }
 
 

@@ -28,6 +28,7 @@ from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.sdk import calls, connection, errors, queueing, views
 from warmshell.sdk.client import DEFAULT_READY_TIMEOUT_SECONDS
 from warmshell.sdk.files import AsyncFiles
+from warmshell.sdk.images import AsyncImages
 from warmshell.sdk.interactive import AsyncProcess, StdinSource, feed_async, start_request
 from warmshell.sdk.transport import CHANNEL_OPTIONS
 
@@ -73,6 +74,13 @@ class AsyncClient:
         self._stub  # noqa: B018 - opens the channel (and its slots) if it is not yet open
         assert self._slots is not None
         return await self._slots.open(start)
+
+    @property
+    def images(self) -> AsyncImages:
+        """The gateway's images: import, list, get, remove, prune (`warmshell.sdk.images`)."""
+        self._stub  # noqa: B018 - opens the channel
+        assert self._channel is not None
+        return AsyncImages(self._channel, address=self.address, metadata=self._metadata, timeout=self.timeout)
 
     async def close(self) -> None:
         """Close the channel (idempotent); calls in flight are cancelled."""

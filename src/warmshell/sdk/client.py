@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from warmshell.api.v1 import sandbox_pb2_grpc
     from warmshell.sdk import views
     from warmshell.sdk.files import Files
+    from warmshell.sdk.images import Images
     from warmshell.sdk.interactive import Process, StdinSource
 
 __all__ = ["DEFAULT_READY_TIMEOUT_SECONDS", "STREAM_STOP_BOUND_SECONDS", "Client", "Sandbox"]
@@ -188,6 +189,13 @@ class Client:
             metadata=self._metadata,
             translate=functools.partial(errors.from_rpc_error, address=self.address),
         )
+
+    @functools.cached_property
+    def images(self) -> Images:
+        """The gateway's images: import, list, get, remove, prune (`warmshell.sdk.images`)."""
+        from warmshell.sdk.images import Images
+
+        return Images(self._transport, metadata=self._metadata, timeout=self.timeout)
 
     def list(
         self,

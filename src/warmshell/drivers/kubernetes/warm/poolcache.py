@@ -16,7 +16,6 @@ closes it when they go; a 404 on either collection is how it learns they went (`
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -26,12 +25,13 @@ from typing import Any, TypeVar
 from warmshell.core import matching, poolshapes
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint
-from warmshell.core.ids import Fingerprint, InstanceId
+from warmshell.core.ids import Fingerprint
 from warmshell.drivers.base import DriverCondition
-from warmshell.drivers.kubernetes import kube, labels, warmpools, watching
+from warmshell.drivers.kubernetes import kube, labels, watching
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.warm import warmpools
 
-__all__ = ["CachedPool", "IdleMembers", "PoolCache", "PoolStats", "ReadTemplate", "index_pools", "read_template"]
+__all__ = ["CachedPool", "PoolCache", "PoolStats", "ReadTemplate", "index_pools", "read_template"]
 
 log = logging.getLogger(__name__)
 V = TypeVar("V")
@@ -43,36 +43,6 @@ class PoolStats:
 
     hits: int = 0
     misses: int = 0
-
-
-class IdleMembers:
-    """Warm-pending pods registered with this gateway, by fingerprint: added by registration,
-    removed by the claim activation that binds one, or by `keep_held` once the registration is
-    gone (a member deleted unclaimed: its stream ended). Between the two a count is bounded by
-    the pool's own ready count where it is shown."""
-
-    def __init__(self) -> None:
-        self._members: dict[InstanceId, Fingerprint] = {}
-
-    def registered(self, instance_id: InstanceId, pool: Fingerprint) -> None:
-        """A warm-pending pod of the pool with this fingerprint registered."""
-        self._members[instance_id] = pool
-
-    def activated(self, instance_id: InstanceId) -> None:
-        """The pod was activated for a sandbox: no longer idle."""
-        self._members.pop(instance_id, None)
-
-    def keep_held(self, held: Callable[[InstanceId], bool]) -> None:
-        """Forget the members whose registration `held` no longer finds here. Without it every
-        member deleted unclaimed (a pool scaled down or deleted) stayed counted for the life of
-        the gateway: the set grew with every pool ever emptied, and a pool recreated with the
-        same shape read as idle as soon as its ready count allowed."""
-        for instance_id in [i for i in self._members if not held(i)]:
-            del self._members[instance_id]
-
-    def counts(self) -> collections.Counter[Fingerprint]:
-        """Registered idle members by pool fingerprint."""
-        return collections.Counter(self._members.values())
 
 
 @dataclass(frozen=True)

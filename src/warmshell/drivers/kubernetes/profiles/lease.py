@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import enum
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,16 +23,15 @@ from typing import NoReturn, Protocol
 
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.kubernetes import kube
+from warmshell.drivers.kubernetes.clock import Clock, SystemClock
 from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = [
     "Action",
-    "Clock",
     "Elector",
     "LeaseApi",
     "LeaseRecord",
     "Observation",
-    "SystemClock",
     "decide",
     "elector_for",
     "observe",
@@ -45,33 +43,6 @@ log = logging.getLogger(__name__)
 
 # The longest pause before restarting a leader task that keeps failing.
 MAX_RESTART_DELAY = 60.0
-
-
-class Clock(Protocol):
-    """Time as the elector sees it: a monotonic reading for deadlines, the wall clock for the
-    timestamps written on the Lease, and a way to wait."""
-
-    def monotonic(self) -> float: ...
-
-    def wall(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    """The real clock."""
-
-    def monotonic(self) -> float:
-        """`time.monotonic()`."""
-        return time.monotonic()
-
-    def wall(self) -> float:
-        """`time.time()`."""
-        return time.time()
-
-    async def sleep(self, seconds: float) -> None:
-        """`asyncio.sleep`."""
-        await asyncio.sleep(seconds)
 
 
 class LeaseApi(Protocol):

@@ -16,10 +16,11 @@ import logging
 from collections.abc import Callable, Sequence
 
 from warmshell.core.config import KubernetesDriverConfig
-from warmshell.drivers.kubernetes import kube, labels, lease, profileplan, watching
-from warmshell.drivers.kubernetes.extensions import ExtensionsGate
-from warmshell.drivers.kubernetes.lease import Clock, SystemClock
+from warmshell.drivers.kubernetes import kube, labels, watching
+from warmshell.drivers.kubernetes.clock import Clock, SystemClock
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.profiles import lease, profileplan
+from warmshell.drivers.kubernetes.warm.extensions import ExtensionsGate
 
 __all__ = ["ProfileReconciler", "run_elected"]
 

@@ -69,6 +69,27 @@ def render_pool_pair(
         labels.FINGERPRINT: fingerprint_label(full),
     }
     annotations = {labels.FINGERPRINT: full, labels.WORKSPACE: shape.workspace}
+    template = _template(config, _meta(name, namespace, metadata_labels, annotations), shape, storage)
+    # Both always written ("" = not set), so a default removed from a profile is patched away.
+    lifetimes = {
+        labels.TTL_SECONDS: _seconds_text(ttl_seconds),
+        labels.IDLE_TIMEOUT_SECONDS: _seconds_text(idle_timeout_seconds),
+    }
+    pool: Obj = {
+        "apiVersion": EXTENSIONS_API_VERSION,
+        "kind": "SandboxWarmPool",
+        "metadata": _meta(name, namespace, metadata_labels, {**annotations, **lifetimes}),
+        "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": name}},
+    }
+    return template, pool
+
+
+def _meta(name: str, namespace: str, object_labels: Mapping[str, str], annotations: Mapping[str, str]) -> Obj:
+    return {"name": name, "namespace": namespace, "labels": dict(object_labels), "annotations": dict(annotations)}
+
+
+def _template(config: KubernetesDriverConfig, metadata: Obj, shape: SandboxShape, storage: Storage) -> Obj:
+    """The SandboxTemplate whose pods run `shape`'s supervisor, without any sandbox's identity."""
     pod = rendering.pod_spec(
         config,
         image=shape.image,
@@ -78,17 +99,13 @@ def render_pool_pair(
         environment=shape.environment,
         workspace_size=storage.workspace,
     )
-    template: Obj = {
+    # Always written ("" = no limit): a template holding only a sizeLimit that the profile no
+    # longer sets would otherwise look up to date, and keep it.
+    metadata["annotations"][labels.WORKSPACE_SIZE] = storage.workspace
+    return {
         "apiVersion": EXTENSIONS_API_VERSION,
         "kind": "SandboxTemplate",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": dict(metadata_labels),
-            # Always written ("" = no limit): a template holding only a sizeLimit that the profile
-            # no longer sets would otherwise look up to date, and keep it.
-            "annotations": {**annotations, labels.WORKSPACE_SIZE: storage.workspace},
-        },
+        "metadata": metadata,
         "spec": {
             "podTemplate": {
                 # Pool members are ours but belong to no sandbox yet: no sandbox-id label, so
@@ -105,23 +122,6 @@ def render_pool_pair(
             "networkPolicyManagement": "Unmanaged",
         },
     }
-    pool: Obj = {
-        "apiVersion": EXTENSIONS_API_VERSION,
-        "kind": "SandboxWarmPool",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": dict(metadata_labels),
-            # Both always written ("" = not set), so a default removed from a profile is patched away.
-            "annotations": {
-                **annotations,
-                labels.TTL_SECONDS: _seconds_text(ttl_seconds),
-                labels.IDLE_TIMEOUT_SECONDS: _seconds_text(idle_timeout_seconds),
-            },
-        },
-        "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": name}},
-    }
-    return template, pool
 
 
 def _seconds_text(seconds: int | None) -> str:

@@ -1,13 +1,14 @@
 """The Kubernetes driver's warm path as one component: which create goes warm, the SandboxClaim it
 writes, and everything that must run for claims to work.
 
-`WarmAllocation` owns the extensions gate (`extensions`), the pool cache (`poolcache`), the claim
-activation controller (`claimactivation`) and the claim informer (inside the driver's
-`Informers`), and turns the last three on and off together as the gate finds agent-sandbox's
-extension APIs served or gone. The driver hands it a create (`allocate`): the pure decision
-(`core.allocation`) picks the pool, and a match writes the claim; anything else comes back as
-`Cold(reason)` for the driver to create cold. Progress goes to the driver's event hub; nothing
-here calls back into the driver.
+`WarmAllocation` is built with the driver and owns the extensions gate (`extensions`), the pool
+cache (`poolcache`), the claim activation controller (`claimactivation`) and the one claim
+informer, which feeds every listing and change both to the driver's `Informers` (the sandboxes'
+views) and to the controller; it turns the last three on and off together as the gate finds
+agent-sandbox's extension APIs served or gone. The driver hands it a create (`allocate`): the pure
+decision (`core.allocation`) picks the pool, and a match writes the claim; anything else comes
+back as `Cold(reason)` for the driver to create cold. Progress goes to the driver's event hub;
+nothing here calls back into the driver.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import asyncio
 import builtins
 import contextlib
 import logging
+from typing import Protocol
 
 from warmshell.core import allocation, poolshapes
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.fingerprints import SandboxShape
-from warmshell.core.ids import InstanceId
 from warmshell.core.models import Allocation, now_us
 from warmshell.core.quantities import render_cpu, render_memory
 from warmshell.drivers.base import (
@@ -33,26 +34,24 @@ from warmshell.drivers.base import (
     MissReason,
     PoolView,
     ProgressLine,
-    WarmPending,
 )
 from warmshell.drivers.events import Hub
-from warmshell.drivers.kubernetes import (
-    claimactivation,
-    claims,
-    creating,
-    extensions,
-    kube,
-    naming,
-    poolcache,
-    proofs,
-    rendering,
-    watching,
-)
-from warmshell.drivers.kubernetes.informers import Informers
+from warmshell.drivers.kubernetes import creating, kube, labels, naming, proofs, rendering, watching
+from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.warm import claimactivation, claims, extensions, poolcache
 
-__all__ = ["WarmAllocation"]
+__all__ = ["ClaimViews", "WarmAllocation"]
 
 log = logging.getLogger(__name__)
+
+
+class ClaimViews(claimactivation.CachedObjects, Protocol):
+    """The driver's informers (`Informers`) as the claim informer feeds them, besides the claim
+    controller: the sandboxes' views join each claim to its Sandbox and pod."""
+
+    def claims_listed(self, items: list[Obj]) -> None: ...
+
+    def claim_changed(self, kind: str, claim: Obj) -> None: ...
 
 
 class WarmAllocation:
@@ -66,23 +65,23 @@ class WarmAllocation:
         sealer: proofs.ProofSealer,
         hub: Hub,
         backoff: watching.Backoff,
+        informers: ClaimViews,
         *,
         gateway_id: str,
         pool_cache: poolcache.PoolCache | None = None,
     ) -> None:
         self._api = api
         self._namespace = config.namespace
-        self._sealer = sealer
         self._hub = hub
         self._backoff = backoff
+        self._informers = informers
         self._gateway_id = gateway_id  # label-safe: which gateway wrote a claim (diagnostics)
         self._gate = extensions.ExtensionsGate(api, config.namespace)
         self._pools = pool_cache or poolcache.PoolCache(api, config.namespace, backoff, on_gone=self._gate.lost)
-        self._idle = poolcache.IdleMembers()
-        self._activator: Activator | None = None
-        self._informers: Informers | None = None
-        self._claims: claimactivation.ClaimActivation | None = None
-        self._running = False  # the pool cache, claim controller and claim informer run
+        self._claims = claimactivation.ClaimActivation(api, config.namespace, sealer, informers, hub=hub)
+        self._activator: Activator = claimactivation.NOT_STARTED
+        self._running = False  # the pool cache runs; with an activator, the claim informer and controller too
+        self._claim_informer: asyncio.Task[None] | None = None
         self._following: asyncio.Task[None] | None = None
 
     # -- read-only state -------------------------------------------------------------------
@@ -100,8 +99,18 @@ class WarmAllocation:
 
     @property
     def running(self) -> bool:
-        """Whether the pool cache, the claim controller and the claim informer are on."""
+        """Whether the pool cache runs (and, once started, the claim informer and controller)."""
         return self._running
+
+    @property
+    def started(self) -> bool:
+        """Whether the gateway has handed its activator over (`start`): claims can be activated."""
+        return self._activator is not claimactivation.NOT_STARTED
+
+    @property
+    def following_claims(self) -> bool:
+        """Whether the claim informer runs now."""
+        return self._claim_informer is not None and not self._claim_informer.done()
 
     @property
     def pool_cache(self) -> poolcache.PoolCache:
@@ -109,8 +118,8 @@ class WarmAllocation:
         return self._pools
 
     @property
-    def claims(self) -> claimactivation.ClaimActivation | None:
-        """The claim activation controller, while on and started."""
+    def claims(self) -> claimactivation.ClaimActivation:
+        """The claim activation controller (acting once started and on)."""
         return self._claims
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -128,21 +137,15 @@ class WarmAllocation:
     def start(self, activator: Activator) -> None:
         """Activate bound claims through `activator` (now if on, else when the APIs appear)."""
         self._activator = activator
-        if self._running and self._claims is None:
-            self._start_claims(activator)
-
-    def follow_claims_in(self, informers: Informers) -> None:
-        """Have `informers` follow our claims whenever warm allocation is on."""
-        self._informers = informers
         if self._running:
-            informers.follow_claims()
+            self._follow_claims()
 
     def lost(self) -> None:
         """A call found an extension collection gone (404): off until a probe finds them back."""
         self._gate.lost()
 
     async def aclose(self) -> None:
-        """Stop following the gate, the claim controller and the pool cache."""
+        """Stop following the gate, the claim informer and controller, and the pool cache."""
         if self._following is not None:
             self._following.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -164,37 +167,54 @@ class WarmAllocation:
             return
         self._running = True
         self._pools.start()
-        if self._activator is not None:
-            self._start_claims(self._activator)
-        if self._informers is not None:
-            self._informers.follow_claims()
+        if self.started:
+            self._follow_claims()
 
     async def _off(self) -> None:
-        """Stop what reads the extension APIs; each keeps its reference until it has stopped, so
-        an `aclose` that interrupts this still stops it."""
+        """Stop what reads the extension APIs; the informer's task is kept until it has stopped,
+        so an `aclose` that interrupts this still stops it."""
         self._running = False
-        if self._claims is not None:
-            await self._claims.aclose()
-            self._claims = None
+        if self._claim_informer is not None:
+            self._claim_informer.cancel()
+            await asyncio.gather(self._claim_informer, return_exceptions=True)
+            self._claim_informer = None
+        await self._claims.aclose()
         await self._pools.aclose()
-        if self._informers is not None:
-            await self._informers.unfollow_claims()
 
-    def _start_claims(self, activator: Activator) -> None:
-        self._claims = claimactivation.ClaimActivation(
-            self._api,
-            self._namespace,
-            self._sealer,
-            activator,
-            self._backoff,
-            hub=self._hub,
-            idle=self._idle,
-            on_gone=self._gate.lost,
-            cache=lambda: self._informers,
-        )
-        self._claims.start()
+    def _follow_claims(self) -> None:
+        """Start the controller, then the claim informer that feeds it (its first listing is the
+        controller's first work)."""
+        self._claims.start(self._activator)
+        self._claim_informer = asyncio.create_task(self._inform_claims(), name="k8s-informer:claims")
 
-    # -- creates and registrations ---------------------------------------------------------
+    async def _inform_claims(self) -> None:
+        """The one watch on our claims: each listing and change goes to the driver's views and to
+        the claim controller."""
+
+        def listed(items: list[Obj]) -> None:
+            self._informers.claims_listed(items)
+            self._claims.replace(items)
+
+        def changed(kind: str, claim: Obj) -> None:
+            self._informers.claim_changed(kind, claim)
+            self._claims.changed(kind, claim)
+
+        try:
+            await watching.follow(
+                self._api,
+                kube.SANDBOX_CLAIMS,
+                self._namespace,
+                label_selector=labels.claim_selector(),
+                on_list=listed,
+                on_event=changed,
+                backoff=self._backoff,
+            )
+        except kube.NotFound:
+            # The collection itself is gone (the extension CRDs were removed): off until a probe
+            # finds them back, and the informer starts again with a fresh listing.
+            self._gate.lost()
+
+    # -- creates ---------------------------------------------------------
 
     async def allocate(
         self, request: CreateRequest, shape: SandboxShape, ref: naming.ObjectRef, who: rendering.SandboxIdentity
@@ -227,9 +247,9 @@ class WarmAllocation:
         )
 
     def _decide(self, request: CreateRequest, shape: SandboxShape) -> allocation.Decision[poolcache.CachedPool]:
-        # Without an activator yet this driver says Disabled (the local driver says NotReady).
-        pools = self._pools if self._activator is not None else None
-        decision = allocation.decide(shape, pools, ready=self._running and self.available)
+        # Before the gateway has started the driver nothing can be activated: NotReady, as on the
+        # local driver.
+        decision = allocation.decide(shape, self._pools, ready=self.started and self._running and self.available)
         if isinstance(decision, allocation.Cold):
             if decision.reason is MissReason.AMBIGUOUS:
                 names = ", ".join(sorted(p.name for p in decision.charged))
@@ -243,15 +263,9 @@ class WarmAllocation:
                 pool.stats.misses += 1
         return decision
 
-    def registered(self, instance_id: InstanceId, binding: WarmPending) -> None:
-        """A warm-pending pod registered here: counted idle until a claim activates it."""
-        self._idle.registered(instance_id, binding.pool)
-
     def views(self) -> builtins.list[PoolView]:
         """The opted-in warm pools, with the ones that can never be matched flagged."""
-        if self._activator is not None:
-            self._idle.keep_held(self._activator.holds)
-        idle = self._idle.counts()
+        idle = self._activator.idle_members()
         entries = self._pools.entries()
         shared = poolshapes.shared_shapes((pool.name, pool.fingerprint) for pool in entries if pool.shape)
         return [self._view(pool, idle[pool.fingerprint], shared.get(pool.name, ())) for pool in entries]
@@ -272,8 +286,9 @@ class WarmAllocation:
             memory=render_memory(shape.memory_bytes) if shape else "",
             desired=pool.desired,
             ready=pool.ready,
-            # Registrations this gateway saw minus activations; a member deleted unclaimed stays
-            # counted, so the pool's own ready count bounds it.
+            # Members registered with this gateway and not activated yet; one that registered but
+            # lost its readiness is still counted until its stream ends, so the pool's own ready
+            # count bounds it.
             idle=min(idle, pool.ready),
             hits=pool.stats.hits,
             misses=pool.stats.misses,

@@ -18,8 +18,9 @@ from typing import Any, Final, Literal
 from warmshell.core import profiles
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import InvalidArgumentError
-from warmshell.drivers.kubernetes import labels, naming, warmpools
+from warmshell.drivers.kubernetes import labels, naming
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.warm import warmpools
 
 __all__ = [
     "Delete",

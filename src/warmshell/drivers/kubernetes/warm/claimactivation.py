@@ -1,8 +1,10 @@
 """The claim activation controller: when agent-sandbox binds one of our SandboxClaims to a warm
 Sandbox, activate the supervisor already registered from that Sandbox's pod.
 
-Triggers: a watch on our labelled claims, a relist every 15 s (a missed event costs at most that),
-and every change of the gateway's registrations (a pod that registers after its claim was bound).
+Triggers: the driver's one claim informer (the warm path feeds each listing and change in:
+`replace`, `changed`), a resync from that informer's cache every 15 s (a claim whose pod was not
+found yet is tried again at most that much later, with no API read to find it), and every change
+of the gateway's registrations (a pod that registers after its claim was bound).
 A registration change wakes only the claims whose pod the activator now holds (`Activator.holds`,
 looked up in an index of parked claims by pod uid) and those still resolving their pod: with
 replicas, every claim another replica activated stays parked here until its sandbox goes, so
@@ -27,33 +29,63 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from warmshell.core.errors import (
     AlreadyExistsError,
     ConflictError,
+    FailedPreconditionError,
     NotFoundError,
     UnavailableError,
     WarmshellError,
 )
-from warmshell.core.ids import InstanceId, SandboxId
+from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import now_us
 from warmshell.drivers.base import Activator, DriverEvent, ProgressLine
 from warmshell.drivers.events import Hub
-from warmshell.drivers.kubernetes import claims, kube, labels, poolcache, proofs, status, watching
+from warmshell.drivers.kubernetes import kube, labels, proofs, status
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.warm import claims
 
-__all__ = ["CachedObjects", "ClaimActivation", "ClaimRefused", "Target", "resolve_target"]
+__all__ = ["NOT_STARTED", "CachedObjects", "ClaimActivation", "ClaimRefused", "NotStarted", "Target", "resolve_target"]
 
 log = logging.getLogger(__name__)
 
-RELIST_SECONDS = 15.0
+RESYNC_SECONDS = 15.0
 MAX_IN_FLIGHT = 32
 # Waits between attempts while the supervisor has not registered; then the claim waits quietly
-# for the next registration change or relist.
+# for the next registration change or resync.
 RETRY_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+class NotStarted:
+    """The activator before the gateway hands its own to the driver (`start`): it holds no
+    registration and activates nothing."""
+
+    async def activate(
+        self, *, instance_id: InstanceId, sandbox_id: SandboxId, proof: str, reason: str, claimed_us: int = 0
+    ) -> None:
+        """Refused: nothing can be activated before the gateway has started the driver."""
+        raise FailedPreconditionError("the driver is not started: nothing can be activated yet")
+
+    async def wait_registrations_changed(self, generation: int) -> int:
+        """Never: no registration reaches a driver that is not started."""
+        await asyncio.Event().wait()
+        return generation
+
+    def holds(self, instance_id: InstanceId) -> bool:
+        """Nothing is held before start."""
+        return False
+
+    def idle_members(self) -> Counter[Fingerprint]:
+        """No member is registered before start."""
+        return Counter()
+
+
+NOT_STARTED = NotStarted()
 
 
 class ClaimRefused(WarmshellError):
@@ -73,11 +105,13 @@ class Target:
 
 
 class CachedObjects(Protocol):
-    """Sandboxes and pods as the driver's informers last saw them (`Informers`)."""
+    """Sandboxes, pods and claims as the driver's informers last saw them (`Informers`)."""
 
     def cached_sandbox(self, name: str) -> Obj | None: ...
 
     def cached_pod(self, name: str) -> Obj | None: ...
+
+    def cached_claims(self) -> list[Obj]: ...
 
 
 async def resolve_target(
@@ -158,60 +192,49 @@ class _Claim:
 
 class ClaimActivation:
     """Runs the triggers and the bounded, deduplicated activation tasks. Each claim bound and
-    activated is published: a "Claimed" progress line on `hub`, the pod taken out of `idle`."""
+    activated is published: a "Claimed" progress line on `hub`. Built with the driver; activates
+    through the activator `start` hands it, until `aclose`."""
 
     def __init__(
         self,
         api: kube.Kube,
         namespace: str,
         sealer: proofs.ProofSealer,
-        activator: Activator,
-        backoff: watching.Backoff,
+        cache: CachedObjects,
         *,
         hub: Hub | None = None,
-        idle: poolcache.IdleMembers | None = None,
-        on_gone: Callable[[], None] = lambda: None,
-        relist_seconds: float | None = None,
+        resync_seconds: float | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
-        cache: Callable[[], CachedObjects | None] = lambda: None,
     ) -> None:
         self._api = api
         self._namespace = namespace
         self._sealer = sealer
-        self._activator = activator
-        self._backoff = backoff
+        self._cache = cache  # the informers' objects: the claims to act on, and their chains
+        self._activator: Activator = NOT_STARTED
         self._hub = hub or Hub()
-        self._idle = idle or poolcache.IdleMembers()
-        self._on_gone = on_gone  # a 404 on the claim collection: the extension CRDs were removed
-        self._relist_seconds = relist_seconds or RELIST_SECONDS  # read late: tests shorten it
+        self._resync_seconds = resync_seconds or RESYNC_SECONDS  # read late: tests shorten it
         self._max = max_in_flight
-        self._cache = cache  # the informers' objects, once the driver's watch has started them
         self._claims: dict[str, _Claim] = {}  # by uid
         self._parked: dict[InstanceId, _Claim] = {}  # parked claims by the pod uid they wait for
         self._running: set[_Claim] = set()  # claims with a task
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopped = False  # closing: a freed slot schedules nothing
+        self._stopped = True  # not started, or closing: nothing is scheduled
 
     @property
     def in_flight(self) -> int:
         """Activations running now."""
         return len(self._running)
 
-    def start(self) -> None:
-        """Start the watch, the relist and the registration trigger."""
+    def start(self, activator: Activator) -> None:
+        """Activate through `activator` from now on: the claims cached so far at once, then on
+        each change the informer feeds in, each resync and each registration change."""
+        self._activator = activator
         self._stopped = False
         self._tasks = [
-            asyncio.create_task(self._watch(), name="k8s-claims:watch"),
-            asyncio.create_task(self._relist_forever(), name="k8s-claims:relist"),
+            asyncio.create_task(self._resync_forever(), name="k8s-claims:resync"),
             asyncio.create_task(self._on_registrations(), name="k8s-claims:registrations"),
         ]
-
-    async def stop_watching(self) -> None:
-        """Stop the claim watch only: from now on the relist alone finds bound claims (what a
-        watch that keeps failing amounts to)."""
-        if self._tasks:
-            self._tasks[0].cancel()
-            await asyncio.gather(self._tasks[0], return_exceptions=True)
+        self.resync()
 
     async def wait_in_flight(self) -> None:
         """Return once the activations running now have ended (those they schedule included)."""
@@ -234,43 +257,23 @@ class ClaimActivation:
 
     # -- triggers ----------------------------------------------------------------------------
 
-    async def _watch(self) -> None:
-        def changed(kind: str, claim: Obj) -> None:
-            uid = str(claim["metadata"].get("uid") or "")
-            if kind == "DELETED":
-                self._forget(uid)
-                return
-            self._consider(self._record(uid, claim))
+    def changed(self, kind: str, claim: Obj) -> None:
+        """The claim informer saw `claim` change (`kind`: ADDED, MODIFIED, DELETED)."""
+        uid = str(claim["metadata"].get("uid") or "")
+        if kind == "DELETED":
+            self._forget(uid)
+            return
+        self._consider(self._record(uid, claim))
 
-        try:
-            await watching.follow(
-                self._api,
-                kube.SANDBOX_CLAIMS,
-                self._namespace,
-                label_selector=labels.claim_selector(),
-                on_list=self.replace,
-                on_event=changed,
-                backoff=self._backoff,
-            )
-        except kube.NotFound:
-            self._on_gone()  # the warm path stops this controller, and starts a new one when they are back
-
-    async def _relist_forever(self) -> None:
+    async def _resync_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._relist_seconds)  # a period, not a wait for a condition
-            await self.relist()
+            await asyncio.sleep(self._resync_seconds)  # a period, not a wait for a condition
+            self.resync()
 
-    async def relist(self) -> None:
-        """Catch up with every claim (a watch may have missed events, or dropped)."""
-        try:
-            listing = await self._api.list(kube.SANDBOX_CLAIMS, self._namespace, label_selector=labels.claim_selector())
-        except kube.NotFound:
-            self._on_gone()  # said once, by the extensions gate
-            return
-        except kube.ApiError as exc:
-            log.warning("relist of SandboxClaims failed: %s", exc)
-            return
-        self.replace(list(listing.get("items") or []))
+    def resync(self) -> None:
+        """Consider every claim the informer holds again (those not found bound to a registered
+        pod yet are retried; those done stay done). Reads nothing from the API."""
+        self.replace(self._cache.cached_claims())
 
     async def _on_registrations(self) -> None:
         generation = 0
@@ -289,7 +292,8 @@ class ClaimActivation:
             self._consider(self._parked[pod], registration=True)
 
     def replace(self, items: list[Obj]) -> None:
-        """The claims are now exactly `items` (a listing): forget the others, consider each."""
+        """The claims are now exactly `items` (a listing): forget the others, consider each.
+        Before `start` (or after `aclose`) they are recorded only."""
         current = {str(c["metadata"].get("uid") or ""): c for c in items}
         for uid in self._claims.keys() - current.keys():
             self._forget(uid)
@@ -368,7 +372,7 @@ class ClaimActivation:
         for delay in delays:
             try:
                 if parked is None:
-                    target = await resolve_target(self._api, self._sealer, claim, self._cache())
+                    target = await resolve_target(self._api, self._sealer, claim, self._cache)
                 if target is not None:
                     record.pod = target.pod_uid
                     if not target.bound_us:  # kept when the attempt fails: parked with it
@@ -417,7 +421,6 @@ class ClaimActivation:
         # passed to the others' watchers like its other progress lines.
         line = ProgressLine("Claimed", "agent-sandbox bound the SandboxClaim to a warm Sandbox")
         self._hub.publish(DriverEvent(target.sandbox_id, progress=line))
-        self._idle.activated(target.pod_uid)
         log.debug("claim %s: activated pod %s", name, target.pod_name)
 
     def _unresolved(
@@ -435,10 +438,10 @@ class ClaimActivation:
                     target.sandbox_name,
                 )
             return
-        if not record.warned:  # the relist retries it; once is enough to diagnose it
+        if not record.warned:  # the resync retries it; once is enough to diagnose it
             record.warned = True
             log.warning(
-                "claim %s: bound to Sandbox %s but its pod was not found after %d attempts; retrying on relist",
+                "claim %s: bound to Sandbox %s but its pod was not found after %d attempts; retrying on resync",
                 name,
                 claims.bound_sandbox_name(claim),
                 attempts,

@@ -1,5 +1,5 @@
 """Which gateway replica leads, for the Kubernetes driver: one Lease (`lease.Elector`) elects the
-replica that runs the profile reconciler (`profiles`) and the gateway's singletons
+replica that runs the profile reconciler (`reconciler`) and the gateway's singletons
 (`drivers.base.Leadership`), while every replica serves requests.
 
 The driver starts the reconciler on the Lease when profiles are configured (`run_profiles`) or
@@ -11,25 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.base import PoolView, invalid_profile_view
-from warmshell.drivers.kubernetes import kube, lease, profiles
-from warmshell.drivers.kubernetes.extensions import ExtensionsGate
+from warmshell.drivers.kubernetes import kube
+from warmshell.drivers.kubernetes.profiles import lease, reconciler
+from warmshell.drivers.kubernetes.warm.extensions import ExtensionsGate
 
 __all__ = ["Leadership"]
 
 
 class Leadership:
-    """The Lease this replica campaigns on and the one task that holds it. `api` is called when
-    the Lease is first needed (the driver connects on entry)."""
+    """The Lease this replica campaigns on and the one task that holds it."""
 
-    def __init__(self, api: Callable[[], kube.Kube], config: KubernetesDriverConfig) -> None:
+    def __init__(self, api: kube.Kube, config: KubernetesDriverConfig) -> None:
         self._api = api
         self._config = config
         self._task: asyncio.Task[None] | None = None  # the profile reconciler, or the bare campaign
-        self._elector: lease.Elector | None = None  # one Lease for every singleton (see campaign)
+        self._elector = lease.elector_for(api, config)  # one Lease for every singleton (see campaign)
         self._problems: dict[str, str] = {}  # invalid profile ConfigMaps, while leading
 
     def run_profiles(self, gate: ExtensionsGate) -> None:
@@ -37,8 +36,8 @@ class Leadership:
         are absent: it waits on the same gate as the warm path."""
         if self._task is None:
             self._task = asyncio.create_task(
-                profiles.run_elected(
-                    self._api(), self._config, gate=gate, on_problems=self._set_problems, elector=self._lease()
+                reconciler.run_elected(
+                    self._api, self._config, gate=gate, on_problems=self._set_problems, elector=self._elector
                 ),
                 name="k8s-profiles",
             )
@@ -46,11 +45,11 @@ class Leadership:
     def campaign(self) -> None:
         """Hold the Lease for the gateway's singletons; without profiles, for them alone."""
         if self._task is None:
-            self._task = asyncio.create_task(self._lease().run(_hold), name="k8s-lease")
+            self._task = asyncio.create_task(self._elector.run(_hold), name="k8s-lease")
 
     def leading(self) -> bool:
         """Whether this replica holds the Lease now."""
-        return self._elector is not None and self._elector.is_leader
+        return self._elector.is_leader
 
     def invalid_profiles(self) -> list[PoolView]:
         """Invalid profiles have no pool: listed by their ConfigMap (known on the profile leader)."""
@@ -67,11 +66,6 @@ class Leadership:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-    def _lease(self) -> lease.Elector:
-        if self._elector is None:
-            self._elector = lease.elector_for(self._api(), self._config)
-        return self._elector
 
     def _set_problems(self, problems: dict[str, str]) -> None:
         self._problems = problems

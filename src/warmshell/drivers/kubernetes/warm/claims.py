@@ -16,10 +16,11 @@ from warmshell.core.fingerprints import fingerprint as fingerprint_of
 from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.core.models import Allocation
 from warmshell.drivers.base import BackendState, DriverCondition, DriverSandbox
-from warmshell.drivers.kubernetes import kube, labels, status, warmpools
+from warmshell.drivers.kubernetes import kube, labels, status
 from warmshell.drivers.kubernetes.naming import ObjectRef
 from warmshell.drivers.kubernetes.objects import Obj
 from warmshell.drivers.kubernetes.rendering import SandboxIdentity
+from warmshell.drivers.kubernetes.warm import warmpools
 
 __all__ = [
     "bound_sandbox_name",

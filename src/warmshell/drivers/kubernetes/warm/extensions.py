@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from warmshell.drivers.kubernetes import kube
-from warmshell.drivers.kubernetes.lease import Clock, SystemClock
+from warmshell.drivers.kubernetes.clock import Clock, SystemClock
 
 __all__ = ["ExtensionsGate", "ProbeApi"]
 
