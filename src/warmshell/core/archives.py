@@ -9,9 +9,10 @@ out would let a later entry, or the workload, write through it to a place the ca
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["ArchiveLimits", "ArchiveSummary", "EntryRefused", "entry_path", "link_stays_inside"]
+__all__ = ["ArchiveLimits", "ArchiveSummary", "EntryRefused", "entry_path", "link_stays_inside", "regroup"]
 
 
 class EntryRefused(ValueError):
@@ -63,3 +64,20 @@ def link_stays_inside(path: str, target: str) -> bool:
     # Relative normalisation keeps a leading "..": a target that climbs above the destination.
     resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
     return not (resolved == ".." or resolved.startswith("../"))
+
+
+def regroup(pieces: Iterable[bytes], chunk_bytes: int) -> Iterator[bytes]:
+    """Pieces of an archive (headers, content, padding) regrouped into chunks of `chunk_bytes`
+    (the last may be shorter): few, full messages on the wire. A piece that is a whole chunk on
+    a boundary passes as it is, uncopied."""
+    buffer = bytearray()
+    for piece in pieces:
+        if not buffer and len(piece) == chunk_bytes:
+            yield piece
+            continue
+        buffer += piece
+        while len(buffer) >= chunk_bytes:
+            yield bytes(buffer[:chunk_bytes])
+            del buffer[:chunk_bytes]
+    if buffer:
+        yield bytes(buffer)

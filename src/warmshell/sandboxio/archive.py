@@ -24,7 +24,14 @@ from collections import deque
 from collections.abc import Iterator
 from typing import IO, Any, cast
 
-from warmshell.core.archives import ArchiveLimits, ArchiveSummary, EntryRefused, entry_path, link_stays_inside
+from warmshell.core.archives import (
+    ArchiveLimits,
+    ArchiveSummary,
+    EntryRefused,
+    entry_path,
+    link_stays_inside,
+    regroup,
+)
 from warmshell.sandboxio.rootfs import RESOLVE_NO_MAGICLINKS, Root, check_fs, openat2, refuse_mount_point
 
 __all__ = ["ChunkPipe", "pack", "unpack"]
@@ -306,11 +313,11 @@ def pack(root: Root, path: str, limits: ArchiveLimits, chunk_bytes: int) -> Iter
     try:
         st = os.fstat(top)
         if stat.S_ISDIR(st.st_mode):
-            yield from _chunked(_tree(Root._reopen(top, os.O_RDONLY | os.O_DIRECTORY), limits), chunk_bytes)
+            yield from regroup(_tree(Root._reopen(top, os.O_RDONLY | os.O_DIRECTORY), limits), chunk_bytes)
         elif stat.S_ISREG(st.st_mode):
             name = path.rstrip("/").rpartition("/")[2]
             _count_content(st.st_size, limits)
-            yield from _chunked(_ending(_file(name, Root._reopen(top, os.O_RDONLY), st)), chunk_bytes)
+            yield from regroup(_ending(_file(name, Root._reopen(top, os.O_RDONLY), st)), chunk_bytes)
         else:
             raise OSError(errno.ENXIO, "not a regular file or a directory")
     finally:
@@ -409,15 +416,3 @@ def _open_below(parent: int, name: str, flags: int) -> int | None:
         os.close(fd)
         return None
     return fd
-
-
-def _chunked(pieces: Iterator[bytes], chunk_bytes: int) -> Iterator[bytes]:
-    """The pieces regrouped into chunks of `chunk_bytes` (the last may be shorter)."""
-    buffer = bytearray()
-    for piece in pieces:
-        buffer += piece
-        while len(buffer) >= chunk_bytes:
-            yield bytes(buffer[:chunk_bytes])
-            del buffer[:chunk_bytes]
-    if buffer:
-        yield bytes(buffer)

@@ -21,7 +21,6 @@ from typing import IO
 
 __all__ = [
     "ChunkReader",
-    "as_chunks",
     "common_directory",
     "pack_directory",
     "pack_files",
@@ -117,21 +116,6 @@ def pieces_of(archive: IO[bytes] | Iterable[bytes], chunk_bytes: int) -> Iterato
     if read is None:
         return iter(archive)
     return iter(lambda: read(chunk_bytes), b"")
-
-
-def as_chunks(pieces: Iterable[bytes], chunk_bytes: int) -> Iterator[bytes]:
-    """Pieces regrouped into chunks of `chunk_bytes` (the last may be shorter): few, full messages."""
-    buffer = bytearray()
-    for piece in pieces:
-        if not buffer and len(piece) == chunk_bytes:
-            yield piece
-            continue
-        buffer += piece
-        while len(buffer) >= chunk_bytes:
-            yield bytes(buffer[:chunk_bytes])
-            del buffer[:chunk_bytes]
-    if buffer:
-        yield bytes(buffer)
 
 
 class ChunkReader(io.RawIOBase):

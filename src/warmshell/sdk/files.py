@@ -23,6 +23,7 @@ from grpc import aio
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
+from warmshell.core.archives import regroup
 from warmshell.sdk import archives, queueing
 
 __all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "TransferSummary", "Translate"]
@@ -223,7 +224,7 @@ class Files(_Target):
     def _upload(self, path: str, pieces: Iterator[bytes]) -> TransferSummary:
         def requests() -> Iterator[pb.UploadTarRequest]:
             yield self._upload_header(path)
-            for chunk in archives.as_chunks(pieces, self._chunk_bytes):
+            for chunk in regroup(pieces, self._chunk_bytes):
                 yield pb.UploadTarRequest(data=chunk)
 
         try:
@@ -340,13 +341,13 @@ class AsyncFiles(_Target):
     async def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
         """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
         pieces = await asyncio.to_thread(archives.pack_directory, local)
-        return await self._upload(path, _pulled(archives.as_chunks(pieces, self._chunk_bytes), True))
+        return await self._upload(path, _pulled(regroup(pieces, self._chunk_bytes), True))
 
     async def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
         """Write several files (absolute path -> content) in one call; parents are created."""
         destination = archives.common_directory(files)
         pieces = archives.pack_files(files, destination, mode)
-        return await self._upload(destination, _pulled(archives.as_chunks(pieces, self._chunk_bytes), False))
+        return await self._upload(destination, _pulled(regroup(pieces, self._chunk_bytes), False))
 
     async def _upload(self, path: str, chunks: AsyncIterable[bytes]) -> TransferSummary:
         call = await self._open_call(lambda: self._stub.UploadTar(metadata=self._metadata))  # type: ignore[call-arg]

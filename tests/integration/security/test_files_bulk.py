@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from tests.helpers.gateway import RunningGateway, running_gateway
+from tests.helpers.tars import tar_of
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import sandbox, sh, still_real
 from tests.integration.security.test_files_api import NAME
@@ -41,18 +42,6 @@ async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
         yield running
 
 
-def tar_of(*entries: tuple[str, bytes, str]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for name, kind, target in entries:
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = kind, target
-            data = b"pwned" if kind == tarfile.REGTYPE else b""
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 HOSTILE = [
     ((("../../etc/pwned", tarfile.REGTYPE, ""),), "'..' component"),
     ((("/etc/pwned", tarfile.REGTYPE, ""),), "absolute name"),
@@ -70,7 +59,7 @@ async def test_hostile_entries_are_refused_naming_the_rule(
 ) -> None:
     files = AsyncFiles(gw.channel, NAME, metadata=gw.metadata)
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await files.upload_tar(io.BytesIO(tar_of(*entries)), "/workspace/up")
+        await files.upload_tar(io.BytesIO(tar_of(entries, b"pwned")), "/workspace/up")
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
     assert rule in (info.value.details() or ""), info.value.details()
     _code, out, _ = await sh(gw, NAME, "ls -A /etc | grep -c pwned; find /workspace -name pwned | wc -l")
@@ -89,11 +78,11 @@ async def test_a_planted_link_is_never_written_through(gw: RunningGateway, tmp_p
     )[0] == 0
     for name in ("out/pwned", "h/pwned"):
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await files.upload_tar(io.BytesIO(tar_of((name, tarfile.REGTYPE, ""))), "/workspace/up")
+            await files.upload_tar(io.BytesIO(tar_of([(name, tarfile.REGTYPE, "")], b"pwned")), "/workspace/up")
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, info.value.details()
         assert "symbolic link" in (info.value.details() or "")
     assert not list(host.iterdir())
-    await files.upload_tar(io.BytesIO(tar_of(("out", tarfile.REGTYPE, ""))), "/workspace/up")
+    await files.upload_tar(io.BytesIO(tar_of([("out", tarfile.REGTYPE, "")], b"pwned")), "/workspace/up")
     assert await files.read("/workspace/up/out") == b"pwned"
     assert (await sh(gw, NAME, "test -e /etc/pwned || echo absent"))[1] == "absent\n"
 
@@ -118,7 +107,7 @@ async def test_swaps_during_bulk_calls_reach_nothing_outside(gw: RunningGateway,
     outcomes: collections.Counter[str] = collections.Counter()
     downloaded: list[bytes] = []
     unclear: list[str] = []
-    upload = tar_of(("d/f", tarfile.REGTYPE, ""), ("d/new/pwned", tarfile.REGTYPE, ""))
+    upload = tar_of([("d/f", tarfile.REGTYPE, ""), ("d/new/pwned", tarfile.REGTYPE, "")], b"pwned")
 
     async def attempt(label: str, call: object) -> None:
         try:

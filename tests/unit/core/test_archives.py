@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmshell.core.archives import EntryRefused, entry_path, link_stays_inside
+from warmshell.core.archives import EntryRefused, entry_path, link_stays_inside, regroup
 
 PARTS = st.sampled_from(["a", "b", "..", ".", "", "c.txt"])
 NAMES = st.lists(PARTS, min_size=1, max_size=6).map("/".join)
@@ -55,3 +55,11 @@ def test_a_link_is_allowed_exactly_when_it_stays_inside(base: list[str], target:
     path = "/".join([*base, "link"])
     expected = bool(target) and not target.startswith("/") and not climbs_out(base, target)
     assert link_stays_inside(path, target) == expected
+
+
+@given(st.lists(st.binary(max_size=50)), st.integers(min_value=1, max_value=20))
+def test_regroup_keeps_the_bytes_in_full_chunks(pieces: list[bytes], size: int) -> None:
+    chunks = list(regroup(pieces, size))
+    assert b"".join(chunks) == b"".join(pieces)
+    assert all(len(chunk) == size for chunk in chunks[:-1])
+    assert all(0 < len(chunk) <= size for chunk in chunks)

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.tars import tar_of
 from warmshell.core.archives import ArchiveLimits, EntryRefused
 from warmshell.sandboxio.archive import ChunkPipe, pack, unpack
 from warmshell.sandboxio.rootfs import Root
@@ -30,18 +31,6 @@ KINDS = st.sampled_from(
 )
 TARGETS = st.sampled_from(["..", "../..", "/", "/etc", "a", "../out", "b/../../..", "."])
 ENTRIES = st.lists(st.tuples(NAMES, KINDS, TARGETS), min_size=1, max_size=8)
-
-
-def tar_of(entries: list[tuple[str, bytes, str]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for name, kind, target in entries:
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = kind, target
-            data = b"PLANTED" if kind == tarfile.REGTYPE else b""
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def snapshot(top: Path) -> dict[str, tuple[int, bytes]]:
