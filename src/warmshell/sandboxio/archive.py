@@ -21,7 +21,7 @@ import stat
 import tarfile
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import IO, Any, cast
 
 from warmshell.core.archives import (
@@ -34,7 +34,7 @@ from warmshell.core.archives import (
 )
 from warmshell.sandboxio.rootfs import RESOLVE_NO_MAGICLINKS, Root, check_fs, openat2, refuse_mount_point
 
-__all__ = ["ChunkPipe", "pack", "unpack"]
+__all__ = ["ChunkPipe", "close_pack", "pack", "unpack"]
 
 RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_SYMLINKS = 0x04
@@ -305,7 +305,7 @@ def _write_file(parent: int, temp: str, content: IO[bytes], mode: int) -> None:
         os.close(fd)
 
 
-def pack(root: Root, path: str, limits: ArchiveLimits, chunk_bytes: int) -> Iterator[bytes]:
+def pack(root: Root, path: str, limits: ArchiveLimits, chunk_bytes: int) -> Generator[bytes, None, None]:
     """The tar of the directory (its entries, named relative to it) or the file at `path`, in
     chunks of `chunk_bytes`; symlinks as links, special files skipped. Closing the generator
     releases its descriptors."""
@@ -322,6 +322,15 @@ def pack(root: Root, path: str, limits: ArchiveLimits, chunk_bytes: int) -> Iter
             raise OSError(errno.ENXIO, "not a regular file or a directory")
     finally:
         os.close(top)
+
+
+def close_pack(chunks: Generator[bytes, None, None], root: Root) -> None:
+    """Release a pack's descriptors (ended or not; from a thread, never while it runs) and the
+    root's own."""
+    try:
+        chunks.close()
+    finally:
+        os.close(root.fd)
 
 
 def _ending(pieces: Iterator[bytes]) -> Iterator[bytes]:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import errno
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 from warmshell.api.v1 import supervisor_pb2 as spb
@@ -166,7 +166,7 @@ class FileServer:
                 await self._send_data(op.op_id, window, data)
             self._result(op.op_id, done=True)
         finally:
-            await asyncio.shield(asyncio.to_thread(_close_all, chunks, root.fd))
+            await asyncio.shield(asyncio.to_thread(archive.close_pack, chunks, root))
 
     async def _untar(self, op: spb.FileOp) -> None:
         root = Root(self._open_root())
@@ -227,13 +227,6 @@ class FileServer:
             if not committed:
                 with contextlib.suppress(OSError):
                     await asyncio.shield(asyncio.to_thread(Root(-1).abort, pending))
-
-
-def _close_all(chunks: Iterator[bytes], fd: int) -> None:
-    try:
-        chunks.close()  # type: ignore[attr-defined]
-    finally:
-        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
@@ -177,7 +177,7 @@ class LocalFiles:
             if pending is not None and not pending.done():
                 with contextlib.suppress(BaseException):
                     await asyncio.wait([pending])
-            await loop.run_in_executor(self._executor, _close_all, chunks, root.fd)
+            await loop.run_in_executor(self._executor, archive.close_pack, chunks, root)
 
     async def write_archive(self, path: str, chunks: AsyncIterator[bytes], limits: ArchiveLimits) -> ArchiveSummary:
         """See `SandboxFiles.write_archive`: unpacked in one executor thread as the chunks arrive
@@ -202,7 +202,7 @@ class LocalFiles:
                 offered = pipe.offer(chunk)
                 if offered is False:
                     offered = await asyncio.to_thread(pipe.put, chunk)
-                if offered is None or offered is False:
+                if not offered:
                     break  # the unpacker stopped: its outcome says why
             pipe.finish()
             try:
@@ -281,10 +281,3 @@ class _BatchedWriter:
 def _under_rights(root: Root, operation: Callable[[], T]) -> T:
     with root.rights():
         return operation()
-
-
-def _close_all(chunks: Iterator[bytes], fd: int) -> None:
-    try:
-        chunks.close()  # type: ignore[attr-defined]
-    finally:
-        os.close(fd)
