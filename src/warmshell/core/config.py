@@ -395,7 +395,7 @@ class GatewayConfig(_Section):
     log_level: str = "INFO"
     # Allocations between young-generation collections of the gateway's Python collector. The
     # interpreter's 700 measured best for the tail: larger values make rarer but longer pauses
-    # (bench/README.md, "Where a warm create's gateway CPU goes").
+    # (bench/HISTORY.md, "Where a warm create's gateway CPU goes").
     gc_young_threshold: int = Field(default=700, ge=1)
     # The collector's full passes (every tracked object; 33-80 ms with 1,000 idle members) run at
     # the first moment with no create in flight once this many seconds have passed since the last,

@@ -25,12 +25,15 @@ import argparse
 import asyncio
 import collections.abc
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness and the benchmarks reused here
 
 import grpc
 from harness import summary, write_results
@@ -228,7 +231,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds per transport, alternating")
     parser.add_argument("--transport", nargs="+", default=["in-process", "grpc"], choices=["in-process", "grpc"])
     parser.add_argument("--command", default="", help="the workload each create starts (default: none)")
-    parser.add_argument("--name", default="supervisor_cpu", help="results file name under bench/results/")
+    parser.add_argument("--name", default="supervisor_cpu", help="writes results/NAME.{json,md} beside this script")
     args = parser.parse_args()
     data = asyncio.run(measure(args))
     write_results(args.name, data, table(data))

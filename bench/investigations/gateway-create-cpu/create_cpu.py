@@ -22,18 +22,19 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import json
 import os
 import pstats
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from harness import GatewayProcess, gateway_process, summary, write_results
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness and the benchmarks reused here
+
+from harness import GatewayProcess, gateway_process, gc_pauses, summary, write_results
 from warm_path import descendants, idle_members, wait_idle, write_profile
 
 from warmshell.api.v1 import sandbox_pb2 as pb
@@ -100,32 +101,6 @@ async def quiet(gw: GatewayProcess, timeout: float = 15) -> None:
         if now - before <= 10:  # at most one clock tick in 300 ms
             return
         before = now
-
-
-def gc_pauses(gw: GatewayProcess) -> collections.Counter[str]:
-    """Collections and seconds paused per generation, and pauses over 10 ms, from the gateway's
-    /metrics (empty from a gateway without the metric)."""
-    found: collections.Counter[str] = collections.Counter()
-    try:
-        address = json.loads((gw.state / "gateway.json").read_text())["http"]
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except (OSError, KeyError, ValueError):
-        return found
-    for line in text.splitlines():
-        if not line.startswith("warmshell_gc_pause_seconds"):
-            continue
-        name, value = line.rsplit(" ", 1)
-        generation = name.split('generation="')[1].split('"')[0]
-        if name.startswith("warmshell_gc_pause_seconds_count"):
-            found[f"gen{generation}_collections"] += int(float(value))
-        elif name.startswith("warmshell_gc_pause_seconds_sum"):
-            found[f"gen{generation}_paused_ms"] += float(value) * 1000
-        elif 'le="0.01"' in name:
-            found["pauses_over_10ms"] -= int(float(value))
-        elif 'le="+Inf"' in name:
-            found["pauses_over_10ms"] += int(float(value))
-    return found
 
 
 class Window:
@@ -503,7 +478,7 @@ def main() -> None:
     parser.add_argument(
         "--cprofile", default="", help="record the warm sequential batches' event loop with cProfile to this file"
     )
-    parser.add_argument("--name", default="create_cpu", help="results file name under bench/results/")
+    parser.add_argument("--name", default="create_cpu", help="writes results/NAME.{json,md} beside this script")
     parser.add_argument(
         "--create-and-watch",
         action="store_true",

@@ -9,7 +9,7 @@ the local driver builds, its agent replaced by /bin/true, with /workspace as
 Variants run interleaved, so a shared machine's noise falls on all of them alike; the figure
 that matters is each variant's cost over the baseline. Loop images need root.
 
-    python bench/workspace_bounds.py            # 40 starts per variant, a few seconds each
+    python bench/investigations/workspace-bound/workspace_bounds.py  # 40 starts per variant, a few seconds each
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ import argparse
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness and the benchmarks reused here
 
 from harness import summary, write_results
 

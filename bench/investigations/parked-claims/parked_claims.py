@@ -9,7 +9,7 @@ here one at a time, each waited for (up to 2 s) until its claim is activated. Re
 never activated, activate() calls and API reads per registration, and CPU per registration
 (process time, the waits of missed claims included in wall time only).
 
-    python bench/parked_claims.py [--parked 300] [--late 100]
+    python bench/investigations/parked-claims/parked_claims.py [--parked 300] [--late 100]
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import write_results
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # the harness
+
+from harness import write_results  # noqa: E402
 
 from tests.unit.drivers_kubernetes.test_warm_allocation import parked_scene  # noqa: E402
 from warmshell.drivers.kubernetes.warm import claimactivation  # noqa: E402

@@ -1,6 +1,7 @@
 """Issue 14: the gateway's share of a local member start, measured on a pool fill alone.
 
-    python bench/member_fill.py [--size 200] [--rounds 3] [--before-src DIR] [--trace] [--py-spy FILE] [--cprofile FILE]
+    python bench/investigations/member-start/member_fill.py [--size 200] [--rounds 3] [--before-src DIR]
+        [--trace] [--py-spy FILE] [--cprofile FILE]
 
 Each round starts a real gateway (a subprocess, real bwrap'd members, host-side supervisors in
 the gateway process) per source tree, this one and `--before-src DIR` (e.g. `git archive <commit>
@@ -54,6 +55,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness and the benchmarks reused here
 
 from burst import cpu_ns, load
 from harness import GatewayProcess, gateway_process, write_results
@@ -570,7 +573,7 @@ def main() -> None:
     parser.add_argument("--cprofile", type=Path, help="record the now gateway's event loop in its fills into FILE")
     parser.add_argument("--cprofile-window", choices=("fill", "drain"), default="fill", help="what --cprofile records")
     parser.add_argument("--trace", action="store_true", help="time each start's steps (traced_gateway.py)")
-    parser.add_argument("--name", default="member_fill", help="results file name under bench/results/")
+    parser.add_argument("--name", default="member_fill", help="writes results/NAME.{json,md} beside this script")
     args = parser.parse_args()
     if shutil.which("bwrap") is None:
         sys.exit("bubblewrap is needed")

@@ -1,6 +1,6 @@
 """Issue 14: the cost of one local pool member's start, without a gateway around it.
 
-    python bench/member_start.py [--count 200] [--repeat 5] [--before-src DIR] [--rounds 40]
+    python bench/investigations/member-start/member_start.py [--count 200] [--repeat 5] [--before-src DIR] [--rounds 40]
                                  [--host-tasks 0,2000 --task-rounds 30]
 
 Two parts, in one run:
@@ -47,6 +47,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness and the benchmarks reused here
 
 from burst import cpu_ns, thread_ns
 from harness import summary, write_results
@@ -390,7 +392,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="alternating rounds of the flag breakdown (0: skip)")
     parser.add_argument("--host-tasks", default="0,2000", help="extra idle processes on the host, per level")
     parser.add_argument("--task-rounds", type=int, default=30, help="alternating rounds per host-tasks level (0: skip)")
-    parser.add_argument("--name", default="member_start", help="results file name under bench/results/")
+    parser.add_argument("--name", default="member_start", help="writes results/NAME.{json,md} beside this script")
     parser.add_argument("--one-run", type=Path, help=argparse.SUPPRESS)  # a launcher run's figures, as JSON
     args = parser.parse_args()
     if shutil.which("bwrap") is None:

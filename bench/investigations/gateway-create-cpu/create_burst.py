@@ -1,7 +1,7 @@
 """Issue 14 (gateway side): bursts of warm creates, the gateway's CPU per create split by thread,
 and a create that waits for Ready in the same call against CreateSandbox + WatchSandbox.
 
-    python bench/create_burst.py [--bursts 50 200] [--repeat 3] [--before-src DIR]
+    python bench/investigations/gateway-create-cpu/create_burst.py [--bursts 50 200] [--repeat 3] [--before-src DIR]
 
 Each variant is a gateway of its own (a subprocess with real bwrap'd members), started in turn
 and alternated `--repeat` times so that a shared machine's load falls on all of them alike:
@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness and the benchmarks reused here
 
 import grpc
 from burst import clients
@@ -287,7 +289,7 @@ def main() -> None:
     parser.add_argument(
         "--cprofile", default="", help="record the bursts' event loop with cProfile to FILE.<variant>.<run>"
     )
-    parser.add_argument("--name", default="create_burst", help="results file name under bench/results/")
+    parser.add_argument("--name", default="create_burst", help="writes results/NAME.{json,md} beside this script")
     args = parser.parse_args()
     data = asyncio.run(measure(args))
     write_results(args.name, data, table(data))

@@ -1,7 +1,7 @@
 """Issue 14, the 1,000-idle scale part: what holding many idle members does to a gateway's event
 loop and to the warm creates of another pool, before / after in one run.
 
-    python bench/idle_scale.py [--idle 1000] [--rounds 2] [--before-src DIR]
+    python bench/investigations/idle-members/idle_scale.py [--idle 1000] [--rounds 2] [--before-src DIR]
 
 Each round starts a gateway per tree (`--before-src`: an older tree's src/, then this one),
 runs `--creates` sequential warm creates of a small pool (`--pool`) alone, then writes a pool of
@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness and the benchmarks reused here
 
 import grpc
 from burst import load, sequential, start_breakdown
@@ -203,7 +205,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2, help="rounds, trees alternating (default 2)")
     parser.add_argument("--before-src", type=Path, help="an older tree's src/ to run as 'before'")
-    parser.add_argument("--name", default="idle_scale", help="results file name under bench/results/")
+    parser.add_argument("--name", default="idle_scale", help="writes results/NAME.{json,md} beside this script")
     args = parser.parse_args()
     data = asyncio.run(measure(args))
     write_results(args.name, data, table(data))

@@ -1,7 +1,7 @@
 """Issue 20: a pod supervisor's memory while its gateway keeps GOAWAYing and dropping it.
 
-    python bench/supervisor_memory.py [--seconds 8] [--rounds 3] [--max-age-ms 1] [--mode abort|goaway]
-                                      [--before-src DIR] [--env K=V ...]
+    python bench/investigations/supervisor-memory/supervisor_memory.py [--seconds 8] [--rounds 3]
+        [--max-age-ms 1] [--mode abort|goaway] [--before-src DIR] [--env K=V ...]
 
 A real `python -m warmshell supervisor` process (as a pod runs it) connects over TCP loopback to
 a stand-in gateway in this process (`tests/helpers/churning_gateway.py`) that activates it at
@@ -15,7 +15,8 @@ After the supervisor's first session the clock runs `--seconds`; its RSS and Pri
 end. The figure is the growth over the second half (the first includes warm-up). Each round runs
 this tree and, with `--before-src DIR` (a `src/` from `git archive <commit> src`), that one,
 alternating. `--env MALLOC_ARENA_MAX=1` etc. run the supervisor under another allocator
-setting, to tell fragmentation from a leak. Results: `bench/results/<--name>.{json,md}` (default `supervisor_memory`).
+setting, to tell fragmentation from a leak. Results: `results/<--name>.{json,md}` beside this script
+(default `supervisor_memory`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.churning_gateway import (  # noqa: E402
@@ -102,7 +103,7 @@ def main() -> None:
     parser.add_argument("--before-src", help="a source tree (its src/) to alternate with this one")
     parser.add_argument("--env", action="append", default=[], help="K=V for the supervisor's environment")
     parser.add_argument("--python", default=sys.executable)
-    parser.add_argument("--name", default="supervisor_memory", help="results file name under bench/results/")
+    parser.add_argument("--name", default="supervisor_memory", help="writes results/NAME.{json,md} beside this script")
     args = parser.parse_args()
     extra = dict(item.split("=", 1) for item in args.env)
     trees: list[str | None] = [None, *([args.before_src] if args.before_src else [])]
@@ -112,7 +113,7 @@ def main() -> None:
             result = asyncio.run(run(args.mode, args.seconds, args.max_age_ms, extra, args.python, tree))
             print(json.dumps(result), flush=True)
             results.append(result)
-    command = "python bench/supervisor_memory.py " + " ".join(sys.argv[1:])
+    command = "python bench/investigations/supervisor-memory/supervisor_memory.py " + " ".join(sys.argv[1:])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"command": command, "runs": results}, indent=2))
     lines = [
