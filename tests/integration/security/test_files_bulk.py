@@ -9,7 +9,6 @@ every failure is a clear status (never INTERNAL or UNKNOWN)."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import io
 import secrets
 import shutil
@@ -23,7 +22,7 @@ import pytest
 from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.helpers.tars import tar_of
 from tests.integration.drivers_local.support import needs_bwrap
-from tests.integration.security.support import sandbox, sh, still_real
+from tests.integration.security.support import Attempts, sandbox, sh, still_real, wait_for
 from tests.integration.security.test_files_api import NAME
 from tests.integration.security.test_files_races import RACE_SECONDS, RACER, _snapshot
 from warmshell.sdk.files import AsyncFiles
@@ -97,30 +96,9 @@ async def test_swaps_during_bulk_calls_reach_nothing_outside(gw: RunningGateway,
     before = _snapshot(host)
     files = AsyncFiles(gw.channel, NAME, metadata=gw.metadata)
     racer = asyncio.create_task(gw.exec(NAME, ["python3", "-c", RACER, str(host), str(RACE_SECONDS)]))
-    for _ in range(100):  # until the racer's files exist
-        try:
-            await files.stat("/workspace/d-link")
-            break
-        except grpc.aio.AioRpcError:
-            await asyncio.sleep(0.05)
-
-    outcomes: collections.Counter[str] = collections.Counter()
-    downloaded: list[bytes] = []
-    unclear: list[str] = []
+    await wait_for(lambda: files.stat("/workspace/d-link"))
+    calls = Attempts(timeout=10)
     upload = tar_of([("d/f", tarfile.REGTYPE, ""), ("d/new/pwned", tarfile.REGTYPE, "")], b"pwned")
-
-    async def attempt(label: str, call: object) -> None:
-        try:
-            async with asyncio.timeout(10):
-                result = await call  # type: ignore[misc]
-        except grpc.aio.AioRpcError as err:
-            outcomes[f"{label}:{err.code().name}"] += 1
-            if err.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-                unclear.append(f"{label}: {err.details()}")
-            return
-        outcomes[f"{label}:OK"] += 1
-        if isinstance(result, bytes):
-            downloaded.append(result)
 
     async def download(path: str) -> bytes:
         return b"".join([chunk async for chunk in files.download_tar(path)])
@@ -129,18 +107,19 @@ async def test_swaps_during_bulk_calls_reach_nothing_outside(gw: RunningGateway,
     end = loop.time() + RACE_SECONDS - 1
     while loop.time() < end and not racer.done():
         await asyncio.gather(
-            attempt("upload", files.upload_tar(io.BytesIO(upload), "/workspace")),
-            attempt("upload-below", files.upload_tar(io.BytesIO(upload), "/workspace/d")),
-            attempt("download", download("/workspace/d")),
-            attempt("download-all", download("/workspace")),
+            calls.attempt("upload", files.upload_tar(io.BytesIO(upload), "/workspace")),
+            calls.attempt("upload-below", files.upload_tar(io.BytesIO(upload), "/workspace/d")),
+            calls.attempt("download", download("/workspace/d")),
+            calls.attempt("download-all", download("/workspace")),
         )
     code, _out, err = await racer
     assert code == 0, err
-    assert not unclear, unclear
-    assert not any(secret in blob for blob in downloaded)
+    assert not calls.unclear, calls.unclear
+    downloaded = [blob for label in ("download", "download-all") for blob in calls.results[label]]
+    assert not any(secret in blob for blob in downloaded)  # type: ignore[operator]
     assert _snapshot(host) == before, "the host directory changed"
     # The race was real: some calls met the directory, others the swapped-in names.
-    assert outcomes["upload:OK"] > 0, outcomes
-    assert outcomes["download:OK"] > 0, outcomes
-    assert sum(n for k, n in outcomes.items() if not k.endswith(":OK")) > 0, outcomes
+    assert calls.outcomes["upload:OK"] > 0, calls.outcomes
+    assert calls.outcomes["download:OK"] > 0, calls.outcomes
+    assert calls.failures() > 0, calls.outcomes
     await still_real(gw, NAME)
