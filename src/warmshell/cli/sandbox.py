@@ -247,6 +247,11 @@ def _cp(args: argparse.Namespace) -> int:
 
         from warmshell.cli import files
 
+        if args.recursive:
+            where, entries, size = files.copy_tree(sdk, args.source, args.destination, workspace(args))
+            if as_json:
+                print(json.dumps({"destination": where, "entries": entries, "bytes": size}, sort_keys=True))
+            return 0
         where, size = files.copy(sdk, args.source, args.destination, workspace(args))
         if as_json:
             print(json.dumps({"destination": where, "bytes": size}, sort_keys=True))
@@ -412,10 +417,12 @@ _COMMANDS = (
         _cp,
         "Copy one file into a sandbox (`cp LOCAL NAME:PATH`) or out of it (`cp NAME:PATH LOCAL`). "
         "A relative PATH is under /workspace; a PATH ending in / keeps the local file's name. "
-        "Parents are created; the file is replaced atomically.",
+        "Parents are created; the file is replaced atomically. With -r, a directory in one call "
+        "(modes, symbolic links and mtimes kept), into DESTINATION when it is an existing directory.",
         flags=(
             flag("source", metavar="SOURCE", help="LOCAL or NAME:PATH"),
             flag("destination", metavar="DESTINATION", help="NAME:PATH or LOCAL"),
+            flag("-r", "--recursive", action="store_true", help="copy a directory and everything in it"),
             _WORKSPACE,
         ),
     ),

@@ -260,6 +260,9 @@ class FilesConfig(_Section):
     max_file_bytes: int = Field(default=8 * 1024**3, ge=1)
     # Each ReadFile message; below the gateway's max_request_bytes so a client reads with the defaults.
     chunk_bytes: int = Field(default=256 * 1024, ge=1024, le=4 * 1024 * 1024)
+    # One archive transfer (UploadTar, DownloadTar): its entries; its content is bounded by
+    # max_file_bytes, and the sandbox's disk bound applies as for any write.
+    max_archive_entries: int = Field(default=100_000, ge=1)
 
 
 class LifetimesConfig(_Section):
