@@ -10,6 +10,7 @@ of its pre-started instances.
 from __future__ import annotations
 
 import builtins
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -195,6 +196,11 @@ class Activator(Protocol):
         could reach it now). Cheap: warm drivers ask it for each parked claim on every change."""
         ...
 
+    def idle_members(self) -> Counter[Fingerprint]:
+        """Registrations of pool members (`WarmPending`) waiting here for a create, counted by
+        their pool's fingerprint: what a driver whose pools live elsewhere shows as idle."""
+        ...
+
 
 @dataclass(frozen=True)
 class PoolView:
@@ -219,6 +225,9 @@ class PoolView:
     ttl_seconds: int | None = None
     idle_timeout_seconds: int | None = None
     pids: int = 0
+    # The profile's `[network]` rules (allow None: the gateway's default), applied at activation.
+    network_allow: tuple[str, ...] | None = None
+    network_deny: tuple[str, ...] = ()
 
 
 def invalid_profile_view(name: str, *, source: str, message: str, reason: str = "InvalidProfile") -> PoolView:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import collections
 import dataclasses
 import functools
 import logging
@@ -28,7 +27,7 @@ from warmshell.core import allocation
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError, UnavailableError
 from warmshell.core.fingerprints import shape_of
-from warmshell.core.ids import SandboxId
+from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import SandboxSpec, now_us
 from warmshell.drivers.base import (
     Activator,
@@ -98,8 +97,6 @@ class LocalDriver:
         self._reloader: asyncio.Task[None] | None = None
         self._pools = self._pool_set() if config.pools_dir is not None else None
         self._files_executor: ThreadPoolExecutor | None = None
-        self.misses: collections.Counter[MissReason] = collections.Counter()
-        """Cold creates by reason since start (pools count their own hits and misses)."""
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
 
     def _new_fleet(self, supervise: Supervise, grace: float) -> Fleet:
@@ -232,6 +229,14 @@ class LocalDriver:
             self._files_executor = files_executor(as_root=self._host.root)
         return LocalFiles(process.open_root, instance.uid, self._files_executor)
 
+    def egress_socket(self, instance_id: str) -> Path | None:
+        """Where the gateway's egress proxy listens for this instance: in the directory bound
+        into its sandbox (None: unknown, or unisolated, which has the host's network anyway)."""
+        instance = self._fleet.instances.get(InstanceId(instance_id))
+        if instance is None or not self._host.launcher.isolated:
+            return None
+        return instance.egress_dir / "proxy.sock"
+
     async def freeze(self, sandbox_id: SandboxId, *, frozen: bool = True) -> None:
         """Freeze every process of a running sandbox (`frozen=False`: thaw them) through its
         cgroup's freezer; returns once the kernel says they are. FailedPreconditionError when it
@@ -267,9 +272,9 @@ class LocalDriver:
             if served is not None:
                 return served
             decision = allocation.empty(decision.pool)
+        # Per pool here; by reason once, in the gateway's manager, from the view's miss_reason.
         for pool in decision.charged:
             pool.misses += 1
-        self.misses[decision.reason] += 1
         return await self._spawn_cold(request, decision.reason)
 
     async def _claim(

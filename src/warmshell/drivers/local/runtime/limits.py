@@ -14,7 +14,7 @@ sandbox that hits a bound gets ENOSPC, EFBIG, EAGAIN, EMFILE or the OOM killer i
 outside it is affected.
 
 `/workspace` is a tmpfs, mounted by bwrap in the sandbox's own mount namespace: nearly free to
-set up (bench/workspace_bounds.py measured it against a loop-mounted image), gone with the
+set up (bench/investigations/workspace-bound/ measured it against a loop-mounted image), gone with the
 sandbox, and charged to its memory cgroup where there is one. `local.workspace_size = ""` keeps
 it a directory on the host's disk instead, without a bound.
 """

@@ -22,10 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmshell.core import egress
 from warmshell.core.models import WORKSPACE_DIR
 
 __all__ = [
     "AGENT_PATH",
+    "EGRESS_DIR",
     "ETC_ALLOWED",
     "HOST_ROOT_DIRS",
     "WORKSPACE",
@@ -40,6 +42,9 @@ __all__ = [
 
 WORKSPACE = WORKSPACE_DIR
 AGENT_PATH = "/run/warmshell/agent"
+# A directory of the gateway's, bound read-only: the proxy's socket appears in it at activation
+# (a connect needs no write access to the mount), and the agent's shim relays to it.
+EGRESS_DIR = egress.SANDBOX_DIR
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Top-level entries of the host root a program needs (a directory is bound, a symlink such as
@@ -99,6 +104,9 @@ class SandboxLayout:
     tmp_bytes: int | None = None
     run_bytes: int | None = None
     shm_bytes: int | None = None
+    # The host directory bound at EGRESS_DIR, and the port the agent's shim listens on (None: no way out).
+    egress_dir: Path | None = None
+    egress_port: int = 0
     # The host path of an image's overlay, bound writable as / (None: `plan` on a read-only tmpfs).
     overlay_root: Path | None = None
 
@@ -205,10 +213,14 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     else:
         argv += ["--bind", str(layout.workspace_dir), WORKSPACE]
     argv += ["--ro-bind", str(layout.agent), AGENT_PATH]
+    if layout.egress_dir is not None:
+        argv += ["--ro-bind", str(layout.egress_dir), EGRESS_DIR]
     if layout.overlay_root is None:
         argv += ["--remount-ro", "/"]
     argv += ["--hostname", layout.hostname, "--chdir", WORKSPACE, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
     if layout.instance_id:
         argv += ["--setenv", "WARMSHELL_INSTANCE_ID", layout.instance_id]
     argv += ["--", AGENT_PATH, str(layout.control_fd)]
+    if layout.egress_dir is not None:
+        argv.append(str(layout.egress_port))
     return argv
