@@ -113,6 +113,9 @@ class LocalDriverConfig(_Section):
     # /workspace is a tmpfs of this size ("" = a directory on the host's disk, with no bound).
     workspace_size: str = "1Gi"
     tmp_size: str = "256Mi"
+    # The writable layer over an image's layers (a sandbox from an image of the image store): a
+    # tmpfs, so writes into the image's directories count against memory like /tmp's.
+    root_size: str = "1Gi"
     run_size: str = "16Mi"
     shm_size: str = "64Mi"
     max_file_size: str = "4Gi"
