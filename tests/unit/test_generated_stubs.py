@@ -27,7 +27,8 @@ def test_public_surface_is_pinned() -> None:
     # The SDK's names (tests/unit/sdk/test_exports.py checks they resolve, lazily).
     assert warmshell.__all__ == [
         "Allocation", "AlreadyExists", "ApiError", "AsyncClient", "AsyncProcess", "AsyncSandbox", "Client",
-        "Condition", "Conflict", "DeadlineExceeded", "Error", "ExecResult", "FailedPrecondition", "InvalidArgument",
+        "CommandFailed", "CommandTimeout", "Condition", "Conflict", "DeadlineExceeded", "Error", "ExecError",
+        "ExecOutcome", "ExecResult", "FailedPrecondition", "InvalidArgument",
         "Lifetime", "NotFound", "OutputEvent", "PermissionDenied", "Phase", "PoolInfo", "Process",
         "ResourceExhausted", "Sandbox", "SandboxError", "SandboxInfo", "Timeline", "Unauthenticated", "Unavailable",
         "__version__",

@@ -125,5 +125,9 @@ def exec_interactive(args: argparse.Namespace, client: Client, workspace: str, e
         finally:
             for restored, handler in previous.items():
                 signal.signal(restored, handler)
+    from warmshell.cli import streaming
+
     assert process.exit_code is not None
+    if process.outcome is not None and (line := streaming.outcome_line(process.outcome, args.timeout)):
+        print(line, file=sys.stderr)
     return process.exit_code

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from warmshell.sdk.errors import (
         AlreadyExists,
         ApiError,
+        CommandFailed,
+        CommandTimeout,
         Conflict,
         DeadlineExceeded,
         Error,
@@ -42,13 +44,25 @@ if TYPE_CHECKING:
         Unavailable,
     )
     from warmshell.sdk.interactive import AsyncProcess, Process
-    from warmshell.sdk.views import Condition, ExecResult, Lifetime, OutputEvent, PoolInfo, SandboxInfo, Timeline
+    from warmshell.sdk.views import (
+        Condition,
+        ExecError,
+        ExecOutcome,
+        ExecResult,
+        Lifetime,
+        OutputEvent,
+        PoolInfo,
+        SandboxInfo,
+        Timeline,
+    )
 
 # Public name -> the module that defines it.
 _EXPORTS = {
     "Allocation": "warmshell.core.states",
     "AlreadyExists": "warmshell.sdk.errors",
     "ApiError": "warmshell.sdk.errors",
+    "CommandFailed": "warmshell.sdk.errors",
+    "CommandTimeout": "warmshell.sdk.errors",
     "AsyncClient": "warmshell.sdk.aio",
     "AsyncProcess": "warmshell.sdk.interactive",
     "AsyncSandbox": "warmshell.sdk.aio",
@@ -57,6 +71,8 @@ _EXPORTS = {
     "Conflict": "warmshell.sdk.errors",
     "DeadlineExceeded": "warmshell.sdk.errors",
     "Error": "warmshell.sdk.errors",
+    "ExecError": "warmshell.sdk.views",
+    "ExecOutcome": "warmshell.sdk.views",
     "ExecResult": "warmshell.sdk.views",
     "FailedPrecondition": "warmshell.sdk.errors",
     "InvalidArgument": "warmshell.sdk.errors",
@@ -84,10 +100,14 @@ __all__ = [
     "AsyncProcess",
     "AsyncSandbox",
     "Client",
+    "CommandFailed",
+    "CommandTimeout",
     "Condition",
     "Conflict",
     "DeadlineExceeded",
     "Error",
+    "ExecError",
+    "ExecOutcome",
     "ExecResult",
     "FailedPrecondition",
     "InvalidArgument",
