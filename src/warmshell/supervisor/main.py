@@ -145,14 +145,16 @@ _EXEC_ERRORS = {
 
 def exec_exited(exec_id: str, end: Ended | OSError) -> spb.ExecExited:
     """The message that ends an exec: how it ended, or why it never started (a command that is
-    missing or not executable, a workdir that cannot be entered, anything else the system
-    refused, as not executable), with the exit status a shell gives for that."""
+    missing or not executable, a workdir that cannot be entered) with the exit status a shell
+    gives for that; any other OSError (the sandbox ended under it, a command too large to start)
+    fails the exec as a call."""
     if isinstance(end, Ended):
         outcome = opb.ExecOutcome(timed_out=end.timed_out, signal=end.signal)
         return spb.ExecExited(exec_id=exec_id, exit_code=end.exit_code, outcome=outcome)
-    failure = end.failure if isinstance(end, NotStarted) else StartFailure.NOT_EXECUTABLE
-    outcome = opb.ExecOutcome(error=_EXEC_ERRORS[failure], error_message=str(end))
-    return spb.ExecExited(exec_id=exec_id, exit_code=failure.value, outcome=outcome)
+    if not isinstance(end, NotStarted):
+        return spb.ExecExited(exec_id=exec_id, exit_code=-1, error=str(end))
+    outcome = opb.ExecOutcome(error=_EXEC_ERRORS[end.failure], error_message=str(end))
+    return spb.ExecExited(exec_id=exec_id, exit_code=end.failure.value, outcome=outcome)
 
 
 def _workload_environment(base: dict[str, str], activation: spb.SupervisorActivationMessage) -> dict[str, str]:
@@ -315,7 +317,7 @@ class Supervisor:
                 **extra,
             )
             exited = exec_exited(start.exec_id, end)
-        except OSError as exc:  # it never started: the outcome says why, its output stays its own
+        except OSError as exc:  # it never started, or the sandbox ended: never told in its output
             exited = exec_exited(start.exec_id, exc)
         finally:
             self._execs.pop(start.exec_id, None)

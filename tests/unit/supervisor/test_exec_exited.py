@@ -33,5 +33,5 @@ def test_a_timeout_and_the_failures_to_start() -> None:
     workdir = exec_exited("e", WorkdirError(errno.ENOTDIR, "/w"))
     assert (workdir.exit_code, workdir.outcome.error) == (125, opb.EXEC_ERROR_WORKDIR)
     assert workdir.outcome.error_message == "workdir /w is not a directory"
-    too_big = exec_exited("e", OSError(errno.E2BIG, "argument list too long"))
-    assert (too_big.exit_code, too_big.outcome.error) == (126, opb.EXEC_ERROR_NOT_EXECUTABLE)
+    gone = exec_exited("e", OSError(errno.EPIPE, "the sandbox has ended"))
+    assert (gone.exit_code, gone.error, gone.HasField("outcome")) == (-1, "[Errno 32] the sandbox has ended", False)
