@@ -32,8 +32,18 @@ log = logging.getLogger(__name__)
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 Resp = TypeVar("Resp", bound=Message)
-# Forwarded streams may carry as much as the public API accepts (file chunks, exec output).
-_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.max_send_message_length", -1)]
+# Forwarded streams may carry as much as the public API accepts (file chunks, exec output). An
+# owner that stops answering mid-stream (frozen, its host gone without closing the connection)
+# is found by keepalive PINGs, as the SDK's clients find a stopped gateway: otherwise the client,
+# whose own PINGs this replica answers, would wait on the relay for ever.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.ping_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 class Target:
