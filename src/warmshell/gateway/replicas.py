@@ -192,11 +192,6 @@ class ReplicaDirectory:
             return None
         return self._known.get(replica_id)
 
-    async def address_of(self, replica_id: str) -> str | None:
-        """Where to reach a live replica; None when it is unknown, presumed dead or said no address."""
-        replica = await self.live_replica(replica_id)
-        return replica.address if replica is not None and replica.address else None
-
     async def live_others_with(self, problems: Callable[[list[Replica]], list[str]]) -> list[Replica]:
         """The other replicas that are alive, waited for only when `problems` finds any beside
         them: a row seen for the first time counts as alive, so one left by a replica that crashed

@@ -67,7 +67,9 @@ async def test_a_replica_is_dead_once_its_row_stood_still_for_three_heartbeats(s
     await a.announce()
     await b.refresh()
     assert b.alive_ids() == {"a", "b"}
-    assert await b.address_of("a") == "a:7443"
+    seen = await b.live_replica("a")
+    assert seen is not None
+    assert seen.address == "a:7443"
     clock.now += 2.5
     await a.announce()  # renewed: the row changed
     await b.refresh()
@@ -77,7 +79,7 @@ async def test_a_replica_is_dead_once_its_row_stood_still_for_three_heartbeats(s
     clock.now += 0.2  # 3.1 s without a change
     await b.refresh()
     assert b.alive_ids() == {"b"}
-    assert await b.address_of("a") is None
+    assert await b.live_replica("a") is None
     await a.announce()
     await b.refresh()
     assert "a" in b.alive_ids()
