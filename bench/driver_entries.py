@@ -202,7 +202,7 @@ async def kubernetes_entries() -> dict[str, Any]:
     from warmshell.core.fingerprints import shape_of
     from warmshell.core.models import Resources, SandboxSpec
     from warmshell.drivers.kubernetes import driver as kubernetes_driver
-    from warmshell.drivers.kubernetes import warmpools
+    from warmshell.drivers.kubernetes.warm import warmpools
 
     async with kubesim_process("fast") as cluster:
         with tempfile.TemporaryDirectory(prefix="ws-entries-k8s-") as tmp:

@@ -45,7 +45,8 @@ from tests.helpers.kubesim_process import ClusterProcess, kubesim_process  # noq
 from tests.integration.drivers_kubernetes.conftest import IMAGE, NAMESPACE, driver_config, gateway_settings  # noqa: E402
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
 from warmshell.core.fingerprints import SandboxShape  # noqa: E402
-from warmshell.drivers.kubernetes import KubernetesDriver, warmpools  # noqa: E402
+from warmshell.drivers.kubernetes import KubernetesDriver  # noqa: E402
+from warmshell.drivers.kubernetes.warm import warmpools  # noqa: E402
 
 POOL = "bench"
 WARM_ENV = {"FOO": "bar"}

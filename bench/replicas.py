@@ -75,7 +75,7 @@ from tests.helpers.replicas import ReplicaSet, balancer, replica_set, wait_phase
 from tests.integration.drivers_kubernetes.conftest import IMAGE, IMAGES, NAMESPACE, driver_config  # noqa: E402
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
 from warmshell.core.fingerprints import SandboxShape  # noqa: E402
-from warmshell.drivers.kubernetes import warmpools  # noqa: E402
+from warmshell.drivers.kubernetes.warm import warmpools  # noqa: E402
 
 POOL = "bench"
 WARM_ENV = {"FOO": "bar"}

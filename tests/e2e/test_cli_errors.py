@@ -129,12 +129,12 @@ def test_exec_in_a_sandbox_that_is_not_ready_exits_6(gateway: CliGateway) -> Non
     assert ran.stderr.startswith("error: ")
 
 
-def test_an_oversized_request_exits_5(gateway: CliGateway) -> None:
+def test_an_oversized_request_exits_9(gateway: CliGateway) -> None:
     # Twelve 100 kB variables: each within the kernel's per-argument limit, together over the
     # gateway's 1 MiB request limit.
     flags = [arg for i in range(12) for arg in ("--env", f"V{i}={'a' * 100_000}")]
     ran = gateway.run("sandbox", "create", *flags)
-    assert ran.returncode == 5, ran.stderr
+    assert ran.returncode == 9, ran.stderr  # resource exhausted: over a limit
     assert ran.stderr.startswith("error: ")
 
 

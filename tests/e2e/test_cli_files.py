@@ -78,8 +78,17 @@ def test_cp_and_ls_failures(gateway: CliGateway, tmp_path: Path) -> None:
     assert both_local.returncode == 2
     assert "exactly one of SOURCE and DESTINATION" in both_local.stderr
     readonly = gateway.run("sandbox", "cp", str(Path(__file__)), "box:/usr/bin/planted")
-    assert readonly.returncode == 77
+    assert readonly.returncode == 8  # permission denied, not 77 (a wrong token)
     assert "read-only" in readonly.stderr
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"\0" * (17 * 1024 * 1024))  # /run is a 16 MiB tmpfs
+    full = gateway.run("sandbox", "cp", str(big), "box:/run/big.bin")
+    assert full.returncode == 9, full.stderr  # resource exhausted, not 5 (invalid argument)
+    assert "no space left" in full.stderr
+    gateway.run("sandbox", "exec", "box", "--", "ln", "-s", "/nowhere", "/workspace/dangling")
+    dangling = gateway.run("sandbox", "cp", str(Path(__file__)), "box:/workspace/dangling/file")
+    assert dangling.returncode == 3, dangling.stderr  # not 4: nothing "already exists"
+    assert "symbolic link on the path points to nothing" in dangling.stderr
     not_dir = gateway.run("sandbox", "ls", "box", "/etc/passwd")
     assert not_dir.returncode == 6
     assert "not a directory" in not_dir.stderr

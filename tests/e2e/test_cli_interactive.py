@@ -3,7 +3,8 @@ pseudo-terminal of this test (its controlling terminal), against a real gateway 
 sandboxes. The sandbox's shell sees its own terminal and the client's size, follows a resize of
 the client's terminal, Ctrl-C interrupts the foreground command there, the exit code comes back,
 and the client's terminal is left as it was, with nothing injected into it. Without -t, a pipe is
-streamed to the command and a SIGINT to the CLI reaches the command."""
+streamed to the command and a SIGINT to the CLI reaches the command. SIGTERM restores the terminal
+as Ctrl-C does, and a CLI whose reader went away (`| head -1`) ends quietly."""
 
 from __future__ import annotations
 
@@ -178,3 +179,45 @@ def test_exec_i_forwards_sigint_to_the_command(gateway: CliGateway) -> None:
         finally:
             if process.poll() is None:
                 process.kill()
+
+
+def test_sigterm_restores_the_terminal_as_ctrl_c_does(gateway: CliGateway) -> None:
+    term = Terminal(gateway, "sandbox", "exec", "-it", "box", "--", "sh")
+    try:
+        term.expect(rb"[#$] ")
+        assert termios.tcgetattr(term.slave) != term.initial_modes  # raw while the session runs
+        term.type("echo $$ > /tmp/shell.pid; sleep 100\n")
+        time.sleep(0.5)
+        term.process.send_signal(signal.SIGTERM)
+        assert term.wait() == 128 + signal.SIGTERM
+        assert termios.tcgetattr(term.slave) == term.initial_modes
+        # The session's command was stopped with it.
+        alive = gateway.run("sandbox", "exec", "box", "--", "sh", "-c", 'kill -0 "$(cat /tmp/shell.pid)"')
+        assert alive.returncode != 0, alive.stdout
+    finally:
+        term.close()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["sandbox", "get", "box"], ["sandbox", "exec", "box", "--", "sh", "-c", "seq 100000"]],
+    ids=["get", "exec"],
+)
+def test_a_reader_that_goes_away_ends_the_cli_quietly(gateway: CliGateway, command: list[str]) -> None:
+    """`warmshell sandbox get NAME | head -1`: the CLI's output has no reader left, which ends it
+    as SIGPIPE ends a program (exit 141), with no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: no race with the output
+    try:
+        ran = subprocess.run(
+            [warmshell_executable(), *command],
+            env=warmshell_env(gateway.state_dir),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert ran.returncode == 128 + signal.SIGPIPE, ran.stderr
+    assert ran.stderr == b""

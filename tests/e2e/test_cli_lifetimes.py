@@ -39,6 +39,17 @@ def test_ttl_and_idle_timeout_show_in_get(gateway: CliGateway) -> None:
     assert "(ttl 600 s); after 120 s without an exec" in expires
 
 
+def test_a_plain_create_expires_and_a_ttl_past_the_maximum_is_refused(gateway: CliGateway) -> None:
+    created = gateway.run("sandbox", "create", "--name", "plain")
+    assert created.returncode == 0, created.stderr + gateway.log()
+    shown = gateway.run("sandbox", "get", "plain")
+    expires = next(line for line in shown.stdout.splitlines() if line.startswith("Expires"))
+    assert "(ttl 3600 s)" in expires  # the gateway's default, not "never"
+    refused = gateway.run("sandbox", "create", "--name", "long", "--ttl", "999999")
+    assert refused.returncode == 5, refused.stderr
+    assert refused.stderr.startswith("error: ttl_seconds: 999999 s is beyond the gateway's maximum of 86400 s")
+
+
 def test_rm_deletes_once_the_output_is_delivered_and_exited_reads_as_finished(gateway: CliGateway) -> None:
     ran = gateway.run("sandbox", "create", "--name", "once", "--rm", "--", "sh", "-c", "echo done; exit 4")
     assert (ran.returncode, ran.stdout) == (4, "done\n"), ran.stderr + gateway.log()

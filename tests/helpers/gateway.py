@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,3 +134,15 @@ async def wait_pools(
 
 def pool_named(response: pb.ListPoolsResponse, name: str) -> pb.Pool | None:
     return next((p for p in response.pools if p.name == name), None)
+
+
+@contextmanager
+def own_sandbox_dir(prefix: str) -> Iterator[Path]:
+    """A `local.sandbox_dir` of the caller's own, outside pytest's 0700 tmp_path (sandbox uids
+    must reach it); removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(base, 0o711)
+    try:
+        yield base / "sandboxes"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

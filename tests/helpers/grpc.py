@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from warmshell.api.v1 import sandbox_pb2_grpc, supervisor_pb2_grpc
+from warmshell.api.v1 import image_pb2_grpc, sandbox_pb2_grpc, supervisor_pb2_grpc
 
 __all__ = ["Served", "serve_for"]
 
@@ -33,6 +33,7 @@ _REGISTRARS: tuple[tuple[type, _Register], ...] = (
         supervisor_pb2_grpc.SupervisorServiceServicer,
         supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server,
     ),
+    (image_pb2_grpc.ImageServiceServicer, image_pb2_grpc.add_ImageServiceServicer_to_server),
 )
 
 

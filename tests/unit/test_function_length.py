@@ -13,16 +13,6 @@ MAX_LINES = 60
 SOURCE = Path(warmshell.__file__).parent
 GENERATED = "api"  # the protobuf modules, under SOURCE
 
-# Functions being split in work under way elsewhere, each named `module path:function`; remove a
-# name once its function is short. A name here whose function is short (or gone) fails too.
-KNOWN_LONG = frozenset(
-    {
-        "cli/sandbox.py:register",
-        "drivers/kubernetes/warmpools.py:render_pool_pair",
-        "drivers/kubernetes/rendering.py:pod_spec",
-    }
-)
-
 
 def function_lengths(source: str) -> dict[str, int]:
     """Each function's length in lines, by name (a nested or method name is its own name; when
@@ -50,13 +40,8 @@ def long_functions(root: Path, limit: int = MAX_LINES) -> dict[str, int]:
 
 
 def test_no_function_is_longer_than_the_limit() -> None:
-    over = {name: length for name, length in long_functions(SOURCE).items() if name not in KNOWN_LONG}
+    over = long_functions(SOURCE)
     assert over == {}, f"functions longer than {MAX_LINES} lines (split them into named steps): {over}"
-
-
-def test_every_known_exception_is_still_long() -> None:
-    still_long = KNOWN_LONG & long_functions(SOURCE).keys()
-    assert still_long == KNOWN_LONG, f"not over {MAX_LINES} lines (any more), remove: {KNOWN_LONG - still_long}"
 
 
 def test_the_count_includes_decorators_and_docstring() -> None:

@@ -31,9 +31,10 @@ STATUS_EXIT_CODES: dict[str, ExitCode] = {
     "DEADLINE_EXCEEDED": ExitCode.TIMEOUT,
     "NOT_FOUND": ExitCode.NOT_FOUND,
     "ALREADY_EXISTS": ExitCode.ALREADY_EXISTS,
-    "PERMISSION_DENIED": ExitCode.UNAUTHENTICATED,
-    # The gateway answers an oversized request this way; to a user it is a bad argument.
-    "RESOURCE_EXHAUSTED": ExitCode.INVALID_ARGUMENT,
+    # Apart from UNAUTHENTICATED: a read-only path is not a wrong token.
+    "PERMISSION_DENIED": ExitCode.PERMISSION_DENIED,
+    # A full disk, a file over [files] max_file_bytes, an oversized request, a rate limit.
+    "RESOURCE_EXHAUSTED": ExitCode.RESOURCE_EXHAUSTED,
     "FAILED_PRECONDITION": ExitCode.FAILED_PRECONDITION,
     # A lost compare-and-swap race: the state moved under the request, like a precondition.
     "ABORTED": ExitCode.FAILED_PRECONDITION,

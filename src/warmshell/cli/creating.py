@@ -11,7 +11,7 @@ from warmshell.api.v1 import sandbox_pb2
 from warmshell.cli import client, render, streaming
 from warmshell.cli.errors import CliError, ExitCode, inert
 from warmshell.cli.options import GlobalOptions
-from warmshell.sdk import errors
+from warmshell.sdk import calls, errors, following
 
 __all__ = ["create"]
 
@@ -34,16 +34,10 @@ def create(
         if detach:
             _print_created(created, human=human)
             return 0
+        fold = calls.WatchFold(created, until_exit=has_command, follow_output=has_command and human)
         with streaming.StatusLine(created.name, enabled=human) as status:
             try:
-                final = streaming.follow_sandbox(
-                    sdk,
-                    created,
-                    until_exit=has_command,
-                    follow_output=has_command and human,
-                    status=status,
-                    timeout=ready_timeout,
-                )
+                following.follow(sdk.service, fold, timeout=ready_timeout, on_event=status.show)
             except errors.DeadlineExceeded:
                 raise CliError(
                     f"sandbox {created.name} was not Ready within {ready_timeout:g} s "
@@ -55,9 +49,17 @@ def create(
                 status.stop()
                 print(f"\ninterrupted; sandbox {created.name} was left in place", file=sys.stderr)
                 raise
+        _check_not_gone(fold)
         if remove:
             sdk.service.delete_sandbox(sandbox_pb2.SandboxRef(name=created.name, workspace=created.workspace))
-    return _create_outcome(final, has_command=has_command, human=human)
+    return _create_outcome(fold.last, has_command=has_command, human=human)
+
+
+def _check_not_gone(fold: calls.WatchFold) -> None:
+    if fold.deleted:
+        raise CliError(f"sandbox {fold.last.name} was deleted", ExitCode.SANDBOX_FAILED)
+    if fold.last.status.phase == sandbox_pb2.SANDBOX_PHASE_DELETING:
+        raise CliError(f"sandbox {fold.last.name} is being deleted", ExitCode.SANDBOX_FAILED)
 
 
 def _print_created(sandbox: sandbox_pb2.Sandbox, *, human: bool) -> None:

@@ -28,6 +28,8 @@ class ExitCode(IntEnum):
     INVALID_ARGUMENT = 5
     FAILED_PRECONDITION = 6
     SANDBOX_FAILED = 7
+    PERMISSION_DENIED = 8
+    RESOURCE_EXHAUSTED = 9
     UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE
     UNAUTHENTICATED = 77  # sysexits EX_NOPERM
     TIMEOUT = 124  # what timeout(1) uses
@@ -40,8 +42,9 @@ EXIT_CODE_HELP = (
     "`sandbox create -- CMD`; 1 other failure; 2 usage error; 3 not found; 4 already exists; "
     "5 invalid argument (the gateway names the field and the rule); 6 failed precondition "
     "(e.g. exec in a sandbox that is not Ready); 7 the sandbox went to Error before Ready; "
-    "69 gateway unreachable; 77 unauthenticated or permission denied; 124 timed out; "
-    "130 interrupted."
+    "8 permission denied (e.g. a read-only path); 9 resource exhausted (a full disk, a file or "
+    "request over a limit, a rate limit); 69 gateway unreachable; 77 unauthenticated; "
+    "124 timed out; 130 interrupted."
 )
 
 
@@ -64,7 +67,8 @@ def exit_code_for(error: Exception) -> ExitCode:
         (errors.NotFoundError, ExitCode.NOT_FOUND),
         (errors.AlreadyExistsError, ExitCode.ALREADY_EXISTS),
         (errors.FailedPreconditionError, ExitCode.FAILED_PRECONDITION),
-        (errors.PermissionDeniedError, ExitCode.UNAUTHENTICATED),
+        (errors.PermissionDeniedError, ExitCode.PERMISSION_DENIED),
+        (errors.ResourceExhaustedError, ExitCode.RESOURCE_EXHAUSTED),
         (errors.UnavailableError, ExitCode.UNAVAILABLE),
     )
     for kind, code in by_type:

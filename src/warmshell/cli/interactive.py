@@ -2,7 +2,8 @@
 
 `-t` runs it on a pseudo-terminal in the sandbox: the local terminal goes raw for the duration
 (every key, Ctrl-C included, travels as input, so the sandbox's line discipline turns \\x03 into
-SIGINT), SIGWINCH sends the new size, and the terminal is restored on every exit path. Without
+SIGINT), SIGWINCH sends the new size, and the terminal is restored on every exit path, SIGTERM
+and SIGHUP included (the CLI then exits 128 + the signal, the command stopped). Without
 `-t`, stdin (a pipe, a file) is streamed as the command reads it, so `cat big | ... exec -i`
 runs with flat memory; a SIGINT here is forwarded to the command's process group. The exit
 status is the command's.
@@ -29,6 +30,19 @@ if TYPE_CHECKING:
 __all__ = ["exec_interactive", "run"]
 
 READ_CHUNK = 64 * 1024
+
+
+class _Ended(BaseException):
+    """SIGTERM or SIGHUP on a terminal session: unwinds it like Ctrl-C does, so the command is
+    stopped and the local terminal restored before the CLI exits with 128 + the signal."""
+
+    def __init__(self, signo: int) -> None:
+        super().__init__(signo)
+        self.signo = signo
+
+
+def _ended(signo: int, frame: FrameType | None) -> None:
+    raise _Ended(signo)
 
 
 @contextlib.contextmanager
@@ -72,9 +86,7 @@ def run(args: argparse.Namespace) -> int:
 def exec_interactive(args: argparse.Namespace, client: Client, workspace: str, env: dict[str, str]) -> int:
     """Run `args.command` in the sandbox with stdin streamed (`args.tty`: on a terminal); its
     exit status. SDK errors propagate for the caller to report."""
-    import warmshell
-
-    stdin_fd, stdout = sys.stdin.fileno(), sys.stdout.buffer
+    stdin_fd = sys.stdin.fileno()
     on_terminal = bool(args.tty)
     if on_terminal and not os.isatty(stdin_fd):
         on_terminal = False
@@ -94,6 +106,24 @@ def exec_interactive(args: argparse.Namespace, client: Client, workspace: str, e
         )
     else:
         process = sandbox.start(args.command, env=env, workdir=args.workdir or None, timeout=args.timeout or None)
+    try:
+        code = _session(process, stdin_fd, on_terminal=on_terminal)
+    except _Ended as ended:
+        return 128 + ended.signo
+    from warmshell.cli import streaming
+
+    # After the session: the terminal is the user's again when the CLI says its own line.
+    if process.outcome is not None and (line := streaming.outcome_line(process.outcome, args.timeout)):
+        print(line, file=sys.stderr)
+    return code
+
+
+def _session(process: Process, stdin_fd: int, *, on_terminal: bool) -> int:
+    """Relay stdin, signals and resizes to `process` and its output here until it exits; the
+    process is closed (the command stopped) and the terminal restored on every way out."""
+    import warmshell
+
+    stdout = sys.stdout.buffer
     with process, contextlib.ExitStack() as stack:
         previous: dict[int, Any] = {}
         if on_terminal:
@@ -105,6 +135,9 @@ def exec_interactive(args: argparse.Namespace, client: Client, workspace: str, e
                     process.resize(now.lines, now.columns)
 
             previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH, resized)
+            # Their default action would end the CLI at once, leaving the terminal raw.
+            for ending in (signal.SIGTERM, signal.SIGHUP):
+                previous[ending] = signal.signal(ending, _ended)
         else:
 
             def interrupted(signo: int, frame: FrameType | None) -> None:
@@ -125,9 +158,5 @@ def exec_interactive(args: argparse.Namespace, client: Client, workspace: str, e
         finally:
             for restored, handler in previous.items():
                 signal.signal(restored, handler)
-    from warmshell.cli import streaming
-
     assert process.exit_code is not None
-    if process.outcome is not None and (line := streaming.outcome_line(process.outcome, args.timeout)):
-        print(line, file=sys.stderr)
     return process.exit_code

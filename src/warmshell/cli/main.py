@@ -11,8 +11,10 @@ Exit codes scripts can rely on (warmshell.cli.errors.ExitCode):
     5    invalid argument (the gateway names the field and the rule)
     6    failed precondition (e.g. exec in a sandbox that is not Ready)
     7    the sandbox went to Error before it was Ready
+    8    permission denied (e.g. a read-only path in the sandbox)
+    9    resource exhausted (a full disk, a file or request over a limit, a rate limit)
     69   gateway unreachable (EX_UNAVAILABLE)
-    77   unauthenticated or permission denied (EX_NOPERM)
+    77   unauthenticated: no or a wrong API token (EX_NOPERM)
     124  timed out
     130  interrupted (Ctrl-C)
 
@@ -28,11 +30,12 @@ measures it; tests/e2e/test_cli_imports.py guards it).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 import warmshell
-from warmshell.cli import gateway, pool, sandbox, store
+from warmshell.cli import gateway, image, pool, sandbox, store
 from warmshell.cli.errors import EXIT_CODE_HELP, CliError, report
 from warmshell.cli.options import Parser, add_connection_options, usage_error
 
@@ -46,6 +49,7 @@ _GROUPS = {
     "sandbox": sandbox.register,
     "pool": pool.register,
     "store": store.register,
+    "image": image.register,
 }
 
 
@@ -121,4 +125,16 @@ def main() -> None:
         from warmshell.supervisor.main import main as supervisor_main
 
         sys.exit(supervisor_main(argv[1:]))
-    sys.exit(run(argv))
+    try:
+        code = run(argv)
+        sys.stdout.flush()  # here, where a closed pipe can be handled, not at interpreter exit
+    except BrokenPipeError:
+        import signal
+
+        # The reader went away (`sandbox get X | head -1`): stop quietly, as a program killed
+        # by SIGPIPE would, instead of a traceback. Python ignores SIGPIPE, so writes raise
+        # EPIPE; stdout points at /dev/null so the exit's own flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 128 + signal.SIGPIPE
+    sys.exit(code)

@@ -12,12 +12,14 @@ import argparse
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from warmshell.cli.errors import CliError, ExitCode
 
 __all__ = [
     "OUTPUT_FORMATS",
+    "Command",
+    "Flag",
     "GlobalOptions",
     "Parser",
     "Subcommands",
@@ -26,9 +28,11 @@ __all__ = [
     "add_workspace_option",
     "bounded_float",
     "bounded_int",
+    "flag",
     "global_options",
     "parse_pairs",
     "usage_error",
+    "workspace_flag",
 ]
 
 OUTPUT_FORMATS = ("human", "json")
@@ -54,6 +58,30 @@ class Parser(argparse.ArgumentParser):
         raise CliError(f"{self.prog}: {message}", ExitCode.USAGE, hint=hint)
 
 
+class Flag(NamedTuple):
+    """One argument of a command, as data: argparse's names and keywords."""
+
+    names: tuple[str, ...]
+    options: dict[str, Any]
+
+
+def flag(*names: str, **options: Any) -> Flag:
+    """A `Flag`, written as the `add_argument` call it stands for."""
+    return Flag(names, options)
+
+
+class Command(NamedTuple):
+    """One subcommand declared as data: what `Subcommands.add_command` needs to build its parser.
+    `accepts_command`: it takes a sandbox command after `--`."""
+
+    name: str
+    handler: Callable[[argparse.Namespace], int]
+    description: str
+    flags: tuple[Flag, ...]
+    usage: str | None = None
+    accepts_command: bool = False
+
+
 class Subcommands:
     """A group's subcommands (`sandbox create`, `sandbox list`, ...), of which only the one this
     invocation runs gets its flags: building every parser on every call costs more than running
@@ -76,6 +104,16 @@ class Subcommands:
             return None
         parser: Parser = self._sub.add_parser(name, help=summary, description=description, **kw)
         parser.set_defaults(handler=handler, command_name=f"{self._name} {name}")
+        return parser
+
+    def add_command(self, command: Command) -> Parser | None:
+        """`add` from a `Command`, with its flags added when it is the one chosen."""
+        extra = {} if command.usage is None else {"usage": command.usage}
+        parser = self.add(command.name, command.handler, command.description, **extra)
+        if parser is not None:
+            parser.set_defaults(accepts_command=command.accepts_command)
+            for each in command.flags:
+                parser.add_argument(*each.names, **each.options)
         return parser
 
 
@@ -128,15 +166,21 @@ def add_output_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_workspace_option(parser: argparse.ArgumentParser, *, what: str) -> None:
+def workspace_flag(what: str) -> Flag:
     """-w/--workspace (env WARMSHELL_WORKSPACE); `what` says whose workspace it is."""
-    parser.add_argument(
+    return flag(
         "-w",
         "--workspace",
         default=None,
         metavar="NAME",
         help=f"workspace of the {what} (env WARMSHELL_WORKSPACE; default: the gateway's, `default`)",
     )
+
+
+def add_workspace_option(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """Add `workspace_flag(what)` to `parser`."""
+    option = workspace_flag(what)
+    parser.add_argument(*option.names, **option.options)
 
 
 def workspace(args: argparse.Namespace) -> str:

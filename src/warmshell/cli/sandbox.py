@@ -1,8 +1,9 @@
 """`warmshell sandbox ...`: create, list, get, exec, delete and watch sandboxes; cp and ls files.
 
-`register` adds the flags; each handler builds its request and hands a body to `client.run`,
-which calls the gateway through the SDK client `client.connect` opens. Protobuf and the
-renderers are imported inside the handlers, so parsing and `--help` never pay for them.
+`_COMMANDS` declares each subcommand and its flags once; `register` builds the parser of the one
+chosen. Each handler builds its request (a create through the SDK's own builder) and hands a body
+to `client.run`, which calls the gateway through the SDK client `client.connect` opens. Protobuf
+and the renderers are imported inside the handlers, so parsing and `--help` never pay for them.
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 from warmshell.cli.errors import inert
 from warmshell.cli.options import (
-    Parser,
+    Command,
     Subcommands,
     add_connection_options,
     add_output_option,
-    add_workspace_option,
     bounded_float,
     bounded_int,
+    flag,
     global_options,
     output_is_json,
     parse_pairs,
     parse_secrets,
     usage_error,
     workspace,
+    workspace_flag,
 )
 from warmshell.core.apiranges import MAX_LIFETIME_SECONDS
 
@@ -43,164 +45,33 @@ __all__ = ["register"]
 def register(commands: Any, *, chosen: str | None) -> None:
     """Add `sandbox` to the root parser's subcommands, with the flags of the `chosen` one."""
     sub = Subcommands(commands, "sandbox", "create, inspect, run commands in and delete sandboxes", chosen=chosen)
-    create = sub.add(
-        "create",
-        _create,
-        "Create a sandbox and wait until it is Ready; with `-- CMD...`, stream the command's output "
-        "and exit with its exit code.",
-        usage="%(prog)s [options] [-- CMD...]",
-    )
-    if create is not None:
-        create.set_defaults(accepts_command=True)
-        create.add_argument("--name", default="", help="name (DNS-1123 label); generated when empty")
-        create.add_argument("--image", default="", help="image; empty selects the driver's default")
-        _env_option(create)
-        create.add_argument(
-            "--secret",
-            action="append",
-            default=[],
-            metavar="K=V",
-            help="secret environment variable: never part of the pool match, never shown (repeatable)",
-        )
-        create.add_argument(
-            "--secret-file",
-            action="append",
-            default=[],
-            metavar="K=PATH",
-            help="secret read from a file, so it is not in shell history (one trailing newline dropped)",
-        )
-        create.add_argument("--cpu", default="", help="CPU (Kubernetes quantity, e.g. 0.5 or 500m)")
-        create.add_argument("--memory", default="", help="memory (Kubernetes quantity, e.g. 256Mi)")
-        create.add_argument(
-            "--pids",
-            type=bounded_int(0, 2**31 - 1),
-            default=0,
-            metavar="N",
-            help="most processes at once (default: the gateway's)",
-        )
-        add_workspace_option(create, what="sandbox")
-        create.add_argument("-l", "--label", action="append", default=[], metavar="K=V", help="label (repeatable)")
-        create.add_argument("-d", "--detach", action="store_true", help="return once created, without waiting")
-        create.add_argument(
-            "--timeout", type=bounded_float(0), metavar="SECONDS", help="seconds to wait for Ready (default: no limit)"
-        )
-        lifetime = bounded_int(0, MAX_LIFETIME_SECONDS)
-        create.add_argument(
-            "--ttl", type=lifetime, metavar="SECONDS", help="delete after N s (default: the gateway's; 0: never)"
-        )
-        create.add_argument(
-            "--idle-timeout", type=lifetime, metavar="SECONDS", help="delete after N s without an exec (0: never)"
-        )
-        create.add_argument("--rm", action="store_true", help="delete it once its command's output is delivered")
-        _common(create)
-
-    listing = sub.add("list", _list, "List sandboxes.")
-    if listing is not None:
-        add_workspace_option(listing, what="sandboxes")
-        listing.add_argument("-A", "--all-workspaces", action="store_true", help="list every workspace")
-        listing.add_argument("-l", "--selector", default="", metavar="K=V,...", help="label selector (all must match)")
-        _common(listing)
-
-    get = sub.add("get", _get, "Show one sandbox: phase, conditions, allocation, exit code, labels, timeline.")
-    if get is not None:
-        _name_and_workspace(get)
-        _common(get)
-
-    exec_ = sub.add(
-        "exec",
-        _exec,
-        "Run a command in a Ready sandbox, stream its output and exit with its exit code. "
-        'With -o json the output is collected and printed as {"exit_code", "stdout", "stderr"}.',
-        usage="%(prog)s NAME [options] -- CMD...",
-    )
-    if exec_ is not None:
-        exec_.set_defaults(accepts_command=True)
-        _name_and_workspace(exec_)
-        _env_option(exec_)
-        exec_.add_argument("--workdir", default="", metavar="DIR", help="working directory inside the sandbox")
-        exec_.add_argument(
-            "--timeout",
-            type=bounded_int(0, 2**31 - 1),
-            default=0,
-            metavar="SECONDS",
-            help="kill it after N s (0: none)",
-        )
-        exec_.add_argument("-i", "--stdin", action="store_true", help="stream stdin to it")
-        exec_.add_argument("-t", "--tty", action="store_true", help="run it on a terminal in the sandbox (with -i)")
-        _common(exec_)
-
-    delete = sub.add("delete", _delete, "Delete a sandbox (its processes are stopped and its record removed).")
-    if delete is not None:
-        _name_and_workspace(delete)
-        _common(delete)
-
-    cp = sub.add(
-        "cp",
-        _cp,
-        "Copy one file into a sandbox (`cp LOCAL NAME:PATH`) or out of it (`cp NAME:PATH LOCAL`). "
-        "A relative PATH is under /workspace; a PATH ending in / keeps the local file's name. "
-        "Parents are created; the file is replaced atomically.",
-    )
-    if cp is not None:
-        cp.add_argument("source", metavar="SOURCE", help="LOCAL or NAME:PATH")
-        cp.add_argument("destination", metavar="DESTINATION", help="NAME:PATH or LOCAL")
-        add_workspace_option(cp, what="sandbox")
-        _common(cp)
-
-    ls = sub.add("ls", _ls, "List a directory in a sandbox. PATH defaults to /workspace; relative paths are under it.")
-    if ls is not None:
-        _name_and_workspace(ls)
-        ls.add_argument("path", metavar="PATH", nargs="?", default="/workspace", help="directory (default /workspace)")
-        _common(ls)
-
-    watch = sub.add(
-        "watch",
-        _watch,
-        "Print phase transitions and progress until the sandbox ends (Error or deleted) or Ctrl-C. "
-        "With -o json, one JSON event per line.",
-    )
-    if watch is not None:
-        _name_and_workspace(watch)
-        _common(watch)
-
-
-def _env_option(parser: Parser) -> None:
-    parser.add_argument("-e", "--env", action="append", default=[], metavar="K=V", help="environment variable")
-
-
-def _name_and_workspace(parser: Parser) -> None:
-    parser.add_argument("name", metavar="NAME", help="sandbox name")
-    add_workspace_option(parser, what="sandbox")
-
-
-def _common(parser: Parser) -> None:
-    add_output_option(parser)
-    add_connection_options(parser)
+    for command in _COMMANDS:
+        parser = sub.add_command(command)
+        if parser is not None:
+            add_output_option(parser)
+            add_connection_options(parser)
 
 
 def _create(args: argparse.Namespace) -> int:
-    from warmshell.api.v1 import sandbox_pb2
     from warmshell.cli import client, creating
+    from warmshell.sdk import calls
 
     if args.rm and (args.detach or not args.command):
         raise usage_error("--rm needs a command (`-- CMD...`) and no --detach")
-
-    request = sandbox_pb2.CreateSandboxRequest(
+    request = calls.create_request(
         name=args.name,
         workspace=workspace(args),
+        image=args.image,
+        env=parse_pairs(args.env, flag="--env"),
+        secrets=parse_secrets(args.secret, args.secret_file),
+        cpu=args.cpu,
+        memory=args.memory,
+        pids=args.pids,
+        command=args.command,
         labels=parse_pairs(args.label, flag="--label"),
-        spec=sandbox_pb2.SandboxSpec(
-            image=args.image,
-            environment=parse_pairs(args.env, flag="--env"),
-            resources=sandbox_pb2.Resources(cpu=args.cpu, memory=args.memory, pids=args.pids),
-            command=args.command or [],
-            secrets=parse_secrets(args.secret, args.secret_file),
-        ),
+        ttl_seconds=args.ttl,
+        idle_timeout_seconds=args.idle_timeout,
     )
-    if args.ttl is not None:
-        request.ttl_seconds = args.ttl
-    if args.idle_timeout is not None:
-        request.idle_timeout_seconds = args.idle_timeout
     human = not output_is_json(args)
     return client.run(
         lambda: creating.create(
@@ -387,3 +258,136 @@ def _with_connection(args: argparse.Namespace, body: _Body) -> int:
             return body(sdk)
 
     return client.run(connected)
+
+
+_NAME = flag("name", metavar="NAME", help="sandbox name")
+_WORKSPACE = workspace_flag("sandbox")
+_ENV = flag("-e", "--env", action="append", default=[], metavar="K=V", help="environment variable")
+_LIFETIME = bounded_int(0, MAX_LIFETIME_SECONDS)
+
+# Every subcommand and its flags, in the order `--help` shows them.
+_COMMANDS = (
+    Command(
+        "create",
+        _create,
+        "Create a sandbox and wait until it is Ready; with `-- CMD...`, stream the command's output "
+        "and exit with its exit code.",
+        usage="%(prog)s [options] [-- CMD...]",
+        accepts_command=True,
+        flags=(
+            flag("--name", default="", help="name (DNS-1123 label); generated when empty"),
+            flag("--image", default="", help="image; empty selects the driver's default"),
+            _ENV,
+            flag(
+                "--secret",
+                action="append",
+                default=[],
+                metavar="K=V",
+                help="secret environment variable: never part of the pool match, never shown (repeatable)",
+            ),
+            flag(
+                "--secret-file",
+                action="append",
+                default=[],
+                metavar="K=PATH",
+                help="secret read from a file, so it is not in shell history (one trailing newline dropped)",
+            ),
+            flag("--cpu", default="", help="CPU (Kubernetes quantity, e.g. 0.5 or 500m)"),
+            flag("--memory", default="", help="memory (Kubernetes quantity, e.g. 256Mi)"),
+            flag(
+                "--pids",
+                type=bounded_int(0, 2**31 - 1),
+                default=0,
+                metavar="N",
+                help="most processes at once (default: the gateway's)",
+            ),
+            _WORKSPACE,
+            flag("-l", "--label", action="append", default=[], metavar="K=V", help="label (repeatable)"),
+            flag("-d", "--detach", action="store_true", help="return once created, without waiting"),
+            flag(
+                "--timeout",
+                type=bounded_float(0),
+                metavar="SECONDS",
+                help="seconds to wait for Ready (default: no limit)",
+            ),
+            flag(
+                "--ttl", type=_LIFETIME, metavar="SECONDS", help="delete after N s (default: the gateway's; 0: never)"
+            ),
+            flag(
+                "--idle-timeout", type=_LIFETIME, metavar="SECONDS", help="delete after N s without an exec (0: never)"
+            ),
+            flag("--rm", action="store_true", help="delete it once its command's output is delivered"),
+        ),
+    ),
+    Command(
+        "list",
+        _list,
+        "List sandboxes.",
+        flags=(
+            workspace_flag("sandboxes"),
+            flag("-A", "--all-workspaces", action="store_true", help="list every workspace"),
+            flag("-l", "--selector", default="", metavar="K=V,...", help="label selector (all must match)"),
+        ),
+    ),
+    Command(
+        "get",
+        _get,
+        "Show one sandbox: phase, conditions, allocation, exit code, labels, timeline.",
+        (_NAME, _WORKSPACE),
+    ),
+    Command(
+        "exec",
+        _exec,
+        "Run a command in a Ready sandbox, stream its output and exit with its exit code. "
+        'With -o json the output is collected and printed as {"exit_code", "stdout", "stderr"}.',
+        usage="%(prog)s NAME [options] -- CMD...",
+        accepts_command=True,
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            _ENV,
+            flag("--workdir", default="", metavar="DIR", help="working directory inside the sandbox"),
+            flag(
+                "--timeout",
+                type=bounded_int(0, 2**31 - 1),
+                default=0,
+                metavar="SECONDS",
+                help="kill it after N s (0: none)",
+            ),
+            flag("-i", "--stdin", action="store_true", help="stream stdin to it"),
+            flag("-t", "--tty", action="store_true", help="run it on a terminal in the sandbox (with -i)"),
+        ),
+    ),
+    Command(
+        "delete", _delete, "Delete a sandbox (its processes are stopped and its record removed).", (_NAME, _WORKSPACE)
+    ),
+    Command(
+        "cp",
+        _cp,
+        "Copy one file into a sandbox (`cp LOCAL NAME:PATH`) or out of it (`cp NAME:PATH LOCAL`). "
+        "A relative PATH is under /workspace; a PATH ending in / keeps the local file's name. "
+        "Parents are created; the file is replaced atomically.",
+        flags=(
+            flag("source", metavar="SOURCE", help="LOCAL or NAME:PATH"),
+            flag("destination", metavar="DESTINATION", help="NAME:PATH or LOCAL"),
+            _WORKSPACE,
+        ),
+    ),
+    Command(
+        "ls",
+        _ls,
+        "List a directory in a sandbox. PATH defaults to /workspace; relative paths are under it.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag("path", metavar="PATH", nargs="?", default="/workspace", help="directory (default /workspace)"),
+        ),
+    ),
+    Command(
+        "watch",
+        _watch,
+        "Print phase transitions and progress until the sandbox ends (Error or deleted) or Ctrl-C. "
+        "With -o json, one JSON event per line.",
+        (_NAME, _WORKSPACE),
+    ),
+)

@@ -1,5 +1,6 @@
-"""Following server streams from the SDK's SandboxService: WatchSandbox while a create waits
-(live status line, workload output) and ExecSandbox (output as it comes, then the exit code).
+"""Rendering the SDK's streams: WatchSandbox events while a create waits (`StatusLine.show`, the
+hook `warmshell.sdk.following.follow` calls: live status line, workload output) and ExecSandbox
+(output as it comes, then the exit code).
 
 Workload bytes go to this process's stdout/stderr untouched; the live status line goes to stderr
 through rich, and only when stderr is a terminal (rich is imported only then), so piped output
@@ -22,11 +23,7 @@ if TYPE_CHECKING:
 
     from warmshell.sdk.client import Client
 
-__all__ = ["ExecResult", "StatusLine", "exec_command", "follow_sandbox", "outcome_line", "write_output"]
-
-_READY = sandbox_pb2.SANDBOX_PHASE_READY
-_ERROR = sandbox_pb2.SANDBOX_PHASE_ERROR
-_DELETING = sandbox_pb2.SANDBOX_PHASE_DELETING
+__all__ = ["ExecResult", "StatusLine", "exec_command", "outcome_line", "write_output"]
 
 
 class StatusLine:
@@ -55,6 +52,18 @@ class StatusLine:
         if self._status is not None:
             self._status.update(self._text())
 
+    def show(self, event: sandbox_pb2.SandboxEvent) -> None:
+        """Render one WatchSandbox event: a phase or progress message on the line; the workload's
+        output (after taking the line down) to our stdout/stderr."""
+        kind = event.WhichOneof("event")
+        if kind == "sandbox":
+            self.update(phase=render.phase_name(event.sandbox.status.phase))
+        elif kind == "progress":
+            self.update(message=event.progress.message)
+        elif kind == "output":
+            self.stop()
+            write_output(event.output.stream, event.output.data)
+
     def stop(self) -> None:
         """Take the line down (before workload output, and at the end); idempotent."""
         if self._status is not None:
@@ -80,59 +89,6 @@ def write_output(stream: int, data: bytes) -> None:
     target = sys.stderr if stream == sandbox_pb2.OutputChunk.STREAM_STDERR else sys.stdout
     target.buffer.write(data)
     target.buffer.flush()
-
-
-def _check_not_gone(sandbox: sandbox_pb2.Sandbox) -> None:
-    if sandbox.status.phase == _DELETING:
-        raise CliError(f"sandbox {sandbox.name} is being deleted", ExitCode.SANDBOX_FAILED)
-
-
-def follow_sandbox(
-    client: Client,
-    created: sandbox_pb2.Sandbox,
-    *,
-    until_exit: bool,
-    follow_output: bool,
-    status: StatusLine,
-    timeout: float | None,
-) -> sandbox_pb2.Sandbox:
-    """Watch `created` until it is Ready (or, with `until_exit`, until its workload has exited),
-    writing its output when `follow_output`; returns the last snapshot seen. Past `timeout`
-    seconds the SDK raises DeadlineExceeded.
-
-    With output followed, the stream is read to its end rather than left at the Error snapshot,
-    so output the gateway sends before closing the stream is not lost.
-    """
-    request = sandbox_pb2.WatchSandboxRequest(
-        name=created.name,
-        workspace=created.workspace,
-        follow_output=follow_output,
-        stop_on_terminal=True,
-        stop_on_ready=not until_exit,
-    )
-    latest = created
-    stream = client.service.watch_sandbox(request, timeout=timeout)
-    try:
-        for event in stream:
-            kind = event.WhichOneof("event")
-            if kind == "sandbox":
-                latest = event.sandbox
-                status.update(phase=render.phase_name(latest.status.phase))
-                _check_not_gone(latest)
-                if latest.status.phase == _READY and not until_exit:
-                    break
-                if latest.status.phase == _ERROR and not follow_output:
-                    break
-            elif kind == "progress":
-                status.update(message=event.progress.message)
-            elif kind == "output":
-                status.stop()
-                write_output(event.output.stream, event.output.data)
-            elif kind == "deleted":
-                raise CliError(f"sandbox {created.name} was deleted", ExitCode.SANDBOX_FAILED)
-    finally:
-        stream.cancel()
-    return latest
 
 
 class ExecResult:

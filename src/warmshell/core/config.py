@@ -60,6 +60,11 @@ class LocalDriverConfig(_Section):
     # filesystem (directories only the operator can write); an image anywhere else is refused.
     # Empty: no image roots, only "" (the host's own paths, read-only).
     image_roots: list[Path] = Field(default_factory=list)
+    # The image store (`warmshell image import`): None = <state_dir>/images. Its filesystem must
+    # keep user.* extended attributes (the layers' overlayfs whiteouts): ext4, xfs, btrfs, tmpfs.
+    image_dir: Path | None = None
+    # Uncompressed layer bytes the store may hold; an import that would pass it is refused.
+    image_store_size: str = "20Gi"
     # A gateway run as root gives each sandbox its own host uid from this range (unused on the
     # host, please); a gateway run by a normal user runs them as that user.
     sandbox_uid_base: int = Field(default=2_000_000, ge=1000, le=2**31 - 2)
@@ -68,12 +73,21 @@ class LocalDriverConfig(_Section):
     # can reach them: root-owned 0711, each workspace 0700 and owned by its sandbox.
     sandbox_dir: Path = Path("/var/lib/warmshell-sandboxes")
 
-    @field_validator("extra_ro_binds", "sandbox_dir", "image_roots")
+    @field_validator("extra_ro_binds", "sandbox_dir", "image_roots", "image_dir")
     @classmethod
-    def _absolute(cls, value: list[Path] | Path) -> list[Path] | Path:
-        for path in value if isinstance(value, list) else [value]:
+    def _absolute(cls, value: list[Path] | Path | None) -> list[Path] | Path | None:
+        for path in value if isinstance(value, list) else [value] if value is not None else []:
             if not path.is_absolute():
                 raise ValueError(f"{str(path)!r} must be an absolute path")
+        return value
+
+    @field_validator("image_store_size")
+    @classmethod
+    def _a_size(cls, value: str) -> str:
+        try:
+            quantities.memory_bytes(value, field="image_store_size")
+        except InvalidArgumentError as exc:
+            raise ValueError(exc.rule) from exc
         return value
 
     @field_validator("image_roots")
@@ -105,9 +119,14 @@ class LocalDriverConfig(_Section):
     # Descriptors per sandbox process (RLIMIT_NOFILE); fewer where the sandbox's process count
     # times this would pass a quarter of the host's fs.file-max (drivers/local/runtime/limits.py).
     max_open_files: int = Field(default=1024, ge=64, le=2**20)
-    # cpu and memory of a sandbox that asks for none ("" = no limit); need a delegated cgroup v2.
+    # cpu and memory of a sandbox that asks for none ("" = no limit); need a cgroup (v2
+    # delegated, or the v1 controllers writable: a root gateway), else they are best-effort.
     default_cpu: str = "1"
     default_memory: str = "2Gi"
+    # A create or profile that asks for cpu, memory or pids this host cannot enforce is refused
+    # (FailedPrecondition naming the field) unless this is true; then it runs unbounded in that
+    # resource and its ResourceLimits condition says so.
+    allow_unenforced_limits: bool = False
     # Requests (and profiles) beyond these are refused, naming the field; "" = the host's cpus
     # and memory, and for /workspace and /tmp the host's memory (they are tmpfs).
     max_cpu: str = ""
@@ -244,12 +263,20 @@ class FilesConfig(_Section):
 
 class LifetimesConfig(_Section):
     """How long sandboxes live: the TTL and idle timeout a create gets when it sets none, the
-    most it may ask for (0 = no maximum), and how often expiry is checked."""
+    most it may ask for (0 = no maximum), how long an Exited sandbox is kept, and how often
+    expiry is checked.
 
-    default_ttl_seconds: int = Field(default=0, ge=0)  # 0 = sandboxes live until deleted
-    max_ttl_seconds: int = Field(default=0, ge=0)
+    Finite by default, so a harness that crashes before its deletes leaks sandboxes for an
+    hour, not forever; sandboxes that live until deleted are the operator's explicit choice
+    (`default_ttl_seconds = 0` with `max_ttl_seconds = 0`)."""
+
+    default_ttl_seconds: int = Field(default=3600, ge=0)  # 0 = until deleted (needs max_ttl_seconds = 0)
+    max_ttl_seconds: int = Field(default=86400, ge=0)
     default_idle_timeout_seconds: int = Field(default=0, ge=0)
     max_idle_timeout_seconds: int = Field(default=0, ge=0)
+    # A sandbox whose workload exited (a one-shot `create -- CMD` without --rm) is deleted this
+    # long after the exit, whatever its TTL says (0 = kept as long as its TTL).
+    exited_retention_seconds: int = Field(default=600, ge=0)
     check_interval_seconds: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
@@ -365,7 +392,7 @@ class GatewayConfig(_Section):
     log_level: str = "INFO"
     # Allocations between young-generation collections of the gateway's Python collector. The
     # interpreter's 700 measured best for the tail: larger values make rarer but longer pauses
-    # (bench/README.md, "Where a warm create's gateway CPU goes").
+    # (bench/HISTORY.md, "Where a warm create's gateway CPU goes").
     gc_young_threshold: int = Field(default=700, ge=1)
     # The collector's full passes (every tracked object; 33-80 ms with 1,000 idle members) run at
     # the first moment with no create in flight once this many seconds have passed since the last,

@@ -35,9 +35,13 @@ def _bounded(value: int, maximum: int, field: str) -> int:
     if value < 0:
         raise InvalidArgumentError(field, "must not be negative")
     if maximum and value == 0:
-        raise InvalidArgumentError(field, f"0 (no limit) is not allowed: the gateway's maximum is {maximum} s")
+        raise InvalidArgumentError(
+            field, f"0 (no limit) is not allowed: the gateway's maximum is {maximum} s ([lifetimes] max_{field})"
+        )
     if maximum and value > maximum:
-        raise InvalidArgumentError(field, f"{value} s is beyond the gateway's maximum of {maximum} s")
+        raise InvalidArgumentError(
+            field, f"{value} s is beyond the gateway's maximum of {maximum} s ([lifetimes] max_{field})"
+        )
     return value
 
 
@@ -80,11 +84,17 @@ def refreshed(lifetime: Lifetime, ttl_seconds: int, limits: Limits, *, now_ms: i
     return lifetime.model_copy(update={"ttl_seconds": ttl, "expires_at_ms": now_ms + ttl * 1000})
 
 
-def due(lifetime: Lifetime, *, last_activity_ms: int, now_ms: int) -> str | None:
-    """Why the lifetime has ended ("TtlExpired", "IdleTimeout"), or None while it lasts.
-    `last_activity_ms` is the latest exec activity known (stored or in memory)."""
+def due(
+    lifetime: Lifetime, *, last_activity_ms: int, now_ms: int, exited_at_ms: int = 0, exited_retention_seconds: int = 0
+) -> str | None:
+    """Why the lifetime has ended ("TtlExpired", "IdleTimeout", "ExitedRetention"), or None
+    while it lasts. `last_activity_ms` is the latest exec activity known (stored or in memory);
+    `exited_at_ms` when the workload exited (0: it has not), kept `exited_retention_seconds`
+    after that (0: as long as the rest allows)."""
     if lifetime.expires_at_ms and now_ms >= lifetime.expires_at_ms:
         return "TtlExpired"
+    if exited_at_ms and exited_retention_seconds and now_ms - exited_at_ms >= exited_retention_seconds * 1000:
+        return "ExitedRetention"
     if lifetime.idle_timeout_seconds:
         last = max(last_activity_ms, lifetime.last_activity_ms)
         if now_ms - last >= lifetime.idle_timeout_seconds * 1000:

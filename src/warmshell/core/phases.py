@@ -124,8 +124,8 @@ def mark_backend_vanished(status: SandboxStatus, message: str) -> None:
 
 
 def mark_expired(status: SandboxStatus, reason: str, message: str) -> None:
-    """The sandbox's lifetime ended (`reason` TtlExpired or IdleTimeout); it is deleted next, and
-    the condition tells its watchers why."""
+    """The sandbox's lifetime ended (`reason` TtlExpired, IdleTimeout or ExitedRetention); it is
+    deleted next, and the condition tells its watchers why."""
     status.set_condition(Condition(type="Expired", status="True", reason=reason, message=message))
 
 

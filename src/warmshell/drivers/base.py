@@ -10,6 +10,7 @@ of its pre-started instances.
 from __future__ import annotations
 
 import builtins
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -66,7 +67,7 @@ class CreateRequest:
 
 @dataclass(frozen=True)
 class DriverCondition:
-    """A backend condition, e.g. ("ResourceLimits", "False", "CgroupV2Unavailable", "...")."""
+    """A backend condition, e.g. ("ResourceLimits", "False", "CgroupUnavailable", "...")."""
 
     type: str
     status: str
@@ -193,6 +194,11 @@ class Activator(Protocol):
     def holds(self, instance_id: InstanceId) -> bool:
         """Whether a registration of `instance_id` waits here for its activation (so `activate`
         could reach it now). Cheap: warm drivers ask it for each parked claim on every change."""
+        ...
+
+    def idle_members(self) -> Counter[Fingerprint]:
+        """Registrations of pool members (`WarmPending`) waiting here for a create, counted by
+        their pool's fingerprint: what a driver whose pools live elsewhere shows as idle."""
         ...
 
 

@@ -96,6 +96,8 @@ _CAUSES: dict[int, tuple[type[WarmshellError], str]] = {
     errno.ENOTDIR: (FailedPreconditionError, "not a directory"),
     errno.ENOTEMPTY: (FailedPreconditionError, "directory not empty"),
     errno.EEXIST: (AlreadyExistsError, "already exists"),
+    # What rootfs reports for a parent that is a link to nothing (mkdir -p would say EEXIST).
+    errno.ENOLINK: (NotFoundError, "a symbolic link on the path points to nothing"),
     errno.ELOOP: (FailedPreconditionError, "is a symbolic link (or too many levels of them)"),
     errno.ENXIO: (FailedPreconditionError, "not a regular file"),
     errno.ENAMETOOLONG: (InvalidArgumentError, "name too long"),

@@ -9,6 +9,7 @@ Only then is a sandbox token minted and sent down the registration's stream.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core import phases
@@ -19,7 +20,7 @@ from warmshell.core.errors import (
     PermissionDeniedError,
     WarmshellError,
 )
-from warmshell.core.ids import InstanceId, SandboxId
+from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import WORKSPACE_DIR, SandboxRecord, SandboxStatus, now_us
 from warmshell.drivers.base import Bound, SupervisorIdentity, WarmPending
 from warmshell.gateway import metrics
@@ -112,6 +113,11 @@ class GatewayActivator:
     def holds(self, instance_id: InstanceId) -> bool:
         """See `drivers.base.Activator.holds`."""
         return self._registry.holds(instance_id)
+
+    def idle_members(self) -> Counter[Fingerprint]:
+        """See `drivers.base.Activator.idle_members`."""
+        pending = (r.identity.binding for r in self._registry.warm_pending())
+        return Counter(binding.pool for binding in pending if isinstance(binding, WarmPending))
 
     async def _prepare(
         self,

@@ -20,6 +20,7 @@ from warmshell.gateway.events import EventBus
 from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.expiry import ExpiryReconciler
 from warmshell.gateway.file_service import FileService
+from warmshell.gateway.image_service import ImageService
 from warmshell.gateway.inprocess import HostsSupervisors, InProcessLink
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.ratelimits import RateLimiter
@@ -72,6 +73,7 @@ class GatewayParts:
     expiry: ExpiryReconciler
     sandbox_service: SandboxService
     file_service: FileService
+    image_service: ImageService
     supervisor_service: SupervisorService
     # Present only where it exists: supervisors hosted in this process (the local driver), several
     # replicas on a shared store, a driver that elects a leader among replicas.
@@ -111,6 +113,7 @@ def assemble(
     leadership = driver if replication is not None and isinstance(driver, Leadership) else None
     leading = _leader(leadership)
     execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
+    reconciler, expiry = _reconcilers(config, manager, leading=leading, wiring=wiring)
     return GatewayParts(
         config=config,
         store=store,
@@ -125,16 +128,11 @@ def assemble(
         manager=manager,
         auth=auth,
         execs=execs,
-        reconciler=Reconciler(
-            manager,
-            interval_seconds=config.reconcile_interval_seconds,
-            orphan_grace_seconds=config.orphan_grace_seconds,
-            leading=leading,
-            share_progress=wiring.share_progress,
-        ),
-        expiry=ExpiryReconciler(manager, interval_seconds=config.lifetimes.check_interval_seconds, leading=leading),
+        reconciler=reconciler,
+        expiry=expiry,
         sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder),
         file_service=FileService(manager, auth, config.files, wiring.forwarder),
+        image_service=ImageService.for_config(config, auth),
         supervisor_service=supervisor_service,
         supervisor_link=_in_process_link(driver, supervisor_service),
         replication=replication,
@@ -142,6 +140,26 @@ def assemble(
         leading=leading,
         wiring=wiring,
     )
+
+
+def _reconcilers(
+    config: GatewayConfig, manager: SandboxManager, *, leading: Callable[[], bool], wiring: ReplicaWiring
+) -> tuple[Reconciler, ExpiryReconciler]:
+    """The loops that keep records and backends agreeing, and that end sandboxes past their time."""
+    reconciler = Reconciler(
+        manager,
+        interval_seconds=config.reconcile_interval_seconds,
+        orphan_grace_seconds=config.orphan_grace_seconds,
+        leading=leading,
+        share_progress=wiring.share_progress,
+    )
+    expiry = ExpiryReconciler(
+        manager,
+        interval_seconds=config.lifetimes.check_interval_seconds,
+        leading=leading,
+        exited_retention_seconds=config.lifetimes.exited_retention_seconds,
+    )
+    return reconciler, expiry
 
 
 def _replication(

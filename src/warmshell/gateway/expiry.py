@@ -1,17 +1,19 @@
-"""The expiry reconciler: deletes sandboxes whose lifetime has ended (TTL passed, or idle past
-their idle timeout). Expiry is read from the stored records on every pass, so it holds across
-gateway restarts; the decision is `core.lifetimes.due`, the deletion the manager's own.
+"""The expiry reconciler: deletes sandboxes whose lifetime has ended (TTL passed, idle past
+their idle timeout, or Exited for longer than `[lifetimes] exited_retention_seconds`). Expiry is
+read from the stored records on every pass, so it holds across gateway restarts; the decision
+is `core.lifetimes.due`, the deletion the manager's own.
 
 Exec activity is kept in memory by the manager (an exec costs no store write); each pass stores
 the latest activity of sandboxes that have an idle timeout, so a restart loses at most one
 interval of it. A command still running counts as activity.
 
-A pass looks only at what can expire: the sandboxes with a TTL or an idle timeout, found by one
-listing of every record at start and then kept up to date from the records this gateway writes
-(`SandboxRecords.observe`). With a store shared by replicas the others' writes are not heard
-of, so every `resync_seconds`, and whenever this replica becomes the leader, a pass lists every
-record again (a sandbox created on another replica with a TTL is expired that much later at
-most); each candidate is read again before it is judged, so a TTL refreshed elsewhere holds.
+A pass looks only at what can expire: the sandboxes with a TTL or an idle timeout (and, with a
+retention, the Exited ones), found by one listing of every record at start and then kept up to
+date from the records this gateway writes (`SandboxRecords.observe`). With a store shared by
+replicas the others' writes are not heard of, so every `resync_seconds`, and whenever this
+replica becomes the leader, a pass lists every record again (a sandbox created on another
+replica with a TTL is expired that much later at most); each candidate is read again before it
+is judged, so a TTL refreshed elsewhere holds.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 _MESSAGES = {
     "TtlExpired": "its ttl of {ttl} s ended",
     "IdleTimeout": "no exec for {idle} s (its idle timeout)",
+    "ExitedRetention": "its workload exited over {retention} s ago ([lifetimes] exited_retention_seconds)",
 }
 
 
@@ -51,8 +54,10 @@ class ExpiryReconciler:
         interval_seconds: float,
         leading: Callable[[], bool] = lambda: True,
         resync_seconds: float = 60.0,
+        exited_retention_seconds: int = 0,
     ) -> None:
         self._manager = manager
+        self._retention = exited_retention_seconds
         self._interval = interval_seconds
         self._leading = leading
         self._resync = resync_seconds
@@ -62,8 +67,13 @@ class ExpiryReconciler:
         self._led = False
         manager.records.observe(self._learn)
 
+    def _can_expire(self, record: SandboxRecord) -> bool:
+        lifetime = record.lifetime
+        exited = bool(self._retention) and record.status.phase == Phase.EXITED
+        return exited or bool(lifetime.expires_at_ms or lifetime.idle_timeout_seconds)
+
     def _learn(self, record: SandboxRecord) -> None:
-        if _can_expire(record):
+        if self._can_expire(record):
             self._watched.add(record.id)
         else:
             self._watched.discard(record.id)
@@ -95,7 +105,7 @@ class ExpiryReconciler:
         listed: dict[SandboxId, SandboxRecord] = {}
         if self._list_all_now(expire):
             self._listed_at = time.monotonic()
-            listed = {r.id: r for r in await self._manager.records.list() if _can_expire(r)}
+            listed = {r.id: r for r in await self._manager.records.list() if self._can_expire(r)}
             self._watched |= listed.keys()
         candidates = set(self._watched)
         if not self._manager.records.sees_every_write:
@@ -104,18 +114,28 @@ class ExpiryReconciler:
             candidates |= self._manager.activity.keys()
         for sandbox_id in candidates:
             record = listed.get(sandbox_id) or await self._manager.records.get(sandbox_id)
-            if record is None or not _can_expire(record):
+            if record is None or not self._can_expire(record):
                 self._watched.discard(sandbox_id)
                 continue
             self._watched.add(sandbox_id)
             if record.status.phase == Phase.DELETING:
                 continue
             last = self._last_activity(record)
-            reason = lifetimes.due(record.lifetime, last_activity_ms=last, now_ms=now_ms()) if expire else None
+            reason = self._due(record, last) if expire else None
             if reason is not None:
                 await self._expire(record, reason)
             elif record.lifetime.idle_timeout_seconds and last > record.lifetime.last_activity_ms:
                 await self._store_activity(record, last)
+
+    def _due(self, record: SandboxRecord, last_activity_ms: int) -> str | None:
+        exited = record.status.timeline.exited_us // 1000 if record.status.phase == Phase.EXITED else 0
+        return lifetimes.due(
+            record.lifetime,
+            last_activity_ms=last_activity_ms,
+            now_ms=now_ms(),
+            exited_at_ms=exited,
+            exited_retention_seconds=self._retention,
+        )
 
     def _last_activity(self, record: SandboxRecord) -> int:
         session = self._manager.sessions.get(record.id)
@@ -135,7 +155,9 @@ class ExpiryReconciler:
 
     async def _expire(self, record: SandboxRecord, reason: str) -> None:
         lifetime = record.lifetime
-        message = _MESSAGES[reason].format(ttl=lifetime.ttl_seconds, idle=lifetime.idle_timeout_seconds)
+        message = _MESSAGES[reason].format(
+            ttl=lifetime.ttl_seconds, idle=lifetime.idle_timeout_seconds, retention=self._retention
+        )
         log.info("sandbox %s/%s expired: %s", record.workspace, record.name, message)
         self._manager.bus.publish(record.id, Progress(now_ms(), reason, f"deleting: {message}", warning=True))
 
@@ -148,7 +170,3 @@ class ExpiryReconciler:
         except NotFoundError:
             return  # deleted meanwhile (by a user, or by another replica)
         metrics.SANDBOXES_EXPIRED.labels(reason=reason).inc()
-
-
-def _can_expire(record: SandboxRecord) -> bool:
-    return bool(record.lifetime.expires_at_ms or record.lifetime.idle_timeout_seconds)

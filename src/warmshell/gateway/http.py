@@ -1,20 +1,50 @@
 """The small HTTP side of the gateway: /healthz (readiness: can it serve?), /livez (liveness: is
-the process answering at all?) and /metrics (Prometheus text format)."""
+the process answering at all?) and /metrics (Prometheus text format).
+
+It serves probes and a scraper, so it holds few connections (`MAX_CONNECTIONS`, counted in the
+listeners' descriptor budget, `listening.py`), and closes one that has sent no complete request
+for `IDLE_SECONDS`, before its first request as after its last: no local process can take the
+gateway's descriptors through this port. Request lines and headers are bounded by aiohttp."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from warmshell.gateway import metrics
+from warmshell.gateway import exhaustion, metrics
+from warmshell.gateway.capped import CappedProtocols
+from warmshell.gateway.listening import HTTP_MAX_CONNECTIONS
 
-__all__ = ["start_http"]
+__all__ = ["IDLE_SECONDS", "HttpServer", "start_http"]
+
+# A probe or a scrape sends its request at once; a scraper that keeps its connection between
+# scrapes (15 s and more apart) simply opens a new one.
+IDLE_SECONDS = 5.0
 
 
-async def start_http(host: str, port: int, healthy: Callable[[], Awaitable[str | None]]) -> tuple[web.AppRunner, int]:
-    """Serve health and metrics; returns the runner (for cleanup) and the bound port.
+@dataclass
+class HttpServer:
+    """The running HTTP side: its listener and the aiohttp runner behind it."""
+
+    server: asyncio.Server
+    runner: web.AppRunner
+    connections: CappedProtocols
+    restore_loop_handler: Callable[[], None]
+
+    async def cleanup(self) -> None:
+        """Stop listening, then close the connections and the application."""
+        self.server.close()
+        await self.runner.cleanup()
+        await self.server.wait_closed()
+        self.restore_loop_handler()
+
+
+async def start_http(host: str, port: int, healthy: Callable[[], Awaitable[str | None]]) -> tuple[HttpServer, int]:
+    """Serve health and metrics; returns the server (for cleanup) and the bound port.
 
     `healthy()` returns None when all is well, else the reason it is not. `/livez` is always 200
     while the process answers: it does not depend on the store, so a gateway waiting for its
@@ -37,11 +67,13 @@ async def start_http(host: str, port: int, healthy: Callable[[], Awaitable[str |
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/livez", livez)
     app.router.add_get("/metrics", metrics_page)
-    runner = web.AppRunner(app, access_log=None)
+    # aiohttp's keep-alive timer runs from the connection's start, so it also closes one that
+    # never completes a request (silent, or trickling its headers).
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_SECONDS)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
-    return runner, int(bound)
+    assert runner.server is not None
+    connections = CappedProtocols(runner.server, HTTP_MAX_CONNECTIONS)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(connections, host, port)
+    bound = server.sockets[0].getsockname()[1]
+    return HttpServer(server, runner, connections, exhaustion.install(loop)), int(bound)

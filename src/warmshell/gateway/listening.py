@@ -15,31 +15,43 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import grpc
 
 __all__ = [
+    "HTTP_MAX_CONNECTIONS",
     "MAX_STREAMS_PER_CONNECTION",
     "SHUTDOWN_GRACE_SECONDS",
     "STOPPING",
     "Servers",
     "StopGate",
     "connection_limit",
+    "listener_budget",
     "new_server",
 ]
 
 # A supervisor uses a handful of streams, a CLI one per command; more from one connection is a flood.
 MAX_STREAMS_PER_CONNECTION = 128
-# Descriptors kept for everything else (the store, the driver's processes and pipes, HTTP).
+# Descriptors the listeners never take, whatever they are configured to accept: at least half of
+# the process's, and never fewer than this. They are the core's: the store, every sandbox's
+# supervisor pipes, pidfds and agent socket, the driver's files.
 FD_HEADROOM = 1024
 MIN_CONNECTIONS = 16
-SERVERS = 2
+SERVERS = 2  # the gRPC servers (public + TCP, supervisor socket)
 # On a stop, calls in flight get this long to finish before they are cancelled.
 SHUTDOWN_GRACE_SECONDS = 5.0
 # Clients may PING this often during a call (half the SDK's keepalive interval, for jitter).
 MIN_CLIENT_PING_INTERVAL_MS = 5_000
+# The HTTP port serves probes and a scraper (`http.py`).
+HTTP_MAX_CONNECTIONS = 64
+
+
+def listener_budget(fd_limit: int) -> int:
+    """Descriptors all the listeners together (the gRPC servers and HTTP) may hold."""
+    return max(0, fd_limit - max(FD_HEADROOM, fd_limit // 2))
 
 
 def connection_limit(configured: int, fd_limit: int) -> int:
-    """Connections allowed per server: as configured, but never so many that the servers together
-    would use up the process's descriptors."""
-    return max(MIN_CONNECTIONS, min(configured, (fd_limit - FD_HEADROOM) // SERVERS))
+    """Connections allowed per gRPC server: as configured, but within the listeners' budget once
+    HTTP has its share (`MIN_CONNECTIONS` at least, so a tiny limit still serves)."""
+    share = (listener_budget(fd_limit) - HTTP_MAX_CONNECTIONS) // SERVERS
+    return max(MIN_CONNECTIONS, min(configured, share))
 
 
 def new_server(

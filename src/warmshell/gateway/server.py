@@ -18,13 +18,14 @@ from pathlib import Path
 
 import grpc
 
-from warmshell.api.v1 import sandbox_pb2_grpc, supervisor_pb2_grpc
+from warmshell.api.v1 import image_pb2_grpc, sandbox_pb2_grpc, supervisor_pb2_grpc
 from warmshell.core.config import GatewayConfig
 from warmshell.core.errors import FailedPreconditionError, UnavailableError
 from warmshell.drivers import keyfiles
 from warmshell.drivers.base import ComputeDriver
 from warmshell.gateway import collector, listening, statedir
 from warmshell.gateway.assembly import GatewayParts, Keys, assemble
+from warmshell.gateway.capped import CappedProtocols
 from warmshell.gateway.drivers import build_driver
 from warmshell.gateway.http import start_http
 from warmshell.gateway.logs import configure_logging
@@ -118,6 +119,8 @@ class Gateway:
         self._loops = Loops()  # the reconcilers' (a replica's own are its `replication.loops`)
         self.http_port = 0
         self.tcp_port = 0
+        # The HTTP port's connections (probes and a scraper), capped: what a flood is held to.
+        self.http_connections: CappedProtocols | None = None
         self._given_driver = driver
         self._parts: GatewayParts | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -161,6 +164,7 @@ class Gateway:
         # Health first: a probe learns why this gateway is not serving yet (a database it waits for).
         # It stops last, saying "stopping" until then.
         http, self.http_port = await start_http(self.config.http_host, self.config.http_port, self._healthy)
+        self.http_connections = http.connections
         stack.push_async_callback(http.cleanup)
         store = await self._open_store(stack)
         if isinstance(store, PostgresStore):  # a shared store means replicas: they share a token
@@ -228,6 +232,7 @@ class Gateway:
         public, supervisors = self._new_server(parts, gate), self._new_server(parts, gate)
         sandbox_pb2_grpc.add_SandboxServiceServicer_to_server(parts.sandbox_service, public)
         sandbox_pb2_grpc.add_FileServiceServicer_to_server(parts.file_service, public)
+        image_pb2_grpc.add_ImageServiceServicer_to_server(parts.image_service, public)
         for server in (public, supervisors):
             supervisor_pb2_grpc.add_SupervisorServiceServicer_to_server(parts.supervisor_service, server)
         servers = listening.Servers((public, supervisors), gate)

@@ -40,6 +40,10 @@ __all__ = ["SupervisorService"]
 
 log = logging.getLogger(__name__)
 
+# Phases after which a sandbox runs no supervisor that could need a new token (EXITED and ERROR
+# are sticky).
+_ENDED = (Phase.EXITED, Phase.ERROR, Phase.DELETING)
+
 # A grpc.aio.ServicerContext, or the in-process one of a host-side supervisor's call.
 Ctx = CallContext
 
@@ -261,8 +265,12 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         claims = await self._auth.require_sandbox(context)
         await _admit(self._token_refreshes, claims.instance_id, f"token refreshes of instance {claims.instance_id}")
         record = await self._manager.records.get(claims.sandbox_id)
-        if record is None or record.status.phase == Phase.DELETING:
-            raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
+        if record is None or record.status.phase in _ENDED:
+            raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists or has ended")
+        if record.status.instance_id != claims.instance_id:
+            # A validly signed token of an instance the sandbox is not running (a former or made-up
+            # one) must not be renewable: it would outlive the instance it was minted for.
+            raise PermissionDeniedError(f"instance {claims.instance_id} is not the running instance of its sandbox")
         token, expires = self._issuer.mint(claims.sandbox_id, claims.instance_id)
         return spb.RefreshSandboxTokenResponse(token=token, expires_at_ms=expires)
 

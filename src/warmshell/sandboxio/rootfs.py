@@ -304,6 +304,10 @@ class Root:
                 self._mkdir_one(directory, mode if directory == path else 0o755)
             except FileExistsError:
                 if not self._is_dir(directory):
+                    if self.stat(directory).kind == FileKind.SYMLINK:
+                        # A link whose target is missing: "already exists" would send the user
+                        # looking for a file that is not there.
+                        raise OSError(errno.ENOLINK, f"{directory} is a symbolic link to nothing") from None
                     raise
         return self.stat(path)
 

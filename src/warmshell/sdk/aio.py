@@ -16,22 +16,23 @@ import builtins
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, Unpack
 
 from grpc import aio
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.sdk import calls, connection, errors, views
+from warmshell.sdk import calls, connection, errors, queueing, views
 from warmshell.sdk.client import DEFAULT_READY_TIMEOUT_SECONDS
 from warmshell.sdk.files import AsyncFiles
+from warmshell.sdk.images import AsyncImages
 from warmshell.sdk.interactive import AsyncProcess, StdinSource, feed_async, start_request
 from warmshell.sdk.transport import CHANNEL_OPTIONS
 
-__all__ = ["AsyncClient", "AsyncSandbox"]
+__all__ = ["AsyncClient", "AsyncSandbox", "Creating"]
 
 
 class AsyncClient:
@@ -53,15 +54,33 @@ class AsyncClient:
         self.timeout = timeout
         self._metadata = (("authorization", f"Bearer {target.token}"),) if target.token else ()
         self._channel: aio.Channel | None = None
+        self._slots: queueing.StreamSlots | None = None  # the channel's, for tests and metrics
         self._stub_: sandbox_pb2_grpc.SandboxServiceAsyncStub | None = None
 
     @property
     def _stub(self) -> sandbox_pb2_grpc.SandboxServiceAsyncStub:
         if self._stub_ is None:
-            self._channel = aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            # A connection of its own (not shared with other clients' channels to the same
+            # gateway), so its streams are this client's alone to count against the limit.
+            options = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+            self._slots = queueing.StreamSlots()
+            self._channel = aio.insecure_channel(self.address, options=options, interceptors=self._slots.interceptors())
             self._stub_ = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
         assert self._stub_ is not None
         return self._stub_
+
+    async def _open_call(self, start: Callable[[], queueing.C]) -> queueing.C:
+        """Start a call that writes its requests as it goes, within the client's stream limit."""
+        self._stub  # noqa: B018 - opens the channel (and its slots) if it is not yet open
+        assert self._slots is not None
+        return await self._slots.open(start)
+
+    @property
+    def images(self) -> AsyncImages:
+        """The gateway's images: import, list, get, remove, prune (`warmshell.sdk.images`)."""
+        self._stub  # noqa: B018 - opens the channel
+        assert self._channel is not None
+        return AsyncImages(self._channel, address=self.address, metadata=self._metadata, timeout=self.timeout)
 
     async def close(self) -> None:
         """Close the channel (idempotent); calls in flight are cancelled."""
@@ -78,40 +97,26 @@ class AsyncClient:
     def _translating(self) -> contextlib.AbstractContextManager[None]:
         return errors.translating(self.address)
 
-    async def create(
+    def create(
         self,
         *,
         name: str | None = None,
         workspace: str | None = None,
-        image: str = "",
-        env: Mapping[str, str] | None = None,
-        secrets: Mapping[str, str] | None = None,
-        cpu: str = "",
-        memory: str = "",
-        pids: int = 0,
-        command: Sequence[str] | None = None,
-        labels: Mapping[str, str] | None = None,
-        ttl_seconds: int | None = None,
-        idle_timeout_seconds: int | None = None,
         auto_delete: bool = False,
         ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
-    ) -> AsyncSandbox:
+        **options: Unpack[calls.CreateOptions],
+    ) -> Creating:
         """`Client.create`, awaited: returns once Ready (or already exited); a failed create
-        raises (SandboxError, DeadlineExceeded) and leaves nothing behind."""
-        request = calls.create_request(
-            name=name,
-            workspace=self.workspace if workspace is None else workspace,
-            image=image,
-            env=env,
-            secrets=secrets,
-            cpu=cpu,
-            memory=memory,
-            pids=pids,
-            command=command,
-            labels=labels,
-            ttl_seconds=ttl_seconds,
-            idle_timeout_seconds=idle_timeout_seconds,
-        )
+        raises (SandboxError, DeadlineExceeded) and leaves nothing behind. Either
+        `sb = await client.create(...)`, or `async with client.create(...) as sb:`, which
+        deletes the sandbox when the block ends."""
+        workspace = self.workspace if workspace is None else workspace
+        request = calls.create_request(name=name, workspace=workspace, **options)
+        return Creating(self._create(request, auto_delete=auto_delete, ready_timeout=ready_timeout))
+
+    async def _create(
+        self, request: pb.CreateSandboxRequest, *, auto_delete: bool, ready_timeout: float | None
+    ) -> AsyncSandbox:
         started = time.monotonic()
         deadline = calls.ask_ready(request, ready_timeout=ready_timeout, call_timeout=self.timeout)
         with self._translating():
@@ -129,22 +134,40 @@ class AsyncClient:
         fold = calls.ReadyFold(created)
         if fold.done():
             return fold.last
-        request = pb.WatchSandboxRequest(
-            name=created.name, workspace=created.workspace, stop_on_terminal=True, stop_on_ready=True
-        )
-        call = self._stub.WatchSandbox(request, metadata=self._metadata, timeout=calls.remaining(timeout, started))
+        deadline = calls.remaining(timeout, started)
+        call = self._stub.WatchSandbox(fold.watch_request(), metadata=self._metadata, timeout=deadline)
         try:
             with self._translating():
                 async for event in call:
                     if fold.feed(event):
                         return fold.last
         except errors.DeadlineExceeded:
-            raise errors.DeadlineExceeded(
-                f"sandbox {created.name} was not Ready within {timeout:g} s", code="DEADLINE_EXCEEDED"
-            ) from None
+            raise calls.not_ready_in_time(created.name, timeout) from None
         finally:
             call.cancel()
-        raise calls.failure(fold.last, name=created.name)
+        raise fold.failure()
+
+    async def get_or_create(
+        self,
+        name: str,
+        *,
+        workspace: str | None = None,
+        ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+        **options: Unpack[calls.CreateOptions],
+    ) -> AsyncSandbox:
+        """`Client.get_or_create`, awaited."""
+        workspace = self.workspace if workspace is None else workspace
+        try:
+            return await self.create(name=name, workspace=workspace, ready_timeout=ready_timeout, **options)
+        except errors.AlreadyExists:
+            with self._translating():
+                existing = await self._stub.GetSandbox(
+                    pb.SandboxRef(name=name, workspace=workspace), metadata=self._metadata, timeout=self.timeout
+                )
+        if differences := calls.spec_differences(existing, options):
+            raise calls.spec_conflict(existing, differences)
+        ready = await self._wait_ready(existing, ready_timeout, time.monotonic())
+        return AsyncSandbox(self, views.sandbox_info(ready))
 
     async def get(self, name: str, *, workspace: str | None = None) -> AsyncSandbox:
         """A handle on an existing sandbox (NotFound if there is none)."""
@@ -186,6 +209,28 @@ class AsyncClient:
         return [views.pool_info(p) for p in response.pools]
 
 
+class Creating(Awaitable["AsyncSandbox"]):
+    """What `AsyncClient.create` returns: await it for the sandbox, or enter it with
+    `async with` (no `await`) to have the sandbox deleted when the block ends."""
+
+    def __init__(self, creating: Coroutine[Any, Any, AsyncSandbox]) -> None:
+        self._creating = creating
+        self._sandbox: AsyncSandbox | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncSandbox]:
+        return self._creating.__await__()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        self._sandbox = await self._creating
+        return self._sandbox
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        assert self._sandbox is not None
+        await self._sandbox.__aexit__(exc_type, exc, tb)
+
+
 class AsyncSandbox:
     """The async twin of `Sandbox`; `async with` deletes the sandbox on exit."""
 
@@ -210,6 +255,7 @@ class AsyncSandbox:
                 self.workspace,
                 metadata=self.client._metadata,
                 translate=functools.partial(errors.from_rpc_error, address=self.client.address),
+                open_call=self.client._open_call,
             )
         return self._files
 
@@ -229,20 +275,27 @@ class AsyncSandbox:
         self.last_info = await self.client._get_info(self.name, self.workspace)
         return self.last_info
 
-    def _exec_call(
+    async def _exec_call(
         self,
         argv: Sequence[str],
         env: Mapping[str, str] | None,
         workdir: str | None,
-        timeout: float | None,
+        timeout: float | None,  # noqa: ASYNC109 - a gRPC deadline
         stdin: bytes | str,
-    ) -> aio.UnaryStreamCall[pb.ExecSandboxRequest, pb.ExecEvent]:
+    ) -> AsyncGenerator[pb.ExecEvent, None]:
+        """ExecSandbox's events; closing this generator cancels the call (closing grpc.aio's own
+        iterator does not), so the gateway kills the command's process group."""
         request = calls.exec_request(
             name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=stdin
         )
-        return self.client._stub.ExecSandbox(
+        call = self.client._stub.ExecSandbox(
             request, metadata=self.client._metadata, timeout=calls.exec_deadline(timeout)
         )
+        try:
+            async for event in call:
+                yield event
+        finally:
+            call.cancel()
 
     async def start(
         self,
@@ -259,8 +312,9 @@ class AsyncSandbox:
         request = calls.exec_request(
             name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=b""
         )
-        call = self.client._stub.ExecSandboxStream(
-            None, metadata=self.client._metadata, timeout=calls.exec_deadline(timeout)
+        stub, deadline = self.client._stub, calls.exec_deadline(timeout)
+        call = await self.client._open_call(
+            lambda: stub.ExecSandboxStream(None, metadata=self.client._metadata, timeout=deadline)
         )
         return await AsyncProcess.start(
             call, start_request(request, tty=tty, rows=rows, columns=columns), self.client.address
@@ -302,7 +356,7 @@ class AsyncSandbox:
             feeding.cancel()
             with contextlib.suppress(asyncio.CancelledError, errors.Error):
                 await feeding
-            process.close()
+            await process.close()
 
     def _events(
         self,
@@ -311,9 +365,10 @@ class AsyncSandbox:
         workdir: str | None,
         timeout: float | None,
         stdin: bytes | str | StdinSource | AsyncIterable[bytes],
-    ) -> AsyncIterator[pb.ExecEvent]:
+    ) -> AsyncGenerator[pb.ExecEvent, None]:
+        """The command's events; closing the generator stops the command."""
         if isinstance(stdin, bytes | str):
-            return aiter(self._exec_call(argv, env, workdir, timeout, stdin))
+            return self._exec_call(argv, env, workdir, timeout, stdin)
         return self._streamed(argv, env, workdir, timeout, stdin)
 
     async def run(
@@ -329,9 +384,10 @@ class AsyncSandbox:
         """`Sandbox.run`, awaited (`stdin` may also be an async iterable of chunks)."""
         started = time.perf_counter()
         fold = calls.ExecFold()
-        with self.client._translating():
-            async for event in self._events(argv, env, workdir, timeout, stdin):
-                fold.feed(event)
+        async with contextlib.aclosing(self._events(argv, env, workdir, timeout, stdin)) as events:
+            with self.client._translating():
+                async for event in events:
+                    fold.feed(event)
         result = fold.result((time.perf_counter() - started) * 1000)
         return errors.check_result(list(argv), result) if check else result
 
@@ -344,17 +400,15 @@ class AsyncSandbox:
         timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
         stdin: bytes | str | StdinSource | AsyncIterable[bytes] = b"",
     ) -> AsyncGenerator[views.OutputEvent, None]:
-        """`Sandbox.run_stream` as `async for`; leaving the loop early stops the command."""
-        events = self._events(argv, env, workdir, timeout, stdin)
-        try:
+        """`Sandbox.run_stream` as `async for`. Leaving the loop (`break`, an exception in its
+        body) or closing the generator (`aclose()`, `contextlib.aclosing`) stops the command: the
+        call is cancelled and the gateway kills the command's process group (see `Sandbox.run_stream`
+        for the bound). A generator left without `aclose()` is closed when it is garbage-collected
+        (at once in CPython, once the loop is left), as asyncio finalizes async generators."""
+        async with contextlib.aclosing(self._events(argv, env, workdir, timeout, stdin)) as events:
             with self.client._translating():
                 async for event in events:
                     yield calls.output_event(event)
-        finally:
-            if isinstance(events, AsyncGenerator):
-                await events.aclose()
-            else:
-                events.cancel()  # type: ignore[attr-defined]
 
     async def wait_exit(self, timeout: float | None = None) -> views.ExecResult:  # noqa: ASYNC109
         """`Sandbox.wait_exit`, awaited (deletes the sandbox afterwards with `auto_delete`)."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from warmshell.api.v1 import outcome_pb2
 from warmshell.api.v1 import sandbox_pb2 as pb
@@ -24,17 +24,22 @@ if TYPE_CHECKING:
 __all__ = [
     "EXEC_DEADLINE_MARGIN_SECONDS",
     "UNARY_TIMEOUT_SECONDS",
+    "CreateOptions",
     "ExecFold",
     "ExitFold",
     "ReadyFold",
     "WaitOutcome",
+    "WatchFold",
     "create_request",
     "exec_deadline",
     "exec_request",
     "failure",
     "label_selector",
+    "not_ready_in_time",
     "output_event",
     "ready_outcome",
+    "spec_conflict",
+    "spec_differences",
 ]
 
 # Unary calls do bounded work on the gateway; a hung gateway must not hang an agent forever.
@@ -60,39 +65,103 @@ def _argv(argv: Sequence[str], field: str) -> list[str]:
     return list(argv)
 
 
-def create_request(
-    *,
-    name: str | None,
-    workspace: str,
-    image: str,
-    env: Mapping[str, str] | None,
-    secrets: Mapping[str, str] | None = None,
-    cpu: str,
-    memory: str,
-    pids: int = 0,
-    command: Sequence[str] | None,
-    labels: Mapping[str, str] | None,
-    ttl_seconds: int | None,
-    idle_timeout_seconds: int | None,
-) -> pb.CreateSandboxRequest:
-    """A CreateSandboxRequest; unset TTL/idle timeout leave the gateway's defaults in force."""
+class CreateOptions(TypedDict, total=False):
+    """What a new sandbox is asked to be, beside its name and workspace: the keyword arguments
+    of `Client.create` (and its async twin) and of `warmshell sandbox create`'s flags, declared
+    once. Unset lifetimes leave the gateway's defaults in force."""
+
+    image: str
+    env: Mapping[str, str] | None
+    secrets: Mapping[str, str] | None
+    cpu: str
+    memory: str
+    pids: int
+    command: Sequence[str] | None
+    labels: Mapping[str, str] | None
+    ttl_seconds: int | None
+    idle_timeout_seconds: int | None
+
+
+def create_request(*, name: str | None, workspace: str, **options: Unpack[CreateOptions]) -> pb.CreateSandboxRequest:
+    """A CreateSandboxRequest; unset TTL/idle timeout leave the gateway's defaults in force.
+    An option `CreateOptions` does not have is a TypeError, as for any keyword argument."""
+    known = CreateOptions.__optional_keys__
+    if unknown := sorted(options.keys() - known):
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r} (the options are {', '.join(sorted(known))})")
+    resources = pb.Resources(cpu=options.get("cpu", ""), memory=options.get("memory", ""), pids=options.get("pids", 0))
     request = pb.CreateSandboxRequest(
         name=name or "",
         workspace=workspace,
-        labels=dict(labels or {}),
+        labels=dict(options.get("labels") or {}),
         spec=pb.SandboxSpec(
-            image=image,
-            environment=dict(env or {}),
-            secrets=dict(secrets or {}),
-            resources=pb.Resources(cpu=cpu, memory=memory, pids=pids),
-            command=_argv(command or [], "command"),
+            image=options.get("image", ""),
+            environment=dict(options.get("env") or {}),
+            secrets=dict(options.get("secrets") or {}),
+            resources=resources,
+            command=_argv(options.get("command") or [], "command"),
         ),
     )
+    ttl_seconds, idle_timeout_seconds = options.get("ttl_seconds"), options.get("idle_timeout_seconds")
     if ttl_seconds is not None:
         request.ttl_seconds = _seconds(ttl_seconds, "ttl_seconds")
     if idle_timeout_seconds is not None:
         request.idle_timeout_seconds = _seconds(idle_timeout_seconds, "idle_timeout_seconds")
     return request
+
+
+def _quantity(parse: Callable[[str], int], text: str) -> int | str:
+    """A quantity in whole units, so "0.5" and "500m" compare equal; unparsable text as it is
+    (the gateway, which refused it, names the rule)."""
+    from warmshell.core.errors import InvalidArgumentError
+
+    try:
+        return parse(text) if text else 0
+    except InvalidArgumentError:
+        return text
+
+
+def _spec_fields() -> dict[str, tuple[Callable[[pb.Sandbox], object], Callable[[Any], object]]]:
+    """Per create option: its value on an existing sandbox, and a given value in the same form."""
+    from warmshell.core import quantities
+
+    return {
+        "image": (lambda s: s.spec.image, str),
+        "env": (lambda s: dict(s.spec.environment), dict),
+        "secrets": (lambda s: sorted(s.spec.secrets), sorted),  # names only: values are never shown
+        "cpu": (
+            lambda s: _quantity(quantities.cpu_millis, s.spec.resources.cpu),
+            lambda v: _quantity(quantities.cpu_millis, v),
+        ),
+        "memory": (
+            lambda s: _quantity(quantities.memory_bytes, s.spec.resources.memory),
+            lambda v: _quantity(quantities.memory_bytes, v),
+        ),
+        "pids": (lambda s: s.spec.resources.pids, int),
+        "command": (lambda s: list(s.spec.command), lambda v: _argv(v, "command")),
+        "labels": (lambda s: dict(s.labels), dict),
+        "ttl_seconds": (lambda s: s.lifetime.ttl_seconds, lambda v: _seconds(v, "ttl_seconds")),
+        "idle_timeout_seconds": (
+            lambda s: s.lifetime.idle_timeout_seconds,
+            lambda v: _seconds(v, "idle_timeout_seconds"),
+        ),
+    }
+
+
+def spec_differences(existing: pb.Sandbox, options: CreateOptions) -> list[str]:
+    """The create options given (not None, not empty) that `existing` does not have, by name."""
+    fields = _spec_fields()
+    given = {name: value for name, value in options.items() if value is not None and value != ""}
+    return [name for name, value in given.items() if fields[name][0](existing) != fields[name][1](value)]
+
+
+def spec_conflict(existing: pb.Sandbox, differences: Sequence[str]) -> errors.Conflict:
+    """The Conflict of a get-or-create whose sandbox exists with another spec."""
+    where = f"{existing.workspace}/{existing.name}"
+    return errors.Conflict(
+        f"sandbox {where} exists with a different {', '.join(differences)}",
+        code="ALREADY_EXISTS",
+        hint="get_or_create returns a sandbox only when every option given matches it",
+    )
 
 
 def ask_ready(
@@ -108,6 +177,11 @@ def ask_ready(
     if wait is not None:
         request.ready_timeout_ms = min(max(1, math.ceil(wait * 1000)), _UINT32_MAX)
     return None if call_timeout is None else call_timeout + (wait or 0)
+
+
+def not_ready_in_time(name: str, timeout: float | None) -> errors.DeadlineExceeded:
+    """The DeadlineExceeded of a create whose sandbox was not Ready within `timeout` seconds."""
+    return errors.DeadlineExceeded(f"sandbox {name} was not Ready within {timeout:g} s", code="DEADLINE_EXCEEDED")
 
 
 def remaining(timeout: float | None, started: float) -> float | None:
@@ -194,29 +268,68 @@ def failure(sandbox: pb.Sandbox | None, *, name: str, deleted: bool = False) -> 
     )
 
 
-class ReadyFold:
-    """Follows a WatchSandbox stream until the sandbox is Ready (or its workload has already
-    exited); a sandbox that fails or is deleted raises SandboxError."""
+class WatchFold:
+    """Follows a WatchSandbox stream and decides when a wait for a new sandbox is over: once it
+    is Ready or has exited (with `until_exit`: once its workload has exited), or as soon as it
+    fails or is deleted. With `follow_output` the stream is read to its end instead, since the
+    gateway ends it after the last output of a terminal sandbox, so no output is left unread.
+    It only decides; what a failure means (an exception, an exit code) is the caller's."""
 
-    def __init__(self, created: pb.Sandbox) -> None:
+    def __init__(self, created: pb.Sandbox, *, until_exit: bool = False, follow_output: bool = False) -> None:
         self.last = created
+        self.deleted = False  # the stream said the sandbox is gone
+        self.until_exit = until_exit
+        self.follow_output = follow_output
+
+    def watch_request(self) -> pb.WatchSandboxRequest:
+        """The WatchSandbox request this wait reads."""
+        return pb.WatchSandboxRequest(
+            name=self.last.name,
+            workspace=self.last.workspace,
+            follow_output=self.follow_output,
+            stop_on_terminal=True,
+            stop_on_ready=not self.until_exit,
+        )
+
+    def outcome(self) -> WaitOutcome:
+        """What the latest snapshot (or a deletion) means to the caller."""
+        return WaitOutcome.FAILED if self.deleted else ready_outcome(self.last)
+
+    def failure(self) -> errors.SandboxError:
+        """The SandboxError for a wait that failed."""
+        return failure(self.last, name=self.last.name, deleted=self.deleted)
 
     def done(self) -> bool:
-        """Whether the latest snapshot ends the wait (raises if it failed)."""
-        outcome = ready_outcome(self.last)
-        if outcome is WaitOutcome.FAILED:
-            raise failure(self.last, name=self.last.name)
-        return outcome is not WaitOutcome.PENDING
+        """Whether the wait is over."""
+        if self.deleted or self.last.status.phase == pb.SANDBOX_PHASE_DELETING:
+            return True  # gone: there is nothing more to read
+        outcome = self.outcome()
+        if outcome is WaitOutcome.PENDING or self.follow_output:
+            return False
+        return not (self.until_exit and outcome is WaitOutcome.READY)
 
     def feed(self, event: pb.SandboxEvent) -> bool:
         """Take one event; True once the wait is over."""
         kind = event.WhichOneof("event")
         if kind == "deleted":
-            raise failure(self.last, name=self.last.name, deleted=True)
-        if kind == "sandbox":
+            self.deleted = True
+        elif kind == "sandbox":
             self.last = event.sandbox
-            return self.done()
-        return False
+        else:
+            return False
+        return self.done()
+
+
+class ReadyFold(WatchFold):
+    """The SDK's wait for Ready (or a workload that already exited): a sandbox that fails or
+    is deleted raises SandboxError."""
+
+    def done(self) -> bool:
+        """Whether the wait is over (raises if the sandbox failed)."""
+        over = super().done()
+        if over and self.outcome() is WaitOutcome.FAILED:
+            raise self.failure()
+        return over
 
 
 class ExitFold:

@@ -23,10 +23,10 @@ import time
 from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Self, Unpack
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.sdk import calls, connection, errors
+from warmshell.sdk import calls, connection, errors, following
 from warmshell.sdk import transport as transport_module
 from warmshell.sdk.service import SandboxService
 
@@ -36,11 +36,16 @@ if TYPE_CHECKING:
     from warmshell.api.v1 import sandbox_pb2_grpc
     from warmshell.sdk import views
     from warmshell.sdk.files import Files
+    from warmshell.sdk.images import Images
     from warmshell.sdk.interactive import Process, StdinSource
 
-__all__ = ["DEFAULT_READY_TIMEOUT_SECONDS", "Client", "Sandbox"]
+__all__ = ["DEFAULT_READY_TIMEOUT_SECONDS", "STREAM_STOP_BOUND_SECONDS", "Client", "Sandbox"]
 
 DEFAULT_READY_TIMEOUT_SECONDS = 120.0
+# How soon a command whose stream was left (or closed) has stopped, process group and all: the
+# cancel reaches the gateway in one write and the sandbox's supervisor kills the group at once;
+# a few milliseconds on a quiet local gateway, the rest is margin for a loaded host.
+STREAM_STOP_BOUND_SECONDS = 2.0
 
 
 class Client:
@@ -90,40 +95,21 @@ class Client:
         *,
         name: str | None = None,
         workspace: str | None = None,
-        image: str = "",
-        env: Mapping[str, str] | None = None,
-        secrets: Mapping[str, str] | None = None,
-        cpu: str = "",
-        memory: str = "",
-        pids: int = 0,
-        command: Sequence[str] | None = None,
-        labels: Mapping[str, str] | None = None,
-        ttl_seconds: int | None = None,
-        idle_timeout_seconds: int | None = None,
         auto_delete: bool = False,
         ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+        **options: Unpack[calls.CreateOptions],
     ) -> Sandbox:
         """Create a sandbox and return once it is Ready (warm or cold), or once its `command`
-        has already exited. A sandbox that fails raises SandboxError with the gateway's reason;
-        one not Ready within `ready_timeout` raises DeadlineExceeded. Either way it is deleted:
-        a failed create leaves nothing behind. With `auto_delete`, `wait_exit()` deletes it once
-        it has returned the workload's output."""
+        has already exited; `options` are `calls.CreateOptions` (image, env, secrets, cpu,
+        memory, pids, command, labels, ttl_seconds, idle_timeout_seconds). A sandbox that fails
+        raises SandboxError with the gateway's reason; one not Ready within `ready_timeout`
+        raises DeadlineExceeded. Either way it is deleted: a failed create leaves nothing
+        behind. With `auto_delete`, `wait_exit()` deletes it once it has returned the
+        workload's output."""
         from warmshell.sdk import views
 
-        request = calls.create_request(
-            name=name,
-            workspace=self.workspace if workspace is None else workspace,
-            image=image,
-            env=env,
-            secrets=secrets,
-            cpu=cpu,
-            memory=memory,
-            pids=pids,
-            command=command,
-            labels=labels,
-            ttl_seconds=ttl_seconds,
-            idle_timeout_seconds=idle_timeout_seconds,
-        )
+        workspace = self.workspace if workspace is None else workspace
+        request = calls.create_request(name=name, workspace=workspace, **options)
         started = time.monotonic()
         deadline = calls.ask_ready(request, ready_timeout=ready_timeout, call_timeout=self.timeout)
         created = self.service.create_sandbox(request, timeout=deadline)
@@ -138,23 +124,36 @@ class Client:
 
     def _wait_ready(self, created: pb.Sandbox, timeout: float | None, started: float) -> pb.Sandbox:
         fold = calls.ReadyFold(created)
-        if fold.done():
-            return fold.last
-        request = pb.WatchSandboxRequest(
-            name=created.name, workspace=created.workspace, stop_on_terminal=True, stop_on_ready=True
-        )
-        stream = self.service.watch_sandbox(request, timeout=calls.remaining(timeout, started))
         try:
-            for event in stream:
-                if fold.feed(event):
-                    return fold.last
+            following.follow(self.service, fold, timeout=calls.remaining(timeout, started))
         except errors.DeadlineExceeded:
-            raise errors.DeadlineExceeded(
-                f"sandbox {created.name} was not Ready within {timeout:g} s", code="DEADLINE_EXCEEDED"
-            ) from None
-        finally:
-            stream.cancel()
-        raise calls.failure(fold.last, name=created.name)
+            raise calls.not_ready_in_time(created.name, timeout) from None
+        if not fold.done():  # the gateway ended the stream first
+            raise fold.failure()
+        return fold.last
+
+    def get_or_create(
+        self,
+        name: str,
+        *,
+        workspace: str | None = None,
+        ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+        **options: Unpack[calls.CreateOptions],
+    ) -> Sandbox:
+        """The sandbox `name`: created as `create` would when there is none; when there is one
+        whose spec has every option given here (quantities compared by amount, secrets by name),
+        that one, once Ready. One with another spec raises Conflict naming the options that
+        differ; it is left as it is."""
+        from warmshell.sdk import views
+
+        workspace = self.workspace if workspace is None else workspace
+        try:
+            return self.create(name=name, workspace=workspace, ready_timeout=ready_timeout, **options)
+        except errors.AlreadyExists:
+            existing = self.service.get_sandbox(pb.SandboxRef(name=name, workspace=workspace))
+        if differences := calls.spec_differences(existing, options):
+            raise calls.spec_conflict(existing, differences)
+        return Sandbox(self, views.sandbox_info(self._wait_ready(existing, ready_timeout, time.monotonic())))
 
     def get(self, name: str, *, workspace: str | None = None) -> Sandbox:
         """A handle on an existing sandbox (NotFound if there is none)."""
@@ -190,6 +189,13 @@ class Client:
             metadata=self._metadata,
             translate=functools.partial(errors.from_rpc_error, address=self.address),
         )
+
+    @functools.cached_property
+    def images(self) -> Images:
+        """The gateway's images: import, list, get, remove, prune (`warmshell.sdk.images`)."""
+        from warmshell.sdk.images import Images
+
+        return Images(self._transport, metadata=self._metadata, timeout=self.timeout)
 
     def list(
         self,
@@ -345,8 +351,12 @@ class Sandbox:
         `check`, CommandTimeout or CommandFailed unless it exited 0."""
         started = time.perf_counter()
         fold = calls.ExecFold()
-        for event in self._exec_call(argv, env, workdir, timeout, stdin):
-            fold.feed(event)
+        stream = self._exec_call(argv, env, workdir, timeout, stdin)
+        try:
+            for event in stream:
+                fold.feed(event)
+        finally:
+            stream.cancel()  # a no-op once ended; after Ctrl-C it stops the command
         result = fold.result((time.perf_counter() - started) * 1000)
         return errors.check_result(list(argv), result) if check else result
 
@@ -360,7 +370,12 @@ class Sandbox:
         stdin: bytes | str | StdinSource = b"",
     ) -> Generator[views.OutputEvent, None, None]:
         """Run a command and yield its output as it comes, then one event with the exit code.
-        Leaving the loop early (or closing the iterator) stops the command."""
+
+        Leaving the loop early (`break`, an exception in its body) or closing the generator
+        (`close()`, `contextlib.closing`) stops the command: the call is cancelled, and the
+        gateway kills the command's process group (SIGKILL) as soon as it sees the cancel, on
+        either transport — within `STREAM_STOP_BOUND_SECONDS` (tests hold both clients to it).
+        A generator kept in a variable after the loop is stopped only when closed or collected."""
         stream = self._exec_call(argv, env, workdir, timeout, stdin)
         try:
             for event in stream:

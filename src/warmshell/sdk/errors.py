@@ -9,6 +9,7 @@ without paying for importing it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +47,15 @@ _START_HINT = "is the gateway running? Start one with `warmshell gateway start`.
 _TOKEN_HINT = (
     "the API token is read from <state dir>/api-token; pass token= or set WARMSHELL_API_TOKEN "
     "when the gateway runs elsewhere."
+)
+
+
+# A stream the server refused before it started it (HTTP/2 REFUSED_STREAM, RFC 9113 8.7): a
+# connection past the gateway's concurrent streams (grpcio's words, then the HTTP/2 transport's).
+_REFUSED_STREAM = re.compile(r"RST_STREAM with error code 7\b|HTTP/2 error 7\)")
+_REFUSED_HINT = (
+    "run fewer calls at once on one client (the gateway allows a bounded number of concurrent "
+    "calls per connection), or retry with a backoff."
 )
 
 
@@ -100,7 +110,8 @@ class Unauthenticated(ApiError):
 
 
 class Unavailable(ApiError):
-    """The gateway cannot be reached, or failed temporarily; the outcome may be unknown."""
+    """The gateway cannot be reached, or failed temporarily; the outcome may be unknown (a call
+    refused for too many concurrent calls on one connection was not started: safe to retry)."""
 
 
 class ResourceExhausted(ApiError):
@@ -186,6 +197,13 @@ def error_for(code: str, details: str, *, address: str = "") -> ApiError:
     kind = _CLASSES.get(code, ApiError)
     if kind is Unavailable:
         where = f"gateway at {address}" if address else "gateway"
+        if _REFUSED_STREAM.search(details):
+            # Not "is the gateway running?": it is, and it said no to this one call.
+            message = (
+                f"the {where} refused the call: this connection already carries as many concurrent "
+                "calls as it allows; the call was not started, so it is safe to retry"
+            )
+            return Unavailable(message, code=code, hint=_REFUSED_HINT)
         return Unavailable(f"{where} is unavailable: {details}", code=code, hint=_START_HINT)
     if kind is Unauthenticated:
         return Unauthenticated(details, code=code, hint=_TOKEN_HINT)

@@ -21,6 +21,7 @@ from grpc import aio
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
+from warmshell.sdk import queueing
 
 __all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "Translate"]
 
@@ -205,10 +206,13 @@ class AsyncFiles(_Target):
         metadata: Metadata = (),
         translate: Translate | None = None,
         chunk_bytes: int = CHUNK_BYTES,
+        open_call: queueing.CallOpener = queueing.open_now,
     ) -> None:
-        """`channel`: the client's aio channel to the gateway; `metadata`: its authorization."""
+        """`channel`: the client's aio channel to the gateway; `metadata`: its authorization;
+        `open_call` starts a write when the client's limit of streams allows."""
         super().__init__(name, workspace, metadata, translate, chunk_bytes)
         self._stub = sandbox_pb2_grpc.FileServiceStub(channel)
+        self._open_call = open_call
 
     async def read(self, path: str) -> bytes:
         """The whole content of a regular file."""
@@ -251,7 +255,7 @@ class AsyncFiles(_Target):
         self, path: str, chunks: Iterator[bytes], mode: int, make_parents: bool, *, blocking: bool = False
     ) -> int:
         # The call's own write(): an early end by the gateway then surfaces as its status.
-        call = self._stub.WriteFile(metadata=self._metadata)  # type: ignore[call-arg]
+        call = await self._open_call(lambda: self._stub.WriteFile(metadata=self._metadata))  # type: ignore[call-arg]
         try:
             await call.write(self._header(path, mode, make_parents))
             while True:

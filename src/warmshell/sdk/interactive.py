@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import signal as signals
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from typing import IO, Self
@@ -218,11 +220,19 @@ class Process:
         """It was killed at its timeout (known once it ended)."""
         return self.outcome is not None and self.outcome.timed_out
 
-    def wait(self) -> int:
-        """Read (and drop) the rest of the output; the exit code."""
-        for _ in self:
-            pass
-        assert self.exit_code is not None
+    def wait(self, timeout: float | None = None) -> int:
+        """Read (and drop) the rest of the output; the exit code. With `timeout`, TimeoutError
+        when the command has not exited within that many seconds: it runs on, and a later
+        `wait` or `recv` goes on where this one left (`close` stops it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.exit_code is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"the command did not exit within {timeout:g} s; it still runs")
+            try:
+                self.recv(timeout=left)
+            except TimeoutError:
+                raise TimeoutError(f"the command did not exit within {timeout:g} s; it still runs") from None
         return self.exit_code
 
     def _finish(self) -> None:
@@ -325,18 +335,21 @@ class AsyncProcess:
         assert self.exit_code is not None
         return self.exit_code
 
-    def close(self) -> None:
-        """`Process.close` (cancelling needs no await)."""
+    async def close(self) -> None:
+        """`Process.close`: cancels the call (the sandbox kills the command's process group) and
+        returns once the call has ended."""
         self._call.cancel()
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None
+        with contextlib.suppress(Exception):
+            await self._call.code()  # resolves once the cancel has taken effect
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        await self.close()
 
 
 async def feed_async(process: AsyncProcess, source: StdinSource | AsyncIterable[bytes]) -> None:

@@ -117,8 +117,14 @@ class GrpcTransport:
     def __init__(self, address: str) -> None:
         import grpc
 
+        from warmshell.sdk import queueing
+
         self.address = address
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        # A connection of its own, with at most `queueing.MAX_CONCURRENT_STREAMS` calls in
+        # flight: threads past that wait for a stream instead of having it refused.
+        options = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+        self._raw_channel = grpc.insecure_channel(address, options=options)
+        self._channel = grpc.intercept_channel(self._raw_channel, queueing.ThreadSlots())
         # One multicallable per method, as generated stubs keep them (making one per call costs).
         self._calls: dict[tuple[bool, str], Any] = {}
 
@@ -151,7 +157,7 @@ class GrpcTransport:
         return self._channel
 
     def close(self) -> None:
-        self._channel.close()
+        self._raw_channel.close()
 
 
 class _Http2Stream(Iterator[M]):

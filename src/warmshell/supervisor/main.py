@@ -68,7 +68,7 @@ _SANDBOX_OVER = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
 # shutting down, connections closed as soon as they are made) can be retried "transparently"
 # without end and without I/O: every attempt fails at once on a transport already going away,
 # and each one stays in the call's memory until the call ends. That spun a core and grew a pod
-# supervisor by ~100 MB/s (bench/supervisor_memory.py); with retries off the call fails with
+# supervisor by ~100 MB/s (bench/investigations/supervisor-memory/); with retries off the call fails with
 # UNAVAILABLE and the supervisor's backoff takes over.
 CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
 

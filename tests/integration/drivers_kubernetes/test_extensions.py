@@ -15,7 +15,8 @@ from kubesim.controllers import client as kc
 from kubesim.controllers import crds_install
 from tests.helpers.gateway import wait_pools
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.drivers.kubernetes import extensions, kube, labels
+from warmshell.drivers.kubernetes import kube, labels
+from warmshell.drivers.kubernetes.warm import extensions
 
 from .conftest import NAMESPACE
 from .test_profiles import absent, apply_profile, profile_gateway, ready_status, until

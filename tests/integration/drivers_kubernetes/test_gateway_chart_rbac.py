@@ -20,7 +20,8 @@ from tests.unit.chart.rendering import RELEASE_NAMESPACE, render
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.fingerprints import SandboxShape
-from warmshell.drivers.kubernetes import kube, warmpools
+from warmshell.drivers.kubernetes import kube
+from warmshell.drivers.kubernetes.warm import warmpools
 
 APPLIED = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Lease")
 

@@ -22,8 +22,9 @@ from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, w
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.cli import render
 from warmshell.core.config import KubernetesDriverConfig
-from warmshell.drivers.kubernetes import kube, labels, lease, profiles
-from warmshell.drivers.kubernetes.extensions import ExtensionsGate
+from warmshell.drivers.kubernetes import kube, labels
+from warmshell.drivers.kubernetes.profiles import lease, reconciler
+from warmshell.drivers.kubernetes.warm.extensions import ExtensionsGate
 
 from .conftest import NAMESPACE, driver_config, gateway_settings
 
@@ -193,7 +194,7 @@ class Replica:
     def __init__(self, api: kube.Kube, config: KubernetesDriverConfig, gate: ExtensionsGate | None = None) -> None:
         self.api = api
         self.gate = gate or ExtensionsGate(api, config.namespace)
-        self.reconciler = profiles.ProfileReconciler(api, config, gate=self.gate)
+        self.reconciler = reconciler.ProfileReconciler(api, config, gate=self.gate)
         self.elector = lease.elector_for(api, config)
         self.task = asyncio.create_task(self.elector.run(self.reconciler.lead))
 
@@ -263,7 +264,7 @@ async def test_two_gateways_elect_one_and_a_stopping_holder_hands_over_at_once(
 ) -> None:
     """Two real gateways on one cluster: one takes the Lease and reconciles; a graceful stop (what
     SIGTERM does) releases it, so the other takes over well inside a lease duration."""
-    caplog.set_level(logging.INFO, logger="warmshell.drivers.kubernetes.lease")
+    caplog.set_level(logging.INFO, logger="warmshell.drivers.kubernetes.profiles.lease")
     leases = kc.Resource("coordination.k8s.io", "v1", "leases")
     await apply_profile(admin, "wp-a", 'version = 1\nworkspace = "default"\nreplicas = 1\n')
     async with contextlib.AsyncExitStack() as stack:
@@ -311,7 +312,7 @@ async def test_without_extension_crds_one_warning_then_on_when_they_appear(
     for crd in extension_crds:
         await admin.delete(crds_install.CRDS, None, crd["metadata"]["name"])
     await until(lambda: absent(admin))
-    caplog.set_level(logging.INFO, logger="warmshell.drivers.kubernetes.extensions")
+    caplog.set_level(logging.INFO, logger="warmshell.drivers.kubernetes.warm.extensions")
     await apply_profile(admin, "wp-a", 'version = 1\nworkspace = "default"\nreplicas = 1\n')
     gates: list[CountingGate] = []
 
@@ -372,8 +373,8 @@ async def test_a_profile_lifetime_is_the_default_of_what_its_pool_serves(
         assert (asked.status.allocation, asked.lifetime.ttl_seconds) == ("warm", 30)
         assert asked.lifetime.idle_timeout_seconds == 300
 
-        cold = await gw.create(name="cold")  # no pool: the gateway's default (none)
-        assert (cold.status.allocation, cold.lifetime.ttl_seconds, cold.lifetime.expires_at_ms) == ("cold", 0, 0)
+        cold = await gw.create(name="cold")  # no pool: the gateway's default
+        assert (cold.status.allocation, cold.lifetime.ttl_seconds) == ("cold", 3600)
 
 
 # -- storage ----------------------------------------------------------------------------------------------

@@ -15,12 +15,14 @@ from kubesim.controllers import client as kc
 from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.core.fingerprints import SandboxShape
-from warmshell.drivers.kubernetes import KubernetesDriver, claimactivation, warmpools
+from warmshell.drivers.kubernetes import KubernetesDriver
+from warmshell.drivers.kubernetes.warm import claimactivation, warmpools
 
 from .conftest import IMAGE, NAMESPACE, driver_config, gateway_settings
 
 SHAPE = SandboxShape(workspace="default", image=IMAGE, environment={"FOO": "bar"})
 USER = "kubesim-user"
+CLAIMS = "sandboxclaims.extensions.agents.x-k8s.io"  # the resource label in kubesim's request log
 
 
 async def apply_pool(
@@ -158,14 +160,15 @@ async def test_a_gateway_restart_between_claim_and_activation(
         assert ready.status.allocation == "warm"
 
 
-async def test_claim_activation_survives_a_dropped_watch_and_a_relist(
+async def test_claim_activation_survives_a_dropped_watch_and_a_resync(
     cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
 ) -> None:
-    """With the claim watch broken (every watch request fails), the 15 s relist (shortened here)
-    still finds the bound claim and activates its pod."""
+    """With history compacted and every watch dropped, the claim informer relists and the bound
+    claim is still activated; a resync from the informer's cache (every 15 s, shortened here)
+    keeps finding it and never activates it a second time."""
     await apply_pool(cluster, admin, tmp_path / "state", "foo", 1)
-    original = claimactivation.RELIST_SECONDS
-    claimactivation.RELIST_SECONDS = 0.3
+    original = claimactivation.RESYNC_SECONDS
+    claimactivation.RESYNC_SECONDS = 0.3
     try:
         async with gateway(cluster, tmp_path) as gw:
             await wait_idle(gw, "foo", 1)
@@ -173,21 +176,34 @@ async def test_claim_activation_survives_a_dropped_watch_and_a_relist(
             assert isinstance(driver, KubernetesDriver)
             warm = driver.warm_allocation
             assert warm is not None
-            claims_ctl = warm.claims
-            assert claims_ctl is not None
-            await claims_ctl.stop_watching()  # the watch is gone; only the relist is left
+            cluster.server.compact()
+            cluster.server.close_watches()  # resuming gets 410: every informer lists again
             await gw.create(name="relisted", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
             ready = await gw.wait_ready("relisted", timeout=30)
             assert ready.status.phase == pb.SANDBOX_PHASE_READY
-            # The claim controller activated it (it saw the claim bound), which without a watch
-            # only a relist can have told it; the activation arrived while relists kept running.
             first = ready.status.timeline
             assert first.claimed_us
             assert first.activated_us >= first.claimed_us
-            # Later relists keep finding the claim, and never activate it a second time.
-            await claims_ctl.relist()
-            await asyncio.sleep(0.2)
+            warm.claims.resync()
+            await asyncio.sleep(0.5)  # resyncs keep running meanwhile
             again = (await gw.get("relisted")).status.timeline
             assert (again.claimed_us, again.activated_us) == (first.claimed_us, first.activated_us)
     finally:
-        claimactivation.RELIST_SECONDS = original
+        claimactivation.RESYNC_SECONDS = original
+
+
+async def test_a_gateway_watches_each_resource_once(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    """One watch per resource per gateway, through a warm create: the claim activation controller
+    takes its claims from the driver's one claim informer, not a watch of its own."""
+    await apply_pool(cluster, admin, tmp_path / "state", "foo", 1)
+    async with gateway(cluster, tmp_path) as gw:
+        await wait_idle(gw, "foo", 1)
+        await gw.create(name="counted", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
+        await gw.wait_ready("counted", timeout=30)
+    # Counted once the gateway has stopped: kubesim logs a watch when its stream ends.
+    counters = cluster.server.log.counters.items()
+    watches = {r: n for (user, verb, r), n in counters if (user, verb) == (USER, "watch")}
+    assert watches[CLAIMS] == 1
+    assert set(watches.values()) == {1}, watches

@@ -245,8 +245,10 @@ async def test_symlinks_pointing_out_resolve_inside_the_sandbox(gw: RunningGatew
     # A link to a host directory: a write beneath it lands nowhere on the host.
     await sh(gw, f"ln -s {tmp_path} /workspace/hostdir")
     await refused(files.write("/workspace/hostdir/planted", b"x"), nf, "/workspace/hostdir/planted")
-    # mkdir -p meets the dangling link as a name that exists and is no directory, as in the sandbox.
-    await refused(files.mkdir("/workspace/hostdir/planted", parents=True), grpc.StatusCode.ALREADY_EXISTS)
+    # mkdir -p meets the dangling link (its target is on the host, not in the sandbox), and says so.
+    await refused(
+        files.mkdir("/workspace/hostdir/planted", parents=True), nf, "symbolic link on the path points to nothing"
+    )
     assert not (tmp_path / "planted").exists()
     # Removing a link that points at the host removes the link only.
     await files.remove("/workspace/tok")

@@ -24,6 +24,15 @@ def test_it_enters_the_cgroup_as_itself_before_the_program_runs(tmp_path: Path) 
     assert procs.read_text() == done.stdout  # the pid that then exec'd the program: the same process
 
 
+def test_it_enters_a_cgroup_in_each_v1_hierarchy(tmp_path: Path) -> None:
+    files = [tmp_path / controller / "cgroup.procs" for controller in ("cpu", "memory", "pids")]
+    for procs in files:
+        procs.parent.mkdir()
+    done = launch(*(f"--cgroup={procs}" for procs in files), "--", "/bin/sh", "-c", "echo $$")
+    assert done.returncode == 0, done.stderr
+    assert [procs.read_text() for procs in files] == [done.stdout] * 3
+
+
 def test_priority_and_rlimits_reach_the_program() -> None:
     done = launch(
         "--priority=7", "--fsize=4096:8192", "--", "/bin/sh", "-c", "nice; grep 'Max file size' /proc/self/limits"

@@ -231,12 +231,17 @@ async def test_restart_reports_lost_sandboxes(make_driver: DriverFactory, paths:
         assert await second.get(req.sandbox_id) is None
 
 
-async def test_limits_without_cgroup_v2_are_a_condition(make_driver: DriverFactory) -> None:
-    async with make_driver(config=LocalDriverConfig()) as driver:
-        spec = SandboxSpec(resources=Resources(cpu="200m", memory="64Mi"))
+async def test_limits_without_cgroups_are_refused_or_a_condition(make_driver: DriverFactory) -> None:
+    spec = SandboxSpec(resources=Resources(cpu="200m", memory="64Mi"))
+    async with make_driver(config=LocalDriverConfig()) as strict:
+        with pytest.raises(
+            FailedPreconditionError, match=r"^spec\.resources\.memory: this host cannot enforce it \(test host"
+        ):
+            await strict.create(request(spec=spec))
+    async with make_driver(config=LocalDriverConfig(allow_unenforced_limits=True)) as driver:
         created = await driver.create(request(spec=spec))
         (condition,) = [c for c in created.conditions if c.type == "ResourceLimits"]
-        assert (condition.status, condition.reason) == ("False", "CgroupV2Unavailable")
+        assert (condition.status, condition.reason) == ("False", "CgroupUnavailable")
         # Every sandbox says what bounds it, limits asked for or not.
         plain = await driver.create(request())
         assert [c.type for c in plain.conditions] == ["Isolated", "ResourceLimits"]
@@ -253,14 +258,14 @@ async def test_limits_with_cgroup_v2(make_driver: DriverFactory, tmp_path: Path)
     (root / "gw" / "cgroup.controllers").write_text("cpu memory pids\n")
     self_cgroup = tmp_path / "self-cgroup"
     self_cgroup.write_text("0::/gw\n")
-    cgroup = cgroups.detect(root, self_cgroup)
+    cgroup = cgroups.detect(root, self_cgroup, gateway="gw-1")
     assert isinstance(cgroup, cgroups.CgroupV2)
 
     async with make_driver(config=LocalDriverConfig(), cgroup=cgroup) as driver:
         spec = SandboxSpec(resources=Resources(cpu="0.2", memory="64Mi"))
         created = await driver.create(request(spec=spec))
         assert [(c.type, c.status) for c in created.conditions] == [("Isolated", "True"), ("ResourceLimits", "True")]
-        sandbox_cgroup = root / "gw" / "warmshell" / created.instance_id
+        sandbox_cgroup = root / "gw" / "warmshell" / "gw-1" / created.instance_id
         assert (sandbox_cgroup / "cpu.max").read_text() == "20000 100000\n"
         assert (sandbox_cgroup / "memory.max").read_text() == f"{64 * 2**20}\n"
         assert (sandbox_cgroup / "pids.max").read_text() == "1024\n"  # the default

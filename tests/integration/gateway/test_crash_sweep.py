@@ -5,11 +5,8 @@ stored sandbox settles (lost: Error) and can be deleted (real gateway processes,
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +14,7 @@ import grpc
 import pytest
 
 from tests.helpers.cli import start_gateway
-from tests.helpers.gateway import running_gateway
+from tests.helpers.gateway import own_sandbox_dir, running_gateway
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.config import StatePaths
@@ -27,11 +24,8 @@ BURST = 6
 
 @pytest.fixture
 def sandbox_dir() -> Iterator[Path]:
-    # Outside pytest's 0700 tmp_path (sandbox uids must reach it), and this test's own.
-    base = Path(tempfile.mkdtemp(prefix="warmshell-sweep-"))
-    os.chmod(base, 0o711)
-    yield base / "sandboxes"
-    shutil.rmtree(base, ignore_errors=True)
+    with own_sandbox_dir("warmshell-sweep-") as directory:  # this test's own
+        yield directory
 
 
 def instance_ids(*directories: Path) -> set[str]:

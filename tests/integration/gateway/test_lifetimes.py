@@ -1,6 +1,7 @@
-"""Sandbox lifetimes on a real gateway: a TTL or an idle timeout ends in deletion, RefreshTtl
-extends a TTL, the gateway's maximum is enforced with the field named, and expiry is stored, so
-a gateway restart does not forget it."""
+"""Sandbox lifetimes on a real gateway: a TTL or an idle timeout ends in deletion, a plain create
+gets a finite TTL ("never" is the operator's choice), an Exited sandbox goes after its retention,
+RefreshTtl extends a TTL, the gateway's maximum is enforced with the field named, and expiry is
+stored, so a gateway restart does not forget it."""
 
 from __future__ import annotations
 
@@ -82,9 +83,35 @@ async def test_refresh_ttl_extends_the_lifetime(gw: RunningGateway) -> None:
     assert (await gw.get("extended")).lifetime.expires_at_ms == refreshed.lifetime.expires_at_ms
 
 
-async def test_no_ttl_means_no_expiry(gw: RunningGateway) -> None:
-    created = await gw.create(name="forever")
-    assert (created.lifetime.ttl_seconds, created.lifetime.expires_at_ms) == (0, 0)
+async def test_a_plain_create_expires_and_a_ttl_past_the_maximum_is_refused(gw: RunningGateway) -> None:
+    created = await gw.create(name="plain")
+    assert created.lifetime.ttl_seconds == 3600  # the gateway's default: a crashed client leaks for an hour
+    assert 3_599_000 <= created.lifetime.expires_at_ms - created.created_at_ms <= 3_601_000
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await gw.create(name="long", ttl_seconds=999999)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == (
+        "ttl_seconds: 999999 s is beyond the gateway's maximum of 86400 s ([lifetimes] max_ttl_seconds)"
+    )
+
+
+async def test_never_is_the_operators_explicit_choice(tmp_path: Path) -> None:
+    never = {**FAST, "lifetimes.default_ttl_seconds": 0, "lifetimes.max_ttl_seconds": 0}
+    async with running_gateway(tmp_path / "state", **never) as gw:
+        created = await gw.create(name="forever")
+        assert (created.lifetime.ttl_seconds, created.lifetime.expires_at_ms) == (0, 0)
+
+
+async def test_an_exited_sandbox_is_deleted_after_its_retention(tmp_path: Path) -> None:
+    settings = {**FAST, "lifetimes.exited_retention_seconds": 1}
+    async with running_gateway(tmp_path / "state", **settings) as gw:
+        await gw.create(name="once", spec=pb.SandboxSpec(command=["true"]))
+        exited = await gw.wait_for("once", lambda s: s.status.phase == pb.SANDBOX_PHASE_EXITED)
+        assert exited.lifetime.expires_at_ms > time.time() * 1000 + 3_000_000  # its TTL is far off
+        events = await _events_until_deleted(gw, "once", timeout=10)
+        assert "ExitedRetention" in [e.progress.reason for e in events if e.HasField("progress")]
+        assert time.time() * 1_000_000 >= exited.status.timeline.exited_us + 1_000_000
+        assert await _gone(gw, "once")
 
 
 async def test_an_idle_sandbox_is_deleted_but_a_running_command_keeps_it(gw: RunningGateway) -> None:
@@ -109,7 +136,9 @@ async def test_the_maximum_is_enforced_with_the_field_named(tmp_path: Path) -> N
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await gw.create(name="long", ttl_seconds=121)
         assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        assert refused.value.details() == "ttl_seconds: 121 s is beyond the gateway's maximum of 120 s"
+        assert refused.value.details() == (
+            "ttl_seconds: 121 s is beyond the gateway's maximum of 120 s ([lifetimes] max_ttl_seconds)"
+        )
         assert await _gone(gw, "long")  # nothing half-made
         with pytest.raises(grpc.aio.AioRpcError) as unlimited:
             await gw.create(name="long", ttl_seconds=0)
@@ -152,5 +181,5 @@ async def test_a_pool_profile_sets_the_default_lifetime_of_what_it_serves(tmp_pa
         assert served.status.allocation == "warm"
         assert served.lifetime.ttl_seconds == 1  # the profile's default
         await _events_until_deleted(gw, "pooled", timeout=10)
-        cold = await gw.create(name="cold")  # no pool: the gateway's default (none)
-        assert cold.lifetime.ttl_seconds == 0
+        cold = await gw.create(name="cold")  # no pool: the gateway's default
+        assert cold.lifetime.ttl_seconds == 3600

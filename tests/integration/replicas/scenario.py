@@ -15,7 +15,8 @@ from tests.integration.drivers_kubernetes.conftest import IMAGE, NAMESPACE
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.fingerprints import SandboxShape
-from warmshell.drivers.kubernetes import labels, warmpools
+from warmshell.drivers.kubernetes import labels
+from warmshell.drivers.kubernetes.warm import warmpools
 
 POOL = "replicas"
 WARM_ENV = {"FOO": "bar"}

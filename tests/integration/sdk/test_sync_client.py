@@ -128,7 +128,7 @@ def test_errors_are_named_classes(client: warmshell.Client, gateway: CliGateway,
         client.create(ttl_seconds=7200)
     assert (too_long.value.field, too_long.value.rule) == (
         "ttl_seconds",
-        "7200 s is beyond the gateway's maximum of 3600 s",
+        "7200 s is beyond the gateway's maximum of 3600 s ([lifetimes] max_ttl_seconds)",
     )
     with client.create(name="taken") as sb:
         with pytest.raises(warmshell.AlreadyExists):

@@ -272,6 +272,30 @@ async def test_a_deleted_sandboxs_token_is_refused(gw: RunningGateway) -> None:
     )
 
 
+async def _refresh_refused(gw: RunningGateway, sandbox_id: str, instance_id: str) -> grpc.StatusCode:
+    token, _ = gw.gateway.issuer.mint(sandbox_id, instance_id)  # validly signed, as a leaked key would
+    stub = supervisor_pb2_grpc.SupervisorServiceStub(gw.channel)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.RefreshSandboxToken(
+            spb.RefreshSandboxTokenRequest(), metadata=(("authorization", f"Bearer {token}"),)
+        )
+    return refused.value.code()
+
+
+async def test_a_token_of_an_instance_the_sandbox_does_not_run_is_not_renewed(gw: RunningGateway) -> None:
+    victim = await sandbox(gw, "victim")
+    for instance in ("li-0000000000000000", "", victim.status.instance_id + "x"):
+        assert await _refresh_refused(gw, victim.id, instance) == grpc.StatusCode.PERMISSION_DENIED, instance
+    assert await _refresh_refused(gw, "no-such-sandbox", victim.status.instance_id) == grpc.StatusCode.NOT_FOUND
+    await still_real(gw, "victim")
+
+
+async def test_an_exited_sandboxs_token_is_not_renewed(gw: RunningGateway) -> None:
+    await gw.create(name="done", spec=pb.SandboxSpec(command=["true"]))
+    done = await gw.wait_for("done", lambda s: s.status.phase == pb.SANDBOX_PHASE_EXITED)
+    assert await _refresh_refused(gw, done.id, done.status.instance_id) == grpc.StatusCode.NOT_FOUND
+
+
 async def test_the_host_root_cannot_be_asked_for_as_an_image(gw: RunningGateway, tmp_path: Path) -> None:
     # An image root is bound whole as `/`: the host's own root as an "image" would hand the
     # workload every host path the allow-list keeps out (found by this test: it was accepted).

@@ -1,7 +1,8 @@
 """The kernel as a workload meets it in a local sandbox: every system call the seccomp filter
 denies, called for real (the unit tests check the filter's program, these the kernel's answer),
-the 32-bit and x32 entry points, the kernel's log and knobs under /proc, and the mount flags.
-`drivers_local/test_attacks.py` already tries ptrace, unshare and mount."""
+the socket families it refuses and pidfd_open, which it keeps, the 32-bit and x32 entry points,
+the kernel's log and knobs under /proc, and the mount flags. `drivers_local/test_attacks.py`
+already tries ptrace, unshare and mount."""
 
 from __future__ import annotations
 
@@ -75,6 +76,48 @@ async def test_every_denied_system_call_fails_with_eperm_in_the_kernel(gw: Runni
     code, out, _ = await py(gw, NAME, CLONE_NEWUSER)
     assert out.split() == ["-1", "1"]
     await still_real(gw, NAME)
+
+
+SOCKETS = """
+import errno, socket
+for name, family, kind in [
+    ("unix", socket.AF_UNIX, socket.SOCK_STREAM), ("inet", socket.AF_INET, socket.SOCK_STREAM),
+    ("inet6", socket.AF_INET6, socket.SOCK_DGRAM), ("netlink", socket.AF_NETLINK, socket.SOCK_RAW),
+    ("vsock", 40, socket.SOCK_STREAM), ("alg", 38, socket.SOCK_SEQPACKET), ("tipc", 30, socket.SOCK_RDM),
+    ("rds", 21, socket.SOCK_SEQPACKET), ("packet", 17, socket.SOCK_RAW), ("xdp", 44, socket.SOCK_RAW),
+]:
+    try:
+        socket.socket(family, kind).close()
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+    else:
+        print(name, "OK")
+print("interfaces", len(socket.if_nameindex()) > 0)  # getifaddrs' netlink, as glibc uses it
+"""
+
+PIDFD = """
+import os, signal, subprocess
+child = subprocess.Popen(["sleep", "60"])
+fd = os.pidfd_open(child.pid)
+signal.pidfd_send_signal(fd, signal.SIGTERM)
+print(child.wait())
+"""
+
+
+async def test_sockets_of_other_families_than_unix_inet_and_netlink_are_refused(gw: RunningGateway) -> None:
+    code, out, err = await py(gw, NAME, SOCKETS)
+    assert code == 0, err
+    answers = dict(line.split() for line in out.splitlines())
+    assert answers == {
+        **{name: "OK" for name in ("unix", "inet", "inet6", "netlink")},
+        **{name: "EAFNOSUPPORT" for name in ("vsock", "alg", "tipc", "rds", "packet", "xdp")},
+        "interfaces": "True",
+    }
+
+
+async def test_pidfd_open_still_manages_the_sandboxs_own_children(gw: RunningGateway) -> None:
+    # Kept for Python's asyncio, Go and systemd; pidfd_getfd is among the denied calls above.
+    assert await py(gw, NAME, PIDFD) == (0, "-15\n", "")
 
 
 @pytest.mark.parametrize("program", [INT80, X32], ids=["i386-int80", "x32"])

@@ -173,7 +173,8 @@ async def test_malformed_pairs_are_usage_errors_naming_the_flag(
     [
         (grpc.StatusCode.INVALID_ARGUMENT, ExitCode.INVALID_ARGUMENT),
         (grpc.StatusCode.ALREADY_EXISTS, ExitCode.ALREADY_EXISTS),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, ExitCode.INVALID_ARGUMENT),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, ExitCode.RESOURCE_EXHAUSTED),
+        (grpc.StatusCode.PERMISSION_DENIED, ExitCode.PERMISSION_DENIED),
         (grpc.StatusCode.INTERNAL, ExitCode.FAILURE),
     ],
 )

@@ -94,6 +94,8 @@ def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> No
         "4 already exists",
         "5 invalid argument",
         "69 gateway unreachable",
+        "8 permission denied",
+        "9 resource exhausted",
         "77 unauthenticated",
     ):
         assert fragment in text

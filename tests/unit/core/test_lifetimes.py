@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warmshell.core import lifetimes
-from warmshell.core.config import load_config
+from warmshell.core.config import LifetimesConfig, load_config
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import Lifetime
 
@@ -30,17 +30,21 @@ def test_unset_values_take_the_defaults_and_zero_means_none() -> None:
 @pytest.mark.parametrize(
     ("requested", "field", "rule"),
     [
-        (lifetimes.Requested(ttl_seconds=3601), "ttl_seconds", "3601 s is beyond the gateway's maximum of 3600 s"),
+        (
+            lifetimes.Requested(ttl_seconds=3601),
+            "ttl_seconds",
+            "3601 s is beyond the gateway's maximum of 3600 s ([lifetimes] max_ttl_seconds)",
+        ),
         (
             lifetimes.Requested(ttl_seconds=0),
             "ttl_seconds",
-            "0 (no limit) is not allowed: the gateway's maximum is 3600 s",
+            "0 (no limit) is not allowed: the gateway's maximum is 3600 s ([lifetimes] max_ttl_seconds)",
         ),
         (lifetimes.Requested(ttl_seconds=-1), "ttl_seconds", "must not be negative"),
         (
             lifetimes.Requested(idle_timeout_seconds=601),
             "idle_timeout_seconds",
-            "601 s is beyond the gateway's maximum of 600 s",
+            "601 s is beyond the gateway's maximum of 600 s ([lifetimes] max_idle_timeout_seconds)",
         ),
     ],
 )
@@ -114,3 +118,35 @@ def test_a_profile_states_its_lifetime_defaults() -> None:
         assert str(caught.value) == (
             f"p.toml:5: lifetime.{key}: 4294967296 is more than 4294967295 s, the most the API carries (0 = no limit)"
         )
+
+
+def test_an_exited_sandbox_is_due_after_its_retention_whatever_its_ttl() -> None:
+    lifetime = Lifetime(ttl_seconds=86400, expires_at_ms=NOW + 86_400_000, last_activity_ms=NOW)
+    exited = NOW + 5_000
+
+    def due(now: int, retention: int) -> str | None:
+        return lifetimes.due(
+            lifetime, last_activity_ms=0, now_ms=now, exited_at_ms=exited, exited_retention_seconds=retention
+        )
+
+    assert due(exited + 599_999, 600) is None
+    assert due(exited + 600_000, 600) == "ExitedRetention"
+    assert due(exited + 86_000_000, 0) is None  # no retention: the TTL alone
+    running = lifetimes.due(lifetime, last_activity_ms=0, now_ms=NOW + 10**6, exited_retention_seconds=600)
+    assert running is None  # not exited: retention does not apply
+
+
+def test_the_gateway_default_is_finite_and_never_is_an_explicit_choice() -> None:
+    config = LifetimesConfig()
+    assert (config.default_ttl_seconds, config.max_ttl_seconds) == (3600, 86400)
+    assert config.exited_retention_seconds > 0
+    finite = lifetimes.Limits(default_ttl_seconds=config.default_ttl_seconds, max_ttl_seconds=config.max_ttl_seconds)
+    assert lifetimes.granted(lifetimes.Requested(), finite, now_ms=NOW).expires_at_ms == NOW + 3_600_000
+    with pytest.raises(InvalidArgumentError, match="beyond the gateway's maximum of 86400 s"):
+        lifetimes.granted(lifetimes.Requested(ttl_seconds=999999), finite, now_ms=NOW)
+    # "Never" takes both keys: a default of 0 under a maximum is refused at load.
+    with pytest.raises(ValueError, match="default_ttl_seconds must be between 1 and max_ttl_seconds"):
+        LifetimesConfig(default_ttl_seconds=0)
+    never = LifetimesConfig(default_ttl_seconds=0, max_ttl_seconds=0)
+    unlimited = lifetimes.Limits(default_ttl_seconds=never.default_ttl_seconds, max_ttl_seconds=never.max_ttl_seconds)
+    assert lifetimes.granted(lifetimes.Requested(), unlimited, now_ms=NOW).expires_at_ms == 0

@@ -148,3 +148,29 @@ class FakeCluster:
             },
         }
         return token
+
+
+class CachedClaims:
+    """The informers' cache as the claim controller reads it: these claims, and no Sandbox or pod
+    (every chain is read live from the cluster)."""
+
+    def __init__(self, *claims: Obj) -> None:
+        self.claims = list(claims)
+
+    def cached_sandbox(self, name: str) -> Obj | None:
+        return None
+
+    def cached_pod(self, name: str) -> Obj | None:
+        return None
+
+    def cached_claims(self) -> list[Obj]:
+        return list(self.claims)
+
+
+def claim_controller(api: Any, activator: Any, *claims: Obj, **options: Any) -> Any:
+    """A started claim activation controller on `api`, its informer cache holding `claims`."""
+    from warmshell.drivers.kubernetes.warm import claimactivation
+
+    controller = claimactivation.ClaimActivation(api, NS, ProofSealer(KEY), CachedClaims(*claims), **options)
+    controller.start(activator)
+    return controller

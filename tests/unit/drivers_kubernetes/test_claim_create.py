@@ -20,7 +20,8 @@ from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.core.models import Allocation, SandboxSpec
 from warmshell.drivers.base import CreateRequest, MissReason
-from warmshell.drivers.kubernetes import KubernetesDriver, kube, poolcache
+from warmshell.drivers.kubernetes import KubernetesDriver, kube
+from warmshell.drivers.kubernetes.warm import claimactivation, poolcache
 
 from . import crds
 from .fakes import config
@@ -102,18 +103,11 @@ class Pools:
         pass
 
 
-class NoActivator:
+class NoActivator(claimactivation.NotStarted):
     """Never asked to activate (no claim is bound here); registrations never change."""
 
     async def activate(self, **_: Any) -> None:
         raise AssertionError("creates never activate")
-
-    async def wait_registrations_changed(self, generation: int) -> int:
-        await asyncio.Event().wait()
-        return generation
-
-    def holds(self, instance_id: Any) -> bool:
-        return False
 
 
 def pool(name: str = "foo", shape: SandboxShape = SHAPE) -> poolcache.CachedPool:

@@ -3,6 +3,8 @@ response after committing the object; this fake can)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,13 @@ class ScriptedApi:
 
     async def sandbox_resource(self, namespace: str) -> kube.Resource:
         return kube.sandboxes("v1beta1")
+
+    async def list(self, resource: kube.Resource, namespace: str, **_: Any) -> Obj:
+        return {"metadata": {"resourceVersion": "1"}, "items": []}  # what the informers list first
+
+    async def watch(self, resource: kube.Resource, namespace: str, **_: Any) -> AsyncGenerator[Obj, None]:
+        await asyncio.Event().wait()  # nothing happens on the informers' watches
+        yield {}
 
     async def create(self, resource: kube.Resource, namespace: str, body: Obj) -> Obj:
         self.calls.append("create")

@@ -12,6 +12,7 @@ import pytest
 from warmshell.core.errors import PermissionDeniedError
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import Bound
+from warmshell.drivers.events import Hub
 from warmshell.drivers.kubernetes import kube
 from warmshell.drivers.kubernetes.identity import KubernetesIdentity, looks_like_jwt
 from warmshell.drivers.kubernetes.proofs import ProofSealer
@@ -26,12 +27,13 @@ def cluster() -> FakeCluster:
 
 @pytest.fixture
 def provider(cluster: FakeCluster) -> KubernetesIdentity:
-    return KubernetesIdentity(cluster, config(), ProofSealer(KEY))
+    return KubernetesIdentity(cluster, config(), ProofSealer(KEY), Hub())
 
 
 async def test_a_pod_of_our_sandbox_is_bound_with_its_proof(cluster: FakeCluster, provider: KubernetesIdentity) -> None:
-    seen: list[tuple[str, str]] = []
-    provider = KubernetesIdentity(cluster, config(), ProofSealer(KEY), on_registered=lambda s, p: seen.append((s, p)))
+    hub = Hub()
+    events = hub.subscribe()
+    provider = KubernetesIdentity(cluster, config(), ProofSealer(KEY), hub)
     _, pod = cluster.sandbox_with_pod(sandbox_id="sbx-1", proof="secret-proof")
     identity = await provider.authenticate(cluster.token_for(pod))
     assert identity is not None
@@ -40,9 +42,15 @@ async def test_a_pod_of_our_sandbox_is_bound_with_its_proof(cluster: FakeCluster
     assert identity.instance_name == "default--one"
     assert identity.workspace == "default"
     assert identity.binding == Bound(SandboxId("sbx-1"), "secret-proof")
-    assert seen == [], "authenticating has no effect"
     provider.registered(identity)
-    assert seen == [("sbx-1", "default--one")]
+    event = await anext(events)  # the first: authenticating published nothing
+    assert event.sandbox_id == "sbx-1"
+    assert event.progress is not None
+    assert (event.progress.reason, event.progress.message) == (
+        "Registered",
+        "the supervisor in pod default--one registered",
+    )
+    await events.aclose()
     # The review asked for our audience only.
     assert cluster.calls[0] == ("review", "warmshell-gateway")
 

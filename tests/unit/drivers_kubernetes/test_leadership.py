@@ -3,7 +3,7 @@ the singletons alone or not, leading once the Lease is won, released on close.""
 
 from __future__ import annotations
 
-from warmshell.drivers.kubernetes.leadership import Leadership
+from warmshell.drivers.kubernetes.profiles.leadership import Leadership
 
 from .clocks import settle
 from .fakes import config
@@ -12,7 +12,7 @@ from .test_lease import LeaseStore
 
 async def test_a_campaign_wins_a_free_lease_once_and_close_releases_it() -> None:
     store = LeaseStore()
-    leadership = Leadership(lambda: store, config())  # type: ignore[arg-type, return-value]
+    leadership = Leadership(store, config())  # type: ignore[arg-type]
     assert not leadership.leading(), "no campaign, no leadership"
     leadership.campaign()
     leadership.campaign()  # the task is already running: nothing more campaigns

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from warmshell.drivers.kubernetes import kube, lease
+from warmshell.drivers.kubernetes import kube
+from warmshell.drivers.kubernetes.profiles import lease
 
 from .clocks import FakeClock, settle
 

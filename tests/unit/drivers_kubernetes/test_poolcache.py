@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from warmshell.core.fingerprints import SandboxShape, fingerprint
-from warmshell.drivers.kubernetes import kube, poolcache, warmpools, watching
+from warmshell.drivers.kubernetes import kube, watching
+from warmshell.drivers.kubernetes.warm import poolcache, warmpools
 
 from .fakes import NS, config
 

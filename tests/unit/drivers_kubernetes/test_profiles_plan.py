@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warmshell.core.config import KubernetesDriverConfig
-from warmshell.drivers.kubernetes import labels, profileplan
+from warmshell.drivers.kubernetes import labels
+from warmshell.drivers.kubernetes.profiles import profileplan
 
 from .fakes import NS, config
 

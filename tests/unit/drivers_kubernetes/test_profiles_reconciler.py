@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from warmshell.drivers.kubernetes import kube, labels, profileplan, profiles
-from warmshell.drivers.kubernetes.extensions import ExtensionsGate
+from warmshell.drivers.kubernetes import kube, labels
+from warmshell.drivers.kubernetes.profiles import profileplan
+from warmshell.drivers.kubernetes.profiles import reconciler as profiles
+from warmshell.drivers.kubernetes.warm.extensions import ExtensionsGate
 
 from .clocks import FakeClock, settle
 from .fakes import NS, config
@@ -279,7 +281,7 @@ async def test_gate_warns_once_while_absent_and_turns_on_when_they_appear(
     clock = FakeClock()
     gate = ExtensionsGate(api, NS, clock=clock, delays=(1.0, 2.0, 5.0))  # type: ignore[arg-type]
     api.extensions = False
-    caplog.set_level(logging.INFO, logger="warmshell.drivers.kubernetes.extensions")
+    caplog.set_level(logging.INFO, logger="warmshell.drivers.kubernetes.warm.extensions")
     waiter = asyncio.create_task(gate.wait_available())
     await clock.advance(60)
     assert gate.available is False

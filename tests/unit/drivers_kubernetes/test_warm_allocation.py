@@ -1,11 +1,12 @@
 """The warm path's public surface: `allocate` decides and writes the claim, progress reaches the
 driver's hub (a pool hit from the create, "Claimed" from the claim controller), and the idle count
-follows registrations and activations, bounded by the pool's ready count."""
+is the gateway's registrations of pool members, bounded by the pool's ready count."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,16 @@ from warmshell.core.config import StatePaths
 from warmshell.core.errors import NotFoundError
 from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
-from warmshell.drivers.base import DriverSandbox, WarmPending
+from warmshell.drivers.base import DriverSandbox
 from warmshell.drivers.events import Hub
-from warmshell.drivers.kubernetes import KubernetesDriver, claimactivation, naming, poolcache, watching
+from warmshell.drivers.kubernetes import KubernetesDriver, naming, watching
+from warmshell.drivers.kubernetes.informers import Informers
 from warmshell.drivers.kubernetes.proofs import ProofSealer
 from warmshell.drivers.kubernetes.rendering import SandboxIdentity
-from warmshell.drivers.kubernetes.warm import WarmAllocation
+from warmshell.drivers.kubernetes.warm import claimactivation
+from warmshell.drivers.kubernetes.warm.allocation import WarmAllocation
 
-from .fakes import KEY, NS, config
+from .fakes import KEY, NS, claim_controller, config
 from .test_claim_create import IMAGE, REQUEST, Api, NoActivator, Pools, pool
 from .test_warm_identity import WarmCluster
 
@@ -33,12 +36,14 @@ WHO = SandboxIdentity(sandbox_id=REQUEST.sandbox_id, workspace="default", name="
 
 
 async def opened(api: Api, pools: Pools, hub: Hub) -> WarmAllocation:
+    backoff = watching.Backoff()
     warm = WarmAllocation(
         api,  # type: ignore[arg-type]
         config(),
         ProofSealer(KEY),
         hub,
-        watching.Backoff(),
+        backoff,
+        Informers(api, NS, hub, backoff, with_claims=True),  # type: ignore[arg-type]
         gateway_id="gw-test",
         pool_cache=pools,  # type: ignore[arg-type]
     )
@@ -66,14 +71,15 @@ async def test_a_match_writes_the_claim_and_publishes_the_pool_hit() -> None:
         await warm.aclose()
         await events.aclose()
     assert not warm.running
-    assert warm.claims is None
+    assert not warm.following_claims
 
 
-async def test_before_start_the_warm_path_says_disabled_and_writes_nothing() -> None:
+async def test_before_start_the_warm_path_says_not_ready_and_writes_nothing() -> None:
+    """As the local driver says before the gateway has started it: nothing can be activated yet."""
     api = Api([])
     warm = await opened(api, Pools(pool()), Hub())
     try:
-        assert await warm.allocate(REQUEST, SHAPE, REF, WHO) == Cold(MissReason.DISABLED)
+        assert await warm.allocate(REQUEST, SHAPE, REF, WHO) == Cold(MissReason.NOT_READY)
         assert api.calls == []
     finally:
         await warm.aclose()
@@ -93,59 +99,33 @@ async def test_an_ambiguous_match_charges_both_pools_and_says_so(caplog: pytest.
         await warm.aclose()
 
 
+class Idle(NoActivator):
+    """An activator holding registrations of pool members, counted by fingerprint."""
+
+    def __init__(self, counts: dict[Fingerprint, int]) -> None:
+        self.counts = counts
+
+    def idle_members(self) -> Counter[Fingerprint]:
+        return Counter(self.counts)
+
+
 async def test_idle_counts_registrations_up_to_the_pools_ready_count() -> None:
+    """The idle count is the gateway's: registrations of the pool's members waiting there for a
+    create, bounded by the pool's own ready count; before start there is none."""
     warm = await opened(Api([]), Pools(pool()), Hub())  # the pool says 2 ready
     try:
+        assert [p.idle for p in warm.views()] == [0]
         fp = pool().fingerprint
-        for uid in ("a", "b", "c"):
-            warm.registered(InstanceId(uid), WarmPending(pool=fp))
-        warm.registered(InstanceId("other"), WarmPending(pool=Fingerprint("f" * 64)))
+        activator = Idle({fp: 3, Fingerprint("f" * 64): 1})
+        warm.start(activator)
         assert [p.idle for p in warm.views()] == [2]
-    finally:
-        await warm.aclose()
-
-
-async def test_a_member_whose_registration_is_gone_leaves_the_idle_count() -> None:
-    """A member deleted unclaimed (its supervisor's stream ended) is forgotten: before, it stayed
-    counted for good, and a pool recreated with the same shape read as idle too early."""
-    held = {InstanceId("a"), InstanceId("b")}
-
-    class Holding(NoActivator):
-        def holds(self, instance_id: Any) -> bool:
-            return instance_id in held
-
-    warm = await opened(Api([]), Pools(pool()), Hub())  # the pool says 2 ready
-    try:
-        warm.start(Holding())
-        fp = pool().fingerprint
-        for uid in ("a", "b"):
-            warm.registered(InstanceId(uid), WarmPending(pool=fp))
-        assert [p.idle for p in warm.views()] == [2]
-        held.discard(InstanceId("b"))  # b's pod was deleted: its registration ended
+        activator.counts[fp] = 1  # one activated, or its stream ended
         assert [p.idle for p in warm.views()] == [1]
-        held.add(InstanceId("b"))
-        assert [p.idle for p in warm.views()] == [1]  # forgotten, not hidden: it must register again
-        warm.registered(InstanceId("b"), WarmPending(pool=fp))
-        assert [p.idle for p in warm.views()] == [2]
     finally:
         await warm.aclose()
 
 
-def test_idle_members_are_counted_by_pool_until_activated() -> None:
-    idle = poolcache.IdleMembers()
-    a, b = Fingerprint("a" * 64), Fingerprint("b" * 64)
-    idle.registered(InstanceId("p1"), a)
-    idle.registered(InstanceId("p2"), a)
-    idle.registered(InstanceId("p3"), b)
-    idle.registered(InstanceId("p1"), a)  # the same pod registering again counts once
-    idle.activated(InstanceId("p2"))
-    idle.activated(InstanceId("never-registered"))
-    assert idle.counts() == {a: 1, b: 1}
-    idle.keep_held(lambda instance_id: instance_id != InstanceId("p3"))
-    assert idle.counts() == {a: 1}
-
-
-async def test_an_activated_claim_publishes_claimed_and_leaves_the_idle_count() -> None:
+async def test_an_activated_claim_publishes_claimed_once() -> None:
     cluster = WarmCluster()
     sandbox, pod = cluster.member(cluster.pool())
     claim = cluster.claim(proof="p")
@@ -164,44 +144,38 @@ async def test_an_activated_claim_publishes_claimed_and_leaves_the_idle_count() 
         def holds(self, instance_id: InstanceId) -> bool:
             return False
 
-    hub, idle = Hub(), poolcache.IdleMembers()
+    hub = Hub()
     events = hub.subscribe()
-    idle.registered(pod_uid, pool().fingerprint)
-    controller = claimactivation.ClaimActivation(
-        cluster,  # type: ignore[arg-type]
-        NS,
-        ProofSealer(KEY),
-        Activator(),
-        watching.Backoff(),
-        hub=hub,
-        idle=idle,
-    )
+    controller = claim_controller(cluster, Activator(), hub=hub)
     controller.replace([claim])
     await controller.wait_in_flight()
     assert [(a["instance_id"], a["sandbox_id"], a["proof"]) for a in activated] == [(pod_uid, "sbx-1", "p")]
     assert activated[0]["claimed_us"] > 0
     event = await anext(events)
     assert (event.sandbox_id, event.progress and event.progress.reason) == (SandboxId("sbx-1"), "Claimed")
-    assert idle.counts() == {}
-    controller.replace([claim])  # seen again on a relist: done, nothing published or activated
+    controller.replace([claim])  # seen again on a resync: done, nothing published or activated
     await controller.wait_in_flight()
     assert len(activated) == 1
     await controller.aclose()
     await events.aclose()
 
 
-async def test_the_driver_exposes_its_warm_path_read_only(tmp_path: Path) -> None:
+async def test_the_driver_builds_its_parts_once_when_it_opens(tmp_path: Path) -> None:
+    """Everything exists from the moment the driver is open; `start` only hands the activator over,
+    and the claim informer then runs as the claim controller's one source of claims."""
     driver = KubernetesDriver(config(), StatePaths(tmp_path), api=Api([]), pool_cache=Pools(pool()))  # type: ignore[arg-type]
     async with driver:
         warm = driver.warm_allocation
         assert warm is not None
-        assert warm.pool_cache is not None
-        assert warm.claims is None  # no activator yet
+        informers, controller = driver.informers, warm.claims
+        assert warm.running
+        assert not warm.started
+        assert not warm.following_claims
         await driver.start(NoActivator())
-        assert warm.claims is not None
-        assert driver.informers is None  # started by the first watch
+        assert warm.started
+        assert warm.following_claims
         subscription = driver.watch()
-        assert driver.informers is not None
+        assert (driver.informers, warm.claims, driver.warm_allocation) == (informers, controller, warm)
         await subscription.aclose()
     unconfigured = KubernetesDriver(
         config(warm_pooling={"enabled": False}),
@@ -219,18 +193,10 @@ async def test_a_parked_claim_keeps_the_moment_it_was_bound(monkeypatch: pytest.
     that claimed time, without resolving (or saying "Claimed") again."""
     monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (0.001,))
 
-    class Listing(WarmCluster):
-        async def list(self, resource: Any, namespace: str, **_: Any) -> dict[str, Any]:
-            items = [o for (plural, _ns, _name), o in self.objects.items() if plural == resource.plural]
-            return {"metadata": {"resourceVersion": "1"}, "items": items}
-
-        async def watch(self, *_: Any, **__: Any) -> Any:
-            await asyncio.Event().wait()
-            yield {}
-
-    cluster = Listing()
+    cluster = WarmCluster()
     sandbox, _pod = cluster.member(cluster.pool())
-    cluster.adopt(sandbox, cluster.claim(proof="p"))
+    claim = cluster.claim(proof="p")
+    cluster.adopt(sandbox, claim)
     attempts: list[int] = []
     registered = asyncio.Event()
 
@@ -254,15 +220,7 @@ async def test_a_parked_claim_keeps_the_moment_it_was_bound(monkeypatch: pytest.
 
     hub = Hub()
     events = hub.subscribe()
-    controller = claimactivation.ClaimActivation(
-        cluster,  # type: ignore[arg-type]
-        NS,
-        ProofSealer(KEY),
-        Activator(),
-        watching.Backoff(),
-        hub=hub,
-    )
-    controller.start()
+    controller = claim_controller(cluster, Activator(), claim, hub=hub)  # its first resync finds the claim
     try:
         async with asyncio.timeout(5):
             while len(attempts) < 2:
@@ -331,14 +289,7 @@ def parked_scene(
         claim_objs.append(claim)
         pods.append(pod["metadata"]["uid"])
     activator = HeldHere()
-    controller = claimactivation.ClaimActivation(
-        cluster,  # type: ignore[arg-type]
-        NS,
-        ProofSealer(KEY),
-        activator,
-        watching.Backoff(),
-        **options,
-    )
+    controller = claim_controller(cluster, activator, **options)
     return cluster, activator, controller, claim_objs, pods
 
 

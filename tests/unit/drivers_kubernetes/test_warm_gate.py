@@ -16,10 +16,11 @@ import pytest
 from warmshell.core.config import StatePaths
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import MissReason
-from warmshell.drivers.kubernetes import KubernetesDriver, extensions, kube
+from warmshell.drivers.kubernetes import KubernetesDriver, kube
+from warmshell.drivers.kubernetes.warm import extensions
 
 from .fakes import config
-from .test_claim_create import REQUEST
+from .test_claim_create import REQUEST, NoActivator
 from .test_profiles_reconciler import FakeApi
 
 Obj = dict[str, Any]
@@ -67,20 +68,6 @@ class Cluster(FakeApi):
         yield {}  # an async generator that never yields: nothing happens on this watch
 
 
-class Activator:
-    """Never asked to activate here; registrations never change."""
-
-    async def activate(self, **_: Any) -> None:
-        raise AssertionError("no claim is bound in these tests")
-
-    async def wait_registrations_changed(self, generation: int) -> int:
-        await asyncio.Event().wait()
-        return generation
-
-    def holds(self, instance_id: Any) -> bool:
-        return False
-
-
 @pytest.fixture(autouse=True)
 def _quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(extensions, "PROBE_DELAYS", (0.01,))
@@ -109,7 +96,7 @@ async def cluster() -> Cluster:
 async def running(cluster: Cluster, tmp_path: Path, **settings: Any) -> AsyncIterator[KubernetesDriver]:
     driver = KubernetesDriver(config(**settings), StatePaths(tmp_path), api=cluster)  # type: ignore[arg-type]
     async with driver:
-        await driver.start(Activator())
+        await driver.start(NoActivator())
         subscription = driver.watch()
         try:
             yield driver
@@ -127,21 +114,18 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 def allocating(driver: KubernetesDriver) -> bool:
     """The gate is on and everything that reads the extension APIs runs."""
     warm = driver.warm_allocation
-    informers = driver.informers
     return (
         driver.warm_allocation_on
         and warm is not None
         and warm.running
-        and warm.claims is not None
+        and warm.following_claims
         and warm.pool_cache.synced
-        and informers is not None
-        and informers.following_claims
     )
 
 
 def claims_off(driver: KubernetesDriver) -> bool:
     warm = driver.warm_allocation
-    return warm is not None and not warm.running and warm.claims is None
+    return warm is not None and not warm.running and not warm.following_claims
 
 
 async def test_absent_at_start_then_installed_turns_warm_pooling_on(
@@ -169,7 +153,7 @@ async def test_a_404_turns_it_off_once_and_a_probe_turns_it_on_again(
         await until(lambda: allocating(driver))
         assert warnings() == []
 
-        # The CRDs go: every claim-reading part sees 404 (get, the watches, the relist) — one warning.
+        # The CRDs go: every claim-reading part sees 404 (get, the watches) — one warning.
         cluster.set_extensions(False)
         assert await driver.get(SandboxId("sbx-gone")) is None
         await until(lambda: claims_off(driver))

@@ -4,6 +4,7 @@ a sandbox token is minted."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from collections.abc import AsyncIterator
@@ -19,10 +20,12 @@ from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import SandboxRecord
 from warmshell.drivers.base import Bound, WarmPending
-from warmshell.drivers.kubernetes import claimactivation, claims, kube, naming, warmpools
+from warmshell.drivers.events import Hub
+from warmshell.drivers.kubernetes import kube, naming
 from warmshell.drivers.kubernetes.identity import KubernetesIdentity
 from warmshell.drivers.kubernetes.proofs import ProofSealer
 from warmshell.drivers.kubernetes.rendering import SandboxIdentity
+from warmshell.drivers.kubernetes.warm import claimactivation, claims, warmpools
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.records import SandboxRecords
@@ -32,7 +35,7 @@ from warmshell.gateway.store.sqlite import open_sqlite_store
 from warmshell.gateway.tokens import SandboxTokenIssuer, hash_secret
 
 from . import crds
-from .fakes import KEY, NS, FakeCluster, config
+from .fakes import KEY, NS, FakeCluster, claim_controller, config
 
 Obj = dict[str, Any]
 SHAPE = SandboxShape(workspace="default", image="ghcr.io/warmshell/warmshell:0.1.0", environment={"FOO": "bar"})
@@ -130,7 +133,7 @@ def cluster() -> WarmCluster:
 
 @pytest.fixture
 def provider(cluster: WarmCluster) -> KubernetesIdentity:
-    return KubernetesIdentity(cluster, config(), ProofSealer(KEY))
+    return KubernetesIdentity(cluster, config(), ProofSealer(KEY), Hub())
 
 
 def test_the_claim_validates_and_names_only_its_pool(cluster: WarmCluster) -> None:
@@ -341,20 +344,16 @@ async def test_a_refused_claim_is_given_up_with_a_warning(
             self.calls.append(kwargs["sandbox_id"])
 
         async def wait_registrations_changed(self, generation: int) -> int:
-            raise AssertionError("not used")
+            await asyncio.Event().wait()  # registrations never change here
+            return generation
 
     spy = Spy()
-    controller = claimactivation.ClaimActivation(
-        cluster,  # type: ignore[arg-type]
-        NS,
-        ProofSealer(KEY),
-        spy,
-        claimactivation.watching.Backoff(),
-    )
+    controller = claim_controller(cluster, spy)
     with caplog.at_level(logging.WARNING):
         controller.replace([claim])  # what a listing of the claims hands it
         assert controller.in_flight == 1
         await controller.wait_in_flight()
+    await controller.aclose()
     assert spy.calls == []
     assert any("given up" in r.getMessage() for r in caplog.records)
 
@@ -390,7 +389,6 @@ async def test_claims_are_deduplicated_and_bounded_in_flight(
 ) -> None:
     """Three bound claims, room for two: the third waits (logged at debug) and runs when a slot
     frees; a claim seen again after its activation is not activated twice."""
-    import asyncio
 
     pool = cluster.pool()
     claim_objs = []
@@ -409,19 +407,13 @@ async def test_claims_are_deduplicated_and_bounded_in_flight(
             await release.wait()
 
         async def wait_registrations_changed(self, generation: int) -> int:
-            raise AssertionError("not used")
+            await asyncio.Event().wait()  # registrations never change here
+            return generation
 
-    controller = claimactivation.ClaimActivation(
-        cluster,  # type: ignore[arg-type]
-        NS,
-        ProofSealer(KEY),
-        Gate(),
-        claimactivation.watching.Backoff(),
-        max_in_flight=2,
-    )
-    with caplog.at_level(logging.DEBUG, logger="warmshell.drivers.kubernetes.claimactivation"):
+    controller = claim_controller(cluster, Gate(), max_in_flight=2)
+    with caplog.at_level(logging.DEBUG, logger="warmshell.drivers.kubernetes.warm.claimactivation"):
         controller.replace(claim_objs)
-        controller.replace(claim_objs)  # the same claims again (a relist): nothing new starts
+        controller.replace(claim_objs)  # the same claims again (a resync): nothing new starts
         await two.wait()
         assert controller.in_flight == 2
         assert any("saturated" in r.getMessage() for r in caplog.records)

@@ -15,7 +15,8 @@ from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint
 from warmshell.core.models import Storage
 from warmshell.core.profiles import MAX_LIFETIME_SECONDS
-from warmshell.drivers.kubernetes import labels, poolcache, warmpools
+from warmshell.drivers.kubernetes import labels
+from warmshell.drivers.kubernetes.warm import poolcache, warmpools
 
 from . import crds
 from .fakes import NS, config

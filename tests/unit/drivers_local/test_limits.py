@@ -107,7 +107,7 @@ def test_the_condition_says_when_the_floor_passes_the_share() -> None:
 
 def test_the_condition_on_a_cgroup_v1_host_run_as_root() -> None:
     found = limits.condition(limits.Bounds.of(LocalDriverConfig()), V1, uid_per_sandbox=True)
-    assert (found.type, found.status, found.reason) == ("ResourceLimits", "False", "CgroupV2Unavailable")
+    assert (found.type, found.status, found.reason) == ("ResourceLimits", "False", "CgroupUnavailable")
     assert found.message == (
         "enforced: /workspace 1Gi, /tmp 256Mi, /run 16Mi, /dev/shm 64Mi (tmpfs); file size 4Gi (rlimit); "
         "1024 open files per process (rlimit); 1024 processes (rlimit). "

@@ -14,6 +14,7 @@ from warmshell.drivers.local.runtime import seccomp
 X86_64 = seccomp.AUDIT_ARCH_X86_64
 EPERM = 0x00050000 | errno.EPERM
 ENOSYS = 0x00050000 | errno.ENOSYS
+EAFNOSUPPORT = 0x00050000 | errno.EAFNOSUPPORT
 
 
 def run(prog: bytes, *, nr: int, arch: int = X86_64, arg0: int = 0) -> int:
@@ -61,8 +62,26 @@ def test_clone_with_a_namespace_flag_is_denied_plain_clone_allowed() -> None:
         assert run(PROG, nr=seccomp.SYS_CLONE, arg0=fork_flags | flag) == EPERM
 
 
+def test_the_calls_an_allow_list_review_refused_are_denied() -> None:
+    for name in ("modify_ldt", "memfd_secret", "listmount", "statmount", "pidfd_getfd", "process_madvise"):
+        assert run(PROG, nr=seccomp.DENIED[name]) == EPERM, name
+
+
+def test_sockets_of_the_allowed_families_only() -> None:
+    for family in (1, 2, 10, 16):  # AF_UNIX AF_INET AF_INET6 AF_NETLINK
+        assert run(PROG, nr=seccomp.SYS_SOCKET, arg0=family) == seccomp.RET_ALLOW, family
+    for family in (0, 17, 38, 40, 30, 21, 44):  # AF_UNSPEC PACKET ALG VSOCK TIPC RDS XDP
+        assert run(PROG, nr=seccomp.SYS_SOCKET, arg0=family) == EAFNOSUPPORT, family
+
+
+@given(st.integers(min_value=0, max_value=2**64 - 1))
+def test_only_the_low_word_of_a_socket_family_counts(arg0: int) -> None:
+    allowed = arg0 & 0xFFFFFFFF in seccomp.SOCKET_FAMILIES
+    assert run(PROG, nr=seccomp.SYS_SOCKET, arg0=arg0) == (seccomp.RET_ALLOW if allowed else EAFNOSUPPORT)
+
+
 def test_ordinary_calls_are_allowed() -> None:
-    for nr in (0, 1, 2, 3, 9, 57, 59, 60, 231, 257):  # read write open close mmap fork execve exit ...
+    for nr in (0, 1, 2, 3, 9, 57, 59, 60, 231, 257, 434):  # read write open close mmap fork execve exit ... pidfd_open
         assert run(PROG, nr=nr) == seccomp.RET_ALLOW
 
 
@@ -73,7 +92,7 @@ def test_foreign_architecture_and_x32_are_killed() -> None:
 
 @given(st.integers(min_value=0, max_value=0x3FFFFFFF))
 def test_every_syscall_number_gets_a_verdict(nr: int) -> None:
-    verdict = run(PROG, nr=nr)
+    verdict = run(PROG, nr=nr, arg0=2)  # arg0: AF_INET, for socket(2)
     expected = EPERM if nr in seccomp.DENIED.values() else ENOSYS if nr == 435 else seccomp.RET_ALLOW
     assert verdict == expected
 

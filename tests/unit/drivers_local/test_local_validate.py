@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from warmshell.core.profiles import ProfileError, parse_profile
 from warmshell.drivers.base import ComputeDriver
 from warmshell.drivers.local import LocalDriver, admission
 from warmshell.drivers.local.hostsetup import HostSetup
-from warmshell.drivers.local.runtime import cgroups, limits
+from warmshell.drivers.local.runtime import cgroups, cgroups_v1, limits
 from warmshell.drivers.local.runtime.launching import AGENT_BINARY
 
 
@@ -119,7 +120,9 @@ def test_it_is_a_compute_driver(driver: LocalDriver) -> None:
 
 
 def test_a_profile_over_the_maximums_names_its_file_and_key(tmp_path: Path) -> None:
-    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True, max_cpu="1")
+    config = LocalDriverConfig(
+        bwrap="/nonexistent/bwrap", allow_unisolated=True, max_cpu="1", allow_unenforced_limits=True
+    )
     host = HostSetup.of(config, StatePaths(tmp_path), agent=AGENT_BINARY, cgroup=cgroups.Unavailable("test"))
     text = 'version = 1\nworkspace = "default"\nreplicas = 1\n[resources]\ncpu = "1500m"\n'
     profile = parse_profile(text, name="big", source="/pools/big.toml", max_replicas=4)
@@ -155,6 +158,7 @@ def test_the_maximums_are_read_once_when_the_driver_is_made(tmp_path: Path, monk
         max_memory="1Gi",
         max_storage_size="2Gi",
         default_memory="1Gi",
+        allow_unenforced_limits=True,
     )
     host = HostSetup.of(config, StatePaths(tmp_path), agent=AGENT_BINARY, cgroup=cgroups.Unavailable("test"))
     assert host.maximums == limits.Maximums(cpu_millis=2000, memory_bytes=2**30, pids=32768, storage_bytes=2**31)
@@ -169,3 +173,36 @@ def test_the_maximums_are_read_once_when_the_driver_is_made(tmp_path: Path, monk
         admission.check_spec(asked, host)
     with pytest.raises(InvalidArgumentError, match=r"spec\.resources\.memory: '2Gi' .* \(1Gi\)"):
         admission.check_spec(SandboxSpec(resources=Resources(memory="2Gi")), host)
+
+
+def test_a_limit_this_host_cannot_enforce_is_refused_naming_the_field(tmp_path: Path) -> None:
+    config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True)
+    host = HostSetup.of(config, StatePaths(tmp_path), agent=AGENT_BINARY, cgroup=cgroups.Unavailable("no cgroups"))
+    admission.check_spec(SandboxSpec(), host)  # the configured defaults stay best-effort
+    for resources, field in (
+        (Resources(memory="512Mi"), "spec.resources.memory"),
+        (Resources(cpu="500m"), "spec.resources.cpu"),
+        (Resources(pids=64), "spec.resources.pids"),
+    ):
+        # (unisolated here, so that it runs without bwrap: nothing is bounded; see test_local_cold)
+        unisolated = r"\(local\.allow_unisolated: no bounds at all\)"
+        with pytest.raises(FailedPreconditionError, match=rf"^{field}: this host cannot enforce it {unisolated}"):
+            admission.check_spec(SandboxSpec(resources=resources), host)
+    text = 'version = 1\nworkspace = "default"\nreplicas = 1\n[resources]\nmemory = "1Gi"\n'
+    with pytest.raises(ProfileError) as caught:
+        admission.check_profile(parse_profile(text, name="m", source="/pools/m.toml", max_replicas=4), host)
+    assert (caught.value.source, caught.value.key) == ("/pools/m.toml", "resources.memory")
+    assert "local.allow_unenforced_limits = true" in caught.value.rule
+    allowed = dataclasses.replace(host, allow_unenforced_limits=True)
+    admission.check_spec(SandboxSpec(resources=Resources(memory="512Mi", cpu="1", pids=64)), allowed)
+
+
+def test_what_a_host_can_enforce() -> None:
+    v1 = cgroups_v1.CgroupV1({"memory": Path("/m"), "freezer": Path("/f")})
+    assert limits.enforceable(v1, isolated=True, uid_per_sandbox=False) == {"memory"}
+    assert limits.enforceable(v1, isolated=True, uid_per_sandbox=True) == {"memory", "pids"}  # by rlimit
+    assert limits.enforceable(v1, isolated=False, uid_per_sandbox=True) == set()  # unisolated: nothing
+    assert limits.unenforced_field(SandboxSpec(resources=Resources(memory="1Gi", pids=64)), frozenset({"memory"})) == (
+        "spec.resources.pids"
+    )
+    assert limits.unenforced_field(SandboxSpec(), frozenset()) is None

@@ -178,3 +178,22 @@ async def test_deleted_or_deleting_sandbox_gets_no_token(records: SandboxRecords
     registry.register(warm("i-2"))
     with pytest.raises(FailedPreconditionError):
         await activator.activate(instance_id=InstanceId("i-2"), sandbox_id=record.id, proof="p", reason="t")
+
+
+async def test_idle_members_are_the_warm_registrations_waiting_here(
+    records: SandboxRecords, issuer: SandboxTokenIssuer
+) -> None:
+    """What a driver shows as idle is read from the registry alone: warm-pending registrations by
+    pool fingerprint, gone once activated or once their stream ended (a member deleted unclaimed)."""
+    registry: Registry[Activation] = Registry()
+    activator = GatewayActivator(registry, records, issuer, SecretVault(records._store, bytes(32)))
+    other = SupervisorIdentity("local", InstanceId("o-1"), "o-1", "default", WarmPending(Fingerprint("other")))
+    bound = SupervisorIdentity("local", InstanceId("b-1"), "b-1", "default", Bound(SandboxId("id-b"), "p"))
+    ended = registry.register(warm("i-2"))
+    for identity in (warm("i-1"), warm("i-3"), other, bound):
+        registry.register(identity)
+    assert activator.idle_members() == {Fingerprint("fp"): 3, Fingerprint("other"): 1}
+    await make_sandbox(records, "one", "proof-1")
+    await activator.activate(instance_id=InstanceId("i-1"), sandbox_id=SandboxId("id-one"), proof="proof-1", reason="t")
+    registry.remove_if_session(InstanceId("i-2"), ended.session_id)
+    assert activator.idle_members() == {Fingerprint("fp"): 1, Fingerprint("other"): 1}

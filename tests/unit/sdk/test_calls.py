@@ -32,6 +32,11 @@ def test_create_request_leaves_unset_lifetimes_to_the_gateway() -> None:
     assert (given.spec.resources.cpu, given.spec.resources.memory, given.spec.resources.pids) == ("0.5", "1Gi", 0)
 
 
+def test_an_option_create_does_not_have_is_refused_not_ignored() -> None:
+    with pytest.raises(TypeError, match="'enc'"):
+        calls.create_request(name=None, workspace="", enc={"A": "1"})  # type: ignore[call-arg]
+
+
 def test_pids_go_out_with_the_create_and_come_back_in_the_views() -> None:
     request = calls.create_request(
         name=None, workspace="", image="", env=None, cpu="", memory="", pids=64, command=None, labels=None,
@@ -84,6 +89,57 @@ def test_ready_fold_ends_on_ready_or_exited_and_raises_on_failure() -> None:
     assert caught.value.sandbox.phase is Phase.ERROR
     with pytest.raises(errors.SandboxError, match="was deleted"):
         calls.ReadyFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING)).feed(pb.SandboxEvent(deleted="id"))
+
+
+def test_watch_fold_waits_for_what_the_caller_follows_and_never_past_a_deletion() -> None:
+    ready, error = (
+        pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_READY)),
+        pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_ERROR)),
+    )
+    exited = pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_EXITED, exit_code=0))
+    assert calls.WatchFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING)).feed(ready)
+    assert calls.WatchFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING)).feed(error)  # not raised: the caller decides
+    workload = calls.WatchFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING), until_exit=True)
+    assert not workload.feed(ready)
+    assert workload.feed(exited)
+    assert workload.watch_request().stop_on_ready is False
+    # Following output, the stream's end (after the last output) ends the wait, not the phase.
+    followed = calls.WatchFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING), until_exit=True, follow_output=True)
+    assert not followed.feed(error)
+    assert not followed.feed(exited)
+    assert followed.outcome() is calls.WaitOutcome.EXITED
+    assert followed.feed(pb.SandboxEvent(sandbox=_sandbox(pb.SANDBOX_PHASE_DELETING)))
+    gone = calls.WatchFold(_sandbox(pb.SANDBOX_PHASE_PROVISIONING), until_exit=True, follow_output=True)
+    assert gone.feed(pb.SandboxEvent(deleted="id"))
+    assert gone.outcome() is calls.WaitOutcome.FAILED
+    assert "was deleted" in str(gone.failure())
+
+
+def test_spec_differences_compare_only_what_is_given_and_amounts_not_spellings() -> None:
+    existing = pb.Sandbox(
+        name="b",
+        workspace="w",
+        labels={"k": "v"},
+        spec=pb.SandboxSpec(
+            image="img",
+            environment={"A": "1"},
+            secrets={"KEY": "<redacted>"},
+            resources=pb.Resources(cpu="500m", memory="1Gi", pids=64),
+            command=["sleep", "1"],
+        ),
+        lifetime=pb.Lifetime(ttl_seconds=60),
+    )
+    same: calls.CreateOptions = {
+        "image": "img", "env": {"A": "1"}, "secrets": {"KEY": "other"}, "cpu": "0.5", "memory": "1073741824",
+        "pids": 64, "command": ("sleep", "1"), "labels": {"k": "v"}, "ttl_seconds": 60, "idle_timeout_seconds": None,
+    }  # fmt: skip
+    assert calls.spec_differences(existing, same) == []
+    assert calls.spec_differences(existing, {}) == []
+    other: calls.CreateOptions = {"env": {}, "cpu": "1", "memory": "not-a-quantity", "ttl_seconds": 61, "image": ""}
+    assert calls.spec_differences(existing, other) == ["env", "cpu", "memory", "ttl_seconds"]
+    conflict = calls.spec_conflict(existing, ["env", "cpu"])
+    assert isinstance(conflict, errors.Conflict)
+    assert "sandbox w/b exists with a different env, cpu" in str(conflict)
 
 
 def test_exit_fold_collects_output_and_needs_an_exit() -> None:

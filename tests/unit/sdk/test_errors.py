@@ -54,6 +54,28 @@ def test_unavailable_and_unauthenticated_say_what_to_do() -> None:
     assert isinstance(errors.error_for("DEADLINE_EXCEEDED", ""), TimeoutError)
 
 
+@pytest.mark.parametrize(
+    "details",
+    [
+        "Stream removed (RST_STREAM (Received RST_STREAM with error code 7))",  # grpcio
+        "the stream was reset (HTTP/2 error 7)",  # the HTTP/2 transport
+    ],
+)
+def test_a_refused_stream_says_the_call_was_not_started_and_may_be_retried(details: str) -> None:
+    refused = errors.error_for("UNAVAILABLE", details, address="127.0.0.1:7443")
+    assert isinstance(refused, errors.Unavailable)
+    assert refused.details == (
+        "the gateway at 127.0.0.1:7443 refused the call: this connection already carries as many "
+        "concurrent calls as it allows; the call was not started, so it is safe to retry"
+    )
+    assert "fewer calls at once" in refused.hint
+
+
+def test_other_resets_are_not_taken_for_a_refusal() -> None:
+    for details in ("Received RST_STREAM with error code 2", "the stream was reset (HTTP/2 error 70)"):
+        assert "refused the call" not in errors.error_for("UNAVAILABLE", details).details
+
+
 def test_a_real_rpc_failure_is_translated_never_raw(tmp_path: Path) -> None:
     address = f"unix://{tmp_path}/none.sock"
     channel = grpc.insecure_channel(address)

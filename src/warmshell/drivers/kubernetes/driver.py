@@ -1,16 +1,17 @@
 """The Kubernetes compute driver: each sandbox is an agent-sandbox `Sandbox` (one pod), created
 directly (cold) or bound from a warm pool through a `SandboxClaim` (warm).
 
-This module coordinates. A create is offered to the warm path (`warm.WarmAllocation`), which
+This module assembles and routes. Opening the driver builds every part once (`_Parts`): the
+identity provider, the informers over our Sandboxes, their pods and the namespace's Events, the
+warm path (`warm.allocation.WarmAllocation`, with its claim informer and claim activation
+controller) and the Lease (`profiles.leadership`). A create is offered to the warm path, which
 decides (`core.allocation`) and, on one matching pool, writes the SandboxClaim; its claim
 activation controller later activates the warm pod agent-sandbox binds to it. Anything else goes
 cold: the Sandbox is rendered (`rendering`) with the activation proof sealed onto it (`proofs`)
 and created — one API write (`creating`). agent-sandbox makes the pod; its supervisor registers
 with the pod's projected token and `identity` binds it to the sandbox. Reads go to the API
-(`get`, `list`); `watch` is fed by `informers` over our Sandboxes, their pods and the namespace's
-Events, started by the first watcher and shared by all. One Lease (`leadership`) elects the
-replica that runs the profile reconciler and the gateway's singletons. Every component publishes
-what it sees to the driver's one event hub.
+(`get`, `list`); `watch` subscribes to the driver's one event hub, which every part publishes to.
+No part calls back into the driver.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import asyncio
 import builtins
 import logging
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 from warmshell.core.config import KubernetesDriverConfig, StatePaths
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
 from warmshell.core.fingerprints import shape_of
-from warmshell.core.ids import InstanceId, SandboxId
+from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import (
     Activator,
@@ -34,30 +36,30 @@ from warmshell.drivers.base import (
     MissReason,
     PoolView,
     ProgressLine,
-    WarmPending,
 )
 from warmshell.drivers.events import Hub, Subscription
-from warmshell.drivers.kubernetes import (
-    creating,
-    finding,
-    kube,
-    labels,
-    naming,
-    poolcache,
-    proofs,
-    rendering,
-    status,
-    warm,
-    watching,
-)
+from warmshell.drivers.kubernetes import creating, finding, kube, labels, naming, proofs, rendering, status, watching
 from warmshell.drivers.kubernetes.identity import KubernetesIdentity
 from warmshell.drivers.kubernetes.informers import Informers
-from warmshell.drivers.kubernetes.leadership import Leadership
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.profiles.leadership import Leadership
+from warmshell.drivers.kubernetes.warm import allocation, poolcache
 
 __all__ = ["KubernetesDriver"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """The driver's parts, each built once when it opens."""
+
+    api: kube.Kube
+    sealer: proofs.ProofSealer
+    identity: KubernetesIdentity
+    informers: Informers
+    leadership: Leadership  # the profile reconciler and the gateway's singletons
+    warm: allocation.WarmAllocation | None  # while warm pooling is configured
 
 
 class KubernetesDriver:
@@ -82,16 +84,11 @@ class KubernetesDriver:
             )
         self._config = config
         self._key_path = Path(config.proof_key_file) if config.proof_key_file else paths.root / "kubernetes-proof.key"
-        self._api = api
-        self._owns_api = api is None
+        self._given_api = api
         self._backoff = watch_backoff or watching.Backoff()
         self._pool_cache = pool_cache
-        self._identity: KubernetesIdentity | None = None
-        self._sealer: proofs.ProofSealer | None = None
         self._hub = Hub()
-        self._informers: Informers | None = None  # started by the first watch()
-        self._warm: warm.WarmAllocation | None = None  # while warm pooling is configured
-        self._leadership = Leadership(lambda: self.api, config)  # the profile reconciler, singletons
+        self._parts: _Parts | None = None  # from `__aenter__` to `aclose`
         # Label-safe: which gateway wrote a claim (diagnostics; any replica may activate it).
         self._gateway_id = labels.label_value(gateway_id or socket.gethostname())
 
@@ -108,91 +105,103 @@ class KubernetesDriver:
 
     async def _enter(self) -> None:
         key = await asyncio.to_thread(proofs.load_or_create_key, self._key_path)
-        self._sealer = proofs.ProofSealer(key)
-        if self._api is None:
-            self._api = await kube.Kube.connect(self._config)
-        self._identity = KubernetesIdentity(
-            self._api, self._config, self._sealer, on_registered=self._registered, on_warm=self._warm_registered
-        )
+        api = self._given_api or await kube.Kube.connect(self._config)
+        self._parts = parts = self._build(api, proofs.ProofSealer(key))
         try:
-            await self._api.sandbox_resource(self._config.namespace)
+            await api.sandbox_resource(self._config.namespace)
         except kube.Temporary as exc:
             # Not fatal: the probe runs again on first use.
             log.warning("kubernetes driver: cannot reach the API yet (%s)", exc)
-        if self._config.warm_pooling.enabled:
-            self._warm = warm.WarmAllocation(
-                self._api,
-                self._config,
-                self._sealer,
+        parts.informers.start()
+        if parts.warm is not None:
+            await parts.warm.open()
+
+    def _build(self, api: kube.Kube, sealer: proofs.ProofSealer) -> _Parts:
+        """Every part, wired to the others once (no I/O)."""
+        config, warm_on = self._config, self._config.warm_pooling.enabled
+        informers = Informers(api, config.namespace, self._hub, self._backoff, with_claims=warm_on)
+        warm = (
+            allocation.WarmAllocation(
+                api,
+                config,
+                sealer,
                 self._hub,
                 self._backoff,
+                informers,
                 gateway_id=self._gateway_id,
                 pool_cache=self._pool_cache,
             )
-            await self._warm.open()
+            if warm_on
+            else None
+        )
+        identity = KubernetesIdentity(api, config, sealer, self._hub)
+        return _Parts(api, sealer, identity, informers, Leadership(api, config), warm)
 
     @property
-    def warm_allocation(self) -> warm.WarmAllocation | None:
+    def _opened(self) -> _Parts:
+        if self._parts is None:
+            raise FailedPreconditionError("the kubernetes driver is not started (use `async with`)")
+        return self._parts
+
+    @property
+    def warm_allocation(self) -> allocation.WarmAllocation | None:
         """The warm path, while warm pooling is configured (after `__aenter__`)."""
-        return self._warm
+        return self._opened.warm
 
     @property
-    def informers(self) -> Informers | None:
-        """The informers feeding `watch` (from the first watch on)."""
-        return self._informers
+    def informers(self) -> Informers:
+        """The informers feeding `watch` (after `__aenter__`)."""
+        return self._opened.informers
 
     @property
     def warm_allocation_on(self) -> bool:
         """Whether SandboxClaims may exist for us now: warm pooling is configured and the gate has
         not found the extension APIs absent (unknown, after a failed probe, counts as on)."""
-        return self._warm is not None and self._warm.available
+        warm = self._opened.warm
+        return warm is not None and warm.available
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def start(self, activator: Activator) -> None:
         """Cold sandboxes are activated by registration alone; warm ones by the claim controller."""
-        if self._warm is None:
+        parts = self._opened
+        if parts.warm is None:
             return
-        self._warm.start(activator)
+        parts.warm.start(activator)
         if self._config.warm_pooling.profiles.enabled:
-            self._leadership.run_profiles(self._warm.gate)
+            parts.leadership.run_profiles(parts.warm.gate)
 
     def campaign(self) -> None:
         """See `drivers.base.Leadership`: the gateway's singletons follow the profile reconciler's
         Lease; without profiles, the Lease is held for them alone."""
-        self._leadership.campaign()
+        self._opened.leadership.campaign()
 
     def leading(self) -> bool:
         """See `drivers.base.Leadership`."""
-        return self._leadership.leading()
+        return self._parts is not None and self._parts.leadership.leading()
 
     async def aclose(self) -> None:
-        """Stop the informers and end watches; sandboxes keep running in the cluster."""
-        await self._leadership.aclose()
-        if self._warm is not None:
-            await self._warm.aclose()
-        if self._informers is not None:
-            await self._informers.aclose()
-            self._informers = None
+        """Stop every part and end watches; sandboxes keep running in the cluster."""
+        parts, self._parts = self._parts, None
+        if parts is not None:
+            await parts.leadership.aclose()
+            if parts.warm is not None:
+                await parts.warm.aclose()
+            await parts.informers.aclose()
+            if self._given_api is None:
+                await parts.api.aclose()
         self._hub.close()
-        if self._owns_api and self._api is not None:
-            await self._api.aclose()
-            self._api = None
 
     @property
     def identity(self) -> KubernetesIdentity:
         """Verifies the projected tokens of sandbox pods."""
-        if self._identity is None:
-            raise FailedPreconditionError("the kubernetes driver is not started (use `async with`)")
-        return self._identity
+        return self._opened.identity
 
     @property
     def api(self) -> kube.Kube:
         """The API adapter (after `__aenter__`)."""
-        if self._api is None:
-            raise FailedPreconditionError("the kubernetes driver is not started (use `async with`)")
-        return self._api
+        return self._opened.api
 
     # -- the ComputeDriver surface ---------------------------------------------------------
 
@@ -215,10 +224,10 @@ class KubernetesDriver:
         ref = naming.object_ref(self._config, request.workspace, request.name)
         self.validate(request.workspace, request.spec)
         who = self._identity_of(request, ref)
-        reason = MissReason.DISABLED
-        if self._warm is not None:
+        reason, warm = MissReason.DISABLED, self._opened.warm
+        if warm is not None:
             shape = shape_of(request.workspace, request.spec, default_image=self.default_image())
-            allocated = await self._warm.allocate(request, shape, ref, who)
+            allocated = await warm.allocate(request, shape, ref, who)
             if isinstance(allocated, DriverSandbox):
                 return allocated
             reason = allocated.reason
@@ -270,7 +279,7 @@ class KubernetesDriver:
         resource = await self.api.sandbox_resource(self._config.namespace)
         if self.warm_allocation_on:
             try:
-                cached = self._informers.claim_of(sandbox_id) if self._informers is not None else None
+                cached = self._opened.informers.claim_of(sandbox_id)
                 if await finding.delete_cached(self.api, kube.SANDBOX_CLAIMS, cached) or await finding.delete_found(
                     self.api, self._config.namespace, kube.SANDBOX_CLAIMS, sandbox_id
                 ):
@@ -282,31 +291,19 @@ class KubernetesDriver:
     def watch(self) -> Subscription:
         """Sandbox and pod changes and pod Events as progress lines, from this call on, until the
         driver closes (`aclose()` the result to stop early)."""
-        if self._informers is None:
-            self._informers = Informers(
-                self.api,
-                self._config.namespace,
-                self._hub,
-                self._backoff,
-                with_claims=self._warm is not None,
-                on_claims_gone=self._extensions_gone,
-            )
-            self._informers.start()
-            if self._warm is not None:
-                self._warm.follow_claims_in(self._informers)
         return self._hub.subscribe()
 
     def pools(self) -> builtins.list[PoolView]:
         """The opted-in warm pools, with the ones that can never be matched flagged."""
-        views = self._warm.views() if self._warm is not None else []
-        return views + self._leadership.invalid_profiles()
+        parts = self._opened
+        views = parts.warm.views() if parts.warm is not None else []
+        return views + parts.leadership.invalid_profiles()
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _identity_of(self, request: CreateRequest, ref: naming.ObjectRef) -> rendering.SandboxIdentity:
         """Who the object is for, with the activation proof sealed to it (namespace, name, id)."""
-        assert self._sealer is not None
-        sealed = self._sealer.seal(
+        sealed = self._opened.sealer.seal(
             request.activation_proof, namespace=ref.namespace, name=ref.name, sandbox_id=request.sandbox_id
         )
         return rendering.SandboxIdentity(
@@ -325,17 +322,8 @@ class KubernetesDriver:
 
     def _extensions_gone(self) -> None:
         """A call got 404 on an extension collection: the warm path turns claim allocation off."""
-        if self._warm is not None:
-            self._warm.lost()
-
-    # -- what the identity provider reports ------------------------------------------------
-
-    def _warm_registered(self, instance_id: InstanceId, binding: WarmPending) -> None:
-        if self._warm is not None:
-            self._warm.registered(instance_id, binding)
-
-    def _registered(self, sandbox_id: SandboxId, pod_name: str) -> None:
-        self._progress(sandbox_id, "Registered", f"the supervisor in pod {pod_name} registered")
+        if (warm := self._opened.warm) is not None:
+            warm.lost()
 
     def _progress(self, sandbox_id: SandboxId, reason: str, message: str) -> None:
         self._hub.publish(DriverEvent(sandbox_id, progress=ProgressLine(reason, message)))

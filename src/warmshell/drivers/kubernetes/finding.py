@@ -10,8 +10,9 @@ import logging
 from warmshell.core.errors import UnavailableError
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import DriverSandbox
-from warmshell.drivers.kubernetes import claims, kube, labels, status
+from warmshell.drivers.kubernetes import kube, labels, status
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.warm import claims
 
 __all__ = [
     "DELETE_ATTEMPTS",

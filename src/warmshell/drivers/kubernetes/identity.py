@@ -30,16 +30,18 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import PermissionDeniedError
 from warmshell.core.fingerprints import fingerprint
 from warmshell.core.ids import InstanceId, SandboxId
-from warmshell.drivers.base import Bound, SupervisorIdentity, WarmPending
-from warmshell.drivers.kubernetes import claims, kube, labels, naming, warmpools
+from warmshell.drivers.base import Bound, DriverEvent, ProgressLine, SupervisorIdentity, WarmPending
+from warmshell.drivers.events import Hub
+from warmshell.drivers.kubernetes import kube, labels, naming
 from warmshell.drivers.kubernetes.proofs import ProofSealer
+from warmshell.drivers.kubernetes.warm import claims, warmpools
 
 __all__ = ["IdentityApi", "KubernetesIdentity", "looks_like_jwt"]
 
@@ -62,20 +64,11 @@ class IdentityApi(Protocol):
 class KubernetesIdentity:
     """An `IdentityProvider` for supervisors in agent-sandbox pods."""
 
-    def __init__(
-        self,
-        api: IdentityApi,
-        config: KubernetesDriverConfig,
-        sealer: ProofSealer,
-        *,
-        on_registered: Callable[[SandboxId, str], None] | None = None,
-        on_warm: Callable[[InstanceId, WarmPending], None] | None = None,
-    ) -> None:
+    def __init__(self, api: IdentityApi, config: KubernetesDriverConfig, sealer: ProofSealer, hub: Hub) -> None:
         self._api = api
         self._config = config
         self._sealer = sealer
-        self._on_registered = on_registered
-        self._on_warm = on_warm
+        self._hub = hub  # the driver's event hub, for the "Registered" progress line
 
     async def authenticate(self, credential: str) -> SupervisorIdentity | None:
         """The identity behind a pod's token; None when the credential is not a JWT at all.
@@ -89,12 +82,11 @@ class KubernetesIdentity:
             raise
 
     def registered(self, identity: SupervisorIdentity) -> None:
-        """A registration of this pod was accepted: a bound pod shows a progress line, a warm one
-        is counted idle in its pool."""
-        if self._on_registered is not None and isinstance(identity.binding, Bound):
-            self._on_registered(identity.binding.sandbox_id, identity.instance_name)
-        if self._on_warm is not None and isinstance(identity.binding, WarmPending):
-            self._on_warm(identity.instance_id, identity.binding)
+        """A registration of this pod was accepted: a bound pod shows a progress line. (A warm
+        pending one is counted idle from the gateway's registrations: see `Activator.idle_members`.)"""
+        if isinstance(identity.binding, Bound):
+            line = ProgressLine("Registered", f"the supervisor in pod {identity.instance_name} registered")
+            self._hub.publish(DriverEvent(identity.binding.sandbox_id, progress=line))
 
     async def _resolve(self, token: str) -> SupervisorIdentity:
         namespace, pod_name, pod_uid, pod = await self._review_and_read_pod(token)

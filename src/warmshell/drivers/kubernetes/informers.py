@@ -5,9 +5,11 @@ progress line for each new Event about its pod or Sandbox.
 
 With warm pooling a sandbox may be a SandboxClaim instead: then the Sandboxes and pods without our
 sandbox id (pool members, adopted ones) are kept from the start, because an adopted member is the
-claim's Sandbox while carrying none of our labels, and the claims are followed while the extension
-APIs are served (`follow_claims` / `unfollow_claims`, as the warm path's gate says). Adding the claim
-informer later loses nothing: it lists first, and the Sandboxes and pods it joins are already here.
+claim's Sandbox while carrying none of our labels. The claims themselves come from the warm path's
+one claim informer (`warm.allocation`), which folds each listing and change in here
+(`claims_listed`, `claim_changed`) as well as into its claim activation controller; it starts
+and stops with the extension APIs, and loses nothing by starting late: it lists first, and the
+Sandboxes and pods it joins are already here.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from collections.abc import Callable
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import DriverEvent, DriverSandbox
 from warmshell.drivers.events import Hub
-from warmshell.drivers.kubernetes import claims, kube, labels, status, watching
+from warmshell.drivers.kubernetes import kube, labels, status, watching
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.warm import claims
 
 __all__ = ["Informers"]
 
@@ -60,23 +63,14 @@ class _Index:
 
 
 class Informers:
-    """Caches of our Sandboxes and pods by object name, kept by three informer tasks (and a
-    fourth over our SandboxClaims while they are followed)."""
+    """Caches of our Sandboxes and pods by object name, kept by three informer tasks, and of our
+    SandboxClaims as the warm path's claim informer folds them in."""
 
     def __init__(
-        self,
-        api: kube.Kube,
-        namespace: str,
-        hub: Hub,
-        backoff: watching.Backoff,
-        *,
-        with_claims: bool = False,
-        on_claims_gone: Callable[[], None] = lambda: None,
+        self, api: kube.Kube, namespace: str, hub: Hub, backoff: watching.Backoff, *, with_claims: bool = False
     ) -> None:
         self._api = api
-        self._with_claims = with_claims  # claims may be followed: read Sandboxes and pods wide
-        self._on_claims_gone = on_claims_gone
-        self._claims_task: asyncio.Task[None] | None = None
+        self._with_claims = with_claims  # claims may exist: read Sandboxes and pods wide
         self._claims: dict[str, Obj] = {}  # by claim name
         self._others: dict[str, Obj] = {}  # Sandboxes without our sandbox id, by name (claims only)
         self._namespace = namespace
@@ -127,30 +121,14 @@ class Informers:
         """Our SandboxClaim carrying this sandbox id, as the claim informer last saw it."""
         return next((c for c in self._claims.values() if claims.sandbox_id_of(c) == sandbox_id), None)
 
-    @property
-    def following_claims(self) -> bool:
-        """Whether the SandboxClaim informer runs now."""
-        return self._claims_task is not None and not self._claims_task.done()
-
-    def follow_claims(self) -> None:
-        """Start the SandboxClaim informer (once; again after `unfollow_claims` or a 404)."""
-        assert self._with_claims, "claims are followed only by informers made `with_claims`"
-        if self._claims_task is None or self._claims_task.done():
-            self._claims_task = asyncio.create_task(self._follow_claims(), name="k8s-informer:claims")
-
-    async def unfollow_claims(self) -> None:
-        """Stop the SandboxClaim informer. The cached claims stay: nothing is reported deleted on
-        a 404 alone, and the next `follow_claims` relists and reports what went meanwhile."""
-        task = self._claims_task
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            if self._claims_task is task:
-                self._claims_task = None
+    def cached_claims(self) -> list[Obj]:
+        """Our SandboxClaims as the claim informer last saw them. They stay while the informer is
+        stopped: nothing is reported deleted on a 404 alone, and its next listing reports what
+        went meanwhile."""
+        return list(self._claims.values())
 
     async def aclose(self) -> None:
         """Stop the informer tasks."""
-        await self.unfollow_claims()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -243,23 +221,17 @@ class Informers:
 
     # -- SandboxClaims ---------------------------------------------------------------------
 
-    async def _follow_claims(self) -> None:
-        try:
-            await self._follow(kube.SANDBOX_CLAIMS, labels.claim_selector(), self._claims_listed, self._claim_event)
-        except kube.NotFound:
-            # The collection itself is gone (the extension CRDs were removed): the driver's gate
-            # turns claims off, and on again once they are back.
-            self._on_claims_gone()
-
-    def _claims_listed(self, items: list[Obj]) -> None:
+    def claims_listed(self, items: list[Obj]) -> None:
+        """The claim informer listed: our claims are now exactly the ones of `items`."""
         current = {c["metadata"]["name"]: c for c in items if claims.is_ours(c)}
         for name in self._claims.keys() - current.keys():
-            self._claim_event("DELETED", self._claims[name])
+            self.claim_changed("DELETED", self._claims[name])
         self._claims = current
         self._claims_by_sandbox.reset({n: claims.bound_sandbox_name(c) for n, c in current.items()})
         self._publish_claims()
 
-    def _claim_event(self, kind: str, claim: Obj) -> None:
+    def claim_changed(self, kind: str, claim: Obj) -> None:
+        """The claim informer saw `claim` change (`kind`: ADDED, MODIFIED, DELETED)."""
         if not claims.is_ours(claim):
             return
         name = claim["metadata"]["name"]

@@ -122,7 +122,6 @@ def pod_spec(
     `[storage] workspace`; "" = unbounded) is the workspace emptyDir's sizeLimit: the kubelet
     evicts a pod that writes more there.
     """
-    uid = config.run_as_user
     pod: Obj = {
         "serviceAccountName": config.service_account,
         # The supervisor never talks to the API server; its only credential is the projected
@@ -139,41 +138,42 @@ def pod_spec(
         "restartPolicy": RESTART_POLICY,
         "terminationGracePeriodSeconds": config.termination_grace_seconds,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": uid,
-            "runAsGroup": uid,
-            # The kubelet makes projected token files readable by this group.
-            "fsGroup": uid,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security(config.run_as_user),
         "containers": [
             _container(
                 config, image=image, cpu_millis=cpu_millis, memory_bytes=memory_bytes, environment=environment or {}
             )
         ],
-        "volumes": [
-            {
-                "name": TOKEN_VOLUME,
-                "projected": {
-                    "defaultMode": 0o440,
-                    "sources": [
-                        {
-                            "serviceAccountToken": {
-                                "audience": config.token_audience,
-                                "expirationSeconds": config.token_expiration_seconds,
-                                "path": "token",
-                            }
-                        }
-                    ],
-                },
-            },
-            {"name": WORKSPACE_VOLUME, "emptyDir": {"sizeLimit": workspace_size} if workspace_size else {}},
-        ],
+        "volumes": _volumes(config, workspace_size=workspace_size),
     }
     if runtime_class_name:
         pod["runtimeClassName"] = runtime_class_name
     return pod
+
+
+def _pod_security(uid: int) -> Obj:
+    """Every container non-root as `uid`, under the runtime's default seccomp profile."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        # The kubelet makes projected token files readable by this group.
+        "fsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _volumes(config: KubernetesDriverConfig, *, workspace_size: str) -> list[Obj]:
+    """The projected gateway-audience token and the workspace emptyDir."""
+    token = {
+        "audience": config.token_audience,
+        "expirationSeconds": config.token_expiration_seconds,
+        "path": "token",
+    }
+    return [
+        {"name": TOKEN_VOLUME, "projected": {"defaultMode": 0o440, "sources": [{"serviceAccountToken": token}]}},
+        {"name": WORKSPACE_VOLUME, "emptyDir": {"sizeLimit": workspace_size} if workspace_size else {}},
+    ]
 
 
 def _container(

@@ -8,25 +8,48 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from warmshell.core.errors import InvalidArgumentError
+from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
 from warmshell.core.models import SandboxSpec
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.local.hostsetup import HostSetup
-from warmshell.drivers.local.runtime import images, limits
+from warmshell.drivers.local.runtime import cgroups, images, limits
 
-__all__ = ["check_image_root", "check_profile", "check_spec"]
+__all__ = ["check_image_root", "check_profile", "check_spec", "unenforceable"]
 
 
 def check_spec(spec: SandboxSpec, host: HostSetup) -> None:
     """The image is "" or an unpacked root filesystem directory under one of the image roots,
     there are no runtime classes, and nothing asked for is over the gateway's maximums
-    (InvalidArgumentError naming the field)."""
+    (InvalidArgumentError naming the field) or beyond what this host can enforce
+    (FailedPreconditionError naming the field; see `unenforceable`)."""
+    _check_arguments(spec, host)
+    refused = unenforceable(spec, host)
+    if refused is not None:
+        raise FailedPreconditionError(": ".join(refused))
+
+
+def _check_arguments(spec: SandboxSpec, host: HostSetup) -> None:
     if spec.runtime_class_name:
         raise InvalidArgumentError("spec.runtime_class_name", "must be empty on the local driver (no runtime classes)")
     if spec.image:
         check_image_root(spec.image, host.image_roots)
     images.check_image(spec.image)
     limits.check_maximum(spec, host.maximums)
+
+
+def unenforceable(spec: SandboxSpec, host: HostSetup) -> tuple[str, str] | None:
+    """The field and the reason when the spec asks explicitly for cpu, memory or pids this host
+    cannot enforce: refused, never silently ignored, unless `local.allow_unenforced_limits`
+    (the configured defaults stay best-effort)."""
+    field = None if host.allow_unenforced_limits else limits.unenforced_field(spec, host.enforceable)
+    if field is None:
+        return None
+    if not host.launcher.isolated:
+        why = " (local.allow_unisolated: no bounds at all)"
+    else:
+        why = f" ({host.cgroup.message})" if isinstance(host.cgroup, cgroups.Unavailable) else ""
+    rule = f"this host cannot enforce it{why}; set local.allow_unenforced_limits = true to run such sandboxes unbounded"
+    return field, rule
 
 
 def check_image_root(image: str, roots: Sequence[Path], *, field: str = "spec.image") -> None:
@@ -54,7 +77,10 @@ def check_profile(profile: Profile, host: HostSetup) -> None:
         storage=profile.storage,
     )
     try:
-        check_spec(spec, host)
+        _check_arguments(spec, host)
     except InvalidArgumentError as exc:
         key = exc.field.removeprefix("spec.")
         raise ProfileError(profile.source, key, exc.rule) from exc
+    refused = unenforceable(spec, host)
+    if refused is not None:
+        raise ProfileError(profile.source, refused[0].removeprefix("spec."), refused[1])

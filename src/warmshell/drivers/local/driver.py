@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import collections
 import dataclasses
 import functools
 import logging
@@ -81,7 +80,7 @@ class LocalDriver:
         *,
         supervise: Supervise | None = None,
         agent: Path = AGENT_BINARY,
-        cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None = None,
+        cgroup: cgroups.Backend | cgroups.Unavailable | None = None,
         kill_grace_seconds: float = 2.0,
     ) -> None:
         self._config = config
@@ -98,8 +97,6 @@ class LocalDriver:
         self._reloader: asyncio.Task[None] | None = None
         self._pools = self._pool_set() if config.pools_dir is not None else None
         self._files_executor: ThreadPoolExecutor | None = None
-        self.misses: collections.Counter[MissReason] = collections.Counter()
-        """Cold creates by reason since start (pools count their own hits and misses)."""
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
 
     def _new_fleet(self, supervise: Supervise, grace: float) -> Fleet:
@@ -230,6 +227,23 @@ class LocalDriver:
             self._files_executor = files_executor(as_root=self._host.root)
         return LocalFiles(process.open_root, instance.uid, self._files_executor)
 
+    async def freeze(self, sandbox_id: SandboxId, *, frozen: bool = True) -> None:
+        """Freeze every process of a running sandbox (`frozen=False`: thaw them) through its
+        cgroup's freezer; returns once the kernel says they are. FailedPreconditionError when it
+        is not running or this host cannot freeze it (no cgroup, or no freezer)."""
+        await self._fleet.freeze(self._running(sandbox_id), frozen=frozen)
+
+    async def usage(self, sandbox_id: SandboxId) -> cgroups.Usage:
+        """cpu seconds, memory now and at its peak, and processes of a running sandbox, read from
+        its cgroup (FailedPreconditionError when it has none)."""
+        return await self._fleet.usage(self._running(sandbox_id))
+
+    def _running(self, sandbox_id: SandboxId) -> Instance:
+        instance = self._sandboxes.get(sandbox_id)
+        if instance is None or not instance.alive:
+            raise FailedPreconditionError(f"sandbox {sandbox_id} is not running")
+        return instance
+
     def watch(self) -> AsyncIterator[DriverEvent]:
         """Events from this call on, until the driver closes."""
         return self._hub.subscribe()
@@ -248,9 +262,9 @@ class LocalDriver:
             if served is not None:
                 return served
             decision = allocation.empty(decision.pool)
+        # Per pool here; by reason once, in the gateway's manager, from the view's miss_reason.
         for pool in decision.charged:
             pool.misses += 1
-        self.misses[decision.reason] += 1
         return await self._spawn_cold(request, decision.reason)
 
     async def _claim(

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from warmshell.core.config import StatePaths
-from warmshell.core.errors import UnavailableError
+from warmshell.core.errors import FailedPreconditionError, UnavailableError
 from warmshell.core.ids import InstanceId
 from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import BackendState, DriverCondition
@@ -38,7 +38,7 @@ from warmshell.drivers.local.runtime import cgroups
 from warmshell.drivers.local.runtime import limits as resource_limits
 from warmshell.drivers.local.runtime.launching import Launcher, traversable_dir
 from warmshell.drivers.local.runtime.processes import read_tail
-from warmshell.drivers.local.runtime.uids import UidRange
+from warmshell.drivers.local.runtime.uidlease import UidLeases
 from warmshell.drivers.local.supervising import Seat, Supervise
 
 __all__ = ["ISOLATION", "Fleet"]
@@ -68,10 +68,10 @@ class Fleet:
         its own uid and its workspace lives under its workspace directory (see `launching`)."""
         self._launcher: Launcher = host.launcher
         self._supervise = supervise
-        self._uids: UidRange | None = host.uids
+        self._uids: UidLeases | None = host.uids
         self._workspaces: Path | None = host.workspaces
         self._paths = paths
-        self._cgroup: cgroups.CgroupV2 | cgroups.Unavailable = host.cgroup
+        self._cgroup: cgroups.Backend | cgroups.Unavailable = host.cgroup
         self._grace = grace
         self._on_ended = on_ended
         self.instances: dict[InstanceId, Instance] = {}
@@ -97,13 +97,10 @@ class Fleet:
         self.instances[instance.instance_id] = instance
         try:
             if self._uids is not None and self._launcher.isolated:
-                instance.uid = self._uids.acquire()
                 instance.workspaces = self._workspaces
             # Prepared in a spawner thread, right before the spawn (one thread hop per start).
             prepare = functools.partial(self._prepare, instance, spec.image)
-            instance.process = await self._launcher.start(
-                instance, image=spec.image, uid=instance.uid, nice=nice, prepare=prepare
-            )
+            instance.process = await self._launcher.start(instance, image=spec.image, nice=nice, prepare=prepare)
             # An idle member's record is first written when a create claims it: until then it
             # concerns nobody after a crash, and the sweep finds its log without one.
             if instance.sandbox_id is not None:
@@ -157,8 +154,11 @@ class Fleet:
                 _log.warning("instance %s: cannot write its record: %s", record.instance_id, exc)
 
     def _prepare(self, instance: Instance, image: str) -> None:
-        """Blocking: the sandbox's directories (a workspace on the host's disk owned by its uid,
-        unless it is a tmpfs), its cgroup, the root filesystem's bind sources."""
+        """Blocking: the sandbox's uid (leased host-wide: see `uidlease`), its directories (a
+        workspace on the host's disk owned by its uid, unless it is a tmpfs), its cgroup, the
+        root filesystem's bind sources."""
+        if self._uids is not None and self._launcher.isolated:
+            instance.uid = self._uids.acquire()
         if not self._sandboxes_made:
             self._paths.sandboxes.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._sandboxes_made = True
@@ -172,7 +172,7 @@ class Fleet:
             if instance.uid is not None:
                 os.chown(instance.workspace_dir, instance.uid, instance.uid)
         self._launcher.prepare(image)
-        if bounds is not None and isinstance(self._cgroup, cgroups.CgroupV2):
+        if bounds is not None and not isinstance(self._cgroup, cgroups.Unavailable):
             try:
                 instance.cgroup = self._cgroup.create(instance.instance_id, bounds.cgroup_limits())
             except OSError as exc:  # the sandbox runs without: say exactly what that leaves
@@ -308,14 +308,46 @@ class Fleet:
                 _log.warning("instance %s: cannot remove its files: %s", instance_id, exc)
 
     async def _release(self, instance: Instance) -> None:
-        """Give back the cgroup and, once nothing of the sandbox runs, its uid."""
-        if instance.cgroup is not None and isinstance(self._cgroup, cgroups.CgroupV2):
-            path, instance.cgroup = instance.cgroup, None
-            await asyncio.to_thread(self._cgroup.remove, path)
-        gone = instance.process is None or instance.process.returncode is not None
-        if instance.uid is not None and self._uids is not None and gone:
-            self._uids.release(instance.uid)
+        """Give back the cgroup and, once nothing of the sandbox runs, its uid (one thread hop)."""
+        group, uid = instance.cgroup, instance.uid
+        instance.cgroup = None
+        if instance.process is not None and instance.process.returncode is None:
+            uid = None  # something of it may still run as that uid: kept
+        if uid is not None:
             instance.uid = None
+        if group is not None or uid is not None:
+            await asyncio.to_thread(self._give_back, group, uid)
+
+    def _give_back(self, group: cgroups.Group | None, uid: int | None) -> None:
+        if group is not None and not isinstance(self._cgroup, cgroups.Unavailable):
+            self._cgroup.remove(group)
+        if uid is not None and self._uids is not None:
+            self._uids.release(uid)
+
+    async def freeze(self, instance: Instance, *, frozen: bool) -> None:
+        """Freeze (or thaw) every process of the instance's sandbox, through its cgroup;
+        FailedPreconditionError when it has none or the host has no freezer."""
+        backend, group = self._cgroup_of(instance, "freezer")
+        try:
+            await asyncio.to_thread(functools.partial(backend.freeze, group, frozen=frozen))
+        except OSError as exc:
+            raise FailedPreconditionError(f"instance {instance.instance_id}: cannot freeze or thaw: {exc}") from exc
+
+    async def usage(self, instance: Instance) -> cgroups.Usage:
+        """What the instance's sandbox has used, from its cgroup (FailedPreconditionError when
+        it has none)."""
+        backend, group = self._cgroup_of(instance, None)
+        return await asyncio.to_thread(backend.usage, group)
+
+    def _cgroup_of(self, instance: Instance, controller: str | None) -> tuple[cgroups.Backend, cgroups.Group]:
+        """The backend and the instance's cgroup, when it has one (and the backend `controller`)."""
+        backend = self._cgroup
+        if isinstance(backend, cgroups.Unavailable) or instance.cgroup is None:
+            why = backend.message if isinstance(backend, cgroups.Unavailable) else "none was made"
+            raise FailedPreconditionError(f"instance {instance.instance_id} has no cgroup ({why})")
+        if controller is not None and controller not in backend.controllers:
+            raise FailedPreconditionError(f"this host's {backend.version} hierarchies have no {controller}")
+        return backend, instance.cgroup
 
     def background(self, work: Coroutine[Any, Any, None], name: str | None = None) -> asyncio.Task[None]:
         """Run `work` as a task that `aclose` waits for."""
@@ -331,6 +363,8 @@ class Fleet:
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.to_thread(self._launcher.close)
+        if not isinstance(self._cgroup, cgroups.Unavailable):
+            await asyncio.to_thread(self._cgroup.close)
 
     # -- what a previous gateway left ------------------------------------------------------
 
@@ -343,6 +377,9 @@ class Fleet:
         the state dir is swept too (with its workspace, when that lives in `local.sandbox_dir`,
         a directory gateways share: there only the workspaces of instances found here are
         removed). The log is made right before the sandbox is started."""
+        cgroup = self._cgroup  # its sweep kills what ran in them, too
+        if not isinstance(cgroup, cgroups.Unavailable) and (swept := await asyncio.to_thread(cgroup.sweep)):
+            _log.info("local driver: removed %d cgroups of a previous run's sandboxes", len(swept))
         await asyncio.to_thread(records.remove_partial, self._paths.instances)
         found = await asyncio.to_thread(records.load_all, self._paths.instances)
         unowned = await asyncio.to_thread(_instances_on_disk, self._paths.sandboxes)

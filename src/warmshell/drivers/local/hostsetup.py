@@ -1,9 +1,9 @@
 """What the local driver needs from this host, worked out once from its config when the driver is
 made: bubblewrap (or unisolated mode), whether each sandbox gets its own uid (the gateway runs as
-root), the launcher every sandbox starts through with its resource bounds, the cgroup enforcing
-them, the maximums a spec is checked against (the host's size where unset), and the nice value
-refills start at. `LocalDriver.__init__` builds its fleet and pools from a `HostSetup`; nothing in
-it changes after.
+root), the launcher every sandbox starts through with its resource bounds, the cgroups enforcing
+them (and so which of a request's resources are enforceable), the maximums a spec is checked
+against (the host's size where unset), and the nice value refills start at.
+`LocalDriver.__init__` builds its fleet and pools from a `HostSetup`; nothing in it changes after.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.drivers.base import DriverCondition
-from warmshell.drivers.local.runtime import cgroups, limits
+from warmshell.drivers.local.runtime import cgroups, cgroupsetup, limits
 from warmshell.drivers.local.runtime.launching import Launcher
-from warmshell.drivers.local.runtime.uids import UidRange
+from warmshell.drivers.local.runtime.uidlease import UidLeases
 
 __all__ = ["NO_BWRAP", "HostSetup"]
 
@@ -44,13 +44,15 @@ class HostSetup:
     """The host-derived settings of one local driver (see the module docstring)."""
 
     launcher: Launcher
-    cgroup: cgroups.CgroupV2 | cgroups.Unavailable
+    cgroup: cgroups.Backend | cgroups.Unavailable
     root: bool  # then each sandbox gets its own uid (see `uids`) and its workspace under sandbox_dir
-    uids: UidRange | None
+    uids: UidLeases | None
     workspaces: Path | None
     refill_nice: int
     maximums: limits.Maximums  # read once here, checked on every create and profile
     image_roots: tuple[Path, ...] = ()  # `local.image_roots`, resolved once here
+    enforceable: frozenset[str] = frozenset()  # of cpu, memory, pids: what a request may ask for
+    allow_unenforced_limits: bool = False  # `local.allow_unenforced_limits`
 
     @classmethod
     def of(
@@ -59,7 +61,7 @@ class HostSetup:
         paths: StatePaths,
         *,
         agent: Path,
-        cgroup: cgroups.CgroupV2 | cgroups.Unavailable | None,
+        cgroup: cgroups.Backend | cgroups.Unavailable | None,
     ) -> HostSetup:
         """Check the config against this host (FailedPreconditionError without bubblewrap unless
         `config.allow_unisolated`, or with an extra bind over the state directory) and settle
@@ -70,14 +72,15 @@ class HostSetup:
         root = os.geteuid() == 0
         bounds = limits.Bounds.of(config, host_file_max=_file_max())
         launcher = _launcher(config, paths, bwrap=bwrap, agent=agent, root=root, bounds=bounds)
-        cgroup = cgroup if cgroup is not None else cgroups.detect()
+        gateway = f"gw-{_state_digest(paths)}"  # its name where the host's gateways share something
+        cgroup = cgroup if cgroup is not None else cgroupsetup.choose(gateway=gateway)
         if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
             _say_bounds(limits.condition(bounds, cgroup, uid_per_sandbox=root))
         return cls(
             launcher=launcher,
             cgroup=cgroup,
             root=root,
-            uids=UidRange(config.sandbox_uid_base, config.sandbox_uid_count) if root else None,
+            uids=_uids(config, gateway) if root else None,
             workspaces=config.sandbox_dir if root else None,
             refill_nice=_refill_nice(config),
             maximums=limits.Maximums.of(
@@ -86,7 +89,13 @@ class HostSetup:
                 host_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
             ),
             image_roots=image_roots,
+            enforceable=limits.enforceable(cgroup, isolated=bwrap is not None, uid_per_sandbox=root),
+            allow_unenforced_limits=config.allow_unenforced_limits,
         )
+
+
+def _uids(config: LocalDriverConfig, gateway: str) -> UidLeases:
+    return UidLeases(config.sandbox_dir, config.sandbox_uid_base, config.sandbox_uid_count, gateway=gateway)
 
 
 def _file_max() -> int | None:
@@ -152,8 +161,13 @@ def _etc_dir(config: LocalDriverConfig, paths: StatePaths, *, root: bool) -> Pat
     (see `launching`), and one per gateway (gateways may share `local.sandbox_dir`)."""
     if not root:
         return paths.root / "sandbox-etc"
-    digest = hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
-    return config.sandbox_dir / f"etc-{digest}"
+    return config.sandbox_dir / f"etc-{_state_digest(paths)}"
+
+
+def _state_digest(paths: StatePaths) -> str:
+    """A gateway's name on this host, for what gateways share (`local.sandbox_dir`, the cgroup
+    hierarchies): its state directory, of which only one gateway runs at a time."""
+    return hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
 
 
 def _refill_nice(config: LocalDriverConfig) -> int:

@@ -15,6 +15,7 @@ from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation, now_us
 from warmshell.drivers.base import BackendState, Bound, CreateRequest, DriverCondition, DriverSandbox, WarmPending
 from warmshell.drivers.local import credentials, records
+from warmshell.drivers.local.runtime import cgroups
 from warmshell.drivers.local.runtime.limits import Bounds
 from warmshell.drivers.local.runtime.processes import HostProcesses, SandboxProcess
 
@@ -47,7 +48,7 @@ class Instance:
     supervisor: asyncio.Task[int] | None = None  # the host-side supervisor
     uid: int | None = None  # the sandbox's own host uid (a gateway run as root)
     workspaces: Path | None = None  # where its workspace lives, when not under `directory`
-    cgroup: Path | None = None
+    cgroup: cgroups.Group | None = None
     bounds: Bounds | None = None  # what bounds its sandbox (None: unisolated, nothing)
     registered: bool = False
     deleting: bool = False

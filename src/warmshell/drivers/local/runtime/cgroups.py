@@ -1,25 +1,58 @@
-"""cpu, memory and process limits for local sandboxes through cgroup v2, where the host delegates it.
+"""cpu, memory and process limits for local sandboxes through cgroups: what every backend offers
+(`Backend`: a sandbox's `Group` made with its limits, frozen and thawed, its `Usage` read, removed,
+and what a crashed gateway left swept), and the cgroup v2 backend, where the host delegates it
+(the v1 one is `cgroups_v1`; `cgroupsetup` picks one).
 
-The driver creates `<own cgroup>/warmshell/<instance>` per sandbox, writes `cpu.max`,
-`memory.max` and `pids.max` (for the controllers delegated to it; `control_files` says what goes
-where), and starts bwrap inside it (children inherit the cgroup; see `procs_file`).
+On v2 the driver creates `<own cgroup>/warmshell/<gateway>/<instance>` per sandbox, writes
+`cpu.max`, `memory.max` and `pids.max` (for the controllers delegated to it; `control_files` says
+what goes where), and starts bwrap inside it (children inherit the cgroup; see `procs_file`).
+`<gateway>` names the gateway's state directory: gateways on one host sweep only their own.
 Hosts without a writable, delegated cgroup v2 hierarchy (cgroup v1, read-only `/sys/fs/cgroup`,
-no controller delegated) get no cgroup limits, and `detect` says why so the driver can say it
-once at start and on each sandbox as a condition. Blocking I/O on a pseudo filesystem: callers
-use `asyncio.to_thread`.
+no controller delegated) get `Unavailable`, saying why. Blocking I/O on a pseudo filesystem:
+callers use `asyncio.to_thread`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-__all__ = ["CONTROLLERS", "CgroupV2", "Limits", "Unavailable", "control_files", "detect", "procs_file"]
+__all__ = [
+    "CONTROLLERS",
+    "Backend",
+    "CgroupV2",
+    "Group",
+    "Limits",
+    "Unavailable",
+    "Usage",
+    "control_files",
+    "cpu_quota",
+    "detect",
+    "kill_and_remove",
+    "make_parent",
+    "procs_file",
+    "remove_parents",
+    "sweep_children",
+    "wait_for",
+    "write_existing",
+]
 
 _log = logging.getLogger(__name__)
 CONTROLLERS = ("cpu", "memory", "pids")
-_CPU_PERIOD_US = 100_000
+CPU_PERIOD_US = 100_000
+# A removal kills what is left in the group and retries this often (a killed process leaves its
+# cgroup only once it has exited: a few milliseconds), ~1 s in all; the next start's sweep
+# tries again.
+_REMOVE_TRIES = 100
+_RETRY_SECONDS = 0.01
 
 
 @dataclass(frozen=True)
@@ -31,14 +64,81 @@ class Limits:
     pids: int | None = None
 
 
+@dataclass(frozen=True)
+class Group:
+    """One sandbox's cgroup: its name under the gateway's parent, and its directory in each
+    hierarchy it has (one on v2; one per separately mounted controller on v1)."""
+
+    name: str
+    directories: tuple[Path, ...]
+
+    @property
+    def procs_files(self) -> tuple[Path, ...]:
+        """What a process writes its pid to, to enter the group in every hierarchy."""
+        return tuple(procs_file(directory) for directory in self.directories)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a sandbox has used, read from its cgroup (None: that controller is not there)."""
+
+    cpu_seconds: float | None
+    memory_bytes: int | None
+    memory_peak_bytes: int | None
+    processes: int | None
+
+
+class Backend(Protocol):
+    """The cgroups of one gateway's sandboxes (blocking methods: call through a thread)."""
+
+    @property
+    def version(self) -> str:
+        """ "cgroup v2" or "cgroup v1": how the ResourceLimits condition names it."""
+        ...
+
+    @property
+    def controllers(self) -> frozenset[str]:
+        """Which of cpu, memory and pids it enforces (and "freezer" if it can freeze)."""
+        ...
+
+    def create(self, name: str, limits: Limits) -> Group:
+        """Make the sandbox's group and write its limits (OSError, nothing left, if it cannot)."""
+        ...
+
+    def remove(self, group: Group) -> None:
+        """Kill whatever still runs in the group and remove it (failures logged, never raised)."""
+        ...
+
+    def freeze(self, group: Group, *, frozen: bool) -> None:
+        """Freeze (or thaw) every process of the group; returns once they are (OSError if not)."""
+        ...
+
+    def usage(self, group: Group) -> Usage:
+        """cpu seconds, memory now and at its peak, and the processes of the group."""
+        ...
+
+    def sweep(self) -> list[str]:
+        """Remove every group a previous run of this gateway left (killing what runs in them);
+        the names removed."""
+        ...
+
+    def close(self) -> None:
+        """Remove this gateway's parent, once its sandboxes' groups are gone (if it is empty)."""
+        ...
+
+
+def cpu_quota(cpu_millis: int) -> int:
+    """The CFS quota per `CPU_PERIOD_US` for `cpu_millis` of cpu (pure): at least 1ms, as the
+    kernel refuses a smaller quota."""
+    return max(1000, cpu_millis * CPU_PERIOD_US // 1000)
+
+
 def control_files(limits: Limits, controllers: frozenset[str]) -> dict[str, str]:
     """The control files of a sandbox's cgroup and what to write in each, for the limits set
     and the controllers this host delegates (pure)."""
     files: dict[str, str] = {}
     if limits.cpu_millis is not None and "cpu" in controllers:
-        # At least 1ms of every 100ms period: the kernel refuses a smaller quota.
-        quota = max(1000, limits.cpu_millis * _CPU_PERIOD_US // 1000)
-        files["cpu.max"] = f"{quota} {_CPU_PERIOD_US}\n"
+        files["cpu.max"] = f"{cpu_quota(limits.cpu_millis)} {CPU_PERIOD_US}\n"
     if limits.memory_bytes is not None and "memory" in controllers:
         files["memory.max"] = f"{limits.memory_bytes}\n"
     if limits.pids is not None and "pids" in controllers:
@@ -54,26 +154,60 @@ class Unavailable:
 
 
 class CgroupV2:
-    """A delegated cgroup v2 directory with some of `CONTROLLERS` enabled for its children."""
+    """A delegated cgroup v2 directory (this gateway's parent) with some of `CONTROLLERS`
+    enabled for its children; every v2 cgroup but the root can be frozen."""
+
+    version = "cgroup v2"
 
     def __init__(self, base: Path, controllers: frozenset[str] = frozenset(CONTROLLERS)) -> None:
         self.base = base
-        self.controllers = controllers
+        self.controllers = controllers | {"freezer"}
 
-    def create(self, name: str, limits: Limits) -> Path:
+    def create(self, name: str, limits: Limits) -> Group:
         """Make the sandbox's cgroup and write its limits."""
         path = self.base / name
         path.mkdir(exist_ok=True)
-        for file, content in control_files(limits, self.controllers).items():
-            (path / file).write_text(content)
-        return path
-
-    def remove(self, path: Path) -> None:
-        """Remove an emptied sandbox cgroup; failures are logged, never raised."""
         try:
-            path.rmdir()
-        except OSError as exc:
-            _log.debug("cannot remove cgroup %s: %s", path, exc)
+            for file, content in control_files(limits, self.controllers).items():
+                (path / file).write_text(content)
+        except OSError:
+            kill_and_remove([path])
+            raise
+        return Group(name, (path,))
+
+    def remove(self, group: Group) -> None:
+        """Kill what is left in the sandbox's cgroup and remove it; failures are logged."""
+        self.freeze(group, frozen=False, wait=False)  # a frozen process cannot die
+        kill_and_remove(group.directories)
+
+    def freeze(self, group: Group, *, frozen: bool, wait: bool = True) -> None:
+        """Write `cgroup.freeze`; wait until `cgroup.events` says it is (un)frozen."""
+        (path,) = group.directories
+        with contextlib.suppress(FileNotFoundError):
+            write_existing(path / "cgroup.freeze", "1\n" if frozen else "0\n")
+        if wait:
+            expected = f"frozen {int(frozen)}"
+            wait_for(lambda: expected in (path / "cgroup.events").read_text().splitlines(), f"{path} {expected}")
+
+    def usage(self, group: Group) -> Usage:
+        """From `cpu.stat`, `memory.current` and `memory.peak` (Linux 5.19+), `pids.current`."""
+        (path,) = group.directories
+        stat = dict(line.split() for line in _read(path / "cpu.stat", "").splitlines() if line.count(" ") == 1)
+        cpu = int(stat["usage_usec"]) / 1e6 if "usage_usec" in stat else None
+        return Usage(
+            cpu_seconds=cpu,
+            memory_bytes=_number(path / "memory.current"),
+            memory_peak_bytes=_number(path / "memory.peak"),
+            processes=_number(path / "pids.current"),
+        )
+
+    def sweep(self) -> list[str]:
+        """Remove every sandbox cgroup under this gateway's parent."""
+        return sweep_children([self.base], self.remove)
+
+    def close(self) -> None:
+        """Remove this gateway's parent if it is empty."""
+        remove_parents([self.base])
 
 
 def procs_file(path: Path) -> Path:
@@ -83,6 +217,94 @@ def procs_file(path: Path) -> Path:
     started would race with the processes it forks; so `warmshell-launch` writes its own pid
     here before it execs bwrap (same pid): there is no such window."""
     return path / "cgroup.procs"
+
+
+def kill_and_remove(directories: Iterable[Path]) -> None:
+    """SIGKILL every process left in each cgroup directory and remove it (blocking; what
+    cannot be removed in ~1 s is logged and left for the next start's sweep)."""
+    for directory in directories:
+        for _ in range(_REMOVE_TRIES):
+            try:
+                directory.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    _log.warning("cannot remove cgroup %s: %s", directory, exc)
+                    break
+            for pid in _read(procs_file(directory), "").split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+            time.sleep(_RETRY_SECONDS)
+        else:
+            _log.warning("cannot remove cgroup %s: its processes would not end", directory)
+
+
+def sweep_children(parents: Iterable[Path], remove: Callable[[Group], None]) -> list[str]:
+    """`remove` every group found under the parents (blocking): the names removed."""
+    names = sorted(
+        {entry.name for parent in parents if parent.is_dir() for entry in os.scandir(parent) if entry.is_dir()}
+    )
+    for name in names:
+        remove(Group(name, tuple(parent / name for parent in parents if (parent / name).is_dir())))
+    return names
+
+
+def remove_parents(parents: Iterable[Path]) -> None:
+    """rmdir each gateway parent (blocking); one still holding a group is left, and said. The
+    `warmshell` directory above goes too once no gateway has a parent in it, so that the cgroup
+    the gateway was started in (a service's, a session's) can be removed after it."""
+    for parent in parents:
+        try:
+            parent.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            _log.warning("cannot remove this gateway's cgroup %s: %s", parent, exc)
+            continue
+        with contextlib.suppress(OSError):  # another gateway's parent is there: it stays
+            parent.parent.rmdir()
+
+
+def make_parent(parent: Path) -> None:
+    """mkdir a gateway parent and the `warmshell` directory above it (blocking), again if
+    another gateway's `remove_parents` took that directory away in between."""
+    for _ in range(3):
+        with contextlib.suppress(FileNotFoundError):
+            parent.mkdir(parents=True, exist_ok=True)
+            return
+    parent.mkdir(parents=True, exist_ok=True)
+
+
+def wait_for(done: Callable[[], bool], what: str, *, tries: int = 200) -> None:
+    """Poll `done` until it holds (~2 s at most, blocking); OSError naming `what` if it never does."""
+    for _ in range(tries):
+        if done():
+            return
+        time.sleep(_RETRY_SECONDS)
+    raise OSError(errno.ETIMEDOUT, f"{what}: not reached")
+
+
+def write_existing(path: Path, text: str) -> None:
+    """Write a control file, never creating it (FileNotFoundError when there is none)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path, missing: str) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return missing
+
+
+def _number(path: Path) -> int | None:
+    text = _read(path, "").strip()
+    return int(text) if text.isdigit() else None
 
 
 def _own_cgroup(self_cgroup: Path) -> str | None:
@@ -101,9 +323,10 @@ def _enable(directory: Path, controllers: frozenset[str]) -> None:
 
 
 def detect(
-    root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")
+    root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup"), *, gateway: str
 ) -> CgroupV2 | Unavailable:
-    """A usable cgroup v2 parent for sandboxes, or why there is none."""
+    """A usable cgroup v2 parent for the sandboxes of the gateway named `gateway`, or why there
+    is none."""
     if not (root / "cgroup.controllers").is_file():
         return Unavailable(f"cgroup v2 is not mounted at {root} (cgroup v1 or hybrid host)")
     try:
@@ -118,8 +341,9 @@ def detect(
         # ("no internal processes"): run the gateway in a delegated scope to get limits.
         _enable(own, controllers)
         base = own / "warmshell"
-        base.mkdir(exist_ok=True)
-        _enable(base, controllers)
+        make_parent(base / gateway)
+        for directory in (base, base / gateway):
+            _enable(directory, controllers)
     except OSError as exc:
         return Unavailable(f"cannot set up a delegated cgroup under {root}: {exc}")
-    return CgroupV2(base, controllers)
+    return CgroupV2(base / gateway, controllers)

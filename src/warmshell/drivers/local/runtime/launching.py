@@ -64,8 +64,13 @@ class Launchable(Protocol):
         ...
 
     @property
-    def cgroup(self) -> Path | None:
-        """The cgroup it starts in (None: none)."""
+    def cgroup(self) -> cgroups.Group | None:
+        """The cgroup it starts in (None: none); set by `prepare`."""
+        ...
+
+    @property
+    def uid(self) -> int | None:
+        """The host uid it runs as (None: the gateway's); set by `prepare`."""
         ...
 
     @property
@@ -162,17 +167,12 @@ class Launcher:
                 self._plans[root] = sandboxing.host_root_plan(entries, names, root, staged_etc=staged, etc_dirs=subdirs)
 
     async def start(
-        self,
-        instance: Launchable,
-        *,
-        image: str,
-        uid: int | None,
-        nice: int = 0,
-        prepare: Callable[[], None] = _nothing,
+        self, instance: Launchable, *, image: str, nice: int = 0, prepare: Callable[[], None] = _nothing
     ) -> Sandbox:
-        """Start the instance's sandbox at nice value `nice`; OSError when it does not.
-        `prepare` (blocking: the instance's directories and cgroup, and `self.prepare(image)`)
-        runs first, in a spawner thread right before the spawn: one thread hop per start."""
+        """Start the instance's sandbox at nice value `nice`, as `instance.uid` once prepared;
+        OSError when it does not. `prepare` (blocking: the instance's uid, directories and cgroup,
+        and `self.prepare(image)`) runs first, in a spawner thread right before the spawn: one
+        thread hop per start."""
         log_path = instance.log_path
         if self.bwrap is None:
             await asyncio.to_thread(prepare)
@@ -198,20 +198,20 @@ class Launcher:
                 run_bytes=bounds.run_bytes if bounds is not None else None,
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
             )
-            return [*self._launch_argv(nice, uid, bounds, instance.cgroup), *sandboxing.bwrap_argv(layout)]
+            return [*self._launch_argv(nice, instance.uid, bounds, instance.cgroup), *sandboxing.bwrap_argv(layout)]
 
         return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path, spawner=self._spawner)
 
     def _launch_argv(
-        self, nice: int, uid: int | None, bounds: limits.Bounds | None, cgroup: Path | None = None
+        self, nice: int, uid: int | None, bounds: limits.Bounds | None, cgroup: cgroups.Group | None = None
     ) -> list[str]:
         """The `warmshell-launch` prefix: into the cgroup while still the gateway's uid, then
         priority, rlimits and the sandbox's uid, then bwrap (not subprocess's `user=`: that makes
         Python fork() instead of vfork(), and a fork of the gateway runs gRPC's fork handlers,
         which crash the child while other threads use gRPC)."""
         argv = [str(self._launch)]
-        if cgroup is not None:
-            argv.append(f"--cgroup={cgroups.procs_file(cgroup)}")
+        if cgroup is not None:  # one file per hierarchy on cgroup v1
+            argv += [f"--cgroup={procs}" for procs in cgroup.procs_files]
         if nice:
             argv.append(f"--priority={nice}")
         if bounds is not None:

@@ -5,14 +5,16 @@ Always, under bubblewrap: sized tmpfs for `/workspace`, `/tmp`, `/run` and `/dev
 itself is remounted read-only), a file-size rlimit on every process; with a uid per sandbox (a
 gateway run as root) a process-count rlimit, which counts that uid's processes, i.e. that
 sandbox's alone. cpu and memory (and the process count without a uid per sandbox) need a
-delegated cgroup v2 (`cgroups`). Open files: a descriptor rlimit per process, lowered so that the
+cgroup: a delegated v2 one (`cgroups`) or v1 controllers writable by the gateway (`cgroups_v1`);
+a request that asks for one the host cannot enforce is refused (`unenforced_field`), unless
+`local.allow_unenforced_limits`. Open files: a descriptor rlimit per process, lowered so that the
 sandbox's processes together cannot hold more than a share of the host's file table
 (fs.file-max, which every process on the host shares: once full, every open gets ENFILE). A
 sandbox that hits a bound gets ENOSPC, EFBIG, EAGAIN, EMFILE or the OOM killer inside; nothing
 outside it is affected.
 
 `/workspace` is a tmpfs, mounted by bwrap in the sandbox's own mount namespace: nearly free to
-set up (bench/workspace_bounds.py measured it against a loop-mounted image), gone with the
+set up (bench/investigations/workspace-bound/ measured it against a loop-mounted image), gone with the
 sandbox, and charged to its memory cgroup where there is one. `local.workspace_size = ""` keeps
 it a directory on the host's disk instead, without a bound.
 """
@@ -29,7 +31,17 @@ from warmshell.core.quantities import cpu_millis, memory_bytes, render_cpu, rend
 from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.local.runtime import cgroups
 
-__all__ = ["PRLIMIT", "Bounds", "Maximums", "check_maximum", "condition", "prlimit_argv", "rlimit_options"]
+__all__ = [
+    "PRLIMIT",
+    "Bounds",
+    "Maximums",
+    "check_maximum",
+    "condition",
+    "enforceable",
+    "prlimit_argv",
+    "rlimit_options",
+    "unenforced_field",
+]
 
 PRLIMIT = "/usr/bin/prlimit"  # util-linux, on every Debian
 # One sandbox's processes may hold at most this fraction of the host's file table between them.
@@ -122,11 +134,12 @@ def prlimit_argv(bounds: Bounds, *, uid_per_sandbox: bool) -> list[str]:
 
 
 def condition(
-    bounds: Bounds, cgroup: cgroups.CgroupV2 | cgroups.Unavailable, *, uid_per_sandbox: bool
+    bounds: Bounds, cgroup: cgroups.Backend | cgroups.Unavailable, *, uid_per_sandbox: bool
 ) -> DriverCondition:
     """`ResourceLimits`: True when every bound is enforced, else False; the message lists
     what is enforced and what is not, and why not."""
-    controllers = cgroup.controllers if isinstance(cgroup, cgroups.CgroupV2) else frozenset[str]()
+    controllers = _controllers(cgroup)
+    by = "" if isinstance(cgroup, cgroups.Unavailable) else f" ({cgroup.version})"
     places = [f"/tmp {render_memory(bounds.tmp_bytes)}", f"/run {render_memory(bounds.run_bytes)}"]
     places.append(f"/dev/shm {render_memory(bounds.shm_bytes)}")
     missing: list[str] = []
@@ -137,7 +150,7 @@ def condition(
     enforced = [f"{', '.join(places)} (tmpfs)", f"file size {render_memory(bounds.file_bytes)} (rlimit)"]
     enforced.append(f"{bounds.open_files} open files per process (rlimit)")
     if "pids" in controllers:
-        enforced.append(f"{bounds.processes} processes (cgroup v2)")
+        enforced.append(f"{bounds.processes} processes{by}")
     elif uid_per_sandbox:
         enforced.append(f"{bounds.processes} processes (rlimit)")
     else:
@@ -151,15 +164,39 @@ def condition(
         if amount is None:
             missing.append(f"{name} (no limit configured)")
         elif name in controllers:
-            enforced.append(f"{name} {amount} (cgroup v2)")
+            enforced.append(f"{name} {amount}{by}")
         else:
             missing.append(f"{name} {amount}")
     why = f" ({cgroup.message})" if isinstance(cgroup, cgroups.Unavailable) else ""
     if not missing:
         return DriverCondition("ResourceLimits", "True", "Enforced", f"enforced: {'; '.join(enforced)}.")
-    reason = "CgroupV2Unavailable" if why else "PartlyEnforced"
+    reason = "CgroupUnavailable" if why else "PartlyEnforced"
     message = f"enforced: {'; '.join(enforced)}. Not enforced: {', '.join(missing)}{why}."
     return DriverCondition("ResourceLimits", "False", reason, message)
+
+
+def enforceable(
+    cgroup: cgroups.Backend | cgroups.Unavailable, *, isolated: bool, uid_per_sandbox: bool
+) -> frozenset[str]:
+    """Which of a request's cpu, memory and pids this host can enforce (pure): those of the
+    cgroup's controllers, and the process count by rlimit where each sandbox has its own uid."""
+    if not isolated:
+        return frozenset()
+    return (_controllers(cgroup) & {"cpu", "memory", "pids"}) | ({"pids"} if uid_per_sandbox else set())
+
+
+def _controllers(cgroup: cgroups.Backend | cgroups.Unavailable) -> frozenset[str]:
+    return frozenset() if isinstance(cgroup, cgroups.Unavailable) else cgroup.controllers
+
+
+def unenforced_field(spec: SandboxSpec, enforced: frozenset[str]) -> str | None:
+    """The first resource the spec asks for explicitly that is not enforced here (pure), as
+    its field name; None when every one asked for is."""
+    resources = spec.resources
+    for name, asked in (("memory", resources.memory_bytes), ("cpu", resources.cpu_millis), ("pids", resources.pids)):
+        if asked and name not in enforced:
+            return f"spec.resources.{name}"
+    return None
 
 
 @dataclass(frozen=True)

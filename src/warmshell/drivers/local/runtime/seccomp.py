@@ -9,6 +9,13 @@ module and kexec loading, ...) fail with EPERM. clone3 fails with ENOSYS, becaus
 in memory a filter cannot read; glibc then falls back to clone(2), whose flags it can. A foreign
 architecture or the x32 ABI (a second syscall table that would dodge the numbers below) kills
 the process.
+
+Sockets are an allow-list: Unix, IPv4, IPv6 and netlink (getifaddrs needs NETLINK_ROUTE); any
+other family fails with EAFNOSUPPORT, as on a kernel built without it (AF_VSOCK would reach a
+hypervisor's services on a VM host; AF_ALG, AF_TIPC, AF_RDS, ... are kernel surface no workload
+here needs). pidfd_open stays: Python's asyncio, Go and systemd manage children with it, and in
+the sandbox's PID namespace it reaches only the sandbox's own processes; pidfd_getfd, the call
+that would take a descriptor from another process through one, is denied.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import errno
 import platform
 import struct
 
-__all__ = ["DENIED", "NAMESPACE_FLAGS", "SeccompUnsupported", "program"]
+__all__ = ["DENIED", "NAMESPACE_FLAGS", "SOCKET_FAMILIES", "SeccompUnsupported", "program"]
 
 AUDIT_ARCH_X86_64 = 0xC000003E
 X32_SYSCALL_BIT = 0x40000000
@@ -35,9 +42,17 @@ DENIED: dict[str, int] = {
     "open_by_handle_at": 304, "name_to_handle_at": 303, "iopl": 172, "ioperm": 173,
     "swapon": 167, "swapoff": 168, "reboot": 169, "acct": 163, "quotactl": 179,
     "lookup_dcookie": 212, "syslog": 103, "uselib": 134, "personality": 135,
+    # Reviewed as an allow-list would: what no workload needs, or only with a capability it has not.
+    "modify_ldt": 154, "memfd_secret": 447, "listmount": 458, "statmount": 457,
+    "pidfd_getfd": 438, "process_madvise": 440, "process_mrelease": 448, "fanotify_init": 300,
+    "move_pages": 279, "migrate_pages": 256, "vhangup": 153, "ustat": 136, "sysfs": 139, "_sysctl": 156,
+    "settimeofday": 164, "clock_settime": 227, "clock_adjtime": 305,
 }  # fmt: skip
 ENOSYS_CALLS: dict[str, int] = {"clone3": 435}
 SYS_CLONE = 56
+SYS_SOCKET = 41
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+SOCKET_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWTIME = 0x10000000, 0x20000000, 0x40000000, 0x00000080
@@ -81,6 +96,7 @@ def program(machine: str | None = None) -> bytes:
         prog += [_ins(_JEQ_K, 0, 1, nr), _ins(_RET_K, 0, 0, _errno(errno.EPERM))]
     for nr in sorted(ENOSYS_CALLS.values()):
         prog += [_ins(_JEQ_K, 0, 1, nr), _ins(_RET_K, 0, 0, _errno(errno.ENOSYS))]
+    prog += _socket_families()
     # clone(2) whose flags (the low word of args[0]) ask for a namespace.
     prog += [
         _ins(_JEQ_K, 0, 3, SYS_CLONE),
@@ -90,3 +106,13 @@ def program(machine: str | None = None) -> bytes:
         _ins(_RET_K, 0, 0, RET_ALLOW),
     ]
     return b"".join(prog)
+
+
+def _socket_families() -> list[bytes]:
+    """socket(2) whose family (the low word of args[0]) is not in SOCKET_FAMILIES: EAFNOSUPPORT.
+    Every path returns, so the accumulator's syscall number is needed no further."""
+    count = len(SOCKET_FAMILIES)
+    prog = [_ins(_JEQ_K, 0, count + 3, SYS_SOCKET), _ins(_LD_W_ABS, 0, 0, _OFFSET_ARG0)]
+    # The k-th family jumps over the ones after it and the refusal, to the allow.
+    prog += [_ins(_JEQ_K, count - k, 0, family) for k, family in enumerate(SOCKET_FAMILIES)]
+    return [*prog, _ins(_RET_K, 0, 0, _errno(errno.EAFNOSUPPORT)), _ins(_RET_K, 0, 0, RET_ALLOW)]

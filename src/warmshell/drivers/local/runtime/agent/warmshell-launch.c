@@ -2,8 +2,9 @@
  *
  *   warmshell-launch [--cgroup=PROCS] [--priority=NICE] [--RLIMIT=SOFT[:HARD]]... [--uid=UID] -- PROGRAM ARG...
  *
- * Moves itself into a cgroup (--cgroup names its cgroup.procs file; written while still the
- * gateway's uid, and before PROGRAM, so everything PROGRAM starts is in it), sets its
+ * Moves itself into a cgroup (--cgroup names its cgroup.procs file, once per hierarchy on cgroup
+ * v1; written while still the gateway's uid, and before PROGRAM, so everything PROGRAM starts is
+ * in it), sets its
  * nice value (--priority; a pool refill starts below the creates it serves), its rlimits (the
  * option names and value syntax of util-linux prlimit, e.g. --fsize=4294967296 --nproc=1024),
  * then drops to UID (that gid, no supplementary groups), and execs PROGRAM (an absolute path:

@@ -1,0 +1,312 @@
+"""Unpacking one layer's tar stream into a directory that overlayfs can use as a lower layer.
+
+Every entry goes through `entries.decide`; what is written is written relative to directory
+descriptors opened without following symbolic links (`O_NOFOLLOW`), so an entry can never be
+written through a link an earlier entry planted (`a -> /etc`, then `a/passwd`): such an entry
+refuses the layer. Files are created with `O_EXCL` after any earlier entry at the same path is
+removed, so the last entry of a path wins as tar's own semantics say.
+
+Whiteouts become overlayfs's extended-attribute whiteouts (kernel 6.7 and later, read with the
+`userxattr` mount option inside the sandbox's user namespace): an empty file carrying
+`user.overlay.whiteout`, its directory marked `user.overlay.opaque=x` ("holds whiteouts"); an
+opaque directory is marked `user.overlay.opaque=y`. Overlayfs's other form, a 0/0 character
+device, needs CAP_MKNOD in the host's namespace, which a gateway run by a normal user lacks;
+flattening the layers into one tree instead would cost a full copy per image and lose the
+sharing of layers between images. Each layer's whiteouts are also listed in its record.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import tarfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
+from warmshell.drivers.local.imagestore import entries
+from warmshell.drivers.local.imagestore.entries import Kind
+from warmshell.drivers.local.imagestore.sources import Readable
+
+__all__ = ["OPAQUE_XATTR", "WHITEOUT_XATTR", "BoundedReader", "LayerStats", "Limits", "extract_layer"]
+
+WHITEOUT_XATTR = "user.overlay.whiteout"
+OPAQUE_XATTR = "user.overlay.opaque"
+_CHUNK = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one layer: its uncompressed tar bytes (`budget`, what the store may still take)
+    and its entries."""
+
+    budget: int
+    max_entries: int = 1_000_000
+    store_key: str = "local.image_store_size"
+
+
+@dataclass
+class LayerStats:
+    """What a layer held once unpacked."""
+
+    entries: int = 0
+    files: int = 0
+    file_bytes: int = 0
+    whiteouts: list[str] = field(default_factory=list)
+    opaque: list[str] = field(default_factory=list)
+    skipped: int = 0
+
+
+class BoundedReader:
+    """The uncompressed tar stream, counted: past `limit` bytes the import is refused, so a small
+    compressed blob cannot expand without bound (a gzip bomb, or millions of tiny entries)."""
+
+    def __init__(self, raw: Readable, *, limit: int, key: str, where: str) -> None:
+        self._raw = raw
+        self.limit = limit
+        self.key = key
+        self.where = where
+        self.count = 0
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes."""
+        try:
+            data = self._raw.read(n)
+        except (EOFError, zlib.error, OSError) as exc:
+            raise InvalidArgumentError(self.where, f"is truncated or corrupt ({exc})") from None
+        self.count += len(data)
+        if self.count > self.limit:
+            raise ResourceExhaustedError(
+                f"{self.where}: unpacks to more than the {self.limit} bytes left under {self.key}"
+            )
+        return data
+
+    def drain(self) -> None:
+        """Read what follows the tar's end (padding, a compressor's trailer) so hashes complete."""
+        while self.read(_CHUNK):
+            pass
+
+
+def _kind(member: tarfile.TarInfo) -> Kind:
+    if member.isreg():
+        return Kind.FILE
+    if member.isdir():
+        return Kind.DIRECTORY
+    if member.issym():
+        return Kind.SYMLINK
+    if member.islnk():
+        return Kind.HARDLINK
+    if member.ischr() or member.isblk():
+        return Kind.DEVICE
+    return Kind.FIFO if member.isfifo() else Kind.OTHER
+
+
+class _Tree:
+    """Descriptors on the layer's directories, reached without following a symbolic link and
+    kept while the tar's entries stay in one place: a Debian root is ~9,000 entries a few
+    directories deep, and opening every parent again for each entry was most of an import's
+    time. Dropped whenever a directory is removed (a later entry replacing it), so a kept
+    descriptor never names a directory that is no longer in the tree."""
+
+    _MOST = 256
+
+    def __init__(self, root: int, where: str) -> None:
+        self.root = root
+        self.where = where
+        self._open: dict[tuple[str, ...], int] = {}
+
+    def directory(self, path: tuple[str, ...]) -> int:
+        """A descriptor (borrowed: the tree closes it) on `path`, made (0755) where missing."""
+        if not path:
+            return self.root
+        known = self._open.get(path)
+        if known is not None:
+            return known
+        parent = self.directory(path[:-1])
+        try:
+            fd = os.open(path[-1], _DIR_FLAGS, dir_fd=parent)
+        except FileNotFoundError:
+            os.mkdir(path[-1], 0o755, dir_fd=parent)
+            fd = os.open(path[-1], _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            raise InvalidArgumentError(
+                self.where, f"entry under {'/'.join(path)!r} passes through a symbolic link or a file"
+            ) from None
+        self._open[path] = fd
+        return fd
+
+    def trim(self) -> None:
+        """Between entries (never while one holds borrowed descriptors): keep at most a few hundred."""
+        if len(self._open) > self._MOST:
+            self.forget()
+
+    def forget(self, under: tuple[str, ...] = ()) -> None:
+        """Close the kept descriptors of `under` and what is below it (all by default)."""
+        for path in [p for p in self._open if p[: len(under)] == under]:
+            os.close(self._open.pop(path))
+
+
+def extract_layer(stream: BoundedReader, dest: Path, *, where: str, limits: Limits) -> LayerStats:
+    """Unpack the tar read from `stream` into the (new, empty) directory `dest`."""
+    stats = LayerStats()
+    dest.mkdir(mode=0o755)
+    tree = _Tree(os.open(dest, _DIR_FLAGS), where)
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
+            for member in tar:
+                stats.entries += 1
+                if stats.entries > limits.max_entries:
+                    raise InvalidArgumentError(where, f"has more than {limits.max_entries} entries")
+                entry = entries.Entry(member.name, _kind(member), member.mode, member.size, member.linkname)
+                action = entries.decide(entry, where=where, max_entry_bytes=limits.budget)
+                _apply(action, tar, member, tree, stats)
+                tree.trim()
+        stream.drain()
+    except tarfile.TarError as exc:
+        raise InvalidArgumentError(where, f"is not a readable tar stream ({exc})") from None
+    finally:
+        tree.forget()
+        os.close(tree.root)
+    return stats
+
+
+def _apply(
+    action: entries.Action, tar: tarfile.TarFile, member: tarfile.TarInfo, tree: _Tree, stats: LayerStats
+) -> None:
+    if isinstance(action, entries.Skip):
+        stats.skipped += 1
+    elif isinstance(action, entries.Opaque):
+        _set_opaque(tree.directory(action.directory), b"y")
+        stats.opaque.append("/".join(action.directory) or ".")
+    elif isinstance(action, entries.Whiteout):
+        _whiteout(tree.directory(action.parent), action.name)
+        stats.whiteouts.append("/".join((*action.parent, action.name)))
+    elif action.kind is Kind.HARDLINK:
+        _clear(tree, action.path, keep_directory=False)
+        src, dst = tree.directory(action.link_path[:-1]), tree.directory(action.path[:-1])
+        try:
+            os.link(action.link_path[-1], action.path[-1], src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
+        except OSError as exc:  # missing, or a directory (EPERM): no file of this layer to share
+            raise InvalidArgumentError(
+                tree.where,
+                f"entry {member.name!r} is a hard link to {member.linkname!r}, "
+                f"not a file of the layer ({exc.strerror})",
+            ) from None
+    else:
+        _write(action, tar, member, tree, stats)
+
+
+def _write(
+    action: entries.Write, tar: tarfile.TarFile, member: tarfile.TarInfo, tree: _Tree, stats: LayerStats
+) -> None:
+    was_whiteout = _clear(tree, action.path, keep_directory=action.kind is Kind.DIRECTORY)
+    parent = tree.directory(action.path[:-1])
+    name = action.path[-1]
+    if action.kind is Kind.SYMLINK:
+        os.symlink(action.link, name, dir_fd=parent)
+    elif action.kind is Kind.DIRECTORY:
+        if not _exists(parent, name):
+            os.mkdir(name, 0o700, dir_fd=parent)
+        fd = tree.directory(action.path)
+        os.fchmod(fd, action.mode)
+        if was_whiteout:  # deleted below, then made again here: nothing of the old one shows
+            _set_opaque(fd, b"y")
+    else:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+        try:
+            source = tar.extractfile(member)
+            assert source is not None
+            while chunk := source.read(_CHUNK):
+                os.write(fd, chunk)
+                stats.file_bytes += len(chunk)
+            os.fchmod(fd, action.mode)
+        finally:
+            os.close(fd)
+        stats.files += 1
+
+
+def _exists(parent: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=parent)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _clear(tree: _Tree, path: tuple[str, ...], *, keep_directory: bool) -> bool:
+    """Remove what an earlier entry left at `path` (a directory stays when one replaces it);
+    whether it was a whiteout."""
+    parent, name = tree.directory(path[:-1]), path[-1]
+    try:
+        info = os.lstat(name, dir_fd=parent)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(info.st_mode):
+        if not keep_directory:
+            tree.forget(under=path)
+            shutil.rmtree(name, dir_fd=parent)
+        return False
+    was_whiteout = stat.S_ISREG(info.st_mode) and _is_whiteout(parent, name)  # a link is never one
+    os.unlink(name, dir_fd=parent)
+    return was_whiteout
+
+
+def _is_whiteout(parent: int, name: str) -> bool:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=parent)
+    try:
+        os.getxattr(fd, WHITEOUT_XATTR)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _whiteout(parent: int, name: str) -> None:
+    try:
+        info = os.lstat(name, dir_fd=parent)
+    except FileNotFoundError:
+        info = None
+    if info is not None:
+        # The layer itself has `name` (the whiteout deleted the lower one first): a directory
+        # of this layer must then not merge with the deleted one; a file hides it already.
+        if stat.S_ISDIR(info.st_mode):
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            try:
+                _set_opaque(fd, b"y")
+            finally:
+                os.close(fd)
+        return
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+    try:
+        _setxattr(fd, WHITEOUT_XATTR, b"")
+    finally:
+        os.close(fd)
+    try:
+        current = os.getxattr(parent, OPAQUE_XATTR)
+    except OSError:
+        current = b""
+    if current != b"y":
+        _setxattr(parent, OPAQUE_XATTR, b"x")
+
+
+def _set_opaque(fd: int, value: bytes) -> None:
+    _setxattr(fd, OPAQUE_XATTR, value)
+
+
+def _setxattr(fd: int, key: str, value: bytes) -> None:
+    try:
+        os.setxattr(fd, key, value)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise FailedPreconditionError(
+                "the image store's filesystem does not keep user.* extended attributes, which "
+                "overlayfs whiteouts need: put local.image_dir on ext4, xfs, btrfs or tmpfs"
+            ) from None
+        raise

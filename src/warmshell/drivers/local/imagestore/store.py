@@ -1,0 +1,265 @@
+"""The image store on disk: `index.json` (tags, images, layers), `layers/sha256/HEX/` (each an
+unpacked layer, an overlayfs lower directory), `staging/` (imports and removals in flight), and
+`lock` (an flock: several threads, or two gateways sharing `local.image_dir`).
+
+Crash safety comes from order: a layer is unpacked under `staging/` and renamed into `layers/`
+when complete; an image becomes visible only when the index naming it (and its layers) is
+written in one atomic rename. A removal writes the index first, then moves the layer into
+`staging/` and deletes it there. Whatever a `kill -9` interrupts, the next `open()` deletes
+`staging/` and any layer directory the index does not own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmshell.core.errors import NotFoundError, ResourceExhaustedError
+from warmshell.drivers.local.imagestore import references
+from warmshell.drivers.local.imagestore.records import ImageRecord, Index, LayerRecord
+
+__all__ = ["SIZE_KEY", "ImageStore", "Pruned", "StagedLayer"]
+
+SIZE_KEY = "local.image_store_size"
+_HOW_TO_IMPORT = "import it first: warmshell image import SOURCE --name NAME:TAG (see warmshell image list)"
+
+
+@dataclass(frozen=True)
+class StagedLayer:
+    """A layer unpacked under staging, ready to be committed."""
+
+    record: LayerRecord
+    path: Path
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What a prune (or a removal) deleted."""
+
+    images: tuple[str, ...]
+    layers: int
+    bytes: int
+
+
+class ImageStore:
+    """The store under `root`, bounded to `max_bytes` of uncompressed layers. Blocking: the
+    gateway calls it from a worker thread."""
+
+    def __init__(self, root: Path, *, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self._thread_lock = threading.Lock()
+        # Each staging directory in use holds an flock on its `.lock` (name -> descriptor): a
+        # store opened by another gateway sharing `local.image_dir` leaves it alone, and the
+        # lock goes with a process that dies, so its directory is collected.
+        self._in_flight: dict[str, int] = {}
+
+    @property
+    def _index_path(self) -> Path:
+        return self.root / "index.json"
+
+    @property
+    def _staging(self) -> Path:
+        return self.root / "staging"
+
+    @property
+    def _layers(self) -> Path:
+        return self.root / "layers" / "sha256"
+
+    def layer_path(self, digest: str) -> Path:
+        """Where layer `digest` is unpacked (an overlayfs lower directory)."""
+        return self._layers / digest.removeprefix("sha256:")
+
+    def open(self) -> None:
+        """Create the store if new, and delete what an interrupted import or removal left."""
+        self._layers.mkdir(parents=True, exist_ok=True)
+        self._staging.mkdir(exist_ok=True)
+        with self._locked():
+            for leftover in self._staging.iterdir():
+                if _abandoned(leftover):
+                    _remove_tree(leftover)
+            index = self._read()
+            kept = {d for d in index.layers if d in index.used_layers()}
+            index.layers = {d: layer for d, layer in index.layers.items() if d in kept}
+            self._write(index)
+            for directory in self._layers.iterdir():
+                if f"sha256:{directory.name}" not in kept:
+                    self._discard(directory)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._thread_lock, open(self.root / "lock", "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def _read(self) -> Index:
+        try:
+            return Index.from_json(json.loads(self._index_path.read_bytes()))
+        except FileNotFoundError:
+            return Index()
+
+    def _write(self, index: Index) -> None:
+        temporary = self.root / f".index.{uuid.uuid4().hex}"
+        with open(temporary, "w") as handle:
+            json.dump(index.to_json(), handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self._index_path)
+        directory = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def _discard(self, path: Path) -> None:
+        """Move `path` into staging (so a crash never leaves half of it in place), then delete."""
+        doomed = self._staging / f"rm-{uuid.uuid4().hex}"
+        os.rename(path, doomed)
+        _remove_tree(doomed)
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Path]:
+        """A fresh directory under staging/, deleted on exit (what was committed has moved)."""
+        path = self.new_staging()
+        try:
+            yield path
+        finally:
+            self.drop_staging(path)
+
+    def new_staging(self) -> Path:
+        """A fresh directory under staging/ (the next `open` deletes it if `drop_staging` never does)."""
+        path = self._staging / f"import-{uuid.uuid4().hex}"
+        path.mkdir(mode=0o700)
+        fd = os.open(path / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._in_flight[path.name] = fd
+        return path
+
+    def drop_staging(self, path: Path) -> None:
+        """Delete a directory `new_staging` made."""
+        _remove_tree(path)
+        fd = self._in_flight.pop(path.name, None)
+        if fd is not None:
+            os.close(fd)
+
+    def index(self) -> Index:
+        """A snapshot of the index."""
+        with self._locked():
+            return self._read()
+
+    def usage(self) -> int:
+        """Bytes of stored layers."""
+        return self.index().usage()
+
+    def check_room(self, more: int, *, what: str) -> None:
+        """Refuse (RESOURCE_EXHAUSTED naming the key) if `more` bytes would not fit."""
+        _check_room(self.usage(), more, self.max_bytes, what)
+
+    def commit(self, image: ImageRecord, layers: list[StagedLayer], tags: list[str]) -> ImageRecord:
+        """Make `image` visible under `tags`, moving its staged layers in (a layer some other
+        import stored meanwhile is kept once: the staged copy is dropped)."""
+        with self._locked():
+            index = self._read()
+            new = [s for s in layers if s.record.digest not in index.layers]
+            _check_room(index.usage(), sum(s.record.size for s in new), self.max_bytes, f"image {image.digest}")
+            for staged in new:
+                target = self.layer_path(staged.record.digest)
+                if target.exists():  # an orphan of a crash not yet collected
+                    self._discard(target)
+                os.rename(staged.path, target)
+                index.layers[staged.record.digest] = staged.record
+            index.images.setdefault(image.digest, image)
+            for tag in tags:
+                index.tags[tag] = image.digest
+            self._write(index)
+            return index.images[image.digest]
+
+    def resolve(self, text: str, *, field: str = "image") -> ImageRecord:
+        """The image a reference names; NotFoundError saying how to import it."""
+        ref = references.parse_reference(text, field=field)
+        index = self.index()
+        digest = index.tags.get(ref.tagged) if ref.tagged else ref.digest
+        image = index.images.get(digest or "")
+        if image is None:
+            raise NotFoundError(f"no image {text!r} in the image store: {_HOW_TO_IMPORT}")
+        return image
+
+    def remove(self, text: str) -> Pruned:
+        """Untag `NAME:TAG` (the image goes with its last tag), or remove the image a digest
+        names with all its tags; then the layers no image uses."""
+        ref = references.parse_reference(text, field="image")
+        with self._locked():
+            index = self._read()
+            digest = index.tags.get(ref.tagged) if ref.tagged else ref.digest
+            if not digest or digest not in index.images:
+                raise NotFoundError(f"no image {text!r} in the image store (warmshell image list shows them)")
+            if ref.tagged:
+                del index.tags[ref.tagged]
+            else:
+                index.tags = {t: d for t, d in index.tags.items() if d != digest}
+            removed = () if index.names_of(digest) else (digest,)
+            for gone in removed:
+                del index.images[gone]
+            return self._collect(index, removed)
+
+    def prune(self) -> Pruned:
+        """Remove images no tag names, and layers no image uses."""
+        with self._locked():
+            index = self._read()
+            tagged = set(index.tags.values())
+            removed = tuple(sorted(d for d in index.images if d not in tagged))
+            for digest in removed:
+                del index.images[digest]
+            return self._collect(index, removed)
+
+    def _collect(self, index: Index, removed: tuple[str, ...]) -> Pruned:
+        used = index.used_layers()
+        unused = [index.layers.pop(d) for d in list(index.layers) if d not in used]
+        self._write(index)  # first: from here on no image names these layers
+        for layer in unused:
+            if self.layer_path(layer.digest).exists():
+                self._discard(self.layer_path(layer.digest))
+        return Pruned(images=removed, layers=len(unused), bytes=sum(layer.size for layer in unused))
+
+
+def _check_room(used: int, more: int, limit: int, what: str) -> None:
+    if used + more > limit:
+        raise ResourceExhaustedError(
+            f"{what} needs {more} more bytes; the image store holds {used} of its {limit} ({SIZE_KEY}): "
+            f"remove images (warmshell image rm, image prune) or raise {SIZE_KEY}"
+        )
+
+
+def _abandoned(path: Path) -> bool:
+    """Whether no live process holds staging directory `path` (its `.lock` is free, or absent)."""
+    try:
+        fd = os.open(path / ".lock", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _remove_tree(path: Path) -> None:
+    # Layers keep their owner's write bit on every directory (entries.safe_mode), so a store
+    # run by a normal user can always delete what it unpacked.
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds, for an image's import time."""
+    return int(time.time() * 1000)
