@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from warmshell.core import quantities
+from warmshell.core import egress, quantities
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
 
@@ -25,6 +25,7 @@ __all__ = [
     "LeaderElectionConfig",
     "LifetimesConfig",
     "LocalDriverConfig",
+    "NetworkConfig",
     "ProfilesConfig",
     "RateLimit",
     "RateLimitsConfig",
@@ -288,6 +289,38 @@ class LifetimesConfig(_Section):
         return self
 
 
+class NetworkConfig(_Section):
+    """`[network]`: egress of local sandboxes through the gateway's proxy (see core/egress)."""
+
+    # What a sandbox whose profile has no [network] allow list may reach: "none" or "all"
+    # ("all" never includes the host's own or private addresses: those need an IP or CIDR rule).
+    default: Literal["none", "all"] = "none"
+    # Denied to every sandbox, whatever its profile or request allows.
+    deny: list[str] = Field(default_factory=list)
+    # False: a request's --allow-net only narrows what its profile (or `default`) allows.
+    requests_may_widen: bool = False
+    # Per sandbox: open connections through the proxy, and bytes per second each way.
+    max_connections: int = Field(default=64, ge=1)
+    max_bytes_per_second: int = Field(default=50 * 1024 * 1024, ge=1024)
+    # A request line plus headers larger than this is refused (431) before anything is forwarded.
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=1024 * 1024)
+    # Decisions kept per sandbox for `warmshell sandbox egress` (a ring: the oldest go first).
+    log_entries: int = Field(default=256, ge=1, le=100_000)
+    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    # A CA file upstreams are also verified against (besides the host's trust store) when the
+    # proxy intercepts TLS for placeholder secrets: for tests and private CAs.
+    upstream_ca_file: str = ""
+
+    @field_validator("deny")
+    @classmethod
+    def _rules(cls, value: list[str]) -> list[str]:
+        try:
+            egress.parse_rules(value, field="network.deny")
+        except InvalidArgumentError as exc:  # pydantic reports ValueErrors with their field
+            raise ValueError(f"entry {exc.field.removeprefix('network.deny')}: {exc.rule}") from None
+        return value
+
+
 class StoreConfig(_Section):
     """Where sandbox records live: SQLite in the state directory (the default), or a Postgres
     shared by gateway replicas."""
@@ -408,6 +441,7 @@ class GatewayConfig(_Section):
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
 
     @property
     def paths(self) -> StatePaths:

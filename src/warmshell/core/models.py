@@ -17,6 +17,7 @@ __all__ = [
     "Allocation",
     "Condition",
     "Lifetime",
+    "NetworkRequest",
     "Phase",
     "Resources",
     "SandboxRecord",
@@ -159,6 +160,13 @@ def _quantities(dumped: dict[str, Any], amounts: dict[str, tuple[str, Callable[[
     return dumped
 
 
+class NetworkRequest(_Model):
+    """A request's egress rules (see core/egress): `allow` empty leaves its profile's as they are."""
+
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+
+
 class SandboxSpec(_Model):
     """What was asked for, after validation and normalisation."""
 
@@ -171,6 +179,10 @@ class SandboxSpec(_Model):
     secret_names: list[str] = Field(default_factory=list)
     # Never part of a request (so never part of a match): a warm member has its pool's.
     storage: Storage = Field(default_factory=Storage)
+    # Applied at activation, outside the sandbox: never part of a match (a warm member serves any).
+    network: NetworkRequest = Field(default_factory=NetworkRequest)
+    # Secret name -> the hosts it is for (the workload gets a placeholder for it; see core/egress).
+    secret_hosts: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class SandboxStatus(_Model):

@@ -225,6 +225,9 @@ class PoolView:
     ttl_seconds: int | None = None
     idle_timeout_seconds: int | None = None
     pids: int = 0
+    # The profile's `[network]` rules (allow None: the gateway's default), applied at activation.
+    network_allow: tuple[str, ...] | None = None
+    network_deny: tuple[str, ...] = ()
 
 
 def invalid_profile_view(name: str, *, source: str, message: str) -> PoolView:

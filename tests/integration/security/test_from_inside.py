@@ -273,7 +273,7 @@ async def test_a_deleted_sandboxs_token_is_refused(gw: RunningGateway) -> None:
 
 
 async def _refresh_refused(gw: RunningGateway, sandbox_id: str, instance_id: str) -> grpc.StatusCode:
-    token, _ = gw.gateway.issuer.mint(sandbox_id, instance_id)  # validly signed, as a leaked key would
+    token, _ = gw.gateway.parts.issuer.mint(sandbox_id, instance_id)  # validly signed, as a leaked key would
     stub = supervisor_pb2_grpc.SupervisorServiceStub(gw.channel)
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await stub.RefreshSandboxToken(

@@ -79,6 +79,11 @@ class SandboxServiceStub:
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.RefreshTtlRequest.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
                 _registered_method=True)
+        self.ListEgress = channel.unary_unary(
+                '/warmshell.v1.SandboxService/ListEgress',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -141,6 +146,13 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEgress(self, request, context):
+        """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +200,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.RefreshTtl,
                     request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.RefreshTtlRequest.FromString,
                     response_serializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.SerializeToString,
+            ),
+            'ListEgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEgress,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -433,6 +450,33 @@ class SandboxService:
             '/warmshell.v1.SandboxService/RefreshTtl',
             warmshell_dot_v1_dot_sandbox__pb2.RefreshTtlRequest.SerializeToString,
             warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/ListEgress',
+            warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,8 @@ class SandboxServiceStub:
     """
     ListPools: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ListPoolsRequest, _sandbox_pb2.ListPoolsResponse]
     RefreshTtl: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]
+    ListEgress: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.ListEgressResponse]
+    """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
 
 @_typing.type_check_only
 class SandboxServiceAsyncStub(SandboxServiceStub):
@@ -63,6 +65,8 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     """
     ListPools: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ListPoolsRequest, _sandbox_pb2.ListPoolsResponse]  # type: ignore[assignment]
     RefreshTtl: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
+    ListEgress: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.ListEgressResponse]  # type: ignore[assignment]
+    """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
 
 class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -131,6 +135,14 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _sandbox_pb2.RefreshTtlRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sandbox_pb2.Sandbox, _abc.Awaitable[_sandbox_pb2.Sandbox]]: ...
+
+    @_abc_1.abstractmethod
+    def ListEgress(
+        self,
+        request: _sandbox_pb2.SandboxRef,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.ListEgressResponse, _abc.Awaitable[_sandbox_pb2.ListEgressResponse]]:
+        """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
 
 def add_SandboxServiceServicer_to_server(servicer: SandboxServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -27,7 +27,7 @@ from warmshell.core import allocation
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError, UnavailableError
 from warmshell.core.fingerprints import shape_of
-from warmshell.core.ids import SandboxId
+from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import SandboxSpec, now_us
 from warmshell.drivers.base import (
     Activator,
@@ -226,6 +226,14 @@ class LocalDriver:
         if self._files_executor is None:
             self._files_executor = files_executor(as_root=self._host.root)
         return LocalFiles(process.open_root, instance.uid, self._files_executor)
+
+    def egress_socket(self, instance_id: str) -> Path | None:
+        """Where the gateway's egress proxy listens for this instance: in the directory bound
+        into its sandbox (None: unknown, or unisolated, which has the host's network anyway)."""
+        instance = self._fleet.instances.get(InstanceId(instance_id))
+        if instance is None or not self._host.launcher.isolated:
+            return None
+        return instance.egress_dir / "proxy.sock"
 
     async def freeze(self, sandbox_id: SandboxId, *, frozen: bool = True) -> None:
         """Freeze every process of a running sandbox (`frozen=False`: thaw them) through its

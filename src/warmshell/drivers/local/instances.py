@@ -19,9 +19,15 @@ from warmshell.drivers.local.runtime import cgroups
 from warmshell.drivers.local.runtime.limits import Bounds
 from warmshell.drivers.local.runtime.processes import HostProcesses, SandboxProcess
 
-__all__ = ["LOG_SUFFIX", "Instance", "lost_sandbox"]
+__all__ = ["EGRESS_SUFFIX", "LOG_SUFFIX", "Instance", "egress_dir", "lost_sandbox"]
 
 LOG_SUFFIX = ".log"  # bwrap's output is `<sandboxes>/<instance id>.log`
+EGRESS_SUFFIX = ".egress"  # the directory bound into it for the egress proxy's socket
+
+
+def egress_dir(parent: Path, instance_id: str) -> Path:
+    """`<parent>/<instance id>.egress`: beside its workspace, where its uid can reach it."""
+    return parent / (instance_id + EGRESS_SUFFIX)
 
 
 @dataclass(eq=False)
@@ -99,6 +105,12 @@ class Instance:
         """Where bwrap's stdout and stderr go: beside the directory, not in it, so an instance
         whose workspace is a tmpfs (the default) or lives elsewhere needs no directory at all."""
         return self.directory.with_name(self.instance_id + LOG_SUFFIX)
+
+    @property
+    def egress_dir(self) -> Path:
+        """The host directory bound into the sandbox for its egress proxy socket: beside the
+        workspaces when those are where the sandbox's own uid can reach them."""
+        return egress_dir(self.workspaces or self.directory.parent, self.instance_id)
 
     @property
     def alive(self) -> bool:

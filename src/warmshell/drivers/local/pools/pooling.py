@@ -136,6 +136,8 @@ class Pool:
             accepted_environment=profile.accepted_environment,
             ttl_seconds=profile.ttl_seconds,
             idle_timeout_seconds=profile.idle_timeout_seconds,
+            network_allow=profile.network_allow,
+            network_deny=profile.network_deny,
         )
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from warmshell.core import egress
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.drivers.local.runtime import cgroups, etcstage, limits, sandboxing, seccomp
 from warmshell.drivers.local.runtime.agent import building
@@ -81,6 +82,11 @@ class Launchable(Protocol):
     @property
     def log_path(self) -> Path:
         """Where bwrap's stdout and stderr go."""
+        ...
+
+    @property
+    def egress_dir(self) -> Path:
+        """The host directory bound at `sandboxing.EGRESS_DIR` (made by `prepare`)."""
         ...
 
 
@@ -197,6 +203,8 @@ class Launcher:
                 tmp_bytes=bounds.tmp_bytes if bounds is not None else None,
                 run_bytes=bounds.run_bytes if bounds is not None else None,
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
+                egress_dir=instance.egress_dir,
+                egress_port=egress.PROXY_PORT,
             )
             return [*self._launch_argv(nice, instance.uid, bounds, instance.cgroup), *sandboxing.bwrap_argv(layout)]
 

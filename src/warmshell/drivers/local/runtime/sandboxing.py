@@ -18,10 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmshell.core import egress
 from warmshell.core.models import WORKSPACE_DIR
 
 __all__ = [
     "AGENT_PATH",
+    "EGRESS_DIR",
     "ETC_ALLOWED",
     "HOST_ROOT_DIRS",
     "WORKSPACE",
@@ -36,6 +38,9 @@ __all__ = [
 
 WORKSPACE = WORKSPACE_DIR
 AGENT_PATH = "/run/warmshell/agent"
+# A directory of the gateway's, bound read-only: the proxy's socket appears in it at activation
+# (a connect needs no write access to the mount), and the agent's shim relays to it.
+EGRESS_DIR = egress.SANDBOX_DIR
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Top-level entries of the host root a program needs (a directory is bound, a symlink such as
@@ -94,6 +99,9 @@ class SandboxLayout:
     tmp_bytes: int | None = None
     run_bytes: int | None = None
     shm_bytes: int | None = None
+    # The host directory bound at EGRESS_DIR, and the port the agent's shim listens on (None: no way out).
+    egress_dir: Path | None = None
+    egress_port: int = 0
 
 
 def list_root(root: Path) -> list[RootEntry]:
@@ -196,9 +204,13 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     else:
         argv += ["--bind", str(layout.workspace_dir), WORKSPACE]
     argv += ["--ro-bind", str(layout.agent), AGENT_PATH]
+    if layout.egress_dir is not None:
+        argv += ["--ro-bind", str(layout.egress_dir), EGRESS_DIR]
     argv += ["--remount-ro", "/"]
     argv += ["--hostname", layout.hostname, "--chdir", WORKSPACE, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
     if layout.instance_id:
         argv += ["--setenv", "WARMSHELL_INSTANCE_ID", layout.instance_id]
     argv += ["--", AGENT_PATH, str(layout.control_fd)]
+    if layout.egress_dir is not None:
+        argv.append(str(layout.egress_port))
     return argv
