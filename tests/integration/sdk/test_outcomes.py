@@ -4,12 +4,9 @@ sandbox's agent), on both sync transports, the async client and process handles.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 import warmshell
-from tests.helpers.cli import CliGateway
 
 KILLED = 9  # a timeout kills the command's process group with SIGKILL
 
@@ -69,16 +66,6 @@ def test_process_handles_carry_the_outcome(client: warmshell.Client) -> None:
             assert terminal.wait() == 127
             assert terminal.outcome is not None
             assert terminal.outcome.error is warmshell.ExecError.COMMAND_NOT_FOUND
-
-
-@pytest.fixture
-async def aclient(gateway: CliGateway) -> AsyncIterator[warmshell.AsyncClient]:
-    async with warmshell.AsyncClient(state_dir=gateway.state_dir) as client:
-        try:
-            yield client
-        finally:
-            for info in await client.list(all_workspaces=True):
-                await (await client.get(info.name, workspace=info.workspace)).delete()
 
 
 async def test_the_async_client_has_the_same_outcomes(aclient: warmshell.AsyncClient) -> None:
