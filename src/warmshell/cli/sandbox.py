@@ -180,8 +180,14 @@ def _exec(args: argparse.Namespace) -> int:
                 "exit_code": result.exit_code,
                 "stdout": result.stdout.decode(errors="replace"),
                 "stderr": result.stderr.decode(errors="replace"),
+                "timed_out": result.outcome.timed_out,
+                "signal": result.outcome.signal,
+                "error": result.outcome.error.value if result.outcome.error is not None else None,
+                "error_message": result.outcome.error_message,
             }
             print(json.dumps(document, indent=2, sort_keys=True))
+        elif line := streaming.outcome_line(result.outcome, args.timeout):
+            print(line, file=sys.stderr)
         return result.exit_code
 
     return _with_connection(args, body)

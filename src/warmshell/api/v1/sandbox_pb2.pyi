@@ -10,6 +10,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from warmshell.api.v1 import outcome_pb2 as _outcome_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -869,19 +870,25 @@ class ExecEvent(_message.Message):
     STDOUT_FIELD_NUMBER: _builtins.int
     STDERR_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     stdout: _builtins.bytes
     stderr: _builtins.bytes
     exit_code: _builtins.int
+    @_builtins.property
+    def outcome(self) -> _outcome_pb2.ExecOutcome:
+        """Beside exit_code (the last event): how the command ended, as the system saw it."""
+
     def __init__(
         self,
         *,
         stdout: _builtins.bytes = ...,
         stderr: _builtins.bytes = ...,
         exit_code: _builtins.int = ...,
+        outcome: _outcome_pb2.ExecOutcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exit_code", b"exit_code", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exit_code", b"exit_code", "outcome", b"outcome", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exit_code", b"exit_code", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exit_code", b"exit_code", "outcome", b"outcome", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["stdout", "stderr", "exit_code"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015

@@ -9,6 +9,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from warmshell.api.v1 import outcome_pb2 as _outcome_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -233,20 +234,28 @@ class ExecExited(_message.Message):
     EXEC_ID_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     exec_id: _builtins.str
     exit_code: _builtins.int
     error: _builtins.str
-    """Set when the command could not be started at all."""
+    """Set when the exec failed as a call (the gateway raises it); a supervisor reports a command
+    that could not start in `outcome` instead.
+    """
+    @_builtins.property
+    def outcome(self) -> _outcome_pb2.ExecOutcome:
+        """How it ended: timed out, killed by a signal, or never started (ExecOutcome.error)."""
+
     def __init__(
         self,
         *,
         exec_id: _builtins.str = ...,
         exit_code: _builtins.int = ...,
         error: _builtins.str = ...,
+        outcome: _outcome_pb2.ExecOutcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec_id", b"exec_id", "exit_code", b"exit_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec_id", b"exec_id", "exit_code", b"exit_code", "outcome", b"outcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
