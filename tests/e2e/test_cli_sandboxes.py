@@ -159,7 +159,12 @@ def test_exec_stdin_and_timeout(gateway: CliGateway) -> None:
     echoed = gateway.run("sandbox", "exec", "io", "--stdin", "--", "cat", stdin=b"piped\n")
     assert (echoed.returncode, echoed.stdout) == (0, "piped\n"), echoed.stderr
     slow = gateway.run("sandbox", "exec", "io", "--timeout", "1", "--", "sleep", "30")
-    assert slow.returncode == 124, slow.stderr
+    assert (slow.returncode, slow.stderr) == (124, "warmshell: timed out after 1s\n")  # the CLI's own line
+    missing = gateway.run("sandbox", "exec", "io", "--", "no-such-program")
+    assert (missing.returncode, missing.stderr) == (127, "warmshell: no-such-program: command not found\n")
+    as_json = gateway.run("sandbox", "exec", "io", "-o", "json", "--timeout", "1", "--", "sleep", "30")
+    document = json.loads(as_json.stdout)
+    assert (as_json.returncode, document["timed_out"], document["signal"], document["stderr"]) == (124, True, 9, "")
 
 
 def test_ctrl_c_while_streaming_a_workload_exits_130_and_names_the_sandbox(gateway: CliGateway) -> None:

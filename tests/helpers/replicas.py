@@ -223,7 +223,7 @@ class ReplicaSet:
         """The live replicas' gRPC addresses (the Service's endpoints)."""
         return [r.tcp for r in self.replicas if r.alive and r.tcp and not r.draining]
 
-    def _config(self, replica_id: str, state: Path) -> str:
+    def _config(self, replica_id: str, state: Path, own: dict[str, Any]) -> str:
         driver = self.driver.model_dump()
         election = driver.pop("leader_election")
         driver.pop("warm_pooling")
@@ -242,6 +242,7 @@ class ReplicaSet:
             top |= {"orphan_grace_seconds": 2.0, "reconcile_interval_seconds": 1.0, "heartbeat_interval_seconds": 1.0}
             election |= {"lease_duration_seconds": 3, "renew_deadline_seconds": 2.0, "retry_period_seconds": 0.5}
             replicas |= {"heartbeat_seconds": 0.5}
+        replicas |= own
         top |= self.settings
         election.pop("identity")
         sections: dict[str, dict[str, Any]] = {"": top}
@@ -256,8 +257,9 @@ class ReplicaSet:
             }
         )
 
-    async def start_one(self) -> Replica:
-        """Start a new replica (a new pod: new id, new state directory) and wait until it serves."""
+    async def start_one(self, **own: Any) -> Replica:
+        """Start a new replica (a new pod: new id, new state directory) and wait until it serves;
+        `own`: its own [replicas] settings (e.g. a token_file or address of its own)."""
         replica_id = f"gw-{next(self._names)}"
         state = self.root / replica_id
         state.mkdir(mode=0o700, parents=True)
@@ -265,7 +267,7 @@ class ReplicaSet:
             shutil.copy(self.shared / name, state / name)
             os.chmod(state / name, 0o600)
         config = self.root / f"{replica_id}.toml"
-        config.write_text(self._config(replica_id, state))
+        config.write_text(self._config(replica_id, state, own))
         with (state / "gateway.log").open("wb") as log:
             process = subprocess.Popen(
                 _dying_with_this_process(

@@ -107,9 +107,15 @@ def exec_interactive(args: argparse.Namespace, client: Client, workspace: str, e
     else:
         process = sandbox.start(args.command, env=env, workdir=args.workdir or None, timeout=args.timeout or None)
     try:
-        return _session(process, stdin_fd, on_terminal=on_terminal)
+        code = _session(process, stdin_fd, on_terminal=on_terminal)
     except _Ended as ended:
         return 128 + ended.signo
+    from warmshell.cli import streaming
+
+    # After the session: the terminal is the user's again when the CLI says its own line.
+    if process.outcome is not None and (line := streaming.outcome_line(process.outcome, args.timeout)):
+        print(line, file=sys.stderr)
+    return code
 
 
 def _session(process: Process, stdin_fd: int, *, on_terminal: bool) -> int:

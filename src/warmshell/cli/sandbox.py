@@ -180,8 +180,14 @@ def _exec(args: argparse.Namespace) -> int:
                 "exit_code": result.exit_code,
                 "stdout": result.stdout.decode(errors="replace"),
                 "stderr": result.stderr.decode(errors="replace"),
+                "timed_out": result.outcome.timed_out,
+                "signal": result.outcome.signal,
+                "error": result.outcome.error.value if result.outcome.error is not None else None,
+                "error_message": result.outcome.error_message,
             }
             print(json.dumps(document, indent=2, sort_keys=True))
+        elif line := streaming.outcome_line(result.outcome, args.timeout):
+            print(line, file=sys.stderr)
         return result.exit_code
 
     return _with_connection(args, body)
@@ -247,6 +253,11 @@ def _cp(args: argparse.Namespace) -> int:
 
         from warmshell.cli import files
 
+        if args.recursive:
+            where, entries, size = files.copy_tree(sdk, args.source, args.destination, workspace(args))
+            if as_json:
+                print(json.dumps({"destination": where, "entries": entries, "bytes": size}, sort_keys=True))
+            return 0
         where, size = files.copy(sdk, args.source, args.destination, workspace(args))
         if as_json:
             print(json.dumps({"destination": where, "bytes": size}, sort_keys=True))
@@ -412,10 +423,12 @@ _COMMANDS = (
         _cp,
         "Copy one file into a sandbox (`cp LOCAL NAME:PATH`) or out of it (`cp NAME:PATH LOCAL`). "
         "A relative PATH is under /workspace; a PATH ending in / keeps the local file's name. "
-        "Parents are created; the file is replaced atomically.",
+        "Parents are created; the file is replaced atomically. With -r, a directory in one call "
+        "(modes, symbolic links and mtimes kept), into DESTINATION when it is an existing directory.",
         flags=(
             flag("source", metavar="SOURCE", help="LOCAL or NAME:PATH"),
             flag("destination", metavar="DESTINATION", help="NAME:PATH or LOCAL"),
+            flag("-r", "--recursive", action="store_true", help="copy a directory and everything in it"),
             _WORKSPACE,
         ),
     ),

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Self
 from warmshell.api.v1 import sandbox_pb2
 from warmshell.cli import render
 from warmshell.cli.errors import CliError, ExitCode
+from warmshell.sdk import views
 
 if TYPE_CHECKING:
     from rich.status import Status
 
     from warmshell.sdk.client import Client
 
-__all__ = ["ExecResult", "StatusLine", "exec_command", "write_output"]
+__all__ = ["ExecResult", "StatusLine", "exec_command", "outcome_line", "write_output"]
 
 
 class StatusLine:
@@ -95,8 +96,19 @@ class ExecResult:
 
     def __init__(self) -> None:
         self.exit_code: int | None = None
+        self.outcome = views.ExecOutcome()
         self.stdout = bytearray()
         self.stderr = bytearray()
+
+
+def outcome_line(outcome: views.ExecOutcome, timeout: float | None) -> str | None:
+    """What the CLI says on its own stderr about how a command ended (a timeout, or why it
+    never started); None when the command's exit code says it all."""
+    if outcome.error is not None:
+        return f"warmshell: {outcome.error_message}"
+    if outcome.timed_out:
+        return f"warmshell: timed out after {timeout:g}s" if timeout else "warmshell: timed out"
+    return None
 
 
 def exec_command(
@@ -113,6 +125,7 @@ def exec_command(
             _emit(result.stderr, sandbox_pb2.OutputChunk.STREAM_STDERR, event.stderr, capture)
         elif kind == "exit_code":
             result.exit_code = event.exit_code
+            result.outcome = views.exec_outcome(event.outcome)
     if result.exit_code is None:
         raise CliError("the exec stream ended without an exit code", ExitCode.FAILURE)
     return result

@@ -114,6 +114,9 @@ class LocalDriverConfig(_Section):
     # /workspace is a tmpfs of this size ("" = a directory on the host's disk, with no bound).
     workspace_size: str = "1Gi"
     tmp_size: str = "256Mi"
+    # The writable layer over an image's layers (a sandbox from an image of the image store): a
+    # tmpfs, so writes into the image's directories count against memory like /tmp's.
+    root_size: str = "1Gi"
     run_size: str = "16Mi"
     shm_size: str = "64Mi"
     max_file_size: str = "4Gi"
@@ -261,6 +264,9 @@ class FilesConfig(_Section):
     max_file_bytes: int = Field(default=8 * 1024**3, ge=1)
     # Each ReadFile message; below the gateway's max_request_bytes so a client reads with the defaults.
     chunk_bytes: int = Field(default=256 * 1024, ge=1024, le=4 * 1024 * 1024)
+    # One archive transfer (UploadTar, DownloadTar): its entries; its content is bounded by
+    # max_file_bytes, and the sandbox's disk bound applies as for any write.
+    max_archive_entries: int = Field(default=100_000, ge=1)
 
 
 class MetricsConfig(_Section):

@@ -82,7 +82,7 @@ _TOP_LEVEL = (
 )
 _ACTIVATION = ("environment",)
 _RESOURCES = ("cpu", "memory", "pids")
-_STORAGE = ("workspace", "tmp")
+_STORAGE = ("workspace", "tmp", "root")
 _LIFETIME = ("ttl_seconds", "idle_timeout_seconds")
 _NETWORK = ("allow", "deny")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -93,12 +93,14 @@ _HEADER = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]")
 class ProfileError(InvalidArgumentError):
     """A profile broke a rule: `<file>:<line>: <key>: <rule>` (no line when unknown)."""
 
-    def __init__(self, source: str, key: str, rule: str, line: int | None = None) -> None:
+    def __init__(self, source: str, key: str, rule: str, line: int | None = None, *, reason: str = "") -> None:
+        """`reason`: what a pool of this profile reports (empty: `InvalidProfile`)."""
         where = f"{source}:{line}" if line is not None else source
         super().__init__(f"{where}: {key}", rule)
         self.source = source
         self.key = key
         self.line = line
+        self.reason = reason or "InvalidProfile"
 
 
 @dataclass(frozen=True)

@@ -233,7 +233,7 @@ class PoolView:
     network_deny: tuple[str, ...] = ()
 
 
-def invalid_profile_view(name: str, *, source: str, message: str) -> PoolView:
+def invalid_profile_view(name: str, *, source: str, message: str, reason: str = "InvalidProfile") -> PoolView:
     """How `pool list` shows a profile that makes no pool: its error as a ProfileValid=False condition."""
     return PoolView(
         name=name,
@@ -249,7 +249,7 @@ def invalid_profile_view(name: str, *, source: str, message: str) -> PoolView:
         hits=0,
         misses=0,
         source=source,
-        conditions=(DriverCondition("ProfileValid", "False", "InvalidProfile", message),),
+        conditions=(DriverCondition("ProfileValid", "False", reason, message),),
     )
 
 
@@ -272,9 +272,10 @@ class ComputeDriver(Protocol):
         """The image an empty request resolves to (part of every fingerprint)."""
         ...
 
-    def validate(self, workspace: str, spec: SandboxSpec) -> None:
+    def validate(self, workspace: str, spec: SandboxSpec) -> SandboxSpec:
         """Driver-specific checks of a request (e.g. what an image means); raises
-        InvalidArgumentError naming the field."""
+        InvalidArgumentError naming the field. Returns the spec as the driver runs it (the
+        gateway records that one: e.g. an image tag pinned to its digest)."""
         ...
 
     async def create(self, request: CreateRequest) -> DriverSandbox:

@@ -124,7 +124,7 @@ class ExecRelay:
                     metrics.EXECS.labels(result="error").inc()
                     raise FailedPreconditionError(f"exec failed: {event.error}")
                 metrics.EXECS.labels(result="ok").inc()
-                await self._write(context, pb.ExecEvent(exit_code=event.exit_code))
+                await self._write(context, pb.ExecEvent(exit_code=event.exit_code, outcome=event.outcome))
                 return
         finally:
             if inputs is not None:

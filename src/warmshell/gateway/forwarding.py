@@ -26,14 +26,24 @@ from warmshell.core.models import SandboxRecord
 from warmshell.gateway.auth import FORWARDED_BY, Authenticator
 from warmshell.gateway.replicas import ReplicaDirectory
 
-__all__ = ["Forwarder", "Target"]
+__all__ = ["Forwarder", "Target", "relayed_status"]
 
 log = logging.getLogger(__name__)
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 Resp = TypeVar("Resp", bound=Message)
-# Forwarded streams may carry as much as the public API accepts (file chunks, exec output).
-_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.max_send_message_length", -1)]
+# Forwarded streams may carry as much as the public API accepts (file chunks, exec output). An
+# owner that stops answering mid-stream (frozen, its host gone without closing the connection)
+# is found by keepalive PINGs, as the SDK's clients find a stopped gateway: otherwise the client,
+# whose own PINGs this replica answers, would wait on the relay for ever.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.ping_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 class Target:
@@ -50,9 +60,29 @@ def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
 
-async def _relay_status(context: Ctx, exc: grpc.aio.AioRpcError) -> NoReturn:
-    """The owner's answer becomes this call's answer, code and message unchanged."""
-    await context.abort(exc.code(), exc.details() or "")
+# What grpc says when no connection to the address could be made (refused, no route, no such
+# host): the owner never saw the call, so the error is about reaching it, not its answer.
+_CONNECT_FAILED = "failed to connect to all addresses"
+
+
+def relayed_status(code: grpc.StatusCode, details: str, target: Target) -> tuple[grpc.StatusCode, str]:
+    """The status this call ends with when the forwarded one failed: the owner's answer, code and
+    message unchanged; or, when the owner could not be reached or refused this replica's
+    credential, a message that says so and names it and its address."""
+    owner = f"gateway replica {target.replica_id}, which holds this sandbox's session,"
+    if code is grpc.StatusCode.UNAVAILABLE and _CONNECT_FAILED in details:
+        return code, f"{owner} is not reachable at {target.address} ({details})"
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return code, (
+            f"{owner} refused this replica's token at {target.address}: give every replica the same"
+            f" [replicas] token_file ({details})"
+        )
+    return code, details
+
+
+async def _relay_status(context: Ctx, exc: grpc.aio.AioRpcError, target: Target) -> NoReturn:
+    """The forwarded call's failure becomes this call's (see `relayed_status`)."""
+    await context.abort(*relayed_status(exc.code(), exc.details() or "", target))
     raise AssertionError("abort returns only by raising")  # pragma: no cover
 
 
@@ -75,13 +105,19 @@ class Forwarder:
             return None
         if self._auth.is_replica(context):
             return None  # forwarded to us: answer here, never pass it on again
-        address = await self._directory.address_of(owner)
-        if address is None:
+        replica = await self._directory.live_replica(owner)
+        where = f"sandbox {record.workspace}/{record.name}: its session is on gateway replica {owner}"
+        if replica is None:
             raise UnavailableError(
-                f"sandbox {record.workspace}/{record.name}: its session is on gateway replica {owner}, which is"
-                " not answering; its supervisor reconnects to another replica, retry shortly"
+                f"{where}, which has stopped renewing its place in the store (presumed dead); its supervisor"
+                " reconnects to another replica, retry shortly"
             )
-        return Target(owner, address)
+        if not replica.address:
+            raise UnavailableError(
+                f"{where}, which is alive but gave no address the other replicas can reach (its [replicas]"
+                " address or listen_tcp)"
+            )
+        return Target(owner, replica.address)
 
     def _channel(self, target: Target) -> grpc.aio.Channel:
         channel = self._channels.get(target.address)
@@ -103,7 +139,7 @@ class Forwarder:
         try:
             result: Resp = await call(request, metadata=self._metadata, timeout=self._timeout(context))
         except grpc.aio.AioRpcError as exc:
-            await _relay_status(context, exc)
+            await _relay_status(context, exc, target)
         return result
 
     async def unary_stream(
@@ -112,7 +148,7 @@ class Forwarder:
         """Forward a server-streaming call, yielding the owner's messages one at a time."""
         stub = self._channel(target).unary_stream(method, request_serializer=_serialize, response_deserializer=response)
         call = stub(request, metadata=self._metadata, timeout=self._timeout(context))
-        async for message in self._relay(call, context):
+        async for message in self._relay(call, context, target):
             yield message
 
     async def stream_unary(
@@ -129,7 +165,7 @@ class Forwarder:
         try:
             result: Resp = await call
         except grpc.aio.AioRpcError as exc:
-            await _relay_status(context, exc)
+            await _relay_status(context, exc, target)
         finally:
             call.cancel()  # a no-op once it completed; ends the upstream call if we were cancelled
         return result
@@ -148,15 +184,15 @@ class Forwarder:
             method, request_serializer=_serialize, response_deserializer=response
         )
         call = stub(requests, metadata=self._metadata, timeout=self._timeout(context))
-        async for message in self._relay(call, context):
+        async for message in self._relay(call, context, target):
             yield message
 
-    async def _relay(self, call: Any, context: Ctx) -> AsyncIterator[Any]:
+    async def _relay(self, call: Any, context: Ctx, target: Target) -> AsyncIterator[Any]:
         try:
             async for message in call:
                 yield message
         except grpc.aio.AioRpcError as exc:
-            await _relay_status(context, exc)
+            await _relay_status(context, exc, target)
         finally:
             call.cancel()
 

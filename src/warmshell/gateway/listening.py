@@ -36,6 +36,8 @@ MIN_CONNECTIONS = 16
 SERVERS = 2  # the gRPC servers (public + TCP, supervisor socket)
 # On a stop, calls in flight get this long to finish before they are cancelled.
 SHUTDOWN_GRACE_SECONDS = 5.0
+# Clients may PING this often during a call (half the SDK's keepalive interval, for jitter).
+MIN_CLIENT_PING_INTERVAL_MS = 5_000
 # The HTTP port serves probes and a scraper (`http.py`).
 HTTP_MAX_CONNECTIONS = 64
 
@@ -77,6 +79,10 @@ def new_server(
         ("grpc.max_allowed_incoming_connections", connection_limit(max_connections, fd_limit)),
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout_seconds * 1000))),
+        # The SDK pings every 10 s of silence during a call, to learn that a gateway stopped;
+        # grpc's default policy would answer a second PING within 5 minutes with GOAWAY.
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", 0),
     ]
     if connection_idle_seconds > 0:
         options.append(("grpc.max_connection_idle_ms", int(connection_idle_seconds * 1000)))

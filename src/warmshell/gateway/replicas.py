@@ -34,6 +34,7 @@ __all__ = [
     "SESSION_SCAN_SECONDS",
     "Replica",
     "ReplicaDirectory",
+    "join_problems",
     "session_scan_due",
     "stale_sessions",
 ]
@@ -55,6 +56,26 @@ class Replica:
     id: str
     address: str
     resource_version: int
+    token_digest: str = ""  # of the replica token it uses ("" from a replica that did not say)
+
+
+def join_problems(*, address: str, token_digest: str, others: list[Replica]) -> list[str]:
+    """What keeps a replica from working beside `others` (the live replicas on its store): they
+    forward calls for the sessions it holds to its address, and it must accept their replica
+    token. Without an address it cannot serve beside others; the token matters once there are."""
+    problems = []
+    if not address:
+        problems.append(
+            "it has no address the other replicas can reach: set [replicas] address (host:port of its gRPC) or"
+            " listen_tcp"
+        )
+    differing = sorted(r.id for r in others if r.token_digest and r.token_digest != token_digest)
+    if differing:
+        problems.append(
+            f"its replica token is not that of {', '.join(differing)}: give every replica the same"
+            " [replicas] token_file"
+        )
+    return problems
 
 
 def stale_sessions(records: list[SandboxRecord], alive: set[str], *, me: str) -> list[SandboxRecord]:
@@ -84,10 +105,13 @@ class ReplicaDirectory:
         replica_id: str,
         address: str,
         heartbeat_seconds: float,
+        token_digest: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`token_digest` identifies the replica token this replica accepts (never the token)."""
         self.replica_id = replica_id
         self.address = address
+        self.token_digest = token_digest
         self._store = store
         self._heartbeat = heartbeat_seconds
         self._clock = clock
@@ -97,7 +121,7 @@ class ReplicaDirectory:
 
     def _payload(self) -> str:
         # The wall time is for people reading the table; liveness comes from the row changing.
-        return json.dumps({"address": self.address, "renewed_ms": now_ms()})
+        return json.dumps({"address": self.address, "token": self.token_digest, "renewed_ms": now_ms()})
 
     async def announce(self) -> None:
         """Write (or renew) this replica's row."""
@@ -136,7 +160,8 @@ class ReplicaDirectory:
         known: dict[str, Replica] = {}
         for row in rows:
             data = json.loads(row.payload)
-            known[row.id] = Replica(row.id, str(data.get("address") or ""), row.resource_version)
+            address, digest = str(data.get("address") or ""), str(data.get("token") or "")
+            known[row.id] = Replica(row.id, address, row.resource_version, digest)
             previous = self._known.get(row.id)
             if previous is None or previous.resource_version != row.resource_version or row.id not in self._changed_at:
                 self._changed_at[row.id] = now
@@ -159,14 +184,24 @@ class ReplicaDirectory:
             await self.refresh()
         return True
 
-    async def address_of(self, replica_id: str) -> str | None:
-        """Where to reach a live replica; None when it is unknown or presumed dead."""
+    async def live_replica(self, replica_id: str) -> Replica | None:
+        """A live replica's row (its address may be ""); None when it is unknown or presumed dead."""
         if replica_id not in self._known or replica_id not in self.alive_ids():
             await self.refresh()
         if replica_id not in self.alive_ids():
             return None
-        replica = self._known.get(replica_id)
-        return replica.address if replica is not None and replica.address else None
+        return self._known.get(replica_id)
+
+    async def live_others_with(self, problems: Callable[[list[Replica]], list[str]]) -> list[Replica]:
+        """The other replicas that are alive, waited for only when `problems` finds any beside
+        them: a row seen for the first time counts as alive, so one left by a replica that crashed
+        (a restart under a new id) must first be seen standing still before it is ignored."""
+        await self.refresh()
+        others = [r for r in self._known.values() if r.id != self.replica_id]
+        if not others or not problems(others):
+            return others
+        dead = await asyncio.gather(*(self.wait_presumed_dead(r.id) for r in others))
+        return [r for r, gone in zip(others, dead, strict=True) if not gone]
 
     async def release_stale_sessions(self, records: SandboxRecords) -> int:
         """Mark the sessions of dead replicas disconnected (leader work); returns how many."""

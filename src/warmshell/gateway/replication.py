@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from warmshell.core.config import ReplicasConfig
-from warmshell.core.errors import WarmshellError
+from warmshell.core.errors import FailedPreconditionError, WarmshellError
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import ProgressLine
 from warmshell.gateway import listening
@@ -27,7 +28,7 @@ from warmshell.gateway.forwarding import Forwarder
 from warmshell.gateway.loops import Loops
 from warmshell.gateway.progressfeed import ProgressFeed
 from warmshell.gateway.records import KIND_SANDBOX, SandboxRecords
-from warmshell.gateway.replicas import ReplicaDirectory
+from warmshell.gateway.replicas import Replica, ReplicaDirectory, join_problems
 from warmshell.gateway.store.postgres import Change, PostgresStore
 
 __all__ = ["ReplicaWiring", "Replication", "follow"]
@@ -57,6 +58,12 @@ async def _reachable_address(listen: str, port: int) -> str:
     if host in ("", "0.0.0.0", "::"):
         host = await asyncio.to_thread(socket.gethostbyname, socket.gethostname())
     return f"{host}:{port}"
+
+
+def token_digest(token: str) -> str:
+    """What a replica's row says of the token it accepts: enough to tell two tokens apart, nothing
+    to forge one with."""
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -89,8 +96,13 @@ class Replication:
         """`token`: the credential the replicas share (forwarded calls carry it)."""
         self.replica_id = replica_id
         self.directory = ReplicaDirectory(
-            store, replica_id=replica_id, address=config.address, heartbeat_seconds=config.heartbeat_seconds
+            store,
+            replica_id=replica_id,
+            address=config.address,
+            heartbeat_seconds=config.heartbeat_seconds,
+            token_digest=token_digest(token),
         )
+        self._token_file = config.token_file
         self.forwarder = Forwarder(self.directory, auth, token=token)
         self.feed = ProgressFeed(replica_id, bus, store.notify_progress)
         self.drain_seconds = config.drain_seconds
@@ -136,6 +148,7 @@ class Replication:
     async def _start(self, *, listen_tcp: str, tcp_port: int) -> None:
         if not self.directory.address and tcp_port:
             self.directory.address = await _reachable_address(listen_tcp, tcp_port)
+        await self._check_joining()
         await self.directory.announce()
         # Listening before serving: another replica's progress lines said before then would
         # never reach this replica's watchers (record changes are re-read on a watch anyway).
@@ -145,3 +158,34 @@ class Replication:
         self.loops.start(self.feed.run(), name="progress-feed")
         with contextlib.suppress(TimeoutError):  # the feed retries on its own; do not hang the start
             await asyncio.wait_for(heard_from.wait(), self._connect_timeout)
+
+    async def _check_joining(self) -> None:
+        """Refuse to serve beside live replicas that could not forward calls to this one (no
+        address, another replica token): its sessions would fail every call that reaches another
+        replica, long after a start that looked fine. A replica alone is told what a second one
+        would need, and starts."""
+
+        def problems(others: list[Replica]) -> list[str]:
+            address, digest = self.directory.address, self.directory.token_digest
+            return join_problems(address=address, token_digest=digest, others=others)
+
+        others = await self.directory.live_others_with(problems)
+        found = problems(others)
+        if found and others:
+            names = ", ".join(sorted(r.id for r in others))
+            raise FailedPreconditionError(
+                f"gateway replica {self.replica_id} cannot serve beside the live replicas {names} on this store: "
+                + "; ".join(found)
+            )
+        for problem in found:
+            log.warning(
+                "gateway replica %s: %s; a second replica on this store could not forward to it",
+                self.replica_id,
+                problem,
+            )
+        if not self._token_file and not others:
+            log.warning(
+                "gateway replica %s: no [replicas] token_file, so its replica token is its own; every replica on"
+                " this store must be given the same file",
+                self.replica_id,
+            )

@@ -11,29 +11,74 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import errno
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from warmshell.sandboxio.interactive import ExecInput, pump_fd, set_window_size, write_stdin
 
-__all__ = ["OutputSink", "Runner", "WorkdirError", "run_streaming"]
+__all__ = ["Ended", "NotStarted", "OutputSink", "Runner", "StartFailure", "WorkdirError", "run_streaming"]
 
 # (is_stderr, data) -> delivered to the gateway in order.
 OutputSink = Callable[[bool, bytes], Awaitable[None]]
 EXIT_TIMEOUT = 124
-EXIT_NOT_FOUND = 127
-EXIT_NOT_EXECUTABLE = 126
 
 
-class WorkdirError(OSError):
+@dataclass(frozen=True)
+class Ended:
+    """How a command ended: its exit status as the shell reports it (128+N killed by signal N;
+    124 timed out, as timeout(1) says), the signal that ended it (0: it exited), and whether it
+    was killed at its timeout. What the system says about it goes here, never into its output."""
+
+    exit_code: int
+    signal: int = 0
+    timed_out: bool = False
+
+
+def ended(code: int) -> Ended:
+    """The end of a process from its returncode (negative: killed by that signal)."""
+    return Ended(128 - code, signal=-code) if code < 0 else Ended(code)
+
+
+def timed_out() -> Ended:
+    """The end of a command killed (SIGKILL, its whole group) at its timeout."""
+    return Ended(EXIT_TIMEOUT, signal=signal.SIGKILL, timed_out=True)
+
+
+class StartFailure(enum.Enum):
+    """Why a command never started, valued by the exit status a shell gives for it."""
+
+    WORKDIR = 125  # as env -C, chroot and nohup report their own failure to run the command
+    NOT_EXECUTABLE = 126
+    COMMAND_NOT_FOUND = 127
+
+
+class NotStarted(OSError):
+    """The command never started (it has no exit status of its own): `failure` says why."""
+
+    def __init__(self, error: int, command: str) -> None:
+        super().__init__(error, os.strerror(error), command)
+        self.failure = StartFailure.COMMAND_NOT_FOUND if error == errno.ENOENT else StartFailure.NOT_EXECUTABLE
+
+    def __str__(self) -> str:
+        if self.failure is StartFailure.COMMAND_NOT_FOUND:
+            return f"{self.filename}: command not found"
+        if self.errno in (errno.EACCES, errno.EPERM):
+            return f"{self.filename}: permission denied"
+        return f"{self.filename}: {os.strerror(self.errno or 0).lower()}"
+
+
+class WorkdirError(NotStarted):
     """The command's working directory cannot be entered (so it never started)."""
 
     def __init__(self, error: int, workdir: str) -> None:
-        super().__init__(error, os.strerror(error), workdir)
+        super().__init__(error, workdir)
+        self.failure = StartFailure.WORKDIR
         self.workdir = workdir
 
     def __str__(self) -> str:
@@ -45,7 +90,7 @@ class WorkdirError(OSError):
 
 
 class Runner(Protocol):
-    """Starts one command and streams its output; returns its exit status (see `run_streaming`)."""
+    """Starts one command and streams its output; returns how it ended (see `run_streaming`)."""
 
     async def __call__(
         self,
@@ -57,7 +102,7 @@ class Runner(Protocol):
         stdin: bytes = b"",
         timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit
         io: ExecInput | None = None,
-    ) -> int:
+    ) -> Ended:
         """`io`, when given, streams stdin (after `stdin`, which goes first), resizes and signals to the command,
         and with `io.terminal` runs it on a new pseudo-terminal (its controlling terminal, all of
         stdin, stdout and stderr; output goes to `sink` as stdout)."""
@@ -79,13 +124,10 @@ async def run_streaming(
     timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit, enforced with asyncio.timeout
     started: Callable[[asyncio.subprocess.Process], None] | None = None,
     io: ExecInput | None = None,
-) -> int:
-    """Run `command`, send its output to `sink` as it comes, return its exit status (`io`: see
-    `Runner`).
-
-    Exit statuses follow the shell's conventions, so scripts read them the same way:
-    127 not found, 126 not executable, 124 timed out, 128+N killed by signal N. WorkdirError
-    when `cwd` cannot be entered."""
+) -> Ended:
+    """Run `command`, send its output to `sink` as it comes, return how it ended (`io`: see
+    `Runner`). NotStarted when it cannot be started (WorkdirError when `cwd` cannot be entered):
+    nothing is written into its output."""
     if io is not None and io.terminal is not None:
         return await _run_on_terminal(command, env=env, cwd=cwd, sink=sink, stdin=stdin, timeout=timeout, io=io)
     streamed = io is not None
@@ -106,36 +148,31 @@ async def run_streaming(
     except OSError as exc:
         os.close(out_read)
         os.close(err_read)
-        return await _not_started(exc, command, cwd, sink)
+        raise _not_started(exc, command, cwd) from None
     finally:
         os.close(out_write)
         os.close(err_write)
     if started is not None:
         started(process)
     # Read from the start: a command may write more than a pipe holds before it reads its stdin.
-    ended = asyncio.ensure_future(process.wait())
-    pumps = asyncio.gather(pump_fd(out_read, False, sink, ended=ended), pump_fd(err_read, True, sink, ended=ended))
+    exited = asyncio.ensure_future(process.wait())
+    pumps = asyncio.gather(pump_fd(out_read, False, sink, ended=exited), pump_fd(err_read, True, sink, ended=exited))
     feeding = _feed(process, stdin, io)
     try:
-        return await _finish(process, pumps, sink, timeout)
+        return await _finish(process, pumps, timeout)
     finally:
         if feeding is not None:
             feeding.cancel()
 
 
-async def _not_started(exc: OSError, command: Sequence[str], cwd: str, sink: OutputSink) -> int:
-    """The status of a command that could not be started, told to `sink` as a shell would (127
-    not found, 126 not executable); WorkdirError when `cwd` cannot be entered; anything else is
-    raised again."""
+def _not_started(exc: OSError, command: Sequence[str], cwd: str) -> OSError:
+    """What to raise for a command that could not be started: WorkdirError when `cwd` cannot be
+    entered, NotStarted when the command is missing or not executable, else `exc` itself."""
     if exc.filename == cwd and exc.errno is not None:  # subprocess names the cwd when chdir failed
-        raise WorkdirError(exc.errno, cwd) from None
-    if isinstance(exc, FileNotFoundError):
-        await sink(True, f"warmshell: {command[0]}: command not found\n".encode())
-        return EXIT_NOT_FOUND
-    if not isinstance(exc, PermissionError):
-        raise exc
-    await sink(True, f"warmshell: {command[0]}: permission denied\n".encode())
-    return EXIT_NOT_EXECUTABLE
+        return WorkdirError(exc.errno, cwd)
+    if isinstance(exc, FileNotFoundError | PermissionError) and exc.errno is not None:
+        return NotStarted(exc.errno, command[0])
+    return exc
 
 
 def _feed(process: asyncio.subprocess.Process, stdin: bytes, io: ExecInput | None) -> asyncio.Task[None] | None:
@@ -158,11 +195,10 @@ def _feed(process: asyncio.subprocess.Process, stdin: bytes, io: ExecInput | Non
 async def _finish(
     process: asyncio.subprocess.Process,
     pumps: asyncio.Future[Any],
-    sink: OutputSink,
     timeout: float | None,  # noqa: ASYNC109 - the command's own limit
-) -> int:
+) -> Ended:
     """Wait for the process to exit and its output to be read (killing its group on a timeout or
-    a cancel); its exit status."""
+    a cancel); how it ended."""
     try:
         async with asyncio.timeout(timeout):
             code = await process.wait()
@@ -173,30 +209,40 @@ async def _finish(
         pumps.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pumps
-        await sink(True, f"warmshell: timed out after {timeout:g}s\n".encode())
-        return EXIT_TIMEOUT
+        return timed_out()
     except asyncio.CancelledError:
         _kill_group(process, signal.SIGKILL)
         pumps.cancel()
+        # Not awaited (this task is being cancelled): its CancelledError is read once it is done,
+        # or the collector logs "exception was never retrieved" from wherever it runs next (once
+        # from inside ast.parse, which CPython 3.11 turns into a SystemError that ends pytest).
+        pumps.add_done_callback(_retrieve)
         with contextlib.suppress(ProcessLookupError):
             await process.wait()
         raise
-    return code if code >= 0 else 128 - code
+    return ended(code)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Read a done future's outcome so that dropping it logs nothing."""
+    if not future.cancelled():
+        future.exception()
 
 
 # The command's first step on a terminal, in a fresh interpreter (no Python may run between fork
 # and exec in this threaded process: grpc's fork handlers crash a child that does): take stdin,
-# the terminal, as the controlling terminal of the new session, then become the command.
+# the terminal, as the controlling terminal of the new session, then become the command. If it
+# cannot, the errno goes to the report pipe (argv[1]), which a successful exec closes unwritten.
 _TAKE_TERMINAL = """
 import fcntl, os, sys, termios
+report = int(sys.argv[1])
+os.set_inheritable(report, False)
 fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 try:
-    os.execvp(sys.argv[1], sys.argv[1:])
+    os.execvp(sys.argv[2], sys.argv[2:])
 except OSError as exc:
-    missing = isinstance(exc, FileNotFoundError)
-    what = "command not found" if missing else "permission denied" if isinstance(exc, PermissionError) else exc.strerror
-    os.write(2, f"warmshell: {sys.argv[1]}: {what}\\n".encode())
-    os._exit(127 if missing else 126)
+    os.write(report, str(exc.errno).encode())
+    os._exit(127)
 """
 
 
@@ -209,44 +255,46 @@ async def _run_on_terminal(
     stdin: bytes,
     timeout: float | None,  # noqa: ASYNC109 - the command's own limit
     io: ExecInput,
-) -> int:
+) -> Ended:
     """`run_streaming` on a new pseudo-terminal of this process's devpts."""
     assert io.terminal is not None
     master, slave = os.openpty()
+    report_read, report_write = os.pipe()
     try:
         set_window_size(master, io.terminal)
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-I",
-                "-S",
-                "-c",
-                _TAKE_TERMINAL,
-                *command,
+                *(sys.executable, "-I", "-S", "-c", _TAKE_TERMINAL, str(report_write), *command),
                 stdin=slave,
                 stdout=slave,
                 stderr=slave,
+                pass_fds=(report_write,),
                 env=dict(env),
                 cwd=cwd,
                 start_new_session=True,  # setsid in the child, before exec (no Python there)
             )
         except OSError as exc:
-            if exc.filename == cwd and exc.errno is not None:
-                raise WorkdirError(exc.errno, cwd) from None
-            raise
+            raise _not_started(exc, command, cwd) from None
     except BaseException:
         os.close(master)
+        os.close(report_read)
         raise
     finally:
         os.close(slave)  # the command holds it now: the master reads EIO once it (and its children) closed it
+        os.close(report_write)
     io.feed(stdin, credited=False)
     feeding = asyncio.create_task(io.serve(master, kill=lambda signo: _kill_group(process, signo)))
     try:
-        ended = asyncio.ensure_future(process.wait())
-        output = asyncio.ensure_future(pump_fd(master, False, sink, close=False, ended=ended))
-        return await _finish(process, output, sink, timeout)
+        exited = asyncio.ensure_future(process.wait())
+        output = asyncio.ensure_future(pump_fd(master, False, sink, close=False, ended=exited))
+        end = await _finish(process, output, timeout)
+        # The process has exited: the pipe's write end is closed, so this read does not block.
+        if failed := os.read(report_read, 16):
+            raise NotStarted(int(failed), command[0])
+        return end
     finally:
         feeding.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await feeding
         os.close(master)
+        os.close(report_read)

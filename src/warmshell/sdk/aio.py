@@ -379,6 +379,7 @@ class AsyncSandbox:
         workdir: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
         stdin: bytes | str | StdinSource | AsyncIterable[bytes] = b"",
+        check: bool = False,
     ) -> views.ExecResult:
         """`Sandbox.run`, awaited (`stdin` may also be an async iterable of chunks)."""
         started = time.perf_counter()
@@ -387,7 +388,8 @@ class AsyncSandbox:
             with self.client._translating():
                 async for event in events:
                     fold.feed(event)
-        return fold.result((time.perf_counter() - started) * 1000)
+        result = fold.result((time.perf_counter() - started) * 1000)
+        return errors.check_result(list(argv), result) if check else result
 
     async def run_stream(
         self,

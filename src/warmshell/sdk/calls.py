@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from warmshell.api.v1 import outcome_pb2
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.sdk import errors
 
@@ -251,7 +252,7 @@ def output_event(event: pb.ExecEvent) -> views.OutputEvent:
         return views.OutputEvent(stdout=event.stdout)
     if kind == "stderr":
         return views.OutputEvent(stderr=event.stderr)
-    return views.OutputEvent(exit_code=event.exit_code)
+    return views.OutputEvent(exit_code=event.exit_code, outcome=views.exec_outcome(event.outcome))
 
 
 def ready_outcome(sandbox: pb.Sandbox) -> WaitOutcome:
@@ -383,6 +384,7 @@ class ExecFold:
         self.stdout = bytearray()
         self.stderr = bytearray()
         self.exit_code: int | None = None
+        self.outcome: outcome_pb2.ExecOutcome | None = None
 
     def feed(self, event: pb.ExecEvent) -> None:
         """Take one event."""
@@ -392,7 +394,7 @@ class ExecFold:
         elif kind == "stderr":
             self.stderr.extend(event.stderr)
         elif kind == "exit_code":
-            self.exit_code = event.exit_code
+            self.exit_code, self.outcome = event.exit_code, event.outcome
 
     def result(self, duration_ms: float) -> views.ExecResult:
         """The finished command (an Error if the stream ended without an exit code)."""
@@ -400,4 +402,5 @@ class ExecFold:
 
         if self.exit_code is None:
             raise errors.Error("the exec stream ended without an exit code")
-        return views.ExecResult(self.exit_code, bytes(self.stdout), bytes(self.stderr), duration_ms)
+        outcome = views.exec_outcome(self.outcome if self.outcome is not None else outcome_pb2.ExecOutcome())
+        return views.ExecResult(self.exit_code, bytes(self.stdout), bytes(self.stderr), duration_ms, outcome)

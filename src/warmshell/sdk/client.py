@@ -342,10 +342,13 @@ class Sandbox:
         workdir: str | None = None,
         timeout: float | None = None,
         stdin: bytes | str | StdinSource = b"",
+        check: bool = False,
     ) -> views.ExecResult:
-        """Run a command (an argv list, no shell) and return its exit code and output. A command
-        still running after `timeout` seconds is killed and exits 124. `stdin` is bytes, or an
-        iterable of byte chunks or a binary file, streamed as the command reads it."""
+        """Run a command (an argv list, no shell) and return its exit code, output and how it
+        ended. A command still running after `timeout` seconds is killed (`timed_out`, exit code
+        124); one that cannot start has `error` set (its stderr stays empty). `stdin` is bytes,
+        or an iterable of byte chunks or a binary file, streamed as the command reads it. With
+        `check`, CommandTimeout or CommandFailed unless it exited 0."""
         started = time.perf_counter()
         fold = calls.ExecFold()
         stream = self._exec_call(argv, env, workdir, timeout, stdin)
@@ -354,7 +357,8 @@ class Sandbox:
                 fold.feed(event)
         finally:
             stream.cancel()  # a no-op once ended; after Ctrl-C it stops the command
-        return fold.result((time.perf_counter() - started) * 1000)
+        result = fold.result((time.perf_counter() - started) * 1000)
+        return errors.check_result(list(argv), result) if check else result
 
     def run_stream(
         self,

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, cast
 if TYPE_CHECKING:
     import grpc
 
-    from warmshell.sdk.views import SandboxInfo
+    from warmshell.sdk.views import ExecResult, SandboxInfo
 
 __all__ = [
     "AlreadyExists",
     "ApiError",
+    "CommandFailed",
+    "CommandTimeout",
     "Conflict",
     "DeadlineExceeded",
     "Error",
@@ -34,6 +36,7 @@ __all__ = [
     "SandboxError",
     "Unauthenticated",
     "Unavailable",
+    "check_result",
     "error_for",
     "from_rpc_error",
     "no_gateway_socket",
@@ -130,6 +133,45 @@ class SandboxError(Error):
         self.message = message
         self.reason = reason
         self.sandbox = sandbox
+
+
+# How much of a failed command's stderr its CommandFailed quotes: enough for the last error
+# lines of a compiler or a test run, short enough for a log line.
+STDERR_TAIL_BYTES = 2000
+
+
+class CommandFailed(Error):
+    """A command run with `check=True` exited non-zero or never started. `result` is its
+    ExecResult; the message names the command, its exit code (or why it never started) and
+    the tail of its stderr."""
+
+    def __init__(self, argv: list[str], result: ExecResult) -> None:
+        command = " ".join(argv)
+        if result.error is not None:
+            message = f"{command!r} never started: {result.outcome.error_message}"
+        elif result.timed_out:
+            message = f"{command!r} timed out (killed after its timeout)"
+        else:
+            message = f"{command!r} exited {result.exit_code}"
+        tail = result.stderr[-STDERR_TAIL_BYTES:].decode(errors="replace").rstrip()
+        super().__init__(f"{message}; stderr ends:\n{tail}" if tail else message)
+        self.argv = argv
+        self.result = result
+        self.exit_code = result.exit_code
+        self.stderr_tail = tail
+
+
+class CommandTimeout(CommandFailed, TimeoutError):
+    """A command run with `check=True` was killed at its timeout."""
+
+
+def check_result(argv: list[str], result: ExecResult) -> ExecResult:
+    """`result` when the command ran and exited 0; else CommandTimeout or CommandFailed."""
+    if result.timed_out:
+        raise CommandTimeout(argv, result)
+    if not result.ok:
+        raise CommandFailed(argv, result)
+    return result
 
 
 # gRPC status name -> the exception raised for it; the others raise ApiError itself.

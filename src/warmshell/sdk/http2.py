@@ -25,6 +25,8 @@ from urllib.parse import unquote
 from warmshell.sdk.hpack import HeaderDecoder, HpackError, encode_headers
 
 __all__ = [
+    "KEEPALIVE_SECONDS",
+    "KEEPALIVE_TIMEOUT_SECONDS",
     "MAX_RECEIVE_MESSAGE_BYTES",
     "STATUS_NAMES",
     "Call",
@@ -57,6 +59,14 @@ STATUS_NAMES = (
 _CANCELLED, _UNKNOWN, _DEADLINE_EXCEEDED, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED = 1, 2, 4, 8, 12
 _INTERNAL, _UNAVAILABLE, _PERMISSION_DENIED, _UNAUTHENTICATED = 13, 14, 7, 16
 
+# A call that has heard nothing from the gateway for KEEPALIVE_SECONDS sends a PING; one not
+# answered within KEEPALIVE_TIMEOUT_SECONDS fails the call as Unavailable. Without it a stream on
+# a gateway that stopped (SIGSTOP, a hang, a host gone without closing the socket) waits for ever:
+# a silent command may run for hours, so silence alone says nothing. Both clients (this one and
+# grpcio, see transport.CHANNEL_OPTIONS) fail such a call within the sum, 20 s; the gateway
+# accepts a PING every 5 s (gateway.listening) so that a long silent call is never told off.
+KEEPALIVE_SECONDS = 10.0
+KEEPALIVE_TIMEOUT_SECONDS = 10.0
 # As the grpcio client is configured (sdk.client.CHANNEL_OPTIONS): the gateway sends up to 16 MiB.
 MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024
 # A header block, compressed or decoded (RFC 7541's size: name + value + 32 per field). The
@@ -141,6 +151,7 @@ class Connection:
         self.goaway_last_stream: int | None = None
         self.usable = True  # False once anything makes reuse unsafe
         self._deadline: float | None = None
+        self._pinged = False  # a keepalive PING is unanswered
         settings = struct.pack(
             ">HIHIHI",
             _SETTINGS_ENABLE_PUSH,
@@ -207,14 +218,29 @@ class Connection:
 
     def _arm(self) -> None:
         """The socket timeout to what is left until the deadline (checked before every read, so
-        a peer trickling bytes cannot stretch a call past it)."""
+        a peer trickling bytes cannot stretch a call past it), or until the next keepalive step
+        if that comes first."""
+        keepalive = KEEPALIVE_TIMEOUT_SECONDS if self._pinged else KEEPALIVE_SECONDS
         if self._deadline is None:
-            self._sock.settimeout(None)
+            self._sock.settimeout(keepalive)
             return
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
-        self._sock.settimeout(remaining)
+        self._sock.settimeout(min(remaining, keepalive))
+
+    def _keepalive(self) -> None:
+        """Nothing heard for a keepalive interval: send a PING, or, when the last one is still
+        unanswered, drop the connection and fail the call."""
+        if self._pinged:
+            self.close()
+            raise GrpcFailure(
+                _UNAVAILABLE,
+                f"the gateway did not answer a keepalive ping within {KEEPALIVE_TIMEOUT_SECONDS:g} s"
+                " (stopped, hung or unreachable)",
+            )
+        self._send(_frame(_PING, 0, 0, b"\0" * 8))
+        self._pinged = True
 
     def protocol_error(self, what: str) -> GrpcFailure:
         """Drop the connection; the failure to raise for a peer that broke HTTP/2."""
@@ -227,13 +253,17 @@ class Connection:
             try:
                 chunk = self._sock.recv(max(65_536, count - len(self._buffer)))
             except TimeoutError:
-                raise
+                if self._deadline is not None and time.monotonic() >= self._deadline:
+                    raise
+                self._keepalive()
+                continue
             except OSError as exc:
                 self.close()
                 raise GrpcFailure(_UNAVAILABLE, f"the gateway closed the connection ({exc.strerror or exc})") from None
             if not chunk:
                 self.close()
                 raise GrpcFailure(_UNAVAILABLE, "the gateway closed the connection")
+            self._pinged = False  # it is alive (its PING ACK, or anything else)
             self._buffer += chunk
         data = bytes(self._buffer[:count])
         del self._buffer[:count]

@@ -108,6 +108,8 @@ class Process:
     ) -> None:
         self.tty = start.start.tty
         self.exit_code: int | None = None
+        # How it ended beyond its exit code (timed out, a signal, never started), once it has.
+        self.outcome: views.ExecOutcome | None = None
         self._address = address
         self._changed = threading.Condition()
         self._stdin: deque[pb.ExecStreamRequest] = deque()
@@ -195,7 +197,7 @@ class Process:
             raise errors.Error("the exec stream ended without an exit code")
         out = calls.output_event(event)
         if out.exit_code is not None:
-            self.exit_code = out.exit_code
+            self.exit_code, self.outcome = out.exit_code, out.outcome
             self._finish()
         return out
 
@@ -212,6 +214,11 @@ class Process:
     def __iter__(self) -> Iterator[views.OutputEvent]:
         while (event := self.recv()) is not None:
             yield event
+
+    @property
+    def timed_out(self) -> bool:
+        """It was killed at its timeout (known once it ended)."""
+        return self.outcome is not None and self.outcome.timed_out
 
     def wait(self, timeout: float | None = None) -> int:
         """Read (and drop) the rest of the output; the exit code. With `timeout`, TimeoutError
@@ -251,6 +258,7 @@ class AsyncProcess:
     def __init__(self, call: aio.StreamStreamCall[pb.ExecStreamRequest, pb.ExecEvent], address: str, tty: bool) -> None:
         self.tty = tty
         self.exit_code: int | None = None
+        self.outcome: views.ExecOutcome | None = None  # see Process.outcome
         self._call = call
         self._address = address
         self._stdin_closed = False
@@ -308,12 +316,17 @@ class AsyncProcess:
         assert isinstance(event, pb.ExecEvent)
         out = calls.output_event(event)
         if out.exit_code is not None:
-            self.exit_code = out.exit_code
+            self.exit_code, self.outcome = out.exit_code, out.outcome
         return out
 
     async def __aiter__(self) -> AsyncIterator[views.OutputEvent]:
         while (event := await self.recv()) is not None:
             yield event
+
+    @property
+    def timed_out(self) -> bool:
+        """`Process.timed_out`."""
+        return self.outcome is not None and self.outcome.timed_out
 
     async def wait(self) -> int:
         """`Process.wait`."""

@@ -45,7 +45,17 @@ __all__ = [
 ENV_TRANSPORT = "WARMSHELL_TRANSPORT"
 TRANSPORTS = ("grpcio", "http2")
 # The gateway sends up to 16 MiB in one message (a long ListSandboxes); grpc's default is 4 MiB.
-CHANNEL_OPTIONS = (("grpc.max_receive_message_length", 16 * 1024 * 1024),)
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    # Keepalive as the HTTP/2 client does it (see http2.KEEPALIVE_SECONDS): a PING after that
+    # much silence during a call, the connection failed when it goes unanswered; as many PINGs
+    # as a silent call needs (grpc's default stops after 2 without data). grpc 1.85 fails an
+    # unanswered PING after ping_timeout_ms (1 minute by default), not after keepalive_timeout_ms.
+    ("grpc.keepalive_time_ms", int(http2.KEEPALIVE_SECONDS * 1000)),
+    ("grpc.keepalive_timeout_ms", int(http2.KEEPALIVE_TIMEOUT_SECONDS * 1000)),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.ping_timeout_ms", int(http2.KEEPALIVE_TIMEOUT_SECONDS * 1000)),
+)
 
 M = TypeVar("M", bound="Message")
 M_co = TypeVar("M_co", bound="Message", covariant=True)

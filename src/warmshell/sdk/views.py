@@ -3,16 +3,20 @@ converted from the wire messages here so callers never handle protobuf."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from warmshell.api.v1 import outcome_pb2
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.core.states import Allocation, Phase
 
 __all__ = [
     "Condition",
     "EgressDecision",
+    "ExecError",
+    "ExecOutcome",
     "ExecResult",
     "Lifetime",
     "Network",
@@ -206,25 +210,88 @@ class PoolInfo:
     pids: int = 0
 
 
+class ExecError(enum.Enum):
+    """Why a command never started (its exit code is then the shell's: 127, 126, 125)."""
+
+    COMMAND_NOT_FOUND = "command_not_found"
+    NOT_EXECUTABLE = "not_executable"
+    WORKDIR = "workdir"  # the workdir does not exist, is not a directory or cannot be entered
+
+
+_EXEC_ERRORS = {
+    outcome_pb2.EXEC_ERROR_COMMAND_NOT_FOUND: ExecError.COMMAND_NOT_FOUND,
+    outcome_pb2.EXEC_ERROR_NOT_EXECUTABLE: ExecError.NOT_EXECUTABLE,
+    outcome_pb2.EXEC_ERROR_WORKDIR: ExecError.WORKDIR,
+}
+
+
 @dataclass(frozen=True)
-class ExecResult:
-    """A finished command: its exit code (124 timed out, 128+N killed by signal N), its output,
-    and `duration_ms`: for `run`, the call's wall time as the caller saw it; for `wait_exit`, how
-    long the workload ran (from its activation to its exit)."""
+class ExecOutcome:
+    """How a command ended as the system saw it (never written into its output): killed at its
+    `timeout` (`timed_out`; exit code 124), ended by `signal` (0: it exited by itself), or never
+    started (`error`, and `error_message` naming the command or workdir)."""
+
+    timed_out: bool = False
+    signal: int = 0
+    error: ExecError | None = None
+    error_message: str = ""
+
+
+def exec_outcome(message: outcome_pb2.ExecOutcome) -> ExecOutcome:
+    """The outcome carried by a wire ExecEvent (an unknown error code reads as not executable)."""
+    error = _EXEC_ERRORS.get(message.error, ExecError.NOT_EXECUTABLE) if message.error else None
+    return ExecOutcome(message.timed_out, message.signal, error, message.error_message)
+
+
+class _Outcome:
+    """The outcome's fields, read on the result that carries it."""
+
+    outcome: ExecOutcome | None
+
+    @property
+    def timed_out(self) -> bool:
+        """Killed at its timeout (its exit code is 124, but a command's own 124 is not this)."""
+        return self.outcome is not None and self.outcome.timed_out
+
+    @property
+    def signal(self) -> int:
+        """The signal that ended the command; 0 when it exited by itself."""
+        return self.outcome.signal if self.outcome is not None else 0
+
+    @property
+    def error(self) -> ExecError | None:
+        """Why the command never started; None when it ran."""
+        return self.outcome.error if self.outcome is not None else None
+
+
+@dataclass(frozen=True)
+class ExecResult(_Outcome):
+    """A finished command: its exit code (128+N killed by signal N), its output, how it ended
+    (`timed_out`, `signal`, `error`: see ExecOutcome), and `duration_ms`: for `run`, the call's
+    wall time as the caller saw it; for `wait_exit`, how long the workload ran (from its
+    activation to its exit)."""
 
     exit_code: int
     stdout: bytes
     stderr: bytes
     duration_ms: float
+    outcome: ExecOutcome = field(default_factory=ExecOutcome)
+
+    @property
+    def ok(self) -> bool:
+        """It ran and exited 0."""
+        return self.exit_code == 0 and self.error is None and not self.timed_out
 
 
 @dataclass(frozen=True)
-class OutputEvent:
-    """One step of a streamed command: a chunk of stdout or stderr, or (last) the exit code."""
+class OutputEvent(_Outcome):
+    """One step of a streamed command: a chunk of stdout or stderr, or (last) the exit code
+    with how the command ended (`outcome`, and `timed_out`, `signal`, `error` read from it)."""
 
     stdout: bytes = b""
     stderr: bytes = b""
     exit_code: int | None = field(default=None)
+    outcome: ExecOutcome | None = None
 
 
 def _conditions(conditions: object) -> tuple[Condition, ...]:

@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from warmshell.api.v1 import outcome_pb2 as opb
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
 from warmshell.sandboxio.link import GatewayLink, GrpcLink, SessionCall
-from warmshell.sandboxio.processes import Runner, WorkdirError, run_streaming
+from warmshell.sandboxio.processes import Ended, NotStarted, Runner, StartFailure, run_streaming
 from warmshell.sandboxio.window import OutputWindow
 from warmshell.supervisor.backoff import reconnect_delays
 from warmshell.supervisor.fileops import FileServer
@@ -135,6 +136,27 @@ class SupervisorSettings:
         )
 
 
+_EXEC_ERRORS = {
+    StartFailure.COMMAND_NOT_FOUND: opb.EXEC_ERROR_COMMAND_NOT_FOUND,
+    StartFailure.NOT_EXECUTABLE: opb.EXEC_ERROR_NOT_EXECUTABLE,
+    StartFailure.WORKDIR: opb.EXEC_ERROR_WORKDIR,
+}
+
+
+def exec_exited(exec_id: str, end: Ended | OSError) -> spb.ExecExited:
+    """The message that ends an exec: how it ended, or why it never started (a command that is
+    missing or not executable, a workdir that cannot be entered) with the exit status a shell
+    gives for that; any other OSError (the sandbox ended under it, a command too large to start)
+    fails the exec as a call."""
+    if isinstance(end, Ended):
+        outcome = opb.ExecOutcome(timed_out=end.timed_out, signal=end.signal)
+        return spb.ExecExited(exec_id=exec_id, exit_code=end.exit_code, outcome=outcome)
+    if not isinstance(end, NotStarted):
+        return spb.ExecExited(exec_id=exec_id, exit_code=-1, error=str(end))
+    outcome = opb.ExecOutcome(error=_EXEC_ERRORS[end.failure], error_message=str(end))
+    return spb.ExecExited(exec_id=exec_id, exit_code=end.failure.value, outcome=outcome)
+
+
 def _workload_environment(base: dict[str, str], activation: spb.SupervisorActivationMessage) -> dict[str, str]:
     env = {k: v for k, v in base.items() if not k.startswith(ENV_PREFIX)}
     env.setdefault("PATH", DEFAULT_PATH)
@@ -157,15 +179,18 @@ class Supervisor:
         runner: Runner = run_streaming,
         link: GatewayLink | None = None,
         serve_files: bool = False,
+        workdir: str = "",
     ) -> None:
         """`runner` starts the workload and execs (default: as this process's children);
         `link`, when given, is how to reach the gateway (the local driver runs every sandbox's
         supervisor in the gateway process and passes its in-process link or a shared channel's);
         by default `run` opens a gRPC channel to `settings.gateway` and closes it; `serve_files`:
         answer the gateway's file operations inside this process's filesystem (a pod's
-        supervisor; the local driver serves files host-side instead)."""
+        supervisor; the local driver serves files host-side instead); `workdir`: the workload's
+        and execs' directory over the activation's (an image's WorkingDir on the local driver)."""
         self.settings = settings
         self._base_env = base_env
+        self._default_workdir = workdir
         self._runner = runner
         self._given_link = link
         self._outbox = Outbox()
@@ -197,7 +222,7 @@ class Supervisor:
             self.activation = activation
             self._token, self._token_expires_ms = activation.token, activation.token_expires_at_ms
             self._env = _workload_environment(self._base_env, activation)
-            self._workdir = activation.workload.workdir or "/"
+            self._workdir = self._default_workdir or activation.workload.workdir or "/"
             if activation.workload.command:
                 self._workload = asyncio.create_task(self._run_workload(list(activation.workload.command)))
                 self._workload_started = True
@@ -259,10 +284,10 @@ class Supervisor:
             await self._output("", stderr, data)
 
         try:
-            code = await self._runner(command, env=self._env, cwd=self._workdir, sink=sink)
-        except OSError as exc:  # it never started (e.g. too large for the sandbox): say so and end it
+            code = (await self._runner(command, env=self._env, cwd=self._workdir, sink=sink)).exit_code
+        except OSError as exc:  # it never started (e.g. too large for the sandbox): its log says why
             await sink(True, f"warmshell: workload: {exc}\n".encode())
-            code = 126
+            code = exc.failure.value if isinstance(exc, NotStarted) else StartFailure.NOT_EXECUTABLE.value
         self._exit_code = code
         await self._send(spb.SupervisorMessage(workload_exited=spb.WorkloadExited(exit_code=code)))
 
@@ -284,9 +309,8 @@ class Supervisor:
         env = {**self._env, **start.environment}
         interactive = self._inputs.get(start.exec_id)
         extra = {"io": interactive} if interactive is not None else {}  # plain runners need not know
-        error = ""
         try:
-            code = await self._runner(
+            end = await self._runner(
                 list(start.command),
                 env=env,
                 cwd=start.workdir or self._workdir,
@@ -295,16 +319,13 @@ class Supervisor:
                 timeout=start.timeout_seconds or None,
                 **extra,
             )
-        except WorkdirError as exc:  # the command never started: an error, not an exit status
-            code, error = -1, str(exc)
-        except OSError as exc:
-            await sink(True, f"warmshell: exec: {exc}\n".encode())
-            code = 126
+            exited = exec_exited(start.exec_id, end)
+        except OSError as exc:  # it never started, or the sandbox ended: never told in its output
+            exited = exec_exited(start.exec_id, exc)
         finally:
             self._execs.pop(start.exec_id, None)
             self._windows.pop(start.exec_id, None)
             self._inputs.pop(start.exec_id, None)
-        exited = spb.ExecExited(exec_id=start.exec_id, exit_code=code, error=error)
         await self._send(spb.SupervisorMessage(exec_exited=exited))
 
     async def _hold_session(self) -> None:

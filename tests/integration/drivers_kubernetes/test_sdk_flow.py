@@ -37,6 +37,23 @@ async def test_sdk_flow_on_kubesim(gw: RunningGateway, admin: kc.KubeClient) -> 
         assert usage == warmshell.Usage(
             unknown="the kubernetes driver does not report usage", read_at_ms=usage.read_at_ms
         )
+        # The in-pod supervisor's outcomes: in the result, never in the command's output.
+        slow = await sb.run(["sleep", "30"], timeout=1)
+        assert (slow.exit_code, slow.timed_out, slow.signal, slow.stderr) == (124, True, 9, b"")
+        missing = await sb.run(["no-such-program"])
+        assert (missing.exit_code, missing.error, missing.stderr) == (127, warmshell.ExecError.COMMAND_NOT_FOUND, b"")
+        nowhere = await sb.run(["true"], workdir="/nope")
+        assert (nowhere.error, nowhere.outcome.error_message) == (
+            warmshell.ExecError.WORKDIR,
+            "workdir /nope does not exist",
+        )
+        with pytest.raises(warmshell.CommandFailed, match="exited 3"):
+            await sb.run(["sh", "-c", "exit 3"], check=True)
+        terminal = await sb.start(["no-such-shell"], tty=True)
+        async with terminal:
+            assert await terminal.wait() == 127
+        assert terminal.outcome is not None
+        assert terminal.outcome.error is warmshell.ExecError.COMMAND_NOT_FOUND
         info = await sb.refresh_ttl(900)
         assert info.lifetime.ttl_seconds == 900
         assert [i.name for i in await client.list()] == ["agent"]

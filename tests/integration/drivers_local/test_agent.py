@@ -23,7 +23,7 @@ from tests.integration.drivers_local.agents import raw_agent
 from tests.integration.drivers_local.support import needs_bwrap
 from warmshell.drivers.local.runtime import agentwire, terminals
 from warmshell.drivers.local.runtime.agentlink import AgentLink
-from warmshell.sandboxio.processes import WorkdirError
+from warmshell.sandboxio.processes import Ended, NotStarted, StartFailure, WorkdirError
 
 pytestmark = needs_bwrap
 
@@ -263,26 +263,28 @@ def test_closing_the_socket_kills_a_workload_that_keeps_forking() -> None:
         os.close(out_read)
 
 
-async def link_run(link: AgentLink, argv: list[str], **kwargs: object) -> tuple[int, bytes, bytes]:
+async def link_run(link: AgentLink, argv: list[str], **kwargs: object) -> tuple[Ended, bytes, bytes]:
     out, err = bytearray(), bytearray()
 
     async def sink(stderr: bool, data: bytes) -> None:
         (err if stderr else out).extend(data)
 
-    code = await link.run_streaming(argv, env={"PATH": "/usr/bin:/bin"}, cwd="/workspace", sink=sink, **kwargs)  # type: ignore[arg-type]
-    return code, bytes(out), bytes(err)
+    end = await link.run_streaming(argv, env={"PATH": "/usr/bin:/bin"}, cwd="/workspace", sink=sink, **kwargs)  # type: ignore[arg-type]
+    return end, bytes(out), bytes(err)
 
 
 async def test_the_host_runner_streams_statuses_and_reaps() -> None:
     with raw_agent() as (sock, process):
         link = AgentLink(sock)
         assert await link.wait_hello() == 1
-        assert await link_run(link, ["sh", "-c", "cat; echo err >&2; exit 3"], stdin=b"in\n") == (3, b"in\n", b"err\n")
-        assert (await link_run(link, ["sh", "-c", "kill -KILL $$"]))[0] == 137
-        code, _, err = await link_run(link, ["no-such-command"])
-        assert (code, err) == (127, b"warmshell: no-such-command: command not found\n")
-        code, _, err = await link_run(link, ["sleep", "30"], timeout=0.2)
-        assert (code, err) == (124, b"warmshell: timed out after 0.2s\n")
+        ran = await link_run(link, ["sh", "-c", "cat; echo err >&2; exit 3"], stdin=b"in\n")
+        assert ran == (Ended(3), b"in\n", b"err\n")
+        assert (await link_run(link, ["sh", "-c", "kill -KILL $$"]))[0] == Ended(137, signal=9)
+        with pytest.raises(NotStarted, match="no-such-command: command not found") as missing:
+            await link_run(link, ["no-such-command"])
+        assert missing.value.failure is StartFailure.COMMAND_NOT_FOUND
+        # Nothing of the system's goes into the command's output: the timeout is the result's.
+        assert await link_run(link, ["sleep", "30"], timeout=0.2) == (Ended(124, signal=9, timed_out=True), b"", b"")
         with pytest.raises(WorkdirError, match="workdir /no/such/dir does not exist"):
             await link.run_streaming(["true"], env={}, cwd="/no/such/dir", sink=lambda *_: asyncio.sleep(0))
         # An orphan (its parent exits at once) is reaped by pid 1: no zombie is left.
@@ -310,7 +312,7 @@ async def test_the_host_runner_streams_statuses_and_reaps() -> None:
             await task
         await asyncio.sleep(0.3)
         code, out, _ = await link_run(link, ["sh", "-c", "cat /proc/[0-9]*/comm"])
-        assert (code, b"sleep" in out) == (0, False), out
+        assert (code, b"sleep" in out) == (Ended(0), False), out
         link.close()
         await asyncio.to_thread(process.wait, 10)
 
@@ -331,19 +333,19 @@ async def test_an_exec_ends_when_its_command_exits_not_when_a_background_child_d
             await asyncio.sleep(0.001)  # a reader slower than the command: output is queued at its exit
 
         start = time.monotonic()
-        code = await asyncio.wait_for(
+        end = await asyncio.wait_for(
             link.run_streaming(["sh", "-c", BACKGROUNDED], env={"PATH": "/usr/bin:/bin"}, cwd="/", sink=slow_sink), 20
         )
-        assert code == 0
+        assert end == Ended(0)
         assert time.monotonic() - start < 15, "the exec waited for the background sleep"
         assert out[:2097152] == bytes(2097152), "everything the command wrote is delivered"
         child = int(out[2097152:].split()[0])
         # The child runs on: `&` means what it says.
-        assert (await link_run(link, ["kill", "-0", str(child)]))[0] == 0
+        assert (await link_run(link, ["kill", "-0", str(child)]))[0] == Ended(0)
         # A child that keeps writing does not keep the exec going either (what it wrote before the
         # command exited is part of the output; then the pipe is closed, and it gets SIGPIPE).
         code, out_yes, _ = await asyncio.wait_for(link_run(link, ["sh", "-c", "yes & echo started"]), 20)
-        assert code == 0
+        assert code == Ended(0)
         assert b"started\n" in out_yes
         assert set(out_yes.replace(b"started\n", b"")) <= set(b"y\n")
         link.close()

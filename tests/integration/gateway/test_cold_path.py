@@ -34,8 +34,7 @@ async def test_create_ready_exec_delete(gw: RunningGateway) -> None:
     code, out, _ = await gw.exec("alpha", ["cat"], stdin=b"piped")
     assert (code, out) == (0, b"piped")
     code, _, err = await gw.exec("alpha", ["no-such-program"])
-    assert code == 127
-    assert b"command not found" in err
+    assert (code, err) == (127, b"")  # told by the outcome (see test_exec_errors), not on stderr
     code, _, _ = await gw.exec("alpha", ["sleep", "5"], timeout_seconds=1)
     assert code == 124
 

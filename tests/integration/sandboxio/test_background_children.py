@@ -27,8 +27,8 @@ async def run(command: list[str], *, io: ExecInput | None = None, slow: bool = F
             await asyncio.sleep(0.001)
 
     start = time.monotonic()
-    code = await asyncio.wait_for(run_streaming(command, env=ENV, cwd="/", sink=sink, io=io), 20)
-    return code, bytes(output), time.monotonic() - start
+    end = await asyncio.wait_for(run_streaming(command, env=ENV, cwd="/", sink=sink, io=io), 20)
+    return end.exit_code, bytes(output), time.monotonic() - start
 
 
 def alive(pid: int) -> bool:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import re
 
+import pytest
+
 from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
-from warmshell.sandboxio.processes import run_streaming
+from warmshell.sandboxio.processes import NotStarted, StartFailure, run_streaming
 
 
 async def run_on_terminal(command: list[str], typed: bytes = b"", size: WindowSize = DEFAULT_SIZE) -> tuple[int, bytes]:
@@ -22,8 +24,8 @@ async def run_on_terminal(command: list[str], typed: bytes = b"", size: WindowSi
         if typed and b"ready" in output and b"ready" not in output[: len(output) - len(data)]:
             io.feed(typed)
 
-    code = await asyncio.wait_for(run_streaming(command, env={"PATH": "/usr/bin:/bin"}, cwd="/", sink=sink, io=io), 30)
-    return code, bytes(output)
+    end = await asyncio.wait_for(run_streaming(command, env={"PATH": "/usr/bin:/bin"}, cwd="/", sink=sink, io=io), 30)
+    return end.exit_code, bytes(output)
 
 
 async def test_the_command_leads_a_session_on_its_terminal() -> None:
@@ -39,12 +41,13 @@ async def test_the_command_leads_a_session_on_its_terminal() -> None:
     assert int(tty_nr) != 0  # with a controlling terminal
 
 
-async def test_ctrl_c_typed_on_the_terminal_interrupts_and_not_found_is_127() -> None:
+async def test_ctrl_c_typed_on_the_terminal_interrupts_and_not_found_is_not_started() -> None:
     code, _ = await run_on_terminal(["sh", "-c", "echo ready; read line; echo never"], typed=b"\x03")
     assert code == 130
-    code, output = await run_on_terminal(["no-such-command-here"])
-    assert code == 127
-    assert b"no-such-command-here: command not found" in output
+    # Told by the result, not written on the terminal the command would have had.
+    with pytest.raises(NotStarted, match="no-such-command-here: command not found") as missing:
+        await run_on_terminal(["no-such-command-here"])
+    assert missing.value.failure is StartFailure.COMMAND_NOT_FOUND
 
 
 async def test_many_terminal_starts_in_a_threaded_process_never_crash_a_child() -> None:

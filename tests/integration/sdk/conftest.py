@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,6 +47,17 @@ def client(gateway: CliGateway, request: pytest.FixtureRequest) -> Iterator[warm
         finally:
             for info in client.list(all_workspaces=True):
                 client.get(info.name, workspace=info.workspace).delete()
+
+
+@pytest.fixture
+async def aclient(gateway: CliGateway) -> AsyncIterator[warmshell.AsyncClient]:
+    """An async client; like `client`, it leaves no sandbox behind."""
+    async with warmshell.AsyncClient(state_dir=gateway.state_dir) as client:
+        try:
+            yield client
+        finally:
+            for info in await client.list(all_workspaces=True):
+                await (await client.get(info.name, workspace=info.workspace)).delete()
 
 
 def wait_pool_idle(client: warmshell.Client, name: str, timeout: float = 30.0) -> warmshell.PoolInfo:

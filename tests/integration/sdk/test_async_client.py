@@ -3,23 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import warmshell
-from tests.helpers.cli import CliGateway
-
-
-@pytest.fixture
-async def aclient(gateway: CliGateway) -> AsyncIterator[warmshell.AsyncClient]:
-    async with warmshell.AsyncClient(state_dir=gateway.state_dir) as client:
-        try:
-            yield client
-        finally:
-            for info in await client.list(all_workspaces=True):
-                await (await client.get(info.name, workspace=info.workspace)).delete()
 
 
 async def test_every_call_awaited(aclient: warmshell.AsyncClient) -> None:

@@ -39,11 +39,13 @@ def _largest_env() -> dict[str, str]:
 
 
 async def _exec_outcome(gw: RunningGateway, name: str, command: list[str], env: dict[str, str]) -> tuple[str, str]:
+    request = pb.ExecSandboxRequest(name=name, command=command, environment=env)
     try:
-        code, _, err = await asyncio.wait_for(gw.exec(name, command, environment=env), 30)
+        async with asyncio.timeout(30):
+            events = [event async for event in gw.stub.ExecSandbox(request, metadata=gw.metadata)]
     except grpc.aio.AioRpcError as exc:
         return exc.code().name, exc.details() or ""
-    return f"exit {code}", err.decode(errors="replace")
+    return f"exit {events[-1].exit_code}", events[-1].outcome.error_message  # why it never started
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,8 @@ async def test_a_flood_is_held_back_not_dropped() -> None:
         most_queued = max(most_queued, outbox.queued_bytes)
 
     async def workload() -> None:
-        code = await run_streaming([sys.executable, "-c", WRITER], env={}, cwd="/", sink=sink)
-        await outbox.put(spb.SupervisorMessage(workload_exited=spb.WorkloadExited(exit_code=code)))
+        end = await run_streaming([sys.executable, "-c", WRITER], env={}, cwd="/", sink=sink)
+        await outbox.put(spb.SupervisorMessage(workload_exited=spb.WorkloadExited(exit_code=end.exit_code)))
 
     task = asyncio.create_task(workload())
     await asyncio.sleep(1.0)  # nobody reads (a gateway away): the writer must be blocked

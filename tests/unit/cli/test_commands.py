@@ -245,7 +245,10 @@ async def test_exec_json_collects_the_output(fake: FakeSandboxService, address: 
     result = await invoke(address, ["sandbox", "exec", "box", "-o", "json", "--", "echo", "hi"])
 
     assert result.exit_code == 0
-    assert json.loads(result.stdout) == {"exit_code": 0, "stdout": "hi\n", "stderr": ""}
+    assert json.loads(result.stdout) == {
+        "exit_code": 0, "stdout": "hi\n", "stderr": "",
+        "timed_out": False, "signal": 0, "error": None, "error_message": "",
+    }  # fmt: skip
 
 
 async def test_exec_without_an_exit_code_is_a_failure(fake: FakeSandboxService, address: str) -> None:

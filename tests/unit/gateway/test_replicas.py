@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from warmshell.core import phases
@@ -18,14 +19,16 @@ from warmshell.core.models import SandboxRecord
 from warmshell.drivers.fake import FakeDriver
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.events import EventBus
-from warmshell.gateway.forwarding import Forwarder
+from warmshell.gateway.forwarding import Forwarder, Target, relayed_status
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.replicas import (
     KIND_REPLICA,
     MISSED_HEARTBEATS,
     SESSION_SCAN_SECONDS,
+    Replica,
     ReplicaDirectory,
+    join_problems,
     session_scan_due,
     stale_sessions,
 )
@@ -64,7 +67,9 @@ async def test_a_replica_is_dead_once_its_row_stood_still_for_three_heartbeats(s
     await a.announce()
     await b.refresh()
     assert b.alive_ids() == {"a", "b"}
-    assert await b.address_of("a") == "a:7443"
+    seen = await b.live_replica("a")
+    assert seen is not None
+    assert seen.address == "a:7443"
     clock.now += 2.5
     await a.announce()  # renewed: the row changed
     await b.refresh()
@@ -74,7 +79,7 @@ async def test_a_replica_is_dead_once_its_row_stood_still_for_three_heartbeats(s
     clock.now += 0.2  # 3.1 s without a change
     await b.refresh()
     assert b.alive_ids() == {"b"}
-    assert await b.address_of("a") is None
+    assert await b.live_replica("a") is None
     await a.announce()
     await b.refresh()
     assert "a" in b.alive_ids()
@@ -274,9 +279,65 @@ async def test_the_forwarder_sends_a_call_to_the_live_owner_only(store: Store) -
     # Forwarded to us already: answered here, never passed on (two replicas cannot loop).
     assert await forwarder.target(record, Context("replica")) is None  # type: ignore[arg-type]
     clock.now += 10  # the owner went silent
-    with pytest.raises(UnavailableError, match="replica other, which is not answering"):
+    with pytest.raises(
+        UnavailableError, match=r"replica other, which has stopped renewing its place in the store \(presumed dead\)"
+    ):
         await forwarder.target(record, client)  # type: ignore[arg-type]
     await forwarder.aclose()
+
+
+async def test_an_owner_alive_without_an_address_is_named_as_such(store: Store) -> None:
+    clock = Clock()
+    me = directory(store, "me", clock)
+    silent = ReplicaDirectory(store, replica_id="nowhere", address="", heartbeat_seconds=HEARTBEAT, clock=clock)
+    await silent.announce()
+    auth = Authenticator(api_token="api", issuer=None, identity=None, replica_token="replica")  # type: ignore[arg-type]
+    forwarder = Forwarder(me, auth, token="replica")
+    record = connected(SandboxRecord(id="sb", name="sb", workspace="default"), "nowhere")
+    with pytest.raises(UnavailableError, match="replica nowhere, which is alive but gave no address"):
+        await forwarder.target(record, Context("api"))  # type: ignore[arg-type]
+    await forwarder.aclose()
+
+
+def test_a_failed_forward_says_when_the_owner_was_not_reached_or_refused_the_token() -> None:
+    target = Target("gw-1", "10.0.0.7:7443")
+    refused = "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.7:7443: Connection refused"
+    code, details = relayed_status(grpc.StatusCode.UNAVAILABLE, refused, target)
+    assert code is grpc.StatusCode.UNAVAILABLE
+    assert details.startswith(
+        "gateway replica gw-1, which holds this sandbox's session, is not reachable at 10.0.0.7:7443"
+    )
+    code, details = relayed_status(grpc.StatusCode.UNAUTHENTICATED, "bad token", target)
+    assert (code, "same [replicas] token_file" in details) == (grpc.StatusCode.UNAUTHENTICATED, True)
+    # The owner's own answers pass unchanged, an Unavailable of its own included.
+    for answer in ((grpc.StatusCode.UNAVAILABLE, "gateway stopping"), (grpc.StatusCode.NOT_FOUND, "no file /x")):
+        assert relayed_status(*answer, target) == answer
+
+
+def test_join_problems_name_the_missing_address_and_a_differing_token() -> None:
+    others = [Replica("a", "a:1", 1, "t1"), Replica("b", "b:1", 1, "t2"), Replica("old", "o:1", 1, "")]
+    assert join_problems(address="me:1", token_digest="t1", others=others[:1]) == []
+    assert join_problems(address="me:1", token_digest="t1", others=[others[2]]) == []  # says no token: not judged
+    (token,) = join_problems(address="me:1", token_digest="t1", others=others)
+    assert token.startswith("its replica token is not that of b:")
+    address, token = join_problems(address="", token_digest="t3", others=others)
+    assert "no address the other replicas can reach" in address
+    assert "not that of a, b:" in token
+    assert len(join_problems(address="", token_digest="t", others=[])) == 1  # alone: told, not refused
+
+
+async def test_a_joining_replica_waits_out_a_row_left_by_a_crash_only_when_it_matters(store: Store) -> None:
+    quick = 0.1
+    crashed = ReplicaDirectory(store, replica_id="crashed", address="c:1", heartbeat_seconds=quick, token_digest="x")
+    await crashed.announce()
+    joining = ReplicaDirectory(store, replica_id="new", address="", heartbeat_seconds=quick, token_digest="x")
+
+    def problems(others: list[Replica]) -> list[str]:
+        return join_problems(address=joining.address, token_digest=joining.token_digest, others=others)
+
+    assert await joining.live_others_with(problems) == []  # stood still: presumed dead, not a reason to refuse
+    joining.address = "n:1"
+    assert [r.id for r in await joining.live_others_with(problems)] == ["crashed"]  # no problem: no wait
 
 
 async def test_waiting_for_a_silent_replica_ends_when_it_is_presumed_dead(store: Store) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from warmshell.api.v1 import outcome_pb2
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.core.models import Allocation, Phase
 from warmshell.sdk import calls, errors, views
@@ -162,7 +163,51 @@ def test_exec_fold_needs_an_exit_code() -> None:
         fold.result(1.0)
     fold.feed(pb.ExecEvent(exit_code=0))
     assert fold.result(1.5) == views.ExecResult(0, b"42\n", b"w", 1.5)
-    assert calls.output_event(pb.ExecEvent(exit_code=0)) == views.OutputEvent(exit_code=0)
+    assert calls.output_event(pb.ExecEvent(exit_code=0)) == views.OutputEvent(exit_code=0, outcome=views.ExecOutcome())
+
+
+def test_the_outcome_comes_from_the_last_event_never_from_the_output() -> None:
+    fold = calls.ExecFold()
+    fold.feed(pb.ExecEvent(stderr=b"warmshell: timed out after 1s\n"))  # the command's own words
+    fold.feed(pb.ExecEvent(exit_code=124))
+    assert not fold.result(1.0).timed_out
+    killed = pb.ExecEvent(exit_code=124, outcome=outcome_pb2.ExecOutcome(timed_out=True, signal=9))
+    fold.feed(killed)
+    result = fold.result(1.0)
+    assert (result.timed_out, result.signal, result.error, result.ok) == (True, 9, None, False)
+    event = calls.output_event(killed)
+    assert (event.exit_code, event.timed_out, event.signal) == (124, True, 9)
+    missing = outcome_pb2.ExecOutcome(
+        error=outcome_pb2.EXEC_ERROR_COMMAND_NOT_FOUND, error_message="x: command not found"
+    )
+    assert views.exec_outcome(missing) == views.ExecOutcome(
+        error=views.ExecError.COMMAND_NOT_FOUND, error_message="x: command not found"
+    )
+    newer = outcome_pb2.ExecOutcome(error=99)  # type: ignore[arg-type]  # a code a newer gateway may send
+    assert views.exec_outcome(newer).error is views.ExecError.NOT_EXECUTABLE
+
+
+def test_check_result_raises_command_failed_or_timeout_with_the_tail_of_stderr() -> None:
+    assert errors.check_result(["true"], views.ExecResult(0, b"", b"", 1.0)).ok
+    noisy = b"x" * 5000 + b"\nerror: the last line\n"
+    with pytest.raises(errors.CommandFailed, match="'make test' exited 2; stderr ends:") as failed:
+        errors.check_result(["make", "test"], views.ExecResult(2, b"", noisy, 1.0))
+    assert failed.value.exit_code == 2
+    assert failed.value.stderr_tail.endswith("error: the last line")
+    assert len(failed.value.stderr_tail) <= errors.STDERR_TAIL_BYTES
+    timed_out = views.ExecResult(124, b"", b"", 1.0, views.ExecOutcome(timed_out=True, signal=9))
+    with pytest.raises(errors.CommandTimeout, match="timed out") as timeout:
+        errors.check_result(["sleep", "9"], timed_out)
+    assert isinstance(timeout.value, errors.CommandFailed | TimeoutError)
+    never = views.ExecResult(
+        127,
+        b"",
+        b"",
+        1.0,
+        views.ExecOutcome(error=views.ExecError.COMMAND_NOT_FOUND, error_message="nope: command not found"),
+    )
+    with pytest.raises(errors.CommandFailed, match="never started: nope: command not found"):
+        errors.check_result(["nope"], never)
 
 
 def test_sandbox_info_is_a_plain_snapshot() -> None:

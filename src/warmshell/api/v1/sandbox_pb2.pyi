@@ -10,6 +10,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from warmshell.api.v1 import outcome_pb2 as _outcome_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -950,19 +951,25 @@ class ExecEvent(_message.Message):
     STDOUT_FIELD_NUMBER: _builtins.int
     STDERR_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     stdout: _builtins.bytes
     stderr: _builtins.bytes
     exit_code: _builtins.int
+    @_builtins.property
+    def outcome(self) -> _outcome_pb2.ExecOutcome:
+        """Beside exit_code (the last event): how the command ended, as the system saw it."""
+
     def __init__(
         self,
         *,
         stdout: _builtins.bytes = ...,
         stderr: _builtins.bytes = ...,
         exit_code: _builtins.int = ...,
+        outcome: _outcome_pb2.ExecOutcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exit_code", b"exit_code", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exit_code", b"exit_code", "outcome", b"outcome", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exit_code", b"exit_code", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exit_code", b"exit_code", "outcome", b"outcome", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["stdout", "stderr", "exit_code"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
@@ -1386,6 +1393,87 @@ class WriteFileResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WriteFileResponse: _TypeAlias = WriteFileResponse  # noqa: Y015
+
+@_typing.final
+class UploadTarHeader(_message.Message):
+    """A tar archive unpacked below a directory: directories, regular files and symbolic links that
+    stay below it, with their modes and mtimes; anything else (`..`, absolute names, hard links,
+    device nodes, FIFOs, links leading out) refuses the whole upload.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    path: _builtins.str
+    """The destination directory, created (with its parents) when missing."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "path", b"path", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadTarHeader: _TypeAlias = UploadTarHeader  # noqa: Y015
+
+@_typing.final
+class UploadTarRequest(_message.Message):
+    """The first message is the header; then the tar's bytes, in chunks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def header(self) -> Global___UploadTarHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___UploadTarHeader | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "part", b"part"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "part", b"part"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["header", "data"]  # noqa: Y015
+    _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
+
+Global___UploadTarRequest: _TypeAlias = UploadTarRequest  # noqa: Y015
+
+@_typing.final
+class UploadTarResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
+    entries: _builtins.int
+    """Entries written (directories, files, links) and the bytes of the files' content."""
+    bytes_written: _builtins.int
+    def __init__(
+        self,
+        *,
+        entries: _builtins.int = ...,
+        bytes_written: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadTarResponse: _TypeAlias = UploadTarResponse  # noqa: Y015
 
 @_typing.final
 class ListFilesResponse(_message.Message):

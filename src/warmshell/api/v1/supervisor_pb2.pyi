@@ -9,6 +9,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from warmshell.api.v1 import outcome_pb2 as _outcome_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -233,20 +234,28 @@ class ExecExited(_message.Message):
     EXEC_ID_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     exec_id: _builtins.str
     exit_code: _builtins.int
     error: _builtins.str
-    """Set when the command could not be started at all."""
+    """Set when the exec failed as a call (the gateway raises it); a supervisor reports a command
+    that could not start in `outcome` instead.
+    """
+    @_builtins.property
+    def outcome(self) -> _outcome_pb2.ExecOutcome:
+        """How it ended: timed out, killed by a signal, or never started (ExecOutcome.error)."""
+
     def __init__(
         self,
         *,
         exec_id: _builtins.str = ...,
         exit_code: _builtins.int = ...,
         error: _builtins.str = ...,
+        outcome: _outcome_pb2.ExecOutcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec_id", b"exec_id", "exit_code", b"exit_code"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "exec_id", b"exec_id", "exit_code", b"exit_code", "outcome", b"outcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -347,6 +356,7 @@ class FileResult(_message.Message):
     ERRNO_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     CREDIT_FIELD_NUMBER: _builtins.int
+    ENTRIES_WRITTEN_FIELD_NUMBER: _builtins.int
     op_id: _builtins.str
     data: _builtins.bytes
     """read: the next chunk."""
@@ -358,6 +368,8 @@ class FileResult(_message.Message):
     error: _builtins.str
     credit: _builtins.int
     """write: this many more bytes of content may be sent (the supervisor wrote them)."""
+    entries_written: _builtins.int
+    """untar: the entries written."""
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileStat]:
         """stat and mkdir: one entry; list: all of them."""
@@ -373,10 +385,11 @@ class FileResult(_message.Message):
         errno: _builtins.int = ...,
         error: _builtins.str = ...,
         credit: _builtins.int = ...,
+        entries_written: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "credit", b"credit", "data", b"data", "done", b"done", "entries", b"entries", "errno", b"errno", "error", b"error", "op_id", b"op_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "credit", b"credit", "data", b"data", "done", b"done", "entries", b"entries", "entries_written", b"entries_written", "errno", b"errno", "error", b"error", "op_id", b"op_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -670,6 +683,7 @@ class FileOp(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
     WINDOW_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_ENTRIES_FIELD_NUMBER: _builtins.int
     op_id: _builtins.str
     kind: _builtins.str
     """"stat", "list", "read", "write", "remove", "mkdir"; "data" carries more of a write,
@@ -686,6 +700,10 @@ class FileOp(_message.Message):
     last: _builtins.bool
     window_bytes: _builtins.int
     """read: the window (at most this many bytes unacknowledged); credit: bytes acknowledged."""
+    max_entries: _builtins.int
+    """"tar" (like a read, of a directory's archive) and "untar" (like a write, of an archive
+    unpacked below `path`): the most entries the archive may hold.
+    """
     def __init__(
         self,
         *,
@@ -699,10 +717,11 @@ class FileOp(_message.Message):
         data: _builtins.bytes = ...,
         last: _builtins.bool = ...,
         window_bytes: _builtins.int = ...,
+        max_entries: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "data", b"data", "kind", b"kind", "last", b"last", "max_bytes", b"max_bytes", "mode", b"mode", "op_id", b"op_id", "parents_or_recursive", b"parents_or_recursive", "path", b"path", "window_bytes", b"window_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "data", b"data", "kind", b"kind", "last", b"last", "max_bytes", b"max_bytes", "max_entries", b"max_entries", "mode", b"mode", "op_id", b"op_id", "parents_or_recursive", b"parents_or_recursive", "path", b"path", "window_bytes", b"window_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

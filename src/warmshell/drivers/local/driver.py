@@ -142,6 +142,7 @@ class LocalDriver:
                     interval=self._config.pool_reload_interval_seconds,
                     max_replicas=self._config.max_pool_replicas,
                     apply=self._pools.apply,
+                    also=self._host.launcher.images.watched if self._host.launcher.images is not None else (),
                 ),
                 name="local-pool-profiles",
             )
@@ -168,9 +169,10 @@ class LocalDriver:
         """The host's root filesystem, read-only (see `images`)."""
         return ""
 
-    def validate(self, workspace: str, spec: SandboxSpec) -> None:
-        """Local meaning of a spec (see `admission.check_spec`)."""
-        admission.check_spec(spec, self._host)
+    def validate(self, workspace: str, spec: SandboxSpec) -> SandboxSpec:
+        """Local meaning of a spec, and the spec as this driver runs it (an image of the image
+        store pinned to its digest; see `admission.check_spec`)."""
+        return admission.check_spec(spec, self._host)
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
         """Serve the request from its warm pool if exactly one matches and has a registered
@@ -181,7 +183,7 @@ class LocalDriver:
             return existing.view()
         pending = self._creating.get(request.sandbox_id)
         if pending is None:
-            self.validate(request.workspace, request.spec)
+            request = dataclasses.replace(request, spec=self.validate(request.workspace, request.spec))
             pending = asyncio.create_task(self._create(request))
             self._creating[request.sandbox_id] = pending
             pending.add_done_callback(lambda _: self._creating.pop(request.sandbox_id, None))

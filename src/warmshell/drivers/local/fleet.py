@@ -34,7 +34,7 @@ from warmshell.drivers.base import BackendState, DriverCondition, SandboxUsage
 from warmshell.drivers.local import credentials, records
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.instances import EGRESS_SUFFIX, LOG_SUFFIX, Instance, egress_dir
-from warmshell.drivers.local.runtime import cgroups
+from warmshell.drivers.local.runtime import cgroups, imageroots
 from warmshell.drivers.local.runtime import limits as resource_limits
 from warmshell.drivers.local.runtime import usage as runtime_usage
 from warmshell.drivers.local.runtime.launching import Launcher, traversable_dir
@@ -113,7 +113,14 @@ class Fleet:
             if isinstance(exc, OSError | ValueError):
                 raise UnavailableError(f"cannot start a local sandbox: {exc}") from exc
             raise
-        seat = Seat(instance.instance_id, credential, instance.process.runner)
+        image = instance.image_root
+        seat = Seat(
+            instance.instance_id,
+            credential,
+            instance.process.runner,
+            environment=image.environment if image is not None else {},
+            workdir=image.config.working_dir if image is not None else "",
+        )
         del credential  # from here on only the supervisor holds it; the driver keeps its digest
         instance.state = BackendState.RUNNING
         instance.supervisor = asyncio.create_task(self._supervise(seat), name=f"supervisor:{instance.instance_id}")
@@ -184,6 +191,8 @@ class Fleet:
             if instance.uid is not None:
                 os.chown(instance.egress_dir, instance.uid, instance.uid)
         self._launcher.prepare(image)
+        if imageroots.is_reference(image) and self._launcher.images is not None:
+            instance.image_root = self._launcher.images.acquire(image)
         if bounds is not None and not isinstance(self._cgroup, cgroups.Unavailable):
             try:
                 instance.cgroup = self._cgroup.create(instance.instance_id, bounds.cgroup_limits())
@@ -322,8 +331,10 @@ class Fleet:
 
     async def _release(self, instance: Instance) -> None:
         """Give back the cgroup and, once nothing of the sandbox runs, its uid (one thread hop)."""
-        group, uid = instance.cgroup, instance.uid
-        instance.cgroup = None
+        group, uid, image = instance.cgroup, instance.uid, instance.image_root
+        instance.cgroup = instance.image_root = None
+        if image is not None and self._launcher.images is not None:
+            self._launcher.images.release(image.pinned)
         if instance.process is not None and instance.process.returncode is None:
             uid = None  # something of it may still run as that uid: kept
         if uid is not None:

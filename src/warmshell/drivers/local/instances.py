@@ -15,7 +15,7 @@ from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation, now_us
 from warmshell.drivers.base import BackendState, Bound, CreateRequest, DriverCondition, DriverSandbox, WarmPending
 from warmshell.drivers.local import credentials, records
-from warmshell.drivers.local.runtime import cgroups
+from warmshell.drivers.local.runtime import cgroups, imageroots
 from warmshell.drivers.local.runtime.limits import Bounds
 from warmshell.drivers.local.runtime.processes import HostProcesses, SandboxProcess
 
@@ -55,6 +55,7 @@ class Instance:
     uid: int | None = None  # the sandbox's own host uid (a gateway run as root)
     workspaces: Path | None = None  # where its workspace lives, when not under `directory`
     cgroup: cgroups.Group | None = None
+    image_root: imageroots.ImageRoot | None = None  # the stored image it runs, its layers held
     bounds: Bounds | None = None  # what bounds its sandbox (None: unisolated, nothing)
     registered: bool = False
     deleting: bool = False

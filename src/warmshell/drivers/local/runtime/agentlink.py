@@ -30,15 +30,13 @@ from dataclasses import dataclass, field
 
 from warmshell.drivers.local.runtime import agentwire
 from warmshell.drivers.local.runtime.agentwire import Kind, Reply, Stage
+from warmshell.sandboxio import processes
 from warmshell.sandboxio.interactive import ExecInput, pump_fd, set_window_size, write_stdin
-from warmshell.sandboxio.processes import OutputSink, WorkdirError
+from warmshell.sandboxio.processes import Ended, NotStarted, OutputSink, WorkdirError
 
 __all__ = ["AgentError", "AgentLink"]
 
 _log = logging.getLogger(__name__)
-EXIT_TIMEOUT = 124
-EXIT_NOT_EXECUTABLE = 126
-EXIT_NOT_FOUND = 127
 _NO_STATUS = 255  # an exit status the agent reported that is no wait status at all
 
 
@@ -106,11 +104,10 @@ class AgentLink:
         stdin: bytes = b"",
         timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit, enforced with asyncio.timeout
         io: ExecInput | None = None,
-    ) -> int:
-        """Run `command` in the sandbox and stream its output to `sink`; its exit status, with
-        the shell's conventions (127 not found, 126 not executable, 124 timed out, 128+N killed
-        by signal N). `io`: see `Runner`. WorkdirError when its workdir cannot
-        be entered; OSError when the sandbox is gone."""
+    ) -> Ended:
+        """Run `command` in the sandbox and stream its output to `sink`; how it ended. `io`: see
+        `Runner`. NotStarted when it cannot be started (WorkdirError: its workdir cannot be
+        entered); OSError when the sandbox is gone."""
         exec_id, running = self._next_id, _Exec()
         self._next_id += 1
         tty = io is not None and io.terminal is not None
@@ -123,7 +120,7 @@ class AgentLink:
         ours, reply = await self._start(exec_id, running, record, stdin, io)
         if reply.kind is not Kind.STARTED:
             _close(*ours)
-            return await _not_started(reply, command, cwd, sink, tty=tty)
+            raise _not_started(reply, command, cwd)
         in_write = ours[0]
         feeding, pumps = self._pump(exec_id, ours, stdin, io, sink, running.exited, tty=tty)
         try:
@@ -134,8 +131,7 @@ class AgentLink:
                 status = await asyncio.shield(running.exited)
         except TimeoutError:
             await self._kill(exec_id, running, pumps)
-            await sink(True, f"warmshell: timed out after {timeout:g}s\n".encode())
-            return EXIT_TIMEOUT
+            return processes.timed_out()
         except asyncio.CancelledError:
             await self._kill(exec_id, running, pumps)
             raise
@@ -146,7 +142,7 @@ class AgentLink:
                     await feeding
             if tty:
                 os.close(in_write)
-        return exit_code(status)
+        return status_ended(status)
 
     async def _start(
         self, exec_id: int, running: _Exec, record: bytes, stdin: bytes, io: ExecInput | None
@@ -320,30 +316,24 @@ class AgentLink:
         self._execs.clear()
 
 
-def exit_code(status: int) -> int:
-    """A wait status as the shell reports it (128+N for signal N)."""
+def status_ended(status: int) -> Ended:
+    """How a command ended, from the wait status the agent reported."""
     try:
-        code = os.waitstatus_to_exitcode(status)
+        return processes.ended(os.waitstatus_to_exitcode(status))
     except ValueError:
-        return _NO_STATUS
-    return code if code >= 0 else 128 - code
+        return Ended(_NO_STATUS)
 
 
-async def _not_started(reply: Reply, command: Sequence[str], cwd: str, sink: OutputSink, *, tty: bool) -> int:
+def _not_started(reply: Reply, command: Sequence[str], cwd: str) -> OSError:
+    """What to raise for the agent's answer to an EXEC that did not start the command."""
     if reply.kind is Kind.REJECTED:
-        raise AgentError(errno.EINVAL, f"the sandbox's agent rejected the command (reason {reply.a})")
+        return AgentError(errno.EINVAL, f"the sandbox's agent rejected the command (reason {reply.a})")
     error = reply.b
     if reply.a == Stage.CHDIR:
-        raise WorkdirError(error, cwd)
+        return WorkdirError(error, cwd)
     if reply.a != Stage.EXEC:
-        raise OSError(error, f"cannot start a process in the sandbox: {os.strerror(error)}")
-    message = "permission denied" if error in (errno.EACCES, errno.EPERM) else os.strerror(error)
-    if error == errno.ENOENT:
-        message = "command not found"
-    # On a terminal, everything the command would have written is stdout.
-    ending = "\r\n" if tty else "\n"
-    await sink(not tty, f"warmshell: {command[0]}: {message}{ending}".encode())
-    return EXIT_NOT_FOUND if error == errno.ENOENT else EXIT_NOT_EXECUTABLE
+        return OSError(error, f"cannot start a process in the sandbox: {os.strerror(error)}")
+    return NotStarted(error, command[0])
 
 
 def _close(*fds: int) -> None:

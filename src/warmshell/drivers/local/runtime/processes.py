@@ -346,7 +346,7 @@ class HostProcesses:
         stdin: bytes = b"",
         timeout: float | None = None,  # noqa: ASYNC109 - a per-command limit
         io: ExecInput | None = None,
-    ) -> int:
+    ) -> host_processes.Ended:
         """Run `command` as a child of the gateway; a /workspace path means the workspace dir."""
         local = Path(cwd)
         if local == Path("/workspace") or Path("/workspace") in local.parents:
