@@ -254,8 +254,10 @@ def _write(
         try:
             source = tar.extractfile(member)
             assert source is not None
-            while chunk := source.read(_CHUNK):
+            left = action.size  # read to the size, not past it: one tarfile read fewer per file
+            while left > 0 and (chunk := source.read(min(left, _CHUNK))):
                 os.write(fd, chunk)
+                left -= len(chunk)
                 stats.file_bytes += len(chunk)
             os.fchmod(fd, action.mode)
         finally:
