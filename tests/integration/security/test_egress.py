@@ -242,6 +242,25 @@ async def test_a_placeholder_secret_is_swapped_for_its_host_and_refused_elsewher
     assert (await sh(gw, "sec", search))[1].split() == ["0", "0"]
 
 
+async def test_a_placeholder_goes_into_the_url_only_of_a_host_marked_for_it(
+    gw: RunningGateway, allowed: Upstream, other: Upstream
+) -> None:
+    spec = _spec(allowed.authority, other.authority)
+    spec.secrets["MAPS_KEY"] = "maps-key-value"
+    spec.secret_hosts["MAPS_KEY"].hosts.extend([allowed.authority + "?", other.authority])
+    await sandbox(gw, "url", spec)
+    assert await sh(gw, "url", f'curl -sS "http://{allowed.authority}/geo?key=$MAPS_KEY"') == (
+        0,
+        "upstream saw /geo?key=maps-key-value\n",
+        "",
+    )
+    # The other host takes it in headers only: its URL keeps the placeholder.
+    code, out, _ = await sh(gw, "url", f'curl -sS -H "X-Key: $MAPS_KEY" "http://{other.authority}/geo?key=$MAPS_KEY"')
+    assert code == 0
+    assert out.startswith("upstream saw /geo?key=wsp_")
+    assert b"X-Key: maps-key-value" in other.heads[0]
+
+
 async def test_a_placeholder_is_swapped_inside_https_to_its_host_only(tmp_path: Path) -> None:
     tls, ca_file = testca.server_context(tmp_path, "127.0.0.2")
     overrides = {"network.requests_may_widen": True, "network.upstream_ca_file": str(ca_file)}
