@@ -261,6 +261,26 @@ async def test_a_placeholder_goes_into_the_url_only_of_a_host_marked_for_it(
     assert b"X-Key: maps-key-value" in other.heads[0]
 
 
+async def test_a_profile_names_the_hosts_of_a_requests_secret(tmp_path: Path, allowed: Upstream) -> None:
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    profile = 'version = 1\nworkspace = "default"\nreplicas = 1\nimage = ""\n[network]\nallow = ["127.0.0.0/8"]\n'
+    profile += '[activation]\nsecret_hosts = { API_KEY = ["127.0.0.2"] }\n'
+    (pools / "p.toml").write_text(profile)
+    settings = {"local.pools_dir": str(pools), "local.pool_reload_interval_seconds": 0.1}
+    async with running_gateway(tmp_path / "state", **settings) as gw:
+        await wait_pools(gw, lambda r: (p := pool_named(r, "p")) is not None and p.idle >= 1)
+        spec = pb.SandboxSpec()
+        spec.secrets["API_KEY"] = "profile-placed-value"  # the request names no hosts for it
+        ready = await sandbox(gw, "sec", spec)
+        assert ready.status.allocation == "warm"
+        code, seen, _ = await sh(gw, "sec", 'printf %s "$API_KEY"')
+        assert (code, seen[:4]) == (0, "wsp_")
+        header = '-H "Authorization: Bearer $API_KEY"'
+        assert await sh(gw, "sec", f"curl -sS {header} http://{allowed.authority}/p") == (0, "upstream saw /p\n", "")
+        assert b"Authorization: Bearer profile-placed-value" in allowed.heads[0]
+
+
 async def test_a_placeholder_is_swapped_inside_https_to_its_host_only(tmp_path: Path) -> None:
     tls, ca_file = testca.server_context(tmp_path, "127.0.0.2")
     overrides = {"network.requests_may_widen": True, "network.upstream_ca_file": str(ca_file)}

@@ -114,7 +114,7 @@ class EgressGate:
         """The sandbox's policy: the gateway's default and deny list, the profile of the pool
         that serves it (`pool`, None for a cold create), narrowed by its request."""
         request = record.spec.network
-        view = next((v for v in self._pools() if v.fingerprint == pool and v.workspace == record.workspace), None)
+        view = self._view(record, pool)
         profile_allow = view.network_allow if view is not None else None
         profile_deny = view.network_deny if view is not None else ()
         return egress.compose(
@@ -129,6 +129,16 @@ class EgressGate:
             requests_may_widen=self._config.requests_may_widen,
         )
 
+    def _view(self, record: SandboxRecord, pool: Fingerprint | None) -> PoolView | None:
+        """The pool that serves the sandbox (None for a cold create)."""
+        return next((v for v in self._pools() if v.fingerprint == pool and v.workspace == record.workspace), None)
+
+    def secret_hosts(self, record: SandboxRecord, pool: Fingerprint | None) -> dict[str, list[str]]:
+        """Each secret's hosts: the request's, else its pool profile's `[activation] secret_hosts`."""
+        view = self._view(record, pool)
+        profile = {name: list(hosts) for name, hosts in (view.secret_hosts if view is not None else {}).items()}
+        return profile | dict(record.spec.secret_hosts)
+
     async def attach(
         self, record: SandboxRecord, instance_id: str, pool: Fingerprint | None, secrets: Mapping[str, str]
     ) -> Attachment:
@@ -136,7 +146,7 @@ class EgressGate:
         before, if any, cut); what its workload then gets: the proxy variables (none without a
         proxy) and its secrets, a placeholder in place of each that names hosts."""
         policy = self.policy(record, pool)
-        made = placeholders.make(secrets, record.spec.secret_hosts)
+        made = placeholders.make(secrets, self.secret_hosts(record, pool))
         workload_secrets = dict(secrets) | {placeholder.name: placeholder.token for placeholder in made}
         path = self._sockets.egress_socket(instance_id) if self._sockets is not None else None
         if path is None or not policy.allows_anything:
