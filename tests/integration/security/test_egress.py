@@ -312,6 +312,46 @@ async def test_a_placeholder_is_swapped_inside_https_to_its_host_only(tmp_path: 
         assert "TLS intercepted" not in decisions[1].reason
 
 
+async def test_an_intercepted_connection_serves_several_requests_each_swapped(tmp_path: Path) -> None:
+    tls, ca_file = testca.server_context(tmp_path, "127.0.0.2")
+    overrides = {"network.requests_may_widen": True, "network.upstream_ca_file": str(ca_file)}
+    async with upstream("127.0.0.2", tls) as api, running_gateway(tmp_path / "state", **overrides) as gw:
+        spec = _spec(api.authority)
+        spec.secrets["API_KEY"] = "real-api-key-value"
+        spec.secret_hosts["API_KEY"].hosts.append(api.authority)
+        spec.secrets["OTHER"] = "other-value"
+        spec.secret_hosts["OTHER"].hosts.append("other.example")
+        await sandbox(gw, "ka", spec)
+        # curl reuses its connection for a second URL: both requests, a body each, one upstream connection.
+        command = f'curl -sS -H "Authorization: Bearer $API_KEY" -d hello https://{api.authority}/one https://{api.authority}/two'
+        assert await sh(gw, "ka", command) == (0, "upstream saw /one\nupstream saw /two\n", "")
+        assert api.accepted == 1
+        assert [head.split(b" ")[1] for head in api.heads] == [b"/one", b"/two"]
+        assert all(b"Authorization: Bearer real-api-key-value" in head for head in api.heads)
+        assert api.bodies == [b"hello", b"hello"]
+        # On one connection: a chunked body, then a request carrying a placeholder not for this host.
+        client = f"""
+import http.client, os
+c = http.client.HTTPSConnection("127.0.0.1", 3128)
+c.set_tunnel("{api.authority}")
+c.request("POST", "/chunked", body=iter([b"ab", b"cd"]), headers={{"X-Key": os.environ["API_KEY"]}})
+r = c.getresponse(); print(r.status, r.read().decode().strip())
+c.request("GET", "/leak", headers={{"X-Key": os.environ["OTHER"]}})
+r = c.getresponse(); print(r.status, r.read().decode().strip())
+"""
+        code, out, err = await sh(gw, "ka", f"python3 -c '{client}'")
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[0] == "200 upstream saw /chunked"
+        assert lines[1].startswith("403 ")
+        assert "placeholder of secret OTHER" in lines[1]
+        assert b"X-Key: real-api-key-value" in api.heads[2]
+        assert api.bodies[2] == b"abcd"
+        assert [head.split(b" ")[1] for head in api.heads] == [b"/one", b"/two", b"/chunked"]
+        refused = (await _egress(gw, "ka")).decisions[-1]
+        assert (refused.allowed, refused.host) == (False, api.host)
+
+
 async def test_a_proxy_that_cannot_start_fails_the_gateway_start_in_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-ca.pem"
     with pytest.raises(FailedPreconditionError) as caught:
