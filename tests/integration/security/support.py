@@ -3,6 +3,8 @@ would run it, and the check that the sandbox still works for real afterwards."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.helpers.gateway import RunningGateway
 from warmshell.api.v1 import sandbox_pb2 as pb
 
@@ -30,3 +32,20 @@ async def py(gw: RunningGateway, name: str, source: str, *args: str) -> tuple[in
 async def still_real(gw: RunningGateway, name: str) -> None:
     """The attack changed nothing: an exec still runs for real and says so."""
     assert await gw.exec(name, ["/bin/sh", "-c", "echo REAL; exit 7"]) == (7, b"REAL\n", b"")
+
+
+def process_tree(root: int) -> set[int]:
+    """`root` and every process below it (from /proc/*/stat)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+    tree, grew = {root}, True
+    while grew:
+        below = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return tree

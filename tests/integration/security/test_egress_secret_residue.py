@@ -9,14 +9,13 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.gateway import running_gateway
 from tests.helpers.upstreams import upstream
-from tests.integration.security.support import sandbox, sh
+from tests.integration.security.support import process_tree, sandbox, sh
 from warmshell.api.v1 import sandbox_pb2 as pb
 
 pytestmark = [
@@ -26,24 +25,6 @@ pytestmark = [
 # The agent (pid 1 inside) and its shim (`agent egress PORT SOCKET`) run the one binary, bound here.
 _AGENT = b"/run/warmshell/agent"
 _MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+)")
-
-
-def _descendants(root: int) -> Iterator[int]:
-    """Every process below `root` (this test's gateway runs in it, so its sandboxes' are)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    below = {root}
-    changed = True
-    while changed:
-        found = {pid for pid, parent in parents.items() if parent in below and pid not in below}
-        below |= found
-        changed = bool(found)
-    yield from sorted(below - {root})
 
 
 def _writable_memory(pid: int) -> bytes:
@@ -65,7 +46,7 @@ def _writable_memory(pid: int) -> bytes:
 
 def _agents() -> list[int]:
     pids = []
-    for pid in _descendants(os.getpid()):
+    for pid in sorted(process_tree(os.getpid()) - {os.getpid()}):
         try:
             if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == _AGENT:
                 pids.append(pid)

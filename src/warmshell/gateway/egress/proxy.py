@@ -230,8 +230,11 @@ class EgressProxy:
         certificate verified, goes upstream (kept for the connection's further requests)."""
         assert self._authority is not None
         reader, writer = inside
-        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        # The leaf before the 200: the client's ClientHello follows the 200 at once, and what
+        # arrives before start_tls lands in the stream's buffer, where TLS never reads it (the
+        # handshake then hung for its 60 s timeout when the leaf's thread hop came in between).
         context = await asyncio.to_thread(self._authority.server_context, tunnel.host)
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.start_tls(context)
         parse = functools.partial(heads.parse_tunnelled_head, host=tunnel.host, port=tunnel.port)
         head = await self._read_head(reader, writer, parse)

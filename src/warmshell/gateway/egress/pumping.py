@@ -38,12 +38,7 @@ async def pump(
     """Copy until end of stream (then half-close the writer) or a broken connection."""
     try:
         while data := await reader.read(CHUNK):
-            count(len(data))
-            writer.write(data)
-            await writer.drain()
-            wait = bucket.delay(len(data))
-            if wait > 0:
-                await asyncio.sleep(wait)
+            await _send(writer, data, bucket=bucket, count=count)
         if writer.can_write_eof():
             writer.write_eof()
     except ConnectionError:
