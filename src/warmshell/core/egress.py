@@ -27,6 +27,8 @@ __all__ = [
     "PROXY_PORT",
     "PUBLIC_SUFFIXES",
     "SANDBOX_DIR",
+    "SYSTEM_BUNDLE",
+    "SYSTEM_BUNDLE_COPY",
     "URL_MARK",
     "Address",
     "Decision",
@@ -61,6 +63,11 @@ PUBLIC_SUFFIXES = frozenset(
 PROXY_PORT = 3128
 # Where a local sandbox sees the directory its proxy socket (and the CA it trusts) appear in.
 SANDBOX_DIR = "/run/warmshell/egress"
+# The CA bundle tools read when no variable names one (OpenSSL's default on Debian and Ubuntu):
+# a local sandbox on the host's root sees there its own copy (`SYSTEM_BUNDLE_COPY`, in the host
+# directory bound at SANDBOX_DIR), to which the gateway's CA is added when its TLS is intercepted.
+SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+SYSTEM_BUNDLE_COPY = "system-ca-bundle.pem"
 # A secret host written `api.example.com?` lets the value into the request's URL (path and query
 # string) too, not only its headers: some APIs take their key only as `?key=`. Opt-in per host,
 # because URLs end up in access logs, browser histories and error messages where headers do not.

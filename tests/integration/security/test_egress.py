@@ -7,6 +7,7 @@ network namespace) reaches neither, so a connection that works went through the 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, w
 from tests.helpers.upstreams import Upstream, upstream
 from tests.integration.security.support import sandbox, sh
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.core.egress import SYSTEM_BUNDLE
 from warmshell.core.errors import FailedPreconditionError
 
 pytestmark = pytest.mark.timeout(90)
@@ -39,6 +41,10 @@ async def allowed() -> AsyncIterator[Upstream]:
 async def other() -> AsyncIterator[Upstream]:
     async with upstream("127.0.0.3") as server:
         yield server
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _spec(*allow: str, deny: tuple[str, ...] = ()) -> pb.SandboxSpec:
@@ -87,6 +93,8 @@ async def test_nothing_bypasses_the_proxy(gw: RunningGateway, allowed: Upstream)
     assert code != 0
     assert "gaierror" in err
     assert allowed.heads == []
+    # No placeholder, no interception: the system bundle is the host's, as it is.
+    assert (await sh(gw, "net", f"sha256sum < {SYSTEM_BUNDLE}"))[1].split()[0] == _sha256(Path(SYSTEM_BUNDLE))
 
 
 async def test_no_proxy_for_a_sandbox_whose_policy_allows_nothing(gw: RunningGateway, allowed: Upstream) -> None:
@@ -310,6 +318,12 @@ async def test_a_placeholder_is_swapped_inside_https_to_its_host_only(tmp_path: 
         decisions = (await _egress(gw, "tls")).decisions
         assert "TLS intercepted" in decisions[0].reason
         assert "TLS intercepted" not in decisions[1].reason
+        # A tool told nothing reads the system path: the host's CAs there, and the gateway's.
+        bare = f"env -u SSL_CERT_FILE -u CURL_CA_BUNDLE curl -sS {header} https://{api.authority}/system"
+        assert await sh(gw, "tls", bare) == (0, "upstream saw /system\n", "")
+        host_count = Path(SYSTEM_BUNDLE).read_text().count("BEGIN CERTIFICATE")
+        counted = await sh(gw, "tls", f"grep -c 'BEGIN CERTIFICATE' {SYSTEM_BUNDLE}")
+        assert counted == (0, f"{host_count + 1}\n", "")
 
 
 async def test_an_intercepted_connection_serves_several_requests_each_swapped(tmp_path: Path) -> None:

@@ -75,12 +75,18 @@ def trust_environment(directory: str = egress.SANDBOX_DIR) -> dict[str, str]:
 
 def _place_trust(authority: interception.CertificateAuthority, directory: Path) -> None:
     """Copies of the CA and the bundle in the sandbox's egress directory (blocking), readable by
-    its uid: the state directory's own stay private (a link would share their mode)."""
+    its uid: the state directory's own stay private (a link would share their mode); and the
+    bundle in its system bundle's copy, when it has one."""
     for source in (authority.ca_file, authority.bundle_file):
         target = directory / source.name
         if not target.exists():
             shutil.copyfile(source, target)
             os.chmod(target, 0o644)
+    system = directory / egress.SYSTEM_BUNDLE_COPY
+    if system.exists():  # bound over the sandbox's system bundle: rewritten in place, same inode
+        with open(system, "r+b") as handle:
+            handle.write(authority.bundle_file.read_bytes())
+            handle.truncate()
 
 
 class EgressGate:
