@@ -5,6 +5,7 @@ the connections it holds open (to see the proxy cut them)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,8 @@ class Upstream:
     host: str
     port: int = 0
     heads: list[bytes] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)  # each request's (Content-Length framed)
+    accepted: int = 0  # connections ever
     open_connections: int = 0
     closed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -26,26 +29,50 @@ class Upstream:
         return f"{self.host}:{self.port}"
 
 
+async def _body(reader: asyncio.StreamReader, head: bytes) -> bytes:
+    """A request's body, Content-Length or chunked framed (its chunks joined)."""
+    if re.search(rb"(?im)^transfer-encoding:.*chunked", head):
+        body = b""
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            body += (await reader.readexactly(size + 2))[:-2]
+        while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
+            pass
+        return body
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return await reader.readexactly(int(length.group(1))) if length else b""
+
+
 @asynccontextmanager
 async def upstream(host: str = "127.0.0.2", tls: ssl.SSLContext | None = None) -> AsyncIterator[Upstream]:
     """An HTTP/1.1 server: `GET /hold` keeps the connection open (sending one line) until the
-    other side closes it; any other request is answered `upstream saw <path>` and closed."""
+    other side closes it; any other request is answered `upstream saw <path>`, on the same
+    connection for the next request unless it asked `Connection: close`."""
     state = Upstream(host)
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         state.open_connections += 1
+        state.accepted += 1
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            state.heads.append(head)
-            path = head.split(b" ")[1]
-            if path == b"/hold":
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nholding\n")
-                await writer.drain()
-                await reader.read()  # until the proxy cuts it
-            else:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                state.heads.append(head)
+                state.bodies.append(await _body(reader, head))
+                path = head.split(b" ")[1]
+                if path == b"/hold":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nholding\n")
+                    await writer.drain()
+                    await reader.read()  # until the proxy cuts it
+                    return
+                close = re.search(rb"(?im)^connection:\s*close", head) is not None
                 body = b"upstream saw " + path + b"\n"
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+                connection = b"close" if close else b"keep-alive"
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: %s\r\n\r\n" % (len(body), connection)
+                )
+                writer.write(body)
                 await writer.drain()
+                if close:
+                    return
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

@@ -332,7 +332,7 @@ _COMMANDS = (
                 action="append",
                 default=[],
                 metavar="K=HOST,...",
-                help="the secret K is for these hosts only: the workload sees a placeholder (repeatable)",
+                help="the secret K is for these hosts only (HOST?: in URLs too); the workload sees a placeholder",
             ),
             flag(
                 "--allow-net",

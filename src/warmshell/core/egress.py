@@ -27,6 +27,9 @@ __all__ = [
     "PROXY_PORT",
     "PUBLIC_SUFFIXES",
     "SANDBOX_DIR",
+    "SYSTEM_BUNDLE",
+    "SYSTEM_BUNDLE_COPY",
+    "URL_MARK",
     "Address",
     "Decision",
     "Policy",
@@ -36,6 +39,7 @@ __all__ = [
     "internal",
     "parse_rule",
     "parse_rules",
+    "parse_secret_host",
     "secret_hosts",
 ]
 
@@ -59,6 +63,15 @@ PUBLIC_SUFFIXES = frozenset(
 PROXY_PORT = 3128
 # Where a local sandbox sees the directory its proxy socket (and the CA it trusts) appear in.
 SANDBOX_DIR = "/run/warmshell/egress"
+# The CA bundle tools read when no variable names one (OpenSSL's default on Debian and Ubuntu):
+# a local sandbox on the host's root sees there its own copy (`SYSTEM_BUNDLE_COPY`, in the host
+# directory bound at SANDBOX_DIR), to which the gateway's CA is added when its TLS is intercepted.
+SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+SYSTEM_BUNDLE_COPY = "system-ca-bundle.pem"
+# A secret host written `api.example.com?` lets the value into the request's URL (path and query
+# string) too, not only its headers: some APIs take their key only as `?key=`. Opt-in per host,
+# because URLs end up in access logs, browser histories and error messages where headers do not.
+URL_MARK = "?"
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 _HOST_MAX = 253
 _DIGITS = re.compile(r"^[0-9]{1,5}$")
@@ -259,18 +272,28 @@ def parse_rules(texts: Iterable[str], *, field: str) -> tuple[Rule, ...]:
     return tuple(parse_rule(text, field=f"{field}[{index}]") for index, text in enumerate(texts))
 
 
+def parse_secret_host(text: str, *, field: str) -> tuple[Rule, bool]:
+    """One host of a secret: a rule (not a CIDR: a secret goes to a host, not a network) and
+    whether its trailing `?` (`URL_MARK`) lets the value into the URL too."""
+    cleaned = text.strip()
+    in_url = cleaned.endswith(URL_MARK)
+    rule = parse_rule(cleaned.removesuffix(URL_MARK), field=field)
+    if rule.kind is RuleKind.NETWORK:
+        raise InvalidArgumentError(field, f"{rule.text!r} is a network, not a host")
+    return rule, in_url
+
+
 def secret_hosts(hosts: Mapping[str, Sequence[str]], secrets: Mapping[str, str], *, field: str) -> dict[str, list[str]]:
-    """A request's secret -> hosts, checked: each names one of its secrets, each host is a rule
-    (`spec.secret_hosts.API_KEY[0]: ...`) and not a CIDR (a secret goes to a host, not a network)."""
+    """A request's secret -> hosts, checked: each names one of its secrets, each host is a
+    secret host (`parse_secret_host`; an error names `spec.secret_hosts.API_KEY[0]`)."""
     checked: dict[str, list[str]] = {}
     for name, rules in sorted(hosts.items()):
         if name not in secrets:
             raise InvalidArgumentError(f"{field}.{name}", f"there is no secret named {name!r}")
         if not rules:
             raise InvalidArgumentError(f"{field}.{name}", "names no host")
-        for index, rule in enumerate(parse_rules(rules, field=f"{field}.{name}")):
-            if rule.kind is RuleKind.NETWORK:
-                raise InvalidArgumentError(f"{field}.{name}[{index}]", f"{rule.text!r} is a network, not a host")
+        for index, rule in enumerate(rules):
+            parse_secret_host(rule, field=f"{field}.{name}[{index}]")
         checked[name] = [rule.strip() for rule in rules]
     return checked
 

@@ -17,6 +17,7 @@ workspace = "2Gi"          # /workspace
 tmp = "512Mi"              # /tmp
 [activation]
 environment = ["TASK_ID", "RUN_*"]   # keys a request may set at activation; default none
+secret_hosts = { API_KEY = ["api.example.com"] }   # a request's secret API_KEY: a placeholder
 [lifetime]                 # optional: defaults for sandboxes this pool serves (0 = no limit)
 ttl_seconds = 600
 idle_timeout_seconds = 120
@@ -26,7 +27,9 @@ deny = ["internal.pypi.example"]
 ```
 
 `[network]` is applied at activation, outside the sandbox: like `[lifetime]` it is not part of
-the shape, and changing it keeps the members.
+the shape, and changing it keeps the members. So is `[activation] secret_hosts`: a secret of that
+name in a request that names no hosts for it reaches the workload as a placeholder, swapped for
+those hosts only (`core/egress.parse_secret_host`); hosts the request names for it replace them.
 
 An accepted key is left out of a request's match with this pool and set when a member is
 activated; it can therefore not be baked into `[environment]` too. The pattern set is part of the
@@ -80,7 +83,8 @@ _TOP_LEVEL = (
     "lifetime",
     "network",
 )
-_ACTIVATION = ("environment",)
+_ACTIVATION = ("environment", "secret_hosts")
+_SECRET_HOSTS = "activation.secret_hosts"
 _RESOURCES = ("cpu", "memory", "pids")
 _STORAGE = ("workspace", "tmp", "root")
 _LIFETIME = ("ttl_seconds", "idle_timeout_seconds")
@@ -129,6 +133,8 @@ class Profile:
     # gateway's default. Not part of the shape either.
     network_allow: tuple[str, ...] | None = None
     network_deny: tuple[str, ...] = ()
+    # `[activation] secret_hosts`: secret name -> its hosts as written. Not part of the shape.
+    secret_hosts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @functools.cached_property
     def resources(self) -> Resources:
@@ -229,6 +235,7 @@ class _Parser:
             idle_timeout_seconds=idle,
             network_allow=allow,
             network_deny=deny,
+            secret_hosts=self.secret_hosts(data),
         )
 
     def check_version(self, data: Mapping[str, Any]) -> None:
@@ -301,7 +308,8 @@ class _Parser:
             raise self.fail("activation", "must be a table ([activation])")
         for key in table:
             if key not in _ACTIVATION:
-                raise self.fail(f"activation.{key}", "unknown key; allowed: environment", table="activation")
+                allowed = ", ".join(_ACTIVATION)
+                raise self.fail(f"activation.{key}", f"unknown key; allowed: {allowed}", table="activation")
         patterns = table.get("environment", [])
         if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
             raise self.fail("activation.environment", "must be a list of strings", table="activation")
@@ -318,6 +326,24 @@ class _Parser:
                     table="environment",
                 )
         return pattern_set(patterns)
+
+    def secret_hosts(self, data: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+        table = data.get("activation", {}).get("secret_hosts", {})
+        line = _line_of(self.text, "secret_hosts", "activation")
+        if not isinstance(table, dict):
+            raise ProfileError(self.source, _SECRET_HOSTS, "must be a table of secret name -> list of hosts", line)
+        hosts: dict[str, tuple[str, ...]] = {}
+        for name, rules in table.items():
+            if not isinstance(rules, list) or not rules or not all(isinstance(rule, str) for rule in rules):
+                raise ProfileError(self.source, f"{_SECRET_HOSTS}.{name}", "must be a non-empty list of hosts", line)
+            try:
+                validate_environment({name: ""}, field=_SECRET_HOSTS)
+                for index, rule in enumerate(rules):
+                    egress.parse_secret_host(rule, field=f"{_SECRET_HOSTS}.{name}[{index}]")
+            except InvalidArgumentError as exc:
+                raise ProfileError(self.source, exc.field, exc.rule, line) from None
+            hosts[name] = tuple(rule.strip() for rule in rules)
+        return hosts
 
     def resources(self, data: Mapping[str, Any]) -> dict[str, str]:
         table = data.get("resources", {})

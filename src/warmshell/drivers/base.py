@@ -231,6 +231,8 @@ class PoolView:
     # The profile's `[network]` rules (allow None: the gateway's default), applied at activation.
     network_allow: tuple[str, ...] | None = None
     network_deny: tuple[str, ...] = ()
+    # The profile's `[activation] secret_hosts`, applied at activation to a request's secrets.
+    secret_hosts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def invalid_profile_view(name: str, *, source: str, message: str, reason: str = "InvalidProfile") -> PoolView:

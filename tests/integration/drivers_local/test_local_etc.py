@@ -13,6 +13,7 @@ import pytest
 from tests.integration.drivers_local.support import DriverFactory, needs_bwrap, workspace_of
 from tests.integration.drivers_local.test_local_cold import request
 from tests.integration.drivers_local.waiting import read_when_present
+from warmshell.core import egress
 from warmshell.core.config import StatePaths
 from warmshell.drivers.local.runtime import etcstage, launching, sandboxing
 from warmshell.drivers.local.runtime.launching import Launcher
@@ -80,7 +81,10 @@ async def test_a_sandbox_gets_the_allowed_etc_directories_in_one_mount(
         certs = await read_when_present(workspace / "done")
         # The copy, and a bind of each allowed directory too big to copy only.
         big = [f"/etc/{n}" for n in sorted(sandboxing.ETC_ALLOWED) if etcstage.too_big_to_copy(Path("/etc", n))]
-        assert (workspace / "etc-mounts").read_text().split() == ["/etc", *big]
+        # And the sandbox's own copy of the system CA bundle over the host's, when /etc/ssl is bound.
+        system = Path(egress.SYSTEM_BUNDLE)
+        bundle = [str(system)] if "/etc/ssl" in big and system.is_file() and not system.is_symlink() else []
+        assert (workspace / "etc-mounts").read_text().split() == ["/etc", *big, *bundle]
         assert len(big) < len([n for n in sandboxing.ETC_ALLOWED if Path("/etc", n).is_dir()])
         assert certs.split() == sorted(os.listdir("/etc/ssl/certs"))  # `ls` runs in the C locale (--clearenv)
         # Every name the host has (ssl/private too: bound, or an empty placeholder; see test_files).

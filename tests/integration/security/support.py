@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import grpc
 
@@ -75,3 +76,20 @@ async def wait_for(stat: Callable[[], Awaitable[object]], tries: int = 100) -> N
             return
         except grpc.aio.AioRpcError:
             await asyncio.sleep(0.05)
+
+
+def process_tree(root: int) -> set[int]:
+    """`root` and every process below it (from /proc/*/stat)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+    tree, grew = {root}, True
+    while grew:
+        below = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return tree

@@ -7,6 +7,7 @@ network namespace) reaches neither, so a connection that works went through the 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, w
 from tests.helpers.upstreams import Upstream, upstream
 from tests.integration.security.support import sandbox, sh
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.core.egress import SYSTEM_BUNDLE
 from warmshell.core.errors import FailedPreconditionError
 
 pytestmark = pytest.mark.timeout(90)
@@ -39,6 +41,10 @@ async def allowed() -> AsyncIterator[Upstream]:
 async def other() -> AsyncIterator[Upstream]:
     async with upstream("127.0.0.3") as server:
         yield server
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _spec(*allow: str, deny: tuple[str, ...] = ()) -> pb.SandboxSpec:
@@ -87,6 +93,8 @@ async def test_nothing_bypasses_the_proxy(gw: RunningGateway, allowed: Upstream)
     assert code != 0
     assert "gaierror" in err
     assert allowed.heads == []
+    # No placeholder, no interception: the system bundle is the host's, as it is.
+    assert (await sh(gw, "net", f"sha256sum < {SYSTEM_BUNDLE}"))[1].split()[0] == _sha256(Path(SYSTEM_BUNDLE))
 
 
 async def test_no_proxy_for_a_sandbox_whose_policy_allows_nothing(gw: RunningGateway, allowed: Upstream) -> None:
@@ -242,6 +250,45 @@ async def test_a_placeholder_secret_is_swapped_for_its_host_and_refused_elsewher
     assert (await sh(gw, "sec", search))[1].split() == ["0", "0"]
 
 
+async def test_a_placeholder_goes_into_the_url_only_of_a_host_marked_for_it(
+    gw: RunningGateway, allowed: Upstream, other: Upstream
+) -> None:
+    spec = _spec(allowed.authority, other.authority)
+    spec.secrets["MAPS_KEY"] = "maps-key-value"
+    spec.secret_hosts["MAPS_KEY"].hosts.extend([allowed.authority + "?", other.authority])
+    await sandbox(gw, "url", spec)
+    assert await sh(gw, "url", f'curl -sS "http://{allowed.authority}/geo?key=$MAPS_KEY"') == (
+        0,
+        "upstream saw /geo?key=maps-key-value\n",
+        "",
+    )
+    # The other host takes it in headers only: its URL keeps the placeholder.
+    code, out, _ = await sh(gw, "url", f'curl -sS -H "X-Key: $MAPS_KEY" "http://{other.authority}/geo?key=$MAPS_KEY"')
+    assert code == 0
+    assert out.startswith("upstream saw /geo?key=wsp_")
+    assert b"X-Key: maps-key-value" in other.heads[0]
+
+
+async def test_a_profile_names_the_hosts_of_a_requests_secret(tmp_path: Path, allowed: Upstream) -> None:
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    profile = 'version = 1\nworkspace = "default"\nreplicas = 1\nimage = ""\n[network]\nallow = ["127.0.0.0/8"]\n'
+    profile += '[activation]\nsecret_hosts = { API_KEY = ["127.0.0.2"] }\n'
+    (pools / "p.toml").write_text(profile)
+    settings = {"local.pools_dir": str(pools), "local.pool_reload_interval_seconds": 0.1}
+    async with running_gateway(tmp_path / "state", **settings) as gw:
+        await wait_pools(gw, lambda r: (p := pool_named(r, "p")) is not None and p.idle >= 1)
+        spec = pb.SandboxSpec()
+        spec.secrets["API_KEY"] = "profile-placed-value"  # the request names no hosts for it
+        ready = await sandbox(gw, "sec", spec)
+        assert ready.status.allocation == "warm"
+        code, seen, _ = await sh(gw, "sec", 'printf %s "$API_KEY"')
+        assert (code, seen[:4]) == (0, "wsp_")
+        header = '-H "Authorization: Bearer $API_KEY"'
+        assert await sh(gw, "sec", f"curl -sS {header} http://{allowed.authority}/p") == (0, "upstream saw /p\n", "")
+        assert b"Authorization: Bearer profile-placed-value" in allowed.heads[0]
+
+
 async def test_a_placeholder_is_swapped_inside_https_to_its_host_only(tmp_path: Path) -> None:
     tls, ca_file = testca.server_context(tmp_path, "127.0.0.2")
     overrides = {"network.requests_may_widen": True, "network.upstream_ca_file": str(ca_file)}
@@ -271,6 +318,52 @@ async def test_a_placeholder_is_swapped_inside_https_to_its_host_only(tmp_path: 
         decisions = (await _egress(gw, "tls")).decisions
         assert "TLS intercepted" in decisions[0].reason
         assert "TLS intercepted" not in decisions[1].reason
+        # A tool told nothing reads the system path: the host's CAs there, and the gateway's.
+        bare = f"env -u SSL_CERT_FILE -u CURL_CA_BUNDLE curl -sS {header} https://{api.authority}/system"
+        assert await sh(gw, "tls", bare) == (0, "upstream saw /system\n", "")
+        host_count = Path(SYSTEM_BUNDLE).read_text().count("BEGIN CERTIFICATE")
+        counted = await sh(gw, "tls", f"grep -c 'BEGIN CERTIFICATE' {SYSTEM_BUNDLE}")
+        assert counted == (0, f"{host_count + 1}\n", "")
+
+
+async def test_an_intercepted_connection_serves_several_requests_each_swapped(tmp_path: Path) -> None:
+    tls, ca_file = testca.server_context(tmp_path, "127.0.0.2")
+    overrides = {"network.requests_may_widen": True, "network.upstream_ca_file": str(ca_file)}
+    async with upstream("127.0.0.2", tls) as api, running_gateway(tmp_path / "state", **overrides) as gw:
+        spec = _spec(api.authority)
+        spec.secrets["API_KEY"] = "real-api-key-value"
+        spec.secret_hosts["API_KEY"].hosts.append(api.authority)
+        spec.secrets["OTHER"] = "other-value"
+        spec.secret_hosts["OTHER"].hosts.append("other.example")
+        await sandbox(gw, "ka", spec)
+        # curl reuses its connection for a second URL: both requests, a body each, one upstream connection.
+        command = f'curl -sS -H "Authorization: Bearer $API_KEY" -d hello https://{api.authority}/one https://{api.authority}/two'
+        assert await sh(gw, "ka", command) == (0, "upstream saw /one\nupstream saw /two\n", "")
+        assert api.accepted == 1
+        assert [head.split(b" ")[1] for head in api.heads] == [b"/one", b"/two"]
+        assert all(b"Authorization: Bearer real-api-key-value" in head for head in api.heads)
+        assert api.bodies == [b"hello", b"hello"]
+        # On one connection: a chunked body, then a request carrying a placeholder not for this host.
+        client = f"""
+import http.client, os
+c = http.client.HTTPSConnection("127.0.0.1", 3128)
+c.set_tunnel("{api.authority}")
+c.request("POST", "/chunked", body=iter([b"ab", b"cd"]), headers={{"X-Key": os.environ["API_KEY"]}})
+r = c.getresponse(); print(r.status, r.read().decode().strip())
+c.request("GET", "/leak", headers={{"X-Key": os.environ["OTHER"]}})
+r = c.getresponse(); print(r.status, r.read().decode().strip())
+"""
+        code, out, err = await sh(gw, "ka", f"python3 -c '{client}'")
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[0] == "200 upstream saw /chunked"
+        assert lines[1].startswith("403 ")
+        assert "placeholder of secret OTHER" in lines[1]
+        assert b"X-Key: real-api-key-value" in api.heads[2]
+        assert api.bodies[2] == b"abcd"
+        assert [head.split(b" ")[1] for head in api.heads] == [b"/one", b"/two", b"/chunked"]
+        refused = (await _egress(gw, "ka")).decisions[-1]
+        assert (refused.allowed, refused.host) == (False, api.host)
 
 
 async def test_a_proxy_that_cannot_start_fails_the_gateway_start_in_one_line(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 from tests.helpers.cli import start_gateway
 from tests.helpers.gateway import RunningGateway, own_sandbox_dir, running_gateway
 from tests.integration.drivers_local.support import needs_bwrap
-from tests.integration.security.support import sandbox
+from tests.integration.security.support import process_tree, sandbox
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.local import LocalDriver
 from warmshell.drivers.local.runtime import uidlease
@@ -47,23 +47,6 @@ def uid_of(pid: int) -> int | None:
     except OSError:
         return None
     return int(status.split("\nUid:")[1].split()[0])
-
-
-def process_tree(root: int) -> set[int]:
-    """`root` and every process below it (from /proc/*/stat)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-    tree, grew = {root}, True
-    while grew:
-        below = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= below
-        grew = bool(below)
-    return tree
 
 
 def bwrap_pid(gw: RunningGateway, sandbox_id: str) -> int:

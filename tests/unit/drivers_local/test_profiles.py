@@ -235,3 +235,31 @@ def test_a_bad_network_rule_names_its_entry_and_line(table: str, key: str, rule:
     assert caught.value.key == key
     assert rule in caught.value.rule
     assert caught.value.line == FULL.count("\n") + 2
+
+
+def test_activation_secret_hosts_are_read_and_left_out_of_the_pool() -> None:
+    plain = parse(FULL)
+    profile = parse(FULL + '[activation]\nsecret_hosts = { API_KEY = [" api.example ", "maps.example?"] }\n')
+    assert profile.secret_hosts == {"API_KEY": ("api.example", "maps.example?")}
+    assert plain.secret_hosts == {}
+    assert profile.same_pool(plain)
+    assert profile.fingerprint("") == plain.fingerprint("")
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "rule"),
+    [
+        ('secret_hosts = { API_KEY = ["10.0.0.0/8"] }', "activation.secret_hosts.API_KEY[0]", "a network, not a host"),
+        ('secret_hosts = { API_KEY = ["*.com"] }', "activation.secret_hosts.API_KEY[0]", "a wildcard over a public"),
+        ("secret_hosts = { API_KEY = [] }", "activation.secret_hosts.API_KEY", "a non-empty list of hosts"),
+        ('secret_hosts = { "BAD-NAME" = ["a.example"] }', "activation.secret_hosts['BAD-NAME']", "name must match"),
+        ('secret_hosts = ["a.example"]', "activation.secret_hosts", "must be a table"),
+        ("hosts = 1", "activation.hosts", "unknown key; allowed: environment, secret_hosts"),
+    ],
+)
+def test_bad_activation_secret_hosts_name_the_entry_and_line(table: str, key: str, rule: str) -> None:
+    with pytest.raises(ProfileError) as caught:
+        parse(FULL + "[activation]\n" + table + "\n")
+    assert caught.value.key == key
+    assert rule in caught.value.rule
+    assert caught.value.line == FULL.count("\n") + 2

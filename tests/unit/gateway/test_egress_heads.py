@@ -56,3 +56,48 @@ def test_any_bytes_either_parse_or_are_a_bad_request(data: bytes) -> None:
         assert head.host
         assert 0 <= head.port <= 65535
     assert statuses in ([], [400])
+
+
+def _tunnelled(*headers: bytes, version: bytes = b"HTTP/1.1") -> heads.Head:
+    lines = b"\r\n".join([b"POST /x " + version, *headers])
+    return heads.parse_tunnelled_head(lines + b"\r\n\r\n", host="api.example", port=443)
+
+
+@pytest.mark.parametrize(
+    ("headers", "length"),
+    [
+        ((), 0),
+        ((b"Content-Length: 12",), 12),
+        ((b"Content-Length: 12", b"content-length: 12"), 12),
+        ((b"Transfer-Encoding: gzip, chunked",), heads.CHUNKED),
+        ((b"Transfer-Encoding: gzip", b"Transfer-Encoding: Chunked"), heads.CHUNKED),
+    ],
+)
+def test_a_body_is_framed_by_its_length_or_chunks(headers: tuple[bytes, ...], length: int) -> None:
+    assert heads.body_length(_tunnelled(*headers)) == length
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ((b"Content-Length: 12", b"Transfer-Encoding: chunked"), "both Content-Length and Transfer-Encoding"),
+        ((b"Content-Length: 12", b"Content-Length: 13"), "a bad Content-Length"),
+        ((b"Content-Length: -1",), "a bad Content-Length"),
+        ((b"Content-Length: 1e3",), "a bad Content-Length"),
+        ((b"Transfer-Encoding: chunked, gzip",), "a Transfer-Encoding that does not end in chunked"),
+    ],
+)
+def test_a_body_two_readers_could_frame_two_ways_is_refused(headers: tuple[bytes, ...], reason: str) -> None:
+    with pytest.raises(heads.BadRequest) as caught:
+        heads.body_length(_tunnelled(*headers))
+    assert (caught.value.status, caught.value.reason) == (400, reason)
+
+
+def test_a_persistent_request_is_forwarded_without_connection_close() -> None:
+    assert heads.persistent(_tunnelled())
+    assert heads.persistent(_tunnelled(b"Connection: keep-alive"))
+    assert not heads.persistent(_tunnelled(b"Connection: Keep-Alive, Close"))
+    assert not heads.persistent(_tunnelled(version=b"HTTP/1.0"))
+    head = _tunnelled(b"Connection: keep-alive", b"Accept: */*")
+    assert heads.forwarded_head(head, keep_alive=True) == b"POST /x HTTP/1.1\r\nAccept: */*\r\n\r\n"
+    assert heads.forwarded_head(head).endswith(b"Connection: close\r\n\r\n")

@@ -41,6 +41,29 @@ def test_a_request_without_placeholders_is_left_alone() -> None:
     assert placeholders.swap(head, [key]) == head
 
 
+def test_a_host_written_with_the_url_mark_gets_the_value_in_its_url_too() -> None:
+    (key,) = placeholders.make({"KEY": "v/a l+ue"}, {"KEY": ["maps.example?", "api.example"]})
+    swapped = placeholders.swap(_head(f"http://maps.example/geo?key={key.token}&q=1"), [key])
+    assert swapped.path == "/geo?key=v%2Fa%20l%2Bue&q=1"  # percent-encoded: the URL stays one URL
+    assert placeholders.swap(_head(f"http://maps.example/{key.token}/x"), [key]).path == "/v%2Fa%20l%2Bue/x"
+    # A host without the mark: headers only; its URL keeps the (worthless) placeholder.
+    header = b"X-Key: " + key.token.encode()
+    plain = placeholders.swap(_head(f"http://api.example/geo?key={key.token}", header), [key])
+    assert plain.path == f"/geo?key={key.token}"
+    assert plain.headers == ((b"X-Key", b"v/a l+ue"),)
+    with pytest.raises(placeholders.Leak):
+        placeholders.swap(_head(f"http://other.example/geo?key={key.token}"), [key])
+
+
+def test_the_url_mark_is_parsed_per_host() -> None:
+    rule, in_url = egress.parse_secret_host(" *.maps.example:443? ", field="f")
+    assert (rule.kind, rule.host, rule.port, in_url) == (egress.RuleKind.WILDCARD, "maps.example", 443, True)
+    assert egress.parse_secret_host("api.example", field="f")[1] is False
+    with pytest.raises(InvalidArgumentError) as caught:
+        egress.parse_secret_host("api.example??", field="f")
+    assert caught.value.field == "f"
+
+
 @pytest.mark.parametrize(
     ("hosts", "field", "rule"),
     [
@@ -48,6 +71,8 @@ def test_a_request_without_placeholders_is_left_alone() -> None:
         ({"KEY": []}, "spec.secret_hosts.KEY", "names no host"),
         ({"KEY": ["a.example", "*.com"]}, "spec.secret_hosts.KEY[1]", "a wildcard over a public suffix"),
         ({"KEY": ["10.0.0.0/8"]}, "spec.secret_hosts.KEY[0]", "is a network, not a host"),
+        ({"KEY": ["10.0.0.0/8?"]}, "spec.secret_hosts.KEY[0]", "is a network, not a host"),
+        ({"KEY": ["?"]}, "spec.secret_hosts.KEY[0]", "must not be empty"),
     ],
 )
 def test_bad_secret_hosts_name_the_field(hosts: dict[str, list[str]], field: str, rule: str) -> None:

@@ -75,12 +75,18 @@ def trust_environment(directory: str = egress.SANDBOX_DIR) -> dict[str, str]:
 
 def _place_trust(authority: interception.CertificateAuthority, directory: Path) -> None:
     """Copies of the CA and the bundle in the sandbox's egress directory (blocking), readable by
-    its uid: the state directory's own stay private (a link would share their mode)."""
+    its uid: the state directory's own stay private (a link would share their mode); and the
+    bundle in its system bundle's copy, when it has one."""
     for source in (authority.ca_file, authority.bundle_file):
         target = directory / source.name
         if not target.exists():
             shutil.copyfile(source, target)
             os.chmod(target, 0o644)
+    system = directory / egress.SYSTEM_BUNDLE_COPY
+    if system.exists():  # bound over the sandbox's system bundle: rewritten in place, same inode
+        with open(system, "r+b") as handle:
+            handle.write(authority.bundle_file.read_bytes())
+            handle.truncate()
 
 
 class EgressGate:
@@ -114,7 +120,7 @@ class EgressGate:
         """The sandbox's policy: the gateway's default and deny list, the profile of the pool
         that serves it (`pool`, None for a cold create), narrowed by its request."""
         request = record.spec.network
-        view = next((v for v in self._pools() if v.fingerprint == pool and v.workspace == record.workspace), None)
+        view = self._view(record, pool)
         profile_allow = view.network_allow if view is not None else None
         profile_deny = view.network_deny if view is not None else ()
         return egress.compose(
@@ -129,6 +135,16 @@ class EgressGate:
             requests_may_widen=self._config.requests_may_widen,
         )
 
+    def _view(self, record: SandboxRecord, pool: Fingerprint | None) -> PoolView | None:
+        """The pool that serves the sandbox (None for a cold create)."""
+        return next((v for v in self._pools() if v.fingerprint == pool and v.workspace == record.workspace), None)
+
+    def secret_hosts(self, record: SandboxRecord, pool: Fingerprint | None) -> dict[str, list[str]]:
+        """Each secret's hosts: the request's, else its pool profile's `[activation] secret_hosts`."""
+        view = self._view(record, pool)
+        profile = {name: list(hosts) for name, hosts in (view.secret_hosts if view is not None else {}).items()}
+        return profile | dict(record.spec.secret_hosts)
+
     async def attach(
         self, record: SandboxRecord, instance_id: str, pool: Fingerprint | None, secrets: Mapping[str, str]
     ) -> Attachment:
@@ -136,7 +152,7 @@ class EgressGate:
         before, if any, cut); what its workload then gets: the proxy variables (none without a
         proxy) and its secrets, a placeholder in place of each that names hosts."""
         policy = self.policy(record, pool)
-        made = placeholders.make(secrets, record.spec.secret_hosts)
+        made = placeholders.make(secrets, self.secret_hosts(record, pool))
         workload_secrets = dict(secrets) | {placeholder.name: placeholder.token for placeholder in made}
         path = self._sockets.egress_socket(instance_id) if self._sockets is not None else None
         if path is None or not policy.allows_anything:

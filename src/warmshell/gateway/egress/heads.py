@@ -7,10 +7,21 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["BadRequest", "Head", "forwarded_head", "parse_head", "parse_tunnelled_head"]
+__all__ = [
+    "CHUNKED",
+    "BadRequest",
+    "Head",
+    "body_length",
+    "forwarded_head",
+    "parse_head",
+    "parse_tunnelled_head",
+    "persistent",
+]
 
 _TOKEN = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 # Hop-by-hop headers of the proxy leg (RFC 9110 7.6.1): never passed upstream.
+# `body_length` of a chunked body (its end is found by reading it).
+CHUNKED = -1
 _HOP_BY_HOP = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive", b"te", b"upgrade"})
 
 
@@ -97,10 +108,40 @@ def _split(data: bytes) -> tuple[str, str, bytes, tuple[tuple[bytes, bytes], ...
     return parts[0].decode("ascii"), target, parts[2], tuple(headers)
 
 
-def forwarded_head(head: Head) -> bytes:
-    """The origin-form head sent upstream: hop-by-hop headers dropped, one request per
-    connection (`Connection: close`), so every request on it was checked against the policy."""
+def body_length(head: Head) -> int:
+    """How the request's body is framed: its Content-Length, `CHUNKED`, or 0 (none); BadRequest
+    for a framing that two readers could read two ways (both headers, or differing lengths:
+    the request smuggling of RFC 9112 6.3), since the proxy reads it to find the next request."""
+    lengths = {value for name, value in head.headers if name.lower() == b"content-length"}
+    codings = b",".join(value for name, value in head.headers if name.lower() == b"transfer-encoding")
+    if codings:
+        if lengths:
+            raise BadRequest(400, "both Content-Length and Transfer-Encoding")
+        if codings.split(b",")[-1].strip().lower() != b"chunked":
+            raise BadRequest(400, "a Transfer-Encoding that does not end in chunked")
+        return CHUNKED
+    if not lengths:
+        return 0
+    (length,) = lengths if len(lengths) == 1 else (b"",)
+    if not length.isdigit() or len(length) > 18:
+        raise BadRequest(400, "a bad Content-Length")
+    return int(length)
+
+
+def persistent(head: Head) -> bool:
+    """Whether the client keeps the connection for another request (HTTP/1.1 without
+    `Connection: close`)."""
+    tokens = b",".join(value for name, value in head.headers if name.lower() == b"connection").lower()
+    return head.version == b"HTTP/1.1" and b"close" not in (token.strip() for token in tokens.split(b","))
+
+
+def forwarded_head(head: Head, *, keep_alive: bool = False) -> bytes:
+    """The origin-form head sent upstream: hop-by-hop headers dropped, and `Connection: close`
+    unless `keep_alive` (inside an intercepted tunnel, where the proxy reads every request of
+    the connection); outside one, one request per connection, so every request on it was
+    checked against the policy."""
     lines = [f"{head.method} {head.path} ".encode() + head.version]
     lines += [name + b": " + value for name, value in head.headers if name.lower() not in _HOP_BY_HOP]
-    lines.append(b"Connection: close")
+    if not keep_alive:
+        lines.append(b"Connection: close")
     return b"\r\n".join(lines) + b"\r\n\r\n"

@@ -27,7 +27,7 @@ from warmshell.core.egress import Decision, Policy
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.gateway import metrics
 from warmshell.gateway.egress import heads, interception, placeholders
-from warmshell.gateway.egress.pumping import CHUNK, TokenBucket, pump
+from warmshell.gateway.egress.pumping import CHUNK, TokenBucket, copy_body, pump
 
 __all__ = ["EgressEntry", "EgressProxy", "host_local"]
 
@@ -39,6 +39,7 @@ _REASONS |= {502: "Bad Gateway", 504: "Gateway Timeout"}
 # After a refusal, what of the rest of a request is read and dropped so the answer arrives.
 _LINGER_BYTES = 4 * 1024 * 1024
 _LINGER_SECONDS = 1.0
+_INTERCEPTED = " (TLS intercepted for its secrets)"
 
 
 @dataclass
@@ -225,26 +226,44 @@ class EgressProxy:
         self, sandbox: _Sandbox, entry: EgressEntry, tunnel: heads.Head, address: egress.Address, inside: _Stream
     ) -> None:
         """A CONNECT to a host of a placeholder secret: TLS ends here (with a leaf of the
-        gateway's CA), the request's placeholders are swapped, and a new TLS connection, its
-        certificate verified, goes upstream."""
+        gateway's CA), each request's placeholders are swapped, and a new TLS connection, its
+        certificate verified, goes upstream (kept for the connection's further requests)."""
         assert self._authority is not None
         reader, writer = inside
-        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        # The leaf before the 200: the client's ClientHello follows the 200 at once, and what
+        # arrives before start_tls lands in the stream's buffer, where TLS never reads it (the
+        # handshake then hung for its 60 s timeout when the leaf's thread hop came in between).
         context = await asyncio.to_thread(self._authority.server_context, tunnel.host)
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.start_tls(context)
         parse = functools.partial(heads.parse_tunnelled_head, host=tunnel.host, port=tunnel.port)
         head = await self._read_head(reader, writer, parse)
         if head is None:
             return
         head, decision = _swapped(head, sandbox, Decision(entry.allowed, entry.rule))
-        entry.allowed, entry.reason = decision.allowed, decision.describe() + " (TLS intercepted for its secrets)"
+        entry.allowed, entry.reason = decision.allowed, decision.describe() + _INTERCEPTED
         if not decision.allowed:
             await _refuse(reader, writer, _response(403, f"egress to {head.host}:{head.port} {decision.describe()}"))
             return
         upstream = await self._connect(entry, head, address, inside, tls=True)
-        if upstream is not None:
-            _send_head(entry, upstream[1], head)
-            await _splice(sandbox, entry, inside, upstream)
+        if upstream is None:
+            return
+        counters = _Counters(entry)
+        down = asyncio.create_task(pump(upstream[0], writer, sandbox.down, counters.down))
+        requests = asyncio.create_task(_requests(sandbox, counters, head, parse, reader, upstream[1]))
+        try:
+            done, _ = await asyncio.wait({down, requests}, return_when=asyncio.FIRST_COMPLETED)
+            refusal = requests.result() if requests in done else b""
+            if refusal is None:  # the last request asked to close: its answer ends the connection
+                await down
+            down.cancel()
+            if refusal:
+                await _refuse(reader, writer, refusal)
+        finally:
+            for task in (down, requests):
+                task.cancel()
+            await asyncio.gather(down, requests, return_exceptions=True)
+            upstream[1].close()
 
     async def _connect(
         self, entry: EgressEntry, head: heads.Head, address: egress.Address, inside: _Stream, *, tls: bool = False
@@ -290,8 +309,64 @@ def _swapped(head: heads.Head, sandbox: _Sandbox, decision: Decision) -> tuple[h
 def _send_head(entry: EgressEntry, writer: asyncio.StreamWriter, head: heads.Head) -> None:
     forwarded = heads.forwarded_head(head)
     writer.write(forwarded)
-    entry.bytes_up += len(forwarded)
-    metrics.EGRESS_BYTES.labels(direction="up").inc(len(forwarded))
+    _Counters(entry).up(len(forwarded))
+
+
+@dataclass
+class _Counters:
+    """Counts a connection's bytes into its entry and the metrics."""
+
+    entry: EgressEntry
+
+    def up(self, size: int) -> None:
+        self.entry.bytes_up += size
+        metrics.EGRESS_BYTES.labels(direction="up").inc(size)
+
+    def down(self, size: int) -> None:
+        self.entry.bytes_down += size
+        metrics.EGRESS_BYTES.labels(direction="down").inc(size)
+
+
+async def _requests(
+    sandbox: _Sandbox,
+    counters: _Counters,
+    head: heads.Head,
+    parse: Callable[[bytes], heads.Head],
+    reader: asyncio.StreamReader,
+    upstream: asyncio.StreamWriter,
+) -> bytes | None:
+    """Forward the requests of an intercepted connection upstream, each swapped, starting with
+    `head` (already swapped), while the client keeps the connection. None when the last one
+    asked to close (the upstream's answer ends the connection); else the answer to give the
+    client once the upstream is cut: b"" when the client ended, a refusal when a request was
+    refused (a well-formed answer to a client that waits for each answer before its next
+    request, as clients that do not pipeline do)."""
+    try:
+        while True:
+            length = heads.body_length(head)
+            keep_alive = heads.persistent(head)
+            forwarded = heads.forwarded_head(head, keep_alive=keep_alive)
+            upstream.write(forwarded)
+            counters.up(len(forwarded))
+            await copy_body(reader, upstream, length, sandbox.up, counters.up)
+            if not keep_alive:
+                return None
+            try:
+                head = parse(await reader.readuntil(b"\r\n\r\n"))
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    raise heads.BadRequest(400, "an incomplete request head") from None
+                return b""
+            head, decision = _swapped(head, sandbox, Decision(True, counters.entry.rule))
+            if not decision.allowed:
+                reason = decision.describe() + _INTERCEPTED
+                sandbox.entries.append(EgressEntry(int(time.time() * 1000), head.host, head.port, False, "", reason))
+                metrics.EGRESS_CONNECTIONS.labels(verdict="denied").inc()
+                return _response(403, f"egress to {head.host}:{head.port} {decision.describe()}")
+    except asyncio.LimitOverrunError:
+        return _response(431, "request head too large")
+    except heads.BadRequest as exc:
+        return _response(exc.status, exc.reason)
 
 
 async def _splice(
@@ -301,19 +376,11 @@ async def _splice(
     outside: _Stream,
 ) -> None:
     """Bytes both ways until both sides are done, counted into `entry` and the metrics."""
-
-    def count_up(size: int) -> None:
-        entry.bytes_up += size
-        metrics.EGRESS_BYTES.labels(direction="up").inc(size)
-
-    def count_down(size: int) -> None:
-        entry.bytes_down += size
-        metrics.EGRESS_BYTES.labels(direction="down").inc(size)
-
+    counters = _Counters(entry)
     try:
         await asyncio.gather(
-            pump(inside[0], outside[1], sandbox.up, count_up),
-            pump(outside[0], inside[1], sandbox.down, count_down),
+            pump(inside[0], outside[1], sandbox.up, counters.up),
+            pump(outside[0], inside[1], sandbox.down, counters.down),
         )
     finally:
         outside[1].close()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-__all__ = ["CHUNK", "TokenBucket", "pump"]
+from warmshell.gateway.egress.heads import CHUNKED, BadRequest
+
+__all__ = ["CHUNK", "TokenBucket", "copy_body", "pump"]
 
 CHUNK = 64 * 1024
 
@@ -35,13 +38,57 @@ async def pump(
     """Copy until end of stream (then half-close the writer) or a broken connection."""
     try:
         while data := await reader.read(CHUNK):
-            count(len(data))
-            writer.write(data)
-            await writer.drain()
-            wait = bucket.delay(len(data))
-            if wait > 0:
-                await asyncio.sleep(wait)
+            await _send(writer, data, bucket=bucket, count=count)
         if writer.can_write_eof():
             writer.write_eof()
     except ConnectionError:
         writer.close()
+
+
+async def copy_body(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    length: int,
+    bucket: TokenBucket,
+    count: Callable[[int], None],
+) -> None:
+    """Copy one request body framed as `length` (`heads.body_length`), no further: what follows
+    is the next request's head. BadRequest for a malformed chunk size line."""
+    send = functools.partial(_send, writer, bucket=bucket, count=count)
+    if length != CHUNKED:
+        await _copy_exactly(reader, length, send)
+        return
+    while True:
+        line = await reader.readuntil(b"\r\n")
+        try:
+            size = int(line.partition(b";")[0].strip(), 16)
+        except ValueError:
+            raise BadRequest(400, "a malformed chunk size") from None
+        await send(line)
+        if size == 0:
+            break
+        await _copy_exactly(reader, size + 2, send)  # the chunk and its CRLF
+    while True:  # trailer fields, then the blank line
+        line = await reader.readuntil(b"\r\n")
+        await send(line)
+        if line == b"\r\n":
+            return
+
+
+async def _copy_exactly(reader: asyncio.StreamReader, size: int, send: Callable[[bytes], Awaitable[None]]) -> None:
+    """Copy `size` bytes (IncompleteReadError when the stream ends first)."""
+    while size > 0:
+        data = await reader.readexactly(min(size, CHUNK))
+        size -= len(data)
+        await send(data)
+
+
+async def _send(
+    writer: asyncio.StreamWriter, data: bytes, *, bucket: TokenBucket, count: Callable[[int], None]
+) -> None:
+    count(len(data))
+    writer.write(data)
+    await writer.drain()
+    wait = bucket.delay(len(data))
+    if wait > 0:
+        await asyncio.sleep(wait)

@@ -138,6 +138,7 @@ class Pool:
             idle_timeout_seconds=profile.idle_timeout_seconds,
             network_allow=profile.network_allow,
             network_deny=profile.network_deny,
+            secret_hosts=profile.secret_hosts,
         )
 
 

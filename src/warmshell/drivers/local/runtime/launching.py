@@ -209,9 +209,10 @@ class Launcher:
             prepare()
             bounds = instance.bounds or self._bounds
             image_root = instance.image_root
+            plan = _NO_PLAN if image_root is not None else self._plans[Path(image) if image else _HOST_ROOT]
             layout = sandboxing.SandboxLayout(
                 bwrap=bwrap,
-                plan=_NO_PLAN if image_root is not None else self._plans[Path(image) if image else _HOST_ROOT],
+                plan=plan,
                 overlay_root=self._rootfs / "m" if image_root is not None and self._rootfs is not None else None,
                 uid=image_root.uid if image_root is not None else 0,
                 gid=image_root.gid if image_root is not None else None,
@@ -229,6 +230,7 @@ class Launcher:
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
                 egress_dir=instance.egress_dir,
                 egress_port=egress.PROXY_PORT,
+                system_bundle=_system_bundle_copy(plan, instance.egress_dir),
             )
             launch = self._launch_argv(nice, instance.uid, bounds, instance.cgroup, image_root)
             return [*launch, *sandboxing.bwrap_argv(layout)]
@@ -293,3 +295,18 @@ def _stage(agent: Path, stage_dir: Path) -> Path:
         os.chmod(partial, 0o755)
         partial.replace(target)
     return target
+
+
+def _system_bundle_copy(plan: sandboxing.RootPlan, egress_dir: Path) -> Path | None:
+    """The sandbox's own copy of the host's system CA bundle (0644, in its egress directory),
+    bound over the original so that the gateway can add its CA at activation (blocking;
+    None when the root has no such file to cover). A copy per start, not a shared file: the
+    CA is added for the sandboxes with secret hosts only. Debian's bundle is ~220 KB, a copy
+    ~4 ms on a 2-core host at load 12, paid when a member starts, never by a warm create."""
+    source = sandboxing.system_bundle_source(plan)
+    if source is None or not egress_dir.is_dir():
+        return None
+    copy = egress_dir / egress.SYSTEM_BUNDLE_COPY
+    shutil.copyfile(source, copy)
+    os.chmod(copy, 0o644)
+    return copy
