@@ -1,33 +1,41 @@
-"""Issue 13 soak: well-behaved clients create, exec in and delete sandboxes over and over, quiet
-and beside hostile sandboxes, in one gateway and one invocation. The run alternates in blocks
-(quiet, then with the attacks), so a shared machine's bursts fall on both alike:
+"""Issues 13 and 36 soak: well-behaved clients create, exec in and delete sandboxes over and over,
+quiet and beside hostile sandboxes, in one gateway and one invocation. The run alternates in
+blocks (quiet, then with the attacks), so a shared machine's bursts fall on both alike:
 
 - disk fill: fills its bounded /workspace (ENOSPC), holds it a moment, frees it; again and again;
 - fork bomb: each process forks two and waits, until its process bound (a request for 64) stops it;
-- output flood: 64 MiB per exec, read by a client that pauses every chunk (flow control, no loss).
+- output flood: 64 MiB per exec, read by a client that pauses every chunk (flow control, no loss);
+- memory balloon: writes 256 MiB under a 64Mi memory limit (the OOM killer ends it in its sandbox);
+- inode flood: 300,000 empty files in /tmp under a 64Mi limit (their kernel memory is charged to
+  the sandbox, so the limit stops it).
 
-The hostile sandboxes are made at the start of each attack block and deleted at its end.
-Reports the well-behaved clients' create -> Ready (warm and cold), exec and delete latency p50/p99
-quiet and with the attacks, how often each attack hit its bound, and lost outputs: every exec's
-output (the flood's too) is checked against its SHA-256. The load average is sampled throughout.
+The attacks run twice per block: with no cpu limit on the hostile sandboxes, and with each under
+`--hostile-cpu` (100m: the five together half a core), so one run shows what the cgroup's cpu
+bound gives the well-behaved clients. The hostile sandboxes are made at the start of each attack
+block and deleted at its end, after their usage (GetSandbox) is read. Reports the well-behaved
+clients' create -> Ready (warm and cold), exec and delete latency p50/p99 quiet and with the
+attacks, how often each attack hit its bound, the attackers' peak memory, and lost outputs: every
+exec's output (the flood's too) is checked against its SHA-256. The load average is sampled
+throughout.
 
-    python bench/soak.py                                  # 4 min quiet + 10 min with the attacks, in 5 blocks
+    python bench/soak.py                                  # 1.5 min quiet + 2 x 1.5 min with the attacks, in 3 blocks
     python bench/soak.py --quiet-minutes 0.5 --minutes 1 --blocks 1  # a smoke run
 
-Run as root: the process bound needs a uid per sandbox.
+Run as root: the process bound needs a uid per sandbox, the memory limits a cgroup.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import hashlib
 import os
 import random
 import tempfile
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,16 +49,46 @@ CONFIG = f'[local]\nworkspace_size = "{WORKSPACE_SIZE}"\n'
 POOL = 'version = 1\nworkspace = "default"\nreplicas = 4\n'
 BOMB_PIDS = 64
 FLOOD_BYTES = 64 * 2**20
-HOSTILE: dict[str, tuple[str, int]] = {  # name: (script, pids requested)
-    "disk-fill": (
+MEMORY_LIMIT = "64Mi"
+BALLOON_MIB = 256
+FLOOD_FILES = 300_000
+SIGKILLED = (-9, 128 + 9)  # how an exec may report a SIGKILL (the OOM killer's)
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """One attack: its script, the process bound and memory limit its sandbox asks for, and
+    whether an exec of it (exit code, stderr) was stopped by its bound."""
+
+    script: str
+    bound_hit: Callable[[int, bytes], bool]
+    pids: int = 0
+    memory: str = ""
+
+
+HOSTILE = {
+    "disk-fill": Hostile(
         "dd if=/dev/zero of=/workspace/fill bs=1M 2>&1 | grep -m1 'No space' >&2; sleep 2; rm -f /workspace/fill",
-        0,
+        lambda _, err: b"No space left on device" in err,  # dd's words
     ),
     # Each process forks two, waits, and lingers a moment: the sandbox sits at its bound.
-    "fork-bomb": ("b() { b & b & wait; sleep 1; }; b", BOMB_PIDS),
-    "output-flood": (f"yes flood | head -c {FLOOD_BYTES}", 0),
+    "fork-bomb": Hostile("b() { b & b & wait; sleep 1; }; b", lambda _, err: b"Cannot fork" in err, pids=BOMB_PIDS),
+    "output-flood": Hostile(f"yes flood | head -c {FLOOD_BYTES}", lambda code, _: code == 0),
+    # Every page written: four times its limit, so the OOM killer ends it inside its sandbox.
+    "memory-balloon": Hostile(
+        f"python3 -c \"b = b'x' * ({BALLOON_MIB} << 20); print(len(b))\"",
+        lambda code, _: code in SIGKILLED,
+        memory=MEMORY_LIMIT,
+    ),
+    # Empty files take no tmpfs blocks but ~1 KiB of kernel memory each, charged to the sandbox:
+    # its memory limit stops the flood. The last run's files go first (that frees their memory).
+    "inode-flood": Hostile(
+        "find /tmp -maxdepth 1 -name 'f*' -delete; "
+        f"python3 -c \"[open(f'/tmp/f{{i}}', 'w').close() for i in range({FLOOD_FILES})]\"",
+        lambda code, _: code in SIGKILLED,
+        memory=MEMORY_LIMIT,
+    ),
 }
-BOUND_HIT = {"disk-fill": b"No space left on device", "fork-bomb": b"Cannot fork"}  # dd's and dash's words
 
 
 def pattern(word: str, size: int) -> bytes:
@@ -129,22 +167,24 @@ class Attack:
     bound_hits: int = 0
     lost: int = 0
     errors: list[str] = field(default_factory=list)
+    peak_memory_bytes: list[int] = field(default_factory=list)  # per block, from GetSandbox
+    exit_codes: collections.Counter[int] = field(default_factory=collections.Counter)
 
 
 async def hostile(gw: GatewayProcess, kind: str, name: str, attack: Attack) -> None:
     """Keep the attack going (again each time its exec ends) until cancelled."""
-    script, _ = HOSTILE[kind]
+    attacker = HOSTILE[kind]
     expected = hashlib.sha256(pattern("flood", FLOOD_BYTES)).hexdigest()
     while True:
         try:
             if kind == "output-flood":
                 # A slow reader: a pause per chunk, so the command is held back by flow control.
-                code, digest, size, _ = await exec_digest(gw, name, script, workspace="hostile", pause=0.002)
+                code, digest, size, err = await exec_digest(gw, name, attacker.script, workspace="hostile", pause=0.002)
                 attack.lost += (code, digest, size) != (0, expected, FLOOD_BYTES)
-                attack.bound_hits += 1
             else:
-                _, _, _, err = await exec_digest(gw, name, script, workspace="hostile", timeout=20)
-                attack.bound_hits += BOUND_HIT[kind] in err
+                code, _, _, err = await exec_digest(gw, name, attacker.script, workspace="hostile", timeout=30)
+            attack.bound_hits += attacker.bound_hit(code, err)
+            attack.exit_codes[code] += 1
             attack.runs += 1
         except grpc.aio.AioRpcError as exc:
             attack.errors.append(f"{exc.code().name}: {exc.details()}")
@@ -167,14 +207,29 @@ async def run_phase(gw: GatewayProcess, seconds: float, workers: int, tag: str, 
         sampler.cancel()
 
 
-async def with_attacks(gw: GatewayProcess, block: int, attacks: dict[str, Attack], body: Awaitable[None]) -> None:
+@dataclass
+class Attacked:
+    """One way of running the attacks (with no cpu limit on the hostile sandboxes, or with one),
+    what the well-behaved clients measured beside them, and what each attack did."""
+
+    cpu: str
+    phase: Phase = field(default_factory=Phase)
+    attacks: dict[str, Attack] = field(default_factory=lambda: {kind: Attack() for kind in HOSTILE})
+
+    @property
+    def label(self) -> str:
+        return f"each hostile sandbox at cpu {self.cpu}" if self.cpu else "no cpu limit on the hostile sandboxes"
+
+
+async def with_attacks(gw: GatewayProcess, tag: str, attacked: Attacked, body: Awaitable[None]) -> None:
     """`body` while the hostile sandboxes of this block attack; they are deleted afterwards."""
-    names = {kind: f"{kind}-{block}" for kind in HOSTILE}
-    for kind, (_, pids) in HOSTILE.items():
-        spec = pb.SandboxSpec(resources=pb.Resources(pids=pids))
-        await gw.create(name=names[kind], workspace="hostile", spec=spec)
+    names = {kind: f"{kind}-{tag}" for kind in HOSTILE}
+    for kind, attacker in HOSTILE.items():
+        resources = pb.Resources(pids=attacker.pids, memory=attacker.memory, cpu=attacked.cpu)
+        await gw.create(name=names[kind], workspace="hostile", spec=pb.SandboxSpec(resources=resources))
     for name in names.values():
         await wait_ready_in(gw, name, "hostile")
+    attacks = attacked.attacks
     tasks = [asyncio.create_task(hostile(gw, kind, name, attacks[kind])) for kind, name in names.items()]
     await asyncio.sleep(3)  # let the attacks reach their bounds
     try:
@@ -183,9 +238,14 @@ async def with_attacks(gw: GatewayProcess, block: int, attacks: dict[str, Attack
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for name in names.values():
+        for kind, name in names.items():
+            ref = pb.SandboxRef(name=name, workspace="hostile")
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await gw.stub.DeleteSandbox(pb.SandboxRef(name=name, workspace="hostile"), metadata=gw.metadata)
+                usage = (await gw.stub.GetSandbox(ref, metadata=gw.metadata)).status.usage
+                if usage.HasField("memory_peak_bytes"):
+                    attacks[kind].peak_memory_bytes.append(usage.memory_peak_bytes)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await gw.stub.DeleteSandbox(ref, metadata=gw.metadata)
 
 
 async def wait_ready_in(gw: GatewayProcess, name: str, workspace: str) -> None:
@@ -194,7 +254,7 @@ async def wait_ready_in(gw: GatewayProcess, name: str, workspace: str) -> None:
         pass
 
 
-def table(data: dict[str, object], quiet: Phase, loud: Phase, attacks: dict[str, Attack]) -> str:
+def latency_rows(quiet: Phase, loud: Phase) -> list[str]:
     rows = [
         "| well-behaved clients | quiet n | quiet p50 ms | quiet p99 ms | hostile n | hostile p50 ms "
         "| hostile p99 ms | p50 ratio | p99 ratio |",
@@ -215,18 +275,45 @@ def table(data: dict[str, object], quiet: Phase, loud: Phase, attacks: dict[str,
             f"| {label} | {q['n']} | {q['p50']:.1f} | {q['p99']:.1f} | {h['n']} | {h['p50']:.1f} | {h['p99']:.1f} "
             f"| {h['p50'] / q['p50']:.2f} | {h['p99'] / q['p99']:.2f} |"
         )
-    rows += ["", "| attack | runs | hit its bound | lost outputs | errors |", "|---|---|---|---|---|"]
+    return rows
+
+
+def attack_rows(attacks: dict[str, Attack]) -> list[str]:
+    rows = [
+        "| attack | runs | hit its bound | lost outputs | errors | peak memory MiB (per block) | exit codes (runs) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, attack in attacks.items():
-        rows.append(f"| {name} | {attack.runs} | {attack.bound_hits} | {attack.lost} | {len(attack.errors)} |")
+        peaks = ", ".join(f"{peak / 2**20:.0f}" for peak in attack.peak_memory_bytes) or "-"
+        codes = ", ".join(f"{code} ({runs})" for code, runs in attack.exit_codes.most_common())
+        rows.append(
+            f"| {name} | {attack.runs} | {attack.bound_hits} | {attack.lost} | {len(attack.errors)} | {peaks} "
+            f"| {codes} |"
+        )
+    return rows
+
+
+def table(data: dict[str, object], quiet: Phase, variants: list[Attacked]) -> str:
+    rows: list[str] = []
+    for variant in variants:
+        loud = variant.phase
+        rows += [f"## With the attacks, {variant.label}", "", *latency_rows(quiet, loud), ""]
+        rows += [*attack_rows(variant.attacks), ""]
+        rows.append(
+            f"Lost outputs (well-behaved): {quiet.lost} of {quiet.execs} execs quiet, {loud.lost} of {loud.execs} "
+            f"with the attacks; errors: {len(quiet.errors)} quiet, {len(loud.errors)} with the attacks. "
+            f"Load average (1 min) {_mean(loud.load):.2f} (max {max(loud.load):.2f})."
+        )
+        rows.append("")
     rows += [
-        "",
-        f"Lost outputs (well-behaved): {quiet.lost} of {quiet.execs} execs quiet, {loud.lost} of {loud.execs} "
-        f"with the attacks; errors: {len(quiet.errors)} quiet, {len(loud.errors)} with the attacks.",
         f"{data['workers']} well-behaved clients; {data['quiet_seconds']:g} s quiet and {data['hostile_seconds']:g} s "
-        f"beside {', '.join(HOSTILE)}, in {data['blocks']} alternating blocks (/workspace {WORKSPACE_SIZE}, "
-        f"fork bomb at {BOMB_PIDS} processes, {FLOOD_BYTES >> 20} MiB per flood exec read with a pause per chunk).",
-        f"Load average (1 min) quiet {_mean(quiet.load):.2f} (max {max(quiet.load):.2f}), with the attacks "
-        f"{_mean(loud.load):.2f} (max {max(loud.load):.2f}); 2 cpus shared with other users of the machine.",
+        f"beside {', '.join(HOSTILE)} (split evenly between the ways of running them), in {data['blocks']} "
+        f"alternating blocks (/workspace {WORKSPACE_SIZE}, fork bomb at {BOMB_PIDS} processes, "
+        f"{FLOOD_BYTES >> 20} MiB per flood exec read with a pause per chunk, a {BALLOON_MIB} MiB balloon and "
+        f"{FLOOD_FILES:,} empty files each under memory {MEMORY_LIMIT}).",
+        f"Load average (1 min) quiet {_mean(quiet.load):.2f} (max {max(quiet.load):.2f}). The machine (2 cpus) "
+        "was shared with other work throughout (other builds and test runs): the quiet and attack blocks "
+        "alternate so it weighs on all of them alike, but absolute figures are not a quiet machine's.",
     ]
     return "\n".join(rows)
 
@@ -248,8 +335,10 @@ def _phase_data(phase: Phase) -> dict[str, object]:
     }
 
 
-async def main(quiet_seconds: float, hostile_seconds: float, workers: int, blocks: int) -> None:
-    quiet, loud, attacks = Phase(), Phase(), {kind: Attack() for kind in HOSTILE}
+async def main(quiet_seconds: float, hostile_seconds: float, workers: int, blocks: int, hostile_cpu: str) -> None:
+    quiet = Phase()
+    variants = [Attacked(cpu="")] + ([Attacked(cpu=hostile_cpu)] if hostile_cpu else [])
+    each = hostile_seconds / blocks / len(variants)
     with tempfile.TemporaryDirectory(prefix="ws-soak-") as tmp:
         config, pools = Path(tmp) / "gateway.toml", Path(tmp) / "pools"
         config.write_text(CONFIG)
@@ -258,27 +347,41 @@ async def main(quiet_seconds: float, hostile_seconds: float, workers: int, block
         async with gateway_process("--config", str(config), "--pools", str(pools)) as gw:
             for block in range(blocks):
                 await run_phase(gw, quiet_seconds / blocks, workers, f"q{block}", quiet)
-                attacked = run_phase(gw, hostile_seconds / blocks, workers, f"h{block}", loud)
-                await with_attacks(gw, block, attacks, attacked)
+                for v, variant in enumerate(variants):
+                    tag = f"{block}v{v}"
+                    await with_attacks(gw, tag, variant, run_phase(gw, each, workers, f"h{tag}", variant.phase))
     data: dict[str, object] = {
         "workers": workers,
         "quiet_seconds": quiet_seconds,
         "hostile_seconds": hostile_seconds,
         "blocks": blocks,
         "workspace_size": WORKSPACE_SIZE,
+        "memory_limit": MEMORY_LIMIT,
         "quiet": _phase_data(quiet),
-        "hostile": _phase_data(loud),
-        "attacks": {n: {"runs": a.runs, "bound_hits": a.bound_hits, "lost": a.lost, "errors": a.errors[:10]}
-                    for n, a in attacks.items()},
+        "hostile": [
+            {
+                "hostile_cpu": variant.cpu,
+                "well_behaved": _phase_data(variant.phase),
+                "attacks": {n: {"runs": a.runs, "bound_hits": a.bound_hits, "lost": a.lost, "errors": a.errors[:10],
+                                "peak_memory_bytes": a.peak_memory_bytes, "exit_codes": dict(a.exit_codes)}
+                            for n, a in variant.attacks.items()},
+            }
+            for variant in variants
+        ],
     }  # fmt: skip
-    write_results("soak", data, table(data, quiet, loud, attacks))
+    write_results("soak", data, table(data, quiet, variants))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quiet-minutes", type=float, default=4.0, help="time without the attacks, in all")
-    parser.add_argument("--minutes", type=float, default=10.0, help="time with the attacks, in all")
-    parser.add_argument("--blocks", type=int, default=5, help="alternations of a quiet and an attack block")
+    parser.add_argument("--quiet-minutes", type=float, default=1.5, help="time without the attacks, in all")
+    parser.add_argument("--minutes", type=float, default=3.0, help="time with the attacks, in all")
+    parser.add_argument("--blocks", type=int, default=3, help="alternations of a quiet and an attack block")
     parser.add_argument("--workers", type=int, default=3, help="well-behaved clients")
+    parser.add_argument(
+        "--hostile-cpu",
+        default="100m",
+        help="also run the attacks with each hostile sandbox under this cpu limit ('' = only without one)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.quiet_minutes * 60, args.minutes * 60, args.workers, args.blocks))
+    asyncio.run(main(args.quiet_minutes * 60, args.minutes * 60, args.workers, args.blocks, args.hostile_cpu))

@@ -101,6 +101,10 @@ def test_the_documented_json_shapes_are_what_the_cli_prints() -> None:
     sandbox = pb.Sandbox(name="dev", created_at_ms=1, resource_version=5)
     sandbox.status.conditions.append(pb.Condition(type="Ready", last_transition_time_ms=1))
     sandbox.status.timeline.requested_us = 1
+    # GetSandbox's usage of a running sandbox on a host with cgroups: every figure but a writable root.
+    sandbox.status.usage.CopyFrom(
+        pb.SandboxUsage(cpu_seconds=0.1, memory_bytes=1, memory_peak_bytes=1, processes=2, workspace_bytes=0)
+    )
     _same_shape(_shape(by_first_key["created_at_ms"]), _shape(render.to_dict(sandbox)))
     pools = pb.ListPoolsResponse(pools=[pb.Pool(name="default", hits=1)], misses_by_reason={"NoMatch": 1})
     _same_shape(_shape(by_first_key["misses_by_reason"]), _shape(render.to_dict(pools)))

@@ -30,6 +30,6 @@ def test_public_surface_is_pinned() -> None:
         "CommandFailed", "CommandTimeout", "Condition", "Conflict", "DeadlineExceeded", "EgressDecision", "Error",
         "ExecError", "ExecOutcome", "ExecResult", "FailedPrecondition", "InvalidArgument", "Lifetime", "Network",
         "NotFound", "OutputEvent", "PermissionDenied", "Phase", "PoolInfo", "Process", "ResourceExhausted",
-        "Sandbox", "SandboxError", "SandboxInfo", "Secret", "Timeline", "Unauthenticated", "Unavailable",
+        "Sandbox", "SandboxError", "SandboxInfo", "Secret", "Timeline", "Unauthenticated", "Unavailable", "Usage",
         "__version__",
     ]  # fmt: skip

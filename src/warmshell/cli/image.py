@@ -99,21 +99,16 @@ def _import(args: argparse.Namespace) -> int:
     return client.run(body)
 
 
-def _size(value: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if value >= scale:
-            return f"{value / scale:.1f}{unit}"
-    return f"{value}B"
-
-
 def _rows(images: list[image_pb2.Image]) -> list[list[str]]:
+    from warmshell.cli import render
+
     rows = []
     for image in images:
         short = image.digest.removeprefix("sha256:")[:12]
         created = image.created[:19].replace("T", " ") or "-"
         for name in image.names or ["<none>:<none>"]:
             repo, _, tag = name.rpartition(":")
-            rows.append([repo, tag, short, _size(image.size), str(len(image.layers)), created])
+            rows.append([repo, tag, short, render.format_bytes(image.size), str(len(image.layers)), created])
     return rows
 
 
@@ -138,13 +133,15 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _details(image: image_pb2.Image) -> str:
+    from warmshell.cli import render
+
     config = image.config
     lines = [
         f"Digest:      {image.digest}",
         f"Names:       {', '.join(image.names) or '<none>'}",
         f"Platform:    {image.platform}",
         f"Created:     {image.created or '-'}",
-        f"Size:        {_size(image.size)}",
+        f"Size:        {render.format_bytes(image.size)}",
         f"Entrypoint:  {list(config.entrypoint)}",
         f"Cmd:         {list(config.cmd)}",
         f"WorkingDir:  {config.working_dir or '-'}",
@@ -154,7 +151,7 @@ def _details(image: image_pb2.Image) -> str:
         "Labels:",
         *(f"  {k}={v}" for k, v in sorted(config.labels.items())),
         "Layers:",
-        *(f"  {layer.digest}  {_size(layer.size)}" for layer in image.layers),
+        *(f"  {layer.digest}  {render.format_bytes(layer.size)}" for layer in image.layers),
     ]
     return "\n".join(lines)
 

@@ -8,7 +8,7 @@ only by the JSON path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ __all__ = [
     "egress_table",
     "expiry_text",
     "format_age",
+    "format_bytes",
     "format_ms",
     "hit_rate",
     "phase_label",
@@ -198,6 +199,14 @@ def format_age(created_ms: int, now_ms: int) -> str:
     return f"{seconds // 86400}d"
 
 
+def format_bytes(value: int) -> str:
+    """A size for people: one decimal in the largest binary unit it reaches ("1.5MiB", "512B")."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return f"{value}B"
+
+
 def format_ms(value: float | None, *, sign: bool = False) -> str:
     """Milliseconds with two decimals (warm paths are single-digit ms), `-` when unreached. With
     `sign`, an offset: a warm sandbox's pool member was created and registered before the request."""
@@ -283,6 +292,35 @@ def _timeline_table(timeline: sandbox_pb2.Timeline) -> str:
     return _indented(table(("", ""), rows, right=frozenset({1})).split("\n", 1)[1])
 
 
+def _usage_rows(usage: sandbox_pb2.SandboxUsage) -> list[tuple[str, str]]:
+    """What the sandbox uses now, as `sandbox get` lists it ("?" for a figure its driver cannot
+    read; the reason follows). The writable root shows once a driver reports one. Only a
+    GetSandbox reply carries a usage: other messages show no such rows; one with no figure at
+    all (a sandbox that is not running) shows only why."""
+
+    present = {field.name for field, _ in usage.ListFields()} - {"unknown", "read_at_ms"}
+    if not present:
+        return [("Usage", f"unknown: {usage.unknown}" if usage.unknown else "unknown")]
+
+    def figure(name: str, text: Callable[[Any], str]) -> str:
+        return text(getattr(usage, name)) if name in present else "?"
+
+    memory = figure("memory_bytes", format_bytes)
+    if usage.HasField("memory_peak_bytes"):
+        memory += f" (peak {format_bytes(usage.memory_peak_bytes)})"
+    rows = [
+        ("CPU used", figure("cpu_seconds", lambda seconds: f"{seconds:.2f}s")),
+        ("Memory", memory),
+        ("Processes", figure("processes", str)),
+        ("/workspace", figure("workspace_bytes", format_bytes)),
+    ]
+    if usage.HasField("root_bytes"):
+        rows.append(("Writable root", format_bytes(usage.root_bytes)))
+    if usage.unknown:
+        rows.append(("Usage unknown", usage.unknown))
+    return rows
+
+
 def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> str:
     """`sandbox get`: the fields, conditions and timeline of one sandbox."""
     status, spec = sandbox.status, sandbox.spec
@@ -302,6 +340,7 @@ def sandbox_details(sandbox: sandbox_pb2.Sandbox) -> str:
         ("Labels", _pairs(sandbox.labels.items())),
         ("Instance", status.instance_id or _NONE),
         ("Expires", expiry_text(sandbox.lifetime)),
+        *(_usage_rows(status.usage) if status.HasField("usage") else ()),
     ]
     fields = table(("", ""), rows).split("\n", 1)[1]
     return "\n".join(

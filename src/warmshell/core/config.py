@@ -25,6 +25,7 @@ __all__ = [
     "LeaderElectionConfig",
     "LifetimesConfig",
     "LocalDriverConfig",
+    "MetricsConfig",
     "NetworkConfig",
     "ProfilesConfig",
     "RateLimit",
@@ -268,6 +269,16 @@ class FilesConfig(_Section):
     max_archive_entries: int = Field(default=100_000, ge=1)
 
 
+class MetricsConfig(_Section):
+    """`[metrics]`: what /metrics lists per sandbox. Each listed sandbox is a Prometheus series
+    per figure, kept by the server for hours after the sandbox is gone: the top
+    `per_sandbox_limit` by cpu are listed (0 = none), read at most once every
+    `per_sandbox_refresh_seconds` however often the page is scraped (gateway/usage.py)."""
+
+    per_sandbox_limit: int = Field(default=50, ge=0, le=1000)
+    per_sandbox_refresh_seconds: float = Field(default=10.0, ge=0)
+
+
 class LifetimesConfig(_Section):
     """How long sandboxes live: the TTL and idle timeout a create gets when it sets none, the
     most it may ask for (0 = no maximum), how long an Exited sandbox is kept, and how often
@@ -443,6 +454,7 @@ class GatewayConfig(_Section):
     # per-deployment Secret's key file here.
     secrets_key_file: str = ""
     lifetimes: LifetimesConfig = Field(default_factory=LifetimesConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     local: LocalDriverConfig = Field(default_factory=LocalDriverConfig)
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)

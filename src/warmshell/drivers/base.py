@@ -10,6 +10,7 @@ of its pre-started instances.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -34,7 +35,9 @@ __all__ = [
     "MissReason",
     "PoolView",
     "ProgressLine",
+    "SandboxUsage",
     "SupervisorIdentity",
+    "UsageReporter",
     "WarmPending",
     "invalid_profile_view",
 ]
@@ -308,6 +311,35 @@ class ComputeDriver(Protocol):
     async def __aenter__(self) -> ComputeDriver: ...
 
     async def __aexit__(self, *exc_info: object) -> None: ...
+
+
+@dataclass(frozen=True)
+class SandboxUsage:
+    """What a running sandbox uses now; None = unknown, and `unknown` says why (in words)."""
+
+    cpu_seconds: float | None = None
+    memory_bytes: int | None = None
+    memory_peak_bytes: int | None = None
+    processes: int | None = None
+    workspace_bytes: int | None = None
+    # Bytes written to the sandbox's writable root, for drivers whose image roots have one.
+    root_bytes: int | None = None
+    unknown: str = ""
+
+    def figures(self) -> dict[str, float | None]:
+        """Each figure by its field's name (None: unknown)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "unknown"}
+
+
+@runtime_checkable
+class UsageReporter(Protocol):
+    """A driver that can say what its running sandboxes use. Optional: the gateway reports the
+    usage of a sandbox whose driver is not one as unknown, saying so."""
+
+    async def usage(self, sandbox_id: SandboxId) -> SandboxUsage:
+        """The sandbox's usage now, cheaply (a handful of small reads: `sandbox get` calls it).
+        FailedPreconditionError when it is not running here."""
+        ...
 
 
 @runtime_checkable

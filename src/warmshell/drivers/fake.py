@@ -14,7 +14,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from warmshell.core.errors import PermissionDeniedError
+from warmshell.core.errors import FailedPreconditionError, PermissionDeniedError
 from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation, SandboxSpec, now_us
 from warmshell.drivers.base import (
@@ -25,6 +25,7 @@ from warmshell.drivers.base import (
     DriverEvent,
     DriverSandbox,
     PoolView,
+    SandboxUsage,
     SupervisorIdentity,
     WarmPending,
 )
@@ -76,6 +77,7 @@ class FakeDriver:
         self._events: asyncio.Queue[DriverEvent] = asyncio.Queue()
         self._activator: Activator | None = None
         self.pool = Fingerprint("fake-pool")
+        self.usages: dict[SandboxId, SandboxUsage] = {}
 
     @property
     def identity(self) -> FakeIdentity:
@@ -145,6 +147,13 @@ class FakeDriver:
     async def list(self) -> builtins.list[DriverSandbox]:
         """Every recorded sandbox."""
         return builtins.list(self._sandboxes.values())
+
+    async def usage(self, sandbox_id: SandboxId) -> SandboxUsage:
+        """What a test set in `usages` for the sandbox (every figure unknown otherwise: nothing
+        runs); FailedPreconditionError for a sandbox it does not have."""
+        if sandbox_id not in self._sandboxes:
+            raise FailedPreconditionError(f"sandbox {sandbox_id} is not running")
+        return self.usages.get(sandbox_id, SandboxUsage(unknown="the fake driver runs nothing"))
 
     async def delete(self, sandbox_id: SandboxId) -> bool:
         """Forget the sandbox."""

@@ -38,6 +38,7 @@ from warmshell.gateway.store.postgres import PostgresStore
 from warmshell.gateway.store.sqlite import SqliteStore
 from warmshell.gateway.supervisor_service import SupervisorService
 from warmshell.gateway.tokens import SandboxTokenIssuer
+from warmshell.gateway.usage import UsageGauges
 
 __all__ = ["GatewayParts", "Keys", "assemble"]
 
@@ -78,6 +79,7 @@ class GatewayParts:
     file_service: FileService
     image_service: ImageService
     supervisor_service: SupervisorService
+    usage_gauges: UsageGauges
     # Present only where it exists: supervisors hosted in this process (the local driver), several
     # replicas on a shared store, a driver that elects a leader among replicas.
     supervisor_link: InProcessLink | None
@@ -139,6 +141,7 @@ def assemble(
         file_service=FileService(manager, auth, config.files, wiring.forwarder),
         image_service=ImageService.for_config(config, auth),
         supervisor_service=supervisor_service,
+        usage_gauges=UsageGauges.for_config(config.metrics, driver, records),
         supervisor_link=_in_process_link(driver, supervisor_service),
         replication=replication,
         leadership=leadership,

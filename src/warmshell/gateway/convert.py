@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.core import specs
-from warmshell.core.models import Condition, Phase, SandboxRecord
-from warmshell.drivers.base import DriverCondition, PoolView
+from warmshell.core.models import Condition, Phase, SandboxRecord, now_ms
+from warmshell.drivers.base import DriverCondition, PoolView, SandboxUsage
 
-__all__ = ["REDACTED", "new_sandbox", "pool_to_proto", "sandbox_to_proto"]
+__all__ = ["REDACTED", "new_sandbox", "pool_to_proto", "sandbox_to_proto", "usage_to_proto"]
 
 # What every response shows in place of a secret's value.
 REDACTED = "<redacted>"
@@ -115,3 +115,10 @@ def pool_to_proto(pool: PoolView) -> pb.Pool:
         conditions=[_condition(c) for c in pool.conditions],
         accepted_environment=list(pool.accepted_environment),
     )
+
+
+def usage_to_proto(usage: SandboxUsage) -> pb.SandboxUsage:
+    """A driver's usage reading on the wire, stamped with the time of the call (unknown figures
+    stay unset)."""
+    figures = {name: value for name, value in usage.figures().items() if value is not None}
+    return pb.SandboxUsage(**figures, unknown=usage.unknown, read_at_ms=now_ms())  # type: ignore[arg-type]

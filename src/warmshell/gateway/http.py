@@ -43,12 +43,19 @@ class HttpServer:
         self.restore_loop_handler()
 
 
-async def start_http(host: str, port: int, healthy: Callable[[], Awaitable[str | None]]) -> tuple[HttpServer, int]:
+async def start_http(
+    host: str,
+    port: int,
+    healthy: Callable[[], Awaitable[str | None]],
+    *,
+    before_metrics: Callable[[], Awaitable[None]] | None = None,
+) -> tuple[HttpServer, int]:
     """Serve health and metrics; returns the server (for cleanup) and the bound port.
 
     `healthy()` returns None when all is well, else the reason it is not. `/livez` is always 200
     while the process answers: it does not depend on the store, so a gateway waiting for its
-    database (NotServing on `/healthz`) is not restarted by a liveness probe for it."""
+    database (NotServing on `/healthz`) is not restarted by a liveness probe for it.
+    `before_metrics()` brings gauges read on demand up to date before each /metrics page."""
 
     async def healthz(_: web.Request) -> web.Response:
         problem = await healthy()
@@ -60,6 +67,8 @@ async def start_http(host: str, port: int, healthy: Callable[[], Awaitable[str |
         return web.Response(text="ok\n")
 
     async def metrics_page(_: web.Request) -> web.Response:
+        if before_metrics is not None:
+            await before_metrics()
         body = generate_latest(metrics.REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

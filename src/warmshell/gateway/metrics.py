@@ -18,6 +18,8 @@ __all__ = [
     "REGISTRY",
     "SANDBOXES",
     "SANDBOXES_EXPIRED",
+    "SANDBOX_USAGE",
+    "SANDBOX_USAGE_UNLISTED",
     "SESSIONS",
 ]
 
@@ -81,4 +83,24 @@ EGRESS_CONNECTIONS = Counter(
 )
 EGRESS_BYTES = Counter(
     "warmshell_egress_bytes", "Bytes through the egress proxy by direction (up|down)", ["direction"], registry=REGISTRY
+)
+
+# One gauge per figure of `drivers.base.SandboxUsage`, for at most `metrics.per_sandbox_limit`
+# sandboxes (gateway/usage.py says which and why).
+_USAGE_HELP = {
+    "cpu_seconds": "cpu time the sandbox has used",
+    "memory_bytes": "Memory the sandbox uses now",
+    "memory_peak_bytes": "The most memory the sandbox has used at once",
+    "processes": "Processes and threads in the sandbox",
+    "workspace_bytes": "Bytes in use on the sandbox's /workspace",
+    "root_bytes": "Bytes written to the sandbox's writable root",
+}
+SANDBOX_USAGE = {
+    figure: Gauge(f"warmshell_sandbox_{figure}", text, ["workspace", "name"], registry=REGISTRY)
+    for figure, text in _USAGE_HELP.items()
+}
+SANDBOX_USAGE_UNLISTED = Gauge(
+    "warmshell_sandbox_usage_unlisted",
+    "Running sandboxes left out of the per-sandbox gauges by metrics.per_sandbox_limit",
+    registry=REGISTRY,
 )

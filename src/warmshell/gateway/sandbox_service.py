@@ -17,10 +17,10 @@ from warmshell.core.config import DEFAULT_EXEC_WINDOW_BYTES
 from warmshell.core.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_command, validate_environment, validate_workspace
-from warmshell.gateway import metrics
+from warmshell.gateway import metrics, usage
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
-from warmshell.gateway.convert import new_sandbox, pool_to_proto, sandbox_to_proto
+from warmshell.gateway.convert import new_sandbox, pool_to_proto, sandbox_to_proto, usage_to_proto
 from warmshell.gateway.egress.gate import NETWORK_CONDITION, EgressGate
 from warmshell.gateway.events import Changed, Closing, Deleted, Output, Progress
 from warmshell.gateway.execs import ExecRelay, check_terminal_size
@@ -133,7 +133,10 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     @unary
     async def GetSandbox(self, request: pb.SandboxRef, context: Ctx) -> pb.Sandbox:
         await self._auth.require_client(context)
-        return sandbox_to_proto(await self._lookup(request.workspace, request.name))
+        record = await self._lookup(request.workspace, request.name)
+        message = sandbox_to_proto(record)
+        message.status.usage.CopyFrom(usage_to_proto(await usage.read(self._manager.driver, record)))
+        return message
 
     @unary
     async def ListSandboxes(self, request: pb.ListSandboxesRequest, context: Ctx) -> pb.ListSandboxesResponse:

@@ -165,7 +165,9 @@ class Gateway:
         stack = self._stack
         # Health first: a probe learns why this gateway is not serving yet (a database it waits for).
         # It stops last, saying "stopping" until then.
-        http, self.http_port = await start_http(self.config.http_host, self.config.http_port, self._healthy)
+        http, self.http_port = await start_http(
+            self.config.http_host, self.config.http_port, self._healthy, before_metrics=self._refresh_usage
+        )
         self.http_connections = http.connections
         stack.push_async_callback(http.cleanup)
         store = await self._open_store(stack)
@@ -285,6 +287,11 @@ class Gateway:
         self.paths.runtime_info.unlink(missing_ok=True)
         for path in (self.paths.socket, self.paths.supervisor_socket):
             path.unlink(missing_ok=True)
+
+    async def _refresh_usage(self) -> None:
+        """Before a /metrics page: the per-sandbox gauges, once the gateway has its parts."""
+        if self._parts is not None:
+            await self._parts.usage_gauges.refresh()
 
     async def _healthy(self) -> str | None:
         """/healthz: None while serving, else why not."""

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
         SandboxInfo,
         Secret,
         Timeline,
+        Usage,
     )
 
 # Public name -> the module that defines it.
@@ -111,6 +112,7 @@ _EXPORTS = {
     "Timeline": "warmshell.sdk.views",
     "Unauthenticated": "warmshell.sdk.errors",
     "Unavailable": "warmshell.sdk.errors",
+    "Usage": "warmshell.sdk.views",
 }
 
 __all__ = [
@@ -149,6 +151,7 @@ __all__ = [
     "Timeline",
     "Unauthenticated",
     "Unavailable",
+    "Usage",
 ]
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "SandboxInfo",
     "Secret",
     "Timeline",
+    "Usage",
     "egress_decisions",
     "pool_info",
     "sandbox_info",
@@ -81,6 +82,22 @@ class Lifetime:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """What a running sandbox used when the gateway was asked (`Sandbox.info()`); None = unknown
+    (not running, or its driver cannot read that figure), and `unknown` says why."""
+
+    cpu_seconds: float | None = None
+    memory_bytes: int | None = None
+    memory_peak_bytes: int | None = None
+    processes: int | None = None
+    workspace_bytes: int | None = None
+    # Bytes written to the sandbox's writable root, where its image root has one.
+    root_bytes: int | None = None
+    unknown: str = ""
+    read_at_ms: int = 0
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """One sandbox as the gateway reported it."""
 
@@ -105,6 +122,8 @@ class SandboxInfo:
     secret_names: tuple[str, ...] = ()
     # 0: no limit of its own was asked for (the gateway's default applies).
     pids: int = 0
+    # Set by `info()` and `get()` (a listing carries none: None).
+    usage: Usage | None = None
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if any."""
@@ -316,7 +335,14 @@ def sandbox_info(message: pb.Sandbox) -> SandboxInfo:
         instance_id=status.instance_id,
         secret_names=tuple(sorted(spec.secrets)),
         pids=spec.resources.pids,
+        usage=_usage(status.usage) if status.HasField("usage") else None,
     )
+
+
+def _usage(usage: pb.SandboxUsage) -> Usage:
+    figures = ("cpu_seconds", "memory_bytes", "memory_peak_bytes", "processes", "workspace_bytes", "root_bytes")
+    known = {field.name: value for field, value in usage.ListFields() if field.name in figures}
+    return Usage(**known, unknown=usage.unknown, read_at_ms=usage.read_at_ms)
 
 
 def pool_info(message: pb.Pool) -> PoolInfo:

@@ -32,6 +32,11 @@ async def test_sdk_flow_on_kubesim(gw: RunningGateway, admin: kc.KubeClient) -> 
         # The exec ends with its command, not with a background child holding its stdout.
         background = await asyncio.wait_for(sb.run(["sh", "-c", "sleep 100 & echo $!"]), 30)
         assert (await sb.run(["kill", "-0", background.stdout.decode().strip()])).exit_code == 0
+        # The pod's cgroups are the kubelet's: the driver reports no usage, and says so.
+        usage = (await sb.info()).usage
+        assert usage == warmshell.Usage(
+            unknown="the kubernetes driver does not report usage", read_at_ms=usage.read_at_ms
+        )
         # The in-pod supervisor's outcomes: in the result, never in the command's output.
         slow = await sb.run(["sleep", "30"], timeout=1)
         assert (slow.exit_code, slow.timed_out, slow.signal, slow.stderr) == (124, True, 9, b"")

@@ -336,6 +336,7 @@ class SandboxStatus(_message.Message):
     TIMELINE_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     INJECTED_ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     phase: Global___SandboxPhase.ValueType
     allocation: _builtins.str
     """"warm" or "cold"."""
@@ -352,6 +353,12 @@ class SandboxStatus(_message.Message):
     def injected_environment(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Environment keys the serving pool accepted: left out of the match and set at activation."""
 
+    @_builtins.property
+    def usage(self) -> Global___SandboxUsage:
+        """What the sandbox uses now: set by GetSandbox only (a listing or a watch event carries none,
+        so they stay as cheap as before).
+        """
+
     def __init__(
         self,
         *,
@@ -363,16 +370,90 @@ class SandboxStatus(_message.Message):
         timeline: Global___Timeline | None = ...,
         instance_id: _builtins.str = ...,
         injected_environment: _abc.Iterable[_builtins.str] | None = ...,
+        usage: Global___SandboxUsage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "timeline", b"timeline"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "timeline", b"timeline", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "allocation", b"allocation", "conditions", b"conditions", "exit_code", b"exit_code", "injected_environment", b"injected_environment", "instance_id", b"instance_id", "phase", b"phase", "pool", b"pool", "timeline", b"timeline"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "allocation", b"allocation", "conditions", b"conditions", "exit_code", b"exit_code", "injected_environment", b"injected_environment", "instance_id", b"instance_id", "phase", b"phase", "pool", b"pool", "timeline", b"timeline", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
     _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
 
 Global___SandboxStatus: _TypeAlias = SandboxStatus  # noqa: Y015
+
+@_typing.final
+class SandboxUsage(_message.Message):
+    """A running sandbox's use of the host, as its driver reads it when asked. An unset figure is
+    unknown (the sandbox is not running here, or the driver cannot read it); `unknown` says why.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CPU_SECONDS_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_PEAK_BYTES_FIELD_NUMBER: _builtins.int
+    PROCESSES_FIELD_NUMBER: _builtins.int
+    WORKSPACE_BYTES_FIELD_NUMBER: _builtins.int
+    ROOT_BYTES_FIELD_NUMBER: _builtins.int
+    UNKNOWN_FIELD_NUMBER: _builtins.int
+    READ_AT_MS_FIELD_NUMBER: _builtins.int
+    cpu_seconds: _builtins.float
+    memory_bytes: _builtins.int
+    memory_peak_bytes: _builtins.int
+    """The most memory it has used at once since it started."""
+    processes: _builtins.int
+    """Processes and threads now."""
+    workspace_bytes: _builtins.int
+    """Bytes in use on /workspace (where it is a filesystem of its own)."""
+    root_bytes: _builtins.int
+    """Bytes written to the sandbox's writable root (where its image root has one)."""
+    unknown: _builtins.str
+    """Why figures are missing, in words ("" when every figure the driver knows is set)."""
+    read_at_ms: _builtins.int
+    """When the figures were read (unix milliseconds)."""
+    def __init__(
+        self,
+        *,
+        cpu_seconds: _builtins.float | None = ...,
+        memory_bytes: _builtins.int | None = ...,
+        memory_peak_bytes: _builtins.int | None = ...,
+        processes: _builtins.int | None = ...,
+        workspace_bytes: _builtins.int | None = ...,
+        root_bytes: _builtins.int | None = ...,
+        unknown: _builtins.str = ...,
+        read_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds", "_memory_bytes", b"_memory_bytes", "_memory_peak_bytes", b"_memory_peak_bytes", "_processes", b"_processes", "_root_bytes", b"_root_bytes", "_workspace_bytes", b"_workspace_bytes", "cpu_seconds", b"cpu_seconds", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "root_bytes", b"root_bytes", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds", "_memory_bytes", b"_memory_bytes", "_memory_peak_bytes", b"_memory_peak_bytes", "_processes", b"_processes", "_root_bytes", b"_root_bytes", "_workspace_bytes", b"_workspace_bytes", "cpu_seconds", b"cpu_seconds", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "read_at_ms", b"read_at_ms", "root_bytes", b"root_bytes", "unknown", b"unknown", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cpu_seconds: _TypeAlias = _typing.Literal["cpu_seconds"]  # noqa: Y015
+    _WhichOneofArgType__cpu_seconds: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__memory_bytes: _TypeAlias = _typing.Literal["memory_bytes"]  # noqa: Y015
+    _WhichOneofArgType__memory_bytes: _TypeAlias = _typing.Literal["_memory_bytes", b"_memory_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__memory_peak_bytes: _TypeAlias = _typing.Literal["memory_peak_bytes"]  # noqa: Y015
+    _WhichOneofArgType__memory_peak_bytes: _TypeAlias = _typing.Literal["_memory_peak_bytes", b"_memory_peak_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__processes: _TypeAlias = _typing.Literal["processes"]  # noqa: Y015
+    _WhichOneofArgType__processes: _TypeAlias = _typing.Literal["_processes", b"_processes"]  # noqa: Y015
+    _WhichOneofReturnType__root_bytes: _TypeAlias = _typing.Literal["root_bytes"]  # noqa: Y015
+    _WhichOneofArgType__root_bytes: _TypeAlias = _typing.Literal["_root_bytes", b"_root_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__workspace_bytes: _TypeAlias = _typing.Literal["workspace_bytes"]  # noqa: Y015
+    _WhichOneofArgType__workspace_bytes: _TypeAlias = _typing.Literal["_workspace_bytes", b"_workspace_bytes"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_seconds) -> _WhichOneofReturnType__cpu_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_bytes) -> _WhichOneofReturnType__memory_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_peak_bytes) -> _WhichOneofReturnType__memory_peak_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__processes) -> _WhichOneofReturnType__processes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__root_bytes) -> _WhichOneofReturnType__root_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__workspace_bytes) -> _WhichOneofReturnType__workspace_bytes | None: ...
+
+Global___SandboxUsage: _TypeAlias = SandboxUsage  # noqa: Y015
 
 @_typing.final
 class Lifetime(_message.Message):

@@ -37,6 +37,7 @@ from warmshell.drivers.base import (
     MissReason,
     PoolView,
     ProgressLine,
+    SandboxUsage,
 )
 from warmshell.drivers.events import Hub
 from warmshell.drivers.local import admission
@@ -243,9 +244,10 @@ class LocalDriver:
         is not running or this host cannot freeze it (no cgroup, or no freezer)."""
         await self._fleet.freeze(self._running(sandbox_id), frozen=frozen)
 
-    async def usage(self, sandbox_id: SandboxId) -> cgroups.Usage:
+    async def usage(self, sandbox_id: SandboxId) -> SandboxUsage:
         """cpu seconds, memory now and at its peak, and processes of a running sandbox, read from
-        its cgroup (FailedPreconditionError when it has none)."""
+        its cgroup, and the bytes in its /workspace (FailedPreconditionError when it is not
+        running here; a figure it cannot read is None, and `unknown` says why)."""
         return await self._fleet.usage(self._running(sandbox_id))
 
     def _running(self, sandbox_id: SandboxId) -> Instance:

@@ -30,14 +30,15 @@ from warmshell.core.config import StatePaths
 from warmshell.core.errors import FailedPreconditionError, UnavailableError
 from warmshell.core.ids import InstanceId
 from warmshell.core.models import SandboxSpec
-from warmshell.drivers.base import BackendState, DriverCondition
+from warmshell.drivers.base import BackendState, DriverCondition, SandboxUsage
 from warmshell.drivers.local import credentials, records
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.instances import EGRESS_SUFFIX, LOG_SUFFIX, Instance, egress_dir
 from warmshell.drivers.local.runtime import cgroups, imageroots
 from warmshell.drivers.local.runtime import limits as resource_limits
+from warmshell.drivers.local.runtime import usage as runtime_usage
 from warmshell.drivers.local.runtime.launching import Launcher, traversable_dir
-from warmshell.drivers.local.runtime.processes import read_tail
+from warmshell.drivers.local.runtime.processes import SandboxProcess, read_tail
 from warmshell.drivers.local.runtime.uidlease import UidLeases
 from warmshell.drivers.local.supervising import Seat, Supervise
 
@@ -356,11 +357,25 @@ class Fleet:
         except OSError as exc:
             raise FailedPreconditionError(f"instance {instance.instance_id}: cannot freeze or thaw: {exc}") from exc
 
-    async def usage(self, instance: Instance) -> cgroups.Usage:
-        """What the instance's sandbox has used, from its cgroup (FailedPreconditionError when
-        it has none)."""
-        backend, group = self._cgroup_of(instance, None)
-        return await asyncio.to_thread(backend.usage, group)
+    async def usage(self, instance: Instance) -> SandboxUsage:
+        """What the instance's sandbox uses now (see `runtime.usage`); what cannot be read (no
+        cgroup, a /workspace on the host's disk) is unknown, saying why."""
+        return await asyncio.to_thread(runtime_usage.read, self._usage_sources(instance))
+
+    def _usage_sources(self, instance: Instance) -> runtime_usage.Sources:
+        missing = []
+        try:
+            group: tuple[cgroups.Backend, cgroups.Group] | None = self._cgroup_of(instance, None)
+        except FailedPreconditionError as exc:
+            group = None
+            missing.append(f"cpu, memory and processes: {exc}")
+        process, bounds = instance.process, instance.bounds
+        opener = None
+        if isinstance(process, SandboxProcess) and bounds is not None and bounds.workspace_bytes is not None:
+            opener = process.open_root
+        else:
+            missing.append("/workspace bytes: it is a directory on the host's disk, not a filesystem of its own")
+        return runtime_usage.Sources(group, opener, tuple(missing))
 
     def _cgroup_of(self, instance: Instance, controller: str | None) -> tuple[cgroups.Backend, cgroups.Group]:
         """The backend and the instance's cgroup, when it has one (and the backend `controller`)."""
