@@ -1,8 +1,10 @@
 /* warmshell-agent: pid 1 of every local sandbox (bubblewrap --as-pid-1).
  *
- * It holds no secret and trusts nothing it is sent. It serves one inherited SOCK_SEQPACKET
- * control socket (the fd number is argv[1]); the host side of that socket is the sandbox's
- * supervisor, outside the sandbox. The agent starts commands whose stdin/stdout/stderr arrive
+ * It holds no secret and trusts nothing it is sent. It serves one SOCK_SEQPACKET control socket:
+ * inherited (the fd number is argv[1]; the local driver), or connected to the Unix socket path
+ * after "--connect" (a Kubernetes pod, where the supervisor is another container; retried every
+ * 100 ms for 60 s while it is not listening yet). The other end is the sandbox's supervisor,
+ * outside the sandbox. The agent starts commands whose stdin/stdout/stderr arrive
  * as file descriptors (the host keeps the other pipe ends, so output never passes through
  * here), signals their process groups, reaps every process of the sandbox as pid 1, and when
  * the control socket closes exits, which ends the pid namespace: the kernel kills every other
@@ -37,6 +39,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +49,7 @@
 #define MAX_EXECS 256
 #define MAX_FDS 8
 #define HEADER 16
+#define CONNECT_ATTEMPTS 600
 
 enum { REJ_SIZE = 1, REJ_TYPE = 2, REJ_FDS = 3, REJ_STRINGS = 4, REJ_ID = 5, REJ_FULL = 6, REJ_SIGNAL = 7,
        REJ_TRUNCATED = 8 };
@@ -231,20 +235,42 @@ static void reap(int signals) {
     }
 }
 
+static int connect_to(const char *path) {
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof address.sun_path) return -1;
+    strcpy(address.sun_path, path);
+    for (int attempt = 0; attempt < CONNECT_ATTEMPTS; attempt++) {
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -1;
+        if (connect(fd, (struct sockaddr *)&address, sizeof address) == 0) return fd;
+        int error = errno;
+        close(fd);
+        if (error != ENOENT && error != ECONNREFUSED && error != EINTR) return -1;
+        usleep(100000);
+    }
+    return -1;
+}
+
+static int control_socket(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--connect") == 0) return connect_to(argv[2]);
+    char *end = NULL;
+    long fd = argc == 2 ? strtol(argv[1], &end, 10) : -1;
+    if (end == NULL || *end != '\0' || fd < 3 || fd > 1 << 20) return -1;
+    return (int)fd;
+}
+
 int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0);  /* the workload shares our uid: no ptrace, no /proc/1/mem */
     prctl(PR_SET_NAME, "warmshell-agent");
     if (getpid() != 1) return 3;  /* only an init's exit ends everything it started */
-    char *end = NULL;
-    long fd = argc == 2 ? strtol(argv[1], &end, 10) : -1;
-    if (end == NULL || *end != '\0' || fd < 3 || fd > 1 << 20) return 2;
-    ctl = (int)fd;
+    for (int i = 0; i < 3; i++)  /* keep 0-2 taken, so received fds never land on them */
+        if (fcntl(i, F_GETFD) < 0 && open("/dev/null", O_RDWR) != i) return 2;
+    ctl = control_socket(argc, argv);
+    if (ctl < 0) return 2;
     int type;
     socklen_t length = sizeof type;
     if (getsockopt(ctl, SOL_SOCKET, SO_TYPE, &type, &length) < 0 || type != SOCK_SEQPACKET) return 2;
     if (fcntl(ctl, F_SETFD, FD_CLOEXEC) < 0) return 2;
-    for (int i = 0; i < 3; i++)  /* keep 0-2 taken, so received fds never land on them */
-        if (fcntl(i, F_GETFD) < 0 && open("/dev/null", O_RDWR) != i) return 2;
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmshell.drivers.local.runtime import agentwire
-from warmshell.drivers.local.runtime.agentwire import Kind, Reply, WireError
+from warmshell.sandboxio import agentwire
+from warmshell.sandboxio.agentwire import Kind, Reply, WireError
 
 
 def test_exec_record_layout() -> None:

@@ -28,8 +28,8 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warmshell.drivers.local.runtime import agentwire
-from warmshell.drivers.local.runtime.agentwire import Kind, Reply, Stage
+from warmshell.sandboxio import agentwire
+from warmshell.sandboxio.agentwire import Kind, Reply, Stage
 from warmshell.sandboxio.interactive import ExecInput, pump_fd, set_window_size, write_stdin
 from warmshell.sandboxio.processes import OutputSink, WorkdirError
 
