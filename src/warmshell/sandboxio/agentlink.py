@@ -78,6 +78,13 @@ class AgentLink:
         """Close the socket: the agent kills everything in the sandbox and exits."""
         self._fail(AgentError(errno.EPIPE, "the sandbox's control socket was closed"))
 
+    async def finish(self) -> None:
+        """Tell the agent the sandbox is over (it exits 0, not as for a lost supervisor), then
+        close the socket."""
+        with contextlib.suppress(OSError):
+            await self._send(agentwire.encode_finish(), ())
+        self.close()
+
     async def ping(self, timeout: float) -> bool:  # noqa: ASYNC109 - the probe's own bound
         """Whether the agent answers a PING within `timeout` seconds (a stopped or hung agent,
         or a sandbox that has ended, does not)."""

@@ -10,7 +10,7 @@ supervisor runs unchanged.
 As in a container, the supervisor is PID 1 of its own PID namespace: when it dies, everything it
 started dies with it, so a restarted container starts from a clean process table.
 
-Usage (kubesim image map): ``[sys.executable, __file__]`` with ``overrideCommand``; the pod's
+Usage (kubesim image map): ``{"programs": {"warmshell": [sys.executable, __file__]}}``; the pod's
 ``args`` (``["supervisor"]``) follow.
 """
 

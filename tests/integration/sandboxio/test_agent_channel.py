@@ -73,7 +73,7 @@ async def test_closing_the_channel_ends_the_agent_and_its_commands(tmp_path: Pat
     started = asyncio.ensure_future(run(link, "sleep", "600"))
     await asyncio.sleep(0.2)
     link.close()
-    assert await asyncio.wait_for(agent.wait(), 10) == 0
+    assert await asyncio.wait_for(agent.wait(), 10) == 1  # non-zero: a pod restarts its container
     with pytest.raises(OSError, match="control socket was closed"):
         await started
 
@@ -117,3 +117,14 @@ async def test_no_agent_in_time_is_refused_and_leaves_no_listener(tmp_path: Path
     with pytest.raises(AgentRefused, match="no agent connected"):
         await accept_agent(path, uid=os.geteuid(), timeout=0.2)
     assert not path.exists()
+
+
+async def test_finishing_ends_the_agent_with_status_0(tmp_path: Path) -> None:
+    """The sandbox is over, not its supervisor lost: the pod's workload container completes."""
+    path = tmp_path / "agent.sock"
+    agent = await start_agent(path)
+    link = AgentLink(await accept_agent(path, uid=os.geteuid(), timeout=30))
+    await link.wait_hello()
+    await link.finish()
+    assert await asyncio.wait_for(agent.wait(), 10) == 0
+    assert link.closed.done()

@@ -105,7 +105,7 @@ def test_quantities_read_from_a_template_become_amounts() -> None:
     # An operator may spell a template's requests any way Kubernetes accepts; the shape read
     # back carries amounts, so it matches the pool that asks for the same cpu and memory.
     template, _ = pair()
-    container = template["spec"]["podTemplate"]["spec"]["containers"][0]
+    (container,) = [c for c in template["spec"]["podTemplate"]["spec"]["containers"] if c["name"] == "workload"]
     container["resources"]["requests"] = {"cpu": "0.5", "memory": "1024Mi"}
     read = warmpools.shape_of_template(template)
     assert read is not None
@@ -125,6 +125,13 @@ def test_a_template_that_is_not_ours_has_no_shape() -> None:
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
     )
     assert warmpools.shape_of_template(secret) is None
+    one_container = copy.deepcopy(template)  # the pod before the agent: supervisor and workload in one
+    pod = one_container["spec"]["podTemplate"]["spec"]
+    pod["containers"] = [c for c in pod["containers"] if c["name"] == "supervisor"]
+    assert warmpools.shape_of_template(one_container) is None
+    sneaky = copy.deepcopy(template)  # a workload that would not run the agent as its pid 1
+    sneaky["spec"]["podTemplate"]["spec"]["containers"][1]["command"] = ["sh"]
+    assert warmpools.shape_of_template(sneaky) is None
 
 
 # -- the pool cache's decisions -----------------------------------------------------------------

@@ -41,6 +41,10 @@ def test_signal_record() -> None:
         agentwire.encode_signal(3, 0)
 
 
+def test_finish_record() -> None:
+    assert agentwire.encode_finish() == struct.pack("=4I", ord("Q"), 0, 0, 0)
+
+
 def test_replies_parse_exactly() -> None:
     assert agentwire.decode_reply(struct.pack("=4I", ord("E"), 5, 256, 0)) == Reply(Kind.EXITED, 5, 256, 0)
 

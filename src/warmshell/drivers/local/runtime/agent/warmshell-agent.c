@@ -18,6 +18,8 @@
  *            with that terminal as its controlling terminal (setsid + TIOCSCTTY).
  *     SIGNAL {'K', id, signo, 0}; no fds.
  *     PING   {'P', id, 0, 0}; no fds. A liveness probe (idle pool members are probed before a claim).
+ *     FINISH {'Q', 0, 0, 0}; no fds. The sandbox is over: the agent exits 0. (The socket closing
+ *            without it means the supervisor was lost: under "--connect" the agent exits 1.)
  *   agent -> host
  *     HELLO    {'H', 0, pid, version}       once, at start
  *     STARTED  {'S', id, pid, 0}            the command is running
@@ -58,6 +60,10 @@ enum { STAGE_CHDIR = 1, STAGE_EXEC = 2, STAGE_FORK = 3 };
 extern char **environ;
 
 static int ctl = -1;
+/* How the agent ends when its supervisor goes: 0 for the local driver (the sandbox is over); 1 on
+ * Kubernetes ("--connect"), so that the kubelet (restartPolicy OnFailure) starts the workload
+ * container again beside a restarted supervisor. */
+static int end_status = 0;
 static struct { pid_t pid; uint32_t id; } execs[MAX_EXECS];
 static char message[MAX_MESSAGE + 1];  /* one byte more than allowed, to see an oversized one */
 static char *strings[2 * MAX_STRINGS + 3];
@@ -66,7 +72,7 @@ static void die(void) {
     /* As pid 1: the kernel SIGKILLs every other process of the namespace as it exits (walking the
      * namespace's own pids). kill(-1) would do the same by walking every process on the host:
      * O(host), where a host with a pool of 1,000 members has thousands. */
-    _exit(0);
+    _exit(end_status);
 }
 
 static void reply(uint32_t type, uint32_t id, uint32_t a, uint32_t b) {
@@ -189,6 +195,13 @@ static void ping(size_t size, int nfds) {
     reply('O', id, 0, 0);
 }
 
+static void finish(size_t size, int nfds) {
+    if (size != HEADER || field(1) != 0 || field(2) != 0 || field(3) != 0) { reply('R', 0, REJ_SIZE, 0); return; }
+    if (nfds != 0) { reply('R', 0, REJ_FDS, 0); return; }
+    end_status = 0;
+    die();
+}
+
 static void serve_one(void) {
     char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
     struct iovec iov = {message, sizeof message};
@@ -217,6 +230,7 @@ static void serve_one(void) {
     case 'T': start(size, fds, nfds, 1); return;
     case 'K': close_all(fds, nfds); signal_exec(size, nfds); return;
     case 'P': close_all(fds, nfds); ping(size, nfds); return;
+    case 'Q': close_all(fds, nfds); finish(size, nfds); return;
     default: close_all(fds, nfds); reply('R', id, REJ_TYPE, 0); return;
     }
 }
@@ -252,7 +266,10 @@ static int connect_to(const char *path) {
 }
 
 static int control_socket(int argc, char **argv) {
-    if (argc == 3 && strcmp(argv[1], "--connect") == 0) return connect_to(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--connect") == 0) {
+        end_status = 1;
+        return connect_to(argv[2]);
+    }
     char *end = NULL;
     long fd = argc == 2 ? strtol(argv[1], &end, 10) : -1;
     if (end == NULL || *end != '\0' || fd < 3 || fd > 1 << 20) return -1;
