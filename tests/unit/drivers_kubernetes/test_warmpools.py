@@ -52,7 +52,11 @@ def test_the_pair_validates_and_carries_the_fingerprint() -> None:
     # No lifetime set: both keys are there but empty, so removing one from a profile patches it away.
     lifetime = {"warmshell.dev/ttl-seconds": "", "warmshell.dev/idle-timeout-seconds": ""}
     assert pool["metadata"]["annotations"] == {**ours, **lifetime}
-    assert pool["spec"] == {"replicas": 3, "sandboxTemplateRef": {"name": "foo"}}
+    assert pool["spec"] == {
+        "replicas": 3,
+        "sandboxTemplateRef": {"name": "foo"},
+        "updateStrategy": {"type": "Recreate"},
+    }
 
 
 def test_a_profile_workspace_size_is_the_workspace_volume_size_limit() -> None:

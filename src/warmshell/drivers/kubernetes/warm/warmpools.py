@@ -79,7 +79,10 @@ def render_pool_pair(
         "apiVersion": EXTENSIONS_API_VERSION,
         "kind": "SandboxWarmPool",
         "metadata": _meta(name, namespace, metadata_labels, {**annotations, **lifetimes}),
-        "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": name}},
+        # Recreate: idle members that no longer match their template (the pod's shape changed
+        # under the same profile, e.g. a warmshell upgrade) are replaced at once, not when
+        # claimed (identity would refuse them then: `shape_of_template`).
+        "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": name}, "updateStrategy": {"type": "Recreate"}},
     }
     return template, pool
 
