@@ -43,8 +43,7 @@ from typing import Any
 
 import grpc
 import warm_path
-from create_cpu import gc_pauses
-from harness import GatewayProcess, gateway_process, summary, write_results
+from harness import GatewayProcess, gateway_process, gc_pauses, summary, write_results
 from warm_path import descendants, idle_members, pss_kb, wait_idle, write_profile
 
 from warmshell.api.v1 import sandbox_pb2 as pb

@@ -4,6 +4,7 @@ result files (JSON + a markdown table, each naming the command that produced it)
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import platform
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -24,8 +26,6 @@ import grpc
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -172,16 +172,45 @@ async def gateway_process(
             log.close()
 
 
+def gc_pauses(gw: GatewayProcess) -> collections.Counter[str]:
+    """Collections and seconds paused per generation, and pauses over 10 ms, from the gateway's
+    /metrics (empty from a gateway without the metric)."""
+    found: collections.Counter[str] = collections.Counter()
+    try:
+        address = json.loads((gw.state / "gateway.json").read_text())["http"]
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except (OSError, KeyError, ValueError):
+        return found
+    for line in text.splitlines():
+        if not line.startswith("warmshell_gc_pause_seconds"):
+            continue
+        name, value = line.rsplit(" ", 1)
+        generation = name.split('generation="')[1].split('"')[0]
+        if name.startswith("warmshell_gc_pause_seconds_count"):
+            found[f"gen{generation}_collections"] += int(float(value))
+        elif name.startswith("warmshell_gc_pause_seconds_sum"):
+            found[f"gen{generation}_paused_ms"] += float(value) * 1000
+        elif 'le="0.01"' in name:
+            found["pauses_over_10ms"] -= int(float(value))
+        elif 'le="+Inf"' in name:
+            found["pauses_over_10ms"] += int(float(value))
+    return found
+
+
 def write_results(name: str, data: dict[str, Any], table: str) -> None:
-    """bench/results/<name>.json and <name>.md, both stating the command and the machine."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    """results/<name>.json and <name>.md beside the script that runs (bench/results/ for a standing
+    benchmark, its topic's results/ for an investigation), both stating the command and the machine.
+    A rerun overwrites them: each name holds one current result."""
+    results = Path(sys.argv[0]).resolve().parent / "results"
+    results.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     meta = {
         "command": command,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}",
     }
-    (RESULTS / f"{name}.json").write_text(json.dumps({**meta, **data}, indent=2) + "\n")
+    (results / f"{name}.json").write_text(json.dumps({**meta, **data}, indent=2) + "\n")
     header = f"# {name}\n\nCommand: `{command}`  \nDate: {meta['date']}  \nMachine: {meta['machine']}\n\n"
-    (RESULTS / f"{name}.md").write_text(header + table.strip() + "\n")
+    (results / f"{name}.md").write_text(header + table.strip() + "\n")
     print(header + table)

@@ -1,5 +1,7 @@
 """Issue 15 benchmark: what the Python SDK adds over the raw gRPC stubs, in one run against one
-gateway process (local driver): warm create -> Ready, and the `run(["true"])` round trip.
+gateway process (local driver): warm create -> Ready, and the `run(["true"])` round trip. Issue 33
+adds the byte path (`sdk_transfers.py`): one 5 MiB transfer each way and a 13-file bulk upload,
+before/after in the same run with `--before-src`.
 
 Four clients are measured side by side, interleaved sample by sample so drift in a shared
 machine hits them alike: the raw sync stubs, `warmshell.Client`, the raw grpc.aio stubs, and
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import grpc
 from harness import GatewayProcess, gateway_process, summary, write_results
+from sdk_transfers import measure_transfers, transfers_table
 from warm_path import wait_idle, write_profile
 
 import warmshell
@@ -226,8 +229,11 @@ def main() -> None:
     parser.add_argument("--creates", type=int, default=60, help="rounds of four creates")
     parser.add_argument("--execs", type=int, default=300, help="rounds of four run(['true'])")
     parser.add_argument("--pool-size", type=int, default=24)
+    parser.add_argument("--transfer-rounds", type=int, default=20, help="rounds of the byte-path figures")
+    parser.add_argument("--before-src", type=Path, help="an older tree's src/ for the byte path's before column")
     args = parser.parse_args()
     data = asyncio.run(measure(args.creates, args.execs, args.pool_size))
+    data["transfers"] = asyncio.run(measure_transfers(args.transfer_rounds, args.before_src))
     table = "| measure | client | n | p50 ms | p90 ms | p99 ms |\n|---|---|---|---|---|---|\n"
     for label, key in (("create -> Ready (warm)", "create_ready_ms"), ('run(["true"])', "run_true_ms")):
         for kind in KINDS:
@@ -247,6 +253,7 @@ def main() -> None:
         f"\nLargest SDK overhead (median of paired differences): **{worst:+.3f} ms** (allowed 0.3 ms). "
         f"Creates served: {data['allocations']}. Measured on a machine shared with other work.\n"
     )
+    table += "\n## The byte path (issue 33)\n" + transfers_table(data["transfers"])
     write_results("sdk", data, table)
 
 

@@ -94,3 +94,41 @@ def test_cp_and_ls_failures(gateway: CliGateway, tmp_path: Path) -> None:
     assert "not a directory" in not_dir.stderr
     no_box = gateway.run("sandbox", "ls", "ghost")
     assert no_box.returncode == 3
+
+
+def test_cp_recursive_both_ways(gateway: CliGateway, tmp_path: Path) -> None:
+    """A thirteen-file repository with a 5 MiB blob in one call each way, as `cp -r` copies:
+    into an existing directory under the source's name, else as the destination."""
+    repo = tmp_path / "repo"
+    for i in range(12):
+        (repo / "src" / f"m{i % 3}").mkdir(parents=True, exist_ok=True)
+        (repo / "src" / f"m{i % 3}" / f"f{i}.py").write_text(f"x = {i}\n")
+    (repo / "blob.bin").write_bytes(os.urandom(5 * 1024 * 1024))
+    (repo / "run.sh").write_text("#!/bin/sh\necho ran\n")  # the 14th file: an executable
+    (repo / "run.sh").chmod(0o755)
+    (repo / "latest").symlink_to("src/m0")
+    put = gateway.run("sandbox", "cp", "-r", str(repo), "box:/workspace/", "-o", "json")
+    assert put.returncode == 0, put.stderr
+    assert json.loads(put.stdout) == {
+        "destination": "box:/workspace/repo",
+        "entries": 19,
+        "bytes": sum(p.stat().st_size for p in repo.rglob("*") if p.is_file() and not p.is_symlink()),
+    }
+    ran = gateway.run("sandbox", "exec", "box", "--", "sh", "-c", "repo/run.sh; ls repo/latest/")
+    assert ran.stdout.split() == ["ran", "f0.py", "f3.py", "f6.py", "f9.py"], ran.stderr
+
+    back = tmp_path / "back"
+    got = gateway.run("sandbox", "cp", "--recursive", "box:repo", str(back))
+    assert (got.returncode, got.stdout) == (0, ""), got.stderr
+    assert (back / "blob.bin").read_bytes() == (repo / "blob.bin").read_bytes()
+    assert os.readlink(back / "latest") == "src/m0"
+    assert (back / "run.sh").stat().st_mode & 0o777 == 0o755
+    # Into an existing directory: under the source's name.
+    into = tmp_path / "into"
+    into.mkdir()
+    assert gateway.run("sandbox", "cp", "-r", "box:repo/src", str(into)).returncode == 0
+    assert (into / "src" / "m1" / "f4.py").read_text() == "x = 4\n"
+    # Without -r a directory is refused with the hint to use it.
+    plain = gateway.run("sandbox", "cp", str(repo), "box:/workspace/other")
+    assert plain.returncode == 5
+    assert "sandbox cp -r" in plain.stderr

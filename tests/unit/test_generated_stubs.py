@@ -27,8 +27,9 @@ def test_public_surface_is_pinned() -> None:
     # The SDK's names (tests/unit/sdk/test_exports.py checks they resolve, lazily).
     assert warmshell.__all__ == [
         "Allocation", "AlreadyExists", "ApiError", "AsyncClient", "AsyncProcess", "AsyncSandbox", "Client",
-        "Condition", "Conflict", "DeadlineExceeded", "Error", "ExecResult", "FailedPrecondition", "InvalidArgument",
-        "Lifetime", "NotFound", "OutputEvent", "PermissionDenied", "Phase", "PoolInfo", "Process",
-        "ResourceExhausted", "Sandbox", "SandboxError", "SandboxInfo", "Timeline", "Unauthenticated", "Unavailable",
+        "Condition", "Conflict", "DeadlineExceeded", "EgressDecision", "Error", "ExecResult", "FailedPrecondition",
+        "InvalidArgument", "Lifetime", "Network", "NotFound", "OutputEvent", "PermissionDenied", "Phase", "PoolInfo",
+        "Process", "ResourceExhausted", "Sandbox", "SandboxError", "SandboxInfo", "Secret", "Timeline",
+        "Unauthenticated", "Unavailable",
         "__version__",
     ]  # fmt: skip

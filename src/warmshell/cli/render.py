@@ -25,6 +25,7 @@ __all__ = [
     "clock",
     "condition_lines",
     "create_summary",
+    "egress_table",
     "expiry_text",
     "format_age",
     "format_ms",
@@ -361,6 +362,23 @@ def create_summary(sandbox: sandbox_pb2.Sandbox) -> str:
         f"sandbox {sandbox.name} (workspace {sandbox.workspace}) is "
         f"{phase_name(sandbox.status.phase)}: {allocation}, {took} to Ready"
     )
+
+
+def egress_table(response: sandbox_pb2.ListEgressResponse) -> str:
+    """`sandbox egress`: the policy, then one row per decision, oldest first."""
+    rows = [
+        (
+            clock(d.time_ms),
+            d.host,
+            str(d.port),
+            d.reason or ("allowed" if d.allowed else "denied"),
+            str(d.bytes_up),
+            str(d.bytes_down),
+        )
+        for d in response.decisions
+    ]
+    decisions = table(("TIME", "HOST", "PORT", "VERDICT", "UP", "DOWN"), rows, right=frozenset({2, 4, 5}))
+    return f"Policy  {response.policy or '(none)'}\n{decisions}"
 
 
 def clock(timestamp_ms: int) -> str:

@@ -35,6 +35,7 @@ from warmshell.core.apiranges import MAX_LIFETIME_SECONDS
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from warmshell.sdk import views
     from warmshell.sdk.client import Client
 
     _Body = Callable[[Client], int]
@@ -54,7 +55,7 @@ def register(commands: Any, *, chosen: str | None) -> None:
 
 def _create(args: argparse.Namespace) -> int:
     from warmshell.cli import client, creating
-    from warmshell.sdk import calls
+    from warmshell.sdk import calls, views
 
     if args.rm and (args.detach or not args.command):
         raise usage_error("--rm needs a command (`-- CMD...`) and no --detach")
@@ -63,7 +64,8 @@ def _create(args: argparse.Namespace) -> int:
         workspace=workspace(args),
         image=args.image,
         env=parse_pairs(args.env, flag="--env"),
-        secrets=parse_secrets(args.secret, args.secret_file),
+        secrets=_secrets_for_hosts(parse_secrets(args.secret, args.secret_file), args.secret_hosts),
+        network=views.Network(allow=tuple(args.allow_net), deny=tuple(args.deny_net)),
         cpu=args.cpu,
         memory=args.memory,
         pids=args.pids,
@@ -78,6 +80,18 @@ def _create(args: argparse.Namespace) -> int:
             global_options(args), request, detach=args.detach, ready_timeout=args.timeout, human=human, remove=args.rm
         )
     )
+
+
+def _secrets_for_hosts(secrets: dict[str, str], hosts: list[str]) -> dict[str, str | views.Secret]:
+    """`--secret-hosts K=HOST,...` folded into the secret K (a usage error when there is none)."""
+    from warmshell.sdk import views
+
+    folded: dict[str, str | views.Secret] = dict(secrets)
+    for name, text in parse_pairs(hosts, flag="--secret-hosts").items():
+        if name not in secrets:
+            raise usage_error(f"--secret-hosts: {name}: there is no --secret or --secret-file named {name}")
+        folded[name] = views.Secret(secrets[name], hosts=tuple(host for host in text.split(",") if host))
+    return folded
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -112,6 +126,22 @@ def _get(args: argparse.Namespace) -> int:
 
         found = sdk.service.get_sandbox(ref)
         print(render.to_json(found) if as_json else inert(render.sandbox_details(found), limit=None))
+        return 0
+
+    return _with_connection(args, body)
+
+
+def _egress(args: argparse.Namespace) -> int:
+    from warmshell.api.v1 import sandbox_pb2
+
+    ref = sandbox_pb2.SandboxRef(name=args.name, workspace=workspace(args))
+    as_json = output_is_json(args)
+
+    def body(sdk: Client) -> int:
+        from warmshell.cli import render
+
+        found = sdk.service.list_egress(ref)
+        print(render.to_json(found) if as_json else inert(render.egress_table(found), limit=None))
         return 0
 
     return _with_connection(args, body)
@@ -217,6 +247,11 @@ def _cp(args: argparse.Namespace) -> int:
 
         from warmshell.cli import files
 
+        if args.recursive:
+            where, entries, size = files.copy_tree(sdk, args.source, args.destination, workspace(args))
+            if as_json:
+                print(json.dumps({"destination": where, "entries": entries, "bytes": size}, sort_keys=True))
+            return 0
         where, size = files.copy(sdk, args.source, args.destination, workspace(args))
         if as_json:
             print(json.dumps({"destination": where, "bytes": size}, sort_keys=True))
@@ -286,6 +321,21 @@ _COMMANDS = (
                 metavar="K=PATH",
                 help="secret read from a file, so it is not in shell history (one trailing newline dropped)",
             ),
+            flag(
+                "--secret-hosts",
+                action="append",
+                default=[],
+                metavar="K=HOST,...",
+                help="the secret K is for these hosts only: the workload sees a placeholder (repeatable)",
+            ),
+            flag(
+                "--allow-net",
+                action="append",
+                default=[],
+                metavar="HOST[:PORT]",
+                help="egress allowed (also *.DOMAIN[:PORT], an IP, a CIDR); narrows the profile's (repeatable)",
+            ),
+            flag("--deny-net", action="append", default=[], metavar="HOST[:PORT]", help="egress denied (repeatable)"),
             flag("--cpu", default="", help="CPU (Kubernetes quantity, e.g. 0.5 or 500m)"),
             flag("--memory", default="", help="memory (Kubernetes quantity, e.g. 256Mi)"),
             flag(
@@ -353,6 +403,13 @@ _COMMANDS = (
         ),
     ),
     Command(
+        "egress",
+        _egress,
+        "List the sandbox's latest egress decisions (time, host, port, verdict and rule, bytes up and "
+        "down): a bounded log the gateway keeps while the sandbox lives.",
+        (_NAME, _WORKSPACE),
+    ),
+    Command(
         "delete", _delete, "Delete a sandbox (its processes are stopped and its record removed).", (_NAME, _WORKSPACE)
     ),
     Command(
@@ -360,10 +417,12 @@ _COMMANDS = (
         _cp,
         "Copy one file into a sandbox (`cp LOCAL NAME:PATH`) or out of it (`cp NAME:PATH LOCAL`). "
         "A relative PATH is under /workspace; a PATH ending in / keeps the local file's name. "
-        "Parents are created; the file is replaced atomically.",
+        "Parents are created; the file is replaced atomically. With -r, a directory in one call "
+        "(modes, symbolic links and mtimes kept), into DESTINATION when it is an existing directory.",
         flags=(
             flag("source", metavar="SOURCE", help="LOCAL or NAME:PATH"),
             flag("destination", metavar="DESTINATION", help="NAME:PATH or LOCAL"),
+            flag("-r", "--recursive", action="store_true", help="copy a directory and everything in it"),
             _WORKSPACE,
         ),
     ),

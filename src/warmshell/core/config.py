@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from warmshell.core import quantities
+from warmshell.core import egress, quantities
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
 
@@ -25,6 +25,7 @@ __all__ = [
     "LeaderElectionConfig",
     "LifetimesConfig",
     "LocalDriverConfig",
+    "NetworkConfig",
     "ProfilesConfig",
     "RateLimit",
     "RateLimitsConfig",
@@ -112,6 +113,9 @@ class LocalDriverConfig(_Section):
     # /workspace is a tmpfs of this size ("" = a directory on the host's disk, with no bound).
     workspace_size: str = "1Gi"
     tmp_size: str = "256Mi"
+    # The writable layer over an image's layers (a sandbox from an image of the image store): a
+    # tmpfs, so writes into the image's directories count against memory like /tmp's.
+    root_size: str = "1Gi"
     run_size: str = "16Mi"
     shm_size: str = "64Mi"
     max_file_size: str = "4Gi"
@@ -259,6 +263,9 @@ class FilesConfig(_Section):
     max_file_bytes: int = Field(default=8 * 1024**3, ge=1)
     # Each ReadFile message; below the gateway's max_request_bytes so a client reads with the defaults.
     chunk_bytes: int = Field(default=256 * 1024, ge=1024, le=4 * 1024 * 1024)
+    # One archive transfer (UploadTar, DownloadTar): its entries; its content is bounded by
+    # max_file_bytes, and the sandbox's disk bound applies as for any write.
+    max_archive_entries: int = Field(default=100_000, ge=1)
 
 
 class LifetimesConfig(_Section):
@@ -286,6 +293,38 @@ class LifetimesConfig(_Section):
             if maximum and not 0 < default <= maximum:
                 raise ValueError(f"default_{name} must be between 1 and max_{name} ({maximum})")
         return self
+
+
+class NetworkConfig(_Section):
+    """`[network]`: egress of local sandboxes through the gateway's proxy (see core/egress)."""
+
+    # What a sandbox whose profile has no [network] allow list may reach: "none" or "all"
+    # ("all" never includes the host's own or private addresses: those need an IP or CIDR rule).
+    default: Literal["none", "all"] = "none"
+    # Denied to every sandbox, whatever its profile or request allows.
+    deny: list[str] = Field(default_factory=list)
+    # False: a request's --allow-net only narrows what its profile (or `default`) allows.
+    requests_may_widen: bool = False
+    # Per sandbox: open connections through the proxy, and bytes per second each way.
+    max_connections: int = Field(default=64, ge=1)
+    max_bytes_per_second: int = Field(default=50 * 1024 * 1024, ge=1024)
+    # A request line plus headers larger than this is refused (431) before anything is forwarded.
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=1024 * 1024)
+    # Decisions kept per sandbox for `warmshell sandbox egress` (a ring: the oldest go first).
+    log_entries: int = Field(default=256, ge=1, le=100_000)
+    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    # A CA file upstreams are also verified against (besides the host's trust store) when the
+    # proxy intercepts TLS for placeholder secrets: for tests and private CAs.
+    upstream_ca_file: str = ""
+
+    @field_validator("deny")
+    @classmethod
+    def _rules(cls, value: list[str]) -> list[str]:
+        try:
+            egress.parse_rules(value, field="network.deny")
+        except InvalidArgumentError as exc:  # pydantic reports ValueErrors with their field
+            raise ValueError(f"entry {exc.field.removeprefix('network.deny')}: {exc.rule}") from None
+        return value
 
 
 class StoreConfig(_Section):
@@ -392,7 +431,7 @@ class GatewayConfig(_Section):
     log_level: str = "INFO"
     # Allocations between young-generation collections of the gateway's Python collector. The
     # interpreter's 700 measured best for the tail: larger values make rarer but longer pauses
-    # (bench/README.md, "Where a warm create's gateway CPU goes").
+    # (bench/HISTORY.md, "Where a warm create's gateway CPU goes").
     gc_young_threshold: int = Field(default=700, ge=1)
     # The collector's full passes (every tracked object; 33-80 ms with 1,000 idle members) run at
     # the first moment with no create in flight once this many seconds have passed since the last,
@@ -408,6 +447,7 @@ class GatewayConfig(_Section):
     kubernetes: KubernetesDriverConfig = Field(default_factory=KubernetesDriverConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     replicas: ReplicasConfig = Field(default_factory=ReplicasConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
 
     @property
     def paths(self) -> StatePaths:

@@ -17,6 +17,7 @@ __all__ = [
     "Allocation",
     "Condition",
     "Lifetime",
+    "NetworkRequest",
     "Phase",
     "Resources",
     "SandboxRecord",
@@ -110,17 +111,34 @@ class Storage(_Model):
 
     workspace_bytes: int = Field(default=0, ge=0)
     tmp_bytes: int = Field(default=0, ge=0)
+    # The writable upper layer over an image's read-only layers (images of the image store only).
+    root_bytes: int = Field(default=0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
     def _from_quantities(cls, data: Any) -> Any:
-        return _amounts(data, {"workspace": ("workspace_bytes", memory_bytes), "tmp": ("tmp_bytes", memory_bytes)})
+        return _amounts(
+            data,
+            {
+                "workspace": ("workspace_bytes", memory_bytes),
+                "tmp": ("tmp_bytes", memory_bytes),
+                "root": ("root_bytes", memory_bytes),
+            },
+        )
 
     @model_serializer(mode="wrap")
     def _as_quantities(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _quantities(
-            handler(self), {"workspace_bytes": ("workspace", render_memory), "tmp_bytes": ("tmp", render_memory)}
+        dumped = _quantities(
+            handler(self),
+            {
+                "workspace_bytes": ("workspace", render_memory),
+                "tmp_bytes": ("tmp", render_memory),
+                "root_bytes": ("root", render_memory),
+            },
         )
+        if not dumped.get("root"):  # left out unset: a replica of an older release refuses the key
+            dumped.pop("root", None)
+        return dumped
 
     @property
     def workspace(self) -> str:
@@ -159,6 +177,13 @@ def _quantities(dumped: dict[str, Any], amounts: dict[str, tuple[str, Callable[[
     return dumped
 
 
+class NetworkRequest(_Model):
+    """A request's egress rules (see core/egress): `allow` empty leaves its profile's as they are."""
+
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+
+
 class SandboxSpec(_Model):
     """What was asked for, after validation and normalisation."""
 
@@ -171,6 +196,10 @@ class SandboxSpec(_Model):
     secret_names: list[str] = Field(default_factory=list)
     # Never part of a request (so never part of a match): a warm member has its pool's.
     storage: Storage = Field(default_factory=Storage)
+    # Applied at activation, outside the sandbox: never part of a match (a warm member serves any).
+    network: NetworkRequest = Field(default_factory=NetworkRequest)
+    # Secret name -> the hosts it is for (the workload gets a placeholder for it; see core/egress).
+    secret_hosts: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class SandboxStatus(_Model):

@@ -20,7 +20,13 @@ environment = ["TASK_ID", "RUN_*"]   # keys a request may set at activation; def
 [lifetime]                 # optional: defaults for sandboxes this pool serves (0 = no limit)
 ttl_seconds = 600
 idle_timeout_seconds = 120
+[network]                  # optional: egress of the sandboxes it serves (see core/egress)
+allow = ["pypi.example:443", "*.githubusercontent.example:443"]   # replaces the gateway's default
+deny = ["internal.pypi.example"]
 ```
+
+`[network]` is applied at activation, outside the sandbox: like `[lifetime]` it is not part of
+the shape, and changing it keeps the members.
 
 An accepted key is left out of a request's match with this pool and set when a member is
 activated; it can therefore not be baked into `[environment]` too. The pattern set is part of the
@@ -40,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmshell.core import egress
 from warmshell.core.apiranges import MAX_LIFETIME_SECONDS
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.fingerprints import SandboxShape, fingerprint, matches_any, pattern_set
@@ -71,11 +78,13 @@ _TOP_LEVEL = (
     "storage",
     "activation",
     "lifetime",
+    "network",
 )
 _ACTIVATION = ("environment",)
 _RESOURCES = ("cpu", "memory", "pids")
-_STORAGE = ("workspace", "tmp")
+_STORAGE = ("workspace", "tmp", "root")
 _LIFETIME = ("ttl_seconds", "idle_timeout_seconds")
+_NETWORK = ("allow", "deny")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _TOML_LINE = re.compile(r"at line (\d+)")
 _HEADER = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]")
@@ -84,12 +93,14 @@ _HEADER = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]")
 class ProfileError(InvalidArgumentError):
     """A profile broke a rule: `<file>:<line>: <key>: <rule>` (no line when unknown)."""
 
-    def __init__(self, source: str, key: str, rule: str, line: int | None = None) -> None:
+    def __init__(self, source: str, key: str, rule: str, line: int | None = None, *, reason: str = "") -> None:
+        """`reason`: what a pool of this profile reports (empty: `InvalidProfile`)."""
         where = f"{source}:{line}" if line is not None else source
         super().__init__(f"{where}: {key}", rule)
         self.source = source
         self.key = key
         self.line = line
+        self.reason = reason or "InvalidProfile"
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,10 @@ class Profile:
     # the shape, so they never split or move a pool.
     ttl_seconds: int | None = None
     idle_timeout_seconds: int | None = None
+    # `[network]` rules as written (each checked by `egress.parse_rule`); allow None: the
+    # gateway's default. Not part of the shape either.
+    network_allow: tuple[str, ...] | None = None
+    network_deny: tuple[str, ...] = ()
 
     @functools.cached_property
     def resources(self) -> Resources:
@@ -197,6 +212,7 @@ class _Parser:
         self.check_version(data)
         environment = self.environment(data)
         ttl, idle = self.lifetime(data)
+        allow, deny = self.network(data)
         return Profile(
             name=name,
             source=self.source,
@@ -211,6 +227,8 @@ class _Parser:
             storage=self.storage(data),
             ttl_seconds=ttl,
             idle_timeout_seconds=idle,
+            network_allow=allow,
+            network_deny=deny,
         )
 
     def check_version(self, data: Mapping[str, Any]) -> None:
@@ -357,6 +375,25 @@ class _Parser:
                 rule = f"{value} is more than {MAX_LIFETIME_SECONDS} s, the most the API carries (0 = no limit)"
                 raise self.fail(f"lifetime.{key}", rule, table="lifetime")
         return table.get("ttl_seconds"), table.get("idle_timeout_seconds")
+
+    def network(self, data: Mapping[str, Any]) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+        table = data.get("network", {})
+        if not isinstance(table, dict):
+            raise self.fail("network", "must be a table ([network])")
+        for key in table:
+            if key not in _NETWORK:
+                raise self.fail(f"network.{key}", f"unknown key; allowed: {', '.join(_NETWORK)}", table="network")
+        lists: list[tuple[str, ...]] = []
+        for key in _NETWORK:
+            rules = table.get(key, [])
+            if not isinstance(rules, list) or not all(isinstance(rule, str) for rule in rules):
+                raise self.fail(f"network.{key}", "must be a list of strings", table="network")
+            try:
+                egress.parse_rules(rules, field=f"network.{key}")
+            except InvalidArgumentError as exc:
+                raise ProfileError(self.source, exc.field, exc.rule, _line_of(self.text, key, "network")) from None
+            lists.append(tuple(rule.strip() for rule in rules))
+        return (lists[0] if "allow" in table else None), lists[1]
 
 
 def parse_profile(text: str, *, name: str, source: str, max_replicas: int) -> Profile:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warmshell.core import validation
-from warmshell.core.models import DEFAULT_WORKSPACE, Resources, SandboxSpec
+from warmshell.core import egress, validation
+from warmshell.core.models import DEFAULT_WORKSPACE, NetworkRequest, Resources, SandboxSpec
 from warmshell.core.quantities import cpu_millis, memory_bytes
 
 __all__ = ["NewSandbox", "build_spec", "new_sandbox"]
@@ -39,6 +39,7 @@ def new_sandbox(
     secrets: Mapping[str, str] | None = None,
     ttl_seconds: int | None = None,
     idle_timeout_seconds: int | None = None,
+    secret_hosts: Mapping[str, Sequence[str]] | None = None,
 ) -> NewSandbox:
     """Validate the request — workspace (the default when empty), name, labels, then the spec
     (`spec`, e.g. a `build_spec` call, runs last so errors come in that order; each names its
@@ -52,6 +53,7 @@ def new_sandbox(
     secrets = dict(secrets or {})
     validation.validate_secrets(secrets, built.environment, field="spec.secrets")
     built.secret_names = sorted(secrets)
+    built.secret_hosts = egress.secret_hosts(secret_hosts or {}, secrets, field="spec.secret_hosts")
     return NewSandbox(
         workspace=workspace,
         name=name,
@@ -72,6 +74,8 @@ def build_spec(
     command: Sequence[str],
     runtime_class_name: str = "",
     pids: int = 0,
+    network_allow: Sequence[str] = (),
+    network_deny: Sequence[str] = (),
 ) -> SandboxSpec:
     """Validate every field (errors name it, e.g. ``spec.resources.cpu``) and normalise quantities."""
     validation.validate_image(image, field="spec.image")
@@ -79,6 +83,8 @@ def build_spec(
     validation.validate_command(command, field="spec.command")
     if runtime_class_name:
         validation.validate_name(runtime_class_name, field="spec.runtime_class_name")
+    egress.parse_rules(network_allow, field="spec.network.allow")
+    egress.parse_rules(network_deny, field="spec.network.deny")
     resources = Resources(
         cpu_millis=cpu_millis(cpu, field="spec.resources.cpu") if cpu.strip() else 0,
         memory_bytes=memory_bytes(memory, field="spec.resources.memory") if memory.strip() else 0,
@@ -92,4 +98,7 @@ def build_spec(
         resources=resources,
         command=list(command),
         runtime_class_name=runtime_class_name,
+        network=NetworkRequest(
+            allow=[rule.strip() for rule in network_allow], deny=[rule.strip() for rule in network_deny]
+        ),
     )

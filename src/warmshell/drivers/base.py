@@ -225,9 +225,12 @@ class PoolView:
     ttl_seconds: int | None = None
     idle_timeout_seconds: int | None = None
     pids: int = 0
+    # The profile's `[network]` rules (allow None: the gateway's default), applied at activation.
+    network_allow: tuple[str, ...] | None = None
+    network_deny: tuple[str, ...] = ()
 
 
-def invalid_profile_view(name: str, *, source: str, message: str) -> PoolView:
+def invalid_profile_view(name: str, *, source: str, message: str, reason: str = "InvalidProfile") -> PoolView:
     """How `pool list` shows a profile that makes no pool: its error as a ProfileValid=False condition."""
     return PoolView(
         name=name,
@@ -243,7 +246,7 @@ def invalid_profile_view(name: str, *, source: str, message: str) -> PoolView:
         hits=0,
         misses=0,
         source=source,
-        conditions=(DriverCondition("ProfileValid", "False", "InvalidProfile", message),),
+        conditions=(DriverCondition("ProfileValid", "False", reason, message),),
     )
 
 
@@ -266,9 +269,10 @@ class ComputeDriver(Protocol):
         """The image an empty request resolves to (part of every fingerprint)."""
         ...
 
-    def validate(self, workspace: str, spec: SandboxSpec) -> None:
+    def validate(self, workspace: str, spec: SandboxSpec) -> SandboxSpec:
         """Driver-specific checks of a request (e.g. what an image means); raises
-        InvalidArgumentError naming the field."""
+        InvalidArgumentError naming the field. Returns the spec as the driver runs it (the
+        gateway records that one: e.g. an image tag pinned to its digest)."""
         ...
 
     async def create(self, request: CreateRequest) -> DriverSandbox:

@@ -103,8 +103,9 @@ class FakeDriver:
         """The fake's default image."""
         return ""
 
-    def validate(self, workspace: str, spec: SandboxSpec) -> None:
-        """Accept everything."""
+    def validate(self, workspace: str, spec: SandboxSpec) -> SandboxSpec:
+        """Accept everything, as asked."""
+        return spec
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
         """Record the sandbox; go warm when a pending instance of its workspace exists."""

@@ -13,6 +13,7 @@ import posixpath
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
+from warmshell.core.archives import ArchiveLimits, ArchiveSummary, EntryRefused
 from warmshell.core.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -26,7 +27,17 @@ from warmshell.core.errors import (
 from warmshell.core.files import FileEntry, FileKind
 from warmshell.core.ids import SandboxId
 
-__all__ = ["FileEntry", "FileKind", "FilesCapable", "SandboxFiles", "file_error", "normalize_path"]
+__all__ = [
+    "ArchiveLimits",
+    "ArchiveSummary",
+    "FileEntry",
+    "FileKind",
+    "FilesCapable",
+    "SandboxFiles",
+    "archive_error",
+    "file_error",
+    "normalize_path",
+]
 
 MAX_PATH_BYTES = 4096
 
@@ -54,6 +65,14 @@ class SandboxFiles(Protocol):
 
     async def remove(self, path: str, *, recursive: bool) -> None:
         """Remove a file, a symlink, an empty directory, or (recursive) a whole tree."""
+        ...
+
+    def read_archive(self, path: str, chunk_bytes: int, limits: ArchiveLimits) -> AsyncIterator[bytes]:
+        """The tar of the directory or file at `path`, in chunks of at most `chunk_bytes`."""
+        ...
+
+    async def write_archive(self, path: str, chunks: AsyncIterator[bytes], limits: ArchiveLimits) -> ArchiveSummary:
+        """Unpack the tar arriving in `chunks` below the directory `path` (made when missing)."""
         ...
 
     async def mkdir(self, path: str, *, parents: bool, mode: int) -> FileEntry:
@@ -115,3 +134,14 @@ def file_error(path: str, exc: OSError) -> WarmshellError:
     if cls is InvalidArgumentError:
         return InvalidArgumentError("path", f"{path}: {cause}")
     return cls(f"{path}: {cause}")
+
+
+def archive_error(path: str, exc: OSError | EntryRefused) -> WarmshellError:
+    """The domain error for a failed archive transfer below `path`: a refused entry names the
+    entry and the rule; a limit says which; an OSError on an entry names that entry."""
+    if isinstance(exc, EntryRefused):
+        return InvalidArgumentError("archive", str(exc))
+    where = posixpath.join(path, exc.filename) if isinstance(exc.filename, str) else path
+    if exc.errno == errno.EFBIG and exc.strerror:
+        return ResourceExhaustedError(f"{where}: {exc.strerror}")
+    return file_error(where, exc)

@@ -24,6 +24,7 @@ from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import WORKSPACE_DIR, SandboxRecord, SandboxStatus, now_us
 from warmshell.drivers.base import Bound, SupervisorIdentity, WarmPending
 from warmshell.gateway import metrics
+from warmshell.gateway.egress.gate import EgressGate
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.registry import Registration, Registry
 from warmshell.gateway.secretvault import SecretVault
@@ -70,8 +71,11 @@ class GatewayActivator:
         records: SandboxRecords,
         issuer: SandboxTokenIssuer,
         vault: SecretVault,
+        egress: EgressGate | None = None,
     ) -> None:
+        """`egress`: opens each sandbox's proxy socket at activation (None: no egress at all)."""
         self._registry = registry
+        self._egress = egress
         self._records = records
         self._issuer = issuer
         self._vault = vault
@@ -135,6 +139,15 @@ class GatewayActivator:
         _check_identity(registration, record)
         # Opened only now, for this sandbox's own verified session, and kept nowhere else.
         secrets = await self._vault.get(record.id) if record.spec.secret_names else {}
+        # The proxy is opened for this instance before the workload can start: its first
+        # connection finds the socket there.
+        environment = dict(record.spec.environment)
+        if self._egress is not None:
+            binding = registration.identity.binding
+            pool = binding.pool if isinstance(binding, WarmPending) else None
+            attached = await self._egress.attach(record, registration.identity.instance_id, pool, secrets)
+            environment |= attached.environment
+            secrets = attached.secrets
         token, expires_ms = self._issuer.mint(record.id, registration.identity.instance_id)
         return spb.SupervisorActivationMessage(
             sandbox_id=record.id,
@@ -144,7 +157,7 @@ class GatewayActivator:
             token_expires_at_ms=expires_ms,
             workload=spb.Workload(
                 command=record.spec.command,
-                environment=record.spec.environment,
+                environment=environment,
                 workdir=WORKSPACE_DIR,
                 secrets=secrets,
             ),
@@ -168,6 +181,9 @@ class GatewayActivator:
             timeline.activated_us = timeline.activated_us or activated
             record.status.instance_id = instance_id
             record.status.activated_incarnation = registration.identity.incarnation
+            condition = self._egress.condition(record) if self._egress is not None else None
+            if condition is not None:
+                record.status.set_condition(condition)
 
         try:
             await self._records.mutate(sandbox_id, change)

@@ -5,7 +5,7 @@ driver entered) is done before and passed in; starting the parts is `server.Gate
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -16,6 +16,8 @@ from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.drivers.base import ComputeDriver, Leadership
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
+from warmshell.gateway.egress.gate import EgressGate, EgressTrust, HostsEgressSockets
+from warmshell.gateway.egress.proxy import EgressProxy
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.expiry import ExpiryReconciler
@@ -49,6 +51,7 @@ class Keys:
     signing_key: Ed25519PrivateKey  # signs sandbox tokens
     secrets_key: bytes  # seals the secrets stored with sandboxes
     replica_token: str = ""  # the credential replicas share; "" for a lone gateway
+    egress: EgressTrust = field(default_factory=EgressTrust)  # the egress proxy's CA, read once the driver is entered
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class GatewayParts:
     leadership: Leadership | None
     leading: Callable[[], bool]  # whether this gateway does the singleton work now
     wiring: ReplicaWiring
+    egress: EgressGate
 
 
 def assemble(
@@ -105,7 +109,8 @@ def assemble(
     )
     registry: Registry[spb.SupervisorActivationMessage] = Registry()
     vault = SecretVault(store, keys.secrets_key)
-    activator = GatewayActivator(registry, records, issuer, vault)
+    egress = _egress(config, driver, records, keys.egress)
+    activator = GatewayActivator(registry, records, issuer, vault, egress)
     manager = _manager(config, records=records, driver=driver, bus=bus, sessions=sessions, vault=vault)
     supervisor_service = _supervisor_service(
         config, manager=manager, registry=registry, activator=activator, issuer=issuer, auth=auth, wiring=wiring
@@ -130,7 +135,7 @@ def assemble(
         execs=execs,
         reconciler=reconciler,
         expiry=expiry,
-        sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder),
+        sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder, egress=egress),
         file_service=FileService(manager, auth, config.files, wiring.forwarder),
         image_service=ImageService.for_config(config, auth),
         supervisor_service=supervisor_service,
@@ -139,7 +144,18 @@ def assemble(
         leadership=leadership,
         leading=leading,
         wiring=wiring,
+        egress=egress,
     )
+
+
+def _egress(config: GatewayConfig, driver: ComputeDriver, records: SandboxRecords, trust: EgressTrust) -> EgressGate:
+    """The egress proxy and the gate that opens it at each activation (sockets only where the
+    driver binds them into sandboxes: the local driver), closing it as records end."""
+    sockets = driver if isinstance(driver, HostsEgressSockets) else None
+    proxy = EgressProxy(config.network, authority=trust.authority, upstream_tls=trust.upstream_tls)
+    gate = EgressGate(config.network, proxy, sockets, pools=driver.pools, authority=trust.authority)
+    records.observe(gate.observe)
+    return gate
 
 
 def _reconcilers(

@@ -5,7 +5,7 @@ survived the young collections have grown by a quarter since the last one, and a
 traverses every tracked object the process holds. A gateway holding 1,000 idle members holds
 ~100k of them (their host-side supervisors, sessions and records): each full pass took 33-80 ms
 of the event loop, and it ran in the middle of whichever create was going on. That was the
-1,000-idle tail (bench/README.md, "the collector's full passes").
+1,000-idle tail (bench/HISTORY.md, "the collector's full passes").
 
 So the interpreter keeps its young collections (cheap: they traverse only what is new) but never
 starts a full pass itself. The gateway runs one once `interval` has passed since the last and no

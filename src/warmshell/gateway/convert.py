@@ -37,8 +37,11 @@ def new_sandbox(request: pb.CreateSandboxRequest) -> specs.NewSandbox:
             pids=spec.resources.pids,
             command=list(spec.command),
             runtime_class_name=spec.runtime_class_name,
+            network_allow=list(spec.network.allow),
+            network_deny=list(spec.network.deny),
         ),
         secrets=dict(spec.secrets),
+        secret_hosts={name: list(entry.hosts) for name, entry in spec.secret_hosts.items()},
         ttl_seconds=request.ttl_seconds if request.HasField("ttl_seconds") else None,
         idle_timeout_seconds=request.idle_timeout_seconds if request.HasField("idle_timeout_seconds") else None,
     )
@@ -74,6 +77,8 @@ def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
             command=record.spec.command,
             runtime_class_name=record.spec.runtime_class_name,
             secrets=dict.fromkeys(record.spec.secret_names, REDACTED),
+            network=pb.NetworkPolicy(allow=record.spec.network.allow, deny=record.spec.network.deny),
+            secret_hosts={name: pb.SecretHosts(hosts=hosts) for name, hosts in record.spec.secret_hosts.items()},
         ),
         status=pb.SandboxStatus(
             phase=_PHASES[status.phase],

@@ -22,7 +22,7 @@ from warmshell.core.config import FilesConfig
 from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase
 from warmshell.core.validation import validate_workspace
-from warmshell.drivers.files import FileEntry, FilesCapable, SandboxFiles, normalize_path
+from warmshell.drivers.files import ArchiveLimits, FileEntry, FilesCapable, SandboxFiles, normalize_path
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
 from warmshell.gateway.forwarding import Forwarder, Target
@@ -53,6 +53,29 @@ def _mode(mode: int, default: int, field: str) -> int:
     if mode > 0o7777:
         raise InvalidArgumentError(field, f"{mode:#o} is not a permission mode (at most 0o7777)")
     return mode or default
+
+
+async def _header_first(requests: AsyncIterator[Any], what: str) -> Any:
+    """The first message of a client stream, which must be its header."""
+    first = await anext(aiter(requests), None)
+    if first is None or not first.HasField("header"):
+        raise InvalidArgumentError("header", f"the first message of {what} must be its header")
+    return first
+
+
+async def _replayed(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """The stream again from its first message (forwarded to the replica that serves it)."""
+    yield first
+    async for message in rest:
+        yield message
+
+
+async def _data(rest: AsyncIterator[Any], what: str) -> AsyncIterator[bytes]:
+    """The content after the header; a second header is refused."""
+    async for message in rest:
+        if message.HasField("header"):
+            raise InvalidArgumentError("header", f"only the first message of {what} is a header")
+        yield message.data
 
 
 class FileService(sandbox_pb2_grpc.FileServiceServicer):
@@ -120,32 +143,22 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         self, request_iterator: AsyncIterator[pb.WriteFileRequest], context: Ctx
     ) -> pb.WriteFileResponse:
         await self._auth.require_client(context)
-        first = await anext(aiter(request_iterator), None)
-        if first is None or not first.HasField("header"):
-            raise InvalidArgumentError("header", "the first message of a write must be its header")
+        first = await _header_first(request_iterator, "a write")
         header = first.header
         path = normalize_path(header.path)
         mode = _mode(header.mode, DEFAULT_FILE_MODE, "mode")
         if self._forwarder is not None and (target := await self._owner(header.workspace, header.name, context)):
-
-            async def requests() -> AsyncIterator[pb.WriteFileRequest]:
-                yield first
-                async for message in request_iterator:
-                    yield message
-
             return await self._forwarder.stream_unary(
-                target, _SERVICE + "WriteFile", requests(), pb.WriteFileResponse.FromString, context
+                target,
+                _SERVICE + "WriteFile",
+                _replayed(first, request_iterator),
+                pb.WriteFileResponse.FromString,
+                context,
             )
         files = await self._files(header.workspace, header.name, context)
-
-        async def chunks() -> AsyncIterator[bytes]:
-            async for message in request_iterator:
-                if message.HasField("header"):
-                    raise InvalidArgumentError("header", "only the first message of a write is a header")
-                yield message.data
-
+        chunks = _data(request_iterator, "a write")
         written = await files.write(
-            path, chunks(), mode=mode, make_parents=header.make_parents, max_bytes=self._config.max_file_bytes
+            path, chunks, mode=mode, make_parents=header.make_parents, max_bytes=self._config.max_file_bytes
         )
         return pb.WriteFileResponse(bytes_written=written)
 
@@ -198,3 +211,44 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
             )
         files = await self._files(request.directory.workspace, request.directory.name, context)
         return entry_to_proto(await files.mkdir(path, parents=request.parents, mode=mode))
+
+    @unary
+    async def UploadTar(
+        self, request_iterator: AsyncIterator[pb.UploadTarRequest], context: Ctx
+    ) -> pb.UploadTarResponse:
+        await self._auth.require_client(context)
+        first = await _header_first(request_iterator, "an upload")
+        header = first.header
+        path = normalize_path(header.path)
+        if self._forwarder is not None and (target := await self._owner(header.workspace, header.name, context)):
+            return await self._forwarder.stream_unary(
+                target,
+                _SERVICE + "UploadTar",
+                _replayed(first, request_iterator),
+                pb.UploadTarResponse.FromString,
+                context,
+            )
+        files = await self._files(header.workspace, header.name, context)
+        summary = await files.write_archive(path, _data(request_iterator, "an upload"), self._limits())
+        return pb.UploadTarResponse(entries=summary.entries, bytes_written=summary.bytes_written)
+
+    @streaming
+    async def DownloadTar(self, request: pb.FileRef, context: Ctx) -> AsyncIterator[pb.FileChunk]:
+        await self._auth.require_client(context)
+        path = normalize_path(request.path)
+        if self._forwarder is not None and (target := await self._owner(request.workspace, request.name, context)):
+            async for chunk in self._forwarder.unary_stream(
+                target, _SERVICE + "DownloadTar", request, pb.FileChunk.FromString, context
+            ):
+                yield chunk
+            return
+        files = await self._files(request.workspace, request.name, context)
+        chunks = files.read_archive(path, self._config.chunk_bytes, self._limits())
+        try:
+            async for data in chunks:
+                yield pb.FileChunk(data=data)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    def _limits(self) -> ArchiveLimits:
+        return ArchiveLimits(max_entries=self._config.max_archive_entries, max_bytes=self._config.max_file_bytes)

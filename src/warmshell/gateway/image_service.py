@@ -17,7 +17,6 @@ import grpc
 
 from warmshell.api.v1 import image_pb2 as pb
 from warmshell.api.v1 import image_pb2_grpc
-from warmshell.core import quantities
 from warmshell.core.config import GatewayConfig
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from warmshell.drivers.local.imagestore import importing, manifests, store
@@ -76,9 +75,7 @@ class ImageService(image_pb2_grpc.ImageServiceServicer):
         images/) on the local driver, none on another."""
         if config.driver != "local":
             return cls(None, auth)
-        root = config.local.image_dir or config.paths.root / "images"
-        limit = quantities.memory_bytes(config.local.image_store_size, field="local.image_store_size")
-        return cls(store.ImageStore(root, max_bytes=limit), auth)
+        return cls(store.for_config(config.local, config.paths), auth)
 
     async def _ready(self, context: Ctx) -> store.ImageStore:
         await self._auth.require_client(context)

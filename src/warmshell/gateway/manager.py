@@ -138,7 +138,7 @@ class SandboxManager:
     async def _create(self, new: NewSandbox) -> SandboxRecord:
         requested = now_us()
         workspace, spec, labels = new.workspace, new.spec, new.labels
-        self.driver.validate(workspace, spec)
+        spec = self.driver.validate(workspace, spec)
         asked = lifetimes.Requested(new.ttl_seconds, new.idle_timeout_seconds)
         lifetime = lifetimes.granted(asked, self.limits, now_ms=requested // 1000)
         proof, proof_hash = new_activation_token()

@@ -8,6 +8,8 @@ __all__ = [
     "ACTIVATIONS",
     "CREATES",
     "CREATE_READY_SECONDS",
+    "EGRESS_BYTES",
+    "EGRESS_CONNECTIONS",
     "EXECS",
     "GC_PAUSE_SECONDS",
     "POOL_MEMBERS",
@@ -70,4 +72,13 @@ GC_PAUSE_SECONDS = Histogram(
     ["generation"],
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
+)
+EGRESS_CONNECTIONS = Counter(
+    "warmshell_egress_connections",
+    "Connections through the egress proxy by verdict (allowed|denied|refused|malformed)",
+    ["verdict"],
+    registry=REGISTRY,
+)
+EGRESS_BYTES = Counter(
+    "warmshell_egress_bytes", "Bytes through the egress proxy by direction (up|down)", ["direction"], registry=REGISTRY
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from warmshell.gateway import metrics
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import streaming, unary
 from warmshell.gateway.convert import new_sandbox, pool_to_proto, sandbox_to_proto
+from warmshell.gateway.egress.gate import NETWORK_CONDITION, EgressGate
 from warmshell.gateway.events import Changed, Closing, Deleted, Output, Progress
 from warmshell.gateway.execs import ExecRelay, check_terminal_size
 from warmshell.gateway.forwarding import Forwarder
@@ -61,9 +63,13 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         auth: Authenticator,
         execs: ExecRelay | None = None,
         forwarder: Forwarder | None = None,
+        *,
+        egress: EgressGate | None = None,
     ) -> None:
-        """`forwarder`: with several replicas, how calls needing another replica's session reach it."""
+        """`forwarder`: with several replicas, how calls needing another replica's session reach
+        it; `egress`: the proxy whose decisions ListEgress shows."""
         self._manager = manager
+        self._egress = egress
         self._forwarder = forwarder
         self._execs = execs or ExecRelay(window_bytes=DEFAULT_EXEC_WINDOW_BYTES, stall_seconds=60.0)
         self._records = manager.records
@@ -109,6 +115,20 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         await self._auth.require_client(context)
         self._check_ref(request.workspace, request.name)
         return sandbox_to_proto(await self._manager.refresh_ttl(request.workspace, request.name, request.ttl_seconds))
+
+    @unary
+    async def ListEgress(self, request: pb.SandboxRef, context: Ctx) -> pb.ListEgressResponse:
+        await self._auth.require_client(context)
+        record = await self._lookup(request.workspace, request.name)
+        if self._egress is None:
+            return pb.ListEgressResponse()
+        # Kept by the gateway that activated the sandbox: with replicas, ask that one.
+        entries = self._egress.proxy.decisions(record.id)
+        condition = record.status.condition(NETWORK_CONDITION)
+        return pb.ListEgressResponse(
+            decisions=[pb.EgressDecision(**dataclasses.asdict(entry)) for entry in entries],
+            policy=condition.message if condition is not None else "",
+        )
 
     @unary
     async def GetSandbox(self, request: pb.SandboxRef, context: Ctx) -> pb.Sandbox:

@@ -27,6 +27,8 @@ from warmshell.gateway import collector, listening, statedir
 from warmshell.gateway.assembly import GatewayParts, Keys, assemble
 from warmshell.gateway.capped import CappedProtocols
 from warmshell.gateway.drivers import build_driver
+from warmshell.gateway.egress import interception
+from warmshell.gateway.egress.gate import EgressTrust, HostsEgressSockets
 from warmshell.gateway.http import start_http
 from warmshell.gateway.logs import configure_logging
 from warmshell.gateway.loops import Loops
@@ -175,9 +177,11 @@ class Gateway:
             driver = build_driver(self.config, gateway_id=keys.gateway_id)
         stack.push_async_callback(self._close_supervisor_link)  # after the driver's exit
         await stack.enter_async_context(driver)  # its identity provider exists once it is entered
+        keys = replace(keys, egress=await _egress_trust(self.config, driver))
         self._parts = parts = assemble(
             self.config, store=store, driver=driver, keys=keys, replica_id=_replica_id(self.config.replicas.id)
         )
+        stack.push_async_callback(parts.egress.aclose)  # before the driver's exit: no connection outlives its sandbox
         others = await parts.replication.live_others() if parts.replication is not None else frozenset[str]()
         await parts.reconciler.startup(live_owners=others)
         servers = await self._listen(stack, parts)
@@ -328,6 +332,19 @@ class Gateway:
         finally:
             self._phase = _Phase.IDLE
         log.info("gateway stopped")
+
+
+async def _egress_trust(config: GatewayConfig, driver: ComputeDriver) -> EgressTrust:
+    """What the egress proxy reads before it is built: the CA that intercepts TLS for
+    placeholder secrets (where the driver binds proxy sockets into sandboxes) and the upstreams'
+    trust. FailedPreconditionError, in one line, when either cannot be read or made: the gateway
+    does not start."""
+    authority = None
+    if isinstance(driver, HostsEgressSockets):
+        directory = config.paths.root / "egress"
+        authority = await asyncio.to_thread(interception.CertificateAuthority, directory)
+    upstream = await asyncio.to_thread(interception.upstream_context, config.network.upstream_ca_file)
+    return EgressTrust(authority, upstream)
 
 
 async def serve(config: GatewayConfig) -> None:

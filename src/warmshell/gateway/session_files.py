@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.core.errors import ResourceExhaustedError, UnavailableError
+from warmshell.core.archives import ArchiveLimits, ArchiveSummary
+from warmshell.core.errors import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 from warmshell.core.files import FileEntry, FileKind
 from warmshell.drivers.files import file_error
 from warmshell.gateway.sessions import SupervisorSession
@@ -63,6 +64,8 @@ class SessionFiles:
         if result.errno:
             if result.errno == errno.EFBIG:  # a size limit, worded by the supervisor
                 raise ResourceExhaustedError(f"{path}: {result.error}")
+            if result.errno == errno.EINVAL and result.error:  # a refused archive entry, worded there
+                raise InvalidArgumentError("archive", result.error)
             raise file_error(path, OSError(result.errno, result.error))
         if result.error:
             raise UnavailableError(f"{path}: {result.error}")
@@ -93,11 +96,19 @@ class SessionFiles:
 
     async def read(self, path: str, chunk_bytes: int, max_bytes: int) -> AsyncIterator[bytes]:
         """See `SandboxFiles.read`: the supervisor sends at most a few chunks ahead of the client."""
-        op = self._op(
-            "read", path, chunk_bytes=chunk_bytes, max_bytes=max_bytes, window_bytes=chunk_bytes * CHUNKS_IN_FLIGHT
-        )
+        async for data in self._read(self._op("read", path, chunk_bytes=chunk_bytes, max_bytes=max_bytes)):
+            yield data
+
+    async def read_archive(self, path: str, chunk_bytes: int, limits: ArchiveLimits) -> AsyncIterator[bytes]:
+        """See `SandboxFiles.read_archive`: packed in the pod, streamed like a read."""
+        op = self._op("tar", path, chunk_bytes=chunk_bytes, max_bytes=limits.max_bytes, max_entries=limits.max_entries)
+        async for data in self._read(op):
+            yield data
+
+    async def _read(self, op: spb.FileOp) -> AsyncIterator[bytes]:
+        op.window_bytes = op.chunk_bytes * CHUNKS_IN_FLIGHT
         with self._operation(op) as results:
-            while not (result := await self._next(path, results)).done:
+            while not (result := await self._next(op.path, results)).done:
                 yield result.data
                 credit = spb.FileOp(op_id=op.op_id, kind="credit", window_bytes=len(result.data))
                 self._session.send(spb.GatewayMessage(file_op=credit))
@@ -107,18 +118,34 @@ class SessionFiles:
     ) -> int:
         """See `SandboxFiles.write`: chunks go down as the supervisor credits the ones before."""
         op = self._op("write", path, mode=mode, parents_or_recursive=make_parents, max_bytes=max_bytes)
+        return int((await self._write(op, chunks)).bytes_written)
+
+    async def write_archive(self, path: str, chunks: AsyncIterator[bytes], limits: ArchiveLimits) -> ArchiveSummary:
+        """See `SandboxFiles.write_archive`: unpacked in the pod, streamed like a write (the
+        archive's own bytes are bounded by the limits' bytes plus a header per entry)."""
+        op = self._op("untar", path, max_bytes=limits.max_bytes, max_entries=limits.max_entries)
+        result = await self._write(op, chunks, max_stream_bytes=limits.max_bytes + 2048 * (limits.max_entries + 1))
+        return ArchiveSummary(int(result.entries_written), int(result.bytes_written))
+
+    async def _write(
+        self, op: spb.FileOp, chunks: AsyncIterator[bytes], *, max_stream_bytes: int = 0
+    ) -> spb.FileResult:
+        path, limit = op.path, max_stream_bytes or op.max_bytes
         window = self._chunk_bytes * CHUNKS_IN_FLIGHT
         with self._operation(op) as results:
             budget, total = window, 0
             async for chunk in chunks:
                 total += len(chunk)
-                if total > max_bytes:
-                    raise ResourceExhaustedError(f"{path}: over the limit of {max_bytes} bytes")
+                if total > limit:
+                    raise ResourceExhaustedError(f"{path}: over the limit of {limit} bytes")
                 while budget <= 0:
-                    budget += (await self._next(path, results)).credit
+                    result = await self._next(path, results)
+                    if result.done:  # an archive ends before its stream does (trailing padding)
+                        return result
+                    budget += result.credit
                 self._session.send(spb.GatewayMessage(file_op=spb.FileOp(op_id=op.op_id, kind="data", data=chunk)))
                 budget -= len(chunk)
             self._session.send(spb.GatewayMessage(file_op=spb.FileOp(op_id=op.op_id, kind="data", last=True)))
             while not (result := await self._next(path, results)).done:
                 pass  # credits for the last chunks
-            return int(result.bytes_written)
+            return result

@@ -178,10 +178,20 @@ async def _finish(
     except asyncio.CancelledError:
         _kill_group(process, signal.SIGKILL)
         pumps.cancel()
+        # Not awaited (this task is being cancelled): its CancelledError is read once it is done,
+        # or the collector logs "exception was never retrieved" from wherever it runs next (once
+        # from inside ast.parse, which CPython 3.11 turns into a SystemError that ends pytest).
+        pumps.add_done_callback(_retrieve)
         with contextlib.suppress(ProcessLookupError):
             await process.wait()
         raise
     return code if code >= 0 else 128 - code
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Read a done future's outcome so that dropping it logs nothing."""
+    if not future.cancelled():
+        future.exception()
 
 
 # The command's first step on a terminal, in a fresh interpreter (no Python may run between fork

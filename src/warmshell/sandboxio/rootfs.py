@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from warmshell.core.files import FileEntry, FileKind
 
-__all__ = ["PendingWrite", "Root", "drop_supplementary_groups", "openat2"]
+__all__ = ["PendingWrite", "Root", "check_fs", "drop_supplementary_groups", "openat2", "refuse_mount_point"]
 
 SYS_OPENAT2 = 437  # x86_64 and aarch64 alike
 SYS_SETGROUPS = 116  # x86_64
@@ -83,7 +83,8 @@ def drop_supplementary_groups() -> None:
         raise OSError(code, f"setgroups: {os.strerror(code)}")
 
 
-def _check_fs(fd: int) -> None:
+def check_fs(fd: int) -> None:
+    """Refuse (EPERM) an fd on a pseudo file system the gateway never serves."""
     buf = _StatFs()
     if _libc.fstatfs(fd, ctypes.byref(buf)) != 0:
         code = ctypes.get_errno()
@@ -162,11 +163,19 @@ class Root:
     def _open(self, path: str, flags: int, mode: int = 0) -> int:
         fd = openat2(self.fd, path, flags, _RESOLVE, mode)
         try:
-            _check_fs(fd)
+            check_fs(fd)
         except BaseException:
             os.close(fd)
             raise
         return fd
+
+    def open_path(self, path: str) -> int:
+        """An O_PATH fd on what `path` names (symlinks followed, inside the root)."""
+        return self._open(path, os.O_PATH)
+
+    def open_directory(self, path: str) -> int:
+        """An O_PATH fd on the directory `path` (symlinks followed, inside the root)."""
+        return self._open(path, os.O_PATH | os.O_DIRECTORY)
 
     def _parent(self, path: str) -> tuple[int, str]:
         """An O_PATH fd of the path's parent directory (resolved in the root) and the name."""
@@ -237,7 +246,7 @@ class Root:
                 st = os.stat(name, dir_fd=parent, follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
                     raise OSError(errno.EISDIR, "is a directory")
-                _refuse_mount_point(parent, st)
+                refuse_mount_point(parent, st)
             for _ in range(_RETRIES):
                 temp = f".{name[:200]}.warmshell-{secrets.token_hex(6)}"
                 with contextlib.suppress(FileExistsError):
@@ -278,7 +287,7 @@ class Root:
             if not name:
                 raise OSError(errno.EPERM, "the root cannot be removed")
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            _refuse_mount_point(parent, st)
+            refuse_mount_point(parent, st)
             if not stat.S_ISDIR(st.st_mode):
                 os.unlink(name, dir_fd=parent)
             elif recursive:
@@ -334,7 +343,7 @@ class Root:
             os.close(parent)
 
 
-def _refuse_mount_point(parent: int, st: os.stat_result) -> None:
+def refuse_mount_point(parent: int, st: os.stat_result) -> None:
     """Refuse to replace or remove what `st` (an entry of `parent`) describes when it is a mount
     point. The gateway works from outside the sandbox's mount namespace, where the kernel lets a
     rename or unlink of a mount point through and silently detaches the mount (the workload

@@ -57,7 +57,18 @@ if TYPE_CHECKING:
         Unavailable,
     )
     from warmshell.sdk.interactive import AsyncProcess, Process
-    from warmshell.sdk.views import Condition, ExecResult, Lifetime, OutputEvent, PoolInfo, SandboxInfo, Timeline
+    from warmshell.sdk.views import (
+        Condition,
+        EgressDecision,
+        ExecResult,
+        Lifetime,
+        Network,
+        OutputEvent,
+        PoolInfo,
+        SandboxInfo,
+        Secret,
+        Timeline,
+    )
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -70,12 +81,14 @@ _EXPORTS = {
     "Client": "warmshell.sdk.client",
     "Condition": "warmshell.sdk.views",
     "Conflict": "warmshell.sdk.errors",
+    "EgressDecision": "warmshell.sdk.views",
     "DeadlineExceeded": "warmshell.sdk.errors",
     "Error": "warmshell.sdk.errors",
     "ExecResult": "warmshell.sdk.views",
     "FailedPrecondition": "warmshell.sdk.errors",
     "InvalidArgument": "warmshell.sdk.errors",
     "Lifetime": "warmshell.sdk.views",
+    "Network": "warmshell.sdk.views",
     "NotFound": "warmshell.sdk.errors",
     "OutputEvent": "warmshell.sdk.views",
     "PermissionDenied": "warmshell.sdk.errors",
@@ -86,6 +99,7 @@ _EXPORTS = {
     "Sandbox": "warmshell.sdk.client",
     "SandboxError": "warmshell.sdk.errors",
     "SandboxInfo": "warmshell.sdk.views",
+    "Secret": "warmshell.sdk.views",
     "Timeline": "warmshell.sdk.views",
     "Unauthenticated": "warmshell.sdk.errors",
     "Unavailable": "warmshell.sdk.errors",
@@ -102,11 +116,13 @@ __all__ = [
     "Condition",
     "Conflict",
     "DeadlineExceeded",
+    "EgressDecision",
     "Error",
     "ExecResult",
     "FailedPrecondition",
     "InvalidArgument",
     "Lifetime",
+    "Network",
     "NotFound",
     "OutputEvent",
     "PermissionDenied",
@@ -117,6 +133,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "SandboxInfo",
+    "Secret",
     "Timeline",
     "Unauthenticated",
     "Unavailable",

@@ -428,6 +428,15 @@ class AsyncSandbox:
             await self.delete()
         return result
 
+    async def egress(self) -> list[views.EgressDecision]:
+        """The sandbox's latest egress decisions, oldest first (a bounded log the gateway keeps)."""
+        request = pb.SandboxRef(name=self.name, workspace=self.workspace)
+        with self.client._translating():
+            message = await self.client._stub.ListEgress(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        return views.egress_decisions(message)
+
     async def refresh_ttl(self, ttl_seconds: int) -> views.SandboxInfo:
         """Let the sandbox live `ttl_seconds` from now (InvalidArgument beyond the maximum)."""
         request = pb.RefreshTtlRequest(name=self.name, workspace=self.workspace, ttl_seconds=ttl_seconds)

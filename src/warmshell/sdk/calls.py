@@ -71,7 +71,8 @@ class CreateOptions(TypedDict, total=False):
 
     image: str
     env: Mapping[str, str] | None
-    secrets: Mapping[str, str] | None
+    # A `views.Secret` is for some hosts only: the workload sees a placeholder.
+    secrets: Mapping[str, str | views.Secret] | None
     cpu: str
     memory: str
     pids: int
@@ -79,6 +80,7 @@ class CreateOptions(TypedDict, total=False):
     labels: Mapping[str, str] | None
     ttl_seconds: int | None
     idle_timeout_seconds: int | None
+    network: views.Network | None
 
 
 def create_request(*, name: str | None, workspace: str, **options: Unpack[CreateOptions]) -> pb.CreateSandboxRequest:
@@ -88,6 +90,7 @@ def create_request(*, name: str | None, workspace: str, **options: Unpack[Create
     if unknown := sorted(options.keys() - known):
         raise TypeError(f"unexpected keyword argument {unknown[0]!r} (the options are {', '.join(sorted(known))})")
     resources = pb.Resources(cpu=options.get("cpu", ""), memory=options.get("memory", ""), pids=options.get("pids", 0))
+    secrets, network = options.get("secrets") or {}, options.get("network")
     request = pb.CreateSandboxRequest(
         name=name or "",
         workspace=workspace,
@@ -95,9 +98,15 @@ def create_request(*, name: str | None, workspace: str, **options: Unpack[Create
         spec=pb.SandboxSpec(
             image=options.get("image", ""),
             environment=dict(options.get("env") or {}),
-            secrets=dict(options.get("secrets") or {}),
+            secrets={name: secret if isinstance(secret, str) else secret.value for name, secret in secrets.items()},
+            secret_hosts={
+                name: pb.SecretHosts(hosts=list(secret.hosts))
+                for name, secret in secrets.items()
+                if not isinstance(secret, str) and secret.hosts
+            },
             resources=resources,
             command=_argv(options.get("command") or [], "command"),
+            network=pb.NetworkPolicy(allow=network.allow, deny=network.deny) if network is not None else None,
         ),
     )
     ttl_seconds, idle_timeout_seconds = options.get("ttl_seconds"), options.get("idle_timeout_seconds")
@@ -142,6 +151,10 @@ def _spec_fields() -> dict[str, tuple[Callable[[pb.Sandbox], object], Callable[[
         "idle_timeout_seconds": (
             lambda s: s.lifetime.idle_timeout_seconds,
             lambda v: _seconds(v, "idle_timeout_seconds"),
+        ),
+        "network": (
+            lambda s: (list(s.spec.network.allow), list(s.spec.network.deny)),
+            lambda v: (list(v.allow), list(v.deny)),
         ),
     }
 

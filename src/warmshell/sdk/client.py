@@ -410,6 +410,13 @@ class Sandbox:
         self.last_info = views.sandbox_info(self.client.service.refresh_ttl(request))
         return self.last_info
 
+    def egress(self) -> builtins.list[views.EgressDecision]:
+        """The sandbox's latest egress decisions, oldest first (a bounded log the gateway keeps)."""
+        from warmshell.sdk import views
+
+        request = pb.SandboxRef(name=self.name, workspace=self.workspace)
+        return views.egress_decisions(self.client.service.list_egress(request))
+
     def delete(self) -> bool:
         """Delete the sandbox; False when it was already gone (never raises NotFound)."""
         request = pb.SandboxRef(name=self.name, workspace=self.workspace)

@@ -10,20 +10,23 @@ moves in chunks both ways, so `upload`/`download` of any size keep memory flat.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+import tempfile
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import IO, Any, NoReturn
 
 import grpc
 from grpc import aio
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.sdk import queueing
+from warmshell.core.archives import regroup
+from warmshell.sdk import archives, queueing
 
-__all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "Translate"]
+__all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "TransferSummary", "Translate"]
 
 # Below the gateway's default max_request_bytes (1 MiB) with room for the message's framing.
 CHUNK_BYTES = 256 * 1024
@@ -47,6 +50,14 @@ class FileInfo:
     def from_proto(cls, info: pb.FileInfo) -> FileInfo:
         """From the wire form."""
         return cls(info.name, info.type, info.size, info.mode, info.mtime_ms, info.link_target)
+
+
+@dataclass(frozen=True)
+class TransferSummary:
+    """What a bulk transfer moved: entries (files, directories, links) and the files' bytes."""
+
+    entries: int
+    bytes_written: int
 
 
 def _as_bytes(data: str | bytes) -> bytes:
@@ -85,6 +96,9 @@ class _Target:
             name=self._name, workspace=self._workspace, path=path, mode=mode, make_parents=make_parents
         )
         return pb.WriteFileRequest(header=header)
+
+    def _upload_header(self, path: str) -> pb.UploadTarRequest:
+        return pb.UploadTarRequest(header=pb.UploadTarHeader(name=self._name, workspace=self._workspace, path=path))
 
     def _fail(self, exc: grpc.RpcError) -> NoReturn:
         if self._translate is None:
@@ -193,6 +207,47 @@ class Files(_Target):
         except grpc.RpcError as exc:
             self._fail(exc)
 
+    def upload_tar(self, archive: IO[bytes] | Iterable[bytes], path: str) -> TransferSummary:
+        """Unpack a tar (a binary file, or an iterable of its bytes) below the directory `path`
+        in one call: directories, files and symbolic links, with modes and mtimes."""
+        return self._upload(path, archives.pieces_of(archive, self._chunk_bytes))
+
+    def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
+        """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
+        return self._upload(path, archives.pack_directory(local))
+
+    def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
+        """Write several files (absolute path -> content) in one call; parents are created."""
+        destination = archives.common_directory(files)
+        return self._upload(destination, archives.pack_files(files, destination, mode))
+
+    def _upload(self, path: str, pieces: Iterator[bytes]) -> TransferSummary:
+        def requests() -> Iterator[pb.UploadTarRequest]:
+            yield self._upload_header(path)
+            for chunk in regroup(pieces, self._chunk_bytes):
+                yield pb.UploadTarRequest(data=chunk)
+
+        try:
+            response = self._stub.UploadTar(requests(), metadata=self._metadata)
+        except grpc.RpcError as exc:
+            self._fail(exc)
+        return TransferSummary(int(response.entries), int(response.bytes_written))
+
+    def download_tar(self, path: str) -> Iterator[bytes]:
+        """The tar of the directory (its entries, named relative to it) or file at `path`, in
+        chunks as they arrive."""
+        try:
+            for chunk in self._stub.DownloadTar(self._ref(path), metadata=self._metadata):
+                yield chunk.data
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+    def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
+        """Copy the directory `path` into the local directory `local` (made when missing), in
+        one call; what would land outside `local` is refused."""
+        reader = io.BufferedReader(archives.ChunkReader(self.download_tar(path)))
+        return TransferSummary(*archives.unpack_into(reader, local))
+
 
 class AsyncFiles(_Target):
     """The same operations, awaited (`read_chunks` is an async iterator)."""
@@ -254,22 +309,70 @@ class AsyncFiles(_Target):
     async def _write(
         self, path: str, chunks: Iterator[bytes], mode: int, make_parents: bool, *, blocking: bool = False
     ) -> int:
-        # The call's own write(): an early end by the gateway then surfaces as its status.
         call = await self._open_call(lambda: self._stub.WriteFile(metadata=self._metadata))  # type: ignore[call-arg]
+        messages = (pb.WriteFileRequest(data=chunk) for chunk in chunks)
+        response = await self._send(call, self._header(path, mode, make_parents), _pulled(messages, blocking))
+        return int(response.bytes_written)
+
+    async def _send(self, call: Any, header: Any, messages: AsyncIterator[Any]) -> Any:
+        """Write the header and the messages on a client-streaming call; its response. The
+        call's own write(): an early end by the gateway then surfaces as its status."""
         try:
-            await call.write(self._header(path, mode, make_parents))
-            while True:
-                chunk = await asyncio.to_thread(next, chunks, None) if blocking else next(chunks, None)
-                if chunk is None:
-                    break
-                await call.write(pb.WriteFileRequest(data=chunk))
+            await call.write(header)
+            async for message in messages:
+                await call.write(message)
             await call.done_writing()
         except (grpc.RpcError, asyncio.InvalidStateError):
             pass  # the gateway ended the call early; its status (the real cause) follows
         try:
-            return int((await call).bytes_written)
+            return await call
         except grpc.RpcError as exc:
             self._fail(exc)
+
+    async def upload_tar(
+        self, archive: IO[bytes] | Iterable[bytes] | AsyncIterable[bytes], path: str
+    ) -> TransferSummary:
+        """Unpack a tar (a binary file, an iterable or an async iterable of its bytes) below the
+        directory `path` in one call: directories, files and symbolic links, with modes and mtimes."""
+        if isinstance(archive, AsyncIterable):
+            return await self._upload(path, archive)
+        return await self._upload(path, _pulled(archives.pieces_of(archive, self._chunk_bytes), True))
+
+    async def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
+        """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
+        pieces = await asyncio.to_thread(archives.pack_directory, local)
+        return await self._upload(path, _pulled(regroup(pieces, self._chunk_bytes), True))
+
+    async def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
+        """Write several files (absolute path -> content) in one call; parents are created."""
+        destination = archives.common_directory(files)
+        pieces = archives.pack_files(files, destination, mode)
+        return await self._upload(destination, _pulled(regroup(pieces, self._chunk_bytes), False))
+
+    async def _upload(self, path: str, chunks: AsyncIterable[bytes]) -> TransferSummary:
+        call = await self._open_call(lambda: self._stub.UploadTar(metadata=self._metadata))  # type: ignore[call-arg]
+        messages = (pb.UploadTarRequest(data=chunk) async for chunk in chunks)
+        response = await self._send(call, self._upload_header(path), messages)
+        return TransferSummary(int(response.entries), int(response.bytes_written))
+
+    async def download_tar(self, path: str) -> AsyncIterator[bytes]:
+        """The tar of the directory (its entries, named relative to it) or file at `path`, in
+        chunks as they arrive."""
+        try:
+            async for chunk in self._stub.DownloadTar(self._ref(path), metadata=self._metadata):
+                yield chunk.data
+        except grpc.RpcError as exc:
+            self._fail(exc)
+
+    async def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
+        """Copy the directory `path` into the local directory `local` (made when missing), in
+        one call; what would land outside `local` is refused. The archive is spooled (in memory
+        up to 16 MiB, then on disk) and unpacked in a thread, off the event loop."""
+        with tempfile.SpooledTemporaryFile(16 * 1024 * 1024) as spool:
+            async for chunk in self.download_tar(path):
+                spool.write(chunk)  # page cache once on disk: cheap enough for the loop
+            spool.seek(0)
+            return TransferSummary(*await asyncio.to_thread(archives.unpack_into, spool, local))
 
     async def download(self, path: str, local_path: str | os.PathLike[str]) -> int:
         """Copy a file out of the sandbox into `local_path` (replaced only once complete)."""
@@ -318,3 +421,28 @@ class AsyncFiles(_Target):
             return FileInfo.from_proto(await self._stub.MakeDirectory(request, metadata=self._metadata))
         except grpc.RpcError as exc:
             self._fail(exc)
+
+
+async def _pulled(items: Iterator[Any], blocking: bool) -> AsyncIterator[Any]:
+    """An iterator as an async one. One that may block (a local file, a directory walked) is
+    pulled in a thread, a megabyte or so per hop: a hop per 256 KiB chunk cost the client more
+    CPU than sending the chunk."""
+    while True:
+        batch = await asyncio.to_thread(_take, items, _PULL_BATCH) if blocking else _take(items, 1)
+        for item in batch:
+            yield item
+        if len(batch) < (_PULL_BATCH if blocking else 1):
+            return
+
+
+_PULL_BATCH = 4
+
+
+def _take(items: Iterator[Any], count: int) -> list[Any]:
+    """Up to `count` items (fewer only at the end)."""
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == count:
+            break
+    return batch

@@ -60,6 +60,10 @@ class SandboxService:
         """RefreshTtl: the sandbox with its new lifetime."""
         return self._unary("RefreshTtl", request, pb.Sandbox)
 
+    def list_egress(self, request: pb.SandboxRef) -> pb.ListEgressResponse:
+        """ListEgress: the sandbox's latest egress decisions."""
+        return self._unary("ListEgress", request, pb.ListEgressResponse)
+
     def list_pools(self, request: pb.ListPoolsRequest, *, timeout: float | None = None) -> pb.ListPoolsResponse:
         """ListPools (`timeout` overrides the service's, e.g. for a short liveness probe)."""
         return self._unary("ListPools", request, pb.ListPoolsResponse, timeout)

@@ -12,12 +12,16 @@ from warmshell.core.states import Allocation, Phase
 
 __all__ = [
     "Condition",
+    "EgressDecision",
     "ExecResult",
     "Lifetime",
+    "Network",
     "OutputEvent",
     "PoolInfo",
     "SandboxInfo",
+    "Secret",
     "Timeline",
+    "egress_decisions",
     "pool_info",
     "sandbox_info",
 ]
@@ -109,6 +113,57 @@ class SandboxInfo:
         if ready is None:
             return ""
         return f"{ready.reason}: {ready.message}" if ready.message else ready.reason
+
+
+@dataclass(frozen=True)
+class Network:
+    """A create's egress rules (`HOST[:PORT]`, `*.DOMAIN[:PORT]`, an IP, a CIDR): `allow`
+    narrows what the sandbox's profile and the gateway allow (or replaces it, where the gateway
+    lets requests widen); `deny` always applies."""
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A secret for some hosts only (`secrets={"API_KEY": Secret("…", hosts=["api.example.com"])}`):
+    the workload sees a placeholder, which the gateway's egress proxy swaps for the value in
+    request headers to those hosts (HTTPS included: it intercepts TLS for them alone)."""
+
+    value: str = field(repr=False)
+    hosts: tuple[str, ...] | list[str] = ()
+
+
+@dataclass(frozen=True)
+class EgressDecision:
+    """One connection the gateway's egress proxy decided on."""
+
+    time: datetime
+    host: str
+    port: int
+    allowed: bool
+    rule: str
+    reason: str
+    bytes_up: int
+    bytes_down: int
+
+
+def egress_decisions(message: pb.ListEgressResponse) -> list[EgressDecision]:
+    """The decisions of a ListEgress response, oldest first."""
+    return [
+        EgressDecision(
+            time=datetime.fromtimestamp(d.time_ms / 1000, tz=UTC),
+            host=d.host,
+            port=d.port,
+            allowed=d.allowed,
+            rule=d.rule,
+            reason=d.reason,
+            bytes_up=d.bytes_up,
+            bytes_down=d.bytes_down,
+        )
+        for d in message.decisions
+    ]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core.archives import ArchiveLimits, ArchiveSummary, EntryRefused
 from warmshell.core.files import FileEntry
+from warmshell.sandboxio import archive
 from warmshell.sandboxio.rootfs import PendingWrite, Root
 from warmshell.sandboxio.window import OutputWindow
 
@@ -70,9 +72,9 @@ class FileServer:
             if (task := self._tasks.get(op.op_id)) is not None:
                 task.cancel()
         elif op.op_id not in self._tasks:
-            if op.kind == "read":
+            if op.kind in ("read", "tar"):
                 self._windows[op.op_id] = OutputWindow(op.window_bytes or DEFAULT_CHUNK * 4)
-            elif op.kind == "write":
+            elif op.kind in ("write", "untar"):
                 self._writes[op.op_id] = asyncio.Queue()
             self._tasks[op.op_id] = asyncio.create_task(self._serve(op))
 
@@ -112,10 +114,17 @@ class FileServer:
                 await self._read(op)
             elif op.kind == "write":
                 await self._write(op)
+            elif op.kind == "tar":
+                await self._tar(op)
+            elif op.kind == "untar":
+                await self._untar(op)
             else:
                 self._result(op.op_id, error=f"unknown file operation {op.kind!r}")
+        except EntryRefused as exc:
+            self._result(op.op_id, errno=errno.EINVAL, error=str(exc))
         except OSError as exc:
-            self._result(op.op_id, errno=exc.errno or errno.EIO, error=exc.strerror or str(exc))
+            where = f"{exc.filename}: " if op.kind == "untar" and isinstance(exc.filename, str) else ""
+            self._result(op.op_id, errno=exc.errno or errno.EIO, error=where + (exc.strerror or str(exc)))
         finally:
             self._tasks.pop(op.op_id, None)
             self._windows.pop(op.op_id, None)
@@ -137,12 +146,63 @@ class FileServer:
                 if sent > op.max_bytes:
                     self._result(op.op_id, errno=errno.EFBIG, error=f"over the limit of {op.max_bytes} bytes")
                     return
-                taken = 0
-                while taken < len(data):  # the window holds several chunks: wait for room for this one
-                    taken += await window.take(len(data) - taken)
-                self._result(op.op_id, data=data)
+                await self._send_data(op.op_id, window, data)
         finally:
             os.close(fd)
+
+    async def _send_data(self, op_id: str, window: OutputWindow, data: bytes) -> None:
+        taken = 0
+        while taken < len(data):  # the window holds several chunks: wait for room for this one
+            taken += await window.take(len(data) - taken)
+        self._result(op_id, data=data)
+
+    async def _tar(self, op: spb.FileOp) -> None:
+        root = Root(self._open_root())
+        limits = ArchiveLimits(op.max_entries, op.max_bytes)
+        chunks = archive.pack(root, op.path, limits, op.chunk_bytes or DEFAULT_CHUNK)
+        window = self._windows[op.op_id]
+        try:
+            while (data := await asyncio.to_thread(next, chunks, None)) is not None:
+                await self._send_data(op.op_id, window, data)
+            self._result(op.op_id, done=True)
+        finally:
+            await asyncio.shield(asyncio.to_thread(archive.close_pack, chunks, root))
+
+    async def _untar(self, op: spb.FileOp) -> None:
+        root = Root(self._open_root())
+        pipe = archive.ChunkPipe()
+
+        def run() -> ArchiveSummary:
+            try:
+                return archive.unpack(root, op.path, pipe, ArchiveLimits(op.max_entries, op.max_bytes))
+            finally:
+                pipe.close()
+                os.close(root.fd)
+
+        unpacking = asyncio.ensure_future(asyncio.to_thread(run))
+        chunks = self._writes[op.op_id]
+        try:
+            while not unpacking.done():
+                getting = asyncio.ensure_future(chunks.get())
+                await asyncio.wait([getting, unpacking], return_when=asyncio.FIRST_COMPLETED)
+                if not getting.done():
+                    getting.cancel()
+                    break
+                chunk = getting.result()
+                if chunk.data:
+                    put: bool = await asyncio.to_thread(pipe.put, chunk.data)
+                    if put:
+                        self._result(op.op_id, credit=len(chunk.data))
+                if chunk.last:
+                    pipe.finish()
+                    break
+            summary = await unpacking
+            self._result(op.op_id, done=True, bytes_written=summary.bytes_written, entries_written=summary.entries)
+        finally:
+            if not unpacking.done():
+                pipe.abort()
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait([unpacking])
 
     async def _write(self, op: spb.FileOp) -> None:
         pending: PendingWrite = await self._call(

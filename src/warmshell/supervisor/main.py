@@ -83,7 +83,7 @@ _SANDBOX_OVER = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
 # shutting down, connections closed as soon as they are made) can be retried "transparently"
 # without end and without I/O: every attempt fails at once on a transport already going away,
 # and each one stays in the call's memory until the call ends. That spun a core and grew a pod
-# supervisor by ~100 MB/s (bench/supervisor_memory.py); with retries off the call fails with
+# supervisor by ~100 MB/s (bench/investigations/supervisor-memory/); with retries off the call fails with
 # UNAVAILABLE and the supervisor's backoff takes over.
 CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
 
@@ -176,15 +176,18 @@ class Supervisor:
         runner: Runner = run_streaming,
         link: GatewayLink | None = None,
         serve_files: bool = False,
+        workdir: str = "",
     ) -> None:
         """`runner` starts the workload and execs (default: as this process's children);
         `link`, when given, is how to reach the gateway (the local driver runs every sandbox's
         supervisor in the gateway process and passes its in-process link or a shared channel's);
         by default `run` opens a gRPC channel to `settings.gateway` and closes it; `serve_files`:
         answer the gateway's file operations inside this process's filesystem (a pod's
-        supervisor; the local driver serves files host-side instead)."""
+        supervisor; the local driver serves files host-side instead); `workdir`: the workload's
+        and execs' directory over the activation's (an image's WorkingDir on the local driver)."""
         self.settings = settings
         self._base_env = base_env
+        self._default_workdir = workdir
         self._runner = runner
         self._given_link = link
         self._outbox = Outbox()
@@ -220,7 +223,7 @@ class Supervisor:
             self.activation = activation
             self._token, self._token_expires_ms = activation.token, activation.token_expires_at_ms
             self._env = _workload_environment(self._base_env, activation)
-            self._workdir = activation.workload.workdir or "/"
+            self._workdir = self._default_workdir or activation.workload.workdir or "/"
             if activation.workload.command:
                 self._workload = asyncio.create_task(self._run_workload(list(activation.workload.command)))
                 self._workload_started = True

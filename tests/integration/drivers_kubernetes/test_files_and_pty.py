@@ -10,8 +10,11 @@ confinement refuses in any container: `..` resolving at the container's root, li
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import re
+import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -102,5 +105,42 @@ async def test_a_pty_and_streamed_stdin_in_a_pod(gw: RunningGateway) -> None:
             data = os.urandom(3 * 1024 * 1024)
             r = await sb.run(["wc", "-c"], stdin=[data[i : i + 65536] for i in range(0, len(data), 65536)])
             assert r.stdout.strip() == str(len(data)).encode()
+        finally:
+            await sb.delete()
+
+
+async def test_bulk_files_through_the_pods_supervisor(gw: RunningGateway, tmp_path: Path) -> None:
+    """A directory up and back in one call each, unpacked and packed inside the pod (modes,
+    links, mtimes kept); a hostile entry refused there, naming the rule."""
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    blob = os.urandom(3 * 1024 * 1024 + 5)  # several chunks and credits each way
+    (repo / "src" / "blob.bin").write_bytes(blob)
+    (repo / "run.sh").write_bytes(b"#!/bin/sh\necho ran\n")
+    (repo / "run.sh").chmod(0o755)
+    os.utime(repo / "run.sh", (1_500_000_000, 1_500_000_000))
+    (repo / "link").symlink_to("src/blob.bin")
+    async with warmshell.AsyncClient(state_dir=gw.gateway.config.state_dir) as client:
+        sb = await client.create(name="bulk", ready_timeout=60)
+        try:
+            summary = await sb.files.upload_dir(repo, "/workspace/repo")
+            assert (summary.entries, summary.bytes_written) == (4, len(blob) + 19)
+            ran = await sb.run(["sh", "-c", "/workspace/repo/run.sh && wc -c < /workspace/repo/link"])
+            assert ran.stdout.split() == [b"ran", str(len(blob)).encode()]
+            back = tmp_path / "back"
+            assert await sb.files.download_dir("/workspace/repo", back) == summary
+            assert (back / "src" / "blob.bin").read_bytes() == blob
+            assert os.readlink(back / "link") == "src/blob.bin"
+            assert ((back / "run.sh").stat().st_mode & 0o777, int((back / "run.sh").stat().st_mtime)) == (
+                0o755,
+                1_500_000_000,
+            )
+            hostile = io.BytesIO()
+            with tarfile.open(fileobj=hostile, mode="w") as archive:
+                info = tarfile.TarInfo("../escape")
+                archive.addfile(info, io.BytesIO(b""))
+            hostile.seek(0)
+            with pytest.raises(warmshell.InvalidArgument, match=r"'\.\.' component"):
+                await sb.files.upload_tar(hostile, "/workspace/repo")
         finally:
             await sb.delete()

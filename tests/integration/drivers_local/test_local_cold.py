@@ -304,7 +304,8 @@ async def test_a_cgroup_that_cannot_be_made_is_said_exactly(make_driver: DriverF
 
 async def test_unisolated_mode_runs_plain_processes(make_driver: DriverFactory, paths: StatePaths) -> None:
     config = LocalDriverConfig(bwrap="/nonexistent/bwrap", allow_unisolated=True)
-    async with make_driver(script="pwd > where; exec sleep 600", config=config) as driver:
+    # Written aside and renamed into place: a shell's `>` makes the file before it writes to it.
+    async with make_driver(script="pwd > where.new && mv where.new where; exec sleep 600", config=config) as driver:
         created = await driver.create(request())
         (isolated,) = [c for c in created.conditions if c.type == "Isolated"]
         assert (isolated.status, isolated.reason) == ("False", "Unisolated")

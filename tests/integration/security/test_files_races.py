@@ -12,18 +12,16 @@ paths without a race."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import secrets
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.integration.drivers_local.support import needs_bwrap
-from tests.integration.security.support import sandbox, still_real
+from tests.integration.security.support import Attempts, sandbox, still_real, wait_for
 from tests.integration.security.test_files_api import NAME, Files
 
 pytestmark = [
@@ -88,51 +86,32 @@ async def test_swaps_during_file_calls_reach_nothing_outside(gw: RunningGateway,
     files = Files(gw)
 
     racer = asyncio.create_task(gw.exec(NAME, ["python3", "-c", RACER, str(host), str(RACE_SECONDS)]))
-    for _ in range(100):  # until the racer's files exist
-        try:
-            await files.stat("/workspace/d-link")
-            break
-        except grpc.aio.AioRpcError:
-            await asyncio.sleep(0.05)
+    await wait_for(lambda: files.stat("/workspace/d-link"))
 
-    outcomes: collections.Counter[str] = collections.Counter()
-    read_back: set[bytes] = set()
-    unclear: list[str] = []
-
-    async def attempt(label: str, call: object) -> None:
-        try:
-            async with asyncio.timeout(OP_TIMEOUT_SECONDS):
-                result = await call  # type: ignore[misc]
-        except grpc.aio.AioRpcError as err:
-            outcomes[f"{label}:{err.code().name}"] += 1
-            if err.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-                unclear.append(f"{label}: {err.details()}")
-            return
-        outcomes[f"{label}:OK"] += 1
-        if label == "read":
-            read_back.add(result)
+    calls = Attempts(timeout=OP_TIMEOUT_SECONDS)
 
     loop = asyncio.get_running_loop()
     end = loop.time() + RACE_SECONDS - 1
     while loop.time() < end and not racer.done():
         await asyncio.gather(
-            attempt("read", files.read("/workspace/d/f")),
-            attempt("write", files.write("/workspace/d/new/pwned", b"pwned", make_parents=True)),
-            attempt("overwrite", files.write("/workspace/d/f", b"pwned")),
-            attempt("stat", files.stat("/workspace/d/f")),
-            attempt("list", files.list("/workspace/d")),
-            attempt("mkdir", files.mkdir("/workspace/d/made", parents=True)),
-            attempt("remove", files.remove("/workspace/d/new", recursive=True)),
+            calls.attempt("read", files.read("/workspace/d/f")),
+            calls.attempt("write", files.write("/workspace/d/new/pwned", b"pwned", make_parents=True)),
+            calls.attempt("overwrite", files.write("/workspace/d/f", b"pwned")),
+            calls.attempt("stat", files.stat("/workspace/d/f")),
+            calls.attempt("list", files.list("/workspace/d")),
+            calls.attempt("mkdir", files.mkdir("/workspace/d/made", parents=True)),
+            calls.attempt("remove", files.remove("/workspace/d/new", recursive=True)),
         )
     code, out, err = await racer
     assert code == 0, err
     assert int(out.split()[-1]) > 100, f"the race hardly ran: {out!r}"
 
-    assert not unclear, unclear
-    assert secret not in b"".join(read_back)
+    assert not calls.unclear, calls.unclear
+    read_back = set(calls.results["read"])
+    assert secret not in b"".join(read_back)  # type: ignore[arg-type]
     assert read_back <= {b"inside", b"pwned", b""}, read_back
     assert _snapshot(host) == before, "the host directory changed"
     # The race was real: some calls met a directory and a file, others the swapped-in names.
-    assert outcomes["read:OK"] > 0, outcomes
-    assert sum(n for k, n in outcomes.items() if not k.endswith(":OK")) > 0, outcomes
+    assert calls.outcomes["read:OK"] > 0, calls.outcomes
+    assert calls.failures() > 0, calls.outcomes
     await still_real(gw, NAME)

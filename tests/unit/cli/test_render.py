@@ -170,6 +170,8 @@ def test_to_dict_has_a_stable_shape() -> None:
         "command": [],
         "runtime_class_name": "",
         "secrets": {},
+        "network": {"allow": [], "deny": []},
+        "secret_hosts": {},
     }
     status = document["status"]
     assert isinstance(status, dict)

@@ -68,9 +68,10 @@ def profile(name: str = "p", replicas: int = 2, **fields: object) -> Profile:
     return Profile(name=name, source=f"/pools/{name}.toml", workspace="default", replicas=replicas, **fields)  # type: ignore[arg-type]
 
 
-def refuse_images(profile: Profile) -> None:
+def refuse_images(profile: Profile) -> Profile:
     if profile.image:
         raise InvalidArgumentError("spec.image", "no images here")
+    return profile
 
 
 @pytest.fixture

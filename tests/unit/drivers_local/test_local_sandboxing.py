@@ -163,3 +163,18 @@ def test_tmpfs_sizes_come_right_before_their_mounts() -> None:
     sized = [(argv[i + 1], argv[i + 3]) for i, arg in enumerate(argv) if arg == "--size"]
     assert sized == [("1", "/tmp"), ("2", "/run"), ("3", "/dev/shm")]
     assert all(argv[i + 2] == "--tmpfs" for i, arg in enumerate(argv) if arg == "--size")
+
+
+def test_an_image_of_the_store_is_its_overlay_bound_writable_as_root_under_the_rest() -> None:
+    argv = sandboxing.bwrap_argv(layout(plan=RootPlan(()), overlay_root=Path("/var/lib/ws/rootfs/m"), uid=1234, gid=55))
+    before = options(argv)
+    assert pairs(argv, "--bind", 2)[0] == ("/var/lib/ws/rootfs/m", "/")
+    assert before.index("--bind") < before.index("--dev") < before.index("--ro-bind")  # first, the rest on top
+    assert ("/",) not in pairs(argv, "--remount-ro", 1)  # the sandbox writes into its upper layer
+    assert ("/dev",) in pairs(argv, "--remount-ro", 1)
+    assert (pairs(argv, "--uid", 1), pairs(argv, "--gid", 1)) == ([("1234",)], [("55",)])
+    assert ("/srv/ws/warmshell-agent-0123", sandboxing.AGENT_PATH) in pairs(argv, "--ro-bind", 2)
+    # Without an overlay the root stays read-only, and the gid is the uid.
+    plain = sandboxing.bwrap_argv(layout(uid=7))
+    assert ("/",) in pairs(plain, "--remount-ro", 1)
+    assert pairs(plain, "--gid", 1) == [("7",)]

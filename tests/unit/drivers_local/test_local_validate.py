@@ -88,12 +88,18 @@ def test_an_image_root_may_not_overlap_the_state_dir(tmp_path: Path) -> None:
             LocalDriver(config, StatePaths(tmp_path / "state"), cgroup=cgroups.Unavailable("test"))
 
 
-@pytest.mark.parametrize("image", ["ubuntu:24.04", "relative/dir", "/nonexistent/rootfs"])
-def test_bad_images(driver: LocalDriver, image: str) -> None:
+def test_bad_images(driver: LocalDriver) -> None:
     with pytest.raises(InvalidArgumentError) as caught:
-        driver.validate("default", SandboxSpec(image=image))
+        driver.validate("default", SandboxSpec(image="/nonexistent/rootfs"))
     assert caught.value.field == "spec.image"
     assert "root filesystem" in caught.value.rule
+
+
+@pytest.mark.parametrize("image", ["ubuntu:24.04", "relative/dir"])
+def test_images_of_the_store_need_bubblewrap(driver: LocalDriver, image: str) -> None:
+    # Not a path: a reference to the image store, whose overlay only an isolated sandbox gets.
+    with pytest.raises(FailedPreconditionError, match=r"^spec\.image: .*need bubblewrap"):
+        driver.validate("default", SandboxSpec(image=image))
 
 
 def test_image_without_usr(driver: LocalDriver, images: Path) -> None:

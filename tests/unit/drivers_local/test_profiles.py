@@ -205,3 +205,33 @@ def test_storage_and_process_count_errors_name_the_key(tail: str, key: str, rule
     assert caught.value.key == key
     assert rule in str(caught.value)
     assert caught.value.line is not None
+
+
+def test_network_rules_are_read_and_left_out_of_the_pool() -> None:
+    plain = parse(FULL)
+    profile = parse(
+        FULL + '[network]\nallow = ["pypi.example:443", "*.githubusercontent.example"]\ndeny = ["10.0.0.0/8"]\n'
+    )
+    assert profile.network_allow == ("pypi.example:443", "*.githubusercontent.example")
+    assert profile.network_deny == ("10.0.0.0/8",)
+    assert plain.network_allow is None
+    # Applied at activation: the same shape, the same members.
+    assert profile.same_pool(plain)
+    assert profile.fingerprint("") == plain.fingerprint("")
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "rule"),
+    [
+        ('allow = ["ok.example", "*.com"]', "network.allow[1]", "a wildcard over a public suffix"),
+        ('deny = ["x.example:0"]', "network.deny[0]", "port '0' is not a number"),
+        ('allow = "pypi.example"', "network.allow", "must be a list of strings"),
+        ("ports = [443]", "network.ports", "unknown key; allowed: allow, deny"),
+    ],
+)
+def test_a_bad_network_rule_names_its_entry_and_line(table: str, key: str, rule: str) -> None:
+    with pytest.raises(ProfileError) as caught:
+        parse(FULL + "[network]\n" + table + "\n")
+    assert caught.value.key == key
+    assert rule in caught.value.rule
+    assert caught.value.line == FULL.count("\n") + 2

@@ -121,12 +121,35 @@ class SandboxSpec(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class SecretHostsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___SecretHosts: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___SecretHosts | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     IMAGE_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     RESOURCES_FIELD_NUMBER: _builtins.int
     COMMAND_FIELD_NUMBER: _builtins.int
     RUNTIME_CLASS_NAME_FIELD_NUMBER: _builtins.int
     SECRETS_FIELD_NUMBER: _builtins.int
+    NETWORK_FIELD_NUMBER: _builtins.int
+    SECRET_HOSTS_FIELD_NUMBER: _builtins.int
     image: _builtins.str
     """Driver-specific image reference; "" selects the driver's default image."""
     runtime_class_name: _builtins.str
@@ -145,6 +168,19 @@ class SandboxSpec(_message.Message):
         response shows the names only, each value as "<redacted>".
         """
 
+    @_builtins.property
+    def network(self) -> Global___NetworkPolicy:
+        """Egress rules (HOST[:PORT], *.DOMAIN[:PORT], an IP, a CIDR) applied at activation by the
+        gateway's proxy, outside the sandbox: never part of the pool match.
+        """
+
+    @_builtins.property
+    def secret_hosts(self) -> _containers.MessageMap[_builtins.str, Global___SecretHosts]:
+        """Secrets that are for some hosts only (name -> hosts: HOST[:PORT], *.DOMAIN[:PORT], an IP):
+        the workload sees a placeholder (wsp_...), which the egress proxy replaces with the value
+        in request headers to those hosts only, and answers 403 anywhere else.
+        """
+
     def __init__(
         self,
         *,
@@ -154,14 +190,67 @@ class SandboxSpec(_message.Message):
         command: _abc.Iterable[_builtins.str] | None = ...,
         runtime_class_name: _builtins.str = ...,
         secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        network: Global___NetworkPolicy | None = ...,
+        secret_hosts: _abc.Mapping[_builtins.str, Global___SecretHosts] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "image", b"image", "resources", b"resources", "runtime_class_name", b"runtime_class_name", "secrets", b"secrets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "image", b"image", "network", b"network", "resources", b"resources", "runtime_class_name", b"runtime_class_name", "secret_hosts", b"secret_hosts", "secrets", b"secrets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SandboxSpec: _TypeAlias = SandboxSpec  # noqa: Y015
+
+@_typing.final
+class SecretHosts(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOSTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        hosts: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SecretHosts: _TypeAlias = SecretHosts  # noqa: Y015
+
+@_typing.final
+class NetworkPolicy(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALLOW_FIELD_NUMBER: _builtins.int
+    DENY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def allow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Empty: the profile's (or the gateway's default) allow list as it is. Otherwise it narrows
+        that list (every connection must pass both), or replaces it where the gateway lets
+        requests widen ([network] requests_may_widen).
+        """
+
+    @_builtins.property
+    def deny(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Always applied, after the gateway's and the profile's deny lists."""
+
+    def __init__(
+        self,
+        *,
+        allow: _abc.Iterable[_builtins.str] | None = ...,
+        deny: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow", b"allow", "deny", b"deny"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NetworkPolicy: _TypeAlias = NetworkPolicy  # noqa: Y015
 
 @_typing.final
 class Condition(_message.Message):
@@ -1218,6 +1307,87 @@ class WriteFileResponse(_message.Message):
 Global___WriteFileResponse: _TypeAlias = WriteFileResponse  # noqa: Y015
 
 @_typing.final
+class UploadTarHeader(_message.Message):
+    """A tar archive unpacked below a directory: directories, regular files and symbolic links that
+    stay below it, with their modes and mtimes; anything else (`..`, absolute names, hard links,
+    device nodes, FIFOs, links leading out) refuses the whole upload.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    path: _builtins.str
+    """The destination directory, created (with its parents) when missing."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "path", b"path", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadTarHeader: _TypeAlias = UploadTarHeader  # noqa: Y015
+
+@_typing.final
+class UploadTarRequest(_message.Message):
+    """The first message is the header; then the tar's bytes, in chunks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def header(self) -> Global___UploadTarHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___UploadTarHeader | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "part", b"part"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "header", b"header", "part", b"part"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["header", "data"]  # noqa: Y015
+    _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
+
+Global___UploadTarRequest: _TypeAlias = UploadTarRequest  # noqa: Y015
+
+@_typing.final
+class UploadTarResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    BYTES_WRITTEN_FIELD_NUMBER: _builtins.int
+    entries: _builtins.int
+    """Entries written (directories, files, links) and the bytes of the files' content."""
+    bytes_written: _builtins.int
+    def __init__(
+        self,
+        *,
+        entries: _builtins.int = ...,
+        bytes_written: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadTarResponse: _TypeAlias = UploadTarResponse  # noqa: Y015
+
+@_typing.final
 class ListFilesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1305,3 +1475,72 @@ class MakeDirectoryRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MakeDirectoryRequest: _TypeAlias = MakeDirectoryRequest  # noqa: Y015
+
+@_typing.final
+class EgressDecision(_message.Message):
+    """One connection the egress proxy decided on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TIME_MS_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    ALLOWED_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    BYTES_UP_FIELD_NUMBER: _builtins.int
+    BYTES_DOWN_FIELD_NUMBER: _builtins.int
+    time_ms: _builtins.int
+    host: _builtins.str
+    port: _builtins.int
+    allowed: _builtins.bool
+    rule: _builtins.str
+    """The rule that decided ("" when none allowed it), and why, in words."""
+    reason: _builtins.str
+    bytes_up: _builtins.int
+    bytes_down: _builtins.int
+    def __init__(
+        self,
+        *,
+        time_ms: _builtins.int = ...,
+        host: _builtins.str = ...,
+        port: _builtins.int = ...,
+        allowed: _builtins.bool = ...,
+        rule: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        bytes_up: _builtins.int = ...,
+        bytes_down: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "bytes_down", b"bytes_down", "bytes_up", b"bytes_up", "host", b"host", "port", b"port", "reason", b"reason", "rule", b"rule", "time_ms", b"time_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EgressDecision: _TypeAlias = EgressDecision  # noqa: Y015
+
+@_typing.final
+class ListEgressResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    """The sandbox's policy, as its Network condition says it."""
+    @_builtins.property
+    def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___EgressDecision]:
+        """Oldest first."""
+
+    def __init__(
+        self,
+        *,
+        decisions: _abc.Iterable[Global___EgressDecision] | None = ...,
+        policy: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions", "policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEgressResponse: _TypeAlias = ListEgressResponse  # noqa: Y015

@@ -79,6 +79,11 @@ class SandboxServiceStub:
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.RefreshTtlRequest.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
                 _registered_method=True)
+        self.ListEgress = channel.unary_unary(
+                '/warmshell.v1.SandboxService/ListEgress',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -141,6 +146,13 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEgress(self, request, context):
+        """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +200,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.RefreshTtl,
                     request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.RefreshTtlRequest.FromString,
                     response_serializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.SerializeToString,
+            ),
+            'ListEgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEgress,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +460,33 @@ class SandboxService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def ListEgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/ListEgress',
+            warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class FileServiceStub:
     """File operations inside a Ready sandbox. Errors name the path and the cause: NOT_FOUND,
@@ -486,6 +530,16 @@ class FileServiceStub:
                 '/warmshell.v1.FileService/MakeDirectory',
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.MakeDirectoryRequest.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileInfo.FromString,
+                _registered_method=True)
+        self.UploadTar = channel.stream_unary(
+                '/warmshell.v1.FileService/UploadTar',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.UploadTarRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.UploadTarResponse.FromString,
+                _registered_method=True)
+        self.DownloadTar = channel.unary_stream(
+                '/warmshell.v1.FileService/DownloadTar',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileRef.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileChunk.FromString,
                 _registered_method=True)
 
 
@@ -532,6 +586,20 @@ class FileServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadTar(self, request_iterator, context):
+        """Directories and files in bulk, one call each way. Download: the tar of a directory (its
+        entries, named relative to it; links as links, special files left out) or of one file.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DownloadTar(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FileServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -564,6 +632,16 @@ def add_FileServiceServicer_to_server(servicer, server):
                     servicer.MakeDirectory,
                     request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.MakeDirectoryRequest.FromString,
                     response_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileInfo.SerializeToString,
+            ),
+            'UploadTar': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadTar,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.UploadTarRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.UploadTarResponse.SerializeToString,
+            ),
+            'DownloadTar': grpc.unary_stream_rpc_method_handler(
+                    servicer.DownloadTar,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileRef.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -732,6 +810,60 @@ class FileService:
             '/warmshell.v1.FileService/MakeDirectory',
             warmshell_dot_v1_dot_sandbox__pb2.MakeDirectoryRequest.SerializeToString,
             warmshell_dot_v1_dot_sandbox__pb2.FileInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadTar(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/warmshell.v1.FileService/UploadTar',
+            warmshell_dot_v1_dot_sandbox__pb2.UploadTarRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.UploadTarResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DownloadTar(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/warmshell.v1.FileService/DownloadTar',
+            warmshell_dot_v1_dot_sandbox__pb2.FileRef.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.FileChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,8 @@ class SandboxServiceStub:
     """
     ListPools: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ListPoolsRequest, _sandbox_pb2.ListPoolsResponse]
     RefreshTtl: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]
+    ListEgress: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.ListEgressResponse]
+    """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
 
 @_typing.type_check_only
 class SandboxServiceAsyncStub(SandboxServiceStub):
@@ -63,6 +65,8 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     """
     ListPools: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ListPoolsRequest, _sandbox_pb2.ListPoolsResponse]  # type: ignore[assignment]
     RefreshTtl: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
+    ListEgress: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.ListEgressResponse]  # type: ignore[assignment]
+    """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
 
 class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -132,6 +136,14 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sandbox_pb2.Sandbox, _abc.Awaitable[_sandbox_pb2.Sandbox]]: ...
 
+    @_abc_1.abstractmethod
+    def ListEgress(
+        self,
+        request: _sandbox_pb2.SandboxRef,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.ListEgressResponse, _abc.Awaitable[_sandbox_pb2.ListEgressResponse]]:
+        """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
+
 def add_SandboxServiceServicer_to_server(servicer: SandboxServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class FileServiceStub:
@@ -151,6 +163,11 @@ class FileServiceStub:
     ListFiles: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.ListFilesResponse]
     RemoveFile: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.RemoveFileRequest, _sandbox_pb2.RemoveFileResponse]
     MakeDirectory: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.MakeDirectoryRequest, _sandbox_pb2.FileInfo]
+    UploadTar: _grpc.StreamUnaryMultiCallable[_sandbox_pb2.UploadTarRequest, _sandbox_pb2.UploadTarResponse]
+    """Directories and files in bulk, one call each way. Download: the tar of a directory (its
+    entries, named relative to it; links as links, special files left out) or of one file.
+    """
+    DownloadTar: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.FileChunk]
 
 @_typing.type_check_only
 class FileServiceAsyncStub(FileServiceStub):
@@ -167,6 +184,11 @@ class FileServiceAsyncStub(FileServiceStub):
     ListFiles: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.ListFilesResponse]  # type: ignore[assignment]
     RemoveFile: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.RemoveFileRequest, _sandbox_pb2.RemoveFileResponse]  # type: ignore[assignment]
     MakeDirectory: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.MakeDirectoryRequest, _sandbox_pb2.FileInfo]  # type: ignore[assignment]
+    UploadTar: _aio.StreamUnaryMultiCallable[_sandbox_pb2.UploadTarRequest, _sandbox_pb2.UploadTarResponse]  # type: ignore[assignment]
+    """Directories and files in bulk, one call each way. Download: the tar of a directory (its
+    entries, named relative to it; links as links, special files left out) or of one file.
+    """
+    DownloadTar: _aio.UnaryStreamMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.FileChunk]  # type: ignore[assignment]
 
 class FileServiceServicer(metaclass=_abc_1.ABCMeta):
     """File operations inside a Ready sandbox. Errors name the path and the cause: NOT_FOUND,
@@ -216,5 +238,22 @@ class FileServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _sandbox_pb2.MakeDirectoryRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sandbox_pb2.FileInfo, _abc.Awaitable[_sandbox_pb2.FileInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def UploadTar(
+        self,
+        request_iterator: _MaybeAsyncIterator[_sandbox_pb2.UploadTarRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.UploadTarResponse, _abc.Awaitable[_sandbox_pb2.UploadTarResponse]]:
+        """Directories and files in bulk, one call each way. Download: the tar of a directory (its
+        entries, named relative to it; links as links, special files left out) or of one file.
+        """
+
+    @_abc_1.abstractmethod
+    def DownloadTar(
+        self,
+        request: _sandbox_pb2.FileRef,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sandbox_pb2.FileChunk], _abc.AsyncIterator[_sandbox_pb2.FileChunk]]: ...
 
 def add_FileServiceServicer_to_server(servicer: FileServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

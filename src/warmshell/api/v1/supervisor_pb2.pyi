@@ -347,6 +347,7 @@ class FileResult(_message.Message):
     ERRNO_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     CREDIT_FIELD_NUMBER: _builtins.int
+    ENTRIES_WRITTEN_FIELD_NUMBER: _builtins.int
     op_id: _builtins.str
     data: _builtins.bytes
     """read: the next chunk."""
@@ -358,6 +359,8 @@ class FileResult(_message.Message):
     error: _builtins.str
     credit: _builtins.int
     """write: this many more bytes of content may be sent (the supervisor wrote them)."""
+    entries_written: _builtins.int
+    """untar: the entries written."""
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___FileStat]:
         """stat and mkdir: one entry; list: all of them."""
@@ -373,10 +376,11 @@ class FileResult(_message.Message):
         errno: _builtins.int = ...,
         error: _builtins.str = ...,
         credit: _builtins.int = ...,
+        entries_written: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "credit", b"credit", "data", b"data", "done", b"done", "entries", b"entries", "errno", b"errno", "error", b"error", "op_id", b"op_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_written", b"bytes_written", "credit", b"credit", "data", b"data", "done", b"done", "entries", b"entries", "entries_written", b"entries_written", "errno", b"errno", "error", b"error", "op_id", b"op_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -670,6 +674,7 @@ class FileOp(_message.Message):
     DATA_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
     WINDOW_BYTES_FIELD_NUMBER: _builtins.int
+    MAX_ENTRIES_FIELD_NUMBER: _builtins.int
     op_id: _builtins.str
     kind: _builtins.str
     """"stat", "list", "read", "write", "remove", "mkdir"; "data" carries more of a write,
@@ -686,6 +691,10 @@ class FileOp(_message.Message):
     last: _builtins.bool
     window_bytes: _builtins.int
     """read: the window (at most this many bytes unacknowledged); credit: bytes acknowledged."""
+    max_entries: _builtins.int
+    """"tar" (like a read, of a directory's archive) and "untar" (like a write, of an archive
+    unpacked below `path`): the most entries the archive may hold.
+    """
     def __init__(
         self,
         *,
@@ -699,10 +708,11 @@ class FileOp(_message.Message):
         data: _builtins.bytes = ...,
         last: _builtins.bool = ...,
         window_bytes: _builtins.int = ...,
+        max_entries: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "data", b"data", "kind", b"kind", "last", b"last", "max_bytes", b"max_bytes", "mode", b"mode", "op_id", b"op_id", "parents_or_recursive", b"parents_or_recursive", "path", b"path", "window_bytes", b"window_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "data", b"data", "kind", b"kind", "last", b"last", "max_bytes", b"max_bytes", "max_entries", b"max_entries", "mode", b"mode", "op_id", b"op_id", "parents_or_recursive", b"parents_or_recursive", "path", b"path", "window_bytes", b"window_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

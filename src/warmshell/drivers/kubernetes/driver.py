@@ -209,12 +209,14 @@ class KubernetesDriver:
         """The configured supervisor image."""
         return self._config.image
 
-    def validate(self, workspace: str, spec: SandboxSpec) -> None:
-        """An image is a container image reference that ships `warmshell` (see the README)."""
+    def validate(self, workspace: str, spec: SandboxSpec) -> SandboxSpec:
+        """An image is a container image reference that ships `warmshell` (see the README); the
+        spec runs as asked."""
         if spec.image and any(c.isspace() for c in spec.image):
             raise InvalidArgumentError("spec.image", f"{spec.image!r} is not a container image reference")
         if spec.resources.pids:  # a pod's process limit is the node's (kubelet podPidsLimit)
             raise InvalidArgumentError("spec.resources.pids", "must be 0 on the Kubernetes driver (set by the node)")
+        return spec
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
         """A SandboxClaim when exactly one warm pool matches, else a cold Sandbox. Either is

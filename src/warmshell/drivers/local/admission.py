@@ -4,6 +4,7 @@ on its pool instead of failing every refill)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,29 +13,49 @@ from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError
 from warmshell.core.models import SandboxSpec
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.local.hostsetup import HostSetup
-from warmshell.drivers.local.runtime import cgroups, images, limits
+from warmshell.drivers.local.runtime import cgroups, imageroots, images, limits
 
-__all__ = ["check_image_root", "check_profile", "check_spec", "unenforceable"]
+__all__ = ["check_image_root", "check_profile", "check_spec", "stored_images_refused", "unenforceable"]
 
 
-def check_spec(spec: SandboxSpec, host: HostSetup) -> None:
-    """The image is "" or an unpacked root filesystem directory under one of the image roots,
-    there are no runtime classes, and nothing asked for is over the gateway's maximums
-    (InvalidArgumentError naming the field) or beyond what this host can enforce
-    (FailedPreconditionError naming the field; see `unenforceable`)."""
-    _check_arguments(spec, host)
+def check_spec(spec: SandboxSpec, host: HostSetup) -> SandboxSpec:
+    """The spec as this driver runs it: an image of the image store pinned to its digest (see
+    `imageroots`). The image is "", an image of the store (InvalidArgumentError saying how to
+    import it when unknown; FailedPreconditionError when this gateway cannot run one), or an
+    unpacked root filesystem directory under one of the image roots; there are no runtime
+    classes, and nothing asked for is over the gateway's maximums (InvalidArgumentError naming
+    the field) or beyond what this host can enforce (FailedPreconditionError naming the field;
+    see `unenforceable`)."""
+    if imageroots.is_reference(spec.image) and (why := stored_images_refused(host)) is not None:
+        raise FailedPreconditionError(f"spec.image: {why}")
+    spec = _check_arguments(spec, host)
     refused = unenforceable(spec, host)
     if refused is not None:
         raise FailedPreconditionError(": ".join(refused))
+    return spec
 
 
-def _check_arguments(spec: SandboxSpec, host: HostSetup) -> None:
+def stored_images_refused(host: HostSetup) -> str | None:
+    """Why this gateway cannot run images of its image store (None: it can)."""
+    if not host.launcher.isolated:
+        return "images of the image store need bubblewrap (local.allow_unisolated runs the host's root only)"
+    if not host.root or host.launcher.images is None:
+        # Each layer is mounted idmapped to the sandbox's uid, which needs root; a gateway of a
+        # normal user would need its own user namespace around bwrap, which it does not make.
+        return "images of the image store need a gateway run as root (their layers are idmapped to each sandbox's uid)"
+    return None
+
+
+def _check_arguments(spec: SandboxSpec, host: HostSetup) -> SandboxSpec:
     if spec.runtime_class_name:
         raise InvalidArgumentError("spec.runtime_class_name", "must be empty on the local driver (no runtime classes)")
-    if spec.image:
+    if imageroots.is_reference(spec.image) and host.launcher.images is not None:
+        spec = spec.model_copy(update={"image": host.launcher.images.pin(spec.image)})
+    elif spec.image:
         check_image_root(spec.image, host.image_roots)
-    images.check_image(spec.image)
+        images.check_image(spec.image)
     limits.check_maximum(spec, host.maximums)
+    return spec
 
 
 def unenforceable(spec: SandboxSpec, host: HostSetup) -> tuple[str, str] | None:
@@ -68,8 +89,12 @@ def check_image_root(image: str, roots: Sequence[Path], *, field: str = "spec.im
         )
 
 
-def check_profile(profile: Profile, host: HostSetup) -> None:
-    """`check_spec` of what the profile's members run; a ProfileError naming its key."""
+def check_profile(profile: Profile, host: HostSetup) -> Profile:
+    """`check_spec` of what the profile's members run, and the profile as they run it (its
+    image pinned); a ProfileError naming its key (reason `ImageNotFound` for an image the store
+    does not have)."""
+    if imageroots.is_reference(profile.image) and (why := stored_images_refused(host)) is not None:
+        raise ProfileError(profile.source, "image", why)
     spec = SandboxSpec(
         image=profile.image,
         runtime_class_name=profile.runtime_class_name,
@@ -77,10 +102,12 @@ def check_profile(profile: Profile, host: HostSetup) -> None:
         storage=profile.storage,
     )
     try:
-        _check_arguments(spec, host)
+        spec = _check_arguments(spec, host)
     except InvalidArgumentError as exc:
         key = exc.field.removeprefix("spec.")
-        raise ProfileError(profile.source, key, exc.rule) from exc
+        reason = imageroots.NOT_FOUND if isinstance(exc, imageroots.ImageNotFoundError) else ""
+        raise ProfileError(profile.source, key, exc.rule, reason=reason) from exc
     refused = unenforceable(spec, host)
     if refused is not None:
         raise ProfileError(profile.source, refused[0].removeprefix("spec."), refused[1])
+    return dataclasses.replace(profile, image=spec.image)

@@ -27,7 +27,7 @@ from warmshell.core import allocation
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError, UnavailableError
 from warmshell.core.fingerprints import shape_of
-from warmshell.core.ids import SandboxId
+from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import SandboxSpec, now_us
 from warmshell.drivers.base import (
     Activator,
@@ -141,6 +141,7 @@ class LocalDriver:
                     interval=self._config.pool_reload_interval_seconds,
                     max_replicas=self._config.max_pool_replicas,
                     apply=self._pools.apply,
+                    also=self._host.launcher.images.watched if self._host.launcher.images is not None else (),
                 ),
                 name="local-pool-profiles",
             )
@@ -167,9 +168,10 @@ class LocalDriver:
         """The host's root filesystem, read-only (see `images`)."""
         return ""
 
-    def validate(self, workspace: str, spec: SandboxSpec) -> None:
-        """Local meaning of a spec (see `admission.check_spec`)."""
-        admission.check_spec(spec, self._host)
+    def validate(self, workspace: str, spec: SandboxSpec) -> SandboxSpec:
+        """Local meaning of a spec, and the spec as this driver runs it (an image of the image
+        store pinned to its digest; see `admission.check_spec`)."""
+        return admission.check_spec(spec, self._host)
 
     async def create(self, request: CreateRequest) -> DriverSandbox:
         """Serve the request from its warm pool if exactly one matches and has a registered
@@ -180,7 +182,7 @@ class LocalDriver:
             return existing.view()
         pending = self._creating.get(request.sandbox_id)
         if pending is None:
-            self.validate(request.workspace, request.spec)
+            request = dataclasses.replace(request, spec=self.validate(request.workspace, request.spec))
             pending = asyncio.create_task(self._create(request))
             self._creating[request.sandbox_id] = pending
             pending.add_done_callback(lambda _: self._creating.pop(request.sandbox_id, None))
@@ -226,6 +228,14 @@ class LocalDriver:
         if self._files_executor is None:
             self._files_executor = files_executor(as_root=self._host.root)
         return LocalFiles(process.open_root, instance.uid, self._files_executor)
+
+    def egress_socket(self, instance_id: str) -> Path | None:
+        """Where the gateway's egress proxy listens for this instance: in the directory bound
+        into its sandbox (None: unknown, or unisolated, which has the host's network anyway)."""
+        instance = self._fleet.instances.get(InstanceId(instance_id))
+        if instance is None or not self._host.launcher.isolated:
+            return None
+        return instance.egress_dir / "proxy.sock"
 
     async def freeze(self, sandbox_id: SandboxId, *, frozen: bool = True) -> None:
         """Freeze every process of a running sandbox (`frozen=False`: thaw them) through its

@@ -33,8 +33,8 @@ from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import BackendState, DriverCondition
 from warmshell.drivers.local import credentials, records
 from warmshell.drivers.local.hostsetup import HostSetup
-from warmshell.drivers.local.instances import LOG_SUFFIX, Instance
-from warmshell.drivers.local.runtime import cgroups
+from warmshell.drivers.local.instances import EGRESS_SUFFIX, LOG_SUFFIX, Instance, egress_dir
+from warmshell.drivers.local.runtime import cgroups, imageroots
 from warmshell.drivers.local.runtime import limits as resource_limits
 from warmshell.drivers.local.runtime.launching import Launcher, traversable_dir
 from warmshell.drivers.local.runtime.processes import read_tail
@@ -112,7 +112,14 @@ class Fleet:
             if isinstance(exc, OSError | ValueError):
                 raise UnavailableError(f"cannot start a local sandbox: {exc}") from exc
             raise
-        seat = Seat(instance.instance_id, credential, instance.process.runner)
+        image = instance.image_root
+        seat = Seat(
+            instance.instance_id,
+            credential,
+            instance.process.runner,
+            environment=image.environment if image is not None else {},
+            workdir=image.config.working_dir if image is not None else "",
+        )
         del credential  # from here on only the supervisor holds it; the driver keeps its digest
         instance.state = BackendState.RUNNING
         instance.supervisor = asyncio.create_task(self._supervise(seat), name=f"supervisor:{instance.instance_id}")
@@ -171,7 +178,20 @@ class Fleet:
             instance.workspace_dir.mkdir(mode=0o700)
             if instance.uid is not None:
                 os.chown(instance.workspace_dir, instance.uid, instance.uid)
+        if self._launcher.isolated:
+            # The log first: it is what a later start-up sweep finds an instance by, so a gateway
+            # killed right after the mkdir below leaves nothing the sweep cannot name.
+            os.close(os.open(instance.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
+            # Its own uid alone may traverse it (the socket in it is 0666): on the host, the
+            # instance id in bwrap's argv must not be enough to reach another sandbox's proxy.
+            if instance.workspaces is not None:
+                traversable_dir(instance.workspaces)
+            instance.egress_dir.mkdir(mode=0o700)
+            if instance.uid is not None:
+                os.chown(instance.egress_dir, instance.uid, instance.uid)
         self._launcher.prepare(image)
+        if imageroots.is_reference(image) and self._launcher.images is not None:
+            instance.image_root = self._launcher.images.acquire(image)
         if bounds is not None and not isinstance(self._cgroup, cgroups.Unavailable):
             try:
                 instance.cgroup = self._cgroup.create(instance.instance_id, bounds.cgroup_limits())
@@ -302,6 +322,7 @@ class Fleet:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._paths.sandboxes / (instance_id + LOG_SUFFIX))
                 _remove_dir(self._paths.sandboxes / instance_id)
+                _remove_dir(egress_dir(self._workspaces or self._paths.sandboxes, instance_id))
                 if self._workspaces is not None:
                     _remove_dir(self._workspaces / instance_id)
             except OSError as exc:
@@ -309,8 +330,10 @@ class Fleet:
 
     async def _release(self, instance: Instance) -> None:
         """Give back the cgroup and, once nothing of the sandbox runs, its uid (one thread hop)."""
-        group, uid = instance.cgroup, instance.uid
-        instance.cgroup = None
+        group, uid, image = instance.cgroup, instance.uid, instance.image_root
+        instance.cgroup = instance.image_root = None
+        if image is not None and self._launcher.images is not None:
+            self._launcher.images.release(image.pinned)
         if instance.process is not None and instance.process.returncode is None:
             uid = None  # something of it may still run as that uid: kept
         if uid is not None:
@@ -414,7 +437,8 @@ def _instances_on_disk(directory: Path) -> set[str]:
         entries = [entry.name for entry in os.scandir(directory)]
     except FileNotFoundError:
         return set()
-    return {name.removesuffix(LOG_SUFFIX) for name in entries if name.startswith(credentials.INSTANCE_PREFIX)}
+    names = (name.removesuffix(LOG_SUFFIX).removesuffix(EGRESS_SUFFIX) for name in entries)
+    return {name for name in names if name.startswith(credentials.INSTANCE_PREFIX)}
 
 
 def _status(supervisor: asyncio.Task[int]) -> int:

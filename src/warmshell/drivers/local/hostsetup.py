@@ -20,7 +20,8 @@ from pathlib import Path
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.drivers.base import DriverCondition
-from warmshell.drivers.local.runtime import cgroups, cgroupsetup, limits
+from warmshell.drivers.local.imagestore import store
+from warmshell.drivers.local.runtime import cgroups, cgroupsetup, imageroots, limits
 from warmshell.drivers.local.runtime.launching import Launcher
 from warmshell.drivers.local.runtime.uidlease import UidLeases
 
@@ -124,6 +125,7 @@ def _launcher(
         stage_dir=config.sandbox_dir if root else None,
         bounds=bounds,
         etc_dir=_etc_dir(config, paths, root=root),
+        images=imageroots.ImageRoots(store.for_config(config, paths)),
     )
 
 

@@ -15,13 +15,19 @@ from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.core.models import Allocation, now_us
 from warmshell.drivers.base import BackendState, Bound, CreateRequest, DriverCondition, DriverSandbox, WarmPending
 from warmshell.drivers.local import credentials, records
-from warmshell.drivers.local.runtime import cgroups
+from warmshell.drivers.local.runtime import cgroups, imageroots
 from warmshell.drivers.local.runtime.limits import Bounds
 from warmshell.drivers.local.runtime.processes import HostProcesses, SandboxProcess
 
-__all__ = ["LOG_SUFFIX", "Instance", "lost_sandbox"]
+__all__ = ["EGRESS_SUFFIX", "LOG_SUFFIX", "Instance", "egress_dir", "lost_sandbox"]
 
 LOG_SUFFIX = ".log"  # bwrap's output is `<sandboxes>/<instance id>.log`
+EGRESS_SUFFIX = ".egress"  # the directory bound into it for the egress proxy's socket
+
+
+def egress_dir(parent: Path, instance_id: str) -> Path:
+    """`<parent>/<instance id>.egress`: beside its workspace, where its uid can reach it."""
+    return parent / (instance_id + EGRESS_SUFFIX)
 
 
 @dataclass(eq=False)
@@ -49,6 +55,7 @@ class Instance:
     uid: int | None = None  # the sandbox's own host uid (a gateway run as root)
     workspaces: Path | None = None  # where its workspace lives, when not under `directory`
     cgroup: cgroups.Group | None = None
+    image_root: imageroots.ImageRoot | None = None  # the stored image it runs, its layers held
     bounds: Bounds | None = None  # what bounds its sandbox (None: unisolated, nothing)
     registered: bool = False
     deleting: bool = False
@@ -99,6 +106,12 @@ class Instance:
         """Where bwrap's stdout and stderr go: beside the directory, not in it, so an instance
         whose workspace is a tmpfs (the default) or lives elsewhere needs no directory at all."""
         return self.directory.with_name(self.instance_id + LOG_SUFFIX)
+
+    @property
+    def egress_dir(self) -> Path:
+        """The host directory bound into the sandbox for its egress proxy socket: beside the
+        workspaces when those are where the sandbox's own uid can reach them."""
+        return egress_dir(self.workspaces or self.directory.parent, self.instance_id)
 
     @property
     def alive(self) -> bool:

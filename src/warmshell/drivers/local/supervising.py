@@ -6,8 +6,9 @@ keep one path; it only starts processes through the sandbox's agent instead of a
 In a gateway they reach its supervisor service in process (`use`: the gateway's link, through the
 same handlers and checks, without HTTP/2 or serialisation); a driver used without one shares a
 few gRPC channels to the supervisor socket. Either way a warm member costs a registration, not an
-interpreter. The workload's and every exec's environment is built from the request alone: the
-base environment is empty, so nothing of the gateway's leaks in.
+interpreter. The workload's and every exec's environment is built from the request and the
+image alone: the base environment is the image's `Env` (empty for the host root), so nothing of the
+gateway's leaks in.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class Seat:
     instance_id: InstanceId
     credential: str = field(repr=False)
     runner: Runner
+    # The workload's base environment and directory (an image's Env and WorkingDir; the request's
+    # environment goes on top).
+    environment: dict[str, str] = field(default_factory=dict)
+    workdir: str = ""
 
 
 # Runs one sandbox's supervisor until it ends; its exit status.
@@ -75,7 +80,8 @@ class HostSupervisors:
 
     async def _run(self, seat: Seat, link: GatewayLink) -> int:
         settings = SupervisorSettings(gateway=self._target, credential=seat.credential, instance_id=seat.instance_id)
-        return await Supervisor(settings, {}, runner=seat.runner, link=link).run()
+        base = dict(seat.environment)
+        return await Supervisor(settings, base, runner=seat.runner, link=link, workdir=seat.workdir).run()
 
     def _channel_with_room(self) -> grpc.aio.Channel:
         """The fullest channel with room (so idle channels stay few), or a new one."""

@@ -311,7 +311,7 @@ def _open(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     # WAL lets readers proceed during writes; synchronous=NORMAL is durable across process
     # crashes (the gateway's failure mode) at a fraction of FULL's fsync cost: a commit is a
-    # write to the WAL, the fsync comes at checkpoints (bench/README.md weighs it).
+    # write to the WAL, the fsync comes at checkpoints (bench/HISTORY.md weighs it).
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=5000")

@@ -18,17 +18,19 @@ HEX = "a" * 64
         ("localhost:5000/team/tool", Reference(name="localhost:5000/team/tool", tag="latest")),
         ("localhost:5000/team/tool:v1", Reference(name="localhost:5000/team/tool", tag="v1")),
         (f"python@sha256:{HEX}", Reference(name="python", digest=f"sha256:{HEX}")),
+        (f"python:1@sha256:{HEX}", Reference(name="python", tag="1", digest=f"sha256:{HEX}")),
         (f"sha256:{HEX}", Reference(digest=f"sha256:{HEX}")),
         (HEX, Reference(digest=f"sha256:{HEX}")),
     ],
 )
 def test_references_parse(text: str, expected: Reference) -> None:
     assert parse_reference(text, field="spec.image") == expected
+    assert parse_reference(str(expected), field="spec.image") == expected  # the pinned form reads back
 
 
 @pytest.mark.parametrize(
     "text",
-    ["", "Python", "python:", "python:-x", "python@sha256:short", "a//b", f"python:1@sha256:{HEX}", "sha256:XYZ"],
+    ["", "Python", "python:", "python:-x", "python@sha256:short", "a//b", "python:1@sha256:XYZ", "sha256:XYZ"],
 )
 def test_bad_references_name_the_field(text: str) -> None:
     with pytest.raises(InvalidArgumentError) as caught:

@@ -30,7 +30,8 @@ _DIGEST_RULE = "a digest is sha256: followed by 64 lowercase hex digits"
 
 @dataclass(frozen=True)
 class Reference:
-    """A parsed reference: a `name` with a `tag`, or with a `digest`, or a `digest` alone."""
+    """A parsed reference: a `name` with a `tag`, or with a `digest` (and maybe the tag that named
+    it), or a `digest` alone."""
 
     name: str = ""
     tag: str = ""
@@ -43,7 +44,7 @@ class Reference:
 
     def __str__(self) -> str:
         if self.name and self.digest:
-            return f"{self.name}@{self.digest}"
+            return f"{self.tagged or self.name}@{self.digest}"
         return self.tagged or self.digest
 
 
@@ -76,11 +77,12 @@ def parse_reference(text: str, *, field: str) -> Reference:
     if text.startswith("sha256:"):
         return Reference(digest=check_digest(text, field=field))
     if "@" in text:
+        # `NAME:TAG@sha256:HEX` (a tag pinned to the digest it named, as registries' clients
+        # write it) means the digest; the tag is kept to be shown.
         name, _, digest = text.partition("@")
         named = parse_tagged_name(name, field=field)
-        if ":" in name.rpartition("/")[2]:
-            raise InvalidArgumentError(field, f"{text!r}: give a tag or a digest, not both")
-        return Reference(name=named.name, digest=check_digest(digest, field=field))
+        tag = named.tag if ":" in name.rpartition("/")[2] else ""
+        return Reference(name=named.name, tag=tag, digest=check_digest(digest, field=field))
     return parse_tagged_name(text, field=field)
 
 

@@ -23,11 +23,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmshell.core import quantities
+from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import NotFoundError, ResourceExhaustedError
 from warmshell.drivers.local.imagestore import references
 from warmshell.drivers.local.imagestore.records import ImageRecord, Index, LayerRecord
 
-__all__ = ["SIZE_KEY", "ImageStore", "Pruned", "StagedLayer"]
+__all__ = ["SIZE_KEY", "ImageStore", "Pruned", "StagedLayer", "for_config"]
 
 SIZE_KEY = "local.image_store_size"
 _HOW_TO_IMPORT = "import it first: warmshell image import SOURCE --name NAME:TAG (see warmshell image list)"
@@ -50,6 +52,12 @@ class Pruned:
     bytes: int
 
 
+def for_config(config: LocalDriverConfig, paths: StatePaths) -> ImageStore:
+    """A gateway's store: under `local.image_dir`, else the state directory's images/ (not opened)."""
+    limit = quantities.memory_bytes(config.image_store_size, field="local.image_store_size")
+    return ImageStore(config.image_dir or paths.root / "images", max_bytes=limit)
+
+
 class ImageStore:
     """The store under `root`, bounded to `max_bytes` of uncompressed layers. Blocking: the
     gateway calls it from a worker thread."""
@@ -64,7 +72,8 @@ class ImageStore:
         self._in_flight: dict[str, int] = {}
 
     @property
-    def _index_path(self) -> Path:
+    def index_file(self) -> Path:
+        """The index (replaced whole, by a rename, at each change)."""
         return self.root / "index.json"
 
     @property
@@ -79,6 +88,27 @@ class ImageStore:
         """Where layer `digest` is unpacked (an overlayfs lower directory)."""
         return self._layers / digest.removeprefix("sha256:")
 
+    def hold(self, digests: tuple[str, ...]) -> list[int]:
+        """Keep these layers on disk while the returned descriptors are open (a shared flock on
+        each layer's directory: a sandbox's root is mounted from them, and removing a layer under
+        a live overlay breaks it). A removal or prune leaves a held layer out of the index's
+        images but on disk and counted; the first one after `release` deletes it."""
+        fds: list[int] = []
+        try:
+            for digest in digests:
+                fds.append(os.open(self.layer_path(digest), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+                fcntl.flock(fds[-1], fcntl.LOCK_SH)
+        except OSError:
+            self.release(fds)
+            raise
+        return fds
+
+    @staticmethod
+    def release(fds: list[int]) -> None:
+        """Let go of what `hold` returned."""
+        for fd in fds:
+            os.close(fd)
+
     def open(self) -> None:
         """Create the store if new, and delete what an interrupted import or removal left."""
         self._layers.mkdir(parents=True, exist_ok=True)
@@ -88,7 +118,7 @@ class ImageStore:
                 if _abandoned(leftover):
                     _remove_tree(leftover)
             index = self._read()
-            kept = {d for d in index.layers if d in index.used_layers()}
+            kept = {d for d in index.layers if d in index.used_layers() or _held(self.layer_path(d))}
             index.layers = {d: layer for d, layer in index.layers.items() if d in kept}
             self._write(index)
             for directory in self._layers.iterdir():
@@ -103,7 +133,7 @@ class ImageStore:
 
     def _read(self) -> Index:
         try:
-            return Index.from_json(json.loads(self._index_path.read_bytes()))
+            return Index.from_json(json.loads(self.index_file.read_bytes()))
         except FileNotFoundError:
             return Index()
 
@@ -113,7 +143,7 @@ class ImageStore:
             json.dump(index.to_json(), handle, indent=1)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, self._index_path)
+        os.replace(temporary, self.index_file)
         directory = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(directory)
@@ -183,11 +213,12 @@ class ImageStore:
             self._write(index)
             return index.images[image.digest]
 
-    def resolve(self, text: str, *, field: str = "image") -> ImageRecord:
-        """The image a reference names; NotFoundError saying how to import it."""
+    def resolve(self, text: str, *, field: str = "image", index: Index | None = None) -> ImageRecord:
+        """The image a reference names (in `index`, a snapshot the caller read; None: the index
+        now); NotFoundError saying how to import it."""
         ref = references.parse_reference(text, field=field)
-        index = self.index()
-        digest = index.tags.get(ref.tagged) if ref.tagged else ref.digest
+        index = index if index is not None else self.index()
+        digest = ref.digest or index.tags.get(ref.tagged)
         image = index.images.get(digest or "")
         if image is None:
             raise NotFoundError(f"no image {text!r} in the image store: {_HOW_TO_IMPORT}")
@@ -199,10 +230,10 @@ class ImageStore:
         ref = references.parse_reference(text, field="image")
         with self._locked():
             index = self._read()
-            digest = index.tags.get(ref.tagged) if ref.tagged else ref.digest
+            digest = index.tags.get(ref.tagged) if ref.tagged and not ref.digest else ref.digest
             if not digest or digest not in index.images:
                 raise NotFoundError(f"no image {text!r} in the image store (warmshell image list shows them)")
-            if ref.tagged:
+            if ref.tagged and not ref.digest:
                 del index.tags[ref.tagged]
             else:
                 index.tags = {t: d for t, d in index.tags.items() if d != digest}
@@ -223,7 +254,7 @@ class ImageStore:
 
     def _collect(self, index: Index, removed: tuple[str, ...]) -> Pruned:
         used = index.used_layers()
-        unused = [index.layers.pop(d) for d in list(index.layers) if d not in used]
+        unused = [index.layers.pop(d) for d in list(index.layers) if d not in used and not _held(self.layer_path(d))]
         self._write(index)  # first: from here on no image names these layers
         for layer in unused:
             if self.layer_path(layer.digest).exists():
@@ -241,17 +272,27 @@ def _check_room(used: int, more: int, limit: int, what: str) -> None:
 
 def _abandoned(path: Path) -> bool:
     """Whether no live process holds staging directory `path` (its `.lock` is free, or absent)."""
+    return _locked_by_another(path / ".lock", os.O_RDWR) is not True
+
+
+def _held(layer: Path) -> bool:
+    """Whether some sandbox's root holds `layer` (see `ImageStore.hold`)."""
+    return _locked_by_another(layer, os.O_RDONLY | os.O_DIRECTORY) is True
+
+
+def _locked_by_another(path: Path, flags: int) -> bool | None:
+    """Whether another open file holds an flock on `path` (None: it cannot be opened)."""
     try:
-        fd = os.open(path / ".lock", os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, flags | os.O_CLOEXEC)
     except OSError:
-        return True
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return False
+        return True
     finally:
         os.close(fd)
-    return True
+    return False
 
 
 def _remove_tree(path: Path) -> None:

@@ -136,11 +136,14 @@ class Pool:
             accepted_environment=profile.accepted_environment,
             ttl_seconds=profile.ttl_seconds,
             idle_timeout_seconds=profile.idle_timeout_seconds,
+            network_allow=profile.network_allow,
+            network_deny=profile.network_deny,
         )
 
 
 def _invalid(error: InvalidArgumentError) -> DriverCondition:
-    return DriverCondition("ProfileValid", "False", "InvalidProfile", str(error))
+    reason = error.reason if isinstance(error, ProfileError) else "InvalidProfile"
+    return DriverCondition("ProfileValid", "False", reason, str(error))
 
 
 class PoolSet:
@@ -151,13 +154,14 @@ class PoolSet:
         *,
         members: Members,
         default_image: str,
-        validate: Callable[[Profile], None],
+        validate: Callable[[Profile], Profile],
         probe_seconds: float = 1.0,
         check_seconds: float = 10.0,
         max_concurrent_spawns: int = 8,
     ) -> None:
         """`members` starts and stops the pools' members; `validate` refuses a profile this
-        driver cannot serve (InvalidArgumentError)."""
+        driver cannot serve (InvalidArgumentError), else gives it as the driver serves it (its
+        image pinned to a digest)."""
         self._members = members
         self._default_image = default_image
         self._validate = validate
@@ -212,7 +216,7 @@ class PoolSet:
         self._errors = dict(errors)
         for name, profile in profiles.items():
             try:
-                self._validate(profile)
+                profile = self._validate(profile)
             except InvalidArgumentError as exc:
                 self._errors[name] = exc
                 continue
@@ -498,5 +502,6 @@ class Claim:
 
 
 def _invalid_view(name: str, error: InvalidArgumentError) -> PoolView:
-    source = error.source if isinstance(error, ProfileError) else ""
-    return invalid_profile_view(name, source=source, message=str(error))
+    if isinstance(error, ProfileError):
+        return invalid_profile_view(name, source=error.source, message=str(error), reason=error.reason)
+    return invalid_profile_view(name, source="", message=str(error))

@@ -1,6 +1,8 @@
 """Reads warm-pool profiles from `local.pools_dir` and reloads them when files change.
 
-Polls the directory's listing (name, mtime, size, inode) every `pool_reload_interval_seconds`:
+Polls the directory's listing (name, mtime, size, inode), and of the other files given (the image
+store's index: a re-import that points a profile's tag elsewhere is a change of that profile),
+every `pool_reload_interval_seconds`:
 cheap, portable, and no inotify dependency. Any change re-reads every `*.toml` file, which keeps
 the code simple for directories of a few dozen profiles. A directory that does not exist holds no
 profiles (it is logged, not fatal).
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from warmshell.core.profiles import Profile, ProfileError, parse_profile
@@ -29,15 +31,16 @@ def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.toml") if not p.name.startswith("."))
 
 
-def snapshot(directory: Path) -> Snapshot:
-    """What identifies the directory's current content (blocking)."""
+def snapshot(directory: Path, also: Sequence[Path] = ()) -> Snapshot:
+    """What identifies the directory's current content, and that of the files `also` names
+    (blocking)."""
     entries = set()
-    for path in _files(directory):
+    for path in [*_files(directory), *also]:
         try:
             info = path.stat()
         except OSError:
             continue  # removed while listing; the next poll sees the final state
-        entries.add((path.name, info.st_mtime_ns, info.st_size, info.st_ino))
+        entries.add((str(path), info.st_mtime_ns, info.st_size, info.st_ino))
     return frozenset(entries)
 
 
@@ -56,14 +59,17 @@ def load(directory: Path, *, max_replicas: int) -> tuple[dict[str, Profile], dic
     return profiles, errors
 
 
-async def watch(directory: Path, *, interval: float, max_replicas: int, apply: Apply) -> None:
-    """Apply the directory's profiles now and after every change, until cancelled."""
+async def watch(
+    directory: Path, *, interval: float, max_replicas: int, apply: Apply, also: Sequence[Path] = ()
+) -> None:
+    """Apply the directory's profiles now and after every change (or one of the files `also`
+    names), until cancelled."""
     if not await asyncio.to_thread(directory.is_dir):
         _log.warning("warm pools: %s is not a directory; no pools until it appears", directory)
     last: Snapshot | None = None
     while True:
         try:
-            current = await asyncio.to_thread(snapshot, directory)
+            current = await asyncio.to_thread(snapshot, directory, also)
             if current != last:
                 profiles, errors = await asyncio.to_thread(load, directory, max_replicas=max_replicas)
                 apply(profiles, errors)

@@ -4,7 +4,7 @@ bound at /etc with one mount (and one more per allowed directory too big to copy
 Every bind costs bwrap a mount, a read-only remount and a scan of the (growing) mount table:
 binding each allowed /etc file on its own was about half of the CPU of a sandbox start, and the
 allowed directories (`ssl`, `alternatives`, ...) bound one each were still 6 of the 9 binds left
-(`bench/member_start.py`). So files are copied (their content: a symlink at the top is followed,
+(`bench/investigations/member-start/`). So files are copied (their content: a symlink at the top is followed,
 as a bind would), and so is each allowed directory of at most `TREE_LIMIT` entries, as a tree
 whose symlinks stay symlinks (they resolve inside the sandbox exactly as through a bind). A
 larger directory (this host's `alternatives` and `ssl` are symlink farms of hundreds of entries,

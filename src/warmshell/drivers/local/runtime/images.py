@@ -1,10 +1,11 @@
 """What an image means on the local driver.
 
-`""` (the default) is the host's root filesystem, read-only. Anything else must be the absolute
-path of a directory holding an unpacked root filesystem (for example made with debootstrap, or
-`docker export` of a container, extracted); it is bound read-only as `/`, entry by entry (see
-`sandboxing.image_root_plan`). Nothing of warmshell but the static agent enters it: the supervisor
-runs host-side, so an image needs no Python.
+`""` (the default) is the host's root filesystem, read-only. An absolute path must be a directory
+holding an unpacked root filesystem (for example made with debootstrap, or `docker export` of a
+container, extracted); it is bound read-only as `/`, entry by entry (see
+`sandboxing.image_root_plan`). Anything else names an image of the image store (see
+`imageroots`). Nothing of warmshell but the static agent enters either: the supervisor runs
+host-side, so an image needs no Python.
 """
 
 from __future__ import annotations

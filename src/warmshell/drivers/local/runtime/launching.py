@@ -11,6 +11,11 @@ as its own uid, which cannot traverse a 0700 home or state directory; so there t
 live under `local.sandbox_dir` (root-owned, 0711: nobody can list it, each workspace inside is
 0700 and owned by its sandbox's uid) and the agent binary is copied there once (root-owned,
 0755). A gateway run by a normal user keeps both where they are.
+
+An image of the image store (see `imageroots`) needs the root gateway: `warmshell-launch` mounts
+its layers idmapped to the sandbox's uid, which only root can do. Its mount point is
+`local.sandbox_dir`/rootfs, shared by all: each launch mounts its own tmpfs there, in a mount
+namespace of its own.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from warmshell.core import egress
 from warmshell.core.errors import FailedPreconditionError
-from warmshell.drivers.local.runtime import cgroups, etcstage, limits, sandboxing, seccomp
+from warmshell.drivers.local.runtime import cgroups, etcstage, imageroots, limits, sandboxing, seccomp
 from warmshell.drivers.local.runtime.agent import building
 from warmshell.drivers.local.runtime.processes import HostProcesses, SandboxFds, SandboxProcess, Spawner
 
@@ -43,6 +49,7 @@ _HOST_ROOT = Path("/")
 # How long a staged /etc is trusted before the next start checks its sources again.
 ETC_REFRESH_SECONDS = 1.0
 Sandbox = SandboxProcess | HostProcesses
+_NO_PLAN = sandboxing.RootPlan(())
 
 
 class Launchable(Protocol):
@@ -79,8 +86,19 @@ class Launchable(Protocol):
         ...
 
     @property
+    def image_root(self) -> imageroots.ImageRoot | None:
+        """The stored image it runs (None: the host root or an image root directory); set by
+        `prepare`."""
+        ...
+
+    @property
     def log_path(self) -> Path:
         """Where bwrap's stdout and stderr go."""
+        ...
+
+    @property
+    def egress_dir(self) -> Path:
+        """The host directory bound at `sandboxing.EGRESS_DIR` (made by `prepare`)."""
         ...
 
 
@@ -101,10 +119,12 @@ class Launcher:
         bounds: limits.Bounds | None = None,
         launch: Path = LAUNCH_BINARY,
         etc_dir: Path | None = None,
+        images: imageroots.ImageRoots | None = None,
     ) -> None:
         """`bwrap` None means unisolated; `stage_dir` is where the agent is copied for sandboxes
         whose uid cannot reach it (None: use it in place); `etc_dir` is where the host root's
-        /etc is staged (see `etcstage`; None: each allowed entry is bound on its own).
+        /etc is staged (see `etcstage`; None: each allowed entry is bound on its own); `images`
+        resolves and holds images of the image store (None: this launcher has none).
         FailedPreconditionError when isolated and the agent or launch binary is missing (they
         are built, not shipped)."""
         self.bwrap = bwrap
@@ -113,6 +133,8 @@ class Launcher:
         self._stage_dir = stage_dir
         self._bounds = bounds
         self._launch = launch
+        self.images = images
+        self._rootfs = stage_dir / "rootfs" if stage_dir is not None else None
         # One stage for all: `prepare` runs in several threads at once.
         self._etc = etcstage.EtcStage(etc_dir, _HOST_ROOT / "etc", sandboxing.ETC_ALLOWED) if etc_dir else None
         self._etc_fresh_until = float("-inf")
@@ -151,6 +173,10 @@ class Launcher:
     def _prepare(self, image: str) -> None:
         if self._stage_dir is not None and self._agent.parent != self._stage_dir:
             self._agent = _stage(self._agent, self._stage_dir)
+        if imageroots.is_reference(image):
+            if self._rootfs is not None and not self._rootfs.is_dir():
+                traversable_dir(self._rootfs)
+            return
         root = Path(image) if image else _HOST_ROOT
         if not image and self._etc is not None and time.monotonic() >= self._etc_fresh_until:
             # A changed /etc/resolv.conf reaches the sandboxes started from a second later on; a
@@ -182,9 +208,13 @@ class Launcher:
         def build(fds: SandboxFds) -> list[str]:
             prepare()
             bounds = instance.bounds or self._bounds
+            image_root = instance.image_root
             layout = sandboxing.SandboxLayout(
                 bwrap=bwrap,
-                plan=self._plans[Path(image) if image else _HOST_ROOT],
+                plan=_NO_PLAN if image_root is not None else self._plans[Path(image) if image else _HOST_ROOT],
+                overlay_root=self._rootfs / "m" if image_root is not None and self._rootfs is not None else None,
+                uid=image_root.uid if image_root is not None else 0,
+                gid=image_root.gid if image_root is not None else None,
                 workspace_dir=instance.workspace_dir,
                 agent=self._agent,
                 control_fd=fds.control,
@@ -197,13 +227,21 @@ class Launcher:
                 tmp_bytes=bounds.tmp_bytes if bounds is not None else None,
                 run_bytes=bounds.run_bytes if bounds is not None else None,
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
+                egress_dir=instance.egress_dir,
+                egress_port=egress.PROXY_PORT,
             )
-            return [*self._launch_argv(nice, instance.uid, bounds, instance.cgroup), *sandboxing.bwrap_argv(layout)]
+            launch = self._launch_argv(nice, instance.uid, bounds, instance.cgroup, image_root)
+            return [*launch, *sandboxing.bwrap_argv(layout)]
 
         return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path, spawner=self._spawner)
 
     def _launch_argv(
-        self, nice: int, uid: int | None, bounds: limits.Bounds | None, cgroup: cgroups.Group | None = None
+        self,
+        nice: int,
+        uid: int | None,
+        bounds: limits.Bounds | None,
+        cgroup: cgroups.Group | None = None,
+        image_root: imageroots.ImageRoot | None = None,
     ) -> list[str]:
         """The `warmshell-launch` prefix: into the cgroup while still the gateway's uid, then
         priority, rlimits and the sandbox's uid, then bwrap (not subprocess's `user=`: that makes
@@ -218,6 +256,10 @@ class Launcher:
             argv += limits.rlimit_options(bounds, uid_per_sandbox=uid is not None)
         if uid is not None:
             argv.append(f"--uid={uid}")
+        if image_root is not None and self._rootfs is not None:
+            size = bounds.root_bytes if bounds is not None else limits.DEFAULT_ROOT_BYTES
+            argv += [f"--rootfs={self._rootfs}", f"--root-size={size}"]
+            argv += [f"--layer={layer}" for layer in image_root.layers]
         return [*argv, "--"] if len(argv) > 1 else []
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ sandbox that hits a bound gets ENOSPC, EFBIG, EAGAIN, EMFILE or the OOM killer i
 outside it is affected.
 
 `/workspace` is a tmpfs, mounted by bwrap in the sandbox's own mount namespace: nearly free to
-set up (bench/workspace_bounds.py measured it against a loop-mounted image), gone with the
+set up (bench/investigations/workspace-bound/ measured it against a loop-mounted image), gone with the
 sandbox, and charged to its memory cgroup where there is one. `local.workspace_size = ""` keeps
 it a directory on the host's disk instead, without a bound.
 """
@@ -32,6 +32,7 @@ from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.local.runtime import cgroups
 
 __all__ = [
+    "DEFAULT_ROOT_BYTES",
     "PRLIMIT",
     "Bounds",
     "Maximums",
@@ -49,6 +50,7 @@ FILE_TABLE_SHARE = 4
 # ...but each process keeps at least this many descriptors (a pids request so large that this
 # floor passes the share is bounded by its process count alone; the condition says so).
 MIN_OPEN_FILES = 64
+DEFAULT_ROOT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Bounds:
     memory_bytes: int | None = None
     max_open_files: int = 1024  # descriptors per process, at most (`local.max_open_files`)
     file_budget: int | None = None  # open files of all its processes together (None: no budget)
+    root_bytes: int = DEFAULT_ROOT_BYTES  # the upper layer over an image's layers (`local.root_size`)
 
     @classmethod
     def of(cls, config: LocalDriverConfig, *, host_file_max: int | None = None) -> Bounds:
@@ -81,6 +84,7 @@ class Bounds:
             memory_bytes=_size(config.default_memory, "local.default_memory"),
             max_open_files=config.max_open_files,
             file_budget=host_file_max // FILE_TABLE_SHARE if host_file_max else None,
+            root_bytes=memory_bytes(config.root_size, field="local.root_size"),
         )
 
     @property
@@ -105,6 +109,8 @@ class Bounds:
             changes["workspace_bytes"] = storage.workspace_bytes
         if storage.tmp_bytes:
             changes["tmp_bytes"] = storage.tmp_bytes
+        if storage.root_bytes:
+            changes["root_bytes"] = storage.root_bytes
         return dataclasses.replace(self, **changes) if changes else self
 
     def cgroup_limits(self) -> cgroups.Limits:
@@ -234,6 +240,7 @@ def check_maximum(spec: SandboxSpec, most: Maximums) -> None:
         )
     _at_most("storage.workspace", storage.workspace_bytes, most.storage_bytes)
     _at_most("storage.tmp", storage.tmp_bytes, most.storage_bytes)
+    _at_most("storage.root", storage.root_bytes, most.storage_bytes)
 
 
 def _at_most(field: str, size: int, most: int) -> None:

@@ -9,6 +9,10 @@ minimal `/dev`, private sized tmpfs `/tmp`, `/run` and `/dev/shm`, the sandbox's
 operator's `extra_ro_binds`, and the agent at `AGENT_PATH`; finally the root itself is remounted
 read-only. bwrap resolves every bind source as the sandbox's uid, so with a uid per sandbox the
 workspace and the agent live where that uid can reach them (see `launching`).
+
+An image of the image store is different: `warmshell-launch` has mounted its overlay (the
+image's layers under a writable upper layer of the sandbox's own) before bwrap runs, and that is
+bound as `/` and stays writable; the rest is laid on top of it as for any root.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmshell.core import egress
 from warmshell.core.models import WORKSPACE_DIR
 
 __all__ = [
     "AGENT_PATH",
+    "EGRESS_DIR",
     "ETC_ALLOWED",
     "HOST_ROOT_DIRS",
     "WORKSPACE",
@@ -36,6 +42,9 @@ __all__ = [
 
 WORKSPACE = WORKSPACE_DIR
 AGENT_PATH = "/run/warmshell/agent"
+# A directory of the gateway's, bound read-only: the proxy's socket appears in it at activation
+# (a connect needs no write access to the mount), and the agent's shim relays to it.
+EGRESS_DIR = egress.SANDBOX_DIR
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 # Top-level entries of the host root a program needs (a directory is bound, a symlink such as
@@ -84,7 +93,8 @@ class SandboxLayout:
     seccomp_fd: int
     hostname: str
     info_fd: int | None = None  # bwrap writes {"child-pid": ...} here
-    uid: int = 0  # the uid (and gid) inside the sandbox's user namespace
+    uid: int = 0  # the uid inside the sandbox's user namespace
+    gid: int | None = None  # and its gid (None: the uid)
     extra_ro_binds: Sequence[Path] = ()  # local.extra_ro_binds, at the same paths, after /tmp and /run
     # Not a secret: lets a later gateway find a survivor of this one by its argv.
     instance_id: str = ""
@@ -94,6 +104,11 @@ class SandboxLayout:
     tmp_bytes: int | None = None
     run_bytes: int | None = None
     shm_bytes: int | None = None
+    # The host directory bound at EGRESS_DIR, and the port the agent's shim listens on (None: no way out).
+    egress_dir: Path | None = None
+    egress_port: int = 0
+    # The host path of an image's overlay, bound writable as / (None: `plan` on a read-only tmpfs).
+    overlay_root: Path | None = None
 
 
 def list_root(root: Path) -> list[RootEntry]:
@@ -157,7 +172,7 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
         layout.bwrap,
         "--unshare-user",
         "--uid", str(layout.uid),
-        "--gid", str(layout.uid),
+        "--gid", str(layout.uid if layout.gid is None else layout.gid),
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
@@ -176,6 +191,8 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     ]  # fmt: skip
     if layout.info_fd is not None:
         argv += ["--info-fd", str(layout.info_fd)]
+    if layout.overlay_root is not None:
+        argv += ["--bind", str(layout.overlay_root), "/"]
     for directory in layout.plan.dirs:
         argv += ["--dir", directory]
     for source, target in layout.plan.binds:
@@ -196,9 +213,14 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     else:
         argv += ["--bind", str(layout.workspace_dir), WORKSPACE]
     argv += ["--ro-bind", str(layout.agent), AGENT_PATH]
-    argv += ["--remount-ro", "/"]
+    if layout.egress_dir is not None:
+        argv += ["--ro-bind", str(layout.egress_dir), EGRESS_DIR]
+    if layout.overlay_root is None:
+        argv += ["--remount-ro", "/"]
     argv += ["--hostname", layout.hostname, "--chdir", WORKSPACE, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
     if layout.instance_id:
         argv += ["--setenv", "WARMSHELL_INSTANCE_ID", layout.instance_id]
     argv += ["--", AGENT_PATH, str(layout.control_fd)]
+    if layout.egress_dir is not None:
+        argv.append(str(layout.egress_port))
     return argv

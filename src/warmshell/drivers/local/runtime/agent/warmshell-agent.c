@@ -27,6 +27,13 @@
  *     EXITED   {'E', id, wait status, 0}    it ended
  *     REJECTED {'R', id or 0, reason, 0}    a malformed or refused record (nothing was done)
  *     PONG     {'O', id, 0, 0}              the answer to PING
+ *
+ * Egress (argv[2], a port, given when the gateway may bind an egress proxy socket into the
+ * sandbox): the agent starts itself as `agent egress PORT SOCKET`, a shim listening on
+ * 127.0.0.1:PORT that relays each connection, byte for byte, to the Unix socket SOCKET. The
+ * sandbox has no other way out (its network namespace has loopback only), and the shim decides
+ * nothing: the gateway's proxy on the other end of the socket applies the sandbox's policy.
+ * Without a socket there (no policy allows anything) a connection is closed at once.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,6 +43,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -52,6 +61,8 @@
 #define MAX_FDS 8
 #define HEADER 16
 #define CONNECT_ATTEMPTS 600
+#define EGRESS_SOCKET "/run/warmshell/egress/proxy.sock"
+#define RELAY_BUFFER (64 * 1024)
 
 enum { REJ_SIZE = 1, REJ_TYPE = 2, REJ_FDS = 3, REJ_STRINGS = 4, REJ_ID = 5, REJ_FULL = 6, REJ_SIGNAL = 7,
        REJ_TRUNCATED = 8 };
@@ -64,6 +75,8 @@ static int ctl = -1;
  * Kubernetes ("--connect"), so that the kubelet (restartPolicy OnFailure) starts the workload
  * container again beside a restarted supervisor. */
 static int end_status = 0;
+/* The egress shim's port (argv[2] after an inherited socket's fd; the local driver), or none. */
+static const char *egress_port = NULL;
 static struct { pid_t pid; uint32_t id; } execs[MAX_EXECS];
 static char message[MAX_MESSAGE + 1];  /* one byte more than allowed, to see an oversized one */
 static char *strings[2 * MAX_STRINGS + 3];
@@ -249,6 +262,90 @@ static void reap(int signals) {
     }
 }
 
+static int write_all(int fd, const char *data, ssize_t size) {
+    while (size > 0) {
+        ssize_t put = send(fd, data, (size_t)size, MSG_NOSIGNAL);
+        if (put < 0 && errno == EINTR) continue;
+        if (put <= 0) return -1;
+        data += put;
+        size -= put;
+    }
+    return 0;
+}
+
+/* One connection: both ways until both are closed (each end's EOF passed on as a half-close). */
+static int relay(int client, const char *path) {
+    int up = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un address = {0};
+    address.sun_family = AF_UNIX;
+    strncpy(address.sun_path, path, sizeof address.sun_path - 1);
+    if (up < 0 || connect(up, (struct sockaddr *)&address, sizeof address) < 0) return 1;
+    static char buffer[RELAY_BUFFER];
+    int ends[2] = {client, up};
+    int open[2] = {1, 1};  /* open[i]: ends[i] may still send */
+    while (open[0] || open[1]) {
+        struct pollfd wait_for[2] = {{open[0] ? client : -1, POLLIN, 0}, {open[1] ? up : -1, POLLIN, 0}};
+        if (poll(wait_for, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            return 1;
+        }
+        for (int i = 0; i < 2; i++) {
+            if (!open[i] || !wait_for[i].revents) continue;
+            ssize_t got = read(ends[i], buffer, sizeof buffer);
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0) {
+                open[i] = 0;
+                shutdown(ends[1 - i], SHUT_WR);
+            } else if (write_all(ends[1 - i], buffer, got) < 0) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int egress_shim(const char *port_text, const char *path) {
+    prctl(PR_SET_NAME, "warmshell-egress");
+    signal(SIGCHLD, SIG_IGN);  /* each connection's relay is reaped by the kernel */
+    char *end = NULL;
+    long port = strtol(port_text, &end, 10);
+    if (end == NULL || *end != '\0' || port < 1 || port > 65535) return 2;
+    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int yes = 1;
+    struct sockaddr_in address = {0};
+    address.sin_family = AF_INET;
+    address.sin_port = htons((uint16_t)port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (listener < 0 || setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes) < 0 ||
+        bind(listener, (struct sockaddr *)&address, sizeof address) < 0 || listen(listener, 128) < 0)
+        return 2;
+    for (;;) {
+        int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+        if (client < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) usleep(10000);
+            continue;
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(listener);
+            _exit(relay(client, path));
+        }
+        close(client);
+    }
+}
+
+/* The shim, as a fresh exec of this binary: nothing of pid 1 (its control socket) survives. */
+static void start_egress_shim(const char *self, const char *port) {
+    pid_t pid = fork();
+    if (pid != 0) return;  /* a shim that could not start leaves the sandbox without a way out */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setpgid(0, 0);
+    execl(self, self, "egress", port, EGRESS_SOCKET, (char *)NULL);
+    _exit(127);
+}
+
 static int connect_to(const char *path) {
     struct sockaddr_un address = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof address.sun_path) return -1;
@@ -271,13 +368,15 @@ static int control_socket(int argc, char **argv) {
         return connect_to(argv[2]);
     }
     char *end = NULL;
-    long fd = argc == 2 ? strtol(argv[1], &end, 10) : -1;
+    long fd = argc == 2 || argc == 3 ? strtol(argv[1], &end, 10) : -1;
     if (end == NULL || *end != '\0' || fd < 3 || fd > 1 << 20) return -1;
+    if (argc == 3) egress_port = argv[2];
     return (int)fd;
 }
 
 int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0);  /* the workload shares our uid: no ptrace, no /proc/1/mem */
+    if (argc == 4 && strcmp(argv[1], "egress") == 0) return egress_shim(argv[2], argv[3]);
     prctl(PR_SET_NAME, "warmshell-agent");
     if (getpid() != 1) return 3;  /* only an init's exit ends everything it started */
     for (int i = 0; i < 3; i++)  /* keep 0-2 taken, so received fds never land on them */
@@ -294,6 +393,7 @@ int main(int argc, char **argv) {
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int signals = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (signals < 0) return 2;
+    if (egress_port != NULL) start_egress_shim(argv[0], egress_port);
     reply('H', 0, (uint32_t)getpid(), VERSION);
     for (;;) {
         struct pollfd wait_for[2] = {{ctl, POLLIN, 0}, {signals, POLLIN, 0}};

@@ -1,0 +1,178 @@
+"""Where a sandbox's egress policy meets its activation: the policy composed from the gateway's
+`[network]` config, the serving pool's profile and the request; its proxy socket opened in the
+directory the driver bound into the sandbox; the proxy variables, and placeholders in place of
+host-bound secrets, its workload gets. Applied here, outside the sandbox, so a warm member serves
+any policy; closed when the sandbox ends."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import ssl
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from warmshell.core import egress, phases
+from warmshell.core.config import NetworkConfig
+from warmshell.core.egress import Policy
+from warmshell.core.ids import Fingerprint
+from warmshell.core.models import Condition, SandboxRecord
+from warmshell.drivers.base import PoolView
+from warmshell.gateway.egress import interception, placeholders
+from warmshell.gateway.egress.proxy import EgressProxy
+
+__all__ = ["NETWORK_CONDITION", "Attachment", "EgressGate", "EgressTrust", "HostsEgressSockets", "proxy_environment"]
+
+NETWORK_CONDITION = "Network"
+
+
+@runtime_checkable
+class HostsEgressSockets(Protocol):
+    """A driver that binds a directory of the gateway's into each sandbox (the local driver)."""
+
+    def egress_socket(self, instance_id: str) -> Path | None:
+        """Where the proxy's socket for this instance goes (None: it has no such directory)."""
+        ...
+
+
+def proxy_environment(port: int = egress.PROXY_PORT) -> dict[str, str]:
+    """The variables that send pip, git, curl, npm, urllib, requests, httpx (and Node ≥ 24 with
+    NODE_USE_ENV_PROXY) through the sandbox's proxy port."""
+    url = f"http://127.0.0.1:{port}"
+    env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")}
+    env |= {name.lower(): url for name in env}
+    env |= {"NO_PROXY": "localhost,127.0.0.1", "no_proxy": "localhost,127.0.0.1", "NODE_USE_ENV_PROXY": "1"}
+    return env
+
+
+@dataclass(frozen=True)
+class EgressTrust:
+    """Read before the gateway is built: the CA that intercepts TLS for placeholder secrets
+    (None: such tunnels pass untouched), and the context upstreams are verified with."""
+
+    authority: interception.CertificateAuthority | None = None
+    upstream_tls: ssl.SSLContext | None = None
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """What a workload gets at activation: environment to add, and its secrets as it sees them."""
+
+    environment: dict[str, str]
+    secrets: dict[str, str] = field(repr=False)
+
+
+def trust_environment(directory: str = egress.SANDBOX_DIR) -> dict[str, str]:
+    """What makes OpenSSL, Python (ssl, requests), curl, git and Node trust the gateway's CA
+    besides the host's: the bundle of both, and the CA alone for Node (which adds it)."""
+    bundle = f"{directory}/{interception.BUNDLE_FILE}"
+    env = dict.fromkeys(("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"), bundle)
+    return env | {"NODE_EXTRA_CA_CERTS": f"{directory}/{interception.CA_FILE}"}
+
+
+def _place_trust(authority: interception.CertificateAuthority, directory: Path) -> None:
+    """Copies of the CA and the bundle in the sandbox's egress directory (blocking), readable by
+    its uid: the state directory's own stay private (a link would share their mode)."""
+    for source in (authority.ca_file, authority.bundle_file):
+        target = directory / source.name
+        if not target.exists():
+            shutil.copyfile(source, target)
+            os.chmod(target, 0o644)
+
+
+class EgressGate:
+    """Owned by the gateway: `attach` at each activation, `observe` every written record."""
+
+    def __init__(
+        self,
+        config: NetworkConfig,
+        proxy: EgressProxy,
+        sockets: HostsEgressSockets | None,
+        *,
+        pools: Callable[[], Sequence[PoolView]] = tuple,
+        authority: interception.CertificateAuthority | None = None,
+    ) -> None:
+        """`pools`: the driver's pools, whose profiles' `[network]` rules apply to the members
+        they serve."""
+        self._config = config
+        self._proxy = proxy
+        self._sockets = sockets
+        self._pools = pools
+        self._authority = authority
+        self._deny = egress.parse_rules(config.deny, field="network.deny")
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @property
+    def proxy(self) -> EgressProxy:
+        """The proxy (its decisions, for ListEgress)."""
+        return self._proxy
+
+    def policy(self, record: SandboxRecord, pool: Fingerprint | None = None) -> Policy:
+        """The sandbox's policy: the gateway's default and deny list, the profile of the pool
+        that serves it (`pool`, None for a cold create), narrowed by its request."""
+        request = record.spec.network
+        view = next((v for v in self._pools() if v.fingerprint == pool and v.workspace == record.workspace), None)
+        profile_allow = view.network_allow if view is not None else None
+        profile_deny = view.network_deny if view is not None else ()
+        return egress.compose(
+            default=self._config.default,
+            gateway_deny=self._deny,
+            profile_allow=egress.parse_rules(profile_allow, field="network.allow")
+            if profile_allow is not None
+            else None,
+            profile_deny=egress.parse_rules(profile_deny, field="network.deny"),
+            request_allow=egress.parse_rules(request.allow, field="spec.network.allow") if request.allow else None,
+            request_deny=egress.parse_rules(request.deny, field="spec.network.deny"),
+            requests_may_widen=self._config.requests_may_widen,
+        )
+
+    async def attach(
+        self, record: SandboxRecord, instance_id: str, pool: Fingerprint | None, secrets: Mapping[str, str]
+    ) -> Attachment:
+        """Open the sandbox's proxy socket when its policy allows anything (its connections from
+        before, if any, cut); what its workload then gets: the proxy variables (none without a
+        proxy) and its secrets, a placeholder in place of each that names hosts."""
+        policy = self.policy(record, pool)
+        made = placeholders.make(secrets, record.spec.secret_hosts)
+        workload_secrets = dict(secrets) | {placeholder.name: placeholder.token for placeholder in made}
+        path = self._sockets.egress_socket(instance_id) if self._sockets is not None else None
+        if path is None or not policy.allows_anything:
+            await self._proxy.close(record.id)
+            return Attachment({}, workload_secrets)
+        await self._proxy.open(record.id, path, policy, made)
+        environment = proxy_environment()
+        if made and self._authority is not None:
+            # Its hosts' TLS is intercepted: the sandbox trusts the gateway's CA (and the host's).
+            await asyncio.to_thread(_place_trust, self._authority, path.parent)
+            environment |= trust_environment()
+        return Attachment(environment, workload_secrets)
+
+    def condition(self, record: SandboxRecord) -> Condition | None:
+        """The `Network` condition: what the sandbox may reach (the policy its proxy applies);
+        on a driver without egress sockets, only for a request that asked for rules or
+        placeholders (None else)."""
+        if self._sockets is None:
+            if not (record.spec.network.allow or record.spec.network.deny or record.spec.secret_hosts):
+                return None
+            message = "this driver does not apply egress policies nor swap placeholder secrets (the local driver does)"
+            return Condition(type=NETWORK_CONDITION, status="Unknown", reason="Unsupported", message=message)
+        policy = self._proxy.policy(record.id)
+        if policy is None:
+            return Condition(type=NETWORK_CONDITION, status="False", reason="NoEgress", message="loopback only")
+        message = f"through the gateway's proxy: {policy.summary}"
+        return Condition(type=NETWORK_CONDITION, status="True", reason="Proxy", message=message)
+
+    def observe(self, record: SandboxRecord) -> None:
+        """Records observer: a sandbox that ended or is being deleted loses its connections."""
+        if record.status.phase in phases.TERMINAL and self._proxy.policy(record.id) is not None:
+            task = asyncio.get_running_loop().create_task(self._proxy.close(record.id))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def aclose(self) -> None:
+        """Cut every connection and wait for pending closes."""
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._proxy.aclose()

@@ -1,0 +1,340 @@
+"""The egress proxy: one listening Unix socket per sandbox, opened at activation in a directory
+bound into that sandbox alone, so the socket a connection came through says whose it is (no
+header the workload could forge). Each connection is one HTTP CONNECT tunnel or one plain
+HTTP request in absolute form; the proxy resolves the name itself and checks the sandbox's
+policy on the name and port, then on the address it connects to (see `warmshell.core.egress`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import ipaddress
+import logging
+import os
+import socket
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from warmshell.core import egress
+from warmshell.core.config import NetworkConfig
+from warmshell.core.egress import Decision, Policy
+from warmshell.core.errors import FailedPreconditionError
+from warmshell.gateway import metrics
+from warmshell.gateway.egress import heads, interception, placeholders
+from warmshell.gateway.egress.pumping import CHUNK, TokenBucket, pump
+
+__all__ = ["EgressEntry", "EgressProxy", "host_local"]
+
+log = logging.getLogger(__name__)
+_Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+_REASONS = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests", 431: "Request Header Fields Too Large"}
+_REASONS |= {502: "Bad Gateway", 504: "Gateway Timeout"}
+# After a refusal, what of the rest of a request is read and dropped so the answer arrives.
+_LINGER_BYTES = 4 * 1024 * 1024
+_LINGER_SECONDS = 1.0
+
+
+@dataclass
+class EgressEntry:
+    """One decision of the proxy, as `warmshell sandbox egress` lists it."""
+
+    time_ms: int
+    host: str
+    port: int
+    allowed: bool
+    rule: str
+    reason: str
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+def host_local(address: egress.Address) -> bool:
+    """Whether `address` is one of this host's own (the kernel lets a socket bind only to
+    those): the gateway's public interfaces are as off-limits as its loopback."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass(eq=False)
+class _Sandbox:
+    """One sandbox's listener, its open connections and its decisions."""
+
+    sandbox_id: str
+    policy: Policy
+    path: Path
+    entries: deque[EgressEntry]
+    up: TokenBucket
+    down: TokenBucket
+    placeholders: tuple[placeholders.Placeholder, ...] = ()
+    server: asyncio.Server | None = None
+    connections: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class EgressProxy:
+    """Owned by the gateway: `open` a sandbox's socket at activation, `close` it at its end."""
+
+    def __init__(
+        self,
+        config: NetworkConfig,
+        *,
+        authority: interception.CertificateAuthority | None = None,
+        upstream_tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """`authority`: the CA that intercepts TLS to the hosts of placeholder secrets (None:
+        such tunnels pass untouched, unswapped); `upstream_tls` verifies those upstreams."""
+        self._config = config
+        self._authority = authority
+        self._upstream_tls = upstream_tls or (interception.upstream_context("") if authority else None)
+        self._sandboxes: dict[str, _Sandbox] = {}
+
+    def policy(self, sandbox_id: str) -> Policy | None:
+        """The policy a sandbox's proxy applies now (None: it has none open)."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        return sandbox.policy if sandbox is not None else None
+
+    def decisions(self, sandbox_id: str) -> list[EgressEntry]:
+        """Its latest decisions, oldest first (what this gateway kept: a bounded ring)."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        return list(sandbox.entries) if sandbox is not None else []
+
+    async def open(
+        self, sandbox_id: str, path: Path, policy: Policy, secrets: Sequence[placeholders.Placeholder] = ()
+    ) -> None:
+        """Listen for the sandbox at `path` (its connections, and a socket there, replaced),
+        swapping its placeholder `secrets`; FailedPreconditionError when the socket cannot be made."""
+        old = self._sandboxes.get(sandbox_id)
+        entries: deque[EgressEntry] = deque(old.entries if old else (), maxlen=self._config.log_entries)
+        await self.close(sandbox_id, keep_log=True)
+        rate = self._config.max_bytes_per_second
+        sandbox = _Sandbox(sandbox_id, policy, path, entries, TokenBucket(rate), TokenBucket(rate), tuple(secrets))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        try:
+            sandbox.server = await asyncio.start_unix_server(
+                lambda r, w: self._accept(sandbox, r, w), path=str(path), limit=self._config.max_header_bytes
+            )
+            # The directory (bound into this sandbox alone) is what keeps others out.
+            os.chmod(path, 0o666)
+        except OSError as exc:
+            self._sandboxes.pop(sandbox_id, None)  # what it had before is closed: no policy applies
+            raise FailedPreconditionError(f"cannot open the egress proxy's socket {path}: {exc}") from exc
+        self._sandboxes[sandbox_id] = sandbox
+
+    async def close(self, sandbox_id: str, *, keep_log: bool = False) -> None:
+        """Stop listening for the sandbox and cut its open connections."""
+        sandbox = self._sandboxes.pop(sandbox_id, None) if not keep_log else self._sandboxes.get(sandbox_id)
+        if sandbox is None:
+            return
+        if sandbox.server is not None:
+            sandbox.server.close()
+            sandbox.server = None
+        for task in list(sandbox.connections):
+            task.cancel()
+        await asyncio.gather(*sandbox.connections, return_exceptions=True)
+        with contextlib.suppress(OSError):
+            os.unlink(sandbox.path)
+
+    async def aclose(self) -> None:
+        """Close every sandbox's socket and connection."""
+        for sandbox_id in list(self._sandboxes):
+            await self.close(sandbox_id)
+
+    def _accept(self, sandbox: _Sandbox, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(sandbox.connections) >= self._config.max_connections:
+            # Refused before anything is read: a flood costs the gateway an accept and a close.
+            metrics.EGRESS_CONNECTIONS.labels(verdict="refused").inc()
+            writer.write(_response(429, "too many connections from this sandbox"))
+            writer.close()
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(sandbox, reader, writer))
+        sandbox.connections.add(task)
+        task.add_done_callback(sandbox.connections.discard)
+
+    async def _serve(self, sandbox: _Sandbox, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await self._read_head(reader, writer)
+            if head is not None:
+                await self._forward(sandbox, head, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _read_head(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        parse: Callable[[bytes], heads.Head] = heads.parse_head,
+    ) -> heads.Head | None:
+        try:
+            async with asyncio.timeout(self._config.connect_timeout_seconds):
+                data = await reader.readuntil(b"\r\n\r\n")
+            return parse(data)
+        except asyncio.LimitOverrunError:
+            problem = heads.BadRequest(431, f"request head over {self._config.max_header_bytes} bytes")
+        except heads.BadRequest as exc:
+            problem = exc
+        except TimeoutError:
+            problem = heads.BadRequest(400, "no complete request head in time")
+        metrics.EGRESS_CONNECTIONS.labels(verdict="malformed").inc()
+        await _refuse(reader, writer, _response(problem.status, problem.reason))
+        return None
+
+    async def _forward(
+        self, sandbox: _Sandbox, head: heads.Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        entry = EgressEntry(int(time.time() * 1000), head.host, head.port, False, "", "")
+        sandbox.entries.append(entry)
+        decision, address = await self._decide(sandbox.policy, head)
+        if address is not None and not head.tunnel:
+            head, decision = _swapped(head, sandbox, decision)
+        entry.allowed, entry.rule, entry.reason = decision.allowed, decision.rule, decision.describe()
+        metrics.EGRESS_CONNECTIONS.labels(verdict="allowed" if decision.allowed else "denied").inc()
+        if address is None or not decision.allowed:
+            await _refuse(reader, writer, _response(403, f"egress to {head.host}:{head.port} {decision.describe()}"))
+            return
+        if (
+            head.tunnel
+            and self._authority is not None
+            and any(p.for_host(head.host, head.port) for p in sandbox.placeholders)
+        ):
+            await self._intercept(sandbox, entry, head, address, (reader, writer))
+            return
+        upstream = await self._connect(entry, head, address, (reader, writer))
+        if upstream is None:
+            return
+        if head.tunnel:
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        else:
+            _send_head(entry, upstream[1], head)
+        await _splice(sandbox, entry, (reader, writer), upstream)
+
+    async def _intercept(
+        self, sandbox: _Sandbox, entry: EgressEntry, tunnel: heads.Head, address: egress.Address, inside: _Stream
+    ) -> None:
+        """A CONNECT to a host of a placeholder secret: TLS ends here (with a leaf of the
+        gateway's CA), the request's placeholders are swapped, and a new TLS connection, its
+        certificate verified, goes upstream."""
+        assert self._authority is not None
+        reader, writer = inside
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        context = await asyncio.to_thread(self._authority.server_context, tunnel.host)
+        await writer.start_tls(context)
+        parse = functools.partial(heads.parse_tunnelled_head, host=tunnel.host, port=tunnel.port)
+        head = await self._read_head(reader, writer, parse)
+        if head is None:
+            return
+        head, decision = _swapped(head, sandbox, Decision(entry.allowed, entry.rule))
+        entry.allowed, entry.reason = decision.allowed, decision.describe() + " (TLS intercepted for its secrets)"
+        if not decision.allowed:
+            await _refuse(reader, writer, _response(403, f"egress to {head.host}:{head.port} {decision.describe()}"))
+            return
+        upstream = await self._connect(entry, head, address, inside, tls=True)
+        if upstream is not None:
+            _send_head(entry, upstream[1], head)
+            await _splice(sandbox, entry, inside, upstream)
+
+    async def _connect(
+        self, entry: EgressEntry, head: heads.Head, address: egress.Address, inside: _Stream, *, tls: bool = False
+    ) -> _Stream | None:
+        """The upstream connection (None, the client answered 502, when it cannot be made)."""
+        secure = {"ssl": self._upstream_tls, "server_hostname": head.host} if tls else {}
+        try:
+            async with asyncio.timeout(self._config.connect_timeout_seconds):
+                return await asyncio.open_connection(str(address), head.port, **secure)  # type: ignore[arg-type]
+        except (OSError, TimeoutError) as exc:
+            entry.reason += f"; connecting failed: {exc}"
+            await _refuse(*inside, _response(502, f"cannot connect to {head.host}:{head.port}: {exc}"))
+            return None
+
+    async def _decide(self, policy: Policy, head: heads.Head) -> tuple[Decision, egress.Address | None]:
+        """The verdict, and the address to connect to when it allows."""
+        decision = policy.check_name(head.host, head.port)
+        if not decision.allowed:
+            return decision, None
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(head.host, head.port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:  # UnicodeError: a name IDNA refuses ("a..b")
+            return Decision(False, reason=f"cannot resolve {head.host}: {exc}"), None
+        refusal = Decision(False, reason=f"{head.host} has no address")
+        for *_, sockaddr in found:
+            address = ipaddress.ip_address(sockaddr[0])
+            verdict = policy.check_address(address, head.port, host_local=host_local(address))
+            if verdict.allowed:
+                return Decision(True, decision.rule or verdict.rule), address
+            refusal = verdict
+        return refusal, None
+
+
+def _swapped(head: heads.Head, sandbox: _Sandbox, decision: Decision) -> tuple[heads.Head, Decision]:
+    """The head with the sandbox's placeholders for its host swapped in, or a denial when it
+    carries one meant for another host."""
+    try:
+        return placeholders.swap(head, sandbox.placeholders), decision
+    except placeholders.Leak as leak:
+        return head, Decision(False, reason=f"the placeholder of secret {leak.name} is not for {head.host}")
+
+
+def _send_head(entry: EgressEntry, writer: asyncio.StreamWriter, head: heads.Head) -> None:
+    forwarded = heads.forwarded_head(head)
+    writer.write(forwarded)
+    entry.bytes_up += len(forwarded)
+    metrics.EGRESS_BYTES.labels(direction="up").inc(len(forwarded))
+
+
+async def _splice(
+    sandbox: _Sandbox,
+    entry: EgressEntry,
+    inside: _Stream,
+    outside: _Stream,
+) -> None:
+    """Bytes both ways until both sides are done, counted into `entry` and the metrics."""
+
+    def count_up(size: int) -> None:
+        entry.bytes_up += size
+        metrics.EGRESS_BYTES.labels(direction="up").inc(size)
+
+    def count_down(size: int) -> None:
+        entry.bytes_down += size
+        metrics.EGRESS_BYTES.labels(direction="down").inc(size)
+
+    try:
+        await asyncio.gather(
+            pump(inside[0], outside[1], sandbox.up, count_up),
+            pump(outside[0], inside[1], sandbox.down, count_down),
+        )
+    finally:
+        outside[1].close()
+
+
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, response: bytes) -> None:
+    """Answer, then read what the client is still sending (at most `_LINGER_BYTES`, for at
+    most `_LINGER_SECONDS`) before the close: closing on unread data resets the connection,
+    and the client would see the reset instead of the answer."""
+    writer.write(response)
+    await writer.drain()
+    if writer.can_write_eof():
+        writer.write_eof()
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(_LINGER_SECONDS):
+            drained = 0
+            while drained < _LINGER_BYTES and (data := await reader.read(CHUNK)):
+                drained += len(data)
+
+
+def _response(status: int, message: str) -> bytes:
+    body = (message + "\n").encode()
+    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: text/plain\r\n"
+    return head.encode() + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
