@@ -57,7 +57,8 @@ def stand_in(paths: StatePaths, script: str) -> Callable[[Seat], object]:
                     handle.write(data)
 
         env = {"PATH": "/usr/bin:/bin", "HOME": "/workspace", "WARMSHELL_INSTANCE_ID": seat.instance_id}
-        return await seat.runner(["/bin/sh", "-c", script], env=env, cwd="/workspace", sink=sink)
+        ended = await seat.runner(["/bin/sh", "-c", script], env=env, cwd="/workspace", sink=sink)
+        return ended.exit_code
 
     return supervise
 

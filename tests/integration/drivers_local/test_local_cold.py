@@ -30,6 +30,7 @@ from warmshell.core.models import Allocation, Resources, SandboxSpec
 from warmshell.drivers.base import BackendState, Bound, CreateRequest
 from warmshell.drivers.local import LocalDriver
 from warmshell.drivers.local.runtime import cgroups, launching
+from warmshell.drivers.local.supervising import Seat
 
 PROOF = "proof-" + "x" * 40
 
@@ -403,10 +404,14 @@ async def test_an_agent_under_a_private_directory_still_starts(make_driver: Driv
     private.mkdir(mode=0o700)
     agent = private / "warmshell-agent"
     shutil.copy(launching.AGENT_BINARY, agent)
+
+    async def supervise(seat: Seat) -> int:
+        return (await seat.runner(["true"], env={}, cwd="/", sink=lambda *_: asyncio.sleep(0))).exit_code
+
     driver = LocalDriver(
         LocalDriverConfig(),
         StatePaths(tmp_path / "state-private"),
-        supervise=lambda seat: seat.runner(["true"], env={}, cwd="/", sink=lambda *_: asyncio.sleep(0)),
+        supervise=supervise,
         agent=agent,
         cgroup=cgroups.Unavailable("test"),
     )
