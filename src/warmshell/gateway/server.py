@@ -318,6 +318,9 @@ class Gateway:
             "tcp": f"{host}:{self.tcp_port}" if self.tcp_port else "",
             "http": f"{self.config.http_host}:{self.http_port}",
         }
+        if self.egress_port:
+            egress_host = self.config.network.proxy_listen.rpartition(":")[0]
+            info["egress"] = f"{egress_host}:{self.egress_port}"
         tmp = self.paths.runtime_info.with_suffix(".tmp")
         tmp.write_text(json.dumps(info) + "\n")
         tmp.replace(self.paths.runtime_info)
