@@ -91,3 +91,28 @@ def test_anything_else_presents_nothing(header: bytes) -> None:
 def test_the_network_listener_settings_are_checked(field: str, value: str) -> None:
     with pytest.raises(ValueError, match=field):
         NetworkConfig(**{field: value})
+
+
+def test_a_credential_bound_to_an_address_is_good_only_from_it() -> None:
+    issuer = credentials.ProxyCredentials(KEY)
+    bound = issuer.issue("sb-1", "10.0.0.5")
+    assert issuer.verify("sb-1", bound, "10.0.0.5") is not None
+    assert issuer.verify("sb-1", bound, "10.0.0.6") is None  # copied into another pod
+    assert issuer.verify("sb-1", bound, "") is None
+    unbound = issuer.issue("sb-1")  # a supervisor on a Unix socket: nothing to bind to
+    assert issuer.verify("sb-1", unbound, "10.0.0.6") is not None
+
+
+@pytest.mark.parametrize(
+    ("peer", "address"),
+    [
+        ("ipv4:10.1.2.3:5678", "10.1.2.3"),
+        ("ipv6:[fd00::1]:5678", "fd00::1"),
+        ("ipv6:[::ffff:10.1.2.3]:5678", "10.1.2.3"),
+        ("127.0.0.9", "127.0.0.9"),
+        ("unix:/run/gw.sock", ""),
+        ("", ""),
+    ],
+)
+def test_the_source_address_of_a_peer(peer: str, address: str) -> None:
+    assert credentials.source_address(peer) == address

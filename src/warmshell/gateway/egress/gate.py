@@ -176,16 +176,23 @@ class EgressGate:
         return profile | dict(record.spec.secret_hosts)
 
     async def attach(
-        self, record: SandboxRecord, instance_id: str, pool: Fingerprint | None, secrets: Mapping[str, str]
+        self,
+        record: SandboxRecord,
+        instance_id: str,
+        pool: Fingerprint | None,
+        secrets: Mapping[str, str],
+        *,
+        source: str = "",
     ) -> Attachment:
         """Open the sandbox's proxy socket when its policy allows anything (its connections from
         before, if any, cut); what its workload then gets: the proxy variables (none without a
-        proxy) and its secrets, a placeholder in place of each that names hosts."""
+        proxy) and its secrets, a placeholder in place of each that names hosts. `source`: the
+        IP address its supervisor registered from, to which a pod's credential is bound."""
         policy = self.policy(record, pool)
         made = placeholders.make(secrets, self.secret_hosts(record, pool))
         workload_secrets = dict(secrets) | {placeholder.name: placeholder.token for placeholder in made}
         if self._sockets is None and self._network is not None:
-            return self._attach_network(record, policy, secrets, self.secret_hosts(record, pool))
+            return self._attach_network(record, policy, secrets, self.secret_hosts(record, pool), source)
         path = self._sockets.egress_socket(instance_id) if self._sockets is not None else None
         if path is None or not policy.allows_anything:
             await self._proxy.close(record.id)
@@ -199,14 +206,19 @@ class EgressGate:
         return Attachment(environment, workload_secrets)
 
     def _attach_network(
-        self, record: SandboxRecord, policy: Policy, secrets: Mapping[str, str], hosts: Mapping[str, Sequence[str]]
+        self,
+        record: SandboxRecord,
+        policy: Policy,
+        secrets: Mapping[str, str],
+        hosts: Mapping[str, Sequence[str]],
+        source: str,
     ) -> Attachment:
         """A pod's attachment: a fresh credential in the proxy URL, and placeholders derived
         from it (so any replica's proxy makes the same ones again)."""
         assert self._network is not None
         network = self._network
-        credential = network.credentials.issue(record.id)
-        nonce = network.credentials.verify(record.id, credential)
+        credential = network.credentials.issue(record.id, source)
+        nonce = network.credentials.verify(record.id, credential, source)
         assert nonce is not None
         made = placeholders.make(secrets, hosts, lambda name: network.credentials.placeholder(record.id, nonce, name))
         workload_secrets = dict(secrets) | {placeholder.name: placeholder.token for placeholder in made}
@@ -219,8 +231,10 @@ class EgressGate:
         when its credential was issued for that sandbox and the sandbox is live (read from the
         store on every connection, so a deleted sandbox's credential buys nothing on any replica)."""
         network = self._network
-        nonce = network.credentials.verify(shown.sandbox_id, shown.credential) if network is not None else None
-        if network is None or nonce is None:
+        if network is None:
+            return None
+        nonce = network.credentials.verify(shown.sandbox_id, shown.credential, shown.source)
+        if nonce is None:
             return None
         record = await network.records.get(SandboxId(shown.sandbox_id))
         if record is None or record.status.phase in phases.TERMINAL:

@@ -198,7 +198,9 @@ class EgressProxy:
             head = await self._read_head(reader, writer)
             if head is None:
                 return
-            shown = credentials.presented(head)
+            peer = writer.get_extra_info("peername")
+            source = credentials.source_address(str(peer[0])) if isinstance(peer, tuple) else ""
+            shown = credentials.presented(head, source)
             admitted = await admit(shown) if shown is not None else None
             if shown is None or admitted is None:
                 metrics.EGRESS_CONNECTIONS.labels(verdict="unauthenticated").inc()
