@@ -26,7 +26,7 @@ from warmshell.core.config import NetworkConfig
 from warmshell.core.egress import Decision, Policy
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.gateway import metrics
-from warmshell.gateway.egress import credentials, heads, interception, placeholders
+from warmshell.gateway.egress import credentials, heads, interception, placeholders, splicing
 from warmshell.gateway.egress.pumping import CHUNK, TokenBucket, copy_body, pump
 
 __all__ = ["Admit", "Admitted", "EgressEntry", "EgressProxy", "host_local"]
@@ -461,6 +461,11 @@ async def _splice(
     """Bytes both ways until both sides are done, counted into `entry` and the metrics."""
     counters = _Counters(entry)
     try:
+        if splicing.available(inside[1], outside[1]):
+            await splicing.splice_both(
+                inside, outside, up=(sandbox.up, counters.up), down=(sandbox.down, counters.down)
+            )
+            return
         await asyncio.gather(
             pump(inside[0], outside[1], sandbox.up, counters.up),
             pump(outside[0], inside[1], sandbox.down, counters.down),

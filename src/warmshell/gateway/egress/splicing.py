@@ -1,0 +1,192 @@
+"""Moving a tunnel's bytes in the kernel: splice(2) from one socket into a pipe and from the pipe
+into the other socket, driven by the event loop's readiness callbacks.
+
+Why: copying through StreamReader/StreamWriter costs the gateway's one event-loop thread two
+user-space copies and a few awaits per 64 KiB; at loopback speeds (hundreds of MiB/s) that
+thread, not the network, set the proxy's throughput — a proxied download ran at a third of a
+direct one, and sixteen at a fifth. With splice the bytes never enter Python: each readiness
+event moves up to a pipe's worth (1 MiB) with two system calls.
+
+Only for plain sockets (a CONNECT tunnel passed untouched, a plain HTTP request once its head
+went up); what the streams already read is sent first, and their transports stay paused while
+the splices own the sockets (through duplicated descriptors: the loop refuses callbacks on a
+descriptor a transport holds). The streams close the sockets afterwards as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import socket
+from collections.abc import Callable
+
+from warmshell.gateway.egress.pumping import TokenBucket
+
+__all__ = ["available", "splice_both"]
+
+_PIPE_BYTES = 1 << 20
+_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+def available(*writers: asyncio.StreamWriter) -> bool:
+    """Whether these connections can be spliced: splice exists and each is a plain socket
+    (not TLS: those bytes must pass through Python to be decrypted)."""
+    return hasattr(os, "splice") and all(
+        isinstance(w.transport, asyncio.Transport)
+        and w.get_extra_info("socket") is not None
+        and w.get_extra_info("sslcontext") is None
+        for w in writers
+    )
+
+
+class _Direction:
+    """One way: `source` readable -> pipe -> `target`, until end of stream or an error."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        source: int,
+        target: int,
+        bucket: TokenBucket,
+        count: Callable[[int], None],
+    ) -> None:
+        self._loop, self._source, self._target = loop, source, target
+        self._bucket, self._count = bucket, count
+        self._pipe_out, self._pipe_in = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        with contextlib.suppress(OSError):  # a smaller pipe only means more wake-ups
+            fcntl.fcntl(self._pipe_in, _F_SETPIPE_SZ, _PIPE_BYTES)
+        self._held = 0  # bytes in the pipe, not yet in `target`
+        self._ended = False
+        self._resume: asyncio.TimerHandle | None = None
+        self.done: asyncio.Future[None] = loop.create_future()
+
+    def start(self) -> None:
+        self._loop.add_reader(self._source, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            moved = os.splice(self._source, self._pipe_in, _PIPE_BYTES, flags=_FLAGS)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._fail()
+            return
+        self._loop.remove_reader(self._source)
+        if moved == 0:
+            self._ended = True
+        self._held += moved
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._held:
+            try:
+                moved = os.splice(self._pipe_out, self._target, self._held, flags=_FLAGS)
+            except BlockingIOError:
+                self._loop.add_writer(self._target, self._writable)
+                return
+            except OSError:
+                self._fail()
+                return
+            self._held -= moved
+            self._count(moved)
+            wait = self._bucket.delay(moved)
+            if wait > 0 and not self._held:
+                self._resume = self._loop.call_later(wait, self._continue)
+                return
+        self._continue()
+
+    def _writable(self) -> None:
+        self._loop.remove_writer(self._target)
+        self._flush()
+
+    def _continue(self) -> None:
+        if self.done.done():
+            return
+        if not self._ended:
+            self._loop.add_reader(self._source, self._readable)
+            return
+        _shutdown(self._target, socket.SHUT_WR)  # its end of stream, passed on as a half-close
+        self._finish()
+
+    def _fail(self) -> None:
+        """A broken side: both directions of the other end are shut, as a copy would close it."""
+        _shutdown(self._target, socket.SHUT_RDWR)
+        self._finish()
+
+    def _finish(self) -> None:
+        self.close()
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def close(self) -> None:
+        """Stop watching the sockets and drop the pipe (idempotent)."""
+        if self._resume is not None:
+            self._resume.cancel()
+        self._loop.remove_reader(self._source)
+        self._loop.remove_writer(self._target)
+        for fd in (self._pipe_out, self._pipe_in):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._pipe_out = self._pipe_in = -1
+
+
+def _socket(fd: int) -> socket.socket:
+    """A socket object of its own over `fd` (a duplicate: closing it leaves `fd` open)."""
+    made = socket.socket(fileno=os.dup(fd))
+    made.setblocking(False)
+    return made
+
+
+def _shutdown(fd: int, how: int) -> None:
+    with contextlib.suppress(OSError), _socket(fd) as end:
+        end.shutdown(how)
+
+
+async def _take_over(stream: _Stream) -> tuple[bytes, int]:
+    """Pause the stream's transport and take what its reader had buffered; a duplicate of its
+    socket's descriptor, for the splices (its transport keeps the original, and closes it)."""
+    reader, writer = stream
+    transport = writer.transport
+    assert isinstance(transport, asyncio.Transport)  # `available` said so
+    transport.pause_reading()
+    # StreamReader has no public way to take its buffer without waiting for more.
+    buffered: bytearray = getattr(reader, "_buffer")  # noqa: B009
+    data = bytes(buffered)
+    buffered.clear()
+    # What the transport still holds to write goes out before the splices write around it.
+    transport.set_write_buffer_limits(high=0)
+    await writer.drain()
+    return data, os.dup(writer.get_extra_info("socket").fileno())
+
+
+async def splice_both(
+    inside: _Stream,
+    outside: _Stream,
+    *,
+    up: tuple[TokenBucket, Callable[[int], None]],
+    down: tuple[TokenBucket, Callable[[int], None]],
+) -> None:
+    """Bytes both ways until both ends are done (each end of stream passed on as a half-close);
+    `up` and `down`: each direction's rate and byte counter."""
+    loop = asyncio.get_running_loop()
+    (early_up, inner), (early_down, outer) = await _take_over(inside), await _take_over(outside)
+    directions: list[_Direction] = []
+    try:
+        for data, target, (_, count) in ((early_up, outer, up), (early_down, inner, down)):
+            if data:
+                with _socket(target) as end:
+                    await loop.sock_sendall(end, data)
+                count(len(data))
+        directions = [_Direction(loop, inner, outer, *up), _Direction(loop, outer, inner, *down)]
+        for direction in directions:
+            direction.start()
+        await asyncio.gather(*(direction.done for direction in directions))
+    finally:
+        for direction in directions:
+            direction.close()
+        os.close(inner)
+        os.close(outer)
