@@ -153,24 +153,16 @@ class EgressProxy:
         sandbox = self._sandboxes.pop(sandbox_id, None) if not keep_log else self._sandboxes.get(sandbox_id)
         if sandbox is None:
             return
-        if sandbox.server is not None:
-            sandbox.server.close()
-            sandbox.server = None
-        for task in list(sandbox.connections):
-            task.cancel()
-        await asyncio.gather(*sandbox.connections, return_exceptions=True)
+        server, sandbox.server = sandbox.server, None
+        await _cut(server, sandbox.connections)
         if sandbox.path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(sandbox.path)
 
     async def aclose(self) -> None:
         """Close every sandbox's socket and connection, and the network listener."""
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-        for task in list(self._network):
-            task.cancel()
-        await asyncio.gather(*self._network, return_exceptions=True)
+        listener, self._listener = self._listener, None
+        await _cut(listener, self._network)
         for sandbox_id in list(self._sandboxes):
             await self.close(sandbox_id)
 
@@ -378,6 +370,15 @@ class EgressProxy:
                 return Decision(True, decision.rule or verdict.rule), address
             refusal = verdict
         return refusal, None
+
+
+async def _cut(server: asyncio.Server | None, connections: set[asyncio.Task[None]]) -> None:
+    """Stop accepting (when there is a server), then cancel the connections and wait for them."""
+    if server is not None:
+        server.close()
+    for task in list(connections):
+        task.cancel()
+    await asyncio.gather(*connections, return_exceptions=True)
 
 
 def _swapped(head: heads.Head, sandbox: _Sandbox, decision: Decision) -> tuple[heads.Head, Decision]:
