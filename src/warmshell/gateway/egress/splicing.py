@@ -43,6 +43,46 @@ def available(*writers: asyncio.StreamWriter) -> bool:
     )
 
 
+class _Pipes:
+    """The pipes splices go through, lent one per step: a direction holds one only while bytes
+    wait in it for a slow receiver, so a gateway with thousands of tunnels holds few.
+
+    Why it matters: a pipe's pages count against its user's pipe budget
+    (/proc/sys/fs/pipe-user-pages-soft, 64 MiB), and past it every new pipe of a non-root
+    gateway — an exec's stdout too — gets two pages. So at most `enlarged` of them are 1 MiB
+    (a 1 MiB pipe halves the proxy's CPU per byte against the default 64 KiB); the rest keep
+    the default size, and at most `idle` wait unused."""
+
+    def __init__(self, *, idle: int = 8, enlarged: int = 16) -> None:
+        self._idle: list[tuple[int, int]] = []
+        self._idle_max, self._enlarged_max = idle, enlarged
+        self._enlarged: set[int] = set()  # their read ends
+
+    def take(self) -> tuple[int, int]:
+        """A pipe (read end, write end), empty, non-blocking."""
+        if self._idle:
+            return self._idle.pop()
+        pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        if len(self._enlarged) < self._enlarged_max:
+            with contextlib.suppress(OSError):  # a pipe left smaller only means more steps
+                fcntl.fcntl(pipe[1], _F_SETPIPE_SZ, _PIPE_BYTES)
+                self._enlarged.add(pipe[0])
+        return pipe
+
+    def give(self, pipe: tuple[int, int], *, empty: bool) -> None:
+        """Return a pipe: kept for the next step when `empty` and there is room, else closed."""
+        if empty and len(self._idle) < self._idle_max:
+            self._idle.append(pipe)
+            return
+        self._enlarged.discard(pipe[0])
+        for fd in pipe:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+_PIPES = _Pipes()
+
+
 class _Direction:
     """One way: `source` readable -> pipe -> `target`, until end of stream or an error."""
 
@@ -56,9 +96,7 @@ class _Direction:
     ) -> None:
         self._loop, self._source, self._target = loop, source, target
         self._bucket, self._count = bucket, count
-        self._pipe_out, self._pipe_in = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        with contextlib.suppress(OSError):  # a smaller pipe only means more wake-ups
-            fcntl.fcntl(self._pipe_in, _F_SETPIPE_SZ, _PIPE_BYTES)
+        self._pipe: tuple[int, int] | None = None  # lent for a step (see `_Pipes`)
         self._held = 0  # bytes in the pipe, not yet in `target`
         self._ended = False
         self._resume: asyncio.TimerHandle | None = None
@@ -68,9 +106,12 @@ class _Direction:
         self._loop.add_reader(self._source, self._readable)
 
     def _readable(self) -> None:
+        self._pipe = pipe = self._pipe or _PIPES.take()
         try:
-            moved = os.splice(self._source, self._pipe_in, _PIPE_BYTES, flags=_FLAGS)
-        except BlockingIOError:
+            moved = os.splice(self._source, pipe[1], _PIPE_BYTES, flags=_FLAGS)
+        except BlockingIOError:  # woken for nothing: the pipe goes back until there is something
+            if not self._held:
+                self._release()
             return
         except OSError:
             self._fail()
@@ -82,9 +123,10 @@ class _Direction:
         self._flush()
 
     def _flush(self) -> None:
+        assert self._pipe is not None
         while self._held:
             try:
-                moved = os.splice(self._pipe_out, self._target, self._held, flags=_FLAGS)
+                moved = os.splice(self._pipe[0], self._target, self._held, flags=_FLAGS)
             except BlockingIOError:
                 self._loop.add_writer(self._target, self._writable)
                 return
@@ -95,9 +137,17 @@ class _Direction:
             self._count(moved)
             wait = self._bucket.delay(moved)
             if wait > 0 and not self._held:
+                self._release()
                 self._resume = self._loop.call_later(wait, self._continue)
                 return
+        self._release()
         self._continue()
+
+    def _release(self) -> None:
+        """Give the pipe back (what is still in it, on a close, goes with it)."""
+        if self._pipe is not None:
+            _PIPES.give(self._pipe, empty=not self._held)
+            self._pipe = None
 
     def _writable(self) -> None:
         self._loop.remove_writer(self._target)
@@ -123,15 +173,12 @@ class _Direction:
             self.done.set_result(None)
 
     def close(self) -> None:
-        """Stop watching the sockets and drop the pipe (idempotent)."""
+        """Stop watching the sockets and give the pipe back (idempotent)."""
         if self._resume is not None:
             self._resume.cancel()
         self._loop.remove_reader(self._source)
         self._loop.remove_writer(self._target)
-        for fd in (self._pipe_out, self._pipe_in):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._pipe_out = self._pipe_in = -1
+        self._release()
 
 
 def _socket(fd: int) -> socket.socket:
