@@ -58,7 +58,7 @@
 #define HEADER 16
 #define EGRESS_SOCKET "/run/warmshell/egress/proxy.sock"
 #define RELAY_BUFFER (64 * 1024)
-#define RELAY_PIPE (1024 * 1024)
+#define RELAY_PIPE (1024 * 1024)  /* asked per step; the pipe's size bounds what it gets */
 
 enum { REJ_SIZE = 1, REJ_TYPE = 2, REJ_FDS = 3, REJ_STRINGS = 4, REJ_ID = 5, REJ_FULL = 6, REJ_SIGNAL = 7,
        REJ_TRUNCATED = 8 };
@@ -257,7 +257,7 @@ static int write_all(int fd, const char *data, ssize_t size) {
 
 /* One direction's step: what `from` has (up to a pipe's worth) into `to`, through `pipe` with
  * splice(2), so the bytes stay in the kernel (a read and a write copied each 64 KiB through this
- * process: on loopback the shim's copies were a third of a proxied download's CPU). Where
+ * process, twice per byte, in the sandbox's own cpu quota). Where
  * splice is refused (EINVAL: a socket type without it) the bytes go through `buffer`.
  * Returns the bytes moved, 0 at end of stream, -1 on error, -2 when there was nothing yet. */
 static ssize_t move(int from, int to, const int pipe[2], char *buffer) {
@@ -286,10 +286,11 @@ static int relay(int client, const char *path) {
     if (up < 0 || connect(up, (struct sockaddr *)&address, sizeof address) < 0) return 1;
     static char buffer[RELAY_BUFFER];
     int pipes[2][2];
-    for (int i = 0; i < 2; i++) {
+    /* Pipes of the default size (64 KiB): their pages count against the sandbox uid's pipe
+     * budget, which is the gateway's own when it does not run as root, and a pipe past that
+     * budget gets two pages — the gateway's exec pipes included. */
+    for (int i = 0; i < 2; i++)
         if (pipe2(pipes[i], O_CLOEXEC) < 0) return 1;
-        fcntl(pipes[i][1], F_SETPIPE_SZ, RELAY_PIPE);  /* a smaller pipe only means more steps */
-    }
     int ends[2] = {client, up};
     int open[2] = {1, 1};  /* open[i]: ends[i] may still send */
     while (open[0] || open[1]) {
