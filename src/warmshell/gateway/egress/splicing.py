@@ -27,6 +27,7 @@ from warmshell.gateway.egress.pumping import TokenBucket
 __all__ = ["available", "splice_both"]
 
 _PIPE_BYTES = 1 << 20
+_STEPS = 4  # per readiness event, so one fast connection does not hold the loop
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -106,42 +107,50 @@ class _Direction:
         self._loop.add_reader(self._source, self._readable)
 
     def _readable(self) -> None:
-        self._pipe = pipe = self._pipe or _PIPES.take()
-        try:
-            moved = os.splice(self._source, pipe[1], _PIPE_BYTES, flags=_FLAGS)
-        except BlockingIOError:  # woken for nothing: the pipe goes back until there is something
-            if not self._held:
+        """Steps while the source has bytes and the target takes them, staying watched: a
+        reader removed and added again per step cost two epoll_ctl calls for every step."""
+        for _ in range(_STEPS):
+            self._pipe = pipe = self._pipe or _PIPES.take()
+            try:
+                moved = os.splice(self._source, pipe[1], _PIPE_BYTES, flags=_FLAGS)
+            except BlockingIOError:  # nothing more for now: the pipe goes back meanwhile
                 self._release()
-            return
-        except OSError:
-            self._fail()
-            return
-        self._loop.remove_reader(self._source)
-        if moved == 0:
-            self._ended = True
-        self._held += moved
-        self._flush()
+                return
+            except OSError:
+                self._fail()
+                return
+            if moved == 0:
+                self._loop.remove_reader(self._source)
+                self._ended = True
+                self._continue()
+                return
+            self._held = moved
+            if not self._flush():
+                self._loop.remove_reader(self._source)  # until the target drains or the rate allows
+                return
 
-    def _flush(self) -> None:
+    def _flush(self) -> bool:
+        """Empty the pipe into the target: True when done, False when paused (the target is
+        full, or the byte rate asks for a wait: each resumes by itself) or failed."""
         assert self._pipe is not None
         while self._held:
             try:
                 moved = os.splice(self._pipe[0], self._target, self._held, flags=_FLAGS)
             except BlockingIOError:
                 self._loop.add_writer(self._target, self._writable)
-                return
+                return False
             except OSError:
                 self._fail()
-                return
+                return False
             self._held -= moved
             self._count(moved)
             wait = self._bucket.delay(moved)
             if wait > 0 and not self._held:
                 self._release()
                 self._resume = self._loop.call_later(wait, self._continue)
-                return
+                return False
         self._release()
-        self._continue()
+        return True
 
     def _release(self) -> None:
         """Give the pipe back (what is still in it, on a close, goes with it)."""
@@ -151,7 +160,8 @@ class _Direction:
 
     def _writable(self) -> None:
         self._loop.remove_writer(self._target)
-        self._flush()
+        if self._flush():
+            self._continue()
 
     def _continue(self) -> None:
         if self.done.done():
