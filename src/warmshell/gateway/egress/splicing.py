@@ -209,6 +209,8 @@ async def _take_over(stream: _Stream) -> tuple[bytes, int]:
     reader, writer = stream
     transport = writer.transport
     assert isinstance(transport, asyncio.Transport)  # `available` said so
+    if transport.is_closing():  # its socket may be gone already: nothing to splice
+        raise ConnectionResetError("the connection closed before its bytes were spliced")
     transport.pause_reading()
     # StreamReader has no public way to take its buffer without waiting for more.
     buffered: bytearray = getattr(reader, "_buffer")  # noqa: B009
@@ -217,7 +219,10 @@ async def _take_over(stream: _Stream) -> tuple[bytes, int]:
     # What the transport still holds to write goes out before the splices write around it.
     transport.set_write_buffer_limits(high=0)
     await writer.drain()
-    return data, os.dup(writer.get_extra_info("socket").fileno())
+    fd = writer.get_extra_info("socket").fileno()
+    if transport.is_closing() or fd < 0:  # closed while its last bytes went out
+        raise ConnectionResetError("the connection closed before its bytes were spliced")
+    return data, os.dup(fd)
 
 
 async def splice_both(
@@ -230,9 +235,13 @@ async def splice_both(
     """Bytes both ways until both ends are done (each end of stream passed on as a half-close);
     `up` and `down`: each direction's rate and byte counter."""
     loop = asyncio.get_running_loop()
-    (early_up, inner), (early_down, outer) = await _take_over(inside), await _take_over(outside)
+    descriptors: list[int] = []
     directions: list[_Direction] = []
     try:
+        early_up, inner = await _take_over(inside)
+        descriptors.append(inner)
+        early_down, outer = await _take_over(outside)
+        descriptors.append(outer)
         for data, target, (_, count) in ((early_up, outer, up), (early_down, inner, down)):
             if data:
                 with _socket(target) as end:
@@ -245,5 +254,5 @@ async def splice_both(
     finally:
         for direction in directions:
             direction.close()
-        os.close(inner)
-        os.close(outer)
+        for fd in descriptors:
+            os.close(fd)
