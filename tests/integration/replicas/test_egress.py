@@ -1,6 +1,7 @@
 """Egress with two replicas on kubesim: a pod's proxy connections land on either replica
 (round-robin behind an egress "Service"), each admits the credential the activating replica
-issued and swaps its placeholder, and `ListEgress` on either replica lists every decision."""
+issued and swaps its placeholder, and `ListEgress` on either replica lists every decision (and
+what the live ones know when one is gone)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,7 @@ async def test_decisions_from_either_replica_and_credentials_on_both(
         listed = await stub.ListEgress(pb.SandboxRef(name="net"), metadata=md)
         assert [(d.host, d.port, d.allowed) for d in listed.decisions] == [(allowed.host, allowed.port, True)] * FETCHES
         assert [d.time_ms for d in listed.decisions] == sorted(d.time_ms for d in listed.decisions)
+    # A replica that cannot answer leaves its part out; the call still answers with the rest.
+    replicas.kill(second)
+    listed = await stubs[0].ListEgress(pb.SandboxRef(name="net"), metadata=md)
+    assert len(listed.decisions) == egress_front.connections[first.egress]
