@@ -327,6 +327,28 @@ class NetworkConfig(_Section):
     # A CA file upstreams are also verified against (besides the host's trust store) when the
     # proxy intercepts TLS for placeholder secrets: for tests and private CAs.
     upstream_ca_file: str = ""
+    # Where the proxy also listens for sandboxes that reach it over the network ("HOST:PORT";
+    # "" = not at all): Kubernetes pods, each admitted by the credential its activation carried.
+    proxy_listen: str = ""
+    # The proxy's URL as those pods dial it ("http://HOST:PORT", e.g. the chart's egress
+    # Service); "" = pods get no proxy, and the driver's sandboxes have no egress policy applied.
+    proxy_url: str = ""
+
+    @field_validator("proxy_listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, colon, port = value.rpartition(":")
+        if value and not (colon and host and port.isdigit() and 0 <= int(port) <= 65535):
+            raise ValueError('must be "" or "HOST:PORT" with a port from 0 to 65535')
+        return value
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        rest = value.removeprefix("http://")
+        if value and (rest == value or not rest or "@" in rest or "/" in rest.rstrip("/")):
+            raise ValueError('must be "" or "http://HOST:PORT" (no user info, no path)')
+        return value.rstrip("/")
 
     @field_validator("deny")
     @classmethod

@@ -145,7 +145,9 @@ class GatewayActivator:
         if self._egress is not None:
             binding = registration.identity.binding
             pool = binding.pool if isinstance(binding, WarmPending) else None
-            attached = await self._egress.attach(record, registration.identity.instance_id, pool, secrets)
+            attached = await self._egress.attach(
+                record, registration.identity.instance_id, pool, secrets, source=registration.peer
+            )
             environment |= attached.environment
             secrets = attached.secrets
         token, expires_ms = self._issuer.mint(record.id, registration.identity.instance_id)

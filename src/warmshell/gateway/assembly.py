@@ -16,7 +16,8 @@ from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.drivers.base import ComputeDriver, Leadership
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
-from warmshell.gateway.egress.gate import EgressGate, EgressTrust, HostsEgressSockets
+from warmshell.gateway.egress.credentials import ProxyCredentials
+from warmshell.gateway.egress.gate import EgressGate, EgressTrust, HostsEgressSockets, NetworkProxy
 from warmshell.gateway.egress.proxy import EgressProxy
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.execs import ExecRelay
@@ -111,7 +112,7 @@ def assemble(
     )
     registry: Registry[spb.SupervisorActivationMessage] = Registry()
     vault = SecretVault(store, keys.secrets_key)
-    egress = _egress(config, driver, records, keys.egress)
+    egress = _egress(config, driver, records, keys.egress, vault=vault, secrets_key=keys.secrets_key)
     activator = GatewayActivator(registry, records, issuer, vault, egress)
     manager = _manager(config, records=records, driver=driver, bus=bus, sessions=sessions, vault=vault)
     supervisor_service = _supervisor_service(
@@ -151,12 +152,24 @@ def assemble(
     )
 
 
-def _egress(config: GatewayConfig, driver: ComputeDriver, records: SandboxRecords, trust: EgressTrust) -> EgressGate:
-    """The egress proxy and the gate that opens it at each activation (sockets only where the
-    driver binds them into sandboxes: the local driver), closing it as records end."""
+def _egress(
+    config: GatewayConfig,
+    driver: ComputeDriver,
+    records: SandboxRecords,
+    trust: EgressTrust,
+    *,
+    vault: SecretVault,
+    secrets_key: bytes,
+) -> EgressGate:
+    """The egress proxy and the gate that opens it at each activation (sockets where the driver
+    binds them into sandboxes: the local driver; else, with `[network] proxy_url`, a credential
+    per sandbox for the proxy's network listener), closing it as records end."""
     sockets = driver if isinstance(driver, HostsEgressSockets) else None
+    network = None
+    if sockets is None and config.network.proxy_url:
+        network = NetworkProxy(config.network.proxy_url, ProxyCredentials(secrets_key), records, vault)
     proxy = EgressProxy(config.network, authority=trust.authority, upstream_tls=trust.upstream_tls)
-    gate = EgressGate(config.network, proxy, sockets, pools=driver.pools, authority=trust.authority)
+    gate = EgressGate(config.network, proxy, sockets, pools=driver.pools, authority=trust.authority, network=network)
     records.observe(gate.observe)
     return gate
 

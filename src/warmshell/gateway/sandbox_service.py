@@ -122,13 +122,19 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         record = await self._lookup(request.workspace, request.name)
         if self._egress is None:
             return pb.ListEgressResponse()
-        # Kept by the gateway that activated the sandbox: with replicas, ask that one.
-        entries = self._egress.proxy.decisions(record.id)
+        decisions = [
+            pb.EgressDecision(**dataclasses.asdict(entry)) for entry in self._egress.proxy.decisions(record.id)
+        ]
+        if self._forwarder is not None:
+            # Each replica keeps the decisions of the connections it served (a local sandbox's all
+            # on the replica that activated it; a pod's on whichever its proxy connections reached).
+            others = await self._forwarder.others(context)
+            answers = await self._forwarder.gather_unary(
+                others, _SERVICE + "ListEgress", request, pb.ListEgressResponse.FromString, context
+            )
+            decisions = sorted([*decisions, *(d for a in answers for d in a.decisions)], key=lambda d: d.time_ms)
         condition = record.status.condition(NETWORK_CONDITION)
-        return pb.ListEgressResponse(
-            decisions=[pb.EgressDecision(**dataclasses.asdict(entry)) for entry in entries],
-            policy=condition.message if condition is not None else "",
-        )
+        return pb.ListEgressResponse(decisions=decisions, policy=condition.message if condition is not None else "")
 
     @unary
     async def GetSandbox(self, request: pb.SandboxRef, context: Ctx) -> pb.Sandbox:
