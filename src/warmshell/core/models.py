@@ -200,6 +200,8 @@ class SandboxSpec(_Model):
     network: NetworkRequest = Field(default_factory=NetworkRequest)
     # Secret name -> the hosts it is for (the workload gets a placeholder for it; see core/egress).
     secret_hosts: dict[str, list[str]] = Field(default_factory=dict)
+    # No workload even where the image has an Entrypoint/Cmd: the agent alone, for exec.
+    no_command: bool = False
 
 
 class SandboxStatus(_Model):

@@ -50,7 +50,13 @@ def _check_arguments(spec: SandboxSpec, host: HostSetup) -> SandboxSpec:
     if spec.runtime_class_name:
         raise InvalidArgumentError("spec.runtime_class_name", "must be empty on the local driver (no runtime classes)")
     if imageroots.is_reference(spec.image) and host.launcher.images is not None:
-        spec = spec.model_copy(update={"image": host.launcher.images.pin(spec.image)})
+        pinned = host.launcher.images.pin(spec.image)
+        spec = spec.model_copy(update={"image": pinned})
+        if not spec.command and not spec.no_command:
+            # Recorded as the spec's command, so `sandbox get` shows what runs; the workload
+            # starts at activation, so a warm member (started before any request) runs it too.
+            command = imageroots.default_command(host.launcher.images.config(pinned))
+            spec = spec.model_copy(update={"command": command})
     elif spec.image:
         check_image_root(spec.image, host.image_roots)
         images.check_image(spec.image)
