@@ -203,6 +203,13 @@ class SandboxSpec(_Model):
     # No workload even where the image has an Entrypoint/Cmd: the agent alone, for exec.
     no_command: bool = False
 
+    @model_serializer(mode="wrap")
+    def _without_unset_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        if not dumped.get("no_command"):  # left out unset: a replica of an older release refuses the key
+            dumped.pop("no_command", None)
+        return dumped
+
 
 class SandboxStatus(_Model):
     """What the gateway knows about a sandbox now."""
