@@ -70,6 +70,7 @@ def _create(args: argparse.Namespace) -> int:
         memory=args.memory,
         pids=args.pids,
         command=args.command,
+        no_command=args.no_command,
         labels=parse_pairs(args.label, flag="--label"),
         ttl_seconds=args.ttl,
         idle_timeout_seconds=args.idle_timeout,
@@ -367,6 +368,11 @@ _COMMANDS = (
                 "--idle-timeout", type=_LIFETIME, metavar="SECONDS", help="delete after N s without an exec (0: never)"
             ),
             flag("--rm", action="store_true", help="delete it once its command's output is delivered"),
+            flag(
+                "--no-command",
+                action="store_true",
+                help="run nothing, not even the image's Entrypoint/Cmd: the sandbox idles for exec",
+            ),
         ),
     ),
     Command(

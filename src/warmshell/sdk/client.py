@@ -101,7 +101,7 @@ class Client:
     ) -> Sandbox:
         """Create a sandbox and return once it is Ready (warm or cold), or once its `command`
         has already exited; `options` are `calls.CreateOptions` (image, env, secrets, cpu,
-        memory, pids, command, labels, ttl_seconds, idle_timeout_seconds). A sandbox that fails
+        memory, pids, command, no_command, labels, ttl_seconds, idle_timeout_seconds). A sandbox that fails
         raises SandboxError with the gateway's reason; one not Ready within `ready_timeout`
         raises DeadlineExceeded. Either way it is deleted: a failed create leaves nothing
         behind. With `auto_delete`, `wait_exit()` deletes it once it has returned the

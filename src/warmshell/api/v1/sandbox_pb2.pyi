@@ -151,16 +151,26 @@ class SandboxSpec(_message.Message):
     SECRETS_FIELD_NUMBER: _builtins.int
     NETWORK_FIELD_NUMBER: _builtins.int
     SECRET_HOSTS_FIELD_NUMBER: _builtins.int
+    NO_COMMAND_FIELD_NUMBER: _builtins.int
     image: _builtins.str
     """Driver-specific image reference; "" selects the driver's default image."""
     runtime_class_name: _builtins.str
+    no_command: _builtins.bool
+    """Run no workload at all, even when the image has an Entrypoint/Cmd: the sandbox holds only
+    its agent, for exec (an empty `command` otherwise runs the image's Entrypoint + Cmd where the
+    driver knows them: the local driver's image store). Refused together with a `command`.
+    """
     @_builtins.property
     def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def resources(self) -> Global___Resources: ...
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Workload argv (no shell parsing). Empty keeps an idle main process so exec works."""
+        """Workload argv (no shell parsing). It replaces the image's Entrypoint and Cmd both (as a
+        Kubernetes container's `command` does). Empty: the image's Entrypoint + Cmd when it has
+        them (see `no_command`), else an idle main process so exec works. `GetSandbox` shows the
+        command the sandbox runs.
+        """
 
     @_builtins.property
     def secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -193,10 +203,11 @@ class SandboxSpec(_message.Message):
         secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         network: Global___NetworkPolicy | None = ...,
         secret_hosts: _abc.Mapping[_builtins.str, Global___SecretHosts] | None = ...,
+        no_command: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "image", b"image", "network", b"network", "resources", b"resources", "runtime_class_name", b"runtime_class_name", "secret_hosts", b"secret_hosts", "secrets", b"secrets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "image", b"image", "network", b"network", "no_command", b"no_command", "resources", b"resources", "runtime_class_name", b"runtime_class_name", "secret_hosts", b"secret_hosts", "secrets", b"secrets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
