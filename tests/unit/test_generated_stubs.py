@@ -29,7 +29,7 @@ def test_public_surface_is_pinned() -> None:
         "Allocation", "AlreadyExists", "ApiError", "AsyncClient", "AsyncProcess", "AsyncSandbox", "Client",
         "CommandFailed", "CommandTimeout", "Condition", "Conflict", "DeadlineExceeded", "EgressDecision", "Error",
         "ExecError", "ExecOutcome", "ExecResult", "FailedPrecondition", "InvalidArgument", "Lifetime", "Network",
-        "NotFound", "OutputEvent", "PermissionDenied", "Phase", "PoolInfo", "Process", "ResourceExhausted",
+        "NotFound", "OutputEvent", "PermissionDenied", "Phase", "PoolInfo", "Process", "ProcessInfo", "ResourceExhausted",
         "Sandbox", "SandboxError", "SandboxInfo", "Secret", "Timeline", "Unauthenticated", "Unavailable", "Usage",
         "__version__",
     ]  # fmt: skip

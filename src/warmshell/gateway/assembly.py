@@ -16,6 +16,7 @@ from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.drivers.base import ComputeDriver, Leadership
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
+from warmshell.gateway.background import BackgroundProcesses
 from warmshell.gateway.egress.gate import EgressGate, EgressTrust, HostsEgressSockets
 from warmshell.gateway.egress.proxy import EgressProxy
 from warmshell.gateway.events import EventBus
@@ -73,6 +74,7 @@ class GatewayParts:
     manager: SandboxManager
     auth: Authenticator
     execs: ExecRelay
+    background: BackgroundProcesses
     reconciler: Reconciler
     expiry: ExpiryReconciler
     sandbox_service: SandboxService
@@ -120,6 +122,7 @@ def assemble(
     leadership = driver if replication is not None and isinstance(driver, Leadership) else None
     leading = _leader(leadership)
     execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
+    background = BackgroundProcesses(execs, history_bytes=config.exec_history_bytes)
     reconciler, expiry = _reconcilers(config, manager, leading=leading, wiring=wiring)
     return GatewayParts(
         config=config,
@@ -135,9 +138,10 @@ def assemble(
         manager=manager,
         auth=auth,
         execs=execs,
+        background=background,
         reconciler=reconciler,
         expiry=expiry,
-        sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder, egress=egress),
+        sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder, egress=egress, background=background),
         file_service=FileService(manager, auth, config.files, wiring.forwarder),
         image_service=ImageService.for_config(config, auth),
         supervisor_service=supervisor_service,

@@ -292,6 +292,9 @@ class OutputEvent(_Outcome):
     stderr: bytes = b""
     exit_code: int | None = field(default=None)
     outcome: ExecOutcome | None = None
+    # A reattached background command: this many bytes before this chunk were dropped from its
+    # ring before this client read them.
+    dropped_bytes: int = 0
 
 
 def _conditions(conditions: object) -> tuple[Condition, ...]:
