@@ -6,6 +6,7 @@ from whoever attaches, and an unknown pid refused naming the field."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 import warmshell
 from tests.helpers.cli import CliGateway, start_gateway
+from warmshell.cli.client import STATUS_EXIT_CODES
 from warmshell.sdk.interactive import Process
 
 HISTORY = 64 * 1024
@@ -162,3 +164,24 @@ async def test_async_start_detach_and_reattach(gateway: CliGateway) -> None:
                 await attached.signal(signal.SIGTERM)
                 assert await asyncio.wait_for(attached.wait(), 30) == 128 + signal.SIGTERM
             await again.delete()
+
+
+def test_the_cli_starts_lists_and_attaches(gateway: CliGateway, sandbox: warmshell.Sandbox) -> None:
+    started = gateway.run("sandbox", "exec", "-b", sandbox.name, "--", "sh", "-c", "echo hi; echo err >&2; exit 4")
+    assert started.returncode == 0, started.stderr
+    pid = int(started.stdout)
+    wait_exited(sandbox, pid)
+    listed = gateway.run("sandbox", "ps", sandbox.name)
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["PID", "STATE", "EXIT", "AGE", "OUTPUT", "COMMAND"]
+    assert row.split()[:3] == [str(pid), "exited", "4"]
+    assert row.endswith("sh -c echo hi; echo err >&2; exit 4")
+    as_json = gateway.run("sandbox", "ps", sandbox.name, "-o", "json")
+    [entry] = json.loads(as_json.stdout)["processes"]
+    assert (entry["pid"], entry["exit_code"], entry["output_bytes"]) == (pid, 4, 7)
+    attached = gateway.run("sandbox", "attach", sandbox.name, str(pid))
+    assert (attached.returncode, attached.stdout, attached.stderr) == (4, "hi\n", "err\n")
+    unknown = gateway.run("sandbox", "attach", sandbox.name, "4242")
+    assert unknown.returncode == STATUS_EXIT_CODES["NOT_FOUND"]
+    assert "pid: the sandbox has no background command 4242" in unknown.stderr
