@@ -122,7 +122,7 @@ def assemble(
     leadership = driver if replication is not None and isinstance(driver, Leadership) else None
     leading = _leader(leadership)
     execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
-    background = BackgroundProcesses(execs, history_bytes=config.exec_history_bytes)
+    background = BackgroundProcesses(execs, history_bytes=config.exec_history_bytes, touch=manager.touch)
     reconciler, expiry = _reconcilers(config, manager, leading=leading, wiring=wiring)
     return GatewayParts(
         config=config,

@@ -107,8 +107,17 @@ class _Sandbox:
 class BackgroundProcesses:
     """The background commands of the sandboxes whose sessions this gateway holds."""
 
-    def __init__(self, relay: ExecRelay, *, history_bytes: int, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(
+        self,
+        relay: ExecRelay,
+        *,
+        history_bytes: int,
+        touch: Callable[[SandboxId], None] = lambda _: None,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        """`touch`: told of a sandbox whose command ended (idle time counts from there)."""
         self._relay = relay
+        self._touch = touch
         self._history_bytes = history_bytes
         self._clock = clock
         self._sandboxes: dict[SandboxId, _Sandbox] = {}
@@ -139,7 +148,7 @@ class BackgroundProcesses:
             ring=OutputRing(self._history_bytes),
         )
         sandbox.processes[process.pid] = process
-        task = asyncio.create_task(self._keep(process), name=f"background {sandbox_id} {process.pid}")
+        task = asyncio.create_task(self._keep(sandbox_id, process), name=f"background {sandbox_id} {process.pid}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return process
@@ -158,7 +167,7 @@ class BackgroundProcesses:
             raise NotFoundError(f"pid: the sandbox has no background command {pid} (see ListProcesses)")
         return process
 
-    async def _keep(self, process: BackgroundProcess) -> None:
+    async def _keep(self, sandbox_id: SandboxId, process: BackgroundProcess) -> None:
         """Take the command's output into its ring until it ends."""
         channel = process.channel
         while True:
@@ -173,6 +182,7 @@ class BackgroundProcesses:
                 process.exited = event
             process.ended_at_ms = self._clock()
             process.notify()
+            self._touch(sandbox_id)
             return
 
     def _prune(self) -> None:
