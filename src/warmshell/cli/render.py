@@ -242,6 +242,10 @@ def hit_rate(hits: int, misses: int) -> str:
 def _allocation(status: sandbox_pb2.SandboxStatus) -> str:
     if not status.allocation:
         return _NONE
+    refilled = next((c for c in status.conditions if c.type == "Allocated" and c.reason == "Refilled"), None)
+    if refilled is not None:
+        waited = (status.timeline.registered_us - status.timeline.requested_us) / 1000
+        return f"{status.allocation} (pool {status.pool}, refilled: waited {waited:.0f} ms for a member)"
     if status.pool:
         return f"{status.allocation} (pool {status.pool})"
     return status.allocation
