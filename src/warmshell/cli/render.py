@@ -320,6 +320,9 @@ def _usage_rows(usage: sandbox_pb2.SandboxUsage) -> list[tuple[str, str]]:
     ]
     if usage.HasField("root_bytes"):
         rows.append(("Writable root", format_bytes(usage.root_bytes)))
+    if usage.HasField("egress_bytes_out"):
+        egress = f"{format_bytes(usage.egress_bytes_out)} out, {format_bytes(usage.egress_bytes_in)} in"
+        rows.append(("Egress", egress))
     if usage.unknown:
         rows.append(("Usage unknown", usage.unknown))
     return rows

@@ -142,6 +142,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         record = await self._lookup(request.workspace, request.name)
         message = sandbox_to_proto(record)
         message.status.usage.CopyFrom(usage_to_proto(await usage.read(self._manager.driver, record)))
+        if self._egress is not None and (traffic := self._egress.proxy.traffic(record.id)) is not None:
+            message.status.usage.egress_bytes_out, message.status.usage.egress_bytes_in = traffic
         return message
 
     @unary

@@ -95,6 +95,9 @@ class Usage:
     root_bytes: int | None = None
     unknown: str = ""
     read_at_ms: int = 0
+    # Bytes through the gateway's egress proxy, out of the sandbox and into it (None: no proxy).
+    egress_bytes_out: int | None = None
+    egress_bytes_in: int | None = None
 
 
 @dataclass(frozen=True)
@@ -343,7 +346,16 @@ def sandbox_info(message: pb.Sandbox) -> SandboxInfo:
 
 
 def _usage(usage: pb.SandboxUsage) -> Usage:
-    figures = ("cpu_seconds", "memory_bytes", "memory_peak_bytes", "processes", "workspace_bytes", "root_bytes")
+    figures = (
+        "cpu_seconds",
+        "memory_bytes",
+        "memory_peak_bytes",
+        "processes",
+        "workspace_bytes",
+        "root_bytes",
+        "egress_bytes_out",
+        "egress_bytes_in",
+    )
     known = {field.name: value for field, value in usage.ListFields() if field.name in figures}
     return Usage(**known, unknown=usage.unknown, read_at_ms=usage.read_at_ms)
 

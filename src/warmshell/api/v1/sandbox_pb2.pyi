@@ -398,6 +398,8 @@ class SandboxUsage(_message.Message):
     ROOT_BYTES_FIELD_NUMBER: _builtins.int
     UNKNOWN_FIELD_NUMBER: _builtins.int
     READ_AT_MS_FIELD_NUMBER: _builtins.int
+    EGRESS_BYTES_OUT_FIELD_NUMBER: _builtins.int
+    EGRESS_BYTES_IN_FIELD_NUMBER: _builtins.int
     cpu_seconds: _builtins.float
     memory_bytes: _builtins.int
     memory_peak_bytes: _builtins.int
@@ -412,6 +414,11 @@ class SandboxUsage(_message.Message):
     """Why figures are missing, in words ("" when every figure the driver knows is set)."""
     read_at_ms: _builtins.int
     """When the figures were read (unix milliseconds)."""
+    egress_bytes_out: _builtins.int
+    """Bytes through the gateway's egress proxy since the sandbox was activated: out of the sandbox
+    (requests, uploads) and into it. Set by the gateway that activated it (it holds the proxy).
+    """
+    egress_bytes_in: _builtins.int
     def __init__(
         self,
         *,
@@ -423,13 +430,19 @@ class SandboxUsage(_message.Message):
         root_bytes: _builtins.int | None = ...,
         unknown: _builtins.str = ...,
         read_at_ms: _builtins.int = ...,
+        egress_bytes_out: _builtins.int | None = ...,
+        egress_bytes_in: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds", "_memory_bytes", b"_memory_bytes", "_memory_peak_bytes", b"_memory_peak_bytes", "_processes", b"_processes", "_root_bytes", b"_root_bytes", "_workspace_bytes", b"_workspace_bytes", "cpu_seconds", b"cpu_seconds", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "root_bytes", b"root_bytes", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds", "_egress_bytes_in", b"_egress_bytes_in", "_egress_bytes_out", b"_egress_bytes_out", "_memory_bytes", b"_memory_bytes", "_memory_peak_bytes", b"_memory_peak_bytes", "_processes", b"_processes", "_root_bytes", b"_root_bytes", "_workspace_bytes", b"_workspace_bytes", "cpu_seconds", b"cpu_seconds", "egress_bytes_in", b"egress_bytes_in", "egress_bytes_out", b"egress_bytes_out", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "root_bytes", b"root_bytes", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds", "_memory_bytes", b"_memory_bytes", "_memory_peak_bytes", b"_memory_peak_bytes", "_processes", b"_processes", "_root_bytes", b"_root_bytes", "_workspace_bytes", b"_workspace_bytes", "cpu_seconds", b"cpu_seconds", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "read_at_ms", b"read_at_ms", "root_bytes", b"root_bytes", "unknown", b"unknown", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds", "_egress_bytes_in", b"_egress_bytes_in", "_egress_bytes_out", b"_egress_bytes_out", "_memory_bytes", b"_memory_bytes", "_memory_peak_bytes", b"_memory_peak_bytes", "_processes", b"_processes", "_root_bytes", b"_root_bytes", "_workspace_bytes", b"_workspace_bytes", "cpu_seconds", b"cpu_seconds", "egress_bytes_in", b"egress_bytes_in", "egress_bytes_out", b"egress_bytes_out", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "read_at_ms", b"read_at_ms", "root_bytes", b"root_bytes", "unknown", b"unknown", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpu_seconds: _TypeAlias = _typing.Literal["cpu_seconds"]  # noqa: Y015
     _WhichOneofArgType__cpu_seconds: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__egress_bytes_in: _TypeAlias = _typing.Literal["egress_bytes_in"]  # noqa: Y015
+    _WhichOneofArgType__egress_bytes_in: _TypeAlias = _typing.Literal["_egress_bytes_in", b"_egress_bytes_in"]  # noqa: Y015
+    _WhichOneofReturnType__egress_bytes_out: _TypeAlias = _typing.Literal["egress_bytes_out"]  # noqa: Y015
+    _WhichOneofArgType__egress_bytes_out: _TypeAlias = _typing.Literal["_egress_bytes_out", b"_egress_bytes_out"]  # noqa: Y015
     _WhichOneofReturnType__memory_bytes: _TypeAlias = _typing.Literal["memory_bytes"]  # noqa: Y015
     _WhichOneofArgType__memory_bytes: _TypeAlias = _typing.Literal["_memory_bytes", b"_memory_bytes"]  # noqa: Y015
     _WhichOneofReturnType__memory_peak_bytes: _TypeAlias = _typing.Literal["memory_peak_bytes"]  # noqa: Y015
@@ -442,6 +455,10 @@ class SandboxUsage(_message.Message):
     _WhichOneofArgType__workspace_bytes: _TypeAlias = _typing.Literal["_workspace_bytes", b"_workspace_bytes"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_seconds) -> _WhichOneofReturnType__cpu_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__egress_bytes_in) -> _WhichOneofReturnType__egress_bytes_in | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__egress_bytes_out) -> _WhichOneofReturnType__egress_bytes_out | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_bytes) -> _WhichOneofReturnType__memory_bytes | None: ...
     @_typing.overload
