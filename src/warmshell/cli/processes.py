@@ -30,11 +30,7 @@ __all__ = ["attach", "process_table", "ps", "start"]
 def _connected(args: argparse.Namespace, body: Callable[[Client], int]) -> int:
     from warmshell.cli import client
 
-    def connected() -> int:
-        with client.connect(global_options(args)) as sdk:
-            return body(sdk)
-
-    return client.run(connected)
+    return client.run_connected(global_options(args), body)
 
 
 def start(args: argparse.Namespace) -> int:

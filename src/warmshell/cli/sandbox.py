@@ -305,11 +305,7 @@ def _attach(args: argparse.Namespace) -> int:
 def _with_connection(args: argparse.Namespace, body: _Body) -> int:
     from warmshell.cli import client
 
-    def connected() -> int:
-        with client.connect(global_options(args)) as sdk:
-            return body(sdk)
-
-    return client.run(connected)
+    return client.run_connected(global_options(args), body)
 
 
 _NAME = flag("name", metavar="NAME", help="sandbox name")

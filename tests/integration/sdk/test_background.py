@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 import warmshell
-from tests.helpers.cli import CliGateway, start_gateway
+from tests.helpers.cli import CliGateway, configured_gateway
 from warmshell.cli.client import STATUS_EXIT_CODES
 from warmshell.sdk.interactive import Process
 
@@ -38,15 +37,8 @@ os._exit(0)
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliGateway]:
-    assert shutil.which("bwrap"), "bubblewrap (bwrap) is required: apt-get install bubblewrap"
-    root = tmp_path_factory.mktemp("background")
-    config = root / "gateway.toml"
-    config.write_text(CONFIG)
-    running = start_gateway(root / "state", "--config", str(config))
-    try:
+    with configured_gateway(tmp_path_factory.mktemp("background"), CONFIG) as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.log()
 
 
 @pytest.fixture
