@@ -92,6 +92,12 @@ class GatewayParts:
     egress: EgressGate
 
 
+def _execs(config: GatewayConfig, manager: SandboxManager) -> tuple[ExecRelay, BackgroundProcesses]:
+    """The exec relay, and the background commands kept over it."""
+    execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
+    return execs, BackgroundProcesses(execs, history_bytes=config.exec_history_bytes, touch=manager.touch)
+
+
 def assemble(
     config: GatewayConfig, *, store: Store, driver: ComputeDriver, keys: Keys, replica_id: str = ""
 ) -> GatewayParts:
@@ -121,8 +127,7 @@ def assemble(
     )
     leadership = driver if replication is not None and isinstance(driver, Leadership) else None
     leading = _leader(leadership)
-    execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
-    background = BackgroundProcesses(execs, history_bytes=config.exec_history_bytes, touch=manager.touch)
+    execs, background = _execs(config, manager)
     reconciler, expiry = _reconcilers(config, manager, leading=leading, wiring=wiring)
     return GatewayParts(
         config=config,
