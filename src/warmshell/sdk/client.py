@@ -340,9 +340,10 @@ class Sandbox:
 
     def connect(self, pid: int, *, tty: bool = False) -> Process:
         """Reattach to background command `pid` (of this client or any other): its output the
-        gateway kept (see `OutputEvent.dropped_bytes`), then live output and its exit; `send`,
-        `signal`, `kill`, `wait` as on any Process; `close` detaches (NotFound for no such pid,
-        on the first read)."""
+        gateway kept, then live output and its exit; `send`, `signal`, `kill`, `wait` as on any
+        Process; `close` detaches (NotFound for no such pid, on the first read). The command
+        never waits for a reader: one more than the gateway's `exec_history_bytes` behind it
+        loses the oldest bytes, and the next event's `dropped_bytes` says how many."""
         from warmshell.sdk.interactive import Process
         from warmshell.sdk.processes import attach_request
 
