@@ -16,6 +16,7 @@ from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.drivers.base import ComputeDriver, Leadership
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
+from warmshell.gateway.background import BackgroundProcesses
 from warmshell.gateway.egress.credentials import ProxyCredentials
 from warmshell.gateway.egress.gate import EgressGate, EgressTrust, HostsEgressSockets, NetworkProxy
 from warmshell.gateway.egress.proxy import EgressProxy
@@ -74,6 +75,7 @@ class GatewayParts:
     manager: SandboxManager
     auth: Authenticator
     execs: ExecRelay
+    background: BackgroundProcesses
     reconciler: Reconciler
     expiry: ExpiryReconciler
     sandbox_service: SandboxService
@@ -89,6 +91,12 @@ class GatewayParts:
     leading: Callable[[], bool]  # whether this gateway does the singleton work now
     wiring: ReplicaWiring
     egress: EgressGate
+
+
+def _execs(config: GatewayConfig, manager: SandboxManager) -> tuple[ExecRelay, BackgroundProcesses]:
+    """The exec relay, and the background commands kept over it."""
+    execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
+    return execs, BackgroundProcesses(execs, history_bytes=config.exec_history_bytes, touch=manager.touch)
 
 
 def assemble(
@@ -120,7 +128,7 @@ def assemble(
     )
     leadership = driver if replication is not None and isinstance(driver, Leadership) else None
     leading = _leader(leadership)
-    execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
+    execs, background = _execs(config, manager)
     reconciler, expiry = _reconcilers(config, manager, leading=leading, wiring=wiring)
     return GatewayParts(
         config=config,
@@ -136,9 +144,10 @@ def assemble(
         manager=manager,
         auth=auth,
         execs=execs,
+        background=background,
         reconciler=reconciler,
         expiry=expiry,
-        sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder, egress=egress),
+        sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder, egress=egress, background=background),
         file_service=FileService(manager, auth, config.files, wiring.forwarder),
         image_service=ImageService.for_config(config, auth),
         supervisor_service=supervisor_service,

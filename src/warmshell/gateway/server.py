@@ -279,6 +279,7 @@ class Gateway:
         parts.manager.close()
         parts.bus.close_all()
         parts.sessions.close_all(_GOING_AWAY, ends_execs=_exec_not_finished)
+        await parts.background.aclose()
         parts.registry.close_all(_GOING_AWAY)
 
     async def _close_supervisor_link(self) -> None:

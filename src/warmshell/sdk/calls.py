@@ -254,9 +254,9 @@ def output_event(event: pb.ExecEvent) -> views.OutputEvent:
 
     kind = event.WhichOneof("event")
     if kind == "stdout":
-        return views.OutputEvent(stdout=event.stdout)
+        return views.OutputEvent(stdout=event.stdout, dropped_bytes=event.dropped_bytes)
     if kind == "stderr":
-        return views.OutputEvent(stderr=event.stderr)
+        return views.OutputEvent(stderr=event.stderr, dropped_bytes=event.dropped_bytes)
     return views.OutputEvent(exit_code=event.exit_code, outcome=views.exec_outcome(event.outcome))
 
 

@@ -94,6 +94,9 @@ class _Sandbox:
     placeholders: tuple[placeholders.Placeholder, ...] = ()
     server: asyncio.Server | None = None
     connections: set[asyncio.Task[None]] = field(default_factory=set)
+    # Every byte through its connections, up (out of the sandbox) and down, while the sandbox lives.
+    bytes_up: int = 0
+    bytes_down: int = 0
 
 
 class EgressProxy:
@@ -120,6 +123,11 @@ class EgressProxy:
         sandbox = self._sandboxes.get(sandbox_id)
         return sandbox.policy if sandbox is not None else None
 
+    def traffic(self, sandbox_id: str) -> tuple[int, int] | None:
+        """Bytes up (out of the sandbox) and down through its proxy so far; None: no proxy here."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        return (sandbox.bytes_up, sandbox.bytes_down) if sandbox is not None else None
+
     def decisions(self, sandbox_id: str) -> list[EgressEntry]:
         """Its latest decisions, oldest first (what this gateway kept: a bounded ring)."""
         sandbox = self._sandboxes.get(sandbox_id)
@@ -135,6 +143,8 @@ class EgressProxy:
         await self.close(sandbox_id, keep_log=True)
         rate = self._config.max_bytes_per_second
         sandbox = _Sandbox(sandbox_id, policy, path, entries, TokenBucket(rate), TokenBucket(rate), tuple(secrets))
+        if old is not None:
+            sandbox.bytes_up, sandbox.bytes_down = old.bytes_up, old.bytes_down
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         try:
@@ -294,7 +304,7 @@ class EgressProxy:
         if head.tunnel:
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
-            _send_head(entry, upstream[1], head)
+            _send_head(_Counters(entry, sandbox), upstream[1], head)
         await _splice(sandbox, entry, (reader, writer), upstream)
 
     async def _intercept(
@@ -323,7 +333,7 @@ class EgressProxy:
         upstream = await self._connect(entry, head, address, inside, tls=True)
         if upstream is None:
             return
-        counters = _Counters(entry)
+        counters = _Counters(entry, sandbox)
         down = asyncio.create_task(pump(upstream[0], writer, sandbox.down, counters.down))
         requests = asyncio.create_task(_requests(sandbox, counters, head, parse, reader, upstream[1]))
         try:
@@ -390,24 +400,27 @@ def _swapped(head: heads.Head, sandbox: _Sandbox, decision: Decision) -> tuple[h
         return head, Decision(False, reason=f"the placeholder of secret {leak.name} is not for {head.host}")
 
 
-def _send_head(entry: EgressEntry, writer: asyncio.StreamWriter, head: heads.Head) -> None:
+def _send_head(counters: _Counters, writer: asyncio.StreamWriter, head: heads.Head) -> None:
     forwarded = heads.forwarded_head(head)
     writer.write(forwarded)
-    _Counters(entry).up(len(forwarded))
+    counters.up(len(forwarded))
 
 
 @dataclass
 class _Counters:
-    """Counts a connection's bytes into its entry and the metrics."""
+    """Counts a connection's bytes into its entry, its sandbox's totals and the metrics."""
 
     entry: EgressEntry
+    sandbox: _Sandbox
 
     def up(self, size: int) -> None:
         self.entry.bytes_up += size
+        self.sandbox.bytes_up += size
         metrics.EGRESS_BYTES.labels(direction="up").inc(size)
 
     def down(self, size: int) -> None:
         self.entry.bytes_down += size
+        self.sandbox.bytes_down += size
         metrics.EGRESS_BYTES.labels(direction="down").inc(size)
 
 
@@ -459,8 +472,9 @@ async def _splice(
     inside: _Stream,
     outside: _Stream,
 ) -> None:
-    """Bytes both ways until both sides are done, counted into `entry` and the metrics."""
-    counters = _Counters(entry)
+    """Bytes both ways until both sides are done, counted into `entry`, the sandbox's totals and
+    the metrics."""
+    counters = _Counters(entry, sandbox)
     try:
         if splicing.available(inside[1], outside[1]):
             await splicing.splice_both(
