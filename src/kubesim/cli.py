@@ -63,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
         "--admin-kubeconfig", type=Path, required=True, help="the API server's admin kubeconfig (URL, token, CA)"
     )
     controllers.add_argument(
+        "--via",
+        default="",
+        help="send requests to this URL instead of the kubeconfig's server (serve's plain-HTTP loopback listener)",
+    )
+    controllers.add_argument(
         "--stop-on-stdin-eof",
         action="store_true",
         help="stop when standard input closes (serve holds it open: the controllers never outlive it)",
@@ -72,7 +77,13 @@ def _parser() -> argparse.ArgumentParser:
 
 async def _serve(args: argparse.Namespace) -> None:
     server = ApiServer(
-        ServerConfig(port=args.port, bookmark_interval=args.bookmark_interval, tls=not args.no_tls, rbac=args.rbac)
+        ServerConfig(
+            port=args.port,
+            bookmark_interval=args.bookmark_interval,
+            tls=not args.no_tls,
+            rbac=args.rbac,
+            internal_http=not args.no_controllers,
+        )
     )
     await server.start()
     path = server.write_kubeconfig(args.kubeconfig)
@@ -103,6 +114,8 @@ def _start_controllers(server: ApiServer, args: argparse.Namespace) -> subproces
     admin_config = args.kubeconfig.with_name(args.kubeconfig.stem + "-admin" + args.kubeconfig.suffix)
     server.write_kubeconfig(admin_config, admin=True)
     argv = ["controllers", "--admin-kubeconfig", str(admin_config), "--stop-on-stdin-eof"]
+    if server.internal_url:
+        argv += ["--via", server.internal_url]
     # Its standard input is a pipe only this process writes to: when serve dies, even by SIGKILL,
     # the pipe closes and the controllers stop (and kill their pods) instead of running on alone.
     return subprocess.Popen([sys.executable, "-m", "kubesim.cli", *argv], stdin=subprocess.PIPE)
@@ -144,7 +157,7 @@ async def _run_controllers(args: argparse.Namespace) -> None:
                 stop.set()
 
         loop.add_reader(fd, on_stdin)
-    task = asyncio.ensure_future(cluster.run_controllers(kubeconfig=str(args.admin_kubeconfig)))
+    task = asyncio.ensure_future(cluster.run_controllers(kubeconfig=str(args.admin_kubeconfig), via=args.via))
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
