@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -75,6 +76,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Young collections every this many allocations, not CPython's 700 (see `_quiet_collector`).
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def _quiet_collector() -> None:
+    """Once started: keep what start-up built (modules, the built-in schemas, the CRDs) out of the
+    cyclic collector's sight for good, and collect the young generation less often. With CPython's
+    defaults the collector took ~12 % of the API server's CPU and ~11 % of the controllers' under
+    warm creates: every request allocates thousands of short-lived dicts (decoded bodies, copies,
+    events), and each collection of an older generation traversed every stored object again."""
+    gc.collect()
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
+
+
 async def _serve(args: argparse.Namespace) -> None:
     server = ApiServer(
         ServerConfig(
@@ -86,6 +103,7 @@ async def _serve(args: argparse.Namespace) -> None:
         )
     )
     await server.start()
+    _quiet_collector()
     path = server.write_kubeconfig(args.kubeconfig)
     if args.admin_kubeconfig is not None:
         server.write_kubeconfig(args.admin_kubeconfig, admin=True)
@@ -144,6 +162,7 @@ def _stop_controllers(process: subprocess.Popen[bytes]) -> None:
 async def _run_controllers(args: argparse.Namespace) -> None:
     from kubesim import cluster  # here only: `serve` itself is the API server alone
 
+    _quiet_collector()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
