@@ -125,8 +125,8 @@ class Informers:
         return next((c for c in self._claims.values() if claims.sandbox_id_of(c) == sandbox_id), None)
 
     async def wait_objects_changed(self, generation: int) -> int:
-        """Return the generation of the cached Sandboxes and pods without our sandbox id (pool
-        members, adopted ones) and of the pods, once it is past `generation`."""
+        """The generation of the cached pods and Sandboxes without our sandbox id (pool members,
+        adopted ones), once it is past `generation`: it moves on each of their changes and lists."""
         while self._generation == generation:
             await self._changed.wait()
         return self._generation
