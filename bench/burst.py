@@ -328,7 +328,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         if args.start_rounds:
             say("a sandbox start, broken down")
             data["start"] = start_breakdown(args.start_rounds)
-        async with gateway_process("--pools", str(pools), "--config", str(config)) as gw:
+        async with gateway_process("--pools", str(pools), "--config", str(config), src=args.src) as gw:
             await settle(gw, "seq", args.seq_pool, timeout=120)
             say("cold baseline")
             data["cold"] = await sequential(gw, "cold", args.cold, COLD_ENV)
@@ -548,6 +548,9 @@ def main() -> None:
         help="clients create, then watch until Ready (as the CLI does) instead of one create that waits",
     )
     parser.add_argument("--name", default="burst", help="results file name under bench/results/")
+    parser.add_argument(
+        "--src", type=Path, default=None, help="run the gateway from this tree's src/ (an older one to compare)"
+    )
     args = parser.parse_args()
     global ONE_CALL
     ONE_CALL = not args.create_and_watch

@@ -2,7 +2,7 @@
 
 - Throughput: one client program (Python's urllib, 1 MiB reads) downloading from an upstream on
   127.0.0.2 (a threaded http.server subprocess): from the host directly, and from inside a
-  sandbox through the agent's shim and the gateway's proxy; one stream of `--mib` MiB, then 16
+  sandbox through the agent's relay and the gateway's proxy; one stream of `--mib` MiB, then 16
   concurrent streams sharing the same byte count. Each pair is the same bytes, run one after the
   other (never at once), after one untimed warm-up of each; `--repeats` alternating pairs, and
   the ratio is of the medians: on a shared machine one pair swings several times either way.
