@@ -50,7 +50,9 @@ def _check_arguments(spec: SandboxSpec, host: HostSetup) -> SandboxSpec:
     if spec.runtime_class_name:
         raise InvalidArgumentError("spec.runtime_class_name", "must be empty on the local driver (no runtime classes)")
     if imageroots.is_reference(spec.image) and host.launcher.images is not None:
-        spec = spec.model_copy(update={"image": host.launcher.images.pin(spec.image)})
+        pinned = host.launcher.images.pin(spec.image)
+        if pinned != spec.image:  # a spec validated before (the driver's create) is kept as it is
+            spec = spec.model_copy(update={"image": pinned})
     elif spec.image:
         check_image_root(spec.image, host.image_roots)
         images.check_image(spec.image)

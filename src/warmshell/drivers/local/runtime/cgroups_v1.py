@@ -89,6 +89,19 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
+def _removed_if_empty(directories: tuple[Path, ...]) -> bool:
+    """rmdir each directory; False at the first that is still in use (or cannot go), leaving it
+    and those after it for the full removal."""
+    for directory in directories:
+        try:
+            os.rmdir(directory)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
 @dataclass
 class CgroupV1:
     """This gateway's parent directory in each v1 hierarchy it may write."""
@@ -126,7 +139,11 @@ class CgroupV1:
         return group
 
     def remove(self, group: Group) -> None:
-        """Thaw the group (a frozen process cannot die), kill what is left, remove it."""
+        """Remove the group; when something still runs in it, thaw it (a frozen process cannot
+        die), kill what is left and remove it then. The sandbox has nearly always ended by now:
+        its empty directories go first, without the freezer write each stop paid for."""
+        if _removed_if_empty(group.directories):
+            return
         with contextlib.suppress(OSError):
             self.freeze(group, frozen=False, wait=False)
         cgroups.kill_and_remove(group.directories)
