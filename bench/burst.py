@@ -393,6 +393,23 @@ def bwrap_argvs(tmp: Path) -> dict[str, list[str]]:
     return argvs
 
 
+def timed_start(argv: list[str], program: bytes) -> tuple[float, float]:
+    """Run one sandbox start to its end, `program` as its seccomp filter (the `--seccomp` fd of
+    `argv` is set here): (wall ms, CPU ms of it and its children, from wait4)."""
+    read, write = os.pipe()
+    os.write(write, program)
+    os.close(write)
+    argv[argv.index("--seccomp") + 1] = str(read)
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, pass_fds=(read,), stdin=subprocess.DEVNULL)
+    os.close(read)
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"bwrap failed ({child.returncode}): {argv}")
+    return (time.perf_counter() - start) * 1000, (usage.ru_utime + usage.ru_stime) * 1000
+
+
 def start_breakdown(rounds: int) -> dict[str, Any]:
     """bwrap starting `/bin/true` with the driver's layout, now and before, alternating."""
     program = seccomp.program()
@@ -401,19 +418,7 @@ def start_breakdown(rounds: int) -> dict[str, Any]:
         argvs = bwrap_argvs(Path(tmp))
         for _ in range(rounds):
             for name, argv in argvs.items():
-                read, write = os.pipe()
-                os.write(write, program)
-                os.close(write)
-                argv[argv.index("--seccomp") + 1] = str(read)
-                start = time.perf_counter()
-                child = subprocess.Popen(argv, pass_fds=(read,), stdin=subprocess.DEVNULL)
-                os.close(read)
-                _, status, usage = os.wait4(child.pid, 0)
-                child.returncode = os.waitstatus_to_exitcode(status)
-                if child.returncode != 0:
-                    raise RuntimeError(f"bwrap failed ({child.returncode}): {argv}")
-                wall = (time.perf_counter() - start) * 1000
-                cpu = (usage.ru_utime + usage.ru_stime) * 1000
+                wall, cpu = timed_start(argv, program)
                 sample = samples.setdefault(name, {"wall_ms": [], "cpu_ms": []})
                 sample["wall_ms"].append(wall)
                 sample["cpu_ms"].append(cpu)
