@@ -22,7 +22,7 @@ from warmshell.drivers.local.imagestore.manifests import ImageConfig
 from warmshell.drivers.local.imagestore.records import ImageRecord, Index
 from warmshell.drivers.local.imagestore.store import ImageStore
 
-__all__ = ["NOT_FOUND", "ImageNotFoundError", "ImageRoot", "ImageRoots", "is_reference", "user_ids"]
+__all__ = ["NOT_FOUND", "ImageNotFoundError", "ImageRoot", "ImageRoots", "default_command", "is_reference", "user_ids"]
 
 _HOW = "warmshell image import SOURCE --name NAME:TAG"
 NOT_FOUND = "ImageNotFound"  # the reason a pool whose image the store does not have reports
@@ -67,6 +67,12 @@ def _table(table: str, layers: tuple[Path, ...]) -> list[list[str]]:
     return []
 
 
+def default_command(config: ImageConfig) -> list[str]:
+    """What a sandbox of the image runs when its request names no command: Entrypoint + Cmd, as
+    docker and Kubernetes start a container given neither (empty: the image has neither)."""
+    return [*config.entrypoint, *config.cmd]
+
+
 def is_reference(image: str) -> bool:
     """Whether `image` names an image of the store ("" is the host root, an absolute path a
     root filesystem directory under `local.image_roots`)."""
@@ -99,7 +105,7 @@ _PINS_KEPT = 256
 class _Snapshot:
     key: tuple[int, int, int]  # the index file's mtime, size and inode
     index: Index
-    pins: dict[str, str] = dataclasses.field(default_factory=dict)
+    pins: dict[str, tuple[str, ImageRecord]] = dataclasses.field(default_factory=dict)  # text -> pinned, image
 
 
 @dataclass
@@ -132,15 +138,24 @@ class ImageRoots:
     def pin(self, text: str, *, field: str = "spec.image") -> str:
         """`text` pinned to the digest it names now (`NAME:TAG@sha256:HEX`, or the digest);
         InvalidArgumentError naming `field`, saying how to import it, when the store has none."""
+        return self._pinned(text, field=field)[0]
+
+    def config(self, pinned: str, *, field: str = "spec.image") -> ImageConfig:
+        """The config of the image a pinned reference names (InvalidArgumentError naming `field`
+        when the store no longer has it)."""
+        return self._pinned(pinned, field=field)[1].config
+
+    def _pinned(self, text: str, *, field: str) -> tuple[str, ImageRecord]:
+        """`text` pinned, and its image, from the index now (kept with that snapshot)."""
         snapshot = self._snapshot(text, field=field)
-        pinned = snapshot.pins.get(text)
-        if pinned is None:
+        found = snapshot.pins.get(text)
+        if found is None:
             ref = references.parse_reference(text, field=field)
             image = self._image(text, field=field, snapshot=snapshot)
-            pinned = str(references.Reference(name=ref.name, tag=ref.tag, digest=image.digest))
+            found = (str(references.Reference(name=ref.name, tag=ref.tag, digest=image.digest)), image)
             if len(snapshot.pins) < _PINS_KEPT:
-                snapshot.pins[text] = pinned
-        return pinned
+                snapshot.pins[text] = found
+        return found
 
     def _snapshot(self, text: str, *, field: str) -> _Snapshot:
         """The index now (read again only when its file changed)."""
