@@ -8,8 +8,8 @@ load beside it).
 
 Each `--tree NAME=DIR` is a `src/` directory with its agent and launcher built
 (`scripts/build-agent` in that tree); `burst.py --src DIR` runs the gateway from it (the
-benchmark's own client code is this tree's). Every run's own result files are kept in
-`results/<name>_<tree>_<round>.{json,md}` beside this script.
+benchmark's own client code is this tree's). The figures of each run that the table reads are kept
+in `results/<name>.json`; the runs' own result files are not.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harn
 from harness import write_results
 
 BENCH = Path(__file__).resolve().parents[2]
-RESULTS = Path(__file__).resolve().parent / "results"
 
 # (label, how to read it from a burst.py result)
 FIGURES: tuple[tuple[str, Any], ...] = (
@@ -46,14 +44,13 @@ FIGURES: tuple[tuple[str, Any], ...] = (
 
 
 def run(name: str, tree: str, src: Path, round_: int) -> dict[str, Any]:
-    """One `burst.py --quick` against `src`; its result, moved here."""
+    """One `burst.py --quick` against `src`; its result (its files removed from bench/results/)."""
     label = f"{name}_{tree}_{round_}"
     command = [sys.executable, str(BENCH / "burst.py"), "--quick", "--src", str(src), "--name", label]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    RESULTS.mkdir(exist_ok=True)
+    data: dict[str, Any] = json.loads((BENCH / "results" / f"{label}.json").read_text())
     for suffix in (".json", ".md"):
-        shutil.move(BENCH / "results" / f"{label}{suffix}", RESULTS / f"{label}{suffix}")
-    data: dict[str, Any] = json.loads((RESULTS / f"{label}.json").read_text())
+        (BENCH / "results" / f"{label}{suffix}").unlink()
     return data
 
 
