@@ -2,7 +2,7 @@
 
 - Throughput: one client program (Python's urllib, 1 MiB reads) downloading from an upstream on
   127.0.0.2 (a threaded http.server subprocess): from the host directly, and from inside a
-  sandbox through the agent's shim and the gateway's proxy; one stream of `--mib` MiB, then 16
+  sandbox through the agent's relay and the gateway's proxy; one stream of `--mib` MiB, then 16
   concurrent streams sharing the same byte count. Each pair is the same bytes, run one after the
   other (never at once), after one untimed warm-up of each; `--repeats` alternating pairs, and
   the ratio is of the medians: on a shared machine one pair swings several times either way.
@@ -13,7 +13,7 @@
   the machine's load changes far less than the wall-clock ratios.
 
 The sandbox the downloads run in gets as many cpus as the host has (`--cpu`): at the default of
-one, its cgroup quota throttled the client and the shim, and the ratio measured the quota rather
+one, its cgroup quota throttled the client and the relay, and the ratio measured the quota rather
 than the proxy (the direct client runs unthrottled).
 
 The upstream's listen backlog is 128: at http.server's default of 5, 16 connections arriving at

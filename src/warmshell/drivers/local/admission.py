@@ -71,7 +71,8 @@ def _check_arguments(spec: SandboxSpec, host: HostSetup) -> SandboxSpec:
         raise InvalidArgumentError("spec.runtime_class_name", "must be empty on the local driver (no runtime classes)")
     if imageroots.is_reference(spec.image) and host.launcher.images is not None:
         pinned = host.launcher.images.pin(spec.image)
-        spec = spec.model_copy(update={"image": pinned})
+        if pinned != spec.image:  # a spec validated before (the driver's create) is kept as it is
+            spec = spec.model_copy(update={"image": pinned})
         if not spec.command and not spec.no_command:
             # Recorded as the spec's command, so `sandbox get` shows what runs; the workload
             # starts at activation, so a warm member (started before any request) runs it too.

@@ -10,6 +10,7 @@ mounted by `warmshell-launch` (see its source): capabilities are gone once bwrap
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from dataclasses import dataclass
@@ -95,6 +96,18 @@ class ImageRoot:
         return dict(entry.partition("=")[::2] for entry in self.config.env if "=" in entry)
 
 
+# References pinned per index snapshot at most (each create names one; a flood of distinct
+# names must not grow the gateway's memory).
+_PINS_KEPT = 256
+
+
+@dataclass
+class _Snapshot:
+    key: tuple[int, int, int]  # the index file's mtime, size and inode
+    index: Index
+    pins: dict[str, tuple[str, ImageRecord]] = dataclasses.field(default_factory=dict)  # text -> pinned, image
+
+
 @dataclass
 class _Held:
     root: ImageRoot
@@ -110,9 +123,12 @@ class ImageRoots:
         self._store = store
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
-        # The index as last read, by the identity of its file: every create from an image pins
-        # it in the event loop, and one stat costs far less than a read under the store's lock.
-        self._index: tuple[tuple[int, int, int], Index] | None = None
+        self._index_file = store.index_file
+        # The index as last read, by the identity of its file, with what each reference pinned
+        # to in it: every create from an image pins it in the event loop (twice: the gateway's
+        # validation and the driver's), and one stat and a lookup cost far less than a read
+        # under the store's lock, or parsing and resolving the reference again (~0.1 ms).
+        self._index: _Snapshot | None = None
 
     @property
     def watched(self) -> tuple[Path, ...]:
@@ -122,27 +138,44 @@ class ImageRoots:
     def pin(self, text: str, *, field: str = "spec.image") -> str:
         """`text` pinned to the digest it names now (`NAME:TAG@sha256:HEX`, or the digest);
         InvalidArgumentError naming `field`, saying how to import it, when the store has none."""
-        ref = references.parse_reference(text, field=field)
-        image = self._image(text, field=field)
-        return str(references.Reference(name=ref.name, tag=ref.tag, digest=image.digest))
+        return self._pinned(text, field=field)[0]
 
     def config(self, pinned: str, *, field: str = "spec.image") -> ImageConfig:
         """The config of the image a pinned reference names (InvalidArgumentError naming `field`
         when the store no longer has it)."""
-        return self._image(pinned, field=field).config
+        return self._pinned(pinned, field=field)[1].config
 
-    def _image(self, text: str, *, field: str) -> ImageRecord:
+    def _pinned(self, text: str, *, field: str) -> tuple[str, ImageRecord]:
+        """`text` pinned, and its image, from the index now (kept with that snapshot)."""
+        snapshot = self._snapshot(text, field=field)
+        found = snapshot.pins.get(text)
+        if found is None:
+            ref = references.parse_reference(text, field=field)
+            image = self._image(text, field=field, snapshot=snapshot)
+            found = (str(references.Reference(name=ref.name, tag=ref.tag, digest=image.digest)), image)
+            if len(snapshot.pins) < _PINS_KEPT:
+                snapshot.pins[text] = found
+        return found
+
+    def _snapshot(self, text: str, *, field: str) -> _Snapshot:
+        """The index now (read again only when its file changed)."""
         try:
-            info = os.stat(self._store.index_file)
+            info = os.stat(self._index_file)
         except FileNotFoundError:  # no image was ever imported: no store yet
             raise ImageNotFoundError(
                 field, f"no image {text!r}: the image store is empty; import it first: {_HOW}"
             ) from None
         key = (info.st_mtime_ns, info.st_size, info.st_ino)
-        if self._index is None or self._index[0] != key:
-            self._index = (key, self._store.index())
+        snapshot = self._index
+        if snapshot is None or snapshot.key != key:
+            # A new snapshot, pins and all: a pin made from the old index stays with it.
+            snapshot = self._index = _Snapshot(key, self._store.index())
+        return snapshot
+
+    def _image(self, text: str, *, field: str, snapshot: _Snapshot | None = None) -> ImageRecord:
+        snapshot = snapshot or self._snapshot(text, field=field)
         try:
-            return self._store.resolve(text, field=field, index=self._index[1])
+            return self._store.resolve(text, field=field, index=snapshot.index)
         except NotFoundError as exc:
             raise ImageNotFoundError(field, str(exc)) from exc
 

@@ -44,7 +44,7 @@ __all__ = [
 WORKSPACE = WORKSPACE_DIR
 AGENT_PATH = "/run/warmshell/agent"
 # A directory of the gateway's, bound read-only: the proxy's socket appears in it at activation
-# (a connect needs no write access to the mount), and the agent's shim relays to it.
+# (a connect needs no write access to the mount), and the agent relays to it.
 EGRESS_DIR = egress.SANDBOX_DIR
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -105,7 +105,7 @@ class SandboxLayout:
     tmp_bytes: int | None = None
     run_bytes: int | None = None
     shm_bytes: int | None = None
-    # The host directory bound at EGRESS_DIR, and the port the agent's shim listens on (None: no way out).
+    # The host directory bound at EGRESS_DIR, and the port the agent listens on (None: no way out).
     egress_dir: Path | None = None
     egress_port: int = 0
     # The host path of an image's overlay, bound writable as / (None: `plan` on a read-only tmpfs).

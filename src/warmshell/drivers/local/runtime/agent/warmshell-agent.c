@@ -25,11 +25,13 @@
  *     PONG     {'O', id, 0, 0}              the answer to PING
  *
  * Egress (argv[2], a port, given when the gateway may bind an egress proxy socket into the
- * sandbox): the agent starts itself as `agent egress PORT SOCKET`, a shim listening on
- * 127.0.0.1:PORT that relays each connection, byte for byte, to the Unix socket SOCKET. The
- * sandbox has no other way out (its network namespace has loopback only), and the shim decides
- * nothing: the gateway's proxy on the other end of the socket applies the sandbox's policy.
- * Without a socket there (no policy allows anything) a connection is closed at once.
+ * sandbox): the agent itself listens on 127.0.0.1:PORT and forks a relay per connection that
+ * passes it, byte for byte, to the Unix socket EGRESS_SOCKET. The sandbox has no other way out
+ * (its network namespace has loopback only), and the relay decides nothing: the gateway's proxy
+ * on the other end of the socket applies the sandbox's policy. Without a socket there (no policy
+ * allows anything) a connection is closed at once. The listener is pid 1's own rather than a
+ * process of its own: an idle pool member is then two processes, not three, and its start
+ * spends no fork and exec on a listener most sandboxes never use.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -312,51 +314,54 @@ static int relay(int client, const char *path) {
     return 0;
 }
 
-static int egress_shim(const char *port_text, const char *path) {
-    prctl(PR_SET_NAME, "warmshell-egress");
-    signal(SIGCHLD, SIG_IGN);  /* each connection's relay is reaped by the kernel */
+/* The listener on 127.0.0.1:port; -1 when it cannot be made (the sandbox has no way out). */
+static int egress_listener(const char *port_text) {
     char *end = NULL;
     long port = strtol(port_text, &end, 10);
-    if (end == NULL || *end != '\0' || port < 1 || port > 65535) return 2;
-    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (end == NULL || *end != '\0' || port < 1 || port > 65535) return -1;
+    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int yes = 1;
     struct sockaddr_in address = {0};
     address.sin_family = AF_INET;
     address.sin_port = htons((uint16_t)port);
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (listener < 0 || setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes) < 0 ||
-        bind(listener, (struct sockaddr *)&address, sizeof address) < 0 || listen(listener, 128) < 0)
-        return 2;
+        bind(listener, (struct sockaddr *)&address, sizeof address) < 0 || listen(listener, 128) < 0) {
+        if (listener >= 0) close(listener);
+        return -1;
+    }
+    return listener;
+}
+
+/* One relay per waiting connection, forked: it keeps nothing of pid 1 but the connection (the
+ * control socket, the listener and the signalfd are closed, the last record wiped), and it stays
+ * undumpable like pid 1, so the workload sharing its uid cannot read it. */
+static void accept_egress(int listener) {
     for (;;) {
         int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
-        if (client < 0) {
-            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) usleep(10000);
-            continue;
+        if (client < 0) {  /* EAGAIN: none left */
+            /* out of descriptors or memory host-wide: a pause, not a spin of pid 1 on a listener
+             * that stays readable (a waiting client is served once it passes) */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) usleep(10000);
+            return;
         }
         pid_t pid = fork();
         if (pid == 0) {
-            close(listener);
-            _exit(relay(client, path));
+            prctl(PR_SET_NAME, "warmshell-relay");
+            if (dup2(client, 3) < 0) _exit(1);
+            syscall(SYS_close_range, 4, ~0U, 0);
+            memset(message, 0, sizeof message);
+            sigset_t none;
+            sigemptyset(&none);
+            sigprocmask(SIG_SETMASK, &none, NULL);
+            _exit(relay(3, EGRESS_SOCKET));
         }
-        close(client);
+        close(client);  /* pid < 0: this connection is refused, the next may fare better */
     }
-}
-
-/* The shim, as a fresh exec of this binary: nothing of pid 1 (its control socket) survives. */
-static void start_egress_shim(const char *self, const char *port) {
-    pid_t pid = fork();
-    if (pid != 0) return;  /* a shim that could not start leaves the sandbox without a way out */
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    setpgid(0, 0);
-    execl(self, self, "egress", port, EGRESS_SOCKET, (char *)NULL);
-    _exit(127);
 }
 
 int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0);  /* the workload shares our uid: no ptrace, no /proc/1/mem */
-    if (argc == 4 && strcmp(argv[1], "egress") == 0) return egress_shim(argv[2], argv[3]);
     prctl(PR_SET_NAME, "warmshell-agent");
     if (getpid() != 1) return 3;  /* only an init's exit ends everything it started */
     char *end = NULL;
@@ -375,15 +380,16 @@ int main(int argc, char **argv) {
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int signals = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (signals < 0) return 2;
-    if (argc == 3) start_egress_shim(argv[0], argv[2]);
+    int listener = argc == 3 ? egress_listener(argv[2]) : -1;
     reply('H', 0, (uint32_t)getpid(), VERSION);
     for (;;) {
-        struct pollfd wait_for[2] = {{ctl, POLLIN, 0}, {signals, POLLIN, 0}};
-        if (poll(wait_for, 2, -1) < 0) {
+        struct pollfd wait_for[3] = {{ctl, POLLIN, 0}, {signals, POLLIN, 0}, {listener, POLLIN, 0}};
+        if (poll(wait_for, 3, -1) < 0) {
             if (errno == EINTR) continue;
             die();
         }
         if (wait_for[1].revents & POLLIN) reap(signals);
+        if (wait_for[2].revents & POLLIN) accept_egress(listener);
         if (wait_for[0].revents & (POLLIN | POLLHUP | POLLERR)) serve_one();
     }
 }
