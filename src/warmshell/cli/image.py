@@ -153,6 +153,8 @@ def _details(image: image_pb2.Image) -> str:
         "Layers:",
         *(f"  {layer.digest}  {render.format_bytes(layer.size)}" for layer in image.layers),
     ]
+    if image.source_sandbox:
+        lines += [f"Snapshot of: {image.source_sandbox}", f"Base:        {image.base_digest}"]
     return "\n".join(lines)
 
 

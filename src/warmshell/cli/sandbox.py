@@ -13,6 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from warmshell.cli import snapshots
 from warmshell.cli.errors import inert
 from warmshell.cli.options import (
     Command,
@@ -440,6 +441,19 @@ _COMMANDS = (
             _NAME,
             _WORKSPACE,
             flag("path", metavar="PATH", nargs="?", default="/workspace", help="directory (default /workspace)"),
+        ),
+    ),
+    Command(
+        "snapshot",
+        snapshots.snapshot,
+        "Capture a Ready sandbox of an image as an image of the local image store: what it wrote over "
+        "its image and its /workspace (not /tmp, /run, or its processes' memory). It is frozen "
+        "meanwhile and keeps running. Prints the image pinned to its digest.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag("--as", dest="image", required=True, metavar="IMAGE:TAG", help="the snapshot's name and tag"),
+            flag("--force", action="store_true", help="move the tag if it names an image already"),
         ),
     ),
     Command(

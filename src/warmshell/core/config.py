@@ -67,6 +67,9 @@ class LocalDriverConfig(_Section):
     image_dir: Path | None = None
     # Uncompressed layer bytes the store may hold; an import that would pass it is refused.
     image_store_size: str = "20Gi"
+    # Layers a snapshot's image may have: past it the snapshot is one layer of the whole root
+    # (flattened). Every layer is a mount and a lower directory overlayfs searches on a lookup.
+    max_layers: int = Field(default=32, ge=2, le=120)
     # A gateway run as root gives each sandbox its own host uid from this range (unused on the
     # host, please); a gateway run by a normal user runs them as that user.
     sandbox_uid_base: int = Field(default=2_000_000, ge=1000, le=2**31 - 2)

@@ -26,6 +26,7 @@ from warmshell.gateway.events import Changed, Closing, Deleted, Output, Progress
 from warmshell.gateway.execs import ExecRelay, check_terminal_size
 from warmshell.gateway.forwarding import Forwarder
 from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.snapshot_calls import SnapshotCalls
 
 __all__ = ["SandboxService", "parse_label_selector"]
 
@@ -54,7 +55,7 @@ def _settled(record: SandboxRecord) -> bool:
     return record.status.phase == Phase.READY or _terminal(record)
 
 
-class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
+class SandboxService(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
     """gRPC handlers; the logic lives in SandboxManager."""
 
     def __init__(

@@ -439,6 +439,16 @@ class AsyncSandbox:
             )
         return views.egress_decisions(message)
 
+    async def snapshot(self, image: str, *, force: bool = False) -> views.SnapshotInfo:
+        """Capture the sandbox's filesystem as image `image` (NAME:TAG); see `Sandbox.snapshot`
+        of the blocking client."""
+        request = pb.SnapshotSandboxRequest(name=self.name, workspace=self.workspace, image=image, force=force)
+        with self.client._translating():
+            message = await self.client._stub.SnapshotSandbox(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        return views.snapshot_info(message)
+
     async def refresh_ttl(self, ttl_seconds: int) -> views.SandboxInfo:
         """Let the sandbox live `ttl_seconds` from now (InvalidArgument beyond the maximum)."""
         request = pb.RefreshTtlRequest(name=self.name, workspace=self.workspace, ttl_seconds=ttl_seconds)

@@ -421,6 +421,15 @@ class Sandbox:
         request = pb.SandboxRef(name=self.name, workspace=self.workspace)
         return views.egress_decisions(self.client.service.list_egress(request))
 
+    def snapshot(self, image: str, *, force: bool = False) -> views.SnapshotInfo:
+        """Capture the sandbox's filesystem (what it wrote over its image, and /workspace) as image
+        `image` (NAME:TAG); it is frozen meanwhile and keeps running. AlreadyExists when the tag
+        names an image (unless `force`); FailedPrecondition when it is not Ready or has no image."""
+        from warmshell.sdk import views
+
+        request = pb.SnapshotSandboxRequest(name=self.name, workspace=self.workspace, image=image, force=force)
+        return views.snapshot_info(self.client.service.snapshot_sandbox(request))
+
     def delete(self) -> bool:
         """Delete the sandbox; False when it was already gone (never raises NotFound)."""
         request = pb.SandboxRef(name=self.name, workspace=self.workspace)

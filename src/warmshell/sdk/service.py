@@ -64,6 +64,10 @@ class SandboxService:
         """ListEgress: the sandbox's latest egress decisions."""
         return self._unary("ListEgress", request, pb.ListEgressResponse)
 
+    def snapshot_sandbox(self, request: pb.SnapshotSandboxRequest) -> pb.SnapshotSandboxResponse:
+        """SnapshotSandbox: the image made of the sandbox."""
+        return self._unary("SnapshotSandbox", request, pb.SnapshotSandboxResponse)
+
     def list_pools(self, request: pb.ListPoolsRequest, *, timeout: float | None = None) -> pb.ListPoolsResponse:
         """ListPools (`timeout` overrides the service's, e.g. for a short liveness probe)."""
         return self._unary("ListPools", request, pb.ListPoolsResponse, timeout)

@@ -1632,3 +1632,73 @@ class ListEgressResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListEgressResponse: _TypeAlias = ListEgressResponse  # noqa: Y015
+
+@_typing.final
+class SnapshotSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    image: _builtins.str
+    """NAME:TAG the snapshot is tagged with."""
+    force: _builtins.bool
+    """Move the tag if it already names an image (else ALREADY_EXISTS)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        image: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "image", b"image", "name", b"name", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotSandboxRequest: _TypeAlias = SnapshotSandboxRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotSandboxResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    BASE_DIGEST_FIELD_NUMBER: _builtins.int
+    LAYERS_FIELD_NUMBER: _builtins.int
+    LAYER_BYTES_FIELD_NUMBER: _builtins.int
+    FROZEN_MS_FIELD_NUMBER: _builtins.int
+    FLATTENED_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    """The new image's digest (NAME:TAG@DIGEST is what a create pins)."""
+    image: _builtins.str
+    base_digest: _builtins.str
+    """The image it was taken over, and how many layers it has (1 when it was flattened)."""
+    layers: _builtins.int
+    layer_bytes: _builtins.int
+    """Bytes of the layer the snapshot added, and how long the sandbox was frozen."""
+    frozen_ms: _builtins.int
+    flattened: _builtins.bool
+    def __init__(
+        self,
+        *,
+        digest: _builtins.str = ...,
+        image: _builtins.str = ...,
+        base_digest: _builtins.str = ...,
+        layers: _builtins.int = ...,
+        layer_bytes: _builtins.int = ...,
+        frozen_ms: _builtins.int = ...,
+        flattened: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_digest", b"base_digest", "digest", b"digest", "flattened", b"flattened", "frozen_ms", b"frozen_ms", "image", b"image", "layer_bytes", b"layer_bytes", "layers", b"layers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotSandboxResponse: _TypeAlias = SnapshotSandboxResponse  # noqa: Y015

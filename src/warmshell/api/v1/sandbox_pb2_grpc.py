@@ -84,6 +84,11 @@ class SandboxServiceStub:
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.FromString,
                 _registered_method=True)
+        self.SnapshotSandbox = channel.unary_unary(
+                '/warmshell.v1.SandboxService/SnapshotSandbox',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -153,6 +158,14 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SnapshotSandbox(self, request, context):
+        """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+        image of the local image store; the sandbox is frozen meanwhile and keeps running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +218,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ListEgress,
                     request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.FromString,
                     response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.SerializeToString,
+            ),
+            'SnapshotSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotSandbox,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -477,6 +495,33 @@ class SandboxService:
             '/warmshell.v1.SandboxService/ListEgress',
             warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.SerializeToString,
             warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/SnapshotSandbox',
+            warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,10 @@ class SandboxServiceStub:
     RefreshTtl: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]
     ListEgress: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.ListEgressResponse]
     """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
+    SnapshotSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.SnapshotSandboxRequest, _sandbox_pb2.SnapshotSandboxResponse]
+    """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+    image of the local image store; the sandbox is frozen meanwhile and keeps running.
+    """
 
 @_typing.type_check_only
 class SandboxServiceAsyncStub(SandboxServiceStub):
@@ -67,6 +71,10 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     RefreshTtl: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
     ListEgress: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.ListEgressResponse]  # type: ignore[assignment]
     """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
+    SnapshotSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SnapshotSandboxRequest, _sandbox_pb2.SnapshotSandboxResponse]  # type: ignore[assignment]
+    """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+    image of the local image store; the sandbox is frozen meanwhile and keeps running.
+    """
 
 class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -143,6 +151,16 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sandbox_pb2.ListEgressResponse, _abc.Awaitable[_sandbox_pb2.ListEgressResponse]]:
         """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
+
+    @_abc_1.abstractmethod
+    def SnapshotSandbox(
+        self,
+        request: _sandbox_pb2.SnapshotSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.SnapshotSandboxResponse, _abc.Awaitable[_sandbox_pb2.SnapshotSandboxResponse]]:
+        """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+        image of the local image store; the sandbox is frozen meanwhile and keeps running.
+        """
 
 def add_SandboxServiceServicer_to_server(servicer: SandboxServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

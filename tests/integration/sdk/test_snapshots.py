@@ -1,0 +1,69 @@
+"""`Sandbox.snapshot` on the sync client (both transports) and the async one, and `warmshell
+sandbox snapshot` / `image inspect`, against a real gateway process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+
+import pytest
+
+import warmshell
+from tests.helpers import images
+from tests.helpers.cli import CliGateway, start_gateway
+from tests.integration.drivers_local.support import needs_bwrap
+from tests.integration.drivers_local.test_image_sandboxes import tools_layer
+
+pytestmark = [
+    needs_bwrap,
+    pytest.mark.skipif(os.geteuid() != 0, reason="images of the image store need a gateway run as root"),
+]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliGateway]:
+    running = start_gateway(tmp_path_factory.mktemp("sdk-snapshots") / "state")
+    layout = tmp_path_factory.mktemp("layout")
+    images.write_oci_layout(layout, [tools_layer("base").tar()])
+    try:
+        with warmshell.Client(state_dir=running.state_dir) as client:
+            client.images.import_(layout, name="tools:1")
+        yield running
+    finally:
+        assert running.stop() == 0, running.log()
+
+
+@pytest.mark.parametrize("transport", ["grpcio", "http2"])
+def test_the_sync_client_snapshots_a_sandbox(gateway: CliGateway, transport: str) -> None:
+    with warmshell.Client(state_dir=gateway.state_dir, transport=transport) as client:
+        with client.create(name=f"prep-{transport}", image="tools:1", auto_delete=True) as sandbox:
+            sandbox.run(["/bin/sh", "-c", "echo ready > /workspace/state"])
+            taken = sandbox.snapshot(f"prepared-{transport}:1")
+            assert taken.pinned == f"prepared-{transport}:1@{taken.digest}"
+            assert taken.layers == 2
+            with pytest.raises(warmshell.AlreadyExists, match="--force"):
+                sandbox.snapshot(f"prepared-{transport}:1")
+        with client.create(name=f"child-{transport}", image=taken.pinned, auto_delete=True) as child:
+            assert child.run(["/bin/sh", "-c", "cat /workspace/state"]).stdout == b"ready\n"
+
+
+def test_the_async_client_and_the_cli_snapshot_a_sandbox(gateway: CliGateway) -> None:
+    async def scenario() -> str:
+        async with warmshell.AsyncClient(state_dir=gateway.state_dir) as client:
+            sandbox = await client.create(name="prep-async", image="tools:1")
+            await sandbox.run(["/bin/sh", "-c", "echo async > /workspace/state"])
+            taken = await sandbox.snapshot("prepared-async:1")
+            return taken.digest
+
+    digest = asyncio.run(scenario())
+    done = gateway.run("sandbox", "snapshot", "prep-async", "--as", "prepared-async:2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("prepared-async:2@sha256:"), done.stdout
+    shown = gateway.run("image", "inspect", "prepared-async:1")
+    assert "Snapshot of: default/prep-async" in shown.stdout, shown.stdout
+    assert digest in shown.stdout
+    refused = gateway.run("sandbox", "snapshot", "prep-async", "--as", "prepared-async:2")
+    assert refused.returncode != 0
+    assert "--force" in refused.stderr
+    assert gateway.run("sandbox", "snapshot", "prep-async", "--as", "prepared-async:2", "--force").returncode == 0
