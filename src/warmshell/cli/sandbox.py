@@ -457,6 +457,22 @@ _COMMANDS = (
         ),
     ),
     Command(
+        "fork",
+        snapshots.fork,
+        "Make COUNT new sandboxes from one snapshot of a Ready sandbox of an image: each starts from "
+        "its files as they are now (not its processes' memory: each runs its command afresh), with "
+        "its spec, a /workspace of its own (copy-on-write, no copy), and its own name, id and token. "
+        "Children are PREFIX-1 .. PREFIX-COUNT (default NAME-fork). Exits 1 if a child failed.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag("--count", type=bounded_int(1, 1000), required=True, metavar="N", help="how many children"),
+            flag("--prefix", default="", metavar="P", help="children are P-1 .. P-N (default NAME-fork)"),
+            flag("--with-secrets", action="store_true", help="give the children the parent's secrets too"),
+            flag("--ready-timeout", type=float, default=120.0, metavar="SECONDS", help="wait for Ready (default 120)"),
+        ),
+    ),
+    Command(
         "watch",
         _watch,
         "Print phase transitions and progress until the sandbox ends (Error or deleted) or Ctrl-C. "

@@ -9,7 +9,7 @@ import json
 
 from warmshell.cli.options import global_options, output_is_json, workspace
 
-__all__ = ["snapshot"]
+__all__ = ["fork", "snapshot"]
 
 
 def snapshot(args: argparse.Namespace) -> int:
@@ -32,5 +32,37 @@ def snapshot(args: argparse.Namespace) -> int:
             how = "flattened into 1 layer" if taken.flattened else f"{taken.layers} layers"
             print(f"{taken.pinned}  ({how}; {taken.layer_bytes} bytes added; frozen {taken.frozen_ms} ms)")
         return 0
+
+    return client.run(body)
+
+
+def fork(args: argparse.Namespace) -> int:
+    """Fork sandbox `args.name` `args.count` times; one line per child (or JSON); exit 1 when a
+    child failed."""
+    from warmshell.api.v1 import sandbox_pb2
+    from warmshell.cli import client, render
+
+    request = sandbox_pb2.ForkSandboxRequest(
+        name=args.name,
+        workspace=workspace(args),
+        count=args.count,
+        prefix=args.prefix,
+        with_secrets=args.with_secrets,
+        ready_timeout_ms=int(args.ready_timeout * 1000),
+    )
+    as_json = output_is_json(args)
+
+    def body() -> int:
+        with client.connect(global_options(args)) as sdk:
+            response = sdk.service.fork_sandbox(request, timeout=args.ready_timeout + 60)
+        if as_json:
+            print(render.to_json(response))
+        else:
+            print(f"snapshot {response.image_digest} (frozen {response.frozen_ms} ms)")
+            for child in response.children:
+                phase = sandbox_pb2.SandboxPhase.Name(child.sandbox.status.phase).removeprefix("SANDBOX_PHASE_")
+                print(f"{child.name}  {child.error_code + ': ' + child.error if child.error_code else phase.title()}")
+        ready = sandbox_pb2.SANDBOX_PHASE_READY
+        return 0 if all(c.sandbox.status.phase == ready and not c.error_code for c in response.children) else 1
 
     return client.run(body)

@@ -70,6 +70,8 @@ class LocalDriverConfig(_Section):
     # Layers a snapshot's image may have: past it the snapshot is one layer of the whole root
     # (flattened). Every layer is a mount and a lower directory overlayfs searches on a lookup.
     max_layers: int = Field(default=32, ge=2, le=120)
+    # Children one fork may make (each is a sandbox on the parent's snapshot: no copy of its files).
+    max_fork_count: int = Field(default=32, ge=1, le=1000)
     # A gateway run as root gives each sandbox its own host uid from this range (unused on the
     # host, please); a gateway run by a normal user runs them as that user.
     sandbox_uid_base: int = Field(default=2_000_000, ge=1000, le=2**31 - 2)

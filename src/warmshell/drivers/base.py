@@ -375,7 +375,13 @@ class Snapshotter(Protocol):
     """A driver that can capture a running sandbox's filesystem as an image. Optional: the
     gateway refuses a snapshot on a driver that is not one, saying so."""
 
+    @property
+    def max_fork_count(self) -> int:
+        """The most children one fork may ask for."""
+        ...
+
     async def snapshot(self, sandbox_id: SandboxId, *, image: str, force: bool, source: str) -> SnapshotTaken:
-        """Capture the sandbox (frozen meanwhile, then thawed) as `image` (NAME:TAG); `source`
-        names it in the image's record. FailedPreconditionError when it is not running here."""
+        """Capture the sandbox (frozen meanwhile, then thawed) as `image` (NAME:TAG; "": an
+        untagged image, named by its digest); `source` names it in the image's record.
+        FailedPreconditionError when it is not running here."""
         ...

@@ -449,6 +449,39 @@ class AsyncSandbox:
             )
         return views.snapshot_info(message)
 
+    async def fork(
+        self,
+        count: int,
+        *,
+        prefix: str = "",
+        with_secrets: bool = False,
+        ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+    ) -> list[AsyncSandbox | errors.ApiError]:
+        """`count` new sandboxes from one snapshot of this one's files; see `Sandbox.fork` of
+        the blocking client."""
+        request = calls.fork_request(
+            self.name,
+            self.workspace,
+            count=count,
+            prefix=prefix,
+            with_secrets=with_secrets,
+            ready_timeout=ready_timeout,
+        )
+        with self.client._translating():
+            response = await self.client._stub.ForkSandbox(
+                request,
+                metadata=self.client._metadata,
+                timeout=calls.fork_call_timeout(ready_timeout, self.client.timeout),
+            )
+        children: list[AsyncSandbox | errors.ApiError] = []
+        for child in response.children:
+            outcome = calls.fork_outcome(child)
+            if isinstance(outcome, errors.ApiError):
+                children.append(outcome)
+            else:
+                children.append(AsyncSandbox(self.client, views.sandbox_info(outcome)))
+        return children
+
     async def refresh_ttl(self, ttl_seconds: int) -> views.SandboxInfo:
         """Let the sandbox live `ttl_seconds` from now (InvalidArgument beyond the maximum)."""
         request = pb.RefreshTtlRequest(name=self.name, workspace=self.workspace, ttl_seconds=ttl_seconds)

@@ -430,6 +430,39 @@ class Sandbox:
         request = pb.SnapshotSandboxRequest(name=self.name, workspace=self.workspace, image=image, force=force)
         return views.snapshot_info(self.client.service.snapshot_sandbox(request))
 
+    def fork(
+        self,
+        count: int,
+        *,
+        prefix: str = "",
+        with_secrets: bool = False,
+        ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+    ) -> builtins.list[Sandbox | errors.ApiError]:
+        """`count` new sandboxes from one snapshot of this one's files (not its processes'
+        memory: each child runs its command afresh), named PREFIX-1.. (default NAME-fork-1..),
+        with its spec and its secrets only when `with_secrets`; one entry per child, in order:
+        the Ready child, or the error it ended with."""
+        from warmshell.sdk import views
+
+        request = calls.fork_request(
+            self.name,
+            self.workspace,
+            count=count,
+            prefix=prefix,
+            with_secrets=with_secrets,
+            ready_timeout=ready_timeout,
+        )
+        response = self.client.service.fork_sandbox(
+            request, timeout=calls.fork_call_timeout(ready_timeout, self.client.timeout)
+        )
+        children: builtins.list[Sandbox | errors.ApiError] = []
+        for child in response.children:
+            outcome = calls.fork_outcome(child)
+            children.append(
+                outcome if isinstance(outcome, errors.ApiError) else Sandbox(self.client, views.sandbox_info(outcome))
+            )
+        return children
+
     def delete(self) -> bool:
         """Delete the sandbox; False when it was already gone (never raises NotFound)."""
         request = pb.SandboxRef(name=self.name, workspace=self.workspace)

@@ -68,6 +68,10 @@ class SandboxService:
         """SnapshotSandbox: the image made of the sandbox."""
         return self._unary("SnapshotSandbox", request, pb.SnapshotSandboxResponse)
 
+    def fork_sandbox(self, request: pb.ForkSandboxRequest, *, timeout: float | None = None) -> pb.ForkSandboxResponse:
+        """ForkSandbox: one outcome per child."""
+        return self._unary("ForkSandbox", request, pb.ForkSandboxResponse, timeout)
+
     def list_pools(self, request: pb.ListPoolsRequest, *, timeout: float | None = None) -> pb.ListPoolsResponse:
         """ListPools (`timeout` overrides the service's, e.g. for a short liveness probe)."""
         return self._unary("ListPools", request, pb.ListPoolsResponse, timeout)

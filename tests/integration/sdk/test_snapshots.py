@@ -67,3 +67,36 @@ def test_the_async_client_and_the_cli_snapshot_a_sandbox(gateway: CliGateway) ->
     assert refused.returncode != 0
     assert "--force" in refused.stderr
     assert gateway.run("sandbox", "snapshot", "prep-async", "--as", "prepared-async:2", "--force").returncode == 0
+
+
+def test_the_clients_and_the_cli_fork_a_sandbox(gateway: CliGateway) -> None:
+    with (
+        warmshell.Client(state_dir=gateway.state_dir) as client,
+        client.create(name="forked", image="tools:1", auto_delete=True) as parent,
+    ):
+        parent.run(["/bin/sh", "-c", "echo state > /workspace/state"])
+        children = parent.fork(2)
+        assert [c.name for c in children if isinstance(c, warmshell.Sandbox)] == ["forked-fork-1", "forked-fork-2"]
+        for child in children:
+            assert isinstance(child, warmshell.Sandbox)
+            assert child.run(["/bin/sh", "-c", "cat /workspace/state"]).stdout == b"state\n"
+            child.delete()
+        with pytest.raises(warmshell.InvalidArgument, match="count"):
+            parent.fork(0)
+
+        async def in_async() -> list[str]:
+            async with warmshell.AsyncClient(state_dir=gateway.state_dir) as aclient:
+                handle = await aclient.get("forked")
+                made = await handle.fork(1, prefix="async")
+                return [c.name for c in made if isinstance(c, warmshell.AsyncSandbox)]
+
+        assert asyncio.run(in_async()) == ["async-1"]
+        done = gateway.run("sandbox", "fork", "forked", "--count", "2", "--prefix", "cli")
+        assert done.returncode == 0, done.stderr
+        assert "cli-1  Ready" in done.stdout, done.stdout
+        assert "cli-2  Ready" in done.stdout, done.stdout
+        clash = gateway.run("sandbox", "fork", "forked", "--count", "1", "--prefix", "cli")
+        assert clash.returncode != 0
+        assert "prefix: " in clash.stderr
+    for name in ("async-1", "cli-1", "cli-2"):
+        gateway.run("sandbox", "delete", name)

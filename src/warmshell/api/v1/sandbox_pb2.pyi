@@ -1702,3 +1702,102 @@ class SnapshotSandboxResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SnapshotSandboxResponse: _TypeAlias = SnapshotSandboxResponse  # noqa: Y015
+
+@_typing.final
+class ForkSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    PREFIX_FIELD_NUMBER: _builtins.int
+    WITH_SECRETS_FIELD_NUMBER: _builtins.int
+    READY_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    count: _builtins.int
+    """How many children (1 .. the driver's maximum, local.max_fork_count)."""
+    prefix: _builtins.str
+    """Children are PREFIX-1 .. PREFIX-N (default: NAME-fork)."""
+    with_secrets: _builtins.bool
+    """Give the children the parent's secrets too (default: none of them)."""
+    ready_timeout_ms: _builtins.int
+    """How long to wait for the children to be Ready (0: the gateway's default)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        count: _builtins.int = ...,
+        prefix: _builtins.str = ...,
+        with_secrets: _builtins.bool = ...,
+        ready_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "name", b"name", "prefix", b"prefix", "ready_timeout_ms", b"ready_timeout_ms", "with_secrets", b"with_secrets", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSandboxRequest: _TypeAlias = ForkSandboxRequest  # noqa: Y015
+
+@_typing.final
+class ForkChild(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SANDBOX_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    error_code: _builtins.str
+    """Why the child was not created (a gRPC status code name, and its message)."""
+    error: _builtins.str
+    @_builtins.property
+    def sandbox(self) -> Global___Sandbox:
+        """The child as it was when it settled (Ready, or how it ended); unset when it was not created."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        sandbox: Global___Sandbox | None = ...,
+        error_code: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sandbox", b"sandbox"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "error_code", b"error_code", "name", b"name", "sandbox", b"sandbox"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkChild: _TypeAlias = ForkChild  # noqa: Y015
+
+@_typing.final
+class ForkSandboxResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    FROZEN_MS_FIELD_NUMBER: _builtins.int
+    image_digest: _builtins.str
+    """The snapshot the children run (an untagged image of the store; `image prune` removes it
+    once no sandbox uses it).
+    """
+    frozen_ms: _builtins.int
+    @_builtins.property
+    def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkChild]: ...
+    def __init__(
+        self,
+        *,
+        image_digest: _builtins.str = ...,
+        children: _abc.Iterable[Global___ForkChild] | None = ...,
+        frozen_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "frozen_ms", b"frozen_ms", "image_digest", b"image_digest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSandboxResponse: _TypeAlias = ForkSandboxResponse  # noqa: Y015

@@ -89,6 +89,11 @@ class SandboxServiceStub:
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.FromString,
                 _registered_method=True)
+        self.ForkSandbox = channel.unary_unary(
+                '/warmshell.v1.SandboxService/ForkSandbox',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -166,6 +171,14 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSandbox(self, request, context):
+        """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+        each with the parent's spec and its own name, id and token; one outcome per child.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -223,6 +236,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.SnapshotSandbox,
                     request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.FromString,
                     response_serializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.SerializeToString,
+            ),
+            'ForkSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSandbox,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -522,6 +540,33 @@ class SandboxService:
             '/warmshell.v1.SandboxService/SnapshotSandbox',
             warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
             warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/ForkSandbox',
+            warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,

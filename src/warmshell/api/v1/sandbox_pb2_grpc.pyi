@@ -52,6 +52,10 @@ class SandboxServiceStub:
     """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
     image of the local image store; the sandbox is frozen meanwhile and keeps running.
     """
+    ForkSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ForkSandboxRequest, _sandbox_pb2.ForkSandboxResponse]
+    """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+    each with the parent's spec and its own name, id and token; one outcome per child.
+    """
 
 @_typing.type_check_only
 class SandboxServiceAsyncStub(SandboxServiceStub):
@@ -74,6 +78,10 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     SnapshotSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SnapshotSandboxRequest, _sandbox_pb2.SnapshotSandboxResponse]  # type: ignore[assignment]
     """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
     image of the local image store; the sandbox is frozen meanwhile and keeps running.
+    """
+    ForkSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ForkSandboxRequest, _sandbox_pb2.ForkSandboxResponse]  # type: ignore[assignment]
+    """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+    each with the parent's spec and its own name, id and token; one outcome per child.
     """
 
 class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -160,6 +168,16 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_sandbox_pb2.SnapshotSandboxResponse, _abc.Awaitable[_sandbox_pb2.SnapshotSandboxResponse]]:
         """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
         image of the local image store; the sandbox is frozen meanwhile and keeps running.
+        """
+
+    @_abc_1.abstractmethod
+    def ForkSandbox(
+        self,
+        request: _sandbox_pb2.ForkSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.ForkSandboxResponse, _abc.Awaitable[_sandbox_pb2.ForkSandboxResponse]]:
+        """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+        each with the parent's spec and its own name, id and token; one outcome per child.
         """
 
 def add_SandboxServiceServicer_to_server(servicer: SandboxServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

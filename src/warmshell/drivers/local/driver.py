@@ -262,6 +262,11 @@ class LocalDriver:
         is not running or this host cannot freeze it (no cgroup, or no freezer)."""
         await self._fleet.freeze(self._running(sandbox_id), frozen=frozen)
 
+    @property
+    def max_fork_count(self) -> int:
+        """`local.max_fork_count`: the most children one fork may ask for."""
+        return self._config.max_fork_count
+
     async def snapshot(self, sandbox_id: SandboxId, *, image: str, force: bool, source: str) -> SnapshotTaken:
         """Capture a running sandbox of an image as `image` (see `snapshots`)."""
         instance = self._running(sandbox_id)

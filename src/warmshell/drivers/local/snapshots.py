@@ -68,7 +68,7 @@ class Snapshots:
     async def take(self, instance: Instance, *, tag: str, force: bool, source: str) -> Snapshot:
         """Snapshot `instance` (running, of an image) as `tag`: AlreadyExistsError when the tag
         names an image and not `force`; RESOURCE_EXHAUSTED past the store's bound."""
-        tagged = references.parse_tagged_name(tag, field="image").tagged
+        tagged = references.parse_tagged_name(tag, field="image").tagged if tag else ""
         image_root, process = instance.image_root, instance.process
         if image_root is None or not isinstance(process, SandboxProcess):
             raise FailedPreconditionError(
@@ -76,7 +76,7 @@ class Snapshots:
                 "of an image can be snapshotted (create it with --image; warmshell image list)"
             )
         index = await asyncio.to_thread(self._store.index)
-        if tagged in index.tags and not force:
+        if tagged and tagged in index.tags and not force:
             raise AlreadyExistsError(f"image: {tagged} already names an image; --force moves the tag")
         base = self._store.resolve(image_root.digest, index=index)
         dirs = self._overlay_dirs(process.pid)
@@ -102,7 +102,7 @@ class Snapshots:
                 await self._freeze(instance, False)
             image = snapshot_record(base, layer.digest, flattened=flatten, source_sandbox=source, now_ms=now_ms())
             committed = await asyncio.to_thread(
-                self._store.commit, image, [StagedLayer(layer, stage / "layer")], [tagged]
+                self._store.commit, image, [StagedLayer(layer, stage / "layer")], [tagged] if tagged else []
             )
         finally:
             await asyncio.to_thread(self._store.drop_staging, stage)
