@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.helpers.gateway import RunningGateway, running_gateway
+from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.drivers_local.test_image_sandboxes import import_tiny, ready, sh
 from warmshell.api.v1 import image_pb2 as image_pb
@@ -139,3 +139,24 @@ async def test_past_max_layers_a_snapshot_is_flattened(tmp_path: Path) -> None:
         await ready(gw, "c", "chain:2")
         script = "cat /workspace/f /etc/warmshell-test-marker; [ -e /usr/bin/head ] || echo no-head"
         assert await sh(gw, "c", script) == (0, "one\ntwo\nbuilt by the testsno-head\n", "")
+
+
+async def test_a_snapshot_as_a_pool_image_serves_warm_creates_with_its_workspace(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    import_tiny(state, tmp_path / "tiny")
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    (pools / "prepared.toml").write_text('version = 1\nworkspace = "default"\nreplicas = 2\nimage = "prepared:1"\n')
+    settings = {"local.pools_dir": str(pools), "local.pool_reload_interval_seconds": 0.1}
+    async with running_gateway(state, **settings) as gw:
+        await ready(gw, "prep", "tiny:1")
+        assert (await sh(gw, "prep", "echo deps > /workspace/installed && mkdir -p /opt/venv"))[0] == 0
+        taken = await snapshot(gw, "prep", "prepared:1")
+        listed = await wait_pools(gw, lambda r: (p := pool_named(r, "prepared")) is not None and p.idle >= 2)
+        assert pool_named(listed, "prepared").image == f"prepared:1@{taken.digest}"  # type: ignore[union-attr]
+        for name in ("warm-1", "warm-2"):
+            warm = await ready(gw, name, "prepared:1")
+            assert (warm.status.allocation, warm.status.pool) == ("warm", "prepared")
+            assert await sh(gw, name, "cat /workspace/installed; ls -d /opt/venv") == (0, "deps\n/opt/venv\n", "")
+        assert (await sh(gw, "warm-1", "echo mine >> /workspace/installed"))[0] == 0
+        assert await sh(gw, "warm-2", "cat /workspace/installed") == (0, "deps\n", "")
