@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import grpc
 
     from warmshell.api.v1 import sandbox_pb2_grpc
-    from warmshell.sdk import views
+    from warmshell.sdk import building, views
     from warmshell.sdk.files import Files
     from warmshell.sdk.images import Images
     from warmshell.sdk.interactive import Process, StdinSource
@@ -213,6 +213,24 @@ class Client:
             label_selector=calls.label_selector(labels),
         )
         return [views.sandbox_info(s) for s in self.service.list_sandboxes(request).sandboxes]
+
+    def build_image(
+        self,
+        tag: str,
+        *,
+        base: str,
+        steps: Sequence[building.Step],
+        allow_net: Sequence[str] = (),
+        force: bool = False,
+        output: building.Output | None = None,
+    ) -> views.SnapshotInfo:
+        """Build image `tag` (NAME:TAG) from image `base` by `steps` (`building.Run("make")`,
+        `building.Copy(Path("src"), "/workspace/src")`) in a fresh sandbox whose egress is
+        `allow_net`; `output(stream, chunk)` hears each step's output. BuildFailed names the first
+        step that failed; the sandbox is deleted either way (see `warmshell.sdk.building`)."""
+        from warmshell.sdk import building
+
+        return building.build(self, base=base, steps=steps, tag=tag, allow_net=allow_net, force=force, output=output)
 
     def pools(self, *, workspace: str | None = None, all_workspaces: bool = False) -> builtins.list[views.PoolInfo]:
         """Warm pools of the workspace (or every workspace), with their hit counts."""

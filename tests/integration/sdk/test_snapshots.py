@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from tests.helpers import images
 from tests.helpers.cli import CliGateway, start_gateway
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.drivers_local.test_image_sandboxes import tools_layer
+from warmshell.sdk import building
 
 pytestmark = [
     needs_bwrap,
@@ -100,3 +102,43 @@ def test_the_clients_and_the_cli_fork_a_sandbox(gateway: CliGateway) -> None:
         assert "prefix: " in clash.stderr
     for name in ("async-1", "cli-1", "cli-2"):
         gateway.run("sandbox", "delete", name)
+
+
+def test_an_image_is_built_from_setup_steps_in_order_with_their_output_streamed(
+    gateway: CliGateway, tmp_path: Path
+) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "main.c").write_text("int main(void) { return 0; }\n")
+    (tmp_path / "one.txt").write_text("one\n")
+    done = gateway.run(
+        "image", "build", "--from", "tools:1",
+        "--copy", f"{tmp_path / 'src'}:/workspace/src",
+        "--run", "echo compiling; ls /workspace/src > /workspace/built",
+        "--copy", f"{tmp_path / 'one.txt'}:/opt/one.txt",
+        "--run", "cat /opt/one.txt >> /workspace/built; echo to-stderr >&2",
+        "--as", "built:1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "compiling\n" in done.stdout
+    assert "step 1/4: copy" in done.stderr
+    assert "to-stderr" in done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith("built:1@sha256:")
+    with warmshell.Client(state_dir=gateway.state_dir) as client:
+        with client.create(name="from-built", image="built:1", auto_delete=True) as sandbox:
+            assert sandbox.run(["/bin/sh", "-c", "cat /workspace/built"]).stdout == b"main.c\none\n"
+        seen: list[tuple[str, bytes]] = []
+        with pytest.raises(building.BuildFailed, match=r"step 2 \(run 'echo failing; exit 3'\) exited 3") as caught:
+            client.build_image(
+                "broken:1",
+                base="tools:1",
+                steps=[building.Run("echo ok"), building.Run("echo failing; exit 3"), building.Run("echo never")],
+                output=lambda stream, chunk: seen.append((stream, chunk)),
+            )
+        assert caught.value.tail == b"failing\n"
+        assert (b"never\n") not in b"".join(chunk for _, chunk in seen)
+        with pytest.raises(warmshell.NotFound):
+            client.images.get("broken:1")
+        assert not [s.name for s in client.list() if s.name.startswith("build-")]  # the build sandboxes are gone
+    failed = gateway.run("image", "build", "--from", "tools:1", "--run", "exit 7", "--as", "broken:2")
+    assert failed.returncode == 1
+    assert "step 1 (run 'exit 7') exited 7" in failed.stderr
