@@ -473,6 +473,34 @@ _COMMANDS = (
         ),
     ),
     Command(
+        "pause",
+        snapshots.pause,
+        "Pause a Ready sandbox of an image: its files (what it wrote over its image, and /workspace) "
+        "are kept as an image, and every process, its memory and its runtime go; it stays, Paused, "
+        "until resumed, deleted, or its pause TTL passes.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag(
+                "--pause-ttl",
+                type=bounded_int(0, 2**31 - 1),
+                default=0,
+                metavar="SECONDS",
+                help="delete it if not resumed within N s (0: the gateway's default)",
+            ),
+        ),
+    ),
+    Command(
+        "resume",
+        snapshots.resume,
+        "Start a Paused sandbox again from its files (its command re-run) and wait until it is Ready.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag("--ready-timeout", type=float, default=120.0, metavar="SECONDS", help="wait for Ready (default 120)"),
+        ),
+    ),
+    Command(
         "watch",
         _watch,
         "Print phase transitions and progress until the sandbox ends (Error or deleted) or Ctrl-C. "

@@ -9,7 +9,7 @@ import json
 
 from warmshell.cli.options import global_options, output_is_json, workspace
 
-__all__ = ["fork", "snapshot"]
+__all__ = ["fork", "pause", "resume", "snapshot"]
 
 
 def snapshot(args: argparse.Namespace) -> int:
@@ -64,5 +64,39 @@ def fork(args: argparse.Namespace) -> int:
                 print(f"{child.name}  {child.error_code + ': ' + child.error if child.error_code else phase.title()}")
         ready = sandbox_pb2.SANDBOX_PHASE_READY
         return 0 if all(c.sandbox.status.phase == ready and not c.error_code for c in response.children) else 1
+
+    return client.run(body)
+
+
+def pause(args: argparse.Namespace) -> int:
+    """Pause sandbox `args.name`: its files kept, everything of it stopped."""
+    from warmshell.api.v1 import sandbox_pb2
+    from warmshell.cli import client
+
+    request = sandbox_pb2.PauseSandboxRequest(
+        name=args.name, workspace=workspace(args), pause_ttl_seconds=args.pause_ttl
+    )
+
+    def body() -> int:
+        with client.connect(global_options(args)) as sdk:
+            paused = sdk.service.pause_sandbox(request)
+        print(f"sandbox {paused.name} paused")
+        return 0
+
+    return client.run(body)
+
+
+def resume(args: argparse.Namespace) -> int:
+    """Resume sandbox `args.name` and wait until it is Ready."""
+    from warmshell.cli import client
+    from warmshell.sdk import calls
+
+    request = calls.resume_request(args.name, workspace(args), ready_timeout=args.ready_timeout)
+
+    def body() -> int:
+        with client.connect(global_options(args)) as sdk:
+            resumed = calls.resumed(sdk.service.resume_sandbox(request, timeout=args.ready_timeout + 60))
+        print(f"sandbox {resumed.name} resumed: Ready")
+        return 0
 
     return client.run(body)

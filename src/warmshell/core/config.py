@@ -300,6 +300,9 @@ class LifetimesConfig(_Section):
     # A sandbox whose workload exited (a one-shot `create -- CMD` without --rm) is deleted this
     # long after the exit, whatever its TTL says (0 = kept as long as its TTL).
     exited_retention_seconds: int = Field(default=600, ge=0)
+    # A Paused sandbox never resumed is deleted (its files with it) this long after its pause
+    # (0 = kept until deleted); a pause may ask for another.
+    pause_ttl_seconds: int = Field(default=7 * 86400, ge=0)
     check_interval_seconds: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")

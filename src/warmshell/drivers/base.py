@@ -385,3 +385,8 @@ class Snapshotter(Protocol):
         untagged image, named by its digest); `source` names it in the image's record.
         FailedPreconditionError when it is not running here."""
         ...
+
+    async def forget(self, digest: str) -> None:
+        """Remove an untagged snapshot (a paused sandbox's files, once it is deleted) and the
+        layers no other image uses; one still in use stays until its users end."""
+        ...

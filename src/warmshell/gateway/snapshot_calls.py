@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.core import pausing
 from warmshell.core.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -20,7 +21,7 @@ from warmshell.core.errors import (
     NotFoundError,
     WarmshellError,
 )
-from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
+from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord, now_ms
 from warmshell.core.validation import validate_workspace
 from warmshell.drivers.base import Snapshotter
 from warmshell.gateway import forking
@@ -108,3 +109,36 @@ class SnapshotCalls:
             return pb.ForkChild(name=name, sandbox=sandbox_to_proto(await self._settled(record, timeout)))
         except WarmshellError as exc:
             return pb.ForkChild(name=name, error_code=status_code_for(exc).name, error=str(exc))
+
+    @unary
+    async def PauseSandbox(self, request: pb.PauseSandboxRequest, context: Ctx) -> pb.Sandbox:
+        await self._auth.require_client(context)
+        if request.pause_ttl_seconds < 0:
+            raise InvalidArgumentError("pause_ttl_seconds", "must be 0 (the gateway's default) or more")
+        record, driver = await self._ready_parent(request.workspace, request.name, "pause")
+        taken = await driver.snapshot(record.id, image="", force=False, source=f"{record.workspace}/{record.name}")
+        ttl = request.pause_ttl_seconds or self._manager.limits.pause_ttl_seconds
+        paused = await self._manager.records.mutate(
+            record.id, lambda r: pausing.mark_paused(r, taken.digest, now_ms=now_ms(), pause_ttl_seconds=ttl)
+        )
+        session = self._manager.sessions.get(record.id)
+        if session is not None:
+            self._manager.sessions.close_if_current(session)
+        await self._manager.driver.delete(record.id)  # every process, its tmpfs and uid go; the record stays
+        return sandbox_to_proto(await self._manager.records.get(record.id) or paused)
+
+    @unary
+    async def ResumeSandbox(self, request: pb.ResumeSandboxRequest, context: Ctx) -> pb.Sandbox:
+        await self._auth.require_client(context)
+        workspace = request.workspace or DEFAULT_WORKSPACE
+        validate_workspace(workspace)
+        record = await self._manager.records.get_by_name(workspace, request.name)
+        if record.status.phase != Phase.PAUSED:
+            raise FailedPreconditionError(
+                f"sandbox {workspace}/{request.name} is {record.status.phase.value}: "
+                "only a Paused sandbox can be resumed"
+            )
+        resumed = await self._manager.resume(record)
+        if request.wait_ready:
+            resumed = await self._settled(resumed, request.ready_timeout_ms / 1000 or None)
+        return sandbox_to_proto(resumed)

@@ -449,6 +449,29 @@ class AsyncSandbox:
             )
         return views.snapshot_info(message)
 
+    async def pause(self, *, pause_ttl_seconds: int = 0) -> views.SandboxInfo:
+        """Keep the sandbox's files as an image and stop everything of it; see `Sandbox.pause`
+        of the blocking client."""
+        request = pb.PauseSandboxRequest(name=self.name, workspace=self.workspace, pause_ttl_seconds=pause_ttl_seconds)
+        with self.client._translating():
+            message = await self.client._stub.PauseSandbox(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        self.last_info = views.sandbox_info(message)
+        return self.last_info
+
+    async def resume(self, *, ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS) -> views.SandboxInfo:
+        """Start a Paused sandbox again from its files, once it is Ready; see `Sandbox.resume`."""
+        request = calls.resume_request(self.name, self.workspace, ready_timeout=ready_timeout)
+        with self.client._translating():
+            message = await self.client._stub.ResumeSandbox(
+                request,
+                metadata=self.client._metadata,
+                timeout=calls.fork_call_timeout(ready_timeout, self.client.timeout),
+            )
+        self.last_info = views.sandbox_info(calls.resumed(message))
+        return self.last_info
+
     async def fork(
         self,
         count: int,

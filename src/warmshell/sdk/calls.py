@@ -438,3 +438,18 @@ def fork_outcome(child: pb.ForkChild) -> pb.Sandbox | errors.ApiError:
             f"fork child {child.name} is {phase.title()}, not Ready",
         )
     return child.sandbox
+
+
+def resume_request(name: str, workspace: str, *, ready_timeout: float | None) -> pb.ResumeSandboxRequest:
+    """A ResumeSandbox request that waits up to `ready_timeout` seconds for Ready."""
+    return pb.ResumeSandboxRequest(
+        name=name, workspace=workspace, wait_ready=True, ready_timeout_ms=int((ready_timeout or 0) * 1000)
+    )
+
+
+def resumed(message: pb.Sandbox) -> pb.Sandbox:
+    """A resumed sandbox, Ready; SandboxError saying how it is when it is not."""
+    if message.status.phase != pb.SANDBOX_PHASE_READY:
+        phase = pb.SandboxPhase.Name(message.status.phase).removeprefix("SANDBOX_PHASE_").title()
+        raise errors.SandboxError(f"sandbox {message.name} did not resume: it is {phase}")
+    return message

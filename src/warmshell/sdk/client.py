@@ -214,6 +214,18 @@ class Client:
         )
         return [views.sandbox_info(s) for s in self.service.list_sandboxes(request).sandboxes]
 
+    def resume(
+        self, name: str, *, workspace: str | None = None, ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS
+    ) -> Sandbox:
+        """Start the Paused sandbox `name` again from its files (see `Sandbox.pause`); its handle
+        once it is Ready."""
+        from warmshell.sdk import views
+
+        workspace = self.workspace if workspace is None else workspace
+        request = calls.resume_request(name, workspace, ready_timeout=ready_timeout)
+        message = self.service.resume_sandbox(request, timeout=calls.fork_call_timeout(ready_timeout, self.timeout))
+        return Sandbox(self, views.sandbox_info(calls.resumed(message)))
+
     def build_image(
         self,
         tag: str,
@@ -447,6 +459,29 @@ class Sandbox:
 
         request = pb.SnapshotSandboxRequest(name=self.name, workspace=self.workspace, image=image, force=force)
         return views.snapshot_info(self.client.service.snapshot_sandbox(request))
+
+    def pause(self, *, pause_ttl_seconds: int = 0) -> views.SandboxInfo:
+        """Keep the sandbox's files (what it wrote over its image, and /workspace) as an image and
+        stop everything of it: no process, no memory, no runtime; it stays, Paused, until
+        `resume()` or its pause TTL (`pause_ttl_seconds`, else the gateway's) deletes it.
+        Processes and memory are not kept: a resume runs the command afresh."""
+        from warmshell.sdk import views
+
+        request = pb.PauseSandboxRequest(name=self.name, workspace=self.workspace, pause_ttl_seconds=pause_ttl_seconds)
+        self.last_info = views.sandbox_info(self.client.service.pause_sandbox(request))
+        return self.last_info
+
+    def resume(self, *, ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS) -> views.SandboxInfo:
+        """Start a Paused sandbox again from its files; returns once it is Ready (SandboxError
+        if it is not within `ready_timeout`)."""
+        from warmshell.sdk import views
+
+        request = calls.resume_request(self.name, self.workspace, ready_timeout=ready_timeout)
+        message = self.client.service.resume_sandbox(
+            request, timeout=calls.fork_call_timeout(ready_timeout, self.client.timeout)
+        )
+        self.last_info = views.sandbox_info(calls.resumed(message))
+        return self.last_info
 
     def fork(
         self,

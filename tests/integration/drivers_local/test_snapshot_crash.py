@@ -99,3 +99,56 @@ def test_a_gateway_killed_mid_snapshot_leaves_no_partial_image_and_no_orphan(tmp
         assert shown["status"]["phase"] in ("SANDBOX_PHASE_ERROR", "SANDBOX_PHASE_FAILED"), shown["status"]
     finally:
         assert restarted.stop() == 0
+
+
+def test_a_gateway_killed_mid_pause_or_mid_resume_leaves_a_defined_sandbox(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    import_tiny(state, tmp_path / "tiny")
+    store = state / "images"
+    gateway = start_gateway(state)
+    try:
+        for name in ("pausing", "resuming"):
+            assert gateway.run("sandbox", "create", "--name", name, "--image", "tiny:1").returncode == 0
+        fill = "head -c 300000000 /dev/zero > /workspace/big"
+        assert gateway.run("sandbox", "exec", "pausing", "--", "/bin/sh", "-c", fill).returncode == 0
+        assert gateway.run("sandbox", "pause", "resuming").returncode == 0
+        pausing = gateway.popen("sandbox", "pause", "pausing")
+        deadline = time.monotonic() + 60
+        while not _staged_layer(store) and time.monotonic() < deadline and pausing.poll() is None:
+            time.sleep(0.005)
+        assert _staged_layer(store), "the pause never reached its layer"
+        resuming = gateway.popen("sandbox", "resume", "resuming")
+        time.sleep(0.05)
+        sandbox_processes = _descendants(gateway.process.pid)
+        gateway.process.send_signal(signal.SIGKILL)
+        gateway.process.wait()
+        pausing.communicate(timeout=30)
+        resuming.communicate(timeout=30)
+    finally:
+        if gateway.process.poll() is None:
+            gateway.stop()
+    restarted = start_gateway(state)
+    try:
+        deadline = time.monotonic() + 10
+        while _alive(sandbox_processes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(sandbox_processes) == set()
+        listed = json.loads(restarted.run("sandbox", "list", "-o", "json").stdout)
+        phases = {s["name"]: s["status"]["phase"] for s in listed["sandboxes"]}
+        # Lost with its gateway before its pause was recorded; or Paused, its layer committed.
+        assert phases["pausing"] in ("SANDBOX_PHASE_ERROR", "SANDBOX_PHASE_PAUSED"), phases
+        # A resume is recorded only once its new runtime answered: else it is still Paused.
+        assert phases["resuming"] in ("SANDBOX_PHASE_PAUSED", "SANDBOX_PHASE_ERROR"), phases
+        assert restarted.run("image", "list").returncode == 0  # opens the store: leftovers collected
+        assert list((store / "staging").iterdir()) == []
+        if phases["resuming"] == "SANDBOX_PHASE_PAUSED":
+            again = restarted.run("sandbox", "resume", "resuming")
+            assert again.returncode == 0, again.stderr
+        for name in ("pausing", "resuming"):
+            assert restarted.run("sandbox", "delete", name).returncode == 0
+        # What is left beside the base is untagged (a resumed sandbox's old files): prune takes it.
+        assert json.loads((store / "index.json").read_text())["tags"].keys() == {"tiny:1"}
+        assert restarted.run("image", "prune").returncode == 0
+        assert len(json.loads((store / "index.json").read_text())["images"]) == 1
+    finally:
+        assert restarted.stop() == 0

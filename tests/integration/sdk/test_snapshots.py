@@ -142,3 +142,32 @@ def test_an_image_is_built_from_setup_steps_in_order_with_their_output_streamed(
     failed = gateway.run("image", "build", "--from", "tools:1", "--run", "exit 7", "--as", "broken:2")
     assert failed.returncode == 1
     assert "step 1 (run 'exit 7') exited 7" in failed.stderr
+
+
+def test_the_clients_and_the_cli_pause_and_resume_a_sandbox(gateway: CliGateway) -> None:
+    with warmshell.Client(state_dir=gateway.state_dir) as client:
+        sandbox = client.create(name="napper", image="tools:1")
+        sandbox.run(["/bin/sh", "-c", "echo kept > /workspace/notes"])
+        assert sandbox.pause().phase == warmshell.Phase.PAUSED
+        assert client.get("napper").info().phase == warmshell.Phase.PAUSED
+        resumed = client.resume("napper")
+        assert resumed.run(["/bin/sh", "-c", "cat /workspace/notes"]).stdout == b"kept\n"
+
+        async def in_async() -> str:
+            async with warmshell.AsyncClient(state_dir=gateway.state_dir) as aclient:
+                handle = await aclient.get("napper")
+                await handle.pause(pause_ttl_seconds=3600)
+                info = await handle.resume()
+                return info.phase.value
+
+        assert asyncio.run(in_async()) == "Ready"
+    paused = gateway.run("sandbox", "pause", "napper")
+    assert paused.returncode == 0, paused.stderr
+    assert "Paused" in gateway.run("sandbox", "list").stdout
+    resumed_cli = gateway.run("sandbox", "resume", "napper")
+    assert resumed_cli.returncode == 0, resumed_cli.stderr
+    assert gateway.run("sandbox", "exec", "napper", "--", "/bin/sh", "-c", "cat /workspace/notes").stdout == "kept\n"
+    again = gateway.run("sandbox", "resume", "napper")
+    assert again.returncode != 0
+    assert "only a Paused sandbox" in again.stderr
+    assert gateway.run("sandbox", "delete", "napper").returncode == 0

@@ -37,6 +37,8 @@ class _SandboxPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SandboxP
     """The workload ran and exited (status.exit_code says how); terminal, and not a failure of
     the sandbox: Error is kept for sandboxes that broke.
     """
+    SANDBOX_PHASE_PAUSED: _SandboxPhase.ValueType  # 6
+    """Its files kept as an image, nothing running (PauseSandbox); ResumeSandbox starts it again."""
 
 class SandboxPhase(_SandboxPhase, metaclass=_SandboxPhaseEnumTypeWrapper): ...
 
@@ -49,6 +51,8 @@ SANDBOX_PHASE_EXITED: SandboxPhase.ValueType  # 5
 """The workload ran and exited (status.exit_code says how); terminal, and not a failure of
 the sandbox: Error is kept for sandboxes that broke.
 """
+SANDBOX_PHASE_PAUSED: SandboxPhase.ValueType  # 6
+"""Its files kept as an image, nothing running (PauseSandbox); ResumeSandbox starts it again."""
 Global___SandboxPhase: _TypeAlias = SandboxPhase  # noqa: Y015
 
 @_typing.final
@@ -1801,3 +1805,58 @@ class ForkSandboxResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ForkSandboxResponse: _TypeAlias = ForkSandboxResponse  # noqa: Y015
+
+@_typing.final
+class PauseSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PAUSE_TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    pause_ttl_seconds: _builtins.int
+    """Delete it if it is not resumed within this many seconds (0: the gateway's default)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        pause_ttl_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "pause_ttl_seconds", b"pause_ttl_seconds", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseSandboxRequest: _TypeAlias = PauseSandboxRequest  # noqa: Y015
+
+@_typing.final
+class ResumeSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    WAIT_READY_FIELD_NUMBER: _builtins.int
+    READY_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    wait_ready: _builtins.bool
+    """Wait until it is Ready (or ready_timeout_ms passes) before answering."""
+    ready_timeout_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        wait_ready: _builtins.bool = ...,
+        ready_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "ready_timeout_ms", b"ready_timeout_ms", "wait_ready", b"wait_ready", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeSandboxRequest: _TypeAlias = ResumeSandboxRequest  # noqa: Y015

@@ -56,6 +56,10 @@ class SandboxServiceStub:
     """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
     each with the parent's spec and its own name, id and token; one outcome per child.
     """
+    PauseSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.PauseSandboxRequest, _sandbox_pb2.Sandbox]
+    """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused."""
+    ResumeSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ResumeSandboxRequest, _sandbox_pb2.Sandbox]
+    """Start a Paused sandbox again from its files (its command re-run); Ready when it answers."""
 
 @_typing.type_check_only
 class SandboxServiceAsyncStub(SandboxServiceStub):
@@ -83,6 +87,10 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
     each with the parent's spec and its own name, id and token; one outcome per child.
     """
+    PauseSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.PauseSandboxRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
+    """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused."""
+    ResumeSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ResumeSandboxRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
+    """Start a Paused sandbox again from its files (its command re-run); Ready when it answers."""
 
 class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -179,6 +187,22 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
         """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
         each with the parent's spec and its own name, id and token; one outcome per child.
         """
+
+    @_abc_1.abstractmethod
+    def PauseSandbox(
+        self,
+        request: _sandbox_pb2.PauseSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.Sandbox, _abc.Awaitable[_sandbox_pb2.Sandbox]]:
+        """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused."""
+
+    @_abc_1.abstractmethod
+    def ResumeSandbox(
+        self,
+        request: _sandbox_pb2.ResumeSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.Sandbox, _abc.Awaitable[_sandbox_pb2.Sandbox]]:
+        """Start a Paused sandbox again from its files (its command re-run); Ready when it answers."""
 
 def add_SandboxServiceServicer_to_server(servicer: SandboxServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -282,6 +283,13 @@ class LocalDriver:
             frozen_ms=taken.frozen_ms,
             flattened=taken.flattened,
         )
+
+    async def forget(self, digest: str) -> None:
+        """Remove a snapshot by digest (see `Snapshotter.forget`); one already gone is fine."""
+        images = self._host.launcher.images
+        if images is not None:
+            with contextlib.suppress(NotFoundError):
+                await asyncio.to_thread(images.store.remove, digest)
 
     async def usage(self, sandbox_id: SandboxId) -> SandboxUsage:
         """cpu seconds, memory now and at its peak, and processes of a running sandbox, read from

@@ -41,3 +41,8 @@ def test_the_digest_changes_with_the_layers_and_only_with_them(first: bytes, sec
     one = snapshot_record(BASE, "sha256:" + first.hex(), flattened=False, source_sandbox="a/b", now_ms=1)
     two = snapshot_record(BASE, "sha256:" + second.hex(), flattened=False, source_sandbox="c/d", now_ms=2)
     assert (one.digest == two.digest) == (first == second)
+
+
+def test_a_layer_the_base_already_has_is_not_named_twice() -> None:
+    image = snapshot_record(BASE, BASE.layers[0], flattened=False, source_sandbox="default/prep", now_ms=5)
+    assert image.layers == BASE.layers

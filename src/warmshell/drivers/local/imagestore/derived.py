@@ -17,8 +17,13 @@ __all__ = ["snapshot_record"]
 
 
 def snapshot_record(base: ImageRecord, layer: str, *, flattened: bool, source_sandbox: str, now_ms: int) -> ImageRecord:
-    """The image `base` plus `layer` on top (or `layer` alone, `flattened`), taken of `source_sandbox`."""
-    layers = (layer,) if flattened else (*base.layers, layer)
+    """The image `base` plus `layer` on top (or `layer` alone, `flattened`), taken of `source_sandbox`.
+    A layer the base already has (a sandbox that changed nothing since its own snapshot: the
+    same tar, the same digest) is not named twice: overlayfs refuses a lower directory twice."""
+    if flattened:
+        layers: tuple[str, ...] = (layer,)
+    else:
+        layers = base.layers if layer in base.layers else (*base.layers, layer)
     config = dataclasses.replace(base.config, diff_ids=layers)
     config_json = json.dumps(dataclasses.asdict(config), sort_keys=True).encode()
     config_digest = "sha256:" + hashlib.sha256(config_json).hexdigest()
