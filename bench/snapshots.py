@@ -8,7 +8,8 @@ driver, run as root: images of the store need it).
   big one <= 1.5x the empty one), beside a single cold create of the same snapshot (target: fork(10)
   all Ready <= 3x the single create);
 - warm create -> Ready from a pool of a snapshot vs from a pool of the plain image (target <= 1.1x);
-- pause and resume are not measured: they are not built yet (see issue 31).
+- pause and resume wall time of a sandbox with an empty /workspace and with `--fork-mb` MB in it
+  (a pause is a snapshot and a stop; a resume a cold create from the snapshot, Ready).
 
 Rows are interleaved (one sample of each in turn) so a load drift over the run hits them alike.
 Run as root from the repository root: `python bench/snapshots.py --repeats 5`.
@@ -128,6 +129,32 @@ async def fork_rows(gw: GatewayProcess, fork_mb: int, repeats: int) -> dict[str,
     return {key: summary(values) for key, values in samples.items()}
 
 
+async def pause_rows(gw: GatewayProcess, megabytes: int, repeats: int) -> dict[str, Any]:
+    """Pause then resume (-> Ready) of one sandbox per size, `repeats` times each, alternating."""
+    samples: dict[str, list[float]] = {}
+    sizes = {"empty": 0, f"{megabytes}mb": megabytes}
+    for key, size in sizes.items():
+        await gw.create_ready(name=f"napper-{key}", spec=pb.SandboxSpec(image=SMALL))
+        if size:
+            await sh(gw, f"napper-{key}", f"head -c {size << 20} /dev/urandom > /workspace/big")
+    for _ in range(repeats):
+        for key in sizes:
+            name = f"napper-{key}"
+            start = time.perf_counter()
+            await gw.stub.PauseSandbox(pb.PauseSandboxRequest(name=name), metadata=gw.metadata)
+            middle = time.perf_counter()
+            request = pb.ResumeSandboxRequest(name=name, wait_ready=True, ready_timeout_ms=60_000)
+            resumed = await gw.stub.ResumeSandbox(request, metadata=gw.metadata)
+            end = time.perf_counter()
+            if resumed.status.phase != pb.SANDBOX_PHASE_READY:
+                raise RuntimeError(f"{name} did not resume: {resumed.status}")
+            samples.setdefault(f"pause_{key}", []).append((middle - start) * 1000)
+            samples.setdefault(f"resume_{key}", []).append((end - middle) * 1000)
+    for key in sizes:
+        await gw.delete(f"napper-{key}")
+    return {key: summary(values) for key, values in samples.items()}
+
+
 async def warm_rows(gw: GatewayProcess, creates: int) -> dict[str, Any]:
     deadline = time.monotonic() + 300
     while True:
@@ -161,6 +188,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         written = [0, *(mb for mb in (10, 50, args.max_mb) if mb <= args.max_mb)]
         data: dict[str, Any] = {"snapshot": await snapshot_rows(gw, sorted(set(written)), args.mid_mb, args.repeats)}
         data["fork"] = await fork_rows(gw, args.fork_mb, args.repeats)
+        data["pause"] = await pause_rows(gw, args.fork_mb, args.repeats)
         data["warm"] = await warm_rows(gw, args.creates)
         data["load"] = os.getloadavg()[0]
     return data
@@ -192,6 +220,9 @@ def table(data: dict[str, Any], found: dict[str, float], args: argparse.Namespac
     ]
     for key, row in data["fork"].items():
         lines.append(f"| {key} | {row['p50']:.1f} | {row['p90']:.1f} |")
+    lines += ["", "## Pause, and resume -> Ready", "", "| case | p50 ms | p90 ms |", "|---|---|---|"]
+    for key, row in data["pause"].items():
+        lines.append(f"| {key} | {row['p50']:.1f} | {row['p90']:.1f} |")
     lines += ["", "## Warm create -> Ready", "", "| pool | p50 ms | p90 ms | served |", "|---|---|---|---|"]
     for key, row in data["warm"].items():
         client = row["client_ms"]
@@ -206,7 +237,6 @@ def table(data: dict[str, Any], found: dict[str, float], args: argparse.Namespac
         f"- fork(10) all Ready over one cold create of the snapshot: **{single:.2f}x** (target <= 3x)",
         f"- snapshot of {args.mid_mb} MB written over a {args.big_mb} MB-bigger image: **{flat:.2f}x** (flat: 1x)",
         f"- warm create from a snapshot's pool over a plain image's pool: **{warm:.2f}x** (target <= 1.1x)",
-        "- pause / resume: not built yet, not measured",
         "",
         f"Beside the field: {FIELD['fork']}; pause {FIELD['pause']}; resume {FIELD['resume']}.",
         f"Load (1 min) at the end: {data['load']:.1f}.",

@@ -45,6 +45,14 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
+def _ended(pids: set[int], seconds: float = 10) -> set[int]:
+    """Wait up to `seconds` for `pids` to end; those still alive."""
+    deadline = time.monotonic() + seconds
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _alive(pids)
+
+
 def _alive(pids: set[int]) -> set[int]:
     return {pid for pid in pids if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)}
 
@@ -86,10 +94,7 @@ def test_a_gateway_killed_mid_snapshot_leaves_no_partial_image_and_no_orphan(tmp
     try:
         # A sandbox frozen when its gateway died cannot die (a cgroup v1 freezer keeps even a
         # SIGKILL pending): the next start's sweep of the gateway's cgroups thaws and kills it.
-        deadline = time.monotonic() + 10
-        while _alive(sandbox_processes) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _alive(sandbox_processes) == set()
+        assert _ended(sandbox_processes) == set()
         listed = restarted.run("image", "list", "-o", "json")
         assert listed.returncode == 0, listed.stderr
         assert "crashed:1" not in listed.stdout
@@ -129,10 +134,7 @@ def test_a_gateway_killed_mid_pause_or_mid_resume_leaves_a_defined_sandbox(tmp_p
             gateway.stop()
     restarted = start_gateway(state)
     try:
-        deadline = time.monotonic() + 10
-        while _alive(sandbox_processes) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _alive(sandbox_processes) == set()
+        assert _ended(sandbox_processes) == set()
         listed = json.loads(restarted.run("sandbox", "list", "-o", "json").stdout)
         phases = {s["name"]: s["status"]["phase"] for s in listed["sandboxes"]}
         # Lost with its gateway before its pause was recorded; or Paused, its layer committed.
