@@ -1,7 +1,8 @@
-"""SandboxService's snapshot call: a Ready sandbox's filesystem captured as an image, on a driver
-that can (`drivers.base.Snapshotter`); FAILED_PRECONDITION on one that cannot, or for a sandbox
-that is not Ready. Apart from `sandbox_service` so the lifecycle calls built on snapshots (fork,
-pause, resume) live together."""
+"""SandboxService's calls built on snapshots: snapshot (a Ready sandbox's files as an image), fork
+(N sandboxes on one snapshot), pause (the files kept, the runtime freed) and resume, on a driver
+that can (`drivers.base.Snapshotter`); FAILED_PRECONDITION on one that cannot (Kubernetes, for
+now), or for a sandbox that is not Ready (not Paused, for a resume). Apart from `sandbox_service`
+so that they live together."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ class SnapshotCalls:
     _auth: Authenticator
     _settled: Callable[[SandboxRecord, float | None], Awaitable[SandboxRecord]]
 
-    async def _ready_parent(self, workspace: str, name: str, doing: str) -> tuple[SandboxRecord, Snapshotter]:
+    async def _ready_parent(
+        self, workspace: str, name: str, doing: str, done: str
+    ) -> tuple[SandboxRecord, Snapshotter]:
         """The Ready sandbox `name` and a driver that can snapshot it, else the reason why not."""
         workspace = workspace or DEFAULT_WORKSPACE
         validate_workspace(workspace)
@@ -56,7 +59,7 @@ class SnapshotCalls:
             raise FailedPreconditionError(f"the {driver.name} driver cannot {doing} a sandbox")
         if record.status.phase != Phase.READY:
             raise FailedPreconditionError(
-                f"sandbox {workspace}/{name} is {record.status.phase.value}: only a Ready sandbox can be {doing}ed"
+                f"sandbox {workspace}/{name} is {record.status.phase.value}: only a Ready sandbox can be {done}"
             )
         return record, driver
 
@@ -65,7 +68,7 @@ class SnapshotCalls:
         await self._auth.require_client(context)
         if not request.image:
             raise InvalidArgumentError("image", "must name the snapshot's image as NAME:TAG")
-        record, driver = await self._ready_parent(request.workspace, request.name, "snapshot")
+        record, driver = await self._ready_parent(request.workspace, request.name, "snapshot", "snapshotted")
         taken = await driver.snapshot(
             record.id, image=request.image, force=request.force, source=f"{record.workspace}/{record.name}"
         )
@@ -82,7 +85,7 @@ class SnapshotCalls:
     @unary
     async def ForkSandbox(self, request: pb.ForkSandboxRequest, context: Ctx) -> pb.ForkSandboxResponse:
         await self._auth.require_client(context)
-        parent, driver = await self._ready_parent(request.workspace, request.name, "fork")
+        parent, driver = await self._ready_parent(request.workspace, request.name, "fork", "forked")
         names = forking.child_names(parent.name, request.prefix, request.count, most=driver.max_fork_count)
         for name in names:
             with contextlib.suppress(NotFoundError):
@@ -115,7 +118,7 @@ class SnapshotCalls:
         await self._auth.require_client(context)
         if request.pause_ttl_seconds < 0:
             raise InvalidArgumentError("pause_ttl_seconds", "must be 0 (the gateway's default) or more")
-        record, driver = await self._ready_parent(request.workspace, request.name, "pause")
+        record, driver = await self._ready_parent(request.workspace, request.name, "pause", "paused")
         taken = await driver.snapshot(record.id, image="", force=False, source=f"{record.workspace}/{record.name}")
         ttl = request.pause_ttl_seconds or self._manager.limits.pause_ttl_seconds
         paused = await self._manager.records.mutate(
