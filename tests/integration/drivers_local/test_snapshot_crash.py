@@ -154,3 +154,37 @@ def test_a_gateway_killed_mid_pause_or_mid_resume_leaves_a_defined_sandbox(tmp_p
         assert len(json.loads((store / "index.json").read_text())["images"]) == 1
     finally:
         assert restarted.stop() == 0
+
+
+def test_a_gateway_killed_mid_fork_leaves_no_child_running_and_no_partial_image(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    import_tiny(state, tmp_path / "tiny")
+    store = state / "images"
+    gateway = start_gateway(state)
+    try:
+        assert gateway.run("sandbox", "create", "--name", "parent", "--image", "tiny:1").returncode == 0
+        fill = "head -c 300000000 /dev/zero > /workspace/big"
+        assert gateway.run("sandbox", "exec", "parent", "--", "/bin/sh", "-c", fill).returncode == 0
+        forking = gateway.popen("sandbox", "fork", "parent", "--count", "3")
+        deadline = time.monotonic() + 60
+        while not _staged_layer(store) and time.monotonic() < deadline and forking.poll() is None:
+            time.sleep(0.005)
+        assert _staged_layer(store), "the fork never reached its snapshot's layer"
+        sandbox_processes = _descendants(gateway.process.pid)
+        gateway.process.send_signal(signal.SIGKILL)
+        gateway.process.wait()
+        forking.communicate(timeout=30)
+    finally:
+        if gateway.process.poll() is None:
+            gateway.stop()
+    restarted = start_gateway(state)
+    try:
+        assert _ended(sandbox_processes) == set()
+        listed = json.loads(restarted.run("sandbox", "list", "-o", "json").stdout)
+        assert {s["name"] for s in listed["sandboxes"]} == {"parent"}  # no child was recorded
+        assert listed["sandboxes"][0]["status"]["phase"] == "SANDBOX_PHASE_ERROR"  # lost with its gateway
+        assert restarted.run("image", "list").returncode == 0
+        assert list((store / "staging").iterdir()) == []
+        assert len(json.loads((store / "index.json").read_text())["images"]) == 1
+    finally:
+        assert restarted.stop() == 0

@@ -93,3 +93,22 @@ async def test_a_sparse_giant_is_refused_before_anything_is_written(tmp_path: Pa
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert list((state / "images" / "staging").iterdir()) == []
         await still_real(gw, "sparse")
+
+
+async def test_planted_whiteout_names_hide_nothing_outside_the_hostile_sandboxs_own_snapshot(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    import_tiny(state, tmp_path / "tiny")
+    store = ImageStore(state / "images", max_bytes=1 << 30)
+    async with running_gateway(state) as gw:
+        await sandbox(gw, "hostile", pb.SandboxSpec(image="tiny:1"))
+        plant = ": > /.wh.etc && : > /usr/.wh..wh..opq && : > '/workspace/.wh.' && : > /workspace/.wh..wh..wh.x"
+        code, _, err = await sh(gw, "hostile", plant)
+        assert code == 0, err
+        await snapshot(gw, "hostile", "hostile:1")
+        layer = _layer_of(store, "hostile:1")
+        assert {p.name for p in layer.iterdir()} >= {"etc", "usr"}  # whiteouts of its own layer, nothing more
+        # The base image and every other sandbox of it are untouched.
+        await sandbox(gw, "bystander", pb.SandboxSpec(image="tiny:1"))
+        assert await sh(gw, "bystander", "cat /etc/warmshell-test-marker") == (0, "built by the tests", "")
+        await still_real(gw, "bystander")
+        await still_real(gw, "hostile")
