@@ -49,12 +49,15 @@ def import_images(state: Path, work: Path, big_mb: int) -> None:
     store = ImageStore(state / "images", max_bytes=64 << 30)
     store.open()
     base = tools_layer("bench").tar()
-    images.write_oci_layout(work / "small", [base])
+    # No Cmd: the sandboxes run nothing but their agent (a shell as Cmd would exit at once).
+    idle = {"Env": ["PATH=/usr/bin:/bin"]}
+    images.write_oci_layout(work / "small", [base], config=images.config_json([base], **idle))
     import_image(store, work / "small", name=SMALL)
     big = images.Layer()
     for n in range(big_mb):
         big.file(f"opt/big/f{n}", os.urandom(1 << 20))
-    images.write_oci_layout(work / "big", [base, big.tar()], compress=False)
+    layers = [base, big.tar()]
+    images.write_oci_layout(work / "big", layers, config=images.config_json(layers, **idle), compress=False)
     import_image(store, work / "big", name=BIG)
 
 

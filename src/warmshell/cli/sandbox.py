@@ -1,4 +1,5 @@
-"""`warmshell sandbox ...`: create, list, get, exec, delete and watch sandboxes; cp and ls files.
+"""`warmshell sandbox ...`: create, list, get, exec, delete and watch sandboxes; cp and ls files;
+ps and attach background commands (`cli.processes`).
 
 `_COMMANDS` declares each subcommand and its flags once; `register` builds the parser of the one
 chosen. Each handler builds its request (a create through the SDK's own builder) and hands a body
@@ -71,6 +72,7 @@ def _create(args: argparse.Namespace) -> int:
         memory=args.memory,
         pids=args.pids,
         command=args.command,
+        no_command=args.no_command,
         labels=parse_pairs(args.label, flag="--label"),
         ttl_seconds=args.ttl,
         idle_timeout_seconds=args.idle_timeout,
@@ -151,6 +153,10 @@ def _egress(args: argparse.Namespace) -> int:
 def _exec(args: argparse.Namespace) -> int:
     if not args.command:
         raise usage_error("sandbox exec: the command to run goes after `--` (e.g. `sandbox exec NAME -- ls`)")
+    if args.background:
+        from warmshell.cli import processes
+
+        return processes.start(args)
     if (args.stdin or args.tty) and not output_is_json(args):
         from warmshell.cli import interactive
 
@@ -286,14 +292,22 @@ def _ls(args: argparse.Namespace) -> int:
     return _with_connection(args, body)
 
 
+def _ps(args: argparse.Namespace) -> int:
+    from warmshell.cli import processes
+
+    return processes.ps(args)
+
+
+def _attach(args: argparse.Namespace) -> int:
+    from warmshell.cli import processes
+
+    return processes.attach(args)
+
+
 def _with_connection(args: argparse.Namespace, body: _Body) -> int:
     from warmshell.cli import client
 
-    def connected() -> int:
-        with client.connect(global_options(args)) as sdk:
-            return body(sdk)
-
-    return client.run(connected)
+    return client.run_connected(global_options(args), body)
 
 
 _NAME = flag("name", metavar="NAME", help="sandbox name")
@@ -368,6 +382,11 @@ _COMMANDS = (
                 "--idle-timeout", type=_LIFETIME, metavar="SECONDS", help="delete after N s without an exec (0: never)"
             ),
             flag("--rm", action="store_true", help="delete it once its command's output is delivered"),
+            flag(
+                "--no-command",
+                action="store_true",
+                help="run nothing, not even the image's Entrypoint/Cmd: the sandbox idles for exec",
+            ),
         ),
     ),
     Command(
@@ -407,6 +426,25 @@ _COMMANDS = (
             ),
             flag("-i", "--stdin", action="store_true", help="stream stdin to it"),
             flag("-t", "--tty", action="store_true", help="run it on a terminal in the sandbox (with -i)"),
+            flag(
+                "-b",
+                "--background",
+                action="store_true",
+                help="start it in the background, print its pid and return (see `sandbox ps`, `sandbox attach`)",
+            ),
+        ),
+    ),
+    Command("ps", _ps, "List the sandbox's background commands, running and recently exited.", (_NAME, _WORKSPACE)),
+    Command(
+        "attach",
+        _attach,
+        "Reattach to a background command: the output the gateway kept, then live output; exits with its "
+        "exit status. Ctrl-C detaches (it runs on); with -i, stdin is streamed to it and Ctrl-C sent to it.",
+        flags=(
+            _NAME,
+            flag("pid", type=bounded_int(1, 2**32 - 1), metavar="PID", help="its pid (from `sandbox ps`)"),
+            _WORKSPACE,
+            flag("-i", "--stdin", action="store_true", help="stream stdin to it"),
         ),
     ),
     Command(

@@ -18,6 +18,7 @@ from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
 
 __all__ = [
+    "DEFAULT_EXEC_HISTORY_BYTES",
     "DEFAULT_EXEC_WINDOW_BYTES",
     "FilesConfig",
     "GatewayConfig",
@@ -40,6 +41,8 @@ __all__ = [
 
 
 DEFAULT_EXEC_WINDOW_BYTES = 4 * 1024 * 1024
+# A background command's output ring (gateway.exec_history_bytes).
+DEFAULT_EXEC_HISTORY_BYTES = 512 * 1024
 
 
 class _Section(BaseModel):
@@ -335,6 +338,28 @@ class NetworkConfig(_Section):
     # A CA file upstreams are also verified against (besides the host's trust store) when the
     # proxy intercepts TLS for placeholder secrets: for tests and private CAs.
     upstream_ca_file: str = ""
+    # Where the proxy also listens for sandboxes that reach it over the network ("HOST:PORT";
+    # "" = not at all): Kubernetes pods, each admitted by the credential its activation carried.
+    proxy_listen: str = ""
+    # The proxy's URL as those pods dial it ("http://HOST:PORT", e.g. the chart's egress
+    # Service); "" = pods get no proxy, and the driver's sandboxes have no egress policy applied.
+    proxy_url: str = ""
+
+    @field_validator("proxy_listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, colon, port = value.rpartition(":")
+        if value and not (colon and host and port.isdigit() and 0 <= int(port) <= 65535):
+            raise ValueError('must be "" or "HOST:PORT" with a port from 0 to 65535')
+        return value
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        rest = value.removeprefix("http://")
+        if value and (rest == value or not rest or "@" in rest or "/" in rest.rstrip("/")):
+            raise ValueError('must be "" or "http://HOST:PORT" (no user info, no path)')
+        return value.rstrip("/")
 
     @field_validator("deny")
     @classmethod
@@ -433,6 +458,10 @@ class GatewayConfig(_Section):
     # with an error (the command is killed) instead of the gateway buffering without bound.
     exec_output_window_bytes: int = Field(default=DEFAULT_EXEC_WINDOW_BYTES, ge=64 * 1024, le=2**31)
     exec_stall_timeout_seconds: float = Field(default=60.0, gt=0)
+    # A background command's output waits for a client in a ring of this many bytes (the oldest
+    # dropped, and counted, past it). At most 16 running and 16 exited commands per sandbox keep
+    # one, so a sandbox holds at most 32 rings (16 MiB at the default).
+    exec_history_bytes: int = Field(default=DEFAULT_EXEC_HISTORY_BYTES, ge=4096, le=64 * 1024 * 1024)
     # On a stop (SIGTERM) the execs in flight get this long to finish while new calls are refused
     # (UNAVAILABLE "gateway stopping"); one still running then ends UNAVAILABLE, so a client
     # retries it as it would after a crash. With replicas this comes after `replicas.drain_seconds`.

@@ -200,6 +200,15 @@ class SandboxSpec(_Model):
     network: NetworkRequest = Field(default_factory=NetworkRequest)
     # Secret name -> the hosts it is for (the workload gets a placeholder for it; see core/egress).
     secret_hosts: dict[str, list[str]] = Field(default_factory=dict)
+    # No workload even where the image has an Entrypoint/Cmd: the agent alone, for exec.
+    no_command: bool = False
+
+    @model_serializer(mode="wrap")
+    def _without_unset_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        if not dumped.get("no_command"):  # left out unset: a replica of an older release refuses the key
+            dumped.pop("no_command", None)
+        return dumped
 
 
 class SandboxStatus(_Model):

@@ -25,7 +25,7 @@ from grpc import aio
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.sdk import calls, connection, errors, queueing, views
+from warmshell.sdk import calls, connection, errors, processes, queueing, views
 from warmshell.sdk.client import DEFAULT_READY_TIMEOUT_SECONDS
 from warmshell.sdk.files import AsyncFiles
 from warmshell.sdk.images import AsyncImages
@@ -307,18 +307,44 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
+        background: bool = False,
+        open_stdin: bool = False,
     ) -> AsyncProcess:
         """`Sandbox.start`, awaited."""
         request = calls.exec_request(
             name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=b""
         )
+        start = start_request(request, tty=tty, rows=rows, columns=columns)
+        if background:
+            started = processes.start_process_request(start, open_stdin=open_stdin)
+            with self.client._translating():
+                info = await self.client._stub.StartProcess(
+                    started, metadata=self.client._metadata, timeout=self.client.timeout
+                )
+            return await self.connect(info.pid, tty=tty)
         stub, deadline = self.client._stub, calls.exec_deadline(timeout)
         call = await self.client._open_call(
             lambda: stub.ExecSandboxStream(None, metadata=self.client._metadata, timeout=deadline)
         )
-        return await AsyncProcess.start(
-            call, start_request(request, tty=tty, rows=rows, columns=columns), self.client.address
-        )
+        return await AsyncProcess.start(call, start, self.client.address)
+
+    async def processes(self) -> builtins.list[processes.ProcessInfo]:
+        """`Sandbox.processes`, awaited."""
+        request = pb.SandboxRef(name=self.name, workspace=self.workspace)
+        with self.client._translating():
+            message = await self.client._stub.ListProcesses(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        return [processes.process_info(p) for p in message.processes]
+
+    async def connect(self, pid: int, *, tty: bool = False) -> AsyncProcess:
+        """`Sandbox.connect`, awaited."""
+        stub = self.client._stub
+        call = await self.client._open_call(lambda: stub.ConnectProcess(None, metadata=self.client._metadata))
+        process = AsyncProcess(call, self.client.address, tty)
+        process.pid = pid
+        await process._write(processes.attach_request(self.name, self.workspace, pid))
+        return process
 
     async def pty(
         self,

@@ -77,7 +77,10 @@ class CreateOptions(TypedDict, total=False):
     cpu: str
     memory: str
     pids: int
+    # None or empty: the image's Entrypoint + Cmd where the gateway knows them, else none.
     command: Sequence[str] | None
+    # True: no workload at all, even where the image has an Entrypoint/Cmd (exec only).
+    no_command: bool
     labels: Mapping[str, str] | None
     ttl_seconds: int | None
     idle_timeout_seconds: int | None
@@ -108,6 +111,7 @@ def create_request(*, name: str | None, workspace: str, **options: Unpack[Create
             resources=resources,
             command=_argv(options.get("command") or [], "command"),
             network=pb.NetworkPolicy(allow=network.allow, deny=network.deny) if network is not None else None,
+            no_command=bool(options.get("no_command", False)),
         ),
     )
     ttl_seconds, idle_timeout_seconds = options.get("ttl_seconds"), options.get("idle_timeout_seconds")
@@ -147,6 +151,7 @@ def _spec_fields() -> dict[str, tuple[Callable[[pb.Sandbox], object], Callable[[
         ),
         "pids": (lambda s: s.spec.resources.pids, int),
         "command": (lambda s: list(s.spec.command), lambda v: _argv(v, "command")),
+        "no_command": (lambda s: s.spec.no_command, bool),
         "labels": (lambda s: dict(s.labels), dict),
         "ttl_seconds": (lambda s: s.lifetime.ttl_seconds, lambda v: _seconds(v, "ttl_seconds")),
         "idle_timeout_seconds": (
@@ -249,9 +254,9 @@ def output_event(event: pb.ExecEvent) -> views.OutputEvent:
 
     kind = event.WhichOneof("event")
     if kind == "stdout":
-        return views.OutputEvent(stdout=event.stdout)
+        return views.OutputEvent(stdout=event.stdout, dropped_bytes=event.dropped_bytes)
     if kind == "stderr":
-        return views.OutputEvent(stderr=event.stderr)
+        return views.OutputEvent(stderr=event.stderr, dropped_bytes=event.dropped_bytes)
     return views.OutputEvent(exit_code=event.exit_code, outcome=views.exec_outcome(event.outcome))
 
 

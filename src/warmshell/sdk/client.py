@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from warmshell.sdk.files import Files
     from warmshell.sdk.images import Images
     from warmshell.sdk.interactive import Process, StdinSource
+    from warmshell.sdk.processes import ProcessInfo
 
 __all__ = ["DEFAULT_READY_TIMEOUT_SECONDS", "STREAM_STOP_BOUND_SECONDS", "Client", "Sandbox"]
 
@@ -101,7 +102,7 @@ class Client:
     ) -> Sandbox:
         """Create a sandbox and return once it is Ready (warm or cold), or once its `command`
         has already exited; `options` are `calls.CreateOptions` (image, env, secrets, cpu,
-        memory, pids, command, labels, ttl_seconds, idle_timeout_seconds). A sandbox that fails
+        memory, pids, command, no_command, labels, ttl_seconds, idle_timeout_seconds). A sandbox that fails
         raises SandboxError with the gateway's reason; one not Ready within `ready_timeout`
         raises DeadlineExceeded. Either way it is deleted: a failed create leaves nothing
         behind. With `auto_delete`, `wait_exit()` deletes it once it has returned the
@@ -330,16 +331,27 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         timeout: float | None = None,
+        background: bool = False,
+        open_stdin: bool = False,
     ) -> Process:
         """Start a command whose stdin you stream (`send`, `close_stdin`), that you can `signal`,
         and read its output as it comes (`recv`, iteration, `wait`). With `tty`, it runs on a
-        pseudo-terminal in the sandbox of `rows` x `columns` (see `pty`)."""
+        pseudo-terminal in the sandbox of `rows` x `columns` (see `pty`).
+
+        With `background`, it runs until it exits whoever is connected: the handle has a `pid`,
+        closing it only detaches, and any client can list it (`processes`) and reattach
+        (`connect(pid)`) to read its kept output, then live output and its exit; its stdin is
+        closed at once unless `open_stdin` (`warmshell.sdk.processes`)."""
         from warmshell.sdk.interactive import Process, start_request
+        from warmshell.sdk.processes import start_process_request
 
         request = calls.exec_request(
             name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=b""
         )
         start = start_request(request, tty=tty, rows=rows, columns=columns)
+        if background:
+            info = self.client.service.start_process(start_process_request(start, open_stdin=open_stdin))
+            return self.connect(info.pid, tty=tty)
         with errors.translating(self.client.address):
             return Process(
                 lambda requests: self.client._stub.ExecSandboxStream(
@@ -348,6 +360,31 @@ class Sandbox:
                 start,
                 self.client.address,
             )
+
+    def processes(self) -> builtins.list[ProcessInfo]:
+        """The sandbox's background commands, running and recently exited, oldest first."""
+        from warmshell.sdk.processes import process_info
+
+        request = pb.SandboxRef(name=self.name, workspace=self.workspace)
+        return [process_info(p) for p in self.client.service.list_processes(request).processes]
+
+    def connect(self, pid: int, *, tty: bool = False) -> Process:
+        """Reattach to background command `pid` (of this client or any other): its output the
+        gateway kept, then live output and its exit; `send`, `signal`, `kill`, `wait` as on any
+        Process; `close` detaches (NotFound for no such pid, on the first read). The command
+        never waits for a reader: one more than the gateway's `exec_history_bytes` behind it
+        loses the oldest bytes, and the next event's `dropped_bytes` says how many."""
+        from warmshell.sdk.interactive import Process
+        from warmshell.sdk.processes import attach_request
+
+        with errors.translating(self.client.address):
+            process = Process(
+                lambda requests: self.client._stub.ConnectProcess(requests, metadata=self.client._metadata),
+                attach_request(self.name, self.workspace, pid),
+                self.client.address,
+            )
+        process.tty, process.pid = tty, pid
+        return process
 
     def pty(
         self,

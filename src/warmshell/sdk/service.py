@@ -64,6 +64,14 @@ class SandboxService:
         """ListEgress: the sandbox's latest egress decisions."""
         return self._unary("ListEgress", request, pb.ListEgressResponse)
 
+    def start_process(self, request: pb.StartProcessRequest) -> pb.ProcessInfo:
+        """StartProcess: a background command, started."""
+        return self._unary("StartProcess", request, pb.ProcessInfo)
+
+    def list_processes(self, request: pb.SandboxRef) -> pb.ListProcessesResponse:
+        """ListProcesses: the sandbox's background commands, running and recently exited."""
+        return self._unary("ListProcesses", request, pb.ListProcessesResponse)
+
     def snapshot_sandbox(self, request: pb.SnapshotSandboxRequest) -> pb.SnapshotSandboxResponse:
         """SnapshotSandbox: the image made of the sandbox."""
         return self._unary("SnapshotSandbox", request, pb.SnapshotSandboxResponse)

@@ -97,6 +97,9 @@ class Usage:
     root_bytes: int | None = None
     unknown: str = ""
     read_at_ms: int = 0
+    # Bytes through the gateway's egress proxy, out of the sandbox and into it (None: no proxy).
+    egress_bytes_out: int | None = None
+    egress_bytes_in: int | None = None
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,9 @@ class OutputEvent(_Outcome):
     stderr: bytes = b""
     exit_code: int | None = field(default=None)
     outcome: ExecOutcome | None = None
+    # A reattached background command: this many bytes before this chunk were dropped from its
+    # ring before this client read them.
+    dropped_bytes: int = 0
 
 
 def _conditions(conditions: object) -> tuple[Condition, ...]:
@@ -342,7 +348,16 @@ def sandbox_info(message: pb.Sandbox) -> SandboxInfo:
 
 
 def _usage(usage: pb.SandboxUsage) -> Usage:
-    figures = ("cpu_seconds", "memory_bytes", "memory_peak_bytes", "processes", "workspace_bytes", "root_bytes")
+    figures = (
+        "cpu_seconds",
+        "memory_bytes",
+        "memory_peak_bytes",
+        "processes",
+        "workspace_bytes",
+        "root_bytes",
+        "egress_bytes_out",
+        "egress_bytes_in",
+    )
     known = {field.name: value for field, value in usage.ListFields() if field.name in figures}
     return Usage(**known, unknown=usage.unknown, read_at_ms=usage.read_at_ms)
 

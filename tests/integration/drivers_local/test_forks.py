@@ -20,6 +20,8 @@ pytestmark = [
     needs_bwrap,
     pytest.mark.skipif(os.geteuid() != 0, reason="images of the image store need a gateway run as root"),
 ]
+# No Cmd: a sandbox of the image runs nothing but its agent (a shell as Cmd would exit at once).
+IDLE_ENV = ["PATH=/usr/bin:/bin"]
 
 FILL = (
     "mkdir -p /workspace/data && for i in 1 2 3 4 5; do head -c 10000000 /dev/urandom > /workspace/data/$i; done "
@@ -35,7 +37,7 @@ async def fork(gw: RunningGateway, name: str, count: int, **fields: object) -> p
 
 async def test_ten_children_share_the_parents_files_and_keep_their_writes_to_themselves(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny", extra_tools=("sha256sum",))
+    import_tiny(state, tmp_path / "tiny", extra_tools=("sha256sum",), Env=IDLE_ENV)
     async with running_gateway(state, **{"local.root_size": "256Mi"}) as gw:
         parent = await ready(gw, "parent", "tiny:1")
         code, sums, err = await sh(gw, "parent", FILL)
@@ -68,7 +70,7 @@ async def test_ten_children_share_the_parents_files_and_keep_their_writes_to_the
 
 async def test_bad_forks_are_refused_naming_the_field_and_make_nothing(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     async with running_gateway(state, **{"local.max_fork_count": 3}) as gw:
         await ready(gw, "p", "tiny:1")
         await ready(gw, "taken-1", "tiny:1")

@@ -22,6 +22,8 @@ pytestmark = [
     needs_bwrap,
     pytest.mark.skipif(os.geteuid() != 0, reason="images of the image store need a gateway run as root"),
 ]
+# No Cmd: a sandbox of the image runs nothing but its agent (a shell as Cmd would exit at once).
+IDLE_ENV = ["PATH=/usr/bin:/bin"]
 
 
 def processes_of(instance_id: str) -> list[int]:
@@ -52,7 +54,7 @@ async def resume(gw: RunningGateway, name: str) -> pb.Sandbox:
 
 async def test_pause_leaves_nothing_running_and_resume_brings_the_files_back(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     async with running_gateway(state) as gw:
         first = await ready(gw, "napper", "tiny:1")
         assert processes_of(first.status.instance_id)
@@ -83,7 +85,7 @@ async def test_pause_leaves_nothing_running_and_resume_brings_the_files_back(tmp
 
 async def test_deleting_a_paused_sandbox_removes_its_files_and_an_unresumed_one_expires(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     store = ImageStore(state / "images", max_bytes=1 << 40)
     async with running_gateway(state, **{"lifetimes.check_interval_seconds": 0.2}) as gw:
         await ready(gw, "gone", "tiny:1")

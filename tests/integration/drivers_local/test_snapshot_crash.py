@@ -21,6 +21,8 @@ pytestmark = [
     needs_bwrap,
     pytest.mark.skipif(os.geteuid() != 0, reason="images of the image store need a gateway run as root"),
 ]
+# No Cmd: a sandbox of the image runs nothing but its agent (a shell as Cmd would exit at once).
+IDLE_ENV = ["PATH=/usr/bin:/bin"]
 
 
 def _staged_layer(store: Path) -> bool:
@@ -66,7 +68,7 @@ def _state(pid: int) -> str:
 
 def test_a_gateway_killed_mid_snapshot_leaves_no_partial_image_and_no_orphan(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     store = state / "images"
     layers_before = sorted(p.name for p in (store / "layers" / "sha256").iterdir())
     gateway = start_gateway(state)
@@ -108,7 +110,7 @@ def test_a_gateway_killed_mid_snapshot_leaves_no_partial_image_and_no_orphan(tmp
 
 def test_a_gateway_killed_mid_pause_or_mid_resume_leaves_a_defined_sandbox(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     store = state / "images"
     gateway = start_gateway(state)
     try:
@@ -158,7 +160,7 @@ def test_a_gateway_killed_mid_pause_or_mid_resume_leaves_a_defined_sandbox(tmp_p
 
 def test_a_gateway_killed_mid_fork_leaves_no_child_running_and_no_partial_image(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     store = state / "images"
     gateway = start_gateway(state)
     try:

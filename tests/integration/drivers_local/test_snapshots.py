@@ -22,6 +22,8 @@ pytestmark = [
     needs_bwrap,
     pytest.mark.skipif(os.geteuid() != 0, reason="images of the image store need a gateway run as root"),
 ]
+# No Cmd: a sandbox of the image runs nothing but its agent (a shell as Cmd would exit at once).
+IDLE_ENV = ["PATH=/usr/bin:/bin"]
 
 
 async def snapshot(gw: RunningGateway, name: str, image: str, *, force: bool = False) -> pb.SnapshotSandboxResponse:
@@ -48,7 +50,7 @@ async def test_a_snapshot_is_the_base_plus_what_the_sandbox_wrote_and_the_sandbo
     tmp_path: Path,
 ) -> None:
     state = tmp_path / "state"
-    base = import_tiny(state, tmp_path / "tiny")
+    base = import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     async with running_gateway(state) as gw:
         await ready(gw, "prep", "tiny:1")
         assert (await sh(gw, "prep", SETUP))[0] == 0
@@ -84,7 +86,7 @@ async def test_a_snapshot_is_the_base_plus_what_the_sandbox_wrote_and_the_sandbo
 
 async def test_bad_snapshots_are_refused_naming_the_field_and_change_nothing(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     async with running_gateway(state) as gw:
         await ready(gw, "prep", "tiny:1")
         await gw.create(name="host", spec=pb.SandboxSpec())
@@ -109,7 +111,7 @@ async def test_a_snapshot_past_the_store_bound_is_resource_exhausted_and_leaves_
     tmp_path: Path,
 ) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     store = ImageStore(state / "images", max_bytes=1 << 30)
     used = store.usage()
     async with running_gateway(state, **{"local.image_store_size": str(used + (4 << 20))}) as gw:
@@ -127,7 +129,7 @@ async def test_a_snapshot_past_the_store_bound_is_resource_exhausted_and_leaves_
 
 async def test_past_max_layers_a_snapshot_is_flattened(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     async with running_gateway(state, **{"local.max_layers": 2}) as gw:
         await ready(gw, "a", "tiny:1")
         assert (await sh(gw, "a", "echo one > /workspace/f && rm /usr/bin/head"))[0] == 0
@@ -143,7 +145,7 @@ async def test_past_max_layers_a_snapshot_is_flattened(tmp_path: Path) -> None:
 
 async def test_a_snapshot_as_a_pool_image_serves_warm_creates_with_its_workspace(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     pools = tmp_path / "pools"
     pools.mkdir()
     (pools / "prepared.toml").write_text('version = 1\nworkspace = "default"\nreplicas = 2\nimage = "prepared:1"\n')

@@ -27,7 +27,9 @@ pytestmark = [
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliGateway]:
     running = start_gateway(tmp_path_factory.mktemp("sdk-snapshots") / "state")
     layout = tmp_path_factory.mktemp("layout")
-    images.write_oci_layout(layout, [tools_layer("base").tar()])
+    layer = tools_layer("base").tar()
+    # No Cmd: a sandbox of the image runs nothing but its agent (a shell as Cmd would exit at once).
+    images.write_oci_layout(layout, [layer], config=images.config_json([layer], Env=["PATH=/usr/bin:/bin"]))
     try:
         with warmshell.Client(state_dir=running.state_dir) as client:
             client.images.import_(layout, name="tools:1")

@@ -22,6 +22,8 @@ pytestmark = [
     needs_bwrap,
     pytest.mark.skipif(os.geteuid() != 0, reason="images of the image store need a gateway run as root"),
 ]
+# No Cmd: a sandbox of the image runs nothing but its agent (a shell as Cmd would exit at once).
+IDLE_ENV = ["PATH=/usr/bin:/bin"]
 
 EXTRA = ("truncate", "mkfifo", "stat")
 PLANT = (
@@ -45,7 +47,7 @@ def _layer_of(store: ImageStore, tag: str) -> Path:
 
 async def test_planted_links_setuid_files_and_fifos_become_harmless_entries(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny", extra_tools=EXTRA)
+    import_tiny(state, tmp_path / "tiny", extra_tools=EXTRA, Env=IDLE_ENV)
     store = ImageStore(state / "images", max_bytes=1 << 30)
     base_layer = store.layer_path(store.resolve("tiny:1").layers[0])
     before = sorted(str(p.relative_to(base_layer)) for p in base_layer.rglob("*"))
@@ -84,7 +86,7 @@ async def test_planted_links_setuid_files_and_fifos_become_harmless_entries(tmp_
 
 async def test_a_sparse_giant_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny", extra_tools=EXTRA)
+    import_tiny(state, tmp_path / "tiny", extra_tools=EXTRA, Env=IDLE_ENV)
     async with running_gateway(state, **{"local.image_store_size": "64Mi"}) as gw:
         await sandbox(gw, "sparse", pb.SandboxSpec(image="tiny:1"))
         assert (await sh(gw, "sparse", "truncate -s 3G /workspace/giant && truncate -s 2G /etc/giant"))[0] == 0
@@ -97,7 +99,7 @@ async def test_a_sparse_giant_is_refused_before_anything_is_written(tmp_path: Pa
 
 async def test_planted_whiteout_names_hide_nothing_outside_the_hostile_sandboxs_own_snapshot(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    import_tiny(state, tmp_path / "tiny")
+    import_tiny(state, tmp_path / "tiny", Env=IDLE_ENV)
     store = ImageStore(state / "images", max_bytes=1 << 30)
     async with running_gateway(state) as gw:
         await sandbox(gw, "hostile", pb.SandboxSpec(image="tiny:1"))

@@ -21,7 +21,6 @@ import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from warmshell.core import allocation
@@ -50,7 +49,7 @@ from warmshell.drivers.local.instances import Instance, lost_sandbox
 from warmshell.drivers.local.pools import pooling, reloading
 from warmshell.drivers.local.pools.members import FleetMembers
 from warmshell.drivers.local.runtime import cgroups
-from warmshell.drivers.local.runtime.files import LocalFiles, files_executor
+from warmshell.drivers.local.runtime.files import LocalFiles
 from warmshell.drivers.local.runtime.hostnames import HostnameSetter
 from warmshell.drivers.local.runtime.launching import AGENT_BINARY
 from warmshell.drivers.local.runtime.processes import SandboxProcess
@@ -100,7 +99,6 @@ class LocalDriver:
         self._activator: Activator | None = None
         self._reloader: asyncio.Task[None] | None = None
         self._pools = self._pool_set() if config.pools_dir is not None else None
-        self._files_executor: ThreadPoolExecutor | None = None
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
         self._snapshots = self._new_snapshots()
 
@@ -178,8 +176,6 @@ class LocalDriver:
             await self._pools.aclose()
         await self._fleet.aclose(keep=lambda instance: instance.sandbox_id is not None)
         await self._supervisors.aclose()
-        if self._files_executor is not None:
-            self._files_executor.shutdown(wait=False, cancel_futures=True)
         self._hub.close()
 
     # -- the ComputeDriver surface ---------------------------------------------------------
@@ -245,9 +241,7 @@ class LocalDriver:
             raise FailedPreconditionError(
                 "files need an isolated sandbox: local.allow_unisolated mode has no sandbox root to confine them to"
             )
-        if self._files_executor is None:
-            self._files_executor = files_executor(as_root=self._host.root)
-        return LocalFiles(process.open_root, instance.uid, self._files_executor)
+        return self._fleet.files(instance, process)
 
     def egress_socket(self, instance_id: str) -> Path | None:
         """Where the gateway's egress proxy listens for this instance: in the directory bound

@@ -21,7 +21,7 @@ from warmshell.drivers.local.imagestore.manifests import ImageConfig
 from warmshell.drivers.local.imagestore.records import ImageRecord, Index
 from warmshell.drivers.local.imagestore.store import ImageStore
 
-__all__ = ["NOT_FOUND", "ImageNotFoundError", "ImageRoot", "ImageRoots", "is_reference", "user_ids"]
+__all__ = ["NOT_FOUND", "ImageNotFoundError", "ImageRoot", "ImageRoots", "default_command", "is_reference", "user_ids"]
 
 _HOW = "warmshell image import SOURCE --name NAME:TAG"
 NOT_FOUND = "ImageNotFound"  # the reason a pool whose image the store does not have reports
@@ -64,6 +64,12 @@ def _table(table: str, layers: tuple[Path, ...]) -> list[list[str]]:
         if path.is_file() and not path.is_symlink():
             return [line.split(":") for line in path.read_text(errors="replace").splitlines()]
     return []
+
+
+def default_command(config: ImageConfig) -> list[str]:
+    """What a sandbox of the image runs when its request names no command: Entrypoint + Cmd, as
+    docker and Kubernetes start a container given neither (empty: the image has neither)."""
+    return [*config.entrypoint, *config.cmd]
 
 
 def is_reference(image: str) -> bool:
@@ -125,6 +131,11 @@ class ImageRoots:
         ref = references.parse_reference(text, field=field)
         image = self._image(text, field=field)
         return str(references.Reference(name=ref.name, tag=ref.tag, digest=image.digest))
+
+    def config(self, pinned: str, *, field: str = "spec.image") -> ImageConfig:
+        """The config of the image a pinned reference names (InvalidArgumentError naming `field`
+        when the store no longer has it)."""
+        return self._image(pinned, field=field).config
 
     def _image(self, text: str, *, field: str) -> ImageRecord:
         try:
