@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 # Values of warmshell.v1.SandboxPhase; spelled out so rendering needs no generated module.
-_PHASES = {0: "Unknown", 1: "Provisioning", 2: "Ready", 3: "Error", 4: "Deleting", 5: "Exited"}
+_PHASES = {0: "Unknown", 1: "Provisioning", 2: "Ready", 3: "Error", 4: "Deleting", 5: "Exited", 6: "Paused"}
 _EXITED = 5
 _NONE = "-"
 

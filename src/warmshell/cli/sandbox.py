@@ -14,6 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from warmshell.cli import snapshots
 from warmshell.cli.errors import inert
 from warmshell.cli.options import (
     Command,
@@ -478,6 +479,63 @@ _COMMANDS = (
             _NAME,
             _WORKSPACE,
             flag("path", metavar="PATH", nargs="?", default="/workspace", help="directory (default /workspace)"),
+        ),
+    ),
+    Command(
+        "snapshot",
+        snapshots.snapshot,
+        "Capture a Ready sandbox of an image as an image of the local image store: what it wrote over "
+        "its image and its /workspace (not /tmp, /run, or its processes' memory). It is frozen "
+        "meanwhile and keeps running. Prints the image pinned to its digest.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag("--as", dest="image", required=True, metavar="IMAGE:TAG", help="the snapshot's name and tag"),
+            flag("--force", action="store_true", help="move the tag if it names an image already"),
+        ),
+    ),
+    Command(
+        "fork",
+        snapshots.fork,
+        "Make COUNT new sandboxes from one snapshot of a Ready sandbox of an image: each starts from "
+        "its files as they are now (not its processes' memory: each runs its command afresh), with "
+        "its spec, a /workspace of its own (copy-on-write, no copy), and its own name, id and token. "
+        "Children are PREFIX-1 .. PREFIX-COUNT (default NAME-fork). Exits 1 if a child failed.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag("--count", type=bounded_int(1, 1000), required=True, metavar="N", help="how many children"),
+            flag("--prefix", default="", metavar="P", help="children are P-1 .. P-N (default NAME-fork)"),
+            flag("--with-secrets", action="store_true", help="give the children the parent's secrets too"),
+            flag("--ready-timeout", type=float, default=120.0, metavar="SECONDS", help="wait for Ready (default 120)"),
+        ),
+    ),
+    Command(
+        "pause",
+        snapshots.pause,
+        "Pause a Ready sandbox of an image: its files (what it wrote over its image, and /workspace) "
+        "are kept as an image, and every process, its memory and its runtime go; it stays, Paused, "
+        "until resumed, deleted, or its pause TTL passes.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag(
+                "--pause-ttl",
+                type=bounded_int(0, 2**31 - 1),
+                default=0,
+                metavar="SECONDS",
+                help="delete it if not resumed within N s (0: the gateway's default)",
+            ),
+        ),
+    ),
+    Command(
+        "resume",
+        snapshots.resume,
+        "Start a Paused sandbox again from its files (its command re-run) and wait until it is Ready.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag("--ready-timeout", type=float, default=120.0, metavar="SECONDS", help="wait for Ready (default 120)"),
         ),
     ),
     Command(

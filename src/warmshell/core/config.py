@@ -70,6 +70,11 @@ class LocalDriverConfig(_Section):
     image_dir: Path | None = None
     # Uncompressed layer bytes the store may hold; an import that would pass it is refused.
     image_store_size: str = "20Gi"
+    # Layers a snapshot's image may have: past it the snapshot is one layer of the whole root
+    # (flattened). Every layer is a mount and a lower directory overlayfs searches on a lookup.
+    max_layers: int = Field(default=32, ge=2, le=120)
+    # Children one fork may make (each is a sandbox on the parent's snapshot: no copy of its files).
+    max_fork_count: int = Field(default=32, ge=1, le=1000)
     # A gateway run as root gives each sandbox its own host uid from this range (unused on the
     # host, please); a gateway run by a normal user runs them as that user.
     sandbox_uid_base: int = Field(default=2_000_000, ge=1000, le=2**31 - 2)
@@ -298,6 +303,9 @@ class LifetimesConfig(_Section):
     # A sandbox whose workload exited (a one-shot `create -- CMD` without --rm) is deleted this
     # long after the exit, whatever its TTL says (0 = kept as long as its TTL).
     exited_retention_seconds: int = Field(default=600, ge=0)
+    # A Paused sandbox never resumed is deleted (its files with it) this long after its pause
+    # (0 = kept until deleted); a pause may ask for another.
+    pause_ttl_seconds: int = Field(default=7 * 86400, ge=0)
     check_interval_seconds: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")

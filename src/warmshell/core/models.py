@@ -236,6 +236,10 @@ class SandboxStatus(_Model):
     # that last opened a session; -1 for none. Only a later incarnation is activated again.
     activated_incarnation: int = -1
     connected_incarnation: int = -1
+    # While Paused: the image holding its files, and what its lifetime was (see core.pausing).
+    paused_image: str = ""
+    paused_ttl_left_ms: int = 0
+    paused_idle_timeout_seconds: int = 0
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if any."""

@@ -265,6 +265,7 @@ def _manager(
             max_ttl_seconds=lifetime.max_ttl_seconds,
             default_idle_timeout_seconds=lifetime.default_idle_timeout_seconds,
             max_idle_timeout_seconds=lifetime.max_idle_timeout_seconds,
+            pause_ttl_seconds=lifetime.pause_ttl_seconds,
         ),
     )
 

@@ -29,6 +29,7 @@ from warmshell.gateway.execs import ExecRelay, check_terminal_size
 from warmshell.gateway.forwarding import Forwarder, Target
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.sessions import SupervisorSession
+from warmshell.gateway.snapshot_calls import SnapshotCalls
 
 __all__ = ["SandboxService", "parse_label_selector"]
 
@@ -57,7 +58,7 @@ def _settled(record: SandboxRecord) -> bool:
     return record.status.phase == Phase.READY or _terminal(record)
 
 
-class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
+class SandboxService(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
     """gRPC handlers; the logic lives in SandboxManager."""
 
     def __init__(

@@ -465,6 +465,72 @@ class AsyncSandbox:
             )
         return views.egress_decisions(message)
 
+    async def snapshot(self, image: str, *, force: bool = False) -> views.SnapshotInfo:
+        """Capture the sandbox's filesystem as image `image` (NAME:TAG); see `Sandbox.snapshot`
+        of the blocking client."""
+        request = pb.SnapshotSandboxRequest(name=self.name, workspace=self.workspace, image=image, force=force)
+        with self.client._translating():
+            message = await self.client._stub.SnapshotSandbox(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        return views.snapshot_info(message)
+
+    async def pause(self, *, pause_ttl_seconds: int = 0) -> views.SandboxInfo:
+        """Keep the sandbox's files as an image and stop everything of it; see `Sandbox.pause`
+        of the blocking client."""
+        request = pb.PauseSandboxRequest(name=self.name, workspace=self.workspace, pause_ttl_seconds=pause_ttl_seconds)
+        with self.client._translating():
+            message = await self.client._stub.PauseSandbox(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        self.last_info = views.sandbox_info(message)
+        return self.last_info
+
+    async def resume(self, *, ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS) -> views.SandboxInfo:
+        """Start a Paused sandbox again from its files, once it is Ready; see `Sandbox.resume`."""
+        request = calls.resume_request(self.name, self.workspace, ready_timeout=ready_timeout)
+        with self.client._translating():
+            message = await self.client._stub.ResumeSandbox(
+                request,
+                metadata=self.client._metadata,
+                timeout=calls.fork_call_timeout(ready_timeout, self.client.timeout),
+            )
+        self.last_info = views.sandbox_info(calls.resumed(message))
+        return self.last_info
+
+    async def fork(
+        self,
+        count: int,
+        *,
+        prefix: str = "",
+        with_secrets: bool = False,
+        ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+    ) -> list[AsyncSandbox | errors.ApiError]:
+        """`count` new sandboxes from one snapshot of this one's files; see `Sandbox.fork` of
+        the blocking client."""
+        request = calls.fork_request(
+            self.name,
+            self.workspace,
+            count=count,
+            prefix=prefix,
+            with_secrets=with_secrets,
+            ready_timeout=ready_timeout,
+        )
+        with self.client._translating():
+            response = await self.client._stub.ForkSandbox(
+                request,
+                metadata=self.client._metadata,
+                timeout=calls.fork_call_timeout(ready_timeout, self.client.timeout),
+            )
+        children: list[AsyncSandbox | errors.ApiError] = []
+        for child in response.children:
+            outcome = calls.fork_outcome(child)
+            if isinstance(outcome, errors.ApiError):
+                children.append(outcome)
+            else:
+                children.append(AsyncSandbox(self.client, views.sandbox_info(outcome)))
+        return children
+
     async def refresh_ttl(self, ttl_seconds: int) -> views.SandboxInfo:
         """Let the sandbox live `ttl_seconds` from now (InvalidArgument beyond the maximum)."""
         request = pb.RefreshTtlRequest(name=self.name, workspace=self.workspace, ttl_seconds=ttl_seconds)

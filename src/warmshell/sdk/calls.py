@@ -409,3 +409,52 @@ class ExecFold:
             raise errors.Error("the exec stream ended without an exit code")
         outcome = views.exec_outcome(self.outcome if self.outcome is not None else outcome_pb2.ExecOutcome())
         return views.ExecResult(self.exit_code, bytes(self.stdout), bytes(self.stderr), duration_ms, outcome)
+
+
+def fork_request(
+    name: str, workspace: str, *, count: int, prefix: str, with_secrets: bool, ready_timeout: float | None
+) -> pb.ForkSandboxRequest:
+    """A ForkSandbox request that waits up to `ready_timeout` seconds for the children."""
+    return pb.ForkSandboxRequest(
+        name=name,
+        workspace=workspace,
+        count=count,
+        prefix=prefix,
+        with_secrets=with_secrets,
+        ready_timeout_ms=int((ready_timeout or 0) * 1000),
+    )
+
+
+def fork_call_timeout(ready_timeout: float | None, call_timeout: float | None) -> float | None:
+    """The deadline of a fork call: the children's wait for Ready plus the call's own."""
+    if ready_timeout is None or call_timeout is None:
+        return None
+    return ready_timeout + call_timeout
+
+
+def fork_outcome(child: pb.ForkChild) -> pb.Sandbox | errors.ApiError:
+    """A child of a fork: its Ready sandbox, or the error it ended with."""
+    if child.error_code:
+        return errors.error_for(child.error_code, child.error)
+    if child.sandbox.status.phase != pb.SANDBOX_PHASE_READY:
+        phase = pb.SandboxPhase.Name(child.sandbox.status.phase).removeprefix("SANDBOX_PHASE_")
+        return errors.error_for(
+            "UNAVAILABLE" if phase == "PROVISIONING" else "FAILED_PRECONDITION",
+            f"fork child {child.name} is {phase.title()}, not Ready",
+        )
+    return child.sandbox
+
+
+def resume_request(name: str, workspace: str, *, ready_timeout: float | None) -> pb.ResumeSandboxRequest:
+    """A ResumeSandbox request that waits up to `ready_timeout` seconds for Ready."""
+    return pb.ResumeSandboxRequest(
+        name=name, workspace=workspace, wait_ready=True, ready_timeout_ms=int((ready_timeout or 0) * 1000)
+    )
+
+
+def resumed(message: pb.Sandbox) -> pb.Sandbox:
+    """A resumed sandbox, Ready; SandboxError saying how it is when it is not."""
+    if message.status.phase != pb.SANDBOX_PHASE_READY:
+        phase = pb.SandboxPhase.Name(message.status.phase).removeprefix("SANDBOX_PHASE_").title()
+        raise errors.SandboxError(f"sandbox {message.name} did not resume: it is {phase}")
+    return message

@@ -24,6 +24,7 @@ __all__ = [
     "PoolInfo",
     "SandboxInfo",
     "Secret",
+    "SnapshotInfo",
     "Timeline",
     "Usage",
     "egress_decisions",
@@ -37,6 +38,7 @@ _PHASES = {
     pb.SANDBOX_PHASE_EXITED: Phase.EXITED,
     pb.SANDBOX_PHASE_ERROR: Phase.ERROR,
     pb.SANDBOX_PHASE_DELETING: Phase.DELETING,
+    pb.SANDBOX_PHASE_PAUSED: Phase.PAUSED,
 }
 
 
@@ -378,4 +380,35 @@ def pool_info(message: pb.Pool) -> PoolInfo:
         source=message.source,
         conditions=_conditions(message.conditions),
         pids=message.resources.pids,
+    )
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """An image made of a sandbox's filesystem (`Sandbox.snapshot`)."""
+
+    digest: str
+    image: str
+    base_digest: str
+    layers: int
+    layer_bytes: int
+    frozen_ms: int
+    flattened: bool
+
+    @property
+    def pinned(self) -> str:
+        """NAME:TAG@DIGEST, the reference a create from exactly this snapshot names."""
+        return f"{self.image}@{self.digest}"
+
+
+def snapshot_info(message: pb.SnapshotSandboxResponse) -> SnapshotInfo:
+    """The view of a SnapshotSandbox response."""
+    return SnapshotInfo(
+        digest=message.digest,
+        image=message.image,
+        base_digest=message.base_digest,
+        layers=message.layers,
+        layer_bytes=message.layer_bytes,
+        frozen_ms=message.frozen_ms,
+        flattened=message.flattened,
     )

@@ -32,12 +32,12 @@ pytestmark = [
 TOOLS = ("cat", "chmod", "cp", "cut", "grep", "head", "id", "ln", "ls", "mkdir", "mount", "rm", "sleep", "umount")
 
 
-def tools_layer(marker: str, *, setuid: tuple[str, ...] = ()) -> images.Layer:
+def tools_layer(marker: str, *, setuid: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> images.Layer:
     """The host's /bin/sh and a few coreutils with the libraries they load, and a marker; the
     `setuid` tools with their setuid bit set."""
     layer = images.host_shell_layer(marker)
     have = {info.name for info, _ in layer.members}
-    for tool in TOOLS:
+    for tool in (*TOOLS, *extra):
         path = f"/usr/bin/{tool}"
         ldd = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
         for source in [path, *re.findall(r"=> (/\S+) \(0x", ldd)]:
@@ -59,11 +59,12 @@ def import_tiny(
     name: str = "tiny:1",
     marker: str = "built by the tests",
     setuid: tuple[str, ...] = (),
+    extra_tools: tuple[str, ...] = (),
     **config: object,
 ) -> str:
     """Import a one-layer image (the host's /bin/sh and a few tools, a marker) into the gateway's
     store, with runtime `config` (Env, WorkingDir, User...); its digest."""
-    layer = tools_layer(marker, setuid=setuid).tar()
+    layer = tools_layer(marker, setuid=setuid, extra=extra_tools).tar()
     runtime = images.config_json([layer], **config) if config else None
     images.write_oci_layout(source, [layer], config=runtime)
     store = ImageStore(state / "images", max_bytes=1 << 30)

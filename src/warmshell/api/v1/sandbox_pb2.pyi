@@ -37,6 +37,8 @@ class _SandboxPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SandboxP
     """The workload ran and exited (status.exit_code says how); terminal, and not a failure of
     the sandbox: Error is kept for sandboxes that broke.
     """
+    SANDBOX_PHASE_PAUSED: _SandboxPhase.ValueType  # 6
+    """Its files kept as an image, nothing running (PauseSandbox); ResumeSandbox starts it again."""
 
 class SandboxPhase(_SandboxPhase, metaclass=_SandboxPhaseEnumTypeWrapper): ...
 
@@ -49,6 +51,8 @@ SANDBOX_PHASE_EXITED: SandboxPhase.ValueType  # 5
 """The workload ran and exited (status.exit_code says how); terminal, and not a failure of
 the sandbox: Error is kept for sandboxes that broke.
 """
+SANDBOX_PHASE_PAUSED: SandboxPhase.ValueType  # 6
+"""Its files kept as an image, nothing running (PauseSandbox); ResumeSandbox starts it again."""
 Global___SandboxPhase: _TypeAlias = SandboxPhase  # noqa: Y015
 
 @_typing.final
@@ -1806,3 +1810,227 @@ class ListEgressResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListEgressResponse: _TypeAlias = ListEgressResponse  # noqa: Y015
+
+@_typing.final
+class SnapshotSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    image: _builtins.str
+    """NAME:TAG the snapshot is tagged with."""
+    force: _builtins.bool
+    """Move the tag if it already names an image (else ALREADY_EXISTS)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        image: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "image", b"image", "name", b"name", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotSandboxRequest: _TypeAlias = SnapshotSandboxRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotSandboxResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    BASE_DIGEST_FIELD_NUMBER: _builtins.int
+    LAYERS_FIELD_NUMBER: _builtins.int
+    LAYER_BYTES_FIELD_NUMBER: _builtins.int
+    FROZEN_MS_FIELD_NUMBER: _builtins.int
+    FLATTENED_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    """The new image's digest (NAME:TAG@DIGEST is what a create pins)."""
+    image: _builtins.str
+    base_digest: _builtins.str
+    """The image it was taken over, and how many layers it has (1 when it was flattened)."""
+    layers: _builtins.int
+    layer_bytes: _builtins.int
+    """Bytes of the layer the snapshot added, and how long the sandbox was frozen."""
+    frozen_ms: _builtins.int
+    flattened: _builtins.bool
+    def __init__(
+        self,
+        *,
+        digest: _builtins.str = ...,
+        image: _builtins.str = ...,
+        base_digest: _builtins.str = ...,
+        layers: _builtins.int = ...,
+        layer_bytes: _builtins.int = ...,
+        frozen_ms: _builtins.int = ...,
+        flattened: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_digest", b"base_digest", "digest", b"digest", "flattened", b"flattened", "frozen_ms", b"frozen_ms", "image", b"image", "layer_bytes", b"layer_bytes", "layers", b"layers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotSandboxResponse: _TypeAlias = SnapshotSandboxResponse  # noqa: Y015
+
+@_typing.final
+class ForkSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    PREFIX_FIELD_NUMBER: _builtins.int
+    WITH_SECRETS_FIELD_NUMBER: _builtins.int
+    READY_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    count: _builtins.int
+    """How many children (1 .. the driver's maximum, local.max_fork_count)."""
+    prefix: _builtins.str
+    """Children are PREFIX-1 .. PREFIX-N (default: NAME-fork)."""
+    with_secrets: _builtins.bool
+    """Give the children the parent's secrets too (default: none of them)."""
+    ready_timeout_ms: _builtins.int
+    """How long to wait for the children to be Ready (0: the gateway's default)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        count: _builtins.int = ...,
+        prefix: _builtins.str = ...,
+        with_secrets: _builtins.bool = ...,
+        ready_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "name", b"name", "prefix", b"prefix", "ready_timeout_ms", b"ready_timeout_ms", "with_secrets", b"with_secrets", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSandboxRequest: _TypeAlias = ForkSandboxRequest  # noqa: Y015
+
+@_typing.final
+class ForkChild(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SANDBOX_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    error_code: _builtins.str
+    """Why the child was not created (a gRPC status code name, and its message)."""
+    error: _builtins.str
+    @_builtins.property
+    def sandbox(self) -> Global___Sandbox:
+        """The child as it was when it settled (Ready, or how it ended); unset when it was not created."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        sandbox: Global___Sandbox | None = ...,
+        error_code: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sandbox", b"sandbox"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "error_code", b"error_code", "name", b"name", "sandbox", b"sandbox"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkChild: _TypeAlias = ForkChild  # noqa: Y015
+
+@_typing.final
+class ForkSandboxResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    FROZEN_MS_FIELD_NUMBER: _builtins.int
+    image_digest: _builtins.str
+    """The snapshot the children run (an untagged image of the store; `image prune` removes it
+    once no sandbox uses it).
+    """
+    frozen_ms: _builtins.int
+    @_builtins.property
+    def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkChild]: ...
+    def __init__(
+        self,
+        *,
+        image_digest: _builtins.str = ...,
+        children: _abc.Iterable[Global___ForkChild] | None = ...,
+        frozen_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "frozen_ms", b"frozen_ms", "image_digest", b"image_digest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSandboxResponse: _TypeAlias = ForkSandboxResponse  # noqa: Y015
+
+@_typing.final
+class PauseSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PAUSE_TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    pause_ttl_seconds: _builtins.int
+    """Delete it if it is not resumed within this many seconds (0: the gateway's default)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        pause_ttl_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "pause_ttl_seconds", b"pause_ttl_seconds", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseSandboxRequest: _TypeAlias = PauseSandboxRequest  # noqa: Y015
+
+@_typing.final
+class ResumeSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    WAIT_READY_FIELD_NUMBER: _builtins.int
+    READY_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    wait_ready: _builtins.bool
+    """Wait until it is Ready (or ready_timeout_ms passes) before answering."""
+    ready_timeout_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        wait_ready: _builtins.bool = ...,
+        ready_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "ready_timeout_ms", b"ready_timeout_ms", "wait_ready", b"wait_ready", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeSandboxRequest: _TypeAlias = ResumeSandboxRequest  # noqa: Y015

@@ -99,6 +99,26 @@ class SandboxServiceStub:
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ExecStreamRequest.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.FromString,
                 _registered_method=True)
+        self.SnapshotSandbox = channel.unary_unary(
+                '/warmshell.v1.SandboxService/SnapshotSandbox',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.FromString,
+                _registered_method=True)
+        self.ForkSandbox = channel.unary_unary(
+                '/warmshell.v1.SandboxService/ForkSandbox',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+                _registered_method=True)
+        self.PauseSandbox = channel.unary_unary(
+                '/warmshell.v1.SandboxService/PauseSandbox',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
+                _registered_method=True)
+        self.ResumeSandbox = channel.unary_unary(
+                '/warmshell.v1.SandboxService/ResumeSandbox',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -191,6 +211,36 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SnapshotSandbox(self, request, context):
+        """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+        image of the local image store; the sandbox is frozen meanwhile and keeps running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSandbox(self, request, context):
+        """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+        each with the parent's spec and its own name, id and token; one outcome per child.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSandbox(self, request, context):
+        """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSandbox(self, request, context):
+        """Start a Paused sandbox again from its files (its command re-run); Ready when it answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -258,6 +308,26 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ConnectProcess,
                     request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ExecStreamRequest.FromString,
                     response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.SerializeToString,
+            ),
+            'SnapshotSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotSandbox,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.SerializeToString,
+            ),
+            'ForkSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSandbox,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.SerializeToString,
+            ),
+            'PauseSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSandbox,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.SerializeToString,
+            ),
+            'ResumeSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSandbox,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -611,6 +681,114 @@ class SandboxService:
             '/warmshell.v1.SandboxService/ConnectProcess',
             warmshell_dot_v1_dot_sandbox__pb2.ExecStreamRequest.SerializeToString,
             warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/SnapshotSandbox',
+            warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/ForkSandbox',
+            warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/PauseSandbox',
+            warmshell_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/ResumeSandbox',
+            warmshell_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,6 +58,18 @@ class SandboxServiceStub:
     """Reattach: the first request is `attach`, then stdin, resizes and signals; the responses are the
     ring's output, then live output, then the exit. Leaving the call does not stop the command.
     """
+    SnapshotSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.SnapshotSandboxRequest, _sandbox_pb2.SnapshotSandboxResponse]
+    """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+    image of the local image store; the sandbox is frozen meanwhile and keeps running.
+    """
+    ForkSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ForkSandboxRequest, _sandbox_pb2.ForkSandboxResponse]
+    """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+    each with the parent's spec and its own name, id and token; one outcome per child.
+    """
+    PauseSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.PauseSandboxRequest, _sandbox_pb2.Sandbox]
+    """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused."""
+    ResumeSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ResumeSandboxRequest, _sandbox_pb2.Sandbox]
+    """Start a Paused sandbox again from its files (its command re-run); Ready when it answers."""
 
 @_typing.type_check_only
 class SandboxServiceAsyncStub(SandboxServiceStub):
@@ -87,6 +99,18 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     """Reattach: the first request is `attach`, then stdin, resizes and signals; the responses are the
     ring's output, then live output, then the exit. Leaving the call does not stop the command.
     """
+    SnapshotSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SnapshotSandboxRequest, _sandbox_pb2.SnapshotSandboxResponse]  # type: ignore[assignment]
+    """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+    image of the local image store; the sandbox is frozen meanwhile and keeps running.
+    """
+    ForkSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ForkSandboxRequest, _sandbox_pb2.ForkSandboxResponse]  # type: ignore[assignment]
+    """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+    each with the parent's spec and its own name, id and token; one outcome per child.
+    """
+    PauseSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.PauseSandboxRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
+    """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused."""
+    ResumeSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ResumeSandboxRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
+    """Start a Paused sandbox again from its files (its command re-run); Ready when it answers."""
 
 class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -191,6 +215,42 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
         """Reattach: the first request is `attach`, then stdin, resizes and signals; the responses are the
         ring's output, then live output, then the exit. Leaving the call does not stop the command.
         """
+
+    @_abc_1.abstractmethod
+    def SnapshotSandbox(
+        self,
+        request: _sandbox_pb2.SnapshotSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.SnapshotSandboxResponse, _abc.Awaitable[_sandbox_pb2.SnapshotSandboxResponse]]:
+        """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+        image of the local image store; the sandbox is frozen meanwhile and keeps running.
+        """
+
+    @_abc_1.abstractmethod
+    def ForkSandbox(
+        self,
+        request: _sandbox_pb2.ForkSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.ForkSandboxResponse, _abc.Awaitable[_sandbox_pb2.ForkSandboxResponse]]:
+        """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+        each with the parent's spec and its own name, id and token; one outcome per child.
+        """
+
+    @_abc_1.abstractmethod
+    def PauseSandbox(
+        self,
+        request: _sandbox_pb2.PauseSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.Sandbox, _abc.Awaitable[_sandbox_pb2.Sandbox]]:
+        """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused."""
+
+    @_abc_1.abstractmethod
+    def ResumeSandbox(
+        self,
+        request: _sandbox_pb2.ResumeSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.Sandbox, _abc.Awaitable[_sandbox_pb2.Sandbox]]:
+        """Start a Paused sandbox again from its files (its command re-run); Ready when it answers."""
 
 def add_SandboxServiceServicer_to_server(servicer: SandboxServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -37,6 +38,7 @@ from warmshell.drivers.base import (
     PoolView,
     ProgressLine,
     SandboxUsage,
+    SnapshotTaken,
 )
 from warmshell.drivers.events import Hub
 from warmshell.drivers.local import admission
@@ -51,6 +53,7 @@ from warmshell.drivers.local.runtime.files import LocalFiles
 from warmshell.drivers.local.runtime.hostnames import HostnameSetter
 from warmshell.drivers.local.runtime.launching import AGENT_BINARY
 from warmshell.drivers.local.runtime.processes import SandboxProcess
+from warmshell.drivers.local.snapshots import Snapshots
 from warmshell.drivers.local.supervising import GatewayLink, HostSupervisors, Supervise
 
 __all__ = ["LocalDriver"]
@@ -97,6 +100,22 @@ class LocalDriver:
         self._reloader: asyncio.Task[None] | None = None
         self._pools = self._pool_set() if config.pools_dir is not None else None
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
+        self._snapshots = self._new_snapshots()
+
+    def _new_snapshots(self) -> Snapshots | None:
+        images = self._host.launcher.images
+        if images is None:
+            return None
+
+        async def freeze(instance: Instance, frozen: bool) -> None:
+            await self._fleet.freeze(instance, frozen=frozen)
+
+        return Snapshots(
+            images.store,
+            overlay_dirs=self._host.launcher.overlay_dirs,
+            freeze=freeze,
+            max_layers=self._config.max_layers,
+        )
 
     def _new_fleet(self, supervise: Supervise, grace: float) -> Fleet:
         return Fleet(host=self._host, paths=self._paths, grace=grace, on_ended=self._on_ended, supervise=supervise)
@@ -237,6 +256,34 @@ class LocalDriver:
         cgroup's freezer; returns once the kernel says they are. FailedPreconditionError when it
         is not running or this host cannot freeze it (no cgroup, or no freezer)."""
         await self._fleet.freeze(self._running(sandbox_id), frozen=frozen)
+
+    @property
+    def max_fork_count(self) -> int:
+        """`local.max_fork_count`: the most children one fork may ask for."""
+        return self._config.max_fork_count
+
+    async def snapshot(self, sandbox_id: SandboxId, *, image: str, force: bool, source: str) -> SnapshotTaken:
+        """Capture a running sandbox of an image as `image` (see `snapshots`)."""
+        instance = self._running(sandbox_id)
+        if self._snapshots is None:
+            raise FailedPreconditionError("this gateway has no image store: snapshots need one (local.image_dir)")
+        taken = await self._snapshots.take(instance, tag=image, force=force, source=source)
+        return SnapshotTaken(
+            digest=taken.image.digest,
+            image=taken.tag,
+            base_digest=taken.image.base_digest,
+            layers=len(taken.image.layers),
+            layer_bytes=taken.layer_bytes,
+            frozen_ms=taken.frozen_ms,
+            flattened=taken.flattened,
+        )
+
+    async def forget(self, digest: str) -> None:
+        """Remove a snapshot by digest (see `Snapshotter.forget`); one already gone is fine."""
+        images = self._host.launcher.images
+        if images is not None:
+            with contextlib.suppress(NotFoundError):
+                await asyncio.to_thread(images.store.remove, digest)
 
     async def usage(self, sandbox_id: SandboxId) -> SandboxUsage:
         """cpu seconds, memory now and at its peak, and processes of a running sandbox, read from

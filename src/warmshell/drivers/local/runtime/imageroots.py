@@ -89,6 +89,7 @@ class ImageRoot:
     config: ImageConfig
     uid: int = 0  # the image's User, inside the sandbox (its host uid is the sandbox's own)
     gid: int = 0
+    workspace: bool = False  # its layers hold /workspace (a snapshot's): no fresh tmpfs there
 
     @property
     def environment(self) -> dict[str, str]:
@@ -129,6 +130,11 @@ class ImageRoots:
         # validation and the driver's), and one stat and a lookup cost far less than a read
         # under the store's lock, or parsing and resolving the reference again (~0.1 ms).
         self._index: _Snapshot | None = None
+
+    @property
+    def store(self) -> ImageStore:
+        """The store the images come from (snapshots are committed to it)."""
+        return self._store
 
     @property
     def watched(self) -> tuple[Path, ...]:
@@ -183,7 +189,15 @@ class ImageRoots:
         image = self._image(text, field=field)
         layers = tuple(self._store.layer_path(d) for d in reversed(image.layers))
         uid, gid = user_ids(image.config.user, layers, field=field)
-        return ImageRoot(pinned=text, digest=image.digest, layers=layers, config=image.config, uid=uid, gid=gid)
+        return ImageRoot(
+            pinned=text,
+            digest=image.digest,
+            layers=layers,
+            config=image.config,
+            uid=uid,
+            gid=gid,
+            workspace=image.workspace,
+        )
 
     def acquire(self, pinned: str) -> ImageRoot:
         """The image a pinned reference names, its layers held until as many `release`s; an

@@ -234,6 +234,7 @@ class Launcher:
                 egress_dir=instance.egress_dir,
                 egress_port=egress.PROXY_PORT,
                 system_bundle=_system_bundle_copy(plan, instance.egress_dir),
+                workspace_in_root=image_root is not None and image_root.workspace,
             )
             launch = self._launch_argv(nice, instance.uid, bounds, instance.cgroup, image_root)
             return [*launch, *sandboxing.bwrap_argv(layout)]
@@ -266,6 +267,15 @@ class Launcher:
             argv += [f"--rootfs={self._rootfs}", f"--root-size={size}"]
             argv += [f"--layer={layer}" for layer in image_root.layers]
         return [*argv, "--"] if len(argv) > 1 else []
+
+    def overlay_dirs(self, pid: int) -> tuple[Path, Path] | None:
+        """The writable upper layer and the merged root of an image sandbox's overlay, reached
+        through the mount namespace of its launcher (`pid`, bwrap's outer process, which stays
+        in it); None when this launcher mounts no image roots."""
+        if self._rootfs is None:
+            return None
+        base = Path(f"/proc/{pid}/root") / self._rootfs.relative_to("/")
+        return base / "u", base / "m"
 
     def close(self) -> None:
         """Let the spawner threads end and remove the staged /etc (blocking: call once every
