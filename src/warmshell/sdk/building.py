@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,11 +80,13 @@ def build(
     allow_net: Sequence[str] = (),
     force: bool = False,
     output: Output | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> views.SnapshotInfo:
-    """Build image `tag` from `base` by `steps` (see the module doc); BuildFailed naming the step."""
+    """Build image `tag` from `base` by `steps` (see the module doc); BuildFailed naming the step.
+    `labels` go on the build sandbox (so one a crash left behind can be found)."""
     name = f"build-{secrets.token_hex(4)}"
     network = views.Network(allow=tuple(allow_net)) if allow_net else None
-    sandbox = client.create(name=name, image=base, network=network)
+    sandbox = client.create(name=name, image=base, network=network, labels=labels)
     try:
         for number, step in enumerate(steps, start=1):
             if output is not None:

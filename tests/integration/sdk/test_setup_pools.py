@@ -4,6 +4,7 @@ and reuses the built image after a restart."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -33,6 +34,23 @@ run = [{runs}]
 """
 
 
+_NO_POOL = warmshell.PoolInfo(
+    name="",
+    workspace="",
+    fingerprint="",
+    image="",
+    environment={},
+    cpu="",
+    memory="",
+    desired=0,
+    ready=0,
+    idle=0,
+    hits=0,
+    misses=0,
+    source="",
+)
+
+
 def _profile(pools: Path, name: str, *runs: str) -> None:
     (pools / f"{name}.toml").write_text(_PROFILE.format(runs=", ".join(f'"{run}"' for run in runs)))
 
@@ -48,7 +66,9 @@ def _until(what: str, check: Callable[[], warmshell.PoolInfo | None], timeout: f
 
 
 def _pool(client: warmshell.Client, name: str) -> warmshell.PoolInfo:
-    return next(p for p in client.pools() if p.name == name)
+    """The pool named so; an empty view until the profile is first read."""
+    found = [p for p in client.pools() if p.name == name]
+    return found[0] if found else dataclasses.replace(_NO_POOL, name=name)
 
 
 def _ready(client: warmshell.Client, name: str, *, not_image: str = "") -> warmshell.PoolInfo:
@@ -138,3 +158,49 @@ def test_a_failing_step_shows_on_the_pool_and_bad_setups_name_their_field(tmp_pa
             sandbox.delete()
     finally:
         assert gateway.stop() == 0, gateway.log()
+
+
+def test_a_gateway_stopped_mid_build_leaves_nothing_the_next_start_keeps(tmp_path: Path) -> None:
+    pools = tmp_path / "pools"
+    pools.mkdir()
+    (pools / "slow.toml").write_text(HEAD_SLOW)
+    config = tmp_path / "gateway.toml"
+    config.write_text("exec_drain_seconds = 0\n")  # (the build's step is stopped, not waited for)
+    state = tmp_path / "state"
+
+    def building(client: warmshell.Client) -> list[str]:
+        _until("Building", lambda: _has(_pool(client, "slow"), "Building"))
+        return [s.name for s in _until_listed(client)]
+
+    gateway = start_gateway(state, "--config", str(config), "--pools", str(pools))
+    try:
+        _import_base(state, tmp_path / "layout")
+        with warmshell.Client(state_dir=state) as client:
+            first = building(client)
+    finally:
+        assert gateway.stop() == 0, gateway.log()
+    again = start_gateway(state, "--config", str(config), "--pools", str(pools))
+    try:
+        with warmshell.Client(state_dir=state) as client:
+            second = building(client)
+            assert set(first).isdisjoint(second), (first, second)  # the one left behind is deleted
+            assert len(second) == 1
+    finally:
+        assert again.stop() == 0, again.log()
+
+
+HEAD_SLOW = 'version = 1\nworkspace = "default"\nreplicas = 1\n[setup]\nfrom = "tools:1"\nrun = ["sleep 600"]\n'
+
+
+def _has(pool: warmshell.PoolInfo, reason: str) -> warmshell.PoolInfo | None:
+    return pool if any(c.reason == reason for c in pool.conditions) else None
+
+
+def _until_listed(client: warmshell.Client) -> list[warmshell.SandboxInfo]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready = [s for s in client.list() if s.name.startswith("build-") and s.phase == warmshell.Phase.READY]
+        if ready:
+            return [s for s in client.list() if s.name.startswith("build-")]
+        time.sleep(0.2)
+    raise AssertionError("no build sandbox became Ready")

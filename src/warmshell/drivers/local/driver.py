@@ -64,7 +64,7 @@ _log = logging.getLogger(__name__)
 _LOST = "the sandbox's process ended with the previous gateway"
 
 
-def _no_build(workspace: str, base: str, setup: Setup, tag: str) -> None:
+def _no_build(profile: str, workspace: str, base: str, setup: Setup, tag: str) -> None:
     raise preparing.BuildError("this driver was started without a builder: [setup] needs a gateway")
 
 

@@ -37,8 +37,8 @@ BUILD_FAILED = "BuildFailed"
 _RETRY_FIRST = 5.0
 _RETRY_MAX = 600.0
 
-# (workspace, base, setup, tag) -> None, blocking; BuildError when the build failed.
-Build = Callable[[str, str, Setup, str], None]
+# (profile name, workspace, base, setup, tag) -> None, blocking; BuildError when it failed.
+Build = Callable[[str, str, str, Setup, str], None]
 
 
 class BuildError(Exception):
@@ -119,7 +119,7 @@ class Preparer:
         tag = image_tag(profile.name, attempt.key)
         _log.info("warm pool %s: building image %s", profile.name, tag)
         try:
-            await asyncio.to_thread(self._build, profile.workspace, base, profile.setup, tag)
+            await asyncio.to_thread(self._build, profile.name, profile.workspace, base, profile.setup, tag)
         except Exception as exc:  # any failure is the pool's, never the gateway's
             attempt.failures += 1
             attempt.message = str(exc) if isinstance(exc, BuildError) else f"{type(exc).__name__}: {exc}"
