@@ -64,18 +64,28 @@ class _Attempt:
     failures: int = 0
     message: str = ""
     retry_at: float = 0.0
+    built: bool = False  # the last build succeeded (so its image must be found now)
 
 
 class Preparer:
     """Resolves profiles with `[setup]` to their built image, building it when missing."""
 
-    def __init__(self, *, validate: Callable[[Profile], Profile], build: Build, changed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        *,
+        validate: Callable[[Profile], Profile],
+        build: Build,
+        changed: Callable[[], None],
+        retry_first: float = _RETRY_FIRST,
+    ) -> None:
         """`validate` is the pool set's (the profile as the driver runs it, its image pinned);
         `build` makes an image (blocking, run in a thread); `changed` is called when a build
-        ends (the pool set then resolves its profiles again)."""
+        ends or may be retried (the pool set then resolves its profiles again); `retry_first`
+        is the first backoff after a failure (doubling up to `_RETRY_MAX`)."""
         self._validate = validate
         self._build = build
         self._changed = changed
+        self._retry_first = retry_first
         self._attempts: dict[str, _Attempt] = {}
 
     def resolve(self, profile: Profile) -> Profile:
@@ -104,6 +114,11 @@ class Preparer:
             if attempt is not None and attempt.task is not None:
                 attempt.task.cancel()  # (the thread finishes its build; its image is unused)
             attempt = self._attempts[profile.name] = _Attempt(key)
+        if attempt.built:  # built, yet not found: a failure like any other
+            attempt.built = False
+            self._failed(
+                profile.name, attempt, f"image {image_tag(profile.name, key)} was built but is not in the store"
+            )
         if attempt.task is None and now >= attempt.retry_at:
             attempt.task = asyncio.create_task(self._run(profile, base, attempt), name=f"setup-{profile.name}")
         if attempt.task is None:
@@ -121,20 +136,24 @@ class Preparer:
         try:
             await asyncio.to_thread(self._build, profile.name, profile.workspace, base, profile.setup, tag)
         except Exception as exc:  # any failure is the pool's, never the gateway's
-            attempt.failures += 1
-            attempt.message = str(exc) if isinstance(exc, BuildError) else f"{type(exc).__name__}: {exc}"
-            delay = min(_RETRY_MAX, _RETRY_FIRST * 2 ** (attempt.failures - 1))
-            attempt.retry_at = asyncio.get_running_loop().time() + delay
-            asyncio.get_running_loop().call_later(delay, self._changed)
-            _log.warning("warm pool %s: building %s failed (retry in %.0fs): %s", profile.name, tag, delay, exc)
+            self._failed(
+                profile.name, attempt, str(exc) if isinstance(exc, BuildError) else f"{type(exc).__name__}: {exc}"
+            )
         else:
             _log.info("warm pool %s: built image %s", profile.name, tag)
-            # Found from now on; were it not, this is what the pool shows until a later attempt.
-            attempt.message = f"image {tag} was built but is not in the image store"
-            attempt.retry_at = asyncio.get_running_loop().time() + _RETRY_FIRST
+            attempt.built = True
         finally:
             attempt.task = None
         self._changed()
+
+    def _failed(self, name: str, attempt: _Attempt, message: str) -> None:
+        attempt.failures += 1
+        attempt.message = message
+        delay = min(_RETRY_MAX, self._retry_first * 2 ** (attempt.failures - 1))
+        loop = asyncio.get_running_loop()
+        attempt.retry_at = loop.time() + delay
+        loop.call_later(delay, self._changed)
+        _log.warning("warm pool %s: building its image failed (retry in %.0fs): %s", name, delay, message)
 
     def cancel(self) -> None:
         """Stop waiting for builds (the gateway is stopping)."""
