@@ -74,7 +74,16 @@ from warmshell.core.validation import (
     validate_workspace,
 )
 
-__all__ = ["MAX_LIFETIME_SECONDS", "PROFILE_VERSION", "Profile", "ProfileError", "Setup", "parse_profile"]
+__all__ = [
+    "COPY_RULE",
+    "MAX_LIFETIME_SECONDS",
+    "PROFILE_VERSION",
+    "Profile",
+    "ProfileError",
+    "Setup",
+    "parse_profile",
+    "split_copy",
+]
 
 PROFILE_VERSION = 1
 _TOP_LEVEL = (
@@ -468,11 +477,10 @@ class _Parser:
             raise self.fail("setup.run", "must be a non-empty list of commands", table="setup")
         copies = []
         for text in lists["copy"]:
-            local, sep, path = text.rpartition(":")
-            if not sep or not local or not path.startswith("/"):
-                rule = f"{text!r} must be LOCAL:PATH with an absolute PATH in the sandbox"
-                raise self.fail("setup.copy", rule, table="setup")
-            copies.append((local, path))
+            copy = split_copy(text)
+            if copy is None:
+                raise self.fail("setup.copy", f"{text!r} {COPY_RULE}", table="setup")
+            copies.append(copy)
         try:
             validate_image(base, field="setup.from")
             egress.parse_rules(list(lists["allow_net"]), field="setup.allow_net")
@@ -485,6 +493,16 @@ class _Parser:
         if not isinstance(values, list) or not all(isinstance(v, str) and v.strip() for v in values):
             raise self.fail(f"setup.{key}", "must be a list of non-empty strings", table="setup")
         return tuple(values)
+
+
+COPY_RULE = "must be LOCAL:PATH with an absolute PATH in the sandbox"
+
+
+def split_copy(text: str) -> tuple[str, str] | None:
+    """A copy step's `LOCAL:PATH` as (LOCAL, PATH), the last ':' splitting them (a local path
+    may hold one); None unless both are there and PATH is absolute (see `COPY_RULE`)."""
+    local, sep, path = text.rpartition(":")
+    return (local, path) if sep and local and path.startswith("/") else None
 
 
 def parse_profile(text: str, *, name: str, source: str, max_replicas: int) -> Profile:

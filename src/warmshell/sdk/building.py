@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from warmshell.core import profiles
 from warmshell.sdk import errors, views
 
 if TYPE_CHECKING:
@@ -65,10 +66,10 @@ class BuildFailed(errors.Error):
 
 def parse_copy(text: str) -> Copy:
     """`LOCAL:PATH` (the last ':' splits them) as a step; InvalidArgument naming `--copy`."""
-    local, sep, path = text.rpartition(":")
-    if not sep or not local or not path.startswith("/"):
-        raise errors.InvalidArgument(f"--copy: {text!r} must be LOCAL:PATH with an absolute PATH in the sandbox")
-    return Copy(Path(local), path)
+    copy = profiles.split_copy(text)
+    if copy is None:
+        raise errors.InvalidArgument(f"--copy: {text!r} {profiles.COPY_RULE}")
+    return Copy(Path(copy[0]), copy[1])
 
 
 def build(

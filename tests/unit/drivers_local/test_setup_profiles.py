@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from warmshell.core.profiles import Profile, ProfileError, Setup, parse_profile
+from warmshell.core.profiles import Profile, ProfileError, Setup, parse_profile, split_copy
 from warmshell.drivers.local.pools import preparing, reloading
 
 HEAD = 'version = 1\nworkspace = "default"\nreplicas = 1\n'
@@ -76,3 +78,13 @@ def test_the_content_key_covers_the_setup_and_the_base_digest() -> None:
     assert key != preparing.content_key(Setup("t:1", ("make", "make test")), "t:1@sha256:aa")
     assert key != preparing.content_key(Setup("t:1", ("make",), allow_net=("pypi.org",)), "t:1@sha256:aa")
     assert preparing.image_tag("p", key) == f"setup/p:{key[:20]}"
+
+
+@given(
+    st.text(min_size=1).filter(lambda t: "\n" not in t),
+    st.text(alphabet=st.characters(blacklist_characters=":"), max_size=20),
+)
+def test_a_copy_splits_at_its_last_colon_and_needs_an_absolute_path(local: str, rest: str) -> None:
+    assert split_copy(f"{local}:/{rest}") == (local, f"/{rest}")
+    if not rest.startswith("/"):
+        assert split_copy(f"{local}:{rest}") is None
