@@ -34,6 +34,8 @@ _log = logging.getLogger(__name__)
 
 BUILDING = "Building"
 BUILD_FAILED = "BuildFailed"
+# A step that fails deterministically (a typo) would otherwise hold a build sandbox and a core
+# busy for good; one that failed on a passing cause (the network) is not left waiting past 10 min.
 _RETRY_FIRST = 5.0
 _RETRY_MAX = 600.0
 
