@@ -24,7 +24,14 @@ idle_timeout_seconds = 120
 [network]                  # optional: egress of the sandboxes it serves (see core/egress)
 allow = ["pypi.example:443", "*.githubusercontent.example:443"]   # replaces the gateway's default
 deny = ["internal.pypi.example"]
+[setup]                    # optional: the pool's image is built from `from` by these steps
+from = "python:3.12"       # the base image (the profile's `image` must then be unset)
+copy = ["src:/workspace/src"]            # LOCAL:PATH, LOCAL relative to the profile's directory
+run = ["pip install -r /workspace/src/requirements.txt"]   # /bin/sh -c each, after the copies
+allow_net = ["pypi.org"]   # what the build sandbox may reach
 ```
+
+`[setup]` is part of the pool: changing it builds a new image and replaces the members.
 
 `[network]` is applied at activation, outside the sandbox: like `[lifetime]` it is not part of
 the shape, and changing it keeps the members. So is `[activation] secret_hosts`: a secret of that
@@ -67,7 +74,16 @@ from warmshell.core.validation import (
     validate_workspace,
 )
 
-__all__ = ["MAX_LIFETIME_SECONDS", "PROFILE_VERSION", "Profile", "ProfileError", "parse_profile"]
+__all__ = [
+    "COPY_RULE",
+    "MAX_LIFETIME_SECONDS",
+    "PROFILE_VERSION",
+    "Profile",
+    "ProfileError",
+    "Setup",
+    "parse_profile",
+    "split_copy",
+]
 
 PROFILE_VERSION = 1
 _TOP_LEVEL = (
@@ -82,7 +98,9 @@ _TOP_LEVEL = (
     "activation",
     "lifetime",
     "network",
+    "setup",
 )
+_SETUP = ("from", "run", "copy", "allow_net")
 _ACTIVATION = ("environment", "secret_hosts")
 _SECRET_HOSTS = "activation.secret_hosts"
 _RESOURCES = ("cpu", "memory", "pids")
@@ -105,6 +123,21 @@ class ProfileError(InvalidArgumentError):
         self.key = key
         self.line = line
         self.reason = reason or "InvalidProfile"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A profile's `[setup]`: its pool's image is `base` after the `copies` (LOCAL, PATH; LOCAL as
+    written, relative to the profile's directory) and then the `runs`, in a build sandbox that may
+    reach `allow_net`."""
+
+    base: str
+    runs: tuple[str, ...]
+    copies: tuple[tuple[str, str], ...] = ()
+    allow_net: tuple[str, ...] = ()
+    # A digest of what the copies copy (set by whoever reads their sources), so a changed file
+    # is a changed setup.
+    copied: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,6 +168,8 @@ class Profile:
     network_deny: tuple[str, ...] = ()
     # `[activation] secret_hosts`: secret name -> its hosts as written. Not part of the shape.
     secret_hosts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # `[setup]`: how the pool's image is built (None: `image` is used as it is).
+    setup: Setup | None = None
 
     @functools.cached_property
     def resources(self) -> Resources:
@@ -174,6 +209,7 @@ def _without_replicas(profile: Profile) -> tuple[object, ...]:
         profile.pids,
         profile.storage,
         profile.accepted_environment,
+        profile.setup,
     )
 
 
@@ -236,6 +272,7 @@ class _Parser:
             network_allow=allow,
             network_deny=deny,
             secret_hosts=self.secret_hosts(data),
+            setup=self.setup(data),
         )
 
     def check_version(self, data: Mapping[str, Any]) -> None:
@@ -420,6 +457,52 @@ class _Parser:
                 raise ProfileError(self.source, exc.field, exc.rule, _line_of(self.text, key, "network")) from None
             lists.append(tuple(rule.strip() for rule in rules))
         return (lists[0] if "allow" in table else None), lists[1]
+
+    def setup(self, data: Mapping[str, Any]) -> Setup | None:
+        table = data.get("setup")
+        if table is None:
+            return None
+        if not isinstance(table, dict):
+            raise self.fail("setup", "must be a table ([setup])")
+        for key in table:
+            if key not in _SETUP:
+                raise self.fail(f"setup.{key}", f"unknown key; allowed: {', '.join(_SETUP)}", table="setup")
+        if data.get("image"):
+            raise self.fail("image", "must be unset with [setup]: the pool's image is the one built from setup.from")
+        base = table.get("from")
+        if not isinstance(base, str) or not base:
+            raise self.fail("setup.from", "is required: the base image the steps run in", table="setup")
+        lists = {key: self.strings(table, key) for key in ("run", "copy", "allow_net")}
+        if not lists["run"]:
+            raise self.fail("setup.run", "must be a non-empty list of commands", table="setup")
+        copies = []
+        for text in lists["copy"]:
+            copy = split_copy(text)
+            if copy is None:
+                raise self.fail("setup.copy", f"{text!r} {COPY_RULE}", table="setup")
+            copies.append(copy)
+        try:
+            validate_image(base, field="setup.from")
+            egress.parse_rules(list(lists["allow_net"]), field="setup.allow_net")
+        except InvalidArgumentError as exc:
+            raise ProfileError(self.source, exc.field, exc.rule, _line_of(self.text, exc.field[6:], "setup")) from None
+        return Setup(base, lists["run"], tuple(copies), lists["allow_net"])
+
+    def strings(self, table: Mapping[str, Any], key: str) -> tuple[str, ...]:
+        values = table.get(key, [])
+        if not isinstance(values, list) or not all(isinstance(v, str) and v.strip() for v in values):
+            raise self.fail(f"setup.{key}", "must be a list of non-empty strings", table="setup")
+        return tuple(values)
+
+
+COPY_RULE = "must be LOCAL:PATH with an absolute PATH in the sandbox"
+
+
+def split_copy(text: str) -> tuple[str, str] | None:
+    """A copy step's `LOCAL:PATH` as (LOCAL, PATH), the last ':' splitting them (a local path
+    may hold one); None unless both are there and PATH is absolute (see `COPY_RULE`)."""
+    local, sep, path = text.rpartition(":")
+    return (local, path) if sep and local and path.startswith("/") else None
 
 
 def parse_profile(text: str, *, name: str, source: str, max_replicas: int) -> Profile:

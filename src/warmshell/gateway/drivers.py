@@ -14,8 +14,9 @@ def build_driver(config: GatewayConfig, *, gateway_id: str) -> ComputeDriver:
     `gateway_id` names this gateway on the objects a driver writes."""
     if config.driver == "local":
         from warmshell.drivers.local import LocalDriver
+        from warmshell.gateway.setupbuilds import client_build
 
-        return LocalDriver(config.local, config.paths)
+        return LocalDriver(config.local, config.paths, build=client_build(config.state_dir))
     if config.driver == "kubernetes":
         from warmshell.drivers.kubernetes import KubernetesDriver
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from warmshell.core import profiles
 from warmshell.sdk import errors, views
 
 if TYPE_CHECKING:
@@ -65,10 +66,10 @@ class BuildFailed(errors.Error):
 
 def parse_copy(text: str) -> Copy:
     """`LOCAL:PATH` (the last ':' splits them) as a step; InvalidArgument naming `--copy`."""
-    local, sep, path = text.rpartition(":")
-    if not sep or not local or not path.startswith("/"):
-        raise errors.InvalidArgument(f"--copy: {text!r} must be LOCAL:PATH with an absolute PATH in the sandbox")
-    return Copy(Path(local), path)
+    copy = profiles.split_copy(text)
+    if copy is None:
+        raise errors.InvalidArgument(f"--copy: {text!r} {profiles.COPY_RULE}")
+    return Copy(Path(copy[0]), copy[1])
 
 
 def build(
@@ -80,11 +81,13 @@ def build(
     allow_net: Sequence[str] = (),
     force: bool = False,
     output: Output | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> views.SnapshotInfo:
-    """Build image `tag` from `base` by `steps` (see the module doc); BuildFailed naming the step."""
+    """Build image `tag` from `base` by `steps` (see the module doc); BuildFailed naming the step.
+    `labels` go on the build sandbox (so one a crash left behind can be found)."""
     name = f"build-{secrets.token_hex(4)}"
     network = views.Network(allow=tuple(allow_net)) if allow_net else None
-    sandbox = client.create(name=name, image=base, network=network)
+    sandbox = client.create(name=name, image=base, network=network, labels=labels)
     try:
         for number, step in enumerate(steps, start=1):
             if output is not None:

@@ -236,14 +236,18 @@ class Client:
         allow_net: Sequence[str] = (),
         force: bool = False,
         output: building.Output | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> views.SnapshotInfo:
         """Build image `tag` (NAME:TAG) from image `base` by `steps` (`building.Run("make")`,
         `building.Copy(Path("src"), "/workspace/src")`) in a fresh sandbox whose egress is
-        `allow_net`; `output(stream, chunk)` hears each step's output. BuildFailed names the first
-        step that failed; the sandbox is deleted either way (see `warmshell.sdk.building`)."""
+        `allow_net`; `output(stream, chunk)` hears each step's output; `labels` go on the sandbox.
+        BuildFailed names the first step that failed; the sandbox is deleted either way (see
+        `warmshell.sdk.building`)."""
         from warmshell.sdk import building
 
-        return building.build(self, base=base, steps=steps, tag=tag, allow_net=allow_net, force=force, output=output)
+        return building.build(
+            self, base=base, steps=steps, tag=tag, allow_net=allow_net, force=force, output=output, labels=labels
+        )
 
     def pools(self, *, workspace: str | None = None, all_workspaces: bool = False) -> builtins.list[views.PoolInfo]:
         """Warm pools of the workspace (or every workspace), with their hit counts."""

@@ -116,6 +116,7 @@ def test_replicas_are_capped_and_the_status_says_so() -> None:
         ('version = 2\nworkspace = "default"\nreplicas = 1\n', "version: must be 1"),
         ('version = 1\nworkspace = "default"\nreplicas = 1\ncolour = "red"\n', "colour: unknown key"),
         ('version = 1\nworkspace = "default"\nreplicas = 1\n[resources]\ncpu = "lots"\n', "resources.cpu"),
+        (DEFAULT + '[setup]\nfrom = "t:1"\nrun = ["make"]\n', "setup: is served by the local driver only"),
     ],
 )
 def test_an_invalid_profile_is_an_error_in_words_naming_the_configmap(text: str | None, fragment: str) -> None:

@@ -29,6 +29,7 @@ from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError, N
 from warmshell.core.fingerprints import shape_of
 from warmshell.core.ids import InstanceId, SandboxId
 from warmshell.core.models import SandboxSpec, now_us
+from warmshell.core.profiles import Setup
 from warmshell.drivers.base import (
     Activator,
     CreateRequest,
@@ -46,7 +47,7 @@ from warmshell.drivers.local.fleet import Fleet
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.identity import LocalIdentity
 from warmshell.drivers.local.instances import Instance, lost_sandbox
-from warmshell.drivers.local.pools import pooling, reloading
+from warmshell.drivers.local.pools import pooling, preparing, reloading
 from warmshell.drivers.local.pools.members import FleetMembers
 from warmshell.drivers.local.runtime import cgroups
 from warmshell.drivers.local.runtime.files import LocalFiles
@@ -63,6 +64,10 @@ _log = logging.getLogger(__name__)
 _LOST = "the sandbox's process ended with the previous gateway"
 
 
+def _no_build(profile: str, workspace: str, base: str, setup: Setup, tag: str) -> None:
+    raise preparing.BuildError("this driver was started without a builder: [setup] needs a gateway")
+
+
 class LocalDriver:
     """A `ComputeDriver` running sandboxes as bwrap'd agents with host-side supervisors.
 
@@ -70,8 +75,9 @@ class LocalDriver:
     the sandboxes of the previous run as failed (`get`, `list`, and a `watch` event to watchers
     that subscribed before `__aenter__`). Without bubblewrap the constructor raises unless
     `config.allow_unisolated` is set; then workloads run as plain processes with no isolation
-    at all (see `launching`). `supervise` (what runs each sandbox's supervisor), `agent` and
-    `cgroup` exist for tests.
+    at all (see `launching`). `build` makes the images of profiles with `[setup]` (the gateway's;
+    without it such a profile's pool reports BuildFailed). `supervise` (what runs each sandbox's
+    supervisor), `agent` and `cgroup` exist for tests.
     """
 
     name = "local"
@@ -85,6 +91,7 @@ class LocalDriver:
         agent: Path = AGENT_BINARY,
         cgroup: cgroups.Backend | cgroups.Unavailable | None = None,
         kill_grace_seconds: float = 2.0,
+        build: preparing.Build | None = None,
     ) -> None:
         self._config = config
         self._paths = paths
@@ -98,6 +105,7 @@ class LocalDriver:
         self._hostnames = HostnameSetter()
         self._activator: Activator | None = None
         self._reloader: asyncio.Task[None] | None = None
+        self._build = build
         self._pools = self._pool_set() if config.pools_dir is not None else None
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
         self._snapshots = self._new_snapshots()
@@ -121,13 +129,19 @@ class LocalDriver:
         return Fleet(host=self._host, paths=self._paths, grace=grace, on_ended=self._on_ended, supervise=supervise)
 
     def _pool_set(self) -> pooling.PoolSet:
-        return pooling.PoolSet(
+        self._preparer = preparing.Preparer(
+            validate=functools.partial(admission.check_profile, host=self._host),
+            build=self._build or _no_build,
+            changed=lambda: pools.reapply(),
+        )
+        pools = pooling.PoolSet(
             members=FleetMembers(self._fleet, self._paths.sandboxes, nice=self._host.refill_nice),
             default_image=self.default_image(),
-            validate=functools.partial(admission.check_profile, host=self._host),
+            validate=self._preparer.resolve,
             probe_seconds=self._config.member_probe_seconds,
             check_seconds=self._config.member_check_seconds,
         )
+        return pools
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -173,6 +187,7 @@ class LocalDriver:
             self._reloader.cancel()
             await asyncio.gather(self._reloader, return_exceptions=True)
         if self._pools is not None:
+            self._preparer.cancel()
             await self._pools.aclose()
         await self._fleet.aclose(keep=lambda instance: instance.sandbox_id is not None)
         await self._supervisors.aclose()

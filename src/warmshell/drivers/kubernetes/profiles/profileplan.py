@@ -103,6 +103,9 @@ def desire(configmap: Mapping[str, Any], config: KubernetesDriverConfig) -> Desi
         return _failed(base, f"{base.source}: data key {labels.PROFILE_DATA_KEY!r} is missing")
     try:
         profile = profiles.parse_profile(text, name=base.name, source=base.source, max_replicas=PARSE_MAX_REPLICAS)
+        if profile.setup is not None:  # (images are built into the local driver's image store)
+            rule = "is served by the local driver only; on Kubernetes name a prebuilt image as `image`"
+            raise profiles.ProfileError(base.source, "setup", rule)
         shape = profile.shape(config.image)
         fingerprint = profile.fingerprint(config.image)
         target = naming.object_ref(config, profile.workspace, "p").namespace

@@ -32,6 +32,7 @@ from warmshell.core.models import SandboxSpec
 from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.base import DriverCondition, PoolView, invalid_profile_view
 from warmshell.drivers.local.instances import Instance
+from warmshell.drivers.local.pools import preparing
 
 __all__ = ["Claim", "Members", "Pool", "PoolSet"]
 
@@ -142,6 +143,10 @@ class Pool:
         )
 
 
+def _building(error: InvalidArgumentError) -> bool:
+    return isinstance(error, ProfileError) and error.reason in (preparing.BUILDING, preparing.BUILD_FAILED)
+
+
 def _invalid(error: InvalidArgumentError) -> DriverCondition:
     reason = error.reason if isinstance(error, ProfileError) else "InvalidProfile"
     return DriverCondition("ProfileValid", "False", reason, str(error))
@@ -169,6 +174,7 @@ class PoolSet:
         self._slots = asyncio.Semaphore(max_concurrent_spawns)
         self._pools: dict[str, Pool] = {}
         self._errors: dict[str, InvalidArgumentError] = {}
+        self._given: tuple[Mapping[str, Profile], Mapping[str, ProfileError]] = ({}, {})
         self._shared: dict[str, tuple[str, ...]] = {}  # pool -> the other pools of its shape
         self._index: PoolIndex[Pool] = PoolIndex(None)
         self._wake = asyncio.Event()
@@ -214,6 +220,7 @@ class PoolSet:
 
     def apply(self, profiles: Mapping[str, Profile], errors: Mapping[str, ProfileError]) -> None:
         """Make the pools match the profiles just read (the whole directory)."""
+        self._given = (profiles, errors)
         self._errors = dict(errors)
         for name, profile in profiles.items():
             try:
@@ -231,11 +238,17 @@ class PoolSet:
         )
         self._shared = poolshapes.shared_shapes((name, pool.fingerprint) for name, pool in self._pools.items())
         for name, error in self._errors.items():
-            _log.warning("warm pool %s: invalid profile: %s", name, error)
+            if not _building(error):  # (a build's progress is logged by the builder)
+                _log.warning("warm pool %s: invalid profile: %s", name, error)
         for name, others in sorted(self._shared.items()):
             message = poolshapes.shared_shape_message(others, self._pools[name].fingerprint)
             _log.warning("warm pool %s: %s", name, message)
         self.wake()
+
+    def reapply(self) -> None:
+        """Apply the profiles last read again (what `validate` makes of them changed: a pool's
+        image was built, or its build may be retried)."""
+        self.apply(*self._given)
 
     def _upsert(self, profile: Profile) -> None:
         old = self._pools.get(profile.name)

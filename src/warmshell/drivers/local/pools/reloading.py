@@ -11,6 +11,8 @@ profiles (it is logged, not fatal).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -51,12 +53,32 @@ def load(directory: Path, *, max_replicas: int) -> tuple[dict[str, Profile], dic
     for path in _files(directory):
         try:
             text = path.read_text()
-            profiles[path.stem] = parse_profile(text, name=path.stem, source=str(path), max_replicas=max_replicas)
+            profile = parse_profile(text, name=path.stem, source=str(path), max_replicas=max_replicas)
+            profiles[path.stem] = _with_copy_sources(profile, directory)
         except ProfileError as exc:
             errors[path.stem] = exc
         except (OSError, UnicodeDecodeError) as exc:
             errors[path.stem] = ProfileError(str(path), "(file)", f"cannot read: {exc}")
     return profiles, errors
+
+
+def _with_copy_sources(profile: Profile, directory: Path) -> Profile:
+    """The profile with its `[setup]` copies' sources made absolute (relative ones are the
+    profile directory's); ProfileError naming `setup.copy` for one that does not exist."""
+    if profile.setup is None or not profile.setup.copies:
+        return profile
+    copies = []
+    digest = hashlib.sha256()
+    for local, path in profile.setup.copies:
+        source = (directory / local).absolute()
+        if not source.exists():
+            raise ProfileError(profile.source, "setup.copy", f"{local!r} (from {str(source)!r}) does not exist")
+        copies.append((str(source), path))
+        for file in sorted([source] if source.is_file() else (p for p in source.rglob("*") if p.is_file())):
+            digest.update(f"{file.relative_to(source.parent)}\0".encode())
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
+    setup = dataclasses.replace(profile.setup, copies=tuple(copies), copied=digest.hexdigest())
+    return dataclasses.replace(profile, setup=setup)
 
 
 async def watch(
