@@ -191,7 +191,6 @@ class Gateway:
         others = await parts.replication.live_others() if parts.replication is not None else frozenset[str]()
         await parts.reconciler.startup(live_owners=others)
         servers = await self._listen(stack, parts)
-        self._phase = _Phase.SERVING
         if parts.replication is not None:
             running = parts.replication.running(
                 listen_tcp=self.config.listen_tcp, tcp_port=self.tcp_port, leading=parts.leading, records=parts.records
@@ -199,6 +198,8 @@ class Gateway:
             await stack.enter_async_context(running)
         with statedir.private_umask():
             self._write_runtime_info()
+        # Ready only once announced: a probe that sees 200 finds gateway.json and the replica row.
+        self._phase = _Phase.SERVING
         await driver.start(parts.activator)
         if parts.leadership is not None:
             parts.leadership.campaign()
