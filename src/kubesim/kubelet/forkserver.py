@@ -1,15 +1,13 @@
-"""A pre-imported fork server for the Python containers of an image: pods share one interpreter
-and its imported modules copy-on-write, and a container start is a fork instead of a Python start.
-
-A container of an image whose rule names ``preload`` modules, when its argv is ``<this python> -m
+"""A pre-imported fork server for the Python containers of an image: pods share one interpreter and
+its imported modules copy-on-write, and a container start is a fork instead of a Python start. A
+container of an image whose rule names ``preload`` modules, when its argv is ``<this python> -m
 MODULE ARGS...`` and the kubelet gives containers their own mount namespace (as root), is forked
 from the image's fork server (``python -m kubesim.kubelet.forkserver PRELOAD...``, one per distinct
 ``preload``, started by the kubelet on first use). The server imports the modules once and waits;
-for each start it forks the container's process into a PID namespace of its own, where it is
-PID 1 (as in a container, or bwrap ``--unshare-pid --as-pid-1``: a signal from outside reaches it
-only if it handles it, SIGKILL always; when it exits, everything it started dies), and the child
-does what the exec path's launcher would:
-
+for each start it forks the container's process into a PID namespace of its own (unless the pod
+sets ``shareProcessNamespace``), where it is PID 1 (as in a container, or bwrap ``--unshare-pid
+--as-pid-1``: a signal from outside reaches it only if it handles it, SIGKILL always; when it
+exits, everything it started dies), and the child does what the exec path's launcher would:
 1. a new session (the kubelet signals the container's process group), stdin ``/dev/null``, stdout
    and stderr appended to the container log, the container's working directory;
 2. the container's mount namespace, exactly as ``kubesim.kubelet.mountns`` makes it (volumes at
@@ -45,8 +43,6 @@ from kubesim.kubelet import containers, mountns, netns  # noqa: F401
 __all__ = ["ForkServer", "forkable"]
 
 CLONE_NEWPID = 0x20000000
-PR_SET_PDEATHSIG = 1
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 KILLED_WITH_SERVER = 128 + signal.SIGKILL
 
 
@@ -103,9 +99,11 @@ class ForkServer:
         cwd: pathlib.Path,
         log_path: pathlib.Path,
         mounts: pathlib.Path,
+        pid_namespace: bool = True,
     ) -> containers.ReportedProcess:
         """Start ``python -m module args`` as a container (see the module doc); OSError if the
-        server cannot fork."""
+        server cannot fork. Without ``pid_namespace`` (a pod sharing its process namespace) it
+        runs in the server's."""
         process = await self._ensure()
         assert process.stdin is not None
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,6 +119,7 @@ class ForkServer:
             "cwd": str(cwd),
             "log": str(log_path),
             "mounts": str(mounts),
+            "pidns": pid_namespace,
         }
         process.stdin.write(json.dumps(request).encode() + b"\n")
         try:
@@ -169,11 +168,6 @@ def _libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _die_with_parent(libc: Any) -> None:
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-
-
 def _status_code(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
@@ -186,7 +180,7 @@ def _container(request: dict[str, Any], libc: Any) -> None:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
-        _die_with_parent(libc)
+        mountns.die_with_parent(libc)
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(null, 0)
@@ -195,9 +189,8 @@ def _container(request: dict[str, Any], libc: Any) -> None:
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         os.chdir(request["cwd"])
         mountns.enter(pathlib.Path(request["mounts"]))
-        proc_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
-        if libc.mount(b"proc", b"/proc", b"proc", proc_flags, None) != 0:
-            raise OSError(ctypes.get_errno(), f"mount /proc: {os.strerror(ctypes.get_errno())}")
+        if request.get("pidns", True):
+            mountns.mount_proc(libc)
     except BaseException as exc:  # reported in the container log, like mountns
         print(f"kubesim: cannot start the container: {exc}", file=sys.stderr, flush=True)
         os._exit(code)
@@ -283,7 +276,8 @@ def serve(preload: list[str]) -> int:
             for line in lines:
                 request = json.loads(line)
                 try:
-                    namespaces.next_child_in_new_namespace()
+                    if request.get("pidns", True):
+                        namespaces.next_child_in_new_namespace()
                     pid = os.fork()
                 except OSError as exc:
                     _send({"id": request["id"], "error": str(exc)})

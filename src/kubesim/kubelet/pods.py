@@ -242,7 +242,9 @@ class PodWorker:
 
     def _mount_spec(self, spec: Obj) -> pathlib.Path | None:
         """Container ``spec``'s mount namespace spec file (``kubesim.kubelet.mountns``), written
-        once: volumes and the network namespace are fixed by then; None without namespaces."""
+        once: volumes and the network namespace are fixed by then; None without namespaces. The
+        container sees its own volumes only, and its own processes unless the pod shares its
+        process namespace."""
         if not self.ctx.mount_namespaces:
             return None
         if spec["name"] in self._mount_specs:
@@ -254,9 +256,23 @@ class PodWorker:
         # What the "image" (this interpreter and its packages) runs from, where a volume hides it.
         mounts += [(path, path, True) for path in images.runtime_binds([target for _, target, _ in mounts])]
         binds = [{"source": source, "target": target, "readOnly": read_only} for source, target, read_only in mounts]
+        mounted = {vm["name"] for vm in spec.get("volumeMounts") or []}
+        hidden = [str(d) for name, d in self._volume_dirs.items() if name not in mounted and self.dir in d.parents]
+        # Every container's log and mount spec too: what a runtime keeps outside its containers.
+        for private in (self.dir / ".logs", self.dir / ".ns"):
+            private.mkdir(exist_ok=True)
+            hidden.append(str(private))
         path = self.dir / ".ns" / f"{spec['name']}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"binds": binds, "hosts": str(self.hosts_path), "netns": self.netns}))
+        view = {
+            "binds": binds,
+            "hosts": str(self.hosts_path),
+            "netns": self.netns,
+            "private": {"root": str(self.ctx.root), "pod": str(self.dir)},
+            "hide": hidden,
+            "pidns": self.own_pid_namespaces,
+        }
+        path.write_text(json.dumps(view))
         self._mount_specs[spec["name"]] = path
         return path
 
@@ -274,8 +290,22 @@ class PodWorker:
             if fork is not None:
                 module, args = fork
                 server = self.ctx.fork_server(rule.preload)
-                return await server.spawn(module, args, env=env, cwd=cwd, log_path=log_path, mounts=mounts)
+                return await server.spawn(
+                    module,
+                    args,
+                    env=env,
+                    cwd=cwd,
+                    log_path=log_path,
+                    mounts=mounts,
+                    pid_namespace=self.own_pid_namespaces,
+                )
         return await containers.start_process([*self.launcher(spec), *argv], env=env, cwd=cwd, log_path=log_path)
+
+    @property
+    def own_pid_namespaces(self) -> bool:
+        """Each container its own PID namespace, unless the pod sets ``shareProcessNamespace``
+        (then they share the kubelet's: each sees the others, as in one pod-wide namespace)."""
+        return not bool((self.pod.get("spec") or {}).get("shareProcessNamespace"))
 
     @property
     def hosts_path(self) -> pathlib.Path:

@@ -26,8 +26,9 @@ IMAGE = "ghcr.io/warmshell/warmshell:test"
 BROKEN_IMAGE = "example.com/broken:1"
 SHIM = str(Path(__file__).with_name("podshim.py"))
 IMAGES: dict[str, Any] = {
-    # The project image: the supervisor, with mounts at their container paths (see podshim).
-    "ghcr.io/warmshell/*": {"entrypoint": [sys.executable, SHIM], "overrideCommand": True},
+    # The project image: `warmshell` (the supervisor, the agent's installer) through the pod shim;
+    # the workload container's command (the agent) runs as it is.
+    "ghcr.io/warmshell/*": {"entrypoint": [sys.executable, SHIM], "programs": {"warmshell": [sys.executable, SHIM]}},
     # An image whose container dies at once.
     "example.com/broken:*": {"entrypoint": ["sh", "-c", "echo boom >&2; exit 3"], "overrideCommand": True},
 }

@@ -6,7 +6,7 @@ Sandbox). A workload that exits, even non-zero, ends the sandbox and is never ru
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import os
 import signal
 from collections.abc import Callable
@@ -22,7 +22,6 @@ from tests.helpers.gateway import RunningGateway, running_gateway
 from warmshell.api.v1 import sandbox_pb2 as pb
 
 from .conftest import NAMESPACE, gateway_settings
-from .podshim import INFO_FILE
 from .test_warm import apply_pool, gateway, wait_idle
 
 Obj = dict[str, Any]
@@ -67,12 +66,18 @@ def supervisor_pid(cluster: RunningCluster, pod: Obj) -> int:
     """The host pid of `pod`'s supervisor (PID 1 of its container)."""
     assert cluster.pod_root is not None
     meta = pod["metadata"]
-    # kubesim's kubelet keeps each pod in <root>/<namespace>_<name>_<uid[:8]>; the pod shim writes
-    # the supervisor's host pid there on every container start.
-    info = cluster.pod_root / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}" / INFO_FILE
-    pid = int(json.loads(info.read_text())["child-pid"])
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    assert argv[1:4] == [b"-m", b"warmshell", b"supervisor"], argv
+    # kubesim's kubelet keeps each pod in <root>/<namespace>_<name>_<uid[:8]> and tells its
+    # processes so (KUBESIM_POD_ROOT); a container cannot tell its host pid (its own namespace).
+    marker = f"KUBESIM_POD_ROOT={cluster.pod_root}/{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):  # gone meanwhile
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if argv[1:4] == [b"-m", b"warmshell", b"supervisor"] and marker in (entry / "environ").read_bytes().split(
+                b"\0"
+            ):
+                found.append(int(entry.name))
+    (pid,) = found
     return pid
 
 
