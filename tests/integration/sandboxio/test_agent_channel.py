@@ -50,8 +50,8 @@ async def run(link: AgentLink, *command: str) -> tuple[int, bytes]:
     async def sink(_stderr: bool, data: bytes) -> None:
         output.extend(data)
 
-    code = await link.run_streaming(list(command), env={"PATH": "/usr/bin:/bin"}, cwd="/", sink=sink)
-    return code, bytes(output)
+    ended = await link.run_streaming(list(command), env={"PATH": "/usr/bin:/bin"}, cwd="/", sink=sink)
+    return ended.exit_code, bytes(output)
 
 
 async def test_commands_run_through_the_connected_agent(channel: tuple[AgentLink, Path, object]) -> None:
