@@ -49,8 +49,8 @@ class PodContext:
     netns_ready: Callable[[PodWorker], None] = lambda worker: None
     # The nodes' bounded pod starts (``Timing.max_parallel_pod_starts``).
     start_slots: StartSlots = dataclasses.field(default_factory=lambda: StartSlots(0))
-    # The fork server of an image's ``preload`` modules (``kubesim.kubelet.forkserver``); without
-    # one every container is exec'd.
+    # The fork server of an image's ``preload`` modules, ``()`` for the one that execs any argv
+    # (``kubesim.kubelet.forkserver``); without them every container is exec'd by its launcher.
     fork_server: Callable[[tuple[str, ...]], forkserver.ForkServer] | None = None
 
 
@@ -279,27 +279,25 @@ class PodWorker:
     async def _start_process(
         self, spec: Obj, argv: list[str], env: dict[str, str], cwd: pathlib.Path
     ) -> containers.ContainerProcess:
-        """Fork the container from its image's fork server when it can be (``kubesim.kubelet.
-        forkserver``), else exec it through its mount namespace launcher."""
+        """Fork the container from a fork server when the kubelet gives it a mount namespace
+        (``kubesim.kubelet.forkserver``: its image's, which has its Python modules imported, when
+        it runs one of them; else the one that execs), else exec it as a plain host process."""
         log_path = self.dir / ".logs" / f"{spec['name']}.log"
-        rule = self.ctx.image_map.rule_for(str(spec.get("image") or ""))
         mounts = self._mount_spec(spec)
-        from_rule = rule is not None and list(rule.entrypoint) == argv[: len(rule.entrypoint)]
-        if rule is not None and from_rule and mounts is not None and self.ctx.fork_server is not None:
+        if mounts is None or self.ctx.fork_server is None:
+            return await containers.start_process([*self.launcher(spec), *argv], env=env, cwd=cwd, log_path=log_path)
+        pidns = self.own_pid_namespaces
+        rule = self.ctx.image_map.rule_for(str(spec.get("image") or ""))
+        if rule is not None and list(rule.entrypoint) == argv[: len(rule.entrypoint)]:
             fork = forkserver.forkable(argv, rule.preload)
             if fork is not None:
                 module, args = fork
                 server = self.ctx.fork_server(rule.preload)
                 return await server.spawn(
-                    module,
-                    args,
-                    env=env,
-                    cwd=cwd,
-                    log_path=log_path,
-                    mounts=mounts,
-                    pid_namespace=self.own_pid_namespaces,
+                    module, args, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pidns
                 )
-        return await containers.start_process([*self.launcher(spec), *argv], env=env, cwd=cwd, log_path=log_path)
+        server = self.ctx.fork_server(())
+        return await server.spawn_exec(argv, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pidns)
 
     @property
     def own_pid_namespaces(self) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,17 @@ def test_usage_and_failures_are_exit_statuses(tmp_path: Path, capsys: pytest.Cap
     assert "usage: warmshell install-agent DIRECTORY" in capsys.readouterr().err
     assert installing.main([str(tmp_path / "missing")]) == 1
     assert "warmshell install-agent:" in capsys.readouterr().err
+
+
+def test_the_init_container_imports_nothing_of_the_driver(tmp_path: Path) -> None:
+    # Every pod start runs it: importing the local driver with it cost ~0.35 s of CPU per pod.
+    probe = (
+        "import runpy, sys; sys.argv = ['warmshell', 'install-agent', sys.argv[1]]\n"
+        "try:\n    runpy.run_module('warmshell', run_name='__main__')\nexcept SystemExit as exit:\n"
+        "    assert exit.code == 0, exit.code\n"
+        "heavy = sorted(m for m in sys.modules if m.startswith(('warmshell.drivers.local.driver', 'grpc')))\n"
+        "print(heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[]"
+    assert (tmp_path / "warmshell-agent").exists()
