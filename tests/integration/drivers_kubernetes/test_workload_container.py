@@ -6,7 +6,6 @@ is restarted and counted and the sandbox has exited — it is never activated a 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -18,8 +17,9 @@ from kubesim.cluster import RunningCluster
 from kubesim.controllers import client as kc
 from tests.helpers.gateway import RunningGateway, running_gateway
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.drivers.kubernetes.rendering import WORKLOAD_CONTAINER
 
-from .conftest import gateway_settings
+from .conftest import container_pid, gateway_settings
 from .test_restarts import pod_with_uid, supervisor_pid, wait_pod
 
 # What the workload looks for, from inside its container: one line per finding (the paths are the
@@ -116,18 +116,7 @@ def host_token(cluster: RunningCluster, sandbox: pb.Sandbox) -> str:
 
 def agent_pid(cluster: RunningCluster, pod: dict[str, object]) -> int:
     """The host pid of the workload container's pid 1 (the agent)."""
-    assert cluster.pod_root is not None
-    meta = pod["metadata"]
-    assert isinstance(meta, dict)
-    marker = f"KUBESIM_POD_ROOT={cluster.pod_root}/{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            agent = (entry / "comm").read_text().strip() == "warmshell-agent"
-            if agent and marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-    (pid,) = found
-    return pid
+    return container_pid(cluster, pod, WORKLOAD_CONTAINER)
 
 
 def process_state(pid: int) -> str:
