@@ -254,7 +254,9 @@ def _hold(pid: int) -> int:
 
 
 def _hold_netns() -> int:
-    """``mountns --hold-netns``: own a new network namespace until killed (the pod's "pause")."""
+    """``mountns --hold-netns``: own a new network namespace (the pod's "pause") until killed or
+    until its stdin, a pipe from the kubelet, closes: a kubelet killed without its clean-up
+    (SIGKILL, OOM) takes its pods' namespaces with it."""
     from kubesim.kubelet import netns
 
     try:
@@ -263,7 +265,8 @@ def _hold_netns() -> int:
         print(f"kubesim: cannot create the pod's network namespace: {exc}", file=sys.stderr, flush=True)
         return 127
     print("ready", flush=True)
-    signal.pause()
+    while os.read(0, 4096):
+        pass
     return 0
 
 

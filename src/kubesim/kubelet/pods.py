@@ -189,7 +189,7 @@ class PodWorker:
     async def _start_netns(self) -> None:
         holder = await containers.start_piped(
             [sys.executable, "-m", "kubesim.kubelet.mountns", "--hold-netns"],
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,  # held open while this kubelet lives (see mountns)
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
