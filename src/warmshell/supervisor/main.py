@@ -54,7 +54,7 @@ from warmshell.sandboxio.agentlink import AgentLink
 from warmshell.sandboxio.agentlisten import accept_agent
 from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
 from warmshell.sandboxio.link import GatewayLink, GrpcLink, SessionCall
-from warmshell.sandboxio.processes import Ended, NotStarted, Runner, StartFailure, run_streaming
+from warmshell.sandboxio.processes import Ended, NotStarted, Runner, StartFailure
 from warmshell.sandboxio.window import OutputWindow
 from warmshell.supervisor.backoff import reconnect_delays
 from warmshell.supervisor.fileops import FileServer
@@ -195,12 +195,14 @@ class Supervisor:
         settings: SupervisorSettings,
         base_env: dict[str, str],
         *,
-        runner: Runner = run_streaming,
+        runner: Runner | None = None,
         link: GatewayLink | None = None,
         serve_files: bool = False,
         workdir: str = "",
     ) -> None:
-        """`runner` starts the workload and execs (default: as this process's children);
+        """`runner` starts the workload and execs (the local driver's, through its sandbox's
+        agent); without one, `settings.agent_socket` must name where the workload container's
+        agent connects (a pod's supervisor), and the agent is the runner;
         `link`, when given, is how to reach the gateway (the local driver runs every sandbox's
         supervisor in the gateway process and passes its in-process link or a shared channel's);
         by default `run` opens a gRPC channel to `settings.gateway` and closes it; `serve_files`:
@@ -239,6 +241,10 @@ class Supervisor:
         try:
             if self.settings.agent_socket is not None:
                 await self._connect_agent(self.settings.agent_socket)
+            elif self._runner is None:
+                # Nothing runs in this process's own namespaces: a command started here would
+                # share the supervisor's uid, filesystem and credential.
+                raise SupervisorExit(2, "WARMSHELL_AGENT_SOCKET is not set: the workload runs only through its agent")
             activation = await self.register()
             # The credential has done its one job; a restarted supervisor reads it again.
             self.settings.credential = ""
@@ -315,6 +321,12 @@ class Supervisor:
             exited = spb.SupervisorMessage(workload_exited=spb.WorkloadExited(exit_code=EXIT_AGENT_LOST))
             self._workload = asyncio.create_task(self._send(exited))
 
+    def _runner_now(self) -> Runner:
+        """The runner, which `run` has ensured before anything can start a command."""
+        if self._runner is None:
+            raise RuntimeError("no runner before the workload's agent connected")
+        return self._runner
+
     def _ended_status(self, code: int) -> int:
         """The exit status once the gateway has ended this supervisor's part in the sandbox."""
         return 0 if self.settings.restart_on_failure else code
@@ -348,7 +360,7 @@ class Supervisor:
             await self._output("", stderr, data)
 
         try:
-            code = (await self._runner(command, env=self._env, cwd=self._workdir, sink=sink)).exit_code
+            code = (await self._runner_now()(command, env=self._env, cwd=self._workdir, sink=sink)).exit_code
         except OSError as exc:  # it never started (e.g. too large for the sandbox): its log says why
             await sink(True, f"warmshell: workload: {exc}\n".encode())
             code = exc.failure.value if isinstance(exc, NotStarted) else StartFailure.NOT_EXECUTABLE.value
@@ -374,7 +386,7 @@ class Supervisor:
         interactive = self._inputs.get(start.exec_id)
         extra = {"io": interactive} if interactive is not None else {}  # plain runners need not know
         try:
-            end = await self._runner(
+            end = await self._runner_now()(
                 list(start.command),
                 env=env,
                 cwd=start.workdir or self._workdir,
