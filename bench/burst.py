@@ -328,7 +328,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         if args.start_rounds:
             say("a sandbox start, broken down")
             data["start"] = start_breakdown(args.start_rounds)
-        async with gateway_process("--pools", str(pools), "--config", str(config)) as gw:
+        async with gateway_process("--pools", str(pools), "--config", str(config), src=args.src) as gw:
             await settle(gw, "seq", args.seq_pool, timeout=120)
             say("cold baseline")
             data["cold"] = await sequential(gw, "cold", args.cold, COLD_ENV)
@@ -393,6 +393,23 @@ def bwrap_argvs(tmp: Path) -> dict[str, list[str]]:
     return argvs
 
 
+def timed_start(argv: list[str], program: bytes) -> tuple[float, float]:
+    """Run one sandbox start to its end, `program` as its seccomp filter (the `--seccomp` fd of
+    `argv` is set here): (wall ms, CPU ms of it and its children, from wait4)."""
+    read, write = os.pipe()
+    os.write(write, program)
+    os.close(write)
+    argv[argv.index("--seccomp") + 1] = str(read)
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, pass_fds=(read,), stdin=subprocess.DEVNULL)
+    os.close(read)
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"bwrap failed ({child.returncode}): {argv}")
+    return (time.perf_counter() - start) * 1000, (usage.ru_utime + usage.ru_stime) * 1000
+
+
 def start_breakdown(rounds: int) -> dict[str, Any]:
     """bwrap starting `/bin/true` with the driver's layout, now and before, alternating."""
     program = seccomp.program()
@@ -401,19 +418,7 @@ def start_breakdown(rounds: int) -> dict[str, Any]:
         argvs = bwrap_argvs(Path(tmp))
         for _ in range(rounds):
             for name, argv in argvs.items():
-                read, write = os.pipe()
-                os.write(write, program)
-                os.close(write)
-                argv[argv.index("--seccomp") + 1] = str(read)
-                start = time.perf_counter()
-                child = subprocess.Popen(argv, pass_fds=(read,), stdin=subprocess.DEVNULL)
-                os.close(read)
-                _, status, usage = os.wait4(child.pid, 0)
-                child.returncode = os.waitstatus_to_exitcode(status)
-                if child.returncode != 0:
-                    raise RuntimeError(f"bwrap failed ({child.returncode}): {argv}")
-                wall = (time.perf_counter() - start) * 1000
-                cpu = (usage.ru_utime + usage.ru_stime) * 1000
+                wall, cpu = timed_start(argv, program)
                 sample = samples.setdefault(name, {"wall_ms": [], "cpu_ms": []})
                 sample["wall_ms"].append(wall)
                 sample["cpu_ms"].append(cpu)
@@ -548,6 +553,9 @@ def main() -> None:
         help="clients create, then watch until Ready (as the CLI does) instead of one create that waits",
     )
     parser.add_argument("--name", default="burst", help="results file name under bench/results/")
+    parser.add_argument(
+        "--src", type=Path, default=None, help="run the gateway from this tree's src/ (an older one to compare)"
+    )
     args = parser.parse_args()
     global ONE_CALL
     ONE_CALL = not args.create_and_watch

@@ -2,13 +2,19 @@
 
 - Throughput: one client program (Python's urllib, 1 MiB reads) downloading from an upstream on
   127.0.0.2 (a threaded http.server subprocess): from the host directly, and from inside a
-  sandbox through the agent's shim and the gateway's proxy; one stream of `--mib` MiB, then 16
+  sandbox through the agent's relay and the gateway's proxy; one stream of `--mib` MiB, then 16
   concurrent streams sharing the same byte count. Each pair is the same bytes, run one after the
   other (never at once), after one untimed warm-up of each; `--repeats` alternating pairs, and
   the ratio is of the medians: on a shared machine one pair swings several times either way.
 - Connection setup: `--connects` TCP connections to the upstream, from the host directly, and
   through the proxy (connect to 127.0.0.1:3128 inside, CONNECT, wait for the 200); p50 added.
 - Warm create -> Ready with a policy (`--allow-net`) and without, alternating against one pool.
+- The gateway's CPU time per MiB proxied (its /proc stat around each proxied download): a figure
+  the machine's load changes far less than the wall-clock ratios.
+
+The sandbox the downloads run in gets as many cpus as the host has (`--cpu`): at the default of
+one, its cgroup quota throttled the client and the relay, and the ratio measured the quota rather
+than the proxy (the direct client runs unthrottled).
 
 The upstream's listen backlog is 128: at http.server's default of 5, 16 connections arriving at
 once overflowed it, the kernel dropped SYNs, and the clients waited the 1 s SYN retransmit, the
@@ -108,12 +114,20 @@ async def _sandbox_run(gw: GatewayProcess, name: str, *args: str) -> dict:
     return json.loads(out)
 
 
-async def _pair(gw: GatewayProcess, authority: str, size: int, streams: int) -> tuple[float, float]:
-    """Seconds for the same download direct and proxied, one after the other."""
+def _cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _pair(gw: GatewayProcess, authority: str, size: int, streams: int) -> tuple[float, float, float]:
+    """Seconds for the same download direct and proxied, one after the other, and the gateway's
+    CPU seconds during the proxied one."""
     args = ("fetch", authority, str(size), str(streams))
     direct = _host_run(*args)["seconds"]
+    before = _cpu_seconds(gw.process.pid)
     proxied = (await _sandbox_run(gw, "bench", *args))["seconds"]
-    return direct, proxied
+    return direct, proxied, _cpu_seconds(gw.process.pid) - before
 
 
 async def _throughput(gw: GatewayProcess, authority: str, mib: int, repeats: int) -> dict:
@@ -123,15 +137,16 @@ async def _throughput(gw: GatewayProcess, authority: str, mib: int, repeats: int
         size = total // streams
         await _pair(gw, authority, size, streams)  # warm-up: page cache, upstream threads, imports
         pairs = [await _pair(gw, authority, size, streams) for _ in range(repeats)]
-        direct = statistics.median(d for d, _ in pairs)
-        proxied = statistics.median(p for _, p in pairs)
+        direct = statistics.median(d for d, _, _ in pairs)
+        proxied = statistics.median(p for _, p, _ in pairs)
         mib_moved = size * streams / 2**20
         results[label] = {
             "mib": mib_moved,
             "direct_mib_s": mib_moved / direct,
             "proxy_mib_s": mib_moved / proxied,
             "ratio": direct / proxied,
-            "ratios_each": [d / p for d, p in pairs],
+            "ratios_each": [d / p for d, p, _ in pairs],
+            "gateway_cpu_ms_per_mib": 1000 * statistics.median(c for _, _, c in pairs) / mib_moved,
         }
     return results
 
@@ -176,7 +191,10 @@ async def measure(mib: int, connects: int, creates: int, pool_size: int, repeats
             config.write_text("[network]\nrequests_may_widen = true\nmax_bytes_per_second = 10000000000\n")
             async with gateway_process("--pools", str(pools), "--config", str(config)) as gw:
                 await wait_idle(gw, "egress", pool_size, timeout=300)
-                await gw.create_ready(name="bench", spec=pb.SandboxSpec(network=pb.NetworkPolicy(allow=[authority])))
+                spec = pb.SandboxSpec(
+                    network=pb.NetworkPolicy(allow=[authority]), resources=pb.Resources(cpu=str(os.cpu_count()))
+                )
+                await gw.create_ready(name="bench", spec=spec)
                 data = {
                     "throughput": await _throughput(gw, authority, mib, repeats),
                     "setup": await _setup(gw, authority, connects),
@@ -195,13 +213,14 @@ def _table(data: dict) -> str:
     lines = [
         f"Throughput: medians of {data['repeats']} alternating pairs after a warm-up (each pair's ratio last).",
         "",
-        "| throughput | MiB | direct MiB/s | proxy MiB/s | proxy / direct | each pair |",
-        "|---|---:|---:|---:|---:|---|",
+        "| throughput | MiB | direct MiB/s | proxy MiB/s | proxy / direct | each pair | gateway CPU ms/MiB |",
+        "|---|---:|---:|---:|---:|---|---:|",
     ]
     for label, row in data["throughput"].items():
         rates = f"{row['direct_mib_s']:.0f} | {row['proxy_mib_s']:.0f}"
         each = ", ".join(f"{ratio:.2f}" for ratio in row["ratios_each"])
-        lines.append(f"| {label} | {row['mib']:.0f} | {rates} | {row['ratio']:.2f} | {each} |")
+        cpu = f"{row['gateway_cpu_ms_per_mib']:.2f}"
+        lines.append(f"| {label} | {row['mib']:.0f} | {rates} | {row['ratio']:.2f} | {each} | {cpu} |")
     setup = data["setup"]
     lines += [
         "",

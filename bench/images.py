@@ -111,7 +111,9 @@ async def many(gw: GatewayProcess, count: int) -> dict[str, Any]:
     """`count` sandboxes of the Debian image, each writing 1 MB into /usr/lib: disk and memory."""
     disk_before, shmem_before = disk_kib(gw.state), shmem_kib()
     for i in range(count):
-        await gw.create(name=f"many-{i}", spec=pb.SandboxSpec(image=IMAGES["debian"], environment={"POOL": "many"}))
+        await gw.create(
+            name=f"many-{i}", spec=pb.SandboxSpec(image=IMAGES["debian"], environment={"POOL": "many"}, no_command=True)
+        )
     for i in range(count):
         await gw.wait_ready(f"many-{i}")
         request = pb.ExecSandboxRequest(
@@ -142,12 +144,13 @@ async def measure(creates: int, many_count: int, big_mb: int, work: Path) -> dic
         data: dict[str, Any] = {"image_bytes": sizes}
         cold = {"cold_host": pb.SandboxSpec(environment={"POOL": "cold"})}
         for key, image in IMAGES.items():
-            cold[f"cold_{key}"] = pb.SandboxSpec(image=image, environment={"POOL": "cold"})
+            # The image runs nothing, as the host root does: the Debian image's Cmd (bash) would exit.
+            cold[f"cold_{key}"] = pb.SandboxSpec(image=image, environment={"POOL": "cold"}, no_command=True)
         data.update(await interleaved_creates(gw, cold, creates))
         await wait_idle(gw, {"host": creates, "debian": creates})
         warm = {
             "warm_host": pb.SandboxSpec(environment={"POOL": "host"}),
-            "warm_debian": pb.SandboxSpec(image=IMAGES["debian"], environment={"POOL": "debian"}),
+            "warm_debian": pb.SandboxSpec(image=IMAGES["debian"], environment={"POOL": "debian"}, no_command=True),
         }
         data.update(await interleaved_creates(gw, warm, creates))
         data["many"] = await many(gw, many_count)

@@ -30,7 +30,15 @@ through it:
    each gateway, Postgres, this process) net of what each spends idle, and the gateways'
    kubesim requests per create; `--profile-dir` adds py-spy stacks.
 
-`--parts` runs a subset (fast, poisson, sustained).
+6. (`--parts cpu`) where the CPU of a warm create goes, before and after a change: one gateway on
+   SQLite, a pool of `--pool`, warm creates at `--cpu-rate` for `--cpu-seconds` (each deleted once
+   Ready), for `--cpu-rounds` rounds alternating the tree under test with `--before-src` (an older
+   tree's `src/`, run by kubesim, its pods and the gateway alike). Each round reports the CPU per
+   create of every process (kubesim's API server and its controllers process apart), the gateway's
+   by thread (its event loop, the SQLite worker, gRPC's), with py-spy on PATH each busy sample's
+   part of the code, and the gateway's API requests per create (writes apart).
+
+`--parts` runs a subset (fast, poisson, sustained, cpu; the first three by default).
 
 `--pods` says how kubesim runs the warmshell image's pods: `fork` (the default) forks each pod's
 supervisor from kubesim's pre-imported fork server (its default rule for the image: one import
@@ -50,16 +58,18 @@ import contextlib
 import fnmatch
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
+import cpuparts
 import grpc
 import ratesearch
 from harness import summary, write_results
@@ -619,7 +629,10 @@ async def _sustain(
             return f"{name}: {exc.code().name}: {(exc.details() or '')[:200]}"
         except AssertionError as exc:  # never Ready
             return f"{name}: {str(exc).splitlines()[0][:200]}"
-        await setup.front.DeleteSandbox(pb.SandboxRef(name=name), metadata=setup.replicas.metadata)
+        try:
+            await setup.front.DeleteSandbox(pb.SandboxRef(name=name), metadata=setup.replicas.metadata)
+        except grpc.aio.AioRpcError as exc:  # counted (a refused stream under load), not fatal to the run
+            return f"{name}: delete: {exc.code().name}: {(exc.details() or '')[:200]}"
         return result
 
     cpu = CpuSplit(setup)
@@ -690,6 +703,111 @@ async def _sustain(
         "api_requests_per_create": {k: round(v, 2) for k, v in sorted(per_create.items()) if v >= 0.05},
         "load_average": os.getloadavg(),
     }
+
+
+WRITE_VERBS = ("create", "update", "patch", "delete")
+
+
+@contextlib.contextmanager
+def python_path(src: str) -> Iterator[None]:
+    """Processes started meanwhile import warmshell and kubesim from `src` (nothing: this tree)."""
+    before = os.environ.get("PYTHONPATH")
+    if src:
+        os.environ["PYTHONPATH"] = str(Path(src).resolve())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def _processes(setup: Setup) -> dict[str, int]:
+    """The pids whose CPU the cpu part splits: the gateway, kubesim's API server and controllers."""
+    pids = {"gateway": setup.replicas.replicas[0].process.pid, "kubesim API server": setup.cluster.pid}
+    for child in descendants(setup.cluster.pid):
+        if is_kubesim_process(child):
+            pids["kubesim controllers, kubelet"] = child
+    return pids
+
+
+def _spy_parts(pids: dict[str, int], directory: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
+    """py-spy of each process for `seconds` (nothing when py-spy is not on PATH)."""
+    if shutil.which("py-spy") is None:
+        return []
+    directory.mkdir(parents=True, exist_ok=True)
+    record = ["py-spy", "record", "--nonblocking", "-r", "100", "-f", "raw", "-d", str(int(seconds))]
+    return [
+        subprocess.Popen(
+            [*record, "-p", str(pid), "-o", str(directory / f"{name}.txt")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
+
+
+async def cpu_round(setup: Setup, *, rate: float, seconds: float, pool: int, spy_dir: Path) -> dict[str, Any]:
+    """One measured run at `rate` from a full pool: `_sustain`'s figures, plus the CPU per create
+    of each process and thread, and each process's busy samples by part of the code."""
+    await setup.pool(pool)
+    await setup.wait_idle(pool)
+    await settle(setup, pool)
+    pids = _processes(setup)
+    before = {name: cpuparts.thread_seconds(pid) for name, pid in pids.items()}
+    spies = _spy_parts(pids, spy_dir, seconds)
+    row = await _sustain(setup, rate, seconds=seconds, pool=pool)
+    after = {name: cpuparts.thread_seconds(pid) for name, pid in pids.items()}
+    for spy in spies:
+        await asyncio.to_thread(spy.wait)
+    creates = row["creates"]
+    row["threads_ms_per_create"] = {
+        name: cpuparts.by_thread_name_ms(before[name], after[name], creates) for name in pids
+    }
+    row["main_thread_ms_per_create"] = {
+        name: cpuparts.main_thread_ms(before[name], after[name], pid, creates) for name, pid in pids.items()
+    }
+    row["spy_shares"] = {name: cpuparts.spy_shares(spy_dir / f"{name}.txt") for name in pids}
+    requests = row["api_requests_per_create"]
+    # A TokenReview is a POST that stores nothing: not a write.
+    writes = (n for k, n in requests.items() if k.split()[0] in WRITE_VERBS and "tokenreviews" not in k)
+    row["api_writes_per_create"] = round(sum(writes), 2)
+    row.pop("pool_samples", None)
+    await setup.delete_all()
+    await setup.wait_pods_gone()
+    return row
+
+
+async def cpu_rounds(args: argparse.Namespace, root: Path, password: Path, guard: MemoryGuard) -> list[dict[str, Any]]:
+    """`--cpu-rounds` rounds, each the tree under test and `--before-src` (when given), alternating;
+    every round on a kubesim and a gateway of its own, started from that tree."""
+    trees = [("after", "")] + ([("before", args.before_src)] if args.before_src else [])
+    rows: list[dict[str, Any]] = []
+    for round_ in range(args.cpu_rounds):
+        for label, src in trees if round_ % 2 == 0 else trees[::-1]:
+            with python_path(src):
+                async with kubesim_process("default", pod_images(args.pods)) as cluster:
+                    setup = await with_setup(
+                        cluster,
+                        root,
+                        f"cpu-{label}-{round_}",
+                        replicas=1,
+                        store_url="",
+                        password_file=password,
+                        guard=guard,
+                        short_intervals=False,
+                    )
+                    try:
+                        spy_dir = root / f"spy-{label}-{round_}"
+                        row = await cpu_round(
+                            setup, rate=args.cpu_rate, seconds=args.cpu_seconds, pool=args.pool, spy_dir=spy_dir
+                        )
+                    finally:
+                        await setup.aclose()
+            rows.append({"tree": label, "round": round_, **row})
+            print(f"cpu round {round_} {label}: {row['net_cpu_ms_per_create']}", file=sys.stderr, flush=True)
+    return rows
 
 
 async def with_setup(
@@ -815,6 +933,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             _checkpoint(args, data)
                     finally:
                         await setup.aclose()
+        if "cpu" in parts:
+            data["cpu"] = await cpu_rounds(args, root, password, guard)
+            data["before_src"] = args.before_src
+            _checkpoint(args, data)
     return data
 
 
@@ -854,6 +976,8 @@ def table_for(data: dict[str, Any]) -> str:
         text += _poisson_table(data["poisson"])
     for found in data.get("sustained") or []:
         text += _sustained_table(found)
+    if data.get("cpu"):
+        text += _cpu_table(data["cpu"], data.get("before_src") or "")
     pods = {"fork": "forked from kubesim's pre-imported fork server", "shim": "exec'd through the tests' pod shim"}
     text += f"\nThe warmshell pods' supervisors were {pods[data.get('pods', 'shim')]} (`--pods`).\n"
     if data.get("poisson") or data.get("sustained"):
@@ -971,6 +1095,64 @@ def _sustained_table(found: dict[str, Any]) -> str:
     return text + f"\nHighest sustained: **{found['highest_sustained_rate']:g}/s**{bound}.\n"
 
 
+def _median_by_tree(
+    rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per tree, the median over its rounds of each figure `key` picks from a row."""
+    out: dict[str, dict[str, float]] = {}
+    for tree in dict.fromkeys(r["tree"] for r in rows):
+        picked = [key(r) for r in rows if r["tree"] == tree]
+        names = dict.fromkeys(n for p in picked for n in p)
+        out[tree] = {n: sorted(p.get(n, 0.0) for p in picked)[len(picked) // 2] for n in names}
+    return out
+
+
+def _cpu_table(rows: list[dict[str, Any]], before_src: str) -> str:
+    trees = list(dict.fromkeys(r["tree"] for r in rows))
+    text = "\n### Where a warm create's CPU goes (1 gateway on SQLite, kubesim `default`; median of rounds)\n\n"
+    if before_src:
+        text += f"`before` is the tree at `{before_src}`, `after` this one; rounds alternate between them.\n\n"
+    text += (
+        "| round | tree | rate/s | creates | p50 ms | p99 ms | load avg | "
+        + " | ".join(rows[0]["net_cpu_ms_per_create"])
+        + " |\n"
+    )
+    text += "|---|---|---|---|---|---|---|" + "---|" * len(rows[0]["net_cpu_ms_per_create"]) + "\n"
+    for r in rows:
+        text += (
+            f"| {r['round']} | {r['tree']} | {r['rate']:g} | {r['creates']} | {r['ms']['p50']:.0f} "
+            f"| {r['ms']['p99']:.0f} "
+            f"| {r['load_average'][0]:.1f} | "
+            + " | ".join(f"{v:.1f}" for v in r["net_cpu_ms_per_create"].values())
+            + " |\n"
+        )
+    processes = _median_by_tree(rows, lambda r: {n: sum(t.values()) for n, t in r["threads_ms_per_create"].items()})
+    threads = _median_by_tree(rows, lambda r: r["threads_ms_per_create"]["gateway"])
+    writes = _median_by_tree(rows, lambda r: {"writes": r["api_writes_per_create"], **r["api_requests_per_create"]})
+    text += _by_tree("CPU ms per create by process (all its threads, not net of idle):", "process", trees, processes)
+    text += _by_tree("The gateway by thread, CPU ms per create:", "thread", trees, threads)
+    for process in processes[trees[0]]:
+        shares = _median_by_tree(rows, lambda r, p=process: r["spy_shares"].get(p, {}))
+        main = _median_by_tree(rows, lambda r, p=process: {"ms": r["main_thread_ms_per_create"][p]})
+        if any(shares.values()):
+            title = (
+                f"{process}, its main thread (the event loop: "
+                + ", ".join(f"{t} {main[t]['ms']:.1f}" for t in trees)
+                + " ms per create) by part of the code (py-spy busy samples x that CPU):"
+            )
+            parts = {t: {k: v * main[t]["ms"] for k, v in shares[t].items()} for t in trees}
+            text += _by_tree(title, "part", trees, parts)
+    return text + _by_tree("The gateway's API requests per create:", "request", trees, writes, fmt="g")
+
+
+def _by_tree(title: str, column: str, trees: list[str], figures: dict[str, dict[str, float]], fmt: str = ".1f") -> str:
+    """A table under `title`: a row per name, a column per tree, each cell that tree's figure."""
+    text = f"\n{title}\n\n| {column} | " + " | ".join(trees) + " |\n|---|" + "---|" * len(trees) + "\n"
+    for name in dict.fromkeys(n for t in trees for n in figures[t]):
+        text += f"| {name} | " + " | ".join(format(figures[t].get(name, 0.0), fmt) for t in trees) + " |\n"
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sequential", type=int, default=30)
@@ -1033,6 +1215,12 @@ def main() -> None:
         help="the Poisson and sustained parts' gateway heartbeats, relists and Lease: the gateway's defaults, or"
         " the tests' short ones (1 s heartbeats and relists, as every run before this option); the fast part,"
         " which times a kill -9, always uses the tests'",
+    )
+    parser.add_argument("--cpu-rate", type=float, default=6.0, help="the cpu part's warm creates per second")
+    parser.add_argument("--cpu-seconds", type=float, default=30.0, help="how long each cpu round sends creates")
+    parser.add_argument("--cpu-rounds", type=int, default=2, help="cpu rounds of each tree (alternating)")
+    parser.add_argument(
+        "--before-src", default="", help="the cpu part's older tree: its src/ (e.g. `git archive <commit> src`)"
     )
     parser.add_argument("--name", default="replicas")
     args = parser.parse_args()

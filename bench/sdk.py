@@ -1,7 +1,8 @@
 """Issue 15 benchmark: what the Python SDK adds over the raw gRPC stubs, in one run against one
 gateway process (local driver): warm create -> Ready, and the `run(["true"])` round trip. Issue 33
 adds the byte path (`sdk_transfers.py`): one 5 MiB transfer each way and a 13-file bulk upload,
-before/after in the same run with `--before-src`.
+before/after in the same run with `--before-src`; and the harness fan-out (`sdk_fanout.py`): 50
+episodes at once (`--fanout-only` measures it alone, keeping the other figures of the last run).
 
 Four clients are measured side by side, interleaved sample by sample so drift in a shared
 machine hits them alike: the raw sync stubs, `warmshell.Client`, the raw grpc.aio stubs, and
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import tempfile
 import time
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import grpc
 from harness import GatewayProcess, gateway_process, summary, write_results
+from sdk_fanout import fanout_table, measure_fanout
 from sdk_transfers import measure_transfers, transfers_table
 from warm_path import wait_idle, write_profile
 
@@ -224,16 +227,8 @@ async def _execs(
     return samples
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--creates", type=int, default=60, help="rounds of four creates")
-    parser.add_argument("--execs", type=int, default=300, help="rounds of four run(['true'])")
-    parser.add_argument("--pool-size", type=int, default=24)
-    parser.add_argument("--transfer-rounds", type=int, default=20, help="rounds of the byte-path figures")
-    parser.add_argument("--before-src", type=Path, help="an older tree's src/ for the byte path's before column")
-    args = parser.parse_args()
-    data = asyncio.run(measure(args.creates, args.execs, args.pool_size))
-    data["transfers"] = asyncio.run(measure_transfers(args.transfer_rounds, args.before_src))
+def render(data: dict) -> str:
+    """The markdown of a run's figures (`data` as written to sdk.json)."""
     table = "| measure | client | n | p50 ms | p90 ms | p99 ms |\n|---|---|---|---|---|---|\n"
     for label, key in (("create -> Ready (warm)", "create_ready_ms"), ('run(["true"])', "run_true_ms")):
         for kind in KINDS:
@@ -243,7 +238,6 @@ def main() -> None:
     for label, o in data["sdk_overhead_ms"].items():
         table += f"| {label} | {o['median_paired_ms']:+.3f} | {o['p50_difference_ms']:+.3f} |\n"
     worst = max(o["median_paired_ms"] for o in data["sdk_overhead_ms"].values())
-    data["targets"] = {"sdk_overhead_le_0_3ms": worst <= 0.3}
     cpu = data["sdk_client_cpu_us_p50"]
     table += (
         f"\nCPU the SDK adds per call, without I/O (p50 of 10,000): create {cpu['create']:.1f} us, "
@@ -254,7 +248,39 @@ def main() -> None:
         f"Creates served: {data['allocations']}. Measured on a machine shared with other work.\n"
     )
     table += "\n## The byte path (issue 33)\n" + transfers_table(data["transfers"])
-    write_results("sdk", data, table)
+    if "fanout" in data:
+        table += "\n## The harness fan-out (issue 33)\n\n" + fanout_table(data["fanout"])
+        if earlier := data.get("other_figures_from"):
+            table += f"\nThe figures above the fan-out are from the earlier run of {earlier}.\n"
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--creates", type=int, default=60, help="rounds of four creates")
+    parser.add_argument("--execs", type=int, default=300, help="rounds of four run(['true'])")
+    parser.add_argument("--pool-size", type=int, default=24)
+    parser.add_argument("--transfer-rounds", type=int, default=20, help="rounds of the byte-path figures")
+    parser.add_argument("--before-src", type=Path, help="an older tree's src/ for the byte path's before column")
+    parser.add_argument("--fanout-episodes", type=int, default=50, help="episodes at once in the harness fan-out")
+    parser.add_argument("--fanout-rounds", type=int, default=3)
+    parser.add_argument(
+        "--fanout-only",
+        action="store_true",
+        help="measure only the fan-out; the other figures are kept from results/sdk.json (and said to be)",
+    )
+    args = parser.parse_args()
+    if args.fanout_only:
+        earlier = json.loads((Path(__file__).resolve().parent / "results" / "sdk.json").read_text())
+        data = {k: v for k, v in earlier.items() if k not in ("command", "date", "machine", "other_figures_from")}
+        data["other_figures_from"] = f"{earlier['date']} (`{earlier['command']}`)"
+    else:
+        data = asyncio.run(measure(args.creates, args.execs, args.pool_size))
+        data["transfers"] = asyncio.run(measure_transfers(args.transfer_rounds, args.before_src))
+    data["fanout"] = asyncio.run(measure_fanout(args.fanout_episodes, args.fanout_rounds))
+    worst = max(o["median_paired_ms"] for o in data["sdk_overhead_ms"].values())
+    data["targets"] = {"sdk_overhead_le_0_3ms": worst <= 0.3, "fanout_wall_le_3s": data["fanout"]["target_wall_le_3s"]}
+    write_results("sdk", data, render(data))
 
 
 if __name__ == "__main__":

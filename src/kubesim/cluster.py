@@ -170,10 +170,12 @@ async def run_controllers(
     image_map: ImageMapLike = None,
     pod_root: pathlib.Path | None = None,
     kubelet: bool = True,
+    via: str = "",
 ) -> None:
     """Run the agent-sandbox controllers and the kubelet against the API server at ``url`` until
     cancelled. The server's CA comes from ``kubeconfig`` (an admin kubeconfig), when given; so do
-    the URL and token when they are not.
+    the URL and token when they are not. With ``via`` the requests go there (the server's
+    plain-HTTP loopback listener), while pods are still told ``url``.
 
     Without explicit arguments, ``KUBESIM_TIMING`` (``default``/``fast``) and ``KUBESIM_IMAGE_MAP``
     (a file, see ``kubesim.kubelet.images``) in the environment choose the profile and image map,
@@ -183,13 +185,13 @@ async def run_controllers(
         timing = timing_mod.profile(os.environ.get("KUBESIM_TIMING", "default"), os.environ)
     if image_map is None and os.environ.get("KUBESIM_IMAGE_MAP"):
         image_map = ImageMap.from_file(os.environ["KUBESIM_IMAGE_MAP"])
-    configured = kc.KubeClient.from_kubeconfig(kubeconfig) if kubeconfig else None
+    configured = kc.KubeClient.from_kubeconfig(kubeconfig, via=via) if kubeconfig else None
     if url is None or token is None:
         if configured is None:
             raise ValueError("run_controllers needs url and token, or an admin kubeconfig")
         api = configured
     else:
-        api = kc.KubeClient(url, token, ca_pem=configured.ca_pem if configured else None)
+        api = kc.KubeClient(url, token, ca_pem=configured.ca_pem if configured else None, via=via)
     if timing.api_latency > 0:
         # API latency is the API server's to inject (its fault-injection admin endpoint).
         await api.request("POST", "/_kubesim/faults", body={"action": "latency", "seconds": timing.api_latency})

@@ -115,8 +115,9 @@ def _wait(what: str, probe: Any, within: float = 60.0) -> Any:
 
 
 def test_chart_installs_serves_upgrades_and_uninstalls(cluster: Cluster) -> None:
+    values = ("warmPooling.profiles.enabled=true", "egress.enabled=true", "egress.requestsMayWiden=true")
     installed = cluster.helm(
-        "install", "warmshell", str(CHART), "-n", NS, "--create-namespace", "--set", "warmPooling.profiles.enabled=true"
+        "install", "warmshell", str(CHART), "-n", NS, "--create-namespace", *(f"--set={v}" for v in values)
     )
     assert "STATUS: deployed" in installed.stdout
     rolled = cluster.kubectl("-n", NS, "rollout", "status", "deploy/warmshell", "--timeout=90s")
@@ -158,6 +159,7 @@ def test_chart_installs_serves_upgrades_and_uninstalls(cluster: Cluster) -> None
     assert any(line.split()[:4] == ["cold", "default", "Ready", "cold"] for line in listed.splitlines()), listed
     assert cli("sandbox", "exec", "warm", "--", "sh", "-c", "echo hi from $(pwd)").stdout == "hi from /workspace\n"
     assert cli("sandbox", "exec", "cold", "--", "sh", "-c", "echo cold").stdout == "cold\n"
+    _egress_through_the_chart(cluster, cli)
 
     # A changed value rolls the gateway (config checksum); the sandboxes survive it.
     before = gateway["metadata"]["name"]
@@ -179,9 +181,28 @@ def test_chart_installs_serves_upgrades_and_uninstalls(cluster: Cluster) -> None
     # What the chart documents: everything it created goes (keys, PVC included); sandboxes and the
     # pools the profile reconciler generated are not Helm's, and the example ConfigMaps are ours.
     leftover = cluster.json(
-        "-n", NS, "get", "deploy,rs,svc,endpointslices,secrets,pvc,serviceaccounts,roles,rolebindings,leases"
+        "-n", NS, "get", "deploy,rs,svc,endpointslices,secrets,pvc,serviceaccounts,roles,rolebindings,leases,netpol"
     )["items"]
     names = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in leftover)
     assert names == ["ServiceAccount/default"], names
     cluster_wide = cluster.json("get", "clusterroles,clusterrolebindings")["items"]
     assert not [o for o in cluster_wide if "warmshell" in o["metadata"]["name"]]
+
+
+def _egress_through_the_chart(cluster: Cluster, cli: Any) -> None:
+    """A pod's workload reaches the proxy in the gateway pod through the `warmshell-egress`
+    Service, with the credential its activation carried; a host its policy does not allow is
+    refused there (before any lookup: kubesim's pods reach nothing beyond the cluster) and listed
+    by `sandbox egress`. The NetworkPolicy is stored (kubesim does not enforce it)."""
+    policy = cluster.json("-n", NS, "get", "networkpolicy", "warmshell-sandboxes")
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"warmshell.dev/managed-by": "warmshell"}}
+    assert cluster.json("-n", NS, "get", "svc", "warmshell-egress")["spec"]["ports"][0]["port"] == 3128
+    cli("sandbox", "create", "--name", "net", "--allow-net", "allowed.example:80")
+    proxy = cli("sandbox", "exec", "net", "--", "sh", "-c", 'printf %s "$HTTPS_PROXY"').stdout
+    assert proxy.startswith("http://")
+    assert proxy.endswith("@warmshell-egress.warmshell.svc.cluster.local:3128")
+    fetch = "curl -sS -o /dev/null -w '%{http_code}' http://denied.example/"
+    assert cli("sandbox", "exec", "net", "--", "sh", "-c", fetch).stdout == "403"
+    listed = json.loads(cli("sandbox", "egress", "net", "-o", "json").stdout)
+    assert [(d["host"], d["allowed"]) for d in listed["decisions"]] == [("denied.example", False)], listed
+    cli("sandbox", "delete", "net")

@@ -3,19 +3,21 @@ process (`warmshell gateway start`) with its own state directory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from tests.helpers.prelude import after_prelude
 
-__all__ = ["CliGateway", "start_gateway", "warmshell_env", "warmshell_executable"]
+__all__ = ["CliGateway", "configured_gateway", "start_gateway", "warmshell_env", "warmshell_executable"]
 
 START_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 30.0
@@ -139,3 +141,17 @@ def start_gateway(state_dir: Path, *extra_args: str) -> CliGateway:
             raise AssertionError(f"{exc}\n--- gateway log ---\n{log_path.read_text(errors='replace')}") from None
     info = json.loads((state_dir / "gateway.json").read_text())
     return CliGateway(process=process, state_dir=state_dir, log_path=log_path, info=info)
+
+
+@contextlib.contextmanager
+def configured_gateway(root: Path, config: str, *extra_args: str) -> Iterator[CliGateway]:
+    """A gateway with `config` as its config file (written under `root`, its state there too),
+    that must stop cleanly (SIGTERM, exit 0) when the block ends."""
+    assert shutil.which("bwrap"), "bubblewrap (bwrap) is required: apt-get install bubblewrap"
+    path = root / "gateway.toml"
+    path.write_text(config)
+    running = start_gateway(root / "state", "--config", str(path), *extra_args)
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.log()

@@ -136,6 +136,7 @@ class Replica:
     process: subprocess.Popen[bytes]
     tcp: str = ""
     http: str = ""
+    egress: str = ""  # the egress proxy's network listener, with [network] proxy_listen
     draining: bool = False  # out of the Service's endpoints (a terminating pod)
 
     def log(self) -> str:
@@ -223,7 +224,7 @@ class ReplicaSet:
         """The live replicas' gRPC addresses (the Service's endpoints)."""
         return [r.tcp for r in self.replicas if r.alive and r.tcp and not r.draining]
 
-    def _config(self, replica_id: str, state: Path, own: dict[str, Any]) -> str:
+    def _config(self, replica_id: str, state: Path, own: dict[str, Any], network: dict[str, Any]) -> str:
         driver = self.driver.model_dump()
         election = driver.pop("leader_election")
         driver.pop("warm_pooling")
@@ -246,6 +247,8 @@ class ReplicaSet:
         top |= self.settings
         election.pop("identity")
         sections: dict[str, dict[str, Any]] = {"": top}
+        if network:
+            sections["network"] = network
         if self.store_url:  # else SQLite in the state directory: one gateway, no replicas
             sections["store"] = {"url": self.store_url, "password_file": str(self.password_file)}
         return _toml(
@@ -257,9 +260,10 @@ class ReplicaSet:
             }
         )
 
-    async def start_one(self, **own: Any) -> Replica:
+    async def start_one(self, *, network: dict[str, Any] | None = None, **own: Any) -> Replica:
         """Start a new replica (a new pod: new id, new state directory) and wait until it serves;
-        `own`: its own [replicas] settings (e.g. a token_file or address of its own)."""
+        `own`: its own [replicas] settings (e.g. a token_file or address of its own); `network`:
+        its [network] settings."""
         replica_id = f"gw-{next(self._names)}"
         state = self.root / replica_id
         state.mkdir(mode=0o700, parents=True)
@@ -267,7 +271,7 @@ class ReplicaSet:
             shutil.copy(self.shared / name, state / name)
             os.chmod(state / name, 0o600)
         config = self.root / f"{replica_id}.toml"
-        config.write_text(self._config(replica_id, state, own))
+        config.write_text(self._config(replica_id, state, own, network or {}))
         with (state / "gateway.log").open("wb") as log:
             process = subprocess.Popen(
                 _dying_with_this_process(
@@ -287,7 +291,7 @@ class ReplicaSet:
                 raise AssertionError(f"replica {replica_id} did not start:\n{replica.log()[-4000:]}")
             await asyncio.sleep(0.05)
         data = json.loads(info.read_text())
-        replica.tcp, replica.http = data["tcp"], data["http"]
+        replica.tcp, replica.http, replica.egress = data["tcp"], data["http"], data.get("egress", "")
         return replica
 
     def kill(self, replica: Replica) -> None:

@@ -29,7 +29,8 @@ def test_public_surface_is_pinned() -> None:
         "Allocation", "AlreadyExists", "ApiError", "AsyncClient", "AsyncProcess", "AsyncSandbox", "Client",
         "CommandFailed", "CommandTimeout", "Condition", "Conflict", "DeadlineExceeded", "EgressDecision", "Error",
         "ExecError", "ExecOutcome", "ExecResult", "FailedPrecondition", "InvalidArgument", "Lifetime", "Network",
-        "NotFound", "OutputEvent", "PermissionDenied", "Phase", "PoolInfo", "Process", "ResourceExhausted",
-        "Sandbox", "SandboxError", "SandboxInfo", "Secret", "Timeline", "Unauthenticated", "Unavailable", "Usage",
+        "NotFound", "OutputEvent", "PermissionDenied", "Phase", "PoolInfo", "Process", "ProcessInfo",
+        "ResourceExhausted", "Sandbox", "SandboxError", "SandboxInfo", "Secret", "Timeline", "Unauthenticated",
+        "Unavailable", "Usage",
         "__version__",
     ]  # fmt: skip

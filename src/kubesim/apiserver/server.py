@@ -47,6 +47,10 @@ class ServerConfig:
     namespaces: tuple[str, ...] = BOOTSTRAP_NAMESPACES
     # HTTPS by default: client-go (kubectl) never sends bearer tokens over plain HTTP.
     tls: bool = True
+    # With TLS, a second listener on the same host speaking plain HTTP, for kubesim's own
+    # controllers and kubelet (`internal_url`): TLS in Python's asyncio was half the API server's
+    # CPU under warm creates and a sixth of the controllers'. Tokens are checked the same way.
+    internal_http: bool = False
     authorizer: Authorizer = field(default_factory=AllowAll)
     # Enforce RBAC (replaces ``authorizer``): only system:masters (the admin and default user
     # tokens) bypasses it; ServiceAccount tokens get what their bindings grant.
@@ -82,6 +86,8 @@ class ApiServer:
         self.controllers: Controllers | None = None
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
+        self._internal_site: web.TCPSite | None = None
+        self.internal_port = 0
         self._offline: asyncio.Task[None] | None = None
         self.port = cfg.port
         self.certificates = tls.generate((cfg.host, "localhost")) if cfg.tls else None
@@ -117,17 +123,21 @@ class ApiServer:
     async def _listen(self) -> None:
         assert self._runner is not None
         await self._runner.setup()
-        await self._open_site(self.config.port)
+        await self._open_sites(self.config.port, 0)
 
-    async def _open_site(self, port: int) -> None:
-        assert self._runner is not None
+    async def _open_sites(self, port: int, internal_port: int) -> None:
         ssl_context = self.certificates.server_context() if self.certificates else None
+        self._site, self.port = await self._open_site(port, ssl_context)
+        if self.certificates is not None and self.config.internal_http:
+            self._internal_site, self.internal_port = await self._open_site(internal_port, None)
+
+    async def _open_site(self, port: int, ssl_context: Any) -> tuple[web.TCPSite, int]:
+        assert self._runner is not None
         site = web.TCPSite(self._runner, self.config.host, port, ssl_context=ssl_context)
         await site.start()
         sockets = getattr(site._server, "sockets", None)
         assert sockets, "the site did not bind a socket"
-        self.port = int(sockets[0].getsockname()[1])
-        self._site = site
+        return site, int(sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         """Close watches, stop listening and stop the controllers."""
@@ -154,6 +164,12 @@ class ApiServer:
         """``https://127.0.0.1:<port>`` (``http://`` when TLS is off)."""
         scheme = "https" if self.certificates else "http"
         return f"{scheme}://{self.config.host}:{self.port}"
+
+    @property
+    def internal_url(self) -> str:
+        """``http://127.0.0.1:<port>`` of the plain-HTTP listener for kubesim's own components
+        ("" without one: ``ServerConfig.internal_http``, TLS on)."""
+        return f"http://{self.config.host}:{self.internal_port}" if self._internal_site or self.internal_port else ""
 
     @property
     def user_token(self) -> str:
@@ -219,6 +235,9 @@ class ApiServer:
             return
         await self._site.stop()
         self._site = None
+        if self._internal_site is not None:
+            await self._internal_site.stop()
+            self._internal_site = None
         self.close_watches()
         web_server = self._runner.server
         for conn in list(web_server.connections if web_server is not None else ()):
@@ -227,7 +246,7 @@ class ApiServer:
 
     async def _come_back(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
-        await self._open_site(self.port)
+        await self._open_sites(self.port, self.internal_port)
         self._offline = None
 
     @property

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 #: Seconds between attempts for temporary failures; one attempt more than entries.
 RETRY_BACKOFF = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 MERGE_PATCH = "application/merge-patch+json"
+#: How long an idle connection to the API server is kept for reuse (aiohttp's server closes at 75 s).
+KEEPALIVE_SECONDS = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +106,11 @@ def _temporary(status: int) -> bool:
 class KubeClient:
     """Async JSON client bound to one API server URL and bearer token."""
 
-    def __init__(self, url: str, token: str, *, ca_pem: bytes | str | None = None) -> None:
+    def __init__(self, url: str, token: str, *, ca_pem: bytes | str | None = None, via: str = "") -> None:
+        """`url` is the API server as the cluster knows it (what pods are told); requests go to
+        `via` instead when given (kubesim's own plain-HTTP loopback listener)."""
         self._url = url.rstrip("/")
+        self._base = (via or url).rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         self._session: aiohttp.ClientSession | None = None
         self._ssl: ssl.SSLContext | None = None
@@ -120,7 +125,7 @@ class KubeClient:
         return self._url
 
     @classmethod
-    def from_kubeconfig(cls, path: str) -> KubeClient:
+    def from_kubeconfig(cls, path: str, *, via: str = "") -> KubeClient:
         """A client for the current context of a kubeconfig with a bearer token (kubesim's kind)."""
         with open(path) as handle:
             config = yaml.safe_load(handle)
@@ -129,12 +134,17 @@ class KubeClient:
         cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == ctx["cluster"])
         user = next(u["user"] for u in config["users"] if u["name"] == ctx["user"])
         ca = cluster.get("certificate-authority-data")
-        return cls(cluster["server"], user["token"], ca_pem=base64.b64decode(ca) if ca else None)
+        return cls(cluster["server"], user["token"], ca_pem=base64.b64decode(ca) if ca else None, via=via)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             # Many concurrent reconciles and watches: lift aiohttp's default 100-connection cap.
-            connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl if self._ssl else True)
+            # Idle connections are kept a minute, not aiohttp's 15 s (still under the API server's
+            # 75 s): each burst of reconciles wider than the last 15 s's opened new TLS connections,
+            # and their handshakes were the largest single cost of this process under warm creates.
+            connector = aiohttp.TCPConnector(
+                limit=0, ssl=self._ssl if self._ssl else True, keepalive_timeout=KEEPALIVE_SECONDS
+            )
             self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
         return self._session
 
@@ -152,7 +162,7 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Obj:
-        url = self._url + path + ("?" + urlencode(params) if params else "")
+        url = self._base + path + ("?" + urlencode(params) if params else "")
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         attempts = len(RETRY_BACKOFF) + 1
@@ -270,7 +280,7 @@ class KubeClient:
         }
         if label_selector:
             params["labelSelector"] = label_selector
-        url = self._url + res.path(namespace) + "?" + urlencode(params)
+        url = self._base + res.path(namespace) + "?" + urlencode(params)
         timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
         async with self._http().get(url, timeout=timeout) as resp:
             if resp.status >= 300:

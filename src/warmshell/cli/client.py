@@ -86,6 +86,16 @@ def connect(options: GlobalOptions, *, timeout: float | None = None) -> Iterator
         client.close()
 
 
+def run_connected(options: GlobalOptions, body: Callable[[Client], int]) -> int:
+    """`run` a command's `body` on an SDK client for this invocation's gateway (`connect`)."""
+
+    def connected() -> int:
+        with connect(options) as sdk:
+            return body(sdk)
+
+    return run(connected)
+
+
 def run(command: Callable[[], int]) -> int:
     """Run a command; its exit code, or that of its failure (reported on stderr)."""
     from warmshell.sdk.errors import Error

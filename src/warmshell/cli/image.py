@@ -8,6 +8,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from warmshell.cli import imagebuild
 from warmshell.cli.errors import inert
 from warmshell.cli.options import Subcommands, add_connection_options, add_output_option, global_options, output_is_json
 
@@ -55,6 +56,14 @@ def register(commands: Any, *, chosen: str | None) -> None:
     if removing is not None:
         removing.add_argument("refs", nargs="+", metavar="REF", help="NAME[:TAG] or digest")
         add_connection_options(removing)
+    building = sub.add(
+        "build",
+        imagebuild.build,
+        "Build an image: a fresh sandbox of --from runs the --run and --copy steps in order (their output "
+        "streamed; the first that fails ends the build, naming it), then is snapshotted as --as.",
+    )
+    if building is not None:
+        imagebuild.add_flags(building)
     pruning = sub.add("prune", _prune, "Remove untagged images and the layers no image uses.")
     if pruning is not None:
         add_connection_options(pruning)
@@ -153,6 +162,8 @@ def _details(image: image_pb2.Image) -> str:
         "Layers:",
         *(f"  {layer.digest}  {render.format_bytes(layer.size)}" for layer in image.layers),
     ]
+    if image.source_sandbox:
+        lines += [f"Snapshot of: {image.source_sandbox}", f"Base:        {image.base_digest}"]
     return "\n".join(lines)
 
 

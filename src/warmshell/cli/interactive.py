@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from warmshell.sdk.client import Client
     from warmshell.sdk.interactive import Process
 
-__all__ = ["exec_interactive", "run"]
+__all__ = ["exec_interactive", "relay_session", "run"]
 
 READ_CHUNK = 64 * 1024
 
@@ -107,7 +107,7 @@ def exec_interactive(args: argparse.Namespace, client: Client, workspace: str, e
     else:
         process = sandbox.start(args.command, env=env, workdir=args.workdir or None, timeout=args.timeout or None)
     try:
-        code = _session(process, stdin_fd, on_terminal=on_terminal)
+        code = relay_session(process, stdin_fd, on_terminal=on_terminal)
     except _Ended as ended:
         return 128 + ended.signo
     from warmshell.cli import streaming
@@ -118,9 +118,10 @@ def exec_interactive(args: argparse.Namespace, client: Client, workspace: str, e
     return code
 
 
-def _session(process: Process, stdin_fd: int, *, on_terminal: bool) -> int:
+def relay_session(process: Process, stdin_fd: int, *, on_terminal: bool) -> int:
     """Relay stdin, signals and resizes to `process` and its output here until it exits; the
-    process is closed (the command stopped) and the terminal restored on every way out."""
+    process is closed (the command stopped; a background one detached from) and the terminal
+    restored on every way out."""
     import warmshell
 
     stdout = sys.stdout.buffer

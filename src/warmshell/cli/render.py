@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 # Values of warmshell.v1.SandboxPhase; spelled out so rendering needs no generated module.
-_PHASES = {0: "Unknown", 1: "Provisioning", 2: "Ready", 3: "Error", 4: "Deleting", 5: "Exited"}
+_PHASES = {0: "Unknown", 1: "Provisioning", 2: "Ready", 3: "Error", 4: "Deleting", 5: "Exited", 6: "Paused"}
 _EXITED = 5
 _NONE = "-"
 
@@ -242,6 +242,10 @@ def hit_rate(hits: int, misses: int) -> str:
 def _allocation(status: sandbox_pb2.SandboxStatus) -> str:
     if not status.allocation:
         return _NONE
+    refilled = next((c for c in status.conditions if c.type == "Allocated" and c.reason == "Refilled"), None)
+    if refilled is not None:
+        waited = (status.timeline.registered_us - status.timeline.requested_us) / 1000
+        return f"{status.allocation} (pool {status.pool}, refilled: waited {waited:.0f} ms for a member)"
     if status.pool:
         return f"{status.allocation} (pool {status.pool})"
     return status.allocation
@@ -316,6 +320,9 @@ def _usage_rows(usage: sandbox_pb2.SandboxUsage) -> list[tuple[str, str]]:
     ]
     if usage.HasField("root_bytes"):
         rows.append(("Writable root", format_bytes(usage.root_bytes)))
+    if usage.HasField("egress_bytes_out"):
+        egress = f"{format_bytes(usage.egress_bytes_out)} out, {format_bytes(usage.egress_bytes_in)} in"
+        rows.append(("Egress", egress))
     if usage.unknown:
         rows.append(("Usage unknown", usage.unknown))
     return rows

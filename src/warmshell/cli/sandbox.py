@@ -1,4 +1,5 @@
-"""`warmshell sandbox ...`: create, list, get, exec, delete and watch sandboxes; cp and ls files.
+"""`warmshell sandbox ...`: create, list, get, exec, delete and watch sandboxes; cp and ls files;
+ps and attach background commands (`cli.processes`).
 
 `_COMMANDS` declares each subcommand and its flags once; `register` builds the parser of the one
 chosen. Each handler builds its request (a create through the SDK's own builder) and hands a body
@@ -13,6 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from warmshell.cli import snapshots
 from warmshell.cli.errors import inert
 from warmshell.cli.options import (
     Command,
@@ -70,6 +72,7 @@ def _create(args: argparse.Namespace) -> int:
         memory=args.memory,
         pids=args.pids,
         command=args.command,
+        no_command=args.no_command,
         labels=parse_pairs(args.label, flag="--label"),
         ttl_seconds=args.ttl,
         idle_timeout_seconds=args.idle_timeout,
@@ -150,6 +153,10 @@ def _egress(args: argparse.Namespace) -> int:
 def _exec(args: argparse.Namespace) -> int:
     if not args.command:
         raise usage_error("sandbox exec: the command to run goes after `--` (e.g. `sandbox exec NAME -- ls`)")
+    if args.background:
+        from warmshell.cli import processes
+
+        return processes.start(args)
     if (args.stdin or args.tty) and not output_is_json(args):
         from warmshell.cli import interactive
 
@@ -285,14 +292,22 @@ def _ls(args: argparse.Namespace) -> int:
     return _with_connection(args, body)
 
 
+def _ps(args: argparse.Namespace) -> int:
+    from warmshell.cli import processes
+
+    return processes.ps(args)
+
+
+def _attach(args: argparse.Namespace) -> int:
+    from warmshell.cli import processes
+
+    return processes.attach(args)
+
+
 def _with_connection(args: argparse.Namespace, body: _Body) -> int:
     from warmshell.cli import client
 
-    def connected() -> int:
-        with client.connect(global_options(args)) as sdk:
-            return body(sdk)
-
-    return client.run(connected)
+    return client.run_connected(global_options(args), body)
 
 
 _NAME = flag("name", metavar="NAME", help="sandbox name")
@@ -367,6 +382,11 @@ _COMMANDS = (
                 "--idle-timeout", type=_LIFETIME, metavar="SECONDS", help="delete after N s without an exec (0: never)"
             ),
             flag("--rm", action="store_true", help="delete it once its command's output is delivered"),
+            flag(
+                "--no-command",
+                action="store_true",
+                help="run nothing, not even the image's Entrypoint/Cmd: the sandbox idles for exec",
+            ),
         ),
     ),
     Command(
@@ -406,6 +426,25 @@ _COMMANDS = (
             ),
             flag("-i", "--stdin", action="store_true", help="stream stdin to it"),
             flag("-t", "--tty", action="store_true", help="run it on a terminal in the sandbox (with -i)"),
+            flag(
+                "-b",
+                "--background",
+                action="store_true",
+                help="start it in the background, print its pid and return (see `sandbox ps`, `sandbox attach`)",
+            ),
+        ),
+    ),
+    Command("ps", _ps, "List the sandbox's background commands, running and recently exited.", (_NAME, _WORKSPACE)),
+    Command(
+        "attach",
+        _attach,
+        "Reattach to a background command: the output the gateway kept, then live output; exits with its "
+        "exit status. Ctrl-C detaches (it runs on); with -i, stdin is streamed to it and Ctrl-C sent to it.",
+        flags=(
+            _NAME,
+            flag("pid", type=bounded_int(1, 2**32 - 1), metavar="PID", help="its pid (from `sandbox ps`)"),
+            _WORKSPACE,
+            flag("-i", "--stdin", action="store_true", help="stream stdin to it"),
         ),
     ),
     Command(
@@ -440,6 +479,63 @@ _COMMANDS = (
             _NAME,
             _WORKSPACE,
             flag("path", metavar="PATH", nargs="?", default="/workspace", help="directory (default /workspace)"),
+        ),
+    ),
+    Command(
+        "snapshot",
+        snapshots.snapshot,
+        "Capture a Ready sandbox of an image as an image of the local image store: what it wrote over "
+        "its image and its /workspace (not /tmp, /run, or its processes' memory). It is frozen "
+        "meanwhile and keeps running. Prints the image pinned to its digest.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag("--as", dest="image", required=True, metavar="IMAGE:TAG", help="the snapshot's name and tag"),
+            flag("--force", action="store_true", help="move the tag if it names an image already"),
+        ),
+    ),
+    Command(
+        "fork",
+        snapshots.fork,
+        "Make COUNT new sandboxes from one snapshot of a Ready sandbox of an image: each starts from "
+        "its files as they are now (not its processes' memory: each runs its command afresh), with "
+        "its spec, a /workspace of its own (copy-on-write, no copy), and its own name, id and token. "
+        "Children are PREFIX-1 .. PREFIX-COUNT (default NAME-fork). Exits 1 if a child failed.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag("--count", type=bounded_int(1, 1000), required=True, metavar="N", help="how many children"),
+            flag("--prefix", default="", metavar="P", help="children are P-1 .. P-N (default NAME-fork)"),
+            flag("--with-secrets", action="store_true", help="give the children the parent's secrets too"),
+            flag("--ready-timeout", type=float, default=120.0, metavar="SECONDS", help="wait for Ready (default 120)"),
+        ),
+    ),
+    Command(
+        "pause",
+        snapshots.pause,
+        "Pause a Ready sandbox of an image: its files (what it wrote over its image, and /workspace) "
+        "are kept as an image, and every process, its memory and its runtime go; it stays, Paused, "
+        "until resumed, deleted, or its pause TTL passes.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag(
+                "--pause-ttl",
+                type=bounded_int(0, 2**31 - 1),
+                default=0,
+                metavar="SECONDS",
+                help="delete it if not resumed within N s (0: the gateway's default)",
+            ),
+        ),
+    ),
+    Command(
+        "resume",
+        snapshots.resume,
+        "Start a Paused sandbox again from its files (its command re-run) and wait until it is Ready.",
+        flags=(
+            _NAME,
+            _WORKSPACE,
+            flag("--ready-timeout", type=float, default=120.0, metavar="SECONDS", help="wait for Ready (default 120)"),
         ),
     ),
     Command(

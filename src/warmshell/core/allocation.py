@@ -15,8 +15,21 @@ from typing import Generic, Protocol, TypeVar
 
 from warmshell.core import matching
 from warmshell.core.fingerprints import SandboxShape
+from warmshell.core.models import Condition, SandboxStatus
+from warmshell.core.states import Allocation
 
-__all__ = ["Cold", "Decision", "MissReason", "PoolLookup", "Warm", "decide", "empty"]
+__all__ = [
+    "REFILLED",
+    "Cold",
+    "Decision",
+    "MissReason",
+    "PoolLookup",
+    "Warm",
+    "decide",
+    "empty",
+    "mark_refilled",
+    "refill_wait_us",
+]
 
 P = TypeVar("P")
 
@@ -77,3 +90,29 @@ def decide(shape: SandboxShape, pools: PoolLookup[P] | None, *, ready: bool) -> 
 def empty(pool: P) -> Cold[P]:
     """The decision after a `Warm(pool)` found no member that would activate."""
     return Cold(MissReason.EMPTY, (pool,))
+
+
+# The Allocated condition's reason for a warm create that waited for its pool to refill.
+REFILLED = "Refilled"
+
+
+def refill_wait_us(requested_us: int, registered_us: int) -> int:
+    """How long a warm create waited for its pool to refill: the member that served it registered
+    that long after the create was requested (0: it was idle already, or a time is unknown). On
+    Kubernetes a claim is written whether or not a member is idle, and agent-sandbox binds it to
+    the next one ready: such a create is warm, but not an instant start."""
+    if not requested_us or not registered_us:
+        return 0
+    return max(0, registered_us - requested_us)
+
+
+def mark_refilled(status: SandboxStatus) -> None:
+    """Say on a warm sandbox's Allocated condition (reason Refilled) that its member registered
+    after its request, and how long after; nothing for any other sandbox."""
+    timeline = status.timeline
+    waited = refill_wait_us(timeline.requested_us, timeline.registered_us)
+    allocated = status.condition("Allocated")
+    if status.allocation != Allocation.WARM or not waited or allocated is None or allocated.reason == REFILLED:
+        return
+    message = f"{status.pool}: waited {waited / 1000:.0f} ms for a member (none was idle at the request)"
+    status.set_condition(Condition(type="Allocated", status="True", reason=REFILLED, message=message))

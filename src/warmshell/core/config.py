@@ -18,6 +18,7 @@ from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.paths import StatePaths, default_state_dir
 
 __all__ = [
+    "DEFAULT_EXEC_HISTORY_BYTES",
     "DEFAULT_EXEC_WINDOW_BYTES",
     "FilesConfig",
     "GatewayConfig",
@@ -40,6 +41,8 @@ __all__ = [
 
 
 DEFAULT_EXEC_WINDOW_BYTES = 4 * 1024 * 1024
+# A background command's output ring (gateway.exec_history_bytes).
+DEFAULT_EXEC_HISTORY_BYTES = 512 * 1024
 
 
 class _Section(BaseModel):
@@ -67,6 +70,11 @@ class LocalDriverConfig(_Section):
     image_dir: Path | None = None
     # Uncompressed layer bytes the store may hold; an import that would pass it is refused.
     image_store_size: str = "20Gi"
+    # Layers a snapshot's image may have: past it the snapshot is one layer of the whole root
+    # (flattened). Every layer is a mount and a lower directory overlayfs searches on a lookup.
+    max_layers: int = Field(default=32, ge=2, le=120)
+    # Children one fork may make (each is a sandbox on the parent's snapshot: no copy of its files).
+    max_fork_count: int = Field(default=32, ge=1, le=1000)
     # A gateway run as root gives each sandbox its own host uid from this range (unused on the
     # host, please); a gateway run by a normal user runs them as that user.
     sandbox_uid_base: int = Field(default=2_000_000, ge=1000, le=2**31 - 2)
@@ -295,6 +303,9 @@ class LifetimesConfig(_Section):
     # A sandbox whose workload exited (a one-shot `create -- CMD` without --rm) is deleted this
     # long after the exit, whatever its TTL says (0 = kept as long as its TTL).
     exited_retention_seconds: int = Field(default=600, ge=0)
+    # A Paused sandbox never resumed is deleted (its files with it) this long after its pause
+    # (0 = kept until deleted); a pause may ask for another.
+    pause_ttl_seconds: int = Field(default=7 * 86400, ge=0)
     check_interval_seconds: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
@@ -327,6 +338,28 @@ class NetworkConfig(_Section):
     # A CA file upstreams are also verified against (besides the host's trust store) when the
     # proxy intercepts TLS for placeholder secrets: for tests and private CAs.
     upstream_ca_file: str = ""
+    # Where the proxy also listens for sandboxes that reach it over the network ("HOST:PORT";
+    # "" = not at all): Kubernetes pods, each admitted by the credential its activation carried.
+    proxy_listen: str = ""
+    # The proxy's URL as those pods dial it ("http://HOST:PORT", e.g. the chart's egress
+    # Service); "" = pods get no proxy, and the driver's sandboxes have no egress policy applied.
+    proxy_url: str = ""
+
+    @field_validator("proxy_listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, colon, port = value.rpartition(":")
+        if value and not (colon and host and port.isdigit() and 0 <= int(port) <= 65535):
+            raise ValueError('must be "" or "HOST:PORT" with a port from 0 to 65535')
+        return value
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        rest = value.removeprefix("http://")
+        if value and (rest == value or not rest or "@" in rest or "/" in rest.rstrip("/")):
+            raise ValueError('must be "" or "http://HOST:PORT" (no user info, no path)')
+        return value.rstrip("/")
 
     @field_validator("deny")
     @classmethod
@@ -425,6 +458,10 @@ class GatewayConfig(_Section):
     # with an error (the command is killed) instead of the gateway buffering without bound.
     exec_output_window_bytes: int = Field(default=DEFAULT_EXEC_WINDOW_BYTES, ge=64 * 1024, le=2**31)
     exec_stall_timeout_seconds: float = Field(default=60.0, gt=0)
+    # A background command's output waits for a client in a ring of this many bytes (the oldest
+    # dropped, and counted, past it). At most 16 running and 16 exited commands per sandbox keep
+    # one, so a sandbox holds at most 32 rings (16 MiB at the default).
+    exec_history_bytes: int = Field(default=DEFAULT_EXEC_HISTORY_BYTES, ge=4096, le=64 * 1024 * 1024)
     # On a stop (SIGTERM) the execs in flight get this long to finish while new calls are refused
     # (UNAVAILABLE "gateway stopping"); one still running then ends UNAVAILABLE, so a client
     # retries it as it would after a crash. With replicas this comes after `replicas.drain_seconds`.

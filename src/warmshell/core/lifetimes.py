@@ -21,6 +21,7 @@ class Limits:
     max_ttl_seconds: int = 0
     default_idle_timeout_seconds: int = 0
     max_idle_timeout_seconds: int = 0
+    pause_ttl_seconds: int = 7 * 86400  # a Paused sandbox's life when its pause asks for none
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,15 @@ class SandboxSpec(_Model):
     network: NetworkRequest = Field(default_factory=NetworkRequest)
     # Secret name -> the hosts it is for (the workload gets a placeholder for it; see core/egress).
     secret_hosts: dict[str, list[str]] = Field(default_factory=dict)
+    # No workload even where the image has an Entrypoint/Cmd: the agent alone, for exec.
+    no_command: bool = False
+
+    @model_serializer(mode="wrap")
+    def _without_unset_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        if not dumped.get("no_command"):  # left out unset: a replica of an older release refuses the key
+            dumped.pop("no_command", None)
+        return dumped
 
 
 class SandboxStatus(_Model):
@@ -227,6 +236,10 @@ class SandboxStatus(_Model):
     # that last opened a session; -1 for none. Only a later incarnation is activated again.
     activated_incarnation: int = -1
     connected_incarnation: int = -1
+    # While Paused: the image holding its files, and what its lifetime was (see core.pausing).
+    paused_image: str = ""
+    paused_ttl_left_ms: int = 0
+    paused_idle_timeout_seconds: int = 0
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if any."""

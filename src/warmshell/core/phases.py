@@ -38,6 +38,8 @@ def compose_phase(status: SandboxStatus) -> Phase:
     """The phase the inputs in `status` imply (sticky phases stay)."""
     if status.phase in TERMINAL:
         return status.phase
+    if status.paused_image:
+        return Phase.PAUSED
     if status.exit_code is not None:
         return Phase.EXITED
     if status.backend_state in (BACKEND_EXITED, BACKEND_FAILED):
@@ -116,8 +118,8 @@ def mark_workload_exit(status: SandboxStatus, exit_code: int) -> None:
 
 
 def mark_backend_vanished(status: SandboxStatus, message: str) -> None:
-    """The backend no longer has this sandbox (and it was not being deleted)."""
-    if status.phase in TERMINAL:
+    """The backend no longer has this sandbox (and it was not being deleted, nor paused)."""
+    if status.phase in TERMINAL or status.paused_image:
         return
     status.set_condition(Condition(type="Ready", status="False", reason="BackendVanished", message=message))
     status.phase = Phase.ERROR

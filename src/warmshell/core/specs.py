@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warmshell.core import egress, validation
+from warmshell.core.errors import InvalidArgumentError
 from warmshell.core.models import DEFAULT_WORKSPACE, NetworkRequest, Resources, SandboxSpec
 from warmshell.core.quantities import cpu_millis, memory_bytes
 
@@ -76,11 +77,14 @@ def build_spec(
     pids: int = 0,
     network_allow: Sequence[str] = (),
     network_deny: Sequence[str] = (),
+    no_command: bool = False,
 ) -> SandboxSpec:
     """Validate every field (errors name it, e.g. ``spec.resources.cpu``) and normalise quantities."""
     validation.validate_image(image, field="spec.image")
     validation.validate_environment(environment, field="spec.environment")
     validation.validate_command(command, field="spec.command")
+    if no_command and command:
+        raise InvalidArgumentError("spec.no_command", "cannot be set together with spec.command (it asks for none)")
     if runtime_class_name:
         validation.validate_name(runtime_class_name, field="spec.runtime_class_name")
     egress.parse_rules(network_allow, field="spec.network.allow")
@@ -101,4 +105,5 @@ def build_spec(
         network=NetworkRequest(
             allow=[rule.strip() for rule in network_allow], deny=[rule.strip() for rule in network_deny]
         ),
+        no_command=no_command,
     )

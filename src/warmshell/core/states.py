@@ -23,6 +23,8 @@ class Phase(StrEnum):
     EXITED = "Exited"
     ERROR = "Error"
     DELETING = "Deleting"
+    # Its files kept as an image, nothing running; resumed by a new backend (see core.pausing).
+    PAUSED = "Paused"
 
 
 class Allocation(StrEnum):

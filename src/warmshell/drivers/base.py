@@ -355,3 +355,38 @@ class Leadership(Protocol):
     def leading(self) -> bool:
         """Whether this replica leads now."""
         ...
+
+
+@dataclass(frozen=True)
+class SnapshotTaken:
+    """An image made of a sandbox's filesystem (see `Snapshotter`)."""
+
+    digest: str
+    image: str  # NAME:TAG
+    base_digest: str
+    layers: int
+    layer_bytes: int
+    frozen_ms: int
+    flattened: bool
+
+
+@runtime_checkable
+class Snapshotter(Protocol):
+    """A driver that can capture a running sandbox's filesystem as an image. Optional: the
+    gateway refuses a snapshot on a driver that is not one, saying so."""
+
+    @property
+    def max_fork_count(self) -> int:
+        """The most children one fork may ask for."""
+        ...
+
+    async def snapshot(self, sandbox_id: SandboxId, *, image: str, force: bool, source: str) -> SnapshotTaken:
+        """Capture the sandbox (frozen meanwhile, then thawed) as `image` (NAME:TAG; "": an
+        untagged image, named by its digest); `source` names it in the image's record.
+        FailedPreconditionError when it is not running here."""
+        ...
+
+    async def forget(self, digest: str) -> None:
+        """Remove an untagged snapshot (a paused sandbox's files, once it is deleted) and the
+        layers no other image uses; one still in use stays until its users end."""
+        ...

@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.core import phases
+from warmshell.core import allocation, phases
 from warmshell.core.errors import (
     ConflictError,
     FailedPreconditionError,
@@ -145,7 +145,9 @@ class GatewayActivator:
         if self._egress is not None:
             binding = registration.identity.binding
             pool = binding.pool if isinstance(binding, WarmPending) else None
-            attached = await self._egress.attach(record, registration.identity.instance_id, pool, secrets)
+            attached = await self._egress.attach(
+                record, registration.identity.instance_id, pool, secrets, source=registration.peer
+            )
             environment |= attached.environment
             secrets = attached.secrets
         token, expires_ms = self._issuer.mint(record.id, registration.identity.instance_id)
@@ -179,6 +181,7 @@ class GatewayActivator:
             timeline.claimed_us = timeline.claimed_us or claimed_us
             # A supervisor restarted in place is activated again; the timeline keeps the first.
             timeline.activated_us = timeline.activated_us or activated
+            allocation.mark_refilled(record.status)
             record.status.instance_id = instance_id
             record.status.activated_incarnation = registration.identity.incarnation
             condition = self._egress.condition(record) if self._egress is not None else None

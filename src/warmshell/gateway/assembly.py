@@ -16,7 +16,9 @@ from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.drivers.base import ComputeDriver, Leadership
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
-from warmshell.gateway.egress.gate import EgressGate, EgressTrust, HostsEgressSockets
+from warmshell.gateway.background import BackgroundProcesses
+from warmshell.gateway.egress.credentials import ProxyCredentials
+from warmshell.gateway.egress.gate import EgressGate, EgressTrust, HostsEgressSockets, NetworkProxy
 from warmshell.gateway.egress.proxy import EgressProxy
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.execs import ExecRelay
@@ -73,6 +75,7 @@ class GatewayParts:
     manager: SandboxManager
     auth: Authenticator
     execs: ExecRelay
+    background: BackgroundProcesses
     reconciler: Reconciler
     expiry: ExpiryReconciler
     sandbox_service: SandboxService
@@ -88,6 +91,12 @@ class GatewayParts:
     leading: Callable[[], bool]  # whether this gateway does the singleton work now
     wiring: ReplicaWiring
     egress: EgressGate
+
+
+def _execs(config: GatewayConfig, manager: SandboxManager) -> tuple[ExecRelay, BackgroundProcesses]:
+    """The exec relay, and the background commands kept over it."""
+    execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
+    return execs, BackgroundProcesses(execs, history_bytes=config.exec_history_bytes, touch=manager.touch)
 
 
 def assemble(
@@ -111,7 +120,7 @@ def assemble(
     )
     registry: Registry[spb.SupervisorActivationMessage] = Registry()
     vault = SecretVault(store, keys.secrets_key)
-    egress = _egress(config, driver, records, keys.egress)
+    egress = _egress(config, driver, records, keys.egress, vault=vault, secrets_key=keys.secrets_key)
     activator = GatewayActivator(registry, records, issuer, vault, egress)
     manager = _manager(config, records=records, driver=driver, bus=bus, sessions=sessions, vault=vault)
     supervisor_service = _supervisor_service(
@@ -119,7 +128,7 @@ def assemble(
     )
     leadership = driver if replication is not None and isinstance(driver, Leadership) else None
     leading = _leader(leadership)
-    execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
+    execs, background = _execs(config, manager)
     reconciler, expiry = _reconcilers(config, manager, leading=leading, wiring=wiring)
     return GatewayParts(
         config=config,
@@ -135,9 +144,10 @@ def assemble(
         manager=manager,
         auth=auth,
         execs=execs,
+        background=background,
         reconciler=reconciler,
         expiry=expiry,
-        sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder, egress=egress),
+        sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder, egress=egress, background=background),
         file_service=FileService(manager, auth, config.files, wiring.forwarder),
         image_service=ImageService.for_config(config, auth),
         supervisor_service=supervisor_service,
@@ -151,12 +161,24 @@ def assemble(
     )
 
 
-def _egress(config: GatewayConfig, driver: ComputeDriver, records: SandboxRecords, trust: EgressTrust) -> EgressGate:
-    """The egress proxy and the gate that opens it at each activation (sockets only where the
-    driver binds them into sandboxes: the local driver), closing it as records end."""
+def _egress(
+    config: GatewayConfig,
+    driver: ComputeDriver,
+    records: SandboxRecords,
+    trust: EgressTrust,
+    *,
+    vault: SecretVault,
+    secrets_key: bytes,
+) -> EgressGate:
+    """The egress proxy and the gate that opens it at each activation (sockets where the driver
+    binds them into sandboxes: the local driver; else, with `[network] proxy_url`, a credential
+    per sandbox for the proxy's network listener), closing it as records end."""
     sockets = driver if isinstance(driver, HostsEgressSockets) else None
+    network = None
+    if sockets is None and config.network.proxy_url:
+        network = NetworkProxy(config.network.proxy_url, ProxyCredentials(secrets_key), records, vault)
     proxy = EgressProxy(config.network, authority=trust.authority, upstream_tls=trust.upstream_tls)
-    gate = EgressGate(config.network, proxy, sockets, pools=driver.pools, authority=trust.authority)
+    gate = EgressGate(config.network, proxy, sockets, pools=driver.pools, authority=trust.authority, network=network)
     records.observe(gate.observe)
     return gate
 
@@ -243,6 +265,7 @@ def _manager(
             max_ttl_seconds=lifetime.max_ttl_seconds,
             default_idle_timeout_seconds=lifetime.default_idle_timeout_seconds,
             max_idle_timeout_seconds=lifetime.max_idle_timeout_seconds,
+            pause_ttl_seconds=lifetime.pause_ttl_seconds,
         ),
     )
 

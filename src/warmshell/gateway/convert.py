@@ -19,6 +19,7 @@ _PHASES = {
     Phase.EXITED: pb.SANDBOX_PHASE_EXITED,
     Phase.ERROR: pb.SANDBOX_PHASE_ERROR,
     Phase.DELETING: pb.SANDBOX_PHASE_DELETING,
+    Phase.PAUSED: pb.SANDBOX_PHASE_PAUSED,
 }
 
 
@@ -39,6 +40,7 @@ def new_sandbox(request: pb.CreateSandboxRequest) -> specs.NewSandbox:
             runtime_class_name=spec.runtime_class_name,
             network_allow=list(spec.network.allow),
             network_deny=list(spec.network.deny),
+            no_command=spec.no_command,
         ),
         secrets=dict(spec.secrets),
         secret_hosts={name: list(entry.hosts) for name, entry in spec.secret_hosts.items()},
@@ -79,6 +81,7 @@ def sandbox_to_proto(record: SandboxRecord) -> pb.Sandbox:
             secrets=dict.fromkeys(record.spec.secret_names, REDACTED),
             network=pb.NetworkPolicy(allow=record.spec.network.allow, deny=record.spec.network.deny),
             secret_hosts={name: pb.SecretHosts(hosts=hosts) for name, hosts in record.spec.secret_hosts.items()},
+            no_command=record.spec.no_command,
         ),
         status=pb.SandboxStatus(
             phase=_PHASES[status.phase],

@@ -37,7 +37,7 @@ from warmshell.gateway import metrics
 from warmshell.gateway.sessions import ExecChannel, SupervisorSession
 from warmshell.sandboxio.window import OutputWindow
 
-__all__ = ["MAX_TERMINAL_CELLS", "ExecRelay", "check_terminal_size"]
+__all__ = ["MAX_TERMINAL_CELLS", "ExecRelay", "check_terminal_size", "grant_credit"]
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 MAX_TERMINAL_CELLS = 0xFFFF  # struct winsize holds unsigned shorts
@@ -52,6 +52,13 @@ def check_terminal_size(size: pb.TerminalSize, field: str) -> None:
     for name, value in (("rows", size.rows), ("columns", size.columns)):
         if value > MAX_TERMINAL_CELLS:
             raise InvalidArgumentError(f"{field}.{name}", f"at most {MAX_TERMINAL_CELLS}")
+
+
+def grant_credit(session: SupervisorSession, channel: ExecChannel, size: int) -> None:
+    """`size` bytes of the exec's output were passed on: let the supervisor send more (in
+    batches of a quarter window, see `ExecChannel.passed_on`)."""
+    if grant := channel.passed_on(size):
+        session.send(spb.GatewayMessage(exec_credit=spb.ExecCredit(exec_id=channel.exec_id, bytes=grant)))
 
 
 class ExecRelay:
@@ -98,23 +105,18 @@ class ExecRelay:
         ResourceExhaustedError when the client stopped reading for longer than `stall_seconds`;
         InvalidArgumentError for a bad request on the stream; UnavailableError when the gateway
         stopped before the exec ended."""
-        channel = ExecChannel(exec_id=uuid.uuid4().hex, window=self.window_bytes)
-        start = self._start_message(channel, request, interactive[0] if interactive is not None else None)
-        session.execs[channel.exec_id] = channel
-        session.send(spb.GatewayMessage(exec_start=start))
+        channel = self.open(session, request, interactive[0] if interactive is not None else None)
         inputs: asyncio.Task[None] | None = None
         if interactive is not None:
-            inputs = asyncio.create_task(self._relay_input(session, channel, interactive[1], tty=start.tty))
+            inputs = asyncio.create_task(self.relay_input(session, channel, interactive[1], tty=interactive[0].tty))
         finished = False
         try:
             while True:
                 event = await self._next(channel, inputs)
                 if isinstance(event, spb.OutputData):
                     out = pb.ExecEvent(stderr=event.data) if event.stderr else pb.ExecEvent(stdout=event.data)
-                    await self._write(context, out)
-                    if grant := channel.passed_on(len(event.data)):
-                        credit = spb.ExecCredit(exec_id=channel.exec_id, bytes=grant)
-                        session.send(spb.GatewayMessage(exec_credit=credit))
+                    await self.write(context, out)
+                    grant_credit(session, channel, len(event.data))
                     continue
                 finished = True
                 if isinstance(event, WarmshellError):  # the session ended under it: say why
@@ -124,7 +126,7 @@ class ExecRelay:
                     metrics.EXECS.labels(result="error").inc()
                     raise FailedPreconditionError(f"exec failed: {event.error}")
                 metrics.EXECS.labels(result="ok").inc()
-                await self._write(context, pb.ExecEvent(exit_code=event.exit_code, outcome=event.outcome))
+                await self.write(context, pb.ExecEvent(exit_code=event.exit_code, outcome=event.outcome))
                 return
         finally:
             if inputs is not None:
@@ -134,6 +136,17 @@ class ExecRelay:
             if not finished:  # the client went away or stalled: stop the command in the sandbox
                 session.execs.pop(channel.exec_id, None)
                 session.send(spb.GatewayMessage(exec_cancel=spb.ExecCancel(exec_id=channel.exec_id)))
+
+    def open(
+        self, session: SupervisorSession, request: pb.ExecSandboxRequest, interactive: pb.ExecStreamStart | None
+    ) -> ExecChannel:
+        """Start the exec in the sandbox (stdin streamed when `interactive`); its channel, on
+        which its output and exit arrive."""
+        channel = ExecChannel(exec_id=uuid.uuid4().hex, window=self.window_bytes)
+        start = self._start_message(channel, request, interactive)
+        session.execs[channel.exec_id] = channel
+        session.send(spb.GatewayMessage(exec_start=start))
+        return channel
 
     def _start_message(
         self, channel: ExecChannel, request: pb.ExecSandboxRequest, interactive: pb.ExecStreamStart | None
@@ -174,16 +187,17 @@ class ExecRelay:
         inputs.result()  # raises what ended the input stream
         return await channel.events.get()
 
-    async def _relay_input(
+    async def relay_input(
         self,
         session: SupervisorSession,
         channel: ExecChannel,
         requests: AsyncIterator[pb.ExecStreamRequest],
         *,
         tty: bool,
+        eof_at_end: bool = True,
     ) -> None:
         """Pass the client's requests down the session, stdin no faster than the sandbox takes it.
-        The client's end of the stream is the end of stdin."""
+        With `eof_at_end`, the client's end of the stream is the end of stdin."""
         assert channel.input_window is not None
         exec_id = channel.exec_id
         async for message in requests:
@@ -206,11 +220,14 @@ class ExecRelay:
                 if not 1 <= message.signal <= MAX_SIGNAL:
                     raise InvalidArgumentError("signal", f"must be a signal number in 1..{MAX_SIGNAL}")
                 session.send(spb.GatewayMessage(exec_signal=spb.ExecSignal(exec_id=exec_id, signal=message.signal)))
-            elif kind == "start":
-                raise InvalidArgumentError("start", "only the first message of an exec stream starts it")
-        session.send(spb.GatewayMessage(exec_input=spb.ExecInput(exec_id=exec_id, eof=True)))
+            elif kind in ("start", "attach"):
+                raise InvalidArgumentError(kind, f"only the first message of the stream may be its {kind}")
+        if eof_at_end:
+            session.send(spb.GatewayMessage(exec_input=spb.ExecInput(exec_id=exec_id, eof=True)))
 
-    async def _write(self, context: Ctx, event: pb.ExecEvent) -> None:
+    async def write(self, context: Ctx, event: pb.ExecEvent) -> None:
+        """Write one event to the client, ResourceExhaustedError once it has read nothing for
+        `stall_seconds`."""
         # A timeout scope, not wait_for: Python 3.11's wait_for drops a cancel that arrives as
         # the write completes, which is exactly when a client that leaves after a chunk cancels
         # (about one exec in four, in a loop that breaks after the first chunk); the exec then

@@ -119,6 +119,33 @@ class Forwarder:
             )
         return Target(owner, replica.address)
 
+    async def others(self, context: Ctx) -> list[Target]:
+        """Every other live replica that gave an address (none for a call forwarded already)."""
+        if self._auth.is_replica(context):
+            return []
+        alive = await self._directory.live_others_with(lambda _others: [])
+        return [Target(r.id, r.address) for r in alive if r.address and r.id in self._directory.alive_ids()]
+
+    async def gather_unary(
+        self, targets: list[Target], method: str, request: Message, response: Callable[[bytes], Resp], context: Ctx
+    ) -> list[Resp]:
+        """The same unary call on each target at once; the answers of those that gave one (a
+        replica that fails is left out and logged: what the others know is still an answer)."""
+
+        async def one(target: Target) -> Resp | None:
+            call = self._channel(target).unary_unary(
+                method, request_serializer=_serialize, response_deserializer=response
+            )
+            try:
+                result: Resp = await call(request, metadata=self._metadata, timeout=self._timeout(context))
+            except grpc.aio.AioRpcError as exc:
+                log.warning("%s on replica %s failed: %s", method, target.replica_id, exc.details())
+                return None
+            return result
+
+        answers = await asyncio.gather(*(one(target) for target in targets))
+        return [answer for answer in answers if answer is not None]
+
     def _channel(self, target: Target) -> grpc.aio.Channel:
         channel = self._channels.get(target.address)
         if channel is None:

@@ -57,6 +57,8 @@ def image_to_proto(image: ImageRecord, index: Index) -> pb.Image:
             labels=config.labels,
         ),
         source_format=image.source_format,
+        source_sandbox=image.source_sandbox,
+        base_digest=image.base_digest,
     )
 
 

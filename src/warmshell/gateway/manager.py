@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 
-from warmshell.core import deadlines, lifetimes, phases
+from warmshell.core import allocation, deadlines, lifetimes, pausing, phases
 from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.core.errors import (
     AlreadyExistsError,
@@ -28,6 +28,7 @@ from warmshell.core.models import (
     Phase,
     SandboxRecord,
     SandboxSpec,
+    SandboxStatus,
     now_ms,
     now_us,
 )
@@ -38,6 +39,7 @@ from warmshell.drivers.base import (
     CreateRequest,
     DriverEvent,
     DriverSandbox,
+    Snapshotter,
 )
 from warmshell.gateway import metrics
 from warmshell.gateway.events import EventBus, Output, Progress
@@ -289,6 +291,40 @@ class SandboxManager:
                 )
             )
         _apply_driver_view(record, view)
+        allocation.mark_refilled(status)  # an activation folded in before the create's result
+
+    async def resume(self, record: SandboxRecord) -> SandboxRecord:
+        """Start a new backend for a Paused record, from the image its files were kept in (see
+        `core.pausing`). Held as a create is: a crash before the driver answers leaves it Paused
+        on disk, and a driver that refuses leaves it Paused as it was."""
+        proof, proof_hash = new_activation_token()
+        self.records.hold(record.id)
+        try:
+            image = ""
+
+            def resuming(r: SandboxRecord) -> None:
+                nonlocal image
+                image = pausing.mark_resuming(r, proof_hash, now_ms=now_ms())
+
+            held = await self.records.mutate(record.id, resuming)
+            spec = self.driver.validate(record.workspace, held.spec.model_copy(update={"image": image}))
+            view = await self.driver.create(
+                CreateRequest(
+                    sandbox_id=record.id,
+                    name=record.name,
+                    workspace=record.workspace,
+                    spec=spec,
+                    activation_proof=proof,
+                    labels=dict(record.labels),
+                )
+            )
+        except BaseException:
+            await self.records.release(record.id, lambda r: _restore(r, record))
+            raise
+        resumed = await self.records.release(record.id, lambda r: self._created(r, view, r.lifetime))
+        assert resumed is not None
+        self._watch_deadline(resumed)
+        return resumed
 
     async def refresh_ttl(self, workspace: str, name: str, ttl_seconds: int) -> SandboxRecord:
         """Let a sandbox live `ttl_seconds` from now (within the gateway's maximum)."""
@@ -318,12 +354,16 @@ class SandboxManager:
         return True
 
     async def finish_delete(self, sandbox_id: SandboxId) -> None:
-        """Remove the backend and the record of a Deleting sandbox (also used for crash repair)."""
+        """Remove the backend and the record of a Deleting sandbox (also used for crash repair);
+        a paused one's files (its image) go too."""
         try:
             await self.driver.delete(sandbox_id)
         except WarmshellError as exc:
             log.warning("backend delete of sandbox %s failed (will retry): %s", sandbox_id, exc)
             raise
+        record = await self.records.get(sandbox_id)
+        if record is not None and record.status.paused_image and isinstance(self.driver, Snapshotter):
+            await self.driver.forget(record.status.paused_image)
         await self.vault.delete(sandbox_id)
         await self.records.remove(sandbox_id)
         self.activity.pop(sandbox_id, None)
@@ -382,7 +422,7 @@ class SandboxManager:
                 status.connected_incarnation = status.activated_incarnation
             if status.phase == Phase.READY and not status.timeline.ready_us:
                 status.timeline.ready_us = now_us()
-                metrics.CREATE_READY_SECONDS.labels(path=status.allocation.value).observe(
+                metrics.CREATE_READY_SECONDS.labels(path=_ready_path(status)).observe(
                     (status.timeline.ready_us - status.timeline.requested_us) / 1e6
                 )
             return True
@@ -403,3 +443,17 @@ class SandboxManager:
     def on_output(self, sandbox_id: SandboxId, *, stderr: bool, data: bytes) -> None:
         """Workload output for watchers."""
         self.bus.publish(sandbox_id, Output(stderr=stderr, data=data))
+
+
+def _ready_path(status: SandboxStatus) -> str:
+    """The create-to-Ready histogram's path: warm, cold, or refilled (warm, after waiting for
+    its pool to refill), so the warm figures are the instant starts alone."""
+    allocated = status.condition("Allocated")
+    return "refilled" if allocated is not None and allocated.reason == allocation.REFILLED else status.allocation.value
+
+
+def _restore(record: SandboxRecord, before: SandboxRecord) -> None:
+    """Put back what a resume changed (its driver refused it)."""
+    record.status = before.status.model_copy(deep=True)
+    record.lifetime = before.lifetime.model_copy(deep=True)
+    record.activation_proof_hash = before.activation_proof_hash

@@ -39,7 +39,7 @@ CREATES = Counter(
 )
 CREATE_READY_SECONDS = Histogram(
     "warmshell_sandbox_create_ready_seconds",
-    "Time from CreateSandbox to Ready",
+    "Time from CreateSandbox to Ready by path (warm|cold|refilled: warm after waiting for the pool to refill)",
     ["path"],
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,

@@ -50,6 +50,9 @@ class Registration(Generic[T]):
     identity: SupervisorIdentity
     session_id: SessionId
     registered_us: int
+    # The IP address the registration came from ("" over a Unix socket or in process): a pod's,
+    # to which its egress proxy credential is bound.
+    peer: str = ""
     _outcome: asyncio.Queue[T | Replaced | WarmshellError] = field(default_factory=lambda: asyncio.Queue(1))
     closed: bool = False
 
@@ -85,8 +88,9 @@ class Registry(Generic[T]):
         self._changed = asyncio.Event()
         self.generation = 0
 
-    def register(self, identity: SupervisorIdentity) -> Registration[T]:
-        """Park a registration; replaces (and notifies) an older one of the same instance."""
+    def register(self, identity: SupervisorIdentity, *, peer: str = "") -> Registration[T]:
+        """Park a registration (from IP address `peer`, if any); replaces (and notifies) an
+        older one of the same instance."""
         if not identity.instance_id:
             raise PermissionDeniedError("a registration needs an instance id")
         self._prune()
@@ -98,6 +102,7 @@ class Registry(Generic[T]):
             identity=identity,
             session_id=SessionId(f"{identity.instance_id}/{next(self._sessions)}"),
             registered_us=now_us(),
+            peer=peer,
         )
         self._pending[identity.instance_id] = registration
         self._bump()

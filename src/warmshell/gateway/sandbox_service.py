@@ -1,4 +1,5 @@
-"""The public SandboxService: create, get, list, delete, watch, exec and refresh a TTL."""
+"""The public SandboxService: create, get, list, delete, watch, exec (in the foreground, or in
+the background: start, list, reattach) and refresh a TTL."""
 
 from __future__ import annotations
 
@@ -13,19 +14,22 @@ import grpc
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core import phases
-from warmshell.core.config import DEFAULT_EXEC_WINDOW_BYTES
+from warmshell.core.config import DEFAULT_EXEC_HISTORY_BYTES, DEFAULT_EXEC_WINDOW_BYTES
 from warmshell.core.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_command, validate_environment, validate_workspace
 from warmshell.gateway import metrics, usage
 from warmshell.gateway.auth import Authenticator
+from warmshell.gateway.background import BackgroundProcesses
 from warmshell.gateway.calls import streaming, unary
 from warmshell.gateway.convert import new_sandbox, pool_to_proto, sandbox_to_proto, usage_to_proto
 from warmshell.gateway.egress.gate import NETWORK_CONDITION, EgressGate
 from warmshell.gateway.events import Changed, Closing, Deleted, Output, Progress
 from warmshell.gateway.execs import ExecRelay, check_terminal_size
-from warmshell.gateway.forwarding import Forwarder
+from warmshell.gateway.forwarding import Forwarder, Target
 from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.sessions import SupervisorSession
+from warmshell.gateway.snapshot_calls import SnapshotCalls
 
 __all__ = ["SandboxService", "parse_label_selector"]
 
@@ -54,7 +58,7 @@ def _settled(record: SandboxRecord) -> bool:
     return record.status.phase == Phase.READY or _terminal(record)
 
 
-class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
+class SandboxService(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
     """gRPC handlers; the logic lives in SandboxManager."""
 
     def __init__(
@@ -65,13 +69,16 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         forwarder: Forwarder | None = None,
         *,
         egress: EgressGate | None = None,
+        background: BackgroundProcesses | None = None,
     ) -> None:
         """`forwarder`: with several replicas, how calls needing another replica's session reach
-        it; `egress`: the proxy whose decisions ListEgress shows."""
+        it; `egress`: the proxy whose decisions ListEgress shows; `background`: the background
+        commands of the sandboxes whose sessions this gateway holds."""
         self._manager = manager
         self._egress = egress
         self._forwarder = forwarder
         self._execs = execs or ExecRelay(window_bytes=DEFAULT_EXEC_WINDOW_BYTES, stall_seconds=60.0)
+        self._background = background or BackgroundProcesses(self._execs, history_bytes=DEFAULT_EXEC_HISTORY_BYTES)
         self._records = manager.records
         self._auth = auth
 
@@ -122,13 +129,19 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         record = await self._lookup(request.workspace, request.name)
         if self._egress is None:
             return pb.ListEgressResponse()
-        # Kept by the gateway that activated the sandbox: with replicas, ask that one.
-        entries = self._egress.proxy.decisions(record.id)
+        decisions = [
+            pb.EgressDecision(**dataclasses.asdict(entry)) for entry in self._egress.proxy.decisions(record.id)
+        ]
+        if self._forwarder is not None:
+            # Each replica keeps the decisions of the connections it served (a local sandbox's all
+            # on the replica that activated it; a pod's on whichever its proxy connections reached).
+            others = await self._forwarder.others(context)
+            answers = await self._forwarder.gather_unary(
+                others, _SERVICE + "ListEgress", request, pb.ListEgressResponse.FromString, context
+            )
+            decisions = sorted([*decisions, *(d for a in answers for d in a.decisions)], key=lambda d: d.time_ms)
         condition = record.status.condition(NETWORK_CONDITION)
-        return pb.ListEgressResponse(
-            decisions=[pb.EgressDecision(**dataclasses.asdict(entry)) for entry in entries],
-            policy=condition.message if condition is not None else "",
-        )
+        return pb.ListEgressResponse(decisions=decisions, policy=condition.message if condition is not None else "")
 
     @unary
     async def GetSandbox(self, request: pb.SandboxRef, context: Ctx) -> pb.Sandbox:
@@ -136,6 +149,8 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         record = await self._lookup(request.workspace, request.name)
         message = sandbox_to_proto(record)
         message.status.usage.CopyFrom(usage_to_proto(await usage.read(self._manager.driver, record)))
+        if self._egress is not None and (traffic := self._egress.proxy.traffic(record.id)) is not None:
+            message.status.usage.egress_bytes_out, message.status.usage.egress_bytes_in = traffic
         return message
 
     @unary
@@ -255,12 +270,7 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
         *,
         interactive: tuple[pb.ExecStreamStart, AsyncIterator[pb.ExecStreamRequest]] | None = None,
     ) -> None:
-        if not request.command:
-            raise InvalidArgumentError("command", "must not be empty")
-        validate_command(request.command)
-        validate_environment(request.environment)
-        if request.timeout_seconds > MAX_EXEC_TIMEOUT_SECONDS:
-            raise InvalidArgumentError("timeout_seconds", f"at most {MAX_EXEC_TIMEOUT_SECONDS}")
+        _check_exec(request)
         record = await self._lookup(request.workspace, request.name)
         session = self._manager.sessions.get(record.id)
         if session is None and self._forwarder is not None and record.status.phase == Phase.READY:
@@ -280,14 +290,71 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
                 async for event in upstream:
                     await context.write(event)
                 return
-        if record.status.phase != Phase.READY or session is None:
-            metrics.EXECS.labels(result="not_ready").inc()
-            raise phases.not_servable(f"{record.workspace}/{record.name}", record.status, operation="exec")
+        session = self._servable(record)
         self._manager.touch(record.id)
         try:
             await self._execs.run(session, request, context, interactive=interactive)
         finally:
             self._manager.touch(record.id)  # idle time counts from the end of the last command
+
+    def _servable(self, record: SandboxRecord) -> SupervisorSession:
+        """The session an exec in the sandbox goes over; FailedPrecondition when it has none."""
+        session = self._manager.sessions.get(record.id)
+        if record.status.phase != Phase.READY or session is None:
+            metrics.EXECS.labels(result="not_ready").inc()
+            raise phases.not_servable(f"{record.workspace}/{record.name}", record.status, operation="exec")
+        return session
+
+    async def _elsewhere(self, record: SandboxRecord, context: Ctx) -> Target | None:
+        """The replica holding the sandbox's session when it is not this one (calls go there)."""
+        if self._forwarder is None or self._manager.sessions.get(record.id) is not None:
+            return None
+        return await self._forwarder.target(record, context)
+
+    @unary
+    async def StartProcess(self, request: pb.StartProcessRequest, context: Ctx) -> pb.ProcessInfo:
+        await self._auth.require_client(context)
+        _check_exec(request.start.exec)
+        check_terminal_size(request.start.size, "start.size")
+        record = await self._lookup(request.start.exec.workspace, request.start.exec.name)
+        if self._forwarder is not None and (target := await self._elsewhere(record, context)) is not None:
+            return await self._forwarder.unary_unary(
+                target, _SERVICE + "StartProcess", request, pb.ProcessInfo.FromString, context
+            )
+        session = self._servable(record)
+        self._manager.touch(record.id)
+        return self._background.start(record.id, session, request).info()
+
+    @unary
+    async def ListProcesses(self, request: pb.SandboxRef, context: Ctx) -> pb.ListProcessesResponse:
+        await self._auth.require_client(context)
+        record = await self._lookup(request.workspace, request.name)
+        if self._forwarder is not None and (target := await self._elsewhere(record, context)) is not None:
+            return await self._forwarder.unary_unary(
+                target, _SERVICE + "ListProcesses", request, pb.ListProcessesResponse.FromString, context
+            )
+        return pb.ListProcessesResponse(processes=[p.info() for p in self._background.list(record.id)])
+
+    @unary
+    async def ConnectProcess(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[pb.ExecStreamRequest], context: Ctx
+    ) -> None:
+        await self._auth.require_client(context)
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("attach"):
+            raise InvalidArgumentError("attach", "the first message of ConnectProcess must name the process")
+        ref = first.attach
+        record = await self._lookup(ref.workspace, ref.name)
+        if self._forwarder is not None and (target := await self._elsewhere(record, context)) is not None:
+            requests = _prepended(first, request_iterator)
+            upstream = self._forwarder.stream_stream(
+                target, _SERVICE + "ConnectProcess", requests, pb.ExecEvent.FromString, context
+            )
+            async for event in upstream:
+                await context.write(event)
+            return
+        process = self._background.get(record.id, ref.pid)
+        await self._background.attach(process, context, request_iterator)
 
     @unary
     async def ListPools(self, request: pb.ListPoolsRequest, context: Ctx) -> pb.ListPoolsResponse:
@@ -308,6 +375,16 @@ class SandboxService(sandbox_pb2_grpc.SandboxServiceServicer):
     async def _lookup(self, workspace: str, name: str) -> SandboxRecord:
         self._check_ref(workspace, name)
         return await self._records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+
+
+def _check_exec(request: pb.ExecSandboxRequest) -> None:
+    """InvalidArgumentError naming the field for a command the gateway would not run."""
+    if not request.command:
+        raise InvalidArgumentError("command", "must not be empty")
+    validate_command(request.command)
+    validate_environment(request.environment)
+    if request.timeout_seconds > MAX_EXEC_TIMEOUT_SECONDS:
+        raise InvalidArgumentError("timeout_seconds", f"at most {MAX_EXEC_TIMEOUT_SECONDS}")
 
 
 async def _prepended(

@@ -121,6 +121,7 @@ class Gateway:
         self._loops = Loops()  # the reconcilers' (a replica's own are its `replication.loops`)
         self.http_port = 0
         self.tcp_port = 0
+        self.egress_port = 0  # the egress proxy's network listener ([network] proxy_listen), once listening
         # The HTTP port's connections (probes and a scraper), capped: what a flood is held to.
         self.http_connections: CappedProtocols | None = None
         self._given_driver = driver
@@ -184,6 +185,9 @@ class Gateway:
             self.config, store=store, driver=driver, keys=keys, replica_id=_replica_id(self.config.replicas.id)
         )
         stack.push_async_callback(parts.egress.aclose)  # before the driver's exit: no connection outlives its sandbox
+        if self.config.network.proxy_listen:
+            host, _, port = self.config.network.proxy_listen.rpartition(":")
+            self.egress_port = await parts.egress.proxy.listen(host.strip("[]"), int(port), parts.egress.admit)
         others = await parts.replication.live_others() if parts.replication is not None else frozenset[str]()
         await parts.reconciler.startup(live_owners=others)
         servers = await self._listen(stack, parts)
@@ -275,6 +279,7 @@ class Gateway:
         parts.manager.close()
         parts.bus.close_all()
         parts.sessions.close_all(_GOING_AWAY, ends_execs=_exec_not_finished)
+        await parts.background.aclose()
         parts.registry.close_all(_GOING_AWAY)
 
     async def _close_supervisor_link(self) -> None:
@@ -314,6 +319,9 @@ class Gateway:
             "tcp": f"{host}:{self.tcp_port}" if self.tcp_port else "",
             "http": f"{self.config.http_host}:{self.http_port}",
         }
+        if self.egress_port:
+            egress_host = self.config.network.proxy_listen.rpartition(":")[0]
+            info["egress"] = f"{egress_host}:{self.egress_port}"
         tmp = self.paths.runtime_info.with_suffix(".tmp")
         tmp.write_text(json.dumps(info) + "\n")
         tmp.replace(self.paths.runtime_info)

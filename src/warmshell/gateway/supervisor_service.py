@@ -29,6 +29,7 @@ from warmshell.gateway.activation import GatewayActivator, reactivation_refused
 from warmshell.gateway.auth import Authenticator, Unauthenticated
 from warmshell.gateway.calls import abort_for, streaming, unary
 from warmshell.gateway.context import CallContext
+from warmshell.gateway.egress import credentials
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.ratelimits import RateLimiter
 from warmshell.gateway.registry import Registry, Replaced
@@ -46,6 +47,12 @@ _ENDED = (Phase.EXITED, Phase.ERROR, Phase.DELETING)
 
 # A grpc.aio.ServicerContext, or the in-process one of a host-side supervisor's call.
 Ctx = CallContext
+
+
+def _peer(context: Ctx) -> str:
+    """gRPC's name of the other end ("ipv4:10.1.2.3:5678"); "" where there is none (in process)."""
+    peer = getattr(context, "peer", None)
+    return str(peer()) if callable(peer) else ""
 
 
 class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
@@ -95,7 +102,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         )
         if isinstance(identity.binding, Bound):
             await self._refuse_reactivation(identity, identity.binding.sandbox_id)
-        registration = self._registry.register(identity)
+        registration = self._registry.register(identity, peer=credentials.source_address(_peer(context)))
         metrics.REGISTRATIONS_PENDING.set(self._registry.pending_count())
         # The one place a registration's driver effects happen (authentication itself is pure).
         self._identity.registered(identity)

@@ -13,6 +13,7 @@ only what is known to be a regular file, and skips FIFOs, sockets and device nod
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -77,6 +78,8 @@ class ChunkPipe:
         self._aborted = False
         self._reader_gone = False
         self._position = 0
+        # The one writer waiting in `send` for room: its loop and the future that wakes it.
+        self._waiting: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
 
     def offer(self, chunk: bytes) -> bool | None:
         """Queue `chunk` if there is room (True), False if not, None once the reader is gone."""
@@ -90,11 +93,30 @@ class ChunkPipe:
             self._cond.notify_all()
             return True
 
-    def put(self, chunk: bytes) -> bool:
-        """Queue `chunk`, waiting for room (blocking); False once the reader is gone."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._reader_gone or not self._held or self._fits(len(chunk)))
-        return bool(self.offer(chunk))
+    async def send(self, chunk: bytes) -> bool:
+        """Queue `chunk`, waiting for room without holding a thread (the reader wakes this loop
+        when it frees some); False once the reader is gone.
+
+        Not a thread blocked in `put`-like waits: with many uploads at once, the unpackers that
+        wait for an executor thread hold none, and a writer blocked on such a pipe would hold one
+        of the loop's few default-executor threads (6 on 2 cores) until its unpacker runs, so
+        fifty uploads at once deadlocked the gateway's files on four busy unpackers."""
+        while True:
+            loop = asyncio.get_running_loop()
+            room: asyncio.Future[None] = loop.create_future()
+            with self._cond:
+                offered = self.offer(chunk)
+                if offered is not False:
+                    return bool(offered)
+                self._waiting = (loop, room)
+            await room
+
+    def _wake_writer(self) -> None:
+        """Room was freed (or the reader left): wake a writer waiting in `send` (under the lock)."""
+        if self._waiting is not None:
+            loop, room = self._waiting
+            self._waiting = None
+            loop.call_soon_threadsafe(_resolve, room)
 
     def _fits(self, size: int) -> bool:
         return self._held + size <= self._max_bytes
@@ -118,6 +140,7 @@ class ChunkPipe:
             self._chunks.clear()
             self._held = 0
             self._cond.notify_all()
+            self._wake_writer()
 
     def read(self, size: int = -1) -> bytes:
         """`size` bytes (all until the end when negative), fewer only at the end, waiting for
@@ -161,7 +184,13 @@ class ChunkPipe:
                 self._chunks.popleft()
             self._held -= len(head)
             self._cond.notify_all()
+            self._wake_writer()
             return head
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():  # a writer cancelled meanwhile
+        future.set_result(None)
 
 
 def unpack(root: Root, destination: str, source: IO[bytes] | ChunkPipe, limits: ArchiveLimits) -> ArchiveSummary:

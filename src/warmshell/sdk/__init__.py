@@ -59,6 +59,7 @@ if TYPE_CHECKING:
         Unavailable,
     )
     from warmshell.sdk.interactive import AsyncProcess, Process
+    from warmshell.sdk.processes import ProcessInfo
     from warmshell.sdk.views import (
         Condition,
         EgressDecision,
@@ -104,6 +105,7 @@ _EXPORTS = {
     "Phase": "warmshell.core.states",
     "PoolInfo": "warmshell.sdk.views",
     "Process": "warmshell.sdk.interactive",
+    "ProcessInfo": "warmshell.sdk.processes",
     "ResourceExhausted": "warmshell.sdk.errors",
     "Sandbox": "warmshell.sdk.client",
     "SandboxError": "warmshell.sdk.errors",
@@ -143,6 +145,7 @@ __all__ = [
     "Phase",
     "PoolInfo",
     "Process",
+    "ProcessInfo",
     "ResourceExhausted",
     "Sandbox",
     "SandboxError",

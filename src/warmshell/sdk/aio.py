@@ -25,7 +25,7 @@ from grpc import aio
 
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.sdk import calls, connection, errors, queueing, views
+from warmshell.sdk import calls, connection, errors, processes, queueing, views
 from warmshell.sdk.client import DEFAULT_READY_TIMEOUT_SECONDS
 from warmshell.sdk.files import AsyncFiles
 from warmshell.sdk.images import AsyncImages
@@ -307,18 +307,44 @@ class AsyncSandbox:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the same API as the sync client; a gRPC deadline
+        background: bool = False,
+        open_stdin: bool = False,
     ) -> AsyncProcess:
         """`Sandbox.start`, awaited."""
         request = calls.exec_request(
             name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=b""
         )
+        start = start_request(request, tty=tty, rows=rows, columns=columns)
+        if background:
+            started = processes.start_process_request(start, open_stdin=open_stdin)
+            with self.client._translating():
+                info = await self.client._stub.StartProcess(
+                    started, metadata=self.client._metadata, timeout=self.client.timeout
+                )
+            return await self.connect(info.pid, tty=tty)
         stub, deadline = self.client._stub, calls.exec_deadline(timeout)
         call = await self.client._open_call(
             lambda: stub.ExecSandboxStream(None, metadata=self.client._metadata, timeout=deadline)
         )
-        return await AsyncProcess.start(
-            call, start_request(request, tty=tty, rows=rows, columns=columns), self.client.address
-        )
+        return await AsyncProcess.start(call, start, self.client.address)
+
+    async def processes(self) -> builtins.list[processes.ProcessInfo]:
+        """`Sandbox.processes`, awaited."""
+        request = pb.SandboxRef(name=self.name, workspace=self.workspace)
+        with self.client._translating():
+            message = await self.client._stub.ListProcesses(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        return [processes.process_info(p) for p in message.processes]
+
+    async def connect(self, pid: int, *, tty: bool = False) -> AsyncProcess:
+        """`Sandbox.connect`, awaited."""
+        stub = self.client._stub
+        call = await self.client._open_call(lambda: stub.ConnectProcess(None, metadata=self.client._metadata))
+        process = AsyncProcess(call, self.client.address, tty)
+        process.pid = pid
+        await process._write(processes.attach_request(self.name, self.workspace, pid))
+        return process
 
     async def pty(
         self,
@@ -438,6 +464,72 @@ class AsyncSandbox:
                 request, metadata=self.client._metadata, timeout=self.client.timeout
             )
         return views.egress_decisions(message)
+
+    async def snapshot(self, image: str, *, force: bool = False) -> views.SnapshotInfo:
+        """Capture the sandbox's filesystem as image `image` (NAME:TAG); see `Sandbox.snapshot`
+        of the blocking client."""
+        request = pb.SnapshotSandboxRequest(name=self.name, workspace=self.workspace, image=image, force=force)
+        with self.client._translating():
+            message = await self.client._stub.SnapshotSandbox(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        return views.snapshot_info(message)
+
+    async def pause(self, *, pause_ttl_seconds: int = 0) -> views.SandboxInfo:
+        """Keep the sandbox's files as an image and stop everything of it; see `Sandbox.pause`
+        of the blocking client."""
+        request = pb.PauseSandboxRequest(name=self.name, workspace=self.workspace, pause_ttl_seconds=pause_ttl_seconds)
+        with self.client._translating():
+            message = await self.client._stub.PauseSandbox(
+                request, metadata=self.client._metadata, timeout=self.client.timeout
+            )
+        self.last_info = views.sandbox_info(message)
+        return self.last_info
+
+    async def resume(self, *, ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS) -> views.SandboxInfo:
+        """Start a Paused sandbox again from its files, once it is Ready; see `Sandbox.resume`."""
+        request = calls.resume_request(self.name, self.workspace, ready_timeout=ready_timeout)
+        with self.client._translating():
+            message = await self.client._stub.ResumeSandbox(
+                request,
+                metadata=self.client._metadata,
+                timeout=calls.fork_call_timeout(ready_timeout, self.client.timeout),
+            )
+        self.last_info = views.sandbox_info(calls.resumed(message))
+        return self.last_info
+
+    async def fork(
+        self,
+        count: int,
+        *,
+        prefix: str = "",
+        with_secrets: bool = False,
+        ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+    ) -> list[AsyncSandbox | errors.ApiError]:
+        """`count` new sandboxes from one snapshot of this one's files; see `Sandbox.fork` of
+        the blocking client."""
+        request = calls.fork_request(
+            self.name,
+            self.workspace,
+            count=count,
+            prefix=prefix,
+            with_secrets=with_secrets,
+            ready_timeout=ready_timeout,
+        )
+        with self.client._translating():
+            response = await self.client._stub.ForkSandbox(
+                request,
+                metadata=self.client._metadata,
+                timeout=calls.fork_call_timeout(ready_timeout, self.client.timeout),
+            )
+        children: list[AsyncSandbox | errors.ApiError] = []
+        for child in response.children:
+            outcome = calls.fork_outcome(child)
+            if isinstance(outcome, errors.ApiError):
+                children.append(outcome)
+            else:
+                children.append(AsyncSandbox(self.client, views.sandbox_info(outcome)))
+        return children
 
     async def refresh_ttl(self, ttl_seconds: int) -> views.SandboxInfo:
         """Let the sandbox live `ttl_seconds` from now (InvalidArgument beyond the maximum)."""

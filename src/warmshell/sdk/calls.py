@@ -77,7 +77,10 @@ class CreateOptions(TypedDict, total=False):
     cpu: str
     memory: str
     pids: int
+    # None or empty: the image's Entrypoint + Cmd where the gateway knows them, else none.
     command: Sequence[str] | None
+    # True: no workload at all, even where the image has an Entrypoint/Cmd (exec only).
+    no_command: bool
     labels: Mapping[str, str] | None
     ttl_seconds: int | None
     idle_timeout_seconds: int | None
@@ -108,6 +111,7 @@ def create_request(*, name: str | None, workspace: str, **options: Unpack[Create
             resources=resources,
             command=_argv(options.get("command") or [], "command"),
             network=pb.NetworkPolicy(allow=network.allow, deny=network.deny) if network is not None else None,
+            no_command=bool(options.get("no_command", False)),
         ),
     )
     ttl_seconds, idle_timeout_seconds = options.get("ttl_seconds"), options.get("idle_timeout_seconds")
@@ -147,6 +151,7 @@ def _spec_fields() -> dict[str, tuple[Callable[[pb.Sandbox], object], Callable[[
         ),
         "pids": (lambda s: s.spec.resources.pids, int),
         "command": (lambda s: list(s.spec.command), lambda v: _argv(v, "command")),
+        "no_command": (lambda s: s.spec.no_command, bool),
         "labels": (lambda s: dict(s.labels), dict),
         "ttl_seconds": (lambda s: s.lifetime.ttl_seconds, lambda v: _seconds(v, "ttl_seconds")),
         "idle_timeout_seconds": (
@@ -249,9 +254,9 @@ def output_event(event: pb.ExecEvent) -> views.OutputEvent:
 
     kind = event.WhichOneof("event")
     if kind == "stdout":
-        return views.OutputEvent(stdout=event.stdout)
+        return views.OutputEvent(stdout=event.stdout, dropped_bytes=event.dropped_bytes)
     if kind == "stderr":
-        return views.OutputEvent(stderr=event.stderr)
+        return views.OutputEvent(stderr=event.stderr, dropped_bytes=event.dropped_bytes)
     return views.OutputEvent(exit_code=event.exit_code, outcome=views.exec_outcome(event.outcome))
 
 
@@ -404,3 +409,52 @@ class ExecFold:
             raise errors.Error("the exec stream ended without an exit code")
         outcome = views.exec_outcome(self.outcome if self.outcome is not None else outcome_pb2.ExecOutcome())
         return views.ExecResult(self.exit_code, bytes(self.stdout), bytes(self.stderr), duration_ms, outcome)
+
+
+def fork_request(
+    name: str, workspace: str, *, count: int, prefix: str, with_secrets: bool, ready_timeout: float | None
+) -> pb.ForkSandboxRequest:
+    """A ForkSandbox request that waits up to `ready_timeout` seconds for the children."""
+    return pb.ForkSandboxRequest(
+        name=name,
+        workspace=workspace,
+        count=count,
+        prefix=prefix,
+        with_secrets=with_secrets,
+        ready_timeout_ms=int((ready_timeout or 0) * 1000),
+    )
+
+
+def fork_call_timeout(ready_timeout: float | None, call_timeout: float | None) -> float | None:
+    """The deadline of a fork call: the children's wait for Ready plus the call's own."""
+    if ready_timeout is None or call_timeout is None:
+        return None
+    return ready_timeout + call_timeout
+
+
+def fork_outcome(child: pb.ForkChild) -> pb.Sandbox | errors.ApiError:
+    """A child of a fork: its Ready sandbox, or the error it ended with."""
+    if child.error_code:
+        return errors.error_for(child.error_code, child.error)
+    if child.sandbox.status.phase != pb.SANDBOX_PHASE_READY:
+        phase = pb.SandboxPhase.Name(child.sandbox.status.phase).removeprefix("SANDBOX_PHASE_")
+        return errors.error_for(
+            "UNAVAILABLE" if phase == "PROVISIONING" else "FAILED_PRECONDITION",
+            f"fork child {child.name} is {phase.title()}, not Ready",
+        )
+    return child.sandbox
+
+
+def resume_request(name: str, workspace: str, *, ready_timeout: float | None) -> pb.ResumeSandboxRequest:
+    """A ResumeSandbox request that waits up to `ready_timeout` seconds for Ready."""
+    return pb.ResumeSandboxRequest(
+        name=name, workspace=workspace, wait_ready=True, ready_timeout_ms=int((ready_timeout or 0) * 1000)
+    )
+
+
+def resumed(message: pb.Sandbox) -> pb.Sandbox:
+    """A resumed sandbox, Ready; SandboxError saying how it is when it is not."""
+    if message.status.phase != pb.SANDBOX_PHASE_READY:
+        phase = pb.SandboxPhase.Name(message.status.phase).removeprefix("SANDBOX_PHASE_").title()
+        raise errors.SandboxError(f"sandbox {message.name} did not resume: it is {phase}")
+    return message

@@ -34,10 +34,11 @@ if TYPE_CHECKING:
     import grpc
 
     from warmshell.api.v1 import sandbox_pb2_grpc
-    from warmshell.sdk import views
+    from warmshell.sdk import building, views
     from warmshell.sdk.files import Files
     from warmshell.sdk.images import Images
     from warmshell.sdk.interactive import Process, StdinSource
+    from warmshell.sdk.processes import ProcessInfo
 
 __all__ = ["DEFAULT_READY_TIMEOUT_SECONDS", "STREAM_STOP_BOUND_SECONDS", "Client", "Sandbox"]
 
@@ -101,7 +102,7 @@ class Client:
     ) -> Sandbox:
         """Create a sandbox and return once it is Ready (warm or cold), or once its `command`
         has already exited; `options` are `calls.CreateOptions` (image, env, secrets, cpu,
-        memory, pids, command, labels, ttl_seconds, idle_timeout_seconds). A sandbox that fails
+        memory, pids, command, no_command, labels, ttl_seconds, idle_timeout_seconds). A sandbox that fails
         raises SandboxError with the gateway's reason; one not Ready within `ready_timeout`
         raises DeadlineExceeded. Either way it is deleted: a failed create leaves nothing
         behind. With `auto_delete`, `wait_exit()` deletes it once it has returned the
@@ -214,6 +215,36 @@ class Client:
         )
         return [views.sandbox_info(s) for s in self.service.list_sandboxes(request).sandboxes]
 
+    def resume(
+        self, name: str, *, workspace: str | None = None, ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS
+    ) -> Sandbox:
+        """Start the Paused sandbox `name` again from its files (see `Sandbox.pause`); its handle
+        once it is Ready."""
+        from warmshell.sdk import views
+
+        workspace = self.workspace if workspace is None else workspace
+        request = calls.resume_request(name, workspace, ready_timeout=ready_timeout)
+        message = self.service.resume_sandbox(request, timeout=calls.fork_call_timeout(ready_timeout, self.timeout))
+        return Sandbox(self, views.sandbox_info(calls.resumed(message)))
+
+    def build_image(
+        self,
+        tag: str,
+        *,
+        base: str,
+        steps: Sequence[building.Step],
+        allow_net: Sequence[str] = (),
+        force: bool = False,
+        output: building.Output | None = None,
+    ) -> views.SnapshotInfo:
+        """Build image `tag` (NAME:TAG) from image `base` by `steps` (`building.Run("make")`,
+        `building.Copy(Path("src"), "/workspace/src")`) in a fresh sandbox whose egress is
+        `allow_net`; `output(stream, chunk)` hears each step's output. BuildFailed names the first
+        step that failed; the sandbox is deleted either way (see `warmshell.sdk.building`)."""
+        from warmshell.sdk import building
+
+        return building.build(self, base=base, steps=steps, tag=tag, allow_net=allow_net, force=force, output=output)
+
     def pools(self, *, workspace: str | None = None, all_workspaces: bool = False) -> builtins.list[views.PoolInfo]:
         """Warm pools of the workspace (or every workspace), with their hit counts."""
         from warmshell.sdk import views
@@ -300,16 +331,27 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         workdir: str | None = None,
         timeout: float | None = None,
+        background: bool = False,
+        open_stdin: bool = False,
     ) -> Process:
         """Start a command whose stdin you stream (`send`, `close_stdin`), that you can `signal`,
         and read its output as it comes (`recv`, iteration, `wait`). With `tty`, it runs on a
-        pseudo-terminal in the sandbox of `rows` x `columns` (see `pty`)."""
+        pseudo-terminal in the sandbox of `rows` x `columns` (see `pty`).
+
+        With `background`, it runs until it exits whoever is connected: the handle has a `pid`,
+        closing it only detaches, and any client can list it (`processes`) and reattach
+        (`connect(pid)`) to read its kept output, then live output and its exit; its stdin is
+        closed at once unless `open_stdin` (`warmshell.sdk.processes`)."""
         from warmshell.sdk.interactive import Process, start_request
+        from warmshell.sdk.processes import start_process_request
 
         request = calls.exec_request(
             name=self.name, workspace=self.workspace, argv=argv, env=env, workdir=workdir, timeout=timeout, stdin=b""
         )
         start = start_request(request, tty=tty, rows=rows, columns=columns)
+        if background:
+            info = self.client.service.start_process(start_process_request(start, open_stdin=open_stdin))
+            return self.connect(info.pid, tty=tty)
         with errors.translating(self.client.address):
             return Process(
                 lambda requests: self.client._stub.ExecSandboxStream(
@@ -318,6 +360,31 @@ class Sandbox:
                 start,
                 self.client.address,
             )
+
+    def processes(self) -> builtins.list[ProcessInfo]:
+        """The sandbox's background commands, running and recently exited, oldest first."""
+        from warmshell.sdk.processes import process_info
+
+        request = pb.SandboxRef(name=self.name, workspace=self.workspace)
+        return [process_info(p) for p in self.client.service.list_processes(request).processes]
+
+    def connect(self, pid: int, *, tty: bool = False) -> Process:
+        """Reattach to background command `pid` (of this client or any other): its output the
+        gateway kept, then live output and its exit; `send`, `signal`, `kill`, `wait` as on any
+        Process; `close` detaches (NotFound for no such pid, on the first read). The command
+        never waits for a reader: one more than the gateway's `exec_history_bytes` behind it
+        loses the oldest bytes, and the next event's `dropped_bytes` says how many."""
+        from warmshell.sdk.interactive import Process
+        from warmshell.sdk.processes import attach_request
+
+        with errors.translating(self.client.address):
+            process = Process(
+                lambda requests: self.client._stub.ConnectProcess(requests, metadata=self.client._metadata),
+                attach_request(self.name, self.workspace, pid),
+                self.client.address,
+            )
+        process.tty, process.pid = tty, pid
+        return process
 
     def pty(
         self,
@@ -420,6 +487,71 @@ class Sandbox:
 
         request = pb.SandboxRef(name=self.name, workspace=self.workspace)
         return views.egress_decisions(self.client.service.list_egress(request))
+
+    def snapshot(self, image: str, *, force: bool = False) -> views.SnapshotInfo:
+        """Capture the sandbox's filesystem (what it wrote over its image, and /workspace) as image
+        `image` (NAME:TAG); it is frozen meanwhile and keeps running. AlreadyExists when the tag
+        names an image (unless `force`); FailedPrecondition when it is not Ready or has no image."""
+        from warmshell.sdk import views
+
+        request = pb.SnapshotSandboxRequest(name=self.name, workspace=self.workspace, image=image, force=force)
+        return views.snapshot_info(self.client.service.snapshot_sandbox(request))
+
+    def pause(self, *, pause_ttl_seconds: int = 0) -> views.SandboxInfo:
+        """Keep the sandbox's files (what it wrote over its image, and /workspace) as an image and
+        stop everything of it: no process, no memory, no runtime; it stays, Paused, until
+        `resume()` or its pause TTL (`pause_ttl_seconds`, else the gateway's) deletes it.
+        Processes and memory are not kept: a resume runs the command afresh."""
+        from warmshell.sdk import views
+
+        request = pb.PauseSandboxRequest(name=self.name, workspace=self.workspace, pause_ttl_seconds=pause_ttl_seconds)
+        self.last_info = views.sandbox_info(self.client.service.pause_sandbox(request))
+        return self.last_info
+
+    def resume(self, *, ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS) -> views.SandboxInfo:
+        """Start a Paused sandbox again from its files; returns once it is Ready (SandboxError
+        if it is not within `ready_timeout`)."""
+        from warmshell.sdk import views
+
+        request = calls.resume_request(self.name, self.workspace, ready_timeout=ready_timeout)
+        message = self.client.service.resume_sandbox(
+            request, timeout=calls.fork_call_timeout(ready_timeout, self.client.timeout)
+        )
+        self.last_info = views.sandbox_info(calls.resumed(message))
+        return self.last_info
+
+    def fork(
+        self,
+        count: int,
+        *,
+        prefix: str = "",
+        with_secrets: bool = False,
+        ready_timeout: float | None = DEFAULT_READY_TIMEOUT_SECONDS,
+    ) -> builtins.list[Sandbox | errors.ApiError]:
+        """`count` new sandboxes from one snapshot of this one's files (not its processes'
+        memory: each child runs its command afresh), named PREFIX-1.. (default NAME-fork-1..),
+        with its spec and its secrets only when `with_secrets`; one entry per child, in order:
+        the Ready child, or the error it ended with."""
+        from warmshell.sdk import views
+
+        request = calls.fork_request(
+            self.name,
+            self.workspace,
+            count=count,
+            prefix=prefix,
+            with_secrets=with_secrets,
+            ready_timeout=ready_timeout,
+        )
+        response = self.client.service.fork_sandbox(
+            request, timeout=calls.fork_call_timeout(ready_timeout, self.client.timeout)
+        )
+        children: builtins.list[Sandbox | errors.ApiError] = []
+        for child in response.children:
+            outcome = calls.fork_outcome(child)
+            children.append(
+                outcome if isinstance(outcome, errors.ApiError) else Sandbox(self.client, views.sandbox_info(outcome))
+            )
+        return children
 
     def delete(self) -> bool:
         """Delete the sandbox; False when it was already gone (never raises NotFound)."""

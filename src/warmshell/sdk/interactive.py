@@ -107,6 +107,9 @@ class Process:
         address: str,
     ) -> None:
         self.tty = start.start.tty
+        # A background command's pid (`start(background=True)`, `connect`): closing the handle
+        # then only detaches from it.
+        self.pid: int | None = None
         self.exit_code: int | None = None
         # How it ended beyond its exit code (timed out, a signal, never started), once it has.
         self.outcome: views.ExecOutcome | None = None
@@ -240,8 +243,13 @@ class Process:
             self._ended = True
             self._changed.notify_all()
 
+    def kill(self) -> None:
+        """Stop the command (SIGKILL to its process group), background or not."""
+        self.signal(signals.SIGKILL)
+
     def close(self) -> None:
-        """Stop the command if it still runs (the stream is cancelled; the sandbox kills it)."""
+        """Stop the command if it still runs (the stream is cancelled; the sandbox kills it); a
+        background command (`pid` set) runs on: this client only detaches."""
         self._finish()
         self._call.cancel()  # type: ignore[no-untyped-call]  # grpc-stubs leave RpcContext.cancel untyped
 
@@ -257,6 +265,7 @@ class AsyncProcess:
 
     def __init__(self, call: aio.StreamStreamCall[pb.ExecStreamRequest, pb.ExecEvent], address: str, tty: bool) -> None:
         self.tty = tty
+        self.pid: int | None = None  # see Process.pid
         self.exit_code: int | None = None
         self.outcome: views.ExecOutcome | None = None  # see Process.outcome
         self._call = call
@@ -335,9 +344,13 @@ class AsyncProcess:
         assert self.exit_code is not None
         return self.exit_code
 
+    async def kill(self) -> None:
+        """`Process.kill`."""
+        await self.signal(signals.SIGKILL)
+
     async def close(self) -> None:
-        """`Process.close`: cancels the call (the sandbox kills the command's process group) and
-        returns once the call has ended."""
+        """`Process.close`: cancels the call (the sandbox kills the command's process group, unless
+        it runs in the background) and returns once the call has ended."""
         self._call.cancel()
         if self._pending is not None:
             self._pending.cancel()

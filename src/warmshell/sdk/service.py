@@ -64,6 +64,30 @@ class SandboxService:
         """ListEgress: the sandbox's latest egress decisions."""
         return self._unary("ListEgress", request, pb.ListEgressResponse)
 
+    def start_process(self, request: pb.StartProcessRequest) -> pb.ProcessInfo:
+        """StartProcess: a background command, started."""
+        return self._unary("StartProcess", request, pb.ProcessInfo)
+
+    def list_processes(self, request: pb.SandboxRef) -> pb.ListProcessesResponse:
+        """ListProcesses: the sandbox's background commands, running and recently exited."""
+        return self._unary("ListProcesses", request, pb.ListProcessesResponse)
+
+    def snapshot_sandbox(self, request: pb.SnapshotSandboxRequest) -> pb.SnapshotSandboxResponse:
+        """SnapshotSandbox: the image made of the sandbox."""
+        return self._unary("SnapshotSandbox", request, pb.SnapshotSandboxResponse)
+
+    def fork_sandbox(self, request: pb.ForkSandboxRequest, *, timeout: float | None = None) -> pb.ForkSandboxResponse:
+        """ForkSandbox: one outcome per child."""
+        return self._unary("ForkSandbox", request, pb.ForkSandboxResponse, timeout)
+
+    def pause_sandbox(self, request: pb.PauseSandboxRequest) -> pb.Sandbox:
+        """PauseSandbox: the sandbox, Paused."""
+        return self._unary("PauseSandbox", request, pb.Sandbox)
+
+    def resume_sandbox(self, request: pb.ResumeSandboxRequest, *, timeout: float | None = None) -> pb.Sandbox:
+        """ResumeSandbox: the sandbox, Ready (or as it was when the wait ended)."""
+        return self._unary("ResumeSandbox", request, pb.Sandbox, timeout)
+
     def list_pools(self, request: pb.ListPoolsRequest, *, timeout: float | None = None) -> pb.ListPoolsResponse:
         """ListPools (`timeout` overrides the service's, e.g. for a short liveness probe)."""
         return self._unary("ListPools", request, pb.ListPoolsResponse, timeout)

@@ -24,6 +24,7 @@ __all__ = [
     "PoolInfo",
     "SandboxInfo",
     "Secret",
+    "SnapshotInfo",
     "Timeline",
     "Usage",
     "egress_decisions",
@@ -37,6 +38,7 @@ _PHASES = {
     pb.SANDBOX_PHASE_EXITED: Phase.EXITED,
     pb.SANDBOX_PHASE_ERROR: Phase.ERROR,
     pb.SANDBOX_PHASE_DELETING: Phase.DELETING,
+    pb.SANDBOX_PHASE_PAUSED: Phase.PAUSED,
 }
 
 
@@ -95,6 +97,9 @@ class Usage:
     root_bytes: int | None = None
     unknown: str = ""
     read_at_ms: int = 0
+    # Bytes through the gateway's egress proxy, out of the sandbox and into it (None: no proxy).
+    egress_bytes_out: int | None = None
+    egress_bytes_in: int | None = None
 
 
 @dataclass(frozen=True)
@@ -292,6 +297,9 @@ class OutputEvent(_Outcome):
     stderr: bytes = b""
     exit_code: int | None = field(default=None)
     outcome: ExecOutcome | None = None
+    # A reattached background command: this many bytes before this chunk were dropped from its
+    # ring before this client read them.
+    dropped_bytes: int = 0
 
 
 def _conditions(conditions: object) -> tuple[Condition, ...]:
@@ -340,7 +348,16 @@ def sandbox_info(message: pb.Sandbox) -> SandboxInfo:
 
 
 def _usage(usage: pb.SandboxUsage) -> Usage:
-    figures = ("cpu_seconds", "memory_bytes", "memory_peak_bytes", "processes", "workspace_bytes", "root_bytes")
+    figures = (
+        "cpu_seconds",
+        "memory_bytes",
+        "memory_peak_bytes",
+        "processes",
+        "workspace_bytes",
+        "root_bytes",
+        "egress_bytes_out",
+        "egress_bytes_in",
+    )
     known = {field.name: value for field, value in usage.ListFields() if field.name in figures}
     return Usage(**known, unknown=usage.unknown, read_at_ms=usage.read_at_ms)
 
@@ -363,4 +380,35 @@ def pool_info(message: pb.Pool) -> PoolInfo:
         source=message.source,
         conditions=_conditions(message.conditions),
         pids=message.resources.pids,
+    )
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """An image made of a sandbox's filesystem (`Sandbox.snapshot`)."""
+
+    digest: str
+    image: str
+    base_digest: str
+    layers: int
+    layer_bytes: int
+    frozen_ms: int
+    flattened: bool
+
+    @property
+    def pinned(self) -> str:
+        """NAME:TAG@DIGEST, the reference a create from exactly this snapshot names."""
+        return f"{self.image}@{self.digest}"
+
+
+def snapshot_info(message: pb.SnapshotSandboxResponse) -> SnapshotInfo:
+    """The view of a SnapshotSandbox response."""
+    return SnapshotInfo(
+        digest=message.digest,
+        image=message.image,
+        base_digest=message.base_digest,
+        layers=message.layers,
+        layer_bytes=message.layer_bytes,
+        frozen_ms=message.frozen_ms,
+        flattened=message.flattened,
     )

@@ -189,10 +189,8 @@ class FileServer:
                     getting.cancel()
                     break
                 chunk = getting.result()
-                if chunk.data:
-                    put: bool = await asyncio.to_thread(pipe.put, chunk.data)
-                    if put:
-                        self._result(op.op_id, credit=len(chunk.data))
+                if chunk.data and await pipe.send(chunk.data):
+                    self._result(op.op_id, credit=len(chunk.data))
                 if chunk.last:
                     pipe.finish()
                     break

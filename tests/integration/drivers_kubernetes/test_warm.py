@@ -5,6 +5,7 @@ SandboxClaim, and the claim controller activates the warm pod agent-sandbox bind
 from __future__ import annotations
 
 import asyncio
+import collections
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,11 @@ async def test_a_drained_pool_still_yields_a_sandbox(
         ready = await gw.wait_ready("fallback", timeout=30)
         assert ready.status.phase == pb.SANDBOX_PHASE_READY
         assert ready.status.allocation == "warm"  # a claim, served cold by agent-sandbox
+        # ... and so no instant start: its member registered after the request.
+        allocated = {c.type: c for c in ready.status.conditions}["Allocated"]
+        assert allocated.reason == "Refilled"
+        assert allocated.message.startswith("empty: waited ")
+        assert ready.status.timeline.registered_us > ready.status.timeline.requested_us
         sandbox = await admin.get(kc.SANDBOXES, NAMESPACE, "default--fallback")
         assert sandbox["metadata"]["labels"]["agents.x-k8s.io/launch-type"] == "cold"
         code, out, _ = await gw.exec("fallback", ["sh", "-c", "echo ok"])
@@ -130,6 +136,11 @@ async def test_fifty_concurrent_creates_against_a_pool_of_twenty(
         assert all(s.status.phase == pb.SANDBOX_PHASE_READY for s in ready)
         # Every sandbox has its own pod: no warm member was activated twice.
         assert len({s.status.instance_id for s in ready}) == 50
+        # All warm, but only the twenty idle members were instant starts; the other thirty
+        # waited for the pool to refill, and say so.
+        assert {s.status.allocation for s in ready} == {"warm"}
+        reasons = collections.Counter({c.type: c for c in s.status.conditions}["Allocated"].reason for s in ready)
+        assert reasons == {"PoolHit": 20, "Refilled": 30}
         code, out, _ = await gw.exec("c49", ["sh", "-c", "echo $FOO"])
         assert (code, out) == (0, b"bar\n")
 

@@ -22,19 +22,22 @@ from warmshell.drivers.local.imagestore.store import ImageStore
 
 pytestmark = [
     needs_bwrap,
-    pytest.mark.skipif(os.geteuid() != 0, reason="images of the image store need a gateway run as root"),
+    pytest.mark.skipif(
+        os.geteuid() != 0,
+        reason="written for a root gateway (a uid per sandbox); a normal user's: test_image_user_gateway.py",
+    ),
 ]
 
 
-TOOLS = ("cat", "chmod", "cp", "cut", "grep", "head", "id", "ln", "ls", "mkdir", "mount", "rm", "umount")
+TOOLS = ("cat", "chmod", "cp", "cut", "grep", "head", "id", "ln", "ls", "mkdir", "mount", "rm", "sleep", "umount")
 
 
-def tools_layer(marker: str, *, setuid: tuple[str, ...] = ()) -> images.Layer:
+def tools_layer(marker: str, *, setuid: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> images.Layer:
     """The host's /bin/sh and a few coreutils with the libraries they load, and a marker; the
     `setuid` tools with their setuid bit set."""
     layer = images.host_shell_layer(marker)
     have = {info.name for info, _ in layer.members}
-    for tool in TOOLS:
+    for tool in (*TOOLS, *extra):
         path = f"/usr/bin/{tool}"
         ldd = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
         for source in [path, *re.findall(r"=> (/\S+) \(0x", ldd)]:
@@ -56,11 +59,12 @@ def import_tiny(
     name: str = "tiny:1",
     marker: str = "built by the tests",
     setuid: tuple[str, ...] = (),
+    extra_tools: tuple[str, ...] = (),
     **config: object,
 ) -> str:
     """Import a one-layer image (the host's /bin/sh and a few tools, a marker) into the gateway's
     store, with runtime `config` (Env, WorkingDir, User...); its digest."""
-    layer = tools_layer(marker, setuid=setuid).tar()
+    layer = tools_layer(marker, setuid=setuid, extra=extra_tools).tar()
     runtime = images.config_json([layer], **config) if config else None
     images.write_oci_layout(source, [layer], config=runtime)
     store = ImageStore(state / "images", max_bytes=1 << 30)
@@ -70,7 +74,9 @@ def import_tiny(
 
 
 async def ready(gw: RunningGateway, name: str, image: str) -> pb.Sandbox:
-    await gw.create(name=name, spec=pb.SandboxSpec(image=image))
+    """A Ready sandbox of `image` that runs nothing but its agent (its Cmd, a shell, would exit
+    at once on an empty stdin, as under docker)."""
+    await gw.create(name=name, spec=pb.SandboxSpec(image=image, no_command=True))
     sandbox = await gw.wait_ready(name)
     assert sandbox.status.phase == pb.SANDBOX_PHASE_READY, sandbox
     return sandbox
@@ -190,7 +196,8 @@ async def test_the_image_config_gives_the_environment_directory_and_user(state: 
     env = ["PATH=/usr/bin:/bin", "GREETING=hello", "BOTH=image"]
     import_tiny(state, tmp_path / "tiny", Env=env, WorkingDir="/etc", User="1234:55")
     async with running_gateway(state) as gw:
-        await gw.create(name="cfg", spec=pb.SandboxSpec(image="tiny:1", environment={"BOTH": "request"}))
+        spec = pb.SandboxSpec(image="tiny:1", environment={"BOTH": "request"}, no_command=True)
+        await gw.create(name="cfg", spec=spec)
         assert (await gw.wait_ready("cfg")).status.phase == pb.SANDBOX_PHASE_READY
         script = "echo $GREETING $BOTH; pwd; id -u; id -g; ls -nd /etc | cut -d' ' -f3"
         # The image's files show as its user's: it is the sandbox's own host uid inside.

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 import warmshell
-from tests.helpers.cli import CliGateway, start_gateway
+from tests.helpers.cli import CliGateway, configured_gateway
 
 MiB = 2**20
 # One sandbox listed per scrape, read afresh on every scrape: the cap is observable in one test.
@@ -27,15 +26,8 @@ BUSY = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliGateway]:
-    assert shutil.which("bwrap"), "bubblewrap (bwrap) is required: apt-get install bubblewrap"
-    root = tmp_path_factory.mktemp("usage")
-    config = root / "gateway.toml"
-    config.write_text(CONFIG)
-    running = start_gateway(root / "state", "--config", str(config))
-    try:
+    with configured_gateway(tmp_path_factory.mktemp("usage"), CONFIG) as running:
         yield running
-    finally:
-        assert running.stop() == 0, running.log()
 
 
 @pytest.fixture

@@ -305,3 +305,41 @@ async def test_authorizer_hook_decides_requests_and_reviews(tmp_path: Path) -> N
             token=server.admin_token,
         )
         assert status == 201
+
+
+async def test_the_internal_listener_speaks_plain_http_with_the_same_tokens_and_goes_offline_too() -> None:
+    server = ApiServer(ServerConfig(internal_http=True))
+    await server.start()
+    try:
+        assert server.internal_url.startswith("http://127.0.0.1:")
+        assert server.url.startswith("https://")
+        path = server.internal_url + "/api/v1/namespaces/default"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(path) as resp:
+                assert resp.status == 401  # no token, no answer: the same authentication as HTTPS
+            admin = {"Authorization": f"Bearer {server.admin_token}"}
+            async with session.get(path, headers=admin) as resp:
+                assert resp.status == 200
+            await server.go_offline(0.5)
+            with pytest.raises(aiohttp.ClientConnectionError):
+                async with session.get(path, headers=admin):
+                    pass
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while not server.online:
+                assert loop.time() < deadline, "the server did not come back"
+                await asyncio.sleep(0.02)
+            async with session.get(path, headers=admin) as resp:
+                assert resp.status == 200
+    finally:
+        await server.stop()
+
+
+async def test_without_tls_or_the_option_there_is_no_internal_listener() -> None:
+    for config in (ServerConfig(), ServerConfig(tls=False, internal_http=True)):
+        server = ApiServer(config)
+        await server.start()
+        try:
+            assert server.internal_url == ""
+        finally:
+            await server.stop()

@@ -1,5 +1,5 @@
 """Where a placeholder secret's real value must never be, after a request that used it: the
-sandbox's agent and its egress shim (their writable memory, read host-side through
+sandbox's agent and its egress relays (their writable memory, read host-side through
 /proc/PID/mem), the gateway's log records, and the files of its state directory (the SQLite
 store and its journal included). The gateway's own memory holds it: that is the one place."""
 
@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.timeout(90),
     pytest.mark.skipif(os.geteuid() != 0, reason="reading another process's memory takes root"),
 ]
-# The agent (pid 1 inside) and its shim (`agent egress PORT SOCKET`) run the one binary, bound here.
+# The agent (pid 1 inside) and its relays (forks of it, one per connection) run the one binary, bound here.
 _AGENT = b"/run/warmshell/agent"
 _MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+)")
 
@@ -75,7 +75,7 @@ async def test_the_value_is_in_no_agent_memory_log_record_or_store_file(
             assert (await sh(gw, "res", command))[0] == 0
         assert all(f"Bearer {value}".encode() in head for head in api.heads)  # it was swapped in
         agents = _agents()
-        assert len(agents) == 2  # the agent and its shim
+        assert agents  # pid 1, and any relay still closing
         memory = {pid: _writable_memory(pid) for pid in agents}
         # The scan sees what they hold: the placeholder (the workload's environment, the relayed heads).
         assert any(token.encode() in held for held in memory.values())

@@ -18,7 +18,10 @@ from warmshell.core.config import LocalDriverConfig
 
 pytestmark = [
     needs_bwrap,
-    pytest.mark.skipif(os.geteuid() != 0, reason="images of the image store need a gateway run as root"),
+    pytest.mark.skipif(
+        os.geteuid() != 0,
+        reason="written for a root gateway (a uid per sandbox); a normal user's: test_image_user_gateway.py",
+    ),
 ]
 
 

@@ -54,6 +54,7 @@ async def test_create_sends_the_flags_and_prints_a_summary_once_ready(fake: Fake
     assert (request.spec.resources.cpu, request.spec.resources.memory) == ("0.2", "256Mi")
     assert request.spec.image == "/img"
     assert list(request.spec.command) == []
+    assert not request.spec.no_command
     watch = fake.requests[1][1]
     assert isinstance(watch, pb.WatchSandboxRequest)
     assert watch.stop_on_ready
@@ -61,6 +62,15 @@ async def test_create_sends_the_flags_and_prints_a_summary_once_ready(fake: Fake
     assert "box" in result.stdout
     assert "warm (pool python-small)" in result.stdout
     assert "4.50 ms to Ready" in result.stdout
+
+
+async def test_create_no_command_asks_for_no_workload(fake: FakeSandboxService, address: str) -> None:
+    fake.watch_events = [event(sandbox=sandbox("idle", READY))]
+    result = await invoke(address, ["sandbox", "create", "--name", "idle", "--image", "py:3", "--no-command"])
+    assert result.exit_code == 0, result.output
+    request = fake.requests[0][1]
+    assert isinstance(request, pb.CreateSandboxRequest)
+    assert (request.spec.no_command, list(request.spec.command)) == (True, [])
 
 
 async def test_create_with_a_command_streams_output_and_exits_with_its_code(

@@ -172,6 +172,7 @@ def test_to_dict_has_a_stable_shape() -> None:
         "secrets": {},
         "network": {"allow": [], "deny": []},
         "secret_hosts": {},
+        "no_command": False,
     }
     status = document["status"]
     assert isinstance(status, dict)

@@ -66,3 +66,11 @@ def test_records_are_stored_in_the_quantity_form_older_replicas_read() -> None:
     assert stored["resources"] == {"cpu": "500m", "memory": "1Gi", "pids": 3}
     assert stored["storage"] == {"workspace": "2Gi", "tmp": ""}
     assert SandboxSpec.model_validate(stored) == spec
+
+
+def test_no_command_is_stored_only_when_set_so_older_replicas_read_the_rest() -> None:
+    assert "no_command" not in json.loads(SandboxSpec().model_dump_json())
+    idle = SandboxSpec(no_command=True)
+    stored = json.loads(idle.model_dump_json())
+    assert stored["no_command"] is True
+    assert SandboxSpec.model_validate(stored) == idle

@@ -78,6 +78,13 @@ def test_build_spec_normalises_and_names_fields() -> None:
     assert err.value.field == "spec.image"
 
 
+def test_no_command_is_refused_with_a_command_and_kept_without_one() -> None:
+    assert build_spec(image="", environment={}, cpu="", memory="", command=[], no_command=True).no_command
+    with pytest.raises(InvalidArgumentError) as err:
+        build_spec(image="", environment={}, cpu="", memory="", command=["true"], no_command=True)
+    assert err.value.field == "spec.no_command"
+
+
 @given(st.integers(min_value=-(2**40), max_value=2**40))
 def test_a_process_count_is_0_or_16_to_2_pow_22(pids: int) -> None:
     if pids == 0 or validation.MIN_PIDS <= pids <= validation.MAX_PIDS:

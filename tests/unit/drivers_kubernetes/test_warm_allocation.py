@@ -328,3 +328,64 @@ async def test_claims_woken_beyond_the_bound_still_run_when_slots_free(monkeypat
     await controller.wait_in_flight()
     assert sorted(activator.calls) == sorted(pods)  # every one activated, none twice
     await controller.aclose()
+
+
+class LateCache:
+    """The informers' cache, whose Sandbox and pod arrive after the claim's binding (as they do
+    when the claim's status is watched before the Sandbox's adoption)."""
+
+    def __init__(self, claim: dict[str, Any]) -> None:
+        self.claim = claim
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.generation = 0
+        self.changed = asyncio.Event()
+
+    def cached_sandbox(self, name: str) -> dict[str, Any] | None:
+        return self.objects.get(f"sandbox/{name}")
+
+    def cached_pod(self, name: str) -> dict[str, Any] | None:
+        return self.objects.get(f"pod/{name}")
+
+    def cached_claims(self) -> list[dict[str, Any]]:
+        return [self.claim]
+
+    async def wait_objects_changed(self, generation: int) -> int:
+        while self.generation == generation:
+            await self.changed.wait()
+        return self.generation
+
+    def arrive(self, sandbox: dict[str, Any], pod: dict[str, Any]) -> None:
+        self.objects |= {f"sandbox/{sandbox['metadata']['name']}": sandbox, f"pod/{pod['metadata']['name']}": pod}
+        self.generation += 1
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+async def test_a_claim_bound_before_the_informers_see_its_sandbox_waits_for_them_not_the_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (30.0, 30.0))  # only a change can wake it in time
+    cluster = WarmCluster()
+    sandbox, pod = cluster.member(cluster.pool())
+    claim = cluster.claim(proof="p")
+    cluster.adopt(sandbox, claim)
+    activated: list[InstanceId] = []
+
+    class Activator(NoActivator):
+        async def activate(self, **kwargs: Any) -> None:
+            activated.append(kwargs["instance_id"])
+
+    cache = LateCache(claim)
+    api: Any = cluster
+    controller = claimactivation.ClaimActivation(api, NS, ProofSealer(KEY), cache)
+    controller.start(Activator())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert activated == []  # waiting for the informers
+    assert controller.in_flight == 1
+    cache.arrive(sandbox, pod)
+    async with asyncio.timeout(5):
+        await controller.wait_in_flight()
+    assert activated == [InstanceId(pod["metadata"]["uid"])]
+    assert not [c for c in cluster.calls if c[0] == "get"]  # the chain came from the cache alone
+    await controller.aclose()

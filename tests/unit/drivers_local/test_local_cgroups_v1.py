@@ -59,7 +59,7 @@ def test_what_to_write_where() -> None:
     every = frozenset(cgroups_v1.CONTROLLERS)
     limits = cgroups.Limits(cpu_millis=500, memory_bytes=2**29, pids=64)
     assert cgroups_v1.control_files(limits, every, swap_accounted=True) == {
-        "cpu": {"cpu.cfs_period_us": "100000\n", "cpu.cfs_quota_us": "50000\n"},
+        "cpu": {"cpu.cfs_quota_us": "50000\n"},  # the period: a new group's default
         "memory": {"memory.limit_in_bytes": f"{2**29}\n", "memory.memsw.limit_in_bytes": f"{2**29}\n"},
         "pids": {"pids.max": "64\n"},
     }
@@ -76,7 +76,7 @@ def test_memory_before_memory_and_swap_and_the_same_cpu_quota_as_v2(cpu: int, me
     # The kernel refuses a memory+swap limit below the memory limit: the memory limit goes first.
     assert list(files["memory"]) == ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
     v2 = cgroups.control_files(limits, frozenset(cgroups.CONTROLLERS))
-    assert v2["cpu.max"] == f"{files['cpu']['cpu.cfs_quota_us'].strip()} {files['cpu']['cpu.cfs_period_us']}"
+    assert v2["cpu.max"] == f"{files['cpu']['cpu.cfs_quota_us'].strip()} {cgroups.CPU_PERIOD_US}\n"
 
 
 def fake_v1(tmp_path: Path, *controllers: str) -> cgroups_v1.CgroupV1:

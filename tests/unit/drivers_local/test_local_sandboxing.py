@@ -199,3 +199,13 @@ def test_a_system_bundle_copy_is_bound_over_the_one_of_the_hosts_etc_ssl(tmp_pat
     root_read_only = next(i for i, a in enumerate(before) if before[i : i + 2] == ["--remount-ro", "/"])
     assert before.index(str(copy)) < root_read_only
     assert str(copy) not in sandboxing.bwrap_argv(layout(plan=bound))
+
+
+def test_an_image_holding_its_workspace_keeps_it_under_the_overlay_and_mounts_nothing_there() -> None:
+    kept = sandboxing.bwrap_argv(layout(overlay_root=Path("/r/m"), workspace_in_root=True, workspace_bytes=1 << 20))
+    assert (sandboxing.WORKSPACE,) not in pairs(kept, "--tmpfs", 1)
+    assert all(target != sandboxing.WORKSPACE for _, target in pairs(kept, "--bind", 2))
+    assert kept[kept.index("--chdir") + 1] == sandboxing.WORKSPACE
+    # Without an overlay root the flag means nothing: /workspace is mounted as ever.
+    host = sandboxing.bwrap_argv(layout(workspace_in_root=True, workspace_bytes=1 << 20))
+    assert (sandboxing.WORKSPACE,) in pairs(host, "--tmpfs", 1)

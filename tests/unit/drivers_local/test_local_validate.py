@@ -212,3 +212,21 @@ def test_what_a_host_can_enforce() -> None:
         "spec.resources.pids"
     )
     assert limits.unenforced_field(SandboxSpec(), frozenset()) is None
+
+
+@pytest.mark.parametrize(
+    ("release", "refused"),
+    [
+        ("6.18.44-fc-v1272", False),
+        ("5.11.0", False),
+        ("5.15.0-91-generic", False),
+        ("5.10.0-28-amd64", True),
+        ("4.19.0", True),
+    ],
+)
+def test_a_gateway_of_a_normal_user_runs_stored_images_from_linux_5_11(release: str, refused: bool) -> None:
+    why = admission.userns_overlay_refused(release)
+    assert (why is not None) == refused
+    if why is not None:
+        assert release in why
+        assert "5.11" in why

@@ -77,3 +77,11 @@ def test_strategic_merge_keyed_lists_and_directives() -> None:
 def test_strategic_merge_replace_directive() -> None:
     out = patching.strategic_merge({"data": {"a": "1", "b": "2"}}, {"data": {"$patch": "replace", "c": "3"}})
     assert out == {"data": {"c": "3"}}
+
+
+def test_merge_patch_leaves_its_target_alone() -> None:
+    # The patch's values are taken as they are; the target (a stored object's copy) is not edited.
+    target = {"a": {"b": 1}, "l": [1]}
+    patched = patching.merge_patch(target, {"a": {"c": 2}, "l": [2, 3]})
+    assert patched == {"a": {"b": 1, "c": 2}, "l": [2, 3]}
+    assert target == {"a": {"b": 1}, "l": [1]}

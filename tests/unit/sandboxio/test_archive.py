@@ -5,6 +5,7 @@ packed comes back the same. The real sandbox cases are in tests/integration/secu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import os
@@ -70,16 +71,16 @@ def layout(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def feed(data: bytes, piece: int = 700) -> ChunkPipe:
-    """A pipe fed from another thread in pieces, as the gateway feeds it."""
+    """A pipe fed in pieces from an event loop in another thread, as the gateway feeds it."""
     pipe = ChunkPipe(max_bytes=4096)
 
-    def run() -> None:
+    async def send_all() -> None:
         for start in range(0, len(data), piece):
-            if not pipe.put(data[start : start + piece]):
+            if not await pipe.send(data[start : start + piece]):
                 return
         pipe.finish()
 
-    threading.Thread(target=run, daemon=True).start()
+    threading.Thread(target=asyncio.run, args=(send_all(),), daemon=True).start()
     return pipe
 
 

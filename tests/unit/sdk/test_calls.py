@@ -32,6 +32,11 @@ def test_create_request_leaves_unset_lifetimes_to_the_gateway() -> None:
     assert (given.spec.resources.cpu, given.spec.resources.memory, given.spec.resources.pids) == ("0.5", "1Gi", 0)
 
 
+def test_no_command_goes_out_with_the_create_only_when_asked() -> None:
+    assert not calls.create_request(name=None, workspace="", image="i").spec.no_command
+    assert calls.create_request(name=None, workspace="", image="i", no_command=True).spec.no_command
+
+
 def test_an_option_create_does_not_have_is_refused_not_ignored() -> None:
     with pytest.raises(TypeError, match="'enc'"):
         calls.create_request(name=None, workspace="", enc={"A": "1"})  # type: ignore[call-arg]

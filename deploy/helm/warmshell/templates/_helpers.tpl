@@ -71,6 +71,10 @@ app.kubernetes.io/component: gateway
 {{- end }}
 {{- end }}
 
+{{- define "warmshell.egressAddress" -}}
+{{- printf "%s-egress.%s.svc.%s:%d" (include "warmshell.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.egress.port) }}
+{{- end }}
+
 {{- define "warmshell.leaseName" -}}
 {{- default (printf "%s-leader" (include "warmshell.fullname" .)) .Values.leaderElection.leaseName }}
 {{- end }}

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18warmshell/v1/image.proto\x12\x0cwarmshell.v1\"V\n\x11ImportImageHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08platform\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x13\n\x0bsource_name\x18\x04 \x01(\t\"_\n\x12ImportImageRequest\x12\x31\n\x06header\x18\x01 \x01(\x0b\x32\x1f.warmshell.v1.ImportImageHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"m\n\x0eImportProgress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x12\n\ndone_bytes\x18\x02 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x13\n\x0blayers_done\x18\x04 \x01(\x05\x12\x0e\n\x06layers\x18\x05 \x01(\x05\"s\n\x10ImportImageEvent\x12\x30\n\x08progress\x18\x01 \x01(\x0b\x32\x1c.warmshell.v1.ImportProgressH\x00\x12$\n\x05image\x18\x02 \x01(\x0b\x32\x13.warmshell.v1.ImageH\x00\x42\x07\n\x05\x65vent\"\xd2\x01\n\x12ImageRuntimeConfig\x12\x0b\n\x03\x65nv\x18\x01 \x03(\t\x12\x12\n\nentrypoint\x18\x02 \x03(\t\x12\x0b\n\x03\x63md\x18\x03 \x03(\t\x12\x13\n\x0bworking_dir\x18\x04 \x01(\t\x12\x0c\n\x04user\x18\x05 \x01(\t\x12<\n\x06labels\x18\x06 \x03(\x0b\x32,.warmshell.v1.ImageRuntimeConfig.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"N\n\nImageLayer\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x03\x12\x11\n\twhiteouts\x18\x04 \x01(\x03\"\xf6\x01\n\x05Image\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\x12\x15\n\rconfig_digest\x18\x03 \x01(\t\x12\x10\n\x08platform\x18\x04 \x01(\t\x12\x0f\n\x07\x63reated\x18\x05 \x01(\t\x12\x13\n\x0bimported_ms\x18\x06 \x01(\x03\x12\x0c\n\x04size\x18\x07 \x01(\x03\x12(\n\x06layers\x18\x08 \x03(\x0b\x32\x18.warmshell.v1.ImageLayer\x12\x30\n\x06\x63onfig\x18\t \x01(\x0b\x32 .warmshell.v1.ImageRuntimeConfig\x12\x15\n\rsource_format\x18\n \x01(\t\"\x17\n\x08ImageRef\x12\x0b\n\x03ref\x18\x01 \x01(\t\"\x13\n\x11ListImagesRequest\"i\n\x12ListImagesResponse\x12#\n\x06images\x18\x01 \x03(\x0b\x32\x13.warmshell.v1.Image\x12\x13\n\x0bstore_bytes\x18\x02 \x01(\x03\x12\x19\n\x11store_limit_bytes\x18\x03 \x01(\x03\"S\n\x13RemoveImageResponse\x12\x0f\n\x07removed\x18\x01 \x03(\t\x12\x16\n\x0elayers_removed\x18\x02 \x01(\x05\x12\x13\n\x0b\x62ytes_freed\x18\x03 \x01(\x03\"\x14\n\x12PruneImagesRequest2\x8b\x03\n\x0cImageService\x12S\n\x0bImportImage\x12 .warmshell.v1.ImportImageRequest\x1a\x1e.warmshell.v1.ImportImageEvent(\x01\x30\x01\x12O\n\nListImages\x12\x1f.warmshell.v1.ListImagesRequest\x1a .warmshell.v1.ListImagesResponse\x12\x37\n\x08GetImage\x12\x16.warmshell.v1.ImageRef\x1a\x13.warmshell.v1.Image\x12H\n\x0bRemoveImage\x12\x16.warmshell.v1.ImageRef\x1a!.warmshell.v1.RemoveImageResponse\x12R\n\x0bPruneImages\x12 .warmshell.v1.PruneImagesRequest\x1a!.warmshell.v1.RemoveImageResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18warmshell/v1/image.proto\x12\x0cwarmshell.v1\"V\n\x11ImportImageHeader\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08platform\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x13\n\x0bsource_name\x18\x04 \x01(\t\"_\n\x12ImportImageRequest\x12\x31\n\x06header\x18\x01 \x01(\x0b\x32\x1f.warmshell.v1.ImportImageHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"m\n\x0eImportProgress\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x12\n\ndone_bytes\x18\x02 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x13\n\x0blayers_done\x18\x04 \x01(\x05\x12\x0e\n\x06layers\x18\x05 \x01(\x05\"s\n\x10ImportImageEvent\x12\x30\n\x08progress\x18\x01 \x01(\x0b\x32\x1c.warmshell.v1.ImportProgressH\x00\x12$\n\x05image\x18\x02 \x01(\x0b\x32\x13.warmshell.v1.ImageH\x00\x42\x07\n\x05\x65vent\"\xd2\x01\n\x12ImageRuntimeConfig\x12\x0b\n\x03\x65nv\x18\x01 \x03(\t\x12\x12\n\nentrypoint\x18\x02 \x03(\t\x12\x0b\n\x03\x63md\x18\x03 \x03(\t\x12\x13\n\x0bworking_dir\x18\x04 \x01(\t\x12\x0c\n\x04user\x18\x05 \x01(\t\x12<\n\x06labels\x18\x06 \x03(\x0b\x32,.warmshell.v1.ImageRuntimeConfig.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"N\n\nImageLayer\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x03\x12\x11\n\twhiteouts\x18\x04 \x01(\x03\"\xa3\x02\n\x05Image\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\x12\x15\n\rconfig_digest\x18\x03 \x01(\t\x12\x10\n\x08platform\x18\x04 \x01(\t\x12\x0f\n\x07\x63reated\x18\x05 \x01(\t\x12\x13\n\x0bimported_ms\x18\x06 \x01(\x03\x12\x0c\n\x04size\x18\x07 \x01(\x03\x12(\n\x06layers\x18\x08 \x03(\x0b\x32\x18.warmshell.v1.ImageLayer\x12\x30\n\x06\x63onfig\x18\t \x01(\x0b\x32 .warmshell.v1.ImageRuntimeConfig\x12\x15\n\rsource_format\x18\n \x01(\t\x12\x16\n\x0esource_sandbox\x18\x0b \x01(\t\x12\x13\n\x0b\x62\x61se_digest\x18\x0c \x01(\t\"\x17\n\x08ImageRef\x12\x0b\n\x03ref\x18\x01 \x01(\t\"\x13\n\x11ListImagesRequest\"i\n\x12ListImagesResponse\x12#\n\x06images\x18\x01 \x03(\x0b\x32\x13.warmshell.v1.Image\x12\x13\n\x0bstore_bytes\x18\x02 \x01(\x03\x12\x19\n\x11store_limit_bytes\x18\x03 \x01(\x03\"S\n\x13RemoveImageResponse\x12\x0f\n\x07removed\x18\x01 \x03(\t\x12\x16\n\x0elayers_removed\x18\x02 \x01(\x05\x12\x13\n\x0b\x62ytes_freed\x18\x03 \x01(\x03\"\x14\n\x12PruneImagesRequest2\x8b\x03\n\x0cImageService\x12S\n\x0bImportImage\x12 .warmshell.v1.ImportImageRequest\x1a\x1e.warmshell.v1.ImportImageEvent(\x01\x30\x01\x12O\n\nListImages\x12\x1f.warmshell.v1.ListImagesRequest\x1a .warmshell.v1.ListImagesResponse\x12\x37\n\x08GetImage\x12\x16.warmshell.v1.ImageRef\x1a\x13.warmshell.v1.Image\x12H\n\x0bRemoveImage\x12\x16.warmshell.v1.ImageRef\x1a!.warmshell.v1.RemoveImageResponse\x12R\n\x0bPruneImages\x12 .warmshell.v1.PruneImagesRequest\x1a!.warmshell.v1.RemoveImageResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,17 +48,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_IMAGELAYER']._serialized_start=668
   _globals['_IMAGELAYER']._serialized_end=746
   _globals['_IMAGE']._serialized_start=749
-  _globals['_IMAGE']._serialized_end=995
-  _globals['_IMAGEREF']._serialized_start=997
-  _globals['_IMAGEREF']._serialized_end=1020
-  _globals['_LISTIMAGESREQUEST']._serialized_start=1022
-  _globals['_LISTIMAGESREQUEST']._serialized_end=1041
-  _globals['_LISTIMAGESRESPONSE']._serialized_start=1043
-  _globals['_LISTIMAGESRESPONSE']._serialized_end=1148
-  _globals['_REMOVEIMAGERESPONSE']._serialized_start=1150
-  _globals['_REMOVEIMAGERESPONSE']._serialized_end=1233
-  _globals['_PRUNEIMAGESREQUEST']._serialized_start=1235
-  _globals['_PRUNEIMAGESREQUEST']._serialized_end=1255
-  _globals['_IMAGESERVICE']._serialized_start=1258
-  _globals['_IMAGESERVICE']._serialized_end=1653
+  _globals['_IMAGE']._serialized_end=1040
+  _globals['_IMAGEREF']._serialized_start=1042
+  _globals['_IMAGEREF']._serialized_end=1065
+  _globals['_LISTIMAGESREQUEST']._serialized_start=1067
+  _globals['_LISTIMAGESREQUEST']._serialized_end=1086
+  _globals['_LISTIMAGESRESPONSE']._serialized_start=1088
+  _globals['_LISTIMAGESRESPONSE']._serialized_end=1193
+  _globals['_REMOVEIMAGERESPONSE']._serialized_start=1195
+  _globals['_REMOVEIMAGERESPONSE']._serialized_end=1278
+  _globals['_PRUNEIMAGESREQUEST']._serialized_start=1280
+  _globals['_PRUNEIMAGESREQUEST']._serialized_end=1300
+  _globals['_IMAGESERVICE']._serialized_start=1303
+  _globals['_IMAGESERVICE']._serialized_end=1698
 # @@protoc_insertion_point(module_scope)

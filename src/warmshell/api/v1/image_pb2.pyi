@@ -241,6 +241,8 @@ class Image(_message.Message):
     LAYERS_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
     SOURCE_FORMAT_FIELD_NUMBER: _builtins.int
+    SOURCE_SANDBOX_FIELD_NUMBER: _builtins.int
+    BASE_DIGEST_FIELD_NUMBER: _builtins.int
     digest: _builtins.str
     """The manifest digest (for a docker save tarball: that of the OCI manifest describing it)."""
     config_digest: _builtins.str
@@ -252,6 +254,9 @@ class Image(_message.Message):
     """Bytes of its layers (shared layers counted in full)."""
     source_format: _builtins.str
     """"oci" or "docker"."""
+    source_sandbox: _builtins.str
+    """A snapshot's sandbox (WORKSPACE/NAME) and the image it was taken over; empty for an import."""
+    base_digest: _builtins.str
     @_builtins.property
     def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """NAME:TAG of every tag naming it."""
@@ -273,10 +278,12 @@ class Image(_message.Message):
         layers: _abc.Iterable[Global___ImageLayer] | None = ...,
         config: Global___ImageRuntimeConfig | None = ...,
         source_format: _builtins.str = ...,
+        source_sandbox: _builtins.str = ...,
+        base_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "config_digest", b"config_digest", "created", b"created", "digest", b"digest", "imported_ms", b"imported_ms", "layers", b"layers", "names", b"names", "platform", b"platform", "size", b"size", "source_format", b"source_format"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_digest", b"base_digest", "config", b"config", "config_digest", b"config_digest", "created", b"created", "digest", b"digest", "imported_ms", b"imported_ms", "layers", b"layers", "names", b"names", "platform", b"platform", "size", b"size", "source_format", b"source_format", "source_sandbox", b"source_sandbox"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -37,6 +37,8 @@ class _SandboxPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SandboxP
     """The workload ran and exited (status.exit_code says how); terminal, and not a failure of
     the sandbox: Error is kept for sandboxes that broke.
     """
+    SANDBOX_PHASE_PAUSED: _SandboxPhase.ValueType  # 6
+    """Its files kept as an image, nothing running (PauseSandbox); ResumeSandbox starts it again."""
 
 class SandboxPhase(_SandboxPhase, metaclass=_SandboxPhaseEnumTypeWrapper): ...
 
@@ -49,6 +51,8 @@ SANDBOX_PHASE_EXITED: SandboxPhase.ValueType  # 5
 """The workload ran and exited (status.exit_code says how); terminal, and not a failure of
 the sandbox: Error is kept for sandboxes that broke.
 """
+SANDBOX_PHASE_PAUSED: SandboxPhase.ValueType  # 6
+"""Its files kept as an image, nothing running (PauseSandbox); ResumeSandbox starts it again."""
 Global___SandboxPhase: _TypeAlias = SandboxPhase  # noqa: Y015
 
 @_typing.final
@@ -151,16 +155,26 @@ class SandboxSpec(_message.Message):
     SECRETS_FIELD_NUMBER: _builtins.int
     NETWORK_FIELD_NUMBER: _builtins.int
     SECRET_HOSTS_FIELD_NUMBER: _builtins.int
+    NO_COMMAND_FIELD_NUMBER: _builtins.int
     image: _builtins.str
     """Driver-specific image reference; "" selects the driver's default image."""
     runtime_class_name: _builtins.str
+    no_command: _builtins.bool
+    """Run no workload at all, even when the image has an Entrypoint/Cmd: the sandbox holds only
+    its agent, for exec (an empty `command` otherwise runs the image's Entrypoint + Cmd where the
+    driver knows them: the local driver's image store). Refused together with a `command`.
+    """
     @_builtins.property
     def environment(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def resources(self) -> Global___Resources: ...
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Workload argv (no shell parsing). Empty keeps an idle main process so exec works."""
+        """Workload argv (no shell parsing). It replaces the image's Entrypoint and Cmd both (as a
+        Kubernetes container's `command` does). Empty: the image's Entrypoint + Cmd when it has
+        them (see `no_command`), else an idle main process so exec works. `GetSandbox` shows the
+        command the sandbox runs.
+        """
 
     @_builtins.property
     def secrets(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -193,10 +207,11 @@ class SandboxSpec(_message.Message):
         secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         network: Global___NetworkPolicy | None = ...,
         secret_hosts: _abc.Mapping[_builtins.str, Global___SecretHosts] | None = ...,
+        no_command: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["network", b"network", "resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "image", b"image", "network", b"network", "resources", b"resources", "runtime_class_name", b"runtime_class_name", "secret_hosts", b"secret_hosts", "secrets", b"secrets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "image", b"image", "network", b"network", "no_command", b"no_command", "resources", b"resources", "runtime_class_name", b"runtime_class_name", "secret_hosts", b"secret_hosts", "secrets", b"secrets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -398,6 +413,8 @@ class SandboxUsage(_message.Message):
     ROOT_BYTES_FIELD_NUMBER: _builtins.int
     UNKNOWN_FIELD_NUMBER: _builtins.int
     READ_AT_MS_FIELD_NUMBER: _builtins.int
+    EGRESS_BYTES_OUT_FIELD_NUMBER: _builtins.int
+    EGRESS_BYTES_IN_FIELD_NUMBER: _builtins.int
     cpu_seconds: _builtins.float
     memory_bytes: _builtins.int
     memory_peak_bytes: _builtins.int
@@ -412,6 +429,11 @@ class SandboxUsage(_message.Message):
     """Why figures are missing, in words ("" when every figure the driver knows is set)."""
     read_at_ms: _builtins.int
     """When the figures were read (unix milliseconds)."""
+    egress_bytes_out: _builtins.int
+    """Bytes through the gateway's egress proxy since the sandbox was activated: out of the sandbox
+    (requests, uploads) and into it. Set by the gateway that activated it (it holds the proxy).
+    """
+    egress_bytes_in: _builtins.int
     def __init__(
         self,
         *,
@@ -423,13 +445,19 @@ class SandboxUsage(_message.Message):
         root_bytes: _builtins.int | None = ...,
         unknown: _builtins.str = ...,
         read_at_ms: _builtins.int = ...,
+        egress_bytes_out: _builtins.int | None = ...,
+        egress_bytes_in: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds", "_memory_bytes", b"_memory_bytes", "_memory_peak_bytes", b"_memory_peak_bytes", "_processes", b"_processes", "_root_bytes", b"_root_bytes", "_workspace_bytes", b"_workspace_bytes", "cpu_seconds", b"cpu_seconds", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "root_bytes", b"root_bytes", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds", "_egress_bytes_in", b"_egress_bytes_in", "_egress_bytes_out", b"_egress_bytes_out", "_memory_bytes", b"_memory_bytes", "_memory_peak_bytes", b"_memory_peak_bytes", "_processes", b"_processes", "_root_bytes", b"_root_bytes", "_workspace_bytes", b"_workspace_bytes", "cpu_seconds", b"cpu_seconds", "egress_bytes_in", b"egress_bytes_in", "egress_bytes_out", b"egress_bytes_out", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "root_bytes", b"root_bytes", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds", "_memory_bytes", b"_memory_bytes", "_memory_peak_bytes", b"_memory_peak_bytes", "_processes", b"_processes", "_root_bytes", b"_root_bytes", "_workspace_bytes", b"_workspace_bytes", "cpu_seconds", b"cpu_seconds", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "read_at_ms", b"read_at_ms", "root_bytes", b"root_bytes", "unknown", b"unknown", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds", "_egress_bytes_in", b"_egress_bytes_in", "_egress_bytes_out", b"_egress_bytes_out", "_memory_bytes", b"_memory_bytes", "_memory_peak_bytes", b"_memory_peak_bytes", "_processes", b"_processes", "_root_bytes", b"_root_bytes", "_workspace_bytes", b"_workspace_bytes", "cpu_seconds", b"cpu_seconds", "egress_bytes_in", b"egress_bytes_in", "egress_bytes_out", b"egress_bytes_out", "memory_bytes", b"memory_bytes", "memory_peak_bytes", b"memory_peak_bytes", "processes", b"processes", "read_at_ms", b"read_at_ms", "root_bytes", b"root_bytes", "unknown", b"unknown", "workspace_bytes", b"workspace_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpu_seconds: _TypeAlias = _typing.Literal["cpu_seconds"]  # noqa: Y015
     _WhichOneofArgType__cpu_seconds: _TypeAlias = _typing.Literal["_cpu_seconds", b"_cpu_seconds"]  # noqa: Y015
+    _WhichOneofReturnType__egress_bytes_in: _TypeAlias = _typing.Literal["egress_bytes_in"]  # noqa: Y015
+    _WhichOneofArgType__egress_bytes_in: _TypeAlias = _typing.Literal["_egress_bytes_in", b"_egress_bytes_in"]  # noqa: Y015
+    _WhichOneofReturnType__egress_bytes_out: _TypeAlias = _typing.Literal["egress_bytes_out"]  # noqa: Y015
+    _WhichOneofArgType__egress_bytes_out: _TypeAlias = _typing.Literal["_egress_bytes_out", b"_egress_bytes_out"]  # noqa: Y015
     _WhichOneofReturnType__memory_bytes: _TypeAlias = _typing.Literal["memory_bytes"]  # noqa: Y015
     _WhichOneofArgType__memory_bytes: _TypeAlias = _typing.Literal["_memory_bytes", b"_memory_bytes"]  # noqa: Y015
     _WhichOneofReturnType__memory_peak_bytes: _TypeAlias = _typing.Literal["memory_peak_bytes"]  # noqa: Y015
@@ -442,6 +470,10 @@ class SandboxUsage(_message.Message):
     _WhichOneofArgType__workspace_bytes: _TypeAlias = _typing.Literal["_workspace_bytes", b"_workspace_bytes"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_seconds) -> _WhichOneofReturnType__cpu_seconds | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__egress_bytes_in) -> _WhichOneofReturnType__egress_bytes_in | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__egress_bytes_out) -> _WhichOneofReturnType__egress_bytes_out | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_bytes) -> _WhichOneofReturnType__memory_bytes | None: ...
     @_typing.overload
@@ -952,9 +984,14 @@ class ExecEvent(_message.Message):
     STDERR_FIELD_NUMBER: _builtins.int
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
+    DROPPED_BYTES_FIELD_NUMBER: _builtins.int
     stdout: _builtins.bytes
     stderr: _builtins.bytes
     exit_code: _builtins.int
+    dropped_bytes: _builtins.int
+    """ConnectProcess: this many bytes of output before this event's were dropped from the
+    process's ring (exec_history_bytes) before this client read them.
+    """
     @_builtins.property
     def outcome(self) -> _outcome_pb2.ExecOutcome:
         """Beside exit_code (the last event): how the command ended, as the system saw it."""
@@ -966,10 +1003,11 @@ class ExecEvent(_message.Message):
         stderr: _builtins.bytes = ...,
         exit_code: _builtins.int = ...,
         outcome: _outcome_pb2.ExecOutcome | None = ...,
+        dropped_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exit_code", b"exit_code", "outcome", b"outcome", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "exit_code", b"exit_code", "outcome", b"outcome", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped_bytes", b"dropped_bytes", "event", b"event", "exit_code", b"exit_code", "outcome", b"outcome", "stderr", b"stderr", "stdout", b"stdout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["stdout", "stderr", "exit_code"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
@@ -1044,6 +1082,7 @@ class ExecStreamRequest(_message.Message):
     CLOSE_STDIN_FIELD_NUMBER: _builtins.int
     RESIZE_FIELD_NUMBER: _builtins.int
     SIGNAL_FIELD_NUMBER: _builtins.int
+    ATTACH_FIELD_NUMBER: _builtins.int
     stdin: _builtins.bytes
     """More stdin (bounded per message by the gateway's exec input limit)."""
     close_stdin: _builtins.bool
@@ -1056,6 +1095,10 @@ class ExecStreamRequest(_message.Message):
     def resize(self) -> Global___TerminalSize:
         """The client's terminal was resized (tty only)."""
 
+    @_builtins.property
+    def attach(self) -> Global___ProcessRef:
+        """ConnectProcess's first message: the background command to reattach to."""
+
     def __init__(
         self,
         *,
@@ -1064,16 +1107,151 @@ class ExecStreamRequest(_message.Message):
         close_stdin: _builtins.bool = ...,
         resize: Global___TerminalSize | None = ...,
         signal: _builtins.int = ...,
+        attach: Global___ProcessRef | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["close_stdin", b"close_stdin", "message", b"message", "resize", b"resize", "signal", b"signal", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "close_stdin", b"close_stdin", "message", b"message", "resize", b"resize", "signal", b"signal", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_stdin", b"close_stdin", "message", b"message", "resize", b"resize", "signal", b"signal", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attach", b"attach", "close_stdin", b"close_stdin", "message", b"message", "resize", b"resize", "signal", b"signal", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["start", "stdin", "close_stdin", "resize", "signal"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["start", "stdin", "close_stdin", "resize", "signal", "attach"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
 Global___ExecStreamRequest: _TypeAlias = ExecStreamRequest  # noqa: Y015
+
+@_typing.final
+class StartProcessRequest(_message.Message):
+    """--- Background commands: started once, outliving the client; listed and reattached by pid ------"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    OPEN_STDIN_FIELD_NUMBER: _builtins.int
+    open_stdin: _builtins.bool
+    """Keep the command's stdin open for clients that attach later (else it ends after start.exec.stdin)."""
+    @_builtins.property
+    def start(self) -> Global___ExecStreamStart:
+        """What to run (and whether on a terminal), as for ExecSandboxStream."""
+
+    def __init__(
+        self,
+        *,
+        start: Global___ExecStreamStart | None = ...,
+        open_stdin: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["open_stdin", b"open_stdin", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartProcessRequest: _TypeAlias = StartProcessRequest  # noqa: Y015
+
+@_typing.final
+class ProcessRef(_message.Message):
+    """One background command of one sandbox."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    pid: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        pid: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "pid", b"pid", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessRef: _TypeAlias = ProcessRef  # noqa: Y015
+
+@_typing.final
+class ProcessInfo(_message.Message):
+    """A background command as the gateway holding the sandbox's session keeps it: running, or exited
+    (kept for a bounded time and count, with its output ring).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PID_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    STARTED_AT_MS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ENDED_AT_MS_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    OUTPUT_BYTES_FIELD_NUMBER: _builtins.int
+    DROPPED_BYTES_FIELD_NUMBER: _builtins.int
+    TTY_FIELD_NUMBER: _builtins.int
+    pid: _builtins.int
+    """Unique within the sandbox while the session lasts (not the pid inside the sandbox)."""
+    started_at_ms: _builtins.int
+    state: _builtins.str
+    """"running" or "exited"."""
+    ended_at_ms: _builtins.int
+    exit_code: _builtins.int
+    error: _builtins.str
+    """Set when it ended without an exit status of its own (its session closed under it)."""
+    output_bytes: _builtins.int
+    """Output written so far, and how much of it the ring (exec_history_bytes) no longer holds."""
+    dropped_bytes: _builtins.int
+    tty: _builtins.bool
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def outcome(self) -> _outcome_pb2.ExecOutcome: ...
+    def __init__(
+        self,
+        *,
+        pid: _builtins.int = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        started_at_ms: _builtins.int = ...,
+        state: _builtins.str = ...,
+        ended_at_ms: _builtins.int = ...,
+        exit_code: _builtins.int = ...,
+        outcome: _outcome_pb2.ExecOutcome | None = ...,
+        error: _builtins.str = ...,
+        output_bytes: _builtins.int = ...,
+        dropped_bytes: _builtins.int = ...,
+        tty: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "dropped_bytes", b"dropped_bytes", "ended_at_ms", b"ended_at_ms", "error", b"error", "exit_code", b"exit_code", "outcome", b"outcome", "output_bytes", b"output_bytes", "pid", b"pid", "started_at_ms", b"started_at_ms", "state", b"state", "tty", b"tty"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProcessInfo: _TypeAlias = ProcessInfo  # noqa: Y015
+
+@_typing.final
+class ListProcessesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROCESSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def processes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProcessInfo]: ...
+    def __init__(
+        self,
+        *,
+        processes: _abc.Iterable[Global___ProcessInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["processes", b"processes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProcessesResponse: _TypeAlias = ListProcessesResponse  # noqa: Y015
 
 @_typing.final
 class ListPoolsRequest(_message.Message):
@@ -1632,3 +1810,227 @@ class ListEgressResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListEgressResponse: _TypeAlias = ListEgressResponse  # noqa: Y015
+
+@_typing.final
+class SnapshotSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    image: _builtins.str
+    """NAME:TAG the snapshot is tagged with."""
+    force: _builtins.bool
+    """Move the tag if it already names an image (else ALREADY_EXISTS)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        image: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "image", b"image", "name", b"name", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotSandboxRequest: _TypeAlias = SnapshotSandboxRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotSandboxResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    BASE_DIGEST_FIELD_NUMBER: _builtins.int
+    LAYERS_FIELD_NUMBER: _builtins.int
+    LAYER_BYTES_FIELD_NUMBER: _builtins.int
+    FROZEN_MS_FIELD_NUMBER: _builtins.int
+    FLATTENED_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    """The new image's digest (NAME:TAG@DIGEST is what a create pins)."""
+    image: _builtins.str
+    base_digest: _builtins.str
+    """The image it was taken over, and how many layers it has (1 when it was flattened)."""
+    layers: _builtins.int
+    layer_bytes: _builtins.int
+    """Bytes of the layer the snapshot added, and how long the sandbox was frozen."""
+    frozen_ms: _builtins.int
+    flattened: _builtins.bool
+    def __init__(
+        self,
+        *,
+        digest: _builtins.str = ...,
+        image: _builtins.str = ...,
+        base_digest: _builtins.str = ...,
+        layers: _builtins.int = ...,
+        layer_bytes: _builtins.int = ...,
+        frozen_ms: _builtins.int = ...,
+        flattened: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_digest", b"base_digest", "digest", b"digest", "flattened", b"flattened", "frozen_ms", b"frozen_ms", "image", b"image", "layer_bytes", b"layer_bytes", "layers", b"layers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotSandboxResponse: _TypeAlias = SnapshotSandboxResponse  # noqa: Y015
+
+@_typing.final
+class ForkSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    PREFIX_FIELD_NUMBER: _builtins.int
+    WITH_SECRETS_FIELD_NUMBER: _builtins.int
+    READY_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    count: _builtins.int
+    """How many children (1 .. the driver's maximum, local.max_fork_count)."""
+    prefix: _builtins.str
+    """Children are PREFIX-1 .. PREFIX-N (default: NAME-fork)."""
+    with_secrets: _builtins.bool
+    """Give the children the parent's secrets too (default: none of them)."""
+    ready_timeout_ms: _builtins.int
+    """How long to wait for the children to be Ready (0: the gateway's default)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        count: _builtins.int = ...,
+        prefix: _builtins.str = ...,
+        with_secrets: _builtins.bool = ...,
+        ready_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "name", b"name", "prefix", b"prefix", "ready_timeout_ms", b"ready_timeout_ms", "with_secrets", b"with_secrets", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSandboxRequest: _TypeAlias = ForkSandboxRequest  # noqa: Y015
+
+@_typing.final
+class ForkChild(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SANDBOX_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    error_code: _builtins.str
+    """Why the child was not created (a gRPC status code name, and its message)."""
+    error: _builtins.str
+    @_builtins.property
+    def sandbox(self) -> Global___Sandbox:
+        """The child as it was when it settled (Ready, or how it ended); unset when it was not created."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        sandbox: Global___Sandbox | None = ...,
+        error_code: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sandbox", b"sandbox"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "error_code", b"error_code", "name", b"name", "sandbox", b"sandbox"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkChild: _TypeAlias = ForkChild  # noqa: Y015
+
+@_typing.final
+class ForkSandboxResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    FROZEN_MS_FIELD_NUMBER: _builtins.int
+    image_digest: _builtins.str
+    """The snapshot the children run (an untagged image of the store; `image prune` removes it
+    once no sandbox uses it).
+    """
+    frozen_ms: _builtins.int
+    @_builtins.property
+    def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkChild]: ...
+    def __init__(
+        self,
+        *,
+        image_digest: _builtins.str = ...,
+        children: _abc.Iterable[Global___ForkChild] | None = ...,
+        frozen_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "frozen_ms", b"frozen_ms", "image_digest", b"image_digest"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSandboxResponse: _TypeAlias = ForkSandboxResponse  # noqa: Y015
+
+@_typing.final
+class PauseSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    PAUSE_TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    pause_ttl_seconds: _builtins.int
+    """Delete it if it is not resumed within this many seconds (0: the gateway's default)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        pause_ttl_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "pause_ttl_seconds", b"pause_ttl_seconds", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseSandboxRequest: _TypeAlias = PauseSandboxRequest  # noqa: Y015
+
+@_typing.final
+class ResumeSandboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    WAIT_READY_FIELD_NUMBER: _builtins.int
+    READY_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    workspace: _builtins.str
+    wait_ready: _builtins.bool
+    """Wait until it is Ready (or ready_timeout_ms passes) before answering."""
+    ready_timeout_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        workspace: _builtins.str = ...,
+        wait_ready: _builtins.bool = ...,
+        ready_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "ready_timeout_ms", b"ready_timeout_ms", "wait_ready", b"wait_ready", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeSandboxRequest: _TypeAlias = ResumeSandboxRequest  # noqa: Y015

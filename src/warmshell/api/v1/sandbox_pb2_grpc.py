@@ -84,6 +84,41 @@ class SandboxServiceStub:
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.FromString,
                 _registered_method=True)
+        self.StartProcess = channel.unary_unary(
+                '/warmshell.v1.SandboxService/StartProcess',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.StartProcessRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ProcessInfo.FromString,
+                _registered_method=True)
+        self.ListProcesses = channel.unary_unary(
+                '/warmshell.v1.SandboxService/ListProcesses',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ListProcessesResponse.FromString,
+                _registered_method=True)
+        self.ConnectProcess = channel.stream_stream(
+                '/warmshell.v1.SandboxService/ConnectProcess',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ExecStreamRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.FromString,
+                _registered_method=True)
+        self.SnapshotSandbox = channel.unary_unary(
+                '/warmshell.v1.SandboxService/SnapshotSandbox',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.FromString,
+                _registered_method=True)
+        self.ForkSandbox = channel.unary_unary(
+                '/warmshell.v1.SandboxService/ForkSandbox',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+                _registered_method=True)
+        self.PauseSandbox = channel.unary_unary(
+                '/warmshell.v1.SandboxService/PauseSandbox',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
+                _registered_method=True)
+        self.ResumeSandbox = channel.unary_unary(
+                '/warmshell.v1.SandboxService/ResumeSandbox',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -153,6 +188,59 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartProcess(self, request, context):
+        """A background command: it runs until it exits whoever is connected; its output waits in a
+        bounded ring (gateway.exec_history_bytes) for ConnectProcess.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListProcesses(self, request, context):
+        """The sandbox's background commands, running and recently exited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConnectProcess(self, request_iterator, context):
+        """Reattach: the first request is `attach`, then stdin, resizes and signals; the responses are the
+        ring's output, then live output, then the exit. Leaving the call does not stop the command.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SnapshotSandbox(self, request, context):
+        """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+        image of the local image store; the sandbox is frozen meanwhile and keeps running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSandbox(self, request, context):
+        """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+        each with the parent's spec and its own name, id and token; one outcome per child.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSandbox(self, request, context):
+        """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSandbox(self, request, context):
+        """Start a Paused sandbox again from its files (its command re-run); Ready when it answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +293,41 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ListEgress,
                     request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.FromString,
                     response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.SerializeToString,
+            ),
+            'StartProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartProcess,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.StartProcessRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ProcessInfo.SerializeToString,
+            ),
+            'ListProcesses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProcesses,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ListProcessesResponse.SerializeToString,
+            ),
+            'ConnectProcess': grpc.stream_stream_rpc_method_handler(
+                    servicer.ConnectProcess,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ExecStreamRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.SerializeToString,
+            ),
+            'SnapshotSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotSandbox,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.SerializeToString,
+            ),
+            'ForkSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSandbox,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.SerializeToString,
+            ),
+            'PauseSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSandbox,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.SerializeToString,
+            ),
+            'ResumeSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSandbox,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.Sandbox.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -477,6 +600,195 @@ class SandboxService:
             '/warmshell.v1.SandboxService/ListEgress',
             warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.SerializeToString,
             warmshell_dot_v1_dot_sandbox__pb2.ListEgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/StartProcess',
+            warmshell_dot_v1_dot_sandbox__pb2.StartProcessRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.ProcessInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProcesses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/ListProcesses',
+            warmshell_dot_v1_dot_sandbox__pb2.SandboxRef.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.ListProcessesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConnectProcess(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/warmshell.v1.SandboxService/ConnectProcess',
+            warmshell_dot_v1_dot_sandbox__pb2.ExecStreamRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.ExecEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/SnapshotSandbox',
+            warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.SnapshotSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/ForkSandbox',
+            warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/PauseSandbox',
+            warmshell_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.SandboxService/ResumeSandbox',
+            warmshell_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.Sandbox.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,28 @@ class SandboxServiceStub:
     RefreshTtl: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]
     ListEgress: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.ListEgressResponse]
     """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
+    StartProcess: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.StartProcessRequest, _sandbox_pb2.ProcessInfo]
+    """A background command: it runs until it exits whoever is connected; its output waits in a
+    bounded ring (gateway.exec_history_bytes) for ConnectProcess.
+    """
+    ListProcesses: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.ListProcessesResponse]
+    """The sandbox's background commands, running and recently exited."""
+    ConnectProcess: _grpc.StreamStreamMultiCallable[_sandbox_pb2.ExecStreamRequest, _sandbox_pb2.ExecEvent]
+    """Reattach: the first request is `attach`, then stdin, resizes and signals; the responses are the
+    ring's output, then live output, then the exit. Leaving the call does not stop the command.
+    """
+    SnapshotSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.SnapshotSandboxRequest, _sandbox_pb2.SnapshotSandboxResponse]
+    """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+    image of the local image store; the sandbox is frozen meanwhile and keeps running.
+    """
+    ForkSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ForkSandboxRequest, _sandbox_pb2.ForkSandboxResponse]
+    """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+    each with the parent's spec and its own name, id and token; one outcome per child.
+    """
+    PauseSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.PauseSandboxRequest, _sandbox_pb2.Sandbox]
+    """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused."""
+    ResumeSandbox: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.ResumeSandboxRequest, _sandbox_pb2.Sandbox]
+    """Start a Paused sandbox again from its files (its command re-run); Ready when it answers."""
 
 @_typing.type_check_only
 class SandboxServiceAsyncStub(SandboxServiceStub):
@@ -67,6 +89,28 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     RefreshTtl: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.RefreshTtlRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
     ListEgress: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.ListEgressResponse]  # type: ignore[assignment]
     """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
+    StartProcess: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.StartProcessRequest, _sandbox_pb2.ProcessInfo]  # type: ignore[assignment]
+    """A background command: it runs until it exits whoever is connected; its output waits in a
+    bounded ring (gateway.exec_history_bytes) for ConnectProcess.
+    """
+    ListProcesses: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SandboxRef, _sandbox_pb2.ListProcessesResponse]  # type: ignore[assignment]
+    """The sandbox's background commands, running and recently exited."""
+    ConnectProcess: _aio.StreamStreamMultiCallable[_sandbox_pb2.ExecStreamRequest, _sandbox_pb2.ExecEvent]  # type: ignore[assignment]
+    """Reattach: the first request is `attach`, then stdin, resizes and signals; the responses are the
+    ring's output, then live output, then the exit. Leaving the call does not stop the command.
+    """
+    SnapshotSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.SnapshotSandboxRequest, _sandbox_pb2.SnapshotSandboxResponse]  # type: ignore[assignment]
+    """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+    image of the local image store; the sandbox is frozen meanwhile and keeps running.
+    """
+    ForkSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ForkSandboxRequest, _sandbox_pb2.ForkSandboxResponse]  # type: ignore[assignment]
+    """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+    each with the parent's spec and its own name, id and token; one outcome per child.
+    """
+    PauseSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.PauseSandboxRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
+    """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused."""
+    ResumeSandbox: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.ResumeSandboxRequest, _sandbox_pb2.Sandbox]  # type: ignore[assignment]
+    """Start a Paused sandbox again from its files (its command re-run); Ready when it answers."""
 
 class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -143,6 +187,70 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sandbox_pb2.ListEgressResponse, _abc.Awaitable[_sandbox_pb2.ListEgressResponse]]:
         """The sandbox's latest egress decisions (a bounded ring kept by the gateway that holds it)."""
+
+    @_abc_1.abstractmethod
+    def StartProcess(
+        self,
+        request: _sandbox_pb2.StartProcessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.ProcessInfo, _abc.Awaitable[_sandbox_pb2.ProcessInfo]]:
+        """A background command: it runs until it exits whoever is connected; its output waits in a
+        bounded ring (gateway.exec_history_bytes) for ConnectProcess.
+        """
+
+    @_abc_1.abstractmethod
+    def ListProcesses(
+        self,
+        request: _sandbox_pb2.SandboxRef,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.ListProcessesResponse, _abc.Awaitable[_sandbox_pb2.ListProcessesResponse]]:
+        """The sandbox's background commands, running and recently exited."""
+
+    @_abc_1.abstractmethod
+    def ConnectProcess(
+        self,
+        request_iterator: _MaybeAsyncIterator[_sandbox_pb2.ExecStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sandbox_pb2.ExecEvent], _abc.AsyncIterator[_sandbox_pb2.ExecEvent]]:
+        """Reattach: the first request is `attach`, then stdin, resizes and signals; the responses are the
+        ring's output, then live output, then the exit. Leaving the call does not stop the command.
+        """
+
+    @_abc_1.abstractmethod
+    def SnapshotSandbox(
+        self,
+        request: _sandbox_pb2.SnapshotSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.SnapshotSandboxResponse, _abc.Awaitable[_sandbox_pb2.SnapshotSandboxResponse]]:
+        """Capture a Ready sandbox's filesystem (what it wrote over its image, and its /workspace) as an
+        image of the local image store; the sandbox is frozen meanwhile and keeps running.
+        """
+
+    @_abc_1.abstractmethod
+    def ForkSandbox(
+        self,
+        request: _sandbox_pb2.ForkSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.ForkSandboxResponse, _abc.Awaitable[_sandbox_pb2.ForkSandboxResponse]]:
+        """N new sandboxes from one snapshot of a Ready sandbox (its files, not its processes' memory),
+        each with the parent's spec and its own name, id and token; one outcome per child.
+        """
+
+    @_abc_1.abstractmethod
+    def PauseSandbox(
+        self,
+        request: _sandbox_pb2.PauseSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.Sandbox, _abc.Awaitable[_sandbox_pb2.Sandbox]]:
+        """Capture a Ready sandbox's files, stop everything of it and free its runtime; it stays, Paused."""
+
+    @_abc_1.abstractmethod
+    def ResumeSandbox(
+        self,
+        request: _sandbox_pb2.ResumeSandboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.Sandbox, _abc.Awaitable[_sandbox_pb2.Sandbox]]:
+        """Start a Paused sandbox again from its files (its command re-run); Ready when it answers."""
 
 def add_SandboxServiceServicer_to_server(servicer: SandboxServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

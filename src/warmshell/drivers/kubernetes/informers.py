@@ -83,6 +83,9 @@ class Informers:
         self._ours_by_pod = _Index()  # our Sandboxes by the pod they own
         self._others_by_pod = _Index()  # the other Sandboxes by the pod they own
         self._claims_by_sandbox = _Index()  # our claims by the Sandbox they are bound to
+        # Bumped on each change of a Sandbox or pod a claim may lead to (`wait_objects_changed`).
+        self._generation = 0
+        self._changed = asyncio.Event()
 
     def start(self) -> None:
         """Start the informer tasks (once)."""
@@ -120,6 +123,18 @@ class Informers:
     def claim_of(self, sandbox_id: SandboxId) -> Obj | None:
         """Our SandboxClaim carrying this sandbox id, as the claim informer last saw it."""
         return next((c for c in self._claims.values() if claims.sandbox_id_of(c) == sandbox_id), None)
+
+    async def wait_objects_changed(self, generation: int) -> int:
+        """The generation of the cached pods and Sandboxes without our sandbox id (pool members,
+        adopted ones), once it is past `generation`: it moves on each of their changes and lists."""
+        while self._generation == generation:
+            await self._changed.wait()
+        return self._generation
+
+    def _objects_changed(self) -> None:
+        self._generation += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def cached_claims(self) -> list[Obj]:
         """Our SandboxClaims as the claim informer last saw them. They stay while the informer is
@@ -165,6 +180,7 @@ class Informers:
         self._ours_by_pod.reset({n: status.owned_pod_name(s) for n, s in current.items()})
         for name in current:
             self._publish_view(name)
+        self._objects_changed()
 
     def _sandbox_event(self, kind: str, sandbox: Obj) -> None:
         if not status.is_managed(sandbox):
@@ -177,6 +193,7 @@ class Informers:
                     self._others[name] = sandbox
                     self._others_by_pod.put(name, status.owned_pod_name(sandbox))
                 self._publish_claims(sandbox_name=name)
+                self._objects_changed()
             return
         name = sandbox["metadata"]["name"]
         if kind == "DELETED":
@@ -197,6 +214,7 @@ class Informers:
         for name in list(self._sandboxes):
             self._publish_view(name)
         self._publish_claims()
+        self._objects_changed()
 
     def _pod_event(self, kind: str, pod: Obj) -> None:
         name = pod["metadata"]["name"]
@@ -208,6 +226,8 @@ class Informers:
             self._publish_view(sandbox_name)
         for sandbox_name in self._others_by_pod.names(name):
             self._publish_claims(sandbox_name=sandbox_name)
+        if self._with_claims:
+            self._objects_changed()
 
     def _publish_view(self, sandbox_name: str) -> None:
         sandbox = self._sandboxes.get(sandbox_name)

@@ -15,7 +15,14 @@ from warmshell.core.profiles import Profile, ProfileError
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.runtime import cgroups, imageroots, images, limits
 
-__all__ = ["check_image_root", "check_profile", "check_spec", "stored_images_refused", "unenforceable"]
+__all__ = [
+    "check_image_root",
+    "check_profile",
+    "check_spec",
+    "stored_images_refused",
+    "unenforceable",
+    "userns_overlay_refused",
+]
 
 
 def check_spec(spec: SandboxSpec, host: HostSetup) -> SandboxSpec:
@@ -39,18 +46,38 @@ def stored_images_refused(host: HostSetup) -> str | None:
     """Why this gateway cannot run images of its image store (None: it can)."""
     if not host.launcher.isolated:
         return "images of the image store need bubblewrap (local.allow_unisolated runs the host's root only)"
-    if not host.root or host.launcher.images is None:
-        # Each layer is mounted idmapped to the sandbox's uid, which needs root; a gateway of a
-        # normal user would need its own user namespace around bwrap, which it does not make.
-        return "images of the image store need a gateway run as root (their layers are idmapped to each sandbox's uid)"
+    if host.launcher.images is None:
+        return "this gateway has no image store"
+    if not host.root and (why := userns_overlay_refused(os.uname().release)) is not None:
+        return why
     return None
+
+
+def userns_overlay_refused(release: str) -> str | None:
+    """Why a gateway of a normal user cannot mount an image's overlay on a kernel of this
+    release (None: it can). Its launcher mounts the overlay in a user namespace of its own,
+    which overlayfs allows from Linux 5.11 (with `userxattr`, the whiteouts the store writes)."""
+    numbers = [int(part) if part.isdigit() else 0 for part in release.split("-")[0].split(".")[:2]]
+    if tuple(numbers) >= (5, 11):
+        return None
+    return (
+        f"images of the image store need Linux 5.11 or later for a gateway not run as root "
+        f"(overlayfs in a user namespace); this kernel is {release}: run the gateway as root"
+    )
 
 
 def _check_arguments(spec: SandboxSpec, host: HostSetup) -> SandboxSpec:
     if spec.runtime_class_name:
         raise InvalidArgumentError("spec.runtime_class_name", "must be empty on the local driver (no runtime classes)")
     if imageroots.is_reference(spec.image) and host.launcher.images is not None:
-        spec = spec.model_copy(update={"image": host.launcher.images.pin(spec.image)})
+        pinned = host.launcher.images.pin(spec.image)
+        if pinned != spec.image:  # a spec validated before (the driver's create) is kept as it is
+            spec = spec.model_copy(update={"image": pinned})
+        if not spec.command and not spec.no_command:
+            # Recorded as the spec's command, so `sandbox get` shows what runs; the workload
+            # starts at activation, so a warm member (started before any request) runs it too.
+            command = imageroots.default_command(host.launcher.images.config(pinned))
+            spec = spec.model_copy(update={"command": command})
     elif spec.image:
         check_image_root(spec.image, host.image_roots)
         images.check_image(spec.image)

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from warmshell.core import allocation
@@ -38,6 +38,7 @@ from warmshell.drivers.base import (
     PoolView,
     ProgressLine,
     SandboxUsage,
+    SnapshotTaken,
 )
 from warmshell.drivers.events import Hub
 from warmshell.drivers.local import admission
@@ -48,10 +49,11 @@ from warmshell.drivers.local.instances import Instance, lost_sandbox
 from warmshell.drivers.local.pools import pooling, reloading
 from warmshell.drivers.local.pools.members import FleetMembers
 from warmshell.drivers.local.runtime import cgroups
-from warmshell.drivers.local.runtime.files import LocalFiles, files_executor
+from warmshell.drivers.local.runtime.files import LocalFiles
 from warmshell.drivers.local.runtime.hostnames import HostnameSetter
 from warmshell.drivers.local.runtime.launching import AGENT_BINARY
 from warmshell.drivers.local.runtime.processes import SandboxProcess
+from warmshell.drivers.local.snapshots import Snapshots
 from warmshell.drivers.local.supervising import GatewayLink, HostSupervisors, Supervise
 
 __all__ = ["LocalDriver"]
@@ -97,8 +99,23 @@ class LocalDriver:
         self._activator: Activator | None = None
         self._reloader: asyncio.Task[None] | None = None
         self._pools = self._pool_set() if config.pools_dir is not None else None
-        self._files_executor: ThreadPoolExecutor | None = None
         self.identity = LocalIdentity(self._fleet.instances.get, self._on_registered)
+        self._snapshots = self._new_snapshots()
+
+    def _new_snapshots(self) -> Snapshots | None:
+        images = self._host.launcher.images
+        if images is None:
+            return None
+
+        async def freeze(instance: Instance, frozen: bool) -> None:
+            await self._fleet.freeze(instance, frozen=frozen)
+
+        return Snapshots(
+            images.store,
+            overlay_dirs=self._host.launcher.overlay_dirs,
+            freeze=freeze,
+            max_layers=self._config.max_layers,
+        )
 
     def _new_fleet(self, supervise: Supervise, grace: float) -> Fleet:
         return Fleet(host=self._host, paths=self._paths, grace=grace, on_ended=self._on_ended, supervise=supervise)
@@ -159,8 +176,6 @@ class LocalDriver:
             await self._pools.aclose()
         await self._fleet.aclose(keep=lambda instance: instance.sandbox_id is not None)
         await self._supervisors.aclose()
-        if self._files_executor is not None:
-            self._files_executor.shutdown(wait=False, cancel_futures=True)
         self._hub.close()
 
     # -- the ComputeDriver surface ---------------------------------------------------------
@@ -226,9 +241,7 @@ class LocalDriver:
             raise FailedPreconditionError(
                 "files need an isolated sandbox: local.allow_unisolated mode has no sandbox root to confine them to"
             )
-        if self._files_executor is None:
-            self._files_executor = files_executor(as_root=self._host.root)
-        return LocalFiles(process.open_root, instance.uid, self._files_executor)
+        return self._fleet.files(instance, process)
 
     def egress_socket(self, instance_id: str) -> Path | None:
         """Where the gateway's egress proxy listens for this instance: in the directory bound
@@ -243,6 +256,34 @@ class LocalDriver:
         cgroup's freezer; returns once the kernel says they are. FailedPreconditionError when it
         is not running or this host cannot freeze it (no cgroup, or no freezer)."""
         await self._fleet.freeze(self._running(sandbox_id), frozen=frozen)
+
+    @property
+    def max_fork_count(self) -> int:
+        """`local.max_fork_count`: the most children one fork may ask for."""
+        return self._config.max_fork_count
+
+    async def snapshot(self, sandbox_id: SandboxId, *, image: str, force: bool, source: str) -> SnapshotTaken:
+        """Capture a running sandbox of an image as `image` (see `snapshots`)."""
+        instance = self._running(sandbox_id)
+        if self._snapshots is None:
+            raise FailedPreconditionError("this gateway has no image store: snapshots need one (local.image_dir)")
+        taken = await self._snapshots.take(instance, tag=image, force=force, source=source)
+        return SnapshotTaken(
+            digest=taken.image.digest,
+            image=taken.tag,
+            base_digest=taken.image.base_digest,
+            layers=len(taken.image.layers),
+            layer_bytes=taken.layer_bytes,
+            frozen_ms=taken.frozen_ms,
+            flattened=taken.flattened,
+        )
+
+    async def forget(self, digest: str) -> None:
+        """Remove a snapshot by digest (see `Snapshotter.forget`); one already gone is fine."""
+        images = self._host.launcher.images
+        if images is not None:
+            with contextlib.suppress(NotFoundError):
+                await asyncio.to_thread(images.store.remove, digest)
 
     async def usage(self, sandbox_id: SandboxId) -> SandboxUsage:
         """cpu seconds, memory now and at its peak, and processes of a running sandbox, read from

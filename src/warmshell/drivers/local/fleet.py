@@ -23,11 +23,12 @@ import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from warmshell.core.config import StatePaths
-from warmshell.core.errors import FailedPreconditionError, UnavailableError
+from warmshell.core.errors import FailedPreconditionError, UnavailableError, WarmshellError
 from warmshell.core.ids import InstanceId
 from warmshell.core.models import SandboxSpec
 from warmshell.drivers.base import BackendState, DriverCondition, SandboxUsage
@@ -37,6 +38,7 @@ from warmshell.drivers.local.instances import EGRESS_SUFFIX, LOG_SUFFIX, Instanc
 from warmshell.drivers.local.runtime import cgroups, imageroots
 from warmshell.drivers.local.runtime import limits as resource_limits
 from warmshell.drivers.local.runtime import usage as runtime_usage
+from warmshell.drivers.local.runtime.files import LocalFiles, files_executor
 from warmshell.drivers.local.runtime.launching import Launcher, traversable_dir
 from warmshell.drivers.local.runtime.processes import SandboxProcess, read_tail
 from warmshell.drivers.local.runtime.uidlease import UidLeases
@@ -68,6 +70,8 @@ class Fleet:
         """Sandboxes start with `host`'s launcher, in its cgroup; with its uid range, each runs as
         its own uid and its workspace lives under its workspace directory (see `launching`)."""
         self._launcher: Launcher = host.launcher
+        self._as_root = host.root
+        self._files_executor: ThreadPoolExecutor | None = None
         self._supervise = supervise
         self._uids: UidLeases | None = host.uids
         self._workspaces: Path | None = host.workspaces
@@ -102,6 +106,7 @@ class Fleet:
             # Prepared in a spawner thread, right before the spawn (one thread hop per start).
             prepare = functools.partial(self._prepare, instance, spec.image)
             instance.process = await self._launcher.start(instance, image=spec.image, nice=nice, prepare=prepare)
+            await self._make_workdir(instance)
             # An idle member's record is first written when a create claims it: until then it
             # concerns nobody after a crash, and the sweep finds its log without one.
             if instance.sandbox_id is not None:
@@ -125,6 +130,26 @@ class Fleet:
         instance.state = BackendState.RUNNING
         instance.supervisor = asyncio.create_task(self._supervise(seat), name=f"supervisor:{instance.instance_id}")
         instance.waiter = self.background(self._wait(instance), name=f"wait:{instance.instance_id}")
+
+    async def _make_workdir(self, instance: Instance) -> None:
+        """Make the image's WorkingDir where its layers lack it, as container runtimes do at
+        start: with the sandbox's own rights, so it belongs to the image's User inside and is
+        resolved in the sandbox's root (a link in the image cannot lead it out). One that cannot
+        be made (a file of that name) fails the start, naming it."""
+        image, process = instance.image_root, instance.process
+        if image is None or not image.config.working_dir or not isinstance(process, SandboxProcess):
+            return
+        path = image.config.working_dir
+        try:
+            await self.files(instance, process).mkdir(path, parents=True, mode=0o755)
+        except WarmshellError as exc:
+            raise FailedPreconditionError(f"spec.image: the image's WorkingDir {path!r} cannot be made: {exc}") from exc
+
+    def files(self, instance: Instance, process: SandboxProcess) -> LocalFiles:
+        """The files of an instance's running sandbox, used with its own rights (see `files`)."""
+        if self._files_executor is None:
+            self._files_executor = files_executor(as_root=self._as_root)
+        return LocalFiles(process.open_root, instance.uid, self._files_executor)
 
     def save_soon(self, instance: Instance) -> None:
         """Write the record in the background, with every record queued meanwhile: one thread
@@ -403,6 +428,8 @@ class Fleet:
         await asyncio.to_thread(self._launcher.close)
         if not isinstance(self._cgroup, cgroups.Unavailable):
             await asyncio.to_thread(self._cgroup.close)
+        if self._files_executor is not None:
+            self._files_executor.shutdown(wait=False, cancel_futures=True)
 
     # -- what a previous gateway left ------------------------------------------------------
 

@@ -126,6 +126,7 @@ def _launcher(
         bounds=bounds,
         etc_dir=_etc_dir(config, paths, root=root),
         images=imageroots.ImageRoots(store.for_config(config, paths)),
+        rootfs=config.sandbox_dir / "rootfs" if root else paths.root / "rootfs",
     )
 
 

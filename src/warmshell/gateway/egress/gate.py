@@ -14,17 +14,29 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+from urllib.parse import quote
 
 from warmshell.core import egress, phases
 from warmshell.core.config import NetworkConfig
 from warmshell.core.egress import Policy
-from warmshell.core.ids import Fingerprint
+from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.core.models import Condition, SandboxRecord
 from warmshell.drivers.base import PoolView
 from warmshell.gateway.egress import interception, placeholders
-from warmshell.gateway.egress.proxy import EgressProxy
+from warmshell.gateway.egress.credentials import Presented, ProxyCredentials
+from warmshell.gateway.egress.proxy import Admitted, EgressProxy
+from warmshell.gateway.records import SandboxRecords
+from warmshell.gateway.secretvault import SecretVault
 
-__all__ = ["NETWORK_CONDITION", "Attachment", "EgressGate", "EgressTrust", "HostsEgressSockets", "proxy_environment"]
+__all__ = [
+    "NETWORK_CONDITION",
+    "Attachment",
+    "EgressGate",
+    "EgressTrust",
+    "HostsEgressSockets",
+    "NetworkProxy",
+    "proxy_environment",
+]
 
 NETWORK_CONDITION = "Network"
 
@@ -38,10 +50,9 @@ class HostsEgressSockets(Protocol):
         ...
 
 
-def proxy_environment(port: int = egress.PROXY_PORT) -> dict[str, str]:
+def proxy_environment(url: str = f"http://127.0.0.1:{egress.PROXY_PORT}") -> dict[str, str]:
     """The variables that send pip, git, curl, npm, urllib, requests, httpx (and Node ≥ 24 with
-    NODE_USE_ENV_PROXY) through the sandbox's proxy port."""
-    url = f"http://127.0.0.1:{port}"
+    NODE_USE_ENV_PROXY) through the sandbox's proxy (`url`, credentials included)."""
     env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")}
     env |= {name.lower(): url for name in env}
     env |= {"NO_PROXY": "localhost,127.0.0.1", "no_proxy": "localhost,127.0.0.1", "NODE_USE_ENV_PROXY": "1"}
@@ -55,6 +66,23 @@ class EgressTrust:
 
     authority: interception.CertificateAuthority | None = None
     upstream_tls: ssl.SSLContext | None = None
+
+
+@dataclass(frozen=True)
+class NetworkProxy:
+    """The proxy as pods reach it (Kubernetes): the URL they are given (`[network] proxy_url`),
+    the credentials they present there, and what the proxy needs to admit a connection on any
+    replica: the sandbox's record and its sealed secrets, both in the shared store."""
+
+    url: str
+    credentials: ProxyCredentials
+    records: SandboxRecords
+    vault: SecretVault
+
+    def url_for(self, sandbox_id: str, credential: str) -> str:
+        """The proxy URL with the sandbox's credential as its user info."""
+        scheme, _, rest = self.url.partition("://")
+        return f"{scheme}://{quote(sandbox_id, safe='')}:{quote(credential, safe='')}@{rest}"
 
 
 @dataclass(frozen=True)
@@ -100,10 +128,12 @@ class EgressGate:
         *,
         pools: Callable[[], Sequence[PoolView]] = tuple,
         authority: interception.CertificateAuthority | None = None,
+        network: NetworkProxy | None = None,
     ) -> None:
         """`pools`: the driver's pools, whose profiles' `[network]` rules apply to the members
-        they serve."""
+        they serve; `network`: the proxy as pods reach it, for a driver without sockets."""
         self._config = config
+        self._network = network
         self._proxy = proxy
         self._sockets = sockets
         self._pools = pools
@@ -146,14 +176,23 @@ class EgressGate:
         return profile | dict(record.spec.secret_hosts)
 
     async def attach(
-        self, record: SandboxRecord, instance_id: str, pool: Fingerprint | None, secrets: Mapping[str, str]
+        self,
+        record: SandboxRecord,
+        instance_id: str,
+        pool: Fingerprint | None,
+        secrets: Mapping[str, str],
+        *,
+        source: str = "",
     ) -> Attachment:
         """Open the sandbox's proxy socket when its policy allows anything (its connections from
         before, if any, cut); what its workload then gets: the proxy variables (none without a
-        proxy) and its secrets, a placeholder in place of each that names hosts."""
+        proxy) and its secrets, a placeholder in place of each that names hosts. `source`: the
+        IP address its supervisor registered from, to which a pod's credential is bound."""
         policy = self.policy(record, pool)
         made = placeholders.make(secrets, self.secret_hosts(record, pool))
         workload_secrets = dict(secrets) | {placeholder.name: placeholder.token for placeholder in made}
+        if self._sockets is None and self._network is not None:
+            return self._attach_network(record, policy, secrets, self.secret_hosts(record, pool), source)
         path = self._sockets.egress_socket(instance_id) if self._sockets is not None else None
         if path is None or not policy.allows_anything:
             await self._proxy.close(record.id)
@@ -166,10 +205,59 @@ class EgressGate:
             environment |= trust_environment()
         return Attachment(environment, workload_secrets)
 
+    def _attach_network(
+        self,
+        record: SandboxRecord,
+        policy: Policy,
+        secrets: Mapping[str, str],
+        hosts: Mapping[str, Sequence[str]],
+        source: str,
+    ) -> Attachment:
+        """A pod's attachment: a fresh credential in the proxy URL, and placeholders derived
+        from it (so any replica's proxy makes the same ones again)."""
+        assert self._network is not None
+        network = self._network
+        credential = network.credentials.issue(record.id, source)
+        nonce = network.credentials.verify(record.id, credential, source)
+        assert nonce is not None
+        made = placeholders.make(secrets, hosts, lambda name: network.credentials.placeholder(record.id, nonce, name))
+        workload_secrets = dict(secrets) | {placeholder.name: placeholder.token for placeholder in made}
+        if not policy.allows_anything:
+            return Attachment({}, workload_secrets)
+        return Attachment(proxy_environment(network.url_for(record.id, credential)), workload_secrets)
+
+    async def admit(self, shown: Presented) -> Admitted | None:
+        """What a pod's connection to the proxy may do: its sandbox's policy and placeholders,
+        when its credential was issued for that sandbox and the sandbox is live (read from the
+        store on every connection, so a deleted sandbox's credential buys nothing on any replica)."""
+        network = self._network
+        if network is None:
+            return None
+        nonce = network.credentials.verify(shown.sandbox_id, shown.credential, shown.source)
+        if nonce is None:
+            return None
+        record = await network.records.get(SandboxId(shown.sandbox_id))
+        if record is None or record.status.phase in phases.TERMINAL:
+            return None
+        pool = Fingerprint(record.status.pool) if record.status.pool else None
+        secrets = await network.vault.get(record.id) if record.spec.secret_names else {}
+        made = placeholders.make(
+            secrets,
+            self.secret_hosts(record, pool),
+            lambda name: network.credentials.placeholder(record.id, nonce, name),
+        )
+        return Admitted(self.policy(record, pool), tuple(made))
+
     def condition(self, record: SandboxRecord) -> Condition | None:
         """The `Network` condition: what the sandbox may reach (the policy its proxy applies);
         on a driver without egress sockets, only for a request that asked for rules or
         placeholders (None else)."""
+        if self._sockets is None and self._network is not None:
+            composed = self.policy(record, Fingerprint(record.status.pool) if record.status.pool else None)
+            if not composed.allows_anything:
+                return Condition(type=NETWORK_CONDITION, status="False", reason="NoEgress", message="no egress")
+            message = f"through the gateway's proxy ({self._network.url}): {composed.summary}"
+            return Condition(type=NETWORK_CONDITION, status="True", reason="Proxy", message=message)
         if self._sockets is None:
             if not (record.spec.network.allow or record.spec.network.deny or record.spec.secret_hosts):
                 return None

@@ -6,7 +6,7 @@ request that carries the token anywhere else."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from urllib.parse import quote
 
@@ -47,9 +47,12 @@ class Leak(Exception):
         self.name = name
 
 
-def make(values: Mapping[str, str], hosts: Mapping[str, Sequence[str]]) -> list[Placeholder]:
+def make(
+    values: Mapping[str, str], hosts: Mapping[str, Sequence[str]], token: Callable[[str], str] | None = None
+) -> list[Placeholder]:
     """A fresh placeholder for each secret that names hosts (unique per sandbox and secret:
-    made again at each activation)."""
+    made again at each activation); `token` names a secret's token (default: random), for a
+    proxy that must make the same tokens again on another replica."""
     made = []
     for name, texts in sorted(hosts.items()):
         if name not in values:
@@ -61,7 +64,7 @@ def make(values: Mapping[str, str], hosts: Mapping[str, Sequence[str]]) -> list[
         made.append(
             Placeholder(
                 name=name,
-                token=PREFIX + secrets.token_urlsafe(24),
+                token=token(name) if token is not None else PREFIX + secrets.token_urlsafe(24),
                 value=values[name],
                 hosts=tuple(rule for rule, _ in parsed),
                 url_hosts=tuple(rule for rule, in_url in parsed if in_url),

@@ -17,7 +17,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,16 +26,16 @@ from warmshell.core.config import NetworkConfig
 from warmshell.core.egress import Decision, Policy
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.gateway import metrics
-from warmshell.gateway.egress import heads, interception, placeholders
+from warmshell.gateway.egress import credentials, heads, interception, placeholders, splicing
 from warmshell.gateway.egress.pumping import CHUNK, TokenBucket, copy_body, pump
 
-__all__ = ["EgressEntry", "EgressProxy", "host_local"]
+__all__ = ["Admit", "Admitted", "EgressEntry", "EgressProxy", "host_local"]
 
 log = logging.getLogger(__name__)
 _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 _REASONS = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests", 431: "Request Header Fields Too Large"}
-_REASONS |= {502: "Bad Gateway", 504: "Gateway Timeout"}
+_REASONS |= {407: "Proxy Authentication Required", 502: "Bad Gateway", 504: "Gateway Timeout"}
 # After a refusal, what of the rest of a request is read and dropped so the answer arrives.
 _LINGER_BYTES = 4 * 1024 * 1024
 _LINGER_SECONDS = 1.0
@@ -68,19 +68,35 @@ def host_local(address: egress.Address) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """What a network connection's credential bought: its sandbox's policy and placeholders."""
+
+    policy: Policy
+    placeholders: tuple[placeholders.Placeholder, ...] = ()
+
+
+# Checks a presented credential (None: refused) — see `EgressGate.admit`.
+Admit = Callable[[credentials.Presented], Awaitable[Admitted | None]]
+_PROXY_AUTH = 'Proxy-Authenticate: Basic realm="warmshell-egress"\r\n'
+
+
 @dataclass(eq=False)
 class _Sandbox:
     """One sandbox's listener, its open connections and its decisions."""
 
     sandbox_id: str
     policy: Policy
-    path: Path
+    path: Path | None  # None: reached over the network (`EgressProxy.listen`), no socket of its own
     entries: deque[EgressEntry]
     up: TokenBucket
     down: TokenBucket
     placeholders: tuple[placeholders.Placeholder, ...] = ()
     server: asyncio.Server | None = None
     connections: set[asyncio.Task[None]] = field(default_factory=set)
+    # Every byte through its connections, up (out of the sandbox) and down, while the sandbox lives.
+    bytes_up: int = 0
+    bytes_down: int = 0
 
 
 class EgressProxy:
@@ -99,11 +115,18 @@ class EgressProxy:
         self._authority = authority
         self._upstream_tls = upstream_tls or (interception.upstream_context("") if authority else None)
         self._sandboxes: dict[str, _Sandbox] = {}
+        self._listener: asyncio.Server | None = None
+        self._network: set[asyncio.Task[None]] = set()  # every network connection, admitted or not
 
     def policy(self, sandbox_id: str) -> Policy | None:
         """The policy a sandbox's proxy applies now (None: it has none open)."""
         sandbox = self._sandboxes.get(sandbox_id)
         return sandbox.policy if sandbox is not None else None
+
+    def traffic(self, sandbox_id: str) -> tuple[int, int] | None:
+        """Bytes up (out of the sandbox) and down through its proxy so far; None: no proxy here."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        return (sandbox.bytes_up, sandbox.bytes_down) if sandbox is not None else None
 
     def decisions(self, sandbox_id: str) -> list[EgressEntry]:
         """Its latest decisions, oldest first (what this gateway kept: a bounded ring)."""
@@ -120,6 +143,8 @@ class EgressProxy:
         await self.close(sandbox_id, keep_log=True)
         rate = self._config.max_bytes_per_second
         sandbox = _Sandbox(sandbox_id, policy, path, entries, TokenBucket(rate), TokenBucket(rate), tuple(secrets))
+        if old is not None:
+            sandbox.bytes_up, sandbox.bytes_down = old.bytes_up, old.bytes_down
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         try:
@@ -138,19 +163,79 @@ class EgressProxy:
         sandbox = self._sandboxes.pop(sandbox_id, None) if not keep_log else self._sandboxes.get(sandbox_id)
         if sandbox is None:
             return
-        if sandbox.server is not None:
-            sandbox.server.close()
-            sandbox.server = None
-        for task in list(sandbox.connections):
-            task.cancel()
-        await asyncio.gather(*sandbox.connections, return_exceptions=True)
-        with contextlib.suppress(OSError):
-            os.unlink(sandbox.path)
+        server, sandbox.server = sandbox.server, None
+        await _cut(server, sandbox.connections)
+        if sandbox.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(sandbox.path)
 
     async def aclose(self) -> None:
-        """Close every sandbox's socket and connection."""
+        """Close every sandbox's socket and connection, and the network listener."""
+        listener, self._listener = self._listener, None
+        await _cut(listener, self._network)
         for sandbox_id in list(self._sandboxes):
             await self.close(sandbox_id)
+
+    async def listen(self, host: str, port: int, admit: Admit) -> int:
+        """Serve sandboxes that reach the proxy over the network (pods), each connection
+        admitted by the credential it presents; the port listened on. FailedPreconditionError
+        when it cannot listen."""
+        try:
+            self._listener = await asyncio.start_server(
+                lambda r, w: self._accept_remote(admit, r, w), host, port, limit=self._config.max_header_bytes
+            )
+        except OSError as exc:
+            raise FailedPreconditionError(f"cannot listen for egress on {host}:{port}: {exc}") from exc
+        return int(self._listener.sockets[0].getsockname()[1])
+
+    def _accept_remote(self, admit: Admit, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve_remote(admit, reader, writer))
+        self._network.add(task)
+        task.add_done_callback(self._network.discard)
+
+    async def _serve_remote(self, admit: Admit, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One network connection: its head names the sandbox by its credential; past that it
+        is that sandbox's connection like any through its socket (counted, cut at its end)."""
+        try:
+            head = await self._read_head(reader, writer)
+            if head is None:
+                return
+            peer = writer.get_extra_info("peername")
+            source = credentials.source_address(str(peer[0])) if isinstance(peer, tuple) else ""
+            shown = credentials.presented(head, source)
+            admitted = await admit(shown) if shown is not None else None
+            if shown is None or admitted is None:
+                metrics.EGRESS_CONNECTIONS.labels(verdict="unauthenticated").inc()
+                refusal = _response(407, "a valid proxy credential of a live sandbox is required", _PROXY_AUTH)
+                await _refuse(reader, writer, refusal)
+                return
+            sandbox = self._remote(shown.sandbox_id, admitted)
+            task = asyncio.current_task()
+            assert task is not None
+            if len(sandbox.connections) >= self._config.max_connections:
+                metrics.EGRESS_CONNECTIONS.labels(verdict="refused").inc()
+                await _refuse(reader, writer, _response(429, "too many connections from this sandbox"))
+                return
+            sandbox.connections.add(task)
+            try:
+                await self._forward(sandbox, head, reader, writer)
+            finally:
+                sandbox.connections.discard(task)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    def _remote(self, sandbox_id: str, admitted: Admitted) -> _Sandbox:
+        """The sandbox's state on this proxy, its policy and placeholders as just admitted."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        if sandbox is None:
+            rate = self._config.max_bytes_per_second
+            entries: deque[EgressEntry] = deque(maxlen=self._config.log_entries)
+            sandbox = _Sandbox(sandbox_id, admitted.policy, None, entries, TokenBucket(rate), TokenBucket(rate))
+            self._sandboxes[sandbox_id] = sandbox
+        sandbox.policy, sandbox.placeholders = admitted.policy, admitted.placeholders
+        return sandbox
 
     def _accept(self, sandbox: _Sandbox, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(sandbox.connections) >= self._config.max_connections:
@@ -219,7 +304,7 @@ class EgressProxy:
         if head.tunnel:
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
-            _send_head(entry, upstream[1], head)
+            _send_head(_Counters(entry, sandbox), upstream[1], head)
         await _splice(sandbox, entry, (reader, writer), upstream)
 
     async def _intercept(
@@ -248,7 +333,7 @@ class EgressProxy:
         upstream = await self._connect(entry, head, address, inside, tls=True)
         if upstream is None:
             return
-        counters = _Counters(entry)
+        counters = _Counters(entry, sandbox)
         down = asyncio.create_task(pump(upstream[0], writer, sandbox.down, counters.down))
         requests = asyncio.create_task(_requests(sandbox, counters, head, parse, reader, upstream[1]))
         try:
@@ -297,6 +382,15 @@ class EgressProxy:
         return refusal, None
 
 
+async def _cut(server: asyncio.Server | None, connections: set[asyncio.Task[None]]) -> None:
+    """Stop accepting (when there is a server), then cancel the connections and wait for them."""
+    if server is not None:
+        server.close()
+    for task in list(connections):
+        task.cancel()
+    await asyncio.gather(*connections, return_exceptions=True)
+
+
 def _swapped(head: heads.Head, sandbox: _Sandbox, decision: Decision) -> tuple[heads.Head, Decision]:
     """The head with the sandbox's placeholders for its host swapped in, or a denial when it
     carries one meant for another host."""
@@ -306,24 +400,27 @@ def _swapped(head: heads.Head, sandbox: _Sandbox, decision: Decision) -> tuple[h
         return head, Decision(False, reason=f"the placeholder of secret {leak.name} is not for {head.host}")
 
 
-def _send_head(entry: EgressEntry, writer: asyncio.StreamWriter, head: heads.Head) -> None:
+def _send_head(counters: _Counters, writer: asyncio.StreamWriter, head: heads.Head) -> None:
     forwarded = heads.forwarded_head(head)
     writer.write(forwarded)
-    _Counters(entry).up(len(forwarded))
+    counters.up(len(forwarded))
 
 
 @dataclass
 class _Counters:
-    """Counts a connection's bytes into its entry and the metrics."""
+    """Counts a connection's bytes into its entry, its sandbox's totals and the metrics."""
 
     entry: EgressEntry
+    sandbox: _Sandbox
 
     def up(self, size: int) -> None:
         self.entry.bytes_up += size
+        self.sandbox.bytes_up += size
         metrics.EGRESS_BYTES.labels(direction="up").inc(size)
 
     def down(self, size: int) -> None:
         self.entry.bytes_down += size
+        self.sandbox.bytes_down += size
         metrics.EGRESS_BYTES.labels(direction="down").inc(size)
 
 
@@ -375,9 +472,15 @@ async def _splice(
     inside: _Stream,
     outside: _Stream,
 ) -> None:
-    """Bytes both ways until both sides are done, counted into `entry` and the metrics."""
-    counters = _Counters(entry)
+    """Bytes both ways until both sides are done, counted into `entry`, the sandbox's totals and
+    the metrics."""
+    counters = _Counters(entry, sandbox)
     try:
+        if splicing.available(inside[1], outside[1]):
+            await splicing.splice_both(
+                inside, outside, up=(sandbox.up, counters.up), down=(sandbox.down, counters.down)
+            )
+            return
         await asyncio.gather(
             pump(inside[0], outside[1], sandbox.up, counters.up),
             pump(outside[0], inside[1], sandbox.down, counters.down),
@@ -401,7 +504,7 @@ async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, re
                 drained += len(data)
 
 
-def _response(status: int, message: str) -> bytes:
+def _response(status: int, message: str, extra: str = "") -> bytes:
     body = (message + "\n").encode()
-    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: text/plain\r\n"
+    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: text/plain\r\n{extra}"
     return head.encode() + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body

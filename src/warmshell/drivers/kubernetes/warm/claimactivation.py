@@ -113,14 +113,24 @@ class CachedObjects(Protocol):
 
     def cached_claims(self) -> list[Obj]: ...
 
+    async def wait_objects_changed(self, generation: int) -> int:
+        """Return the generation of the cached Sandboxes and pods once it is past `generation`."""
+        ...
+
 
 async def resolve_target(
-    api: kube.Kube, sealer: proofs.ProofSealer, claim: Mapping[str, Any], cache: CachedObjects | None = None
+    api: kube.Kube,
+    sealer: proofs.ProofSealer,
+    claim: Mapping[str, Any],
+    cache: CachedObjects | None = None,
+    *,
+    live: bool = True,
 ) -> Target | None:
     """Follow a bound claim to its pod; None while it is not bound or the pod does not exist yet.
     With `cache`, a chain that holds on the cached Sandbox and pod is taken from there (two GETs
     fewer per claim on every replica); anything missing or not holding there is read live, and
-    only the live objects can refuse the claim (a stale cache never does)."""
+    only the live objects can refuse the claim (a stale cache never does). Without `live`, a
+    chain the cache does not hold is None (not found yet) instead of a live read."""
     meta = claim.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     sandbox_id = claims.sandbox_id_of(claim)
@@ -135,6 +145,8 @@ async def resolve_target(
         return None
     if cache is not None and (cached := _cached_target(cache, claim, sandbox_name, sandbox_id, proof)) is not None:
         return cached
+    if not live:
+        return None
     resource = await api.sandbox_resource(namespace)
     try:
         sandbox = await api.get(resource, namespace, sandbox_name)
@@ -233,6 +245,7 @@ class ClaimActivation:
         self._tasks = [
             asyncio.create_task(self._resync_forever(), name="k8s-claims:resync"),
             asyncio.create_task(self._on_registrations(), name="k8s-claims:registrations"),
+            asyncio.create_task(self._on_cached_objects(), name="k8s-claims:objects"),
         ]
         self.resync()
 
@@ -280,6 +293,15 @@ class ClaimActivation:
         while True:
             generation = await self._activator.wait_registrations_changed(generation)
             self.registrations_changed()
+
+    async def _on_cached_objects(self) -> None:
+        generation = 0
+        while True:
+            generation = await self._cache.wait_objects_changed(generation)
+            # A claim still resolving its chain may find it in the cache now (see `_attempts`).
+            for record in self._running:
+                if record.wake is not None and record.pod is None:
+                    record.wake.set()
 
     def registrations_changed(self) -> None:
         """Wake the claims a registration change may be for: running ones backing off with their
@@ -369,10 +391,14 @@ class ClaimActivation:
         target = parked = record.parked
         self._unpark(record)
         delays = (None,) if parked else (*RETRY_DELAYS, None)
-        for delay in delays:
+        for attempt, delay in enumerate(delays):
             try:
                 if parked is None:
-                    target = await resolve_target(self._api, self._sealer, claim, self._cache)
+                    # The claim's status often lands before the informers see its Sandbox adopted:
+                    # the first of several attempts waits for them (woken by their next change)
+                    # rather than reading the Sandbox and pod live, two GETs per warm create.
+                    live = attempt > 0 or len(delays) == 1
+                    target = await resolve_target(self._api, self._sealer, claim, self._cache, live=live)
                 if target is not None:
                     record.pod = target.pod_uid
                     if not target.bound_us:  # kept when the attempt fails: parked with it

@@ -34,6 +34,12 @@ class ImageRecord:
     platform: str
     imported_ms: int
     source_format: str = "oci"
+    # A snapshot's: the sandbox it was taken of (WORKSPACE/NAME) and the image it ran.
+    source_sandbox: str = ""
+    base_digest: str = ""
+    # Whether its layers hold the sandbox's /workspace: a sandbox of it keeps that directory of
+    # its root (under its own writable layer) instead of a fresh tmpfs.
+    workspace: bool = False
 
 
 @dataclass

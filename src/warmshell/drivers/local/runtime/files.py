@@ -199,10 +199,7 @@ class LocalFiles:
         unpacking = asyncio.get_running_loop().run_in_executor(self._executor, run)
         try:
             async for chunk in chunks:
-                offered = pipe.offer(chunk)
-                if offered is False:
-                    offered = await asyncio.to_thread(pipe.put, chunk)
-                if not offered:
+                if not await pipe.send(chunk):
                     break  # the unpacker stopped: its outcome says why
             pipe.finish()
             try:

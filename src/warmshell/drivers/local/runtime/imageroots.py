@@ -10,6 +10,7 @@ mounted by `warmshell-launch` (see its source): capabilities are gone once bwrap
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from warmshell.drivers.local.imagestore.manifests import ImageConfig
 from warmshell.drivers.local.imagestore.records import ImageRecord, Index
 from warmshell.drivers.local.imagestore.store import ImageStore
 
-__all__ = ["NOT_FOUND", "ImageNotFoundError", "ImageRoot", "ImageRoots", "is_reference", "user_ids"]
+__all__ = ["NOT_FOUND", "ImageNotFoundError", "ImageRoot", "ImageRoots", "default_command", "is_reference", "user_ids"]
 
 _HOW = "warmshell image import SOURCE --name NAME:TAG"
 NOT_FOUND = "ImageNotFound"  # the reason a pool whose image the store does not have reports
@@ -66,6 +67,12 @@ def _table(table: str, layers: tuple[Path, ...]) -> list[list[str]]:
     return []
 
 
+def default_command(config: ImageConfig) -> list[str]:
+    """What a sandbox of the image runs when its request names no command: Entrypoint + Cmd, as
+    docker and Kubernetes start a container given neither (empty: the image has neither)."""
+    return [*config.entrypoint, *config.cmd]
+
+
 def is_reference(image: str) -> bool:
     """Whether `image` names an image of the store ("" is the host root, an absolute path a
     root filesystem directory under `local.image_roots`)."""
@@ -82,11 +89,24 @@ class ImageRoot:
     config: ImageConfig
     uid: int = 0  # the image's User, inside the sandbox (its host uid is the sandbox's own)
     gid: int = 0
+    workspace: bool = False  # its layers hold /workspace (a snapshot's): no fresh tmpfs there
 
     @property
     def environment(self) -> dict[str, str]:
         """The image's Env as a mapping (a later entry of a name wins, as in a runtime)."""
         return dict(entry.partition("=")[::2] for entry in self.config.env if "=" in entry)
+
+
+# References pinned per index snapshot at most (each create names one; a flood of distinct
+# names must not grow the gateway's memory).
+_PINS_KEPT = 256
+
+
+@dataclass
+class _Snapshot:
+    key: tuple[int, int, int]  # the index file's mtime, size and inode
+    index: Index
+    pins: dict[str, tuple[str, ImageRecord]] = dataclasses.field(default_factory=dict)  # text -> pinned, image
 
 
 @dataclass
@@ -104,9 +124,17 @@ class ImageRoots:
         self._store = store
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
-        # The index as last read, by the identity of its file: every create from an image pins
-        # it in the event loop, and one stat costs far less than a read under the store's lock.
-        self._index: tuple[tuple[int, int, int], Index] | None = None
+        self._index_file = store.index_file
+        # The index as last read, by the identity of its file, with what each reference pinned
+        # to in it: every create from an image pins it in the event loop (twice: the gateway's
+        # validation and the driver's), and one stat and a lookup cost far less than a read
+        # under the store's lock, or parsing and resolving the reference again (~0.1 ms).
+        self._index: _Snapshot | None = None
+
+    @property
+    def store(self) -> ImageStore:
+        """The store the images come from (snapshots are committed to it)."""
+        return self._store
 
     @property
     def watched(self) -> tuple[Path, ...]:
@@ -116,22 +144,44 @@ class ImageRoots:
     def pin(self, text: str, *, field: str = "spec.image") -> str:
         """`text` pinned to the digest it names now (`NAME:TAG@sha256:HEX`, or the digest);
         InvalidArgumentError naming `field`, saying how to import it, when the store has none."""
-        ref = references.parse_reference(text, field=field)
-        image = self._image(text, field=field)
-        return str(references.Reference(name=ref.name, tag=ref.tag, digest=image.digest))
+        return self._pinned(text, field=field)[0]
 
-    def _image(self, text: str, *, field: str) -> ImageRecord:
+    def config(self, pinned: str, *, field: str = "spec.image") -> ImageConfig:
+        """The config of the image a pinned reference names (InvalidArgumentError naming `field`
+        when the store no longer has it)."""
+        return self._pinned(pinned, field=field)[1].config
+
+    def _pinned(self, text: str, *, field: str) -> tuple[str, ImageRecord]:
+        """`text` pinned, and its image, from the index now (kept with that snapshot)."""
+        snapshot = self._snapshot(text, field=field)
+        found = snapshot.pins.get(text)
+        if found is None:
+            ref = references.parse_reference(text, field=field)
+            image = self._image(text, field=field, snapshot=snapshot)
+            found = (str(references.Reference(name=ref.name, tag=ref.tag, digest=image.digest)), image)
+            if len(snapshot.pins) < _PINS_KEPT:
+                snapshot.pins[text] = found
+        return found
+
+    def _snapshot(self, text: str, *, field: str) -> _Snapshot:
+        """The index now (read again only when its file changed)."""
         try:
-            info = os.stat(self._store.index_file)
+            info = os.stat(self._index_file)
         except FileNotFoundError:  # no image was ever imported: no store yet
             raise ImageNotFoundError(
                 field, f"no image {text!r}: the image store is empty; import it first: {_HOW}"
             ) from None
         key = (info.st_mtime_ns, info.st_size, info.st_ino)
-        if self._index is None or self._index[0] != key:
-            self._index = (key, self._store.index())
+        snapshot = self._index
+        if snapshot is None or snapshot.key != key:
+            # A new snapshot, pins and all: a pin made from the old index stays with it.
+            snapshot = self._index = _Snapshot(key, self._store.index())
+        return snapshot
+
+    def _image(self, text: str, *, field: str, snapshot: _Snapshot | None = None) -> ImageRecord:
+        snapshot = snapshot or self._snapshot(text, field=field)
         try:
-            return self._store.resolve(text, field=field, index=self._index[1])
+            return self._store.resolve(text, field=field, index=snapshot.index)
         except NotFoundError as exc:
             raise ImageNotFoundError(field, str(exc)) from exc
 
@@ -139,7 +189,15 @@ class ImageRoots:
         image = self._image(text, field=field)
         layers = tuple(self._store.layer_path(d) for d in reversed(image.layers))
         uid, gid = user_ids(image.config.user, layers, field=field)
-        return ImageRoot(pinned=text, digest=image.digest, layers=layers, config=image.config, uid=uid, gid=gid)
+        return ImageRoot(
+            pinned=text,
+            digest=image.digest,
+            layers=layers,
+            config=image.config,
+            uid=uid,
+            gid=gid,
+            workspace=image.workspace,
+        )
 
     def acquire(self, pinned: str) -> ImageRoot:
         """The image a pinned reference names, its layers held until as many `release`s; an

@@ -12,10 +12,11 @@ live under `local.sandbox_dir` (root-owned, 0711: nobody can list it, each works
 0700 and owned by its sandbox's uid) and the agent binary is copied there once (root-owned,
 0755). A gateway run by a normal user keeps both where they are.
 
-An image of the image store (see `imageroots`) needs the root gateway: `warmshell-launch` mounts
-its layers idmapped to the sandbox's uid, which only root can do. Its mount point is
-`local.sandbox_dir`/rootfs, shared by all: each launch mounts its own tmpfs there, in a mount
-namespace of its own.
+An image of the image store (see `imageroots`) is mounted by `warmshell-launch`: as root, its
+layers idmapped to the sandbox's uid; otherwise in a user namespace of its own where the gateway's
+uid (the store's owner) is 0. Its mount point (`local.sandbox_dir`/rootfs as root, the state
+directory's `rootfs` otherwise) is shared by all: each launch mounts its own tmpfs there, in a
+mount namespace of its own.
 """
 
 from __future__ import annotations
@@ -120,11 +121,13 @@ class Launcher:
         launch: Path = LAUNCH_BINARY,
         etc_dir: Path | None = None,
         images: imageroots.ImageRoots | None = None,
+        rootfs: Path | None = None,
     ) -> None:
         """`bwrap` None means unisolated; `stage_dir` is where the agent is copied for sandboxes
         whose uid cannot reach it (None: use it in place); `etc_dir` is where the host root's
         /etc is staged (see `etcstage`; None: each allowed entry is bound on its own); `images`
-        resolves and holds images of the image store (None: this launcher has none).
+        resolves and holds images of the image store (None: this launcher has none), mounted on
+        `rootfs` (None: `stage_dir`/rootfs).
         FailedPreconditionError when isolated and the agent or launch binary is missing (they
         are built, not shipped)."""
         self.bwrap = bwrap
@@ -134,7 +137,7 @@ class Launcher:
         self._bounds = bounds
         self._launch = launch
         self.images = images
-        self._rootfs = stage_dir / "rootfs" if stage_dir is not None else None
+        self._rootfs = rootfs if rootfs is not None else stage_dir / "rootfs" if stage_dir is not None else None
         # One stage for all: `prepare` runs in several threads at once.
         self._etc = etcstage.EtcStage(etc_dir, _HOST_ROOT / "etc", sandboxing.ETC_ALLOWED) if etc_dir else None
         self._etc_fresh_until = float("-inf")
@@ -231,6 +234,7 @@ class Launcher:
                 egress_dir=instance.egress_dir,
                 egress_port=egress.PROXY_PORT,
                 system_bundle=_system_bundle_copy(plan, instance.egress_dir),
+                workspace_in_root=image_root is not None and image_root.workspace,
             )
             launch = self._launch_argv(nice, instance.uid, bounds, instance.cgroup, image_root)
             return [*launch, *sandboxing.bwrap_argv(layout)]
@@ -263,6 +267,15 @@ class Launcher:
             argv += [f"--rootfs={self._rootfs}", f"--root-size={size}"]
             argv += [f"--layer={layer}" for layer in image_root.layers]
         return [*argv, "--"] if len(argv) > 1 else []
+
+    def overlay_dirs(self, pid: int) -> tuple[Path, Path] | None:
+        """The writable upper layer and the merged root of an image sandbox's overlay, reached
+        through the mount namespace of its launcher (`pid`, bwrap's outer process, which stays
+        in it); None when this launcher mounts no image roots."""
+        if self._rootfs is None:
+            return None
+        base = Path(f"/proc/{pid}/root") / self._rootfs.relative_to("/")
+        return base / "u", base / "m"
 
     def close(self) -> None:
         """Let the spawner threads end and remove the staged /etc (blocking: call once every

@@ -44,7 +44,7 @@ __all__ = [
 WORKSPACE = WORKSPACE_DIR
 AGENT_PATH = "/run/warmshell/agent"
 # A directory of the gateway's, bound read-only: the proxy's socket appears in it at activation
-# (a connect needs no write access to the mount), and the agent's shim relays to it.
+# (a connect needs no write access to the mount), and the agent relays to it.
 EGRESS_DIR = egress.SANDBOX_DIR
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -105,13 +105,16 @@ class SandboxLayout:
     tmp_bytes: int | None = None
     run_bytes: int | None = None
     shm_bytes: int | None = None
-    # The host directory bound at EGRESS_DIR, and the port the agent's shim listens on (None: no way out).
+    # The host directory bound at EGRESS_DIR, and the port the agent listens on (None: no way out).
     egress_dir: Path | None = None
     egress_port: int = 0
     # The host path of an image's overlay, bound writable as / (None: `plan` on a read-only tmpfs).
     overlay_root: Path | None = None
     # A host file bound over the sandbox's `egress.SYSTEM_BUNDLE` (see `system_bundle_source`).
     system_bundle: Path | None = None
+    # /workspace is the overlay root's own (an image that holds one, a snapshot's): nothing is
+    # mounted there, so a sandbox's writes go to its writable layer over the image's copy.
+    workspace_in_root: bool = False
 
 
 def list_root(root: Path) -> list[RootEntry]:
@@ -222,12 +225,7 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     argv += ["--remount-ro", "/dev"]
     for path in layout.extra_ro_binds:
         argv += ["--ro-bind", str(path), str(path)]
-    if layout.workspace_bytes is not None:
-        # Mounted before the root is remounted read-only, owned by the sandbox's uid (bwrap's
-        # mounts belong to the uid it maps), gone with the sandbox's mount namespace.
-        argv += ["--size", str(layout.workspace_bytes), "--perms", "0700", "--tmpfs", WORKSPACE]
-    else:
-        argv += ["--bind", str(layout.workspace_dir), WORKSPACE]
+    argv += _workspace_argv(layout)
     argv += ["--ro-bind", str(layout.agent), AGENT_PATH]
     if layout.egress_dir is not None:
         argv += ["--ro-bind", str(layout.egress_dir), EGRESS_DIR]
@@ -242,3 +240,15 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     if layout.egress_dir is not None:
         argv.append(str(layout.egress_port))
     return argv
+
+
+def _workspace_argv(layout: SandboxLayout) -> list[str]:
+    """How /workspace is mounted: a sized tmpfs, a host directory, or not at all (the overlay
+    root's own, under the sandbox's writable layer)."""
+    if layout.workspace_in_root and layout.overlay_root is not None:
+        return []
+    if layout.workspace_bytes is not None:
+        # Mounted before the root is remounted read-only, owned by the sandbox's uid (bwrap's
+        # mounts belong to the uid it maps), gone with the sandbox's mount namespace.
+        return ["--size", str(layout.workspace_bytes), "--perms", "0700", "--tmpfs", WORKSPACE]
+    return ["--bind", str(layout.workspace_dir), WORKSPACE]

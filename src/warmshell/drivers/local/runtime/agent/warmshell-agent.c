@@ -29,11 +29,13 @@
  *     PONG     {'O', id, 0, 0}              the answer to PING
  *
  * Egress (argv[2], a port, given when the gateway may bind an egress proxy socket into the
- * sandbox): the agent starts itself as `agent egress PORT SOCKET`, a shim listening on
- * 127.0.0.1:PORT that relays each connection, byte for byte, to the Unix socket SOCKET. The
- * sandbox has no other way out (its network namespace has loopback only), and the shim decides
- * nothing: the gateway's proxy on the other end of the socket applies the sandbox's policy.
- * Without a socket there (no policy allows anything) a connection is closed at once.
+ * sandbox): the agent itself listens on 127.0.0.1:PORT and forks a relay per connection that
+ * passes it, byte for byte, to the Unix socket EGRESS_SOCKET. The sandbox has no other way out
+ * (its network namespace has loopback only), and the relay decides nothing: the gateway's proxy
+ * on the other end of the socket applies the sandbox's policy. Without a socket there (no policy
+ * allows anything) a connection is closed at once. The listener is pid 1's own rather than a
+ * process of its own: an idle pool member is then two processes, not three, and its start
+ * spends no fork and exec on a listener most sandboxes never use.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -63,6 +65,7 @@
 #define CONNECT_ATTEMPTS 600
 #define EGRESS_SOCKET "/run/warmshell/egress/proxy.sock"
 #define RELAY_BUFFER (64 * 1024)
+#define RELAY_PIPE (1024 * 1024)  /* asked per step; the pipe's size bounds what it gets */
 
 enum { REJ_SIZE = 1, REJ_TYPE = 2, REJ_FDS = 3, REJ_STRINGS = 4, REJ_ID = 5, REJ_FULL = 6, REJ_SIGNAL = 7,
        REJ_TRUNCATED = 8 };
@@ -75,7 +78,7 @@ static int ctl = -1;
  * Kubernetes ("--connect"), so that the kubelet (restartPolicy OnFailure) starts the workload
  * container again beside a restarted supervisor. */
 static int end_status = 0;
-/* The egress shim's port (argv[2] after an inherited socket's fd; the local driver), or none. */
+/* The egress relay's port (argv[2] after an inherited socket's fd; the local driver), or none. */
 static const char *egress_port = NULL;
 static struct { pid_t pid; uint32_t id; } execs[MAX_EXECS];
 static char message[MAX_MESSAGE + 1];  /* one byte more than allowed, to see an oversized one */
@@ -273,6 +276,28 @@ static int write_all(int fd, const char *data, ssize_t size) {
     return 0;
 }
 
+/* One direction's step: what `from` has (up to a pipe's worth) into `to`, through `pipe` with
+ * splice(2), so the bytes stay in the kernel (a read and a write copied each 64 KiB through this
+ * process, twice per byte, in the sandbox's own cpu quota). Where
+ * splice is refused (EINVAL: a socket type without it) the bytes go through `buffer`.
+ * Returns the bytes moved, 0 at end of stream, -1 on error, -2 when there was nothing yet. */
+static ssize_t move(int from, int to, const int pipe[2], char *buffer) {
+    ssize_t got = splice(from, NULL, pipe[1], NULL, RELAY_PIPE, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (got < 0 && errno == EINVAL) {
+        got = read(from, buffer, RELAY_BUFFER);
+        if (got > 0 && write_all(to, buffer, got) < 0) return -1;
+        return got < 0 ? (errno == EINTR || errno == EAGAIN ? -2 : -1) : got;
+    }
+    if (got < 0) return errno == EINTR || errno == EAGAIN ? -2 : -1;
+    for (ssize_t left = got; left > 0;) {
+        ssize_t put = splice(pipe[0], NULL, to, NULL, (size_t)left, SPLICE_F_MOVE);
+        if (put < 0 && errno == EINTR) continue;
+        if (put <= 0) return -1;
+        left -= put;
+    }
+    return got;
+}
+
 /* One connection: both ways until both are closed (each end's EOF passed on as a half-close). */
 static int relay(int client, const char *path) {
     int up = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -281,6 +306,12 @@ static int relay(int client, const char *path) {
     strncpy(address.sun_path, path, sizeof address.sun_path - 1);
     if (up < 0 || connect(up, (struct sockaddr *)&address, sizeof address) < 0) return 1;
     static char buffer[RELAY_BUFFER];
+    int pipes[2][2];
+    /* Pipes of the default size (64 KiB): their pages count against the sandbox uid's pipe
+     * budget, which is the gateway's own when it does not run as root, and a pipe past that
+     * budget gets two pages — the gateway's exec pipes included. */
+    for (int i = 0; i < 2; i++)
+        if (pipe2(pipes[i], O_CLOEXEC) < 0) return 1;
     int ends[2] = {client, up};
     int open[2] = {1, 1};  /* open[i]: ends[i] may still send */
     while (open[0] || open[1]) {
@@ -291,59 +322,61 @@ static int relay(int client, const char *path) {
         }
         for (int i = 0; i < 2; i++) {
             if (!open[i] || !wait_for[i].revents) continue;
-            ssize_t got = read(ends[i], buffer, sizeof buffer);
-            if (got < 0 && errno == EINTR) continue;
-            if (got <= 0) {
+            ssize_t moved = move(ends[i], ends[1 - i], pipes[i], buffer);
+            if (moved == -1) return 1;
+            if (moved == 0) {
                 open[i] = 0;
                 shutdown(ends[1 - i], SHUT_WR);
-            } else if (write_all(ends[1 - i], buffer, got) < 0) {
-                return 1;
             }
         }
     }
     return 0;
 }
 
-static int egress_shim(const char *port_text, const char *path) {
-    prctl(PR_SET_NAME, "warmshell-egress");
-    signal(SIGCHLD, SIG_IGN);  /* each connection's relay is reaped by the kernel */
+/* The listener on 127.0.0.1:port; -1 when it cannot be made (the sandbox has no way out). */
+static int egress_listener(const char *port_text) {
     char *end = NULL;
     long port = strtol(port_text, &end, 10);
-    if (end == NULL || *end != '\0' || port < 1 || port > 65535) return 2;
-    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (end == NULL || *end != '\0' || port < 1 || port > 65535) return -1;
+    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int yes = 1;
     struct sockaddr_in address = {0};
     address.sin_family = AF_INET;
     address.sin_port = htons((uint16_t)port);
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (listener < 0 || setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes) < 0 ||
-        bind(listener, (struct sockaddr *)&address, sizeof address) < 0 || listen(listener, 128) < 0)
-        return 2;
+        bind(listener, (struct sockaddr *)&address, sizeof address) < 0 || listen(listener, 128) < 0) {
+        if (listener >= 0) close(listener);
+        return -1;
+    }
+    return listener;
+}
+
+/* One relay per waiting connection, forked: it keeps nothing of pid 1 but the connection (the
+ * control socket, the listener and the signalfd are closed, the last record wiped), and it stays
+ * undumpable like pid 1, so the workload sharing its uid cannot read it. */
+static void accept_egress(int listener) {
     for (;;) {
         int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
-        if (client < 0) {
-            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) usleep(10000);
-            continue;
+        if (client < 0) {  /* EAGAIN: none left */
+            /* out of descriptors or memory host-wide: a pause, not a spin of pid 1 on a listener
+             * that stays readable (a waiting client is served once it passes) */
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) usleep(10000);
+            return;
         }
         pid_t pid = fork();
         if (pid == 0) {
-            close(listener);
-            _exit(relay(client, path));
+            prctl(PR_SET_NAME, "warmshell-relay");
+            if (dup2(client, 3) < 0) _exit(1);
+            syscall(SYS_close_range, 4, ~0U, 0);
+            memset(message, 0, sizeof message);
+            sigset_t none;
+            sigemptyset(&none);
+            sigprocmask(SIG_SETMASK, &none, NULL);
+            _exit(relay(3, EGRESS_SOCKET));
         }
-        close(client);
+        close(client);  /* pid < 0: this connection is refused, the next may fare better */
     }
-}
-
-/* The shim, as a fresh exec of this binary: nothing of pid 1 (its control socket) survives. */
-static void start_egress_shim(const char *self, const char *port) {
-    pid_t pid = fork();
-    if (pid != 0) return;  /* a shim that could not start leaves the sandbox without a way out */
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    setpgid(0, 0);
-    execl(self, self, "egress", port, EGRESS_SOCKET, (char *)NULL);
-    _exit(127);
 }
 
 static int connect_to(const char *path) {
@@ -376,7 +409,6 @@ static int control_socket(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0);  /* the workload shares our uid: no ptrace, no /proc/1/mem */
-    if (argc == 4 && strcmp(argv[1], "egress") == 0) return egress_shim(argv[2], argv[3]);
     prctl(PR_SET_NAME, "warmshell-agent");
     if (getpid() != 1) return 3;  /* only an init's exit ends everything it started */
     for (int i = 0; i < 3; i++)  /* keep 0-2 taken, so received fds never land on them */
@@ -393,15 +425,16 @@ int main(int argc, char **argv) {
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int signals = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (signals < 0) return 2;
-    if (egress_port != NULL) start_egress_shim(argv[0], egress_port);
+    int listener = egress_port != NULL ? egress_listener(egress_port) : -1;
     reply('H', 0, (uint32_t)getpid(), VERSION);
     for (;;) {
-        struct pollfd wait_for[2] = {{ctl, POLLIN, 0}, {signals, POLLIN, 0}};
-        if (poll(wait_for, 2, -1) < 0) {
+        struct pollfd wait_for[3] = {{ctl, POLLIN, 0}, {signals, POLLIN, 0}, {listener, POLLIN, 0}};
+        if (poll(wait_for, 3, -1) < 0) {
             if (errno == EINTR) continue;
             die();
         }
         if (wait_for[1].revents & POLLIN) reap(signals);
+        if (wait_for[2].revents & POLLIN) accept_egress(listener);
         if (wait_for[0].revents & (POLLIN | POLLHUP | POLLERR)) serve_one();
     }
 }

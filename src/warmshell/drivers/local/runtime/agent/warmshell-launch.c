@@ -20,7 +20,10 @@
  * show as UID (the layers stay root-owned and shared; copy-up of an image file is then the
  * sandbox's own), and an overlay of them at DIR/m, which bwrap binds as the sandbox's /. The
  * mounts are nosuid and nodev: a setuid file in an image gives nothing. Idmapped mounts need
- * root, so this needs --uid and a root caller.
+ * root, so a root caller gives --uid. A caller that is not root (a gateway of a normal user, whose
+ * sandboxes all run as its own uid) makes a user namespace of its own first, mapping its uid to 0
+ * there (overlayfs mounts in a user namespace since Linux 5.11): the store's files, its own, show
+ * as 0 without an idmap, and bwrap runs in that namespace and makes the sandbox's inside it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -122,10 +125,33 @@ static int userns_of(long long uid) {
     return ns;
 }
 
+static void write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    size_t length = strlen(text);
+    if (fd < 0 || write(fd, text, length) != (ssize_t)length) fail("cannot write", path);
+    close(fd);
+}
+
+/* The caller's uid and gid as 0 in a new user namespace, with a mount namespace it owns. */
+static void own_user_namespace(void) {
+    char uid_map[64], gid_map[64];
+    snprintf(uid_map, sizeof uid_map, "0 %u 1\n", (unsigned)getuid());
+    snprintf(gid_map, sizeof gid_map, "0 %u 1\n", (unsigned)getgid());
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) fail("cannot make a user namespace", strerror(errno));
+    write_file("/proc/self/uid_map", uid_map);
+    write_file("/proc/self/setgroups", "deny");
+    write_file("/proc/self/gid_map", gid_map);
+}
+
+/* userns < 0: no idmap (the caller's own user namespace already shows the store's files as 0). */
 static void attach_layer(const char *layer, const char *target, int userns) {
     int tree = (int)syscall(SYS_open_tree, AT_FDCWD, layer, OPEN_TREE_CLONE | O_CLOEXEC);
     if (tree < 0) fail("cannot clone a layer", layer);
-    struct idmap_attr attr = {IDMAP | ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV, 0, 0, (unsigned long long)userns};
+    struct idmap_attr attr = {ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV, 0, 0, 0};
+    if (userns >= 0) {
+        attr.set |= IDMAP;
+        attr.userns_fd = (unsigned long long)userns;
+    }
     if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
         fail("cannot idmap a layer (its filesystem must support idmapped mounts: ext4, xfs, btrfs, tmpfs)", layer);
     if (mkdir(target, 0700) != 0 || syscall(SYS_move_mount, tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) != 0)
@@ -136,14 +162,18 @@ static void attach_layer(const char *layer, const char *target, int userns) {
 /* Relative paths from inside DIR (as docker's overlay2 does) keep the mount options under the
  * one page the kernel takes, whatever DIR is: about 4 bytes a layer. */
 static void mount_image_root(const char *dir, const char *size, const char **layers, int count, long long uid) {
-    if (uid < 0 || getuid() != 0) fail("an image root needs a root caller and --uid", NULL);
-    if (unshare(CLONE_NEWNS) != 0) fail("cannot make a mount namespace", strerror(errno));
+    int own = getuid() != 0;
+    if (own != (uid < 0)) fail("an image root needs --uid from a root caller, and none from another", NULL);
+    if (own)
+        own_user_namespace();
+    else if (unshare(CLONE_NEWNS) != 0)
+        fail("cannot make a mount namespace", strerror(errno));
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) fail("cannot make mounts private", strerror(errno));
     char options[4096];
     snprintf(options, sizeof options, "size=%s,mode=0711", size);
     if (mount("warmshell-root", dir, "tmpfs", MS_NOSUID | MS_NODEV, options) != 0) fail("cannot mount the root's tmpfs", strerror(errno));
     if (chdir(dir) != 0) fail("cannot enter the root's tmpfs", strerror(errno));
-    int userns = userns_of(uid);
+    int userns = own ? -1 : userns_of(uid);
     int used = snprintf(options, sizeof options, "userxattr,upperdir=u,workdir=w,lowerdir=");
     for (int i = 0; i < count; i++) {
         char target[16];
@@ -151,8 +181,8 @@ static void mount_image_root(const char *dir, const char *size, const char **lay
         attach_layer(layers[i], target, userns);
         used += snprintf(options + used, sizeof options - (size_t)used, "%s%s", i ? ":" : "", target);
     }
-    close(userns);
-    if (mkdir("u", 0755) != 0 || mkdir("w", 0700) != 0 || mkdir("m", 0755) != 0 || chown("u", (uid_t)uid, (gid_t)uid) != 0)
+    if (userns >= 0) close(userns);
+    if (mkdir("u", 0755) != 0 || mkdir("w", 0700) != 0 || mkdir("m", 0755) != 0 || (!own && chown("u", (uid_t)uid, (gid_t)uid) != 0))
         fail("cannot make the upper directory", strerror(errno));
     if (mount("overlay", "m", "overlay", MS_NOSUID | MS_NODEV, options) != 0) fail("cannot mount the image's overlay", strerror(errno));
     if (chdir("/") != 0) fail("chdir", strerror(errno));

@@ -1,0 +1,105 @@
+"""Issue 29's last check: `bench/burst.py --quick` run against several source trees in one
+session, trees alternating round by round, so that the drift of a shared machine's load falls on
+each alike; one table of the figures the check compares (medians over the rounds, each round's
+load beside it).
+
+    python bench/investigations/start-path/burst_ab.py --tree before=/tmp/before-tree/src \
+        --tree after=src [--rounds 3]
+
+Each `--tree NAME=DIR` is a `src/` directory with its agent and launcher built
+(`scripts/build-agent` in that tree); `burst.py --src DIR` runs the gateway from it (the
+benchmark's own client code is this tree's). The figures of each run that the table reads are kept
+in `results/<name>.json`; the runs' own result files are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness
+from harness import write_results
+
+BENCH = Path(__file__).resolve().parents[2]
+
+# (label, how to read it from a burst.py result)
+FIGURES: tuple[tuple[str, Any], ...] = (
+    ("cold create -> Ready p50, ms", lambda d: d["cold"]["client_ms"]["p50"]),
+    ("sequential warm create -> Ready, client p50, ms", lambda d: d["sequential"]["client_ms"]["p50"]),
+    ("sequential warm create -> Ready, server p50, ms", lambda d: d["sequential"]["server_ms"]["p50"]),
+    ("CPU per member start, ms", lambda d: d["fill"]["cpu_ms_per_member"]),
+    ("… in the gateway, ms", lambda d: d["fill"]["gateway_cpu_ms_per_member"]),
+    ("… in the member's processes, ms", lambda d: d["fill"]["member_processes_cpu_ms_per_member"]),
+    ("refill, members/s (from the profile)", lambda d: d["fill"]["members_per_s"]),
+    ("refill, members/s (10th to 90th percent)", lambda d: d["fill"]["steady_members_per_s"]),
+    ("idle member, processes", lambda d: d["fill"]["processes_per_member"]),
+    ("idle member, PSS MB", lambda d: d["fill"]["pss_mb_per_member"]),
+)
+
+
+def run(name: str, tree: str, src: Path, round_: int) -> dict[str, Any]:
+    """One `burst.py --quick` against `src`; its result (its files removed from bench/results/)."""
+    label = f"{name}_{tree}_{round_}"
+    command = [sys.executable, str(BENCH / "burst.py"), "--quick", "--src", str(src), "--name", label]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    data: dict[str, Any] = json.loads((BENCH / "results" / f"{label}.json").read_text())
+    for suffix in (".json", ".md"):
+        (BENCH / "results" / f"{label}{suffix}").unlink()
+    return data
+
+
+def table(trees: list[str], runs: dict[str, list[dict[str, Any]]]) -> str:
+    first, last = trees[0], trees[-1]
+    out = f"| figure | {' | '.join(trees)} | {last} / {first} |\n|---|{'---|' * (len(trees) + 1)}\n"
+    for label, read in FIGURES:
+        medians = {tree: statistics.median(read(d) for d in runs[tree]) for tree in trees}
+        ratio = medians[last] / medians[first] if medians[first] else float("nan")
+        out += f"| {label} | {' | '.join(f'{medians[t]:.3g}' for t in trees)} | {ratio:.2f} |\n"
+    out += "\n| round | tree | cold p50 | warm p50 | CPU/start | gateway | members | members/s | load at the fill |\n"
+    out += "|---|---|---|---|---|---|---|---|---|\n"
+    for round_ in range(len(runs[first])):
+        for tree in trees:
+            d = runs[tree][round_]
+            f = d["fill"]
+            out += (
+                f"| {round_} | {tree} | {d['cold']['client_ms']['p50']:.1f} "
+                f"| {d['sequential']['client_ms']['p50']:.2f} "
+                f"| {f['cpu_ms_per_member']:.2f} | {f['gateway_cpu_ms_per_member']:.2f} "
+                f"| {f['member_processes_cpu_ms_per_member']:.2f} | {f['members_per_s']:.0f} | {f['load'][0]} |\n"
+            )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--tree", action="append", required=True, metavar="NAME=DIR", help="a tree's src/ (first: the base)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, each one run per tree (default 3)")
+    parser.add_argument("--name", default="burst_ab", help="results/NAME.{json,md} beside this script")
+    args = parser.parse_args()
+    trees = dict(item.split("=", 1) for item in args.tree)
+    runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+    for round_ in range(args.rounds):
+        for tree, src in trees.items():
+            print(f"round {round_}: {tree}", flush=True)
+            runs[tree].append(run(args.name, tree, Path(src).resolve(), round_))
+    data = {
+        "trees": trees,
+        "runs": {
+            t: [r["fill"] | {"cold": r["cold"]["client_ms"], "sequential": r["sequential"]["client_ms"]} for r in rs]
+            for t, rs in runs.items()
+        },
+        "load": list(os.getloadavg()),
+    }
+    write_results(args.name, data, table(list(trees), runs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Issue 31 benchmark: snapshots and forks of local sandboxes, in one run on one gateway (local
+driver, run as root: images of the store need it).
+
+- snapshot time against the amount written (0 to `--max-mb` MB into /workspace and the image's
+  directories) over a ~5 MB image, and the same `--mid-mb` written over that image with a layer of
+  `--big-mb` MB on top: linear in what changed, flat in the image's size;
+- fork of 10 against one parent with an empty /workspace and with `--fork-mb` MB in it (target: the
+  big one <= 1.5x the empty one), beside a single cold create of the same snapshot (target: fork(10)
+  all Ready <= 3x the single create);
+- warm create -> Ready from a pool of a snapshot vs from a pool of the plain image (target <= 1.1x);
+- pause and resume wall time of a sandbox with an empty /workspace and with `--fork-mb` MB in it
+  (a pause is a snapshot and a stop; a resume a cold create from the snapshot, Ready).
+
+Rows are interleaved (one sample of each in turn) so a load drift over the run hits them alike.
+Run as root from the repository root: `python bench/snapshots.py --repeats 5`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import GatewayProcess, gateway_process, summary, write_results
+
+from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.drivers.local.imagestore.importing import import_image
+from warmshell.drivers.local.imagestore.store import ImageStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests/helpers builds images
+from tests.helpers import images
+from tests.integration.drivers_local.test_image_sandboxes import tools_layer
+
+SMALL, BIG = "bench/tools:1", "bench/tools-big:1"
+# Published figures of hosted services, for the table's last column.
+FIELD = {
+    "pause": "E2B ~4 s per GB of memory",
+    "resume": "E2B ~1 s",
+    "fork": "Morph < 250 ms per branch, CodeSandbox ~0.5 s",
+}
+
+
+def import_images(state: Path, work: Path, big_mb: int) -> None:
+    store = ImageStore(state / "images", max_bytes=64 << 30)
+    store.open()
+    base = tools_layer("bench").tar()
+    # No Cmd: the sandboxes run nothing but their agent (a shell as Cmd would exit at once).
+    idle = {"Env": ["PATH=/usr/bin:/bin"]}
+    images.write_oci_layout(work / "small", [base], config=images.config_json([base], **idle))
+    import_image(store, work / "small", name=SMALL)
+    big = images.Layer()
+    for n in range(big_mb):
+        big.file(f"opt/big/f{n}", os.urandom(1 << 20))
+    layers = [base, big.tar()]
+    images.write_oci_layout(work / "big", layers, config=images.config_json(layers, **idle), compress=False)
+    import_image(store, work / "big", name=BIG)
+
+
+async def sh(gw: GatewayProcess, name: str, script: str) -> None:
+    request = pb.ExecSandboxRequest(name=name, command=["/bin/sh", "-c", script])
+    code = None
+    async for event in gw.stub.ExecSandbox(request, metadata=gw.metadata):
+        if event.WhichOneof("event") == "exit_code":
+            code = event.exit_code
+    if code != 0:
+        raise RuntimeError(f"{script!r} in {name} exited {code}")
+
+
+def write_mb(megabytes: int) -> str:
+    """Half into /workspace, half into the image's directories (the writable upper layer)."""
+    half = megabytes * (1 << 20) // 2
+    return (
+        f"head -c {half} /dev/urandom > /workspace/w && mkdir -p /opt/out && head -c {half} /dev/urandom > /opt/out/o"
+    )
+
+
+async def snapshot(gw: GatewayProcess, name: str, image: str) -> tuple[float, pb.SnapshotSandboxResponse]:
+    start = time.perf_counter()
+    request = pb.SnapshotSandboxRequest(name=name, image=image, force=True)
+    response = await gw.stub.SnapshotSandbox(request, metadata=gw.metadata)
+    return (time.perf_counter() - start) * 1000, response
+
+
+async def snapshot_rows(gw: GatewayProcess, written: list[int], mid_mb: int, repeats: int) -> dict[str, Any]:
+    rows: dict[str, tuple[list[float], list[float]]] = {}
+    cases = [(f"small_{mb}mb", SMALL, mb) for mb in written] + [(f"big_{mid_mb}mb", BIG, mid_mb)]
+    for turn in range(repeats):
+        for key, image, megabytes in cases:
+            name = f"snap-{key.replace('_', '-')}-{turn}"
+            await gw.create_ready(name=name, spec=pb.SandboxSpec(image=image))
+            if megabytes:
+                await sh(gw, name, write_mb(megabytes))
+            wall, response = await snapshot(gw, name, f"bench/snap-{key.replace('_', '-')}:1")
+            walls, frozen = rows.setdefault(key, ([], []))
+            walls.append(wall)
+            frozen.append(response.frozen_ms)
+            await gw.delete(name)
+    return {key: {"wall_ms": summary(w), "frozen_ms": summary(f)} for key, (w, f) in rows.items()}
+
+
+async def fork_all_ready(gw: GatewayProcess, parent: str, prefix: str, count: int) -> float:
+    start = time.perf_counter()
+    request = pb.ForkSandboxRequest(name=parent, count=count, prefix=prefix, ready_timeout_ms=120_000)
+    response = await gw.stub.ForkSandbox(request, metadata=gw.metadata, timeout=300)
+    wall = (time.perf_counter() - start) * 1000
+    bad = [c.name for c in response.children if c.error_code or c.sandbox.status.phase != pb.SANDBOX_PHASE_READY]
+    if bad:
+        raise RuntimeError(f"fork children not Ready: {bad}")
+    for child in response.children:
+        await gw.delete(child.name)
+    return wall
+
+
+async def fork_rows(gw: GatewayProcess, fork_mb: int, repeats: int) -> dict[str, Any]:
+    await gw.create_ready(name="parent-empty", spec=pb.SandboxSpec(image=SMALL))
+    await gw.create_ready(name="parent-full", spec=pb.SandboxSpec(image=SMALL))
+    await sh(gw, "parent-full", f"head -c {fork_mb << 20} /dev/urandom > /workspace/big")
+    _, taken = await snapshot(gw, "parent-full", "bench/forked:1")
+    samples: dict[str, list[float]] = {"fork10_empty": [], f"fork10_{fork_mb}mb": [], "single_cold_create": []}
+    for turn in range(repeats):
+        samples["fork10_empty"].append(await fork_all_ready(gw, "parent-empty", f"e{turn}", 10))
+        samples[f"fork10_{fork_mb}mb"].append(await fork_all_ready(gw, "parent-full", f"f{turn}", 10))
+        start = time.perf_counter()
+        await gw.create_ready(name=f"single-{turn}", spec=pb.SandboxSpec(image=f"sha256:{taken.digest[7:]}"))
+        samples["single_cold_create"].append((time.perf_counter() - start) * 1000)
+        await gw.delete(f"single-{turn}")
+    return {key: summary(values) for key, values in samples.items()}
+
+
+async def pause_rows(gw: GatewayProcess, megabytes: int, repeats: int) -> dict[str, Any]:
+    """Pause then resume (-> Ready) of one sandbox per size, `repeats` times each, alternating."""
+    samples: dict[str, list[float]] = {}
+    sizes = {"empty": 0, f"{megabytes}mb": megabytes}
+    for key, size in sizes.items():
+        await gw.create_ready(name=f"napper-{key}", spec=pb.SandboxSpec(image=SMALL))
+        if size:
+            await sh(gw, f"napper-{key}", f"head -c {size << 20} /dev/urandom > /workspace/big")
+    for _ in range(repeats):
+        for key in sizes:
+            name = f"napper-{key}"
+            start = time.perf_counter()
+            await gw.stub.PauseSandbox(pb.PauseSandboxRequest(name=name), metadata=gw.metadata)
+            middle = time.perf_counter()
+            request = pb.ResumeSandboxRequest(name=name, wait_ready=True, ready_timeout_ms=60_000)
+            resumed = await gw.stub.ResumeSandbox(request, metadata=gw.metadata)
+            end = time.perf_counter()
+            if resumed.status.phase != pb.SANDBOX_PHASE_READY:
+                raise RuntimeError(f"{name} did not resume: {resumed.status}")
+            samples.setdefault(f"pause_{key}", []).append((middle - start) * 1000)
+            samples.setdefault(f"resume_{key}", []).append((end - middle) * 1000)
+    for key in sizes:
+        await gw.delete(f"napper-{key}")
+    return {key: summary(values) for key, values in samples.items()}
+
+
+async def warm_rows(gw: GatewayProcess, creates: int) -> dict[str, Any]:
+    deadline = time.monotonic() + 300
+    while True:
+        listed = {p.name: p.idle for p in (await gw.pools()).pools}
+        if listed.get("plain", 0) >= creates and listed.get("prepared", 0) >= creates:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pools never filled: {listed}")
+        await asyncio.sleep(0.2)
+    samples: dict[str, tuple[list[float], set[str]]] = {"warm_plain": ([], set()), "warm_snapshot": ([], set())}
+    for turn in range(creates):
+        for key, image in (("warm_plain", SMALL), ("warm_snapshot", "bench/prepared:1")):
+            start = time.perf_counter()
+            ready = await gw.create_ready(name=f"{key.replace('_', '-')}-{turn}", spec=pb.SandboxSpec(image=image))
+            samples[key][0].append((time.perf_counter() - start) * 1000)
+            samples[key][1].add(ready.status.allocation)
+    return {key: {"client_ms": summary(v), "allocations": sorted(a)} for key, (v, a) in samples.items()}
+
+
+async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    pools = work / "pools"
+    pools.mkdir()
+    for name, image in (("plain", SMALL), ("prepared", "bench/prepared:1")):
+        profile = f'version = 1\nworkspace = "default"\nreplicas = {args.creates}\nimage = "{image}"\n'
+        (pools / f"{name}.toml").write_text(profile)
+    async with gateway_process("--pools", str(pools)) as gw:
+        await asyncio.to_thread(import_images, gw.state, work, args.big_mb)
+        await gw.create_ready(name="prep", spec=pb.SandboxSpec(image=SMALL))
+        await sh(gw, "prep", "echo deps > /workspace/installed && mkdir -p /opt/venv && echo x > /opt/venv/y")
+        await snapshot(gw, "prep", "bench/prepared:1")
+        written = [0, *(mb for mb in (10, 50, args.max_mb) if mb <= args.max_mb)]
+        data: dict[str, Any] = {"snapshot": await snapshot_rows(gw, sorted(set(written)), args.mid_mb, args.repeats)}
+        data["fork"] = await fork_rows(gw, args.fork_mb, args.repeats)
+        data["pause"] = await pause_rows(gw, args.fork_mb, args.repeats)
+        data["warm"] = await warm_rows(gw, args.creates)
+        data["load"] = os.getloadavg()[0]
+    return data
+
+
+def ratios(data: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
+    fork = data["fork"]
+    snap = data["snapshot"]
+    warm = data["warm"]
+    return {
+        "fork_full_over_empty": fork[f"fork10_{args.fork_mb}mb"]["p50"] / fork["fork10_empty"]["p50"],
+        "fork10_over_single_create": fork[f"fork10_{args.fork_mb}mb"]["p50"] / fork["single_cold_create"]["p50"],
+        "snapshot_big_image_over_small": snap[f"big_{args.mid_mb}mb"]["wall_ms"]["p50"]
+        / snap[f"small_{args.mid_mb}mb"]["wall_ms"]["p50"],
+        "warm_snapshot_over_plain": warm["warm_snapshot"]["client_ms"]["p50"] / warm["warm_plain"]["client_ms"]["p50"],
+    }
+
+
+def table(data: dict[str, Any], found: dict[str, float], args: argparse.Namespace) -> str:
+    lines = ["## Snapshot time against what was written", "", "| case | wall p50 ms | frozen p50 ms |", "|---|---|---|"]
+    for key, row in data["snapshot"].items():
+        lines.append(f"| {key} | {row['wall_ms']['p50']:.1f} | {row['frozen_ms']['p50']:.1f} |")
+    lines += [
+        "",
+        "## Fork of 10 (all Ready), and one cold create of the snapshot",
+        "",
+        "| case | p50 ms | p90 ms |",
+        "|---|---|---|",
+    ]
+    for key, row in data["fork"].items():
+        lines.append(f"| {key} | {row['p50']:.1f} | {row['p90']:.1f} |")
+    lines += ["", "## Pause, and resume -> Ready", "", "| case | p50 ms | p90 ms |", "|---|---|---|"]
+    for key, row in data["pause"].items():
+        lines.append(f"| {key} | {row['p50']:.1f} | {row['p90']:.1f} |")
+    lines += ["", "## Warm create -> Ready", "", "| pool | p50 ms | p90 ms | served |", "|---|---|---|---|"]
+    for key, row in data["warm"].items():
+        client = row["client_ms"]
+        lines.append(f"| {key} | {client['p50']:.1f} | {client['p90']:.1f} | {','.join(row['allocations'])} |")
+    full, single = found["fork_full_over_empty"], found["fork10_over_single_create"]
+    flat, warm = found["snapshot_big_image_over_small"], found["warm_snapshot_over_plain"]
+    lines += [
+        "",
+        "## Ratios (same run)",
+        "",
+        f"- fork(10) with {args.fork_mb} MB in /workspace over an empty one: **{full:.2f}x** (target <= 1.5x)",
+        f"- fork(10) all Ready over one cold create of the snapshot: **{single:.2f}x** (target <= 3x)",
+        f"- snapshot of {args.mid_mb} MB written over a {args.big_mb} MB-bigger image: **{flat:.2f}x** (flat: 1x)",
+        f"- warm create from a snapshot's pool over a plain image's pool: **{warm:.2f}x** (target <= 1.1x)",
+        "",
+        f"Beside the field: {FIELD['fork']}; pause {FIELD['pause']}; resume {FIELD['resume']}.",
+        f"Load (1 min) at the end: {data['load']:.1f}.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="samples per snapshot and fork row")
+    parser.add_argument("--creates", type=int, default=10, help="warm creates per pool (and each pool's replicas)")
+    parser.add_argument("--max-mb", type=int, default=100, help="the most written before a snapshot")
+    parser.add_argument("--mid-mb", type=int, default=10, help="written over the small and the big image")
+    parser.add_argument("--big-mb", type=int, default=200, help="the big image's extra layer")
+    parser.add_argument("--fork-mb", type=int, default=200, help="the fork parent's /workspace")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: images of the image store need a gateway run as root")
+    with tempfile.TemporaryDirectory(prefix="ws-bench-snapshots-") as tmp:
+        data = asyncio.run(measure(args, Path(tmp)))
+    found = ratios(data, args)
+    write_results("snapshots", {**data, "ratios": found}, table(data, found, args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Snapshots of running local sandboxes: what a sandbox of an image wrote over it (its overlay's
+upper layer) and its `/workspace`, frozen for the moment they are read, become an image of the
+image store: the base image's layers plus one new layer, no copy of the base.
+
+The order is the store's own: the layer is unpacked under `staging/` (`capture`) and the image
+appears with its tag in one index write (`ImageStore.commit`); a crash in between leaves only
+a staging directory, which the next open deletes. The sandbox is thawed whatever happens, and a
+refusal (the store's bound, a tag in use) leaves it as it was. Past `local.max_layers` the new
+layer is the whole merged root, the image one layer (flattened).
+
+A sandbox of the host's root filesystem (no image) has no image to build on: its snapshot is
+refused, saying to create it from an image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError
+from warmshell.drivers.local.imagestore import references
+from warmshell.drivers.local.imagestore.capture import Tree, capture_layer, tree_bytes
+from warmshell.drivers.local.imagestore.derived import snapshot_record
+from warmshell.drivers.local.imagestore.records import ImageRecord, LayerRecord
+from warmshell.drivers.local.imagestore.store import ImageStore, StagedLayer, now_ms
+from warmshell.drivers.local.instances import Instance
+from warmshell.drivers.local.runtime.processes import SandboxProcess
+from warmshell.drivers.local.runtime.sandboxing import WORKSPACE
+
+__all__ = ["Snapshot", "Snapshots"]
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_ENTRIES = 1_000_000
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot taken: the image, its tag, the layer it added and how long the sandbox was frozen."""
+
+    image: ImageRecord
+    tag: str
+    layer_bytes: int
+    frozen_ms: int
+    flattened: bool
+
+
+class Snapshots:
+    """Takes snapshots into `store`; `overlay_dirs(pid)` finds a sandbox's upper layer and merged
+    root from its launcher's pid; `freeze(instance, frozen)` freezes or thaws a sandbox."""
+
+    def __init__(
+        self,
+        store: ImageStore,
+        *,
+        overlay_dirs: Callable[[int], tuple[Path, Path] | None],
+        freeze: Callable[[Instance, bool], Awaitable[None]],
+        max_layers: int,
+    ) -> None:
+        self._store = store
+        self._overlay_dirs = overlay_dirs
+        self._freeze = freeze
+        self._max_layers = max_layers
+
+    async def take(self, instance: Instance, *, tag: str, force: bool, source: str) -> Snapshot:
+        """Snapshot `instance` (running, of an image) as `tag`: AlreadyExistsError when the tag
+        names an image and not `force`; RESOURCE_EXHAUSTED past the store's bound."""
+        tagged = references.parse_tagged_name(tag, field="image").tagged if tag else ""
+        image_root, process = instance.image_root, instance.process
+        if image_root is None or not isinstance(process, SandboxProcess):
+            raise FailedPreconditionError(
+                f"sandbox {source} runs on the host's root filesystem, not an image: only a sandbox "
+                "of an image can be snapshotted (create it with --image; warmshell image list)"
+            )
+        index = await asyncio.to_thread(self._store.index)
+        if tagged and tagged in index.tags and not force:
+            raise AlreadyExistsError(f"image: {tagged} already names an image; --force moves the tag")
+        base = self._store.resolve(image_root.digest, index=index)
+        dirs = self._overlay_dirs(process.pid)
+        if dirs is None:
+            raise FailedPreconditionError(f"sandbox {source}: this gateway mounts no image roots")
+        flatten = len(base.layers) + 1 > self._max_layers
+        stage = await asyncio.to_thread(self._store.new_staging)
+        try:
+            await self._freeze(instance, True)
+            started = time.monotonic()
+            try:
+                layer = await asyncio.to_thread(
+                    self._capture,
+                    process,
+                    dirs,
+                    stage,
+                    flatten=flatten,
+                    workspace=not image_root.workspace,
+                    source=source,
+                )
+            finally:
+                frozen_ms = int((time.monotonic() - started) * 1000)
+                await self._freeze(instance, False)
+            image = snapshot_record(base, layer.digest, flattened=flatten, source_sandbox=source, now_ms=now_ms())
+            committed = await asyncio.to_thread(
+                self._store.commit, image, [StagedLayer(layer, stage / "layer")], [tagged] if tagged else []
+            )
+        finally:
+            await asyncio.to_thread(self._store.drop_staging, stage)
+        return Snapshot(committed, tagged, layer.size, frozen_ms, flatten)
+
+    def _capture(
+        self,
+        process: SandboxProcess,
+        dirs: tuple[Path, Path],
+        stage: Path,
+        *,
+        flatten: bool,
+        workspace: bool,
+        source: str,
+    ) -> LayerRecord:
+        """Blocking: the new layer, unpacked at `stage`/layer (the caller commits it)."""
+        fds = [os.open(dirs[1] if flatten else dirs[0], _DIR_FLAGS)]
+        try:
+            trees = [Tree(fds[0], upper=not flatten)]
+            if workspace:
+                root = process.open_root()
+                try:
+                    fds.append(os.open(WORKSPACE.lstrip("/"), _DIR_FLAGS, dir_fd=root))
+                finally:
+                    os.close(root)
+                trees.append(Tree(fds[1], prefix=WORKSPACE))
+            what = f"the snapshot of {source}"
+            self._store.check_room(tree_bytes(trees), what=what)
+            budget = self._store.max_bytes - self._store.usage()
+            return capture_layer(trees, stage / "layer", budget=budget, where=what, max_entries=_MAX_ENTRIES)
+        finally:
+            for fd in fds:
+                os.close(fd)

@@ -1,0 +1,67 @@
+"""Egress with two replicas on kubesim: a pod's proxy connections land on either replica
+(round-robin behind an egress "Service"), each admits the credential the activating replica
+issued and swaps its placeholder, and `ListEgress` on either replica lists every decision (and
+what the live ones know when one is gone)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.helpers.replicas import Balancer, ReplicaSet, balancer, wait_phase
+from tests.helpers.upstreams import Upstream, upstream
+from warmshell.api.v1 import sandbox_pb2 as pb
+
+from .scenario import exec_via
+
+pytestmark = pytest.mark.timeout(180)
+
+SECRET = "replica-s3cr3t-" + "z" * 16
+FETCHES = 4
+
+
+@pytest.fixture
+async def allowed() -> AsyncIterator[Upstream]:
+    async with upstream("127.0.0.2") as server:
+        yield server
+
+
+@pytest.fixture
+async def egress_front(replicas: ReplicaSet) -> AsyncIterator[Balancer]:
+    """The chart's `<fullname>-egress` Service: round-robin over the replicas' proxy ports."""
+    async with balancer(lambda: [r.egress for r in replicas.replicas if r.alive and r.egress]) as running:
+        yield running
+
+
+async def test_decisions_from_either_replica_and_credentials_on_both(
+    replicas: ReplicaSet, egress_front: Balancer, allowed: Upstream
+) -> None:
+    network = {
+        "requests_may_widen": True,
+        "proxy_listen": "127.0.0.1:0",
+        "proxy_url": f"http://{egress_front.address}",
+    }
+    first, second = await replicas.start_one(network=network), await replicas.start_one(network=network)
+    stubs = [replicas.stub(r.tcp) for r in (first, second)]
+    md = replicas.metadata
+    spec = pb.SandboxSpec(command=["sleep", "600"], network=pb.NetworkPolicy(allow=[allowed.authority]))
+    spec.secrets["API_KEY"] = SECRET
+    spec.secret_hosts["API_KEY"].hosts.append(allowed.authority)
+    await stubs[0].CreateSandbox(pb.CreateSandboxRequest(name="net", spec=spec), metadata=md)
+    await wait_phase(stubs[1], md, "net")
+    fetch = f'curl -sS -H "Authorization: Bearer $API_KEY" http://{allowed.authority}/n'
+    for _ in range(FETCHES):
+        assert await exec_via(stubs[0], md, "net", ["sh", "-c", fetch]) == (0, b"upstream saw /n\n")
+    # Both replicas served some of them, and swapped the placeholder the activating one made.
+    assert sorted(egress_front.connections) == sorted([first.egress, second.egress])
+    assert all(f"Authorization: Bearer {SECRET}".encode() in head for head in allowed.heads)
+    assert len(allowed.heads) == FETCHES
+    for stub in stubs:
+        listed = await stub.ListEgress(pb.SandboxRef(name="net"), metadata=md)
+        assert [(d.host, d.port, d.allowed) for d in listed.decisions] == [(allowed.host, allowed.port, True)] * FETCHES
+        assert [d.time_ms for d in listed.decisions] == sorted(d.time_ms for d in listed.decisions)
+    # A replica that cannot answer leaves its part out; the call still answers with the rest.
+    replicas.kill(second)
+    listed = await stubs[0].ListEgress(pb.SandboxRef(name="net"), metadata=md)
+    assert len(listed.decisions) == egress_front.connections[first.egress]
