@@ -1,7 +1,9 @@
-"""Issue 20: what one idle kubesim pod running the real warmshell supervisor costs, and what its
-start costs. One `kubesim serve` per round (`default` timing, its own process), `--pods` Pods of
-the warmshell image (kubesim's default image rule: `python -m warmshell supervisor` in the pod's
-mount namespace), each with a projected token and pointed at a gateway address where nothing
+"""Issues 20 and 34: what one idle kubesim sandbox pod costs, and what its start costs. One `kubesim
+serve` per round (`default` timing, its own process), `--pods` Pods as the Kubernetes driver of
+the tree under test renders a sandbox's (issue 34's: an init container copying the agent, the
+supervisor, and the workload container whose pid 1 is the agent; before it, the supervisor
+alone), the warmshell image run by kubesim's default image rule (`python -m warmshell ...` forked
+from a server that has the supervisor imported), pointed at a gateway address where nothing
 listens, so every supervisor stays up retrying its registration (1 s -> 30 s backoff), then:
 
 - fill: seconds from the first POST until every pod is Running, and the CPU of the pods' own
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,34 +46,29 @@ POD_MIB = 20.0  # an idle supervisor pod before the fork server, generously
 IMAGE = "ghcr.io/warmshell/warmshell:bench"
 
 
-def pod(name: str) -> dict[str, Any]:
-    """A warmshell supervisor pod whose gateway never answers (it idles in its retry loop)."""
-    env = {
-        "WARMSHELL_GATEWAY": "127.0.0.1:9",  # discard port: refused at once, every retry
-        "WARMSHELL_BOOTSTRAP_FILE": "/var/run/secrets/warmshell/token",
-        "WARMSHELL_RESTART_POLICY": "OnFailure",
-    }
-    token = {"serviceAccountToken": {"audience": "warmshell-gateway", "expirationSeconds": 3600, "path": "token"}}
-    container = {
-        "name": "supervisor",
-        "image": IMAGE,
-        "args": [],
-        "env": [{"name": k, "value": v} for k, v in env.items()],
-        "volumeMounts": [
-            {"name": "token", "mountPath": "/var/run/secrets/warmshell", "readOnly": True},
-            {"name": "workspace", "mountPath": "/workspace"},
-        ],
-    }
-    spec = {
-        "automountServiceAccountToken": False,
-        "restartPolicy": "OnFailure",
-        "terminationGracePeriodSeconds": 1,
-        "containers": [container],
-        "volumes": [
-            {"name": "token", "projected": {"defaultMode": 0o440, "sources": [token]}},
-            {"name": "workspace", "emptyDir": {}},
-        ],
-    }
+# Rendered by the tree under test, so each tree's own pod shape is measured (the one-container
+# pod before issue 34, the supervisor + workload pod with its init container after it).
+_RENDER = """
+import json, sys
+from warmshell.core.config import KubernetesDriverConfig
+from warmshell.drivers.kubernetes import rendering
+config = KubernetesDriverConfig(gateway_address=sys.argv[1], image=sys.argv[2], termination_grace_seconds=1)
+print(json.dumps(rendering.pod_spec(config, image=sys.argv[2])))
+"""
+
+
+def pod_spec(src: Path) -> dict[str, Any]:
+    """The sandbox pod `src`'s driver renders, its gateway where nothing listens (every supervisor
+    idles in its registration retry loop)."""
+    env = os.environ | {"PYTHONPATH": str(src)}
+    # Discard port: refused at once, every retry.
+    argv = [sys.executable, "-c", _RENDER, "127.0.0.1:9", IMAGE]
+    spec: dict[str, Any] = json.loads(subprocess.run(argv, env=env, capture_output=True, check=True).stdout)
+    spec.pop("serviceAccountName", None)  # the namespace's default account: the token is what counts
+    return spec
+
+
+def pod(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
@@ -78,7 +77,9 @@ def cpu_of(pid: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
+    # Its own and its reaped children's: an init container's process has ended by then, reaped
+    # by the fork server that started it.
+    return sum(int(f) for f in fields[11:15]) / TICK
 
 
 def pod_processes(kubesim_pid: int) -> list[int]:
@@ -106,8 +107,9 @@ async def one_round(src: Path, *, pods: int, settle: float, slots: int | None) -
             await asyncio.sleep(2)  # let serve's start-up CPU settle before the baseline
             available0, kubesim_cpu0 = available_mib(), served.cpu_seconds()
             t0 = time.perf_counter()
+            spec = pod_spec(src)
             for i in range(pods):
-                await api.create(kc.PODS, NS, pod(f"sup-{i:04d}"))
+                await api.create(kc.PODS, NS, pod(f"sup-{i:04d}", spec))
             await all_running(api, pods)
             fill_s = time.perf_counter() - t0
             await asyncio.sleep(settle)  # the supervisors' imports finish after Running
@@ -137,10 +139,11 @@ async def one_round(src: Path, *, pods: int, settle: float, slots: int | None) -
 
 def table(rounds: list[dict[str, Any]], settle: float) -> str:
     head = (
-        "Idle kubesim pods running the real warmshell supervisor (kubesim's default image rule, "
-        f"`default` timing), measured {settle:g} s after all were Running. PSS = every process under "
+        "Idle kubesim sandbox pods as each tree's driver renders them (kubesim's default image "
+        f"rule, `default` timing), measured {settle:g} s after all were Running. PSS = every process under "
         "kubesim that is not kubesim itself (fork server included), per pod. Pod CPU = those "
-        "processes' CPU per pod start; kubesim CPU = API server + controllers + kubelet per pod.\n\n"
+        "processes' CPU (and their reaped children's: init containers) per pod start; kubesim CPU = "
+        "API server + controllers + kubelet per pod.\n\n"
         "| tree | pods | processes | PSS MiB/pod | MemAvailable drop MiB/pod | pod CPU ms/start "
         "| kubesim CPU ms/start | fill s | restarts | load |\n|---|---|---|---|---|---|---|---|---|---|\n"
     )

@@ -22,8 +22,10 @@ from typing import Any
 
 import grpc
 
+from tests.helpers import agents
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
+from warmshell.drivers.local.runtime.launching import AGENT_BINARY
 
 __all__ = ["ChurningGateway", "free_port", "memory_kib", "serve", "start_supervisor", "stop"]
 
@@ -101,7 +103,8 @@ async def stop(server: grpc.aio.Server, gateway: ChurningGateway) -> None:
 def start_supervisor(
     port: int, workdir: Path, *, extra_env: dict[str, str] | None = None, python: str = sys.executable
 ) -> subprocess.Popen[bytes]:
-    """`python -m warmshell supervisor` as a pod runs it, pointed at 127.0.0.1:`port`."""
+    """`python -m warmshell supervisor` as a pod runs it, pointed at 127.0.0.1:`port`, with its
+    workload's agent."""
     token = workdir / "token"
     token.write_text("credential\n")
     env = {
@@ -111,7 +114,12 @@ def start_supervisor(
         "WARMSHELL_RESTART_POLICY": "OnFailure",
         **(extra_env or {}),
     }
-    return subprocess.Popen([python, "-m", "warmshell", "supervisor"], env=env, stderr=subprocess.DEVNULL, cwd=workdir)
+    env["WARMSHELL_AGENT_SOCKET"] = str(workdir / "agent.sock")
+    # The workload's agent beside it, started by the shell the supervisor then replaces: a child
+    # of the supervisor, which ends when the supervisor's connection to it closes.
+    agent = [*agents.PID_1, str(AGENT_BINARY), "--connect", env["WARMSHELL_AGENT_SOCKET"]]
+    both = ["sh", "-c", '"$@" & exec "$0" -m warmshell supervisor', python, *agent]
+    return subprocess.Popen(both, env=env, stderr=subprocess.DEVNULL, cwd=workdir)
 
 
 def memory_kib(pid: int) -> dict[str, int]:

@@ -1,21 +1,27 @@
-"""A pre-imported fork server for the Python containers of an image: pods share one interpreter
-and its imported modules copy-on-write, and a container start is a fork instead of a Python start.
+"""A fork server that starts the containers of pods the kubelet gives their own mount namespace (as
+root): a container start is a fork of a small waiting process instead of a Python start of the
+mount namespace launcher (``kubesim.kubelet.mountns``), and no launcher stays beside the container.
 
-A container of an image whose rule names ``preload`` modules, when its argv is ``<this python> -m
-MODULE ARGS...`` and the kubelet gives containers their own mount namespace (as root), is forked
-from the image's fork server (``python -m kubesim.kubelet.forkserver PRELOAD...``, one per distinct
-``preload``, started by the kubelet on first use). The server imports the modules once and waits;
-for each start it forks the container's process into a PID namespace of its own, where it is
-PID 1 (as in a container, or bwrap ``--unshare-pid --as-pid-1``: a signal from outside reaches it
-only if it handles it, SIGKILL always; when it exits, everything it started dies), and the child
-does what the exec path's launcher would:
+Two kinds of start, one server process per distinct ``preload`` (started by the kubelet on first
+use):
 
+- **exec** (the server with no ``preload``): any container's argv. The forked child sets the
+  container up (below) and execs the argv, as ``kubesim.kubelet.mountns`` would have.
+- **module** (a server with ``preload``): a container of an image whose rule names ``preload``
+  modules, when its argv is ``<this python> -m MODULE ARGS...``. The server imports the modules
+  once (the pods share them copy-on-write); the child runs MODULE as ``__main__`` with ``runpy``,
+  so a container start costs no Python start at all.
+
+For each start the server forks the container's process into a PID namespace of its own (unless
+the pod sets ``shareProcessNamespace``), where it is PID 1 (as in a container, or bwrap
+``--unshare-pid --as-pid-1``: a signal from outside reaches it only if it handles it, SIGKILL
+always; when it exits, everything it started dies), and the child does what the launcher would:
 1. a new session (the kubelet signals the container's process group), stdin ``/dev/null``, stdout
    and stderr appended to the container log, the container's working directory;
 2. the container's mount namespace, exactly as ``kubesim.kubelet.mountns`` makes it (volumes at
    their ``mountPath``, the pod's ``/etc/hosts``, the pod's network namespace), and a ``/proc``
    of its PID namespace;
-3. the container's environment and ``sys.argv``, then ``runpy`` runs MODULE as ``__main__``.
+3. the container's environment, then the exec or MODULE.
 
 The server reports each start's pid and, when the container exits, its status (128+N when
 killed by signal N) back to the kubelet (JSON lines on its stdout). If the server goes, every
@@ -45,8 +51,6 @@ from kubesim.kubelet import containers, mountns, netns  # noqa: F401
 __all__ = ["ForkServer", "forkable"]
 
 CLONE_NEWPID = 0x20000000
-PR_SET_PDEATHSIG = 1
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 KILLED_WITH_SERVER = 128 + signal.SIGKILL
 
 
@@ -103,9 +107,38 @@ class ForkServer:
         cwd: pathlib.Path,
         log_path: pathlib.Path,
         mounts: pathlib.Path,
+        pid_namespace: bool = True,
     ) -> containers.ReportedProcess:
         """Start ``python -m module args`` as a container (see the module doc); OSError if the
-        server cannot fork."""
+        server cannot fork. Without ``pid_namespace`` (a pod sharing its process namespace) it
+        runs in the server's."""
+        start = {"module": module, "args": args}
+        return await self._start(start, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pid_namespace)
+
+    async def spawn_exec(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: pathlib.Path,
+        log_path: pathlib.Path,
+        mounts: pathlib.Path,
+        pid_namespace: bool = True,
+    ) -> containers.ReportedProcess:
+        """Start ``argv`` as a container (the exec kind, see the module doc); as ``spawn``."""
+        start = {"argv": argv}
+        return await self._start(start, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pid_namespace)
+
+    async def _start(
+        self,
+        start: dict[str, Any],
+        *,
+        env: dict[str, str],
+        cwd: pathlib.Path,
+        log_path: pathlib.Path,
+        mounts: pathlib.Path,
+        pid_namespace: bool,
+    ) -> containers.ReportedProcess:
         process = await self._ensure()
         assert process.stdin is not None
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,12 +148,12 @@ class ForkServer:
         self._starting[ident] = started
         request = {
             "id": ident,
-            "module": module,
-            "args": args,
+            **start,
             "env": env,
             "cwd": str(cwd),
             "log": str(log_path),
             "mounts": str(mounts),
+            "pidns": pid_namespace,
         }
         process.stdin.write(json.dumps(request).encode() + b"\n")
         try:
@@ -169,24 +202,19 @@ def _libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _die_with_parent(libc: Any) -> None:
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-
-
 def _status_code(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
 def _container(request: dict[str, Any], libc: Any) -> None:
     """The forked child, PID 1 of its own PID namespace: session, output, mounts, its own /proc,
-    its environment, then MODULE. Never returns."""
+    its environment, then the exec or MODULE. Never returns."""
     code = 127
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
-        _die_with_parent(libc)
+        mountns.die_with_parent(libc)
         null = os.open(os.devnull, os.O_RDONLY)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(null, 0)
@@ -195,12 +223,13 @@ def _container(request: dict[str, Any], libc: Any) -> None:
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         os.chdir(request["cwd"])
         mountns.enter(pathlib.Path(request["mounts"]))
-        proc_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
-        if libc.mount(b"proc", b"/proc", b"proc", proc_flags, None) != 0:
-            raise OSError(ctypes.get_errno(), f"mount /proc: {os.strerror(ctypes.get_errno())}")
+        if request.get("pidns", True):
+            mountns.mount_proc(libc)
     except BaseException as exc:  # reported in the container log, like mountns
         print(f"kubesim: cannot start the container: {exc}", file=sys.stderr, flush=True)
         os._exit(code)
+    if "argv" in request:
+        _exec(request["argv"], request["env"])
     code = 1
     try:
         os.environ.clear()
@@ -222,6 +251,18 @@ def _container(request: dict[str, Any], libc: Any) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _exec(argv: list[str], env: dict[str, str]) -> None:
+    """The exec kind's last step. Never returns."""
+    # What this interpreter changed that an exec keeps: a container starts with the defaults.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        print(f"kubesim: cannot run {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
+    os._exit(127)
 
 
 class _PidNamespaces:
@@ -283,7 +324,8 @@ def serve(preload: list[str]) -> int:
             for line in lines:
                 request = json.loads(line)
                 try:
-                    namespaces.next_child_in_new_namespace()
+                    if request.get("pidns", True):
+                        namespaces.next_child_in_new_namespace()
                     pid = os.fork()
                 except OSError as exc:
                     _send({"id": request["id"], "error": str(exc)})

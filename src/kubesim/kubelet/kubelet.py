@@ -12,7 +12,10 @@ projected ServiceAccount token at ``/var/run/secrets/tokens/token`` is read from
 ``$KUBESIM_POD_ROOT/var/run/secrets/tokens/token``. Run as root, the kubelet also gives each
 container its own mount namespace (``kubesim.kubelet.mountns``) in which the volumes are at their
 real ``mountPath`` and ``/etc/hosts`` is the pod's, so in-cluster credentials and config files are
-read unchanged. Images map to local commands through ``kubesim.kubelet.images.ImageMap``.
+read unchanged; there it sees only the volumes it mounts (no other container's, no other pod's)
+and, unless the pod sets ``shareProcessNamespace``, is PID 1 of a PID namespace of its own, as
+the containers of one pod are apart on a real node. Images map to local commands through
+``kubesim.kubelet.images.ImageMap``.
 
 Pod IPs are loopback addresses from 127.1.0.0/16. A pod without ports shares the host network (an
 address in 127/8 is reachable on Linux, so dialling its IP reaches a process listening on

@@ -3,8 +3,16 @@ bind-mounted at its real ``mountPath`` and the pod's hosts file at ``/etc/hosts`
 
 ``python -m kubesim.kubelet.mountns SPEC -- ARGV...`` is what the kubelet starts (as root; without
 the privilege it runs containers in the host's view, volumes under ``$KUBESIM_POD_ROOT`` only).
-SPEC is a JSON file ``{"binds": [{"source", "target", "readOnly"}], "hosts": path, "netns": path}``
-(``netns``: join the pod's network namespace first, see ``kubesim.kubelet.netns``). Mount points
+SPEC is a JSON file ``{"binds": [{"source", "target", "readOnly"}], "hosts": path, "netns": path,
+"private": {"root": path, "pod": path}, "hide": [path], "pidns": bool}`` (``netns``: join the
+pod's network namespace first, see ``kubesim.kubelet.netns``). ``private`` covers the kubelet's
+root with an empty tmpfs but for the container's own pod directory, and ``hide`` covers the pod's
+volumes this container does not mount: a container sees no other pod's files and no volume it
+does not mount (a token mounted into one container only is unreadable from the others).
+``pidns``: the command runs as PID 1 of a PID namespace of its own, with its own ``/proc`` (as a
+container does unless the pod sets ``shareProcessNamespace``); this launcher stays as its parent
+(the kubelet's signals to the process group reach both) and exits with its status (128+N when
+killed by signal N), and its death kills the container (parent-death signal). Mount points
 that do not exist on the host (``/etc/warmshell``) are made inside a throw-away overlay of their
 nearest existing parent, so the host's filesystem is never changed. Then the command is exec'd:
 a process inside opens ``/var/run/secrets/kubernetes.io/serviceaccount/token`` like in a real pod.
@@ -12,10 +20,12 @@ a process inside opens ``/var/run/secrets/kubernetes.io/serviceaccount/token`` l
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import platform
+import select
 import signal
 import stat
 import sys
@@ -23,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+PR_SET_PDEATHSIG = 1
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 MS_RDONLY = 1
 MS_REMOUNT = 32
 MS_BIND = 4096
@@ -174,10 +187,76 @@ def setup(spec: dict[str, Any], scratch: Path) -> None:
         os.close(fd)
     if Path("/") in roots:
         _drop_old_root(libc)
+    _cover(libc, spec.get("private"), [str(path) for path in spec.get("hide") or []])
+
+
+def _cover(libc: Any, private: dict[str, str] | None, hide: list[str]) -> None:
+    """An empty tmpfs over the kubelet's root but for this pod's directory, then over each volume
+    of the pod this container does not mount (the binds above were made from the real ones)."""
+    cwd = os.getcwd()
+    if private:
+        pod = os.open(private["pod"], os.O_PATH)
+        _mount(libc, "tmpfs", private["root"], "tmpfs", 0, "mode=0755")
+        Path(private["pod"]).mkdir(parents=True, exist_ok=True)
+        _mount(libc, f"/proc/self/fd/{pod}", private["pod"], None, MS_BIND | MS_REC, None)
+        os.close(pod)
+    for path in hide:
+        if Path(path).is_dir():
+            _mount(libc, "tmpfs", path, "tmpfs", MS_RDONLY, "mode=0755")
+    # The working directory as the container sees it (the old one may now be covered).
+    with contextlib.suppress(OSError):
+        os.chdir(cwd)
+
+
+def mount_proc(libc: Any) -> None:
+    """A ``/proc`` of the caller's PID namespace (in its own mount namespace)."""
+    if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        raise MountError(f"mount /proc: {os.strerror(ctypes.get_errno())}")
+
+
+def die_with_parent(libc: Any) -> None:
+    """SIGKILL when the parent goes (the runtime that holds a container)."""
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+# What the kubelet sends to stop a container: its PID 1 gets them itself (the kubelet signals the
+# launcher's process group, the container's too), this launcher only waits for its end.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _fork_pid_namespace(libc: Any) -> int:
+    """Fork a child that is PID 1 of a new PID namespace (in the launcher's process group, dead
+    with the launcher); 0 in the child, its pid in the parent."""
+    if libc.unshare(CLONE_NEWPID) != 0:
+        raise MountError(f"unshare(CLONE_NEWPID): {os.strerror(ctypes.get_errno())}")
+    # The launcher's liveness as the child can see it (its parent is outside its namespace: its
+    # getppid() is 0): the write end closes when the launcher dies.
+    alive, holding = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(holding)
+        die_with_parent(libc)
+        if select.select([alive], [], [], 0)[0]:  # EOF: the launcher died before the line above
+            os._exit(137)
+        os.close(alive)
+        return 0
+    os.close(alive)
+    return pid
+
+
+def _hold(pid: int) -> int:
+    """The launcher's life once its container started: wait for it, return its status."""
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    _, status = os.waitpid(pid, 0)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
 def _hold_netns() -> int:
-    """``mountns --hold-netns``: own a new network namespace until killed (the pod's "pause")."""
+    """``mountns --hold-netns``: own a new network namespace (the pod's "pause") until killed or
+    until its stdin, a pipe from the kubelet, closes: a kubelet killed without its clean-up
+    (SIGKILL, OOM) takes its pods' namespaces with it."""
     from kubesim.kubelet import netns
 
     try:
@@ -186,7 +265,8 @@ def _hold_netns() -> int:
         print(f"kubesim: cannot create the pod's network namespace: {exc}", file=sys.stderr, flush=True)
         return 127
     print("ready", flush=True)
-    signal.pause()
+    while os.read(0, 4096):
+        pass
     return 0
 
 
@@ -194,6 +274,11 @@ def enter(spec_path: Path) -> None:
     """Join the spec's network namespace (if any) and make its mount namespace; raises
     MountError or OSError."""
     spec = json.loads(spec_path.read_text())
+    enter_spec(spec, spec_path)
+
+
+def enter_spec(spec: dict[str, Any], spec_path: Path) -> None:
+    """``enter`` for a spec already read."""
     if spec.get("netns"):
         from kubesim.kubelet import netns
 
@@ -209,7 +294,15 @@ def main(argv: list[str]) -> int:
         print("usage: python -m kubesim.kubelet.mountns SPEC -- COMMAND...", file=sys.stderr)
         return 2
     try:
-        enter(Path(argv[0]))
+        spec = json.loads(Path(argv[0]).read_text())
+        if spec.get("pidns"):
+            libc = _libc()
+            pid = _fork_pid_namespace(libc)
+            if pid:
+                return _hold(pid)
+        enter_spec(spec, Path(argv[0]))
+        if spec.get("pidns"):
+            mount_proc(libc)
     except (MountError, OSError) as exc:
         print(f"kubesim: cannot set up the container's mounts: {exc}", file=sys.stderr, flush=True)
         return 127

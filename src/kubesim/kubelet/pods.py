@@ -49,8 +49,8 @@ class PodContext:
     netns_ready: Callable[[PodWorker], None] = lambda worker: None
     # The nodes' bounded pod starts (``Timing.max_parallel_pod_starts``).
     start_slots: StartSlots = dataclasses.field(default_factory=lambda: StartSlots(0))
-    # The fork server of an image's ``preload`` modules (``kubesim.kubelet.forkserver``); without
-    # one every container is exec'd.
+    # The fork server of an image's ``preload`` modules, ``()`` for the one that execs any argv
+    # (``kubesim.kubelet.forkserver``); without them every container is exec'd by its launcher.
     fork_server: Callable[[tuple[str, ...]], forkserver.ForkServer] | None = None
 
 
@@ -189,7 +189,7 @@ class PodWorker:
     async def _start_netns(self) -> None:
         holder = await containers.start_piped(
             [sys.executable, "-m", "kubesim.kubelet.mountns", "--hold-netns"],
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,  # held open while this kubelet lives (see mountns)
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
@@ -242,7 +242,9 @@ class PodWorker:
 
     def _mount_spec(self, spec: Obj) -> pathlib.Path | None:
         """Container ``spec``'s mount namespace spec file (``kubesim.kubelet.mountns``), written
-        once: volumes and the network namespace are fixed by then; None without namespaces."""
+        once: volumes and the network namespace are fixed by then; None without namespaces. The
+        container sees its own volumes only, and its own processes unless the pod shares its
+        process namespace."""
         if not self.ctx.mount_namespaces:
             return None
         if spec["name"] in self._mount_specs:
@@ -254,28 +256,54 @@ class PodWorker:
         # What the "image" (this interpreter and its packages) runs from, where a volume hides it.
         mounts += [(path, path, True) for path in images.runtime_binds([target for _, target, _ in mounts])]
         binds = [{"source": source, "target": target, "readOnly": read_only} for source, target, read_only in mounts]
+        mounted = {vm["name"] for vm in spec.get("volumeMounts") or []}
+        hidden = [str(d) for name, d in self._volume_dirs.items() if name not in mounted and self.dir in d.parents]
+        # Every container's log and mount spec too: what a runtime keeps outside its containers.
+        for private in (self.dir / ".logs", self.dir / ".ns"):
+            private.mkdir(exist_ok=True)
+            hidden.append(str(private))
         path = self.dir / ".ns" / f"{spec['name']}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"binds": binds, "hosts": str(self.hosts_path), "netns": self.netns}))
+        view = {
+            "binds": binds,
+            "hosts": str(self.hosts_path),
+            "netns": self.netns,
+            "private": {"root": str(self.ctx.root), "pod": str(self.dir)},
+            "hide": hidden,
+            "pidns": self.own_pid_namespaces,
+        }
+        path.write_text(json.dumps(view))
         self._mount_specs[spec["name"]] = path
         return path
 
     async def _start_process(
         self, spec: Obj, argv: list[str], env: dict[str, str], cwd: pathlib.Path
     ) -> containers.ContainerProcess:
-        """Fork the container from its image's fork server when it can be (``kubesim.kubelet.
-        forkserver``), else exec it through its mount namespace launcher."""
+        """Fork the container from a fork server when the kubelet gives it a mount namespace
+        (``kubesim.kubelet.forkserver``: its image's, which has its Python modules imported, when
+        it runs one of them; else the one that execs), else exec it as a plain host process."""
         log_path = self.dir / ".logs" / f"{spec['name']}.log"
-        rule = self.ctx.image_map.rule_for(str(spec.get("image") or ""))
         mounts = self._mount_spec(spec)
-        from_rule = rule is not None and list(rule.entrypoint) == argv[: len(rule.entrypoint)]
-        if rule is not None and from_rule and mounts is not None and self.ctx.fork_server is not None:
+        if mounts is None or self.ctx.fork_server is None:
+            return await containers.start_process([*self.launcher(spec), *argv], env=env, cwd=cwd, log_path=log_path)
+        pidns = self.own_pid_namespaces
+        rule = self.ctx.image_map.rule_for(str(spec.get("image") or ""))
+        if rule is not None and list(rule.entrypoint) == argv[: len(rule.entrypoint)]:
             fork = forkserver.forkable(argv, rule.preload)
             if fork is not None:
                 module, args = fork
                 server = self.ctx.fork_server(rule.preload)
-                return await server.spawn(module, args, env=env, cwd=cwd, log_path=log_path, mounts=mounts)
-        return await containers.start_process([*self.launcher(spec), *argv], env=env, cwd=cwd, log_path=log_path)
+                return await server.spawn(
+                    module, args, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pidns
+                )
+        server = self.ctx.fork_server(())
+        return await server.spawn_exec(argv, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pidns)
+
+    @property
+    def own_pid_namespaces(self) -> bool:
+        """Each container its own PID namespace, unless the pod sets ``shareProcessNamespace``
+        (then they share the kubelet's: each sees the others, as in one pod-wide namespace)."""
+        return not bool((self.pod.get("spec") or {}).get("shareProcessNamespace"))
 
     @property
     def hosts_path(self) -> pathlib.Path:

@@ -125,6 +125,11 @@ def main() -> None:
         from warmshell.supervisor.main import main as supervisor_main
 
         sys.exit(supervisor_main(argv[1:]))
+    if argv[:1] == ["install-agent"]:
+        # A pod's init container (the same image): copies the static agent for the workload.
+        from warmshell.drivers.local.runtime.agent.installing import main as install_main
+
+        sys.exit(install_main(argv[1:]))
     try:
         code = run(argv)
         sys.stdout.flush()  # here, where a closed pipe can be handled, not at interpreter exit

@@ -12,6 +12,14 @@
 3. Start the workload from the activation, then hold ConnectSupervisor: heartbeats, exec relay,
    workload output and exit; reconnect when the gateway restarts; refresh the token at 80 %.
 
+On Kubernetes (`WARMSHELL_AGENT_SOCKET` set) the workload is another container of the pod, whose
+pid 1 is the sandbox agent: before registering, the supervisor accepts that agent's one connection
+on the socket (`sandboxio.agentlisten`), and the workload command and every exec run through it
+(`sandboxio.agentlink`), as the local driver's do. If the agent goes (the workload container
+ended: its pid 1 was killed, or it ran out of memory), an activated sandbox's workload has ended
+(exit 137 when there was no command, else its command's failure is reported); one not activated
+yet stops this supervisor with an error, so the kubelet starts both again.
+
 Exit status. By default (`WARMSHELL_RESTART_POLICY` unset or `Never`, the local driver) the
 supervisor exits with the workload's status when it ran. Under `OnFailure` (the Kubernetes pod
 policy, set in the rendered env) a non-zero exit makes the kubelet run the supervisor again, so it
@@ -36,14 +44,17 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
 from warmshell.api.v1 import outcome_pb2 as opb
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.sandboxio.agentlink import AgentLink
+from warmshell.sandboxio.agentlisten import accept_agent
 from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
 from warmshell.sandboxio.link import GatewayLink, GrpcLink, SessionCall
-from warmshell.sandboxio.processes import Ended, NotStarted, Runner, StartFailure, run_streaming
+from warmshell.sandboxio.processes import Ended, NotStarted, Runner, StartFailure
 from warmshell.sandboxio.window import OutputWindow
 from warmshell.supervisor.backoff import reconnect_delays
 from warmshell.supervisor.fileops import FileServer
@@ -56,6 +67,11 @@ log = logging.getLogger("warmshell.supervisor")
 ENV_PREFIX = "WARMSHELL_"
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 TOKEN_REFRESH_FRACTION = 0.8
+# How long the workload container's agent may take to connect: its image is pulled and its
+# container started beside this one (the kubelet starts them one after the other, not waiting).
+AGENT_CONNECT_SECONDS = 300.0
+# The status of a workload whose container ended under it (as a container killed by SIGKILL).
+EXIT_AGENT_LOST = 137
 # The restart policies a supervisor can run under (Always would rerun an ended sandbox).
 RESTART_POLICIES = ("Never", "OnFailure")
 # Fatal for a registration: retrying with the same credential cannot succeed.
@@ -107,6 +123,8 @@ class SupervisorSettings:
     instance_id: str = ""
     # Whether a non-zero exit makes the runtime start this supervisor again (see the module doc).
     restart_on_failure: bool = False
+    # Where the workload container's agent connects (Kubernetes); None: this process's children.
+    agent_socket: Path | None = None
 
     @classmethod
     def from_environment(cls, environ: dict[str, str]) -> SupervisorSettings:
@@ -133,6 +151,7 @@ class SupervisorSettings:
             credential=credential,
             instance_id=environ.get("WARMSHELL_INSTANCE_ID", ""),
             restart_on_failure=policy == "OnFailure",
+            agent_socket=Path(socket) if (socket := environ.get("WARMSHELL_AGENT_SOCKET")) else None,
         )
 
 
@@ -176,12 +195,14 @@ class Supervisor:
         settings: SupervisorSettings,
         base_env: dict[str, str],
         *,
-        runner: Runner = run_streaming,
+        runner: Runner | None = None,
         link: GatewayLink | None = None,
         serve_files: bool = False,
         workdir: str = "",
     ) -> None:
-        """`runner` starts the workload and execs (default: as this process's children);
+        """`runner` starts the workload and execs (the local driver's, through its sandbox's
+        agent); without one, `settings.agent_socket` must name where the workload container's
+        agent connects (a pod's supervisor), and the agent is the runner;
         `link`, when given, is how to reach the gateway (the local driver runs every sandbox's
         supervisor in the gateway process and passes its in-process link or a shared channel's);
         by default `run` opens a gRPC channel to `settings.gateway` and closes it; `serve_files`:
@@ -204,6 +225,8 @@ class Supervisor:
         self._workload_started = False
         self._exit_code: int | None = None
         self._session_served = False  # the current session got a message from the gateway
+        self._agent: AgentLink | None = None
+        self._run_task: asyncio.Task[int] | None = None
         self.activation: spb.SupervisorActivationMessage | None = None
 
     async def run(self) -> int:
@@ -216,6 +239,12 @@ class Supervisor:
             channel = grpc.aio.insecure_channel(self.settings.gateway, options=CHANNEL_OPTIONS)
             self._link = GrpcLink(channel)
         try:
+            if self.settings.agent_socket is not None:
+                await self._connect_agent(self.settings.agent_socket)
+            elif self._runner is None:
+                # Nothing runs in this process's own namespaces: a command started here would
+                # share the supervisor's uid, filesystem and credential.
+                raise SupervisorExit(2, "WARMSHELL_AGENT_SOCKET is not set: the workload runs only through its agent")
             activation = await self.register()
             # The credential has done its one job; a restarted supervisor reads it again.
             self.settings.credential = ""
@@ -238,9 +267,11 @@ class Supervisor:
                 timer.cancel()
                 for task in refresher:
                     task.cancel()
+            await self._finish_agent()
             return self._ended_status(self._exit_code if self._exit_code is not None else 0)
         except SandboxOver as over:
             log.info("supervisor stopping: %s", over)
+            await self._finish_agent()
             return self._ended_status(over.code)
         except SupervisorExit as stop:
             log.error("supervisor stopping: %s", stop)
@@ -248,8 +279,53 @@ class Supervisor:
         finally:
             for task in [*self._execs.values(), *([self._workload] if self._workload else [])]:
                 task.cancel()
+            if self._agent is not None:
+                self._agent.closed.remove_done_callback(self._agent_lost)  # our own close is no loss
+                self._agent.close()
             if channel is not None:
                 await channel.close(grace=None)
+
+    async def _connect_agent(self, path: Path) -> None:
+        """Take the workload container's agent (see the module doc) as this sandbox's runner."""
+        connection = await accept_agent(path, uid=os.geteuid(), timeout=AGENT_CONNECT_SECONDS)
+        link = AgentLink(connection, open_terminal=_open_terminal)
+        self._agent = link
+        try:
+            async with asyncio.timeout(AGENT_CONNECT_SECONDS):
+                pid = await link.wait_hello()
+        except TimeoutError:
+            raise SupervisorExit(1, "the workload's agent connected but never said hello") from None
+        except OSError as exc:
+            raise SupervisorExit(1, f"the workload's agent: {exc}") from exc
+        log.info("the workload's agent (pid %d in its container) is connected", pid)
+        self._runner = link.run_streaming
+        self._run_task = asyncio.current_task()
+        link.closed.add_done_callback(self._agent_lost)
+
+    async def _finish_agent(self) -> None:
+        """The sandbox is over: the workload container ends with status 0 (it is not restarted)."""
+        if self._agent is not None:
+            self._agent.closed.remove_done_callback(self._agent_lost)
+            await self._agent.finish()
+
+    def _agent_lost(self, _: asyncio.Future[None]) -> None:
+        """The workload container ended under its agent."""
+        if self.activation is None:
+            log.error("the workload container ended before this sandbox was activated; stopping")
+            if self._run_task is not None:
+                self._run_task.cancel()
+            return
+        log.warning("the workload container ended (its agent's connection closed)")
+        if self._workload is None and self._exit_code is None:
+            self._exit_code = EXIT_AGENT_LOST
+            exited = spb.SupervisorMessage(workload_exited=spb.WorkloadExited(exit_code=EXIT_AGENT_LOST))
+            self._workload = asyncio.create_task(self._send(exited))
+
+    def _runner_now(self) -> Runner:
+        """The runner, which `run` has ensured before anything can start a command."""
+        if self._runner is None:
+            raise RuntimeError("no runner before the workload's agent connected")
+        return self._runner
 
     def _ended_status(self, code: int) -> int:
         """The exit status once the gateway has ended this supervisor's part in the sandbox."""
@@ -284,7 +360,7 @@ class Supervisor:
             await self._output("", stderr, data)
 
         try:
-            code = (await self._runner(command, env=self._env, cwd=self._workdir, sink=sink)).exit_code
+            code = (await self._runner_now()(command, env=self._env, cwd=self._workdir, sink=sink)).exit_code
         except OSError as exc:  # it never started (e.g. too large for the sandbox): its log says why
             await sink(True, f"warmshell: workload: {exc}\n".encode())
             code = exc.failure.value if isinstance(exc, NotStarted) else StartFailure.NOT_EXECUTABLE.value
@@ -310,7 +386,7 @@ class Supervisor:
         interactive = self._inputs.get(start.exec_id)
         extra = {"io": interactive} if interactive is not None else {}  # plain runners need not know
         try:
-            end = await self._runner(
+            end = await self._runner_now()(
                 list(start.command),
                 env=env,
                 cwd=start.workdir or self._workdir,
@@ -451,6 +527,13 @@ class Supervisor:
                 continue
             self._token, self._token_expires_ms = response.token, response.expires_at_ms
             await asyncio.sleep(self._refresh_delay())
+
+
+def _open_terminal() -> tuple[int, int]:
+    """A pseudo-terminal (master, slave) of this container's devpts; the slave goes to the agent,
+    which makes it the command's controlling terminal."""
+    master, slave = os.openpty()
+    return master, slave
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,11 +8,9 @@ each mount appears at its real path (``/var/run/secrets/warmshell/token``, ``/wo
 supervisor runs unchanged.
 
 As in a container, the supervisor is PID 1 of its own PID namespace: when it dies, everything it
-started dies with it, so a restarted container starts from a clean process table. Its host pid is
-written (bwrap's ``--info-fd`` JSON, ``child-pid``) to ``$KUBESIM_POD_ROOT/.podshim.json`` on every
-start, for tests that kill it (warmshell's pods have one container).
+started dies with it, so a restarted container starts from a clean process table.
 
-Usage (kubesim image map): ``[sys.executable, __file__]`` with ``overrideCommand``; the pod's
+Usage (kubesim image map): ``{"programs": {"warmshell": [sys.executable, __file__]}}``; the pod's
 ``args`` (``["supervisor"]``) follow.
 """
 
@@ -21,8 +19,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-
-INFO_FILE = ".podshim.json"
 
 
 def mounts(pod_root: Path) -> dict[str, Path]:
@@ -66,10 +62,7 @@ def plan(directory: str, targets: list[str]) -> list[str]:
 def main() -> None:
     pod_root = Path(os.environ["KUBESIM_POD_ROOT"])
     found = {_host(target): source for target, source in mounts(pod_root).items()}
-    # Inherited by bwrap across the exec; it writes the supervisor's host pid there.
-    info = os.open(pod_root / INFO_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.set_inheritable(info, True)
-    args = ["bwrap", "--die-with-parent", "--unshare-pid", "--as-pid-1", "--info-fd", str(info)]
+    args = ["bwrap", "--die-with-parent", "--unshare-pid", "--as-pid-1"]
     args += ["--tmpfs", "/", *plan("/", sorted(found))]
     args += ["--proc", "/proc", "--dev-bind", "/dev", "/dev"]
     for target, source in sorted(found.items()):

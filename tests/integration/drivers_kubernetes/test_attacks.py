@@ -1,9 +1,9 @@
-"""A workload attacking its own supervisor's identity on kubesim, with what a pod really holds:
-its projected ServiceAccount token (readable by the workload until the two-container form) and
-the gateway's address. Each attempt runs inside the sandbox, through exec, and is refused or
-rate-limited; the real supervisor keeps its session and returns the real output. A sandbox JWT
-cannot be had from inside (the supervisor is not dumpable); the tests that use one mint it, as a
-thief who had one would present it."""
+"""A workload attacking its own supervisor's identity on kubesim with the gateway's address and
+its pod's projected ServiceAccount token — which the workload's container does not have (it is
+mounted into the supervisor's only, `test_workload_container.py`): these tests copy it from the
+node, as a thief who got it elsewhere would hand it in. Each attempt runs inside the sandbox,
+through exec, and is refused or rate-limited; the real supervisor keeps its session and returns
+the real output. A sandbox JWT cannot be had from inside either; the tests that use one mint it."""
 
 from __future__ import annotations
 
@@ -104,7 +104,13 @@ async def test_the_workload_replaying_its_pods_token_gets_nothing(
     limit = gw.gateway.config.rate_limits.registration
     address = gw.gateway.config.kubernetes.gateway_address
     registered = registered_lines(gw)
-    code, out, err = await gw.exec("victim", [sys.executable, "-c", ATTACK, address, rendering.TOKEN_PATH, str(LOOPS)])
+    stolen = "/workspace/stolen-token"
+    assert await gw.exec("victim", ["sh", "-c", f"cat > {stolen}"], stdin=pod_token(cluster, victim).encode()) == (
+        0,
+        b"",
+        b"",
+    )
+    code, out, err = await gw.exec("victim", [sys.executable, "-c", ATTACK, address, stolen, str(LOOPS)])
     assert code == 0, err
     found = json.loads(out)
     outcomes = found["outcomes"]
@@ -172,10 +178,11 @@ async def test_a_stolen_sandbox_token_cannot_open_a_second_session(gw: RunningGa
 async def test_stalling_the_supervisor_then_replaying_the_token_is_refused(
     cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
 ) -> None:
-    """The workload SIGSTOPs its supervisor (same uid), waits until the gateway drops the silent
-    session, then registers with the pod's token: that incarnation of the supervisor has already
-    connected, so it is not activated again (only a restarted container would be). The stalled
-    supervisor resumes, reconnects with its own token and answers with the real output."""
+    """The supervisor is stalled (SIGSTOP, from the node: the workload cannot see it), the gateway
+    drops the silent session, then someone registers with the pod's token: that incarnation of
+    the supervisor has already connected, so it is not activated again (only a restarted
+    container would be). The stalled supervisor resumes, reconnects with its own token and
+    answers with the real output."""
     state = tmp_path / "state"
     settings = gateway_settings(cluster, state) | {
         "heartbeat_interval_seconds": 0.2,

@@ -6,7 +6,6 @@ Sandbox). A workload that exits, even non-zero, ends the sandbox and is never ru
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 from collections.abc import Callable
@@ -20,9 +19,9 @@ from kubesim.cluster import RunningCluster
 from kubesim.controllers import client as kc
 from tests.helpers.gateway import RunningGateway, running_gateway
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.drivers.kubernetes.rendering import CONTAINER
 
-from .conftest import NAMESPACE, gateway_settings
-from .podshim import INFO_FILE
+from .conftest import NAMESPACE, container_pid, gateway_settings
 from .test_warm import apply_pool, gateway, wait_idle
 
 Obj = dict[str, Any]
@@ -65,15 +64,7 @@ def restarted_and_running(count: int) -> Callable[[Obj], bool]:
 
 def supervisor_pid(cluster: RunningCluster, pod: Obj) -> int:
     """The host pid of `pod`'s supervisor (PID 1 of its container)."""
-    assert cluster.pod_root is not None
-    meta = pod["metadata"]
-    # kubesim's kubelet keeps each pod in <root>/<namespace>_<name>_<uid[:8]>; the pod shim writes
-    # the supervisor's host pid there on every container start.
-    info = cluster.pod_root / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}" / INFO_FILE
-    pid = int(json.loads(info.read_text())["child-pid"])
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    assert argv[1:4] == [b"-m", b"warmshell", b"supervisor"], argv
-    return pid
+    return container_pid(cluster, pod, CONTAINER)
 
 
 def kill_supervisor(cluster: RunningCluster, pod: Obj) -> int:

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from tests.integration.drivers_local.agents import raw_agent
 from tests.integration.drivers_local.support import needs_bwrap
-from warmshell.drivers.local.runtime import agentwire, terminals
-from warmshell.drivers.local.runtime.agentlink import AgentLink
+from warmshell.drivers.local.runtime import terminals
+from warmshell.sandboxio import agentwire
+from warmshell.sandboxio.agentlink import AgentLink
 from warmshell.sandboxio.processes import Ended, NotStarted, StartFailure, WorkdirError
 
 pytestmark = needs_bwrap

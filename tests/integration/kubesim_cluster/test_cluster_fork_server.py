@@ -1,6 +1,6 @@
-"""Containers of an image with ``preload`` modules are forked from a pre-imported fork server:
-PID 1 of their own PID namespace, in the pod's mount namespace, with their env, cwd and exit
-codes as an exec'd container has them."""
+"""Containers of an image with ``preload`` modules are forked from a pre-imported fork server, and
+every other container from the fork server that execs: PID 1 of their own PID namespace, in the
+pod's mount namespace, with their env, cwd and exit codes, and no launcher process beside them."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ async def test_an_image_without_preload_is_still_execd(cluster: RunningCluster, 
         assert state["exitCode"] == 0
         seen = json.loads(out.read_text())
         assert not seen["preloaded"]
-        assert seen["pid"] != 1
+        assert seen["pid"] == 1  # exec'd, it is still PID 1 of a namespace of its own
     finally:
         await api.aclose()
 
@@ -137,16 +137,49 @@ async def asyncio_exists(path: pathlib.Path) -> bool:
     return path.exists()
 
 
-async def running_waiter(cluster: RunningCluster, api: kc.KubeClient, name: str, out: pathlib.Path) -> tuple[int, int]:
+async def running_waiter(
+    cluster: RunningCluster, api: kc.KubeClient, name: str, out: pathlib.Path, *, image: str = "example.com/forkprobe:1"
+) -> tuple[int, int]:
     """Start a pod that waits for SIGTERM; its container's pid and its fork server's."""
-    created = await api.create(kc.PODS, NS, probe_pod(name, out, "wait"))
+    created = await api.create(kc.PODS, NS, probe_pod(name, out, "wait", image=image))
     await wait_for(lambda: asyncio_exists(out), bool, what="container running")
     assert cluster.components.kubelet is not None
     worker = cluster.components.kubelet._workers[created["metadata"]["uid"]]
     assert worker.ctx.fork_server is not None
-    server = worker.ctx.fork_server(("forkprobe",)).pid
+    preload = ("forkprobe",) if image.startswith("example.com/forkprobe") else ()
+    server = worker.ctx.fork_server(preload).pid
     assert server is not None
     return worker.procs["main"].pid, server
+
+
+async def test_an_execd_container_is_forked_by_the_exec_server_with_no_launcher_beside_it(
+    cluster: RunningCluster, tmp_path: pathlib.Path
+) -> None:
+    api = cluster.client()
+    try:
+        out = tmp_path / "seen.json"
+        container, server = await running_waiter(cluster, api, "execd", out, image="example.com/execprobe:1")
+        # The process the kubelet holds is the container's PID 1 itself, a child of the server.
+        assert parent_of(container) == server
+        assert json.loads(out.read_text())["pid"] == 1
+        await api.delete(kc.PODS, NS, "execd")
+        await wait_gone(api, kc.PODS, "execd", within=4.0)
+        assert out.with_name(out.name + ".term").exists()
+    finally:
+        await api.aclose()
+
+
+async def test_a_command_that_does_not_exist_ends_its_container_with_127(cluster: RunningCluster) -> None:
+    api = cluster.client()
+    try:
+        pod = probe_pod("missing", pathlib.Path("/nonexistent"), image="busybox:1")
+        pod["spec"]["containers"][0]["command"] = ["/no/such/program"]  # type: ignore[index]
+        await api.create(kc.PODS, NS, pod)
+        state = await wait_for(lambda: terminated(api, "missing"), lambda t: t is not None, what="exited")
+        assert state is not None
+        assert state["exitCode"] == 127
+    finally:
+        await api.aclose()
 
 
 async def test_a_killed_fork_server_takes_its_containers_with_it(

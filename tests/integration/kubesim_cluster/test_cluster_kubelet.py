@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+from collections.abc import Awaitable, Callable
 
 import pytest
 from ksc_helpers import NS, get_or_none, wait_for, wait_gone
@@ -118,15 +119,16 @@ async def test_readiness_probe_gates_ready(cluster: RunningCluster, api: kc.Kube
 
 
 async def test_graceful_deletion_stops_the_process(cluster: RunningCluster, api: kc.KubeClient) -> None:
-    created = await api.create(kc.PODS, NS, pod("sleeper", 'echo $$$$ > "$KUBESIM_POD_ROOT/pid"; exec sleep 3600'))
+    created = await api.create(kc.PODS, NS, pod("sleeper", 'touch "$KUBESIM_POD_ROOT/up"; exec sleep 3600'))
     uid = created["metadata"]["uid"]
     await wait_for(lambda: phase(api, "sleeper"), lambda p: p == "Running", what="Running")
-    pid_file = pod_dir(cluster, uid) / "pid"
-    await wait_for(lambda: _read(pid_file), lambda t: bool(t.strip()), what="pid written")
-    pid = int(pid_file.read_text())
+    directory = pod_dir(cluster, uid)
+    await wait_for(lambda: _read(directory / "up"), lambda t: t == "", what="started")
+    pids = _pids_of(directory)
+    assert pids
     await api.delete(kc.PODS, NS, "sleeper")
     await wait_gone(api, kc.PODS, "sleeper")
-    assert not _alive(pid)
+    await wait_for(_living(pids), lambda alive: not alive, within=5, what="every process gone")
 
 
 async def test_projected_token_is_accepted_by_token_review(cluster: RunningCluster, api: kc.KubeClient) -> None:
@@ -170,21 +172,43 @@ async def test_stopping_the_cluster_kills_every_process() -> None:
     async with running_cluster() as other:
         client = other.client()
         try:
-            await client.create(kc.PODS, NS, pod("p1", 'echo $$$$ > "$KUBESIM_POD_ROOT/pid"; exec sleep 3600'))
+            await client.create(kc.PODS, NS, pod("p1", 'touch "$KUBESIM_POD_ROOT/up"; exec sleep 3600'))
 
-            async def pid() -> str:
+            async def pids() -> list[int]:
                 assert other.pod_root is not None
-                files = list(other.pod_root.glob("*/pid"))
-                return files[0].read_text() if files else ""
+                return [pid for up in other.pod_root.glob("*/up") for pid in _pids_of(up.parent)]
 
-            text = await wait_for(pid, lambda t: bool(t.strip()), what="pid")
+            found = await wait_for(pids, bool, what="the container's processes")
         finally:
             await client.aclose()
-    assert not _alive(int(text))
+    await wait_for(_living(found), lambda alive: not alive, within=5, what="every process gone")
 
 
-async def _read(path: pathlib.Path) -> str:
-    return await asyncio.to_thread(lambda: path.read_text() if path.exists() else "")
+async def _read(path: pathlib.Path) -> str | None:
+    return await asyncio.to_thread(lambda: path.read_text() if path.exists() else None)
+
+
+def _living(pids: list[int]) -> Callable[[], Awaitable[list[int]]]:
+    """Which of ``pids`` still run (killed as their pod ends, they take a moment to be gone)."""
+
+    async def living() -> list[int]:
+        return [pid for pid in pids if _alive(pid)]
+
+    return living
+
+
+def _pids_of(directory: pathlib.Path) -> list[int]:
+    """Host pids of the processes of the pod at ``directory`` (each container is PID 1 of its own
+    namespace, so it cannot tell its host pid): those whose environment names it as their root."""
+    marker = f"KUBESIM_POD_ROOT={directory}".encode()
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
 
 
 def _alive(pid: int) -> bool:

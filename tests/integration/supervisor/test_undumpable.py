@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import agents
 from tests.helpers.grpc import serve_for
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
@@ -91,6 +92,10 @@ async def test_the_supervisor_cannot_be_read_or_traced_by_its_own_uid(shared_dir
     token = shared_dir / "token"
     token.write_text(CREDENTIAL + "\n")
     token.chmod(0o644)
+    channel = shared_dir / "channel"  # where the supervisor listens for its agent: the victim's
+    channel.mkdir()
+    if os.geteuid() == 0:
+        os.chown(channel, UID, GID)
     gateway = ParkingGateway()
     async with serve_for(gateway) as served:
         socket_path = Path(served.address.removeprefix("unix://"))
@@ -101,10 +106,12 @@ async def test_the_supervisor_cannot_be_read_or_traced_by_its_own_uid(shared_dir
             "WARMSHELL_GATEWAY": served.address,
             "WARMSHELL_BOOTSTRAP_FILE": str(token),
             "WARMSHELL_RESTART_POLICY": "OnFailure",
+            "WARMSHELL_AGENT_SOCKET": str(channel / "agent.sock"),
         }
         supervisor = subprocess.Popen(
             _as_victim_uid([sys.executable, "-m", "warmshell", "supervisor"]), env=env, stderr=subprocess.PIPE
         )
+        agent = agents.start_agent(channel / "agent.sock", wrap=_as_victim_uid([]))
         control = subprocess.Popen(_as_victim_uid(["sleep", "60"]), env={"SECRET": "x"})
         try:
             try:
@@ -126,7 +133,7 @@ async def test_the_supervisor_cannot_be_read_or_traced_by_its_own_uid(shared_dir
             }
             assert supervisor.poll() is None, "the supervisor survived the attempts"
         finally:
-            for process in (supervisor, control):
+            for process in (supervisor, control, agent):
                 process.kill()
                 process.wait()
             assert supervisor.stderr is not None

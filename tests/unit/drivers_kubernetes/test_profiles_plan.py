@@ -145,10 +145,20 @@ def test_an_up_to_date_pair_needs_nothing_even_with_api_defaults_added() -> None
     }
     template["spec"] = {**template["spec"], "envVarsInjectionPolicy": "Disallowed"}
     pool = existing(want.pool)
-    pool["spec"] = {**pool["spec"], "updateStrategy": {"type": "OnReplenish"}}
     result = profileplan.plan([want], [template], [pool])
     assert result.writes == []
     assert result.deletes == []
+
+
+def test_a_pool_that_keeps_stale_members_is_patched_to_replace_them() -> None:
+    """A pool written before the pod's shape changed (OnReplenish) is patched to Recreate, so its
+    idle members of the old shape are replaced at once."""
+    want = profileplan.desire(configmap(), cfg())
+    pool = existing(want.pool)
+    pool["spec"] = {**pool["spec"], "updateStrategy": {"type": "OnReplenish"}}
+    (write,) = profileplan.plan([want], [existing(want.template)], [pool]).writes
+    assert (write.action, write.kind) == ("patch", "pool")
+    assert profileplan.patch_body(write)["spec"]["updateStrategy"] == {"type": "Recreate"}
 
 
 def test_a_replicas_change_patches_the_pool_in_place() -> None:

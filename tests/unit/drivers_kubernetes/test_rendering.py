@@ -31,9 +31,14 @@ def render(spec: SandboxSpec = SPEC, api_version: str = "agents.x-k8s.io/v1beta1
     return rendering.render_sandbox(cfg, api_version=api_version, ref=ref, who=who, spec=spec)
 
 
-def container(obj: dict[str, Any]) -> dict[str, Any]:
-    (only,) = obj["spec"]["podTemplate"]["spec"]["containers"]
-    return dict(only)
+def container(obj: dict[str, Any], name: str = rendering.CONTAINER) -> dict[str, Any]:
+    found = {c["name"]: c for c in obj["spec"]["podTemplate"]["spec"]["containers"]}
+    assert set(found) == {rendering.CONTAINER, rendering.WORKLOAD_CONTAINER}
+    return dict(found[name])
+
+
+def workload(obj: dict[str, Any]) -> dict[str, Any]:
+    return container(obj, rendering.WORKLOAD_CONTAINER)
 
 
 @pytest.mark.parametrize(
@@ -86,11 +91,13 @@ def test_the_supervisor_is_the_entry_point_and_the_workload_is_not_in_the_pod() 
     assert "--flag-from-the-workload" not in text
     c = container(obj)
     assert (c["command"], c["args"]) == (["warmshell"], ["supervisor"])
-    assert c["image"] == "registry.example/agent:1.2"
+    assert c["image"] == config().image  # the warmshell image; the request's is the workload's
+    assert workload(obj)["image"] == "registry.example/agent:1.2"
     assert rendering.container_env(obj["spec"]["podTemplate"]["spec"]) == {
         "WARMSHELL_GATEWAY": "gw.warmshell.svc:8443",
         "WARMSHELL_BOOTSTRAP_FILE": "/var/run/secrets/warmshell/token",
         "WARMSHELL_RESTART_POLICY": "OnFailure",
+        "WARMSHELL_AGENT_SOCKET": "/.warmshell/channel/agent.sock",
     }
     (instance,) = [e for e in c["env"] if e["name"] == "WARMSHELL_INSTANCE_ID"]
     assert instance["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
@@ -112,15 +119,40 @@ def test_the_pod_gets_only_the_gateway_token() -> None:
         "readOnly": True,
     }
     assert "/workspace" in mounts
+    # Only the supervisor has it: no other container mounts the token's volume.
+    others = [c for c in [*pod["containers"], *pod["initContainers"]] if c["name"] != rendering.CONTAINER]
+    assert len(others) == 2
+    assert all(m["name"] != projected["name"] for c in others for m in c["volumeMounts"])
+
+
+def test_the_workload_runs_the_agent_as_pid_1_without_privilege() -> None:
+    pod = render()["spec"]["podTemplate"]["spec"]
+    (init,) = pod["initContainers"]
+    assert (init["image"], init["command"], init["args"]) == (
+        config().image,
+        ["warmshell"],
+        ["install-agent", "/.warmshell/agent"],
+    )
+    w = workload(render())
+    assert w["command"] == ["/.warmshell/agent/warmshell-agent", "--connect", "/.warmshell/channel/agent.sock"]
+    assert w["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "shareProcessNamespace" not in pod
+    assert "env" not in w
+    mounts = {m["mountPath"]: m for m in w["volumeMounts"]}
+    assert mounts["/.warmshell/agent"]["readOnly"] is True
+    supervisor = {m["mountPath"]: m["name"] for m in container(render())["volumeMounts"]}
+    assert supervisor["/.warmshell/channel"] == mounts["/.warmshell/channel"]["name"]
+    assert supervisor["/workspace"] == mounts["/workspace"]["name"]
 
 
 def test_resources_requests_equal_limits_in_canonical_units() -> None:
-    c = container(render())
+    c = workload(render())
     assert c["resources"] == {
         "requests": {"cpu": "500m", "memory": str(1024**3)},
         "limits": {"cpu": "500m", "memory": str(1024**3)},
     }
-    assert "resources" not in container(render(SandboxSpec()))
+    assert "resources" not in workload(render(SandboxSpec()))
 
 
 def test_policy_fields() -> None:
@@ -143,7 +175,7 @@ def test_the_supervisor_is_told_the_pod_restart_policy() -> None:
 
 def test_the_default_image_is_used_for_an_empty_request() -> None:
     assert (
-        container(render(SandboxSpec(), image="ghcr.io/warmshell/warmshell:9"))["image"]
+        workload(render(SandboxSpec(), image="ghcr.io/warmshell/warmshell:9"))["image"]
         == "ghcr.io/warmshell/warmshell:9"
     )
     assert "imagePullPolicy" not in container(render(SandboxSpec()))

@@ -432,7 +432,8 @@ async def test_a_member_filled_from_an_older_template_is_refused(
     """agent-sandbox keeps stale members (OnReplenish); one bound to a claim for the new shape
     must not run the new sandbox."""
     sandbox, pod = cluster.member(cluster.pool())
-    sandbox["spec"]["podTemplate"]["spec"]["containers"][0]["image"] = "ghcr.io/warmshell/warmshell:old"
+    (workload,) = [c for c in sandbox["spec"]["podTemplate"]["spec"]["containers"] if c["name"] == "workload"]
+    workload["image"] = "ghcr.io/warmshell/warmshell:old"
     claim = cluster.claim()
     cluster.adopt(sandbox, claim)
     await _no_activation(cluster, claim)

@@ -52,7 +52,11 @@ def test_the_pair_validates_and_carries_the_fingerprint() -> None:
     # No lifetime set: both keys are there but empty, so removing one from a profile patches it away.
     lifetime = {"warmshell.dev/ttl-seconds": "", "warmshell.dev/idle-timeout-seconds": ""}
     assert pool["metadata"]["annotations"] == {**ours, **lifetime}
-    assert pool["spec"] == {"replicas": 3, "sandboxTemplateRef": {"name": "foo"}}
+    assert pool["spec"] == {
+        "replicas": 3,
+        "sandboxTemplateRef": {"name": "foo"},
+        "updateStrategy": {"type": "Recreate"},
+    }
 
 
 def test_a_profile_workspace_size_is_the_workspace_volume_size_limit() -> None:
@@ -105,7 +109,7 @@ def test_quantities_read_from_a_template_become_amounts() -> None:
     # An operator may spell a template's requests any way Kubernetes accepts; the shape read
     # back carries amounts, so it matches the pool that asks for the same cpu and memory.
     template, _ = pair()
-    container = template["spec"]["podTemplate"]["spec"]["containers"][0]
+    (container,) = [c for c in template["spec"]["podTemplate"]["spec"]["containers"] if c["name"] == "workload"]
     container["resources"]["requests"] = {"cpu": "0.5", "memory": "1024Mi"}
     read = warmpools.shape_of_template(template)
     assert read is not None
@@ -125,6 +129,13 @@ def test_a_template_that_is_not_ours_has_no_shape() -> None:
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
     )
     assert warmpools.shape_of_template(secret) is None
+    one_container = copy.deepcopy(template)  # the pod before the agent: supervisor and workload in one
+    pod = one_container["spec"]["podTemplate"]["spec"]
+    pod["containers"] = [c for c in pod["containers"] if c["name"] == "supervisor"]
+    assert warmpools.shape_of_template(one_container) is None
+    sneaky = copy.deepcopy(template)  # a workload that would not run the agent as its pid 1
+    sneaky["spec"]["podTemplate"]["spec"]["containers"][1]["command"] = ["sh"]
+    assert warmpools.shape_of_template(sneaky) is None
 
 
 # -- the pool cache's decisions -----------------------------------------------------------------

@@ -1,9 +1,14 @@
 """Pure rendering of the agent-sandbox `Sandbox` for a cold warmshell sandbox.
 
-The pod runs the supervisor as its entry point (`warmshell supervisor`); the workload's command
-and environment are not in the pod spec — they reach the supervisor in its activation, exactly as
-for warm pods that were started before anyone asked for them. The pod proves who it is with a
-projected ServiceAccount token for the gateway's audience; the API-server token is not mounted.
+Every sandbox pod has two containers. The `supervisor` (the warmshell image, `warmshell
+supervisor`) alone holds the projected ServiceAccount token for the gateway's audience and talks
+to the gateway. The `workload` runs the request's image with the same C agent as the local
+driver's as its pid 1, copied from the warmshell image into an `emptyDir` by an init container
+(`warmshell install-agent`), so any image works unchanged; the agent connects to the
+supervisor's Unix socket on another `emptyDir` both mount, and every exec, terminal, signal and
+the workload command go through it. The workload's command and environment are not in the pod
+spec — they reach the supervisor in its activation, exactly as for warm pods that were started
+before anyone asked for them. The API-server token is mounted nowhere.
 """
 
 from __future__ import annotations
@@ -21,11 +26,15 @@ from warmshell.drivers.kubernetes.naming import ObjectRef
 from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = [
+    "AGENT_DIR",
+    "AGENT_SOCKET",
     "CONTAINER",
+    "INIT_CONTAINER",
     "RESERVED_ENV",
     "RESTART_POLICY",
     "TOKEN_DIR",
     "TOKEN_PATH",
+    "WORKLOAD_CONTAINER",
     "WORKSPACE_DIR",
     "SandboxIdentity",
     "container_env",
@@ -35,6 +44,16 @@ __all__ = [
 
 
 CONTAINER = "supervisor"
+WORKLOAD_CONTAINER = "workload"
+INIT_CONTAINER = "install-agent"
+# The agent binary (written by the init container, read-only in the workload) and the channel
+# between the two containers; paths no image uses, so no image's own files are hidden.
+AGENT_VOLUME = "warmshell-agent"
+AGENT_DIR = "/.warmshell/agent"
+CHANNEL_VOLUME = "warmshell-channel"
+CHANNEL_DIR = "/.warmshell/channel"
+AGENT_SOCKET = f"{CHANNEL_DIR}/agent.sock"
+AGENT_COMMAND = (f"{AGENT_DIR}/warmshell-agent", "--connect", AGENT_SOCKET)
 TOKEN_VOLUME = "warmshell-token"
 TOKEN_DIR = "/var/run/secrets/warmshell"
 TOKEN_PATH = f"{TOKEN_DIR}/token"
@@ -45,7 +64,13 @@ WORKSPACE_DIR = models.WORKSPACE_DIR
 # The supervisor's own settings in the container env; everything else there is a pool's baked-in
 # environment (part of its shape).
 RESERVED_ENV: frozenset[str] = frozenset(
-    {"WARMSHELL_GATEWAY", "WARMSHELL_BOOTSTRAP_FILE", "WARMSHELL_INSTANCE_ID", "WARMSHELL_RESTART_POLICY"}
+    {
+        "WARMSHELL_GATEWAY",
+        "WARMSHELL_BOOTSTRAP_FILE",
+        "WARMSHELL_INSTANCE_ID",
+        "WARMSHELL_RESTART_POLICY",
+        "WARMSHELL_AGENT_SOCKET",
+    }
 )
 # The pod's restartPolicy, also told to the supervisor (it chooses its exit status by it).
 RESTART_POLICY = "OnFailure"
@@ -114,7 +139,8 @@ def pod_spec(
     environment: Mapping[str, str] | None = None,
     workspace_size: str = "",
 ) -> Obj:
-    """The supervisor pod of every warmshell sandbox, cold or warm.
+    """The pod of every warmshell sandbox, cold or warm: `image` is the workload's (see the
+    module doc; the supervisor and the init container run `config.image`).
 
     `environment` is only for warm-pool templates: a pool bakes its shape's environment into the
     container so the shape can be verified from the template (`warmpools.shape_of_template`); a
@@ -139,10 +165,10 @@ def pod_spec(
         "terminationGracePeriodSeconds": config.termination_grace_seconds,
         "enableServiceLinks": False,
         "securityContext": _pod_security(config.run_as_user),
+        "initContainers": [_install_agent(config)],
         "containers": [
-            _container(
-                config, image=image, cpu_millis=cpu_millis, memory_bytes=memory_bytes, environment=environment or {}
-            )
+            _supervisor(config, environment=environment or {}),
+            _workload(config, image=image, cpu_millis=cpu_millis, memory_bytes=memory_bytes),
         ],
         "volumes": _volumes(config, workspace_size=workspace_size),
     }
@@ -164,7 +190,8 @@ def _pod_security(uid: int) -> Obj:
 
 
 def _volumes(config: KubernetesDriverConfig, *, workspace_size: str) -> list[Obj]:
-    """The projected gateway-audience token and the workspace emptyDir."""
+    """The projected gateway-audience token (mounted into the supervisor only), the workspace,
+    the agent's binary and the channel (emptyDirs)."""
     token = {
         "audience": config.token_audience,
         "expirationSeconds": config.token_expiration_seconds,
@@ -173,38 +200,69 @@ def _volumes(config: KubernetesDriverConfig, *, workspace_size: str) -> list[Obj
     return [
         {"name": TOKEN_VOLUME, "projected": {"defaultMode": 0o440, "sources": [{"serviceAccountToken": token}]}},
         {"name": WORKSPACE_VOLUME, "emptyDir": {"sizeLimit": workspace_size} if workspace_size else {}},
+        {"name": AGENT_VOLUME, "emptyDir": {}},
+        {"name": CHANNEL_VOLUME, "emptyDir": {}},
     ]
 
 
-def _container(
-    config: KubernetesDriverConfig,
-    *,
-    image: str,
-    cpu_millis: int,
-    memory_bytes: int,
-    environment: Mapping[str, str],
-) -> Obj:
+# No privilege in any container: nothing to escalate to, no capability to use.
+_LOCKED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _warmshell_image(config: KubernetesDriverConfig, name: str, args: list[str]) -> Obj:
+    container: Obj = {
+        "name": name,
+        "image": config.image,
+        # Explicit, so an image whose own entry point is something else still runs warmshell.
+        "command": ["warmshell"],
+        "args": args,
+        "securityContext": dict(_LOCKED),
+    }
+    if config.image_pull_policy:
+        container["imagePullPolicy"] = config.image_pull_policy
+    return container
+
+
+def _install_agent(config: KubernetesDriverConfig) -> Obj:
+    """The init container: the static agent from the warmshell image into the agent volume."""
+    container = _warmshell_image(config, INIT_CONTAINER, ["install-agent", AGENT_DIR])
+    container["volumeMounts"] = [{"name": AGENT_VOLUME, "mountPath": AGENT_DIR}]
+    return container
+
+
+def _supervisor(config: KubernetesDriverConfig, *, environment: Mapping[str, str]) -> Obj:
     reserved = RESERVED_ENV.intersection(environment)
     if reserved:
         raise ValueError(f"environment may not set {sorted(reserved)}: the supervisor's own settings")
+    container = _warmshell_image(config, CONTAINER, ["supervisor"])
+    container["env"] = [
+        {"name": "WARMSHELL_GATEWAY", "value": config.gateway_address},
+        {"name": "WARMSHELL_BOOTSTRAP_FILE", "value": TOKEN_PATH},
+        {"name": "WARMSHELL_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        {"name": "WARMSHELL_RESTART_POLICY", "value": RESTART_POLICY},
+        {"name": "WARMSHELL_AGENT_SOCKET", "value": AGENT_SOCKET},
+        *({"name": k, "value": v} for k, v in sorted(environment.items())),
+    ]
+    container["volumeMounts"] = [
+        {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
+        {"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_DIR},
+        {"name": CHANNEL_VOLUME, "mountPath": CHANNEL_DIR},
+    ]
+    return container
+
+
+def _workload(config: KubernetesDriverConfig, *, image: str, cpu_millis: int, memory_bytes: int) -> Obj:
+    """The request's image, the agent as its pid 1: no token, no privilege, the sandbox's limits."""
     container: Obj = {
-        "name": CONTAINER,
+        "name": WORKLOAD_CONTAINER,
         "image": image,
-        # Explicit, so an image whose own entry point is something else still starts the supervisor.
-        "command": ["warmshell"],
-        "args": ["supervisor"],
-        "env": [
-            {"name": "WARMSHELL_GATEWAY", "value": config.gateway_address},
-            {"name": "WARMSHELL_BOOTSTRAP_FILE", "value": TOKEN_PATH},
-            {"name": "WARMSHELL_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
-            {"name": "WARMSHELL_RESTART_POLICY", "value": RESTART_POLICY},
-            *({"name": k, "value": v} for k, v in sorted(environment.items())),
-        ],
+        "command": list(AGENT_COMMAND),
         "volumeMounts": [
-            {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
             {"name": WORKSPACE_VOLUME, "mountPath": WORKSPACE_DIR},
+            {"name": AGENT_VOLUME, "mountPath": AGENT_DIR, "readOnly": True},
+            {"name": CHANNEL_VOLUME, "mountPath": CHANNEL_DIR},
         ],
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": dict(_LOCKED),
     }
     if config.image_pull_policy:
         container["imagePullPolicy"] = config.image_pull_policy

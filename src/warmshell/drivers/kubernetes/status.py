@@ -5,7 +5,8 @@ progress line for `warmshell sandbox create`.
 The pod restarts a failed supervisor (`restartPolicy: OnFailure`, see rendering), so a Running pod
 may hold a container that has crashed and is backing off: it stays Running (the supervisor comes
 back, registers again and the gateway re-activates it) until it has been restarted RESTART_LIMIT
-times, then it is Failed with its last exit."""
+times, then it is Failed with its last exit. Of the pod's two containers, the one in trouble
+speaks for it (an image that cannot be pulled, then the most restarts), else the supervisor."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import BackendState, DriverCondition, DriverSandbox, MissReason, ProgressLine
 from warmshell.drivers.kubernetes import labels
-from warmshell.drivers.kubernetes.rendering import CONTAINER
+from warmshell.drivers.kubernetes.rendering import CONTAINER, WORKLOAD_CONTAINER
 
 __all__ = [
     "RESTART_LIMIT",
@@ -154,10 +155,16 @@ def _scheduled(status: Obj) -> DriverCondition:
 
 
 def _container_status(status: Obj) -> Obj | None:
-    for container in status.get("containerStatuses") or []:
-        if container.get("name") == CONTAINER:
-            return container  # type: ignore[no-any-return]
-    return None
+    ours = [c for c in status.get("containerStatuses") or [] if c.get("name") in (CONTAINER, WORKLOAD_CONTAINER)]
+    return max(ours, key=_trouble) if ours else None
+
+
+def _trouble(container: Obj) -> tuple[bool, int, bool]:
+    """How much a container says about its pod: one that cannot start, then the most restarts,
+    then the supervisor."""
+    reason = ((container.get("state") or {}).get("waiting") or {}).get("reason")
+    stuck = reason in _FATAL_WAITING or reason in _IMAGE_WAITING
+    return stuck, _restart_count(container), container.get("name") == CONTAINER
 
 
 def _container_conditions(container: Obj | None) -> list[DriverCondition]:
@@ -209,7 +216,8 @@ def _terminated_message(container: Obj | None, *, last: bool = False) -> str:
         terminated = ((container or {}).get("lastState") or {}).get("terminated")
     if not terminated:
         return ""
-    text = f"container {CONTAINER} exited with code {terminated.get('exitCode')} ({terminated.get('reason', 'Error')})"
+    name = (container or {}).get("name") or CONTAINER
+    text = f"container {name} exited with code {terminated.get('exitCode')} ({terminated.get('reason', 'Error')})"
     if terminated.get("message"):
         text += f": {terminated['message']}"
     return text

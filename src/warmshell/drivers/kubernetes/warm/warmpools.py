@@ -79,7 +79,10 @@ def render_pool_pair(
         "apiVersion": EXTENSIONS_API_VERSION,
         "kind": "SandboxWarmPool",
         "metadata": _meta(name, namespace, metadata_labels, {**annotations, **lifetimes}),
-        "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": name}},
+        # Recreate: idle members that no longer match their template (the pod's shape changed
+        # under the same profile, e.g. a warmshell upgrade) are replaced at once, not when
+        # claimed (identity would refuse them then: `shape_of_template`).
+        "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": name}, "updateStrategy": {"type": "Recreate"}},
     }
     return template, pool
 
@@ -172,11 +175,14 @@ def shape_of_template(template: Mapping[str, Any]) -> SandboxShape | None:
     pod_template = (template.get("spec") or {}).get("podTemplate") or {}
     pod = pod_template.get("spec") or {}
     accepted = _accepted_of(pod_template)
-    containers = [c for c in pod.get("containers") or [] if c.get("name") == rendering.CONTAINER]
-    if not workspace or accepted is None or len(containers) != 1 or len(pod.get("containers") or []) != 1:
+    containers = {c.get("name"): c for c in pod.get("containers") or []}
+    container, workload = containers.get(rendering.CONTAINER), containers.get(rendering.WORKLOAD_CONTAINER)
+    # Exactly the two containers (a one-container pod is the shape before the agent: not ours).
+    if not workspace or accepted is None or container is None or workload is None or len(containers) != 2:
         return None
-    container = containers[0]
     if container.get("command") != ["warmshell"] or container.get("args") != ["supervisor"]:
+        return None
+    if workload.get("command") != list(rendering.AGENT_COMMAND):
         return None
     environment: dict[str, str] = {}
     for entry in container.get("env") or []:
@@ -185,7 +191,7 @@ def shape_of_template(template: Mapping[str, Any]) -> SandboxShape | None:
         if "value" not in entry or "valueFrom" in entry:
             return None  # a value we cannot know is a shape we cannot verify
         environment[entry["name"]] = entry["value"]
-    requests = (container.get("resources") or {}).get("requests") or {}
+    requests = (workload.get("resources") or {}).get("requests") or {}
     try:  # read from the cluster: normalised here, like a request at the gateway's edge
         cpu = str(requests.get("cpu") or "")
         memory = str(requests.get("memory") or "")
@@ -194,7 +200,7 @@ def shape_of_template(template: Mapping[str, Any]) -> SandboxShape | None:
         return None  # quantities that do not parse are not ours
     shape = SandboxShape(
         workspace=workspace,
-        image=container.get("image") or "",
+        image=workload.get("image") or "",
         environment=environment,
         cpu_millis=amounts[0],
         memory_bytes=amounts[1],

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmshell.drivers.local.runtime import terminals
-from warmshell.drivers.local.runtime.agentlink import AgentError, AgentLink
 from warmshell.sandboxio import processes as host_processes
+from warmshell.sandboxio.agentlink import AgentError, AgentLink
 from warmshell.sandboxio.interactive import ExecInput
 from warmshell.sandboxio.processes import OutputSink, Runner
 

@@ -1,8 +1,10 @@
 /* warmshell-agent: pid 1 of every local sandbox (bubblewrap --as-pid-1).
  *
- * It holds no secret and trusts nothing it is sent. It serves one inherited SOCK_SEQPACKET
- * control socket (the fd number is argv[1]); the host side of that socket is the sandbox's
- * supervisor, outside the sandbox. The agent starts commands whose stdin/stdout/stderr arrive
+ * It holds no secret and trusts nothing it is sent. It serves one SOCK_SEQPACKET control socket:
+ * inherited (the fd number is argv[1]; the local driver), or connected to the Unix socket path
+ * after "--connect" (a Kubernetes pod, where the supervisor is another container; retried every
+ * 100 ms for 60 s while it is not listening yet). The other end is the sandbox's supervisor,
+ * outside the sandbox. The agent starts commands whose stdin/stdout/stderr arrive
  * as file descriptors (the host keeps the other pipe ends, so output never passes through
  * here), signals their process groups, reaps every process of the sandbox as pid 1, and when
  * the control socket closes exits, which ends the pid namespace: the kernel kills every other
@@ -16,6 +18,8 @@
  *            with that terminal as its controlling terminal (setsid + TIOCSCTTY).
  *     SIGNAL {'K', id, signo, 0}; no fds.
  *     PING   {'P', id, 0, 0}; no fds. A liveness probe (idle pool members are probed before a claim).
+ *     FINISH {'Q', 0, 0, 0}; no fds. The sandbox is over: the agent exits 0. (The socket closing
+ *            without it means the supervisor was lost: under "--connect" the agent exits 1.)
  *   agent -> host
  *     HELLO    {'H', 0, pid, version}       once, at start
  *     STARTED  {'S', id, pid, 0}            the command is running
@@ -58,6 +62,7 @@
 #define MAX_EXECS 256
 #define MAX_FDS 8
 #define HEADER 16
+#define CONNECT_ATTEMPTS 600
 #define EGRESS_SOCKET "/run/warmshell/egress/proxy.sock"
 #define RELAY_BUFFER (64 * 1024)
 #define RELAY_PIPE (1024 * 1024)  /* asked per step; the pipe's size bounds what it gets */
@@ -69,6 +74,12 @@ enum { STAGE_CHDIR = 1, STAGE_EXEC = 2, STAGE_FORK = 3 };
 extern char **environ;
 
 static int ctl = -1;
+/* How the agent ends when its supervisor goes: 0 for the local driver (the sandbox is over); 1 on
+ * Kubernetes ("--connect"), so that the kubelet (restartPolicy OnFailure) starts the workload
+ * container again beside a restarted supervisor. */
+static int end_status = 0;
+/* The egress relay's port (argv[2] after an inherited socket's fd; the local driver), or none. */
+static const char *egress_port = NULL;
 static struct { pid_t pid; uint32_t id; } execs[MAX_EXECS];
 static char message[MAX_MESSAGE + 1];  /* one byte more than allowed, to see an oversized one */
 static char *strings[2 * MAX_STRINGS + 3];
@@ -77,7 +88,7 @@ static void die(void) {
     /* As pid 1: the kernel SIGKILLs every other process of the namespace as it exits (walking the
      * namespace's own pids). kill(-1) would do the same by walking every process on the host:
      * O(host), where a host with a pool of 1,000 members has thousands. */
-    _exit(0);
+    _exit(end_status);
 }
 
 static void reply(uint32_t type, uint32_t id, uint32_t a, uint32_t b) {
@@ -200,6 +211,13 @@ static void ping(size_t size, int nfds) {
     reply('O', id, 0, 0);
 }
 
+static void finish(size_t size, int nfds) {
+    if (size != HEADER || field(1) != 0 || field(2) != 0 || field(3) != 0) { reply('R', 0, REJ_SIZE, 0); return; }
+    if (nfds != 0) { reply('R', 0, REJ_FDS, 0); return; }
+    end_status = 0;
+    die();
+}
+
 static void serve_one(void) {
     char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
     struct iovec iov = {message, sizeof message};
@@ -228,6 +246,7 @@ static void serve_one(void) {
     case 'T': start(size, fds, nfds, 1); return;
     case 'K': close_all(fds, nfds); signal_exec(size, nfds); return;
     case 'P': close_all(fds, nfds); ping(size, nfds); return;
+    case 'Q': close_all(fds, nfds); finish(size, nfds); return;
     default: close_all(fds, nfds); reply('R', id, REJ_TYPE, 0); return;
     }
 }
@@ -360,27 +379,53 @@ static void accept_egress(int listener) {
     }
 }
 
+static int connect_to(const char *path) {
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof address.sun_path) return -1;
+    strcpy(address.sun_path, path);
+    for (int attempt = 0; attempt < CONNECT_ATTEMPTS; attempt++) {
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -1;
+        if (connect(fd, (struct sockaddr *)&address, sizeof address) == 0) return fd;
+        int error = errno;
+        close(fd);
+        if (error != ENOENT && error != ECONNREFUSED && error != EINTR) return -1;
+        usleep(100000);
+    }
+    return -1;
+}
+
+static int control_socket(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--connect") == 0) {
+        end_status = 1;
+        return connect_to(argv[2]);
+    }
+    char *end = NULL;
+    long fd = argc == 2 || argc == 3 ? strtol(argv[1], &end, 10) : -1;
+    if (end == NULL || *end != '\0' || fd < 3 || fd > 1 << 20) return -1;
+    if (argc == 3) egress_port = argv[2];
+    return (int)fd;
+}
+
 int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0);  /* the workload shares our uid: no ptrace, no /proc/1/mem */
     prctl(PR_SET_NAME, "warmshell-agent");
     if (getpid() != 1) return 3;  /* only an init's exit ends everything it started */
-    char *end = NULL;
-    long fd = argc == 2 || argc == 3 ? strtol(argv[1], &end, 10) : -1;
-    if (end == NULL || *end != '\0' || fd < 3 || fd > 1 << 20) return 2;
-    ctl = (int)fd;
+    for (int i = 0; i < 3; i++)  /* keep 0-2 taken, so received fds never land on them */
+        if (fcntl(i, F_GETFD) < 0 && open("/dev/null", O_RDWR) != i) return 2;
+    ctl = control_socket(argc, argv);
+    if (ctl < 0) return 2;
     int type;
     socklen_t length = sizeof type;
     if (getsockopt(ctl, SOL_SOCKET, SO_TYPE, &type, &length) < 0 || type != SOCK_SEQPACKET) return 2;
     if (fcntl(ctl, F_SETFD, FD_CLOEXEC) < 0) return 2;
-    for (int i = 0; i < 3; i++)  /* keep 0-2 taken, so received fds never land on them */
-        if (fcntl(i, F_GETFD) < 0 && open("/dev/null", O_RDWR) != i) return 2;
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int signals = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (signals < 0) return 2;
-    int listener = argc == 3 ? egress_listener(argv[2]) : -1;
+    int listener = egress_port != NULL ? egress_listener(egress_port) : -1;
     reply('H', 0, (uint32_t)getpid(), VERSION);
     for (;;) {
         struct pollfd wait_for[3] = {{ctl, POLLIN, 0}, {signals, POLLIN, 0}, {listener, POLLIN, 0}};

@@ -4,7 +4,8 @@ The agent (`agent/warmshell-agent.c`, pid 1 of every sandbox) defines the protoc
 mirrors it: host byte order, every field a uint32. The host sends EXEC (a header, then cwd, argv
 and env as NUL-terminated strings, with the command's stdin/stdout/stderr attached as fds) or
 EXEC_TTY (the same, for a command whose three fds are a terminal it takes as its controlling one),
-SIGNAL and PING (a liveness probe); the agent answers HELLO once, STARTED or FAILED for each
+SIGNAL, PING (a liveness probe) and FINISH (the sandbox is over: the agent exits 0, where a
+socket that only closed means a lost supervisor); the agent answers HELLO once, STARTED or FAILED for each
 EXEC, EXITED when it ends, PONG to each PING, and REJECTED for a record it refused. Nothing
 the agent says is trusted beyond "this exec started or ended" (or "alive"): a reply that does
 not parse ends the sandbox.
@@ -28,6 +29,7 @@ __all__ = [
     "WireError",
     "decode_reply",
     "encode_exec",
+    "encode_finish",
     "encode_ping",
     "encode_signal",
 ]
@@ -46,6 +48,7 @@ class Kind(enum.IntEnum):
     EXEC_TTY = ord("T")
     SIGNAL = ord("K")
     PING = ord("P")
+    FINISH = ord("Q")
     HELLO = ord("H")
     STARTED = ord("S")
     FAILED = ord("F")
@@ -118,6 +121,11 @@ def encode_ping(ping_id: int) -> bytes:
     if not 0 < ping_id <= 0xFFFFFFFF:
         raise WireError("ping id must be in 1..2^32-1")
     return _HEADER.pack(Kind.PING, ping_id, 0, 0)
+
+
+def encode_finish() -> bytes:
+    """The FINISH record: the agent ends everything and exits 0."""
+    return _HEADER.pack(Kind.FINISH, 0, 0, 0)
 
 
 def decode_reply(data: bytes) -> Reply:

@@ -6,6 +6,7 @@ driver) it exits with the workload's status, as before."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,13 @@ from typing import Any
 import grpc
 import pytest
 
+from tests.helpers.agents import workload_agent
 from tests.helpers.grpc import serve_for
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.main import Supervisor, SupervisorExit, SupervisorSettings
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the agent runs as PID 1 under bwrap")
 
 
 class FakeGateway(supervisor_pb2_grpc.SupervisorServiceServicer):
@@ -54,9 +58,11 @@ async def run_supervisor(gateway: FakeGateway, *, policy: str) -> int:
             "WARMSHELL_GATEWAY": served.address,
             "WARMSHELL_BOOTSTRAP_FILE": str(credential(gateway.workdir)),
             "WARMSHELL_RESTART_POLICY": policy,
+            "WARMSHELL_AGENT_SOCKET": str(gateway.workdir / "agent.sock"),
         }
         settings = SupervisorSettings.from_environment(environ)
-        return await asyncio.wait_for(Supervisor(settings, {"PATH": "/usr/bin:/bin"}).run(), 20)
+        with workload_agent(gateway.workdir / "agent.sock"):
+            return await asyncio.wait_for(Supervisor(settings, {"PATH": "/usr/bin:/bin"}).run(), 20)
 
 
 def credential(directory: Path) -> Path:

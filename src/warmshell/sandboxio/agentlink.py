@@ -28,9 +28,8 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warmshell.drivers.local.runtime import agentwire
-from warmshell.drivers.local.runtime.agentwire import Kind, Reply, Stage
-from warmshell.sandboxio import processes
+from warmshell.sandboxio import agentwire, processes
+from warmshell.sandboxio.agentwire import Kind, Reply, Stage
 from warmshell.sandboxio.interactive import ExecInput, pump_fd, set_window_size, write_stdin
 from warmshell.sandboxio.processes import Ended, NotStarted, OutputSink, WorkdirError
 
@@ -75,6 +74,13 @@ class AgentLink:
     def close(self) -> None:
         """Close the socket: the agent kills everything in the sandbox and exits."""
         self._fail(AgentError(errno.EPIPE, "the sandbox's control socket was closed"))
+
+    async def finish(self) -> None:
+        """Tell the agent the sandbox is over (it exits 0, not as for a lost supervisor), then
+        close the socket."""
+        with contextlib.suppress(OSError):
+            await self._send(agentwire.encode_finish(), ())
+        self.close()
 
     async def ping(self, timeout: float) -> bool:  # noqa: ASYNC109 - the probe's own bound
         """Whether the agent answers a PING within `timeout` seconds (a stopped or hung agent,

@@ -4,16 +4,22 @@ sandbox token is left for its session."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.helpers.agents import start_agent
 from tests.helpers.grpc import serve_for
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.main import Supervisor, SupervisorSettings
 
 CREDENTIAL = "the-pods-bootstrap-credential"
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the agent runs as PID 1 under bwrap")
 
 
 class ActivatingGateway(supervisor_pb2_grpc.SupervisorServiceServicer):
@@ -39,10 +45,16 @@ async def test_the_credential_is_dropped_once_registered(tmp_path: Path) -> None
     token.write_text(CREDENTIAL + "\n")
     gateway = ActivatingGateway()
     async with serve_for(gateway) as served:
-        environ = {"WARMSHELL_GATEWAY": served.address, "WARMSHELL_BOOTSTRAP_FILE": str(token)}
+        socket = tmp_path / "agent.sock"
+        environ = {
+            "WARMSHELL_GATEWAY": served.address,
+            "WARMSHELL_BOOTSTRAP_FILE": str(token),
+            "WARMSHELL_AGENT_SOCKET": str(socket),
+        }
         supervisor = Supervisor(SupervisorSettings.from_environment(environ), {"PATH": "/usr/bin:/bin"})
         assert supervisor.settings.credential == CREDENTIAL
         running = asyncio.create_task(supervisor.run())
+        agent = start_agent(socket)
         try:
             async with asyncio.timeout(20):
                 await gateway.connected.wait()
@@ -52,3 +64,5 @@ async def test_the_credential_is_dropped_once_registered(tmp_path: Path) -> None
         finally:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)
+            agent.kill()
+            agent.wait()

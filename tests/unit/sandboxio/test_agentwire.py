@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmshell.drivers.local.runtime import agentwire
-from warmshell.drivers.local.runtime.agentwire import Kind, Reply, WireError
+from warmshell.sandboxio import agentwire
+from warmshell.sandboxio.agentwire import Kind, Reply, WireError
 
 
 def test_exec_record_layout() -> None:
@@ -39,6 +39,10 @@ def test_signal_record() -> None:
     assert agentwire.encode_signal(3, 9) == struct.pack("=4I", ord("K"), 3, 9, 0)
     with pytest.raises(WireError, match=r"1\.\.64"):
         agentwire.encode_signal(3, 0)
+
+
+def test_finish_record() -> None:
+    assert agentwire.encode_finish() == struct.pack("=4I", ord("Q"), 0, 0, 0)
 
 
 def test_replies_parse_exactly() -> None:

@@ -4,15 +4,21 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tests.helpers.agents import start_agent
 from tests.helpers.grpc import serve_for
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.supervisor.main import Supervisor, SupervisorSettings
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the agent runs as PID 1 under bwrap")
 
 
 def _soon_ms() -> int:
@@ -47,10 +53,16 @@ async def test_the_token_is_refreshed_before_it_expires_and_again_after(tmp_path
     credential.write_text("bootstrap\n")
     gateway = ShortTokens()
     async with serve_for(gateway) as served:
-        environ = {"WARMSHELL_GATEWAY": served.address, "WARMSHELL_BOOTSTRAP_FILE": str(credential)}
+        socket = tmp_path / "agent.sock"
+        environ = {
+            "WARMSHELL_GATEWAY": served.address,
+            "WARMSHELL_BOOTSTRAP_FILE": str(credential),
+            "WARMSHELL_AGENT_SOCKET": str(socket),
+        }
         supervisor = Supervisor(SupervisorSettings.from_environment(environ), {"PATH": "/usr/bin:/bin"})
         started = time.monotonic()
         running = asyncio.create_task(supervisor.run())
+        agent = start_agent(socket)
         try:
             async with asyncio.timeout(20):
                 await gateway.refreshed.wait()
@@ -59,3 +71,5 @@ async def test_the_token_is_refreshed_before_it_expires_and_again_after(tmp_path
         finally:
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)
+            agent.kill()
+            agent.wait()
