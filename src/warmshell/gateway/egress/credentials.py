@@ -110,7 +110,9 @@ class ProxyCredentials:
             nonce, mac = _unb64(nonce_text), _unb64(mac_text)
         except (binascii.Error, ValueError):
             return None
-        if len(nonce) != _NONCE_BYTES:
+        # One spelling per credential: base64's spare low bits in the last character (and
+        # characters the decoder skips) would otherwise let altered text verify.
+        if len(nonce) != _NONCE_BYTES or _b64(nonce) != nonce_text or _b64(mac) != mac_text:
             return None
         unbound = hmac.compare_digest(mac, self._mac(sandbox_id, nonce, ""))
         bound = bool(source) and hmac.compare_digest(mac, self._mac(sandbox_id, nonce, source))
