@@ -26,10 +26,10 @@ import grpc
 from warmshell.api.v1 import outcome_pb2
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.core.errors import FailedPreconditionError, NotFoundError, ResourceExhaustedError, WarmshellError
+from warmshell.core.errors import NotFoundError, ResourceExhaustedError, WarmshellError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import now_ms
-from warmshell.gateway.execs import ExecRelay, grant_credit
+from warmshell.gateway.execs import ExecRelay, exec_failure, grant_credit
 from warmshell.gateway.outputring import OutputRing
 from warmshell.gateway.sessions import ExecChannel, SupervisorSession
 
@@ -89,13 +89,6 @@ class BackgroundProcess:
         if self.failure is not None:
             message.exit_code, message.error = -1, str(self.failure)
         return message
-
-
-def _failure(event: spb.ExecExited | WarmshellError) -> WarmshellError | None:
-    """The error an end that is no exit stands for (None: the command exited)."""
-    if isinstance(event, WarmshellError):
-        return event
-    return FailedPreconditionError(f"exec failed: {event.error}") if event.error else None
 
 
 @dataclass(eq=False)
@@ -177,7 +170,7 @@ class BackgroundProcesses:
                 grant_credit(process.session, channel, len(event.data))
                 process.notify()
                 continue
-            process.failure = _failure(event)
+            process.failure = exec_failure(event)
             if process.failure is None and isinstance(event, spb.ExecExited):
                 process.exited = event
             process.ended_at_ms = self._clock()

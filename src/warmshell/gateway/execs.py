@@ -61,6 +61,14 @@ def grant_credit(session: SupervisorSession, channel: ExecChannel, size: int) ->
         session.send(spb.GatewayMessage(exec_credit=spb.ExecCredit(exec_id=channel.exec_id, bytes=grant)))
 
 
+def exec_failure(event: spb.ExecExited | WarmshellError) -> WarmshellError | None:
+    """The error an exec's end stands for when it is no exit (None: the command exited): the
+    session ended under it, or the supervisor could not run it."""
+    if isinstance(event, WarmshellError):
+        return event
+    return FailedPreconditionError(f"exec failed: {event.error}") if event.error else None
+
+
 class ExecRelay:
     """Runs execs over supervisor sessions with the gateway's flow-control settings, and counts
     the execs in flight through this gateway (so a stop can let them finish)."""
@@ -119,12 +127,10 @@ class ExecRelay:
                     grant_credit(session, channel, len(event.data))
                     continue
                 finished = True
-                if isinstance(event, WarmshellError):  # the session ended under it: say why
+                if (failure := exec_failure(event)) is not None:
                     metrics.EXECS.labels(result="error").inc()
-                    raise event
-                if event.error:
-                    metrics.EXECS.labels(result="error").inc()
-                    raise FailedPreconditionError(f"exec failed: {event.error}")
+                    raise failure
+                assert isinstance(event, spb.ExecExited)
                 metrics.EXECS.labels(result="ok").inc()
                 await self.write(context, pb.ExecEvent(exit_code=event.exit_code, outcome=event.outcome))
                 return
