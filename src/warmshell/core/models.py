@@ -240,6 +240,15 @@ class SandboxStatus(_Model):
     paused_image: str = ""
     paused_ttl_left_ms: int = 0
     paused_idle_timeout_seconds: int = 0
+    # Instances that ran it before a pause (see core.pausing.is_retired).
+    retired_instances: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_retired(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        if not dumped.get("retired_instances"):  # left out empty: a replica of an older release refuses the key
+            dumped.pop("retired_instances", None)
+        return dumped
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if any."""
