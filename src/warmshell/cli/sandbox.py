@@ -515,7 +515,8 @@ _COMMANDS = (
         snapshots.pause,
         "Pause a Ready sandbox of an image: its files (what it wrote over its image, and /workspace) "
         "are kept as an image, and every process, its memory and its runtime go; it stays, Paused, "
-        "until resumed, deleted, or its pause TTL passes.",
+        "until resumed, deleted, or its pause TTL passes. On Kubernetes its Sandbox is suspended "
+        "instead (the pod deleted, its volume claims kept; /workspace, an emptyDir, is not).",
         flags=(
             _NAME,
             _WORKSPACE,
