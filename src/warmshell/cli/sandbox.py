@@ -516,7 +516,8 @@ _COMMANDS = (
         "Pause a Ready sandbox of an image: its files (what it wrote over its image, and /workspace) "
         "are kept as an image, and every process, its memory and its runtime go; it stays, Paused, "
         "until resumed, deleted, or its pause TTL passes. On Kubernetes its Sandbox is suspended "
-        "instead (the pod deleted, its volume claims kept; /workspace, an emptyDir, is not).",
+        "instead: the pod is deleted, /workspace is kept only on a volume claim "
+        "(kubernetes.workspace_claim_size).",
         flags=(
             _NAME,
             _WORKSPACE,

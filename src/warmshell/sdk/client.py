@@ -506,8 +506,8 @@ class Sandbox:
         stop everything of it: no process, no memory, no runtime; it stays, Paused, until
         `resume()` or its pause TTL (`pause_ttl_seconds`, else the gateway's) deletes it.
         Processes and memory are not kept: a resume runs the command afresh. On Kubernetes the
-        pod is deleted and its Sandbox suspended instead: files on the pod's volumes that
-        agent-sandbox keeps survive, its `/workspace` (an emptyDir) does not."""
+        pod is deleted and its Sandbox suspended instead: `/workspace` survives when the gateway
+        puts it on a volume claim (`kubernetes.workspace_claim_size`), not as an emptyDir."""
         from warmshell.sdk import views
 
         request = pb.PauseSandboxRequest(name=self.name, workspace=self.workspace, pause_ttl_seconds=pause_ttl_seconds)

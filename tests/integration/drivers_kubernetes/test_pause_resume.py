@@ -24,10 +24,11 @@ from tests.helpers.gateway import RunningGateway, running_gateway
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
+from warmshell.drivers.kubernetes.warm import warmpools
 
-from .conftest import NAMESPACE, gateway_settings
+from .conftest import NAMESPACE, driver_config, gateway_settings
 from .test_attacks import pod_token
-from .test_warm import apply_pool, gateway, wait_idle
+from .test_warm import SHAPE, wait_idle
 
 Obj = dict[str, Any]
 
@@ -109,9 +110,9 @@ async def test_a_paused_sandbox_is_a_suspended_sandbox_and_resumes_as_a_new_pod(
     await wait_cluster(admin, lambda: _gone(admin, "default--napper"), "the Sandbox deleted")
 
 
-async def _gone(admin: kc.KubeClient, name: str) -> bool:
+async def _gone(admin: kc.KubeClient, name: str, resource: kc.Resource = kc.SANDBOXES) -> bool:
     try:
-        await admin.get(kc.SANDBOXES, NAMESPACE, name)
+        await admin.get(resource, NAMESPACE, name)
     except kc.ApiError as exc:
         return exc.not_found
     return False
@@ -229,14 +230,22 @@ async def test_a_paused_sandbox_never_resumed_is_deleted_after_its_pause_ttl(
 async def test_a_paused_warm_sandbox_leaves_its_pool_and_resumes_through_its_claim(
     cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
 ) -> None:
-    await apply_pool(cluster, admin, tmp_path / "state", "foo", 1)
-    async with gateway(cluster, tmp_path) as gw:
+    """Its pool's members hold their /workspace on a claim (`workspace_claim_size`): the claimed
+    member's files survive the pause too."""
+    state = tmp_path / "state"
+    config = driver_config(cluster, state, workspace_claim_size="1Gi")
+    template, pool = warmpools.render_pool_pair(config, name="foo", namespace=NAMESPACE, shape=SHAPE, replicas=1)
+    await admin.create(kc.TEMPLATES, NAMESPACE, template)
+    await admin.create(kc.POOLS, NAMESPACE, pool)
+    settings = gateway_settings(cluster, state) | {"kubernetes.workspace_claim_size": "1Gi"}
+    async with running_gateway(state, **settings) as gw:
         await wait_idle(gw, "foo", 1)
         await gw.create(name="hot", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
         before = await gw.wait_ready("hot", timeout=30)
         assert before.status.allocation == "warm"
         claim = await admin.get(kc.CLAIMS, NAMESPACE, "default--hot")
         member = claim["status"]["sandbox"]["name"]
+        assert await gw.exec("hot", ["sh", "-c", "echo kept > /workspace/note"]) == (0, b"", b"")
         await pause(gw, "hot")
         await wait_cluster(admin, lambda: suspended(admin, member), "the member's pod deleted")
         # The pool refills to its size without the paused sandbox, and serves a new create from
@@ -251,6 +260,32 @@ async def test_a_paused_warm_sandbox_leaves_its_pool_and_resumes_through_its_cla
         assert (after.status.phase, after.status.allocation) == (pb.SANDBOX_PHASE_READY, "warm")
         assert after.status.instance_id not in ("", before.status.instance_id)
         assert (await admin.get(kc.CLAIMS, NAMESPACE, "default--hot"))["status"]["sandbox"]["name"] == member
-        assert await gw.exec("hot", ["sh", "-c", "echo $FOO"]) == (0, b"bar\n", b"")
+        assert await gw.exec("hot", ["sh", "-c", "echo $FOO; cat /workspace/note"]) == (0, b"bar\nkept\n", b"")
         with contextlib.suppress(grpc.aio.AioRpcError):
             await gw.delete("other")
+
+
+async def test_a_workspace_on_a_volume_claim_survives_a_pause(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    """`kubernetes.workspace_claim_size`: /workspace is a PVC agent-sandbox keeps while the
+    Sandbox is suspended, so the resumed pod finds the files; the claim goes with the sandbox."""
+    state = tmp_path / "state"
+    settings = gateway_settings(cluster, state) | {"kubernetes.workspace_claim_size": "1Gi"}
+    async with running_gateway(state, **settings) as gw:
+        await gw.create(
+            name="keeper", spec=pb.SandboxSpec(command=["sh", "-c", "echo run >> /workspace/runs; exec sleep 600"])
+        )
+        before = await gw.wait_ready("keeper", timeout=30)
+        assert await gw.exec("keeper", ["sh", "-c", "echo kept > /workspace/note"]) == (0, b"", b"")
+        claim = await admin.get(kc.PVCS, NAMESPACE, "workspace-default--keeper")
+        await pause(gw, "keeper")
+        await wait_cluster(admin, lambda: suspended(admin, "default--keeper"), "the pod deleted")
+        after = await resume(gw, "keeper")
+        assert after.status.instance_id not in ("", before.status.instance_id)
+        assert await gw.exec("keeper", ["cat", "/workspace/note", "/workspace/runs"]) == (0, b"kept\nrun\nrun\n", b"")
+        assert (await admin.get(kc.PVCS, NAMESPACE, "workspace-default--keeper"))["metadata"]["uid"] == claim[
+            "metadata"
+        ]["uid"]
+        await gw.delete("keeper")
+        await wait_cluster(admin, lambda: _gone(admin, "workspace-default--keeper", kc.PVCS), "the claim deleted")
