@@ -54,7 +54,7 @@ from warmshell.drivers.kubernetes.identity import KubernetesIdentity
 from warmshell.drivers.kubernetes.informers import Informers
 from warmshell.drivers.kubernetes.objects import Obj
 from warmshell.drivers.kubernetes.profiles.leadership import Leadership
-from warmshell.drivers.kubernetes.warm import allocation, poolcache
+from warmshell.drivers.kubernetes.warm import allocation, claims, poolcache
 
 __all__ = ["KubernetesDriver"]
 
@@ -334,10 +334,8 @@ class KubernetesDriver:
             )
         written = await self.api.merge_patch(resource, meta["namespace"], meta["name"], patch)
         self._progress(sandbox_id, "Resumed", f"Sandbox {meta['name']} running again; a new pod starts")
-        view = status.view(
-            {**written, "metadata": {**written["metadata"], "labels": {labels.SANDBOX_ID: sandbox_id}}}, None
-        )
-        return view
+        # No pod yet: agent-sandbox makes it after this write.
+        return status.view(written, None) if found.claim is None else claims.view(found.claim, written, None)
 
     async def _suspendable(self, sandbox_id: SandboxId) -> tuple[kube.Resource, suspending.Found]:
         resource = await self.api.sandbox_resource(self._config.namespace)
