@@ -49,6 +49,14 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _without_empty(dumped: dict[str, Any], key: str) -> dict[str, Any]:
+    """`dumped` without `key` while it is empty or false: a field added later is left out until
+    set, since a replica of an older release sharing the store refuses a key it does not know."""
+    if not dumped.get(key):
+        dumped.pop(key, None)
+    return dumped
+
+
 class Condition(_Model):
     """Why a sandbox is in its phase (Kubernetes condition conventions)."""
 
@@ -205,10 +213,7 @@ class SandboxSpec(_Model):
 
     @model_serializer(mode="wrap")
     def _without_unset_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        dumped: dict[str, Any] = handler(self)
-        if not dumped.get("no_command"):  # left out unset: a replica of an older release refuses the key
-            dumped.pop("no_command", None)
-        return dumped
+        return _without_empty(handler(self), "no_command")
 
 
 class SandboxStatus(_Model):
@@ -244,11 +249,8 @@ class SandboxStatus(_Model):
     retired_instances: list[str] = Field(default_factory=list)
 
     @model_serializer(mode="wrap")
-    def _without_empty_retired(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        dumped: dict[str, Any] = handler(self)
-        if not dumped.get("retired_instances"):  # left out empty: a replica of an older release refuses the key
-            dumped.pop("retired_instances", None)
-        return dumped
+    def _without_unset_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_empty(handler(self), "retired_instances")
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if any."""
