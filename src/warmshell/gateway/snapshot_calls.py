@@ -52,14 +52,14 @@ class SnapshotCalls:
         self, workspace: str, name: str, doing: str, done: str
     ) -> tuple[SandboxRecord, Snapshotter]:
         """The Ready sandbox `name` and a driver that can snapshot it, else the reason why not."""
-        record = await self._ready_record(workspace, name)
+        record = await self._named_record(workspace, name)
         driver = self._manager.driver
         if not isinstance(driver, Snapshotter):
             raise FailedPreconditionError(f"the {driver.name} driver cannot {doing} a sandbox")
         _require_ready(record, done)
         return record, driver
 
-    async def _ready_record(self, workspace: str, name: str) -> SandboxRecord:
+    async def _named_record(self, workspace: str, name: str) -> SandboxRecord:
         workspace = workspace or DEFAULT_WORKSPACE
         validate_workspace(workspace)
         if not name:
@@ -123,7 +123,7 @@ class SnapshotCalls:
             raise InvalidArgumentError("pause_ttl_seconds", "must be 0 (the gateway's default) or more")
         ttl = request.pause_ttl_seconds or self._manager.limits.pause_ttl_seconds
         if isinstance(self._manager.driver, Suspender):
-            return await self._suspend(await self._ready_record(request.workspace, request.name), ttl)
+            return await self._suspend(await self._named_record(request.workspace, request.name), ttl)
         record, driver = await self._ready_parent(request.workspace, request.name, "pause", "paused")
         taken = await driver.snapshot(record.id, image="", force=False, source=f"{record.workspace}/{record.name}")
         paused = await self._manager.records.mutate(

@@ -127,9 +127,9 @@ def workspace_claims(config: KubernetesDriverConfig, *, workspace_size: str) -> 
     """The `volumeClaimTemplates` of a Sandbox (or SandboxTemplate) whose /workspace is a claim
     (`kubernetes.workspace_claim_size`); {} for an emptyDir. The claim has the workspace volume's
     name, so agent-sandbox mounts it in the volume's place in both containers."""
-    size = workspace_size or config.workspace_claim_size
     if not config.workspace_claim_size:
         return {}
+    size = workspace_size or config.workspace_claim_size
     claim: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
     if config.workspace_storage_class:
         claim["storageClassName"] = config.workspace_storage_class
