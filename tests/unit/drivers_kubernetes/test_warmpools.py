@@ -71,6 +71,18 @@ def test_a_profile_workspace_size_is_the_workspace_volume_size_limit() -> None:
     assert warmpools.shape_of_template(template) == warmpools.shape_of_template(unbounded)
 
 
+def test_a_gateway_with_workspace_claims_gives_every_member_one() -> None:
+    cfg = config(workspace_claim_size="1Gi")
+    template, _ = warmpools.render_pool_pair(
+        cfg, name="foo", namespace=NS, shape=SHAPE, replicas=3, storage=Storage(workspace="3Gi")
+    )
+    crds.validator("SandboxTemplate", "v1beta1").validate(template)
+    (claim,) = template["spec"]["volumeClaimTemplates"]
+    assert (claim["metadata"]["name"], claim["spec"]["resources"]["requests"]["storage"]) == ("workspace", "3Gi")
+    # The claim is the pool's storage, not the shape's: the match is unchanged.
+    assert warmpools.shape_of_template(template) == warmpools.shape_of_template(pair()[0])
+
+
 def test_the_template_has_no_identity_and_no_secrets() -> None:
     template, _ = pair()
     pod_template = template["spec"]["podTemplate"]

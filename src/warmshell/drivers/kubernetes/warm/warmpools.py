@@ -123,6 +123,7 @@ def _template(config: KubernetesDriverConfig, metadata: Obj, shape: SandboxShape
             # which would cut the supervisor off from the gateway, and forces public DNS, which
             # cannot resolve the gateway's Service. Cold sandboxes get no policy either.
             "networkPolicyManagement": "Unmanaged",
+            **rendering.workspace_claims(config, workspace_size=storage.workspace),
         },
     }
 
