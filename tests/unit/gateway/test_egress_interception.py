@@ -1,6 +1,6 @@
 """The egress proxy's CA as replicas share it: derived from the secrets key they share, so a
 leaf any replica makes verifies against the certificate any other handed a pod; its key is never
-written; another key derives another CA. And the trust files a sandbox is given."""
+written; another key derives another CA."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from cryptography.hazmat.primitives import serialization
 
 from warmshell.core import egress
 from warmshell.gateway.egress import interception
-from warmshell.sandboxio import trust
 
 SHARED = b"k" * 32
 
@@ -70,16 +69,3 @@ def test_a_derived_ca_writes_no_key_and_its_files_are_private(tmp_path: Path) ->
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     assert key_pem not in ca.bundle_file.read_bytes()
-
-
-def test_the_trust_files_are_the_ca_and_the_hosts_bundle_then_the_ca(tmp_path: Path) -> None:
-    ca = interception.CertificateAuthority(tmp_path / "shared", seed=SHARED).certificate_pem
-    trust.write_trust(tmp_path / "given", ca)
-    assert (tmp_path / "given" / egress.CA_FILE).read_bytes() == ca
-    bundle = (tmp_path / "given" / egress.BUNDLE_FILE).read_bytes()
-    host = trust.host_bundle()
-    assert bundle == host + (b"\n" if host and not host.endswith(b"\n") else b"") + ca
-    assert (tmp_path / "given" / egress.BUNDLE_FILE).stat().st_mode & 0o777 == 0o644
-    environment = egress.trust_environment(str(tmp_path / "given"))
-    assert environment["SSL_CERT_FILE"] == str(tmp_path / "given" / egress.BUNDLE_FILE)
-    assert environment["NODE_EXTRA_CA_CERTS"] == str(tmp_path / "given" / egress.CA_FILE)
