@@ -179,37 +179,50 @@ async def test_a_pools_profile_rules_and_secret_hosts_apply_to_the_sandboxes_it_
     cluster: RunningCluster, tmp_path: Path, allowed: Upstream, other: Upstream
 ) -> None:
     """The profile says what its sandboxes reach and which hosts a request's secret is for; the
-    request names neither, and the gateway's default is none."""
+    request names neither, and the gateway's default is none. The member was started before any
+    of that was known, and trusts the proxy's CA from its activation on (HTTPS to 127.0.0.4)."""
     state = tmp_path / "state"
-    network = warmpools.PoolEgress(allow=(allowed.authority,), secret_hosts={"API_KEY": (allowed.authority,)})
-    template, pool = warmpools.render_pool_pair(
-        driver_config(cluster, state),
-        name="net",
-        namespace=NAMESPACE,
-        shape=SandboxShape(workspace="default", image=IMAGE, environment={}),
-        replicas=1,
-        network=network,
-    )
-    admin = cluster.client()
-    try:
-        await admin.create(kc.TEMPLATES, NAMESPACE, template)
-        await admin.create(kc.POOLS, NAMESPACE, pool)
-    finally:
-        await admin.aclose()
-    async with egress_gateway(cluster, tmp_path, **{"network.requests_may_widen": False}) as gw:
-        await wait_idle(gw, "net", 1)
-        spec = pb.SandboxSpec()
-        spec.secrets["API_KEY"] = SECRET
-        ready = await sandbox(gw, "pooled", spec)
-        assert ready.status.allocation == "warm"
-        network_condition = next(c for c in ready.status.conditions if c.type == "Network")
-        assert network_condition.message.endswith(f"allow {allowed.authority}"), network_condition
-        code, seen, _ = await sh(gw, "pooled", 'printf %s "$API_KEY"')
-        assert (code, seen[:4]) == (0, "wsp_")
-        header = '-H "Authorization: Bearer $API_KEY"'
-        assert await sh(gw, "pooled", f"curl -sS {header} http://{allowed.authority}/p") == (0, "upstream saw /p\n", "")
-        assert f"Authorization: Bearer {SECRET}".encode() in allowed.heads[0]
-        code, out, _ = await sh(gw, "pooled", f"curl -sS -o /dev/null -w '%{{http_code}}' http://{other.authority}/")
-        assert (code, out) == (0, "403")
-        decisions = (await gw.stub.ListEgress(pb.SandboxRef(name="pooled"), metadata=gw.metadata)).decisions
-        assert [(d.allowed, d.rule) for d in decisions] == [(True, allowed.authority), (False, "")]
+    tls, ca_file = testca.server_context(tmp_path, "127.0.0.4")
+    async with upstream("127.0.0.4", tls) as api:
+        hosts = (allowed.authority, api.authority)
+        network = warmpools.PoolEgress(allow=hosts, secret_hosts={"API_KEY": hosts})
+        template, pool = warmpools.render_pool_pair(
+            driver_config(cluster, state),
+            name="net",
+            namespace=NAMESPACE,
+            shape=SandboxShape(workspace="default", image=IMAGE, environment={}),
+            replicas=1,
+            network=network,
+        )
+        admin = cluster.client()
+        try:
+            await admin.create(kc.TEMPLATES, NAMESPACE, template)
+            await admin.create(kc.POOLS, NAMESPACE, pool)
+        finally:
+            await admin.aclose()
+        settings = {"network.requests_may_widen": False, "network.upstream_ca_file": str(ca_file)}
+        async with egress_gateway(cluster, tmp_path, **settings) as gw:
+            await wait_idle(gw, "net", 1)
+            spec = pb.SandboxSpec()
+            spec.secrets["API_KEY"] = SECRET
+            ready = await sandbox(gw, "pooled", spec)
+            assert ready.status.allocation == "warm"
+            network_condition = next(c for c in ready.status.conditions if c.type == "Network")
+            assert network_condition.message.endswith(f"allow {', '.join(hosts)}"), network_condition
+            code, seen, _ = await sh(gw, "pooled", 'printf %s "$API_KEY"')
+            assert (code, seen[:4]) == (0, "wsp_")
+            header = '-H "Authorization: Bearer $API_KEY"'
+            fetch = f"curl -sS {header} http://{allowed.authority}/p"
+            assert await sh(gw, "pooled", fetch) == (0, "upstream saw /p\n", "")
+            assert f"Authorization: Bearer {SECRET}".encode() in allowed.heads[0]
+            code, out, err = await sh(gw, "pooled", f"curl -sS {header} https://{api.authority}/tls")
+            assert (code, out) == (0, "upstream saw /tls\n"), err
+            assert f"Authorization: Bearer {SECRET}".encode() in api.heads[0]
+            refused = f"curl -sS -o /dev/null -w '%{{http_code}}' http://{other.authority}/"
+            assert await sh(gw, "pooled", refused) == (0, "403", "")
+            decisions = (await gw.stub.ListEgress(pb.SandboxRef(name="pooled"), metadata=gw.metadata)).decisions
+            assert [(d.allowed, d.rule) for d in decisions] == [
+                (True, allowed.authority),
+                (True, api.authority),
+                (False, ""),
+            ]
