@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
 
 from tests.helpers import testca
-from tests.helpers.replicas import Balancer, ReplicaSet, balancer, wait_phase
+from tests.helpers.replicas import Balancer, Replica, ReplicaSet, balancer, wait_phase
 from tests.helpers.upstreams import Upstream, upstream
 from warmshell.api.v1 import sandbox_pb2 as pb
 
@@ -38,22 +39,34 @@ async def egress_front(replicas: ReplicaSet) -> AsyncIterator[Balancer]:
         yield running
 
 
-async def test_decisions_from_either_replica_and_credentials_on_both(
-    replicas: ReplicaSet, egress_front: Balancer, allowed: Upstream
-) -> None:
-    network = {
+async def two_replicas(replicas: ReplicaSet, egress_front: Balancer, **network: Any) -> tuple[Replica, Replica]:
+    """Two replicas whose proxies pods reach through `egress_front` (requests may widen rules)."""
+    settings = {
         "requests_may_widen": True,
         "proxy_listen": "127.0.0.1:0",
         "proxy_url": f"http://{egress_front.address}",
+        **network,
     }
-    first, second = await replicas.start_one(network=network), await replicas.start_one(network=network)
+    return await replicas.start_one(network=settings), await replicas.start_one(network=settings)
+
+
+async def create_with_secret(stubs: list[Any], md: Any, name: str, host: str) -> None:
+    """A sandbox, created on the first replica, that may reach `host` with SECRET as API_KEY for
+    it; once the second sees it Ready."""
+    spec = pb.SandboxSpec(command=["sleep", "600"], network=pb.NetworkPolicy(allow=[host]))
+    spec.secrets["API_KEY"] = SECRET
+    spec.secret_hosts["API_KEY"].hosts.append(host)
+    await stubs[0].CreateSandbox(pb.CreateSandboxRequest(name=name, spec=spec), metadata=md)
+    await wait_phase(stubs[1], md, name)
+
+
+async def test_decisions_from_either_replica_and_credentials_on_both(
+    replicas: ReplicaSet, egress_front: Balancer, allowed: Upstream
+) -> None:
+    first, second = await two_replicas(replicas, egress_front)
     stubs = [replicas.stub(r.tcp) for r in (first, second)]
     md = replicas.metadata
-    spec = pb.SandboxSpec(command=["sleep", "600"], network=pb.NetworkPolicy(allow=[allowed.authority]))
-    spec.secrets["API_KEY"] = SECRET
-    spec.secret_hosts["API_KEY"].hosts.append(allowed.authority)
-    await stubs[0].CreateSandbox(pb.CreateSandboxRequest(name="net", spec=spec), metadata=md)
-    await wait_phase(stubs[1], md, "net")
+    await create_with_secret(stubs, md, "net", allowed.authority)
     fetch = f'curl -sS -H "Authorization: Bearer $API_KEY" http://{allowed.authority}/n'
     for _ in range(FETCHES):
         assert await exec_via(stubs[0], md, "net", ["sh", "-c", fetch]) == (0, b"upstream saw /n\n")
@@ -75,21 +88,11 @@ async def test_https_placeholders_are_swapped_by_either_replica(
     replicas: ReplicaSet, egress_front: Balancer, tmp_path: Path
 ) -> None:
     tls, ca_file = testca.server_context(tmp_path, "127.0.0.2")
-    network = {
-        "requests_may_widen": True,
-        "proxy_listen": "127.0.0.1:0",
-        "proxy_url": f"http://{egress_front.address}",
-        "upstream_ca_file": str(ca_file),
-    }
     async with upstream("127.0.0.2", tls) as api:
-        first, second = await replicas.start_one(network=network), await replicas.start_one(network=network)
+        first, second = await two_replicas(replicas, egress_front, upstream_ca_file=str(ca_file))
         stubs = [replicas.stub(r.tcp) for r in (first, second)]
         md = replicas.metadata
-        spec = pb.SandboxSpec(command=["sleep", "600"], network=pb.NetworkPolicy(allow=[api.authority]))
-        spec.secrets["API_KEY"] = SECRET
-        spec.secret_hosts["API_KEY"].hosts.append(api.authority)
-        await stubs[0].CreateSandbox(pb.CreateSandboxRequest(name="tls", spec=spec), metadata=md)
-        await wait_phase(stubs[1], md, "tls")
+        await create_with_secret(stubs, md, "tls", api.authority)
         # One CA, whichever replica made it (its key and name): the pod trusts either one's leaves.
         files = [r.state / "egress-shared" / "ca.pem" for r in (first, second)]
         made = [x509.load_pem_x509_certificate(path.read_bytes()) for path in files]
