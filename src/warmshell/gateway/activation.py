@@ -145,6 +145,7 @@ class GatewayActivator:
         # The proxy is opened for this instance before the workload can start: its first
         # connection finds the socket there.
         environment = dict(record.spec.environment)
+        trusted_ca = b""
         if self._egress is not None:
             binding = registration.identity.binding
             pool = binding.pool if isinstance(binding, WarmPending) else None
@@ -152,7 +153,7 @@ class GatewayActivator:
                 record, registration.identity.instance_id, pool, secrets, source=registration.peer
             )
             environment |= attached.environment
-            secrets = attached.secrets
+            secrets, trusted_ca = attached.secrets, attached.trusted_ca
         token, expires_ms = self._issuer.mint(record.id, registration.identity.instance_id)
         return spb.SupervisorActivationMessage(
             sandbox_id=record.id,
@@ -165,6 +166,7 @@ class GatewayActivator:
                 environment=environment,
                 workdir=WORKSPACE_DIR,
                 secrets=secrets,
+                trusted_ca=trusted_ca,
             ),
             session_id=registration.session_id,
         )
