@@ -2,11 +2,14 @@
 upper layer) and its `/workspace`, frozen for the moment they are read, become an image of the
 image store: the base image's layers plus one new layer, no copy of the base.
 
-The order is the store's own: the layer is unpacked under `staging/` (`capture`) and the image
+The order is the store's own: the layer is written under `staging/` (`capture`) and the image
 appears with its tag in one index write (`ImageStore.commit`); a crash in between leaves only
-a staging directory, which the next open deletes. The sandbox is thawed whatever happens, and a
-refusal (the store's bound, a tag in use) leaves it as it was. Past `local.max_layers` the new
-layer is the whole merged root, the image one layer (flattened).
+a staging directory, which the next open deletes. A tagged snapshot's layer is named by its
+content's digest; an untagged one's (a fork's, a pause's: known only by the image digest the call
+returns) by a random digest, which spares the fork a hash of everything it copies (see `capture`).
+The sandbox is thawed whatever happens, and a refusal (the store's bound, a tag in use) leaves it
+as it was. Past `local.max_layers` the new layer is the whole merged root, the image one layer
+(flattened).
 
 A sandbox of the host's root filesystem (no image) has no image to build on: its snapshot is
 refused, saying to create it from an image.
@@ -96,6 +99,7 @@ class Snapshots:
                     flatten=flatten,
                     workspace=not image_root.workspace,
                     source=source,
+                    content=bool(tagged),
                 )
             finally:
                 frozen_ms = int((time.monotonic() - started) * 1000)
@@ -117,8 +121,10 @@ class Snapshots:
         flatten: bool,
         workspace: bool,
         source: str,
+        content: bool,
     ) -> LayerRecord:
-        """Blocking: the new layer, unpacked at `stage`/layer (the caller commits it)."""
+        """Blocking: the new layer, unpacked at `stage`/layer (the caller commits it), named by
+        its content's digest, or (`content` False: an untagged snapshot) by a random one."""
         fds = [os.open(dirs[1] if flatten else dirs[0], _DIR_FLAGS)]
         try:
             trees = [Tree(fds[0], upper=not flatten)]
@@ -132,7 +138,9 @@ class Snapshots:
             what = f"the snapshot of {source}"
             self._store.check_room(tree_bytes(trees), what=what)
             budget = self._store.max_bytes - self._store.usage()
-            return capture_layer(trees, stage / "layer", budget=budget, where=what, max_entries=_MAX_ENTRIES)
+            return capture_layer(
+                trees, stage / "layer", budget=budget, where=what, max_entries=_MAX_ENTRIES, content=content
+            )
         finally:
             for fd in fds:
                 os.close(fd)

@@ -13,7 +13,10 @@ __all__ = ["ImageRecord", "Index", "LayerRecord"]
 @dataclass(frozen=True)
 class LayerRecord:
     """One unpacked layer, by its uncompressed digest (the config's diff id): `size` is its
-    uncompressed tar's bytes, what it counts against the store's bound."""
+    uncompressed tar's bytes, what it counts against the store's bound. `by_content` False: the
+    layer of an untagged snapshot (a fork's, a pause's), named by a random digest instead of its
+    content's (see `capture`): never shared with another layer, and no import can name it, as an
+    import checks a layer's tar against its diff id even when the store holds that id."""
 
     digest: str
     size: int
@@ -21,6 +24,7 @@ class LayerRecord:
     files: int = 0
     whiteouts: tuple[str, ...] = ()
     opaque: tuple[str, ...] = ()
+    by_content: bool = True
 
 
 @dataclass(frozen=True)
