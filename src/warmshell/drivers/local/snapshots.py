@@ -78,15 +78,11 @@ class Snapshots:
                 f"sandbox {source} runs on the host's root filesystem, not an image: only a sandbox "
                 "of an image can be snapshotted (create it with --image; warmshell image list)"
             )
-        index = await asyncio.to_thread(self._store.index)
-        if tagged and tagged in index.tags and not force:
-            raise AlreadyExistsError(f"image: {tagged} already names an image; --force moves the tag")
-        base = self._store.resolve(image_root.digest, index=index)
         dirs = self._overlay_dirs(process.pid)
         if dirs is None:
             raise FailedPreconditionError(f"sandbox {source}: this gateway mounts no image roots")
+        base, stage = await asyncio.to_thread(self._begin, tagged, force, image_root.digest)
         flatten = len(base.layers) + 1 > self._max_layers
-        stage = await asyncio.to_thread(self._store.new_staging)
         try:
             await self._freeze(instance, True)
             started = time.monotonic()
@@ -104,13 +100,27 @@ class Snapshots:
             finally:
                 frozen_ms = int((time.monotonic() - started) * 1000)
                 await self._freeze(instance, False)
-            image = snapshot_record(base, layer.digest, flattened=flatten, source_sandbox=source, now_ms=now_ms())
-            committed = await asyncio.to_thread(
-                self._store.commit, image, [StagedLayer(layer, stage / "layer")], [tagged] if tagged else []
-            )
-        finally:
+        except BaseException:
             await asyncio.to_thread(self._store.drop_staging, stage)
+            raise
+        image = snapshot_record(base, layer.digest, flattened=flatten, source_sandbox=source, now_ms=now_ms())
+        # One thread hop for both (a hop costs milliseconds on a busy host, on a fork's path).
+        committed = await asyncio.to_thread(self._commit, image, StagedLayer(layer, stage / "layer"), tagged)
         return Snapshot(committed, tagged, layer.size, frozen_ms, flatten)
+
+    def _begin(self, tagged: str, force: bool, digest: str) -> tuple[ImageRecord, Path]:
+        """Blocking: the base image, and a new staging directory once the tag is known free."""
+        index = self._store.index()
+        if tagged and tagged in index.tags and not force:
+            raise AlreadyExistsError(f"image: {tagged} already names an image; --force moves the tag")
+        return self._store.resolve(digest, index=index), self._store.new_staging()
+
+    def _commit(self, image: ImageRecord, layer: StagedLayer, tagged: str) -> ImageRecord:
+        """Blocking: commit the image, then delete its staging directory (whatever happens)."""
+        try:
+            return self._store.commit(image, [layer], [tagged] if tagged else [])
+        finally:
+            self._store.drop_staging(layer.path.parent)
 
     def _capture(
         self,
