@@ -12,6 +12,9 @@ driver, run as root: images of the store need it).
   (a pause is a snapshot and a stop; a resume a cold create from the snapshot, Ready).
 
 Rows are interleaved (one sample of each in turn) so a load drift over the run hits them alike.
+Images no tag names (a fork's, a snapshot re-tagged) are pruned between samples, as an operator's
+`image prune` would: on a VM whose memory the host backs on first touch, a store growing by
+hundreds of MB per sample measures that first touch (~3 ms per MB here) rather than the copy.
 Run as root from the repository root: `python bench/snapshots.py --repeats 5`.
 """
 
@@ -101,6 +104,7 @@ async def snapshot_rows(gw: GatewayProcess, written: list[int], mid_mb: int, rep
             walls.append(wall)
             frozen.append(response.frozen_ms)
             await gw.delete(name)
+            await prune(gw)
     return {key: {"wall_ms": summary(w), "frozen_ms": summary(f)} for key, (w, f) in rows.items()}
 
 
@@ -114,10 +118,13 @@ async def fork_all_ready(gw: GatewayProcess, parent: str, prefix: str, count: in
         raise RuntimeError(f"fork children not Ready: {bad}")
     for child in response.children:
         await gw.delete(child.name)
-    # The fork's untagged image goes once its children have (as `image prune` would): a store
-    # growing by 200 MB per fork would measure this host's first touch of fresh memory instead.
-    await image_pb2_grpc.ImageServiceStub(gw.channel).PruneImages(image_pb2.PruneImagesRequest(), metadata=gw.metadata)
+    await prune(gw)  # the fork's untagged image, now that its children are gone
     return wall
+
+
+async def prune(gw: GatewayProcess) -> None:
+    """Remove the images no tag names (see the module's doc)."""
+    await image_pb2_grpc.ImageServiceStub(gw.channel).PruneImages(image_pb2.PruneImagesRequest(), metadata=gw.metadata)
 
 
 async def fork_rows(gw: GatewayProcess, fork_mb: int, repeats: int) -> dict[str, Any]:
@@ -172,8 +179,11 @@ async def warm_rows(gw: GatewayProcess, creates: int) -> dict[str, Any]:
             raise RuntimeError(f"pools never filled: {listed}")
         await asyncio.sleep(0.2)
     samples: dict[str, tuple[list[float], set[str]]] = {"warm_plain": ([], set()), "warm_snapshot": ([], set())}
+    pair = (("warm_plain", SMALL), ("warm_snapshot", "bench/prepared:1"))
     for turn in range(creates):
-        for key, image in (("warm_plain", SMALL), ("warm_snapshot", "bench/prepared:1")):
+        # Each create starts its pool's refill, which the next create runs beside: the order
+        # alternates (ABBA) so neither pool always goes second.
+        for key, image in pair if turn % 2 == 0 else pair[::-1]:
             start = time.perf_counter()
             ready = await gw.create_ready(name=f"{key.replace('_', '-')}-{turn}", spec=pb.SandboxSpec(image=image))
             samples[key][0].append((time.perf_counter() - start) * 1000)
