@@ -76,7 +76,7 @@ class Index:
             "version": 1,
             "tags": dict(sorted(self.tags.items())),
             "images": {d: asdict(i) for d, i in sorted(self.images.items())},
-            "layers": {d: asdict(layer) for d, layer in sorted(self.layers.items())},
+            "layers": {d: _layer_json(layer) for d, layer in sorted(self.layers.items())},
         }
 
     @classmethod
@@ -93,3 +93,12 @@ class Index:
             for digest, raw in data.get("layers", {}).items()
         }
         return cls(tags=dict(data.get("tags", {})), images=images, layers=layers)
+
+
+def _layer_json(layer: LayerRecord) -> dict[str, Any]:
+    """A layer's entry; `by_content` only when False, so a store holding no untagged snapshot
+    stays readable by a gateway from before the field."""
+    raw = asdict(layer)
+    if layer.by_content:
+        del raw["by_content"]
+    return raw
