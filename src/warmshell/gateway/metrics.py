@@ -21,6 +21,8 @@ __all__ = [
     "SANDBOX_USAGE",
     "SANDBOX_USAGE_UNLISTED",
     "SESSIONS",
+    "SETUP_BUILDS",
+    "SETUP_BUILD_SECONDS",
 ]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -83,6 +85,21 @@ EGRESS_CONNECTIONS = Counter(
 )
 EGRESS_BYTES = Counter(
     "warmshell_egress_bytes", "Bytes through the egress proxy by direction (up|down)", ["direction"], registry=REGISTRY
+)
+
+SETUP_BUILDS = Counter(
+    "warmshell_setup_builds",
+    "Builds of warm-pool profiles' [setup] images by profile and result (started|succeeded|failed) and the "
+    "step that failed (1-based; empty when the build failed outside a step, or did not fail)",
+    ["profile", "result", "step"],
+    registry=REGISTRY,
+)
+SETUP_BUILD_SECONDS = Histogram(
+    "warmshell_setup_build_seconds",
+    "Duration of [setup] image builds by profile and result (succeeded|failed)",
+    ["profile", "result"],
+    buckets=(1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0),
+    registry=REGISTRY,
 )
 
 # One gauge per figure of `drivers.base.SandboxUsage`, for at most `metrics.per_sandbox_limit`

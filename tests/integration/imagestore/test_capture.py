@@ -5,8 +5,11 @@ links, never followed)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import stat
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ import pytest
 from warmshell.core.errors import FailedPreconditionError, ResourceExhaustedError
 from warmshell.drivers.local.imagestore.capture import REDIRECT_XATTR, Tree, capture_layer, tree_bytes
 from warmshell.drivers.local.imagestore.extracting import OPAQUE_XATTR, WHITEOUT_XATTR
+from warmshell.drivers.local.imagestore.records import LayerRecord
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="an overlayfs whiteout (a 0/0 device) needs root to make")
 
@@ -39,11 +43,15 @@ def tree(tmp_path: Path) -> Path:
     return root
 
 
-def capture(trees: list[tuple[Path, str, bool]], dest: Path, budget: int = 1 << 30) -> object:
+def capture(
+    trees: list[tuple[Path, str, bool]], dest: Path, budget: int = 1 << 30, *, content: bool = True
+) -> LayerRecord:
     fds = [os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path, _, _ in trees]
     try:
         specs = [Tree(fd, prefix, upper) for fd, (_, prefix, upper) in zip(fds, trees, strict=True)]
-        return capture_layer(specs, dest, budget=budget, where="the test's snapshot", max_entries=10_000)
+        return capture_layer(
+            specs, dest, budget=budget, where="the test's snapshot", max_entries=10_000, content=content
+        )
     finally:
         for fd in fds:
             os.close(fd)
@@ -67,8 +75,8 @@ def test_an_upper_layer_becomes_a_layer_with_whiteouts_and_opaque_directories(tr
     assert os.getxattr(dest / "opt", OPAQUE_XATTR) == b"y"
     assert os.readlink(dest / "bin") == "/usr/bin"
     assert os.stat(dest / "etc" / "hard").st_ino == os.stat(dest / "etc" / "motd").st_ino
-    assert record.whiteouts == ("etc/gone",)  # type: ignore[attr-defined]
-    assert record.digest.startswith("sha256:")  # type: ignore[attr-defined]
+    assert record.whiteouts == ("etc/gone",)
+    assert record.digest.startswith("sha256:")
 
 
 def test_a_plain_tree_is_opaque_under_its_prefix_and_hostile_entries_are_tamed(tree: Path, tmp_path: Path) -> None:
@@ -103,3 +111,71 @@ def test_a_tree_past_the_budget_is_refused_and_a_sparse_file_counts_whole(tree: 
         os.close(fd)
     with pytest.raises(ResourceExhaustedError, match=r"local\.image_store_size"):
         capture([(tree, "workspace", False)], tmp_path / "layer", budget=1 << 20)
+
+
+def _plain_tree(tree: Path) -> None:
+    """Files of sizes on and off the tar's 512-byte blocks, an empty one, a hard link, a symbolic
+    link, nested directories and a name that is not UTF-8."""
+    (tree / "src" / "pkg").mkdir(parents=True)
+    (tree / "src" / "pkg" / "mod.py").write_bytes(os.urandom(70_001))
+    (tree / "src" / "block").write_bytes(os.urandom(1024))
+    (tree / "empty").write_bytes(b"")
+    (tree / "src" / "twin").hardlink_to(tree / "src" / "block")
+    (tree / "latest").symlink_to("src/pkg")
+    (tree / os.fsdecode(b"caf\xe9")).write_text("latin-1 name")
+    os.chmod(tree / "src" / "pkg" / "mod.py", 0o751)
+
+
+def _tar_digest_of(tree: Path) -> str:
+    """The sha256 of the tar Python's `tarfile` writes of the tree's entries (owner root, whole
+    seconds), the archive an import of this layer would be checked against."""
+
+    def as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mtime = int(info.mtime)
+        return info
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(os.listdir(tree)):
+            tar.add(tree / name, arcname=name, filter=as_root)
+    return "sha256:" + hashlib.sha256(out.getvalue()).hexdigest()
+
+
+def test_a_tagged_capture_is_named_by_the_digest_of_the_tar_of_its_content(tree: Path, tmp_path: Path) -> None:
+    _plain_tree(tree)
+    record = capture([(tree, "", True)], tmp_path / "layer")
+    assert record.by_content
+    assert record.digest == _tar_digest_of(tree)
+    assert record.size % tarfile.RECORDSIZE == 0
+    assert record.size > 70_001 + 1024 + 12
+    again = capture([(tree, "", True)], tmp_path / "again")
+    assert again.digest == record.digest  # the same content, the same layer (stored once)
+
+
+def test_an_untagged_capture_copies_the_same_files_under_a_random_name(tree: Path, tmp_path: Path) -> None:
+    _plain_tree(tree)
+    hashed = capture([(tree, "", True)], tmp_path / "hashed")
+    first = capture([(tree, "", True)], tmp_path / "first", content=False)
+    second = capture([(tree, "", True)], tmp_path / "second", content=False)
+    assert not first.by_content
+    assert first.digest.startswith("sha256:")
+    assert len({hashed.digest, first.digest, second.digest}) == 3
+    assert (first.size, first.files) == (hashed.size, hashed.files)
+    for path in (tmp_path / "hashed").rglob("*"):
+        copied = tmp_path / "first" / path.relative_to(tmp_path / "hashed")
+        assert os.lstat(copied).st_mode == os.lstat(path).st_mode, path
+        if path.is_file() and not path.is_symlink():
+            assert copied.read_bytes() == path.read_bytes(), path
+    assert os.stat(tmp_path / "first" / "src" / "twin").st_ino == os.stat(tmp_path / "first" / "src" / "block").st_ino
+
+
+def test_a_captured_file_is_a_copy_that_later_writes_to_the_tree_never_reach(tree: Path, tmp_path: Path) -> None:
+    data = os.urandom(3 << 20)
+    (tree / "big").write_bytes(data)
+    capture([(tree, "workspace", False)], tmp_path / "layer", content=False)
+    with open(tree / "big", "r+b") as handle:  # written in place, as a sandbox after its fork would
+        handle.write(b"later" * 1000)
+    (tree / "big").unlink()
+    assert (tmp_path / "layer" / "workspace" / "big").read_bytes() == data

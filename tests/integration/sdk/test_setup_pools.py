@@ -5,8 +5,10 @@ and reuses the built image after a restart."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -152,6 +154,11 @@ def test_a_failing_step_shows_on_the_pool_and_bad_setups_name_their_field(tmp_pa
             assert "setup.colour: unknown key" in messages["unknown"]
         listed = gateway.run("pool", "list")
         assert "BuildFailed" in listed.stdout, listed.stdout
+        address = json.loads((state / "gateway.json").read_text())["http"]
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+            exposed = response.read().decode()
+        assert 'warmshell_setup_builds_total{profile="broken",result="failed",step="3"}' in exposed
+        assert 'warmshell_setup_build_seconds_count{profile="broken",result="failed"}' in exposed
         # The other pools and the gateway are unaffected: it still serves creates.
         with warmshell.Client(state_dir=state) as client, client.create(name="cold", image="tools:1") as sandbox:
             assert sandbox.run(["/bin/sh", "-c", "echo ok"]).stdout == b"ok\n"

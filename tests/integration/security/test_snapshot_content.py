@@ -84,6 +84,43 @@ async def test_planted_links_setuid_files_and_fifos_become_harmless_entries(tmp_
         await still_real(gw, "hostile")
 
 
+def _harmless(layer: Path) -> None:
+    """No setuid or setgid bit and no FIFO in the layer; planted links kept as links."""
+    for path in layer.rglob("*"):
+        info = os.lstat(path)
+        assert not info.st_mode & (stat.S_ISUID | stat.S_ISGID), path
+        assert not stat.S_ISFIFO(info.st_mode), path
+    assert os.readlink(layer / "workspace" / "host-root") == "/"
+    assert os.readlink(layer / "workspace" / "up") == "../../../../.."
+
+
+async def test_a_forks_untagged_layer_copied_in_the_kernel_passes_the_same_rules(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    import_tiny(state, tmp_path / "tiny", extra_tools=EXTRA, Env=IDLE_ENV)
+    store = ImageStore(state / "images", max_bytes=1 << 30)
+    async with running_gateway(state) as gw:
+        await sandbox(gw, "hostile", pb.SandboxSpec(image="tiny:1"))
+        code, _, err = await sh(gw, "hostile", PLANT)
+        assert code == 0, err
+        request = pb.ForkSandboxRequest(name="hostile", count=1, prefix="copy", ready_timeout_ms=30_000)
+        forked = await gw.stub.ForkSandbox(request, metadata=gw.metadata)
+        assert [c.error for c in forked.children] == [""]
+        digest = store.resolve(forked.image_digest).layers[-1]
+        assert not store.index().layers[digest].by_content  # the untagged path: no hash, a random name
+        layer = store.layer_path(digest)
+        _harmless(layer)
+        workspace = layer / "workspace"
+        assert os.stat(workspace / "hard").st_ino == os.stat(workspace / "suid").st_ino
+        assert (workspace / "odd\nname").exists()
+        code, out, _ = await sh(gw, "copy-1", "ls /workspace/host-root/; stat -c %a /workspace/suid; id -u")
+        lines = out.splitlines()
+        assert code == 0
+        assert "home" not in lines
+        assert lines[-2] == "755"
+        await still_real(gw, "copy-1")
+        await still_real(gw, "hostile")
+
+
 async def test_a_sparse_giant_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     state = tmp_path / "state"
     import_tiny(state, tmp_path / "tiny", extra_tools=EXTRA, Env=IDLE_ENV)

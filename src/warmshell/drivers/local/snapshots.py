@@ -2,11 +2,14 @@
 upper layer) and its `/workspace`, frozen for the moment they are read, become an image of the
 image store: the base image's layers plus one new layer, no copy of the base.
 
-The order is the store's own: the layer is unpacked under `staging/` (`capture`) and the image
+The order is the store's own: the layer is written under `staging/` (`capture`) and the image
 appears with its tag in one index write (`ImageStore.commit`); a crash in between leaves only
-a staging directory, which the next open deletes. The sandbox is thawed whatever happens, and a
-refusal (the store's bound, a tag in use) leaves it as it was. Past `local.max_layers` the new
-layer is the whole merged root, the image one layer (flattened).
+a staging directory, which the next open deletes. A tagged snapshot's layer is named by its
+content's digest; an untagged one's (a fork's, a pause's: known only by the image digest the call
+returns) by a random digest, which spares the fork a hash of everything it copies (see `capture`).
+The sandbox is thawed whatever happens, and a refusal (the store's bound, a tag in use) leaves it
+as it was. Past `local.max_layers` the new layer is the whole merged root, the image one layer
+(flattened).
 
 A sandbox of the host's root filesystem (no image) has no image to build on: its snapshot is
 refused, saying to create it from an image.
@@ -75,15 +78,11 @@ class Snapshots:
                 f"sandbox {source} runs on the host's root filesystem, not an image: only a sandbox "
                 "of an image can be snapshotted (create it with --image; warmshell image list)"
             )
-        index = await asyncio.to_thread(self._store.index)
-        if tagged and tagged in index.tags and not force:
-            raise AlreadyExistsError(f"image: {tagged} already names an image; --force moves the tag")
-        base = self._store.resolve(image_root.digest, index=index)
         dirs = self._overlay_dirs(process.pid)
         if dirs is None:
             raise FailedPreconditionError(f"sandbox {source}: this gateway mounts no image roots")
+        base, stage = await asyncio.to_thread(self._begin, tagged, force, image_root.digest)
         flatten = len(base.layers) + 1 > self._max_layers
-        stage = await asyncio.to_thread(self._store.new_staging)
         try:
             await self._freeze(instance, True)
             started = time.monotonic()
@@ -96,17 +95,32 @@ class Snapshots:
                     flatten=flatten,
                     workspace=not image_root.workspace,
                     source=source,
+                    content=bool(tagged),
                 )
             finally:
                 frozen_ms = int((time.monotonic() - started) * 1000)
                 await self._freeze(instance, False)
-            image = snapshot_record(base, layer.digest, flattened=flatten, source_sandbox=source, now_ms=now_ms())
-            committed = await asyncio.to_thread(
-                self._store.commit, image, [StagedLayer(layer, stage / "layer")], [tagged] if tagged else []
-            )
-        finally:
+        except BaseException:
             await asyncio.to_thread(self._store.drop_staging, stage)
+            raise
+        image = snapshot_record(base, layer.digest, flattened=flatten, source_sandbox=source, now_ms=now_ms())
+        # One thread hop for both (a hop costs milliseconds on a busy host, on a fork's path).
+        committed = await asyncio.to_thread(self._commit, image, StagedLayer(layer, stage / "layer"), tagged)
         return Snapshot(committed, tagged, layer.size, frozen_ms, flatten)
+
+    def _begin(self, tagged: str, force: bool, digest: str) -> tuple[ImageRecord, Path]:
+        """Blocking: the base image, and a new staging directory once the tag is known free."""
+        index = self._store.index()
+        if tagged and tagged in index.tags and not force:
+            raise AlreadyExistsError(f"image: {tagged} already names an image; --force moves the tag")
+        return self._store.resolve(digest, index=index), self._store.new_staging()
+
+    def _commit(self, image: ImageRecord, layer: StagedLayer, tagged: str) -> ImageRecord:
+        """Blocking: commit the image, then delete its staging directory (whatever happens)."""
+        try:
+            return self._store.commit(image, [layer], [tagged] if tagged else [])
+        finally:
+            self._store.drop_staging(layer.path.parent)
 
     def _capture(
         self,
@@ -117,8 +131,10 @@ class Snapshots:
         flatten: bool,
         workspace: bool,
         source: str,
+        content: bool,
     ) -> LayerRecord:
-        """Blocking: the new layer, unpacked at `stage`/layer (the caller commits it)."""
+        """Blocking: the new layer, unpacked at `stage`/layer (the caller commits it), named by
+        its content's digest, or (`content` False: an untagged snapshot) by a random one."""
         fds = [os.open(dirs[1] if flatten else dirs[0], _DIR_FLAGS)]
         try:
             trees = [Tree(fds[0], upper=not flatten)]
@@ -132,7 +148,9 @@ class Snapshots:
             what = f"the snapshot of {source}"
             self._store.check_room(tree_bytes(trees), what=what)
             budget = self._store.max_bytes - self._store.usage()
-            return capture_layer(trees, stage / "layer", budget=budget, where=what, max_entries=_MAX_ENTRIES)
+            return capture_layer(
+                trees, stage / "layer", budget=budget, where=what, max_entries=_MAX_ENTRIES, content=content
+            )
         finally:
             for fd in fds:
                 os.close(fd)

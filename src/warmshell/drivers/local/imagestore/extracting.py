@@ -25,15 +25,25 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from warmshell.drivers.local.imagestore import entries
 from warmshell.drivers.local.imagestore.entries import Kind
 from warmshell.drivers.local.imagestore.sources import Readable
-from warmshell.drivers.local.imagestore.tarreading import Member, TarReader
+from warmshell.drivers.local.imagestore.tarreading import TarReader
 
-__all__ = ["OPAQUE_XATTR", "WHITEOUT_XATTR", "BoundedReader", "LayerStats", "Limits", "extract_layer"]
+__all__ = [
+    "OPAQUE_XATTR",
+    "WHITEOUT_XATTR",
+    "BoundedReader",
+    "FileData",
+    "LayerStats",
+    "LayerTree",
+    "Limits",
+    "apply_action",
+    "extract_layer",
+]
 
 WHITEOUT_XATTR = "user.overlay.whiteout"
 OPAQUE_XATTR = "user.overlay.opaque"
@@ -115,7 +125,16 @@ class BoundedReader:
             pass
 
 
-class _Tree:
+class FileData(Protocol):
+    """Where the data of the entry being written comes from (the tar reader's current entry, or
+    a live file a snapshot captures)."""
+
+    def copy_to(self, fd: int) -> None:
+        """Write the entry's data (all of it, as its header states) to `fd`."""
+        ...
+
+
+class LayerTree:
     """Descriptors on the layer's directories, reached without following a symbolic link and
     kept while the tar's entries stay in one place: a Debian root is ~9,000 entries a few
     directories deep, and opening every parent again for each entry was most of an import's
@@ -166,7 +185,7 @@ def extract_layer(stream: BoundedReader, dest: Path, *, where: str, limits: Limi
     """Unpack the tar read from `stream` into the (new, empty) directory `dest`."""
     stats = LayerStats()
     dest.mkdir(mode=0o755)
-    tree = _Tree(os.open(dest, _DIR_FLAGS), where)
+    tree = LayerTree(os.open(dest, _DIR_FLAGS), where)
     try:
         with TarReader(stream, where=where) as tar:
             for member in tar:
@@ -175,7 +194,7 @@ def extract_layer(stream: BoundedReader, dest: Path, *, where: str, limits: Limi
                     raise InvalidArgumentError(where, f"has more than {limits.max_entries} entries")
                 entry = entries.Entry(member.name, member.kind, member.mode, member.size, member.link)
                 action = entries.decide(entry, where=where, max_entry_bytes=limits.budget)
-                _apply(action, tar, member, tree, stats)
+                apply_action(action, tar, entry, tree, stats)
                 tree.trim()
         stream.drain()
     finally:
@@ -184,7 +203,10 @@ def extract_layer(stream: BoundedReader, dest: Path, *, where: str, limits: Limi
     return stats
 
 
-def _apply(action: entries.Action, tar: TarReader, member: Member, tree: _Tree, stats: LayerStats) -> None:
+def apply_action(
+    action: entries.Action, data: FileData, entry: entries.Entry, tree: LayerTree, stats: LayerStats
+) -> None:
+    """Carry out what `entries.decide` made of `entry` in the layer `tree` (a file's data from `data`)."""
     if isinstance(action, entries.Skip):
         stats.skipped += 1
     elif isinstance(action, entries.Opaque):
@@ -204,13 +226,13 @@ def _apply(action: entries.Action, tar: TarReader, member: Member, tree: _Tree, 
         except OSError as exc:  # missing, or a directory (EPERM): no file of this layer to share
             raise InvalidArgumentError(
                 tree.where,
-                f"entry {member.name!r} is a hard link to {member.link!r}, not a file of the layer ({exc.strerror})",
+                f"entry {entry.name!r} is a hard link to {entry.link!r}, not a file of the layer ({exc.strerror})",
             ) from None
     else:
-        _write(action, tar, tree, stats)
+        _write(action, data, tree, stats)
 
 
-def _write(action: entries.Write, tar: TarReader, tree: _Tree, stats: LayerStats) -> None:
+def _write(action: entries.Write, data: FileData, tree: LayerTree, stats: LayerStats) -> None:
     parent = tree.directory(action.path[:-1])
     name = action.path[-1]
     if action.kind is Kind.SYMLINK:
@@ -232,7 +254,7 @@ def _write(action: entries.Write, tar: TarReader, tree: _Tree, stats: LayerStats
         fd = _replacing(tree, action.path, lambda: os.open(name, flags, 0o600, dir_fd=parent))
         try:
             if action.size:
-                tar.copy_to(fd)
+                data.copy_to(fd)
                 stats.file_bytes += action.size
             os.fchmod(fd, action.mode)
         finally:
@@ -240,7 +262,7 @@ def _write(action: entries.Write, tar: TarReader, tree: _Tree, stats: LayerStats
         stats.files += 1
 
 
-def _replacing(tree: _Tree, path: tuple[str, ...], make: Callable[[], _T]) -> _T:
+def _replacing(tree: LayerTree, path: tuple[str, ...], make: Callable[[], _T]) -> _T:
     """`make()`, which creates `path` and fails if something is there; when an earlier entry
     left something, that is removed and `make()` called again. Trying first spares a `stat` per
     entry, and almost every entry of a layer is the only one at its path."""
@@ -259,7 +281,7 @@ def _exists(parent: int, name: str) -> bool:
     return True
 
 
-def _clear(tree: _Tree, path: tuple[str, ...], *, keep_directory: bool) -> bool:
+def _clear(tree: LayerTree, path: tuple[str, ...], *, keep_directory: bool) -> bool:
     """Remove what an earlier entry left at `path` (a directory stays when one replaces it);
     whether it was a whiteout."""
     parent, name = tree.directory(path[:-1]), path[-1]

@@ -13,7 +13,10 @@ __all__ = ["ImageRecord", "Index", "LayerRecord"]
 @dataclass(frozen=True)
 class LayerRecord:
     """One unpacked layer, by its uncompressed digest (the config's diff id): `size` is its
-    uncompressed tar's bytes, what it counts against the store's bound."""
+    uncompressed tar's bytes, what it counts against the store's bound. `by_content` False: the
+    layer of an untagged snapshot (a fork's, a pause's), named by a random digest instead of its
+    content's (see `capture`): never shared with another layer, and no import can name it, as an
+    import checks a layer's tar against its diff id even when the store holds that id."""
 
     digest: str
     size: int
@@ -21,6 +24,7 @@ class LayerRecord:
     files: int = 0
     whiteouts: tuple[str, ...] = ()
     opaque: tuple[str, ...] = ()
+    by_content: bool = True
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ class Index:
             "version": 1,
             "tags": dict(sorted(self.tags.items())),
             "images": {d: asdict(i) for d, i in sorted(self.images.items())},
-            "layers": {d: asdict(layer) for d, layer in sorted(self.layers.items())},
+            "layers": {d: _layer_json(layer) for d, layer in sorted(self.layers.items())},
         }
 
     @classmethod
@@ -89,3 +93,12 @@ class Index:
             for digest, raw in data.get("layers", {}).items()
         }
         return cls(tags=dict(data.get("tags", {})), images=images, layers=layers)
+
+
+def _layer_json(layer: LayerRecord) -> dict[str, Any]:
+    """A layer's entry; `by_content` only when False, so a store holding no untagged snapshot
+    stays readable by a gateway from before the field."""
+    raw = asdict(layer)
+    if layer.by_content:
+        del raw["by_content"]
+    return raw

@@ -44,7 +44,12 @@ Build = Callable[[str, str, str, Setup, str], None]
 
 
 class BuildError(Exception):
-    """A build failed; the message is what its pool shows (the failing step, its output's end)."""
+    """A build failed; the message is what its pool shows (the failing step, its output's end);
+    `step` is that step's number (1-based), None when the build failed outside its steps."""
+
+    def __init__(self, message: str, *, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 def content_key(setup: Setup, base_digest: str) -> str:

@@ -53,6 +53,7 @@ CPU_PERIOD_US = 100_000
 # tries again.
 _REMOVE_TRIES = 100
 _RETRY_SECONDS = 0.01
+_FIRST_RETRY_SECONDS = 0.0005
 
 
 @dataclass(frozen=True)
@@ -277,13 +278,18 @@ def make_parent(parent: Path) -> None:
     parent.mkdir(parents=True, exist_ok=True)
 
 
-def wait_for(done: Callable[[], bool], what: str, *, tries: int = 200) -> None:
-    """Poll `done` until it holds (~2 s at most, blocking); OSError naming `what` if it never does."""
-    for _ in range(tries):
-        if done():
-            return
-        time.sleep(_RETRY_SECONDS)
-    raise OSError(errno.ETIMEDOUT, f"{what}: not reached")
+def wait_for(done: Callable[[], bool], what: str, *, seconds: float = 2.0) -> None:
+    """Poll `done` until it holds (`seconds` at most, blocking); OSError naming `what` if it never
+    does. The first polls come fast: a freeze is usually done within a millisecond, and a fork or
+    pause waits for it with its sandbox stopped, so a first sleep of 10 ms was most of the time
+    an idle sandbox's fork kept it frozen."""
+    deadline = time.monotonic() + seconds
+    delay = _FIRST_RETRY_SECONDS
+    while not done():
+        if time.monotonic() >= deadline:
+            raise OSError(errno.ETIMEDOUT, f"{what}: not reached")
+        time.sleep(delay)
+        delay = min(delay * 2, _RETRY_SECONDS)
 
 
 def write_existing(path: Path, text: str) -> None:
