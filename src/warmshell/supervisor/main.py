@@ -45,7 +45,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 
@@ -125,7 +124,7 @@ class SupervisorSettings:
     # Whether a non-zero exit makes the runtime start this supervisor again (see the module doc).
     restart_on_failure: bool = False
     # Where the workload container's agent connects (Kubernetes); None: this process's children.
-    agent_socket: Path | None = None
+    agent_socket: str | None = None  # a str, not a Path: no pathlib among the supervisor's imports
 
     @classmethod
     def from_environment(cls, environ: dict[str, str]) -> SupervisorSettings:
@@ -152,7 +151,7 @@ class SupervisorSettings:
             credential=credential,
             instance_id=environ.get("WARMSHELL_INSTANCE_ID", ""),
             restart_on_failure=policy == "OnFailure",
-            agent_socket=Path(socket) if (socket := environ.get("WARMSHELL_AGENT_SOCKET")) else None,
+            agent_socket=environ.get("WARMSHELL_AGENT_SOCKET") or None,
         )
 
 
@@ -290,7 +289,7 @@ class Supervisor:
             if channel is not None:
                 await channel.close(grace=None)
 
-    async def _connect_agent(self, path: Path) -> None:
+    async def _connect_agent(self, path: str) -> None:
         """Take the workload container's agent (see the module doc) as this sandbox's runner."""
         connection = await accept_agent(path, uid=os.geteuid(), timeout=AGENT_CONNECT_SECONDS)
         link = AgentLink(connection, open_terminal=_open_terminal)
