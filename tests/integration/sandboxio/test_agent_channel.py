@@ -238,3 +238,25 @@ async def test_an_fd_where_none_belongs_ends_the_channel(fake: FakeAgent, tmp_pa
     finally:
         os.close(fd)
     await asyncio.wait_for(asyncio.shield(fake.link.closed), 5)
+
+
+@pytest.mark.skipif(shutil.which("musl-gcc") is None, reason="musl-tools not installed: the agent links glibc")
+async def test_an_idle_agent_maps_little_of_its_binary(tmp_path: Path) -> None:
+    """Each pod has its own copy of the agent (an emptyDir), so every page it maps is that pod's
+    alone: linked against musl an idle agent maps ~60 KiB, where glibc's static start-up
+    mapped ~700 KiB."""
+    copy = tmp_path / "warmshell-agent"
+    shutil.copy(AGENT_BINARY, copy)  # a file of its own, as in a pod: no page shared with another
+    path = tmp_path / "agent.sock"
+    argv = ["bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--as-pid-1", "--die-with-parent"]
+    agent = await asyncio.create_subprocess_exec(*argv, str(copy), "--connect", str(path))
+    link = AgentLink(await accept_agent(path, uid=os.geteuid(), timeout=30))
+    try:
+        await link.wait_hello()
+        assert await link.ping(5)
+        [pid] = map(int, Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split())
+        rollup = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+        assert int(rollup["Pss"].split()[0]) < 200, rollup["Pss"]  # KiB
+    finally:
+        link.close()
+        await asyncio.wait_for(agent.wait(), 10)
