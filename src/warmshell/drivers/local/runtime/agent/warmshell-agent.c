@@ -227,11 +227,7 @@ static void root_dir(size_t size, int nfds) {
     uint32_t record[4] = {'D', id, 0, 0};
     char control[CMSG_SPACE(sizeof(int))] = {0};
     struct iovec iov = {record, sizeof record};
-    struct msghdr header = {0};
-    header.msg_iov = &iov;
-    header.msg_iovlen = 1;
-    header.msg_control = control;
-    header.msg_controllen = sizeof control;
+    struct msghdr header = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
     struct cmsghdr *c = CMSG_FIRSTHDR(&header);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
@@ -252,11 +248,7 @@ static void finish(size_t size, int nfds) {
 static void serve_one(void) {
     char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
     struct iovec iov = {message, sizeof message};
-    struct msghdr header = {0};
-    header.msg_iov = &iov;
-    header.msg_iovlen = 1;
-    header.msg_control = control;
-    header.msg_controllen = sizeof control;
+    struct msghdr header = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
     ssize_t got = recvmsg(ctl, &header, MSG_CMSG_CLOEXEC);
     if (got < 0 && errno == EINTR) return;
     if (got <= 0) die();  /* the supervisor closed the socket (or it broke): the sandbox ends */
