@@ -38,13 +38,13 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 
@@ -102,8 +102,8 @@ def make_undumpable() -> None:
     kernel refuses (the supervisor then does not start: it would hold its secrets in the open)."""
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(errno)}")
+        code = ctypes.get_errno()
+        raise OSError(code, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(code)}")
 
 
 class SupervisorExit(Exception):
@@ -128,7 +128,7 @@ class SupervisorSettings:
     # Whether a non-zero exit makes the runtime start this supervisor again (see the module doc).
     restart_on_failure: bool = False
     # Where the workload container's agent connects (Kubernetes); None: this process's children.
-    agent_socket: Path | None = None
+    agent_socket: str | None = None  # a str, not a Path: no pathlib among the supervisor's imports
 
     @classmethod
     def from_environment(cls, environ: dict[str, str]) -> SupervisorSettings:
@@ -155,7 +155,7 @@ class SupervisorSettings:
             credential=credential,
             instance_id=environ.get("WARMSHELL_INSTANCE_ID", ""),
             restart_on_failure=policy == "OnFailure",
-            agent_socket=Path(socket) if (socket := environ.get("WARMSHELL_AGENT_SOCKET")) else None,
+            agent_socket=environ.get("WARMSHELL_AGENT_SOCKET") or None,
         )
 
 
@@ -222,7 +222,8 @@ class Supervisor:
         self._execs: dict[str, asyncio.Task[None]] = {}
         self._windows: dict[str, OutputWindow] = {}
         self._inputs: dict[str, ExecInput] = {}
-        self._files = FileServer(self._outbox.put_control) if serve_files else None
+        self._files = FileServer(self._outbox.put_control, self._open_workload_root) if serve_files else None
+        self._workload_root = -1  # the agent's root directory, an O_PATH fd (see `_connect_agent`)
         self._token = ""
         self._token_expires_ms = 0
         self._workload: asyncio.Task[None] | None = None
@@ -288,6 +289,9 @@ class Supervisor:
             if self._agent is not None:
                 self._agent.closed.remove_done_callback(self._agent_lost)  # our own close is no loss
                 self._agent.close()
+            if self._workload_root >= 0:
+                root, self._workload_root = self._workload_root, -1
+                os.close(root)
             if channel is not None:
                 await channel.close(grace=None)
 
@@ -299,15 +303,15 @@ class Supervisor:
         if self.settings.agent_socket is None:
             log.warning("an egress CA to trust, but no workload container to place it in; ignored")
             return {}
-        directory = self.settings.agent_socket.parent / TRUST_DIR
+        directory = os.path.join(os.path.dirname(self.settings.agent_socket), TRUST_DIR)
         try:
             await asyncio.to_thread(trust.write_trust, directory, ca_pem)
         except OSError as exc:
             log.warning("could not place the egress proxy's CA in %s: %s", directory, exc)
             return {}
-        return egress.trust_environment(str(directory))
+        return egress.trust_environment(directory)
 
-    async def _connect_agent(self, path: Path) -> None:
+    async def _connect_agent(self, path: str) -> None:
         """Take the workload container's agent (see the module doc) as this sandbox's runner."""
         connection = await accept_agent(path, uid=os.geteuid(), timeout=AGENT_CONNECT_SECONDS)
         link = AgentLink(connection, open_terminal=_open_terminal)
@@ -315,6 +319,10 @@ class Supervisor:
         try:
             async with asyncio.timeout(AGENT_CONNECT_SECONDS):
                 pid = await link.wait_hello()
+                # Files are served in the workload container's filesystem, not this one's (which
+                # holds the pod's token): under the agent's root, as the local driver serves
+                # them under /proc/<agent pid>/root.
+                self._workload_root = await link.open_root()
         except TimeoutError:
             raise SupervisorExit(1, "the workload's agent connected but never said hello") from None
         except OSError as exc:
@@ -323,6 +331,12 @@ class Supervisor:
         self._runner = link.run_streaming
         self._run_task = asyncio.current_task()
         link.closed.add_done_callback(self._agent_lost)
+
+    def _open_workload_root(self) -> int:
+        """A new fd on the workload container's root (for one file operation; the caller closes it)."""
+        if self._workload_root < 0:
+            raise OSError(errno.ENODEV, "the workload's agent has not connected")
+        return os.dup(self._workload_root)
 
     async def _finish_agent(self) -> None:
         """The sandbox is over: the workload container ends with status 0 (it is not restarted)."""
