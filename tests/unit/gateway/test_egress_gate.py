@@ -126,3 +126,18 @@ async def test_a_request_alone_cannot_open_a_socket_where_nothing_is_allowed(tmp
         assert sockets.asked == ["i-1"]
     finally:
         await widening.aclose()
+
+
+async def test_the_gateways_own_rules_apply_without_a_pool_or_a_request(tmp_path: Path) -> None:
+    gate, sockets, proxy = _gate(tmp_path, Pools(), default="all", deny=["internal.example.com"])
+    try:
+        await gate.attach(_record(), "i-1", None, {})
+        assert sockets.asked == ["i-1"]
+        policy = proxy.policy("sb-1")
+        assert policy is not None
+        assert policy.summary == "allow *; deny internal.example.com"
+        assert policy == gate.policy(_record(), None)
+        narrowed = gate.policy(_record("example.com"), None)
+        assert narrowed.summary == "allow *; example.com; deny internal.example.com"
+    finally:
+        await gate.aclose()

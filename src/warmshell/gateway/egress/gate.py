@@ -139,6 +139,11 @@ class EgressGate:
         self._pools = pools
         self._authority = authority
         self._deny = egress.parse_rules(config.deny, field="network.deny")
+        # What a sandbox gets when neither a pool's profile nor its request has rules (every
+        # cold create without --allow-net): composed once, not at each activation.
+        self._gateway_policy = egress.compose(
+            default=config.default, gateway_deny=self._deny, requests_may_widen=config.requests_may_widen
+        )
         self._closing: set[asyncio.Task[None]] = set()
 
     @property
@@ -153,6 +158,8 @@ class EgressGate:
 
     def _policy(self, record: SandboxRecord, view: PoolView | None) -> Policy:
         request = record.spec.network
+        if view is None and not request.allow and not request.deny:
+            return self._gateway_policy
         profile_allow = view.network_allow if view is not None else None
         profile_deny = view.network_deny if view is not None else ()
         return egress.compose(
