@@ -204,8 +204,8 @@ class EgressGate:
         IP address its supervisor registered from, to which a pod's credential is bound."""
         # Every activation passes here, warm or cold, and most sandboxes have no egress: the
         # pool's view is looked up once, secret hosts only for secrets, and a sandbox whose
-        # policy allows nothing gets no socket path at all (a few hundred microseconds of every
-        # warm create's event loop went to the lookups and the path).
+        # policy allows nothing gets no socket path at all (under cProfile the two lookups and
+        # the path were a third of a millisecond of each warm create's event loop).
         view = self._view(record, pool)
         policy = self._policy(record, view)
         hosts = self._secret_hosts(record, view) if secrets else {}
