@@ -79,7 +79,7 @@ def measure(pools: int, calls: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tree", action="append", metavar="NAME=DIR", help="a tree's src/")
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR", help="a tree's src/")
     parser.add_argument("--pools", type=int, default=3, help="pools the driver has (default 3)")
     parser.add_argument("--calls", type=int, default=20000, help="attaches per measurement (default 20000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each one child per tree (default 3)")
@@ -89,15 +89,17 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.pools, args.calls)))
         return
+    import alternating
     from harness import write_results
 
-    trees = dict(item.split("=", 1) for item in args.tree or ())
-    runs: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
-    for _ in range(args.rounds):
-        for tree, src in trees.items():
-            env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
-            command = [sys.executable, __file__, "--child", "--pools", str(args.pools), "--calls", str(args.calls)]
-            runs[tree].append(json.loads(subprocess.run(command, env=env, capture_output=True, check=True).stdout))
+    def child(_tree: str, src: Path, _round: int) -> dict[str, float]:
+        env = {**os.environ, "PYTHONPATH": str(src)}
+        command = [sys.executable, __file__, "--child", "--pools", str(args.pools), "--calls", str(args.calls)]
+        result: dict[str, float] = json.loads(subprocess.run(command, env=env, capture_output=True, check=True).stdout)
+        return result
+
+    trees = alternating.trees(args.tree)
+    runs = alternating.alternate(trees, args.rounds, child)
     out = f"µs of CPU per `attach` without egress, {args.pools} pools (medians over the rounds)\n\n"
     out += "| tree | warm | cold |\n|---|---|---|\n"
     for tree, rs in runs.items():

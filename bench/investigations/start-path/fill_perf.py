@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness
+import alternating
 from harness import gateway_process, write_results
 from warm_path import idle_members, write_profile
 
@@ -141,22 +142,21 @@ def table(trees: list[str], runs: dict[str, list[dict[str, Any]]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--tree", action="append", required=True, metavar="NAME=DIR", help="a tree's src/ (first: the base)"
-    )
+    alternating.add_tree_option(parser)
     parser.add_argument("--size", type=int, default=150, help="members in the measured fill (default 150)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, each one fill per tree (default 2)")
     parser.add_argument("--frequency", type=int, default=2000, help="perf's samples per second (default 2000)")
     parser.add_argument("--name", default="fill_perf", help="results/NAME.{json,md} beside this script")
     args = parser.parse_args()
-    trees = dict(item.split("=", 1) for item in args.tree)
-    runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+    trees = alternating.trees(args.tree)
     with tempfile.TemporaryDirectory(prefix="ws-fill-perf-data-") as tmp:
-        for round_ in range(args.rounds):
-            for tree, src in trees.items():
-                print(f"round {round_}: {tree}", flush=True)
-                data = Path(tmp) / f"{tree}-{round_}.perf"
-                runs[tree].append(asyncio.run(fill(Path(src).resolve(), args.size, args.frequency, data)))
+        runs = alternating.alternate(
+            trees,
+            args.rounds,
+            lambda tree, src, round_: asyncio.run(
+                fill(src, args.size, args.frequency, Path(tmp) / f"{tree}-{round_}.perf")
+            ),
+        )
     data = {"trees": trees, "size": args.size, "frequency": args.frequency, "runs": runs}
     write_results(args.name, data, table(list(trees), runs))
 

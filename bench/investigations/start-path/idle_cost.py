@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness
+import alternating
 from harness import GatewayProcess, gateway_process, write_results
 from warm_path import idle_members, write_profile
 
@@ -69,19 +70,17 @@ async def one(src: Path, size: int, seconds: float, poll: float) -> dict[str, An
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tree", action="append", required=True, metavar="NAME=DIR", help="a tree's src/")
+    alternating.add_tree_option(parser)
     parser.add_argument("--size", type=int, default=150, help="idle members held (default 150)")
     parser.add_argument("--seconds", type=float, default=5, help="each window (default 5)")
     parser.add_argument("--poll", type=float, default=0.02, help="ListPools every POLL s (default 0.02, as burst.py)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, each one gateway per tree (default 2)")
     parser.add_argument("--name", default="idle_cost", help="results/NAME.{json,md} beside this script")
     args = parser.parse_args()
-    trees = dict(item.split("=", 1) for item in args.tree)
-    runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
-    for round_ in range(args.rounds):
-        for tree, src in trees.items():
-            print(f"round {round_}: {tree}", flush=True)
-            runs[tree].append(asyncio.run(one(Path(src).resolve(), args.size, args.seconds, args.poll)))
+    trees = alternating.trees(args.tree)
+    runs = alternating.alternate(
+        trees, args.rounds, lambda _tree, src, _round: asyncio.run(one(src, args.size, args.seconds, args.poll))
+    )
     out = f"Gateway CPU ms per second with {args.size} idle members (medians over the rounds)\n\n"
     out += "| tree | idle | polling ListPools | loads |\n|---|---|---|---|\n"
     for tree, rs in runs.items():
