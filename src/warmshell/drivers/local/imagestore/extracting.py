@@ -30,7 +30,7 @@ from typing import TypeVar
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from warmshell.drivers.local.imagestore import entries
 from warmshell.drivers.local.imagestore.entries import Kind
-from warmshell.drivers.local.imagestore.sources import Readable
+from warmshell.drivers.local.imagestore.sources import Readable, ReadableInto
 from warmshell.drivers.local.imagestore.tarreading import Member, TarReader
 
 __all__ = ["OPAQUE_XATTR", "WHITEOUT_XATTR", "BoundedReader", "LayerStats", "Limits", "extract_layer"]
@@ -68,50 +68,43 @@ class BoundedReader:
     """The uncompressed tar stream, counted: past `limit` bytes the import is refused, so a small
     compressed blob cannot expand without bound (a gzip bomb, or millions of tiny entries).
 
-    Reads ahead `_CHUNK` at a time for small reads (each read passing down through the hashing
-    readers and the source's tar member costs Python calls and system calls); the tar reader
-    asks for `_CHUNK` at once, which goes straight through. The count (and so the bound) is of
-    the bytes taken from below, at most `_CHUNK` ahead of what the tar has consumed."""
+    The tar reader has it fill one buffer of its own, again and again: a new `bytes` per
+    megabyte, faulted in page by page, cost more system time than writing the layer's files.
+    A stream that can only `read` (a pipe of `capture`) is copied into that buffer."""
 
-    def __init__(self, raw: Readable, *, limit: int, key: str, where: str) -> None:
+    def __init__(self, raw: Readable | ReadableInto, *, limit: int, key: str, where: str) -> None:
         self._raw = raw
+        self._into = raw.readinto if isinstance(raw, ReadableInto) else None
         self.limit = limit
         self.key = key
         self.where = where
         self.count = 0
-        self._ahead = b""
-        self._at = 0
 
-    def read(self, n: int = -1) -> bytes:
-        """Up to `n` bytes (all that is left for -1)."""
-        if n < 0:
-            data = self._ahead[self._at :] + self._fetch(-1)
-            self._ahead, self._at = b"", 0
-            return data
-        if self._at == len(self._ahead):
-            if n >= _CHUNK:  # a large read goes straight through, uncopied
-                return self._fetch(n)
-            self._ahead, self._at = self._fetch(_CHUNK), 0
-        data = self._ahead[self._at : self._at + n]
-        self._at += len(data)
-        return data
-
-    def _fetch(self, n: int) -> bytes:
+    def readinto(self, buffer: memoryview, /) -> int:
+        """Fill up to `len(buffer)` bytes of `buffer`; how many (0 at the end)."""
         try:
-            data = self._raw.read(n)
+            if self._into is not None:
+                n = self._into(buffer)
+            else:
+                data = self._raw.read(len(buffer))
+                n = len(data)
+                buffer[:n] = data
         except (EOFError, zlib.error, OSError) as exc:
             raise InvalidArgumentError(self.where, f"is truncated or corrupt ({exc})") from None
-        self.count += len(data)
+        self._count(n)
+        return n
+
+    def _count(self, n: int) -> None:
+        self.count += n
         if self.count > self.limit:
             raise ResourceExhaustedError(
                 f"{self.where}: unpacks to more than the {self.limit} bytes left under {self.key}"
             )
-        return data
 
     def drain(self) -> None:
         """Read what follows the tar's end (padding, a compressor's trailer) so hashes complete."""
-        self._ahead, self._at = b"", 0
-        while self._fetch(_CHUNK):
+        buffer = memoryview(bytearray(_CHUNK))
+        while self.readinto(buffer):
             pass
 
 

@@ -5,7 +5,7 @@ Python's `tarfile` took ~0.67 s of CPU to parse the ~8,700 headers of a 170 MB D
 copy its data through Python, twice what `tar -x` spends on the whole extraction; libarchive does
 the same in ~0.2 s, and `archive_read_data_into_fd` writes a file's data without it passing
 through Python. The bytes still come from the caller's reader (the digests are computed and the
-bound counted there), one block per callback; only the tar format is enabled (no compression
+bound counted there), into one block refilled at each callback; only the tar format is enabled (no compression
 filter, no other format: decompression stays with the digest-checking readers).
 """
 
@@ -46,8 +46,8 @@ _symlink_utf8 = ffi.ffi("entry_symlink_utf8", [ffi.c_archive_entry_p], ctypes.c_
 class Source(Protocol):
     """Where the tar's bytes come from (e.g. `extracting.BoundedReader`)."""
 
-    def read(self, n: int = -1) -> bytes:
-        """Up to `n` bytes; b"" at the end."""
+    def readinto(self, buffer: memoryview, /) -> int:
+        """Fill up to `len(buffer)` bytes of `buffer`; how many (0 at the end)."""
         ...
 
 
@@ -75,7 +75,11 @@ class TarReader:
     def __init__(self, source: Source, *, where: str) -> None:
         self._source = source
         self._where = where
-        self._held = b""  # the block libarchive is reading from: alive until the next callback
+        # The one block libarchive reads from, refilled at each callback (libarchive is done
+        # with a block when it asks for the next). Exported to ctypes, it can never be resized.
+        self._block = bytearray(_BLOCK)
+        self._view = memoryview(self._block)
+        self._address = ctypes.addressof((ctypes.c_char * _BLOCK).from_buffer(self._block))
         self._failure: BaseException | None = None
         # Kept referenced: libarchive calls it until the reader is freed.
         self._callback = ffi.READ_CALLBACK(self._read)
@@ -131,9 +135,9 @@ class TarReader:
     def _read(self, _archive: int, _context: int, pointer: ctypes._Pointer[ctypes.c_void_p]) -> int:
         # An exception cannot cross libarchive: it is kept, and libarchive told the read failed.
         try:
-            self._held = self._source.read(_BLOCK)
+            n = self._source.readinto(self._view)
         except BaseException as exc:
             self._failure = exc
             return _FATAL
-        pointer[0] = ctypes.cast(ctypes.c_char_p(self._held), ctypes.c_void_p).value
-        return len(self._held)
+        pointer[0] = self._address
+        return n
