@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmshell.core.errors import InvalidArgumentError, ResourceExhaustedError
-from warmshell.drivers.local.imagestore.entries import Kind
-from warmshell.drivers.local.imagestore.tarreading import Member, Source, TarReader
+from warmshell.drivers.local.imagestore.entries import Entry, Kind
+from warmshell.drivers.local.imagestore.tarreading import Source, TarReader
 
 _KINDS = {
     tarfile.REGTYPE: Kind.FILE,
@@ -97,7 +97,7 @@ def _one_file(size: int = 2000) -> bytes:
     return buffer.getvalue()
 
 
-def _members(source: Source) -> list[Member]:
+def _members(source: Source) -> list[Entry]:
     with TarReader(source, where="sha256:abc") as tar:
         return list(tar)
 
