@@ -172,8 +172,7 @@ def _decompressed(reader: HashingReader, compression: str) -> ReadableInto | Non
 
 def _tar_stream(blob: HashingReader, layer: LayerPlan) -> HashingReader:
     """The layer's tar, hashed against its diff id: a layer is stored (and shared) by its diff
-    id, so a blob whose content is not what the config says must never be stored under it.
-    For an uncompressed layer that is the blob itself (closing it twice is harmless)."""
+    id, so a blob whose content is not what the config says must never be stored under it."""
     plain = _decompressed(blob, layer.compression)
     if plain is None:
         if layer.digest != layer.diff_id:
@@ -187,10 +186,8 @@ def _tar_stream(blob: HashingReader, layer: LayerPlan) -> HashingReader:
 def _unpack(source: Source, layer: LayerPlan, dest: Path, *, budget: int, max_entries: int) -> LayerRecord:
     """Unpack one layer into `dest`, checking its blob's digest and size and its diff id."""
     where = f"{source.name}: {layer.path} ({layer.digest})"
-    with (
-        HashingReader(source.open(layer.path), digest=layer.digest, size=layer.size, where=where) as blob,
-        _tar_stream(blob, layer) as tar_stream,
-    ):
+    with HashingReader(source.open(layer.path), digest=layer.digest, size=layer.size, where=where) as blob:
+        tar_stream = _tar_stream(blob, layer)
         bounded = BoundedReader(tar_stream, limit=budget, key=SIZE_KEY, where=where)
         stats = extract_layer(bounded, dest, where=where, limits=Limits(budget=budget, max_entries=max_entries))
         blob.drain()
@@ -209,10 +206,8 @@ def _unpack(source: Source, layer: LayerPlan, dest: Path, *, budget: int, max_en
 def _verify_only(source: Source, layer: LayerPlan, *, limit: int) -> None:
     """Check a layer the store already has: its blob, and that it is the layer its diff id names."""
     where = f"{source.name}: {layer.path} ({layer.digest})"
-    with (
-        HashingReader(source.open(layer.path), digest=layer.digest, size=layer.size, where=where) as blob,
-        _tar_stream(blob, layer) as tar_stream,
-    ):
+    with HashingReader(source.open(layer.path), digest=layer.digest, size=layer.size, where=where) as blob:
+        tar_stream = _tar_stream(blob, layer)
         BoundedReader(tar_stream, limit=limit, key=SIZE_KEY, where=where).drain()
         blob.drain()
         blob.verify()

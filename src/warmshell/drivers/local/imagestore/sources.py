@@ -6,6 +6,7 @@ its last byte has been read.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tarfile
 from pathlib import Path
@@ -13,7 +14,6 @@ from types import TracebackType
 from typing import Protocol, Self, cast, runtime_checkable
 
 from warmshell.core.errors import InvalidArgumentError
-from warmshell.drivers.local.imagestore.digests import StreamDigest
 
 __all__ = [
     "Blob",
@@ -204,12 +204,11 @@ def open_source(path: Path, *, name: str = "") -> Source:
 
 class HashingReader:
     """A reader over a blob that hashes and counts what passes, refusing more than `size` bytes;
-    `verify()` (after the last read) checks the digest and the size. Large blocks are hashed on
-    a worker thread (`digests`) while the caller uses them: close the reader when done."""
+    `verify()` (after the last read) checks the digest and the size."""
 
     def __init__(self, raw: ReadableInto, *, digest: str, size: int | None, where: str) -> None:
         self._raw = raw
-        self._hash = StreamDigest()
+        self._hash = hashlib.sha256()
         self.digest = digest
         self.size = size
         self.where = where
@@ -225,9 +224,7 @@ class HashingReader:
         return data
 
     def readinto(self, buffer: memoryview, /) -> int:
-        """Fill up to `len(buffer)` bytes of `buffer`; how many. The caller leaves `buffer` as it
-        is until its next call (the worker may still be hashing it)."""
-        self._hash.wait()  # `buffer` may be the block the worker is hashing
+        """Fill up to `len(buffer)` bytes of `buffer`; how many."""
         try:
             n = self._raw.readinto(buffer)
         except (tarfile.TarError, EOFError, OSError) as exc:
@@ -255,8 +252,7 @@ class HashingReader:
             raise InvalidArgumentError(self.where, f"has digest {actual}, not the {self.digest} it is named by")
 
     def close(self) -> None:
-        """Stop the hashing and close the underlying file (idempotent)."""
-        self._hash.close()
+        """Close the underlying file."""
         close = getattr(self._raw, "close", None)
         if close is not None:
             close()
@@ -278,10 +274,10 @@ def read_small_blob(source: Source, path: str, *, digest: str | None, size: int 
             return data
         if size is not None and size > MAX_JSON_BYTES:
             raise InvalidArgumentError(where, f"is {size} bytes: not an image's JSON")
-        with HashingReader(raw, digest=digest, size=size, where=where) as reader:
-            data = reader.read(MAX_JSON_BYTES + 1)
-            reader.drain()
-            reader.verify()
+        reader = HashingReader(raw, digest=digest, size=size, where=where)
+        data = reader.read(MAX_JSON_BYTES + 1)
+        reader.drain()
+        reader.verify()
         return data
 
 
