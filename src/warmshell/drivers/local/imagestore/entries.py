@@ -107,7 +107,9 @@ def normalise(name: str, *, where: str) -> tuple[str, ...]:
         raise InvalidArgumentError(where, f"entry {name!r} has a NUL byte in its path")
     if len(name) > _SHORT_NAME and len(name.encode(errors="surrogateescape")) > MAX_PATH_BYTES:
         raise InvalidArgumentError(where, f"entry {name[:64]!r}... has a path over {MAX_PATH_BYTES} bytes")
-    parts = [p for p in name.lstrip("/").split("/") if p not in ("", ".")]
+    parts = name.lstrip("/").removeprefix("./").split("/")
+    if "" in parts or "." in parts:  # 'a//b', 'a/./b', a directory's trailing '/': not the most
+        parts = [p for p in parts if p not in ("", ".")]
     if ".." in parts:
         raise InvalidArgumentError(where, f"entry {name!r} has a '..' component (it would leave the layer)")
     if len(parts) > MAX_DEPTH:

@@ -122,13 +122,20 @@ class _Tree:
         self.root = root
         self.where = where
         self._open: dict[tuple[str, ...], int] = {}
+        # The directory asked for last: the next entry is most often in it, and comparing the
+        # path costs less than hashing it (its names are new strings, their hashes not cached).
+        self._last: tuple[tuple[str, ...], int] = ((), root)
 
     def directory(self, path: tuple[str, ...]) -> int:
         """A descriptor (borrowed: the tree closes it) on `path`, made (0755) where missing."""
+        last_path, last_fd = self._last
+        if path == last_path:
+            return last_fd
         if not path:
             return self.root
         known = self._open.get(path)
         if known is not None:
+            self._last = (path, known)
             return known
         parent = self.directory(path[:-1])
         try:
@@ -143,6 +150,7 @@ class _Tree:
                 self.where, f"entry under {'/'.join(path)!r} passes through a symbolic link or a file"
             ) from None
         self._open[path] = fd
+        self._last = (path, fd)
         return fd
 
     def trim(self) -> None:
@@ -152,6 +160,7 @@ class _Tree:
 
     def forget(self, under: tuple[str, ...] = ()) -> None:
         """Close the kept descriptors of `under` and what is below it (all by default)."""
+        self._last = ((), self.root)
         for path in [p for p in self._open if p[: len(under)] == under]:
             os.close(self._open.pop(path))
 
@@ -163,13 +172,13 @@ def extract_layer(stream: BoundedReader, dest: Path, *, where: str, limits: Limi
     tree = _Tree(os.open(dest, _DIR_FLAGS), where)
     try:
         with TarReader(stream, where=where) as tar:
-            for entry in tar:
-                stats.entries += 1
-                if stats.entries > limits.max_entries:
+            for number, entry in enumerate(tar, 1):
+                if number > limits.max_entries:
                     raise InvalidArgumentError(where, f"has more than {limits.max_entries} entries")
                 action = entries.decide(entry, where=where, max_entry_bytes=limits.budget)
                 _apply(action, tar, entry, tree, stats)
                 tree.trim()
+                stats.entries = number
         stream.drain()
     finally:
         tree.forget()

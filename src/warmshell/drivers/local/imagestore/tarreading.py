@@ -28,6 +28,7 @@ _BLOCK = 1 << 20
 _FATAL = -30  # ARCHIVE_FATAL: what a read callback returns when its source failed
 _WARN = -20  # ARCHIVE_WARN
 _TYPE, _PERM = 0o170000, 0o7777  # libarchive's AE_IFMT, and what its archive_entry_perm keeps
+_HARDLINK, _SYMLINK, _OTHER = Kind.HARDLINK, Kind.SYMLINK, Kind.OTHER  # read once: ~160 ns each through Kind
 _KINDS = {
     stat.S_IFREG: Kind.FILE,
     stat.S_IFDIR: Kind.DIRECTORY,
@@ -133,9 +134,9 @@ class TarReader:
         mode = _mode(entry)
         hardlink = _hardlink_utf8(entry) or _hardlink(entry)
         if hardlink is not None:
-            return Entry(_text(name), Kind.HARDLINK, mode & _PERM, _size(entry), _text(hardlink))
-        kind = _KINDS.get(mode & _TYPE, Kind.OTHER)
-        link = _text(_symlink_utf8(entry) or _symlink(entry)) if kind is Kind.SYMLINK else ""
+            return Entry(_text(name), _HARDLINK, mode & _PERM, _size(entry), _text(hardlink))
+        kind = _KINDS.get(mode & _TYPE, _OTHER)
+        link = _text(_symlink_utf8(entry) or _symlink(entry)) if kind is _SYMLINK else ""
         return Entry(_text(name), kind, mode & _PERM, _size(entry), link)
 
     def _check(self, result: int) -> int:
