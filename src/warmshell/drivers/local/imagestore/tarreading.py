@@ -5,8 +5,8 @@ Python's `tarfile` took ~0.67 s of CPU to parse the ~8,700 headers of a 170 MB D
 copy its data through Python, twice what `tar -x` spends on the whole extraction; libarchive does
 the same in ~0.2 s, and `archive_read_data_into_fd` writes a file's data without it passing
 through Python. The bytes still come from the caller's reader (the digests are computed and the
-bound counted there), into one block refilled at each callback; only the tar format is enabled (no compression
-filter, no other format: decompression stays with the digest-checking readers).
+bound counted there), into one block refilled at each callback; only the tar format is enabled
+(no compression filter, no other format: decompression stays with the digest-checking readers).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ _KINDS = {
 
 def _function(name: str, argtypes: list[type], restype: type) -> Any:
     # A function object of our own (indexing makes a new one; libarchive-c's are shared and
-    # carry its Python error check): a layer is ~9,000 entries, each a dozen calls into C, and
-    # the return codes are checked here, once, by `TarReader._check`.
+    # carry its Python error check): a layer is ~9,000 entries, each half a dozen calls into C,
+    # and the return codes are checked here, once, by `TarReader._check`.
     function = ffi.libarchive["archive_" + name]
     function.argtypes = argtypes
     function.restype = restype
@@ -149,7 +149,7 @@ class TarReader:
         raise self._failed(ffi.error_string(self._archive))
 
     def _failed(self, message: str | bytes | None) -> InvalidArgumentError:
-        text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message
+        text = message.decode("utf-8", "replace") if isinstance(message, bytes) else message or "no reason given"
         return InvalidArgumentError(self._where, f"is not a readable tar stream ({text})")
 
     def _read(self, _archive: int, _context: int, pointer: ctypes._Pointer[ctypes.c_void_p]) -> int:
