@@ -30,32 +30,13 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness
 from harness import gateway_process, write_results
-from sdk_transfers import _cpu_seconds
+from sdk_transfers import _cpu_seconds, _floor_server
 
 import warmshell
 from warmshell.api.v1 import sandbox_pb2 as pb
 
 BLOB = 5 * 1024 * 1024
 SIZES = (256 * 1024, 1024 * 1024, 3 * 1024 * 1024)
-
-
-async def _floor_server(path: str) -> None:
-    async def count(requests: Any, _context: Any) -> Any:
-        total = 0
-        async for message in requests:
-            total += len(message.data)
-        return pb.WriteFileResponse(bytes_written=total)
-
-    handler = grpc.stream_unary_rpc_method_handler(
-        count,
-        request_deserializer=pb.WriteFileRequest.FromString,
-        response_serializer=pb.WriteFileResponse.SerializeToString,
-    )
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 8 * 1024 * 1024)])
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("floor.Floor", {"Count": handler})])
-    server.add_insecure_port(f"unix://{path}")
-    await server.start()
-    await server.wait_for_termination()
 
 
 def _own_cpu() -> float:
@@ -138,7 +119,7 @@ def main() -> None:
     parser.add_argument("--floor-server", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_server:
-        asyncio.run(_floor_server(args.floor_server))
+        asyncio.run(_floor_server(args.floor_server, max_receive=8 * 1024 * 1024))  # 3 MiB messages too
         return
     runs = asyncio.run(measure(args.rounds))
     write_results("byte_cpu", {"rounds": args.rounds, "runs": runs}, table(runs, args.rounds))
