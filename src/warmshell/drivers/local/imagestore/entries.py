@@ -43,7 +43,10 @@ class Kind(Enum):
     OTHER = "other"
 
 
-@dataclass(frozen=True, slots=True)
+# Entry and Write are made once per entry of a layer (~9,000 in a Debian root) and live for one
+# step of the loop: not frozen, since a frozen dataclass's __init__ costs ~0.4 us more (it sets
+# each field through object.__setattr__), ~2% of an import's CPU. Nothing keeps or hashes them.
+@dataclass(slots=True)
 class Entry:
     """One tar entry as the archive states it."""
 
@@ -54,7 +57,7 @@ class Entry:
     link: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Write:
     """Create `path` (components under the layer root) as `kind` with `mode`."""
 
