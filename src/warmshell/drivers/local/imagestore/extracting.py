@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from warmshell.core.errors import FailedPreconditionError, InvalidArgumentError, ResourceExhaustedError
 from warmshell.drivers.local.imagestore import entries
@@ -32,7 +33,17 @@ from warmshell.drivers.local.imagestore.entries import Kind
 from warmshell.drivers.local.imagestore.sources import Readable, ReadableInto
 from warmshell.drivers.local.imagestore.tarreading import TarReader
 
-__all__ = ["OPAQUE_XATTR", "WHITEOUT_XATTR", "BoundedReader", "LayerStats", "Limits", "extract_layer"]
+__all__ = [
+    "OPAQUE_XATTR",
+    "WHITEOUT_XATTR",
+    "BoundedReader",
+    "FileData",
+    "LayerStats",
+    "LayerTree",
+    "Limits",
+    "apply_action",
+    "extract_layer",
+]
 
 WHITEOUT_XATTR = "user.overlay.whiteout"
 OPAQUE_XATTR = "user.overlay.opaque"
@@ -109,7 +120,16 @@ class BoundedReader:
             pass
 
 
-class _Tree:
+class FileData(Protocol):
+    """Where the data of the entry being written comes from (the tar reader's current entry, or
+    a live file a snapshot captures)."""
+
+    def copy_to(self, fd: int) -> None:
+        """Write the entry's data (all of it, as its header states) to `fd`."""
+        ...
+
+
+class LayerTree:
     """Descriptors on the layer's directories, reached without following a symbolic link and
     kept while the tar's entries stay in one place: a Debian root is ~9,000 entries a few
     directories deep, and opening every parent again for each entry was most of an import's
@@ -169,14 +189,14 @@ def extract_layer(stream: BoundedReader, dest: Path, *, where: str, limits: Limi
     """Unpack the tar read from `stream` into the (new, empty) directory `dest`."""
     stats = LayerStats()
     dest.mkdir(mode=0o755)
-    tree = _Tree(os.open(dest, _DIR_FLAGS), where)
+    tree = LayerTree(os.open(dest, _DIR_FLAGS), where)
     try:
         with TarReader(stream, where=where) as tar:
             for number, entry in enumerate(tar, 1):
                 if number > limits.max_entries:
                     raise InvalidArgumentError(where, f"has more than {limits.max_entries} entries")
                 action = entries.decide(entry, where=where, max_entry_bytes=limits.budget)
-                _apply(action, tar, entry, tree, stats)
+                apply_action(action, tar, entry, tree, stats)
                 tree.trim()
                 stats.entries = number
         stream.drain()
@@ -186,12 +206,15 @@ def extract_layer(stream: BoundedReader, dest: Path, *, where: str, limits: Limi
     return stats
 
 
-def _apply(action: entries.Action, tar: TarReader, member: entries.Entry, tree: _Tree, stats: LayerStats) -> None:
+def apply_action(
+    action: entries.Action, data: FileData, entry: entries.Entry, tree: LayerTree, stats: LayerStats
+) -> None:
+    """Carry out what `entries.decide` made of `entry` in the layer `tree` (a file's data from `data`)."""
     if type(action) is entries.Write:  # the first test, and exact: nearly every entry is one
         if action.kind is _FILE:
-            _write_file(action, tar, tree, stats)
+            _write_file(action, data, tree, stats)
         elif action.kind is _HARDLINK:
-            _link(action, member, tree)
+            _link(action, entry, tree)
         else:
             _write(action, tree)
     elif isinstance(action, entries.Skip):
@@ -204,7 +227,7 @@ def _apply(action: entries.Action, tar: TarReader, member: entries.Entry, tree: 
         stats.whiteouts.append("/".join((*action.parent, action.name)))
 
 
-def _write_file(action: entries.Write, tar: TarReader, tree: _Tree, stats: LayerStats) -> None:
+def _write_file(action: entries.Write, data: FileData, tree: LayerTree, stats: LayerStats) -> None:
     parent = tree.directory(action.path[:-1])
     name = action.path[-1]
     try:  # almost every entry is the only one at its path: trying first spares a `stat` each
@@ -214,7 +237,7 @@ def _write_file(action: entries.Write, tar: TarReader, tree: _Tree, stats: Layer
         fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=parent)
     try:
         if action.size:
-            tar.copy_to(fd)
+            data.copy_to(fd)
             stats.file_bytes += action.size
         os.fchmod(fd, action.mode)
     finally:
@@ -222,7 +245,7 @@ def _write_file(action: entries.Write, tar: TarReader, tree: _Tree, stats: Layer
     stats.files += 1
 
 
-def _link(action: entries.Write, member: entries.Entry, tree: _Tree) -> None:
+def _link(action: entries.Write, entry: entries.Entry, tree: LayerTree) -> None:
     def link() -> None:
         src, dst = tree.directory(action.link_path[:-1]), tree.directory(action.path[:-1])
         os.link(action.link_path[-1], action.path[-1], src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
@@ -232,11 +255,11 @@ def _link(action: entries.Write, member: entries.Entry, tree: _Tree) -> None:
     except OSError as exc:  # missing, or a directory (EPERM): no file of this layer to share
         raise InvalidArgumentError(
             tree.where,
-            f"entry {member.name!r} is a hard link to {member.link!r}, not a file of the layer ({exc.strerror})",
+            f"entry {entry.name!r} is a hard link to {entry.link!r}, not a file of the layer ({exc.strerror})",
         ) from None
 
 
-def _write(action: entries.Write, tree: _Tree) -> None:
+def _write(action: entries.Write, tree: LayerTree) -> None:
     """A symbolic link or a directory."""
     parent = tree.directory(action.path[:-1])
     name = action.path[-1]
@@ -256,7 +279,7 @@ def _write(action: entries.Write, tree: _Tree) -> None:
         _set_opaque(fd, b"y")
 
 
-def _replacing(tree: _Tree, path: tuple[str, ...], make: Callable[[], None]) -> None:
+def _replacing(tree: LayerTree, path: tuple[str, ...], make: Callable[[], None]) -> None:
     """`make()`, which creates `path` and fails if something is there; when an earlier entry
     left something, that is removed and `make()` called again. Trying first spares a `stat` per
     entry, and almost every entry of a layer is the only one at its path."""
@@ -275,7 +298,7 @@ def _exists(parent: int, name: str) -> bool:
     return True
 
 
-def _clear(tree: _Tree, path: tuple[str, ...], *, keep_directory: bool) -> bool:
+def _clear(tree: LayerTree, path: tuple[str, ...], *, keep_directory: bool) -> bool:
     """Remove what an earlier entry left at `path` (a directory stays when one replaces it);
     whether it was a whiteout."""
     parent, name = tree.directory(path[:-1]), path[-1]
