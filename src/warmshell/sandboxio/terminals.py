@@ -1,9 +1,11 @@
-"""Pseudo-terminals for interactive execs in a local sandbox, made in the sandbox's own devpts.
+"""Pseudo-terminals for interactive execs, made in the sandbox's own devpts.
 
-bwrap mounts a fresh devpts instance on the sandbox's `/dev/pts`; the host opens that instance's
-`ptmx` through the sandbox's root (never following a link, so a workload cannot point it at a
-host device) and takes the slave with TIOCGPTPEER, without looking a path up again. The agent
-then makes the slave the command's controlling terminal; the host keeps the master.
+A sandbox has a devpts instance of its own on its `/dev/pts` (bwrap mounts one in a local
+sandbox, the container runtime in a pod's workload container). Whoever holds the sandbox's root
+(the local runtime, or a pod's supervisor through its agent's root) opens that instance's `ptmx`
+through that root (never following a link, so a workload cannot point it at a device of the
+opener's) and takes the slave with TIOCGPTPEER, without looking a path up again. The agent then
+makes the slave the command's controlling terminal; the opener keeps the master.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ TIOCGPTPEER = 0x5441  # _IO('T', 0x41): open the slave of this master
 PTMX_DEVICE = os.makedev(5, 2)
 
 
-def open_in_root(root_fd: int) -> tuple[int, int]:
+def open_in_root(root_fd: int, *, owner_of_root: bool = True) -> tuple[int, int]:
     """(master, slave) of a new pseudo-terminal of the devpts under `root_fd`'s `/dev/pts`
-    (closes `root_fd`), its slave owned by the sandbox's user. OSError when there is none, or
-    `dev/pts/ptmx` is not the multiplexer."""
+    (closes `root_fd`). The slave is owned by the owner of the root when `owner_of_root` (a local
+    sandbox, whose root is its user's), else by the caller (a pod's supervisor, which runs as its
+    workload's user). OSError when there is none, or `dev/pts/ptmx` is not the multiplexer."""
     try:
         # bwrap made the sandbox's root as the sandbox's user: its owner is that user, seen from here.
         root = os.fstat(root_fd)
@@ -47,6 +50,8 @@ def open_in_root(root_fd: int) -> tuple[int, int]:
     except BaseException:
         os.close(master)
         raise
+    if not owner_of_root:
+        return master, slave
     try:
         # devpts gives a new slave the opener's uid and gid: a gateway run as root would leave it
         # owned by a uid the sandbox cannot map (it shows as nobody there), so the workload could
