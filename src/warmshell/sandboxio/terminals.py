@@ -33,12 +33,7 @@ def open_in_root(root_fd: int, *, owner_of_root: bool = True) -> tuple[int, int]
     try:
         # bwrap made the sandbox's root as the sandbox's user: its owner is that user, seen from here.
         root = os.fstat(root_fd)
-        master = openat2(
-            root_fd,
-            "dev/pts/ptmx",
-            os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC,
-            RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
-        )
+        master = _open_multiplexer(root_fd)
     finally:
         os.close(root_fd)
     try:
@@ -62,3 +57,17 @@ def open_in_root(root_fd: int, *, owner_of_root: bool = True) -> tuple[int, int]
         os.close(master)
         raise
     return master, slave
+
+
+def _open_multiplexer(root_fd: int) -> int:
+    """The devpts instance's own `ptmx`, or, when its mode refuses the caller, the root's
+    `dev/ptmx` node. A devpts mounted without `ptmxmode` (a host's own, which a container without
+    a runtime's devpts shows: kubesim without root) has a `ptmx` of mode 000 that only root may
+    open; the classic `/dev/ptmx` node opens the instance mounted on the `pts` beside it, the
+    sandbox's, as the kernel finds it from the opened path. Links are followed by neither."""
+    flags = os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC
+    resolve = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+    try:
+        return openat2(root_fd, "dev/pts/ptmx", flags, resolve)
+    except PermissionError:
+        return openat2(root_fd, "dev/ptmx", flags, resolve)
