@@ -1,23 +1,29 @@
-"""Background commands: execs that run until they exit whoever is connected, kept by the gateway
-that holds their sandbox's session.
+"""Background commands: execs that run until they exit whoever is connected, kept by the sandbox's
+supervisor and followed by the gateway that holds its session.
 
-A background command is an ordinary exec over the supervisor session (so it runs the same way on
-every driver and under every runner) whose output nobody need be reading: a task here takes every
-chunk into the command's `OutputRing` and grants the supervisor its credit at once, so the command
-never waits for a reader and the gateway holds at most the ring. Clients list a sandbox's commands
-and attach to one by its pid: the ring's output first (flagged with how much was dropped), then
-live output, then the exit; their stdin, resizes and signals go down the session as for an
-interactive exec, and leaving stops nothing.
+A background command is an exec over the supervisor session (so it runs the same way on every
+driver and under every runner) that the supervisor keeps across sessions (`supervisor.background`):
+the command and its output ring live on the sandbox's side, so a gateway restart or a supervisor
+that reconnects loses neither. The gateway holding the session follows each command: a task here
+takes every chunk into a copy of the ring, by offset, and grants the supervisor its credit at
+once, so the command never waits for a reader. A new session's hello lists the commands the
+supervisor keeps; the gateway adopts them under the same pids and follows each from the offset
+its copy has reached (all of what the supervisor holds, after a restart). Clients list a sandbox's
+commands and attach to one by its pid: the ring's output first (flagged with how much was
+dropped), then live output, then the exit; their stdin, resizes and signals go down the session as
+for an interactive exec, and leaving stops nothing.
 
-Bounds: `MAX_RUNNING` running and `MAX_EXITED` exited commands per sandbox, an exited one kept
-`EXITED_RETENTION_SECONDS` at most, each with one ring of `gateway.exec_history_bytes`.
+Bounds (`sandboxio.outputring`): `MAX_RUNNING` running and `MAX_EXITED` exited commands per
+sandbox, an exited one kept `EXITED_RETENTION_SECONDS` at most, each with one ring of
+`gateway.exec_history_bytes`. A hello is the supervisor's word, taken within the same bounds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,35 +32,48 @@ import grpc
 from warmshell.api.v1 import outcome_pb2
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.core.errors import NotFoundError, ResourceExhaustedError, WarmshellError
+from warmshell.core.errors import (
+    FailedPreconditionError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+    WarmshellError,
+)
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import now_ms
 from warmshell.gateway.execs import ExecRelay, exec_failure, grant_credit
-from warmshell.gateway.outputring import OutputRing
 from warmshell.gateway.sessions import ExecChannel, SupervisorSession
+from warmshell.sandboxio.outputring import EXITED_RETENTION_SECONDS, MAX_EXITED, MAX_RUNNING, OutputRing
 
 __all__ = ["EXITED_RETENTION_SECONDS", "MAX_EXITED", "MAX_RUNNING", "BackgroundProcess", "BackgroundProcesses"]
 
+log = logging.getLogger(__name__)
+
 Ctx = grpc.aio.ServicerContext[Any, Any]
-MAX_RUNNING = 16
-MAX_EXITED = 16
-EXITED_RETENTION_SECONDS = 3600
+# What a hello may claim: pids are positive int32s; an exec id is the gateway's (32 hex digits);
+# a command is kept for display only, so a long one is cut.
+MAX_PID = 2**31 - 1
+MAX_EXEC_ID = 64
+MAX_COMMAND_ARGS = 256
+MAX_COMMAND_BYTES = 64 * 1024
 
 
 @dataclass(eq=False)
 class BackgroundProcess:
-    """One background command: what it runs, its output ring, and how it ended once it has."""
+    """One background command: what it runs, the session following it (None between sessions),
+    its output ring, and how it ended once it has."""
 
     pid: int
+    exec_id: str
     command: list[str]
     tty: bool
-    session: SupervisorSession
-    channel: ExecChannel
     ring: OutputRing
+    session: SupervisorSession | None = None
+    channel: ExecChannel | None = None
     started_at_ms: int = field(default_factory=now_ms)
     ended_at_ms: int = 0
     exited: spb.ExecExited | None = None
-    failure: WarmshellError | None = None  # it ended as a call (its session closed), not by exiting
+    failure: WarmshellError | None = None  # it ended as a call (its supervisor lost it), not by exiting
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -128,55 +147,101 @@ class BackgroundProcesses:
                 f"sandbox already runs {MAX_RUNNING} background commands (the most it may): wait for one to exit"
             )
         start = request.start
-        channel = self._relay.open(session, start.exec, start)
+        sandbox.last_pid += 1
+        channel = self._relay.open(session, start.exec, start, background=(sandbox.last_pid, self._history_bytes))
         if not request.open_stdin:
             session.send(spb.GatewayMessage(exec_input=spb.ExecInput(exec_id=channel.exec_id, eof=True)))
-        sandbox.last_pid += 1
         process = BackgroundProcess(
             pid=sandbox.last_pid,
+            exec_id=channel.exec_id,
             command=list(start.exec.command),
             tty=start.tty,
-            session=session,
-            channel=channel,
             ring=OutputRing(self._history_bytes),
         )
         sandbox.processes[process.pid] = process
-        task = asyncio.create_task(self._keep(sandbox_id, process), name=f"background {sandbox_id} {process.pid}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._follow_on(sandbox_id, process, session, channel)
         return process
 
-    def list(self, sandbox_id: SandboxId) -> list[BackgroundProcess]:
-        """The sandbox's commands, running and recently exited, oldest first."""
+    def adopt(self, session: SupervisorSession, hello: spb.SupervisorHello) -> None:
+        """A new session: follow the commands its supervisor keeps (the hello's list, taken
+        within the bounds), under their pids; a command this gateway followed that the list
+        lacks ended with its supervisor (a restarted one keeps nothing)."""
+        self._prune()
+        sandbox_id = SandboxId(session.sandbox_id)
+        sandbox = self._sandboxes.setdefault(sandbox_id, _Sandbox())
+        listed = _admissible(hello.background)
+        sandbox.last_pid = max(sandbox.last_pid, min(hello.background_last_pid, MAX_PID), *listed)
+        for pid, entry in listed.items():
+            process = sandbox.processes.get(pid)
+            if process is None or process.exec_id != entry.exec_id:
+                process = _adopted(entry, OutputRing(self._history_bytes))
+                sandbox.processes[pid] = process
+            if process.running:
+                channel = self._relay.follow(session, entry.exec_id, process.ring.end)
+                self._follow_on(sandbox_id, process, session, channel)
+        for process in sandbox.processes.values():
+            if process.running and process.pid not in listed:
+                self._end(sandbox_id, process, FailedPreconditionError("its sandbox's supervisor no longer has it"))
+
+    def _follow_on(
+        self, sandbox_id: SandboxId, process: BackgroundProcess, session: SupervisorSession, channel: ExecChannel
+    ) -> None:
+        process.session, process.channel = session, channel
+        process.notify()
+        task = asyncio.create_task(
+            self._keep(sandbox_id, process, session, channel), name=f"background {sandbox_id} {process.pid}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def list(self, sandbox_id: SandboxId, *, over: bool = False) -> list[BackgroundProcess]:
+        """The sandbox's commands, running and recently exited, oldest first. `over`: the sandbox
+        has ended, so a command waiting for its next session ended with it."""
         self._prune()
         sandbox = self._sandboxes.get(sandbox_id)
-        return [] if sandbox is None else sorted(sandbox.processes.values(), key=lambda p: p.pid)
+        processes = [] if sandbox is None else sorted(sandbox.processes.values(), key=lambda p: p.pid)
+        if over:
+            for process in processes:
+                if process.running and process.session is None:
+                    self._end(sandbox_id, process, FailedPreconditionError("the sandbox ended"))
+        return processes
 
-    def get(self, sandbox_id: SandboxId, pid: int) -> BackgroundProcess:
+    def get(self, sandbox_id: SandboxId, pid: int, *, over: bool = False) -> BackgroundProcess:
         """One command by pid; NotFoundError naming the field when the sandbox has none such."""
-        sandbox = self._sandboxes.get(sandbox_id)
-        process = None if sandbox is None else sandbox.processes.get(pid)
+        process = next((p for p in self.list(sandbox_id, over=over) if p.pid == pid), None)
         if process is None:
             raise NotFoundError(f"pid: the sandbox has no background command {pid} (see ListProcesses)")
         return process
 
-    async def _keep(self, sandbox_id: SandboxId, process: BackgroundProcess) -> None:
-        """Take the command's output into its ring until it ends."""
-        channel = process.channel
+    async def _keep(
+        self, sandbox_id: SandboxId, process: BackgroundProcess, session: SupervisorSession, channel: ExecChannel
+    ) -> None:
+        """Take the command's output into its ring until it ends, or until its session does."""
         while True:
             event = await channel.events.get()
+            if process.channel is not channel:  # a newer session follows it now
+                return
             if isinstance(event, spb.OutputData):
-                process.ring.append(event.stderr, event.data)
-                grant_credit(process.session, channel, len(event.data))
+                process.ring.append_at(event.offset, event.stderr, event.data)
+                grant_credit(session, channel, len(event.data))
                 process.notify()
                 continue
-            process.failure = exec_failure(event)
-            if process.failure is None and isinstance(event, spb.ExecExited):
+            if channel.session_ended:  # it runs on in the sandbox: the next session follows it
+                process.session = process.channel = None
+                process.notify()
+                return
+            failure = exec_failure(event)
+            if failure is None and isinstance(event, spb.ExecExited):
                 process.exited = event
-            process.ended_at_ms = self._clock()
-            process.notify()
-            self._touch(sandbox_id)
+            self._end(sandbox_id, process, failure)
             return
+
+    def _end(self, sandbox_id: SandboxId, process: BackgroundProcess, failure: WarmshellError | None) -> None:
+        process.failure = failure
+        process.session = process.channel = None
+        process.ended_at_ms = self._clock()
+        process.notify()
+        self._touch(sandbox_id)
 
     def _prune(self) -> None:
         """Forget exited commands past their retention, and past MAX_EXITED per sandbox."""
@@ -186,29 +251,31 @@ class BackgroundProcesses:
             for index, process in enumerate(exited):
                 if process.ended_at_ms < oldest or index < len(exited) - MAX_EXITED:
                     del sandbox.processes[process.pid]
-            if not sandbox.processes:
+            if not sandbox.processes and not sandbox.last_pid:
                 del self._sandboxes[sandbox_id]
 
     async def attach(
         self, process: BackgroundProcess, context: Ctx, requests: AsyncIterator[pb.ExecStreamRequest]
     ) -> None:
         """Write the command's held output, then its live output and its end, to the client;
-        pass its stdin, resizes and signals on while it runs. Leaving stops nothing."""
+        pass its stdin, resizes and signals on while it runs (on the session following it when
+        the call began: UnavailableError once another one does). Leaving stops nothing."""
         inputs: asyncio.Task[None] | None = None
-        if process.running and process.channel.input_window is not None:
-            relay = self._relay.relay_input(
-                process.session, process.channel, requests, tty=process.tty, eof_at_end=False
-            )
+        session, channel = process.session, process.channel
+        if session is not None and channel is not None and channel.input_window is not None:
+            relay = self._relay.relay_input(session, channel, requests, tty=process.tty, eof_at_end=False)
             inputs = asyncio.create_task(relay)
         try:
-            await self._follow(process, context, inputs)
+            await self._follow(process, context, inputs, channel)
         finally:
             if inputs is not None:
                 inputs.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await inputs
 
-    async def _follow(self, process: BackgroundProcess, context: Ctx, inputs: asyncio.Task[None] | None) -> None:
+    async def _follow(
+        self, process: BackgroundProcess, context: Ctx, inputs: asyncio.Task[None] | None, channel: ExecChannel | None
+    ) -> None:
         position = 0
         while True:
             changed = process.changed()
@@ -226,10 +293,12 @@ class BackgroundProcesses:
                 outcome.CopyFrom(process.exited.outcome)
                 await self._relay.write(context, pb.ExecEvent(exit_code=process.exited.exit_code, outcome=outcome))
                 return
+            if inputs is not None and process.channel is not channel:
+                raise UnavailableError("the sandbox's supervisor session changed: attach again to send it input")
             await _wait_changed(changed, inputs)
 
     async def aclose(self) -> None:
-        """Stop keeping output (the gateway stops; the sessions have ended the commands)."""
+        """Stop following output (the gateway stops; the commands run on in their sandboxes)."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -247,3 +316,41 @@ async def _wait_changed(changed: asyncio.Event, inputs: asyncio.Task[None] | Non
         waiting.cancel()
     if inputs.done():
         inputs.result()  # raises what ended the input stream
+
+
+def _admissible(entries: Collection[spb.BackgroundExec]) -> dict[int, spb.BackgroundExec]:
+    """The hello's commands that fit the bounds, by pid: valid and distinct pids and exec ids, at
+    most MAX_RUNNING running and the latest MAX_EXITED exited; the rest are logged and ignored."""
+    running: dict[int, spb.BackgroundExec] = {}
+    exited: dict[int, spb.BackgroundExec] = {}
+    exec_ids: set[str] = set()
+    for entry in entries:
+        valid = 0 < entry.pid <= MAX_PID and 0 < len(entry.exec_id) <= MAX_EXEC_ID
+        if valid and entry.exec_id not in exec_ids and entry.pid not in running and entry.pid not in exited:
+            (exited if entry.HasField("exited") else running)[entry.pid] = entry
+            exec_ids.add(entry.exec_id)
+    kept = sorted(running.values(), key=lambda e: e.pid)[:MAX_RUNNING]
+    kept += sorted(exited.values(), key=lambda e: e.ended_at_ms)[-MAX_EXITED:]
+    if ignored := len(entries) - len(kept):
+        log.warning("a supervisor's hello listed %d background commands past the bounds or malformed; ignored", ignored)
+    return {e.pid: e for e in kept}
+
+
+def _adopted(entry: spb.BackgroundExec, ring: OutputRing) -> BackgroundProcess:
+    """A command first seen in a hello (this gateway never followed it)."""
+    command: list[str] = []
+    size = 0
+    for arg in entry.command[:MAX_COMMAND_ARGS]:
+        size += len(arg)
+        if size > MAX_COMMAND_BYTES:
+            break
+        command.append(arg)
+    ring.append_at(entry.output_start, False, b"")  # what the supervisor dropped before this gateway saw it
+    return BackgroundProcess(
+        pid=entry.pid,
+        exec_id=entry.exec_id,
+        command=command,
+        tty=entry.tty,
+        ring=ring,
+        started_at_ms=entry.started_at_ms,
+    )

@@ -1,13 +1,23 @@
 """A background command's output while nobody may be reading it: the last `capacity` bytes, in
 order, each reader following at its own position; what falls off the front is counted, so a
-reader that fell behind learns how much it missed instead of reading a silent gap."""
+reader that fell behind learns how much it missed instead of reading a silent gap.
+
+The supervisor keeps the command's ring (it outlives the gateway's session); the gateway keeps a
+copy fed from it by offset (`append_at`), so a new session replays only what the gateway lacks.
+The bounds on a sandbox's background commands are here too, as both sides enforce them.
+"""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["Chunk", "OutputRing"]
+__all__ = ["EXITED_RETENTION_SECONDS", "MAX_EXITED", "MAX_RUNNING", "Chunk", "OutputRing"]
+
+# Per sandbox: background commands running at once, exited ones kept, and for how long.
+MAX_RUNNING = 16
+MAX_EXITED = 16
+EXITED_RETENTION_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,14 @@ class OutputRing:
                 self._held -= excess
             else:
                 self._held -= len(first.data)
+
+    def append_at(self, offset: int, stderr: bool, data: bytes) -> None:
+        """Keep output that starts at `offset` of the command's output: what is already held is
+        skipped; a gap (bytes this ring never received) drops everything held before it."""
+        if offset > self.end:
+            self._chunks.clear()
+            self._held, self.end = 0, offset
+        self.append(stderr, data[self.end - offset :])
 
     def read(self, position: int) -> tuple[int, list[Chunk]]:
         """What a reader at `position` has not read: how many of those bytes were dropped, then

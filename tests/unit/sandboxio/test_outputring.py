@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmshell.gateway.outputring import OutputRing
+from warmshell.sandboxio.outputring import OutputRing
 
 writes = st.lists(st.tuples(st.booleans(), st.binary(max_size=40)), max_size=30)
 
