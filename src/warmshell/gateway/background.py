@@ -74,6 +74,8 @@ class BackgroundProcess:
     ended_at_ms: int = 0
     exited: spb.ExecExited | None = None
     failure: WarmshellError | None = None  # it ended as a call (its supervisor lost it), not by exiting
+    # Its supervisor says it exited; the rest of its output and its exit are on their way.
+    exit_reported: bool = False
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -142,10 +144,12 @@ class BackgroundProcesses:
         MAX_RUNNING already running there."""
         self._prune()
         sandbox = self._sandboxes.setdefault(sandbox_id, _Sandbox())
-        if sum(p.running for p in sandbox.processes.values()) >= MAX_RUNNING:
+        if sum(p.running and not p.exit_reported for p in sandbox.processes.values()) >= MAX_RUNNING:
             raise ResourceExhaustedError(
                 f"sandbox already runs {MAX_RUNNING} background commands (the most it may): wait for one to exit"
             )
+        if sandbox.last_pid >= MAX_PID:  # only a supervisor's hello can claim so many
+            raise ResourceExhaustedError(f"the sandbox has used every background pid (up to {MAX_PID})")
         start = request.start
         sandbox.last_pid += 1
         channel = self._relay.open(session, start.exec, start, background=(sandbox.last_pid, self._history_bytes))
@@ -176,6 +180,7 @@ class BackgroundProcesses:
             if process is None or process.exec_id != entry.exec_id:
                 process = _adopted(entry, OutputRing(self._history_bytes))
                 sandbox.processes[pid] = process
+            process.exit_reported = entry.HasField("exited")
             if process.running:
                 channel = self._relay.follow(session, entry.exec_id, process.ring.end)
                 self._follow_on(sandbox_id, process, session, channel)
