@@ -116,6 +116,12 @@ class BackgroundProcess:
 class _Sandbox:
     processes: dict[int, BackgroundProcess] = field(default_factory=dict)
     last_pid: int = 0
+    # The session its pids were last handed out or adopted on: while it is open, `last_pid` is
+    # the only record of them here (a later session's hello says them again).
+    session: SupervisorSession | None = None
+
+    def forgettable(self) -> bool:
+        return not self.processes and (self.session is None or self.session.closed.is_set())
 
 
 class BackgroundProcesses:
@@ -151,7 +157,7 @@ class BackgroundProcesses:
         if sandbox.last_pid >= MAX_PID:  # only a supervisor's hello can claim so many
             raise ResourceExhaustedError(f"the sandbox has used every background pid (up to {MAX_PID})")
         start = request.start
-        sandbox.last_pid += 1
+        sandbox.last_pid, sandbox.session = sandbox.last_pid + 1, session
         channel = self._relay.open(session, start.exec, start, background=(sandbox.last_pid, self._history_bytes))
         if not request.open_stdin:
             session.send(spb.GatewayMessage(exec_input=spb.ExecInput(exec_id=channel.exec_id, eof=True)))
@@ -175,6 +181,7 @@ class BackgroundProcesses:
         sandbox = self._sandboxes.setdefault(sandbox_id, _Sandbox())
         listed = _admissible(hello.background)
         sandbox.last_pid = max(sandbox.last_pid, min(hello.background_last_pid, MAX_PID), *listed)
+        sandbox.session = session
         for pid, entry in listed.items():
             process = sandbox.processes.get(pid)
             if process is None or process.exec_id != entry.exec_id:
@@ -256,7 +263,7 @@ class BackgroundProcesses:
             for index, process in enumerate(exited):
                 if process.ended_at_ms < oldest or index < len(exited) - MAX_EXITED:
                     del sandbox.processes[process.pid]
-            if not sandbox.processes and not sandbox.last_pid:
+            if sandbox.forgettable():
                 del self._sandboxes[sandbox_id]
 
     async def attach(

@@ -29,9 +29,9 @@ from warmshell.sandboxio.window import OutputWindow
 
 __all__ = ["MAX_HISTORY_BYTES", "BackgroundExecs"]
 
-# A ring larger than this is refused: a gateway's exec_history_bytes is far below it (default
-# 512 KiB), and 16 rings of it bound what one sandbox's supervisor holds.
-MAX_HISTORY_BYTES = 16 * 1024 * 1024
+# A ring larger than this is refused: the most a gateway's exec_history_bytes may be (its default
+# is 512 KiB); 32 rings of it bound what one sandbox's supervisor holds.
+MAX_HISTORY_BYTES = 64 * 1024 * 1024
 
 # Runs one command to its end: its start, where its output goes, its live input (if any).
 RunCommand = Callable[[spb.ExecStart, OutputSink, ExecInput | None], Awaitable[spb.ExecExited]]

@@ -134,3 +134,22 @@ async def test_a_command_waits_for_the_next_session_and_ends_if_its_supervisor_l
     [ended, _] = table.list(A, over=True)  # the sandbox ended while nobody followed it
     assert not ended.running
     assert "sandbox ended" in str(ended.failure)
+
+
+async def test_a_sandbox_is_forgotten_once_its_session_closed_and_nothing_is_kept(
+    table: BackgroundProcesses,
+) -> None:
+    """No entry per sandbox outlives both its commands and its session (a gateway that served
+    millions of sandboxes holds nothing for the ended ones); the next session's hello restores
+    where its pids stood."""
+    session = SupervisorSession(A, "i", "s1")
+    table.adopt(session, spb.SupervisorHello(background_last_pid=7))
+    assert table.list(A) == []
+    assert A in table._sandboxes
+    session.close()
+    table.list(A)
+    assert A not in table._sandboxes
+    later = SupervisorSession(A, "i", "s2")
+    table.adopt(later, spb.SupervisorHello(background_last_pid=7))
+    request = pb.StartProcessRequest(start=pb.ExecStreamStart(exec=pb.ExecSandboxRequest()))
+    assert table.start(A, later, request).pid == 8

@@ -9,10 +9,11 @@ import asyncio
 import pytest
 
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core.config import GatewayConfig
 from warmshell.sandboxio.interactive import ExecInput
 from warmshell.sandboxio.outputring import MAX_EXITED, MAX_RUNNING
 from warmshell.sandboxio.processes import OutputSink
-from warmshell.supervisor.background import BackgroundExecs
+from warmshell.supervisor.background import MAX_HISTORY_BYTES, BackgroundExecs
 
 
 class Script:
@@ -124,3 +125,8 @@ async def test_a_ring_size_out_of_bounds_is_refused(history: int) -> None:
     sent = Sent()
     await BackgroundExecs(Script(), sent).start(start(1, history=history), None)
     assert sent.exits()[0].error.startswith("history_bytes: ")
+
+
+def test_every_ring_size_a_gateway_may_ask_for_is_accepted() -> None:
+    bounds = GatewayConfig.model_fields["exec_history_bytes"].metadata
+    assert max(b.le for b in bounds if hasattr(b, "le")) == MAX_HISTORY_BYTES
