@@ -96,7 +96,9 @@ class GatewayParts:
 def _execs(config: GatewayConfig, manager: SandboxManager) -> tuple[ExecRelay, BackgroundProcesses]:
     """The exec relay, and the background commands kept over it."""
     execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
-    return execs, BackgroundProcesses(execs, history_bytes=config.exec_history_bytes, touch=manager.touch)
+    background = BackgroundProcesses(execs, history_bytes=config.exec_history_bytes, touch=manager.touch)
+    manager.records.observe(background.observe)
+    return execs, background
 
 
 def _authentication(

@@ -32,6 +32,7 @@ import grpc
 from warmshell.api.v1 import outcome_pb2
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core import phases
 from warmshell.core.errors import (
     FailedPreconditionError,
     NotFoundError,
@@ -40,7 +41,7 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import now_ms
+from warmshell.core.models import Phase, SandboxRecord, now_ms
 from warmshell.gateway.execs import ExecRelay, exec_failure, grant_credit
 from warmshell.gateway.sessions import ExecChannel, SupervisorSession
 from warmshell.sandboxio.outputring import EXITED_RETENTION_SECONDS, MAX_EXITED, MAX_RUNNING, OutputRing
@@ -76,6 +77,7 @@ class BackgroundProcess:
     failure: WarmshellError | None = None  # it ended as a call (its supervisor lost it), not by exiting
     # Its supervisor says it exited; the rest of its output and its exit are on their way.
     exit_reported: bool = False
+    detached_at_ms: int = 0  # when its session ended (it waits for the next one)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -240,6 +242,7 @@ class BackgroundProcesses:
                 continue
             if channel.session_ended:  # it runs on in the sandbox: the next session follows it
                 process.session = process.channel = None
+                process.detached_at_ms = self._clock()
                 process.notify()
                 return
             failure = exec_failure(event)
@@ -255,10 +258,27 @@ class BackgroundProcesses:
         process.notify()
         self._touch(sandbox_id)
 
+    def observe(self, record: SandboxRecord) -> None:
+        """Records observer: the commands of a sandbox that ended have ended with it (no next
+        session will follow them); one being deleted is forgotten with them."""
+        sandbox = self._sandboxes.get(record.id)
+        if sandbox is None or record.status.phase not in phases.TERMINAL:
+            return
+        if record.status.phase == Phase.DELETING:
+            del self._sandboxes[record.id]
+        for process in sandbox.processes.values():
+            if process.running:
+                self._end(record.id, process, FailedPreconditionError("the sandbox ended"))
+
     def _prune(self) -> None:
-        """Forget exited commands past their retention, and past MAX_EXITED per sandbox."""
+        """Forget exited commands past their retention, and past MAX_EXITED per sandbox; end one
+        whose session ended that long ago with no next one (a sandbox this gateway did not see
+        end: with replicas, deleted through another)."""
         oldest = self._clock() - EXITED_RETENTION_SECONDS * 1000
         for sandbox_id, sandbox in list(self._sandboxes.items()):
+            for process in sandbox.processes.values():
+                if process.running and process.session is None and process.detached_at_ms < oldest:
+                    self._end(sandbox_id, process, FailedPreconditionError("its sandbox's supervisor never came back"))
             exited = sorted((p for p in sandbox.processes.values() if not p.running), key=lambda p: p.ended_at_ms)
             for index, process in enumerate(exited):
                 if process.ended_at_ms < oldest or index < len(exited) - MAX_EXITED:

@@ -14,10 +14,11 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.errors import FailedPreconditionError, NotFoundError, ResourceExhaustedError
 from warmshell.core.ids import SandboxId
+from warmshell.core.models import Phase, SandboxRecord, SandboxStatus
 from warmshell.gateway.background import MAX_COMMAND_BYTES, BackgroundProcesses
 from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.sessions import SupervisorSession
-from warmshell.sandboxio.outputring import MAX_EXITED, MAX_RUNNING
+from warmshell.sandboxio.outputring import EXITED_RETENTION_SECONDS, MAX_EXITED, MAX_RUNNING
 
 A, B = SandboxId("sb-a"), SandboxId("sb-b")
 HISTORY = 64
@@ -153,3 +154,37 @@ async def test_a_sandbox_is_forgotten_once_its_session_closed_and_nothing_is_kep
     table.adopt(later, spb.SupervisorHello(background_last_pid=7))
     request = pb.StartProcessRequest(start=pb.ExecStreamStart(exec=pb.ExecSandboxRequest()))
     assert table.start(A, later, request).pid == 8
+
+
+async def test_the_commands_of_a_sandbox_that_ended_end_with_it(table: BackgroundProcesses) -> None:
+    """Whether its session ended first or not, and whichever way the sandbox ended; a sandbox
+    being deleted is forgotten. Commands whose supervisor never comes back (a sandbox deleted
+    through another replica) end after the retention."""
+    now = [1_000]
+    clocked = BackgroundProcesses(
+        ExecRelay(window_bytes=1024, stall_seconds=1.0), history_bytes=HISTORY, clock=lambda: now[0]
+    )
+    record = SandboxRecord(id=A, name="a", status=SandboxStatus(phase=Phase.READY))
+    for phase in (Phase.EXITED, Phase.DELETING):
+        session = SupervisorSession(A, "i", f"s-{phase}")
+        hello = spb.SupervisorHello(background=[entry(1, exec_id=f"{phase}1"), entry(2, exec_id=f"{phase}2")])
+        clocked.adopt(session, hello)  # new exec ids: what the first round ended is listed too
+        first, second = [p for p in clocked.list(A) if p.running]
+        session.execs.pop(first.exec_id)  # pid 1 stays attached; pid 2's session ended
+        session.close()
+        await settle()
+        clocked.observe(record)
+        assert first.running
+        clocked.observe(record.model_copy(update={"status": SandboxStatus(phase=phase)}))
+        assert not first.running
+        assert not second.running
+        assert "sandbox ended" in str(first.failure)
+    assert clocked.list(A) == []
+    session = SupervisorSession(B, "i", "s9")
+    clocked.adopt(session, spb.SupervisorHello(background=[entry(1)]))
+    session.close()
+    await settle()
+    now[0] += EXITED_RETENTION_SECONDS * 1000 + 1
+    [gone] = clocked.list(B)
+    assert "never came back" in str(gone.failure)
+    await clocked.aclose()
