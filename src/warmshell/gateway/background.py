@@ -44,7 +44,7 @@ from warmshell.core.ids import SandboxId
 from warmshell.core.models import Phase, SandboxRecord, now_ms
 from warmshell.gateway.execs import ExecRelay, exec_failure, grant_credit
 from warmshell.gateway.sessions import ExecChannel, SupervisorSession
-from warmshell.sandboxio.outputring import EXITED_RETENTION_SECONDS, MAX_EXITED, MAX_RUNNING, OutputRing
+from warmshell.sandboxio.outputring import EXITED_RETENTION_SECONDS, MAX_EXITED, MAX_RUNNING, Changes, OutputRing
 
 __all__ = ["EXITED_RETENTION_SECONDS", "MAX_EXITED", "MAX_RUNNING", "BackgroundProcess", "BackgroundProcesses"]
 
@@ -78,21 +78,12 @@ class BackgroundProcess:
     # Its supervisor says it exited; the rest of its output and its exit are on their way.
     exit_reported: bool = False
     detached_at_ms: int = 0  # when its session ended (it waits for the next one)
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    changes: Changes = field(default_factory=Changes)
 
     @property
     def running(self) -> bool:
         """Not yet exited (nor ended with its session)."""
         return self.exited is None and self.failure is None
-
-    def changed(self) -> asyncio.Event:
-        """An event set at the next change (more output, or the end)."""
-        return self._changed
-
-    def notify(self) -> None:
-        """Wake everyone waiting for a change."""
-        self._changed.set()
-        self._changed = asyncio.Event()
 
     def info(self) -> pb.ProcessInfo:
         """The public view."""
@@ -201,7 +192,7 @@ class BackgroundProcesses:
         self, sandbox_id: SandboxId, process: BackgroundProcess, session: SupervisorSession, channel: ExecChannel
     ) -> None:
         process.session, process.channel = session, channel
-        process.notify()
+        process.changes.notify()
         task = asyncio.create_task(
             self._keep(sandbox_id, process, session, channel), name=f"background {sandbox_id} {process.pid}"
         )
@@ -238,12 +229,12 @@ class BackgroundProcesses:
             if isinstance(event, spb.OutputData):
                 process.ring.append_at(event.offset, event.stderr, event.data)
                 grant_credit(session, channel, len(event.data))
-                process.notify()
+                process.changes.notify()
                 continue
             if channel.session_ended:  # it runs on in the sandbox: the next session follows it
                 process.session = process.channel = None
                 process.detached_at_ms = self._clock()
-                process.notify()
+                process.changes.notify()
                 return
             failure = exec_failure(event)
             if failure is None and isinstance(event, spb.ExecExited):
@@ -255,7 +246,7 @@ class BackgroundProcesses:
         process.failure = failure
         process.session = process.channel = None
         process.ended_at_ms = self._clock()
-        process.notify()
+        process.changes.notify()
         self._touch(sandbox_id)
 
     def observe(self, record: SandboxRecord) -> None:
@@ -310,7 +301,7 @@ class BackgroundProcesses:
     ) -> None:
         position = 0
         while True:
-            changed = process.changed()
+            changed = process.changes.next()
             dropped, chunks = process.ring.read(position)
             position = process.ring.end
             for chunk in chunks:

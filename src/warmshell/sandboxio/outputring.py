@@ -9,10 +9,11 @@ The bounds on a sandbox's background commands are here too, as both sides enforc
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["EXITED_RETENTION_SECONDS", "MAX_EXITED", "MAX_RUNNING", "Chunk", "OutputRing"]
+__all__ = ["EXITED_RETENTION_SECONDS", "MAX_EXITED", "MAX_RUNNING", "Changes", "Chunk", "OutputRing"]
 
 # Per sandbox: background commands running at once, exited ones kept, and for how long.
 MAX_RUNNING = 16
@@ -80,3 +81,19 @@ class OutputRing:
                 continue
             chunks.append(Chunk(position, chunk.stderr, chunk.data[skip:]) if skip > 0 else chunk)
         return dropped, chunks
+
+
+class Changes:
+    """Wakes whoever follows a ring at its next change (more output, or its command's end)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def next(self) -> asyncio.Event:
+        """The event set at the next change: taken before reading the ring, so none is missed."""
+        return self._event
+
+    def notify(self) -> None:
+        """Wake everyone waiting for a change."""
+        self._event.set()
+        self._event = asyncio.Event()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.sandboxio.interactive import ExecInput
-from warmshell.sandboxio.outputring import EXITED_RETENTION_SECONDS, MAX_EXITED, MAX_RUNNING, OutputRing
+from warmshell.sandboxio.outputring import EXITED_RETENTION_SECONDS, MAX_EXITED, MAX_RUNNING, Changes, OutputRing
 from warmshell.sandboxio.processes import OutputSink
 from warmshell.sandboxio.window import OutputWindow
 
@@ -51,14 +51,7 @@ class _Command:
     task: asyncio.Task[None] | None = None
     exited: spb.ExecExited | None = None
     ended_at_ms: int = 0
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def changed(self) -> asyncio.Event:
-        return self._changed
-
-    def notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+    changes: Changes = field(default_factory=Changes)
 
     def info(self) -> spb.BackgroundExec:
         message = spb.BackgroundExec(
@@ -127,7 +120,7 @@ class BackgroundExecs:
     async def _keep(self, command: _Command) -> None:
         async def sink(stderr: bool, data: bytes) -> None:
             command.ring.append(stderr, data)
-            command.notify()
+            command.changes.notify()
 
         try:
             command.exited = await self._run(command.start, sink, command.input)
@@ -135,7 +128,7 @@ class BackgroundExecs:
             if command.exited is None:  # cancelled: the supervisor is stopping, or the gateway cancelled it
                 command.exited = spb.ExecExited(exec_id=command.start.exec_id, exit_code=-1, error="cancelled")
             command.ended_at_ms = self._clock()
-            command.notify()
+            command.changes.notify()
 
     def follow(self, exec_id: str, offset: int, window_bytes: int) -> bool:
         """Send the command's output from `offset` on this session, then its exit (False: no
@@ -158,7 +151,7 @@ class BackgroundExecs:
     async def _forward(self, command: _Command, position: int, window: OutputWindow) -> None:
         exec_id = command.start.exec_id
         while True:
-            changed = command.changed()
+            changed = command.changes.next()
             _, chunks = command.ring.read(position)
             for chunk in chunks:
                 view, offset = memoryview(chunk.data), chunk.offset
