@@ -9,8 +9,13 @@
 - Connection setup: `--connects` TCP connections to the upstream, from the host directly, and
   through the proxy (connect to 127.0.0.1:3128 inside, CONNECT, wait for the 200); p50 added.
 - Warm create -> Ready with a policy (`--allow-net`) and without, alternating against one pool.
-- The gateway's CPU time per MiB proxied (its /proc stat around each proxied download): a figure
-  the machine's load changes far less than the wall-clock ratios.
+- The CPU time per MiB of each part of the path, around each download: the client (its own
+  `os.times`), the upstream and the gateway (/proc stat), the relays (the agents' reaped
+  children, less the proxied client), and the gateway's main thread alone — the event loop
+  that drives the splices — with how busy it was and how long it waited for a cpu (schedstat)
+  over the download's wall time: figures the machine's load changes far less than the
+  wall-clock ratios, and that say whether the loop or the load sets the proxied rate.
+- The gateway's CPU per warm create (schedstat, every thread), beside the wall-clock ratio.
 
 The sandbox the downloads run in gets as many cpus as the host has (`--cpu`): at the default of
 one, its cgroup quota throttled the client and the relay, and the ratio measured the quota rather
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -35,7 +41,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness import GatewayProcess, gateway_process, summary, write_results
 from warm_path import wait_idle
@@ -87,7 +95,7 @@ if mode == "fetch":
     threads = [threading.Thread(target=fetch) for _ in range(streams)]
     for t in threads: t.start()
     for t in threads: t.join()
-    print(json.dumps({"seconds": time.perf_counter() - start}))
+    print(json.dumps({"seconds": time.perf_counter() - start, "cpu": sum(os.times()[:2])}))
 else:
     setup = setup_via_proxy if mode == "setup-proxy" else setup_direct
     times = []
@@ -114,39 +122,137 @@ async def _sandbox_run(gw: GatewayProcess, name: str, *args: str) -> dict:
     return json.loads(out)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """The process's user + system CPU time so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_seconds(stat: str, *, reaped: bool = False) -> float:
+    """User + system CPU time so far of the process (or thread) whose /proc stat file is `stat`;
+    with `reaped`, that of the children it has waited for too."""
+    try:
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if reaped else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
-async def _pair(gw: GatewayProcess, authority: str, size: int, streams: int) -> tuple[float, float, float]:
-    """Seconds for the same download direct and proxied, one after the other, and the gateway's
-    CPU seconds during the proxied one."""
+def _waiting_seconds(schedstat: str) -> float:
+    """Seconds a thread has spent runnable but waiting for a cpu (its run-queue delay)."""
+    try:
+        return int(Path(schedstat).read_text().split()[1]) / 1e9
+    except (OSError, IndexError):
+        return 0.0
+
+
+def _agents(root: int) -> list[int]:
+    """The sandboxes' agents under the gateway `root` (each reaps its relays and its commands)."""
+    parents: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                comm, rest = (entry / "stat").read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            parents.setdefault(int(rest.split()[1]), []).append(int(entry.name))
+            names[int(entry.name)] = comm.split("(", 1)[1]
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found += [pid] if names.get(pid) == "warmshell-agent" else []
+        todo += parents.get(pid, [])
+    return found
+
+
+@dataclass
+class _Costs:
+    """CPU seconds of each part of a download's path (what the machine spent moving its bytes)."""
+
+    client: float = 0.0
+    upstream: float = 0.0
+    relays: float = 0.0  # the agents' relays (local sandboxes' loopback to the proxy socket)
+    gateway: float = 0.0  # every thread of the gateway process
+    loop: float = 0.0  # its main thread: the event loop, where the splices are driven
+    loop_waiting: float = 0.0  # seconds that thread was runnable but waited for a cpu (schedstat)
+
+
+class _Meter:
+    """Reads the parts' CPU time before and after a run."""
+
+    def __init__(self, gateway: int, upstream: int) -> None:
+        self._gateway, self._upstream = gateway, upstream
+        self._agents = _agents(gateway)
+
+    def read(self) -> _Costs:
+        agents = sum(_cpu_seconds(f"/proc/{pid}/stat", reaped=True) for pid in self._agents)
+        return _Costs(
+            upstream=_cpu_seconds(f"/proc/{self._upstream}/stat"),
+            relays=agents,
+            gateway=_cpu_seconds(f"/proc/{self._gateway}/stat"),
+            loop=_cpu_seconds(f"/proc/{self._gateway}/task/{self._gateway}/stat"),
+            loop_waiting=_waiting_seconds(f"/proc/{self._gateway}/task/{self._gateway}/schedstat"),
+        )
+
+
+def _spent(before: _Costs, after: _Costs, client: float, *, proxied: bool) -> _Costs:
+    """What a run cost: the client's own report; the agents reaped the proxied client too."""
+    return _Costs(
+        client=client,
+        upstream=after.upstream - before.upstream,
+        relays=max(0.0, after.relays - before.relays - client) if proxied else 0.0,
+        gateway=after.gateway - before.gateway if proxied else 0.0,
+        loop=after.loop - before.loop if proxied else 0.0,
+        loop_waiting=after.loop_waiting - before.loop_waiting if proxied else 0.0,
+    )
+
+
+async def _pair(meter: _Meter, gw: GatewayProcess, authority: str, size: int, streams: int) -> dict[str, Any]:
+    """The same download direct and proxied, one after the other: seconds and CPU of each."""
     args = ("fetch", authority, str(size), str(streams))
-    direct = _host_run(*args)["seconds"]
-    before = _cpu_seconds(gw.process.pid)
-    proxied = (await _sandbox_run(gw, "bench", *args))["seconds"]
-    return direct, proxied, _cpu_seconds(gw.process.pid) - before
+    before = meter.read()
+    direct = _host_run(*args)
+    middle = meter.read()
+    proxied = await _sandbox_run(gw, "bench", *args)
+    after = meter.read()
+    return {
+        "direct": direct["seconds"],
+        "proxied": proxied["seconds"],
+        "direct_cpu": _spent(before, middle, direct["cpu"], proxied=False),
+        "proxied_cpu": _spent(middle, after, proxied["cpu"], proxied=True),
+        "load": os.getloadavg()[0],
+    }
 
 
-async def _throughput(gw: GatewayProcess, authority: str, mib: int, repeats: int) -> dict:
+def _per_mib(pairs: list[dict[str, Any]], key: str, mib: float) -> dict[str, float]:
+    """Median CPU milliseconds per MiB of each part, over the pairs."""
+    return {
+        part: 1000 * statistics.median(getattr(pair[key], part) for pair in pairs) / mib
+        for part in ("client", "upstream", "relays", "gateway", "loop")
+    }
+
+
+async def _throughput(gw: GatewayProcess, meter: _Meter, authority: str, mib: int, repeats: int) -> dict:
     results = {}
     total = mib << 20
     for label, streams in (("1 stream", 1), ("16 streams", 16)):
         size = total // streams
-        await _pair(gw, authority, size, streams)  # warm-up: page cache, upstream threads, imports
-        pairs = [await _pair(gw, authority, size, streams) for _ in range(repeats)]
-        direct = statistics.median(d for d, _, _ in pairs)
-        proxied = statistics.median(p for _, p, _ in pairs)
+        await _pair(meter, gw, authority, size, streams)  # warm-up: page cache, upstream threads, imports
+        pairs = [await _pair(meter, gw, authority, size, streams) for _ in range(repeats)]
+        direct = statistics.median(p["direct"] for p in pairs)
+        proxied = statistics.median(p["proxied"] for p in pairs)
         mib_moved = size * streams / 2**20
         results[label] = {
             "mib": mib_moved,
             "direct_mib_s": mib_moved / direct,
             "proxy_mib_s": mib_moved / proxied,
             "ratio": direct / proxied,
-            "ratios_each": [d / p for d, p, _ in pairs],
-            "gateway_cpu_ms_per_mib": 1000 * statistics.median(c for _, _, c in pairs) / mib_moved,
+            "ratios_each": [p["direct"] / p["proxied"] for p in pairs],
+            "loads_each": [p["load"] for p in pairs],
+            "gateway_cpu_ms_per_mib": 1000 * statistics.median(p["proxied_cpu"].gateway for p in pairs) / mib_moved,
+            "direct_cpu_ms_per_mib": _per_mib(pairs, "direct_cpu", mib_moved),
+            "proxied_cpu_ms_per_mib": _per_mib(pairs, "proxied_cpu", mib_moved),
+            # How busy the event loop's thread was during a proxied download (1.0: saturated).
+            "loop_busy_each": [p["proxied_cpu"].loop / p["proxied"] for p in pairs],
+            # How long it was runnable but waiting for a cpu, as a share of the same time: the
+            # machine's load, which no change to the loop's own work shortens.
+            "loop_waiting_each": [p["proxied_cpu"].loop_waiting / p["proxied"] for p in pairs],
         }
     return results
 
@@ -161,20 +267,45 @@ async def _setup(gw: GatewayProcess, authority: str, connects: int) -> dict:
     }
 
 
+def _on_cpu_ms(pid: int) -> float:
+    """Milliseconds the process's threads have run so far (schedstat: nanoseconds, where /proc
+    stat's 10 ms ticks are as coarse as one create)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e6
+
+
 async def _warm_creates(gw: GatewayProcess, authority: str, count: int) -> dict:
     specs = {"plain": pb.SandboxSpec(), "policy": pb.SandboxSpec(network=pb.NetworkPolicy(allow=[authority]))}
     samples: dict[str, list[float]] = {kind: [] for kind in specs}
+    cpu: dict[str, list[float]] = {kind: [] for kind in specs}
     cold = dict.fromkeys(specs, 0)
     for i in range(count):
-        for kind, spec in specs.items():
+        # Alternating, and which goes first alternating too: the second of a pair finds the
+        # pool refilling from the first.
+        for kind in list(specs) if i % 2 == 0 else list(specs)[::-1]:
             await wait_idle(gw, "egress", 1)
-            start = time.perf_counter()
-            ready = await gw.create_ready(name=f"{kind}-{i}", spec=spec)
+            before, start = _on_cpu_ms(gw.process.pid), time.perf_counter()
+            ready = await gw.create_ready(name=f"{kind}-{i}", spec=specs[kind])
             samples[kind].append((time.perf_counter() - start) * 1000)
+            cpu[kind].append(_on_cpu_ms(gw.process.pid) - before)
             cold[kind] += ready.status.allocation != "warm"
             await gw.delete(f"{kind}-{i}")
     plain, policy = summary(samples["plain"]), summary(samples["policy"])
-    return {"plain_ms": plain, "policy_ms": policy, "ratio_p50": policy["p50"] / plain["p50"], "cold": cold}
+    plain_cpu, policy_cpu = summary(cpu["plain"]), summary(cpu["policy"])
+    return {
+        "plain_ms": plain,
+        "policy_ms": policy,
+        "ratio_p50": policy["p50"] / plain["p50"],
+        "pair_ratios": [p / q for p, q in zip(samples["policy"], samples["plain"], strict=True)],
+        # The gateway's CPU during each create (its every thread: the pool's refill included).
+        "plain_cpu_ms": plain_cpu,
+        "policy_cpu_ms": policy_cpu,
+        "cpu_ratio_p50": policy_cpu["p50"] / plain_cpu["p50"],
+        "cold": cold,
+    }
 
 
 async def measure(mib: int, connects: int, creates: int, pool_size: int, repeats: int) -> dict:
@@ -195,12 +326,13 @@ async def measure(mib: int, connects: int, creates: int, pool_size: int, repeats
                     network=pb.NetworkPolicy(allow=[authority]), resources=pb.Resources(cpu=str(os.cpu_count()))
                 )
                 await gw.create_ready(name="bench", spec=spec)
-                data = {
-                    "throughput": await _throughput(gw, authority, mib, repeats),
-                    "setup": await _setup(gw, authority, connects),
-                }
+                meter = _Meter(gw.process.pid, upstream.pid)
+                data: dict[str, Any] = {"throughput": await _throughput(gw, meter, authority, mib, repeats)}
+                if connects:
+                    data["setup"] = await _setup(gw, authority, connects)
                 await gw.delete("bench")
-                data["warm_create"] = await _warm_creates(gw, authority, creates)
+                if creates:
+                    data["warm_create"] = await _warm_creates(gw, authority, creates)
     finally:
         upstream.terminate()
         upstream.wait()
@@ -221,19 +353,27 @@ def _table(data: dict) -> str:
         each = ", ".join(f"{ratio:.2f}" for ratio in row["ratios_each"])
         cpu = f"{row['gateway_cpu_ms_per_mib']:.2f}"
         lines.append(f"| {label} | {row['mib']:.0f} | {rates} | {row['ratio']:.2f} | {each} | {cpu} |")
-    setup = data["setup"]
+    lines += _cpu_table(data)
+    if "setup" in data:
+        setup = data["setup"]
+        lines += [
+            "",
+            f"Connection setup p50: direct {setup['direct_ms']['p50']:.3f} ms, through the proxy "
+            f"{setup['proxy_ms']['p50']:.3f} ms: **{setup['added_p50_ms']:+.3f} ms** added ({data['connects']} each; "
+            f"p90 direct {setup['direct_ms']['p90']:.3f} ms, proxied {setup['proxy_ms']['p90']:.3f} ms).",
+        ]
+    if "warm_create" in data:
+        warm = data["warm_create"]
+        lines += [
+            "",
+            f"Warm create -> Ready p50: {warm['plain_ms']['p50']:.1f} ms without a policy, "
+            f"{warm['policy_ms']['p50']:.1f} ms with one: **{warm['ratio_p50']:.2f}x** "
+            f"({data['creates']} each, alternating; cold: {warm['cold']}); pairs' ratios "
+            f"{_spread(warm['pair_ratios'])}. The gateway's CPU per create p50: "
+            f"{warm['plain_cpu_ms']['p50']:.2f} ms without, {warm['policy_cpu_ms']['p50']:.2f} ms with: "
+            f"**{warm['cpu_ratio_p50']:.2f}x**.",
+        ]
     lines += [
-        "",
-        f"Connection setup p50: direct {setup['direct_ms']['p50']:.3f} ms, through the proxy "
-        f"{setup['proxy_ms']['p50']:.3f} ms: **{setup['added_p50_ms']:+.3f} ms** added ({data['connects']} each; "
-        f"p90 direct {setup['direct_ms']['p90']:.3f} ms, proxied {setup['proxy_ms']['p90']:.3f} ms).",
-    ]
-    warm = data["warm_create"]
-    lines += [
-        "",
-        f"Warm create -> Ready p50: {warm['plain_ms']['p50']:.1f} ms without a policy, "
-        f"{warm['policy_ms']['p50']:.1f} ms with one: **{warm['ratio_p50']:.2f}x** "
-        f"({data['creates']} each, alternating; cold: {warm['cold']}).",
         "",
         "Targets (issue 32): >= 0.5x on one stream, >= 0.8x over 16, <= 2 ms setup added, <= 1.1x warm create.",
         f"Shared machine ({data['cpus']} cores, 1-minute load average {data['load_1min']:.1f} at the end): "
@@ -242,12 +382,42 @@ def _table(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _spread(values: list[float]) -> str:
+    """Quartiles of a sample, as `p25-p75 (min-max)`."""
+    ordered = sorted(values)
+    q1, q3 = statistics.quantiles(ordered, n=4)[0::2] if len(ordered) > 1 else (ordered[0], ordered[0])
+    return f"{q1:.2f}-{q3:.2f} (min {ordered[0]:.2f}, max {ordered[-1]:.2f})"
+
+
+def _cpu_table(data: dict) -> list[str]:
+    """Where the CPU went: each part of the path, per MiB (medians over the pairs), and how busy
+    the gateway's event-loop thread was while it drove the splices."""
+    lines = [
+        "",
+        "CPU ms per MiB moved, by part (medians; the proxied client and relays from the agents' reaped children):",
+        "",
+        "| throughput | path | client | upstream | relays | gateway, all threads | its event loop | loop busy, each "
+        "| loop waiting for a cpu, each |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for label, row in data["throughput"].items():
+        for path in ("direct", "proxied"):
+            cpu = row[f"{path}_cpu_ms_per_mib"]
+            parts = " | ".join(f"{cpu[part]:.2f}" for part in ("client", "upstream", "relays", "gateway", "loop"))
+            busy = ", ".join(f"{b:.2f}" for b in row["loop_busy_each"]) if path == "proxied" else ""
+            waiting = ", ".join(f"{w:.2f}" for w in row["loop_waiting_each"]) if path == "proxied" else ""
+            lines.append(f"| {label} | {path} | {parts} | {busy} | {waiting} |")
+    loads = [load for row in data["throughput"].values() for load in row["loads_each"]]
+    lines += ["", f"1-minute load average during the pairs: {min(loads):.1f} to {max(loads):.1f}."]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mib", type=int, default=256, help="MiB of the one-stream download (16 streams share it)")
     parser.add_argument("--repeats", type=int, default=5, help="alternating direct/proxied pairs of each download")
-    parser.add_argument("--connects", type=int, default=200)
-    parser.add_argument("--creates", type=int, default=20, help="warm creates of each kind")
+    parser.add_argument("--connects", type=int, default=200, help="connection setups of each kind (0: none)")
+    parser.add_argument("--creates", type=int, default=20, help="warm creates of each kind (0: none)")
     parser.add_argument("--pool-size", type=int, default=4)
     args = parser.parse_args()
     data = asyncio.run(measure(args.mib, args.connects, args.creates, args.pool_size, args.repeats))

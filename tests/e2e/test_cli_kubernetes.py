@@ -294,3 +294,25 @@ def test_pool_list_shows_an_invalid_profile_configmap(gateway: CliGateway, kubec
     assert typo[0]["source"] == f"configmap {NAMESPACE}/warm-pool-typo"
     human = gateway.run("pool", "list")
     assert f"warm-pool-typo: InvalidProfile: configmap {NAMESPACE}/warm-pool-typo:3: replicsa" in human.stdout
+
+
+def test_pause_and_resume_from_the_cli_suspend_the_sandbox(gateway: CliGateway, kubectl: Kubectl) -> None:
+    """The same commands as on the local driver: `sandbox pause` suspends the Sandbox (its pod goes,
+    the record stays Paused), `sandbox resume` brings a new pod that runs the command again."""
+    created = _create(gateway, "napper")
+    assert created["status"]["phase"] == "SANDBOX_PHASE_READY", created
+    paused = gateway.run("sandbox", "pause", "napper")
+    assert (paused.returncode, paused.stdout) == (0, "sandbox napper paused\n"), paused.stderr
+    listed = gateway.run("sandbox", "list", "-o", "json")
+    assert [(s["name"], s["status"]["phase"]) for s in json.loads(listed.stdout)["sandboxes"]] == [
+        ("napper", "SANDBOX_PHASE_PAUSED")
+    ]
+    mode = kubectl("-n", NAMESPACE, "get", "sandbox", "default--napper", "-o", "jsonpath={.spec.operatingMode}")
+    assert mode == "Suspended"
+    resumed = gateway.run("sandbox", "resume", "napper")
+    assert resumed.returncode == 0, f"{resumed.stderr}\n{gateway.log()}"
+    echoed = gateway.run("sandbox", "exec", "napper", "--", "echo", "back")
+    assert (echoed.returncode, echoed.stdout) == (0, "back\n"), echoed.stderr
+    got = json.loads(gateway.run("sandbox", "get", "napper", "-o", "json").stdout)
+    assert got["status"]["instance_id"] not in ("", created["status"]["instance_id"])
+    assert gateway.run("sandbox", "delete", "napper").returncode == 0

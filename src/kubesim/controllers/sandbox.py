@@ -118,6 +118,9 @@ class SandboxController:
             pod = await self._adopt_pod(sandbox)
         annos = o.annotations_of(sandbox)
         if spec_suspended(sandbox):
+            # Upstream reconciles the PVCs before the pod on every pass, whatever the mode: a
+            # Sandbox created Suspended has its volumes, and a suspended one keeps them.
+            await self._ensure_pvcs(sandbox)
             if pod is not None and not o.is_deleting(pod):
                 await self._delete_ignoring_missing(kc.PODS, pod)
             if L.POD_NAME_ANNOTATION in annos:

@@ -515,7 +515,9 @@ _COMMANDS = (
         snapshots.pause,
         "Pause a Ready sandbox of an image: its files (what it wrote over its image, and /workspace) "
         "are kept as an image, and every process, its memory and its runtime go; it stays, Paused, "
-        "until resumed, deleted, or its pause TTL passes.",
+        "until resumed, deleted, or its pause TTL passes. On Kubernetes its Sandbox is suspended "
+        "instead: the pod is deleted, /workspace is kept only on a volume claim "
+        "(kubernetes.workspace_claim_size).",
         flags=(
             _NAME,
             _WORKSPACE,

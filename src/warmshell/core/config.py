@@ -246,6 +246,23 @@ class KubernetesDriverConfig(_Section):
     proof_key_file: str = ""
     warm_pooling: WarmPoolingConfig = Field(default_factory=WarmPoolingConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
+    # /workspace on a PersistentVolumeClaim per sandbox, made and kept by agent-sandbox from the
+    # Sandbox's volumeClaimTemplates: it outlives the pod, so a pause (Suspended) keeps its files.
+    # This size unless a profile's [storage] workspace says otherwise; "" = an emptyDir, which
+    # goes with the pod (no storage provisioner needed). Pool members each hold one too.
+    workspace_claim_size: str = ""
+    # The claims' StorageClass ("" = the cluster's default).
+    workspace_storage_class: str = ""
+
+    @field_validator("workspace_claim_size")
+    @classmethod
+    def _a_claim_size(cls, value: str) -> str:
+        if value:
+            try:
+                quantities.memory_bytes(value, field="workspace_claim_size")
+            except InvalidArgumentError as exc:
+                raise ValueError(exc.rule) from exc
+        return value
 
 
 class RateLimit(_Section):

@@ -24,6 +24,8 @@ from warmshell.core.errors import InvalidArgumentError
 
 __all__ = [
     "ANY",
+    "BUNDLE_FILE",
+    "CA_FILE",
     "PROXY_PORT",
     "PUBLIC_SUFFIXES",
     "SANDBOX_DIR",
@@ -41,6 +43,7 @@ __all__ = [
     "parse_rules",
     "parse_secret_host",
     "secret_hosts",
+    "trust_environment",
 ]
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -68,6 +71,10 @@ SANDBOX_DIR = "/run/warmshell/egress"
 # directory bound at SANDBOX_DIR), to which the gateway's CA is added when its TLS is intercepted.
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SYSTEM_BUNDLE_COPY = "system-ca-bundle.pem"
+# The proxy's CA alone, and a bundle of the host's CAs and it: the files a sandbox whose TLS is
+# intercepted trusts (a local sandbox's in SANDBOX_DIR; a pod's where its supervisor writes them).
+CA_FILE = "ca.pem"
+BUNDLE_FILE = "ca-bundle.pem"
 # A secret host written `api.example.com?` lets the value into the request's URL (path and query
 # string) too, not only its headers: some APIs take their key only as `?key=`. Opt-in per host,
 # because URLs end up in access logs, browser histories and error messages where headers do not.
@@ -296,6 +303,15 @@ def secret_hosts(hosts: Mapping[str, Sequence[str]], secrets: Mapping[str, str],
             parse_secret_host(rule, field=f"{field}.{name}[{index}]")
         checked[name] = [rule.strip() for rule in rules]
     return checked
+
+
+def trust_environment(directory: str = SANDBOX_DIR) -> dict[str, str]:
+    """What makes OpenSSL, Python (ssl, requests), curl, git and Node trust the proxy's CA
+    besides the host's, the files being in `directory`: the bundle of both, and the CA alone
+    for Node (which adds it to its own)."""
+    bundle = f"{directory}/{BUNDLE_FILE}"
+    env = dict.fromkeys(("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"), bundle)
+    return env | {"NODE_EXTRA_CA_CERTS": f"{directory}/{CA_FILE}"}
 
 
 def compose(

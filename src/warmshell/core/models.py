@@ -49,6 +49,14 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _without_empty(dumped: dict[str, Any], key: str) -> dict[str, Any]:
+    """`dumped` without `key` while it is empty or false: a field added later is left out until
+    set, since a replica of an older release sharing the store refuses a key it does not know."""
+    if not dumped.get(key):
+        dumped.pop(key, None)
+    return dumped
+
+
 class Condition(_Model):
     """Why a sandbox is in its phase (Kubernetes condition conventions)."""
 
@@ -205,10 +213,7 @@ class SandboxSpec(_Model):
 
     @model_serializer(mode="wrap")
     def _without_unset_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        dumped: dict[str, Any] = handler(self)
-        if not dumped.get("no_command"):  # left out unset: a replica of an older release refuses the key
-            dumped.pop("no_command", None)
-        return dumped
+        return _without_empty(handler(self), "no_command")
 
 
 class SandboxStatus(_Model):
@@ -240,6 +245,12 @@ class SandboxStatus(_Model):
     paused_image: str = ""
     paused_ttl_left_ms: int = 0
     paused_idle_timeout_seconds: int = 0
+    # Instances that ran it before a pause (see core.pausing.is_retired).
+    retired_instances: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _without_unset_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_empty(handler(self), "retired_instances")
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of that type, if any."""

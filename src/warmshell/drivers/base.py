@@ -37,6 +37,7 @@ __all__ = [
     "ProgressLine",
     "SandboxUsage",
     "SupervisorIdentity",
+    "Suspender",
     "UsageReporter",
     "WarmPending",
     "invalid_profile_view",
@@ -100,6 +101,8 @@ class DriverSandbox:
     # served, so the gateway need not look the pool up again.
     pool_ttl_seconds: int | None = None
     pool_idle_timeout_seconds: int | None = None
+    # The backend keeps the sandbox with nothing running (see `Suspender`).
+    suspended: bool = False
 
 
 @dataclass(frozen=True)
@@ -354,6 +357,31 @@ class Leadership(Protocol):
 
     def leading(self) -> bool:
         """Whether this replica leads now."""
+        ...
+
+
+@runtime_checkable
+class Suspender(Protocol):
+    """A driver that pauses a sandbox in place: the backend keeps the sandbox's object (and what
+    it keeps of its volumes) with nothing of it running, and runs it again, as a new instance
+    that registers and is activated like any other, when it is resumed (Kubernetes:
+    agent-sandbox's `Suspended` operating mode). The gateway's record is the truth: it is
+    marked Paused before `suspend` is asked, and the reconciler asks again for a Paused sandbox
+    whose backend still runs it."""
+
+    async def check_suspend(self) -> None:
+        """FailedPreconditionError, saying why, when this backend cannot suspend at all (nothing
+        is written)."""
+        ...
+
+    async def suspend(self, sandbox_id: SandboxId) -> None:
+        """Stop the sandbox's instance and keep its object (idempotent); NotFoundError when the
+        backend has no such sandbox."""
+        ...
+
+    async def unsuspend(self, sandbox_id: SandboxId, activation_proof: str) -> DriverSandbox:
+        """Run a suspended sandbox again; its new instance registers with `activation_proof`
+        (the one the gateway's record now expects), the same write that resumes it."""
         ...
 
 

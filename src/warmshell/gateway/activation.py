@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 
 from warmshell.api.v1 import supervisor_pb2 as spb
-from warmshell.core import allocation, phases
+from warmshell.core import allocation, pausing, phases
 from warmshell.core.errors import (
     ConflictError,
     FailedPreconditionError,
@@ -21,7 +21,7 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
-from warmshell.core.models import WORKSPACE_DIR, SandboxRecord, SandboxStatus, now_us
+from warmshell.core.models import WORKSPACE_DIR, Phase, SandboxRecord, SandboxStatus, now_us
 from warmshell.drivers.base import Bound, SupervisorIdentity, WarmPending
 from warmshell.gateway import metrics
 from warmshell.gateway.egress.gate import EgressGate
@@ -132,8 +132,11 @@ class GatewayActivator:
         record = await self._records.get(sandbox_id)
         if record is None:
             raise NotFoundError(f"sandbox {sandbox_id} does not exist")
-        if record.status.phase in phases.TERMINAL:
+        if record.status.phase in phases.TERMINAL or record.status.phase == Phase.PAUSED:
+            # Paused: whatever still runs of it (a pod on its way out) gets nothing.
             raise FailedPreconditionError(f"sandbox {sandbox_id} is {record.status.phase.value}")
+        if pausing.is_retired(record.status, registration.identity.instance_id):
+            raise PermissionDeniedError(f"instance {registration.identity.instance_id} was retired by a pause")
         if not proof_matches(proof, record.activation_proof_hash):
             raise PermissionDeniedError(f"activation proof does not match sandbox {sandbox_id}")
         _check_identity(registration, record)
@@ -142,6 +145,7 @@ class GatewayActivator:
         # The proxy is opened for this instance before the workload can start: its first
         # connection finds the socket there.
         environment = dict(record.spec.environment)
+        trusted_ca = b""
         if self._egress is not None:
             binding = registration.identity.binding
             pool = binding.pool if isinstance(binding, WarmPending) else None
@@ -149,7 +153,7 @@ class GatewayActivator:
                 record, registration.identity.instance_id, pool, secrets, source=registration.peer
             )
             environment |= attached.environment
-            secrets = attached.secrets
+            secrets, trusted_ca = attached.secrets, attached.trusted_ca
         token, expires_ms = self._issuer.mint(record.id, registration.identity.instance_id)
         return spb.SupervisorActivationMessage(
             sandbox_id=record.id,
@@ -162,6 +166,7 @@ class GatewayActivator:
                 environment=environment,
                 workdir=WORKSPACE_DIR,
                 secrets=secrets,
+                trusted_ca=trusted_ca,
             ),
             session_id=registration.session_id,
         )

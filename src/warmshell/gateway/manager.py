@@ -40,6 +40,7 @@ from warmshell.drivers.base import (
     DriverEvent,
     DriverSandbox,
     Snapshotter,
+    Suspender,
 )
 from warmshell.gateway import metrics
 from warmshell.gateway.events import EventBus, Output, Progress
@@ -69,7 +70,10 @@ _BACKEND_ORDER = {
 
 def _apply_driver_view(record: SandboxRecord, view: DriverSandbox) -> None:
     status = record.status
-    if view.instance_id and not status.instance_id:
+    # A paused sandbox runs no instance: a pod on its way out (or one the reconciler is about to
+    # suspend again) is not taken for it, nor, after the resume, the pod the pause retired.
+    fresh = status.phase != Phase.PAUSED and not pausing.is_retired(status, view.instance_id)
+    if view.instance_id and not status.instance_id and fresh:
         status.instance_id = view.instance_id
     # Never step back (a late "Pending" from create must not undo a "Running" the watch saw).
     if _BACKEND_ORDER.get(view.state, 0) >= _BACKEND_ORDER.get(status.backend_state, 0):
@@ -307,24 +311,32 @@ class SandboxManager:
                 image = pausing.mark_resuming(r, proof_hash, now_ms=now_ms())
 
             held = await self.records.mutate(record.id, resuming)
-            spec = self.driver.validate(record.workspace, held.spec.model_copy(update={"image": image}))
-            view = await self.driver.create(
-                CreateRequest(
-                    sandbox_id=record.id,
-                    name=record.name,
-                    workspace=record.workspace,
-                    spec=spec,
-                    activation_proof=proof,
-                    labels=dict(record.labels),
-                )
-            )
+            view = await self._start_resumed(held, image, proof)
         except BaseException:
             await self.records.release(record.id, lambda r: _restore(r, record))
             raise
-        resumed = await self.records.release(record.id, lambda r: self._created(r, view, r.lifetime))
+        if isinstance(self.driver, Suspender):  # the same backend object runs again
+            resumed = await self.records.release(record.id, lambda r: _apply_driver_view(r, view))
+        else:
+            resumed = await self.records.release(record.id, lambda r: self._created(r, view, r.lifetime))
         assert resumed is not None
         self._watch_deadline(resumed)
         return resumed
+
+    async def _start_resumed(self, held: SandboxRecord, image: str, proof: str) -> DriverSandbox:
+        """A suspended backend run again, or a new one created from the image kept at the pause."""
+        if isinstance(self.driver, Suspender):
+            return await self.driver.unsuspend(held.id, proof)
+        spec = self.driver.validate(held.workspace, held.spec.model_copy(update={"image": image}))
+        request = CreateRequest(
+            sandbox_id=held.id,
+            name=held.name,
+            workspace=held.workspace,
+            spec=spec,
+            activation_proof=proof,
+            labels=dict(held.labels),
+        )
+        return await self.driver.create(request)
 
     async def refresh_ttl(self, workspace: str, name: str, ttl_seconds: int) -> SandboxRecord:
         """Let a sandbox live `ttl_seconds` from now (within the gateway's maximum)."""
@@ -453,7 +465,9 @@ def _ready_path(status: SandboxStatus) -> str:
 
 
 def _restore(record: SandboxRecord, before: SandboxRecord) -> None:
-    """Put back what a resume changed (its driver refused it)."""
+    """Put back what a resume changed (its driver refused it), unless a delete came meanwhile."""
+    if record.status.phase == Phase.DELETING:
+        return
     record.status = before.status.model_copy(deep=True)
     record.lifetime = before.lifetime.model_copy(deep=True)
     record.activation_proof_hash = before.activation_proof_hash

@@ -18,7 +18,7 @@ from warmshell.core import phases
 from warmshell.core.errors import WarmshellError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import Phase, SandboxRecord, now_ms
-from warmshell.drivers.base import ProgressLine
+from warmshell.drivers.base import ProgressLine, Suspender
 from warmshell.gateway import metrics
 from warmshell.gateway.manager import SandboxManager
 
@@ -102,6 +102,8 @@ class Reconciler:
                 continue
             if record.status.phase == Phase.PROVISIONING:
                 await manager.enforce_deadline(record)
+            if view is not None and record.status.phase == Phase.PAUSED and not view.suspended:
+                await self._suspend_again(record)
             if view is not None:
                 if view.state.value != record.status.backend_state:
                     await manager.on_driver_event_view(view)
@@ -119,6 +121,19 @@ class Reconciler:
             metrics.POOL_MEMBERS.labels(pool=pool.name, state="desired").set(pool.desired)
             metrics.POOL_MEMBERS.labels(pool=pool.name, state="ready").set(pool.ready)
             metrics.POOL_MEMBERS.labels(pool=pool.name, state="idle").set(pool.idle)
+
+    async def _suspend_again(self, record: SandboxRecord) -> None:
+        """A Paused record whose backend still runs it: a suspend that failed, or a gateway that
+        stopped between a resume's write and its record (which stayed Paused). The record is the
+        truth; the backend follows it."""
+        driver = self._manager.driver
+        if not isinstance(driver, Suspender):
+            return
+        log.info("sandbox %s/%s is Paused and its backend runs it: suspending it", record.workspace, record.name)
+        try:
+            await driver.suspend(record.id)
+        except WarmshellError as exc:
+            log.warning("sandbox %s/%s: could not suspend it: %s", record.workspace, record.name, exc)
 
     async def _retry_delete(self, record: SandboxRecord) -> None:
         with contextlib.suppress(WarmshellError):

@@ -180,7 +180,7 @@ class Gateway:
             driver = build_driver(self.config, gateway_id=keys.gateway_id)
         stack.push_async_callback(self._close_supervisor_link)  # after the driver's exit
         await stack.enter_async_context(driver)  # its identity provider exists once it is entered
-        keys = replace(keys, egress=await _egress_trust(self.config, driver))
+        keys = replace(keys, egress=await _egress_trust(self.config, driver, keys.secrets_key))
         self._parts = parts = assemble(
             self.config, store=store, driver=driver, keys=keys, replica_id=_replica_id(self.config.replicas.id)
         )
@@ -350,15 +350,20 @@ class Gateway:
         log.info("gateway stopped")
 
 
-async def _egress_trust(config: GatewayConfig, driver: ComputeDriver) -> EgressTrust:
+async def _egress_trust(config: GatewayConfig, driver: ComputeDriver, secrets_key: bytes) -> EgressTrust:
     """What the egress proxy reads before it is built: the CA that intercepts TLS for
-    placeholder secrets (where the driver binds proxy sockets into sandboxes) and the upstreams'
-    trust. FailedPreconditionError, in one line, when either cannot be read or made: the gateway
-    does not start."""
+    placeholder secrets (where the driver binds proxy sockets into sandboxes, the gateway's own;
+    where pods reach the proxy over the network, one derived from the secrets key, so every
+    replica has it) and the upstreams' trust. FailedPreconditionError, in one line, when either
+    cannot be read or made: the gateway does not start."""
     authority = None
     if isinstance(driver, HostsEgressSockets):
         directory = config.paths.root / "egress"
         authority = await asyncio.to_thread(interception.CertificateAuthority, directory)
+    elif config.network.proxy_url:
+        # Its own directory: a local gateway's CA key next to a derived certificate would not pair.
+        directory = config.paths.root / "egress-shared"
+        authority = await asyncio.to_thread(interception.CertificateAuthority, directory, seed=secrets_key)
     upstream = await asyncio.to_thread(interception.upstream_context, config.network.upstream_ca_file)
     return EgressTrust(authority, upstream)
 

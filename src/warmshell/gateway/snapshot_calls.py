@@ -1,13 +1,15 @@
 """SandboxService's calls built on snapshots: snapshot (a Ready sandbox's files as an image), fork
 (N sandboxes on one snapshot), pause (the files kept, the runtime freed) and resume, on a driver
-that can (`drivers.base.Snapshotter`); FAILED_PRECONDITION on one that cannot (Kubernetes, for
-now), or for a sandbox that is not Ready (not Paused, for a resume). Apart from `sandbox_service`
-so that they live together."""
+that can (`drivers.base.Snapshotter`); pause and resume also on a driver that suspends in place
+(`drivers.base.Suspender`: Kubernetes); FAILED_PRECONDITION on one that can do neither, or for a
+sandbox that is not Ready (not Paused, for a resume). Apart from `sandbox_service` so that they
+live together."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -24,7 +26,7 @@ from warmshell.core.errors import (
 )
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord, now_ms
 from warmshell.core.validation import validate_workspace
-from warmshell.drivers.base import Snapshotter
+from warmshell.drivers.base import Snapshotter, Suspender
 from warmshell.gateway import forking
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.calls import unary
@@ -35,6 +37,7 @@ from warmshell.gateway.manager import SandboxManager
 __all__ = ["SnapshotCalls"]
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
+log = logging.getLogger(__name__)
 
 
 class SnapshotCalls:
@@ -49,19 +52,19 @@ class SnapshotCalls:
         self, workspace: str, name: str, doing: str, done: str
     ) -> tuple[SandboxRecord, Snapshotter]:
         """The Ready sandbox `name` and a driver that can snapshot it, else the reason why not."""
+        record = await self._named_record(workspace, name)
+        driver = self._manager.driver
+        if not isinstance(driver, Snapshotter):
+            raise FailedPreconditionError(f"the {driver.name} driver cannot {doing} a sandbox")
+        _require_ready(record, done)
+        return record, driver
+
+    async def _named_record(self, workspace: str, name: str) -> SandboxRecord:
         workspace = workspace or DEFAULT_WORKSPACE
         validate_workspace(workspace)
         if not name:
             raise InvalidArgumentError("name", "must not be empty")
-        record = await self._manager.records.get_by_name(workspace, name)
-        driver = self._manager.driver
-        if not isinstance(driver, Snapshotter):
-            raise FailedPreconditionError(f"the {driver.name} driver cannot {doing} a sandbox")
-        if record.status.phase != Phase.READY:
-            raise FailedPreconditionError(
-                f"sandbox {workspace}/{name} is {record.status.phase.value}: only a Ready sandbox can be {done}"
-            )
-        return record, driver
+        return await self._manager.records.get_by_name(workspace, name)
 
     @unary
     async def SnapshotSandbox(self, request: pb.SnapshotSandboxRequest, context: Ctx) -> pb.SnapshotSandboxResponse:
@@ -118,9 +121,11 @@ class SnapshotCalls:
         await self._auth.require_client(context)
         if request.pause_ttl_seconds < 0:
             raise InvalidArgumentError("pause_ttl_seconds", "must be 0 (the gateway's default) or more")
+        ttl = request.pause_ttl_seconds or self._manager.limits.pause_ttl_seconds
+        if isinstance(self._manager.driver, Suspender):
+            return await self._suspend(await self._named_record(request.workspace, request.name), ttl)
         record, driver = await self._ready_parent(request.workspace, request.name, "pause", "paused")
         taken = await driver.snapshot(record.id, image="", force=False, source=f"{record.workspace}/{record.name}")
-        ttl = request.pause_ttl_seconds or self._manager.limits.pause_ttl_seconds
         paused = await self._manager.records.mutate(
             record.id, lambda r: pausing.mark_paused(r, taken.digest, now_ms=now_ms(), pause_ttl_seconds=ttl)
         )
@@ -128,6 +133,39 @@ class SnapshotCalls:
         if session is not None:
             self._manager.sessions.close_if_current(session)
         await self._manager.driver.delete(record.id)  # every process, its tmpfs and uid go; the record stays
+        return sandbox_to_proto(await self._manager.records.get(record.id) or paused)
+
+    async def _suspend(self, record: SandboxRecord, ttl: int) -> pb.Sandbox:
+        """Pause in place: the record is Paused first (the commit point: from then on nothing of
+        the sandbox is activated or served), its session closed, then the driver suspends it. A
+        suspend that fails after the record is Paused is asked again by the reconciler, so the
+        call answers Paused either way."""
+        driver = self._manager.driver
+        assert isinstance(driver, Suspender)
+        await driver.check_suspend()
+        _require_ready(record, "paused")
+        paused = await self._manager.records.mutate(
+            record.id,
+            lambda r: (
+                pausing.mark_paused(r, pausing.SUSPENDED, now_ms=now_ms(), pause_ttl_seconds=ttl)
+                if r.status.phase == Phase.READY
+                else False
+            ),
+        )
+        if paused.status.phase != Phase.PAUSED:
+            _require_ready(paused, "paused")  # it changed since it was read: say what it is now
+        session = self._manager.sessions.get(record.id)
+        if session is not None:
+            self._manager.sessions.close_if_current(session)
+        try:
+            await driver.suspend(record.id)
+        except WarmshellError as exc:
+            log.warning(
+                "sandbox %s/%s: suspend not confirmed (the reconciler asks again): %s",
+                record.workspace,
+                record.name,
+                exc,
+            )
         return sandbox_to_proto(await self._manager.records.get(record.id) or paused)
 
     @unary
@@ -145,3 +183,11 @@ class SnapshotCalls:
         if request.wait_ready:
             resumed = await self._settled(resumed, request.ready_timeout_ms / 1000 or None)
         return sandbox_to_proto(resumed)
+
+
+def _require_ready(record: SandboxRecord, done: str) -> None:
+    if record.status.phase != Phase.READY:
+        raise FailedPreconditionError(
+            f"sandbox {record.workspace}/{record.name} is {record.status.phase.value}: "
+            f"only a Ready sandbox can be {done}"
+        )

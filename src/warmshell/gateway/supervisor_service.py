@@ -13,6 +13,7 @@ import grpc
 
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
+from warmshell.core import pausing
 from warmshell.core.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -200,6 +201,10 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         record = await self._manager.records.get(claims.sandbox_id)
         if record is None or record.status.phase == Phase.DELETING:
             raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists")
+        if record.status.phase == Phase.PAUSED or pausing.is_retired(record.status, claims.instance_id):
+            # A token minted before a pause is void, however long it has left: the resumed
+            # sandbox runs a new instance with a token of its own.
+            raise PermissionDeniedError(f"instance {claims.instance_id} no longer runs sandbox {claims.sandbox_id}")
         await self._refuse_if_live_elsewhere(record)
         return self._open_session(claims), first.hello
 
@@ -281,7 +286,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         record = await self._manager.records.get(claims.sandbox_id)
         if record is None or record.status.phase in _ENDED:
             raise NotFoundError(f"sandbox {claims.sandbox_id} no longer exists or has ended")
-        if record.status.instance_id != claims.instance_id:
+        if record.status.instance_id != claims.instance_id or pausing.is_retired(record.status, claims.instance_id):
             # A validly signed token of an instance the sandbox is not running (a former or made-up
             # one) must not be renewable: it would outlive the instance it was minted for.
             raise PermissionDeniedError(f"instance {claims.instance_id} is not the running instance of its sandbox")

@@ -505,7 +505,9 @@ class Sandbox:
         """Keep the sandbox's files (what it wrote over its image, and /workspace) as an image and
         stop everything of it: no process, no memory, no runtime; it stays, Paused, until
         `resume()` or its pause TTL (`pause_ttl_seconds`, else the gateway's) deletes it.
-        Processes and memory are not kept: a resume runs the command afresh."""
+        Processes and memory are not kept: a resume runs the command afresh. On Kubernetes the
+        pod is deleted and its Sandbox suspended instead: `/workspace` survives when the gateway
+        puts it on a volume claim (`kubernetes.workspace_claim_size`), not as an emptyDir."""
         from warmshell.sdk import views
 
         request = pb.PauseSandboxRequest(name=self.name, workspace=self.workspace, pause_ttl_seconds=pause_ttl_seconds)

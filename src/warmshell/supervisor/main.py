@@ -50,6 +50,8 @@ import grpc
 
 from warmshell.api.v1 import outcome_pb2 as opb
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core import egress
+from warmshell.sandboxio import trust
 from warmshell.sandboxio.agentlink import AgentLink
 from warmshell.sandboxio.agentlisten import accept_agent
 from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
@@ -75,6 +77,8 @@ AGENT_CONNECT_SECONDS = 300.0
 EXIT_AGENT_LOST = 137
 # The restart policies a supervisor can run under (Always would rerun an ended sandbox).
 RESTART_POLICIES = ("Never", "OnFailure")
+# Beside the agent's socket: where the egress proxy's CA and bundle are put for the workload.
+TRUST_DIR = "trust"
 # Fatal for a registration: retrying with the same credential cannot succeed.
 _FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ABORTED,
           grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}  # fmt: skip
@@ -254,6 +258,8 @@ class Supervisor:
             self.activation = activation
             self._token, self._token_expires_ms = activation.token, activation.token_expires_at_ms
             self._env = _workload_environment(self._base_env, activation)
+            if activation.workload.trusted_ca:
+                self._env |= await self._place_trust(activation.workload.trusted_ca)
             self._workdir = self._default_workdir or activation.workload.workdir or "/"
             if activation.workload.command:
                 self._workload = asyncio.create_task(self._run_workload(list(activation.workload.command)))
@@ -288,6 +294,22 @@ class Supervisor:
                 self._agent.close()
             if channel is not None:
                 await channel.close(grace=None)
+
+    async def _place_trust(self, ca_pem: bytes) -> dict[str, str]:
+        """Make the workload trust the egress proxy's CA (`Workload.trusted_ca`): the CA and a
+        bundle of this container's CAs and it, beside the agent's socket (a directory both
+        containers mount at one path); the variables that point the workload's tools there.
+        Nothing when that fails: its TLS to the secrets' hosts then fails verification, closed."""
+        if self.settings.agent_socket is None:
+            log.warning("an egress CA to trust, but no workload container to place it in; ignored")
+            return {}
+        directory = self.settings.agent_socket.parent / TRUST_DIR
+        try:
+            await asyncio.to_thread(trust.write_trust, directory, ca_pem)
+        except OSError as exc:
+            log.warning("could not place the egress proxy's CA in %s: %s", directory, exc)
+            return {}
+        return egress.trust_environment(str(directory))
 
     async def _connect_agent(self, path: Path) -> None:
         """Take the workload container's agent (see the module doc) as this sandbox's runner."""

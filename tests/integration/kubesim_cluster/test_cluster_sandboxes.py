@@ -65,6 +65,47 @@ async def test_suspend_and_resume(cluster: RunningCluster, api: kc.KubeClient) -
     assert condition(resumed, "Suspended")["reason"] == "NotSuspended"
 
 
+VCT = {
+    "metadata": {"name": "data"},
+    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+}
+
+
+async def test_a_suspended_sandbox_keeps_its_volume_claims_and_its_new_pod_mounts_them(
+    cluster: RunningCluster, api: kc.KubeClient
+) -> None:
+    await api.create(kc.SANDBOXES, NS, sandbox("box", volumeClaimTemplates=[VCT]))
+    await wait_ready(api, kc.SANDBOXES, "box")
+    claim = await api.get(kc.PVCS, NS, "data-box")
+    first = await api.get(kc.PODS, NS, "box")
+    await api.patch(kc.SANDBOXES, NS, "box", {"spec": {"operatingMode": "Suspended"}})
+    await wait_gone(api, kc.PODS, "box")
+    assert (await api.get(kc.PVCS, NS, "data-box"))["metadata"]["uid"] == claim["metadata"]["uid"]
+    await api.patch(kc.SANDBOXES, NS, "box", {"spec": {"operatingMode": "Running"}})
+    await wait_ready(api, kc.SANDBOXES, "box")
+    second = await api.get(kc.PODS, NS, "box")
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    mounted = [
+        v["persistentVolumeClaim"]["claimName"] for v in second["spec"]["volumes"] if "persistentVolumeClaim" in v
+    ]
+    assert mounted == ["data-box"]
+
+
+async def test_a_sandbox_created_suspended_has_its_volume_claims_and_no_pod(
+    cluster: RunningCluster, api: kc.KubeClient
+) -> None:
+    await api.create(kc.SANDBOXES, NS, sandbox("box", volumeClaimTemplates=[VCT], operatingMode="Suspended"))
+    suspended = await wait_for(
+        lambda: get_or_none(api, kc.SANDBOXES, "box"),
+        lambda s: condition(s, "Suspended").get("status") == "True",
+        what="suspended",
+    )
+    assert condition(suspended, "Suspended")["reason"] == "PodTerminated"
+    claim = await wait_for(lambda: get_or_none(api, kc.PVCS, "data-box"), lambda c: c is not None, what="the PVC")
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == suspended["metadata"]["uid"]
+    assert await get_or_none(api, kc.PODS, "box") is None
+
+
 def _in(seconds: float) -> str:
     t = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds)
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -135,3 +135,13 @@ def test_strings_cannot_break_out_of_the_toml() -> None:
     data = rendered({"sandbox.image": hostile})
     assert data["kubernetes"]["image"] == hostile
     assert data["log_level"] == "INFO"
+
+
+def test_a_workspace_claim_reaches_the_config() -> None:
+    assert (rendered()["kubernetes"]["workspace_claim_size"], rendered()["kubernetes"]["workspace_storage_class"]) == (
+        "",
+        "",
+    )
+    data = rendered({"sandbox.workspaceClaim.size": "10Gi", "sandbox.workspaceClaim.storageClass": "fast-ssd"})
+    config = GatewayConfig.model_validate(data)
+    assert (config.kubernetes.workspace_claim_size, config.kubernetes.workspace_storage_class) == ("10Gi", "fast-ssd")

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.kubernetes import labels
 from warmshell.drivers.kubernetes.profiles import profileplan
+from warmshell.drivers.kubernetes.warm import warmpools
 
 from .fakes import NS, config
 
@@ -182,6 +183,24 @@ def test_a_lifetime_change_patches_the_pool_in_place_and_removing_it_clears_it()
     assert [(w.action, w.kind) for w in result.writes] == [("patch", "pool")]
     annotations = profileplan.patch_body(result.writes[0])["metadata"]["annotations"]
     assert (annotations[labels.TTL_SECONDS], annotations[labels.IDLE_TIMEOUT_SECONDS]) == ("", "")
+
+
+def test_network_rules_and_secret_hosts_patch_the_pool_in_place_and_removing_them_clears_them() -> None:
+    rules = DEFAULT + '[network]\nallow = ["pypi.example:443"]\ndeny = ["10.0.0.0/8"]\n'
+    rules += '[activation]\nsecret_hosts = { API_KEY = ["api.example.com"] }\n'
+    old = profileplan.desire(configmap(text=rules), cfg())
+    plain = profileplan.desire(configmap(rv="11"), cfg())  # both removed
+    assert old.pool is not None
+    assert plain.generated == old.generated  # not part of the shape: the same pool, its members kept
+    assert warmpools.egress_of(old.pool) == warmpools.PoolEgress(
+        ("pypi.example:443",), ("10.0.0.0/8",), {"API_KEY": ("api.example.com",)}
+    )
+    result = profileplan.plan([plain], [existing(old.template)], [existing(old.pool)])
+    assert [(w.action, w.kind) for w in result.writes] == [("patch", "pool")]
+    annotations = profileplan.patch_body(result.writes[0])["metadata"]["annotations"]
+    keys = (labels.NETWORK_ALLOW, labels.NETWORK_DENY, labels.SECRET_HOSTS)
+    assert [annotations[key] for key in keys] == ["", "", ""]
+    assert warmpools.egress_of(result.writes[0].body) == warmpools.PoolEgress()
 
 
 def _workspace_volume(template: Obj | None) -> Obj:

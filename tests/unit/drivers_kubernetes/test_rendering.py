@@ -179,3 +179,30 @@ def test_the_default_image_is_used_for_an_empty_request() -> None:
         == "ghcr.io/warmshell/warmshell:9"
     )
     assert "imagePullPolicy" not in container(render(SandboxSpec()))
+
+
+def test_a_workspace_claim_replaces_the_emptydir_through_a_volume_claim_template() -> None:
+    assert "volumeClaimTemplates" not in render()["spec"]
+    obj = render(workspace_claim_size="2Gi", workspace_storage_class="fast")
+    assert obj["spec"]["volumeClaimTemplates"] == [
+        {
+            "metadata": {"name": rendering.WORKSPACE_VOLUME},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "2Gi"}},
+                "storageClassName": "fast",
+            },
+        }
+    ]
+    # Named as the pod's workspace volume: agent-sandbox mounts the claim in its place.
+    volumes = {v["name"] for v in obj["spec"]["podTemplate"]["spec"]["volumes"]}
+    assert rendering.WORKSPACE_VOLUME in volumes
+    assert crds.errors(obj) == []
+    # A profile's [storage] workspace sizes the claim as it bounds the emptyDir.
+    sized = render(SandboxSpec(storage={"workspace": "5Gi"}), workspace_claim_size="2Gi")
+    assert sized["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "5Gi"
+
+
+def test_a_workspace_claim_size_that_is_no_quantity_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="workspace_claim_size"):
+        config(workspace_claim_size="lots")

@@ -51,7 +51,8 @@ def test_the_pair_validates_and_carries_the_fingerprint() -> None:
     assert template["metadata"]["annotations"] == {**ours, "warmshell.dev/workspace-size": ""}
     # No lifetime set: both keys are there but empty, so removing one from a profile patches it away.
     lifetime = {"warmshell.dev/ttl-seconds": "", "warmshell.dev/idle-timeout-seconds": ""}
-    assert pool["metadata"]["annotations"] == {**ours, **lifetime}
+    network = {"warmshell.dev/network-allow": "", "warmshell.dev/network-deny": "", "warmshell.dev/secret-hosts": ""}
+    assert pool["metadata"]["annotations"] == {**ours, **lifetime, **network}
     assert pool["spec"] == {
         "replicas": 3,
         "sandboxTemplateRef": {"name": "foo"},
@@ -69,6 +70,18 @@ def test_a_profile_workspace_size_is_the_workspace_volume_size_limit() -> None:
     assert {v["name"]: v for v in unbounded["spec"]["podTemplate"]["spec"]["volumes"]}["workspace"]["emptyDir"] == {}
     # Storage is the pool's, not the shape's: the shape read back (and so the match) is unchanged.
     assert warmpools.shape_of_template(template) == warmpools.shape_of_template(unbounded)
+
+
+def test_a_gateway_with_workspace_claims_gives_every_member_one() -> None:
+    cfg = config(workspace_claim_size="1Gi")
+    template, _ = warmpools.render_pool_pair(
+        cfg, name="foo", namespace=NS, shape=SHAPE, replicas=3, storage=Storage(workspace="3Gi")
+    )
+    crds.validator("SandboxTemplate", "v1beta1").validate(template)
+    (claim,) = template["spec"]["volumeClaimTemplates"]
+    assert (claim["metadata"]["name"], claim["spec"]["resources"]["requests"]["storage"]) == ("workspace", "3Gi")
+    # The claim is the pool's storage, not the shape's: the match is unchanged.
+    assert warmpools.shape_of_template(template) == warmpools.shape_of_template(pair()[0])
 
 
 def test_the_template_has_no_identity_and_no_secrets() -> None:
@@ -249,3 +262,53 @@ def test_any_annotation_value_parses_or_is_refused_never_crashes(value: object) 
         with pytest.raises(InvalidArgumentError) as refused:
             warmpools.lifetime_of(pool)
         assert refused.value.field == f"annotation {labels.TTL_SECONDS}"
+
+
+# -- network rules and secret hosts on the pool ---------------------------------------------------
+
+
+def test_the_network_rules_travel_on_the_pool_and_come_back_in_the_cache() -> None:
+    network = warmpools.PoolEgress(("pypi.example:443", "*.files.example"), ("10.0.0.0/8",), {"K": ("api.example?",)})
+    template, pool = pair(network=network)
+    assert warmpools.egress_of(pool) == network
+    (entry,) = index((template, pool))
+    assert entry.problem is None
+    assert entry.network == network
+
+
+def test_an_empty_allow_list_is_not_the_gateways_default() -> None:
+    """`allow = []` in a profile allows nothing; no allow list at all leaves the default."""
+    _, nothing = pair(network=warmpools.PoolEgress(allow=()))
+    _, default = pair()
+    assert warmpools.egress_of(nothing).allow == ()
+    assert warmpools.egress_of(default).allow is None
+    for key in (labels.NETWORK_ALLOW, labels.NETWORK_DENY, labels.SECRET_HOSTS):
+        del default["metadata"]["annotations"][key]  # an operator's pool without them
+    assert warmpools.egress_of(default) == warmpools.PoolEgress()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        (labels.NETWORK_ALLOW, "pypi.example", "must be a JSON list"),
+        (labels.NETWORK_ALLOW, '["*.com"]', "public suffix"),
+        (labels.NETWORK_DENY, "[1, 2]", "strings"),
+        (labels.NETWORK_DENY, '["host:99999"]', "port"),
+        (labels.SECRET_HOSTS, '["api.example"]', "must be a JSON object"),
+        (labels.SECRET_HOSTS, '{"K": []}', "non-empty list"),
+        (labels.SECRET_HOSTS, '{"K": ["10.0.0.0/8"]}', "network, not a host"),
+    ],
+)
+def test_malformed_network_annotations_are_a_pool_problem_naming_the_annotation(
+    key: str, value: str, says: str
+) -> None:
+    template, pool = pair(network=warmpools.PoolEgress(allow=("ok.example",)))
+    pool["metadata"]["annotations"][key] = value
+    with pytest.raises(InvalidArgumentError) as refused:
+        warmpools.egress_of(pool)
+    assert refused.value.field.startswith(f"annotation {key}")
+    assert says in str(refused.value)
+    (entry,) = index((template, pool))
+    assert entry.shape is None  # refused, never matched: not served under another policy
+    assert entry.problem is not None
+    assert entry.problem.reason == "InvalidNetwork"

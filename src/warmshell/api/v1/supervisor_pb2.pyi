@@ -91,7 +91,16 @@ class Workload(_message.Message):
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     WORKDIR_FIELD_NUMBER: _builtins.int
     SECRETS_FIELD_NUMBER: _builtins.int
+    TRUSTED_CA_FIELD_NUMBER: _builtins.int
     workdir: _builtins.str
+    trusted_ca: _builtins.bytes
+    """A CA certificate (PEM; never a key) the workload trusts besides its own: the egress
+    proxy's, which intercepts TLS to the hosts of its placeholder secrets. Set only for a
+    supervisor whose workload is in another container (a pod's): it writes the CA and a bundle
+    of its container's CAs and this one where the workload reads them, and points the
+    workload's SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, GIT_SSL_CAINFO and
+    NODE_EXTRA_CA_CERTS there.
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -107,10 +116,11 @@ class Workload(_message.Message):
         environment: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         workdir: _builtins.str = ...,
         secrets: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        trusted_ca: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "secrets", b"secrets", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "environment", b"environment", "secrets", b"secrets", "trusted_ca", b"trusted_ca", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

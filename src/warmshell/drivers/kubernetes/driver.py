@@ -38,12 +38,23 @@ from warmshell.drivers.base import (
     ProgressLine,
 )
 from warmshell.drivers.events import Hub, Subscription
-from warmshell.drivers.kubernetes import creating, finding, kube, labels, naming, proofs, rendering, status, watching
+from warmshell.drivers.kubernetes import (
+    creating,
+    finding,
+    kube,
+    labels,
+    naming,
+    proofs,
+    rendering,
+    status,
+    suspending,
+    watching,
+)
 from warmshell.drivers.kubernetes.identity import KubernetesIdentity
 from warmshell.drivers.kubernetes.informers import Informers
 from warmshell.drivers.kubernetes.objects import Obj
 from warmshell.drivers.kubernetes.profiles.leadership import Leadership
-from warmshell.drivers.kubernetes.warm import allocation, poolcache
+from warmshell.drivers.kubernetes.warm import allocation, claims, poolcache
 
 __all__ = ["KubernetesDriver"]
 
@@ -289,6 +300,48 @@ class KubernetesDriver:
             except kube.NotFound:
                 self._extensions_gone()  # the claim collection is gone: only a Sandbox can be left
         return await finding.delete_found(self.api, self._config.namespace, resource, sandbox_id)
+
+    # -- pause and resume (drivers.base.Suspender) ---------------------------------------------
+
+    async def check_suspend(self) -> None:
+        """See `drivers.base.Suspender.check_suspend`: the cluster's Sandbox API must have the
+        operating mode."""
+        suspending.check_served(await self.api.sandbox_resource(self._config.namespace))
+
+    async def suspend(self, sandbox_id: SandboxId) -> None:
+        """agent-sandbox's `Suspended` mode on the sandbox's Sandbox: one write; agent-sandbox
+        deletes the pod and keeps the Sandbox, its Service and its PVCs."""
+        resource, found = await self._suspendable(sandbox_id)
+        if not status.is_suspended(found.sandbox):
+            meta = found.sandbox["metadata"]
+            await self.api.merge_patch(resource, meta["namespace"], meta["name"], suspending.mode_patch("Suspended"))
+        self._progress(sandbox_id, "Suspended", f"Sandbox {found.sandbox['metadata']['name']} suspended")
+
+    async def unsuspend(self, sandbox_id: SandboxId, activation_proof: str) -> DriverSandbox:
+        """Back to `Running` with the new activation proof sealed where the pod's supervisor will
+        be checked against it: on a cold Sandbox, one write of both; on a warm one, its claim's
+        proof first, then the mode. The new pod is a new instance (a new uid)."""
+        resource, found = await self._suspendable(sandbox_id)
+        meta, sealer = found.sandbox["metadata"], self._opened.sealer
+        patch = suspending.mode_patch(suspending.RUNNING)
+        if found.claim is None:
+            patch |= suspending.proof_patch(suspending.seal_for(sealer, found.sandbox, sandbox_id, activation_proof))
+        else:
+            claim_meta = found.claim["metadata"]
+            sealed = suspending.seal_for(sealer, found.claim, sandbox_id, activation_proof)
+            await self.api.merge_patch(
+                kube.SANDBOX_CLAIMS, claim_meta["namespace"], claim_meta["name"], suspending.proof_patch(sealed)
+            )
+        written = await self.api.merge_patch(resource, meta["namespace"], meta["name"], patch)
+        self._progress(sandbox_id, "Resumed", f"Sandbox {meta['name']} running again; a new pod starts")
+        # No pod yet: agent-sandbox makes it after this write.
+        return status.view(written, None) if found.claim is None else claims.view(found.claim, written, None)
+
+    async def _suspendable(self, sandbox_id: SandboxId) -> tuple[kube.Resource, suspending.Found]:
+        resource = await self.api.sandbox_resource(self._config.namespace)
+        suspending.check_served(resource)
+        claim = await self._find_claim(sandbox_id)
+        return resource, await suspending.sandbox_of(self.api, self._config.namespace, resource, sandbox_id, claim)
 
     def watch(self) -> Subscription:
         """Sandbox and pod changes and pod Events as progress lines, from this call on, until the

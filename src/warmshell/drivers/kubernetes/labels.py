@@ -19,6 +19,8 @@ __all__ = [
     "IDLE_TIMEOUT_SECONDS",
     "MANAGED_BY",
     "MANAGED_BY_VALUE",
+    "NETWORK_ALLOW",
+    "NETWORK_DENY",
     "POD_NAME",
     "PROFILE",
     "PROFILE_DATA_KEY",
@@ -34,6 +36,7 @@ __all__ = [
     "PROFILE_UID",
     "SANDBOX_ID",
     "SANDBOX_NAME",
+    "SECRET_HOSTS",
     "TTL_SECONDS",
     "WARM_POOL",
     "WARM_POOL_ENABLED",
@@ -65,6 +68,12 @@ FINGERPRINT_LABEL_LENGTH: Final = 40
 # gateway's default; "0": no limit). Written from a profile's [lifetime]; not part of the shape.
 TTL_SECONDS: Final = "warmshell.dev/ttl-seconds"
 IDLE_TIMEOUT_SECONDS: Final = "warmshell.dev/idle-timeout-seconds"
+# On a warm pool: its profile's `[network]` allow and deny lists and `[activation] secret_hosts`,
+# as JSON (allow "" or absent: the gateway's default). Applied at activation and by the egress
+# proxy on every connection; not part of the shape.
+NETWORK_ALLOW: Final = "warmshell.dev/network-allow"
+NETWORK_DENY: Final = "warmshell.dev/network-deny"
+SECRET_HOSTS: Final = "warmshell.dev/secret-hosts"
 # On a warm pool's template: its profile's [storage] workspace, the workspace volume's sizeLimit
 # ("" = none). Not part of the shape; there so that removing it from a profile is seen as a change.
 WORKSPACE_SIZE: Final = "warmshell.dev/workspace-size"

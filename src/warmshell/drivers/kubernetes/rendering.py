@@ -40,6 +40,7 @@ __all__ = [
     "container_env",
     "pod_spec",
     "render_sandbox",
+    "workspace_claims",
 ]
 
 
@@ -117,8 +118,22 @@ def render_sandbox(
                     workspace_size=spec.storage.workspace,
                 ),
             },
+            **workspace_claims(config, workspace_size=spec.storage.workspace),
         },
     }
+
+
+def workspace_claims(config: KubernetesDriverConfig, *, workspace_size: str) -> Obj:
+    """The `volumeClaimTemplates` of a Sandbox (or SandboxTemplate) whose /workspace is a claim
+    (`kubernetes.workspace_claim_size`); {} for an emptyDir. The claim has the workspace volume's
+    name, so agent-sandbox mounts it in the volume's place in both containers."""
+    if not config.workspace_claim_size:
+        return {}
+    size = workspace_size or config.workspace_claim_size
+    claim: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+    if config.workspace_storage_class:
+        claim["storageClassName"] = config.workspace_storage_class
+    return {"volumeClaimTemplates": [{"metadata": {"name": WORKSPACE_VOLUME}, "spec": claim}]}
 
 
 def _labels(who: SandboxIdentity) -> dict[str, str]:

@@ -21,6 +21,7 @@ from warmshell.drivers.kubernetes.rendering import CONTAINER, WORKLOAD_CONTAINER
 __all__ = [
     "RESTART_LIMIT",
     "is_managed",
+    "is_suspended",
     "own_pod",
     "owned_pod_name",
     "pod_belongs_to",
@@ -100,7 +101,17 @@ def view(sandbox: Obj, pod: Obj | None) -> DriverSandbox:
         conditions=tuple(conditions),
         miss_reason=MissReason.DISABLED.value,
         message=message,
+        suspended=is_suspended(sandbox),
     )
+
+
+def is_suspended(sandbox: Obj) -> bool:
+    """The Sandbox is asked to run nothing: agent-sandbox's `Suspended` operating mode (v1beta1),
+    whatever its pod is still doing on the way out."""
+    return (sandbox.get("spec") or {}).get("operatingMode") == SUSPENDED
+
+
+SUSPENDED = "Suspended"
 
 
 def _sandbox_ready(sandbox: Obj) -> Obj | None:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from warmshell.core import egress, phases
 from warmshell.core.config import NetworkConfig
-from warmshell.core.egress import Policy
+from warmshell.core.egress import Policy, trust_environment
 from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.core.models import Condition, SandboxRecord
 from warmshell.drivers.base import PoolView
@@ -87,18 +87,12 @@ class NetworkProxy:
 
 @dataclass(frozen=True)
 class Attachment:
-    """What a workload gets at activation: environment to add, and its secrets as it sees them."""
+    """What a workload gets at activation: environment to add, its secrets as it sees them, and
+    the CA it is to trust when its supervisor places that itself (a pod's; b"" else)."""
 
     environment: dict[str, str]
     secrets: dict[str, str] = field(repr=False)
-
-
-def trust_environment(directory: str = egress.SANDBOX_DIR) -> dict[str, str]:
-    """What makes OpenSSL, Python (ssl, requests), curl, git and Node trust the gateway's CA
-    besides the host's: the bundle of both, and the CA alone for Node (which adds it)."""
-    bundle = f"{directory}/{interception.BUNDLE_FILE}"
-    env = dict.fromkeys(("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"), bundle)
-    return env | {"NODE_EXTRA_CA_CERTS": f"{directory}/{interception.CA_FILE}"}
+    trusted_ca: bytes = b""
 
 
 def _place_trust(authority: interception.CertificateAuthority, directory: Path) -> None:
@@ -148,7 +142,8 @@ class EgressGate:
 
     def policy(self, record: SandboxRecord, pool: Fingerprint | None = None) -> Policy:
         """The sandbox's policy: the gateway's default and deny list, the profile of the pool
-        that serves it (`pool`, None for a cold create), narrowed by its request."""
+        that serves it (`pool`: the fingerprint of the member it was given; None: the pool its
+        record names, if any), narrowed by its request."""
         request = record.spec.network
         view = self._view(record, pool)
         profile_allow = view.network_allow if view is not None else None
@@ -166,8 +161,14 @@ class EgressGate:
         )
 
     def _view(self, record: SandboxRecord, pool: Fingerprint | None) -> PoolView | None:
-        """The pool that serves the sandbox (None for a cold create)."""
-        return next((v for v in self._pools() if v.fingerprint == pool and v.workspace == record.workspace), None)
+        """The pool that serves the sandbox: the one of the member it was given (`pool`), else
+        the one its record names (by name: a pod's proxy connections and a supervisor that
+        registered again after its claim); None for a cold create."""
+        name = record.status.pool
+        for view in self._pools():
+            if view.workspace == record.workspace and (view.fingerprint == pool if pool else view.name == name):
+                return view
+        return None
 
     def secret_hosts(self, record: SandboxRecord, pool: Fingerprint | None) -> dict[str, list[str]]:
         """Each secret's hosts: the request's, else its pool profile's `[activation] secret_hosts`."""
@@ -213,8 +214,9 @@ class EgressGate:
         hosts: Mapping[str, Sequence[str]],
         source: str,
     ) -> Attachment:
-        """A pod's attachment: a fresh credential in the proxy URL, and placeholders derived
-        from it (so any replica's proxy makes the same ones again)."""
+        """A pod's attachment: a fresh credential in the proxy URL, placeholders derived from it
+        (so any replica's proxy makes the same ones again), and, when it has some, the CA that
+        intercepts their hosts' TLS (the same on every replica) for its supervisor to place."""
         assert self._network is not None
         network = self._network
         credential = network.credentials.issue(record.id, source)
@@ -224,7 +226,8 @@ class EgressGate:
         workload_secrets = dict(secrets) | {placeholder.name: placeholder.token for placeholder in made}
         if not policy.allows_anything:
             return Attachment({}, workload_secrets)
-        return Attachment(proxy_environment(network.url_for(record.id, credential)), workload_secrets)
+        authority = self._authority.certificate_pem if made and self._authority is not None else b""
+        return Attachment(proxy_environment(network.url_for(record.id, credential)), workload_secrets, authority)
 
     async def admit(self, shown: Presented) -> Admitted | None:
         """What a pod's connection to the proxy may do: its sandbox's policy and placeholders,
@@ -239,21 +242,20 @@ class EgressGate:
         record = await network.records.get(SandboxId(shown.sandbox_id))
         if record is None or record.status.phase in phases.TERMINAL:
             return None
-        pool = Fingerprint(record.status.pool) if record.status.pool else None
         secrets = await network.vault.get(record.id) if record.spec.secret_names else {}
         made = placeholders.make(
             secrets,
-            self.secret_hosts(record, pool),
+            self.secret_hosts(record, None),
             lambda name: network.credentials.placeholder(record.id, nonce, name),
         )
-        return Admitted(self.policy(record, pool), tuple(made))
+        return Admitted(self.policy(record, None), tuple(made))
 
     def condition(self, record: SandboxRecord) -> Condition | None:
         """The `Network` condition: what the sandbox may reach (the policy its proxy applies);
         on a driver without egress sockets, only for a request that asked for rules or
         placeholders (None else)."""
         if self._sockets is None and self._network is not None:
-            composed = self.policy(record, Fingerprint(record.status.pool) if record.status.pool else None)
+            composed = self.policy(record, None)
             if not composed.allows_anything:
                 return Condition(type=NETWORK_CONDITION, status="False", reason="NoEgress", message="no egress")
             message = f"through the gateway's proxy ({self._network.url}): {composed.summary}"

@@ -1,6 +1,8 @@
 """TLS interception for the hosts of placeholder secrets only: a per-gateway certificate
-authority (its key 0600 in the state directory), a leaf per host made on demand, and the bundle
-sandboxes trust (the host's CAs plus this one). Every other host is tunnelled untouched."""
+authority (its key 0600 in the state directory; with replicas, derived from the secrets key they
+share, so a pod trusts the proxy of whichever replica its connection lands on), a leaf per host
+made on demand, and the bundle sandboxes trust (the host's CAs plus this one). Every other host
+is tunnelled untouched."""
 
 from __future__ import annotations
 
@@ -15,20 +17,27 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from warmshell.core import egress
 from warmshell.core.errors import FailedPreconditionError
+from warmshell.sandboxio import trust
 
-__all__ = ["BUNDLE_FILE", "CA_FILE", "CertificateAuthority", "upstream_context"]
+__all__ = ["BUNDLE_FILE", "CA_FILE", "CertificateAuthority", "derived_key", "upstream_context"]
 
-CA_FILE = "ca.pem"
-BUNDLE_FILE = "ca-bundle.pem"
+CA_FILE = egress.CA_FILE
+BUNDLE_FILE = egress.BUNDLE_FILE
 _KEY_FILE = "ca.key"
 # Leaves live in memory only; a month is far beyond any sandbox's connection.
 _LEAF_DAYS = 30
 _CA_DAYS = 3650
-# Where Debian, Ubuntu and Fedora keep the host's CAs, when Python's own default has none.
-_SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+# A derived CA's fixed validity: every replica makes the same certificate (but for its ECDSA
+# signature, which is randomised), so each verifies the leaves of any other.
+_DERIVED_NOT_BEFORE = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
+_DERIVED_NOT_AFTER = datetime.datetime(2045, 1, 1, tzinfo=datetime.UTC)
+_DERIVATION_CONTEXT = b"warmshell-egress-proxy-ca/v1"
+_CA_NAME = "warmshell egress proxy CA"
 
 
 def _name(common_name: str) -> x509.Name:
@@ -39,16 +48,28 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-class CertificateAuthority:
-    """Loads (or makes, the first time) the gateway's CA in `directory` (blocking)."""
+def derived_key(secret: bytes) -> ec.EllipticCurvePrivateKey:
+    """The CA key every gateway holding `secret` (the replicas' shared secrets key) derives alike;
+    its own HKDF context, so it reveals nothing of the key it came from nor of other uses."""
+    curve = ec.SECP256R1()
+    material = HKDF(hashes.SHA256(), length=48, salt=None, info=_DERIVATION_CONTEXT).derive(secret)
+    # 48 bytes reduced modulo the group order: a bias below 2**-128.
+    order = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+    return ec.derive_private_key(int.from_bytes(material) % (order - 1) + 1, curve)
 
-    def __init__(self, directory: Path) -> None:
+
+class CertificateAuthority:
+    """Loads (or makes, the first time) the gateway's CA in `directory` (blocking); with `seed`
+    (the secrets key replicas share) its key is derived from that instead, held in memory only,
+    and `directory` holds only the certificate, the bundle and the leaves' passing files."""
+
+    def __init__(self, directory: Path, *, seed: bytes | None = None) -> None:
         self.directory = directory
         self._contexts: dict[str, ssl.SSLContext] = {}
         self._lock = threading.Lock()
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._key, self._cert = self._load_or_create()
+            self._key, self._cert = self._load_or_create() if seed is None else self._derive(seed)
             self._write_bundle()
         except (OSError, ValueError) as exc:
             raise FailedPreconditionError(f"the egress proxy's certificate authority in {directory}: {exc}") from exc
@@ -74,8 +95,8 @@ class CertificateAuthority:
         public = key.public_key()
         cert = (
             x509.CertificateBuilder()
-            .subject_name(_name("warmshell egress proxy CA"))
-            .issuer_name(_name("warmshell egress proxy CA"))
+            .subject_name(_name(_CA_NAME))
+            .issuer_name(_name(_CA_NAME))
             .public_key(public)
             .serial_number(x509.random_serial_number())
             .not_valid_before(_now() - datetime.timedelta(hours=1))
@@ -95,14 +116,33 @@ class CertificateAuthority:
         os.chmod(cert_path, 0o600)  # the state directory stays private; sandboxes get copies
         return key, cert
 
+    def _derive(self, seed: bytes) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+        key = derived_key(seed)
+        public = key.public_key()
+        identifier = x509.SubjectKeyIdentifier.from_public_key(public)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(_CA_NAME))
+            .issuer_name(_name(_CA_NAME))
+            .public_key(public)
+            .serial_number(int.from_bytes(identifier.digest[:16]) >> 1 or 1)  # positive, below 2**127
+            .not_valid_before(_DERIVED_NOT_BEFORE)
+            .not_valid_after(_DERIVED_NOT_AFTER)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(_key_usage(sign=True), critical=True)
+            .add_extension(identifier, critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        return key, cert  # its certificate is written with the bundle
+
+    @property
+    def certificate_pem(self) -> bytes:
+        """The CA's certificate (public; never its key), as a pod's supervisor is given it."""
+        return self._cert.public_bytes(serialization.Encoding.PEM)
+
     def _write_bundle(self) -> None:
-        system = ssl.get_default_verify_paths().cafile
-        found = next((Path(p) for p in (system, *_SYSTEM_BUNDLES) if p and os.path.exists(p)), None)
-        text = (found.read_bytes() if found else b"") + self.ca_file.read_bytes()
-        partial = self.bundle_file.with_suffix(".tmp")
-        partial.write_bytes(text)
-        os.chmod(partial, 0o600)
-        partial.replace(self.bundle_file)
+        # 0600: the state directory stays private; sandboxes get copies.
+        trust.write_trust(self.directory, self.certificate_pem, mode=0o600)
 
     def server_context(self, host: str) -> ssl.SSLContext:
         """A TLS server context presenting a leaf for `host` (a name or an IP), made once per

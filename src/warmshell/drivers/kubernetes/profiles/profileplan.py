@@ -121,6 +121,7 @@ def desire(configmap: Mapping[str, Any], config: KubernetesDriverConfig) -> Desi
             ttl_seconds=profile.ttl_seconds,
             idle_timeout_seconds=profile.idle_timeout_seconds,
             storage=profile.storage,
+            network=warmpools.PoolEgress(profile.network_allow, profile.network_deny, profile.secret_hosts),
         )
     except InvalidArgumentError as exc:
         return _failed(base, str(exc))

@@ -297,4 +297,7 @@ class WarmAllocation:
             accepted_environment=shape.accepted if shape else (),
             ttl_seconds=pool.ttl_seconds,
             idle_timeout_seconds=pool.idle_timeout_seconds,
+            network_allow=pool.network.allow,
+            network_deny=pool.network.deny,
+            secret_hosts=pool.network.secret_hosts,
         )

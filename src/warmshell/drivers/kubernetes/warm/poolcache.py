@@ -6,7 +6,7 @@ event arrives, not again on each pool event (pool status changes with every memb
 
 `index_pools` is the pure part: it decides which pools may serve requests. A pool whose template
 is missing, is not a warmshell supervisor template, runs another shape than the pool's
-fingerprint says, or whose lifetime annotations do not parse is kept out of the index (so it is
+fingerprint says, or whose lifetime or network annotations do not parse is kept out of the index (so it is
 never matched) and reported on its `PoolView`.
 
 The warm path (`warm.WarmAllocation`) starts the cache while the extension APIs are served and
@@ -59,6 +59,8 @@ class CachedPool:
     # The lifetime defaults of the sandboxes it serves (None: the gateway's).
     ttl_seconds: int | None = None
     idle_timeout_seconds: int | None = None
+    # Its profile's `[network]` rules and secret hosts (applied at activation, not matched).
+    network: warmpools.PoolEgress = field(default_factory=warmpools.PoolEgress)
     stats: PoolStats = field(default_factory=PoolStats, compare=False)
 
 
@@ -115,7 +117,22 @@ def _cached(pool: Mapping[str, Any], templates: Mapping[str, ReadTemplate]) -> C
     except InvalidArgumentError as exc:
         # Refused rather than served without it: the operator asked these sandboxes to end.
         return refused("InvalidLifetime", str(exc))
-    return CachedPool(name, shape.workspace, actual, shape, desired, ready, ttl_seconds=ttl, idle_timeout_seconds=idle)
+    try:
+        network = warmpools.egress_of(pool)
+    except InvalidArgumentError as exc:
+        # Refused rather than served under another policy than the one written for it.
+        return refused("InvalidNetwork", str(exc))
+    return CachedPool(
+        name,
+        shape.workspace,
+        actual,
+        shape,
+        desired,
+        ready,
+        ttl_seconds=ttl,
+        idle_timeout_seconds=idle,
+        network=network,
+    )
 
 
 class PoolCache:

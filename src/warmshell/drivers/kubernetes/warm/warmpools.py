@@ -4,14 +4,18 @@ serves one sandbox shape, and the shape a template actually runs.
 The pair is written by the profile reconciler (and by operators with kubectl); the pool cache
 reads templates back with `shape_of_template` and refuses a pool whose fingerprint label disagrees
 with what its template runs, so a mislabelled pool can never serve a request of another shape. The
-pool also carries its profile's lifetime defaults as annotations, read back with `lifetime_of`.
+pool also carries its profile's lifetime defaults as annotations, read back with `lifetime_of`,
+and its `[network]` rules and secret hosts, read back with `egress_of`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
+from warmshell.core import egress
 from warmshell.core.apiranges import MAX_LIFETIME_SECONDS
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.core.errors import InvalidArgumentError
@@ -24,6 +28,8 @@ from warmshell.drivers.kubernetes.objects import Obj
 
 __all__ = [
     "EXTENSIONS_API_VERSION",
+    "PoolEgress",
+    "egress_of",
     "fingerprint_label",
     "lifetime_of",
     "render_pool_pair",
@@ -33,6 +39,20 @@ __all__ = [
 
 EXTENSIONS_API_VERSION: Final = "extensions.agents.x-k8s.io/v1beta1"
 _NO_STORAGE: Final = Storage()
+
+
+@dataclass(frozen=True)
+class PoolEgress:
+    """A profile's `[network]` allow (None: the gateway's default) and deny lists and its
+    `[activation] secret_hosts`, as written: what the gateway applies at activation to the
+    sandboxes the pool serves."""
+
+    allow: tuple[str, ...] | None = None
+    deny: tuple[str, ...] = ()
+    secret_hosts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+_NO_EGRESS: Final = PoolEgress()
 
 
 def fingerprint_label(full: str) -> str:
@@ -51,9 +71,10 @@ def render_pool_pair(
     ttl_seconds: int | None = None,
     idle_timeout_seconds: int | None = None,
     storage: Storage = _NO_STORAGE,
+    network: PoolEgress = _NO_EGRESS,
 ) -> tuple[Obj, Obj]:
     """The (SandboxTemplate, SandboxWarmPool) serving `shape`; both named `name`. The pool carries
-    the lifetime defaults (None: the gateway's) as annotations; the template's workspace volume
+    the lifetime defaults (None: the gateway's) and `network` as annotations; the template's workspace volume
     has `storage.workspace` as its size limit (`storage.tmp` has no volume of its own here: /tmp
     is the container's writable layer, bounded by the node's ephemeral storage).
 
@@ -74,6 +95,7 @@ def render_pool_pair(
     lifetimes = {
         labels.TTL_SECONDS: _seconds_text(ttl_seconds),
         labels.IDLE_TIMEOUT_SECONDS: _seconds_text(idle_timeout_seconds),
+        **_egress_annotations(network),
     }
     pool: Obj = {
         "apiVersion": EXTENSIONS_API_VERSION,
@@ -123,6 +145,7 @@ def _template(config: KubernetesDriverConfig, metadata: Obj, shape: SandboxShape
             # which would cut the supervisor off from the gateway, and forces public DNS, which
             # cannot resolve the gateway's Service. Cold sandboxes get no policy either.
             "networkPolicyManagement": "Unmanaged",
+            **rendering.workspace_claims(config, workspace_size=storage.workspace),
         },
     }
 
@@ -147,6 +170,54 @@ def _seconds_of(annotations: Mapping[str, Any], key: str) -> int | None:
         rule = f"{text!r} is not a whole number of seconds from 0 (no limit) to {MAX_LIFETIME_SECONDS}"
         raise InvalidArgumentError(f"annotation {key}", rule)
     return int(text)
+
+
+def _egress_annotations(network: PoolEgress) -> dict[str, str]:
+    """Always all three ("" = not set), so rules removed from a profile are patched away."""
+    return {
+        labels.NETWORK_ALLOW: json.dumps(list(network.allow)) if network.allow is not None else "",
+        labels.NETWORK_DENY: json.dumps(list(network.deny)) if network.deny else "",
+        labels.SECRET_HOSTS: json.dumps({k: list(v) for k, v in sorted(network.secret_hosts.items())})
+        if network.secret_hosts
+        else "",
+    }
+
+
+def egress_of(pool: Mapping[str, Any]) -> PoolEgress:
+    """The `[network]` rules and secret hosts a pool's annotations give the sandboxes it serves
+    (absent or "": none); InvalidArgumentError names a malformed annotation and the rule."""
+    annotations = (pool.get("metadata") or {}).get("annotations") or {}
+    allow = _json_of(annotations, labels.NETWORK_ALLOW, list)
+    deny = _json_of(annotations, labels.NETWORK_DENY, list)
+    hosts = _json_of(annotations, labels.SECRET_HOSTS, dict)
+    for key, rules in ((labels.NETWORK_ALLOW, allow), (labels.NETWORK_DENY, deny)):
+        if not all(isinstance(rule, str) for rule in rules or ()):
+            raise InvalidArgumentError(f"annotation {key}", "must be a JSON list of rules (strings)")
+        egress.parse_rules(rules or (), field=f"annotation {key}")
+    secret_hosts: dict[str, tuple[str, ...]] = {}
+    for name, entries in (hosts or {}).items():
+        where = f"annotation {labels.SECRET_HOSTS}"
+        if not isinstance(entries, list) or not entries or not all(isinstance(e, str) for e in entries):
+            raise InvalidArgumentError(where, f"secret {name!r} must name a non-empty list of hosts (strings)")
+        for index, entry in enumerate(entries):
+            egress.parse_secret_host(entry, field=f"{where} {name}[{index}]")
+        secret_hosts[name] = tuple(entries)
+    return PoolEgress(tuple(allow) if allow is not None else None, tuple(deny or ()), secret_hosts)
+
+
+def _json_of(annotations: Mapping[str, Any], key: str, kind: type[list[Any]] | type[dict[str, Any]]) -> Any:
+    """An annotation's JSON value of `kind` (None when absent or "")."""
+    text = annotations.get(key)
+    if text is None or text == "":
+        return None
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        value = None
+    if not isinstance(value, kind):
+        word = "list" if kind is list else "object"
+        raise InvalidArgumentError(f"annotation {key}", f"must be a JSON {word}, got {text!r}")
+    return value
 
 
 def _accepted_annotation(shape: SandboxShape) -> dict[str, dict[str, str]]:

@@ -1,0 +1,62 @@
+"""The CA files a sandbox whose TLS the egress proxy intercepts trusts: the proxy's CA alone
+(`egress.CA_FILE`) and a bundle of this host's CAs and it (`egress.BUNDLE_FILE`). The gateway
+keeps its own bundle this way; a pod's supervisor writes the pair where its workload reads
+them, the host's CAs there being its own container's."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import ssl
+from pathlib import Path
+
+from warmshell.core import egress
+
+__all__ = ["host_bundle", "write_trust"]
+
+# Where Debian, Ubuntu and Fedora keep the host's CAs, when Python's own default has none.
+_SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+
+
+def host_bundle() -> bytes:
+    """This host's trusted CAs, PEM (empty when it has no bundle file)."""
+    default = ssl.get_default_verify_paths().cafile
+    found = next((Path(p) for p in (default, *_SYSTEM_BUNDLES) if p and os.path.exists(p)), None)
+    return found.read_bytes() if found is not None else b""
+
+
+def _replace(directory: int, name: str, data: bytes, mode: int) -> None:
+    """Write `data` as `name` in the open `directory` whole or not at all (a reader never sees
+    half a bundle), following no link: a name the workload planted is replaced, never written
+    through."""
+    partial = f".{name}.{secrets.token_hex(4)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    descriptor = os.open(partial, flags, mode, dir_fd=directory)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)  # whatever the umask
+            handle.write(data)
+        os.replace(partial, name, src_dir_fd=directory, dst_dir_fd=directory)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial, dir_fd=directory)
+        raise
+
+
+def write_trust(directory: Path, ca_pem: bytes, *, mode: int = 0o644) -> None:
+    """The CA and the bundle (this host's CAs, then the CA) in `directory`, made if missing
+    (blocking). A certificate only: nothing written here is secret. Where the directory is
+    shared with a workload (a pod's channel volume) it may have planted links: `directory`
+    itself must not be one (OSError), and no file in it is written through one."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o755)
+    opened = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        bundle = host_bundle()
+        if bundle and not bundle.endswith(b"\n"):
+            bundle += b"\n"
+        _replace(opened, egress.CA_FILE, ca_pem, mode)
+        _replace(opened, egress.BUNDLE_FILE, bundle + ca_pem, mode)
+    finally:
+        os.close(opened)
