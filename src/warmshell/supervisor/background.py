@@ -70,10 +70,12 @@ class _Command:
 
 @dataclass(eq=False)
 class _Follower:
-    """One session's reading of one command."""
+    """One session's reading of one command: how far it has sent."""
 
     window: OutputWindow
-    task: asyncio.Task[None]
+    sent: int
+    progress: Changes = field(default_factory=Changes)
+    task: asyncio.Task[None] | None = None
 
 
 class BackgroundExecs:
@@ -118,8 +120,17 @@ class BackgroundExecs:
         return ""
 
     async def _keep(self, command: _Command) -> None:
+        ring = command.ring
+
         async def sink(stderr: bool, data: bytes) -> None:
-            command.ring.append(stderr, data)
+            # While a session follows, output it has not sent yet is not pushed out of the ring:
+            # the command waits for the session (as a foreground exec waits for its window, which
+            # the gateway grants as it receives), never for a client; with no session it never waits.
+            while (follower := self._followers.get(command.start.exec_id)) is not None and (
+                follower.sent < ring.end and ring.end + len(data) - follower.sent > ring.capacity
+            ):
+                await follower.progress.next().wait()
+            ring.append(stderr, data)
             command.changes.notify()
 
         try:
@@ -137,31 +148,32 @@ class BackgroundExecs:
         if command is None:
             return False
         self._stop_following(exec_id)
-        window = OutputWindow(window_bytes or command.ring.capacity)
-        task = asyncio.create_task(self._forward(command, offset, window), name=f"follow {exec_id}")
-        self._followers[exec_id] = _Follower(window, task)
-        task.add_done_callback(lambda done: self._forgotten(exec_id, done))
+        follower = _Follower(OutputWindow(window_bytes or command.ring.capacity), max(offset, command.ring.start))
+        follower.task = asyncio.create_task(self._forward(command, follower), name=f"follow {exec_id}")
+        self._followers[exec_id] = follower
+        follower.task.add_done_callback(lambda _: self._forgotten(exec_id, follower))
         return True
 
-    def _forgotten(self, exec_id: str, task: asyncio.Task[None]) -> None:
-        follower = self._followers.get(exec_id)
-        if follower is not None and follower.task is task:
+    def _forgotten(self, exec_id: str, follower: _Follower) -> None:
+        if self._followers.get(exec_id) is follower:
             del self._followers[exec_id]
+        follower.progress.notify()  # a command waiting for it writes on
 
-    async def _forward(self, command: _Command, position: int, window: OutputWindow) -> None:
+    async def _forward(self, command: _Command, follower: _Follower) -> None:
         exec_id = command.start.exec_id
         while True:
             changed = command.changes.next()
-            _, chunks = command.ring.read(position)
+            _, chunks = command.ring.read(follower.sent)
             for chunk in chunks:
                 view, offset = memoryview(chunk.data), chunk.offset
                 while view:
-                    size = await window.take(len(view))
+                    size = await follower.window.take(len(view))
                     data = spb.OutputData(exec_id=exec_id, stderr=chunk.stderr, data=bytes(view[:size]), offset=offset)
                     await self._send(spb.SupervisorMessage(output=data))
                     view, offset = view[size:], offset + size
-                position = chunk.offset + len(chunk.data)
-            if command.exited is not None and position >= command.ring.end:
+                    follower.sent = offset
+                    follower.progress.notify()
+            if command.exited is not None and follower.sent >= command.ring.end:
                 await self._send(spb.SupervisorMessage(exec_exited=command.exited))
                 return
             await changed.wait()
@@ -192,8 +204,9 @@ class BackgroundExecs:
 
     def _stop_following(self, exec_id: str) -> None:
         follower = self._followers.pop(exec_id, None)
-        if follower is not None:
+        if follower is not None and follower.task is not None:
             follower.task.cancel()
+            follower.progress.notify()
 
     def hello(self) -> list[spb.BackgroundExec]:
         """What a new session's hello lists: every command kept, oldest first."""
@@ -211,9 +224,8 @@ class BackgroundExecs:
 
     async def aclose(self) -> None:
         """The supervisor stops: its commands and followers stop with it."""
-        tasks = [f.task for f in self._followers.values()] + [
-            c.task for c in self._commands.values() if c.task is not None
-        ]
+        tasks = [f.task for f in self._followers.values() if f.task is not None]
+        tasks += [c.task for c in self._commands.values() if c.task is not None]
         for task in tasks:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -130,3 +130,34 @@ async def test_a_ring_size_out_of_bounds_is_refused(history: int) -> None:
 def test_every_ring_size_a_gateway_may_ask_for_is_accepted() -> None:
     bounds = GatewayConfig.model_fields["exec_history_bytes"].metadata
     assert max(b.le for b in bounds if hasattr(b, "le")) == MAX_HISTORY_BYTES
+
+
+async def test_a_command_waits_for_the_session_following_it_never_without_one() -> None:
+    """Output the following session has not sent yet is not pushed out of the ring: the command
+    waits (as for a foreground exec's window), until the session takes it or goes away."""
+    script, sent = Script(), Sent()
+    table = BackgroundExecs(script, sent)
+    await table.start(start(1, window=4, history=8), None)
+    await settle()
+    sink = script.sinks["e1"]
+    await sink(False, b"0123")
+    await sink(False, b"456789")  # the follower has sent 4 of 10: room for these
+    await settle()
+    blocked = asyncio.ensure_future(sink(False, b"abcd"))  # would push out "45" unsent
+    await settle()
+    assert not blocked.done()
+    table.credit("e1", 4)
+    await asyncio.wait_for(blocked, 1.0)
+    table.credit("e1", 8)
+    await settle()
+    assert b"".join(data for _, data in sent.output("e1")) == b"0123456789abcd"  # nothing dropped
+    table.end_session()  # nobody follows: the command never waits, the ring drops the oldest
+    await asyncio.wait_for(sink(False, b"x" * 100), 1.0)
+    assert table.follow("e1", 14, 1)
+    await settle()
+    blocked_then_freed = asyncio.ensure_future(sink(False, b"y" * 8))
+    await settle()
+    assert not blocked_then_freed.done()
+    table.end_session()  # the session went away while the command waited
+    await asyncio.wait_for(blocked_then_freed, 1.0)
+    await table.aclose()
