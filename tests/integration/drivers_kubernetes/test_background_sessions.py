@@ -32,6 +32,7 @@ SCRIPT = (
     "for i in 1 2 3; do echo tick $i; done; sleep 1; head -c 20000 /dev/zero | tr '\\0' x; echo;"
     " echo waiting; read line; echo got $line; exit 7"
 )
+SLEEPER = ["sh", "-c", "echo up; exec sleep 600"]
 WRITTEN = len(b"tick 1\ntick 2\ntick 3\n") + 20001 + len(b"waiting\n")
 
 
@@ -56,11 +57,20 @@ async def start_commands(client: warmshell.AsyncClient) -> tuple[int, int, int]:
     other = await client.create(name="other", ttl_seconds=600, ready_timeout=60)
     script = await sb.start(["sh", "-c", SCRIPT], background=True, open_stdin=True)
     await script.close()
-    sleeper = await sb.start(["sleep", "600"], background=True)
+    sleeper = await sb.start(SLEEPER, background=True)
     await sleeper.close()
-    theirs = await other.start(["sleep", "600"], background=True)
+    theirs = await other.start(SLEEPER, background=True)
     await theirs.close()
     assert (script.pid, sleeper.pid, theirs.pid) == (1, 2, 1)
+    # StartProcess answers before the command starts in the pod: a gateway killed in between
+    # would lose it, so the test's gateway goes only once every command has written.
+    deadline = time.monotonic() + 30
+    while True:
+        listed = [*await sb.processes(), *await other.processes()]
+        if all(p.output_bytes for p in listed):
+            break
+        assert time.monotonic() < deadline, f"the commands did not start: {listed}"
+        await asyncio.sleep(0.05)
     return 1, 2, 1
 
 
@@ -69,7 +79,7 @@ async def check_readopted(client: warmshell.AsyncClient) -> None:
     stdin, a signal and the exits; pids go on from where they were; no pid crosses sandboxes."""
     sb, other = await client.get("bg"), await client.get("other")
     listed = await adopted(sb, {1, 2})
-    assert [(p.pid, p.command[0]) for p in listed] == [(1, "sh"), (2, "sleep")]
+    assert [(p.pid, p.command) for p in listed] == [(1, ("sh", "-c", SCRIPT)), (2, tuple(SLEEPER))]
     async with await sb.connect(1) as attached:
         out, dropped = b"", 0
         async for event in attached:

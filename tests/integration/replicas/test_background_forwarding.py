@@ -73,6 +73,9 @@ async def test_background_commands_survive_the_death_of_the_replica_holding_thei
     started = await stubs[survivor.id].StartProcess(
         pb.StartProcessRequest(start=pb.ExecStreamStart(exec=command), open_stdin=True), metadata=md
     )
+    async with asyncio.timeout(30):  # it runs in the pod (StartProcess answers before it starts)
+        while not (await stubs[owner].ListProcesses(pb.SandboxRef(name="bg"), metadata=md)).processes[0].output_bytes:
+            await asyncio.sleep(0.05)
     replicas.kill(next(r for r in (first, second) if r.id == owner))
     stub = stubs[survivor.id]
     async with asyncio.timeout(60):
