@@ -91,9 +91,6 @@ class BackgroundExecs:
         self._followers: dict[str, _Follower] = {}
         self.last_pid = 0
 
-    def __contains__(self, exec_id: str) -> bool:
-        return exec_id in self._commands
-
     async def start(self, start: spb.ExecStart, stdin: ExecInput | None) -> None:
         """Run a background command and follow it on the current session from its first byte;
         one past the bounds (or with a pid already used) ends at once with an error."""
