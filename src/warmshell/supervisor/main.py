@@ -56,8 +56,9 @@ from warmshell.sandboxio.agentlink import AgentLink
 from warmshell.sandboxio.agentlisten import accept_agent
 from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
 from warmshell.sandboxio.link import GatewayLink, GrpcLink, SessionCall
-from warmshell.sandboxio.processes import Ended, NotStarted, Runner, StartFailure
+from warmshell.sandboxio.processes import Ended, NotStarted, OutputSink, Runner, StartFailure
 from warmshell.sandboxio.window import OutputWindow
+from warmshell.supervisor.background import BackgroundExecs
 from warmshell.supervisor.backoff import reconnect_delays
 from warmshell.supervisor.fileops import FileServer
 from warmshell.supervisor.outbox import Outbox
@@ -224,6 +225,8 @@ class Supervisor:
         self._inputs: dict[str, ExecInput] = {}
         self._files = FileServer(self._outbox.put_control, self._open_workload_root) if serve_files else None
         self._workload_root = -1  # the agent's root directory, an O_PATH fd (see `_connect_agent`)
+        # Background commands outlive sessions: they and their output are kept here, not per session.
+        self._background = BackgroundExecs(self._execute, self._send)
         self._token = ""
         self._token_expires_ms = 0
         self._workload: asyncio.Task[None] | None = None
@@ -286,6 +289,7 @@ class Supervisor:
         finally:
             for task in [*self._execs.values(), *([self._workload] if self._workload else [])]:
                 task.cancel()
+            await self._background.aclose()
             if self._agent is not None:
                 self._agent.closed.remove_done_callback(self._agent_lost)  # our own close is no loss
                 self._agent.close()
@@ -425,8 +429,17 @@ class Supervisor:
                 await self._output(start.exec_id, stderr, bytes(view[:size]))
                 view = view[size:]
 
+        try:
+            exited = await self._execute(start, sink, self._inputs.get(start.exec_id))
+        finally:
+            self._execs.pop(start.exec_id, None)
+            self._windows.pop(start.exec_id, None)
+            self._inputs.pop(start.exec_id, None)
+        await self._send(spb.SupervisorMessage(exec_exited=exited))
+
+    async def _execute(self, start: spb.ExecStart, sink: OutputSink, interactive: ExecInput | None) -> spb.ExecExited:
+        """Run one exec (in the foreground or the background) to its end."""
         env = {**self._env, **start.environment}
-        interactive = self._inputs.get(start.exec_id)
         extra = {"io": interactive} if interactive is not None else {}  # plain runners need not know
         try:
             end = await self._runner_now()(
@@ -438,14 +451,9 @@ class Supervisor:
                 timeout=start.timeout_seconds or None,
                 **extra,
             )
-            exited = exec_exited(start.exec_id, end)
+            return exec_exited(start.exec_id, end)
         except OSError as exc:  # it never started, or the sandbox ended: never told in its output
-            exited = exec_exited(start.exec_id, exc)
-        finally:
-            self._execs.pop(start.exec_id, None)
-            self._windows.pop(start.exec_id, None)
-            self._inputs.pop(start.exec_id, None)
-        await self._send(spb.SupervisorMessage(exec_exited=exited))
+            return exec_exited(start.exec_id, exc)
 
     async def _hold_session(self) -> None:
         backoff = reconnect_delays()
@@ -474,6 +482,8 @@ class Supervisor:
                 sandbox_id=self.activation.sandbox_id,
                 instance_id=self.settings.instance_id,
                 workload_started=self._workload_started,
+                background=self._background.hello(),
+                background_last_pid=self._background.last_pid,
             )
         )
 
@@ -491,6 +501,7 @@ class Supervisor:
             for task in self._execs.values():
                 task.cancel()
             self._execs.clear()
+            self._background.end_session()  # its commands run on, for the next session to follow
             if self._files is not None:
                 self._files.close()
 
@@ -501,10 +512,9 @@ class Supervisor:
             if kind == "heartbeat":
                 await self._send(spb.SupervisorMessage(heartbeat=spb.Heartbeat(sent_at_ms=int(time.time() * 1000))))
             elif kind == "exec_start":
-                start = message.exec_start
-                if start.stream_stdin or start.tty:
-                    self._inputs[start.exec_id] = self._exec_input(start)
-                self._execs[start.exec_id] = asyncio.create_task(self._run_exec(start))
+                await self._start_exec(message.exec_start)
+            elif kind == "exec_follow":
+                await self._follow(message.exec_follow)
             elif kind in ("exec_input", "exec_resize", "exec_signal"):
                 self._exec_control(message)
             elif kind == "file_op":
@@ -517,7 +527,10 @@ class Supervisor:
                 window = self._windows.get(message.exec_credit.exec_id)
                 if window is not None:
                     window.grant(message.exec_credit.bytes)
+                else:
+                    self._background.credit(message.exec_credit.exec_id, message.exec_credit.bytes)
             elif kind == "exec_cancel":
+                self._background.cancel(message.exec_cancel.exec_id)
                 self._inputs.pop(message.exec_cancel.exec_id, None)
                 task = self._execs.pop(message.exec_cancel.exec_id, None)
                 if task is not None:
@@ -528,6 +541,22 @@ class Supervisor:
                 log.info("gateway ended the sandbox: %s", message.shutdown.reason)
                 return True
         return False
+
+    async def _start_exec(self, start: spb.ExecStart) -> None:
+        """Start an exec of this session, or a background command kept across sessions."""
+        interactive = self._exec_input(start) if start.stream_stdin or start.tty else None
+        if start.background:
+            await self._background.start(start, interactive)
+            return
+        if interactive is not None:
+            self._inputs[start.exec_id] = interactive
+        self._execs[start.exec_id] = asyncio.create_task(self._run_exec(start))
+
+    async def _follow(self, follow: spb.ExecFollow) -> None:
+        """The gateway adopted a background command this supervisor listed: send its output."""
+        if not self._background.follow(follow.exec_id, follow.offset, follow.output_window_bytes):
+            gone = spb.ExecExited(exec_id=follow.exec_id, exit_code=-1, error="no such background command")
+            await self._send(spb.SupervisorMessage(exec_exited=gone))
 
     def _exec_input(self, start: spb.ExecStart) -> ExecInput:
         def credit(size: int) -> None:
@@ -542,7 +571,7 @@ class Supervisor:
         """Stdin, a resize or a signal for a running exec (one that ended ignores it)."""
         kind = message.WhichOneof("message") or ""
         exec_id = getattr(message, kind).exec_id
-        target = self._inputs.get(exec_id)
+        target = self._inputs.get(exec_id) or self._background.input(exec_id)
         if target is None:
             return
         if kind == "exec_input":
