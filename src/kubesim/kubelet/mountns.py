@@ -8,7 +8,8 @@ SPEC is a JSON file ``{"binds": [{"source", "target", "readOnly"}], "hosts": pat
 pod's network namespace first, see ``kubesim.kubelet.netns``). ``private`` covers the kubelet's
 root with an empty tmpfs but for the container's own pod directory, and ``hide`` covers the pod's
 volumes this container does not mount: a container sees no other pod's files and no volume it
-does not mount (a token mounted into one container only is unreadable from the others).
+does not mount (a token mounted into one container only is unreadable from the others). Each
+container gets a devpts instance of its own on ``/dev/pts``, as from a container runtime.
 ``pidns``: the command runs as PID 1 of a PID namespace of its own, with its own ``/proc`` (as a
 container does unless the pod sets ``shareProcessNamespace``); this launcher stays as its parent
 (the kubelet's signals to the process group reach both) and exits with its status (128+N when
@@ -187,7 +188,16 @@ def setup(spec: dict[str, Any], scratch: Path) -> None:
         os.close(fd)
     if Path("/") in roots:
         _drop_old_root(libc)
+    _own_devpts(libc)
     _cover(libc, spec.get("private"), [str(path) for path in spec.get("hide") or []])
+
+
+def _own_devpts(libc: Any) -> None:
+    """A devpts instance of the container's own on ``/dev/pts``, as a container runtime mounts
+    one (runc: ``newinstance,ptmxmode=0666,mode=0620``): a terminal opened in one container is no
+    device of another's, and ``/dev/ptmx`` (which opens the ``pts`` beside it) opens this one."""
+    if Path("/dev/pts").is_dir():
+        _mount(libc, "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
 
 
 def _cover(libc: Any, private: dict[str, str] | None, hide: list[str]) -> None:

@@ -51,7 +51,7 @@ import grpc
 from warmshell.api.v1 import outcome_pb2 as opb
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core import egress
-from warmshell.sandboxio import trust
+from warmshell.sandboxio import terminals, trust
 from warmshell.sandboxio.agentlink import AgentLink
 from warmshell.sandboxio.agentlisten import accept_agent
 from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
@@ -318,7 +318,7 @@ class Supervisor:
     async def _connect_agent(self, path: str) -> None:
         """Take the workload container's agent (see the module doc) as this sandbox's runner."""
         connection = await accept_agent(path, uid=os.geteuid(), timeout=AGENT_CONNECT_SECONDS)
-        link = AgentLink(connection, open_terminal=_open_terminal)
+        link = AgentLink(connection, open_terminal=self._open_workload_terminal)
         self._agent = link
         try:
             async with asyncio.timeout(AGENT_CONNECT_SECONDS):
@@ -341,6 +341,13 @@ class Supervisor:
         if self._workload_root < 0:
             raise OSError(errno.ENODEV, "the workload's agent has not connected")
         return os.dup(self._workload_root)
+
+    def _open_workload_terminal(self) -> tuple[int, int]:
+        """A pseudo-terminal (master, slave) of the workload container's own devpts, opened
+        through its root: the command's `tty` names a device of its container, and nothing of
+        this container's devpts reaches it. The slave stays this process's user's, the
+        workload's (the agent connects only as it)."""
+        return terminals.open_in_root(self._open_workload_root(), owner_of_root=False)
 
     async def _finish_agent(self) -> None:
         """The sandbox is over: the workload container ends with status 0 (it is not restarted)."""
@@ -592,13 +599,6 @@ class Supervisor:
                 continue
             self._token, self._token_expires_ms = response.token, response.expires_at_ms
             await asyncio.sleep(self._refresh_delay())
-
-
-def _open_terminal() -> tuple[int, int]:
-    """A pseudo-terminal (master, slave) of this container's devpts; the slave goes to the agent,
-    which makes it the command's controlling terminal."""
-    master, slave = os.openpty()
-    return master, slave
 
 
 def main(argv: list[str] | None = None) -> int:

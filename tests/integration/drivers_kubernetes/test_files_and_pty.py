@@ -118,7 +118,9 @@ async def test_a_pty_and_streamed_stdin_in_a_pod(gw: RunningGateway) -> None:
                     event = await asyncio.wait_for(shell.recv(), 30)
                     assert event is not None, (seen, shell.exit_code)
                     seen += event.stdout + event.stderr
-                assert re.search(rb"/dev/pts/\d+", seen), seen
+                tty = re.search(rb"/dev/pts/(\d+)", seen)
+                assert tty, seen
+                await assert_a_terminal_of_the_workloads_devpts(sb, tty[0].decode())
                 await asyncio.sleep(0.5)
                 await shell.send(b"\x03")
                 await shell.resize(30, 100)
@@ -132,6 +134,19 @@ async def test_a_pty_and_streamed_stdin_in_a_pod(gw: RunningGateway) -> None:
             assert r.stdout.strip() == str(len(data)).encode()
         finally:
             await sb.delete()
+
+
+async def assert_a_terminal_of_the_workloads_devpts(sb: warmshell.AsyncSandbox, tty: str) -> None:
+    """`tty` is a device of the workload container's own devpts (kubesim mounts one per container,
+    as a container runtime does): listed in its /dev/pts, on that instance, and not the host's."""
+    listed = await sb.run(["ls", "/dev/pts"])
+    assert os.path.basename(tty) in listed.stdout.decode().split(), (tty, listed.stdout)
+    devices = await sb.run(["stat", "-c", "%d %t:%T", "/dev/pts", tty])
+    assert devices.exit_code == 0, devices.stderr
+    (pts, _), (on, kind) = (line.split() for line in devices.stdout.decode().splitlines())
+    assert on == pts  # a pty's node lives on its devpts: the workload's instance
+    assert kind.split(":")[0] == "88"  # a Unix98 pty slave (major 136 = 0x88)
+    assert int(pts) != os.stat("/dev/pts").st_dev  # not the host's devpts either
 
 
 async def test_bulk_files_through_the_pods_supervisor(gw: RunningGateway, tmp_path: Path) -> None:

@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 
 from tests.integration.drivers_local.agents import raw_agent
 from tests.integration.drivers_local.support import needs_bwrap
-from warmshell.drivers.local.runtime import terminals
-from warmshell.sandboxio import agentwire
+from warmshell.sandboxio import agentwire, terminals
 from warmshell.sandboxio.agentlink import AgentLink
 from warmshell.sandboxio.processes import Ended, NotStarted, StartFailure, WorkdirError
 

@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmshell.drivers.local.runtime import terminals
 from warmshell.sandboxio import processes as host_processes
+from warmshell.sandboxio import terminals
 from warmshell.sandboxio.agentlink import AgentError, AgentLink
 from warmshell.sandboxio.interactive import ExecInput
 from warmshell.sandboxio.processes import OutputSink, Runner
