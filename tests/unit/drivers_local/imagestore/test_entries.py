@@ -13,9 +13,13 @@ from warmshell.core.errors import InvalidArgumentError, ResourceExhaustedError
 from warmshell.drivers.local.imagestore import entries
 from warmshell.drivers.local.imagestore.entries import Entry, Kind
 
-_PARTS = st.sampled_from(["a", "b", "..", ".", "", ".wh.x", ".wh..wh..opq", "etc", "dev", "\x00"])
+_PARTS = st.sampled_from(
+    ["a", "b", "..", ".", "", ".wh.x", ".wh..wh..opq", "etc", "dev", "\x00", ".a", "..a", "a.", "a.."]
+)
 _NAMES = st.builds(
-    lambda lead, parts: lead + "/".join(parts), st.sampled_from(["", "/", "./", "//"]), st.lists(_PARTS, max_size=6)
+    lambda lead, parts: lead + "/".join(parts),
+    st.sampled_from(["", "/", "./", "//", ".//", "/./"]),
+    st.lists(_PARTS, max_size=6),
 )
 _ENTRIES = st.builds(
     Entry,

@@ -61,6 +61,8 @@ def archives(draw: st.DrawFn) -> tuple[bytes, list[tuple[str, Kind, int, int, st
             info.size = len(data)
             if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE):
                 info.linkname = draw(_NAMES) if fmt != tarfile.USTAR_FORMAT else "target"
+                if draw(st.booleans()) and fmt != tarfile.PAX_FORMAT:
+                    info.linkname += "\udcff"  # a link's name not UTF-8 either: its raw bytes
             tar.addfile(info, io.BytesIO(data) if data else None)
             expected.append((name.rstrip("/"), _KINDS[kind], info.mode, len(data), info.linkname, data))
     return buffer.getvalue(), expected

@@ -96,7 +96,6 @@ Action = Write | Whiteout | Opaque | Skip
 # An enum member read through its class costs ~160 ns on Python 3.11 (a descriptor), and a
 # layer's ~9,000 entries each read half a dozen: read once, here.
 _FILE, _DIRECTORY, _SYMLINK, _HARDLINK = Kind.FILE, Kind.DIRECTORY, Kind.SYMLINK, Kind.HARDLINK
-_NOT_STORED = frozenset({Kind.DEVICE, Kind.FIFO, Kind.OTHER})
 _SAFE_BITS = 0o7777 & ~(stat.S_ISUID | stat.S_ISGID)
 # A name of this many characters or fewer is under MAX_PATH_BYTES whatever it holds (at most
 # 4 bytes a character), so it is not encoded to be measured.
@@ -110,11 +109,14 @@ def normalise(name: str, *, where: str) -> tuple[str, ...]:
         raise InvalidArgumentError(where, f"entry {name!r} has a NUL byte in its path")
     if len(name) > _SHORT_NAME and len(name.encode(errors="surrogateescape")) > MAX_PATH_BYTES:
         raise InvalidArgumentError(where, f"entry {name[:64]!r}... has a path over {MAX_PATH_BYTES} bytes")
-    parts = name.lstrip("/").removeprefix("./").split("/")
-    if "" in parts or "." in parts:  # 'a//b', 'a/./b', a directory's trailing '/': not the most
+    rest = name.lstrip("/").removeprefix("./")
+    parts = rest.split("/")
+    # An empty, '.' or '..' component starts with '/' or '.', first or after a '/', or is a
+    # trailing '/': a path with none of those (most of a layer's) is not searched three times.
+    if rest[:1] in "./" or "/." in rest or "//" in rest or rest[-1:] == "/":
         parts = [p for p in parts if p not in ("", ".")]
-    if ".." in parts:
-        raise InvalidArgumentError(where, f"entry {name!r} has a '..' component (it would leave the layer)")
+        if ".." in parts:
+            raise InvalidArgumentError(where, f"entry {name!r} has a '..' component (it would leave the layer)")
     if len(parts) > MAX_DEPTH:
         raise InvalidArgumentError(where, f"entry {name[:64]!r}... is more than {MAX_DEPTH} directories deep")
     return tuple(parts)
@@ -140,8 +142,6 @@ def decide(entry: Entry, *, where: str, max_entry_bytes: int, budget_key: str = 
         if hidden.startswith(WHITEOUT_PREFIX) or not hidden:
             return Skip(f"reserved whiteout name {base!r}")
         return Whiteout(path[:-1], hidden)
-    if kind in _NOT_STORED:
-        return Skip(f"{kind.value} entries are not stored")
     if kind is _FILE:
         if entry.size > max_entry_bytes:
             raise ResourceExhaustedError(
@@ -158,7 +158,9 @@ def decide(entry: Entry, *, where: str, max_entry_bytes: int, budget_key: str = 
         if not entry.link or "\0" in entry.link:
             return _refuse(entry, where, "is a symbolic link with an empty target or a NUL byte")
         return Write(path, kind, 0o777, link=entry.link)
-    return Write(path, kind, safe_mode(entry.mode, kind))  # a directory: its stated size means nothing
+    if kind is _DIRECTORY:  # its stated size means nothing
+        return Write(path, kind, safe_mode(entry.mode, kind))
+    return Skip(f"{kind.value} entries are not stored")  # a device, a FIFO, any other kind
 
 
 def _refuse(entry: Entry, where: str, why: str) -> Action:

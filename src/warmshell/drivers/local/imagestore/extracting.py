@@ -52,6 +52,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # Read once (an enum member read through its class costs ~160 ns on Python 3.11).
 _FILE, _SYMLINK, _HARDLINK = Kind.FILE, Kind.SYMLINK, Kind.HARDLINK
+_DEFAULT_ACL = "system.posix_acl_default"
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class LayerTree:
     def __init__(self, root: int, where: str) -> None:
         self.root = root
         self.where = where
+        self.umask = created_mode_mask(root)
         self._open: dict[tuple[str, ...], int] = {}
         # The directory asked for last: the next entry is most often in it, and comparing the
         # path costs less than hashing it (its names are new strings, their hashes not cached).
@@ -183,6 +185,39 @@ class LayerTree:
         self._last = ((), self.root)
         for path in [p for p in self._open if p[: len(under)] == under]:
             os.close(self._open.pop(path))
+
+
+def created_mode_mask(root: int) -> int | None:
+    """The bits the kernel takes off the mode a file or directory is created with under the
+    directory `root` (the process's umask), or None when the created mode is not that alone.
+
+    A file created with its final mode needs no `fchmod`: one system call of the ~5 per file
+    (~2% of an import's CPU, 8,000 files a Debian root), which `tar -x` skips the same way. A
+    default ACL on `root` replaces the umask, and a setgid `root` gives its new directories
+    the setgid bit: then every mode is set with `chmod`. Read once per layer: a umask changed
+    while a layer is written (the gateway narrows it for a moment as it starts) only takes bits
+    off, never grants one."""
+    if stat.S_ISGID & os.fstat(root).st_mode or _has_default_acl(root):
+        return None
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            line = next(line for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration):  # no /proc, or a kernel before 4.7
+        return None
+    return int(line.split()[1], 8)
+
+
+def _has_default_acl(directory: int) -> bool:
+    try:
+        os.getxattr(directory, _DEFAULT_ACL)
+    except OSError as exc:
+        return exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)  # unknown: assume one
+    return True
+
+
+def exact_on_create(mode: int, umask: int | None) -> bool:
+    """Whether creating with `mode` under `umask` (see `created_mode_mask`) gives `mode` itself."""
+    return umask is not None and not mode & (umask | ~0o777)
 
 
 def extract_layer(stream: BoundedReader, dest: Path, *, where: str, limits: Limits) -> LayerStats:
@@ -230,16 +265,20 @@ def apply_action(
 def _write_file(action: entries.Write, data: FileData, tree: LayerTree, stats: LayerStats) -> None:
     parent = tree.directory(action.path[:-1])
     name = action.path[-1]
+    mode = action.mode
+    exact = exact_on_create(mode, tree.umask)
+    created = mode if exact else 0o600
     try:  # almost every entry is the only one at its path: trying first spares a `stat` each
-        fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=parent)
+        fd = os.open(name, _FILE_FLAGS, created, dir_fd=parent)
     except FileExistsError:
         _clear(tree, action.path, keep_directory=False)
-        fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=parent)
+        fd = os.open(name, _FILE_FLAGS, created, dir_fd=parent)
     try:
         if action.size:
             data.copy_to(fd)
             stats.file_bytes += action.size
-        os.fchmod(fd, action.mode)
+        if not exact:
+            os.fchmod(fd, mode)
     finally:
         os.close(fd)
     stats.files += 1
@@ -268,6 +307,9 @@ def _write(action: entries.Write, tree: LayerTree) -> None:
         return
     was_whiteout = False
     try:
+        if exact_on_create(action.mode, tree.umask):
+            os.mkdir(name, action.mode, dir_fd=parent)
+            return  # made with its mode, and nothing to mark: opened when an entry goes in it
         os.mkdir(name, 0o700, dir_fd=parent)
     except FileExistsError:
         was_whiteout = _clear(tree, action.path, keep_directory=True)

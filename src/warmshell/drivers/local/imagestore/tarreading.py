@@ -119,21 +119,32 @@ class TarReader:
             self._archive = None
 
     def __iter__(self) -> Iterator[Entry]:
-        archive, entry = self._archive, self._entry
-        while self._check(_next_header(archive, entry)) != ffi.ARCHIVE_EOF:
+        archive, entry, eof = self._archive, self._entry, ffi.ARCHIVE_EOF
+        while True:
+            result = _next_header(archive, entry)
+            if result < _WARN:
+                self._check(result)
+            if result == eof:
+                return
             yield self._entry_now(entry)
 
     def copy_to(self, fd: int) -> None:
         """Write the current entry's data to `fd` (in C: libarchive's own read and write loop)."""
-        self._check(_data_into_fd(self._archive, fd))
+        result = _data_into_fd(self._archive, fd)
+        if result < _WARN:
+            self._check(result)
 
     def _entry_now(self, entry: ctypes.c_void_p) -> Entry:
         name = _pathname_utf8(entry) or _pathname(entry)
         if name is None:
             raise InvalidArgumentError(self._where, "has an entry without a path")
         mode = _mode(entry)
-        hardlink = _hardlink_utf8(entry) or _hardlink(entry)
+        # The tar reader stores a link's name in the locale's form (or not at all, when it cannot
+        # be converted): that form is missing only when there is no link, so an entry that is
+        # not one (all but a handful) costs one call here, not both.
+        hardlink = _hardlink(entry)
         if hardlink is not None:
+            hardlink = _hardlink_utf8(entry) or hardlink
             return Entry(_text(name), _HARDLINK, mode & _PERM, _size(entry), _text(hardlink))
         kind = _KINDS.get(mode & _TYPE, _OTHER)
         link = _text(_symlink_utf8(entry) or _symlink(entry)) if kind is _SYMLINK else ""
