@@ -253,18 +253,7 @@ class Supervisor:
                 # Nothing runs in this process's own namespaces: a command started here would
                 # share the supervisor's uid, filesystem and credential.
                 raise SupervisorExit(2, "WARMSHELL_AGENT_SOCKET is not set: the workload runs only through its agent")
-            activation = await self.register()
-            # The credential has done its one job; a restarted supervisor reads it again.
-            self.settings.credential = ""
-            self.activation = activation
-            self._token, self._token_expires_ms = activation.token, activation.token_expires_at_ms
-            self._env = _workload_environment(self._base_env, activation)
-            if activation.workload.trusted_ca:
-                self._env |= await self._place_trust(activation.workload.trusted_ca)
-            self._workdir = self._default_workdir or activation.workload.workdir or "/"
-            if activation.workload.command:
-                self._workload = asyncio.create_task(self._run_workload(list(activation.workload.command)))
-                self._workload_started = True
+            await self._take(await self.register())
             # A timer until the first refresh is due, not a task sleeping from the activation on
             # (the local driver runs every supervisor in the gateway: a warm create pays for it).
             refresher: list[asyncio.Task[None]] = []
@@ -287,17 +276,37 @@ class Supervisor:
             log.error("supervisor stopping: %s", stop)
             return stop.code
         finally:
-            for task in [*self._execs.values(), *([self._workload] if self._workload else [])]:
-                task.cancel()
-            await self._background.aclose()
-            if self._agent is not None:
-                self._agent.closed.remove_done_callback(self._agent_lost)  # our own close is no loss
-                self._agent.close()
-            if self._workload_root >= 0:
-                root, self._workload_root = self._workload_root, -1
-                os.close(root)
-            if channel is not None:
-                await channel.close(grace=None)
+            await self._release(channel)
+
+    async def _take(self, activation: spb.SupervisorActivationMessage) -> None:
+        """Take what the activation gives: the token, the workload's environment, trust and
+        directory, and its command started (a warm member's starts only here)."""
+        # The credential has done its one job; a restarted supervisor reads it again.
+        self.settings.credential = ""
+        self.activation = activation
+        self._token, self._token_expires_ms = activation.token, activation.token_expires_at_ms
+        self._env = _workload_environment(self._base_env, activation)
+        if activation.workload.trusted_ca:
+            self._env |= await self._place_trust(activation.workload.trusted_ca)
+        self._workdir = self._default_workdir or activation.workload.workdir or "/"
+        if activation.workload.command:
+            self._workload = asyncio.create_task(self._run_workload(list(activation.workload.command)))
+            self._workload_started = True
+
+    async def _release(self, channel: grpc.aio.Channel | None) -> None:
+        """End what `run` started, whichever way it ended: execs, the workload, background
+        commands, the agent, the root descriptor and the gateway channel."""
+        for task in [*self._execs.values(), *([self._workload] if self._workload else [])]:
+            task.cancel()
+        await self._background.aclose()
+        if self._agent is not None:
+            self._agent.closed.remove_done_callback(self._agent_lost)  # our own close is no loss
+            self._agent.close()
+        if self._workload_root >= 0:
+            root, self._workload_root = self._workload_root, -1
+            os.close(root)
+        if channel is not None:
+            await channel.close(grace=None)
 
     async def _place_trust(self, ca_pem: bytes) -> dict[str, str]:
         """Make the workload trust the egress proxy's CA (`Workload.trusted_ca`): the CA and a
