@@ -196,8 +196,7 @@ class Gateway:
                 listen_tcp=self.config.listen_tcp, tcp_port=self.tcp_port, leading=parts.leading, records=parts.records
             )
             await stack.enter_async_context(running)
-        with statedir.private_umask():
-            self._write_runtime_info()
+        self._write_runtime_info()
         # Ready only once announced: a probe that sees 200 finds gateway.json and the replica row.
         self._phase = _Phase.SERVING
         await driver.start(parts.activator)
@@ -254,7 +253,9 @@ class Gateway:
                 server.add_insecure_port(f"unix://{path}")
             if self.config.listen_tcp:
                 self.tcp_port = public.add_insecure_port(self.config.listen_tcp)
-            await servers.start()
+        # Bound above (gRPC binds when a port is added); served only once the umask is back, so
+        # that no call runs under it (an image import reads it once per layer).
+        await servers.start()
         stack.push_async_callback(servers.wait_stopped)
         os.chmod(self.paths.socket, 0o600)
         os.chmod(self.paths.supervisor_socket, 0o600)
@@ -324,7 +325,10 @@ class Gateway:
             egress_host = self.config.network.proxy_listen.rpartition(":")[0]
             info["egress"] = f"{egress_host}:{self.egress_port}"
         tmp = self.paths.runtime_info.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info) + "\n")
+        # Its mode given, not the private umask: the umask is the process's, and the gateway is
+        # serving by now (an image import in a thread takes it as what its files' modes lose).
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as handle:
+            handle.write(json.dumps(info) + "\n")
         tmp.replace(self.paths.runtime_info)
 
     async def drain(self) -> None:

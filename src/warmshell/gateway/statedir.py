@@ -54,7 +54,8 @@ def ensure_state_dir(path: Path, *, private_volume: bool = False) -> None:
 def private_umask() -> Iterator[None]:
     """Files and sockets created inside are private to the gateway's uid. The umask is
     process-wide: hold it only around the gateway's own creations (the event loop runs nothing
-    else meanwhile), never while sandboxes are started — they would inherit it."""
+    else meanwhile), never while sandboxes are started — they would inherit it — nor once calls
+    are served (an image import takes the umask it reads as what its files' modes lose)."""
     previous = os.umask(PRIVATE_UMASK)
     try:
         yield
