@@ -44,6 +44,10 @@ class ImageRecord:
     # Whether its layers hold the sandbox's /workspace: a sandbox of it keeps that directory of
     # its root (under its own writable layer) instead of a fresh tmpfs.
     workspace: bool = False
+    # Set on an image committed without syncing (a fork's, whose children die with the host): the
+    # host boot its files are good for. Past a reboot its layer's data may be torn, so the first
+    # open of the store in another boot removes it (`Index.unsynced_from_other_boots`).
+    boot_id: str = ""
 
 
 @dataclass
@@ -66,6 +70,10 @@ class Index:
         """The layers some image names."""
         return {d for image in self.images.values() for d in image.layers}
 
+    def unsynced_from_other_boots(self, boot_id: str) -> list[str]:
+        """The images committed without syncing in a boot of the host other than `boot_id`."""
+        return sorted(d for d, image in self.images.items() if image.boot_id and image.boot_id != boot_id)
+
     def usage(self) -> int:
         """The bytes of every stored layer, each once."""
         return sum(layer.size for layer in self.layers.values())
@@ -75,7 +83,7 @@ class Index:
         return {
             "version": 1,
             "tags": dict(sorted(self.tags.items())),
-            "images": {d: asdict(i) for d, i in sorted(self.images.items())},
+            "images": {d: _image_json(i) for d, i in sorted(self.images.items())},
             "layers": {d: _layer_json(layer) for d, layer in sorted(self.layers.items())},
         }
 
@@ -101,4 +109,12 @@ def _layer_json(layer: LayerRecord) -> dict[str, Any]:
     raw = asdict(layer)
     if layer.by_content:
         del raw["by_content"]
+    return raw
+
+
+def _image_json(image: ImageRecord) -> dict[str, Any]:
+    """An image's entry; `boot_id` only when set, for the same reason as `_layer_json`."""
+    raw = asdict(image)
+    if not image.boot_id:
+        del raw["boot_id"]
     return raw
