@@ -1,10 +1,10 @@
 """A fork's image is committed without syncing (its children die with the host): on a real store,
-the first open in another boot of the host removes it and its layer, one of this boot stays, and
-an index torn by a power loss after such a commit is never read (the last synced one is)."""
+the first open in another boot of the host removes it and its layer, one of this boot stays, an
+index torn by a power loss after such a commit is never read (the last synced one is), and a
+synced image on top of a fork's layer makes that layer durable."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -15,16 +15,19 @@ from warmshell.drivers.local.imagestore.store import ImageStore, StagedLayer, bo
 _CONFIG = ImageConfig(os="linux", architecture="amd64", created="", diff_ids=())
 
 
-def _commit(store: ImageStore, mark: str, *, tag: str = "", boot: str = "", sync: bool = True) -> ImageRecord:
-    """One image of one staged one-file layer, committed as a snapshot would be."""
-    layer = LayerRecord("sha256:" + mark * 64, 512, entries=1, files=1, by_content=False)
+def _commit(
+    store: ImageStore, mark: str, *, tag: str = "", boot: str = "", sync: bool = True, under: tuple[str, ...] = ()
+) -> ImageRecord:
+    """One image of one staged one-file layer (on top of the layers `under`), committed as a
+    snapshot would be: `boot` marks its layer unsynced."""
+    layer = LayerRecord("sha256:" + mark * 64, 512, entries=1, files=1, by_content=False, boot_id=boot)
     stage = store.new_staging()
     (stage / "layer").mkdir()
     (stage / "layer" / "file").write_text(mark)
-    image = ImageRecord("sha256:" + mark.upper() * 64, "sha256:" + "c" * 64, _CONFIG, (layer.digest,), "linux", 0)
-    staged = [StagedLayer(layer, stage / "layer")]
+    layers = (*under, layer.digest)
+    image = ImageRecord("sha256:" + mark.upper() * 64, "sha256:" + "c" * 64, _CONFIG, layers, "linux", 0)
     try:
-        return store.commit(dataclasses.replace(image, boot_id=boot), staged, [tag] if tag else [], sync=sync)
+        return store.commit(image, [StagedLayer(layer, stage / "layer")], [tag] if tag else [], sync=sync)
     finally:
         store.drop_staging(stage)
 
@@ -59,3 +62,13 @@ def test_an_index_torn_after_an_unsynced_commit_falls_back_to_the_last_synced_on
     assert set(index.images) == {tagged.digest}
     assert not store.layer_path(fork.layers[0]).exists()
     assert json.loads(store.index_file.read_bytes())["tags"] == {"kept/snap:1": tagged.digest}
+
+
+def test_a_synced_image_on_a_forks_layer_forces_that_layer_to_disk_and_outlives_a_reboot(tmp_path: Path) -> None:
+    store = _reopened(tmp_path)
+    fork = _commit(store, "b", boot="a-boot-before-this-one", sync=False)
+    paused = _commit(store, "d", under=fork.layers)  # a pause (or a tagged snapshot) of a fork's child
+    assert not store.index().layers[fork.layers[0]].boot_id
+    index = _reopened(tmp_path).index()
+    assert set(index.images) == {fork.digest, paused.digest}
+    assert (store.layer_path(fork.layers[0]) / "file").read_text() == "b"

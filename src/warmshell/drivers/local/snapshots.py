@@ -12,12 +12,14 @@ as it was. Past `local.max_layers` the new layer is the whole merged root, the i
 (flattened).
 
 Durability. A tagged snapshot and a pause must outlive the host's power: their index write is
-forced to disk. A fork's children die with the host, so its image need only last this boot: it is
-committed without syncing (two fsyncs, 6-16 ms, off the fork's path) and carries the host's
-`boot_id`. The rule that keeps the index from naming torn data: its layer's data is not forced
-to disk, so an image whose `boot_id` is not this boot's is removed by the store's first open after
-a reboot (with its layer), and an unsynced index torn by a power loss is never read: the store
-falls back to the last synced one (`ImageStore._read`), which does not name the fork's image.
+forced to disk (their new layer's data is left to the kernel's writeback, as an imported layer's
+is). A fork's children die with the host, so its image need only last this boot: it is committed
+without syncing (two fsyncs, 6-16 ms, off the fork's path) and its layer carries the host's
+`boot_id`. The rules that keep the index from naming torn data: the store's first open after a
+reboot removes every image naming a layer of another boot (and the layer); an unsynced index torn
+by a power loss is never read (the store falls back to the last synced one, `ImageStore._read`,
+which does not name the fork's image); and a synced commit of an image naming such a layer (a
+snapshot or pause of a fork's child) forces that layer's data to disk first and clears its mark.
 
 A sandbox of the host's root filesystem (no image) has no image to build on: its snapshot is
 refused, saying to create it from an image.
@@ -117,7 +119,7 @@ class Snapshots:
         image = snapshot_record(base, layer.digest, flattened=flatten, source_sandbox=source, now_ms=now_ms())
         ephemeral = not durable and not tagged
         if ephemeral:
-            image = dataclasses.replace(image, boot_id=self._boot_id)
+            layer = dataclasses.replace(layer, boot_id=self._boot_id)
         # One thread hop for both (a hop costs milliseconds on a busy host, on a fork's path).
         staged = StagedLayer(layer, stage / "layer")
         committed = await asyncio.to_thread(self._commit, image, staged, tagged, not ephemeral)

@@ -25,6 +25,11 @@ class LayerRecord:
     whiteouts: tuple[str, ...] = ()
     opaque: tuple[str, ...] = ()
     by_content: bool = True
+    # Set on a layer committed without syncing (a fork's, whose children die with the host): the
+    # host boot its data is good for. Past a reboot it may be torn, so the first open of the store
+    # in another boot removes every image naming it (`Index.unsynced_from_other_boots`); a
+    # synced commit of an image naming it forces its data to disk first and clears this.
+    boot_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -44,10 +49,6 @@ class ImageRecord:
     # Whether its layers hold the sandbox's /workspace: a sandbox of it keeps that directory of
     # its root (under its own writable layer) instead of a fresh tmpfs.
     workspace: bool = False
-    # Set on an image committed without syncing (a fork's, whose children die with the host): the
-    # host boot its files are good for. Past a reboot its layer's data may be torn, so the first
-    # open of the store in another boot removes it (`Index.unsynced_from_other_boots`).
-    boot_id: str = ""
 
 
 @dataclass
@@ -71,8 +72,9 @@ class Index:
         return {d for image in self.images.values() for d in image.layers}
 
     def unsynced_from_other_boots(self, boot_id: str) -> list[str]:
-        """The images committed without syncing in a boot of the host other than `boot_id`."""
-        return sorted(d for d, image in self.images.items() if image.boot_id and image.boot_id != boot_id)
+        """The images naming a layer committed without syncing in a boot other than `boot_id`."""
+        stale = {d for d, layer in self.layers.items() if layer.boot_id and layer.boot_id != boot_id}
+        return sorted(d for d, image in self.images.items() if stale.intersection(image.layers))
 
     def usage(self) -> int:
         """The bytes of every stored layer, each once."""
@@ -83,7 +85,7 @@ class Index:
         return {
             "version": 1,
             "tags": dict(sorted(self.tags.items())),
-            "images": {d: _image_json(i) for d, i in sorted(self.images.items())},
+            "images": {d: asdict(i) for d, i in sorted(self.images.items())},
             "layers": {d: _layer_json(layer) for d, layer in sorted(self.layers.items())},
         }
 
@@ -104,17 +106,11 @@ class Index:
 
 
 def _layer_json(layer: LayerRecord) -> dict[str, Any]:
-    """A layer's entry; `by_content` only when False, so a store holding no untagged snapshot
-    stays readable by a gateway from before the field."""
+    """A layer's entry; `by_content` only when False and `boot_id` only when set, so a store
+    holding no untagged snapshot stays readable by a gateway from before the fields."""
     raw = asdict(layer)
     if layer.by_content:
         del raw["by_content"]
-    return raw
-
-
-def _image_json(image: ImageRecord) -> dict[str, Any]:
-    """An image's entry; `boot_id` only when set, for the same reason as `_layer_json`."""
-    raw = asdict(image)
-    if not image.boot_id:
+    if not layer.boot_id:
         del raw["boot_id"]
     return raw
