@@ -6,6 +6,10 @@
 # Runs as the non-root uid/gid 10001, which the Kubernetes driver's pods request (run_as_user).
 
 FROM python:3.11-slim AS build
+# The wheel carries the static sandbox agent (copied into every pod by its init container): a C
+# compiler, and musl for a small one (setup.py builds it).
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev musl-tools \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY src ./src

@@ -100,7 +100,7 @@ async def _tree(src: Path | None, stack: Any) -> tuple[warmshell.AsyncSandbox, _
     return sb, _Timed(gw.process.pid), bulk
 
 
-async def _floor_server(path: str) -> None:
+async def _floor_server(path: str, *, max_receive: int = 1024 * 1024) -> None:
     from warmshell.api.v1 import sandbox_pb2 as pb
 
     async def count(requests: Any, _context: Any) -> Any:
@@ -114,7 +114,7 @@ async def _floor_server(path: str) -> None:
         request_deserializer=pb.WriteFileRequest.FromString,
         response_serializer=pb.WriteFileResponse.SerializeToString,
     )
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1024 * 1024)])
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_receive)])
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("floor.Floor", {"Count": handler})])
     server.add_insecure_port(f"unix://{path}")
     await server.start()

@@ -170,7 +170,8 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a JSON string is a TOML basic string
 
 
-def _toml(sections: dict[str, dict[str, Any]]) -> str:
+def toml_text(sections: dict[str, dict[str, Any]]) -> str:
+    """A config file's text: each section's keys ("" for the top level)."""
     lines: list[str] = []
     for name, values in sections.items():
         if name:
@@ -251,7 +252,7 @@ class ReplicaSet:
             sections["network"] = network
         if self.store_url:  # else SQLite in the state directory: one gateway, no replicas
             sections["store"] = {"url": self.store_url, "password_file": str(self.password_file)}
-        return _toml(
+        return toml_text(
             sections
             | {
                 "replicas": replicas | {"drain_seconds": self.drain_seconds},

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness
+import alternating
 from harness import write_results
 
 BENCH = Path(__file__).resolve().parents[2]
@@ -78,18 +79,12 @@ def table(trees: list[str], runs: dict[str, list[dict[str, Any]]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--tree", action="append", required=True, metavar="NAME=DIR", help="a tree's src/ (first: the base)"
-    )
+    alternating.add_tree_option(parser)
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each one run per tree (default 3)")
     parser.add_argument("--name", default="burst_ab", help="results/NAME.{json,md} beside this script")
     args = parser.parse_args()
-    trees = dict(item.split("=", 1) for item in args.tree)
-    runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
-    for round_ in range(args.rounds):
-        for tree, src in trees.items():
-            print(f"round {round_}: {tree}", flush=True)
-            runs[tree].append(run(args.name, tree, Path(src).resolve(), round_))
+    trees = alternating.trees(args.tree)
+    runs = alternating.alternate(trees, args.rounds, lambda tree, src, round_: run(args.name, tree, src, round_))
     data = {
         "trees": trees,
         "runs": {

@@ -96,7 +96,22 @@ class GatewayParts:
 def _execs(config: GatewayConfig, manager: SandboxManager) -> tuple[ExecRelay, BackgroundProcesses]:
     """The exec relay, and the background commands kept over it."""
     execs = ExecRelay(window_bytes=config.exec_output_window_bytes, stall_seconds=config.exec_stall_timeout_seconds)
-    return execs, BackgroundProcesses(execs, history_bytes=config.exec_history_bytes, touch=manager.touch)
+    background = BackgroundProcesses(execs, history_bytes=config.exec_history_bytes, touch=manager.touch)
+    manager.records.observe(background.observe)
+    return execs, background
+
+
+def _authentication(
+    config: GatewayConfig, keys: Keys, driver: ComputeDriver
+) -> tuple[SandboxTokenIssuer, Authenticator]:
+    """The sandbox token issuer, and the authenticator of every caller (clients, supervisors, replicas)."""
+    issuer = SandboxTokenIssuer(
+        keys.signing_key, gateway_id=keys.gateway_id, ttl_seconds=config.sandbox_token_ttl_seconds
+    )
+    auth = Authenticator(
+        api_token=keys.api_token, issuer=issuer, identity=driver.identity, replica_token=keys.replica_token
+    )
+    return issuer, auth
 
 
 def assemble(
@@ -107,28 +122,20 @@ def assemble(
     bus = EventBus()
     # A SQLite file has one gateway (replicas need Postgres), so its records may be cached.
     records = SandboxRecords(store, bus, exclusive=isinstance(store, SqliteStore))
-    issuer = SandboxTokenIssuer(
-        keys.signing_key, gateway_id=keys.gateway_id, ttl_seconds=config.sandbox_token_ttl_seconds
-    )
-    auth = Authenticator(
-        api_token=keys.api_token, issuer=issuer, identity=driver.identity, replica_token=keys.replica_token
-    )
+    issuer, auth = _authentication(config, keys, driver)
     replication = _replication(config, store, replica_id=replica_id, token=keys.replica_token, auth=auth, bus=bus)
     wiring = replication.wiring if replication is not None else ReplicaWiring()
-    sessions = SessionTable(
-        window_ms=int(MISSED_HEARTBEATS * config.heartbeat_interval_seconds * 1000), owner=wiring.owner
-    )
+    heartbeat_window_ms = int(MISSED_HEARTBEATS * config.heartbeat_interval_seconds * 1000)
+    sessions = SessionTable(window_ms=heartbeat_window_ms, owner=wiring.owner)
     registry: Registry[spb.SupervisorActivationMessage] = Registry()
     vault = SecretVault(store, keys.secrets_key)
     egress = _egress(config, driver, records, keys.egress, vault=vault, secrets_key=keys.secrets_key)
     activator = GatewayActivator(registry, records, issuer, vault, egress)
     manager = _manager(config, records=records, driver=driver, bus=bus, sessions=sessions, vault=vault)
-    supervisor_service = _supervisor_service(
-        config, manager=manager, registry=registry, activator=activator, issuer=issuer, auth=auth, wiring=wiring
-    )
+    execs, background = _execs(config, manager)
+    supervisor_service = _supervisor_service(config, manager, registry, activator, issuer, auth, wiring, background)
     leadership = driver if replication is not None and isinstance(driver, Leadership) else None
     leading = _leader(leadership)
-    execs, background = _execs(config, manager)
     reconciler, expiry = _reconcilers(config, manager, leading=leading, wiring=wiring)
     return GatewayParts(
         config=config,
@@ -272,13 +279,13 @@ def _manager(
 
 def _supervisor_service(
     config: GatewayConfig,
-    *,
     manager: SandboxManager,
     registry: Registry[spb.SupervisorActivationMessage],
     activator: GatewayActivator,
     issuer: SandboxTokenIssuer,
     auth: Authenticator,
     wiring: ReplicaWiring,
+    background: BackgroundProcesses,
 ) -> SupervisorService:
     limits = config.rate_limits
     delay = limits.refusal_delay_seconds
@@ -293,4 +300,5 @@ def _supervisor_service(
         registrations=RateLimiter("registration", limits.registration, refusal_delay_seconds=delay),
         token_refreshes=RateLimiter("token_refresh", limits.token_refresh, refusal_delay_seconds=delay),
         replicas=wiring.directory,
+        adopt=background.adopt,
     )

@@ -144,14 +144,33 @@ class ExecRelay:
                 session.send(spb.GatewayMessage(exec_cancel=spb.ExecCancel(exec_id=channel.exec_id)))
 
     def open(
-        self, session: SupervisorSession, request: pb.ExecSandboxRequest, interactive: pb.ExecStreamStart | None
+        self,
+        session: SupervisorSession,
+        request: pb.ExecSandboxRequest,
+        interactive: pb.ExecStreamStart | None,
+        *,
+        background: tuple[int, int] | None = None,
     ) -> ExecChannel:
         """Start the exec in the sandbox (stdin streamed when `interactive`); its channel, on
-        which its output and exit arrive."""
+        which its output and exit arrive. `background`: (pid, history bytes) of a command the
+        supervisor keeps across sessions."""
         channel = ExecChannel(exec_id=uuid.uuid4().hex, window=self.window_bytes)
         start = self._start_message(channel, request, interactive)
+        if background is not None:
+            start.background = True
+            start.background_pid, start.history_bytes = background
         session.execs[channel.exec_id] = channel
         session.send(spb.GatewayMessage(exec_start=start))
+        return channel
+
+    def follow(self, session: SupervisorSession, exec_id: str, offset: int) -> ExecChannel:
+        """Receive a background command the supervisor keeps on this session, from its output's
+        `offset` on (its channel, as an interactive exec's from `open`)."""
+        channel = ExecChannel(exec_id=exec_id, window=self.window_bytes)
+        channel.input_window = OutputWindow(min(self.window_bytes, MAX_INPUT_WINDOW_BYTES))
+        session.execs[exec_id] = channel
+        follow = spb.ExecFollow(exec_id=exec_id, offset=offset, output_window_bytes=self.window_bytes)
+        session.send(spb.GatewayMessage(exec_follow=follow))
         return channel
 
     def _start_message(

@@ -333,7 +333,8 @@ class SandboxService(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
             return await self._forwarder.unary_unary(
                 target, _SERVICE + "ListProcesses", request, pb.ListProcessesResponse.FromString, context
             )
-        return pb.ListProcessesResponse(processes=[p.info() for p in self._background.list(record.id)])
+        processes = self._background.list(record.id, over=_terminal(record))
+        return pb.ListProcessesResponse(processes=[p.info() for p in processes])
 
     @unary
     async def ConnectProcess(  # type: ignore[override]
@@ -353,7 +354,7 @@ class SandboxService(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
             async for event in upstream:
                 await context.write(event)
             return
-        process = self._background.get(record.id, ref.pid)
+        process = self._background.get(record.id, ref.pid, over=_terminal(record))
         await self._background.attach(process, context, request_iterator)
 
     @unary

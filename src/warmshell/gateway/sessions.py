@@ -45,6 +45,8 @@ class ExecChannel:
     _ungranted: int = 0
     # Streamed stdin not yet written to the command (None: no streamed stdin).
     input_window: OutputWindow | None = None
+    # Ended because its session did (a background command runs on, for the next session).
+    session_ended: bool = False
 
     def passed_on(self, size: int) -> int:
         """`size` bytes reached the client: the credit to grant now (0 = keep batching; grants
@@ -88,6 +90,7 @@ class SupervisorSession:
             self.outbox.put_nowait(spb.GatewayMessage(shutdown=spb.Shutdown(reason=reason, reconnect=reconnect)))
         self.outbox.put_nowait(None)
         for channel in self.execs.values():
+            channel.session_ended = True
             closed = spb.ExecExited(exec_id=channel.exec_id, exit_code=-1, error="session closed")
             channel.events.put_nowait(ends_execs() if ends_execs is not None else closed)
         self.execs.clear()

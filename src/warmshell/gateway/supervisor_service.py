@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -75,7 +75,10 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         registrations: RateLimiter,
         token_refreshes: RateLimiter,
         replicas: ReplicaDirectory | None = None,
+        adopt: Callable[[SupervisorSession, spb.SupervisorHello], None] = lambda *_: None,
     ) -> None:
+        """`adopt`: told of each new session and its hello (the background commands its
+        supervisor keeps are followed from there)."""
         self._manager = manager
         self._identity = identity
         self._registry = registry
@@ -86,6 +89,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         self._registrations = registrations
         self._token_refreshes = token_refreshes
         self._replicas = replicas  # the other gateway replicas on this store, if any
+        self._adopt = adopt
 
     @streaming
     async def RegisterSupervisor(  # type: ignore[override]
@@ -134,7 +138,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
     ) -> AsyncIterator[spb.GatewayMessage]:
         try:
             claims = await self._auth.require_sandbox(context)
-            session = await self._accept(claims, request_iterator)
+            session, hello = await self._accept(claims, request_iterator)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
@@ -146,6 +150,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
                 accepted=spb.SessionAccepted(session_id=session.session_id, heartbeat_interval_ms=interval_ms)
             )
         )
+        self._adopt(session, hello)
         reader = asyncio.create_task(self._read_session(session, request_iterator))
         ticker = _Heartbeats(session, self._heartbeat)
         try:
@@ -176,9 +181,11 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
                     log.warning("sandbox %s: could not record its closed session: %s", claims.sandbox_id, exc)
             metrics.SESSIONS.set(len(self._manager.sessions))
 
-    async def _accept(self, claims: SandboxClaims, messages: AsyncIterator[spb.SupervisorMessage]) -> SupervisorSession:
-        """The session a supervisor's hello opens, if its token, its hello and the sandbox's
-        record agree (and no live replica holds the sandbox's session)."""
+    async def _accept(
+        self, claims: SandboxClaims, messages: AsyncIterator[spb.SupervisorMessage]
+    ) -> tuple[SupervisorSession, spb.SupervisorHello]:
+        """The session a supervisor's hello opens, and the hello, if its token, its hello and the
+        sandbox's record agree (and no live replica holds the sandbox's session)."""
         first = await anext(aiter(messages), None)
         if first is None or not first.HasField("hello"):
             raise FailedPreconditionError("the first message of a session must be hello")
@@ -199,7 +206,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             # sandbox runs a new instance with a token of its own.
             raise PermissionDeniedError(f"instance {claims.instance_id} no longer runs sandbox {claims.sandbox_id}")
         await self._refuse_if_live_elsewhere(record)
-        return self._open_session(claims)
+        return self._open_session(claims), first.hello
 
     async def _refuse_reactivation(self, identity: SupervisorIdentity, sandbox_id: SandboxId) -> None:
         """A bound sandbox is activated again only for a supervisor that could be a new one: its

@@ -13,6 +13,11 @@ An interactive exec (`io`) keeps the write end of stdin and feeds it as input ar
 terminal gets a pseudo-terminal of the sandbox's own devpts (opened by `open_terminal`), whose
 slave is sent as all three fds with an EXEC_TTY record, so that the agent makes it the command's
 controlling terminal; the host keeps the master.
+
+`open_root` asks the agent for an fd on its root directory: where a pod's supervisor, in another
+container, serves file operations (`sandboxio.rootfs` under it, as the local driver does under
+`/proc/<agent pid>/root`). The fd is checked to be a directory outside /proc and /sys; any other
+fd attached to a reply is a protocol error.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ import logging
 import os
 import signal
 import socket
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warmshell.sandboxio import agentwire, processes
+from warmshell.sandboxio import agentwire, processes, rootfs
 from warmshell.sandboxio.agentwire import Kind, Reply, Stage
 from warmshell.sandboxio.interactive import ExecInput, pump_fd, set_window_size, write_stdin
 from warmshell.sandboxio.processes import Ended, NotStarted, OutputSink, WorkdirError
@@ -64,6 +70,8 @@ class AgentLink:
         self._next_id = 1
         self._pings: dict[int, asyncio.Future[None]] = {}
         self._next_ping = 1
+        self._roots: dict[int, asyncio.Future[int]] = {}
+        self._next_root = 1
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self._loop.add_reader(sock.fileno(), self._readable)
 
@@ -97,6 +105,31 @@ class AgentLink:
             return False
         finally:
             self._pings.pop(ping_id, None)
+
+    async def open_root(self) -> int:
+        """A new O_PATH fd on the agent's root directory (the caller closes it); AgentError when
+        the agent cannot open it or the sandbox is gone, or the fd is no plain directory."""
+        request_id = self._next_root
+        answered: asyncio.Future[int] = self._loop.create_future()
+        self._next_root = self._next_root % 0xFFFFFFFF + 1
+        self._roots[request_id] = answered
+        try:
+            await self._send(agentwire.encode_root(request_id), ())
+            fd = await answered
+        except BaseException:
+            if answered.done() and not answered.cancelled() and answered.exception() is None:
+                os.close(answered.result())  # answered, but the caller was cancelled meanwhile
+            raise
+        finally:
+            self._roots.pop(request_id, None)
+        try:
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise AgentError(errno.ENOTDIR, "the sandbox's agent sent a root that is no directory")
+            rootfs.check_fs(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     # -- the supervisor's process seam -------------------------------------------------------
 
@@ -263,20 +296,46 @@ class AgentLink:
     def _readable(self) -> None:
         while not self.closed.done():
             try:
-                data = self._sock.recv(agentwire.REPLY_SIZE + 1)
+                data, fds, flags, _ = socket.recv_fds(self._sock, agentwire.REPLY_SIZE + 1, 1, socket.MSG_CMSG_CLOEXEC)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 self._fail(AgentError(exc.errno, f"the sandbox's control socket failed: {exc}"))
                 return
             if not data:
+                _close(*fds)
                 self._fail(AgentError(errno.EPIPE, "the sandbox has ended"))
                 return
             try:
-                self._dispatch(agentwire.decode_reply(data))
+                if flags & socket.MSG_CTRUNC:
+                    raise agentwire.WireError("a record with more than one fd")
+                reply = agentwire.decode_reply(data)
+                if reply.kind is Kind.ROOT_DIR:
+                    self._root_dir(reply, fds)
+                    fds = []
+                elif fds:
+                    raise agentwire.WireError(f"an fd attached to a {reply.kind.name} record")
+                else:
+                    self._dispatch(reply)
             except agentwire.WireError as exc:
+                _close(*fds)
                 _log.warning("sandbox agent broke the protocol (%s); ending the sandbox", exc)
                 self._fail(AgentError(errno.EPROTO, f"the sandbox's agent broke the protocol: {exc}"))
+
+    def _root_dir(self, reply: Reply, fds: list[int]) -> None:
+        """A ROOT_DIR answer: exactly one fd and no errno, or an errno and no fd. One for a
+        request given up already (cancelled) arrives late, never unasked-for."""
+        answered = self._roots.get(reply.exec_id)
+        if reply.b or (len(fds) == 1) == bool(reply.a) or not 0 < reply.exec_id < self._next_root:
+            raise agentwire.WireError(f"a malformed or unasked-for ROOT_DIR record ({reply.exec_id})")
+        if answered is None or answered.done():
+            _close(*fds)
+        elif reply.a:
+            answered.set_exception(
+                AgentError(reply.a, f"the sandbox's agent cannot open its root: {os.strerror(reply.a)}")
+            )
+        else:
+            answered.set_result(fds[0])
 
     def _dispatch(self, reply: Reply) -> None:
         if reply.kind is Kind.HELLO:
@@ -315,7 +374,7 @@ class AgentLink:
         self._sock.close()
         self.closed.set_result(None)
         pending = (f for e in self._execs.values() for f in (e.started, e.exited))
-        for future in (self._hello, *pending, *self._pings.values()):
+        for future in (self._hello, *pending, *self._pings.values(), *self._roots.values()):
             if not future.done():
                 future.set_exception(error)
                 future.exception()  # retrieved here, so an exec nobody awaits logs nothing

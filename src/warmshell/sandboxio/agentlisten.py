@@ -9,6 +9,9 @@ workload starts afterwards finds nothing to connect to, and a connection made be
 taken instead of the agent, which then cannot connect and ends its container. The socket then
 carries the agent protocol (`agentwire`, `agentlink.AgentLink`) exactly as the local driver's
 inherited one does.
+
+Paths are plain strings here: `pathlib` (with the `urllib.parse` and `ipaddress` it imports)
+would be most of what the agent channel adds to a pod supervisor's imports.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import logging
 import os
 import socket
 import struct
-from pathlib import Path
 
 __all__ = ["AgentRefused", "accept_agent"]
 
@@ -37,14 +39,14 @@ def peer_uid(sock: socket.socket) -> int:
     return int(uid)
 
 
-def listen(path: Path) -> socket.socket:
+def listen(path: str | os.PathLike[str]) -> socket.socket:
     """A fresh listener at `path` (a stale one, from a supervisor that ran before, is replaced),
     connectable by any uid: the peer's uid is checked at accept."""
     with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+        os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
-        listener.bind(str(path))
+        listener.bind(os.fspath(path))
         os.chmod(path, 0o666)
         listener.listen(4)
         listener.setblocking(False)
@@ -54,7 +56,7 @@ def listen(path: Path) -> socket.socket:
     return listener
 
 
-async def accept_agent(path: Path, *, uid: int, timeout: float) -> socket.socket:  # noqa: ASYNC109 - the wait's own bound
+async def accept_agent(path: str | os.PathLike[str], *, uid: int, timeout: float) -> socket.socket:  # noqa: ASYNC109 - the wait's own bound
     """Listen at `path`, accept the first connection from `uid`, unlink `path` and return the
     connection (non-blocking). Connections from another uid are closed and logged. AgentRefused
     when none came within `timeout` seconds."""
@@ -73,5 +75,5 @@ async def accept_agent(path: Path, *, uid: int, timeout: float) -> socket.socket
         raise AgentRefused(f"no agent connected to {path} within {timeout:g}s") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # noqa: ASYNC240 - one unlink on a local volume, once per container start
+            os.unlink(path)  # one unlink on a local volume, once per container start
         listener.close()

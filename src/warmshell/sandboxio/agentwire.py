@@ -4,10 +4,13 @@ The agent (`agent/warmshell-agent.c`, pid 1 of every sandbox) defines the protoc
 mirrors it: host byte order, every field a uint32. The host sends EXEC (a header, then cwd, argv
 and env as NUL-terminated strings, with the command's stdin/stdout/stderr attached as fds) or
 EXEC_TTY (the same, for a command whose three fds are a terminal it takes as its controlling one),
-SIGNAL, PING (a liveness probe) and FINISH (the sandbox is over: the agent exits 0, where a
+SIGNAL, PING (a liveness probe), ROOT (the agent's root directory, for a pod's supervisor to
+serve files in the workload container's filesystem) and FINISH (the sandbox is over: the agent exits 0, where a
 socket that only closed means a lost supervisor); the agent answers HELLO once, STARTED or FAILED for each
-EXEC, EXITED when it ends, PONG to each PING, and REJECTED for a record it refused. Nothing
-the agent says is trusted beyond "this exec started or ended" (or "alive"): a reply that does
+EXEC, EXITED when it ends, PONG to each PING, ROOT_DIR to each ROOT (with an fd on its `/`
+attached, or the open's errno), and REJECTED for a record it refused. Nothing
+the agent says is trusted beyond "this exec started or ended" (or "alive", or "a directory of
+my world"): a reply that does
 not parse ends the sandbox.
 """
 
@@ -31,6 +34,7 @@ __all__ = [
     "encode_exec",
     "encode_finish",
     "encode_ping",
+    "encode_root",
     "encode_signal",
 ]
 
@@ -49,12 +53,14 @@ class Kind(enum.IntEnum):
     SIGNAL = ord("K")
     PING = ord("P")
     FINISH = ord("Q")
+    ROOT = ord("G")
     HELLO = ord("H")
     STARTED = ord("S")
     FAILED = ord("F")
     EXITED = ord("E")
     REJECTED = ord("R")
     PONG = ord("O")
+    ROOT_DIR = ord("D")
 
 
 class Stage(enum.IntEnum):
@@ -65,7 +71,7 @@ class Stage(enum.IntEnum):
     FORK = 3
 
 
-_REPLIES = frozenset({Kind.HELLO, Kind.STARTED, Kind.FAILED, Kind.EXITED, Kind.REJECTED, Kind.PONG})
+_REPLIES = frozenset({Kind.HELLO, Kind.STARTED, Kind.FAILED, Kind.EXITED, Kind.REJECTED, Kind.PONG, Kind.ROOT_DIR})
 
 
 class WireError(ValueError):
@@ -121,6 +127,13 @@ def encode_ping(ping_id: int) -> bytes:
     if not 0 < ping_id <= 0xFFFFFFFF:
         raise WireError("ping id must be in 1..2^32-1")
     return _HEADER.pack(Kind.PING, ping_id, 0, 0)
+
+
+def encode_root(request_id: int) -> bytes:
+    """The ROOT record; the agent answers ROOT_DIR with the same id."""
+    if not 0 < request_id <= 0xFFFFFFFF:
+        raise WireError("root request id must be in 1..2^32-1")
+    return _HEADER.pack(Kind.ROOT, request_id, 0, 0)
 
 
 def encode_finish() -> bytes:

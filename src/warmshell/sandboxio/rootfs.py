@@ -3,7 +3,8 @@ from a files executor's threads).
 
 The local supervisor runs in the gateway, outside the sandbox, so its file operations start from
 a directory fd on `/proc/<agent pid>/root` (the sandbox's mount namespace root); a pod's
-supervisor starts from its own `/` (the container's root) and runs as the workload's user. Either
+supervisor, in a container of its own, from an fd on the workload container's `/` that its agent
+sent (`AgentLink.open_root`), as the workload's user. Either
 way every path is resolved with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: `..` and
 absolute symlinks stay inside, `/proc/<pid>/root`-style magic links are refused, and a path is
 resolved once, into an fd, so a symlink swapped in later changes nothing. Final components are then acted on relative

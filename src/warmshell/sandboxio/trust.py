@@ -9,9 +9,11 @@ import contextlib
 import os
 import secrets
 import ssl
-from pathlib import Path
 
 from warmshell.core import egress
+
+# No pathlib here: a pod's supervisor imports this module, and pathlib (with what it loads)
+# costs each supervisor ~0.5 MiB.
 
 __all__ = ["host_bundle", "write_trust"]
 
@@ -22,8 +24,11 @@ _SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-
 def host_bundle() -> bytes:
     """This host's trusted CAs, PEM (empty when it has no bundle file)."""
     default = ssl.get_default_verify_paths().cafile
-    found = next((Path(p) for p in (default, *_SYSTEM_BUNDLES) if p and os.path.exists(p)), None)
-    return found.read_bytes() if found is not None else b""
+    found = next((p for p in (default, *_SYSTEM_BUNDLES) if p and os.path.exists(p)), None)
+    if found is None:
+        return b""
+    with open(found, "rb") as bundle:
+        return bundle.read()
 
 
 def _replace(directory: int, name: str, data: bytes, mode: int) -> None:
@@ -44,7 +49,7 @@ def _replace(directory: int, name: str, data: bytes, mode: int) -> None:
         raise
 
 
-def write_trust(directory: Path, ca_pem: bytes, *, mode: int = 0o644) -> None:
+def write_trust(directory: str | os.PathLike[str], ca_pem: bytes, *, mode: int = 0o644) -> None:
     """The CA and the bundle (this host's CAs, then the CA) in `directory`, made if missing
     (blocking). A certificate only: nothing written here is secret. Where the directory is
     shared with a workload (a pod's channel volume) it may have planted links: `directory`

@@ -1,9 +1,11 @@
 """File operations the gateway asks a pod's supervisor for (FileOp down the session, FileResult
-back up): stat, list, read, write, remove and mkdir inside the container.
+back up): stat, list, read, write, remove and mkdir in the workload container's filesystem.
 
-The supervisor runs as the workload's user in the workload's container, so an operation has
-exactly the workload's rights; every path is resolved by `rootfs.Root` within the container's
-`/` (`..` and symlinks stay inside, magic links and /proc and /sys are refused). Content moves in
+The supervisor runs in a container of its own (with the pod's token), as the workload's user; it
+serves files under the workload container's root, an fd its agent sent (`AgentLink.open_root`),
+so an operation has exactly the workload's rights and view: every path is resolved by
+`rootfs.Root` within the workload's `/` (`..` and symlinks stay inside, magic links and /proc and
+/sys are refused), never in the supervisor's own filesystem. Content moves in
 chunks under a window both ways: a read sends at most `window_bytes` ahead of the gateway's
 credit, a write credits each chunk once it is on disk, so neither side holds a file in memory.
 The blocking calls run in threads, off the session's event loop.
@@ -44,16 +46,12 @@ def entry_to_stat(entry: FileEntry) -> spb.FileStat:
     )
 
 
-def _open_container_root() -> int:
-    return os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-
-
 class FileServer:
     """One task per operation; `handle` routes each FileOp to it."""
 
-    def __init__(
-        self, send: Callable[[spb.SupervisorMessage], None], open_root: Callable[[], int] = _open_container_root
-    ) -> None:
+    def __init__(self, send: Callable[[spb.SupervisorMessage], None], open_root: Callable[[], int]) -> None:
+        """`open_root` returns a new O_PATH fd on the workload's root for each operation (the
+        server closes it)."""
         self._send = send
         self._open_root = open_root
         self._tasks: dict[str, asyncio.Task[None]] = {}

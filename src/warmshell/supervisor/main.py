@@ -38,13 +38,13 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 
@@ -56,8 +56,9 @@ from warmshell.sandboxio.agentlink import AgentLink
 from warmshell.sandboxio.agentlisten import accept_agent
 from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
 from warmshell.sandboxio.link import GatewayLink, GrpcLink, SessionCall
-from warmshell.sandboxio.processes import Ended, NotStarted, Runner, StartFailure
+from warmshell.sandboxio.processes import Ended, NotStarted, OutputSink, Runner, StartFailure
 from warmshell.sandboxio.window import OutputWindow
+from warmshell.supervisor.background import BackgroundExecs
 from warmshell.supervisor.backoff import reconnect_delays
 from warmshell.supervisor.fileops import FileServer
 from warmshell.supervisor.outbox import Outbox
@@ -102,8 +103,8 @@ def make_undumpable() -> None:
     kernel refuses (the supervisor then does not start: it would hold its secrets in the open)."""
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(errno)}")
+        code = ctypes.get_errno()
+        raise OSError(code, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(code)}")
 
 
 class SupervisorExit(Exception):
@@ -128,7 +129,7 @@ class SupervisorSettings:
     # Whether a non-zero exit makes the runtime start this supervisor again (see the module doc).
     restart_on_failure: bool = False
     # Where the workload container's agent connects (Kubernetes); None: this process's children.
-    agent_socket: Path | None = None
+    agent_socket: str | None = None  # a str, not a Path: no pathlib among the supervisor's imports
 
     @classmethod
     def from_environment(cls, environ: dict[str, str]) -> SupervisorSettings:
@@ -155,7 +156,7 @@ class SupervisorSettings:
             credential=credential,
             instance_id=environ.get("WARMSHELL_INSTANCE_ID", ""),
             restart_on_failure=policy == "OnFailure",
-            agent_socket=Path(socket) if (socket := environ.get("WARMSHELL_AGENT_SOCKET")) else None,
+            agent_socket=environ.get("WARMSHELL_AGENT_SOCKET") or None,
         )
 
 
@@ -222,7 +223,10 @@ class Supervisor:
         self._execs: dict[str, asyncio.Task[None]] = {}
         self._windows: dict[str, OutputWindow] = {}
         self._inputs: dict[str, ExecInput] = {}
-        self._files = FileServer(self._outbox.put_control) if serve_files else None
+        self._files = FileServer(self._outbox.put_control, self._open_workload_root) if serve_files else None
+        self._workload_root = -1  # the agent's root directory, an O_PATH fd (see `_connect_agent`)
+        # Background commands outlive sessions: they and their output are kept here, not per session.
+        self._background = BackgroundExecs(self._execute, self._send)
         self._token = ""
         self._token_expires_ms = 0
         self._workload: asyncio.Task[None] | None = None
@@ -285,9 +289,13 @@ class Supervisor:
         finally:
             for task in [*self._execs.values(), *([self._workload] if self._workload else [])]:
                 task.cancel()
+            await self._background.aclose()
             if self._agent is not None:
                 self._agent.closed.remove_done_callback(self._agent_lost)  # our own close is no loss
                 self._agent.close()
+            if self._workload_root >= 0:
+                root, self._workload_root = self._workload_root, -1
+                os.close(root)
             if channel is not None:
                 await channel.close(grace=None)
 
@@ -299,15 +307,15 @@ class Supervisor:
         if self.settings.agent_socket is None:
             log.warning("an egress CA to trust, but no workload container to place it in; ignored")
             return {}
-        directory = self.settings.agent_socket.parent / TRUST_DIR
+        directory = os.path.join(os.path.dirname(self.settings.agent_socket), TRUST_DIR)
         try:
             await asyncio.to_thread(trust.write_trust, directory, ca_pem)
         except OSError as exc:
             log.warning("could not place the egress proxy's CA in %s: %s", directory, exc)
             return {}
-        return egress.trust_environment(str(directory))
+        return egress.trust_environment(directory)
 
-    async def _connect_agent(self, path: Path) -> None:
+    async def _connect_agent(self, path: str) -> None:
         """Take the workload container's agent (see the module doc) as this sandbox's runner."""
         connection = await accept_agent(path, uid=os.geteuid(), timeout=AGENT_CONNECT_SECONDS)
         link = AgentLink(connection, open_terminal=_open_terminal)
@@ -315,6 +323,10 @@ class Supervisor:
         try:
             async with asyncio.timeout(AGENT_CONNECT_SECONDS):
                 pid = await link.wait_hello()
+                # Files are served in the workload container's filesystem, not this one's (which
+                # holds the pod's token): under the agent's root, as the local driver serves
+                # them under /proc/<agent pid>/root.
+                self._workload_root = await link.open_root()
         except TimeoutError:
             raise SupervisorExit(1, "the workload's agent connected but never said hello") from None
         except OSError as exc:
@@ -323,6 +335,12 @@ class Supervisor:
         self._runner = link.run_streaming
         self._run_task = asyncio.current_task()
         link.closed.add_done_callback(self._agent_lost)
+
+    def _open_workload_root(self) -> int:
+        """A new fd on the workload container's root (for one file operation; the caller closes it)."""
+        if self._workload_root < 0:
+            raise OSError(errno.ENODEV, "the workload's agent has not connected")
+        return os.dup(self._workload_root)
 
     async def _finish_agent(self) -> None:
         """The sandbox is over: the workload container ends with status 0 (it is not restarted)."""
@@ -404,8 +422,17 @@ class Supervisor:
                 await self._output(start.exec_id, stderr, bytes(view[:size]))
                 view = view[size:]
 
+        try:
+            exited = await self._execute(start, sink, self._inputs.get(start.exec_id))
+        finally:
+            self._execs.pop(start.exec_id, None)
+            self._windows.pop(start.exec_id, None)
+            self._inputs.pop(start.exec_id, None)
+        await self._send(spb.SupervisorMessage(exec_exited=exited))
+
+    async def _execute(self, start: spb.ExecStart, sink: OutputSink, interactive: ExecInput | None) -> spb.ExecExited:
+        """Run one exec (in the foreground or the background) to its end."""
         env = {**self._env, **start.environment}
-        interactive = self._inputs.get(start.exec_id)
         extra = {"io": interactive} if interactive is not None else {}  # plain runners need not know
         try:
             end = await self._runner_now()(
@@ -417,14 +444,9 @@ class Supervisor:
                 timeout=start.timeout_seconds or None,
                 **extra,
             )
-            exited = exec_exited(start.exec_id, end)
+            return exec_exited(start.exec_id, end)
         except OSError as exc:  # it never started, or the sandbox ended: never told in its output
-            exited = exec_exited(start.exec_id, exc)
-        finally:
-            self._execs.pop(start.exec_id, None)
-            self._windows.pop(start.exec_id, None)
-            self._inputs.pop(start.exec_id, None)
-        await self._send(spb.SupervisorMessage(exec_exited=exited))
+            return exec_exited(start.exec_id, exc)
 
     async def _hold_session(self) -> None:
         backoff = reconnect_delays()
@@ -453,6 +475,8 @@ class Supervisor:
                 sandbox_id=self.activation.sandbox_id,
                 instance_id=self.settings.instance_id,
                 workload_started=self._workload_started,
+                background=self._background.hello(),
+                background_last_pid=self._background.last_pid,
             )
         )
 
@@ -470,6 +494,7 @@ class Supervisor:
             for task in self._execs.values():
                 task.cancel()
             self._execs.clear()
+            self._background.end_session()  # its commands run on, for the next session to follow
             if self._files is not None:
                 self._files.close()
 
@@ -480,10 +505,9 @@ class Supervisor:
             if kind == "heartbeat":
                 await self._send(spb.SupervisorMessage(heartbeat=spb.Heartbeat(sent_at_ms=int(time.time() * 1000))))
             elif kind == "exec_start":
-                start = message.exec_start
-                if start.stream_stdin or start.tty:
-                    self._inputs[start.exec_id] = self._exec_input(start)
-                self._execs[start.exec_id] = asyncio.create_task(self._run_exec(start))
+                await self._start_exec(message.exec_start)
+            elif kind == "exec_follow":
+                await self._follow(message.exec_follow)
             elif kind in ("exec_input", "exec_resize", "exec_signal"):
                 self._exec_control(message)
             elif kind == "file_op":
@@ -496,7 +520,10 @@ class Supervisor:
                 window = self._windows.get(message.exec_credit.exec_id)
                 if window is not None:
                     window.grant(message.exec_credit.bytes)
+                else:
+                    self._background.credit(message.exec_credit.exec_id, message.exec_credit.bytes)
             elif kind == "exec_cancel":
+                self._background.cancel(message.exec_cancel.exec_id)
                 self._inputs.pop(message.exec_cancel.exec_id, None)
                 task = self._execs.pop(message.exec_cancel.exec_id, None)
                 if task is not None:
@@ -507,6 +534,22 @@ class Supervisor:
                 log.info("gateway ended the sandbox: %s", message.shutdown.reason)
                 return True
         return False
+
+    async def _start_exec(self, start: spb.ExecStart) -> None:
+        """Start an exec of this session, or a background command kept across sessions."""
+        interactive = self._exec_input(start) if start.stream_stdin or start.tty else None
+        if start.background:
+            await self._background.start(start, interactive)
+            return
+        if interactive is not None:
+            self._inputs[start.exec_id] = interactive
+        self._execs[start.exec_id] = asyncio.create_task(self._run_exec(start))
+
+    async def _follow(self, follow: spb.ExecFollow) -> None:
+        """The gateway adopted a background command this supervisor listed: send its output."""
+        if not self._background.follow(follow.exec_id, follow.offset, follow.output_window_bytes):
+            gone = spb.ExecExited(exec_id=follow.exec_id, exit_code=-1, error="no such background command")
+            await self._send(spb.SupervisorMessage(exec_exited=gone))
 
     def _exec_input(self, start: spb.ExecStart) -> ExecInput:
         def credit(size: int) -> None:
@@ -521,7 +564,7 @@ class Supervisor:
         """Stdin, a resize or a signal for a running exec (one that ended ignores it)."""
         kind = message.WhichOneof("message") or ""
         exec_id = getattr(message, kind).exec_id
-        target = self._inputs.get(exec_id)
+        target = self._inputs.get(exec_id) or self._background.input(exec_id)
         if target is None:
             return
         if kind == "exec_input":

@@ -30,6 +30,13 @@ def _output_bytes(message: spb.SupervisorMessage) -> int:
     return len(message.output.data) if message.WhichOneof("message") == "output" else 0
 
 
+def _of_an_exec(message: spb.SupervisorMessage) -> bool:
+    kind = message.WhichOneof("message")
+    if kind == "output":
+        return bool(message.output.exec_id)  # the workload's own output has none
+    return kind in ("exec_exited", "exec_input_credit")
+
+
 class Outbox:
     """A FIFO of supervisor messages, read by at most one live session at a time."""
 
@@ -64,8 +71,17 @@ class Outbox:
         self._changed.set()
 
     def new_session(self) -> int:
-        """Start a session; readers of older sessions stop without taking anything."""
+        """Start a session; readers of older sessions stop without taking anything. What was
+        queued for the old session's execs is dropped: the gateway ended its execs with the
+        session, and a background command's output is sent again from its ring to the session
+        that follows it (stale copies would count against that session's window)."""
         self._generation += 1
+        kept = deque(m for m in self._items if not _of_an_exec(m))
+        if len(kept) != len(self._items):
+            self._items = kept
+            self.queued_bytes = sum(_output_bytes(m) for m in kept)
+            if self.queued_bytes < self._max_bytes:
+                self._room.set()
         self._changed.set()
         return self._generation
 

@@ -1,6 +1,7 @@
 """Files and interactive execs on the Kubernetes driver (kubesim): a real gateway whose sandboxes
-are pods running the real supervisor, which serves file operations inside the container over its
-session and runs commands on a pseudo-terminal of the pod.
+are pods running the real supervisor, which serves file operations in the workload container's
+filesystem (under its agent's root, never the supervisor's own) over its session and runs
+commands on a pseudo-terminal of the pod.
 
 kubesim's container view is the host's tree in a mount namespace (see podshim), so "outside the
 container" cannot be shown by a host path here; what is checked is what the supervisor's
@@ -20,6 +21,7 @@ import pytest
 
 import warmshell
 from tests.helpers.gateway import RunningGateway
+from warmshell.drivers.kubernetes import rendering
 
 
 async def test_files_through_the_pods_supervisor(gw: RunningGateway) -> None:
@@ -49,6 +51,27 @@ async def test_files_through_the_pods_supervisor(gw: RunningGateway) -> None:
             await sb.delete()
 
 
+async def test_files_are_the_workload_containers_outside_the_workspace_too(gw: RunningGateway) -> None:
+    """kubesim gives each container its own overlay over `/`: a file made at the top of the
+    workload's root exists there alone, and the supervisor's token directory is empty there."""
+    async with warmshell.AsyncClient(state_dir=gw.gateway.config.state_dir) as client:
+        sb = await client.create(name="outside", ready_timeout=60)
+        try:
+            made = await sb.run(["sh", "-c", "echo only in the workload > /workload-only"])
+            assert made.exit_code == 0, made.stderr
+            assert await sb.files.read("/workload-only") == b"only in the workload\n"
+            await sb.files.write("/written-by-the-api", b"outside /workspace\n")
+            ran = await sb.run(["cat", "/written-by-the-api"])
+            assert ran.stdout == b"outside /workspace\n", ran.stderr
+            # The agent's directory is mounted into the workload's container only.
+            agent = await sb.files.stat(rendering.AGENT_COMMAND[0])
+            assert agent.type == "file"
+            with pytest.raises(warmshell.NotFound):
+                await sb.files.read(rendering.TOKEN_PATH)
+        finally:
+            await sb.delete()
+
+
 async def test_escapes_from_the_container_are_refused(gw: RunningGateway) -> None:
     async with warmshell.AsyncClient(state_dir=gw.gateway.config.state_dir) as client:
         sb = await client.create(name="escape", ready_timeout=60)
@@ -70,7 +93,9 @@ async def test_escapes_from_the_container_are_refused(gw: RunningGateway) -> Non
             for path in ("/workspace/env", "/proc/1/environ", "/proc/1/mem"):
                 with pytest.raises(warmshell.PermissionDenied):
                     await sb.files.read(path)
-            with pytest.raises((warmshell.PermissionDenied, warmshell.FailedPrecondition)):
+            # (NotFound: the workload's /proc has no "self" for the supervisor, a process of
+            # another PID namespace.)
+            with pytest.raises((warmshell.PermissionDenied, warmshell.FailedPrecondition, warmshell.NotFound)):
                 await sb.files.read("/workspace/magic")
             assert await sb.files.read("/workspace/climb") == b"inside"
             with pytest.raises(warmshell.PermissionDenied):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import os
 import re
 import secrets
@@ -90,7 +91,7 @@ def test_exec_round_trip_and_pid_1(agent: tuple[socket.socket, object]) -> None:
 
 # Malformed records: random bytes, and headers whose counts, strings or fds do not add up.
 _header = st.tuples(
-    st.sampled_from([ord("X"), ord("T"), ord("K"), ord("H"), ord("E"), 0, 0xFFFFFFFF]),
+    st.sampled_from([ord("X"), ord("T"), ord("K"), ord("G"), ord("H"), ord("E"), 0, 0xFFFFFFFF]),
     st.integers(0, 2**32 - 1),
     st.integers(0, 2**32 - 1),
     st.integers(0, 2**32 - 1),
@@ -116,10 +117,10 @@ def test_malformed_records_are_refused_and_the_agent_survives(
         for fd in fds:
             os.close(fd)
     answered = ping(sock)
-    # A refusal, or (for a record that parses but names nothing runnable) a failed start; never a
-    # started command, and at most one answer per record.
+    # A refusal, or (for a record that parses but names nothing runnable) a failed start, or (a
+    # well-formed ROOT) its root directory; never a started command, at most one answer a record.
     assert len(answered) <= 1, answered
-    assert all(chr(kind) in "RF" for kind, *_ in answered), answered
+    assert all(chr(kind) in "RFD" for kind, *_ in answered), answered
     assert process.poll() is None  # type: ignore[attr-defined]
 
 
@@ -136,6 +137,29 @@ def test_ping_is_answered_and_a_malformed_one_refused(agent: tuple[socket.socket
     assert next(replies(sock)) == (agentwire.Kind.PONG, 41, 0, 0)
     sock.send(RECORD.pack(agentwire.Kind.PING, 42, 1, 0))
     assert [(chr(k), rid, reason) for k, rid, reason, _ in ping(sock)] == [("R", 42, 1)]
+
+
+def test_root_is_answered_with_an_fd_on_the_agents_root_and_a_malformed_one_refused(
+    agent: tuple[socket.socket, object],
+) -> None:
+    sock, process = agent
+    sock.send(agentwire.encode_root(51))
+    data, fds, _, _ = socket.recv_fds(sock, 64, 4)
+    assert RECORD.unpack(data) == (agentwire.Kind.ROOT_DIR, 51, 0, 0)
+    assert len(fds) == 1
+    try:
+        theirs = os.fstat(fds[0])
+        expected = os.stat(f"/proc/{agent_pid(process)}/root")
+        assert (theirs.st_dev, theirs.st_ino) == (expected.st_dev, expected.st_ino)
+        assert fcntl.fcntl(fds[0], fcntl.F_GETFL) & os.O_PATH  # a place to resolve from, not an open dir
+    finally:
+        os.close(fds[0])
+    sock.send(RECORD.pack(agentwire.Kind.ROOT, 52, 1, 0))
+    assert [(chr(k), rid, reason) for k, rid, reason, _ in ping(sock)] == [("R", 52, 1)]
+    null = os.open(os.devnull, os.O_RDONLY)
+    socket.send_fds(sock, [agentwire.encode_root(53)], [null])
+    os.close(null)
+    assert [(chr(k), rid, reason) for k, rid, reason, _ in ping(sock)] == [("R", 53, 3)]
 
 
 async def test_a_stopped_agent_fails_the_host_probe_and_a_running_one_passes() -> None:

@@ -1,9 +1,12 @@
 """Background commands with two replicas on kubesim and Postgres: the commands live on the replica
 holding the sandbox's session, and a start, a listing and a reattach reach them through either
-replica (forwarded as the execs are), stdin and the exit included."""
+replica (forwarded as the execs are), stdin and the exit included; and they outlive the replica
+holding the session."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -52,3 +55,45 @@ async def test_background_commands_are_reached_through_either_replica(replicas: 
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     assert (refused.value.details() or "").startswith("pid: ")
     await stubs[other].DeleteSandbox(pb.SandboxRef(name="bg"), metadata=md)
+
+
+async def test_background_commands_survive_the_death_of_the_replica_holding_their_session(
+    replicas: ReplicaSet,
+) -> None:
+    """SIGKILL of the replica holding the session: the pod's supervisor reconnects through the
+    Service to the survivor, which re-adopts its commands under the same pids."""
+    first, second = await replicas.start_one(), await replicas.start_one()
+    stubs = {r.id: replicas.stub(r.tcp) for r in (first, second)}
+    md = replicas.metadata
+    await stubs[first.id].CreateSandbox(pb.CreateSandboxRequest(name="bg"), metadata=md)
+    owner = owner_of(await wait_phase(stubs[second.id], md, "bg"))
+    survivor = next(r for r in (first, second) if r.id != owner)
+    script = "echo before; sleep 2; echo during; read line; echo got $line; exit 3"
+    command = pb.ExecSandboxRequest(name="bg", command=["sh", "-c", script])
+    started = await stubs[survivor.id].StartProcess(
+        pb.StartProcessRequest(start=pb.ExecStreamStart(exec=command), open_stdin=True), metadata=md
+    )
+    async with asyncio.timeout(30):  # it runs in the pod (StartProcess answers before it starts)
+        while not (await stubs[owner].ListProcesses(pb.SandboxRef(name="bg"), metadata=md)).processes[0].output_bytes:
+            await asyncio.sleep(0.05)
+    replicas.kill(next(r for r in (first, second) if r.id == owner))
+    stub = stubs[survivor.id]
+    async with asyncio.timeout(60):
+        while True:  # until the supervisor's new session (on the survivor) has re-adopted it
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                listed = await stub.ListProcesses(pb.SandboxRef(name="bg"), metadata=md)
+                if [p.pid for p in listed.processes] == [started.pid]:
+                    break
+            await asyncio.sleep(0.2)
+
+    async def attach_and_send() -> AsyncIterator[pb.ExecStreamRequest]:
+        yield pb.ExecStreamRequest(attach=pb.ProcessRef(name="bg", pid=started.pid))
+        yield pb.ExecStreamRequest(stdin=b"again\n")
+
+    out, code = b"", None
+    async for event in stub.ConnectProcess(attach_and_send(), metadata=md):
+        out += event.stdout
+        if event.HasField("exit_code"):
+            code = event.exit_code
+    assert (out, code) == (b"before\nduring\ngot again\n", 3)
+    await stub.DeleteSandbox(pb.SandboxRef(name="bg"), metadata=md)

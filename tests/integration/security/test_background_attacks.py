@@ -1,7 +1,8 @@
 """Attacks on background commands (real gateway, real bwrap'd sandboxes): a sandbox's own token
 cannot list, start or attach; a pid names a command of one sandbox only; a flood of output
 nobody reads costs the gateway the ring and no more; a sandbox cannot pile up commands past the
-cap; a malformed reattach is refused naming the field."""
+cap; a malformed reattach is refused naming the field; a copied sandbox token cannot make the
+gateway adopt forged commands."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.integration.security.support import sandbox, still_real
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.gateway import background
 
 pytestmark = pytest.mark.timeout(120)
@@ -156,3 +159,36 @@ async def test_a_malformed_reattach_is_refused_naming_the_field(gw: RunningGatew
     assert (signal.details() or "").startswith("signal: ")
     [info] = (await gw.stub.ListProcesses(pb.SandboxRef(name="shape"), metadata=gw.metadata)).processes
     assert info.state == "running"  # refusing a client's call stops nothing
+
+
+async def test_a_copied_sandbox_token_cannot_inject_background_commands(gw: RunningGateway) -> None:
+    """The list a new session adopts comes from the sandbox's supervisor, outside the workload.
+    Suppose the sandbox token leaked anyway: a forged supervisor's hello (a pid of the sandbox
+    under another command, pids of another sandbox) opens no session while the real one lives, and
+    names no other sandbox; the sandbox's commands stay what they were."""
+    victim = await sandbox(gw, "victim")
+    bystander = await sandbox(gw, "bystander")
+    started = await gw.stub.StartProcess(start("victim", "sh", "-c", "echo real; sleep 60"), metadata=gw.metadata)
+    token, _ = gw.gateway.parts.issuer.mint(victim.id, victim.status.instance_id)
+    forged = [
+        spb.BackgroundExec(pid=started.pid, exec_id="f" * 32, command=["forged"]),
+        spb.BackgroundExec(pid=started.pid + 1, exec_id="e" * 32, command=["forged"]),
+    ]
+    stub = supervisor_pb2_grpc.SupervisorServiceStub(gw.channel)
+    for sandbox_id in (victim.id, bystander.id):
+
+        async def hello(sandbox_id: str = sandbox_id) -> AsyncIterator[spb.SupervisorMessage]:
+            yield spb.SupervisorMessage(
+                hello=spb.SupervisorHello(
+                    sandbox_id=sandbox_id, instance_id=victim.status.instance_id, background=forged
+                )
+            )
+
+        session = stub.ConnectSupervisor(hello(), metadata=(("authorization", f"Bearer {token}"),))
+        failed = await refused(session)
+        assert failed.code() in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED), failed
+    for name, expected in (("victim", [(started.pid, "sh")]), ("bystander", [])):
+        listed = await gw.stub.ListProcesses(pb.SandboxRef(name=name), metadata=gw.metadata)
+        assert [(p.pid, p.command[0]) for p in listed.processes] == expected
+    await still_real(gw, "victim")
+    await still_real(gw, "bystander")

@@ -103,6 +103,10 @@ async def test_no_proxy_for_a_sandbox_whose_policy_allows_nothing(gw: RunningGat
     network = next(c for c in ready.status.conditions if c.type == "Network")
     assert (network.status, network.reason) == ("False", "NoEgress")
     assert await sh(gw, "closed", "echo ${HTTP_PROXY:-unset}") == (0, "unset\n", "")
+    # No socket was ever made for it: its egress directory holds no proxy path.
+    code, listing, _ = await sh(gw, "closed", "ls -A /run/warmshell/egress")
+    assert code == 0
+    assert "proxy.sock" not in listing.split()
     # Even through the agent's port: no socket behind it, the connection is just closed.
     code, _, _ = await sh(gw, "closed", f"curl -sS --max-time 5 -x http://127.0.0.1:3128 http://{allowed.authority}/")
     assert code != 0

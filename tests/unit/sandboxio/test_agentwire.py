@@ -45,13 +45,22 @@ def test_finish_record() -> None:
     assert agentwire.encode_finish() == struct.pack("=4I", ord("Q"), 0, 0, 0)
 
 
+def test_root_record() -> None:
+    assert agentwire.encode_root(7) == struct.pack("=4I", ord("G"), 7, 0, 0)
+    with pytest.raises(WireError, match=r"1\.\.2\^32-1"):
+        agentwire.encode_root(0)
+    assert agentwire.decode_reply(struct.pack("=4I", ord("D"), 7, 0, 0)) == Reply(Kind.ROOT_DIR, 7, 0, 0)
+
+
 def test_replies_parse_exactly() -> None:
     assert agentwire.decode_reply(struct.pack("=4I", ord("E"), 5, 256, 0)) == Reply(Kind.EXITED, 5, 256, 0)
 
 
 @given(st.binary(max_size=64))
 def test_any_other_bytes_are_refused(data: bytes) -> None:
-    known = {k.value for k in (Kind.HELLO, Kind.STARTED, Kind.FAILED, Kind.EXITED, Kind.REJECTED)}
+    known = {
+        k.value for k in (Kind.HELLO, Kind.STARTED, Kind.FAILED, Kind.EXITED, Kind.REJECTED, Kind.PONG, Kind.ROOT_DIR)
+    }
     if len(data) == agentwire.REPLY_SIZE and struct.unpack("=I", data[:4])[0] in known:
         assert agentwire.decode_reply(data).kind.value in known
     else:

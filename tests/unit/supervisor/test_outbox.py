@@ -51,3 +51,21 @@ async def test_an_old_session_takes_nothing() -> None:
     current = outbox.stream(outbox.new_session(), HELLO)
     await anext(current)
     assert (await anext(current)).output.data == b"x"
+
+
+async def test_a_new_session_drops_what_was_queued_for_the_old_sessions_execs() -> None:
+    """The gateway ended those execs with their session; a background command's output is sent
+    again from its ring to the session that follows it. The workload's own output stays."""
+    outbox = Outbox(max_bytes=100)
+    await outbox.put(spb.SupervisorMessage(output=spb.OutputData(exec_id="e", data=b"x" * 120)))
+    blocked = asyncio.ensure_future(outbox.put(output(b"workload")))
+    exited = spb.SupervisorMessage(exec_exited=spb.ExecExited(exec_id="e"))
+    outbox.put_control(spb.SupervisorMessage(exec_input_credit=spb.ExecInputCredit(exec_id="e", bytes=1)))
+    await outbox.put(exited)
+    await asyncio.sleep(0.01)
+    assert not blocked.done()
+    reader = outbox.stream(outbox.new_session(), HELLO)
+    await asyncio.wait_for(blocked, 1.0)  # the exec's output no longer holds the room
+    assert await anext(reader) == HELLO
+    assert (await anext(reader)).output == spb.OutputData(data=b"workload")
+    assert outbox.queued_bytes == 0

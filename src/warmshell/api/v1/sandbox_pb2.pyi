@@ -1194,7 +1194,9 @@ class ProcessInfo(_message.Message):
     DROPPED_BYTES_FIELD_NUMBER: _builtins.int
     TTY_FIELD_NUMBER: _builtins.int
     pid: _builtins.int
-    """Unique within the sandbox while the session lasts (not the pid inside the sandbox)."""
+    """Unique within the sandbox for its whole life, across gateway restarts and reconnects (not
+    the pid inside the sandbox).
+    """
     started_at_ms: _builtins.int
     state: _builtins.str
     """"running" or "exited"."""

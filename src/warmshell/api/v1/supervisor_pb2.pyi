@@ -173,20 +173,32 @@ class SupervisorHello(_message.Message):
     SANDBOX_ID_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     WORKLOAD_STARTED_FIELD_NUMBER: _builtins.int
+    BACKGROUND_FIELD_NUMBER: _builtins.int
+    BACKGROUND_LAST_PID_FIELD_NUMBER: _builtins.int
     sandbox_id: _builtins.str
     instance_id: _builtins.str
     workload_started: _builtins.bool
     """True once the workload has been started (a reconnect after a gateway restart)."""
+    background_last_pid: _builtins.int
+    """The highest background pid it was ever given (pids are never reused in a sandbox)."""
+    @_builtins.property
+    def background(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackgroundExec]:
+        """The background commands this supervisor keeps (running, and exited within their bounds),
+        for the gateway to re-adopt: a new session after a gateway restart or a reconnect.
+        """
+
     def __init__(
         self,
         *,
         sandbox_id: _builtins.str = ...,
         instance_id: _builtins.str = ...,
         workload_started: _builtins.bool = ...,
+        background: _abc.Iterable[Global___BackgroundExec] | None = ...,
+        background_last_pid: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_id", b"instance_id", "sandbox_id", b"sandbox_id", "workload_started", b"workload_started"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["background", b"background", "background_last_pid", b"background_last_pid", "instance_id", b"instance_id", "sandbox_id", b"sandbox_id", "workload_started", b"workload_started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -218,20 +230,24 @@ class OutputData(_message.Message):
     EXEC_ID_FIELD_NUMBER: _builtins.int
     STDERR_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
     exec_id: _builtins.str
     """"" for workload output, else the exec id."""
     stderr: _builtins.bool
     data: _builtins.bytes
+    offset: _builtins.int
+    """A background exec's output: the offset of `data`'s first byte among all it wrote."""
     def __init__(
         self,
         *,
         exec_id: _builtins.str = ...,
         stderr: _builtins.bool = ...,
         data: _builtins.bytes = ...,
+        offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "exec_id", b"exec_id", "stderr", b"stderr"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "exec_id", b"exec_id", "offset", b"offset", "stderr", b"stderr"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -508,6 +524,9 @@ class ExecStart(_message.Message):
     TTY_FIELD_NUMBER: _builtins.int
     ROWS_FIELD_NUMBER: _builtins.int
     COLUMNS_FIELD_NUMBER: _builtins.int
+    BACKGROUND_FIELD_NUMBER: _builtins.int
+    BACKGROUND_PID_FIELD_NUMBER: _builtins.int
+    HISTORY_BYTES_FIELD_NUMBER: _builtins.int
     exec_id: _builtins.str
     workdir: _builtins.str
     timeout_seconds: _builtins.int
@@ -526,6 +545,12 @@ class ExecStart(_message.Message):
     """
     rows: _builtins.int
     columns: _builtins.int
+    background: _builtins.bool
+    """A background command: the supervisor keeps it running across sessions, with the last
+    `history_bytes` of its output, under the sandbox's pid `background_pid`.
+    """
+    background_pid: _builtins.int
+    history_bytes: _builtins.int
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -544,10 +569,13 @@ class ExecStart(_message.Message):
         tty: _builtins.bool = ...,
         rows: _builtins.int = ...,
         columns: _builtins.int = ...,
+        background: _builtins.bool = ...,
+        background_pid: _builtins.int = ...,
+        history_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "command", b"command", "environment", b"environment", "exec_id", b"exec_id", "output_window_bytes", b"output_window_bytes", "rows", b"rows", "stdin", b"stdin", "stream_stdin", b"stream_stdin", "timeout_seconds", b"timeout_seconds", "tty", b"tty", "workdir", b"workdir"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["background", b"background", "background_pid", b"background_pid", "columns", b"columns", "command", b"command", "environment", b"environment", "exec_id", b"exec_id", "history_bytes", b"history_bytes", "output_window_bytes", b"output_window_bytes", "rows", b"rows", "stdin", b"stdin", "stream_stdin", b"stream_stdin", "timeout_seconds", b"timeout_seconds", "tty", b"tty", "workdir", b"workdir"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -738,6 +766,81 @@ class FileOp(_message.Message):
 Global___FileOp: _TypeAlias = FileOp  # noqa: Y015
 
 @_typing.final
+class BackgroundExec(_message.Message):
+    """A background command as its supervisor keeps it (see SupervisorHello.background)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_ID_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    TTY_FIELD_NUMBER: _builtins.int
+    STARTED_AT_MS_FIELD_NUMBER: _builtins.int
+    ENDED_AT_MS_FIELD_NUMBER: _builtins.int
+    EXITED_FIELD_NUMBER: _builtins.int
+    OUTPUT_START_FIELD_NUMBER: _builtins.int
+    exec_id: _builtins.str
+    pid: _builtins.int
+    tty: _builtins.bool
+    started_at_ms: _builtins.int
+    ended_at_ms: _builtins.int
+    """Set once it ended, with how it did."""
+    output_start: _builtins.int
+    """The offset of the oldest byte of its output still held (what came before was dropped)."""
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def exited(self) -> Global___ExecExited: ...
+    def __init__(
+        self,
+        *,
+        exec_id: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        tty: _builtins.bool = ...,
+        started_at_ms: _builtins.int = ...,
+        ended_at_ms: _builtins.int = ...,
+        exited: Global___ExecExited | None = ...,
+        output_start: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exited", b"exited"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "ended_at_ms", b"ended_at_ms", "exec_id", b"exec_id", "exited", b"exited", "output_start", b"output_start", "pid", b"pid", "started_at_ms", b"started_at_ms", "tty", b"tty"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackgroundExec: _TypeAlias = BackgroundExec  # noqa: Y015
+
+@_typing.final
+class ExecFollow(_message.Message):
+    """Send a background exec's output on this session from `offset` (or its oldest byte held, if
+    later), then live, then its exit; `output_window_bytes` as in ExecStart.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EXEC_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    OUTPUT_WINDOW_BYTES_FIELD_NUMBER: _builtins.int
+    exec_id: _builtins.str
+    offset: _builtins.int
+    output_window_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        exec_id: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        output_window_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec_id", b"exec_id", "offset", b"offset", "output_window_bytes", b"output_window_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecFollow: _TypeAlias = ExecFollow  # noqa: Y015
+
+@_typing.final
 class Shutdown(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -774,6 +877,7 @@ class GatewayMessage(_message.Message):
     EXEC_RESIZE_FIELD_NUMBER: _builtins.int
     EXEC_SIGNAL_FIELD_NUMBER: _builtins.int
     FILE_OP_FIELD_NUMBER: _builtins.int
+    EXEC_FOLLOW_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def accepted(self) -> Global___SessionAccepted: ...
     @_builtins.property
@@ -794,6 +898,8 @@ class GatewayMessage(_message.Message):
     def exec_signal(self) -> Global___ExecSignal: ...
     @_builtins.property
     def file_op(self) -> Global___FileOp: ...
+    @_builtins.property
+    def exec_follow(self) -> Global___ExecFollow: ...
     def __init__(
         self,
         *,
@@ -807,12 +913,13 @@ class GatewayMessage(_message.Message):
         exec_resize: Global___ExecResize | None = ...,
         exec_signal: Global___ExecSignal | None = ...,
         file_op: Global___FileOp | None = ...,
+        exec_follow: Global___ExecFollow | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_follow", b"exec_follow", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_follow", b"exec_follow", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["accepted", "heartbeat", "exec_start", "exec_cancel", "shutdown", "exec_credit", "exec_input", "exec_resize", "exec_signal", "file_op"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["accepted", "heartbeat", "exec_start", "exec_cancel", "shutdown", "exec_credit", "exec_input", "exec_resize", "exec_signal", "file_op", "exec_follow"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 

@@ -45,6 +45,8 @@ def source_address(peer: str) -> str:
     """The IP address in a peer name (gRPC's "ipv4:10.1.2.3:5678", "ipv6:[::1]:5678", or a bare
     address), IPv4-mapped IPv6 as IPv4; "" for anything else (a Unix socket)."""
     kind, _, rest = peer.partition(":")
+    if not peer or kind == "unix":  # every local member's registration (in process): no parse, no error raised
+        return ""
     if kind in ("ipv4", "ipv6"):
         peer = rest.rpartition(":")[0].strip("[]")
     try:

@@ -85,3 +85,13 @@ def test_devices_are_skipped_and_hard_links_stay_in_the_layer() -> None:
 def test_a_file_over_the_budget_refuses_the_layer() -> None:
     with pytest.raises(ResourceExhaustedError, match=r"more than the 100 left under local.image_store_size"):
         entries.decide(Entry("big", Kind.FILE, size=101), where="l", max_entry_bytes=100)
+
+
+@given(_NAMES)
+def test_a_path_is_its_names_without_empty_or_dot_components(name: str) -> None:
+    try:
+        path = entries.normalise(name, where="layer")
+    except InvalidArgumentError:
+        assert "\x00" in name or ".." in name.split("/")
+        return
+    assert path == tuple(p for p in name.split("/") if p not in ("", "."))

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmshell.core.errors import InvalidArgumentError, ResourceExhaustedError
-from warmshell.drivers.local.imagestore.entries import Kind
-from warmshell.drivers.local.imagestore.tarreading import Member, Source, TarReader
+from warmshell.drivers.local.imagestore.entries import Entry, Kind
+from warmshell.drivers.local.imagestore.tarreading import Source, TarReader
 
 _KINDS = {
     tarfile.REGTYPE: Kind.FILE,
@@ -35,8 +35,10 @@ class _Trickle:
         self._data = io.BytesIO(data)
         self.most = most
 
-    def read(self, n: int = -1) -> bytes:
-        return self._data.read(self.most if n < 0 else min(n, self.most))
+    def readinto(self, buffer: memoryview, /) -> int:
+        data = self._data.read(min(len(buffer), self.most))
+        buffer[: len(data)] = data
+        return len(data)
 
 
 @st.composite
@@ -95,7 +97,7 @@ def _one_file(size: int = 2000) -> bytes:
     return buffer.getvalue()
 
 
-def _members(source: Source) -> list[Member]:
+def _members(source: Source) -> list[Entry]:
     with TarReader(source, where="sha256:abc") as tar:
         return list(tar)
 
@@ -133,7 +135,7 @@ def test_truncated_file_data_is_invalid_naming_the_layer() -> None:
 
 def test_a_failure_of_the_source_comes_out_as_the_source_raised_it() -> None:
     class Failing:
-        def read(self, n: int = -1) -> bytes:
+        def readinto(self, buffer: memoryview, /) -> int:
             raise ResourceExhaustedError("layer: unpacks to more than the bound")
 
     with pytest.raises(ResourceExhaustedError, match="more than the bound"):

@@ -20,7 +20,7 @@ from warmshell.drivers.local.imagestore import manifests, references, sources
 from warmshell.drivers.local.imagestore.extracting import BoundedReader, Limits, extract_layer
 from warmshell.drivers.local.imagestore.manifests import Descriptor, ImageConfig, Platform
 from warmshell.drivers.local.imagestore.records import ImageRecord, LayerRecord
-from warmshell.drivers.local.imagestore.sources import HashingReader, Readable, Source, blob_path, read_small_blob
+from warmshell.drivers.local.imagestore.sources import HashingReader, ReadableInto, Source, blob_path, read_small_blob
 from warmshell.drivers.local.imagestore.store import SIZE_KEY, ImageStore, StagedLayer, now_ms
 
 __all__ = ["ImagePlan", "LayerPlan", "Progress", "host_platform", "import_image", "plan"]
@@ -158,7 +158,7 @@ def _plan_docker(source: Source) -> ImagePlan:
     return ImagePlan(digest, config_digest, config, layers, entry.repo_tags, "docker")
 
 
-def _decompressed(reader: HashingReader, compression: str) -> Readable | None:
+def _decompressed(reader: HashingReader, compression: str) -> ReadableInto | None:
     """The uncompressed stream of a compressed blob (None: the blob is an uncompressed tar)."""
     if compression == "gzip":
         return gzip.GzipFile(fileobj=cast(IO[bytes], reader), mode="rb")
@@ -166,7 +166,7 @@ def _decompressed(reader: HashingReader, compression: str) -> Readable | None:
         import zstandard
 
         decompressor = zstandard.ZstdDecompressor()
-        return cast(Readable, decompressor.stream_reader(cast(IO[bytes], reader), read_across_frames=True))
+        return cast(ReadableInto, decompressor.stream_reader(cast(IO[bytes], reader), read_across_frames=True))
     return None
 
 

@@ -11,11 +11,21 @@ import os
 import tarfile
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Protocol, Self
+from typing import Protocol, Self, cast, runtime_checkable
 
 from warmshell.core.errors import InvalidArgumentError
 
-__all__ = ["DirSource", "HashingReader", "Readable", "Source", "TarSource", "open_source", "read_small_blob"]
+__all__ = [
+    "Blob",
+    "DirSource",
+    "HashingReader",
+    "Readable",
+    "ReadableInto",
+    "Source",
+    "TarSource",
+    "open_source",
+    "read_small_blob",
+]
 
 # Manifests, indexes and configs are a few KiB; a "JSON" blob larger than this is not one.
 MAX_JSON_BYTES = 8 * 1024 * 1024
@@ -29,6 +39,29 @@ class Readable(Protocol):
         ...
 
 
+@runtime_checkable
+class ReadableInto(Readable, Protocol):
+    """A stream of bytes that can also fill a caller's buffer, sparing a new `bytes` per read."""
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        """Fill up to `len(buffer)` bytes of `buffer`; how many (0 at the end)."""
+        ...
+
+
+class Blob(ReadableInto, Protocol):
+    """A file of a source, open for reading."""
+
+    def close(self) -> None:
+        """Release it."""
+        ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
 class Source(Protocol):
     """Files of an image source by their path inside it ("index.json", "blobs/sha256/…")."""
 
@@ -38,7 +71,7 @@ class Source(Protocol):
         """Whether `path` is a regular file of the source."""
         ...
 
-    def open(self, path: str) -> IO[bytes]:
+    def open(self, path: str) -> Blob:
         """`path` for reading; InvalidArgumentError naming it when it is missing."""
         ...
 
@@ -68,7 +101,7 @@ class DirSource:
         target = self._path(path)
         return target is not None and target.is_file() and target.resolve().is_relative_to(self.root.resolve())
 
-    def open(self, path: str) -> IO[bytes]:
+    def open(self, path: str) -> Blob:
         """`path` for reading."""
         if not self.exists(path):
             raise InvalidArgumentError(f"{self.name}: {path}", "missing from the image layout")
@@ -97,23 +130,67 @@ class TarSource:
         """Whether the archive has a file at `path`."""
         return _clean(path) in self._members
 
-    def open(self, path: str) -> IO[bytes]:
+    def open(self, path: str) -> Blob:
         """The member at `path` (a symbolic or hard link inside the archive is followed there)."""
         member = self._members.get(_clean(path))
         if member is None:
             raise InvalidArgumentError(f"{self.name}: {path}", "missing from the archive")
+        if member.isreg() and not member.issparse():
+            return _MemberReader(self._file.fileno(), member.offset_data, member.size)
         try:
             handle = self._tar.extractfile(member)
         except (tarfile.TarError, KeyError) as exc:
             raise InvalidArgumentError(f"{self.name}: {path}", f"cannot be read ({exc})") from None
         if handle is None:
             raise InvalidArgumentError(f"{self.name}: {path}", "is not a regular file")
-        return handle
+        return cast(Blob, handle)
 
     def close(self) -> None:
         """Close the archive."""
         self._tar.close()
         self._file.close()
+
+
+class _MemberReader:
+    """A regular member's bytes, read straight from the archive's descriptor at their offset.
+
+    `tarfile`'s reader returns a new `bytes` per read and copies it again into a caller's
+    buffer: for a 170 MB layer that was ~0.12 s of system time (the fresh pages of each new
+    megabyte faulted in) on top of the ~0.04 s the reads themselves take. `pread` keeps no
+    file position, so several members of one archive may be read at once."""
+
+    def __init__(self, fd: int, offset: int, size: int) -> None:
+        self._fd = fd
+        self._at = offset
+        self._left = size
+
+    def read(self, n: int = -1, /) -> bytes:
+        """Up to `n` bytes (all that is left for -1)."""
+        data = os.pread(self._fd, self._left if n < 0 else min(n, self._left), self._at)
+        self._took(len(data))
+        return data
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        """Fill up to `len(buffer)` bytes of `buffer`."""
+        want = min(len(buffer), self._left)
+        got = os.preadv(self._fd, [buffer[:want]], self._at) if want else 0
+        self._took(got)
+        return got
+
+    def _took(self, n: int) -> None:
+        if n == 0 and self._left:
+            raise EOFError(f"the archive ends {self._left} bytes before the member does")
+        self._at += n
+        self._left -= n
+
+    def close(self) -> None:
+        """Nothing to release: the archive's descriptor is the source's."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
 
 
 def open_source(path: Path, *, name: str = "") -> Source:
@@ -129,7 +206,7 @@ class HashingReader:
     """A reader over a blob that hashes and counts what passes, refusing more than `size` bytes;
     `verify()` (after the last read) checks the digest and the size."""
 
-    def __init__(self, raw: Readable, *, digest: str, size: int | None, where: str) -> None:
+    def __init__(self, raw: ReadableInto, *, digest: str, size: int | None, where: str) -> None:
         self._raw = raw
         self._hash = hashlib.sha256()
         self.digest = digest
@@ -143,11 +220,23 @@ class HashingReader:
             data = self._raw.read(n)
         except (tarfile.TarError, EOFError, OSError) as exc:
             raise InvalidArgumentError(self.where, f"is truncated or unreadable ({exc})") from None
+        self._passed(data)
+        return data
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        """Fill up to `len(buffer)` bytes of `buffer`; how many."""
+        try:
+            n = self._raw.readinto(buffer)
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            raise InvalidArgumentError(self.where, f"is truncated or unreadable ({exc})") from None
+        self._passed(buffer[:n])
+        return n
+
+    def _passed(self, data: bytes | memoryview) -> None:
         self._hash.update(data)
         self.count += len(data)
         if self.size is not None and self.count > self.size:
             raise InvalidArgumentError(self.where, f"is longer than the {self.size} bytes its descriptor says")
-        return data
 
     def drain(self) -> None:
         """Read (and hash) what is left."""

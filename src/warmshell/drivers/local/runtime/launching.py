@@ -320,6 +320,20 @@ def _system_bundle_copy(plan: sandboxing.RootPlan, egress_dir: Path) -> Path | N
     if source is None or not egress_dir.is_dir():
         return None
     copy = egress_dir / egress.SYSTEM_BUNDLE_COPY
-    shutil.copyfile(source, copy)
-    os.chmod(copy, 0o644)
+    _copy_readable(source, copy)
     return copy
+
+
+def _copy_readable(source: Path, target: Path) -> None:
+    """`source`'s bytes in a new file `target`, 0644 (blocking): by sendfile, as `shutil.copyfile`
+    without its four stats and two caught FileNotFoundErrors (every member start makes one)."""
+    with open(source, "rb") as reading:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask
+            size = os.fstat(reading.fileno()).st_size
+            offset = 0
+            while offset < size and (sent := os.sendfile(fd, reading.fileno(), offset, size - offset)):
+                offset += sent
+        finally:
+            os.close(fd)

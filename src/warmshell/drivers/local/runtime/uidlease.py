@@ -96,7 +96,6 @@ class UidLeases:
     def acquire(self) -> int:
         """Lease a uid no live sandbox on the host has; ResourceExhaustedError naming the key
         when the range has none left."""
-        self._leases.mkdir(mode=0o700, parents=True, exist_ok=True)
         for _ in range(_PROBES):
             probe = self.base + secrets.randbelow(self.count)
             if self._lease_new(probe):
@@ -118,7 +117,12 @@ class UidLeases:
         linked into place (link fails if the name exists), so a lease is never seen half-written
         (a takeover would count such a one as a dead holder's)."""
         partial = self._leases / f".new-{secrets.token_hex(8)}"
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            fd = os.open(partial, flags, 0o600)
+        except FileNotFoundError:  # made by the first lease (not each: a member start makes one)
+            self._leases.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(partial, flags, 0o600)
         try:
             os.write(fd, self._me.render().encode())
         finally:

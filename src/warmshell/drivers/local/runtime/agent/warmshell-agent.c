@@ -18,6 +18,8 @@
  *            with that terminal as its controlling terminal (setsid + TIOCSCTTY).
  *     SIGNAL {'K', id, signo, 0}; no fds.
  *     PING   {'P', id, 0, 0}; no fds. A liveness probe (idle pool members are probed before a claim).
+ *     ROOT   {'G', id, 0, 0}; no fds. Asks for the agent's root directory (a Kubernetes pod's
+ *            supervisor serves file operations in the workload container's filesystem through it).
  *     FINISH {'Q', 0, 0, 0}; no fds. The sandbox is over: the agent exits 0. (The socket closing
  *            without it means the supervisor was lost: under "--connect" the agent exits 1.)
  *   agent -> host
@@ -27,6 +29,8 @@
  *     EXITED   {'E', id, wait status, 0}    it ended
  *     REJECTED {'R', id or 0, reason, 0}    a malformed or refused record (nothing was done)
  *     PONG     {'O', id, 0, 0}              the answer to PING
+ *     ROOTDIR  {'D', id, errno, 0}          the answer to ROOT: one fd attached, an O_PATH fd
+ *                                           on "/" (errno 0), or none (the open's errno)
  *
  * Egress (argv[2], a port, given when the gateway may bind an egress proxy socket into the
  * sandbox): the agent itself listens on 127.0.0.1:PORT and forks a relay per connection that
@@ -211,6 +215,29 @@ static void ping(size_t size, int nfds) {
     reply('O', id, 0, 0);
 }
 
+/* Answers ROOT with an O_PATH fd on this process's root. It grants the supervisor nothing the
+ * workload lacks: the supervisor resolves every path under it with RESOLVE_IN_ROOT, with the
+ * workload's uid, so what it reaches is what the workload could. */
+static void root_dir(size_t size, int nfds) {
+    uint32_t id = field(1);
+    if (size != HEADER || field(2) != 0 || field(3) != 0) { reply('R', id, REJ_SIZE, 0); return; }
+    if (nfds != 0) { reply('R', id, REJ_FDS, 0); return; }
+    int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) { reply('D', id, (uint32_t)errno, 0); return; }
+    uint32_t record[4] = {'D', id, 0, 0};
+    char control[CMSG_SPACE(sizeof(int))] = {0};
+    struct iovec iov = {record, sizeof record};
+    struct msghdr header = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&header);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    while (sendmsg(ctl, &header, MSG_NOSIGNAL) < 0)
+        if (errno != EINTR) die();  /* the host is gone */
+    close(fd);
+}
+
 static void finish(size_t size, int nfds) {
     if (size != HEADER || field(1) != 0 || field(2) != 0 || field(3) != 0) { reply('R', 0, REJ_SIZE, 0); return; }
     if (nfds != 0) { reply('R', 0, REJ_FDS, 0); return; }
@@ -221,11 +248,7 @@ static void finish(size_t size, int nfds) {
 static void serve_one(void) {
     char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
     struct iovec iov = {message, sizeof message};
-    struct msghdr header = {0};
-    header.msg_iov = &iov;
-    header.msg_iovlen = 1;
-    header.msg_control = control;
-    header.msg_controllen = sizeof control;
+    struct msghdr header = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
     ssize_t got = recvmsg(ctl, &header, MSG_CMSG_CLOEXEC);
     if (got < 0 && errno == EINTR) return;
     if (got <= 0) die();  /* the supervisor closed the socket (or it broke): the sandbox ends */
@@ -247,6 +270,7 @@ static void serve_one(void) {
     case 'K': close_all(fds, nfds); signal_exec(size, nfds); return;
     case 'P': close_all(fds, nfds); ping(size, nfds); return;
     case 'Q': close_all(fds, nfds); finish(size, nfds); return;
+    case 'G': close_all(fds, nfds); root_dir(size, nfds); return;
     default: close_all(fds, nfds); reply('R', id, REJ_TYPE, 0); return;
     }
 }

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmshell.gateway.outputring import OutputRing
+from warmshell.sandboxio.outputring import OutputRing
 
 writes = st.lists(st.tuples(st.booleans(), st.binary(max_size=40)), max_size=30)
 
@@ -41,3 +41,34 @@ def test_a_write_longer_than_the_ring_keeps_its_tail() -> None:
     dropped, chunks = ring.read(0)
     assert (dropped, [(c.offset, c.stderr, c.data) for c in chunks]) == (9, [(9, True, b"6789")])
     assert ring.read(13) == (0, [])
+
+
+@given(
+    capacity=st.integers(1, 64),
+    copy_capacity=st.integers(1, 64),
+    writes=writes,
+    replays=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 1300)), max_size=6),
+)
+def test_a_copy_fed_by_offset_holds_what_it_received_and_counts_the_rest(
+    capacity: int, copy_capacity: int, writes: list[tuple[bool, bytes]], replays: list[tuple[int, int]]
+) -> None:
+    """The gateway's copy of a supervisor's ring, fed from it at any offsets (repeats, replays
+    after a reconnect, gaps where the source dropped bytes): it never holds a byte twice or out
+    of order, and every byte before what it holds is counted as dropped."""
+    source, copy = OutputRing(capacity), OutputRing(copy_capacity)
+    model = b""
+    for index, (stderr, data) in enumerate(writes):
+        source.append(stderr, data)
+        model += data
+        for after, position in replays:
+            if after == index:
+                for chunk in source.read(min(position, source.end))[1]:
+                    copy.append_at(chunk.offset, chunk.stderr, chunk.data)
+    for chunk in source.read(copy.end)[1]:  # the follower catches up at the end
+        copy.append_at(chunk.offset, chunk.stderr, chunk.data)
+    assert copy.end == source.end == len(model)
+    dropped, chunks = copy.read(0)
+    held = b"".join(c.data for c in chunks)
+    assert dropped + len(held) == len(model)
+    assert held == model[dropped:]
+    assert len(held) <= copy_capacity
