@@ -15,6 +15,9 @@ Rows are interleaved (one sample of each in turn) so a load drift over the run h
 Images no tag names (a fork's, a snapshot re-tagged) are pruned between samples, as an operator's
 `image prune` would: on a VM whose memory the host backs on first touch, a store growing by
 hundreds of MB per sample measures that first touch (~3 ms per MB here) rather than the copy.
+With `--baseline-src DIR` (another tree's `src/`, e.g. `git archive main src | tar -x -C DIR/..`
+with its agent binaries built or copied in), fork(10) of both parents also runs on a gateway of
+that tree and one of this tree, both up at once and taking turns: an A/B on a shared host.
 Run as root from the repository root: `python bench/snapshots.py --repeats 5`.
 """
 
@@ -141,9 +144,7 @@ async def prune(gw: GatewayProcess) -> None:
 async def fork_rows(gw: GatewayProcess, fork_mb: int, repeats: int) -> dict[str, Any]:
     """Wall times, and CPU (the gateway's and its reaped sandboxes', each sample with the deletes
     and the prune after it: a fork's children are only reaped once deleted)."""
-    await gw.create_ready(name="parent-empty", spec=pb.SandboxSpec(image=SMALL))
-    await gw.create_ready(name="parent-full", spec=pb.SandboxSpec(image=SMALL))
-    await sh(gw, "parent-full", f"head -c {fork_mb << 20} /dev/urandom > /workspace/big")
+    await fork_parents(gw, fork_mb)
     _, taken = await snapshot(gw, "parent-full", "bench/forked:1")
     samples: dict[str, tuple[list[float], list[float]]] = {}
     for turn in range(repeats):
@@ -162,6 +163,37 @@ async def fork_rows(gw: GatewayProcess, fork_mb: int, repeats: int) -> dict[str,
         walls.append(wall)
         cpus.append(cpu_ms(gw) - before)
     return {key: {**summary(w), "cpu_ms": summary(c)} for key, (w, c) in samples.items()}
+
+
+async def fork_parents(gw: GatewayProcess, fork_mb: int) -> None:
+    """A gateway's two fork parents (an empty /workspace, `fork_mb` MB in it) on the small image."""
+    await gw.create_ready(name="parent-empty", spec=pb.SandboxSpec(image=SMALL))
+    await gw.create_ready(name="parent-full", spec=pb.SandboxSpec(image=SMALL))
+    await sh(gw, "parent-full", f"head -c {fork_mb << 20} /dev/urandom > /workspace/big")
+
+
+async def fork_versus(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """fork(10) of both parents on a gateway of `--baseline-src` and one of this tree, both up at
+    once and taking turns (which goes first alternates), so the host's load falls on both alike."""
+    samples: dict[str, dict[str, tuple[list[float], list[float]]]] = {"baseline": {}, "this": {}}
+    async with gateway_process(src=args.baseline_src) as base, gateway_process() as this:
+        for side, gw in (("baseline", base), ("this", this)):
+            (work / side).mkdir()
+            await asyncio.to_thread(import_images, gw.state, work / side, 1)
+            await fork_parents(gw, args.fork_mb)
+        for turn in range(args.ab_repeats):
+            pair = [("baseline", base), ("this", this)]
+            for key, parent in (("fork10_empty", "parent-empty"), (f"fork10_{args.fork_mb}mb", "parent-full")):
+                for side, gw in pair if turn % 2 == 0 else pair[::-1]:
+                    before = cpu_ms(gw)
+                    wall = await fork_all_ready(gw, parent, f"{parent[7]}{turn}", 10)
+                    walls, cpus = samples[side].setdefault(key, ([], []))
+                    walls.append(wall)
+                    cpus.append(cpu_ms(gw) - before)
+    return {
+        side: {key: {**summary(w), "cpu_ms": summary(c)} for key, (w, c) in rows.items()}
+        for side, rows in samples.items()
+    }
 
 
 async def pause_rows(gw: GatewayProcess, megabytes: int, repeats: int) -> dict[str, Any]:
@@ -228,7 +260,9 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         data["fork"] = await fork_rows(gw, args.fork_mb, args.repeats)
         data["pause"] = await pause_rows(gw, args.fork_mb, args.repeats)
         data["warm"] = await warm_rows(gw, args.creates)
-        data["load"] = os.getloadavg()[0]
+    if args.baseline_src:
+        data["fork_versus_baseline"] = await fork_versus(args, work)
+    data["load"] = os.getloadavg()[0]
     return data
 
 
@@ -274,6 +308,7 @@ def table(data: dict[str, Any], found: dict[str, float], args: argparse.Namespac
     for key, row in data["warm"].items():
         client = row["client_ms"]
         lines.append(f"| {key} | {client['p50']:.1f} | {client['p90']:.1f} | {','.join(row['allocations'])} |")
+    lines += versus_table(data.get("fork_versus_baseline"), args)
     full, single = found["fork_full_over_empty"], found["fork10_over_single_create"]
     flat, warm = found["snapshot_big_image_over_small"], found["warm_snapshot_over_plain"]
     lines += [
@@ -293,6 +328,30 @@ def table(data: dict[str, Any], found: dict[str, float], args: argparse.Namespac
     return "\n".join(lines)
 
 
+def versus_table(versus: dict[str, Any] | None, args: argparse.Namespace) -> list[str]:
+    """The section of `--baseline-src` (none without it)."""
+    if not versus:
+        return []
+    lines = [
+        "",
+        f"## Fork of 10: this tree against `{args.baseline_src}`, taking turns ({args.ab_repeats} each)",
+        "",
+        "| case | baseline p50 ms | this p50 ms | baseline CPU p50 ms | this CPU p50 ms |",
+        "|---|---|---|---|---|",
+    ]
+    for key, row in versus["this"].items():
+        old = versus["baseline"][key]
+        lines.append(
+            f"| {key} | {old['p50']:.1f} | {row['p50']:.1f} | {old['cpu_ms']['p50']:.0f} | {row['cpu_ms']['p50']:.0f} |"
+        )
+    lines.append("")
+    full = f"fork10_{args.fork_mb}mb"
+    for side in ("baseline", "this"):
+        rows = versus[side]
+        lines.append(f"- {side}: {full} over fork10_empty {rows[full]['p50'] / rows['fork10_empty']['p50']:.2f}x")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="samples per snapshot and fork row")
@@ -301,6 +360,12 @@ def main() -> None:
     parser.add_argument("--mid-mb", type=int, default=10, help="written over the small and the big image")
     parser.add_argument("--big-mb", type=int, default=200, help="the big image's extra layer")
     parser.add_argument("--fork-mb", type=int, default=200, help="the fork parent's /workspace")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="also fork on a gateway of this src/ directory (e.g. `git archive main src`), taking turns",
+    )
+    parser.add_argument("--ab-repeats", type=int, default=20, help="forks of each parent per side with --baseline-src")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: images of the image store need a gateway run as root")

@@ -408,10 +408,14 @@ class Snapshotter(Protocol):
         """The most children one fork may ask for."""
         ...
 
-    async def snapshot(self, sandbox_id: SandboxId, *, image: str, force: bool, source: str) -> SnapshotTaken:
+    async def snapshot(
+        self, sandbox_id: SandboxId, *, image: str, force: bool, source: str, durable: bool = True
+    ) -> SnapshotTaken:
         """Capture the sandbox (frozen meanwhile, then thawed) as `image` (NAME:TAG; "": an
         untagged image, named by its digest); `source` names it in the image's record.
-        FailedPreconditionError when it is not running here."""
+        `durable` False (a fork's: its children die with the host): the image need not outlive
+        this boot of the host, and the driver may skip what would make it. FailedPreconditionError
+        when it is not running here."""
         ...
 
     async def forget(self, digest: str) -> None:

@@ -94,7 +94,9 @@ class SnapshotCalls:
             with contextlib.suppress(NotFoundError):
                 await self._manager.records.get_by_name(parent.workspace, name)
                 raise AlreadyExistsError(f"prefix: sandbox {parent.workspace}/{name} exists; choose another --prefix")
-        taken = await driver.snapshot(parent.id, image="", force=False, source=f"{parent.workspace}/{parent.name}")
+        # Not durable: the children die with the host, so their image need not outlive its boot.
+        source = f"{parent.workspace}/{parent.name}"
+        taken = await driver.snapshot(parent.id, image="", force=False, source=source, durable=False)
         secrets = await self._manager.vault.get(parent.id) if request.with_secrets else None
         timeout = request.ready_timeout_ms / 1000 or None
         children = await asyncio.gather(

@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from warmshell.core.errors import FailedPreconditionError, ResourceExhaustedError
-from warmshell.drivers.local.imagestore.capture import REDIRECT_XATTR, Tree, capture_layer, tree_bytes
+from warmshell.drivers.local.imagestore.capture import (
+    REDIRECT_XATTR,
+    Tree,
+    _LiveFile,
+    _TarBytes,
+    capture_layer,
+    tree_bytes,
+)
 from warmshell.drivers.local.imagestore.extracting import OPAQUE_XATTR, WHITEOUT_XATTR
 from warmshell.drivers.local.imagestore.records import LayerRecord
 
@@ -179,3 +186,19 @@ def test_a_captured_file_is_a_copy_that_later_writes_to_the_tree_never_reach(tre
         handle.write(b"later" * 1000)
     (tree / "big").unlink()
     assert (tmp_path / "layer" / "workspace" / "big").read_bytes() == data
+
+
+def test_a_file_that_shrank_since_it_was_stated_is_padded_with_zeros_to_its_stated_size(tmp_path: Path) -> None:
+    data = os.urandom(1 << 20)
+    (tmp_path / "source").write_bytes(data)
+    stated = 3 << 20  # preallocated at that size, then one third written
+    tar = _TarBytes(content=False, budget=1 << 30, where="the test's snapshot")
+    source = os.open(tmp_path / "source", os.O_RDONLY)
+    target = os.open(tmp_path / "target", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        _LiveFile(source, stated, tar).copy_to(target)
+    finally:
+        os.close(source)
+        os.close(target)
+    assert (tmp_path / "target").read_bytes() == data + bytes(stated - len(data))
+    assert tar.count == stated

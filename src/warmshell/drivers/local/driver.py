@@ -277,12 +277,14 @@ class LocalDriver:
         """`local.max_fork_count`: the most children one fork may ask for."""
         return self._config.max_fork_count
 
-    async def snapshot(self, sandbox_id: SandboxId, *, image: str, force: bool, source: str) -> SnapshotTaken:
+    async def snapshot(
+        self, sandbox_id: SandboxId, *, image: str, force: bool, source: str, durable: bool = True
+    ) -> SnapshotTaken:
         """Capture a running sandbox of an image as `image` (see `snapshots`)."""
         instance = self._running(sandbox_id)
         if self._snapshots is None:
             raise FailedPreconditionError("this gateway has no image store: snapshots need one (local.image_dir)")
-        taken = await self._snapshots.take(instance, tag=image, force=force, source=source)
+        taken = await self._snapshots.take(instance, tag=image, force=force, source=source, durable=durable)
         return SnapshotTaken(
             digest=taken.image.digest,
             image=taken.tag,

@@ -11,6 +11,16 @@ The sandbox is thawed whatever happens, and a refusal (the store's bound, a tag 
 as it was. Past `local.max_layers` the new layer is the whole merged root, the image one layer
 (flattened).
 
+Durability. A tagged snapshot and a pause must outlive the host's power: their index write is
+forced to disk (their new layer's data is left to the kernel's writeback, as an imported layer's
+is). A fork's children die with the host, so its image need only last this boot: it is committed
+without syncing (two fsyncs, 6-16 ms, off the fork's path) and its layer carries the host's
+`boot_id`. The rules that keep the index from naming torn data: the store's first open after a
+reboot removes every image naming a layer of another boot (and the layer); an unsynced index torn
+by a power loss is never read (the store falls back to the last synced one, `ImageStore._read`,
+which does not name the fork's image); and a synced commit of an image naming such a layer (a
+snapshot or pause of a fork's child) forces that layer's data to disk first and clears its mark.
+
 A sandbox of the host's root filesystem (no image) has no image to build on: its snapshot is
 refused, saying to create it from an image.
 """
@@ -18,6 +28,7 @@ refused, saying to create it from an image.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -29,7 +40,7 @@ from warmshell.drivers.local.imagestore import references
 from warmshell.drivers.local.imagestore.capture import Tree, capture_layer, tree_bytes
 from warmshell.drivers.local.imagestore.derived import snapshot_record
 from warmshell.drivers.local.imagestore.records import ImageRecord, LayerRecord
-from warmshell.drivers.local.imagestore.store import ImageStore, StagedLayer, now_ms
+from warmshell.drivers.local.imagestore.store import ImageStore, StagedLayer, boot_id, now_ms
 from warmshell.drivers.local.instances import Instance
 from warmshell.drivers.local.runtime.processes import SandboxProcess
 from warmshell.drivers.local.runtime.sandboxing import WORKSPACE
@@ -67,10 +78,12 @@ class Snapshots:
         self._overlay_dirs = overlay_dirs
         self._freeze = freeze
         self._max_layers = max_layers
+        self._boot_id = boot_id()
 
-    async def take(self, instance: Instance, *, tag: str, force: bool, source: str) -> Snapshot:
+    async def take(self, instance: Instance, *, tag: str, force: bool, source: str, durable: bool = True) -> Snapshot:
         """Snapshot `instance` (running, of an image) as `tag`: AlreadyExistsError when the tag
-        names an image and not `force`; RESOURCE_EXHAUSTED past the store's bound."""
+        names an image and not `force`; RESOURCE_EXHAUSTED past the store's bound. `durable`
+        False and no tag (a fork's): committed unsynced, good for this boot of the host only."""
         tagged = references.parse_tagged_name(tag, field="image").tagged if tag else ""
         image_root, process = instance.image_root, instance.process
         if image_root is None or not isinstance(process, SandboxProcess):
@@ -104,8 +117,12 @@ class Snapshots:
             await asyncio.to_thread(self._store.drop_staging, stage)
             raise
         image = snapshot_record(base, layer.digest, flattened=flatten, source_sandbox=source, now_ms=now_ms())
+        ephemeral = not durable and not tagged
+        if ephemeral:
+            layer = dataclasses.replace(layer, boot_id=self._boot_id)
         # One thread hop for both (a hop costs milliseconds on a busy host, on a fork's path).
-        committed = await asyncio.to_thread(self._commit, image, StagedLayer(layer, stage / "layer"), tagged)
+        staged = StagedLayer(layer, stage / "layer")
+        committed = await asyncio.to_thread(self._commit, image, staged, tagged, not ephemeral)
         return Snapshot(committed, tagged, layer.size, frozen_ms, flatten)
 
     def _begin(self, tagged: str, force: bool, digest: str) -> tuple[ImageRecord, Path]:
@@ -115,10 +132,10 @@ class Snapshots:
             raise AlreadyExistsError(f"image: {tagged} already names an image; --force moves the tag")
         return self._store.resolve(digest, index=index), self._store.new_staging()
 
-    def _commit(self, image: ImageRecord, layer: StagedLayer, tagged: str) -> ImageRecord:
+    def _commit(self, image: ImageRecord, layer: StagedLayer, tagged: str, sync: bool) -> ImageRecord:
         """Blocking: commit the image, then delete its staging directory (whatever happens)."""
         try:
-            return self._store.commit(image, [layer], [tagged] if tagged else [])
+            return self._store.commit(image, [layer], [tagged] if tagged else [], sync=sync)
         finally:
             self._store.drop_staging(layer.path.parent)
 

@@ -25,6 +25,11 @@ class LayerRecord:
     whiteouts: tuple[str, ...] = ()
     opaque: tuple[str, ...] = ()
     by_content: bool = True
+    # Set on a layer committed without syncing (a fork's, whose children die with the host): the
+    # host boot its data is good for. Past a reboot it may be torn, so the first open of the store
+    # in another boot removes every image naming it (`Index.unsynced_from_other_boots`); a
+    # synced commit of an image naming it forces its data to disk first and clears this.
+    boot_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,11 @@ class Index:
         """The layers some image names."""
         return {d for image in self.images.values() for d in image.layers}
 
+    def unsynced_from_other_boots(self, boot_id: str) -> list[str]:
+        """The images naming a layer committed without syncing in a boot other than `boot_id`."""
+        stale = {d for d, layer in self.layers.items() if layer.boot_id and layer.boot_id != boot_id}
+        return sorted(d for d, image in self.images.items() if stale.intersection(image.layers))
+
     def usage(self) -> int:
         """The bytes of every stored layer, each once."""
         return sum(layer.size for layer in self.layers.values())
@@ -96,9 +106,11 @@ class Index:
 
 
 def _layer_json(layer: LayerRecord) -> dict[str, Any]:
-    """A layer's entry; `by_content` only when False, so a store holding no untagged snapshot
-    stays readable by a gateway from before the field."""
+    """A layer's entry; `by_content` only when False and `boot_id` only when set, so a store
+    holding no untagged snapshot stays readable by a gateway from before the fields."""
     raw = asdict(layer)
     if layer.by_content:
         del raw["by_content"]
+    if not layer.boot_id:
+        del raw["boot_id"]
     return raw
