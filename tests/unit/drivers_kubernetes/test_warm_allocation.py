@@ -356,6 +356,10 @@ class LateCache:
 
     def arrive(self, sandbox: dict[str, Any], pod: dict[str, Any]) -> None:
         self.objects |= {f"sandbox/{sandbox['metadata']['name']}": sandbox, f"pod/{pod['metadata']['name']}": pod}
+        self.touch()
+
+    def touch(self) -> None:
+        """A change of some other object (another pod's status write)."""
         self.generation += 1
         self.changed.set()
         self.changed = asyncio.Event()
@@ -388,4 +392,57 @@ async def test_a_claim_bound_before_the_informers_see_its_sandbox_waits_for_them
         await controller.wait_in_flight()
     assert activated == [InstanceId(pod["metadata"]["uid"])]
     assert not [c for c in cluster.calls if c[0] == "get"]  # the chain came from the cache alone
+    await controller.aclose()
+
+
+def late_scene() -> tuple[WarmCluster, dict[str, Any], dict[str, Any], LateCache]:
+    cluster = WarmCluster()
+    sandbox, pod = cluster.member(cluster.pool())
+    claim = cluster.claim(proof="p")
+    cluster.adopt(sandbox, claim)
+    return cluster, sandbox, pod, LateCache(claim)
+
+
+class Recorded(NoActivator):
+    def __init__(self) -> None:
+        self.activated: list[InstanceId] = []
+
+    async def activate(self, **kwargs: Any) -> None:
+        self.activated.append(kwargs["instance_id"])
+
+
+async def test_changes_of_other_objects_do_not_send_a_bound_claim_to_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (30.0, 30.0))
+    cluster, sandbox, pod, cache = late_scene()
+    api: Any = cluster
+    activator = Recorded()
+    controller = claimactivation.ClaimActivation(api, NS, ProofSealer(KEY), cache)
+    controller.start(activator)
+    for _ in range(3):  # other pods' status writes, before this claim's Sandbox and pod are seen
+        cache.touch()
+        for _ in range(5):
+            await asyncio.sleep(0)
+    assert activator.activated == []
+    cache.arrive(sandbox, pod)
+    async with asyncio.timeout(5):
+        await controller.wait_in_flight()
+    assert activator.activated == [InstanceId(pod["metadata"]["uid"])]
+    assert not [c for c in cluster.calls if c[0] == "get"]  # still the cache alone
+    await controller.aclose()
+
+
+async def test_a_chain_the_informers_never_show_is_read_live_after_the_cache_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(claimactivation, "CACHE_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (0.01, 30.0))
+    cluster, _sandbox, pod, cache = late_scene()
+    api: Any = cluster
+    activator = Recorded()
+    controller = claimactivation.ClaimActivation(api, NS, ProofSealer(KEY), cache)
+    controller.start(activator)
+    async with asyncio.timeout(5):
+        await controller.wait_in_flight()
+    assert activator.activated == [InstanceId(pod["metadata"]["uid"])]
+    assert [c[0] for c in cluster.calls if c[0] == "get"] == ["get", "get"]  # its Sandbox, then its pod
     await controller.aclose()
