@@ -18,7 +18,7 @@ import pathlib
 import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubesim import timing as timing_mod
 from kubesim.controllers import client as kc
@@ -37,6 +37,9 @@ from kubesim.inprocess import InProcessClient
 from kubesim.kubelet.images import ImageMap, ImageRule
 from kubesim.kubelet.kubelet import Kubelet
 from kubesim.kubelet.proxy import ServiceProxy
+
+if TYPE_CHECKING:
+    from kubesim.apiserver.server import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +212,7 @@ async def run_controllers(
 
 
 def in_process(
-    server: Any,
+    server: ApiServer,
     *,
     timing: timing_mod.Timing | None = None,
     image_map: ImageMapLike = None,
