@@ -60,9 +60,9 @@ MAX_IN_FLIGHT = 32
 # for the next registration change or resync.
 RETRY_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 # How long a bound claim waits for the informers to show its Sandbox adopted and its pod before
-# reading them live. Their next change alone was not enough: under warm creates at 6/s each pod
-# status write woke the claim first, and its second attempt read the chain live (a Sandbox and a
-# pod GET for every other create).
+# reading them live. Their next change alone was not enough: under warm creates at 6/s some other
+# pod's status write woke the claim first, and each later attempt read the chain live until the
+# informers caught up (2.3 Sandbox and 2.3 pod GETs per create on top of the registration's).
 CACHE_WAIT_SECONDS = 1.0
 
 
