@@ -5,6 +5,7 @@ is the gateway's registrations of pool members, bounded by the pool's ready coun
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import Counter
 from pathlib import Path
@@ -395,14 +396,6 @@ async def test_a_claim_bound_before_the_informers_see_its_sandbox_waits_for_them
     await controller.aclose()
 
 
-def late_scene() -> tuple[WarmCluster, dict[str, Any], dict[str, Any], LateCache]:
-    cluster = WarmCluster()
-    sandbox, pod = cluster.member(cluster.pool())
-    claim = cluster.claim(proof="p")
-    cluster.adopt(sandbox, claim)
-    return cluster, sandbox, pod, LateCache(claim)
-
-
 class Recorded(NoActivator):
     def __init__(self) -> None:
         self.activated: list[InstanceId] = []
@@ -411,24 +404,51 @@ class Recorded(NoActivator):
         self.activated.append(kwargs["instance_id"])
 
 
-async def test_changes_of_other_objects_do_not_send_a_bound_claim_to_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (30.0, 30.0))
-    cluster, sandbox, pod, cache = late_scene()
+@dataclasses.dataclass
+class LateScene:
+    """A claim bound to a pool member whose Sandbox and pod the informers have not shown yet,
+    with its controller started."""
+
+    cluster: WarmCluster
+    sandbox: dict[str, Any]
+    pod: dict[str, Any]
+    cache: LateCache
+    activator: Recorded
+    controller: claimactivation.ClaimActivation
+
+    async def activated_once(self) -> None:
+        async with asyncio.timeout(5):
+            await self.controller.wait_in_flight()
+        assert self.activator.activated == [InstanceId(self.pod["metadata"]["uid"])]
+        await self.controller.aclose()
+
+    def gets(self) -> list[tuple[Any, ...]]:
+        return [c for c in self.cluster.calls if c[0] == "get"]
+
+
+def late_scene() -> LateScene:
+    cluster = WarmCluster()
+    sandbox, pod = cluster.member(cluster.pool())
+    claim = cluster.claim(proof="p")
+    cluster.adopt(sandbox, claim)
+    cache, activator = LateCache(claim), Recorded()
     api: Any = cluster
-    activator = Recorded()
     controller = claimactivation.ClaimActivation(api, NS, ProofSealer(KEY), cache)
     controller.start(activator)
+    return LateScene(cluster, sandbox, pod, cache, activator, controller)
+
+
+async def test_changes_of_other_objects_do_not_send_a_bound_claim_to_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (30.0, 30.0))
+    scene = late_scene()
     for _ in range(3):  # other pods' status writes, before this claim's Sandbox and pod are seen
-        cache.touch()
+        scene.cache.touch()
         for _ in range(5):
             await asyncio.sleep(0)
-    assert activator.activated == []
-    cache.arrive(sandbox, pod)
-    async with asyncio.timeout(5):
-        await controller.wait_in_flight()
-    assert activator.activated == [InstanceId(pod["metadata"]["uid"])]
-    assert not [c for c in cluster.calls if c[0] == "get"]  # still the cache alone
-    await controller.aclose()
+    assert scene.activator.activated == []
+    scene.cache.arrive(scene.sandbox, scene.pod)
+    await scene.activated_once()
+    assert scene.gets() == []  # still the cache alone
 
 
 async def test_a_chain_the_informers_never_show_is_read_live_after_the_cache_wait(
@@ -436,13 +456,6 @@ async def test_a_chain_the_informers_never_show_is_read_live_after_the_cache_wai
 ) -> None:
     monkeypatch.setattr(claimactivation, "CACHE_WAIT_SECONDS", 0.05)
     monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (0.01, 30.0))
-    cluster, _sandbox, pod, cache = late_scene()
-    api: Any = cluster
-    activator = Recorded()
-    controller = claimactivation.ClaimActivation(api, NS, ProofSealer(KEY), cache)
-    controller.start(activator)
-    async with asyncio.timeout(5):
-        await controller.wait_in_flight()
-    assert activator.activated == [InstanceId(pod["metadata"]["uid"])]
-    assert [c[0] for c in cluster.calls if c[0] == "get"] == ["get", "get"]  # its Sandbox, then its pod
-    await controller.aclose()
+    scene = late_scene()
+    await scene.activated_once()
+    assert len(scene.gets()) == 2  # its Sandbox, then its pod
