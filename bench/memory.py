@@ -93,8 +93,9 @@ class MemoryGuard:
 
 
 def is_kubesim_process(pid: int) -> bool:
-    """Whether `pid` is one of kubesim's own Python processes (`kubesim serve` runs its controllers
-    and kubelet as a child `kubesim.cli` process), not one of its pods."""
+    """Whether `pid` is one of kubesim's own Python processes (`kubesim.cli`: `kubesim serve`, which
+    runs its controllers and kubelet in its own process, or a tree older than that, where they ran
+    in a child `kubesim.cli controllers`), not one of its pods."""
     try:
         return b"kubesim.cli" in (PROC / str(pid) / "cmdline").read_bytes()
     except OSError:

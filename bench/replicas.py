@@ -34,7 +34,8 @@ through it:
    SQLite, a pool of `--pool`, warm creates at `--cpu-rate` for `--cpu-seconds` (each deleted once
    Ready), for `--cpu-rounds` rounds alternating the tree under test with `--before-src` (an older
    tree's `src/`, run by kubesim, its pods and the gateway alike). Each round reports the CPU per
-   create of every process (kubesim's API server and its controllers process apart), the gateway's
+   create of every process (kubesim's API server, and its controllers process apart on a tree
+   older than the controllers in the API server's process), the gateway's
    by thread (its event loop, the SQLite worker, gRPC's), with py-spy on PATH each busy sample's
    part of the code, and the gateway's API requests per create (writes apart).
 
@@ -724,7 +725,8 @@ def python_path(src: str) -> Iterator[None]:
 
 
 def _processes(setup: Setup) -> dict[str, int]:
-    """The pids whose CPU the cpu part splits: the gateway, kubesim's API server and controllers."""
+    """The pids whose CPU the cpu part splits: the gateway, kubesim's API server (with its
+    controllers and kubelet in it), and on an older tree their process of their own."""
     pids = {"gateway": setup.replicas.replicas[0].process.pid, "kubesim API server": setup.cluster.pid}
     for child in descendants(setup.cluster.pid):
         if is_kubesim_process(child):

@@ -1,9 +1,10 @@
-"""``kubesim serve``: run the simulated API server and, in a child process of its own
-(``kubesim controllers``), the agent-sandbox controllers and the kubelet.
+"""``kubesim serve``: run the simulated API server and, in its process, the agent-sandbox
+controllers and the kubelet (``kubesim.cluster.in_process``).
 
-The two halves meet only over HTTPS, as in a cluster. Apart, each has its own event loop and GIL:
-a claim's POST is answered by a server that is not also starting 450 pods' processes, reconciling
-their pool and writing their statuses, and the two use two cores."""
+The controllers and kubelet reach the server through its own request handler, with its checks,
+faults and log, but without HTTP: over loopback HTTP with JSON both ways they cost more CPU per warm
+claim than the API server itself, and a second process's core was worth less than that cost.
+``kubesim controllers`` still runs them against a server in another process, over HTTP."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import gc
 import logging
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from kubesim.apiserver import ApiServer, ServerConfig
 
@@ -93,16 +94,18 @@ def _quiet_collector() -> None:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    from kubesim import cluster  # not for `kubesim controllers`
+
     server = ApiServer(
         ServerConfig(
             port=args.port,
             bookmark_interval=args.bookmark_interval,
             tls=not args.no_tls,
             rbac=args.rbac,
-            internal_http=not args.no_controllers,
         )
     )
     await server.start()
+    components = None if args.no_controllers else asyncio.ensure_future(cluster.in_process(server).run())
     _quiet_collector()
     path = server.write_kubeconfig(args.kubeconfig)
     if args.admin_kubeconfig is not None:
@@ -113,50 +116,26 @@ async def _serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    controllers: subprocess.Popen[bytes] | None = None
-    if not args.no_controllers:
-        controllers = _start_controllers(server, args)
     try:
-        if controllers is None:
-            await stop.wait()
-        else:
-            await _until_stopped_or_gone(stop, controllers)
+        await _until_stopped_or_failed(stop, components)
     finally:
-        if controllers is not None:
-            # Off the loop: the API server keeps serving the controllers while they stop their pods.
-            await asyncio.to_thread(_stop_controllers, controllers)
+        if components is not None:
+            # Before the server stops: the kubelet stops every pod process on its way out.
+            components.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await components
         await server.stop()
 
 
-def _start_controllers(server: ApiServer, args: argparse.Namespace) -> subprocess.Popen[bytes]:
-    admin_config = args.kubeconfig.with_name(args.kubeconfig.stem + "-admin" + args.kubeconfig.suffix)
-    server.write_kubeconfig(admin_config, admin=True)
-    argv = ["controllers", "--admin-kubeconfig", str(admin_config), "--stop-on-stdin-eof"]
-    if server.internal_url:
-        argv += ["--via", server.internal_url]
-    # Its standard input is a pipe only this process writes to: when serve dies, even by SIGKILL,
-    # the pipe closes and the controllers stop (and kill their pods) instead of running on alone.
-    return subprocess.Popen([sys.executable, "-m", "kubesim.cli", *argv], stdin=subprocess.PIPE)
-
-
-async def _until_stopped_or_gone(stop: asyncio.Event, controllers: subprocess.Popen[bytes]) -> None:
-    """Until SIGTERM/SIGINT, or until the controllers exit on their own (then serve stops too:
-    an API server whose pods nobody runs any more is not a cluster)."""
+async def _until_stopped_or_failed(stop: asyncio.Event, components: asyncio.Future[None] | None) -> None:
+    """Until SIGTERM/SIGINT, or until the controllers and kubelet fail (then serve stops too: an
+    API server whose pods nobody runs any more is not a cluster)."""
     stopping = asyncio.ensure_future(stop.wait())
-    gone = asyncio.ensure_future(asyncio.to_thread(controllers.wait))
-    done, _ = await asyncio.wait({stopping, gone}, return_when=asyncio.FIRST_COMPLETED)
+    waited: set[asyncio.Future[Any]] = {stopping} if components is None else {stopping, components}
+    done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
-    if gone in done:
-        logging.getLogger("kubesim").error("the controllers exited with %s; stopping", controllers.returncode)
-
-
-def _stop_controllers(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then wait: the kubelet stops every pod process on its way out."""
-    if process.poll() is None:
-        process.terminate()
-    process.wait()
-    if process.stdin is not None:
-        process.stdin.close()
+    if components is not None and components in done and not components.cancelled():
+        logging.getLogger("kubesim").error("the controllers stopped: %r; stopping", components.exception())
 
 
 async def _run_controllers(args: argparse.Namespace) -> None:

@@ -1,8 +1,10 @@
 """A whole simulated cluster: the agent-sandbox controllers and the kubelet, wired to an API server.
 
-``run_controllers`` is what ``kubesim serve`` runs next to its API server; ``running_cluster`` is
-the one-line harness for tests and benchmarks (API server from ``kubesim.testing`` + everything
-here). Components reach the API server only over HTTP with a bearer token, as in a real cluster.
+``in_process`` is what ``kubesim serve`` runs in its API server's process, and ``running_cluster``
+the one-line harness for tests (API server from ``kubesim.testing`` + everything here): the
+components reach the server through its own request handler with the admin token
+(``kubesim.inprocess``). ``run_controllers`` runs them against a server in another process, over
+HTTP with a bearer token (``kubesim controllers``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pathlib
 import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubesim import timing as timing_mod
 from kubesim.controllers import client as kc
@@ -31,9 +33,13 @@ from kubesim.controllers.rootca import RootCAPublisher
 from kubesim.controllers.sandbox import SandboxController
 from kubesim.controllers.template import TemplateController
 from kubesim.controllers.warmpool import WarmPoolController
+from kubesim.inprocess import InProcessClient
 from kubesim.kubelet.images import ImageMap, ImageRule
 from kubesim.kubelet.kubelet import Kubelet
 from kubesim.kubelet.proxy import ServiceProxy
+
+if TYPE_CHECKING:
+    from kubesim.apiserver.server import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +167,19 @@ class Components:
             await self.api.aclose()
 
 
+def _from_environment(
+    timing: timing_mod.Timing | None, image_map: ImageMapLike
+) -> tuple[timing_mod.Timing, ImageMapLike]:
+    """``KUBESIM_TIMING`` (``default``/``fast``) and ``KUBESIM_IMAGE_MAP`` (a file, see
+    ``kubesim.kubelet.images``) for what is not given, so ``kubesim serve`` is configured without
+    new flags."""
+    if timing is None:
+        timing = timing_mod.profile(os.environ.get("KUBESIM_TIMING", "default"), os.environ)
+    if image_map is None and os.environ.get("KUBESIM_IMAGE_MAP"):
+        image_map = ImageMap.from_file(os.environ["KUBESIM_IMAGE_MAP"])
+    return timing, image_map
+
+
 async def run_controllers(
     *,
     url: str | None = None,
@@ -172,19 +191,13 @@ async def run_controllers(
     kubelet: bool = True,
     via: str = "",
 ) -> None:
-    """Run the agent-sandbox controllers and the kubelet against the API server at ``url`` until
-    cancelled. The server's CA comes from ``kubeconfig`` (an admin kubeconfig), when given; so do
-    the URL and token when they are not. With ``via`` the requests go there (the server's
-    plain-HTTP loopback listener), while pods are still told ``url``.
-
-    Without explicit arguments, ``KUBESIM_TIMING`` (``default``/``fast``) and ``KUBESIM_IMAGE_MAP``
-    (a file, see ``kubesim.kubelet.images``) in the environment choose the profile and image map,
-    so ``kubesim serve`` can be configured without new flags.
+    """Run the agent-sandbox controllers and the kubelet against the API server at ``url``, over
+    HTTP, until cancelled (``kubesim controllers``: an API server in another process). The
+    server's CA comes from ``kubeconfig`` (an admin kubeconfig), when given; so do the URL and
+    token when they are not. With ``via`` the requests go there (a plain-HTTP listener), while
+    pods are still told ``url``. Timing and image map as ``_from_environment`` says.
     """
-    if timing is None:
-        timing = timing_mod.profile(os.environ.get("KUBESIM_TIMING", "default"), os.environ)
-    if image_map is None and os.environ.get("KUBESIM_IMAGE_MAP"):
-        image_map = ImageMap.from_file(os.environ["KUBESIM_IMAGE_MAP"])
+    timing, image_map = _from_environment(timing, image_map)
     configured = kc.KubeClient.from_kubeconfig(kubeconfig, via=via) if kubeconfig else None
     if url is None or token is None:
         if configured is None:
@@ -195,14 +208,25 @@ async def run_controllers(
     if timing.api_latency > 0:
         # API latency is the API server's to inject (its fault-injection admin endpoint).
         await api.request("POST", "/_kubesim/faults", body={"action": "latency", "seconds": timing.api_latency})
-    components = Components(
-        api,
-        timing=timing,
-        image_map=image_map,
-        pod_root=pod_root,
-        kubelet=kubelet,
-    )
-    await components.run()
+    await Components(api, timing=timing, image_map=image_map, pod_root=pod_root, kubelet=kubelet).run()
+
+
+def in_process(
+    server: ApiServer,
+    *,
+    timing: timing_mod.Timing | None = None,
+    image_map: ImageMapLike = None,
+    pod_root: pathlib.Path | None = None,
+    kubelet: bool = True,
+) -> Components:
+    """The controllers and the kubelet of ``server`` (an ``ApiServer`` of this process), reaching
+    it through its handler with the admin token (``kubesim.inprocess``); ``run()`` them. Timing
+    and image map as ``_from_environment`` says; the timing's API latency is set on the server."""
+    timing, image_map = _from_environment(timing, image_map)
+    if timing.api_latency > 0:
+        server.faults.add_latency(timing.api_latency)
+    api = InProcessClient(server, server.admin_token)
+    return Components(api, timing=timing, image_map=image_map, pod_root=pod_root, kubelet=kubelet)
 
 
 @dataclasses.dataclass
@@ -242,15 +266,7 @@ async def running_cluster(
     with tempfile.TemporaryDirectory(prefix="kubesim-") as tmp:
         kubeconfig = pathlib.Path(tmp) / "kubeconfig"
         async with testing.running_apiserver(config, kubeconfig=kubeconfig) as server:
-            if timing.api_latency > 0:
-                server.faults.add_latency(timing.api_latency)
-            components = Components(
-                kc.KubeClient(server.url, server.admin_token, ca_pem=_ca(server)),
-                timing=timing,
-                image_map=image_map,
-                pod_root=pod_root,
-                kubelet=kubelet,
-            )
+            components = in_process(server, timing=timing, image_map=image_map, pod_root=pod_root, kubelet=kubelet)
             task = asyncio.create_task(components.run(), name="kubesim-components")
             try:
                 synced = asyncio.create_task(components.synced.wait())

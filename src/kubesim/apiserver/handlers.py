@@ -17,7 +17,7 @@ from aiohttp import web
 
 from kubesim.apiserver import discovery, errors, openapi_proto, rbac, routing, selectors, tokens, verbs
 from kubesim.apiserver.auth import ANONYMOUS, CURRENT_USER, Attributes, User
-from kubesim.apiserver.handlers_common import error_response, json_response
+from kubesim.apiserver.handlers_common import Request, error_response, json_response
 from kubesim.apiserver.requestlog import Entry
 
 if TYPE_CHECKING:
@@ -36,7 +36,12 @@ class Handler:
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         """Serve any request."""
+        return await self.handle(request)
+
+    async def handle(self, request: Request) -> web.StreamResponse:
+        """Serve a request from HTTP or from a component in this process (resource paths only)."""
         start = time.perf_counter()
+        current = None
         user = ANONYMOUS
         verb, resource, ns, name = "", "", "", ""
         code = 500
@@ -49,9 +54,13 @@ class Handler:
             if user is ANONYMOUS and path not in _PUBLIC:
                 raise errors.unauthorized()
             user = self._impersonate(request, user)
-            CURRENT_USER.set(user)  # aiohttp serves each request in its own task: this stays request-local
+            # Request-local: reset below, as a request made in process runs in its caller's task.
+            current = CURRENT_USER.set(user)
             info = routing.parse(path)
+            if info is None and not isinstance(request, web.Request):
+                raise errors.ApiError(404, "NotFound", "the server could not find the requested resource", details={})
             if info is None:
+                assert isinstance(request, web.Request)
                 verb = request.method.lower()
                 # /_kubesim checks for the admin itself; every other path is a non-resource URL.
                 if not path.startswith("/_kubesim"):
@@ -71,6 +80,8 @@ class Handler:
             log.exception("internal error serving %s %s", request.method, request.path_qs)
             return error_response(errors.internal(repr(exc)))
         finally:
+            if current is not None:
+                CURRENT_USER.reset(current)
             self.server.log.record(
                 Entry(
                     time.time(),
@@ -95,7 +106,7 @@ class Handler:
             raise errors.forbidden(message, resource=attrs.resource, group=attrs.group, name=attrs.name)
         raise errors.ApiError(403, "Forbidden", message, details={})
 
-    def _impersonate(self, request: web.Request, user: User) -> User:
+    def _impersonate(self, request: Request, user: User) -> User:
         """Act as the user named by ``Impersonate-*`` headers (``kubectl --as``), as the real
         impersonation filter does: each header is authorised as the verb ``impersonate``."""
         headers = request.headers
@@ -196,7 +207,7 @@ class Handler:
 
 
 def _attributes(
-    request: web.Request, info: routing.RequestInfo, user: User, verb: str, ns: str, name: str, path: str
+    request: Request, info: routing.RequestInfo, user: User, verb: str, ns: str, name: str, path: str
 ) -> Attributes:
     """What RBAC sees of a resource request, with upstream's two twists: a list or watch pinned to
     one name by ``fieldSelector=metadata.name=X`` is about X (so a rule with ``resourceNames`` can

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from aiohttp import web
+from multidict import MultiMapping
 
 from kubesim.apiserver import errors, protobuf
 from kubesim.apiserver.store import dumps
@@ -47,3 +48,25 @@ def decode_body(raw: bytes, content_type: str) -> Any:
     if ct == protobuf.CONTENT_TYPE:
         return protobuf.decode(raw)
     raise errors.unsupported_media_type(ct)
+
+
+class Request(Protocol):
+    """What serving a request reads of it: an aiohttp request, or a ``LocalRequest`` made by a
+    component in the API server's own process."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def path_qs(self) -> str: ...
+
+    @property
+    def query(self) -> MultiMapping[str]: ...
+
+    @property
+    def headers(self) -> MultiMapping[str]: ...
+
+    async def read(self) -> bytes: ...

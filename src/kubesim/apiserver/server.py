@@ -47,9 +47,10 @@ class ServerConfig:
     namespaces: tuple[str, ...] = BOOTSTRAP_NAMESPACES
     # HTTPS by default: client-go (kubectl) never sends bearer tokens over plain HTTP.
     tls: bool = True
-    # With TLS, a second listener on the same host speaking plain HTTP, for kubesim's own
-    # controllers and kubelet (`internal_url`): TLS in Python's asyncio was half the API server's
-    # CPU under warm creates and a sixth of the controllers'. Tokens are checked the same way.
+    # With TLS, a second listener on the same host speaking plain HTTP, for kubesim's controllers
+    # and kubelet in another process (`kubesim controllers --via`, `internal_url`): TLS in Python's
+    # asyncio was half the API server's CPU under warm creates and a sixth of the controllers'.
+    # Tokens are checked the same way. (`kubesim serve` runs them in its own process instead.)
     internal_http: bool = False
     authorizer: Authorizer = field(default_factory=AllowAll)
     # Enforce RBAC (replaces ``authorizer``): only system:masters (the admin and default user

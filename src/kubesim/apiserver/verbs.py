@@ -11,11 +11,13 @@ from aiohttp import web
 
 from kubesim.apiserver import deletion, errors, params, reviews, scaling, selectors, special, tables, watch
 from kubesim.apiserver.auth import User
-from kubesim.apiserver.handlers_common import decode_body, json_response
+from kubesim.apiserver.handlers_common import Request, decode_body, json_response
+from kubesim.apiserver.localrequest import LocalRequest, OpenedWatch
 from kubesim.apiserver.resources import VIRTUAL, ResourceType
 from kubesim.apiserver.rest import Result, WriteOptions
 from kubesim.apiserver.routing import RequestInfo
 from kubesim.apiserver.store import Stored, dumps
+from kubesim.apiserver.watch import Watcher
 
 if TYPE_CHECKING:
     from kubesim.apiserver.server import ApiServer
@@ -54,7 +56,7 @@ class Verbs:
             raise _missing()
         return rt
 
-    def describe(self, request: web.Request, info: RequestInfo) -> tuple[str, str, str, str]:
+    def describe(self, request: Request, info: RequestInfo) -> tuple[str, str, str, str]:
         """(verb, resource label, namespace, name) as RBAC and the request log see them."""
         rt = self.resource_type(info)
         method = request.method
@@ -83,7 +85,7 @@ class Verbs:
 
     # ---- dispatch ----------------------------------------------------------------------------
 
-    async def serve(self, request: web.Request, info: RequestInfo, verb: str, user: User) -> web.StreamResponse:
+    async def serve(self, request: Request, info: RequestInfo, verb: str, user: User) -> web.StreamResponse:
         """Run the verb."""
         rt = self.resource_type(info)
         ns = info.namespace or ""
@@ -140,7 +142,7 @@ class Verbs:
 
     # ---- reads -------------------------------------------------------------------------------
 
-    def get(self, request: web.Request, rt: ResourceType, info: RequestInfo) -> web.Response:
+    def get(self, request: Request, rt: ResourceType, info: RequestInfo) -> web.Response:
         """GET one object (or its status/scale view)."""
         stored = self.rest.get(rt, info.namespace or "", info.name)
         if info.subresource == "scale":
@@ -155,13 +157,13 @@ class Verbs:
             return json_response(tables.table(columns, [tables.row(stored.obj, cells(stored.obj), include)], meta))
         return json_response(stored.encoded(rt.api_version(info.version)))
 
-    def _printer(self, request: web.Request, rt: ResourceType, version: str) -> tuple[Any, tables.Row] | None:
+    def _printer(self, request: Request, rt: ResourceType, version: str) -> tuple[Any, tables.Row] | None:
         if not tables.wants_table(request.headers.get("Accept", "")):
             return None
         return tables.printer(rt, version)
 
     def _table_renderer(
-        self, request: web.Request, rt: ResourceType, version: str
+        self, request: Request, rt: ResourceType, version: str
     ) -> Callable[[str, Stored], bytes] | None:
         printer = self._printer(request, rt, version)
         if printer is None:
@@ -176,7 +178,7 @@ class Verbs:
 
         return render
 
-    def _predicate(self, request: web.Request, rt: ResourceType, name: str = "") -> selectors.Predicate | None:
+    def _predicate(self, request: Request, rt: ResourceType, name: str = "") -> selectors.Predicate | None:
         q = request.query
         by_name = selectors.field_selector(f"metadata.name={name}") if name else None
         return selectors.combine(
@@ -187,7 +189,7 @@ class Verbs:
 
     def _select(
         self,
-        request: web.Request,
+        request: Request,
         rt: ResourceType,
         ns: str | None,
         objects: dict[tuple[str, str], Stored] | None = None,
@@ -206,7 +208,7 @@ class Verbs:
             return candidates
         return [s for s in candidates if pred(s.obj)]
 
-    def list(self, request: web.Request, rt: ResourceType, info: RequestInfo) -> web.Response:
+    def list(self, request: Request, rt: ResourceType, info: RequestInfo) -> web.Response:
         """GET a collection: selectors, limit/continue, resourceVersion semantics."""
         q = request.query
         store = self.server.store
@@ -264,7 +266,7 @@ class Verbs:
         body = head + b',"items":[' + b",".join(s.encoded(av) for s in items) + b"]}"
         return json_response(body)
 
-    async def watch(self, request: web.Request, rt: ResourceType, info: RequestInfo, user: User) -> web.StreamResponse:
+    async def watch(self, request: Request, rt: ResourceType, info: RequestInfo, user: User) -> web.StreamResponse:
         """A watch stream: replay from a resourceVersion, or initial ADDED events, then live events."""
         q = request.query
         store = self.server.store
@@ -285,31 +287,24 @@ class Verbs:
         timeout = params.integer(q, "timeoutSeconds")
         timeout_s = float(timeout) if timeout is not None and timeout > 0 else cfg.watch_timeout
         av = rt.api_version(info.version)
-        w = watch.Watcher(
+        local = isinstance(request, LocalRequest)
+        w = (watch.ObjectWatcher if local else watch.Watcher)(
             namespace=info.namespace if rt.namespaced else None,
             predicate=self._predicate(request, rt, info.name),
             api_version=av,
             user=user.username,
             after=since or 0,
-            render=self._table_renderer(request, rt, info.version),
+            render=None if local else self._table_renderer(request, rt, info.version),
         )
         bucket = store.bucket(rt.group, rt.plural)
         # Snapshot and subscription happen with no await in between, so no event can slip through.
-        if initial:
-            for s in self._select(request, rt, info.namespace):
-                if info.name and s.obj["metadata"]["name"] != info.name:
-                    continue
-                w.added(s)
-            if send_initial is not None:
-                w.push(watch.bookmark(rt.kind, av, store.rv, initial_end=True))
-        elif since is not None:
-            events = store.replay(rt.group, rt.plural, since)
-            if events is None:
-                w.close(watch.expired_status(since, store.oldest(rt.group, rt.plural)))
-            else:
-                for event in events:
-                    w.offer(event)
+        self._prime(request, rt, info, w, since=since, initial=initial, sent_initial=send_initial is not None)
         bucket.subscribers.add(w)
+        if isinstance(request, LocalRequest):
+            assert isinstance(w, watch.ObjectWatcher)
+            request.opened = OpenedWatch(w, bucket, timeout_s)  # its consumer reads and unsubscribes it
+            return web.Response(status=200)
+        assert isinstance(request, web.Request)
         try:
             return await watch.stream(
                 request,
@@ -326,6 +321,35 @@ class Verbs:
         finally:
             bucket.subscribers.discard(w)
 
+    def _prime(
+        self,
+        request: Request,
+        rt: ResourceType,
+        info: RequestInfo,
+        w: Watcher,
+        *,
+        since: int | None,
+        initial: bool,
+        sent_initial: bool,
+    ) -> None:
+        """Queue what a new watch sees before live events: the current objects as ADDED (then the
+        initial-events bookmark when asked for), or the retained events after ``since`` (or 410)."""
+        store = self.server.store
+        if initial:
+            for s in self._select(request, rt, info.namespace):
+                if info.name and s.obj["metadata"]["name"] != info.name:
+                    continue
+                w.added(s)
+            if sent_initial:
+                w.push(watch.bookmark(rt.kind, rt.api_version(info.version), store.rv, initial_end=True))
+        elif since is not None:
+            events = store.replay(rt.group, rt.plural, since)
+            if events is None:
+                w.close(watch.expired_status(since, store.oldest(rt.group, rt.plural)))
+            else:
+                for event in events:
+                    w.offer(event)
+
     # ---- create and computed verbs -----------------------------------------------------------
 
     def _review(self, rt: ResourceType, body: Any, user: User) -> dict[str, Any]:
@@ -338,7 +362,7 @@ class Verbs:
         return reviews.access_review(self.server.authorizer, body, user, self_review=rt.plural.startswith("self"))
 
     def create(
-        self, request: web.Request, rt: ResourceType, info: RequestInfo, raw: bytes, opts: WriteOptions, user: User
+        self, request: Request, rt: ResourceType, info: RequestInfo, raw: bytes, opts: WriteOptions, user: User
     ) -> web.Response:
         """POST to a collection or to the token/binding subresources."""
         body = decode_body(raw, _content_type(request))
@@ -364,7 +388,7 @@ def _key(s: Stored) -> tuple[str, str]:
     return (m.get("namespace", ""), m["name"])
 
 
-def _content_type(request: web.Request) -> str:
+def _content_type(request: Request) -> str:
     # The raw header: aiohttp reports a missing one as application/octet-stream, but the real
     # server treats a missing Content-Type as JSON (the official sync client sends none).
     return request.headers.get("Content-Type", "").split(";")[0].strip()

@@ -78,14 +78,20 @@ class Watcher:
             kind = ("MODIFIED" if before else "ADDED") if now else ("DELETED" if before else None)
         if kind is None:
             return
-        self.push(self.render(kind, event.new) if self.render else event.wire(kind, self.api_version))
+        self.deliver(kind, event.new, event)
 
     def added(self, stored: Stored) -> None:
         """Queue a synthetic ADDED event for an object that existed when the watch began."""
+        self.deliver("ADDED", stored, None)
+
+    def deliver(self, kind: str, stored: Stored, event: Event | None) -> None:
+        """Queue one event of this watch as its wire line (shared by every watcher of ``event``)."""
         if self.render is not None:
-            self.push(self.render("ADDED", stored))
+            self.push(self.render(kind, stored))
+        elif event is not None:
+            self.push(event.wire(kind, self.api_version))
         else:
-            self.push(b'{"type":"ADDED","object":' + stored.encoded(self.api_version) + b"}\n")
+            self.push(b'{"type":"' + kind.encode() + b'","object":' + stored.encoded(self.api_version) + b"}\n")
 
     def push(self, line: bytes) -> None:
         """Queue a raw line; a watcher too far behind is closed instead."""
@@ -104,13 +110,17 @@ class Watcher:
         self.closed = True
         self._wake()
 
+    def pending(self) -> bool:
+        """Whether events are queued for the consumer."""
+        return bool(self.lines)
+
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     async def wait(self, deadline: float) -> None:
         """Return when a line is queued, the watch closes, or ``deadline`` (loop time) passes."""
-        if self.lines or self.closed:
+        if self.pending() or self.closed:
             return
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
@@ -120,6 +130,35 @@ class Watcher:
         finally:
             handle.cancel()
             self._waiter = None
+
+
+class ObjectWatcher(Watcher):
+    """A watch consumed in the API server's own process (kubesim's controllers and kubelet): the
+    same filtering as a wire watch, but each event is queued as the stored object itself, never
+    encoded. Stored objects are immutable (every write stores a fresh dict), so sharing them is
+    safe as long as the consumer treats them as read-only, as client-go's informers require."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.events: deque[tuple[str, dict[str, Any]]] = deque()
+
+    def deliver(self, kind: str, stored: Stored, event: Event | None) -> None:
+        if len(self.events) >= MAX_BACKLOG:
+            self.close()
+            return
+        self.events.append((kind, stored.view(self.api_version)))
+        self._wake()
+
+    def close(self, error: dict[str, Any] | None = None) -> None:
+        if self.closed:
+            return
+        if error is not None:
+            self.events.append(("ERROR", error))
+        self.closed = True
+        self._wake()
+
+    def pending(self) -> bool:
+        return bool(self.events)
 
 
 def bookmark(kind: str, api_version: str, rv: int, *, initial_end: bool = False) -> bytes:

@@ -162,21 +162,18 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Obj:
-        url = self._base + path + ("?" + urlencode(params) if params else "")
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if data is not None else {}
+        data = None if body is None else json.dumps(body).encode()
         attempts = len(RETRY_BACKOFF) + 1
         for attempt in range(1, attempts + 1):
             try:
-                async with self._http().request(method, url, data=data, headers=headers) as resp:
-                    text = await resp.text()
-                    if resp.status < 300:
-                        return json.loads(text) if text else {}
-                    parsed = _parse(text)
-                    if not _temporary(resp.status) or attempt == attempts:
-                        raise ApiError(resp.status, parsed, text)
-                    delay = _retry_after(resp.headers.get("Retry-After"), attempt)
-                    log.debug("%s %s: %s, attempt %d/%d", method, path, resp.status, attempt, attempts)
+                status, text, retry_after = await self._exchange(method, path, params, data, content_type)
+                if status < 300:
+                    return json.loads(text) if text else {}
+                parsed = parse_status(text)
+                if not _temporary(status) or attempt == attempts:
+                    raise ApiError(status, parsed, text.decode(errors="replace"))
+                delay = _retry_after(retry_after, attempt)
+                log.debug("%s %s: %s, attempt %d/%d", method, path, status, attempt, attempts)
             except (TimeoutError, aiohttp.ClientConnectionError) as exc:
                 if attempt == attempts:
                     raise
@@ -184,6 +181,15 @@ class KubeClient:
                 log.debug("%s %s: %r, attempt %d/%d", method, path, exc, attempt, attempts)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    async def _exchange(
+        self, method: str, path: str, params: dict[str, str] | None, data: bytes | None, content_type: str
+    ) -> tuple[int, bytes, str | None]:
+        """One request over HTTP: (status, body, Retry-After)."""
+        url = self._base + path + ("?" + urlencode(params) if params else "")
+        headers = {"Content-Type": content_type} if data is not None else {}
+        async with self._http().request(method, url, data=data, headers=headers) as resp:
+            return resp.status, await resp.read(), resp.headers.get("Retry-After")
 
     async def get(self, res: Resource, namespace: str | None, name: str) -> Obj:
         return await self.request("GET", res.path(namespace, name))
@@ -285,7 +291,7 @@ class KubeClient:
         async with self._http().get(url, timeout=timeout) as resp:
             if resp.status >= 300:
                 text = await resp.text()
-                raise ApiError(resp.status, _parse(text), text)
+                raise ApiError(resp.status, parse_status(text), text)
             buf = b""
             async for chunk in resp.content.iter_any():
                 buf += chunk
@@ -298,7 +304,8 @@ class KubeClient:
                 yield json.loads(buf)
 
 
-def _parse(text: str) -> Obj | None:
+def parse_status(text: str | bytes) -> Obj | None:
+    """The Status object of an error answer, if its body is one."""
     try:
         value = json.loads(text)
     except ValueError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -18,8 +19,10 @@ def fnv1a_32(data: bytes) -> int:
     return h
 
 
+@functools.lru_cache(maxsize=8192)
 def name_hash(name: str) -> str:
-    """``NameHash``: FNV-1a of the name, 8 lowercase hex digits."""
+    """``NameHash``: FNV-1a of the name, 8 lowercase hex digits (remembered: the same few
+    thousand names are hashed on every reconcile, a byte at a time in Python)."""
     return f"{fnv1a_32(name.encode()):08x}"
 
 

@@ -28,10 +28,25 @@ def blueprint(template: Obj) -> Obj:
     return out
 
 
+#: Template hashes by the template object they were computed from (kept with it, so its id is not
+#: reused): an informer's cached object is never edited, and every claim checks each of its pool's
+#: members against its template (30 members: 60 hashes of the template's JSON a byte at a time, over
+#: half of kubesim's busy samples under warm creates before they were kept).
+_TEMPLATE_HASHES: dict[int, tuple[Obj, tuple[str, str]]] = {}
+_TEMPLATE_HASHES_KEPT = 256
+
+
 def template_hashes(template: Obj) -> tuple[str, str]:
     """(pod-template hash, blueprint hash) — opaque, compared only for equality."""
+    found = _TEMPLATE_HASHES.get(id(template))
+    if found is not None and found[0] is template:
+        return found[1]
     bp = blueprint(template)
-    return json_hash(bp["podTemplate"]), json_hash(bp)
+    hashes = json_hash(bp["podTemplate"]), json_hash(bp)
+    if len(_TEMPLATE_HASHES) >= _TEMPLATE_HASHES_KEPT:
+        _TEMPLATE_HASHES.clear()
+    _TEMPLATE_HASHES[id(template)] = (template, hashes)
+    return hashes
 
 
 def apply_secure_defaults(pod_spec: Obj, template: Obj) -> None:

@@ -136,11 +136,16 @@ async def test_fifty_concurrent_creates_against_a_pool_of_twenty(
         assert all(s.status.phase == pb.SANDBOX_PHASE_READY for s in ready)
         # Every sandbox has its own pod: no warm member was activated twice.
         assert len({s.status.instance_id for s in ready}) == 50
-        # All warm, but only the twenty idle members were instant starts; the other thirty
-        # waited for the pool to refill, and say so.
+        # All warm; the twenty idle members were instant starts, and so was any refilled member
+        # that registered before a later create was received (kubesim's fast pods can); the
+        # others waited for the pool to refill, and say so.
         assert {s.status.allocation for s in ready} == {"warm"}
         reasons = collections.Counter({c.type: c for c in s.status.conditions}["Allocated"].reason for s in ready)
-        assert reasons == {"PoolHit": 20, "Refilled": 30}
+        assert reasons["PoolHit"] >= 20, reasons
+        assert reasons["PoolHit"] + reasons["Refilled"] == 50, reasons
+        for s in ready:
+            waited = s.status.timeline.registered_us > s.status.timeline.requested_us
+            assert ({c.type: c for c in s.status.conditions}["Allocated"].reason == "Refilled") == waited
         code, out, _ = await gw.exec("c49", ["sh", "-c", "echo $FOO"])
         assert (code, out) == (0, b"bar\n")
 

@@ -1,4 +1,5 @@
-"""``run_controllers`` as ``kubesim serve`` runs it: URL, admin token and an admin kubeconfig."""
+"""``kubesim serve`` runs the controllers in its process; ``run_controllers`` (``kubesim controllers``)
+runs them against a served API over HTTP: URL, admin token and an admin kubeconfig."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import dataclasses
 import pathlib
 import subprocess
 import sys
-from collections.abc import Callable
 
 from ksc_helpers import NS, pool, template, wait_for, wait_pool_ready
 
@@ -53,15 +53,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-async def _until(check: Callable[[], bool], what: str, within: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not check():
-        assert loop.time() < deadline, f"not {what} after {within:.0f} s"
-        await asyncio.sleep(0.05)  # polling /proc: there is no event for another process's state
-
-
-async def test_serve_runs_the_controllers_apart_and_they_never_outlive_it(tmp_path: pathlib.Path) -> None:
+async def test_serve_runs_the_controllers_in_its_own_process(tmp_path: pathlib.Path) -> None:
     serve = subprocess.Popen(
         [sys.executable, "-m", "kubesim.cli", "serve", "--kubeconfig", str(tmp_path / "kc.yaml")],
         stdin=subprocess.DEVNULL,
@@ -69,26 +61,15 @@ async def test_serve_runs_the_controllers_apart_and_they_never_outlive_it(tmp_pa
         stderr=subprocess.DEVNULL,
     )
     try:
-
-        def controllers() -> list[int]:
-            return [
-                p
-                for p in _children(serve.pid)
-                if b"controllers" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
-            ]
-
-        await _until(lambda: bool(controllers()), "started the controllers' process")
-        (child,) = controllers()
-        admin = kc.KubeClient.from_kubeconfig(str(tmp_path / "kc-admin.yaml"))
+        await wait_for(lambda: asyncio.sleep(0.05, (tmp_path / "kc.yaml").exists()), bool, what="kubeconfig")
+        admin = kc.KubeClient.from_kubeconfig(str(tmp_path / "kc.yaml"))
         try:
-            # The child installs the CRDs through the API served by its parent.
+            # The controllers install the CRDs through the API of the process they run in.
             await wait_for(lambda: _pools_served(admin), bool, what="CRDs served")
         finally:
             await admin.aclose()
-        serve.kill()  # no chance to stop its child: the pipe on the child's stdin closes instead
-        serve.wait()
-        await _until(lambda: not pathlib.Path(f"/proc/{child}").exists(), "stopped the orphaned controllers")
+        commands = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in _children(serve.pid)]
+        assert not [c for c in commands if b"kubesim.cli" in c], commands
     finally:
-        if serve.poll() is None:
-            serve.kill()
-            serve.wait()
+        serve.terminate()
+        assert serve.wait(timeout=30) == 0

@@ -5,6 +5,7 @@ is the gateway's registrations of pool members, bounded by the pool's ready coun
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import Counter
 from pathlib import Path
@@ -356,6 +357,10 @@ class LateCache:
 
     def arrive(self, sandbox: dict[str, Any], pod: dict[str, Any]) -> None:
         self.objects |= {f"sandbox/{sandbox['metadata']['name']}": sandbox, f"pod/{pod['metadata']['name']}": pod}
+        self.touch()
+
+    def touch(self) -> None:
+        """A change of some other object (another pod's status write)."""
         self.generation += 1
         self.changed.set()
         self.changed = asyncio.Event()
@@ -389,3 +394,68 @@ async def test_a_claim_bound_before_the_informers_see_its_sandbox_waits_for_them
     assert activated == [InstanceId(pod["metadata"]["uid"])]
     assert not [c for c in cluster.calls if c[0] == "get"]  # the chain came from the cache alone
     await controller.aclose()
+
+
+class Recorded(NoActivator):
+    def __init__(self) -> None:
+        self.activated: list[InstanceId] = []
+
+    async def activate(self, **kwargs: Any) -> None:
+        self.activated.append(kwargs["instance_id"])
+
+
+@dataclasses.dataclass
+class LateScene:
+    """A claim bound to a pool member whose Sandbox and pod the informers have not shown yet,
+    with its controller started."""
+
+    cluster: WarmCluster
+    sandbox: dict[str, Any]
+    pod: dict[str, Any]
+    cache: LateCache
+    activator: Recorded
+    controller: claimactivation.ClaimActivation
+
+    async def activated_once(self) -> None:
+        async with asyncio.timeout(5):
+            await self.controller.wait_in_flight()
+        assert self.activator.activated == [InstanceId(self.pod["metadata"]["uid"])]
+        await self.controller.aclose()
+
+    def gets(self) -> list[tuple[Any, ...]]:
+        return [c for c in self.cluster.calls if c[0] == "get"]
+
+
+def late_scene() -> LateScene:
+    cluster = WarmCluster()
+    sandbox, pod = cluster.member(cluster.pool())
+    claim = cluster.claim(proof="p")
+    cluster.adopt(sandbox, claim)
+    cache, activator = LateCache(claim), Recorded()
+    api: Any = cluster
+    controller = claimactivation.ClaimActivation(api, NS, ProofSealer(KEY), cache)
+    controller.start(activator)
+    return LateScene(cluster, sandbox, pod, cache, activator, controller)
+
+
+async def test_changes_of_other_objects_do_not_send_a_bound_claim_to_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (30.0, 30.0))
+    scene = late_scene()
+    for _ in range(3):  # other pods' status writes, before this claim's Sandbox and pod are seen
+        scene.cache.touch()
+        for _ in range(5):
+            await asyncio.sleep(0)
+    assert scene.activator.activated == []
+    scene.cache.arrive(scene.sandbox, scene.pod)
+    await scene.activated_once()
+    assert scene.gets() == []  # still the cache alone
+
+
+async def test_a_chain_the_informers_never_show_is_read_live_after_the_cache_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(claimactivation, "CACHE_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (0.01, 30.0))
+    scene = late_scene()
+    await scene.activated_once()
+    assert len(scene.gets()) == 2  # its Sandbox, then its pod
