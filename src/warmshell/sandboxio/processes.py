@@ -233,8 +233,17 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 # and exec in this threaded process: grpc's fork handlers crash a child that does): take stdin,
 # the terminal, as the controlling terminal of the new session, then become the command. If it
 # cannot, the errno goes to the report pipe (argv[1]), which a successful exec closes unwritten.
+# Every signal's action is reset first: an ignored signal stays ignored across exec, and this
+# interpreter ignores SIGPIPE, and a process started in a script's background (or by nohup)
+# ignores SIGINT and SIGQUIT (or SIGHUP): Ctrl-C typed on the terminal would then do nothing.
 _TAKE_TERMINAL = """
-import fcntl, os, sys, termios
+import _signal, fcntl, os, sys, termios
+for number in range(1, _signal.NSIG):
+    if number not in (_signal.SIGKILL, _signal.SIGSTOP):
+        try:
+            _signal.signal(number, _signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
 report = int(sys.argv[1])
 os.set_inheritable(report, False)
 fcntl.ioctl(0, termios.TIOCSCTTY, 0)

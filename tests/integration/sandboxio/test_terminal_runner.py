@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 
 import pytest
 
@@ -53,3 +54,21 @@ async def test_ctrl_c_typed_on_the_terminal_interrupts_and_not_found_is_not_star
 async def test_many_terminal_starts_in_a_threaded_process_never_crash_a_child() -> None:
     codes = await asyncio.gather(*(run_on_terminal(["sh", "-c", "exit 3"]) for _ in range(20)))
     assert [code for code, _ in codes] == [3] * 20
+
+
+async def test_signals_this_process_ignores_have_their_default_action_in_the_command() -> None:
+    # A runner started by nohup or in a script's background ignores SIGHUP, SIGINT, SIGQUIT, and
+    # an ignored signal stays ignored across exec: Ctrl-C would do nothing in the command.
+    ignored = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in ignored}
+    try:
+        code, output = await run_on_terminal(["sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/$$/status"])
+        interrupted, _ = await run_on_terminal(["sh", "-c", "echo ready; read line"], typed=b"\x03")
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    assert code == 0
+    masks = dict(line.split(":") for line in output.decode().split("\r\n") if line)
+    assert int(masks["SigIgn"], 16) == 0, output  # sh ignores nothing it was not told to
+    assert int(masks["SigBlk"], 16) == 0, output
+    assert interrupted == 130

@@ -134,6 +134,10 @@ static void child(char **argv, char **envp, const char *cwd, const int *fds, int
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    /* Every signal's default action: an ignored one stays ignored across exec, and a gateway
+       started by nohup or in a script's background ignores SIGHUP, or SIGINT and SIGQUIT. */
+    for (int number = 1; number < NSIG; number++)
+        if (number != SIGKILL && number != SIGSTOP) signal(number, SIG_DFL);
     if (tty) {
         if (setsid() < 0) goto fail_setup;  /* a session (and group) of its own, without a terminal */
     } else {
