@@ -374,3 +374,21 @@ async def test_an_exec_ends_when_its_command_exits_not_when_a_background_child_d
         assert set(out_yes.replace(b"started\n", b"")) <= set(b"y\n")
         link.close()
         await asyncio.to_thread(process.wait, 10)
+
+
+def test_a_command_starts_with_every_signals_default_action_whatever_the_agent_inherited() -> None:
+    # A gateway started by nohup or in a script's background ignores SIGHUP, or SIGINT and
+    # SIGQUIT; bwrap and the agent inherit that, and an ignored signal stays ignored across exec.
+    ignored = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in ignored}
+    try:
+        with raw_agent() as (sock, _):
+            hello(sock)
+            code, output = run_raw(sock, ["sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/$$/status"], 1)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    assert code == 0
+    masks = dict(line.split(":") for line in output.decode().splitlines())
+    assert int(masks["SigIgn"], 16) == 0, output
+    assert int(masks["SigBlk"], 16) == 0, output
