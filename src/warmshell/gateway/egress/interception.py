@@ -24,10 +24,8 @@ from warmshell.core import egress
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.sandboxio import trust
 
-__all__ = ["BUNDLE_FILE", "CA_FILE", "CertificateAuthority", "derived_key", "upstream_context"]
+__all__ = ["CertificateAuthority", "derived_key", "upstream_context"]
 
-CA_FILE = egress.CA_FILE
-BUNDLE_FILE = egress.BUNDLE_FILE
 _KEY_FILE = "ca.key"
 # Leaves live in memory only; a month is far beyond any sandbox's connection.
 _LEAF_DAYS = 30
@@ -77,15 +75,15 @@ class CertificateAuthority:
     @property
     def ca_file(self) -> Path:
         """The CA's certificate (public), for NODE_EXTRA_CA_CERTS."""
-        return self.directory / CA_FILE
+        return self.directory / egress.CA_FILE
 
     @property
     def bundle_file(self) -> Path:
         """The host's CAs and this one, for SSL_CERT_FILE and the like."""
-        return self.directory / BUNDLE_FILE
+        return self.directory / egress.BUNDLE_FILE
 
     def _load_or_create(self) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-        key_path, cert_path = self.directory / _KEY_FILE, self.directory / CA_FILE
+        key_path, cert_path = self.directory / _KEY_FILE, self.directory / egress.CA_FILE
         if key_path.exists() and cert_path.exists():
             key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
             if not isinstance(key, ec.EllipticCurvePrivateKey):
