@@ -184,18 +184,7 @@ async def _start_piped(
     report_read, report_write = os.pipe()
     try:
         try:
-            process = await asyncio.create_subprocess_exec(
-                *_trampoline(report_write, command, terminal=False),
-                stdin=stdin,
-                stdout=stdout,
-                stderr=stderr,
-                pass_fds=(report_write,),
-                env=dict(env),
-                cwd=cwd,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise _not_started(exc, command, cwd) from None
+            process = await _start_reset(command, report_write, (stdin, stdout, stderr), env, cwd, terminal=False)
         finally:
             os.close(report_write)
         failed = await _exec_report(report_read)
@@ -316,9 +305,32 @@ except OSError as exc:
 _RESTORED = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
 
 
-def _trampoline(report: int, command: Sequence[str], *, terminal: bool) -> tuple[str, ...]:
-    """The argv that starts `command` through `_RESET_AND_EXEC`, reporting to fd `report`."""
-    return (sys.executable, "-I", "-S", "-c", _RESET_AND_EXEC, str(report), "1" if terminal else "0", *command)
+async def _start_reset(
+    command: Sequence[str],
+    report: int,
+    stdio: tuple[int, int, int],
+    env: Mapping[str, str],
+    cwd: str,
+    *,
+    terminal: bool,
+) -> asyncio.subprocess.Process:
+    """Start `command` through `_RESET_AND_EXEC` in a new session (setsid in the child, before
+    exec: no Python there), `stdio` its stdin, stdout and stderr, its exec's failure reported on
+    fd `report`; WorkdirError when `cwd` cannot be entered."""
+    argv = (sys.executable, "-I", "-S", "-c", _RESET_AND_EXEC, str(report), "1" if terminal else "0", *command)
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=stdio[0],
+            stdout=stdio[1],
+            stderr=stdio[2],
+            pass_fds=(report,),
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise _not_started(exc, command, cwd) from None
 
 
 def _ignores_what_exec_keeps() -> bool:
@@ -348,19 +360,7 @@ async def _run_on_terminal(
     report_read, report_write = os.pipe()
     try:
         set_window_size(master, io.terminal)
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *_trampoline(report_write, command, terminal=True),
-                stdin=slave,
-                stdout=slave,
-                stderr=slave,
-                pass_fds=(report_write,),
-                env=dict(env),
-                cwd=cwd,
-                start_new_session=True,  # setsid in the child, before exec (no Python there)
-            )
-        except OSError as exc:
-            raise _not_started(exc, command, cwd) from None
+        process = await _start_reset(command, report_write, (slave, slave, slave), env, cwd, terminal=True)
     except BaseException:
         os.close(master)
         os.close(report_read)

@@ -49,10 +49,11 @@ def status(output: str) -> dict[str, str]:
 @pytest.mark.parametrize("numbers", [IGNORED, ()], ids=["ignoring-int-quit-hup", "ignoring-none"])
 async def test_the_command_ignores_no_signal_and_leads_its_own_session(numbers: tuple[int, ...]) -> None:
     with ignoring(numbers):
-        code, output = await run(["sh", "-c", "cat /proc/$$/status"])
+        code, output = await run(["sh", "-c", "exec cat /proc/self/status"])
     fields = status(output)
     assert code == 0
     assert int(fields["SigIgn"], 16) == 0, output  # not even SIGPIPE, which this interpreter ignores
+    assert int(fields["SigBlk"], 16) == 0, output
     assert fields["NSsid"] == fields["Pid"]  # a new session: a kill of its group reaches its children
 
 
