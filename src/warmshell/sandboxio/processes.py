@@ -187,7 +187,13 @@ async def _start_piped(
             process = await _start_reset(command, report_write, (stdin, stdout, stderr), env, cwd, terminal=False)
         finally:
             os.close(report_write)
-        failed = await _exec_report(report_read)
+        try:
+            failed = await _exec_report(report_read)
+        except BaseException:  # cancelled before its exec: it must not run on unwatched
+            _kill_group(process, signal.SIGKILL)
+            if process.stdin is not None:
+                process.stdin.close()
+            raise
     finally:
         os.close(report_read)
     if failed:

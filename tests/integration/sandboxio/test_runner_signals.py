@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,29 @@ async def test_a_signal_sent_to_the_command_ends_it_while_ignoring() -> None:
     with ignoring(IGNORED):
         code, _ = await run(["sh", "-c", "kill -INT $$; sleep 5"])
     assert code == 128 + signal.SIGINT
+
+
+def running(argv: list[str]) -> list[int]:
+    """The pids of processes whose command line is `argv`."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == wanted:
+                found.append(int(entry.name))
+    return found
+
+
+async def test_a_start_cancelled_at_any_point_while_ignoring_leaves_no_process() -> None:
+    argv = ["sleep", "61.25"]
+    with ignoring(IGNORED):
+        for delay in (0.0, 0.001, 0.003, 0.006, 0.01, 0.02, 0.05):
+            task = asyncio.ensure_future(run(argv))
+            await asyncio.sleep(delay)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    deadline = asyncio.get_running_loop().time() + 5
+    while running(argv) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert running(argv) == []
