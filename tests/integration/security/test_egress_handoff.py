@@ -230,3 +230,21 @@ async def test_only_the_sandboxs_agent_may_hand_connections_over(tmp_path: Path)
             assert await _counted(before, "refused_channel") == {"refused_channel": 1}
     finally:
         listener.close()
+
+
+async def test_the_agent_hands_over_again_once_its_proxy_socket_is_replaced(
+    gw: RunningGateway, allowed: Upstream
+) -> None:
+    spec = pb.SandboxSpec(network=pb.NetworkPolicy(allow=[allowed.authority]))
+    ready = await sandbox(gw, "again", spec)
+    assert (await sh(gw, "again", f"curl -sS http://{allowed.authority}/one"))[1] == "upstream saw /one\n"
+    # Opened anew (as an activation does): the agent's channel to the old socket is closed, and
+    # its next connection goes over a new one.
+    proxy = gw.gateway.parts.egress.proxy
+    path, policy = proxy.socket_path(ready.id), proxy.policy(ready.id)
+    assert path is not None
+    assert policy is not None
+    await proxy.open(ready.id, path, policy)
+    before = _counts()
+    assert (await sh(gw, "again", f"curl -sS http://{allowed.authority}/two"))[1] == "upstream saw /two\n"
+    assert _added(before) == {"accepted": 1}

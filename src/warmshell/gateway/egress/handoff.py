@@ -23,6 +23,7 @@ import asyncio
 import os
 import socket
 import stat
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +38,7 @@ _FD_BYTES = array.array("i").itemsize
 _CONTROL_BYTES = socket.CMSG_SPACE(_FD_BYTES)
 _STEPS = 16  # records per readiness event, so one busy sandbox does not hold the loop
 _BACKLOG = 64
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11 does not name it
 
 # Whether a connected channel's peer may hand sockets over (see `is_sandbox_agent`).
@@ -62,7 +64,8 @@ def _peer_nspid(channel: socket.socket) -> list[int]:
     try:
         pidfd = channel.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD)
     except OSError:
-        pid = int.from_bytes(channel.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)[:4], "little")
+        credentials = channel.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        pid, _, _ = _UCRED.unpack(credentials)
         return _nspid(Path(f"/proc/{pid}/status").read_text())
     try:
         return _nspid(Path(f"/proc/self/fdinfo/{pidfd}").read_text())

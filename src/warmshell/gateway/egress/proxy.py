@@ -130,6 +130,11 @@ class EgressProxy:
         sandbox = self._sandboxes.get(sandbox_id)
         return sandbox.policy if sandbox is not None else None
 
+    def socket_path(self, sandbox_id: str) -> Path | None:
+        """Where the sandbox's proxy socket is (None: it has none open here)."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        return sandbox.path if sandbox is not None else None
+
     def traffic(self, sandbox_id: str) -> tuple[int, int] | None:
         """Bytes up (out of the sandbox) and down through its proxy so far; None: no proxy here."""
         sandbox = self._sandboxes.get(sandbox_id)
