@@ -38,9 +38,10 @@
  * attached (SCM_RIGHTS), over a channel connected to the Unix socket EGRESS_SOCKET. The gateway
  * then reads and writes that socket itself (it stays in this sandbox's network namespace). The
  * sandbox has no other way out (its network namespace has loopback only), and the agent decides
- * nothing: the proxy applies the sandbox's policy, and treats whatever arrives on its socket as
- * the workload's (which can connect to it too). Without a socket there (no policy allows
- * anything) a connection is closed at once. The listener is pid 1's own rather than a process
+ * nothing: the proxy applies the sandbox's policy. The workload can connect to that socket too:
+ * the proxy serves a channel only from pid 1 of the sandbox, and a descriptor only when it is a
+ * connected TCP socket. Without a socket there (no policy allows anything) a connection is
+ * closed at once. The listener is pid 1's own rather than a process
  * of its own: an idle pool member is then two processes, not three, and its start spends no
  * fork and exec on a listener most sandboxes never use.
  */
@@ -223,6 +224,19 @@ static void ping(size_t size, int nfds) {
     reply('O', id, 0, 0);
 }
 
+/* One message of `size` bytes at `data` with `fd` attached (SCM_RIGHTS); sendmsg's result. */
+static ssize_t send_fd(int to, void *data, size_t size, int fd, int flags) {
+    char control[CMSG_SPACE(sizeof(int))] = {0};
+    struct iovec iov = {data, size};
+    struct msghdr header = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&header);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    return sendmsg(to, &header, MSG_NOSIGNAL | flags);
+}
+
 /* Answers ROOT with an O_PATH fd on this process's root. It grants the supervisor nothing the
  * workload lacks: the supervisor resolves every path under it with RESOLVE_IN_ROOT, with the
  * workload's uid, so what it reaches is what the workload could. */
@@ -233,15 +247,7 @@ static void root_dir(size_t size, int nfds) {
     int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) { reply('D', id, (uint32_t)errno, 0); return; }
     uint32_t record[4] = {'D', id, 0, 0};
-    char control[CMSG_SPACE(sizeof(int))] = {0};
-    struct iovec iov = {record, sizeof record};
-    struct msghdr header = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&header);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    while (sendmsg(ctl, &header, MSG_NOSIGNAL) < 0)
+    while (send_fd(ctl, record, sizeof record, fd, 0) < 0)
         if (errno != EINTR) die();  /* the host is gone */
     close(fd);
 }
@@ -336,18 +342,10 @@ static int handoff_channel(void) {
  * when it is writable), -1 not sent (no proxy socket, or the gateway is gone). */
 static int send_client(int client) {
     char record = 'C';
-    char control[CMSG_SPACE(sizeof(int))] = {0};
-    struct iovec iov = {&record, 1};
-    struct msghdr header = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&header);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &client, sizeof client);
     for (int attempt = 0; attempt < 2; attempt++) {  /* a closed channel is made once more */
         if (handoff_channel() < 0) return -1;
         ssize_t sent;
-        do sent = sendmsg(handoff, &header, MSG_NOSIGNAL | MSG_DONTWAIT); while (sent < 0 && errno == EINTR);
+        do sent = send_fd(handoff, &record, 1, client, MSG_DONTWAIT); while (sent < 0 && errno == EINTR);
         if (sent == 1) return 0;
         if (errno == EAGAIN) return 1;
         close(handoff);
