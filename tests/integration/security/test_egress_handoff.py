@@ -14,8 +14,9 @@ import array
 import asyncio
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -118,18 +119,24 @@ async def test_the_workload_cannot_hand_the_proxy_anything(gw: RunningGateway, a
     assert [head.split(b" ")[1] for head in allowed.heads] == [b"/first", b"/after"]
 
 
-@pytest.fixture
-async def opened(tmp_path: Path, allowed: Upstream) -> AsyncIterator[tuple[EgressProxy, Path]]:
-    """A proxy for one sandbox at a socket in `tmp_path`, every peer admitted, two connections
-    at most."""
-    proxy = EgressProxy(NetworkConfig(max_connections=2), peer=lambda channel: True)
-    path = tmp_path / "proxy.sock"
+@asynccontextmanager
+async def _proxy(directory: Path, allowed: Upstream, config: NetworkConfig) -> AsyncIterator[tuple[EgressProxy, Path]]:
+    """A proxy for one sandbox allowed `allowed`, at a socket in `directory`, every peer admitted."""
+    proxy = EgressProxy(config, peer=lambda channel: True)
+    path = directory / "proxy.sock"
     policy = Policy(allow=(parse_rules([allowed.authority], field="allow"),))
     await proxy.open("sandbox-1", path, policy)
     try:
         yield proxy, path
     finally:
         await proxy.aclose()
+
+
+@pytest.fixture
+async def opened(tmp_path: Path, allowed: Upstream) -> AsyncIterator[tuple[EgressProxy, Path]]:
+    """Two connections at most."""
+    async with _proxy(tmp_path, allowed, NetworkConfig(max_connections=2)) as made:
+        yield made
 
 
 @contextmanager
@@ -248,3 +255,26 @@ async def test_the_agent_hands_over_again_once_its_proxy_socket_is_replaced(
     before = _counts()
     assert (await sh(gw, "again", f"curl -sS http://{allowed.authority}/two"))[1] == "upstream saw /two\n"
     assert _added(before) == {"accepted": 1}
+
+
+async def test_a_handed_connection_keeps_the_sandboxs_byte_rate_and_counts(tmp_path: Path, allowed: Upstream) -> None:
+    # 512 KiB/s up, after a second's worth of burst; the splices take up to a pipe's worth
+    # (1 MiB) per step before they wait: 3 MiB take 3 s or more.
+    rate, size, step = 512 * 1024, 3 << 20, 1 << 20
+    bytes_up = metrics.EGRESS_BYTES.labels(direction="up")._value.get()
+    allowed_before = metrics.EGRESS_CONNECTIONS.labels(verdict="allowed")._value.get()
+    async with _proxy(tmp_path, allowed, NetworkConfig(max_bytes_per_second=rate)) as (proxy, path):
+        with _connected_pair() as (client, served), _hand(path, [served.fileno()]):
+            client.settimeout(20)
+            head = f"POST http://{allowed.authority}/up HTTP/1.1\r\nContent-Length: {size}\r\n\r\n"
+            start = time.monotonic()
+            await asyncio.to_thread(client.sendall, head.encode() + bytes(size))
+            answer = await asyncio.to_thread(client.recv, 1000)
+            elapsed = time.monotonic() - start
+        up, _ = proxy.traffic("sandbox-1") or (0, 0)
+    assert b"upstream saw /up" in answer
+    assert allowed.bodies[-1] == bytes(size)
+    assert elapsed >= (size - rate - step) / rate * 0.9, elapsed
+    assert up > size
+    assert metrics.EGRESS_BYTES.labels(direction="up")._value.get() - bytes_up == up
+    assert metrics.EGRESS_CONNECTIONS.labels(verdict="allowed")._value.get() - allowed_before == 1
