@@ -38,6 +38,7 @@ _FD_BYTES = array.array("i").itemsize
 _CONTROL_BYTES = socket.CMSG_SPACE(_FD_BYTES)
 _STEPS = 16  # records per readiness event, so one busy sandbox does not hold the loop
 _BACKLOG = 64
+_PAUSE_SECONDS = 0.1  # after an accept failed for want of descriptors or memory
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11 does not name it
 
@@ -157,7 +158,9 @@ class Listener:
                 channel, _ = self._socket.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # out of descriptors: the next readiness event tries again
+            except OSError:  # out of descriptors or memory: a pause, not a spin on a readable socket
+                self._loop.remove_reader(self._socket.fileno())
+                self._loop.call_later(_PAUSE_SECONDS, self._resume)
                 return
             if len(self._channels) >= self._max_channels or not self._peer(channel):
                 _count("refused_channel")
@@ -166,6 +169,10 @@ class Listener:
             channel.setblocking(False)
             self._channels[channel.fileno()] = channel
             self._loop.add_reader(channel.fileno(), self._readable, channel.fileno())
+
+    def _resume(self) -> None:
+        if self._socket.fileno() >= 0:
+            self._loop.add_reader(self._socket.fileno(), self._connected)
 
     def _drop(self, fd: int) -> None:
         channel = self._channels.pop(fd, None)
