@@ -2,8 +2,8 @@
 
 - Throughput: one client program (Python's urllib, 1 MiB reads) downloading from an upstream on
   127.0.0.2 (a threaded http.server subprocess): from the host directly, and from inside a
-  sandbox through the gateway's proxy (the agent hands it each connection's socket); one stream of `--mib` MiB, then 16
-  concurrent streams sharing the same byte count. Each pair is the same bytes, run one after the
+  sandbox through the gateway's proxy (the agent hands it each connection's socket); one stream
+  of `--mib` MiB, then 16 concurrent streams sharing the same byte count. Each pair is the same bytes, run one after the
   other (never at once), after one untimed warm-up of each; `--repeats` alternating pairs, and
   the ratio is of the medians: on a shared machine one pair swings several times either way.
 - Connection setup: `--connects` TCP connections to the upstream, from the host directly, and
@@ -21,8 +21,8 @@
   alternating, into the investigation's `results/egress-ab.{json,md}`.
 
 The sandbox the downloads run in gets as many cpus as the host has (`--cpu`): at the default of
-one, its cgroup quota throttled the client (and the agent's relay, then), and the ratio measured the quota rather
-than the proxy (the direct client runs unthrottled).
+one, its cgroup quota throttled the client (and the agent's relay, then), and the ratio measured
+the quota rather than the proxy (the direct client runs unthrottled).
 
 The upstream's listen backlog is 128: at http.server's default of 5, 16 connections arriving at
 once overflowed it, the kernel dropped SYNs, and the clients waited the 1 s SYN retransmit, the
@@ -170,7 +170,7 @@ class _Costs:
 
     client: float = 0.0
     upstream: float = 0.0
-    relays: float = 0.0  # the agents' relays, where an older agent copies each connection to the proxy socket
+    relays: float = 0.0  # the agents' relays (an older agent's copy of each connection to the proxy socket)
     gateway: float = 0.0  # every thread of the gateway process
     loop: float = 0.0  # its main thread: the event loop, where the splices are driven
     loop_waiting: float = 0.0  # seconds that thread was runnable but waited for a cpu (schedstat)
