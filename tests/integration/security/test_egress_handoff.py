@@ -13,6 +13,7 @@ from __future__ import annotations
 import array
 import asyncio
 import os
+import resource
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -278,3 +279,66 @@ async def test_a_handed_connection_keeps_the_sandboxs_byte_rate_and_counts(tmp_p
     assert up > size
     assert metrics.EGRESS_BYTES.labels(direction="up")._value.get() - bytes_up == up
     assert metrics.EGRESS_CONNECTIONS.labels(verdict="allowed")._value.get() - allowed_before == 1
+
+
+class _CountingListener(handoff.Listener):
+    """Counts the readiness events of its listening socket."""
+
+    events = 0
+
+    def _connected(self) -> None:
+        type(self).events += 1
+        super()._connected()
+
+
+_CONNECT_ON_A_LINE = """
+import socket, sys
+sys.stdin.readline()
+channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+channel.connect(sys.argv[1])
+print("connected", flush=True)
+sys.stdin.readline()
+"""
+
+
+async def test_a_gateway_out_of_descriptors_pauses_its_accepts_and_takes_the_channel_later(tmp_path: Path) -> None:
+    path = tmp_path / "proxy.sock"
+    listener = _CountingListener(path, lambda made: made.close(), channels=4)
+    before = _counts()
+    peer = await asyncio.create_subprocess_exec(
+        "python3", "-c", _CONNECT_ON_A_LINE, str(path), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    assert peer.stdin is not None
+    assert peer.stdout is not None
+    try:
+        with _descriptors_exhausted():
+            _CountingListener.events = 0
+            peer.stdin.write(b"go\n")
+            assert await peer.stdout.readline() == b"connected\n"
+            await asyncio.sleep(0.3)
+            # Paused: a readable listener it cannot accept from is not polled in a loop.
+            assert 1 <= _CountingListener.events <= 5, _CountingListener.events
+            assert _added(before) == {}
+        # Resumed: the channel is accepted and judged (this process is not a sandbox's agent).
+        assert await _counted(before, "refused_channel") == {"refused_channel": 1}
+    finally:
+        peer.stdin.write(b"done\n")
+        await peer.wait()
+        listener.close()
+
+
+@contextmanager
+def _descriptors_exhausted() -> Iterator[None]:
+    """Every descriptor number below this process's limit taken, until the block ends."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    try:
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        while not fillers or fillers[-1] < highest:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fillers[-1] + 1, hard))
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for fd in fillers:
+            os.close(fd)
