@@ -265,6 +265,9 @@ class EgressProxy:
         except OSError:
             connection.close()
             return
+        except BaseException:  # cancelled (its sandbox closed) before a transport held it
+            connection.close()
+            raise
         try:
             head = await self._read_head(reader, writer)
             if head is not None:
