@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, cast
 
 import grpc
 from grpc import aio
@@ -24,7 +24,8 @@ from grpc import aio
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.archives import regroup
-from warmshell.sdk import archives, queueing
+from warmshell.sdk import archives, queueing, transfers
+from warmshell.sdk.transfers import TRANSFER_MIN_BYTES
 
 __all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "TransferSummary", "Translate"]
 
@@ -77,16 +78,42 @@ def _local_chunks(local_path: str | os.PathLike[str], chunk_bytes: int) -> Itera
 
 
 class _Target:
-    """What every call names: the sandbox, its workspace, and how to authenticate."""
+    """What every call names: the sandbox, its workspace, and how to authenticate; and whether
+    the gateway's byte stream is worth asking for (`address`: the gateway's, "" = never ask)."""
 
     def __init__(
-        self, name: str, workspace: str, metadata: Metadata, translate: Translate | None, chunk_bytes: int
+        self,
+        name: str,
+        workspace: str,
+        metadata: Metadata,
+        translate: Translate | None,
+        chunk_bytes: int,
+        address: str = "",
     ) -> None:
         self._name = name
         self._workspace = workspace
         self._metadata = metadata
         self._translate = translate
         self._chunk_bytes = chunk_bytes
+        self._address = address
+        # Cleared once the gateway offers no stream for this sandbox or it cannot be reached.
+        self._streaming = bool(address)
+
+    def _transfer(self, path: str, upload: bool, size: int = 0, mode: int = 0, parents: bool = True) -> Any:
+        direction = pb.TRANSFER_DIRECTION_UPLOAD if upload else pb.TRANSFER_DIRECTION_DOWNLOAD
+        return pb.FileTransferRequest(
+            file=self._ref(path), direction=direction, size=size, mode=mode, make_parents=parents
+        )
+
+    def _endpoint_of(self, reply: pb.FileTransferTicket | None) -> transfers.Endpoint | None:
+        where = transfers.endpoint(self._address, reply) if reply is not None else None
+        self._streaming = where is not None
+        return where
+
+    def _unimplemented(self, exc: grpc.RpcError) -> None:
+        """Nothing for a gateway that does not know OpenFileTransfer (older): gRPC it is."""
+        if cast(grpc.Call, exc).code() is not grpc.StatusCode.UNIMPLEMENTED:
+            self._fail(exc)
 
     def _ref(self, path: str) -> pb.FileRef:
         return pb.FileRef(name=self._name, workspace=self._workspace, path=path)
@@ -118,10 +145,33 @@ class Files(_Target):
         metadata: Metadata = (),
         translate: Translate | None = None,
         chunk_bytes: int = CHUNK_BYTES,
+        address: str = "",
     ) -> None:
-        """`channel`: the client's channel to the gateway; `metadata`: its authorization."""
-        super().__init__(name, workspace, metadata, translate, chunk_bytes)
+        """`channel`: the client's channel to the gateway; `metadata`: its authorization;
+        `address`: the gateway's, to reach its byte stream ("" = gRPC only)."""
+        super().__init__(name, workspace, metadata, translate, chunk_bytes, address)
         self._stub = sandbox_pb2_grpc.FileServiceStub(channel)
+
+    def _endpoint(self, request: pb.FileTransferRequest) -> transfers.Endpoint | None:
+        """A ticket's endpoint when the gateway offers its byte stream, else None (use gRPC)."""
+        if not self._streaming:
+            return None
+        try:
+            return self._endpoint_of(self._stub.OpenFileTransfer(request, metadata=self._metadata))
+        except grpc.RpcError as exc:
+            self._unimplemented(exc)
+            return self._endpoint_of(None)
+
+    def _stream_upload(self, path: str, source: bytes | IO[bytes], size: int, mode: int, parents: bool) -> int | None:
+        """The bytes written over the byte stream, or None when it is not to be had."""
+        where = self._endpoint(self._transfer(path, True, size, mode, parents)) if size >= TRANSFER_MIN_BYTES else None
+        if where is None:
+            return None
+        try:
+            return transfers.upload(where, source)
+        except transfers.Unreachable:
+            self._streaming = False
+            return None
 
     def read(self, path: str) -> bytes:
         """The whole content of a regular file."""
@@ -129,6 +179,13 @@ class Files(_Target):
 
     def read_chunks(self, path: str) -> Iterator[bytes]:
         """The content in chunks, as they arrive."""
+        where = self._endpoint(self._transfer(path, False))
+        if where is not None:
+            try:
+                yield from transfers.download(where)
+                return
+            except transfers.Unreachable:  # raised before any byte: gRPC from the start
+                self._streaming = False
         try:
             for chunk in self._stub.ReadFile(self._ref(path), metadata=self._metadata):
                 yield chunk.data
@@ -137,9 +194,11 @@ class Files(_Target):
 
     def write(self, path: str, data: str | bytes, *, mode: int = 0, make_parents: bool = True) -> int:
         """Create or replace a file (atomically; parents created by default); the bytes written."""
-        return self.write_chunks(
-            path, _pieces(_as_bytes(data), self._chunk_bytes), mode=mode, make_parents=make_parents
-        )
+        content = _as_bytes(data)
+        written = self._stream_upload(path, content, len(content), mode, make_parents)
+        if written is not None:
+            return written
+        return self.write_chunks(path, _pieces(content, self._chunk_bytes), mode=mode, make_parents=make_parents)
 
     def write_chunks(self, path: str, chunks: Iterator[bytes], *, mode: int = 0, make_parents: bool = True) -> int:
         """`write` from an iterator of chunks (each at most the gateway's max request size)."""
@@ -156,6 +215,10 @@ class Files(_Target):
 
     def upload(self, local_path: str | os.PathLike[str], path: str, *, mode: int = 0, make_parents: bool = True) -> int:
         """Copy a local file into the sandbox, a chunk at a time; the bytes written."""
+        with open(local_path, "rb") as handle:
+            written = self._stream_upload(path, handle, transfers.file_size(handle), mode, make_parents)
+        if written is not None:
+            return written
         return self.write_chunks(
             path, _local_chunks(local_path, self._chunk_bytes), mode=mode, make_parents=make_parents
         )
@@ -262,12 +325,39 @@ class AsyncFiles(_Target):
         translate: Translate | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         open_call: queueing.CallOpener = queueing.open_now,
+        address: str = "",
     ) -> None:
         """`channel`: the client's aio channel to the gateway; `metadata`: its authorization;
-        `open_call` starts a write when the client's limit of streams allows."""
-        super().__init__(name, workspace, metadata, translate, chunk_bytes)
+        `open_call` starts a write when the client's limit of streams allows; `address`: the
+        gateway's, to reach its byte stream ("" = gRPC only)."""
+        super().__init__(name, workspace, metadata, translate, chunk_bytes, address)
         self._stub = sandbox_pb2_grpc.FileServiceStub(channel)
         self._open_call = open_call
+
+    async def _endpoint(self, request: pb.FileTransferRequest) -> transfers.Endpoint | None:
+        """A ticket's endpoint when the gateway offers its byte stream, else None (use gRPC)."""
+        if not self._streaming:
+            return None
+        try:
+            return self._endpoint_of(await self._stub.OpenFileTransfer(request, metadata=self._metadata))
+        except grpc.RpcError as exc:
+            self._unimplemented(exc)
+            return self._endpoint_of(None)
+
+    async def _stream_upload(
+        self, path: str, source: bytes | IO[bytes], size: int, mode: int, parents: bool
+    ) -> int | None:
+        """The bytes written over the byte stream, or None when it is not to be had."""
+        if (
+            size < TRANSFER_MIN_BYTES
+            or (where := await self._endpoint(self._transfer(path, True, size, mode, parents))) is None
+        ):
+            return None
+        try:
+            return await transfers.upload_async(where, source)
+        except transfers.Unreachable:
+            self._streaming = False
+            return None
 
     async def read(self, path: str) -> bytes:
         """The whole content of a regular file."""
@@ -275,6 +365,14 @@ class AsyncFiles(_Target):
 
     async def read_chunks(self, path: str) -> AsyncIterator[bytes]:
         """The content in chunks, as they arrive."""
+        where = await self._endpoint(self._transfer(path, False))
+        if where is not None:
+            try:
+                async for data in transfers.download_async(where):
+                    yield data
+                return
+            except transfers.Unreachable:  # raised before any byte: gRPC from the start
+                self._streaming = False
         try:
             async for chunk in self._stub.ReadFile(self._ref(path), metadata=self._metadata):
                 yield chunk.data
@@ -283,7 +381,11 @@ class AsyncFiles(_Target):
 
     async def write(self, path: str, data: str | bytes, *, mode: int = 0, make_parents: bool = True) -> int:
         """Create or replace a file (atomically; parents created by default); the bytes written."""
-        return await self._write(path, _pieces(_as_bytes(data), self._chunk_bytes), mode, make_parents)
+        content = _as_bytes(data)
+        written = await self._stream_upload(path, content, len(content), mode, make_parents)
+        if written is not None:
+            return written
+        return await self._write(path, _pieces(content, self._chunk_bytes), mode, make_parents)
 
     async def write_chunks(
         self, path: str, chunks: Iterator[bytes], *, mode: int = 0, make_parents: bool = True
@@ -297,6 +399,9 @@ class AsyncFiles(_Target):
         """Copy a local file into the sandbox, a chunk at a time; the bytes written."""
         handle = await asyncio.to_thread(open, local_path, "rb")
         try:
+            written = await self._stream_upload(path, handle, transfers.file_size(handle), mode, make_parents)
+            if written is not None:
+                return written
 
             def chunks() -> Iterator[bytes]:
                 while chunk := handle.read(self._chunk_bytes):
