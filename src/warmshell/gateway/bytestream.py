@@ -2,9 +2,10 @@
 
 gRPC's message path cost a 5 MiB write about twice the CPU of the bytes themselves on both
 sides (protobuf framing, the poller thread, the event loop and the executor waking each other
-per 256 KiB message); here the bytes arrive by `recv_into` into megabyte buffers and go out by
-`sendall`, and still pass through the driver's `SandboxFiles`: the same confinement, size bound,
-disk bound and temporary-file-then-rename as `WriteFile` and `ReadFile`.
+per 256 KiB message); here the driver's `SocketFiles` moves them between the socket and the
+file in the kernel, with the same confinement, size bound, disk bound and
+temporary-file-then-rename as `WriteFile` and `ReadFile`. Tickets are issued only for
+sandboxes whose files are `SocketFiles` (the local driver's); others stay on gRPC.
 
 Each connection must send its hello (preface and ticket) within `hello_seconds`, and then make
 progress at least every `idle_seconds`; at most `max_connections` are open at once (past it a
@@ -18,12 +19,12 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from warmshell.core.errors import InvalidArgumentError, WarmshellError
+from warmshell.core.errors import UnavailableError, WarmshellError
 from warmshell.core.transfers import HELLO_BYTES, PREFACE, Status, encode_status
-from warmshell.drivers.files import SandboxFiles
+from warmshell.drivers.files import SandboxFiles, SocketFiles
 from warmshell.gateway.errors import status_code_for
 from warmshell.gateway.tickets import Direction, Grant, TicketBook
 
@@ -31,12 +32,9 @@ __all__ = ["ByteStream", "FilesFor"]
 
 log = logging.getLogger(__name__)
 
-# Bytes handed to the writer at a time: a megabyte costs a handful of event-loop wakes per
-# file and keeps at most a few of them per upload in memory (the writer batches up to 4 MiB).
-CHUNK_BYTES = 1024 * 1024
-# After a refused upload, the rest the client still sends is read and dropped this long at
-# most, so that it reads the refusal instead of a connection reset.
+# After a refused upload, the rest the client still sends is read and dropped this long at most.
 DRAIN_SECONDS = 2.0
+DRAIN_BYTES = 256 * 1024
 
 # The sandbox's files for a grant (NotFound when the sandbox is gone, FailedPrecondition when
 # it is not Ready): the same check as a FileService call.
@@ -147,104 +145,62 @@ class ByteStream:
             conn.close()
 
     async def _transfer(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, grant: Grant) -> None:
-        received = _Received(loop, conn, grant.size, self._idle_seconds)
+        """Move the bytes a grant allows. An upload's status line comes after its bytes (the
+        file in place, or why not); a download's before them, and a download cut short after
+        its status line just ends the connection early, which the client reports."""
         try:
-            async with asyncio.timeout(self._idle_seconds) as deadline:
-                received.deadline = deadline
+            async with asyncio.timeout(self._idle_seconds):
                 files = await self._files_for(grant)
-                if grant.direction is Direction.UPLOAD:
-                    written = await files.write(
-                        grant.path,
-                        received.chunks(),
-                        mode=grant.mode,
-                        make_parents=grant.make_parents,
-                        max_bytes=grant.size,
-                    )
-                    status = Status(ok=True, size=written)
-                else:
-                    if await self._download(loop, conn, files, grant, deadline):
-                        self.completed += 1
-                    return
+            if not isinstance(files, SocketFiles):  # tickets are issued only for these
+                raise UnavailableError(f"{grant.path}: the byte stream cannot reach this sandbox's files")
+            done = await self._in_kernel(loop, conn, files, grant)
         except TimeoutError:
             status = _refusal("DEADLINE_EXCEEDED", f"{grant.path}: no progress for {self._idle_seconds:g}s")
         except WarmshellError as exc:
             status = _status_of(exc)
+        else:
+            self.completed += done
+            if grant.direction is Direction.UPLOAD:
+                await _send_status(loop, conn, Status(ok=True, size=grant.size))
+            return
         await _send_status(loop, conn, status)
-        if status.ok:
-            self.completed += 1
-        elif grant.direction is Direction.UPLOAD:
-            await received.drain()
+        if grant.direction is Direction.UPLOAD:
+            await _drain(loop, conn)
 
-    async def _download(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        conn: socket.socket,
-        files: SandboxFiles,
-        grant: Grant,
-        deadline: asyncio.Timeout,
+    async def _in_kernel(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, files: SocketFiles, grant: Grant
     ) -> bool:
-        """The status line with the size, then exactly that many bytes (True once sent); a file
-        that changed size meanwhile ends the connection early, which the client reports as such."""
-        size = (await files.stat(grant.path)).size
-        chunks = files.read(grant.path, CHUNK_BYTES, grant.max_bytes)
-        try:
-            first = await anext(chunks, b"")  # a refusal (not found, not a file) comes here
-            await _send_status(loop, conn, Status(ok=True, size=size))
-            sent = 0
-            chunk = first
-            while chunk:
-                sent += len(chunk)
-                if sent > size:
-                    return False
-                await loop.sock_sendall(conn, chunk)
-                deadline.reschedule(loop.time() + self._idle_seconds)
-                chunk = await anext(chunks, b"")
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_WR)
-            return sent == size
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
+        """The transfer by the driver, socket to file or file to socket (False: cut short)."""
+        if grant.direction is Direction.UPLOAD:
+            await files.receive(
+                grant.path,
+                conn,
+                grant.size,
+                mode=grant.mode,
+                make_parents=grant.make_parents,
+                idle_seconds=self._idle_seconds,
+            )
+            return True
+        sizes: list[int] = []
+
+        async def before(size: int) -> None:
+            await loop.sock_sendall(conn, encode_status(Status(ok=True, size=size)))
+            sizes.append(size)
+
+        sent = await files.send(grant.path, conn, grant.max_bytes, idle_seconds=self._idle_seconds, before=before)
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_WR)
+        return sent == sizes[0]
 
 
-class _Received:
-    """An upload's bytes off the socket: exactly `size`, then the end of the stream."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int, idle_seconds: float) -> None:
-        self._loop = loop
-        self._conn = conn
-        self._left = size
-        self._size = size
-        self._idle_seconds = idle_seconds
-        self.deadline: asyncio.Timeout | None = None
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The bytes as the socket has them (each `recv` a fresh object: the writer batches
-        them and may still hold the last ones)."""
-        loop, conn = self._loop, self._conn
-        while self._left:
-            data = await loop.sock_recv(conn, min(CHUNK_BYTES, self._left))
-            if not data:
-                done = self._size - self._left
-                raise InvalidArgumentError(
-                    "size", f"the upload ended after {done} of the {self._size} bytes its ticket names"
-                )
-            self._left -= len(data)
-            if self.deadline is not None:
-                self.deadline.reschedule(loop.time() + self._idle_seconds)
-            yield data
-        if await loop.sock_recv(conn, 1):
-            raise InvalidArgumentError("size", f"more than the {self._size} bytes its ticket names")
-
-    async def drain(self) -> None:
-        """Read and drop what the client still sends of its declared size, briefly."""
-        with contextlib.suppress(OSError, TimeoutError):
-            self._conn.shutdown(socket.SHUT_WR)
-            async with asyncio.timeout(DRAIN_SECONDS):
-                while self._left > 0:
-                    data = await self._loop.sock_recv(self._conn, CHUNK_BYTES)
-                    if not data:
-                        return
-                    self._left -= len(data)
+async def _drain(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+    """After a refused upload: read and drop what the client still sends, briefly, so that it
+    reads the refusal instead of a connection reset."""
+    with contextlib.suppress(OSError, TimeoutError):
+        conn.shutdown(socket.SHUT_WR)
+        async with asyncio.timeout(DRAIN_SECONDS):
+            while await loop.sock_recv(conn, DRAIN_BYTES):
+                pass
 
 
 async def _receive_exactly(loop: asyncio.AbstractEventLoop, conn: socket.socket, count: int) -> bytes:

@@ -23,7 +23,14 @@ from warmshell.core.config import FilesConfig
 from warmshell.core.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_workspace
-from warmshell.drivers.files import ArchiveLimits, FileEntry, FilesCapable, SandboxFiles, normalize_path
+from warmshell.drivers.files import (
+    ArchiveLimits,
+    FileEntry,
+    FilesCapable,
+    SandboxFiles,
+    SocketFiles,
+    normalize_path,
+)
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.bytestream import ByteStream
 from warmshell.gateway.calls import streaming, unary
@@ -295,7 +302,8 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         if not ref.name:
             raise InvalidArgumentError("file.name", "must not be empty")
         record = await self._manager.records.get_by_name(ref.workspace or DEFAULT_WORKSPACE, ref.name)
-        await self._files_of(record)  # Ready, and its files reachable: refused now rather than on the stream
+        if not isinstance(await self._files_of(record), SocketFiles):  # Ready, else refused here
+            return pb.FileTransferTicket()
         grant = Grant(record.id, path, direction, request.size, limit, mode, request.make_parents)
         ticket, expires = stream.book.issue(grant)
         return pb.FileTransferTicket(
