@@ -32,7 +32,7 @@ __all__ = ["ByteStream", "FilesFor"]
 
 log = logging.getLogger(__name__)
 
-# After a refused upload, the rest the client still sends is read and dropped this long at most.
+# Before a connection closes, what the client still sends is read and dropped this long at most.
 DRAIN_SECONDS = 2.0
 DRAIN_BYTES = 256 * 1024
 
@@ -162,10 +162,11 @@ class ByteStream:
             self.completed += done
             if grant.direction is Direction.UPLOAD:
                 await _send_status(loop, conn, Status(ok=True, size=grant.size))
+            else:
+                await _drain(loop, conn)  # until the client, having read it all, closes
             return
         await _send_status(loop, conn, status)
-        if grant.direction is Direction.UPLOAD:
-            await _drain(loop, conn)
+        await _drain(loop, conn)
 
     async def _in_kernel(
         self, loop: asyncio.AbstractEventLoop, conn: socket.socket, files: SocketFiles, grant: Grant
@@ -194,8 +195,9 @@ class ByteStream:
 
 
 async def _drain(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
-    """After a refused upload: read and drop what the client still sends, briefly, so that it
-    reads the refusal instead of a connection reset."""
+    """Before closing: read and drop what the client still sends (the rest of a refused
+    upload), briefly, since a socket closed with unread input resets the connection and the
+    client would lose what it had not read yet (the refusal, a download's last bytes)."""
     with contextlib.suppress(OSError, TimeoutError):
         conn.shutdown(socket.SHUT_WR)
         async with asyncio.timeout(DRAIN_SECONDS):
