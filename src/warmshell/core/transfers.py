@@ -6,11 +6,13 @@ ticket. Then:
 
 - upload: the client sends exactly the size the ticket names and shuts its side down; the
   gateway answers one status line once the file is in place (or refused);
-- download: the gateway answers one status line (with the size) and then that many bytes.
+- download: the gateway answers one status line (with the size) and then that many bytes;
+- archive download (a tar, its size unknown until packed): frames of an 8-byte big-endian length
+  and that many bytes, then a frame of length 0 and a status line (a refusal half-way included).
 
-A status line is JSON on one line: `{"ok": true, "size": N}` or `{"ok": false, "code": "NOT_FOUND",
-"message": "..."}`, where `code` is a gRPC status name, so the SDK raises what the gRPC path
-would have raised.
+A status line is JSON on one line: `{"ok": true, "size": N, "entries": E}` (an archive's entries
+and its files' bytes; a file's bytes) or `{"ok": false, "code": "NOT_FOUND", "message": "..."}`,
+where `code` is a gRPC status name, so the SDK raises what the gRPC path would have raised.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import json
 from dataclasses import dataclass
 
 __all__ = [
+    "FRAME_END",
+    "FRAME_HEADER_BYTES",
     "HELLO_BYTES",
+    "MAX_FRAME_BYTES",
     "MAX_STATUS_BYTES",
     "PREFACE",
     "TICKET_BYTES",
@@ -33,22 +38,28 @@ PREFACE = b"WSX1"
 TICKET_BYTES = 32
 HELLO_BYTES = len(PREFACE) + TICKET_BYTES
 MAX_STATUS_BYTES = 4096
+FRAME_HEADER_BYTES = 8
+FRAME_END = bytes(FRAME_HEADER_BYTES)
+# A frame larger than this is not one the gateway sends (a client refuses it, unallocated).
+MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class Status:
-    """One status line: success with a size, or a gRPC status name and its message."""
+    """One status line: success with a size (and an archive's entries), or a gRPC status name
+    and its message."""
 
     ok: bool
     size: int = 0
     code: str = ""
     message: str = ""
+    entries: int = 0
 
 
 def encode_status(status: Status) -> bytes:
     """The line for `status` (a message is cut so that the line stays under MAX_STATUS_BYTES)."""
     if status.ok:
-        body: dict[str, object] = {"ok": True, "size": status.size}
+        body: dict[str, object] = {"ok": True, "size": status.size, "entries": status.entries}
     else:
         body = {"ok": False, "code": status.code, "message": status.message[: MAX_STATUS_BYTES // 8]}
     return json.dumps(body, separators=(",", ":")).encode() + b"\n"
@@ -65,11 +76,15 @@ def parse_status(line: bytes) -> Status:
     if not isinstance(body, dict) or not isinstance(body.get("ok"), bool):
         raise ValueError("status line: `ok` must be true or false")
     if body["ok"]:
-        size = body.get("size")
-        if not isinstance(size, int) or size < 0:
-            raise ValueError("status line: `size` must be a non-negative integer")
-        return Status(ok=True, size=size)
+        return Status(ok=True, size=_count(body, "size"), entries=_count(body, "entries", 0))
     code, message = body.get("code"), body.get("message")
     if not isinstance(code, str) or not isinstance(message, str):
         raise ValueError("status line: `code` and `message` must be strings")
     return Status(ok=False, code=code, message=message)
+
+
+def _count(body: dict[str, object], name: str, default: int | None = None) -> int:
+    value = body.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"status line: `{name}` must be a non-negative integer")
+    return value

@@ -95,6 +95,17 @@ class SocketFiles(Protocol):
         brings nothing for `idle_seconds`."""
         ...
 
+    async def receive_archive(
+        self, path: str, sock: socket.socket, size: int, limits: ArchiveLimits, *, idle_seconds: float
+    ) -> ArchiveSummary:
+        """`write_archive` from exactly `size` bytes of `sock` (a tar) followed by its end."""
+        ...
+
+    async def send_archive(self, path: str, sock: socket.socket, limits: ArchiveLimits, *, idle_seconds: float) -> int:
+        """`read_archive` into `sock` in frames (`core.transfers`), the end frame included; the
+        tar's bytes sent."""
+        ...
+
     async def send(
         self,
         path: str,

@@ -134,6 +134,7 @@ def _files(config: GatewayConfig, manager: SandboxManager, auth: Authenticator, 
                 hello_seconds=files.transfer_idle_seconds,
                 idle_seconds=files.transfer_idle_seconds,
                 max_connections=files.transfer_max_connections,
+                limits=service.archive_limits(),
             )
         )
     return service

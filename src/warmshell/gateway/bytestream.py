@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from warmshell.core.errors import UnavailableError, WarmshellError
-from warmshell.core.transfers import HELLO_BYTES, PREFACE, Status, encode_status
-from warmshell.drivers.files import SandboxFiles, SocketFiles
+from warmshell.core.transfers import FRAME_END, HELLO_BYTES, PREFACE, Status, encode_status
+from warmshell.drivers.files import ArchiveLimits, SandboxFiles, SocketFiles
 from warmshell.gateway.errors import status_code_for
 from warmshell.gateway.tickets import Direction, Grant, TicketBook
 
@@ -52,8 +52,10 @@ class ByteStream:
         hello_seconds: float,
         idle_seconds: float,
         max_connections: int,
+        limits: ArchiveLimits,
     ) -> None:
         self.book = book
+        self._limits = limits
         self._files_for = files_for
         self._hello_seconds = hello_seconds
         self._idle_seconds = idle_seconds
@@ -159,39 +161,41 @@ class ByteStream:
         except WarmshellError as exc:
             status = _status_of(exc)
         else:
-            self.completed += done
-            if grant.direction is Direction.UPLOAD:
-                await _send_status(loop, conn, Status(ok=True, size=grant.size))
-            else:
-                await _drain(loop, conn)  # until the client, having read it all, closes
+            self.completed += done is not None
+            if done is not None and grant.direction is not Direction.DOWNLOAD:
+                await _send_status(loop, conn, done)  # an upload's outcome
+            await _drain(loop, conn)  # until the client, having read it all, closes
             return
+        if grant.direction is Direction.DOWNLOAD_ARCHIVE:
+            await _send(loop, conn, FRAME_END)  # a tar in frames ends with the end frame, then why
         await _send_status(loop, conn, status)
         await _drain(loop, conn)
 
     async def _in_kernel(
         self, loop: asyncio.AbstractEventLoop, conn: socket.socket, files: SocketFiles, grant: Grant
-    ) -> bool:
-        """The transfer by the driver, socket to file or file to socket (False: cut short)."""
+    ) -> Status | None:
+        """The transfer by the driver, socket to files or file to socket: what it moved (for a
+        download, whose status line went first, only said here), None when cut short."""
+        idle = self._idle_seconds
         if grant.direction is Direction.UPLOAD:
-            await files.receive(
-                grant.path,
-                conn,
-                grant.size,
-                mode=grant.mode,
-                make_parents=grant.make_parents,
-                idle_seconds=self._idle_seconds,
-            )
-            return True
+            mode, parents = grant.mode, grant.make_parents
+            await files.receive(grant.path, conn, grant.size, mode=mode, make_parents=parents, idle_seconds=idle)
+            return Status(ok=True, size=grant.size)
+        if grant.direction is Direction.UPLOAD_ARCHIVE:
+            summary = await files.receive_archive(grant.path, conn, grant.size, self._limits, idle_seconds=idle)
+            return Status(ok=True, size=summary.bytes_written, entries=summary.entries)
+        if grant.direction is Direction.DOWNLOAD_ARCHIVE:
+            return Status(ok=True, size=await files.send_archive(grant.path, conn, self._limits, idle_seconds=idle))
         sizes: list[int] = []
 
         async def before(size: int) -> None:
             await loop.sock_sendall(conn, encode_status(Status(ok=True, size=size)))
             sizes.append(size)
 
-        sent = await files.send(grant.path, conn, grant.max_bytes, idle_seconds=self._idle_seconds, before=before)
+        sent = await files.send(grant.path, conn, grant.max_bytes, idle_seconds=idle, before=before)
         with contextlib.suppress(OSError):
             conn.shutdown(socket.SHUT_WR)
-        return sent == sizes[0]
+        return Status(ok=True, size=sent) if sent == sizes[0] else None
 
 
 async def _drain(loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
@@ -216,8 +220,12 @@ async def _receive_exactly(loop: asyncio.AbstractEventLoop, conn: socket.socket,
 
 
 async def _send_status(loop: asyncio.AbstractEventLoop, conn: socket.socket, status: Status) -> None:
+    await _send(loop, conn, encode_status(status))
+
+
+async def _send(loop: asyncio.AbstractEventLoop, conn: socket.socket, data: bytes) -> None:
     with contextlib.suppress(OSError):
-        await loop.sock_sendall(conn, encode_status(status))
+        await loop.sock_sendall(conn, data)
 
 
 def _refusal(code: str, message: str) -> Status:

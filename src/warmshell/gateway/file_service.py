@@ -45,7 +45,12 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 DEFAULT_FILE_MODE = 0o644
 DEFAULT_DIR_MODE = 0o755
 _SERVICE = "/warmshell.v1.FileService/"
-_DIRECTIONS = {pb.TRANSFER_DIRECTION_UPLOAD: Direction.UPLOAD, pb.TRANSFER_DIRECTION_DOWNLOAD: Direction.DOWNLOAD}
+_DIRECTIONS = {
+    pb.TRANSFER_DIRECTION_UPLOAD: Direction.UPLOAD,
+    pb.TRANSFER_DIRECTION_DOWNLOAD: Direction.DOWNLOAD,
+    pb.TRANSFER_DIRECTION_UPLOAD_ARCHIVE: Direction.UPLOAD_ARCHIVE,
+    pb.TRANSFER_DIRECTION_DOWNLOAD_ARCHIVE: Direction.DOWNLOAD_ARCHIVE,
+}
 
 
 def entry_to_proto(entry: FileEntry) -> pb.FileInfo:
@@ -260,7 +265,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
                 context,
             )
         files = await self._files(header.workspace, header.name, context)
-        summary = await files.write_archive(path, _data(request_iterator, "an upload"), self._limits())
+        summary = await files.write_archive(path, _data(request_iterator, "an upload"), self.archive_limits())
         return pb.UploadTarResponse(entries=summary.entries, bytes_written=summary.bytes_written)
 
     @streaming
@@ -274,7 +279,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
                 yield chunk
             return
         files = await self._files(request.workspace, request.name, context)
-        chunks = files.read_archive(path, self._config.chunk_bytes, self._limits())
+        chunks = files.read_archive(path, self._config.chunk_bytes, self.archive_limits())
         try:
             async for data in chunks:
                 yield pb.FileChunk(data=data)
@@ -288,11 +293,17 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         path = normalize_path(ref.path, "file.path")
         direction = _DIRECTIONS.get(request.direction)
         if direction is None:
-            raise InvalidArgumentError("direction", "must be TRANSFER_DIRECTION_UPLOAD or TRANSFER_DIRECTION_DOWNLOAD")
+            raise InvalidArgumentError(
+                "direction", "must be one of TRANSFER_DIRECTION_UPLOAD, _DOWNLOAD, _UPLOAD_ARCHIVE, _DOWNLOAD_ARCHIVE"
+            )
         mode = _mode(request.mode, DEFAULT_FILE_MODE, "mode")
         limit = self._config.max_file_bytes
-        if direction is Direction.UPLOAD and request.size > limit:
-            raise ResourceExhaustedError(f"{path}: {request.size} bytes, over the limit of {limit}")
+        # An archive's own bytes: its files' plus a header per entry (as a pod's supervisor bounds them).
+        bound = (
+            limit + 2048 * (self._config.max_archive_entries + 1) if direction is Direction.UPLOAD_ARCHIVE else limit
+        )
+        if direction in (Direction.UPLOAD, Direction.UPLOAD_ARCHIVE) and request.size > bound:
+            raise ResourceExhaustedError(f"{path}: {request.size} bytes, over the limit of {bound}")
         stream = self._stream
         if stream is None or not isinstance(self._manager.driver, FilesCapable):
             return pb.FileTransferTicket()  # not offered: the client uses WriteFile/ReadFile
@@ -313,5 +324,6 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
             expires_ms=int((time.time() + expires - time.monotonic()) * 1000),
         )
 
-    def _limits(self) -> ArchiveLimits:
+    def archive_limits(self) -> ArchiveLimits:
+        """The bounds of one archive transfer."""
         return ArchiveLimits(max_entries=self._config.max_archive_entries, max_bytes=self._config.max_file_bytes)

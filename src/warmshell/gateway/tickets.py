@@ -30,12 +30,15 @@ class Direction(Enum):
 
     UPLOAD = "upload"
     DOWNLOAD = "download"
+    UPLOAD_ARCHIVE = "upload-archive"
+    DOWNLOAD_ARCHIVE = "download-archive"
 
 
 @dataclass(frozen=True)
 class Grant:
     """What one ticket allows: `size` bytes exactly for an upload, at most `max_bytes` for a
-    download; `mode` and `make_parents` as a WriteFile header says them."""
+    download (for an archive, the bound of its files' bytes); `mode` and `make_parents` as a
+    WriteFile header says them."""
 
     sandbox_id: SandboxId
     path: str

@@ -23,7 +23,7 @@ import tarfile
 import threading
 from collections import deque
 from collections.abc import Generator, Iterator
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 from warmshell.core.archives import (
     ArchiveLimits,
@@ -35,7 +35,7 @@ from warmshell.core.archives import (
 )
 from warmshell.sandboxio.rootfs import RESOLVE_NO_MAGICLINKS, Root, check_fs, openat2, refuse_mount_point
 
-__all__ = ["ChunkPipe", "close_pack", "pack", "unpack"]
+__all__ = ["ChunkPipe", "ForwardFile", "close_pack", "pack", "unpack"]
 
 RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_SYMLINKS = 0x04
@@ -193,7 +193,24 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def unpack(root: Root, destination: str, source: IO[bytes] | ChunkPipe, limits: ArchiveLimits) -> ArchiveSummary:
+class ForwardFile(Protocol):
+    """What tarfile reads a stream through: read, tell and a forward seek (a ChunkPipe, or the
+    byte stream's socket reader)."""
+
+    def read(self, size: int = -1) -> bytes:
+        """`size` bytes, fewer only at the end."""
+        ...
+
+    def tell(self) -> int:
+        """Bytes read so far."""
+        ...
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Forward only."""
+        ...
+
+
+def unpack(root: Root, destination: str, source: IO[bytes] | ForwardFile, limits: ArchiveLimits) -> ArchiveSummary:
     """Unpack the tar read from `source` below `destination` (created like mkdir -p)."""
     root.mkdir(destination, parents=True, mode=0o755)
     unpacker = _Unpacker(root.open_directory(destination), limits)
@@ -219,12 +236,12 @@ class _Unpacker:
             os.close(self._parent[1])
         os.close(self._dest)
 
-    def run(self, source: IO[bytes] | ChunkPipe) -> ArchiveSummary:
+    def run(self, source: IO[bytes] | ForwardFile) -> ArchiveSummary:
         # "r:" on a forward-only file: tarfile reads a member's content straight from the pipe
         # ("r|" copies every byte through its own stream buffer twice more: half an upload's CPU).
         options: dict[str, Any] = {"mode": "r:", "tarinfo": _BoundedInfo}
         try:
-            # A ChunkPipe has all tarfile reads of a file (read, tell, a forward seek).
+            # A ForwardFile has all tarfile reads of a file (read, tell, a forward seek).
             with tarfile.open(fileobj=cast(IO[bytes], source), **options) as stream:
                 for member in stream:
                     self._entries += 1

@@ -24,6 +24,7 @@ from grpc import aio
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.archives import regroup
+from warmshell.core.transfers import Status
 from warmshell.sdk import archives, queueing, transfers
 from warmshell.sdk.transfers import TRANSFER_MIN_BYTES
 
@@ -31,6 +32,12 @@ __all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "TransferSummary", 
 
 # Below the gateway's default max_request_bytes (1 MiB) with room for the message's framing.
 CHUNK_BYTES = 256 * 1024
+_UP, _DOWN, _UP_ARCHIVE, _DOWN_ARCHIVE = (
+    pb.TRANSFER_DIRECTION_UPLOAD,
+    pb.TRANSFER_DIRECTION_DOWNLOAD,
+    pb.TRANSFER_DIRECTION_UPLOAD_ARCHIVE,
+    pb.TRANSFER_DIRECTION_DOWNLOAD_ARCHIVE,
+)
 Metadata = tuple[tuple[str, str], ...]
 # A failed RPC -> the exception the caller sees.
 Translate = Callable[[grpc.RpcError], BaseException]
@@ -99,8 +106,9 @@ class _Target:
         # Cleared once the gateway offers no stream for this sandbox or it cannot be reached.
         self._streaming = bool(address)
 
-    def _transfer(self, path: str, upload: bool, size: int = 0, mode: int = 0, parents: bool = True) -> Any:
-        direction = pb.TRANSFER_DIRECTION_UPLOAD if upload else pb.TRANSFER_DIRECTION_DOWNLOAD
+    def _transfer(
+        self, path: str, direction: pb.TransferDirection.ValueType, size: int = 0, mode: int = 0, parents: bool = True
+    ) -> Any:
         return pb.FileTransferRequest(
             file=self._ref(path), direction=direction, size=size, mode=mode, make_parents=parents
         )
@@ -164,11 +172,11 @@ class Files(_Target):
 
     def _stream_upload(self, path: str, source: bytes | IO[bytes], size: int, mode: int, parents: bool) -> int | None:
         """The bytes written over the byte stream, or None when it is not to be had."""
-        where = self._endpoint(self._transfer(path, True, size, mode, parents)) if size >= TRANSFER_MIN_BYTES else None
+        where = self._endpoint(self._transfer(path, _UP, size, mode, parents)) if size >= TRANSFER_MIN_BYTES else None
         if where is None:
             return None
         try:
-            return transfers.upload(where, source)
+            return transfers.upload(where, source).size
         except transfers.Unreachable:
             self._streaming = False
             return None
@@ -179,7 +187,7 @@ class Files(_Target):
 
     def read_chunks(self, path: str) -> Iterator[bytes]:
         """The content in chunks, as they arrive."""
-        where = self._endpoint(self._transfer(path, False))
+        where = self._endpoint(self._transfer(path, _DOWN))
         if where is not None:
             try:
                 yield from transfers.download(where)
@@ -285,6 +293,22 @@ class Files(_Target):
         return self._upload(destination, archives.pack_files(files, destination, mode))
 
     def _upload(self, path: str, pieces: Iterator[bytes]) -> TransferSummary:
+        if not self._streaming:
+            return self._upload_tar(path, pieces)
+        size, spooled = transfers.spool(pieces)
+        try:
+            where = self._endpoint(self._transfer(path, _UP_ARCHIVE, size)) if size >= TRANSFER_MIN_BYTES else None
+            if where is not None:
+                try:
+                    return _summary(transfers.upload(where, spooled))
+                except transfers.Unreachable:
+                    self._streaming = False
+            return self._upload_tar(path, transfers.pieces_of(spooled, self._chunk_bytes))
+        finally:
+            if not isinstance(spooled, bytes):
+                spooled.close()
+
+    def _upload_tar(self, path: str, pieces: Iterator[bytes]) -> TransferSummary:
         def requests() -> Iterator[pb.UploadTarRequest]:
             yield self._upload_header(path)
             for chunk in regroup(pieces, self._chunk_bytes):
@@ -299,6 +323,13 @@ class Files(_Target):
     def download_tar(self, path: str) -> Iterator[bytes]:
         """The tar of the directory (its entries, named relative to it) or file at `path`, in
         chunks as they arrive."""
+        where = self._endpoint(self._transfer(path, _DOWN_ARCHIVE))
+        if where is not None:
+            try:
+                yield from transfers.download_archive(where)
+                return
+            except transfers.Unreachable:  # raised before any byte: gRPC from the start
+                self._streaming = False
         try:
             for chunk in self._stub.DownloadTar(self._ref(path), metadata=self._metadata):
                 yield chunk.data
@@ -350,11 +381,11 @@ class AsyncFiles(_Target):
         """The bytes written over the byte stream, or None when it is not to be had."""
         if (
             size < TRANSFER_MIN_BYTES
-            or (where := await self._endpoint(self._transfer(path, True, size, mode, parents))) is None
+            or (where := await self._endpoint(self._transfer(path, _UP, size, mode, parents))) is None
         ):
             return None
         try:
-            return await transfers.upload_async(where, source)
+            return (await transfers.upload_async(where, source)).size
         except transfers.Unreachable:
             self._streaming = False
             return None
@@ -365,7 +396,7 @@ class AsyncFiles(_Target):
 
     async def read_chunks(self, path: str) -> AsyncIterator[bytes]:
         """The content in chunks, as they arrive."""
-        where = await self._endpoint(self._transfer(path, False))
+        where = await self._endpoint(self._transfer(path, _DOWN))
         if where is not None:
             try:
                 async for data in transfers.download_async(where):
@@ -441,18 +472,36 @@ class AsyncFiles(_Target):
         directory `path` in one call: directories, files and symbolic links, with modes and mtimes."""
         if isinstance(archive, AsyncIterable):
             return await self._upload(path, archive)
-        return await self._upload(path, _pulled(archives.pieces_of(archive, self._chunk_bytes), True))
+        return await self._upload_pieces(path, archives.pieces_of(archive, self._chunk_bytes), blocking=True)
 
     async def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
         """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
         pieces = await asyncio.to_thread(archives.pack_directory, local)
-        return await self._upload(path, _pulled(regroup(pieces, self._chunk_bytes), True))
+        return await self._upload_pieces(path, pieces, blocking=True)
 
     async def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
         """Write several files (absolute path -> content) in one call; parents are created."""
         destination = archives.common_directory(files)
         pieces = archives.pack_files(files, destination, mode)
-        return await self._upload(destination, _pulled(regroup(pieces, self._chunk_bytes), False))
+        return await self._upload_pieces(destination, pieces, blocking=False)
+
+    async def _upload_pieces(self, path: str, pieces: Iterator[bytes], *, blocking: bool) -> TransferSummary:
+        """An archive's pieces (read in a thread when `blocking`), over the byte stream when the
+        gateway offers it (gathered first: its size goes in the ticket), else over UploadTar."""
+        if not self._streaming:
+            return await self._upload(path, _pulled(regroup(pieces, self._chunk_bytes), blocking))
+        size, spooled = await asyncio.to_thread(transfers.spool, pieces) if blocking else transfers.spool(pieces)
+        try:
+            if size >= TRANSFER_MIN_BYTES and (where := await self._endpoint(self._transfer(path, _UP_ARCHIVE, size))):
+                try:
+                    return _summary(await transfers.upload_async(where, spooled))
+                except transfers.Unreachable:
+                    self._streaming = False
+            again = transfers.pieces_of(spooled, self._chunk_bytes)
+            return await self._upload(path, _pulled(again, not isinstance(spooled, bytes)))
+        finally:
+            if not isinstance(spooled, bytes):
+                spooled.close()
 
     async def _upload(self, path: str, chunks: AsyncIterable[bytes]) -> TransferSummary:
         call = await self._open_call(lambda: self._stub.UploadTar(metadata=self._metadata))  # type: ignore[call-arg]
@@ -463,6 +512,14 @@ class AsyncFiles(_Target):
     async def download_tar(self, path: str) -> AsyncIterator[bytes]:
         """The tar of the directory (its entries, named relative to it) or file at `path`, in
         chunks as they arrive."""
+        where = await self._endpoint(self._transfer(path, _DOWN_ARCHIVE))
+        if where is not None:
+            try:
+                async for data in transfers.download_archive_async(where):
+                    yield data
+                return
+            except transfers.Unreachable:  # raised before any byte: gRPC from the start
+                self._streaming = False
         try:
             async for chunk in self._stub.DownloadTar(self._ref(path), metadata=self._metadata):
                 yield chunk.data
@@ -526,6 +583,10 @@ class AsyncFiles(_Target):
             return FileInfo.from_proto(await self._stub.MakeDirectory(request, metadata=self._metadata))
         except grpc.RpcError as exc:
             self._fail(exc)
+
+
+def _summary(status: Status) -> TransferSummary:
+    return TransferSummary(status.entries, status.size)
 
 
 async def _pulled(items: Iterator[Any], blocking: bool) -> AsyncIterator[Any]:

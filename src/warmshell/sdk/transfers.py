@@ -11,12 +11,20 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator
+import tempfile
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
 from warmshell.api.v1 import sandbox_pb2 as pb
-from warmshell.core.transfers import MAX_STATUS_BYTES, PREFACE, Status, parse_status
+from warmshell.core.transfers import (
+    FRAME_HEADER_BYTES,
+    MAX_FRAME_BYTES,
+    MAX_STATUS_BYTES,
+    PREFACE,
+    Status,
+    parse_status,
+)
 from warmshell.sdk import connection, errors
 
 __all__ = [
@@ -24,9 +32,13 @@ __all__ = [
     "Endpoint",
     "Unreachable",
     "download",
+    "download_archive",
+    "download_archive_async",
     "download_async",
     "endpoint",
     "file_size",
+    "pieces_of",
+    "spool",
     "upload",
     "upload_async",
 ]
@@ -35,6 +47,9 @@ __all__ = [
 # ticket's extra round trip and connection cost more than gRPC's messages do.
 TRANSFER_MIN_BYTES = 1024 * 1024
 RECEIVE_BYTES = 1024 * 1024
+# An archive bound for the stream is gathered first (its size goes in the ticket): in memory up
+# to this, then in a temporary file.
+SPOOL_MEMORY_BYTES = 16 * 1024 * 1024
 # A transfer that makes no progress this long fails (the gateway's own bound is 30 s by default).
 TIMEOUT_SECONDS = 60.0
 
@@ -123,9 +138,9 @@ def _status(sock: socket.socket, where: Endpoint) -> tuple[Status, bytes]:
             return found
 
 
-def upload(where: Endpoint, source: bytes | IO[bytes]) -> int:
-    """Send `source` (the ticket's exact size; a file is sent by sendfile) and return the bytes
-    the gateway wrote, once the file is in place."""
+def upload(where: Endpoint, source: bytes | IO[bytes]) -> Status:
+    """Send `source` (the ticket's exact size; a file is sent by sendfile) and return what the
+    gateway wrote (bytes; an archive's entries too), once in place."""
     with _connect(where) as sock:
         try:
             sock.sendall(PREFACE + where.ticket)
@@ -136,7 +151,7 @@ def upload(where: Endpoint, source: bytes | IO[bytes]) -> int:
             sock.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the gateway stopped reading: its status line says why
-        return _status(sock, where)[0].size
+        return _status(sock, where)[0]
 
 
 def download(where: Endpoint) -> Iterator[bytes]:
@@ -181,7 +196,7 @@ async def _status_async(sock: socket.socket, where: Endpoint) -> tuple[Status, b
             return found
 
 
-async def upload_async(where: Endpoint, source: bytes | IO[bytes]) -> int:
+async def upload_async(where: Endpoint, source: bytes | IO[bytes]) -> Status:
     """`upload`, awaited (a file goes by the event loop's sendfile)."""
     loop = asyncio.get_running_loop()
     with await _connect_async(where) as sock:
@@ -197,7 +212,7 @@ async def upload_async(where: Endpoint, source: bytes | IO[bytes]) -> int:
                 sock.shutdown(socket.SHUT_WR)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the gateway stopped reading: its status line says why
-            return (await _status_async(sock, where))[0].size
+            return (await _status_async(sock, where))[0]
 
 
 async def download_async(where: Endpoint) -> AsyncIterator[bytes]:
@@ -218,6 +233,97 @@ async def download_async(where: Endpoint) -> AsyncIterator[bytes]:
                 raise _cut_short(where, got, status.size)
             got += len(data)
             yield data
+
+
+def _frame_length(header: bytes, where: Endpoint) -> int:
+    length = int.from_bytes(header, "big")
+    if length > MAX_FRAME_BYTES:
+        raise errors.error_for("UNAVAILABLE", f"the byte stream sent a frame of {length} bytes", address=where.gateway)
+    return length
+
+
+def _receive_exactly(sock: socket.socket, count: int, where: Endpoint) -> bytes:
+    data = bytearray()
+    while len(data) < count:
+        piece = sock.recv(count - len(data))
+        if not piece:
+            raise errors.error_for(
+                "UNAVAILABLE", "the archive ended before its end frame; retry", address=where.gateway
+            )
+        data += piece
+    return bytes(data)
+
+
+def download_archive(where: Endpoint) -> Iterator[bytes]:
+    """A tar's bytes as its frames arrive; after the end frame, the gateway's status (a refusal
+    half-way raises here, after what came before it)."""
+    with _connect(where) as sock:
+        sock.sendall(PREFACE + where.ticket)
+        while length := _frame_length(_receive_exactly(sock, FRAME_HEADER_BYTES, where), where):
+            yield _receive_exactly(sock, length, where)
+        _status(sock, where)
+
+
+async def _receive_exactly_async(sock: socket.socket, count: int, where: Endpoint) -> bytes:
+    loop = asyncio.get_running_loop()
+    buffer = bytearray(count)
+    view = memoryview(buffer)
+    got = 0
+    while got < count:
+        async with asyncio.timeout(TIMEOUT_SECONDS):
+            received = await loop.sock_recv_into(sock, view[got:])
+        if not received:
+            raise errors.error_for(
+                "UNAVAILABLE", "the archive ended before its end frame; retry", address=where.gateway
+            )
+        got += received
+    view.release()
+    return bytes(buffer)
+
+
+async def download_archive_async(where: Endpoint) -> AsyncIterator[bytes]:
+    """`download_archive`, as an async iterator."""
+    loop = asyncio.get_running_loop()
+    with await _connect_async(where) as sock:
+        await loop.sock_sendall(sock, PREFACE + where.ticket)
+        while length := _frame_length(await _receive_exactly_async(sock, FRAME_HEADER_BYTES, where), where):
+            yield await _receive_exactly_async(sock, length, where)
+        async with asyncio.timeout(TIMEOUT_SECONDS):
+            await _status_async(sock, where)
+
+
+def spool(pieces: Iterable[bytes]) -> tuple[int, bytes | IO[bytes]]:
+    """An archive's pieces gathered so that its size is known before a ticket names it: in
+    memory up to SPOOL_MEMORY_BYTES, past it in a temporary file (at its start; the caller
+    closes it)."""
+    held: list[bytes] = []
+    size = 0
+    spill: IO[bytes] | None = None
+    for piece in pieces:
+        size += len(piece)
+        if spill is not None:
+            spill.write(piece)
+            continue
+        held.append(piece)
+        if size > SPOOL_MEMORY_BYTES:
+            spill = tempfile.TemporaryFile()  # noqa: SIM115 - handed to the caller, who closes it
+            spill.writelines(held)
+            held = []
+    if spill is None:
+        return size, b"".join(held)
+    spill.seek(0)
+    return size, spill
+
+
+def pieces_of(spooled: bytes | IO[bytes], chunk_bytes: int) -> Iterator[bytes]:
+    """What `spool` gathered, again in chunks (for gRPC when the stream is not to be had)."""
+    if isinstance(spooled, bytes):
+        view = memoryview(spooled)
+        for start in range(0, len(spooled), chunk_bytes):
+            yield bytes(view[start : start + chunk_bytes])
+        return
+    while chunk := spooled.read(chunk_bytes):
+        yield chunk
 
 
 def file_size(handle: IO[bytes]) -> int:

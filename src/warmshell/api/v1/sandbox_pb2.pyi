@@ -64,12 +64,24 @@ class _TransferDirectionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Tra
     TRANSFER_DIRECTION_UNSPECIFIED: _TransferDirection.ValueType  # 0
     TRANSFER_DIRECTION_UPLOAD: _TransferDirection.ValueType  # 1
     TRANSFER_DIRECTION_DOWNLOAD: _TransferDirection.ValueType  # 2
+    TRANSFER_DIRECTION_UPLOAD_ARCHIVE: _TransferDirection.ValueType  # 3
+    """A tar unpacked below the directory `path`, as UploadTar does."""
+    TRANSFER_DIRECTION_DOWNLOAD_ARCHIVE: _TransferDirection.ValueType  # 4
+    """The tar of the directory or file at `path`, as DownloadTar sends it (in frames: its size is
+    known only once packed).
+    """
 
 class TransferDirection(_TransferDirection, metaclass=_TransferDirectionEnumTypeWrapper): ...
 
 TRANSFER_DIRECTION_UNSPECIFIED: TransferDirection.ValueType  # 0
 TRANSFER_DIRECTION_UPLOAD: TransferDirection.ValueType  # 1
 TRANSFER_DIRECTION_DOWNLOAD: TransferDirection.ValueType  # 2
+TRANSFER_DIRECTION_UPLOAD_ARCHIVE: TransferDirection.ValueType  # 3
+"""A tar unpacked below the directory `path`, as UploadTar does."""
+TRANSFER_DIRECTION_DOWNLOAD_ARCHIVE: TransferDirection.ValueType  # 4
+"""The tar of the directory or file at `path`, as DownloadTar sends it (in frames: its size is
+known only once packed).
+"""
 Global___TransferDirection: _TypeAlias = TransferDirection  # noqa: Y015
 
 @_typing.final
@@ -1775,7 +1787,7 @@ class FileTransferRequest(_message.Message):
     """Upload: permission bits for a new file (0 means 0644), and whether to create missing parents."""
     make_parents: _builtins.bool
     size: _builtins.int
-    """Upload: exactly the bytes that will follow on the stream."""
+    """Upload: exactly the bytes that will follow on the stream (for an archive, the whole tar's)."""
     @_builtins.property
     def file(self) -> Global___FileRef: ...
     def __init__(

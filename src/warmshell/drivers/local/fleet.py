@@ -150,7 +150,7 @@ class Fleet:
         """The files of an instance's running sandbox, used with its own rights (see `files`)."""
         if self._files_executor is None:
             self._files_executor = files_executor(as_root=self._as_root)
-            self._bytes_executor = bytes_executor()
+            self._bytes_executor = bytes_executor(as_root=self._as_root)
         return LocalFiles(process.open_root, instance.uid, self._files_executor, self._bytes_executor)
 
     def save_soon(self, instance: Instance) -> None:

@@ -15,10 +15,10 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from warmshell.core.archives import EntryRefused
-from warmshell.core.errors import InvalidArgumentError, ResourceExhaustedError
+from warmshell.core.errors import InvalidArgumentError, ResourceExhaustedError, WarmshellError
 from warmshell.drivers.files import ArchiveLimits, ArchiveSummary, FileEntry, archive_error, file_error
 from warmshell.drivers.local.runtime import socketio
 from warmshell.sandboxio import archive
@@ -41,11 +41,16 @@ def files_executor(*, as_root: bool) -> ThreadPoolExecutor:
     )
 
 
-def bytes_executor() -> ThreadPoolExecutor:
-    """The threads that move a byte-stream transfer between its socket and its file (each holds
-    one for the transfer's length, waiting on a slow client at most its idle timeout): apart
-    from the files executor, so that slow transfers never hold up other file operations."""
-    return ThreadPoolExecutor(max_workers=16, thread_name_prefix="warmshell-bytes")
+def bytes_executor(*, as_root: bool) -> ThreadPoolExecutor:
+    """The threads that move a byte-stream transfer between its socket and its files (each
+    holds one for the transfer's length, waiting on a slow client at most its idle timeout at
+    a time): apart from the files executor, so that slow transfers never hold up other file
+    operations; prepared as its threads are (an archive is unpacked with the workload's rights)."""
+    return ThreadPoolExecutor(
+        max_workers=16,
+        thread_name_prefix="warmshell-bytes",
+        initializer=drop_supplementary_groups if as_root else None,
+    )
 
 
 class LocalFiles:
@@ -212,6 +217,44 @@ class LocalFiles:
         finally:
             os.close(fd)
 
+    async def receive_archive(
+        self, path: str, sock: socket.socket, size: int, limits: ArchiveLimits, *, idle_seconds: float
+    ) -> ArchiveSummary:
+        """See `SocketFiles.receive_archive`: unpacked in one thread straight off the socket."""
+        try:
+            root = Root(self._open_root(), self._uid)
+        except OSError as exc:
+            raise file_error(path, exc) from exc
+
+        def run() -> ArchiveSummary:
+            try:
+                with root.rights():
+                    reader = socketio.SocketReader(sock.fileno(), size, idle_seconds)
+                    summary = archive.unpack(root, path, reader, limits)
+                    reader.finish()
+                    return summary
+            finally:
+                os.close(root.fd)
+
+        return await _moved(path, sock, self._bytes_threads.submit(run), size, archive_error)
+
+    async def send_archive(self, path: str, sock: socket.socket, limits: ArchiveLimits, *, idle_seconds: float) -> int:
+        """See `SocketFiles.send_archive`: packed and sent in frames in one thread."""
+        try:
+            root = Root(self._open_root(), self._uid)
+        except OSError as exc:
+            raise file_error(path, exc) from exc
+        chunks = archive.pack(root, path, limits, READ_AHEAD_BYTES)
+
+        def run() -> int:
+            try:
+                with root.rights():
+                    return socketio.send_frames(sock.fileno(), chunks, idle_seconds)
+            finally:
+                archive.close_pack(chunks, root)
+
+        return await _moved(path, sock, self._bytes_threads.submit(run), 0, archive_error)
+
     async def read_archive(self, path: str, chunk_bytes: int, limits: ArchiveLimits) -> AsyncIterator[bytes]:
         """See `SandboxFiles.read_archive`: packed a chunk at a time in the executor, as the
         client takes them."""
@@ -281,10 +324,16 @@ class LocalFiles:
         return await self._call(path, lambda root: root.mkdir(path, parents, mode))
 
 
-async def _moved(path: str, sock: socket.socket, moving: Future[int], size: int) -> int:
+async def _moved(
+    path: str,
+    sock: socket.socket,
+    moving: Future[T],
+    size: int,
+    error: Callable[[str, Any], WarmshellError] = file_error,
+) -> T:
     """What the thread moving a transfer's bytes returns, as the error for `path` when it
-    fails. A cancelled caller shuts the socket down, which ends the thread's wait, and waits
-    for it: the fds it uses are closed after."""
+    fails (`error`: an OSError's, or an archive's). A cancelled caller shuts the socket down,
+    which ends the thread's wait, and waits for it: the fds it uses are closed after."""
     try:
         return await asyncio.shield(asyncio.wrap_future(moving))
     except asyncio.CancelledError:
@@ -299,8 +348,8 @@ async def _moved(path: str, sock: socket.socket, moving: Future[int], size: int)
         raise InvalidArgumentError("size", f"{path}: the upload ended after {exc.received} of {size} bytes") from None
     except socketio.TooMany:
         raise InvalidArgumentError("size", f"{path}: more than the {size} bytes announced") from None
-    except OSError as exc:
-        raise file_error(path, exc) from exc
+    except (OSError, EntryRefused) as exc:
+        raise error(path, exc) from exc
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -16,8 +16,11 @@ import errno
 import fcntl
 import os
 import select
+from collections.abc import Iterator
 
-__all__ = ["EndedEarly", "TooMany", "receive_into", "send_from"]
+from warmshell.core.transfers import FRAME_END, FRAME_HEADER_BYTES
+
+__all__ = ["EndedEarly", "SocketReader", "TooMany", "receive_into", "send_frames", "send_from"]
 
 PIPE_BYTES = 1024 * 1024  # /proc/sys/fs/pipe-max-size's default: what an unprivileged pipe may hold
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -59,6 +62,68 @@ def _drain_pipe(pipe: int, fd: int, count: int) -> None:
         count -= moved
 
 
+def _expect_end(sock: int, idle_seconds: float) -> None:
+    """The stream's end, and nothing before it."""
+    while True:
+        _wait(sock, select.POLLIN | select.POLLRDHUP, idle_seconds)
+        try:
+            if os.read(sock, 1):
+                raise TooMany()
+            return
+        except BlockingIOError:
+            continue
+
+
+class SocketReader:
+    """Exactly `size` bytes of a socket as a forward-only file (what tarfile reads: read, tell,
+    a forward seek): EndedEarly at an end before them; `finish` drops what the reader left
+    (a tar's end padding) and wants the end of the stream next."""
+
+    def __init__(self, sock: int, size: int, idle_seconds: float) -> None:
+        self._sock = sock
+        self._left = size
+        self._position = 0
+        self._idle_seconds = idle_seconds
+
+    def read(self, size: int = -1) -> bytes:
+        """`size` bytes (the rest when negative), fewer only at the announced end."""
+        wanted = self._left if size < 0 else min(size, self._left)
+        pieces: list[bytes] = []
+        got = 0
+        while got < wanted:
+            try:
+                data = os.read(self._sock, wanted - got)
+            except BlockingIOError:
+                _wait(self._sock, select.POLLIN, self._idle_seconds)
+                continue
+            if not data:
+                raise EndedEarly(self._position + got)
+            pieces.append(data)
+            got += len(data)
+        self._position += got
+        self._left -= got
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def tell(self) -> int:
+        """Bytes read so far."""
+        return self._position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Forward only: the bytes between are read and dropped."""
+        target = offset if whence == os.SEEK_SET else self._position + offset
+        if whence not in (os.SEEK_SET, os.SEEK_CUR) or target < self._position:
+            raise OSError(errno.ESPIPE, "a stream seeks forward only")
+        while self._position < target:
+            self.read(min(target - self._position, PIPE_BYTES))
+        return self._position
+
+    def finish(self) -> None:
+        """Drop the rest of the announced bytes, then expect the end of the stream."""
+        while self._left:
+            self.read(min(self._left, PIPE_BYTES))
+        _expect_end(self._sock, self._idle_seconds)
+
+
 def receive_into(sock: int, fd: int, size: int, idle_seconds: float) -> int:
     """Exactly `size` bytes from `sock` into `fd`, then the socket's end; EndedEarly or TooMany
     otherwise (what was written is then the caller's to discard)."""
@@ -77,14 +142,8 @@ def receive_into(sock: int, fd: int, size: int, idle_seconds: float) -> int:
                 raise EndedEarly(size - left)
             _drain_pipe(read_end, fd, moved)
             left -= moved
-        while True:  # then the end of the stream, nothing more
-            _wait(sock, select.POLLIN | select.POLLRDHUP, idle_seconds)
-            try:
-                if os.read(sock, 1):
-                    raise TooMany()
-                return size
-            except BlockingIOError:
-                continue
+        _expect_end(sock, idle_seconds)
+        return size
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -104,3 +163,29 @@ def send_from(sock: int, fd: int, size: int, idle_seconds: float) -> int:
             break
         offset += sent
     return offset
+
+
+def _send_all(sock: int, pieces: list[bytes], idle_seconds: float) -> None:
+    views = [memoryview(piece) for piece in pieces if piece]
+    while views:
+        try:
+            sent = os.writev(sock, views)
+        except BlockingIOError:
+            _wait(sock, select.POLLOUT, idle_seconds)
+            continue
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if views:
+            views[0] = views[0][sent:]
+
+
+def send_frames(sock: int, chunks: Iterator[bytes], idle_seconds: float) -> int:
+    """Each chunk as a frame (its length, 8 bytes big-endian, then its bytes), then the end
+    frame; the chunks' bytes sent."""
+    total = 0
+    for chunk in chunks:
+        _send_all(sock, [len(chunk).to_bytes(FRAME_HEADER_BYTES, "big"), chunk], idle_seconds)
+        total += len(chunk)
+    _send_all(sock, [FRAME_END], idle_seconds)
+    return total
