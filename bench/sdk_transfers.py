@@ -232,12 +232,13 @@ def transfers_table(result: dict[str, Any]) -> str:
             if figures is None:
                 continue
             rate = f"{figures['mb_per_s']:.0f}" if "mb_per_s" in figures else ""
+            client = f"{figures['client_cpu_ms_p50']:.1f}" if "client_cpu_ms_p50" in figures else ""
             table += (
                 f"| {label} | {tree} | {figures['wall_ms_p50']:.1f} | {rate} | {figures['gateway_cpu_ms_p50']:.1f} "
-                f"| {figures['client_cpu_ms_p50']:.1f} |\n"
+                f"| {client} |\n"
             )
     after = result["after"]
-    for key in ("write", "read"):
+    for key in ("write", "read") if "write grpc" in after else ():
         stream, grpc_path = after[key], after[f"{key} grpc"]
         table += (
             f"\nOne {key}, byte stream / gRPC messages (same run, alternating): rate "

@@ -157,6 +157,8 @@ class ByteStream:
                 raise UnavailableError(f"{grant.path}: the byte stream cannot reach this sandbox's files")
             done = await self._in_kernel(loop, conn, files, grant)
         except TimeoutError:
+            if grant.direction in (Direction.DOWNLOAD, Direction.DOWNLOAD_ARCHIVE):
+                return  # a client that stopped reading (maybe half-way through a frame): just close
             status = _refusal("DEADLINE_EXCEEDED", f"{grant.path}: no progress for {self._idle_seconds:g}s")
         except WarmshellError as exc:
             status = _status_of(exc)
@@ -167,7 +169,8 @@ class ByteStream:
             await _drain(loop, conn)  # until the client, having read it all, closes
             return
         if grant.direction is Direction.DOWNLOAD_ARCHIVE:
-            await _send(loop, conn, FRAME_END)  # a tar in frames ends with the end frame, then why
+            # A refusal comes from packing, between whole frames: the end frame, then why.
+            await _send(loop, conn, FRAME_END)
         await _send_status(loop, conn, status)
         await _drain(loop, conn)
 
@@ -192,7 +195,12 @@ class ByteStream:
             await loop.sock_sendall(conn, encode_status(Status(ok=True, size=size)))
             sizes.append(size)
 
-        sent = await files.send(grant.path, conn, grant.max_bytes, idle_seconds=idle, before=before)
+        try:
+            sent = await files.send(grant.path, conn, grant.max_bytes, idle_seconds=idle, before=before)
+        except WarmshellError:
+            if sizes:  # its status line went out, and some bytes may have: the connection ends early
+                return None
+            raise
         with contextlib.suppress(OSError):
             conn.shutdown(socket.SHUT_WR)
         return Status(ok=True, size=sent) if sent == sizes[0] else None

@@ -113,3 +113,47 @@ async def test_without_the_stream_or_out_of_its_reach_transfers_go_over_grpc(tmp
         async with warmshell.AsyncClient(f"unix://{alone / 'gateway.sock'}", gw.token) as client:
             await _round_trip_async(client, tmp_path, refused=b"small")
         assert await _settled(_stream(gw)) == 0
+
+
+def _repo(root: Path) -> Path:
+    repo = root / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "mod.py").write_text("VALUE = 1\n")
+    (repo / "blob.bin").write_bytes(BIG)
+    (repo / "link").symlink_to("pkg/mod.py")
+    return repo
+
+
+def _same_tree(a: Path, b: Path) -> None:
+    assert (b / "blob.bin").read_bytes() == (a / "blob.bin").read_bytes()
+    assert (b / "pkg" / "mod.py").read_text() == "VALUE = 1\n"
+    assert os.readlink(b / "link") == "pkg/mod.py"
+
+
+async def test_bulk_transfers_go_over_the_byte_stream_with_both_clients(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    async with running_gateway(tmp_path / "state") as gw:
+        await sandbox(gw, NAME)
+        stream = _stream(gw)
+        async with warmshell.AsyncClient(state_dir=tmp_path / "state") as client:
+            sb = await client.get(NAME)
+            summary = await sb.files.upload_dir(repo, "/workspace/repo")
+            assert (summary.entries, summary.bytes_written) == (4, len(BIG) + len("VALUE = 1\n"))
+            await sb.files.download_dir("/workspace/repo", tmp_path / "back")
+            _same_tree(repo, tmp_path / "back")
+            assert await _settled(stream) == 2
+            # A small archive goes over UploadTar (below the threshold); a download always streams.
+            await sb.files.write_files({"/workspace/small/a": b"a"})
+            assert await _settled(stream) == 2
+            with pytest.raises(warmshell.NotFound):
+                await sb.files.download_dir("/workspace/none", tmp_path / "none")
+
+        def sync_round() -> None:
+            with warmshell.Client(state_dir=tmp_path / "state") as sync_client:
+                files = sync_client.files(NAME)
+                assert files.upload_dir(repo, "/workspace/sync-repo").entries == 4
+                files.download_dir("/workspace/sync-repo", tmp_path / "sync-back")
+                _same_tree(repo, tmp_path / "sync-back")
+
+        await asyncio.to_thread(sync_round)
+        assert await _settled(stream) == 4

@@ -10,9 +10,11 @@ after a refused upload, and no connection, task or fd may outlive its bound."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import secrets
 import shutil
+import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,13 +26,14 @@ from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import sandbox, sh
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
-from warmshell.core.transfers import PREFACE, TICKET_BYTES, Status, parse_status
+from warmshell.core.transfers import FRAME_HEADER_BYTES, PREFACE, TICKET_BYTES, Status, parse_status
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(shutil.which("python3") is None, reason="no python3 in /usr")]
 
 NAME = "bytes"
 OTHER = "bytes-other"
 UP, DOWN = pb.TRANSFER_DIRECTION_UPLOAD, pb.TRANSFER_DIRECTION_DOWNLOAD
+UP_ARCHIVE, DOWN_ARCHIVE = pb.TRANSFER_DIRECTION_UPLOAD_ARCHIVE, pb.TRANSFER_DIRECTION_DOWNLOAD_ARCHIVE
 IDLE = 1.0
 TICKET_TTL = 2.0
 MAX_CONNECTIONS = 8
@@ -48,7 +51,9 @@ async def gw(tmp_path: Path) -> AsyncIterator[RunningGateway]:
         yield running
 
 
-async def ticket(gw: RunningGateway, path: str, direction: int, size: int = 0, name: str = NAME) -> bytes:
+async def ticket(
+    gw: RunningGateway, path: str, direction: pb.TransferDirection.ValueType, size: int = 0, name: str = NAME
+) -> bytes:
     stub = sandbox_pb2_grpc.FileServiceStub(gw.channel)
     request = pb.FileTransferRequest(file=pb.FileRef(name=name, path=path), direction=direction, size=size)
     reply = await stub.OpenFileTransfer(request, metadata=gw.metadata)
@@ -278,3 +283,78 @@ async def test_only_an_api_client_gets_a_ticket(gw: RunningGateway) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as not_found:
         await stub.OpenFileTransfer(missing, metadata=gw.metadata)
     assert not_found.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def _tar(*members: tuple[str, bytes | str]) -> bytes:
+    """A tar of regular files (bytes) and symbolic links (str: the target)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, content in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(content, str):
+                info.type, info.linkname = tarfile.SYMTYPE, content
+                tar.addfile(info)
+            else:
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+    return out.getvalue()
+
+
+async def test_an_archive_over_the_stream_is_refused_where_upload_tar_refuses_it(gw: RunningGateway) -> None:
+    stub = sandbox_pb2_grpc.FileServiceStub(gw.channel)
+    hostile = {
+        "dot-dot": _tar(("../escape", b"x")),
+        "absolute": _tar(("/etc/evil", b"x")),
+        "through a link": _tar(("out", "/"), ("out/etc/evil", b"x")),
+    }
+    for name, archive in hostile.items():
+        up = await ticket(gw, f"/workspace/{name}", UP_ARCHIVE, len(archive))
+        streamed = await upload(gw, PREFACE + up, archive)
+
+        async def requests(archive: bytes = archive, name: str = name) -> AsyncIterator[pb.UploadTarRequest]:
+            yield pb.UploadTarRequest(header=pb.UploadTarHeader(name=NAME, path=f"/workspace/grpc-{name}"))
+            yield pb.UploadTarRequest(data=archive)
+
+        try:
+            await stub.UploadTar(requests(), metadata=gw.metadata)
+            grpc_code = "OK"
+        except grpc.aio.AioRpcError as exc:
+            grpc_code = exc.code().name
+        assert not streamed.ok, name
+        assert streamed.code == grpc_code == "INVALID_ARGUMENT", (name, streamed)
+    assert (await sh(gw, NAME, "ls /etc/evil /escape 2>&1; true"))[1].count("No such file") == 2
+    # A tar longer than its ticket says is refused too.
+    archive = _tar(("a", b"content"))
+    short = await ticket(gw, "/workspace/short", UP_ARCHIVE, len(archive) - 512)
+    refused = await upload(gw, PREFACE + short, archive)
+    assert (refused.ok, refused.code) == (False, "INVALID_ARGUMENT"), refused
+
+
+async def test_an_archive_download_sends_links_as_links_and_refusals_after_the_end_frame(
+    gw: RunningGateway, tmp_path: Path
+) -> None:
+    (tmp_path / "secret").write_bytes(b"HOST SECRET")
+    await sh(
+        gw, NAME, f"mkdir -p /workspace/d && echo inside > /workspace/d/f && ln -s {tmp_path}/secret /workspace/d/l"
+    )
+    down = await ticket(gw, "/workspace/d", DOWN_ARCHIVE)
+    reader, writer = await connect(gw)
+    writer.write(PREFACE + down)
+    body = bytearray()
+    while length := int.from_bytes(await reader.readexactly(FRAME_HEADER_BYTES), "big"):
+        body += await reader.readexactly(length)
+    assert await status_of(reader) == Status(ok=True, size=len(body))
+    writer.close()
+    with tarfile.open(fileobj=io.BytesIO(bytes(body))) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert members["l"].issym()
+        assert members["l"].linkname == f"{tmp_path}/secret"
+        assert tar.extractfile("f").read() == b"inside\n"  # type: ignore[union-attr]
+    assert b"HOST SECRET" not in body
+    missing = await ticket(gw, "/workspace/none", DOWN_ARCHIVE)
+    reader, writer = await connect(gw)
+    writer.write(PREFACE + missing)
+    assert await reader.readexactly(FRAME_HEADER_BYTES) == bytes(FRAME_HEADER_BYTES)
+    refused = await status_of(reader)
+    writer.close()
+    assert (refused.ok, refused.code) == (False, "NOT_FOUND"), refused
