@@ -35,7 +35,7 @@ from warmshell.core.archives import (
 )
 from warmshell.sandboxio.rootfs import RESOLVE_NO_MAGICLINKS, Root, check_fs, openat2, refuse_mount_point
 
-__all__ = ["ChunkPipe", "ForwardFile", "close_pack", "pack", "unpack"]
+__all__ = ["ChunkPipe", "ForwardFile", "close_pack", "forward_target", "pack", "unpack"]
 
 RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_SYMLINKS = 0x04
@@ -160,9 +160,7 @@ class ChunkPipe:
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Forward only (tarfile skips a member's padding so): the bytes between are dropped."""
-        target = offset if whence == os.SEEK_SET else self._position + offset
-        if whence not in (os.SEEK_SET, os.SEEK_CUR) or target < self._position:
-            raise OSError(errno.ESPIPE, "a stream seeks forward only")
+        target = forward_target(self._position, offset, whence)
         while self._position < target and (piece := self._take(target - self._position)):
             self._position += len(piece)
         return self._position
@@ -191,6 +189,14 @@ class ChunkPipe:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():  # a writer cancelled meanwhile
         future.set_result(None)
+
+
+def forward_target(position: int, offset: int, whence: int) -> int:
+    """Where a forward-only stream's seek goes; ESPIPE for one backwards (or from its end)."""
+    target = offset if whence == os.SEEK_SET else position + offset
+    if whence not in (os.SEEK_SET, os.SEEK_CUR) or target < position:
+        raise OSError(errno.ESPIPE, "a stream seeks forward only")
+    return target
 
 
 class ForwardFile(Protocol):

@@ -187,15 +187,25 @@ class Files(_Target):
 
     def read_chunks(self, path: str) -> Iterator[bytes]:
         """The content in chunks, as they arrive."""
-        where = self._endpoint(self._transfer(path, _DOWN))
+        return self._received(path, _DOWN, transfers.download, self._stub.ReadFile)
+
+    def _received(
+        self,
+        path: str,
+        direction: pb.TransferDirection.ValueType,
+        streamed: Callable[[transfers.Endpoint], Iterator[bytes]],
+        call: Callable[..., Any],  # a stub's server-streaming method
+    ) -> Iterator[bytes]:
+        """A download over the byte stream when the gateway offers it, else over `call`."""
+        where = self._endpoint(self._transfer(path, direction))
         if where is not None:
             try:
-                yield from transfers.download(where)
+                yield from streamed(where)
                 return
             except transfers.Unreachable:  # raised before any byte: gRPC from the start
                 self._streaming = False
         try:
-            for chunk in self._stub.ReadFile(self._ref(path), metadata=self._metadata):
+            for chunk in call(self._ref(path), metadata=self._metadata):
                 yield chunk.data
         except grpc.RpcError as exc:
             self._fail(exc)
@@ -323,18 +333,7 @@ class Files(_Target):
     def download_tar(self, path: str) -> Iterator[bytes]:
         """The tar of the directory (its entries, named relative to it) or file at `path`, in
         chunks as they arrive."""
-        where = self._endpoint(self._transfer(path, _DOWN_ARCHIVE))
-        if where is not None:
-            try:
-                yield from transfers.download_archive(where)
-                return
-            except transfers.Unreachable:  # raised before any byte: gRPC from the start
-                self._streaming = False
-        try:
-            for chunk in self._stub.DownloadTar(self._ref(path), metadata=self._metadata):
-                yield chunk.data
-        except grpc.RpcError as exc:
-            self._fail(exc)
+        return self._received(path, _DOWN_ARCHIVE, transfers.download_archive, self._stub.DownloadTar)
 
     def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
         """Copy the directory `path` into the local directory `local` (made when missing), in
@@ -394,18 +393,28 @@ class AsyncFiles(_Target):
         """The whole content of a regular file."""
         return b"".join([chunk async for chunk in self.read_chunks(path)])
 
-    async def read_chunks(self, path: str) -> AsyncIterator[bytes]:
+    def read_chunks(self, path: str) -> AsyncIterator[bytes]:
         """The content in chunks, as they arrive."""
-        where = await self._endpoint(self._transfer(path, _DOWN))
+        return self._received(path, _DOWN, transfers.download_async, self._stub.ReadFile)
+
+    async def _received(
+        self,
+        path: str,
+        direction: pb.TransferDirection.ValueType,
+        streamed: Callable[[transfers.Endpoint], AsyncIterator[bytes]],
+        call: Callable[..., Any],  # a stub's server-streaming method
+    ) -> AsyncIterator[bytes]:
+        """A download over the byte stream when the gateway offers it, else over `call`."""
+        where = await self._endpoint(self._transfer(path, direction))
         if where is not None:
             try:
-                async for data in transfers.download_async(where):
+                async for data in streamed(where):
                     yield data
                 return
             except transfers.Unreachable:  # raised before any byte: gRPC from the start
                 self._streaming = False
         try:
-            async for chunk in self._stub.ReadFile(self._ref(path), metadata=self._metadata):
+            async for chunk in call(self._ref(path), metadata=self._metadata):
                 yield chunk.data
         except grpc.RpcError as exc:
             self._fail(exc)
@@ -509,22 +518,10 @@ class AsyncFiles(_Target):
         response = await self._send(call, self._upload_header(path), messages)
         return TransferSummary(int(response.entries), int(response.bytes_written))
 
-    async def download_tar(self, path: str) -> AsyncIterator[bytes]:
+    def download_tar(self, path: str) -> AsyncIterator[bytes]:
         """The tar of the directory (its entries, named relative to it) or file at `path`, in
         chunks as they arrive."""
-        where = await self._endpoint(self._transfer(path, _DOWN_ARCHIVE))
-        if where is not None:
-            try:
-                async for data in transfers.download_archive_async(where):
-                    yield data
-                return
-            except transfers.Unreachable:  # raised before any byte: gRPC from the start
-                self._streaming = False
-        try:
-            async for chunk in self._stub.DownloadTar(self._ref(path), metadata=self._metadata):
-                yield chunk.data
-        except grpc.RpcError as exc:
-            self._fail(exc)
+        return self._received(path, _DOWN_ARCHIVE, transfers.download_archive_async, self._stub.DownloadTar)
 
     async def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
         """Copy the directory `path` into the local directory `local` (made when missing), in

@@ -125,17 +125,22 @@ def _connect(where: Endpoint) -> socket.socket:
     return sock
 
 
+def _fed(line: _StatusLine, data: bytes, where: Endpoint) -> tuple[Status, bytes] | None:
+    """`line.feed(data)`; a refusal or a line that is not one raised as the SDK's error."""
+    try:
+        found = line.feed(data)
+    except ValueError as exc:
+        raise errors.error_for("UNAVAILABLE", str(exc), address=where.gateway) from None
+    if found is not None and not found[0].ok:
+        raise _refused(found[0], where)
+    return found
+
+
 def _status(sock: socket.socket, where: Endpoint) -> tuple[Status, bytes]:
     line = _StatusLine()
-    while True:
-        try:
-            found = line.feed(sock.recv(MAX_STATUS_BYTES))
-        except ValueError as exc:
-            raise errors.error_for("UNAVAILABLE", str(exc), address=where.gateway) from None
-        if found is not None:
-            if not found[0].ok:
-                raise _refused(found[0], where)
-            return found
+    while (found := _fed(line, sock.recv(MAX_STATUS_BYTES), where)) is None:
+        pass
+    return found
 
 
 def upload(where: Endpoint, source: bytes | IO[bytes]) -> Status:
@@ -185,15 +190,9 @@ async def _connect_async(where: Endpoint) -> socket.socket:
 async def _status_async(sock: socket.socket, where: Endpoint) -> tuple[Status, bytes]:
     loop = asyncio.get_running_loop()
     line = _StatusLine()
-    while True:
-        try:
-            found = line.feed(await loop.sock_recv(sock, MAX_STATUS_BYTES))
-        except ValueError as exc:
-            raise errors.error_for("UNAVAILABLE", str(exc), address=where.gateway) from None
-        if found is not None:
-            if not found[0].ok:
-                raise _refused(found[0], where)
-            return found
+    while (found := _fed(line, await loop.sock_recv(sock, MAX_STATUS_BYTES), where)) is None:
+        pass
+    return found
 
 
 async def upload_async(where: Endpoint, source: bytes | IO[bytes]) -> Status:

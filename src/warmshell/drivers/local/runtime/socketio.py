@@ -19,6 +19,7 @@ import select
 from collections.abc import Iterator
 
 from warmshell.core.transfers import FRAME_END, FRAME_HEADER_BYTES
+from warmshell.sandboxio.archive import forward_target
 
 __all__ = ["EndedEarly", "SocketReader", "TooMany", "receive_into", "send_frames", "send_from"]
 
@@ -110,9 +111,7 @@ class SocketReader:
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Forward only: the bytes between are read and dropped."""
-        target = offset if whence == os.SEEK_SET else self._position + offset
-        if whence not in (os.SEEK_SET, os.SEEK_CUR) or target < self._position:
-            raise OSError(errno.ESPIPE, "a stream seeks forward only")
+        target = forward_target(self._position, offset, whence)
         while self._position < target:
             self.read(min(target - self._position, PIPE_BYTES))
         return self._position
