@@ -358,3 +358,24 @@ async def test_an_archive_download_sends_links_as_links_and_refusals_after_the_e
     refused = await status_of(reader)
     writer.close()
     assert (refused.ok, refused.code) == (False, "NOT_FOUND"), refused
+
+
+async def test_a_transfer_cut_by_the_gateways_stop_leaves_nothing(gw: RunningGateway) -> None:
+    stream = gw.gateway.parts.byte_stream
+    assert stream is not None
+    await sh(gw, NAME, "echo kept > /workspace/target")
+    cut = await ticket(gw, "/workspace/target", UP, 4 * 1024 * 1024)
+    reader, writer = await connect(gw)
+    writer.write(PREFACE + cut + os.urandom(1024 * 1024))
+    await writer.drain()
+    async with asyncio.timeout(5):
+        while not stream.connections:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # the thread is splicing, then waits for the rest
+    await stream.aclose()  # what a gateway stop does with the transfers in flight
+    assert stream.connections == 0
+    async with asyncio.timeout(5):
+        assert await reader.read() == b""  # closed, no status: the gateway is going away
+    writer.close()
+    assert (await sh(gw, NAME, "cat /workspace/target"))[1] == "kept\n"
+    assert await workspace_listing(gw) == "target\n"

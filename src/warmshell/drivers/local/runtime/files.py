@@ -334,13 +334,14 @@ async def _moved(
     """What the thread moving a transfer's bytes returns, as the error for `path` when it
     fails (`error`: an OSError's, or an archive's). A cancelled caller shuts the socket down,
     which ends the thread's wait, and waits for it: the fds it uses are closed after."""
+    waiting = asyncio.wrap_future(moving)
     try:
-        return await asyncio.shield(asyncio.wrap_future(moving))
+        return await asyncio.shield(waiting)
     except asyncio.CancelledError:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(BaseException):
-            await asyncio.wrap_future(moving)
+            await waiting  # its outcome retrieved here: it is the cancel's consequence
         raise
     except TimeoutError:
         raise  # a client that stopped sending or reading: the caller says so

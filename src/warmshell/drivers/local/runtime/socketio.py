@@ -184,6 +184,8 @@ def send_frames(sock: int, chunks: Iterator[bytes], idle_seconds: float) -> int:
     frame; the chunks' bytes sent."""
     total = 0
     for chunk in chunks:
+        if not chunk:
+            continue  # a frame of length 0 is the end frame
         _send_all(sock, [len(chunk).to_bytes(FRAME_HEADER_BYTES, "big"), chunk], idle_seconds)
         total += len(chunk)
     _send_all(sock, [FRAME_END], idle_seconds)
