@@ -122,19 +122,19 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         travel through the supervisor are served there); None to serve here."""
         if self._forwarder is None:
             return None
-        validate_workspace(workspace or DEFAULT_WORKSPACE)
-        if not name:
-            raise InvalidArgumentError("name", "must not be empty")
-        record = await self._manager.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+        record = await self._record(workspace, name)
         if record.status.phase != Phase.READY or self._manager.sessions.get(record.id) is not None:
             return None
         return await self._forwarder.target(record, context)
 
     async def _files(self, workspace: str, name: str, context: Ctx) -> SandboxFiles:
+        return await self._files_of(await self._record(workspace, name))
+
+    async def _record(self, workspace: str, name: str, field: str = "name") -> SandboxRecord:
         validate_workspace(workspace or DEFAULT_WORKSPACE)
         if not name:
-            raise InvalidArgumentError("name", "must not be empty")
-        return await self._files_of(await self._manager.records.get_by_name(workspace or DEFAULT_WORKSPACE, name))
+            raise InvalidArgumentError(field, "must not be empty")
+        return await self._manager.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
 
     async def files_for_grant(self, grant: Grant) -> SandboxFiles:
         """The files a byte-stream ticket names, checked as a call's are (the sandbox may have
@@ -305,14 +305,11 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         if direction in (Direction.UPLOAD, Direction.UPLOAD_ARCHIVE) and request.size > bound:
             raise ResourceExhaustedError(f"{path}: {request.size} bytes, over the limit of {bound}")
         stream = self._stream
-        if stream is None or not isinstance(self._manager.driver, FilesCapable):
+        if stream is None:
             return pb.FileTransferTicket()  # not offered: the client uses WriteFile/ReadFile
         if self._forwarder is not None and await self._owner(ref.workspace, ref.name, context):
             return pb.FileTransferTicket()  # another replica holds it: gRPC forwards there
-        validate_workspace(ref.workspace or DEFAULT_WORKSPACE)
-        if not ref.name:
-            raise InvalidArgumentError("file.name", "must not be empty")
-        record = await self._manager.records.get_by_name(ref.workspace or DEFAULT_WORKSPACE, ref.name)
+        record = await self._record(ref.workspace, ref.name, "file.name")
         if not isinstance(await self._files_of(record), SocketFiles):  # Ready, else refused here
             return pb.FileTransferTicket()
         grant = Grant(record.id, path, direction, request.size, limit, mode, request.make_parents)
