@@ -1,5 +1,6 @@
-"""The client's side of the gateway's byte stream (`warmshell.core.transfers`): one file's
-bytes over a plain socket, admitted by a one-time ticket from `OpenFileTransfer`, sync and async.
+"""The client's side of the gateway's byte stream (`warmshell.core.transfers`): a file's or an
+archive's bytes over a plain socket, admitted by a one-time ticket from `OpenFileTransfer`, sync
+and async.
 
 A refusal on the stream raises what the gRPC call would have (`errors.error_for` on the status
 name); a stream that cannot be reached at all (a TCP port a tunnel does not carry) raises
@@ -75,8 +76,8 @@ def endpoint(gateway: str, reply: pb.FileTransferTicket) -> Endpoint | None:
         return None
     unix = connection.unix_socket_path(gateway)
     if unix is not None:
-        if not reply.unix_socket:
-            return None
+        if reply.unix_socket in ("", ".", "..") or "/" in reply.unix_socket:
+            return None  # a name beside the gateway's socket, nothing else
         return Endpoint(socket.AF_UNIX, str(unix.parent / reply.unix_socket), reply.ticket, gateway)
     if not reply.tcp_port:
         return None

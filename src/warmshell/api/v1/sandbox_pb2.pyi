@@ -1811,7 +1811,8 @@ Global___FileTransferRequest: _TypeAlias = FileTransferRequest  # noqa: Y015
 class FileTransferTicket(_message.Message):
     """How to use a ticket: connect to the byte stream (the Unix socket named `unix_socket` in the
     directory of the gateway's gRPC socket, or TCP `tcp_port` on the gateway's gRPC host), send
-    "WSX1" and the ticket, then the bytes (upload) or read a status line and the bytes (download).
+    "WSX1" and the ticket, then the bytes (upload) or read a status line and the bytes (download;
+    an archive's in frames).
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -918,8 +918,9 @@ class FileServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def OpenFileTransfer(self, request, context):
-        """A one-time ticket for one file's bytes over the gateway's byte stream (off gRPC's message
-        path); an empty ticket when the gateway offers none for this sandbox (use WriteFile/ReadFile).
+        """A one-time ticket for one file's or archive's bytes over the gateway's byte stream (off
+        gRPC's message path; the wire format is in warmshell/core/transfers.py); an empty ticket
+        when the gateway offers none for this sandbox (use the calls above).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -277,8 +277,9 @@ class FileServiceStub:
     """
     DownloadTar: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.FileChunk]
     OpenFileTransfer: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.FileTransferRequest, _sandbox_pb2.FileTransferTicket]
-    """A one-time ticket for one file's bytes over the gateway's byte stream (off gRPC's message
-    path); an empty ticket when the gateway offers none for this sandbox (use WriteFile/ReadFile).
+    """A one-time ticket for one file's or archive's bytes over the gateway's byte stream (off
+    gRPC's message path; the wire format is in warmshell/core/transfers.py); an empty ticket
+    when the gateway offers none for this sandbox (use the calls above).
     """
 
 @_typing.type_check_only
@@ -302,8 +303,9 @@ class FileServiceAsyncStub(FileServiceStub):
     """
     DownloadTar: _aio.UnaryStreamMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.FileChunk]  # type: ignore[assignment]
     OpenFileTransfer: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.FileTransferRequest, _sandbox_pb2.FileTransferTicket]  # type: ignore[assignment]
-    """A one-time ticket for one file's bytes over the gateway's byte stream (off gRPC's message
-    path); an empty ticket when the gateway offers none for this sandbox (use WriteFile/ReadFile).
+    """A one-time ticket for one file's or archive's bytes over the gateway's byte stream (off
+    gRPC's message path; the wire format is in warmshell/core/transfers.py); an empty ticket
+    when the gateway offers none for this sandbox (use the calls above).
     """
 
 class FileServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -378,8 +380,9 @@ class FileServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _sandbox_pb2.FileTransferRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_sandbox_pb2.FileTransferTicket, _abc.Awaitable[_sandbox_pb2.FileTransferTicket]]:
-        """A one-time ticket for one file's bytes over the gateway's byte stream (off gRPC's message
-        path); an empty ticket when the gateway offers none for this sandbox (use WriteFile/ReadFile).
+        """A one-time ticket for one file's or archive's bytes over the gateway's byte stream (off
+        gRPC's message path; the wire format is in warmshell/core/transfers.py); an empty ticket
+        when the gateway offers none for this sandbox (use the calls above).
         """
 
 def add_FileServiceServicer_to_server(servicer: FileServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
