@@ -242,43 +242,40 @@ def _frame_length(header: bytes, where: Endpoint) -> int:
     return length
 
 
+def _ended(where: Endpoint) -> errors.ApiError:
+    return errors.error_for("UNAVAILABLE", "the archive ended before its end frame; retry", address=where.gateway)
+
+
 def _receive_exactly(sock: socket.socket, count: int, where: Endpoint) -> bytes:
-    data = bytearray()
+    data = b""
     while len(data) < count:
-        piece = sock.recv(count - len(data))
-        if not piece:
-            raise errors.error_for(
-                "UNAVAILABLE", "the archive ended before its end frame; retry", address=where.gateway
-            )
+        if not (piece := sock.recv(count - len(data))):
+            raise _ended(where)
         data += piece
-    return bytes(data)
+    return data
 
 
 def download_archive(where: Endpoint) -> Iterator[bytes]:
-    """A tar's bytes as its frames arrive; after the end frame, the gateway's status (a refusal
-    half-way raises here, after what came before it)."""
+    """A tar's bytes as they arrive (each frame's as the socket has them: no frame is put back
+    together); after the end frame, the gateway's status (a refusal half-way raises here,
+    after what came before it)."""
     with _connect(where) as sock:
         sock.sendall(PREFACE + where.ticket)
-        while length := _frame_length(_receive_exactly(sock, FRAME_HEADER_BYTES, where), where):
-            yield _receive_exactly(sock, length, where)
+        while left := _frame_length(_receive_exactly(sock, FRAME_HEADER_BYTES, where), where):
+            while left:
+                if not (data := sock.recv(min(left, RECEIVE_BYTES))):
+                    raise _ended(where)
+                left -= len(data)
+                yield data
         _status(sock, where)
 
 
-async def _receive_exactly_async(sock: socket.socket, count: int, where: Endpoint) -> bytes:
-    loop = asyncio.get_running_loop()
-    buffer = bytearray(count)
-    view = memoryview(buffer)
-    got = 0
-    while got < count:
-        async with asyncio.timeout(TIMEOUT_SECONDS):
-            received = await loop.sock_recv_into(sock, view[got:])
-        if not received:
-            raise errors.error_for(
-                "UNAVAILABLE", "the archive ended before its end frame; retry", address=where.gateway
-            )
-        got += received
-    view.release()
-    return bytes(buffer)
+async def _recv_async(sock: socket.socket, count: int, where: Endpoint) -> bytes:
+    async with asyncio.timeout(TIMEOUT_SECONDS):
+        data = await asyncio.get_running_loop().sock_recv(sock, count)
+    if not data:
+        raise _ended(where)
+    return data
 
 
 async def download_archive_async(where: Endpoint) -> AsyncIterator[bytes]:
@@ -286,8 +283,16 @@ async def download_archive_async(where: Endpoint) -> AsyncIterator[bytes]:
     loop = asyncio.get_running_loop()
     with await _connect_async(where) as sock:
         await loop.sock_sendall(sock, PREFACE + where.ticket)
-        while length := _frame_length(await _receive_exactly_async(sock, FRAME_HEADER_BYTES, where), where):
-            yield await _receive_exactly_async(sock, length, where)
+        while True:
+            header = b""
+            while len(header) < FRAME_HEADER_BYTES:
+                header += await _recv_async(sock, FRAME_HEADER_BYTES - len(header), where)
+            if not (left := _frame_length(header, where)):
+                break
+            while left:
+                data = await _recv_async(sock, min(left, RECEIVE_BYTES), where)
+                left -= len(data)
+                yield data
         async with asyncio.timeout(TIMEOUT_SECONDS):
             await _status_async(sock, where)
 
