@@ -105,6 +105,16 @@ class SocketReader:
         self._left -= got
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
+    def copy_into(self, fd: int, count: int) -> None:
+        """The next `count` bytes into `fd`, in the kernel (a member's content: tarfile never
+        sees it)."""
+        count = min(count, self._left)
+        moved = _splice_into(self._sock, fd, count, self._idle_seconds)
+        self._position += moved
+        self._left -= moved
+        if moved < count:
+            raise EndedEarly(self._position)
+
     def tell(self) -> int:
         """Bytes read so far."""
         return self._position
@@ -123,14 +133,13 @@ class SocketReader:
         _expect_end(self._sock, self._idle_seconds)
 
 
-def receive_into(sock: int, fd: int, size: int, idle_seconds: float) -> int:
-    """Exactly `size` bytes from `sock` into `fd`, then the socket's end; EndedEarly or TooMany
-    otherwise (what was written is then the caller's to discard)."""
+def _splice_into(sock: int, fd: int, count: int, idle_seconds: float) -> int:
+    """Up to `count` bytes from `sock` into `fd` through a pipe; fewer only at the socket's end."""
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     try:
         with contextlib.suppress(OSError):  # a lower pipe-max-size: the default pipe, more splices
             fcntl.fcntl(write_end, _F_SETPIPE_SZ, PIPE_BYTES)
-        left = size
+        left = count
         while left:
             try:
                 moved = os.splice(sock, write_end, min(left, PIPE_BYTES), flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
@@ -138,14 +147,22 @@ def receive_into(sock: int, fd: int, size: int, idle_seconds: float) -> int:
                 _wait(sock, select.POLLIN, idle_seconds)
                 continue
             if moved == 0:
-                raise EndedEarly(size - left)
+                break
             _drain_pipe(read_end, fd, moved)
             left -= moved
-        _expect_end(sock, idle_seconds)
-        return size
+        return count - left
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def receive_into(sock: int, fd: int, size: int, idle_seconds: float) -> int:
+    """Exactly `size` bytes from `sock` into `fd`, then the socket's end; EndedEarly or TooMany
+    otherwise (what was written is then the caller's to discard)."""
+    if (moved := _splice_into(sock, fd, size, idle_seconds)) < size:
+        raise EndedEarly(moved)
+    _expect_end(sock, idle_seconds)
+    return size
 
 
 def send_from(sock: int, fd: int, size: int, idle_seconds: float) -> int:
