@@ -292,6 +292,18 @@ class FilesConfig(_Section):
     # One archive transfer (UploadTar, DownloadTar): its entries; its content is bounded by
     # max_file_bytes, and the sandbox's disk bound applies as for any write.
     max_archive_entries: int = Field(default=100_000, ge=1)
+    # The byte stream: a file's or an archive's bytes over a plain socket admitted by a
+    # one-time ticket (`OpenFileTransfer`), at under half the gateway's CPU per MiB of gRPC
+    # messages; the SDK uses it when offered. false = not offered (every transfer goes over
+    # gRPC). Local driver only.
+    transfer_stream: bool = True
+    # A ticket is accepted once, within this long of being issued.
+    transfer_ticket_seconds: float = Field(default=30.0, gt=0, le=600)
+    # A connection must send its ticket, and then make progress, within this long.
+    transfer_idle_seconds: float = Field(default=30.0, gt=0)
+    transfer_max_connections: int = Field(default=256, ge=1)
+    # Its TCP port when the gateway listens on TCP (on `listen_tcp`'s host); 0 = any free port.
+    transfer_port: int = Field(default=0, ge=0, le=65535)
 
 
 class MetricsConfig(_Section):

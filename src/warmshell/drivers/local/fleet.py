@@ -38,7 +38,7 @@ from warmshell.drivers.local.instances import EGRESS_SUFFIX, LOG_SUFFIX, Instanc
 from warmshell.drivers.local.runtime import cgroups, imageroots
 from warmshell.drivers.local.runtime import limits as resource_limits
 from warmshell.drivers.local.runtime import usage as runtime_usage
-from warmshell.drivers.local.runtime.files import LocalFiles, files_executor
+from warmshell.drivers.local.runtime.files import LocalFiles, bytes_executor, files_executor
 from warmshell.drivers.local.runtime.launching import Launcher, traversable_dir
 from warmshell.drivers.local.runtime.processes import SandboxProcess, read_tail
 from warmshell.drivers.local.runtime.uidlease import UidLeases
@@ -72,6 +72,7 @@ class Fleet:
         self._launcher: Launcher = host.launcher
         self._as_root = host.root
         self._files_executor: ThreadPoolExecutor | None = None
+        self._bytes_executor: ThreadPoolExecutor | None = None
         self._supervise = supervise
         self._uids: UidLeases | None = host.uids
         self._workspaces: Path | None = host.workspaces
@@ -149,7 +150,8 @@ class Fleet:
         """The files of an instance's running sandbox, used with its own rights (see `files`)."""
         if self._files_executor is None:
             self._files_executor = files_executor(as_root=self._as_root)
-        return LocalFiles(process.open_root, instance.uid, self._files_executor)
+            self._bytes_executor = bytes_executor(as_root=self._as_root)
+        return LocalFiles(process.open_root, instance.uid, self._files_executor, self._bytes_executor)
 
     def save_soon(self, instance: Instance) -> None:
         """Write the record in the background, with every record queued meanwhile: one thread
@@ -428,8 +430,9 @@ class Fleet:
         await asyncio.to_thread(self._launcher.close)
         if not isinstance(self._cgroup, cgroups.Unavailable):
             await asyncio.to_thread(self._cgroup.close)
-        if self._files_executor is not None:
-            self._files_executor.shutdown(wait=False, cancel_futures=True)
+        for executor in (self._files_executor, self._bytes_executor):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
 
     # -- what a previous gateway left ------------------------------------------------------
 
