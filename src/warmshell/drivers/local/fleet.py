@@ -35,7 +35,7 @@ from warmshell.drivers.base import BackendState, DriverCondition, SandboxUsage
 from warmshell.drivers.local import credentials, records
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.instances import EGRESS_SUFFIX, LOG_SUFFIX, Instance, egress_dir
-from warmshell.drivers.local.runtime import cgroups, imageroots
+from warmshell.drivers.local.runtime import cgroups, imageroots, runtimedir
 from warmshell.drivers.local.runtime import limits as resource_limits
 from warmshell.drivers.local.runtime import usage as runtime_usage
 from warmshell.drivers.local.runtime.files import LocalFiles, files_executor
@@ -75,6 +75,8 @@ class Fleet:
         self._supervise = supervise
         self._uids: UidLeases | None = host.uids
         self._workspaces: Path | None = host.workspaces
+        self._runtime: Path | None = host.runtime
+        self._runtime_made = False  # `runtime` checked (and made) by the first start
         self._paths = paths
         self._cgroup: cgroups.Backend | cgroups.Unavailable = host.cgroup
         self._grace = grace
@@ -102,7 +104,7 @@ class Fleet:
         self.instances[instance.instance_id] = instance
         try:
             if self._uids is not None and self._launcher.isolated:
-                instance.workspaces = self._workspaces
+                instance.workspaces, instance.runtime = self._workspaces, self._runtime
             # Prepared in a spawner thread, right before the spawn (one thread hop per start).
             prepare = functools.partial(self._prepare, instance, spec.image)
             instance.process = await self._launcher.start(instance, image=spec.image, nice=nice, prepare=prepare)
@@ -190,6 +192,9 @@ class Fleet:
         """Blocking: the sandbox's uid (leased host-wide: see `uidlease`), its directories (a
         workspace on the host's disk owned by its uid, unless it is a tmpfs), its cgroup, the
         root filesystem's bind sources."""
+        if instance.runtime is not None and not self._runtime_made:  # before the uid lease in it
+            runtimedir.ensure(instance.runtime)
+            self._runtime_made = True
         if self._uids is not None and self._launcher.isolated:
             instance.uid = self._uids.acquire()
         if not self._sandboxes_made:
@@ -210,8 +215,6 @@ class Fleet:
             os.close(os.open(instance.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
             # Its own uid alone may traverse it (the socket in it is 0666): on the host, the
             # instance id in bwrap's argv must not be enough to reach another sandbox's proxy.
-            if instance.workspaces is not None:
-                traversable_dir(instance.workspaces)
             instance.egress_dir.mkdir(mode=0o700)
             if instance.uid is not None:
                 os.chown(instance.egress_dir, instance.uid, instance.uid)
@@ -348,7 +351,7 @@ class Fleet:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._paths.sandboxes / (instance_id + LOG_SUFFIX))
                 _remove_dir(self._paths.sandboxes / instance_id)
-                _remove_dir(egress_dir(self._workspaces or self._paths.sandboxes, instance_id))
+                _remove_dir(egress_dir(self._runtime or self._paths.sandboxes, instance_id))
                 if self._workspaces is not None:
                     _remove_dir(self._workspaces / instance_id)
             except OSError as exc:
