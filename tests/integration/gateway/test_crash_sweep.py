@@ -77,8 +77,8 @@ async def test_a_killed_gateway_leaves_nothing_unowned_after_restart(
     config.write_text(f'[local]\nsandbox_dir = "{sandbox_dir}"\n')
     await burst_then_kill(state, config, seed)
     paths = StatePaths(state)
-    runtime = runtime_dir_of(sandbox_dir)  # the egress directories
-    left = instance_ids(paths.sandboxes, sandbox_dir, runtime)
+    runtime = runtime_dir_of(sandbox_dir)  # the egress directories, and the logs in its gw-*/
+    left = instance_ids(paths.sandboxes, sandbox_dir, runtime, *runtime.glob("gw-*"))
     # What a kill between making an instance's directories and writing its record leaves (a
     # window of microseconds the random kills rarely hit): directories no record owns.
     unrecorded = "li-00000000deadbeef"
@@ -91,7 +91,7 @@ async def test_a_killed_gateway_leaves_nothing_unowned_after_restart(
         assert processes_of(left) == []
         # The start-up sweep removed every instance directory, record, workspace and egress
         # directory of the old run.
-        assert instance_ids(paths.sandboxes, sandbox_dir, runtime, paths.instances) == set()
+        assert instance_ids(paths.sandboxes, sandbox_dir, runtime, *runtime.glob("gw-*"), paths.instances) == set()
         assert not paths.instances.exists() or list(paths.instances.iterdir()) == []
         listed = await gw.stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=gw.metadata)
         for sandbox in listed.sandboxes:  # each stored create settles (lost), and deletes

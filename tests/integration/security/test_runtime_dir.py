@@ -13,7 +13,6 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from tests.helpers.gateway import RunningGateway, running_gateway
@@ -78,15 +77,16 @@ def test_a_planted_runtime_directory_is_refused_and_left_as_it_was(shared: Path,
 
 
 @needs_bwrap
-async def test_a_create_on_a_planted_runtime_directory_fails_naming_the_key(tmp_path: Path, shared: Path) -> None:
+async def test_a_gateway_refuses_to_start_on_a_planted_runtime_directory(tmp_path: Path, shared: Path) -> None:
     planted = shared / "planted"
     planted.mkdir(mode=0o711)
+    (planted / "gw-fake").mkdir()  # what a sweep would have read: instances to kill and remove
+    (planted / "gw-fake" / "li-00000000deadbeef.log").write_text("")
     os.chown(planted, _STRANGER, _STRANGER)
-    async with running_gateway(tmp_path / "state", **{"local.runtime_dir": str(planted)}) as gw:
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await sandbox(gw, "a")
-        assert "local.runtime_dir" in (refused.value.details() or "")
-    assert list(planted.iterdir()) == []  # no lease, no egress directory in it
+    with pytest.raises(PermissionError, match=r"local\.runtime_dir"):
+        async with running_gateway(tmp_path / "state", **{"local.runtime_dir": str(planted)}):
+            pass
+    assert sorted(p.name for p in planted.rglob("*")) == ["gw-fake", "li-00000000deadbeef.log"]
 
 
 @needs_bwrap
@@ -95,6 +95,8 @@ async def test_a_sandboxs_runtime_files_are_its_uids_alone_and_go_with_it(tmp_pa
     async with running_gateway(tmp_path / "state", **{"local.runtime_dir": str(runtime)}) as gw:
         a, b = await sandbox(gw, "a"), await sandbox(gw, "b")
         egress = runtime / f"{a.status.instance_id}.egress"
+        (log,) = runtime.glob(f"gw-*/{a.status.instance_id}.log")  # a tmpfs workspace: nothing on disk
+        assert stat.S_IMODE(os.lstat(log.parent).st_mode) == 0o700
         leases = {int(p.name): p for p in (runtime / uidlease.LEASES).iterdir() if p.name.isdigit()}
         info = os.lstat(egress)
         assert info.st_uid in leases  # its uid, leased here
@@ -103,13 +105,16 @@ async def test_a_sandboxs_runtime_files_are_its_uids_alone_and_go_with_it(tmp_pa
         await _unreachable_from(gw, "b", runtime, egress)
         await gw.delete("a")
         async with asyncio.timeout(10):  # its files go once its processes have
-            while egress.exists() or (runtime / uidlease.LEASES / str(info.st_uid)).exists():
+            while egress.exists() or log.exists() or (runtime / uidlease.LEASES / str(info.st_uid)).exists():
                 await asyncio.sleep(0.05)
-        assert os.path.isdir(runtime / f"{b.status.instance_id}.egress")  # the other's stays
+        kept = runtime / f"{b.status.instance_id}.egress"
+        assert os.path.isdir(kept)  # the other's stays
+        await gw.stop()  # b's record is kept (the next start reports it lost), its egress directory not
+        assert not kept.exists()
 
 
 async def _unreachable_from(gw: RunningGateway, name: str, runtime: Path, egress: Path) -> None:
     """Neither the runtime directory nor another sandbox's egress directory is there inside."""
-    for path in (runtime, egress, egress / "proxy.sock"):
+    for path in (runtime, egress, egress / "proxy.sock", *runtime.glob("gw-*")):
         code, _, err = await sh(gw, name, f"ls -d {path}")
         assert (code, "No such file" in err) == (2, True), (path, err)

@@ -50,6 +50,7 @@ class HostSetup:
     uids: UidLeases | None
     workspaces: Path | None
     runtime: Path | None  # with a uid per sandbox, its egress directory and uid lease (`runtimedir`)
+    logs: Path | None  # in `runtime`, this gateway's: the logs of instances with nothing on disk
     refill_nice: int
     maximums: limits.Maximums  # read once here, checked on every create and profile
     image_roots: tuple[Path, ...] = ()  # `local.image_roots`, resolved once here
@@ -86,6 +87,7 @@ class HostSetup:
             uids=_uids(config, runtime, gateway) if runtime is not None else None,
             workspaces=config.sandbox_dir if root else None,
             runtime=runtime,
+            logs=runtime / gateway if runtime is not None else None,
             refill_nice=_refill_nice(config),
             maximums=limits.Maximums.of(
                 config,

@@ -56,6 +56,7 @@ class Instance:
     uid: int | None = None  # the sandbox's own host uid (a gateway run as root)
     workspaces: Path | None = None  # where its workspace lives, when not under `directory`
     runtime: Path | None = None  # where its egress directory lives, when not beside `directory`
+    logs: Path | None = None  # where its log lives, when not beside `directory`
     cgroup: cgroups.Group | None = None
     image_root: imageroots.ImageRoot | None = None  # the stored image it runs, its layers held
     bounds: Bounds | None = None  # what bounds its sandbox (None: unisolated, nothing)
@@ -106,8 +107,9 @@ class Instance:
     @property
     def log_path(self) -> Path:
         """Where bwrap's stdout and stderr go: beside the directory, not in it, so an instance
-        whose workspace is a tmpfs (the default) or lives elsewhere needs no directory at all."""
-        return self.directory.with_name(self.instance_id + LOG_SUFFIX)
+        whose workspace is a tmpfs (the default) or lives elsewhere needs no directory at all;
+        in the gateway's own directory of the runtime directory when set (see `Fleet.launch`)."""
+        return (self.logs or self.directory.parent) / (self.instance_id + LOG_SUFFIX)
 
     @property
     def egress_dir(self) -> Path:
