@@ -1,7 +1,8 @@
 """A root gateway's runtime directory (`local.runtime_dir`; by default on /run or /dev/shm, which
-every user of the host may write to): each sandbox's egress directory and uid lease live there,
-reachable by that sandbox's uid alone, and a directory planted there by someone else (another
-user's, one writable by others, a symlink) is refused, never used nor changed."""
+every user of the host may write to): each sandbox's egress directory, uid lease and log live
+there, the egress directory reachable by that sandbox's uid alone, and a directory planted there
+by someone else (another user's, one writable by others, a symlink) is refused, never read, used
+nor changed."""
 
 from __future__ import annotations
 
@@ -111,6 +112,11 @@ async def test_a_sandboxs_runtime_files_are_its_uids_alone_and_go_with_it(tmp_pa
         assert os.path.isdir(kept)  # the other's stays
         await gw.stop()  # b's record is kept (the next start reports it lost), its egress directory not
         assert not kept.exists()
+        assert [p.name for p in log.parent.iterdir()] == [f"{b.status.instance_id}.log"]  # for the next start
+    async with running_gateway(tmp_path / "other", **{"local.runtime_dir": str(runtime)}) as other:
+        await sandbox(other, "c")
+    # The other gateway's directory of logs, empty once it deleted its sandbox, went at its stop.
+    assert [p.name for p in runtime.glob("gw-*")] == [log.parent.name]
 
 
 async def _unreachable_from(gw: RunningGateway, name: str, runtime: Path, egress: Path) -> None:

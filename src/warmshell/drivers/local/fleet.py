@@ -454,6 +454,9 @@ class Fleet:
             await asyncio.to_thread(self._cgroup.close)
         if self._files_executor is not None:
             self._files_executor.shutdown(wait=False, cancel_futures=True)
+        if self._logs is not None:  # gone once empty; a kept sandbox's log waits for the next start
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(os.rmdir, self._logs)
 
     # -- what a previous gateway left ------------------------------------------------------
 
