@@ -82,8 +82,14 @@ class LocalDriverConfig(_Section):
     # With a uid per sandbox, workspaces (and a copy of the agent) live here, where those uids
     # can reach them: root-owned 0711, each workspace 0700 and owned by its sandbox.
     sandbox_dir: Path = Path("/var/lib/warmshell-sandboxes")
+    # With a uid per sandbox, what a sandbox needs only while it lives (its egress directory,
+    # with a ~220 KB copy of the system CA bundle for one on the host's root, its uid lease and,
+    # with nothing on disk, its log) lives here: root-owned 0711, best a tmpfs. None = a
+    # directory named for sandbox_dir on /run or else /dev/shm, whichever is a tmpfs; neither:
+    # sandbox_dir.
+    runtime_dir: Path | None = None
 
-    @field_validator("extra_ro_binds", "sandbox_dir", "image_roots", "image_dir")
+    @field_validator("extra_ro_binds", "sandbox_dir", "image_roots", "image_dir", "runtime_dir")
     @classmethod
     def _absolute(cls, value: list[Path] | Path | None) -> list[Path] | Path | None:
         for path in value if isinstance(value, list) else [value] if value is not None else []:
