@@ -9,7 +9,6 @@ bump the resourceVersion, and CRD objects register the resources they define.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from kubesim import jsonwire
 from kubesim.apiserver import (
     applying,
     builtin_schemas,
@@ -456,4 +456,4 @@ def _name(obj: dict[str, Any]) -> str:
 
 
 def _json(raw: bytes) -> Any:
-    return json.loads(raw or b"null")
+    return jsonwire.loads(raw or b"null")
