@@ -12,10 +12,16 @@ objects: integers that fit in 64 bits as integers, larger ones as floats; ``NaN`
 
 from __future__ import annotations
 
+import copy
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+
+T = TypeVar("T")
+# Anything but plain JSON values (dates, dataclasses, subclasses of str or dict) is refused, so
+# that a copy never silently turns one into a string: those fall back to ``copy.deepcopy``.
+_PLAIN_ONLY = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
 def dumps(obj: Any) -> bytes:
@@ -31,3 +37,14 @@ def dumps(obj: Any) -> bytes:
 def loads(raw: bytes | str) -> Any:
     """Decode one JSON document; ``ValueError`` (``json.JSONDecodeError``) when it is not one."""
     return orjson.loads(raw)
+
+
+def copy_of(doc: T) -> T:
+    """A deep copy of a JSON document (tuples come back as lists): encoded and decoded again by
+    orjson, about four times cheaper than ``copy.deepcopy`` on a pod; the controllers copy every
+    object they edit, several per warm claim."""
+    try:
+        copied: T = orjson.loads(orjson.dumps(doc, option=_PLAIN_ONLY))
+    except TypeError:
+        return copy.deepcopy(doc)
+    return copied

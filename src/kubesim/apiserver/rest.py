@@ -8,7 +8,6 @@ bump the resourceVersion, and CRD objects register the resources they define.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -367,7 +366,7 @@ class Rest:
         m["resourceVersion"] = om["resourceVersion"]
         if rt.has_status:
             if "status" in old.obj:
-                new["status"] = copy.deepcopy(old.obj["status"])
+                new["status"] = jsonwire.copy_of(old.obj["status"])
             else:
                 new.pop("status", None)
         if om.get("deletionTimestamp"):

@@ -3,6 +3,7 @@ Kubernetes decodes them, and nothing a write used to carry refused."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 
@@ -43,3 +44,20 @@ def test_what_orjson_refuses_to_encode_is_still_encoded() -> None:
 def test_what_is_not_json_is_a_decode_error(raw: bytes) -> None:
     with pytest.raises(json.JSONDecodeError):  # a ValueError, which the callers catch
         jsonwire.loads(raw)
+
+
+@given(DOCUMENTS)
+def test_a_copy_is_equal_and_shares_nothing(doc: Any) -> None:
+    copied = jsonwire.copy_of({"doc": doc, "list": [doc]})
+    assert copied == {"doc": doc, "list": [doc]}
+    copied["list"].append(1)
+    if isinstance(copied["doc"], dict | list):
+        assert copied["doc"] is not doc
+
+
+def test_a_copy_keeps_what_is_not_plain_json_as_it_was() -> None:
+    when = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    doc = {"at": when, "big": 2**70}
+    copied = jsonwire.copy_of(doc)
+    assert copied == doc
+    assert isinstance(copied["at"], datetime.datetime)  # not turned into a string
