@@ -9,8 +9,11 @@
 2. RegisterSupervisor, retrying at once and then 1 s -> 30 s while the gateway is unreachable, and wait — a warm
    pool member waits here until a create selects it. Once activated the credential is dropped
    (a restarted supervisor reads it again from its file).
-3. Start the workload from the activation, then hold ConnectSupervisor: heartbeats, exec relay,
-   workload output and exit; reconnect when the gateway restarts; refresh the token at 80 %.
+3. Start the workload from the activation, then hold the session: heartbeats, exec relay,
+   workload output and exit; reconnect (ConnectSupervisor) when the gateway restarts; refresh
+   the token at 80 %. Over gRPC, steps 2 and 3 begin on one stream (OpenSupervisor: the
+   registration up, the activation down, then the hello and the session), falling back to
+   RegisterSupervisor and ConnectSupervisor on a gateway that answers UNIMPLEMENTED.
 
 On Kubernetes (`WARMSHELL_AGENT_SOCKET` set) the workload is another container of the pod, whose
 pid 1 is the sandbox agent: before registering, the supervisor accepts that agent's one connection
