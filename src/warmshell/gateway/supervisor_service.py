@@ -157,8 +157,8 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             if first is None or not first.HasField("register"):
                 raise InvalidArgumentError("message", "the first message of OpenSupervisor must be register")
             activation = None
-            async for message in self.RegisterSupervisor(first.register, context):
-                activation = message
+            async for outcome in self.RegisterSupervisor(first.register, context):
+                activation = outcome
             if activation is None:  # RegisterSupervisor ends with an activation or a status
                 raise FailedPreconditionError("the registration ended without an activation")
             claims = self._issuer.verify(activation.token)
@@ -166,7 +166,11 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             raise
         except Exception as exc:
             await abort_for(context, exc, "OpenSupervisor")
-        yield spb.GatewayMessage(activation=activation)
+        activated = spb.GatewayMessage(activation=activation)
+        # Not kept for the session's lifetime: the pod's credential, the activation's secrets.
+        del first, activation
+        yield activated
+        del activated
         async for reply in self._session(claims, request_iterator, context, "OpenSupervisor"):
             yield reply
 
