@@ -226,3 +226,23 @@ async def test_an_init_container_running_one_of_the_images_programs_is_forked_to
         assert seen["argv"] == ["0"]
     finally:
         await api.aclose()
+
+
+async def test_a_container_sharing_its_pods_process_namespace_joins_no_other_containers(
+    cluster: RunningCluster, tmp_path: pathlib.Path
+) -> None:
+    """A pod with ``shareProcessNamespace`` runs in the server's PID namespace, not in the one the
+    server made for the container forked before it (another pod's, whose processes it would see)."""
+    api = cluster.client()
+    try:
+        await running_waiter(cluster, api, "waiter", tmp_path / "waiter.json")
+        out = tmp_path / "shared.json"
+        pod = probe_pod("shared", out, "0")
+        pod["spec"]["shareProcessNamespace"] = True  # type: ignore[index]
+        await api.create(kc.PODS, NS, pod)
+        await wait_for(lambda: terminated(api, "shared"), lambda t: t is not None, what="exited")
+        seen = json.loads(out.read_text())
+        # In the waiter's namespace it would be its PID 2; in the server's it has a host pid.
+        assert seen["pid"] > 2, seen["pid"]
+    finally:
+        await api.aclose()
