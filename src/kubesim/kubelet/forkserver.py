@@ -336,6 +336,7 @@ def serve(preload: list[str]) -> int:
             for line in lines:
                 request = json.loads(line)
                 try:
+                    mountns.refresh_host_mounts()
                     if request.get("pidns", True):
                         namespaces.next_child_in_new_namespace()
                     else:
