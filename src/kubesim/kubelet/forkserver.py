@@ -326,10 +326,12 @@ def serve(preload: list[str]) -> int:
             data = os.read(0, 1 << 16)
             if not data:
                 # The kubelet is gone: the containers follow, their own children too (a container
-                # sharing its pod's process namespace is no PID 1 whose death would take them).
+                # sharing its pod's process namespace is no PID 1 whose death would take them),
+                # and a child not yet in its own group (before its setsid) itself.
                 for pid in children:
-                    with contextlib.suppress(OSError):
-                        os.killpg(pid, signal.SIGKILL)
+                    for kill in (os.killpg, os.kill):
+                        with contextlib.suppress(OSError):
+                            kill(pid, signal.SIGKILL)
                 return 0
             pending += data
             *lines, pending = pending.split(b"\n")
