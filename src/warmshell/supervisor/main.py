@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -108,7 +107,9 @@ def make_undumpable() -> None:
     """prctl(PR_SET_DUMPABLE, 0): no core dumps, and `/proc/<pid>/mem`, `environ` and ptrace are
     closed to other processes of the same uid that lack CAP_SYS_PTRACE. Raises OSError if the
     kernel refuses (the supervisor then does not start: it would hold its secrets in the open)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    # The C library this interpreter already has loaded: `ctypes.util.find_library` would run
+    # `ldconfig -p` in a child process, a fork of the whole supervisor on every pod start.
+    libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(code)}")
