@@ -32,6 +32,8 @@ __all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "TransferSummary", 
 
 # Below the gateway's default max_request_bytes (1 MiB) with room for the message's framing.
 CHUNK_BYTES = 256 * 1024
+# A read's ticket request lets a file this small come in the reply: one call, no connection.
+INLINE_MAX_BYTES = 64 * 1024
 _UP, _DOWN, _UP_ARCHIVE, _DOWN_ARCHIVE = (
     pb.TRANSFER_DIRECTION_UPLOAD,
     pb.TRANSFER_DIRECTION_DOWNLOAD,
@@ -109,8 +111,14 @@ class _Target:
     def _transfer(
         self, path: str, direction: pb.TransferDirection.ValueType, size: int = 0, mode: int = 0, parents: bool = True
     ) -> Any:
+        inline = INLINE_MAX_BYTES if direction == _DOWN else 0
         return pb.FileTransferRequest(
-            file=self._ref(path), direction=direction, size=size, mode=mode, make_parents=parents
+            file=self._ref(path),
+            direction=direction,
+            size=size,
+            mode=mode,
+            make_parents=parents,
+            inline_max_bytes=inline,
         )
 
     def _endpoint_of(self, reply: pb.FileTransferTicket | None) -> transfers.Endpoint | None:
@@ -162,13 +170,17 @@ class Files(_Target):
 
     def _endpoint(self, request: pb.FileTransferRequest) -> transfers.Endpoint | None:
         """A ticket's endpoint when the gateway offers its byte stream, else None (use gRPC)."""
+        return self._endpoint_of(self._ticket(request))
+
+    def _ticket(self, request: pb.FileTransferRequest) -> pb.FileTransferTicket | None:
+        """OpenFileTransfer's reply, or None when the stream is not asked for or not known."""
         if not self._streaming:
             return None
         try:
-            return self._endpoint_of(self._stub.OpenFileTransfer(request, metadata=self._metadata))
+            return self._stub.OpenFileTransfer(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             self._unimplemented(exc)
-            return self._endpoint_of(None)
+            return None
 
     def _stream_upload(self, path: str, source: bytes | IO[bytes], size: int, mode: int, parents: bool) -> int | None:
         """The bytes written over the byte stream, or None when it is not to be had."""
@@ -183,7 +195,16 @@ class Files(_Target):
 
     def read(self, path: str) -> bytes:
         """The whole content of a regular file."""
-        return b"".join(self.read_chunks(path))
+        reply = self._ticket(self._transfer(path, _DOWN))
+        if reply is not None and reply.HasField("content"):
+            return reply.content
+        where = self._endpoint_of(reply)
+        if where is not None:
+            try:
+                return transfers.download_whole(where)
+            except transfers.Unreachable:
+                self._streaming = False
+        return b"".join(self._called(path, self._stub.ReadFile))
 
     def read_chunks(self, path: str) -> Iterator[bytes]:
         """The content in chunks, as they arrive."""
@@ -196,14 +217,24 @@ class Files(_Target):
         streamed: Callable[[transfers.Endpoint], Iterator[bytes]],
         call: Callable[..., Any],  # a stub's server-streaming method
     ) -> Iterator[bytes]:
-        """A download over the byte stream when the gateway offers it, else over `call`."""
-        where = self._endpoint(self._transfer(path, direction))
+        """A download over the byte stream when the gateway offers it (a small file's bytes
+        in its reply), else over `call`."""
+        reply = self._ticket(self._transfer(path, direction))
+        if reply is not None and reply.HasField("content"):
+            if reply.content:
+                yield reply.content
+            return
+        where = self._endpoint_of(reply)
         if where is not None:
             try:
                 yield from streamed(where)
                 return
             except transfers.Unreachable:  # raised before any byte: gRPC from the start
                 self._streaming = False
+        yield from self._called(path, call)
+
+    def _called(self, path: str, call: Callable[..., Any]) -> Iterator[bytes]:
+        """A download over gRPC's messages."""
         try:
             for chunk in call(self._ref(path), metadata=self._metadata):
                 yield chunk.data
@@ -366,13 +397,17 @@ class AsyncFiles(_Target):
 
     async def _endpoint(self, request: pb.FileTransferRequest) -> transfers.Endpoint | None:
         """A ticket's endpoint when the gateway offers its byte stream, else None (use gRPC)."""
+        return self._endpoint_of(await self._ticket(request))
+
+    async def _ticket(self, request: pb.FileTransferRequest) -> pb.FileTransferTicket | None:
+        """OpenFileTransfer's reply, or None when the stream is not asked for or not known."""
         if not self._streaming:
             return None
         try:
-            return self._endpoint_of(await self._stub.OpenFileTransfer(request, metadata=self._metadata))
+            return await self._stub.OpenFileTransfer(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             self._unimplemented(exc)
-            return self._endpoint_of(None)
+            return None
 
     async def _stream_upload(
         self, path: str, source: bytes | IO[bytes], size: int, mode: int, parents: bool
@@ -390,8 +425,18 @@ class AsyncFiles(_Target):
             return None
 
     async def read(self, path: str) -> bytes:
-        """The whole content of a regular file."""
-        return b"".join([chunk async for chunk in self.read_chunks(path)])
+        """The whole content of a regular file (off the byte stream in a thread, with a blocking
+        socket: one receive into one buffer)."""
+        reply = await self._ticket(self._transfer(path, _DOWN))
+        if reply is not None and reply.HasField("content"):
+            return reply.content
+        where = self._endpoint_of(reply)
+        if where is not None:
+            try:
+                return await asyncio.to_thread(transfers.download_whole, where)
+            except transfers.Unreachable:
+                self._streaming = False
+        return b"".join([chunk async for chunk in self._called(path, self._stub.ReadFile)])
 
     def read_chunks(self, path: str) -> AsyncIterator[bytes]:
         """The content in chunks, as they arrive."""
@@ -404,8 +449,14 @@ class AsyncFiles(_Target):
         streamed: Callable[[transfers.Endpoint], AsyncIterator[bytes]],
         call: Callable[..., Any],  # a stub's server-streaming method
     ) -> AsyncIterator[bytes]:
-        """A download over the byte stream when the gateway offers it, else over `call`."""
-        where = await self._endpoint(self._transfer(path, direction))
+        """A download over the byte stream when the gateway offers it (a small file's bytes
+        in its reply), else over `call`."""
+        reply = await self._ticket(self._transfer(path, direction))
+        if reply is not None and reply.HasField("content"):
+            if reply.content:
+                yield reply.content
+            return
+        where = self._endpoint_of(reply)
         if where is not None:
             try:
                 async for data in streamed(where):
@@ -413,6 +464,11 @@ class AsyncFiles(_Target):
                 return
             except transfers.Unreachable:  # raised before any byte: gRPC from the start
                 self._streaming = False
+        async for data in self._called(path, call):
+            yield data
+
+    async def _called(self, path: str, call: Callable[..., Any]) -> AsyncIterator[bytes]:
+        """A download over gRPC's messages."""
         try:
             async for chunk in call(self._ref(path), metadata=self._metadata):
                 yield chunk.data

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import struct
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ __all__ = [
     "download_archive",
     "download_archive_async",
     "download_async",
+    "download_whole",
     "endpoint",
     "file_size",
     "pieces_of",
@@ -174,6 +176,45 @@ def download(where: Endpoint) -> Iterator[bytes]:
                 raise _cut_short(where, got, status.size)
             got += len(data)
             yield data
+
+
+def _status_alone(sock: socket.socket, where: Endpoint) -> Status:
+    """The status line and nothing after it (peeked first, so the bytes after it stay in the
+    socket for one receive of their own)."""
+    line = _StatusLine()
+    while True:
+        ahead = sock.recv(MAX_STATUS_BYTES, socket.MSG_PEEK)
+        end = ahead.find(b"\n")
+        found = _fed(line, sock.recv(end + 1 if end >= 0 else len(ahead)), where)
+        if found is not None:
+            return found[0]
+
+
+def download_whole(where: Endpoint) -> bytes:
+    """The file's bytes in one object, received straight into it: exactly its size, or an error.
+
+    A 5 MiB read as 1 MiB `recv`s joined cost the client 1.7 ms of CPU per MiB: each piece a
+    fresh buffer (its pages faulted in, then freed) and the join a second copy. Here the socket
+    blocks (its timeout a receive timeout of the kernel's) so one `recv` with MSG_WAITALL fills
+    one buffer of the stated size.
+    """
+    with _connect(where) as sock:
+        sock.sendall(PREFACE + where.ticket)
+        size = _status_alone(sock, where).size
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(TIMEOUT_SECONDS), 0))
+        pieces: list[bytes] = []
+        got = 0
+        while got < size:
+            try:
+                data = sock.recv(size - got, socket.MSG_WAITALL)
+            except BlockingIOError:  # the receive timeout passed with nothing
+                data = b""
+            if not data:
+                raise _cut_short(where, got, size)
+            got += len(data)
+            pieces.append(data)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 async def _connect_async(where: Endpoint) -> socket.socket:
