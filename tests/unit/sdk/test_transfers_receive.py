@@ -1,0 +1,78 @@
+"""`transfers.download_whole` against a scripted byte stream on a real Unix socket: the status
+line however it is split, the bytes after it received whole, and a stream cut short or refused."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import warmshell
+from warmshell.core.transfers import HELLO_BYTES, PREFACE, TICKET_BYTES, Status, encode_status
+from warmshell.sdk import transfers
+
+TICKET = b"t" * TICKET_BYTES
+
+
+def _serve(path: Path, pieces: list[bytes]) -> threading.Thread:
+    """A listener that takes one hello and sends `pieces`, each in a send of its own, then closes."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def run() -> None:
+        with listener, listener.accept()[0] as conn:
+            hello = b""
+            while len(hello) < HELLO_BYTES:
+                hello += conn.recv(HELLO_BYTES - len(hello))
+            assert hello == PREFACE + TICKET
+            for piece in pieces:
+                conn.sendall(piece)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def where(tmp_path: Path) -> transfers.Endpoint:
+    return transfers.Endpoint(socket.AF_UNIX, str(tmp_path / "files.sock"), TICKET, "unix://gw")
+
+
+def _split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in itertools.pairwise(points) if b > a]
+
+
+@settings(max_examples=30, deadline=None)
+@given(body=st.binary(max_size=70_000), cuts=st.lists(st.integers(min_value=0), max_size=4))
+def test_the_bytes_come_whole_however_the_stream_is_split(
+    tmp_path_factory: pytest.TempPathFactory, body: bytes, cuts: list[int]
+) -> None:
+    path = tmp_path_factory.mktemp("s") / "files.sock"
+    wire = encode_status(Status(ok=True, size=len(body))) + body
+    thread = _serve(path, _split(wire, cuts))
+    assert transfers.download_whole(transfers.Endpoint(socket.AF_UNIX, str(path), TICKET, "gw")) == body
+    thread.join(5)
+
+
+def test_a_stream_cut_short_is_unavailable_and_a_refusal_is_its_error(where: transfers.Endpoint) -> None:
+    thread = _serve(Path(str(where.address)), [encode_status(Status(ok=True, size=10)), b"12345"])
+    with pytest.raises(warmshell.Unavailable, match="ended after 5 of 10 bytes"):
+        transfers.download_whole(where)
+    thread.join(5)
+    Path(str(where.address)).unlink()
+    thread = _serve(Path(str(where.address)), [encode_status(Status(ok=False, code="NOT_FOUND", message="/x: gone"))])
+    with pytest.raises(warmshell.NotFound, match="/x: gone"):
+        transfers.download_whole(where)
+    thread.join(5)
+
+
+def test_a_stream_that_cannot_be_reached_is_unreachable(where: transfers.Endpoint) -> None:
+    with pytest.raises(transfers.Unreachable):
+        transfers.download_whole(where)
