@@ -368,8 +368,15 @@ class Files(_Target):
 
     def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
         """Copy the directory `path` into the local directory `local` (made when missing), in
-        one call; what would land outside `local` is refused."""
-        reader = io.BufferedReader(archives.ChunkReader(self.download_tar(path)))
+        one call, unpacked as it arrives (a failure half-way leaves what came before it); what
+        would land outside `local` is refused."""
+        where = self._endpoint(self._transfer(path, _DOWN_ARCHIVE))
+        if where is not None:
+            try:
+                return TransferSummary(*transfers.download_archive_into(where, local))
+            except transfers.Unreachable:
+                self._streaming = False
+        reader = io.BufferedReader(archives.ChunkReader(self._called(path, self._stub.DownloadTar)))
         return TransferSummary(*archives.unpack_into(reader, local))
 
 
@@ -581,10 +588,18 @@ class AsyncFiles(_Target):
 
     async def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
         """Copy the directory `path` into the local directory `local` (made when missing), in
-        one call; what would land outside `local` is refused. The archive is spooled (in memory
-        up to 16 MiB, then on disk) and unpacked in a thread, off the event loop."""
+        one call; what would land outside `local` is refused. Over the byte stream the archive
+        is unpacked in a thread straight off its socket (a failure half-way leaves what came
+        before it); over gRPC it is spooled (in memory up to 16 MiB, then on disk), then
+        unpacked in a thread, off the event loop."""
+        where = await self._endpoint(self._transfer(path, _DOWN_ARCHIVE))
+        if where is not None:
+            try:
+                return TransferSummary(*await asyncio.to_thread(transfers.download_archive_into, where, local))
+            except transfers.Unreachable:
+                self._streaming = False
         with tempfile.SpooledTemporaryFile(16 * 1024 * 1024) as spool:
-            async for chunk in self.download_tar(path):
+            async for chunk in self._called(path, self._stub.DownloadTar):
                 spool.write(chunk)  # page cache once on disk: cheap enough for the loop
             spool.seek(0)
             return TransferSummary(*await asyncio.to_thread(archives.unpack_into, spool, local))

@@ -3,8 +3,10 @@ line however it is split, the bytes after it received whole, and a stream cut sh
 
 from __future__ import annotations
 
+import io
 import itertools
 import socket
+import tarfile
 import threading
 from pathlib import Path
 
@@ -76,3 +78,49 @@ def test_a_stream_cut_short_is_unavailable_and_a_refusal_is_its_error(where: tra
 def test_a_stream_that_cannot_be_reached_is_unreachable(where: transfers.Endpoint) -> None:
     with pytest.raises(transfers.Unreachable):
         transfers.download_whole(where)
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, content in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def _framed(data: bytes, frame: int) -> list[bytes]:
+    frames = [len(data[i : i + frame]).to_bytes(8, "big") + data[i : i + frame] for i in range(0, len(data), frame)]
+    return [*frames, bytes(8)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(frame=st.integers(min_value=1, max_value=40_000), cuts=st.lists(st.integers(min_value=0), max_size=4))
+def test_an_archive_is_unpacked_off_its_frames_however_they_are_cut(
+    tmp_path_factory: pytest.TempPathFactory, frame: int, cuts: list[int]
+) -> None:
+    tmp = tmp_path_factory.mktemp("a")
+    files = {"a/one.txt": b"one\n", "blob.bin": bytes(range(256)) * 300}
+    wire = b"".join(_framed(_tar(files), frame)) + encode_status(Status(ok=True, size=76804, entries=2))
+    thread = _serve(tmp / "files.sock", _split(wire, cuts))
+    where = transfers.Endpoint(socket.AF_UNIX, str(tmp / "files.sock"), TICKET, "gw")
+    assert transfers.download_archive_into(where, tmp / "out") == (2, len(files["a/one.txt"]) + len(files["blob.bin"]))
+    assert {
+        p.relative_to(tmp / "out").as_posix(): p.read_bytes() for p in (tmp / "out").rglob("*") if p.is_file()
+    } == files
+    thread.join(5)
+
+
+def test_an_archive_refused_or_cut_half_way_raises(where: transfers.Endpoint, tmp_path: Path) -> None:
+    tar = _tar({"big": b"x" * 30_000})
+    refusal = encode_status(Status(ok=False, code="RESOURCE_EXHAUSTED", message="over the limit"))
+    thread = _serve(Path(str(where.address)), [*_framed(tar[:10_240], 10_240), refusal])
+    with pytest.raises(warmshell.ResourceExhausted, match="over the limit"):
+        transfers.download_archive_into(where, tmp_path / "refused")
+    thread.join(5)
+    Path(str(where.address)).unlink()
+    thread = _serve(Path(str(where.address)), [(len(tar)).to_bytes(8, "big") + tar[:5000]])
+    with pytest.raises(warmshell.Unavailable, match="ended before its end frame"):
+        transfers.download_archive_into(where, tmp_path / "cut")
+    thread.join(5)
