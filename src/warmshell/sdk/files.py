@@ -325,8 +325,17 @@ class Files(_Target):
         return self._upload(path, archives.pieces_of(archive, self._chunk_bytes))
 
     def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
-        """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
-        return self._upload(path, archives.pack_directory(local))
+        """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one
+        call (over the byte stream its larger files are sent from the files themselves)."""
+        plan = archives.plan_directory(local)
+        size = archives.planned_size(plan)
+        where = self._endpoint(self._transfer(path, _UP_ARCHIVE, size)) if size >= TRANSFER_MIN_BYTES else None
+        if where is not None:
+            try:
+                return _summary(transfers.upload_planned(where, plan))
+            except transfers.Unreachable:
+                self._streaming = False
+        return self._upload_tar(path, archives.pack_plan(plan))
 
     def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
         """Write several files (absolute path -> content) in one call; parents are created."""
@@ -547,9 +556,17 @@ class AsyncFiles(_Target):
         return await self._upload_pieces(path, archives.pieces_of(archive, self._chunk_bytes), blocking=True)
 
     async def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
-        """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
-        pieces = await asyncio.to_thread(archives.pack_directory, local)
-        return await self._upload_pieces(path, pieces, blocking=True)
+        """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one
+        call: walked in a thread, and over the byte stream sent in a thread too, its larger
+        files from the files themselves."""
+        plan = await asyncio.to_thread(archives.plan_directory, local)
+        size = archives.planned_size(plan)
+        if size >= TRANSFER_MIN_BYTES and (where := await self._endpoint(self._transfer(path, _UP_ARCHIVE, size))):
+            try:
+                return _summary(await asyncio.to_thread(transfers.upload_planned, where, plan))
+            except transfers.Unreachable:
+                self._streaming = False
+        return await self._upload(path, _pulled(regroup(archives.pack_plan(plan), self._chunk_bytes), True))
 
     async def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
         """Write several files (absolute path -> content) in one call; parents are created."""

@@ -47,12 +47,16 @@ __all__ = [
     "spool",
     "upload",
     "upload_async",
+    "upload_planned",
 ]
 
 # Files from this size go over the byte stream when the gateway offers it: below it, the
 # ticket's extra round trip and connection cost more than gRPC's messages do.
 TRANSFER_MIN_BYTES = 1024 * 1024
 RECEIVE_BYTES = 1024 * 1024
+# A planned archive's file from this size is sent by sendfile; a smaller one is read into the
+# next send (an open, a sendfile and a send of its own cost more than copying a few KiB).
+SENDFILE_MIN_BYTES = 64 * 1024
 # An archive bound for the stream is gathered first (its size goes in the ticket): in memory up
 # to this, then in a temporary file.
 SPOOL_MEMORY_BYTES = 16 * 1024 * 1024
@@ -163,6 +167,42 @@ def upload(where: Endpoint, source: bytes | IO[bytes]) -> Status:
         except (BrokenPipeError, ConnectionResetError):
             pass  # the gateway stopped reading: its status line says why
         return _status(sock, where)[0]
+
+
+def upload_planned(where: Endpoint, plan: archives.Plan) -> Status:
+    """Send a planned tar (exactly `planned_size(plan)` bytes, what the ticket names): the
+    headers and small files gathered into few sends, each larger file's content by sendfile
+    from the file itself; the gateway's status once unpacked.
+
+    Packing a 13-file repository with a 5 MiB blob through Python and gathering it to learn its
+    size cost the client a copy or two of every byte; here the blob's bytes go from the page
+    cache to the socket in the kernel. A file that shrank since it was planned ends the
+    connection short (the gateway then keeps nothing) and raises OSError.
+    """
+    with _connect(where) as sock:
+        try:
+            held = bytearray(PREFACE + where.ticket)
+            for piece in plan:
+                if isinstance(piece, bytes):
+                    held += piece
+                elif piece.size < SENDFILE_MIN_BYTES:
+                    for data in piece.chunks():
+                        held += data
+                else:
+                    sock.sendall(held)
+                    held.clear()
+                    _send_file(sock, piece)
+            sock.sendall(held)
+            sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the gateway stopped reading: its status line says why
+        return _status(sock, where)[0]
+
+
+def _send_file(sock: socket.socket, content: archives.LocalContent) -> None:
+    with open(content.path, "rb") as handle:
+        if sock.sendfile(handle, 0, content.size) != content.size:
+            raise OSError(f"{content.path}: shrank while being sent")
 
 
 def download(where: Endpoint) -> Iterator[bytes]:
