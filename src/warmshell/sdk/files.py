@@ -126,6 +126,13 @@ class _Target:
         self._streaming = where is not None
         return where
 
+    def _answer(self, reply: pb.FileTransferTicket | None) -> bytes | transfers.Endpoint | None:
+        """What a download's OpenFileTransfer said: a small file's bytes, the endpoint of its
+        ticket, or None (use gRPC)."""
+        if reply is not None and reply.HasField("content"):
+            return reply.content
+        return self._endpoint_of(reply)
+
     def _unimplemented(self, exc: grpc.RpcError) -> None:
         """Nothing for a gateway that does not know OpenFileTransfer (older): gRPC it is."""
         if cast(grpc.Call, exc).code() is not grpc.StatusCode.UNIMPLEMENTED:
@@ -195,10 +202,9 @@ class Files(_Target):
 
     def read(self, path: str) -> bytes:
         """The whole content of a regular file."""
-        reply = self._ticket(self._transfer(path, _DOWN))
-        if reply is not None and reply.HasField("content"):
-            return reply.content
-        where = self._endpoint_of(reply)
+        where = self._answer(self._ticket(self._transfer(path, _DOWN)))
+        if isinstance(where, bytes):
+            return where
         if where is not None:
             try:
                 return transfers.download_whole(where)
@@ -219,12 +225,11 @@ class Files(_Target):
     ) -> Iterator[bytes]:
         """A download over the byte stream when the gateway offers it (a small file's bytes
         in its reply), else over `call`."""
-        reply = self._ticket(self._transfer(path, direction))
-        if reply is not None and reply.HasField("content"):
-            if reply.content:
-                yield reply.content
+        where = self._answer(self._ticket(self._transfer(path, direction)))
+        if isinstance(where, bytes):
+            if where:
+                yield where
             return
-        where = self._endpoint_of(reply)
         if where is not None:
             try:
                 yield from streamed(where)
@@ -276,15 +281,26 @@ class Files(_Target):
         """Copy a file out of the sandbox into `local_path` (replaced only once complete)."""
         target = Path(local_path)
         partial = target.with_name(f".{target.name}.partial")
-        size = 0
         try:
             with open(partial, "wb") as handle:
-                for chunk in self.read_chunks(path):
-                    handle.write(chunk)
-                    size += len(chunk)
+                size = self._download_to(path, handle)
             partial.replace(target)
         finally:
             partial.unlink(missing_ok=True)
+        return size
+
+    def _download_to(self, path: str, handle: IO[bytes]) -> int:
+        where = self._answer(self._ticket(self._transfer(path, _DOWN)))
+        if isinstance(where, bytes):
+            return handle.write(where)
+        if where is not None:
+            try:
+                return transfers.download_to_file(where, handle)
+            except transfers.Unreachable:
+                self._streaming = False
+        size = 0
+        for chunk in self._called(path, self._stub.ReadFile):
+            size += handle.write(chunk)
         return size
 
     def list(self, path: str) -> list[FileInfo]:
@@ -443,10 +459,9 @@ class AsyncFiles(_Target):
     async def read(self, path: str) -> bytes:
         """The whole content of a regular file (off the byte stream in a thread, with a blocking
         socket: one receive into one buffer)."""
-        reply = await self._ticket(self._transfer(path, _DOWN))
-        if reply is not None and reply.HasField("content"):
-            return reply.content
-        where = self._endpoint_of(reply)
+        where = self._answer(await self._ticket(self._transfer(path, _DOWN)))
+        if isinstance(where, bytes):
+            return where
         if where is not None:
             try:
                 return await asyncio.to_thread(transfers.download_whole, where)
@@ -467,12 +482,11 @@ class AsyncFiles(_Target):
     ) -> AsyncIterator[bytes]:
         """A download over the byte stream when the gateway offers it (a small file's bytes
         in its reply), else over `call`."""
-        reply = await self._ticket(self._transfer(path, direction))
-        if reply is not None and reply.HasField("content"):
-            if reply.content:
-                yield reply.content
+        where = self._answer(await self._ticket(self._transfer(path, direction)))
+        if isinstance(where, bytes):
+            if where:
+                yield where
             return
-        where = self._endpoint_of(reply)
         if where is not None:
             try:
                 async for data in streamed(where):
@@ -625,17 +639,29 @@ class AsyncFiles(_Target):
         """Copy a file out of the sandbox into `local_path` (replaced only once complete)."""
         target = Path(local_path)
         partial = target.with_name(f".{target.name}.partial")
-        size = 0
         handle = await asyncio.to_thread(open, partial, "wb")
         try:
-            async for chunk in self.read_chunks(path):
-                await asyncio.to_thread(handle.write, chunk)
-                size += len(chunk)
+            size = await self._download_to(path, handle)
             handle.close()
             await asyncio.to_thread(partial.replace, target)
         finally:
             handle.close()
             await asyncio.to_thread(partial.unlink, True)
+        return size
+
+    async def _download_to(self, path: str, handle: IO[bytes]) -> int:
+        """A download into `handle`: over the byte stream in one thread, off its socket."""
+        where = self._answer(await self._ticket(self._transfer(path, _DOWN)))
+        if isinstance(where, bytes):
+            return await asyncio.to_thread(handle.write, where)
+        if where is not None:
+            try:
+                return await asyncio.to_thread(transfers.download_to_file, where, handle)
+            except transfers.Unreachable:
+                self._streaming = False
+        size = 0
+        async for chunk in self._called(path, self._stub.ReadFile):
+            size += await asyncio.to_thread(handle.write, chunk)
         return size
 
     async def list(self, path: str) -> list[FileInfo]:

@@ -40,6 +40,7 @@ __all__ = [
     "download_archive_async",
     "download_archive_into",
     "download_async",
+    "download_to_file",
     "download_whole",
     "endpoint",
     "file_size",
@@ -251,6 +252,16 @@ def _status_alone(sock: socket.socket, where: Endpoint) -> Status:
             return found[0]
 
 
+@contextlib.contextmanager
+def _download(where: Endpoint) -> Iterator[tuple[socket.socket, int]]:
+    """A download's socket, blocking, its status line read: the socket and the file's size."""
+    with _connect(where) as sock, _stalled(where):
+        sock.sendall(PREFACE + where.ticket)
+        size = _status_alone(sock, where).size
+        _blocking(sock)
+        yield sock, size
+
+
 def download_whole(where: Endpoint) -> bytes:
     """The file's bytes in one object, received straight into it: exactly its size, or an error.
 
@@ -259,10 +270,7 @@ def download_whole(where: Endpoint) -> bytes:
     blocks (its timeout a receive timeout of the kernel's) so one `recv` with MSG_WAITALL fills
     one buffer of the stated size.
     """
-    with _connect(where) as sock, _stalled(where):
-        sock.sendall(PREFACE + where.ticket)
-        size = _status_alone(sock, where).size
-        _blocking(sock)
+    with _download(where) as (sock, size):
         pieces: list[bytes] = []
         got = 0
         while got < size:
@@ -271,6 +279,20 @@ def download_whole(where: Endpoint) -> bytes:
             got += len(data)
             pieces.append(data)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def download_to_file(where: Endpoint, handle: IO[bytes]) -> int:
+    """The file's bytes written to `handle` as they arrive, through one reused buffer (no
+    allocation per receive); exactly its size, or an error."""
+    with _download(where) as (sock, size):
+        view = memoryview(bytearray(min(size, RECEIVE_BYTES)))
+        got = 0
+        while got < size:
+            if not (count := sock.recv_into(view, min(len(view), size - got))):
+                raise _cut_short(where, got, size)
+            handle.write(view[:count])
+            got += count
+        return got
 
 
 async def _connect_async(where: Endpoint) -> socket.socket:

@@ -124,3 +124,27 @@ def test_an_archive_refused_or_cut_half_way_raises(where: transfers.Endpoint, tm
     with pytest.raises(warmshell.Unavailable, match="ended before its end frame"):
         transfers.download_archive_into(where, tmp_path / "cut")
     thread.join(5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(size=st.integers(min_value=0, max_value=3 * 1024 * 1024), cuts=st.lists(st.integers(min_value=0), max_size=3))
+def test_a_download_to_a_file_writes_exactly_the_stated_bytes(
+    tmp_path_factory: pytest.TempPathFactory, size: int, cuts: list[int]
+) -> None:
+    tmp = tmp_path_factory.mktemp("f")
+    body = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    thread = _serve(tmp / "files.sock", _split(encode_status(Status(ok=True, size=size)) + body, cuts))
+    with open(tmp / "out", "wb") as handle:
+        written = transfers.download_to_file(
+            transfers.Endpoint(socket.AF_UNIX, str(tmp / "files.sock"), TICKET, "gw"), handle
+        )
+    assert written == size
+    assert (tmp / "out").read_bytes() == body
+    thread.join(5)
+
+
+def test_a_download_to_a_file_cut_short_is_unavailable(where: transfers.Endpoint, tmp_path: Path) -> None:
+    thread = _serve(Path(str(where.address)), [encode_status(Status(ok=True, size=10)), b"1234"])
+    with open(tmp_path / "out", "wb") as handle, pytest.raises(warmshell.Unavailable, match="ended after 4 of 10"):
+        transfers.download_to_file(where, handle)
+    thread.join(5)
