@@ -6,7 +6,9 @@ Figures, per round, p50 over the rounds:
   does from 1 MiB when the gateway offers it) and over gRPC's messages (the same client with the
   stream off), in alternating order round by round: wall time -> MB/s, and the CPU per transfer
   of the gateway process (every thread's, from schedstat: what a loaded machine distorts least)
-  and of this client process;
+  and of this client process; the same read as `read_chunks` joined (the stream's chunks, as
+  `read` took them before it received into one buffer), and a 1-byte read (its bytes in the
+  ticket's reply) against gRPC's ReadFile;
 - a 13-file repository (12 small files in three directories and one 5 MiB blob): `upload_dir` in
   one call, the same files as 13 `upload` calls (what a harness did before), and the blob alone
   (`upload`), with the ratio bulk / blob (the issue's target: at most 2).
@@ -91,6 +93,9 @@ async def _one_round(
     for suffix, via in paths if stream_first else reversed(paths):
         out["write" + suffix] = await timed(via.write("/workspace/one.bin", data))
         out["read" + suffix] = await timed(via.read("/workspace/one.bin"))
+        out["small read" + suffix] = await timed(via.read("/workspace/warm"))
+    # The byte stream's read as chunks joined (what read() was before it received into one buffer).
+    out["read chunks"] = await timed(_joined(files.read_chunks("/workspace/one.bin")))
     out["blob"] = await timed(files.upload(repo / "blob.bin", "/workspace/alone/blob.bin"))
 
     async def per_file() -> None:
@@ -101,6 +106,10 @@ async def _one_round(
     if bulk:
         out["bulk"] = await timed(files.upload_dir(repo, "/workspace/bulk"))
     return out
+
+
+async def _joined(chunks: Any) -> bytes:
+    return b"".join([chunk async for chunk in chunks])
 
 
 async def _tree(src: Path | None, stack: Any) -> tuple[warmshell.AsyncSandbox, _Timed, bool]:
@@ -199,7 +208,7 @@ async def measure_transfers(rounds: int, before_src: Path | None) -> dict[str, A
     result: dict[str, Any] = {}
     for name, by_key in samples.items():
         figures = {key: _p50s(values) for key, values in by_key.items()}
-        for key in ("write", "read", "write grpc", "read grpc"):
+        for key in ("write", "read", "write grpc", "read grpc", "read chunks"):
             if key not in figures:
                 continue
             figures[key]["mb_per_s"] = BLOB / 1e6 / (figures[key]["wall_ms_p50"] / 1000)
@@ -222,6 +231,9 @@ def transfers_table(result: dict[str, Any]) -> str:
         "write grpc": "one write from memory (gRPC messages)",
         "read": "one read into memory (byte stream)",
         "read grpc": "one read into memory (gRPC messages)",
+        "read chunks": "one read as chunks joined (byte stream)",
+        "small read": "a 1-byte read (in the ticket's reply)",
+        "small read grpc": "a 1-byte read (gRPC ReadFile)",
         "blob": "the blob alone (upload)",
         "per_file": "the repo, 13 upload calls",
         "bulk": "the repo, upload_dir (one call)",
@@ -245,6 +257,13 @@ def transfers_table(result: dict[str, Any]) -> str:
             f"**{stream['mb_per_s'] / grpc_path['mb_per_s']:.2f}x**; CPU per MiB, gateway "
             f"{stream['gateway_cpu_ms_per_mib']:.2f} vs {grpc_path['gateway_cpu_ms_per_mib']:.2f} ms, client "
             f"{stream['client_cpu_ms_per_mib']:.2f} vs {grpc_path['client_cpu_ms_per_mib']:.2f} ms."
+        )
+    if "read chunks" in after:
+        joined = after["read chunks"]
+        table += (
+            f"\nOne read into one buffer / as chunks joined (same run): client CPU per MiB "
+            f"{after['read']['client_cpu_ms_per_mib']:.2f} vs {joined['client_cpu_ms_per_mib']:.2f} ms, rate "
+            f"{after['read']['mb_per_s'] / joined['mb_per_s']:.2f}x."
         )
     table += "\n"
     table += f"\nBulk upload / the blob alone (target ≤ 2): **{after['bulk_over_blob']:.2f}**"

@@ -32,6 +32,8 @@ __all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "TransferSummary", 
 
 # Below the gateway's default max_request_bytes (1 MiB) with room for the message's framing.
 CHUNK_BYTES = 256 * 1024
+# A read's ticket request lets a file this small come in the reply: one call, no connection.
+INLINE_MAX_BYTES = 64 * 1024
 _UP, _DOWN, _UP_ARCHIVE, _DOWN_ARCHIVE = (
     pb.TRANSFER_DIRECTION_UPLOAD,
     pb.TRANSFER_DIRECTION_DOWNLOAD,
@@ -109,14 +111,27 @@ class _Target:
     def _transfer(
         self, path: str, direction: pb.TransferDirection.ValueType, size: int = 0, mode: int = 0, parents: bool = True
     ) -> Any:
+        inline = INLINE_MAX_BYTES if direction == _DOWN else 0
         return pb.FileTransferRequest(
-            file=self._ref(path), direction=direction, size=size, mode=mode, make_parents=parents
+            file=self._ref(path),
+            direction=direction,
+            size=size,
+            mode=mode,
+            make_parents=parents,
+            inline_max_bytes=inline,
         )
 
     def _endpoint_of(self, reply: pb.FileTransferTicket | None) -> transfers.Endpoint | None:
         where = transfers.endpoint(self._address, reply) if reply is not None else None
         self._streaming = where is not None
         return where
+
+    def _answer(self, reply: pb.FileTransferTicket | None) -> bytes | transfers.Endpoint | None:
+        """What a download's OpenFileTransfer said: a small file's bytes, the endpoint of its
+        ticket, or None (use gRPC)."""
+        if reply is not None and reply.HasField("content"):
+            return reply.content
+        return self._endpoint_of(reply)
 
     def _unimplemented(self, exc: grpc.RpcError) -> None:
         """Nothing for a gateway that does not know OpenFileTransfer (older): gRPC it is."""
@@ -162,13 +177,17 @@ class Files(_Target):
 
     def _endpoint(self, request: pb.FileTransferRequest) -> transfers.Endpoint | None:
         """A ticket's endpoint when the gateway offers its byte stream, else None (use gRPC)."""
+        return self._endpoint_of(self._ticket(request))
+
+    def _ticket(self, request: pb.FileTransferRequest) -> pb.FileTransferTicket | None:
+        """OpenFileTransfer's reply, or None when the stream is not asked for or not known."""
         if not self._streaming:
             return None
         try:
-            return self._endpoint_of(self._stub.OpenFileTransfer(request, metadata=self._metadata))
+            return self._stub.OpenFileTransfer(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             self._unimplemented(exc)
-            return self._endpoint_of(None)
+            return None
 
     def _stream_upload(self, path: str, source: bytes | IO[bytes], size: int, mode: int, parents: bool) -> int | None:
         """The bytes written over the byte stream, or None when it is not to be had."""
@@ -183,7 +202,15 @@ class Files(_Target):
 
     def read(self, path: str) -> bytes:
         """The whole content of a regular file."""
-        return b"".join(self.read_chunks(path))
+        where = self._answer(self._ticket(self._transfer(path, _DOWN)))
+        if isinstance(where, bytes):
+            return where
+        if where is not None:
+            try:
+                return transfers.download_whole(where)
+            except transfers.Unreachable:
+                self._streaming = False
+        return b"".join(self._called(path, self._stub.ReadFile))
 
     def read_chunks(self, path: str) -> Iterator[bytes]:
         """The content in chunks, as they arrive."""
@@ -196,14 +223,23 @@ class Files(_Target):
         streamed: Callable[[transfers.Endpoint], Iterator[bytes]],
         call: Callable[..., Any],  # a stub's server-streaming method
     ) -> Iterator[bytes]:
-        """A download over the byte stream when the gateway offers it, else over `call`."""
-        where = self._endpoint(self._transfer(path, direction))
+        """A download over the byte stream when the gateway offers it (a small file's bytes
+        in its reply), else over `call`."""
+        where = self._answer(self._ticket(self._transfer(path, direction)))
+        if isinstance(where, bytes):
+            if where:
+                yield where
+            return
         if where is not None:
             try:
                 yield from streamed(where)
                 return
             except transfers.Unreachable:  # raised before any byte: gRPC from the start
                 self._streaming = False
+        yield from self._called(path, call)
+
+    def _called(self, path: str, call: Callable[..., Any]) -> Iterator[bytes]:
+        """A download over gRPC's messages."""
         try:
             for chunk in call(self._ref(path), metadata=self._metadata):
                 yield chunk.data
@@ -245,15 +281,26 @@ class Files(_Target):
         """Copy a file out of the sandbox into `local_path` (replaced only once complete)."""
         target = Path(local_path)
         partial = target.with_name(f".{target.name}.partial")
-        size = 0
         try:
             with open(partial, "wb") as handle:
-                for chunk in self.read_chunks(path):
-                    handle.write(chunk)
-                    size += len(chunk)
+                size = self._download_to(path, handle)
             partial.replace(target)
         finally:
             partial.unlink(missing_ok=True)
+        return size
+
+    def _download_to(self, path: str, handle: IO[bytes]) -> int:
+        where = self._answer(self._ticket(self._transfer(path, _DOWN)))
+        if isinstance(where, bytes):
+            return handle.write(where)
+        if where is not None:
+            try:
+                return transfers.download_to_file(where, handle)
+            except transfers.Unreachable:
+                self._streaming = False
+        size = 0
+        for chunk in self._called(path, self._stub.ReadFile):
+            size += handle.write(chunk)
         return size
 
     def list(self, path: str) -> list[FileInfo]:
@@ -294,8 +341,17 @@ class Files(_Target):
         return self._upload(path, archives.pieces_of(archive, self._chunk_bytes))
 
     def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
-        """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
-        return self._upload(path, archives.pack_directory(local))
+        """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one
+        call (over the byte stream its larger files are sent from the files themselves)."""
+        plan = archives.plan_directory(local)
+        size = archives.planned_size(plan)
+        where = self._endpoint(self._transfer(path, _UP_ARCHIVE, size)) if size >= TRANSFER_MIN_BYTES else None
+        if where is not None:
+            try:
+                return _summary(transfers.upload_planned(where, plan))
+            except transfers.Unreachable:
+                self._streaming = False
+        return self._upload_tar(path, archives.pack_plan(plan))
 
     def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
         """Write several files (absolute path -> content) in one call; parents are created."""
@@ -337,8 +393,15 @@ class Files(_Target):
 
     def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
         """Copy the directory `path` into the local directory `local` (made when missing), in
-        one call; what would land outside `local` is refused."""
-        reader = io.BufferedReader(archives.ChunkReader(self.download_tar(path)))
+        one call, unpacked as it arrives (a failure half-way leaves what came before it); what
+        would land outside `local` is refused."""
+        where = self._endpoint(self._transfer(path, _DOWN_ARCHIVE))
+        if where is not None:
+            try:
+                return TransferSummary(*transfers.download_archive_into(where, local))
+            except transfers.Unreachable:
+                self._streaming = False
+        reader = io.BufferedReader(archives.ChunkReader(self._called(path, self._stub.DownloadTar)))
         return TransferSummary(*archives.unpack_into(reader, local))
 
 
@@ -366,13 +429,17 @@ class AsyncFiles(_Target):
 
     async def _endpoint(self, request: pb.FileTransferRequest) -> transfers.Endpoint | None:
         """A ticket's endpoint when the gateway offers its byte stream, else None (use gRPC)."""
+        return self._endpoint_of(await self._ticket(request))
+
+    async def _ticket(self, request: pb.FileTransferRequest) -> pb.FileTransferTicket | None:
+        """OpenFileTransfer's reply, or None when the stream is not asked for or not known."""
         if not self._streaming:
             return None
         try:
-            return self._endpoint_of(await self._stub.OpenFileTransfer(request, metadata=self._metadata))
+            return await self._stub.OpenFileTransfer(request, metadata=self._metadata)
         except grpc.RpcError as exc:
             self._unimplemented(exc)
-            return self._endpoint_of(None)
+            return None
 
     async def _stream_upload(
         self, path: str, source: bytes | IO[bytes], size: int, mode: int, parents: bool
@@ -390,8 +457,17 @@ class AsyncFiles(_Target):
             return None
 
     async def read(self, path: str) -> bytes:
-        """The whole content of a regular file."""
-        return b"".join([chunk async for chunk in self.read_chunks(path)])
+        """The whole content of a regular file (off the byte stream in a thread, with a blocking
+        socket: one receive into one buffer)."""
+        where = self._answer(await self._ticket(self._transfer(path, _DOWN)))
+        if isinstance(where, bytes):
+            return where
+        if where is not None:
+            try:
+                return await asyncio.to_thread(transfers.download_whole, where)
+            except transfers.Unreachable:
+                self._streaming = False
+        return b"".join([chunk async for chunk in self._called(path, self._stub.ReadFile)])
 
     def read_chunks(self, path: str) -> AsyncIterator[bytes]:
         """The content in chunks, as they arrive."""
@@ -404,8 +480,13 @@ class AsyncFiles(_Target):
         streamed: Callable[[transfers.Endpoint], AsyncIterator[bytes]],
         call: Callable[..., Any],  # a stub's server-streaming method
     ) -> AsyncIterator[bytes]:
-        """A download over the byte stream when the gateway offers it, else over `call`."""
-        where = await self._endpoint(self._transfer(path, direction))
+        """A download over the byte stream when the gateway offers it (a small file's bytes
+        in its reply), else over `call`."""
+        where = self._answer(await self._ticket(self._transfer(path, direction)))
+        if isinstance(where, bytes):
+            if where:
+                yield where
+            return
         if where is not None:
             try:
                 async for data in streamed(where):
@@ -413,6 +494,11 @@ class AsyncFiles(_Target):
                 return
             except transfers.Unreachable:  # raised before any byte: gRPC from the start
                 self._streaming = False
+        async for data in self._called(path, call):
+            yield data
+
+    async def _called(self, path: str, call: Callable[..., Any]) -> AsyncIterator[bytes]:
+        """A download over gRPC's messages."""
         try:
             async for chunk in call(self._ref(path), metadata=self._metadata):
                 yield chunk.data
@@ -484,9 +570,17 @@ class AsyncFiles(_Target):
         return await self._upload_pieces(path, archives.pieces_of(archive, self._chunk_bytes), blocking=True)
 
     async def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
-        """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
-        pieces = await asyncio.to_thread(archives.pack_directory, local)
-        return await self._upload_pieces(path, pieces, blocking=True)
+        """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one
+        call: walked in a thread, and over the byte stream sent in a thread too, its larger
+        files from the files themselves."""
+        plan = await asyncio.to_thread(archives.plan_directory, local)
+        size = archives.planned_size(plan)
+        if size >= TRANSFER_MIN_BYTES and (where := await self._endpoint(self._transfer(path, _UP_ARCHIVE, size))):
+            try:
+                return _summary(await asyncio.to_thread(transfers.upload_planned, where, plan))
+            except transfers.Unreachable:
+                self._streaming = False
+        return await self._upload(path, _pulled(regroup(archives.pack_plan(plan), self._chunk_bytes), True))
 
     async def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
         """Write several files (absolute path -> content) in one call; parents are created."""
@@ -525,10 +619,18 @@ class AsyncFiles(_Target):
 
     async def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
         """Copy the directory `path` into the local directory `local` (made when missing), in
-        one call; what would land outside `local` is refused. The archive is spooled (in memory
-        up to 16 MiB, then on disk) and unpacked in a thread, off the event loop."""
+        one call; what would land outside `local` is refused. Over the byte stream the archive
+        is unpacked in a thread straight off its socket (a failure half-way leaves what came
+        before it); over gRPC it is spooled (in memory up to 16 MiB, then on disk), then
+        unpacked in a thread, off the event loop."""
+        where = await self._endpoint(self._transfer(path, _DOWN_ARCHIVE))
+        if where is not None:
+            try:
+                return TransferSummary(*await asyncio.to_thread(transfers.download_archive_into, where, local))
+            except transfers.Unreachable:
+                self._streaming = False
         with tempfile.SpooledTemporaryFile(16 * 1024 * 1024) as spool:
-            async for chunk in self.download_tar(path):
+            async for chunk in self._called(path, self._stub.DownloadTar):
                 spool.write(chunk)  # page cache once on disk: cheap enough for the loop
             spool.seek(0)
             return TransferSummary(*await asyncio.to_thread(archives.unpack_into, spool, local))
@@ -537,17 +639,29 @@ class AsyncFiles(_Target):
         """Copy a file out of the sandbox into `local_path` (replaced only once complete)."""
         target = Path(local_path)
         partial = target.with_name(f".{target.name}.partial")
-        size = 0
         handle = await asyncio.to_thread(open, partial, "wb")
         try:
-            async for chunk in self.read_chunks(path):
-                await asyncio.to_thread(handle.write, chunk)
-                size += len(chunk)
+            size = await self._download_to(path, handle)
             handle.close()
             await asyncio.to_thread(partial.replace, target)
         finally:
             handle.close()
             await asyncio.to_thread(partial.unlink, True)
+        return size
+
+    async def _download_to(self, path: str, handle: IO[bytes]) -> int:
+        """A download into `handle`: over the byte stream in one thread, off its socket."""
+        where = self._answer(await self._ticket(self._transfer(path, _DOWN)))
+        if isinstance(where, bytes):
+            return await asyncio.to_thread(handle.write, where)
+        if where is not None:
+            try:
+                return await asyncio.to_thread(transfers.download_to_file, where, handle)
+            except transfers.Unreachable:
+                self._streaming = False
+        size = 0
+        async for chunk in self._called(path, self._stub.ReadFile):
+            size += await asyncio.to_thread(handle.write, chunk)
         return size
 
     async def list(self, path: str) -> list[FileInfo]:

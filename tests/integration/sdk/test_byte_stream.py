@@ -16,6 +16,7 @@ import warmshell
 from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.integration.security.support import sandbox
 from warmshell.gateway.bytestream import ByteStream
+from warmshell.sdk.files import INLINE_MAX_BYTES
 from warmshell.sdk.transfers import TRANSFER_MIN_BYTES
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is required")
@@ -113,6 +114,39 @@ async def test_without_the_stream_or_out_of_its_reach_transfers_go_over_grpc(tmp
         async with warmshell.AsyncClient(f"unix://{alone / 'gateway.sock'}", gw.token) as client:
             await _round_trip_async(client, tmp_path, refused=b"small")
         assert await _settled(_stream(gw)) == 0
+
+
+async def test_a_small_read_is_one_call_with_both_clients(tmp_path: Path) -> None:
+    small = os.urandom(INLINE_MAX_BYTES)
+    async with running_gateway(tmp_path / "state") as gw:
+        await sandbox(gw, NAME)
+        stream = _stream(gw)
+        async with warmshell.AsyncClient(state_dir=tmp_path / "state") as client:
+            sb = await client.get(NAME)
+            await sb.files.write("/workspace/small", small)
+            await sb.files.write("/workspace/empty", b"")
+            assert await sb.files.read("/workspace/small") == small
+            assert [c async for c in sb.files.read_chunks("/workspace/small")] == [small]
+            assert await sb.files.read("/workspace/empty") == b""
+            assert await sb.files.download("/workspace/small", tmp_path / "small") == len(small)
+            with pytest.raises(warmshell.NotFound, match="/workspace/nope: no such file"):
+                await sb.files.read("/workspace/nope")
+            await sb.files.write("/workspace/larger", small + b"!")
+            assert await sb.files.read("/workspace/larger") == small + b"!"
+        assert (tmp_path / "small").read_bytes() == small
+        assert (await _settled(stream), len(stream.book)) == (1, 0)  # the larger file alone; no ticket left
+
+        def sync_round() -> None:
+            with warmshell.Client(state_dir=tmp_path / "state") as sync_client:
+                files = sync_client.files(NAME)
+                assert files.read("/workspace/small") == small
+                assert list(files.read_chunks("/workspace/empty")) == []
+                assert files.read("/workspace/larger") == small + b"!"
+                with pytest.raises(warmshell.NotFound):
+                    files.read("/workspace/nope")
+
+        await asyncio.to_thread(sync_round)
+        assert (await _settled(stream), len(stream.book)) == (2, 0)
 
 
 def _repo(root: Path) -> Path:

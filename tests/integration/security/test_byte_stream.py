@@ -379,3 +379,57 @@ async def test_a_transfer_cut_by_the_gateways_stop_leaves_nothing(gw: RunningGat
     writer.close()
     assert (await sh(gw, NAME, "cat /workspace/target"))[1] == "kept\n"
     assert await workspace_listing(gw) == "target\n"
+
+
+async def _inline(gw: RunningGateway, path: str, allowed: int) -> pb.FileTransferTicket:
+    stub = sandbox_pb2_grpc.FileServiceStub(gw.channel)
+    request = pb.FileTransferRequest(file=pb.FileRef(name=NAME, path=path), direction=DOWN, inline_max_bytes=allowed)
+    return await stub.OpenFileTransfer(request, metadata=gw.metadata)
+
+
+async def test_a_small_file_in_the_ticket_reply_is_read_as_read_file_reads_it(
+    gw: RunningGateway, tmp_path: Path
+) -> None:
+    host_file = tmp_path / "host-file"
+    host_file.write_bytes(b"HOST")
+    await sh(gw, NAME, f"ln -s {tmp_path} /workspace/out && ln -s /etc /workspace/etc && mkdir /workspace/dir")
+    stub = sandbox_pb2_grpc.FileServiceStub(gw.channel)
+    paths = (
+        f"/workspace/out/{host_file.name}",
+        "/workspace/etc/hosts",
+        f"/workspace/../..{host_file}",
+        "/workspace/dir",
+    )
+    for path in paths:
+        try:
+            reply = await _inline(gw, path, 64 * 1024)
+            inline = ("OK", reply.content if reply.HasField("content") else None)
+        except grpc.aio.AioRpcError as exc:
+            inline = (exc.code().name, b"")
+        try:
+            chunks = [c.data async for c in stub.ReadFile(pb.FileRef(name=NAME, path=path), metadata=gw.metadata)]
+            expected = ("OK", b"".join(chunks))
+        except grpc.aio.AioRpcError as exc:
+            expected = (exc.code().name, b"")
+        assert inline == expected, path
+        assert b"HOST" not in (inline[1] or b"")
+
+
+async def test_the_gateway_bounds_what_comes_inline_and_a_larger_file_gets_a_ticket(gw: RunningGateway) -> None:
+    await sh(gw, NAME, "head -c 65537 /dev/zero > /workspace/over && head -c 65536 /dev/zero > /workspace/at")
+    await sh(gw, NAME, ": > /workspace/empty")
+    # Asking for more than the gateway's bound (64 KiB) gets a ticket past the bound.
+    over = await _inline(gw, "/workspace/over", 10 * 1024 * 1024)
+    assert not over.HasField("content")
+    assert len(over.ticket) == TICKET_BYTES
+    assert await download(gw, PREFACE + over.ticket) == (Status(ok=True, size=65537), b"\0" * 65537)
+    at = await _inline(gw, "/workspace/at", 10 * 1024 * 1024)
+    assert (at.content, at.ticket) == (b"\0" * 65536, b"")
+    # The client's own bound is kept, and without one every download is a ticket.
+    assert not (await _inline(gw, "/workspace/at", 100)).HasField("content")
+    assert not (await _inline(gw, "/workspace/at", 0)).HasField("content")
+    empty = await _inline(gw, "/workspace/empty", 100)
+    assert empty.HasField("content")
+    assert empty.content == b""
+    assert not empty.ticket
+    assert len(gw.gateway.parts.byte_stream.book) == 2  # type: ignore[union-attr]  # the two not used

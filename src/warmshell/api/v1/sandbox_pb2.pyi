@@ -1782,12 +1782,17 @@ class FileTransferRequest(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     MAKE_PARENTS_FIELD_NUMBER: _builtins.int
     SIZE_FIELD_NUMBER: _builtins.int
+    INLINE_MAX_BYTES_FIELD_NUMBER: _builtins.int
     direction: Global___TransferDirection.ValueType
     mode: _builtins.int
     """Upload: permission bits for a new file (0 means 0644), and whether to create missing parents."""
     make_parents: _builtins.bool
     size: _builtins.int
     """Upload: exactly the bytes that will follow on the stream (for an archive, the whole tar's)."""
+    inline_max_bytes: _builtins.int
+    """Download: a file of at most this many bytes may come in the reply itself (`content`)
+    instead of a ticket; the gateway caps it at its own bound (64 KiB). 0: always a ticket.
+    """
     @_builtins.property
     def file(self) -> Global___FileRef: ...
     def __init__(
@@ -1798,10 +1803,11 @@ class FileTransferRequest(_message.Message):
         mode: _builtins.int = ...,
         make_parents: _builtins.bool = ...,
         size: _builtins.int = ...,
+        inline_max_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["file", b"file"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["direction", b"direction", "file", b"file", "make_parents", b"make_parents", "mode", b"mode", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["direction", b"direction", "file", b"file", "inline_max_bytes", b"inline_max_bytes", "make_parents", b"make_parents", "mode", b"mode", "size", b"size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1821,11 +1827,14 @@ class FileTransferTicket(_message.Message):
     UNIX_SOCKET_FIELD_NUMBER: _builtins.int
     TCP_PORT_FIELD_NUMBER: _builtins.int
     EXPIRES_MS_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
     ticket: _builtins.bytes
     unix_socket: _builtins.str
     tcp_port: _builtins.int
     expires_ms: _builtins.int
     """When it stops being accepted (Unix ms); it is accepted once."""
+    content: _builtins.bytes
+    """Set instead of a ticket when the request allowed it and the file is that small: its bytes."""
     def __init__(
         self,
         *,
@@ -1833,12 +1842,15 @@ class FileTransferTicket(_message.Message):
         unix_socket: _builtins.str = ...,
         tcp_port: _builtins.int = ...,
         expires_ms: _builtins.int = ...,
+        content: _builtins.bytes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_content", b"_content", "content", b"content"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_ms", b"expires_ms", "tcp_port", b"tcp_port", "ticket", b"ticket", "unix_socket", b"unix_socket"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_content", b"_content", "content", b"content", "expires_ms", b"expires_ms", "tcp_port", b"tcp_port", "ticket", b"ticket", "unix_socket", b"unix_socket"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__content: _TypeAlias = _typing.Literal["content"]  # noqa: Y015
+    _WhichOneofArgType__content: _TypeAlias = _typing.Literal["_content", b"_content"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__content) -> _WhichOneofReturnType__content | None: ...
 
 Global___FileTransferTicket: _TypeAlias = FileTransferTicket  # noqa: Y015
 
