@@ -5,11 +5,15 @@ links, never followed)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import io
 import os
+import shutil
 import stat
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ from warmshell.core.errors import FailedPreconditionError, ResourceExhaustedErro
 from warmshell.drivers.local.imagestore.capture import (
     REDIRECT_XATTR,
     Tree,
+    _copy_across,
     _LiveFile,
     _TarBytes,
     capture_layer,
@@ -202,3 +207,69 @@ def test_a_file_that_shrank_since_it_was_stated_is_padded_with_zeros_to_its_stat
         os.close(target)
     assert (tmp_path / "target").read_bytes() == data + bytes(stated - len(data))
     assert tar.count == stated
+
+
+def _another_filesystem(tmp_path: Path) -> Path:
+    """A fresh directory on a filesystem other than `tmp_path`'s (a sandbox's tmpfs beside the
+    store's disk), or skip."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no tmpfs at /dev/shm apart from the test's directory")
+    path = shm / f"warmshell-capture-{os.getpid()}-{tmp_path.name}"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def tmpfs_tree(tmp_path: Path) -> Iterator[Path]:
+    path = _another_filesystem(tmp_path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def _copied(source: Path, target: Path, offset: int, count: int) -> int:
+    with open(source, "rb") as reading, open(target, "wb") as writing:
+        return _copy_across(reading.fileno(), writing.fileno(), offset, count)
+
+
+def test_a_file_from_another_filesystem_is_copied_whole_through_the_pipe(tmpfs_tree: Path, tmp_path: Path) -> None:
+    data = os.urandom((5 << 20) + 12345)  # past the pipe several times, and not a multiple of it
+    (tmpfs_tree / "big").write_bytes(data)
+    capture([(tmpfs_tree, "workspace", False)], tmp_path / "layer", content=False)
+    assert (tmp_path / "layer" / "workspace" / "big").read_bytes() == data
+    assert _copied(tmpfs_tree / "big", tmp_path / "tail", 3 << 20, len(data)) == len(data) - (3 << 20)
+    assert (tmp_path / "tail").read_bytes() == data[3 << 20 :]  # from an offset, up to the end
+
+
+def test_a_file_that_shrank_is_padded_with_zeros_across_filesystems(tmpfs_tree: Path, tmp_path: Path) -> None:
+    data = os.urandom((2 << 20) + 7)
+    (tmpfs_tree / "source").write_bytes(data)
+    stated = 4 << 20
+    tar = _TarBytes(content=False, budget=1 << 30, where="the test's snapshot")
+    source = os.open(tmpfs_tree / "source", os.O_RDONLY)
+    target = os.open(tmp_path / "target", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        _LiveFile(source, stated, tar).copy_to(target)
+    finally:
+        os.close(source)
+        os.close(target)
+    assert (tmp_path / "target").read_bytes() == data + bytes(stated - len(data))
+
+
+def test_a_pipe_the_kernel_will_not_enlarge_still_copies_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the user's quota of pipe pages the pipe keeps its default size (64 KiB)."""
+
+    def refuse(fd: int, command: int, arg: int = 0) -> int:
+        if command == fcntl.F_SETPIPE_SZ:
+            raise OSError(errno.EPERM, "over the pipe quota")
+        return 0
+
+    monkeypatch.setattr(fcntl, "fcntl", refuse)
+    data = os.urandom((3 << 20) + 5)
+    (tmp_path / "source").write_bytes(data)
+    assert _copied(tmp_path / "source", tmp_path / "target", 0, len(data)) == len(data)
+    assert (tmp_path / "target").read_bytes() == data
