@@ -30,6 +30,7 @@ from warmshell.drivers.local.imagestore.capture import (
 )
 from warmshell.drivers.local.imagestore.extracting import OPAQUE_XATTR, WHITEOUT_XATTR
 from warmshell.drivers.local.imagestore.records import LayerRecord
+from warmshell.drivers.local.imagestore.store import ImageStore
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="an overlayfs whiteout (a 0/0 device) needs root to make")
 
@@ -273,3 +274,15 @@ def test_a_pipe_the_kernel_will_not_enlarge_still_copies_everything(
     (tmp_path / "source").write_bytes(data)
     assert _copied(tmp_path / "source", tmp_path / "target", 0, len(data)) == len(data)
     assert (tmp_path / "target").read_bytes() == data
+
+
+def test_the_room_for_a_capture_is_checked_beside_the_usage_it_is_given(tmp_path: Path) -> None:
+    """A snapshot reads the store's usage once, before its sandbox is frozen, and checks its
+    trees' bytes against that, not against a second read of the index while frozen."""
+    store = ImageStore(tmp_path / "store", max_bytes=100)
+    store.open()
+    store.check_room(100, what="a capture", used=0)
+    with pytest.raises(ResourceExhaustedError, match="needs 60 more bytes; the image store holds 50 of its 100"):
+        store.check_room(60, what="a capture", used=50)
+    with pytest.raises(ResourceExhaustedError, match="holds 0 of its 100"):
+        store.check_room(101, what="a capture")  # the usage now: the empty store's
