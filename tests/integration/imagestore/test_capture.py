@@ -194,18 +194,24 @@ def test_a_captured_file_is_a_copy_that_later_writes_to_the_tree_never_reach(tre
     assert (tmp_path / "layer" / "workspace" / "big").read_bytes() == data
 
 
+def _copy_stated(source: Path, target: Path, stated: int) -> _TarBytes:
+    """Copy `source` as an entry stated at `stated` bytes into a new file `target`."""
+    tar = _TarBytes(content=False, budget=1 << 30, where="the test's snapshot")
+    reading = os.open(source, os.O_RDONLY)
+    writing = os.open(target, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        _LiveFile(reading, stated, tar).copy_to(writing)
+    finally:
+        os.close(reading)
+        os.close(writing)
+    return tar
+
+
 def test_a_file_that_shrank_since_it_was_stated_is_padded_with_zeros_to_its_stated_size(tmp_path: Path) -> None:
     data = os.urandom(1 << 20)
     (tmp_path / "source").write_bytes(data)
     stated = 3 << 20  # preallocated at that size, then one third written
-    tar = _TarBytes(content=False, budget=1 << 30, where="the test's snapshot")
-    source = os.open(tmp_path / "source", os.O_RDONLY)
-    target = os.open(tmp_path / "target", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        _LiveFile(source, stated, tar).copy_to(target)
-    finally:
-        os.close(source)
-        os.close(target)
+    tar = _copy_stated(tmp_path / "source", tmp_path / "target", stated)
     assert (tmp_path / "target").read_bytes() == data + bytes(stated - len(data))
     assert tar.count == stated
 
@@ -248,14 +254,7 @@ def test_a_file_that_shrank_is_padded_with_zeros_across_filesystems(tmpfs_tree: 
     data = os.urandom((2 << 20) + 7)
     (tmpfs_tree / "source").write_bytes(data)
     stated = 4 << 20
-    tar = _TarBytes(content=False, budget=1 << 30, where="the test's snapshot")
-    source = os.open(tmpfs_tree / "source", os.O_RDONLY)
-    target = os.open(tmp_path / "target", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        _LiveFile(source, stated, tar).copy_to(target)
-    finally:
-        os.close(source)
-        os.close(target)
+    assert _copy_stated(tmpfs_tree / "source", tmp_path / "target", stated).count == stated
     assert (tmp_path / "target").read_bytes() == data + bytes(stated - len(data))
 
 
