@@ -22,10 +22,11 @@ which does not name the fork's image); and a synced commit of an image naming su
 snapshot or pause of a fork's child) forces that layer's data to disk first and clears its mark.
 
 A fork's layer is written into the store like any other, although a tmpfs would match its lifetime
-(this boot): a tmpfs of 4 KiB pages (`/dev/shm`) costs more to fill than ext4's page cache of
-large folios (~80 against ~45-55 ms of CPU per 200 MB copied here) and twice as much to free (~22
-against ~11 ms); only one mounted `huge=within_size` is cheaper (~35 and ~3 ms), and the gateway
-owns no such mount.
+(this boot): a tmpfs of 4 KiB pages costs more to fill than ext4's page cache of large folios, and
+more to free (a fork of ten children of a 200 MB parent: ~180 against ~130 ms of the gateway's
+CPU, and ~34 against ~13 ms for the prune that deletes the layer). One mounted `huge=within_size`
+copies 200 MB in ~35 ms once its huge pages are warm, but each fork's layer takes fresh ones:
+~500 ms of the gateway's CPU for that fork on a 2-core VM.
 
 A sandbox of the host's root filesystem (no image) has no image to build on: its snapshot is
 refused, saying to create it from an image.
