@@ -231,9 +231,18 @@ def _kill_started(spawn: asyncio.Future[int]) -> None:
 
 
 def signal_group(proc: ContainerProcess, sig: int) -> None:
-    """Signal the process group; the leader may be gone while its children live on."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    """Signal the process group; the leader may be gone while its children live on. A process
+    that leads no group yet is signalled itself: a fork server reports its child's pid before the
+    child's `setsid`, and a pod stopped in that window (a replacement pod at a test's teardown,
+    on a loaded host: most starts stopped at once) lost both signals and its stop waited forever."""
+    try:
         os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        if proc.returncode is None:  # its pid is not yet free for another process to take
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, sig)
+    except PermissionError:
+        pass
 
 
 async def stop_process(proc: ContainerProcess, grace: float) -> None:

@@ -1,5 +1,6 @@
 """The kubelet's container processes: started off the event loop, reaped through a pidfd, exit
-statuses as asyncio reports them, and no thread held per running child."""
+statuses as asyncio reports them, no thread held per running child, and a stop that ends a
+process even before it leads its own process group (a fork server's child, stopped at once)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import contextlib
 import os
 import pathlib
 import signal
+import subprocess
 import threading
 
-from kubesim.kubelet import containers
+import pytest
+
+from kubesim.kubelet import containers, forkserver
 
 
 async def start(tmp_path: pathlib.Path, script: str) -> containers.HostProcess:
@@ -73,3 +77,35 @@ async def test_a_start_cancelled_mid_spawn_leaves_no_process(tmp_path: pathlib.P
             await task
     await asyncio.sleep(0.2)  # the SIGKILLs land
     assert not [p for p in children() - before if alive(p)]
+
+
+async def test_a_stop_ends_a_process_that_leads_no_process_group_yet() -> None:
+    # As a fork server's child is between its fork (pid reported) and its setsid: in its
+    # parent's process group, so a signal to the group its pid would name reaches nobody.
+    popen = subprocess.Popen(["sleep", "60"])
+    popen.returncode = 0  # HostProcess reaps it through its pidfd
+    proc = containers.HostProcess(popen.pid)
+    assert os.getpgid(proc.pid) != proc.pid
+    await asyncio.wait_for(containers.stop_process(proc, 0), 10)
+    assert proc.returncode in (-signal.SIGTERM, -signal.SIGKILL)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fork server's containers need mount namespaces (root)")
+async def test_containers_of_the_fork_server_stopped_as_soon_as_started_all_end(tmp_path: pathlib.Path) -> None:
+    # A pod stopped right after its start (a pool's replacement pod at a cluster's teardown): on
+    # a loaded host, most of these stops once waited forever (the signals went before setsid).
+    (tmp_path / "mounts.json").write_text("{}")
+    server = forkserver.ForkServer((), env={"PATH": os.environ.get("PATH", os.defpath)})
+    try:
+        for _ in range(20):
+            proc = await server.spawn_exec(
+                ["sleep", "60"],
+                env={"PATH": os.environ.get("PATH", os.defpath)},
+                cwd=tmp_path,
+                log_path=tmp_path / "log",
+                mounts=tmp_path / "mounts.json",
+            )
+            await asyncio.wait_for(containers.stop_process(proc, 0), 10)
+            assert proc.returncode == forkserver.KILLED_WITH_SERVER  # 128 + SIGKILL, as the server reports it
+    finally:
+        await server.aclose()

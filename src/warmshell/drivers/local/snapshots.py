@@ -11,15 +11,15 @@ The sandbox is thawed whatever happens, and a refusal (the store's bound, a tag 
 as it was. Past `local.max_layers` the new layer is the whole merged root, the image one layer
 (flattened).
 
-Durability. A tagged snapshot and a pause must outlive the host's power: their index write is
-forced to disk (their new layer's data is left to the kernel's writeback, as an imported layer's
-is). A fork's children die with the host, so its image need only last this boot: it is committed
-without syncing (two fsyncs, 6-16 ms, off the fork's path) and its layer carries the host's
-`boot_id`. The rules that keep the index from naming torn data: the store's first open after a
-reboot removes every image naming a layer of another boot (and the layer); an unsynced index torn
-by a power loss is never read (the store falls back to the last synced one, `ImageStore._read`,
-which does not name the fork's image); and a synced commit of an image naming such a layer (a
-snapshot or pause of a fork's child) forces that layer's data to disk first and clears its mark.
+Durability. A tagged snapshot and a pause must outlive the host's power: their new layer, then the
+index naming it, are forced to disk (`ImageStore.commit`), as an imported layer is. A fork's
+children die with the host, so its image need only last this boot: it is committed without syncing
+(two fsyncs, 6-16 ms, off the fork's path) and its layer carries the host's `boot_id`. The rules
+that keep the index from naming torn data: the store's first open after a reboot removes every
+image naming a layer of another boot (and the layer); an unsynced index torn by a power loss is
+never read (the store falls back to the last synced one, `ImageStore._read`, which does not name
+the fork's image); and a synced commit of an image naming such a layer (a snapshot or pause of a
+fork's child) forces that layer's data to disk first and clears its mark.
 
 A fork's layer is written into the store like any other, although a tmpfs would match its lifetime
 (this boot): a tmpfs of 4 KiB pages costs more to fill than ext4's page cache of large folios, and

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NoReturn, Protocol
 
+from warmshell.core.backoff import doubling_delay
 from warmshell.core.config import KubernetesDriverConfig
 from warmshell.drivers.kubernetes import kube
 from warmshell.drivers.kubernetes.clock import Clock, SystemClock
@@ -289,7 +290,7 @@ class Elector:
                     failures = 0
                 failures += 1
                 log.warning("leader task of lease %s failed (%r); restart %d", self._name, exc, failures)
-            await self._clock.sleep(min(self._retry * 2 ** max(failures - 1, 0), MAX_RESTART_DELAY))
+            await self._clock.sleep(doubling_delay(failures, first=self._retry, cap=MAX_RESTART_DELAY))
 
 
 def elector_for(api: LeaseApi, config: KubernetesDriverConfig, *, clock: Clock | None = None) -> Elector:

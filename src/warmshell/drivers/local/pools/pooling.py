@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from warmshell.core import poolshapes
+from warmshell.core.backoff import doubling_delay
 from warmshell.core.errors import InvalidArgumentError, WarmshellError
 from warmshell.core.fingerprints import SandboxShape
 from warmshell.core.ids import Fingerprint
@@ -293,7 +294,7 @@ class PoolSet:
 
     def _failed(self, pool: Pool, message: str) -> None:
         pool.failures += 1
-        delay = min(_BACKOFF_MAX, _BACKOFF_FIRST * 2 ** (pool.failures - 1))
+        delay = doubling_delay(pool.failures, first=_BACKOFF_FIRST, cap=_BACKOFF_MAX)
         pool.retry_at = asyncio.get_running_loop().time() + delay
         pool.conditions = (DriverCondition("MembersHealthy", "False", "MemberFailed", message),)
         _log.warning(

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from warmshell.core.backoff import doubling_delay
 from warmshell.core.profiles import Profile, ProfileError, Setup
 from warmshell.drivers.local.runtime import imageroots
 
@@ -156,7 +157,7 @@ class Preparer:
     def _failed(self, name: str, attempt: _Attempt, message: str) -> None:
         attempt.failures += 1
         attempt.message = message
-        delay = min(_RETRY_MAX, self._retry_first * 2 ** (attempt.failures - 1))
+        delay = doubling_delay(attempt.failures, first=self._retry_first, cap=_RETRY_MAX)
         loop = asyncio.get_running_loop()
         attempt.retry_at = loop.time() + delay
         loop.call_later(delay, self._changed)
