@@ -2,24 +2,27 @@
 
 - Throughput: one client program (Python's urllib, 1 MiB reads) downloading from an upstream on
   127.0.0.2 (a threaded http.server subprocess): from the host directly, and from inside a
-  sandbox through the agent's relay and the gateway's proxy; one stream of `--mib` MiB, then 16
-  concurrent streams sharing the same byte count. Each pair is the same bytes, run one after the
+  sandbox through the gateway's proxy (the agent hands it each connection's socket); one stream
+  of `--mib` MiB, then 16 concurrent streams sharing the same byte count. Each pair is the same bytes, run one after the
   other (never at once), after one untimed warm-up of each; `--repeats` alternating pairs, and
   the ratio is of the medians: on a shared machine one pair swings several times either way.
 - Connection setup: `--connects` TCP connections to the upstream, from the host directly, and
   through the proxy (connect to 127.0.0.1:3128 inside, CONNECT, wait for the 200); p50 added.
 - Warm create -> Ready with a policy (`--allow-net`) and without, alternating against one pool.
 - The CPU time per MiB of each part of the path, around each download: the client (its own
-  `os.times`), the upstream and the gateway (/proc stat), the relays (the agents' reaped
-  children, less the proxied client), and the gateway's main thread alone — the event loop
-  that drives the splices — with how busy it was and how long it waited for a cpu (schedstat)
-  over the download's wall time: figures the machine's load changes far less than the
-  wall-clock ratios, and that say whether the loop or the load sets the proxied rate.
+  `os.times`), the upstream and the gateway (/proc stat), the agents' relays (their reaped
+  children, less the proxied client: none since the agent hands connections over), and the
+  gateway's main thread alone — the event loop that drives the splices — with how busy it was
+  and how long it waited for a cpu (schedstat) over the download's wall time: figures the
+  machine's load changes far less than the wall-clock ratios, and that say whether the loop or
+  the load sets the proxied rate.
 - The gateway's CPU per warm create (schedstat, every thread), beside the wall-clock ratio.
+- `--before-src DIR`: whole runs (throughput and setup) of an older tree and of this one,
+  alternating, into the investigation's `results/egress-ab.{json,md}`.
 
 The sandbox the downloads run in gets as many cpus as the host has (`--cpu`): at the default of
-one, its cgroup quota throttled the client and the relay, and the ratio measured the quota rather
-than the proxy (the direct client runs unthrottled).
+one, its cgroup quota throttled the client (and the agent's relay, then), and the ratio measured
+the quota rather than the proxy (the direct client runs unthrottled).
 
 The upstream's listen backlog is 128: at http.server's default of 5, 16 connections arriving at
 once overflowed it, the kernel dropped SYNs, and the clients waited the 1 s SYN retransmit, the
@@ -167,7 +170,7 @@ class _Costs:
 
     client: float = 0.0
     upstream: float = 0.0
-    relays: float = 0.0  # the agents' relays (local sandboxes' loopback to the proxy socket)
+    relays: float = 0.0  # the agents' relays (an older agent's copy of each connection to the proxy socket)
     gateway: float = 0.0  # every thread of the gateway process
     loop: float = 0.0  # its main thread: the event loop, where the splices are driven
     loop_waiting: float = 0.0  # seconds that thread was runnable but waited for a cpu (schedstat)
@@ -308,7 +311,7 @@ async def _warm_creates(gw: GatewayProcess, authority: str, count: int) -> dict:
     }
 
 
-async def measure(mib: int, connects: int, creates: int, pool_size: int, repeats: int) -> dict:
+async def measure(mib: int, connects: int, creates: int, pool_size: int, repeats: int, src: Path | None = None) -> dict:
     upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM], stdout=subprocess.PIPE, text=True)
     try:
         assert upstream.stdout is not None
@@ -320,7 +323,7 @@ async def measure(mib: int, connects: int, creates: int, pool_size: int, repeats
             (pools / "egress.toml").write_text(profile)
             config = Path(tmp) / "gateway.toml"
             config.write_text("[network]\nrequests_may_widen = true\nmax_bytes_per_second = 10000000000\n")
-            async with gateway_process("--pools", str(pools), "--config", str(config)) as gw:
+            async with gateway_process("--pools", str(pools), "--config", str(config), src=src) as gw:
                 await wait_idle(gw, "egress", pool_size, timeout=300)
                 spec = pb.SandboxSpec(
                     network=pb.NetworkPolicy(allow=[authority]), resources=pb.Resources(cpu=str(os.cpu_count()))
@@ -412,6 +415,43 @@ def _cpu_table(data: dict) -> list[str]:
     return lines
 
 
+async def compare(args: argparse.Namespace) -> dict:
+    """`--rounds` rounds, each a whole run of this tree and one of `--before-src`'s (which goes
+    first alternating): the same machine's load falls on both."""
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    for round_ in range(args.rounds):
+        for label in ("before", "after") if round_ % 2 == 0 else ("after", "before"):
+            src = args.before_src if label == "before" else None
+            runs[label].append(await measure(args.mib, args.connects, 0, args.pool_size, args.repeats, src))
+    return {"before_src": str(args.before_src), "rounds": args.rounds, "runs": runs}
+
+
+def _compare_table(data: dict) -> str:
+    """One row per run: ratios, setup added and the proxied path's CPU per MiB by part."""
+    lines = [
+        f"`before`: the tree at {data['before_src']}; `after`: this one. {data['rounds']} rounds, alternating "
+        "which runs first; proxied CPU ms per MiB by part (medians of each run's pairs).",
+        "",
+        "| run | load | 1 stream ratio | 16 streams ratio | setup added p50 ms | 1 stream: client, relays, gateway "
+        "| 16 streams: client, relays, gateway |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for label in ("before", "after"):
+        for number, run in enumerate(data["runs"][label], 1):
+            rows = run["throughput"]
+            one, many = rows["1 stream"], rows["16 streams"]
+            setup = f"{run['setup']['added_p50_ms']:+.3f}" if "setup" in run else "-"
+            cpu = [
+                ", ".join(f"{row['proxied_cpu_ms_per_mib'][part]:.2f}" for part in ("client", "relays", "gateway"))
+                for row in (one, many)
+            ]
+            lines.append(
+                f"| {label} {number} | {run['load_1min']:.1f} | {one['ratio']:.2f} | {many['ratio']:.2f} | {setup} "
+                f"| {cpu[0]} | {cpu[1]} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mib", type=int, default=256, help="MiB of the one-stream download (16 streams share it)")
@@ -419,7 +459,24 @@ def main() -> None:
     parser.add_argument("--connects", type=int, default=200, help="connection setups of each kind (0: none)")
     parser.add_argument("--creates", type=int, default=20, help="warm creates of each kind (0: none)")
     parser.add_argument("--pool-size", type=int, default=4)
+    parser.add_argument(
+        "--before-src",
+        type=Path,
+        help="compare: alternating whole runs of the warmshell package under this directory (its agent "
+        "built) and of this tree, throughput and setup only; written to --out",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --before-src: runs of each")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent / "investigations" / "egress-streams" / "results",
+        help="with --before-src: the results directory of egress-ab.{json,md}",
+    )
     args = parser.parse_args()
+    if args.before_src is not None:
+        compared = asyncio.run(compare(args))
+        write_results("egress-ab", compared, _compare_table(compared), args.out)
+        return
     data = asyncio.run(measure(args.mib, args.connects, args.creates, args.pool_size, args.repeats))
     write_results("egress", data, _table(data))
 

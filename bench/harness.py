@@ -198,11 +198,11 @@ def gc_pauses(gw: GatewayProcess) -> collections.Counter[str]:
     return found
 
 
-def write_results(name: str, data: dict[str, Any], table: str) -> None:
+def write_results(name: str, data: dict[str, Any], table: str, directory: Path | None = None) -> None:
     """results/<name>.json and <name>.md beside the script that runs (bench/results/ for a standing
-    benchmark, its topic's results/ for an investigation), both stating the command and the machine.
-    A rerun overwrites them: each name holds one current result."""
-    results = Path(sys.argv[0]).resolve().parent / "results"
+    benchmark, its topic's results/ for an investigation), or in `directory`, both stating the
+    command and the machine. A rerun overwrites them: each name holds one current result."""
+    results = directory or Path(sys.argv[0]).resolve().parent / "results"
     results.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     meta = {

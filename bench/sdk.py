@@ -250,6 +250,11 @@ def render(data: dict) -> str:
     table += "\n## The byte path (issue 33)\n" + transfers_table(data["transfers"])
     if "fanout" in data:
         table += "\n## The harness fan-out (issue 33)\n\n" + fanout_table(data["fanout"])
+    if "fanout_grpc" in data:
+        table += (
+            "\nThe same fan-out with the gateway's byte stream off (`[files] transfer_stream = false`), after it:\n\n"
+        )
+        table += fanout_table(data["fanout_grpc"])
         if earlier := data.get("other_figures_from"):
             table += f"\nThe figures above the fan-out are from the earlier run of {earlier}.\n"
     return table
@@ -269,15 +274,24 @@ def main() -> None:
         action="store_true",
         help="measure only the fan-out; the other figures are kept from results/sdk.json (and said to be)",
     )
+    parser.add_argument(
+        "--fanout-grpc", action="store_true", help="then the fan-out again with the byte stream off (gRPC messages)"
+    )
     args = parser.parse_args()
     if args.fanout_only:
         earlier = json.loads((Path(__file__).resolve().parent / "results" / "sdk.json").read_text())
-        data = {k: v for k, v in earlier.items() if k not in ("command", "date", "machine", "other_figures_from")}
+        data = {
+            k: v
+            for k, v in earlier.items()
+            if k not in ("command", "date", "machine", "other_figures_from", "fanout_grpc")
+        }
         data["other_figures_from"] = f"{earlier['date']} (`{earlier['command']}`)"
     else:
         data = asyncio.run(measure(args.creates, args.execs, args.pool_size))
         data["transfers"] = asyncio.run(measure_transfers(args.transfer_rounds, args.before_src))
     data["fanout"] = asyncio.run(measure_fanout(args.fanout_episodes, args.fanout_rounds))
+    if args.fanout_grpc:
+        data["fanout_grpc"] = asyncio.run(measure_fanout(args.fanout_episodes, args.fanout_rounds, byte_stream=False))
     worst = max(o["median_paired_ms"] for o in data["sdk_overhead_ms"].values())
     data["targets"] = {"sdk_overhead_le_0_3ms": worst <= 0.3, "fanout_wall_le_3s": data["fanout"]["target_wall_le_3s"]}
     write_results("sdk", data, render(data))

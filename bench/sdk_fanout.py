@@ -82,15 +82,18 @@ async def _round(
     }
 
 
-async def measure_fanout(episodes: int, rounds: int) -> dict[str, Any]:
-    """`rounds` fan-outs of `episodes` episodes; the p50s over rounds and episodes."""
+async def measure_fanout(episodes: int, rounds: int, *, byte_stream: bool = True) -> dict[str, Any]:
+    """`rounds` fan-outs of `episodes` episodes; the p50s over rounds and episodes. Without
+    `byte_stream` the gateway offers no byte stream, so every byte goes over gRPC's messages."""
     with tempfile.TemporaryDirectory(prefix="ws-fanout-bench-") as tmp_name:
         tmp = Path(tmp_name)
         pools = tmp / "pools"
         pools.mkdir()
         write_profile(pools, "fanout", episodes, ENV)
         config = tmp / "gateway.toml"
-        config.write_text(f"[local]\nmax_pool_replicas = {episodes}\n")
+        config.write_text(
+            f"[local]\nmax_pool_replicas = {episodes}\n[files]\ntransfer_stream = {str(byte_stream).lower()}\n"
+        )
         repo = make_repo(tmp)
         gateway = gateway_process("--pools", str(pools), "--config", str(config))
         async with gateway as gw, warmshell.AsyncClient(state_dir=gw.state) as client:
@@ -101,6 +104,7 @@ async def measure_fanout(episodes: int, rounds: int) -> dict[str, Any]:
             allocations[episode["allocation"]] = allocations.get(episode["allocation"], 0) + 1
     per_step = {name: statistics.median(e["ms"][name] for s in samples for e in s["episodes"]) for name in STEPS}
     return {
+        "byte_stream": byte_stream,
         "episodes": episodes,
         "rounds": rounds,
         "wall_ms": [s["wall_ms"] for s in samples],
@@ -117,12 +121,13 @@ async def measure_fanout(episodes: int, rounds: int) -> dict[str, Any]:
 def fanout_table(result: dict[str, Any]) -> str:
     """The fan-out's figures as markdown."""
     steps = " | ".join(f"{result['step_ms_p50'][name]:.0f}" for name in STEPS)
+    path = "byte stream" if result.get("byte_stream", True) else "gRPC messages"
     walls = ", ".join(f"{w / 1000:.2f}" for w in result["wall_ms"])
     return (
-        f"| episodes | rounds | wall p50 s | gateway CPU p50 s | client CPU p50 s | episode p50 ms | "
+        f"| byte path | episodes | rounds | wall p50 s | gateway CPU p50 s | client CPU p50 s | episode p50 ms | "
         f"{' | '.join(f'{n} p50 ms' for n in STEPS)} |\n"
-        f"|{'---|' * (6 + len(STEPS))}\n"
-        f"| {result['episodes']} | {result['rounds']} | {result['wall_ms_p50'] / 1000:.2f} | "
+        f"|{'---|' * (7 + len(STEPS))}\n"
+        f"| {path} | {result['episodes']} | {result['rounds']} | {result['wall_ms_p50'] / 1000:.2f} | "
         f"{result['gateway_cpu_ms_p50'] / 1000:.2f} | {result['client_cpu_ms_p50'] / 1000:.2f} | "
         f"{result['episode_ms_p50']:.0f} | {steps} |\n\n"
         f"Walls of the rounds (s): {walls}. Creates served: {result['allocations']}. "

@@ -2,8 +2,11 @@
 `warmshell.AsyncClient` against a gateway process (local driver).
 
 Figures, per round, p50 over the rounds:
-- one 5 MiB write from memory and one 5 MiB read: wall time -> MB/s, and the gateway process's own
-  CPU per transfer (utime + stime from /proc: what a loaded machine distorts least);
+- one 5 MiB write from memory and one 5 MiB read, over the gateway's byte stream (what the SDK
+  does from 1 MiB when the gateway offers it) and over gRPC's messages (the same client with the
+  stream off), in alternating order round by round: wall time -> MB/s, and the CPU per transfer
+  of the gateway process (every thread's, from schedstat: what a loaded machine distorts least)
+  and of this client process;
 - a 13-file repository (12 small files in three directories and one 5 MiB blob): `upload_dir` in
   one call, the same files as 13 `upload` calls (what a harness did before), and the blob alone
   (`upload`), with the ratio bulk / blob (the issue's target: at most 2).
@@ -31,6 +34,7 @@ import grpc
 from harness import gateway_process
 
 import warmshell
+from warmshell.sdk.files import AsyncFiles
 
 BLOB = 5 * 1024 * 1024
 
@@ -59,22 +63,34 @@ def make_repo(root: Path) -> Path:
 
 
 class _Timed:
-    """Wall milliseconds and the gateway's CPU milliseconds of one awaited call."""
+    """Wall milliseconds, the gateway's CPU milliseconds and this client's of one awaited call."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
 
-    async def __call__(self, call: Any) -> tuple[float, float]:
-        cpu, start = _cpu_seconds(self.pid), time.perf_counter()
+    async def __call__(self, call: Any) -> tuple[float, float, float]:
+        cpu, own, start = _cpu_seconds(self.pid), _cpu_seconds(os.getpid()), time.perf_counter()
         await call
-        return (time.perf_counter() - start) * 1000, (_cpu_seconds(self.pid) - cpu) * 1000
+        wall = (time.perf_counter() - start) * 1000
+        return wall, (_cpu_seconds(self.pid) - cpu) * 1000, (_cpu_seconds(os.getpid()) - own) * 1000
 
 
-async def _one_round(sb: warmshell.AsyncSandbox, timed: _Timed, repo: Path, data: bytes, bulk: bool) -> dict[str, Any]:
+def _grpc_only(sb: warmshell.AsyncSandbox) -> AsyncFiles:
+    """The sandbox's files as the SDK reaches them without the byte stream (no gateway address)."""
+    channel = sb.client._channel
+    assert channel is not None  # open once the sandbox was created
+    return AsyncFiles(channel, sb.name, sb.workspace, metadata=sb.client._metadata)
+
+
+async def _one_round(
+    sb: warmshell.AsyncSandbox, timed: _Timed, repo: Path, data: bytes, bulk: bool, stream_first: bool
+) -> dict[str, Any]:
     files = sb.files
     out: dict[str, Any] = {}
-    out["write"] = await timed(files.write("/workspace/one.bin", data))
-    out["read"] = await timed(files.read("/workspace/one.bin"))
+    paths = [("", files), (" grpc", _grpc_only(sb))]
+    for suffix, via in paths if stream_first else reversed(paths):
+        out["write" + suffix] = await timed(via.write("/workspace/one.bin", data))
+        out["read" + suffix] = await timed(via.read("/workspace/one.bin"))
     out["blob"] = await timed(files.upload(repo / "blob.bin", "/workspace/alone/blob.bin"))
 
     async def per_file() -> None:
@@ -149,10 +165,11 @@ class _Floor:
         await call
 
 
-def _p50s(samples: list[tuple[float, float]]) -> dict[str, float]:
+def _p50s(samples: list[tuple[float, float, float]]) -> dict[str, float]:
     return {
         "wall_ms_p50": statistics.median(s[0] for s in samples),
         "gateway_cpu_ms_p50": statistics.median(s[1] for s in samples),
+        "client_cpu_ms_p50": statistics.median(s[2] for s in samples),
         "n": len(samples),
     }
 
@@ -168,7 +185,7 @@ async def measure_transfers(rounds: int, before_src: Path | None) -> dict[str, A
             trees = {"after": await _tree(None, stack)}
             if before_src is not None:
                 trees["before"] = await _tree(before_src, stack)
-            samples: dict[str, dict[str, list[tuple[float, float]]]] = {name: {} for name in trees}
+            samples: dict[str, dict[str, list[tuple[float, float, float]]]] = {name: {} for name in trees}
             floor = _Floor(stack, Path(tmp))
             await asyncio.sleep(1.5)  # the floor server's start
             samples["grpc floor"] = {"write": []}
@@ -177,15 +194,17 @@ async def measure_transfers(rounds: int, before_src: Path | None) -> dict[str, A
                 order = list(trees) if i % 2 == 0 else list(reversed(trees))
                 for name in order:
                     sb, timed, bulk = trees[name]
-                    for key, value in (await _one_round(sb, timed, repo, data, bulk)).items():
+                    for key, value in (await _one_round(sb, timed, repo, data, bulk, i % 2 == 0)).items():
                         samples[name].setdefault(key, []).append(value)
     result: dict[str, Any] = {}
     for name, by_key in samples.items():
         figures = {key: _p50s(values) for key, values in by_key.items()}
-        for key in ("write", "read"):
+        for key in ("write", "read", "write grpc", "read grpc"):
             if key not in figures:
                 continue
             figures[key]["mb_per_s"] = BLOB / 1e6 / (figures[key]["wall_ms_p50"] / 1000)
+            for side in ("gateway", "client"):
+                figures[key][f"{side}_cpu_ms_per_mib"] = figures[key][f"{side}_cpu_ms_p50"] / (BLOB / 2**20)
         if "bulk" in figures:
             figures["bulk_over_blob"] = figures["bulk"]["wall_ms_p50"] / figures["blob"]["wall_ms_p50"]
         result[name] = figures
@@ -195,12 +214,14 @@ async def measure_transfers(rounds: int, before_src: Path | None) -> dict[str, A
 def transfers_table(result: dict[str, Any]) -> str:
     """The markdown table of `measure_transfers`."""
     table = (
-        "\n| transfer (5 MiB; repo: 13 files, one 5 MiB) | tree | wall p50 ms | MB/s | gateway CPU p50 ms |\n"
-        "|---|---|---|---|---|\n"
+        "\n| transfer (5 MiB; repo: 13 files, one 5 MiB) | tree | wall p50 ms | MB/s | gateway CPU p50 ms "
+        "| client CPU p50 ms |\n|---|---|---|---|---|---|\n"
     )
     labels = {
-        "write": "one write from memory",
-        "read": "one read into memory",
+        "write": "one write from memory (byte stream)",
+        "write grpc": "one write from memory (gRPC messages)",
+        "read": "one read into memory (byte stream)",
+        "read grpc": "one read into memory (gRPC messages)",
         "blob": "the blob alone (upload)",
         "per_file": "the repo, 13 upload calls",
         "bulk": "the repo, upload_dir (one call)",
@@ -211,10 +232,21 @@ def transfers_table(result: dict[str, Any]) -> str:
             if figures is None:
                 continue
             rate = f"{figures['mb_per_s']:.0f}" if "mb_per_s" in figures else ""
+            client = f"{figures['client_cpu_ms_p50']:.1f}" if "client_cpu_ms_p50" in figures else ""
             table += (
-                f"| {label} | {tree} | {figures['wall_ms_p50']:.1f} | {rate} | {figures['gateway_cpu_ms_p50']:.1f} |\n"
+                f"| {label} | {tree} | {figures['wall_ms_p50']:.1f} | {rate} | {figures['gateway_cpu_ms_p50']:.1f} "
+                f"| {client} |\n"
             )
     after = result["after"]
+    for key in ("write", "read") if "write grpc" in after else ():
+        stream, grpc_path = after[key], after[f"{key} grpc"]
+        table += (
+            f"\nOne {key}, byte stream / gRPC messages (same run, alternating): rate "
+            f"**{stream['mb_per_s'] / grpc_path['mb_per_s']:.2f}x**; CPU per MiB, gateway "
+            f"{stream['gateway_cpu_ms_per_mib']:.2f} vs {grpc_path['gateway_cpu_ms_per_mib']:.2f} ms, client "
+            f"{stream['client_cpu_ms_per_mib']:.2f} vs {grpc_path['client_cpu_ms_per_mib']:.2f} ms."
+        )
+    table += "\n"
     table += f"\nBulk upload / the blob alone (target ≤ 2): **{after['bulk_over_blob']:.2f}**"
     table += f"; 13 calls / one call: {after['per_file']['wall_ms_p50'] / after['bulk']['wall_ms_p50']:.2f}.\n"
     if "before" in result:

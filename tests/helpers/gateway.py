@@ -17,6 +17,7 @@ import grpc
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.config import load_config
+from warmshell.drivers.local.runtime import runtimedir
 from warmshell.gateway.server import Gateway
 
 
@@ -139,10 +140,17 @@ def pool_named(response: pb.ListPoolsResponse, name: str) -> pb.Pool | None:
 @contextmanager
 def own_sandbox_dir(prefix: str) -> Iterator[Path]:
     """A `local.sandbox_dir` of the caller's own, outside pytest's 0700 tmp_path (sandbox uids
-    must reach it); removed afterwards."""
+    must reach it); removed afterwards, with the runtime directory named for it."""
     base = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(base, 0o711)
     try:
         yield base / "sandboxes"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(runtime_dir_of(base / "sandboxes"), ignore_errors=True)
+
+
+def runtime_dir_of(sandbox_dir: Path) -> Path:
+    """The runtime directory a root gateway with this `local.sandbox_dir` (and no
+    `local.runtime_dir`) keeps its sandboxes' egress directories and uid leases in."""
+    return runtimedir.choose(None, sandbox_dir, runtimedir.host_tmpfs())

@@ -9,7 +9,6 @@ pods, when deleted again with ``gracePeriodSeconds=0`` (what a kubelet does). ``
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -110,7 +109,7 @@ def delete(rest: Rest, rt: ResourceType, version: str, ns: str, name: str, opts:
             return _shorten_grace(rest, rt, cur, av, opts)
         return Result(cur.view(av), 202 if opts.propagation == "Foreground" else 200)
     if finalizers or grace > 0 or namespace:
-        new = copy.deepcopy(cur.obj)
+        new = cur.copy()
         nm = new["metadata"]
         nm["deletionTimestamp"] = _timestamp(grace)
         nm["deletionGracePeriodSeconds"] = grace
@@ -128,7 +127,7 @@ def delete(rest: Rest, rt: ResourceType, version: str, ns: str, name: str, opts:
 
 def _shorten_grace(rest: Rest, rt: ResourceType, cur: Stored, av: str, opts: DeleteOptions) -> Result:
     # Finalizers still hold the object; with grace 0 it goes as soon as the last one is removed.
-    new = copy.deepcopy(cur.obj)
+    new = cur.copy()
     new["metadata"]["deletionGracePeriodSeconds"] = 0
     new["metadata"]["deletionTimestamp"] = _timestamp(0)
     if opts.dry_run:

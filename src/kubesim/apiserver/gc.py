@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 from typing import Any
 
@@ -200,7 +199,7 @@ class Controllers:
         rt = self.rest.registry.get(ref[0], ref[1])
         if rt is None:
             return
-        new = copy.deepcopy(stored.obj)
+        new = stored.copy()
         if owners:
             new["metadata"]["ownerReferences"] = owners
         else:
@@ -212,7 +211,7 @@ class Controllers:
         rt = self.rest.registry.get(group, plural)
         if rt is None:
             return
-        new = copy.deepcopy(stored.obj)
+        new = stored.copy()
         new["metadata"]["finalizers"] = [f for f in new["metadata"].get("finalizers") or [] if f != finalizer]
         if not new["metadata"]["finalizers"]:
             del new["metadata"]["finalizers"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Protocol
 
 import yaml
@@ -10,7 +9,7 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from kubesim.apiserver import errors, protobuf
-from kubesim.apiserver.store import dumps
+from kubesim.jsonwire import dumps, loads
 
 JSON = "application/json"
 
@@ -37,7 +36,7 @@ def decode_body(raw: bytes, content_type: str) -> Any:
     ct = content_type.split(";")[0].strip().lower()
     if ct in ("", "application/json", "*/*"):
         try:
-            return json.loads(raw)
+            return loads(raw)
         except ValueError as exc:
             raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}") from exc
     if ct in ("application/yaml", "application/x-yaml", "text/yaml"):

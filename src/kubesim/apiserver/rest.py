@@ -8,8 +8,6 @@ bump the resourceVersion, and CRD objects register the resources they define.
 
 from __future__ import annotations
 
-import copy
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from kubesim import jsonwire
 from kubesim.apiserver import (
     applying,
     builtin_schemas,
@@ -367,7 +366,7 @@ class Rest:
         m["resourceVersion"] = om["resourceVersion"]
         if rt.has_status:
             if "status" in old.obj:
-                new["status"] = copy.deepcopy(old.obj["status"])
+                new["status"] = jsonwire.copy_of(old.obj["status"])
             else:
                 new.pop("status", None)
         if om.get("deletionTimestamp"):
@@ -456,4 +455,4 @@ def _name(obj: dict[str, Any]) -> str:
 
 
 def _json(raw: bytes) -> Any:
-    return json.loads(raw or b"null")
+    return jsonwire.loads(raw or b"null")

@@ -8,19 +8,15 @@ asking for anything older is ``410 Gone``, like the real watch cache.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kubesim.jsonwire import dumps, loads
+
 Key = tuple[str, str]  # (namespace, name); namespace "" for cluster-scoped
 ObjRef = tuple[str, str, str, str]  # (group, plural, namespace, name)
-
-
-def dumps(obj: Any) -> bytes:
-    """Compact JSON, the encoding used on the wire."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 @dataclass(eq=False)
@@ -51,7 +47,7 @@ class Stored:
     def copy(self, api_version: str | None = None) -> dict[str, Any]:
         """A private deep copy to edit: decoded from the cached encoding, several times cheaper
         than ``copy.deepcopy`` (objects are plain JSON), and the encoding is served anyway."""
-        copied: dict[str, Any] = json.loads(self.encoded(api_version))
+        copied: dict[str, Any] = loads(self.encoded(api_version))
         return copied
 
     def view(self, api_version: str | None = None) -> dict[str, Any]:

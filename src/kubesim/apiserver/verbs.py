@@ -16,8 +16,9 @@ from kubesim.apiserver.localrequest import LocalRequest, OpenedWatch
 from kubesim.apiserver.resources import VIRTUAL, ResourceType
 from kubesim.apiserver.rest import Result, WriteOptions
 from kubesim.apiserver.routing import RequestInfo
-from kubesim.apiserver.store import Stored, dumps
+from kubesim.apiserver.store import Stored
 from kubesim.apiserver.watch import Watcher
+from kubesim.jsonwire import dumps
 
 if TYPE_CHECKING:
     from kubesim.apiserver.server import ApiServer

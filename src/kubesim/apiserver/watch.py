@@ -16,7 +16,8 @@ from typing import Any
 from aiohttp import web
 
 from kubesim.apiserver.selectors import Predicate
-from kubesim.apiserver.store import Event, Store, Stored, dumps
+from kubesim.apiserver.store import Event, Store, Stored
+from kubesim.jsonwire import dumps
 
 MAX_BACKLOG = 100_000
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import json
 import logging
 import ssl
 from collections.abc import AsyncIterator
@@ -20,6 +19,8 @@ from urllib.parse import urlencode
 
 import aiohttp
 import yaml
+
+from kubesim import jsonwire
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -162,13 +163,13 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Obj:
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else jsonwire.dumps(body)
         attempts = len(RETRY_BACKOFF) + 1
         for attempt in range(1, attempts + 1):
             try:
                 status, text, retry_after = await self._exchange(method, path, params, data, content_type)
                 if status < 300:
-                    return json.loads(text) if text else {}
+                    return jsonwire.loads(text) if text else {}
                 parsed = parse_status(text)
                 if not _temporary(status) or attempt == attempts:
                     raise ApiError(status, parsed, text.decode(errors="replace"))
@@ -299,15 +300,15 @@ class KubeClient:
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
-                        yield json.loads(line)
+                        yield jsonwire.loads(line)
             if buf.strip():
-                yield json.loads(buf)
+                yield jsonwire.loads(buf)
 
 
 def parse_status(text: str | bytes) -> Obj | None:
     """The Status object of an error answer, if its body is one."""
     try:
-        value = json.loads(text)
+        value = jsonwire.loads(text)
     except ValueError:
         return None
     return value if isinstance(value, dict) else None

@@ -49,6 +49,10 @@ class Informer:
         self._label_selector = label_selector
         self._handlers: list[Handler] = []
         self.cache: dict[Key, Obj] = {}
+        # The cache by namespace: handlers ask for one namespace's objects on every event of
+        # another resource (every pod event scans the Services), and a scan of the whole cache
+        # per event grew with every namespace's objects.
+        self._by_namespace: dict[str, dict[Key, Obj]] = {}
         self.synced = asyncio.Event()
         self._index_fns: dict[str, IndexFn] = {}
         self._indexes: dict[str, dict[str, set[Key]]] = {}
@@ -85,7 +89,9 @@ class Informer:
         return self.cache.get((namespace, name))
 
     def items(self, namespace: str | None = None) -> list[Obj]:
-        return [v for (ns, _), v in self.cache.items() if namespace is None or ns == namespace]
+        if namespace is None:
+            return list(self.cache.values())
+        return list(self._by_namespace.get(namespace, {}).values())
 
     def _emit(self, etype: str, obj: Obj, old: Obj | None) -> None:
         for handler in self._handlers:
@@ -112,11 +118,17 @@ class Informer:
         old = self.cache.get(key)
         if etype == "DELETED":
             self.cache.pop(key, None)
+            in_namespace = self._by_namespace.get(key[0])
+            if in_namespace is not None:
+                in_namespace.pop(key, None)
+                if not in_namespace:
+                    del self._by_namespace[key[0]]
             self._reindex(key, old, None)
         else:
             if old is not None and _rv(old) >= _rv(obj) and etype != "ADDED":
                 return  # an older view than we hold (re-list race): ignore
             self.cache[key] = obj
+            self._by_namespace.setdefault(key[0], {})[key] = obj
             self._reindex(key, old, obj)
         self._emit(etype, obj, old)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 import datetime
 from typing import Any
+
+from kubesim import jsonwire
 
 Obj = dict[str, Any]
 
@@ -77,7 +78,8 @@ def ref_group_kind(ref: Obj) -> tuple[str, str]:
 
 
 def deep(obj: Any) -> Any:
-    return copy.deepcopy(obj)
+    """A private deep copy of an API object to edit (informers' objects are shared, read-only)."""
+    return jsonwire.copy_of(obj)
 
 
 def now() -> datetime.datetime:

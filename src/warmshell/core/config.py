@@ -82,8 +82,14 @@ class LocalDriverConfig(_Section):
     # With a uid per sandbox, workspaces (and a copy of the agent) live here, where those uids
     # can reach them: root-owned 0711, each workspace 0700 and owned by its sandbox.
     sandbox_dir: Path = Path("/var/lib/warmshell-sandboxes")
+    # With a uid per sandbox, what a sandbox needs only while it lives (its egress directory,
+    # with a ~220 KB copy of the system CA bundle for one on the host's root, its uid lease and,
+    # with nothing on disk, its log) lives here: root-owned 0711, best a tmpfs. None = a
+    # directory named for sandbox_dir on /run or else /dev/shm, whichever is a tmpfs; neither:
+    # sandbox_dir.
+    runtime_dir: Path | None = None
 
-    @field_validator("extra_ro_binds", "sandbox_dir", "image_roots", "image_dir")
+    @field_validator("extra_ro_binds", "sandbox_dir", "image_roots", "image_dir", "runtime_dir")
     @classmethod
     def _absolute(cls, value: list[Path] | Path | None) -> list[Path] | Path | None:
         for path in value if isinstance(value, list) else [value] if value is not None else []:
@@ -292,6 +298,18 @@ class FilesConfig(_Section):
     # One archive transfer (UploadTar, DownloadTar): its entries; its content is bounded by
     # max_file_bytes, and the sandbox's disk bound applies as for any write.
     max_archive_entries: int = Field(default=100_000, ge=1)
+    # The byte stream: a file's or an archive's bytes over a plain socket admitted by a
+    # one-time ticket (`OpenFileTransfer`), at under half the gateway's CPU per MiB of gRPC
+    # messages; the SDK uses it when offered. false = not offered (every transfer goes over
+    # gRPC). Local driver only.
+    transfer_stream: bool = True
+    # A ticket is accepted once, within this long of being issued.
+    transfer_ticket_seconds: float = Field(default=30.0, gt=0, le=600)
+    # A connection must send its ticket, and then make progress, within this long.
+    transfer_idle_seconds: float = Field(default=30.0, gt=0)
+    transfer_max_connections: int = Field(default=256, ge=1)
+    # Its TCP port when the gateway listens on TCP (on `listen_tcp`'s host); 0 = any free port.
+    transfer_port: int = Field(default=0, ge=0, le=65535)
 
 
 class MetricsConfig(_Section):

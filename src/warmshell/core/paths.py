@@ -32,6 +32,11 @@ class StatePaths:
         return self.root / "gateway.sock"
 
     @property
+    def transfer_socket(self) -> Path:
+        """The byte stream's socket (0600): file transfers admitted by a one-time ticket."""
+        return self.root / "files.sock"
+
+    @property
     def supervisor_socket(self) -> Path:
         """The supervisor API's socket (the local driver's host-side supervisors connect to it)."""
         return self.root / "supervisor.sock"

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import errno
 import posixpath
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 from warmshell.core.archives import ArchiveLimits, ArchiveSummary, EntryRefused
@@ -34,6 +35,7 @@ __all__ = [
     "FileKind",
     "FilesCapable",
     "SandboxFiles",
+    "SocketFiles",
     "archive_error",
     "file_error",
     "normalize_path",
@@ -77,6 +79,43 @@ class SandboxFiles(Protocol):
 
     async def mkdir(self, path: str, *, parents: bool, mode: int) -> FileEntry:
         """Create a directory (with `parents`: missing parents too, and an existing one is fine)."""
+        ...
+
+
+@runtime_checkable
+class SocketFiles(Protocol):
+    """Files whose bytes the driver moves between a socket and the file in the kernel (the
+    gateway's byte stream), under the same confinement and rules as `write` and `read`."""
+
+    async def receive(
+        self, path: str, sock: socket.socket, size: int, *, mode: int, make_parents: bool, idle_seconds: float
+    ) -> int:
+        """Create or replace a regular file from exactly `size` bytes of `sock` followed by its
+        end (InvalidArgumentError otherwise, and nothing is left); TimeoutError when the socket
+        brings nothing for `idle_seconds`."""
+        ...
+
+    async def receive_archive(
+        self, path: str, sock: socket.socket, size: int, limits: ArchiveLimits, *, idle_seconds: float
+    ) -> ArchiveSummary:
+        """`write_archive` from exactly `size` bytes of `sock` (a tar) followed by its end."""
+        ...
+
+    async def send_archive(self, path: str, sock: socket.socket, limits: ArchiveLimits, *, idle_seconds: float) -> int:
+        """`read_archive` into `sock` in frames (`core.transfers`), the end frame included; the
+        tar's bytes sent."""
+        ...
+
+    async def send(
+        self,
+        path: str,
+        sock: socket.socket,
+        max_bytes: int,
+        *,
+        idle_seconds: float,
+        before: Callable[[int], Awaitable[None]],
+    ) -> int:
+        """Open a regular file, await `before(size)`, then send its bytes; the bytes sent."""
         ...
 
 

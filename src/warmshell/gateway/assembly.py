@@ -4,6 +4,7 @@ driver entered) is done before and passed in; starting the parts is `server.Gate
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -14,9 +15,11 @@ from warmshell.core import lifetimes
 from warmshell.core.config import GatewayConfig
 from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.drivers.base import ComputeDriver, Leadership
+from warmshell.drivers.files import FilesCapable
 from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.background import BackgroundProcesses
+from warmshell.gateway.bytestream import ByteStream
 from warmshell.gateway.egress.credentials import ProxyCredentials
 from warmshell.gateway.egress.gate import EgressGate, EgressTrust, HostsEgressSockets, NetworkProxy
 from warmshell.gateway.egress.proxy import EgressProxy
@@ -39,6 +42,7 @@ from warmshell.gateway.store.base import Store
 from warmshell.gateway.store.postgres import PostgresStore
 from warmshell.gateway.store.sqlite import SqliteStore
 from warmshell.gateway.supervisor_service import SupervisorService
+from warmshell.gateway.tickets import TicketBook
 from warmshell.gateway.tokens import SandboxTokenIssuer
 from warmshell.gateway.usage import UsageGauges
 
@@ -91,6 +95,9 @@ class GatewayParts:
     leading: Callable[[], bool]  # whether this gateway does the singleton work now
     wiring: ReplicaWiring
     egress: EgressGate
+    # The byte stream for file transfers, when offered (`files.transfer_stream`, a driver that
+    # reaches its sandboxes' files from the gateway's host); its listeners open with the gateway's.
+    byte_stream: ByteStream | None = None
 
 
 def _execs(config: GatewayConfig, manager: SandboxManager) -> tuple[ExecRelay, BackgroundProcesses]:
@@ -112,6 +119,25 @@ def _authentication(
         api_token=keys.api_token, issuer=issuer, identity=driver.identity, replica_token=keys.replica_token
     )
     return issuer, auth
+
+
+def _files(config: GatewayConfig, manager: SandboxManager, auth: Authenticator, wiring: ReplicaWiring) -> FileService:
+    """The FileService, with the byte stream it issues tickets for when one is offered."""
+    service = FileService(manager, auth, config.files, wiring.forwarder)
+    files = config.files
+    if files.transfer_stream and isinstance(manager.driver, FilesCapable):
+        book = TicketBook(ttl_seconds=files.transfer_ticket_seconds, clock=time.monotonic)
+        service.offer_stream(
+            ByteStream(
+                book,
+                service.files_for_grant,
+                hello_seconds=files.transfer_idle_seconds,
+                idle_seconds=files.transfer_idle_seconds,
+                max_connections=files.transfer_max_connections,
+                limits=service.archive_limits(),
+            )
+        )
+    return service
 
 
 def assemble(
@@ -137,6 +163,7 @@ def assemble(
     leadership = driver if replication is not None and isinstance(driver, Leadership) else None
     leading = _leader(leadership)
     reconciler, expiry = _reconcilers(config, manager, leading=leading, wiring=wiring)
+    file_service = _files(config, manager, auth, wiring)
     return GatewayParts(
         config=config,
         store=store,
@@ -155,7 +182,7 @@ def assemble(
         reconciler=reconciler,
         expiry=expiry,
         sandbox_service=SandboxService(manager, auth, execs, wiring.forwarder, egress=egress, background=background),
-        file_service=FileService(manager, auth, config.files, wiring.forwarder),
+        file_service=file_service,
         image_service=ImageService.for_config(config, auth),
         supervisor_service=supervisor_service,
         usage_gauges=UsageGauges.for_config(config.metrics, driver, records),
@@ -165,6 +192,7 @@ def assemble(
         leading=leading,
         wiring=wiring,
         egress=egress,
+        byte_stream=file_service.stream,
     )
 
 

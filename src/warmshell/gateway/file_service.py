@@ -10,6 +10,7 @@ read yields as the transport takes it), so no file is ever held whole in the gat
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,15 +20,24 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core import phases
 from warmshell.core.config import FilesConfig
-from warmshell.core.errors import InvalidArgumentError
-from warmshell.core.models import DEFAULT_WORKSPACE, Phase
+from warmshell.core.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.validation import validate_workspace
-from warmshell.drivers.files import ArchiveLimits, FileEntry, FilesCapable, SandboxFiles, normalize_path
+from warmshell.drivers.files import (
+    ArchiveLimits,
+    FileEntry,
+    FilesCapable,
+    SandboxFiles,
+    SocketFiles,
+    normalize_path,
+)
 from warmshell.gateway.auth import Authenticator
+from warmshell.gateway.bytestream import ByteStream
 from warmshell.gateway.calls import streaming, unary
 from warmshell.gateway.forwarding import Forwarder, Target
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.session_files import SessionFiles
+from warmshell.gateway.tickets import Direction, Grant
 
 __all__ = ["FileService", "entry_to_proto"]
 
@@ -35,6 +45,12 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 DEFAULT_FILE_MODE = 0o644
 DEFAULT_DIR_MODE = 0o755
 _SERVICE = "/warmshell.v1.FileService/"
+_DIRECTIONS = {
+    pb.TRANSFER_DIRECTION_UPLOAD: Direction.UPLOAD,
+    pb.TRANSFER_DIRECTION_DOWNLOAD: Direction.DOWNLOAD,
+    pb.TRANSFER_DIRECTION_UPLOAD_ARCHIVE: Direction.UPLOAD_ARCHIVE,
+    pb.TRANSFER_DIRECTION_DOWNLOAD_ARCHIVE: Direction.DOWNLOAD_ARCHIVE,
+}
 
 
 def entry_to_proto(entry: FileEntry) -> pb.FileInfo:
@@ -90,25 +106,45 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         self._auth = auth
         self._config = config
         self._forwarder = forwarder
+        self._stream: ByteStream | None = None
+
+    def offer_stream(self, stream: ByteStream) -> None:
+        """Issue tickets for `stream` (the gateway listens on it once serving)."""
+        self._stream = stream
+
+    @property
+    def stream(self) -> ByteStream | None:
+        """The byte stream tickets are issued for, if any."""
+        return self._stream
 
     async def _owner(self, workspace: str, name: str, context: Ctx) -> Target | None:
         """The replica to forward to when another one holds the sandbox's session (files that
         travel through the supervisor are served there); None to serve here."""
         if self._forwarder is None:
             return None
-        validate_workspace(workspace or DEFAULT_WORKSPACE)
-        if not name:
-            raise InvalidArgumentError("name", "must not be empty")
-        record = await self._manager.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+        record = await self._record(workspace, name)
         if record.status.phase != Phase.READY or self._manager.sessions.get(record.id) is not None:
             return None
         return await self._forwarder.target(record, context)
 
     async def _files(self, workspace: str, name: str, context: Ctx) -> SandboxFiles:
+        return await self._files_of(await self._record(workspace, name))
+
+    async def _record(self, workspace: str, name: str, field: str = "name") -> SandboxRecord:
         validate_workspace(workspace or DEFAULT_WORKSPACE)
         if not name:
-            raise InvalidArgumentError("name", "must not be empty")
-        record = await self._manager.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+            raise InvalidArgumentError(field, "must not be empty")
+        return await self._manager.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+
+    async def files_for_grant(self, grant: Grant) -> SandboxFiles:
+        """The files a byte-stream ticket names, checked as a call's are (the sandbox may have
+        been deleted, or stopped being Ready, since the ticket was issued)."""
+        record = await self._manager.records.get(grant.sandbox_id)
+        if record is None:
+            raise NotFoundError(f"{grant.path}: the sandbox this ticket was issued for no longer exists")
+        return await self._files_of(record)
+
+    async def _files_of(self, record: SandboxRecord) -> SandboxFiles:
         if record.status.phase != Phase.READY:
             raise phases.not_servable(f"{record.workspace}/{record.name}", record.status, operation="file operation")
         driver = self._manager.driver
@@ -229,7 +265,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
                 context,
             )
         files = await self._files(header.workspace, header.name, context)
-        summary = await files.write_archive(path, _data(request_iterator, "an upload"), self._limits())
+        summary = await files.write_archive(path, _data(request_iterator, "an upload"), self.archive_limits())
         return pb.UploadTarResponse(entries=summary.entries, bytes_written=summary.bytes_written)
 
     @streaming
@@ -243,12 +279,48 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
                 yield chunk
             return
         files = await self._files(request.workspace, request.name, context)
-        chunks = files.read_archive(path, self._config.chunk_bytes, self._limits())
+        chunks = files.read_archive(path, self._config.chunk_bytes, self.archive_limits())
         try:
             async for data in chunks:
                 yield pb.FileChunk(data=data)
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
-    def _limits(self) -> ArchiveLimits:
+    @unary
+    async def OpenFileTransfer(self, request: pb.FileTransferRequest, context: Ctx) -> pb.FileTransferTicket:
+        await self._auth.require_client(context)
+        ref = request.file
+        path = normalize_path(ref.path, "file.path")
+        direction = _DIRECTIONS.get(request.direction)
+        if direction is None:
+            raise InvalidArgumentError(
+                "direction", "must be one of TRANSFER_DIRECTION_UPLOAD, _DOWNLOAD, _UPLOAD_ARCHIVE, _DOWNLOAD_ARCHIVE"
+            )
+        mode = _mode(request.mode, DEFAULT_FILE_MODE, "mode")
+        limit = self._config.max_file_bytes
+        # An archive's own bytes: its files' plus a header per entry (as a pod's supervisor bounds them).
+        bound = (
+            limit + 2048 * (self._config.max_archive_entries + 1) if direction is Direction.UPLOAD_ARCHIVE else limit
+        )
+        if direction in (Direction.UPLOAD, Direction.UPLOAD_ARCHIVE) and request.size > bound:
+            raise ResourceExhaustedError(f"{path}: {request.size} bytes, over the limit of {bound}")
+        stream = self._stream
+        if stream is None:
+            return pb.FileTransferTicket()  # not offered: the client uses WriteFile/ReadFile
+        if self._forwarder is not None and await self._owner(ref.workspace, ref.name, context):
+            return pb.FileTransferTicket()  # another replica holds it: gRPC forwards there
+        record = await self._record(ref.workspace, ref.name, "file.name")
+        if not isinstance(await self._files_of(record), SocketFiles):  # Ready, else refused here
+            return pb.FileTransferTicket()
+        grant = Grant(record.id, path, direction, request.size, limit, mode, request.make_parents)
+        ticket, expires = stream.book.issue(grant)
+        return pb.FileTransferTicket(
+            ticket=ticket,
+            unix_socket=stream.unix_path.name if stream.unix_path is not None else "",
+            tcp_port=stream.tcp_port,
+            expires_ms=int((time.time() + expires - time.monotonic()) * 1000),
+        )
+
+    def archive_limits(self) -> ArchiveLimits:
+        """The bounds of one archive transfer."""
         return ArchiveLimits(max_entries=self._config.max_archive_entries, max_bytes=self._config.max_file_bytes)

@@ -10,6 +10,7 @@ __all__ = [
     "CREATE_READY_SECONDS",
     "EGRESS_BYTES",
     "EGRESS_CONNECTIONS",
+    "EGRESS_HANDOFFS",
     "EXECS",
     "GC_PAUSE_SECONDS",
     "POOL_MEMBERS",
@@ -85,6 +86,13 @@ EGRESS_CONNECTIONS = Counter(
 )
 EGRESS_BYTES = Counter(
     "warmshell_egress_bytes", "Bytes through the egress proxy by direction (up|down)", ["direction"], registry=REGISTRY
+)
+EGRESS_HANDOFFS = Counter(
+    "warmshell_egress_handoffs",
+    "Sockets handed to the egress proxy by local sandboxes' agents, by result (accepted, or refused: "
+    "refused_channel|not_socket|not_tcp|not_connected|many_fds|no_fd|bad_record)",
+    ["result"],
+    registry=REGISTRY,
 )
 
 SETUP_BUILDS = Counter(

@@ -253,6 +253,13 @@ class Gateway:
                 server.add_insecure_port(f"unix://{path}")
             if self.config.listen_tcp:
                 self.tcp_port = public.add_insecure_port(self.config.listen_tcp)
+            if (stream := parts.byte_stream) is not None:
+                stack.push_async_callback(stream.aclose)
+                stream.listen_unix(self.paths.transfer_socket)
+                if self.config.listen_tcp:
+                    stream.listen_tcp(
+                        self.config.listen_tcp.rpartition(":")[0].strip("[]"), self.config.files.transfer_port
+                    )
         # Bound above (gRPC binds when a port is added); served only once the umask is back, so
         # that no call runs under it (an image import reads it once per layer).
         await servers.start()

@@ -22,8 +22,8 @@ import stat
 import tarfile
 import threading
 from collections import deque
-from collections.abc import Generator, Iterator
-from typing import IO, Any, cast
+from collections.abc import Callable, Generator, Iterator
+from typing import IO, Any, Protocol, cast, runtime_checkable
 
 from warmshell.core.archives import (
     ArchiveLimits,
@@ -35,7 +35,7 @@ from warmshell.core.archives import (
 )
 from warmshell.sandboxio.rootfs import RESOLVE_NO_MAGICLINKS, Root, check_fs, openat2, refuse_mount_point
 
-__all__ = ["ChunkPipe", "close_pack", "pack", "unpack"]
+__all__ = ["ChunkPipe", "ForwardFile", "KernelCopySource", "close_pack", "forward_target", "pack", "unpack"]
 
 RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_SYMLINKS = 0x04
@@ -160,9 +160,7 @@ class ChunkPipe:
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Forward only (tarfile skips a member's padding so): the bytes between are dropped."""
-        target = offset if whence == os.SEEK_SET else self._position + offset
-        if whence not in (os.SEEK_SET, os.SEEK_CUR) or target < self._position:
-            raise OSError(errno.ESPIPE, "a stream seeks forward only")
+        target = forward_target(self._position, offset, whence)
         while self._position < target and (piece := self._take(target - self._position)):
             self._position += len(piece)
         return self._position
@@ -193,7 +191,41 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def unpack(root: Root, destination: str, source: IO[bytes] | ChunkPipe, limits: ArchiveLimits) -> ArchiveSummary:
+@runtime_checkable
+class KernelCopySource(Protocol):
+    """A forward-only source that can copy its next bytes into a file descriptor itself."""
+
+    def copy_into(self, fd: int, count: int) -> None:
+        """The next `count` bytes into `fd`."""
+        ...
+
+
+def forward_target(position: int, offset: int, whence: int) -> int:
+    """Where a forward-only stream's seek goes; ESPIPE for one backwards (or from its end)."""
+    target = offset if whence == os.SEEK_SET else position + offset
+    if whence not in (os.SEEK_SET, os.SEEK_CUR) or target < position:
+        raise OSError(errno.ESPIPE, "a stream seeks forward only")
+    return target
+
+
+class ForwardFile(Protocol):
+    """What tarfile reads a stream through: read, tell and a forward seek (a ChunkPipe, or the
+    byte stream's socket reader)."""
+
+    def read(self, size: int = -1) -> bytes:
+        """`size` bytes, fewer only at the end."""
+        ...
+
+    def tell(self) -> int:
+        """Bytes read so far."""
+        ...
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Forward only."""
+        ...
+
+
+def unpack(root: Root, destination: str, source: IO[bytes] | ForwardFile, limits: ArchiveLimits) -> ArchiveSummary:
     """Unpack the tar read from `source` below `destination` (created like mkdir -p)."""
     root.mkdir(destination, parents=True, mode=0o755)
     unpacker = _Unpacker(root.open_directory(destination), limits)
@@ -219,12 +251,12 @@ class _Unpacker:
             os.close(self._parent[1])
         os.close(self._dest)
 
-    def run(self, source: IO[bytes] | ChunkPipe) -> ArchiveSummary:
+    def run(self, source: IO[bytes] | ForwardFile) -> ArchiveSummary:
         # "r:" on a forward-only file: tarfile reads a member's content straight from the pipe
         # ("r|" copies every byte through its own stream buffer twice more: half an upload's CPU).
         options: dict[str, Any] = {"mode": "r:", "tarinfo": _BoundedInfo}
         try:
-            # A ChunkPipe has all tarfile reads of a file (read, tell, a forward seek).
+            # A ForwardFile has all tarfile reads of a file (read, tell, a forward seek).
             with tarfile.open(fileobj=cast(IO[bytes], source), **options) as stream:
                 for member in stream:
                     self._entries += 1
@@ -246,6 +278,22 @@ class _Unpacker:
                 os.close(fd)
         return ArchiveSummary(self._entries, self._bytes)
 
+    def _filler(self, stream: tarfile.TarFile, member: tarfile.TarInfo) -> Callable[[int], None]:
+        """What writes a regular member's content into a file descriptor and sets its mode: a
+        source that copies in the kernel (the byte stream's socket) does, past tarfile."""
+        source = stream.fileobj
+        mode = member.mode & 0o777
+        if isinstance(source, KernelCopySource) and not member.issparse():
+
+            def copied(fd: int) -> None:
+                source.copy_into(fd, member.size)
+                os.fchmod(fd, mode)  # the gateway's umask is not the workload's
+
+            return copied
+        content = stream.extractfile(member)
+        assert content is not None  # a regular member always has content
+        return lambda fd: _copy_content(content, fd, mode)
+
     def _member(self, stream: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> None:
         mtime = int(member.mtime) * 1_000_000_000
         if member.isdir():
@@ -256,9 +304,7 @@ class _Unpacker:
             self._bytes += member.size
             if self._bytes > self._limits.max_bytes:
                 raise OSError(errno.EFBIG, f"more than {self._limits.max_bytes} bytes of content")
-            content = stream.extractfile(member)
-            assert content is not None  # a regular member always has content
-            self._place(path, mtime, lambda parent, temp: _write_file(parent, temp, content, member.mode & 0o777))
+            self._place(path, mtime, lambda parent, temp: _write_file(parent, temp, self._filler(stream, member)))
         elif member.issym():
             if not link_stays_inside(path, member.linkname):
                 raise EntryRefused(f"{path}: a symbolic link to {member.linkname!r} leads out of the destination")
@@ -320,18 +366,22 @@ class _Unpacker:
             raise
 
 
-def _write_file(parent: int, temp: str, content: IO[bytes], mode: int) -> None:
+def _write_file(parent: int, temp: str, fill: Callable[[int], None]) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
     fd = os.open(temp, flags, 0o600, dir_fd=parent)
     try:
-        while data := content.read(_STREAM_BUFFER):
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        os.fchmod(fd, mode)  # the gateway's umask is not the workload's
+        fill(fd)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _copy_content(content: IO[bytes], fd: int, mode: int) -> None:
+    while data := content.read(_STREAM_BUFFER):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    os.fchmod(fd, mode)  # the gateway's umask is not the workload's
 
 
 def pack(root: Root, path: str, limits: ArchiveLimits, chunk_bytes: int) -> Generator[bytes, None, None]:

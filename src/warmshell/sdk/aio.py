@@ -256,6 +256,7 @@ class AsyncSandbox:
                 metadata=self.client._metadata,
                 translate=functools.partial(errors.from_rpc_error, address=self.client.address),
                 open_call=self.client._open_call,
+                address=self.client.address,
             )
         return self._files
 

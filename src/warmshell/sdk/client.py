@@ -189,6 +189,7 @@ class Client:
             self.workspace if workspace is None else workspace,
             metadata=self._metadata,
             translate=functools.partial(errors.from_rpc_error, address=self.address),
+            address=self.address,
         )
 
     @functools.cached_property

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, cast
 
 import grpc
 from grpc import aio
@@ -24,12 +24,20 @@ from grpc import aio
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.archives import regroup
-from warmshell.sdk import archives, queueing
+from warmshell.core.transfers import Status
+from warmshell.sdk import archives, queueing, transfers
+from warmshell.sdk.transfers import TRANSFER_MIN_BYTES
 
 __all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "TransferSummary", "Translate"]
 
 # Below the gateway's default max_request_bytes (1 MiB) with room for the message's framing.
 CHUNK_BYTES = 256 * 1024
+_UP, _DOWN, _UP_ARCHIVE, _DOWN_ARCHIVE = (
+    pb.TRANSFER_DIRECTION_UPLOAD,
+    pb.TRANSFER_DIRECTION_DOWNLOAD,
+    pb.TRANSFER_DIRECTION_UPLOAD_ARCHIVE,
+    pb.TRANSFER_DIRECTION_DOWNLOAD_ARCHIVE,
+)
 Metadata = tuple[tuple[str, str], ...]
 # A failed RPC -> the exception the caller sees.
 Translate = Callable[[grpc.RpcError], BaseException]
@@ -77,16 +85,43 @@ def _local_chunks(local_path: str | os.PathLike[str], chunk_bytes: int) -> Itera
 
 
 class _Target:
-    """What every call names: the sandbox, its workspace, and how to authenticate."""
+    """What every call names: the sandbox, its workspace, and how to authenticate; and whether
+    the gateway's byte stream is worth asking for (`address`: the gateway's, "" = never ask)."""
 
     def __init__(
-        self, name: str, workspace: str, metadata: Metadata, translate: Translate | None, chunk_bytes: int
+        self,
+        name: str,
+        workspace: str,
+        metadata: Metadata,
+        translate: Translate | None,
+        chunk_bytes: int,
+        address: str = "",
     ) -> None:
         self._name = name
         self._workspace = workspace
         self._metadata = metadata
         self._translate = translate
         self._chunk_bytes = chunk_bytes
+        self._address = address
+        # Cleared once the gateway offers no stream for this sandbox or it cannot be reached.
+        self._streaming = bool(address)
+
+    def _transfer(
+        self, path: str, direction: pb.TransferDirection.ValueType, size: int = 0, mode: int = 0, parents: bool = True
+    ) -> Any:
+        return pb.FileTransferRequest(
+            file=self._ref(path), direction=direction, size=size, mode=mode, make_parents=parents
+        )
+
+    def _endpoint_of(self, reply: pb.FileTransferTicket | None) -> transfers.Endpoint | None:
+        where = transfers.endpoint(self._address, reply) if reply is not None else None
+        self._streaming = where is not None
+        return where
+
+    def _unimplemented(self, exc: grpc.RpcError) -> None:
+        """Nothing for a gateway that does not know OpenFileTransfer (older): gRPC it is."""
+        if cast(grpc.Call, exc).code() is not grpc.StatusCode.UNIMPLEMENTED:
+            self._fail(exc)
 
     def _ref(self, path: str) -> pb.FileRef:
         return pb.FileRef(name=self._name, workspace=self._workspace, path=path)
@@ -118,10 +153,33 @@ class Files(_Target):
         metadata: Metadata = (),
         translate: Translate | None = None,
         chunk_bytes: int = CHUNK_BYTES,
+        address: str = "",
     ) -> None:
-        """`channel`: the client's channel to the gateway; `metadata`: its authorization."""
-        super().__init__(name, workspace, metadata, translate, chunk_bytes)
+        """`channel`: the client's channel to the gateway; `metadata`: its authorization;
+        `address`: the gateway's, to reach its byte stream ("" = gRPC only)."""
+        super().__init__(name, workspace, metadata, translate, chunk_bytes, address)
         self._stub = sandbox_pb2_grpc.FileServiceStub(channel)
+
+    def _endpoint(self, request: pb.FileTransferRequest) -> transfers.Endpoint | None:
+        """A ticket's endpoint when the gateway offers its byte stream, else None (use gRPC)."""
+        if not self._streaming:
+            return None
+        try:
+            return self._endpoint_of(self._stub.OpenFileTransfer(request, metadata=self._metadata))
+        except grpc.RpcError as exc:
+            self._unimplemented(exc)
+            return self._endpoint_of(None)
+
+    def _stream_upload(self, path: str, source: bytes | IO[bytes], size: int, mode: int, parents: bool) -> int | None:
+        """The bytes written over the byte stream, or None when it is not to be had."""
+        where = self._endpoint(self._transfer(path, _UP, size, mode, parents)) if size >= TRANSFER_MIN_BYTES else None
+        if where is None:
+            return None
+        try:
+            return transfers.upload(where, source).size
+        except transfers.Unreachable:
+            self._streaming = False
+            return None
 
     def read(self, path: str) -> bytes:
         """The whole content of a regular file."""
@@ -129,17 +187,36 @@ class Files(_Target):
 
     def read_chunks(self, path: str) -> Iterator[bytes]:
         """The content in chunks, as they arrive."""
+        return self._received(path, _DOWN, transfers.download, self._stub.ReadFile)
+
+    def _received(
+        self,
+        path: str,
+        direction: pb.TransferDirection.ValueType,
+        streamed: Callable[[transfers.Endpoint], Iterator[bytes]],
+        call: Callable[..., Any],  # a stub's server-streaming method
+    ) -> Iterator[bytes]:
+        """A download over the byte stream when the gateway offers it, else over `call`."""
+        where = self._endpoint(self._transfer(path, direction))
+        if where is not None:
+            try:
+                yield from streamed(where)
+                return
+            except transfers.Unreachable:  # raised before any byte: gRPC from the start
+                self._streaming = False
         try:
-            for chunk in self._stub.ReadFile(self._ref(path), metadata=self._metadata):
+            for chunk in call(self._ref(path), metadata=self._metadata):
                 yield chunk.data
         except grpc.RpcError as exc:
             self._fail(exc)
 
     def write(self, path: str, data: str | bytes, *, mode: int = 0, make_parents: bool = True) -> int:
         """Create or replace a file (atomically; parents created by default); the bytes written."""
-        return self.write_chunks(
-            path, _pieces(_as_bytes(data), self._chunk_bytes), mode=mode, make_parents=make_parents
-        )
+        content = _as_bytes(data)
+        written = self._stream_upload(path, content, len(content), mode, make_parents)
+        if written is not None:
+            return written
+        return self.write_chunks(path, _pieces(content, self._chunk_bytes), mode=mode, make_parents=make_parents)
 
     def write_chunks(self, path: str, chunks: Iterator[bytes], *, mode: int = 0, make_parents: bool = True) -> int:
         """`write` from an iterator of chunks (each at most the gateway's max request size)."""
@@ -156,6 +233,10 @@ class Files(_Target):
 
     def upload(self, local_path: str | os.PathLike[str], path: str, *, mode: int = 0, make_parents: bool = True) -> int:
         """Copy a local file into the sandbox, a chunk at a time; the bytes written."""
+        with open(local_path, "rb") as handle:
+            written = self._stream_upload(path, handle, transfers.file_size(handle), mode, make_parents)
+        if written is not None:
+            return written
         return self.write_chunks(
             path, _local_chunks(local_path, self._chunk_bytes), mode=mode, make_parents=make_parents
         )
@@ -222,6 +303,22 @@ class Files(_Target):
         return self._upload(destination, archives.pack_files(files, destination, mode))
 
     def _upload(self, path: str, pieces: Iterator[bytes]) -> TransferSummary:
+        if not self._streaming:
+            return self._upload_tar(path, pieces)
+        size, spooled = transfers.spool(pieces)
+        try:
+            where = self._endpoint(self._transfer(path, _UP_ARCHIVE, size)) if size >= TRANSFER_MIN_BYTES else None
+            if where is not None:
+                try:
+                    return _summary(transfers.upload(where, spooled))
+                except transfers.Unreachable:
+                    self._streaming = False
+            return self._upload_tar(path, transfers.pieces_of(spooled, self._chunk_bytes))
+        finally:
+            if not isinstance(spooled, bytes):
+                spooled.close()
+
+    def _upload_tar(self, path: str, pieces: Iterator[bytes]) -> TransferSummary:
         def requests() -> Iterator[pb.UploadTarRequest]:
             yield self._upload_header(path)
             for chunk in regroup(pieces, self._chunk_bytes):
@@ -236,11 +333,7 @@ class Files(_Target):
     def download_tar(self, path: str) -> Iterator[bytes]:
         """The tar of the directory (its entries, named relative to it) or file at `path`, in
         chunks as they arrive."""
-        try:
-            for chunk in self._stub.DownloadTar(self._ref(path), metadata=self._metadata):
-                yield chunk.data
-        except grpc.RpcError as exc:
-            self._fail(exc)
+        return self._received(path, _DOWN_ARCHIVE, transfers.download_archive, self._stub.DownloadTar)
 
     def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
         """Copy the directory `path` into the local directory `local` (made when missing), in
@@ -262,28 +355,77 @@ class AsyncFiles(_Target):
         translate: Translate | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         open_call: queueing.CallOpener = queueing.open_now,
+        address: str = "",
     ) -> None:
         """`channel`: the client's aio channel to the gateway; `metadata`: its authorization;
-        `open_call` starts a write when the client's limit of streams allows."""
-        super().__init__(name, workspace, metadata, translate, chunk_bytes)
+        `open_call` starts a write when the client's limit of streams allows; `address`: the
+        gateway's, to reach its byte stream ("" = gRPC only)."""
+        super().__init__(name, workspace, metadata, translate, chunk_bytes, address)
         self._stub = sandbox_pb2_grpc.FileServiceStub(channel)
         self._open_call = open_call
+
+    async def _endpoint(self, request: pb.FileTransferRequest) -> transfers.Endpoint | None:
+        """A ticket's endpoint when the gateway offers its byte stream, else None (use gRPC)."""
+        if not self._streaming:
+            return None
+        try:
+            return self._endpoint_of(await self._stub.OpenFileTransfer(request, metadata=self._metadata))
+        except grpc.RpcError as exc:
+            self._unimplemented(exc)
+            return self._endpoint_of(None)
+
+    async def _stream_upload(
+        self, path: str, source: bytes | IO[bytes], size: int, mode: int, parents: bool
+    ) -> int | None:
+        """The bytes written over the byte stream, or None when it is not to be had."""
+        if (
+            size < TRANSFER_MIN_BYTES
+            or (where := await self._endpoint(self._transfer(path, _UP, size, mode, parents))) is None
+        ):
+            return None
+        try:
+            return (await transfers.upload_async(where, source)).size
+        except transfers.Unreachable:
+            self._streaming = False
+            return None
 
     async def read(self, path: str) -> bytes:
         """The whole content of a regular file."""
         return b"".join([chunk async for chunk in self.read_chunks(path)])
 
-    async def read_chunks(self, path: str) -> AsyncIterator[bytes]:
+    def read_chunks(self, path: str) -> AsyncIterator[bytes]:
         """The content in chunks, as they arrive."""
+        return self._received(path, _DOWN, transfers.download_async, self._stub.ReadFile)
+
+    async def _received(
+        self,
+        path: str,
+        direction: pb.TransferDirection.ValueType,
+        streamed: Callable[[transfers.Endpoint], AsyncIterator[bytes]],
+        call: Callable[..., Any],  # a stub's server-streaming method
+    ) -> AsyncIterator[bytes]:
+        """A download over the byte stream when the gateway offers it, else over `call`."""
+        where = await self._endpoint(self._transfer(path, direction))
+        if where is not None:
+            try:
+                async for data in streamed(where):
+                    yield data
+                return
+            except transfers.Unreachable:  # raised before any byte: gRPC from the start
+                self._streaming = False
         try:
-            async for chunk in self._stub.ReadFile(self._ref(path), metadata=self._metadata):
+            async for chunk in call(self._ref(path), metadata=self._metadata):
                 yield chunk.data
         except grpc.RpcError as exc:
             self._fail(exc)
 
     async def write(self, path: str, data: str | bytes, *, mode: int = 0, make_parents: bool = True) -> int:
         """Create or replace a file (atomically; parents created by default); the bytes written."""
-        return await self._write(path, _pieces(_as_bytes(data), self._chunk_bytes), mode, make_parents)
+        content = _as_bytes(data)
+        written = await self._stream_upload(path, content, len(content), mode, make_parents)
+        if written is not None:
+            return written
+        return await self._write(path, _pieces(content, self._chunk_bytes), mode, make_parents)
 
     async def write_chunks(
         self, path: str, chunks: Iterator[bytes], *, mode: int = 0, make_parents: bool = True
@@ -297,6 +439,9 @@ class AsyncFiles(_Target):
         """Copy a local file into the sandbox, a chunk at a time; the bytes written."""
         handle = await asyncio.to_thread(open, local_path, "rb")
         try:
+            written = await self._stream_upload(path, handle, transfers.file_size(handle), mode, make_parents)
+            if written is not None:
+                return written
 
             def chunks() -> Iterator[bytes]:
                 while chunk := handle.read(self._chunk_bytes):
@@ -336,18 +481,36 @@ class AsyncFiles(_Target):
         directory `path` in one call: directories, files and symbolic links, with modes and mtimes."""
         if isinstance(archive, AsyncIterable):
             return await self._upload(path, archive)
-        return await self._upload(path, _pulled(archives.pieces_of(archive, self._chunk_bytes), True))
+        return await self._upload_pieces(path, archives.pieces_of(archive, self._chunk_bytes), blocking=True)
 
     async def upload_dir(self, local: str | os.PathLike[str], path: str) -> TransferSummary:
         """Copy a local directory's contents below `path` (like `cp -r local/. path`), in one call."""
         pieces = await asyncio.to_thread(archives.pack_directory, local)
-        return await self._upload(path, _pulled(regroup(pieces, self._chunk_bytes), True))
+        return await self._upload_pieces(path, pieces, blocking=True)
 
     async def write_files(self, files: Mapping[str, str | bytes], *, mode: int = 0o644) -> TransferSummary:
         """Write several files (absolute path -> content) in one call; parents are created."""
         destination = archives.common_directory(files)
         pieces = archives.pack_files(files, destination, mode)
-        return await self._upload(destination, _pulled(regroup(pieces, self._chunk_bytes), False))
+        return await self._upload_pieces(destination, pieces, blocking=False)
+
+    async def _upload_pieces(self, path: str, pieces: Iterator[bytes], *, blocking: bool) -> TransferSummary:
+        """An archive's pieces (read in a thread when `blocking`), over the byte stream when the
+        gateway offers it (gathered first: its size goes in the ticket), else over UploadTar."""
+        if not self._streaming:
+            return await self._upload(path, _pulled(regroup(pieces, self._chunk_bytes), blocking))
+        size, spooled = await asyncio.to_thread(transfers.spool, pieces) if blocking else transfers.spool(pieces)
+        try:
+            if size >= TRANSFER_MIN_BYTES and (where := await self._endpoint(self._transfer(path, _UP_ARCHIVE, size))):
+                try:
+                    return _summary(await transfers.upload_async(where, spooled))
+                except transfers.Unreachable:
+                    self._streaming = False
+            again = transfers.pieces_of(spooled, self._chunk_bytes)
+            return await self._upload(path, _pulled(again, not isinstance(spooled, bytes)))
+        finally:
+            if not isinstance(spooled, bytes):
+                spooled.close()
 
     async def _upload(self, path: str, chunks: AsyncIterable[bytes]) -> TransferSummary:
         call = await self._open_call(lambda: self._stub.UploadTar(metadata=self._metadata))  # type: ignore[call-arg]
@@ -355,14 +518,10 @@ class AsyncFiles(_Target):
         response = await self._send(call, self._upload_header(path), messages)
         return TransferSummary(int(response.entries), int(response.bytes_written))
 
-    async def download_tar(self, path: str) -> AsyncIterator[bytes]:
+    def download_tar(self, path: str) -> AsyncIterator[bytes]:
         """The tar of the directory (its entries, named relative to it) or file at `path`, in
         chunks as they arrive."""
-        try:
-            async for chunk in self._stub.DownloadTar(self._ref(path), metadata=self._metadata):
-                yield chunk.data
-        except grpc.RpcError as exc:
-            self._fail(exc)
+        return self._received(path, _DOWN_ARCHIVE, transfers.download_archive_async, self._stub.DownloadTar)
 
     async def download_dir(self, path: str, local: str | os.PathLike[str]) -> TransferSummary:
         """Copy the directory `path` into the local directory `local` (made when missing), in
@@ -421,6 +580,10 @@ class AsyncFiles(_Target):
             return FileInfo.from_proto(await self._stub.MakeDirectory(request, metadata=self._metadata))
         except grpc.RpcError as exc:
             self._fail(exc)
+
+
+def _summary(status: Status) -> TransferSummary:
+    return TransferSummary(status.entries, status.size)
 
 
 async def _pulled(items: Iterator[Any], blocking: bool) -> AsyncIterator[Any]:

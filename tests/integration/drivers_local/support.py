@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.gateway import runtime_dir_of
 from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.drivers.local import LocalDriver
 from warmshell.drivers.local.instances import LOG_SUFFIX
@@ -38,6 +39,17 @@ def workspace_of(paths: StatePaths, instance_id: str) -> Path:
     return paths.sandboxes / instance_id / "workspace"
 
 
+def log_of(paths: StatePaths, instance_id: str) -> Path:
+    """A started instance's log: in the state directory, or for a root gateway's sandbox with
+    nothing on the host's disk, in that gateway's directory of the runtime directory (unisolated,
+    none is made: then the state directory's, which this makes)."""
+    in_state = paths.sandboxes / f"{instance_id}{LOG_SUFFIX}"
+    if in_state.exists() or os.geteuid() != 0:
+        return in_state
+    runtime = runtime_dir_of(LocalDriverConfig().sandbox_dir)
+    return next(runtime.glob(f"gw-*/{instance_id}{LOG_SUFFIX}"), in_state)
+
+
 def stand_in(paths: StatePaths, script: str) -> Callable[[Seat], object]:
     """A host-side supervisor for driver tests: keeps its credential where the test reads it
     (outside the sandbox), then runs `script` in the sandbox through the agent, its stderr into
@@ -49,7 +61,7 @@ def stand_in(paths: StatePaths, script: str) -> Callable[[Seat], object]:
         partial.parent.mkdir(mode=0o700, exist_ok=True)
         partial.write_text(seat.credential)
         partial.replace(credential)
-        log = paths.sandboxes / f"{seat.instance_id}{LOG_SUFFIX}"
+        log = log_of(paths, seat.instance_id)
 
         async def sink(stderr: bool, data: bytes) -> None:
             if stderr:

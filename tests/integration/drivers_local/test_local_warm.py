@@ -318,18 +318,21 @@ async def test_an_idle_member_has_no_record_until_claimed_and_a_drained_pool_lea
             await wait_until(lambda: has_pool(driver, "default", ready=3, idle=3))
             members = {m.instance_id for m in driver._fleet.instances.values()}
             assert recorded(paths) == set()  # nothing a crash would need: the sweep finds their logs
-            assert {p.name.removesuffix(LOG_SUFFIX) for p in paths.sandboxes.iterdir()} >= members
+            logs = {m.log_path for m in driver._fleet.instances.values()}
+            assert all(log.exists() and log.name.removesuffix(LOG_SUFFIX) in members for log in logs)
             served = await driver.create(request())
+            served_log = driver._fleet.instances[InstanceId(served.instance_id)].log_path
             await wait_until(lambda: recorded(paths) == {served.instance_id})  # written in the background
             (record,) = records.load_all(paths.instances)
             assert record.sandbox_id == served.sandbox_id
             await driver.delete(served.sandbox_id)
             assert recorded(paths) == set()
             assert not (paths.sandboxes / served.instance_id).exists()
-            assert not (paths.sandboxes / f"{served.instance_id}{LOG_SUFFIX}").exists()
+            assert not served_log.exists()
             (pools_dir / "default.toml").unlink()  # drained: every member stops at once
             await wait_until(lambda: not driver._fleet.instances)
             await wait_until(lambda: list(paths.sandboxes.iterdir()) == [])
+            await wait_until(lambda: not any(log.exists() for log in logs))
             assert recorded(paths) == set()
 
 

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from tests.helpers.cli import start_gateway
-from tests.helpers.gateway import own_sandbox_dir, running_gateway
+from tests.helpers.gateway import own_sandbox_dir, running_gateway, runtime_dir_of
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.config import StatePaths
@@ -77,7 +77,8 @@ async def test_a_killed_gateway_leaves_nothing_unowned_after_restart(
     config.write_text(f'[local]\nsandbox_dir = "{sandbox_dir}"\n')
     await burst_then_kill(state, config, seed)
     paths = StatePaths(state)
-    left = instance_ids(paths.sandboxes, sandbox_dir)
+    runtime = runtime_dir_of(sandbox_dir)  # the egress directories, and the logs in its gw-*/
+    left = instance_ids(paths.sandboxes, sandbox_dir, runtime, *runtime.glob("gw-*"))
     # What a kill between making an instance's directories and writing its record leaves (a
     # window of microseconds the random kills rarely hit): directories no record owns.
     unrecorded = "li-00000000deadbeef"
@@ -88,8 +89,9 @@ async def test_a_killed_gateway_leaves_nothing_unowned_after_restart(
         # before it set its parent-death signal survives (seen under load): the start-up sweep
         # kills what is left of the old run's instances.
         assert processes_of(left) == []
-        # The start-up sweep removed every instance directory, record and workspace of the old run.
-        assert instance_ids(paths.sandboxes, sandbox_dir, paths.instances) == set()
+        # The start-up sweep removed every instance directory, record, workspace and egress
+        # directory of the old run.
+        assert instance_ids(paths.sandboxes, sandbox_dir, runtime, *runtime.glob("gw-*"), paths.instances) == set()
         assert not paths.instances.exists() or list(paths.instances.iterdir()) == []
         listed = await gw.stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=gw.metadata)
         for sandbox in listed.sandboxes:  # each stored create settles (lost), and deletes

@@ -10,10 +10,10 @@ import aiohttp
 import pytest
 from ksc_helpers import NS, claim, pool, template, wait_for, wait_pool_ready, wait_ready
 
-from kubesim.apiserver.store import dumps
 from kubesim.cluster import RunningCluster
 from kubesim.controllers import client as kc
 from kubesim.inprocess import InProcessClient
+from kubesim.jsonwire import dumps
 
 ADMIN = "kubesim-admin"
 

@@ -94,9 +94,17 @@ async def test_fifty_claims_against_a_pool_of_twenty(cluster: RunningCluster, ap
     counts = collections.Counter(names)
     assert max(counts.values()) == 1, f"a Sandbox was bound twice: {counts.most_common(3)}"
     warm = [n for n in names if n in warm_names]
-    cold = [c for c in bound if c["status"]["sandbox"]["name"] == c["metadata"]["name"]]
     assert len(warm) == 20
-    assert len(cold) == 30
+    # The other 30 go cold (a Sandbox named after the claim), or to a refill of the pool: a claim
+    # that finds a member still starting waits for it (upstream's warm-candidate grace), so how
+    # many refills are adopted depends on how fast the pool refills against the claims' queue.
+    others = [
+        (c["metadata"]["name"], c["status"]["sandbox"]["name"])
+        for c in bound
+        if c["status"]["sandbox"]["name"] not in warm_names
+    ]
+    assert len(others) == 30
+    assert all(sandbox == claim or sandbox.startswith("pool-") for claim, sandbox in others), others
     # Every bound Sandbox is controlled by exactly its claim.
     sandboxes = {s["metadata"]["name"]: s for s in await items(api, kc.SANDBOXES)}
     for c in bound:

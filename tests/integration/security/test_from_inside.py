@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, wait_pools
+from tests.helpers.gateway import RunningGateway, pool_named, running_gateway, runtime_dir_of, wait_pools
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import py, sandbox, sh, still_real
 from warmshell.api.v1 import sandbox_pb2 as pb
@@ -71,6 +71,7 @@ async def test_the_gateways_state_and_the_other_sandboxes_are_out_of_reach(gw: R
         paths.sandboxes / instance,
         LocalDriverConfig().sandbox_dir,
         LocalDriverConfig().sandbox_dir / instance,
+        runtime_dir_of(LocalDriverConfig().sandbox_dir),  # every sandbox's egress directory
     ]
     for path in host_side:
         code, _, err = await sh(gw, "b", f"ls -d {path}")

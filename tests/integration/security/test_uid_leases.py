@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from tests.helpers.cli import start_gateway
-from tests.helpers.gateway import RunningGateway, own_sandbox_dir, running_gateway
+from tests.helpers.gateway import RunningGateway, own_sandbox_dir, running_gateway, runtime_dir_of
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import process_tree, sandbox
 from warmshell.core.ids import SandboxId
@@ -97,7 +97,7 @@ async def test_a_killed_gateways_uid_is_taken_back_once_its_sandbox_is_gone(
     assert killed.run("sandbox", "create", "--name", "doomed").returncode == 0
     killed.process.send_signal(signal.SIGKILL)
     killed.process.wait()
-    holder = uidlease.Holder.parse((sandbox_dir / uidlease.LEASES / str(uid_base)).read_text())
+    holder = uidlease.Holder.parse((runtime_dir_of(sandbox_dir) / uidlease.LEASES / str(uid_base)).read_text())
     assert holder is not None
     assert holder.pid == killed.process.pid  # its lease outlives it
     overrides = {**settings(sandbox_dir, uid_base), "local.sandbox_uid_count": 1}

@@ -43,6 +43,12 @@ def test_an_instance_logs_beside_its_directory(tmp_path: Path) -> None:
     assert member.log_path.parent == member.directory.parent
 
 
+def test_an_instance_given_a_directory_of_logs_logs_there(tmp_path: Path) -> None:
+    member = Instance.member("default", Fingerprint("f" * 64), "pool", sandboxes=tmp_path / "sandboxes")
+    member.logs = tmp_path / "runtime" / "gw-1"
+    assert member.log_path == tmp_path / "runtime" / "gw-1" / f"{member.instance_id}{LOG_SUFFIX}"
+
+
 def test_a_previous_gateways_instances_are_found_by_log_or_directory(tmp_path: Path) -> None:
     (tmp_path / f"li-00000000000000a1{LOG_SUFFIX}").write_text("")
     (tmp_path / "li-00000000000000a2").mkdir()

@@ -55,6 +55,35 @@ SANDBOX_PHASE_PAUSED: SandboxPhase.ValueType  # 6
 """Its files kept as an image, nothing running (PauseSandbox); ResumeSandbox starts it again."""
 Global___SandboxPhase: _TypeAlias = SandboxPhase  # noqa: Y015
 
+class _TransferDirection:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TransferDirectionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TransferDirection.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TRANSFER_DIRECTION_UNSPECIFIED: _TransferDirection.ValueType  # 0
+    TRANSFER_DIRECTION_UPLOAD: _TransferDirection.ValueType  # 1
+    TRANSFER_DIRECTION_DOWNLOAD: _TransferDirection.ValueType  # 2
+    TRANSFER_DIRECTION_UPLOAD_ARCHIVE: _TransferDirection.ValueType  # 3
+    """A tar unpacked below the directory `path`, as UploadTar does."""
+    TRANSFER_DIRECTION_DOWNLOAD_ARCHIVE: _TransferDirection.ValueType  # 4
+    """The tar of the directory or file at `path`, as DownloadTar sends it (in frames: its size is
+    known only once packed).
+    """
+
+class TransferDirection(_TransferDirection, metaclass=_TransferDirectionEnumTypeWrapper): ...
+
+TRANSFER_DIRECTION_UNSPECIFIED: TransferDirection.ValueType  # 0
+TRANSFER_DIRECTION_UPLOAD: TransferDirection.ValueType  # 1
+TRANSFER_DIRECTION_DOWNLOAD: TransferDirection.ValueType  # 2
+TRANSFER_DIRECTION_UPLOAD_ARCHIVE: TransferDirection.ValueType  # 3
+"""A tar unpacked below the directory `path`, as UploadTar does."""
+TRANSFER_DIRECTION_DOWNLOAD_ARCHIVE: TransferDirection.ValueType  # 4
+"""The tar of the directory or file at `path`, as DownloadTar sends it (in frames: its size is
+known only once packed).
+"""
+Global___TransferDirection: _TypeAlias = TransferDirection  # noqa: Y015
+
 @_typing.final
 class Resources(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -1743,6 +1772,75 @@ class MakeDirectoryRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MakeDirectoryRequest: _TypeAlias = MakeDirectoryRequest  # noqa: Y015
+
+@_typing.final
+class FileTransferRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILE_FIELD_NUMBER: _builtins.int
+    DIRECTION_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    MAKE_PARENTS_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    direction: Global___TransferDirection.ValueType
+    mode: _builtins.int
+    """Upload: permission bits for a new file (0 means 0644), and whether to create missing parents."""
+    make_parents: _builtins.bool
+    size: _builtins.int
+    """Upload: exactly the bytes that will follow on the stream (for an archive, the whole tar's)."""
+    @_builtins.property
+    def file(self) -> Global___FileRef: ...
+    def __init__(
+        self,
+        *,
+        file: Global___FileRef | None = ...,
+        direction: Global___TransferDirection.ValueType = ...,
+        mode: _builtins.int = ...,
+        make_parents: _builtins.bool = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["file", b"file"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["direction", b"direction", "file", b"file", "make_parents", b"make_parents", "mode", b"mode", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileTransferRequest: _TypeAlias = FileTransferRequest  # noqa: Y015
+
+@_typing.final
+class FileTransferTicket(_message.Message):
+    """How to use a ticket: connect to the byte stream (the Unix socket named `unix_socket` in the
+    directory of the gateway's gRPC socket, or TCP `tcp_port` on the gateway's gRPC host), send
+    "WSX1" and the ticket, then the bytes (upload) or read a status line and the bytes (download;
+    an archive's in frames).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_FIELD_NUMBER: _builtins.int
+    UNIX_SOCKET_FIELD_NUMBER: _builtins.int
+    TCP_PORT_FIELD_NUMBER: _builtins.int
+    EXPIRES_MS_FIELD_NUMBER: _builtins.int
+    ticket: _builtins.bytes
+    unix_socket: _builtins.str
+    tcp_port: _builtins.int
+    expires_ms: _builtins.int
+    """When it stops being accepted (Unix ms); it is accepted once."""
+    def __init__(
+        self,
+        *,
+        ticket: _builtins.bytes = ...,
+        unix_socket: _builtins.str = ...,
+        tcp_port: _builtins.int = ...,
+        expires_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_ms", b"expires_ms", "tcp_port", b"tcp_port", "ticket", b"ticket", "unix_socket", b"unix_socket"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FileTransferTicket: _TypeAlias = FileTransferTicket  # noqa: Y015
 
 @_typing.final
 class EgressDecision(_message.Message):

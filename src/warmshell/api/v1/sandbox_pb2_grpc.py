@@ -853,6 +853,11 @@ class FileServiceStub:
                 request_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileRef.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileChunk.FromString,
                 _registered_method=True)
+        self.OpenFileTransfer = channel.unary_unary(
+                '/warmshell.v1.FileService/OpenFileTransfer',
+                request_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileTransferRequest.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileTransferTicket.FromString,
+                _registered_method=True)
 
 
 class FileServiceServicer:
@@ -912,6 +917,15 @@ class FileServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenFileTransfer(self, request, context):
+        """A one-time ticket for one file's or archive's bytes over the gateway's byte stream (off
+        gRPC's message path; the wire format is in warmshell/core/transfers.py); an empty ticket
+        when the gateway offers none for this sandbox (use the calls above).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FileServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -954,6 +968,11 @@ def add_FileServiceServicer_to_server(servicer, server):
                     servicer.DownloadTar,
                     request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileRef.FromString,
                     response_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileChunk.SerializeToString,
+            ),
+            'OpenFileTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenFileTransfer,
+                    request_deserializer=warmshell_dot_v1_dot_sandbox__pb2.FileTransferRequest.FromString,
+                    response_serializer=warmshell_dot_v1_dot_sandbox__pb2.FileTransferTicket.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1176,6 +1195,33 @@ class FileService:
             '/warmshell.v1.FileService/DownloadTar',
             warmshell_dot_v1_dot_sandbox__pb2.FileRef.SerializeToString,
             warmshell_dot_v1_dot_sandbox__pb2.FileChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenFileTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/warmshell.v1.FileService/OpenFileTransfer',
+            warmshell_dot_v1_dot_sandbox__pb2.FileTransferRequest.SerializeToString,
+            warmshell_dot_v1_dot_sandbox__pb2.FileTransferTicket.FromString,
             options,
             channel_credentials,
             insecure,

@@ -276,6 +276,11 @@ class FileServiceStub:
     entries, named relative to it; links as links, special files left out) or of one file.
     """
     DownloadTar: _grpc.UnaryStreamMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.FileChunk]
+    OpenFileTransfer: _grpc.UnaryUnaryMultiCallable[_sandbox_pb2.FileTransferRequest, _sandbox_pb2.FileTransferTicket]
+    """A one-time ticket for one file's or archive's bytes over the gateway's byte stream (off
+    gRPC's message path; the wire format is in warmshell/core/transfers.py); an empty ticket
+    when the gateway offers none for this sandbox (use the calls above).
+    """
 
 @_typing.type_check_only
 class FileServiceAsyncStub(FileServiceStub):
@@ -297,6 +302,11 @@ class FileServiceAsyncStub(FileServiceStub):
     entries, named relative to it; links as links, special files left out) or of one file.
     """
     DownloadTar: _aio.UnaryStreamMultiCallable[_sandbox_pb2.FileRef, _sandbox_pb2.FileChunk]  # type: ignore[assignment]
+    OpenFileTransfer: _aio.UnaryUnaryMultiCallable[_sandbox_pb2.FileTransferRequest, _sandbox_pb2.FileTransferTicket]  # type: ignore[assignment]
+    """A one-time ticket for one file's or archive's bytes over the gateway's byte stream (off
+    gRPC's message path; the wire format is in warmshell/core/transfers.py); an empty ticket
+    when the gateway offers none for this sandbox (use the calls above).
+    """
 
 class FileServiceServicer(metaclass=_abc_1.ABCMeta):
     """File operations inside a Ready sandbox. Errors name the path and the cause: NOT_FOUND,
@@ -363,5 +373,16 @@ class FileServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _sandbox_pb2.FileRef,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_sandbox_pb2.FileChunk], _abc.AsyncIterator[_sandbox_pb2.FileChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def OpenFileTransfer(
+        self,
+        request: _sandbox_pb2.FileTransferRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sandbox_pb2.FileTransferTicket, _abc.Awaitable[_sandbox_pb2.FileTransferTicket]]:
+        """A one-time ticket for one file's or archive's bytes over the gateway's byte stream (off
+        gRPC's message path; the wire format is in warmshell/core/transfers.py); an empty ticket
+        when the gateway offers none for this sandbox (use the calls above).
+        """
 
 def add_FileServiceServicer_to_server(servicer: FileServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

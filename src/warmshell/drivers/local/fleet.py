@@ -8,7 +8,10 @@ instance's files are `<sandboxes>/<id>.log` (bwrap's output), `<sandboxes>/<id>/
 its /workspace is a directory on the host's disk there, and, once bound to a sandbox,
 `<instances>/<id>.json`. Most instances (a tmpfs workspace, or one under `local.sandbox_dir`) have
 no directory: on ext4 under churn, allocating a directory's inode was the largest part of the
-gateway's own kernel time per member start.
+gateway's own kernel time per member start. For the same reason a root gateway keeps what lives
+only as long as the sandbox in its runtime directory, a tmpfs (see `runtimedir`): the egress
+directory, the uid lease and, for a sandbox with nothing on the host's disk, the log
+(`<runtime>/<gateway>/<id>.log`).
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ from warmshell.drivers.base import BackendState, DriverCondition, SandboxUsage
 from warmshell.drivers.local import credentials, records
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.instances import EGRESS_SUFFIX, LOG_SUFFIX, Instance, egress_dir
-from warmshell.drivers.local.runtime import cgroups, imageroots
+from warmshell.drivers.local.runtime import cgroups, imageroots, runtimedir
 from warmshell.drivers.local.runtime import limits as resource_limits
 from warmshell.drivers.local.runtime import usage as runtime_usage
-from warmshell.drivers.local.runtime.files import LocalFiles, files_executor
+from warmshell.drivers.local.runtime.files import LocalFiles, bytes_executor, files_executor
 from warmshell.drivers.local.runtime.launching import Launcher, traversable_dir
 from warmshell.drivers.local.runtime.processes import SandboxProcess, read_tail
 from warmshell.drivers.local.runtime.uidlease import UidLeases
@@ -72,9 +75,13 @@ class Fleet:
         self._launcher: Launcher = host.launcher
         self._as_root = host.root
         self._files_executor: ThreadPoolExecutor | None = None
+        self._bytes_executor: ThreadPoolExecutor | None = None
         self._supervise = supervise
         self._uids: UidLeases | None = host.uids
         self._workspaces: Path | None = host.workspaces
+        self._runtime: Path | None = host.runtime
+        self._logs: Path | None = host.logs
+        self._runtime_made = False  # `runtime` checked (and made) by the sweep or the first start
         self._paths = paths
         self._cgroup: cgroups.Backend | cgroups.Unavailable = host.cgroup
         self._grace = grace
@@ -102,7 +109,12 @@ class Fleet:
         self.instances[instance.instance_id] = instance
         try:
             if self._uids is not None and self._launcher.isolated:
-                instance.workspaces = self._workspaces
+                instance.workspaces, instance.runtime = self._workspaces, self._runtime
+                if instance.bounds is not None and instance.bounds.workspace_bytes is not None:
+                    # Nothing of it on disk, so neither its log, by which a sweep finds it. With
+                    # a workspace on disk the log stays in the state directory, where a sweep
+                    # after a reboot (which empties a tmpfs) still finds it, and the workspace.
+                    instance.logs = self._logs
             # Prepared in a spawner thread, right before the spawn (one thread hop per start).
             prepare = functools.partial(self._prepare, instance, spec.image)
             instance.process = await self._launcher.start(instance, image=spec.image, nice=nice, prepare=prepare)
@@ -149,7 +161,8 @@ class Fleet:
         """The files of an instance's running sandbox, used with its own rights (see `files`)."""
         if self._files_executor is None:
             self._files_executor = files_executor(as_root=self._as_root)
-        return LocalFiles(process.open_root, instance.uid, self._files_executor)
+            self._bytes_executor = bytes_executor(as_root=self._as_root)
+        return LocalFiles(process.open_root, instance.uid, self._files_executor, self._bytes_executor)
 
     def save_soon(self, instance: Instance) -> None:
         """Write the record in the background, with every record queued meanwhile: one thread
@@ -190,6 +203,7 @@ class Fleet:
         """Blocking: the sandbox's uid (leased host-wide: see `uidlease`), its directories (a
         workspace on the host's disk owned by its uid, unless it is a tmpfs), its cgroup, the
         root filesystem's bind sources."""
+        self._make_runtime()  # before the uid lease in it
         if self._uids is not None and self._launcher.isolated:
             instance.uid = self._uids.acquire()
         if not self._sandboxes_made:
@@ -210,8 +224,6 @@ class Fleet:
             os.close(os.open(instance.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
             # Its own uid alone may traverse it (the socket in it is 0666): on the host, the
             # instance id in bwrap's argv must not be enough to reach another sandbox's proxy.
-            if instance.workspaces is not None:
-                traversable_dir(instance.workspaces)
             instance.egress_dir.mkdir(mode=0o700)
             if instance.uid is not None:
                 os.chown(instance.egress_dir, instance.uid, instance.uid)
@@ -227,6 +239,17 @@ class Fleet:
                 failed = dataclasses.replace(exact, reason="CgroupSetupFailed")
                 others = tuple(c for c in instance.conditions if c.type != "ResourceLimits")
                 instance.conditions = (*others, failed)
+
+    def _make_runtime(self) -> None:
+        """Blocking, once: check (or make) the runtime directory (see `runtimedir`), and this
+        gateway's directory of logs in it."""
+        if self._runtime is None or self._runtime_made:
+            return
+        runtimedir.ensure(self._runtime)
+        if self._logs is not None:  # in a directory nobody else may write to
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self._logs, 0o700)
+        self._runtime_made = True
 
     def _conditions(self, bounds: resource_limits.Bounds | None) -> tuple[DriverCondition, ...]:
         """What an instance with these bounds reports (the same for every member of a pool:
@@ -304,6 +327,8 @@ class Fleet:
             await self._release(instance)
             if instance.workspaces is not None:  # outside the state directory: nobody else cleans it
                 await asyncio.to_thread(shutil.rmtree, instance.workspace_dir, True)
+            if instance.runtime is not None:  # nor the runtime directory, and what ran is gone
+                await asyncio.to_thread(_remove_dir, instance.egress_dir)
         else:
             await self.discard(instance)
         instance.ended.set()
@@ -345,10 +370,11 @@ class Fleet:
             try:
                 if recorded:
                     records.remove(self._paths.instances, instance_id)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._paths.sandboxes / (instance_id + LOG_SUFFIX))
+                for logs in (self._paths.sandboxes, self._logs) if self._logs else (self._paths.sandboxes,):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(logs / (instance_id + LOG_SUFFIX))
                 _remove_dir(self._paths.sandboxes / instance_id)
-                _remove_dir(egress_dir(self._workspaces or self._paths.sandboxes, instance_id))
+                _remove_dir(egress_dir(self._runtime or self._paths.sandboxes, instance_id))
                 if self._workspaces is not None:
                     _remove_dir(self._workspaces / instance_id)
             except OSError as exc:
@@ -432,8 +458,12 @@ class Fleet:
         await asyncio.to_thread(self._launcher.close)
         if not isinstance(self._cgroup, cgroups.Unavailable):
             await asyncio.to_thread(self._cgroup.close)
-        if self._files_executor is not None:
-            self._files_executor.shutdown(wait=False, cancel_futures=True)
+        for executor in (self._files_executor, self._bytes_executor):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
+        if self._logs is not None:  # gone once empty; a kept sandbox's log waits for the next start
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(os.rmdir, self._logs)
 
     # -- what a previous gateway left ------------------------------------------------------
 
@@ -451,7 +481,10 @@ class Fleet:
             _log.info("local driver: removed %d cgroups of a previous run's sandboxes", len(swept))
         await asyncio.to_thread(records.remove_partial, self._paths.instances)
         found = await asyncio.to_thread(records.load_all, self._paths.instances)
+        await asyncio.to_thread(self._make_runtime)  # a planted one is refused before it is read
         unowned = await asyncio.to_thread(_instances_on_disk, self._paths.sandboxes)
+        if self._logs is not None:
+            unowned |= await asyncio.to_thread(_instances_on_disk, self._logs)
         unowned -= {r.instance_id for r in found}
         if found or unowned:
             await asyncio.to_thread(_kill_survivors, {r.instance_id for r in found} | unowned)

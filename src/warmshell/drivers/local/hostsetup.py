@@ -21,7 +21,7 @@ from warmshell.core.config import LocalDriverConfig, StatePaths
 from warmshell.core.errors import FailedPreconditionError
 from warmshell.drivers.base import DriverCondition
 from warmshell.drivers.local.imagestore import store
-from warmshell.drivers.local.runtime import cgroups, cgroupsetup, imageroots, limits
+from warmshell.drivers.local.runtime import cgroups, cgroupsetup, imageroots, limits, runtimedir
 from warmshell.drivers.local.runtime.launching import Launcher
 from warmshell.drivers.local.runtime.uidlease import UidLeases
 
@@ -49,6 +49,8 @@ class HostSetup:
     root: bool  # then each sandbox gets its own uid (see `uids`) and its workspace under sandbox_dir
     uids: UidLeases | None
     workspaces: Path | None
+    runtime: Path | None  # with a uid per sandbox, its egress directory and uid lease (`runtimedir`)
+    logs: Path | None  # in `runtime`, this gateway's: the logs of instances with nothing on disk
     refill_nice: int
     maximums: limits.Maximums  # read once here, checked on every create and profile
     image_roots: tuple[Path, ...] = ()  # `local.image_roots`, resolved once here
@@ -75,14 +77,17 @@ class HostSetup:
         launcher = _launcher(config, paths, bwrap=bwrap, agent=agent, root=root, bounds=bounds)
         gateway = f"gw-{_state_digest(paths)}"  # its name where the host's gateways share something
         cgroup = cgroup if cgroup is not None else cgroupsetup.choose(gateway=gateway)
+        runtime = runtimedir.choose(config.runtime_dir, config.sandbox_dir, runtimedir.host_tmpfs()) if root else None
         if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
             _say_bounds(limits.condition(bounds, cgroup, uid_per_sandbox=root))
         return cls(
             launcher=launcher,
             cgroup=cgroup,
             root=root,
-            uids=_uids(config, gateway) if root else None,
+            uids=_uids(config, runtime, gateway) if runtime is not None else None,
             workspaces=config.sandbox_dir if root else None,
+            runtime=runtime,
+            logs=runtime / gateway if runtime is not None else None,
             refill_nice=_refill_nice(config),
             maximums=limits.Maximums.of(
                 config,
@@ -95,8 +100,8 @@ class HostSetup:
         )
 
 
-def _uids(config: LocalDriverConfig, gateway: str) -> UidLeases:
-    return UidLeases(config.sandbox_dir, config.sandbox_uid_base, config.sandbox_uid_count, gateway=gateway)
+def _uids(config: LocalDriverConfig, runtime: Path, gateway: str) -> UidLeases:
+    return UidLeases(runtime, config.sandbox_uid_base, config.sandbox_uid_count, gateway=gateway)
 
 
 def _file_max() -> int | None:

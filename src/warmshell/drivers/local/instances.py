@@ -26,7 +26,8 @@ EGRESS_SUFFIX = ".egress"  # the directory bound into it for the egress proxy's 
 
 
 def egress_dir(parent: Path, instance_id: str) -> Path:
-    """`<parent>/<instance id>.egress`: beside its workspace, where its uid can reach it."""
+    """`<parent>/<instance id>.egress`: in the runtime directory, or the state directory's
+    sandboxes, where its uid can reach it."""
     return parent / (instance_id + EGRESS_SUFFIX)
 
 
@@ -54,6 +55,8 @@ class Instance:
     supervisor: asyncio.Task[int] | None = None  # the host-side supervisor
     uid: int | None = None  # the sandbox's own host uid (a gateway run as root)
     workspaces: Path | None = None  # where its workspace lives, when not under `directory`
+    runtime: Path | None = None  # where its egress directory lives, when not beside `directory`
+    logs: Path | None = None  # where its log lives, when not beside `directory`
     cgroup: cgroups.Group | None = None
     image_root: imageroots.ImageRoot | None = None  # the stored image it runs, its layers held
     bounds: Bounds | None = None  # what bounds its sandbox (None: unisolated, nothing)
@@ -104,14 +107,15 @@ class Instance:
     @property
     def log_path(self) -> Path:
         """Where bwrap's stdout and stderr go: beside the directory, not in it, so an instance
-        whose workspace is a tmpfs (the default) or lives elsewhere needs no directory at all."""
-        return self.directory.with_name(self.instance_id + LOG_SUFFIX)
+        whose workspace is a tmpfs (the default) or lives elsewhere needs no directory at all;
+        in the gateway's own directory of the runtime directory when set (see `Fleet.launch`)."""
+        return (self.logs or self.directory.parent) / (self.instance_id + LOG_SUFFIX)
 
     @property
     def egress_dir(self) -> Path:
-        """The host directory bound into the sandbox for its egress proxy socket: beside the
-        workspaces when those are where the sandbox's own uid can reach them."""
-        return egress_dir(self.workspaces or self.directory.parent, self.instance_id)
+        """The host directory bound into the sandbox for its egress proxy socket: in the
+        runtime directory when the sandbox has a uid of its own (see `runtimedir`)."""
+        return egress_dir(self.runtime or self.directory.parent, self.instance_id)
 
     @property
     def alive(self) -> bool:

@@ -12,17 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from warmshell.core.archives import EntryRefused
-from warmshell.core.errors import ResourceExhaustedError
+from warmshell.core.errors import InvalidArgumentError, ResourceExhaustedError, WarmshellError
 from warmshell.drivers.files import ArchiveLimits, ArchiveSummary, FileEntry, archive_error, file_error
+from warmshell.drivers.local.runtime import socketio
 from warmshell.sandboxio import archive
 from warmshell.sandboxio.rootfs import PendingWrite, Root, drop_supplementary_groups
 
-__all__ = ["LocalFiles", "files_executor"]
+__all__ = ["LocalFiles", "bytes_executor", "files_executor"]
 
 T = TypeVar("T")
 MAX_LIST_ENTRIES = 100_000
@@ -39,15 +41,35 @@ def files_executor(*, as_root: bool) -> ThreadPoolExecutor:
     )
 
 
-class LocalFiles:
-    """`SandboxFiles` for one local sandbox."""
+def bytes_executor(*, as_root: bool) -> ThreadPoolExecutor:
+    """The threads that move a byte-stream transfer between its socket and its files (each
+    holds one for the transfer's length, waiting on a slow client at most its idle timeout at
+    a time): apart from the files executor, so that slow transfers never hold up other file
+    operations; prepared as its threads are (an archive is unpacked with the workload's rights)."""
+    return ThreadPoolExecutor(
+        max_workers=16,
+        thread_name_prefix="warmshell-bytes",
+        initializer=drop_supplementary_groups if as_root else None,
+    )
 
-    def __init__(self, open_root: Callable[[], int], uid: int | None, executor: ThreadPoolExecutor) -> None:
+
+class LocalFiles:
+    """`SandboxFiles` (and `SocketFiles`) for one local sandbox."""
+
+    def __init__(
+        self,
+        open_root: Callable[[], int],
+        uid: int | None,
+        executor: ThreadPoolExecutor,
+        bytes_threads: ThreadPoolExecutor | None = None,
+    ) -> None:
         """`open_root` returns a fresh O_PATH fd on the sandbox's root (OSError when it ended);
-        `uid` is the sandbox's own host uid when the gateway runs as root."""
+        `uid` is the sandbox's own host uid when the gateway runs as root; `bytes_threads` run
+        the byte stream's transfers (default: `executor`)."""
         self._open_root = open_root
         self._uid = uid
         self._executor = executor
+        self._bytes_threads = bytes_threads or executor
 
     async def _call(self, path: str, operation: Callable[[Root], T], undo: Callable[[T], None] | None = None) -> T:
         """Run `operation` on a fresh root in the executor, with the workload's rights; OSError
@@ -152,6 +174,87 @@ class LocalFiles:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(asyncio.wrap_future(future))
 
+    async def receive(
+        self, path: str, sock: socket.socket, size: int, *, mode: int, make_parents: bool, idle_seconds: float
+    ) -> int:
+        """See `SocketFiles.receive`: spliced from the socket into a hidden temporary file in one
+        thread, renamed over `path` at the end; a failure or a cancel removes it."""
+        pending: PendingWrite = await self._call(
+            path, lambda root: root.begin_write(path, mode, make_parents), undo=lambda p: Root(-1).abort(p)
+        )
+        committed = False
+        try:
+            moving = self._bytes_threads.submit(socketio.receive_into, sock.fileno(), pending.fd, size, idle_seconds)
+            await _moved(path, sock, moving, size)
+            await self._call(path, lambda root: root.commit(pending))
+            committed = True
+            return size
+        finally:
+            if not committed:
+                root = Root(-1, self._uid)
+                future = self._executor.submit(_under_rights, root, lambda: root.abort(pending))
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(asyncio.wrap_future(future))
+
+    async def send(
+        self,
+        path: str,
+        sock: socket.socket,
+        max_bytes: int,
+        *,
+        idle_seconds: float,
+        before: Callable[[int], Awaitable[None]],
+    ) -> int:
+        """See `SocketFiles.send`: `before(size)` once the file is open, then its bytes by
+        sendfile in one thread; the bytes sent."""
+        fd, size = await self._call(path, lambda root: root.open_read(path), undo=lambda opened: os.close(opened[0]))
+        try:
+            if size > max_bytes:
+                raise ResourceExhaustedError(f"{path}: {size} bytes, over the limit of {max_bytes}")
+            await before(size)
+            moving = self._bytes_threads.submit(socketio.send_from, sock.fileno(), fd, size, idle_seconds)
+            return await _moved(path, sock, moving, size)
+        finally:
+            os.close(fd)
+
+    async def receive_archive(
+        self, path: str, sock: socket.socket, size: int, limits: ArchiveLimits, *, idle_seconds: float
+    ) -> ArchiveSummary:
+        """See `SocketFiles.receive_archive`: unpacked in one thread straight off the socket."""
+        try:
+            root = Root(self._open_root(), self._uid)
+        except OSError as exc:
+            raise file_error(path, exc) from exc
+
+        def run() -> ArchiveSummary:
+            try:
+                with root.rights():
+                    reader = socketio.SocketReader(sock.fileno(), size, idle_seconds)
+                    summary = archive.unpack(root, path, reader, limits)
+                    reader.finish()
+                    return summary
+            finally:
+                os.close(root.fd)
+
+        return await _moved(path, sock, self._bytes_threads.submit(run), size, archive_error)
+
+    async def send_archive(self, path: str, sock: socket.socket, limits: ArchiveLimits, *, idle_seconds: float) -> int:
+        """See `SocketFiles.send_archive`: packed and sent in frames in one thread."""
+        try:
+            root = Root(self._open_root(), self._uid)
+        except OSError as exc:
+            raise file_error(path, exc) from exc
+        chunks = archive.pack(root, path, limits, READ_AHEAD_BYTES)
+
+        def run() -> int:
+            try:
+                with root.rights():
+                    return socketio.send_frames(sock.fileno(), chunks, idle_seconds)
+            finally:
+                archive.close_pack(chunks, root)
+
+        return await _moved(path, sock, self._bytes_threads.submit(run), 0, archive_error)
+
     async def read_archive(self, path: str, chunk_bytes: int, limits: ArchiveLimits) -> AsyncIterator[bytes]:
         """See `SandboxFiles.read_archive`: packed a chunk at a time in the executor, as the
         client takes them."""
@@ -219,6 +322,35 @@ class LocalFiles:
     async def mkdir(self, path: str, *, parents: bool, mode: int) -> FileEntry:
         """See `SandboxFiles.mkdir`."""
         return await self._call(path, lambda root: root.mkdir(path, parents, mode))
+
+
+async def _moved(
+    path: str,
+    sock: socket.socket,
+    moving: Future[T],
+    size: int,
+    error: Callable[[str, Any], WarmshellError] = file_error,
+) -> T:
+    """What the thread moving a transfer's bytes returns, as the error for `path` when it
+    fails (`error`: an OSError's, or an archive's). A cancelled caller shuts the socket down,
+    which ends the thread's wait, and waits for it: the fds it uses are closed after."""
+    waiting = asyncio.wrap_future(moving)
+    try:
+        return await asyncio.shield(waiting)
+    except asyncio.CancelledError:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(BaseException):
+            await waiting  # its outcome retrieved here: it is the cancel's consequence
+        raise
+    except TimeoutError:
+        raise  # a client that stopped sending or reading: the caller says so
+    except socketio.EndedEarly as exc:
+        raise InvalidArgumentError("size", f"{path}: the upload ended after {exc.received} of {size} bytes") from None
+    except socketio.TooMany:
+        raise InvalidArgumentError("size", f"{path}: more than the {size} bytes announced") from None
+    except (OSError, EntryRefused) as exc:
+        raise error(path, exc) from exc
 
 
 def _write_all(fd: int, data: bytes) -> None:

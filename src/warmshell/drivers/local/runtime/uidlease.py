@@ -4,8 +4,9 @@ one, whichever gateway made them.
 Every root gateway on a host draws from `local.sandbox_uid_base` / `local.sandbox_uid_count`
 (the same default range), and a shared uid shares every per-uid kernel account: RLIMIT_NPROC
 counts the host uid across namespaces and gateways, so a fork bomb in one gateway's sandbox made
-every exec in another's fail. So the leases live under `local.sandbox_dir`, which the gateways
-of a host share: `<sandbox_dir>/uid-leases/<uid>`, a file naming its holder (the gateway's name,
+every exec in another's fail. So the leases live in the runtime directory (`runtimedir`: a
+tmpfs named for `local.sandbox_dir`), which the gateways of a host that share a sandbox directory
+share: `<runtime>/uid-leases/<uid>`, a file naming its holder (the gateway's name,
 its pid and that pid's start time), linked into place (two gateways cannot both make it) and
 removed when the sandbox has ended. A file per lease rather than one table: rewriting a table
 and renaming it over the old one cost 3-7 ms per start on ext4 (which flushes a file renamed
@@ -14,7 +15,7 @@ over another) at a thousand leases; making or removing a file costs tens of micr
 A gateway killed with -9 never gives its leases back: once a range has no free uid, a lease
 whose holder is gone is taken back if no process on the host runs as its uid any more
 (`/proc/*/status`), i.e. its sandbox has really ended; that takeover happens under an exclusive
-`flock` of `<sandbox_dir>/uid-leases.lock`, so two gateways never take the same one. Blocking
+`flock` of `<runtime>/uid-leases.lock`, so two gateways never take the same one. Blocking
 I/O: callers use a thread.
 """
 
@@ -150,7 +151,7 @@ class UidLeases:
                 return uid
         raise ResourceExhaustedError(
             f"local.sandbox_uid_count: all {self.count} sandbox uids from {self.base} are in use on this host"
-            " (by this gateway and any other sharing local.sandbox_dir)"
+            f" (by this gateway and any other sharing its runtime directory {str(self._leases.parent)!r})"
         )
 
     def _holder(self, uid: int) -> Holder | None:

@@ -33,13 +33,17 @@
  *                                           on "/" (errno 0), or none (the open's errno)
  *
  * Egress (argv[2], a port, given when the gateway may bind an egress proxy socket into the
- * sandbox): the agent itself listens on 127.0.0.1:PORT and forks a relay per connection that
- * passes it, byte for byte, to the Unix socket EGRESS_SOCKET. The sandbox has no other way out
- * (its network namespace has loopback only), and the relay decides nothing: the gateway's proxy
- * on the other end of the socket applies the sandbox's policy. Without a socket there (no policy
- * allows anything) a connection is closed at once. The listener is pid 1's own rather than a
- * process of its own: an idle pool member is then two processes, not three, and its start
- * spends no fork and exec on a listener most sandboxes never use.
+ * sandbox): the agent itself listens on 127.0.0.1:PORT and hands each connection it accepts to
+ * the gateway's proxy: one SOCK_SEQPACKET record {'C'} (one byte) with the connection's socket
+ * attached (SCM_RIGHTS), over a channel connected to the Unix socket EGRESS_SOCKET. The gateway
+ * then reads and writes that socket itself (it stays in this sandbox's network namespace). The
+ * sandbox has no other way out (its network namespace has loopback only), and the agent decides
+ * nothing: the proxy applies the sandbox's policy. The workload can connect to that socket too:
+ * the proxy serves a channel only from pid 1 of the sandbox, and a descriptor only when it is a
+ * connected TCP socket. Without a socket there (no policy allows anything) a connection is
+ * closed at once. The listener is pid 1's own rather than a process
+ * of its own: an idle pool member is then two processes, not three, and its start spends no
+ * fork and exec on a listener most sandboxes never use.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -68,8 +72,6 @@
 #define HEADER 16
 #define CONNECT_ATTEMPTS 600
 #define EGRESS_SOCKET "/run/warmshell/egress/proxy.sock"
-#define RELAY_BUFFER (64 * 1024)
-#define RELAY_PIPE (1024 * 1024)  /* asked per step; the pipe's size bounds what it gets */
 
 enum { REJ_SIZE = 1, REJ_TYPE = 2, REJ_FDS = 3, REJ_STRINGS = 4, REJ_ID = 5, REJ_FULL = 6, REJ_SIGNAL = 7,
        REJ_TRUNCATED = 8 };
@@ -82,8 +84,11 @@ static int ctl = -1;
  * Kubernetes ("--connect"), so that the kubelet (restartPolicy OnFailure) starts the workload
  * container again beside a restarted supervisor. */
 static int end_status = 0;
-/* The egress relay's port (argv[2] after an inherited socket's fd; the local driver), or none. */
+/* The egress listener's port (argv[2] after an inherited socket's fd; the local driver), or none. */
 static const char *egress_port = NULL;
+/* The hand-off channel to the gateway's proxy (-1: none yet), and a connection waiting for it. */
+static int handoff = -1;
+static int pending = -1;
 static struct { pid_t pid; uint32_t id; } execs[MAX_EXECS];
 static char message[MAX_MESSAGE + 1];  /* one byte more than allowed, to see an oversized one */
 static char *strings[2 * MAX_STRINGS + 3];
@@ -219,6 +224,19 @@ static void ping(size_t size, int nfds) {
     reply('O', id, 0, 0);
 }
 
+/* One message of `size` bytes at `data` with `fd` attached (SCM_RIGHTS); sendmsg's result. */
+static ssize_t send_fd(int to, void *data, size_t size, int fd, int flags) {
+    char control[CMSG_SPACE(sizeof(int))] = {0};
+    struct iovec iov = {data, size};
+    struct msghdr header = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&header);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    return sendmsg(to, &header, MSG_NOSIGNAL | flags);
+}
+
 /* Answers ROOT with an O_PATH fd on this process's root. It grants the supervisor nothing the
  * workload lacks: the supervisor resolves every path under it with RESOLVE_IN_ROOT, with the
  * workload's uid, so what it reaches is what the workload could. */
@@ -229,15 +247,7 @@ static void root_dir(size_t size, int nfds) {
     int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) { reply('D', id, (uint32_t)errno, 0); return; }
     uint32_t record[4] = {'D', id, 0, 0};
-    char control[CMSG_SPACE(sizeof(int))] = {0};
-    struct iovec iov = {record, sizeof record};
-    struct msghdr header = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&header);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    while (sendmsg(ctl, &header, MSG_NOSIGNAL) < 0)
+    while (send_fd(ctl, record, sizeof record, fd, 0) < 0)
         if (errno != EINTR) die();  /* the host is gone */
     close(fd);
 }
@@ -293,74 +303,6 @@ static void reap(int signals) {
     }
 }
 
-static int write_all(int fd, const char *data, ssize_t size) {
-    while (size > 0) {
-        ssize_t put = send(fd, data, (size_t)size, MSG_NOSIGNAL);
-        if (put < 0 && errno == EINTR) continue;
-        if (put <= 0) return -1;
-        data += put;
-        size -= put;
-    }
-    return 0;
-}
-
-/* One direction's step: what `from` has (up to a pipe's worth) into `to`, through `pipe` with
- * splice(2), so the bytes stay in the kernel (a read and a write copied each 64 KiB through this
- * process, twice per byte, in the sandbox's own cpu quota). Where
- * splice is refused (EINVAL: a socket type without it) the bytes go through `buffer`.
- * Returns the bytes moved, 0 at end of stream, -1 on error, -2 when there was nothing yet. */
-static ssize_t move(int from, int to, const int pipe[2], char *buffer) {
-    ssize_t got = splice(from, NULL, pipe[1], NULL, RELAY_PIPE, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-    if (got < 0 && errno == EINVAL) {
-        got = read(from, buffer, RELAY_BUFFER);
-        if (got > 0 && write_all(to, buffer, got) < 0) return -1;
-        return got < 0 ? (errno == EINTR || errno == EAGAIN ? -2 : -1) : got;
-    }
-    if (got < 0) return errno == EINTR || errno == EAGAIN ? -2 : -1;
-    for (ssize_t left = got; left > 0;) {
-        ssize_t put = splice(pipe[0], NULL, to, NULL, (size_t)left, SPLICE_F_MOVE);
-        if (put < 0 && errno == EINTR) continue;
-        if (put <= 0) return -1;
-        left -= put;
-    }
-    return got;
-}
-
-/* One connection: both ways until both are closed (each end's EOF passed on as a half-close). */
-static int relay(int client, const char *path) {
-    int up = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_un address = {0};
-    address.sun_family = AF_UNIX;
-    strncpy(address.sun_path, path, sizeof address.sun_path - 1);
-    if (up < 0 || connect(up, (struct sockaddr *)&address, sizeof address) < 0) return 1;
-    static char buffer[RELAY_BUFFER];
-    int pipes[2][2];
-    /* Pipes of the default size (64 KiB): their pages count against the sandbox uid's pipe
-     * budget, which is the gateway's own when it does not run as root, and a pipe past that
-     * budget gets two pages — the gateway's exec pipes included. */
-    for (int i = 0; i < 2; i++)
-        if (pipe2(pipes[i], O_CLOEXEC) < 0) return 1;
-    int ends[2] = {client, up};
-    int open[2] = {1, 1};  /* open[i]: ends[i] may still send */
-    while (open[0] || open[1]) {
-        struct pollfd wait_for[2] = {{open[0] ? client : -1, POLLIN, 0}, {open[1] ? up : -1, POLLIN, 0}};
-        if (poll(wait_for, 2, -1) < 0) {
-            if (errno == EINTR) continue;
-            return 1;
-        }
-        for (int i = 0; i < 2; i++) {
-            if (!open[i] || !wait_for[i].revents) continue;
-            ssize_t moved = move(ends[i], ends[1 - i], pipes[i], buffer);
-            if (moved == -1) return 1;
-            if (moved == 0) {
-                open[i] = 0;
-                shutdown(ends[1 - i], SHUT_WR);
-            }
-        }
-    }
-    return 0;
-}
-
 /* The listener on 127.0.0.1:port; -1 when it cannot be made (the sandbox has no way out). */
 static int egress_listener(const char *port_text) {
     char *end = NULL;
@@ -380,30 +322,59 @@ static int egress_listener(const char *port_text) {
     return listener;
 }
 
-/* One relay per waiting connection, forked: it keeps nothing of pid 1 but the connection (the
- * control socket, the listener and the signalfd are closed, the last record wiped), and it stays
- * undumpable like pid 1, so the workload sharing its uid cannot read it. */
+/* The hand-off channel: a SOCK_SEQPACKET connection to EGRESS_SOCKET, made at the first
+ * connection and again after the gateway closed it (the proxy's socket is replaced when the
+ * sandbox is activated again). Non-blocking: pid 1 never waits on the gateway. */
+static int handoff_channel(void) {
+    if (handoff >= 0) return handoff;
+    struct sockaddr_un address = {.sun_family = AF_UNIX};
+    strcpy(address.sun_path, EGRESS_SOCKET);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&address, sizeof address) < 0) {  /* ENOENT: no policy, no way out */
+        close(fd);
+        return -1;
+    }
+    return handoff = fd;
+}
+
+/* One record {'C'} with `client` attached: 0 sent, 1 the channel is full for now (try again
+ * when it is writable), -1 not sent (no proxy socket, or the gateway is gone). */
+static int send_client(int client) {
+    char record = 'C';
+    for (int attempt = 0; attempt < 2; attempt++) {  /* a closed channel is made once more */
+        if (handoff_channel() < 0) return -1;
+        ssize_t sent;
+        do sent = send_fd(handoff, &record, 1, client, MSG_DONTWAIT); while (sent < 0 && errno == EINTR);
+        if (sent == 1) return 0;
+        if (errno == EAGAIN) return 1;
+        close(handoff);
+        handoff = -1;
+    }
+    return -1;
+}
+
+/* Hands the waiting connections to the gateway's proxy, which reads and writes the socket itself
+ * (one process and two socket hops fewer per byte than a relay copying it over a Unix socket,
+ * and no fork per connection). A connection the channel cannot take yet waits in `pending`,
+ * and the listener is not polled until it went. */
 static void accept_egress(int listener) {
     for (;;) {
-        int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+        int client = pending;
+        pending = -1;
+        if (client < 0) client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
         if (client < 0) {  /* EAGAIN: none left */
             /* out of descriptors or memory host-wide: a pause, not a spin of pid 1 on a listener
              * that stays readable (a waiting client is served once it passes) */
             if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) usleep(10000);
             return;
         }
-        pid_t pid = fork();
-        if (pid == 0) {
-            prctl(PR_SET_NAME, "warmshell-relay");
-            if (dup2(client, 3) < 0) _exit(1);
-            syscall(SYS_close_range, 4, ~0U, 0);
-            memset(message, 0, sizeof message);
-            sigset_t none;
-            sigemptyset(&none);
-            sigprocmask(SIG_SETMASK, &none, NULL);
-            _exit(relay(3, EGRESS_SOCKET));
+        int sent = send_client(client);
+        if (sent == 1) {
+            pending = client;
+            return;
         }
-        close(client);  /* pid < 0: this connection is refused, the next may fare better */
+        close(client);  /* sent: the gateway holds its own; not sent: refused, the next may fare better */
     }
 }
 
@@ -457,12 +428,13 @@ int main(int argc, char **argv) {
     reply('H', 0, (uint32_t)getpid(), VERSION);
     for (;;) {
         struct pollfd wait_for[3] = {{ctl, POLLIN, 0}, {signals, POLLIN, 0}, {listener, POLLIN, 0}};
+        if (pending >= 0) wait_for[2] = (struct pollfd){handoff, POLLOUT, 0};  /* the listener waits meanwhile */
         if (poll(wait_for, 3, -1) < 0) {
             if (errno == EINTR) continue;
             die();
         }
         if (wait_for[1].revents & POLLIN) reap(signals);
-        if (wait_for[2].revents & POLLIN) accept_egress(listener);
+        if (wait_for[2].revents) accept_egress(listener);
         if (wait_for[0].revents & (POLLIN | POLLHUP | POLLERR)) serve_one();
     }
 }

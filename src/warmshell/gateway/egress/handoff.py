@@ -1,0 +1,241 @@
+"""The sockets a local sandbox's agent hands to the egress proxy.
+
+The agent (pid 1 of the sandbox) accepts each connection to 127.0.0.1:3128 inside and sends
+the accepted socket here: one SOCK_SEQPACKET record, the byte b"C" with the socket attached
+(SCM_RIGHTS), over a channel connected to the proxy's Unix socket, which is bound into that
+sandbox alone (so the channel says whose the connection is). The proxy then reads and writes
+the sandbox's socket itself: against a relay in the sandbox copying every byte over a Unix
+socket, one process and two socket hops fewer per byte, and no fork per connection.
+
+Why the checks: the workload can connect to the same Unix socket and send any descriptor. A
+channel is served only when its peer is the sandbox's agent: pid 1 of a pid namespace one level
+below the gateway's (the workload cannot make a pid namespace: seccomp refuses it). That matters
+beyond what a descriptor is: a socket the workload handed over while keeping a copy shares its
+file flags, and with O_NONBLOCK cleared on the copy the gateway's one event loop would block in a
+send. The agent's accepted sockets were never the workload's. Every received descriptor is still
+checked (a connected TCP socket, nothing else) and anything else closed and counted.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import os
+import socket
+import stat
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+from warmshell.gateway import metrics
+
+__all__ = ["Listener", "PeerCheck", "check_socket", "is_sandbox_agent", "streams"]
+
+RECORD = b"C"
+_FD_BYTES = array.array("i").itemsize
+# Room for one descriptor: a record with more arrives truncated (MSG_CTRUNC; the kernel closes
+# what did not fit) or with several in the room the alignment leaves; either is refused.
+_CONTROL_BYTES = socket.CMSG_SPACE(_FD_BYTES)
+_STEPS = 16  # records per readiness event, so one busy sandbox does not hold the loop
+_BACKLOG = 64
+_PAUSE_SECONDS = 0.1  # after an accept failed for want of descriptors or memory
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11 does not name it
+
+# Whether a connected channel's peer may hand sockets over (see `is_sandbox_agent`).
+PeerCheck = Callable[[socket.socket], bool]
+
+
+def _count(result: str) -> None:
+    metrics.EGRESS_HANDOFFS.labels(result=result).inc()
+
+
+def _nspid(status: str) -> list[int]:
+    """The NSpid line of a /proc status or pidfd fdinfo text: the process's pid in each pid
+    namespace it is in, outermost first ([] without one, or for a pidfd of an ended process)."""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return [int(pid) for pid in line.split()[1:] if pid.lstrip("-").isdigit() and int(pid) > 0]
+    return []
+
+
+def _peer_nspid(channel: socket.socket) -> list[int]:
+    """The connected peer's pids by namespace: through a pidfd of the very process that
+    connected (SO_PEERPIDFD: no pid that could be reused meanwhile), else its pid's /proc."""
+    try:
+        pidfd = channel.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD)
+    except OSError:
+        credentials = channel.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        pid, _, _ = _UCRED.unpack(credentials)
+        return _nspid(Path(f"/proc/{pid}/status").read_text())
+    try:
+        return _nspid(Path(f"/proc/self/fdinfo/{pidfd}").read_text())
+    finally:
+        os.close(pidfd)
+
+
+_OWN_DEPTH = len(_nspid(Path("/proc/self/status").read_text()))
+
+
+def is_sandbox_agent(channel: socket.socket) -> bool:
+    """Whether the channel's peer is pid 1 of a pid namespace just below the gateway's: a local
+    sandbox's agent (bwrap --as-pid-1), and not its workload, whose pids are above 1 there."""
+    try:
+        pids = _peer_nspid(channel)
+    except (OSError, ValueError):
+        return False
+    return len(pids) == _OWN_DEPTH + 1 and pids[-1] == 1
+
+
+def check_socket(fd: int) -> socket.socket | str:
+    """The received descriptor `fd` as a connected TCP socket the proxy may serve, or why not
+    (then `fd` is closed). Only the descriptor is looked at (fstat, getsockopt): no path."""
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            os.close(fd)
+            return "not_socket"
+        made = socket.socket(fileno=fd)  # reads the family, type and protocol from the socket
+    except OSError:  # an O_PATH descriptor of a socket file: a socket's mode, no socket
+        os.close(fd)
+        return "not_socket"
+    try:
+        problem = _socket_problem(made)
+    except OSError:  # ENOTCONN from getpeername: never connected, or still connecting
+        problem = "not_connected"
+    if problem is not None:
+        made.close()
+        return problem
+    made.setblocking(False)
+    return made
+
+
+def _socket_problem(made: socket.socket) -> str | None:
+    if made.family not in (socket.AF_INET, socket.AF_INET6) or made.type != socket.SOCK_STREAM:
+        return "not_tcp"
+    if made.proto != socket.IPPROTO_TCP:  # SCTP's stream sockets are SOCK_STREAM too
+        return "not_tcp"
+    if made.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        return "not_connected"
+    made.getpeername()
+    return None
+
+
+class Listener:
+    """One sandbox's hand-off socket at `path`: each descriptor that passes `check_socket`, from
+    a channel whose peer passes `peer`, goes to `accept` (which then owns it). At most
+    `channels` channels are served at once; records are read `_STEPS` per readiness event."""
+
+    def __init__(
+        self, path: Path, accept: Callable[[socket.socket], None], *, channels: int, peer: PeerCheck = is_sandbox_agent
+    ) -> None:
+        """Bind and listen at `path` (OSError when it cannot be made)."""
+        self._loop = asyncio.get_running_loop()
+        self._accept, self._peer, self._max_channels = accept, peer, channels
+        self._channels: dict[int, socket.socket] = {}
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            self._socket.setblocking(False)
+            self._socket.bind(str(path))
+            # The directory (bound into this sandbox alone) is what keeps others out.
+            os.chmod(path, 0o666)
+            self._socket.listen(_BACKLOG)
+        except OSError:
+            self._socket.close()
+            raise
+        self._loop.add_reader(self._socket.fileno(), self._connected)
+
+    def close(self) -> None:
+        """Stop listening and close every channel (records not yet read go with them)."""
+        if self._socket.fileno() >= 0:
+            self._loop.remove_reader(self._socket.fileno())
+            self._socket.close()
+        for fd in list(self._channels):
+            self._drop(fd)
+
+    def _connected(self) -> None:
+        for _ in range(_STEPS):
+            try:
+                channel, _ = self._socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of descriptors or memory: a pause, not a spin on a readable socket
+                self._loop.remove_reader(self._socket.fileno())
+                self._loop.call_later(_PAUSE_SECONDS, self._resume)
+                return
+            if len(self._channels) >= self._max_channels or not self._peer(channel):
+                _count("refused_channel")
+                channel.close()
+                continue
+            channel.setblocking(False)
+            self._channels[channel.fileno()] = channel
+            self._loop.add_reader(channel.fileno(), self._readable, channel.fileno())
+
+    def _resume(self) -> None:
+        if self._socket.fileno() >= 0:
+            self._loop.add_reader(self._socket.fileno(), self._connected)
+
+    def _drop(self, fd: int) -> None:
+        channel = self._channels.pop(fd, None)
+        if channel is not None:
+            self._loop.remove_reader(fd)
+            channel.close()
+
+    def _readable(self, fd: int) -> None:
+        channel = self._channels.get(fd)
+        for _ in range(_STEPS):
+            if channel is None:
+                return
+            try:
+                data, ancillary, flags, _ = channel.recvmsg(len(RECORD) + 1, _CONTROL_BYTES, socket.MSG_CMSG_CLOEXEC)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._drop(fd)
+                return
+            fds = _descriptors(ancillary)
+            if not data and not fds:  # the agent closed it
+                self._drop(fd)
+                return
+            problem = _record_problem(data, fds, flags)
+            if problem is not None:
+                for received in fds:
+                    os.close(received)
+                _count(problem)
+                continue
+            checked = check_socket(fds[0])
+            if isinstance(checked, str):
+                _count(checked)
+                continue
+            _count("accepted")
+            self._accept(checked)
+
+
+def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """Every descriptor a record carried (each SCM_RIGHTS item, whole ones only)."""
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % _FD_BYTES])
+    return list(fds)
+
+
+def _record_problem(data: bytes, fds: list[int], flags: int) -> str | None:
+    """What is wrong with a received record (None: one RECORD with one descriptor)."""
+    if flags & socket.MSG_CTRUNC or len(fds) > 1:
+        return "many_fds"
+    if flags & socket.MSG_TRUNC or data != RECORD:
+        return "bad_record"
+    if not fds:
+        return "no_fd"
+    return None
+
+
+async def streams(connection: socket.socket, limit: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A handed-over socket as a server's accepted connection (`asyncio.open_connection` would
+    make it a client's, whose `start_tls` then takes the client's side of TLS)."""
+    loop = asyncio.get_running_loop()
+    made: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = loop.create_future()
+    reader = asyncio.StreamReader(limit=limit)
+    protocol = asyncio.StreamReaderProtocol(reader, lambda r, w: made.set_result((r, w)))
+    await loop.connect_accepted_socket(lambda: protocol, sock=connection)
+    return await made
