@@ -271,7 +271,7 @@ def comparison_table(rounds: list[dict[str, Any]]) -> tuple[dict[str, Any], str]
     medians of those p50s against the target (a create's steps, without one)."""
     text, ratios = "", {}
     for profile in sorted({run["profile"] for r in rounds for run in r["runs"]}):
-        text += f"### kubesim timing `{profile}`: before (one-container pod) vs this (two-container pod)\n\n"
+        text += f"### kubesim timing `{profile}`: before (`--before-src`) vs this tree\n\n"
         text += "| measurement | before p50s ms | this p50s ms | this/before | target |\n|---|---|---|---|---|\n"
         for label, where, target in COMPARED:
             per = {

@@ -25,7 +25,8 @@ always; when it exits, everything it started dies), and the child does what the 
 
 The server reports each start's pid and, when the container exits, its status (128+N when
 killed by signal N) back to the kubelet (JSON lines on its stdout). If the server goes, every
-container it started goes with it (parent-death signal), and the kubelet sees them exit with 137.
+container it started goes with it (parent-death signal), and the kubelet sees them exit with 137;
+if the kubelet goes first, the server kills each container's process group before it exits.
 """
 
 from __future__ import annotations
@@ -274,8 +275,14 @@ class _PidNamespaces:
         self._home = os.open("/proc/self/ns/pid", os.O_RDONLY)
 
     def next_child_in_new_namespace(self) -> None:
-        if self._libc.setns(self._home, CLONE_NEWPID) != 0 or self._libc.unshare(CLONE_NEWPID) != 0:
+        self.next_child_in_own_namespace()
+        if self._libc.unshare(CLONE_NEWPID) != 0:
             raise OSError(ctypes.get_errno(), f"a new PID namespace: {os.strerror(ctypes.get_errno())}")
+
+    def next_child_in_own_namespace(self) -> None:
+        """The server's own (a pod sharing its process namespace), not the last container's."""
+        if self._libc.setns(self._home, CLONE_NEWPID) != 0:
+            raise OSError(ctypes.get_errno(), f"the server's PID namespace: {os.strerror(ctypes.get_errno())}")
 
 
 def _send(message: dict[str, Any]) -> None:
@@ -318,14 +325,24 @@ def serve(preload: list[str]) -> int:
         if 0 in readable:
             data = os.read(0, 1 << 16)
             if not data:
-                return 0  # the kubelet is gone: the children follow (parent-death signals)
+                # The kubelet is gone: the containers follow, their own children too (a container
+                # sharing its pod's process namespace is no PID 1 whose death would take them),
+                # and a child not yet in its own group (before its setsid) itself.
+                for pid in children:
+                    for kill in (os.killpg, os.kill):
+                        with contextlib.suppress(OSError):
+                            kill(pid, signal.SIGKILL)
+                return 0
             pending += data
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 request = json.loads(line)
                 try:
+                    mountns.refresh_host_mounts()
                     if request.get("pidns", True):
                         namespaces.next_child_in_new_namespace()
+                    else:
+                        namespaces.next_child_in_own_namespace()
                     pid = os.fork()
                 except OSError as exc:
                     _send({"id": request["id"], "error": str(exc)})

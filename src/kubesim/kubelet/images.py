@@ -40,9 +40,17 @@ class ImageRule:
     # Programs the image has on its PATH, as local argv prefixes: a container whose command starts
     # with one (``warmshell gateway start``) runs that prefix instead.
     programs: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    # Modules a fork server imports once: a container running this rule's entrypoint as ``<this
-    # python> -m MODULE`` is forked from it (``kubesim.kubelet.forkserver``).
+    # Modules a fork server imports once: a container running this rule's entrypoint or one of its
+    # programs as ``<this python> -m MODULE`` is forked from it (``kubesim.kubelet.forkserver``).
     preload: tuple[str, ...] = ()
+
+    def runs_own_program(self, argv: list[str]) -> bool:
+        """Whether ``argv`` starts with the image's entrypoint or one of its ``programs`` (what
+        the image runs, as opposed to a command of the pod's own): only those may be forked from
+        the image's fork server (a pod's init container ``warmshell install-agent`` as much as
+        its ``warmshell supervisor``)."""
+        prefixes = [self.entrypoint, *(prefix for _, prefix in self.programs)]
+        return any(prefix and list(prefix) == argv[: len(prefix)] for prefix in prefixes)
 
 
 #: Images that behave like a shell toolbox: their commands (``sh -c …``, ``sleep``) run on the host.

@@ -116,6 +116,41 @@ def _top_level_mounts() -> list[str]:
     return sorted(points, key=lambda p: (len(Path(p).parts), p))
 
 
+class HostMounts:
+    """The host's top-level mount points, read again only when its mount table has changed.
+
+    A fork server asks before every fork, so each container inherits the answer instead of
+    parsing the table itself: ~0.8 ms of each container's start, most of it copy-on-write faults
+    of the forked server's pages, and three containers per sandbox pod. The kernel marks a
+    ``/proc/self/mountinfo`` descriptor ``POLLPRI`` at every change of the namespace's mounts."""
+
+    def __init__(self) -> None:
+        self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLPRI | select.POLLERR)
+        self._points: list[str] | None = None
+
+    def points(self) -> list[str]:
+        """The current top-level mount points (see ``_top_level_mounts``)."""
+        if self._points is None or self._poll.poll(0):
+            self._points = _top_level_mounts()
+        return self._points
+
+
+# Set by a fork server (``refresh_host_mounts``) before each fork; None in the launcher.
+_host_mounts: HostMounts | None = None
+_host_points: list[str] | None = None
+
+
+def refresh_host_mounts() -> None:
+    """Read the host's top-level mount points now if they changed (in the fork server, before a
+    fork: the container's setup then uses them as they are)."""
+    global _host_mounts, _host_points
+    if _host_mounts is None:
+        _host_mounts = HostMounts()
+    _host_points = _host_mounts.points()
+
+
 def setup(spec: dict[str, Any], scratch: Path) -> None:
     """Enter a new mount namespace and make the mounts ``spec`` asks for."""
     libc = _libc()
@@ -130,7 +165,7 @@ def setup(spec: dict[str, Any], scratch: Path) -> None:
     ordered = sorted(binds, key=lambda b: len(Path(b["target"]).parts))  # parents before children
     handles = [os.open(b["source"], os.O_PATH) for b in ordered]
     hosts_fd = os.open(hosts, os.O_PATH) if hosts else None
-    submounts = _top_level_mounts() if Path("/") in roots else []
+    submounts = (_host_points if _host_points is not None else _top_level_mounts()) if Path("/") in roots else []
     held = [(point, os.open(point, os.O_PATH)) for point in submounts]
     for i, root in enumerate(roots):
         layer = scratch / f"overlay-{i}"

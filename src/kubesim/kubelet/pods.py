@@ -288,7 +288,7 @@ class PodWorker:
             return await containers.start_process([*self.launcher(spec), *argv], env=env, cwd=cwd, log_path=log_path)
         pidns = self.own_pid_namespaces
         rule = self.ctx.image_map.rule_for(str(spec.get("image") or ""))
-        if rule is not None and list(rule.entrypoint) == argv[: len(rule.entrypoint)]:
+        if rule is not None and rule.runs_own_program(argv):
             fork = forkserver.forkable(argv, rule.preload)
             if fork is not None:
                 module, args = fork

@@ -421,9 +421,6 @@ class SandboxManager:
             if not connected and session_id and status.session_id not in ("", session_id):
                 return False  # a newer session (on this or another replica) speaks for it now
             status.session_id, status.session_owner = (session_id, self.sessions.owner) if connected else ("", "")
-            if connected:
-                # The activated incarnation has opened its session: only a later one is activated again.
-                status.connected_incarnation = status.activated_incarnation
             if connected and _BACKEND_ORDER.get(status.backend_state, 0) < _BACKEND_ORDER[BackendState.RUNNING]:
                 # A live supervisor proves the backend is running, whatever the watch says yet.
                 status.backend_state = BackendState.RUNNING.value

@@ -12,11 +12,20 @@ While a create is in flight (`hold` to `release`), the other mutations of its re
 activation, its backend's first view, often its session — are folded into the record in memory
 and written with the create's own change, in one write instead of three or four. Reads see the
 folded record meanwhile, so every check still sees what has happened. Only with a store of our
-own: nothing else can move the row in between."""
+own: nothing else can move the row in between.
+
+With a store of our own a mutation also need not wait for the write before it to finish: it is
+applied to the record as the writes already sent will leave it, and sent behind them (the store
+gives each write the next version, in the order sent). A warm create's activation and its
+session's Ready, a few milliseconds apart, are two such writes: under load one SQLite write
+takes ~5 ms (the worker thread waits for the GIL), and the session's waited that long for the
+activation's before even starting its own. If a write fails, the ones sent behind it fail their
+compare-and-swap and start over from the store."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from weakref import WeakValueDictionary
 
@@ -62,6 +71,9 @@ class SandboxRecords:
         # other into CAS conflicts; CAS still guards against other replicas.
         self._locks: WeakValueDictionary[SandboxId, asyncio.Lock] = WeakValueDictionary()
         self._observers: list[Callable[[SandboxRecord], None]] = []
+        # Exclusive store: the row as the writes sent and not yet answered will leave it (the
+        # last one's payload, at the version the store will give it).
+        self._sent: dict[str, StoredObject] = {}
 
     @property
     def sees_every_write(self) -> bool:
@@ -107,6 +119,7 @@ class SandboxRecords:
                 del self._decoded[row.id]
 
     def _drop(self, sandbox_id: str) -> None:
+        self._sent.pop(sandbox_id, None)
         row = self._rows.pop(sandbox_id, None) if self._rows is not None else None
         self._decoded.pop(sandbox_id, None)
         if row is not None and self._names.get(key := (row.workspace, row.name)) == sandbox_id:
@@ -158,7 +171,7 @@ class SandboxRecords:
         """The current record as a copy of the caller's own, to change."""
         if (held := self._held.get(sandbox_id)) is not None:
             return held  # (already the holder's own: folded changes accumulate on it)
-        row = await self._row(sandbox_id)
+        row = self._sent.get(sandbox_id) or await self._row(sandbox_id)
         return _decode(row) if row else None
 
     def _lock(self, sandbox_id: SandboxId) -> asyncio.Lock:
@@ -200,7 +213,16 @@ class SandboxRecords:
                 if change(record) is not False:
                     self._held[sandbox_id] = record
                 return record
-            return await self._write(sandbox_id, change)
+            if self._rows is None:
+                return await self._write(sandbox_id, change)
+            sending = await self._send(sandbox_id, change)
+        if isinstance(sending, SandboxRecord):
+            return sending  # nothing to write
+        try:
+            return await self._written_as_sent(*sending)
+        except ConflictError:  # a write sent before it failed: start over from the store
+            async with self._lock(sandbox_id):
+                return await self._write(sandbox_id, change)
 
     async def _write(
         self,
@@ -210,27 +232,58 @@ class SandboxRecords:
     ) -> SandboxRecord:
         """Under the record's lock: `change` applied to `start` (else the current record), written."""
         for _ in range(_CAS_ATTEMPTS):
-            record, start = start or await self._copy(sandbox_id), None
-            if record is None:
-                raise NotFoundError(f"sandbox {sandbox_id} not found")
-            if change(record) is False:
-                return record
+            sending, start = await self._send(sandbox_id, change, start), None
+            if isinstance(sending, SandboxRecord):
+                return sending
             try:
-                row = await self._store.update(
-                    kind=KIND_SANDBOX,
-                    id=sandbox_id,
-                    expected_version=record.resource_version,
-                    payload=_encode(record),
-                )
+                return await self._written_as_sent(*sending)
             except ConflictError:
-                self._drop(sandbox_id)  # read the row that won from the store
-                continue
-            record.resource_version = row.resource_version
-            self._keep(row, record)
-            self._bus.publish(sandbox_id, _CHANGED)
-            self._written(record)
-            return record
+                continue  # read the row that won from the store
         raise ConflictError(f"sandbox {sandbox_id} kept changing; gave up after {_CAS_ATTEMPTS} attempts")
+
+    async def _send(
+        self,
+        sandbox_id: SandboxId,
+        change: Callable[[SandboxRecord], bool | None],
+        start: SandboxRecord | None = None,
+    ) -> SandboxRecord | tuple[SandboxRecord, asyncio.Future[StoredObject]]:
+        """Under the record's lock: `change` applied to `start` (else the current record, as the
+        writes already sent will leave it), and its write sent; the record alone when `change`
+        had nothing to write."""
+        record = start or await self._copy(sandbox_id)
+        if record is None:
+            raise NotFoundError(f"sandbox {sandbox_id} not found")
+        if change(record) is False:
+            return record
+        payload = _encode(record)
+        if self._rows is not None and (row := self._rows.get(sandbox_id)) is not None:
+            # The store gives the row the next version (nothing else writes it).
+            self._sent[sandbox_id] = dataclasses.replace(
+                row, payload=payload, resource_version=record.resource_version + 1
+            )
+        # A task: it reaches the store before any write sent after it (tasks start in order).
+        update = self._store.update(
+            kind=KIND_SANDBOX, id=sandbox_id, expected_version=record.resource_version, payload=payload
+        )
+        return record, asyncio.ensure_future(update)
+
+    async def _written_as_sent(self, record: SandboxRecord, sending: asyncio.Future[StoredObject]) -> SandboxRecord:
+        """The record once its write is done (ConflictError when it lost, the row dropped)."""
+        try:
+            row = await sending
+        except ConflictError:
+            self._drop(record.id)
+            raise
+        except BaseException:
+            self._sent.pop(record.id, None)  # the writes sent after it will lose their CAS
+            raise
+        if (sent := self._sent.get(record.id)) is not None and sent.resource_version <= row.resource_version:
+            del self._sent[record.id]
+        record.resource_version = row.resource_version
+        self._keep(row, record)
+        self._bus.publish(record.id, _CHANGED)
+        self._written(record)
+        return record
 
     async def remove(self, sandbox_id: SandboxId) -> bool:
         """Delete the row and tell watchers."""

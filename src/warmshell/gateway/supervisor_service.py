@@ -17,6 +17,7 @@ from warmshell.core import pausing
 from warmshell.core.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
+    InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
     ResourceExhaustedError,
@@ -138,11 +139,52 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
     ) -> AsyncIterator[spb.GatewayMessage]:
         try:
             claims = await self._auth.require_sandbox(context)
-            session, hello = await self._accept(claims, request_iterator)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
             await abort_for(context, exc, "ConnectSupervisor")
+        async for message in self._session(claims, request_iterator, context, "ConnectSupervisor"):
+            yield message
+
+    async def OpenSupervisor(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[spb.SupervisorMessage], context: Ctx
+    ) -> AsyncIterator[spb.GatewayMessage]:
+        # The registration's checks are RegisterSupervisor's own (this runs it); the session's
+        # are ConnectSupervisor's, with the claims of the token just minted for this very
+        # registration standing in for the bearer token a reconnect presents.
+        try:
+            first = await anext(aiter(request_iterator), None)
+            if first is None or not first.HasField("register"):
+                raise InvalidArgumentError("message", "the first message of OpenSupervisor must be register")
+            activation = None
+            async for outcome in self.RegisterSupervisor(first.register, context):
+                activation = outcome
+            if activation is None:  # RegisterSupervisor ends with an activation or a status
+                raise FailedPreconditionError("the registration ended without an activation")
+            claims = self._issuer.verify(activation.token)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await abort_for(context, exc, "OpenSupervisor")
+        activated = spb.GatewayMessage(activation=activation)
+        # Not kept for the session's lifetime: the pod's credential, the activation's secrets.
+        del first, activation
+        yield activated
+        del activated
+        async for reply in self._session(claims, request_iterator, context, "OpenSupervisor"):
+            yield reply
+
+    async def _session(
+        self, claims: SandboxClaims, request_iterator: AsyncIterator[spb.SupervisorMessage], context: Ctx, call: str
+    ) -> AsyncIterator[spb.GatewayMessage]:
+        """A supervisor session for `claims`, from its hello (the next message of
+        `request_iterator`) until it ends."""
+        try:
+            session, hello = await self._accept(claims, request_iterator)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await abort_for(context, exc, call)
         metrics.SESSIONS.set(len(self._manager.sessions))
         interval_ms = int(self._heartbeat * 1000)
         session.send(
@@ -167,7 +209,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await abort_for(context, exc, "ConnectSupervisor")  # e.g. UNAVAILABLE: the supervisor retries
+            await abort_for(context, exc, call)  # e.g. UNAVAILABLE: the supervisor retries
         finally:
             ticker.cancel()
             reader.cancel()

@@ -10,14 +10,14 @@ supervisor's retry and exit rules do not depend on the transport.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import grpc
 
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 
-__all__ = ["GatewayLink", "GrpcLink", "SessionCall"]
+__all__ = ["GatewayLink", "GrpcLink", "SessionCall", "SessionOpener"]
 
 
 class SessionCall(Protocol):
@@ -48,6 +48,17 @@ class GatewayLink(Protocol):
         ...
 
 
+@runtime_checkable
+class SessionOpener(Protocol):
+    """A link whose registration can become the first session (OpenSupervisor): a pod's, over
+    gRPC, where that saves a warm create a second call. In process there is no call to save."""
+
+    def open(self, requests: AsyncIterator[spb.SupervisorMessage]) -> SessionCall:
+        """OpenSupervisor: `requests` start with `register`, then the hello once the activation
+        (the call's first message) has been taken."""
+        ...
+
+
 def _bearer(token: str) -> tuple[tuple[str, str]]:
     return (("authorization", f"Bearer {token}"),)
 
@@ -67,6 +78,10 @@ class GrpcLink:
     def connect(self, requests: AsyncIterator[spb.SupervisorMessage], token: str) -> SessionCall:
         """See `GatewayLink.connect`."""
         return self._stub.ConnectSupervisor(requests, metadata=_bearer(token))
+
+    def open(self, requests: AsyncIterator[spb.SupervisorMessage]) -> SessionCall:
+        """See `SessionOpener.open`."""
+        return self._stub.OpenSupervisor(requests)
 
     async def refresh_token(self, token: str) -> spb.RefreshSandboxTokenResponse:
         """See `GatewayLink.refresh_token`."""

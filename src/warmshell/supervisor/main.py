@@ -9,8 +9,11 @@
 2. RegisterSupervisor, retrying at once and then 1 s -> 30 s while the gateway is unreachable, and wait — a warm
    pool member waits here until a create selects it. Once activated the credential is dropped
    (a restarted supervisor reads it again from its file).
-3. Start the workload from the activation, then hold ConnectSupervisor: heartbeats, exec relay,
-   workload output and exit; reconnect when the gateway restarts; refresh the token at 80 %.
+3. Start the workload from the activation, then hold the session: heartbeats, exec relay,
+   workload output and exit; reconnect (ConnectSupervisor) when the gateway restarts; refresh
+   the token at 80 %. Over gRPC, steps 2 and 3 begin on one stream (OpenSupervisor: the
+   registration up, the activation down, then the hello and the session), falling back to
+   RegisterSupervisor and ConnectSupervisor on a gateway that answers UNIMPLEMENTED.
 
 On Kubernetes (`WARMSHELL_AGENT_SOCKET` set) the workload is another container of the pod, whose
 pid 1 is the sandbox agent: before registering, the supervisor accepts that agent's one connection
@@ -37,14 +40,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 
@@ -55,7 +59,7 @@ from warmshell.sandboxio import terminals, trust
 from warmshell.sandboxio.agentlink import AgentLink
 from warmshell.sandboxio.agentlisten import accept_agent
 from warmshell.sandboxio.interactive import DEFAULT_SIZE, ExecInput, WindowSize
-from warmshell.sandboxio.link import GatewayLink, GrpcLink, SessionCall
+from warmshell.sandboxio.link import GatewayLink, GrpcLink, SessionCall, SessionOpener
 from warmshell.sandboxio.processes import Ended, NotStarted, OutputSink, Runner, StartFailure
 from warmshell.sandboxio.window import OutputWindow
 from warmshell.supervisor.background import BackgroundExecs
@@ -96,12 +100,16 @@ CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
 
 PR_SET_DUMPABLE = 4
 
+T = TypeVar("T")
+
 
 def make_undumpable() -> None:
     """prctl(PR_SET_DUMPABLE, 0): no core dumps, and `/proc/<pid>/mem`, `environ` and ptrace are
     closed to other processes of the same uid that lack CAP_SYS_PTRACE. Raises OSError if the
     kernel refuses (the supervisor then does not start: it would hold its secrets in the open)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    # The C library this interpreter already has loaded: `ctypes.util.find_library` would run
+    # `ldconfig -p` in a child process, a fork of the whole supervisor on every pod start.
+    libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"prctl(PR_SET_DUMPABLE, 0): {os.strerror(code)}")
@@ -117,6 +125,10 @@ class SupervisorExit(Exception):
 
 class SandboxOver(SupervisorExit):
     """The gateway refused this supervisor because its sandbox is over: a restart cannot help."""
+
+
+class _NoOpen(Exception):
+    """The gateway does not serve OpenSupervisor (an older one): register and connect apart."""
 
 
 @dataclass
@@ -253,7 +265,7 @@ class Supervisor:
                 # Nothing runs in this process's own namespaces: a command started here would
                 # share the supervisor's uid, filesystem and credential.
                 raise SupervisorExit(2, "WARMSHELL_AGENT_SOCKET is not set: the workload runs only through its agent")
-            await self._take(await self.register())
+            first = await self._activate()
             # A timer until the first refresh is due, not a task sleeping from the activation on
             # (the local driver runs every supervisor in the gateway: a warm create pays for it).
             refresher: list[asyncio.Task[None]] = []
@@ -261,7 +273,7 @@ class Supervisor:
                 self._refresh_delay(), lambda: refresher.append(asyncio.create_task(self._refresh_tokens()))
             )
             try:
-                await self._hold_session()
+                await self._hold_session(first)
             finally:
                 timer.cancel()
                 for task in refresher:
@@ -387,16 +399,71 @@ class Supervisor:
         """The exit status once the gateway has ended this supervisor's part in the sandbox."""
         return 0 if self.settings.restart_on_failure else code
 
+    async def _activate(self) -> SessionCall | None:
+        """Register and take the activation. Over a link that can (`SessionOpener`: a pod's), on
+        a stream that is then the first session, which is returned: a warm create then costs no
+        second call between its activation and Ready. Otherwise (in process, or a gateway older
+        than OpenSupervisor) with RegisterSupervisor, and None: the session is opened apart."""
+        opener = self._link if isinstance(self._link, SessionOpener) else None
+        if opener is not None:
+            try:
+                return await self._registering(lambda request: self._open(opener, request))
+            except _NoOpen:
+                log.info("the gateway does not serve OpenSupervisor; registering with RegisterSupervisor")
+        await self._take(await self.register())
+        return None
+
+    async def _open(self, opener: SessionOpener, request: spb.RegisterSupervisorRequest) -> SessionCall:
+        """One OpenSupervisor call, returned once its activation has been taken."""
+        taken: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        call = opener.open(self._opening(request, taken))
+        try:
+            first = await anext(aiter(call), None)
+            if first is None or not first.HasField("activation"):
+                raise SupervisorExit(1, "registration stream ended without an activation")
+            await self._take(first.activation)
+            taken.set_result(True)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise _NoOpen from exc
+            raise
+        finally:
+            if not taken.done():  # the request iterator stops, and the call with it
+                taken.set_result(False)
+                call.cancel()
+        return call
+
+    async def _opening(
+        self, request: spb.RegisterSupervisorRequest, taken: asyncio.Future[bool]
+    ) -> AsyncIterator[spb.SupervisorMessage]:
+        """OpenSupervisor's requests: the registration, then (once the activation has been
+        taken) the hello and the session's messages."""
+        register = spb.SupervisorMessage(register=request)
+        del request  # the credential is not kept for the session's lifetime
+        yield register
+        del register
+        if await taken:
+            async for message in self._outbox.stream(self._outbox.new_session(), self._hello()):
+                yield message
+
     async def register(self) -> spb.SupervisorActivationMessage:
         """RegisterSupervisor until an activation arrives (retrying while the gateway is away)."""
+        return await self._registering(self._register_once)
+
+    async def _register_once(self, request: spb.RegisterSupervisorRequest) -> spb.SupervisorActivationMessage:
+        activation = await self._link.register(request)
+        if activation is None:
+            raise SupervisorExit(1, "registration stream ended without an activation")
+        return activation
+
+    async def _registering(self, attempt: Callable[[spb.RegisterSupervisorRequest], Awaitable[T]]) -> T:
+        """`attempt` with this supervisor's registration until it succeeds, retrying while the
+        gateway is away; a refusal that retrying cannot mend stops the supervisor."""
         backoff = reconnect_delays()
         request = spb.RegisterSupervisorRequest(bootstrap_credential=self.settings.credential)
         while True:
             try:
-                activation = await self._link.register(request)
-                if activation is None:
-                    raise SupervisorExit(1, "registration stream ended without an activation")
-                return activation
+                return await attempt(request)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _FATAL:
                     stop = SandboxOver if exc.code() in _SANDBOX_OVER else SupervisorExit
@@ -464,11 +531,14 @@ class Supervisor:
         except OSError as exc:  # it never started, or the sandbox ended: never told in its output
             return exec_exited(start.exec_id, exc)
 
-    async def _hold_session(self) -> None:
+    async def _hold_session(self, first: SessionCall | None) -> None:
+        """Hold the session, `first` (opened by the registration) if given, reconnecting with
+        ConnectSupervisor until the sandbox is over."""
         backoff = reconnect_delays()
         while True:
+            call, first = first, None
             try:
-                if await self._session():
+                if await self._session(call):
                     return
                 backoff = reconnect_delays()  # a clean reconnect request: start over quickly
                 delay = 0.05
@@ -483,10 +553,10 @@ class Supervisor:
                 log.warning("session lost (%s); reconnecting in %.2fs", exc.code().name, delay)
             await asyncio.sleep(delay)
 
-    async def _session(self) -> bool:
-        """One ConnectSupervisor stream; True when the sandbox is over, False to reconnect."""
+    def _hello(self) -> spb.SupervisorMessage:
+        """A session's first message."""
         assert self.activation is not None
-        hello = spb.SupervisorMessage(
+        return spb.SupervisorMessage(
             hello=spb.SupervisorHello(
                 sandbox_id=self.activation.sandbox_id,
                 instance_id=self.settings.instance_id,
@@ -496,9 +566,14 @@ class Supervisor:
             )
         )
 
+    async def _session(self, call: SessionCall | None = None) -> bool:
+        """One session: `call` (the registration's own stream, its hello sent once the
+        activation was taken) or a new ConnectSupervisor stream; True when the sandbox is
+        over, False to reconnect."""
         self._session_served = False
-        requests = self._outbox.stream(self._outbox.new_session(), hello)
-        call = self._link.connect(requests, self._token)
+        if call is None:
+            requests = self._outbox.stream(self._outbox.new_session(), self._hello())
+            call = self._link.connect(requests, self._token)
         try:
             return await self._serve_session(call)
         finally:

@@ -25,6 +25,12 @@ IMAGES = {
         "preload": ["forkprobe"],
     },
     "example.com/execprobe:*": {"entrypoint": [sys.executable, "-m", "forkprobe"], "overrideCommand": True},
+    # The module as one of the image's programs, its entrypoint something else.
+    "example.com/forkprobe-programs:*": {
+        "entrypoint": ["sh", "-c", "exit 0"],
+        "programs": {"probe": [sys.executable, "-m", "forkprobe"]},
+        "preload": ["forkprobe"],
+    },
 }
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="forked containers need mount namespaces (root)")
@@ -195,5 +201,48 @@ async def test_a_killed_fork_server_takes_its_containers_with_it(
         assert state["exitCode"] == 137
         await wait_for(lambda: asyncio_exists(pathlib.Path(f"/proc/{container}")), lambda alive: not alive, what="gone")
         assert not out.with_name(out.name + ".term").exists()  # killed, not asked to stop
+    finally:
+        await api.aclose()
+
+
+async def test_an_init_container_running_one_of_the_images_programs_is_forked_too(
+    cluster: RunningCluster, tmp_path: pathlib.Path
+) -> None:
+    """An image's ``programs`` (``warmshell install-agent``, a pod's init container) are its own
+    Python modules as much as its entrypoint: forked from the preloaded server, not a Python start."""
+    api = cluster.client()
+    try:
+        out = tmp_path / "seen.json"
+        pod = probe_pod("programs", out, "0", image="example.com/forkprobe-programs:1")
+        container = pod["spec"]["containers"][0]  # type: ignore[index]
+        pod["spec"]["initContainers"] = [{**container, "name": "init", "command": ["probe"]}]  # type: ignore[index]
+        container["env"] = [{"name": "PROBE_OUT", "value": str(tmp_path / "main.json")}]
+        await api.create(kc.PODS, NS, pod)
+        state = await wait_for(lambda: terminated(api, "programs"), lambda t: t is not None, what="exited")
+        assert state is not None
+        seen = json.loads(out.read_text())
+        assert seen["preloaded"], "the init container was exec'd, not forked from the preloaded server"
+        assert seen["pid"] == 1
+        assert seen["argv"] == ["0"]
+    finally:
+        await api.aclose()
+
+
+async def test_a_container_sharing_its_pods_process_namespace_joins_no_other_containers(
+    cluster: RunningCluster, tmp_path: pathlib.Path
+) -> None:
+    """A pod with ``shareProcessNamespace`` runs in the server's PID namespace, not in the one the
+    server made for the container forked before it (another pod's, whose processes it would see)."""
+    api = cluster.client()
+    try:
+        await running_waiter(cluster, api, "waiter", tmp_path / "waiter.json")
+        out = tmp_path / "shared.json"
+        pod = probe_pod("shared", out, "0")
+        pod["spec"]["shareProcessNamespace"] = True  # type: ignore[index]
+        await api.create(kc.PODS, NS, pod)
+        await wait_for(lambda: terminated(api, "shared"), lambda t: t is not None, what="exited")
+        seen = json.loads(out.read_text())
+        # In the waiter's namespace it would be its PID 2; in the server's it has a host pid.
+        assert seen["pid"] > 2, seen["pid"]
     finally:
         await api.aclose()

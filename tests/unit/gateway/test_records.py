@@ -3,13 +3,14 @@ and a row moved behind the cache's back (a lost compare-and-swap) is read again,
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
-from warmshell.core.errors import NotFoundError
+from warmshell.core.errors import NotFoundError, UnavailableError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxRecord
 from warmshell.gateway.events import EventBus
@@ -226,5 +227,88 @@ async def test_reads_share_one_decode_per_version_and_a_failed_change_leaves_it_
         assert await records.get(sid) is changed
         assert changed.labels == {"a": "1"}
         assert changed.resource_version == 2
+    finally:
+        await store.aclose()
+
+
+class GatedStore(CountingStore):
+    """The real store, whose writes reach it only once `gate` is set (a worker thread that has not
+    got the GIL yet); `fail_next` fails the next write as an unreachable store would."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self.gate = asyncio.Event()
+        self.fail_next = False
+        self.sent: list[int] = []
+
+    async def update(self, *, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
+        self.sent.append(expected_version)
+        failing, self.fail_next = self.fail_next, False
+        await self.gate.wait()
+        if failing:
+            raise UnavailableError("the store is unreachable")
+        return await self.store.update(kind=kind, id=id, expected_version=expected_version, payload=payload)
+
+
+async def test_a_mutation_is_sent_behind_a_write_in_flight_instead_of_after_it(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    gated = GatedStore(store)
+    try:
+        records = SandboxRecords(gated, EventBus(), exclusive=True)  # type: ignore[arg-type]
+        sid = SandboxId("sb-1")
+        gated.gate.set()
+        await records.insert(SandboxRecord(id=sid, name="one"))
+        gated.gate.clear()
+        first = asyncio.create_task(records.mutate(sid, lambda r: r.labels.update(a="1")))
+        seen: list[dict[str, str]] = []
+        second = asyncio.create_task(records.mutate(sid, lambda r: seen.append(dict(r.labels))))
+        async with asyncio.timeout(5):
+            while len(gated.sent) < 2:
+                await asyncio.sleep(0)
+        # Both sent while the first is still unanswered, the second on top of the first's change.
+        assert gated.sent == [1, 2]
+        assert seen == [{"a": "1"}]
+        gated.gate.set()
+        assert (await first).resource_version == 2
+        assert (await second).resource_version == 3
+        stored = await store.get(KIND_SANDBOX, sid)
+        assert stored is not None
+        assert stored.resource_version == 3
+        assert SandboxRecord.model_validate_json(stored.payload).labels == {"a": "1"}
+        assert gated.reads == 0
+    finally:
+        await store.aclose()
+
+
+async def test_when_a_write_fails_the_ones_sent_behind_it_start_over_from_the_store(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    gated = GatedStore(store)
+    try:
+        records = SandboxRecords(gated, EventBus(), exclusive=True)  # type: ignore[arg-type]
+        sid = SandboxId("sb-1")
+        gated.gate.set()
+        await records.insert(SandboxRecord(id=sid, name="one"))
+        gated.gate.clear()
+        gated.fail_next = True
+        first = asyncio.create_task(records.mutate(sid, lambda r: r.labels.update(a="1")))
+        second = asyncio.create_task(records.mutate(sid, lambda r: r.labels.update(b="2")))
+        async with asyncio.timeout(5):
+            while len(gated.sent) < 2:
+                await asyncio.sleep(0)
+        gated.gate.set()
+        with pytest.raises(UnavailableError):
+            await first
+        written = await second
+        # The second was sent on top of the first's change, lost its compare-and-swap, and was
+        # applied again to what the store holds: the failed change is nowhere.
+        assert written.labels == {"b": "2"}
+        assert gated.sent == [1, 2, 1]
+        stored = await store.get(KIND_SANDBOX, sid)
+        assert stored is not None
+        assert stored.resource_version == 2
+        assert SandboxRecord.model_validate_json(stored.payload).labels == {"b": "2"}
+        fetched = await records.get(sid)
+        assert fetched is not None
+        assert fetched.labels == {"b": "2"}
     finally:
         await store.aclose()

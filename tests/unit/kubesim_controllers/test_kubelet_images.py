@@ -52,3 +52,17 @@ def test_runtime_paths_hidden_by_a_volume_are_bound_back_outermost_first(tmp_pat
     # Nothing is hidden when no mount covers them; a path at or above a target is never rebound.
     assert runtime_binds(["/etc/warmshell"], runtime) == []
     assert runtime_binds([str(venv)], [str(venv), str(tmp_path)]) == []
+
+
+def test_the_image_runs_its_own_program_only_from_its_entrypoint_or_programs() -> None:
+    rule = ImageMap().rule_for("ghcr.io/warmshell/warmshell:1")
+    assert rule is not None
+    images = ImageMap()
+    supervisor = images.argv({"image": "ghcr.io/warmshell/warmshell:1"})
+    init = images.argv({"image": "ghcr.io/warmshell/warmshell:1", "command": ["warmshell"], "args": ["install-agent"]})
+    assert rule.runs_own_program(supervisor)
+    assert rule.runs_own_program(init)  # a program of the image: forked like the entrypoint
+    # A command the pod brings, even one naming this interpreter, is the pod's, not the image's.
+    assert not rule.runs_own_program(["python3", "-m", "warmshell", "install-agent"])
+    assert not rule.runs_own_program([sys.executable, "-m", "evil"])
+    assert not ImageRule().runs_own_program([])  # an empty entrypoint is no prefix of everything

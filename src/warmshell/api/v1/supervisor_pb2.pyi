@@ -432,6 +432,7 @@ class SupervisorMessage(_message.Message):
     WORKLOAD_EXITED_FIELD_NUMBER: _builtins.int
     EXEC_INPUT_CREDIT_FIELD_NUMBER: _builtins.int
     FILE_RESULT_FIELD_NUMBER: _builtins.int
+    REGISTER_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___SupervisorHello: ...
     @_builtins.property
@@ -446,6 +447,10 @@ class SupervisorMessage(_message.Message):
     def exec_input_credit(self) -> Global___ExecInputCredit: ...
     @_builtins.property
     def file_result(self) -> Global___FileResult: ...
+    @_builtins.property
+    def register(self) -> Global___RegisterSupervisorRequest:
+        """OpenSupervisor's first message (and only there): the registration."""
+
     def __init__(
         self,
         *,
@@ -456,12 +461,13 @@ class SupervisorMessage(_message.Message):
         workload_exited: Global___WorkloadExited | None = ...,
         exec_input_credit: Global___ExecInputCredit | None = ...,
         file_result: Global___FileResult | None = ...,
+        register: Global___RegisterSupervisorRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "exec_input_credit", b"exec_input_credit", "file_result", b"file_result", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "workload_exited", b"workload_exited"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "exec_input_credit", b"exec_input_credit", "file_result", b"file_result", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "register", b"register", "workload_exited", b"workload_exited"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "exec_input_credit", b"exec_input_credit", "file_result", b"file_result", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "workload_exited", b"workload_exited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exec_exited", b"exec_exited", "exec_input_credit", b"exec_input_credit", "file_result", b"file_result", "heartbeat", b"heartbeat", "hello", b"hello", "message", b"message", "output", b"output", "register", b"register", "workload_exited", b"workload_exited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "heartbeat", "output", "exec_exited", "workload_exited", "exec_input_credit", "file_result"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "heartbeat", "output", "exec_exited", "workload_exited", "exec_input_credit", "file_result", "register"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
@@ -878,6 +884,7 @@ class GatewayMessage(_message.Message):
     EXEC_SIGNAL_FIELD_NUMBER: _builtins.int
     FILE_OP_FIELD_NUMBER: _builtins.int
     EXEC_FOLLOW_FIELD_NUMBER: _builtins.int
+    ACTIVATION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def accepted(self) -> Global___SessionAccepted: ...
     @_builtins.property
@@ -900,6 +907,10 @@ class GatewayMessage(_message.Message):
     def file_op(self) -> Global___FileOp: ...
     @_builtins.property
     def exec_follow(self) -> Global___ExecFollow: ...
+    @_builtins.property
+    def activation(self) -> Global___SupervisorActivationMessage:
+        """OpenSupervisor's first message (and only there): the activation."""
+
     def __init__(
         self,
         *,
@@ -914,12 +925,13 @@ class GatewayMessage(_message.Message):
         exec_signal: Global___ExecSignal | None = ...,
         file_op: Global___FileOp | None = ...,
         exec_follow: Global___ExecFollow | None = ...,
+        activation: Global___SupervisorActivationMessage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_follow", b"exec_follow", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "activation", b"activation", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_follow", b"exec_follow", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_follow", b"exec_follow", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "activation", b"activation", "exec_cancel", b"exec_cancel", "exec_credit", b"exec_credit", "exec_follow", b"exec_follow", "exec_input", b"exec_input", "exec_resize", b"exec_resize", "exec_signal", b"exec_signal", "exec_start", b"exec_start", "file_op", b"file_op", "heartbeat", b"heartbeat", "message", b"message", "shutdown", b"shutdown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["accepted", "heartbeat", "exec_start", "exec_cancel", "shutdown", "exec_credit", "exec_input", "exec_resize", "exec_signal", "file_op", "exec_follow"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["accepted", "heartbeat", "exec_start", "exec_cancel", "shutdown", "exec_credit", "exec_input", "exec_resize", "exec_signal", "file_op", "exec_follow", "activation"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 

@@ -49,6 +49,11 @@ class SupervisorServiceStub:
                 request_serializer=warmshell_dot_v1_dot_supervisor__pb2.RefreshSandboxTokenRequest.SerializeToString,
                 response_deserializer=warmshell_dot_v1_dot_supervisor__pb2.RefreshSandboxTokenResponse.FromString,
                 _registered_method=True)
+        self.OpenSupervisor = channel.stream_stream(
+                '/warmshell.v1.SupervisorService/OpenSupervisor',
+                request_serializer=warmshell_dot_v1_dot_supervisor__pb2.SupervisorMessage.SerializeToString,
+                response_deserializer=warmshell_dot_v1_dot_supervisor__pb2.GatewayMessage.FromString,
+                _registered_method=True)
 
 
 class SupervisorServiceServicer:
@@ -75,6 +80,19 @@ class SupervisorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSupervisor(self, request_iterator, context):
+        """RegisterSupervisor and the first ConnectSupervisor in one stream, so a warm create's
+        activation and the session it opens cost no second call: up goes `register` (checked as
+        RegisterSupervisor checks it), down comes `activation` once a create selects this supervisor
+        (or the status RegisterSupervisor would end with), then the supervisor's `hello`, checked
+        against the activation's token as ConnectSupervisor checks it, and the stream is the session
+        from there on. A reconnect opens ConnectSupervisor with the token. A supervisor that gets
+        UNIMPLEMENTED (an older gateway) registers and connects with the two calls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SupervisorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +110,11 @@ def add_SupervisorServiceServicer_to_server(servicer, server):
                     servicer.RefreshSandboxToken,
                     request_deserializer=warmshell_dot_v1_dot_supervisor__pb2.RefreshSandboxTokenRequest.FromString,
                     response_serializer=warmshell_dot_v1_dot_supervisor__pb2.RefreshSandboxTokenResponse.SerializeToString,
+            ),
+            'OpenSupervisor': grpc.stream_stream_rpc_method_handler(
+                    servicer.OpenSupervisor,
+                    request_deserializer=warmshell_dot_v1_dot_supervisor__pb2.SupervisorMessage.FromString,
+                    response_serializer=warmshell_dot_v1_dot_supervisor__pb2.GatewayMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +198,33 @@ class SupervisorService:
             '/warmshell.v1.SupervisorService/RefreshSandboxToken',
             warmshell_dot_v1_dot_supervisor__pb2.RefreshSandboxTokenRequest.SerializeToString,
             warmshell_dot_v1_dot_supervisor__pb2.RefreshSandboxTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSupervisor(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/warmshell.v1.SupervisorService/OpenSupervisor',
+            warmshell_dot_v1_dot_supervisor__pb2.SupervisorMessage.SerializeToString,
+            warmshell_dot_v1_dot_supervisor__pb2.GatewayMessage.FromString,
             options,
             channel_credentials,
             insecure,

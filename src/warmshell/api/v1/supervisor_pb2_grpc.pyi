@@ -40,6 +40,15 @@ class SupervisorServiceStub:
     """
     ConnectSupervisor: _grpc.StreamStreamMultiCallable[_supervisor_pb2.SupervisorMessage, _supervisor_pb2.GatewayMessage]
     RefreshSandboxToken: _grpc.UnaryUnaryMultiCallable[_supervisor_pb2.RefreshSandboxTokenRequest, _supervisor_pb2.RefreshSandboxTokenResponse]
+    OpenSupervisor: _grpc.StreamStreamMultiCallable[_supervisor_pb2.SupervisorMessage, _supervisor_pb2.GatewayMessage]
+    """RegisterSupervisor and the first ConnectSupervisor in one stream, so a warm create's
+    activation and the session it opens cost no second call: up goes `register` (checked as
+    RegisterSupervisor checks it), down comes `activation` once a create selects this supervisor
+    (or the status RegisterSupervisor would end with), then the supervisor's `hello`, checked
+    against the activation's token as ConnectSupervisor checks it, and the stream is the session
+    from there on. A reconnect opens ConnectSupervisor with the token. A supervisor that gets
+    UNIMPLEMENTED (an older gateway) registers and connects with the two calls.
+    """
 
 @_typing.type_check_only
 class SupervisorServiceAsyncStub(SupervisorServiceStub):
@@ -51,6 +60,15 @@ class SupervisorServiceAsyncStub(SupervisorServiceStub):
     """
     ConnectSupervisor: _aio.StreamStreamMultiCallable[_supervisor_pb2.SupervisorMessage, _supervisor_pb2.GatewayMessage]  # type: ignore[assignment]
     RefreshSandboxToken: _aio.UnaryUnaryMultiCallable[_supervisor_pb2.RefreshSandboxTokenRequest, _supervisor_pb2.RefreshSandboxTokenResponse]  # type: ignore[assignment]
+    OpenSupervisor: _aio.StreamStreamMultiCallable[_supervisor_pb2.SupervisorMessage, _supervisor_pb2.GatewayMessage]  # type: ignore[assignment]
+    """RegisterSupervisor and the first ConnectSupervisor in one stream, so a warm create's
+    activation and the session it opens cost no second call: up goes `register` (checked as
+    RegisterSupervisor checks it), down comes `activation` once a create selects this supervisor
+    (or the status RegisterSupervisor would end with), then the supervisor's `hello`, checked
+    against the activation's token as ConnectSupervisor checks it, and the stream is the session
+    from there on. A reconnect opens ConnectSupervisor with the token. A supervisor that gets
+    UNIMPLEMENTED (an older gateway) registers and connects with the two calls.
+    """
 
 class SupervisorServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -77,5 +95,20 @@ class SupervisorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _supervisor_pb2.RefreshSandboxTokenRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_supervisor_pb2.RefreshSandboxTokenResponse, _abc.Awaitable[_supervisor_pb2.RefreshSandboxTokenResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def OpenSupervisor(
+        self,
+        request_iterator: _MaybeAsyncIterator[_supervisor_pb2.SupervisorMessage],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_supervisor_pb2.GatewayMessage], _abc.AsyncIterator[_supervisor_pb2.GatewayMessage]]:
+        """RegisterSupervisor and the first ConnectSupervisor in one stream, so a warm create's
+        activation and the session it opens cost no second call: up goes `register` (checked as
+        RegisterSupervisor checks it), down comes `activation` once a create selects this supervisor
+        (or the status RegisterSupervisor would end with), then the supervisor's `hello`, checked
+        against the activation's token as ConnectSupervisor checks it, and the stream is the session
+        from there on. A reconnect opens ConnectSupervisor with the token. A supervisor that gets
+        UNIMPLEMENTED (an older gateway) registers and connects with the two calls.
+        """
 
 def add_SupervisorServiceServicer_to_server(servicer: SupervisorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
