@@ -17,7 +17,9 @@ Images no tag names (a fork's, a snapshot re-tagged) are pruned between samples,
 hundreds of MB per sample measures that first touch (~3 ms per MB here) rather than the copy.
 With `--baseline-src DIR` (another tree's `src/`, e.g. `git archive main src | tar -x -C DIR/..`
 with its agent binaries built or copied in), fork(10) of both parents also runs on a gateway of
-that tree and one of this tree, both up at once and taking turns: an A/B on a shared host.
+that tree and one of this tree, both up at once and taking turns: an A/B on a shared host, with
+each gateway's own CPU over the fork call (its threads' scheduler time, to the nanosecond: the
+part of a fork a change to the gateway moves, without its sandboxes' processes or the deletes).
 Run as root from the repository root: `python bench/snapshots.py --repeats 5`.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -100,6 +103,16 @@ def cpu_ms(gw: GatewayProcess) -> float:
     return sum(int(f) for f in fields[11:15]) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
+def threads_cpu_ms(gw: GatewayProcess) -> float:
+    """CPU milliseconds of the gateway's threads now (the scheduler's nanoseconds: finer than
+    `cpu_ms`'s clock ticks, and without its sandboxes' processes)."""
+    total = 0
+    for task in Path(f"/proc/{gw.process.pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e6
+
+
 async def snapshot_rows(gw: GatewayProcess, written: list[int], mid_mb: int, repeats: int) -> dict[str, Any]:
     rows: dict[str, tuple[list[float], list[float], list[float]]] = {}
     cases = [(f"small_{mb}mb", SMALL, mb) for mb in written] + [(f"big_{mid_mb}mb", BIG, mid_mb)]
@@ -123,17 +136,25 @@ async def snapshot_rows(gw: GatewayProcess, written: list[int], mid_mb: int, rep
 
 
 async def fork_all_ready(gw: GatewayProcess, parent: str, prefix: str, count: int) -> float:
+    return (await fork_measured(gw, parent, prefix, count))[0]
+
+
+async def fork_measured(gw: GatewayProcess, parent: str, prefix: str, count: int) -> tuple[float, float]:
+    """fork(count) all Ready: its wall ms and the gateway's own CPU ms over the call (then the
+    children are deleted and the fork's image pruned)."""
+    before = threads_cpu_ms(gw)
     start = time.perf_counter()
     request = pb.ForkSandboxRequest(name=parent, count=count, prefix=prefix, ready_timeout_ms=120_000)
     response = await gw.stub.ForkSandbox(request, metadata=gw.metadata, timeout=300)
     wall = (time.perf_counter() - start) * 1000
+    call_cpu = threads_cpu_ms(gw) - before
     bad = [c.name for c in response.children if c.error_code or c.sandbox.status.phase != pb.SANDBOX_PHASE_READY]
     if bad:
         raise RuntimeError(f"fork children not Ready: {bad}")
     for child in response.children:
         await gw.delete(child.name)
     await prune(gw)  # the fork's untagged image, now that its children are gone
-    return wall
+    return wall, call_cpu
 
 
 async def prune(gw: GatewayProcess) -> None:
@@ -175,7 +196,7 @@ async def fork_parents(gw: GatewayProcess, fork_mb: int) -> None:
 async def fork_versus(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """fork(10) of both parents on a gateway of `--baseline-src` and one of this tree, both up at
     once and taking turns (which goes first alternates), so the host's load falls on both alike."""
-    samples: dict[str, dict[str, tuple[list[float], list[float]]]] = {"baseline": {}, "this": {}}
+    samples: dict[str, dict[str, tuple[list[float], list[float], list[float]]]] = {"baseline": {}, "this": {}}
     async with gateway_process(src=args.baseline_src) as base, gateway_process() as this:
         for side, gw in (("baseline", base), ("this", this)):
             (work / side).mkdir()
@@ -186,12 +207,13 @@ async def fork_versus(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             for key, parent in (("fork10_empty", "parent-empty"), (f"fork10_{args.fork_mb}mb", "parent-full")):
                 for side, gw in pair if turn % 2 == 0 else pair[::-1]:
                     before = cpu_ms(gw)
-                    wall = await fork_all_ready(gw, parent, f"{parent[7]}{turn}", 10)
-                    walls, cpus = samples[side].setdefault(key, ([], []))
+                    wall, call_cpu = await fork_measured(gw, parent, f"{parent[7]}{turn}", 10)
+                    walls, cpus, calls = samples[side].setdefault(key, ([], [], []))
                     walls.append(wall)
                     cpus.append(cpu_ms(gw) - before)
+                    calls.append(call_cpu)
     return {
-        side: {key: {**summary(w), "cpu_ms": summary(c)} for key, (w, c) in rows.items()}
+        side: {key: {**summary(w), "cpu_ms": summary(c), "call_cpu_ms": summary(g)} for key, (w, c, g) in rows.items()}
         for side, rows in samples.items()
     }
 
@@ -336,13 +358,15 @@ def versus_table(versus: dict[str, Any] | None, args: argparse.Namespace) -> lis
         "",
         f"## Fork of 10: this tree against `{args.baseline_src}`, taking turns ({args.ab_repeats} each)",
         "",
-        "| case | baseline p50 ms | this p50 ms | baseline CPU p50 ms | this CPU p50 ms |",
-        "|---|---|---|---|---|",
+        "| case | baseline p50 ms | this p50 ms | baseline CPU p50 ms | this CPU p50 ms "
+        "| baseline gateway CPU in the call p50 ms | this |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, row in versus["this"].items():
         old = versus["baseline"][key]
         lines.append(
-            f"| {key} | {old['p50']:.1f} | {row['p50']:.1f} | {old['cpu_ms']['p50']:.0f} | {row['cpu_ms']['p50']:.0f} |"
+            f"| {key} | {old['p50']:.1f} | {row['p50']:.1f} | {old['cpu_ms']['p50']:.0f} | {row['cpu_ms']['p50']:.0f} "
+            f"| {old['call_cpu_ms']['p50']:.1f} | {row['call_cpu_ms']['p50']:.1f} |"
         )
     lines.append("")
     full = f"fork10_{args.fork_mb}mb"

@@ -5,11 +5,15 @@ links, never followed)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import io
 import os
+import shutil
 import stat
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ from warmshell.core.errors import FailedPreconditionError, ResourceExhaustedErro
 from warmshell.drivers.local.imagestore.capture import (
     REDIRECT_XATTR,
     Tree,
+    _copy_across,
     _LiveFile,
     _TarBytes,
     capture_layer,
@@ -25,6 +30,7 @@ from warmshell.drivers.local.imagestore.capture import (
 )
 from warmshell.drivers.local.imagestore.extracting import OPAQUE_XATTR, WHITEOUT_XATTR
 from warmshell.drivers.local.imagestore.records import LayerRecord
+from warmshell.drivers.local.imagestore.store import ImageStore
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="an overlayfs whiteout (a 0/0 device) needs root to make")
 
@@ -188,17 +194,94 @@ def test_a_captured_file_is_a_copy_that_later_writes_to_the_tree_never_reach(tre
     assert (tmp_path / "layer" / "workspace" / "big").read_bytes() == data
 
 
+def _copy_stated(source: Path, target: Path, stated: int) -> _TarBytes:
+    """Copy `source` as an entry stated at `stated` bytes into a new file `target`."""
+    tar = _TarBytes(content=False, budget=1 << 30, where="the test's snapshot")
+    reading = os.open(source, os.O_RDONLY)
+    writing = os.open(target, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        _LiveFile(reading, stated, tar).copy_to(writing)
+    finally:
+        os.close(reading)
+        os.close(writing)
+    return tar
+
+
 def test_a_file_that_shrank_since_it_was_stated_is_padded_with_zeros_to_its_stated_size(tmp_path: Path) -> None:
     data = os.urandom(1 << 20)
     (tmp_path / "source").write_bytes(data)
     stated = 3 << 20  # preallocated at that size, then one third written
-    tar = _TarBytes(content=False, budget=1 << 30, where="the test's snapshot")
-    source = os.open(tmp_path / "source", os.O_RDONLY)
-    target = os.open(tmp_path / "target", os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        _LiveFile(source, stated, tar).copy_to(target)
-    finally:
-        os.close(source)
-        os.close(target)
+    tar = _copy_stated(tmp_path / "source", tmp_path / "target", stated)
     assert (tmp_path / "target").read_bytes() == data + bytes(stated - len(data))
     assert tar.count == stated
+
+
+def _another_filesystem(tmp_path: Path) -> Path:
+    """A fresh directory on a filesystem other than `tmp_path`'s (a sandbox's tmpfs beside the
+    store's disk), or skip."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no tmpfs at /dev/shm apart from the test's directory")
+    path = shm / f"warmshell-capture-{os.getpid()}-{tmp_path.name}"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def tmpfs_tree(tmp_path: Path) -> Iterator[Path]:
+    path = _another_filesystem(tmp_path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def _copied(source: Path, target: Path, offset: int, count: int) -> int:
+    with open(source, "rb") as reading, open(target, "wb") as writing:
+        return _copy_across(reading.fileno(), writing.fileno(), offset, count)
+
+
+def test_a_file_from_another_filesystem_is_copied_whole_through_the_pipe(tmpfs_tree: Path, tmp_path: Path) -> None:
+    data = os.urandom((5 << 20) + 12345)  # past the pipe several times, and not a multiple of it
+    (tmpfs_tree / "big").write_bytes(data)
+    capture([(tmpfs_tree, "workspace", False)], tmp_path / "layer", content=False)
+    assert (tmp_path / "layer" / "workspace" / "big").read_bytes() == data
+    assert _copied(tmpfs_tree / "big", tmp_path / "tail", 3 << 20, len(data)) == len(data) - (3 << 20)
+    assert (tmp_path / "tail").read_bytes() == data[3 << 20 :]  # from an offset, up to the end
+
+
+def test_a_file_that_shrank_is_padded_with_zeros_across_filesystems(tmpfs_tree: Path, tmp_path: Path) -> None:
+    data = os.urandom((2 << 20) + 7)
+    (tmpfs_tree / "source").write_bytes(data)
+    stated = 4 << 20
+    assert _copy_stated(tmpfs_tree / "source", tmp_path / "target", stated).count == stated
+    assert (tmp_path / "target").read_bytes() == data + bytes(stated - len(data))
+
+
+def test_a_pipe_the_kernel_will_not_enlarge_still_copies_everything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the user's quota of pipe pages the pipe keeps its default size (64 KiB)."""
+
+    def refuse(fd: int, command: int, arg: int = 0) -> int:
+        if command == fcntl.F_SETPIPE_SZ:
+            raise OSError(errno.EPERM, "over the pipe quota")
+        return 0
+
+    monkeypatch.setattr(fcntl, "fcntl", refuse)
+    data = os.urandom((3 << 20) + 5)
+    (tmp_path / "source").write_bytes(data)
+    assert _copied(tmp_path / "source", tmp_path / "target", 0, len(data)) == len(data)
+    assert (tmp_path / "target").read_bytes() == data
+
+
+def test_the_room_for_a_capture_is_checked_beside_the_usage_it_is_given(tmp_path: Path) -> None:
+    """A snapshot reads the store's usage once, before its sandbox is frozen, and checks its
+    trees' bytes against that, not against a second read of the index while frozen."""
+    store = ImageStore(tmp_path / "store", max_bytes=100)
+    store.open()
+    store.check_room(100, what="a capture", used=0)
+    with pytest.raises(ResourceExhaustedError, match="needs 60 more bytes; the image store holds 50 of its 100"):
+        store.check_room(60, what="a capture", used=50)
+    with pytest.raises(ResourceExhaustedError, match="holds 0 of its 100"):
+        store.check_room(101, what="a capture")  # the usage now: the empty store's

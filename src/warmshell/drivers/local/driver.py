@@ -115,8 +115,8 @@ class LocalDriver:
         if images is None:
             return None
 
-        async def freeze(instance: Instance, frozen: bool) -> None:
-            await self._fleet.freeze(instance, frozen=frozen)
+        def freeze(instance: Instance, frozen: bool) -> None:
+            self._fleet.freeze_now(instance, frozen=frozen)
 
         return Snapshots(
             images.store,

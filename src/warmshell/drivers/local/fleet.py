@@ -402,9 +402,13 @@ class Fleet:
     async def freeze(self, instance: Instance, *, frozen: bool) -> None:
         """Freeze (or thaw) every process of the instance's sandbox, through its cgroup;
         FailedPreconditionError when it has none or the host has no freezer."""
+        await asyncio.to_thread(functools.partial(self.freeze_now, instance, frozen=frozen))
+
+    def freeze_now(self, instance: Instance, *, frozen: bool) -> None:
+        """Blocking `freeze`, for a caller already in a worker thread."""
         backend, group = self._cgroup_of(instance, "freezer")
         try:
-            await asyncio.to_thread(functools.partial(backend.freeze, group, frozen=frozen))
+            backend.freeze(group, frozen=frozen)
         except OSError as exc:
             raise FailedPreconditionError(f"instance {instance.instance_id}: cannot freeze or thaw: {exc}") from exc
 

@@ -218,9 +218,10 @@ class ImageStore:
         """Bytes of stored layers."""
         return self.index().usage()
 
-    def check_room(self, more: int, *, what: str) -> None:
-        """Refuse (RESOURCE_EXHAUSTED naming the key) if `more` bytes would not fit."""
-        _check_room(self.usage(), more, self.max_bytes, what)
+    def check_room(self, more: int, *, what: str, used: int | None = None) -> None:
+        """Refuse (RESOURCE_EXHAUSTED naming the key) if `more` bytes would not fit beside
+        `used` (None: the usage now)."""
+        _check_room(self.usage() if used is None else used, more, self.max_bytes, what)
 
     def commit(
         self, image: ImageRecord, layers: list[StagedLayer], tags: list[str], *, sync: bool = True
