@@ -90,12 +90,20 @@ class CliGateway:
             raise AssertionError(f"gateway ignored SIGTERM for {STOP_TIMEOUT_SECONDS}s:\n{self.log()}") from None
 
 
+def _announced_by(info_path: Path, pid: int) -> bool:
+    try:
+        return bool(json.loads(info_path.read_text()).get("pid") == pid)
+    except (FileNotFoundError, ValueError):
+        return False
+
+
 def _wait_for_runtime_info(process: subprocess.Popen[bytes], info_path: Path, log: IO[bytes]) -> None:
     # The gateway announces it is listening by writing gateway.json (atomically, by rename).
     # The stdlib has no inotify, so wait on the process itself in short slices — returning at
-    # once if it dies — and look for the file between slices.
+    # once if it dies — and look for the file between slices. A gateway killed on the same
+    # state dir leaves its own file behind, so only a file naming this process counts.
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    while not info_path.exists():
+    while not _announced_by(info_path, process.pid):
         try:
             process.wait(timeout=0.05)
         except subprocess.TimeoutExpired:

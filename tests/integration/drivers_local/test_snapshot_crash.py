@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import CliGateway, start_gateway
+from tests.helpers.cli import start_gateway
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.drivers_local.test_image_sandboxes import import_tiny
 
@@ -23,14 +23,6 @@ pytestmark = [
 ]
 # No Cmd: a sandbox of the image runs nothing but its agent (a shell as Cmd would exit at once).
 IDLE_ENV = ["PATH=/usr/bin:/bin"]
-
-
-def _restart(state: Path) -> CliGateway:
-    """A gateway started again on `state` after a SIGKILL, once it listens: the killed one's
-    gateway.json is still there, and waiting for that file would return before the new one
-    listens (a command right after it then found its socket refusing connections)."""
-    (state / "gateway.json").unlink(missing_ok=True)
-    return start_gateway(state)
 
 
 def _staged_layer(store: Path) -> bool:
@@ -100,7 +92,7 @@ def test_a_gateway_killed_mid_snapshot_leaves_no_partial_image_and_no_orphan(tmp
     finally:
         if gateway.process.poll() is None:
             gateway.stop()
-    restarted = _restart(state)
+    restarted = start_gateway(state)
     try:
         # A sandbox frozen when its gateway died cannot die (a cgroup v1 freezer keeps even a
         # SIGKILL pending): the next start's sweep of the gateway's cgroups thaws and kills it.
@@ -142,7 +134,7 @@ def test_a_gateway_killed_mid_pause_or_mid_resume_leaves_a_defined_sandbox(tmp_p
     finally:
         if gateway.process.poll() is None:
             gateway.stop()
-    restarted = _restart(state)
+    restarted = start_gateway(state)
     try:
         assert _ended(sandbox_processes) == set()
         listed = json.loads(restarted.run("sandbox", "list", "-o", "json").stdout)
@@ -187,7 +179,7 @@ def test_a_gateway_killed_mid_fork_leaves_no_child_running_and_no_partial_image(
     finally:
         if gateway.process.poll() is None:
             gateway.stop()
-    restarted = _restart(state)
+    restarted = start_gateway(state)
     try:
         assert _ended(sandbox_processes) == set()
         listed = json.loads(restarted.run("sandbox", "list", "-o", "json").stdout)
