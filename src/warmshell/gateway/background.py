@@ -270,8 +270,8 @@ class BackgroundProcesses:
         whose session ended that long ago with no next one (a sandbox this gateway did not see
         end: with replicas, deleted through another). The sandbox at hand every call; the others
         in a sweep at most every `_SWEEP_INTERVAL_MS`: every supervisor's registration calls here,
-        and each idle pool member's open session keeps an entry, so a sweep per call cost a walk
-        of every member per member started (~100 µs a call at 20 members, growing with the pool)."""
+        and each idle pool member's open session keeps an entry, so a sweep per call walked every
+        member per member started (76 µs of CPU a call at 100 members, 355 µs at 500)."""
         now = self._clock()
         oldest = now - EXITED_RETENTION_SECONDS * 1000
         if now - self._swept_at_ms >= _SWEEP_INTERVAL_MS:
