@@ -15,7 +15,7 @@ from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.errors import FailedPreconditionError, NotFoundError, ResourceExhaustedError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import Phase, SandboxRecord, SandboxStatus
-from warmshell.gateway.background import MAX_COMMAND_BYTES, BackgroundProcesses
+from warmshell.gateway.background import _SWEEP_INTERVAL_MS, MAX_COMMAND_BYTES, BackgroundProcesses
 from warmshell.gateway.execs import ExecRelay
 from warmshell.gateway.sessions import SupervisorSession
 from warmshell.sandboxio.outputring import EXITED_RETENTION_SECONDS, MAX_EXITED, MAX_RUNNING
@@ -187,4 +187,32 @@ async def test_the_commands_of_a_sandbox_that_ended_end_with_it(table: Backgroun
     now[0] += EXITED_RETENTION_SECONDS * 1000 + 1
     [gone] = clocked.list(B)
     assert "never came back" in str(gone.failure)
+    await clocked.aclose()
+
+
+async def test_the_other_sandboxes_are_pruned_in_a_sweep_every_interval() -> None:
+    """A call prunes the sandbox at hand at once; the others (whose supervisor never came back,
+    whose session closed) within one sweep interval, not on every call."""
+    now = [1_000]
+    clocked = BackgroundProcesses(
+        ExecRelay(window_bytes=1024, stall_seconds=1.0), history_bytes=HISTORY, clock=lambda: now[0]
+    )
+    lost = SupervisorSession(B, "i", "s-lost")
+    clocked.adopt(lost, spb.SupervisorHello(background=[entry(1)]))
+    lost.close()
+    await settle()
+    [command] = clocked.list(B)
+    now[0] += EXITED_RETENTION_SECONDS * 1000 + 1
+    clocked.adopt(SupervisorSession(A, "i", "s-a"), spb.SupervisorHello())  # sweeps: the first call past the interval
+    assert not command.running
+    assert "never came back" in str(command.failure)
+    other = SandboxId("sb-other")
+    gone = SupervisorSession(other, "i", "s-gone")
+    clocked.adopt(gone, spb.SupervisorHello())
+    gone.close()
+    clocked.list(A)
+    assert other in clocked._sandboxes  # within the interval: only the sandbox at hand
+    now[0] += _SWEEP_INTERVAL_MS
+    clocked.list(A)
+    assert other not in clocked._sandboxes
     await clocked.aclose()
