@@ -22,6 +22,7 @@ from warmshell.core import phases
 from warmshell.core.config import FilesConfig
 from warmshell.core.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
+from warmshell.core.transfers import INLINE_MAX_BYTES
 from warmshell.core.validation import validate_workspace
 from warmshell.drivers.files import (
     ArchiveLimits,
@@ -45,10 +46,6 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 DEFAULT_FILE_MODE = 0o644
 DEFAULT_DIR_MODE = 0o755
 _SERVICE = "/warmshell.v1.FileService/"
-# A download this small comes in OpenFileTransfer's reply (when the client allows it): a ticket,
-# a connection and a status line cost ~0.25 ms more than a 10-byte read's gRPC call did, and at
-# 64 KiB the bytes still cost less than that in one protobuf message.
-INLINE_MAX_BYTES = 64 * 1024
 _DIRECTIONS = {
     pb.TRANSFER_DIRECTION_UPLOAD: Direction.UPLOAD,
     pb.TRANSFER_DIRECTION_DOWNLOAD: Direction.DOWNLOAD,

@@ -24,7 +24,7 @@ from grpc import aio
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.archives import regroup
-from warmshell.core.transfers import Status
+from warmshell.core.transfers import INLINE_MAX_BYTES, Status
 from warmshell.sdk import archives, queueing, transfers
 from warmshell.sdk.transfers import TRANSFER_MIN_BYTES
 
@@ -32,8 +32,6 @@ __all__ = ["CHUNK_BYTES", "AsyncFiles", "FileInfo", "Files", "TransferSummary", 
 
 # Below the gateway's default max_request_bytes (1 MiB) with room for the message's framing.
 CHUNK_BYTES = 256 * 1024
-# A read's ticket request lets a file this small come in the reply: one call, no connection.
-INLINE_MAX_BYTES = 64 * 1024
 _UP, _DOWN, _UP_ARCHIVE, _DOWN_ARCHIVE = (
     pb.TRANSFER_DIRECTION_UPLOAD,
     pb.TRANSFER_DIRECTION_DOWNLOAD,

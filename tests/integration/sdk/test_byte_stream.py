@@ -15,8 +15,8 @@ import pytest
 import warmshell
 from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.integration.security.support import sandbox
+from warmshell.core.transfers import INLINE_MAX_BYTES
 from warmshell.gateway.bytestream import ByteStream
-from warmshell.sdk.files import INLINE_MAX_BYTES
 from warmshell.sdk.transfers import TRANSFER_MIN_BYTES
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is required")
