@@ -100,7 +100,10 @@ async def reaped(gw: GatewayProcess, before: dict[str, float], cpu: dict[str, fl
 
 
 async def stamps(gw: GatewayProcess) -> dict[str, Any]:
-    """The traced gateway's stamps since the last read (empty when untraced)."""
+    """The traced gateway's stamps since the last read (empty when untraced: a plain gateway
+    has no handler for SIGUSR2, whose default action would end it)."""
+    if not any(str(arg).endswith("traced_gateway.py") for arg in gw.process.args):
+        return {"snapshots": [], "children": {}}
     target = gw.state / "trace.json"
     with contextlib.suppress(FileNotFoundError):
         target.unlink()
