@@ -15,11 +15,15 @@ Rows are interleaved (one sample of each in turn) so a load drift over the run h
 Images no tag names (a fork's, a snapshot re-tagged) are pruned between samples, as an operator's
 `image prune` would: on a VM whose memory the host backs on first touch, a store growing by
 hundreds of MB per sample measures that first touch (~3 ms per MB here) rather than the copy.
-With `--baseline-src DIR` (another tree's `src/`, e.g. `git archive main src | tar -x -C DIR/..`
-with its agent binaries built or copied in), fork(10) of both parents also runs on a gateway of
-that tree and one of this tree, both up at once and taking turns: an A/B on a shared host, with
-each gateway's own CPU over the fork call (its threads' scheduler time, to the nanosecond: the
-part of a fork a change to the gateway moves, without its sandboxes' processes or the deletes).
+The A/B part (`--ab-repeats` turns, 0 for none): fork(10) of both parents, a cold create of the
+full parent's snapshot and one of the plain image, in turns, on a gateway of this tree and, with
+`--baseline-src DIR` (another tree's `src/`, e.g. `git archive main src | tar -x -C DIR/..` with
+its agent binaries built or copied in), one of that tree, both up at once, which goes first
+alternating: each gateway's own CPU over the fork call (its threads' scheduler time, to the
+nanosecond: the part of a fork a change to the gateway moves, without its sandboxes' processes
+or the deletes), and each turn's ratios on one gateway. Those pairs, seconds apart, are the
+fork ratios to report: the main part's rows run once each, minutes apart, under whatever load
+the host had then.
 Run as root from the repository root: `python bench/snapshots.py --repeats 5`.
 """
 
@@ -193,28 +197,76 @@ async def fork_parents(gw: GatewayProcess, fork_mb: int) -> None:
     await sh(gw, "parent-full", f"head -c {fork_mb << 20} /dev/urandom > /workspace/big")
 
 
+async def cold_create(gw: GatewayProcess, name: str, image: str) -> tuple[float, float]:
+    """One cold create -> Ready of `image`: its wall ms, and the CPU ms of the gateway and of its
+    sandbox once deleted (as `fork_rows` counts a fork's)."""
+    before = cpu_ms(gw)
+    start = time.perf_counter()
+    await gw.create_ready(name=name, spec=pb.SandboxSpec(image=image))
+    wall = (time.perf_counter() - start) * 1000
+    await gw.delete(name)
+    return wall, cpu_ms(gw) - before
+
+
 async def fork_versus(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """fork(10) of both parents on a gateway of `--baseline-src` and one of this tree, both up at
-    once and taking turns (which goes first alternates), so the host's load falls on both alike."""
-    samples: dict[str, dict[str, tuple[list[float], list[float], list[float]]]] = {"baseline": {}, "this": {}}
-    async with gateway_process(src=args.baseline_src) as base, gateway_process() as this:
-        for side, gw in (("baseline", base), ("this", this)):
+    """fork(10) of both parents, and a cold create of the full parent's snapshot and of the plain
+    image, `--ab-repeats` turns on a gateway of this tree and (with `--baseline-src`) one of that
+    tree, both up at once and taking turns (which goes first alternates), so the host's load falls
+    on both alike. Each turn's ratios are taken within the turn, on one gateway: samples a few
+    seconds apart, under the same load."""
+    sides = {**({"baseline": args.baseline_src} if args.baseline_src else {}), "this": None}
+    samples: dict[str, dict[str, tuple[list[float], list[float], list[float]]]] = {side: {} for side in sides}
+    full = f"fork10_{args.fork_mb}mb"
+    images: dict[str, str] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        pair: list[tuple[str, GatewayProcess]] = []
+        for side, src in sides.items():
+            gw = await stack.enter_async_context(gateway_process(src=src))
+            pair.append((side, gw))
             (work / side).mkdir()
             await asyncio.to_thread(import_images, gw.state, work / side, 1)
             await fork_parents(gw, args.fork_mb)
+            _, taken = await snapshot(gw, "parent-full", "bench/forked:1")
+            images[side] = f"sha256:{taken.digest[7:]}"
         for turn in range(args.ab_repeats):
-            pair = [("baseline", base), ("this", this)]
-            for key, parent in (("fork10_empty", "parent-empty"), (f"fork10_{args.fork_mb}mb", "parent-full")):
-                for side, gw in pair if turn % 2 == 0 else pair[::-1]:
+            for side, gw in pair if turn % 2 == 0 else pair[::-1]:
+                rows = samples[side]
+                for key, parent in (("fork10_empty", "parent-empty"), (full, "parent-full")):
                     before = cpu_ms(gw)
                     wall, call_cpu = await fork_measured(gw, parent, f"{parent[7]}{turn}", 10)
-                    walls, cpus, calls = samples[side].setdefault(key, ([], [], []))
-                    walls.append(wall)
-                    cpus.append(cpu_ms(gw) - before)
-                    calls.append(call_cpu)
+                    _append(rows, key, wall, cpu_ms(gw) - before, call_cpu)
+                for key, image in (("single_cold_create", images[side]), ("cold_create_plain", SMALL)):
+                    wall, cpu = await cold_create(gw, f"{key.replace('_', '-')}-{turn}", image)
+                    _append(rows, key, wall, cpu, float("nan"))
     return {
-        side: {key: {**summary(w), "cpu_ms": summary(c), "call_cpu_ms": summary(g)} for key, (w, c, g) in rows.items()}
+        side: {
+            **{key: {**summary(w), "cpu_ms": summary(c), "call_cpu_ms": summary(g)} for key, (w, c, g) in rows.items()},
+            "pair_ratios": pair_ratios(rows, full),
+        }
         for side, rows in samples.items()
+    }
+
+
+def _append(rows: dict[str, tuple[list[float], list[float], list[float]]], key: str, *values: float) -> None:
+    for column, value in zip(rows.setdefault(key, ([], [], [])), values, strict=True):
+        column.append(value)
+
+
+def pair_ratios(rows: dict[str, tuple[list[float], list[float], list[float]]], full: str) -> dict[str, Any]:
+    """Each turn's ratios (wall, and CPU for the two forks), summarised: the figures a shared
+    host's load drift moves least."""
+    walls = {key: columns[0] for key, columns in rows.items()}
+    cpus = {key: columns[1] for key, columns in rows.items()}
+
+    def each(top: list[float], bottom: list[float]) -> dict[str, float]:
+        return summary([a / b for a, b in zip(top, bottom, strict=True)])
+
+    return {
+        "fork_full_over_empty": each(walls[full], walls["fork10_empty"]),
+        "fork_full_over_empty_cpu": each(cpus[full], cpus["fork10_empty"]),
+        "fork10_empty_over_single_create": each(walls["fork10_empty"], walls["single_cold_create"]),
+        "fork10_full_over_single_create": each(walls[full], walls["single_cold_create"]),
+        "single_create_over_plain": each(walls["single_cold_create"], walls["cold_create_plain"]),
     }
 
 
@@ -282,7 +334,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         data["fork"] = await fork_rows(gw, args.fork_mb, args.repeats)
         data["pause"] = await pause_rows(gw, args.fork_mb, args.repeats)
         data["warm"] = await warm_rows(gw, args.creates)
-    if args.baseline_src:
+    if args.ab_repeats:
         data["fork_versus_baseline"] = await fork_versus(args, work)
     data["load"] = os.getloadavg()[0]
     return data
@@ -292,6 +344,7 @@ def ratios(data: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
     fork = data["fork"]
     snap = data["snapshot"]
     warm = data["warm"]
+    versus = data.get("fork_versus_baseline")
     full = f"fork10_{args.fork_mb}mb"
     return {
         "fork_full_over_empty": fork[full]["p50"] / fork["fork10_empty"]["p50"],
@@ -301,6 +354,8 @@ def ratios(data: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
         "snapshot_big_image_over_small": snap[f"big_{args.mid_mb}mb"]["wall_ms"]["p50"]
         / snap[f"small_{args.mid_mb}mb"]["wall_ms"]["p50"],
         "warm_snapshot_over_plain": warm["warm_snapshot"]["client_ms"]["p50"] / warm["warm_plain"]["client_ms"]["p50"],
+        # The A/B's: each turn's ratio on this tree's gateway, p50 (the figures to report).
+        **{f"ab_{key}": row["p50"] for key, row in (versus or {}).get("this", {}).get("pair_ratios", {}).items()},
     }
 
 
@@ -331,16 +386,10 @@ def table(data: dict[str, Any], found: dict[str, float], args: argparse.Namespac
         client = row["client_ms"]
         lines.append(f"| {key} | {client['p50']:.1f} | {client['p90']:.1f} | {','.join(row['allocations'])} |")
     lines += versus_table(data.get("fork_versus_baseline"), args)
-    full, single = found["fork_full_over_empty"], found["fork10_over_single_create"]
     flat, warm = found["snapshot_big_image_over_small"], found["warm_snapshot_over_plain"]
+    lines += ["", "## Ratios", ""]
+    lines += fork_ratio_lines(data, found, args)
     lines += [
-        "",
-        "## Ratios (same run)",
-        "",
-        f"- fork(10) with {args.fork_mb} MB in /workspace over an empty one: **{full:.2f}x** (target <= 1.5x); "
-        f"in CPU {found['fork_full_over_empty_cpu']:.2f}x",
-        f"- fork(10) all Ready over one cold create of the snapshot: **{single:.2f}x** (target <= 3x); "
-        f"of the empty parent {found['fork10_empty_over_single_create']:.2f}x",
         f"- snapshot of {args.mid_mb} MB written over a {args.big_mb} MB-bigger image: **{flat:.2f}x** (flat: 1x)",
         f"- warm create from a snapshot's pool over a plain image's pool: **{warm:.2f}x** (target <= 1.1x)",
         "",
@@ -350,29 +399,66 @@ def table(data: dict[str, Any], found: dict[str, float], args: argparse.Namespac
     return "\n".join(lines)
 
 
+def fork_ratio_lines(data: dict[str, Any], found: dict[str, float], args: argparse.Namespace) -> list[str]:
+    """The two fork targets: from the A/B's pairs (each turn's ratio on this tree's gateway, p50)
+    when it ran, the main part's p50s beside them (one pass, under whatever load there was)."""
+    main_full, main_single = found["fork_full_over_empty"], found["fork10_over_single_create"]
+    main = (
+        f"main part: {main_full:.2f}x, in CPU {found['fork_full_over_empty_cpu']:.2f}x",
+        f"main part: {main_single:.2f}x of the {args.fork_mb} MB parent, "
+        f"{found['fork10_empty_over_single_create']:.2f}x of the empty one",
+    )
+    versus = data.get("fork_versus_baseline")
+    if not versus:
+        return [
+            f"- fork(10) with {args.fork_mb} MB in /workspace over an empty one (target <= 1.5x): {main[0]}",
+            f"- fork(10) all Ready over one cold create of the snapshot (target <= 3x): {main[1]}",
+        ]
+    pairs = versus["this"]["pair_ratios"]
+
+    def middle(key: str) -> str:
+        row = pairs[key]
+        return f"**{row['p50']:.2f}x** (the turns' {row['min']:.2f}-{row['max']:.2f}x)"
+
+    full, cpu = middle("fork_full_over_empty"), pairs["fork_full_over_empty_cpu"]["p50"]
+    return [
+        f"- fork(10) with {args.fork_mb} MB in /workspace over an empty one (target <= 1.5x), the A/B's "
+        f"pairs on this tree: {full}; in CPU {cpu:.2f}x; {main[0]}",
+        "- fork(10) all Ready over one cold create of the snapshot (target <= 3x), the A/B's pairs: "
+        f"{middle('fork10_empty_over_single_create')} of the empty parent, "
+        f"{middle('fork10_full_over_single_create')} of the {args.fork_mb} MB one; {main[1]}",
+        f"- that cold create over one of the plain image (the A/B's pairs): {middle('single_create_over_plain')}",
+    ]
+
+
 def versus_table(versus: dict[str, Any] | None, args: argparse.Namespace) -> list[str]:
-    """The section of `--baseline-src` (none without it)."""
+    """The A/B's section: this tree's gateway, and `--baseline-src`'s when given."""
     if not versus:
         return []
+    sides = [side for side in ("baseline", "this") if side in versus]
+    against = f" against `{args.baseline_src}`, taking turns" if "baseline" in versus else ""
     lines = [
         "",
-        f"## Fork of 10: this tree against `{args.baseline_src}`, taking turns ({args.ab_repeats} each)",
+        f"## fork(10) and a cold create, in turns: this tree{against} ({args.ab_repeats} each)",
         "",
-        "| case | baseline p50 ms | this p50 ms | baseline CPU p50 ms | this CPU p50 ms "
-        "| baseline gateway CPU in the call p50 ms | this |",
-        "|---|---|---|---|---|---|---|",
+        "| case | "
+        + " | ".join(f"{s} p50 ms | {s} CPU p50 ms | {s} gateway CPU in the call p50 ms" for s in sides)
+        + " |",
+        "|---" * (1 + 3 * len(sides)) + "|",
     ]
-    for key, row in versus["this"].items():
-        old = versus["baseline"][key]
-        lines.append(
-            f"| {key} | {old['p50']:.1f} | {row['p50']:.1f} | {old['cpu_ms']['p50']:.0f} | {row['cpu_ms']['p50']:.0f} "
-            f"| {old['call_cpu_ms']['p50']:.1f} | {row['call_cpu_ms']['p50']:.1f} |"
-        )
-    lines.append("")
-    full = f"fork10_{args.fork_mb}mb"
-    for side in ("baseline", "this"):
-        rows = versus[side]
-        lines.append(f"- {side}: {full} over fork10_empty {rows[full]['p50'] / rows['fork10_empty']['p50']:.2f}x")
+    for key in versus["this"]:
+        if key == "pair_ratios":
+            continue
+        cells = [versus[side][key] for side in sides]
+        shown = [f"{c['p50']:.1f} | {c['cpu_ms']['p50']:.0f} | {c['call_cpu_ms']['p50']:.1f}" for c in cells]
+        lines.append(f"| {key} | " + " | ".join(shown) + " |")
+    lines += ["", "Each turn's ratios on one gateway, p50 (the turns' min-max):", ""]
+    for key in versus["this"]["pair_ratios"]:
+        cells = [versus[side]["pair_ratios"][key] for side in sides]
+        shown = [
+            f"{side} {c['p50']:.2f}x ({c['min']:.2f}-{c['max']:.2f})" for side, c in zip(sides, cells, strict=True)
+        ]
+        lines.append(f"- {key}: " + ", ".join(shown))
     return lines
 
 
@@ -389,7 +475,9 @@ def main() -> None:
         type=Path,
         help="also fork on a gateway of this src/ directory (e.g. `git archive main src`), taking turns",
     )
-    parser.add_argument("--ab-repeats", type=int, default=20, help="forks of each parent per side with --baseline-src")
+    parser.add_argument(
+        "--ab-repeats", type=int, default=20, help="turns of the A/B (forks, cold creates), per side; 0: none"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: images of the image store need a gateway run as root")

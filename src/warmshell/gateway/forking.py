@@ -33,11 +33,12 @@ def child_names(parent: str, prefix: str, count: int, *, most: int) -> list[str]
 
 def child_sandbox(parent: SandboxRecord, name: str, image: str, secrets: Mapping[str, str] | None) -> NewSandbox:
     """The create of child `name` of `parent` on `image` (its snapshot); `secrets` None: none."""
-    spec = parent.spec.model_copy(deep=True)
-    spec.image = image
+    # A shallow copy, as every spec is: nothing changes a spec's parts in place (the create path
+    # replaces them), and a deep one cost ~85 us a child against ~15, in a fork's event loop.
+    changes: dict[str, object] = {"image": image}
     if secrets is None:
-        spec.secret_names = []
-        spec.secret_hosts = {}
+        changes.update(secret_names=[], secret_hosts={})
+    spec = parent.spec.model_copy(update=changes)
     lifetime = parent.lifetime
     return NewSandbox(
         workspace=parent.workspace,

@@ -58,5 +58,6 @@ def test_a_child_is_the_parents_spec_on_its_snapshot_without_its_secrets_unless_
     assert (child.spec.secret_names, child.spec.secret_hosts, dict(child.secrets)) == ([], {}, {})
     assert (child.ttl_seconds, child.idle_timeout_seconds) == (600, 60)
     assert parent.spec.image.startswith("tiny:1")  # the parent's record is not changed
+    assert (parent.spec.secret_names, parent.spec.secret_hosts) == (["TOKEN"], {"TOKEN": ["api.example.com"]})
     kept = child_sandbox(parent, "prep-fork-2", "sha256:" + "b" * 64, {"TOKEN": "s3cret"})
     assert (kept.spec.secret_names, dict(kept.secrets)) == (["TOKEN"], {"TOKEN": "s3cret"})
