@@ -4,7 +4,8 @@ One gateway (a subprocess, real bwrap'd members) and, in order:
 
 - cold create -> Ready p50 (a shape no profile has): the baseline every ratio is taken against;
 - sequential warm create -> Ready p50/p90/p99 with refills running (a small pool refilled while
-  the creates go on; no waiting for an idle member between creates);
+  the creates go on; no waiting for an idle member between creates), and the server's timeline
+  of each warm one step by step (requested -> claimed -> activated -> Ready);
 - bursts of N concurrent creates against an idle pool of N (10, 50, 200): wall time until all are
   Ready, per-create p50/p99, the gateway's CPU per create (its host-side supervisors included:
   they run in the gateway process), the CPU the claimed members' own processes spent from

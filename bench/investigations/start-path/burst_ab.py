@@ -29,6 +29,7 @@ import burst
 from harness import write_results
 
 BENCH = Path(__file__).resolve().parents[2]
+NAN = float("nan")
 
 # (label, how to read it from a burst.py result)
 FIGURES: tuple[tuple[str, Any], ...] = (
@@ -36,7 +37,8 @@ FIGURES: tuple[tuple[str, Any], ...] = (
     ("sequential warm create -> Ready, client p50, ms", lambda d: d["sequential"]["client_ms"]["p50"]),
     ("sequential warm create -> Ready, server p50, ms", lambda d: d["sequential"]["server_ms"]["p50"]),
     *(
-        (f"… {label}, p50, ms", lambda d, label=label: d["sequential"]["warm_steps_ms"][label]["p50"])
+        # NaN for a run whose sequential creates all went cold (no warm timeline to read).
+        (f"… {label}, p50, ms", lambda d, label=label: d["sequential"]["warm_steps_ms"].get(label, {}).get("p50", NAN))
         for label, _, _ in burst.WARM_STEPS
     ),
     ("CPU per member start, ms", lambda d: d["fill"]["cpu_ms_per_member"]),

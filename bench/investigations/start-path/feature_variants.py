@@ -14,8 +14,9 @@ tree (build them first). What each variant removes:
 - `nocgroup`: the cgroup v1 group per sandbox (five hierarchies made, limits written, the
   launcher's `cgroup.procs` writes, the removal at stop), as 74935cd on this host (v2 only);
 - `noegress`: the egress directory per sandbox (its mkdir and chown, its bind) and with it the
-  CA bundle's copy and its bind; the agent gets no egress port;
-- `nobundle`: only the CA bundle's copy and its bind (the egress directory kept);
+  CA bundle's placement; the agent gets no egress port;
+- `nobundle`: only the CA bundle's placement (the egress directory kept): up to 0a073ec its copy
+  per start and the copy's bind; since, the staged bundle's link and each start's link to it;
 - `nolease`: the uid lease file (a file written, linked and unlinked per start, one unlinked
   per stop) replaced by a set in memory, as 74935cd's `UidRange`;
 - `none`: all of the above;
@@ -31,22 +32,33 @@ from pathlib import Path
 
 # (file under src/warmshell, exact text, replacement)
 Patch = tuple[str, str, str]
+# Where trees differ: one of these patches, exactly one of which must apply.
+Choice = tuple[Patch, ...]
 
-_CGROUP: tuple[Patch, ...] = (
+_CGROUP: tuple[Patch | Choice, ...] = (
     (
         "drivers/local/hostsetup.py",
         "cgroup = cgroup if cgroup is not None else cgroupsetup.choose(gateway=gateway)",
         'cgroup = cgroups.Unavailable("switched off (a variant tree)")',
     ),
 )
-_BUNDLE: tuple[Patch, ...] = (
+_BUNDLE: tuple[Patch | Choice, ...] = (
     (
-        "drivers/local/runtime/launching.py",
-        "system_bundle=_system_bundle_copy(plan, instance.egress_dir),",
-        "system_bundle=None,",
+        # 0a073ec and before: each start copied the bundle and bound the copy.
+        (
+            "drivers/local/runtime/launching.py",
+            "system_bundle=_system_bundle_copy(plan, instance.egress_dir),",
+            "system_bundle=None,",
+        ),
+        # Since: the staged bundle a link, each start one more (no link staged: none made).
+        (
+            "drivers/local/runtime/etcstage.py",
+            "linked = name == _BUNDLE.parts[0] and _link_bundle(partial)",
+            "linked = False",
+        ),
     ),
 )
-_EGRESS: tuple[Patch, ...] = (
+_EGRESS: tuple[Patch | Choice, ...] = (
     *_BUNDLE,
     ("drivers/local/runtime/launching.py", "egress_dir=instance.egress_dir,", "egress_dir=None,"),
     (
@@ -57,7 +69,7 @@ _EGRESS: tuple[Patch, ...] = (
         "",
     ),
 )
-_LEASE: tuple[Patch, ...] = (
+_LEASE: tuple[Patch | Choice, ...] = (
     (
         "drivers/local/runtime/uidlease.py",
         "    def _lease_new(self, uid: int) -> bool:\n",
@@ -79,7 +91,7 @@ _LEASE: tuple[Patch, ...] = (
 
 # Not a feature: the cgroup kept, without its CPU quota (CFS bandwidth control), to tell the
 # quota's part of a member's wake-up from the group's.
-_CPU_QUOTA: tuple[Patch, ...] = (
+_CPU_QUOTA: tuple[Patch | Choice, ...] = (
     (
         "drivers/local/runtime/cgroups_v1.py",
         'if limits.cpu_millis is not None and "cpu" in controllers:',
@@ -87,7 +99,7 @@ _CPU_QUOTA: tuple[Patch, ...] = (
     ),
 )
 
-VARIANTS: dict[str, tuple[Patch, ...]] = {
+VARIANTS: dict[str, tuple[Patch | Choice, ...]] = {
     "nocgroup": _CGROUP,
     "nocpuquota": _CPU_QUOTA,
     "noegress": _EGRESS,
@@ -103,12 +115,14 @@ def make(src: Path, out: Path, name: str) -> Path:
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
-    for relative, old, new in VARIANTS[name]:
-        path = target / "warmshell" / relative
-        text = path.read_text()
-        if text.count(old) != 1:
-            raise SystemExit(f"{name}: {relative}: expected exactly one {old!r}")
-        path.write_text(text.replace(old, new))
+    for step in VARIANTS[name]:
+        choices: Choice = (step,) if isinstance(step[0], str) else step
+        texts = {relative: (target / "warmshell" / relative).read_text() for relative, _, _ in choices}
+        matching = [(relative, old, new) for relative, old, new in choices if texts[relative].count(old) == 1]
+        if len(matching) != 1:
+            raise SystemExit(f"{name}: expected exactly one of {[old for _, old, _ in choices]!r} once")
+        relative, old, new = matching[0]
+        (target / "warmshell" / relative).write_text(texts[relative].replace(old, new))
     return target
 
 
