@@ -21,7 +21,9 @@ tree (build them first). What each variant removes:
   per stop) replaced by a set in memory, as 74935cd's `UidRange`;
 - `none`: all of the above;
 - `nocpuquota`: not a feature: the cgroup kept without its CPU quota (a probe of where a
-  member's wake-up waits).
+  member's wake-up waits);
+- `cpuweight`: not a feature: the sandboxes' top cgroup `warmshell-weight/` with cpu.shares 8192
+  (another probe of the same; it leaves that empty group on the host).
 """
 
 from __future__ import annotations
@@ -99,9 +101,24 @@ _CPU_QUOTA: tuple[Patch | Choice, ...] = (
     ),
 )
 
+# Not a feature either: every sandbox under a top group of eight times the default cpu weight
+# (`warmshell-weight/`, cpu.shares 8192) rather than `warmshell/` (1024): whether a member's
+# wake-up waits for the weight the host's sandboxes share.
+_CPU_WEIGHT: tuple[Patch | Choice, ...] = (
+    (
+        "drivers/local/runtime/cgroups_v1.py",
+        '        parent = directory / "warmshell" / gateway\n',
+        '        parent = directory / "warmshell-weight" / gateway\n'
+        "        with contextlib.suppress(OSError):\n"
+        "            cgroups.make_parent(parent)\n"
+        '            (directory / "warmshell-weight" / "cpu.shares").write_text("8192\\n")\n',
+    ),
+)
+
 VARIANTS: dict[str, tuple[Patch | Choice, ...]] = {
     "nocgroup": _CGROUP,
     "nocpuquota": _CPU_QUOTA,
+    "cpuweight": _CPU_WEIGHT,
     "noegress": _EGRESS,
     "nobundle": _BUNDLE,
     "nolease": _LEASE,
