@@ -23,7 +23,7 @@ tree (build them first). What each variant removes:
 - `nocpuquota`: not a feature: the cgroup kept without its CPU quota (a probe of where a
   member's wake-up waits);
 - `cpuweight`: not a feature: the sandboxes' top cgroup `warmshell-weight/` with cpu.shares 8192
-  (another probe of the same; it leaves that empty group on the host).
+  (another probe of the same).
 """
 
 from __future__ import annotations
