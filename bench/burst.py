@@ -4,7 +4,8 @@ One gateway (a subprocess, real bwrap'd members) and, in order:
 
 - cold create -> Ready p50 (a shape no profile has): the baseline every ratio is taken against;
 - sequential warm create -> Ready p50/p90/p99 with refills running (a small pool refilled while
-  the creates go on; no waiting for an idle member between creates);
+  the creates go on; no waiting for an idle member between creates), and the server's timeline
+  of each warm one step by step (requested -> claimed -> activated -> Ready);
 - bursts of N concurrent creates against an idle pool of N (10, 50, 200): wall time until all are
   Ready, per-create p50/p99, the gateway's CPU per create (its host-side supervisors included:
   they run in the gateway process), the CPU the claimed members' own processes spent from
@@ -56,6 +57,12 @@ BURST_ENV = {"POOL": "burst"}
 FILL_ENV = {"POOL": "fill"}
 COLD_ENV = {"POOL": "none"}
 CREATES_PER_CLIENT = 25
+# A warm create's server timeline, step by step: (label, from, to) of `Timeline` fields.
+WARM_STEPS = (
+    ("requested -> claimed", "requested_us", "claimed_us"),
+    ("claimed -> activated", "claimed_us", "activated_us"),
+    ("activated -> ready", "activated_us", "ready_us"),
+)
 
 
 # How a create waits for Ready: in the create itself, as the SDK does (False: CreateSandbox then
@@ -153,6 +160,7 @@ async def sequential(
     deleted before the next; no waiting for the pool. Also why any went cold (`why_cold`) and the
     collector's pauses meanwhile."""
     client, server, warm, allocations = [], [], [], {"warm": 0, "cold": 0}
+    steps: dict[str, list[float]] = {step: [] for step, _, _ in WARM_STEPS}
     cold_before, paused, stolen, started = await why_cold(gw), gc_pauses(gw), steal_ms(), time.perf_counter()
     for i in itertools.count():
         if (until is None and i == count) or (until is not None and until.done()):
@@ -163,12 +171,16 @@ async def sequential(
         allocations[ready.status.allocation] += 1
         if ready.status.allocation == "warm":
             warm.append(c)
+            timeline = ready.status.timeline
+            for step, start, end in WARM_STEPS:
+                steps[step].append((getattr(timeline, end) - getattr(timeline, start)) / 1000)
         await gw.delete(f"{label}-{i}")
     after = gc_pauses(gw)
     return {
         "client_ms": summary(client),
         "server_ms": summary(server),
         "warm_client_ms": summary(warm) if warm else {},
+        "warm_steps_ms": {step: summary(values) for step, values in steps.items() if values},
         "allocations": allocations,
         "why_cold": why_cold_since(cold_before, await why_cold(gw)),
         "gc": {key: after[key] - paused[key] for key in after},

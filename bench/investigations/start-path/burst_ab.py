@@ -25,15 +25,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness
 import alternating
+import burst
 from harness import write_results
 
 BENCH = Path(__file__).resolve().parents[2]
+NAN = float("nan")
 
 # (label, how to read it from a burst.py result)
 FIGURES: tuple[tuple[str, Any], ...] = (
     ("cold create -> Ready p50, ms", lambda d: d["cold"]["client_ms"]["p50"]),
     ("sequential warm create -> Ready, client p50, ms", lambda d: d["sequential"]["client_ms"]["p50"]),
     ("sequential warm create -> Ready, server p50, ms", lambda d: d["sequential"]["server_ms"]["p50"]),
+    *(
+        # NaN for a run whose sequential creates all went cold (no warm timeline to read).
+        (f"… {label}, p50, ms", lambda d, label=label: d["sequential"]["warm_steps_ms"].get(label, {}).get("p50", NAN))
+        for label, _, _ in burst.WARM_STEPS
+    ),
     ("CPU per member start, ms", lambda d: d["fill"]["cpu_ms_per_member"]),
     ("… in the gateway, ms", lambda d: d["fill"]["gateway_cpu_ms_per_member"]),
     ("… … of it the benchmark's ListPools polls, ms", lambda d: d["fill"]["poll_cpu_ms_per_member"]),
@@ -63,12 +70,13 @@ def run(name: str, tree: str, src: Path, round_: int) -> dict[str, Any]:
 
 
 def table(trees: list[str], runs: dict[str, list[dict[str, Any]]]) -> str:
-    first, last = trees[0], trees[-1]
-    out = f"| figure | {' | '.join(trees)} | {last} / {first} |\n|---|{'---|' * (len(trees) + 1)}\n"
+    first, others = trees[0], trees[1:]
+    ratios = " | ".join(f"{tree} / {first}" for tree in others)
+    out = f"| figure | {' | '.join(trees)} | {ratios} |\n|---|{'---|' * (2 * len(trees) - 1)}\n"
     for label, read in FIGURES:
         medians = {tree: statistics.median(read(d) for d in runs[tree]) for tree in trees}
-        ratio = medians[last] / medians[first] if medians[first] else float("nan")
-        out += f"| {label} | {' | '.join(f'{medians[t]:.3g}' for t in trees)} | {ratio:.2f} |\n"
+        ratio = " | ".join(f"{medians[t] / medians[first]:.2f}" if medians[first] else "nan" for t in others)
+        out += f"| {label} | {' | '.join(f'{medians[t]:.3g}' for t in trees)} | {ratio} |\n"
     out += "\n| round | tree | cold p50 | warm p50 | CPU/start | gateway | … polls | members | members/s | load |\n"
     out += "|---|---|---|---|---|---|---|---|---|---|\n"
     for round_ in range(len(runs[first])):
@@ -96,7 +104,16 @@ def main() -> None:
     data = {
         "trees": trees,
         "runs": {
-            t: [r["fill"] | {"cold": r["cold"]["client_ms"], "sequential": r["sequential"]["client_ms"]} for r in rs]
+            t: [
+                r["fill"]
+                | {
+                    "cold": r["cold"]["client_ms"],
+                    "sequential": r["sequential"]["client_ms"],
+                    "sequential_server": r["sequential"]["server_ms"],
+                    "warm_steps": r["sequential"]["warm_steps_ms"],
+                }
+                for r in rs
+            ]
             for t, rs in runs.items()
         },
         "load": list(os.getloadavg()),

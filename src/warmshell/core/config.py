@@ -83,7 +83,7 @@ class LocalDriverConfig(_Section):
     # can reach them: root-owned 0711, each workspace 0700 and owned by its sandbox.
     sandbox_dir: Path = Path("/var/lib/warmshell-sandboxes")
     # With a uid per sandbox, what a sandbox needs only while it lives (its egress directory,
-    # with a ~220 KB copy of the system CA bundle for one on the host's root, its uid lease and,
+    # with a ~220 KB CA bundle for one whose TLS the proxy intercepts, its uid lease and,
     # with nothing on disk, its log) lives here: root-owned 0711, best a tmpfs. None = a
     # directory named for sandbox_dir on /run or else /dev/shm, whichever is a tmpfs; neither:
     # sandbox_dir.

@@ -26,6 +26,7 @@ __all__ = [
     "ANY",
     "BUNDLE_FILE",
     "CA_FILE",
+    "HOST_BUNDLE",
     "PROXY_PORT",
     "PUBLIC_SUFFIXES",
     "SANDBOX_DIR",
@@ -66,11 +67,13 @@ PUBLIC_SUFFIXES = frozenset(
 PROXY_PORT = 3128
 # Where a local sandbox sees the directory its proxy socket (and the CA it trusts) appear in.
 SANDBOX_DIR = "/run/warmshell/egress"
-# The CA bundle tools read when no variable names one (OpenSSL's default on Debian and Ubuntu):
-# a local sandbox on the host's root sees there its own copy (`SYSTEM_BUNDLE_COPY`, in the host
-# directory bound at SANDBOX_DIR), to which the gateway's CA is added when its TLS is intercepted.
+# The CA bundle tools read when no variable names one (OpenSSL's default on Debian and Ubuntu).
+# A local sandbox on the host's root sees there a symlink to `SYSTEM_BUNDLE_COPY` in SANDBOX_DIR,
+# itself a symlink to the host's bundle (staged at `HOST_BUNDLE`) until an activation whose TLS
+# is intercepted replaces it with a file of the host's CAs and the gateway's.
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SYSTEM_BUNDLE_COPY = "system-ca-bundle.pem"
+HOST_BUNDLE = "/etc/ssl/certs/.warmshell-host-ca-certificates.crt"
 # The proxy's CA alone, and a bundle of the host's CAs and it: the files a sandbox whose TLS is
 # intercepted trusts (a local sandbox's in SANDBOX_DIR; a pod's where its supervisor writes them).
 CA_FILE = "ca.pem"

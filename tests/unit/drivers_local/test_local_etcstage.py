@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from warmshell.drivers.local.runtime.etcstage import TREE_LIMIT, EtcStage
+from warmshell.core import egress
+from warmshell.drivers.local.runtime.etcstage import TREE_LIMIT, EtcStage, link_system_bundle
 
 
 @pytest.fixture
@@ -152,11 +153,72 @@ def test_a_tree_with_read_only_directories_is_copied_again_when_it_changes(tmp_p
 def test_a_directory_too_big_to_copy_is_a_mount_point_for_its_own_bind(tmp_path: Path, host_etc: Path) -> None:
     # Symlink farms such as /etc/alternatives: copying hundreds of links took most of a second of
     # a gateway's first start on a busy disk, so such a directory keeps its bind.
-    farm = host_etc / "ssl" / "certs"
-    for index in range(TREE_LIMIT):
-        (farm / f"{index}.pem").symlink_to("../cert.pem")
+    (host_etc / "alternatives").mkdir()
+    for index in range(TREE_LIMIT + 1):
+        (host_etc / "alternatives" / f"tool{index}").symlink_to("/usr/bin/true")
+        (host_etc / "ssl" / "certs" / f"{index}.pem").symlink_to("../cert.pem")
+    staged = EtcStage(tmp_path / "staged", host_etc, ["passwd", "hosts", "ssl", "localtime", "alternatives"])
+    staged.refresh()
+    assert staged.subdirectories == ("alternatives",)
+    assert os.listdir(staged.directory / "alternatives") == []  # bound over, not copied
+    assert sorted(os.listdir(staged.directory)) == ["alternatives", "hosts", "localtime", "passwd", "ssl"]
+    # The system bundle's directory is copied whatever its size (its bundle becomes a link).
+    assert len(os.listdir(staged.directory / "ssl" / "certs")) == TREE_LIMIT + 2
+
+
+def _host_bundle(host_etc: Path, text: str = "host CAs\n") -> Path:
+    bundle = host_etc / "ssl" / "certs" / "ca-certificates.crt"
+    bundle.write_text(text)
+    bundle.chmod(0o644)
+    return bundle
+
+
+def test_the_staged_system_bundle_links_into_the_egress_directory(tmp_path: Path, host_etc: Path) -> None:
+    _host_bundle(host_etc)
     staged = stage(tmp_path, host_etc)
     staged.refresh()
-    assert staged.subdirectories == ("ssl",)
-    assert os.listdir(staged.directory / "ssl") == []  # bound over, not copied
-    assert sorted(os.listdir(staged.directory)) == ["hosts", "localtime", "passwd", "ssl"]
+    certs = staged.directory / "ssl" / "certs"
+    assert staged.bundle_linked
+    assert os.readlink(certs / "ca-certificates.crt") == f"{egress.SANDBOX_DIR}/{egress.SYSTEM_BUNDLE_COPY}"
+    kept = certs / Path(egress.HOST_BUNDLE).name
+    assert kept.read_text() == "host CAs\n"
+    assert kept.stat().st_mode & 0o777 == 0o644
+    assert sorted(os.listdir(certs)) == sorted(["ca.pem", "ca-certificates.crt", kept.name])
+    # Each start's link leads back to the host's bundle as the sandbox sees it.
+    egress_dir = tmp_path / "li-1.egress"
+    egress_dir.mkdir()
+    link_system_bundle(egress_dir)
+    assert os.readlink(egress_dir / egress.SYSTEM_BUNDLE_COPY) == egress.HOST_BUNDLE
+
+
+def test_a_changed_host_bundle_is_staged_again_still_linked(tmp_path: Path, host_etc: Path) -> None:
+    bundle = _host_bundle(host_etc)
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    bundle.write_text("host CAs, and one more\n")  # update-ca-certificates
+    staged.refresh()
+    certs = staged.directory / "ssl" / "certs"
+    assert (certs / Path(egress.HOST_BUNDLE).name).read_text() == "host CAs, and one more\n"
+    assert os.readlink(certs / "ca-certificates.crt") == f"{egress.SANDBOX_DIR}/{egress.SYSTEM_BUNDLE_COPY}"
+    staged.remove()
+    assert not staged.bundle_linked
+
+
+def test_a_host_bundle_that_is_a_link_or_missing_is_copied_as_it_is(tmp_path: Path, host_etc: Path) -> None:
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()  # no bundle at all
+    assert not staged.bundle_linked
+    (host_etc / "ssl" / "certs" / "ca-certificates.crt").symlink_to("../cert.pem")  # as on Fedora
+    staged.refresh()
+    assert not staged.bundle_linked
+    assert os.readlink(staged.directory / "ssl" / "certs" / "ca-certificates.crt") == "../cert.pem"
+
+
+def test_a_read_only_certs_directory_is_linked_and_keeps_its_bits(tmp_path: Path, host_etc: Path) -> None:
+    _host_bundle(host_etc)
+    (host_etc / "ssl" / "certs").chmod(0o555)
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    (host_etc / "ssl" / "certs").chmod(0o755)  # so that pytest can remove tmp_path
+    assert staged.bundle_linked
+    assert (staged.directory / "ssl" / "certs").stat().st_mode & 0o777 == 0o555

@@ -180,27 +180,6 @@ def test_an_image_of_the_store_is_its_overlay_bound_writable_as_root_under_the_r
     assert pairs(plain, "--gid", 1) == [("7",)]
 
 
-def test_a_system_bundle_copy_is_bound_over_the_one_of_the_hosts_etc_ssl(tmp_path: Path) -> None:
-    host_ssl = tmp_path / "ssl"
-    (host_ssl / "certs").mkdir(parents=True)
-    (host_ssl / "certs" / "ca-certificates.crt").write_text("CAs\n")
-    bound = RootPlan(binds=((Path("/state/sandbox-etc"), "/etc"), (host_ssl, "/etc/ssl")))
-    assert sandboxing.system_bundle_source(bound) == host_ssl / "certs" / "ca-certificates.crt"
-    # Nothing to cover: /etc/ssl not bound from the host (an image's root, a staged copy), or no such file.
-    assert sandboxing.system_bundle_source(RootPlan(binds=((Path("/img/etc"), "/etc"),))) is None
-    (host_ssl / "certs" / "ca-certificates.crt").unlink()
-    assert sandboxing.system_bundle_source(bound) is None
-    copy = Path("/srv/ws/li-1.egress/system-ca-bundle.pem")
-    argv = sandboxing.bwrap_argv(layout(plan=bound, egress_dir=Path("/srv/ws/li-1.egress"), system_bundle=copy))
-    binds = pairs(argv, "--ro-bind", 2)
-    # After /etc/ssl's bind (it goes on top), before the root turns read-only.
-    assert binds.index((str(copy), "/etc/ssl/certs/ca-certificates.crt")) > binds.index((str(host_ssl), "/etc/ssl"))
-    before = options(argv)
-    root_read_only = next(i for i, a in enumerate(before) if before[i : i + 2] == ["--remount-ro", "/"])
-    assert before.index(str(copy)) < root_read_only
-    assert str(copy) not in sandboxing.bwrap_argv(layout(plan=bound))
-
-
 def test_an_image_holding_its_workspace_keeps_it_under_the_overlay_and_mounts_nothing_there() -> None:
     kept = sandboxing.bwrap_argv(layout(overlay_root=Path("/r/m"), workspace_in_root=True, workspace_bytes=1 << 20))
     assert (sandboxing.WORKSPACE,) not in pairs(kept, "--tmpfs", 1)

@@ -27,6 +27,7 @@ from warmshell.gateway.egress.credentials import Presented, ProxyCredentials
 from warmshell.gateway.egress.proxy import Admitted, EgressProxy
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.secretvault import SecretVault
+from warmshell.sandboxio import trust
 
 __all__ = [
     "NETWORK_CONDITION",
@@ -98,17 +99,16 @@ class Attachment:
 def _place_trust(authority: interception.CertificateAuthority, directory: Path) -> None:
     """Copies of the CA and the bundle in the sandbox's egress directory (blocking), readable by
     its uid: the state directory's own stay private (a link would share their mode); and the
-    bundle in its system bundle's copy, when it has one."""
+    bundle as its system bundle, when it has the link to the host's there (`etcstage`)."""
     for source in (authority.ca_file, authority.bundle_file):
         target = directory / source.name
         if not target.exists():
             shutil.copyfile(source, target)
             os.chmod(target, 0o644)
-    system = directory / egress.SYSTEM_BUNDLE_COPY
-    if system.exists():  # bound over the sandbox's system bundle: rewritten in place, same inode
-        with open(system, "r+b") as handle:
-            handle.write(authority.bundle_file.read_bytes())
-            handle.truncate()
+    if os.path.lexists(directory / egress.SYSTEM_BUNDLE_COPY):
+        # The link is replaced, never written through: it leads to the host's bundle that every
+        # other sandbox of this gateway reads.
+        trust.replace_file(directory, egress.SYSTEM_BUNDLE_COPY, authority.bundle_file.read_bytes())
 
 
 class EgressGate:

@@ -16,6 +16,15 @@ may hold tokens (`NEVER_COPIED`, as the allow-list leaves them out of /etc) are 
 not everyone may read is an empty placeholder with the source's owner and mode (no private key
 is copied about).
 
+The system CA bundle's directory (`ssl`) is copied whatever its size, and in the copy the bundle
+(`egress.SYSTEM_BUNDLE`) is a symlink into the sandbox's egress directory, whose own link
+(`link_system_bundle`, made at each start) leads back to the host's bundle kept beside it
+(`egress.HOST_BUNDLE`). A sandbox reads the host's bundle byte for byte through the two links,
+until an activation whose TLS is intercepted replaces its egress directory's link with a file of
+the host's CAs and the gateway's: the one sandbox's trust changes, no other's. A copy of the
+~220 KB bundle per start, bound over a bind of the host's /etc/ssl, cost each member start two
+mounts and ~0.5 ms of CPU more, and the bundle's bytes in RAM per sandbox on the runtime tmpfs.
+
 The copies are checked before every start and refreshed when a source changed: a file by its
 inode, size and mtime; a tree by those of each of its directories and regular files (an entry
 added, removed, renamed or relinked changes its directory; a file edited in place changes itself),
@@ -32,9 +41,11 @@ import shutil
 import stat
 import threading
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-__all__ = ["NEVER_COPIED", "TREE_LIMIT", "EtcStage", "too_big_to_copy"]
+from warmshell.core import egress
+
+__all__ = ["NEVER_COPIED", "TREE_LIMIT", "EtcStage", "link_system_bundle", "too_big_to_copy"]
 
 # The most entries (files, directories and symlinks, at any depth) of an allowed directory that is
 # copied rather than bound.
@@ -44,6 +55,12 @@ TREE_LIMIT = 64
 NEVER_COPIED = frozenset({"pip.conf", "npmrc", ".npmrc", "gitconfig", ".gitconfig", ".git-credentials"})
 
 _Signature = tuple[tuple[int, int, int, int], ...]
+
+# The system bundle under /etc (ssl/certs/ca-certificates.crt), its top directory always copied.
+_BUNDLE = PurePosixPath(egress.SYSTEM_BUNDLE).relative_to("/etc")
+_HOST_BUNDLE = PurePosixPath(egress.HOST_BUNDLE).relative_to("/etc")
+# What the staged bundle links to: the sandbox's own link (or file) in its egress directory.
+_BUNDLE_LINK = f"{egress.SANDBOX_DIR}/{egress.SYSTEM_BUNDLE_COPY}"
 
 
 class EtcStage:
@@ -60,6 +77,9 @@ class EtcStage:
         self._lock = threading.Lock()
         # The allowed directories bound on their own (too big to copy), each an empty mount point.
         self.subdirectories: tuple[str, ...] = ()
+        # Whether the staged system bundle is the link into the egress directory (the host has
+        # that bundle as a regular file): then each start needs `link_system_bundle`.
+        self.bundle_linked = False
 
     def refresh(self) -> None:
         """Blocking, and safe from several threads at once: bring every copy up to date with its
@@ -76,6 +96,7 @@ class EtcStage:
                     self._copy(name)
                 elif self._copied.pop(name, None) is not None:  # gone from the host
                     _remove(self.directory / name)
+                    self.bundle_linked = self.bundle_linked and name != _BUNDLE.parts[0]
 
     def remove(self) -> None:
         """Blocking: remove the directory (the gateway stops; its sandboxes have ended)."""
@@ -84,12 +105,13 @@ class EtcStage:
             self._copied.clear()
             self._names = None
             self.subdirectories = ()
+            self.bundle_linked = False
 
     def _create(self) -> None:
         """A fresh directory (whatever a previous gateway left is removed), with a mount point for
         every allowed directory too big to copy."""
         names = sorted(set(os.listdir(self._source)) & self._allowed)
-        bound = tuple(name for name in names if too_big_to_copy(self._source / name))
+        bound = tuple(name for name in names if name != _BUNDLE.parts[0] and too_big_to_copy(self._source / name))
         shutil.rmtree(self.directory, ignore_errors=True)
         self.directory.mkdir(mode=0o755, parents=True)
         os.chmod(self.directory, 0o755)
@@ -114,6 +136,7 @@ class EtcStage:
                 _copy_tree(source, partial)
             else:
                 _copy_file(source, partial, follow=True)
+            linked = name == _BUNDLE.parts[0] and _link_bundle(partial)
         except OSError:
             _remove(partial)
             return
@@ -132,6 +155,33 @@ class EtcStage:
             _remove(partial)
             return
         self._copied[name] = (signature, paths)
+        if name == _BUNDLE.parts[0]:
+            self.bundle_linked = linked
+
+
+def _link_bundle(copy: Path) -> bool:
+    """In a fresh copy of the bundle's top directory: the bundle kept as `egress.HOST_BUNDLE`, and
+    a symlink into the egress directory in its place; False (the copy left as it is) when the
+    copy has no regular file there (a host whose bundle is a link elsewhere, or none)."""
+    bundle = copy / PurePosixPath(*_BUNDLE.parts[1:])
+    if not bundle.is_file() or bundle.is_symlink():
+        return False
+    mode = stat.S_IMODE(os.stat(bundle.parent).st_mode)
+    os.chmod(bundle.parent, mode | stat.S_IWUSR)  # a copy keeps its source's bits: 0555, say
+    try:
+        os.rename(bundle, copy / PurePosixPath(*_HOST_BUNDLE.parts[1:]))
+        os.symlink(_BUNDLE_LINK, bundle)
+    finally:
+        os.chmod(bundle.parent, mode)
+    return True
+
+
+def link_system_bundle(egress_dir: Path) -> None:
+    """The sandbox's link to the host's bundle in its new egress directory (blocking; a stage
+    with `bundle_linked` only). A symlink, not a hard link of one shared file: a link count
+    would tell every sandbox how many others share it, and the activation replaces this name,
+    never writes through it (`sandboxio.trust.replace_file`)."""
+    os.symlink(egress.HOST_BUNDLE, egress_dir / egress.SYSTEM_BUNDLE_COPY)
 
 
 def too_big_to_copy(path: Path) -> bool:

@@ -233,9 +233,10 @@ class Launcher:
                 shm_bytes=bounds.shm_bytes if bounds is not None else None,
                 egress_dir=instance.egress_dir,
                 egress_port=egress.PROXY_PORT,
-                system_bundle=_system_bundle_copy(plan, instance.egress_dir),
                 workspace_in_root=image_root is not None and image_root.workspace,
             )
+            if image_root is None and not image and self._etc is not None and self._etc.bundle_linked:
+                etcstage.link_system_bundle(instance.egress_dir)
             launch = self._launch_argv(nice, instance.uid, bounds, instance.cgroup, image_root)
             return [*launch, *sandboxing.bwrap_argv(layout)]
 
@@ -308,32 +309,3 @@ def _stage(agent: Path, stage_dir: Path) -> Path:
         os.chmod(partial, 0o755)
         partial.replace(target)
     return target
-
-
-def _system_bundle_copy(plan: sandboxing.RootPlan, egress_dir: Path) -> Path | None:
-    """The sandbox's own copy of the host's system CA bundle (0644, in its egress directory),
-    bound over the original so that the gateway can add its CA at activation (blocking;
-    None when the root has no such file to cover). A copy per start, not a shared file: the
-    CA is added for the sandboxes with secret hosts only. Debian's bundle is ~220 KB, a copy
-    ~4 ms on a 2-core host at load 12, paid when a member starts, never by a warm create."""
-    source = sandboxing.system_bundle_source(plan)
-    if source is None or not egress_dir.is_dir():
-        return None
-    copy = egress_dir / egress.SYSTEM_BUNDLE_COPY
-    _copy_readable(source, copy)
-    return copy
-
-
-def _copy_readable(source: Path, target: Path) -> None:
-    """`source`'s bytes in a new file `target`, 0644 (blocking): by sendfile, as `shutil.copyfile`
-    without its four stats and two caught FileNotFoundErrors (every member start makes one)."""
-    with open(source, "rb") as reading:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            os.fchmod(fd, 0o644)  # whatever the umask
-            size = os.fstat(reading.fileno()).st_size
-            offset = 0
-            while offset < size and (sent := os.sendfile(fd, reading.fileno(), offset, size - offset)):
-                offset += sent
-        finally:
-            os.close(fd)

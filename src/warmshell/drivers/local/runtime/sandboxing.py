@@ -38,7 +38,6 @@ __all__ = [
     "host_root_plan",
     "image_root_plan",
     "list_root",
-    "system_bundle_source",
 ]
 
 WORKSPACE = WORKSPACE_DIR
@@ -110,8 +109,6 @@ class SandboxLayout:
     egress_port: int = 0
     # The host path of an image's overlay, bound writable as / (None: `plan` on a read-only tmpfs).
     overlay_root: Path | None = None
-    # A host file bound over the sandbox's `egress.SYSTEM_BUNDLE` (see `system_bundle_source`).
-    system_bundle: Path | None = None
     # /workspace is the overlay root's own (an image that holds one, a snapshot's): nothing is
     # mounted there, so a sandbox's writes go to its writable layer over the image's copy.
     workspace_in_root: bool = False
@@ -140,19 +137,6 @@ def _entry_plan(root: Path, entries: Sequence[RootEntry], keep: frozenset[str] |
         else:
             binds.append((root / entry.name, f"/{entry.name}"))
     return RootPlan(tuple(binds), tuple(symlinks))
-
-
-def system_bundle_source(plan: RootPlan) -> Path | None:
-    """The host's file behind `egress.SYSTEM_BUNDLE` when `plan` binds the host's /etc/ssl and
-    it is a regular file there (a sandbox's own copy can then be bound over it); None else (an
-    image's root, a staged copy of /etc/ssl, a host without it)."""
-    directory, _, name = egress.SYSTEM_BUNDLE.rpartition("/")
-    parent = directory.rpartition("/")[0]  # /etc/ssl
-    for source, target in plan.binds:
-        if target == parent:
-            candidate = source / directory.removeprefix(parent + "/") / name
-            return candidate if candidate.is_file() and not candidate.is_symlink() else None
-    return None
 
 
 def host_root_plan(
@@ -229,8 +213,6 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     argv += ["--ro-bind", str(layout.agent), AGENT_PATH]
     if layout.egress_dir is not None:
         argv += ["--ro-bind", str(layout.egress_dir), EGRESS_DIR]
-    if layout.system_bundle is not None:
-        argv += ["--ro-bind", str(layout.system_bundle), egress.SYSTEM_BUNDLE]
     if layout.overlay_root is None:
         argv += ["--remount-ro", "/"]
     argv += ["--hostname", layout.hostname, "--chdir", WORKSPACE, "--clearenv", "--setenv", "PATH", SANDBOX_PATH]
