@@ -14,6 +14,7 @@ IP or CIDR rule: a host name rule never reaches into the host's networks, whatev
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -246,6 +247,11 @@ def _check_name(name: str, text: str, *, field: str) -> None:
         )
 
 
+# Cached by content: every create that asks for rules parses them twice (its validation, then
+# the policy at activation), and a warm create with one IP rule spent 0.12 ms of its 0.6 ms of
+# policy cost in `ipaddress`; creates mostly repeat a few rule lists. A Rule is frozen, so
+# sharing one is safe; an error is raised, never cached.
+@functools.lru_cache(maxsize=1024)
 def parse_rule(text: str, *, field: str) -> Rule:
     """One rule; InvalidArgumentError naming `field` when it breaks a rule of the syntax."""
     cleaned = text.strip()
