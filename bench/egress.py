@@ -284,7 +284,7 @@ def _on_cpu_ms(pid: int) -> float:
     return total / 1e6
 
 
-async def _warm_creates(gw: GatewayProcess, authority: str, count: int) -> dict:
+async def _warm_creates(gw: GatewayProcess, authority: str, count: int, pool_size: int) -> dict:
     specs = {"plain": pb.SandboxSpec(), "policy": pb.SandboxSpec(network=pb.NetworkPolicy(allow=[authority]))}
     samples: dict[str, list[float]] = {kind: [] for kind in specs}
     cpu: dict[str, list[float]] = {kind: [] for kind in specs}
@@ -293,7 +293,10 @@ async def _warm_creates(gw: GatewayProcess, authority: str, count: int) -> dict:
         # Alternating, and which goes first alternating too: the second of a pair finds the
         # pool refilling from the first.
         for kind in list(specs) if i % 2 == 0 else list(specs)[::-1]:
-            await wait_idle(gw, "egress", 1)
+            # The whole pool idle first: a member still starting from the create before would
+            # put its CPU into this one's (at one idle member the pairs' CPU ratios swung
+            # 0.8-1.4x; the refill this create starts is in every create alike).
+            await wait_idle(gw, "egress", pool_size)
             before, start = _on_cpu_ms(gw.process.pid), time.perf_counter()
             ready = await gw.create_ready(name=f"{kind}-{i}", spec=specs[kind])
             samples[kind].append((time.perf_counter() - start) * 1000)
@@ -340,7 +343,7 @@ async def measure(mib: int, connects: int, creates: int, pool_size: int, repeats
                     data["setup"] = await _setup(gw, authority, connects)
                 await gw.delete("bench")
                 if creates:
-                    data["warm_create"] = await _warm_creates(gw, authority, creates)
+                    data["warm_create"] = await _warm_creates(gw, authority, creates, pool_size)
     finally:
         upstream.terminate()
         upstream.wait()
