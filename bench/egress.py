@@ -20,7 +20,7 @@
   the load sets the proxied rate.
 - The gateway's CPU per warm create (schedstat, every thread): the primary figure of the warm
   create, with the spread of its pairs' ratios, beside the wall-clock ratio (whose pairs swing
-  0.6-1.5x on a shared host, where the CPU's swing 0.9-1.3x).
+  with the host's load far more than the CPU's).
 - `--before-src DIR`: whole runs (throughput, setup and, with `--creates`, the warm creates) of
   an older tree and of this one, alternating, into the investigation's `results/egress-ab.{json,md}`.
 
@@ -294,8 +294,9 @@ async def _warm_creates(gw: GatewayProcess, authority: str, count: int, pool_siz
         # pool refilling from the first.
         for kind in list(specs) if i % 2 == 0 else list(specs)[::-1]:
             # The whole pool idle first: a member still starting from the create before would
-            # put its CPU into this one's (at one idle member the pairs' CPU ratios swung
-            # 0.8-1.4x; the refill this create starts is in every create alike).
+            # put its CPU into this one's (waiting for one idle member of two, the pairs' CPU
+            # ratios spread 0.9-1.4x between quartiles, 0.6-2.1x in all); the refill this
+            # create starts falls into every create alike.
             await wait_idle(gw, "egress", pool_size)
             before, start = _on_cpu_ms(gw.process.pid), time.perf_counter()
             ready = await gw.create_ready(name=f"{kind}-{i}", spec=specs[kind])

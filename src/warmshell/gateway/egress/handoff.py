@@ -102,6 +102,19 @@ def is_sandbox_agent(channel: socket.socket) -> bool:
 def check_socket(fd: int) -> socket.socket | str:
     """The received descriptor `fd` as a connected TCP socket the proxy may serve, or why not
     (then `fd` is closed). Only the descriptor is looked at (fstat, getsockopt): no path."""
+    # OSError past the type: ENOTCONN from getpeername (never connected, or still connecting).
+    return _checked(fd, _socket_problem, "not_connected")
+
+
+def check_listener(fd: int) -> socket.socket | str:
+    """The received descriptor `fd` as a listening TCP socket on loopback in a network namespace
+    other than the gateway's (a sandbox's), or why not (then `fd` is closed)."""
+    return _checked(fd, _listener_problem, "not_listening")
+
+
+def _checked(fd: int, problem_of: Callable[[socket.socket], str | None], failed: str) -> socket.socket | str:
+    """`fd` as a non-blocking socket when it is one and `problem_of` finds nothing wrong with it
+    (`failed` when that raised OSError); else why not, and `fd` closed."""
     try:
         if not stat.S_ISSOCK(os.fstat(fd).st_mode):
             os.close(fd)
@@ -111,9 +124,9 @@ def check_socket(fd: int) -> socket.socket | str:
         os.close(fd)
         return "not_socket"
     try:
-        problem = _socket_problem(made)
-    except OSError:  # ENOTCONN from getpeername: never connected, or still connecting
-        problem = "not_connected"
+        problem = problem_of(made)
+    except OSError:
+        problem = failed
     if problem is not None:
         made.close()
         return problem
@@ -121,32 +134,17 @@ def check_socket(fd: int) -> socket.socket | str:
     return made
 
 
-def check_listener(fd: int) -> socket.socket | str:
-    """The received descriptor `fd` as a listening TCP socket on loopback in a network namespace
-    other than the gateway's (a sandbox's), or why not (then `fd` is closed)."""
-    try:
-        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-            os.close(fd)
-            return "not_socket"
-        made = socket.socket(fileno=fd)
-    except OSError:
-        os.close(fd)
-        return "not_socket"
-    try:
-        problem = _listener_problem(made)
-    except OSError:
-        problem = "not_listening"
-    if problem is not None:
-        made.close()
-        return problem
-    made.setblocking(False)
-    return made
+def _tcp(made: socket.socket) -> bool:
+    # SCTP's stream sockets are SOCK_STREAM too: the protocol says TCP.
+    return (
+        made.family in (socket.AF_INET, socket.AF_INET6)
+        and made.type == socket.SOCK_STREAM
+        and made.proto == socket.IPPROTO_TCP
+    )
 
 
 def _listener_problem(made: socket.socket) -> str | None:
-    if made.family not in (socket.AF_INET, socket.AF_INET6) or made.type != socket.SOCK_STREAM:
-        return "not_tcp"
-    if made.proto != socket.IPPROTO_TCP:
+    if not _tcp(made):
         return "not_tcp"
     if not made.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
         return "not_listening"
@@ -159,19 +157,20 @@ def _listener_problem(made: socket.socket) -> str | None:
     except OSError:
         return "own_netns"
     try:
-        found = os.fstat(namespace)
-        return "own_netns" if (found.st_dev, found.st_ino) == _OWN_NETNS else None
+        return "own_netns" if _identity(os.fstat(namespace)) == _OWN_NETNS else None
     finally:
         os.close(namespace)
 
 
-_OWN_NETNS = (lambda found: (found.st_dev, found.st_ino))(os.stat("/proc/self/ns/net"))
+def _identity(found: os.stat_result) -> tuple[int, int]:
+    return found.st_dev, found.st_ino
+
+
+_OWN_NETNS = _identity(os.stat("/proc/self/ns/net"))
 
 
 def _socket_problem(made: socket.socket) -> str | None:
-    if made.family not in (socket.AF_INET, socket.AF_INET6) or made.type != socket.SOCK_STREAM:
-        return "not_tcp"
-    if made.proto != socket.IPPROTO_TCP:  # SCTP's stream sockets are SOCK_STREAM too
+    if not _tcp(made):
         return "not_tcp"
     if made.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
         return "not_connected"
