@@ -9,7 +9,8 @@
   the ratio is of the medians: on a shared machine one pair swings several times either way.
 - Connection setup: `--connects` TCP connections to the upstream, from the host directly, and
   through the proxy (connect to 127.0.0.1:3128 inside, CONNECT, wait for the 200); p50 added.
-- Warm create -> Ready with a policy (`--allow-net`) and without, alternating against one pool.
+- Warm create -> Ready with a policy (`--allow-net`), with one and a secret bound to its host,
+  and without, in turns against one pool.
 - The CPU time per MiB of each part of the path, around each download: the client (its own
   `os.times`), the upstream and the gateway (/proc stat), the agents (their own and their reaped
   children's, less the proxied client's own report: what remains is about 20 ms a run whatever
@@ -285,14 +286,22 @@ def _on_cpu_ms(pid: int) -> float:
 
 
 async def _warm_creates(gw: GatewayProcess, authority: str, count: int, pool_size: int) -> dict:
-    specs = {"plain": pb.SandboxSpec(), "policy": pb.SandboxSpec(network=pb.NetworkPolicy(allow=[authority]))}
+    """Warm creates without a policy, with one, and with one and a secret bound to its host
+    (a placeholder to swap: the CA placed in the sandbox for TLS interception too), in turns."""
+    policy = pb.NetworkPolicy(allow=[authority])
+    bound = {"API_KEY": pb.SecretHosts(hosts=[authority])}
+    specs = {
+        "plain": pb.SandboxSpec(),
+        "policy": pb.SandboxSpec(network=policy),
+        "secret": pb.SandboxSpec(network=policy, secrets={"API_KEY": "sk-bench"}, secret_hosts=bound),
+    }
     samples: dict[str, list[float]] = {kind: [] for kind in specs}
     cpu: dict[str, list[float]] = {kind: [] for kind in specs}
     cold = dict.fromkeys(specs, 0)
     for i in range(count):
-        # Alternating, and which goes first alternating too: the second of a pair finds the
-        # pool refilling from the first.
-        for kind in list(specs) if i % 2 == 0 else list(specs)[::-1]:
+        # In turns, and which goes first turning too: the second of a round finds the pool
+        # refilling from the first.
+        for kind in list(specs)[i % 3 :] + list(specs)[: i % 3]:
             # The whole pool idle first: a member still starting from the create before would
             # put its CPU into this one's (waiting for one idle member of two, the pairs' CPU
             # ratios spread 0.9-1.4x between quartiles, 0.6-2.1x in all); the refill this
@@ -304,20 +313,27 @@ async def _warm_creates(gw: GatewayProcess, authority: str, count: int, pool_siz
             cpu[kind].append(_on_cpu_ms(gw.process.pid) - before)
             cold[kind] += ready.status.allocation != "warm"
             await gw.delete(f"{kind}-{i}")
-    plain, policy = summary(samples["plain"]), summary(samples["policy"])
-    plain_cpu, policy_cpu = summary(cpu["plain"]), summary(cpu["policy"])
+    # The gateway's CPU during each create (its every thread: the pool's refill included).
     return {
-        "plain_ms": plain,
-        "policy_ms": policy,
-        "ratio_p50": policy["p50"] / plain["p50"],
-        "pair_ratios": [p / q for p, q in zip(samples["policy"], samples["plain"], strict=True)],
-        # The gateway's CPU during each create (its every thread: the pool's refill included).
-        "plain_cpu_ms": plain_cpu,
-        "policy_cpu_ms": policy_cpu,
-        "cpu_ratio_p50": policy_cpu["p50"] / plain_cpu["p50"],
-        "cpu_pair_ratios": [p / q for p, q in zip(cpu["policy"], cpu["plain"], strict=True)],
+        "plain_ms": summary(samples["plain"]),
+        "plain_cpu_ms": summary(cpu["plain"]),
+        **_versus("", samples["policy"], cpu["policy"], samples["plain"], cpu["plain"]),
+        **_versus("secret_", samples["secret"], cpu["secret"], samples["plain"], cpu["plain"]),
         "cold": cold,
     }
+
+
+def _versus(prefix: str, wall: list[float], cpu: list[float], plain: list[float], plain_cpu: list[float]) -> dict:
+    """One kind of create against the plain one: its figures and their ratios, p50 and by pair."""
+    ratios = {
+        "ratio_p50": summary(wall)["p50"] / summary(plain)["p50"],
+        "pair_ratios": [p / q for p, q in zip(wall, plain, strict=True)],
+        "cpu_ratio_p50": summary(cpu)["p50"] / summary(plain_cpu)["p50"],
+        "cpu_pair_ratios": [p / q for p, q in zip(cpu, plain_cpu, strict=True)],
+    }
+    named = {"ms": summary(wall), "cpu_ms": summary(cpu)}
+    kind = prefix or "policy_"
+    return {f"{prefix}{key}": value for key, value in ratios.items()} | {f"{kind}{k}": v for k, v in named.items()}
 
 
 async def measure(mib: int, connects: int, creates: int, pool_size: int, repeats: int, src: Path | None = None) -> dict:
@@ -380,10 +396,15 @@ def _table(data: dict) -> str:
             "",
             f"Warm create with a policy, the gateway's CPU per create p50 (every thread, schedstat): "
             f"{warm['plain_cpu_ms']['p50']:.2f} ms without, {warm['policy_cpu_ms']['p50']:.2f} ms with: "
-            f"**{warm['cpu_ratio_p50']:.2f}x** ({data['creates']} each, alternating; pairs' ratios "
+            f"**{warm['cpu_ratio_p50']:.2f}x** ({data['creates']} each, in turns; pairs' ratios "
             f"{_spread(warm['cpu_pair_ratios'])}). Wall, create -> Ready p50: {warm['plain_ms']['p50']:.1f} ms "
             f"without, {warm['policy_ms']['p50']:.1f} ms with: **{warm['ratio_p50']:.2f}x** (pairs' ratios "
             f"{_spread(warm['pair_ratios'])}; cold: {warm['cold']}).",
+            "",
+            f"With a policy and a secret bound to its host: CPU {warm['secret_cpu_ms']['p50']:.2f} ms, "
+            f"**{warm['secret_cpu_ratio_p50']:.2f}x** (pairs' ratios {_spread(warm['secret_cpu_pair_ratios'])}); "
+            f"wall {warm['secret_ms']['p50']:.1f} ms, **{warm['secret_ratio_p50']:.2f}x** (pairs' ratios "
+            f"{_spread(warm['secret_pair_ratios'])}).",
         ]
     lines += [
         "",
