@@ -47,6 +47,7 @@ _RESULTS = (
     "not_listening",
     "not_loopback",
     "own_netns",
+    "unknown_netns",
     "many_listeners",
     "many_fds",
     "no_fd",

@@ -155,7 +155,7 @@ def _listener_problem(made: socket.socket) -> str | None:
     try:
         namespace = fcntl.ioctl(made.fileno(), _SIOCGSKNS)
     except OSError:
-        return "own_netns"
+        return "unknown_netns"
     try:
         return "own_netns" if _identity(os.fstat(namespace)) == _OWN_NETNS else None
     finally:
