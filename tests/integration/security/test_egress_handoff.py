@@ -418,8 +418,9 @@ async def test_each_descriptor_but_a_sandboxs_listener_is_refused_and_its_channe
 
 # A process in a network namespace of its own (as a sandbox's agent is) handing its listener to
 # the proxy at argv[1], driven a line at a time: "L" hands it (again), "C" connects through it
-# to the upstream at argv[2] and prints the proxy's status line and the upstream's last, "EOF"
-# prints whether the proxy closed the channel.
+# to the upstream at argv[2] and prints the proxy's status line and the upstream's last, "A"
+# connects and prints once the other side closed, "EOF" prints whether the proxy closed the
+# channel.
 _FOREIGN = """
 import array, ctypes, fcntl, socket, struct, sys
 if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) != 0:  # CLONE_NEWNET
@@ -444,6 +445,9 @@ for line in sys.stdin:
             while data := made.recv(1000):
                 answer += data
             print(status, answer.splitlines()[-1].decode(), sep=": ", flush=True)
+    elif line == "A\\n":
+        with socket.create_connection(listener.getsockname(), timeout=10) as made:
+            print("closed" if made.recv(1) == b"" else "data", flush=True)
     elif line == "EOF\\n":
         channel.settimeout(2)
         try:
@@ -529,3 +533,36 @@ async def test_a_sandboxs_listener_is_accepted_on_and_given_up_with_its_channel(
     # namespace alive.
     assert await _of_other_namespaces(0)
     assert await _settled(fds) == fds
+
+
+class _CountingAccepts(handoff.Listener):
+    """Counts the readiness events of the listeners handed to it."""
+
+    events = 0
+
+    def _acceptable(self, channel: int) -> None:
+        type(self).events += 1
+        super()._acceptable(channel)
+
+
+async def test_a_gateway_out_of_descriptors_pauses_accepting_on_a_listener_and_resumes(
+    tmp_path: Path, allowed: Upstream
+) -> None:
+    path = tmp_path / "proxy.sock"
+    listener = _CountingAccepts(path, lambda made: made.close(), channels=4, peer=lambda channel: True)
+    try:
+        async with _foreign(path, allowed) as say:
+            before = _counts()
+            assert await say("L") == "handed"
+            assert await _counted(before, "listener") == {"listener": 1}
+            with _descriptors_exhausted():
+                _CountingAccepts.events = 0
+                answer = asyncio.create_task(say("A"))
+                await asyncio.sleep(0.3)
+                # Paused: a readable listener it cannot accept from is not polled in a loop.
+                assert 1 <= _CountingAccepts.events <= 5, _CountingAccepts.events
+                assert not answer.done()
+            # Resumed: the connection is accepted (and, here, closed).
+            assert await answer == "closed"
+    finally:
+        listener.close()
