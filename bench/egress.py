@@ -299,8 +299,8 @@ async def _warm_creates(gw: GatewayProcess, authority: str, count: int, pool_siz
     cpu: dict[str, list[float]] = {kind: [] for kind in specs}
     cold = dict.fromkeys(specs, 0)
     for i in range(count):
-        # In turns, and which goes first turning too: the second of a round finds the pool
-        # refilling from the first.
+        # In turns, which goes first turning too: what one create leaves behind (its delete's
+        # closes) falls on each kind alike.
         for kind in list(specs)[i % 3 :] + list(specs)[: i % 3]:
             # The whole pool idle first: a member still starting from the create before would
             # put its CPU into this one's (waiting for one idle member of two, the pairs' CPU
