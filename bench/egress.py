@@ -2,23 +2,28 @@
 
 - Throughput: one client program (Python's urllib, 1 MiB reads) downloading from an upstream on
   127.0.0.2 (a threaded http.server subprocess): from the host directly, and from inside a
-  sandbox through the gateway's proxy (the agent hands it each connection's socket); one stream
+  sandbox through the gateway's proxy (the agent hands it its listener at the first connection,
+  and the gateway accepts the sandbox's connections itself); one stream
   of `--mib` MiB, then 16 concurrent streams sharing the same byte count. Each pair is the same bytes, run one after the
   other (never at once), after one untimed warm-up of each; `--repeats` alternating pairs, and
   the ratio is of the medians: on a shared machine one pair swings several times either way.
 - Connection setup: `--connects` TCP connections to the upstream, from the host directly, and
   through the proxy (connect to 127.0.0.1:3128 inside, CONNECT, wait for the 200); p50 added.
-- Warm create -> Ready with a policy (`--allow-net`) and without, alternating against one pool.
+- Warm create -> Ready with a policy (`--allow-net`), with one and a secret bound to its host,
+  and without, in turns against one pool.
 - The CPU time per MiB of each part of the path, around each download: the client (its own
-  `os.times`), the upstream and the gateway (/proc stat), the agents' relays (their reaped
-  children, less the proxied client: none since the agent hands connections over), and the
+  `os.times`), the upstream and the gateway (/proc stat), the agents (their own and their reaped
+  children's, less the proxied client's own report: what remains is about 20 ms a run whatever
+  its size, the client's exit after it reported, so 0.16 ms "per MiB" of 128 MiB), and the
   gateway's main thread alone — the event loop that drives the splices — with how busy it was
   and how long it waited for a cpu (schedstat) over the download's wall time: figures the
   machine's load changes far less than the wall-clock ratios, and that say whether the loop or
   the load sets the proxied rate.
-- The gateway's CPU per warm create (schedstat, every thread), beside the wall-clock ratio.
-- `--before-src DIR`: whole runs (throughput and setup) of an older tree and of this one,
-  alternating, into the investigation's `results/egress-ab.{json,md}`.
+- The gateway's CPU per warm create (schedstat, every thread): the primary figure of the warm
+  create, with the spread of its pairs' ratios, beside the wall-clock ratio (whose pairs swing
+  with the host's load far more than the CPU's).
+- `--before-src DIR`: whole runs (throughput, setup and, with `--creates`, the warm creates) of
+  an older tree and of this one, alternating, into the investigation's `results/egress-ab.{json,md}`.
 
 The sandbox the downloads run in gets as many cpus as the host has (`--cpu`): at the default of
 one, its cgroup quota throttled the client (and the agent's relay, then), and the ratio measured
@@ -145,7 +150,7 @@ def _waiting_seconds(schedstat: str) -> float:
 
 
 def _agents(root: int) -> list[int]:
-    """The sandboxes' agents under the gateway `root` (each reaps its relays and its commands)."""
+    """The sandboxes' agents under the gateway `root` (each reaps its commands)."""
     parents: dict[int, list[int]] = {}
     names: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
@@ -170,7 +175,7 @@ class _Costs:
 
     client: float = 0.0
     upstream: float = 0.0
-    relays: float = 0.0  # the agents' relays (an older agent's copy of each connection to the proxy socket)
+    agent: float = 0.0  # the agents and their reaped children less the client's report: the client's exit
     gateway: float = 0.0  # every thread of the gateway process
     loop: float = 0.0  # its main thread: the event loop, where the splices are driven
     loop_waiting: float = 0.0  # seconds that thread was runnable but waited for a cpu (schedstat)
@@ -187,7 +192,7 @@ class _Meter:
         agents = sum(_cpu_seconds(f"/proc/{pid}/stat", reaped=True) for pid in self._agents)
         return _Costs(
             upstream=_cpu_seconds(f"/proc/{self._upstream}/stat"),
-            relays=agents,
+            agent=agents,
             gateway=_cpu_seconds(f"/proc/{self._gateway}/stat"),
             loop=_cpu_seconds(f"/proc/{self._gateway}/task/{self._gateway}/stat"),
             loop_waiting=_waiting_seconds(f"/proc/{self._gateway}/task/{self._gateway}/schedstat"),
@@ -199,7 +204,7 @@ def _spent(before: _Costs, after: _Costs, client: float, *, proxied: bool) -> _C
     return _Costs(
         client=client,
         upstream=after.upstream - before.upstream,
-        relays=max(0.0, after.relays - before.relays - client) if proxied else 0.0,
+        agent=max(0.0, after.agent - before.agent - client) if proxied else 0.0,
         gateway=after.gateway - before.gateway if proxied else 0.0,
         loop=after.loop - before.loop if proxied else 0.0,
         loop_waiting=after.loop_waiting - before.loop_waiting if proxied else 0.0,
@@ -227,7 +232,7 @@ def _per_mib(pairs: list[dict[str, Any]], key: str, mib: float) -> dict[str, flo
     """Median CPU milliseconds per MiB of each part, over the pairs."""
     return {
         part: 1000 * statistics.median(getattr(pair[key], part) for pair in pairs) / mib
-        for part in ("client", "upstream", "relays", "gateway", "loop")
+        for part in ("client", "upstream", "agent", "gateway", "loop")
     }
 
 
@@ -280,35 +285,55 @@ def _on_cpu_ms(pid: int) -> float:
     return total / 1e6
 
 
-async def _warm_creates(gw: GatewayProcess, authority: str, count: int) -> dict:
-    specs = {"plain": pb.SandboxSpec(), "policy": pb.SandboxSpec(network=pb.NetworkPolicy(allow=[authority]))}
+async def _warm_creates(gw: GatewayProcess, authority: str, count: int, pool_size: int) -> dict:
+    """Warm creates without a policy, with one, and with one and a secret bound to its host
+    (a placeholder to swap: the CA placed in the sandbox for TLS interception too), in turns."""
+    policy = pb.NetworkPolicy(allow=[authority])
+    bound = {"API_KEY": pb.SecretHosts(hosts=[authority])}
+    specs = {
+        "plain": pb.SandboxSpec(),
+        "policy": pb.SandboxSpec(network=policy),
+        "secret": pb.SandboxSpec(network=policy, secrets={"API_KEY": "sk-bench"}, secret_hosts=bound),
+    }
     samples: dict[str, list[float]] = {kind: [] for kind in specs}
     cpu: dict[str, list[float]] = {kind: [] for kind in specs}
     cold = dict.fromkeys(specs, 0)
     for i in range(count):
-        # Alternating, and which goes first alternating too: the second of a pair finds the
-        # pool refilling from the first.
-        for kind in list(specs) if i % 2 == 0 else list(specs)[::-1]:
-            await wait_idle(gw, "egress", 1)
+        # In turns, which goes first turning too: what one create leaves behind (its delete's
+        # closes) falls on each kind alike.
+        for kind in list(specs)[i % 3 :] + list(specs)[: i % 3]:
+            # The whole pool idle first: a member still starting from the create before would
+            # put its CPU into this one's (waiting for one idle member of two, the pairs' CPU
+            # ratios spread 0.9-1.4x between quartiles, 0.6-2.1x in all); the refill this
+            # create starts falls into every create alike.
+            await wait_idle(gw, "egress", pool_size)
             before, start = _on_cpu_ms(gw.process.pid), time.perf_counter()
             ready = await gw.create_ready(name=f"{kind}-{i}", spec=specs[kind])
             samples[kind].append((time.perf_counter() - start) * 1000)
             cpu[kind].append(_on_cpu_ms(gw.process.pid) - before)
             cold[kind] += ready.status.allocation != "warm"
             await gw.delete(f"{kind}-{i}")
-    plain, policy = summary(samples["plain"]), summary(samples["policy"])
-    plain_cpu, policy_cpu = summary(cpu["plain"]), summary(cpu["policy"])
+    # The gateway's CPU during each create (its every thread: the pool's refill included).
     return {
-        "plain_ms": plain,
-        "policy_ms": policy,
-        "ratio_p50": policy["p50"] / plain["p50"],
-        "pair_ratios": [p / q for p, q in zip(samples["policy"], samples["plain"], strict=True)],
-        # The gateway's CPU during each create (its every thread: the pool's refill included).
-        "plain_cpu_ms": plain_cpu,
-        "policy_cpu_ms": policy_cpu,
-        "cpu_ratio_p50": policy_cpu["p50"] / plain_cpu["p50"],
+        "plain_ms": summary(samples["plain"]),
+        "plain_cpu_ms": summary(cpu["plain"]),
+        **_versus("", samples["policy"], cpu["policy"], samples["plain"], cpu["plain"]),
+        **_versus("secret_", samples["secret"], cpu["secret"], samples["plain"], cpu["plain"]),
         "cold": cold,
     }
+
+
+def _versus(prefix: str, wall: list[float], cpu: list[float], plain: list[float], plain_cpu: list[float]) -> dict:
+    """One kind of create against the plain one: its figures and their ratios, p50 and by pair."""
+    ratios = {
+        "ratio_p50": summary(wall)["p50"] / summary(plain)["p50"],
+        "pair_ratios": [p / q for p, q in zip(wall, plain, strict=True)],
+        "cpu_ratio_p50": summary(cpu)["p50"] / summary(plain_cpu)["p50"],
+        "cpu_pair_ratios": [p / q for p, q in zip(cpu, plain_cpu, strict=True)],
+    }
+    named = {"ms": summary(wall), "cpu_ms": summary(cpu)}
+    kind = prefix or "policy_"
+    return {f"{prefix}{key}": value for key, value in ratios.items()} | {f"{kind}{k}": v for k, v in named.items()}
 
 
 async def measure(mib: int, connects: int, creates: int, pool_size: int, repeats: int, src: Path | None = None) -> dict:
@@ -335,7 +360,7 @@ async def measure(mib: int, connects: int, creates: int, pool_size: int, repeats
                     data["setup"] = await _setup(gw, authority, connects)
                 await gw.delete("bench")
                 if creates:
-                    data["warm_create"] = await _warm_creates(gw, authority, creates)
+                    data["warm_create"] = await _warm_creates(gw, authority, creates, pool_size)
     finally:
         upstream.terminate()
         upstream.wait()
@@ -369,12 +394,17 @@ def _table(data: dict) -> str:
         warm = data["warm_create"]
         lines += [
             "",
-            f"Warm create -> Ready p50: {warm['plain_ms']['p50']:.1f} ms without a policy, "
-            f"{warm['policy_ms']['p50']:.1f} ms with one: **{warm['ratio_p50']:.2f}x** "
-            f"({data['creates']} each, alternating; cold: {warm['cold']}); pairs' ratios "
-            f"{_spread(warm['pair_ratios'])}. The gateway's CPU per create p50: "
+            f"Warm create with a policy, the gateway's CPU per create p50 (every thread, schedstat): "
             f"{warm['plain_cpu_ms']['p50']:.2f} ms without, {warm['policy_cpu_ms']['p50']:.2f} ms with: "
-            f"**{warm['cpu_ratio_p50']:.2f}x**.",
+            f"**{warm['cpu_ratio_p50']:.2f}x** ({data['creates']} each, in turns; pairs' ratios "
+            f"{_spread(warm['cpu_pair_ratios'])}). Wall, create -> Ready p50: {warm['plain_ms']['p50']:.1f} ms "
+            f"without, {warm['policy_ms']['p50']:.1f} ms with: **{warm['ratio_p50']:.2f}x** (pairs' ratios "
+            f"{_spread(warm['pair_ratios'])}; cold: {warm['cold']}).",
+            "",
+            f"With a policy and a secret bound to its host: CPU {warm['secret_cpu_ms']['p50']:.2f} ms, "
+            f"**{warm['secret_cpu_ratio_p50']:.2f}x** (pairs' ratios {_spread(warm['secret_cpu_pair_ratios'])}); "
+            f"wall {warm['secret_ms']['p50']:.1f} ms, **{warm['secret_ratio_p50']:.2f}x** (pairs' ratios "
+            f"{_spread(warm['secret_pair_ratios'])}).",
         ]
     lines += [
         "",
@@ -397,16 +427,16 @@ def _cpu_table(data: dict) -> list[str]:
     the gateway's event-loop thread was while it drove the splices."""
     lines = [
         "",
-        "CPU ms per MiB moved, by part (medians; the proxied client and relays from the agents' reaped children):",
+        "CPU ms per MiB moved, by part (medians; the agent column is the proxied client's exit, about 20 ms a run):",
         "",
-        "| throughput | path | client | upstream | relays | gateway, all threads | its event loop | loop busy, each "
+        "| throughput | path | client | upstream | agent | gateway, all threads | its event loop | loop busy, each "
         "| loop waiting for a cpu, each |",
         "|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for label, row in data["throughput"].items():
         for path in ("direct", "proxied"):
             cpu = row[f"{path}_cpu_ms_per_mib"]
-            parts = " | ".join(f"{cpu[part]:.2f}" for part in ("client", "upstream", "relays", "gateway", "loop"))
+            parts = " | ".join(f"{cpu[part]:.2f}" for part in ("client", "upstream", "agent", "gateway", "loop"))
             busy = ", ".join(f"{b:.2f}" for b in row["loop_busy_each"]) if path == "proxied" else ""
             waiting = ", ".join(f"{w:.2f}" for w in row["loop_waiting_each"]) if path == "proxied" else ""
             lines.append(f"| {label} | {path} | {parts} | {busy} | {waiting} |")
@@ -422,7 +452,7 @@ async def compare(args: argparse.Namespace) -> dict:
     for round_ in range(args.rounds):
         for label in ("before", "after") if round_ % 2 == 0 else ("after", "before"):
             src = args.before_src if label == "before" else None
-            runs[label].append(await measure(args.mib, args.connects, 0, args.pool_size, args.repeats, src))
+            runs[label].append(await measure(args.mib, args.connects, args.creates, args.pool_size, args.repeats, src))
     return {"before_src": str(args.before_src), "rounds": args.rounds, "runs": runs}
 
 
@@ -432,22 +462,24 @@ def _compare_table(data: dict) -> str:
         f"`before`: the tree at {data['before_src']}; `after`: this one. {data['rounds']} rounds, alternating "
         "which runs first; proxied CPU ms per MiB by part (medians of each run's pairs).",
         "",
-        "| run | load | 1 stream ratio | 16 streams ratio | setup added p50 ms | 1 stream: client, relays, gateway "
-        "| 16 streams: client, relays, gateway |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "| run | load | 1 stream ratio | 16 streams ratio | setup added p50 ms | 1 stream: client, agent, gateway "
+        "| 16 streams: client, agent, gateway | warm create with a policy: CPU (wall) |",
+        "|---|---:|---:|---:|---:|---|---|---|",
     ]
     for label in ("before", "after"):
         for number, run in enumerate(data["runs"][label], 1):
             rows = run["throughput"]
             one, many = rows["1 stream"], rows["16 streams"]
             setup = f"{run['setup']['added_p50_ms']:+.3f}" if "setup" in run else "-"
+            warm = run.get("warm_create")
+            creates = f"{warm['cpu_ratio_p50']:.2f}x ({warm['ratio_p50']:.2f}x)" if warm else "-"
             cpu = [
-                ", ".join(f"{row['proxied_cpu_ms_per_mib'][part]:.2f}" for part in ("client", "relays", "gateway"))
+                ", ".join(f"{row['proxied_cpu_ms_per_mib'][part]:.2f}" for part in ("client", "agent", "gateway"))
                 for row in (one, many)
             ]
             lines.append(
                 f"| {label} {number} | {run['load_1min']:.1f} | {one['ratio']:.2f} | {many['ratio']:.2f} | {setup} "
-                f"| {cpu[0]} | {cpu[1]} |"
+                f"| {cpu[0]} | {cpu[1]} | {creates} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -463,7 +495,7 @@ def main() -> None:
         "--before-src",
         type=Path,
         help="compare: alternating whole runs of the warmshell package under this directory (its agent "
-        "built) and of this tree, throughput and setup only; written to --out",
+        "built) and of this tree; written to --out",
     )
     parser.add_argument("--rounds", type=int, default=3, help="with --before-src: runs of each")
     parser.add_argument(

@@ -89,8 +89,9 @@ EGRESS_BYTES = Counter(
 )
 EGRESS_HANDOFFS = Counter(
     "warmshell_egress_handoffs",
-    "Sockets handed to the egress proxy by local sandboxes' agents, by result (accepted, or refused: "
-    "refused_channel|not_socket|not_tcp|not_connected|many_fds|no_fd|bad_record)",
+    "Sockets handed to the egress proxy by local sandboxes' agents, by result (accepted: a connection; "
+    "listener: a listening socket the proxy then accepts on; or refused: refused_channel|not_socket|not_tcp|"
+    "not_connected|not_listening|not_loopback|own_netns|unknown_netns|many_listeners|many_fds|no_fd|bad_record)",
     ["result"],
     registry=REGISTRY,
 )

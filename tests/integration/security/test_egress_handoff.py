@@ -1,8 +1,9 @@
 """The egress proxy's hand-off socket under attack: the workload can connect to the Unix socket
-its agent hands connections over, and send any descriptor. Nothing it sends is served: its
-channel is refused (its peer is not the sandbox's agent), and a descriptor that is not a
-connected TCP socket is refused even from an admitted peer; each refusal is counted, and the
-gateway keeps no descriptor of any of it.
+its agent hands connections (and its listener) over, and send any descriptor. Nothing it sends
+is served: its channel is refused (its peer is not the sandbox's agent), and a descriptor that is
+not a connected TCP socket (for a connection) or a listening TCP socket on loopback outside the
+gateway's network namespace (for the listener) is refused even from an admitted peer; each
+refusal is counted, and the gateway keeps no descriptor of any of it.
 
 The first test attacks from inside a real bwrap'd sandbox; the others hand descriptors to a
 proxy in this process, through a real Unix socket, with the peer check opened to this process
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import array
 import asyncio
+import contextlib
+import fcntl
 import os
 import resource
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -34,7 +37,22 @@ from warmshell.gateway.egress.proxy import EgressProxy
 
 pytestmark = pytest.mark.timeout(90)
 
-_RESULTS = ("accepted", "refused_channel", "not_socket", "not_tcp", "not_connected", "many_fds", "no_fd", "bad_record")
+_RESULTS = (
+    "accepted",
+    "listener",
+    "refused_channel",
+    "not_socket",
+    "not_tcp",
+    "not_connected",
+    "not_listening",
+    "not_loopback",
+    "own_netns",
+    "unknown_netns",
+    "many_listeners",
+    "many_fds",
+    "no_fd",
+    "bad_record",
+)
 
 
 def _counts() -> dict[str, float]:
@@ -82,6 +100,7 @@ with open("/etc/passwd") as handle:
     for fds in ([served.fileno()], [read], [pair[0].fileno()], [listener.fileno()], [udp.fileno()],
                 [handle.fileno()], [looped.fileno()], [served.fileno()] * 200):
         hand(fds)
+    hand([listener.fileno()], b"L")  # its own listener, as the agent hands its own over
 print("sent")
 """
 
@@ -101,22 +120,27 @@ async def allowed() -> AsyncIterator[Upstream]:
 async def test_the_workload_cannot_hand_the_proxy_anything(gw: RunningGateway, allowed: Upstream) -> None:
     spec = pb.SandboxSpec(network=pb.NetworkPolicy(allow=[allowed.authority]))
     await sandbox(gw, "handy", spec)
+    first = _counts()
     assert (await sh(gw, "handy", f"curl -sS http://{allowed.authority}/first"))[1] == "upstream saw /first\n"
+    # The agent handed its first connection, then its listener.
+    assert _added(first) == {"accepted": 1, "listener": 1}
     fds, before = _open_fds(), _counts()
     code, out, err = await py(gw, "handy", _INSIDE)
     assert (code, out) == (0, "sent\n"), err
-    # The workload's 9 channels (its own connection, a pipe, a Unix socket, a listening
-    # socket, a UDP socket, a file, a channel of its own, 200 descriptors, and the one it kept
-    # open) each refused at the door, counted, and nothing of them kept.
+    # The workload's 10 channels (its own connection, a pipe, a Unix socket, a listening
+    # socket, a UDP socket, a file, a channel of its own, 200 descriptors, its listener as a
+    # listener, and the one it kept open) each refused at the door, counted, and nothing of
+    # them kept.
     for _ in range(100):
-        if _added(before).get("refused_channel", 0) >= 9:
+        if _added(before).get("refused_channel", 0) >= 10:
             break
         await asyncio.sleep(0.05)
-    assert _added(before) == {"refused_channel": 9}
+    assert _added(before) == {"refused_channel": 10}
     assert await _settled(fds) == fds
-    # The agent's hand-offs still work, and only they reached the upstream.
+    # The agent's listener still serves (the proxy accepts on it: no hand-off counted), and
+    # only its connections reached the upstream.
     assert (await sh(gw, "handy", f"curl -sS http://{allowed.authority}/after"))[1] == "upstream saw /after\n"
-    assert _added(before) == {"refused_channel": 9, "accepted": 1}
+    assert _added(before) == {"refused_channel": 10}
     assert [head.split(b" ")[1] for head in allowed.heads] == [b"/first", b"/after"]
 
 
@@ -255,7 +279,10 @@ async def test_the_agent_hands_over_again_once_its_proxy_socket_is_replaced(
     await proxy.open(ready.id, path, policy)
     before = _counts()
     assert (await sh(gw, "again", f"curl -sS http://{allowed.authority}/two"))[1] == "upstream saw /two\n"
-    assert _added(before) == {"accepted": 1}
+    # The agent took its listener back when the old channel closed, and hands it over again.
+    assert _added(before) == {"accepted": 1, "listener": 1}
+    assert (await sh(gw, "again", f"curl -sS http://{allowed.authority}/three"))[1] == "upstream saw /three\n"
+    assert _added(before) == {"accepted": 1, "listener": 1}
 
 
 async def test_a_handed_connection_keeps_the_sandboxs_byte_rate_and_counts(tmp_path: Path, allowed: Upstream) -> None:
@@ -342,3 +369,200 @@ def _descriptors_exhausted() -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         for fd in fillers:
             os.close(fd)
+
+
+async def _closed_by_proxy(channel: socket.socket) -> bool:
+    """Whether the proxy closed this channel (its end read as end of file within 5 s)."""
+    channel.settimeout(5)
+    try:
+        return await asyncio.to_thread(channel.recv, 1) == b""
+    except TimeoutError:
+        return False
+
+
+async def test_each_descriptor_but_a_sandboxs_listener_is_refused_and_its_channel_closed(
+    opened: tuple[EgressProxy, Path],
+) -> None:
+    _, path = opened
+    fds = _open_fds()
+    with ExitStack() as held:
+        # Listening on loopback, but in the gateway's own network namespace: it would take the
+        # host's connections to that port as the sandbox's.
+        own = held.enter_context(socket.create_server(("127.0.0.1", 0)))
+        wildcard = held.enter_context(socket.create_server(("0.0.0.0", 0)))
+        tcp = held.enter_context(_connected_pair())
+        udp = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        unix = held.enter_context(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+        unix.bind(str(path.parent / "other.sock"))
+        unix.listen()
+        read, write = os.pipe()
+        for fd in (read, write):
+            held.callback(os.close, fd)
+        attacks = [
+            ([own.fileno()], "own_netns"),
+            ([wildcard.fileno()], "not_loopback"),
+            ([tcp[1].fileno()], "not_listening"),
+            ([udp.fileno()], "not_tcp"),
+            ([unix.fileno()], "not_tcp"),
+            ([read], "not_socket"),
+            ([own.fileno()] * 2, "many_fds"),
+        ]
+        for descriptors, reason in attacks:
+            before = _counts()
+            with _hand(path, descriptors, b"L") as channel:
+                assert await _counted(before, reason) == {reason: 1}, reason
+                # Closed (a refused listener is not waited on): the agent takes its own back.
+                assert await _closed_by_proxy(channel) == (reason != "many_fds"), reason
+    assert await _settled(fds) == fds
+
+
+# A process in a network namespace of its own (as a sandbox's agent is) handing its listener to
+# the proxy at argv[1], driven a line at a time: "L" hands it (again), "C" connects through it
+# to the upstream at argv[2] and prints the proxy's status line and the upstream's last, "A"
+# connects and prints once the other side closed, "EOF" prints whether the proxy closed the
+# channel.
+_FOREIGN = """
+import array, ctypes, fcntl, socket, struct, sys
+if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) != 0:  # CLONE_NEWNET
+    print("no namespace", flush=True)
+    sys.exit(0)
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # its loopback up: SIOCSIFFLAGS
+    fcntl.ioctl(probe, 0x8914, struct.pack("16sH14x", b"lo", 0x41))
+listener = socket.create_server(("127.0.0.1", 0))
+channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+channel.connect(sys.argv[1])
+print("ready", flush=True)
+for line in sys.stdin:
+    if line == "L\\n":
+        channel.sendmsg([b"L"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [listener.fileno()]))])
+        print("handed", flush=True)
+    elif line == "C\\n":
+        with socket.create_connection(listener.getsockname(), timeout=10) as made:
+            made.sendall(f"CONNECT {sys.argv[2]} HTTP/1.1\\r\\n\\r\\n".encode())
+            status = made.recv(100).split(b"\\r\\n")[0].decode()
+            made.sendall(b"GET /through HTTP/1.1\\r\\nHost: upstream\\r\\nConnection: close\\r\\n\\r\\n")
+            answer = b""
+            while data := made.recv(1000):
+                answer += data
+            print(status, answer.splitlines()[-1].decode(), sep=": ", flush=True)
+    elif line == "A\\n":
+        with socket.create_connection(listener.getsockname(), timeout=10) as made:
+            print("closed" if made.recv(1) == b"" else "data", flush=True)
+    elif line == "EOF\\n":
+        channel.settimeout(2)
+        try:
+            print("closed" if channel.recv(1) == b"" else "data", flush=True)
+        except TimeoutError:
+            print("open", flush=True)
+    else:
+        break
+"""
+
+
+def _sockets_of_other_namespaces() -> int:
+    """How many of this process's descriptors are sockets of another network namespace."""
+    own, count = os.stat("/proc/self/ns/net"), 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            namespace = fcntl.ioctl(int(name), 0x894C)  # SIOCGSKNS: not a socket, or gone: OSError
+        except OSError:
+            continue
+        found = os.fstat(namespace)
+        os.close(namespace)
+        count += (found.st_dev, found.st_ino) != (own.st_dev, own.st_ino)
+    return count
+
+
+async def _of_other_namespaces(count: int) -> bool:
+    """Whether this process holds `count` sockets of other network namespaces (within 5 s)."""
+    for _ in range(100):
+        if _sockets_of_other_namespaces() == count:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+@asynccontextmanager
+async def _foreign(path: Path, allowed: Upstream) -> AsyncIterator[Callable[[str], Awaitable[str]]]:
+    """The process above, as a function of one command to its one line of answer."""
+    process = await asyncio.create_subprocess_exec(
+        "python3", "-c", _FOREIGN, str(path), allowed.authority, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdin is not None
+    assert process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
+
+    async def say(command: str) -> str:
+        stdin.write(command.encode() + b"\n")
+        return (await asyncio.wait_for(stdout.readline(), 10)).decode().strip()
+
+    try:
+        started = (await asyncio.wait_for(stdout.readline(), 10)).decode().strip()
+        if started == "no namespace":
+            pytest.skip("this host lets no process make a network namespace")
+        yield say
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+async def test_a_sandboxs_listener_is_accepted_on_and_given_up_with_its_channel(
+    opened: tuple[EgressProxy, Path], allowed: Upstream
+) -> None:
+    _, path = opened
+    fds = _open_fds()
+    async with _foreign(path, allowed) as say:
+        before = _counts()
+        assert await say("L") == "handed"
+        assert await _counted(before, "listener") == {"listener": 1}
+        # The proxy accepts on it: a connection made there is served, with no hand-off.
+        assert await say("C") == "HTTP/1.1 200 Connection established: upstream saw /through"
+        assert await say("EOF") == "open"
+        # One listener a channel: a second is refused, and the channel closed with the first.
+        assert await say("L") == "handed"
+        assert await _counted(before, "many_listeners") == {"listener": 1, "many_listeners": 1}
+        assert await say("EOF") == "closed"
+        assert await _of_other_namespaces(0)  # its listener let go while its agent lives on
+    async with _foreign(path, allowed) as say:
+        assert await say("L") == "handed"
+        assert await _counted(before, "listener") == {"listener": 2, "many_listeners": 1}
+        assert await say("C") == "HTTP/1.1 200 Connection established: upstream saw /through"
+    # Its agent ended (the channel closed from its side): the proxy keeps nothing of its
+    # namespace alive.
+    assert await _of_other_namespaces(0)
+    assert await _settled(fds) == fds
+
+
+class _CountingAccepts(handoff.Listener):
+    """Counts the readiness events of the listeners handed to it."""
+
+    events = 0
+
+    def _acceptable(self, channel: int) -> None:
+        type(self).events += 1
+        super()._acceptable(channel)
+
+
+async def test_a_gateway_out_of_descriptors_pauses_accepting_on_a_listener_and_resumes(
+    tmp_path: Path, allowed: Upstream
+) -> None:
+    path = tmp_path / "proxy.sock"
+    listener = _CountingAccepts(path, lambda made: made.close(), channels=4, peer=lambda channel: True)
+    try:
+        async with _foreign(path, allowed) as say:
+            before = _counts()
+            assert await say("L") == "handed"
+            assert await _counted(before, "listener") == {"listener": 1}
+            with _descriptors_exhausted():
+                _CountingAccepts.events = 0
+                answer = asyncio.create_task(say("A"))
+                await asyncio.sleep(0.3)
+                # Paused: a readable listener it cannot accept from is not polled in a loop.
+                assert 1 <= _CountingAccepts.events <= 5, _CountingAccepts.events
+                assert not answer.done()
+            # Resumed: the connection is accepted (and, here, closed).
+            assert await answer == "closed"
+    finally:
+        listener.close()

@@ -66,6 +66,17 @@ def test_each_rule_syntax_parses(text: str, kind: egress.RuleKind, port: int | N
     assert (rule.kind, rule.port) == (kind, port)
 
 
+def test_a_rule_parsed_again_is_the_same_rule_and_an_error_names_each_entry_again() -> None:
+    """Rules are cached by content (each create parses its rules twice); errors are not."""
+    first = egress.parse_rules(["127.0.0.9:443", "cache.example"], field="spec.network.allow")
+    assert egress.parse_rules(["127.0.0.9:443", "cache.example"], field="spec.network.allow") == first
+    assert egress.parse_rule("127.0.0.9:443", field="spec.network.allow[0]") is first[0]
+    for field in ("spec.network.allow", "network.deny", "spec.network.allow"):
+        with pytest.raises(InvalidArgumentError) as caught:
+            egress.parse_rules(["ok.example", "bad_host"], field=field)
+        assert caught.value.field == f"{field}[1]"
+
+
 @given(domain=_domain, sub=st.lists(_label, min_size=1, max_size=3).map(".".join), port=_port)
 def test_a_wildcard_matches_every_subdomain_and_not_the_domain(domain: str, sub: str, port: int) -> None:
     policy = _policy([f"*.{domain}"])

@@ -1,25 +1,35 @@
 """The sockets a local sandbox's agent hands to the egress proxy.
 
-The agent (pid 1 of the sandbox) accepts each connection to 127.0.0.1:3128 inside and sends
-the accepted socket here: one SOCK_SEQPACKET record, the byte b"C" with the socket attached
-(SCM_RIGHTS), over a channel connected to the proxy's Unix socket, which is bound into that
-sandbox alone (so the channel says whose the connection is). The proxy then reads and writes
-the sandbox's socket itself: against a relay in the sandbox copying every byte over a Unix
-socket, one process and two socket hops fewer per byte, and no fork per connection.
+The agent (pid 1 of the sandbox) listens on 127.0.0.1:3128 inside. At the first connection it
+accepts, it connects a channel to the proxy's Unix socket, which is bound into that sandbox
+alone (so the channel says whose the connection is), and sends two SOCK_SEQPACKET records, each
+one byte with a socket attached (SCM_RIGHTS): b"C" with the accepted socket, then b"L" with its
+listening socket. The proxy reads and writes the sandbox's sockets itself (against a relay in
+the sandbox copying every byte over a Unix socket, one process and two socket hops fewer per
+byte), and from the listener on it accepts the sandbox's next connections directly, so pid 1 is
+no longer woken per connection: one process fewer in every connection's setup. The listener
+is held as long as its channel: the agent takes it back when the channel closes (the proxy's
+socket replaced), and the proxy lets it go when the agent ends (the sandbox's network namespace
+is not kept alive by the gateway).
 
 Why the checks: the workload can connect to the same Unix socket and send any descriptor. A
 channel is served only when its peer is the sandbox's agent: pid 1 of a pid namespace one level
 below the gateway's (the workload cannot make a pid namespace: seccomp refuses it). That matters
 beyond what a descriptor is: a socket the workload handed over while keeping a copy shares its
 file flags, and with O_NONBLOCK cleared on the copy the gateway's one event loop would block in a
-send. The agent's accepted sockets were never the workload's. Every received descriptor is still
-checked (a connected TCP socket, nothing else) and anything else closed and counted.
+send. The agent's accepted sockets were never the workload's (nor its listener: pid 1 is
+undumpable and the listener is close-on-exec). Every received descriptor is still checked (a
+connected TCP socket for b"C"; for b"L" a listening TCP socket bound to loopback, in a network
+namespace other than the gateway's own, one per channel) and anything else closed and counted;
+a refused listener closes its channel, so the agent takes it back rather than wait on it.
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import fcntl
+import ipaddress
 import os
 import socket
 import stat
@@ -29,9 +39,10 @@ from pathlib import Path
 
 from warmshell.gateway import metrics
 
-__all__ = ["Listener", "PeerCheck", "check_socket", "is_sandbox_agent", "streams"]
+__all__ = ["Listener", "PeerCheck", "check_listener", "check_socket", "is_sandbox_agent", "streams"]
 
 RECORD = b"C"
+LISTENER_RECORD = b"L"
 _FD_BYTES = array.array("i").itemsize
 # Room for one descriptor: a record with more arrives truncated (MSG_CTRUNC; the kernel closes
 # what did not fit) or with several in the room the alignment leaves; either is refused.
@@ -41,6 +52,7 @@ _BACKLOG = 64
 _PAUSE_SECONDS = 0.1  # after an accept failed for want of descriptors or memory
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11 does not name it
+_SIOCGSKNS = 0x894C  # a socket's network namespace, as a new descriptor (Linux 4.9)
 
 # Whether a connected channel's peer may hand sockets over (see `is_sandbox_agent`).
 PeerCheck = Callable[[socket.socket], bool]
@@ -90,6 +102,19 @@ def is_sandbox_agent(channel: socket.socket) -> bool:
 def check_socket(fd: int) -> socket.socket | str:
     """The received descriptor `fd` as a connected TCP socket the proxy may serve, or why not
     (then `fd` is closed). Only the descriptor is looked at (fstat, getsockopt): no path."""
+    # OSError past the type: ENOTCONN from getpeername (never connected, or still connecting).
+    return _checked(fd, _socket_problem, "not_connected")
+
+
+def check_listener(fd: int) -> socket.socket | str:
+    """The received descriptor `fd` as a listening TCP socket on loopback in a network namespace
+    other than the gateway's (a sandbox's), or why not (then `fd` is closed)."""
+    return _checked(fd, _listener_problem, "not_listening")
+
+
+def _checked(fd: int, problem_of: Callable[[socket.socket], str | None], failed: str) -> socket.socket | str:
+    """`fd` as a non-blocking socket when it is one and `problem_of` finds nothing wrong with it
+    (`failed` when that raised OSError); else why not, and `fd` closed."""
     try:
         if not stat.S_ISSOCK(os.fstat(fd).st_mode):
             os.close(fd)
@@ -99,9 +124,9 @@ def check_socket(fd: int) -> socket.socket | str:
         os.close(fd)
         return "not_socket"
     try:
-        problem = _socket_problem(made)
-    except OSError:  # ENOTCONN from getpeername: never connected, or still connecting
-        problem = "not_connected"
+        problem = problem_of(made)
+    except OSError:
+        problem = failed
     if problem is not None:
         made.close()
         return problem
@@ -109,10 +134,43 @@ def check_socket(fd: int) -> socket.socket | str:
     return made
 
 
-def _socket_problem(made: socket.socket) -> str | None:
-    if made.family not in (socket.AF_INET, socket.AF_INET6) or made.type != socket.SOCK_STREAM:
+def _tcp(made: socket.socket) -> bool:
+    # SCTP's stream sockets are SOCK_STREAM too: the protocol says TCP.
+    return (
+        made.family in (socket.AF_INET, socket.AF_INET6)
+        and made.type == socket.SOCK_STREAM
+        and made.proto == socket.IPPROTO_TCP
+    )
+
+
+def _listener_problem(made: socket.socket) -> str | None:
+    if not _tcp(made):
         return "not_tcp"
-    if made.proto != socket.IPPROTO_TCP:  # SCTP's stream sockets are SOCK_STREAM too
+    if not made.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        return "not_listening"
+    if not ipaddress.ip_address(made.getsockname()[0]).is_loopback:
+        return "not_loopback"
+    # A listener of the gateway's own namespace would take the host's connections as the
+    # sandbox's. Unknown (the ioctl refused: no CAP_NET_ADMIN over that namespace) is refused too.
+    try:
+        namespace = fcntl.ioctl(made.fileno(), _SIOCGSKNS)
+    except OSError:
+        return "unknown_netns"
+    try:
+        return "own_netns" if _identity(os.fstat(namespace)) == _OWN_NETNS else None
+    finally:
+        os.close(namespace)
+
+
+def _identity(found: os.stat_result) -> tuple[int, int]:
+    return found.st_dev, found.st_ino
+
+
+_OWN_NETNS = _identity(os.stat("/proc/self/ns/net"))
+
+
+def _socket_problem(made: socket.socket) -> str | None:
+    if not _tcp(made):
         return "not_tcp"
     if made.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
         return "not_connected"
@@ -122,8 +180,10 @@ def _socket_problem(made: socket.socket) -> str | None:
 
 class Listener:
     """One sandbox's hand-off socket at `path`: each descriptor that passes `check_socket`, from
-    a channel whose peer passes `peer`, goes to `accept` (which then owns it). At most
-    `channels` channels are served at once; records are read `_STEPS` per readiness event."""
+    a channel whose peer passes `peer`, goes to `accept` (which then owns it), and so does each
+    connection accepted on a listener that passed `check_listener` (one per channel, held while
+    the channel is). At most `channels` channels are served at once; records are read, and
+    connections accepted, `_STEPS` per readiness event."""
 
     def __init__(
         self, path: Path, accept: Callable[[socket.socket], None], *, channels: int, peer: PeerCheck = is_sandbox_agent
@@ -132,6 +192,7 @@ class Listener:
         self._loop = asyncio.get_running_loop()
         self._accept, self._peer, self._max_channels = accept, peer, channels
         self._channels: dict[int, socket.socket] = {}
+        self._listeners: dict[int, socket.socket] = {}  # by the channel that handed it
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             self._socket.setblocking(False)
@@ -175,10 +236,15 @@ class Listener:
             self._loop.add_reader(self._socket.fileno(), self._connected)
 
     def _drop(self, fd: int) -> None:
+        """Close a channel and the listener it handed (the agent takes its own copy back)."""
         channel = self._channels.pop(fd, None)
         if channel is not None:
             self._loop.remove_reader(fd)
             channel.close()
+        listener = self._listeners.pop(fd, None)
+        if listener is not None:
+            self._loop.remove_reader(listener.fileno())
+            listener.close()
 
     def _readable(self, fd: int) -> None:
         channel = self._channels.get(fd)
@@ -202,12 +268,52 @@ class Listener:
                     os.close(received)
                 _count(problem)
                 continue
+            if data == LISTENER_RECORD:
+                self._listen(fd, fds[0])
+                channel = self._channels.get(fd)  # None: refused, and the channel closed with it
+                continue
             checked = check_socket(fds[0])
             if isinstance(checked, str):
                 _count(checked)
                 continue
             _count("accepted")
             self._accept(checked)
+
+    def _listen(self, channel: int, fd: int) -> None:
+        """Accept on the listener the channel's agent handed over (received as `fd`). Refused,
+        the channel is closed too: the agent then takes its listener back, where it would wait
+        for a gateway that never accepts."""
+        checked = "many_listeners" if channel in self._listeners else check_listener(fd)
+        if isinstance(checked, str):
+            if channel in self._listeners:
+                os.close(fd)
+            _count(checked)
+            self._drop(channel)
+            return
+        _count("listener")
+        self._listeners[channel] = checked
+        self._loop.add_reader(checked.fileno(), self._acceptable, channel)
+
+    def _acceptable(self, channel: int) -> None:
+        listener = self._listeners.get(channel)
+        for _ in range(_STEPS):
+            if listener is None:
+                return
+            try:
+                connection, _ = listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError:  # out of descriptors or memory: a pause, as for the channels
+                self._loop.remove_reader(listener.fileno())
+                self._loop.call_later(_PAUSE_SECONDS, self._resume_listener, channel, listener)
+                return
+            connection.setblocking(False)
+            self._accept(connection)
+            listener = self._listeners.get(channel)  # `accept` may have closed this sandbox's proxy
+
+    def _resume_listener(self, channel: int, listener: socket.socket) -> None:
+        if self._listeners.get(channel) is listener:
+            self._loop.add_reader(listener.fileno(), self._acceptable, channel)
 
 
 def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
@@ -220,10 +326,11 @@ def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
 
 
 def _record_problem(data: bytes, fds: list[int], flags: int) -> str | None:
-    """What is wrong with a received record (None: one RECORD with one descriptor)."""
+    """What is wrong with a received record (None: one RECORD or LISTENER_RECORD with one
+    descriptor)."""
     if flags & socket.MSG_CTRUNC or len(fds) > 1:
         return "many_fds"
-    if flags & socket.MSG_TRUNC or data != RECORD:
+    if flags & socket.MSG_TRUNC or data not in (RECORD, LISTENER_RECORD):
         return "bad_record"
     if not fds:
         return "no_fd"

@@ -1,7 +1,8 @@
 """The egress proxy: one listening Unix socket per sandbox, opened at activation in a directory
 bound into that sandbox alone, so the socket a connection came through says whose it is (no
-header the workload could forge); the sandbox's agent hands each TCP connection made inside to
-it there (`handoff`). Each connection is one HTTP CONNECT tunnel or one plain
+header the workload could forge); the sandbox's agent hands its first TCP connection made
+inside and then its listener to it there, and the proxy accepts the next ones itself
+(`handoff`). Each connection is one HTTP CONNECT tunnel or one plain
 HTTP request in absolute form; the proxy resolves the name itself and checks the sandbox's
 policy on the name and port, then on the address it connects to (see `warmshell.core.egress`).
 """

@@ -33,15 +33,20 @@
  *                                           on "/" (errno 0), or none (the open's errno)
  *
  * Egress (argv[2], a port, given when the gateway may bind an egress proxy socket into the
- * sandbox): the agent itself listens on 127.0.0.1:PORT and hands each connection it accepts to
- * the gateway's proxy: one SOCK_SEQPACKET record {'C'} (one byte) with the connection's socket
- * attached (SCM_RIGHTS), over a channel connected to the Unix socket EGRESS_SOCKET. The gateway
- * then reads and writes that socket itself (it stays in this sandbox's network namespace). The
- * sandbox has no other way out (its network namespace has loopback only), and the agent decides
- * nothing: the proxy applies the sandbox's policy. The workload can connect to that socket too:
- * the proxy serves a channel only from pid 1 of the sandbox, and a descriptor only when it is a
- * connected TCP socket. Without a socket there (no policy allows anything) a connection is
- * closed at once. The listener is pid 1's own rather than a process
+ * sandbox): the agent itself listens on 127.0.0.1:PORT. At the first connection it accepts, it
+ * connects a channel to the Unix socket EGRESS_SOCKET (the gateway's proxy) and sends two
+ * SOCK_SEQPACKET records of one byte, each with a socket attached (SCM_RIGHTS): {'C'} with that
+ * connection, then {'L'} with the listener itself. From then on the gateway accepts on the
+ * listener directly and the agent leaves the per-connection path: it no longer polls the
+ * listener, only the channel, and when the gateway closes that (the proxy's socket replaced at a
+ * new activation, or refused) it takes the listener back and starts again at the next
+ * connection. The gateway reads and writes the sockets itself (they stay in this sandbox's
+ * network namespace). The sandbox has no other way out (its network namespace has loopback
+ * only), and the agent decides nothing: the proxy applies the sandbox's policy. The workload can
+ * connect to that socket too: the proxy serves a channel only from pid 1 of the sandbox, a {'C'}
+ * only with a connected TCP socket and an {'L'} only with a listening TCP socket on loopback
+ * outside the gateway's own network namespace. Without a socket there (no policy allows
+ * anything) a connection is closed at once. The listener is pid 1's own rather than a process
  * of its own: an idle pool member is then two processes, not three, and its start spends no
  * fork and exec on a listener most sandboxes never use.
  */
@@ -86,9 +91,11 @@ static int ctl = -1;
 static int end_status = 0;
 /* The egress listener's port (argv[2] after an inherited socket's fd; the local driver), or none. */
 static const char *egress_port = NULL;
-/* The hand-off channel to the gateway's proxy (-1: none yet), and a connection waiting for it. */
+/* The hand-off channel to the gateway's proxy (-1: none yet), a connection waiting for it, and
+ * whether the gateway holds the listener over that channel (the agent then leaves it alone). */
 static int handoff = -1;
 static int pending = -1;
+static int listener_handed = 0;
 static struct { pid_t pid; uint32_t id; } execs[MAX_EXECS];
 static char message[MAX_MESSAGE + 1];  /* one byte more than allowed, to see an oversized one */
 static char *strings[2 * MAX_STRINGS + 3];
@@ -338,6 +345,12 @@ static int handoff_channel(void) {
     return handoff = fd;
 }
 
+static void close_channel(void) {
+    close(handoff);
+    handoff = -1;
+    listener_handed = 0;
+}
+
 /* One record {'C'} with `client` attached: 0 sent, 1 the channel is full for now (try again
  * when it is writable), -1 not sent (no proxy socket, or the gateway is gone). */
 static int send_client(int client) {
@@ -348,16 +361,35 @@ static int send_client(int client) {
         do sent = send_fd(handoff, &record, 1, client, MSG_DONTWAIT); while (sent < 0 && errno == EINTR);
         if (sent == 1) return 0;
         if (errno == EAGAIN) return 1;
-        close(handoff);
-        handoff = -1;
+        close_channel();
     }
     return -1;
 }
 
-/* Hands the waiting connections to the gateway's proxy, which reads and writes the socket itself
+/* Hands the listener over the channel {'L'}: the gateway accepts on it from now on. Not sent
+ * (the channel full or broken) it stays the agent's, and the next connection tries again. */
+static void send_listener(int listener) {
+    char record = 'L';
+    ssize_t sent;
+    do sent = send_fd(handoff, &record, 1, listener, MSG_DONTWAIT); while (sent < 0 && errno == EINTR);
+    if (sent == 1) listener_handed = 1;
+    else if (errno != EAGAIN) close_channel();
+}
+
+/* The channel of a handed listener is readable: the gateway closed it (it never writes to it),
+ * and the listener is the agent's again. */
+static void channel_readable(void) {
+    char drop;
+    ssize_t got = recv(handoff, &drop, 1, MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (got <= 0) close_channel();
+}
+
+/* Hands the waiting connection to the gateway's proxy, which reads and writes the socket itself
  * (one process and two socket hops fewer per byte than a relay copying it over a Unix socket,
- * and no fork per connection). A connection the channel cannot take yet waits in `pending`,
- * and the listener is not polled until it went. */
+ * and no fork per connection), then the listener, so that the gateway accepts the next ones
+ * without waking pid 1. A connection the channel cannot take yet waits in `pending`, and the
+ * listener is not polled until it went. */
 static void accept_egress(int listener) {
     for (;;) {
         int client = pending;
@@ -375,6 +407,10 @@ static void accept_egress(int listener) {
             return;
         }
         close(client);  /* sent: the gateway holds its own; not sent: refused, the next may fare better */
+        if (sent == 0) {
+            send_listener(listener);
+            if (listener_handed) return;
+        }
     }
 }
 
@@ -429,12 +465,14 @@ int main(int argc, char **argv) {
     for (;;) {
         struct pollfd wait_for[3] = {{ctl, POLLIN, 0}, {signals, POLLIN, 0}, {listener, POLLIN, 0}};
         if (pending >= 0) wait_for[2] = (struct pollfd){handoff, POLLOUT, 0};  /* the listener waits meanwhile */
+        else if (listener_handed) wait_for[2] = (struct pollfd){handoff, POLLIN, 0};  /* the gateway accepts */
         if (poll(wait_for, 3, -1) < 0) {
             if (errno == EINTR) continue;
             die();
         }
         if (wait_for[1].revents & POLLIN) reap(signals);
-        if (wait_for[2].revents) accept_egress(listener);
+        if (wait_for[2].revents && listener_handed) channel_readable();
+        else if (wait_for[2].revents) accept_egress(listener);
         if (wait_for[0].revents & (POLLIN | POLLHUP | POLLERR)) serve_one();
     }
 }
