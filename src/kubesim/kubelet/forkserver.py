@@ -42,12 +42,13 @@ import pathlib
 import runpy
 import select
 import signal
+import subprocess
 import sys
 import traceback
 from typing import Any
 
 # mountns and netns: imported once here, shared by every container's mount setup.
-from kubesim.kubelet import containers, mountns, netns  # noqa: F401
+from kubesim.kubelet import containers, mountns, native, netns  # noqa: F401
 
 __all__ = ["ForkServer", "forkable"]
 
@@ -207,28 +208,20 @@ def _status_code(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
-def _container(request: dict[str, Any], libc: Any) -> None:
+def _container(request: dict[str, Any], libc: Any, prepared: native.PreparedSetup | None) -> None:
     """The forked child, PID 1 of its own PID namespace: session, output, mounts, its own /proc,
-    its environment, then the exec or MODULE. Never returns."""
-    code = 127
+    its environment, then the exec or MODULE (with ``prepared``, all but MODULE's run in C).
+    Never returns."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.setsid()
-        mountns.die_with_parent(libc)
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-        os.chdir(request["cwd"])
-        mountns.enter(pathlib.Path(request["mounts"]))
-        if request.get("pidns", True):
-            mountns.mount_proc(libc)
+        if prepared is not None:
+            prepared.run()
+        else:
+            _python_setup(request, libc)
     except BaseException as exc:  # reported in the container log, like mountns
         print(f"kubesim: cannot start the container: {exc}", file=sys.stderr, flush=True)
-        os._exit(code)
+        os._exit(127)
     if "argv" in request:
         _exec(request["argv"], request["env"])
     code = 1
@@ -254,8 +247,57 @@ def _container(request: dict[str, Any], libc: Any) -> None:
         os._exit(code)
 
 
+def _python_setup(request: dict[str, Any], libc: Any) -> None:
+    """The container's set-up in Python, where the C one (``kubesim.kubelet.native``) could not be
+    built: what ``containersetup.c`` does, step for step."""
+    os.setsid()
+    mountns.die_with_parent(libc)
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    os.chdir(request["cwd"])
+    mountns.enter(pathlib.Path(request["mounts"]))
+    if request.get("pidns", True):
+        mountns.mount_proc(libc)
+
+
+def _native_setup() -> native.ContainerSetup | None:
+    """The C set-up, built on first use; None (said on stderr) where it cannot be."""
+    try:
+        return native.load()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = exc.stderr.decode(errors="replace") if isinstance(exc, subprocess.CalledProcessError) else ""
+        print(f"kubesim fork server: containers set up in Python: {exc} {detail}", file=sys.stderr, flush=True)
+        return None
+
+
+def _setup_words(request: dict[str, Any], top: list[str]) -> list[str]:
+    """One start's C set-up words, made before the fork (OSError, ValueError if its mount spec
+    cannot be read)."""
+    spec_path = pathlib.Path(request["mounts"])
+    return native.words(request, json.loads(spec_path.read_text()), spec_path, top)
+
+
+def _start(request: dict[str, Any], libc: Any, setup: native.ContainerSetup | None, top: list[str]) -> int:
+    """Start one container (its pid): an exec'd one spawned as ``kubesim-container`` and a
+    MODULE forked, both set up in C; without the C set-up, forked and set up in Python."""
+    if setup is None:
+        prepared = None
+    elif "argv" in request:
+        return setup.spawn(_setup_words(request, top), request["argv"], request["env"])
+    else:
+        prepared = setup.prepare(_setup_words(request, top))
+    pid = os.fork()
+    if pid == 0:
+        _container(request, libc, prepared)
+    return pid
+
+
 def _exec(argv: list[str], env: dict[str, str]) -> None:
-    """The exec kind's last step. Never returns."""
+    """The exec kind's last step, where it is set up in Python. Never returns."""
     # What this interpreter changed that an exec keeps: a container starts with the defaults.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -297,6 +339,7 @@ def serve(preload: list[str]) -> int:
     gc.collect()
     gc.freeze()
     libc = _libc()
+    setup = _native_setup()
     namespaces = _PidNamespaces(libc)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -338,17 +381,15 @@ def serve(preload: list[str]) -> int:
             for line in lines:
                 request = json.loads(line)
                 try:
-                    mountns.refresh_host_mounts()
+                    top = mountns.refresh_host_mounts()
                     if request.get("pidns", True):
                         namespaces.next_child_in_new_namespace()
                     else:
                         namespaces.next_child_in_own_namespace()
-                    pid = os.fork()
-                except OSError as exc:
+                    pid = _start(request, libc, setup, top)
+                except (OSError, ValueError) as exc:
                     _send({"id": request["id"], "error": str(exc)})
                     continue
-                if pid == 0:
-                    _container(request, libc)
                 children[pid] = request["id"]
                 _send({"id": request["id"], "pid": pid})
 
