@@ -489,6 +489,40 @@ int kubesim_container(int argc, char **argv, char **exec_argv, char **exec_env) 
     return fail("cannot run '%s'", exec_argv[0]);
 }
 
+/* Append the NUL-separated words of `buf` (`len` bytes, none when empty) to argv, copied into
+ * `storage` at `*used`; -1 when they do not fit. */
+static int split(const char *buf, size_t len, char **argv, int *argc, int max, char *storage, size_t *used,
+                 size_t size) {
+    if (len == 0)
+        return 0;
+    if (*used + len + 1 > size)
+        return -1;
+    char *copy = storage + *used;
+    memcpy(copy, buf, len);
+    copy[len] = '\0';
+    *used += len + 1;
+    for (size_t at = 0; at <= len; at += strlen(copy + at) + 1) {
+        if (*argc == max)
+            return -1;
+        argv[(*argc)++] = copy + at;
+    }
+    return 0;
+}
+
+/* kubesim_container for a forked Python child: the words packed NUL-separated in two buffers (the
+ * container's, then the host's top-level mount points), so that the fork server's interpreter
+ * builds nothing per word (every object it makes between forks costs it a page copy). */
+int kubesim_container_packed(const char *words, size_t words_len, const char *top, size_t top_len) {
+    static char *argv[4 * MAX_ITEMS + 64];
+    static char storage[64 * 1024];
+    int argc = 0, max = sizeof argv / sizeof argv[0];
+    size_t used = 0;
+    if (split(words, words_len, argv, &argc, max, storage, &used, sizeof storage) != 0 ||
+        split(top, top_len, argv, &argc, max, storage, &used, sizeof storage) != 0)
+        return errno = E2BIG, fail("the set-up words");
+    return kubesim_container(argc, argv, NULL, NULL);
+}
+
 #ifdef KUBESIM_CONTAINER_MAIN
 /* kubesim-container N WORD... PROGRAM ARG...: the exec'd container, spawned by the fork server
  * (posix_spawn: no copy of the server's pages, no Python in the child) with the container's

@@ -109,13 +109,15 @@ class ForkServer:
         cwd: pathlib.Path,
         log_path: pathlib.Path,
         mounts: pathlib.Path,
+        mount_words: list[str],
         pid_namespace: bool = True,
     ) -> containers.ReportedProcess:
         """Start ``python -m module args`` as a container (see the module doc); OSError if the
-        server cannot fork. Without ``pid_namespace`` (a pod sharing its process namespace) it
-        runs in the server's."""
+        server cannot fork. ``mounts`` is its mount spec (``kubesim.kubelet.mountns``), and
+        ``mount_words`` the same for the C set-up (``native.mount_words``). Without
+        ``pid_namespace`` (a pod sharing its process namespace) it runs in the server's."""
         start = {"module": module, "args": args}
-        return await self._start(start, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pid_namespace)
+        return await self._start(start, env, cwd, log_path, (mounts, mount_words), pid_namespace)
 
     async def spawn_exec(
         self,
@@ -125,20 +127,20 @@ class ForkServer:
         cwd: pathlib.Path,
         log_path: pathlib.Path,
         mounts: pathlib.Path,
+        mount_words: list[str],
         pid_namespace: bool = True,
     ) -> containers.ReportedProcess:
         """Start ``argv`` as a container (the exec kind, see the module doc); as ``spawn``."""
         start = {"argv": argv}
-        return await self._start(start, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pid_namespace)
+        return await self._start(start, env, cwd, log_path, (mounts, mount_words), pid_namespace)
 
     async def _start(
         self,
         start: dict[str, Any],
-        *,
         env: dict[str, str],
         cwd: pathlib.Path,
         log_path: pathlib.Path,
-        mounts: pathlib.Path,
+        mounts: tuple[pathlib.Path, list[str]],
         pid_namespace: bool,
     ) -> containers.ReportedProcess:
         process = await self._ensure()
@@ -154,8 +156,11 @@ class ForkServer:
             "env": env,
             "cwd": str(cwd),
             "log": str(log_path),
-            "mounts": str(mounts),
+            "mounts": str(mounts[0]),
             "pidns": pid_namespace,
+            # The C set-up's words, made here: in the server, every object made between two forks
+            # costs it copies of the pages it touches (~0.5 ms per start to read the spec there).
+            "setup": native.start_words(log=str(log_path), cwd=str(cwd), mounts=mounts[1], pid_namespace=pid_namespace),
         }
         process.stdin.write(json.dumps(request).encode() + b"\n")
         try:
@@ -208,15 +213,15 @@ def _status_code(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
-def _container(request: dict[str, Any], libc: Any, prepared: native.PreparedSetup | None) -> None:
+def _container(request: dict[str, Any], libc: Any, setup: native.ContainerSetup | None, top: str) -> None:
     """The forked child, PID 1 of its own PID namespace: session, output, mounts, its own /proc,
-    its environment, then the exec or MODULE (with ``prepared``, all but MODULE's run in C).
+    its environment, then the exec or MODULE (with ``setup``, all but MODULE's run in C).
     Never returns."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        if prepared is not None:
-            prepared.run()
+        if setup is not None:
+            setup.run(request["setup"], os.fsencode(top))
         else:
             _python_setup(request, libc)
     except BaseException as exc:  # reported in the container log, like mountns
@@ -274,25 +279,15 @@ def _native_setup() -> native.ContainerSetup | None:
         return None
 
 
-def _setup_words(request: dict[str, Any], top: list[str]) -> list[str]:
-    """One start's C set-up words, made before the fork (OSError, ValueError if its mount spec
-    cannot be read)."""
-    spec_path = pathlib.Path(request["mounts"])
-    return native.words(request, json.loads(spec_path.read_text()), spec_path, top)
-
-
-def _start(request: dict[str, Any], libc: Any, setup: native.ContainerSetup | None, top: list[str]) -> int:
+def _start(request: dict[str, Any], libc: Any, setup: native.ContainerSetup | None, top: str) -> int:
     """Start one container (its pid): an exec'd one spawned as ``kubesim-container`` and a
-    MODULE forked, both set up in C; without the C set-up, forked and set up in Python."""
-    if setup is None:
-        prepared = None
-    elif "argv" in request:
-        return setup.spawn(_setup_words(request, top), request["argv"], request["env"])
-    else:
-        prepared = setup.prepare(_setup_words(request, top))
+    MODULE forked, both set up in C (``top``: the host's top-level mount points, packed); without
+    the C set-up, forked and set up in Python."""
+    if setup is not None and "argv" in request:
+        return setup.spawn(request["setup"], top, request["argv"], request["env"])
     pid = os.fork()
     if pid == 0:
-        _container(request, libc, prepared)
+        _container(request, libc, setup, top)
     return pid
 
 
@@ -347,6 +342,8 @@ def serve(preload: list[str]) -> int:
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     children: dict[int, int] = {}  # container pid -> request id
+    last_points: list[str] | None = None
+    top = ""
     pending = b""
     while True:
         try:
@@ -381,13 +378,14 @@ def serve(preload: list[str]) -> int:
             for line in lines:
                 request = json.loads(line)
                 try:
-                    top = mountns.refresh_host_mounts()
+                    if (points := mountns.refresh_host_mounts()) is not last_points:
+                        last_points, top = points, native.top_words(points)
                     if request.get("pidns", True):
                         namespaces.next_child_in_new_namespace()
                     else:
                         namespaces.next_child_in_own_namespace()
                     pid = _start(request, libc, setup, top)
-                except (OSError, ValueError) as exc:
+                except OSError as exc:
                     _send({"id": request["id"], "error": str(exc)})
                     continue
                 children[pid] = request["id"]

@@ -21,7 +21,17 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["SOURCE", "ContainerSetup", "PreparedSetup", "build", "cache_dir", "load", "words"]
+__all__ = [
+    "SOURCE",
+    "ContainerSetup",
+    "SetupError",
+    "build",
+    "cache_dir",
+    "load",
+    "mount_words",
+    "start_words",
+    "top_words",
+]
 
 SOURCE = pathlib.Path(__file__).with_name("containersetup.c")
 _FLAGS = ("-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror")
@@ -70,13 +80,10 @@ def load(directory: pathlib.Path | None = None) -> ContainerSetup:
     return ContainerSetup(ctypes.CDLL(str(library), use_errno=True), program)
 
 
-def words(
-    request: Mapping[str, Any], spec: Mapping[str, Any], spec_path: pathlib.Path, top: Sequence[str]
-) -> list[str]:
-    """The C set-up's words (``containersetup.c``) for a fork server's start ``request`` and the
-    container's mount ``spec`` (``kubesim.kubelet.mountns``); ``top`` the host's top-level mount
-    points (shortest first)."""
-    out = ["log", request["log"], "cwd", request["cwd"]]
+def mount_words(spec: Mapping[str, Any], spec_path: pathlib.Path) -> list[str]:
+    """The C set-up's words (``containersetup.c``) for a container's mount ``spec`` (the view
+    ``kubesim.kubelet.mountns`` reads from ``spec_path``)."""
+    out = []
     if spec.get("netns"):
         out += ["netns", spec["netns"]]
     out += ["scratch", str(spec.get("scratch") or spec_path.parent)]
@@ -84,58 +91,45 @@ def words(
         out += ["bind", bind["source"], bind["target"], "1" if bind.get("readOnly") else "0"]
     if spec.get("hosts"):
         out += ["hosts", spec["hosts"]]
-    for point in top:
-        out += ["top", point]
     if private := spec.get("private"):
         out += ["private", private["root"], private["pod"]]
     for path in spec.get("hide") or []:
         out += ["hide", str(path)]
-    if request.get("pidns", True):
-        out.append("proc")
     return out
 
 
-def _strings(items: Sequence[str]) -> Any:
-    array = (ctypes.c_char_p * (len(items) + 1))()
-    array[:-1] = [os.fsencode(item) for item in items]
-    return array
+def start_words(*, log: str, cwd: str, mounts: Sequence[str], pid_namespace: bool) -> str:
+    """One container start's words, packed (NUL-separated): its output, directory and mounts,
+    and a ``/proc`` of its own when it has a PID namespace of its own."""
+    return "\0".join(["log", log, "cwd", cwd, *mounts, *(["proc"] if pid_namespace else [])])
 
 
-class PreparedSetup:
-    """One forked container's set-up as a C array, made in the fork server before it forks (the
-    child then builds no Python object for it)."""
-
-    def __init__(self, setup: ContainerSetup, words: Sequence[str]) -> None:
-        self._setup = setup
-        self._count = len(words)
-        self._words = _strings(words)
-
-    def run(self) -> None:
-        """Set the calling (forked) process up as the container; SetupError when a step fails."""
-        self._setup.call(self._count, self._words)
+def top_words(points: Sequence[str]) -> str:
+    """The host's top-level mount points as the C set-up's words, packed."""
+    return "\0".join(word for point in points for word in ("top", point))
 
 
 class ContainerSetup:
-    """The loaded library."""
+    """The loaded library and the program built beside it."""
 
     def __init__(self, library: ctypes.CDLL, program: pathlib.Path) -> None:
         self.program = str(program)
-        self._container = library.kubesim_container
-        self._container.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        self._container.restype = ctypes.c_int
+        self._packed = library.kubesim_container_packed
+        self._packed.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+        self._packed.restype = ctypes.c_int
         self._error = library.kubesim_error
         self._error.restype = ctypes.c_char_p
 
-    def prepare(self, words: Sequence[str]) -> PreparedSetup:
-        """``words`` ready for a forked child's ``run``."""
-        return PreparedSetup(self, words)
-
-    def spawn(self, words: Sequence[str], argv: Sequence[str], env: Mapping[str, str]) -> int:
-        """Start an exec'd container: ``kubesim-container`` spawned (no fork of the caller's pages,
-        no Python in the child), set up as ``words`` say, then ``argv`` exec'd; its pid."""
-        return os.posix_spawn(self.program, [self.program, str(len(words)), *words, *argv], env)
-
-    def call(self, count: int, words: Any) -> None:
-        """``kubesim_container`` with no program: the set-up alone (see ``PreparedSetup.run``)."""
-        if self._container(count, words, None, None) != 0:
+    def run(self, words: str, top: bytes) -> None:
+        """Set the calling (forked) process up as the container ``words`` and the host's ``top``
+        (both packed, see ``start_words`` and ``top_words``) describe; SetupError when a step
+        fails."""
+        packed = os.fsencode(words)
+        if self._packed(packed, len(packed), top, len(top)) != 0:
             raise SetupError(os.fsdecode(self._error() or b"the container set-up failed"))
+
+    def spawn(self, words: str, top: str, argv: Sequence[str], env: Mapping[str, str]) -> int:
+        """Start an exec'd container: ``kubesim-container`` spawned (no fork of the caller's pages,
+        no Python in the child), set up as ``words`` and ``top`` say, then ``argv`` exec'd; its pid."""
+        setup = [word for packed in (words, top) if packed for word in packed.split("\0")]
+        return os.posix_spawn(self.program, [self.program, str(len(setup)), *setup, *argv], env)

@@ -46,12 +46,17 @@ print(json.dumps({
 }), flush=True)
 """
 
-# The Python set-up in a child interpreter, then the same exec.
+# The Python set-up in a child interpreter, then the same exec; or there the C library's
+# (the forked container's path, ``kubesim_container_packed``).
 _PYTHON = """
 import ctypes, json, sys
-from kubesim.kubelet import forkserver, mountns
+from kubesim.kubelet import forkserver, mountns, native
 request = json.loads(sys.argv[1])
-forkserver._python_setup(request, ctypes.CDLL(None, use_errno=True))
+if len(sys.argv) > 2:
+    top = native.top_words(mountns.refresh_host_mounts()).encode()
+    native.load(native.pathlib.Path(sys.argv[2])).run(request["setup"], top)
+else:
+    forkserver._python_setup(request, ctypes.CDLL(None, use_errno=True))
 forkserver._exec(request["argv"], request["env"])
 """
 
@@ -87,33 +92,43 @@ def _pod(tmp_path: Path) -> tuple[dict[str, Any], Path]:
     return spec, path
 
 
-def _request(pod: Path, spec_path: Path, log: str, argv: list[str]) -> dict[str, Any]:
+def _request(pod: Path, spec: dict[str, Any], spec_path: Path, log: str, argv: list[str]) -> dict[str, Any]:
     env = {"PATH": os.environ["PATH"], "HIDDEN": str(pod / ".volumes" / "other"), "KUBELET_ROOT": str(pod.parent)}
-    return {"argv": argv, "env": env, "cwd": str(pod), "log": str(pod / log), "mounts": str(spec_path), "pidns": False}
+    words = native.start_words(
+        log=str(pod / log), cwd=str(pod), mounts=native.mount_words(spec, spec_path), pid_namespace=False
+    )
+    return {"argv": argv, "env": env, "cwd": str(pod), "log": str(pod / log), "mounts": str(spec_path)} | {
+        "pidns": False,
+        "setup": words,
+    }
 
 
-def _run_both(tmp_path: Path, argv: list[str]) -> tuple[tuple[int, str], tuple[int, str]]:
+def _run_all(tmp_path: Path, argv: list[str]) -> dict[str, tuple[int, str]]:
+    """The container ``argv`` set up by the program, the library and Python: each one's status
+    and log."""
     spec, spec_path = _pod(tmp_path)
     pod = spec_path.parent.parent
-    setup = native.load(tmp_path / "cache")
-    c_request = _request(pod, spec_path, "c.log", argv)
-    words = native.words(c_request, spec, spec_path, mountns.refresh_host_mounts())
-    c = subprocess.run([setup.program, str(len(words)), *words, *argv], env=c_request["env"], timeout=60, check=False)
-    py_request = _request(pod, spec_path, "py.log", argv)
-    py = subprocess.run(
-        [sys.executable, "-c", _PYTHON, json.dumps(py_request)],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        timeout=60,
-        check=False,
-    )
-    return (c.returncode, (pod / "c.log").read_text()), (py.returncode, (pod / "py.log").read_text())
+    cache = tmp_path / "cache"
+    setup = native.load(cache)
+    top = native.top_words(mountns.refresh_host_mounts())
+    runs = {}
+    request = _request(pod, spec, spec_path, "program.log", argv)
+    words = [*request["setup"].split("\0"), *top.split("\0")]
+    runs["program"] = subprocess.run([setup.program, str(len(words)), *words, *argv], env=request["env"], check=False)
+    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for name, extra in (("library", [str(cache)]), ("python", [])):
+        request = _request(pod, spec, spec_path, f"{name}.log", argv)
+        command = [sys.executable, "-c", _PYTHON, json.dumps(request), *extra]
+        runs[name] = subprocess.run(command, env=child_env, timeout=60, check=False)
+    return {name: (done.returncode, (pod / f"{name}.log").read_text()) for name, done in runs.items()}
 
 
 def test_the_c_set_up_makes_the_container_the_python_one_makes(tmp_path: Path) -> None:
-    (c_code, c_log), (py_code, py_log) = _run_both(tmp_path, [sys.executable, "-c", _VIEW])
-    assert (c_code, py_code) == (0, 0), (c_log, py_log)
-    c_view, py_view = json.loads(c_log), json.loads(py_log)
+    runs = _run_all(tmp_path, [sys.executable, "-c", _VIEW])
+    assert [code for code, _ in runs.values()] == [0, 0, 0], runs
+    c_view, library_view, py_view = (json.loads(log) for _, log in runs.values())
     assert c_view == py_view
+    assert library_view == py_view
     # And it is the container asked for, not two equal wrong ones.
     assert c_view["token"] == "the-token"
     assert c_view["ro_token"]
@@ -131,10 +146,11 @@ def test_the_c_set_up_makes_the_container_the_python_one_makes(tmp_path: Path) -
 
 
 def test_a_program_that_cannot_run_ends_the_container_with_127_and_says_why(tmp_path: Path) -> None:
-    (c_code, c_log), (py_code, _) = _run_both(tmp_path, ["/no/such/program"])
-    assert (c_code, py_code) == (127, 127)
-    assert "cannot run '/no/such/program'" in c_log
-    assert "No such file or directory" in c_log
+    runs = _run_all(tmp_path, ["/no/such/program"])
+    assert [code for code, _ in runs.values()] == [127, 127, 127]
+    for _, log in runs.values():
+        assert "cannot run '/no/such/program'" in log
+        assert "No such file or directory" in log
 
 
 def test_a_failed_step_names_itself(tmp_path: Path) -> None:
