@@ -5,6 +5,7 @@ names it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kubesim.kubelet import mountns, native
+from kubesim.kubelet import forkserver, mountns, native
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
 
@@ -163,3 +164,26 @@ def test_a_failed_step_names_itself(tmp_path: Path) -> None:
     done = subprocess.run([setup.program, "2", "bogus", "word", "true"], capture_output=True, timeout=60, check=False)
     assert done.returncode == 127
     assert b"set-up word 'bogus'" in done.stderr
+
+
+async def test_without_a_c_compiler_the_fork_server_sets_containers_up_in_python(tmp_path: Path) -> None:
+    spec, spec_path = _pod(tmp_path)
+    pod = spec_path.parent.parent
+    env = {"PATH": os.environ["PATH"], "KUBESIM_CACHE": str(tmp_path / "empty"), "CC": str(tmp_path / "no-cc")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    server = forkserver.ForkServer((), env=env)
+    try:
+        proc = await server.spawn_exec(
+            ["sh", "-c", "cat /var/run/secrets/kubernetes.io/serviceaccount/token"],
+            env={"PATH": os.environ["PATH"]},
+            cwd=pod,
+            log_path=pod / "fallback.log",
+            mounts=spec_path,
+            mount_words=native.mount_words(spec, spec_path),
+            pid_namespace=False,
+        )
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        await server.aclose()
+    assert (pod / "fallback.log").read_text() == "the-token"
+    assert not (tmp_path / "empty").exists(), "nothing was compiled"
