@@ -43,6 +43,7 @@ print(json.dumps({
     "setsid": os.getsid(0) == os.getpid(),
     "stdin": read("/proc/self/fd/0") == "",
     "fds": sorted(os.listdir("/proc/self/fd")),
+    "old_root": os.path.exists("/.kubesim-old-root"),
     "ro_token": os.statvfs("/var/run/secrets/kubernetes.io/serviceaccount").f_flag & os.ST_RDONLY != 0,
 }), flush=True)
 """
@@ -136,6 +137,7 @@ def test_the_c_set_up_makes_the_container_the_python_one_makes(tmp_path: Path) -
     assert c_view["workspace"] == ["cache", "file"]
     assert c_view["nested"] == "nested volume"
     assert c_view["hosts"] == "10.0.0.7\tpod\n"
+    assert not c_view["old_root"]  # the host's root is detached, not left reachable
     assert c_view["hidden"] == []
     assert c_view["kubelet_root"] == ["ns_pod_12345678"]
     assert c_view["setsid"]
