@@ -5,17 +5,20 @@ mount namespace launcher (``kubesim.kubelet.mountns``), and no launcher stays be
 Two kinds of start, one server process per distinct ``preload`` (started by the kubelet on first
 use):
 
-- **exec** (the server with no ``preload``): any container's argv. The forked child sets the
-  container up (below) and execs the argv, as ``kubesim.kubelet.mountns`` would have.
+- **exec** (the server with no ``preload``): any container's argv. The server spawns
+  ``kubesim-container`` (``kubesim.kubelet.native``: no copy of the server's pages, no Python in
+  the child), which sets the container up (below) and execs the argv, as
+  ``kubesim.kubelet.mountns`` would have.
 - **module** (a server with ``preload``): a container of an image whose rule names ``preload``
   modules, when its argv is ``<this python> -m MODULE ARGS...``. The server imports the modules
   once (the pods share them copy-on-write); the child runs MODULE as ``__main__`` as ``runpy`` would,
   so a container start costs no Python start at all.
 
-For each start the server forks the container's process into a PID namespace of its own (unless
+For each start the server starts the container's process in a PID namespace of its own (unless
 the pod sets ``shareProcessNamespace``), where it is PID 1 (as in a container, or bwrap
 ``--unshare-pid --as-pid-1``: a signal from outside reaches it only if it handles it, SIGKILL
-always; when it exits, everything it started dies), and the child does what the launcher would:
+always; when it exits, everything it started dies), and the child does what the launcher would,
+in C (``containersetup.c``; in Python where no C compiler could build it):
 1. a new session (the kubelet signals the container's process group), stdin ``/dev/null``, stdout
    and stderr appended to the container log, the container's working directory;
 2. the container's mount namespace, exactly as ``kubesim.kubelet.mountns`` makes it (volumes at
