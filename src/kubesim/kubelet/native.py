@@ -54,20 +54,28 @@ def build(directory: pathlib.Path | None = None) -> tuple[pathlib.Path, pathlib.
     now if they are not there yet (each written whole: two servers compiling at once each replace
     it with a complete one). FileNotFoundError without a C compiler, CalledProcessError when the
     compile fails."""
-    source = SOURCE.read_bytes()
     directory = directory or cache_dir()
-    version = hashlib.sha256(source).hexdigest()[:16]
-    library, program = directory / f"containersetup-{version}.so", directory / f"kubesim-container-{version}"
     cc = shlex.split(os.environ.get("CC", "")) or ["cc"]
-    for target, flags in ((library, ["-shared", "-fPIC"]), (program, ["-DKUBESIM_CONTAINER_MAIN"])):
+    # The program starts once per exec'd container: static against musl (when its compiler is
+    # there and no $CC is asked for) it starts ~0.5 ms of CPU cheaper than linked to glibc.
+    musl = shutil.which("musl-gcc") if "CC" not in os.environ else None
+    program_cc = [musl, "-static"] if musl is not None else cc
+    # One build per version of the source and choice of compilers.
+    version = hashlib.sha256(SOURCE.read_bytes() + repr((cc, program_cc)).encode()).hexdigest()[:16]
+    library, program = directory / f"containersetup-{version}.so", directory / f"kubesim-container-{version}"
+    for target, compiler, flags in (
+        (library, cc, ["-shared", "-fPIC"]),
+        (program, program_cc, ["-DKUBESIM_CONTAINER_MAIN"]),
+    ):
         if target.exists():
             continue
-        if shutil.which(cc[0]) is None:
-            raise FileNotFoundError(f"no C compiler ({cc[0]}) for {SOURCE.name}")
+        if shutil.which(compiler[0]) is None:
+            raise FileNotFoundError(f"no C compiler ({compiler[0]}) for {SOURCE.name}")
         directory.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         try:
-            subprocess.run([*cc, *_FLAGS, *flags, "-o", str(partial), str(SOURCE)], check=True, capture_output=True)
+            command = [compiler[0], *_FLAGS, *compiler[1:], *flags, "-o", str(partial), str(SOURCE)]
+            subprocess.run(command, check=True, capture_output=True)
             os.replace(partial, target)
         finally:
             partial.unlink(missing_ok=True)
