@@ -1,6 +1,7 @@
 """The fork server's container set-up in C (``containersetup.c`` beside this file): compiled on
-first use into kubesim's cache directory (one library per version of the source), loaded with
-ctypes, and called in each forked container instead of the same steps in Python.
+first use into kubesim's cache directory (once per version of the source and choice of compilers),
+loaded with ctypes and called in each forked container instead of the same steps in Python; an
+exec'd container is spawned as the program built beside it (``kubesim-container``).
 
 The set-up is what ``kubesim.kubelet.forkserver`` and ``kubesim.kubelet.mountns`` do for a container
 (session, output, working directory, network namespace, mount namespace, ``/proc``, exec); in the
