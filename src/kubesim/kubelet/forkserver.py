@@ -5,17 +5,20 @@ mount namespace launcher (``kubesim.kubelet.mountns``), and no launcher stays be
 Two kinds of start, one server process per distinct ``preload`` (started by the kubelet on first
 use):
 
-- **exec** (the server with no ``preload``): any container's argv. The forked child sets the
-  container up (below) and execs the argv, as ``kubesim.kubelet.mountns`` would have.
+- **exec** (the server with no ``preload``): any container's argv. The server spawns
+  ``kubesim-container`` (``kubesim.kubelet.native``: no copy of the server's pages, no Python in
+  the child), which sets the container up (below) and execs the argv, as
+  ``kubesim.kubelet.mountns`` would have.
 - **module** (a server with ``preload``): a container of an image whose rule names ``preload``
   modules, when its argv is ``<this python> -m MODULE ARGS...``. The server imports the modules
-  once (the pods share them copy-on-write); the child runs MODULE as ``__main__`` with ``runpy``,
+  once (the pods share them copy-on-write); the child runs MODULE as ``__main__`` as ``runpy`` would,
   so a container start costs no Python start at all.
 
-For each start the server forks the container's process into a PID namespace of its own (unless
+For each start the server starts the container's process in a PID namespace of its own (unless
 the pod sets ``shareProcessNamespace``), where it is PID 1 (as in a container, or bwrap
 ``--unshare-pid --as-pid-1``: a signal from outside reaches it only if it handles it, SIGKILL
-always; when it exits, everything it started dies), and the child does what the launcher would:
+always; when it exits, everything it started dies), and the child does what the launcher would,
+in C (``containersetup.c``; in Python where no C compiler could build it):
 1. a new session (the kubelet signals the container's process group), stdin ``/dev/null``, stdout
    and stderr appended to the container log, the container's working directory;
 2. the container's mount namespace, exactly as ``kubesim.kubelet.mountns`` makes it (volumes at
@@ -36,18 +39,21 @@ import contextlib
 import ctypes
 import gc
 import importlib
+import importlib.machinery
+import importlib.util
 import json
 import os
 import pathlib
-import runpy
 import select
 import signal
+import subprocess
 import sys
 import traceback
+import types
 from typing import Any
 
 # mountns and netns: imported once here, shared by every container's mount setup.
-from kubesim.kubelet import containers, mountns, netns  # noqa: F401
+from kubesim.kubelet import containers, mountns, native, netns  # noqa: F401
 
 __all__ = ["ForkServer", "forkable"]
 
@@ -108,13 +114,15 @@ class ForkServer:
         cwd: pathlib.Path,
         log_path: pathlib.Path,
         mounts: pathlib.Path,
+        mount_words: list[str],
         pid_namespace: bool = True,
     ) -> containers.ReportedProcess:
         """Start ``python -m module args`` as a container (see the module doc); OSError if the
-        server cannot fork. Without ``pid_namespace`` (a pod sharing its process namespace) it
-        runs in the server's."""
+        server cannot fork. ``mounts`` is its mount spec (``kubesim.kubelet.mountns``), and
+        ``mount_words`` the same for the C set-up (``native.mount_words``). Without
+        ``pid_namespace`` (a pod sharing its process namespace) it runs in the server's."""
         start = {"module": module, "args": args}
-        return await self._start(start, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pid_namespace)
+        return await self._start(start, env, cwd, log_path, (mounts, mount_words), pid_namespace)
 
     async def spawn_exec(
         self,
@@ -124,20 +132,20 @@ class ForkServer:
         cwd: pathlib.Path,
         log_path: pathlib.Path,
         mounts: pathlib.Path,
+        mount_words: list[str],
         pid_namespace: bool = True,
     ) -> containers.ReportedProcess:
         """Start ``argv`` as a container (the exec kind, see the module doc); as ``spawn``."""
         start = {"argv": argv}
-        return await self._start(start, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pid_namespace)
+        return await self._start(start, env, cwd, log_path, (mounts, mount_words), pid_namespace)
 
     async def _start(
         self,
         start: dict[str, Any],
-        *,
         env: dict[str, str],
         cwd: pathlib.Path,
         log_path: pathlib.Path,
-        mounts: pathlib.Path,
+        mounts: tuple[pathlib.Path, list[str]],
         pid_namespace: bool,
     ) -> containers.ReportedProcess:
         process = await self._ensure()
@@ -153,8 +161,11 @@ class ForkServer:
             "env": env,
             "cwd": str(cwd),
             "log": str(log_path),
-            "mounts": str(mounts),
+            "mounts": str(mounts[0]),
             "pidns": pid_namespace,
+            # The C set-up's words, made here: in the server, every object made between two forks
+            # costs it copies of the pages it touches (~0.5 ms per start to read the spec there).
+            "setup": native.start_words(log=str(log_path), cwd=str(cwd), mounts=mounts[1], pid_namespace=pid_namespace),
         }
         process.stdin.write(json.dumps(request).encode() + b"\n")
         try:
@@ -207,28 +218,49 @@ def _status_code(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
-def _container(request: dict[str, Any], libc: Any) -> None:
+def _main_code(module: str) -> tuple[importlib.machinery.ModuleSpec, Any]:
+    """What ``python -m module`` runs: its spec (a package's ``__main__``) and code object. Found
+    once by the server: in a forked child the search and the unmarshal cost ~0.8 ms of CPU, most
+    of it copies of the pages they touch, per container."""
+    spec = importlib.util.find_spec(module)
+    if spec is not None and spec.submodule_search_locations is not None:
+        spec = importlib.util.find_spec(f"{module}.__main__")
+    if spec is None or spec.loader is None or not hasattr(spec.loader, "get_code"):
+        raise ImportError(f"no code to run for {module!r}")
+    return spec, spec.loader.get_code(spec.name)
+
+
+def _run_main(spec: importlib.machinery.ModuleSpec, code: Any) -> None:
+    """Run ``code`` as ``__main__``, as ``runpy.run_module(..., alter_sys=True)`` does."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=spec.origin,
+        __cached__=spec.cached,
+        __loader__=spec.loader,
+        __package__=spec.parent,
+        __spec__=spec,
+    )
+    sys.modules["__main__"] = main
+    sys.argv[0] = spec.origin or sys.argv[0]
+    exec(code, main.__dict__)
+
+
+def _container(
+    request: dict[str, Any], libc: Any, setup: native.ContainerSetup | None, top: str, main: tuple[Any, Any] | None
+) -> None:
     """The forked child, PID 1 of its own PID namespace: session, output, mounts, its own /proc,
-    its environment, then the exec or MODULE. Never returns."""
-    code = 127
+    its environment, then the exec or MODULE (with ``setup``, all but MODULE's run in C).
+    Never returns."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.setsid()
-        mountns.die_with_parent(libc)
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-        os.chdir(request["cwd"])
-        mountns.enter(pathlib.Path(request["mounts"]))
-        if request.get("pidns", True):
-            mountns.mount_proc(libc)
+        if setup is not None:
+            setup.run(request["setup"], os.fsencode(top))
+        else:
+            _python_setup(request, libc)
     except BaseException as exc:  # reported in the container log, like mountns
         print(f"kubesim: cannot start the container: {exc}", file=sys.stderr, flush=True)
-        os._exit(code)
+        os._exit(127)
     if "argv" in request:
         _exec(request["argv"], request["env"])
     code = 1
@@ -238,7 +270,7 @@ def _container(request: dict[str, Any], libc: Any) -> None:
         sys.argv = ["-m", *request["args"]]
         sys.path[0] = os.getcwd()  # what `python -m` puts first
         try:
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            _run_main(*(main or _main_code(request["module"])))
             code = 0
         except SystemExit as exc:
             if exc.code is None or isinstance(exc.code, int):
@@ -254,8 +286,57 @@ def _container(request: dict[str, Any], libc: Any) -> None:
         os._exit(code)
 
 
+def _python_setup(request: dict[str, Any], libc: Any) -> None:
+    """The container's set-up in Python, where the C one (``kubesim.kubelet.native``) could not be
+    built: what ``containersetup.c`` does, step for step."""
+    os.setsid()
+    mountns.die_with_parent(libc)
+    null = os.open(os.devnull, os.O_RDONLY)
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    os.chdir(request["cwd"])
+    mountns.enter(pathlib.Path(request["mounts"]))
+    if request.get("pidns", True):
+        mountns.mount_proc(libc)
+
+
+def _native_setup() -> native.ContainerSetup | None:
+    """The C set-up, built on first use; None (said on stderr) where it cannot be."""
+    try:
+        return native.load()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = exc.stderr.decode(errors="replace") if isinstance(exc, subprocess.CalledProcessError) else ""
+        print(f"kubesim fork server: containers set up in Python: {exc} {detail}", file=sys.stderr, flush=True)
+        return None
+
+
+def _start(
+    request: dict[str, Any],
+    libc: Any,
+    setup: native.ContainerSetup | None,
+    top: str,
+    mains: dict[str, tuple[importlib.machinery.ModuleSpec, Any]],
+) -> int:
+    """Start one container (its pid): an exec'd one spawned as ``kubesim-container`` and a
+    MODULE forked, both set up in C (``top``: the host's top-level mount points, packed); without
+    the C set-up, forked and set up in Python. ``mains``: each MODULE's code, found once."""
+    if setup is not None and "argv" in request:
+        return setup.spawn(request["setup"], top, request["argv"], request["env"])
+    main = None
+    if (module := request.get("module")) is not None and (main := mains.get(module)) is None:
+        with contextlib.suppress(Exception):  # the child finds it again and reports why not
+            main = mains[module] = _main_code(module)
+    pid = os.fork()
+    if pid == 0:
+        _container(request, libc, setup, top, main)
+    return pid
+
+
 def _exec(argv: list[str], env: dict[str, str]) -> None:
-    """The exec kind's last step. Never returns."""
+    """The exec kind's last step, where it is set up in Python. Never returns."""
     # What this interpreter changed that an exec keeps: a container starts with the defaults.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -297,6 +378,7 @@ def serve(preload: list[str]) -> int:
     gc.collect()
     gc.freeze()
     libc = _libc()
+    setup = _native_setup()
     namespaces = _PidNamespaces(libc)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -304,6 +386,9 @@ def serve(preload: list[str]) -> int:
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     children: dict[int, int] = {}  # container pid -> request id
+    last_points: list[str] | None = None
+    top = ""
+    mains: dict[str, tuple[importlib.machinery.ModuleSpec, Any]] = {}
     pending = b""
     while True:
         try:
@@ -338,17 +423,16 @@ def serve(preload: list[str]) -> int:
             for line in lines:
                 request = json.loads(line)
                 try:
-                    mountns.refresh_host_mounts()
+                    if (points := mountns.refresh_host_mounts()) is not last_points:
+                        last_points, top = points, native.top_words(points)
                     if request.get("pidns", True):
                         namespaces.next_child_in_new_namespace()
                     else:
                         namespaces.next_child_in_own_namespace()
-                    pid = os.fork()
+                    pid = _start(request, libc, setup, top, mains)
                 except OSError as exc:
                     _send({"id": request["id"], "error": str(exc)})
                     continue
-                if pid == 0:
-                    _container(request, libc)
                 children[pid] = request["id"]
                 _send({"id": request["id"], "pid": pid})
 

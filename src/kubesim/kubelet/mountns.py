@@ -142,13 +142,14 @@ _host_mounts: HostMounts | None = None
 _host_points: list[str] | None = None
 
 
-def refresh_host_mounts() -> None:
+def refresh_host_mounts() -> list[str]:
     """Read the host's top-level mount points now if they changed (in the fork server, before a
-    fork: the container's setup then uses them as they are)."""
+    fork: the container's setup then uses them as they are); returns them."""
     global _host_mounts, _host_points
     if _host_mounts is None:
         _host_mounts = HostMounts()
     _host_points = _host_mounts.points()
+    return _host_points
 
 
 def setup(spec: dict[str, Any], scratch: Path) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from kubesim.controllers import client as kc
 from kubesim.controllers import objects as o
-from kubesim.kubelet import containers, forkserver, images, probes, volumes
+from kubesim.kubelet import containers, forkserver, images, native, probes, volumes
 from kubesim.kubelet.images import ImageMap, ImageNotMapped
 from kubesim.kubelet.startslots import StartSlots
 from kubesim.timing import Timing
@@ -84,6 +84,7 @@ class PodWorker:
         self.netns: str | None = None
         self._holder: containers.PipedProcess | None = None
         self._mount_specs: dict[str, pathlib.Path] = {}
+        self._mount_words: dict[str, list[str]] = {}  # the same for the fork server's C set-up
         self._release_start: Callable[[], None] | None = None
         self._start_timer: asyncio.TimerHandle | None = None
 
@@ -274,6 +275,7 @@ class PodWorker:
         }
         path.write_text(json.dumps(view))
         self._mount_specs[spec["name"]] = path
+        self._mount_words[spec["name"]] = native.mount_words(view, path)
         return path
 
     async def _start_process(
@@ -287,17 +289,16 @@ class PodWorker:
         if mounts is None or self.ctx.fork_server is None:
             return await containers.start_process([*self.launcher(spec), *argv], env=env, cwd=cwd, log_path=log_path)
         pidns = self.own_pid_namespaces
+        words = self._mount_words[spec["name"]]
+        where: dict[str, Any] = {"env": env, "cwd": cwd, "log_path": log_path, "mounts": mounts, "mount_words": words}
         rule = self.ctx.image_map.rule_for(str(spec.get("image") or ""))
         if rule is not None and rule.runs_own_program(argv):
             fork = forkserver.forkable(argv, rule.preload)
             if fork is not None:
                 module, args = fork
                 server = self.ctx.fork_server(rule.preload)
-                return await server.spawn(
-                    module, args, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pidns
-                )
-        server = self.ctx.fork_server(())
-        return await server.spawn_exec(argv, env=env, cwd=cwd, log_path=log_path, mounts=mounts, pid_namespace=pidns)
+                return await server.spawn(module, args, **where, pid_namespace=pidns)
+        return await self.ctx.fork_server(()).spawn_exec(argv, **where, pid_namespace=pidns)
 
     @property
     def own_pid_namespaces(self) -> bool:

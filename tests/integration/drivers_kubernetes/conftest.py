@@ -36,7 +36,7 @@ WARMSHELL_IMAGE: dict[str, Any] = (
     {
         "entrypoint": [sys.executable, "-m", "warmshell", "supervisor"],
         "programs": {"warmshell": [sys.executable, "-m", "warmshell"]},
-        "preload": ["warmshell.supervisor.main"],
+        "preload": ["warmshell.supervisor.main", "warmshell.drivers.local.runtime.agent.installing"],
     }
     if os.geteuid() == 0
     else {"entrypoint": [sys.executable, SHIM], "programs": {"warmshell": [sys.executable, SHIM]}}

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from kubesim.kubelet import containers, forkserver
+from kubesim.kubelet import containers, forkserver, native
 
 
 async def start(tmp_path: pathlib.Path, script: str) -> containers.HostProcess:
@@ -104,6 +104,7 @@ async def test_containers_of_the_fork_server_stopped_as_soon_as_started_all_end(
                 cwd=tmp_path,
                 log_path=tmp_path / "log",
                 mounts=tmp_path / "mounts.json",
+                mount_words=native.mount_words({}, tmp_path / "mounts.json"),
             )
             await asyncio.wait_for(containers.stop_process(proc, 0), 10)
             assert proc.returncode == forkserver.KILLED_WITH_SERVER  # 128 + SIGKILL, as the server reports it

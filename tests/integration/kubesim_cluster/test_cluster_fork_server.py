@@ -16,6 +16,7 @@ from ksc_helpers import NS, get_or_none, wait_for, wait_gone
 
 from kubesim.cluster import RunningCluster, running_cluster
 from kubesim.controllers import client as kc
+from kubesim.kubelet import containers
 
 HERE = pathlib.Path(__file__).parent
 IMAGES = {
@@ -155,7 +156,14 @@ async def running_waiter(
     preload = ("forkprobe",) if image.startswith("example.com/forkprobe") else ()
     server = worker.ctx.fork_server(preload).pid
     assert server is not None
-    return worker.procs["main"].pid, server
+
+    async def held() -> containers.ContainerProcess | None:
+        return worker.procs.get("main")
+
+    # The container can write its file before the kubelet has read the server's report of its pid.
+    proc = await wait_for(held, lambda p: p is not None, what="the kubelet holding the container")
+    assert proc is not None
+    return proc.pid, server
 
 
 async def test_an_execd_container_is_forked_by_the_exec_server_with_no_launcher_beside_it(

@@ -57,6 +57,8 @@ def test_a_wheel_built_with_a_compiler_carries_the_agent_binaries(tmp_path: Path
         assert f"{AGENT}/{name}.c" in entries
     head = wheel.read(f"{AGENT}/warmshell-agent")[:4]
     assert head == b"\x7fELF"
+    # kubesim's container set-up, compiled where it is first used (kubesim/kubelet/native.py).
+    assert "kubesim/kubelet/containersetup.c" in entries
 
 
 def test_without_a_compiler_the_wheel_says_so_and_the_installed_driver_names_the_missing_binary(
