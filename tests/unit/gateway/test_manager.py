@@ -145,3 +145,34 @@ async def test_busy_while_a_create_is_in_flight_and_just_after_it(
     assert seen == [True, True]
     monkeypatch.setattr(manager_module, "QUIET_SECONDS", 0.0)
     assert not manager.busy()  # a failed create is no longer in flight either
+
+
+async def test_a_delete_forgets_the_secrets_of_a_sandbox_that_had_some_and_writes_nothing_for_one_without(
+    records: SandboxRecords, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = manager_for(records, FakeDriver())
+    store = records._store
+    fields = {k: v for k, v in CREATE.items() if k not in ("workspace", "labels")}
+    with_secrets = specs.new_sandbox(
+        workspace="",
+        name="sealed",
+        labels={},
+        spec=lambda: specs.build_spec(**fields),
+        secrets={"TOKEN": "s3cret"},  # type: ignore[arg-type]
+    )
+    sealed = await manager.create(with_secrets)
+    plain = await manager.create(new("plain"))
+    assert await manager.vault.get(sealed.id) == {"TOKEN": "s3cret"}
+    deleted: list[tuple[str, str]] = []
+    delete = store.delete
+
+    async def counted(kind: str, id: str, expected_version: int | None = None) -> bool:
+        deleted.append((kind, id))
+        return await delete(kind, id, expected_version)
+
+    monkeypatch.setattr(store, "delete", counted)
+    await manager.delete(plain.workspace, plain.name)
+    assert deleted == [("sandbox", plain.id)]
+    await manager.delete(sealed.workspace, sealed.name)
+    assert ("sealed-secrets", sealed.id) in deleted
+    assert await store.get("sealed-secrets", sealed.id) is None
