@@ -34,7 +34,7 @@ from tests.helpers.kubesim_process import kubesim_process  # noqa: E402
 from tests.integration.drivers_kubernetes.conftest import IMAGE, IMAGES, NAMESPACE, driver_config, gateway_settings  # noqa: E402
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
 from warmshell.core.fingerprints import SandboxShape  # noqa: E402
-from warmshell.drivers.kubernetes import KubernetesDriver  # noqa: E402
+from warmshell.drivers.kubernetes import KubernetesDriver, kube  # noqa: E402
 from warmshell.drivers.kubernetes.warm import warmpools  # noqa: E402
 from warmshell.gateway import listening  # noqa: E402
 
@@ -105,6 +105,18 @@ def _counting_servers() -> None:
     listening.new_server = counted  # type: ignore[assignment]
 
 
+def _counting_watches() -> None:
+    """Count the watch events the driver receives, by resource (bookmarks apart)."""
+    watch = kube.Kube.watch
+
+    async def counted(self: kube.Kube, resource: kube.Resource, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async for event in watch(self, resource, *args, **kwargs):
+            COUNTS[f"watch event {resource.plural} {event.get('type', '?')}"] += 1
+            yield event
+
+    kube.Kube.watch = counted  # type: ignore[method-assign]
+
+
 def _count_writes(store: Any) -> None:
     for verb in ("create", "update", "delete"):
         original = getattr(store, verb)
@@ -138,6 +150,7 @@ async def wait_full(driver: KubernetesDriver, replicas: int, timeout: float = 60
 
 async def run(creates: int, pool_size: int, wait_ready: bool) -> dict[str, float]:
     _counting_servers()
+    _counting_watches()
     async with kubesim_process("fast", IMAGES) as cluster:
         with tempfile.TemporaryDirectory(prefix="ws-calls-") as tmp:
             state = Path(tmp) / "state"

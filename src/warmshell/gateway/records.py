@@ -17,9 +17,9 @@ own: nothing else can move the row in between.
 With a store of our own a mutation also need not wait for the write before it to finish: it is
 applied to the record as the writes already sent will leave it, and sent behind them (the store
 gives each write the next version, in the order sent). A warm create's activation and its
-session's Ready, a few milliseconds apart, are two such writes: under load one SQLite write
-takes ~5 ms (the worker thread waits for the GIL), and the session's waited that long for the
-activation's before even starting its own. If a write fails, the ones sent behind it fail their
+session's Ready, a few milliseconds apart, were two such writes (now one, below): under load
+one SQLite write takes ~5 ms (the worker thread waits for the GIL), and the session's waited
+that long for the activation's before even starting its own. If a write fails, the ones sent behind it fail their
 compare-and-swap and start over from the store.
 
 A change no reader waits for (an activation's timeline and incarnation, a backend's progress
