@@ -26,20 +26,18 @@ from typing import Any
 import grpc
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from kubesim.controllers import client as kc  # noqa: E402
+import kubernetes_warm  # noqa: E402
+
 from tests.helpers.gateway import running_gateway  # noqa: E402
 from tests.helpers.kubesim_process import kubesim_process  # noqa: E402
-from tests.integration.drivers_kubernetes.conftest import IMAGE, IMAGES, NAMESPACE, driver_config, gateway_settings  # noqa: E402
+from tests.integration.drivers_kubernetes.conftest import IMAGES, gateway_settings  # noqa: E402
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
-from warmshell.core.fingerprints import SandboxShape  # noqa: E402
 from warmshell.drivers.kubernetes import KubernetesDriver, kube  # noqa: E402
-from warmshell.drivers.kubernetes.warm import warmpools  # noqa: E402
 from warmshell.gateway import listening  # noqa: E402
 
-POOL = "calls"
-WARM_ENV = {"FOO": "bar"}
+WARM_ENV = kubernetes_warm.WARM_ENV
 COUNTS: collections.Counter[str] = collections.Counter()
 
 
@@ -142,38 +140,27 @@ def _writer() -> str:
     return frame.f_code.co_qualname if frame is not None else "?"
 
 
-async def wait_full(driver: KubernetesDriver, replicas: int, timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not any(p.name == POOL and p.idle >= replicas for p in driver.pools()):
-            await asyncio.sleep(0.01)
-
-
 async def run(creates: int, pool_size: int, wait_ready: bool) -> dict[str, float]:
     _counting_servers()
     _counting_watches()
     async with kubesim_process("fast", IMAGES) as cluster:
         with tempfile.TemporaryDirectory(prefix="ws-calls-") as tmp:
             state = Path(tmp) / "state"
-            shape = SandboxShape(workspace="default", image=IMAGE, environment=WARM_ENV)
-            template, pool = warmpools.render_pool_pair(
-                driver_config(cluster, state), name=POOL, namespace=NAMESPACE, shape=shape, replicas=pool_size
-            )
-            await cluster.admin.create(kc.TEMPLATES, NAMESPACE, template)
-            await cluster.admin.create(kc.POOLS, NAMESPACE, pool)
+            await kubernetes_warm.create_pool(cluster, state, pool_size)
             async with running_gateway(state, **gateway_settings(cluster, state)) as gw:
                 driver = gw.gateway.parts.driver
                 assert isinstance(driver, KubernetesDriver)
                 _count_writes(gw.gateway.parts.store)
-                await wait_full(driver, pool_size)
+                await kubernetes_warm.wait_full(driver, pool_size)
                 await _one(gw, "warmup", wait_ready)
-                await wait_full(driver, pool_size)
+                await kubernetes_warm.wait_full(driver, pool_size)
                 COUNTS.clear()
                 requests_before = await _requests(cluster)
                 for i in range(creates):
                     await _one(gw, f"c{i}", wait_ready)
-                    await wait_full(driver, pool_size)
+                    await kubernetes_warm.wait_full(driver, pool_size)
                 requests = await _requests(cluster)
-            await cluster.admin.delete(kc.POOLS, NAMESPACE, POOL)
+            await cluster.admin.delete(kubernetes_warm.kc.POOLS, kubernetes_warm.NAMESPACE, kubernetes_warm.POOL)
     for key, n in requests.items():
         if n - requests_before.get(key, 0):
             COUNTS[f"api {key}"] += n - requests_before.get(key, 0)
