@@ -19,8 +19,8 @@ applied to the record as the writes already sent will leave it, and sent behind 
 gives each write the next version, in the order sent). A warm create's activation and its
 session's Ready, a few milliseconds apart, were two such writes (now one, below): under load
 one SQLite write takes ~5 ms (the worker thread waits for the GIL), and the session's waited
-that long for the activation's before even starting its own. If a write fails, the ones sent behind it fail their
-compare-and-swap and start over from the store.
+that long for the activation's before even starting its own. If a write fails, the ones sent
+behind it fail their compare-and-swap and start over from the store.
 
 A change no reader waits for (an activation's timeline and incarnation, a backend's progress
 before Ready) may be *deferred* (`mutate_later`): applied to a copy in memory, which reads do
@@ -200,7 +200,8 @@ class SandboxRecords:
         """Fold the record's mutations into memory until `release` (a create in flight; see the
         module doc). A no-op with a store shared by replicas."""
         if self._rows is not None:
-            self._held[sandbox_id] = None
+            # Changes deferred before (a resume's record) are folded in, not dropped.
+            self._held[sandbox_id] = self._undefer(sandbox_id)
 
     async def release(
         self, sandbox_id: SandboxId, change: Callable[[SandboxRecord], None] | None = None

@@ -371,3 +371,14 @@ async def test_deferred_changes_are_written_when_flushed_and_at_once_on_a_shared
         await records.mutate_later(SID, lambda r: r.labels.update(a="1"), within=60)
         assert counting.updates == 1
         assert await stored_labels(counting) == {"a": "1"}
+
+
+async def test_a_hold_folds_in_what_was_deferred_before_it(tmp_path: Path) -> None:
+    async with one_record(tmp_path, EventBus()) as (counting, records):
+        await records.mutate_later(SID, lambda r: r.labels.update(view="1"), within=60)
+        records.hold(SID)  # a resume of this record
+        await records.mutate(SID, lambda r: r.labels.update(resuming="1"))
+        written = await records.release(SID)
+        assert written is not None
+        assert counting.updates == 1
+        assert await stored_labels(counting) == {"view": "1", "resuming": "1"}
