@@ -168,16 +168,21 @@ async def cold_creates(gw: RunningGateway, n: int, batch: int) -> dict[str, Any]
     return {"ms": {"total": summary(totals)}, "batch": batch, "not_cold_or_failed": wrong}
 
 
+async def create_pool(cluster: ClusterProcess, state: Path, replicas: int) -> None:
+    """The benchmark's warm pool (SandboxTemplate + SandboxWarmPool for `WARM_ENV`) on `cluster`."""
+    shape = SandboxShape(workspace="default", image=IMAGE, environment=WARM_ENV)
+    template, pool = warmpools.render_pool_pair(
+        driver_config(cluster, state), name=POOL, namespace=NAMESPACE, shape=shape, replicas=replicas
+    )
+    await cluster.admin.create(kc.TEMPLATES, NAMESPACE, template)
+    await cluster.admin.create(kc.POOLS, NAMESPACE, pool)
+
+
 async def measure(profile: str, warm: int, cold: int, cold_batch: int, replicas: int, execs: int) -> dict[str, Any]:
     async with kubesim_process(profile) as cluster:
         with tempfile.TemporaryDirectory(prefix="ws-k8s-warm-bench-") as tmp:
             state = Path(tmp) / "state"
-            shape = SandboxShape(workspace="default", image=IMAGE, environment=WARM_ENV)
-            template, pool = warmpools.render_pool_pair(
-                driver_config(cluster, state), name=POOL, namespace=NAMESPACE, shape=shape, replicas=replicas
-            )
-            await cluster.admin.create(kc.TEMPLATES, NAMESPACE, template)
-            await cluster.admin.create(kc.POOLS, NAMESPACE, pool)
+            await create_pool(cluster, state, replicas)
             settings = gateway_settings(cluster, state) | {"reconcile_interval_seconds": 10.0}
             async with running_gateway(state, **settings) as gw:
                 driver = gw.gateway.parts.driver

@@ -59,6 +59,10 @@ QUIET_SECONDS = 0.25
 _NAME_ATTEMPTS = 5
 # How stale a backend sighting may get before a view that repeats the record is written anyway.
 _SEEN_REFRESH_MS = 1000
+# Backend states a view may report without changing the phase (see `on_driver_event_view`), and
+# how long such a view waits for another write to carry it.
+_PROGRESS_STATES = (BackendState.PENDING, BackendState.RUNNING)
+VIEW_WRITE_SECONDS = 1.0
 _BACKEND_ORDER = {
     "": 0,
     BackendState.PENDING: 1,
@@ -89,6 +93,16 @@ def _apply_driver_view(record: SandboxRecord, view: DriverSandbox) -> None:
                 message=condition.message,
             )
         )
+
+
+def _view_fields(status: SandboxStatus) -> tuple[object, ...]:
+    """What folding a backend view can change, `backend_seen_ms` aside (`_apply_driver_view`:
+    the instance, the backend state, conditions, and the phase they settle). A condition is
+    replaced only when its status, reason or message differ (`set_condition`), so these say
+    whether a view changed anything, for a fraction of two encodes of the whole status (a warm
+    create folds ~3 views)."""
+    conditions = tuple((c.type, c.status, c.reason, c.message) for c in status.conditions)
+    return status.phase, status.instance_id, status.backend_state, conditions
 
 
 class SandboxManager:
@@ -376,7 +390,11 @@ class SandboxManager:
         record = await self.records.get(sandbox_id)
         if record is not None and record.status.paused_image and isinstance(self.driver, Snapshotter):
             await self.driver.forget(record.status.paused_image)
-        await self.vault.delete(sandbox_id)
+        if record is None or record.spec.secret_names:
+            # The vault holds secrets only for a spec that names some (`SecretVault.put` stores
+            # nothing for none): a delete of nothing would still be a store write, one of a
+            # warm create's nine.
+            await self.vault.delete(sandbox_id)
         await self.records.remove(sandbox_id)
         self.activity.pop(sandbox_id, None)
 
@@ -404,17 +422,26 @@ class SandboxManager:
 
         def change(record: SandboxRecord) -> bool:
             seen_ms = record.status.backend_seen_ms
-            before = record.status.model_dump(exclude={"backend_seen_ms"})
+            before = _view_fields(record.status)
             _apply_driver_view(record, view)
             fresh = now_ms() - seen_ms < _SEEN_REFRESH_MS
-            return not fresh or record.status.model_dump(exclude={"backend_seen_ms"}) != before
+            return not fresh or _view_fields(record.status) != before
 
         with contextlib.suppress(NotFoundError):
-            await self.records.mutate(view.sandbox_id, change)
+            if view.state in _PROGRESS_STATES:
+                # No reader waits for a backend starting or running (Ready waits for the session,
+                # which writes it too): written with the next write, the session's on a warm
+                # create, one write fewer of its seven. A crash loses it; the next start relists.
+                await self.records.mutate_later(view.sandbox_id, change, within=VIEW_WRITE_SECONDS)
+            else:
+                await self.records.mutate(view.sandbox_id, change)
 
-    async def on_session(self, sandbox_id: SandboxId, *, connected: bool, session_id: str = "") -> None:
+    async def on_session(
+        self, sandbox_id: SandboxId, *, connected: bool, session_id: str = "", incarnation: int = -1
+    ) -> None:
         """A supervisor session opened or closed. A close names its session: when the record
-        already names another one (the supervisor reconnected elsewhere first), it is left alone."""
+        already names another one (the supervisor reconnected elsewhere first), it is left alone.
+        `incarnation`: of the supervisor that opened it, as its token says (-1: not said)."""
 
         def change(record: SandboxRecord) -> bool:
             status = record.status
@@ -428,7 +455,9 @@ class SandboxManager:
             if connected:
                 # The activated incarnation has opened a session: a replay of its credential is
                 # refused from now on (see activation.reactivation_refused).
-                status.connected_incarnation = status.activated_incarnation
+                # The token's word counts even when the activation's record change was lost
+                # (a crash between the two).
+                status.connected_incarnation = max(status.activated_incarnation, incarnation)
             if status.phase == Phase.READY and not status.timeline.ready_us:
                 status.timeline.ready_us = now_us()
                 metrics.CREATE_READY_SECONDS.labels(path=_ready_path(status)).observe(

@@ -17,14 +17,24 @@ own: nothing else can move the row in between.
 With a store of our own a mutation also need not wait for the write before it to finish: it is
 applied to the record as the writes already sent will leave it, and sent behind them (the store
 gives each write the next version, in the order sent). A warm create's activation and its
-session's Ready, a few milliseconds apart, are two such writes: under load one SQLite write
-takes ~5 ms (the worker thread waits for the GIL), and the session's waited that long for the
-activation's before even starting its own. If a write fails, the ones sent behind it fail their
-compare-and-swap and start over from the store."""
+session's Ready, a few milliseconds apart, were two such writes (now one, below): under load
+one SQLite write takes ~5 ms (the worker thread waits for the GIL), and the session's waited
+that long for the activation's before even starting its own. If a write fails, the ones sent
+behind it fail their compare-and-swap and start over from the store.
+
+A change no reader waits for (an activation's timeline and incarnation, a backend's progress
+before Ready) may be *deferred* (`mutate_later`): applied to a copy in memory, which reads do
+not see (a watcher keeps the record it last read to compare with the next, and the write that
+takes the copy changes it in place), and written with the record's next write — a warm
+create's session follows its activation within milliseconds, so the two are one write — or
+alone once `within` has passed. Only with a store of our own; with replicas it is written at
+once, as any mutation. A crash loses a deferred change, so one may be deferred only when losing
+it is safe (see `mutate_later`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from weakref import WeakValueDictionary
@@ -74,6 +84,11 @@ class SandboxRecords:
         # Exclusive store: the row as the writes sent and not yet answered will leave it (the
         # last one's payload, at the version the store will give it).
         self._sent: dict[str, StoredObject] = {}
+        # Exclusive store: records with deferred changes not written yet (see `mutate_later`),
+        # and the timer that writes each alone if no other write takes it first.
+        self._deferred: dict[str, SandboxRecord] = {}
+        self._deferred_timers: dict[str, asyncio.TimerHandle] = {}
+        self._flushes: set[asyncio.Task[None]] = set()
 
     @property
     def sees_every_write(self) -> bool:
@@ -119,6 +134,7 @@ class SandboxRecords:
                 del self._decoded[row.id]
 
     def _drop(self, sandbox_id: str) -> None:
+        self._undefer(sandbox_id)
         self._sent.pop(sandbox_id, None)
         row = self._rows.pop(sandbox_id, None) if self._rows is not None else None
         self._decoded.pop(sandbox_id, None)
@@ -184,7 +200,8 @@ class SandboxRecords:
         """Fold the record's mutations into memory until `release` (a create in flight; see the
         module doc). A no-op with a store shared by replicas."""
         if self._rows is not None:
-            self._held[sandbox_id] = None
+            # Changes deferred before (a resume's record) are folded in, not dropped.
+            self._held[sandbox_id] = self._undefer(sandbox_id)
 
     async def release(
         self, sandbox_id: SandboxId, change: Callable[[SandboxRecord], None] | None = None
@@ -248,12 +265,13 @@ class SandboxRecords:
         start: SandboxRecord | None = None,
     ) -> SandboxRecord | tuple[SandboxRecord, asyncio.Future[StoredObject]]:
         """Under the record's lock: `change` applied to `start` (else the current record, as the
-        writes already sent will leave it), and its write sent; the record alone when `change`
-        had nothing to write."""
-        record = start or await self._copy(sandbox_id)
+        writes already sent will leave it, with its deferred changes), and its write sent; the
+        record alone when neither `change` nor a deferred change had anything to write."""
+        deferred = self._undefer(sandbox_id)
+        record = start or deferred or await self._copy(sandbox_id)
         if record is None:
             raise NotFoundError(f"sandbox {sandbox_id} not found")
-        if change(record) is False:
+        if change(record) is False and deferred is None:
             return record
         payload = _encode(record)
         if self._rows is not None and (row := self._rows.get(sandbox_id)) is not None:
@@ -285,9 +303,60 @@ class SandboxRecords:
         self._written(record)
         return record
 
+    async def mutate_later(
+        self, sandbox_id: SandboxId, change: Callable[[SandboxRecord], bool | None], *, within: float
+    ) -> SandboxRecord:
+        """`mutate`, with the write deferred (see the module doc): `change` is applied in memory
+        now and written with the record's next write, or alone after `within` seconds. For a
+        change whose loss in a crash is harmless or repaired (the next start relists the
+        backend; what a check relies on is carried elsewhere too), never for one a check reads
+        from the store. With a store shared by replicas, or while held, the same as `mutate`
+        (held: folded into the create's write)."""
+        if self._rows is None:
+            return await self.mutate(sandbox_id, change)
+        async with self._lock(sandbox_id):
+            deferred = self._deferred.get(sandbox_id)
+            record = deferred or await self._copy(sandbox_id)
+            if record is None:
+                raise NotFoundError(f"sandbox {sandbox_id} not found")
+            if change(record) is False or deferred is not None:
+                return record
+            if sandbox_id in self._held:  # written with the create's result
+                self._held[sandbox_id] = record
+                return record
+            self._deferred[sandbox_id] = record
+            loop = asyncio.get_running_loop()
+            self._deferred_timers[sandbox_id] = loop.call_later(within, self._flush_soon, sandbox_id)
+            return record
+
+    def _undefer(self, sandbox_id: str) -> SandboxRecord | None:
+        """Take the record's deferred changes (now to be written by the caller), if any."""
+        if (timer := self._deferred_timers.pop(sandbox_id, None)) is not None:
+            timer.cancel()
+        return self._deferred.pop(sandbox_id, None)
+
+    def _flush_soon(self, sandbox_id: str) -> None:
+        """`within` passed with no other write: write the deferred changes alone."""
+        self._deferred_timers.pop(sandbox_id, None)
+        task = asyncio.get_running_loop().create_task(self._flush(SandboxId(sandbox_id)))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _flush(self, sandbox_id: SandboxId) -> None:
+        if sandbox_id in self._deferred:
+            with contextlib.suppress(NotFoundError):  # removed meanwhile: nothing to write
+                await self.mutate(sandbox_id, lambda _: False)  # writes the deferred changes alone
+
+    async def flush_deferred(self) -> None:
+        """Write every deferred change now (a gateway stopping: nothing is left to a crash)."""
+        await asyncio.gather(*self._flushes, return_exceptions=True)
+        for sandbox_id in list(self._deferred):
+            await self._flush(SandboxId(sandbox_id))
+
     async def remove(self, sandbox_id: SandboxId) -> bool:
         """Delete the row and tell watchers."""
         self._held.pop(sandbox_id, None)  # first: even if the delete fails, nothing stays folded
+        self._undefer(sandbox_id)
         removed = await self._store.delete(KIND_SANDBOX, sandbox_id)
         self._drop(sandbox_id)
         self._bus.forget(sandbox_id)

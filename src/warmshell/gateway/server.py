@@ -184,6 +184,7 @@ class Gateway:
         self._parts = parts = assemble(
             self.config, store=store, driver=driver, keys=keys, replica_id=_replica_id(self.config.replicas.id)
         )
+        stack.push_async_callback(parts.records.flush_deferred)  # after the sessions' last writes
         stack.push_async_callback(parts.egress.aclose)  # before the driver's exit: no connection outlives its sandbox
         if self.config.network.proxy_listen:
             host, _, port = self.config.network.proxy_listen.rpartition(":")

@@ -200,7 +200,9 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             # (unreachable), must close it and stop the reader and the ticker, not leave them behind.
             # Also remembers that the activated incarnation has opened a session (see
             # `_refuse_reactivation`), in the same write.
-            await self._manager.on_session(claims.sandbox_id, connected=True, session_id=session.session_id)
+            await self._manager.on_session(
+                claims.sandbox_id, connected=True, session_id=session.session_id, incarnation=claims.incarnation
+            )
             while True:
                 message = await session.outbox.get()
                 if message is None:
@@ -332,7 +334,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             # A validly signed token of an instance the sandbox is not running (a former or made-up
             # one) must not be renewable: it would outlive the instance it was minted for.
             raise PermissionDeniedError(f"instance {claims.instance_id} is not the running instance of its sandbox")
-        token, expires = self._issuer.mint(claims.sandbox_id, claims.instance_id)
+        token, expires = self._issuer.mint(claims.sandbox_id, claims.instance_id, claims.incarnation)
         return spb.RefreshSandboxTokenResponse(token=token, expires_at_ms=expires)
 
 

@@ -93,6 +93,9 @@ class SandboxClaims:
     sandbox_id: SandboxId
     instance_id: str
     expires_at_ms: int
+    # The supervisor incarnation it was minted for (`drivers.base.SupervisorIdentity`); -1 in a
+    # token minted before tokens carried it.
+    incarnation: int = -1
 
 
 class SandboxTokenIssuer:
@@ -123,8 +126,10 @@ class SandboxTokenIssuer:
             del self._minted[oldest]
         self._minted[hash_secret(token)] = claims
 
-    def mint(self, sandbox_id: SandboxId, instance_id: str) -> tuple[str, int]:
-        """A token for that sandbox instance and its expiry (unix ms)."""
+    def mint(self, sandbox_id: SandboxId, instance_id: str, incarnation: int = -1) -> tuple[str, int]:
+        """A token for that sandbox instance (and incarnation of its supervisor, which the
+        session it opens records: the record need not be written at activation for a replay of
+        that incarnation's credential to be refused once it has connected) and its expiry (unix ms)."""
         now = int(time.time())
         expires = now + self._ttl
         claims = {
@@ -135,10 +140,11 @@ class SandboxTokenIssuer:
             "exp": expires,
             "sandbox_id": sandbox_id,
             "instance_id": instance_id,
+            "incarnation": incarnation,
             "jti": secrets.token_hex(8),
         }
         token = jwt.encode(claims, self._key, algorithm=_JWT_ALGORITHM)
-        self._remember(token, SandboxClaims(sandbox_id, instance_id, expires * 1000), now)
+        self._remember(token, SandboxClaims(sandbox_id, instance_id, expires * 1000, incarnation), now)
         return token, expires * 1000
 
     def verify(self, token: str) -> SandboxClaims:
@@ -161,4 +167,9 @@ class SandboxTokenIssuer:
         sandbox_id = claims.get("sandbox_id")
         if not isinstance(sandbox_id, str) or not sandbox_id:
             raise PermissionDeniedError("invalid sandbox token: no sandbox_id claim")
-        return SandboxClaims(SandboxId(sandbox_id), str(claims.get("instance_id", "")), int(claims["exp"]) * 1000)
+        incarnation = claims.get("incarnation", -1)
+        if not isinstance(incarnation, int) or isinstance(incarnation, bool):
+            raise PermissionDeniedError("invalid sandbox token: the incarnation claim is not an integer")
+        return SandboxClaims(
+            SandboxId(sandbox_id), str(claims.get("instance_id", "")), int(claims["exp"]) * 1000, incarnation
+        )

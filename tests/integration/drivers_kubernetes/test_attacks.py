@@ -24,6 +24,7 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
 from warmshell.drivers.kubernetes import rendering
+from warmshell.gateway.activation import GatewayActivator
 from warmshell.gateway.events import Progress
 
 from .conftest import gateway_settings
@@ -175,14 +176,27 @@ async def test_a_stolen_sandbox_token_cannot_open_a_second_session(gw: RunningGa
     assert (code, out) == (0, b"REAL s3cr3t\n")
 
 
+@pytest.mark.parametrize("activation_write", ["kept", "lost"])
 async def test_stalling_the_supervisor_then_replaying_the_token_is_refused(
-    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+    cluster: RunningCluster,
+    admin: kc.KubeClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    activation_write: str,
 ) -> None:
     """The supervisor is stalled (SIGSTOP, from the node: the workload cannot see it), the gateway
     drops the silent session, then someone registers with the pod's token: that incarnation of
     the supervisor has already connected, so it is not activated again (only a restarted
     container would be). The stalled supervisor resumes, reconnects with its own token and
-    answers with the real output."""
+    answers with the real output. `lost`: the activation's record change never reaches the
+    store (a gateway that crashed before the session's write carried it): the incarnation the
+    session recorded comes from its token, and the replay is refused all the same."""
+    if activation_write == "lost":
+
+        async def lost(*_: object, **__: object) -> None:
+            return None
+
+        monkeypatch.setattr(GatewayActivator, "_record", lost)
     state = tmp_path / "state"
     settings = gateway_settings(cluster, state) | {
         "heartbeat_interval_seconds": 0.2,

@@ -8,13 +8,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from warmshell.core import specs
 from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.core.errors import InvalidArgumentError, UnavailableError
-from warmshell.core.models import Phase, SandboxRecord
-from warmshell.drivers.base import CreateRequest, DriverCondition
+from warmshell.core.ids import SandboxId
+from warmshell.core.models import Condition, Phase, SandboxRecord, SandboxStatus
+from warmshell.drivers.base import BackendState, CreateRequest, DriverCondition, DriverSandbox
 from warmshell.drivers.fake import FakeDriver
 from warmshell.gateway import manager as manager_module
 from warmshell.gateway.events import EventBus
@@ -145,3 +148,93 @@ async def test_busy_while_a_create_is_in_flight_and_just_after_it(
     assert seen == [True, True]
     monkeypatch.setattr(manager_module, "QUIET_SECONDS", 0.0)
     assert not manager.busy()  # a failed create is no longer in flight either
+
+
+async def test_a_delete_forgets_the_secrets_of_a_sandbox_that_had_some_and_writes_nothing_for_one_without(
+    records: SandboxRecords, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = manager_for(records, FakeDriver())
+    store = records._store
+    fields = {k: v for k, v in CREATE.items() if k not in ("workspace", "labels")}
+    with_secrets = specs.new_sandbox(
+        workspace="",
+        name="sealed",
+        labels={},
+        spec=lambda: specs.build_spec(**fields),
+        secrets={"TOKEN": "s3cret"},  # type: ignore[arg-type]
+    )
+    sealed = await manager.create(with_secrets)
+    plain = await manager.create(new("plain"))
+    assert await manager.vault.get(sealed.id) == {"TOKEN": "s3cret"}
+    deleted: list[tuple[str, str]] = []
+    delete = store.delete
+
+    async def counted(kind: str, id: str, expected_version: int | None = None) -> bool:
+        deleted.append((kind, id))
+        return await delete(kind, id, expected_version)
+
+    monkeypatch.setattr(store, "delete", counted)
+    await manager.delete(plain.workspace, plain.name)
+    assert deleted == [("sandbox", plain.id)]
+    await manager.delete(sealed.workspace, sealed.name)
+    assert ("sealed-secrets", sealed.id) in deleted
+    assert await store.get("sealed-secrets", sealed.id) is None
+
+
+_STATES = st.sampled_from(["", "Pending", "Running", "Exited", "Failed"])
+_CONDITIONS = st.lists(
+    st.builds(
+        DriverCondition,
+        type=st.sampled_from(["ResourceLimits", "ClaimBound", "SandboxReady"]),  # never the gateway's Ready
+        status=st.sampled_from(["True", "False"]),
+        reason=st.sampled_from(["", "A", "B"]),
+        message=st.sampled_from(["", "m"]),
+    ),
+    max_size=3,
+    unique_by=lambda c: c.type,  # as a backend reports them: one of each type
+)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    phase=st.sampled_from(list(Phase)),
+    instance=st.sampled_from(["", "i-1", "i-2"]),
+    backend=_STATES,
+    connected=st.booleans(),
+    exit_code=st.sampled_from([None, 0, 3]),
+    had=_CONDITIONS,
+    ready=st.sampled_from([None, ("True", "SupervisorConnected"), ("False", "BackendNotRunning"), ("False", "Error")]),
+    view_instance=st.sampled_from(["", "i-1", "i-2"]),
+    view_state=_STATES,
+    view_conditions=_CONDITIONS,
+)
+def test_a_view_changes_the_fields_compared_exactly_when_it_changes_the_encoded_status(
+    phase: Phase,
+    instance: str,
+    backend: str,
+    connected: bool,
+    exit_code: int | None,
+    had: list[DriverCondition],
+    ready: tuple[str, str] | None,
+    view_instance: str,
+    view_state: str,
+    view_conditions: list[DriverCondition],
+) -> None:
+    # The cheap comparison `on_driver_event_view` makes stands for comparing the whole status.
+    status = SandboxStatus(
+        phase=phase, instance_id=instance, backend_state=backend, supervisor_connected=connected, exit_code=exit_code
+    )
+    for c in had:
+        status.set_condition(Condition(type=c.type, status=c.status, reason=c.reason, message=c.message))
+    if ready is not None:
+        status.set_condition(Condition(type="Ready", status=ready[0], reason=ready[1]))
+    record = SandboxRecord(id=SandboxId("s"), name="s", status=status)
+    view = DriverSandbox(
+        SandboxId("s"), view_instance, BackendState(view_state) if view_state else BackendState.PENDING,
+        conditions=tuple(view_conditions),
+    )  # fmt: skip
+    encoded, fields = record.status.model_dump(exclude={"backend_seen_ms"}), manager_module._view_fields(record.status)
+    manager_module._apply_driver_view(record, view)
+    assert (record.status.model_dump(exclude={"backend_seen_ms"}) != encoded) == (
+        manager_module._view_fields(record.status) != fields
+    )

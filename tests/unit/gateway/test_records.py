@@ -312,3 +312,73 @@ async def test_when_a_write_fails_the_ones_sent_behind_it_start_over_from_the_st
         assert fetched.labels == {"b": "2"}
     finally:
         await store.aclose()
+
+
+async def test_a_deferred_change_is_written_with_the_next_write_and_read_once_written(tmp_path: Path) -> None:
+    bus = EventBus()
+    async with one_record(tmp_path, bus) as (counting, records), bus.subscribe(SID, replay_output=False) as queue:
+        seen = await records.get(SID)  # what a watcher keeps, to compare the next read with
+        assert seen is not None
+        await records.mutate_later(SID, lambda r: r.labels.update(activated="1"), within=60)
+        await records.mutate_later(SID, lambda r: r.labels.update(backend="1"), within=60)
+        assert counting.updates == 0
+        assert queue.empty()
+        unwritten = await records.get(SID)
+        assert unwritten is not None
+        assert unwritten.labels == {}
+        assert await stored_labels(counting) == {}
+        # A change with nothing of its own to write still writes what was deferred.
+        written = await records.mutate(SID, lambda r: False)
+        assert written.labels == {"activated": "1", "backend": "1"}
+        assert counting.updates == 1
+        assert queue.qsize() == 1
+        assert await stored_labels(counting) == {"activated": "1", "backend": "1"}
+        latest = await records.get(SID)
+        by_name = await records.get_by_name("default", "one")
+        assert latest is not None
+        assert latest.labels == by_name.labels == {"activated": "1", "backend": "1"}
+        # The record read before is left as it was: a watcher sees the write as a new version.
+        assert (seen.labels, seen.resource_version) == ({}, 1)
+        assert latest.resource_version == 2
+        await records.mutate(SID, lambda r: r.labels.update(session="1"))
+        assert counting.updates == 2
+
+
+async def test_a_deferred_change_no_write_takes_is_written_alone_and_one_of_a_removed_record_never(
+    tmp_path: Path,
+) -> None:
+    async with one_record(tmp_path, EventBus()) as (counting, records):
+        await records.mutate_later(SID, lambda r: r.labels.update(activated="1"), within=0.01)
+        async with asyncio.timeout(5):
+            while await stored_labels(counting) != {"activated": "1"}:
+                await asyncio.sleep(0.01)
+        assert counting.updates == 1
+        await records.mutate_later(SID, lambda r: r.labels.update(gone="1"), within=0.01)
+        await records.remove(SID)
+        await asyncio.sleep(0.05)
+        assert counting.updates == 1
+        assert await records.get(SID) is None
+
+
+async def test_deferred_changes_are_written_when_flushed_and_at_once_on_a_shared_store(tmp_path: Path) -> None:
+    async with one_record(tmp_path, EventBus()) as (counting, records):
+        await records.mutate_later(SID, lambda r: r.labels.update(a="1"), within=60)
+        await records.flush_deferred()
+        assert counting.updates == 1
+        assert await stored_labels(counting) == {"a": "1"}
+    (tmp_path / "shared").mkdir()
+    async with one_record(tmp_path / "shared", EventBus(), exclusive=False) as (counting, records):
+        await records.mutate_later(SID, lambda r: r.labels.update(a="1"), within=60)
+        assert counting.updates == 1
+        assert await stored_labels(counting) == {"a": "1"}
+
+
+async def test_a_hold_folds_in_what_was_deferred_before_it(tmp_path: Path) -> None:
+    async with one_record(tmp_path, EventBus()) as (counting, records):
+        await records.mutate_later(SID, lambda r: r.labels.update(view="1"), within=60)
+        records.hold(SID)  # a resume of this record
+        await records.mutate(SID, lambda r: r.labels.update(resuming="1"))
+        written = await records.release(SID)
+        assert written is not None
+        assert counting.updates == 1
+        assert await stored_labels(counting) == {"view": "1", "resuming": "1"}

@@ -96,3 +96,18 @@ def test_a_minted_token_expires_like_any_other_and_is_then_forgotten() -> None:
         past.verify(token)
     past.mint(SandboxId("sb2"), "inst")
     assert len(past._minted) == 1  # the expired one was dropped when the next was minted
+
+
+def test_a_token_carries_its_supervisor_incarnation_and_an_older_token_none() -> None:
+    key = Ed25519PrivateKey.generate()
+    ours = SandboxTokenIssuer(key, gateway_id="g", ttl_seconds=60)
+    theirs = SandboxTokenIssuer(key, gateway_id="g", ttl_seconds=60)
+    token, _ = theirs.mint(SandboxId("sb"), "inst", 3)
+    assert ours.verify(token).incarnation == theirs.verify(token).incarnation == 3
+    # A token of a gateway from before the claim (the claims a mint then wrote, re-signed).
+    older = jwt.decode(token, options={"verify_signature": False})
+    del older["incarnation"]
+    assert ours.verify(jwt.encode(older, key, algorithm="EdDSA")).incarnation == -1
+    older["incarnation"] = "3"
+    with pytest.raises(PermissionDeniedError, match="incarnation"):
+        ours.verify(jwt.encode(older, key, algorithm="EdDSA"))
