@@ -135,3 +135,46 @@ async def test_with_a_shared_store_activity_served_here_is_stored_before_a_listi
     assert stored is not None
     assert stored.lifetime.last_activity_ms == manager.activity[made.id]
     assert store.listings == 1
+
+
+async def test_with_a_shared_store_a_replica_not_leading_reads_only_the_sandboxes_it_served_execs_of(
+    store: CountingStore,
+) -> None:
+    ours = SandboxRecords(store, EventBus())  # type: ignore[arg-type]
+    manager = Manager(ours)
+    expiry = ExpiryReconciler(manager, interval_seconds=1, resync_seconds=3600)  # type: ignore[arg-type]
+    made = [await ours.insert(record(f"ttl-{i}", expires_at_ms=now_ms() + 3_600_000)) for i in range(20)]
+    idle = await ours.insert(record("idle", idle_timeout_seconds=3600, last_activity_ms=1))
+    await expiry.expire_once(expire=False)  # the first pass lists
+    reads = store.reads
+    manager.activity[idle.id] = now_ms()  # an exec served here
+    for _ in range(3):
+        await expiry.expire_once(expire=False)
+    # The one sandbox with activity, once a pass (and once more to store its activity); not
+    # the 20 others.
+    assert store.reads - reads == 3 + 1
+    assert expiry.watched == {m.id for m in made} | {idle.id}  # kept for when it leads
+    stored = await ours.get(idle.id)
+    assert stored is not None
+    assert stored.lifetime.last_activity_ms == manager.activity[idle.id]
+    await expiry.expire_once(expire=True)  # become the leader: one listing
+    reads = store.reads
+    await expiry.expire_once(expire=True)  # the leader reads every candidate
+    assert store.reads - reads == 21
+
+
+async def test_with_a_shared_store_a_listing_forgets_what_another_replica_deleted(store: CountingStore) -> None:
+    ours = SandboxRecords(store, EventBus())  # type: ignore[arg-type]
+    theirs = SandboxRecords(store.store, EventBus())
+    manager = Manager(ours)
+    expiry = ExpiryReconciler(manager, interval_seconds=1, resync_seconds=3600)  # type: ignore[arg-type]
+    gone = await ours.insert(record("gone", expires_at_ms=now_ms() + 3_600_000))
+    kept = await ours.insert(record("kept", expires_at_ms=now_ms() + 3_600_000))
+    await expiry.expire_once(expire=False)
+    assert expiry.watched == {gone.id, kept.id}
+    await theirs.remove(gone.id)  # deleted through another replica: nothing heard here
+    await expiry.expire_once(expire=False)
+    assert expiry.watched == {gone.id, kept.id}  # not read by a replica that is not leading
+    expiry._listed_at = time.monotonic() - 3600  # the resync is due
+    await expiry.expire_once(expire=False)
+    assert expiry.watched == {kept.id}
