@@ -244,6 +244,14 @@ async def exec_round_trips(
     return rows, cpu_between(cpu_before, cpu_now(cluster), n)
 
 
+def compact(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rows of one shape as a line of text each under their column names (thousands of execs a
+    run: one JSON object each made the result file megabytes)."""
+    columns = list(rows[0]) if rows else []
+    shown = [" ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in columns) for r in rows]
+    return {"columns": " ".join(columns), "rows": shown}
+
+
 def exec_parts(rows: list[dict[str, Any]], cpu: list[dict[str, Any]], replicas: int) -> dict[str, Any]:
     """Summaries (ms) of the exec round trip by phase and by what was going on: its parts (the
     supervisor's: ExecStart queued -> ExecExited delivered; the rest: the client, its gRPC call
@@ -325,8 +333,8 @@ async def warm_creates(
         "ms": {k: summary(v) for k, v in samples.items() if v},
         "api_requests_per_create": summary(requests) if requests else {},
         "not_warm": misses,
-        "execs": exec_rows,
-        "exec_cpu": exec_cpu,
+        "execs": compact(exec_rows),
+        "exec_cpu": compact(exec_cpu),
         "exec_parts": exec_parts(exec_rows, exec_cpu, replicas),
     }
 

@@ -71,6 +71,18 @@ def record(name: str, **lifetime: int) -> SandboxRecord:
     return SandboxRecord(id=SandboxId(f"sb-{name}"), name=name, lifetime=Lifetime(**lifetime))
 
 
+def replica_on_a_shared_store(
+    store: CountingStore,
+) -> tuple[SandboxRecords, SandboxRecords, Manager, ExpiryReconciler]:
+    """This replica's records, manager and expiry pass (one bus, as in the gateway) on a store
+    another replica's records (the second) write too."""
+    bus = EventBus()
+    ours = SandboxRecords(store, bus)  # type: ignore[arg-type]
+    manager = Manager(ours, bus=bus)
+    expiry = ExpiryReconciler(manager, interval_seconds=1, resync_seconds=3600)  # type: ignore[arg-type]
+    return ours, SandboxRecords(store.store, EventBus()), manager, expiry
+
+
 async def test_with_a_store_of_its_own_a_pass_reads_only_what_can_expire(store: CountingStore) -> None:
     records = SandboxRecords(store, EventBus(), exclusive=True)  # type: ignore[arg-type]
     manager = Manager(records)
@@ -140,9 +152,7 @@ async def test_with_a_shared_store_activity_served_here_is_stored_before_a_listi
 async def test_with_a_shared_store_a_replica_not_leading_reads_only_the_sandboxes_it_served_execs_of(
     store: CountingStore,
 ) -> None:
-    ours = SandboxRecords(store, EventBus())  # type: ignore[arg-type]
-    manager = Manager(ours)
-    expiry = ExpiryReconciler(manager, interval_seconds=1, resync_seconds=3600)  # type: ignore[arg-type]
+    ours, _, manager, expiry = replica_on_a_shared_store(store)
     made = [await ours.insert(record(f"ttl-{i}", expires_at_ms=now_ms() + 3_600_000)) for i in range(20)]
     idle = await ours.insert(record("idle", idle_timeout_seconds=3600, last_activity_ms=1))
     await expiry.expire_once(expire=False)  # the first pass lists
@@ -164,10 +174,7 @@ async def test_with_a_shared_store_a_replica_not_leading_reads_only_the_sandboxe
 
 
 async def test_with_a_shared_store_a_listing_forgets_what_another_replica_deleted(store: CountingStore) -> None:
-    ours = SandboxRecords(store, EventBus())  # type: ignore[arg-type]
-    theirs = SandboxRecords(store.store, EventBus())
-    manager = Manager(ours)
-    expiry = ExpiryReconciler(manager, interval_seconds=1, resync_seconds=3600)  # type: ignore[arg-type]
+    ours, theirs, _, expiry = replica_on_a_shared_store(store)
     gone = await ours.insert(record("gone", expires_at_ms=now_ms() + 3_600_000))
     kept = await ours.insert(record("kept", expires_at_ms=now_ms() + 3_600_000))
     await expiry.expire_once(expire=False)
@@ -183,11 +190,7 @@ async def test_with_a_shared_store_a_listing_forgets_what_another_replica_delete
 async def test_with_a_shared_store_a_record_found_not_due_is_read_again_only_once_it_changed(
     store: CountingStore,
 ) -> None:
-    bus = EventBus()  # the gateway's one bus: its records' writes and the change feed's
-    ours = SandboxRecords(store, bus)  # type: ignore[arg-type]
-    theirs = SandboxRecords(store.store, EventBus())
-    manager = Manager(ours, bus=bus)
-    expiry = ExpiryReconciler(manager, interval_seconds=1, resync_seconds=3600)  # type: ignore[arg-type]
+    ours, theirs, manager, expiry = replica_on_a_shared_store(store)
     made = [await ours.insert(record(f"ttl-{i}", expires_at_ms=now_ms() + 3_600_000)) for i in range(20)]
     await expiry.expire_once()  # lists
     await expiry.expire_once()  # reads each once
@@ -212,10 +215,7 @@ async def test_with_a_shared_store_a_record_found_not_due_is_read_again_only_onc
 
 
 async def test_a_record_kept_is_read_again_once_it_falls_due_as_kept(store: CountingStore) -> None:
-    ours = SandboxRecords(store, EventBus())  # type: ignore[arg-type]
-    theirs = SandboxRecords(store.store, EventBus())
-    manager = Manager(ours)
-    expiry = ExpiryReconciler(manager, interval_seconds=1, resync_seconds=3600)  # type: ignore[arg-type]
+    ours, theirs, manager, expiry = replica_on_a_shared_store(store)
     soon = await ours.insert(record("soon", expires_at_ms=now_ms() + 3_600_000))
     await expiry.expire_once()
     await expiry.expire_once()  # read and kept: not due
