@@ -187,8 +187,10 @@ def cpu_now(cluster: ClusterProcess) -> dict[str, dict[int, int]]:
         elif pid == os.getpid():
             continue
         else:
-            with contextlib.suppress(OSError):
-                kind = "agents" if Path(f"/proc/{pid}/comm").read_text().startswith("warmshell-agen") else "pods"
+            kind = "pods"
+            with contextlib.suppress(OSError):  # (gone meanwhile: counted as a pod's)
+                if Path(f"/proc/{pid}/comm").read_text().startswith("warmshell-agen"):
+                    kind = "agents"
         found.setdefault(kind, {})[pid] = run_ns(pid)
     return found
 

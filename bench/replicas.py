@@ -84,7 +84,7 @@ sys.path.insert(0, str(ROOT))
 
 from kubesim.controllers import client as kc  # noqa: E402
 from tests.helpers.kubesim_process import ClusterProcess, kubesim_process  # noqa: E402
-from tests.helpers.postgres import dev_postgres_server  # noqa: E402
+from tests.helpers.postgres import DevPostgres, dev_postgres_server  # noqa: E402
 from tests.helpers.replicas import ReplicaSet, balancer, replica_set, wait_phase  # noqa: E402
 from tests.integration.drivers_kubernetes.conftest import IMAGE, IMAGES, NAMESPACE, driver_config  # noqa: E402
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
@@ -802,7 +802,9 @@ def gateways_label(count: int) -> str:
     return "1 gateway on SQLite" if count == 1 else f"{count} gateways on Postgres"
 
 
-async def cpu_rounds(args: argparse.Namespace, root: Path, server: Any, guard: MemoryGuard) -> list[dict[str, Any]]:
+async def cpu_rounds(
+    args: argparse.Namespace, root: Path, server: DevPostgres, guard: MemoryGuard
+) -> list[dict[str, Any]]:
     """`--cpu-rounds` rounds of every `cpu_configs` run, their order reversed every other round;
     every run on a kubesim and gateways of its own, started from its tree (several gateways: on
     a fresh Postgres database, the creates through the balancer)."""
