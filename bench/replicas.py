@@ -31,13 +31,16 @@ through it:
    kubesim requests per create; `--profile-dir` adds py-spy stacks.
 
 6. (`--parts cpu`) where the CPU of a warm create goes, before and after a change: one gateway on
-   SQLite, a pool of `--pool`, warm creates at `--cpu-rate` for `--cpu-seconds` (each deleted once
-   Ready), for `--cpu-rounds` rounds alternating the tree under test with `--before-src` (an older
-   tree's `src/`, run by kubesim, its pods and the gateway alike). Each round reports the CPU per
-   create of every process (kubesim's API server, and its controllers process apart on a tree
-   older than the controllers in the API server's process), the gateway's
-   by thread (its event loop, the SQLite worker, gRPC's), with py-spy on PATH each busy sample's
-   part of the code, and the gateway's API requests per create (writes apart).
+   SQLite (`--cpu-replicas 1`, the default) and/or several on Postgres behind the balancer
+   (`--cpu-replicas 3`, or `1,3` for both in each round), a pool of `--pool`, warm creates at
+   `--cpu-rate` for `--cpu-seconds` (each deleted once Ready), for `--cpu-rounds` rounds
+   alternating the tree under test with `--before-src` (an older tree's `src/`, run by kubesim,
+   its pods and the gateways alike). Each run reports the CPU per create of every process
+   (each gateway, Postgres, kubesim's API server, and its controllers process apart on a tree
+   older than the controllers in the API server's process), the gateways' by thread (their event
+   loops, the SQLite worker, gRPC's, asyncpg has none), with py-spy on PATH each event loop's
+   busy samples by part of the code (summed over the gateways), and the gateways' API requests
+   per create (writes apart).
 
 `--parts` runs a subset (fast, poisson, sustained, cpu; the first three by default).
 
@@ -81,7 +84,7 @@ sys.path.insert(0, str(ROOT))
 
 from kubesim.controllers import client as kc  # noqa: E402
 from tests.helpers.kubesim_process import ClusterProcess, kubesim_process  # noqa: E402
-from tests.helpers.postgres import dev_postgres_server  # noqa: E402
+from tests.helpers.postgres import DevPostgres, dev_postgres_server  # noqa: E402
 from tests.helpers.replicas import ReplicaSet, balancer, replica_set, wait_phase  # noqa: E402
 from tests.integration.drivers_kubernetes.conftest import IMAGE, IMAGES, NAMESPACE, driver_config  # noqa: E402
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
@@ -725,9 +728,11 @@ def python_path(src: str) -> Iterator[None]:
 
 
 def _processes(setup: Setup) -> dict[str, int]:
-    """The pids whose CPU the cpu part splits: the gateway, kubesim's API server (with its
+    """The pids whose CPU the cpu part splits: each gateway, kubesim's API server (with its
     controllers and kubelet in it), and on an older tree their process of their own."""
-    pids = {"gateway": setup.replicas.replicas[0].process.pid, "kubesim API server": setup.cluster.pid}
+    replicas = setup.replicas.replicas
+    pids = {f"gateway {r.id}": r.process.pid for r in replicas}
+    pids["kubesim API server"] = setup.cluster.pid
     for child in descendants(setup.cluster.pid):
         if is_kubesim_process(child):
             pids["kubesim controllers, kubelet"] = child
@@ -758,7 +763,7 @@ async def cpu_round(setup: Setup, *, rate: float, seconds: float, pool: int, spy
     await settle(setup, pool)
     pids = _processes(setup)
     before = {name: cpuparts.thread_seconds(pid) for name, pid in pids.items()}
-    spies = _spy_parts(pids, spy_dir, seconds)
+    spies = _spy_parts(pids, spy_dir, IDLE_SECONDS + seconds)  # `_sustain` measures idle first
     row = await _sustain(setup, rate, seconds=seconds, pool=pool)
     after = {name: cpuparts.thread_seconds(pid) for name, pid in pids.items()}
     for spy in spies:
@@ -781,33 +786,54 @@ async def cpu_round(setup: Setup, *, rate: float, seconds: float, pool: int, spy
     return row
 
 
-async def cpu_rounds(args: argparse.Namespace, root: Path, password: Path, guard: MemoryGuard) -> list[dict[str, Any]]:
-    """`--cpu-rounds` rounds, each the tree under test and `--before-src` (when given), alternating;
-    every round on a kubesim and a gateway of its own, started from that tree."""
+def cpu_configs(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(label, src, gateways) of each cpu run of a round: the tree under test and `--before-src`,
+    each with every `--cpu-replicas` count (one gateway on SQLite, several on Postgres). A label
+    names the gateways only when the counts differ within the run."""
     trees = [("after", "")] + ([("before", args.before_src)] if args.before_src else [])
+    counts = args.cpu_replicas
+    return [
+        (label if len(counts) == 1 else f"{label}, {gateways_label(n)}", src, n) for label, src in trees for n in counts
+    ]
+
+
+def gateways_label(count: int) -> str:
+    """How a run's gateways are set up, said in a table."""
+    return "1 gateway on SQLite" if count == 1 else f"{count} gateways on Postgres"
+
+
+async def cpu_rounds(
+    args: argparse.Namespace, root: Path, server: DevPostgres, guard: MemoryGuard
+) -> list[dict[str, Any]]:
+    """`--cpu-rounds` rounds of every `cpu_configs` run, their order reversed every other round;
+    every run on a kubesim and gateways of its own, started from its tree (several gateways: on
+    a fresh Postgres database, the creates through the balancer)."""
+    configs = cpu_configs(args)
     rows: list[dict[str, Any]] = []
     for round_ in range(args.cpu_rounds):
-        for label, src in trees if round_ % 2 == 0 else trees[::-1]:
+        for label, src, count in configs if round_ % 2 == 0 else configs[::-1]:
+            url = await server.create_database() if count > 1 else ""
             with python_path(src):
                 async with kubesim_process("default", pod_images(args.pods)) as cluster:
                     setup = await with_setup(
                         cluster,
                         root,
-                        f"cpu-{label}-{round_}",
-                        replicas=1,
-                        store_url="",
-                        password_file=password,
+                        f"cpu-{len(rows)}",
+                        replicas=count,
+                        store_url=url,
+                        password_file=server.password_file,
                         guard=guard,
                         short_intervals=False,
                     )
+                    setup.postgres_pid = _postmaster_pid(server.base) if url else 0
                     try:
-                        spy_dir = root / f"spy-{label}-{round_}"
+                        spy_dir = Path(args.profile_dir or root) / f"cpu-spy-{len(rows)}"
                         row = await cpu_round(
                             setup, rate=args.cpu_rate, seconds=args.cpu_seconds, pool=args.pool, spy_dir=spy_dir
                         )
                     finally:
                         await setup.aclose()
-            rows.append({"tree": label, "round": round_, **row})
+            rows.append({"tree": label, "round": round_, "gateways": count, **row})
             print(f"cpu round {round_} {label}: {row['net_cpu_ms_per_create']}", file=sys.stderr, flush=True)
     return rows
 
@@ -936,7 +962,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     finally:
                         await setup.aclose()
         if "cpu" in parts:
-            data["cpu"] = await cpu_rounds(args, root, password, guard)
+            data["cpu"] = await cpu_rounds(args, root, server, guard)
             data["before_src"] = args.before_src
             _checkpoint(args, data)
     return data
@@ -1109,42 +1135,73 @@ def _median_by_tree(
     return out
 
 
+def _gateways_summed(figures: dict[str, float]) -> dict[str, float]:
+    """`figures` with every gateway's ("gateway", "gateway <id>") summed into one "gateways"."""
+    out = {"gateways": 0.0}
+    for name, value in figures.items():
+        if name.startswith("gateway"):
+            out["gateways"] += value
+        else:
+            out[name] = value
+    return out
+
+
+def _gateway_threads(row: dict[str, Any]) -> dict[str, float]:
+    """The gateways' CPU ms per create by thread name, summed over the gateways."""
+    out: dict[str, float] = {}
+    for process, threads in row["threads_ms_per_create"].items():
+        if process.startswith("gateway"):
+            for name, ms in threads.items():
+                out[name] = out.get(name, 0.0) + ms
+    return out
+
+
+def _loop_parts(row: dict[str, Any], processes: Callable[[str], bool]) -> dict[str, float]:
+    """CPU ms per create of the event loops of the `processes` by part of the code (each busy
+    sample's share of its process's main thread, times that thread's CPU), summed over them."""
+    out: dict[str, float] = {}
+    for process, shares in row["spy_shares"].items():
+        if processes(process):
+            for part, share in shares.items():
+                out[part] = out.get(part, 0.0) + share * row["main_thread_ms_per_create"][process]
+    return out
+
+
 def _cpu_table(rows: list[dict[str, Any]], before_src: str) -> str:
     trees = list(dict.fromkeys(r["tree"] for r in rows))
-    text = "\n### Where a warm create's CPU goes (1 gateway on SQLite, kubesim `default`; median of rounds)\n\n"
+    setups = ", ".join(gateways_label(n) for n in dict.fromkeys(r.get("gateways", 1) for r in rows))
+    text = f"\n### Where a warm create's CPU goes ({setups}, kubesim `default`; median of rounds)\n\n"
     if before_src:
         text += f"`before` is the tree at `{before_src}`, `after` this one; rounds alternate between them.\n\n"
-    text += (
-        "| round | tree | rate/s | creates | p50 ms | p99 ms | load avg | "
-        + " | ".join(rows[0]["net_cpu_ms_per_create"])
-        + " |\n"
-    )
-    text += "|---|---|---|---|---|---|---|" + "---|" * len(rows[0]["net_cpu_ms_per_create"]) + "\n"
-    for r in rows:
+    net = [_gateways_summed(r["net_cpu_ms_per_create"]) for r in rows]
+    columns = list(dict.fromkeys(k for n in net for k in n))
+    text += "| round | tree | rate/s | creates | p50 ms | p99 ms | load avg | " + " | ".join(columns) + " |\n"
+    text += "|---|---|---|---|---|---|---|" + "---|" * len(columns) + "\n"
+    for r, figures in zip(rows, net, strict=True):
         text += (
             f"| {r['round']} | {r['tree']} | {r['rate']:g} | {r['creates']} | {r['ms']['p50']:.0f} "
             f"| {r['ms']['p99']:.0f} "
-            f"| {r['load_average'][0]:.1f} | "
-            + " | ".join(f"{v:.1f}" for v in r["net_cpu_ms_per_create"].values())
-            + " |\n"
+            f"| {r['load_average'][0]:.1f} | " + " | ".join(f"{figures.get(c, 0.0):.1f}" for c in columns) + " |\n"
         )
     processes = _median_by_tree(rows, lambda r: {n: sum(t.values()) for n, t in r["threads_ms_per_create"].items()})
-    threads = _median_by_tree(rows, lambda r: r["threads_ms_per_create"]["gateway"])
     writes = _median_by_tree(rows, lambda r: {"writes": r["api_writes_per_create"], **r["api_requests_per_create"]})
     text += _by_tree("CPU ms per create by process (all its threads, not net of idle):", "process", trees, processes)
-    text += _by_tree("The gateway by thread, CPU ms per create:", "thread", trees, threads)
-    for process in processes[trees[0]]:
-        shares = _median_by_tree(rows, lambda r, p=process: r["spy_shares"].get(p, {}))
-        main = _median_by_tree(rows, lambda r, p=process: {"ms": r["main_thread_ms_per_create"][p]})
-        if any(shares.values()):
-            title = (
-                f"{process}, its main thread (the event loop: "
-                + ", ".join(f"{t} {main[t]['ms']:.1f}" for t in trees)
-                + " ms per create) by part of the code (py-spy busy samples x that CPU):"
-            )
-            parts = {t: {k: v * main[t]["ms"] for k, v in shares[t].items()} for t in trees}
+    text += _by_tree(
+        "The gateways by thread (summed over them), CPU ms per create:",
+        "thread",
+        trees,
+        _median_by_tree(rows, _gateway_threads),
+    )
+    loops = {
+        "the gateways' main threads (their event loops)": lambda p: p.startswith("gateway"),
+        "kubesim's": lambda p: not p.startswith("gateway"),
+    }
+    for whose, chosen in loops.items():
+        parts = _median_by_tree(rows, lambda r, c=chosen: _loop_parts(r, c))
+        if any(parts.values()):
+            title = f"{whose} by part of the code, CPU ms per create (py-spy busy samples x each main thread's CPU):"
             text += _by_tree(title, "part", trees, parts)
-    return text + _by_tree("The gateway's API requests per create:", "request", trees, writes, fmt="g")
+    return text + _by_tree("The gateways' API requests per create:", "request", trees, writes, fmt="g")
 
 
 def _by_tree(title: str, column: str, trees: list[str], figures: dict[str, dict[str, float]], fmt: str = ".1f") -> str:
@@ -1202,7 +1259,8 @@ def main() -> None:
     parser.add_argument(
         "--profile-dir",
         default="",
-        help="py-spy collapsed stacks of kubesim and each gateway during each sustained rate (needs py-spy)",
+        help="py-spy collapsed stacks of kubesim and each gateway during each sustained rate and cpu run, kept"
+        " here (needs py-spy)",
     )
     parser.add_argument(
         "--logs-dir", default="", help="keep every replica's log (at INFO) here, copied when its setup closes"
@@ -1221,6 +1279,12 @@ def main() -> None:
     parser.add_argument("--cpu-rate", type=float, default=6.0, help="the cpu part's warm creates per second")
     parser.add_argument("--cpu-seconds", type=float, default=30.0, help="how long each cpu round sends creates")
     parser.add_argument("--cpu-rounds", type=int, default=2, help="cpu rounds of each tree (alternating)")
+    parser.add_argument(
+        "--cpu-replicas",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1],
+        help="gateway counts of the cpu part, each in every round: 1 on SQLite, more on Postgres (e.g. 1,3)",
+    )
     parser.add_argument(
         "--before-src", default="", help="the cpu part's older tree: its src/ (e.g. `git archive <commit> src`)"
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -101,9 +101,19 @@ class EventBus:
 
     def __init__(self) -> None:
         self._channels: dict[SandboxId, _Channel] = {}
+        self._on_change: list[Callable[[SandboxId | None], None]] = []
+
+    def on_change(self, callback: Callable[[SandboxId | None], None]) -> None:
+        """Call `callback` with a sandbox's id each time its record changes or goes, watched or
+        not (this gateway's writes and, with replicas, the others' heard), and with None when
+        every record may have changed (another replica's writes were missed)."""
+        self._on_change.append(callback)
 
     def publish(self, sandbox_id: SandboxId, item: SandboxEventItem) -> None:
         """Deliver to every watcher of the sandbox (and buffer progress and output)."""
+        if self._on_change and isinstance(item, Changed | Deleted):
+            for callback in self._on_change:
+                callback(sandbox_id)
         channel = self._channels.get(sandbox_id)
         if channel is None:
             if not isinstance(item, Output | Progress):
@@ -127,6 +137,8 @@ class EventBus:
 
     def changed_everywhere(self) -> None:
         """Every watched sandbox may have changed (another replica's writes were missed)."""
+        for callback in self._on_change:
+            callback(None)
         for sandbox_id in list(self._channels):
             self.publish(sandbox_id, Changed())
 

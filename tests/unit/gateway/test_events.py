@@ -25,3 +25,16 @@ async def test_unwatched_changes_keep_nothing_and_buffers_replay_to_later_watche
         assert queue.empty()
         bus.publish(quiet, Changed())
         assert queue.get_nowait() == Changed()
+
+
+def test_on_change_hears_every_change_and_deletion_watched_or_not_and_none_when_all_may_have_changed() -> None:
+    bus = EventBus()
+    heard: list[SandboxId | None] = []
+    bus.on_change(heard.append)
+    sandbox = SandboxId("sb-1")
+    bus.publish(sandbox, Changed())  # nobody watches it
+    bus.publish(sandbox, Output(stderr=False, data=b"x"))
+    bus.publish(sandbox, Progress(1, "Pulling", "pulling"))
+    bus.forget(sandbox)
+    bus.changed_everywhere()
+    assert heard == [sandbox, sandbox, None]

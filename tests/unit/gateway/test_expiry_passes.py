@@ -15,7 +15,7 @@ import pytest
 
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import Lifetime, SandboxRecord, now_ms
-from warmshell.gateway.events import EventBus
+from warmshell.gateway.events import Changed, EventBus
 from warmshell.gateway.expiry import ExpiryReconciler
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.store.base import StoredObject
@@ -69,6 +69,18 @@ async def store(tmp_path: Path) -> AsyncIterator[CountingStore]:
 
 def record(name: str, **lifetime: int) -> SandboxRecord:
     return SandboxRecord(id=SandboxId(f"sb-{name}"), name=name, lifetime=Lifetime(**lifetime))
+
+
+def replica_on_a_shared_store(
+    store: CountingStore,
+) -> tuple[SandboxRecords, SandboxRecords, Manager, ExpiryReconciler]:
+    """This replica's records, manager and expiry pass (one bus, as in the gateway) on a store
+    another replica's records (the second) write too."""
+    bus = EventBus()
+    ours = SandboxRecords(store, bus)  # type: ignore[arg-type]
+    manager = Manager(ours, bus=bus)
+    expiry = ExpiryReconciler(manager, interval_seconds=1, resync_seconds=3600)  # type: ignore[arg-type]
+    return ours, SandboxRecords(store.store, EventBus()), manager, expiry
 
 
 async def test_with_a_store_of_its_own_a_pass_reads_only_what_can_expire(store: CountingStore) -> None:
@@ -135,3 +147,83 @@ async def test_with_a_shared_store_activity_served_here_is_stored_before_a_listi
     assert stored is not None
     assert stored.lifetime.last_activity_ms == manager.activity[made.id]
     assert store.listings == 1
+
+
+async def test_with_a_shared_store_a_replica_not_leading_reads_only_the_sandboxes_it_served_execs_of(
+    store: CountingStore,
+) -> None:
+    ours, _, manager, expiry = replica_on_a_shared_store(store)
+    made = [await ours.insert(record(f"ttl-{i}", expires_at_ms=now_ms() + 3_600_000)) for i in range(20)]
+    idle = await ours.insert(record("idle", idle_timeout_seconds=3600, last_activity_ms=1))
+    await expiry.expire_once(expire=False)  # the first pass lists
+    reads = store.reads
+    manager.activity[idle.id] = now_ms()  # an exec served here
+    for _ in range(3):
+        await expiry.expire_once(expire=False)
+    # The one sandbox with activity (read, read again to store its activity, read once more
+    # after that write, then kept); not the 20 others.
+    assert store.reads - reads == 3
+    assert expiry.watched == {m.id for m in made} | {idle.id}  # kept for when it leads
+    stored = await ours.get(idle.id)
+    assert stored is not None
+    assert stored.lifetime.last_activity_ms == manager.activity[idle.id]
+    await expiry.expire_once(expire=True)  # become the leader: one listing
+    reads = store.reads
+    await expiry.expire_once(expire=True)  # the leader reads every candidate it has not kept
+    assert store.reads - reads == 20
+
+
+async def test_with_a_shared_store_a_listing_forgets_what_another_replica_deleted(store: CountingStore) -> None:
+    ours, theirs, _, expiry = replica_on_a_shared_store(store)
+    gone = await ours.insert(record("gone", expires_at_ms=now_ms() + 3_600_000))
+    kept = await ours.insert(record("kept", expires_at_ms=now_ms() + 3_600_000))
+    await expiry.expire_once(expire=False)
+    assert expiry.watched == {gone.id, kept.id}
+    await theirs.remove(gone.id)  # deleted through another replica: nothing heard here
+    await expiry.expire_once(expire=False)
+    assert expiry.watched == {gone.id, kept.id}  # not read by a replica that is not leading
+    expiry._listed_at = time.monotonic() - 3600  # the resync is due
+    await expiry.expire_once(expire=False)
+    assert expiry.watched == {kept.id}
+
+
+async def test_with_a_shared_store_a_record_found_not_due_is_read_again_only_once_it_changed(
+    store: CountingStore,
+) -> None:
+    ours, theirs, manager, expiry = replica_on_a_shared_store(store)
+    made = [await ours.insert(record(f"ttl-{i}", expires_at_ms=now_ms() + 3_600_000)) for i in range(20)]
+    await expiry.expire_once()  # lists
+    await expiry.expire_once()  # reads each once
+    reads = store.reads
+    for _ in range(3):
+        await expiry.expire_once()
+    assert store.reads == reads  # nothing changed, nothing due: nothing read
+    # Another replica shortens one's TTL; the change feed tells this replica's bus of it.
+    await theirs.mutate(made[0].id, lambda r: setattr(r.lifetime, "expires_at_ms", now_ms() - 1))
+    manager.bus.publish(made[0].id, Changed())
+    await expiry.expire_once()
+    assert manager.deleted == ["ttl-0"]
+    # A write of this replica's own is heard as it is written.
+    await ours.mutate(made[1].id, lambda r: setattr(r.lifetime, "expires_at_ms", now_ms() - 1))
+    await expiry.expire_once()
+    assert manager.deleted == ["ttl-0", "ttl-1"]
+    # The feed missed writes: every record is read again.
+    reads = store.reads
+    manager.bus.changed_everywhere()
+    await expiry.expire_once()
+    assert store.reads - reads == 18 + 1  # (and ttl-1, deleted by the pass before, found gone)
+
+
+async def test_a_record_kept_is_read_again_once_it_falls_due_as_kept(store: CountingStore) -> None:
+    ours, theirs, manager, expiry = replica_on_a_shared_store(store)
+    soon = await ours.insert(record("soon", expires_at_ms=now_ms() + 3_600_000))
+    await expiry.expire_once()
+    await expiry.expire_once()  # read and kept: not due
+    # Refreshed elsewhere and the notice lost: the kept record falls due (as the clock moves on),
+    # so it is read again before it is judged, and the refresh holds.
+    await theirs.mutate(soon.id, lambda r: setattr(r.lifetime, "expires_at_ms", now_ms() + 7_200_000))
+    expiry._read[soon.id].lifetime.expires_at_ms = now_ms() - 1
+    reads = store.reads
+    await expiry.expire_once()
+    assert store.reads - reads == 1
+    assert manager.deleted == []
