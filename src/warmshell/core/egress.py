@@ -31,6 +31,7 @@ __all__ = [
     "PROXY_PORT",
     "PUBLIC_SUFFIXES",
     "SANDBOX_DIR",
+    "SHARED_TRUST_DIR",
     "SYSTEM_BUNDLE",
     "SYSTEM_BUNDLE_COPY",
     "URL_MARK",
@@ -79,6 +80,11 @@ HOST_BUNDLE = "/etc/ssl/certs/.warmshell-host-ca-certificates.crt"
 # intercepted trusts (a local sandbox's in SANDBOX_DIR; a pod's where its supervisor writes them).
 CA_FILE = "ca.pem"
 BUNDLE_FILE = "ca-bundle.pem"
+# Where a local sandbox on the host's root reads both in its staged /etc (placed once per gateway,
+# public, read-only): an intercepting activation links its egress directory's names here. Not in
+# /etc/ssl/certs: Go trusts every file of that directory, and this CA is to be trusted only by a
+# sandbox whose links or environment name it.
+SHARED_TRUST_DIR = "/etc/ssl/warmshell-egress"
 # A secret host written `api.example.com?` lets the value into the request's URL (path and query
 # string) too, not only its headers: some APIs take their key only as `?key=`. Opt-in per host,
 # because URLs end up in access logs, browser histories and error messages where headers do not.
