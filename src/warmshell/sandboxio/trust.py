@@ -62,9 +62,9 @@ def replace_file(directory: str | os.PathLike[str], name: str, data: bytes, *, m
 
 def replace_links(directory: str | os.PathLike[str], links: dict[str, str]) -> None:
     """Each name of `links` in `directory` a symlink to its target (blocking: a symlink and a
-    rename, ~12 µs of CPU each on tmpfs): made aside and renamed over, so a reader sees the old entry or the new link, and a
-    link or file already there is replaced, never written through. `directory` itself must not
-    be a link (OSError)."""
+    rename, ~12 µs of CPU each on tmpfs): made aside and renamed over, so a reader sees the old
+    entry or the new link, and a link or file already there is replaced, never written through.
+    `directory` itself must not be a link (OSError)."""
     opened = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for name, target in links.items():
