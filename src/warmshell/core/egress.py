@@ -72,7 +72,8 @@ SANDBOX_DIR = "/run/warmshell/egress"
 # The CA bundle tools read when no variable names one (OpenSSL's default on Debian and Ubuntu).
 # A local sandbox on the host's root sees there a symlink to `SYSTEM_BUNDLE_COPY` in SANDBOX_DIR,
 # itself a symlink to the host's bundle (staged at `HOST_BUNDLE`) until an activation whose TLS
-# is intercepted replaces it with a file of the host's CAs and the gateway's.
+# is intercepted replaces it with a link to the bundle of the host's CAs and the gateway's
+# (SHARED_TRUST_DIR).
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SYSTEM_BUNDLE_COPY = "system-ca-bundle.pem"
 HOST_BUNDLE = "/etc/ssl/certs/.warmshell-host-ca-certificates.crt"

@@ -20,8 +20,8 @@ The system CA bundle's directory (`ssl`) is copied whatever its size, and in the
 (`egress.SYSTEM_BUNDLE`) is a symlink into the sandbox's egress directory, whose own link
 (`link_system_bundle`, made at each start) leads back to the host's bundle kept beside it
 (`egress.HOST_BUNDLE`). A sandbox reads the host's bundle byte for byte through the two links,
-until an activation whose TLS is intercepted replaces its egress directory's link with a file of
-the host's CAs and the gateway's: the one sandbox's trust changes, no other's. A copy of the
+until an activation whose TLS is intercepted replaces its egress directory's link with one to the
+bundle of the host's CAs and the gateway's (below): the one sandbox's trust changes, no other's. A copy of the
 ~220 KB bundle per start, bound over a bind of the host's /etc/ssl, cost each member start two
 mounts and ~0.5 ms of CPU more, and the bundle's bytes in RAM per sandbox on the runtime tmpfs.
 
@@ -221,7 +221,7 @@ def link_system_bundle(egress_dir: Path) -> None:
     """The sandbox's link to the host's bundle in its new egress directory (blocking; a stage
     with `bundle_linked` only). A symlink, not a hard link of one shared file: a link count
     would tell every sandbox how many others share it, and the activation replaces this name,
-    never writes through it (`sandboxio.trust.replace_file`)."""
+    never writes through it (`sandboxio.trust.replace_links`)."""
     os.symlink(egress.HOST_BUNDLE, egress_dir / egress.SYSTEM_BUNDLE_COPY)
 
 
