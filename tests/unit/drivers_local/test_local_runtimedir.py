@@ -1,4 +1,5 @@
-"""Where a root gateway's runtime directory is (`runtimedir.choose`): pure decisions."""
+"""Where a root gateway's runtime directory is (`runtimedir.choose`) and when one is abandoned
+(`runtimedir.abandoned_name`): pure decisions."""
 
 from __future__ import annotations
 
@@ -38,3 +39,16 @@ def test_gateways_share_a_runtime_directory_exactly_when_they_share_a_sandbox_di
     assert runtimedir.choose(None, first, tmpfs) == runtimedir.choose(None, first, tmpfs)
     if first != second:  # two spellings of one path aside ("/a/" and "/a" are one Path)
         assert runtimedir.choose(None, first, tmpfs) != runtimedir.choose(None, second, tmpfs)
+
+
+@given(st.from_regex(r"/[a-z0-9/_-]{1,30}", fullmatch=True), st.from_regex(r"/[a-z0-9/_-]{1,30}", fullmatch=True))
+def test_a_runtime_directory_is_abandoned_only_under_its_own_name_with_its_sandbox_directory_gone(
+    recorded: str, other: str
+) -> None:
+    name = runtimedir.named_for(Path(recorded), Path("/dev/shm")).name
+    assert runtimedir.abandoned_name(name, Path(recorded), exists=False)
+    assert not runtimedir.abandoned_name(name, Path(recorded), exists=True)
+    assert not runtimedir.abandoned_name(name, None, exists=False)  # an older gateway's: no record
+    assert not runtimedir.abandoned_name(name + ".swept-00000000", Path(recorded), exists=False)
+    if Path(other) != Path(recorded):  # a record copied under another directory's name
+        assert not runtimedir.abandoned_name(name, Path(other), exists=False)

@@ -82,6 +82,7 @@ class Fleet:
         self._runtime: Path | None = host.runtime
         self._logs: Path | None = host.logs
         self._runtime_made = False  # `runtime` checked (and made) by the sweep or the first start
+        self._held: runtimedir.Hold | None = None  # `runtime` kept from other gateways' sweeps
         self._paths = paths
         self._cgroup: cgroups.Backend | cgroups.Unavailable = host.cgroup
         self._grace = grace
@@ -245,7 +246,8 @@ class Fleet:
         gateway's directory of logs in it."""
         if self._runtime is None or self._runtime_made:
             return
-        runtimedir.ensure(self._runtime)
+        assert self._workspaces is not None  # a runtime directory only with a uid per sandbox
+        self._held = runtimedir.hold(self._runtime, self._workspaces)
         if self._logs is not None:  # in a directory nobody else may write to
             with contextlib.suppress(FileExistsError):
                 os.mkdir(self._logs, 0o700)
@@ -464,6 +466,8 @@ class Fleet:
         if self._logs is not None:  # gone once empty; a kept sandbox's log waits for the next start
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(os.rmdir, self._logs)
+        if self._held is not None:
+            self._held.close()
 
     # -- what a previous gateway left ------------------------------------------------------
 
@@ -482,6 +486,8 @@ class Fleet:
         await asyncio.to_thread(records.remove_partial, self._paths.instances)
         found = await asyncio.to_thread(records.load_all, self._paths.instances)
         await asyncio.to_thread(self._make_runtime)  # a planted one is refused before it is read
+        if self._runtime is not None:  # those of deleted sandbox directories, which no gateway holds
+            await asyncio.to_thread(_sweep_abandoned_runtimes)
         unowned = await asyncio.to_thread(_instances_on_disk, self._paths.sandboxes)
         if self._logs is not None:
             unowned |= await asyncio.to_thread(_instances_on_disk, self._logs)
@@ -496,6 +502,16 @@ class Fleet:
                 len(unowned),
             )
         return found
+
+
+def _sweep_abandoned_runtimes() -> None:
+    """Blocking: remove the runtime directories of sandbox directories deleted since (see
+    `runtimedir`): a host's state directory removed with its gateway stopped would leave them on
+    the tmpfs until a reboot (a full test suite left ~40)."""
+    mounted = runtimedir.host_tmpfs()
+    bases = [base for base in runtimedir.TMPFS_CANDIDATES if base in mounted]
+    if removed := runtimedir.sweep_abandoned(bases):
+        _log.info("local driver: removed %d runtime directories of deleted sandbox directories", len(removed))
 
 
 def _remove_dir(path: Path) -> None:
