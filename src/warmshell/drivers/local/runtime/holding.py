@@ -77,7 +77,10 @@ def hold(path: Path, owner: Path, *, mode: int = 0o711) -> Hold:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # a sweep holds it exclusively only for its rename
-            if _same(os.fstat(fd), path):
+            info = os.fstat(fd)
+            if not runtimedir.owned(info):  # planted in the moment a sweep had renamed ours away
+                runtimedir.ensure(path, mode)  # raises, naming it
+            if _same(info, path):
                 if path != owner:  # on no tmpfs the runtime directory is the sandbox directory
                     _record(fd, owner)
                 held, fd = Hold(path, fd), -1
