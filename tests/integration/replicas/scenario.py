@@ -75,6 +75,14 @@ async def exec_via(stub: Stub, metadata: Any, name: str, command: Sequence[str])
 RECONNECT_SECONDS = 60.0
 
 
+# The gateway's answers while a supervisor reconnects: no live session (`phases.not_servable`),
+# or one on a replica presumed dead (`forwarding.Forwarder.target`); each says to retry.
+_RECONNECTING = {
+    grpc.StatusCode.FAILED_PRECONDITION: "(its supervisor is reconnecting)",
+    grpc.StatusCode.UNAVAILABLE: "its supervisor reconnects to another replica",
+}
+
+
 async def exec_once_connected(stub: Stub, metadata: Any, name: str, command: Sequence[str]) -> tuple[int, bytes]:
     """`exec_via`, retried while the gateway answers that the sandbox's supervisor is
     reconnecting (a sandbox stays Ready meanwhile, so its phase does not say when to exec)."""
@@ -84,8 +92,8 @@ async def exec_once_connected(stub: Stub, metadata: Any, name: str, command: Seq
                 try:
                     return await exec_via(stub, metadata, name, command)
                 except grpc.aio.AioRpcError as exc:
-                    reconnecting = "reconnecting" in (exc.details() or "")
-                    if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not reconnecting:
+                    said = _RECONNECTING.get(exc.code())
+                    if said is None or said not in (exc.details() or ""):
                         raise
                 await asyncio.sleep(0.2)
     except TimeoutError:
