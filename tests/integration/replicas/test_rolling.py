@@ -69,18 +69,18 @@ class SteadyCreates:
             self.created.append(name)
             self._accepted.notify_all()
         try:
-            # Ready in 1-10 s at a load of 20 on 2 cores; 90 s is a create lost, not a slow one.
+            # 90 s is a create lost, not a slow one: the whole roll took 50-150 s at a load of 10-30.
             await wait_phase(self._stub, md, name, timeout=90)
         except (AssertionError, grpc.aio.AioRpcError) as exc:
             self.failures.append(f"{name}: {exc}")
 
     async def wait_accepted(self, more: int) -> None:
         """Until `more` creates beyond those accepted so far have been accepted: each step of a
-        roll overlaps creates however slow the host (a fixed pause saw none at a load of 20)."""
+        roll overlaps creates however slow the host (a fixed pause guarantees none)."""
         async with self._accepted:
             target = len(self.created) + more
             try:
-                async with asyncio.timeout(60):  # a create is accepted in well under a second
+                async with asyncio.timeout(60):  # one create is started every 0.25 s
                     await self._accepted.wait_for(lambda: len(self.created) >= target)
             except TimeoutError:
                 raise AssertionError(f"{more} more creates not accepted in 60 s: {self.failures}") from None
