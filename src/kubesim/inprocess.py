@@ -88,16 +88,17 @@ class InProcessClient(kc.KubeClient):
             body = _body(resp)
             raise kc.ApiError(resp.status, kc.parse_status(body), body.decode(errors="replace"))
         watcher = opened.watcher
-        deadline = asyncio.get_running_loop().time() + opened.duration
+        expiry = asyncio.get_running_loop().call_later(opened.duration, watcher.expire)
         try:
             while True:
                 while watcher.events:
                     kind, obj = watcher.events.popleft()
                     yield {"type": kind, "object": obj}
-                if watcher.closed or asyncio.get_running_loop().time() >= deadline:
+                if watcher.closed or watcher.expired:
                     return
-                await watcher.wait(deadline)
+                await watcher.next_events()
         finally:
+            expiry.cancel()
             opened.bucket.subscribers.discard(watcher)
 
 
