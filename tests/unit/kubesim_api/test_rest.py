@@ -136,11 +136,8 @@ def test_dns_names_and_labels_are_validated(rest: Rest) -> None:
     assert no_ns.value.code == 404
 
 
-def test_a_status_write_does_not_walk_an_unchanged_spec_but_a_new_schema_does(
-    rest: Rest, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    rt = widgets(rest)
-    created = rest.create(rt, "v1", "default", {"metadata": {"name": "w"}, "spec": {"word": "abc"}}, OPTS).obj
+def _walked_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths the schema walk visits from now on, in order."""
     walked: list[str] = []
     original = Schema._walk
 
@@ -149,6 +146,15 @@ def test_a_status_write_does_not_walk_an_unchanged_spec_but_a_new_schema_does(
         original(self, value, path, *args)
 
     monkeypatch.setattr(Schema, "_walk", spy)
+    return walked
+
+
+def test_a_status_write_does_not_walk_an_unchanged_spec_but_a_new_schema_does(
+    rest: Rest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = widgets(rest)
+    created = rest.create(rt, "v1", "default", {"metadata": {"name": "w"}, "spec": {"word": "abc"}}, OPTS).obj
+    walked = _walked_paths(monkeypatch)
     status = {**copy.deepcopy(created), "status": {"ready": True}}
     rest.update(rt, "v1", "default", "w", status, OPTS, subresource="status")
     assert "status" in walked
@@ -178,14 +184,7 @@ def test_a_create_with_the_spec_of_the_last_clean_create_is_not_walked_again(
     rest: Rest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt = widgets(rest)
-    walked: list[str] = []
-    original = Schema._walk
-
-    def spy(self: Schema, value: Any, path: str, *args: Any) -> None:
-        walked.append(path)
-        original(self, value, path, *args)
-
-    monkeypatch.setattr(Schema, "_walk", spy)
+    walked = _walked_paths(monkeypatch)
     rest.create(rt, "v1", "default", {"metadata": {"name": "a"}, "spec": {"word": "abc"}}, OPTS)
     assert "spec.word" in walked
     walked.clear()
