@@ -4,9 +4,11 @@ Every request still goes through the server's one handler, as an HTTP request wo
 token is authenticated, the request authorised, injected faults applied, the verb run through the
 same store rules (admission, schema validation, resourceVersions) and the request logged; so
 every write emits the same watch events to external watchers and kubectl, helm and the tests see
-no difference. What is gone is the transport: no socket, HTTP parsing or TLS, and watch events
-arrive as the stored objects themselves instead of JSON encoded by the server and decoded again
-here.
+no difference. What is gone is the transport: no socket, HTTP parsing or TLS; bodies go in as
+objects (a copy the server may keep), answers come back as the caller's own copy of the stored
+object (decoded from the encoding the store keeps for watchers and the next write), and watch
+events arrive as the stored objects themselves instead of JSON encoded by the server and decoded
+again here.
 
 The objects a watch yields are the store's own (immutable by the store's rule: every write stores
 a fresh dict), so its consumers, the informers, must treat them as read-only, as client-go's
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, MultiDict
 
+from kubesim import jsonwire
 from kubesim.apiserver.handlers import Handler
 from kubesim.apiserver.localrequest import LocalRequest
 from kubesim.controllers import client as kc
@@ -42,21 +45,25 @@ class InProcessClient(kc.KubeClient):
         self._authorization = f"Bearer {token}"
 
     def _request(
-        self, method: str, path: str, params: dict[str, str] | None, data: bytes | None, content_type: str
+        self, method: str, path: str, params: dict[str, str] | None, body: Any, content_type: str
     ) -> LocalRequest:
         if not self._server.online:
             # The server is "restarting" (its offline fault): its own components lose it too.
             raise aiohttp.ClientConnectionError("kubesim's API server is offline")
         headers = CIMultiDict({"Authorization": self._authorization, "Accept": "application/json"})
-        if data is not None:
+        if body is not None:
             headers["Content-Type"] = content_type
-        return LocalRequest(method, path, MultiDict(params or {}), headers, data or b"")
+        # A copy per attempt: the server keeps and edits what it is given, the caller keeps its own.
+        payload = None if body is None else jsonwire.copy_of(body)
+        return LocalRequest(method, path, MultiDict(params or {}), headers, payload=payload)
 
     async def _exchange(
-        self, method: str, path: str, params: dict[str, str] | None, data: bytes | None, content_type: str
-    ) -> tuple[int, bytes, str | None]:
-        resp = await self._handler.handle(self._request(method, path, params, data, content_type))
-        return resp.status, _body(resp), resp.headers.get("Retry-After")
+        self, method: str, path: str, params: dict[str, str] | None, body: Any, content_type: str
+    ) -> tuple[int, bytes, str | None, kc.Obj | None]:
+        request = self._request(method, path, params, body, content_type)
+        resp = await self._handler.handle(request)
+        answer = request.answer if resp.status < 300 else None
+        return resp.status, _body(resp), resp.headers.get("Retry-After"), answer
 
     async def aclose(self) -> None:
         """Nothing to close: no connections."""
@@ -81,16 +88,17 @@ class InProcessClient(kc.KubeClient):
             body = _body(resp)
             raise kc.ApiError(resp.status, kc.parse_status(body), body.decode(errors="replace"))
         watcher = opened.watcher
-        deadline = asyncio.get_running_loop().time() + opened.duration
+        expiry = asyncio.get_running_loop().call_later(opened.duration, watcher.expire)
         try:
             while True:
                 while watcher.events:
                     kind, obj = watcher.events.popleft()
                     yield {"type": kind, "object": obj}
-                if watcher.closed or asyncio.get_running_loop().time() >= deadline:
+                if watcher.closed or watcher.expired:
                     return
-                await watcher.wait(deadline)
+                await watcher.next_events()
         finally:
+            expiry.cancel()
             opened.bucket.subscribers.discard(watcher)
 
 

@@ -32,6 +32,10 @@ class Timing:
     pod_start_timeout: float = 10.0
     #: Container running → pod Ready when there is no readiness probe.
     readiness_delay: float = 0.1
+    #: A pod's status changes within this long of the first are reported in one patch (the real
+    #: kubelet learns of container transitions from a periodic relist, so the starts of a pod's
+    #: containers arrive as one status update, not one per container).
+    status_batch_window: float = 0.025
     #: Period of readiness probes when a pod has none of its own settings.
     probe_period: float = 1.0
     #: Back-off before restarting an exited container (kubelet: 10 s doubling; we keep it flat).
@@ -65,6 +69,7 @@ FAST = Timing(
     max_parallel_pod_starts=8,
     pod_start_timeout=2.0,
     readiness_delay=0.0,
+    status_batch_window=0.0,
     probe_period=0.05,
     restart_backoff=0.05,
     warm_candidate_grace=0.2,

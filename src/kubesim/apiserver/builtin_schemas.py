@@ -160,46 +160,48 @@ def prune_unknown(
     their paths (``spec.containers[0].foo``), as Go's strict JSON decoding would report them.
 
     ``old``: the stored object this one replaces, pruned by the same definition when it was
-    written; top-level fields equal to its are not walked again (a pod's status write then skips
-    its spec)."""
+    written; values equal to its (a field, or an array item at the same index) hold nothing to
+    prune and are not walked again (a pod's status write then skips its spec and the container
+    statuses that did not change)."""
     found: list[str] = []
     schema = {"$ref": f"#/definitions/{definition}"}
-    defs = defs if defs is not None else definitions()
-    if isinstance(obj, dict) and old is not None:
-        changed = {k: v for k, v in obj.items() if k not in old or old[k] != v}
-        walked = list(changed)
-        _walk(changed, schema, "", defs, found)
-        for key in walked:
-            if key not in changed:  # an unknown top-level field, dropped from the view
-                del obj[key]
-        return found
-    _walk(obj, schema, "", defs, found)
+    _walk(obj, schema, "", defs if defs is not None else definitions(), found, _MISSING if old is None else old)
     return found
 
 
-def _walk(value: Any, schema: dict[str, Any], path: str, defs: Definitions, found: list[str]) -> None:
+_MISSING: Any = object()
+
+
+def _walk(value: Any, schema: dict[str, Any], path: str, defs: Definitions, found: list[str], old: Any) -> None:
     ref = schema.get("$ref")
     if ref is not None:
         target = defs.get(ref.rsplit("/", 1)[-1])
         if target is not None:
-            _walk(value, target, path, defs, found)
+            _walk(value, target, path, defs, found, old)
         return
     if isinstance(value, list) and "items" in schema:
+        old_items = old if isinstance(old, list) else ()
         for i, item in enumerate(value):
-            _walk(item, schema["items"], f"{path}[{i}]", defs, found)
+            if i < len(old_items) and old_items[i] == item:
+                continue
+            _walk(item, schema["items"], f"{path}[{i}]", defs, found, _MISSING)
         return
     if not isinstance(value, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
         return
     props = schema.get("properties")
     extra = schema.get("additionalProperties")
+    old_fields: dict[str, Any] = old if isinstance(old, dict) else {}
     for key in list(value):
-        child = f"{path}.{key}" if path else key
+        old_child = old_fields.get(key, _MISSING)
+        if old_child is not _MISSING and old_child == value[key]:
+            continue
         sub = props.get(key) if props is not None else None
         if sub is None and isinstance(extra, dict):
             sub = extra
+        child = f"{path}.{key}" if path else key
         if sub is None:
             if props is not None:
                 del value[key]
                 found.append(child)
             continue
-        _walk(value[key], sub, child, defs, found)
+        _walk(value[key], sub, child, defs, found, old_child)

@@ -5,6 +5,7 @@ faults, the verb, the request log), without a socket, HTTP parsing or TLS in bet
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from urllib.parse import urlencode
 
 from multidict import CIMultiDict, MultiDict
@@ -34,6 +35,10 @@ class LocalRequest:
     body: bytes = b""
     #: Set by the watch verb: a local watch is consumed as objects, not streamed.
     opened: OpenedWatch | None = None
+    #: The body as an object (a private copy the server may keep and edit), instead of ``body``.
+    payload: Any = None
+    #: Set by a verb that succeeds: the answer as an object of the caller's own, instead of JSON.
+    answer: Any = None
 
     @property
     def path_qs(self) -> str:

@@ -90,17 +90,16 @@ class Schema:
         """Prune, default and validate a whole object in place; return (errors, pruned paths).
 
         The root's ``apiVersion``, ``kind`` and ``metadata`` are the server's, never pruned here.
-        ``old_admitted``: ``old`` was admitted by this very schema, so a top-level field equal to
-        its old value is already pruned, defaulted and valid and is not walked again (validation
-        ratcheting: an unchanged field is not judged anew). A status write then skips the spec,
-        which holds a whole pod template.
+        ``old_admitted``: ``old`` was admitted by this very schema, so a value equal to its old
+        value (a field of an object, or an array item at the same index) is already pruned,
+        defaulted and valid and is not walked again (validation ratcheting: an unchanged value is
+        not judged anew). A status write then skips the spec, which holds a whole pod template,
+        and the conditions that did not change.
         """
         errs: list[FieldError] = []
         pruned: list[str] = []
-        skip: frozenset[str] = frozenset()
-        if old_admitted and old is not None:
-            skip = frozenset(k for k, v in obj.items() if k in old and old[k] == v)
-        self._object(obj, "", errs, pruned, root=True, old=old, skip=skip)
+        ratchet = old_admitted and old is not None
+        self._object(obj, "", errs, pruned, root=True, old=old, ratchet=ratchet)
         return errs, pruned
 
     def _walk(
@@ -110,6 +109,7 @@ class Schema:
         errs: list[FieldError],
         pruned: list[str],
         old: Any,
+        ratchet: bool = False,
     ) -> None:
         if value is None:
             if not self.nullable:
@@ -124,9 +124,9 @@ class Schema:
         if not self._type_ok(value, path, errs):
             return
         if isinstance(value, dict):
-            self._object(value, path, errs, pruned, root=False, old=old)
+            self._object(value, path, errs, pruned, root=False, old=old, ratchet=ratchet)
         elif isinstance(value, list):
-            self._array(value, path, errs, pruned, old)
+            self._array(value, path, errs, pruned, old, ratchet)
         else:
             self._scalar(value, path, errs)
         if self.enum is not None and value not in self.enum:
@@ -194,15 +194,13 @@ class Schema:
         *,
         root: bool,
         old: Any,
-        skip: frozenset[str] = frozenset(),
+        ratchet: bool = False,
     ) -> None:
         keep_meta = root or self.embedded
         for name, prop in self.properties.items():
             if name not in obj and prop.default is not _MISSING:
                 obj[name] = copy.deepcopy(prop.default)
         for name in list(obj):
-            if name in skip:
-                continue
             child_path = f"{path}.{name}" if path else name
             if keep_meta and name in ("apiVersion", "kind", "metadata"):
                 if name == "metadata" and not root and isinstance(obj[name], dict):
@@ -217,7 +215,9 @@ class Schema:
                     pruned.append(child_path)
                 continue
             old_child = old.get(name, _MISSING) if isinstance(old, dict) else _MISSING
-            sub._walk(obj[name], child_path, errs, pruned, old_child)
+            if ratchet and old_child is not _MISSING and old_child == obj[name]:
+                continue  # ratcheting: unchanged since this schema admitted it
+            sub._walk(obj[name], child_path, errs, pruned, old_child, ratchet)
         for name in self.required:
             if name not in obj:
                 child_path = f"{path}.{name}" if path else name
@@ -230,6 +230,7 @@ class Schema:
         errs: list[FieldError],
         pruned: list[str],
         old: Any,
+        ratchet: bool = False,
     ) -> None:
         if self.max_items is not None and len(arr) > self.max_items:
             errs.append(
@@ -245,8 +246,12 @@ class Schema:
             )
         if self.items is None:
             return
+        olds = old if ratchet and isinstance(old, list) else ()
         for i, item in enumerate(arr):
-            self.items._walk(item, f"{path}[{i}]", errs, pruned, _MISSING)
+            if i < len(olds) and olds[i] == item:
+                continue  # ratcheting: the same item at the same index, admitted by this schema
+            # Transition rules never see an item's old value (items are not correlated).
+            self.items._walk(item, f"{path}[{i}]", errs, pruned, _MISSING, ratchet)
         if self.list_type in ("map", "set"):
             self._unique(arr, path, errs)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,11 +203,26 @@ class ApiServer:
         return entry
 
     def write_kubeconfig(self, path: str | Path, *, admin: bool = False) -> Path:
-        """Write ``kubeconfig()`` to ``path`` (mode 0600) and return the path."""
+        """Write ``kubeconfig()`` to ``path`` (mode 0600) and return the path.
+
+        Written whole under a temporary name, then renamed: a client polling for the file (a test,
+        a script waiting for the cluster) never reads it half-written, and the token in it is never
+        readable under the umask's mode, not even for the moment before a chmod."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(yaml.safe_dump(self.kubeconfig(admin=admin), sort_keys=False))
-        p.chmod(0o600)
+        staged = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w") as out:
+                fd = -1
+                os.fchmod(out.fileno(), 0o600)
+                out.write(yaml.safe_dump(self.kubeconfig(admin=admin), sort_keys=False))
+            os.replace(staged, p)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            staged.unlink(missing_ok=True)
+            raise
         return p
 
     # ---- fault helpers -----------------------------------------------------------------------

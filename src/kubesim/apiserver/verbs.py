@@ -18,7 +18,7 @@ from kubesim.apiserver.rest import Result, WriteOptions
 from kubesim.apiserver.routing import RequestInfo
 from kubesim.apiserver.store import Stored
 from kubesim.apiserver.watch import Watcher
-from kubesim.jsonwire import dumps
+from kubesim.jsonwire import copy_of, dumps
 
 if TYPE_CHECKING:
     from kubesim.apiserver.server import ApiServer
@@ -111,31 +111,37 @@ class Verbs:
         if verb == "create":
             return self.create(request, rt, info, raw, opts, user)
         if verb == "update":
-            body = decode_body(raw, _content_type(request))
+            body = _decoded(request, raw)
             if info.subresource == "scale":
                 stored = self.rest.get(rt, ns, info.name)
-                return self.reply(scaling.update_scale(self.rest, rt, info.version, stored, body, opts))
+                return self.reply(request, scaling.update_scale(self.rest, rt, info.version, stored, body, opts))
             if info.subresource not in ("", "status", "finalize"):
                 raise errors.method_not_allowed()
             sub = "" if info.subresource == "finalize" else info.subresource
-            return self.reply(self.rest.update(rt, info.version, ns, info.name, body, opts, subresource=sub))
+            return self.reply(request, self.rest.update(rt, info.version, ns, info.name, body, opts, subresource=sub))
         if verb == "patch":
             if info.subresource not in ("", "status", "scale"):
                 raise errors.method_not_allowed()
-            return self.reply(
-                self.rest.patch(
-                    rt, info.version, ns, info.name, _content_type(request), raw, opts, subresource=info.subresource
-                )
-            )
-        body = decode_body(raw, _content_type(request)) if raw else None
+            ct, sub = _content_type(request), info.subresource
+            if isinstance(request, LocalRequest) and request.payload is not None:
+                written = self.rest.patch_decoded(rt, info.version, ns, info.name, ct, request.payload, opts, sub)
+            else:
+                written = self.rest.patch(rt, info.version, ns, info.name, ct, raw, opts, subresource=sub)
+            return self.reply(request, written)
+        body = _decoded(request, raw) if raw or isinstance(request, LocalRequest) else None
         dopts = deletion.DeleteOptions.parse(body, dict(q), opts.dry_run)
         if verb == "delete":
-            return self.reply(deletion.delete(self.rest, rt, info.version, ns, info.name, dopts))
+            return self.reply(request, deletion.delete(self.rest, rt, info.version, ns, info.name, dopts))
         matching = self._select(request, rt, info.namespace)
-        return self.reply(deletion.delete_collection(self.rest, rt, info.version, info.namespace, matching, dopts))
+        deleted = deletion.delete_collection(self.rest, rt, info.version, info.namespace, matching, dopts)
+        return self.reply(request, deleted)
 
-    def reply(self, result: Result) -> web.Response:
-        """Encode a write result, with Warning headers as the real server sends them."""
+    def reply(self, request: Request, result: Result) -> web.Response:
+        """Encode a write result, with Warning headers as the real server sends them; a component
+        in this process gets its own copy of the object instead (no warnings: nobody reads them)."""
+        if isinstance(request, LocalRequest):
+            request.answer = result.stored.copy(result.obj["apiVersion"]) if result.stored else copy_of(result.obj)
+            return web.Response(status=result.code)
         resp = json_response(result.obj, result.code)
         for w in result.warnings:
             resp.headers.add("Warning", f'299 - "{w}"')
@@ -156,6 +162,9 @@ class Verbs:
             include = request.query.get("includeObject", "Metadata")
             meta = {"resourceVersion": stored.obj["metadata"]["resourceVersion"]}
             return json_response(tables.table(columns, [tables.row(stored.obj, cells(stored.obj), include)], meta))
+        if isinstance(request, LocalRequest):
+            request.answer = stored.copy(rt.api_version(info.version))
+            return web.Response(status=200)
         return json_response(stored.encoded(rt.api_version(info.version)))
 
     def _printer(self, request: Request, rt: ResourceType, version: str) -> tuple[Any, tables.Row] | None:
@@ -366,7 +375,7 @@ class Verbs:
         self, request: Request, rt: ResourceType, info: RequestInfo, raw: bytes, opts: WriteOptions, user: User
     ) -> web.Response:
         """POST to a collection or to the token/binding subresources."""
-        body = decode_body(raw, _content_type(request))
+        body = _decoded(request, raw)
         ns = info.namespace or ""
         if info.subresource == "token":
             obj = special.token_request(
@@ -381,12 +390,19 @@ class Verbs:
             return json_response(self._review(rt, body, user), 201)
         if rt.namespaced and info.namespace is None:
             raise errors.method_not_allowed()
-        return self.reply(self.rest.create(rt, info.version, ns, body, opts))
+        return self.reply(request, self.rest.create(rt, info.version, ns, body, opts))
 
 
 def _key(s: Stored) -> tuple[str, str]:
     m = s.obj["metadata"]
     return (m.get("namespace", ""), m["name"])
+
+
+def _decoded(request: Request, raw: bytes) -> Any:
+    """The request's body: a component in this process hands it over as an object."""
+    if isinstance(request, LocalRequest) and request.payload is not None:
+        return request.payload
+    return decode_body(raw, _content_type(request))
 
 
 def _content_type(request: Request) -> str:

@@ -163,12 +163,13 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> Obj:
-        data = None if body is None else jsonwire.dumps(body)
         attempts = len(RETRY_BACKOFF) + 1
         for attempt in range(1, attempts + 1):
             try:
-                status, text, retry_after = await self._exchange(method, path, params, data, content_type)
+                status, text, retry_after, answer = await self._exchange(method, path, params, body, content_type)
                 if status < 300:
+                    if answer is not None:
+                        return answer
                     return jsonwire.loads(text) if text else {}
                 parsed = parse_status(text)
                 if not _temporary(status) or attempt == attempts:
@@ -184,13 +185,15 @@ class KubeClient:
         raise AssertionError("unreachable")
 
     async def _exchange(
-        self, method: str, path: str, params: dict[str, str] | None, data: bytes | None, content_type: str
-    ) -> tuple[int, bytes, str | None]:
-        """One request over HTTP: (status, body, Retry-After)."""
+        self, method: str, path: str, params: dict[str, str] | None, body: Any, content_type: str
+    ) -> tuple[int, bytes, str | None, Obj | None]:
+        """One request over HTTP: (status, body, Retry-After, and no decoded answer: the caller
+        decodes the body)."""
         url = self._base + path + ("?" + urlencode(params) if params else "")
+        data = None if body is None else jsonwire.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         async with self._http().request(method, url, data=data, headers=headers) as resp:
-            return resp.status, await resp.read(), resp.headers.get("Retry-After")
+            return resp.status, await resp.read(), resp.headers.get("Retry-After"), None
 
     async def get(self, res: Resource, namespace: str | None, name: str) -> Obj:
         return await self.request("GET", res.path(namespace, name))

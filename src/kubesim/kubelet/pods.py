@@ -511,6 +511,8 @@ class PodWorker:
         last: Obj | None = None
         while True:
             await self._changed.wait()
+            if self.ctx.timing.status_batch_window > 0:
+                await asyncio.sleep(self.ctx.timing.status_batch_window)
             self._changed.clear()
             current = self.status()
             if current != last:

@@ -10,6 +10,8 @@ read yields as the transport takes it), so no file is ever held whole in the gat
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,7 +22,7 @@ from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core import phases
 from warmshell.core.config import FilesConfig
-from warmshell.core.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
+from warmshell.core.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError, WarmshellError
 from warmshell.core.models import DEFAULT_WORKSPACE, Phase, SandboxRecord
 from warmshell.core.transfers import INLINE_MAX_BYTES
 from warmshell.core.validation import validate_workspace
@@ -46,6 +48,14 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 DEFAULT_FILE_MODE = 0o644
 DEFAULT_DIR_MODE = 0o755
 _SERVICE = "/warmshell.v1.FileService/"
+# A refusal answered while the client is still sending reached grpcio's asyncio client as
+# INTERNAL "Internal error from Core" in one 8 MiB write in four (its next write fails on the
+# ended call and that failure overwrites the status already received: grpc/grpc#36066). So a
+# refused write or upload reads and drops what its client still sends, within these bounds,
+# and answers once the client has finished; past them it answers anyway. 256 MiB over a local
+# socket is a fraction of a second, and anything larger goes over the byte stream.
+_DRAIN_BYTES = 256 * 1024 * 1024
+_DRAIN_SECONDS = 5.0
 _DIRECTIONS = {
     pb.TRANSFER_DIRECTION_UPLOAD: Direction.UPLOAD,
     pb.TRANSFER_DIRECTION_DOWNLOAD: Direction.DOWNLOAD,
@@ -93,6 +103,27 @@ async def _data(rest: AsyncIterator[Any], what: str) -> AsyncIterator[bytes]:
         if message.HasField("header"):
             raise InvalidArgumentError("header", f"only the first message of {what} is a header")
         yield message.data
+
+
+@contextlib.asynccontextmanager
+async def _refused_once_sent(requests: AsyncIterator[Any]) -> AsyncIterator[None]:
+    """A refusal (a `WarmshellError`) raised inside waits until the client has sent the rest
+    of `requests`, which are dropped (see `_DRAIN_BYTES`)."""
+    try:
+        yield
+    except WarmshellError:
+        await _drain(requests)
+        raise
+
+
+async def _drain(requests: AsyncIterator[Any]) -> None:
+    dropped = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            async for message in requests:
+                dropped += message.ByteSize()
+                if dropped > _DRAIN_BYTES:
+                    return
 
 
 class FileService(sandbox_pb2_grpc.FileServiceServicer):
@@ -180,23 +211,24 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         self, request_iterator: AsyncIterator[pb.WriteFileRequest], context: Ctx
     ) -> pb.WriteFileResponse:
         await self._auth.require_client(context)
-        first = await _header_first(request_iterator, "a write")
-        header = first.header
-        path = normalize_path(header.path)
-        mode = _mode(header.mode, DEFAULT_FILE_MODE, "mode")
-        if self._forwarder is not None and (target := await self._owner(header.workspace, header.name, context)):
-            return await self._forwarder.stream_unary(
-                target,
-                _SERVICE + "WriteFile",
-                _replayed(first, request_iterator),
-                pb.WriteFileResponse.FromString,
-                context,
+        async with _refused_once_sent(request_iterator):
+            first = await _header_first(request_iterator, "a write")
+            header = first.header
+            path = normalize_path(header.path)
+            mode = _mode(header.mode, DEFAULT_FILE_MODE, "mode")
+            if self._forwarder is not None and (target := await self._owner(header.workspace, header.name, context)):
+                return await self._forwarder.stream_unary(
+                    target,
+                    _SERVICE + "WriteFile",
+                    _replayed(first, request_iterator),
+                    pb.WriteFileResponse.FromString,
+                    context,
+                )
+            files = await self._files(header.workspace, header.name, context)
+            chunks = _data(request_iterator, "a write")
+            written = await files.write(
+                path, chunks, mode=mode, make_parents=header.make_parents, max_bytes=self._config.max_file_bytes
             )
-        files = await self._files(header.workspace, header.name, context)
-        chunks = _data(request_iterator, "a write")
-        written = await files.write(
-            path, chunks, mode=mode, make_parents=header.make_parents, max_bytes=self._config.max_file_bytes
-        )
         return pb.WriteFileResponse(bytes_written=written)
 
     @unary
@@ -254,19 +286,20 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         self, request_iterator: AsyncIterator[pb.UploadTarRequest], context: Ctx
     ) -> pb.UploadTarResponse:
         await self._auth.require_client(context)
-        first = await _header_first(request_iterator, "an upload")
-        header = first.header
-        path = normalize_path(header.path)
-        if self._forwarder is not None and (target := await self._owner(header.workspace, header.name, context)):
-            return await self._forwarder.stream_unary(
-                target,
-                _SERVICE + "UploadTar",
-                _replayed(first, request_iterator),
-                pb.UploadTarResponse.FromString,
-                context,
-            )
-        files = await self._files(header.workspace, header.name, context)
-        summary = await files.write_archive(path, _data(request_iterator, "an upload"), self.archive_limits())
+        async with _refused_once_sent(request_iterator):
+            first = await _header_first(request_iterator, "an upload")
+            header = first.header
+            path = normalize_path(header.path)
+            if self._forwarder is not None and (target := await self._owner(header.workspace, header.name, context)):
+                return await self._forwarder.stream_unary(
+                    target,
+                    _SERVICE + "UploadTar",
+                    _replayed(first, request_iterator),
+                    pb.UploadTarResponse.FromString,
+                    context,
+                )
+            files = await self._files(header.workspace, header.name, context)
+            summary = await files.write_archive(path, _data(request_iterator, "an upload"), self.archive_limits())
         return pb.UploadTarResponse(entries=summary.entries, bytes_written=summary.bytes_written)
 
     @streaming

@@ -465,8 +465,15 @@ class SandboxManager:
                 )
             return True
 
-        with contextlib.suppress(NotFoundError):
-            await self.records.mutate(sandbox_id, change)
+        try:
+            with contextlib.suppress(NotFoundError):
+                await self.records.mutate(sandbox_id, change)
+        except WarmshellError:
+            if not connected and session_id:
+                self.sessions.unrecorded_close(sandbox_id, session_id)
+            raise
+        if not connected and session_id:
+            self.sessions.recorded_close(sandbox_id, session_id)
 
     async def on_workload_exit(self, sandbox_id: SandboxId, exit_code: int) -> None:
         """The workload ended: record the code; the sandbox is terminal."""

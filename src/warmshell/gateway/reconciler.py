@@ -78,14 +78,24 @@ class Reconciler:
             await asyncio.sleep(WATCH_RETRY_SECONDS)
 
     async def run_relist(self) -> None:
-        """Relist every interval; compare store and backend."""
+        """Relist every interval; compare store and backend. Every replica (leading or not)
+        also writes the closes of its sessions that the store missed."""
         while True:
             try:
+                await self.record_closes()
                 if self._leading():
                     await self.reconcile_once()
             except WarmshellError as exc:
                 log.warning("reconcile failed; retrying: %s", exc)
             await asyncio.sleep(self._interval)
+
+    async def record_closes(self) -> None:
+        """Write the session closes the store missed (it was unreachable when they happened):
+        until then the records name this replica as their sessions' holder, and the other
+        replicas refuse those supervisors' reconnects (a Postgres restart left them out for
+        minutes: only a retry that the balancer happened to send here was accepted)."""
+        for sandbox_id, session_id in self._manager.sessions.unrecorded_closes():
+            await self._manager.on_session(sandbox_id, connected=False, session_id=session_id)
 
     async def reconcile_once(self) -> None:
         """One pass: apply backend views, settle vanished backends and orphans, update gauges."""

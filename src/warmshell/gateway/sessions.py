@@ -136,6 +136,7 @@ class SessionTable:
         id, which prefixes every session id it hands out."""
         self.owner = owner
         self._sessions: dict[SandboxId, SupervisorSession] = {}
+        self._unrecorded: dict[SandboxId, str] = {}  # closes the store missed, by session id
         self._ids = itertools.count(1)
         self._window_ms = window_ms
         self._clock = clock
@@ -176,6 +177,21 @@ class SessionTable:
         for session in list(self._sessions.values()):
             session.close(reason, reconnect=True, ends_execs=ends_execs)
         self._sessions.clear()
+
+    def unrecorded_close(self, sandbox_id: SandboxId, session_id: str) -> None:
+        """The close of `session_id` could not be written (the store was unreachable): until it
+        is, the record names this replica as the holder of a live session, and every other
+        replica refuses the supervisor's reconnect (the reconciler writes it again)."""
+        self._unrecorded[sandbox_id] = session_id
+
+    def unrecorded_closes(self) -> list[tuple[SandboxId, str]]:
+        """The closes still to be written, oldest first."""
+        return list(self._unrecorded.items())
+
+    def recorded_close(self, sandbox_id: SandboxId, session_id: str) -> None:
+        """The close of `session_id` is written now (a later unrecorded one is kept)."""
+        if self._unrecorded.get(sandbox_id) == session_id:
+            del self._unrecorded[sandbox_id]
 
     def __len__(self) -> int:
         return len(self._sessions)

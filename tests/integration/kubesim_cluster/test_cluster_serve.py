@@ -27,6 +27,9 @@ async def _pools_served(api: kc.KubeClient) -> bool:
 async def test_run_controllers_against_a_served_api(tmp_path: pathlib.Path) -> None:
     async with testing.running_apiserver() as server:
         admin = server.write_kubeconfig(tmp_path / "admin.yaml", admin=True)
+        # The token's file is the owner's alone, and written whole (no temporary name left).
+        assert admin.stat().st_mode & 0o777 == 0o600
+        assert [f.name for f in tmp_path.iterdir()] == ["admin.yaml"]
         profile = dataclasses.replace(timing.FAST, api_latency=0.001)
         task = asyncio.create_task(
             cluster.run_controllers(url=server.url, token=server.admin_token, kubeconfig=str(admin), timing=profile)

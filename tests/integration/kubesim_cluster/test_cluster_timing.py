@@ -36,3 +36,28 @@ async def test_container_start_delay_applies_to_cold_claims_only() -> None:
             await api.aclose()
     assert warm_s < 0.5
     assert cold_s >= 0.5
+
+
+async def test_a_pods_transitions_within_the_status_window_are_one_status_write() -> None:
+    # Two containers start and become ready within the window: one Running-and-Ready report
+    # after the first (Pending) one, as a kubelet that learns of them in one relist writes it.
+    profile = dataclasses.replace(timing.FAST, status_batch_window=1.0)
+    async with running_cluster(timing=profile) as cluster:
+        api = cluster.client()
+        try:
+            two = template(name="two")
+            main = two["spec"]["podTemplate"]["spec"]["containers"][0]
+            two["spec"]["podTemplate"]["spec"]["containers"].append({**main, "name": "side"})
+            await api.create(kc.TEMPLATES, NS, two)
+            await api.create(kc.POOLS, NS, pool(replicas=1, template_name="two"))
+            await wait_pool_ready(api, "pool", 1)
+            (member,) = await pool_members(api)
+            name = member["metadata"]["name"]
+            pod = await api.get(kc.PODS, NS, name)
+            assert [c["ready"] for c in pod["status"]["containerStatuses"]] == [True, True]
+            writes = [
+                e for e in cluster.server.log.entries if e.resource == "pods/status" and e.name == name and e.code < 300
+            ]
+            assert len(writes) <= 2, writes
+        finally:
+            await api.aclose()

@@ -68,6 +68,38 @@ async def exec_via(stub: Stub, metadata: Any, name: str, command: Sequence[str])
     return code, out
 
 
+# A supervisor whose session went (its replica stopped, the store down) is accepted anywhere
+# once the close is recorded (at the latest the next reconcile pass, 10 s, when the store missed
+# it) and tries again after a doubling delay capped at 30 s (`supervisor.backoff`): both, the
+# delay's jitter, and a margin.
+RECONNECT_SECONDS = 60.0
+
+
+# The gateway's answers while a supervisor reconnects: no live session (`phases.not_servable`),
+# or one on a replica presumed dead (`forwarding.Forwarder.target`); each says to retry.
+_RECONNECTING = {
+    grpc.StatusCode.FAILED_PRECONDITION: "(its supervisor is reconnecting)",
+    grpc.StatusCode.UNAVAILABLE: "its supervisor reconnects to another replica",
+}
+
+
+async def exec_once_connected(stub: Stub, metadata: Any, name: str, command: Sequence[str]) -> tuple[int, bytes]:
+    """`exec_via`, retried while the gateway answers that the sandbox's supervisor is
+    reconnecting (a sandbox stays Ready meanwhile, so its phase does not say when to exec)."""
+    try:
+        async with asyncio.timeout(RECONNECT_SECONDS):
+            while True:
+                try:
+                    return await exec_via(stub, metadata, name, command)
+                except grpc.aio.AioRpcError as exc:
+                    said = _RECONNECTING.get(exc.code())
+                    if said is None or said not in (exc.details() or ""):
+                        raise
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        raise AssertionError(f"{name}: its supervisor did not reconnect in {RECONNECT_SECONDS}s") from None
+
+
 async def wait_all(
     stub: Stub, metadata: Any, names: Sequence[str], ready: Any, timeout: float
 ) -> dict[str, pb.Sandbox]:

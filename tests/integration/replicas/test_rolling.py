@@ -17,7 +17,15 @@ from tests.helpers.replicas import Balancer, ReplicaSet, replica_set, wait_phase
 from tests.integration.drivers_kubernetes.conftest import driver_config
 from warmshell.api.v1 import sandbox_pb2 as pb
 
-from .scenario import apply_pool, check_nothing_doubled_or_orphaned, exec_via, owner_of, spec, wait_all, wait_idle
+from .scenario import (
+    apply_pool,
+    check_nothing_doubled_or_orphaned,
+    exec_once_connected,
+    owner_of,
+    spec,
+    wait_all,
+    wait_idle,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,6 +44,7 @@ class SteadyCreates:
         self._period = period
         self.created: list[str] = []
         self.failures: list[str] = []
+        self._accepted = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
 
@@ -56,11 +65,25 @@ class SteadyCreates:
         except grpc.aio.AioRpcError as exc:
             self.failures.append(f"{name}: {exc.code().name} {exc.details()}")
             return
-        self.created.append(name)
+        async with self._accepted:
+            self.created.append(name)
+            self._accepted.notify_all()
         try:
+            # 90 s is a create lost, not a slow one: the whole roll took 50-150 s at a load of 10-30.
             await wait_phase(self._stub, md, name, timeout=90)
         except (AssertionError, grpc.aio.AioRpcError) as exc:
             self.failures.append(f"{name}: {exc}")
+
+    async def wait_accepted(self, more: int) -> None:
+        """Until `more` creates beyond those accepted so far have been accepted: each step of a
+        roll overlaps creates however slow the host (a fixed pause guarantees none)."""
+        async with self._accepted:
+            target = len(self.created) + more
+            try:
+                async with asyncio.timeout(60):  # one create is started every 0.25 s
+                    await self._accepted.wait_for(lambda: len(self.created) >= target)
+            except TimeoutError:
+                raise AssertionError(f"{more} more creates not accepted in 60 s: {self.failures}") from None
 
     async def stop(self) -> None:
         if self._loop is not None:
@@ -79,22 +102,22 @@ async def test_a_rolling_restart_under_steady_creates_fails_none(
     await wait_idle(replicas, [replicas.stub(r.tcp) for r in old], 4)
     load = SteadyCreates(replicas, front, period=0.25)
     load.start()
-    await asyncio.sleep(1.0)
+    await load.wait_accepted(4)
     for replica in old:  # maxSurge 1, maxUnavailable 0: the new pod serves before the old goes
         await replicas.start_one()
+        await load.wait_accepted(2)  # while both serve
         await replicas.stop(replica)
-        await asyncio.sleep(0.5)
-    await asyncio.sleep(1.0)
+        await load.wait_accepted(2)  # after the old one went
     await load.stop()
-    assert load.failures == []
-    assert len(load.created) >= 12
+    assert not load.failures, "\n".join(load.failures)  # whole: the last state seen says where it stalled
+    assert len(load.created) >= 16
     new = [r for r in replicas.replicas if r.alive]
     assert len(new) == 3
     stub = replicas.stub(new[0].tcp)
     everything = await wait_all(stub, replicas.metadata, load.created, ready, timeout=30)
     assert {owner_of(everything[n]) for n in load.created} <= {r.id for r in new}
     await check_nothing_doubled_or_orphaned(admin, everything)
-    code, out = await exec_via(replicas.stub(new[1].tcp), replicas.metadata, load.created[0], ["echo", "ok"])
+    code, out = await exec_once_connected(replicas.stub(new[1].tcp), replicas.metadata, load.created[0], ["echo", "ok"])
     assert (code, out) == (0, b"ok\n")
 
 
@@ -140,7 +163,7 @@ async def test_a_postgres_restart_under_load_is_survived_without_help(
             await stubs[i].CreateSandbox(pb.CreateSandboxRequest(name=name, spec=spec(False)), metadata=md)
         everything = await wait_all(stubs[1], md, before + after + load.created, ready, timeout=60)
         for i, name in enumerate(before):
-            code, out = await exec_via(stubs[(i + 1) % 3], md, name, ["echo", "back"])
+            code, out = await exec_once_connected(stubs[(i + 1) % 3], md, name, ["echo", "back"])
             assert (code, out) == (0, b"back\n")
         await check_nothing_doubled_or_orphaned(admin, everything)
         holder.clear()

@@ -7,6 +7,7 @@ nor changed."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import shutil
 import stat
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.gateway import RunningGateway, running_gateway
+from tests.helpers.gateway import RunningGateway, own_sandbox_dir, running_gateway, runtime_dir_of
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import sandbox, sh
-from warmshell.drivers.local.runtime import runtimedir, uidlease
+from warmshell.drivers.local.runtime import holding, runtimedir, uidlease
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a runtime directory is a root gateway's")
 
@@ -112,7 +113,8 @@ async def test_a_sandboxs_runtime_files_are_its_uids_alone_and_go_with_it(tmp_pa
         assert os.path.isdir(kept)  # the other's stays
         await gw.stop()  # b's record is kept (the next start reports it lost), its egress directory not
         assert not kept.exists()
-        assert [p.name for p in log.parent.iterdir()] == [f"{b.status.instance_id}.log"]  # for the next start
+        kept_logs = sorted(p.name for p in log.parent.iterdir())
+        assert kept_logs == [holding.RECORD, f"{b.status.instance_id}.log"]  # for the next start
     async with running_gateway(tmp_path / "other", **{"local.runtime_dir": str(runtime)}) as other:
         await sandbox(other, "c")
     # The other gateway's directory of logs, empty once it deleted its sandbox, went at its stop.
@@ -124,3 +126,159 @@ async def _unreachable_from(gw: RunningGateway, name: str, runtime: Path, egress
     for path in (runtime, egress, egress / "proxy.sock", *runtime.glob("gw-*")):
         code, _, err = await sh(gw, name, f"ls -d {path}")
         assert (code, "No such file" in err) == (2, True), (path, err)
+
+
+# -- runtime directories of deleted sandbox directories (`holding`) -------------------------
+
+
+def _runtime_for(shared: Path, name: str) -> tuple[Path, Path]:
+    """A sandbox directory under `shared` and the runtime directory named for it there."""
+    sandbox_dir = shared / name
+    sandbox_dir.mkdir()
+    return sandbox_dir, runtimedir.named_for(sandbox_dir, shared)
+
+
+def _sweep(shared: Path) -> list[Path]:
+    return holding.sweep_abandoned(shared, runtimedir.RUNTIME_PREFIX, runtimedir.runtime_named)
+
+
+def _fill(runtime: Path) -> None:
+    """What a gateway leaves in a runtime directory: a lease, a kept sandbox's log, an egress directory."""
+    (runtime / uidlease.LEASES).mkdir()
+    (runtime / uidlease.LEASES / "2000001").write_text("gw-x 1 1\n")
+    (runtime / "gw-x").mkdir(mode=0o700)
+    (runtime / "gw-x" / "li-00000000deadbeef.log").write_text("")
+    (runtime / "li-00000000deadbeef.egress").mkdir(mode=0o700)
+
+
+def test_a_runtime_directory_is_swept_once_its_sandbox_dir_is_gone_and_no_gateway_holds_it(shared: Path) -> None:
+    sandbox_dir, runtime = _runtime_for(shared, "sandboxes")
+    held = holding.hold(runtime, sandbox_dir)
+    _fill(runtime)
+    assert (runtime / holding.RECORD).read_text() == f"{sandbox_dir}\n"
+    assert _sweep(shared) == []  # its sandbox directory is there
+    sandbox_dir.rmdir()
+    assert _sweep(shared) == []  # gone, but a live gateway holds it
+    assert (runtime / "gw-x" / "li-00000000deadbeef.log").exists()
+    held.close()
+    assert _sweep(shared) == [runtime]
+    assert sorted(p.name for p in shared.iterdir()) == []  # nothing renamed aside is left either
+
+
+def test_a_runtime_directory_two_gateways_share_is_swept_only_once_both_let_go(shared: Path) -> None:
+    sandbox_dir, runtime = _runtime_for(shared, "sandboxes")
+    first, second = holding.hold(runtime, sandbox_dir), holding.hold(runtime, sandbox_dir)
+    sandbox_dir.rmdir()
+    first.close()
+    assert _sweep(shared) == []
+    assert runtime.is_dir()
+    second.close()
+    assert _sweep(shared) == [runtime]
+
+
+def test_a_gateway_whose_runtime_directory_is_swept_as_it_takes_it_makes_a_fresh_one(
+    shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep between a gateway's `ensure` and its lock renames the directory away: the lock is
+    then on the old one, which the gateway notices, and it makes and holds a new one."""
+    sandbox_dir, runtime = _runtime_for(shared, "sandboxes")
+    holding.hold(runtime, sandbox_dir).close()  # a stopped gateway's, recorded
+    sandbox_dir.rmdir()
+    swept: list[Path] = []
+    real_flock = fcntl.flock
+
+    def sweep_first(fd: int, operation: int) -> None:
+        if operation == fcntl.LOCK_SH and not swept:  # the gateway's first lock: a sweep before it
+            swept.extend(_sweep(shared))
+            sandbox_dir.mkdir()  # the new gateway's sandbox directory, made right after the sweep
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(holding.fcntl, "flock", sweep_first)
+    held = holding.hold(runtime, sandbox_dir)
+    monkeypatch.undo()
+    assert swept == [runtime]
+    sandbox_dir.rmdir()
+    assert _sweep(shared) == []  # the new one, held
+    assert (runtime / holding.RECORD).read_text() == f"{sandbox_dir}\n"
+    held.close()
+
+
+_LOOK_ALIKES = ["another_users", "writable_by_others", "symlink", "a_file", "no_record", "record_of_another_name"]
+
+
+@pytest.mark.parametrize("plant", _LOOK_ALIKES)
+def test_a_look_alike_of_an_abandoned_runtime_directory_is_left_as_it_was(shared: Path, plant: str) -> None:
+    """Named as a runtime directory, recording a sandbox directory that is gone, but not one a
+    gateway of this uid made for it: never read past its record, never changed."""
+    sandbox_dir, runtime = _runtime_for(shared, "sandboxes")
+    target = shared / "target"  # a directory a symlink plant points at, itself abandoned-looking
+    for directory in (runtime, target):
+        holding.hold(directory, sandbox_dir).close()
+        _fill(directory)
+    sandbox_dir.rmdir()
+    if plant == "another_users":
+        os.chown(runtime, _STRANGER, _STRANGER)
+    elif plant == "writable_by_others":
+        os.chmod(runtime, 0o733)
+    elif plant == "symlink":
+        shutil.rmtree(runtime)
+        runtime.symlink_to(target)
+    elif plant == "a_file":
+        shutil.rmtree(runtime)
+        runtime.write_text(f"{sandbox_dir}\n")
+    elif plant == "no_record":  # an older gateway's: nothing says which sandbox directory it is for
+        (runtime / holding.RECORD).unlink()
+    else:  # the record of another name's sandbox directory: copied, not made here
+        (runtime / holding.RECORD).write_text(f"{shared / 'elsewhere'}\n")
+    before = {p: (os.lstat(p).st_uid, os.lstat(p).st_mode) for p in [runtime, *target.rglob("*")]}
+    if runtime.is_dir() and not runtime.is_symlink():
+        before |= {p: (os.lstat(p).st_uid, os.lstat(p).st_mode) for p in runtime.rglob("*")}
+    assert _sweep(shared) == []
+    after = {p: (os.lstat(p).st_uid, os.lstat(p).st_mode) for p in before}
+    assert after == before
+
+
+@needs_bwrap
+async def test_a_gateways_start_sweeps_the_runtime_directory_of_a_deleted_sandbox_dir_but_not_a_live_ones(
+    tmp_path: Path,
+) -> None:
+    """On the host's own tmpfs, through the gateway's start: a stopped gateway's runtime
+    directory (a kept sandbox's log in it) goes once its sandbox directory is deleted; a running
+    gateway's stays though its sandbox directory is deleted under it."""
+    with own_sandbox_dir("warmshell-gone-") as gone, own_sandbox_dir("warmshell-live-") as live:
+        stopped, running = runtime_dir_of(gone), runtime_dir_of(live)
+        async with running_gateway(tmp_path / "a", **{"local.sandbox_dir": str(gone)}) as a:
+            await sandbox(a, "kept")
+            await a.stop()  # its record kept for a next start that never comes, and its log
+        assert list(stopped.glob("gw-*/li-*.log"))
+        shutil.rmtree(gone)
+        async with running_gateway(tmp_path / "b", **{"local.sandbox_dir": str(live)}) as b:
+            await sandbox(b, "one")
+            assert not stopped.exists()
+            shutil.rmtree(live)
+            async with running_gateway(tmp_path / "c", **{"local.sandbox_dir": str(gone)}):
+                assert running.is_dir()  # b holds it
+            await b.delete("one")
+
+
+@needs_bwrap
+async def test_a_gateways_start_sweeps_the_logs_of_a_deleted_state_dir_in_a_shared_runtime_directory(
+    tmp_path: Path,
+) -> None:
+    """Gateways that share a sandbox directory share its runtime directory, each with a directory
+    of logs there: a stopped gateway's, a kept sandbox's log in it, goes at another's start once
+    its state directory is deleted; the running gateway's own stays."""
+    with own_sandbox_dir("warmshell-logs-") as sandboxes:
+        runtime, shared_dir = runtime_dir_of(sandboxes), {"local.sandbox_dir": str(sandboxes)}
+        async with running_gateway(tmp_path / "a", **shared_dir) as a:
+            await sandbox(a, "kept")
+            await a.stop()  # its record kept for a next start that never comes, and its log
+        (stopped,) = runtime.glob("gw-*")
+        assert list(stopped.glob("li-*.log"))
+        shutil.rmtree(tmp_path / "a")
+        async with running_gateway(tmp_path / "b", **shared_dir) as b:
+            await sandbox(b, "one")
+            (logs,) = runtime.glob("gw-*")
+            assert logs != stopped
+            assert (logs / holding.RECORD).read_text() == f"{(tmp_path / 'b').resolve()}\n"
+            await b.delete("one")

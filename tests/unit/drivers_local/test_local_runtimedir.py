@@ -1,4 +1,5 @@
-"""Where a root gateway's runtime directory is (`runtimedir.choose`): pure decisions."""
+"""Where a root gateway's runtime directory is (`runtimedir.choose`) and when one is abandoned
+(`holding.abandoned`): pure decisions."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmshell.drivers.local.runtime import runtimedir
+from warmshell.drivers.local.runtime import holding, runtimedir
 
 MOUNTS = """\
 /dev/vda / ext4 rw,relatime 0 0
@@ -38,3 +39,21 @@ def test_gateways_share_a_runtime_directory_exactly_when_they_share_a_sandbox_di
     assert runtimedir.choose(None, first, tmpfs) == runtimedir.choose(None, first, tmpfs)
     if first != second:  # two spellings of one path aside ("/a/" and "/a" are one Path)
         assert runtimedir.choose(None, first, tmpfs) != runtimedir.choose(None, second, tmpfs)
+
+
+@given(st.from_regex(r"/[a-z0-9/_-]{1,30}", fullmatch=True), st.from_regex(r"/[a-z0-9/_-]{1,30}", fullmatch=True))
+def test_a_directory_is_abandoned_only_under_its_owners_name_with_its_owner_gone(recorded: str, other: str) -> None:
+    named = runtimedir.runtime_named
+    name = named(Path(recorded))
+    assert holding.abandoned(name, Path(recorded), exists=False, named=named)
+    assert not holding.abandoned(name, Path(recorded), exists=True, named=named)
+    assert not holding.abandoned(name, None, exists=False, named=named)  # an older gateway's: no record
+    assert not holding.abandoned(name, Path(recorded), exists=False, named=runtimedir.gateway_named)
+    if Path(other) != Path(recorded):  # a record copied under another directory's name
+        assert not holding.abandoned(name, Path(other), exists=False, named=named)
+
+
+def test_a_gateways_name_is_the_one_its_cgroups_and_etc_directory_are_named_by() -> None:
+    state = Path("/var/lib/warmshell")
+    assert runtimedir.gateway_named(state) == runtimedir.GATEWAY_PREFIX + runtimedir.digest_of(state)
+    assert runtimedir.runtime_named(SANDBOXES) == runtimedir.named_for(SANDBOXES, Path("/run")).name

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from warmshell.gateway.reconciler import Reconciler
+from warmshell.gateway.sessions import SessionTable
 
 
 class Backend:
@@ -35,7 +36,7 @@ class NoRecords:
 
 
 async def relist_for_a_while(leading: list[bool], backend: Backend, seconds: float = 0.2) -> None:
-    manager = SimpleNamespace(driver=backend, records=NoRecords())
+    manager = SimpleNamespace(driver=backend, records=NoRecords(), sessions=SessionTable())
     reconciler = Reconciler(
         manager,  # type: ignore[arg-type]
         interval_seconds=0.01,

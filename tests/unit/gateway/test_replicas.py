@@ -21,6 +21,7 @@ from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.forwarding import Forwarder, Target, relayed_status
 from warmshell.gateway.manager import SandboxManager
+from warmshell.gateway.reconciler import Reconciler
 from warmshell.gateway.records import SandboxRecords
 from warmshell.gateway.replicas import (
     KIND_REPLICA,
@@ -253,6 +254,64 @@ async def test_a_session_closing_on_one_replica_does_not_undo_a_newer_one_elsewh
     record = await records.get(sandbox)
     assert record is not None
     assert (record.status.supervisor_connected, record.status.session_owner) == (False, "")
+
+
+class Unreachable(SandboxRecords):
+    """Records whose writes fail while `down` (the store restarting)."""
+
+    down = False
+
+    async def mutate(self, sandbox_id: SandboxId, change: Any) -> SandboxRecord:
+        if self.down:
+            raise UnavailableError("the store is unreachable")
+        return await super().mutate(sandbox_id, change)
+
+
+async def test_a_session_close_the_store_missed_is_written_by_the_next_reconcile_pass(store: Store) -> None:
+    """Until it is, the record says replica a holds a live session, and b refuses the
+    supervisor's reconnect (a Postgres restart left sandboxes unreachable for minutes)."""
+    records = Unreachable(store, EventBus())
+    sessions = SessionTable(owner="a")
+    manager = SandboxManager(
+        records=records, driver=FakeDriver(), bus=EventBus(), sessions=sessions, vault=SecretVault(store, bytes(32))
+    )
+    await records.insert(SandboxRecord(id="sb", name="sb", workspace="default"))
+    sandbox = SandboxId("sb")
+    await manager.on_session(sandbox, connected=True, session_id="a/s1")
+    records.down = True
+    with pytest.raises(UnavailableError):
+        await manager.on_session(sandbox, connected=False, session_id="a/s1")
+    reconciler = Reconciler(manager, interval_seconds=1.0, orphan_grace_seconds=0)
+    with pytest.raises(UnavailableError):  # still down: kept for the next pass
+        await reconciler.record_closes()
+    assert sessions.unrecorded_closes() == [(sandbox, "a/s1")]
+    records.down = False
+    await reconciler.record_closes()
+    record = await records.get(sandbox)
+    assert record is not None
+    assert (record.status.supervisor_connected, record.status.session_owner) == (False, "")
+    assert sessions.unrecorded_closes() == []
+
+
+async def test_a_missed_close_written_late_leaves_a_newer_session_alone(store: Store) -> None:
+    records = Unreachable(store, EventBus())
+    sessions = SessionTable(owner="a")
+    manager = SandboxManager(
+        records=records, driver=FakeDriver(), bus=EventBus(), sessions=sessions, vault=SecretVault(store, bytes(32))
+    )
+    await records.insert(SandboxRecord(id="sb", name="sb", workspace="default"))
+    sandbox = SandboxId("sb")
+    await manager.on_session(sandbox, connected=True, session_id="a/s1")
+    records.down = True
+    with pytest.raises(UnavailableError):
+        await manager.on_session(sandbox, connected=False, session_id="a/s1")
+    records.down = False
+    await manager.on_session(sandbox, connected=True, session_id="a/s2")  # it reconnected here first
+    await Reconciler(manager, interval_seconds=1.0, orphan_grace_seconds=0).record_closes()
+    record = await records.get(sandbox)
+    assert record is not None
+    assert (record.status.supervisor_connected, record.status.session_id) == (True, "a/s2")
+    assert sessions.unrecorded_closes() == []
 
 
 class Context:

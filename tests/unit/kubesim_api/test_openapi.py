@@ -132,6 +132,21 @@ def test_prune_unknown_against_the_stored_object_walks_only_changed_fields() -> 
     assert builtin_schemas.prune_unknown(new, "io.k8s.api.v1.Pod") == ["spec.containers[0].kept"]
 
 
+def test_prune_unknown_against_the_stored_object_skips_unchanged_items_only() -> None:
+    kept = {"name": "a", "ready": True, "kept": 1}  # as stored: never walked again while unchanged
+    old = {"kind": "Pod", "status": {"phase": "Pending", "containerStatuses": [kept, {"name": "b", "ready": False}]}}
+    new = {
+        "kind": "Pod",
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [dict(kept), {"name": "b", "ready": True, "bogus": 1}, {"name": "c", "odd": 2}],
+        },
+    }
+    found = builtin_schemas.prune_unknown(new, "io.k8s.api.v1.Pod", old=old)
+    assert found == ["status.containerStatuses[1].bogus", "status.containerStatuses[2].odd"]
+    assert new["status"]["containerStatuses"] == [kept, {"name": "b", "ready": True}, {"name": "c"}]
+
+
 def test_int_or_string_fields_accept_both() -> None:
     probe = builtin_schemas.definitions()["io.k8s.api.v1.HTTPGetAction"]["properties"]["port"]
     assert probe["x-kubernetes-int-or-string"] is True

@@ -136,11 +136,8 @@ def test_dns_names_and_labels_are_validated(rest: Rest) -> None:
     assert no_ns.value.code == 404
 
 
-def test_a_status_write_does_not_walk_an_unchanged_spec_but_a_new_schema_does(
-    rest: Rest, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    rt = widgets(rest)
-    created = rest.create(rt, "v1", "default", {"metadata": {"name": "w"}, "spec": {"word": "abc"}}, OPTS).obj
+def _walked_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths the schema walk visits from now on, in order."""
     walked: list[str] = []
     original = Schema._walk
 
@@ -149,6 +146,15 @@ def test_a_status_write_does_not_walk_an_unchanged_spec_but_a_new_schema_does(
         original(self, value, path, *args)
 
     monkeypatch.setattr(Schema, "_walk", spy)
+    return walked
+
+
+def test_a_status_write_does_not_walk_an_unchanged_spec_but_a_new_schema_does(
+    rest: Rest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = widgets(rest)
+    created = rest.create(rt, "v1", "default", {"metadata": {"name": "w"}, "spec": {"word": "abc"}}, OPTS).obj
+    walked = _walked_paths(monkeypatch)
     status = {**copy.deepcopy(created), "status": {"ready": True}}
     rest.update(rt, "v1", "default", "w", status, OPTS, subresource="status")
     assert "status" in walked
@@ -172,3 +178,56 @@ def test_a_status_write_does_not_walk_an_unchanged_spec_but_a_new_schema_does(
         rest.update(rt, "v1", "default", "w", status, OPTS, subresource="status")
     assert exc.value.code == 422
     assert "spec.word" in walked
+
+
+def test_a_create_with_the_spec_of_the_last_clean_create_is_not_walked_again(
+    rest: Rest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = widgets(rest)
+    walked = _walked_paths(monkeypatch)
+    rest.create(rt, "v1", "default", {"metadata": {"name": "a"}, "spec": {"word": "abc"}}, OPTS)
+    assert "spec.word" in walked
+    walked.clear()
+    second = rest.create(rt, "v1", "default", {"metadata": {"name": "b"}, "spec": {"word": "abc"}}, OPTS)
+    assert second.obj["spec"] == {"word": "abc"}
+    assert not any(p.startswith("spec") for p in walked)
+    # Any other spec is judged: a bad value is refused, an unknown field pruned and walked again next time.
+    with pytest.raises(errors.ApiError) as exc:
+        rest.create(rt, "v1", "default", {"metadata": {"name": "c"}, "spec": {"word": "ABC"}}, OPTS)
+    assert exc.value.code == 422
+    for name in ("d", "e"):
+        walked.clear()
+        pruned = rest.create(rt, "v1", "default", {"metadata": {"name": name}, "spec": {"word": "x", "odd": 1}}, OPTS)
+        assert pruned.obj["spec"] == {"word": "x"}
+        assert pruned.warnings == ['unknown field "spec.odd"']
+        assert "spec.word" in walked
+
+
+def test_a_remembered_spec_is_walked_again_under_a_new_schema(rest: Rest) -> None:
+    rt = widgets(rest)
+    rest.create(rt, "v1", "default", {"metadata": {"name": "a"}, "spec": {"word": "abc"}}, OPTS)
+    crd_rt = rest.registry.get("apiextensions.k8s.io", "customresourcedefinitions")
+    assert crd_rt is not None
+    live_crd = copy.deepcopy(rest.get(crd_rt, "", "widgets.example.com").obj)
+    live_crd["spec"] = crd(pattern="^[0-9]+$")["spec"]
+    rest.update(crd_rt, "v1", "", "widgets.example.com", live_crd, OPTS)
+    rt = rest.registry.get("example.com", "widgets")
+    assert rt is not None
+    with pytest.raises(errors.ApiError) as exc:
+        rest.create(rt, "v1", "default", {"metadata": {"name": "c"}, "spec": {"word": "abc"}}, OPTS)
+    assert exc.value.code == 422
+
+
+def test_a_pod_with_the_spec_of_the_last_clean_pod_still_loses_unknown_fields_elsewhere(rest: Rest) -> None:
+    pods = rest.registry.get("", "pods")
+    assert pods is not None
+    spec = {"containers": [{"name": "c", "image": "busybox"}]}
+    rest.create(pods, "v1", "default", {"metadata": {"name": "a"}, "spec": copy.deepcopy(spec)}, OPTS)
+    second = rest.create(
+        pods, "v1", "default", {"metadata": {"name": "b"}, "spec": copy.deepcopy(spec), "odd": 1}, OPTS
+    )
+    assert "odd" not in second.obj
+    assert second.warnings == ['unknown field "odd"']
+    odd_spec = {"containers": [{"name": "c", "image": "busybox", "odd": 1}]}
+    third = rest.create(pods, "v1", "default", {"metadata": {"name": "c"}, "spec": odd_spec}, OPTS)
+    assert "odd" not in third.obj["spec"]["containers"][0]

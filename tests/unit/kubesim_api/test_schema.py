@@ -10,7 +10,7 @@ import yaml
 
 from kubesim.apiserver import crds
 from kubesim.apiserver.resources import ResourceType
-from kubesim.apiserver.schema import compile_schema
+from kubesim.apiserver.schema import Schema, compile_schema
 
 _REPO = Path(__file__).resolve().parents[3]
 _DIRS = (
@@ -146,3 +146,57 @@ def test_list_map_keys_must_be_unique() -> None:
     containers = [{"name": "c", "image": "i"}, {"name": "c", "image": "j"}]
     errs, _ = admit(rt, {"spec": {"podTemplate": {"spec": {"containers": containers}}}})
     assert [(e["field"], e["reason"]) for e in errs] == [("spec.podTemplate.spec.containers[1]", "FieldValueDuplicate")]
+
+
+def test_ratcheting_skips_unchanged_values_at_any_depth_and_judges_changed_ones() -> None:
+    schema = compile_schema(
+        {
+            "type": "object",
+            "properties": {
+                "status": {
+                    "type": "object",
+                    "properties": {
+                        "conditions": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "type": {"type": "string"},
+                                    "status": {"type": "string", "enum": ["True", "False"]},
+                                },
+                            },
+                        },
+                        "note": {"type": "string", "maxLength": 3},
+                    },
+                }
+            },
+        }
+    )
+    old = {"status": {"conditions": [{"type": "A", "status": "True"}, {"type": "B", "status": "False"}], "note": "ok"}}
+    walked: list[str] = []
+    original = Schema._walk
+
+    def spy(self: Schema, value: Any, path: str, *args: Any) -> None:
+        walked.append(path)
+        original(self, value, path, *args)
+
+    new = {
+        "status": {
+            "conditions": [{"type": "A", "status": "True"}, {"type": "B", "status": "True", "x": 1}],
+            "note": "ok",
+        }
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Schema, "_walk", spy)
+        errs, pruned = schema.admit(new, old, old_admitted=True)
+    assert errs == []
+    assert pruned == ["status.conditions[1].x"]
+    assert "status.conditions[1]" in walked
+    assert not [p for p in walked if p.startswith(("status.conditions[0]", "status.note"))]
+    # A changed value is judged; without ratcheting (another schema admitted old) everything is.
+    bad = {"status": {"conditions": [{"type": "A", "status": "True"}, {"type": "B", "status": "Maybe"}], "note": "ok"}}
+    errs, _ = schema.admit(bad, old, old_admitted=True)
+    assert [e["field"] for e in errs] == ["status.conditions[1].status"]
+    long_note = {"status": {"conditions": [], "note": "toolong"}}
+    errs, _ = schema.admit(long_note, {"status": {"conditions": [], "note": "toolong"}}, old_admitted=False)
+    assert [e["field"] for e in errs] == ["status.note"]

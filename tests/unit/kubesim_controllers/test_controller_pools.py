@@ -148,3 +148,19 @@ def test_a_member_write_is_planned_only_when_what_the_plan_reads_changes() -> No
         after = copy.deepcopy(before)
         change(after)
         assert warmpool._as_planned(after) != warmpool._as_planned(before)
+
+
+def test_the_pool_controller_compares_with_its_own_last_status_write_and_skips_its_echo() -> None:
+    from kubesim.controllers.warmpool import _newest, _own_echo
+
+    cached = {"metadata": {"uid": "u", "resourceVersion": "7"}, "status": {"replicas": 2}}
+    written = {"metadata": {"uid": "u", "resourceVersion": "9"}, "status": {"replicas": 1}}
+    assert _newest(cached, written) is written  # the informer has not seen our write yet
+    later = {"metadata": {"uid": "u", "resourceVersion": "12"}, "status": {"replicas": 3}}
+    assert _newest(later, written) is later
+    recreated = {"metadata": {"uid": "v", "resourceVersion": "15"}, "status": {}}
+    assert _newest(recreated, written) is recreated  # another pool of the same name
+    assert _newest(cached, None) is cached
+    assert _own_echo({"metadata": {"uid": "u", "resourceVersion": "9"}}, written)
+    assert not _own_echo(later, written)
+    assert not _own_echo(written, None)

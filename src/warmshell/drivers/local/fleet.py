@@ -38,7 +38,7 @@ from warmshell.drivers.base import BackendState, DriverCondition, SandboxUsage
 from warmshell.drivers.local import credentials, records
 from warmshell.drivers.local.hostsetup import HostSetup
 from warmshell.drivers.local.instances import EGRESS_SUFFIX, LOG_SUFFIX, Instance, egress_dir
-from warmshell.drivers.local.runtime import cgroups, imageroots, runtimedir
+from warmshell.drivers.local.runtime import cgroups, holding, imageroots, runtimedir
 from warmshell.drivers.local.runtime import limits as resource_limits
 from warmshell.drivers.local.runtime import usage as runtime_usage
 from warmshell.drivers.local.runtime.files import LocalFiles, bytes_executor, files_executor
@@ -82,6 +82,7 @@ class Fleet:
         self._runtime: Path | None = host.runtime
         self._logs: Path | None = host.logs
         self._runtime_made = False  # `runtime` checked (and made) by the sweep or the first start
+        self._held: list[holding.Hold] = []  # `runtime` and `logs`, kept from other gateways' sweeps
         self._paths = paths
         self._cgroup: cgroups.Backend | cgroups.Unavailable = host.cgroup
         self._grace = grace
@@ -245,10 +246,10 @@ class Fleet:
         gateway's directory of logs in it."""
         if self._runtime is None or self._runtime_made:
             return
-        runtimedir.ensure(self._runtime)
+        assert self._workspaces is not None  # a runtime directory only with a uid per sandbox
+        self._held.append(holding.hold(self._runtime, self._workspaces))
         if self._logs is not None:  # in a directory nobody else may write to
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(self._logs, 0o700)
+            self._held.append(holding.hold(self._logs, self._paths.root.resolve(), mode=0o700))
         self._runtime_made = True
 
     def _conditions(self, bounds: resource_limits.Bounds | None) -> tuple[DriverCondition, ...]:
@@ -461,9 +462,9 @@ class Fleet:
         for executor in (self._files_executor, self._bytes_executor):
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
-        if self._logs is not None:  # gone once empty; a kept sandbox's log waits for the next start
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(os.rmdir, self._logs)
+        for held in reversed(self._held):  # logs gone once empty; a kept sandbox's log waits for the next start
+            await asyncio.to_thread(functools.partial(held.close, remove_if_empty=held.path == self._logs))
+        self._held = []
 
     # -- what a previous gateway left ------------------------------------------------------
 
@@ -482,6 +483,8 @@ class Fleet:
         await asyncio.to_thread(records.remove_partial, self._paths.instances)
         found = await asyncio.to_thread(records.load_all, self._paths.instances)
         await asyncio.to_thread(self._make_runtime)  # a planted one is refused before it is read
+        if self._runtime is not None:  # those of deleted sandbox and state directories, held by nobody
+            await asyncio.to_thread(_sweep_abandoned, self._runtime)
         unowned = await asyncio.to_thread(_instances_on_disk, self._paths.sandboxes)
         if self._logs is not None:
             unowned |= await asyncio.to_thread(_instances_on_disk, self._logs)
@@ -496,6 +499,21 @@ class Fleet:
                 len(unowned),
             )
         return found
+
+
+def _sweep_abandoned(runtime: Path) -> None:
+    """Blocking: remove the runtime directories of deleted sandbox directories on the host's
+    tmpfs, and in `runtime` the directories of logs of deleted state directories (see `holding`)."""
+    mounted = runtimedir.host_tmpfs()
+    removed = [
+        path
+        for base in runtimedir.TMPFS_CANDIDATES
+        if base in mounted
+        for path in holding.sweep_abandoned(base, runtimedir.RUNTIME_PREFIX, runtimedir.runtime_named)
+    ]
+    removed += holding.sweep_abandoned(runtime, runtimedir.GATEWAY_PREFIX, runtimedir.gateway_named)
+    if removed:
+        _log.info("local driver: removed %d directories of deleted sandbox or state directories", len(removed))
 
 
 def _remove_dir(path: Path) -> None:

@@ -8,7 +8,6 @@ against (the host's size where unset), and the nice value refills start at.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import resource
@@ -75,7 +74,7 @@ class HostSetup:
         root = os.geteuid() == 0
         bounds = limits.Bounds.of(config, host_file_max=_file_max())
         launcher = _launcher(config, paths, bwrap=bwrap, agent=agent, root=root, bounds=bounds)
-        gateway = f"gw-{_state_digest(paths)}"  # its name where the host's gateways share something
+        gateway = runtimedir.gateway_named(paths.root.resolve())  # where the host's gateways share something
         cgroup = cgroup if cgroup is not None else cgroupsetup.choose(gateway=gateway)
         runtime = runtimedir.choose(config.runtime_dir, config.sandbox_dir, runtimedir.host_tmpfs()) if root else None
         if bwrap is not None:  # once, at start; each sandbox's ResourceLimits condition says it again
@@ -175,7 +174,7 @@ def _etc_dir(config: LocalDriverConfig, paths: StatePaths, *, root: bool) -> Pat
 def _state_digest(paths: StatePaths) -> str:
     """A gateway's name on this host, for what gateways share (`local.sandbox_dir`, the cgroup
     hierarchies): its state directory, of which only one gateway runs at a time."""
-    return hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
+    return runtimedir.digest_of(paths.root.resolve())
 
 
 def _refill_nice(config: LocalDriverConfig) -> int:
