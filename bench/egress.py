@@ -463,8 +463,9 @@ def _compare_table(data: dict) -> str:
         "which runs first; proxied CPU ms per MiB by part (medians of each run's pairs).",
         "",
         "| run | load | 1 stream ratio | 16 streams ratio | setup added p50 ms | 1 stream: client, agent, gateway "
-        "| 16 streams: client, agent, gateway | warm create with a policy: CPU (wall) |",
-        "|---|---:|---:|---:|---:|---|---|---|",
+        "| 16 streams: client, agent, gateway | warm create with a policy: CPU (wall) "
+        "| with a policy and a bound secret: CPU (wall) |",
+        "|---|---:|---:|---:|---:|---|---|---|---|",
     ]
     for label in ("before", "after"):
         for number, run in enumerate(data["runs"][label], 1):
@@ -473,13 +474,14 @@ def _compare_table(data: dict) -> str:
             setup = f"{run['setup']['added_p50_ms']:+.3f}" if "setup" in run else "-"
             warm = run.get("warm_create")
             creates = f"{warm['cpu_ratio_p50']:.2f}x ({warm['ratio_p50']:.2f}x)" if warm else "-"
+            secret = f"{warm['secret_cpu_ratio_p50']:.2f}x ({warm['secret_ratio_p50']:.2f}x)" if warm else "-"
             cpu = [
                 ", ".join(f"{row['proxied_cpu_ms_per_mib'][part]:.2f}" for part in ("client", "agent", "gateway"))
                 for row in (one, many)
             ]
             lines.append(
                 f"| {label} {number} | {run['load_1min']:.1f} | {one['ratio']:.2f} | {many['ratio']:.2f} | {setup} "
-                f"| {cpu[0]} | {cpu[1]} | {creates} |"
+                f"| {cpu[0]} | {cpu[1]} | {creates} | {secret} |"
             )
     return "\n".join(lines) + "\n"
 

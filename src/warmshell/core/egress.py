@@ -31,6 +31,7 @@ __all__ = [
     "PROXY_PORT",
     "PUBLIC_SUFFIXES",
     "SANDBOX_DIR",
+    "SHARED_TRUST_DIR",
     "SYSTEM_BUNDLE",
     "SYSTEM_BUNDLE_COPY",
     "URL_MARK",
@@ -71,7 +72,8 @@ SANDBOX_DIR = "/run/warmshell/egress"
 # The CA bundle tools read when no variable names one (OpenSSL's default on Debian and Ubuntu).
 # A local sandbox on the host's root sees there a symlink to `SYSTEM_BUNDLE_COPY` in SANDBOX_DIR,
 # itself a symlink to the host's bundle (staged at `HOST_BUNDLE`) until an activation whose TLS
-# is intercepted replaces it with a file of the host's CAs and the gateway's.
+# is intercepted replaces it with a link to the bundle of the host's CAs and the gateway's
+# (SHARED_TRUST_DIR).
 SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SYSTEM_BUNDLE_COPY = "system-ca-bundle.pem"
 HOST_BUNDLE = "/etc/ssl/certs/.warmshell-host-ca-certificates.crt"
@@ -79,6 +81,11 @@ HOST_BUNDLE = "/etc/ssl/certs/.warmshell-host-ca-certificates.crt"
 # intercepted trusts (a local sandbox's in SANDBOX_DIR; a pod's where its supervisor writes them).
 CA_FILE = "ca.pem"
 BUNDLE_FILE = "ca-bundle.pem"
+# Where a local sandbox on the host's root reads both in its staged /etc (placed once per gateway,
+# public, read-only): an intercepting activation links its egress directory's names here. Not in
+# /etc/ssl/certs: Go trusts every file of that directory, and this CA is to be trusted only by a
+# sandbox whose links or environment name it.
+SHARED_TRUST_DIR = "/etc/ssl/warmshell-egress"
 # A secret host written `api.example.com?` lets the value into the request's URL (path and query
 # string) too, not only its headers: some APIs take their key only as `?key=`. Opt-in per host,
 # because URLs end up in access logs, browser histories and error messages where headers do not.

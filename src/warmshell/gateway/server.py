@@ -372,6 +372,7 @@ async def _egress_trust(config: GatewayConfig, driver: ComputeDriver, secrets_ke
     if isinstance(driver, HostsEgressSockets):
         directory = config.paths.root / "egress"
         authority = await asyncio.to_thread(interception.CertificateAuthority, directory)
+        await asyncio.to_thread(driver.share_authority, authority.certificate_pem)
     elif config.network.proxy_url:
         # Its own directory: a local gateway's CA key next to a derived certificate would not pair.
         directory = config.paths.root / "egress-shared"

@@ -1,10 +1,14 @@
 """The system CA bundle of a local sandbox on the host's root, attacked from inside. The staged
 /etc's bundle is a symlink into the sandbox's egress directory, whose own link leads back to the
 host's bundle kept in the stage, until an activation whose TLS is intercepted replaces that link
-with a file of the host's CAs and the gateway's (`drivers/local/runtime/etcstage.py`). What must
-hold: no sandbox can replace either link or write through them, and the gateway's CA reaches the
-trust of the intercepting sandbox alone; every other sandbox reads the host's bundle byte for
-byte, and so does the stage on the host."""
+with a link to the bundle of the host's CAs and the gateway's, placed once per gateway in the
+staged /etc beside the gateway's CA (`egress.SHARED_TRUST_DIR`; `drivers/local/runtime/etcstage.py`).
+Every sandbox may read those public files; what must hold: no sandbox can replace any of the
+links, another sandbox's included, nor write through them or to the shared files, and the
+gateway's CA reaches the trust of the intercepting sandbox alone (its system bundle and its
+environment); every other sandbox reads the host's bundle byte for byte, has no trust variable,
+and finds the CA in no directory a tool scans for CAs; the stage on the host keeps the host's
+bundle as it was."""
 
 from __future__ import annotations
 
@@ -14,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.gateway import RunningGateway, own_sandbox_dir, running_gateway
+from tests.helpers.gateway import RunningGateway, own_sandbox_dir, running_gateway, runtime_dir_of
 from tests.integration.drivers_local.support import needs_bwrap
-from tests.integration.security.support import sandbox, sh, still_real
+from tests.integration.security.support import py, sandbox, sh, still_real
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.core import egress
 
@@ -28,6 +32,15 @@ pytestmark = [
 ]
 
 _LINK = f"{egress.SANDBOX_DIR}/{egress.SYSTEM_BUNDLE_COPY}"
+_SHARED_CA = f"{egress.SHARED_TRUST_DIR}/{egress.CA_FILE}"
+_SHARED_BUNDLE = f"{egress.SHARED_TRUST_DIR}/{egress.BUNDLE_FILE}"
+_OWN_BUNDLE = f"{egress.SANDBOX_DIR}/{egress.BUNDLE_FILE}"
+_TRUST_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS")
+# Whether Python's default context (OpenSSL's default file, or SSL_CERT_FILE) trusts the gateway's CA.
+_TRUSTS_CA = (
+    "import ssl; ctx = ssl.create_default_context(); "
+    "print(any('warmshell' in str(ca['subject']) for ca in ctx.get_ca_certs()))"
+)
 _FAKE = "-----BEGIN CERTIFICATE-----\nTUFMSUNF\n-----END CERTIFICATE-----\n"
 
 
@@ -82,6 +95,13 @@ _ATTEMPTS = (
     f"cat /workspace/evil.pem >> {egress.HOST_BUNDLE}",
     f"python3 -c \"open('{egress.SYSTEM_BUNDLE}', 'r+b').write(b'x')\"",
     f"truncate -s 0 {egress.HOST_BUNDLE}",
+    # The gateway's CA and its bundle, shared by every sandbox, and the links to them.
+    f"cat /workspace/evil.pem >> {_SHARED_BUNDLE}",
+    f"cat /workspace/evil.pem > {_SHARED_CA}",
+    f"ln -sfn /workspace/evil.pem {_SHARED_BUNDLE}",
+    f"touch {egress.SHARED_TRUST_DIR}/planted",
+    f"cat /workspace/evil.pem >> {_OWN_BUNDLE}",
+    f"ln -sfn /workspace/evil.pem {_OWN_BUNDLE}",
 )
 
 
@@ -111,29 +131,72 @@ async def test_no_sandbox_replaces_its_bundle_links_or_writes_through_them(
     await still_real(gw, "plain")
 
 
+async def _trusts_ca(gw: RunningGateway, name: str) -> bool:
+    code, out, err = await py(gw, name, _TRUSTS_CA)
+    assert code == 0, err
+    return out.strip() == "True"
+
+
 async def test_the_gateways_ca_is_in_the_trust_of_the_intercepting_sandbox_alone(
     gw: RunningGateway, sandbox_dir: Path
 ) -> None:
     host = _HOST.read_bytes()
     await sandbox(gw, "before")
     await sandbox(gw, "tls", _intercepted())
+    await sandbox(gw, "proxied", pb.SandboxSpec(network=pb.NetworkPolicy(allow=["127.0.0.2:8443"])))
     await sandbox(gw, "after")
     code, ca, err = await sh(gw, "tls", f"cat {egress.SANDBOX_DIR}/{egress.CA_FILE}")
     assert code == 0, err
     body = ca.splitlines()[1]  # a line of the CA's own base64, in no host certificate
-    # The intercepting sandbox reads the host's CAs, then the gateway's, at the system path.
+    # The intercepting sandbox reads the host's CAs, then the gateway's, at the system path and
+    # where its trust variables point; Python's default context trusts the CA.
     code, seen, _ = await sh(gw, "tls", f"cat {egress.SYSTEM_BUNDLE}")
     assert code == 0
     assert seen.encode().startswith(host)
     assert body in seen
-    # Every other sandbox, started before it or after: the host's bundle as it is, and the CA
-    # nowhere it can read (no egress file of the other's, no /proc of it: a pid namespace each).
-    for other in ("before", "after"):
+    for variable in _TRUST_VARIABLES:
+        code, named, err = await sh(gw, "tls", f'cat "${variable}"')
+        assert code == 0, (variable, err)
+        assert body in named, variable
+    assert await _trusts_ca(gw, "tls")
+    # Every other sandbox, started before it or after, with a policy or none: the host's bundle
+    # as it is, no trust variable, and the CA in no file where tools look for CAs (Go trusts
+    # every file of /etc/ssl/certs; OpenSSL looks names up there), nor in /run (no egress file of
+    # the other's, no /proc of it: a pid namespace each).
+    for other in ("before", "proxied", "after"):
         assert await _bundle_sha(gw, other) == _sha256(host)
-        search = f"grep -rlF '{body}' /etc /run /proc/[0-9]*/root/run 2>/dev/null | wc -l"
+        assert (await sh(gw, other, "env"))[1].count("_CA") == 0
+        search = f"grep -rlF '{body}' /etc/ssl/certs /run /proc/[0-9]*/root/run 2>/dev/null | wc -l"
         assert (await sh(gw, other, search))[1].split() == ["0"]
-    # Its own bundle file is no more writable than the link it replaced; the host's is intact.
+        assert not await _trusts_ca(gw, other)
+    # Its own links are no more writable than the link they replaced; the shared files and the
+    # host's bundle are intact.
     assert await _attack(gw, "tls") == []
     assert body in (await sh(gw, "tls", f"cat {egress.SYSTEM_BUNDLE}"))[1]
     assert _staged_host_bundle(sandbox_dir) == host
     assert await _bundle_sha(gw, "after") == _sha256(host)
+
+
+async def test_an_intercepting_activation_links_the_shared_trust_and_no_sandbox_relinks_another(
+    gw: RunningGateway, sandbox_dir: Path
+) -> None:
+    await sandbox(gw, "tls", _intercepted())
+    await sandbox(gw, "plain")
+    # On the host: the intercepting sandbox's egress names are links into the shared trust
+    # (placed once per gateway), not copies of the CA and its ~220 KB bundle.
+    (egress_dir,) = [d for d in runtime_dir_of(sandbox_dir).glob("*.egress") if (d / egress.CA_FILE).is_symlink()]
+    links = {name: str((egress_dir / name).readlink()) for name in (egress.CA_FILE, egress.BUNDLE_FILE)}
+    assert links == {egress.CA_FILE: _SHARED_CA, egress.BUNDLE_FILE: _SHARED_BUNDLE}
+    assert str((egress_dir / egress.SYSTEM_BUNDLE_COPY).readlink()) == _SHARED_BUNDLE
+    # From the other sandbox: the host path of those links, and the shared files.
+    assert (await sh(gw, "plain", f"printf '%s' '{_FAKE}' > /workspace/evil.pem"))[0] == 0
+    for name in (egress.CA_FILE, egress.BUNDLE_FILE, egress.SYSTEM_BUNDLE_COPY):
+        for attempt in (
+            f"ln -sfn /workspace/evil.pem {egress_dir / name}",
+            f"cat /workspace/evil.pem >> {egress_dir / name}",
+        ):
+            assert (await sh(gw, "plain", attempt))[0] != 0, attempt
+    assert str((egress_dir / egress.SYSTEM_BUNDLE_COPY).readlink()) == _SHARED_BUNDLE
+    assert _FAKE.splitlines()[1] not in (await sh(gw, "tls", f"cat {egress.SYSTEM_BUNDLE}"))[1]
+    assert await _trusts_ca(gw, "tls")
+    await still_real(gw, "tls")

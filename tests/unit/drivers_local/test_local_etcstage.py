@@ -222,3 +222,53 @@ def test_a_read_only_certs_directory_is_linked_and_keeps_its_bits(tmp_path: Path
     (host_etc / "ssl" / "certs").chmod(0o755)  # so that pytest can remove tmp_path
     assert staged.bundle_linked
     assert (staged.directory / "ssl" / "certs").stat().st_mode & 0o777 == 0o555
+
+
+def _shared(staged: EtcStage) -> Path:
+    return staged.directory / Path(egress.SHARED_TRUST_DIR).relative_to("/etc")
+
+
+@pytest.mark.parametrize("told_first", [True, False], ids=["told-before-the-stage", "told-after-the-stage"])
+def test_the_gateways_ca_is_placed_once_beside_the_kept_host_bundle(
+    tmp_path: Path, host_etc: Path, told_first: bool
+) -> None:
+    _host_bundle(host_etc, "host CAs")  # no final newline: the bundle adds one
+    (host_etc / "ssl").chmod(0o555)
+    staged = stage(tmp_path, host_etc)
+    if told_first:
+        staged.trust(b"THE CA\n")  # the gateway's CA is loaded before the first start makes the stage
+        assert not staged.directory.exists()
+    staged.refresh()
+    if not told_first:
+        assert not _shared(staged).exists()
+        staged.trust(b"THE CA\n")  # made after the stage: placed in it now
+    (host_etc / "ssl").chmod(0o755)  # so that pytest can remove tmp_path
+    shared = _shared(staged)
+    assert (shared / egress.CA_FILE).read_bytes() == b"THE CA\n"
+    assert (shared / egress.BUNDLE_FILE).read_bytes() == b"host CAs\nTHE CA\n"
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (shared, *shared.iterdir())}
+    assert modes == {shared.name: 0o755, egress.CA_FILE: 0o644, egress.BUNDLE_FILE: 0o644}
+    # Not in the certs directory, every file of which Go trusts; the copy keeps its source's bits.
+    certs = staged.directory / "ssl" / "certs"
+    assert all(b"THE CA" not in path.read_bytes() for path in certs.iterdir() if not path.is_symlink())
+    assert (staged.directory / "ssl").stat().st_mode & 0o777 == 0o555
+
+
+def test_a_changed_host_bundle_is_in_the_shared_bundle_again(tmp_path: Path, host_etc: Path) -> None:
+    bundle = _host_bundle(host_etc)
+    staged = stage(tmp_path, host_etc)
+    staged.trust(b"THE CA\n")
+    staged.refresh()
+    bundle.write_text("host CAs, and one more\n")  # update-ca-certificates
+    staged.refresh()
+    assert (_shared(staged) / egress.BUNDLE_FILE).read_bytes() == b"host CAs, and one more\nTHE CA\n"
+
+
+def test_no_shared_trust_where_the_host_bundle_is_not_linked(tmp_path: Path, host_etc: Path) -> None:
+    (host_etc / "ssl" / "certs" / "ca-certificates.crt").symlink_to("../cert.pem")  # as on Fedora
+    staged = stage(tmp_path, host_etc)
+    staged.refresh()
+    staged.trust(b"THE CA\n")
+    staged.refresh()
+    assert not staged.bundle_linked
+    assert not _shared(staged).exists()  # such a sandbox's activation copies the CA into its egress directory

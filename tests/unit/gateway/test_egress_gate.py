@@ -7,11 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
+from warmshell.core import egress
 from warmshell.core.config import NetworkConfig
 from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.core.models import NetworkRequest, SandboxRecord, SandboxSpec
 from warmshell.drivers.base import PoolView
 from warmshell.gateway.egress.gate import EgressGate
+from warmshell.gateway.egress.interception import CertificateAuthority
 from warmshell.gateway.egress.proxy import EgressProxy
 
 POOL = Fingerprint("f" * 16)
@@ -141,3 +145,38 @@ async def test_the_gateways_own_rules_apply_without_a_pool_or_a_request(tmp_path
         assert narrowed.summary == "allow *; example.com; deny internal.example.com"
     finally:
         await gate.aclose()
+
+
+@pytest.mark.parametrize("staged_etc", [True, False], ids=["host-root", "image"])
+async def test_an_intercepting_activation_links_the_shared_trust_or_copies_it(tmp_path: Path, staged_etc: bool) -> None:
+    """A sandbox on the host's root (its egress directory has the link to the host's bundle)
+    gets links into the staged /etc's shared trust, its system bundle relinked; one whose /etc
+    is an image's gets copies of the CA and the bundle."""
+    network = NetworkConfig.model_validate({"requests_may_widen": True})
+    egress_dir = tmp_path / "i-1.egress"
+    egress_dir.mkdir()
+    if staged_etc:
+        (egress_dir / egress.SYSTEM_BUNDLE_COPY).symlink_to(egress.HOST_BUNDLE)
+    authority = CertificateAuthority(tmp_path / "state")
+    gate = EgressGate(network, EgressProxy(network), Sockets(egress_dir), pools=Pools(), authority=authority)
+    record = SandboxRecord(
+        id=SandboxId("sb-1"),
+        name="one",
+        spec=SandboxSpec(
+            network=NetworkRequest(allow=["api.example.com"]), secret_hosts={"TOKEN": ["api.example.com"]}
+        ),
+    )
+    try:
+        attached = await gate.attach(record, "i-1", None, {"TOKEN": "t"})
+    finally:
+        await gate.aclose()
+    assert attached.environment["SSL_CERT_FILE"] == f"{egress.SANDBOX_DIR}/{egress.BUNDLE_FILE}"
+    names = (egress.CA_FILE, egress.BUNDLE_FILE)
+    if staged_etc:
+        shared = {name: f"{egress.SHARED_TRUST_DIR}/{name}" for name in names}
+        assert {name: str((egress_dir / name).readlink()) for name in names} == shared
+        assert str((egress_dir / egress.SYSTEM_BUNDLE_COPY).readlink()) == shared[egress.BUNDLE_FILE]
+    else:
+        assert (egress_dir / egress.CA_FILE).read_bytes() == authority.certificate_pem
+        assert (egress_dir / egress.BUNDLE_FILE).read_bytes() == authority.bundle_file.read_bytes()
+        assert not (egress_dir / egress.SYSTEM_BUNDLE_COPY).exists()

@@ -73,3 +73,29 @@ def test_replace_file_replaces_a_link_and_leaves_its_target_as_it_was(tmp_path: 
     (tmp_path / "linked").symlink_to(tmp_path / "egress")
     with pytest.raises(OSError):  # noqa: PT011 - ELOOP or ENOTDIR, as the kernel says
         trust.replace_file(tmp_path / "linked", egress.SYSTEM_BUNDLE_COPY, CA)
+
+
+def test_replace_links_replaces_a_link_or_a_file_and_writes_through_neither(tmp_path: Path) -> None:
+    target = tmp_path / "host-bundle.pem"
+    target.write_bytes(b"host CAs\n")
+    directory = tmp_path / "egress"
+    directory.mkdir()
+    (directory / "system.pem").symlink_to(target)
+    (directory / "ca.pem").write_bytes(b"old copy")
+    trust.replace_links(directory, {"system.pem": "/shared/bundle.pem", "ca.pem": "/shared/ca.pem", "new.pem": "/x"})
+    assert {p.name: str(p.readlink()) for p in directory.iterdir()} == {
+        "system.pem": "/shared/bundle.pem",
+        "ca.pem": "/shared/ca.pem",
+        "new.pem": "/x",
+    }
+    assert target.read_bytes() == b"host CAs\n"
+    trust.replace_links(directory, {"ca.pem": "/shared/ca.pem"})  # again: the same link, nothing left aside
+    assert sorted(p.name for p in directory.iterdir()) == ["ca.pem", "new.pem", "system.pem"]
+
+
+def test_replace_links_refuses_a_directory_that_is_a_link(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "planted").symlink_to(tmp_path / "real")
+    with pytest.raises(NotADirectoryError):
+        trust.replace_links(tmp_path / "planted", {"ca.pem": "/shared/ca.pem"})
+    assert list((tmp_path / "real").iterdir()) == []

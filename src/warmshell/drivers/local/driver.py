@@ -266,6 +266,15 @@ class LocalDriver:
             return None
         return instance.egress_dir / "proxy.sock"
 
+    def share_authority(self, certificate_pem: bytes) -> None:
+        """Blocking: the gateway's egress CA and its bundle placed once where every sandbox on
+        the host's root reads them (`egress.SHARED_TRUST_DIR`); only an intercepting activation
+        links a sandbox's trust to them. FailedPreconditionError when they cannot be written."""
+        try:
+            self._host.launcher.share_authority(certificate_pem)
+        except OSError as exc:
+            raise FailedPreconditionError(f"the egress CA in the staged /etc: {exc}") from exc
+
     async def freeze(self, sandbox_id: SandboxId, *, frozen: bool = True) -> None:
         """Freeze every process of a running sandbox (`frozen=False`: thaw them) through its
         cgroup's freezer; returns once the kernel says they are. FailedPreconditionError when it

@@ -20,10 +20,21 @@ The system CA bundle's directory (`ssl`) is copied whatever its size, and in the
 (`egress.SYSTEM_BUNDLE`) is a symlink into the sandbox's egress directory, whose own link
 (`link_system_bundle`, made at each start) leads back to the host's bundle kept beside it
 (`egress.HOST_BUNDLE`). A sandbox reads the host's bundle byte for byte through the two links,
-until an activation whose TLS is intercepted replaces its egress directory's link with a file of
-the host's CAs and the gateway's: the one sandbox's trust changes, no other's. A copy of the
+until an activation whose TLS is intercepted replaces its egress directory's link with one to the
+bundle of the host's CAs and the gateway's (below): the one sandbox's trust changes, no other's. A copy of the
 ~220 KB bundle per start, bound over a bind of the host's /etc/ssl, cost each member start two
 mounts and ~0.5 ms of CPU more, and the bundle's bytes in RAM per sandbox on the runtime tmpfs.
+
+The gateway's CA and the bundle of the host's CAs and it are placed once per gateway in the same
+copy (`egress.SHARED_TRUST_DIR`, from `trust`, which the gateway calls once its CA is loaded or
+made, whether or not the stage exists yet; every later copy of the directory gets them again,
+its bundle from the host's bundle as copied then). A CA certificate is public: every sandbox may
+read these files, and what it *trusts* is its system bundle link and the environment its
+activation gives it (`egress.trust_environment`), both the gateway's CA's only when its policy
+intercepts TLS. An intercepting activation then only relinks the sandbox's egress directory
+here: copying the CA and the ~220 KB bundle into it and over its system bundle link took
+~0.4 ms of gateway CPU and a thread hop per activation. The CA is not rotated while a gateway
+runs (it is loaded or made at its start; the stage is made afresh at each start).
 
 The copies are checked before every start and refreshed when a source changed: a file by its
 inode, size and mtime; a tree by those of each of its directories and regular files (an entry
@@ -44,6 +55,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from warmshell.core import egress
+from warmshell.sandboxio import trust
 
 __all__ = ["NEVER_COPIED", "TREE_LIMIT", "EtcStage", "link_system_bundle", "too_big_to_copy"]
 
@@ -61,6 +73,9 @@ _BUNDLE = PurePosixPath(egress.SYSTEM_BUNDLE).relative_to("/etc")
 _HOST_BUNDLE = PurePosixPath(egress.HOST_BUNDLE).relative_to("/etc")
 # What the staged bundle links to: the sandbox's own link (or file) in its egress directory.
 _BUNDLE_LINK = f"{egress.SANDBOX_DIR}/{egress.SYSTEM_BUNDLE_COPY}"
+# Where the gateway's CA and its bundle go, inside the bundle's top directory (copied with it).
+_SHARED_TRUST = PurePosixPath(egress.SHARED_TRUST_DIR).relative_to("/etc")
+assert _SHARED_TRUST.parts[0] == _BUNDLE.parts[0]
 
 
 class EtcStage:
@@ -80,6 +95,16 @@ class EtcStage:
         # Whether the staged system bundle is the link into the egress directory (the host has
         # that bundle as a regular file): then each start needs `link_system_bundle`.
         self.bundle_linked = False
+        self._authority: bytes | None = None  # the gateway's CA certificate (PEM), once told
+
+    def trust(self, certificate_pem: bytes) -> None:
+        """Blocking: the gateway's CA and the bundle of the host's CAs and it in the staged
+        `egress.SHARED_TRUST_DIR`, now if the bundle is linked already and in every later copy
+        (OSError when they cannot be written now)."""
+        with self._lock:
+            self._authority = certificate_pem
+            if self.bundle_linked:
+                _place_authority(self.directory / _BUNDLE.parts[0], certificate_pem)
 
     def refresh(self) -> None:
         """Blocking, and safe from several threads at once: bring every copy up to date with its
@@ -137,6 +162,8 @@ class EtcStage:
             else:
                 _copy_file(source, partial, follow=True)
             linked = name == _BUNDLE.parts[0] and _link_bundle(partial)
+            if linked and self._authority is not None:
+                _place_authority(partial, self._authority)
         except OSError:
             _remove(partial)
             return
@@ -176,11 +203,25 @@ def _link_bundle(copy: Path) -> bool:
     return True
 
 
+def _place_authority(copy: Path, certificate_pem: bytes) -> None:
+    """In the bundle's top directory's copy: the CA and the bundle of the staged host bundle and
+    it, public (0644, their directory 0755), written aside and renamed over."""
+    mode = stat.S_IMODE(os.stat(copy).st_mode)
+    os.chmod(copy, mode | stat.S_IWUSR)  # a copy keeps its source's bits: 0555, say
+    try:
+        host = (copy / PurePosixPath(*_HOST_BUNDLE.parts[1:])).read_bytes()
+        directory = copy / PurePosixPath(*_SHARED_TRUST.parts[1:])
+        trust.write_trust(directory, certificate_pem, host=host)
+        os.chmod(directory, 0o755)  # whatever the umask
+    finally:
+        os.chmod(copy, mode)
+
+
 def link_system_bundle(egress_dir: Path) -> None:
     """The sandbox's link to the host's bundle in its new egress directory (blocking; a stage
     with `bundle_linked` only). A symlink, not a hard link of one shared file: a link count
     would tell every sandbox how many others share it, and the activation replaces this name,
-    never writes through it (`sandboxio.trust.replace_file`)."""
+    never writes through it (`sandboxio.trust.replace_links`)."""
     os.symlink(egress.HOST_BUNDLE, egress_dir / egress.SYSTEM_BUNDLE_COPY)
 
 

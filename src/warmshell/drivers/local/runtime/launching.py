@@ -269,6 +269,12 @@ class Launcher:
             argv += [f"--layer={layer}" for layer in image_root.layers]
         return [*argv, "--"] if len(argv) > 1 else []
 
+    def share_authority(self, certificate_pem: bytes) -> None:
+        """Blocking: the gateway's egress CA placed once in the staged /etc, for the sandboxes
+        on the host's root whose activation intercepts TLS (`etcstage.EtcStage.trust`)."""
+        if self._etc is not None:
+            self._etc.trust(certificate_pem)
+
     def overlay_dirs(self, pid: int) -> tuple[Path, Path] | None:
         """The writable upper layer and the merged root of an image sandbox's overlay, reached
         through the mount namespace of its launcher (`pid`, bwrap's outer process, which stays
