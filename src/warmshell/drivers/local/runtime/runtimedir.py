@@ -1,5 +1,5 @@
 """Where a root gateway keeps what a sandbox needs only while it lives: its egress directory (the
-proxy's socket, its copy of the system CA bundle) and its uid lease (`uidlease`).
+proxy's socket, the link its system CA bundle leads through) and its uid lease (`uidlease`).
 
 None of it outlives the host's sandboxes, so it belongs on a tmpfs, like /run: a gateway killed
 with -9 leaves it for its next start's sweep to repair (a tmpfs survives a process), and after a
