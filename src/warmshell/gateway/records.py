@@ -298,7 +298,12 @@ class SandboxRecords:
         if (sent := self._sent.get(record.id)) is not None and sent.resource_version <= row.resource_version:
             del self._sent[record.id]
         record.resource_version = row.resource_version
-        self._keep(row, record)
+        if self._rows is not None and record.id in self._rows:
+            # Only a row still kept is refreshed. A write's answer comes back through its task, a
+            # loop turn after the store answered it, so a `remove` that the store ran just after
+            # this write (a delete racing a resume's release) has already dropped the row: kept
+            # again, it would be found by name forever while the store has none.
+            self._keep(row, record)
         self._bus.publish(record.id, _CHANGED)
         self._written(record)
         return record

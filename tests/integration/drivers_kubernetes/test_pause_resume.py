@@ -28,6 +28,7 @@ from warmshell.drivers.kubernetes.warm import warmpools
 
 from .conftest import NAMESPACE, driver_config, gateway_settings
 from .test_attacks import pod_token
+from .test_restarts import wait_runs
 from .test_warm import SHAPE, wait_idle
 
 Obj = dict[str, Any]
@@ -103,7 +104,7 @@ async def test_a_paused_sandbox_is_a_suspended_sandbox_and_resumes_as_a_new_pod(
         assert resumed.instance_id == pod["metadata"]["uid"] != before.instance_id
         assert (await admin.get(kc.SANDBOXES, NAMESPACE, "default--napper"))["spec"]["operatingMode"] == "Running"
         # A new pod: the command ran again in it; /workspace is the pod's emptyDir, not kept.
-        assert (await sb.run(["cat", "/workspace/runs"])).stdout == b"run\n"
+        await wait_runs(gw, "napper", b"run\n")
         assert (await sb.run(["test", "-e", "/workspace/note"])).exit_code == 1
         assert resumed.lifetime.idle_timeout_seconds == 300
         assert await sb.delete() is True
@@ -265,16 +266,6 @@ async def test_a_paused_warm_sandbox_leaves_its_pool_and_resumes_through_its_cla
             await gw.delete("other")
 
 
-async def runs_seen(gw: RunningGateway, name: str, runs: int) -> tuple[int, bytes, bytes]:
-    """The note and the runs file once the command's `runs`-th line is there: Ready is the
-    supervisor's word that the command started, not that its first line ran."""
-    deadline = asyncio.get_running_loop().time() + 30
-    while (seen := await gw.exec(name, ["cat", "/workspace/note", "/workspace/runs"]))[1].count(b"run") < runs:
-        assert asyncio.get_running_loop().time() < deadline, seen
-        await asyncio.sleep(0.05)
-    return seen
-
-
 async def test_a_workspace_on_a_volume_claim_survives_a_pause(
     cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
 ) -> None:
@@ -288,13 +279,14 @@ async def test_a_workspace_on_a_volume_claim_survives_a_pause(
         )
         before = await gw.wait_ready("keeper", timeout=30)
         assert await gw.exec("keeper", ["sh", "-c", "echo kept > /workspace/note"]) == (0, b"", b"")
-        await runs_seen(gw, "keeper", 1)
+        await wait_runs(gw, "keeper", b"run\n")  # (paused before its first line ran, it would not count)
         claim = await admin.get(kc.PVCS, NAMESPACE, "workspace-default--keeper")
         await pause(gw, "keeper")
         await wait_cluster(admin, lambda: suspended(admin, "default--keeper"), "the pod deleted")
         after = await resume(gw, "keeper")
         assert after.status.instance_id not in ("", before.status.instance_id)
-        assert await runs_seen(gw, "keeper", 2) == (0, b"kept\nrun\nrun\n", b"")
+        await wait_runs(gw, "keeper", b"run\nrun\n")
+        assert await gw.exec("keeper", ["cat", "/workspace/note", "/workspace/runs"]) == (0, b"kept\nrun\nrun\n", b"")
         assert (await admin.get(kc.PVCS, NAMESPACE, "workspace-default--keeper"))["metadata"]["uid"] == claim[
             "metadata"
         ]["uid"]

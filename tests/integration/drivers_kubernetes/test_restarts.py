@@ -74,6 +74,18 @@ def kill_supervisor(cluster: RunningCluster, pod: Obj) -> int:
     return pid
 
 
+async def wait_runs(gw: RunningGateway, name: str, runs: bytes, timeout: float = 30.0) -> None:
+    """Poll the workload's /workspace/runs (each run of `echo run >> /workspace/runs; ...` adds a
+    line) until it reads `runs`. A workload starts just after its activation, not before Ready."""
+    seen = b""
+    try:
+        async with asyncio.timeout(timeout):
+            while (seen := (await gw.exec(name, ["cat", "/workspace/runs"]))[1]) != runs:
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"{name}: /workspace/runs reads {seen!r}, not {runs!r}, after {timeout}s") from None
+
+
 def session(sandbox: pb.Sandbox) -> pb.Condition:
     (found,) = [c for c in sandbox.status.conditions if c.type == "SupervisorConnected"]
     return found
@@ -135,22 +147,24 @@ async def test_a_killed_cold_supervisor_is_restarted_and_runs_its_workload_again
     gw: RunningGateway, admin: kc.KubeClient, cluster: RunningCluster
 ) -> None:
     """A restarted container runs its command again: the workload (which died with the old
-    supervisor, PID 1 of the container) is started once more from the new activation."""
+    supervisor: its agent, PID 1 of the workload container, exits when the supervisor goes) is
+    started once more from the new activation."""
     command = ["sh", "-c", "echo run >> /workspace/runs; exec sleep 600"]
     await gw.create(name="coldphoenix", spec=pb.SandboxSpec(command=command))
     before = await gw.wait_ready("coldphoenix", timeout=30)
     assert (before.status.phase, before.status.allocation) == (pb.SANDBOX_PHASE_READY, "cold")
     pod = await pod_with_uid(admin, before.status.instance_id)
+    # Ready is the session; the workload is started just after it. Killed before its first line
+    # ran, the first run would leave no trace and the restarted one would look like the only one.
+    await wait_runs(gw, "coldphoenix", b"run\n")
 
     kill_supervisor(cluster, pod)
     await wait_pod(admin, pod["metadata"]["name"], restarted_and_running(1))
     after = await gw.wait_for("coldphoenix", reactivated_after(before), timeout=30)
     assert (after.id, after.status.instance_id) == (before.id, before.status.instance_id)
 
+    await wait_runs(gw, "coldphoenix", b"run\nrun\n")
     count_sleeps = "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done | grep -c '^sleep$'"
-    async with asyncio.timeout(10):
-        while (await gw.exec("coldphoenix", ["cat", "/workspace/runs"]))[1] != b"run\nrun\n":
-            await asyncio.sleep(0.05)  # the new workload starts just after the activation
     code, out, _ = await gw.exec("coldphoenix", ["sh", "-c", count_sleeps])
     assert (code, out) == (0, b"1\n")  # the first run died with its container
 

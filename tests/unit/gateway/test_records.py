@@ -382,3 +382,41 @@ async def test_a_hold_folds_in_what_was_deferred_before_it(tmp_path: Path) -> No
         assert written is not None
         assert counting.updates == 1
         assert await stored_labels(counting) == {"view": "1", "resuming": "1"}
+
+
+class LateAnswerStore(CountingStore):
+    """The real store, whose updates are done at once but answered only once `answer` is set (a
+    loaded loop that runs the answer's task a turn after the store ran a delete sent behind it)."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self.written = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def update(self, *, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
+        row = await self.store.update(kind=kind, id=id, expected_version=expected_version, payload=payload)
+        self.written.set()
+        await self.answer.wait()
+        return row
+
+
+async def test_a_write_answered_after_the_remove_does_not_bring_the_record_back(tmp_path: Path) -> None:
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    late = LateAnswerStore(store)
+    try:
+        records = SandboxRecords(late, EventBus(), exclusive=True)  # type: ignore[arg-type]
+        sid = SandboxId("sb-1")
+        await records.insert(SandboxRecord(id=sid, name="one"))
+        writing = asyncio.create_task(records.mutate(sid, lambda r: r.labels.update(a="1")))
+        async with asyncio.timeout(5):
+            await late.written.wait()
+        assert await records.remove(sid) is True
+        late.answer.set()
+        assert (await writing).labels == {"a": "1"}  # it was written, before the remove
+        assert await store.get(KIND_SANDBOX, sid) is None
+        assert await records.get(sid) is None
+        with pytest.raises(NotFoundError, match="default/one"):
+            await records.get_by_name("default", "one")
+        assert [r.id for r in await records.list()] == []
+    finally:
+        await store.aclose()
