@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import secrets
+import shutil
 import statistics
 import sys
 import tempfile
@@ -68,6 +69,31 @@ def per_cold_call_us(run: Callable[[], object], calls: int) -> float:
         run()
         total += time.thread_time_ns() - start
     return total / 1e3 / calls
+
+
+def per_fresh_member_us(run: Callable[[Path], object], root: Path, calls: int) -> float:
+    """CPU per call of `run` on an egress directory as a member's start leaves it (only the link
+    to the host's bundle there), made afresh (outside the timing) for each call."""
+    total = 0
+    root.mkdir()
+    for number in range(calls):
+        directory = root / f"m{number}"
+        directory.mkdir()
+        os.symlink("/etc/ssl/certs/ca-certificates.crt", directory / egress.SYSTEM_BUNDLE_COPY)
+        start = time.thread_time_ns()
+        run(directory)
+        total += time.thread_time_ns() - start
+    shutil.rmtree(root)
+    return total / 1e3 / calls
+
+
+def _two_plain_one_replaced(directory: Path) -> None:
+    """The first activation's links if the two new names were made with a plain symlink (which
+    fails on an existing name) and only the existing one replaced."""
+    *new, existing = _SHARED_LINKS.items()
+    for name, target in new:
+        os.symlink(target, directory / name)
+    trust.replace_links(directory, dict([existing]))
 
 
 async def per_await_us(run: Callable[[int], Awaitable[object]], calls: int) -> float:
@@ -141,7 +167,12 @@ async def main() -> None:
             "insert and vault.put submitted together (one batch)": record_with_put,
         }
         cold = [name for name in sync if not name.startswith(("AESGCM(key)", "secrets.", "egress.", "credentials."))]
-        found: dict[str, list[float]] = {
+        fresh: dict[str, Callable[[Path], object]] = {
+            "first activation: trust.replace_links (the three)": lambda d: trust.replace_links(d, _SHARED_LINKS),
+            "first activation: two plain symlinks, one replaced": _two_plain_one_replaced,
+        }
+        found: dict[str, list[float]] = {name: [] for name in fresh}
+        found |= {
             name: []
             for name in [*sync, *(f"cold: {name}" for name in cold), "vault.put", "vault.get", "vault.delete", *pairs]
         }
@@ -154,7 +185,11 @@ async def main() -> None:
             found["vault.get"].append(await per_await_us(get, args.calls))
             found["vault.delete"].append(await per_await_us(delete, args.calls))
             for name, pair in pairs.items():
+                batches = store.batches
                 found[name].append(await per_await_us(pair, args.calls))
+                found.setdefault(f"{name}: store batches per call", []).append((store.batches - batches) / args.calls)
+            for name, run in fresh.items():
+                found[name].append(per_fresh_member_us(run, Path(tmp) / "members", max(args.calls // 4, 50)))
         await store.aclose()
     print(
         f"secret_parts.py --calls {args.calls} --rounds {args.rounds} --dir {args.dir}; load {os.getloadavg()[0]:.1f}"
