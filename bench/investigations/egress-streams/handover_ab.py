@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from egress import _on_cpu_ms
 from harness import gateway_process
-from secret_cpu import HERE, specs
+from secret_cpu import HERE, pool_files, specs
 from warm_path import wait_idle
 
 KINDS = ("policy", "vault", "handed")
@@ -36,11 +36,7 @@ async def main() -> None:
     cpu: dict[str, list[float]] = {kind: [] for kind in KINDS}
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
-        pools = Path(tmp) / "pools"
-        pools.mkdir()
-        (pools / "egress.toml").write_text('version = 1\nworkspace = "default"\nreplicas = 2\nimage = ""\n')
-        config = Path(tmp) / "gateway.toml"
-        config.write_text("[network]\nrequests_may_widen = true\n")
+        pools, config = pool_files(Path(tmp))
         async with gateway_process(
             "--pools", str(pools), "--config", str(config), entry=HERE / "handover_gateway.py"
         ) as gw:

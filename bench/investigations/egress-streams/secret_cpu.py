@@ -47,6 +47,17 @@ def specs() -> dict[str, pb.SandboxSpec]:
     }
 
 
+def pool_files(tmp: Path) -> tuple[Path, Path]:
+    """A pools directory with the pool `egress` (2 members on the host root) and a gateway config
+    that lets a request widen its egress: the two files the gateway starts with."""
+    pools = tmp / "pools"
+    pools.mkdir()
+    (pools / "egress.toml").write_text('version = 1\nworkspace = "default"\nreplicas = 2\nimage = ""\n')
+    config = tmp / "gateway.toml"
+    config.write_text("[network]\nrequests_may_widen = true\n")
+    return pools, config
+
+
 def thread_cpu_ns(pid: int) -> dict[int, tuple[str, int]]:
     """Each thread of `pid`: its name and the nanoseconds it has run."""
     found = {}
@@ -142,11 +153,7 @@ async def main() -> None:
     wholes: dict[str, list[float]] = {kind: [] for kind in KINDS}
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
-        pools = Path(tmp) / "pools"
-        pools.mkdir()
-        (pools / "egress.toml").write_text('version = 1\nworkspace = "default"\nreplicas = 2\nimage = ""\n')
-        config = Path(tmp) / "gateway.toml"
-        config.write_text("[network]\nrequests_may_widen = true\n")
+        pools, config = pool_files(Path(tmp))
         prefix = Path(tmp) / "profile"
         entry = HERE / ("slot_profiled_gateway.py" if args.profile else "timed_parts_gateway.py")
         entry = entry if args.profile or args.timed else None
@@ -180,7 +187,7 @@ async def main() -> None:
     if args.out:
         (HERE / "results" / f"{args.out}.txt").write_text(text + "\n")
         raw = {"windows": windows, "wholes": wholes, "loads": loads, "creates": args.creates, "profile": args.profile}
-        (HERE / "results" / f"{args.out}.json").write_text(json.dumps(raw, indent=1) + "\n")
+        (HERE / "results" / f"{args.out}.json").write_text(json.dumps(raw) + "\n")
 
 
 def summarise(windows: dict[str, list[dict]], wholes: dict[str, list[float]], loads: list[float], args) -> list[str]:
