@@ -24,9 +24,12 @@ import asyncio
 import contextlib
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,29 +149,72 @@ async def bench_turn(
     return [(kind, sample) for kind, sample, _ in samples]
 
 
+@contextlib.contextmanager
+def keep_warm(every_ms: float) -> Iterator[None]:
+    """A thread moving one sleeping child between two cpu groups every `every_ms` ms (0: none):
+    a `cgroup.procs` writer that keeps the kernel's threadgroup rwsem's `rcu_sync` from going
+    idle (see `placement_gap.py`), so no sandbox's placement waits for a grace period."""
+    if not every_ms:
+        yield
+        return
+    parent = Path("/sys/fs/cgroup/cpu/ws-keep-warm")
+    groups = [parent / "a", parent / "b"]
+    for group in (parent, *groups):
+        group.mkdir(exist_ok=True)
+    child, stop = subprocess.Popen(["sleep", "3600"]), threading.Event()
+
+    def run() -> None:
+        n = 0
+        while not stop.wait(every_ms / 1000):
+            (groups[n % 2] / "cgroup.procs").write_text(str(child.pid))
+            n += 1
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        child.kill()
+        child.wait()
+        for group in (*groups, parent):
+            while group.exists():
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+
+
 async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     entry = HERE.parent / "fork-timeline" / "traced_gateway.py"
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     forks: list[dict[str, Any]] = []
-    async with gateway_process(entry=entry) as gw:
-        images = await prepared(gw, work / "gw", args.fork_mb)
-        kinds = {"snapshot": images["cold_snapshot_full"], "plain": images["cold_plain"]}
-        for turn in range(args.repeats):
-            order = list(kinds.items()) if turn % 2 == 0 else list(kinds.items())[::-1]
-            if args.bench_order:
-                for position, (kind, sample) in enumerate(await bench_turn(gw, turn, order, args), start=1):
+    with keep_warm(args.keep_warm_ms):
+        async with gateway_process(entry=entry) as gw:
+            images = await prepared(gw, work / "gw", args.fork_mb)
+            kinds = {"snapshot": images["cold_snapshot_full"], "plain": images["cold_plain"]}
+            for turn in range(args.repeats):
+                order = list(kinds.items()) if turn % 2 == 0 else list(kinds.items())[::-1]
+                if args.bench_order:
+                    for position, (kind, sample) in enumerate(await bench_turn(gw, turn, order, args), start=1):
+                        sample["turn"] = turn
+                        rows[f"{kind}_{'first' if position == 1 else 'second'}"].append(sample)
+                    continue
+                if not args.no_fork:
+                    fork = await one_fork(gw, "parent-full", f"f{turn}")
+                    forks.append({"wall_ms": fork["wall_ms"], "cpu_ms": fork["cpu_ms"]})
+                for position, (kind, image) in enumerate(order, start=1):
+                    sample = await measured_create(gw, f"{kind}-{turn}", image)
                     sample["turn"] = turn
                     rows[f"{kind}_{'first' if position == 1 else 'second'}"].append(sample)
-                continue
-            if not args.no_fork:
-                fork = await one_fork(gw, "parent-full", f"f{turn}")
-                forks.append({"wall_ms": fork["wall_ms"], "cpu_ms": fork["cpu_ms"]})
-            for position, (kind, image) in enumerate(order, start=1):
-                sample = await measured_create(gw, f"{kind}-{turn}", image)
-                sample["turn"] = turn
-                rows[f"{kind}_{'first' if position == 1 else 'second'}"].append(sample)
     load = os.getloadavg()[0]
-    return {"rows": dict(rows), "forks": forks, "load": load, "no_fork": args.no_fork, "bench_order": args.bench_order}
+    return {
+        "rows": dict(rows),
+        "forks": forks,
+        "load": load,
+        "no_fork": args.no_fork,
+        "bench_order": args.bench_order,
+        "keep_warm_ms": args.keep_warm_ms,
+    }
 
 
 def p50_cells(rows: dict[str, list[dict[str, Any]]], keys: list[str], value: Any) -> str:
@@ -231,6 +277,7 @@ def main() -> None:
     )
     parser.add_argument("--settle-ms", type=float, default=0.0, help="with --bench-order: a pause after the forks")
     parser.add_argument("--warmup", action="store_true", help="with --bench-order: an uncounted create before the pair")
+    parser.add_argument("--keep-warm-ms", type=float, default=0.0, help="a cgroup.procs write every N ms meanwhile")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: images of the image store need a gateway run as root")
