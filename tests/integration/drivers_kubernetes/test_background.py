@@ -33,7 +33,10 @@ async def test_a_background_command_in_a_pod_is_listed_and_reattached(gw: Runnin
     state = gw.gateway.config.state_dir
     async with warmshell.AsyncClient(state_dir=state) as first:
         sb = await first.create(name="bg", ttl_seconds=600, ready_timeout=60)
-        script = "echo started; read line; echo got $line; head -c 20000 /dev/zero | tr '\\0' x; echo; exit 5"
+        # What it read is echoed before and after its 20 kB: the last line survives a reader that
+        # falls behind the ring, so the stdin's delivery is checked whatever the reader lost.
+        script = "echo started; read line; echo got $line; head -c 20000 /dev/zero | tr '\\0' x; echo; echo got $line"
+        script += "; exit 5"
         process = await sb.start(["sh", "-c", script], background=True, open_stdin=True)
         assert (await process.recv()) == warmshell.OutputEvent(stdout=b"started\n")
         pid = process.pid
@@ -47,20 +50,23 @@ async def test_a_background_command_in_a_pod_is_listed_and_reattached(gw: Runnin
             assert (await attached.recv()) == warmshell.OutputEvent(stdout=b"started\n")
             await attached.send("hi\n")
             out, dropped = b"", 0
+            after_attach = b"got hi\n" + b"x" * 20000 + b"\n" + b"got hi\n"
             async for event in attached:
                 out, dropped = out + event.stdout, dropped + event.dropped_bytes
             assert attached.exit_code == 5
         # A reader never slows the command down: one that falls more than the ring behind it
         # loses the oldest bytes, and is told how many.
-        assert out.startswith(b"got hi\n")
-        assert out.endswith(b"xxx\n")
-        assert len(out) + dropped == 7 + 20001
+        # Under load it may lose the first line too: what it got is the stream with spans left out.
+        produced = iter(after_attach)
+        assert all(byte in produced for byte in out), out[:40]
+        assert out.endswith(b"xxx\ngot hi\n")
+        assert len(out) + dropped == len(after_attach)
         # Read again after its exit: the ring holds the last HISTORY bytes, and says what it dropped.
         async with await again.connect(pid) as late:
             events = [event async for event in late]
-        total = 8 + 7 + 20001
+        total = 8 + len(after_attach)
         assert events[0].dropped_bytes == total - HISTORY
-        assert b"".join(e.stdout for e in events) == (b"started\ngot hi\n" + b"x" * 20000 + b"\n")[-HISTORY:]
+        assert b"".join(e.stdout for e in events) == (b"started\n" + after_attach)[-HISTORY:]
         [ended] = await again.processes()
         assert (ended.state, ended.exit_code, ended.output_bytes, ended.dropped_bytes) == (
             "exited",

@@ -238,7 +238,9 @@ async def test_ttl_after_finished_deletes_the_claim(cluster: RunningCluster, api
     await api.create(kc.TEMPLATES, NS, template(command=["sh", "-c", "exit 0"]))
     await api.patch(kc.TEMPLATES, NS, "tmpl", {"spec": {"podTemplate": {"spec": {"restartPolicy": "Never"}}}})
     await api.create(kc.POOLS, NS, pool(replicas=0))
-    lifecycle = {"ttlSecondsAfterFinished": 1, "shutdownPolicy": "Delete"}
+    # Long enough for a poll on a loaded 2-core host to see the claim Finished before the TTL
+    # deletes it (with 1 s, a late mirror plus a late poll saw only the deletion).
+    lifecycle = {"ttlSecondsAfterFinished": 3, "shutdownPolicy": "Delete"}
     await api.create(kc.CLAIMS, NS, claim("job", lifecycle=lifecycle))
     finished = await wait_for(
         lambda: get_or_none(api, kc.CLAIMS, "job"),
@@ -247,5 +249,5 @@ async def test_ttl_after_finished_deletes_the_claim(cluster: RunningCluster, api
     )
     assert condition(finished, "Finished")["reason"] == "PodSucceeded"
     assert condition(finished)["reason"] == "PodSucceeded"
-    await wait_gone(api, kc.CLAIMS, "job", within=10)
+    await wait_gone(api, kc.CLAIMS, "job", within=15)
     await wait_gone(api, kc.SANDBOXES, "job")
