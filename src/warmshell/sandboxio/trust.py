@@ -15,7 +15,7 @@ from warmshell.core import egress
 # No pathlib here: a pod's supervisor imports this module, and pathlib (with what it loads)
 # costs each supervisor ~0.5 MiB.
 
-__all__ = ["host_bundle", "replace_file", "replace_links", "write_trust"]
+__all__ = ["host_bundle", "replace_links", "write_trust"]
 
 # Where Debian, Ubuntu and Fedora keep the host's CAs, when Python's own default has none.
 _SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
@@ -47,17 +47,6 @@ def _replace(directory: int, name: str, data: bytes, mode: int) -> None:
         with contextlib.suppress(OSError):
             os.unlink(partial, dir_fd=directory)
         raise
-
-
-def replace_file(directory: str | os.PathLike[str], name: str, data: bytes, *, mode: int = 0o644) -> None:
-    """`data` as `name` in `directory` (blocking), whole or not at all and never written through
-    a link: a symlink there is replaced by the file, its target left as it was. `directory`
-    itself must not be a link (OSError)."""
-    opened = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        _replace(opened, name, data, mode)
-    finally:
-        os.close(opened)
 
 
 def replace_links(directory: str | os.PathLike[str], links: dict[str, str]) -> None:

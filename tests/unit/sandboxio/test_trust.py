@@ -57,24 +57,6 @@ def test_a_file_the_workload_made_a_link_is_replaced_not_written_through(tmp_pat
     assert (directory / egress.CA_FILE).read_bytes() == CA
 
 
-def test_replace_file_replaces_a_link_and_leaves_its_target_as_it_was(tmp_path: Path) -> None:
-    # A local sandbox's system bundle link leads to the host's bundle every other sandbox reads.
-    shared = tmp_path / "host-bundle.pem"
-    shared.write_bytes(b"host CAs\n")
-    (tmp_path / "egress").mkdir()
-    (tmp_path / "egress" / egress.SYSTEM_BUNDLE_COPY).symlink_to(shared)
-    trust.replace_file(tmp_path / "egress", egress.SYSTEM_BUNDLE_COPY, b"host CAs\n" + CA)
-    replaced = tmp_path / "egress" / egress.SYSTEM_BUNDLE_COPY
-    assert not replaced.is_symlink()
-    assert replaced.read_bytes() == b"host CAs\n" + CA
-    assert replaced.stat().st_mode & 0o777 == 0o644
-    assert shared.read_bytes() == b"host CAs\n"
-    assert sorted(p.name for p in (tmp_path / "egress").iterdir()) == [egress.SYSTEM_BUNDLE_COPY]  # no partial left
-    (tmp_path / "linked").symlink_to(tmp_path / "egress")
-    with pytest.raises(OSError):  # noqa: PT011 - ELOOP or ENOTDIR, as the kernel says
-        trust.replace_file(tmp_path / "linked", egress.SYSTEM_BUNDLE_COPY, CA)
-
-
 def test_replace_links_replaces_a_link_or_a_file_and_writes_through_neither(tmp_path: Path) -> None:
     target = tmp_path / "host-bundle.pem"
     target.write_bytes(b"host CAs\n")
@@ -91,6 +73,10 @@ def test_replace_links_replaces_a_link_or_a_file_and_writes_through_neither(tmp_
     assert target.read_bytes() == b"host CAs\n"
     trust.replace_links(directory, {"ca.pem": "/shared/ca.pem"})  # again: the same link, nothing left aside
     assert sorted(p.name for p in directory.iterdir()) == ["ca.pem", "new.pem", "system.pem"]
+    (tmp_path / "linked").symlink_to(directory)
+    with pytest.raises(OSError):  # noqa: PT011 - ELOOP or ENOTDIR, as the kernel says
+        trust.replace_links(tmp_path / "linked", {"ca.pem": "/elsewhere"})
+    assert str((directory / "ca.pem").readlink()) == "/shared/ca.pem"
 
 
 def test_replace_links_refuses_a_directory_that_is_a_link(tmp_path: Path) -> None:
