@@ -267,9 +267,9 @@ class Unreachable(SandboxRecords):
         return await super().mutate(sandbox_id, change)
 
 
-async def test_a_session_close_the_store_missed_is_written_by_the_next_reconcile_pass(store: Store) -> None:
-    """Until it is, the record says replica a holds a live session, and b refuses the
-    supervisor's reconnect (a Postgres restart left sandboxes unreachable for minutes)."""
+async def a_close_the_store_missed(store: Store) -> tuple[Unreachable, SessionTable, SandboxManager, SandboxId]:
+    """Replica a's session on `sb` opened and recorded, then closed while the store was down
+    (which stays down: the caller brings it back)."""
     records = Unreachable(store, EventBus())
     sessions = SessionTable(owner="a")
     manager = SandboxManager(
@@ -281,6 +281,13 @@ async def test_a_session_close_the_store_missed_is_written_by_the_next_reconcile
     records.down = True
     with pytest.raises(UnavailableError):
         await manager.on_session(sandbox, connected=False, session_id="a/s1")
+    return records, sessions, manager, sandbox
+
+
+async def test_a_session_close_the_store_missed_is_written_by_the_next_reconcile_pass(store: Store) -> None:
+    """Until it is, the record says replica a holds a live session, and b refuses the
+    supervisor's reconnect (a Postgres restart left sandboxes unreachable for minutes)."""
+    records, sessions, manager, sandbox = await a_close_the_store_missed(store)
     reconciler = Reconciler(manager, interval_seconds=1.0, orphan_grace_seconds=0)
     with pytest.raises(UnavailableError):  # still down: kept for the next pass
         await reconciler.record_closes()
@@ -294,17 +301,7 @@ async def test_a_session_close_the_store_missed_is_written_by_the_next_reconcile
 
 
 async def test_a_missed_close_written_late_leaves_a_newer_session_alone(store: Store) -> None:
-    records = Unreachable(store, EventBus())
-    sessions = SessionTable(owner="a")
-    manager = SandboxManager(
-        records=records, driver=FakeDriver(), bus=EventBus(), sessions=sessions, vault=SecretVault(store, bytes(32))
-    )
-    await records.insert(SandboxRecord(id="sb", name="sb", workspace="default"))
-    sandbox = SandboxId("sb")
-    await manager.on_session(sandbox, connected=True, session_id="a/s1")
-    records.down = True
-    with pytest.raises(UnavailableError):
-        await manager.on_session(sandbox, connected=False, session_id="a/s1")
+    records, sessions, manager, sandbox = await a_close_the_store_missed(store)
     records.down = False
     await manager.on_session(sandbox, connected=True, session_id="a/s2")  # it reconnected here first
     await Reconciler(manager, interval_seconds=1.0, orphan_grace_seconds=0).record_closes()
