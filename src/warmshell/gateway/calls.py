@@ -8,6 +8,8 @@ itself) is not an error of ours and passes through untouched."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,7 +23,7 @@ from warmshell.gateway.auth import Unauthenticated
 from warmshell.gateway.context import CallContext
 from warmshell.gateway.errors import status_code_for
 
-__all__ = ["INTERNAL_MESSAGE", "abort_for", "streaming", "unary"]
+__all__ = ["INTERNAL_MESSAGE", "abort_for", "drain_before_refusal", "streaming", "unary"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,28 @@ Ctx = TypeVar("Ctx", bound=CallContext)
 
 
 INTERNAL_MESSAGE = "internal error in the gateway (its log has the details)"
+
+# How long, and for how many messages, a refused request stream is read before its status.
+REFUSAL_DRAIN_SECONDS = 0.5
+REFUSAL_DRAIN_MESSAGES = 8
+
+
+async def drain_before_refusal(requests: AsyncIterator[object]) -> None:
+    """Read what the caller of a refused request stream is sending (bounded) before refusing it.
+
+    grpcio's asyncio client (grpc/grpc#36066) replaces the server's status with INTERNAL
+    ("Internal error from Core") when one of its writes starts after the server ended the call.
+    A supervisor sends its hello as soon as its call opens, so a refusal sent at once was read,
+    now and then, as INTERNAL: retried as "gateway unreachable" instead of ending the supervisor.
+    Reading the caller's first messages (and its half-close) first puts its writes before the
+    status; the bound keeps a caller that sends nothing, or without end, to half a second."""
+    received = 0
+    with contextlib.suppress(Exception):  # the time bound, or a stream that broke: refuse anyway
+        async with asyncio.timeout(REFUSAL_DRAIN_SECONDS):
+            async for _ in requests:
+                received += 1
+                if received >= REFUSAL_DRAIN_MESSAGES:
+                    return
 
 
 async def abort_for(context: CallContext, exc: Exception, where: str = "a call") -> NoReturn:

@@ -29,7 +29,7 @@ from warmshell.drivers.base import Bound, IdentityProvider, SupervisorIdentity
 from warmshell.gateway import metrics
 from warmshell.gateway.activation import GatewayActivator, reactivation_refused
 from warmshell.gateway.auth import Authenticator, Unauthenticated
-from warmshell.gateway.calls import abort_for, streaming, unary
+from warmshell.gateway.calls import abort_for, drain_before_refusal, streaming, unary
 from warmshell.gateway.context import CallContext
 from warmshell.gateway.egress import credentials
 from warmshell.gateway.manager import SandboxManager
@@ -142,6 +142,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
+            await drain_before_refusal(request_iterator)
             await abort_for(context, exc, "ConnectSupervisor")
         async for message in self._session(claims, request_iterator, context, "ConnectSupervisor"):
             yield message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -72,3 +74,30 @@ async def test_connect_with_token_of_another_sandbox_is_refused(gw: RunningGatew
 
     call = _supervisor_stub(gw).ConnectSupervisor(hello_for_b(), metadata=(("authorization", f"Bearer {token}"),))
     assert await _code_of(call.read()) == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_a_refused_session_reports_its_status_to_a_caller_that_writes_at_once(gw: RunningGateway) -> None:
+    """A supervisor writes its hello as soon as its call opens. grpcio's asyncio client reports
+    INTERNAL instead of the server's status when such a write starts after the server ended the
+    call (grpc/grpc#36066), and a supervisor retries INTERNAL as "gateway unreachable"; the
+    gateway reads the caller's hello before refusing, so every attempt gets the refusal."""
+    stub = _supervisor_stub(gw)
+    bad = (("authorization", "Bearer not-a-sandbox-token"),)
+    hello = spb.SupervisorMessage(hello=spb.SupervisorHello(sandbox_id="00000000-0000-0000-0000-000000000000"))
+
+    async def hello_after(delay: float):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(delay)
+        yield hello
+
+    async def attempt(delay: float) -> grpc.StatusCode:
+        try:
+            async for _ in stub.ConnectSupervisor(hello_after(delay), metadata=bad):
+                pass
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+        return grpc.StatusCode.OK
+
+    # The window is the server's answer in flight: writes spread over the first few milliseconds.
+    delays = [i / 10_000 for i in range(40)]
+    codes = [code for delay in delays for code in await asyncio.gather(attempt(delay), attempt(delay))]
+    assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}, codes
