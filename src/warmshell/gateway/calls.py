@@ -34,26 +34,23 @@ Ctx = TypeVar("Ctx", bound=CallContext)
 
 INTERNAL_MESSAGE = "internal error in the gateway (its log has the details)"
 
-# How long, and for how many messages, a refused request stream is read before its status.
-REFUSAL_DRAIN_SECONDS = 0.5
-REFUSAL_DRAIN_MESSAGES = 8
 
-
-async def drain_before_refusal(requests: AsyncIterator[object]) -> None:
-    """Read what the caller of a refused request stream is sending (bounded) before refusing it.
+async def drain_before_refusal(requests: AsyncIterator[Any], *, seconds: float, max_bytes: int) -> None:
+    """Read and drop what the caller of a refused request stream is still sending, for up to
+    `seconds` and `max_bytes`, before the refusal goes out.
 
     grpcio's asyncio client (grpc/grpc#36066) replaces the server's status with INTERNAL
-    ("Internal error from Core") when one of its writes starts after the server ended the call.
-    A supervisor sends its hello as soon as its call opens, so a refusal sent at once was read,
-    now and then, as INTERNAL: retried as "gateway unreachable" instead of ending the supervisor.
-    Reading the caller's first messages (and its half-close) first puts its writes before the
-    status; the bound keeps a caller that sends nothing, or without end, to half a second."""
-    received = 0
+    ("Internal error from Core") when one of its writes starts after the server ended the call:
+    one 8 MiB file write in four, and now and then a supervisor's hello, which it sends as soon
+    as its call opens (it then retried a refusal as "gateway unreachable"). Reading the caller's
+    messages and its half-close first puts its writes before the status; past the bounds the
+    refusal goes out anyway."""
+    dropped = 0
     with contextlib.suppress(Exception):  # the time bound, or a stream that broke: refuse anyway
-        async with asyncio.timeout(REFUSAL_DRAIN_SECONDS):
-            async for _ in requests:
-                received += 1
-                if received >= REFUSAL_DRAIN_MESSAGES:
+        async with asyncio.timeout(seconds):
+            async for message in requests:
+                dropped += message.ByteSize()
+                if dropped > max_bytes:
                     return
 
 

@@ -10,7 +10,6 @@ read yields as the transport takes it), so no file is ever held whole in the gat
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -36,7 +35,7 @@ from warmshell.drivers.files import (
 )
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.bytestream import ByteStream
-from warmshell.gateway.calls import streaming, unary
+from warmshell.gateway.calls import drain_before_refusal, streaming, unary
 from warmshell.gateway.forwarding import Forwarder, Target
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.session_files import SessionFiles
@@ -48,12 +47,9 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 DEFAULT_FILE_MODE = 0o644
 DEFAULT_DIR_MODE = 0o755
 _SERVICE = "/warmshell.v1.FileService/"
-# A refusal answered while the client is still sending reached grpcio's asyncio client as
-# INTERNAL "Internal error from Core" in one 8 MiB write in four (its next write fails on the
-# ended call and that failure overwrites the status already received: grpc/grpc#36066). So a
-# refused write or upload reads and drops what its client still sends, within these bounds,
-# and answers once the client has finished; past them it answers anyway. 256 MiB over a local
-# socket is a fraction of a second, and anything larger goes over the byte stream.
+# A refused write or upload reads and drops what its client still sends before it answers
+# (`drain_before_refusal`), within these bounds. 256 MiB over a local socket is a fraction of a
+# second, and anything larger goes over the byte stream.
 _DRAIN_BYTES = 256 * 1024 * 1024
 _DRAIN_SECONDS = 5.0
 _DIRECTIONS = {
@@ -112,18 +108,8 @@ async def _refused_once_sent(requests: AsyncIterator[Any]) -> AsyncIterator[None
     try:
         yield
     except WarmshellError:
-        await _drain(requests)
+        await drain_before_refusal(requests, seconds=_DRAIN_SECONDS, max_bytes=_DRAIN_BYTES)
         raise
-
-
-async def _drain(requests: AsyncIterator[Any]) -> None:
-    dropped = 0
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(_DRAIN_SECONDS):
-            async for message in requests:
-                dropped += message.ByteSize()
-                if dropped > _DRAIN_BYTES:
-                    return
 
 
 class FileService(sandbox_pb2_grpc.FileServiceServicer):

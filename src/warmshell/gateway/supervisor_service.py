@@ -43,6 +43,11 @@ __all__ = ["SupervisorService"]
 
 log = logging.getLogger(__name__)
 
+# A refused session reads its caller's hello (and whatever follows, within these bounds) before
+# the refusal (`drain_before_refusal`); a caller that sends nothing waits no longer than this.
+_REFUSAL_DRAIN_SECONDS = 0.5
+_REFUSAL_DRAIN_BYTES = 64 * 1024
+
 # Phases after which a sandbox runs no supervisor that could need a new token (EXITED and ERROR
 # are sticky).
 _ENDED = (Phase.EXITED, Phase.ERROR, Phase.DELETING)
@@ -142,7 +147,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await drain_before_refusal(request_iterator)
+            await drain_before_refusal(request_iterator, seconds=_REFUSAL_DRAIN_SECONDS, max_bytes=_REFUSAL_DRAIN_BYTES)
             await abort_for(context, exc, "ConnectSupervisor")
         async for message in self._session(claims, request_iterator, context, "ConnectSupervisor"):
             yield message
