@@ -32,9 +32,9 @@ A fork's layer is always a copy, never the parent's own files: a hard link to a 
 parent's tmpfs is the same inode (a tmpfs has no copy-on-write), so the parent's in-place writes,
 appends and shared mappings after the snapshot would reach its children; handing the parent fresh
 copies instead and the children its inodes leaves every descriptor and mapping the parent's
-processes hold writing into the children's layer, and copies as many bytes. A copy of 200 MB
-costs ~35 ms of CPU on a quiet 2-core VM, the cheapest of the ways measured (see
-`bench/investigations/fork-copy`).
+processes hold writing into the children's layer, and copies as many bytes. This copy of 200 MB
+(`capture`'s: `fallocate`, then `splice` through a 1 MiB pipe) costs ~34 ms of CPU on a 2-core VM
+at load 6, ~57 at load 14, the cheapest of the ways measured (`bench/investigations/fork-copy`).
 
 A sandbox of the host's root filesystem (no image) has no image to build on: its snapshot is
 refused, saying to create it from an image.
