@@ -2,7 +2,7 @@
 bwrap, the agent) and, within each, by kernel and user function: what of it is per child and
 could be once per fork?
 
-    python bench/investigations/fork-copy/child_cpu.py [--forks 10] [--frequency 4000]
+    python bench/investigations/fork-copy/child_cpu.py [--forks 10] [--frequency 4000] [--name child_cpu]
 
 One gateway (run as root) with the benchmark's small image, an empty fork parent and a tagged
 snapshot of it. Taking turns, `--forks` times: fork(10) of the parent, then one cold create ->
@@ -216,12 +216,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--forks", type=int, default=10)
     parser.add_argument("--frequency", type=int, default=4000)
+    parser.add_argument("--name", default="child_cpu", help="the results' name")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: images of the image store need a gateway run as root")
     with tempfile.TemporaryDirectory(prefix="ws-child-cpu-") as tmp:
         data = asyncio.run(run(args, Path(tmp) / "work"))
-    write_results("child_cpu", data, table(data))
+    write_results(args.name, data, table(data))
 
 
 if __name__ == "__main__":
