@@ -3,13 +3,14 @@ main's, before the launcher left the host's /sys out of an image root's mount na
 launcher making an image root, dropping to a sandbox uid and exec'ing bwrap with a sandbox's
 options, bwrap running `/bin/true`.
 
-    python bench/investigations/fork-copy/launch_ab.py --versus SRC [--rounds 40]
+    python bench/investigations/fork-copy/launch_ab.py --versus SRC [--rounds 40] [--bare]
 
 Run as root. The image root is one empty layer on ext4 (as a store's layers are); bwrap binds the
 namespace's `/` (what the launcher left in it) rather than the overlay, so that `/bin/true` is
-there. The two launchers take turns, which goes first alternating. Per launcher: CPU ms per start
-(getrusage of the reaped children: the launcher, bwrap and everything bwrap reaped) and wall ms;
-and the pairs' ratio.
+there (`--bare`: the launcher runs `/bin/true` itself, no bwrap: its own wall, e.g. whether a
+change to its mounts waits for the kernel). The two launchers take turns, which goes first
+alternating. Per launcher: CPU ms per start (getrusage of the reaped children: the launcher, bwrap
+and everything bwrap reaped) and wall ms; and the pairs' ratio.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ BWRAP = [
 ]
 
 
-def start(launcher: Path, rootfs: Path, layer: Path) -> tuple[float, float]:
+def start(launcher: Path, rootfs: Path, layer: Path, program: list[str]) -> tuple[float, float]:
     argv = [str(launcher), "--uid=1234567", f"--rootfs={rootfs}", "--root-size=67108864", f"--layer={layer}"]
     before, began = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    subprocess.run([*argv, "--", *BWRAP], check=True)
+    subprocess.run([*argv, "--", *program], check=True)
     wall, after = (time.perf_counter() - began) * 1000, resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000, wall
 
@@ -53,6 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versus", type=Path, required=True, help="another tree's src/ (its launcher built)")
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--bare", action="store_true", help="the launcher runs /bin/true: no bwrap")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: an image root's idmapped layers need it")
@@ -62,12 +64,13 @@ def main() -> None:
         rootfs, layer = Path(tmp) / "rootfs", Path(tmp) / "layer"
         rootfs.mkdir()
         layer.mkdir()
+        program = ["/bin/true"] if args.bare else BWRAP
         for launcher in launchers.values():
-            start(launcher, rootfs, layer)  # caches
+            start(launcher, rootfs, layer, program)  # caches
         for turn in range(args.rounds):
             order = list(launchers.items())
             for key, launcher in order if turn % 2 == 0 else order[::-1]:
-                rows[key].append(start(launcher, rootfs, layer))
+                rows[key].append(start(launcher, rootfs, layer, program))
     ratios = [a[0] / b[0] for a, b in zip(rows["this"], rows["versus"], strict=True)]
     data: dict[str, Any] = {
         key: {"cpu_ms": summary([r[0] for r in found]), "wall_ms": summary([r[1] for r in found])}
@@ -86,7 +89,7 @@ def main() -> None:
         f"This over versus, CPU, p50 of the pairs: {data['this_over_versus_cpu_pairs_p50']:.2f}x. "
         f"Load (1 min) at the end: {data['load']:.1f}.",
     ]
-    write_results("launch_ab", data, "\n".join(lines))
+    write_results("launch_ab_bare" if args.bare else "launch_ab", data, "\n".join(lines))
 
 
 if __name__ == "__main__":

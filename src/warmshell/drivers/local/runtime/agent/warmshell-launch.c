@@ -173,8 +173,8 @@ static void mount_image_root(const char *dir, const char *size, const char **lay
      * start: ~0.07 ms of CPU per mount per start), and nothing of a sandbox uses the host's /sys,
      * where a cgroup v1 host keeps a dozen mounts (this process's placement is done: --cgroup is
      * applied first): out of this namespace with them, ~0.9 ms less CPU a start on a 2-core VM
-     * with 20 mounts. A lazy unmount took ~0.6 ms of wall on Linux 6.18 (its RCU wait expedited
-     * or deferred); a kernel that waits a full grace period there would pay that in wall.
+     * with 20 mounts. On Linux 6.18 the lazy unmount adds no RCU grace period to the start's
+     * wall; a kernel that waited one here would pay ~7-10 ms a start (bench/investigations/fork-copy).
      * Best effort: in a user namespace of our own the host's mounts are locked (EINVAL). */
     umount2("/sys", MNT_DETACH);
     char options[4096];
