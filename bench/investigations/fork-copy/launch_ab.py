@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,19 +28,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the harness
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this topic's scripts
 
+from bwrap_mounts import BWRAP as SANDBOX_BWRAP
 from harness import summary, write_results
 
 from warmshell.drivers.local.runtime.launching import LAUNCH_BINARY
 
-BWRAP = [
-    "/usr/bin/bwrap",
-    *("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"),
-    *("--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL"),
-    *("--bind", "/", "/", "--dev", "/dev", "--proc", "/proc"),
-    *("--tmpfs", "/tmp", "--tmpfs", "/run", "--tmpfs", "/dev/shm", "--remount-ro", "/dev"),
-    *("--ro-bind", "/usr/bin", "/run/x", "--ro-bind", "/etc", "/run/y", "--chdir", "/", "--", "/bin/true"),
-]
+# A sandbox's bwrap options (`bwrap_mounts`'), bwrap by its absolute path as the launcher needs.
+BWRAP = [shutil.which("bwrap") or "/usr/bin/bwrap", *SANDBOX_BWRAP[1:]]
 
 
 def start(launcher: Path, rootfs: Path, layer: Path, program: list[str]) -> tuple[float, float]:
