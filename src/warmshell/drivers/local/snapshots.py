@@ -28,6 +28,14 @@ CPU, and ~34 against ~13 ms for the prune that deletes the layer). One mounted `
 copies 200 MB in ~35 ms once its huge pages are warm, but each fork's layer takes fresh ones:
 ~500 ms of the gateway's CPU for that fork on a 2-core VM.
 
+A fork's layer is always a copy, never the parent's own files: a hard link to a file of the
+parent's tmpfs is the same inode (a tmpfs has no copy-on-write), so the parent's in-place writes,
+appends and shared mappings after the snapshot would reach its children; handing the parent fresh
+copies instead and the children its inodes leaves every descriptor and mapping the parent's
+processes hold writing into the children's layer, and copies as many bytes. This copy of 200 MB
+(`capture`'s: `fallocate`, then `splice` through a 1 MiB pipe) costs ~34 ms of CPU on a 2-core VM
+at load 6, ~57 at load 14, the cheapest of the ways measured (`bench/investigations/fork-copy`).
+
 A sandbox of the host's root filesystem (no image) has no image to build on: its snapshot is
 refused, saying to create it from an image.
 """
