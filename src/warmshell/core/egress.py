@@ -34,6 +34,7 @@ __all__ = [
     "SHARED_TRUST_DIR",
     "SYSTEM_BUNDLE",
     "SYSTEM_BUNDLE_COPY",
+    "TRUST_LINKS",
     "URL_MARK",
     "Address",
     "Decision",
@@ -86,6 +87,10 @@ BUNDLE_FILE = "ca-bundle.pem"
 # /etc/ssl/certs: Go trusts every file of that directory, and this CA is to be trusted only by a
 # sandbox whose links or environment name it.
 SHARED_TRUST_DIR = "/etc/ssl/warmshell-egress"
+# A local sandbox's SANDBOX_DIR names for them, links into SHARED_TRUST_DIR made when the sandbox
+# starts: public files, trusted only by a workload whose trust variables (`trust_environment`,
+# given by an intercepting activation alone) name them.
+TRUST_LINKS = {CA_FILE: f"{SHARED_TRUST_DIR}/{CA_FILE}", BUNDLE_FILE: f"{SHARED_TRUST_DIR}/{BUNDLE_FILE}"}
 # A secret host written `api.example.com?` lets the value into the request's URL (path and query
 # string) too, not only its headers: some APIs take their key only as `?key=`. Opt-in per host,
 # because URLs end up in access logs, browser histories and error messages where headers do not.
