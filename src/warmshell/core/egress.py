@@ -304,11 +304,22 @@ def parse_rules(texts: Iterable[str], *, field: str) -> tuple[Rule, ...]:
 def parse_secret_host(text: str, *, field: str) -> tuple[Rule, bool]:
     """One host of a secret: a rule (not a CIDR: a secret goes to a host, not a network) and
     whether its trailing `?` (`URL_MARK`) lets the value into the URL too."""
+    try:
+        return _secret_host(text)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(field, exc.rule) from None
+
+
+# Cached by the text alone (the field only names an error, which is raised, never cached): a
+# create's secret host is parsed by its validation, then again by each activation that makes its
+# placeholder; the second is now a lookup.
+@functools.lru_cache(maxsize=1024)
+def _secret_host(text: str) -> tuple[Rule, bool]:
     cleaned = text.strip()
     in_url = cleaned.endswith(URL_MARK)
-    rule = parse_rule(cleaned.removesuffix(URL_MARK), field=field)
+    rule = parse_rule(cleaned.removesuffix(URL_MARK), field="")
     if rule.kind is RuleKind.NETWORK:
-        raise InvalidArgumentError(field, f"{rule.text!r} is a network, not a host")
+        raise InvalidArgumentError("", f"{rule.text!r} is a network, not a host")
     return rule, in_url
 
 
