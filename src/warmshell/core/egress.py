@@ -34,6 +34,7 @@ __all__ = [
     "SHARED_TRUST_DIR",
     "SYSTEM_BUNDLE",
     "SYSTEM_BUNDLE_COPY",
+    "TRUST_LINKS",
     "URL_MARK",
     "Address",
     "Decision",
@@ -86,6 +87,10 @@ BUNDLE_FILE = "ca-bundle.pem"
 # /etc/ssl/certs: Go trusts every file of that directory, and this CA is to be trusted only by a
 # sandbox whose links or environment name it.
 SHARED_TRUST_DIR = "/etc/ssl/warmshell-egress"
+# A local sandbox's SANDBOX_DIR names for them, links into SHARED_TRUST_DIR made when the sandbox
+# starts: public files, trusted only by a workload whose trust variables (`trust_environment`,
+# given by an intercepting activation alone) name them.
+TRUST_LINKS = {CA_FILE: f"{SHARED_TRUST_DIR}/{CA_FILE}", BUNDLE_FILE: f"{SHARED_TRUST_DIR}/{BUNDLE_FILE}"}
 # A secret host written `api.example.com?` lets the value into the request's URL (path and query
 # string) too, not only its headers: some APIs take their key only as `?key=`. Opt-in per host,
 # because URLs end up in access logs, browser histories and error messages where headers do not.
@@ -299,11 +304,22 @@ def parse_rules(texts: Iterable[str], *, field: str) -> tuple[Rule, ...]:
 def parse_secret_host(text: str, *, field: str) -> tuple[Rule, bool]:
     """One host of a secret: a rule (not a CIDR: a secret goes to a host, not a network) and
     whether its trailing `?` (`URL_MARK`) lets the value into the URL too."""
+    try:
+        return _secret_host(text)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(field, exc.rule) from None
+
+
+# Cached by the text alone (the field only names an error, which is raised, never cached): a
+# create's secret host is parsed by its validation, then again by each activation that makes its
+# placeholder; the second is now a lookup.
+@functools.lru_cache(maxsize=1024)
+def _secret_host(text: str) -> tuple[Rule, bool]:
     cleaned = text.strip()
     in_url = cleaned.endswith(URL_MARK)
-    rule = parse_rule(cleaned.removesuffix(URL_MARK), field=field)
+    rule = parse_rule(cleaned.removesuffix(URL_MARK), field="")
     if rule.kind is RuleKind.NETWORK:
-        raise InvalidArgumentError(field, f"{rule.text!r} is a network, not a host")
+        raise InvalidArgumentError("", f"{rule.text!r} is a network, not a host")
     return rule, in_url
 
 

@@ -142,8 +142,11 @@ class GatewayActivator:
         if not proof_matches(proof, record.activation_proof_hash):
             raise PermissionDeniedError(f"activation proof does not match sandbox {sandbox_id}")
         _check_identity(registration, record)
-        # Opened only now, for this sandbox's own verified session, and kept nowhere else.
-        secrets = await self._vault.get(record.id) if record.spec.secret_names else {}
+        # Opened only now, for this sandbox's own verified session, and kept nowhere else: handed
+        # over by the create in flight whose proof this is, else read from the sealed row.
+        secrets = self._vault.handover.take(record.id, proof)
+        if secrets is None:
+            secrets = await self._vault.get(record.id) if record.spec.secret_names else {}
         # The proxy is opened for this instance before the workload can start: its first
         # connection finds the socket there.
         environment = dict(record.spec.environment)

@@ -171,17 +171,18 @@ class SandboxManager:
         except BaseException:
             await self.records.remove(record.id)
             raise
+        request = CreateRequest(
+            sandbox_id=record.id,
+            name=record.name,
+            workspace=workspace,
+            spec=spec,
+            activation_proof=proof,
+            labels=dict(labels),
+        )
         try:
-            view = await self.driver.create(
-                CreateRequest(
-                    sandbox_id=record.id,
-                    name=record.name,
-                    workspace=workspace,
-                    spec=spec,
-                    activation_proof=proof,
-                    labels=dict(labels),
-                )
-            )
+            # Its own activation (inside this call, for a warm create) takes them from memory.
+            with self.vault.handover.offered(record.id, proof, new.secrets):
+                view = await self.driver.create(request)
         except UnavailableError:
             # The outcome is unknown (the backend may have it): keep the Provisioning record for
             # the reconciler to settle rather than risk an untracked backend object.

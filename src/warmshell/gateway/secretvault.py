@@ -11,6 +11,9 @@ default, created on first start under the gateway's private umask; `secrets_key_
 another file (on Kubernetes, a Secret mounted into the gateway's pod, the same for every
 replica). Losing the key loses the secrets of sandboxes not yet activated again: their
 re-activation is refused, never done without.
+
+A create's own activation takes the values from memory instead (`handover`, see
+`gateway.secrethandover`); every other activation opens the sealed row.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.keyfiles import KEY_BYTES
+from warmshell.gateway.secrethandover import SecretHandover
 from warmshell.gateway.store.base import Store
 
 __all__ = ["KIND_SECRETS", "SecretVault"]
@@ -41,13 +45,15 @@ def _context(sandbox_id: str) -> bytes:
 
 
 class SecretVault:
-    """Seals, opens and deletes the secrets of one sandbox at a time."""
+    """Seals, opens and deletes the secrets of one sandbox at a time; `handover` carries a
+    create's values to its own activation in memory."""
 
     def __init__(self, store: Store, key: bytes) -> None:
         if len(key) != KEY_BYTES:
             raise ValueError("the secrets key must be 32 bytes")
         self._store = store
         self._aead = AESGCM(key)
+        self.handover = SecretHandover()
 
     def _seal(self, sandbox_id: SandboxId, values: Mapping[str, str]) -> str:
         nonce = secrets.token_bytes(_NONCE_BYTES)

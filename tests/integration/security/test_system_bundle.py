@@ -8,7 +8,9 @@ links, another sandbox's included, nor write through them or to the shared files
 gateway's CA reaches the trust of the intercepting sandbox alone (its system bundle and its
 environment); every other sandbox reads the host's bundle byte for byte, has no trust variable,
 and finds the CA in no directory a tool scans for CAs; the stage on the host keeps the host's
-bundle as it was."""
+bundle as it was. The names its trust variables give (`ca.pem`, `ca-bundle.pem`) are links into
+that shared trust made when each sandbox starts, before any activation decides: a sandbox that
+never intercepts has them too and must gain nothing by them."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import testca
 from tests.helpers.gateway import RunningGateway, own_sandbox_dir, running_gateway, runtime_dir_of
+from tests.helpers.upstreams import upstream
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.security.support import py, sandbox, sh, still_real
 from warmshell.api.v1 import sandbox_pb2 as pb
@@ -183,8 +187,10 @@ async def test_an_intercepting_activation_links_the_shared_trust_and_no_sandbox_
     await sandbox(gw, "tls", _intercepted())
     await sandbox(gw, "plain")
     # On the host: the intercepting sandbox's egress names are links into the shared trust
-    # (placed once per gateway), not copies of the CA and its ~220 KB bundle.
-    (egress_dir,) = [d for d in runtime_dir_of(sandbox_dir).glob("*.egress") if (d / egress.CA_FILE).is_symlink()]
+    # (placed once per gateway), not copies of the CA and its ~220 KB bundle; its system bundle
+    # link alone was changed by its activation (every sandbox has the other two from its start).
+    dirs = list(runtime_dir_of(sandbox_dir).glob("*.egress"))
+    (egress_dir,) = [d for d in dirs if str((d / egress.SYSTEM_BUNDLE_COPY).readlink()) == _SHARED_BUNDLE]
     links = {name: str((egress_dir / name).readlink()) for name in (egress.CA_FILE, egress.BUNDLE_FILE)}
     assert links == {egress.CA_FILE: _SHARED_CA, egress.BUNDLE_FILE: _SHARED_BUNDLE}
     assert str((egress_dir / egress.SYSTEM_BUNDLE_COPY).readlink()) == _SHARED_BUNDLE
@@ -200,3 +206,36 @@ async def test_an_intercepting_activation_links_the_shared_trust_and_no_sandbox_
     assert _FAKE.splitlines()[1] not in (await sh(gw, "tls", f"cat {egress.SYSTEM_BUNDLE}"))[1]
     assert await _trusts_ca(gw, "tls")
     await still_real(gw, "tls")
+
+
+async def test_the_trust_names_linked_at_a_start_buy_a_sandbox_that_does_not_intercept_nothing(
+    tmp_path: Path, sandbox_dir: Path
+) -> None:
+    # Made before any activation decides, they lead to the public shared files, and nothing
+    # trusts them unasked: no variable, no system bundle. A workload that points its own trust at
+    # them gains nothing either: its proxy intercepts none of its connections (it has no
+    # placeholder), so an HTTPS host through it shows its own certificate, never one of the
+    # gateway's CA, and the tunnel is left untouched.
+    tls, ca_file = testca.server_context(tmp_path, "127.0.0.2")
+    overrides = {
+        "network.requests_may_widen": True,
+        "network.upstream_ca_file": str(ca_file),
+        "local.sandbox_dir": str(sandbox_dir),
+    }
+    async with upstream("127.0.0.2", tls) as api, running_gateway(tmp_path / "state", **overrides) as gw:
+        await sandbox(gw, "proxied", pb.SandboxSpec(network=pb.NetworkPolicy(allow=[api.authority])))
+        links = f"readlink {egress.SANDBOX_DIR}/{egress.CA_FILE} {_OWN_BUNDLE} {_LINK}"
+        assert await sh(gw, "proxied", links) == (0, f"{_SHARED_CA}\n{_SHARED_BUNDLE}\n{egress.HOST_BUNDLE}\n", "")
+        assert (await sh(gw, "proxied", "env"))[1].count("_CA") == 0
+        assert await _bundle_sha(gw, "proxied") == _sha256(_HOST.read_bytes())
+        assert not await _trusts_ca(gw, "proxied")
+        # Trusting the gateway's CA by its own choice: the host's certificate is still its own.
+        code, _, err = await sh(gw, "proxied", f"curl -sS --cacert {_OWN_BUNDLE} https://{api.authority}/ca")
+        assert code != 0
+        assert "certificate" in err
+        assert await sh(gw, "proxied", f"curl -sSk https://{api.authority}/k") == (0, "upstream saw /k\n", "")
+        decisions = (await gw.stub.ListEgress(pb.SandboxRef(name="proxied"), metadata=gw.metadata)).decisions
+        assert decisions
+        assert not any("TLS intercepted" in d.reason for d in decisions)
+        # Nor can it replace them, or write through them to the shared files.
+        assert await _attack(gw, "proxied") == []

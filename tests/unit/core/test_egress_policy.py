@@ -77,6 +77,19 @@ def test_a_rule_parsed_again_is_the_same_rule_and_an_error_names_each_entry_agai
         assert caught.value.field == f"{field}[1]"
 
 
+def test_a_secret_host_parsed_again_is_the_same_and_an_error_names_each_field_again() -> None:
+    """Secret hosts are cached by their text (validation, then each activation); errors are not."""
+    first = egress.parse_secret_host(" api.example.com:443? ", field="spec.secret_hosts.K[0]")
+    assert first == (egress.parse_rule("api.example.com:443", field="x"), True)
+    assert egress.parse_secret_host(" api.example.com:443? ", field="other") is first
+    for field in ("spec.secret_hosts.A[0]", "activation.secret_hosts.B[1]"):
+        for bad, rule in (("10.0.0.0/8", "is a network, not a host"), ("", "must not be empty")):
+            with pytest.raises(InvalidArgumentError) as caught:
+                egress.parse_secret_host(bad, field=field)
+            assert caught.value.field == field
+            assert rule in caught.value.rule
+
+
 @given(domain=_domain, sub=st.lists(_label, min_size=1, max_size=3).map(".".join), port=_port)
 def test_a_wildcard_matches_every_subdomain_and_not_the_domain(domain: str, sub: str, port: int) -> None:
     policy = _policy([f"*.{domain}"])

@@ -189,6 +189,11 @@ def test_the_staged_system_bundle_links_into_the_egress_directory(tmp_path: Path
     egress_dir.mkdir()
     link_system_bundle(egress_dir)
     assert os.readlink(egress_dir / egress.SYSTEM_BUNDLE_COPY) == egress.HOST_BUNDLE
+    # And the names only an intercepting activation's variables give, into the shared trust.
+    assert {name: os.readlink(egress_dir / name) for name in (egress.CA_FILE, egress.BUNDLE_FILE)} == {
+        egress.CA_FILE: f"{egress.SHARED_TRUST_DIR}/{egress.CA_FILE}",
+        egress.BUNDLE_FILE: f"{egress.SHARED_TRUST_DIR}/{egress.BUNDLE_FILE}",
+    }
 
 
 def test_a_changed_host_bundle_is_staged_again_still_linked(tmp_path: Path, host_etc: Path) -> None:

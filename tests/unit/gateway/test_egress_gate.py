@@ -14,6 +14,7 @@ from warmshell.core.config import NetworkConfig
 from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.core.models import NetworkRequest, SandboxRecord, SandboxSpec
 from warmshell.drivers.base import PoolView
+from warmshell.drivers.local.runtime import etcstage
 from warmshell.gateway.egress.gate import EgressGate
 from warmshell.gateway.egress.interception import CertificateAuthority
 from warmshell.gateway.egress.proxy import EgressProxy
@@ -149,14 +150,15 @@ async def test_the_gateways_own_rules_apply_without_a_pool_or_a_request(tmp_path
 
 @pytest.mark.parametrize("staged_etc", [True, False], ids=["host-root", "image"])
 async def test_an_intercepting_activation_links_the_shared_trust_or_copies_it(tmp_path: Path, staged_etc: bool) -> None:
-    """A sandbox on the host's root (its egress directory has the link to the host's bundle)
-    gets links into the staged /etc's shared trust, its system bundle relinked; one whose /etc
-    is an image's gets copies of the CA and the bundle."""
+    """A sandbox on the host's root (its egress directory has the links made at its start: to
+    the host's bundle, and its trust names into the staged /etc's shared trust) gets its system
+    bundle relinked to the shared bundle; one whose /etc is an image's gets copies of the CA and
+    the bundle."""
     network = NetworkConfig.model_validate({"requests_may_widen": True})
     egress_dir = tmp_path / "i-1.egress"
     egress_dir.mkdir()
     if staged_etc:
-        (egress_dir / egress.SYSTEM_BUNDLE_COPY).symlink_to(egress.HOST_BUNDLE)
+        etcstage.link_system_bundle(egress_dir)
     authority = CertificateAuthority(tmp_path / "state")
     gate = EgressGate(network, EgressProxy(network), Sockets(egress_dir), pools=Pools(), authority=authority)
     record = SandboxRecord(

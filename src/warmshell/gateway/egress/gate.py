@@ -102,18 +102,15 @@ class Attachment:
     trusted_ca: bytes = b""
 
 
-# An intercepting activation's egress directory names, each a link into the shared trust of the
-# sandbox's staged /etc: the files `trust_environment()` names, and its system bundle.
-_SHARED_LINKS = {
-    egress.CA_FILE: f"{egress.SHARED_TRUST_DIR}/{egress.CA_FILE}",
-    egress.BUNDLE_FILE: f"{egress.SHARED_TRUST_DIR}/{egress.BUNDLE_FILE}",
-    egress.SYSTEM_BUNDLE_COPY: f"{egress.SHARED_TRUST_DIR}/{egress.BUNDLE_FILE}",
-}
+# What an intercepting activation relinks in the egress directory: its system bundle, into the
+# shared trust of the sandbox's staged /etc. The files `trust_environment()` names are linked there
+# already, when the sandbox started (`etcstage.link_system_bundle`, `egress.TRUST_LINKS`).
+_SHARED_LINKS = {egress.SYSTEM_BUNDLE_COPY: f"{egress.SHARED_TRUST_DIR}/{egress.BUNDLE_FILE}"}
 
 
 def _link_shared_trust(directory: Path) -> bool:
-    """Relink the egress directory's trust names into the staged /etc's shared trust; False (nothing
-    done) when its sandbox's /etc is not the staged one (no system bundle link there)."""
+    """Relink the egress directory's system bundle into the staged /etc's shared trust; False
+    (nothing done) when its sandbox's /etc is not the staged one (no system bundle link there)."""
     if not os.path.lexists(directory / egress.SYSTEM_BUNDLE_COPY):
         return False
     trust.replace_links(directory, _SHARED_LINKS)
@@ -253,10 +250,11 @@ class EgressGate:
     async def _trust(authority: interception.CertificateAuthority, directory: Path) -> None:
         """The gateway's CA into the trust of the sandbox whose egress directory is `directory`.
         One with the link to the host's bundle there (`etcstage.link_system_bundle`) reads the
-        staged /etc, where the CA is placed once per gateway (`share_authority`): its names are
-        relinked there, on the loop (~0.04 ms of CPU for the three on tmpfs, where copying the CA and
-        the ~220 KB bundle in took ~0.4 ms and a thread hop); the link it had is replaced, never
-        written through (it leads to the host's bundle every other sandbox reads)."""
+        staged /etc, where the CA is placed once per gateway (`share_authority`): its system bundle
+        is relinked there, on the loop (23 us of CPU hot on ext4; its two other names were linked at
+        its start; copying the CA and the ~220 KB bundle in took ~0.4 ms and a thread hop); the link
+        it had is replaced, never written through (it leads to the host's bundle every other
+        sandbox reads)."""
         if not _link_shared_trust(directory):
             await asyncio.to_thread(_copy_trust, authority, directory)
 
