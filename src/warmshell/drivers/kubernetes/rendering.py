@@ -241,9 +241,9 @@ def _warmshell_image(config: KubernetesDriverConfig, name: str, program: str, ar
 
 
 def _install_agent(config: KubernetesDriverConfig) -> Obj:
-    """The init container: the static agent from the warmshell image into the agent volume, by
-    the agent itself (`warmshell install-agent`, a Python start, cost a pod's start more CPU than
-    the rest of its init container together: ~4 ms forked on kubesim, ~40 ms as a fresh process)."""
+    """The init container: the static agent from the warmshell image into the agent volume, copied
+    by the agent itself (`warmshell install-agent`, a Python start, cost each pod ~4 ms of CPU
+    forked on kubesim and ~40 ms as the fresh interpreter a cluster's container is)."""
     container = _warmshell_image(config, INIT_CONTAINER, AGENT_PROGRAM, ["--install", AGENT_DIR])
     container["volumeMounts"] = [{"name": AGENT_VOLUME, "mountPath": AGENT_DIR}]
     return container
