@@ -25,7 +25,10 @@ RUN groupadd --gid 10001 warmshell \
     && install -d -o 10001 -g 10001 -m 0700 /var/lib/warmshell \
     && install -d -o 10001 -g 10001 -m 0755 /workspace
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links=/wheels warmshell && rm -rf /wheels
+# The agent on PATH: `warmshell-agent --install DIR` is every sandbox pod's init container.
+RUN pip install --no-cache-dir --no-index --find-links=/wheels warmshell && rm -rf /wheels \
+    && ln -s "$(python -c 'from warmshell.drivers.local.runtime.agent import installing; print(installing.BUILT_AGENT)')" \
+        /usr/local/bin/warmshell-agent
 USER 10001:10001
 WORKDIR /workspace
 ENTRYPOINT ["warmshell"]

@@ -4,7 +4,7 @@
         [--settle 0.5] [--before-src DIR] [--name pod_start_cpu]
 
 One `kubesim serve` per round (`bench/kubesim_pods.py`'s: `default` timing, its own process), the
-sandbox pod as the tree's Kubernetes driver renders it (init container `warmshell install-agent`,
+sandbox pod as the tree's Kubernetes driver renders it (the init container that copies the agent,
 the supervisor, the workload whose pid 1 is the agent), its gateway where nothing listens. One pod
 first starts both fork servers (the supervisor's import is theirs, once per node); then the fork
 servers are moved into a cpuacct cgroup of their own, `--pods` pods are created, and once all are

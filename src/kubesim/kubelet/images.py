@@ -14,7 +14,8 @@ YAML)::
 
     {"ghcr.io/warmshell/warmshell:*": {"entrypoint": ["python", "-m", "warmshell", "supervisor"],
                                       "overrideCommand": true,
-                                      "programs": {"warmshell": ["python", "-m", "warmshell"]},
+                                      "programs": {"warmshell": ["python", "-m", "warmshell"],
+                                                   "warmshell-agent": ["/path/to/warmshell-agent"]},
                                       "preload": ["warmshell.supervisor.main"]},
      "busybox*": []}
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+import importlib.util
 import json
 import pathlib
 import sys
@@ -53,14 +55,25 @@ class ImageRule:
         return any(prefix and list(prefix) == argv[: len(prefix)] for prefix in prefixes)
 
 
+def _warmshell_agent() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The warmshell image's ``warmshell-agent`` program (its init container: ``--install``): the
+    agent built beside the ``warmshell`` package this interpreter would import, found by path,
+    not imported; none where there is no such package."""
+    spec = importlib.util.find_spec("warmshell")
+    if spec is None or spec.origin is None:
+        return ()
+    agent = pathlib.Path(spec.origin).parent / "drivers" / "local" / "runtime" / "agent" / "warmshell-agent"
+    return (("warmshell-agent", (str(agent),)),)
+
+
 #: Images that behave like a shell toolbox: their commands (``sh -c …``, ``sleep``) run on the host.
 DEFAULT_RULES: dict[str, ImageRule] = {
     # The warmshell image's entry point is its supervisor; run it with this interpreter (a command
     # line only: kubesim does not import warmshell). Callers may map the image differently.
     "ghcr.io/warmshell/warmshell:*": ImageRule(
         (sys.executable, "-m", "warmshell", "supervisor"),
-        programs=(("warmshell", (sys.executable, "-m", "warmshell")),),
-        # The init container's program (`warmshell install-agent`) too: ~0.7 ms of imports per pod.
+        programs=(("warmshell", (sys.executable, "-m", "warmshell")), *_warmshell_agent()),
+        # `warmshell install-agent` too (the init container of pods an older gateway rendered).
         preload=("warmshell.supervisor.main", "warmshell.drivers.local.runtime.agent.installing"),
     ),
     "busybox*": ImageRule(("sh",)),

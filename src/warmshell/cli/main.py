@@ -126,7 +126,8 @@ def main() -> None:
 
         sys.exit(supervisor_main(argv[1:]))
     if argv[:1] == ["install-agent"]:
-        # A pod's init container (the same image): copies the static agent for the workload.
+        # The init container of pods an older gateway rendered (this one's run the agent's own
+        # `warmshell-agent --install`): copies the static agent for the workload.
         from warmshell.drivers.local.runtime.agent.installing import main as install_main
 
         sys.exit(install_main(argv[1:]))

@@ -20,26 +20,31 @@ from kubesim.controllers import client as kc
 from tests.helpers.gateway import RunningGateway, running_gateway
 from warmshell.core.config import KubernetesDriverConfig, StatePaths
 from warmshell.drivers.kubernetes import KubernetesDriver
+from warmshell.drivers.local.runtime.agent.installing import BUILT_AGENT
 
 NAMESPACE = "warmshell"
 SERVICE_ACCOUNT = "warmshell-sandbox"
 IMAGE = "ghcr.io/warmshell/warmshell:test"
 BROKEN_IMAGE = "example.com/broken:1"
 SHIM = str(Path(__file__).with_name("podshim.py"))
-# The project image: `warmshell` (the supervisor, the agent's installer); the workload container's
-# command (the agent) runs as it is. As root kubesim gives every container its mount namespace
-# (volumes at their mountPath) and PID namespace, and forks `python -m warmshell` from a server
-# that has the supervisor imported, as its default rule does; without root the pod shim makes
-# the mount namespace. The shim costs each container two more process starts (itself and bwrap)
-# and the supervisor its imports: the replica tests start about 4 pods a second.
+# The project image: `warmshell` (the supervisor) and `warmshell-agent` (the init container's
+# `--install`); the workload container's command (the agent) runs as it is. As root kubesim gives
+# every container its mount namespace (volumes at their mountPath) and PID namespace, and forks
+# `python -m warmshell` from a server that has the supervisor imported, as its default rule does;
+# without root the pod shim makes the mount namespace. The shim costs each container two more
+# process starts (itself and bwrap) and the supervisor its imports: the replica tests start about
+# 4 pods a second.
 WARMSHELL_IMAGE: dict[str, Any] = (
     {
         "entrypoint": [sys.executable, "-m", "warmshell", "supervisor"],
-        "programs": {"warmshell": [sys.executable, "-m", "warmshell"]},
+        "programs": {"warmshell": [sys.executable, "-m", "warmshell"], "warmshell-agent": [str(BUILT_AGENT)]},
         "preload": ["warmshell.supervisor.main", "warmshell.drivers.local.runtime.agent.installing"],
     }
     if os.geteuid() == 0
-    else {"entrypoint": [sys.executable, SHIM], "programs": {"warmshell": [sys.executable, SHIM]}}
+    else {
+        "entrypoint": [sys.executable, SHIM],
+        "programs": {"warmshell": [sys.executable, SHIM], "warmshell-agent": [sys.executable, SHIM, "--agent"]},
+    }
 )
 IMAGES: dict[str, Any] = {
     "ghcr.io/warmshell/*": WARMSHELL_IMAGE,

@@ -11,7 +11,8 @@ As in a container, the supervisor is PID 1 of its own PID namespace: when it die
 started dies with it, so a restarted container starts from a clean process table.
 
 Usage (kubesim image map): ``{"programs": {"warmshell": [sys.executable, __file__]}}``; the pod's
-``args`` (``["supervisor"]``) follow.
+``args`` (``["supervisor"]``) follow. With ``--agent`` first (the image's ``warmshell-agent``,
+``{"warmshell-agent": [sys.executable, __file__, "--agent"]}``) it runs the built agent instead.
 """
 
 from __future__ import annotations
@@ -67,7 +68,13 @@ def main() -> None:
     args += ["--proc", "/proc", "--dev-bind", "/dev", "/dev"]
     for target, source in sorted(found.items()):
         args += ["--bind", str(source), target]
-    os.execvp("bwrap", [*args, "--", sys.executable, "-m", "warmshell", *sys.argv[1:]])
+    if sys.argv[1:2] == ["--agent"]:
+        from warmshell.drivers.local.runtime.agent.installing import BUILT_AGENT
+
+        command = [str(BUILT_AGENT), *sys.argv[2:]]
+    else:
+        command = [sys.executable, "-m", "warmshell", *sys.argv[1:]]
+    os.execvp("bwrap", [*args, "--", *command])
 
 
 if __name__ == "__main__":

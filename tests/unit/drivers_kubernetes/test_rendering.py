@@ -130,8 +130,8 @@ def test_the_workload_runs_the_agent_as_pid_1_without_privilege() -> None:
     (init,) = pod["initContainers"]
     assert (init["image"], init["command"], init["args"]) == (
         config().image,
-        ["warmshell"],
-        ["install-agent", "/.warmshell/agent"],
+        ["warmshell-agent"],
+        ["--install", "/.warmshell/agent"],
     )
     w = workload(render())
     assert w["command"] == ["/.warmshell/agent/warmshell-agent", "--connect", "/.warmshell/channel/agent.sock"]

@@ -43,3 +43,42 @@ def test_the_init_container_imports_nothing_of_the_driver(tmp_path: Path) -> Non
     done = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, check=True)
     assert done.stdout.splitlines()[-1] == "[]"
     assert (tmp_path / "warmshell-agent").exists()
+
+
+def _agent_install(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(installing.BUILT_AGENT), "--install", *args], capture_output=True, text=True, check=False
+    )
+
+
+def test_the_agent_installs_itself_whole_and_executable(tmp_path: Path) -> None:
+    """`warmshell-agent --install DIR`, the init container a pod of this version runs: the same
+    copy as `warmshell install-agent`, whatever the umask, over an older one, no partial left."""
+    (tmp_path / "warmshell-agent").write_bytes(b"an older agent")
+    old_umask = os.umask(0o077)
+    try:
+        done = _agent_install(str(tmp_path))
+    finally:
+        os.umask(old_umask)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{tmp_path}/warmshell-agent\n", "")
+    target = tmp_path / "warmshell-agent"
+    assert target.read_bytes() == installing.BUILT_AGENT.read_bytes()
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o755
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["warmshell-agent"]
+
+
+def test_the_agents_install_reports_usage_and_failures(tmp_path: Path) -> None:
+    for usage in ([], [str(tmp_path), "extra"]):
+        done = _agent_install(*usage)
+        assert (done.returncode, done.stderr) == (2, "usage: warmshell-agent --install DIRECTORY\n")
+    missing = _agent_install(str(tmp_path / "missing"))
+    assert missing.returncode == 1
+    assert missing.stderr.startswith(f"warmshell-agent --install: {tmp_path}/missing: ")
+    too_long = _agent_install("x" * 5000)  # no path buffer overrun: refused before any copy
+    assert too_long.returncode == 1
+    assert "name too long" in too_long.stderr.lower()
+    # A symlink planted at the partial file's name is not followed.
+    (tmp_path / "elsewhere").write_bytes(b"kept")
+    (tmp_path / ".warmshell-agent.tmp").symlink_to(tmp_path / "elsewhere")
+    assert _agent_install(str(tmp_path)).returncode == 1
+    assert (tmp_path / "elsewhere").read_bytes() == b"kept"

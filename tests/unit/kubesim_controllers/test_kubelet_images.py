@@ -66,3 +66,15 @@ def test_the_image_runs_its_own_program_only_from_its_entrypoint_or_programs() -
     assert not rule.runs_own_program(["python3", "-m", "warmshell", "install-agent"])
     assert not rule.runs_own_program([sys.executable, "-m", "evil"])
     assert not ImageRule().runs_own_program([])  # an empty entrypoint is no prefix of everything
+
+
+def test_the_warmshell_image_has_the_built_agent_on_its_path() -> None:
+    """The init container the driver renders (`warmshell-agent --install DIR`) runs the agent
+    built beside the warmshell package, as the image's PATH has it."""
+    from warmshell.drivers.local.runtime.agent.installing import BUILT_AGENT
+
+    argv = ImageMap().argv(
+        {"image": "ghcr.io/warmshell/warmshell:1", "command": ["warmshell-agent"], "args": ["--install", "/d"]}
+    )
+    assert argv == [str(BUILT_AGENT), "--install", "/d"]
+    assert BUILT_AGENT.is_file()

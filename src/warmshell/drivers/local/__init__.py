@@ -1,8 +1,8 @@
 """The local compute driver: sandboxes as bubblewrap + a C agent as pid 1, their supervisors
 host-side in the gateway, warm pools from `warm-pool.toml` profiles.
 
-`LocalDriver` is loaded on first use: a Kubernetes pod's init container (`warmshell install-agent`)
-imports a module of this package to find the agent binary, and importing the driver with it cost
+`LocalDriver` is loaded on first use: `warmshell install-agent` (the init container of pods an
+older gateway rendered) imports a module of this package to find the agent binary, and importing the driver with it cost
 that container about 0.35 s of CPU, per pod start.
 """
 
