@@ -9,26 +9,13 @@ import asyncio
 import grpc
 import pytest
 
+from tests.helpers.gateway import count_updates
 from tests.helpers.opening import FakeGateway, HandDriven, fake_gateway, hello, register, until
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import Phase, SandboxRecord
 from warmshell.gateway.records import KIND_SANDBOX
-from warmshell.gateway.store.base import StoredObject
-
-
-def _count_updates(gw: FakeGateway, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    store = gw.gateway.parts.store
-    updated: list[str] = []
-    update = store.update
-
-    async def counted(*, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
-        updated.append(id)
-        return await update(kind=kind, id=id, expected_version=expected_version, payload=payload)
-
-    monkeypatch.setattr(store, "update", counted)
-    return updated
 
 
 async def _stored(gw: FakeGateway, sandbox_id: str) -> SandboxRecord | None:
@@ -63,7 +50,7 @@ async def test_a_waiting_warm_create_is_written_once_after_its_insert_and_answer
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with fake_gateway() as gw:
-        updated = _count_updates(gw, monkeypatch)
+        updated = count_updates(gw.gateway.parts.store, monkeypatch)
         call, driven, creating, greeting = await _activated(gw, "held")
         sandbox_id = greeting.hello.sandbox_id
         try:
