@@ -291,8 +291,7 @@ async def warm_creates(
         name = f"warm-{i}"
         await wait_full(driver, replicas)
         before = await requests_so_far(cluster)
-        await gw.create(name=name, spec=pb.SandboxSpec(environment=WARM_ENV))
-        ready = await gw.wait_ready(name, timeout=60)
+        ready = await create_ready(gw, name, pb.SandboxSpec(environment=WARM_ENV), timeout=60)
         ready_at = time.perf_counter()
         after = await requests_so_far(cluster)
         ran: list[dict[str, Any]] = []
@@ -341,14 +340,22 @@ async def warm_creates(
     }
 
 
+async def create_ready(gw: RunningGateway, name: str, spec: pb.SandboxSpec, *, timeout: float) -> pb.Sandbox:
+    """Create and wait as the SDK does: one CreateSandbox that answers once the sandbox is Ready
+    (or failed), and a watch only if it answers before that."""
+    created = await gw.create(name=name, spec=spec, wait_ready=True, ready_timeout_ms=int(timeout * 1000))
+    if created.status.phase in (pb.SANDBOX_PHASE_READY, pb.SANDBOX_PHASE_ERROR, pb.SANDBOX_PHASE_EXITED):
+        return created
+    return await gw.wait_ready(name, timeout=timeout)
+
+
 async def cold_creates(gw: RunningGateway, n: int, batch: int) -> dict[str, Any]:
     totals: list[float] = []
     wrong = 0
 
     async def one(name: str) -> None:
         nonlocal wrong
-        await gw.create(name=name, spec=pb.SandboxSpec(environment=COLD_ENV))
-        ready = await gw.wait_ready(name, timeout=120)
+        ready = await create_ready(gw, name, pb.SandboxSpec(environment=COLD_ENV), timeout=120)
         await gw.delete(name)
         if ready.status.allocation != "cold" or ready.status.phase != pb.SANDBOX_PHASE_READY:
             wrong += 1

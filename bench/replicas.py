@@ -50,8 +50,10 @@ shared copy-on-write, as a node's pre-pulled image shares its files), `shim` exe
 shim (bubblewrap and a fresh Python per pod, ~18 MiB and ~0.25 s of CPU each). Both run the real
 supervisor with its volumes at their mount paths.
 
-Creates -> Ready are client-side: the CreateSandbox call until the watch (on the replica the
-balancer picked) reports Ready. Postgres is `scripts/dev-postgres` (a throwaway server).
+Creates -> Ready are client-side: the SDK's one CreateSandbox call that answers once the sandbox
+is Ready (on the replica the balancer picked), a watch only when it answers before that;
+`--watch-create` has the client create and then watch until Ready (two calls, as before issue 35).
+Postgres is `scripts/dev-postgres` (a throwaway server).
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ from tests.integration.drivers_kubernetes.conftest import IMAGE, IMAGES, NAMESPA
 from warmshell.api.v1 import sandbox_pb2 as pb  # noqa: E402
 from warmshell.core.fingerprints import SandboxShape  # noqa: E402
 from warmshell.drivers.kubernetes.warm import warmpools  # noqa: E402
+from warmshell.sdk import calls  # noqa: E402
 
 POOL = "bench"
 WARM_ENV = {"FOO": "bar"}
@@ -118,6 +121,9 @@ class Setup:
         self.logs_dir: Path | None = None  # where the replicas' logs are copied on close
         self.log_level = "WARNING"
         self.short_intervals = True  # the tests' heartbeats and relists (see ReplicaSet)
+        # How the client waits for Ready: the SDK's one CreateSandbox that answers once Ready (False),
+        # or a CreateSandbox answered at once and a WatchSandbox (True; the client before issue 35).
+        self.watch_create = False
 
     async def start(self, count: int) -> None:
         holder: list[ReplicaSet] = []
@@ -175,9 +181,14 @@ class Setup:
     ) -> tuple[float, pb.Sandbox]:
         md = self.replicas.metadata
         started = time.perf_counter()
-        await self.front.CreateSandbox(
-            pb.CreateSandboxRequest(name=name, spec=pb.SandboxSpec(environment=WARM_ENV)), metadata=md
-        )
+        request = pb.CreateSandboxRequest(name=name, spec=pb.SandboxSpec(environment=WARM_ENV))
+        deadline = None
+        if not self.watch_create:  # the SDK's request: one call that answers once Ready (or failed)
+            deadline = calls.ask_ready(request, ready_timeout=timeout, call_timeout=API_TIMEOUT_SECONDS)
+        created = await self.front.CreateSandbox(request, metadata=md, timeout=deadline)
+        if created.status.phase in phases:
+            return (time.perf_counter() - started) * 1000, created
+        # Still Provisioning (the replica stopping, or the client that watches): watch the rest.
         ready = await wait_phase(self.front, md, name, phases=phases, timeout=timeout)
         return (time.perf_counter() - started) * 1000, ready
 
@@ -739,12 +750,12 @@ def _processes(setup: Setup) -> dict[str, int]:
     return pids
 
 
-def _spy_parts(pids: dict[str, int], directory: Path, seconds: float) -> list[subprocess.Popen[bytes]]:
-    """py-spy of each process for `seconds` (nothing when py-spy is not on PATH)."""
+def _spy_parts(pids: dict[str, int], directory: Path, seconds: float, rate: int) -> list[subprocess.Popen[bytes]]:
+    """py-spy of each process for `seconds` at `rate` samples/s (nothing when py-spy is not on PATH)."""
     if shutil.which("py-spy") is None:
         return []
     directory.mkdir(parents=True, exist_ok=True)
-    record = ["py-spy", "record", "--nonblocking", "-r", "100", "-f", "raw", "-d", str(int(seconds))]
+    record = ["py-spy", "record", "--nonblocking", "-r", str(rate), "-f", "raw", "-d", str(int(seconds))]
     return [
         subprocess.Popen(
             [*record, "-p", str(pid), "-o", str(directory / f"{name}.txt")],
@@ -755,7 +766,9 @@ def _spy_parts(pids: dict[str, int], directory: Path, seconds: float) -> list[su
     ]
 
 
-async def cpu_round(setup: Setup, *, rate: float, seconds: float, pool: int, spy_dir: Path) -> dict[str, Any]:
+async def cpu_round(
+    setup: Setup, *, rate: float, seconds: float, pool: int, spy_dir: Path, spy_rate: int = 100
+) -> dict[str, Any]:
     """One measured run at `rate` from a full pool: `_sustain`'s figures, plus the CPU per create
     of each process and thread, and each process's busy samples by part of the code."""
     await setup.pool(pool)
@@ -763,7 +776,7 @@ async def cpu_round(setup: Setup, *, rate: float, seconds: float, pool: int, spy
     await settle(setup, pool)
     pids = _processes(setup)
     before = {name: cpuparts.thread_seconds(pid) for name, pid in pids.items()}
-    spies = _spy_parts(pids, spy_dir, IDLE_SECONDS + seconds)  # `_sustain` measures idle first
+    spies = _spy_parts(pids, spy_dir, IDLE_SECONDS + seconds, spy_rate)  # `_sustain` measures idle first
     row = await _sustain(setup, rate, seconds=seconds, pool=pool)
     after = {name: cpuparts.thread_seconds(pid) for name, pid in pids.items()}
     for spy in spies:
@@ -824,12 +837,18 @@ async def cpu_rounds(
                         password_file=server.password_file,
                         guard=guard,
                         short_intervals=False,
+                        watch_create=args.watch_create,
                     )
                     setup.postgres_pid = _postmaster_pid(server.base) if url else 0
                     try:
                         spy_dir = Path(args.profile_dir or root) / f"cpu-spy-{len(rows)}"
                         row = await cpu_round(
-                            setup, rate=args.cpu_rate, seconds=args.cpu_seconds, pool=args.pool, spy_dir=spy_dir
+                            setup,
+                            rate=args.cpu_rate,
+                            seconds=args.cpu_seconds,
+                            pool=args.pool,
+                            spy_dir=spy_dir,
+                            spy_rate=args.spy_rate,
                         )
                     finally:
                         await setup.aclose()
@@ -849,9 +868,11 @@ async def with_setup(
     guard: MemoryGuard,
     logs_dir: str = "",
     short_intervals: bool = True,
+    watch_create: bool = False,
 ) -> Setup:
     setup = Setup(cluster, root / name, store_url=store_url, password_file=password_file, guard=guard)
     setup.short_intervals = short_intervals
+    setup.watch_create = watch_create
     if logs_dir:  # kept for a post-mortem, at INFO
         setup.logs_dir, setup.log_level = Path(logs_dir), "INFO"
     await setup.start(replicas)
@@ -897,6 +918,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         password_file=password,
                         guard=guard,
                         logs_dir=args.logs_dir,
+                        watch_create=args.watch_create,
                     )
                     try:
                         result = await sequential_and_burst(
@@ -930,6 +952,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         guard=guard,
                         logs_dir=args.logs_dir,
                         short_intervals=args.intervals == "tests",
+                        watch_create=args.watch_create,
                     )
                     setup.postgres_pid = _postmaster_pid(server.base) if url else 0
                     try:
@@ -1287,6 +1310,18 @@ def main() -> None:
     )
     parser.add_argument(
         "--before-src", default="", help="the cpu part's older tree: its src/ (e.g. `git archive <commit> src`)"
+    )
+    parser.add_argument(
+        "--spy-rate",
+        type=int,
+        default=100,
+        help="the cpu part's py-spy samples per second (a 30 s run at 100 holds only a few hundred busy samples"
+        " of a gateway)",
+    )
+    parser.add_argument(
+        "--watch-create",
+        action="store_true",
+        help="the client creates, then watches until Ready (two calls), instead of the SDK's one call",
     )
     parser.add_argument("--name", default="replicas")
     args = parser.parse_args()

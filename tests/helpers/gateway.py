@@ -19,6 +19,7 @@ from warmshell.api.v1 import sandbox_pb2_grpc
 from warmshell.core.config import load_config
 from warmshell.drivers.local.runtime import runtimedir
 from warmshell.gateway.server import Gateway
+from warmshell.gateway.store.base import Store, StoredObject
 
 
 @dataclass
@@ -154,3 +155,16 @@ def runtime_dir_of(sandbox_dir: Path) -> Path:
     """The runtime directory a root gateway with this `local.sandbox_dir` (and no
     `local.runtime_dir`) keeps its sandboxes' egress directories and uid leases in."""
     return runtimedir.choose(None, sandbox_dir, runtimedir.host_tmpfs())
+
+
+def count_updates(store: Store, monkeypatch: Any) -> list[str]:
+    """From now on, the id of every row `store` updates, in order (`monkeypatch`: pytest's)."""
+    updated: list[str] = []
+    update = store.update
+
+    async def counted(*, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
+        updated.append(id)
+        return await update(kind=kind, id=id, expected_version=expected_version, payload=payload)
+
+    monkeypatch.setattr(store, "update", counted)
+    return updated

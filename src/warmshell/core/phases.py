@@ -34,6 +34,11 @@ BACKEND_FAILED = "Failed"
 TERMINAL = frozenset({Phase.EXITED, Phase.ERROR, Phase.DELETING})
 
 
+def settled(status: SandboxStatus) -> bool:
+    """Whether a create waiting for Ready is done waiting: Ready, or it never will be."""
+    return status.phase == Phase.READY or status.phase in TERMINAL
+
+
 def compose_phase(status: SandboxStatus) -> Phase:
     """The phase the inputs in `status` imply (sticky phases stay)."""
     if status.phase in TERMINAL:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 QUIET_SECONDS = 0.25
 
 _NAME_ATTEMPTS = 5
+# What a deleted sandbox's supervisor is told as its session ends (it stops: `Shutdown`).
+DELETED_REASON = "the sandbox was deleted"
 # How stale a backend sighting may get before a view that repeats the record is written anyway.
 _SEEN_REFRESH_MS = 1000
 # Backend states a view may report without changing the phase (see `on_driver_event_view`), and
@@ -79,6 +82,10 @@ def _apply_driver_view(record: SandboxRecord, view: DriverSandbox) -> None:
     fresh = status.phase != Phase.PAUSED and not pausing.is_retired(status, view.instance_id)
     if view.instance_id and not status.instance_id and fresh:
         status.instance_id = view.instance_id
+    if view.pool and not status.pool:
+        # The create's result was lost in a crash (`SandboxManager._release_created`): the pool
+        # decides a pod's egress policy and its profile's secret hosts, so it is taken back.
+        status.allocation, status.pool = view.allocation, view.pool
     # Never step back (a late "Pending" from create must not undo a "Running" the watch saw).
     if _BACKEND_ORDER.get(view.state, 0) >= _BACKEND_ORDER.get(status.backend_state, 0):
         phases.mark_backend(status, view.state.value, message=view.message)
@@ -97,12 +104,12 @@ def _apply_driver_view(record: SandboxRecord, view: DriverSandbox) -> None:
 
 def _view_fields(status: SandboxStatus) -> tuple[object, ...]:
     """What folding a backend view can change, `backend_seen_ms` aside (`_apply_driver_view`:
-    the instance, the backend state, conditions, and the phase they settle). A condition is
+    the instance, the backend state, conditions, the phase they settle, a lost pool). A condition is
     replaced only when its status, reason or message differ (`set_condition`), so these say
     whether a view changed anything, for a fraction of two encodes of the whole status (a warm
     create folds ~3 views)."""
     conditions = tuple((c.type, c.status, c.reason, c.message) for c in status.conditions)
-    return status.phase, status.instance_id, status.backend_state, conditions
+    return status.phase, status.instance_id, status.backend_state, conditions, status.pool
 
 
 class SandboxManager:
@@ -144,18 +151,22 @@ class SandboxManager:
         """Creates that went cold since start, by reason."""
         return dict(self._misses)
 
-    async def create(self, new: NewSandbox) -> SandboxRecord:
+    async def create(
+        self, new: NewSandbox, *, wait_ready: bool = False, ready_timeout: float | None = None
+    ) -> SandboxRecord:
         """Persist (Provisioning), then ask the driver; a driver failure leaves nothing. An unset
         TTL or idle timeout takes the serving pool's default (the driver reports it with the
-        create), else the gateway's."""
+        create), else the gateway's. `wait_ready`: the caller answers only once the sandbox is
+        Ready (or never will be), within `ready_timeout` seconds (None: its deadline), which
+        lets a warm create's result be written once, Ready (`_release_created`)."""
         self._creating += 1
         self._last_create = time.monotonic()
         try:
-            return await self._create(new)
+            return await self._create(new, wait_ready, ready_timeout)
         finally:
             self._creating -= 1
 
-    async def _create(self, new: NewSandbox) -> SandboxRecord:
+    async def _create(self, new: NewSandbox, wait_ready: bool, ready_timeout: float | None) -> SandboxRecord:
         requested = now_us()
         workspace, spec, labels = new.workspace, new.spec, new.labels
         spec = self.driver.validate(workspace, spec)
@@ -198,15 +209,35 @@ class SandboxManager:
         if view.pool_ttl_seconds is not None or view.pool_idle_timeout_seconds is not None:
             defaults = lifetimes.Requested(view.pool_ttl_seconds, view.pool_idle_timeout_seconds)
             lifetime = lifetimes.granted(asked, self.limits, now_ms=requested // 1000, profile=defaults)
-        created = await self.records.release(record.id, lambda r: self._created(r, view, lifetime))
-        assert created is not None  # a change was given: always written
-        record = created
+        warm_wait = wait_ready and view.allocation == Allocation.WARM
+        hold = min(ready_timeout or math.inf, self.deadlines.warm_seconds) if warm_wait else 0.0
+        record = await self._release_created(record.id, view, lifetime, hold)
         self._watch_deadline(record)
         reason = "" if view.allocation == Allocation.WARM else view.miss_reason or "Cold"
         metrics.CREATES.labels(path=view.allocation.value, reason=reason).inc()
         if reason:
             self._misses[reason] += 1
         return record
+
+    async def _release_created(
+        self, sandbox_id: SandboxId, view: DriverSandbox, lifetime: Lifetime, hold_seconds: float
+    ) -> SandboxRecord:
+        """Write the create's result, after holding the record up to `hold_seconds` more until
+        it is Ready (or never will be). A caller that waits for Ready anyway reads nothing of the
+        result before then, and a warm sandbox's activation and session follow within
+        milliseconds: folded into the held record, the three are one write instead of two (a
+        warm create's five writes become four; a store of our own only, see `records.hold`). A
+        crash while held loses what a crash during `driver.create` would: the next start's
+        relist restores the allocation and the pool (`_apply_driver_view`), the supervisor's
+        reconnect the session."""
+        try:
+            if hold_seconds > 0 and self.records.holds(sandbox_id):
+                await self.records.until_held(sandbox_id, lambda r: phases.settled(r.status), within=hold_seconds)
+        finally:
+            # Also when cancelled (the caller gone): the result is written before that propagates.
+            created = await self.records.release(sandbox_id, lambda r: self._created(r, view, lifetime))
+        assert created is not None  # a change was given: always written
+        return created
 
     def _watch_deadline(self, record: SandboxRecord) -> None:
         """Check the sandbox once its provisioning deadline has passed (the reconciler's relist
@@ -371,12 +402,20 @@ class SandboxManager:
     async def delete(self, workspace: str, name: str) -> bool:
         """Mark Deleting, end the supervisor session, remove the backend, then the record."""
         record = await self.records.get_by_name(workspace or DEFAULT_WORKSPACE, name)
+        if self.records.holds(record.id):
+            # A create in flight (`_release_created`): its record is written first, so the mark
+            # below is a write of its own, on disk before the backend goes (a crash then
+            # finishes the delete instead of finding a Provisioning sandbox with no backend).
+            await self.records.release(record.id)
         await self.records.mutate(record.id, lambda r: phases.mark_deleting(r.status))
         if (timer := self._deadline_timers.pop(record.id, None)) is not None:
             timer.cancel()
         session = self.sessions.get(record.id)
         if session is not None:
-            self.sessions.close_if_current(session)
+            # Told to stop, not left to find out: a supervisor whose stream merely ended would
+            # reconnect, and be refused, one ConnectSupervisor call per delete (~2% of the event
+            # loop's CPU at 6 Kubernetes warm creates/s).
+            self.sessions.close_if_current(session, reason=DELETED_REASON)
         await self.finish_delete(record.id)
         return True
 

@@ -12,7 +12,8 @@ While a create is in flight (`hold` to `release`), the other mutations of its re
 activation, its backend's first view, often its session — are folded into the record in memory
 and written with the create's own change, in one write instead of three or four. Reads see the
 folded record meanwhile, so every check still sees what has happened. Only with a store of our
-own: nothing else can move the row in between.
+own: nothing else can move the row in between. A warm create whose caller waits for Ready stays
+held until then (`until_held` wakes at each change folded in), so its session is folded in too.
 
 With a store of our own a mutation also need not wait for the write before it to finish: it is
 applied to the record as the writes already sent will leave it, and sent behind them (the store
@@ -75,8 +76,10 @@ class SandboxRecords:
         self._decoded: dict[str, SandboxRecord] = {}
         # (workspace, name) -> id of the rows kept: a name never changes, and a row leaves with its id.
         self._names: dict[tuple[str, str], str] = {}
-        # Held records (see `hold`): their folded, unwritten state (None until a change arrives).
+        # Held records (see `hold`): their folded, unwritten state (None until a change arrives),
+        # and for those someone waits on (`until_held`), set at each change folded in.
         self._held: dict[str, SandboxRecord | None] = {}
+        self._held_changes: dict[str, asyncio.Event] = {}
         # One lock per sandbox: mutations inside this gateway queue up instead of racing each
         # other into CAS conflicts; CAS still guards against other replicas.
         self._locks: WeakValueDictionary[SandboxId, asyncio.Lock] = WeakValueDictionary()
@@ -203,6 +206,34 @@ class SandboxRecords:
             # Changes deferred before (a resume's record) are folded in, not dropped.
             self._held[sandbox_id] = self._undefer(sandbox_id)
 
+    def holds(self, sandbox_id: SandboxId) -> bool:
+        """Whether the record is held (see `hold`)."""
+        return sandbox_id in self._held
+
+    async def until_held(self, sandbox_id: SandboxId, done: Callable[[SandboxRecord], bool], *, within: float) -> None:
+        """Wait until the held record's folded state is `done`, it is no longer held, or
+        `within` seconds have passed."""
+        event = self._held_changes.setdefault(sandbox_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                while sandbox_id in self._held:
+                    held = self._held[sandbox_id]
+                    if held is not None and done(held):
+                        return
+                    event.clear()
+                    await event.wait()
+
+    def _unhold(self, sandbox_id: str) -> None:
+        self._held.pop(sandbox_id, None)
+        if (event := self._held_changes.pop(sandbox_id, None)) is not None:
+            event.set()  # its waiter sees the record released
+
+    def _fold(self, sandbox_id: str, record: SandboxRecord) -> None:
+        """A change to a held record, kept in memory (see `hold`)."""
+        self._held[sandbox_id] = record
+        if (event := self._held_changes.get(sandbox_id)) is not None:
+            event.set()
+
     async def release(
         self, sandbox_id: SandboxId, change: Callable[[SandboxRecord], None] | None = None
     ) -> SandboxRecord | None:
@@ -215,7 +246,7 @@ class SandboxRecords:
                 # Reads see the folded record until it is written (it stays held till then).
                 return await self._write(sandbox_id, change or (lambda _: None), self._held.get(sandbox_id))
             finally:
-                self._held.pop(sandbox_id, None)
+                self._unhold(sandbox_id)
 
     async def mutate(self, sandbox_id: SandboxId, change: Callable[[SandboxRecord], bool | None]) -> SandboxRecord:
         """Apply `change` to the current record and write it back (retrying lost CAS races); a
@@ -228,7 +259,7 @@ class SandboxRecords:
                 if record is None:
                     raise NotFoundError(f"sandbox {sandbox_id} not found")
                 if change(record) is not False:
-                    self._held[sandbox_id] = record
+                    self._fold(sandbox_id, record)
                 return record
             if self._rows is None:
                 return await self._write(sandbox_id, change)
@@ -327,7 +358,7 @@ class SandboxRecords:
             if change(record) is False or deferred is not None:
                 return record
             if sandbox_id in self._held:  # written with the create's result
-                self._held[sandbox_id] = record
+                self._fold(sandbox_id, record)
                 return record
             self._deferred[sandbox_id] = record
             loop = asyncio.get_running_loop()
@@ -360,7 +391,7 @@ class SandboxRecords:
 
     async def remove(self, sandbox_id: SandboxId) -> bool:
         """Delete the row and tell watchers."""
-        self._held.pop(sandbox_id, None)  # first: even if the delete fails, nothing stays folded
+        self._unhold(sandbox_id)  # first: even if the delete fails, nothing stays folded
         self._undefer(sandbox_id)
         removed = await self._store.delete(KIND_SANDBOX, sandbox_id)
         self._drop(sandbox_id)

@@ -54,8 +54,7 @@ def _terminal(record: SandboxRecord) -> bool:
 
 
 def _settled(record: SandboxRecord) -> bool:
-    """Whether a create waiting for Ready is done with it (Ready, or it will never be)."""
-    return record.status.phase == Phase.READY or _terminal(record)
+    return phases.settled(record.status)
 
 
 class SandboxService(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
@@ -85,9 +84,10 @@ class SandboxService(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
     @unary
     async def CreateSandbox(self, request: pb.CreateSandboxRequest, context: Ctx) -> pb.Sandbox:
         await self._auth.require_client(context)
-        record = await self._manager.create(new_sandbox(request))
+        timeout = request.ready_timeout_ms / 1000 or None
+        record = await self._manager.create(new_sandbox(request), wait_ready=request.wait_ready, ready_timeout=timeout)
         if request.wait_ready:
-            record = await self._settled(record, request.ready_timeout_ms / 1000 or None)
+            record = await self._settled(record, timeout)
         return sandbox_to_proto(record)
 
     async def _settled(self, record: SandboxRecord, timeout: float | None) -> SandboxRecord:  # noqa: ASYNC109

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.gateway import pool_named, running_gateway, wait_pools
+from tests.helpers.gateway import count_updates, pool_named, running_gateway, wait_pools
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.core.models import Phase, SandboxRecord
 from warmshell.gateway.records import KIND_SANDBOX
-from warmshell.gateway.store.base import StoredObject
 
 PROFILE = 'version = 1\nworkspace = "default"\nreplicas = 2\n[environment]\nPOOL = "writes"\n'
 
@@ -27,14 +26,7 @@ async def test_a_warm_create_is_stored_in_at_most_two_writes_after_its_insert(
     async with running_gateway(tmp_path / "state", **settings) as gw:
         await wait_pools(gw, lambda r: (p := pool_named(r, "writes")) is not None and p.idle >= 2)
         store = gw.gateway.parts.store
-        updated: list[str] = []
-        update = store.update
-
-        async def counted(*, kind: str, id: str, expected_version: int, payload: str) -> StoredObject:
-            updated.append(id)
-            return await update(kind=kind, id=id, expected_version=expected_version, payload=payload)
-
-        monkeypatch.setattr(store, "update", counted)
+        updated = count_updates(store, monkeypatch)
         created = await gw.create(name="counted", spec=pb.SandboxSpec(environment={"POOL": "writes"}))
         assert created.status.allocation == "warm"
         await gw.wait_for("counted", lambda s: s.status.phase == pb.SANDBOX_PHASE_READY)

@@ -71,3 +71,33 @@ async def test_a_registration_refused_on_the_stream_ends_it_with_registers_statu
             call.cancel()
         assert code == grpc.StatusCode.UNAUTHENTICATED
         assert gw.driver.identity.registrations == []
+
+
+async def test_a_deleted_sandboxs_supervisor_is_told_to_stop_not_left_to_reconnect() -> None:
+    # A stream that merely ended would send the supervisor back with ConnectSupervisor, to be
+    # refused: one call per delete for nothing. It is told to stop instead (`Shutdown`, an
+    # existing message every supervisor acts on).
+    async with fake_gateway() as gw:
+        credential = gw.driver.add_warm_instance()
+        call, driven = gw.open(register(credential))
+        try:
+            await until(lambda: gw.gateway.parts.registry.pending_count() == 1)
+            created = await gw.create("warm")
+            async with asyncio.timeout(10):
+                assert (await call.read()).WhichOneof("message") == "activation"
+            driven.send(hello(created.id, credential.split(".")[1]))
+            async with asyncio.timeout(10):
+                assert (await call.read()).WhichOneof("message") == "accepted"
+            await gw.sandboxes.DeleteSandbox(pb.SandboxRef(name="warm"), metadata=gw._metadata())
+            async with asyncio.timeout(10):
+                told = await call.read()
+                while told.WhichOneof("message") == "heartbeat":
+                    told = await call.read()
+                assert told.WhichOneof("message") == "shutdown"
+                assert not told.shutdown.reconnect
+                assert "deleted" in told.shutdown.reason
+                assert await call.read() == grpc.aio.EOF
+                assert await call.code() == grpc.StatusCode.OK
+        finally:
+            driven.end()
+            call.cancel()

@@ -16,7 +16,7 @@ from warmshell.core import specs
 from warmshell.core.deadlines import ProvisioningDeadlines
 from warmshell.core.errors import InvalidArgumentError, UnavailableError
 from warmshell.core.ids import SandboxId
-from warmshell.core.models import Condition, Phase, SandboxRecord, SandboxStatus
+from warmshell.core.models import Allocation, Condition, Phase, SandboxRecord, SandboxStatus
 from warmshell.drivers.base import BackendState, CreateRequest, DriverCondition, DriverSandbox
 from warmshell.drivers.fake import FakeDriver
 from warmshell.gateway import manager as manager_module
@@ -207,6 +207,8 @@ _CONDITIONS = st.lists(
     view_instance=st.sampled_from(["", "i-1", "i-2"]),
     view_state=_STATES,
     view_conditions=_CONDITIONS,
+    pool=st.sampled_from(["", "p"]),
+    view_pool=st.sampled_from(["", "p", "q"]),
 )
 def test_a_view_changes_the_fields_compared_exactly_when_it_changes_the_encoded_status(
     phase: Phase,
@@ -219,11 +221,15 @@ def test_a_view_changes_the_fields_compared_exactly_when_it_changes_the_encoded_
     view_instance: str,
     view_state: str,
     view_conditions: list[DriverCondition],
+    pool: str,
+    view_pool: str,
 ) -> None:
     # The cheap comparison `on_driver_event_view` makes stands for comparing the whole status.
     status = SandboxStatus(
         phase=phase, instance_id=instance, backend_state=backend, supervisor_connected=connected, exit_code=exit_code
     )
+    if pool:
+        status.allocation, status.pool = Allocation.WARM, pool
     for c in had:
         status.set_condition(Condition(type=c.type, status=c.status, reason=c.reason, message=c.message))
     if ready is not None:
@@ -231,10 +237,23 @@ def test_a_view_changes_the_fields_compared_exactly_when_it_changes_the_encoded_
     record = SandboxRecord(id=SandboxId("s"), name="s", status=status)
     view = DriverSandbox(
         SandboxId("s"), view_instance, BackendState(view_state) if view_state else BackendState.PENDING,
-        conditions=tuple(view_conditions),
+        conditions=tuple(view_conditions), allocation=Allocation.WARM if view_pool else Allocation.COLD, pool=view_pool,
     )  # fmt: skip
     encoded, fields = record.status.model_dump(exclude={"backend_seen_ms"}), manager_module._view_fields(record.status)
     manager_module._apply_driver_view(record, view)
     assert (record.status.model_dump(exclude={"backend_seen_ms"}) != encoded) == (
         manager_module._view_fields(record.status) != fields
     )
+
+
+def test_a_relisted_view_gives_back_the_pool_a_crash_lost() -> None:
+    # The create's result is written once the sandbox is Ready when its caller waits
+    # (`_release_created`); a crash before that leaves the record without its pool, which decides
+    # a pod's egress policy. The next start's relist takes it back from the backend.
+    record = SandboxRecord(id=SandboxId("s"), name="s")
+    view = DriverSandbox(SandboxId("s"), "i-1", BackendState.RUNNING, allocation=Allocation.WARM, pool="small")
+    manager_module._apply_driver_view(record, view)
+    assert (record.status.allocation, record.status.pool) == (Allocation.WARM, "small")
+    other = DriverSandbox(SandboxId("s"), "i-1", BackendState.RUNNING, allocation=Allocation.WARM, pool="large")
+    manager_module._apply_driver_view(record, other)
+    assert record.status.pool == "small", "a pool the record names is never replaced"
