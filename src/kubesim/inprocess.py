@@ -45,7 +45,13 @@ class InProcessClient(kc.KubeClient):
         self._authorization = f"Bearer {token}"
 
     def _request(
-        self, method: str, path: str, params: dict[str, str] | None, body: Any, content_type: str
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str] | None,
+        body: Any,
+        content_type: str,
+        read_only_answer: bool = False,
     ) -> LocalRequest:
         if not self._server.online:
             # The server is "restarting" (its offline fault): its own components lose it too.
@@ -55,12 +61,20 @@ class InProcessClient(kc.KubeClient):
             headers["Content-Type"] = content_type
         # A copy per attempt: the server keeps and edits what it is given, the caller keeps its own.
         payload = None if body is None else jsonwire.copy_of(body)
-        return LocalRequest(method, path, MultiDict(params or {}), headers, payload=payload)
+        return LocalRequest(
+            method, path, MultiDict(params or {}), headers, payload=payload, read_only_answer=read_only_answer
+        )
 
     async def _exchange(
-        self, method: str, path: str, params: dict[str, str] | None, body: Any, content_type: str
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str] | None,
+        body: Any,
+        content_type: str,
+        read_only_answer: bool = False,
     ) -> tuple[int, bytes, str | None, kc.Obj | None]:
-        request = self._request(method, path, params, body, content_type)
+        request = self._request(method, path, params, body, content_type, read_only_answer)
         resp = await self._handler.handle(request)
         answer = request.answer if resp.status < 300 else None
         return resp.status, _body(resp), resp.headers.get("Retry-After"), answer

@@ -39,6 +39,9 @@ class LocalRequest:
     payload: Any = None
     #: Set by a verb that succeeds: the answer as an object of the caller's own, instead of JSON.
     answer: Any = None
+    #: The caller only reads the answer: a write may answer with the stored object itself
+    #: (read-only, as the objects of a watch are) instead of a copy decoded for the caller.
+    read_only_answer: bool = False
 
     @property
     def path_qs(self) -> str:

@@ -140,7 +140,12 @@ class Verbs:
         """Encode a write result, with Warning headers as the real server sends them; a component
         in this process gets its own copy of the object instead (no warnings: nobody reads them)."""
         if isinstance(request, LocalRequest):
-            request.answer = result.stored.copy(result.obj["apiVersion"]) if result.stored else copy_of(result.obj)
+            if result.stored is None:
+                request.answer = copy_of(result.obj)
+            elif request.read_only_answer:
+                request.answer = result.stored.view(result.obj["apiVersion"])
+            else:
+                request.answer = result.stored.copy(result.obj["apiVersion"])
             return web.Response(status=result.code)
         resp = json_response(result.obj, result.code)
         for w in result.warnings:

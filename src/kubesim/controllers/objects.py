@@ -143,18 +143,39 @@ class OwnWrites:
 
     def __init__(self) -> None:
         self._rv: dict[str, int] = {}
+        # Objects with a reconcile skipped as stale since our last write: its echo is owed one.
+        self._owed: set[str] = set()
 
     def record(self, written: Obj) -> None:
         rv = _rv_int(written)
         if rv:
-            self._rv[uid_of(written)] = rv
+            uid = uid_of(written)
+            self._rv[uid] = rv
+            self._owed.discard(uid)
 
     def is_stale(self, cached: Obj) -> bool:
-        seen = self._rv.get(uid_of(cached))
-        return seen is not None and _rv_int(cached) < seen
+        uid = uid_of(cached)
+        seen = self._rv.get(uid)
+        stale = seen is not None and _rv_int(cached) < seen
+        if stale:
+            self._owed.add(uid)
+        return stale
+
+    def is_echo(self, event_obj: Obj) -> bool:
+        """The watch event is our own last write coming back, and no reconcile was skipped as
+        stale since: the reconcile that wrote it read everything this version holds (a write
+        by anyone else has another resourceVersion, and other objects have their own events),
+        so it needs no reconcile of its own. A skipped one makes the echo the reconcile it owes."""
+        uid = uid_of(event_obj)
+        if uid in self._owed:
+            self._owed.discard(uid)
+            return False
+        seen = self._rv.get(uid)
+        return seen is not None and seen == _rv_int(event_obj)
 
     def forget(self, uid: str) -> None:
         self._rv.pop(uid, None)
+        self._owed.discard(uid)
 
 
 def _rv_int(obj: Obj) -> int:

@@ -49,7 +49,9 @@ class SandboxController:
     def _on_sandbox(self, etype: str, obj: Obj, old: Obj | None) -> None:
         if etype == "DELETED":
             self._own.forget(o.uid_of(obj))
-        else:
+        elif not self._own.is_echo(obj):
+            # Our own status writes (~5 per warm claim) come back as events: each a reconcile
+            # that would recompute the status it just wrote.
             self.queue.add((o.namespace_of(obj), o.name_of(obj)))
 
     def _on_owned(self, etype: str, obj: Obj, old: Obj | None) -> None:

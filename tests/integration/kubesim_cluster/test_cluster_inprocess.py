@@ -24,7 +24,9 @@ def _edited_in_place(cluster: RunningCluster) -> list[str]:
     store = cluster.server.store
     found = []
     for (group, plural), bucket in store._buckets.items():
-        for stored in bucket.objects.values():
+        # Earlier versions too (the watch window's): a status write shares what it leaves unchanged.
+        versions = [*bucket.objects.values(), *(s for e in bucket.events for s in (e.new, e.old) if s is not None)]
+        for stored in versions:
             for api_version, encoded in stored._json.items():
                 if encoded != dumps({**stored.obj, "apiVersion": api_version}):
                     found.append(f"{group}/{plural} {stored.obj['metadata']['name']}")
@@ -40,7 +42,7 @@ async def test_a_warm_claim_leaves_every_stored_object_as_it_was_written(
     await wait_pool_ready(api, "pool", 2)
     # Encode every object now (as a GET or a watcher would), so a later in-place edit shows.
     for bucket in list(store._buckets.values()):
-        for stored in bucket.objects.values():
+        for stored in [*bucket.objects.values(), *(e.new for e in bucket.events)]:
             stored.encoded()
     await api.create(kc.CLAIMS, NS, claim("c1"))
     await wait_ready(api, kc.CLAIMS, "c1")
@@ -100,3 +102,19 @@ async def test_an_unknown_token_is_refused_in_process_too(cluster: RunningCluste
     with pytest.raises(kc.ApiError) as refused:
         await client.get(kc.NAMESPACES, None, NS)
     assert refused.value.status == 401
+
+
+async def test_a_status_write_answers_with_the_stored_object_and_any_other_write_with_a_copy(
+    cluster: RunningCluster,
+) -> None:
+    api = InProcessClient(cluster.server, cluster.server.admin_token)
+    bucket = cluster.server.store.bucket("", "pods")
+    # Bound to a node no kubelet runs: nothing but this test writes it.
+    body = {"metadata": {"name": "p"}, "spec": {"nodeName": "elsewhere", "containers": [{"name": "c", "image": "i"}]}}
+    await api.create(kc.PODS, NS, body)
+    status = await api.patch(kc.PODS, NS, "p", {"status": {"message": "m"}}, sub="status")
+    assert any(e.new.obj is status for e in bucket.events)  # read-only, as a watch event's object
+    labelled = await api.patch(kc.PODS, NS, "p", {"metadata": {"labels": {"a": "b"}}})
+    assert labelled["metadata"]["labels"] == {"a": "b"}
+    assert labelled["status"]["message"] == "m"
+    assert not any(e.new.obj is labelled for e in bucket.events)

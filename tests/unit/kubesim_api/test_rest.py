@@ -9,9 +9,10 @@ import pytest
 
 from kubesim.apiserver import deletion, errors
 from kubesim.apiserver.resources import Registry, ResourceType
-from kubesim.apiserver.rest import Rest, WriteOptions
+from kubesim.apiserver.rest import MERGE, Rest, WriteOptions
 from kubesim.apiserver.schema import Schema
 from kubesim.apiserver.store import Store
+from kubesim.jsonwire import dumps
 
 OPTS = WriteOptions()
 
@@ -231,3 +232,43 @@ def test_a_pod_with_the_spec_of_the_last_clean_pod_still_loses_unknown_fields_el
     odd_spec = {"containers": [{"name": "c", "image": "busybox", "odd": 1}]}
     third = rest.create(pods, "v1", "default", {"metadata": {"name": "c"}, "spec": odd_spec}, OPTS)
     assert "odd" not in third.obj["spec"]["containers"][0]
+
+
+def _with_detail(detail_props: dict[str, Any]) -> dict[str, Any]:
+    """The widgets CRD with an object ``status.detail`` of these properties."""
+    body = crd()
+    schema = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["properties"]["status"]["properties"]["detail"] = {"type": "object", "properties": detail_props}
+    return body
+
+
+def test_a_status_merge_patch_leaves_every_earlier_version_as_it_was_under_any_schema(rest: Rest) -> None:
+    crd_rt = rest.registry.get("apiextensions.k8s.io", "customresourcedefinitions")
+    assert crd_rt is not None
+    rest.create(crd_rt, "v1", "", _with_detail({"a": {"type": "integer"}}), OPTS)
+    rt = rest.registry.get("example.com", "widgets")
+    assert rt is not None
+    rest.create(rt, "v1", "default", {"metadata": {"name": "w"}, "spec": {"size": 1}}, OPTS)
+    versions = []
+
+    def status_patch(status: dict[str, Any]) -> dict[str, Any]:
+        written = rest.patch_decoded(rt, "v1", "default", "w", MERGE, {"status": status}, OPTS, "status")
+        assert written.stored is not None
+        versions.append((written.stored, dumps(written.stored.obj)))
+        return written.obj
+
+    status_patch({"ready": True, "detail": {"a": 1}})
+    second = status_patch({"ready": False})  # "detail" unchanged: the stored one's own dict
+    assert second["status"] == {"ready": False, "detail": {"a": 1}}
+    # A new schema defaults a field inside the unchanged "detail": that walk must not reach into
+    # the earlier version's dict.
+    live = copy.deepcopy(rest.get(crd_rt, "", "widgets.example.com").obj)
+    live["spec"] = _with_detail({"a": {"type": "integer"}, "b": {"type": "string", "default": "x"}})["spec"]
+    rest.update(crd_rt, "v1", "", "widgets.example.com", live, OPTS)
+    rt = rest.registry.get("example.com", "widgets")
+    assert rt is not None
+    third = status_patch({"ready": True})
+    assert third["status"]["detail"] == {"a": 1, "b": "x"}
+    assert third["spec"] == {"size": 1}
+    for stored, encoded in versions:
+        assert dumps(stored.obj) == encoded
