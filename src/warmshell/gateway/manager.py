@@ -241,7 +241,7 @@ class SandboxManager:
         log.warning("sandbox %s/%s: %s", record.workspace, record.name, message)
         session = self.sessions.get(record.id)
         if session is not None:
-            self.sessions.close_if_current(session)
+            self.sessions.close_if_current(session, reason=message)
         try:
             await self.driver.delete(record.id)
         except WarmshellError as exc:
@@ -375,7 +375,9 @@ class SandboxManager:
             timer.cancel()
         session = self.sessions.get(record.id)
         if session is not None:
-            self.sessions.close_if_current(session)
+            # Told to stop: a session that just ended looks to its supervisor like a lost
+            # gateway, and it would reconnect (to be refused NOT_FOUND) if its pod outlived it.
+            self.sessions.close_if_current(session, reason="the sandbox was deleted")
         await self.finish_delete(record.id)
         return True
 

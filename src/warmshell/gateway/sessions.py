@@ -159,12 +159,13 @@ class SessionTable:
             previous.close("superseded by a newer session")
         return session
 
-    def close_if_current(self, session: SupervisorSession) -> bool:
-        """Close a session; True when it was the current one for its sandbox."""
+    def close_if_current(self, session: SupervisorSession, reason: str = "") -> bool:
+        """Close a session; True when it was the current one for its sandbox. With a reason, its
+        supervisor is told to stop (see `SupervisorSession.close`)."""
         current = self._sessions.get(session.sandbox_id) is session
         if current:
             del self._sessions[session.sandbox_id]
-        session.close()
+        session.close(reason)
         return current
 
     def get(self, sandbox_id: SandboxId) -> SupervisorSession | None:

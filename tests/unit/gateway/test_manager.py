@@ -238,3 +238,16 @@ def test_a_view_changes_the_fields_compared_exactly_when_it_changes_the_encoded_
     assert (record.status.model_dump(exclude={"backend_seen_ms"}) != encoded) == (
         manager_module._view_fields(record.status) != fields
     )
+
+
+async def test_a_deleted_sandboxs_supervisor_is_told_to_stop_not_to_reconnect(records: SandboxRecords) -> None:
+    """A session that just ends looks to its supervisor like a lost gateway: it reconnects, to be
+    refused NOT_FOUND, unless its pod is gone first. A delete says the sandbox is over."""
+    manager = manager_for(records, FakeDriver())
+    record = await manager.create(new("gone"))
+    session = manager.sessions.open(record.id, "instance")
+    await manager.delete(record.workspace, record.name)
+    sent = [session.outbox.get_nowait() for _ in range(session.outbox.qsize())]
+    assert sent[-1] is None  # the stream ends
+    shutdowns = [message.shutdown for message in sent[:-1] if message is not None and message.HasField("shutdown")]
+    assert [s.reconnect for s in shutdowns] == [False], sent
