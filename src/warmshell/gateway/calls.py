@@ -35,11 +35,12 @@ Ctx = TypeVar("Ctx", bound=CallContext)
 INTERNAL_MESSAGE = "internal error in the gateway (its log has the details)"
 
 # What the caller of a refused request stream may still send before its refusal goes out, read
-# and dropped (`drain_before_refusal`): a supervisor's hello and the output its outbox held, an
-# exec's first stdin, an import's first chunks. A caller that keeps its stream open without
-# writing (a supervisor waiting for its session, an interactive stdin) waits no longer than this.
+# and dropped (`drain_before_refusal`): a supervisor's hello and what its outbox held (up to
+# 1 MiB of output, `supervisor.outbox.DEFAULT_MAX_BYTES`, and its exits), an exec's first stdin,
+# an import's first chunks. A caller that keeps its stream open without writing (a supervisor
+# waiting for its session, an interactive stdin) waits no longer than this.
 REFUSAL_DRAIN_SECONDS = 0.5
-REFUSAL_DRAIN_BYTES = 1024 * 1024
+REFUSAL_DRAIN_BYTES = 2 * 1024 * 1024
 
 
 async def drain_before_refusal(requests: AsyncIterator[Any], *, seconds: float, max_bytes: int) -> None:
