@@ -40,14 +40,15 @@ async def _code_of(call: Any) -> grpc.StatusCode:
 
 
 async def codes_of_racing_writes(
-    open_call: Callable[[AsyncIterator[Any]], Any], messages: Sequence[Any]
+    open_call: Callable[[AsyncIterator[Any]], Any], messages: Sequence[Any] | Callable[[], Sequence[Any]]
 ) -> list[grpc.StatusCode]:
-    """The status of each of 80 calls of `open_call`, each sending `messages` (then its
-    half-close) after one of the spread delays."""
+    """The status of each of 80 calls of `open_call`, each sending `messages` (or what that
+    function makes for each call), then its half-close, after one of the spread delays."""
+    made = messages if callable(messages) else lambda: messages
     codes: list[grpc.StatusCode] = []
     for delay in _DELAYS:
         pair = await asyncio.gather(
-            _code_of(open_call(_after(delay, messages))), _code_of(open_call(_after(delay, messages)))
+            _code_of(open_call(_after(delay, made()))), _code_of(open_call(_after(delay, made())))
         )
         codes.extend(pair)
     return codes
