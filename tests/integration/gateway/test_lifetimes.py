@@ -75,11 +75,14 @@ async def test_a_sandbox_is_deleted_when_its_ttl_ends(gw: RunningGateway) -> Non
 
 
 async def test_refresh_ttl_extends_the_lifetime(gw: RunningGateway) -> None:
-    created = await gw.create(name="extended", ttl_seconds=2)
+    # Long enough to outlast the create itself on a loaded host (with 2 s, a create that took
+    # that long was expired before its refresh); the wait below is only what is left of it.
+    created = await gw.create(name="extended", ttl_seconds=5)
     refreshed = await gw.stub.RefreshTtl(pb.RefreshTtlRequest(name="extended", ttl_seconds=600), metadata=gw.metadata)
     assert refreshed.lifetime.ttl_seconds == 600
-    assert refreshed.lifetime.expires_at_ms >= created.lifetime.expires_at_ms + 598_000  # now + 600 s
-    await asyncio.sleep(2.5)  # past the first expiry: nothing to wait on but time itself
+    assert refreshed.lifetime.expires_at_ms >= created.lifetime.expires_at_ms + 595_000  # now + 600 s
+    # Past the first expiry: nothing to wait on but time itself.
+    await asyncio.sleep(max(created.lifetime.expires_at_ms / 1000 - time.time(), 0) + 0.5)
     assert (await gw.get("extended")).lifetime.expires_at_ms == refreshed.lifetime.expires_at_ms
 
 
