@@ -118,14 +118,16 @@ async def test_an_exited_sandbox_is_deleted_after_its_retention(tmp_path: Path) 
 
 
 async def test_an_idle_sandbox_is_deleted_but_a_running_command_keeps_it(gw: RunningGateway) -> None:
-    await gw.create(name="idle", idle_timeout_seconds=3)
+    # The idle clock starts at the create: 5 s outlasts a create to Ready on a loaded host (with
+    # 3 s, one that took that long was deleted as idle before it was Ready).
+    await gw.create(name="idle", idle_timeout_seconds=5)
     await gw.wait_ready("idle")
     started = time.monotonic()
-    code, _, _ = await gw.exec("idle", ["sleep", "4"])  # longer than the idle timeout
+    code, _, _ = await gw.exec("idle", ["sleep", "6"])  # longer than the idle timeout
     assert code == 0
-    assert time.monotonic() - started >= 4
+    assert time.monotonic() - started >= 6
     assert not await _gone(gw, "idle")  # the command counted as activity
-    events = await _events_until_deleted(gw, "idle", timeout=10)
+    events = await _events_until_deleted(gw, "idle", timeout=15)  # its 5 s idle, then the pass, on a loaded host
     assert "IdleTimeout" in [e.progress.reason for e in events if e.HasField("progress")]
 
 
