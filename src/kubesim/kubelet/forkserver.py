@@ -170,9 +170,15 @@ class ForkServer:
         process.stdin.write(json.dumps(request).encode() + b"\n")
         try:
             await process.stdin.drain()
-            return await started
+            return await asyncio.shield(started)  # a cancelled start still hears its report
+        except asyncio.CancelledError:
+            # The pod was stopped meanwhile (its start cancelled): the server starts the
+            # container all the same, and nobody would stop it. Killed once it is reported.
+            started.add_done_callback(_kill_abandoned)
+            raise
         finally:
-            self._starting.pop(ident, None)
+            if started.done():  # else kept for its report (`_read` drops it then)
+                self._starting.pop(ident, None)
 
     async def _read(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
@@ -182,10 +188,10 @@ class ForkServer:
                 ident = message["id"]
                 if "pid" in message:
                     self._running[ident] = containers.ReportedProcess(message["pid"])
-                    if (waiting := self._starting.get(ident)) is not None and not waiting.done():
+                    if (waiting := self._starting.pop(ident, None)) is not None and not waiting.done():
                         waiting.set_result(self._running[ident])
                 elif "error" in message:
-                    if (waiting := self._starting.get(ident)) is not None and not waiting.done():
+                    if (waiting := self._starting.pop(ident, None)) is not None and not waiting.done():
                         waiting.set_exception(OSError(f"fork server: {message['error']}"))
                 elif "exit" in message and (forked := self._running.pop(ident, None)) is not None:
                     forked.exited(int(message["exit"]))
@@ -207,6 +213,13 @@ class ForkServer:
         await server.wait()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
+
+
+def _kill_abandoned(started: asyncio.Future[containers.ReportedProcess]) -> None:
+    """SIGKILL a container whose start was abandoned, once reported (the server reaps it and
+    reports its exit as for any other)."""
+    if not started.cancelled() and started.exception() is None:
+        containers.signal_group(started.result(), signal.SIGKILL)
 
 
 # -- the server ------------------------------------------------------------------------------------

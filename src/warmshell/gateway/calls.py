@@ -23,7 +23,7 @@ from warmshell.gateway.auth import Unauthenticated
 from warmshell.gateway.context import CallContext
 from warmshell.gateway.errors import status_code_for
 
-__all__ = ["INTERNAL_MESSAGE", "abort_for", "drain_before_refusal", "streaming", "unary"]
+__all__ = ["INTERNAL_MESSAGE", "abort_for", "drain_before_refusal", "refuse_stream", "streaming", "unary"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,14 @@ Ctx = TypeVar("Ctx", bound=CallContext)
 
 
 INTERNAL_MESSAGE = "internal error in the gateway (its log has the details)"
+
+# What the caller of a refused request stream may still send before its refusal goes out, read
+# and dropped (`drain_before_refusal`): a supervisor's hello and what its outbox held (up to
+# 1 MiB of output, `supervisor.outbox.DEFAULT_MAX_BYTES`, and its exits), an exec's first stdin,
+# an import's first chunks. A caller that keeps its stream open without writing (a supervisor
+# waiting for its session, an interactive stdin) waits no longer than this.
+REFUSAL_DRAIN_SECONDS = 0.5
+REFUSAL_DRAIN_BYTES = 2 * 1024 * 1024
 
 
 async def drain_before_refusal(requests: AsyncIterator[Any], *, seconds: float, max_bytes: int) -> None:
@@ -52,6 +60,17 @@ async def drain_before_refusal(requests: AsyncIterator[Any], *, seconds: float, 
                 dropped += message.ByteSize()
                 if dropped > max_bytes:
                     return
+
+
+async def refuse_stream(context: CallContext, requests: object, exc: Exception, where: str) -> NoReturn:
+    """`abort_for`, after the caller's messages still coming are read (`drain_before_refusal`)
+    when `requests` is the request stream of a call over a socket. In process (a local
+    sandbox's supervisor) there is no grpc client to misreport the status, and what a drain
+    took from the supervisor's outbox would be lost to its next session."""
+    over_a_socket = callable(getattr(context, "peer", None))
+    if over_a_socket and isinstance(requests, AsyncIterator):
+        await drain_before_refusal(requests, seconds=REFUSAL_DRAIN_SECONDS, max_bytes=REFUSAL_DRAIN_BYTES)
+    await abort_for(context, exc, where)
 
 
 async def abort_for(context: CallContext, exc: Exception, where: str = "a call") -> NoReturn:
@@ -74,7 +93,9 @@ async def abort_for(context: CallContext, exc: Exception, where: str = "a call")
 def unary(
     handler: Callable[[Any, Req, Ctx], Awaitable[Resp]],
 ) -> Callable[[Any, Req, Ctx], Awaitable[Resp]]:
-    """Wrap a unary handler so every exception becomes a status (see the module doc)."""
+    """Wrap a handler with one response (or none: it writes its own) so every exception becomes
+    a status (see the module doc), sent once a request stream's caller has stopped writing
+    (`refuse_stream`)."""
 
     @wraps(handler)
     async def wrapper(self: Any, request: Req, context: Ctx) -> Resp:
@@ -83,7 +104,7 @@ def unary(
         except grpc.aio.AbortError:
             raise  # the handler set the status itself
         except Exception as exc:
-            await abort_for(context, exc, handler.__qualname__)
+            await refuse_stream(context, request, exc, handler.__qualname__)
 
     return wrapper
 
@@ -91,7 +112,8 @@ def unary(
 def streaming(
     handler: Callable[[Any, Req, Ctx], AsyncIterator[Resp]],
 ) -> Callable[[Any, Req, Ctx], AsyncIterator[Resp]]:
-    """Wrap a server-streaming handler so every exception becomes a status (see the module doc)."""
+    """Wrap a response-streaming handler so every exception becomes a status (see the module
+    doc), sent once a request stream's caller has stopped writing (`refuse_stream`)."""
 
     @wraps(handler)
     async def wrapper(self: Any, request: Req, context: Ctx) -> AsyncIterator[Resp]:
@@ -101,6 +123,6 @@ def streaming(
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await abort_for(context, exc, handler.__qualname__)
+            await refuse_stream(context, request, exc, handler.__qualname__)
 
     return wrapper

@@ -273,7 +273,7 @@ class SandboxManager:
         log.warning("sandbox %s/%s: %s", record.workspace, record.name, message)
         session = self.sessions.get(record.id)
         if session is not None:
-            self.sessions.close_if_current(session)
+            self.sessions.close_if_current(session, reason=message)
         try:
             await self.driver.delete(record.id)
         except WarmshellError as exc:
@@ -361,13 +361,27 @@ class SandboxManager:
         except BaseException:
             await self.records.release(record.id, lambda r: _restore(r, record))
             raise
-        if isinstance(self.driver, Suspender):  # the same backend object runs again
-            resumed = await self.records.release(record.id, lambda r: _apply_driver_view(r, view))
-        else:
-            resumed = await self.records.release(record.id, lambda r: self._created(r, view, r.lifetime))
-        assert resumed is not None
+        resumed = await self._release_resumed(record, view)
         self._watch_deadline(resumed)
         return resumed
+
+    async def _release_resumed(self, record: SandboxRecord, view: DriverSandbox) -> SandboxRecord:
+        """The resumed record, its backend's view written. A delete that came while the driver
+        started the backend (the record is Deleting, or gone) may have found nothing to remove
+        yet: what the resume started is removed here, and the resume answers that the sandbox
+        is gone rather than with a record in phase Deleting."""
+        try:
+            if isinstance(self.driver, Suspender):  # the same backend object runs again
+                resumed = await self.records.release(record.id, lambda r: _apply_driver_view(r, view))
+            else:
+                resumed = await self.records.release(record.id, lambda r: self._created(r, view, r.lifetime))
+        except NotFoundError:
+            resumed = None
+        if resumed is not None and resumed.status.phase != Phase.DELETING:
+            return resumed
+        with contextlib.suppress(WarmshellError):  # else an orphan, which the reconciler settles later
+            await self.driver.delete(record.id)
+        raise NotFoundError(f"sandbox {record.workspace}/{record.name} was deleted while it was resuming")
 
     async def _start_resumed(self, held: SandboxRecord, image: str, proof: str) -> DriverSandbox:
         """A suspended backend run again, or a new one created from the image kept at the pause."""

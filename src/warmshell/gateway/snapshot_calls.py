@@ -39,6 +39,11 @@ __all__ = ["SnapshotCalls"]
 Ctx = grpc.aio.ServicerContext[Any, Any]
 log = logging.getLogger(__name__)
 
+# What a paused sandbox's supervisor is told: its instance is over (a resume starts another), so
+# it stops rather than reconnect to be refused, which a pod's supervisor would exit 1 on and be
+# restarted by the kubelet.
+_PAUSED = "the sandbox was paused"
+
 
 class SnapshotCalls:
     """Mixed into `SandboxService` (which sets `_manager` and `_auth`, and waits for a create
@@ -133,7 +138,7 @@ class SnapshotCalls:
         )
         session = self._manager.sessions.get(record.id)
         if session is not None:
-            self._manager.sessions.close_if_current(session)
+            self._manager.sessions.close_if_current(session, reason=_PAUSED)
         await self._manager.driver.delete(record.id)  # every process, its tmpfs and uid go; the record stays
         return sandbox_to_proto(await self._manager.records.get(record.id) or paused)
 
@@ -158,7 +163,7 @@ class SnapshotCalls:
             _require_ready(paused, "paused")  # it changed since it was read: say what it is now
         session = self._manager.sessions.get(record.id)
         if session is not None:
-            self._manager.sessions.close_if_current(session)
+            self._manager.sessions.close_if_current(session, reason=_PAUSED)
         try:
             await driver.suspend(record.id)
         except WarmshellError as exc:

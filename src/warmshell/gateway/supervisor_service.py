@@ -29,7 +29,7 @@ from warmshell.drivers.base import Bound, IdentityProvider, SupervisorIdentity
 from warmshell.gateway import metrics
 from warmshell.gateway.activation import GatewayActivator, reactivation_refused
 from warmshell.gateway.auth import Authenticator, Unauthenticated
-from warmshell.gateway.calls import abort_for, drain_before_refusal, streaming, unary
+from warmshell.gateway.calls import abort_for, refuse_stream, streaming, unary
 from warmshell.gateway.context import CallContext
 from warmshell.gateway.egress import credentials
 from warmshell.gateway.manager import SandboxManager
@@ -42,11 +42,6 @@ from warmshell.gateway.tokens import SandboxClaims, SandboxTokenIssuer
 __all__ = ["SupervisorService"]
 
 log = logging.getLogger(__name__)
-
-# A refused session reads its caller's hello (and whatever follows, within these bounds) before
-# the refusal (`drain_before_refusal`); a caller that sends nothing waits no longer than this.
-_REFUSAL_DRAIN_SECONDS = 0.5
-_REFUSAL_DRAIN_BYTES = 64 * 1024
 
 # Phases after which a sandbox runs no supervisor that could need a new token (EXITED and ERROR
 # are sticky).
@@ -101,6 +96,14 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
     async def RegisterSupervisor(  # type: ignore[override]
         self, request: spb.RegisterSupervisorRequest, context: Ctx
     ) -> AsyncIterator[spb.SupervisorActivationMessage]:
+        async for activation in self._registration(request, context):
+            yield activation
+
+    async def _registration(
+        self, request: spb.RegisterSupervisorRequest, context: Ctx
+    ) -> AsyncIterator[spb.SupervisorActivationMessage]:
+        """RegisterSupervisor's work, its refusals raised (OpenSupervisor's are sent once its
+        caller's messages have been read, `refuse_stream`)."""
         # Limited before authenticating too: a looped stolen credential costs a hash, not a
         # TokenReview and the cluster reads behind it.
         digest = hashlib.sha256(request.bootstrap_credential.encode()).hexdigest()
@@ -147,8 +150,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await drain_before_refusal(request_iterator, seconds=_REFUSAL_DRAIN_SECONDS, max_bytes=_REFUSAL_DRAIN_BYTES)
-            await abort_for(context, exc, "ConnectSupervisor")
+            await refuse_stream(context, request_iterator, exc, "ConnectSupervisor")
         async for message in self._session(claims, request_iterator, context, "ConnectSupervisor"):
             yield message
 
@@ -163,7 +165,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             if first is None or not first.HasField("register"):
                 raise InvalidArgumentError("message", "the first message of OpenSupervisor must be register")
             activation = None
-            async for outcome in self.RegisterSupervisor(first.register, context):
+            async for outcome in self._registration(first.register, context):
                 activation = outcome
             if activation is None:  # RegisterSupervisor ends with an activation or a status
                 raise FailedPreconditionError("the registration ended without an activation")
@@ -171,7 +173,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await abort_for(context, exc, "OpenSupervisor")
+            await refuse_stream(context, request_iterator, exc, "OpenSupervisor")
         activated = spb.GatewayMessage(activation=activation)
         # Not kept for the session's lifetime: the pod's credential, the activation's secrets.
         del first, activation
@@ -190,7 +192,8 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await abort_for(context, exc, call)
+            # A supervisor sends what its outbox holds right after its hello.
+            await refuse_stream(context, request_iterator, exc, call)
         metrics.SESSIONS.set(len(self._manager.sessions))
         interval_ms = int(self._heartbeat * 1000)
         session.send(

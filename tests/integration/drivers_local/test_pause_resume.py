@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -16,6 +17,7 @@ from tests.helpers.gateway import RunningGateway, running_gateway
 from tests.integration.drivers_local.support import needs_bwrap
 from tests.integration.drivers_local.test_image_sandboxes import import_tiny, ready, sh
 from warmshell.api.v1 import sandbox_pb2 as pb
+from warmshell.core.ids import SandboxId
 from warmshell.drivers.local.imagestore.store import ImageStore
 
 pytestmark = [
@@ -60,8 +62,21 @@ async def test_pause_leaves_nothing_running_and_resume_brings_the_files_back(tmp
         assert processes_of(first.status.instance_id)
         script = "echo kept > /workspace/notes && mkdir -p /opt/x && echo also > /opt/x/y && echo gone > /tmp/t"
         assert (await sh(gw, "napper", script))[0] == 0
+        session = gw.gateway.parts.manager.sessions.get(SandboxId(first.id))
+        assert session is not None
+        closed: list[tuple[str, bool]] = []
+        close = session.close
+
+        def told(reason: str = "", **options: Any) -> None:
+            closed.append((reason, options.get("reconnect", False)))
+            close(reason, **options)
+
+        session.close = told  # type: ignore[method-assign]
         paused = await pause(gw, "napper")
         assert paused.status.phase == pb.SANDBOX_PHASE_PAUSED
+        # Its supervisor is told to stop: one that took the end for a lost gateway reconnected,
+        # to be refused (a pod's exits 1 on that, and its kubelet would start it again).
+        assert closed[0] == ("the sandbox was paused", False)  # the first close; later ones do nothing
         assert (paused.id, paused.name) == (first.id, "napper")
         assert processes_of(first.status.instance_id) == []
         listed = await gw.stub.ListSandboxes(pb.ListSandboxesRequest(), metadata=gw.metadata)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
 
 from tests.helpers.gateway import RunningGateway
+from tests.helpers.writerace import codes_of_racing_writes
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
 from warmshell.api.v1 import supervisor_pb2_grpc
@@ -84,20 +83,5 @@ async def test_a_refused_session_reports_its_status_to_a_caller_that_writes_at_o
     stub = _supervisor_stub(gw)
     bad = (("authorization", "Bearer not-a-sandbox-token"),)
     hello = spb.SupervisorMessage(hello=spb.SupervisorHello(sandbox_id="00000000-0000-0000-0000-000000000000"))
-
-    async def hello_after(delay: float):  # type: ignore[no-untyped-def]
-        await asyncio.sleep(delay)
-        yield hello
-
-    async def attempt(delay: float) -> grpc.StatusCode:
-        try:
-            async for _ in stub.ConnectSupervisor(hello_after(delay), metadata=bad):
-                pass
-        except grpc.aio.AioRpcError as err:
-            return err.code()
-        return grpc.StatusCode.OK
-
-    # The window is the server's answer in flight: writes spread over the first few milliseconds.
-    delays = [i / 10_000 for i in range(40)]
-    codes = [code for delay in delays for code in await asyncio.gather(attempt(delay), attempt(delay))]
+    codes = await codes_of_racing_writes(lambda requests: stub.ConnectSupervisor(requests, metadata=bad), [hello])
     assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}, codes

@@ -113,3 +113,30 @@ async def test_a_stopping_gateway_refuses_in_process_calls(gw: RunningGateway) -
     with pytest.raises(grpc.aio.AioRpcError) as connect:
         link.connect(_hello("sb-x", "li-x"), "anything")
     assert connect.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_session_refused_in_process_reads_nothing_after_the_hello(gw: RunningGateway) -> None:
+    """No grpc client can misreport an in-process refusal (grpc/grpc#36066 is a socket client's
+    bug), so the gateway does not read on to drain the caller before it: what a supervisor sends
+    after its hello (its outbox) stays unread, for its next session."""
+    await gw.create(name="victim")
+    victim = await gw.wait_ready("victim")
+    elsewhere, _ = gw.gateway.parts.issuer.mint(victim.id, "li-someone-else")  # type: ignore[arg-type]
+    read_past_hello: list[int] = []
+
+    async def hello_then_outbox() -> AsyncIterator[spb.SupervisorMessage]:
+        hello = spb.SupervisorHello(sandbox_id=victim.id, instance_id=victim.status.instance_id)
+        yield spb.SupervisorMessage(hello=hello)  # not the token's instance
+        for index in range(3):
+            read_past_hello.append(index)
+            yield spb.SupervisorMessage(output=spb.OutputData(data=b"queued"))
+        await asyncio.Event().wait()
+
+    call = link_of(gw).connect(hello_then_outbox(), elsewhere)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _first_message(call)
+    finally:
+        call.cancel()
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert read_past_hello == []

@@ -75,11 +75,14 @@ async def test_a_sandbox_is_deleted_when_its_ttl_ends(gw: RunningGateway) -> Non
 
 
 async def test_refresh_ttl_extends_the_lifetime(gw: RunningGateway) -> None:
-    created = await gw.create(name="extended", ttl_seconds=2)
+    # Long enough to outlast the create itself on a loaded host (with 2 s, a create that took
+    # that long was expired before its refresh); the wait below is only what is left of it.
+    created = await gw.create(name="extended", ttl_seconds=5)
     refreshed = await gw.stub.RefreshTtl(pb.RefreshTtlRequest(name="extended", ttl_seconds=600), metadata=gw.metadata)
     assert refreshed.lifetime.ttl_seconds == 600
-    assert refreshed.lifetime.expires_at_ms >= created.lifetime.expires_at_ms + 598_000  # now + 600 s
-    await asyncio.sleep(2.5)  # past the first expiry: nothing to wait on but time itself
+    assert refreshed.lifetime.expires_at_ms >= created.lifetime.expires_at_ms + 595_000  # now + 600 s
+    # Past the first expiry: nothing to wait on but time itself.
+    await asyncio.sleep(max(created.lifetime.expires_at_ms / 1000 - time.time(), 0) + 0.5)
     assert (await gw.get("extended")).lifetime.expires_at_ms == refreshed.lifetime.expires_at_ms
 
 
@@ -115,14 +118,16 @@ async def test_an_exited_sandbox_is_deleted_after_its_retention(tmp_path: Path) 
 
 
 async def test_an_idle_sandbox_is_deleted_but_a_running_command_keeps_it(gw: RunningGateway) -> None:
-    await gw.create(name="idle", idle_timeout_seconds=3)
+    # The idle clock starts at the create: 5 s outlasts a create to Ready on a loaded host (with
+    # 3 s, one that took that long was deleted as idle before it was Ready).
+    await gw.create(name="idle", idle_timeout_seconds=5)
     await gw.wait_ready("idle")
     started = time.monotonic()
-    code, _, _ = await gw.exec("idle", ["sleep", "4"])  # longer than the idle timeout
+    code, _, _ = await gw.exec("idle", ["sleep", "6"])  # longer than the idle timeout
     assert code == 0
-    assert time.monotonic() - started >= 4
+    assert time.monotonic() - started >= 6
     assert not await _gone(gw, "idle")  # the command counted as activity
-    events = await _events_until_deleted(gw, "idle", timeout=10)
+    events = await _events_until_deleted(gw, "idle", timeout=15)  # its 5 s idle, then the pass, on a loaded host
     assert "IdleTimeout" in [e.progress.reason for e in events if e.HasField("progress")]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 
 from ksc_helpers import (
@@ -238,16 +239,28 @@ async def test_ttl_after_finished_deletes_the_claim(cluster: RunningCluster, api
     await api.create(kc.TEMPLATES, NS, template(command=["sh", "-c", "exit 0"]))
     await api.patch(kc.TEMPLATES, NS, "tmpl", {"spec": {"podTemplate": {"spec": {"restartPolicy": "Never"}}}})
     await api.create(kc.POOLS, NS, pool(replicas=0))
-    # Long enough for a poll on a loaded 2-core host to see the claim Finished before the TTL
-    # deletes it (with 1 s, a late mirror plus a late poll saw only the deletion).
-    lifecycle = {"ttlSecondsAfterFinished": 3, "shutdownPolicy": "Delete"}
-    await api.create(kc.CLAIMS, NS, claim("job", lifecycle=lifecycle))
-    finished = await wait_for(
-        lambda: get_or_none(api, kc.CLAIMS, "job"),
-        lambda c: condition(c, "Finished").get("status") == "True",
-        what="claim mirrors Finished",
-    )
-    assert condition(finished, "Finished")["reason"] == "PodSucceeded"
-    assert condition(finished)["reason"] == "PodSucceeded"
-    await wait_gone(api, kc.CLAIMS, "job", within=15)
+    # Watched, not polled: the claim is Finished for only its TTL, which a poll on a loaded host
+    # (a late mirror, then a late read) missed, seeing only the deletion.
+    since = (await api.list_objects(kc.CLAIMS, NS))["metadata"]["resourceVersion"]
+    events: list[kc.Obj] = []
+
+    async def watch() -> None:
+        async for event in api.watch(kc.CLAIMS, NS, resource_version=since, timeout_seconds=60):
+            if event["object"].get("metadata", {}).get("name") == "job":
+                events.append(event)
+                if event["type"] == "DELETED":
+                    return
+
+    watching = asyncio.create_task(watch())
+    try:
+        lifecycle = {"ttlSecondsAfterFinished": 1, "shutdownPolicy": "Delete"}
+        await api.create(kc.CLAIMS, NS, claim("job", lifecycle=lifecycle))
+        await asyncio.wait_for(asyncio.shield(watching), 30)  # a pod's run and the TTL, on a loaded host
+    finally:
+        watching.cancel()
+    finished = [e["object"] for e in events if condition(e["object"], "Finished").get("status") == "True"]
+    assert finished, [e["type"] for e in events]
+    assert condition(finished[0], "Finished")["reason"] == "PodSucceeded"
+    assert condition(finished[0])["reason"] == "PodSucceeded"
+    assert events[-1]["type"] == "DELETED"
     await wait_gone(api, kc.SANDBOXES, "job")

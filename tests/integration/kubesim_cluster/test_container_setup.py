@@ -189,3 +189,51 @@ async def test_without_a_c_compiler_the_fork_server_sets_containers_up_in_python
         await server.aclose()
     assert (pod / "fallback.log").read_text() == "the-token"
     assert not (tmp_path / "empty").exists(), "nothing was compiled"
+
+
+def _processes_with(argument: bytes) -> list[int]:
+    """Host processes with `argument` among their command line's words."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if argument in (entry / "cmdline").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_a_start_stopped_before_its_pid_is_reported_leaves_no_container_running(tmp_path: Path) -> None:
+    """A pod stopped while its container's start waits for the fork server's report (its task
+    cancelled) no longer knows that container: the report must not start it for good."""
+    spec, spec_path = _pod(tmp_path)
+    pod = spec_path.parent.parent
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path)}
+    server = forkserver.ForkServer((), env=env)
+    marker = f"600.{os.getpid()}{abs(hash(tmp_path)) % 10_000}"  # a sleep no other test runs
+
+    def start(argv: list[str]) -> Any:
+        words = native.mount_words(spec, spec_path)
+        return server.spawn_exec(
+            argv, env=env, cwd=pod, log_path=pod / "c.log", mounts=spec_path, mount_words=words, pid_namespace=False
+        )
+
+    try:
+        assert await asyncio.wait_for((await start(["true"])).wait(), 60) == 0  # the server is up
+        starting = asyncio.create_task(start(["sleep", marker]))
+        for _ in range(3):  # to its wait for the report: the request is written by then
+            await asyncio.sleep(0)
+        assert not starting.done()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        # The server answers in order: once a later start has run, this one was reported too.
+        assert await asyncio.wait_for((await start(["true"])).wait(), 60) == 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10  # a SIGKILL and the server's reaping, on a loaded host
+        while _processes_with(marker.encode()):
+            assert loop.time() < deadline, "the abandoned container runs on"
+            await asyncio.sleep(0.05)
+    finally:
+        await server.aclose()

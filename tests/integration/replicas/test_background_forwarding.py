@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from tests.helpers.replicas import ReplicaSet, wait_phase
+from tests.helpers.writerace import codes_of_racing_writes
 from warmshell.api.v1 import sandbox_pb2 as pb
 
 from .scenario import owner_of
@@ -54,6 +55,11 @@ async def test_background_commands_are_reached_through_either_replica(replicas: 
             pass
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     assert (refused.value.details() or "").startswith("pid: ")
+    # The owner's refusal, relayed, reaches a caller still writing its stdin (grpc/grpc#36066).
+    attach = pb.ExecStreamRequest(attach=pb.ProcessRef(name="bg", pid=started.pid + 100))
+    unknown = [attach, *(pb.ExecStreamRequest(stdin=b"x" * 16384) for _ in range(3))]
+    codes = await codes_of_racing_writes(lambda requests: stubs[other].ConnectProcess(requests, metadata=md), unknown)
+    assert set(codes) == {grpc.StatusCode.NOT_FOUND}
     await stubs[other].DeleteSandbox(pb.SandboxRef(name="bg"), metadata=md)
 
 

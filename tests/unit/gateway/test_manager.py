@@ -12,9 +12,9 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from warmshell.core import specs
+from warmshell.core import pausing, specs
 from warmshell.core.deadlines import ProvisioningDeadlines
-from warmshell.core.errors import InvalidArgumentError, UnavailableError
+from warmshell.core.errors import InvalidArgumentError, NotFoundError, UnavailableError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import Allocation, Condition, Phase, SandboxRecord, SandboxStatus
 from warmshell.drivers.base import BackendState, CreateRequest, DriverCondition, DriverSandbox
@@ -257,3 +257,46 @@ def test_a_relisted_view_gives_back_the_pool_a_crash_lost() -> None:
     other = DriverSandbox(SandboxId("s"), "i-1", BackendState.RUNNING, allocation=Allocation.WARM, pool="large")
     manager_module._apply_driver_view(record, other)
     assert record.status.pool == "small", "a pool the record names is never replaced"
+
+
+async def test_a_deleted_sandboxs_supervisor_is_told_to_stop_not_to_reconnect(records: SandboxRecords) -> None:
+    """A session that just ends looks to its supervisor like a lost gateway: it reconnects, to be
+    refused NOT_FOUND, unless its pod is gone first. A delete says the sandbox is over."""
+    manager = manager_for(records, FakeDriver())
+    record = await manager.create(new("gone"))
+    session = manager.sessions.open(record.id, "instance")
+    await manager.delete(record.workspace, record.name)
+    sent = [session.outbox.get_nowait() for _ in range(session.outbox.qsize())]
+    assert sent[-1] is None  # the stream ends
+    shutdowns = [message.shutdown for message in sent[:-1] if message is not None and message.HasField("shutdown")]
+    assert [s.reconnect for s in shutdowns] == [False], sent
+
+
+async def test_a_delete_during_a_resume_leaves_no_backend_and_the_resume_says_so(records: SandboxRecords) -> None:
+    """A delete that lands while the driver starts the resumed backend: the delete's own driver
+    call finds nothing yet, so the resume must remove what its create made, and answer that the
+    sandbox is gone rather than with a record in phase Deleting."""
+    gate, entered = asyncio.Event(), asyncio.Event()
+    gate.set()
+
+    class SlowCreates(FakeDriver):
+        async def create(self, request: CreateRequest) -> DriverSandbox:
+            entered.set()
+            await gate.wait()
+            return await super().create(request)
+
+    driver = SlowCreates()
+    manager = manager_for(records, driver)
+    record = await manager.create(new("napper"))
+    await records.mutate(record.id, lambda r: pausing.mark_paused(r, "img", now_ms=1, pause_ttl_seconds=0))
+    await driver.delete(record.id)
+    gate.clear()
+    entered.clear()
+    resuming = asyncio.create_task(manager.resume(await records.get(record.id)))
+    await entered.wait()
+    await manager.delete(record.workspace, record.name)
+    gate.set()
+    with pytest.raises(NotFoundError, match="deleted while it was resuming"):
+        await resuming
+    assert await driver.get(record.id) is None
+    assert await records.get(record.id) is None
