@@ -151,7 +151,8 @@ def ready_rate(ready: list[float]) -> float:
 
 
 def max_in_start(rows: list[dict[str, float]]) -> int:
-    """The most pods between bound + start delay and Ready at once (an upper bound of slots held)."""
+    """The most pods between Initialized and Ready at once: a lower bound of start slots held (a
+    pod takes its slot just before its init container, which this leaves out)."""
     events = sorted(
         [(r["initialized"], 1) for r in rows if "initialized" in r and "ready" in r]
         + [(r["ready"], -1) for r in rows if "initialized" in r and "ready" in r]
