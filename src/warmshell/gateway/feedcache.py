@@ -38,8 +38,8 @@ class FeedCache:
         self._cleared_at = 0  # the epoch of the last forget-everything
         self._forgotten: dict[str, int] = {}  # id -> epoch of its last change heard (reads in flight)
         self._calls = 0  # reads and writes in flight whose answers may be kept
-        # id -> the newest version this replica told its own watchers of (its own writes).
-        self._announced: dict[str, int] = {}
+        # id -> the newest version this replica's watchers were told of (its own writes, heard).
+        self._told: dict[str, int] = {}
 
     def row(self, sandbox_id: str) -> StoredObject | None:
         """The row as kept (possibly a few milliseconds behind another replica's write)."""
@@ -66,26 +66,28 @@ class FeedCache:
         if kept is None or kept.resource_version < row.resource_version:
             self._rows[row.id] = row
 
-    def announced(self, sandbox_id: str, version: int) -> None:
-        """This replica told its watchers of `version` (its own write)."""
-        if self._up and version > self._announced.get(sandbox_id, 0):
-            self._announced[sandbox_id] = version
+    def tell(self, sandbox_id: str, version: int) -> bool:
+        """Whether this replica's watchers are still to be told of `version` (then taken as
+        told): a write's answer and its echo on the feed arrive on two connections in either
+        order, and only the first tells."""
+        if not self._up:
+            return True
+        if version <= self._told.get(sandbox_id, 0):
+            return False
+        self._told[sandbox_id] = version
+        return True
 
     def heard(self, sandbox_id: str, version: int) -> bool:
-        """A change to the row heard on the feed (`version` 0: not known, or deleted); whether
-        it is news to this replica's watchers (not a version they were already told of)."""
-        if version and version <= self._announced.get(sandbox_id, 0):
-            return False  # this replica's own write, told of when it was written
+        """A change to the row heard on the feed (`version` 0: not said); whether this
+        replica's watchers are to be told of it (see `tell`)."""
         kept = self._rows.get(sandbox_id)
-        if version and kept is not None and kept.resource_version >= version:
-            return True  # already read at that version (watchers are told all the same)
-        self._forget(sandbox_id)
-        return True
+        if not (version and kept is not None and kept.resource_version >= version):
+            self._forget(sandbox_id)  # (not a row this replica already holds at that version)
+        return self.tell(sandbox_id, version) if version else True
 
     def _forget(self, sandbox_id: str) -> None:
         self._epoch += 1
         self._rows.pop(sandbox_id, None)
-        self._announced.pop(sandbox_id, None)
         if self._calls:
             if len(self._forgotten) >= _FORGOTTEN_LIMIT:
                 self._forgotten.clear()
@@ -94,8 +96,9 @@ class FeedCache:
                 self._forgotten[sandbox_id] = self._epoch
 
     def removed(self, sandbox_id: str) -> None:
-        """The row was deleted (by this replica, or heard)."""
+        """The row was deleted (by this replica, or heard), or lost a swap (it lagged)."""
         self._forget(sandbox_id)
+        self._told.pop(sandbox_id, None)
 
     def feed(self, *, up: bool) -> None:
         """The change feed is listening again (`up`: anything may have changed while it was
@@ -104,5 +107,5 @@ class FeedCache:
         self._epoch += 1
         self._cleared_at = self._epoch
         self._rows.clear()
-        self._announced.clear()
+        self._told.clear()
         self._forgotten.clear()

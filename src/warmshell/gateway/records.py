@@ -128,6 +128,8 @@ class SandboxRecords:
         )
         record.resource_version = row.resource_version
         self._keep(row, record)
+        if self._feed is not None:
+            self._feed.tell(record.id, row.resource_version)  # (nothing watches it yet)
         self._written(record)
         return record
 
@@ -354,12 +356,11 @@ class SandboxRecords:
             # this write (a delete racing a resume's release) has already dropped the row: kept
             # again, it would be found by name forever while the store has none.
             self._keep(row, record)
-        if self._feed is not None:
-            if self._feed.row(record.id) is row:
-                self._decoded[record.id] = record
-            # Its echo on the change feed is then no news to this replica's watchers.
-            self._feed.announced(record.id, row.resource_version)
-        self._bus.publish(record.id, _CHANGED)
+        if self._feed is not None and self._feed.row(record.id) is row:
+            self._decoded[record.id] = record
+        # With a shared store the write's echo on the change feed may have told the watchers first.
+        if self._feed is None or self._feed.tell(record.id, row.resource_version):
+            self._bus.publish(record.id, _CHANGED)
         self._written(record)
         return record
 

@@ -22,23 +22,26 @@ def _kept(cache: FeedCache, row: StoredObject) -> None:
         cache.keep(row, since=since)
 
 
-def test_a_row_is_kept_until_a_newer_version_is_heard_and_its_own_echo_is_no_news() -> None:
+def test_a_row_is_kept_until_a_newer_version_is_heard_and_watchers_are_told_each_version_once() -> None:
     cache = FeedCache()
     _kept(cache, _row("a", 1))
     assert cache.row("a") is None  # the feed is not listening yet: nothing is kept
     cache.feed(up=True)
     _kept(cache, _row("a", 1))
     assert cache.row("a") == _row("a", 1)
-    cache.announced("a", 2)
-    _kept(cache, _row("a", 2))  # this replica's write of version 2
-    assert not cache.heard("a", 2)  # its echo: the watchers were told already
+    _kept(cache, _row("a", 2))  # this replica's write of version 2, answered
+    assert cache.tell("a", 2)  # its watchers are told
+    assert not cache.heard("a", 2)  # its echo: they were told already
     assert cache.row("a") == _row("a", 2)
     assert cache.heard("a", 3)  # another replica's write
     assert cache.row("a") is None
     _kept(cache, _row("a", 3))
-    assert cache.heard("a", 3)  # read before its notification came: news to the watchers all the same
+    assert not cache.tell("a", 3)  # (a write's answer after its echo: told by the echo)
     assert cache.row("a") == _row("a", 3)
-    assert cache.heard("a", 0)  # a version not said: forgotten
+    _kept(cache, _row("a", 4))  # read before its notification came
+    assert cache.heard("a", 4)  # news to the watchers all the same
+    assert cache.row("a") == _row("a", 4)
+    assert cache.heard("a", 0)  # a version not said: forgotten, and told
     assert cache.row("a") is None
 
 
