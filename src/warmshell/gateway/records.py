@@ -201,6 +201,18 @@ class SandboxRecords:
         row = await self._row(sandbox_id, may_lag=may_lag)
         return self._read(row) if row else None
 
+    def kept(self, sandbox_id: SandboxId) -> SandboxRecord | None:
+        """The record as this gateway keeps it, to read, without asking the store (None when it
+        keeps none); with a store shared by replicas it may lag as `get(may_lag=True)` does:
+        to screen with, a decision on it then taken on `get`."""
+        if (held := self._held.get(sandbox_id)) is not None:
+            return held
+        if self._rows is not None:
+            row = self._rows.get(sandbox_id)
+        else:
+            row = self._feed.row(sandbox_id) if self._feed is not None else None
+        return self._read(row) if row is not None else None
+
     async def get_by_name(self, workspace: str, name: str) -> SandboxRecord:
         """By name, to read; NotFoundError names what was looked for."""
         kept = self._names.get((workspace, name))

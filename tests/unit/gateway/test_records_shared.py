@@ -8,36 +8,21 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from tests.unit.gateway.test_records import CountingStore
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxRecord
 from warmshell.gateway.events import EventBus
 from warmshell.gateway.records import KIND_SANDBOX, SandboxRecords
-from warmshell.gateway.store.base import StoredObject
-from warmshell.gateway.store.sqlite import SqliteStore, open_sqlite_store
+from warmshell.gateway.store.sqlite import open_sqlite_store
 
 SID = SandboxId("sb-1")
 
 
-class ReadCountingStore:
-    """The real store, counting the reads by id that reach it."""
-
-    def __init__(self, store: SqliteStore) -> None:
-        self.store = store
-        self.reads = 0
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.store, name)
-
-    async def get(self, kind: str, id: str) -> StoredObject | None:
-        self.reads += 1
-        return await self.store.get(kind, id)
-
-
 @asynccontextmanager
-async def shared_records(tmp_path: Path) -> AsyncIterator[tuple[ReadCountingStore, SandboxRecords]]:
+async def shared_records(tmp_path: Path) -> AsyncIterator[tuple[CountingStore, SandboxRecords]]:
     """A record `SID` on a store this gateway shares, its change feed listening."""
     store = await open_sqlite_store(tmp_path / "db.sqlite")
-    counting = ReadCountingStore(store)
+    counting = CountingStore(store)
     try:
         records = SandboxRecords(counting, EventBus(), exclusive=False)  # type: ignore[arg-type]
         records.feed_listening(True)
@@ -47,7 +32,7 @@ async def shared_records(tmp_path: Path) -> AsyncIterator[tuple[ReadCountingStor
         await store.aclose()
 
 
-async def _written_elsewhere(counting: ReadCountingStore, **labels: str) -> int:
+async def _written_elsewhere(counting: CountingStore, **labels: str) -> int:
     """Another replica's write (straight to the store, not yet heard); its version."""
     row = await counting.store.get(KIND_SANDBOX, SID)
     assert row is not None
