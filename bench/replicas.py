@@ -75,6 +75,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, TypeVar
 
+import asyncpg
 import cpuparts
 import grpc
 import ratesearch
@@ -776,9 +777,11 @@ async def cpu_round(
     await settle(setup, pool)
     pids = _processes(setup)
     before = {name: cpuparts.thread_seconds(pid) for name, pid in pids.items()}
+    statements = await _store_statements(setup)
     spies = _spy_parts(pids, spy_dir, IDLE_SECONDS + seconds, spy_rate)  # `_sustain` measures idle first
     row = await _sustain(setup, rate, seconds=seconds, pool=pool)
     after = {name: cpuparts.thread_seconds(pid) for name, pid in pids.items()}
+    statements = {k: v - statements.get(k, 0) for k, v in (await _store_statements(setup, settle=True)).items()}
     for spy in spies:
         await asyncio.to_thread(spy.wait)
     creates = row["creates"]
@@ -793,10 +796,35 @@ async def cpu_round(
     # A TokenReview is a POST that stores nothing: not a write.
     writes = (n for k, n in requests.items() if k.split()[0] in WRITE_VERBS and "tokenreviews" not in k)
     row["api_writes_per_create"] = round(sum(writes), 2)
+    row["store_per_create"] = {k: round(v / max(creates, 1), 2) for k, v in statements.items()}
     row.pop("pool_samples", None)
     await setup.delete_all()
     await setup.wait_pods_gone()
     return row
+
+
+async def _store_statements(setup: Setup, *, settle: bool = False) -> dict[str, int]:
+    """The run's Postgres database's counters so far (nothing on SQLite): transactions (each
+    statement outside a transaction is one; an update that lost its compare-and-swap too), rows
+    fetched (by index: reads, and the rows updates looked at) and rows updated. A backend reports
+    its counters when it has been idle a moment: `settle` waits for that first."""
+    if not setup.store_url:
+        return {}
+    if settle:
+        await asyncio.sleep(2.0)
+    conn = await asyncpg.connect(setup.store_url, password=setup.password_file.read_text().strip())
+    try:
+        stats = await conn.fetchrow(
+            "SELECT xact_commit + xact_rollback AS transactions, tup_fetched AS rows_fetched,"
+            " tup_updated AS rows_updated FROM pg_stat_database WHERE datname = current_database()"
+        )
+    finally:
+        await conn.close()
+    return {
+        "transactions": int(stats["transactions"]),
+        "rows fetched": int(stats["rows_fetched"]),
+        "rows updated": int(stats["rows_updated"]),
+    }
 
 
 def cpu_configs(args: argparse.Namespace) -> list[tuple[str, str, int]]:
@@ -1208,6 +1236,7 @@ def _cpu_table(rows: list[dict[str, Any]], before_src: str) -> str:
         )
     processes = _median_by_tree(rows, lambda r: {n: sum(t.values()) for n, t in r["threads_ms_per_create"].items()})
     writes = _median_by_tree(rows, lambda r: {"writes": r["api_writes_per_create"], **r["api_requests_per_create"]})
+    store = _median_by_tree(rows, lambda r: r.get("store_per_create", {}))
     text += _by_tree("CPU ms per create by process (all its threads, not net of idle):", "process", trees, processes)
     text += _by_tree(
         "The gateways by thread (summed over them), CPU ms per create:",
@@ -1224,7 +1253,11 @@ def _cpu_table(rows: list[dict[str, Any]], before_src: str) -> str:
         if any(parts.values()):
             title = f"{whose} by part of the code, CPU ms per create (py-spy busy samples x each main thread's CPU):"
             text += _by_tree(title, "part", trees, parts)
-    return text + _by_tree("The gateways' API requests per create:", "request", trees, writes, fmt="g")
+    text += _by_tree("The gateways' API requests per create:", "request", trees, writes, fmt="g")
+    if any(store.values()):
+        title = "The Postgres database per create (pg_stat_database; the idle seconds before the creates included):"
+        text += _by_tree(title, "counter", trees, store, fmt="g")
+    return text
 
 
 def _by_tree(title: str, column: str, trees: list[str], figures: dict[str, dict[str, float]], fmt: str = ".1f") -> str:

@@ -107,11 +107,20 @@ class ExpiryReconciler:
             return False  # due as last read: read again before it is judged
         return not (record.lifetime.idle_timeout_seconds and last > record.lifetime.last_activity_ms)
 
-    async def _reread(self, sandbox_id: SandboxId) -> SandboxRecord | None:
-        """The record from the store, kept for later passes when no change was heard meanwhile."""
+    async def _reread(self, sandbox_id: SandboxId, expire: bool) -> SandboxRecord | None:
+        """The record from the store, kept for later passes when no change was heard meanwhile;
+        with a shared store, the record the change feed keeps current when it is not due as
+        kept (`expire`: the leader judges it), since one that is due is judged on the store's."""
         self._read.pop(sandbox_id, None)
-        if self._manager.records.sees_every_write:
-            return await self._manager.records.get(sandbox_id)
+        records = self._manager.records
+        if records.sees_every_write:
+            return await records.get(sandbox_id)
+        kept = records.kept(sandbox_id)
+        if kept is not None and not (expire and self._due(kept, self._last_activity(kept)) is not None):
+            # (Another replica's write of the last milliseconds may not be in it: its notice
+            # comes, and this pass's successor reads it again.)
+            self._read[sandbox_id] = kept
+            return kept
         self._reading.add(sandbox_id)
         try:
             record = await self._manager.records.get(sandbox_id)
@@ -177,7 +186,7 @@ class ExpiryReconciler:
         for sandbox_id in self._candidates(expire):
             if sandbox_id not in listed and self._nothing_to_do(sandbox_id, expire):
                 continue
-            record = listed.get(sandbox_id) or await self._reread(sandbox_id)
+            record = listed.get(sandbox_id) or await self._reread(sandbox_id, expire)
             if record is None or not self._can_expire(record):
                 self._watched.discard(sandbox_id)
                 self._read.pop(sandbox_id, None)

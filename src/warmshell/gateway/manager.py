@@ -247,7 +247,9 @@ class SandboxManager:
 
         async def check() -> None:
             with contextlib.suppress(WarmshellError):
-                current = await self.records.get(record.id)
+                # As kept (with replicas it may lag another's write of the last milliseconds):
+                # marking it timed out re-checks the store's record in its compare-and-swap.
+                current = await self.records.get(record.id, may_lag=True)
                 if current is not None:
                     await self.enforce_deadline(current)
 

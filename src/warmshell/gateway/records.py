@@ -30,20 +30,26 @@ takes the copy changes it in place), and written with the record's next write â€
 create's session follows its activation within milliseconds, so the two are one write â€” or
 alone once `within` has passed. Only with a store of our own; with replicas it is written at
 once, as any mutation. A crash loses a deferred change, so one may be deferred only when losing
-it is safe (see `mutate_later`)."""
+it is safe (see `mutate_later`).
+
+With a store shared by replicas, rows are kept only while the change feed says they are current
+(`feedcache`), and serve only a watcher's re-read (`get(..., may_lag=True)`) and the start of a
+mutation (its compare-and-swap catches a start that lags); every other read asks the store."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 from weakref import WeakValueDictionary
 
 from warmshell.core.errors import ConflictError, NotFoundError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxRecord
 from warmshell.gateway.events import Changed, EventBus
+from warmshell.gateway.feedcache import FeedCache
 from warmshell.gateway.store.base import Store, StoredObject
 
 __all__ = ["KIND_SANDBOX", "SandboxRecords"]
@@ -51,6 +57,7 @@ __all__ = ["KIND_SANDBOX", "SandboxRecords"]
 KIND_SANDBOX = "sandbox"
 _CAS_ATTEMPTS = 8
 _CHANGED = Changed()
+_Row = TypeVar("_Row", StoredObject, StoredObject | None)
 
 
 def _decode(row: StoredObject) -> SandboxRecord:
@@ -72,6 +79,8 @@ class SandboxRecords:
         self._store = store
         self._bus = bus
         self._rows: dict[str, StoredObject] | None = {} if exclusive else None
+        # A shared store: its rows kept while the change feed says they are current.
+        self._feed = None if exclusive else FeedCache()
         # The kept rows decoded (at the row's resource_version), for readers only.
         self._decoded: dict[str, SandboxRecord] = {}
         # (workspace, name) -> id of the rows kept: a name never changes, and a row leaves with its id.
@@ -111,15 +120,19 @@ class SandboxRecords:
     async def insert(self, record: SandboxRecord) -> SandboxRecord:
         """Persist a new record (AlreadyExistsError on a duplicate name); `record` is the
         readers' from now on (see the module doc)."""
-        row = await self._store.create(
-            kind=KIND_SANDBOX,
-            id=record.id,
-            name=record.name,
-            workspace=record.workspace,
-            payload=_encode(record),
+        row = await self._fetched(
+            self._store.create(
+                kind=KIND_SANDBOX,
+                id=record.id,
+                name=record.name,
+                workspace=record.workspace,
+                payload=_encode(record),
+            )
         )
         record.resource_version = row.resource_version
         self._keep(row, record)
+        if self._feed is not None:
+            self._feed.tell(record.id, row.resource_version)  # (nothing watches it yet)
         self._written(record)
         return record
 
@@ -138,6 +151,8 @@ class SandboxRecords:
 
     def _drop(self, sandbox_id: str) -> None:
         self._undefer(sandbox_id)
+        if self._feed is not None:
+            self._feed.removed(sandbox_id)
         self._sent.pop(sandbox_id, None)
         row = self._rows.pop(sandbox_id, None) if self._rows is not None else None
         self._decoded.pop(sandbox_id, None)
@@ -151,22 +166,55 @@ class SandboxRecords:
             return kept
         record = _decode(row)
         self._keep(row, record)
+        if self._feed is not None and self._feed.row(row.id) is row:
+            self._decoded[row.id] = record
         return record
 
-    async def _row(self, sandbox_id: SandboxId) -> StoredObject | None:
-        row = self._rows.get(sandbox_id) if self._rows is not None else None
+    async def _fetched(self, call: Awaitable[_Row]) -> _Row:
+        """The store's answer to `call` (a read or a write of one row), kept with a shared
+        store unless a change to the row was heard while it was on its way."""
+        if self._feed is None:
+            return await call
+        with self._feed.fetching() as since:
+            row = await call
+            if row is not None:
+                self._feed.keep(row, since=since)
+        return row
+
+    async def _row(self, sandbox_id: SandboxId, *, may_lag: bool = False) -> StoredObject | None:
+        """The row: kept, or from the store; with a shared store a kept one only when `may_lag`."""
+        if self._rows is not None:
+            row = self._rows.get(sandbox_id)
+        else:
+            row = self._feed.row(sandbox_id) if self._feed is not None and may_lag else None
         if row is None:
-            row = await self._store.get(KIND_SANDBOX, sandbox_id)
+            row = await self._fetched(self._store.get(KIND_SANDBOX, sandbox_id))
             if row is not None:
                 self._keep(row)
         return row
 
-    async def get(self, sandbox_id: SandboxId) -> SandboxRecord | None:
-        """By id, to read (see the module doc); a held record's folded state likewise."""
+    async def get(self, sandbox_id: SandboxId, *, may_lag: bool = False) -> SandboxRecord | None:
+        """By id, to read (see the module doc); a held record's folded state likewise.
+
+        `may_lag`: with a store shared by replicas, the record as last heard of may do (a
+        few milliseconds behind another replica's write): only for a reader that is told of
+        every change and reads again then (a watcher), never for a decision."""
         if (held := self._held.get(sandbox_id)) is not None:
             return held
-        row = await self._row(sandbox_id)
+        row = await self._row(sandbox_id, may_lag=may_lag)
         return self._read(row) if row else None
+
+    def kept(self, sandbox_id: SandboxId) -> SandboxRecord | None:
+        """The record as this gateway keeps it, to read, without asking the store (None when it
+        keeps none); with a store shared by replicas it may lag as `get(may_lag=True)` does:
+        to screen with, a decision on it then taken on `get`."""
+        if (held := self._held.get(sandbox_id)) is not None:
+            return held
+        if self._rows is not None:
+            row = self._rows.get(sandbox_id)
+        else:
+            row = self._feed.row(sandbox_id) if self._feed is not None else None
+        return self._read(row) if row is not None else None
 
     async def get_by_name(self, workspace: str, name: str) -> SandboxRecord:
         """By name, to read; NotFoundError names what was looked for."""
@@ -175,7 +223,7 @@ class SandboxRecords:
             return held
         row = self._rows.get(kept) if self._rows is not None and kept is not None else None
         if row is None:
-            row = await self._store.get_by_name(KIND_SANDBOX, workspace, name)
+            row = await self._fetched(self._store.get_by_name(KIND_SANDBOX, workspace, name))
         if row is None:
             raise NotFoundError(f"sandbox {workspace}/{name} not found")
         self._keep(row)
@@ -183,14 +231,20 @@ class SandboxRecords:
 
     async def list(self, workspace: str | None = None) -> list[SandboxRecord]:
         """All sandboxes (in one workspace, or all), to read."""
-        rows = await self._store.list(KIND_SANDBOX, workspace)
-        return [self._read(r) for r in rows] if self._rows is not None else [_decode(r) for r in rows]
+        if self._feed is None:
+            rows = await self._store.list(KIND_SANDBOX, workspace)
+            return [self._read(r) for r in rows]
+        with self._feed.fetching() as since:
+            rows = await self._store.list(KIND_SANDBOX, workspace)
+            for row in rows:
+                self._feed.keep(row, since=since)
+        return [self._read(r) for r in rows]
 
-    async def _copy(self, sandbox_id: SandboxId) -> SandboxRecord | None:
-        """The current record as a copy of the caller's own, to change."""
+    async def _copy(self, sandbox_id: SandboxId, *, may_lag: bool = False) -> SandboxRecord | None:
+        """The current record as a copy of the caller's own, to change (`may_lag`: see `_row`)."""
         if (held := self._held.get(sandbox_id)) is not None:
             return held  # (already the holder's own: folded changes accumulate on it)
-        row = self._sent.get(sandbox_id) or await self._row(sandbox_id)
+        row = self._sent.get(sandbox_id) or await self._row(sandbox_id, may_lag=may_lag)
         return _decode(row) if row else None
 
     def _lock(self, sandbox_id: SandboxId) -> asyncio.Lock:
@@ -299,11 +353,21 @@ class SandboxRecords:
         writes already sent will leave it, with its deferred changes), and its write sent; the
         record alone when neither `change` nor a deferred change had anything to write."""
         deferred = self._undefer(sandbox_id)
-        record = start or deferred or await self._copy(sandbox_id)
+        # A shared store's kept row may lag another replica's write: the swap then fails and
+        # the next attempt reads the store (`_drop`).
+        lagging = start is None and deferred is None and self._feed is not None
+        record = start or deferred or await self._copy(sandbox_id, may_lag=lagging)
         if record is None:
             raise NotFoundError(f"sandbox {sandbox_id} not found")
         if change(record) is False and deferred is None:
-            return record
+            if not lagging:
+                return record
+            # "Nothing to write" is a decision no swap checks: take it on the store's record.
+            record = await self._copy(sandbox_id)
+            if record is None:
+                raise NotFoundError(f"sandbox {sandbox_id} not found")
+            if change(record) is False:
+                return record
         payload = _encode(record)
         if self._rows is not None and (row := self._rows.get(sandbox_id)) is not None:
             # The store gives the row the next version (nothing else writes it).
@@ -314,7 +378,7 @@ class SandboxRecords:
         update = self._store.update(
             kind=KIND_SANDBOX, id=sandbox_id, expected_version=record.resource_version, payload=payload
         )
-        return record, asyncio.ensure_future(update)
+        return record, asyncio.ensure_future(self._fetched(update))
 
     async def _written_as_sent(self, record: SandboxRecord, sending: asyncio.Future[StoredObject]) -> SandboxRecord:
         """The record once its write is done (ConflictError when it lost, the row dropped)."""
@@ -335,7 +399,11 @@ class SandboxRecords:
             # this write (a delete racing a resume's release) has already dropped the row: kept
             # again, it would be found by name forever while the store has none.
             self._keep(row, record)
-        self._bus.publish(record.id, _CHANGED)
+        if self._feed is not None and self._feed.row(record.id) is row:
+            self._decoded[record.id] = record
+        # With a shared store the write's echo on the change feed may have told the watchers first.
+        if self._feed is None or self._feed.tell(record.id, row.resource_version):
+            self._bus.publish(record.id, _CHANGED)
         self._written(record)
         return record
 
@@ -397,3 +465,18 @@ class SandboxRecords:
         self._drop(sandbox_id)
         self._bus.forget(sandbox_id)
         return removed
+
+    def heard_changed(self, sandbox_id: SandboxId, version: int) -> bool:
+        """Another replica's write (or this one's echo) heard on the change feed, at `version`
+        (0: not said); whether it is news to this replica's watchers."""
+        return self._feed.heard(sandbox_id, version) if self._feed is not None else True
+
+    def heard_removed(self, sandbox_id: SandboxId) -> None:
+        """A delete heard on the change feed."""
+        self._drop(sandbox_id)
+
+    def feed_listening(self, up: bool) -> None:
+        """The change feed is listening (again: anything may have changed) or was lost."""
+        if self._feed is not None:
+            self._feed.feed(up=up)
+            self._decoded.clear()

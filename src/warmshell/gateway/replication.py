@@ -36,17 +36,20 @@ __all__ = ["ReplicaWiring", "Replication", "follow"]
 log = logging.getLogger(__name__)
 
 
-def follow(bus: EventBus) -> Callable[[Change], None]:
-    """Another replica's write, told to this replica's watchers."""
+def follow(bus: EventBus, records: SandboxRecords) -> Callable[[Change], None]:
+    """Another replica's write, told to this replica's records and watchers (this replica's
+    own writes come back too: its watchers were told of them when they were written)."""
 
     def changed(change: Change) -> None:
         if not change.kind:
             bus.changed_everywhere()
         elif change.kind == KIND_SANDBOX:
+            sandbox_id = SandboxId(change.id)
             if change.op == "DELETE":
-                bus.forget(SandboxId(change.id))
-            else:
-                bus.publish(SandboxId(change.id), Changed())
+                records.heard_removed(sandbox_id)
+                bus.forget(sandbox_id)
+            elif records.heard_changed(sandbox_id, change.version):
+                bus.publish(sandbox_id, Changed())
 
     return changed
 
@@ -136,7 +139,7 @@ class Replication:
         flight through them get as long to finish as the gateway's own calls) and withdraw the
         row."""
         try:
-            await self._start(listen_tcp=listen_tcp, tcp_port=tcp_port)
+            await self._start(listen_tcp=listen_tcp, tcp_port=tcp_port, records=records)
             self.loops.start(self.directory.run(leading=leading, records=records), name="replica-heartbeat")
             yield
         finally:
@@ -145,7 +148,7 @@ class Replication:
             with contextlib.suppress(WarmshellError):
                 await self.directory.withdraw()
 
-    async def _start(self, *, listen_tcp: str, tcp_port: int) -> None:
+    async def _start(self, *, listen_tcp: str, tcp_port: int, records: SandboxRecords) -> None:
         if not self.directory.address and tcp_port:
             self.directory.address = await _reachable_address(listen_tcp, tcp_port)
         await self._check_joining()
@@ -153,7 +156,9 @@ class Replication:
         # Listening before serving: another replica's progress lines said before then would
         # never reach this replica's watchers (record changes are re-read on a watch anyway).
         heard_from = asyncio.Event()
-        changes = self._store.follow_changes(follow(self._bus), self.feed.heard, heard_from)
+        changes = self._store.follow_changes(
+            follow(self._bus, records), self.feed.heard, heard_from, on_listening=records.feed_listening
+        )
         self.loops.start(changes, name="store-changes")
         self.loops.start(self.feed.run(), name="progress-feed")
         with contextlib.suppress(TimeoutError):  # the feed retries on its own; do not hang the start

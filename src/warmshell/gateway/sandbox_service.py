@@ -101,7 +101,7 @@ class SandboxService(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
                 async with asyncio.timeout(timeout):
                     while True:
                         # Read after subscribing (and after each wake-up): no change falls in between.
-                        current = await self._records.get(record.id)
+                        current = await self._records.get(record.id, may_lag=True)
                         if current is None:
                             break
                         record = current
@@ -179,7 +179,7 @@ class SandboxService(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
             return
         async with self._manager.bus.subscribe(record.id, replay_output=request.follow_output) as queue:
             # Re-read after subscribing so no change can fall between the read and the subscription.
-            current = await self._records.get(record.id)
+            current = await self._records.get(record.id, may_lag=True)
             if current is None:
                 yield pb.SandboxEvent(deleted=record.id)
                 return
@@ -207,7 +207,7 @@ class SandboxService(SnapshotCalls, sandbox_pb2_grpc.SandboxServiceServicer):
                 elif isinstance(item, Closing):
                     raise UnavailableError("the gateway is shutting down: watch again")
                 elif isinstance(item, Changed):
-                    latest = await self._records.get(record.id)
+                    latest = await self._records.get(record.id, may_lag=True)
                     if latest is None:
                         yield pb.SandboxEvent(deleted=record.id)
                         return

@@ -227,3 +227,32 @@ async def test_a_record_kept_is_read_again_once_it_falls_due_as_kept(store: Coun
     await expiry.expire_once()
     assert store.reads - reads == 1
     assert manager.deleted == []
+
+
+async def test_with_the_change_feed_kept_records_are_screened_unread_and_one_due_is_judged_on_the_store(
+    store: CountingStore,
+) -> None:
+    ours, theirs, manager, expiry = replica_on_a_shared_store(store)
+    ours.feed_listening(True)  # what the replica's change feed says once it listens
+    made = [await ours.insert(record(f"ttl-{i}", expires_at_ms=now_ms() + 3_600_000)) for i in range(5)]
+    for _ in range(3):
+        await expiry.expire_once()
+    assert store.reads == 0  # the rows it wrote are kept: none read
+    # Another replica shortens one's TTL; once heard (as the feed's `follow` tells the bus), the
+    # row kept is gone and the pass reads the store's.
+    shortened = await theirs.mutate(made[0].id, lambda r: setattr(r.lifetime, "expires_at_ms", now_ms() - 1))
+    assert ours.heard_changed(made[0].id, shortened.resource_version)
+    manager.bus.publish(made[0].id, Changed())
+    await expiry.expire_once()
+    assert manager.deleted == ["ttl-0"]
+    assert store.reads == 1
+    # One due as kept (this replica shortened it, another has refreshed it since, not heard yet)
+    # is read from the store before it is judged.
+    await ours.mutate(made[1].id, lambda r: setattr(r.lifetime, "expires_at_ms", now_ms() - 1))
+    await theirs.mutate(made[1].id, lambda r: setattr(r.lifetime, "expires_at_ms", now_ms() + 7_200_000))
+    kept = ours.kept(made[1].id)
+    assert kept is not None
+    assert kept.lifetime.expires_at_ms < now_ms()
+    await expiry.expire_once()
+    assert manager.deleted == ["ttl-0"]
+    assert store.reads == 3  # it, and ttl-0 (deleted by the pass before) found gone

@@ -27,7 +27,7 @@ from warmshell.core.errors import (
 from warmshell.gateway.store import schema, storage_errors
 from warmshell.gateway.store.base import StoredObject
 
-__all__ = ["Change", "PostgresStore", "StartupProgress", "describe_url", "open_postgres_store"]
+__all__ = ["Change", "PostgresStore", "StartupProgress", "describe_url", "open_postgres_store", "parse_change"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,15 @@ class Change:
     op: str  # INSERT, UPDATE, DELETE, or "" after a gap
     kind: str
     id: str
+    version: int = 0  # the resource_version an INSERT or UPDATE wrote (0: not said)
+
+
+def parse_change(payload: str) -> Change:
+    """A notification on the changes channel (`schema.CHANGES_CHANNEL`), either format."""
+    head, _, rest = payload.partition(" ")
+    kind, _, id_ = rest.partition(" ")
+    op, _, version = head.partition("@")
+    return Change(op, kind, id_, int(version) if version.isdigit() else 0)
 
 
 _LISTEN_RETRY_SECONDS = 1.0
@@ -145,12 +154,14 @@ class PostgresStore:
         on_change: Callable[[Change], None],
         on_progress: Callable[[str], None] | None = None,
         listening: asyncio.Event | None = None,
+        on_listening: Callable[[bool], None] | None = None,
     ) -> None:
         """Call `on_change` for every write any replica commits, until cancelled: LISTEN on a
         connection of its own (outside the pool), re-established after a loss, with a gap
         `Change` each time it is back (writes may have been missed meanwhile). `on_progress`
         gets every payload sent with `notify_progress` (by any replica, this one included);
-        `listening` is set once the first LISTEN is in place."""
+        `listening` is set once the first LISTEN is in place; `on_listening` is told True each
+        time a LISTEN is in place (before the gap `Change`), False when it is lost."""
         first = True
         while True:
             conn: asyncpg.Connection | None = None
@@ -161,9 +172,7 @@ class PostgresStore:
                 lost = asyncio.Event()
 
                 def heard(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-                    op, _, rest = payload.partition(" ")
-                    kind, _, id_ = rest.partition(" ")
-                    on_change(Change(op, kind, id_))
+                    on_change(parse_change(payload))
 
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 await conn.add_listener(schema.CHANGES_CHANNEL, heard)
@@ -171,6 +180,8 @@ class PostgresStore:
                     await conn.add_listener(schema.PROGRESS_CHANNEL, lambda _c, _p, _ch, payload: on_progress(payload))
                 if listening is not None:
                     listening.set()
+                if on_listening is not None:
+                    on_listening(True)
                 if not first:
                     on_change(Change("", "", ""))
                 first = False
@@ -186,6 +197,8 @@ class PostgresStore:
             except asyncpg.PostgresError as exc:
                 log.warning("store at %s: change feed refused: %s", self._where, exc)
             finally:
+                if on_listening is not None:
+                    on_listening(False)
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(Exception):
                         await asyncio.shield(conn.close(timeout=1.0))

@@ -22,7 +22,9 @@ __all__ = [
 
 # Any fixed 64-bit key works; every warmshell gateway on a database must use the same one.
 LOCK_KEY = 0x7761726D5F736368  # "warm_sch"
-# LISTEN/NOTIFY channel: "<INSERT|UPDATE|DELETE> <kind> <id>" after every committed write.
+# LISTEN/NOTIFY channel: "<INSERT|UPDATE>@<resource_version> <kind> <id>" or "DELETE <kind> <id>"
+# after every committed write (before migration 3, without "@<resource_version>"; a replica
+# still running that code reads the op as one it does not know and treats it as a change).
 CHANGES_CHANNEL = "warmshell_objects"
 # LISTEN/NOTIFY channel for progress lines replicas pass to each other (`gateway.progressfeed`).
 PROGRESS_CHANNEL = "warmshell_progress"
@@ -69,6 +71,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         END $$;
         CREATE TRIGGER objects_notify AFTER INSERT OR UPDATE OR DELETE ON objects
             FOR EACH ROW EXECUTE FUNCTION warmshell_notify_object();
+        """,
+    ),
+    Migration(
+        3,
+        'say the version an insert or update wrote ("UPDATE@7 kind id"), so a replica tells its own'
+        " writes' echoes and rows it already holds from news",
+        f"""
+        CREATE OR REPLACE FUNCTION warmshell_notify_object() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP = 'DELETE' THEN
+                PERFORM pg_notify('{CHANGES_CHANNEL}', 'DELETE ' || OLD.kind || ' ' || OLD.id);
+            ELSE
+                PERFORM pg_notify(
+                    '{CHANGES_CHANNEL}', TG_OP || '@' || NEW.resource_version || ' ' || NEW.kind || ' ' || NEW.id
+                );
+            END IF;
+            RETURN NULL;
+        END $$;
         """,
     ),
 )
