@@ -5,6 +5,7 @@ type, a server URL with a path prefix, and watch lines."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -56,8 +57,9 @@ class Recorder:
         return web.json_response({"kind": "Thing", "metadata": {"name": "answer"}, "seen": seen["path"]})
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[Recorder, str]]:
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[tuple[Recorder, str]]:
+    """A recording API server on a free loopback port, and its URL."""
     recorder = Recorder()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", recorder.handle)
@@ -70,6 +72,12 @@ async def server() -> AsyncIterator[tuple[Recorder, str]]:
         yield recorder, f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[Recorder, str]]:
+    async with serving() as running:
+        yield running
 
 
 async def connect(tmp_path: Path, server_url: str) -> kube.Kube:
@@ -133,20 +141,12 @@ async def test_a_server_url_with_a_path_keeps_it_and_a_watch_skips_blank_lines(
 
 async def listed_with(selector: str, tmp_path: Path) -> list[tuple[str, str]]:
     """The query a LIST with this label selector reached a fresh server with."""
-    recorder = Recorder()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", recorder.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    api = await connect(tmp_path, f"http://127.0.0.1:{port}")
-    try:
-        await api.list(kube.PODS, "ns", label_selector=selector)
-    finally:
-        await api.aclose()
-        await runner.cleanup()
+    async with serving() as (recorder, url):
+        api = await connect(tmp_path, url)
+        try:
+            await api.list(kube.PODS, "ns", label_selector=selector)
+        finally:
+            await api.aclose()
     query: list[tuple[str, str]] = recorder.requests[0]["query"]
     return query
 
