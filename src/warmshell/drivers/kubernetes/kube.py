@@ -1,4 +1,5 @@
-"""The only module that talks to the Kubernetes API: a thin async adapter over kubernetes_asyncio.
+"""The only module that talks to the Kubernetes API: a thin async adapter over kubernetes_asyncio
+(its credentials and connection pool; requests go out through `transport`).
 
 Everything else in the driver gets plain dicts from here and sees Kubernetes failures as a few
 exception classes decided at this boundary: `NotFound` (404), `AlreadyExists` / `Conflict` (409),
@@ -37,6 +38,7 @@ from warmshell.core.errors import (
     WarmshellError,
 )
 from warmshell.drivers.kubernetes.objects import Obj
+from warmshell.drivers.kubernetes.transport import Transport
 
 __all__ = [
     "CONFIGMAPS",
@@ -257,6 +259,8 @@ class Kube:
         retry: RetryPolicy,
     ) -> None:
         self._api = api_client
+        self._transport = Transport(api_client)
+        self._request_timeout = aiohttp.ClientTimeout(total=timeout)
         self._timeout = timeout
         self._watch_timeout = watch_timeout
         self.retry = retry
@@ -312,15 +316,8 @@ class Kube:
         """One bounded request; the parsed JSON body of a 2xx answer."""
         try:
             async with asyncio.timeout(self._timeout):
-                response = await self._api.call_api(
-                    path,
-                    method,
-                    query_params=list(query),
-                    header_params={"Accept": "application/json", "Content-Type": content_type},
-                    body=body,
-                    auth_settings=["BearerToken"],
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
+                response = await self._transport.send(
+                    method, path, query=query, body=body, content_type=content_type, limits=self._request_timeout
                 )
                 try:
                     data = await response.read()
@@ -477,15 +474,7 @@ class Kube:
         )
         try:
             async with asyncio.timeout(self._timeout):
-                response = await self._api.call_api(
-                    path,
-                    "GET",
-                    query_params=query,
-                    header_params={"Accept": "application/json"},
-                    auth_settings=["BearerToken"],
-                    _preload_content=False,
-                    _request_timeout=timeout,
-                )
+                response = await self._transport.send("GET", path, query=query, limits=timeout)
         except TimeoutError as exc:
             raise Temporary(0, "Timeout", f"watch {path}: no answer within {self._timeout}s") from exc
         except aiohttp.ClientError as exc:
