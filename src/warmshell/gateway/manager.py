@@ -273,9 +273,7 @@ class SandboxManager:
         if ready is None or ready.reason != deadlines.REASON:
             return  # it left Provisioning meanwhile
         log.warning("sandbox %s/%s: %s", record.workspace, record.name, message)
-        session = self.sessions.get(record.id)
-        if session is not None:
-            self.sessions.close_if_current(session, reason=message)
+        self.sessions.end(record.id, message)
         try:
             await self.driver.delete(record.id)
         except WarmshellError as exc:
@@ -426,12 +424,10 @@ class SandboxManager:
         await self.records.mutate(record.id, lambda r: phases.mark_deleting(r.status))
         if (timer := self._deadline_timers.pop(record.id, None)) is not None:
             timer.cancel()
-        session = self.sessions.get(record.id)
-        if session is not None:
-            # Told to stop, not left to find out: a supervisor whose stream merely ended would
-            # reconnect, and be refused, one ConnectSupervisor call per delete (~2% of the event
-            # loop's CPU at 6 Kubernetes warm creates/s).
-            self.sessions.close_if_current(session, reason=DELETED_REASON)
+        # Told to stop, not left to find out: a supervisor whose stream merely ended would
+        # reconnect, and be refused, one ConnectSupervisor call per delete (~2% of the event
+        # loop's CPU at 6 Kubernetes warm creates/s).
+        self.sessions.end(record.id, DELETED_REASON)
         await self.finish_delete(record.id)
         return True
 

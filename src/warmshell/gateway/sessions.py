@@ -159,14 +159,20 @@ class SessionTable:
             previous.close("superseded by a newer session")
         return session
 
-    def close_if_current(self, session: SupervisorSession, reason: str = "") -> bool:
-        """Close a session; True when it was the current one for its sandbox. With a reason, the
-        supervisor is told to stop (`SupervisorSession.close`)."""
+    def close_if_current(self, session: SupervisorSession) -> bool:
+        """Close a session; True when it was the current one for its sandbox."""
         current = self._sessions.get(session.sandbox_id) is session
         if current:
             del self._sessions[session.sandbox_id]
-        session.close(reason)
+        session.close()
         return current
+
+    def end(self, sandbox_id: SandboxId, reason: str) -> None:
+        """Close the sandbox's session, if it has one, telling its supervisor to stop: why
+        (`reason`) is its instance is over (deleted, paused, past its deadline)."""
+        session = self._sessions.pop(sandbox_id, None)
+        if session is not None:
+            session.close(reason)
 
     def get(self, sandbox_id: SandboxId) -> SupervisorSession | None:
         """The live session of a sandbox."""

@@ -136,9 +136,7 @@ class SnapshotCalls:
         paused = await self._manager.records.mutate(
             record.id, lambda r: pausing.mark_paused(r, taken.digest, now_ms=now_ms(), pause_ttl_seconds=ttl)
         )
-        session = self._manager.sessions.get(record.id)
-        if session is not None:
-            self._manager.sessions.close_if_current(session, reason=_PAUSED)
+        self._manager.sessions.end(record.id, _PAUSED)
         await self._manager.driver.delete(record.id)  # every process, its tmpfs and uid go; the record stays
         return sandbox_to_proto(await self._manager.records.get(record.id) or paused)
 
@@ -161,9 +159,7 @@ class SnapshotCalls:
         )
         if paused.status.phase != Phase.PAUSED:
             _require_ready(paused, "paused")  # it changed since it was read: say what it is now
-        session = self._manager.sessions.get(record.id)
-        if session is not None:
-            self._manager.sessions.close_if_current(session, reason=_PAUSED)
+        self._manager.sessions.end(record.id, _PAUSED)
         try:
             await driver.suspend(record.id)
         except WarmshellError as exc:

@@ -60,6 +60,16 @@ def test_a_closed_session_does_not_block_the_next() -> None:
     assert table.open(SB, "i-1") is not first
 
 
+def test_an_ended_session_tells_its_supervisor_to_stop_and_leaves_the_table() -> None:
+    table = SessionTable(window_ms=3000)
+    session = table.open(SB, "i-1")
+    table.end(SB, "the sandbox was deleted")
+    table.end(SB, "the sandbox was deleted")  # none left: nothing more is sent
+    sent = [session.outbox.get_nowait() for _ in range(session.outbox.qsize())]
+    assert sent == [spb.GatewayMessage(shutdown=spb.Shutdown(reason="the sandbox was deleted", reconnect=False)), None]
+    assert table.get(SB) is None
+
+
 def test_sessions_of_other_sandboxes_do_not_interfere() -> None:
     table = SessionTable(window_ms=3000)
     table.open(SB, "i-1")
