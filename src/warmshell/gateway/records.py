@@ -183,10 +183,7 @@ class SandboxRecords:
 
     async def _row(self, sandbox_id: SandboxId, *, may_lag: bool = False) -> StoredObject | None:
         """The row: kept, or from the store; with a shared store a kept one only when `may_lag`."""
-        if self._rows is not None:
-            row = self._rows.get(sandbox_id)
-        else:
-            row = self._feed.row(sandbox_id) if self._feed is not None and may_lag else None
+        row = self._kept_row(sandbox_id, may_lag=may_lag)
         if row is None:
             row = await self._fetched(self._store.get(KIND_SANDBOX, sandbox_id))
             if row is not None:
@@ -210,11 +207,15 @@ class SandboxRecords:
         to screen with, a decision on it then taken on `get`."""
         if (held := self._held.get(sandbox_id)) is not None:
             return held
-        if self._rows is not None:
-            row = self._rows.get(sandbox_id)
-        else:
-            row = self._feed.row(sandbox_id) if self._feed is not None else None
+        row = self._kept_row(sandbox_id, may_lag=True)
         return self._read(row) if row is not None else None
+
+    def _kept_row(self, sandbox_id: str, *, may_lag: bool) -> StoredObject | None:
+        """The row this gateway keeps: its own store's, or with a shared store (`may_lag` only)
+        the one the change feed says is current."""
+        if self._rows is not None:
+            return self._rows.get(sandbox_id)
+        return self._feed.row(sandbox_id) if self._feed is not None and may_lag else None
 
     async def get_by_name(self, workspace: str, name: str) -> SandboxRecord:
         """By name, to read; NotFoundError names what was looked for."""
