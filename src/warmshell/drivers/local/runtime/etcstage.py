@@ -51,7 +51,7 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
 from warmshell.core import egress
@@ -193,28 +193,32 @@ def _link_bundle(copy: Path) -> bool:
     bundle = copy / PurePosixPath(*_BUNDLE.parts[1:])
     if not bundle.is_file() or bundle.is_symlink():
         return False
-    mode = stat.S_IMODE(os.stat(bundle.parent).st_mode)
-    os.chmod(bundle.parent, mode | stat.S_IWUSR)  # a copy keeps its source's bits: 0555, say
-    try:
+    with _writable(bundle.parent):
         os.rename(bundle, copy / PurePosixPath(*_HOST_BUNDLE.parts[1:]))
         os.symlink(_BUNDLE_LINK, bundle)
-    finally:
-        os.chmod(bundle.parent, mode)
     return True
 
 
 def _place_authority(copy: Path, certificate_pem: bytes) -> None:
     """In the bundle's top directory's copy: the CA and the bundle of the staged host bundle and
     it, public (0644, their directory 0755), written aside and renamed over."""
-    mode = stat.S_IMODE(os.stat(copy).st_mode)
-    os.chmod(copy, mode | stat.S_IWUSR)  # a copy keeps its source's bits: 0555, say
-    try:
+    with _writable(copy):
         host = (copy / PurePosixPath(*_HOST_BUNDLE.parts[1:])).read_bytes()
         directory = copy / PurePosixPath(*_SHARED_TRUST.parts[1:])
         trust.write_trust(directory, certificate_pem, host=host)
         os.chmod(directory, 0o755)  # whatever the umask
+
+
+@contextlib.contextmanager
+def _writable(directory: Path) -> Iterator[None]:
+    """`directory` writable by its owner for the body, its mode restored after (a copy keeps its
+    source's bits: 0555, say)."""
+    mode = stat.S_IMODE(os.stat(directory).st_mode)
+    os.chmod(directory, mode | stat.S_IWUSR)
+    try:
+        yield
     finally:
-        os.chmod(copy, mode)
+        os.chmod(directory, mode)
 
 
 def link_system_bundle(egress_dir: Path) -> None:
