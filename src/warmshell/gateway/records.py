@@ -379,7 +379,11 @@ class SandboxRecords:
         update = self._store.update(
             kind=KIND_SANDBOX, id=sandbox_id, expected_version=record.resource_version, payload=payload
         )
-        return record, asyncio.ensure_future(self._fetched(update))
+        sending = asyncio.ensure_future(self._fetched(update))
+        # Cancelled before its first turn (the caller gone, a gateway stopping), `_fetched` never
+        # awaited the store's call: closed here, it is not reported as a coroutine never awaited.
+        sending.add_done_callback(lambda _: update.close())
+        return record, sending
 
     async def _written_as_sent(self, record: SandboxRecord, sending: asyncio.Future[StoredObject]) -> SandboxRecord:
         """The record once its write is done (ConflictError when it lost, the row dropped)."""

@@ -4,6 +4,8 @@ and a row moved behind the cache's back (a lost compare-and-swap) is read again,
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -418,5 +420,30 @@ async def test_a_write_answered_after_the_remove_does_not_bring_the_record_back(
         with pytest.raises(NotFoundError, match="default/one"):
             await records.get_by_name("default", "one")
         assert [r.id for r in await records.list()] == []
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("exclusive", [True, False])
+async def test_a_write_cancelled_before_it_was_sent_leaves_no_unawaited_store_call(
+    tmp_path: Path, exclusive: bool
+) -> None:
+    """A mutation cancelled while its write waits for its first turn (a gateway stopping, a
+    caller gone): the store's call it had made never runs, and is closed, not left for the
+    collector to report as a coroutine never awaited."""
+    store = await open_sqlite_store(tmp_path / "db.sqlite")
+    try:
+        records = SandboxRecords(store, EventBus(), exclusive=exclusive)
+        sid = SandboxId("sb-1")
+        await records.insert(SandboxRecord(id=sid, name="one"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mutating = asyncio.create_task(records.mutate(sid, lambda r: r.labels.update(a="1")))
+            await asyncio.sleep(0)  # to its wait for the write, which has not had a turn yet
+            mutating.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await mutating
+            gc.collect()
+        assert not [w for w in caught if "never awaited" in str(w.message)]
     finally:
         await store.aclose()
