@@ -1,9 +1,10 @@
-"""Every refusal of a request stream reaches a caller that keeps writing as it is refused.
+"""Every refusal of a request stream, and every other end of one (a failure mid-way, an exec's
+exit), reaches a caller that keeps writing as the call ends.
 
 grpcio's asyncio client reports INTERNAL instead of the server's status when one of its writes
 starts after the server ended the call (grpc/grpc#36066): an SDK user then sees "Internal error"
 for a sandbox that does not exist, and a supervisor retries a refusal as a lost gateway. Each
-refusal here is sent only once the caller's messages have been read (`tests/helpers/writerace`).
+status here is sent only once the caller's messages have been read (`tests/helpers/writerace`).
 """
 
 from __future__ import annotations
