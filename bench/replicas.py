@@ -34,8 +34,9 @@ through it:
    SQLite (`--cpu-replicas 1`, the default) and/or several on Postgres behind the balancer
    (`--cpu-replicas 3`, or `1,3` for both in each round), a pool of `--pool`, warm creates at
    `--cpu-rate` for `--cpu-seconds` (each deleted once Ready), for `--cpu-rounds` rounds
-   alternating the tree under test with `--before-src` (an older tree's `src/`, run by kubesim,
-   its pods and the gateways alike). Each run reports the CPU per create of every process
+   alternating the tree under test with `--before-src` (an older tree's `src/`, in its whole
+   tree: run by kubesim, its pods and the gateways alike, its pool, gateway settings and kubesim
+   image rules rendered by its own code, `treeparts`). Each run reports the CPU per create of every process
    (each gateway, Postgres, kubesim's API server, and its controllers process apart on a tree
    older than the controllers in the API server's process), the gateways' by thread (their event
    loops, the SQLite worker, gRPC's, asyncpg has none), with py-spy on PATH each event loop's
@@ -79,6 +80,7 @@ import asyncpg
 import cpuparts
 import grpc
 import ratesearch
+import treeparts
 from harness import summary, write_results
 from memory import MemoryGuard, MemoryLow, available_mib, descendants, is_kubesim_process, pods_pss_mib
 
@@ -125,6 +127,8 @@ class Setup:
         # How the client waits for Ready: the SDK's one CreateSandbox that answers once Ready (False),
         # or a CreateSandbox answered at once and a WatchSandbox (True; the client before issue 35).
         self.watch_create = False
+        # An older tree under test (`--before-src`): its driver settings and pool, as it renders them.
+        self.tree: treeparts.TreeParts | None = None
 
     async def start(self, count: int) -> None:
         holder: list[ReplicaSet] = []
@@ -138,6 +142,15 @@ class Setup:
             gateway_address=front.address,
             api_timeout_seconds=API_TIMEOUT_SECONDS,
         )
+        if self.tree is not None:
+            self.tree.render(
+                kubeconfig=self.cluster.kubeconfig,
+                gateway_address=front.address,
+                api_timeout_seconds=API_TIMEOUT_SECONDS,
+                name=POOL,
+                environment=WARM_ENV,
+            )
+            driver = self.tree.config  # type: ignore[assignment]
         self.replicas = await self.stack.enter_async_context(
             replica_set(self.root, store_url=self.store_url, password_file=self.password_file, driver=driver)
         )
@@ -150,10 +163,13 @@ class Setup:
         self.direct = [self.replicas.stub(r.tcp) for r in self.replicas.replicas]
 
     async def pool(self, size: int) -> None:
-        shape = SandboxShape(workspace="default", image=IMAGE, environment=WARM_ENV)
-        template, pool = warmpools.render_pool_pair(
-            self.replicas.driver, name=POOL, namespace=NAMESPACE, shape=shape, replicas=size
-        )
+        if self.tree is not None:
+            template, pool = self.tree.pool_pair(size)
+        else:
+            shape = SandboxShape(workspace="default", image=IMAGE, environment=WARM_ENV)
+            template, pool = warmpools.render_pool_pair(
+                self.replicas.driver, name=POOL, namespace=NAMESPACE, shape=shape, replicas=size
+            )
         await self.cluster.admin.create(kc.TEMPLATES, NAMESPACE, template)
         await self.cluster.admin.create(kc.POOLS, NAMESPACE, pool)
 
@@ -850,12 +866,16 @@ async def cpu_rounds(
     every run on a kubesim and gateways of its own, started from its tree (several gateways: on
     a fresh Postgres database, the creates through the balancer)."""
     configs = cpu_configs(args)
+    trees = {src: treeparts.tree_parts(src) for _, src, _ in configs if src}
     rows: list[dict[str, Any]] = []
     for round_ in range(args.cpu_rounds):
         for label, src, count in configs if round_ % 2 == 0 else configs[::-1]:
             url = await server.create_database() if count > 1 else ""
+            # An older tree renders its own pods, gateway settings and image rules (`treeparts`).
+            tree = trees.get(src)
+            images = pod_images(args.pods) if tree is None else pod_images(args.pods, tree.images, tree.image)
             with python_path(src):
-                async with kubesim_process("default", pod_images(args.pods)) as cluster:
+                async with kubesim_process("default", images) as cluster:
                     setup = await with_setup(
                         cluster,
                         root,
@@ -866,6 +886,7 @@ async def cpu_rounds(
                         guard=guard,
                         short_intervals=False,
                         watch_create=args.watch_create,
+                        tree=tree,
                     )
                     setup.postgres_pid = _postmaster_pid(server.base) if url else 0
                     try:
@@ -897,22 +918,24 @@ async def with_setup(
     logs_dir: str = "",
     short_intervals: bool = True,
     watch_create: bool = False,
+    tree: treeparts.TreeParts | None = None,
 ) -> Setup:
     setup = Setup(cluster, root / name, store_url=store_url, password_file=password_file, guard=guard)
     setup.short_intervals = short_intervals
     setup.watch_create = watch_create
+    setup.tree = tree
     if logs_dir:  # kept for a post-mortem, at INFO
         setup.logs_dir, setup.log_level = Path(logs_dir), "INFO"
     await setup.start(replicas)
     return setup
 
 
-def pod_images(pods: str) -> dict[str, Any]:
-    """kubesim's image map for `--pods`: the tests' (the pod shim), or without its rule for the
-    warmshell image, so that kubesim's default rule (the fork server) runs those pods."""
+def pod_images(pods: str, images: dict[str, Any] = IMAGES, image: str = IMAGE) -> dict[str, Any]:
+    """kubesim's image map for `--pods`: the tests' `images` (the pod shim), or without its rule
+    for the warmshell `image`, so that kubesim's default rule (the fork server) runs those pods."""
     if pods == "shim":
-        return IMAGES
-    return {pattern: rule for pattern, rule in IMAGES.items() if not fnmatch.fnmatchcase(IMAGE, pattern)}
+        return images
+    return {pattern: rule for pattern, rule in images.items() if not fnmatch.fnmatchcase(image, pattern)}
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -1342,7 +1365,9 @@ def main() -> None:
         help="gateway counts of the cpu part, each in every round: 1 on SQLite, more on Postgres (e.g. 1,3)",
     )
     parser.add_argument(
-        "--before-src", default="", help="the cpu part's older tree: its src/ (e.g. `git archive <commit> src`)"
+        "--before-src",
+        default="",
+        help="the cpu part's older tree: its src/, in the whole tree (`git archive <commit> | tar -x -C DIR`: DIR/src)",
     )
     parser.add_argument(
         "--spy-rate",

@@ -35,7 +35,7 @@ from warmshell.drivers.files import (
 )
 from warmshell.gateway.auth import Authenticator
 from warmshell.gateway.bytestream import ByteStream
-from warmshell.gateway.calls import drain_before_refusal, streaming, unary
+from warmshell.gateway.calls import abort_for, drain_before_refusal, streaming, unary
 from warmshell.gateway.forwarding import Forwarder, Target
 from warmshell.gateway.manager import SandboxManager
 from warmshell.gateway.session_files import SessionFiles
@@ -102,14 +102,16 @@ async def _data(rest: AsyncIterator[Any], what: str) -> AsyncIterator[bytes]:
 
 
 @contextlib.asynccontextmanager
-async def _refused_once_sent(requests: AsyncIterator[Any]) -> AsyncIterator[None]:
+async def _refused_once_sent(requests: AsyncIterator[Any], context: Ctx, where: str) -> AsyncIterator[None]:
     """A refusal (a `WarmshellError`) raised inside waits until the client has sent the rest
-    of `requests`, which are dropped (see `_DRAIN_BYTES`)."""
+    of `requests`, which are dropped (see `_DRAIN_BYTES`), and goes out as the call's status
+    itself: the handler's wrapper would drain again, up to its own bound (which is for callers
+    not yet authenticated) after this one's was reached."""
     try:
         yield
-    except WarmshellError:
+    except WarmshellError as exc:
         await drain_before_refusal(requests, seconds=_DRAIN_SECONDS, max_bytes=_DRAIN_BYTES)
-        raise
+        await abort_for(context, exc, where)
 
 
 class FileService(sandbox_pb2_grpc.FileServiceServicer):
@@ -197,7 +199,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         self, request_iterator: AsyncIterator[pb.WriteFileRequest], context: Ctx
     ) -> pb.WriteFileResponse:
         await self._auth.require_client(context)
-        async with _refused_once_sent(request_iterator):
+        async with _refused_once_sent(request_iterator, context, "WriteFile"):
             first = await _header_first(request_iterator, "a write")
             header = first.header
             path = normalize_path(header.path)
@@ -272,7 +274,7 @@ class FileService(sandbox_pb2_grpc.FileServiceServicer):
         self, request_iterator: AsyncIterator[pb.UploadTarRequest], context: Ctx
     ) -> pb.UploadTarResponse:
         await self._auth.require_client(context)
-        async with _refused_once_sent(request_iterator):
+        async with _refused_once_sent(request_iterator, context, "UploadTar"):
             first = await _header_first(request_iterator, "an upload")
             header = first.header
             path = normalize_path(header.path)

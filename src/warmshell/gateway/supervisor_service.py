@@ -29,7 +29,7 @@ from warmshell.drivers.base import Bound, IdentityProvider, SupervisorIdentity
 from warmshell.gateway import metrics
 from warmshell.gateway.activation import GatewayActivator, reactivation_refused
 from warmshell.gateway.auth import Authenticator, Unauthenticated
-from warmshell.gateway.calls import abort_for, refuse_stream, streaming, unary
+from warmshell.gateway.calls import held, refuse_stream, streaming, unary
 from warmshell.gateway.context import CallContext
 from warmshell.gateway.egress import credentials
 from warmshell.gateway.manager import SandboxManager
@@ -145,6 +145,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
     async def ConnectSupervisor(  # type: ignore[override]
         self, request_iterator: AsyncIterator[spb.SupervisorMessage], context: Ctx
     ) -> AsyncIterator[spb.GatewayMessage]:
+        request_iterator = held(context, request_iterator)
         try:
             claims = await self._auth.require_sandbox(context)
         except grpc.aio.AbortError:
@@ -160,6 +161,7 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         # The registration's checks are RegisterSupervisor's own (this runs it); the session's
         # are ConnectSupervisor's, with the claims of the token just minted for this very
         # registration standing in for the bearer token a reconnect presents.
+        request_iterator = held(context, request_iterator)
         try:
             first = await anext(aiter(request_iterator), None)
             if first is None or not first.HasField("register"):
@@ -220,12 +222,16 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            await abort_for(context, exc, call)  # e.g. UNAVAILABLE: the supervisor retries
+            # e.g. UNAVAILABLE: the supervisor retries. It is still sending (its outbox), so the
+            # reader stops and the rest is drained before the status (`refuse_stream`); the
+            # session is closed first, so no exec waits on it meanwhile.
+            session.close()
+            ticker.cancel()
+            await _stopped(reader)
+            await refuse_stream(context, request_iterator, exc, call)
         finally:
             ticker.cancel()
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.gather(reader, return_exceptions=True)
+            await _stopped(reader)
             if self._manager.sessions.close_if_current(session):
                 try:
                     await self._manager.on_session(claims.sandbox_id, connected=False, session_id=session.session_id)
@@ -345,6 +351,13 @@ class SupervisorService(supervisor_pb2_grpc.SupervisorServiceServicer):
             raise PermissionDeniedError(f"instance {claims.instance_id} is not the running instance of its sandbox")
         token, expires = self._issuer.mint(claims.sandbox_id, claims.instance_id, claims.incarnation)
         return spb.RefreshSandboxTokenResponse(token=token, expires_at_ms=expires)
+
+
+async def _stopped(task: asyncio.Task[None]) -> None:
+    """`task` cancelled and ended (what it raised is the session's end, already handled)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await asyncio.gather(task, return_exceptions=True)
 
 
 class _Heartbeats:

@@ -37,6 +37,13 @@ def queued_bytes(gw: RunningGateway) -> int:
     return sum(channel.in_flight for session in sessions for channel in session.execs.values())
 
 
+async def wait_no_exec(gw: RunningGateway, timeout: float) -> None:
+    """Until no session has an exec open (the gateway ended or gave up every one)."""
+    async with asyncio.timeout(timeout):
+        while any(session.execs for session in gw.gateway.parts.sessions._sessions.values()):
+            await asyncio.sleep(0.05)
+
+
 async def test_a_pausing_reader_gets_every_byte_of_200mb(tmp_path: Path) -> None:
     async with running_gateway(tmp_path / "state", exec_output_window_bytes=WINDOW) as gw:
         await gw.create(name="flood")
@@ -79,7 +86,8 @@ async def test_a_reader_that_stops_gets_an_error_not_an_exit_status(tmp_path: Pa
                     codes.append(event.exit_code)
                 received += len(event.stdout)
                 if received and not codes:
-                    await asyncio.sleep(8.0)  # gone for longer than the stall timeout
+                    # Gone until the gateway has given the exec up (its stall timeout, 1 s).
+                    await wait_no_exec(gw, timeout=30.0)
                     codes.append(-999)  # paused once only
 
         with pytest.raises(grpc.aio.AioRpcError) as failure:

@@ -1,18 +1,21 @@
-"""Every refusal of a request stream reaches a caller that keeps writing as it is refused.
+"""Every refusal of a request stream, and every other end of one (a failure mid-way, an exec's
+exit), reaches a caller that keeps writing as the call ends.
 
 grpcio's asyncio client reports INTERNAL instead of the server's status when one of its writes
 starts after the server ended the call (grpc/grpc#36066): an SDK user then sees "Internal error"
 for a sandbox that does not exist, and a supervisor retries a refusal as a lost gateway. Each
-refusal here is sent only once the caller's messages have been read (`tests/helpers/writerace`).
+status here is sent only once the caller's messages have been read (`tests/helpers/writerace`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import pytest
 
 from tests.helpers.gateway import RunningGateway
 from tests.helpers.writerace import codes_of_racing_writes
@@ -20,6 +23,9 @@ from warmshell.api.v1 import image_pb2 as ipb
 from warmshell.api.v1 import image_pb2_grpc, sandbox_pb2_grpc, supervisor_pb2_grpc
 from warmshell.api.v1 import sandbox_pb2 as pb
 from warmshell.api.v1 import supervisor_pb2 as spb
+from warmshell.core.errors import UnavailableError
+from warmshell.core.models import SandboxId
+from warmshell.gateway import calls, file_service
 
 _BAD = (("authorization", "Bearer not-the-token"),)
 _CHUNK = b"x" * 16 * 1024
@@ -115,3 +121,82 @@ async def test_a_refused_registration_on_one_stream_reports_its_refusal(gw: Runn
 
     codes = await codes_of_racing_writes(stub.OpenSupervisor, registering)
     assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}, codes
+
+
+async def test_a_session_that_fails_once_accepted_reports_its_status(
+    gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session accepted and then failed (the store unreachable as it records the session) ends
+    while the supervisor is still sending (its outbox, then its workload's output as it comes):
+    it must read UNAVAILABLE (retry), whatever the timing, not INTERNAL. The session's reader is
+    waiting for that output when the session fails, and must not take the stream with it."""
+    await gw.create(name="a")
+    a = await gw.wait_ready("a")
+    manager = gw.gateway.parts.manager
+    manager.sessions.end(SandboxId(a.id), "its supervisor is replaced by this test's")
+    recorded = manager.on_session
+
+    async def unreachable(sandbox_id: SandboxId, *, connected: bool, **fields: Any) -> None:
+        if connected:
+            await asyncio.sleep(0.002)  # the store's answer, in the middle of the writes' delays
+            raise UnavailableError("the store is unreachable")
+        await recorded(sandbox_id, connected=connected, **fields)
+
+    monkeypatch.setattr(manager, "on_session", unreachable)
+    stub = supervisor_pb2_grpc.SupervisorServiceStub(gw.channel)
+    token, _ = gw.gateway.parts.issuer.mint(a.id, a.status.instance_id)
+    bearer = (("authorization", f"Bearer {token}"),)
+    hello = spb.SupervisorMessage(hello=spb.SupervisorHello(sandbox_id=a.id, instance_id=a.status.instance_id))
+
+    async def hello_then(output: AsyncIterator[spb.SupervisorMessage]) -> AsyncIterator[spb.SupervisorMessage]:
+        yield hello
+        async for message in output:
+            yield message
+
+    output = [spb.SupervisorMessage(output=spb.OutputData(data=_CHUNK)) for _ in range(3)]
+    codes = await codes_of_racing_writes(lambda out: stub.ConnectSupervisor(hello_then(out), metadata=bearer), output)
+    # Two sessions at a time: the second may find the first still open (ALREADY_EXISTS, refused).
+    assert grpc.StatusCode.UNAVAILABLE in codes
+    assert set(codes) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS}, codes
+
+
+async def test_an_exec_that_ends_while_its_stdin_is_sent_reports_its_end(gw: RunningGateway) -> None:
+    """A command that exits while its client is still sending stdin (its relay waiting for the
+    next message) ends the call OK, after the exit event, not INTERNAL: the SDK reads a streamed
+    stdin's call to its end."""
+    await gw.create(name="e")
+    await gw.wait_ready("e")
+    start = pb.ExecStreamRequest(start=pb.ExecStreamStart(exec=pb.ExecSandboxRequest(name="e", command=["true"])))
+
+    async def start_then(stdin: AsyncIterator[pb.ExecStreamRequest]) -> AsyncIterator[pb.ExecStreamRequest]:
+        yield start
+        async for message in stdin:
+            yield message
+
+    stdin = [*(pb.ExecStreamRequest(stdin=_CHUNK) for _ in range(3)), pb.ExecStreamRequest(close_stdin=True)]
+    codes = await codes_of_racing_writes(
+        lambda requests: gw.stub.ExecSandboxStream(start_then(requests), metadata=gw.metadata), stdin
+    )
+    assert set(codes) == {grpc.StatusCode.OK}, codes
+
+
+async def test_a_refused_write_waits_for_its_client_once(gw: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused write waits for its client's last writes up to the file streams' bound, and
+    then answers: not a second time up to the bound of callers not yet authenticated."""
+    monkeypatch.setattr(file_service, "_DRAIN_SECONDS", 0.3)
+    monkeypatch.setattr(calls, "REFUSAL_DRAIN_SECONDS", 5.0)
+    files = sandbox_pb2_grpc.FileServiceStub(gw.channel)
+    done_writing = asyncio.Event()
+
+    async def held_open() -> AsyncIterator[pb.WriteFileRequest]:
+        yield pb.WriteFileRequest(header=pb.WriteFileHeader(name="missing", path="/workspace/f"))
+        await done_writing.wait()  # a client that sends nothing more and does not half-close
+
+    started = asyncio.get_running_loop().time()
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await files.WriteFile(held_open(), metadata=gw.metadata)
+    finally:
+        done_writing.set()
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert 0.3 <= asyncio.get_running_loop().time() - started < 3.0

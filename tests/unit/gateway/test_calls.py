@@ -14,7 +14,7 @@ import pytest
 
 from warmshell.core.errors import NotFoundError
 from warmshell.gateway.auth import Unauthenticated
-from warmshell.gateway.calls import INTERNAL_MESSAGE, streaming, unary
+from warmshell.gateway.calls import INTERNAL_MESSAGE, HeldStream, streaming, unary
 
 SECRET = "sk-do-not-log-me"
 
@@ -92,3 +92,46 @@ async def test_cancellation_and_a_status_set_by_the_handler_pass_through(stream:
         await call(asyncio.CancelledError(), stream=stream)
     with pytest.raises(grpc.aio.AbortError):
         await call(grpc.aio.AbortError(), stream=stream)
+
+
+async def test_a_held_stream_keeps_the_message_a_cancelled_reader_waited_for() -> None:
+    """A reader cancelled while it waits for the next message (a session's reader, an exec's
+    stdin relay, as their call fails) leaves the stream readable, from that very message on:
+    the drain before the status reads what the caller still sends."""
+    arrived: asyncio.Queue[int | None] = asyncio.Queue()
+
+    async def requests() -> AsyncIterator[int]:
+        while (item := await arrived.get()) is not None:
+            yield item
+
+    stream = HeldStream(requests())
+    arrived.put_nowait(1)
+    assert await anext(stream) == 1
+    reader = asyncio.create_task(anext(stream))
+    await asyncio.sleep(0)  # the reader now waits for message 2
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    arrived.put_nowait(2)
+    arrived.put_nowait(3)
+    arrived.put_nowait(None)
+    assert [item async for item in stream] == [2, 3]
+
+
+async def test_a_plain_async_generator_is_closed_by_a_cancelled_reader() -> None:
+    """Why the stream is held: grpcio's request stream is an async generator, which a reader
+    cancelled mid-wait closes (the drain then read nothing and the status raced the writes)."""
+    arrived: asyncio.Queue[int | None] = asyncio.Queue()
+
+    async def requests() -> AsyncIterator[int]:
+        while (item := await arrived.get()) is not None:
+            yield item
+
+    stream = requests()
+    reader = asyncio.create_task(anext(stream))
+    await asyncio.sleep(0)
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    arrived.put_nowait(2)
+    assert [item async for item in stream] == []
