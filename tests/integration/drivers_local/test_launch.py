@@ -33,6 +33,16 @@ def test_it_enters_a_cgroup_in_each_v1_hierarchy(tmp_path: Path) -> None:
     assert [procs.read_text() for procs in files] == [done.stdout] * 3
 
 
+def test_through_a_v1_tasks_file_it_moves_its_own_thread_by_writing_0(tmp_path: Path) -> None:
+    # 0 is the calling thread: a move the kernel makes without its threadgroup lock (a pid makes
+    # it wait for an RCU grace period when no migration ran for a few ms).
+    tasks = tmp_path / "tasks"
+    done = launch(f"--cgroup={tasks}", f"--cgroup={tmp_path / 'cgroup.procs'}", "--", "/bin/sh", "-c", "echo $$")
+    assert done.returncode == 0, done.stderr
+    assert tasks.read_text() == "0\n"
+    assert (tmp_path / "cgroup.procs").read_text() == done.stdout
+
+
 def test_priority_and_rlimits_reach_the_program() -> None:
     done = launch(
         "--priority=7", "--fsize=4096:8192", "--", "/bin/sh", "-c", "nice; grep 'Max file size' /proc/self/limits"

@@ -259,7 +259,7 @@ class Launcher:
         `sandboxing.kept_mounts`), the mounts bwrap neither binds nor reads leave its namespace."""
         argv = [str(self._launch)]
         if cgroup is not None:  # one file per hierarchy on cgroup v1
-            argv += [f"--cgroup={procs}" for procs in cgroup.procs_files]
+            argv += [f"--cgroup={entry}" for entry in cgroup.entry_files]
         if nice:
             argv.append(f"--priority={nice}")
         if bounds is not None:

@@ -3,9 +3,9 @@
  *   warmshell-launch [--cgroup=PROCS] [--priority=NICE] [--RLIMIT=SOFT[:HARD]]... [--uid=UID]
  *                    [--rootfs=DIR --root-size=BYTES --layer=PATH...] [--keep[-tree]=PATH...] -- PROGRAM ARG...
  *
- * Moves itself into a cgroup (--cgroup names its cgroup.procs file, once per hierarchy on cgroup
- * v1; written while still the gateway's uid, and before PROGRAM, so everything PROGRAM starts is
- * in it), sets its
+ * Moves itself into a cgroup (--cgroup names its cgroup.procs file, or its `tasks` file once per
+ * hierarchy on cgroup v1; written while still the gateway's uid, and before PROGRAM, so everything
+ * PROGRAM starts is in it), sets its
  * nice value (--priority; a pool refill starts below the creates it serves), its rlimits (the
  * option names and value syntax of util-linux prlimit, e.g. --fsize=4294967296 --nproc=1024),
  * then drops to UID (that gid, no supplementary groups), and execs PROGRAM (an absolute path:
@@ -85,11 +85,18 @@ static void limit(const char *name, size_t length, const char *value, const char
     fail("unknown option", option);
 }
 
+/* PROCS is a cgroup.procs file (this pid is written) or a cgroup v1 `tasks` file: 0 is written
+ * there, the calling thread, which is the whole of this single-threaded process. Moving a pid
+ * takes the kernel's threadgroup lock for writing, which waits for an RCU grace period when no
+ * migration ran in the last few ms (7-14 ms on Linux 6.18, most of a lone start's wall); moving
+ * the calling thread alone does not take it. */
 static void enter_cgroup(const char *procs) {
     int fd = open(procs, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);  /* O_CREAT: as the shell's `>` had */
     if (fd < 0) fail("cannot open the cgroup", strerror(errno));
+    const char *slash = strrchr(procs, '/');
+    int self = strcmp(slash ? slash + 1 : procs, "tasks") == 0;
     char pid[24];
-    int length = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    int length = snprintf(pid, sizeof pid, "%d\n", self ? 0 : (int)getpid());
     if (write(fd, pid, (size_t)length) != length) fail("cannot enter the cgroup", strerror(errno));
     close(fd);
 }
