@@ -88,7 +88,7 @@ def mount_points(mountinfo: str) -> list[str]:
 
 
 # bwrap parses the whole mount table once per bind mount it makes: fewer mounts, a cheaper start.
-BWRAP_READS = ("--keep=/proc", "--keep=/tmp", "--keep=/dev/null")
+BWRAP_READS = ("--keep-tree=/proc", "--keep=/tmp", "--keep=/dev/null")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="an image root's idmapped layers need root")

@@ -225,20 +225,24 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     return argv
 
 
-# What bwrap reads of the namespace it starts in besides its bind sources: /proc, /tmp (its base
+# What bwrap reads of the namespace it starts in besides its bind sources: /tmp (its base
 # directory until it pivots), the device nodes its --dev binds, and its own program and libraries.
-_BWRAP_READS = ("/proc", "/tmp", *(f"/dev/{node}" for node in ("null", "zero", "full", "random", "urandom", "tty")))
+_BWRAP_READS = ("/tmp", *(f"/dev/{node}" for node in ("null", "zero", "full", "random", "urandom", "tty")))
 _PROGRAM_READS = ("/usr", "/lib", "/lib64", "/etc")
+# /proc with its submounts: the kernel lets bwrap mount a fresh proc for the sandbox only when an
+# existing one is as covered as before (a container masks /proc/kcore and others with submounts:
+# detached, they would no longer refuse it).
+_PROC = "/proc"
 
 
 def kept_mounts(layout: SandboxLayout) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """What of its mount namespace a sandbox's launcher keeps for bwrap (`warmshell-launch`'s
     `--keep-tree` and `--keep`): the trees bwrap binds (every source of `bwrap_argv`, with the
-    mounts within it), and the paths it reads otherwise (only the mounts holding them). Every
-    other mount goes: bwrap parses the whole mount table once per bind mount it makes."""
-    trees = [*(source for source, _ in layout.plan.binds), *layout.extra_ro_binds, layout.agent]
+    mounts within it) and /proc's, and the paths it reads otherwise (only the mounts holding
+    them). Every other mount goes: bwrap parses the whole mount table once per bind mount."""
+    trees = [_PROC, *(source for source, _ in layout.plan.binds), *layout.extra_ro_binds, layout.agent]
     if layout.overlay_root is not None:
-        trees.insert(0, layout.overlay_root)
+        trees.insert(1, layout.overlay_root)
     if not (layout.workspace_in_root and layout.overlay_root is not None) and layout.workspace_bytes is None:
         trees.append(layout.workspace_dir)
     if layout.egress_dir is not None:
