@@ -284,8 +284,9 @@ static void trim_mounts(char **keep, const int *tree, int count) {
         if (!kept(point, keep, tree, count)) points[total++] = point;
     }
     /* A lazy detach takes the mounts within along (a host's /sys of a dozen cgroup v1 mounts in one
-     * call): each call costs ~0.05 ms of CPU, about what one mount costs bwrap a start, so only
-     * the outermost are detached, once per mount stacked there. */
+     * call), so only the outermost are detached, once per mount stacked there; a call costs ~0.01
+     * ms of CPU, a seventh of what the mount would cost bwrap (500 sibling mounts: 10.6 ms of CPU
+     * a start trimmed, 38 untrimmed). */
     qsort(points, (size_t)total, sizeof points[0], shallower_first);
     int detached = 0;
     for (int i = 0; i < total; i++) {
