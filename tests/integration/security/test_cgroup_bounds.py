@@ -125,8 +125,8 @@ async def test_a_frozen_sandbox_stops_and_a_thawed_one_goes_on(gw: RunningGatewa
     counting = asyncio.create_task(gw.exec("sleeper", ["/bin/sh", "-c", loop], timeout_seconds=30))
     pids = [int(p) for p in group_of(gw, sandbox_id).procs_files[0].read_text().split()]
     # The sandbox's /tmp, seen through the root of one of its processes (bwrap's outermost
-    # process stays in the host's mount namespace).
-    inside = [pid for pid in pids if os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")]
+    # process stays in the host's user namespace, and in its launch's mount namespace).
+    inside = [pid for pid in pids if os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user")]
     while not Path(f"/proc/{inside[0]}/root/tmp/count").exists():
         await asyncio.sleep(0.05)
     pid = inside[0]

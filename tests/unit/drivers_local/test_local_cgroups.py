@@ -58,6 +58,7 @@ def test_delegated_hierarchy_enables_controllers_and_writes_limits(tmp_path: Pat
     group = found.create("li-1", cgroups.Limits(cpu_millis=250, memory_bytes=2**28, pids=100))
     (path,) = group.directories
     assert group.procs_files == (path / "cgroup.procs",)
+    assert group.entry_files == group.procs_files  # v2: no moving one thread of a process
     assert (path / "cpu.max").read_text() == "25000 100000\n"
     assert (path / "memory.max").read_text() == f"{2**28}\n"
     assert (path / "pids.max").read_text() == "100\n"

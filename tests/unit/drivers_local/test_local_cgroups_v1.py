@@ -99,6 +99,9 @@ def test_a_group_in_each_hierarchy_with_its_limits(tmp_path: Path) -> None:
     assert backend.parents["memory"] == tmp_path / "memory" / "warmshell" / "gw-1"
     group = backend.create("li-1", cgroups.Limits(cpu_millis=250, memory_bytes=2**28, pids=100))
     assert group.directories == tuple(tmp_path / c / "warmshell" / "gw-1" / "li-1" for c in cgroups_v1.CONTROLLERS)
+    # The launcher enters through `tasks` (writing 0: its own thread, no threadgroup lock).
+    assert group.entry_files == tuple(directory / "tasks" for directory in group.directories)
+    assert group.procs_files == tuple(directory / "cgroup.procs" for directory in group.directories)
     memory = tmp_path / "memory" / "warmshell" / "gw-1" / "li-1"
     assert (memory / "memory.limit_in_bytes").read_text() == f"{2**28}\n"
     assert not (memory / "memory.memsw.limit_in_bytes").exists()  # no swap accounting here

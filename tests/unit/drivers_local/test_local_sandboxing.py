@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from warmshell.drivers.local.runtime import sandboxing
 from warmshell.drivers.local.runtime.sandboxing import RootEntry, RootPlan, SandboxLayout
 
@@ -188,3 +190,26 @@ def test_an_image_holding_its_workspace_keeps_it_under_the_overlay_and_mounts_no
     # Without an overlay root the flag means nothing: /workspace is mounted as ever.
     host = sandboxing.bwrap_argv(layout(workspace_in_root=True, workspace_bytes=1 << 20))
     assert (sandboxing.WORKSPACE,) in pairs(host, "--tmpfs", 1)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"workspace_bytes": 1 << 20},
+        {"extra_ro_binds": [Path("/opt/tools")], "egress_dir": Path("/run/ws/egress/li-1")},
+        {"overlay_root": Path("/srv/rootfs/m"), "plan": RootPlan(()), "workspace_in_root": True},
+        {"overlay_root": Path("/srv/rootfs/m"), "plan": RootPlan(()), "workspace_bytes": 1 << 20},
+        {"plan": sandboxing.host_root_plan(HOST_ENTRIES, HOST_ETC, staged_etc=Path("/srv/etc"), etc_dirs=["ssl"])},
+    ],
+)
+def test_the_launcher_keeps_exactly_the_trees_bwrap_binds_and_what_it_reads(overrides: dict[str, object]) -> None:
+    sandbox = layout(**overrides)
+    argv = sandboxing.bwrap_argv(sandbox)
+    sources = {source for flag in ("--bind", "--ro-bind") for source, _ in pairs(argv, flag, 2)}
+    trees, reads = sandboxing.kept_mounts(sandbox)
+    # /proc whole as well: a container's masks under it are what refuse a fresh proc mount.
+    assert set(trees) == {*sources, "/proc"}
+    assert len(trees) == len(sources) + 1
+    assert {"/tmp", "/dev/null", "/dev/urandom", "/usr/bin/bwrap"} <= set(reads)
+    assert not any(path.startswith(("/sys", "/home", "/var")) for path in (*trees, *reads))

@@ -72,11 +72,25 @@ class Group:
 
     name: str
     directories: tuple[Path, ...]
+    # The file `warmshell-launch` enters the group through: on v1 `tasks` (see `entry_files`).
+    entry: str = "cgroup.procs"
 
     @property
     def procs_files(self) -> tuple[Path, ...]:
-        """What a process writes its pid to, to enter the group in every hierarchy."""
+        """The files listing the group's processes, one per hierarchy (a process writes its pid
+        to one to enter the group there)."""
         return tuple(procs_file(directory) for directory in self.directories)
+
+    @property
+    def entry_files(self) -> tuple[Path, ...]:
+        """What `warmshell-launch` writes to, to enter the group in every hierarchy before it
+        execs bwrap: `cgroup.procs`, or on v1 `tasks`, to which it writes 0 (the calling thread,
+        the whole of the single-threaded launcher). A write of a pid takes the kernel's
+        threadgroup lock for writing, which waits for an RCU grace period when no migration ran
+        in the last few ms: most of a lone create's wall on a 2-core VM (Linux 6.18: a launch
+        after a 1 s pause 12.1 ms p50 by pid, 3.4 through `tasks`); moving the calling thread
+        alone skips that lock."""
+        return tuple(directory / self.entry for directory in self.directories)
 
 
 @dataclass(frozen=True)

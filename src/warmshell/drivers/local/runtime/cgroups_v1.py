@@ -122,7 +122,7 @@ class CgroupV1:
         """Make the sandbox's group in every hierarchy and write its limits (plain `os` calls on
         strings: a pool fill makes a hundred groups a second, and pathlib's joins and text files
         were a third of the CPU each one cost)."""
-        group = Group(name, self._directories(name))
+        group = Group(name, self._directories(name), entry="tasks")
         try:
             for directory in group.directories:
                 with contextlib.suppress(FileExistsError):

@@ -237,7 +237,8 @@ class Launcher:
             )
             if image_root is None and not image and self._etc is not None and self._etc.bundle_linked:
                 etcstage.link_system_bundle(instance.egress_dir)
-            launch = self._launch_argv(nice, instance.uid, bounds, instance.cgroup, image_root)
+            keep = sandboxing.kept_mounts(layout) if instance.uid is not None else None
+            launch = self._launch_argv(nice, instance.uid, bounds, instance.cgroup, image_root, keep)
             return [*launch, *sandboxing.bwrap_argv(layout)]
 
         return await SandboxProcess.spawn(build, seccomp=self._seccomp, log_path=log_path, spawner=self._spawner)
@@ -249,14 +250,16 @@ class Launcher:
         bounds: limits.Bounds | None,
         cgroup: cgroups.Group | None = None,
         image_root: imageroots.ImageRoot | None = None,
+        keep: tuple[Sequence[str], Sequence[str]] | None = None,
     ) -> list[str]:
         """The `warmshell-launch` prefix: into the cgroup while still the gateway's uid, then
         priority, rlimits and the sandbox's uid, then bwrap (not subprocess's `user=`: that makes
         Python fork() instead of vfork(), and a fork of the gateway runs gRPC's fork handlers,
-        which crash the child while other threads use gRPC)."""
+        which crash the child while other threads use gRPC). With `keep` (a root gateway's:
+        `sandboxing.kept_mounts`), the mounts bwrap neither binds nor reads leave its namespace."""
         argv = [str(self._launch)]
         if cgroup is not None:  # one file per hierarchy on cgroup v1
-            argv += [f"--cgroup={procs}" for procs in cgroup.procs_files]
+            argv += [f"--cgroup={entry}" for entry in cgroup.entry_files]
         if nice:
             argv.append(f"--priority={nice}")
         if bounds is not None:
@@ -267,6 +270,8 @@ class Launcher:
             size = bounds.root_bytes if bounds is not None else limits.DEFAULT_ROOT_BYTES
             argv += [f"--rootfs={self._rootfs}", f"--root-size={size}"]
             argv += [f"--layer={layer}" for layer in image_root.layers]
+        if keep is not None:
+            argv += [*(f"--keep-tree={tree}" for tree in keep[0]), *(f"--keep={path}" for path in keep[1])]
         return [*argv, "--"] if len(argv) > 1 else []
 
     def share_authority(self, certificate_pem: bytes) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "bwrap_argv",
     "host_root_plan",
     "image_root_plan",
+    "kept_mounts",
     "list_root",
 ]
 
@@ -222,6 +223,32 @@ def bwrap_argv(layout: SandboxLayout) -> list[str]:
     if layout.egress_dir is not None:
         argv.append(str(layout.egress_port))
     return argv
+
+
+# What bwrap reads of the namespace it starts in besides its bind sources: /tmp (its base
+# directory until it pivots), the device nodes its --dev binds, and its own program and libraries.
+_BWRAP_READS = ("/tmp", *(f"/dev/{node}" for node in ("null", "zero", "full", "random", "urandom", "tty")))
+_PROGRAM_READS = ("/usr", "/lib", "/lib64", "/etc")
+# /proc with its submounts: the kernel lets bwrap mount a fresh proc for the sandbox only when an
+# existing one is as covered as before (a container masks /proc/kcore and others with submounts:
+# detached, they would no longer refuse it).
+_PROC = "/proc"
+
+
+def kept_mounts(layout: SandboxLayout) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What of its mount namespace a sandbox's launcher keeps for bwrap (`warmshell-launch`'s
+    `--keep-tree` and `--keep`): the trees bwrap binds (every source of `bwrap_argv`, with the
+    mounts within it) and /proc's, and the paths it reads otherwise (only the mounts holding
+    them). Every other mount goes: bwrap parses the whole mount table once per bind mount."""
+    trees = [_PROC, *(source for source, _ in layout.plan.binds), *layout.extra_ro_binds, layout.agent]
+    if layout.overlay_root is not None:
+        trees.insert(1, layout.overlay_root)
+    if not (layout.workspace_in_root and layout.overlay_root is not None) and layout.workspace_bytes is None:
+        trees.append(layout.workspace_dir)
+    if layout.egress_dir is not None:
+        trees.append(layout.egress_dir)
+    reads = (*_BWRAP_READS, layout.bwrap, *_PROGRAM_READS)
+    return tuple(dict.fromkeys(str(tree) for tree in trees)), reads
 
 
 def _workspace_argv(layout: SandboxLayout) -> list[str]:

@@ -1,11 +1,11 @@
 /* warmshell-launch: the host-side prefix of every local sandbox's command line.
  *
  *   warmshell-launch [--cgroup=PROCS] [--priority=NICE] [--RLIMIT=SOFT[:HARD]]... [--uid=UID]
- *                    [--rootfs=DIR --root-size=BYTES --layer=PATH...] -- PROGRAM ARG...
+ *                    [--rootfs=DIR --root-size=BYTES --layer=PATH...] [--keep[-tree]=PATH...] -- PROGRAM ARG...
  *
- * Moves itself into a cgroup (--cgroup names its cgroup.procs file, once per hierarchy on cgroup
- * v1; written while still the gateway's uid, and before PROGRAM, so everything PROGRAM starts is
- * in it), sets its
+ * Moves itself into a cgroup (--cgroup names its cgroup.procs file, or its `tasks` file once per
+ * hierarchy on cgroup v1; written while still the gateway's uid, and before PROGRAM, so everything
+ * PROGRAM starts is in it), sets its
  * nice value (--priority; a pool refill starts below the creates it serves), its rlimits (the
  * option names and value syntax of util-linux prlimit, e.g. --fsize=4294967296 --nproc=1024),
  * then drops to UID (that gid, no supplementary groups), and execs PROGRAM (an absolute path:
@@ -24,6 +24,11 @@
  * sandboxes all run as its own uid) makes a user namespace of its own first, mapping its uid to 0
  * there (overlayfs mounts in a user namespace since Linux 5.11): the store's files, its own, show
  * as 0 without an idmap, and bwrap runs in that namespace and makes the sandbox's inside it.
+ *
+ * With --keep-tree (bwrap's bind sources) and --keep (what else it reads: /proc, /tmp, the device
+ * nodes of its --dev), a root caller leaves in its mount namespace (an image root's, or one of its
+ * own for the host's root) only the mounts that hold those paths and those within a kept tree:
+ * see trim_mounts.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -80,11 +85,18 @@ static void limit(const char *name, size_t length, const char *value, const char
     fail("unknown option", option);
 }
 
+/* PROCS is a cgroup.procs file (this pid is written) or a cgroup v1 `tasks` file: 0 is written
+ * there, the calling thread, which is the whole of this single-threaded process. Moving a pid
+ * takes the kernel's threadgroup lock for writing, which waits for an RCU grace period when no
+ * migration ran in the last few ms (7-14 ms on Linux 6.18, most of a lone start's wall); moving
+ * the calling thread alone does not take it. */
 static void enter_cgroup(const char *procs) {
     int fd = open(procs, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);  /* O_CREAT: as the shell's `>` had */
     if (fd < 0) fail("cannot open the cgroup", strerror(errno));
+    const char *slash = strrchr(procs, '/');
+    int self = strcmp(slash ? slash + 1 : procs, "tasks") == 0;
     char pid[24];
-    int length = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    int length = snprintf(pid, sizeof pid, "%d\n", self ? 0 : (int)getpid());
     if (write(fd, pid, (size_t)length) != length) fail("cannot enter the cgroup", strerror(errno));
     close(fd);
 }
@@ -100,6 +112,8 @@ static void enter_cgroup(const char *procs) {
 #define ATTR_NOSUID 0x00000002
 #define ATTR_NODEV 0x00000004
 #define MAX_LAYERS 500       /* the OCI spec's practical limit is 127; docker's is 125 */
+#define MAX_KEEP 500
+#define MAX_MOUNTS 16384
 
 struct idmap_attr { unsigned long long set, clear, propagation, userns_fd; };
 
@@ -169,14 +183,6 @@ static void mount_image_root(const char *dir, const char *size, const char **lay
     else if (unshare(CLONE_NEWNS) != 0)
         fail("cannot make a mount namespace", strerror(errno));
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) fail("cannot make mounts private", strerror(errno));
-    /* bwrap reads and parses the whole mount table once per bind mount it makes (~12 times a
-     * start: ~0.07 ms of CPU per mount per start), and nothing of a sandbox uses the host's /sys,
-     * where a cgroup v1 host keeps a dozen mounts (this process's placement is done: --cgroup is
-     * applied first): out of this namespace with them, ~0.9 ms less CPU a start on a 2-core VM
-     * with 20 mounts. On Linux 6.18 the lazy unmount adds no RCU grace period to the start's
-     * wall; a kernel that waited one here would pay ~7-10 ms a start (bench/investigations/fork-copy).
-     * Best effort: in a user namespace of our own the host's mounts are locked (EINVAL). */
-    umount2("/sys", MNT_DETACH);
     char options[4096];
     snprintf(options, sizeof options, "size=%s,mode=0711", size);
     if (mount("warmshell-root", dir, "tmpfs", MS_NOSUID | MS_NODEV, options) != 0) fail("cannot mount the root's tmpfs", strerror(errno));
@@ -196,10 +202,116 @@ static void mount_image_root(const char *dir, const char *size, const char **lay
     if (chdir("/") != 0) fail("chdir", strerror(errno));
 }
 
+/* Whether `path` is `dir` or lies below it. */
+static int within(const char *path, const char *dir) {
+    size_t n = strlen(dir);
+    if (n == 1) return 1;  /* "/" */
+    return strncmp(path, dir, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+/* A mount stays when it holds a kept path (the host's / always does), or lies within a kept tree
+ * (a bind source: bwrap's recursive bind carries its submounts along). */
+static int kept(const char *point, char *const *keep, const int *tree, int count) {
+    for (int i = 0; i < count; i++)
+        if (within(keep[i], point) || (tree[i] && strcmp(keep[i], "/") != 0 && within(point, keep[i]))) return 1;
+    return 0;
+}
+
+/* mountinfo escapes space, tab, newline and backslash as \ooo: undone in place. */
+static void unescape(char *text) {
+    char *out = text;
+    for (char *in = text; *in; out++) {
+        if (in[0] == '\\' && in[1] >= '0' && in[1] <= '3' && in[2] >= '0' && in[2] <= '7' && in[3] >= '0' && in[3] <= '7') {
+            *out = (char)((in[1] - '0') * 64 + (in[2] - '0') * 8 + (in[3] - '0'));
+            in += 4;
+        } else {
+            *out = *in++;
+        }
+    }
+    *out = '\0';
+}
+
+static int shallower_first(const void *a, const void *b) {
+    size_t la = strlen(*(char *const *)a), lb = strlen(*(char *const *)b);
+    return la < lb ? -1 : la > lb ? 1 : 0;
+}
+
+/* The mount table read whole (it may pass a page: a host can hold hundreds of mounts). */
+static char *read_mountinfo(void) {
+    int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot read the mount table", strerror(errno));
+    size_t size = 0, capacity = 16384;
+    char *text = malloc(capacity);
+    for (;;) {
+        if (text == NULL || (capacity - size < 4096 && (text = realloc(text, capacity *= 2)) == NULL))
+            fail("out of memory", NULL);
+        ssize_t got = read(fd, text + size, capacity - size - 1);
+        if (got < 0) fail("cannot read the mount table", strerror(errno));
+        if (got == 0) break;
+        size += (size_t)got;
+    }
+    close(fd);
+    text[size] = '\0';
+    return text;
+}
+
+/* bwrap reads and parses the whole mount table once per bind mount it makes (~12 times a start,
+ * ~0.07 ms of CPU per mount per start here; a host with hundreds of mounts, a Kubernetes node or
+ * a Docker host, would pay most of a start for it), and it needs of this namespace only what it
+ * binds, /proc, the device nodes of its --dev and its /tmp: every other mount is detached
+ * (lazily, which on Linux 6.18 adds no RCU grace period to the start's wall:
+ * bench/investigations/fork-copy). Only in a private namespace of this launch's own, where a
+ * detach cannot reach the host. Best effort: a mount that will not go stays. */
+static void trim_mounts(char **keep, const int *tree, int count) {
+    for (int i = 0; i < count; i++) {
+        char *real = realpath(keep[i], NULL);  /* a bind source behind a symlink: its target's mounts */
+        if (real != NULL) keep[i] = real;
+    }
+    char *table = read_mountinfo(), *points[MAX_MOUNTS];
+    int total = 0;
+    for (char *line = table, *next; line && *line && total < MAX_MOUNTS; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        char *field = line, *point = NULL;
+        for (int f = 0; f < 5 && field; f++) {  /* the fifth field: the mount point */
+            char *space = strchr(field, ' ');
+            if (space) *space = '\0';
+            if (f == 4) point = field;
+            field = space ? space + 1 : NULL;
+        }
+        if (point == NULL) continue;
+        unescape(point);
+        if (!kept(point, keep, tree, count)) points[total++] = point;
+    }
+    /* A lazy detach takes the mounts within along (a host's /sys of a dozen cgroup v1 mounts in one
+     * call), so only the outermost are detached, once per mount stacked there; a call costs ~0.01
+     * ms of CPU, a seventh of what the mount would cost bwrap (500 sibling mounts: 10.6 ms of CPU
+     * a start trimmed, 38 untrimmed). */
+    qsort(points, (size_t)total, sizeof points[0], shallower_first);
+    int detached = 0;
+    for (int i = 0; i < total; i++) {
+        int gone = 0;
+        for (int j = 0; j < detached && !gone; j++)
+            gone = strcmp(points[i], points[j]) != 0 && within(points[i], points[j]);
+        if (gone) continue;
+        umount2(points[i], MNT_DETACH);
+        points[detached++] = points[i];
+    }
+    free(table);
+}
+
+/* A host-root sandbox's launch, as root: a mount namespace of its own to trim (an image root's
+ * launch has one already). Private first, or a detach would propagate to the host's. */
+static void private_namespace(void) {
+    if (unshare(CLONE_NEWNS) != 0) fail("cannot make a mount namespace", strerror(errno));
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) fail("cannot make mounts private", strerror(errno));
+}
+
 int main(int argc, char **argv) {
     long long uid = -1;
     const char *rootfs = NULL, *root_size = NULL, *layers[MAX_LAYERS];
-    int layer_count = 0;
+    char *keep[MAX_KEEP];
+    int tree[MAX_KEEP], layer_count = 0, keep_count = 0;
     int i = 1;
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
         const char *option = argv[i];
@@ -221,15 +333,24 @@ int main(int argc, char **argv) {
         } else if (length == 5 && strncmp(name, "layer", 5) == 0) {
             if (layer_count == MAX_LAYERS) fail("too many layers", option);
             layers[layer_count++] = value;
+        } else if ((length == 4 && strncmp(name, "keep", 4) == 0) || (length == 9 && strncmp(name, "keep-tree", 9) == 0)) {
+            if (keep_count == MAX_KEEP) fail("too many kept paths", option);
+            if (value[0] != '/') fail("a kept path must be absolute", option);
+            tree[keep_count] = length == 9;
+            keep[keep_count++] = (char *)value;
         } else {
             limit(name, length, value, option);
         }
     }
-    if (i + 1 >= argc) fail("usage: warmshell-launch [--cgroup=PROCS] [--priority=NICE] [--RLIMIT=N]... [--uid=UID] -- PROGRAM ARG...", NULL);
+    if (i + 1 >= argc) fail("usage: warmshell-launch [--cgroup=PROCS] [--priority=NICE] [--RLIMIT=N]... [--uid=UID] [--keep[-tree]=PATH]... -- PROGRAM ARG...", NULL);
     if (argv[i + 1][0] != '/') fail("PROGRAM must be an absolute path", argv[i + 1]);
     if (layer_count > 0) {
         if (rootfs == NULL || root_size == NULL) fail("--layer needs --rootfs and --root-size", NULL);
         mount_image_root(rootfs, root_size, layers, layer_count, uid);
+    }
+    if (keep_count > 0 && getuid() == 0) {  /* in a user namespace of our own the host's mounts are locked */
+        if (layer_count == 0) private_namespace();
+        trim_mounts(keep, tree, keep_count);
     }
     if (uid >= 0) {
         gid_t gid = (gid_t)uid;
