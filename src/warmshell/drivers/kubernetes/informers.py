@@ -83,6 +83,7 @@ class Informers:
         self._ours_by_pod = _Index()  # our Sandboxes by the pod they own
         self._others_by_pod = _Index()  # the other Sandboxes by the pod they own
         self._claims_by_sandbox = _Index()  # our claims by the Sandbox they are bound to
+        self._listed: set[str] = set()  # which of "sandboxes", "pods", "claims" have listed
         # Bumped on each change of a Sandbox or pod a claim may lead to (`wait_objects_changed`).
         self._generation = 0
         self._changed = asyncio.Event()
@@ -124,6 +125,19 @@ class Informers:
         """Our SandboxClaim carrying this sandbox id, as the claim informer last saw it."""
         return next((c for c in self._claims.values() if claims.sandbox_id_of(c) == sandbox_id), None)
 
+    def cached_views(self) -> list[DriverSandbox] | None:
+        """Every sandbox's view as last published — what a LIST of the same objects joined the same
+        way says, as of the last event — or None until the Sandboxes, the pods and (with claims)
+        the claims have each been listed since their informer (re)started."""
+        wanted = {"sandboxes", "pods", "claims"} if self._with_claims else {"sandboxes", "pods"}
+        if not wanted <= self._listed:
+            return None
+        return list(self._views.values())
+
+    def claims_stopped(self) -> None:
+        """The claim informer stopped: its claims are not current until it lists again."""
+        self._listed.discard("claims")
+
     async def wait_objects_changed(self, generation: int) -> int:
         """The generation of the cached pods and Sandboxes without our sandbox id (pool members,
         adopted ones), once it is past `generation`: it moves on each of their changes and lists."""
@@ -148,6 +162,8 @@ class Informers:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        self._listed.discard("sandboxes")
+        self._listed.discard("pods")
 
     async def _follow(
         self,
@@ -180,6 +196,7 @@ class Informers:
         self._ours_by_pod.reset({n: status.owned_pod_name(s) for n, s in current.items()})
         for name in current:
             self._publish_view(name)
+        self._listed.add("sandboxes")
         self._objects_changed()
 
     def _sandbox_event(self, kind: str, sandbox: Obj) -> None:
@@ -214,6 +231,7 @@ class Informers:
         for name in list(self._sandboxes):
             self._publish_view(name)
         self._publish_claims()
+        self._listed.add("pods")
         self._objects_changed()
 
     def _pod_event(self, kind: str, pod: Obj) -> None:
@@ -249,6 +267,7 @@ class Informers:
         self._claims = current
         self._claims_by_sandbox.reset({n: claims.bound_sandbox_name(c) for n, c in current.items()})
         self._publish_claims()
+        self._listed.add("claims")
 
     def claim_changed(self, kind: str, claim: Obj) -> None:
         """The claim informer saw `claim` change (`kind`: ADDED, MODIFIED, DELETED)."""
