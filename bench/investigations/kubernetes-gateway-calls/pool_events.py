@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: its tests' fakes
 
-from tests.unit.drivers_kubernetes.fakes import NS, config  # noqa: E402
-from tests.unit.drivers_kubernetes.test_poolcache import SHAPE, Cluster  # noqa: E402
-from warmshell.drivers.kubernetes import kube, watching  # noqa: E402
-from warmshell.drivers.kubernetes.warm import poolcache, warmpools  # noqa: E402
+from tests.unit.drivers_kubernetes.fakes import NS, config
+from tests.unit.drivers_kubernetes.test_poolcache import SHAPE, Cluster
+from warmshell.drivers.kubernetes import kube, watching
+from warmshell.drivers.kubernetes.warm import poolcache, warmpools
 
 
 async def cpu_per_event(events: int, pools: int) -> float:
