@@ -121,7 +121,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/s.sock"
-        server = subprocess.Popen([sys.executable, "-c", SERVER, path, "interceptor" if args.interceptor else "none"], stdout=subprocess.PIPE)
+        kind = "interceptor" if args.interceptor else "none"
+        server = subprocess.Popen([sys.executable, "-c", SERVER, path, kind], stdout=subprocess.PIPE)
         try:
             assert server.stdout is not None
             assert server.stdout.readline().strip() == b"ready"
