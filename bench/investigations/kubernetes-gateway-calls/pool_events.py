@@ -19,9 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: its tests' fakes
 
 from tests.unit.drivers_kubernetes.fakes import NS, config
-from tests.unit.drivers_kubernetes.test_poolcache import SHAPE, Cluster
-from warmshell.drivers.kubernetes import kube, watching
-from warmshell.drivers.kubernetes.warm import poolcache, warmpools
+from tests.unit.drivers_kubernetes.test_poolcache import SHAPE, Cluster, synced_cache
+from warmshell.drivers.kubernetes import kube
+from warmshell.drivers.kubernetes.warm import warmpools
 
 
 async def cpu_per_event(events: int, pools: int) -> float:
@@ -39,24 +39,20 @@ async def cpu_per_event(events: int, pools: int) -> float:
     cluster = Cluster(
         {kube.SANDBOX_WARM_POOLS.plural: [p for _, p in pairs], kube.SANDBOX_TEMPLATES.plural: [t for t, _ in pairs]}
     )
-    cache = poolcache.PoolCache(cluster, NS, watching.Backoff())  # type: ignore[arg-type]
-    cache.start()
-    while not cache.synced:
-        await asyncio.sleep(0.01)
     changes = []
     for k in range(events):
         status = copy.deepcopy(pairs[0][1])
         status["status"] = {"readyReplicas": k % 4}
         changes.append({"type": "MODIFIED", "object": status})
     queue = cluster.events[kube.SANDBOX_WARM_POOLS.plural]
-    started = time.process_time()
-    for change in changes:
-        queue.put_nowait(change)
-    while not queue.empty():
+    async with synced_cache(cluster):
+        started = time.process_time()
+        for change in changes:
+            queue.put_nowait(change)
+        while not queue.empty():
+            await asyncio.sleep(0)
         await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    spent = time.process_time() - started
-    await cache.aclose()
+        spent = time.process_time() - started
     return spent / events * 1e6
 
 

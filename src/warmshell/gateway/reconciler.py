@@ -29,10 +29,10 @@ __all__ = ["Reconciler"]
 log = logging.getLogger(__name__)
 
 WATCH_RETRY_SECONDS = 1.0
-# A relist between two live ones judges from the driver's cached objects (Kubernetes: a LIST of
-# every Sandbox, pod and claim each pass was 7-9 % of the gateway's loop at 6 creates/s, with a
-# 1 s interval). The live one bounds how long a watch that stopped delivering without an error
-# (a connection a proxy holds open, dead) could hide a change from the relist.
+# A relist between two live ones judges from the driver's cached objects (Kubernetes: LISTing
+# and joining every Sandbox, pod and claim cost the gateway 6.5 ms of CPU a pass with a pool of
+# 40 members, the informers' views 0.5). The live one bounds how long a watch that stopped
+# delivering without an error (a connection a proxy holds open, dead) could hide a change.
 LIVE_LIST_SECONDS = 60.0
 
 
