@@ -3,7 +3,10 @@ server-streaming call of one message, and one message more on an open bidirectio
 each served by a grpc.aio server in a process of its own (its CPU read from /proc around the
 calls, all its threads), the client in this process over a Unix socket:
 
-    python bench/investigations/kubernetes-gateway-calls/grpc_call_cpu.py [--calls 2000]
+    python bench/investigations/kubernetes-gateway-calls/grpc_call_cpu.py [--calls 2000] [--interceptor]
+
+`--interceptor`: the server has one pass-through interceptor, as the gateway's servers have (its
+`listening.StopGate`).
 """
 
 from __future__ import annotations
@@ -35,8 +38,14 @@ async def echo(requests, context):
     async for message in requests:
         yield spb.GatewayMessage(heartbeat=message.heartbeat)
 
+class PassThrough(grpc.aio.ServerInterceptor):
+    # As the gateway's StopGate while open: the method's own handler.
+
+    async def intercept_service(self, continuation, details):
+        return await continuation(details)
+
 async def main():
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[PassThrough()] if sys.argv[2] == "interceptor" else [])
     request, reply = spb.RefreshSandboxTokenRequest.FromString, spb.RefreshSandboxTokenResponse.SerializeToString
     handlers = {
         "Unary": grpc.unary_unary_rpc_method_handler(unary, request, reply),
@@ -108,10 +117,12 @@ async def measure(path: str, pid: int, calls: int) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--interceptor", action="store_true", help="a pass-through interceptor on the server")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = f"{tmp}/s.sock"
-        server = subprocess.Popen([sys.executable, "-c", SERVER, path], stdout=subprocess.PIPE)
+        kind = "interceptor" if args.interceptor else "none"
+        server = subprocess.Popen([sys.executable, "-c", SERVER, path, kind], stdout=subprocess.PIPE)
         try:
             assert server.stdout is not None
             assert server.stdout.readline().strip() == b"ready"
@@ -121,7 +132,8 @@ def main() -> None:
             server.terminate()
             server.wait()
     took = time.perf_counter() - started
-    print(f"server CPU per call, ms ({args.calls} each, load {os.getloadavg()[0]:.1f}, {took:.0f} s):")
+    with_ = "one pass-through interceptor" if args.interceptor else "no interceptor"
+    print(f"server CPU per call with {with_}, ms ({args.calls} each, load {os.getloadavg()[0]:.1f}, {took:.0f} s):")
     for name, rounds in figures.items():
         print(f"  {name}: " + ", ".join(f"{ms:.3f}" for ms in rounds))
 

@@ -78,6 +78,13 @@ class PoolIndex(Generic[P]):
         """Whether lookups answer from real data."""
         return self._synced
 
+    def replace(self, fp: Fingerprint, old: P, new: P) -> None:
+        """`new` in `old`'s place under `fp`: for a change matching does not see (a pool's
+        counts), where rebuilding the index would redo every pool's fingerprint grouping."""
+        pools = self._by_fingerprint.get(fp)
+        if pools is not None:
+            self._by_fingerprint[fp] = [new if pool is old else pool for pool in pools]
+
     def lookup(self, fp: Fingerprint) -> MatchResult[P]:
         """The pools with exactly this fingerprint (the pattern sets not applied)."""
         if not self._synced:

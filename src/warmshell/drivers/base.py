@@ -25,6 +25,7 @@ __all__ = [
     "Activator",
     "BackendState",
     "Bound",
+    "CachedLister",
     "ComputeDriver",
     "CreateRequest",
     "DriverCondition",
@@ -357,6 +358,19 @@ class Leadership(Protocol):
 
     def leading(self) -> bool:
         """Whether this replica leads now."""
+        ...
+
+
+@runtime_checkable
+class CachedLister(Protocol):
+    """A driver that keeps its backend's objects in memory as its watch follows them (Kubernetes:
+    the informers), and can say what `list` would without asking the backend. The reconciler's
+    relist judges from it, and reads live only what a decision must confirm (`get` before marking
+    a backend vanished; a delete finds its object itself)."""
+
+    def cached_list(self) -> builtins.list[DriverSandbox] | None:
+        """Every sandbox this driver manages, as its watch last saw it; None while that view may
+        miss some (not yet listed, or a watch it needs is stopped): the caller then lists."""
         ...
 
 

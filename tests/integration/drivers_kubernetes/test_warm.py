@@ -223,3 +223,34 @@ async def test_a_gateway_watches_each_resource_once(
     watches = {r: n for (user, verb, r), n in counters if (user, verb) == (USER, "watch")}
     assert watches[CLAIMS] == 1
     assert set(watches.values()) == {1}, watches
+
+
+async def test_the_relist_judges_from_the_informers_which_say_what_a_list_says(
+    cluster: RunningCluster, admin: kc.KubeClient, tmp_path: Path
+) -> None:
+    """The informers' views of a warm and a cold sandbox are the ones a live LIST joins; the
+    relist (every 0.5 s here) lists live once, at the start, and then judges from them."""
+    await apply_pool(cluster, admin, tmp_path / "state", "foo", 1)
+    async with gateway(cluster, tmp_path) as gw:
+        await wait_idle(gw, "foo", 1)
+        await gw.create(name="hot", spec=pb.SandboxSpec(environment={"FOO": "bar"}))
+        await gw.create(name="cold", spec=pb.SandboxSpec(environment={"FOO": "other"}))
+        assert (await gw.wait_ready("hot", timeout=30)).status.allocation == "warm"
+        assert (await gw.wait_ready("cold", timeout=30)).status.allocation == "cold"
+        driver = gw.gateway.parts.driver
+        assert isinstance(driver, KubernetesDriver)
+
+        def by_id(views: list[Any] | None) -> list[Any]:
+            assert views is not None
+            return sorted(views, key=lambda v: v.sandbox_id)
+
+        for _ in range(100):  # the informers may be an event behind the API for a moment
+            live = by_id(await driver.list())
+            if by_id(driver.cached_list()) == live:
+                break
+            await asyncio.sleep(0.05)
+        assert by_id(driver.cached_list()) == live
+        assert {v.allocation.value for v in live} == {"warm", "cold"}
+        lists = cluster.server.log.count(verb="list", resource=CLAIMS, user=USER)
+        await asyncio.sleep(1.6)  # three relists or more
+        assert cluster.server.log.count(verb="list", resource=CLAIMS, user=USER) == lists

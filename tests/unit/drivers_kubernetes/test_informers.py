@@ -6,10 +6,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.drivers.base import BackendState, DriverEvent
 from warmshell.drivers.events import Hub
-from warmshell.drivers.kubernetes import watching
+from warmshell.drivers.kubernetes import naming, watching
 from warmshell.drivers.kubernetes.informers import Informers
+from warmshell.drivers.kubernetes.rendering import SandboxIdentity
+from warmshell.drivers.kubernetes.warm import claims
 
 from .fakes import FakeCluster
 
@@ -94,3 +97,52 @@ def test_a_pod_event_reaches_the_sandbox_owning_it_by_the_pod_name_annotation_to
     published.clear()
     informers._pod_event("MODIFIED", moved)
     assert published == []
+
+
+def claim(name: str, sandbox_id: str) -> dict[str, Any]:
+    who = SandboxIdentity(sandbox_id=SandboxId(sandbox_id), workspace="default", name=name, sealed_proof="s")
+    ref = naming.ObjectRef("warmshell", f"default--{name}")
+    rendered = claims.render_claim(ref=ref, who=who, pool="foo", gateway_id="gw", fingerprint=Fingerprint("fp"))
+    rendered["metadata"]["uid"] = f"uid-{name}"
+    return rendered
+
+
+def with_claims() -> Informers:
+    """Informers as the warm path runs them, publishing into nothing."""
+    hub = Hub()
+    hub.publish = lambda _event: None  # type: ignore[method-assign]
+    return Informers(None, "warmshell", hub, watching.Backoff(), with_claims=True)  # type: ignore[arg-type]
+
+
+def test_a_claim_is_found_by_its_sandbox_id_through_listings_and_changes() -> None:
+    informers = with_claims()
+    informers.claims_listed([claim("a", "id-a"), claim("b", "id-b")])
+    found = informers.claim_of(SandboxId("id-b"))
+    assert found is not None
+    assert found["metadata"]["name"] == "default--b"
+    informers.claim_changed("ADDED", claim("c", "id-c"))
+    assert informers.claim_of(SandboxId("id-c")) is not None
+    informers.claim_changed("DELETED", claim("b", "id-b"))
+    assert informers.claim_of(SandboxId("id-b")) is None
+    informers.claims_listed([claim("c", "id-c")])  # a relist: "a" went meanwhile
+    assert informers.claim_of(SandboxId("id-a")) is None
+    assert informers.claim_of(SandboxId("id-c")) is not None
+    assert informers.claim_of(SandboxId("id-unknown")) is None
+
+
+def test_cached_views_wait_for_every_listing_and_a_running_claim_informer() -> None:
+    informers = with_claims()
+    sandbox, pod = FakeCluster().sandbox_with_pod(sandbox_id="sbx-1")
+    informers._sandboxes_listed([sandbox])
+    informers._pods_listed([pod])
+    assert informers.cached_views() is None  # the claims have not been listed
+    informers.claims_listed([claim("a", "id-a")])
+    views = informers.cached_views()
+    assert views is not None
+    assert {v.sandbox_id for v in views} == {"sbx-1", "id-a"}
+    informers.claims_stopped()
+    assert informers.cached_views() is None
+    informers.claims_listed([])
+    views = informers.cached_views()
+    assert views is not None
+    assert {v.sandbox_id for v in views} == {"sbx-1"}

@@ -4,14 +4,16 @@ events (a readiness change per member) rebuild the index after it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import pytest
 
+from warmshell.core import matching
 from warmshell.core.fingerprints import SandboxShape, fingerprint
-from warmshell.drivers.kubernetes import kube, watching
+from warmshell.drivers.kubernetes import kube, labels, watching
 from warmshell.drivers.kubernetes.warm import poolcache, warmpools
 
 from .fakes import NS, config
@@ -51,6 +53,20 @@ async def settled(cluster: Cluster) -> None:
     await asyncio.sleep(0.01)
 
 
+@contextlib.asynccontextmanager
+async def synced_cache(cluster: Cluster) -> AsyncIterator[poolcache.PoolCache]:
+    """A pool cache on `cluster`, once both its informers have listed; closed after."""
+    cache = poolcache.PoolCache(cluster, NS, watching.Backoff())  # type: ignore[arg-type]
+    cache.start()
+    try:
+        async with asyncio.timeout(5):
+            while not cache.synced:
+                await asyncio.sleep(0.01)
+        yield cache
+    finally:
+        await cache.aclose()
+
+
 async def test_a_template_is_read_once_per_version_not_on_every_pool_event(monkeypatch: pytest.MonkeyPatch) -> None:
     template, pool = warmpools.render_pool_pair(config(), name="foo", namespace=NS, shape=SHAPE, replicas=3)
     template, pool = versioned(template, "10"), versioned(pool, "11")
@@ -63,12 +79,7 @@ async def test_a_template_is_read_once_per_version_not_on_every_pool_event(monke
 
     monkeypatch.setattr(warmpools, "shape_of_template", counted)
     cluster = Cluster({kube.SANDBOX_WARM_POOLS.plural: [pool], kube.SANDBOX_TEMPLATES.plural: [template]})
-    cache = poolcache.PoolCache(cluster, NS, watching.Backoff())  # type: ignore[arg-type]
-    cache.start()
-    try:
-        async with asyncio.timeout(5):
-            while not cache.synced:
-                await asyncio.sleep(0.01)
+    async with synced_cache(cluster) as cache:
         for ready in range(1, 4):  # members becoming Ready: a pool status change each
             status = versioned(pool, str(20 + ready))
             status["status"] = {"readyReplicas": ready}
@@ -94,5 +105,42 @@ async def test_a_template_is_read_once_per_version_not_on_every_pool_event(monke
         assert entry.shape is None
         assert entry.problem is not None
         assert entry.problem.reason == "TemplateNotOurs"
-    finally:
-        await cache.aclose()
+
+
+async def test_a_change_of_a_pools_counts_alone_keeps_the_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member's readiness changes the pool's counts only: its entry takes them and the index is
+    not rebuilt; any other change of the pool (here its sandboxes' lifetime) rebuilds it."""
+    template, pool = warmpools.render_pool_pair(config(), name="foo", namespace=NS, shape=SHAPE, replicas=3)
+    builds: list[int] = []
+    real = poolcache.index_pools
+
+    def counted(pools: Any, templates: Any) -> list[poolcache.CachedPool]:
+        built = real(pools, templates)
+        builds.append(len(built))
+        return built
+
+    monkeypatch.setattr(poolcache, "index_pools", counted)
+    cluster = Cluster({kube.SANDBOX_WARM_POOLS.plural: [pool], kube.SANDBOX_TEMPLATES.plural: [template]})
+    async with synced_cache(cluster) as cache:
+        built = len(builds)
+        for ready in (1, 2, 3, 2):
+            status = copy.deepcopy(pool)
+            status["status"] = {"readyReplicas": ready}
+            cluster.events[kube.SANDBOX_WARM_POOLS.plural].put_nowait({"type": "MODIFIED", "object": status})
+        await settled(cluster)
+        assert len(builds) == built
+        entry = cache.entry("foo")
+        assert entry is not None
+        assert (entry.desired, entry.ready, entry.ttl_seconds) == (3, 2, None)
+        assert cache.match(SHAPE) == matching.Match(entry)  # the index's entry has the counts too
+        expiring = copy.deepcopy(status)
+        expiring["metadata"].setdefault("annotations", {})[labels.TTL_SECONDS] = "60"
+        cluster.events[kube.SANDBOX_WARM_POOLS.plural].put_nowait({"type": "MODIFIED", "object": expiring})
+        await settled(cluster)
+        assert len(builds) == built + 1
+        entry = cache.entry("foo")
+        assert entry is not None
+        assert (entry.ready, entry.ttl_seconds) == (2, 60)
+        matched = cache.match(SHAPE)
+        assert isinstance(matched, matching.Match)
+        assert matched.pool.ttl_seconds == 60

@@ -192,7 +192,13 @@ async def test_idle_members_are_the_warm_registrations_waiting_here(
     ended = registry.register(warm("i-2"))
     for identity in (warm("i-1"), warm("i-3"), other, bound):
         registry.register(identity)
+    counted = activator.idle_members()
+    assert counted == {Fingerprint("fp"): 3, Fingerprint("other"): 1}
+    counted[Fingerprint("fp")] = 0  # the caller's own copy: the next count is not changed by it
     assert activator.idle_members() == {Fingerprint("fp"): 3, Fingerprint("other"): 1}
+    late = registry.register(warm("i-4"))  # counted again once the registry changed
+    assert activator.idle_members() == {Fingerprint("fp"): 4, Fingerprint("other"): 1}
+    registry.remove_if_session(InstanceId("i-4"), late.session_id)
     await make_sandbox(records, "one", "proof-1")
     await activator.activate(instance_id=InstanceId("i-1"), sandbox_id=SandboxId("id-one"), proof="proof-1", reason="t")
     registry.remove_if_session(InstanceId("i-2"), ended.session_id)

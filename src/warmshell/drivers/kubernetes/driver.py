@@ -285,6 +285,15 @@ class KubernetesDriver:
                 self._extensions_gone()  # the collection is gone, and every claim with it
         return views
 
+    def cached_list(self) -> builtins.list[DriverSandbox] | None:
+        """What `list` would say, from the informers' objects (no request): None until they have
+        listed, and while claims may exist and the claim informer does not run (see
+        `drivers.base.CachedLister`)."""
+        parts = self._opened
+        if parts.warm is not None and not parts.warm.following_claims:
+            return None  # claims stopped being followed, or not yet: only a LIST says which exist
+        return parts.informers.cached_views()
+
     async def delete(self, sandbox_id: SandboxId) -> bool:
         """Delete the SandboxClaim or the Sandbox (the Sandbox and pod go with it) with its uid as
         precondition, so an object recreated meanwhile under the same name is never deleted by

@@ -53,6 +53,8 @@ class ClaimViews(claimactivation.CachedObjects, Protocol):
 
     def claim_changed(self, kind: str, claim: Obj) -> None: ...
 
+    def claims_stopped(self) -> None: ...
+
 
 class WarmAllocation:
     """Warm pooling for one namespace: `open()`, then `start(activator)`; `aclose()` stops it all.
@@ -213,6 +215,8 @@ class WarmAllocation:
             # The collection itself is gone (the extension CRDs were removed): off until a probe
             # finds them back, and the informer starts again with a fresh listing.
             self._gate.lost()
+        finally:
+            self._informers.claims_stopped()  # cancelled or gone: its claims are no longer current
 
     # -- creates ---------------------------------------------------------
 

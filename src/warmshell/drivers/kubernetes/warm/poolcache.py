@@ -1,5 +1,6 @@
 """The driver's cache of warm pools: the opted-in `SandboxWarmPool`s and `SandboxTemplate`s,
-followed by two informers and folded into a `PoolIndex` by fingerprint after every change.
+followed by two informers and folded into a `PoolIndex` by fingerprint after every change but a
+pool's counts (`_recounted`).
 
 A template is read (its shape, quantities and fingerprint) once per resourceVersion, when its
 event arrives, not again on each pool event (pool status changes with every member's readiness).
@@ -232,7 +233,8 @@ class PoolCache:
                 into.pop(name, None)
             else:
                 into[name] = read(obj)
-            self._rebuild()
+            if not (resource == kube.SANDBOX_WARM_POOLS and kind == "MODIFIED" and self._recounted(obj)):
+                self._rebuild()
 
         try:
             await watching.follow(
@@ -249,6 +251,27 @@ class PoolCache:
             # the cache and starts it again once they are back.
             log.debug("%s: %s", resource.plural, exc)
             self._on_gone()
+
+    def _recounted(self, pool: Obj) -> bool:
+        """Whether a pool's change was to its counts alone (a member's readiness: most pool events,
+        several per warm create), now taken into its entry. The index is kept: it matches on
+        everything but the counts; the entry is replaced in it."""
+        if len(self._listed) < 2:
+            return False
+        name = pool["metadata"]["name"]
+        found = next((i for i, e in enumerate(self._entries) if e.name == name), None)
+        if found is None:
+            return False
+        fresh = _cached(pool, self._templates)
+        entry = self._entries[found]
+        counted = dataclasses.replace(entry, desired=fresh.desired, ready=fresh.ready)
+        if counted != fresh:  # anything else changed (the stats are not compared)
+            return False
+        self._entries[found] = counted
+        if entry.shape is not None:
+            self._index.replace(entry.fingerprint, entry, counted)
+        self._on_change()
+        return True
 
     def _rebuild(self) -> None:
         if len(self._listed) < 2:
