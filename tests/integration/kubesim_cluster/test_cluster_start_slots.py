@@ -1,5 +1,6 @@
 """A node starts at most ``max_parallel_pod_starts`` pods at a time: a pod holds its node's slot
-from its container start until it is Ready (or exits, or the start timeout passes)."""
+from its container start until its containers run (those with a readiness probe: until they are
+Ready), or one exits, or the start timeout passes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import dataclasses
 
 import pytest
-from ksc_helpers import NS, get_or_none, wait_for
+from ksc_helpers import NS, get_or_none, is_ready, wait_for
 
 from kubesim import timing
 from kubesim.cluster import RunningCluster, running_cluster
@@ -16,12 +17,30 @@ from kubesim.controllers import client as kc
 Obj = dict[str, object]
 
 
-def gated_pod(name: str) -> Obj:
-    """A pod that runs at once but is Ready only once ``$KUBESIM_POD_ROOT/ready`` exists."""
+def gated_pod(name: str, *, probe_less: int = 0) -> Obj:
+    """A pod that runs at once but is Ready only once ``$KUBESIM_POD_ROOT/ready`` exists, with
+    ``probe_less`` more containers that have no readiness probe."""
     probe = {"exec": {"command": ["sh", "-c", 'test -f "$KUBESIM_POD_ROOT/ready"']}, "periodSeconds": 0.05}
     container = {"name": "main", "image": "busybox", "command": ["sleep", "3600"], "readinessProbe": probe}
-    spec = {"terminationGracePeriodSeconds": 0, "containers": [container]}
+    others = [{"name": f"side-{i}", "image": "busybox", "command": ["sleep", "3600"]} for i in range(probe_less)]
+    spec = {"terminationGracePeriodSeconds": 0, "containers": [container, *others]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def probe_less_pod(name: str) -> Obj:
+    """A pod of two containers without readiness probes (warmshell's shape)."""
+    containers = [{"name": c, "image": "busybox", "command": ["sleep", "3600"]} for c in ("supervisor", "agent")]
+    spec = {"terminationGracePeriodSeconds": 0, "containers": containers}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def ready(pods: dict[str, Obj]) -> dict[str, Obj]:
+    return {n: p for n, p in pods.items() if is_ready(p)}
+
+
+def all_containers_running(pod: Obj) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []  # type: ignore[union-attr]
+    return len(statuses) == 2 and all("running" in (s.get("state") or {}) for s in statuses)
 
 
 async def phases(api: kc.KubeClient, names: list[str]) -> dict[str, Obj]:
@@ -59,6 +78,44 @@ async def test_a_node_starts_one_pod_at_a_time_until_each_is_ready() -> None:
                 lambda: phases(api, names), lambda p: len(running(p)) == nodes + 1, what="the freed slot used"
             )
             assert len(running(later)) == nodes + 1
+        finally:
+            await api.aclose()
+
+
+async def test_a_pod_without_readiness_probes_gives_its_slot_back_once_its_containers_run() -> None:
+    # Readiness 30 s after the start: with the slot held until Ready, one pod per node would run.
+    slow_ready = dataclasses.replace(
+        timing.FAST, max_parallel_pod_starts=1, pod_start_timeout=60.0, readiness_delay=30.0
+    )
+    async with running_cluster(timing=slow_ready) as cluster:
+        api = cluster.client()
+        try:
+            names = [f"plain-{i}" for i in range(6)]
+            for name in names:
+                await api.create(kc.PODS, NS, probe_less_pod(name))
+            started = await wait_for(
+                lambda: phases(api, names),
+                lambda p: len(p) == 6 and all(all_containers_running(pod) for pod in p.values()),
+                what="every pod's containers running",
+            )
+            assert not ready(started), "the pods were Ready: the test did not separate running from Ready"
+        finally:
+            await api.aclose()
+
+
+async def test_a_pod_with_a_probed_container_holds_its_slot_until_that_one_is_ready() -> None:
+    one_each = dataclasses.replace(timing.FAST, max_parallel_pod_starts=1, pod_start_timeout=60.0)
+    async with running_cluster(timing=one_each) as cluster:
+        api = cluster.client()
+        try:
+            names = [f"mixed-{i}" for i in range(6)]
+            for name in names:
+                await api.create(kc.PODS, NS, gated_pod(name, probe_less=1))
+            assert cluster.components.kubelet is not None
+            nodes = len(cluster.components.kubelet.nodes)
+            await wait_for(lambda: phases(api, names), lambda p: len(running(p)) == nodes, what="one per node")
+            await asyncio.sleep(0.5)  # long enough for an unbounded kubelet to start the rest
+            assert len(running(await phases(api, names))) == nodes, "a probe-less container freed the slot"
         finally:
             await api.aclose()
 
