@@ -436,7 +436,7 @@ class Rest:
                     "message": f'Invalid value: "{name}": {message}',
                 }
             )
-        causes.extend(meta.metadata_errors(new["metadata"]))
+        causes.extend(meta.metadata_errors(new["metadata"], old.obj["metadata"] if old is not None else None))
         pruned: list[str] = []
         admitted_by = self._admitter(rt, version)
         spec = _SpecMemo(self._admitted_specs, (rt.key, version), new) if old is None else None

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubesim.apiserver import builtin_schemas, deletion, errors, special
+from kubesim.apiserver import builtin_schemas, deletion, errors, meta, special
 from kubesim.apiserver.resources import Registry, ResourceType
 from kubesim.apiserver.rest import MERGE, Rest, WriteOptions
 from kubesim.apiserver.schema import Schema
@@ -360,3 +360,29 @@ def test_a_bound_or_terminating_pod_is_not_walked_whole_by_its_next_status_write
     assert "odd" not in written["status"]
     assert walked
     assert not any(p.startswith("spec") for p in walked)
+
+
+def test_labels_and_annotations_a_write_leaves_as_they_were_are_not_checked_again(
+    rest: Rest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = widgets(rest)
+    labelled = {"name": "w", "labels": {"app": "x"}, "annotations": {"note": "y"}}
+    rest.create(rt, "v1", "default", {"metadata": labelled, "spec": {"word": "abc"}}, OPTS)
+    checked: list[str] = []
+    original = meta._key_errors
+
+    def spy(key: str) -> list[str]:
+        checked.append(key)
+        return original(key)
+
+    monkeypatch.setattr(meta, "_key_errors", spy)
+    current = copy.deepcopy(rest.get(rt, "default", "w").obj)
+    rest.update(rt, "v1", "default", "w", {**current, "status": {"ready": True}}, OPTS, subresource="status")
+    assert checked == []
+    current = copy.deepcopy(rest.get(rt, "default", "w").obj)
+    current["metadata"]["labels"]["bad key!"] = "v"
+    with pytest.raises(errors.ApiError) as exc:
+        rest.update(rt, "v1", "default", "w", current, OPTS)
+    assert exc.value.code == 422
+    assert "bad key!" in checked
+    assert "note" not in checked
