@@ -173,15 +173,17 @@ def plan_pool(
     if now is not None:
         # Members stuck not-Ready past the grace period are replaced (kubesim's scheduler never
         # leaves a pod Unschedulable, so upstream's "hold" case does not arise).
-        for member, fact in list(active):
+        expired: set[int] = set()
+        for member, fact in active:
             if fact.ready or fact.created is None:
                 continue
             left = readiness_grace - (now - fact.created).total_seconds()
             if left <= 0:
                 delete.append(member)
-                active.remove((member, fact))
+                expired.add(id(member))
             else:
                 recheck_in = left if recheck_in is None else min(recheck_in, left)
+        active = [(m, f) for m, f in active if id(m) not in expired]
     desired = int(pool.get("spec", {}).get("replicas", 1))
     create = 0
     if unobserved == 0:

@@ -465,7 +465,7 @@ class PodWorker:
     def _status_view(self) -> Obj:
         """The pod as the downward API sees it (our IP and node may not be written back yet): a
         view sharing the pod's other parts, which the environment only reads. A copy of the whole
-        pod per container start was ~4 % of kubesim's CPU per warm claim."""
+        pod per container start was ~4 % of kubesim's busy samples per warm claim."""
         spec = {**(self.pod.get("spec") or {}), "nodeName": self.node}
         ips = {"podIP": self.ip, "podIPs": [{"ip": self.ip}], "hostIP": "127.0.0.1"}
         return {**self.pod, "spec": spec, "status": {**(self.pod.get("status") or {}), **ips}}
