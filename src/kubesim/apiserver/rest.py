@@ -88,9 +88,9 @@ class Rest:
         self.store = store
         self.registry = registry
         self.admission: list[Admission] = []
-        #: Per resource and version: the schema and the encoded ``spec`` of the last create it
-        #: admitted unchanged (nothing pruned or defaulted, no error).
-        self._admitted_specs: dict[tuple[tuple[str, str], str], tuple[object, bytes]] = {}
+        #: Per resource and version: the schema, the encoded ``spec`` of the last create it
+        #: admitted with nothing pruned and no error, and that spec as admitted (defaults set).
+        self._admitted_specs: dict[tuple[tuple[str, str], str], tuple[object, bytes, bytes]] = {}
 
     # ---- reads -------------------------------------------------------------------------------
 
@@ -436,7 +436,7 @@ class Rest:
                     "message": f'Invalid value: "{name}": {message}',
                 }
             )
-        causes.extend(meta.metadata_errors(new["metadata"]))
+        causes.extend(meta.metadata_errors(new["metadata"], old.obj["metadata"] if old is not None else None))
         pruned: list[str] = []
         admitted_by = self._admitter(rt, version)
         spec = _SpecMemo(self._admitted_specs, (rt.key, version), new) if old is None else None
@@ -469,7 +469,7 @@ class Rest:
         if causes:
             raise errors.invalid(rt.kind, rt.group, name, causes)
         if spec is not None and admitted_by is not None:
-            spec.remember(admitted_by)
+            spec.remember(admitted_by, pruned)
         return warnings, admitted_by
 
     def _admitter(self, rt: ResourceType, version: str) -> Schema | str | None:
@@ -494,12 +494,14 @@ class Rest:
 
 class _SpecMemo:
     """Skips walking the ``spec`` of a create that is byte for byte the spec of the last create
-    the same schema admitted without pruning or defaulting anything: that walk can only find the
-    same nothing. A warm pool's members, and the pods made from them, are created from one
-    template, and walking a pod template (built-in pruning, or a custom resource's schema) was
-    the largest single cost of those creates. Anything else is walked as before."""
+    the same schema admitted without pruning anything or an error: that walk can only set the
+    same defaults and find the same nothing, so the spec as admitted then is installed instead.
+    A warm pool's members, and the pods made from them, are created from one template, and
+    walking a pod template (built-in pruning, or a custom resource's schema) was the largest
+    single cost of those creates; a Sandbox's spec always gets a default (``operatingMode``), so
+    a memo of unchanged specs only never held one. Anything else is walked as before."""
 
-    def __init__(self, memo: dict[Any, tuple[object, bytes]], key: Any, new: dict[str, Any]) -> None:
+    def __init__(self, memo: dict[Any, tuple[object, bytes, bytes]], key: Any, new: dict[str, Any]) -> None:
         self._memo = memo
         self._key = key
         self._new = new
@@ -516,15 +518,19 @@ class _SpecMemo:
         return self._hit
 
     def as_old(self) -> dict[str, Any]:
-        """An "old object" for the walk's ratcheting: its spec is the new one, so it is skipped."""
+        """After a hit: the spec as admitted last time is the new object's (defaults set), and an
+        "old object" for the walk's ratcheting whose spec is that one, so it is skipped."""
+        seen = self._memo[self._key]
+        if seen[2] != seen[1]:
+            self._new["spec"] = jsonwire.loads(seen[2])
         return {"spec": self._new["spec"]}
 
-    def remember(self, schema: object) -> None:
-        """After a successful validation: remember the spec if the walk left it as it came."""
-        if self._hit or self._before is None:
+    def remember(self, schema: object, pruned: list[str]) -> None:
+        """After a successful validation that pruned nothing in the spec (a hit would give no
+        warning): remember the spec as it came and as the walk left it."""
+        if self._hit or self._before is None or any(p == "spec" or p.startswith(("spec.", "spec[")) for p in pruned):
             return
-        if jsonwire.dumps(self._new.get("spec")) == self._before:
-            self._memo[self._key] = (schema, self._before)
+        self._memo[self._key] = (schema, self._before, jsonwire.dumps(self._new.get("spec")))
 
 
 def _same_admitter(a: object, b: object) -> bool:

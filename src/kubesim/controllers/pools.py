@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from kubesim.controllers import labels as L
 from kubesim.controllers import objects as o
@@ -120,6 +121,26 @@ class PoolPlan:
     recheck_in: float | None = None
 
 
+class MemberFacts(NamedTuple):
+    """What ``plan_pool`` reads of a member Sandbox."""
+
+    controller_uid: object  # None when it has no controller
+    deleting: bool
+    ready: bool
+    created: datetime.datetime | None
+
+
+def member_facts(member: Obj) -> MemberFacts:
+    """``member``'s facts, read from the object."""
+    ref = o.controller_ref(member)
+    return MemberFacts(
+        ref.get("uid") if ref is not None else None,
+        o.is_deleting(member),
+        o.condition_true(member, "Ready"),
+        o.parse_time(member.get("metadata", {}).get("creationTimestamp")),
+    )
+
+
 def plan_pool(
     pool: Obj,
     members: list[Obj],
@@ -128,49 +149,52 @@ def plan_pool(
     unobserved: int,
     now: datetime.datetime | None = None,
     readiness_grace: float = 300.0,
+    facts: Callable[[Obj], MemberFacts] = member_facts,
 ) -> PoolPlan:
     """Decide creates/deletes for ``pool`` from the Sandboxes carrying its label.
 
     ``unobserved`` counts creates/deletes this controller issued that the watch has not shown yet;
     while any are outstanding nothing new is created or deleted (the expectations gate that
-    prevents over-creation, upstream #1215).
+    prevents over-creation, upstream #1215). ``facts`` reads a member's facts (the controller
+    keeps them per member version: a plan reads every member, and a pool of hundreds is planned
+    several times per warm claim).
     """
     pool_uid = o.uid_of(pool)
-    owned = [m for m in members if o.is_controlled_by(m, pool_uid)]
-    terminating = [m for m in owned if o.is_deleting(m)]
-    active = [m for m in owned if not o.is_deleting(m)]
+    owned = [(m, f) for m in members if (f := facts(m)).controller_uid == pool_uid]
+    terminating = sum(1 for _, f in owned if f.deleting)
+    active = [(m, f) for m, f in owned if not f.deleting]
     delete: list[Obj] = []
     strategy = (pool.get("spec", {}).get("updateStrategy") or {}).get("type") or "OnReplenish"
     if template is not None and strategy == "Recreate":
-        stale = [m for m in active if is_stale(m, template)]
-        delete.extend(stale)
-        active = [m for m in active if all(m is not x for x in stale)]
+        stale = {id(m) for m, _ in active if is_stale(m, template)}
+        delete.extend(m for m, _ in active if id(m) in stale)
+        active = [(m, f) for m, f in active if id(m) not in stale]
     recheck_in: float | None = None
     if now is not None:
         # Members stuck not-Ready past the grace period are replaced (kubesim's scheduler never
         # leaves a pod Unschedulable, so upstream's "hold" case does not arise).
-        for member in list(active):
-            if o.condition_true(member, "Ready"):
+        expired: set[int] = set()
+        for member, fact in active:
+            if fact.ready or fact.created is None:
                 continue
-            created = o.parse_time(member.get("metadata", {}).get("creationTimestamp"))
-            if created is None:
-                continue
-            left = readiness_grace - (now - created).total_seconds()
+            left = readiness_grace - (now - fact.created).total_seconds()
             if left <= 0:
                 delete.append(member)
-                active.remove(member)
+                expired.add(id(member))
             else:
                 recheck_in = left if recheck_in is None else min(recheck_in, left)
+        active = [(m, f) for m, f in active if id(m) not in expired]
     desired = int(pool.get("spec", {}).get("replicas", 1))
     create = 0
     if unobserved == 0:
-        deficit = desired - len(active) - len(terminating)
+        deficit = desired - len(active) - terminating
         if deficit > 0 and template is not None:
             create = min(deficit, MAX_BATCH)
         elif len(active) > desired:
-            delete.extend(_surplus(active, len(active) - desired))
+            delete.extend(_surplus([m for m, _ in active], len(active) - desired))
     doomed = {id(m) for m in delete}
-    status = pool_status(pool, [m for m in active if id(m) not in doomed])
+    kept = [(m, f) for m, f in active if id(m) not in doomed]
+    status = pool_status(pool, len(kept), sum(1 for _, f in kept if f.ready))
     return PoolPlan(create=create, delete=delete, status=status, recheck_in=recheck_in)
 
 
@@ -190,10 +214,11 @@ def _invert(text: str) -> str:
     return "".join(chr(0x10FFFF - ord(c)) for c in text)
 
 
-def pool_status(pool: Obj, active: list[Obj]) -> Obj:
+def pool_status(pool: Obj, replicas: int, ready: int) -> Obj:
+    """The pool's status with ``replicas`` active members, ``ready`` of them Ready."""
     return {
-        "replicas": len(active),
-        "readyReplicas": sum(1 for m in active if o.condition_true(m, "Ready")),
+        "replicas": replicas,
+        "readyReplicas": ready,
         "selector": f"{L.WARM_POOL_SANDBOX}={name_hash(o.name_of(pool))}",
         "observedGeneration": int(pool.get("metadata", {}).get("generation") or 0),
     }

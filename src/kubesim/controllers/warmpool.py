@@ -59,6 +59,8 @@ class WarmPoolController:
         self._expect: dict[Key, _Expectations] = {}
         #: The pool as our last status write returned it: the informer may not have it yet.
         self._written: dict[Key, Obj] = {}
+        #: Per member uid: the informer's object its plan facts were read from, and those facts.
+        self._facts: dict[str, tuple[Obj, pools.MemberFacts]] = {}
         # Upstream runs one worker for pools; that serialises pools but keeps creates parallel.
         self.queue: WorkQueue[Key] = WorkQueue(
             "sandboxwarmpool",
@@ -80,6 +82,8 @@ class WarmPoolController:
             self.queue.add(key)
 
     def _on_sandbox(self, etype: str, obj: Obj, old: Obj | None) -> None:
+        if etype == "DELETED":
+            self._facts.pop(o.uid_of(obj), None)
         if etype == "MODIFIED" and old is not None and _as_planned(old) == _as_planned(obj):
             # Nothing the plan reads changed (most status writes of a starting member): with
             # hundreds of members, planning costs milliseconds, and this spares a plan per write.
@@ -96,6 +100,18 @@ class WarmPoolController:
             ref = (pool.get("spec", {}).get("sandboxTemplateRef") or {}).get("name")
             if ref == o.name_of(obj):
                 self.queue.add((o.namespace_of(pool), o.name_of(pool)))
+
+    def _facts_of(self, member: Obj) -> pools.MemberFacts:
+        """A member's plan facts, read once per version (the informer holds one object per
+        version): a pool of 150 members was planned ~4 times per warm claim, and reading every
+        member's owner, deletion, readiness and age each time was ~15 % of kubesim's busy samples."""
+        uid = o.uid_of(member)
+        seen = self._facts.get(uid)
+        if seen is not None and seen[0] is member:
+            return seen[1]
+        facts = pools.member_facts(member)
+        self._facts[uid] = (member, facts)
+        return facts
 
     async def reconcile(self, key: Key) -> float | None:
         ns, name = key
@@ -116,6 +132,7 @@ class WarmPoolController:
             unobserved=unobserved,
             now=o.now(),
             readiness_grace=self._timing.pool_readiness_grace,
+            facts=self._facts_of,
         )
         for sandbox in plan.delete:
             expect.deletes[o.uid_of(sandbox)] = (o.name_of(sandbox), loop.time())

@@ -132,12 +132,24 @@ class PodWorker:
             self._start_done()
 
     def _started(self) -> bool:
-        """Whether this pod's start is over, for its start slot: every app container Ready, one
+        """Whether this pod's start is over, for its start slot: every app container started, one
         exited, or an init container failed."""
         if any(s.terminated is not None and s.terminated["exitCode"] != 0 for s in self.init_states.values()):
             return True
         main = self.states.values()
-        return self.initialized and (all(s.ready for s in main) or any(s.terminated is not None for s in main))
+        return self.initialized and (
+            all(self._container_started(spec) for spec in self.specs) or any(s.terminated is not None for s in main)
+        )
+
+    def _container_started(self, spec: Obj) -> bool:
+        """A container with a readiness probe has started once the probe passes (the probe's
+        runs are work on the node); one without, once its process runs: the ``readiness_delay``
+        that follows is simulated latency, like ``container_start_delay``, and a slot held through
+        it capped the refill of a warm pool below 30 pods/s once a start's wall passed 0.3 s."""
+        state = self.states[spec["name"]]
+        if spec.get("readinessProbe"):
+            return state.ready
+        return state.ready or (state.pid is not None and state.terminated is None)
 
     def _start_done(self) -> None:
         release, self._release_start = self._release_start, None
@@ -261,10 +273,10 @@ class PodWorker:
         hidden = [str(d) for name, d in self._volume_dirs.items() if name not in mounted and self.dir in d.parents]
         # Every container's log and mount spec too: what a runtime keeps outside its containers.
         for private in (self.dir / ".logs", self.dir / ".ns"):
-            private.mkdir(exist_ok=True)
+            if not self._mount_specs:  # made with the pod's first container
+                private.mkdir(exist_ok=True)
             hidden.append(str(private))
         path = self.dir / ".ns" / f"{spec['name']}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
         view = {
             "binds": binds,
             "hosts": str(self.hosts_path),
@@ -451,11 +463,12 @@ class PodWorker:
         return env
 
     def _status_view(self) -> Obj:
-        """The pod as the downward API sees it (our IP and node may not be written back yet)."""
-        view: Obj = o.deep(self.pod)
-        view.setdefault("spec", {})["nodeName"] = self.node
-        view.setdefault("status", {}).update({"podIP": self.ip, "podIPs": [{"ip": self.ip}], "hostIP": "127.0.0.1"})
-        return view
+        """The pod as the downward API sees it (our IP and node may not be written back yet): a
+        view sharing the pod's other parts, which the environment only reads. A copy of the whole
+        pod per container start was ~4 % of kubesim's busy samples per warm claim."""
+        spec = {**(self.pod.get("spec") or {}), "nodeName": self.node}
+        ips = {"podIP": self.ip, "podIPs": [{"ip": self.ip}], "hostIP": "127.0.0.1"}
+        return {**self.pod, "spec": spec, "status": {**(self.pod.get("status") or {}), **ips}}
 
     def phase(self) -> str:
         """Pod phase: Failed/Succeeded once no container will run again, Running once one has

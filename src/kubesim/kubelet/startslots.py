@@ -4,8 +4,9 @@ A real kubelet does not start every pod the moment it is bound: image pulls are 
 bounded by ``maxParallelImagePulls``) and the runtime creates sandboxes a few at a time. Here every
 pod start is a real process start on this machine, so hundreds at once (a warm pool filled from
 nothing) thrash the host. A pod holds one of its node's ``Timing.max_parallel_pod_starts`` slots
-from its first container start until it is started: every app container Ready, or one exited, or
-``Timing.pod_start_timeout`` passed (a pod that never gets Ready must not stall the node).
+from its first container start until it is started: every app container running (or, for one with
+a readiness probe, Ready), or one exited, or ``Timing.pod_start_timeout`` passed (a pod that never
+gets Ready must not stall the node).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubesim.apiserver import deletion, errors
+from kubesim.apiserver import builtin_schemas, deletion, errors, meta, special
 from kubesim.apiserver.resources import Registry, ResourceType
 from kubesim.apiserver.rest import MERGE, Rest, WriteOptions
 from kubesim.apiserver.schema import Schema
@@ -272,3 +272,117 @@ def test_a_status_merge_patch_leaves_every_earlier_version_as_it_was_under_any_s
     assert third["spec"] == {"size": 1}
     for stored, encoded in versions:
         assert dumps(stored.obj) == encoded
+
+
+def _defaulting_widgets(rest: Rest) -> ResourceType:
+    """The widgets CRD whose spec gets ``mode: Running`` when it has none (as a Sandbox's
+    ``operatingMode``)."""
+    body = crd()
+    spec = body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["mode"] = {"type": "string", "default": "Running", "enum": ["Running", "Suspended"]}
+    crd_rt = rest.registry.get("apiextensions.k8s.io", "customresourcedefinitions")
+    assert crd_rt is not None
+    rest.create(crd_rt, "v1", "", body, OPTS)
+    rt = rest.registry.get("example.com", "widgets")
+    assert rt is not None
+    return rt
+
+
+def test_a_create_with_the_spec_of_the_last_defaulted_create_gets_the_defaults_without_a_walk(
+    rest: Rest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = _defaulting_widgets(rest)
+    walked = _walked_paths(monkeypatch)
+    first = rest.create(rt, "v1", "default", {"metadata": {"name": "a"}, "spec": {"word": "abc"}}, OPTS)
+    assert first.obj["spec"] == {"word": "abc", "mode": "Running"}
+    assert "spec.mode" in walked
+    walked.clear()
+    second = rest.create(rt, "v1", "default", {"metadata": {"name": "b"}, "spec": {"word": "abc"}}, OPTS)
+    assert second.obj["spec"] == {"word": "abc", "mode": "Running"}
+    assert second.warnings == []
+    assert not any(p.startswith("spec") for p in walked)
+    # Each object owns its spec: the remembered one is not shared between them.
+    stored = [rest.get(rt, "default", n).obj["spec"] for n in ("a", "b")]
+    assert stored[0] is not stored[1]
+    # A spec that differs is walked: its own default, its own bad value.
+    third = rest.create(rt, "v1", "default", {"metadata": {"name": "c"}, "spec": {"mode": "Suspended"}}, OPTS)
+    assert third.obj["spec"] == {"mode": "Suspended"}
+    with pytest.raises(errors.ApiError) as exc:
+        rest.create(rt, "v1", "default", {"metadata": {"name": "d"}, "spec": {"word": "abc", "mode": "Off"}}, OPTS)
+    assert exc.value.code == 422
+
+
+def test_a_spec_that_lost_an_unknown_field_is_not_remembered(rest: Rest) -> None:
+    rt = _defaulting_widgets(rest)
+    for name in ("a", "b"):
+        body = {"metadata": {"name": name}, "spec": {"word": "abc", "odd": 1}}
+        pruned = rest.create(rt, "v1", "default", body, OPTS)
+        assert pruned.obj["spec"] == {"word": "abc", "mode": "Running"}
+        assert pruned.warnings == ['unknown field "spec.odd"'], "the second create's warning went missing"
+
+
+def _pruning_walk(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths a built-in kind's pruning walk visits from now on."""
+    walked: list[str] = []
+    original = builtin_schemas._walk
+
+    def spy(value: Any, schema: dict[str, Any], path: str, *args: Any) -> None:
+        walked.append(path)
+        original(value, schema, path, *args)
+
+    monkeypatch.setattr(builtin_schemas, "_walk", spy)
+    return walked
+
+
+def _status_write(rest: Rest, pods: ResourceType, status: dict[str, Any]) -> dict[str, Any]:
+    current = copy.deepcopy(rest.get(pods, "default", "p").obj)
+    return rest.update(pods, "v1", "default", "p", {**current, "status": status}, OPTS, subresource="status").obj
+
+
+def test_a_bound_or_terminating_pod_is_not_walked_whole_by_its_next_status_write(
+    rest: Rest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pods = rest.registry.get("", "pods")
+    assert pods is not None
+    spec = {"containers": [{"name": "c", "image": "busybox", "env": [{"name": "A", "value": "1"}]}]}
+    rest.create(pods, "v1", "default", {"metadata": {"name": "p"}, "spec": spec}, OPTS)
+    special.bind(rest, "default", "p", {"target": {"name": "node-1"}})
+    walked = _pruning_walk(monkeypatch)
+    written = _status_write(rest, pods, {"phase": "Running", "odd": 1})
+    assert written["spec"]["nodeName"] == "node-1"
+    assert "odd" not in written["status"], "a changed status is still pruned"
+    assert walked
+    assert not any(p.startswith("spec") for p in walked)
+    deletion.delete(rest, pods, "v1", "default", "p", deletion.DeleteOptions())
+    walked.clear()
+    written = _status_write(rest, pods, {"phase": "Running", "message": "stopping", "odd": 2})
+    assert written["metadata"]["deletionTimestamp"]
+    assert "odd" not in written["status"]
+    assert walked
+    assert not any(p.startswith("spec") for p in walked)
+
+
+def test_labels_and_annotations_a_write_leaves_as_they_were_are_not_checked_again(
+    rest: Rest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = widgets(rest)
+    labelled = {"name": "w", "labels": {"app": "x"}, "annotations": {"note": "y"}}
+    rest.create(rt, "v1", "default", {"metadata": labelled, "spec": {"word": "abc"}}, OPTS)
+    checked: list[str] = []
+    original = meta._key_errors
+
+    def spy(key: str) -> list[str]:
+        checked.append(key)
+        return original(key)
+
+    monkeypatch.setattr(meta, "_key_errors", spy)
+    current = copy.deepcopy(rest.get(rt, "default", "w").obj)
+    rest.update(rt, "v1", "default", "w", {**current, "status": {"ready": True}}, OPTS, subresource="status")
+    assert checked == []
+    current = copy.deepcopy(rest.get(rt, "default", "w").obj)
+    current["metadata"]["labels"]["bad key!"] = "v"
+    with pytest.raises(errors.ApiError) as exc:
+        rest.update(rt, "v1", "default", "w", current, OPTS)
+    assert exc.value.code == 422
+    assert "bad key!" in checked
+    assert "note" not in checked

@@ -1,10 +1,15 @@
 import copy
 from typing import Any
 
+import pytest
 from ksc_builders import make_pool, make_template
 
+from kubesim import timing
+from kubesim.controllers import client as kc
 from kubesim.controllers import pools
 from kubesim.controllers.hashing import name_hash
+from kubesim.controllers.informer import Informer
+from kubesim.controllers.warmpool import WarmPoolController
 
 Obj = dict[str, Any]
 
@@ -164,3 +169,33 @@ def test_the_pool_controller_compares_with_its_own_last_status_write_and_skips_i
     assert _own_echo({"metadata": {"uid": "u", "resourceVersion": "9"}}, written)
     assert not _own_echo(later, written)
     assert not _own_echo(written, None)
+
+
+async def test_the_pool_controller_reads_a_member_once_per_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    sandboxes = Informer(None, kc.SANDBOXES, watch_timeout=1)  # type: ignore[arg-type]  # fed by hand
+    controller = WarmPoolController(
+        None,  # type: ignore[arg-type]  # no reconcile here: no pool in its informer
+        pools_informer=Informer(None, kc.POOLS, watch_timeout=1),  # type: ignore[arg-type]
+        sandboxes=sandboxes,
+        templates=Informer(None, kc.TEMPLATES, watch_timeout=1),  # type: ignore[arg-type]
+        timing=timing.FAST,
+    )
+    reads: list[str] = []
+    read = pools.member_facts
+
+    def counted(sandbox: Obj) -> pools.MemberFacts:
+        reads.append(sandbox["metadata"]["resourceVersion"])
+        return read(sandbox)
+
+    monkeypatch.setattr(pools, "member_facts", counted)
+    versions = [member("a", ready=False), member("a", ready=True), member("a", deleting=True)]
+    for rv, version in enumerate(versions, start=1):
+        version["metadata"].update({"namespace": "ns1", "resourceVersion": str(rv)})
+        sandboxes._apply("ADDED" if rv == 1 else "MODIFIED", version)
+        cached = sandboxes.get("ns1", "a")
+        assert cached is not None
+        first, again = controller._facts_of(cached), controller._facts_of(cached)
+        assert first == again == read(version)
+    assert reads == ["1", "2", "3"], "each version is read once, and a new version is read anew"
+    sandboxes._apply("DELETED", versions[-1])
+    assert controller._facts == {}
