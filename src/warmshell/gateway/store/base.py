@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import builtins
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Store", "StoredObject"]
+__all__ = ["NewObject", "Store", "StoredObject"]
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,26 @@ class StoredObject:
     payload: str
 
 
+@dataclass(frozen=True)
+class NewObject:
+    """An object to insert beside another in the same statement (`Store.create`'s `beside`)."""
+
+    kind: str
+    id: str
+    name: str
+    workspace: str
+    payload: str = field(repr=False)
+
+
 class Store(Protocol):
     """Compare-and-swap object storage. Writes raise ConflictError when the expected version
     moved, AlreadyExistsError on a duplicate (kind, workspace, name) or id."""
 
-    async def create(self, *, kind: str, id: str, name: str, workspace: str, payload: str) -> StoredObject:
-        """Insert a new object at resource_version 1."""
+    async def create(
+        self, *, kind: str, id: str, name: str, workspace: str, payload: str, beside: Sequence[NewObject] = ()
+    ) -> StoredObject:
+        """Insert a new object at resource_version 1, and `beside` with it in the same statement:
+        all of them or, when any is a duplicate, none (AlreadyExistsError names the first)."""
         ...
 
     async def get(self, kind: str, id: str) -> StoredObject | None:

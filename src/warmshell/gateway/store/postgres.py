@@ -10,7 +10,7 @@ import builtins
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -25,7 +25,7 @@ from warmshell.core.errors import (
     UnavailableError,
 )
 from warmshell.gateway.store import schema, storage_errors
-from warmshell.gateway.store.base import StoredObject
+from warmshell.gateway.store.base import NewObject, StoredObject
 
 __all__ = ["Change", "PostgresStore", "StartupProgress", "describe_url", "open_postgres_store", "parse_change"]
 
@@ -249,18 +249,17 @@ class PostgresStore:
                 raise  # refused or silent: no fresh connection would do better now
             return await self._fetch(query, *args)
 
-    async def create(self, *, kind: str, id: str, name: str, workspace: str, payload: str) -> StoredObject:
-        """Insert at resource_version 1."""
+    async def create(
+        self, *, kind: str, id: str, name: str, workspace: str, payload: str, beside: Sequence[NewObject] = ()
+    ) -> StoredObject:
+        """Insert at resource_version 1, with `beside` in the same statement (all or none)."""
+        args: list[object] = [kind, id, name, workspace, payload]
+        for obj in beside:
+            args += [obj.kind, obj.id, obj.name, obj.workspace, obj.payload]
+        rows = ", ".join(f"(${n}, ${n + 1}, ${n + 2}, ${n + 3}, 1, ${n + 4})" for n in range(1, len(args), 5))
         try:
             async with self._connection() as conn:
-                await conn.execute(
-                    f"INSERT INTO objects ({_COLUMNS}) VALUES ($1, $2, $3, $4, 1, $5)",
-                    kind,
-                    id,
-                    name,
-                    workspace,
-                    payload,
-                )
+                await conn.execute(f"INSERT INTO objects ({_COLUMNS}) VALUES {rows}", *args)
         except asyncpg.UniqueViolationError as exc:
             raise AlreadyExistsError(f"{kind} {workspace}/{name} already exists") from exc
         return StoredObject(kind, id, name, workspace, 1, payload)
