@@ -435,7 +435,7 @@ class SandboxManager:
         if record is not None and record.status.paused_image and isinstance(self.driver, Snapshotter):
             await self.driver.forget(record.status.paused_image)
         if record is None or record.spec.secret_names:
-            # The vault holds secrets only for a spec that names some (`SecretVault.put` stores
+            # The vault holds secrets only for a spec that names some (`SecretVault.sealed` makes
             # nothing for none): a delete of nothing would still be a store write, one of a
             # warm create's nine.
             await self.vault.delete(sandbox_id)
