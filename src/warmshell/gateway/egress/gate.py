@@ -105,16 +105,15 @@ class Attachment:
 # What an intercepting activation relinks in the egress directory: its system bundle, into the
 # shared trust of the sandbox's staged /etc. The files `trust_environment()` names are linked there
 # already, when the sandbox started (`etcstage.link_system_bundle`, `egress.TRUST_LINKS`).
-_SHARED_LINKS = {egress.SYSTEM_BUNDLE_COPY: f"{egress.SHARED_TRUST_DIR}/{egress.BUNDLE_FILE}"}
+_SHARED_BUNDLE = f"{egress.SHARED_TRUST_DIR}/{egress.BUNDLE_FILE}"
+# What they name, made once: every intercepting activation adds them to its environment.
+_TRUST_ENVIRONMENT = trust_environment()
 
 
 def _link_shared_trust(directory: Path) -> bool:
     """Relink the egress directory's system bundle into the staged /etc's shared trust; False
     (nothing done) when its sandbox's /etc is not the staged one (no system bundle link there)."""
-    if not os.path.lexists(directory / egress.SYSTEM_BUNDLE_COPY):
-        return False
-    trust.replace_links(directory, _SHARED_LINKS)
-    return True
+    return trust.relink(directory, egress.SYSTEM_BUNDLE_COPY, _SHARED_BUNDLE)
 
 
 def _copy_trust(authority: interception.CertificateAuthority, directory: Path) -> None:
@@ -243,7 +242,7 @@ class EgressGate:
         if made and self._authority is not None:
             # Its hosts' TLS is intercepted: the sandbox trusts the gateway's CA (and the host's).
             await self._trust(self._authority, path.parent)
-            environment |= trust_environment()
+            environment |= _TRUST_ENVIRONMENT
         return Attachment(environment, workload_secrets)
 
     @staticmethod
