@@ -194,10 +194,7 @@ class SandboxManager:
                 await self.records.release(record.id)
             raise
         except BaseException:
-            try:
-                await self.vault.delete(record.id)
-            finally:
-                await self.records.remove(record.id)
+            await self.records.remove(record.id, self.vault.rows(record.id) if new.secrets else ())
             raise
         if view.pool_ttl_seconds is not None or view.pool_idle_timeout_seconds is not None:
             defaults = lifetimes.Requested(view.pool_ttl_seconds, view.pool_idle_timeout_seconds)
@@ -434,12 +431,10 @@ class SandboxManager:
         record = await self.records.get(sandbox_id)
         if record is not None and record.status.paused_image and isinstance(self.driver, Snapshotter):
             await self.driver.forget(record.status.paused_image)
-        if record is None or record.spec.secret_names:
-            # The vault holds secrets only for a spec that names some (`SecretVault.sealed` makes
-            # nothing for none): a delete of nothing would still be a store write, one of a
-            # warm create's nine.
-            await self.vault.delete(sandbox_id)
-        await self.records.remove(sandbox_id)
+        # The vault holds secrets only for a spec that names some (`SecretVault.sealed` makes
+        # nothing for none); their row goes in the record's own statement, not a write of its own.
+        sealed = self.vault.rows(sandbox_id) if record is None or record.spec.secret_names else ()
+        await self.records.remove(sandbox_id, sealed)
         self.activity.pop(sandbox_id, None)
 
     async def on_driver_event(self, event: DriverEvent) -> None:

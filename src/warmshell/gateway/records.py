@@ -463,11 +463,11 @@ class SandboxRecords:
         for sandbox_id in list(self._deferred):
             await self._flush(SandboxId(sandbox_id))
 
-    async def remove(self, sandbox_id: SandboxId) -> bool:
-        """Delete the row and tell watchers."""
+    async def remove(self, sandbox_id: SandboxId, beside: Sequence[tuple[str, str]] = ()) -> bool:
+        """Delete the row, and the rows `beside` (kind, id) in the same statement, and tell watchers."""
         self._unhold(sandbox_id)  # first: even if the delete fails, nothing stays folded
         self._undefer(sandbox_id)
-        removed = await self._store.delete(KIND_SANDBOX, sandbox_id)
+        removed = await self._store.delete(KIND_SANDBOX, sandbox_id, beside=beside)
         self._drop(sandbox_id)
         self._bus.forget(sandbox_id)
         return removed

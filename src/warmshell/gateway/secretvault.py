@@ -5,7 +5,7 @@ they are sealed with AES-256-GCM into an object of their own, keyed by the sandb
 in the same statement as the record (`sealed`), so that a gateway restart or a supervisor
 restarted in its pod can be activated with them again. The
 associated data binds the ciphertext to the sandbox id: a sealed blob copied under another
-sandbox's id does not open. Deleting the sandbox deletes the object.
+sandbox's id does not open. Deleting the sandbox deletes the object, in its record's statement (`rows`).
 
 The key is 32 random bytes in a 0600 file (`drivers.keyfiles`): `<state_dir>/secrets.key` by
 default, created on first start under the gateway's private umask; `secrets_key_file` names
@@ -86,6 +86,8 @@ class SecretVault:
             ) from exc
         return {str(k): str(v) for k, v in values.items()}
 
-    async def delete(self, sandbox_id: SandboxId) -> None:
-        """Forget the sandbox's secrets (no error when it had none)."""
-        await self._store.delete(KIND_SECRETS, sandbox_id)
+    @staticmethod
+    def rows(sandbox_id: SandboxId) -> tuple[tuple[str, str], ...]:
+        """The (kind, id) of the row that keeps the sandbox's secrets, for the store to delete
+        with its record (`SandboxRecords.remove`'s `beside`; no error when it had none)."""
+        return ((KIND_SECRETS, sandbox_id),)

@@ -74,6 +74,21 @@ async def test_objects_created_beside_another_are_written_all_or_none(store: Sto
     assert [r.id for r in await store.list("secrets")] == ["1"]
 
 
+async def test_rows_deleted_beside_another_go_in_the_same_statement(store: Store) -> None:
+    await store.create(kind="sandbox", id="1", name="a", workspace="default", payload="{}")
+    await store.create(kind="secrets", id="1", name="1", workspace="default", payload="sealed")
+    await store.create(kind="secrets", id="2", name="2", workspace="default", payload="kept")
+    assert await store.delete("sandbox", "1", beside=[("secrets", "1"), ("secrets", "absent")])
+    assert await store.get("sandbox", "1") is None
+    assert await store.get("secrets", "1") is None
+    assert [r.id for r in await store.list("secrets")] == ["2"]
+    # The row itself already gone: those beside it still go (a delete finished after a crash).
+    assert not await store.delete("sandbox", "1", beside=[("secrets", "2")])
+    assert await store.list("secrets") == []
+    with pytest.raises(ValueError, match="unconditional"):
+        await store.delete("sandbox", "1", expected_version=1, beside=[("secrets", "2")])
+
+
 async def test_list_filters_by_kind_and_workspace_and_orders_bytewise(store: Store) -> None:
     names = ["b", "B", "a-b", "a_b", "ab", "a", "é", "Z9"]
     for i, name in enumerate(names):

@@ -166,19 +166,21 @@ async def test_a_delete_forgets_the_secrets_of_a_sandbox_that_had_some_and_write
     sealed = await manager.create(with_secrets)
     plain = await manager.create(new("plain"))
     assert await manager.vault.get(sealed.id) == {"TOKEN": "s3cret"}
-    deleted: list[tuple[str, str]] = []
+    deleted: list[list[tuple[str, str]]] = []
     delete = store.delete
 
-    async def counted(kind: str, id: str, expected_version: int | None = None) -> bool:
-        deleted.append((kind, id))
-        return await delete(kind, id, expected_version)
+    async def counted(kind: str, id: str, expected_version: int | None = None, **options: Any) -> bool:
+        deleted.append([(kind, id), *options.get("beside", ())])
+        return await delete(kind, id, expected_version, **options)
 
     monkeypatch.setattr(store, "delete", counted)
     await manager.delete(plain.workspace, plain.name)
-    assert deleted == [("sandbox", plain.id)]
+    assert deleted == [[("sandbox", plain.id)]]
     await manager.delete(sealed.workspace, sealed.name)
-    assert ("sealed-secrets", sealed.id) in deleted
+    # One store delete, the record's, with its sealed secrets beside it.
+    assert deleted[1:] == [[("sandbox", sealed.id), ("sealed-secrets", sealed.id)]]
     assert await store.get("sealed-secrets", sealed.id) is None
+    assert await store.get("sandbox", sealed.id) is None
 
 
 async def test_the_secrets_are_sealed_in_the_records_own_write_and_a_refused_create_leaves_neither(

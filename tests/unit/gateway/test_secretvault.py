@@ -52,7 +52,7 @@ async def test_sealed_secrets_survive_a_restart_and_open_only_for_their_sandbox(
     assert await reopened.get(SandboxId("none")) == {}
     with pytest.raises(FailedPreconditionError):
         await SecretVault(store, bytes(32)).get(SandboxId("a"))
-    await reopened.delete(SandboxId("a"))
+    assert await store.delete("sandbox", "a", beside=reopened.rows(SandboxId("a")))
     assert await reopened.get(SandboxId("a")) == {}
     await store.aclose()
 

@@ -60,8 +60,12 @@ class Store(Protocol):
         """Replace the payload if the row is still at expected_version."""
         ...
 
-    async def delete(self, kind: str, id: str, expected_version: int | None = None) -> bool:
-        """Remove the row (only at expected_version when given); False when it was absent."""
+    async def delete(
+        self, kind: str, id: str, expected_version: int | None = None, *, beside: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        """Remove the row (only at expected_version when given); False when it was absent.
+        `beside`: the (kind, id) of more rows removed in the same statement, whether or not
+        they (or it) were there; only for a delete without expected_version (ValueError)."""
         ...
 
     async def dump(self) -> builtins.list[StoredObject]:

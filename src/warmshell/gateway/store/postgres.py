@@ -299,8 +299,13 @@ class PostgresStore:
             raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
         return rows[0]
 
-    async def delete(self, kind: str, id: str, expected_version: int | None = None) -> bool:
-        """Delete (conditionally when expected_version is given)."""
+    async def delete(
+        self, kind: str, id: str, expected_version: int | None = None, *, beside: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        """Delete (conditionally when expected_version is given; unconditionally with `beside`,
+        whose rows go in the same statement)."""
+        if beside:
+            return await self._delete_rows([(kind, id), *beside], expected_version)
         async with self._connection() as conn:
             if expected_version is None:
                 deleted = await conn.fetchval("DELETE FROM objects WHERE kind = $1 AND id = $2 RETURNING 1", kind, id)
@@ -314,6 +319,19 @@ class PostgresStore:
         if deleted is None and expected_version is not None and await self.get(kind, id):
             raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
         return deleted is not None
+
+    async def _delete_rows(self, rows: builtins.list[tuple[str, str]], expected_version: int | None) -> bool:
+        """Delete `rows` (kind, id) in one statement; whether the first was there."""
+        if expected_version is not None:
+            raise ValueError("rows beside a delete go only with an unconditional one")
+        async with self._connection() as conn:
+            gone = await conn.fetch(
+                "DELETE FROM objects WHERE (kind, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+                " RETURNING kind, id",
+                [kind for kind, _ in rows],
+                [id_ for _, id_ in rows],
+            )
+        return tuple(rows[0]) in {(row["kind"], row["id"]) for row in gone}
 
     async def dump(self) -> builtins.list[StoredObject]:
         """Every object of every kind."""

@@ -248,8 +248,13 @@ class SqliteStore:
 
         return await self._submit(change, write=True)
 
-    async def delete(self, kind: str, id: str, expected_version: int | None = None) -> bool:
-        """Delete (conditionally when expected_version is given)."""
+    async def delete(
+        self, kind: str, id: str, expected_version: int | None = None, *, beside: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        """Delete (conditionally when expected_version is given; unconditionally with `beside`,
+        whose rows go in the same statement)."""
+        if beside:
+            return await self._delete_rows([(kind, id), *beside], expected_version)
         query = "DELETE FROM objects WHERE kind = ? AND id = ?"
         args: tuple[object, ...] = (kind, id)
         if expected_version is not None:
@@ -262,6 +267,19 @@ class SqliteStore:
             if exists is not None and expected_version is not None:
                 raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
             return False
+
+        return await self._submit(remove, write=True)
+
+    async def _delete_rows(self, rows: builtins.list[tuple[str, str]], expected_version: int | None) -> bool:
+        """Delete `rows` (kind, id) in one statement; whether the first was there."""
+        if expected_version is not None:
+            raise ValueError("rows beside a delete go only with an unconditional one")
+        query = "DELETE FROM objects WHERE (kind, id) IN (VALUES " + ", ".join(["(?, ?)"] * len(rows)) + ")"
+        query += " RETURNING kind, id"
+        args = [part for row in rows for part in row]
+
+        def remove(conn: sqlite3.Connection) -> bool:
+            return tuple(rows[0]) in {tuple(gone) for gone in conn.execute(query, args).fetchall()}
 
         return await self._submit(remove, write=True)
 
