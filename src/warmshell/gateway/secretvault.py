@@ -3,9 +3,9 @@
 The create's secret values never enter the sandbox record (which is shown, watched and logged);
 they are sealed with AES-256-GCM into an object of their own, keyed by the sandbox id and written
 in the same statement as the record (`sealed`), so that a gateway restart or a supervisor
-restarted in its pod can be activated with them again. The
-associated data binds the ciphertext to the sandbox id: a sealed blob copied under another
-sandbox's id does not open. Deleting the sandbox deletes the object, in its record's statement (`rows`).
+restarted in its pod can be activated with them again. The associated data binds the ciphertext
+to the sandbox id: a sealed blob copied under another sandbox's id does not open. Deleting the
+sandbox deletes the object, in its record's statement too (`rows`).
 
 The key is 32 random bytes in a 0600 file (`drivers.keyfiles`): `<state_dir>/secrets.key` by
 default, created on first start under the gateway's private umask; `secrets_key_file` names
@@ -46,8 +46,8 @@ def _context(sandbox_id: str) -> bytes:
 
 
 class SecretVault:
-    """Seals, opens and deletes the secrets of one sandbox at a time; `handover` carries a
-    create's values to its own activation in memory."""
+    """Seals the secrets of one sandbox at a time into the row its record's write carries, and
+    opens them; `handover` carries a create's values to its own activation in memory."""
 
     def __init__(self, store: Store, key: bytes) -> None:
         if len(key) != KEY_BYTES:

@@ -305,7 +305,9 @@ class PostgresStore:
         """Delete (conditionally when expected_version is given; unconditionally with `beside`,
         whose rows go in the same statement)."""
         if beside:
-            return await self._delete_rows([(kind, id), *beside], expected_version)
+            if expected_version is not None:
+                raise ValueError("rows beside a delete go only with an unconditional one")
+            return await self._delete_rows([(kind, id), *beside])
         async with self._connection() as conn:
             if expected_version is None:
                 deleted = await conn.fetchval("DELETE FROM objects WHERE kind = $1 AND id = $2 RETURNING 1", kind, id)
@@ -320,10 +322,8 @@ class PostgresStore:
             raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
         return deleted is not None
 
-    async def _delete_rows(self, rows: builtins.list[tuple[str, str]], expected_version: int | None) -> bool:
+    async def _delete_rows(self, rows: builtins.list[tuple[str, str]]) -> bool:
         """Delete `rows` (kind, id) in one statement; whether the first was there."""
-        if expected_version is not None:
-            raise ValueError("rows beside a delete go only with an unconditional one")
         async with self._connection() as conn:
             gone = await conn.fetch(
                 "DELETE FROM objects WHERE (kind, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"

@@ -254,7 +254,9 @@ class SqliteStore:
         """Delete (conditionally when expected_version is given; unconditionally with `beside`,
         whose rows go in the same statement)."""
         if beside:
-            return await self._delete_rows([(kind, id), *beside], expected_version)
+            if expected_version is not None:
+                raise ValueError("rows beside a delete go only with an unconditional one")
+            return await self._delete_rows([(kind, id), *beside])
         query = "DELETE FROM objects WHERE kind = ? AND id = ?"
         args: tuple[object, ...] = (kind, id)
         if expected_version is not None:
@@ -270,10 +272,8 @@ class SqliteStore:
 
         return await self._submit(remove, write=True)
 
-    async def _delete_rows(self, rows: builtins.list[tuple[str, str]], expected_version: int | None) -> bool:
+    async def _delete_rows(self, rows: builtins.list[tuple[str, str]]) -> bool:
         """Delete `rows` (kind, id) in one statement; whether the first was there."""
-        if expected_version is not None:
-            raise ValueError("rows beside a delete go only with an unconditional one")
         query = "DELETE FROM objects WHERE (kind, id) IN (VALUES " + ", ".join(["(?, ?)"] * len(rows)) + ")"
         query += " RETURNING kind, id"
         args = [part for row in rows for part in row]
