@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["NewObject", "Store", "StoredObject"]
+__all__ = ["NewObject", "Store", "StoredObject", "rows_deleted"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +85,13 @@ class Store(Protocol):
     async def aclose(self) -> None:
         """Release the connection."""
         ...
+
+
+def rows_deleted(
+    kind: str, id: str, expected_version: int | None, beside: Sequence[tuple[str, str]]
+) -> builtins.list[tuple[str, str]]:
+    """The (kind, id) a `Store.delete` with `beside` removes in one statement, its own row first;
+    ValueError with an expected_version (a compare-and-swap delete takes no rows beside it)."""
+    if expected_version is not None:
+        raise ValueError("rows beside a delete go only with an unconditional one")
+    return [(kind, id), *beside]

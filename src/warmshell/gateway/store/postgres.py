@@ -25,7 +25,7 @@ from warmshell.core.errors import (
     UnavailableError,
 )
 from warmshell.gateway.store import schema, storage_errors
-from warmshell.gateway.store.base import NewObject, StoredObject
+from warmshell.gateway.store.base import NewObject, StoredObject, rows_deleted
 
 __all__ = ["Change", "PostgresStore", "StartupProgress", "describe_url", "open_postgres_store", "parse_change"]
 
@@ -302,12 +302,9 @@ class PostgresStore:
     async def delete(
         self, kind: str, id: str, expected_version: int | None = None, *, beside: Sequence[tuple[str, str]] = ()
     ) -> bool:
-        """Delete (conditionally when expected_version is given; unconditionally with `beside`,
-        whose rows go in the same statement)."""
+        """Delete (conditionally when expected_version is given), and `beside` (`rows_deleted`)."""
         if beside:
-            if expected_version is not None:
-                raise ValueError("rows beside a delete go only with an unconditional one")
-            return await self._delete_rows([(kind, id), *beside])
+            return await self._delete_rows(rows_deleted(kind, id, expected_version, beside))
         async with self._connection() as conn:
             if expected_version is None:
                 deleted = await conn.fetchval("DELETE FROM objects WHERE kind = $1 AND id = $2 RETURNING 1", kind, id)

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from warmshell.core.errors import AlreadyExistsError, ConflictError
 from warmshell.core.models import now_ms
-from warmshell.gateway.store.base import NewObject, StoredObject
+from warmshell.gateway.store.base import NewObject, StoredObject, rows_deleted
 from warmshell.gateway.store.storage_errors import Reserve, is_full, translate
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
@@ -251,12 +251,9 @@ class SqliteStore:
     async def delete(
         self, kind: str, id: str, expected_version: int | None = None, *, beside: Sequence[tuple[str, str]] = ()
     ) -> bool:
-        """Delete (conditionally when expected_version is given; unconditionally with `beside`,
-        whose rows go in the same statement)."""
+        """Delete (conditionally when expected_version is given), and `beside` (`rows_deleted`)."""
         if beside:
-            if expected_version is not None:
-                raise ValueError("rows beside a delete go only with an unconditional one")
-            return await self._delete_rows([(kind, id), *beside])
+            return await self._delete_rows(rows_deleted(kind, id, expected_version, beside))
         query = "DELETE FROM objects WHERE kind = ? AND id = ?"
         args: tuple[object, ...] = (kind, id)
         if expected_version is not None:
