@@ -66,6 +66,35 @@ async def test_driver_failure_removes_the_row(records: SandboxRecords) -> None:
     assert await records.list() == []
 
 
+async def test_driver_failure_removes_the_row_and_its_sealed_secrets_in_one_delete(
+    records: SandboxRecords, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(request: CreateRequest) -> None:
+        raise InvalidArgumentError("spec.image", "the backend cannot pull it")
+
+    store = records._store
+    deletes: list[object] = []
+    delete = store.delete
+
+    async def counted(kind: str, id: str, expected_version: int | None = None, **options: Any) -> bool:
+        deletes.append(options.get("beside"))
+        return await delete(kind, id, expected_version, **options)
+
+    monkeypatch.setattr(store, "delete", counted)
+    fields = {k: v for k, v in CREATE.items() if k not in ("workspace", "labels")}
+    with_secrets = specs.new_sandbox(
+        workspace="",
+        name="x",
+        labels={},
+        spec=lambda: specs.build_spec(**fields),
+        secrets={"TOKEN": "s3cret"},  # type: ignore[arg-type]
+    )
+    with pytest.raises(InvalidArgumentError, match="cannot pull"):
+        await manager_for(records, FakeDriver(fail)).create(with_secrets)
+    assert len(deletes) == 1
+    assert await store.dump() == []
+
+
 async def test_unknown_outcome_keeps_the_provisioning_row(records: SandboxRecords) -> None:
     def unknown(request: CreateRequest) -> None:
         raise UnavailableError("timed out talking to the backend")
