@@ -1,10 +1,10 @@
 """CPU of each piece a secret adds to a warm create, measured alone (this process's CPU, every
 thread, per call; rounds alternate the pieces): the vault's sealing and opening and their AES-GCM
 calls, its store row written, read and deleted on a real SQLite store (and written after a record's
-insert, or in the same batch) (on the filesystem of
-`--dir`, where the benchmark's gateways keep their state), the placeholder's making, and the three
-trust links of an intercepting activation; each also with the caches cold (32 MiB copied before
-each call), as between two creates in a gateway.
+insert, in the same batch, or in the insert's own statement) (on the filesystem of `--dir`, where
+the benchmark's gateways keep their state), the placeholder's making, and the system bundle's
+relink of an intercepting activation (as part 6 left it, and `trust.relink`); each also with the
+caches cold (32 MiB copied before each call), as between two creates in a gateway.
 
     python bench/investigations/egress-streams/secret_parts.py [--calls 2000] [--rounds 3] [--dir /tmp]
 """
@@ -32,8 +32,8 @@ from warmshell.core import egress
 from warmshell.core.ids import SandboxId
 from warmshell.gateway.egress import placeholders
 from warmshell.gateway.egress.credentials import ProxyCredentials
-from warmshell.gateway.egress.gate import _SHARED_LINKS
-from warmshell.gateway.secretvault import SecretVault, _context
+from warmshell.gateway.egress.gate import _SHARED_BUNDLE
+from warmshell.gateway.secretvault import KIND_SECRETS, SecretVault, _context
 from warmshell.gateway.store.sqlite import open_sqlite_store
 from warmshell.sandboxio import trust
 
@@ -87,13 +87,15 @@ def per_fresh_member_us(run: Callable[[Path], object], root: Path, calls: int) -
     return total / 1e3 / calls
 
 
-def _two_plain_one_replaced(directory: Path) -> None:
-    """The first activation's links if the two new names were made with a plain symlink (which
-    fails on an existing name) and only the existing one replaced."""
-    *new, existing = _SHARED_LINKS.items()
-    for name, target in new:
-        os.symlink(target, directory / name)
-    trust.replace_links(directory, dict([existing]))
+def _relinked_as_before(directory: Path) -> None:
+    """The system bundle's relink as part 6 left it: a path's lexists, then `replace_links`."""
+    if os.path.lexists(directory / egress.SYSTEM_BUNDLE_COPY):
+        trust.replace_links(directory, {egress.SYSTEM_BUNDLE_COPY: _SHARED_BUNDLE})
+
+
+def _relinked(directory: Path) -> None:
+    """The system bundle's relink now: `trust.relink`, its check made on the opened directory."""
+    trust.relink(directory, egress.SYSTEM_BUNDLE_COPY, _SHARED_BUNDLE)
 
 
 async def per_await_us(run: Callable[[int], Awaitable[object]], calls: int) -> float:
@@ -119,6 +121,7 @@ async def main() -> None:
         raw = base64.b64decode(json.loads(sealed)["sealed"])
         links = Path(tmp) / "egress"
         links.mkdir()
+        os.symlink("/etc/ssl/certs/ca-certificates.crt", links / egress.SYSTEM_BUNDLE_COPY)
         credentials = ProxyCredentials(key)
         nonce = secrets.token_bytes(16)
         placeholders.make(VALUES, HOSTS)  # the rule's parse cached, as in a running gateway
@@ -134,17 +137,19 @@ async def main() -> None:
             "secrets.token_urlsafe(24) (the token)": lambda: secrets.token_urlsafe(24),
             "egress.parse_secret_host (cached rule)": lambda: egress.parse_secret_host(HOST, field="f"),
             "credentials.placeholder (a pod's token: one HMAC)": lambda: credentials.placeholder(sid, nonce, "API_KEY"),
-            "trust.replace_links (the three links)": lambda: trust.replace_links(links, _SHARED_LINKS),
+            "the system bundle's relink, as part 6 left it": lambda: _relinked_as_before(links),
+            "the system bundle's relink, trust.relink": lambda: _relinked(links),
         }
 
         async def put(n: int) -> None:
-            await vault.put(SandboxId(f"sb-{n:016x}"), "default", VALUES)
+            (row,) = vault.sealed(SandboxId(f"sb-{n:016x}"), "default", VALUES)
+            await store.create(kind=row.kind, id=row.id, name=row.name, workspace=row.workspace, payload=row.payload)
 
         async def get(n: int) -> None:
             await vault.get(SandboxId(f"sb-{n:016x}"))
 
         async def delete(n: int) -> None:
-            await vault.delete(SandboxId(f"sb-{n:016x}"))
+            await store.delete(KIND_SECRETS, f"sb-{n:016x}")
 
         serial = itertools.count()
 
@@ -161,29 +166,48 @@ async def main() -> None:
         async def record_with_put(n: int) -> None:
             await asyncio.gather(record(n), put(next(serial)))
 
+        async def record_beside_sealed(_n: int) -> None:
+            n, sealed_id = next(serial), SandboxId(f"sb-{next(serial):016x}")
+            await store.create(
+                kind="bench-record",
+                id=f"r-{n:016x}",
+                name=f"r-{n}",
+                workspace="default",
+                payload=PAYLOAD,
+                beside=vault.sealed(sealed_id, "default", VALUES),
+            )
+
         pairs = {
             "a record's insert alone": record,
-            "insert, then vault.put (as a create does)": record_then_put,
-            "insert and vault.put submitted together (one batch)": record_with_put,
+            "insert, then the sealed row (as a create did)": record_then_put,
+            "insert and the sealed row submitted together (one batch)": record_with_put,
+            "insert with the sealed row beside (one statement, as a create does)": record_beside_sealed,
         }
         cold = [name for name in sync if not name.startswith(("AESGCM(key)", "secrets.", "egress.", "credentials."))]
         fresh: dict[str, Callable[[Path], object]] = {
-            "first activation: trust.replace_links (the three)": lambda d: trust.replace_links(d, _SHARED_LINKS),
-            "first activation: two plain symlinks, one replaced": _two_plain_one_replaced,
+            "first activation: the relink as part 6 left it": _relinked_as_before,
+            "first activation: trust.relink": _relinked,
         }
         found: dict[str, list[float]] = {name: [] for name in fresh}
         found |= {
             name: []
-            for name in [*sync, *(f"cold: {name}" for name in cold), "vault.put", "vault.get", "vault.delete", *pairs]
+            for name in [
+                *sync,
+                *(f"cold: {name}" for name in cold),
+                "sealed row put",
+                "vault.get",
+                "the sealed row deleted alone",
+                *pairs,
+            ]
         }
         for _ in range(args.rounds):
             for name, run in sync.items():
                 found[name].append(per_call_us(run, args.calls))
             for name in cold:
                 found[f"cold: {name}"].append(per_cold_call_us(sync[name], max(args.calls // 10, 20)))
-            found["vault.put"].append(await per_await_us(put, args.calls))
+            found["sealed row put"].append(await per_await_us(put, args.calls))
             found["vault.get"].append(await per_await_us(get, args.calls))
-            found["vault.delete"].append(await per_await_us(delete, args.calls))
+            found["the sealed row deleted alone"].append(await per_await_us(delete, args.calls))
             for name, pair in pairs.items():
                 batches = store.batches
                 found[name].append(await per_await_us(pair, args.calls))

@@ -52,10 +52,9 @@ class _TimedAead:
 
 
 def _wrap() -> None:
-    gate._link_shared_trust = _timed("gate._link_shared_trust (3 links)", gate._link_shared_trust)
+    gate._link_shared_trust = _timed("gate._link_shared_trust (the system bundle's relink)", gate._link_shared_trust)
     placeholders.make = _timed("placeholders.make", placeholders.make)
     egress.parse_secret_host = _timed("egress.parse_secret_host", egress.parse_secret_host)
-    gate.trust_environment = _timed("gate.trust_environment", gate.trust_environment)
     SecretVault._seal = _timed("SecretVault._seal (with AESGCM.encrypt)", SecretVault._seal)  # type: ignore[method-assign]
     init = SecretVault.__init__
 

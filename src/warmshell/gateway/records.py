@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 from weakref import WeakValueDictionary
 
@@ -50,7 +50,7 @@ from warmshell.core.ids import SandboxId
 from warmshell.core.models import SandboxRecord
 from warmshell.gateway.events import Changed, EventBus
 from warmshell.gateway.feedcache import FeedCache
-from warmshell.gateway.store.base import Store, StoredObject
+from warmshell.gateway.store.base import NewObject, Store, StoredObject
 
 __all__ = ["KIND_SANDBOX", "SandboxRecords"]
 
@@ -117,9 +117,9 @@ class SandboxRecords:
         for observer in self._observers:
             observer(record)
 
-    async def insert(self, record: SandboxRecord) -> SandboxRecord:
-        """Persist a new record (AlreadyExistsError on a duplicate name); `record` is the
-        readers' from now on (see the module doc)."""
+    async def insert(self, record: SandboxRecord, beside: Sequence[NewObject] = ()) -> SandboxRecord:
+        """Persist a new record, and `beside` in the same write (all or none; AlreadyExistsError
+        on a duplicate name); `record` is the readers' from now on (see the module doc)."""
         row = await self._fetched(
             self._store.create(
                 kind=KIND_SANDBOX,
@@ -127,6 +127,7 @@ class SandboxRecords:
                 name=record.name,
                 workspace=record.workspace,
                 payload=_encode(record),
+                beside=beside,
             )
         )
         record.resource_version = row.resource_version
@@ -462,11 +463,11 @@ class SandboxRecords:
         for sandbox_id in list(self._deferred):
             await self._flush(SandboxId(sandbox_id))
 
-    async def remove(self, sandbox_id: SandboxId) -> bool:
-        """Delete the row and tell watchers."""
+    async def remove(self, sandbox_id: SandboxId, beside: Sequence[tuple[str, str]] = ()) -> bool:
+        """Delete the row, and the rows `beside` (kind, id) in the same statement, and tell watchers."""
         self._unhold(sandbox_id)  # first: even if the delete fails, nothing stays folded
         self._undefer(sandbox_id)
-        removed = await self._store.delete(KIND_SANDBOX, sandbox_id)
+        removed = await self._store.delete(KIND_SANDBOX, sandbox_id, beside=beside)
         self._drop(sandbox_id)
         self._bus.forget(sandbox_id)
         return removed

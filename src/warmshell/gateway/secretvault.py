@@ -1,10 +1,11 @@
 """Where a sandbox's secrets rest between its create and its (re-)activations: sealed in the store.
 
 The create's secret values never enter the sandbox record (which is shown, watched and logged);
-they are sealed with AES-256-GCM into an object of their own, keyed by the sandbox id, so that a
-gateway restart or a supervisor restarted in its pod can be activated with them again. The
-associated data binds the ciphertext to the sandbox id: a sealed blob copied under another
-sandbox's id does not open. Deleting the sandbox deletes the object.
+they are sealed with AES-256-GCM into an object of their own, keyed by the sandbox id and written
+in the same statement as the record (`sealed`), so that a gateway restart or a supervisor
+restarted in its pod can be activated with them again. The associated data binds the ciphertext
+to the sandbox id: a sealed blob copied under another sandbox's id does not open. Deleting the
+sandbox deletes the object, in its record's statement too (`rows`).
 
 The key is 32 random bytes in a 0600 file (`drivers.keyfiles`): `<state_dir>/secrets.key` by
 default, created on first start under the gateway's private umask; `secrets_key_file` names
@@ -27,11 +28,11 @@ from collections.abc import Mapping
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from warmshell.core.errors import AlreadyExistsError, FailedPreconditionError
+from warmshell.core.errors import FailedPreconditionError
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.keyfiles import KEY_BYTES
 from warmshell.gateway.secrethandover import SecretHandover
-from warmshell.gateway.store.base import Store
+from warmshell.gateway.store.base import NewObject, Store
 
 __all__ = ["KIND_SECRETS", "SecretVault"]
 
@@ -45,8 +46,8 @@ def _context(sandbox_id: str) -> bytes:
 
 
 class SecretVault:
-    """Seals, opens and deletes the secrets of one sandbox at a time; `handover` carries a
-    create's values to its own activation in memory."""
+    """Seals the secrets of one sandbox at a time into the row its record's write carries, and
+    opens them; `handover` carries a create's values to its own activation in memory."""
 
     def __init__(self, store: Store, key: bytes) -> None:
         if len(key) != KEY_BYTES:
@@ -61,22 +62,13 @@ class SecretVault:
         sealed = self._aead.encrypt(nonce, plain, _context(sandbox_id))
         return json.dumps({"v": _VERSION, "sealed": base64.b64encode(nonce + sealed).decode()})
 
-    async def put(self, sandbox_id: SandboxId, workspace: str, values: Mapping[str, str]) -> None:
-        """Seal `values` for the sandbox (nothing is stored when there are none)."""
+    def sealed(self, sandbox_id: SandboxId, workspace: str, values: Mapping[str, str]) -> tuple[NewObject, ...]:
+        """The sandbox's secrets sealed into the row that keeps them, for the store to write with
+        its record (`SandboxRecords.insert`'s `beside`); none when there are none."""
         if not values:
-            return
+            return ()
         payload = self._seal(sandbox_id, values)
-        try:
-            await self._store.create(
-                kind=KIND_SECRETS, id=sandbox_id, name=sandbox_id, workspace=workspace, payload=payload
-            )
-        except AlreadyExistsError:  # a retried create of the same id: replace
-            row = await self._store.get(KIND_SECRETS, sandbox_id)
-            if row is None:
-                raise
-            await self._store.update(
-                kind=KIND_SECRETS, id=sandbox_id, expected_version=row.resource_version, payload=payload
-            )
+        return (NewObject(kind=KIND_SECRETS, id=sandbox_id, name=sandbox_id, workspace=workspace, payload=payload),)
 
     async def get(self, sandbox_id: SandboxId) -> dict[str, str]:
         """The sandbox's secrets ({} when it has none); FailedPreconditionError when they are
@@ -94,6 +86,8 @@ class SecretVault:
             ) from exc
         return {str(k): str(v) for k, v in values.items()}
 
-    async def delete(self, sandbox_id: SandboxId) -> None:
-        """Forget the sandbox's secrets (no error when it had none)."""
-        await self._store.delete(KIND_SECRETS, sandbox_id)
+    @staticmethod
+    def rows(sandbox_id: SandboxId) -> tuple[tuple[str, str], ...]:
+        """The (kind, id) of the row that keeps the sandbox's secrets, for the store to delete
+        with its record (`SandboxRecords.remove`'s `beside`; no error when it had none)."""
+        return ((KIND_SECRETS, sandbox_id),)

@@ -15,7 +15,7 @@ from warmshell.core import egress
 # No pathlib here: a pod's supervisor imports this module, and pathlib (with what it loads)
 # costs each supervisor ~0.5 MiB.
 
-__all__ = ["host_bundle", "replace_links", "write_trust"]
+__all__ = ["host_bundle", "relink", "replace_links", "write_trust"]
 
 # Where Debian, Ubuntu and Fedora keep the host's CAs, when Python's own default has none.
 _SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
@@ -54,19 +54,45 @@ def replace_links(directory: str | os.PathLike[str], links: dict[str, str]) -> N
     rename, ~12 µs of CPU each on tmpfs): made aside and renamed over, so a reader sees the old
     entry or the new link, and a link or file already there is replaced, never written through.
     `directory` itself must not be a link (OSError)."""
-    opened = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    opened = _open_directory(directory)
     try:
         for name, target in links.items():
-            partial = f".{name}.{secrets.token_hex(4)}.tmp"
-            os.symlink(target, partial, dir_fd=opened)
-            try:
-                os.replace(partial, name, src_dir_fd=opened, dst_dir_fd=opened)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(partial, dir_fd=opened)
-                raise
+            _link_over(opened, name, target)
     finally:
         os.close(opened)
+
+
+def relink(directory: str | os.PathLike[str], name: str, target: str) -> bool:
+    """As `replace_links` for one name, only when `directory` has an entry of that name already
+    (False, nothing done, else). The check is made on the directory as opened (no path walked
+    twice): an intercepting activation's one relink, on the event loop."""
+    opened = _open_directory(directory)
+    try:
+        try:
+            os.stat(name, dir_fd=opened, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        _link_over(opened, name, target)
+        return True
+    finally:
+        os.close(opened)
+
+
+def _open_directory(directory: str | os.PathLike[str]) -> int:
+    """`directory` opened for the *at() calls, refused (OSError) when it is itself a link."""
+    return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _link_over(directory: int, name: str, target: str) -> None:
+    """`name` in the open `directory` a symlink to `target`, made aside and renamed over."""
+    partial = f".{name}.{secrets.token_hex(4)}.tmp"
+    os.symlink(target, partial, dir_fd=directory)
+    try:
+        os.replace(partial, name, src_dir_fd=directory, dst_dir_fd=directory)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial, dir_fd=directory)
+        raise
 
 
 def write_trust(

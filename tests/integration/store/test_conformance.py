@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.store.conftest import OpenStore
 from warmshell.core.errors import AlreadyExistsError, ConflictError
-from warmshell.gateway.store.base import Store, StoredObject
+from warmshell.gateway.store.base import NewObject, Store, StoredObject
 
 
 async def test_create_get_and_cas_update(store: Store) -> None:
@@ -54,6 +54,39 @@ async def test_identity_rules(store: Store) -> None:
     # A refused create leaves nothing behind.
     assert await store.get("sandbox", "3") is None
     assert await store.get_by_name("sandbox", "default", "b") is None
+
+
+async def test_objects_created_beside_another_are_written_all_or_none(store: Store) -> None:
+    secrets = NewObject(kind="secrets", id="1", name="1", workspace="default", payload="sealed")
+    row = await store.create(kind="sandbox", id="1", name="a", workspace="default", payload="{}", beside=[secrets])
+    assert row == StoredObject("sandbox", "1", "a", "default", 1, "{}")
+    assert await store.get("secrets", "1") == StoredObject("secrets", "1", "1", "default", 1, "sealed")
+    # A duplicate among those beside refuses the whole create, and one beside a duplicate name too.
+    taken = NewObject(kind="secrets", id="1", name="other", workspace="default", payload="x")
+    with pytest.raises(AlreadyExistsError):
+        await store.create(kind="sandbox", id="2", name="b", workspace="default", payload="{}", beside=[taken])
+    fresh = NewObject(kind="secrets", id="3", name="3", workspace="default", payload="y")
+    with pytest.raises(AlreadyExistsError, match="default/a"):
+        await store.create(kind="sandbox", id="3", name="a", workspace="default", payload="{}", beside=[fresh])
+    assert await store.get("sandbox", "2") is None
+    assert await store.get("sandbox", "3") is None
+    assert await store.get("secrets", "3") is None
+    assert [r.id for r in await store.list("secrets")] == ["1"]
+
+
+async def test_rows_deleted_beside_another_go_in_the_same_statement(store: Store) -> None:
+    await store.create(kind="sandbox", id="1", name="a", workspace="default", payload="{}")
+    await store.create(kind="secrets", id="1", name="1", workspace="default", payload="sealed")
+    await store.create(kind="secrets", id="2", name="2", workspace="default", payload="kept")
+    assert await store.delete("sandbox", "1", beside=[("secrets", "1"), ("secrets", "absent")])
+    assert await store.get("sandbox", "1") is None
+    assert await store.get("secrets", "1") is None
+    assert [r.id for r in await store.list("secrets")] == ["2"]
+    # The row itself already gone: those beside it still go (a delete finished after a crash).
+    assert not await store.delete("sandbox", "1", beside=[("secrets", "2")])
+    assert await store.list("secrets") == []
+    with pytest.raises(ValueError, match="unconditional"):
+        await store.delete("sandbox", "1", expected_version=1, beside=[("secrets", "2")])
 
 
 async def test_list_filters_by_kind_and_workspace_and_orders_bytewise(store: Store) -> None:

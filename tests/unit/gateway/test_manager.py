@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from warmshell.core import pausing, specs
 from warmshell.core.deadlines import ProvisioningDeadlines
-from warmshell.core.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from warmshell.core.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, UnavailableError
 from warmshell.core.ids import SandboxId
 from warmshell.core.models import Allocation, Condition, Phase, SandboxRecord, SandboxStatus
 from warmshell.drivers.base import BackendState, CreateRequest, DriverCondition, DriverSandbox
@@ -64,6 +64,35 @@ async def test_driver_failure_removes_the_row(records: SandboxRecords) -> None:
     with pytest.raises(InvalidArgumentError, match="cannot pull"):
         await manager.create(new("x"))
     assert await records.list() == []
+
+
+async def test_driver_failure_removes_the_row_and_its_sealed_secrets_in_one_delete(
+    records: SandboxRecords, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(request: CreateRequest) -> None:
+        raise InvalidArgumentError("spec.image", "the backend cannot pull it")
+
+    store = records._store
+    deletes: list[object] = []
+    delete = store.delete
+
+    async def counted(kind: str, id: str, expected_version: int | None = None, **options: Any) -> bool:
+        deletes.append(options.get("beside"))
+        return await delete(kind, id, expected_version, **options)
+
+    monkeypatch.setattr(store, "delete", counted)
+    fields = {k: v for k, v in CREATE.items() if k not in ("workspace", "labels")}
+    with_secrets = specs.new_sandbox(
+        workspace="",
+        name="x",
+        labels={},
+        spec=lambda: specs.build_spec(**fields),
+        secrets={"TOKEN": "s3cret"},  # type: ignore[arg-type]
+    )
+    with pytest.raises(InvalidArgumentError, match="cannot pull"):
+        await manager_for(records, FakeDriver(fail)).create(with_secrets)
+    assert len(deletes) == 1
+    assert await store.dump() == []
 
 
 async def test_unknown_outcome_keeps_the_provisioning_row(records: SandboxRecords) -> None:
@@ -166,19 +195,57 @@ async def test_a_delete_forgets_the_secrets_of_a_sandbox_that_had_some_and_write
     sealed = await manager.create(with_secrets)
     plain = await manager.create(new("plain"))
     assert await manager.vault.get(sealed.id) == {"TOKEN": "s3cret"}
-    deleted: list[tuple[str, str]] = []
+    deleted: list[list[tuple[str, str]]] = []
     delete = store.delete
 
-    async def counted(kind: str, id: str, expected_version: int | None = None) -> bool:
-        deleted.append((kind, id))
-        return await delete(kind, id, expected_version)
+    async def counted(kind: str, id: str, expected_version: int | None = None, **options: Any) -> bool:
+        deleted.append([(kind, id), *options.get("beside", ())])
+        return await delete(kind, id, expected_version, **options)
 
     monkeypatch.setattr(store, "delete", counted)
     await manager.delete(plain.workspace, plain.name)
-    assert deleted == [("sandbox", plain.id)]
+    assert deleted == [[("sandbox", plain.id)]]
     await manager.delete(sealed.workspace, sealed.name)
-    assert ("sealed-secrets", sealed.id) in deleted
+    # One store delete, the record's, with its sealed secrets beside it.
+    assert deleted[1:] == [[("sandbox", sealed.id), ("sealed-secrets", sealed.id)]]
     assert await store.get("sealed-secrets", sealed.id) is None
+    assert await store.get("sandbox", sealed.id) is None
+
+
+async def test_the_secrets_are_sealed_in_the_records_own_write_and_a_refused_create_leaves_neither(
+    records: SandboxRecords, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = records._store
+    inserted: list[list[str]] = []
+    create = store.create
+
+    async def counted(**row: Any) -> Any:
+        inserted.append([row["kind"], *(beside.kind for beside in row.get("beside", ()))])
+        return await create(**row)
+
+    monkeypatch.setattr(store, "create", counted)
+    manager = manager_for(records, FakeDriver())
+    fields = {k: v for k, v in CREATE.items() if k not in ("workspace", "labels")}
+
+    def with_secrets(name: str) -> specs.NewSandbox:
+        return specs.new_sandbox(
+            workspace="",
+            name=name,
+            labels={},
+            spec=lambda: specs.build_spec(**fields),
+            secrets={"TOKEN": "s3cret"},  # type: ignore[arg-type]
+        )
+
+    created = await manager.create(with_secrets("sealed"))
+    assert inserted == [["sandbox", "sealed-secrets"]]  # one write, the record's
+    row = await store.get("sealed-secrets", created.id)
+    assert row is not None
+    assert "s3cret" not in row.payload
+    assert await manager.vault.get(created.id) == {"TOKEN": "s3cret"}
+    with pytest.raises(AlreadyExistsError):
+        await manager.create(with_secrets("sealed"))
+    assert [r.id for r in await store.list("sealed-secrets")] == [created.id]
+    assert [r.id for r in await records.list()] == [created.id]
 
 
 _STATES = st.sampled_from(["", "Pending", "Running", "Exited", "Failed"])

@@ -25,9 +25,15 @@ async def test_sealed_secrets_survive_a_restart_and_open_only_for_their_sandbox(
     assert stat.S_IMODE((tmp_path / "secrets.key").stat().st_mode) == 0o600
     store = await open_sqlite_store(tmp_path / "db.sqlite")
     vault = SecretVault(store, key)
-    await vault.put(SandboxId("a"), "default", {"API_KEY": VALUE})
-    await vault.put(SandboxId("empty"), "default", {})
-    assert await store.get(KIND_SECRETS, "empty") is None
+    assert vault.sealed(SandboxId("empty"), "default", {}) == ()
+    await store.create(
+        kind="sandbox",
+        id="a",
+        name="a",
+        workspace="default",
+        payload="{}",
+        beside=vault.sealed(SandboxId("a"), "default", {"API_KEY": VALUE}),
+    )
     row = await store.get(KIND_SECRETS, "a")
     assert row is not None
     # The blob copied under another sandbox's id does not open.
@@ -46,7 +52,7 @@ async def test_sealed_secrets_survive_a_restart_and_open_only_for_their_sandbox(
     assert await reopened.get(SandboxId("none")) == {}
     with pytest.raises(FailedPreconditionError):
         await SecretVault(store, bytes(32)).get(SandboxId("a"))
-    await reopened.delete(SandboxId("a"))
+    assert await store.delete("sandbox", "a", beside=reopened.rows(SandboxId("a")))
     assert await reopened.get(SandboxId("a")) == {}
     await store.aclose()
 

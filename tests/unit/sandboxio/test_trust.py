@@ -85,3 +85,20 @@ def test_replace_links_refuses_a_directory_that_is_a_link(tmp_path: Path) -> Non
     with pytest.raises(NotADirectoryError):
         trust.replace_links(tmp_path / "planted", {"ca.pem": "/shared/ca.pem"})
     assert list((tmp_path / "real").iterdir()) == []
+
+
+def test_relink_replaces_only_a_name_already_there(tmp_path: Path) -> None:
+    target = tmp_path / "host-bundle.pem"
+    target.write_bytes(b"host CAs\n")
+    directory = tmp_path / "egress"
+    directory.mkdir()
+    assert not trust.relink(directory, "system.pem", "/shared/bundle.pem")  # an image's /etc: none there
+    assert list(directory.iterdir()) == []
+    (directory / "system.pem").symlink_to(target)
+    assert trust.relink(directory, "system.pem", "/shared/bundle.pem")
+    assert {p.name: str(p.readlink()) for p in directory.iterdir()} == {"system.pem": "/shared/bundle.pem"}
+    assert target.read_bytes() == b"host CAs\n"  # replaced, not written through
+    (tmp_path / "planted").symlink_to(directory)
+    with pytest.raises(NotADirectoryError):
+        trust.relink(tmp_path / "planted", "system.pem", "/elsewhere")
+    assert str((directory / "system.pem").readlink()) == "/shared/bundle.pem"

@@ -105,16 +105,15 @@ class Attachment:
 # What an intercepting activation relinks in the egress directory: its system bundle, into the
 # shared trust of the sandbox's staged /etc. The files `trust_environment()` names are linked there
 # already, when the sandbox started (`etcstage.link_system_bundle`, `egress.TRUST_LINKS`).
-_SHARED_LINKS = {egress.SYSTEM_BUNDLE_COPY: f"{egress.SHARED_TRUST_DIR}/{egress.BUNDLE_FILE}"}
+_SHARED_BUNDLE = f"{egress.SHARED_TRUST_DIR}/{egress.BUNDLE_FILE}"
+# What they name, made once: every intercepting activation adds them to its environment.
+_TRUST_ENVIRONMENT = trust_environment()
 
 
-def _link_shared_trust(directory: Path) -> bool:
+def _link_shared_trust(directory: str) -> bool:
     """Relink the egress directory's system bundle into the staged /etc's shared trust; False
     (nothing done) when its sandbox's /etc is not the staged one (no system bundle link there)."""
-    if not os.path.lexists(directory / egress.SYSTEM_BUNDLE_COPY):
-        return False
-    trust.replace_links(directory, _SHARED_LINKS)
-    return True
+    return trust.relink(directory, egress.SYSTEM_BUNDLE_COPY, _SHARED_BUNDLE)
 
 
 def _copy_trust(authority: interception.CertificateAuthority, directory: Path) -> None:
@@ -242,12 +241,12 @@ class EgressGate:
         environment = proxy_environment()
         if made and self._authority is not None:
             # Its hosts' TLS is intercepted: the sandbox trusts the gateway's CA (and the host's).
-            await self._trust(self._authority, path.parent)
-            environment |= trust_environment()
+            await self._trust(self._authority, os.path.dirname(path))
+            environment |= _TRUST_ENVIRONMENT
         return Attachment(environment, workload_secrets)
 
     @staticmethod
-    async def _trust(authority: interception.CertificateAuthority, directory: Path) -> None:
+    async def _trust(authority: interception.CertificateAuthority, directory: str) -> None:
         """The gateway's CA into the trust of the sandbox whose egress directory is `directory`.
         One with the link to the host's bundle there (`etcstage.link_system_bundle`) reads the
         staged /etc, where the CA is placed once per gateway (`share_authority`): its system bundle
@@ -256,7 +255,7 @@ class EgressGate:
         it had is replaced, never written through (it leads to the host's bundle every other
         sandbox reads)."""
         if not _link_shared_trust(directory):
-            await asyncio.to_thread(_copy_trust, authority, directory)
+            await asyncio.to_thread(_copy_trust, authority, Path(directory))
 
     def _attach_network(
         self,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import builtins
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Store", "StoredObject"]
+__all__ = ["NewObject", "Store", "StoredObject", "rows_deleted"]
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,26 @@ class StoredObject:
     payload: str
 
 
+@dataclass(frozen=True)
+class NewObject:
+    """An object to insert beside another in the same statement (`Store.create`'s `beside`)."""
+
+    kind: str
+    id: str
+    name: str
+    workspace: str
+    payload: str = field(repr=False)
+
+
 class Store(Protocol):
     """Compare-and-swap object storage. Writes raise ConflictError when the expected version
     moved, AlreadyExistsError on a duplicate (kind, workspace, name) or id."""
 
-    async def create(self, *, kind: str, id: str, name: str, workspace: str, payload: str) -> StoredObject:
-        """Insert a new object at resource_version 1."""
+    async def create(
+        self, *, kind: str, id: str, name: str, workspace: str, payload: str, beside: Sequence[NewObject] = ()
+    ) -> StoredObject:
+        """Insert a new object at resource_version 1, and `beside` with it in the same statement:
+        all of them or, when any is a duplicate, none (AlreadyExistsError names the first)."""
         ...
 
     async def get(self, kind: str, id: str) -> StoredObject | None:
@@ -45,8 +60,12 @@ class Store(Protocol):
         """Replace the payload if the row is still at expected_version."""
         ...
 
-    async def delete(self, kind: str, id: str, expected_version: int | None = None) -> bool:
-        """Remove the row (only at expected_version when given); False when it was absent."""
+    async def delete(
+        self, kind: str, id: str, expected_version: int | None = None, *, beside: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        """Remove the row (only at expected_version when given); False when it was absent.
+        `beside`: the (kind, id) of more rows removed in the same statement, whether or not
+        they (or it) were there; only for a delete without expected_version (ValueError)."""
         ...
 
     async def dump(self) -> builtins.list[StoredObject]:
@@ -66,3 +85,13 @@ class Store(Protocol):
     async def aclose(self) -> None:
         """Release the connection."""
         ...
+
+
+def rows_deleted(
+    kind: str, id: str, expected_version: int | None, beside: Sequence[tuple[str, str]]
+) -> builtins.list[tuple[str, str]]:
+    """The (kind, id) a `Store.delete` with `beside` removes in one statement, its own row first;
+    ValueError with an expected_version (a compare-and-swap delete takes no rows beside it)."""
+    if expected_version is not None:
+        raise ValueError("rows beside a delete go only with an unconditional one")
+    return [(kind, id), *beside]

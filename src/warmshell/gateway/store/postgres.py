@@ -10,7 +10,7 @@ import builtins
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -25,7 +25,7 @@ from warmshell.core.errors import (
     UnavailableError,
 )
 from warmshell.gateway.store import schema, storage_errors
-from warmshell.gateway.store.base import StoredObject
+from warmshell.gateway.store.base import NewObject, StoredObject, rows_deleted
 
 __all__ = ["Change", "PostgresStore", "StartupProgress", "describe_url", "open_postgres_store", "parse_change"]
 
@@ -249,18 +249,17 @@ class PostgresStore:
                 raise  # refused or silent: no fresh connection would do better now
             return await self._fetch(query, *args)
 
-    async def create(self, *, kind: str, id: str, name: str, workspace: str, payload: str) -> StoredObject:
-        """Insert at resource_version 1."""
+    async def create(
+        self, *, kind: str, id: str, name: str, workspace: str, payload: str, beside: Sequence[NewObject] = ()
+    ) -> StoredObject:
+        """Insert at resource_version 1, with `beside` in the same statement (all or none)."""
+        args: list[object] = [kind, id, name, workspace, payload]
+        for obj in beside:
+            args += [obj.kind, obj.id, obj.name, obj.workspace, obj.payload]
+        rows = ", ".join(f"(${n}, ${n + 1}, ${n + 2}, ${n + 3}, 1, ${n + 4})" for n in range(1, len(args), 5))
         try:
             async with self._connection() as conn:
-                await conn.execute(
-                    f"INSERT INTO objects ({_COLUMNS}) VALUES ($1, $2, $3, $4, 1, $5)",
-                    kind,
-                    id,
-                    name,
-                    workspace,
-                    payload,
-                )
+                await conn.execute(f"INSERT INTO objects ({_COLUMNS}) VALUES {rows}", *args)
         except asyncpg.UniqueViolationError as exc:
             raise AlreadyExistsError(f"{kind} {workspace}/{name} already exists") from exc
         return StoredObject(kind, id, name, workspace, 1, payload)
@@ -300,8 +299,12 @@ class PostgresStore:
             raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
         return rows[0]
 
-    async def delete(self, kind: str, id: str, expected_version: int | None = None) -> bool:
-        """Delete (conditionally when expected_version is given)."""
+    async def delete(
+        self, kind: str, id: str, expected_version: int | None = None, *, beside: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        """Delete (conditionally when expected_version is given), and `beside` (`rows_deleted`)."""
+        if beside:
+            return await self._delete_rows(rows_deleted(kind, id, expected_version, beside))
         async with self._connection() as conn:
             if expected_version is None:
                 deleted = await conn.fetchval("DELETE FROM objects WHERE kind = $1 AND id = $2 RETURNING 1", kind, id)
@@ -315,6 +318,17 @@ class PostgresStore:
         if deleted is None and expected_version is not None and await self.get(kind, id):
             raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
         return deleted is not None
+
+    async def _delete_rows(self, rows: builtins.list[tuple[str, str]]) -> bool:
+        """Delete `rows` (kind, id) in one statement; whether the first was there."""
+        async with self._connection() as conn:
+            gone = await conn.fetch(
+                "DELETE FROM objects WHERE (kind, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+                " RETURNING kind, id",
+                [kind for kind, _ in rows],
+                [id_ for _, id_ in rows],
+            )
+        return tuple(rows[0]) in {(row["kind"], row["id"]) for row in gone}
 
     async def dump(self) -> builtins.list[StoredObject]:
         """Every object of every kind."""

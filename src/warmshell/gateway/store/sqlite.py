@@ -17,7 +17,7 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from queue import Empty, SimpleQueue
@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from warmshell.core.errors import AlreadyExistsError, ConflictError
 from warmshell.core.models import now_ms
-from warmshell.gateway.store.base import StoredObject
+from warmshell.gateway.store.base import NewObject, StoredObject, rows_deleted
 from warmshell.gateway.store.storage_errors import Reserve, is_full, translate
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
@@ -187,17 +187,22 @@ class SqliteStore:
 
         return await self._submit(run, write=False)
 
-    async def create(self, *, kind: str, id: str, name: str, workspace: str, payload: str) -> StoredObject:
-        """Insert at resource_version 1; RESOURCE_EXHAUSTED while the disk is too full to keep
-        the reserve for updates and deletes."""
+    async def create(
+        self, *, kind: str, id: str, name: str, workspace: str, payload: str, beside: Sequence[NewObject] = ()
+    ) -> StoredObject:
+        """Insert at resource_version 1, with `beside` in the same statement (all or none);
+        RESOURCE_EXHAUSTED while the disk is too full to keep the reserve for updates and deletes."""
         written_ms = now_ms()
+        query = f"INSERT INTO objects ({_COLUMNS}, updated_at_ms) VALUES " + ", ".join(
+            ["(?, ?, ?, ?, 1, ?, ?)"] * (1 + len(beside))
+        )
+        args = [kind, id, name, workspace, payload, written_ms]
+        for obj in beside:
+            args += [obj.kind, obj.id, obj.name, obj.workspace, obj.payload, written_ms]
 
         def insert(conn: sqlite3.Connection) -> None:
             self._reserve._ensure()  # on this thread: a stat and a statvfs, no hop of their own
-            conn.execute(
-                f"INSERT INTO objects ({_COLUMNS}, updated_at_ms) VALUES (?, ?, ?, ?, 1, ?, ?)",
-                (kind, id, name, workspace, payload, written_ms),
-            )
+            conn.execute(query, args)
 
         try:
             await self._submit(insert, write=True)
@@ -243,8 +248,12 @@ class SqliteStore:
 
         return await self._submit(change, write=True)
 
-    async def delete(self, kind: str, id: str, expected_version: int | None = None) -> bool:
-        """Delete (conditionally when expected_version is given)."""
+    async def delete(
+        self, kind: str, id: str, expected_version: int | None = None, *, beside: Sequence[tuple[str, str]] = ()
+    ) -> bool:
+        """Delete (conditionally when expected_version is given), and `beside` (`rows_deleted`)."""
+        if beside:
+            return await self._delete_rows(rows_deleted(kind, id, expected_version, beside))
         query = "DELETE FROM objects WHERE kind = ? AND id = ?"
         args: tuple[object, ...] = (kind, id)
         if expected_version is not None:
@@ -257,6 +266,17 @@ class SqliteStore:
             if exists is not None and expected_version is not None:
                 raise ConflictError(f"{kind} {id} is no longer at resource version {expected_version}")
             return False
+
+        return await self._submit(remove, write=True)
+
+    async def _delete_rows(self, rows: builtins.list[tuple[str, str]]) -> bool:
+        """Delete `rows` (kind, id) in one statement; whether the first was there."""
+        query = "DELETE FROM objects WHERE (kind, id) IN (VALUES " + ", ".join(["(?, ?)"] * len(rows)) + ")"
+        query += " RETURNING kind, id"
+        args = [part for row in rows for part in row]
+
+        def remove(conn: sqlite3.Connection) -> bool:
+            return tuple(rows[0]) in {tuple(gone) for gone in conn.execute(query, args).fetchall()}
 
         return await self._submit(remove, write=True)
 
