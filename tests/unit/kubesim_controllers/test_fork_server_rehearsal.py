@@ -4,8 +4,14 @@ code a forked container runs first, and leaves nothing behind in the server."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import types
+
+import pytest
+
+from kubesim.kubelet import rehearsal
 
 _PROBE = """
 import asyncio, gc, json, logging, os, signal, threading
@@ -76,3 +82,21 @@ def test_each_rehearsal_specialises_only_its_own_code() -> None:
     loop_code, log_code = {"run_once": True, "sock_accept": True}, {"record": True, "format": True, "emit": True}
     assert _probe("event_loop")["quickened"] == loop_code | dict.fromkeys(log_code, False)
     assert _probe("log_record")["quickened"] == dict.fromkeys(loop_code, False) | log_code
+
+
+def test_a_rehearsal_the_host_refuses_is_skipped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without Unix sockets the event loop's rehearsal is skipped, said on stderr, and the log
+    record's still runs: the server starts all the same."""
+
+    def refused(*args: object, **kwargs: object) -> socket.socket:
+        raise PermissionError(1, "Operation not permitted")
+
+    # The rehearsal's own sockets only: asyncio's self-pipe is made as ever.
+    monkeypatch.setattr(rehearsal, "socket", types.SimpleNamespace(AF_UNIX=1, SOCK_STREAM=1, socket=refused))
+    logged: list[int] = []
+    monkeypatch.setattr(rehearsal, "log_record", lambda: logged.append(1))
+    rehearsal.rehearse()
+    assert logged == [1]
+    assert "event_loop not rehearsed: [Errno 1] Operation not permitted" in capsys.readouterr().err
