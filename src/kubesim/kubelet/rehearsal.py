@@ -24,7 +24,7 @@ import logging
 import socket
 import sys
 
-__all__ = ["QUICKENING_CALLS", "rehearse"]
+__all__ = ["event_loop", "log_record", "rehearse"]
 
 # The calls before Python 3.11 specialises a function, and two more for its inline caches.
 QUICKENING_CALLS = 8
