@@ -27,6 +27,7 @@ import asyncio
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,16 +142,23 @@ def table(rounds: list[dict[str, Any]]) -> str:
     )
 
 
-async def run(args: argparse.Namespace) -> None:
+def alternating(before_src: str | None, rounds: int) -> Iterator[tuple[int, str, Path]]:
+    """(round, tree, its src/) for each run: `before` (an older tree's src/, when given) and this
+    tree in turn, `rounds` times."""
     trees = [("this", BENCH.parent / "src")]
-    if args.before_src:
-        trees.insert(0, ("before", Path(args.before_src).resolve()))
-    rounds = []
-    for n in range(args.rounds):
+    if before_src:
+        trees.insert(0, ("before", Path(before_src).resolve()))
+    for n in range(rounds):
         for label, src in trees:
-            result = await one_round(src, pods=args.pods, settle=args.settle)
-            rounds.append({"round": n, "tree": label, **result})
-            print(rounds[-1], flush=True)
+            yield n, label, src
+
+
+async def run(args: argparse.Namespace) -> None:
+    rounds = []
+    for n, label, src in alternating(args.before_src, args.rounds):
+        result = await one_round(src, pods=args.pods, settle=args.settle)
+        rounds.append({"round": n, "tree": label, **result})
+        print(rounds[-1], flush=True)
     write_results(args.name, {"settle_seconds": args.settle, "rounds": rounds}, table(rounds))
 
 

@@ -54,26 +54,3 @@ def test_a_module_runs_as_runpy_runs_it(tmp_path: Path, module: str) -> None:
 def test_a_module_that_does_not_exist_is_an_import_error() -> None:
     with pytest.raises(ImportError, match="no_such_module"):
         forkserver._main_code("no_such_module_here")
-
-
-def test_the_event_loop_rehearsal_leaves_nothing_behind_and_specialises_its_code() -> None:
-    """The server makes and closes event loops before any fork: no descriptor, signal wakeup or
-    thread of theirs stays, and their code is specialised (no per-call write left for a child)."""
-    probe = """
-import asyncio, json, os, signal, threading
-from asyncio import base_events
-from kubesim.kubelet import forkserver
-before = sorted(os.listdir("/proc/self/fd"))
-forkserver._rehearse_event_loop()
-print(json.dumps({
-    "fds": sorted(os.listdir("/proc/self/fd")) == before,
-    "wakeup": signal.set_wakeup_fd(-1),
-    "threads": threading.active_count(),
-    "running": asyncio._get_running_loop() is None,
-    "quickened": base_events.BaseEventLoop.__init__.__code__._co_code_adaptive
-        != base_events.BaseEventLoop.__init__.__code__.co_code,
-}))
-"""
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    found = json.loads(done.stdout)
-    assert found == {"fds": True, "wakeup": -1, "threads": 1, "running": True, "quickened": True}
