@@ -91,11 +91,12 @@ def test_a_connection_taken_for_a_call_is_left_to_the_call(peers: Callable[[], t
     pool = IdlePool()
     conn, peer = peers()
     pool.put(conn)
-    _until(lambda: bool(_watchers()), "the watcher started")
+    peer.send(_frame(PING, 0, 0, b"watching"))  # answered: the watcher is waiting on it
+    _until(lambda: (PING, 1, 0, b"watching") in peer.frames, "the PING acknowledged")
     assert pool.take() is conn
     peer.send(_frame(PING, 0, 0, b"for-call"))
     time.sleep(0.3)  # time for a watcher that wrongly read it
-    assert not any(kind == PING for kind, _, _, _ in peer.frames)
+    assert (PING, 1, 0, b"for-call") not in peer.frames
     assert conn.read_frame() == (PING, 0, 0, b"for-call")  # still there for the call to read
     pool.put(conn)
     peer.send(_frame(PING, 0, 0, b"idle-now"))
@@ -104,16 +105,17 @@ def test_a_connection_taken_for_a_call_is_left_to_the_call(peers: Callable[[], t
 
 
 def test_the_watcher_ends_with_its_pool_closed_or_dropped(peers: Callable[[], tuple[http2.Connection, Peer]]) -> None:
-    before = len(_watchers())
+    before = set(_watchers())  # other tests' watchers, perhaps still ending
     closed_pool, dropped_pool = IdlePool(), IdlePool()
     conn, peer = peers()
     closed_pool.put(conn)
     dropped_pool.put(peers()[0])
-    _until(lambda: len(_watchers()) == before + 2, "both watchers started")
+    _until(lambda: len(set(_watchers()) - before) == 2, "both watchers started")
+    ours = set(_watchers()) - before
     closed_pool.close()
     _until(lambda: _peer_closed(peer), "the idle connection closed with its pool")
     with pytest.raises(errors.Error, match="closed"):
         closed_pool.take()
     del dropped_pool
     gc.collect()
-    _until(lambda: len(_watchers()) == before, "both watchers ended")
+    _until(lambda: not any(thread.is_alive() for thread in ours), "both watchers ended")
