@@ -3,12 +3,12 @@ while they wait.
 
 Why watched: a gateway's graceful stop (grpc's) sends each connection a GOAWAY and a PING, and
 closes a connection once that PING is answered; only calls in flight should hold it open. A
-connection no call reads would answer nothing, so each one idle in a client's pool held the
-stop for its whole grace (5 s against 0.1 s). One thread per pool waits on the idle sockets:
-it answers what the gateway says in passing (PING, SETTINGS) and closes a connection the
-gateway has asked to go away or closed, so the stop ends as soon as the calls in flight do.
-The thread starts with the first idle connection (a CLI command, one call, never waits on it)
-and ends with the pool: `close()`, or the pool garbage-collected.
+connection no call reads answers nothing, so one idle in a client's pool held the stop for
+its whole grace: 5.05 s, against 0.03-0.07 s once watched. One thread per pool waits on the
+idle sockets: it answers what the gateway says in passing (PING, SETTINGS) and closes a
+connection the gateway has closed or asked to go away (GOAWAY), so a stop ends as soon as the
+calls in flight do. The thread starts with the first idle connection (~0.2 ms of CPU, once per
+client; ~4 us per call after) and ends with the pool: `close()`, or the pool garbage-collected.
 """
 
 from __future__ import annotations
