@@ -189,6 +189,10 @@ def test_an_idle_pooled_connection_does_not_hold_a_gateway_stop(tmp_path: Path) 
             stopped_in = time.monotonic() - started
             # The grace calls in flight get is 5 s; a stop with none takes well under a second.
             assert stopped_in < 2.0, f"the stop took {stopped_in:.2f} s"
+            started = time.monotonic()
+            with pytest.raises(errors.Unavailable):
+                client.list()  # no gateway: told so, not left waiting
+            assert time.monotonic() - started < 2.0
             again = start_gateway(tmp_path / "state")
             try:
                 assert client.list() == []  # the next call dials the restarted gateway
