@@ -169,6 +169,10 @@ class Connection:
         self.usable = False
         self._sock.close()
 
+    def fileno(self) -> int:
+        """The socket's descriptor (-1 once closed), to wait on it."""
+        return self._sock.fileno()
+
     def idle_and_open(self) -> bool:
         """Whether this idle connection can carry a new call: still usable, and since its last
         call the peer has neither closed it nor sent anything but connection upkeep. A server

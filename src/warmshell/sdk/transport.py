@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from google.protobuf.message import DecodeError
 
 from warmshell.sdk import connection, errors, http2
+from warmshell.sdk.http2_pool import IdlePool
 
 if TYPE_CHECKING:
     import grpc
@@ -200,33 +201,23 @@ class _Http2Stream(Iterator[M]):
 
 class Http2Transport:
     """`warmshell.sdk.http2` on a Unix socket. Thread-safe: each call takes an idle connection
-    (or dials one; a Unix connect costs microseconds) and gives it back when it ends cleanly."""
+    from the pool (`http2_pool`; or dials one: a Unix connect costs microseconds) and gives it
+    back when it ends cleanly."""
 
     def __init__(self, address: str, path: Path) -> None:
         self.address = address
         self._path = path
-        self._idle: list[http2.Connection] = []
+        self._idle = IdlePool()
         self._lock = threading.Lock()
         self._grpc: GrpcTransport | None = None
-        self._closed = False
 
     def _error(self, failure: http2.GrpcFailure) -> errors.ApiError:
         return errors.error_for(failure.code, failure.message, address=self.address)
 
     def _dial(self, deadline: float | None) -> http2.Connection:
-        with self._lock:
-            if self._closed:
-                raise errors.Error("the client is closed")
-            idle, self._idle = self._idle, []
-        # An idle connection the gateway closed (a restart) or spoke on since (a GOAWAY) is
-        # dropped here, before a request is sent on it.
-        while idle:
-            conn = idle.pop()
-            if conn.idle_and_open():
-                with self._lock:
-                    self._idle.extend(idle)
-                return conn
-            conn.close()
+        conn = self._idle.take()
+        if conn is not None:
+            return conn
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         try:
             return http2.Connection(http2.connect_unix(str(self._path), timeout))
@@ -241,11 +232,7 @@ class Http2Transport:
             raise errors.error_for("UNAVAILABLE", detail, address=self.address) from None
 
     def _release(self, conn: http2.Connection) -> None:
-        with self._lock:
-            if conn.usable and not self._closed:
-                self._idle.append(conn)
-                return
-        conn.close()
+        self._idle.put(conn)
 
     def _start(
         self, method: str, request: Message, response_type: type[M], metadata: Metadata, timeout: float | None
@@ -292,12 +279,9 @@ class Http2Transport:
             return self._grpc.grpc_channel()
 
     def close(self) -> None:
+        self._idle.close()
         with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
             fallback, self._grpc = self._grpc, None
-        for conn in idle:
-            conn.close()
         if fallback is not None:
             fallback.close()
 

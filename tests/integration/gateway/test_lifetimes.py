@@ -161,9 +161,10 @@ async def test_expiry_survives_a_gateway_restart(tmp_path: Path) -> None:
     # The first gateway checks once at start (before the create) and then not for ten minutes, so
     # only the restarted one, which never saw the create, can enforce the stored expiry.
     async with running_gateway(state, **{"lifetimes.check_interval_seconds": 600}) as gw:
-        # Longer than the stop and restart take (a stop waits out its 5 s grace for the host-side
-        # supervisors' streams), so the restarted gateway reads it before it is due.
-        created = await gw.create(name="outlives", ttl_seconds=10)
+        # Longer than the stop and restart take, so the restarted gateway reads it before it is
+        # due: from the create to the restarted gateway's first answer is 0.3 s on 2 loaded cores
+        # (the stop ends the supervisors' streams first, so no call holds its grace).
+        created = await gw.create(name="outlives", ttl_seconds=4)
         await gw.wait_ready("outlives")
         await gw.stop()  # as SIGTERM would; the record stays in the store
     async with running_gateway(state, **FAST) as gw:

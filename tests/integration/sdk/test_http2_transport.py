@@ -172,3 +172,32 @@ def test_connections_are_reused_and_one_the_gateway_closed_is_not(
     finally:
         if first.process.poll() is None:
             first.process.kill()
+
+
+def test_an_idle_pooled_connection_does_not_hold_a_gateway_stop(tmp_path: Path) -> None:
+    # grpc's graceful stop sends GOAWAY and a PING and closes a connection once the PING is
+    # answered: a pooled connection nobody reads would hold the stop for its whole grace.
+    first = start_gateway(tmp_path / "state")
+    try:
+        with warmshell.Client(state_dir=first.state_dir, transport="http2") as client:
+            assert client.list() == []
+            assert isinstance(client._transport, Http2Transport)
+            assert len(client._transport._idle) == 1  # the connection stays open, idle
+            time.sleep(0.2)  # idle for a while, as between a program's calls
+            started = time.monotonic()
+            assert first.stop() == 0
+            stopped_in = time.monotonic() - started
+            # The grace calls in flight get is 5 s; a stop with none takes well under a second.
+            assert stopped_in < 2.0, f"the stop took {stopped_in:.2f} s"
+            started = time.monotonic()
+            with pytest.raises(errors.Unavailable):
+                client.list()  # no gateway: told so, not left waiting
+            assert time.monotonic() - started < 2.0
+            again = start_gateway(tmp_path / "state")
+            try:
+                assert client.list() == []  # the next call dials the restarted gateway
+            finally:
+                assert again.stop() == 0
+    finally:
+        if first.process.poll() is None:
+            first.process.kill()
