@@ -13,11 +13,13 @@ seconds have passed:
 
 - idle: every live process under kubesim that is not kubesim itself, over `--seconds` (threads'
   `schedstat`, ns, and their wake-ups): ms of CPU per second per idle member, by kind and thread;
-- claimed: every pod process is moved into a cpuacct cgroup of its own (so that processes that
-  exit still count), then `--claims` members are activated (no workload command), each answers
-  with its session's hello, is sent `Shutdown` (the sandbox deleted) and ends, its agent's
-  container with it; the cgroup's CPU until they have all exited, less the idle members' rate
-  over that time, per claim. kubesim's own part (the kubelet reaping, the pod's end) is not in it.
+- claimed: every pod thread is moved into a cpuacct cgroup of its process kind and thread name
+  (so that threads and processes that exit still count), then `--claims` members are activated
+  (no workload command), each answers with its session's hello, is sent `Shutdown` (the sandbox
+  deleted) and ends, its agent's container with it; each cgroup's CPU until they have all exited,
+  less the idle members' rate of that kind and thread over that time, per claim, and its sum.
+  kubesim's own part (the kubelet reaping, the pod's end) is not in it. The idle supervisors'
+  median memory is reported too (what each one's exit tears down).
 
 Root only (kubesim's namespaces, cgroup v1 cpuacct at /sys/fs/cgroup/cpuacct).
 """
@@ -196,6 +198,7 @@ async def one_round(src: Path, *, pods: int, claims: int, settle: float, seconds
                 before = sample(served.process.pid)
                 await asyncio.sleep(seconds)
                 idle = per_member(before, sample(served.process.pid), pods, seconds)
+                idle["supervisor_memory_kb"] = supervisor_memory(served.process.pid)
                 claimed = await claim_cycle(served.process.pid, gateway, claims, pods, idle)
     finally:
         await server.stop(None)
@@ -213,31 +216,71 @@ async def until(done: Callable[[], bool], what: str, within: float = 300.0) -> N
 async def claim_cycle(
     kubesim_pid: int, gateway: StandInGateway, claims: int, pods: int, idle: dict[str, Any]
 ) -> dict[str, Any]:
-    """Claim `claims` members and wait until their supervisors have exited (see the module doc)."""
-    group = CPUACCT / f"warm-member-{os.getpid()}"
-    group.mkdir()
+    """Claim `claims` members and wait until their supervisors have exited (see the module doc).
+    Each pod thread goes into a cpuacct group of its kind and name (a thread's new threads join
+    its group), so the claim's CPU is told apart by process kind and thread as well as in all."""
+    groups: dict[str, Path] = {}
     try:
         for pid in pod_pids(kubesim_pid):
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                with contextlib.suppress(OSError):  # a thread gone meanwhile
-                    (group / "tasks").write_text(task.name)
+            with contextlib.suppress(OSError):  # gone meanwhile
+                kind = kind_of(pid)
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    with contextlib.suppress(OSError):  # a thread gone meanwhile
+                        name = f"{kind}: {(task / 'comm').read_text().strip()}"
+                        group = groups.get(name) or _new_group(groups, name)
+                        (group / "tasks").write_text(task.name)
         supervisors = len(supervisor_pids(kubesim_pid))
-        usage0, started = int((group / "cpuacct.usage").read_text()), time.monotonic()
+        usage0, started = _usages(groups), time.monotonic()
         claimed = gateway.claim(claims)
         await until(lambda: gateway.ended >= claimed, "every claimed member's session ended")
         await until(lambda: len(supervisor_pids(kubesim_pid)) <= supervisors - claimed, "claimed supervisors exited")
-        usage1, elapsed = int((group / "cpuacct.usage").read_text()), time.monotonic() - started
+        usage1, elapsed = _usages(groups), time.monotonic() - started
     finally:
-        for task in (group / "tasks").read_text().split():
-            with contextlib.suppress(OSError):  # gone
-                (CPUACCT / "tasks").write_text(task)
-        group.rmdir()
-    idle_ms = idle["all_ms_per_second_per_member"] * (pods - claimed) * elapsed
+        for group in groups.values():
+            for task in (group / "tasks").read_text().split():
+                with contextlib.suppress(OSError):  # gone
+                    (CPUACCT / "tasks").write_text(task)
+            group.rmdir()
+    idle_rates = {name: v["ms_per_second"] for name, v in idle["by_thread"].items()}
+    by_thread = {
+        name: ((usage1[name] - usage0[name]) / 1e6 - idle_rates.get(name, 0.0) * (pods - claimed) * elapsed)
+        / max(claimed, 1)
+        for name in groups
+    }
+    by_kind: dict[str, float] = {}
+    for name, ms in by_thread.items():
+        by_kind[name.split(":")[0]] = by_kind.get(name.split(":")[0], 0.0) + ms
     return {
         "claims": claimed,
         "claim_window_seconds": elapsed,
-        "ms_per_claim": ((usage1 - usage0) / 1e6 - idle_ms) / max(claimed, 1),
+        "ms_per_claim": sum(by_thread.values()),
+        "ms_per_claim_by_kind": by_kind,
+        "ms_per_claim_by_thread": dict(sorted(by_thread.items())),
     }
+
+
+def _new_group(groups: dict[str, Path], name: str) -> Path:
+    group = CPUACCT / f"warm-member-{os.getpid()}-{len(groups)}"
+    group.mkdir()
+    groups[name] = group
+    return group
+
+
+def _usages(groups: dict[str, Path]) -> dict[str, int]:
+    return {name: int((group / "cpuacct.usage").read_text()) for name, group in groups.items()}
+
+
+def supervisor_memory(kubesim_pid: int) -> dict[str, int]:
+    """The idle supervisors' median resident kB (all, anonymous, file-backed) and page tables: what
+    each one's exit tears down."""
+    fields: dict[str, list[int]] = {"VmRSS": [], "RssAnon": [], "RssFile": [], "VmPTE": []}
+    for pid in supervisor_pids(kubesim_pid):
+        with contextlib.suppress(OSError):  # gone
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in fields:
+                    fields[key].append(int(value.split()[0]))
+    return {key: sorted(values)[len(values) // 2] for key, values in fields.items() if values}
 
 
 def pod_pids(kubesim_pid: int) -> list[int]:
@@ -277,10 +320,23 @@ def table(rounds: list[dict[str, Any]]) -> str:
         + " |"
         for t in names
     )
+    claim_names = sorted({t for r in rounds for t in r["ms_per_claim_by_thread"]})
+    by_claim = "\n\n| per claim, ms | " + " | ".join(f"{r['tree']} {r['round']}" for r in rounds) + " |\n"
+    by_claim += "|---" * (1 + len(rounds)) + "|\n"
+    by_claim += "\n".join(
+        f"| {t} | " + " | ".join(f"{r['ms_per_claim_by_thread'].get(t, 0.0):.2f}" for r in rounds) + " |"
+        for t in claim_names
+    )
     return (
         "CPU per second per idle warm member (registered, waiting for its activation), by kind, and "
         "per claim (activation, session, shutdown, the pod's processes' exit; the idle members' rate "
-        "taken off); then the idle members by thread name (per member).\n\n" + head + "\n".join(rows) + by_thread + "\n"
+        "taken off); then the idle members by thread name (per member); then the claim by process kind "
+        "and thread name (each its own cpuacct group, its idle rate taken off).\n\n"
+        + head
+        + "\n".join(rows)
+        + by_thread
+        + by_claim
+        + "\n"
     )
 
 
