@@ -16,14 +16,13 @@ import dataclasses
 import json
 import logging
 import pathlib
-import shutil
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from kubesim.controllers import client as kc
 from kubesim.controllers import objects as o
-from kubesim.kubelet import containers, forkserver, images, native, probes, volumes
+from kubesim.kubelet import containers, forkserver, images, native, poddir, probes, volumes
 from kubesim.kubelet.images import ImageMap, ImageNotMapped
 from kubesim.kubelet.startslots import StartSlots
 from kubesim.timing import Timing
@@ -117,7 +116,7 @@ class PodWorker:
         self._tasks.clear()
         if report:
             await self._write_status()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        poddir.remove(self.dir)
 
     def kill_now(self) -> None:
         """Synchronous last resort (interpreter shutdown): SIGKILL every process group."""
