@@ -1,7 +1,7 @@
 """CPU of a pod directory's file work in the kubelet, per pod: making one shaped like a warm pool
 member's (`claim_cpu.py`'s template: five volumes, the token, five mount symlinks, the hosts file,
-two logs and two mount specs) and removing it with `shutil.rmtree` or `kubesim.kubelet.poddir.remove`,
-alternating, process CPU (user + system), on /dev/shm as the kubelet uses.
+two logs and two mount specs) and removing it with `shutil.rmtree` or `poddir_walk.remove` (a
+walk of our own, measured, not adopted), alternating, process CPU (user + system), on /dev/shm as the kubelet uses.
 
     python bench/investigations/kubesim-api-cpu/poddir_cpu.py [--pods 300] [--rounds 3]
 """
@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kubesim.kubelet import poddir
+import poddir_walk as poddir  # beside this script
 
 
 def _make(root: Path) -> Path:
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    ways = {"shutil.rmtree": lambda p: shutil.rmtree(p, ignore_errors=True), "poddir.remove": poddir.remove}
+    ways = {"shutil.rmtree": lambda p: shutil.rmtree(p, ignore_errors=True), "poddir_walk.remove": poddir.remove}
     with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
         for round_ in range(args.rounds):
             for name, way in ways.items():

@@ -16,13 +16,14 @@ import dataclasses
 import json
 import logging
 import pathlib
+import shutil
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from kubesim.controllers import client as kc
 from kubesim.controllers import objects as o
-from kubesim.kubelet import containers, forkserver, images, native, poddir, probes, volumes
+from kubesim.kubelet import containers, forkserver, images, native, probes, volumes
 from kubesim.kubelet.images import ImageMap, ImageNotMapped
 from kubesim.kubelet.startslots import StartSlots
 from kubesim.timing import Timing
@@ -116,7 +117,7 @@ class PodWorker:
         self._tasks.clear()
         if report:
             await self._write_status()
-        poddir.remove(self.dir)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def kill_now(self) -> None:
         """Synchronous last resort (interpreter shutdown): SIGKILL every process group."""

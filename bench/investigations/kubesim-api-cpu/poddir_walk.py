@@ -1,4 +1,5 @@
-"""Removing a pod's directory when the pod goes.
+"""A removal walk for a pod's directory, measured against `shutil.rmtree` (not adopted: the
+kubelet keeps rmtree; see this folder's README, fifth pass).
 
 A pod directory holds a dozen entries (volumes, mount symlinks, the token, the hosts file, logs,
 mount specs), and one goes with every pod the kubelet stops: one per warm claim. `shutil.rmtree`
