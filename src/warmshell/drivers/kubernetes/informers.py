@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import DriverEvent, DriverSandbox
@@ -33,21 +33,22 @@ CHANGES_KEPT = 512
 
 
 def changed_since(
-    changes: Iterable[tuple[int, frozenset[str] | None]], generation: int, current: int
+    changes: Sequence[tuple[int, frozenset[str] | None]], generation: int, current: int
 ) -> frozenset[str] | None:
     """The Sandbox names the changes after `generation` up to `current` concern, from `changes`
     (the last ones kept, generations in order, each with its names or None for every one); None
     if one concerned every Sandbox or those kept do not cover every generation in between."""
     names: set[str] = set()
-    expected = generation + 1
-    for number, concerned in changes:
+    expected = current
+    # From the newest back: the waiter is usually one change behind, and hundreds are kept.
+    for number, concerned in reversed(changes):
         if number <= generation:
-            continue
+            break
         if number != expected or concerned is None:
             return None
         names |= concerned
-        expected += 1
-    return frozenset(names) if expected == current + 1 else None
+        expected -= 1
+    return frozenset(names) if expected == generation else None
 
 
 class _Index:
