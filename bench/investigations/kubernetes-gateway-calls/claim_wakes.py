@@ -28,20 +28,6 @@ NS = "warmshell"
 SEALER = ProofSealer(bytes(range(32)))
 
 
-class Unregistered:
-    """An activator that never sees a registration (nothing here is ever activated)."""
-
-    async def activate(self, **_kwargs: Any) -> None:
-        raise AssertionError("nothing resolves here")
-
-    async def wait_registrations_changed(self, generation: int) -> int:
-        await asyncio.Event().wait()
-        return generation
-
-    def holds(self, _instance_id: object) -> bool:
-        return False
-
-
 def bound_claim(i: int) -> dict[str, Any]:
     """Our claim number `i`, bound to pool member `member-i`, with a valid sealed proof."""
     name, sandbox_id = f"default--c{i}", f"id-{i}"
@@ -65,7 +51,7 @@ async def per_event(resolving: int, events: int) -> float:
     informers._sandboxes_listed([other])
     informers._pods_listed([pod])
     controller = claimactivation.ClaimActivation(None, NS, SEALER, informers)  # type: ignore[arg-type]
-    controller.start(Unregistered())  # type: ignore[arg-type]
+    controller.start(claimactivation.NotStarted())  # no registration: the claims stay resolving
     for _ in range(20):
         await asyncio.sleep(0)
     assert controller.in_flight == resolving
