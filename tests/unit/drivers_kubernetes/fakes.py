@@ -167,9 +167,9 @@ class CachedClaims:
     def cached_claims(self) -> list[Obj]:
         return list(self.claims)
 
-    async def wait_objects_changed(self, generation: int) -> int:
+    async def wait_objects_changed(self, generation: int) -> tuple[int, frozenset[str] | None]:
         await asyncio.Event().wait()  # nothing is ever cached here
-        return generation
+        return generation, None
 
 
 def claim_controller(api: Any, activator: Any, *claims: Obj, **options: Any) -> Any:

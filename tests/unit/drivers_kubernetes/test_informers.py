@@ -6,11 +6,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from warmshell.core.ids import Fingerprint, SandboxId
 from warmshell.drivers.base import BackendState, DriverEvent
 from warmshell.drivers.events import Hub
 from warmshell.drivers.kubernetes import naming, watching
-from warmshell.drivers.kubernetes.informers import Informers
+from warmshell.drivers.kubernetes.informers import Informers, changed_since
 from warmshell.drivers.kubernetes.rendering import SandboxIdentity
 from warmshell.drivers.kubernetes.warm import claims
 
@@ -146,3 +149,39 @@ def test_cached_views_wait_for_every_listing_and_a_running_claim_informer() -> N
     views = informers.cached_views()
     assert views is not None
     assert {v.sandbox_id for v in views} == {"sbx-1"}
+
+
+async def test_a_pool_members_changes_name_the_sandbox_a_claim_resolves_through() -> None:
+    informers = with_claims()
+    member, pod = FakeCluster().sandbox_with_pod(sandbox_id="sbx-1")
+    del member["metadata"]["labels"]["warmshell.dev/managed-by"]  # a pool member: agent-sandbox's labels only
+    name = member["metadata"]["name"]
+    informers._sandbox_event("ADDED", member)
+    generation, names = await informers.wait_objects_changed(0)
+    assert names == frozenset((name,))
+    informers._pod_event("MODIFIED", pod)
+    generation, names = await informers.wait_objects_changed(generation)
+    assert names == frozenset((name,))  # its pod's change, by the Sandbox owning it
+    stray = copy.deepcopy(pod)
+    stray["metadata"]["name"] = "no-sandbox-owns-me"
+    informers._pod_event("MODIFIED", stray)  # leads no claim: no change at all
+    informers._pods_listed([pod])
+    assert await informers.wait_objects_changed(generation) == (generation + 1, None)  # a listing: any
+
+
+changes_strategy = st.lists(st.one_of(st.none(), st.frozensets(st.sampled_from("abcd"), max_size=3)), max_size=12)
+
+
+@given(changes_strategy, st.integers(min_value=0, max_value=12), st.integers(min_value=0, max_value=5))
+def test_changed_since_is_every_name_after_the_generation_or_none(
+    changes: list[frozenset[str] | None], generation: int, dropped: int
+) -> None:
+    generation = min(generation, len(changes))  # a waiter's generation is never ahead
+    numbered = list(enumerate(changes, start=1))
+    kept = numbered[dropped:]  # the oldest ones no longer kept
+    after = [names for number, names in numbered if number > generation]
+    found = changed_since(kept, generation, len(changes))
+    if any(names is None for names in after) or any(number > generation for number, _ in numbered[:dropped]):
+        assert found is None
+    else:
+        assert found == frozenset().union(*after)

@@ -21,7 +21,7 @@ from warmshell.core.ids import Fingerprint, InstanceId, SandboxId
 from warmshell.drivers.base import DriverSandbox
 from warmshell.drivers.events import Hub
 from warmshell.drivers.kubernetes import KubernetesDriver, naming, watching
-from warmshell.drivers.kubernetes.informers import Informers
+from warmshell.drivers.kubernetes.informers import Informers, changed_since
 from warmshell.drivers.kubernetes.proofs import ProofSealer
 from warmshell.drivers.kubernetes.rendering import SandboxIdentity
 from warmshell.drivers.kubernetes.warm import claimactivation
@@ -339,6 +339,7 @@ class LateCache:
         self.claim = claim
         self.objects: dict[str, dict[str, Any]] = {}
         self.generation = 0
+        self.changes: list[tuple[int, frozenset[str] | None]] = []
         self.changed = asyncio.Event()
 
     def cached_sandbox(self, name: str) -> dict[str, Any] | None:
@@ -350,18 +351,20 @@ class LateCache:
     def cached_claims(self) -> list[dict[str, Any]]:
         return [self.claim]
 
-    async def wait_objects_changed(self, generation: int) -> int:
+    async def wait_objects_changed(self, generation: int) -> tuple[int, frozenset[str] | None]:
         while self.generation == generation:
             await self.changed.wait()
-        return self.generation
+        return self.generation, changed_since(self.changes, generation, self.generation)
 
     def arrive(self, sandbox: dict[str, Any], pod: dict[str, Any]) -> None:
         self.objects |= {f"sandbox/{sandbox['metadata']['name']}": sandbox, f"pod/{pod['metadata']['name']}": pod}
-        self.touch()
+        self.touch(frozenset((sandbox["metadata"]["name"],)))
 
-    def touch(self) -> None:
-        """A change of some other object (another pod's status write)."""
+    def touch(self, sandbox_names: frozenset[str] | None = frozenset(("another-member",))) -> None:
+        """A change of the cached objects of `sandbox_names` (by default another pool member's:
+        another pod's status write; None: a listing)."""
         self.generation += 1
+        self.changes.append((self.generation, sandbox_names))
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -449,6 +452,45 @@ async def test_changes_of_other_objects_do_not_send_a_bound_claim_to_the_api(mon
     scene.cache.arrive(scene.sandbox, scene.pod)
     await scene.activated_once()
     assert scene.gets() == []  # still the cache alone
+
+
+def count_resolutions(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each look for a claim's chain appends to the list returned."""
+    resolve = claimactivation.resolve_target
+    counted: list[int] = []
+
+    async def counting(*args: Any, **kwargs: Any) -> claimactivation.Target | None:
+        counted.append(1)
+        return await resolve(*args, **kwargs)
+
+    monkeypatch.setattr(claimactivation, "resolve_target", counting)
+    return counted
+
+
+async def resolutions_after(scene: LateScene, counted: list[int], *changes: frozenset[str] | None) -> int:
+    """How many times the scene's claim looked for its chain again after `changes`."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+    before = len(counted)
+    for names in changes:
+        scene.cache.touch(names)
+        for _ in range(5):
+            await asyncio.sleep(0)
+    return len(counted) - before
+
+
+async def test_only_a_change_of_its_own_sandbox_or_pod_wakes_a_resolving_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claimactivation, "RETRY_DELAYS", (30.0, 30.0))
+    counted = count_resolutions(monkeypatch)
+    scene = late_scene()
+    others = [frozenset(("member-x",)), frozenset(("member-y", "member-z")), frozenset[str]()]
+    assert await resolutions_after(scene, counted, *others) == 0  # other members' changes: not woken
+    own = frozenset(("member-y", scene.sandbox["metadata"]["name"]))
+    assert await resolutions_after(scene, counted, own) == 1
+    assert await resolutions_after(scene, counted, None) == 1  # a listing may concern any claim
+    assert scene.activator.activated == []
+    scene.cache.arrive(scene.sandbox, scene.pod)
+    await scene.activated_once()
 
 
 async def test_a_chain_the_informers_never_show_is_read_live_after_the_cache_wait(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from warmshell.core.ids import SandboxId
 from warmshell.drivers.base import DriverEvent, DriverSandbox
@@ -26,6 +26,29 @@ from warmshell.drivers.kubernetes.objects import Obj
 from warmshell.drivers.kubernetes.warm import claims
 
 __all__ = ["Informers"]
+
+# Changes kept for `wait_objects_changed`'s names: its one waiter (the claim controller) takes them
+# at once, so a few hundred cover a burst of watch events; an older generation wakes every claim.
+CHANGES_KEPT = 512
+
+
+def changed_since(
+    changes: Sequence[tuple[int, frozenset[str] | None]], generation: int, current: int
+) -> frozenset[str] | None:
+    """The Sandbox names the changes after `generation` up to `current` concern, from `changes`
+    (the last ones kept, generations in order, each with its names or None for every one); None
+    if one concerned every Sandbox or those kept do not cover every generation in between."""
+    names: set[str] = set()
+    expected = current
+    # From the newest back: the waiter is usually one change behind, and hundreds are kept.
+    for number, concerned in reversed(changes):
+        if number <= generation:
+            break
+        if number != expected or concerned is None:
+            return None
+        names |= concerned
+        expected -= 1
+    return frozenset(names) if expected == generation else None
 
 
 class _Index:
@@ -85,9 +108,11 @@ class Informers:
         self._others_by_pod = _Index()  # the other Sandboxes by the pod they own
         self._claims_by_sandbox = _Index()  # our claims by the Sandbox they are bound to
         self._listed: set[str] = set()  # which of "sandboxes", "pods", "claims" have listed
-        # Bumped on each change of a Sandbox or pod a claim may lead to (`wait_objects_changed`).
+        # Bumped on each change of a Sandbox or pod a claim may lead to (`wait_objects_changed`),
+        # with the names of the Sandboxes each change concerns (None: a listing, every one).
         self._generation = 0
         self._changed = asyncio.Event()
+        self._changes: collections.deque[tuple[int, frozenset[str] | None]] = collections.deque(maxlen=CHANGES_KEPT)
 
     def start(self) -> None:
         """Start the informer tasks (once)."""
@@ -141,15 +166,18 @@ class Informers:
         """The claim informer stopped: its claims are not current until it lists again."""
         self._listed.discard("claims")
 
-    async def wait_objects_changed(self, generation: int) -> int:
+    async def wait_objects_changed(self, generation: int) -> tuple[int, frozenset[str] | None]:
         """The generation of the cached pods and Sandboxes without our sandbox id (pool members,
-        adopted ones), once it is past `generation`: it moves on each of their changes and lists."""
+        adopted ones), once it is past `generation` (it moves on each of their changes and lists),
+        with the names of the Sandboxes whose cached Sandbox or pod changed since `generation`:
+        None when that is every one (a listing, or more changes than are kept)."""
         while self._generation == generation:
             await self._changed.wait()
-        return self._generation
+        return self._generation, changed_since(self._changes, generation, self._generation)
 
-    def _objects_changed(self) -> None:
+    def _objects_changed(self, sandbox_names: frozenset[str] | None = None) -> None:
         self._generation += 1
+        self._changes.append((self._generation, sandbox_names))
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -213,7 +241,7 @@ class Informers:
                     self._others[name] = sandbox
                     self._others_by_pod.put(name, status.owned_pod_name(sandbox))
                 self._publish_claims(sandbox_name=name)
-                self._objects_changed()
+                self._objects_changed(frozenset((name,)))
             return
         name = sandbox["metadata"]["name"]
         if kind == "DELETED":
@@ -245,10 +273,12 @@ class Informers:
             self._pods[name] = pod
         for sandbox_name in self._ours_by_pod.names(name):
             self._publish_view(sandbox_name)
-        for sandbox_name in self._others_by_pod.names(name):
+        others = self._others_by_pod.names(name)
+        for sandbox_name in others:
             self._publish_claims(sandbox_name=sandbox_name)
-        if self._with_claims:
-            self._objects_changed()
+        # A pod no cached Sandbox owns leads no claim anywhere yet: its Sandbox's event will.
+        if self._with_claims and (concerned := frozenset((*others, *self._ours_by_pod.names(name)))):
+            self._objects_changed(concerned)
 
     def _publish_view(self, sandbox_name: str) -> None:
         sandbox = self._sandboxes.get(sandbox_name)

@@ -118,8 +118,9 @@ class CachedObjects(Protocol):
 
     def cached_claims(self) -> list[Obj]: ...
 
-    async def wait_objects_changed(self, generation: int) -> int:
-        """Return the generation of the cached Sandboxes and pods once it is past `generation`."""
+    async def wait_objects_changed(self, generation: int) -> tuple[int, frozenset[str] | None]:
+        """Return the generation of the cached Sandboxes and pods once it is past `generation`,
+        with the names of the Sandboxes whose cached Sandbox or pod changed meanwhile (None: any)."""
         ...
 
 
@@ -302,11 +303,20 @@ class ClaimActivation:
     async def _on_cached_objects(self) -> None:
         generation = 0
         while True:
-            generation = await self._cache.wait_objects_changed(generation)
-            # A claim still resolving its chain may find it in the cache now (see `_attempts`).
-            for record in self._running:
-                if record.wake is not None and record.pod is None:
-                    record.wake.set()
+            generation, sandbox_names = await self._cache.wait_objects_changed(generation)
+            self.objects_changed(sandbox_names)
+
+    def objects_changed(self, sandbox_names: frozenset[str] | None) -> None:
+        """The cached Sandboxes named (None: any) or their pods changed: a claim still resolving
+        its chain to one of them may find it in the cache now (see `_attempts`). Only those are
+        woken: at 30-45 creates/s up to 32 claims resolve at once, and each pool member's pod and
+        Sandbox change ~20 times per create, so waking every one re-opened each claim's proof for
+        changes of other members."""
+        for record in self._running:
+            if record.wake is None or record.pod is not None:
+                continue
+            if sandbox_names is None or claims.bound_sandbox_name(record.claim) in sandbox_names:
+                record.wake.set()
 
     def registrations_changed(self) -> None:
         """Wake the claims a registration change may be for: running ones backing off with their
