@@ -173,16 +173,23 @@ static void attach_layer(const char *layer, const char *target, int userns) {
     close(tree);
 }
 
+/* A mount namespace of this launch's own (in a user namespace of its own when OWN_USER: a caller
+ * that is not root), its mounts private, so nothing mounted or detached here reaches the host's:
+ * an image root's, and a host-root sandbox's launch as root (one to trim). */
+static void private_namespace(int own_user) {
+    if (own_user)
+        own_user_namespace();
+    else if (unshare(CLONE_NEWNS) != 0)
+        fail("cannot make a mount namespace", strerror(errno));
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) fail("cannot make mounts private", strerror(errno));
+}
+
 /* Relative paths from inside DIR (as docker's overlay2 does) keep the mount options under the
  * one page the kernel takes, whatever DIR is: about 4 bytes a layer. */
 static void mount_image_root(const char *dir, const char *size, const char **layers, int count, long long uid) {
     int own = getuid() != 0;
     if (own != (uid < 0)) fail("an image root needs --uid from a root caller, and none from another", NULL);
-    if (own)
-        own_user_namespace();
-    else if (unshare(CLONE_NEWNS) != 0)
-        fail("cannot make a mount namespace", strerror(errno));
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) fail("cannot make mounts private", strerror(errno));
+    private_namespace(own);
     char options[4096];
     snprintf(options, sizeof options, "size=%s,mode=0711", size);
     if (mount("warmshell-root", dir, "tmpfs", MS_NOSUID | MS_NODEV, options) != 0) fail("cannot mount the root's tmpfs", strerror(errno));
@@ -300,13 +307,6 @@ static void trim_mounts(char **keep, const int *tree, int count) {
     free(table);
 }
 
-/* A host-root sandbox's launch, as root: a mount namespace of its own to trim (an image root's
- * launch has one already). Private first, or a detach would propagate to the host's. */
-static void private_namespace(void) {
-    if (unshare(CLONE_NEWNS) != 0) fail("cannot make a mount namespace", strerror(errno));
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) fail("cannot make mounts private", strerror(errno));
-}
-
 int main(int argc, char **argv) {
     long long uid = -1;
     const char *rootfs = NULL, *root_size = NULL, *layers[MAX_LAYERS];
@@ -349,7 +349,7 @@ int main(int argc, char **argv) {
         mount_image_root(rootfs, root_size, layers, layer_count, uid);
     }
     if (keep_count > 0 && getuid() == 0) {  /* in a user namespace of our own the host's mounts are locked */
-        if (layer_count == 0) private_namespace();
+        if (layer_count == 0) private_namespace(0);  /* an image root's launch has one already */
         trim_mounts(keep, tree, keep_count);
     }
     if (uid >= 0) {
