@@ -271,13 +271,13 @@ class Informers:
             self._pods.pop(name, None)
         else:
             self._pods[name] = pod
-        for sandbox_name in self._ours_by_pod.names(name):
+        ours, others = self._ours_by_pod.names(name), self._others_by_pod.names(name)
+        for sandbox_name in ours:
             self._publish_view(sandbox_name)
-        others = self._others_by_pod.names(name)
         for sandbox_name in others:
             self._publish_claims(sandbox_name=sandbox_name)
         # A pod no cached Sandbox owns leads no claim anywhere yet: its Sandbox's event will.
-        if self._with_claims and (concerned := frozenset((*others, *self._ours_by_pod.names(name)))):
+        if self._with_claims and (concerned := frozenset((*others, *ours))):
             self._objects_changed(concerned)
 
     def _publish_view(self, sandbox_name: str) -> None:
